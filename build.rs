@@ -1,0 +1,10 @@
+//! Compiles proto/externalgrpc.proto with protox (pure Rust), so no `protoc` is needed.
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    println!("cargo:rerun-if-changed=proto/externalgrpc.proto");
+    let fds = protox::compile(["proto/externalgrpc.proto"], ["proto"])?;
+    tonic_prost_build::configure()
+        .build_client(true)
+        .build_server(true)
+        .compile_fds(fds)?;
+    Ok(())
+}

@@ -1,0 +1,1 @@
+//! In-memory ASGs for the demo, the tests and CA developers.

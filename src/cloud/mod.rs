@@ -1,0 +1,338 @@
+//! What the provider core needs from AWS, as plain data and one trait.
+//!
+//! Two backends implement [`Cloud`]: [`aws::AwsCloud`] (the real SDK) and
+//! [`memory::MemoryCloud`] (in-memory ASGs for the demo and tests). Nothing in this
+//! module's types comes from the SDK, so the core and the tests build state with them.
+
+use std::collections::BTreeMap;
+use std::fmt;
+
+use async_trait::async_trait;
+
+pub mod aws;
+pub mod memory;
+
+/// How the service picks its Auto Scaling Groups.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct GroupSelector {
+    /// ASG names listed explicitly (static groups).
+    pub names: Vec<String>,
+    /// Tag sets for auto-discovery: an ASG matches a set when it has every key of the
+    /// set, and, where a value is given, that value. An ASG matching any set is taken.
+    pub tag_sets: Vec<Vec<TagFilter>>,
+}
+
+/// One `key` or `key=value` term of CA's `asg:tag=` discovery syntax.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct TagFilter {
+    pub key: String,
+    /// `None` means any value.
+    pub value: Option<String>,
+}
+
+/// An ASG as read on refresh.
+#[derive(Debug, Clone, PartialEq)]
+pub struct AsgSnapshot {
+    pub name: String,
+    pub min_size: i32,
+    pub max_size: i32,
+    pub desired_capacity: i32,
+    pub availability_zones: Vec<String>,
+    pub tags: BTreeMap<String, String>,
+    pub launch: LaunchSpec,
+    pub instances: Vec<AsgInstance>,
+    /// Lifecycle hooks on `autoscaling:EC2_INSTANCE_TERMINATING`, when known.
+    pub terminating_hooks: Vec<LifecycleHook>,
+}
+
+/// Where the ASG's instances get their configuration.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub enum LaunchSpec {
+    LaunchTemplate(LaunchTemplateRef),
+    LaunchConfiguration(String),
+    MixedInstances {
+        template: LaunchTemplateRef,
+        /// Instance types of the policy's overrides, in order.
+        override_types: Vec<String>,
+    },
+    #[default]
+    Unknown,
+}
+
+/// A launch template by id or name, with the version the ASG pins
+/// (`$Default`, `$Latest` or a number); `None` means `$Default`.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct LaunchTemplateRef {
+    pub id: Option<String>,
+    pub name: Option<String>,
+    pub version: Option<String>,
+}
+
+impl fmt::Display for LaunchTemplateRef {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let who = self.id.as_deref().or(self.name.as_deref()).unwrap_or("?");
+        write!(f, "{who}@{}", self.version.as_deref().unwrap_or("$Default"))
+    }
+}
+
+/// What a launch template or launch configuration says about the instances.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct LaunchData {
+    pub instance_type: Option<String>,
+    /// Decoded (not base64) user data, if any.
+    pub user_data: Option<String>,
+    /// Tags the template puts on the instances it launches.
+    pub instance_tags: BTreeMap<String, String>,
+}
+
+/// One instance of an ASG.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AsgInstance {
+    pub id: String,
+    pub zone: String,
+    pub state: LifecycleState,
+    pub instance_type: Option<String>,
+}
+
+impl AsgInstance {
+    /// The providerID kubelet's AWS cloud provider gives this instance's Node.
+    pub fn provider_id(&self) -> String {
+        format!("aws:///{}/{}", self.zone, self.id)
+    }
+}
+
+/// ASG instance lifecycle states
+/// (<https://docs.aws.amazon.com/autoscaling/ec2/userguide/ec2-auto-scaling-lifecycle.html>).
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub enum LifecycleState {
+    Pending,
+    PendingWait,
+    PendingProceed,
+    InService,
+    Terminating,
+    TerminatingWait,
+    TerminatingProceed,
+    Terminated,
+    Detaching,
+    Detached,
+    EnteringStandby,
+    Standby,
+    /// Warm pool and any state this code does not know.
+    Other(String),
+}
+
+impl LifecycleState {
+    pub fn parse(s: &str) -> Self {
+        match s {
+            "Pending" => Self::Pending,
+            "Pending:Wait" => Self::PendingWait,
+            "Pending:Proceed" => Self::PendingProceed,
+            "InService" => Self::InService,
+            "Terminating" => Self::Terminating,
+            "Terminating:Wait" => Self::TerminatingWait,
+            "Terminating:Proceed" => Self::TerminatingProceed,
+            "Terminated" => Self::Terminated,
+            "Detaching" => Self::Detaching,
+            "Detached" => Self::Detached,
+            "EnteringStandby" => Self::EnteringStandby,
+            "Standby" => Self::Standby,
+            other => Self::Other(other.to_string()),
+        }
+    }
+
+    pub fn as_str(&self) -> &str {
+        match self {
+            Self::Pending => "Pending",
+            Self::PendingWait => "Pending:Wait",
+            Self::PendingProceed => "Pending:Proceed",
+            Self::InService => "InService",
+            Self::Terminating => "Terminating",
+            Self::TerminatingWait => "Terminating:Wait",
+            Self::TerminatingProceed => "Terminating:Proceed",
+            Self::Terminated => "Terminated",
+            Self::Detaching => "Detaching",
+            Self::Detached => "Detached",
+            Self::EnteringStandby => "EnteringStandby",
+            Self::Standby => "Standby",
+            Self::Other(s) => s,
+        }
+    }
+
+    /// Terminating, Terminating:Wait, Terminating:Proceed or Terminated.
+    pub fn is_terminating(&self) -> bool {
+        matches!(
+            self,
+            Self::Terminating | Self::TerminatingWait | Self::TerminatingProceed | Self::Terminated
+        )
+    }
+
+    pub fn is_pending(&self) -> bool {
+        matches!(self, Self::Pending | Self::PendingWait | Self::PendingProceed)
+    }
+}
+
+/// An `autoscaling:EC2_INSTANCE_TERMINATING` lifecycle hook.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LifecycleHook {
+    pub name: String,
+    pub heartbeat_timeout_secs: i32,
+    /// `CONTINUE` or `ABANDON`.
+    pub default_result: String,
+}
+
+/// A scaling activity that failed to launch capacity (for placeholders).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LaunchFailure {
+    pub group: String,
+    /// Short machine code, e.g. `InsufficientInstanceCapacity`, `VcpuLimitExceeded`.
+    pub code: String,
+    pub message: String,
+    /// Seconds since the Unix epoch when the activity started.
+    pub started_at_unix: i64,
+}
+
+/// What DescribeInstanceTypes says about one instance type.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct InstanceTypeInfo {
+    pub name: String,
+    pub vcpus: i64,
+    pub memory_mib: i64,
+    pub gpus: i64,
+    /// GPU model name, e.g. `nvidia-tesla-t4`, when the type has GPUs.
+    pub gpu_type: Option<String>,
+    /// `amd64` or `arm64`.
+    pub architecture: String,
+    /// Maximum ENIs and IPv4 addresses per ENI (for max pods), when known.
+    pub max_enis: Option<i64>,
+    pub ipv4_per_eni: Option<i64>,
+    /// Local instance-store size in GiB, when the type has one.
+    pub instance_storage_gib: Option<i64>,
+}
+
+/// An ASG instance found by instance id (DescribeAutoScalingInstances).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InstanceLocation {
+    pub instance_id: String,
+    pub group: String,
+    pub zone: String,
+    pub state: LifecycleState,
+}
+
+/// Errors from a cloud backend. `Throttled` and `Transient` may be retried; the rest
+/// are answers.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum CloudError {
+    #[error("AWS throttled {operation}: {message}")]
+    Throttled { operation: String, message: String },
+    #[error("AWS {operation} failed transiently: {message}")]
+    Transient { operation: String, message: String },
+    #[error("{what} not found: {name}")]
+    NotFound { what: &'static str, name: String },
+    #[error("AWS {operation} rejected the request: {code}: {message}")]
+    Rejected {
+        operation: String,
+        code: String,
+        message: String,
+    },
+}
+
+impl CloudError {
+    pub fn is_retryable(&self) -> bool {
+        matches!(self, Self::Throttled { .. } | Self::Transient { .. })
+    }
+}
+
+pub type CloudResult<T> = Result<T, CloudError>;
+
+/// What the provider needs from AWS. Every method is one logical AWS operation,
+/// batched and paginated inside the backend.
+#[async_trait]
+pub trait Cloud: Send + Sync + 'static {
+    /// DescribeAutoScalingGroups for the selector: names in batches of up to 100, tag
+    /// filters per set, every page.
+    async fn describe_groups(&self, selector: &GroupSelector) -> CloudResult<Vec<AsgSnapshot>>;
+
+    /// Recent failed scaling activities of one group (DescribeScalingActivities), newest
+    /// first. Called only for groups whose desired capacity is not fulfilled.
+    async fn launch_failures(&self, group: &str) -> CloudResult<Vec<LaunchFailure>>;
+
+    /// Which ASG each instance belongs to (DescribeAutoScalingInstances, batched by 50).
+    /// Instances in no ASG are absent from the answer.
+    async fn locate_instances(&self, instance_ids: &[String]) -> CloudResult<Vec<InstanceLocation>>;
+
+    /// SetDesiredCapacity (HonorCooldown false).
+    async fn set_desired_capacity(&self, group: &str, desired: i32) -> CloudResult<()>;
+
+    /// TerminateInstanceInAutoScalingGroup.
+    async fn terminate_instance(&self, instance_id: &str, decrement_desired: bool) -> CloudResult<()>;
+
+    /// DescribeInstanceTypes for these types (batched by 100). Unknown types are absent.
+    async fn instance_types(&self, names: &[String]) -> CloudResult<Vec<InstanceTypeInfo>>;
+
+    /// DescribeLaunchTemplateVersions for one template at its pinned version.
+    async fn launch_template(&self, template: &LaunchTemplateRef) -> CloudResult<LaunchData>;
+
+    /// DescribeLaunchConfigurations for one launch configuration.
+    async fn launch_configuration(&self, name: &str) -> CloudResult<LaunchData>;
+
+    /// DescribeLifecycleHooks of one group, only `autoscaling:EC2_INSTANCE_TERMINATING`.
+    async fn terminating_hooks(&self, group: &str) -> CloudResult<Vec<LifecycleHook>>;
+
+    /// PutLifecycleHook on EC2_INSTANCE_TERMINATING.
+    async fn put_terminating_hook(&self, group: &str, hook: &LifecycleHook) -> CloudResult<()>;
+
+    /// RecordLifecycleActionHeartbeat.
+    async fn lifecycle_heartbeat(&self, action: &LifecycleAction) -> CloudResult<()>;
+
+    /// CompleteLifecycleAction with `CONTINUE` or `ABANDON`.
+    async fn complete_lifecycle_action(
+        &self,
+        action: &LifecycleAction,
+        result: LifecycleResult,
+    ) -> CloudResult<()>;
+
+    /// DescribeNodegroup of an EKS managed node group: its Kubernetes labels and taints.
+    async fn eks_nodegroup(&self, cluster: &str, nodegroup: &str) -> CloudResult<EksNodegroup>;
+}
+
+/// One pending lifecycle action: an instance held in `Terminating:Wait` by a hook.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct LifecycleAction {
+    pub group: String,
+    pub hook: String,
+    pub instance_id: String,
+    /// The action token from the hook's notification, when one was received; AWS
+    /// accepts the instance id alone.
+    pub token: Option<String>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LifecycleResult {
+    Continue,
+    Abandon,
+}
+
+impl LifecycleResult {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Continue => "CONTINUE",
+            Self::Abandon => "ABANDON",
+        }
+    }
+}
+
+/// Labels and taints of an EKS managed node group (DescribeNodegroup).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct EksNodegroup {
+    pub labels: BTreeMap<String, String>,
+    pub taints: Vec<Taint>,
+}
+
+/// A Kubernetes taint, as the core and the cloud backends share it.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Taint {
+    pub key: String,
+    pub value: String,
+    /// `NoSchedule`, `PreferNoSchedule` or `NoExecute`.
+    pub effect: String,
+}

@@ -1,0 +1,3 @@
+//! The externalgrpc CloudProvider service (tonic).
+
+pub mod options;

@@ -1,0 +1,13 @@
+//! ca-asg-provider: a cluster-autoscaler externalgrpc cloud provider for EC2 Auto
+//! Scaling Groups with a DaemonSet-last, PDB-safe scale-in drain.
+
+pub mod cloud;
+pub mod grpc;
+pub mod provider;
+pub mod sim;
+
+/// Code generated from proto/externalgrpc.proto.
+pub mod proto {
+    #![allow(clippy::all, missing_docs)]
+    tonic::include_proto!("clusterautoscaler.cloudprovider.v1.externalgrpc");
+}
