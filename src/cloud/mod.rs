@@ -83,6 +83,8 @@ pub struct LaunchData {
     pub user_data: Option<String>,
     /// Tags the template puts on the instances it launches.
     pub instance_tags: BTreeMap<String, String>,
+    /// Size of the first block device mapping's EBS volume (the root volume), in GiB.
+    pub root_volume_gib: Option<i64>,
 }
 
 /// One instance of an ASG.
