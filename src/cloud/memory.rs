@@ -1,1 +1,681 @@
 //! In-memory ASGs for the demo, the tests and CA developers.
+//!
+//! Time-driven but lazy: each call first settles the state at "now" (pending instances
+//! whose launch delay passed become InService, lifecycle actions whose heartbeat
+//! timeout passed take their default result), so no background task is needed and a
+//! test sees the same sequence every run. Launch failures can be injected per group.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use async_trait::async_trait;
+use parking_lot::Mutex;
+
+use super::{
+    AsgInstance, AsgSnapshot, Cloud, CloudError, CloudResult, EksNodegroup, GroupSelector,
+    InstanceLocation, InstanceTypeInfo, LaunchData, LaunchFailure, LaunchSpec, LaunchTemplateRef,
+    LifecycleAction, LifecycleHook, LifecycleResult, LifecycleState,
+};
+
+/// The ASG to create in a [`MemoryCloud`].
+#[derive(Debug, Clone)]
+pub struct MemoryGroup {
+    pub name: String,
+    pub min_size: i32,
+    pub max_size: i32,
+    pub desired: i32,
+    pub zones: Vec<String>,
+    pub instance_type: String,
+    pub tags: BTreeMap<String, String>,
+    pub user_data: Option<String>,
+    /// An EC2_INSTANCE_TERMINATING hook, if the group has one.
+    pub terminating_hook: Option<LifecycleHook>,
+}
+
+impl MemoryGroup {
+    pub fn new(name: &str, min: i32, max: i32, desired: i32, instance_type: &str) -> Self {
+        Self {
+            name: name.to_string(),
+            min_size: min,
+            max_size: max,
+            desired,
+            zones: vec!["us-east-1a".into(), "us-east-1b".into(), "us-east-1c".into()],
+            instance_type: instance_type.to_string(),
+            tags: BTreeMap::new(),
+            user_data: None,
+            terminating_hook: None,
+        }
+    }
+
+    pub fn tag(mut self, key: &str, value: &str) -> Self {
+        self.tags.insert(key.to_string(), value.to_string());
+        self
+    }
+
+    pub fn zones(mut self, zones: &[&str]) -> Self {
+        self.zones = zones.iter().map(|z| z.to_string()).collect();
+        self
+    }
+
+    pub fn user_data(mut self, data: &str) -> Self {
+        self.user_data = Some(data.to_string());
+        self
+    }
+
+    pub fn terminating_hook(mut self, name: &str, heartbeat_timeout_secs: i32) -> Self {
+        self.terminating_hook = Some(LifecycleHook {
+            name: name.to_string(),
+            heartbeat_timeout_secs,
+            default_result: "ABANDON".into(),
+        });
+        self
+    }
+}
+
+/// Timing of the simulated ASG.
+#[derive(Debug, Clone)]
+pub struct MemoryTiming {
+    /// From launch to InService.
+    pub launch_delay: Duration,
+    /// From Terminating (or Terminating:Proceed) to gone.
+    pub terminate_delay: Duration,
+}
+
+impl Default for MemoryTiming {
+    fn default() -> Self {
+        Self {
+            launch_delay: Duration::from_millis(1500),
+            terminate_delay: Duration::from_millis(500),
+        }
+    }
+}
+
+#[derive(Debug, Clone)]
+struct MemInstance {
+    id: String,
+    zone: String,
+    state: LifecycleState,
+    instance_type: String,
+    /// When the current state began.
+    since: Instant,
+    /// For Terminating:Wait: when the hook times out without a heartbeat.
+    hook_deadline: Option<Instant>,
+}
+
+#[derive(Debug, Clone)]
+struct MemAsg {
+    spec: MemoryGroup,
+    desired: i32,
+    instances: Vec<MemInstance>,
+    /// Launches fail with this code while set.
+    fail_launches: Option<String>,
+    failures: Vec<LaunchFailure>,
+    zone_cursor: usize,
+}
+
+#[derive(Default)]
+struct State {
+    groups: BTreeMap<String, MemAsg>,
+    next_instance: u64,
+    calls: BTreeMap<String, u64>,
+    completed_actions: Vec<(LifecycleAction, LifecycleResult)>,
+    heartbeats: Vec<LifecycleAction>,
+    /// Operations that fail once with a throttle, for error-path tests.
+    throttle_next: HashMap<String, u32>,
+}
+
+/// In-memory Auto Scaling. Cheap to clone (shared state).
+#[derive(Clone)]
+pub struct MemoryCloud {
+    state: Arc<Mutex<State>>,
+    timing: MemoryTiming,
+    instance_types: Arc<BTreeMap<String, InstanceTypeInfo>>,
+}
+
+impl MemoryCloud {
+    pub fn new(groups: Vec<MemoryGroup>, timing: MemoryTiming) -> Self {
+        let cloud = Self {
+            state: Arc::new(Mutex::new(State::default())),
+            timing,
+            instance_types: Arc::new(builtin_instance_types()),
+        };
+        {
+            let mut st = cloud.state.lock();
+            for g in groups {
+                let desired = g.desired;
+                st.groups.insert(
+                    g.name.clone(),
+                    MemAsg {
+                        spec: g,
+                        desired,
+                        instances: Vec::new(),
+                        fail_launches: None,
+                        failures: Vec::new(),
+                        zone_cursor: 0,
+                    },
+                );
+            }
+            // Instances that exist from the start are already InService.
+            let now = Instant::now();
+            let past = now.checked_sub(cloud.timing.launch_delay).unwrap_or(now);
+            let names: Vec<String> = st.groups.keys().cloned().collect();
+            for name in names {
+                cloud.reconcile_group(&mut st, &name, past);
+            }
+        }
+        cloud
+    }
+
+    /// Makes launches of `group` fail with `code` (e.g. InsufficientInstanceCapacity)
+    /// until called again with `None`.
+    pub fn fail_launches(&self, group: &str, code: Option<&str>) {
+        let mut st = self.state.lock();
+        if let Some(g) = st.groups.get_mut(group) {
+            g.fail_launches = code.map(str::to_string);
+        }
+    }
+
+    /// The next `times` calls of `operation` (a trait method name) answer Throttled.
+    pub fn throttle(&self, operation: &str, times: u32) {
+        self.state.lock().throttle_next.insert(operation.to_string(), times);
+    }
+
+    /// Number of calls per trait method so far.
+    pub fn calls(&self) -> BTreeMap<String, u64> {
+        self.state.lock().calls.clone()
+    }
+
+    /// Lifecycle actions completed so far, in order.
+    pub fn completed_actions(&self) -> Vec<(LifecycleAction, LifecycleResult)> {
+        self.state.lock().completed_actions.clone()
+    }
+
+    /// Heartbeats recorded so far, in order.
+    pub fn heartbeats(&self) -> Vec<LifecycleAction> {
+        self.state.lock().heartbeats.clone()
+    }
+
+    /// Every instance of every group at "now": (group, instance).
+    pub fn instances(&self) -> Vec<(String, AsgInstance)> {
+        let mut st = self.state.lock();
+        self.settle(&mut st);
+        st.groups
+            .values()
+            .flat_map(|g| {
+                g.instances
+                    .iter()
+                    .map(move |i| (g.spec.name.clone(), to_asg_instance(i)))
+            })
+            .collect()
+    }
+
+    /// Scale-in that does not come from CA (a scaling policy, a person): lowers desired
+    /// capacity and lets the ASG pick the newest instances to end. Returns their ids.
+    pub fn external_scale_in(&self, group: &str, by: i32) -> CloudResult<Vec<String>> {
+        let mut st = self.state.lock();
+        self.settle(&mut st);
+        let now = Instant::now();
+        let g = st.groups.get_mut(group).ok_or_else(|| not_found("group", group))?;
+        g.desired = (g.desired - by).max(g.spec.min_size);
+        let mut ended = Vec::new();
+        let hook = g.spec.terminating_hook.clone();
+        for inst in g.instances.iter_mut().rev() {
+            if ended.len() as i32 >= by {
+                break;
+            }
+            if inst.state.is_terminating() {
+                continue;
+            }
+            begin_termination(inst, hook.as_ref(), now);
+            ended.push(inst.id.clone());
+        }
+        Ok(ended)
+    }
+
+    fn begin_call(&self, st: &mut State, op: &str) -> CloudResult<()> {
+        *st.calls.entry(op.to_string()).or_default() += 1;
+        if let Some(n) = st.throttle_next.get_mut(op) {
+            if *n > 0 {
+                *n -= 1;
+                return Err(CloudError::Throttled {
+                    operation: op.to_string(),
+                    message: "Rate exceeded (memory cloud)".into(),
+                });
+            }
+        }
+        self.settle(st);
+        Ok(())
+    }
+
+    /// Advances every instance to where it should be now.
+    fn settle(&self, st: &mut State) {
+        let now = Instant::now();
+        let names: Vec<String> = st.groups.keys().cloned().collect();
+        for name in names {
+            let Some(g) = st.groups.get_mut(&name) else { continue };
+            for inst in &mut g.instances {
+                match inst.state {
+                    LifecycleState::Pending
+                        if now.duration_since(inst.since) >= self.timing.launch_delay =>
+                    {
+                        inst.state = LifecycleState::InService;
+                        inst.since = now;
+                    }
+                    LifecycleState::TerminatingWait => {
+                        // No heartbeat before the hook's timeout: the default result
+                        // applies and the instance goes on terminating.
+                        if inst.hook_deadline.is_some_and(|d| now >= d) {
+                            inst.state = LifecycleState::TerminatingProceed;
+                            inst.since = now;
+                        }
+                    }
+                    LifecycleState::Terminating | LifecycleState::TerminatingProceed
+                        if now.duration_since(inst.since) >= self.timing.terminate_delay =>
+                    {
+                        inst.state = LifecycleState::Terminated;
+                        inst.since = now;
+                    }
+                    _ => {}
+                }
+            }
+            g.instances.retain(|i| {
+                !(i.state == LifecycleState::Terminated
+                    && now.duration_since(i.since) >= Duration::from_millis(1))
+            });
+            self.reconcile_group(st, &name, now);
+        }
+    }
+
+    /// Launches instances until the group has `desired` live ones (or records a
+    /// failed activity when launches are set to fail).
+    fn reconcile_group(&self, st: &mut State, name: &str, now: Instant) {
+        let Some(g) = st.groups.get(name) else { return };
+        let live = g.instances.iter().filter(|i| !i.state.is_terminating()).count() as i32;
+        let missing = g.desired - live;
+        if missing <= 0 {
+            return;
+        }
+        let mut next = st.next_instance;
+        let g = st.groups.get_mut(name).expect("group present");
+        if let Some(code) = g.fail_launches.clone() {
+            let already = g.failures.first().is_some_and(|f| {
+                now_unix() - f.started_at_unix < 60 && f.code == code
+            });
+            if !already {
+                g.failures.insert(
+                    0,
+                    LaunchFailure {
+                        group: name.to_string(),
+                        code: code.clone(),
+                        message: format!(
+                            "Launching a new EC2 instance. Status Reason: We currently do not have sufficient {} capacity ({code}).",
+                            g.spec.instance_type
+                        ),
+                        started_at_unix: now_unix(),
+                    },
+                );
+            }
+            return;
+        }
+        for _ in 0..missing {
+            next += 1;
+            let zone = if g.spec.zones.is_empty() {
+                "us-east-1a".to_string()
+            } else {
+                let z = g.spec.zones[g.zone_cursor % g.spec.zones.len()].clone();
+                g.zone_cursor += 1;
+                z
+            };
+            g.instances.push(MemInstance {
+                id: format!("i-{next:017x}"),
+                zone,
+                state: LifecycleState::Pending,
+                instance_type: g.spec.instance_type.clone(),
+                since: now,
+                hook_deadline: None,
+            });
+        }
+        st.next_instance = next;
+    }
+
+    fn snapshot_of(g: &MemAsg) -> AsgSnapshot {
+        AsgSnapshot {
+            name: g.spec.name.clone(),
+            min_size: g.spec.min_size,
+            max_size: g.spec.max_size,
+            desired_capacity: g.desired,
+            availability_zones: g.spec.zones.clone(),
+            tags: g.spec.tags.clone(),
+            launch: LaunchSpec::LaunchTemplate(LaunchTemplateRef {
+                id: Some(format!("lt-{}", g.spec.name)),
+                name: Some(g.spec.name.clone()),
+                version: None,
+            }),
+            instances: g.instances.iter().map(to_asg_instance).collect(),
+            terminating_hooks: Vec::new(),
+        }
+    }
+}
+
+fn begin_termination(inst: &mut MemInstance, hook: Option<&LifecycleHook>, now: Instant) {
+    inst.since = now;
+    match hook {
+        Some(h) => {
+            inst.state = LifecycleState::TerminatingWait;
+            inst.hook_deadline =
+                Some(now + Duration::from_secs(h.heartbeat_timeout_secs.max(1) as u64));
+        }
+        None => inst.state = LifecycleState::Terminating,
+    }
+}
+
+fn to_asg_instance(i: &MemInstance) -> AsgInstance {
+    AsgInstance {
+        id: i.id.clone(),
+        zone: i.zone.clone(),
+        state: i.state.clone(),
+        instance_type: Some(i.instance_type.clone()),
+    }
+}
+
+fn not_found(what: &'static str, name: &str) -> CloudError {
+    CloudError::NotFound {
+        what,
+        name: name.to_string(),
+    }
+}
+
+fn now_unix() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| d.as_secs() as i64)
+        .unwrap_or(0)
+}
+
+fn matches_selector(g: &MemAsg, sel: &GroupSelector) -> bool {
+    if sel.names.iter().any(|n| n == &g.spec.name) {
+        return true;
+    }
+    sel.tag_sets.iter().any(|set| {
+        !set.is_empty()
+            && set.iter().all(|f| match (&f.value, g.spec.tags.get(&f.key)) {
+                (_, None) => false,
+                (None, Some(_)) => true,
+                (Some(want), Some(have)) => want == have,
+            })
+    })
+}
+
+#[async_trait]
+impl Cloud for MemoryCloud {
+    async fn describe_groups(&self, selector: &GroupSelector) -> CloudResult<Vec<AsgSnapshot>> {
+        let mut st = self.state.lock();
+        self.begin_call(&mut st, "describe_groups")?;
+        Ok(st
+            .groups
+            .values()
+            .filter(|g| matches_selector(g, selector))
+            .map(|g| {
+                let mut snap = Self::snapshot_of(g);
+                snap.terminating_hooks = g.spec.terminating_hook.iter().cloned().collect();
+                snap
+            })
+            .collect())
+    }
+
+    async fn launch_failures(&self, group: &str) -> CloudResult<Vec<LaunchFailure>> {
+        let mut st = self.state.lock();
+        self.begin_call(&mut st, "launch_failures")?;
+        let g = st.groups.get(group).ok_or_else(|| not_found("group", group))?;
+        Ok(g.failures.clone())
+    }
+
+    async fn locate_instances(&self, ids: &[String]) -> CloudResult<Vec<InstanceLocation>> {
+        let mut st = self.state.lock();
+        self.begin_call(&mut st, "locate_instances")?;
+        let mut out = Vec::new();
+        for g in st.groups.values() {
+            for i in &g.instances {
+                if ids.contains(&i.id) {
+                    out.push(InstanceLocation {
+                        instance_id: i.id.clone(),
+                        group: g.spec.name.clone(),
+                        zone: i.zone.clone(),
+                        state: i.state.clone(),
+                    });
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    async fn set_desired_capacity(&self, group: &str, desired: i32) -> CloudResult<()> {
+        let mut st = self.state.lock();
+        self.begin_call(&mut st, "set_desired_capacity")?;
+        let g = st.groups.get_mut(group).ok_or_else(|| not_found("group", group))?;
+        if desired < g.spec.min_size || desired > g.spec.max_size {
+            return Err(CloudError::Rejected {
+                operation: "SetDesiredCapacity".into(),
+                code: "ValidationError".into(),
+                message: format!(
+                    "New SetDesiredCapacity value {desired} is outside the group's bounds [{}, {}]",
+                    g.spec.min_size, g.spec.max_size
+                ),
+            });
+        }
+        let lower = desired < g.desired;
+        let by = g.desired - desired;
+        g.desired = desired;
+        if lower {
+            // The ASG ends instances itself when desired drops below the live count.
+            let live = g.instances.iter().filter(|i| !i.state.is_terminating()).count() as i32;
+            let excess = (live - desired).clamp(0, by);
+            let hook = g.spec.terminating_hook.clone();
+            let now = Instant::now();
+            let mut n = 0;
+            for inst in g.instances.iter_mut().rev() {
+                if n >= excess {
+                    break;
+                }
+                if !inst.state.is_terminating() {
+                    begin_termination(inst, hook.as_ref(), now);
+                    n += 1;
+                }
+            }
+        }
+        let now = Instant::now();
+        self.reconcile_group(&mut st, group, now);
+        Ok(())
+    }
+
+    async fn terminate_instance(&self, instance_id: &str, decrement: bool) -> CloudResult<()> {
+        let mut st = self.state.lock();
+        self.begin_call(&mut st, "terminate_instance")?;
+        let now = Instant::now();
+        let group = st
+            .groups
+            .values()
+            .find(|g| g.instances.iter().any(|i| i.id == instance_id))
+            .map(|g| g.spec.name.clone())
+            .ok_or_else(|| not_found("instance", instance_id))?;
+        let g = st.groups.get_mut(&group).expect("group present");
+        if decrement && g.desired <= g.spec.min_size {
+            return Err(CloudError::Rejected {
+                operation: "TerminateInstanceInAutoScalingGroup".into(),
+                code: "ValidationError".into(),
+                message: format!(
+                    "Currently, desiredSize equals minSize ({}). Terminating instance without replacement will violate group's min size constraint.",
+                    g.spec.min_size
+                ),
+            });
+        }
+        let hook = g.spec.terminating_hook.clone();
+        let inst = g
+            .instances
+            .iter_mut()
+            .find(|i| i.id == instance_id)
+            .expect("instance present");
+        if inst.state.is_terminating() {
+            return Ok(());
+        }
+        begin_termination(inst, hook.as_ref(), now);
+        if decrement {
+            g.desired -= 1;
+        }
+        self.reconcile_group(&mut st, &group, now);
+        Ok(())
+    }
+
+    async fn instance_types(&self, names: &[String]) -> CloudResult<Vec<InstanceTypeInfo>> {
+        let mut st = self.state.lock();
+        self.begin_call(&mut st, "instance_types")?;
+        Ok(names
+            .iter()
+            .filter_map(|n| self.instance_types.get(n).cloned())
+            .collect())
+    }
+
+    async fn launch_template(&self, template: &LaunchTemplateRef) -> CloudResult<LaunchData> {
+        let mut st = self.state.lock();
+        self.begin_call(&mut st, "launch_template")?;
+        let name = template.name.clone().unwrap_or_default();
+        let g = st
+            .groups
+            .get(&name)
+            .ok_or_else(|| not_found("launch template", &template.to_string()))?;
+        Ok(LaunchData {
+            instance_type: Some(g.spec.instance_type.clone()),
+            user_data: g.spec.user_data.clone(),
+            instance_tags: BTreeMap::new(),
+            root_volume_gib: Some(80),
+        })
+    }
+
+    async fn launch_configuration(&self, name: &str) -> CloudResult<LaunchData> {
+        let mut st = self.state.lock();
+        self.begin_call(&mut st, "launch_configuration")?;
+        Err(not_found("launch configuration", name))
+    }
+
+    async fn terminating_hooks(&self, group: &str) -> CloudResult<Vec<LifecycleHook>> {
+        let mut st = self.state.lock();
+        self.begin_call(&mut st, "terminating_hooks")?;
+        let g = st.groups.get(group).ok_or_else(|| not_found("group", group))?;
+        Ok(g.spec.terminating_hook.iter().cloned().collect())
+    }
+
+    async fn put_terminating_hook(&self, group: &str, hook: &LifecycleHook) -> CloudResult<()> {
+        let mut st = self.state.lock();
+        self.begin_call(&mut st, "put_terminating_hook")?;
+        let g = st.groups.get_mut(group).ok_or_else(|| not_found("group", group))?;
+        g.spec.terminating_hook = Some(hook.clone());
+        Ok(())
+    }
+
+    async fn lifecycle_heartbeat(&self, action: &LifecycleAction) -> CloudResult<()> {
+        let mut st = self.state.lock();
+        self.begin_call(&mut st, "lifecycle_heartbeat")?;
+        let g = st
+            .groups
+            .get_mut(&action.group)
+            .ok_or_else(|| not_found("group", &action.group))?;
+        let timeout = g
+            .spec
+            .terminating_hook
+            .as_ref()
+            .filter(|h| h.name == action.hook)
+            .map(|h| h.heartbeat_timeout_secs)
+            .ok_or_else(|| not_found("lifecycle hook", &action.hook))?;
+        let inst = g
+            .instances
+            .iter_mut()
+            .find(|i| i.id == action.instance_id && i.state == LifecycleState::TerminatingWait)
+            .ok_or_else(|| rejected_no_action(action))?;
+        inst.hook_deadline = Some(Instant::now() + Duration::from_secs(timeout.max(1) as u64));
+        st.heartbeats.push(action.clone());
+        Ok(())
+    }
+
+    async fn complete_lifecycle_action(
+        &self,
+        action: &LifecycleAction,
+        result: LifecycleResult,
+    ) -> CloudResult<()> {
+        let mut st = self.state.lock();
+        self.begin_call(&mut st, "complete_lifecycle_action")?;
+        let g = st
+            .groups
+            .get_mut(&action.group)
+            .ok_or_else(|| not_found("group", &action.group))?;
+        if !g
+            .spec
+            .terminating_hook
+            .as_ref()
+            .is_some_and(|h| h.name == action.hook)
+        {
+            return Err(not_found("lifecycle hook", &action.hook));
+        }
+        let inst = g
+            .instances
+            .iter_mut()
+            .find(|i| i.id == action.instance_id && i.state == LifecycleState::TerminatingWait)
+            .ok_or_else(|| rejected_no_action(action))?;
+        inst.state = LifecycleState::TerminatingProceed;
+        inst.since = Instant::now();
+        inst.hook_deadline = None;
+        st.completed_actions.push((action.clone(), result));
+        Ok(())
+    }
+
+    async fn eks_nodegroup(&self, cluster: &str, nodegroup: &str) -> CloudResult<EksNodegroup> {
+        let mut st = self.state.lock();
+        self.begin_call(&mut st, "eks_nodegroup")?;
+        Err(not_found("EKS node group", &format!("{cluster}/{nodegroup}")))
+    }
+}
+
+fn rejected_no_action(action: &LifecycleAction) -> CloudError {
+    CloudError::Rejected {
+        operation: "CompleteLifecycleAction".into(),
+        code: "ValidationError".into(),
+        message: format!(
+            "No active Lifecycle Action found with instance ID {} for hook {} of group {}",
+            action.instance_id, action.hook, action.group
+        ),
+    }
+}
+
+/// A few real instance types, with the numbers DescribeInstanceTypes gives.
+pub fn builtin_instance_types() -> BTreeMap<String, InstanceTypeInfo> {
+    let t = |name: &str, vcpus, mem_gib: i64, arch: &str, enis, ips, gpus, gpu: Option<&str>| {
+        (
+            name.to_string(),
+            InstanceTypeInfo {
+                name: name.to_string(),
+                vcpus,
+                memory_mib: mem_gib * 1024,
+                gpus,
+                gpu_type: gpu.map(str::to_string),
+                architecture: arch.to_string(),
+                max_enis: Some(enis),
+                ipv4_per_eni: Some(ips),
+                instance_storage_gib: None,
+            },
+        )
+    };
+    [
+        t("t3.medium", 2, 4, "amd64", 3, 6, 0, None),
+        t("m5.large", 2, 8, "amd64", 3, 10, 0, None),
+        t("m5.xlarge", 4, 16, "amd64", 4, 15, 0, None),
+        t("m5.2xlarge", 8, 32, "amd64", 4, 15, 0, None),
+        t("c5.xlarge", 4, 8, "amd64", 4, 15, 0, None),
+        t("r5.xlarge", 4, 32, "amd64", 4, 15, 0, None),
+        t("m6g.large", 2, 8, "arm64", 3, 10, 0, None),
+        t("m6g.xlarge", 4, 16, "arm64", 4, 15, 0, None),
+        t("g4dn.xlarge", 4, 16, "amd64", 3, 10, 1, Some("nvidia-t4")),
+        t("p3.2xlarge", 8, 61, "amd64", 4, 15, 1, Some("nvidia-v100")),
+    ]
+    .into_iter()
+    .collect()
+}

@@ -1,3 +1,50 @@
-//! The externalgrpc CloudProvider service (tonic).
+//! The externalgrpc CloudProvider service (tonic): decode, validate, call the core,
+//! map errors to status codes. No business logic lives here.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use tokio::net::TcpListener;
+use tokio_stream::wrappers::TcpListenerStream;
+
+use crate::proto::cloud_provider_server::CloudProviderServer;
+use crate::provider::Provider;
 
 pub mod options;
+mod service;
+
+pub use service::CloudProviderService;
+
+/// Serves the CloudProvider service and grpc.health.v1 on `listener` until
+/// `shutdown` resolves.
+pub async fn serve(
+    listener: TcpListener,
+    provider: Arc<Provider>,
+    tls: Option<tonic::transport::ServerTlsConfig>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
+    let (reporter, health) = tonic_health::server::health_reporter();
+    reporter
+        .set_serving::<CloudProviderServer<CloudProviderService>>()
+        .await;
+    let mut builder = tonic::transport::Server::builder();
+    if let Some(tls) = tls {
+        builder = builder.tls_config(tls)?;
+    }
+    builder
+        .add_service(health)
+        .add_service(CloudProviderServer::new(CloudProviderService::new(provider)))
+        .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown)
+        .await?;
+    Ok(())
+}
+
+/// Binds `addr` (port 0 picks a free port) and returns the listener and its address.
+pub async fn bind(addr: SocketAddr) -> anyhow::Result<(TcpListener, SocketAddr)> {
+    let l = TcpListener::bind(addr)
+        .await
+        .map_err(|e| anyhow::anyhow!("cannot listen on {addr}: {e}"))?;
+    let local = l.local_addr()?;
+    Ok((l, local))
+}

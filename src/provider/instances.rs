@@ -1,0 +1,206 @@
+//! What NodeGroupNodes reports: ASG lifecycle states mapped to CA's three states, and
+//! placeholder instances for capacity that has no instance (yet, or ever). Pure.
+
+use crate::cloud::{AsgInstance, LaunchFailure, LifecycleState};
+
+use super::provider_id;
+
+/// CA's instance states.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum InstanceState {
+    Running,
+    Creating,
+    Deleting,
+}
+
+/// CA's InstanceErrorInfo classes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorClass {
+    OutOfResources = 1,
+    Other = 99,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InstanceError {
+    pub code: String,
+    pub message: String,
+    pub class: ErrorClass,
+}
+
+/// One entry of NodeGroupNodes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct InstanceView {
+    /// Equal to the Node's providerID, as CA matches them by string.
+    pub id: String,
+    pub state: InstanceState,
+    pub error: Option<InstanceError>,
+}
+
+/// Prefix of placeholder instance ids, as CA's AWS provider names them.
+pub const PLACEHOLDER_PREFIX: &str = "i-placeholder-";
+
+pub fn is_placeholder(instance_id: &str) -> bool {
+    instance_id.starts_with(PLACEHOLDER_PREFIX)
+}
+
+/// ASG lifecycle state -> CA state. Standby and detaching instances are not serving
+/// but still exist, so CA sees them as running (it must not count them as launching).
+pub fn map_state(state: &LifecycleState) -> InstanceState {
+    match state {
+        s if s.is_pending() => InstanceState::Creating,
+        s if s.is_terminating() => InstanceState::Deleting,
+        LifecycleState::Detaching | LifecycleState::Detached => InstanceState::Deleting,
+        _ => InstanceState::Running,
+    }
+}
+
+/// Capacity failures CA should treat as "this group is out of resources" and back off.
+fn error_class(code: &str) -> ErrorClass {
+    match code {
+        "InsufficientInstanceCapacity"
+        | "VcpuLimitExceeded"
+        | "InstanceLimitExceeded"
+        | "MaxSpotInstanceCountExceeded"
+        | "SpotMaxPriceTooLow"
+        | "InsufficientFreeAddressesInSubnet"
+        | "InsufficientCapacity"
+        | "Unsupported" => ErrorClass::OutOfResources,
+        _ => ErrorClass::Other,
+    }
+}
+
+/// Builds the full instance list of a group.
+///
+/// - `deleting` says which instances this service has asked to end and AWS may not
+///   yet show as terminating.
+/// - Placeholders fill `target - live` (live = instances not terminating); when a
+///   launch failed recently (`failure`), each placeholder carries it, so CA stops
+///   waiting for the capacity and tries another group.
+pub fn list(
+    group: &str,
+    zone_for_placeholders: &str,
+    instances: &[AsgInstance],
+    target: i32,
+    deleting: &dyn Fn(&str) -> bool,
+    failure: Option<&LaunchFailure>,
+) -> Vec<InstanceView> {
+    let mut out = Vec::with_capacity(instances.len().max(target.max(0) as usize));
+    let mut live = 0i32;
+    for i in instances {
+        let mut state = map_state(&i.state);
+        if deleting(&i.id) {
+            state = InstanceState::Deleting;
+        }
+        if state != InstanceState::Deleting {
+            live += 1;
+        }
+        out.push(InstanceView {
+            id: i.provider_id(),
+            state,
+            error: None,
+        });
+    }
+    let error = failure.map(|f| InstanceError {
+        code: f.code.clone(),
+        message: format!("ASG {group} failed to launch capacity: {}", f.message),
+        class: error_class(&f.code),
+    });
+    for n in 0..(target - live).max(0) {
+        out.push(InstanceView {
+            id: provider_id::for_instance(
+                zone_for_placeholders,
+                &format!("{PLACEHOLDER_PREFIX}{group}-{n}"),
+            ),
+            state: InstanceState::Creating,
+            error: error.clone(),
+        });
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn inst(id: &str, state: &str) -> AsgInstance {
+        AsgInstance {
+            id: id.into(),
+            zone: "us-east-1a".into(),
+            state: LifecycleState::parse(state),
+            instance_type: Some("m5.large".into()),
+        }
+    }
+
+    #[test]
+    fn maps_every_lifecycle_state() {
+        let cases = [
+            ("Pending", InstanceState::Creating),
+            ("Pending:Wait", InstanceState::Creating),
+            ("Pending:Proceed", InstanceState::Creating),
+            ("InService", InstanceState::Running),
+            ("Terminating", InstanceState::Deleting),
+            ("Terminating:Wait", InstanceState::Deleting),
+            ("Terminating:Proceed", InstanceState::Deleting),
+            ("Terminated", InstanceState::Deleting),
+            ("Detaching", InstanceState::Deleting),
+            ("Detached", InstanceState::Deleting),
+            ("Standby", InstanceState::Running),
+            ("EnteringStandby", InstanceState::Running),
+            ("Warmed:Running", InstanceState::Running),
+        ];
+        for (s, want) in cases {
+            assert_eq!(map_state(&LifecycleState::parse(s)), want, "{s}");
+        }
+    }
+
+    #[test]
+    fn ids_are_provider_ids() {
+        let v = list("g", "us-east-1a", &[inst("i-1", "InService")], 1, &|_| false, None);
+        assert_eq!(v.len(), 1);
+        assert_eq!(v[0].id, "aws:///us-east-1a/i-1");
+        assert_eq!(v[0].state, InstanceState::Running);
+    }
+
+    #[test]
+    fn placeholders_fill_unfulfilled_capacity_without_error_when_nothing_failed() {
+        let v = list("g", "us-east-1b", &[inst("i-1", "InService"), inst("i-2", "Terminating")], 3, &|_| false, None);
+        assert_eq!(v.len(), 4);
+        let ph: Vec<_> = v.iter().filter(|i| i.id.contains(PLACEHOLDER_PREFIX)).collect();
+        assert_eq!(ph.len(), 2);
+        assert!(ph.iter().all(|p| p.state == InstanceState::Creating && p.error.is_none()));
+        assert_eq!(ph[0].id, "aws:///us-east-1b/i-placeholder-g-0");
+    }
+
+    #[test]
+    fn placeholders_carry_a_recent_launch_failure() {
+        let f = LaunchFailure {
+            group: "g".into(),
+            code: "InsufficientInstanceCapacity".into(),
+            message: "no capacity".into(),
+            started_at_unix: 0,
+        };
+        let v = list("g", "z", &[], 2, &|_| false, Some(&f));
+        assert_eq!(v.len(), 2);
+        for p in &v {
+            let e = p.error.as_ref().unwrap();
+            assert_eq!(e.class, ErrorClass::OutOfResources);
+            assert_eq!(e.code, "InsufficientInstanceCapacity");
+        }
+        let other = LaunchFailure { code: "AccessDenied".into(), ..f };
+        let v = list("g", "z", &[], 1, &|_| false, Some(&other));
+        assert_eq!(v[0].error.as_ref().unwrap().class, ErrorClass::Other);
+    }
+
+    #[test]
+    fn locally_deleting_instances_are_deleting_and_not_live() {
+        let v = list("g", "z", &[inst("i-1", "InService"), inst("i-2", "InService")], 1, &|id| id == "i-2", None);
+        assert_eq!(v.len(), 2, "no placeholder: one live instance for target 1");
+        assert_eq!(v[1].state, InstanceState::Deleting);
+    }
+
+    #[test]
+    fn negative_or_zero_target_adds_nothing() {
+        assert!(list("g", "z", &[], 0, &|_| false, None).is_empty());
+        assert!(list("g", "z", &[], -3, &|_| false, None).is_empty());
+    }
+}

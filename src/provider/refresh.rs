@@ -1,0 +1,347 @@
+//! Refresh: re-read the managed ASGs (batched, paginated, at most once per interval),
+//! keep serving the last good state when AWS fails, and look up unknown instances in
+//! the background so a node that just joined maps to its group by CA's next loop.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use futures::stream::{self, StreamExt};
+use parking_lot::Mutex;
+
+use super::registry::{effective_bounds, Group, Registry};
+use super::{now, Provider, ProviderError};
+use crate::cloud::{AsgSnapshot, LifecycleHook};
+
+/// How many launch-failure reads run at once during a refresh.
+const FAILURE_READ_CONCURRENCY: usize = 8;
+/// DescribeAutoScalingInstances takes at most 50 ids.
+const LOOKUP_BATCH: usize = 50;
+/// An id that was not found is not asked about again for this long.
+const LOOKUP_NEGATIVE_TTL: Duration = Duration::from_secs(60);
+/// Most ids kept waiting for lookup (bounds memory under a flood of bogus ids).
+const LOOKUP_QUEUE_MAX: usize = 10_000;
+
+#[derive(Default)]
+pub(crate) struct RefreshState {
+    inner: Mutex<RefreshInner>,
+    /// One refresh at a time; later callers wait for it and reuse its result.
+    running: tokio::sync::Mutex<()>,
+}
+
+#[derive(Default)]
+struct RefreshInner {
+    last_ok: Option<Instant>,
+    last_error: Option<String>,
+    /// Set when something (a found instance, a write) makes the snapshot stale.
+    force: bool,
+    hooks: HashMap<String, (Instant, Vec<LifecycleHook>)>,
+    missing_static_reported: HashSet<String>,
+}
+
+#[derive(Default)]
+pub(crate) struct LookupQueue {
+    pending: HashSet<String>,
+    tried: HashMap<String, Instant>,
+}
+
+impl Provider {
+    /// CA's Refresh. Re-reads AWS when the snapshot is older than the refresh interval
+    /// (or was marked stale), waiting at most `refresh_wait`; a slow read finishes in
+    /// the background. Fails only when no state was ever loaded.
+    pub async fn refresh(self: &Arc<Self>) -> Result<(), ProviderError> {
+        if !self.refresh_due() {
+            return Ok(());
+        }
+        let this = self.clone();
+        let task = tokio::spawn(async move { this.refresh_now().await });
+        match tokio::time::timeout(self.settings.refresh_wait, task).await {
+            Ok(Ok(Ok(()))) => Ok(()),
+            Ok(Ok(Err(e))) => self.stale_or_fail(e),
+            Ok(Err(join)) => self.stale_or_fail(ProviderError::Unavailable(format!("refresh task failed: {join}"))),
+            Err(_) => self.stale_or_fail(ProviderError::Unavailable(format!(
+                "AWS did not answer within {:?}; the refresh goes on in the background",
+                self.settings.refresh_wait
+            ))),
+        }
+    }
+
+    fn stale_or_fail(&self, e: ProviderError) -> Result<(), ProviderError> {
+        if self.is_loaded() {
+            self.stats.stale_serves.fetch_add(1, Ordering::Relaxed);
+            tracing::warn!(error = %e, "refresh failed; serving the last good state");
+            Ok(())
+        } else {
+            Err(ProviderError::Unavailable(format!("no node-group state loaded yet: {e}")))
+        }
+    }
+
+    fn refresh_due(&self) -> bool {
+        let inner = self.refresh.inner.lock();
+        inner.force
+            || inner
+                .last_ok
+                .is_none_or(|t| t.elapsed() >= self.settings.refresh_interval)
+    }
+
+    /// Marks the snapshot stale so the next Refresh reads AWS.
+    pub fn invalidate(&self) {
+        self.refresh.inner.lock().force = true;
+    }
+
+    /// The last refresh error, if the last attempt failed.
+    pub fn last_refresh_error(&self) -> Option<String> {
+        self.refresh.inner.lock().last_error.clone()
+    }
+
+    /// Reads AWS now and swaps in a new snapshot.
+    pub async fn refresh_now(self: &Arc<Self>) -> Result<(), ProviderError> {
+        let _one = self.refresh.running.lock().await;
+        let started = now();
+        self.refresh.inner.lock().force = false;
+        let result = self.load().await;
+        let mut inner = self.refresh.inner.lock();
+        match &result {
+            Ok(()) => {
+                inner.last_ok = Some(started);
+                inner.last_error = None;
+                self.stats.refreshes.fetch_add(1, Ordering::Relaxed);
+            }
+            Err(e) => {
+                inner.last_error = Some(e.to_string());
+                self.stats.refresh_failures.fetch_add(1, Ordering::Relaxed);
+            }
+        }
+        result
+    }
+
+    async fn load(self: &Arc<Self>) -> Result<(), ProviderError> {
+        let writes_before = self.writes.load(Ordering::Acquire);
+        let asgs = self.cloud.describe_groups(&self.settings.selector).await?;
+        self.report_missing_static(&asgs);
+        let hooks = self.hooks_for(&asgs).await;
+        let failures = self.failures_for(&asgs).await;
+        let groups: Vec<Group> = asgs
+            .into_iter()
+            .map(|asg| {
+                let (min, max, warnings) =
+                    effective_bounds(&asg, self.settings.static_bounds.get(&asg.name).copied());
+                for w in &warnings {
+                    tracing::warn!("{w}");
+                }
+                let hooks = hooks.get(&asg.name).cloned().unwrap_or_default();
+                let failures = failures.get(&asg.name).cloned().unwrap_or_default();
+                Group {
+                    asg,
+                    min,
+                    max,
+                    failures,
+                    hooks,
+                    warnings,
+                }
+            })
+            .collect();
+        let registry = Arc::new(Registry::new(groups));
+        // Apply under the write lock so no size change interleaves with the swap.
+        let _ops = self.ops.lock().await;
+        *self.registry.write() = registry.clone();
+        self.loaded.store(true, Ordering::Release);
+        let raced = self.writes.load(Ordering::Acquire) != writes_before;
+        {
+            let mut ov = self.overlay.lock();
+            if raced {
+                // A size change landed while AWS was being read: the read may predate
+                // it, so keep our targets and read again next time.
+                self.refresh.inner.lock().force = true;
+            } else {
+                ov.target.clear();
+            }
+            ov.deleting.retain(|id| {
+                registry
+                    .group_of_instance(id)
+                    .and_then(|g| g.asg.instances.iter().find(|i| &i.id == id))
+                    .is_some_and(|i| !i.state.is_terminating())
+            });
+            ov.located.retain(|id, _| registry.group_of_instance(id).is_none());
+        }
+        drop(_ops);
+        tracing::debug!(
+            groups = registry.groups.len(),
+            instances = registry.instance_count(),
+            "node groups refreshed"
+        );
+        let this = self.clone();
+        tokio::spawn(async move { this.prefetch_templates().await });
+        Ok(())
+    }
+
+    fn report_missing_static(&self, asgs: &[AsgSnapshot]) {
+        let found: HashSet<&str> = asgs.iter().map(|a| a.name.as_str()).collect();
+        let mut inner = self.refresh.inner.lock();
+        for name in &self.settings.selector.names {
+            if !found.contains(name.as_str()) && inner.missing_static_reported.insert(name.clone()) {
+                tracing::warn!(group = %name, "configured node group not found in AWS");
+            }
+        }
+    }
+
+    /// Terminating hooks per group: taken from the describe when the backend fills
+    /// them, else read per group once and again every `hook_refresh_interval`.
+    async fn hooks_for(&self, asgs: &[AsgSnapshot]) -> HashMap<String, Vec<LifecycleHook>> {
+        let mut out = HashMap::new();
+        let mut to_read = Vec::new();
+        {
+            let inner = self.refresh.inner.lock();
+            for a in asgs {
+                if !a.terminating_hooks.is_empty() {
+                    out.insert(a.name.clone(), a.terminating_hooks.clone());
+                    continue;
+                }
+                match inner.hooks.get(&a.name) {
+                    Some((at, h)) if at.elapsed() < self.settings.hook_refresh_interval => {
+                        out.insert(a.name.clone(), h.clone());
+                    }
+                    _ => to_read.push(a.name.clone()),
+                }
+            }
+        }
+        let read: Vec<(String, Result<Vec<LifecycleHook>, _>)> = stream::iter(to_read)
+            .map(|name| async move {
+                let r = self.cloud.terminating_hooks(&name).await;
+                (name, r)
+            })
+            .buffer_unordered(FAILURE_READ_CONCURRENCY)
+            .collect()
+            .await;
+        let mut inner = self.refresh.inner.lock();
+        for (name, r) in read {
+            match r {
+                Ok(h) => {
+                    inner.hooks.insert(name.clone(), (now(), h.clone()));
+                    out.insert(name, h);
+                }
+                Err(e) => {
+                    tracing::warn!(group = %name, error = %e, "could not read lifecycle hooks; keeping the last known");
+                    if let Some((_, h)) = inner.hooks.get(&name) {
+                        out.insert(name, h.clone());
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    /// Launch failures, read only for groups whose desired capacity is not met.
+    async fn failures_for(
+        &self,
+        asgs: &[AsgSnapshot],
+    ) -> HashMap<String, Vec<crate::cloud::LaunchFailure>> {
+        let short: Vec<String> = asgs
+            .iter()
+            .filter(|a| {
+                let live = a.instances.iter().filter(|i| !i.state.is_terminating()).count() as i32;
+                a.desired_capacity > live
+            })
+            .map(|a| a.name.clone())
+            .collect();
+        stream::iter(short)
+            .map(|name| async move {
+                match self.cloud.launch_failures(&name).await {
+                    Ok(f) => Some((name, f)),
+                    Err(e) => {
+                        tracing::warn!(group = %name, error = %e, "could not read scaling activities");
+                        None
+                    }
+                }
+            })
+            .buffer_unordered(FAILURE_READ_CONCURRENCY)
+            .filter_map(|x| async move { x })
+            .collect()
+            .await
+    }
+
+    // ---- background lookup of instances the snapshot does not know ----
+
+    pub(crate) fn enqueue_lookup(&self, instance_id: &str) {
+        let mut q = self.lookups.lock();
+        if q.pending.len() >= LOOKUP_QUEUE_MAX || q.pending.contains(instance_id) {
+            return;
+        }
+        if q
+            .tried
+            .get(instance_id)
+            .is_some_and(|t| t.elapsed() < LOOKUP_NEGATIVE_TTL)
+        {
+            return;
+        }
+        q.pending.insert(instance_id.to_string());
+        drop(q);
+        self.lookup_wake.notify_one();
+    }
+
+    /// Starts the background work of the core (instance lookups). Returns its handle.
+    pub fn start_background(self: &Arc<Self>) -> tokio::task::JoinHandle<()> {
+        let weak = Arc::downgrade(self);
+        let wake = self.lookup_wake.clone();
+        tokio::spawn(async move {
+            loop {
+                let notified = wake.notified();
+                let Some(this) = weak.upgrade() else { return };
+                let has_work = !this.lookups.lock().pending.is_empty();
+                if !has_work {
+                    drop(this);
+                    // Wakes on new work; the timeout lets the task end once the
+                    // provider is gone.
+                    let _ = tokio::time::timeout(Duration::from_secs(30), notified).await;
+                    continue;
+                }
+                this.run_lookups().await;
+                let gap = this.settings.lookup_interval;
+                drop(this);
+                tokio::time::sleep(gap).await;
+            }
+        })
+    }
+
+    async fn run_lookups(&self) {
+        let ids: Vec<String> = {
+            let mut q = self.lookups.lock();
+            let ids: Vec<String> = q.pending.drain().collect();
+            let t = now();
+            for id in &ids {
+                q.tried.insert(id.clone(), t);
+            }
+            q.tried.retain(|_, at| at.elapsed() < LOOKUP_NEGATIVE_TTL);
+            ids
+        };
+        for chunk in ids.chunks(LOOKUP_BATCH) {
+            self.stats.lookups.fetch_add(1, Ordering::Relaxed);
+            match self.cloud.locate_instances(chunk).await {
+                Ok(found) => {
+                    let reg = self.registry();
+                    let mut any = false;
+                    let mut ov = self.overlay.lock();
+                    for loc in found {
+                        if reg.group(&loc.group).is_some() {
+                            tracing::info!(instance = %loc.instance_id, group = %loc.group, "new instance mapped to its group");
+                            ov.located.insert(loc.instance_id, loc.group);
+                            any = true;
+                        }
+                    }
+                    drop(ov);
+                    if any {
+                        self.invalidate();
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, count = chunk.len(), "instance lookup failed; will retry later");
+                    let mut q = self.lookups.lock();
+                    for id in chunk {
+                        q.tried.remove(id);
+                    }
+                }
+            }
+        }
+    }
+}

@@ -1,0 +1,271 @@
+//! Template nodes, built once per group from cached AWS reads and kept encoded, so
+//! NodeGroupTemplateNodeInfo answers from memory. Instance types are read once per
+//! type (batched), launch templates once per pinned version (and again after a while
+//! for `$Default`/`$Latest`), EKS node groups once.
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use parking_lot::Mutex;
+
+use super::template::{self, TemplateInputs, TemplateOverrides};
+use super::{now, Group, Provider, ProviderError};
+use crate::cloud::{EksNodegroup, InstanceTypeInfo, LaunchData, LaunchSpec, LaunchTemplateRef};
+
+/// `$Default` / `$Latest` can change under the same reference.
+const FLOATING_VERSION_TTL: Duration = Duration::from_secs(10 * 60);
+
+#[derive(Default)]
+pub(crate) struct TemplateCache {
+    inner: Mutex<Inner>,
+    /// One builder at a time per provider keeps AWS reads deduplicated.
+    build: tokio::sync::Mutex<()>,
+}
+
+#[derive(Default)]
+struct Inner {
+    /// Group -> (what it was built from, encoded Node).
+    built: HashMap<String, (BuildKey, Bytes)>,
+    instance_types: HashMap<String, InstanceTypeInfo>,
+    launch: HashMap<LaunchKey, (Instant, LaunchData)>,
+    eks: HashMap<(String, String), Option<EksNodegroup>>,
+}
+
+#[derive(Clone, PartialEq, Eq, Hash, Debug)]
+enum LaunchKey {
+    Template(LaunchTemplateRef),
+    Configuration(String),
+}
+
+/// A template is rebuilt when any of these change.
+#[derive(Clone, PartialEq, Debug)]
+struct BuildKey {
+    launch: LaunchSpec,
+    tags: std::collections::BTreeMap<String, String>,
+    zones: Vec<String>,
+}
+
+impl BuildKey {
+    fn of(g: &Group) -> Self {
+        Self {
+            launch: g.asg.launch.clone(),
+            tags: g.asg.tags.clone(),
+            zones: g.asg.availability_zones.clone(),
+        }
+    }
+}
+
+impl TemplateCache {
+    pub(crate) fn gpu_types(&self) -> Vec<String> {
+        let inner = self.inner.lock();
+        let set: BTreeSet<String> = inner
+            .instance_types
+            .values()
+            .filter_map(|t| t.gpu_type.clone())
+            .collect();
+        set.into_iter().collect()
+    }
+
+    fn cached(&self, g: &Group) -> Option<Bytes> {
+        let inner = self.inner.lock();
+        let (key, bytes) = inner.built.get(&g.asg.name)?;
+        (key == &BuildKey::of(g)).then(|| bytes.clone())
+    }
+}
+
+impl Provider {
+    /// The encoded template Node of a group (CA's NodeGroupTemplateNodeInfo).
+    pub async fn template_node(&self, id: &str) -> Result<Bytes, ProviderError> {
+        let reg = self.registry();
+        let g = reg
+            .group(id)
+            .ok_or_else(|| ProviderError::UnknownGroup(id.to_string()))?;
+        if let Some(b) = self.templates.cached(g) {
+            return Ok(b);
+        }
+        let _one = self.templates.build.lock().await;
+        if let Some(b) = self.templates.cached(g) {
+            return Ok(b);
+        }
+        let bytes = self.build_template(g).await?;
+        self.templates
+            .inner
+            .lock()
+            .built
+            .insert(g.asg.name.clone(), (BuildKey::of(g), bytes.clone()));
+        Ok(bytes)
+    }
+
+    async fn build_template(&self, g: &Group) -> Result<Bytes, ProviderError> {
+        let (launch, type_name) = self.launch_data(g).await?;
+        let type_name = type_name.ok_or_else(|| {
+            ProviderError::Unimplemented(format!(
+                "node group {}: no instance type in its launch template, launch configuration or mixed instances policy",
+                g.asg.name
+            ))
+        })?;
+        let itype = self.instance_type(&type_name).await?;
+        let eks = self.eks_nodegroup(g).await;
+        let overrides = self.overrides_for(&g.asg.name);
+        let inputs = TemplateInputs {
+            group: &g.asg,
+            region: &self.settings.region,
+            launch: &launch,
+            instance_type: &itype,
+            eks: eks.as_ref(),
+            overrides: &overrides,
+        };
+        let node = template::build_template(&inputs).map_err(|e| ProviderError::Unimplemented(e.to_string()))?;
+        Ok(Bytes::from(template::encode_node(&node)))
+    }
+
+    /// Config overrides: `*` first, then the group's own on top.
+    fn overrides_for(&self, group: &str) -> TemplateOverrides {
+        let mut o = self.settings.templates.get("*").cloned().unwrap_or_default();
+        if let Some(own) = self.settings.templates.get(group) {
+            o.labels.extend(own.labels.clone());
+            o.taints.extend(own.taints.clone());
+            o.resources.extend(own.resources.clone());
+            if own.max_pods.is_some() {
+                o.max_pods = own.max_pods;
+            }
+        }
+        o
+    }
+
+    /// Launch data and the instance type to model.
+    async fn launch_data(&self, g: &Group) -> Result<(LaunchData, Option<String>), ProviderError> {
+        match &g.asg.launch {
+            LaunchSpec::LaunchTemplate(r) => {
+                let d = self.cached_launch(LaunchKey::Template(r.clone())).await?;
+                let t = d.instance_type.clone();
+                Ok((d, t))
+            }
+            LaunchSpec::MixedInstances {
+                template,
+                override_types,
+            } => {
+                let d = self.cached_launch(LaunchKey::Template(template.clone())).await?;
+                let t = override_types.first().cloned().or_else(|| d.instance_type.clone());
+                Ok((d, t))
+            }
+            LaunchSpec::LaunchConfiguration(name) => {
+                let d = self.cached_launch(LaunchKey::Configuration(name.clone())).await?;
+                let t = d.instance_type.clone();
+                Ok((d, t))
+            }
+            LaunchSpec::Unknown => Err(ProviderError::Unimplemented(format!(
+                "node group {}: the ASG has no launch template, launch configuration or mixed instances policy",
+                g.asg.name
+            ))),
+        }
+    }
+
+    async fn cached_launch(&self, key: LaunchKey) -> Result<LaunchData, ProviderError> {
+        let floating = match &key {
+            LaunchKey::Template(r) => !r.version.as_deref().is_some_and(|v| v.parse::<u64>().is_ok()),
+            LaunchKey::Configuration(_) => false,
+        };
+        if let Some((at, d)) = self.templates.inner.lock().launch.get(&key) {
+            if !floating || at.elapsed() < FLOATING_VERSION_TTL {
+                return Ok(d.clone());
+            }
+        }
+        let d = match &key {
+            LaunchKey::Template(r) => self.cloud.launch_template(r).await?,
+            LaunchKey::Configuration(n) => self.cloud.launch_configuration(n).await?,
+        };
+        self.templates.inner.lock().launch.insert(key, (now(), d.clone()));
+        Ok(d)
+    }
+
+    async fn instance_type(&self, name: &str) -> Result<InstanceTypeInfo, ProviderError> {
+        if let Some(t) = self.templates.inner.lock().instance_types.get(name) {
+            return Ok(t.clone());
+        }
+        self.load_instance_types(&[name.to_string()]).await?;
+        self.templates
+            .inner
+            .lock()
+            .instance_types
+            .get(name)
+            .cloned()
+            .ok_or_else(|| {
+                ProviderError::Unimplemented(format!("instance type {name:?} is unknown to DescribeInstanceTypes"))
+            })
+    }
+
+    async fn load_instance_types(&self, names: &[String]) -> Result<(), ProviderError> {
+        let missing: Vec<String> = {
+            let inner = self.templates.inner.lock();
+            let set: BTreeSet<&String> = names.iter().filter(|n| !inner.instance_types.contains_key(*n)).collect();
+            set.into_iter().cloned().collect()
+        };
+        if missing.is_empty() {
+            return Ok(());
+        }
+        let found = self.cloud.instance_types(&missing).await?;
+        let mut inner = self.templates.inner.lock();
+        for t in found {
+            inner.instance_types.insert(t.name.clone(), t);
+        }
+        Ok(())
+    }
+
+    /// EKS managed node groups tag their ASG with the cluster and node-group names.
+    async fn eks_nodegroup(&self, g: &Group) -> Option<EksNodegroup> {
+        let cluster = g.asg.tags.get("eks:cluster-name")?;
+        let ng = g.asg.tags.get("eks:nodegroup-name")?;
+        let key = (cluster.clone(), ng.clone());
+        if let Some(v) = self.templates.inner.lock().eks.get(&key) {
+            return v.clone();
+        }
+        let v = match self.cloud.eks_nodegroup(cluster, ng).await {
+            Ok(v) => Some(v),
+            Err(e) => {
+                tracing::warn!(group = %g.asg.name, cluster = %cluster, nodegroup = %ng, error = %e, "could not read the EKS node group; template uses ASG data only");
+                if e.is_retryable() {
+                    return None;
+                }
+                None
+            }
+        };
+        self.templates.inner.lock().eks.insert(key, v.clone());
+        v
+    }
+
+    /// After a refresh: read every instance type the groups need in one batched call,
+    /// then build the templates that are missing, so CA's first ask is answered from
+    /// memory.
+    pub(crate) async fn prefetch_templates(self: Arc<Self>) {
+        let reg = self.registry();
+        let mut types = Vec::new();
+        for g in &reg.groups {
+            if self.templates.cached(g).is_some() {
+                continue;
+            }
+            match &g.asg.launch {
+                LaunchSpec::MixedInstances { override_types, .. } if !override_types.is_empty() => {
+                    types.push(override_types[0].clone())
+                }
+                _ => {
+                    if let Some(t) = g.asg.instances.iter().find_map(|i| i.instance_type.clone()) {
+                        types.push(t)
+                    }
+                }
+            }
+        }
+        if let Err(e) = self.load_instance_types(&types).await {
+            tracing::debug!(error = %e, "instance type prefetch failed; templates will read on demand");
+        }
+        for g in &reg.groups {
+            if self.templates.cached(g).is_none() {
+                if let Err(e) = self.template_node(&g.asg.name).await {
+                    tracing::debug!(group = %g.asg.name, error = %e, "template prefetch failed");
+                }
+            }
+        }
+    }
+}
