@@ -1,10 +1,16 @@
 //! ca-asg-provider: a cluster-autoscaler externalgrpc cloud provider for EC2 Auto
 //! Scaling Groups with a DaemonSet-last, PDB-safe scale-in drain.
 
+pub mod check;
+pub mod cli;
 pub mod cloud;
+pub mod config;
+pub mod demo;
+pub mod duration;
 pub mod grpc;
 pub mod provider;
 pub mod sim;
+pub mod telemetry;
 
 /// Code generated from proto/externalgrpc.proto.
 pub mod proto {

@@ -40,7 +40,11 @@ impl MemoryGroup {
             min_size: min,
             max_size: max,
             desired,
-            zones: vec!["us-east-1a".into(), "us-east-1b".into(), "us-east-1c".into()],
+            zones: vec![
+                "us-east-1a".into(),
+                "us-east-1b".into(),
+                "us-east-1c".into(),
+            ],
             instance_type: instance_type.to_string(),
             tags: BTreeMap::new(),
             user_data: None,
@@ -178,7 +182,10 @@ impl MemoryCloud {
 
     /// The next `times` calls of `operation` (a trait method name) answer Throttled.
     pub fn throttle(&self, operation: &str, times: u32) {
-        self.state.lock().throttle_next.insert(operation.to_string(), times);
+        self.state
+            .lock()
+            .throttle_next
+            .insert(operation.to_string(), times);
     }
 
     /// Number of calls per trait method so far.
@@ -216,7 +223,10 @@ impl MemoryCloud {
         let mut st = self.state.lock();
         self.settle(&mut st);
         let now = Instant::now();
-        let g = st.groups.get_mut(group).ok_or_else(|| not_found("group", group))?;
+        let g = st
+            .groups
+            .get_mut(group)
+            .ok_or_else(|| not_found("group", group))?;
         g.desired = (g.desired - by).max(g.spec.min_size);
         let mut ended = Vec::new();
         let hook = g.spec.terminating_hook.clone();
@@ -253,7 +263,9 @@ impl MemoryCloud {
         let now = Instant::now();
         let names: Vec<String> = st.groups.keys().cloned().collect();
         for name in names {
-            let Some(g) = st.groups.get_mut(&name) else { continue };
+            let Some(g) = st.groups.get_mut(&name) else {
+                continue;
+            };
             for inst in &mut g.instances {
                 match inst.state {
                     LifecycleState::Pending
@@ -291,7 +303,11 @@ impl MemoryCloud {
     /// failed activity when launches are set to fail).
     fn reconcile_group(&self, st: &mut State, name: &str, now: Instant) {
         let Some(g) = st.groups.get(name) else { return };
-        let live = g.instances.iter().filter(|i| !i.state.is_terminating()).count() as i32;
+        let live = g
+            .instances
+            .iter()
+            .filter(|i| !i.state.is_terminating())
+            .count() as i32;
         let missing = g.desired - live;
         if missing <= 0 {
             return;
@@ -299,9 +315,10 @@ impl MemoryCloud {
         let mut next = st.next_instance;
         let g = st.groups.get_mut(name).expect("group present");
         if let Some(code) = g.fail_launches.clone() {
-            let already = g.failures.first().is_some_and(|f| {
-                now_unix() - f.started_at_unix < 60 && f.code == code
-            });
+            let already = g
+                .failures
+                .first()
+                .is_some_and(|f| now_unix() - f.started_at_unix < 60 && f.code == code);
             if !already {
                 g.failures.insert(
                     0,
@@ -399,11 +416,13 @@ fn matches_selector(g: &MemAsg, sel: &GroupSelector) -> bool {
     }
     sel.tag_sets.iter().any(|set| {
         !set.is_empty()
-            && set.iter().all(|f| match (&f.value, g.spec.tags.get(&f.key)) {
-                (_, None) => false,
-                (None, Some(_)) => true,
-                (Some(want), Some(have)) => want == have,
-            })
+            && set
+                .iter()
+                .all(|f| match (&f.value, g.spec.tags.get(&f.key)) {
+                    (_, None) => false,
+                    (None, Some(_)) => true,
+                    (Some(want), Some(have)) => want == have,
+                })
     })
 }
 
@@ -427,7 +446,10 @@ impl Cloud for MemoryCloud {
     async fn launch_failures(&self, group: &str) -> CloudResult<Vec<LaunchFailure>> {
         let mut st = self.state.lock();
         self.begin_call(&mut st, "launch_failures")?;
-        let g = st.groups.get(group).ok_or_else(|| not_found("group", group))?;
+        let g = st
+            .groups
+            .get(group)
+            .ok_or_else(|| not_found("group", group))?;
         Ok(g.failures.clone())
     }
 
@@ -453,7 +475,10 @@ impl Cloud for MemoryCloud {
     async fn set_desired_capacity(&self, group: &str, desired: i32) -> CloudResult<()> {
         let mut st = self.state.lock();
         self.begin_call(&mut st, "set_desired_capacity")?;
-        let g = st.groups.get_mut(group).ok_or_else(|| not_found("group", group))?;
+        let g = st
+            .groups
+            .get_mut(group)
+            .ok_or_else(|| not_found("group", group))?;
         if desired < g.spec.min_size || desired > g.spec.max_size {
             return Err(CloudError::Rejected {
                 operation: "SetDesiredCapacity".into(),
@@ -469,7 +494,11 @@ impl Cloud for MemoryCloud {
         g.desired = desired;
         if lower {
             // The ASG ends instances itself when desired drops below the live count.
-            let live = g.instances.iter().filter(|i| !i.state.is_terminating()).count() as i32;
+            let live = g
+                .instances
+                .iter()
+                .filter(|i| !i.state.is_terminating())
+                .count() as i32;
             let excess = (live - desired).clamp(0, by);
             let hook = g.spec.terminating_hook.clone();
             let now = Instant::now();
@@ -561,14 +590,20 @@ impl Cloud for MemoryCloud {
     async fn terminating_hooks(&self, group: &str) -> CloudResult<Vec<LifecycleHook>> {
         let mut st = self.state.lock();
         self.begin_call(&mut st, "terminating_hooks")?;
-        let g = st.groups.get(group).ok_or_else(|| not_found("group", group))?;
+        let g = st
+            .groups
+            .get(group)
+            .ok_or_else(|| not_found("group", group))?;
         Ok(g.spec.terminating_hook.iter().cloned().collect())
     }
 
     async fn put_terminating_hook(&self, group: &str, hook: &LifecycleHook) -> CloudResult<()> {
         let mut st = self.state.lock();
         self.begin_call(&mut st, "put_terminating_hook")?;
-        let g = st.groups.get_mut(group).ok_or_else(|| not_found("group", group))?;
+        let g = st
+            .groups
+            .get_mut(group)
+            .ok_or_else(|| not_found("group", group))?;
         g.spec.terminating_hook = Some(hook.clone());
         Ok(())
     }
@@ -631,7 +666,10 @@ impl Cloud for MemoryCloud {
     async fn eks_nodegroup(&self, cluster: &str, nodegroup: &str) -> CloudResult<EksNodegroup> {
         let mut st = self.state.lock();
         self.begin_call(&mut st, "eks_nodegroup")?;
-        Err(not_found("EKS node group", &format!("{cluster}/{nodegroup}")))
+        Err(not_found(
+            "EKS node group",
+            &format!("{cluster}/{nodegroup}"),
+        ))
     }
 }
 

@@ -169,7 +169,10 @@ impl LifecycleState {
     }
 
     pub fn is_pending(&self) -> bool {
-        matches!(self, Self::Pending | Self::PendingWait | Self::PendingProceed)
+        matches!(
+            self,
+            Self::Pending | Self::PendingWait | Self::PendingProceed
+        )
     }
 }
 
@@ -260,13 +263,18 @@ pub trait Cloud: Send + Sync + 'static {
 
     /// Which ASG each instance belongs to (DescribeAutoScalingInstances, batched by 50).
     /// Instances in no ASG are absent from the answer.
-    async fn locate_instances(&self, instance_ids: &[String]) -> CloudResult<Vec<InstanceLocation>>;
+    async fn locate_instances(&self, instance_ids: &[String])
+        -> CloudResult<Vec<InstanceLocation>>;
 
     /// SetDesiredCapacity (HonorCooldown false).
     async fn set_desired_capacity(&self, group: &str, desired: i32) -> CloudResult<()>;
 
     /// TerminateInstanceInAutoScalingGroup.
-    async fn terminate_instance(&self, instance_id: &str, decrement_desired: bool) -> CloudResult<()>;
+    async fn terminate_instance(
+        &self,
+        instance_id: &str,
+        decrement_desired: bool,
+    ) -> CloudResult<()>;
 
     /// DescribeInstanceTypes for these types (batched by 100). Unknown types are absent.
     async fn instance_types(&self, names: &[String]) -> CloudResult<Vec<InstanceTypeInfo>>;

@@ -34,7 +34,9 @@ pub async fn serve(
     }
     builder
         .add_service(health)
-        .add_service(CloudProviderServer::new(CloudProviderService::new(provider)))
+        .add_service(CloudProviderServer::new(CloudProviderService::new(
+            provider,
+        )))
         .serve_with_incoming_shutdown(TcpListenerStream::new(listener), shutdown)
         .await?;
     Ok(())

@@ -7,7 +7,9 @@ use std::time::Duration;
 use tonic::{Request, Response, Status};
 
 use crate::cloud::CloudError;
-use crate::proto::{self, cloud_provider_server::CloudProvider, instance_status::InstanceState as PbState};
+use crate::proto::{
+    self, cloud_provider_server::CloudProvider, instance_status::InstanceState as PbState,
+};
 use crate::provider::options::AutoscalingOptions;
 use crate::provider::{instances, GroupInfo, NodeRef, Provider, ProviderError};
 
@@ -32,7 +34,9 @@ pub fn status(e: ProviderError) -> Status {
         ProviderError::Unavailable(m) => Status::unavailable(m),
         ProviderError::Unimplemented(m) => Status::unimplemented(m),
         ProviderError::Cloud(c) => match c {
-            CloudError::Throttled { .. } | CloudError::Transient { .. } => Status::unavailable(c.to_string()),
+            CloudError::Throttled { .. } | CloudError::Transient { .. } => {
+                Status::unavailable(c.to_string())
+            }
             CloudError::NotFound { .. } => Status::not_found(c.to_string()),
             CloudError::Rejected { .. } => Status::failed_precondition(c.to_string()),
         },
@@ -82,7 +86,12 @@ impl CloudProvider for CloudProviderService {
         &self,
         _req: Request<proto::NodeGroupsRequest>,
     ) -> Result<Response<proto::NodeGroupsResponse>, Status> {
-        let node_groups = self.provider.node_groups().into_iter().map(group_pb).collect();
+        let node_groups = self
+            .provider
+            .node_groups()
+            .into_iter()
+            .map(group_pb)
+            .collect();
         Ok(Response::new(proto::NodeGroupsResponse { node_groups }))
     }
 
@@ -108,14 +117,18 @@ impl CloudProvider for CloudProviderService {
         &self,
         _req: Request<proto::PricingNodePriceRequest>,
     ) -> Result<Response<proto::PricingNodePriceResponse>, Status> {
-        Err(Status::unimplemented("pricing is not implemented by ca-asg-provider"))
+        Err(Status::unimplemented(
+            "pricing is not implemented by ca-asg-provider",
+        ))
     }
 
     async fn pricing_pod_price(
         &self,
         _req: Request<proto::PricingPodPriceRequest>,
     ) -> Result<Response<proto::PricingPodPriceResponse>, Status> {
-        Err(Status::unimplemented("pricing is not implemented by ca-asg-provider"))
+        Err(Status::unimplemented(
+            "pricing is not implemented by ca-asg-provider",
+        ))
     }
 
     async fn gpu_label(
@@ -137,7 +150,9 @@ impl CloudProvider for CloudProviderService {
             .into_iter()
             .map(|t| (t, prost_types::Any::default()))
             .collect();
-        Ok(Response::new(proto::GetAvailableGpuTypesResponse { gpu_types }))
+        Ok(Response::new(proto::GetAvailableGpuTypesResponse {
+            gpu_types,
+        }))
     }
 
     async fn cleanup(
@@ -163,7 +178,9 @@ impl CloudProvider for CloudProviderService {
         let id = req.into_inner().id;
         require_id(&id)?;
         let target_size = self.provider.target_size(&id).map_err(status)?;
-        Ok(Response::new(proto::NodeGroupTargetSizeResponse { target_size }))
+        Ok(Response::new(proto::NodeGroupTargetSizeResponse {
+            target_size,
+        }))
     }
 
     async fn node_group_increase_size(
@@ -172,7 +189,10 @@ impl CloudProvider for CloudProviderService {
     ) -> Result<Response<proto::NodeGroupIncreaseSizeResponse>, Status> {
         let r = req.into_inner();
         require_id(&r.id)?;
-        self.provider.increase_size(&r.id, r.delta).await.map_err(status)?;
+        self.provider
+            .increase_size(&r.id, r.delta)
+            .await
+            .map_err(status)?;
         Ok(Response::new(proto::NodeGroupIncreaseSizeResponse {}))
     }
 
@@ -183,7 +203,10 @@ impl CloudProvider for CloudProviderService {
         let r = req.into_inner();
         require_id(&r.id)?;
         let nodes: Vec<NodeRef> = r.nodes.iter().map(node_ref).collect();
-        self.provider.delete_nodes(&r.id, &nodes).await.map_err(status)?;
+        self.provider
+            .delete_nodes(&r.id, &nodes)
+            .await
+            .map_err(status)?;
         Ok(Response::new(proto::NodeGroupDeleteNodesResponse {}))
     }
 
@@ -237,7 +260,9 @@ impl CloudProvider for CloudProviderService {
         let node = self.provider.template_node(&id).await.map_err(status)?;
         if node.is_empty() {
             // An empty answer can crash CA; say we cannot instead.
-            return Err(Status::unimplemented(format!("node group {id}: no template node")));
+            return Err(Status::unimplemented(format!(
+                "node group {id}: no template node"
+            )));
         }
         Ok(Response::new(proto::NodeGroupTemplateNodeInfoResponse {
             node_info: node.clone(),

@@ -155,7 +155,14 @@ mod tests {
 
     #[test]
     fn ids_are_provider_ids() {
-        let v = list("g", "us-east-1a", &[inst("i-1", "InService")], 1, &|_| false, None);
+        let v = list(
+            "g",
+            "us-east-1a",
+            &[inst("i-1", "InService")],
+            1,
+            &|_| false,
+            None,
+        );
         assert_eq!(v.len(), 1);
         assert_eq!(v[0].id, "aws:///us-east-1a/i-1");
         assert_eq!(v[0].state, InstanceState::Running);
@@ -163,11 +170,23 @@ mod tests {
 
     #[test]
     fn placeholders_fill_unfulfilled_capacity_without_error_when_nothing_failed() {
-        let v = list("g", "us-east-1b", &[inst("i-1", "InService"), inst("i-2", "Terminating")], 3, &|_| false, None);
+        let v = list(
+            "g",
+            "us-east-1b",
+            &[inst("i-1", "InService"), inst("i-2", "Terminating")],
+            3,
+            &|_| false,
+            None,
+        );
         assert_eq!(v.len(), 4);
-        let ph: Vec<_> = v.iter().filter(|i| i.id.contains(PLACEHOLDER_PREFIX)).collect();
+        let ph: Vec<_> = v
+            .iter()
+            .filter(|i| i.id.contains(PLACEHOLDER_PREFIX))
+            .collect();
         assert_eq!(ph.len(), 2);
-        assert!(ph.iter().all(|p| p.state == InstanceState::Creating && p.error.is_none()));
+        assert!(ph
+            .iter()
+            .all(|p| p.state == InstanceState::Creating && p.error.is_none()));
         assert_eq!(ph[0].id, "aws:///us-east-1b/i-placeholder-g-0");
     }
 
@@ -186,14 +205,24 @@ mod tests {
             assert_eq!(e.class, ErrorClass::OutOfResources);
             assert_eq!(e.code, "InsufficientInstanceCapacity");
         }
-        let other = LaunchFailure { code: "AccessDenied".into(), ..f };
+        let other = LaunchFailure {
+            code: "AccessDenied".into(),
+            ..f
+        };
         let v = list("g", "z", &[], 1, &|_| false, Some(&other));
         assert_eq!(v[0].error.as_ref().unwrap().class, ErrorClass::Other);
     }
 
     #[test]
     fn locally_deleting_instances_are_deleting_and_not_live() {
-        let v = list("g", "z", &[inst("i-1", "InService"), inst("i-2", "InService")], 1, &|id| id == "i-2", None);
+        let v = list(
+            "g",
+            "z",
+            &[inst("i-1", "InService"), inst("i-2", "InService")],
+            1,
+            &|id| id == "i-2",
+            None,
+        );
         assert_eq!(v.len(), 2, "no placeholder: one live instance for target 1");
         assert_eq!(v[1].state, InstanceState::Deleting);
     }

@@ -121,7 +121,8 @@ pub enum Removal {
 /// engine puts the drain behind this interface.
 #[async_trait]
 pub trait ScaleIn: Send + Sync + 'static {
-    async fn remove(&self, group: &Group, instance: &AsgInstance) -> Result<Removal, ProviderError>;
+    async fn remove(&self, group: &Group, instance: &AsgInstance)
+        -> Result<Removal, ProviderError>;
 }
 
 /// TerminateInstanceInAutoScalingGroup with decrement, no drain.
@@ -129,7 +130,11 @@ pub struct TerminateNow(pub Arc<dyn Cloud>);
 
 #[async_trait]
 impl ScaleIn for TerminateNow {
-    async fn remove(&self, group: &Group, instance: &AsgInstance) -> Result<Removal, ProviderError> {
+    async fn remove(
+        &self,
+        group: &Group,
+        instance: &AsgInstance,
+    ) -> Result<Removal, ProviderError> {
         tracing::info!(group = %group.asg.name, instance = %instance.id, "terminating instance with decrement");
         self.0.terminate_instance(&instance.id, true).await?;
         Ok(Removal::Decremented)
@@ -300,10 +305,15 @@ impl Provider {
     fn recent_failure<'a>(&self, ov: &Overlay, g: &'a Group) -> Option<&'a LaunchFailure> {
         let now = unix_now();
         let window = self.settings.launch_failure_window.as_secs() as i64;
-        let since_increase = ov.last_increase.get(&g.asg.name).copied().unwrap_or(i64::MIN);
-        g.failures
-            .iter()
-            .find(|f| now - f.started_at_unix <= window && f.started_at_unix >= since_increase.saturating_sub(5))
+        let since_increase = ov
+            .last_increase
+            .get(&g.asg.name)
+            .copied()
+            .unwrap_or(i64::MIN);
+        g.failures.iter().find(|f| {
+            now - f.started_at_unix <= window
+                && f.started_at_unix >= since_increase.saturating_sub(5)
+        })
     }
 
     pub fn options(
@@ -335,12 +345,20 @@ impl Provider {
         let g = &reg.groups[idx];
         let target = Self::target_of(&self.overlay.lock(), g);
         let new = sizes::check_increase(id, target, g.max, delta)?;
-        tracing::info!(group = id, from = target, to = new, "increasing desired capacity");
+        tracing::info!(
+            group = id,
+            from = target,
+            to = new,
+            "increasing desired capacity"
+        );
         self.writes.fetch_add(1, Ordering::AcqRel);
         self.cloud.set_desired_capacity(id, new).await?;
         let mut ov = self.overlay.lock();
         ov.target.insert(id.to_string(), new);
         ov.last_increase.insert(id.to_string(), unix_now());
+        drop(ov);
+        // The next Refresh reads AWS, so the new instances show up by CA's next loop.
+        self.invalidate();
         Ok(())
     }
 
@@ -359,10 +377,16 @@ impl Provider {
             (Self::target_of(&ov, g), live)
         };
         let new = sizes::check_decrease(id, target, live, delta)?;
-        tracing::info!(group = id, from = target, to = new, "decreasing desired capacity (unfulfilled only)");
+        tracing::info!(
+            group = id,
+            from = target,
+            to = new,
+            "decreasing desired capacity (unfulfilled only)"
+        );
         self.writes.fetch_add(1, Ordering::AcqRel);
         self.cloud.set_desired_capacity(id, new).await?;
         self.overlay.lock().target.insert(id.to_string(), new);
+        self.invalidate();
         Ok(())
     }
 
@@ -380,7 +404,11 @@ impl Provider {
         {
             let ov = self.overlay.lock();
             for n in nodes {
-                let pid = if n.provider_id.is_empty() { &n.name } else { &n.provider_id };
+                let pid = if n.provider_id.is_empty() {
+                    &n.name
+                } else {
+                    &n.provider_id
+                };
                 let iid = provider_id::instance_id(pid).ok_or_else(|| {
                     ProviderError::InvalidArgument(format!(
                         "node {:?}: providerID {:?} is not an AWS instance",
@@ -405,8 +433,14 @@ impl Provider {
                             .map(|o| o.asg.name.clone())
                             .or_else(|| ov.located.get(iid).cloned());
                         return Err(ProviderError::InvalidArgument(match owner {
-                            Some(o) => format!("node {:?} (instance {iid}) belongs to node group {o}, not {id}", n.name),
-                            None => format!("node {:?} (instance {iid}) is not in node group {id}", n.name),
+                            Some(o) => format!(
+                                "node {:?} (instance {iid}) belongs to node group {o}, not {id}",
+                                n.name
+                            ),
+                            None => format!(
+                                "node {:?} (instance {iid}) is not in node group {id}",
+                                n.name
+                            ),
                         }));
                     }
                 }
@@ -427,7 +461,12 @@ impl Provider {
         sizes::check_delete(id, target, g.min, placeholders + real.len() as i32)?;
         if placeholders > 0 {
             let new = target - placeholders;
-            tracing::info!(group = id, from = target, to = new, "removing {placeholders} placeholder(s)");
+            tracing::info!(
+                group = id,
+                from = target,
+                to = new,
+                "removing {placeholders} placeholder(s)"
+            );
             self.writes.fetch_add(1, Ordering::AcqRel);
             self.cloud.set_desired_capacity(id, new).await?;
             self.overlay.lock().target.insert(id.to_string(), new);
@@ -444,6 +483,7 @@ impl Provider {
                 }
             }
         }
+        self.invalidate();
         Ok(())
     }
 

@@ -22,9 +22,14 @@ fn is_instance_id(s: &str) -> bool {
     };
     !rest.is_empty()
         && rest.len() <= 200
-        && rest
-            .bytes()
-            .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-' || b == b'_' || b.is_ascii_uppercase() || b == b'.')
+        && rest.bytes().all(|b| {
+            b.is_ascii_lowercase()
+                || b.is_ascii_digit()
+                || b == b'-'
+                || b == b'_'
+                || b.is_ascii_uppercase()
+                || b == b'.'
+        })
 }
 
 /// The providerID of an instance in a zone.
@@ -38,14 +43,20 @@ mod tests {
 
     #[test]
     fn parses_the_kubelet_form() {
-        assert_eq!(instance_id("aws:///us-east-1a/i-0123456789abcdef0"), Some("i-0123456789abcdef0"));
+        assert_eq!(
+            instance_id("aws:///us-east-1a/i-0123456789abcdef0"),
+            Some("i-0123456789abcdef0")
+        );
     }
 
     #[test]
     fn parses_the_two_slash_form_and_bare_ids() {
         assert_eq!(instance_id("aws://us-east-1a/i-0abc"), Some("i-0abc"));
         assert_eq!(instance_id("i-0abc"), Some("i-0abc"));
-        assert_eq!(instance_id("i-placeholder-my-asg-3"), Some("i-placeholder-my-asg-3"));
+        assert_eq!(
+            instance_id("i-placeholder-my-asg-3"),
+            Some("i-placeholder-my-asg-3")
+        );
     }
 
     #[test]

@@ -59,7 +59,9 @@ impl Provider {
         match tokio::time::timeout(self.settings.refresh_wait, task).await {
             Ok(Ok(Ok(()))) => Ok(()),
             Ok(Ok(Err(e))) => self.stale_or_fail(e),
-            Ok(Err(join)) => self.stale_or_fail(ProviderError::Unavailable(format!("refresh task failed: {join}"))),
+            Ok(Err(join)) => self.stale_or_fail(ProviderError::Unavailable(format!(
+                "refresh task failed: {join}"
+            ))),
             Err(_) => self.stale_or_fail(ProviderError::Unavailable(format!(
                 "AWS did not answer within {:?}; the refresh goes on in the background",
                 self.settings.refresh_wait
@@ -73,7 +75,9 @@ impl Provider {
             tracing::warn!(error = %e, "refresh failed; serving the last good state");
             Ok(())
         } else {
-            Err(ProviderError::Unavailable(format!("no node-group state loaded yet: {e}")))
+            Err(ProviderError::Unavailable(format!(
+                "no node-group state loaded yet: {e}"
+            )))
         }
     }
 
@@ -163,7 +167,8 @@ impl Provider {
                     .and_then(|g| g.asg.instances.iter().find(|i| &i.id == id))
                     .is_some_and(|i| !i.state.is_terminating())
             });
-            ov.located.retain(|id, _| registry.group_of_instance(id).is_none());
+            ov.located
+                .retain(|id, _| registry.group_of_instance(id).is_none());
         }
         drop(_ops);
         tracing::debug!(
@@ -180,7 +185,8 @@ impl Provider {
         let found: HashSet<&str> = asgs.iter().map(|a| a.name.as_str()).collect();
         let mut inner = self.refresh.inner.lock();
         for name in &self.settings.selector.names {
-            if !found.contains(name.as_str()) && inner.missing_static_reported.insert(name.clone()) {
+            if !found.contains(name.as_str()) && inner.missing_static_reported.insert(name.clone())
+            {
                 tracing::warn!(group = %name, "configured node group not found in AWS");
             }
         }
@@ -240,7 +246,11 @@ impl Provider {
         let short: Vec<String> = asgs
             .iter()
             .filter(|a| {
-                let live = a.instances.iter().filter(|i| !i.state.is_terminating()).count() as i32;
+                let live = a
+                    .instances
+                    .iter()
+                    .filter(|i| !i.state.is_terminating())
+                    .count() as i32;
                 a.desired_capacity > live
             })
             .map(|a| a.name.clone())
@@ -268,8 +278,7 @@ impl Provider {
         if q.pending.len() >= LOOKUP_QUEUE_MAX || q.pending.contains(instance_id) {
             return;
         }
-        if q
-            .tried
+        if q.tried
             .get(instance_id)
             .is_some_and(|t| t.elapsed() < LOOKUP_NEGATIVE_TTL)
         {

@@ -178,7 +178,10 @@ mod tests {
 
     #[test]
     fn indexes_by_name_and_instance() {
-        let r = Registry::new(vec![group(asg("b", 0, 3, &["i-2", "i-3"])), group(asg("a", 0, 3, &["i-1"]))]);
+        let r = Registry::new(vec![
+            group(asg("b", 0, 3, &["i-2", "i-3"])),
+            group(asg("a", 0, 3, &["i-1"])),
+        ]);
         assert_eq!(r.groups[0].asg.name, "a");
         assert_eq!(r.group("b").unwrap().asg.name, "b");
         assert_eq!(r.group_of_instance("i-3").unwrap().asg.name, "b");
@@ -192,18 +195,46 @@ mod tests {
     fn bounds_default_to_the_asg() {
         let a = asg("a", 1, 10, &[]);
         assert_eq!(effective_bounds(&a, None), (1, 10, vec![]));
-        assert_eq!(effective_bounds(&a, Some(Bounds { min: Some(2), max: Some(5) })).0, 2);
+        assert_eq!(
+            effective_bounds(
+                &a,
+                Some(Bounds {
+                    min: Some(2),
+                    max: Some(5)
+                })
+            )
+            .0,
+            2
+        );
     }
 
     #[test]
     fn bounds_outside_the_asg_are_clamped_with_a_warning() {
         let a = asg("a", 1, 10, &[]);
-        let (min, max, w) = effective_bounds(&a, Some(Bounds { min: Some(0), max: Some(20) }));
+        let (min, max, w) = effective_bounds(
+            &a,
+            Some(Bounds {
+                min: Some(0),
+                max: Some(20),
+            }),
+        );
         assert_eq!((min, max), (1, 10));
         assert_eq!(w.len(), 2);
-        assert!(w[0].contains("minSize 0") && w[0].contains("MinSize 1"), "{w:?}");
-        assert!(w[1].contains("maxSize 20") && w[1].contains("MaxSize 10"), "{w:?}");
-        let (min, max, w) = effective_bounds(&a, Some(Bounds { min: Some(8), max: Some(4) }));
+        assert!(
+            w[0].contains("minSize 0") && w[0].contains("MinSize 1"),
+            "{w:?}"
+        );
+        assert!(
+            w[1].contains("maxSize 20") && w[1].contains("MaxSize 10"),
+            "{w:?}"
+        );
+        let (min, max, w) = effective_bounds(
+            &a,
+            Some(Bounds {
+                min: Some(8),
+                max: Some(4),
+            }),
+        );
         assert_eq!((min, max), (4, 4));
         assert_eq!(w.len(), 1);
     }

@@ -3,7 +3,12 @@
 use super::ProviderError;
 
 /// IncreaseSize: `delta > 0` and `target + delta <= max`. Returns the new target.
-pub fn check_increase(group: &str, target: i32, max: i32, delta: i32) -> Result<i32, ProviderError> {
+pub fn check_increase(
+    group: &str,
+    target: i32,
+    max: i32,
+    delta: i32,
+) -> Result<i32, ProviderError> {
     if delta <= 0 {
         return Err(ProviderError::InvalidArgument(format!(
             "node group {group}: size increase must be positive, got delta={delta}"
@@ -23,7 +28,12 @@ pub fn check_increase(group: &str, target: i32, max: i32, delta: i32) -> Result<
 /// DecreaseTargetSize: `delta < 0`, and only capacity that has no instance yet may go:
 /// the new target may not fall below the number of live (registered or launching)
 /// instances. Returns the new target.
-pub fn check_decrease(group: &str, target: i32, live_instances: i32, delta: i32) -> Result<i32, ProviderError> {
+pub fn check_decrease(
+    group: &str,
+    target: i32,
+    live_instances: i32,
+    delta: i32,
+) -> Result<i32, ProviderError> {
     if delta >= 0 {
         return Err(ProviderError::InvalidArgument(format!(
             "node group {group}: size decrease must be negative, got delta={delta}"
@@ -68,12 +78,18 @@ mod tests {
     #[test]
     fn increase_rejects_zero_negative_and_past_max_with_numbers() {
         let e = check_increase("g", 3, 10, 0).unwrap_err();
-        assert!(matches!(e, ProviderError::InvalidArgument(ref m) if m.contains("delta=0")), "{e}");
+        assert!(
+            matches!(e, ProviderError::InvalidArgument(ref m) if m.contains("delta=0")),
+            "{e}"
+        );
         let e = check_increase("g", 3, 10, -1).unwrap_err();
         assert!(matches!(e, ProviderError::InvalidArgument(_)));
         let e = check_increase("g", 3, 10, 8).unwrap_err();
         let m = e.to_string();
-        assert!(m.contains("3") && m.contains("8") && m.contains("11") && m.contains("maxSize 10"), "{m}");
+        assert!(
+            m.contains("3") && m.contains("8") && m.contains("11") && m.contains("maxSize 10"),
+            "{m}"
+        );
         assert!(check_increase("g", i32::MAX, i32::MAX, 1).is_err());
     }
 
@@ -81,9 +97,18 @@ mod tests {
     fn decrease_only_removes_unfulfilled_capacity() {
         assert_eq!(check_decrease("g", 5, 3, -2).unwrap(), 3);
         let e = check_decrease("g", 5, 3, -3).unwrap_err();
-        assert!(matches!(e, ProviderError::FailedPrecondition(ref m) if m.contains("2 < 3 existing")), "{e}");
-        assert!(matches!(check_decrease("g", 5, 3, 0), Err(ProviderError::InvalidArgument(_))));
-        assert!(matches!(check_decrease("g", 5, 3, 1), Err(ProviderError::InvalidArgument(_))));
+        assert!(
+            matches!(e, ProviderError::FailedPrecondition(ref m) if m.contains("2 < 3 existing")),
+            "{e}"
+        );
+        assert!(matches!(
+            check_decrease("g", 5, 3, 0),
+            Err(ProviderError::InvalidArgument(_))
+        ));
+        assert!(matches!(
+            check_decrease("g", 5, 3, 1),
+            Err(ProviderError::InvalidArgument(_))
+        ));
     }
 
     #[test]

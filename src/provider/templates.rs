@@ -117,13 +117,19 @@ impl Provider {
             eks: eks.as_ref(),
             overrides: &overrides,
         };
-        let node = template::build_template(&inputs).map_err(|e| ProviderError::Unimplemented(e.to_string()))?;
+        let node = template::build_template(&inputs)
+            .map_err(|e| ProviderError::Unimplemented(e.to_string()))?;
         Ok(Bytes::from(template::encode_node(&node)))
     }
 
     /// Config overrides: `*` first, then the group's own on top.
     fn overrides_for(&self, group: &str) -> TemplateOverrides {
-        let mut o = self.settings.templates.get("*").cloned().unwrap_or_default();
+        let mut o = self
+            .settings
+            .templates
+            .get("*")
+            .cloned()
+            .unwrap_or_default();
         if let Some(own) = self.settings.templates.get(group) {
             o.labels.extend(own.labels.clone());
             o.taints.extend(own.taints.clone());
@@ -165,7 +171,10 @@ impl Provider {
 
     async fn cached_launch(&self, key: LaunchKey) -> Result<LaunchData, ProviderError> {
         let floating = match &key {
-            LaunchKey::Template(r) => !r.version.as_deref().is_some_and(|v| v.parse::<u64>().is_ok()),
+            LaunchKey::Template(r) => !r
+                .version
+                .as_deref()
+                .is_some_and(|v| v.parse::<u64>().is_ok()),
             LaunchKey::Configuration(_) => false,
         };
         if let Some((at, d)) = self.templates.inner.lock().launch.get(&key) {
@@ -177,7 +186,11 @@ impl Provider {
             LaunchKey::Template(r) => self.cloud.launch_template(r).await?,
             LaunchKey::Configuration(n) => self.cloud.launch_configuration(n).await?,
         };
-        self.templates.inner.lock().launch.insert(key, (now(), d.clone()));
+        self.templates
+            .inner
+            .lock()
+            .launch
+            .insert(key, (now(), d.clone()));
         Ok(d)
     }
 
@@ -193,14 +206,19 @@ impl Provider {
             .get(name)
             .cloned()
             .ok_or_else(|| {
-                ProviderError::Unimplemented(format!("instance type {name:?} is unknown to DescribeInstanceTypes"))
+                ProviderError::Unimplemented(format!(
+                    "instance type {name:?} is unknown to DescribeInstanceTypes"
+                ))
             })
     }
 
     async fn load_instance_types(&self, names: &[String]) -> Result<(), ProviderError> {
         let missing: Vec<String> = {
             let inner = self.templates.inner.lock();
-            let set: BTreeSet<&String> = names.iter().filter(|n| !inner.instance_types.contains_key(*n)).collect();
+            let set: BTreeSet<&String> = names
+                .iter()
+                .filter(|n| !inner.instance_types.contains_key(*n))
+                .collect();
             set.into_iter().cloned().collect()
         };
         if missing.is_empty() {

@@ -1,0 +1,195 @@
+//! Command line: `serve`, `demo`, `check-config`.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+
+use crate::cloud::Cloud;
+use crate::config::{self, Config, Overrides};
+use crate::provider::Provider;
+use crate::telemetry::{init_logging, LogFormat};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "ca-asg-provider",
+    version,
+    about = "cluster-autoscaler externalgrpc cloud provider for EC2 Auto Scaling Groups"
+)]
+pub struct Cli {
+    /// Log format: human (default) or json.
+    #[arg(long, value_enum, default_value = "human", global = true)]
+    pub log_format: LogFormat,
+    /// Log level or filter (RUST_LOG wins when set).
+    #[arg(long, default_value = "info", global = true)]
+    pub log_level: String,
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+#[derive(Debug, Subcommand)]
+pub enum Command {
+    /// Serve the externalgrpc CloudProvider API for cluster-autoscaler.
+    Serve(ConfigArgs),
+    /// Run the real server on an in-memory cloud and drive it like cluster-autoscaler.
+    Demo(crate::demo::DemoArgs),
+    /// Load and validate the configuration, read AWS, and print what was found.
+    CheckConfig(ConfigArgs),
+}
+
+#[derive(Debug, Args, Clone, Default)]
+pub struct ConfigArgs {
+    /// YAML configuration file.
+    #[arg(long, short = 'c', env = "CA_ASG_PROVIDER_CONFIG")]
+    pub config: Option<PathBuf>,
+    /// gRPC listen address (default 127.0.0.1:8086).
+    #[arg(long)]
+    pub listen: Option<String>,
+    /// AWS region (default: AWS_REGION, then us-east-1).
+    #[arg(long)]
+    pub region: Option<String>,
+    /// AWS endpoint override, e.g. http://127.0.0.1:5000 for moto.
+    #[arg(long)]
+    pub aws_endpoint: Option<String>,
+    /// A static group, CA syntax min:max:name. Repeatable.
+    #[arg(long = "nodes")]
+    pub nodes: Vec<String>,
+    /// Tag discovery, CA syntax asg:tag=key[=value],key2. Repeatable.
+    #[arg(long = "node-group-auto-discovery")]
+    pub auto_discovery: Vec<String>,
+    /// How often Refresh re-reads AWS, e.g. 60s.
+    #[arg(long)]
+    pub refresh_interval: Option<String>,
+}
+
+impl ConfigArgs {
+    fn overrides(&self) -> Overrides {
+        Overrides {
+            listen: self.listen.clone(),
+            region: self.region.clone(),
+            aws_endpoint: self.aws_endpoint.clone(),
+            nodes: self.nodes.clone(),
+            auto_discovery: self.auto_discovery.clone(),
+            refresh_interval: self.refresh_interval.clone(),
+        }
+    }
+
+    pub fn load(&self) -> Result<Config, config::ConfigError> {
+        config::load(self.config.as_ref(), &self.overrides())
+    }
+}
+
+pub async fn run(cli: Cli) -> ExitCode {
+    match cli.command {
+        Command::Demo(args) => {
+            init_logging(
+                cli.log_format,
+                if cli.log_level == "info" {
+                    "warn"
+                } else {
+                    &cli.log_level
+                },
+            );
+            report(crate::demo::run(args).await)
+        }
+        Command::Serve(args) => {
+            init_logging(cli.log_format, &cli.log_level);
+            report(serve(args).await)
+        }
+        Command::CheckConfig(args) => {
+            init_logging(
+                cli.log_format,
+                if cli.log_level == "info" {
+                    "warn"
+                } else {
+                    &cli.log_level
+                },
+            );
+            crate::check::run(args).await
+        }
+    }
+}
+
+fn report(r: anyhow::Result<()>) -> ExitCode {
+    match r {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// The AWS backend for a configuration.
+pub async fn aws_cloud(cfg: &Config) -> anyhow::Result<Arc<dyn Cloud>> {
+    let settings = crate::cloud::aws::AwsSettings {
+        region: Some(cfg.region.clone()),
+        endpoint_url: cfg.aws_endpoint.clone(),
+        max_attempts: cfg.aws_max_attempts,
+    };
+    Ok(Arc::new(crate::cloud::aws::AwsCloud::new(&settings).await))
+}
+
+async fn serve(args: ConfigArgs) -> anyhow::Result<()> {
+    let cfg = args.load()?;
+    cfg.require_groups()?;
+    let cloud = aws_cloud(&cfg).await?;
+    let provider = Provider::new(cloud, cfg.provider.clone());
+    provider.start_background();
+    spawn_initial_refresh(provider.clone());
+    let (listener, addr) = crate::grpc::bind(cfg.listen).await?;
+    tracing::info!(%addr, groups = ?cfg.provider.selector.names, discovery = cfg.provider.selector.tag_sets.len(), "serving externalgrpc CloudProvider");
+    crate::grpc::serve(listener, provider, None, shutdown_signal()).await?;
+    tracing::info!("stopped");
+    Ok(())
+}
+
+/// Loads the first state in the background, retrying with backoff, so the server
+/// listens at once and Refresh answers Unavailable until AWS has been read.
+pub fn spawn_initial_refresh(provider: Arc<Provider>) {
+    tokio::spawn(async move {
+        let mut delay = Duration::from_secs(1);
+        while !provider.is_loaded() {
+            match provider.refresh_now().await {
+                Ok(()) => {
+                    tracing::info!(
+                        groups = provider.registry().groups.len(),
+                        "node groups loaded"
+                    );
+                    return;
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, retry_in = ?delay, "first refresh failed");
+                    tokio::time::sleep(delay).await;
+                    delay = (delay * 2).min(Duration::from_secs(30));
+                }
+            }
+        }
+    });
+}
+
+/// Resolves on SIGTERM or Ctrl-C.
+pub async fn shutdown_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        match signal(SignalKind::terminate()) {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = term.recv() => {},
+                    _ = tokio::signal::ctrl_c() => {},
+                }
+            }
+            Err(_) => {
+                let _ = tokio::signal::ctrl_c().await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
+    tracing::info!("shutdown signal received");
+}

@@ -1,0 +1,620 @@
+//! Typed configuration: a YAML file, overridden by flags. Unknown keys and bad values
+//! are errors that name the key, the value and the file; validation reports every
+//! problem at once.
+
+use std::collections::{BTreeMap, HashMap};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use crate::cloud::{GroupSelector, TagFilter};
+use crate::duration::parse_duration;
+use crate::provider::template::TemplateOverrides;
+use crate::provider::{Bounds, ProviderSettings};
+
+pub const DEFAULT_LISTEN: &str = "127.0.0.1:8086";
+
+/// The YAML file, as written.
+#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct FileConfig {
+    /// gRPC listen address.
+    pub listen: Option<String>,
+    #[serde(default)]
+    pub aws: AwsConfig,
+    /// How often Refresh re-reads the ASGs, e.g. `60s`.
+    pub refresh_interval: Option<String>,
+    /// Static groups, like CA's `--nodes=min:max:name`.
+    #[serde(default)]
+    pub node_groups: Vec<StaticGroup>,
+    /// Tag auto-discovery, like CA's `--node-group-auto-discovery=asg:tag=...`.
+    #[serde(default)]
+    pub auto_discovery: Vec<Discovery>,
+    /// Template settings for scale-from-zero, by group name or `*`.
+    #[serde(default)]
+    pub templates: BTreeMap<String, TemplateOverrides>,
+    /// Launch failures older than this do not mark placeholders, e.g. `15m`.
+    pub launch_failure_window: Option<String>,
+}
+
+#[derive(Debug, Clone, Default, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct AwsConfig {
+    pub region: Option<String>,
+    /// Endpoint override (moto, LocalStack, VPC endpoints).
+    pub endpoint: Option<String>,
+    /// SDK attempts per call, including the first (default 3).
+    pub max_attempts: Option<u32>,
+}
+
+#[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct StaticGroup {
+    pub name: String,
+    pub min_size: Option<i32>,
+    pub max_size: Option<i32>,
+}
+
+#[derive(Debug, Clone, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct Discovery {
+    /// Terms `key` or `key=value`; an ASG must carry all of them.
+    pub tags: Vec<String>,
+}
+
+/// Flags that override the file (`serve` and `check-config`).
+#[derive(Debug, Clone, Default)]
+pub struct Overrides {
+    pub listen: Option<String>,
+    pub region: Option<String>,
+    pub aws_endpoint: Option<String>,
+    /// CA syntax `min:max:name`, repeatable.
+    pub nodes: Vec<String>,
+    /// CA syntax `asg:tag=key[=value],key2`, repeatable.
+    pub auto_discovery: Vec<String>,
+    pub refresh_interval: Option<String>,
+}
+
+/// The validated configuration the program runs with.
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub source: String,
+    pub listen: SocketAddr,
+    pub region: String,
+    pub aws_endpoint: Option<String>,
+    pub aws_max_attempts: u32,
+    pub provider: ProviderSettings,
+}
+
+/// One thing wrong, with where it is.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Problem {
+    pub key: String,
+    pub message: String,
+}
+
+impl std::fmt::Display for Problem {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}: {}", self.key, self.message)
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    #[error("config file {path}: {message}")]
+    Read { path: String, message: String },
+    #[error("config file {path}: {message}")]
+    Parse { path: String, message: String },
+    #[error("{source_name}: {} problem(s):\n{}", problems.len(), problems.iter().map(|p| format!("  - {p}")).collect::<Vec<_>>().join("\n"))]
+    Invalid {
+        source_name: String,
+        problems: Vec<Problem>,
+    },
+}
+
+impl FileConfig {
+    pub fn load(path: &Path) -> Result<Self, ConfigError> {
+        let text = std::fs::read_to_string(path).map_err(|e| ConfigError::Read {
+            path: path.display().to_string(),
+            message: e.to_string(),
+        })?;
+        Self::parse(&text, &path.display().to_string())
+    }
+
+    pub fn parse(text: &str, path: &str) -> Result<Self, ConfigError> {
+        if text.trim().is_empty() {
+            return Ok(Self::default());
+        }
+        serde_yaml::from_str(text).map_err(|e| ConfigError::Parse {
+            path: path.to_string(),
+            message: e.to_string(),
+        })
+    }
+}
+
+/// Reads the file (if any), applies the flags, validates everything.
+pub fn load(path: Option<&PathBuf>, flags: &Overrides) -> Result<Config, ConfigError> {
+    let file = match path {
+        Some(p) => FileConfig::load(p)?,
+        None => FileConfig::default(),
+    };
+    let source = path
+        .map(|p| format!("config file {}", p.display()))
+        .unwrap_or_else(|| "flags".to_string());
+    resolve(file, flags, &source)
+}
+
+/// File + flags -> Config, collecting every problem.
+pub fn resolve(file: FileConfig, flags: &Overrides, source: &str) -> Result<Config, ConfigError> {
+    let mut problems = Vec::new();
+    let mut bad = |key: &str, message: String| {
+        problems.push(Problem {
+            key: key.to_string(),
+            message,
+        })
+    };
+
+    let listen_s = flags
+        .listen
+        .clone()
+        .or(file.listen.clone())
+        .unwrap_or_else(|| DEFAULT_LISTEN.to_string());
+    let listen = match listen_s.parse::<SocketAddr>() {
+        Ok(a) => a,
+        Err(_) => {
+            bad(
+                "listen",
+                format!("{listen_s:?} is not an address like 127.0.0.1:8086"),
+            );
+            DEFAULT_LISTEN
+                .parse()
+                .expect("default listen address parses")
+        }
+    };
+
+    let region = flags
+        .region
+        .clone()
+        .or(file.aws.region.clone())
+        .or_else(|| std::env::var("AWS_REGION").ok())
+        .or_else(|| std::env::var("AWS_DEFAULT_REGION").ok())
+        .unwrap_or_else(|| "us-east-1".to_string());
+    let aws_endpoint = flags.aws_endpoint.clone().or(file.aws.endpoint.clone());
+    if let Some(e) = &aws_endpoint {
+        if !(e.starts_with("http://") || e.starts_with("https://")) {
+            bad(
+                "aws.endpoint",
+                format!("{e:?} must start with http:// or https://"),
+            );
+        }
+    }
+    let aws_max_attempts = file.aws.max_attempts.unwrap_or(3);
+    if aws_max_attempts == 0 || aws_max_attempts > 20 {
+        bad(
+            "aws.maxAttempts",
+            format!("{aws_max_attempts} must be between 1 and 20"),
+        );
+    }
+
+    let mut duration = |key: &str,
+                        flag: Option<&String>,
+                        file_v: Option<&String>,
+                        default: Duration,
+                        min: Duration| {
+        let Some(s) = flag.or(file_v) else {
+            return default;
+        };
+        match parse_duration(s) {
+            Ok(d) if d >= min => d,
+            Ok(d) => {
+                bad(
+                    key,
+                    format!("{s:?} ({d:?}) is shorter than the minimum {min:?}"),
+                );
+                default
+            }
+            Err(e) => {
+                bad(key, format!("{s:?}: {e}"));
+                default
+            }
+        }
+    };
+    let refresh_interval = duration(
+        "refreshInterval",
+        flags.refresh_interval.as_ref(),
+        file.refresh_interval.as_ref(),
+        Duration::from_secs(60),
+        Duration::from_secs(1),
+    );
+    let launch_failure_window = duration(
+        "launchFailureWindow",
+        None,
+        file.launch_failure_window.as_ref(),
+        Duration::from_secs(15 * 60),
+        Duration::from_secs(10),
+    );
+
+    let mut selector = GroupSelector::default();
+    let mut static_bounds = HashMap::new();
+    let mut groups: Vec<(String, StaticGroup)> = file
+        .node_groups
+        .iter()
+        .enumerate()
+        .map(|(i, g)| (format!("nodeGroups[{i}]"), g.clone()))
+        .collect();
+    for (i, spec) in flags.nodes.iter().enumerate() {
+        match parse_nodes_flag(spec) {
+            Ok(g) => groups.push((format!("--nodes[{i}]"), g)),
+            Err(m) => bad(&format!("--nodes[{i}]"), m),
+        }
+    }
+    for (key, g) in &groups {
+        if g.name.trim().is_empty() {
+            bad(&format!("{key}.name"), "must not be empty".into());
+            continue;
+        }
+        if let (Some(min), Some(max)) = (g.min_size, g.max_size) {
+            if min > max {
+                bad(
+                    key,
+                    format!(
+                        "minSize {min} is greater than maxSize {max} for group {}",
+                        g.name
+                    ),
+                );
+            }
+        }
+        for (field, v) in [("minSize", g.min_size), ("maxSize", g.max_size)] {
+            if let Some(v) = v.filter(|v| *v < 0) {
+                bad(
+                    &format!("{key}.{field}"),
+                    format!("{v} must not be negative"),
+                );
+            }
+        }
+        if static_bounds
+            .insert(
+                g.name.clone(),
+                Bounds {
+                    min: g.min_size,
+                    max: g.max_size,
+                },
+            )
+            .is_some()
+        {
+            bad(key, format!("group {} is listed twice", g.name));
+        } else {
+            selector.names.push(g.name.clone());
+        }
+    }
+
+    for (i, d) in file.auto_discovery.iter().enumerate() {
+        let key = format!("autoDiscovery[{i}].tags");
+        match parse_tag_terms(&d.tags.join(",")) {
+            Ok(set) => selector.tag_sets.push(set),
+            Err(m) => bad(&key, m),
+        }
+    }
+    for (i, spec) in flags.auto_discovery.iter().enumerate() {
+        match parse_discovery_flag(spec) {
+            Ok(set) => selector.tag_sets.push(set),
+            Err(m) => bad(&format!("--node-group-auto-discovery[{i}]"), m),
+        }
+    }
+
+    let mut templates = HashMap::new();
+    for (name, t) in &file.templates {
+        for (j, taint) in t.taints.iter().enumerate() {
+            if let Err(m) = parse_taint(taint) {
+                bad(&format!("templates.{name}.taints[{j}]"), m);
+            }
+        }
+        if let Some(p) = t.max_pods.filter(|p| *p <= 0 || *p > 1000) {
+            bad(
+                &format!("templates.{name}.maxPods"),
+                format!("{p} must be between 1 and 1000"),
+            );
+        }
+        templates.insert(name.clone(), t.clone());
+    }
+
+    if !problems.is_empty() {
+        return Err(ConfigError::Invalid {
+            source_name: source.to_string(),
+            problems,
+        });
+    }
+    Ok(Config {
+        source: source.to_string(),
+        listen,
+        region: region.clone(),
+        aws_endpoint,
+        aws_max_attempts,
+        provider: ProviderSettings {
+            selector,
+            static_bounds,
+            refresh_interval,
+            region,
+            templates,
+            launch_failure_window,
+            ..ProviderSettings::default()
+        },
+    })
+}
+
+impl Config {
+    /// `serve` needs something to manage.
+    pub fn require_groups(&self) -> Result<(), ConfigError> {
+        let s = &self.provider.selector;
+        if s.names.is_empty() && s.tag_sets.is_empty() {
+            return Err(ConfigError::Invalid {
+                source_name: self.source.clone(),
+                problems: vec![Problem {
+                    key: "nodeGroups/autoDiscovery".into(),
+                    message: "no node groups: list them under nodeGroups (or --nodes=min:max:name) or discover them by tag under autoDiscovery (or --node-group-auto-discovery=asg:tag=...)".into(),
+                }],
+            });
+        }
+        Ok(())
+    }
+}
+
+/// CA's `--nodes=<min>:<max>:<name>`.
+pub fn parse_nodes_flag(spec: &str) -> Result<StaticGroup, String> {
+    let parts: Vec<&str> = spec.splitn(3, ':').collect();
+    if parts.len() != 3 {
+        return Err(format!("{spec:?} is not min:max:name"));
+    }
+    let num = |what: &str, s: &str| {
+        s.trim()
+            .parse::<i32>()
+            .map_err(|_| format!("{spec:?}: {what} {s:?} is not a whole number"))
+    };
+    let min = num("min", parts[0])?;
+    let max = num("max", parts[1])?;
+    let name = parts[2].trim();
+    if name.is_empty() {
+        return Err(format!("{spec:?}: the group name is empty"));
+    }
+    Ok(StaticGroup {
+        name: name.to_string(),
+        min_size: Some(min),
+        max_size: Some(max),
+    })
+}
+
+/// CA's `--node-group-auto-discovery=asg:tag=<key>[=<value>],<key2>...`.
+pub fn parse_discovery_flag(spec: &str) -> Result<Vec<TagFilter>, String> {
+    let rest = spec
+        .strip_prefix("asg:")
+        .ok_or_else(|| format!("{spec:?}: only the asg: discoverer is supported (asg:tag=...)"))?;
+    let terms = rest
+        .strip_prefix("tag=")
+        .ok_or_else(|| format!("{spec:?}: expected asg:tag=<key>[=<value>],..."))?;
+    parse_tag_terms(terms).map_err(|m| format!("{spec:?}: {m}"))
+}
+
+/// `key` or `key=value` terms, comma-separated.
+pub fn parse_tag_terms(terms: &str) -> Result<Vec<TagFilter>, String> {
+    let mut out = Vec::new();
+    for term in terms.split(',') {
+        let term = term.trim();
+        if term.is_empty() {
+            return Err(format!("empty tag term in {terms:?}"));
+        }
+        let (key, value) = match term.split_once('=') {
+            Some((k, v)) => (k.trim(), Some(v.trim().to_string())),
+            None => (term, None),
+        };
+        if key.is_empty() {
+            return Err(format!("tag term {term:?} has an empty key"));
+        }
+        out.push(TagFilter {
+            key: key.to_string(),
+            value,
+        });
+    }
+    Ok(out)
+}
+
+/// `key=value:Effect` or `key:Effect` (validation only; the template builder parses).
+pub fn parse_taint(s: &str) -> Result<(String, String, String), String> {
+    let (kv, effect) = s
+        .rsplit_once(':')
+        .ok_or_else(|| format!("{s:?} is not key=value:Effect"))?;
+    if !matches!(effect, "NoSchedule" | "PreferNoSchedule" | "NoExecute") {
+        return Err(format!(
+            "{s:?}: effect {effect:?} is not NoSchedule, PreferNoSchedule or NoExecute"
+        ));
+    }
+    let (k, v) = kv.split_once('=').unwrap_or((kv, ""));
+    if k.is_empty() {
+        return Err(format!("{s:?}: the taint key is empty"));
+    }
+    Ok((k.to_string(), v.to_string(), effect.to_string()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ok(yaml: &str) -> Config {
+        resolve(
+            FileConfig::parse(yaml, "t.yaml").unwrap(),
+            &Overrides::default(),
+            "t.yaml",
+        )
+        .unwrap()
+    }
+
+    fn problems(yaml: &str, flags: &Overrides) -> Vec<Problem> {
+        match resolve(FileConfig::parse(yaml, "t.yaml").unwrap(), flags, "t.yaml") {
+            Err(ConfigError::Invalid { problems, .. }) => problems,
+            other => panic!("expected problems, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn full_file_parses() {
+        let c = ok(r#"
+listen: 127.0.0.1:9000
+aws: {region: eu-west-1, endpoint: "http://127.0.0.1:5000", maxAttempts: 5}
+refreshInterval: 30s
+nodeGroups:
+  - {name: a, minSize: 1, maxSize: 5}
+  - {name: b}
+autoDiscovery:
+  - tags: ["k8s.io/cluster-autoscaler/enabled", "k8s.io/cluster-autoscaler/prod"]
+templates:
+  "*": {labels: {team: x}}
+  a: {taints: ["dedicated=gpu:NoSchedule"], maxPods: 58}
+launchFailureWindow: 5m
+"#);
+        assert_eq!(c.listen.port(), 9000);
+        assert_eq!(c.region, "eu-west-1");
+        assert_eq!(c.aws_max_attempts, 5);
+        assert_eq!(c.provider.refresh_interval, Duration::from_secs(30));
+        assert_eq!(c.provider.selector.names, vec!["a", "b"]);
+        assert_eq!(
+            c.provider.static_bounds["a"],
+            Bounds {
+                min: Some(1),
+                max: Some(5)
+            }
+        );
+        assert_eq!(c.provider.selector.tag_sets[0].len(), 2);
+        assert_eq!(c.provider.templates["a"].max_pods, Some(58));
+        assert_eq!(c.provider.launch_failure_window, Duration::from_secs(300));
+    }
+
+    #[test]
+    fn empty_file_gives_defaults() {
+        let c = ok("");
+        assert_eq!(c.listen.to_string(), DEFAULT_LISTEN);
+        assert!(c.require_groups().is_err());
+    }
+
+    #[test]
+    fn unknown_key_names_the_key_and_file() {
+        let e = FileConfig::parse("nodeGroups:\n  - {name: a, minsize: 1}\n", "/etc/x.yaml")
+            .unwrap_err();
+        let m = e.to_string();
+        assert!(m.contains("/etc/x.yaml") && m.contains("minsize"), "{m}");
+        let e = FileConfig::parse("refreshIntervall: 5s\n", "c.yaml")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("refreshIntervall"), "{e}");
+    }
+
+    #[test]
+    fn every_problem_is_reported_with_key_and_value() {
+        let p = problems(
+            r#"
+listen: "nowhere"
+refreshInterval: 5 parsecs
+nodeGroups:
+  - {name: a, minSize: 5, maxSize: 2}
+  - {name: a}
+  - {name: "", minSize: -1}
+autoDiscovery:
+  - tags: ["=x"]
+templates:
+  a: {taints: ["k=v:Sometimes"], maxPods: 0}
+"#,
+            &Overrides::default(),
+        );
+        let keys: Vec<&str> = p.iter().map(|p| p.key.as_str()).collect();
+        for k in [
+            "listen",
+            "refreshInterval",
+            "nodeGroups[0]",
+            "nodeGroups[1]",
+            "nodeGroups[2].name",
+            "autoDiscovery[0].tags",
+            "templates.a.taints[0]",
+            "templates.a.maxPods",
+        ] {
+            assert!(keys.contains(&k), "missing {k} in {p:?}");
+        }
+        let listen = p.iter().find(|p| p.key == "listen").unwrap();
+        assert!(listen.message.contains("nowhere"));
+        let taint = p.iter().find(|p| p.key == "templates.a.taints[0]").unwrap();
+        assert!(taint.message.contains("Sometimes"));
+    }
+
+    #[test]
+    fn flags_override_the_file_and_accept_ca_syntax() {
+        let flags = Overrides {
+            listen: Some("0.0.0.0:7000".into()),
+            nodes: vec!["1:10:flag-group".into()],
+            auto_discovery: vec!["asg:tag=k8s.io/cluster-autoscaler/enabled,env=prod".into()],
+            refresh_interval: Some("2m".into()),
+            ..Default::default()
+        };
+        let c = resolve(
+            FileConfig::parse("listen: 127.0.0.1:1\nrefreshInterval: 10s\n", "f").unwrap(),
+            &flags,
+            "f",
+        )
+        .unwrap();
+        assert_eq!(c.listen.port(), 7000);
+        assert_eq!(c.provider.refresh_interval, Duration::from_secs(120));
+        assert_eq!(c.provider.selector.names, vec!["flag-group"]);
+        let set = &c.provider.selector.tag_sets[0];
+        assert_eq!(
+            set[0],
+            TagFilter {
+                key: "k8s.io/cluster-autoscaler/enabled".into(),
+                value: None
+            }
+        );
+        assert_eq!(
+            set[1],
+            TagFilter {
+                key: "env".into(),
+                value: Some("prod".into())
+            }
+        );
+    }
+
+    #[test]
+    fn bad_flags_name_the_flag_and_value() {
+        let flags = Overrides {
+            nodes: vec!["1:x:g".into(), "1:2".into()],
+            auto_discovery: vec!["mig:foo".into(), "asg:tag=".into()],
+            ..Default::default()
+        };
+        let p = problems("", &flags);
+        assert_eq!(p.len(), 4, "{p:?}");
+        assert!(
+            p[0].key == "--nodes[0]" && p[0].message.contains("\"x\""),
+            "{p:?}"
+        );
+        assert!(p
+            .iter()
+            .any(|x| x.key == "--node-group-auto-discovery[0]" && x.message.contains("mig:foo")));
+    }
+
+    #[test]
+    fn nodes_flag_parses() {
+        let g = parse_nodes_flag("0:100:my-asg:with-colon").unwrap();
+        assert_eq!(
+            (g.min_size, g.max_size, g.name.as_str()),
+            (Some(0), Some(100), "my-asg:with-colon")
+        );
+        assert!(parse_nodes_flag("1:2:").is_err());
+    }
+
+    #[test]
+    fn taints_validate() {
+        assert_eq!(
+            parse_taint("a=b:NoSchedule").unwrap(),
+            ("a".into(), "b".into(), "NoSchedule".into())
+        );
+        assert_eq!(parse_taint("a:NoExecute").unwrap().1, "");
+        assert!(parse_taint("a=b").is_err());
+        assert!(parse_taint("=b:NoSchedule").is_err());
+    }
+}

@@ -1,0 +1,300 @@
+//! `ca-asg-provider demo`: the real gRPC server on the in-memory cloud, driven over
+//! gRPC the way cluster-autoscaler drives it. Finishes by itself in well under a
+//! minute.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use prost::Message;
+use tonic::transport::Channel;
+
+use crate::cloud::memory::{MemoryCloud, MemoryGroup, MemoryTiming};
+use crate::proto::cloud_provider_client::CloudProviderClient;
+use crate::proto::{self, instance_status::InstanceState};
+use crate::provider::{Provider, ProviderSettings};
+
+#[derive(Debug, clap::Args, Clone)]
+pub struct DemoArgs {
+    /// Seconds an in-memory instance takes to launch.
+    #[arg(long, default_value_t = 2.0)]
+    pub launch_seconds: f64,
+}
+
+type Client = CloudProviderClient<Channel>;
+
+/// The in-memory ASGs the demo (and the load generator) start with.
+pub fn demo_groups() -> Vec<MemoryGroup> {
+    vec![
+        MemoryGroup::new("demo-general", 1, 10, 2, "m5.large")
+            .tag("k8s.io/cluster-autoscaler/enabled", "true")
+            .tag("k8s.io/cluster-autoscaler/demo", "owned"),
+        MemoryGroup::new("demo-gpu", 0, 4, 0, "g4dn.xlarge")
+            .zones(&["us-east-1b"])
+            .tag("k8s.io/cluster-autoscaler/enabled", "true")
+            .tag("k8s.io/cluster-autoscaler/node-template/label/workload", "ml")
+            .tag("k8s.io/cluster-autoscaler/node-template/taint/nvidia.com/gpu", "true:NoSchedule")
+            .user_data(
+                "#!/bin/bash\n/etc/eks/bootstrap.sh demo --kubelet-extra-args '--node-labels=team=research,gpu=t4 --register-with-taints=dedicated=ml:NoSchedule'\n",
+            ),
+        MemoryGroup::new("demo-arm", 0, 5, 0, "m6g.large")
+            .tag("k8s.io/cluster-autoscaler/enabled", "true")
+            .terminating_hook("ca-asg-provider-drain", 300),
+    ]
+}
+
+pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
+    let started = Instant::now();
+    let timing = MemoryTiming {
+        launch_delay: Duration::from_secs_f64(args.launch_seconds.clamp(0.1, 20.0)),
+        ..MemoryTiming::default()
+    };
+    let cloud = MemoryCloud::new(demo_groups(), timing);
+    let settings = ProviderSettings {
+        selector: crate::cloud::GroupSelector {
+            names: vec![],
+            tag_sets: vec![vec![crate::cloud::TagFilter {
+                key: "k8s.io/cluster-autoscaler/enabled".into(),
+                value: None,
+            }]],
+        },
+        refresh_interval: Duration::from_millis(500),
+        ..ProviderSettings::default()
+    };
+    let provider = Provider::new(Arc::new(cloud.clone()), settings);
+    provider.start_background();
+    let (listener, addr) = crate::grpc::bind("127.0.0.1:0".parse()?).await?;
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(crate::grpc::serve(
+        listener,
+        provider.clone(),
+        None,
+        async {
+            let _ = stop_rx.await;
+        },
+    ));
+    println!("== ca-asg-provider demo: the real gRPC server on an in-memory cloud, at {addr}");
+    println!("   (cluster-autoscaler would run with --cloud-provider=externalgrpc and address: {addr})\n");
+
+    let mut ca = CloudProviderClient::connect(format!("http://{addr}"))
+        .await
+        .context("connecting to the demo server")?;
+
+    step("Refresh, then NodeGroups (groups found by tag k8s.io/cluster-autoscaler/enabled)");
+    ca.refresh(proto::RefreshRequest {}).await?;
+    let groups = ca
+        .node_groups(proto::NodeGroupsRequest {})
+        .await?
+        .into_inner()
+        .node_groups;
+    for g in &groups {
+        println!(
+            "   {:<14} min {:>2}  max {:>2}   {}",
+            g.id, g.min_size, g.max_size, g.debug
+        );
+    }
+
+    step("NodeGroupTemplateNodeInfo demo-gpu (scale-from-zero template)");
+    let t = ca
+        .node_group_template_node_info(proto::NodeGroupTemplateNodeInfoRequest {
+            id: "demo-gpu".into(),
+        })
+        .await?
+        .into_inner();
+    let node = k8s_pb::api::core::v1::Node::decode(t.node_bytes.as_ref())?;
+    println!(
+        "   {} bytes, same Node in field 1 (CA <= 1.34) and field 2 (CA >= 1.35): {}",
+        t.node_bytes.len(),
+        t.node_info == t.node_bytes
+    );
+    crate::check::print_template(&node);
+
+    step("NodeGroupGetOptions demo-general (CA defaults echoed, both Duration sets)");
+    let o = ca
+        .node_group_get_options(proto::NodeGroupAutoscalingOptionsRequest {
+            id: "demo-general".into(),
+            defaults: Some(crate::grpc::options::to_proto(&ca_defaults())),
+        })
+        .await?
+        .into_inner()
+        .node_group_autoscaling_options
+        .unwrap_or_default();
+    println!(
+        "   scaleDownUtilizationThreshold {}  scaleDownUnneededTime {:?} (meta ns) / {:?} (google)",
+        o.scale_down_utilization_threshold,
+        o.scale_down_unneeded_time.map(|d| d.duration),
+        o.scale_down_unneeded_duration.map(|d| d.seconds),
+    );
+
+    step("NodeGroupIncreaseSize demo-general +2, then watch instances launch");
+    show_target(&mut ca, "demo-general").await?;
+    ca.node_group_increase_size(proto::NodeGroupIncreaseSizeRequest {
+        id: "demo-general".into(),
+        delta: 2,
+    })
+    .await?;
+    show_target(&mut ca, "demo-general").await?;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        ca.refresh(proto::RefreshRequest {}).await?;
+        let (running, creating, _) = show_nodes(&mut ca, "demo-general").await?;
+        if (running == 4 && creating == 0) || Instant::now() > deadline {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(700)).await;
+    }
+
+    step("NodeGroupDeleteNodes demo-general: one node");
+    let nodes = ca
+        .node_group_nodes(proto::NodeGroupNodesRequest {
+            id: "demo-general".into(),
+        })
+        .await?
+        .into_inner()
+        .instances;
+    let victim = nodes.last().map(|i| i.id.clone()).unwrap_or_default();
+    println!("   deleting {victim}");
+    ca.node_group_delete_nodes(proto::NodeGroupDeleteNodesRequest {
+        id: "demo-general".into(),
+        nodes: vec![proto::ExternalGrpcNode {
+            provider_id: victim.clone(),
+            name: victim.clone(),
+            ..Default::default()
+        }],
+    })
+    .await?;
+    show_target(&mut ca, "demo-general").await?;
+    show_nodes(&mut ca, "demo-general").await?;
+
+    step("NodeGroupForNode for a managed node, an unknown instance and a non-AWS node");
+    for pid in [
+        victim.as_str(),
+        "aws:///us-east-1a/i-0000000000000dead",
+        "gce://p/z/n",
+    ] {
+        let g = ca
+            .node_group_for_node(proto::NodeGroupForNodeRequest {
+                node: Some(proto::ExternalGrpcNode {
+                    provider_id: pid.into(),
+                    ..Default::default()
+                }),
+            })
+            .await?
+            .into_inner()
+            .node_group
+            .unwrap_or_default();
+        println!("   {pid:<45} -> {:?}", g.id);
+    }
+
+    step("A launch that fails: demo-arm has no capacity (placeholders carry the error)");
+    cloud.fail_launches("demo-arm", Some("InsufficientInstanceCapacity"));
+    ca.node_group_increase_size(proto::NodeGroupIncreaseSizeRequest {
+        id: "demo-arm".into(),
+        delta: 1,
+    })
+    .await?;
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    ca.refresh(proto::RefreshRequest {}).await?;
+    show_nodes(&mut ca, "demo-arm").await?;
+    ca.node_group_decrease_target_size(proto::NodeGroupDecreaseTargetSizeRequest {
+        id: "demo-arm".into(),
+        delta: -1,
+    })
+    .await?;
+    println!("   CA gives the capacity back with DecreaseTargetSize -1:");
+    show_target(&mut ca, "demo-arm").await?;
+
+    step("An error CA would see: increase past maxSize");
+    match ca
+        .node_group_increase_size(proto::NodeGroupIncreaseSizeRequest {
+            id: "demo-gpu".into(),
+            delta: 9,
+        })
+        .await
+    {
+        Ok(_) => println!("   unexpectedly accepted"),
+        Err(s) => println!("   {:?}: {}", s.code(), s.message()),
+    }
+
+    let _ = stop_tx.send(());
+    let _ = server.await;
+    println!(
+        "\n== demo finished in {:.1}s",
+        started.elapsed().as_secs_f64()
+    );
+    Ok(())
+}
+
+/// The defaults CA sends (its flag defaults).
+pub fn ca_defaults() -> crate::provider::options::AutoscalingOptions {
+    crate::provider::options::AutoscalingOptions {
+        scale_down_utilization_threshold: 0.5,
+        scale_down_gpu_utilization_threshold: 0.5,
+        scale_down_unneeded_time: Some(Duration::from_secs(600)),
+        scale_down_unready_time: Some(Duration::from_secs(1200)),
+        max_node_provision_time: Some(Duration::from_secs(900)),
+        max_node_startup_time: Some(Duration::from_secs(900)),
+        ..Default::default()
+    }
+}
+
+fn step(title: &str) {
+    println!("\n-> {title}");
+}
+
+async fn show_target(ca: &mut Client, id: &str) -> anyhow::Result<()> {
+    let t = ca
+        .node_group_target_size(proto::NodeGroupTargetSizeRequest { id: id.into() })
+        .await?
+        .into_inner()
+        .target_size;
+    println!("   {id} target size: {t}");
+    Ok(())
+}
+
+async fn show_nodes(ca: &mut Client, id: &str) -> anyhow::Result<(usize, usize, usize)> {
+    let list = ca
+        .node_group_nodes(proto::NodeGroupNodesRequest { id: id.into() })
+        .await?
+        .into_inner()
+        .instances;
+    let (mut r, mut c, mut d) = (0, 0, 0);
+    let mut line = Vec::new();
+    for i in &list {
+        let st = i.status.clone().unwrap_or_default();
+        let state =
+            InstanceState::try_from(st.instance_state).unwrap_or(InstanceState::Unspecified);
+        let short = i.id.rsplit('/').next().unwrap_or(&i.id);
+        let label = match state {
+            InstanceState::InstanceRunning => {
+                r += 1;
+                "running"
+            }
+            InstanceState::InstanceCreating => {
+                c += 1;
+                "creating"
+            }
+            InstanceState::InstanceDeleting => {
+                d += 1;
+                "deleting"
+            }
+            InstanceState::Unspecified => "?",
+        };
+        match st.error_info {
+            Some(e) if !e.error_code.is_empty() => line.push(format!(
+                "{short}={label} [error {} class {}: {}]",
+                e.error_code, e.instance_error_class, e.error_message
+            )),
+            _ => line.push(format!("{short}={label}")),
+        }
+    }
+    println!(
+        "   {id}: {}",
+        if line.is_empty() {
+            "(no instances)".to_string()
+        } else {
+            line.join("  ")
+        }
+    );
+    Ok((r, c, d))
+}

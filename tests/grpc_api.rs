@@ -1,0 +1,616 @@
+//! Every RPC through a real tonic client against the server on an ephemeral port,
+//! backed by the in-memory cloud.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use ca_asg_provider::cloud::memory::{MemoryCloud, MemoryGroup, MemoryTiming};
+use ca_asg_provider::cloud::{Cloud, GroupSelector, TagFilter};
+use ca_asg_provider::proto::cloud_provider_client::CloudProviderClient;
+use ca_asg_provider::proto::{self, instance_status::InstanceState};
+use ca_asg_provider::provider::{Bounds, Provider, ProviderSettings};
+use tonic::transport::Channel;
+use tonic::Code;
+
+struct Harness {
+    ca: CloudProviderClient<Channel>,
+    cloud: MemoryCloud,
+    provider: Arc<Provider>,
+    _stop: tokio::sync::oneshot::Sender<()>,
+}
+
+fn fast() -> MemoryTiming {
+    MemoryTiming {
+        launch_delay: Duration::from_millis(100),
+        terminate_delay: Duration::from_millis(100),
+    }
+}
+
+fn groups() -> Vec<MemoryGroup> {
+    vec![
+        MemoryGroup::new("web", 1, 5, 2, "m5.large")
+            .tag("k8s.io/cluster-autoscaler/enabled", "true"),
+        MemoryGroup::new("gpu", 0, 3, 0, "g4dn.xlarge")
+            .tag("k8s.io/cluster-autoscaler/enabled", "true"),
+        MemoryGroup::new("unmanaged", 0, 3, 1, "m5.large"),
+    ]
+}
+
+fn discovery() -> ProviderSettings {
+    ProviderSettings {
+        selector: GroupSelector {
+            names: vec![],
+            tag_sets: vec![vec![TagFilter {
+                key: "k8s.io/cluster-autoscaler/enabled".into(),
+                value: None,
+            }]],
+        },
+        refresh_interval: Duration::from_millis(50),
+        lookup_interval: Duration::from_millis(20),
+        ..ProviderSettings::default()
+    }
+}
+
+async fn start_with(cloud: MemoryCloud, settings: ProviderSettings, refresh: bool) -> Harness {
+    let provider = Provider::new(Arc::new(cloud.clone()), settings);
+    provider.start_background();
+    let (listener, addr) = ca_asg_provider::grpc::bind("127.0.0.1:0".parse().unwrap())
+        .await
+        .unwrap();
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    tokio::spawn(ca_asg_provider::grpc::serve(
+        listener,
+        provider.clone(),
+        None,
+        async {
+            let _ = rx.await;
+        },
+    ));
+    let mut ca = CloudProviderClient::connect(format!("http://{addr}"))
+        .await
+        .unwrap();
+    if refresh {
+        ca.refresh(proto::RefreshRequest {}).await.unwrap();
+    }
+    Harness {
+        ca,
+        cloud,
+        provider,
+        _stop: tx,
+    }
+}
+
+async fn start() -> Harness {
+    start_with(MemoryCloud::new(groups(), fast()), discovery(), true).await
+}
+
+fn node(pid: &str) -> proto::ExternalGrpcNode {
+    proto::ExternalGrpcNode {
+        provider_id: pid.into(),
+        name: pid.rsplit('/').next().unwrap().into(),
+        ..Default::default()
+    }
+}
+
+async fn target(h: &mut Harness, id: &str) -> i32 {
+    h.ca.node_group_target_size(proto::NodeGroupTargetSizeRequest { id: id.into() })
+        .await
+        .unwrap()
+        .into_inner()
+        .target_size
+}
+
+async fn instances(h: &mut Harness, id: &str) -> Vec<proto::Instance> {
+    h.ca.node_group_nodes(proto::NodeGroupNodesRequest { id: id.into() })
+        .await
+        .unwrap()
+        .into_inner()
+        .instances
+}
+
+fn state(i: &proto::Instance) -> InstanceState {
+    InstanceState::try_from(i.status.as_ref().unwrap().instance_state).unwrap()
+}
+
+async fn group_of(h: &mut Harness, pid: &str) -> String {
+    h.ca.node_group_for_node(proto::NodeGroupForNodeRequest {
+        node: Some(node(pid)),
+    })
+    .await
+    .unwrap()
+    .into_inner()
+    .node_group
+    .unwrap()
+    .id
+}
+
+/// Waits for a condition, with a generous bound; never asserts a time.
+async fn eventually<F, Fut>(what: &str, mut f: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let end = Instant::now() + Duration::from_secs(20);
+    while Instant::now() < end {
+        if f().await {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("timed out waiting for {what}");
+}
+
+#[tokio::test]
+async fn node_groups_lists_discovered_groups_only() {
+    let mut h = start().await;
+    let gs =
+        h.ca.node_groups(proto::NodeGroupsRequest {})
+            .await
+            .unwrap()
+            .into_inner()
+            .node_groups;
+    let ids: Vec<_> = gs
+        .iter()
+        .map(|g| (g.id.as_str(), g.min_size, g.max_size))
+        .collect();
+    assert_eq!(ids, vec![("gpu", 0, 3), ("web", 1, 5)]);
+    assert!(gs[1].debug.contains("web"));
+}
+
+#[tokio::test]
+async fn static_bounds_are_kept_inside_the_asg() {
+    let mut settings = discovery();
+    settings.selector = GroupSelector {
+        names: vec!["web".into(), "missing".into()],
+        tag_sets: vec![],
+    };
+    settings.static_bounds.insert(
+        "web".into(),
+        Bounds {
+            min: Some(2),
+            max: Some(50),
+        },
+    );
+    let mut h = start_with(MemoryCloud::new(groups(), fast()), settings, true).await;
+    let gs =
+        h.ca.node_groups(proto::NodeGroupsRequest {})
+            .await
+            .unwrap()
+            .into_inner()
+            .node_groups;
+    assert_eq!(gs.len(), 1);
+    assert_eq!(
+        (gs[0].min_size, gs[0].max_size),
+        (2, 5),
+        "max clamped to the ASG's 5"
+    );
+}
+
+#[tokio::test]
+async fn node_group_for_node_maps_provider_ids_and_bare_ids() {
+    let mut h = start().await;
+    let inst = instances(&mut h, "web").await;
+    assert_eq!(inst.len(), 2);
+    let pid = inst[0].id.clone();
+    assert!(pid.starts_with("aws:///us-east-1"), "{pid}");
+    assert_eq!(group_of(&mut h, &pid).await, "web");
+    let bare = pid.rsplit('/').next().unwrap().to_string();
+    assert_eq!(group_of(&mut h, &bare).await, "web");
+    assert_eq!(group_of(&mut h, "gce://project/zone/vm").await, "");
+    assert_eq!(group_of(&mut h, "").await, "");
+    assert_eq!(
+        group_of(&mut h, "aws:///us-east-1a/not-an-instance").await,
+        ""
+    );
+    // The unmanaged group's instance: empty group, not an error.
+    let other = h
+        .cloud
+        .instances()
+        .into_iter()
+        .find(|(g, _)| g == "unmanaged")
+        .unwrap()
+        .1;
+    assert_eq!(group_of(&mut h, &other.provider_id()).await, "");
+    let missing =
+        h.ca.node_group_for_node(proto::NodeGroupForNodeRequest { node: None })
+            .await
+            .unwrap_err();
+    assert_eq!(missing.code(), Code::InvalidArgument);
+    assert!(missing.message().contains("node"));
+}
+
+#[tokio::test]
+async fn a_fresh_instance_maps_to_its_group_before_the_next_refresh() {
+    let mut settings = discovery();
+    settings.refresh_interval = Duration::from_secs(3600);
+    let mut h = start_with(MemoryCloud::new(groups(), fast()), settings, true).await;
+    // Capacity added behind the provider's back (another CA replica, a person).
+    h.cloud.set_desired_capacity("web", 3).await.unwrap();
+    let fresh = h
+        .cloud
+        .instances()
+        .into_iter()
+        .filter(|(g, _)| g == "web")
+        .map(|(_, i)| i)
+        .last()
+        .unwrap();
+    let calls_before = h
+        .cloud
+        .calls()
+        .get("locate_instances")
+        .copied()
+        .unwrap_or(0);
+    // The first ask answers empty (unknown) and queues a background lookup.
+    let _ = group_of(&mut h, &fresh.provider_id()).await;
+    let pid = fresh.provider_id();
+    let ca = &mut h.ca;
+    eventually("the fresh instance maps to web", || {
+        let mut ca = ca.clone();
+        let pid = pid.clone();
+        async move {
+            ca.node_group_for_node(proto::NodeGroupForNodeRequest {
+                node: Some(node(&pid)),
+            })
+            .await
+            .unwrap()
+            .into_inner()
+            .node_group
+            .unwrap()
+            .id == "web"
+        }
+    })
+    .await;
+    let calls = h
+        .cloud
+        .calls()
+        .get("locate_instances")
+        .copied()
+        .unwrap_or(0)
+        - calls_before;
+    assert_eq!(calls, 1, "one batched lookup, not one per call");
+    // The next Refresh reads AWS although the interval has not passed.
+    let before = h.cloud.calls()["describe_groups"];
+    h.ca.refresh(proto::RefreshRequest {}).await.unwrap();
+    assert_eq!(h.cloud.calls()["describe_groups"], before + 1);
+    assert_eq!(instances(&mut h, "web").await.len(), 3);
+}
+
+#[tokio::test]
+async fn unknown_and_empty_group_ids_are_errors() {
+    let mut h = start().await;
+    let e =
+        h.ca.node_group_target_size(proto::NodeGroupTargetSizeRequest { id: "nope".into() })
+            .await
+            .unwrap_err();
+    assert_eq!(e.code(), Code::NotFound);
+    assert!(e.message().contains("nope"));
+    let e =
+        h.ca.node_group_nodes(proto::NodeGroupNodesRequest { id: "".into() })
+            .await
+            .unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument);
+    assert!(e.message().contains("id"));
+    let e =
+        h.ca.node_group_increase_size(proto::NodeGroupIncreaseSizeRequest {
+            id: "unmanaged".into(),
+            delta: 1,
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::NotFound);
+}
+
+#[tokio::test]
+async fn increase_size_validates_and_sets_desired_capacity() {
+    let mut h = start().await;
+    let e =
+        h.ca.node_group_increase_size(proto::NodeGroupIncreaseSizeRequest {
+            id: "web".into(),
+            delta: 0,
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument);
+    let e =
+        h.ca.node_group_increase_size(proto::NodeGroupIncreaseSizeRequest {
+            id: "web".into(),
+            delta: 4,
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument);
+    assert!(
+        e.message().contains("2 + delta 4 = 6 > maxSize 5"),
+        "{}",
+        e.message()
+    );
+    assert_eq!(
+        h.cloud.calls().get("set_desired_capacity"),
+        None,
+        "nothing written on a rejected call"
+    );
+    h.ca.node_group_increase_size(proto::NodeGroupIncreaseSizeRequest {
+        id: "web".into(),
+        delta: 3,
+    })
+    .await
+    .unwrap();
+    assert_eq!(target(&mut h, "web").await, 5);
+    let inst = instances(&mut h, "web").await;
+    assert_eq!(
+        inst.len(),
+        5,
+        "2 instances + 3 placeholders until the refresh"
+    );
+    // After a refresh the real instances are there, launching or running.
+    let cloud_count = h
+        .cloud
+        .instances()
+        .iter()
+        .filter(|(g, _)| g == "web")
+        .count();
+    assert_eq!(cloud_count, 5);
+}
+
+#[tokio::test]
+async fn decrease_target_size_removes_only_unfulfilled_capacity() {
+    let mut h = start().await;
+    h.cloud
+        .fail_launches("gpu", Some("InsufficientInstanceCapacity"));
+    h.ca.node_group_increase_size(proto::NodeGroupIncreaseSizeRequest {
+        id: "gpu".into(),
+        delta: 2,
+    })
+    .await
+    .unwrap();
+    let e =
+        h.ca.node_group_decrease_target_size(proto::NodeGroupDecreaseTargetSizeRequest {
+            id: "web".into(),
+            delta: -1,
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::FailedPrecondition);
+    assert!(e.message().contains("existing"), "{}", e.message());
+    let e =
+        h.ca.node_group_decrease_target_size(proto::NodeGroupDecreaseTargetSizeRequest {
+            id: "gpu".into(),
+            delta: 1,
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument);
+    h.ca.node_group_decrease_target_size(proto::NodeGroupDecreaseTargetSizeRequest {
+        id: "gpu".into(),
+        delta: -2,
+    })
+    .await
+    .unwrap();
+    assert_eq!(target(&mut h, "gpu").await, 0);
+}
+
+#[tokio::test]
+async fn failed_launches_show_as_placeholders_with_out_of_resources() {
+    let mut h = start().await;
+    h.cloud
+        .fail_launches("gpu", Some("InsufficientInstanceCapacity"));
+    h.ca.node_group_increase_size(proto::NodeGroupIncreaseSizeRequest {
+        id: "gpu".into(),
+        delta: 2,
+    })
+    .await
+    .unwrap();
+    tokio::time::sleep(Duration::from_millis(80)).await;
+    h.ca.refresh(proto::RefreshRequest {}).await.unwrap();
+    let inst = instances(&mut h, "gpu").await;
+    assert_eq!(inst.len(), 2);
+    for i in &inst {
+        assert!(i.id.contains("i-placeholder-gpu-"), "{}", i.id);
+        assert_eq!(state(i), InstanceState::InstanceCreating);
+        let e = i
+            .status
+            .as_ref()
+            .unwrap()
+            .error_info
+            .as_ref()
+            .expect("error info");
+        assert_eq!(e.instance_error_class, 1, "OutOfResources");
+        assert_eq!(e.error_code, "InsufficientInstanceCapacity");
+    }
+    // CA may delete placeholders: that lowers desired capacity, nothing is terminated.
+    let ph = inst[0].id.clone();
+    h.ca.node_group_delete_nodes(proto::NodeGroupDeleteNodesRequest {
+        id: "gpu".into(),
+        nodes: vec![node(&ph)],
+    })
+    .await
+    .unwrap();
+    assert_eq!(target(&mut h, "gpu").await, 1);
+    assert_eq!(h.cloud.calls().get("terminate_instance"), None);
+}
+
+#[tokio::test]
+async fn placeholders_without_a_failure_carry_no_error() {
+    let mut h = start().await;
+    h.ca.node_group_increase_size(proto::NodeGroupIncreaseSizeRequest {
+        id: "gpu".into(),
+        delta: 1,
+    })
+    .await
+    .unwrap();
+    let inst = instances(&mut h, "gpu").await;
+    assert_eq!(inst.len(), 1);
+    assert!(inst[0].status.as_ref().unwrap().error_info.is_none());
+}
+
+#[tokio::test]
+async fn delete_nodes_validates_everything_before_touching_anything() {
+    let mut h = start().await;
+    let web: Vec<String> = instances(&mut h, "web")
+        .await
+        .into_iter()
+        .map(|i| i.id)
+        .collect();
+    let other = h
+        .cloud
+        .instances()
+        .into_iter()
+        .find(|(g, _)| g == "unmanaged")
+        .unwrap()
+        .1
+        .provider_id();
+    // One good node and one from another group: rejected, nothing terminated.
+    let e =
+        h.ca.node_group_delete_nodes(proto::NodeGroupDeleteNodesRequest {
+            id: "web".into(),
+            nodes: vec![node(&web[0]), node(&other)],
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument);
+    assert!(
+        e.message().contains("not in node group web"),
+        "{}",
+        e.message()
+    );
+    // Both web nodes: 2 -> 0 would go below min 1.
+    let e =
+        h.ca.node_group_delete_nodes(proto::NodeGroupDeleteNodesRequest {
+            id: "web".into(),
+            nodes: vec![node(&web[0]), node(&web[1])],
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::FailedPrecondition);
+    assert!(e.message().contains("below minSize 1"), "{}", e.message());
+    let e =
+        h.ca.node_group_delete_nodes(proto::NodeGroupDeleteNodesRequest {
+            id: "web".into(),
+            nodes: vec![node("gce://x/y/z")],
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::InvalidArgument);
+    assert!(e.message().contains("gce://x/y/z"));
+    assert_eq!(h.cloud.calls().get("terminate_instance"), None);
+}
+
+#[tokio::test]
+async fn delete_nodes_terminates_with_decrement_and_is_idempotent() {
+    let mut h = start().await;
+    h.ca.node_group_increase_size(proto::NodeGroupIncreaseSizeRequest {
+        id: "web".into(),
+        delta: 1,
+    })
+    .await
+    .unwrap();
+    h.ca.refresh(proto::RefreshRequest {}).await.unwrap();
+    let web: Vec<String> = instances(&mut h, "web")
+        .await
+        .into_iter()
+        .map(|i| i.id)
+        .collect();
+    assert_eq!(web.len(), 3);
+    let victim = web[2].clone();
+    // CA's fake node for an instance that never registered: name and providerID are
+    // the bare instance id.
+    let bare = victim.rsplit('/').next().unwrap().to_string();
+    let fake = proto::ExternalGrpcNode {
+        provider_id: bare.clone(),
+        name: bare.clone(),
+        ..Default::default()
+    };
+    h.ca.node_group_delete_nodes(proto::NodeGroupDeleteNodesRequest {
+        id: "web".into(),
+        nodes: vec![fake.clone()],
+    })
+    .await
+    .unwrap();
+    assert_eq!(target(&mut h, "web").await, 2);
+    let inst = instances(&mut h, "web").await;
+    let v = inst.iter().find(|i| i.id == victim).unwrap();
+    assert_eq!(state(v), InstanceState::InstanceDeleting);
+    // CA re-sends: skipped, not an error, not terminated twice, target unchanged.
+    h.ca.node_group_delete_nodes(proto::NodeGroupDeleteNodesRequest {
+        id: "web".into(),
+        nodes: vec![fake],
+    })
+    .await
+    .unwrap();
+    assert_eq!(h.cloud.calls()["terminate_instance"], 1);
+    assert_eq!(target(&mut h, "web").await, 2);
+    // After a refresh AWS agrees.
+    h.ca.refresh(proto::RefreshRequest {}).await.unwrap();
+    assert_eq!(target(&mut h, "web").await, 2);
+}
+
+#[tokio::test]
+async fn refresh_serves_the_last_state_when_aws_fails_and_fails_when_nothing_was_loaded() {
+    // Never loaded: Unavailable.
+    let cloud = MemoryCloud::new(groups(), fast());
+    cloud.throttle("describe_groups", 1);
+    let mut h = start_with(cloud, discovery(), false).await;
+    let e = h.ca.refresh(proto::RefreshRequest {}).await.unwrap_err();
+    assert_eq!(e.code(), Code::Unavailable);
+    assert!(e.message().contains("throttled"), "{}", e.message());
+    h.ca.refresh(proto::RefreshRequest {}).await.unwrap();
+    assert_eq!(target(&mut h, "web").await, 2);
+    // Loaded, then AWS throttles: Refresh succeeds on the last good state.
+    tokio::time::sleep(Duration::from_millis(60)).await;
+    h.cloud.throttle("describe_groups", 1);
+    h.ca.refresh(proto::RefreshRequest {}).await.unwrap();
+    assert_eq!(target(&mut h, "web").await, 2);
+    assert_eq!(
+        h.provider
+            .stats
+            .stale_serves
+            .load(std::sync::atomic::Ordering::Relaxed),
+        1
+    );
+}
+
+#[tokio::test]
+async fn refresh_reads_aws_at_most_once_per_interval() {
+    let mut settings = discovery();
+    settings.refresh_interval = Duration::from_secs(3600);
+    let mut h = start_with(MemoryCloud::new(groups(), fast()), settings, true).await;
+    for _ in 0..5 {
+        h.ca.refresh(proto::RefreshRequest {}).await.unwrap();
+    }
+    assert_eq!(h.cloud.calls()["describe_groups"], 1);
+    // Hot RPCs never reach the cloud.
+    let before: u64 = h.cloud.calls().values().sum();
+    for _ in 0..20 {
+        let _ = target(&mut h, "web").await;
+        let _ = instances(&mut h, "web").await;
+        let _ = h.ca.node_groups(proto::NodeGroupsRequest {}).await.unwrap();
+    }
+    let after: u64 = h.cloud.calls().values().sum();
+    assert_eq!(before, after);
+}
+
+#[tokio::test]
+async fn gpu_label_pricing_and_cleanup() {
+    let mut h = start().await;
+    let l =
+        h.ca.gpu_label(proto::GpuLabelRequest {})
+            .await
+            .unwrap()
+            .into_inner()
+            .label;
+    assert_eq!(l, "k8s.amazonaws.com/accelerator");
+    let e =
+        h.ca.pricing_node_price(proto::PricingNodePriceRequest::default())
+            .await
+            .unwrap_err();
+    assert_eq!(e.code(), Code::Unimplemented);
+    let e =
+        h.ca.pricing_pod_price(proto::PricingPodPriceRequest::default())
+            .await
+            .unwrap_err();
+    assert_eq!(e.code(), Code::Unimplemented);
+    h.ca.cleanup(proto::CleanupRequest {}).await.unwrap();
+    // Nothing a later call needs was stopped.
+    assert_eq!(target(&mut h, "web").await, 2);
+    h.ca.refresh(proto::RefreshRequest {}).await.unwrap();
+}
