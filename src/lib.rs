@@ -9,6 +9,7 @@ pub mod demo;
 pub mod duration;
 pub mod grpc;
 pub mod provider;
+pub mod scalein;
 pub mod sim;
 pub mod telemetry;
 

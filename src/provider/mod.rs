@@ -115,14 +115,21 @@ pub struct NodeRef {
 pub enum Removal {
     /// The ASG's desired capacity already went down by one.
     Decremented,
+    /// The instance is being drained and will be terminated with decrement later;
+    /// until then the target size is reported one lower and the instance as deleting.
+    Deferred,
 }
 
 /// Ends instances for DeleteNodes. The default terminates at once; the scale-in
 /// engine puts the drain behind this interface.
 #[async_trait]
 pub trait ScaleIn: Send + Sync + 'static {
-    async fn remove(&self, group: &Group, instance: &AsgInstance)
-        -> Result<Removal, ProviderError>;
+    async fn remove(
+        &self,
+        group: &Group,
+        instance: &AsgInstance,
+        node_name: Option<&str>,
+    ) -> Result<Removal, ProviderError>;
 }
 
 /// TerminateInstanceInAutoScalingGroup with decrement, no drain.
@@ -134,6 +141,7 @@ impl ScaleIn for TerminateNow {
         &self,
         group: &Group,
         instance: &AsgInstance,
+        _node_name: Option<&str>,
     ) -> Result<Removal, ProviderError> {
         tracing::info!(group = %group.asg.name, instance = %instance.id, "terminating instance with decrement");
         self.0.terminate_instance(&instance.id, true).await?;
@@ -152,6 +160,9 @@ struct Overlay {
     last_increase: HashMap<String, i64>,
     /// Instances found by background lookup: instance id -> group.
     located: HashMap<String, String>,
+    /// Direct-mode drains not yet terminated: instance id -> group. Each lowers its
+    /// group's target by one and shows the instance as deleting.
+    deferred: HashMap<String, String>,
 }
 
 /// Counters for metrics and tests.
@@ -279,10 +290,55 @@ impl Provider {
     }
 
     fn target_of(ov: &Overlay, g: &Group) -> i32 {
-        ov.target
+        let base = ov
+            .target
             .get(&g.asg.name)
             .copied()
-            .unwrap_or(g.asg.desired_capacity)
+            .unwrap_or(g.asg.desired_capacity);
+        let deferred = ov
+            .deferred
+            .values()
+            .filter(|grp| **grp == g.asg.name)
+            .count() as i32;
+        base - deferred
+    }
+
+    fn is_deleting(ov: &Overlay, instance_id: &str) -> bool {
+        ov.deleting.contains(instance_id) || ov.deferred.contains_key(instance_id)
+    }
+
+    /// A direct-mode drain (found again after a restart) counts against the target.
+    pub fn register_deferred(&self, instance_id: &str, group: &str) {
+        self.overlay
+            .lock()
+            .deferred
+            .insert(instance_id.to_string(), group.to_string());
+    }
+
+    /// A direct-mode drain terminated its instance with decrement: AWS's desired
+    /// capacity now carries the decrement, so the deferred entry becomes a plain one.
+    pub fn deferred_terminated(&self, instance_id: &str) {
+        let reg = self.registry();
+        let mut ov = self.overlay.lock();
+        let Some(group) = ov.deferred.get(instance_id).cloned() else {
+            return;
+        };
+        if let Some(g) = reg.group(&group) {
+            let t = Self::target_of(&ov, g);
+            ov.deferred.remove(instance_id);
+            ov.target.insert(group, t);
+        } else {
+            ov.deferred.remove(instance_id);
+        }
+        ov.deleting.insert(instance_id.to_string());
+        drop(ov);
+        self.writes.fetch_add(1, Ordering::AcqRel);
+        self.invalidate();
+    }
+
+    /// A direct-mode drain was abandoned: the node stays, the target goes back up.
+    pub fn deferred_cancelled(&self, instance_id: &str) {
+        self.overlay.lock().deferred.remove(instance_id);
     }
 
     pub fn nodes(&self, id: &str) -> Result<Vec<InstanceView>, ProviderError> {
@@ -295,7 +351,7 @@ impl Provider {
                 g.placeholder_zone(),
                 &g.asg.instances,
                 target,
-                &|iid| ov.deleting.contains(iid),
+                &|iid| Self::is_deleting(&ov, iid),
                 failure,
             )
         })
@@ -372,7 +428,7 @@ impl Provider {
                 .asg
                 .instances
                 .iter()
-                .filter(|i| !i.state.is_terminating() && !ov.deleting.contains(&i.id))
+                .filter(|i| !i.state.is_terminating() && !Self::is_deleting(&ov, &i.id))
                 .count() as i32;
             (Self::target_of(&ov, g), live)
         };
@@ -398,7 +454,7 @@ impl Provider {
         let (reg, idx) = self.group(id)?;
         let g = &reg.groups[idx];
         let placeholder_prefix = format!("{}{}-", instances::PLACEHOLDER_PREFIX, g.asg.name);
-        let mut real: Vec<&AsgInstance> = Vec::new();
+        let mut real: Vec<(&AsgInstance, &str)> = Vec::new();
         let mut placeholders = 0i32;
         let mut seen = HashSet::new();
         {
@@ -423,10 +479,10 @@ impl Provider {
                     continue;
                 }
                 match g.asg.instances.iter().find(|i| i.id == iid) {
-                    Some(inst) if inst.state.is_terminating() || ov.deleting.contains(iid) => {
+                    Some(inst) if inst.state.is_terminating() || Self::is_deleting(&ov, iid) => {
                         tracing::debug!(group = id, instance = iid, "already terminating; skipped");
                     }
-                    Some(inst) => real.push(inst),
+                    Some(inst) => real.push((inst, n.name.as_str())),
                     None => {
                         let owner = reg
                             .group_of_instance(iid)
@@ -452,7 +508,7 @@ impl Provider {
                 .asg
                 .instances
                 .iter()
-                .filter(|i| !i.state.is_terminating() && !ov.deleting.contains(&i.id))
+                .filter(|i| !i.state.is_terminating() && !Self::is_deleting(&ov, &i.id))
                 .count() as i32;
             (Self::target_of(&ov, g), live)
         };
@@ -472,14 +528,18 @@ impl Provider {
             self.overlay.lock().target.insert(id.to_string(), new);
         }
         let scale_in = self.scale_in.read().clone();
-        for inst in real {
+        for (inst, node_name) in real {
             self.writes.fetch_add(1, Ordering::AcqRel);
-            match scale_in.remove(g, inst).await? {
+            let name = (!node_name.is_empty() && node_name != inst.id).then_some(node_name);
+            match scale_in.remove(g, inst, name).await? {
                 Removal::Decremented => {
                     let mut ov = self.overlay.lock();
                     let t = Self::target_of(&ov, g);
                     ov.target.insert(id.to_string(), t - 1);
                     ov.deleting.insert(inst.id.clone());
+                }
+                Removal::Deferred => {
+                    self.register_deferred(&inst.id, id);
                 }
             }
         }

@@ -1,0 +1,108 @@
+//! Kubernetes Events on the Node for every stage, and the matching log line.
+
+use k8s_openapi::api::core::v1::ObjectReference;
+use kube::runtime::events::{Event, EventType, Recorder, Reporter};
+
+pub const REPORTER: &str = "ca-asg-provider";
+
+pub struct Events {
+    recorder: Recorder,
+}
+
+/// Why an Event was published (the Event's `reason`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Reason {
+    DrainStarted,
+    EvictionBlocked,
+    EvictingDoNotDisrupt,
+    WorkloadsGone,
+    DaemonSetsGone,
+    VolumesDetached,
+    DeadlineHit,
+    DrainAbandoned,
+    InstanceTerminated,
+    LifecycleCompleted,
+    DrainFailed,
+}
+
+impl Reason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Reason::DrainStarted => "DrainStarted",
+            Reason::EvictionBlocked => "EvictionBlocked",
+            Reason::EvictingDoNotDisrupt => "EvictingDoNotDisrupt",
+            Reason::WorkloadsGone => "WorkloadsGone",
+            Reason::DaemonSetsGone => "DaemonSetsGone",
+            Reason::VolumesDetached => "VolumesDetached",
+            Reason::DeadlineHit => "DeadlineHit",
+            Reason::DrainAbandoned => "DrainAbandoned",
+            Reason::InstanceTerminated => "InstanceTerminated",
+            Reason::LifecycleCompleted => "LifecycleCompleted",
+            Reason::DrainFailed => "DrainFailed",
+        }
+    }
+
+    fn is_warning(self) -> bool {
+        matches!(
+            self,
+            Reason::EvictionBlocked
+                | Reason::DeadlineHit
+                | Reason::DrainAbandoned
+                | Reason::DrainFailed
+                | Reason::EvictingDoNotDisrupt
+        )
+    }
+}
+
+impl Events {
+    pub fn new(client: kube::Client) -> Self {
+        let reporter = Reporter {
+            controller: REPORTER.into(),
+            instance: std::env::var("POD_NAME").ok(),
+        };
+        Self {
+            recorder: Recorder::new(client, reporter),
+        }
+    }
+
+    /// Publishes an Event on the Node. A failure to publish is logged, never fatal.
+    pub async fn node(&self, node: &str, reason: Reason, note: String) {
+        if reason.is_warning() {
+            tracing::warn!(node, reason = reason.as_str(), "{note}");
+        } else {
+            tracing::info!(node, reason = reason.as_str(), "{note}");
+        }
+        let reference = ObjectReference {
+            api_version: Some("v1".into()),
+            kind: Some("Node".into()),
+            name: Some(node.to_string()),
+            uid: Some(node.to_string()),
+            ..Default::default()
+        };
+        let ev = Event {
+            type_: if reason.is_warning() {
+                EventType::Warning
+            } else {
+                EventType::Normal
+            },
+            reason: reason.as_str().into(),
+            note: Some(truncate(note, 1000)),
+            action: "Drain".into(),
+            secondary: None,
+        };
+        if let Err(e) = self.recorder.publish(&ev, &reference).await {
+            tracing::debug!(node, error = %e, "could not publish event");
+        }
+    }
+}
+
+fn truncate(mut s: String, max: usize) -> String {
+    if s.len() > max {
+        let mut cut = max;
+        while !s.is_char_boundary(cut) {
+            cut -= 1;
+        }
+        s.truncate(cut);
+    }
+    s
+}

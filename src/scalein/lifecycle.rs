@@ -1,0 +1,140 @@
+//! ASG lifecycle integration: find instances held in `Terminating:Wait` (whoever
+//! started the termination), keep their hooks alive with heartbeats while they drain,
+//! create hooks when asked, and resume drains after a restart from what AWS and the
+//! Nodes say.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::cloud::{LifecycleAction, LifecycleHook, LifecycleState};
+use crate::provider::Provider;
+
+use super::{DrainRequest, Engine, Mode, ModeChoice, Source};
+
+/// Sends RecordLifecycleActionHeartbeat at a third of the hook's timeout until
+/// aborted, so a long drain never lets the hook expire.
+pub fn heartbeats(
+    engine: Arc<Engine>,
+    action: LifecycleAction,
+    timeout: Duration,
+) -> tokio::task::JoinHandle<()> {
+    let every = (timeout / 3).max(Duration::from_millis(200));
+    tokio::spawn(async move {
+        loop {
+            tokio::time::sleep(every).await;
+            match engine.cloud.lifecycle_heartbeat(&action).await {
+                Ok(()) => {
+                    engine.stats.heartbeats.fetch_add(1, Ordering::Relaxed);
+                    tracing::debug!(instance = %action.instance_id, hook = %action.hook, "lifecycle heartbeat recorded");
+                }
+                Err(e) => {
+                    tracing::warn!(instance = %action.instance_id, hook = %action.hook, error = %e, "lifecycle heartbeat failed")
+                }
+            }
+        }
+    })
+}
+
+/// One pass: create missing hooks (when configured) and start a drain for every
+/// instance in Terminating:Wait that is not draining yet. Returns how many started.
+pub async fn scan(engine: &Arc<Engine>, provider: &Arc<Provider>) -> usize {
+    if let Err(e) = provider.refresh().await {
+        tracing::warn!(error = %e, "lifecycle scan: refresh failed");
+        return 0;
+    }
+    let reg = provider.registry();
+    let mut started = 0;
+    for g in &reg.groups {
+        if g.hooks.is_empty() {
+            if engine.settings.create_hook && engine.settings.mode == ModeChoice::Auto {
+                let hook = LifecycleHook {
+                    name: engine.settings.hook_name.clone(),
+                    heartbeat_timeout_secs: engine
+                        .settings
+                        .hook_heartbeat_timeout
+                        .as_secs()
+                        .clamp(30, 7200) as i32,
+                    default_result: "CONTINUE".into(),
+                };
+                match engine.cloud.put_terminating_hook(&g.asg.name, &hook).await {
+                    Ok(()) => {
+                        tracing::info!(group = %g.asg.name, hook = %hook.name, "created EC2_INSTANCE_TERMINATING lifecycle hook");
+                        provider.invalidate();
+                    }
+                    Err(e) => {
+                        tracing::warn!(group = %g.asg.name, error = %e, "could not create the lifecycle hook")
+                    }
+                }
+            }
+            continue;
+        }
+        for inst in &g.asg.instances {
+            if inst.state != LifecycleState::TerminatingWait || engine.is_draining(&inst.id) {
+                continue;
+            }
+            let mode = engine.mode_for(g, &inst.id);
+            if !matches!(mode, Mode::Lifecycle { .. }) {
+                continue;
+            }
+            if engine.start(DrainRequest {
+                instance_id: inst.id.clone(),
+                group: g.asg.name.clone(),
+                node_name: None,
+                mode,
+                source: Source::Asg,
+            }) {
+                started += 1;
+            }
+        }
+    }
+    started
+}
+
+/// Resumes direct-mode drains recorded on Nodes (lifecycle-mode ones are found by
+/// [`scan`] from AWS). Returns how many resumed.
+pub async fn resume(engine: &Arc<Engine>, provider: &Arc<Provider>) -> usize {
+    engine.nodes.ready(Duration::from_secs(30)).await;
+    let reg = provider.registry();
+    let mut n = 0;
+    for (node, iid, mode) in engine.nodes.marked_for_drain() {
+        if mode != "direct" {
+            continue;
+        }
+        let Some(iid) = iid else { continue };
+        let Some(g) = reg.group_of_instance(&iid) else {
+            tracing::warn!(node = %node, instance = %iid, "node marked for drain but its instance is in no managed group");
+            continue;
+        };
+        let inst = g.asg.instances.iter().find(|i| i.id == iid);
+        if inst.is_some_and(|i| i.state.is_terminating()) {
+            continue;
+        }
+        provider.register_deferred(&iid, &g.asg.name);
+        if engine.start(DrainRequest {
+            instance_id: iid.clone(),
+            group: g.asg.name.clone(),
+            node_name: Some(node.clone()),
+            mode: Mode::Direct,
+            source: Source::Resume,
+        }) {
+            tracing::info!(node = %node, instance = %iid, "resuming drain after restart");
+            n += 1;
+        }
+    }
+    n
+}
+
+/// The background loop: resume once, then scan every poll interval.
+pub fn spawn_loop(engine: Arc<Engine>, provider: Arc<Provider>) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        while !provider.is_loaded() {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        resume(&engine, &provider).await;
+        loop {
+            scan(&engine, &provider).await;
+            tokio::time::sleep(engine.settings.lifecycle_poll_interval).await;
+        }
+    })
+}

@@ -1,0 +1,333 @@
+//! Scale-in: the drain that ends a node safely, one module per stage, like Karpenter's
+//! termination controller.
+//!
+//! - [`cordon`]: mark the node (unschedulable, our taint, LB exclusion, start time);
+//! - [`evict`]: Eviction API with PDB-aware retry;
+//! - [`wait`]: one watch per draining node tells when pods are gone;
+//! - [`volumes`]: wait for the node's VolumeAttachments to detach;
+//! - [`terminate`]: CompleteLifecycleAction or TerminateInstanceInAutoScalingGroup;
+//! - [`lifecycle`]: find instances in `Terminating:Wait`, heartbeat, resume after restart;
+//! - [`drain`]: runs the stages in order for one node;
+//! - [`plan`]: the pure decisions (which pod in which tier).
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use parking_lot::Mutex;
+use serde::Deserialize;
+
+use crate::cloud::{AsgInstance, Cloud, LifecycleAction};
+use crate::provider::{Group, Provider, ProviderError, Removal, ScaleIn};
+
+pub mod cordon;
+pub mod drain;
+pub mod events;
+pub mod evict;
+pub mod lifecycle;
+pub mod nodes;
+pub mod plan;
+pub mod ratelimit;
+pub mod terminate;
+pub mod volumes;
+pub mod wait;
+
+/// Which scale-in mode a group uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "kebab-case")]
+pub enum ModeChoice {
+    /// Lifecycle mode when the ASG has an EC2_INSTANCE_TERMINATING hook, else direct.
+    #[default]
+    Auto,
+    Direct,
+}
+
+/// What to do with DaemonSet pods after the workloads are gone.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "kebab-case")]
+pub enum DaemonSetPolicy {
+    /// Evict them, gracefully, after every workload pod has exited.
+    #[default]
+    EvictLast,
+    /// Leave them running; they end with the instance.
+    Keep,
+}
+
+/// What happens when a phase's deadline passes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum DeadlinePolicy {
+    /// Go on to the next stage; what still runs ends with the instance.
+    Proceed,
+    /// Stop the drain and give the node back (direct mode: uncordon, target size
+    /// restored; lifecycle mode: the hook's own timeout and default result decide).
+    Abandon,
+}
+
+impl DeadlinePolicy {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Proceed => "proceed",
+            Self::Abandon => "abandon",
+        }
+    }
+}
+
+/// Scale-in configuration.
+#[derive(Debug, Clone)]
+pub struct ScaleInSettings {
+    pub mode: ModeChoice,
+    /// Put an EC2_INSTANCE_TERMINATING hook on groups that lack one.
+    pub create_hook: bool,
+    pub hook_name: String,
+    pub hook_heartbeat_timeout: Duration,
+    pub daemonsets: DaemonSetPolicy,
+    pub workload_deadline: Duration,
+    pub workload_deadline_policy: DeadlinePolicy,
+    pub daemonset_deadline: Duration,
+    pub daemonset_deadline_policy: DeadlinePolicy,
+    pub volume_deadline: Duration,
+    /// Wait between evictions a PodDisruptionBudget refused (kubectl uses 5 s).
+    pub eviction_retry: Duration,
+    pub max_concurrent_drains: usize,
+    /// Kubernetes API requests per second across all drains, and the burst.
+    pub api_qps: f64,
+    pub api_burst: u32,
+    /// How often AWS is checked for instances in Terminating:Wait.
+    pub lifecycle_poll_interval: Duration,
+}
+
+impl Default for ScaleInSettings {
+    fn default() -> Self {
+        Self {
+            mode: ModeChoice::Auto,
+            create_hook: false,
+            hook_name: "ca-asg-provider-drain".into(),
+            hook_heartbeat_timeout: Duration::from_secs(300),
+            daemonsets: DaemonSetPolicy::EvictLast,
+            workload_deadline: Duration::from_secs(10 * 60),
+            workload_deadline_policy: DeadlinePolicy::Abandon,
+            daemonset_deadline: Duration::from_secs(2 * 60),
+            daemonset_deadline_policy: DeadlinePolicy::Proceed,
+            volume_deadline: Duration::from_secs(2 * 60),
+            eviction_retry: Duration::from_secs(5),
+            max_concurrent_drains: 50,
+            api_qps: 50.0,
+            api_burst: 100,
+            lifecycle_poll_interval: Duration::from_secs(15),
+        }
+    }
+}
+
+/// How the instance ends once the node is drained.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Mode {
+    /// The ASG holds the instance in Terminating:Wait; finish with CONTINUE.
+    Lifecycle {
+        action: LifecycleAction,
+        heartbeat_timeout: Duration,
+    },
+    /// No hook: terminate with decrement once drained.
+    Direct,
+    /// `drain NODE` from the command line: drain only, the instance is left alone.
+    DrainOnly,
+}
+
+impl Mode {
+    pub fn as_str(&self) -> &'static str {
+        match self {
+            Mode::Lifecycle { .. } => "lifecycle",
+            Mode::Direct => "direct",
+            Mode::DrainOnly => "drain-only",
+        }
+    }
+}
+
+/// Who asked for the drain.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Source {
+    ClusterAutoscaler,
+    /// The ASG started the termination (policy, rebalancing, refresh, a person).
+    Asg,
+    /// Found half-done after a restart.
+    Resume,
+    Cli,
+}
+
+#[derive(Debug, Clone)]
+pub struct DrainRequest {
+    pub instance_id: String,
+    pub group: String,
+    /// The Node's name when known; otherwise found by providerID.
+    pub node_name: Option<String>,
+    pub mode: Mode,
+    pub source: Source,
+}
+
+/// How a drain ended.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    /// The instance was ended (or its lifecycle action completed).
+    Ended,
+    /// Drain-only finished (CLI).
+    Drained,
+    Abandoned(String),
+    Failed(String),
+}
+
+/// Counters for metrics and tests.
+#[derive(Debug, Default)]
+pub struct DrainStats {
+    pub started: AtomicU64,
+    pub ended: AtomicU64,
+    pub abandoned: AtomicU64,
+    pub failed: AtomicU64,
+    pub deadlines_hit: AtomicU64,
+    pub evictions_ok: AtomicU64,
+    pub evictions_pdb_blocked: AtomicU64,
+    pub evictions_error: AtomicU64,
+    pub heartbeats: AtomicU64,
+}
+
+/// Runs drains: at most one per instance, at most `max_concurrent_drains` at once,
+/// all sharing one API rate limit.
+pub struct Engine {
+    pub(crate) client: kube::Client,
+    pub(crate) cloud: Arc<dyn Cloud>,
+    pub(crate) provider: Option<Arc<Provider>>,
+    pub(crate) settings: ScaleInSettings,
+    pub(crate) limiter: ratelimit::RateLimiter,
+    pub(crate) events: events::Events,
+    pub(crate) nodes: nodes::NodeIndex,
+    slots: Arc<tokio::sync::Semaphore>,
+    inflight: Mutex<HashMap<String, tokio::task::JoinHandle<Outcome>>>,
+    pub stats: DrainStats,
+}
+
+impl Engine {
+    pub fn new(
+        client: kube::Client,
+        cloud: Arc<dyn Cloud>,
+        provider: Option<Arc<Provider>>,
+        settings: ScaleInSettings,
+    ) -> Arc<Self> {
+        let limiter = ratelimit::RateLimiter::new(settings.api_qps, settings.api_burst);
+        let slots = Arc::new(tokio::sync::Semaphore::new(
+            settings.max_concurrent_drains.max(1),
+        ));
+        Arc::new(Self {
+            events: events::Events::new(client.clone()),
+            nodes: nodes::NodeIndex::start(client.clone()),
+            client,
+            cloud,
+            provider,
+            settings,
+            limiter,
+            slots,
+            inflight: Mutex::new(HashMap::new()),
+            stats: DrainStats::default(),
+        })
+    }
+
+    pub fn settings(&self) -> &ScaleInSettings {
+        &self.settings
+    }
+
+    /// Starts a drain unless one already runs for this instance. Returns at once.
+    pub fn start(self: &Arc<Self>, req: DrainRequest) -> bool {
+        let mut inflight = self.inflight.lock();
+        inflight.retain(|_, h| !h.is_finished());
+        if inflight.contains_key(&req.instance_id) {
+            return false;
+        }
+        let this = self.clone();
+        let id = req.instance_id.clone();
+        self.stats.started.fetch_add(1, Ordering::Relaxed);
+        let handle = tokio::spawn(async move {
+            let _slot = this.slots.clone().acquire_owned().await;
+            let outcome = drain::run(&this, &req).await;
+            let counter = match &outcome {
+                Outcome::Ended | Outcome::Drained => &this.stats.ended,
+                Outcome::Abandoned(_) => &this.stats.abandoned,
+                Outcome::Failed(_) => &this.stats.failed,
+            };
+            counter.fetch_add(1, Ordering::Relaxed);
+            outcome
+        });
+        inflight.insert(id, handle);
+        true
+    }
+
+    pub fn is_draining(&self, instance_id: &str) -> bool {
+        self.inflight
+            .lock()
+            .get(instance_id)
+            .is_some_and(|h| !h.is_finished())
+    }
+
+    pub fn in_progress(&self) -> usize {
+        self.inflight
+            .lock()
+            .values()
+            .filter(|h| !h.is_finished())
+            .count()
+    }
+
+    /// Waits for the drain of an instance (tests, the CLI).
+    pub async fn wait_for(&self, instance_id: &str) -> Option<Outcome> {
+        let h = self.inflight.lock().remove(instance_id)?;
+        h.await.ok()
+    }
+
+    /// The mode for an instance of a group, per configuration and the group's hooks.
+    pub fn mode_for(&self, group: &Group, instance_id: &str) -> Mode {
+        match (self.settings.mode, group.hooks.first()) {
+            (ModeChoice::Auto, Some(h)) => Mode::Lifecycle {
+                action: LifecycleAction {
+                    group: group.asg.name.clone(),
+                    hook: h.name.clone(),
+                    instance_id: instance_id.to_string(),
+                    token: None,
+                },
+                heartbeat_timeout: Duration::from_secs(h.heartbeat_timeout_secs.max(1) as u64),
+            },
+            _ => Mode::Direct,
+        }
+    }
+}
+
+/// DeleteNodes through the drain: returns within CA's call timeout, the drain runs
+/// in the background.
+pub struct DrainScaleIn(pub Arc<Engine>);
+
+#[async_trait]
+impl ScaleIn for DrainScaleIn {
+    async fn remove(
+        &self,
+        group: &Group,
+        instance: &AsgInstance,
+        node_name: Option<&str>,
+    ) -> Result<Removal, ProviderError> {
+        let engine = &self.0;
+        let mode = engine.mode_for(group, &instance.id);
+        let removal = match &mode {
+            Mode::Lifecycle { .. } => {
+                // The ASG holds the instance in Terminating:Wait while we drain.
+                tracing::info!(group = %group.asg.name, instance = %instance.id, "terminating with decrement; the lifecycle hook holds it for the drain");
+                engine.cloud.terminate_instance(&instance.id, true).await?;
+                Removal::Decremented
+            }
+            _ => Removal::Deferred,
+        };
+        engine.start(DrainRequest {
+            instance_id: instance.id.clone(),
+            group: group.asg.name.clone(),
+            node_name: node_name.map(str::to_string),
+            mode,
+            source: Source::ClusterAutoscaler,
+        });
+        Ok(removal)
+    }
+}

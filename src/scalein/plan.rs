@@ -1,0 +1,372 @@
+//! Pure drain planning: which pods leave in which phase, in what order.
+//!
+//! Phase 1 takes every workload pod (not DaemonSet-owned, not a mirror pod), in
+//! tiers like Karpenter's: non-critical first, then critical (system-cluster-critical
+//! / system-node-critical priority classes), then pods that asked not to be disrupted
+//! (evicted last, with an Event saying why: the instance is ending anyway). Phase 2
+//! takes DaemonSet pods, non-critical before critical, only after phase 1 is empty.
+
+use k8s_openapi::api::core::v1::Pod;
+
+pub const MIRROR_ANNOTATION: &str = "kubernetes.io/config.mirror";
+pub const SAFE_TO_EVICT: &str = "cluster-autoscaler.kubernetes.io/safe-to-evict";
+pub const DO_NOT_DISRUPT: &str = "karpenter.sh/do-not-disrupt";
+const CRITICAL_CLASSES: [&str; 2] = ["system-cluster-critical", "system-node-critical"];
+
+/// A pod as the drain tracks it.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct PodRef {
+    pub namespace: String,
+    pub name: String,
+    pub uid: String,
+}
+
+impl std::fmt::Display for PodRef {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{}/{}", self.namespace, self.name)
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Tier {
+    Workload,
+    CriticalWorkload,
+    DoNotDisrupt,
+    DaemonSet,
+    CriticalDaemonSet,
+}
+
+impl Tier {
+    pub fn is_daemonset(self) -> bool {
+        matches!(self, Tier::DaemonSet | Tier::CriticalDaemonSet)
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Tier::Workload => "workload",
+            Tier::CriticalWorkload => "critical-workload",
+            Tier::DoNotDisrupt => "do-not-disrupt",
+            Tier::DaemonSet => "daemonset",
+            Tier::CriticalDaemonSet => "critical-daemonset",
+        }
+    }
+}
+
+/// What the drain does with a pod.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Disposition {
+    /// Evict it in this tier.
+    Evict(Tier),
+    /// Already terminating: nothing to send, but wait for it in this tier.
+    Wait(Tier),
+    /// Never touched: mirror/static pods (kubelet owns them), finished pods.
+    Skip(&'static str),
+}
+
+/// Which tier (if any) a pod belongs to, and whether to send an eviction.
+pub fn classify(pod: &Pod) -> Disposition {
+    let meta = &pod.metadata;
+    let annotations = meta.annotations.as_ref();
+    if annotations.is_some_and(|a| a.contains_key(MIRROR_ANNOTATION)) {
+        return Disposition::Skip("mirror pod (static, owned by the kubelet)");
+    }
+    let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
+    if matches!(phase, Some("Succeeded") | Some("Failed")) {
+        return Disposition::Skip("pod has finished");
+    }
+    let tier = tier_of(pod);
+    if meta.deletion_timestamp.is_some() {
+        Disposition::Wait(tier)
+    } else {
+        Disposition::Evict(tier)
+    }
+}
+
+fn tier_of(pod: &Pod) -> Tier {
+    let critical = pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.priority_class_name.as_deref())
+        .is_some_and(|c| CRITICAL_CLASSES.contains(&c));
+    if is_daemonset_pod(pod) {
+        return if critical {
+            Tier::CriticalDaemonSet
+        } else {
+            Tier::DaemonSet
+        };
+    }
+    if asks_not_to_be_disrupted(pod) {
+        return Tier::DoNotDisrupt;
+    }
+    if critical {
+        Tier::CriticalWorkload
+    } else {
+        Tier::Workload
+    }
+}
+
+pub fn is_daemonset_pod(pod: &Pod) -> bool {
+    pod.metadata.owner_references.as_ref().is_some_and(|o| {
+        o.iter()
+            .any(|r| r.kind == "DaemonSet" && r.controller == Some(true))
+    })
+}
+
+/// `safe-to-evict: "false"` (CA) or `karpenter.sh/do-not-disrupt: "true"`.
+pub fn asks_not_to_be_disrupted(pod: &Pod) -> bool {
+    let Some(a) = pod.metadata.annotations.as_ref() else {
+        return false;
+    };
+    a.get(SAFE_TO_EVICT).is_some_and(|v| v == "false")
+        || a.get(DO_NOT_DISRUPT).is_some_and(|v| v == "true")
+}
+
+pub fn pod_ref(pod: &Pod) -> PodRef {
+    PodRef {
+        namespace: pod
+            .metadata
+            .namespace
+            .clone()
+            .unwrap_or_else(|| "default".into()),
+        name: pod.metadata.name.clone().unwrap_or_default(),
+        uid: pod.metadata.uid.clone().unwrap_or_default(),
+    }
+}
+
+/// The next tier to work on and its pods: the lowest tier that still has pods
+/// (phase-1 tiers before phase-2 tiers). `None` when nothing is left in the phases
+/// asked for. Pods to evict and pods only to wait for are returned separately.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Step {
+    pub tier: Option<Tier>,
+    pub evict: Vec<PodRef>,
+    pub wait: Vec<PodRef>,
+}
+
+pub fn next_step(pods: &[Pod], include_daemonsets: bool) -> Step {
+    let mut best: Option<Tier> = None;
+    let mut classified = Vec::with_capacity(pods.len());
+    for p in pods {
+        let d = classify(p);
+        let tier = match &d {
+            Disposition::Evict(t) | Disposition::Wait(t) => *t,
+            Disposition::Skip(_) => continue,
+        };
+        if tier.is_daemonset() && !include_daemonsets {
+            continue;
+        }
+        best = Some(best.map_or(tier, |b| b.min(tier)));
+        classified.push((p, d, tier));
+    }
+    let Some(tier) = best else {
+        return Step::default();
+    };
+    let mut step = Step {
+        tier: Some(tier),
+        ..Step::default()
+    };
+    for (p, d, t) in classified {
+        if t != tier {
+            continue;
+        }
+        match d {
+            Disposition::Evict(_) => step.evict.push(pod_ref(p)),
+            Disposition::Wait(_) => step.wait.push(pod_ref(p)),
+            Disposition::Skip(_) => {}
+        }
+    }
+    step.evict.sort();
+    step.wait.sort();
+    step
+}
+
+/// The whole plan, for `drain --dry-run` and Events: every pod with its tier or the
+/// reason it is skipped, in the order the drain takes them.
+pub fn full_plan(
+    pods: &[Pod],
+    include_daemonsets: bool,
+) -> Vec<(PodRef, Result<Tier, &'static str>)> {
+    let mut out: Vec<(PodRef, Result<Tier, &'static str>)> = pods
+        .iter()
+        .map(|p| {
+            let r = match classify(p) {
+                Disposition::Evict(t) | Disposition::Wait(t)
+                    if t.is_daemonset() && !include_daemonsets =>
+                {
+                    Err("DaemonSet pod kept (daemonSets: keep): it ends with the instance")
+                }
+                Disposition::Evict(t) | Disposition::Wait(t) => Ok(t),
+                Disposition::Skip(why) => Err(why),
+            };
+            (pod_ref(p), r)
+        })
+        .collect();
+    out.sort_by(|a, b| match (&a.1, &b.1) {
+        (Ok(x), Ok(y)) => x.cmp(y).then(a.0.cmp(&b.0)),
+        (Ok(_), Err(_)) => std::cmp::Ordering::Less,
+        (Err(_), Ok(_)) => std::cmp::Ordering::Greater,
+        (Err(_), Err(_)) => a.0.cmp(&b.0),
+    });
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::core::v1::{PodSpec, PodStatus};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference, Time};
+
+    fn pod(name: &str) -> Pod {
+        Pod {
+            metadata: ObjectMeta {
+                name: Some(name.into()),
+                namespace: Some("ns".into()),
+                uid: Some(format!("uid-{name}")),
+                ..Default::default()
+            },
+            spec: Some(PodSpec::default()),
+            status: Some(PodStatus {
+                phase: Some("Running".into()),
+                ..Default::default()
+            }),
+        }
+    }
+
+    fn ds(mut p: Pod) -> Pod {
+        p.metadata.owner_references = Some(vec![OwnerReference {
+            api_version: "apps/v1".into(),
+            kind: "DaemonSet".into(),
+            name: "fluentd".into(),
+            uid: "ds".into(),
+            controller: Some(true),
+            ..Default::default()
+        }]);
+        p
+    }
+
+    fn critical(mut p: Pod) -> Pod {
+        p.spec.as_mut().unwrap().priority_class_name = Some("system-node-critical".into());
+        p
+    }
+
+    fn annotate(mut p: Pod, k: &str, v: &str) -> Pod {
+        p.metadata
+            .annotations
+            .get_or_insert_with(Default::default)
+            .insert(k.into(), v.into());
+        p
+    }
+
+    fn names(v: &[PodRef]) -> Vec<&str> {
+        v.iter().map(|p| p.name.as_str()).collect()
+    }
+
+    #[test]
+    fn classifies_every_kind_of_pod() {
+        assert_eq!(classify(&pod("a")), Disposition::Evict(Tier::Workload));
+        assert_eq!(
+            classify(&critical(pod("a"))),
+            Disposition::Evict(Tier::CriticalWorkload)
+        );
+        assert_eq!(classify(&ds(pod("a"))), Disposition::Evict(Tier::DaemonSet));
+        assert_eq!(
+            classify(&critical(ds(pod("a")))),
+            Disposition::Evict(Tier::CriticalDaemonSet)
+        );
+        assert_eq!(
+            classify(&annotate(pod("a"), SAFE_TO_EVICT, "false")),
+            Disposition::Evict(Tier::DoNotDisrupt)
+        );
+        assert_eq!(
+            classify(&annotate(pod("a"), SAFE_TO_EVICT, "true")),
+            Disposition::Evict(Tier::Workload)
+        );
+        assert_eq!(
+            classify(&annotate(pod("a"), DO_NOT_DISRUPT, "true")),
+            Disposition::Evict(Tier::DoNotDisrupt)
+        );
+        assert!(matches!(
+            classify(&annotate(pod("a"), MIRROR_ANNOTATION, "x")),
+            Disposition::Skip(_)
+        ));
+        let mut done = pod("a");
+        done.status.as_mut().unwrap().phase = Some("Succeeded".into());
+        assert!(matches!(classify(&done), Disposition::Skip(_)));
+        let mut failed = pod("a");
+        failed.status.as_mut().unwrap().phase = Some("Failed".into());
+        assert!(matches!(classify(&failed), Disposition::Skip(_)));
+        let mut going = pod("a");
+        going.metadata.deletion_timestamp = Some(Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH));
+        assert_eq!(classify(&going), Disposition::Wait(Tier::Workload));
+    }
+
+    #[test]
+    fn a_non_controller_daemonset_reference_is_not_a_daemonset_pod() {
+        let mut p = ds(pod("a"));
+        p.metadata.owner_references.as_mut().unwrap()[0].controller = None;
+        assert_eq!(classify(&p), Disposition::Evict(Tier::Workload));
+    }
+
+    #[test]
+    fn daemonsets_wait_until_every_workload_is_gone() {
+        let pods = vec![
+            ds(pod("fluentd")),
+            pod("app"),
+            critical(pod("coredns")),
+            critical(ds(pod("cni"))),
+            annotate(pod("batch"), SAFE_TO_EVICT, "false"),
+        ];
+        let s = next_step(&pods, true);
+        assert_eq!(s.tier, Some(Tier::Workload));
+        assert_eq!(names(&s.evict), vec!["app"]);
+        let s = next_step(&pods[2..], true);
+        assert_eq!(s.tier, Some(Tier::CriticalWorkload));
+        let s = next_step(&[pods[0].clone(), pods[3].clone(), pods[4].clone()], true);
+        assert_eq!(
+            s.tier,
+            Some(Tier::DoNotDisrupt),
+            "do-not-disrupt pods go at the end of phase 1"
+        );
+        let s = next_step(&[pods[0].clone(), pods[3].clone()], true);
+        assert_eq!(s.tier, Some(Tier::DaemonSet));
+        assert_eq!(names(&s.evict), vec!["fluentd"]);
+        let s = next_step(&[pods[3].clone()], true);
+        assert_eq!(s.tier, Some(Tier::CriticalDaemonSet));
+        assert_eq!(next_step(&[], true), Step::default());
+    }
+
+    #[test]
+    fn a_terminating_workload_still_holds_back_daemonsets() {
+        let mut going = pod("app");
+        going.metadata.deletion_timestamp = Some(Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH));
+        let s = next_step(&[ds(pod("fluentd")), going], true);
+        assert_eq!(s.tier, Some(Tier::Workload));
+        assert!(s.evict.is_empty());
+        assert_eq!(names(&s.wait), vec!["app"]);
+    }
+
+    #[test]
+    fn keep_leaves_daemonsets_alone() {
+        let s = next_step(&[ds(pod("fluentd"))], false);
+        assert_eq!(s, Step::default());
+        let plan = full_plan(&[ds(pod("fluentd")), pod("app")], false);
+        assert_eq!(plan[0].1, Ok(Tier::Workload));
+        assert!(plan[1].1.is_err());
+    }
+
+    #[test]
+    fn full_plan_orders_by_tier_then_name_and_lists_skips_last() {
+        let plan = full_plan(
+            &[
+                ds(pod("z-ds")),
+                annotate(pod("m"), MIRROR_ANNOTATION, "x"),
+                pod("b"),
+                pod("a"),
+                critical(pod("c")),
+            ],
+            true,
+        );
+        let order: Vec<&str> = plan.iter().map(|(p, _)| p.name.as_str()).collect();
+        assert_eq!(order, vec!["a", "b", "c", "z-ds", "m"]);
+    }
+}

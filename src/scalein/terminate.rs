@@ -1,0 +1,91 @@
+//! Stage 4: end the instance, exactly once: CompleteLifecycleAction CONTINUE in
+//! lifecycle mode, TerminateInstanceInAutoScalingGroup with decrement in direct mode.
+//! Both check first whether the work is already done (a resumed drain).
+
+use std::time::Duration;
+
+use crate::cloud::{CloudError, LifecycleResult};
+
+use super::events::Reason;
+use super::{Engine, Mode};
+
+const ATTEMPTS: u32 = 6;
+
+/// Ends the instance. Returns a human summary, or the last error.
+pub async fn finish(
+    engine: &Engine,
+    mode: &Mode,
+    group: &str,
+    instance_id: &str,
+    node: Option<&str>,
+) -> Result<String, String> {
+    let mut delay = Duration::from_millis(500);
+    let mut last = String::new();
+    for _ in 0..ATTEMPTS {
+        let r = match mode {
+            Mode::DrainOnly => {
+                return Ok("drained; the instance is left running (drain only)".into())
+            }
+            Mode::Lifecycle { action, .. } => {
+                match engine.cloud.complete_lifecycle_action(action, LifecycleResult::Continue).await {
+                    Ok(()) => Ok(format!(
+                        "completed lifecycle action CONTINUE for {instance_id} (hook {}, group {group})",
+                        action.hook
+                    )),
+                    // No action pending: a previous run completed it, or the hook timed
+                    // out; either way the instance is on its way out.
+                    Err(CloudError::Rejected { message, .. }) if message.contains("No active Lifecycle Action") => {
+                        Ok(format!("lifecycle action for {instance_id} was already complete ({message})"))
+                    }
+                    Err(e) => Err(e),
+                }
+            }
+            Mode::Direct => direct(engine, group, instance_id).await,
+        };
+        match r {
+            Ok(summary) => {
+                if let Some(node) = node {
+                    let reason = match mode {
+                        Mode::Lifecycle { .. } => Reason::LifecycleCompleted,
+                        _ => Reason::InstanceTerminated,
+                    };
+                    engine.events.node(node, reason, summary.clone()).await;
+                }
+                return Ok(summary);
+            }
+            Err(e) if e.is_retryable() => {
+                tracing::warn!(instance = instance_id, group, error = %e, "ending the instance failed; retrying");
+                last = e.to_string();
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(Duration::from_secs(10));
+            }
+            Err(e) => return Err(e.to_string()),
+        }
+    }
+    Err(last)
+}
+
+async fn direct(engine: &Engine, group: &str, instance_id: &str) -> Result<String, CloudError> {
+    let ids = [instance_id.to_string()];
+    let state = engine.cloud.locate_instances(&ids).await?;
+    let already = match state.first() {
+        None => true,
+        Some(loc) => loc.state.is_terminating(),
+    };
+    if !already {
+        tracing::info!(
+            group,
+            instance = instance_id,
+            "terminating instance with decrement"
+        );
+        engine.cloud.terminate_instance(instance_id, true).await?;
+    }
+    if let Some(p) = &engine.provider {
+        p.deferred_terminated(instance_id);
+    }
+    Ok(if already {
+        format!("instance {instance_id} was already terminating")
+    } else {
+        format!("terminated instance {instance_id} in {group} (desired capacity decremented)")
+    })
+}
