@@ -28,21 +28,22 @@ impl RateLimiter {
 
     /// Takes one token, waiting for it when the bucket is empty.
     pub async fn acquire(&self) {
-        loop {
-            let wait = {
-                let mut st = self.state.lock();
-                let now = Instant::now();
-                let refill = now.duration_since(st.1).as_secs_f64() * self.qps;
-                st.0 = (st.0 + refill).min(self.burst);
-                st.1 = now;
-                if st.0 >= 1.0 {
-                    st.0 -= 1.0;
-                    return;
-                }
-                Duration::from_secs_f64((1.0 - st.0) / self.qps)
-            };
+        while let Err(wait) = self.try_acquire_at(Instant::now()) {
             tokio::time::sleep(wait).await;
         }
+    }
+
+    /// Takes a token at `now`, or says how long until one is there.
+    fn try_acquire_at(&self, now: Instant) -> Result<(), Duration> {
+        let mut st = self.state.lock();
+        let refill = now.saturating_duration_since(st.1).as_secs_f64() * self.qps;
+        st.0 = (st.0 + refill).min(self.burst);
+        st.1 = st.1.max(now);
+        if st.0 >= 1.0 {
+            st.0 -= 1.0;
+            return Ok(());
+        }
+        Err(Duration::from_secs_f64((1.0 - st.0) / self.qps))
     }
 }
 
@@ -50,23 +51,25 @@ impl RateLimiter {
 mod tests {
     use super::*;
 
-    #[tokio::test(start_paused = true)]
-    async fn burst_then_rate() {
+    #[test]
+    fn burst_then_steady_rate() {
         let rl = RateLimiter::new(10.0, 5);
-        let start = tokio::time::Instant::now();
+        let t0 = rl.state.lock().1;
         for _ in 0..5 {
-            rl.acquire().await;
+            assert!(rl.try_acquire_at(t0).is_ok(), "the burst is free");
         }
-        assert_eq!(start.elapsed(), Duration::ZERO, "the burst is free");
-        // Paused time only advances through the limiter's sleeps.
-        for _ in 0..10 {
-            rl.acquire().await;
+        let wait = rl.try_acquire_at(t0).unwrap_err();
+        assert!((wait.as_secs_f64() - 0.1).abs() < 1e-6, "{wait:?}");
+        // 100 ms later exactly one more token is there.
+        let t1 = t0 + Duration::from_millis(100);
+        assert!(rl.try_acquire_at(t1).is_ok());
+        assert!(rl.try_acquire_at(t1).is_err());
+        // A long pause refills only up to the burst.
+        let t2 = t1 + Duration::from_secs(60);
+        for _ in 0..5 {
+            assert!(rl.try_acquire_at(t2).is_ok());
         }
-        assert!(
-            start.elapsed() >= Duration::from_millis(900),
-            "{:?}",
-            start.elapsed()
-        );
+        assert!(rl.try_acquire_at(t2).is_err());
     }
 
     #[test]
