@@ -232,7 +232,7 @@ async fn a_fresh_instance_maps_to_its_group_before_the_next_refresh() {
         .into_iter()
         .filter(|(g, _)| g == "web")
         .map(|(_, i)| i)
-        .last()
+        .next_back()
         .unwrap();
     let calls_before = h
         .cloud

@@ -274,13 +274,13 @@ impl MemoryCloud {
                         inst.state = LifecycleState::InService;
                         inst.since = now;
                     }
-                    LifecycleState::TerminatingWait => {
-                        // No heartbeat before the hook's timeout: the default result
-                        // applies and the instance goes on terminating.
-                        if inst.hook_deadline.is_some_and(|d| now >= d) {
-                            inst.state = LifecycleState::TerminatingProceed;
-                            inst.since = now;
-                        }
+                    // No heartbeat before the hook's timeout: the default result
+                    // applies and the instance goes on terminating.
+                    LifecycleState::TerminatingWait
+                        if inst.hook_deadline.is_some_and(|d| now >= d) =>
+                    {
+                        inst.state = LifecycleState::TerminatingProceed;
+                        inst.since = now;
                     }
                     LifecycleState::Terminating | LifecycleState::TerminatingProceed
                         if now.duration_since(inst.since) >= self.timing.terminate_delay =>
@@ -643,11 +643,11 @@ impl Cloud for MemoryCloud {
             .groups
             .get_mut(&action.group)
             .ok_or_else(|| not_found("group", &action.group))?;
-        if !g
+        if g
             .spec
             .terminating_hook
             .as_ref()
-            .is_some_and(|h| h.name == action.hook)
+            .is_none_or(|h| h.name != action.hook)
         {
             return Err(not_found("lifecycle hook", &action.hook));
         }

@@ -171,10 +171,10 @@ impl Provider {
 
     async fn cached_launch(&self, key: LaunchKey) -> Result<LaunchData, ProviderError> {
         let floating = match &key {
-            LaunchKey::Template(r) => !r
+            LaunchKey::Template(r) => r
                 .version
                 .as_deref()
-                .is_some_and(|v| v.parse::<u64>().is_ok()),
+                .is_none_or(|v| v.parse::<u64>().is_err()),
             LaunchKey::Configuration(_) => false,
         };
         if let Some((at, d)) = self.templates.inner.lock().launch.get(&key) {
