@@ -37,6 +37,23 @@ pub enum Command {
     Demo(crate::demo::DemoArgs),
     /// Load and validate the configuration, read AWS, and print what was found.
     CheckConfig(ConfigArgs),
+    /// Drain one node with the scale-in engine (workloads first, DaemonSet pods last).
+    Drain(DrainArgs),
+}
+
+#[derive(Debug, Args, Clone)]
+pub struct DrainArgs {
+    /// The Node to drain.
+    pub node: String,
+    /// Print the plan (which pods, in which phase) and change nothing.
+    #[arg(long)]
+    pub dry_run: bool,
+    /// After the drain, end the instance as DeleteNodes would (lifecycle hook or
+    /// terminate with decrement). Without it the node is left cordoned and running.
+    #[arg(long)]
+    pub terminate: bool,
+    #[command(flatten)]
+    pub config: ConfigArgs,
 }
 
 #[derive(Debug, Args, Clone, Default)]
@@ -98,6 +115,10 @@ pub async fn run(cli: Cli) -> ExitCode {
             init_logging(cli.log_format, &cli.log_level);
             report(serve(args).await)
         }
+        Command::Drain(args) => {
+            init_logging(cli.log_format, &cli.log_level);
+            report(crate::drain_cmd::run(args).await)
+        }
         Command::CheckConfig(args) => {
             init_logging(
                 cli.log_format,
@@ -136,9 +157,29 @@ async fn serve(args: ConfigArgs) -> anyhow::Result<()> {
     let cfg = args.load()?;
     cfg.require_groups()?;
     let cloud = aws_cloud(&cfg).await?;
-    let provider = Provider::new(cloud, cfg.provider.clone());
+    let provider = Provider::new(cloud.clone(), cfg.provider.clone());
     provider.start_background();
     spawn_initial_refresh(provider.clone());
+    if cfg.drain_enabled {
+        let client = kube::Client::try_default().await.map_err(|e| {
+            anyhow::anyhow!(
+                "cannot reach the Kubernetes API (in-cluster config or KUBECONFIG): {e}"
+            )
+        })?;
+        let engine = crate::scalein::Engine::new(
+            client,
+            cloud,
+            Some(provider.clone()),
+            cfg.scale_in.clone(),
+        );
+        provider.set_scale_in(Arc::new(crate::scalein::DrainScaleIn(engine.clone())));
+        crate::scalein::lifecycle::spawn_loop(engine, provider.clone());
+        tracing::info!(daemonsets = ?cfg.scale_in.daemonsets, mode = ?cfg.scale_in.mode, "scale-in drain enabled");
+    } else {
+        tracing::warn!(
+            "scale-in drain disabled (scaleIn.enabled: false): DeleteNodes terminates at once"
+        );
+    }
     let (listener, addr) = crate::grpc::bind(cfg.listen).await?;
     tracing::info!(%addr, groups = ?cfg.provider.selector.names, discovery = cfg.provider.selector.tag_sets.len(), "serving externalgrpc CloudProvider");
     crate::grpc::serve(listener, provider, None, shutdown_signal()).await?;

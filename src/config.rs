@@ -13,6 +13,7 @@ use crate::cloud::{GroupSelector, TagFilter};
 use crate::duration::parse_duration;
 use crate::provider::template::TemplateOverrides;
 use crate::provider::{Bounds, ProviderSettings};
+use crate::scalein::{DaemonSetPolicy, DeadlinePolicy, ModeChoice, ScaleInSettings};
 
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:8086";
 
@@ -37,6 +38,32 @@ pub struct FileConfig {
     pub templates: BTreeMap<String, TemplateOverrides>,
     /// Launch failures older than this do not mark placeholders, e.g. `15m`.
     pub launch_failure_window: Option<String>,
+    /// The drain that runs before an instance ends.
+    #[serde(default)]
+    pub scale_in: ScaleInFile,
+}
+
+/// `scaleIn:` as written. Durations are Go-style strings.
+#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct ScaleInFile {
+    /// `false`: DeleteNodes terminates at once, no drain (default `true`).
+    pub enabled: Option<bool>,
+    pub mode: Option<ModeChoice>,
+    pub create_lifecycle_hook: Option<bool>,
+    pub hook_name: Option<String>,
+    pub hook_heartbeat_timeout: Option<String>,
+    pub daemon_sets: Option<DaemonSetPolicy>,
+    pub workload_deadline: Option<String>,
+    pub workload_deadline_policy: Option<DeadlinePolicy>,
+    pub daemon_set_deadline: Option<String>,
+    pub daemon_set_deadline_policy: Option<DeadlinePolicy>,
+    pub volume_detach_deadline: Option<String>,
+    pub eviction_retry_interval: Option<String>,
+    pub max_concurrent_drains: Option<usize>,
+    pub api_qps: Option<f64>,
+    pub api_burst: Option<u32>,
+    pub lifecycle_poll_interval: Option<String>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize, PartialEq, Eq)]
@@ -86,6 +113,9 @@ pub struct Config {
     pub aws_endpoint: Option<String>,
     pub aws_max_attempts: u32,
     pub provider: ProviderSettings,
+    /// Whether DeleteNodes drains (true) or terminates at once.
+    pub drain_enabled: bool,
+    pub scale_in: ScaleInSettings,
 }
 
 /// One thing wrong, with where it is.
@@ -236,6 +266,92 @@ pub fn resolve(file: FileConfig, flags: &Overrides, source: &str) -> Result<Conf
         Duration::from_secs(10),
     );
 
+    let si = &file.scale_in;
+    let d = ScaleInSettings::default();
+    let second = Duration::from_secs(1);
+    let mut scale_in = ScaleInSettings {
+        mode: si.mode.unwrap_or(d.mode),
+        create_hook: si.create_lifecycle_hook.unwrap_or(d.create_hook),
+        hook_name: si.hook_name.clone().unwrap_or(d.hook_name.clone()),
+        hook_heartbeat_timeout: duration(
+            "scaleIn.hookHeartbeatTimeout",
+            None,
+            si.hook_heartbeat_timeout.as_ref(),
+            d.hook_heartbeat_timeout,
+            Duration::from_secs(30),
+        ),
+        daemonsets: si.daemon_sets.unwrap_or(d.daemonsets),
+        workload_deadline: duration(
+            "scaleIn.workloadDeadline",
+            None,
+            si.workload_deadline.as_ref(),
+            d.workload_deadline,
+            second,
+        ),
+        workload_deadline_policy: si
+            .workload_deadline_policy
+            .unwrap_or(d.workload_deadline_policy),
+        daemonset_deadline: duration(
+            "scaleIn.daemonSetDeadline",
+            None,
+            si.daemon_set_deadline.as_ref(),
+            d.daemonset_deadline,
+            second,
+        ),
+        daemonset_deadline_policy: si
+            .daemon_set_deadline_policy
+            .unwrap_or(d.daemonset_deadline_policy),
+        volume_deadline: duration(
+            "scaleIn.volumeDetachDeadline",
+            None,
+            si.volume_detach_deadline.as_ref(),
+            d.volume_deadline,
+            Duration::ZERO,
+        ),
+        eviction_retry: duration(
+            "scaleIn.evictionRetryInterval",
+            None,
+            si.eviction_retry_interval.as_ref(),
+            d.eviction_retry,
+            Duration::from_millis(100),
+        ),
+        max_concurrent_drains: si.max_concurrent_drains.unwrap_or(d.max_concurrent_drains),
+        api_qps: si.api_qps.unwrap_or(d.api_qps),
+        api_burst: si.api_burst.unwrap_or(d.api_burst),
+        lifecycle_poll_interval: duration(
+            "scaleIn.lifecyclePollInterval",
+            None,
+            si.lifecycle_poll_interval.as_ref(),
+            d.lifecycle_poll_interval,
+            second,
+        ),
+    };
+    if scale_in.max_concurrent_drains == 0 || scale_in.max_concurrent_drains > 10_000 {
+        bad(
+            "scaleIn.maxConcurrentDrains",
+            format!(
+                "{} must be between 1 and 10000",
+                scale_in.max_concurrent_drains
+            ),
+        );
+        scale_in.max_concurrent_drains = d.max_concurrent_drains;
+    }
+    if !(scale_in.api_qps.is_finite() && scale_in.api_qps > 0.0) {
+        bad(
+            "scaleIn.apiQps",
+            format!("{} must be a positive number", scale_in.api_qps),
+        );
+    }
+    if scale_in.api_burst == 0 {
+        bad("scaleIn.apiBurst", "0 must be at least 1".into());
+    }
+    if scale_in.hook_name.trim().is_empty() || scale_in.hook_name.len() > 255 {
+        bad(
+            "scaleIn.hookName",
+            format!("{:?} must be 1 to 255 characters", scale_in.hook_name),
+        );
+    }
+
     let mut selector = GroupSelector::default();
     let mut static_bounds = HashMap::new();
     let mut groups: Vec<(String, StaticGroup)> = file
@@ -341,6 +457,8 @@ pub fn resolve(file: FileConfig, flags: &Overrides, source: &str) -> Result<Conf
             launch_failure_window,
             ..ProviderSettings::default()
         },
+        drain_enabled: file.scale_in.enabled.unwrap_or(true),
+        scale_in,
     })
 }
 
@@ -595,6 +713,42 @@ templates:
         assert!(p
             .iter()
             .any(|x| x.key == "--node-group-auto-discovery[0]" && x.message.contains("mig:foo")));
+    }
+
+    #[test]
+    fn scale_in_section_parses_and_validates() {
+        let c = ok(r#"
+scaleIn:
+  mode: direct
+  daemonSets: keep
+  workloadDeadline: 90s
+  workloadDeadlinePolicy: proceed
+  evictionRetryInterval: 1s
+  maxConcurrentDrains: 7
+"#);
+        assert_eq!(c.scale_in.mode, ModeChoice::Direct);
+        assert_eq!(c.scale_in.daemonsets, DaemonSetPolicy::Keep);
+        assert_eq!(c.scale_in.workload_deadline, Duration::from_secs(90));
+        assert_eq!(c.scale_in.workload_deadline_policy, DeadlinePolicy::Proceed);
+        assert_eq!(c.scale_in.max_concurrent_drains, 7);
+        assert!(c.drain_enabled);
+        let e = FileConfig::parse("scaleIn: {daemonSets: evict-first}\n", "c.yaml")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("evict-first") && e.contains("c.yaml"), "{e}");
+        let p = problems(
+            "scaleIn: {workloadDeadline: soon, maxConcurrentDrains: 0, apiQps: -1}\n",
+            &Overrides::default(),
+        );
+        let keys: Vec<&str> = p.iter().map(|p| p.key.as_str()).collect();
+        assert_eq!(
+            keys,
+            vec![
+                "scaleIn.workloadDeadline",
+                "scaleIn.maxConcurrentDrains",
+                "scaleIn.apiQps"
+            ]
+        );
     }
 
     #[test]

@@ -6,6 +6,7 @@ pub mod cli;
 pub mod cloud;
 pub mod config;
 pub mod demo;
+pub mod drain_cmd;
 pub mod duration;
 pub mod grpc;
 pub mod provider;

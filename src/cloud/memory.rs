@@ -643,8 +643,7 @@ impl Cloud for MemoryCloud {
             .groups
             .get_mut(&action.group)
             .ok_or_else(|| not_found("group", &action.group))?;
-        if g
-            .spec
+        if g.spec
             .terminating_hook
             .as_ref()
             .is_none_or(|h| h.name != action.hook)
