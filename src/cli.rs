@@ -150,7 +150,8 @@ pub async fn aws_cloud(cfg: &Config) -> anyhow::Result<Arc<dyn Cloud>> {
         endpoint_url: cfg.aws_endpoint.clone(),
         max_attempts: cfg.aws_max_attempts,
     };
-    Ok(Arc::new(crate::cloud::aws::AwsCloud::new(&settings).await))
+    let aws: Arc<dyn Cloud> = Arc::new(crate::cloud::aws::AwsCloud::new(&settings).await);
+    Ok(Arc::new(crate::cloud::instrumented::Instrumented(aws)))
 }
 
 async fn serve(args: ConfigArgs) -> anyhow::Result<()> {
@@ -180,6 +181,13 @@ async fn serve(args: ConfigArgs) -> anyhow::Result<()> {
             "scale-in drain disabled (scaleIn.enabled: false): DeleteNodes terminates at once"
         );
     }
+    let (mlistener, maddr) = crate::telemetry::http::bind(cfg.metrics_listen).await?;
+    tracing::info!(addr = %maddr, "serving /metrics, /healthz, /readyz");
+    tokio::spawn(crate::telemetry::http::serve(
+        mlistener,
+        provider.clone(),
+        shutdown_signal(),
+    ));
     let (listener, addr) = crate::grpc::bind(cfg.listen).await?;
     tracing::info!(%addr, groups = ?cfg.provider.selector.names, discovery = cfg.provider.selector.tag_sets.len(), "serving externalgrpc CloudProvider");
     crate::grpc::serve(listener, provider, None, shutdown_signal()).await?;

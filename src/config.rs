@@ -16,6 +16,7 @@ use crate::provider::{Bounds, ProviderSettings};
 use crate::scalein::{DaemonSetPolicy, DeadlinePolicy, ModeChoice, ScaleInSettings};
 
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:8086";
+pub const DEFAULT_METRICS_LISTEN: &str = "0.0.0.0:8087";
 
 /// The YAML file, as written.
 #[derive(Debug, Clone, Default, Deserialize, PartialEq)]
@@ -23,6 +24,8 @@ pub const DEFAULT_LISTEN: &str = "127.0.0.1:8086";
 pub struct FileConfig {
     /// gRPC listen address.
     pub listen: Option<String>,
+    /// Address of /metrics, /healthz and /readyz.
+    pub metrics_listen: Option<String>,
     #[serde(default)]
     pub aws: AwsConfig,
     /// How often Refresh re-reads the ASGs, e.g. `60s`.
@@ -109,6 +112,7 @@ pub struct Overrides {
 pub struct Config {
     pub source: String,
     pub listen: SocketAddr,
+    pub metrics_listen: SocketAddr,
     pub region: String,
     pub aws_endpoint: Option<String>,
     pub aws_max_attempts: u32,
@@ -201,6 +205,23 @@ pub fn resolve(file: FileConfig, flags: &Overrides, source: &str) -> Result<Conf
             DEFAULT_LISTEN
                 .parse()
                 .expect("default listen address parses")
+        }
+    };
+
+    let metrics_s = file
+        .metrics_listen
+        .clone()
+        .unwrap_or_else(|| DEFAULT_METRICS_LISTEN.to_string());
+    let metrics_listen = match metrics_s.parse::<SocketAddr>() {
+        Ok(a) => a,
+        Err(_) => {
+            bad(
+                "metricsListen",
+                format!("{metrics_s:?} is not an address like 0.0.0.0:8087"),
+            );
+            DEFAULT_METRICS_LISTEN
+                .parse()
+                .expect("default metrics address parses")
         }
     };
 
@@ -445,6 +466,7 @@ pub fn resolve(file: FileConfig, flags: &Overrides, source: &str) -> Result<Conf
     Ok(Config {
         source: source.to_string(),
         listen,
+        metrics_listen,
         region: region.clone(),
         aws_endpoint,
         aws_max_attempts,

@@ -10,6 +10,7 @@ use std::fmt;
 use async_trait::async_trait;
 
 pub mod aws;
+pub mod instrumented;
 pub mod memory;
 
 /// How the service picks its Auto Scaling Groups.

@@ -13,6 +13,7 @@ use parking_lot::Mutex;
 use super::registry::{effective_bounds, Group, Registry};
 use super::{now, Provider, ProviderError};
 use crate::cloud::{AsgSnapshot, LifecycleHook};
+use crate::telemetry::metrics;
 
 /// How many launch-failure reads run at once during a refresh.
 const FAILURE_READ_CONCURRENCY: usize = 8;
@@ -72,6 +73,7 @@ impl Provider {
     fn stale_or_fail(&self, e: ProviderError) -> Result<(), ProviderError> {
         if self.is_loaded() {
             self.stats.stale_serves.fetch_add(1, Ordering::Relaxed);
+            metrics::Metrics::outcome(&metrics::metrics().refreshes, "stale_served");
             tracing::warn!(error = %e, "refresh failed; serving the last good state");
             Ok(())
         } else {
@@ -108,11 +110,13 @@ impl Provider {
         let mut inner = self.refresh.inner.lock();
         match &result {
             Ok(()) => {
+                metrics::Metrics::outcome(&metrics::metrics().refreshes, "ok");
                 inner.last_ok = Some(started);
                 inner.last_error = None;
                 self.stats.refreshes.fetch_add(1, Ordering::Relaxed);
             }
             Err(e) => {
+                metrics::Metrics::outcome(&metrics::metrics().refreshes, "failed");
                 inner.last_error = Some(e.to_string());
                 self.stats.refresh_failures.fetch_add(1, Ordering::Relaxed);
             }

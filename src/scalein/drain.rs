@@ -17,6 +17,7 @@ use super::{
     evict, lifecycle, terminate, volumes, DaemonSetPolicy, DeadlinePolicy, DrainRequest, Engine,
     Mode, Outcome,
 };
+use crate::telemetry::metrics::{metrics, StageLabels};
 
 /// Why the pod phases stopped early.
 enum Stop {
@@ -160,6 +161,8 @@ fn started_instant(started_at: &str) -> Instant {
 
 async fn drain_node(engine: &Engine, req: &DrainRequest, node: &str) -> Result<(), Stop> {
     let s = &engine.settings;
+    let m = metrics();
+    let stage = m.stage("cordon");
     let started = match cordon::cordon(engine, node, req.mode.as_str(), &req.group).await {
         Ok(Cordoned::NodeGone) => {
             tracing::info!(node, "the Node object is gone; nothing to drain");
@@ -186,6 +189,8 @@ async fn drain_node(engine: &Engine, req: &DrainRequest, node: &str) -> Result<(
         }
         Err(e) => return Err(Stop::Fail(format!("could not cordon node {node}: {e}"))),
     };
+    drop(stage);
+    let stage = m.stage("workloads");
     let mut pods = NodePods::watch(engine.client.clone(), node);
     let workload_deadline = started + s.workload_deadline;
     if !pods.synced(workload_deadline).await {
@@ -223,7 +228,9 @@ async fn drain_node(engine: &Engine, req: &DrainRequest, node: &str) -> Result<(
     }
 
     // Phase 2: DaemonSet pods, only now.
+    drop(stage);
     if s.daemonsets == DaemonSetPolicy::EvictLast {
+        let _stage = m.stage("daemonsets");
         let ds_deadline = Instant::now() + s.daemonset_deadline;
         if let Err(left) = phase(engine, node, &mut pods, true, ds_deadline).await {
             deadline(
@@ -249,6 +256,7 @@ async fn drain_node(engine: &Engine, req: &DrainRequest, node: &str) -> Result<(
     drop(pods);
 
     // Phase 3: volumes.
+    let _stage = m.stage("volumes");
     let left = volumes::wait_detached(engine, node, Instant::now() + s.volume_deadline).await;
     if left.is_empty() {
         engine
@@ -281,6 +289,12 @@ async fn deadline(
         .stats
         .deadlines_hit
         .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    metrics()
+        .deadlines
+        .get_or_create(&StageLabels {
+            stage: what.to_string(),
+        })
+        .inc();
     let note = format!(
         "{what} deadline {limit:?} passed with {left} pod(s) still on the node; policy {}",
         policy.as_str()

@@ -11,6 +11,7 @@ use kube::Api;
 use super::events::Reason;
 use super::plan::PodRef;
 use super::Engine;
+use crate::telemetry::metrics::{metrics, Metrics};
 
 /// What one eviction attempt answered.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -32,6 +33,7 @@ pub async fn attempt(engine: &Engine, pod: &PodRef) -> Attempt {
     match api.evict(&pod.name, &EvictParams::default()).await {
         Ok(_) => {
             engine.stats.evictions_ok.fetch_add(1, Ordering::Relaxed);
+            Metrics::outcome(&metrics().evictions, "ok");
             Attempt::Evicted
         }
         Err(kube::Error::Api(s)) if s.code == 404 => Attempt::Gone,
@@ -40,6 +42,7 @@ pub async fn attempt(engine: &Engine, pod: &PodRef) -> Attempt {
                 .stats
                 .evictions_pdb_blocked
                 .fetch_add(1, Ordering::Relaxed);
+            Metrics::outcome(&metrics().evictions, "pdb_blocked");
             let why = s
                 .details
                 .as_ref()
@@ -51,6 +54,7 @@ pub async fn attempt(engine: &Engine, pod: &PodRef) -> Attempt {
         }
         Err(e) => {
             engine.stats.evictions_error.fetch_add(1, Ordering::Relaxed);
+            Metrics::outcome(&metrics().evictions, "error");
             Attempt::Error(e.to_string())
         }
     }

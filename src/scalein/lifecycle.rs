@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use crate::cloud::{LifecycleAction, LifecycleHook, LifecycleState};
 use crate::provider::Provider;
+use crate::telemetry::metrics::{metrics, Metrics};
 
 use super::{DrainRequest, Engine, Mode, ModeChoice, Source};
 
@@ -26,9 +27,11 @@ pub fn heartbeats(
             match engine.cloud.lifecycle_heartbeat(&action).await {
                 Ok(()) => {
                     engine.stats.heartbeats.fetch_add(1, Ordering::Relaxed);
+                    Metrics::outcome(&metrics().heartbeats, "ok");
                     tracing::debug!(instance = %action.instance_id, hook = %action.hook, "lifecycle heartbeat recorded");
                 }
                 Err(e) => {
+                    Metrics::outcome(&metrics().heartbeats, "error");
                     tracing::warn!(instance = %action.instance_id, hook = %action.hook, error = %e, "lifecycle heartbeat failed")
                 }
             }

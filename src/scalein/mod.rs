@@ -21,6 +21,7 @@ use serde::Deserialize;
 
 use crate::cloud::{AsgInstance, Cloud, LifecycleAction};
 use crate::provider::{Group, Provider, ProviderError, Removal, ScaleIn};
+use crate::telemetry::metrics::{metrics, Metrics};
 
 pub mod cordon;
 pub mod drain;
@@ -245,15 +246,18 @@ impl Engine {
         let this = self.clone();
         let id = req.instance_id.clone();
         self.stats.started.fetch_add(1, Ordering::Relaxed);
+        metrics().drains_started.inc();
         let handle = tokio::spawn(async move {
             let _slot = this.slots.clone().acquire_owned().await;
             let outcome = drain::run(&this, &req).await;
-            let counter = match &outcome {
-                Outcome::Ended | Outcome::Drained => &this.stats.ended,
-                Outcome::Abandoned(_) => &this.stats.abandoned,
-                Outcome::Failed(_) => &this.stats.failed,
+            let (counter, label) = match &outcome {
+                Outcome::Ended => (&this.stats.ended, "ended"),
+                Outcome::Drained => (&this.stats.ended, "drained"),
+                Outcome::Abandoned(_) => (&this.stats.abandoned, "abandoned"),
+                Outcome::Failed(_) => (&this.stats.failed, "failed"),
             };
             counter.fetch_add(1, Ordering::Relaxed);
+            Metrics::outcome(&metrics().drains_finished, label);
             outcome
         });
         inflight.insert(id, handle);

@@ -1,6 +1,9 @@
 //! Logging setup in one place: human-readable on a terminal, JSON with
 //! `--log-format json`; level from `--log-level` or `RUST_LOG`.
 
+pub mod http;
+pub mod metrics;
+
 use std::io::IsTerminal;
 
 use tracing_subscriber::{fmt, EnvFilter};

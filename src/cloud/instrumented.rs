@@ -1,0 +1,87 @@
+//! A Cloud decorator that counts every call by operation and outcome for metrics.
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+
+use super::*;
+use crate::telemetry::metrics::metrics;
+
+pub struct Instrumented(pub Arc<dyn Cloud>);
+
+fn record<T>(op: &str, r: &CloudResult<T>) {
+    let outcome = match r {
+        Ok(_) => "ok",
+        Err(CloudError::Throttled { .. }) => "throttled",
+        Err(CloudError::NotFound { .. }) => "not_found",
+        Err(_) => "error",
+    };
+    metrics().aws(op, outcome);
+}
+
+macro_rules! counted {
+    ($op:literal, $call:expr) => {{
+        let r = $call.await;
+        record($op, &r);
+        r
+    }};
+}
+
+#[async_trait]
+impl Cloud for Instrumented {
+    async fn describe_groups(&self, s: &GroupSelector) -> CloudResult<Vec<AsgSnapshot>> {
+        counted!("DescribeAutoScalingGroups", self.0.describe_groups(s))
+    }
+    async fn launch_failures(&self, g: &str) -> CloudResult<Vec<LaunchFailure>> {
+        counted!("DescribeScalingActivities", self.0.launch_failures(g))
+    }
+    async fn locate_instances(&self, ids: &[String]) -> CloudResult<Vec<InstanceLocation>> {
+        counted!("DescribeAutoScalingInstances", self.0.locate_instances(ids))
+    }
+    async fn set_desired_capacity(&self, g: &str, d: i32) -> CloudResult<()> {
+        counted!("SetDesiredCapacity", self.0.set_desired_capacity(g, d))
+    }
+    async fn terminate_instance(&self, id: &str, dec: bool) -> CloudResult<()> {
+        counted!(
+            "TerminateInstanceInAutoScalingGroup",
+            self.0.terminate_instance(id, dec)
+        )
+    }
+    async fn instance_types(&self, n: &[String]) -> CloudResult<Vec<InstanceTypeInfo>> {
+        counted!("DescribeInstanceTypes", self.0.instance_types(n))
+    }
+    async fn launch_template(&self, t: &LaunchTemplateRef) -> CloudResult<LaunchData> {
+        counted!("DescribeLaunchTemplateVersions", self.0.launch_template(t))
+    }
+    async fn launch_configuration(&self, n: &str) -> CloudResult<LaunchData> {
+        counted!(
+            "DescribeLaunchConfigurations",
+            self.0.launch_configuration(n)
+        )
+    }
+    async fn terminating_hooks(&self, g: &str) -> CloudResult<Vec<LifecycleHook>> {
+        counted!("DescribeLifecycleHooks", self.0.terminating_hooks(g))
+    }
+    async fn put_terminating_hook(&self, g: &str, h: &LifecycleHook) -> CloudResult<()> {
+        counted!("PutLifecycleHook", self.0.put_terminating_hook(g, h))
+    }
+    async fn lifecycle_heartbeat(&self, a: &LifecycleAction) -> CloudResult<()> {
+        counted!(
+            "RecordLifecycleActionHeartbeat",
+            self.0.lifecycle_heartbeat(a)
+        )
+    }
+    async fn complete_lifecycle_action(
+        &self,
+        a: &LifecycleAction,
+        r: LifecycleResult,
+    ) -> CloudResult<()> {
+        counted!(
+            "CompleteLifecycleAction",
+            self.0.complete_lifecycle_action(a, r)
+        )
+    }
+    async fn eks_nodegroup(&self, c: &str, n: &str) -> CloudResult<EksNodegroup> {
+        counted!("DescribeNodegroup", self.0.eks_nodegroup(c, n))
+    }
+}

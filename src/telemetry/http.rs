@@ -1,0 +1,81 @@
+//! The operations HTTP port: `/metrics` (Prometheus text), `/healthz` (the process
+//! answers), `/readyz` (ready once node groups were loaded from AWS).
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::routing::get;
+use axum::Router;
+
+use crate::provider::Provider;
+
+use super::metrics::{metrics, GroupLabels};
+
+/// Serves the operations endpoints until `shutdown` resolves.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    provider: Arc<Provider>,
+    shutdown: impl std::future::Future<Output = ()> + Send + 'static,
+) -> anyhow::Result<()> {
+    let app = Router::new()
+        .route("/metrics", get(metrics_handler))
+        .route("/healthz", get(|| async { "ok\n" }))
+        .route("/readyz", get(ready_handler))
+        .with_state(provider);
+    axum::serve(listener, app)
+        .with_graceful_shutdown(shutdown)
+        .await?;
+    Ok(())
+}
+
+pub async fn bind(addr: SocketAddr) -> anyhow::Result<(tokio::net::TcpListener, SocketAddr)> {
+    let l = tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(|e| anyhow::anyhow!("cannot listen on {addr} for metrics: {e}"))?;
+    let a = l.local_addr()?;
+    Ok((l, a))
+}
+
+async fn ready_handler(State(p): State<Arc<Provider>>) -> (StatusCode, String) {
+    if p.is_loaded() {
+        (StatusCode::OK, "ready\n".into())
+    } else {
+        let why = p
+            .last_refresh_error()
+            .unwrap_or_else(|| "no refresh yet".into());
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            format!("not ready: node groups not loaded: {why}\n"),
+        )
+    }
+}
+
+async fn metrics_handler(
+    State(p): State<Arc<Provider>>,
+) -> ([(axum::http::HeaderName, &'static str); 1], String) {
+    let m = metrics();
+    let reg = p.registry();
+    m.node_groups.set(reg.groups.len() as i64);
+    for g in &reg.groups {
+        let l = GroupLabels {
+            group: g.asg.name.clone(),
+        };
+        m.group_min.get_or_create(&l).set(i64::from(g.min));
+        m.group_max.get_or_create(&l).set(i64::from(g.max));
+        m.group_instances
+            .get_or_create(&l)
+            .set(g.asg.instances.len() as i64);
+        if let Ok(t) = p.target_size(&g.asg.name) {
+            m.group_target.get_or_create(&l).set(i64::from(t));
+        }
+    }
+    (
+        [(
+            axum::http::header::CONTENT_TYPE,
+            "application/openmetrics-text; version=1.0.0; charset=utf-8",
+        )],
+        m.encode(),
+    )
+}

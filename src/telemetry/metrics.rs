@@ -1,0 +1,274 @@
+//! Prometheus metrics, in one place. Names follow Prometheus conventions
+//! (`ca_asg_provider_` prefix, base units, `_total` for counters).
+
+use std::sync::OnceLock;
+use std::time::Instant;
+
+use prometheus_client::encoding::EncodeLabelSet;
+use prometheus_client::metrics::counter::Counter;
+use prometheus_client::metrics::family::Family;
+use prometheus_client::metrics::gauge::Gauge;
+use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
+use prometheus_client::registry::Registry;
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct RpcLabels {
+    pub method: String,
+    pub code: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct MethodLabels {
+    pub method: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct AwsLabels {
+    pub operation: String,
+    pub outcome: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OutcomeLabels {
+    pub outcome: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct StageLabels {
+    pub stage: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct GroupLabels {
+    pub group: String,
+}
+
+pub struct Metrics {
+    pub registry: Registry,
+    pub grpc_requests: Family<RpcLabels, Counter>,
+    pub grpc_duration: Family<MethodLabels, Histogram>,
+    pub aws_calls: Family<AwsLabels, Counter>,
+    pub refreshes: Family<OutcomeLabels, Counter>,
+    pub node_groups: Gauge,
+    pub group_min: Family<GroupLabels, Gauge>,
+    pub group_max: Family<GroupLabels, Gauge>,
+    pub group_target: Family<GroupLabels, Gauge>,
+    pub group_instances: Family<GroupLabels, Gauge>,
+    pub drains_started: Counter,
+    pub drains_finished: Family<OutcomeLabels, Counter>,
+    pub drains_in_stage: Family<StageLabels, Gauge>,
+    pub stage_duration: Family<StageLabels, Histogram>,
+    pub evictions: Family<OutcomeLabels, Counter>,
+    pub deadlines: Family<StageLabels, Counter>,
+    pub heartbeats: Family<OutcomeLabels, Counter>,
+}
+
+fn rpc_histogram() -> Histogram {
+    // 10 us .. ~5 s
+    Histogram::new(exponential_buckets(0.00001, 3.0, 12))
+}
+
+fn stage_histogram() -> Histogram {
+    // 100 ms .. ~1.8 h
+    Histogram::new(exponential_buckets(0.1, 3.0, 11))
+}
+
+impl Metrics {
+    fn new() -> Self {
+        let mut r = Registry::with_prefix("ca_asg_provider");
+        let m = Self {
+            grpc_requests: Family::default(),
+            grpc_duration: Family::new_with_constructor(rpc_histogram as fn() -> Histogram),
+            aws_calls: Family::default(),
+            refreshes: Family::default(),
+            node_groups: Gauge::default(),
+            group_min: Family::default(),
+            group_max: Family::default(),
+            group_target: Family::default(),
+            group_instances: Family::default(),
+            drains_started: Counter::default(),
+            drains_finished: Family::default(),
+            drains_in_stage: Family::default(),
+            stage_duration: Family::new_with_constructor(stage_histogram as fn() -> Histogram),
+            evictions: Family::default(),
+            deadlines: Family::default(),
+            heartbeats: Family::default(),
+            registry: Registry::default(),
+        };
+        r.register(
+            "grpc_requests",
+            "gRPC requests by method and status code",
+            m.grpc_requests.clone(),
+        );
+        r.register(
+            "grpc_request_duration_seconds",
+            "gRPC handling time by method",
+            m.grpc_duration.clone(),
+        );
+        r.register(
+            "aws_calls",
+            "AWS API calls by operation and outcome (ok, throttled, error, not_found)",
+            m.aws_calls.clone(),
+        );
+        r.register(
+            "refreshes",
+            "Node-group refreshes by outcome (ok, failed, stale_served)",
+            m.refreshes.clone(),
+        );
+        r.register("node_groups", "Managed node groups", m.node_groups.clone());
+        r.register(
+            "node_group_min_size",
+            "Node group minimum size",
+            m.group_min.clone(),
+        );
+        r.register(
+            "node_group_max_size",
+            "Node group maximum size",
+            m.group_max.clone(),
+        );
+        r.register(
+            "node_group_target_size",
+            "Node group target size as reported to CA",
+            m.group_target.clone(),
+        );
+        r.register(
+            "node_group_instances",
+            "Instances registered in the node group's ASG",
+            m.group_instances.clone(),
+        );
+        r.register("drains_started", "Drains started", m.drains_started.clone());
+        r.register(
+            "drains_finished",
+            "Drains finished by outcome (ended, drained, abandoned, failed)",
+            m.drains_finished.clone(),
+        );
+        r.register(
+            "drains_in_progress",
+            "Drains in progress by stage",
+            m.drains_in_stage.clone(),
+        );
+        r.register(
+            "drain_stage_duration_seconds",
+            "Time spent per drain stage",
+            m.stage_duration.clone(),
+        );
+        r.register(
+            "evictions",
+            "Eviction requests by outcome (ok, pdb_blocked, error)",
+            m.evictions.clone(),
+        );
+        r.register(
+            "drain_deadlines_hit",
+            "Drain deadlines that passed, by stage",
+            m.deadlines.clone(),
+        );
+        r.register(
+            "lifecycle_heartbeats",
+            "Lifecycle hook heartbeats by outcome",
+            m.heartbeats.clone(),
+        );
+        Self { registry: r, ..m }
+    }
+
+    pub fn encode(&self) -> String {
+        let mut out = String::new();
+        if prometheus_client::encoding::text::encode(&mut out, &self.registry).is_err() {
+            out.clear();
+        }
+        out
+    }
+
+    pub fn rpc(&self, method: &str, code: tonic::Code, started: Instant) {
+        self.grpc_requests
+            .get_or_create(&RpcLabels {
+                method: method.to_string(),
+                code: format!("{code:?}"),
+            })
+            .inc();
+        self.grpc_duration
+            .get_or_create(&MethodLabels {
+                method: method.to_string(),
+            })
+            .observe(started.elapsed().as_secs_f64());
+    }
+
+    pub fn aws(&self, operation: &str, outcome: &str) {
+        self.aws_calls
+            .get_or_create(&AwsLabels {
+                operation: operation.to_string(),
+                outcome: outcome.to_string(),
+            })
+            .inc();
+    }
+
+    pub fn outcome(family: &Family<OutcomeLabels, Counter>, outcome: &str) {
+        family
+            .get_or_create(&OutcomeLabels {
+                outcome: outcome.to_string(),
+            })
+            .inc();
+    }
+
+    pub fn stage(&self, stage: &str) -> StageTimer<'_> {
+        let labels = StageLabels {
+            stage: stage.to_string(),
+        };
+        self.drains_in_stage.get_or_create(&labels).inc();
+        StageTimer {
+            metrics: self,
+            labels,
+            started: Instant::now(),
+        }
+    }
+}
+
+/// Counts a drain in a stage while alive, and records the stage's duration on drop.
+pub struct StageTimer<'a> {
+    metrics: &'a Metrics,
+    labels: StageLabels,
+    started: Instant,
+}
+
+impl Drop for StageTimer<'_> {
+    fn drop(&mut self) {
+        self.metrics
+            .drains_in_stage
+            .get_or_create(&self.labels)
+            .dec();
+        self.metrics
+            .stage_duration
+            .get_or_create(&self.labels)
+            .observe(self.started.elapsed().as_secs_f64());
+    }
+}
+
+/// The process-wide metrics.
+pub fn metrics() -> &'static Metrics {
+    static M: OnceLock<Metrics> = OnceLock::new();
+    M.get_or_init(Metrics::new)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_follow_prometheus_conventions() {
+        let m = metrics();
+        m.rpc("NodeGroups", tonic::Code::Ok, Instant::now());
+        m.aws("describe_groups", "throttled");
+        Metrics::outcome(&m.evictions, "pdb_blocked");
+        drop(m.stage("workloads"));
+        let text = m.encode();
+        for name in [
+            "ca_asg_provider_grpc_requests_total{method=\"NodeGroups\",code=\"Ok\"}",
+            "ca_asg_provider_grpc_request_duration_seconds_bucket",
+            "ca_asg_provider_aws_calls_total{operation=\"describe_groups\",outcome=\"throttled\"}",
+            "ca_asg_provider_evictions_total{outcome=\"pdb_blocked\"}",
+            "ca_asg_provider_drain_stage_duration_seconds_count{stage=\"workloads\"}",
+            "ca_asg_provider_drains_in_progress{stage=\"workloads\"} 0",
+        ] {
+            assert!(text.contains(name), "missing {name} in:\n{text}");
+        }
+    }
+}
