@@ -79,6 +79,9 @@ pub struct ConfigArgs {
     /// How often Refresh re-reads AWS, e.g. 60s.
     #[arg(long)]
     pub refresh_interval: Option<String>,
+    /// Allow listening on a non-loopback address without TLS.
+    #[arg(long)]
+    pub insecure: bool,
 }
 
 impl ConfigArgs {
@@ -90,6 +93,7 @@ impl ConfigArgs {
             nodes: self.nodes.clone(),
             auto_discovery: self.auto_discovery.clone(),
             refresh_interval: self.refresh_interval.clone(),
+            insecure: self.insecure,
         }
     }
 
@@ -190,7 +194,11 @@ async fn serve(args: ConfigArgs) -> anyhow::Result<()> {
     ));
     let (listener, addr) = crate::grpc::bind(cfg.listen).await?;
     tracing::info!(%addr, groups = ?cfg.provider.selector.names, discovery = cfg.provider.selector.tag_sets.len(), "serving externalgrpc CloudProvider");
-    crate::grpc::serve(listener, provider, None, shutdown_signal()).await?;
+    let tls = match &cfg.tls {
+        Some(t) => Some(crate::grpc::tls_config(t)?),
+        None => None,
+    };
+    crate::grpc::serve(listener, provider, tls, shutdown_signal()).await?;
     tracing::info!("stopped");
     Ok(())
 }

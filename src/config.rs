@@ -26,6 +26,10 @@ pub struct FileConfig {
     pub listen: Option<String>,
     /// Address of /metrics, /healthz and /readyz.
     pub metrics_listen: Option<String>,
+    /// mTLS for the gRPC port (CA's cloud-config `cert`/`key`/`cacert` on the other side).
+    pub tls: Option<TlsFile>,
+    /// Allow a non-loopback listen address without TLS.
+    pub insecure: Option<bool>,
     #[serde(default)]
     pub aws: AwsConfig,
     /// How often Refresh re-reads the ASGs, e.g. `60s`.
@@ -71,6 +75,18 @@ pub struct ScaleInFile {
 
 #[derive(Debug, Clone, Default, Deserialize, PartialEq, Eq)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct TlsFile {
+    /// Server certificate (PEM).
+    pub cert: PathBuf,
+    /// Server private key (PEM).
+    pub key: PathBuf,
+    /// CA that client certificates must chain to (PEM). Clients without one are refused.
+    #[serde(rename = "clientCA")]
+    pub client_ca: PathBuf,
+}
+
+#[derive(Debug, Clone, Default, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct AwsConfig {
     pub region: Option<String>,
     /// Endpoint override (moto, LocalStack, VPC endpoints).
@@ -105,6 +121,7 @@ pub struct Overrides {
     /// CA syntax `asg:tag=key[=value],key2`, repeatable.
     pub auto_discovery: Vec<String>,
     pub refresh_interval: Option<String>,
+    pub insecure: bool,
 }
 
 /// The validated configuration the program runs with.
@@ -113,6 +130,7 @@ pub struct Config {
     pub source: String,
     pub listen: SocketAddr,
     pub metrics_listen: SocketAddr,
+    pub tls: Option<TlsFile>,
     pub region: String,
     pub aws_endpoint: Option<String>,
     pub aws_max_attempts: u32,
@@ -224,6 +242,24 @@ pub fn resolve(file: FileConfig, flags: &Overrides, source: &str) -> Result<Conf
                 .expect("default metrics address parses")
         }
     };
+
+    let insecure = flags.insecure || file.insecure.unwrap_or(false);
+    if let Some(t) = &file.tls {
+        for (k, p) in [
+            ("tls.cert", &t.cert),
+            ("tls.key", &t.key),
+            ("tls.clientCA", &t.client_ca),
+        ] {
+            if !p.is_file() {
+                bad(k, format!("{} is not a readable file", p.display()));
+            }
+        }
+    } else if !listen.ip().is_loopback() && !insecure {
+        bad(
+            "listen",
+            format!("{listen} is not a loopback address and no tls is configured: refusing to expose the CloudProvider API in clear text (set tls, or --insecure to accept the risk)"),
+        );
+    }
 
     let region = flags
         .region
@@ -467,6 +503,7 @@ pub fn resolve(file: FileConfig, flags: &Overrides, source: &str) -> Result<Conf
         source: source.to_string(),
         listen,
         metrics_listen,
+        tls: file.tls.clone(),
         region: region.clone(),
         aws_endpoint,
         aws_max_attempts,
@@ -691,6 +728,7 @@ templates:
             nodes: vec!["1:10:flag-group".into()],
             auto_discovery: vec!["asg:tag=k8s.io/cluster-autoscaler/enabled,env=prod".into()],
             refresh_interval: Some("2m".into()),
+            insecure: true,
             ..Default::default()
         };
         let c = resolve(
@@ -771,6 +809,32 @@ scaleIn:
                 "scaleIn.apiQps"
             ]
         );
+    }
+
+    #[test]
+    fn non_loopback_without_tls_is_refused_unless_insecure() {
+        let p = problems("listen: 0.0.0.0:8086\n", &Overrides::default());
+        assert_eq!(p[0].key, "listen");
+        assert!(
+            p[0].message.contains("0.0.0.0:8086") && p[0].message.contains("--insecure"),
+            "{p:?}"
+        );
+        let flags = Overrides {
+            insecure: true,
+            ..Default::default()
+        };
+        assert!(resolve(
+            FileConfig::parse("listen: 0.0.0.0:8086\n", "f").unwrap(),
+            &flags,
+            "f"
+        )
+        .is_ok());
+        let p = problems(
+            "tls: {cert: /nope/c.pem, key: /nope/k.pem, clientCA: /nope/ca.pem}\n",
+            &Overrides::default(),
+        );
+        let keys: Vec<&str> = p.iter().map(|p| p.key.as_str()).collect();
+        assert_eq!(keys, vec!["tls.cert", "tls.key", "tls.clientCA"]);
     }
 
     #[test]

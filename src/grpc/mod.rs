@@ -42,6 +42,20 @@ pub async fn serve(
     Ok(())
 }
 
+/// mTLS: our certificate and key, and the CA client certificates must chain to.
+pub fn tls_config(t: &crate::config::TlsFile) -> anyhow::Result<tonic::transport::ServerTlsConfig> {
+    let read = |what: &str, p: &std::path::Path| {
+        std::fs::read(p)
+            .map_err(|e| anyhow::anyhow!("tls.{what}: cannot read {}: {e}", p.display()))
+    };
+    let identity =
+        tonic::transport::Identity::from_pem(read("cert", &t.cert)?, read("key", &t.key)?);
+    let ca = tonic::transport::Certificate::from_pem(read("clientCA", &t.client_ca)?);
+    Ok(tonic::transport::ServerTlsConfig::new()
+        .identity(identity)
+        .client_ca_root(ca))
+}
+
 /// Binds `addr` (port 0 picks a free port) and returns the listener and its address.
 pub async fn bind(addr: SocketAddr) -> anyhow::Result<(TcpListener, SocketAddr)> {
     let l = TcpListener::bind(addr)
