@@ -1,0 +1,369 @@
+//! Kubelet flags from launch-template user data: EKS `bootstrap.sh
+//! --kubelet-extra-args`, nodeadm `NodeConfig` (plain or inside MIME multipart), and
+//! Bottlerocket TOML. Pure; never fails, problems come back as warnings.
+
+use std::collections::BTreeMap;
+
+use base64::Engine as _;
+
+use crate::cloud::Taint;
+
+/// What the user data tells kubelet.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct KubeletFlags {
+    pub labels: BTreeMap<String, String>,
+    pub taints: Vec<Taint>,
+    pub max_pods: Option<i64>,
+    pub warnings: Vec<String>,
+}
+
+/// Parses user data of any supported shape.
+pub fn parse(user_data: &str) -> KubeletFlags {
+    let mut out = KubeletFlags::default();
+    for part in mime_parts(user_data) {
+        parse_part(&part, &mut out);
+    }
+    out
+}
+
+fn parse_part(text: &str, out: &mut KubeletFlags) {
+    if text.contains("kind: NodeConfig") || text.contains("\"kind\": \"NodeConfig\"") {
+        parse_nodeadm(text, out);
+    } else if text.contains("[settings.kubernetes") {
+        parse_bottlerocket(text, out);
+    } else {
+        for flag in shell_kubelet_flags(text) {
+            apply_flag(&flag, out);
+        }
+    }
+}
+
+/// The parts of a MIME multipart document (decoded), or the whole text when it is
+/// not multipart.
+fn mime_parts(text: &str) -> Vec<String> {
+    let boundary = text.lines().take(20).find_map(|l| {
+        let lower = l.to_ascii_lowercase();
+        if !lower.starts_with("content-type:") || !lower.contains("multipart/") {
+            return None;
+        }
+        let idx = lower.find("boundary=")?;
+        Some(
+            l[idx + 9..]
+                .trim()
+                .trim_matches('"')
+                .trim_end_matches(';')
+                .to_string(),
+        )
+    });
+    let Some(b) = boundary.filter(|b| !b.is_empty()) else {
+        return vec![text.to_string()];
+    };
+    let sep = format!("--{b}");
+    let mut parts = Vec::new();
+    for raw in text.split(&sep).skip(1) {
+        if raw.starts_with("--") {
+            break;
+        }
+        let raw = raw.trim_start_matches(['\r', '\n']);
+        let (headers, body) = match raw.find("\n\n").or_else(|| raw.find("\r\n\r\n")) {
+            Some(i) => (&raw[..i], raw[i..].trim_start_matches(['\r', '\n'])),
+            None => ("", raw),
+        };
+        let b64 = headers
+            .to_ascii_lowercase()
+            .contains("content-transfer-encoding: base64");
+        if b64 {
+            let compact: String = body.split_whitespace().collect();
+            match base64::engine::general_purpose::STANDARD.decode(compact) {
+                Ok(bytes) => parts.push(String::from_utf8_lossy(&bytes).into_owned()),
+                Err(_) => continue,
+            }
+        } else {
+            parts.push(body.to_string());
+        }
+    }
+    parts
+}
+
+/// Kubelet flags in a shell script: the value of `--kubelet-extra-args` passed to
+/// bootstrap.sh (quoted), plus `KUBELET_EXTRA_ARGS=...` exports.
+fn shell_kubelet_flags(script: &str) -> Vec<String> {
+    let joined = script.replace("\\\n", " ");
+    let mut flags = Vec::new();
+    for marker in ["--kubelet-extra-args", "KUBELET_EXTRA_ARGS="] {
+        let mut rest = joined.as_str();
+        while let Some(i) = rest.find(marker) {
+            rest = &rest[i + marker.len()..];
+            let value = rest.trim_start_matches(['=', ' ', '\t']);
+            let (args, after) = take_shell_word(value);
+            flags.extend(split_args(&args));
+            rest = after;
+        }
+    }
+    flags
+}
+
+/// One shell word: quoted ('...' or "...") or up to whitespace.
+fn take_shell_word(s: &str) -> (String, &str) {
+    let mut chars = s.char_indices();
+    match chars.next() {
+        Some((_, q @ ('\'' | '"'))) => match s[1..].find(q) {
+            Some(end) => (s[1..1 + end].to_string(), &s[2 + end..]),
+            None => (s[1..].to_string(), ""),
+        },
+        Some(_) => {
+            let end = s.find(char::is_whitespace).unwrap_or(s.len());
+            (s[..end].to_string(), &s[end..])
+        }
+        None => (String::new(), ""),
+    }
+}
+
+/// Splits `--a=b --c d` into `--a=b`, `--c=d`.
+fn split_args(args: &str) -> Vec<String> {
+    let words: Vec<&str> = args.split_whitespace().collect();
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < words.len() {
+        let w = words[i];
+        if w.starts_with("--")
+            && !w.contains('=')
+            && i + 1 < words.len()
+            && !words[i + 1].starts_with("--")
+        {
+            out.push(format!("{w}={}", words[i + 1]));
+            i += 2;
+        } else {
+            out.push(w.to_string());
+            i += 1;
+        }
+    }
+    out
+}
+
+/// Applies one `--flag=value`.
+fn apply_flag(flag: &str, out: &mut KubeletFlags) {
+    let Some((name, value)) = flag.split_once('=') else {
+        return;
+    };
+    let value = value.trim().trim_matches(['"', '\'']);
+    match name.trim() {
+        "--node-labels" => {
+            for kv in value.split(',').filter(|s| !s.trim().is_empty()) {
+                match kv.split_once('=') {
+                    Some((k, v)) if !k.trim().is_empty() => {
+                        out.labels
+                            .insert(k.trim().to_string(), v.trim().to_string());
+                    }
+                    _ => out
+                        .warnings
+                        .push(format!("user data --node-labels: {kv:?} is not key=value")),
+                }
+            }
+        }
+        "--register-with-taints" => {
+            for t in value.split(',').filter(|s| !s.trim().is_empty()) {
+                match parse_taint(t.trim()) {
+                    Ok(t) => out.taints.push(t),
+                    Err(e) => out
+                        .warnings
+                        .push(format!("user data --register-with-taints: {e}")),
+                }
+            }
+        }
+        "--max-pods" => match value.parse::<i64>() {
+            Ok(n) if n > 0 => out.max_pods = Some(n),
+            _ => out.warnings.push(format!(
+                "user data --max-pods: {value:?} is not a positive number"
+            )),
+        },
+        _ => {}
+    }
+}
+
+/// `key=value:Effect` or `key:Effect`.
+pub fn parse_taint(s: &str) -> Result<Taint, String> {
+    let (kv, effect) = s
+        .rsplit_once(':')
+        .ok_or_else(|| format!("taint {s:?} is not key=value:Effect"))?;
+    if !matches!(effect, "NoSchedule" | "PreferNoSchedule" | "NoExecute") {
+        return Err(format!(
+            "taint {s:?}: effect {effect:?} is not NoSchedule, PreferNoSchedule or NoExecute"
+        ));
+    }
+    let (k, v) = kv.split_once('=').unwrap_or((kv, ""));
+    if k.is_empty() {
+        return Err(format!("taint {s:?} has an empty key"));
+    }
+    Ok(Taint {
+        key: k.to_string(),
+        value: v.to_string(),
+        effect: effect.to_string(),
+    })
+}
+
+/// nodeadm NodeConfig: `spec.kubelet.flags` and `spec.kubelet.config.maxPods`.
+fn parse_nodeadm(text: &str, out: &mut KubeletFlags) {
+    let doc: serde_yaml::Value = match serde_yaml::from_str(text) {
+        Ok(v) => v,
+        Err(e) => {
+            out.warnings
+                .push(format!("user data NodeConfig does not parse: {e}"));
+            return;
+        }
+    };
+    let kubelet = &doc["spec"]["kubelet"];
+    if let Some(flags) = kubelet["flags"].as_sequence() {
+        for f in flags.iter().filter_map(|f| f.as_str()) {
+            for flag in split_args(f) {
+                apply_flag(&flag, out);
+            }
+        }
+    }
+    if let Some(n) = kubelet["config"]["maxPods"].as_i64() {
+        out.max_pods = Some(n);
+    }
+    if let Some(labels) = kubelet["config"]["nodeLabels"].as_mapping() {
+        for (k, v) in labels {
+            if let (Some(k), Some(v)) = (k.as_str(), v.as_str()) {
+                out.labels.insert(k.to_string(), v.to_string());
+            }
+        }
+    }
+}
+
+/// Bottlerocket: `[settings.kubernetes.node-labels]` and `[settings.kubernetes.node-taints]`.
+fn parse_bottlerocket(text: &str, out: &mut KubeletFlags) {
+    let mut section = "";
+    for line in text.lines() {
+        let line = line.trim();
+        if line.starts_with('[') {
+            section = line;
+            continue;
+        }
+        let Some((k, v)) = line.split_once('=') else {
+            continue;
+        };
+        let k = k.trim().trim_matches('"').to_string();
+        let v = v.trim();
+        match section {
+            "[settings.kubernetes.node-labels]" => {
+                out.labels.insert(k, v.trim_matches('"').to_string());
+            }
+            "[settings.kubernetes.node-taints]" => {
+                let values: Vec<String> = if v.starts_with('[') {
+                    v.trim_matches(['[', ']'])
+                        .split(',')
+                        .map(|s| s.trim().trim_matches('"').to_string())
+                        .filter(|s| !s.is_empty())
+                        .collect()
+                } else {
+                    vec![v.trim_matches('"').to_string()]
+                };
+                for val in values {
+                    match parse_taint(&format!("{k}={val}")) {
+                        Ok(t) => out.taints.push(t),
+                        Err(e) => out.warnings.push(format!("user data node-taints: {e}")),
+                    }
+                }
+            }
+            "[settings.kubernetes]" if k == "max-pods" => {
+                if let Ok(n) = v.parse::<i64>() {
+                    out.max_pods = Some(n);
+                }
+            }
+            _ => {}
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn taint(k: &str, v: &str, e: &str) -> Taint {
+        Taint {
+            key: k.into(),
+            value: v.into(),
+            effect: e.into(),
+        }
+    }
+
+    #[test]
+    fn bootstrap_sh_single_quoted() {
+        let f = parse("#!/bin/bash\nset -ex\n/etc/eks/bootstrap.sh my-cluster --kubelet-extra-args '--node-labels=team=ml,gpu=true --register-with-taints=dedicated=ml:NoSchedule --max-pods=20' --b64-cluster-ca abc\n");
+        assert_eq!(f.labels.get("team").map(String::as_str), Some("ml"));
+        assert_eq!(f.labels.get("gpu").map(String::as_str), Some("true"));
+        assert_eq!(f.taints, vec![taint("dedicated", "ml", "NoSchedule")]);
+        assert_eq!(f.max_pods, Some(20));
+        assert!(f.warnings.is_empty());
+    }
+
+    #[test]
+    fn bootstrap_sh_double_quoted_space_separated_and_continued() {
+        let f = parse("/etc/eks/bootstrap.sh c \\\n  --kubelet-extra-args \"--node-labels a=b --register-with-taints k:NoExecute\"\n");
+        assert_eq!(f.labels.get("a").map(String::as_str), Some("b"));
+        assert_eq!(f.taints, vec![taint("k", "", "NoExecute")]);
+    }
+
+    #[test]
+    fn kubelet_extra_args_export() {
+        let f = parse("export KUBELET_EXTRA_ARGS='--node-labels=x=y'\n");
+        assert_eq!(f.labels.get("x").map(String::as_str), Some("y"));
+    }
+
+    #[test]
+    fn nodeadm_plain() {
+        let f = parse(
+            "apiVersion: node.eks.aws/v1alpha1\nkind: NodeConfig\nspec:\n  cluster:\n    name: c\n  kubelet:\n    config:\n      maxPods: 58\n    flags:\n      - --node-labels=role=batch,tier=2\n      - --register-with-taints=batch=true:PreferNoSchedule\n",
+        );
+        assert_eq!(f.labels.get("role").map(String::as_str), Some("batch"));
+        assert_eq!(f.labels.get("tier").map(String::as_str), Some("2"));
+        assert_eq!(f.taints, vec![taint("batch", "true", "PreferNoSchedule")]);
+        assert_eq!(f.max_pods, Some(58));
+    }
+
+    #[test]
+    fn mime_multipart_with_nodeadm_and_base64_shell() {
+        let shell = base64::engine::general_purpose::STANDARD.encode("#!/bin/bash\n/etc/eks/bootstrap.sh c --kubelet-extra-args '--node-labels=from=shell'\n");
+        let doc = format!(
+            "MIME-Version: 1.0\nContent-Type: multipart/mixed; boundary=\"BOUNDARY\"\n\n--BOUNDARY\nContent-Type: application/node.eks.aws\n\napiVersion: node.eks.aws/v1alpha1\nkind: NodeConfig\nspec:\n  kubelet:\n    flags:\n      - --node-labels=from=nodeadm\n      - --register-with-taints=a=b:NoSchedule\n\n--BOUNDARY\nContent-Type: text/x-shellscript\nContent-Transfer-Encoding: base64\n\n{shell}\n--BOUNDARY--\n"
+        );
+        let f = parse(&doc);
+        // The later part wins for the same key, as kubelet would see the last flag.
+        assert_eq!(f.labels.get("from").map(String::as_str), Some("shell"));
+        assert_eq!(f.taints, vec![taint("a", "b", "NoSchedule")]);
+    }
+
+    #[test]
+    fn bottlerocket_toml() {
+        let f = parse("[settings.kubernetes]\nmax-pods = 29\n[settings.kubernetes.node-labels]\n\"team\" = \"web\"\n[settings.kubernetes.node-taints]\n\"dedicated\" = [\"web:NoSchedule\"]\n");
+        assert_eq!(f.labels.get("team").map(String::as_str), Some("web"));
+        assert_eq!(f.taints, vec![taint("dedicated", "web", "NoSchedule")]);
+        assert_eq!(f.max_pods, Some(29));
+    }
+
+    #[test]
+    fn bad_values_become_warnings_naming_the_value() {
+        let f = parse("/etc/eks/bootstrap.sh c --kubelet-extra-args '--node-labels=novalue --register-with-taints=k=v:Sometimes --max-pods=lots'");
+        assert!(f.labels.is_empty() && f.taints.is_empty() && f.max_pods.is_none());
+        assert_eq!(f.warnings.len(), 3, "{:?}", f.warnings);
+        assert!(f.warnings[0].contains("novalue"));
+        assert!(f.warnings[1].contains("Sometimes"));
+        assert!(f.warnings[2].contains("lots"));
+    }
+
+    #[test]
+    fn garbage_does_not_panic() {
+        for s in [
+            "",
+            "--kubelet-extra-args",
+            "--kubelet-extra-args '",
+            "Content-Type: multipart/mixed; boundary=\n--\n",
+            "kind: NodeConfig\n: : :\n",
+            "\u{0}\u{ffff}",
+        ] {
+            let _ = parse(s);
+        }
+    }
+}
