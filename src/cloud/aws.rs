@@ -1,74 +1,805 @@
-//! The real AWS backend: aws-sdk-autoscaling, aws-sdk-ec2 and aws-sdk-eks.
-//! (Placeholder until the SDK backend lands: every call answers Transient.)
+//! The real AWS backend: aws-sdk-autoscaling, aws-sdk-ec2 and aws-sdk-eks. Reads are
+//! batched to each API's limit and paginated; errors are classified once
+//! ([`classify`]) into throttles, transient failures, not-found and rejections.
+
+use std::collections::{BTreeMap, HashSet};
+use std::sync::Arc;
 
 use async_trait::async_trait;
+use aws_sdk_autoscaling as asg;
+use aws_sdk_ec2 as ec2;
+use aws_sdk_eks as eks;
+use aws_smithy_types::error::metadata::ProvideErrorMetadata;
+use base64::Engine as _;
+use parking_lot::Mutex;
 
 use super::*;
 
+/// How to reach AWS.
+#[derive(Debug, Clone, Default)]
 pub struct AwsSettings {
     pub region: Option<String>,
+    /// Endpoint override (moto, LocalStack, VPC endpoints).
     pub endpoint_url: Option<String>,
+    /// SDK attempts per call including the first (1 = no retries).
     pub max_attempts: u32,
 }
 
-pub struct AwsCloud;
+/// Calls per (operation, outcome), for tests and budgets.
+#[derive(Debug, Default)]
+pub struct CallCounter(Mutex<BTreeMap<(String, String), u64>>);
 
-impl AwsCloud {
-    pub async fn new(_s: &AwsSettings) -> Self {
-        Self
+impl CallCounter {
+    fn add(&self, op: &str, outcome: &str) {
+        *self
+            .0
+            .lock()
+            .entry((op.to_string(), outcome.to_string()))
+            .or_default() += 1;
+    }
+
+    pub fn snapshot(&self) -> BTreeMap<(String, String), u64> {
+        self.0.lock().clone()
+    }
+
+    /// Calls of one operation, any outcome.
+    pub fn count(&self, op: &str) -> u64 {
+        self.0
+            .lock()
+            .iter()
+            .filter(|((o, _), _)| o == op)
+            .map(|(_, n)| n)
+            .sum()
     }
 }
 
-fn todo<T>() -> CloudResult<T> {
-    Err(CloudError::Transient {
-        operation: "any".into(),
-        message: "AWS backend not built yet".into(),
+pub struct AwsCloud {
+    asg: asg::Client,
+    ec2: ec2::Client,
+    eks: eks::Client,
+    region: Option<String>,
+    calls: Arc<CallCounter>,
+}
+
+/// Most names DescribeAutoScalingGroups and DescribeInstanceTypes take per call.
+const NAME_BATCH: usize = 100;
+/// DescribeAutoScalingInstances takes at most 50 ids.
+const INSTANCE_BATCH: usize = 50;
+const TERMINATING: &str = "autoscaling:EC2_INSTANCE_TERMINATING";
+
+impl AwsCloud {
+    /// Loads credentials and region the SDK's usual way (env, profile, IRSA web
+    /// identity, instance metadata).
+    pub async fn new(s: &AwsSettings) -> Self {
+        let mut loader = aws_config::defaults(aws_config::BehaviorVersion::latest()).retry_config(
+            aws_config::retry::RetryConfig::standard().with_max_attempts(s.max_attempts.max(1)),
+        );
+        if let Some(r) = &s.region {
+            loader = loader.region(aws_config::Region::new(r.clone()));
+        }
+        if let Some(e) = &s.endpoint_url {
+            loader = loader.endpoint_url(e.clone());
+        }
+        Self::from_sdk_config(&loader.load().await)
+    }
+
+    pub fn from_sdk_config(cfg: &aws_config::SdkConfig) -> Self {
+        Self {
+            asg: asg::Client::new(cfg),
+            ec2: ec2::Client::new(cfg),
+            eks: eks::Client::new(cfg),
+            region: cfg.region().map(|r| r.to_string()),
+            calls: Arc::default(),
+        }
+    }
+
+    /// From ready clients (the SDK's mock layer in tests).
+    pub fn from_clients(asg: asg::Client, ec2: ec2::Client, eks: eks::Client) -> Self {
+        Self {
+            asg,
+            ec2,
+            eks,
+            region: None,
+            calls: Arc::default(),
+        }
+    }
+
+    pub fn region(&self) -> Option<String> {
+        self.region.clone()
+    }
+
+    pub fn calls(&self) -> Arc<CallCounter> {
+        self.calls.clone()
+    }
+
+    fn done<T, E, R>(
+        &self,
+        op: &str,
+        r: Result<T, aws_smithy_runtime_api::client::result::SdkError<E, R>>,
+    ) -> CloudResult<T>
+    where
+        E: ProvideErrorMetadata + std::error::Error + Send + Sync + 'static,
+        R: std::fmt::Debug + HttpStatus,
+    {
+        match r {
+            Ok(v) => {
+                self.calls.add(op, "ok");
+                tracing::debug!(operation = op, "AWS call ok");
+                Ok(v)
+            }
+            Err(e) => {
+                let err = classify(op, &e);
+                let outcome = match &err {
+                    CloudError::Throttled { .. } => "throttled",
+                    CloudError::NotFound { .. } => "not_found",
+                    CloudError::Transient { .. } => "transient",
+                    CloudError::Rejected { .. } => "rejected",
+                };
+                self.calls.add(op, outcome);
+                tracing::debug!(operation = op, error = %err, "AWS call failed");
+                Err(err)
+            }
+        }
+    }
+}
+
+/// The HTTP status of a raw response, when there is one.
+pub trait HttpStatus {
+    fn status_code(&self) -> Option<u16>;
+}
+
+impl HttpStatus for aws_smithy_runtime_api::http::Response {
+    fn status_code(&self) -> Option<u16> {
+        Some(self.status().as_u16())
+    }
+}
+
+const THROTTLE_CODES: [&str; 6] = [
+    "Throttling",
+    "ThrottlingException",
+    "RequestLimitExceeded",
+    "TooManyRequestsException",
+    "SlowDown",
+    "RequestThrottled",
+];
+
+/// One place that decides what an SDK error means.
+pub fn classify<E, R>(
+    op: &str,
+    e: &aws_smithy_runtime_api::client::result::SdkError<E, R>,
+) -> CloudError
+where
+    E: ProvideErrorMetadata + std::error::Error + Send + Sync + 'static,
+    R: std::fmt::Debug + HttpStatus,
+{
+    use aws_smithy_runtime_api::client::result::SdkError;
+    let operation = op.to_string();
+    match e {
+        SdkError::ServiceError(se) => {
+            let code = se.err().code().unwrap_or("").to_string();
+            let message = se.err().message().unwrap_or("").to_string();
+            let status = se.raw().status_code().unwrap_or(0);
+            if THROTTLE_CODES.contains(&code.as_str()) || status == 429 {
+                CloudError::Throttled {
+                    operation,
+                    message: if message.is_empty() { code } else { message },
+                }
+            } else if code.contains("NotFound")
+                || code == "ResourceNotFoundException"
+                || (code == "ValidationError" && message.to_ascii_lowercase().contains("not found"))
+            {
+                CloudError::NotFound {
+                    what: "AWS resource",
+                    name: format!("{op}: {message}"),
+                }
+            } else if status >= 500 || code == "InternalFailure" || code == "ServiceUnavailable" {
+                CloudError::Transient {
+                    operation,
+                    message: format!("{code} (HTTP {status}): {message}"),
+                }
+            } else {
+                CloudError::Rejected {
+                    operation,
+                    code,
+                    message,
+                }
+            }
+        }
+        SdkError::TimeoutError(_) => CloudError::Transient {
+            operation,
+            message: "timed out".into(),
+        },
+        SdkError::DispatchFailure(d) => CloudError::Transient {
+            operation,
+            message: format!("could not send the request: {d:?}"),
+        },
+        SdkError::ResponseError(r) => CloudError::Transient {
+            operation,
+            message: format!("unreadable response: {r:?}"),
+        },
+        other => CloudError::Transient {
+            operation,
+            message: format!("{other}"),
+        },
+    }
+}
+
+fn snapshot_of(g: &asg::types::AutoScalingGroup) -> Option<AsgSnapshot> {
+    let name = g.auto_scaling_group_name()?.to_string();
+    let lt_ref = |s: &asg::types::LaunchTemplateSpecification| LaunchTemplateRef {
+        id: s.launch_template_id().map(str::to_string),
+        name: s.launch_template_name().map(str::to_string),
+        version: s.version().map(str::to_string),
+    };
+    let launch = if let Some(m) = g.mixed_instances_policy() {
+        match m
+            .launch_template()
+            .and_then(|l| l.launch_template_specification())
+        {
+            Some(spec) => LaunchSpec::MixedInstances {
+                template: lt_ref(spec),
+                override_types: m
+                    .launch_template()
+                    .map(|l| {
+                        l.overrides()
+                            .iter()
+                            .filter_map(|o| o.instance_type().map(str::to_string))
+                            .collect()
+                    })
+                    .unwrap_or_default(),
+            },
+            None => LaunchSpec::Unknown,
+        }
+    } else if let Some(lt) = g.launch_template() {
+        LaunchSpec::LaunchTemplate(lt_ref(lt))
+    } else if let Some(lc) = g.launch_configuration_name() {
+        LaunchSpec::LaunchConfiguration(lc.to_string())
+    } else {
+        LaunchSpec::Unknown
+    };
+    Some(AsgSnapshot {
+        name,
+        min_size: g.min_size().unwrap_or(0),
+        max_size: g.max_size().unwrap_or(0),
+        desired_capacity: g.desired_capacity().unwrap_or(0),
+        availability_zones: g.availability_zones().to_vec(),
+        tags: g
+            .tags()
+            .iter()
+            .filter_map(|t| Some((t.key()?.to_string(), t.value().unwrap_or("").to_string())))
+            .collect(),
+        launch,
+        instances: g
+            .instances()
+            .iter()
+            .filter_map(|i| {
+                Some(AsgInstance {
+                    id: i.instance_id()?.to_string(),
+                    zone: i.availability_zone().unwrap_or("").to_string(),
+                    state: LifecycleState::parse(
+                        i.lifecycle_state().map(|s| s.as_str()).unwrap_or(""),
+                    ),
+                    instance_type: i.instance_type().map(str::to_string),
+                })
+            })
+            .collect(),
+        terminating_hooks: Vec::new(),
     })
+}
+
+/// A short code for a failed scaling activity, from its status message.
+pub fn failure_code(message: &str) -> String {
+    const KNOWN: [&str; 9] = [
+        "InsufficientInstanceCapacity",
+        "VcpuLimitExceeded",
+        "InstanceLimitExceeded",
+        "MaxSpotInstanceCountExceeded",
+        "SpotMaxPriceTooLow",
+        "InsufficientFreeAddressesInSubnet",
+        "InvalidParameterCombination",
+        "Unsupported",
+        "UnauthorizedOperation",
+    ];
+    KNOWN
+        .iter()
+        .find(|k| message.contains(*k))
+        .map(|k| k.to_string())
+        .unwrap_or_else(|| {
+            if message.to_ascii_lowercase().contains("capacity") {
+                "InsufficientInstanceCapacity".into()
+            } else {
+                "LaunchFailed".into()
+            }
+        })
+}
+
+fn decode_user_data(raw: Option<&str>, what: &str) -> Option<String> {
+    let raw = raw?.trim();
+    if raw.is_empty() {
+        return None;
+    }
+    match base64::engine::general_purpose::STANDARD.decode(raw) {
+        Ok(b) => Some(String::from_utf8_lossy(&b).into_owned()),
+        Err(e) => {
+            tracing::warn!(source = what, error = %e, "user data is not base64; ignored");
+            None
+        }
+    }
+}
+
+fn arch(a: &str) -> &'static str {
+    match a {
+        "arm64" | "arm64_mac" => "arm64",
+        _ => "amd64",
+    }
+}
+
+fn type_info(t: &ec2::types::InstanceTypeInfo) -> Option<InstanceTypeInfo> {
+    let name = t.instance_type()?.as_str().to_string();
+    let gpus = t.gpu_info();
+    let gpu_count: i64 = gpus
+        .map(|g| {
+            g.gpus()
+                .iter()
+                .map(|d| i64::from(d.count().unwrap_or(0)))
+                .sum()
+        })
+        .unwrap_or(0);
+    let gpu_type = gpus.and_then(|g| g.gpus().first()).map(|d| {
+        format!(
+            "{}-{}",
+            d.manufacturer().unwrap_or("gpu"),
+            d.name().unwrap_or("unknown")
+        )
+        .to_ascii_lowercase()
+        .replace([' ', '_'], "-")
+    });
+    let archs = t
+        .processor_info()
+        .map(|p| p.supported_architectures())
+        .unwrap_or_default();
+    Some(InstanceTypeInfo {
+        name,
+        vcpus: i64::from(t.v_cpu_info().and_then(|v| v.default_v_cpus()).unwrap_or(0)),
+        memory_mib: t.memory_info().and_then(|m| m.size_in_mib()).unwrap_or(0),
+        gpus: gpu_count,
+        gpu_type: gpu_type.filter(|_| gpu_count > 0),
+        architecture: archs
+            .first()
+            .map(|a| arch(a.as_str()))
+            .unwrap_or("amd64")
+            .to_string(),
+        max_enis: t
+            .network_info()
+            .and_then(|n| n.maximum_network_interfaces())
+            .map(i64::from),
+        ipv4_per_eni: t
+            .network_info()
+            .and_then(|n| n.ipv4_addresses_per_interface())
+            .map(i64::from),
+        instance_storage_gib: t.instance_storage_info().and_then(|s| s.total_size_in_gb()),
+    })
+}
+
+impl AwsCloud {
+    async fn describe_pages(
+        &self,
+        names: Option<Vec<String>>,
+        filters: Option<Vec<asg::types::Filter>>,
+        out: &mut Vec<AsgSnapshot>,
+    ) -> CloudResult<()> {
+        let mut token: Option<String> = None;
+        loop {
+            let r = self
+                .asg
+                .describe_auto_scaling_groups()
+                .set_auto_scaling_group_names(names.clone())
+                .set_filters(filters.clone())
+                .max_records(NAME_BATCH as i32)
+                .set_next_token(token.clone())
+                .send()
+                .await;
+            let page = self.done("DescribeAutoScalingGroups", r)?;
+            out.extend(page.auto_scaling_groups().iter().filter_map(snapshot_of));
+            match page.next_token() {
+                Some(t) if !t.is_empty() => token = Some(t.to_string()),
+                _ => return Ok(()),
+            }
+        }
+    }
+
+    async fn describe_types(&self, names: &[String]) -> CloudResult<Vec<InstanceTypeInfo>> {
+        let mut out = Vec::new();
+        let mut token: Option<String> = None;
+        loop {
+            let r = self
+                .ec2
+                .describe_instance_types()
+                .set_instance_types(Some(
+                    names
+                        .iter()
+                        .map(|n| ec2::types::InstanceType::from(n.as_str()))
+                        .collect(),
+                ))
+                .set_next_token(token.clone())
+                .send()
+                .await;
+            let page = self.done("DescribeInstanceTypes", r)?;
+            out.extend(page.instance_types().iter().filter_map(type_info));
+            match page.next_token() {
+                Some(t) if !t.is_empty() => token = Some(t.to_string()),
+                _ => return Ok(out),
+            }
+        }
+    }
 }
 
 #[async_trait]
 impl Cloud for AwsCloud {
-    async fn describe_groups(&self, _: &GroupSelector) -> CloudResult<Vec<AsgSnapshot>> {
-        todo()
+    async fn describe_groups(&self, selector: &GroupSelector) -> CloudResult<Vec<AsgSnapshot>> {
+        let mut out = Vec::new();
+        for batch in selector.names.chunks(NAME_BATCH) {
+            self.describe_pages(Some(batch.to_vec()), None, &mut out)
+                .await?;
+        }
+        for set in &selector.tag_sets {
+            let filters: Vec<asg::types::Filter> = set
+                .iter()
+                .map(|t| match &t.value {
+                    Some(v) => asg::types::Filter::builder()
+                        .name(format!("tag:{}", t.key))
+                        .values(v.clone())
+                        .build(),
+                    None => asg::types::Filter::builder()
+                        .name("tag-key")
+                        .values(t.key.clone())
+                        .build(),
+                })
+                .collect();
+            let mut found = Vec::new();
+            self.describe_pages(None, Some(filters), &mut found).await?;
+            // AWS ANDs filters of different names but ORs the values of one name; keep
+            // only groups carrying every term, as CA does.
+            found.retain(|g| {
+                set.iter().all(|t| match (&t.value, g.tags.get(&t.key)) {
+                    (_, None) => false,
+                    (None, Some(_)) => true,
+                    (Some(want), Some(have)) => want == have,
+                })
+            });
+            out.extend(found);
+        }
+        let mut seen = HashSet::new();
+        out.retain(|g| seen.insert(g.name.clone()));
+        Ok(out)
     }
-    async fn launch_failures(&self, _: &str) -> CloudResult<Vec<LaunchFailure>> {
-        todo()
+
+    async fn launch_failures(&self, group: &str) -> CloudResult<Vec<LaunchFailure>> {
+        let r = self
+            .asg
+            .describe_scaling_activities()
+            .auto_scaling_group_name(group)
+            .max_records(20)
+            .send()
+            .await;
+        let page = self.done("DescribeScalingActivities", r)?;
+        let mut out: Vec<LaunchFailure> = page
+            .activities()
+            .iter()
+            .filter(|a| {
+                let code = a.status_code().map(|c| c.as_str()).unwrap_or("");
+                code == "Failed"
+                    || (code == "Cancelled"
+                        && a.status_message().is_some_and(|m| m.contains("apacity")))
+            })
+            .map(|a| {
+                let message = a
+                    .status_message()
+                    .or(a.description())
+                    .unwrap_or("")
+                    .to_string();
+                LaunchFailure {
+                    group: group.to_string(),
+                    code: failure_code(&message),
+                    message,
+                    started_at_unix: a.start_time().map(|t| t.secs()).unwrap_or(0),
+                }
+            })
+            .collect();
+        out.sort_by(|a, b| b.started_at_unix.cmp(&a.started_at_unix));
+        Ok(out)
     }
-    async fn locate_instances(&self, _: &[String]) -> CloudResult<Vec<InstanceLocation>> {
-        todo()
+
+    async fn locate_instances(&self, ids: &[String]) -> CloudResult<Vec<InstanceLocation>> {
+        let mut out = Vec::new();
+        for batch in ids.chunks(INSTANCE_BATCH) {
+            let mut token: Option<String> = None;
+            loop {
+                let r = self
+                    .asg
+                    .describe_auto_scaling_instances()
+                    .set_instance_ids(Some(batch.to_vec()))
+                    .max_records(INSTANCE_BATCH as i32)
+                    .set_next_token(token.clone())
+                    .send()
+                    .await;
+                let page = self.done("DescribeAutoScalingInstances", r)?;
+                out.extend(page.auto_scaling_instances().iter().filter_map(|i| {
+                    Some(InstanceLocation {
+                        instance_id: i.instance_id()?.to_string(),
+                        group: i.auto_scaling_group_name()?.to_string(),
+                        zone: i.availability_zone().unwrap_or("").to_string(),
+                        state: LifecycleState::parse(i.lifecycle_state().unwrap_or("")),
+                    })
+                }));
+                match page.next_token() {
+                    Some(t) if !t.is_empty() => token = Some(t.to_string()),
+                    _ => break,
+                }
+            }
+        }
+        Ok(out)
     }
-    async fn set_desired_capacity(&self, _: &str, _: i32) -> CloudResult<()> {
-        todo()
+
+    async fn set_desired_capacity(&self, group: &str, desired: i32) -> CloudResult<()> {
+        tracing::info!(group, desired, "SetDesiredCapacity");
+        let r = self
+            .asg
+            .set_desired_capacity()
+            .auto_scaling_group_name(group)
+            .desired_capacity(desired)
+            .honor_cooldown(false)
+            .send()
+            .await;
+        self.done("SetDesiredCapacity", r).map(|_| ())
     }
-    async fn terminate_instance(&self, _: &str, _: bool) -> CloudResult<()> {
-        todo()
+
+    async fn terminate_instance(&self, instance_id: &str, decrement: bool) -> CloudResult<()> {
+        tracing::info!(
+            instance = instance_id,
+            decrement,
+            "TerminateInstanceInAutoScalingGroup"
+        );
+        let r = self
+            .asg
+            .terminate_instance_in_auto_scaling_group()
+            .instance_id(instance_id)
+            .should_decrement_desired_capacity(decrement)
+            .send()
+            .await;
+        self.done("TerminateInstanceInAutoScalingGroup", r)
+            .map(|_| ())
     }
-    async fn instance_types(&self, _: &[String]) -> CloudResult<Vec<InstanceTypeInfo>> {
-        todo()
+
+    async fn instance_types(&self, names: &[String]) -> CloudResult<Vec<InstanceTypeInfo>> {
+        let mut out = Vec::new();
+        for batch in names.chunks(NAME_BATCH) {
+            match self.describe_types(batch).await {
+                Ok(v) => out.extend(v),
+                // One unknown name fails the whole batch: ask for the rest one by one
+                // so it does not hide the others.
+                Err(CloudError::Rejected { .. } | CloudError::NotFound { .. })
+                    if batch.len() > 1 =>
+                {
+                    for n in batch {
+                        match self.describe_types(std::slice::from_ref(n)).await {
+                            Ok(v) => out.extend(v),
+                            Err(CloudError::Rejected { .. } | CloudError::NotFound { .. }) => {
+                                tracing::warn!(instance_type = %n, "unknown instance type");
+                            }
+                            Err(e) => return Err(e),
+                        }
+                    }
+                }
+                Err(CloudError::Rejected { .. } | CloudError::NotFound { .. }) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(out)
     }
-    async fn launch_template(&self, _: &LaunchTemplateRef) -> CloudResult<LaunchData> {
-        todo()
+
+    async fn launch_template(&self, template: &LaunchTemplateRef) -> CloudResult<LaunchData> {
+        let version = template
+            .version
+            .clone()
+            .unwrap_or_else(|| "$Default".into());
+        let r = self
+            .ec2
+            .describe_launch_template_versions()
+            .set_launch_template_id(template.id.clone())
+            .set_launch_template_name(if template.id.is_some() {
+                None
+            } else {
+                template.name.clone()
+            })
+            .versions(version)
+            .send()
+            .await;
+        let page = self.done("DescribeLaunchTemplateVersions", r)?;
+        let data = page
+            .launch_template_versions()
+            .first()
+            .and_then(|v| v.launch_template_data())
+            .ok_or_else(|| CloudError::NotFound {
+                what: "launch template version",
+                name: template.to_string(),
+            })?;
+        Ok(LaunchData {
+            instance_type: data.instance_type().map(|t| t.as_str().to_string()),
+            user_data: decode_user_data(data.user_data(), "launch template"),
+            instance_tags: data
+                .tag_specifications()
+                .iter()
+                .filter(|s| s.resource_type().map(|r| r.as_str()) == Some("instance"))
+                .flat_map(|s| s.tags())
+                .filter_map(|t| Some((t.key()?.to_string(), t.value().unwrap_or("").to_string())))
+                .collect(),
+            root_volume_gib: data
+                .block_device_mappings()
+                .iter()
+                .find_map(|b| b.ebs().and_then(|e| e.volume_size()))
+                .map(i64::from),
+        })
     }
-    async fn launch_configuration(&self, _: &str) -> CloudResult<LaunchData> {
-        todo()
+
+    async fn launch_configuration(&self, name: &str) -> CloudResult<LaunchData> {
+        let r = self
+            .asg
+            .describe_launch_configurations()
+            .launch_configuration_names(name)
+            .send()
+            .await;
+        let page = self.done("DescribeLaunchConfigurations", r)?;
+        let lc = page
+            .launch_configurations()
+            .first()
+            .ok_or_else(|| CloudError::NotFound {
+                what: "launch configuration",
+                name: name.to_string(),
+            })?;
+        Ok(LaunchData {
+            instance_type: lc.instance_type().map(str::to_string),
+            user_data: decode_user_data(lc.user_data(), "launch configuration"),
+            instance_tags: BTreeMap::new(),
+            root_volume_gib: lc
+                .block_device_mappings()
+                .iter()
+                .find_map(|b| b.ebs().and_then(|e| e.volume_size()))
+                .map(i64::from),
+        })
     }
-    async fn terminating_hooks(&self, _: &str) -> CloudResult<Vec<LifecycleHook>> {
-        todo()
+
+    async fn terminating_hooks(&self, group: &str) -> CloudResult<Vec<LifecycleHook>> {
+        let r = self
+            .asg
+            .describe_lifecycle_hooks()
+            .auto_scaling_group_name(group)
+            .send()
+            .await;
+        let page = self.done("DescribeLifecycleHooks", r)?;
+        Ok(page
+            .lifecycle_hooks()
+            .iter()
+            .filter(|h| h.lifecycle_transition() == Some(TERMINATING))
+            .filter_map(|h| {
+                Some(LifecycleHook {
+                    name: h.lifecycle_hook_name()?.to_string(),
+                    heartbeat_timeout_secs: h.heartbeat_timeout().unwrap_or(3600),
+                    default_result: h.default_result().unwrap_or("ABANDON").to_string(),
+                })
+            })
+            .collect())
     }
-    async fn put_terminating_hook(&self, _: &str, _: &LifecycleHook) -> CloudResult<()> {
-        todo()
+
+    async fn put_terminating_hook(&self, group: &str, hook: &LifecycleHook) -> CloudResult<()> {
+        tracing::info!(group, hook = %hook.name, "PutLifecycleHook");
+        let r = self
+            .asg
+            .put_lifecycle_hook()
+            .auto_scaling_group_name(group)
+            .lifecycle_hook_name(&hook.name)
+            .lifecycle_transition(TERMINATING)
+            .heartbeat_timeout(hook.heartbeat_timeout_secs)
+            .default_result(&hook.default_result)
+            .send()
+            .await;
+        self.done("PutLifecycleHook", r).map(|_| ())
     }
-    async fn lifecycle_heartbeat(&self, _: &LifecycleAction) -> CloudResult<()> {
-        todo()
+
+    async fn lifecycle_heartbeat(&self, a: &LifecycleAction) -> CloudResult<()> {
+        let r = self
+            .asg
+            .record_lifecycle_action_heartbeat()
+            .auto_scaling_group_name(&a.group)
+            .lifecycle_hook_name(&a.hook)
+            .instance_id(&a.instance_id)
+            .set_lifecycle_action_token(a.token.clone())
+            .send()
+            .await;
+        self.done("RecordLifecycleActionHeartbeat", r).map(|_| ())
     }
+
     async fn complete_lifecycle_action(
         &self,
-        _: &LifecycleAction,
-        _: LifecycleResult,
+        a: &LifecycleAction,
+        result: LifecycleResult,
     ) -> CloudResult<()> {
-        todo()
+        tracing::info!(group = %a.group, hook = %a.hook, instance = %a.instance_id, result = result.as_str(), "CompleteLifecycleAction");
+        let r = self
+            .asg
+            .complete_lifecycle_action()
+            .auto_scaling_group_name(&a.group)
+            .lifecycle_hook_name(&a.hook)
+            .instance_id(&a.instance_id)
+            .set_lifecycle_action_token(a.token.clone())
+            .lifecycle_action_result(result.as_str())
+            .send()
+            .await;
+        self.done("CompleteLifecycleAction", r).map(|_| ())
     }
-    async fn eks_nodegroup(&self, _: &str, _: &str) -> CloudResult<EksNodegroup> {
-        todo()
+
+    async fn eks_nodegroup(&self, cluster: &str, nodegroup: &str) -> CloudResult<EksNodegroup> {
+        let r = self
+            .eks
+            .describe_nodegroup()
+            .cluster_name(cluster)
+            .nodegroup_name(nodegroup)
+            .send()
+            .await;
+        let page = self.done("DescribeNodegroup", r)?;
+        let ng = page.nodegroup().ok_or_else(|| CloudError::NotFound {
+            what: "EKS node group",
+            name: format!("{cluster}/{nodegroup}"),
+        })?;
+        Ok(EksNodegroup {
+            labels: ng
+                .labels()
+                .map(|l| l.iter().map(|(k, v)| (k.clone(), v.clone())).collect())
+                .unwrap_or_default(),
+            taints: ng
+                .taints()
+                .iter()
+                .filter_map(|t| {
+                    Some(Taint {
+                        key: t.key()?.to_string(),
+                        value: t.value().unwrap_or("").to_string(),
+                        effect: match t.effect()?.as_str() {
+                            "NO_SCHEDULE" => "NoSchedule",
+                            "NO_EXECUTE" => "NoExecute",
+                            "PREFER_NO_SCHEDULE" => "PreferNoSchedule",
+                            _ => return None,
+                        }
+                        .to_string(),
+                    })
+                })
+                .collect(),
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn failure_codes_come_from_the_message() {
+        assert_eq!(failure_code("Launching a new EC2 instance. Status Reason: We currently do not have sufficient m5.large capacity in the Availability Zone you requested (us-east-1a). ... InsufficientInstanceCapacity"), "InsufficientInstanceCapacity");
+        assert_eq!(failure_code("You have requested more vCPU capacity than your current vCPU limit of 32 allows. VcpuLimitExceeded"), "VcpuLimitExceeded");
+        assert_eq!(
+            failure_code("not enough capacity"),
+            "InsufficientInstanceCapacity"
+        );
+        assert_eq!(failure_code("The image id does not exist"), "LaunchFailed");
+    }
+
+    #[test]
+    fn user_data_decodes_or_is_dropped() {
+        assert_eq!(
+            decode_user_data(Some("aGVsbG8="), "t").as_deref(),
+            Some("hello")
+        );
+        assert_eq!(decode_user_data(Some("not base64!"), "t"), None);
+        assert_eq!(decode_user_data(Some(""), "t"), None);
+        assert_eq!(decode_user_data(None, "t"), None);
     }
 }

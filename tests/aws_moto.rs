@@ -1,0 +1,450 @@
+//! The AWS backend through the real SDK against moto.
+
+mod support;
+
+use std::sync::Arc;
+
+use aws_sdk_autoscaling as asg;
+use aws_sdk_ec2 as ec2;
+use base64::Engine as _;
+use ca_asg_provider::cloud::aws::AwsCloud;
+use ca_asg_provider::cloud::{
+    Cloud, CloudError, GroupSelector, LaunchSpec, LaunchTemplateRef, LifecycleHook, LifecycleState,
+    TagFilter,
+};
+use ca_asg_provider::provider::{Provider, ProviderSettings};
+use support::moto::MotoServer;
+
+const AMI: &str = "ami-12c6146b";
+const USER_DATA: &str = "#!/bin/bash\n/etc/eks/bootstrap.sh prod --kubelet-extra-args '--node-labels=team=web --register-with-taints=dedicated=web:NoSchedule'\n";
+
+struct Env {
+    _moto: MotoServer,
+    asg: asg::Client,
+    ec2: ec2::Client,
+    cloud: AwsCloud,
+}
+
+async fn env() -> Env {
+    let moto = MotoServer::start();
+    let cfg = moto.sdk_config().await;
+    Env {
+        asg: asg::Client::new(&cfg),
+        ec2: ec2::Client::new(&cfg),
+        cloud: AwsCloud::from_sdk_config(&cfg),
+        _moto: moto,
+    }
+}
+
+async fn launch_template(e: &Env, name: &str, itype: &str, user_data: Option<&str>) {
+    let mut data = ec2::types::RequestLaunchTemplateData::builder()
+        .image_id(AMI)
+        .instance_type(ec2::types::InstanceType::from(itype))
+        .block_device_mappings(
+            ec2::types::LaunchTemplateBlockDeviceMappingRequest::builder()
+                .device_name("/dev/xvda")
+                .ebs(
+                    ec2::types::LaunchTemplateEbsBlockDeviceRequest::builder()
+                        .volume_size(100)
+                        .build(),
+                )
+                .build(),
+        );
+    if let Some(u) = user_data {
+        data = data.user_data(base64::engine::general_purpose::STANDARD.encode(u));
+    }
+    e.ec2
+        .create_launch_template()
+        .launch_template_name(name)
+        .launch_template_data(data.build())
+        .send()
+        .await
+        .unwrap();
+}
+
+fn tag(group: &str, k: &str, v: &str) -> asg::types::Tag {
+    asg::types::Tag::builder()
+        .resource_id(group)
+        .resource_type("auto-scaling-group")
+        .key(k)
+        .value(v)
+        .propagate_at_launch(true)
+        .build()
+}
+
+async fn group(e: &Env, name: &str, lt: &str, desired: i32, tags: &[(&str, &str)]) {
+    let mut req = e
+        .asg
+        .create_auto_scaling_group()
+        .auto_scaling_group_name(name)
+        .min_size(0)
+        .max_size(10)
+        .desired_capacity(desired)
+        .availability_zones("us-east-1a")
+        .launch_template(
+            asg::types::LaunchTemplateSpecification::builder()
+                .launch_template_name(lt)
+                .version("$Default")
+                .build(),
+        );
+    for (k, v) in tags {
+        req = req.tags(tag(name, k, v));
+    }
+    req.send().await.unwrap();
+}
+
+fn discovery(terms: &[(&str, Option<&str>)]) -> GroupSelector {
+    GroupSelector {
+        names: vec![],
+        tag_sets: vec![terms
+            .iter()
+            .map(|(k, v)| TagFilter {
+                key: k.to_string(),
+                value: v.map(str::to_string),
+            })
+            .collect()],
+    }
+}
+
+#[tokio::test]
+async fn describes_groups_by_name_with_instances_tags_and_launch_template() {
+    let e = env().await;
+    launch_template(&e, "lt-web", "m5.large", Some(USER_DATA)).await;
+    group(&e, "web", "lt-web", 2, &[("team", "web")]).await;
+    group(&e, "other", "lt-web", 0, &[]).await;
+    let sel = GroupSelector {
+        names: vec!["web".into(), "missing".into()],
+        tag_sets: vec![],
+    };
+    let gs = e.cloud.describe_groups(&sel).await.unwrap();
+    assert_eq!(gs.len(), 1);
+    let g = &gs[0];
+    assert_eq!(
+        (g.name.as_str(), g.min_size, g.max_size, g.desired_capacity),
+        ("web", 0, 10, 2)
+    );
+    assert_eq!(g.tags["team"], "web");
+    assert_eq!(g.instances.len(), 2);
+    assert!(g
+        .instances
+        .iter()
+        .all(|i| i.id.starts_with("i-") && i.zone == "us-east-1a"));
+    assert!(
+        g.instances
+            .iter()
+            .all(|i| i.state == LifecycleState::InService),
+        "{:?}",
+        g.instances
+    );
+    match &g.launch {
+        LaunchSpec::LaunchTemplate(r) => assert_eq!(r.name.as_deref(), Some("lt-web")),
+        other => panic!("launch spec {other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn discovery_by_tag_needs_every_term_and_pages_past_100_groups() {
+    let e = env().await;
+    launch_template(&e, "lt", "m5.large", None).await;
+    for i in 0..250 {
+        group(
+            &e,
+            &format!("asg-{i:03}"),
+            "lt",
+            0,
+            &[
+                ("k8s.io/cluster-autoscaler/enabled", "true"),
+                ("k8s.io/cluster-autoscaler/prod", "owned"),
+            ],
+        )
+        .await;
+    }
+    group(
+        &e,
+        "staging",
+        "lt",
+        0,
+        &[
+            ("k8s.io/cluster-autoscaler/enabled", "true"),
+            ("env", "staging"),
+        ],
+    )
+    .await;
+    group(&e, "untagged", "lt", 0, &[]).await;
+    let before = e.cloud.calls().count("DescribeAutoScalingGroups");
+    let gs = e
+        .cloud
+        .describe_groups(&discovery(&[
+            ("k8s.io/cluster-autoscaler/enabled", None),
+            ("k8s.io/cluster-autoscaler/prod", None),
+        ]))
+        .await
+        .unwrap();
+    assert_eq!(gs.len(), 250);
+    assert!(gs.iter().all(|g| g.name.starts_with("asg-")));
+    assert_eq!(
+        e.cloud.calls().count("DescribeAutoScalingGroups") - before,
+        3,
+        "ceil(250/100) pages"
+    );
+    // key=value terms.
+    let gs = e
+        .cloud
+        .describe_groups(&discovery(&[("env", Some("staging"))]))
+        .await
+        .unwrap();
+    assert_eq!(
+        gs.iter().map(|g| g.name.as_str()).collect::<Vec<_>>(),
+        vec!["staging"]
+    );
+    let gs = e
+        .cloud
+        .describe_groups(&discovery(&[("env", Some("prod"))]))
+        .await
+        .unwrap();
+    assert!(gs.is_empty());
+}
+
+#[tokio::test]
+async fn static_names_are_batched_by_100() {
+    let e = env().await;
+    launch_template(&e, "lt", "m5.large", None).await;
+    let names: Vec<String> = (0..120).map(|i| format!("g-{i}")).collect();
+    for n in &names {
+        group(&e, n, "lt", 0, &[]).await;
+    }
+    let before = e.cloud.calls().count("DescribeAutoScalingGroups");
+    let gs = e
+        .cloud
+        .describe_groups(&GroupSelector {
+            names: names.clone(),
+            tag_sets: vec![],
+        })
+        .await
+        .unwrap();
+    assert_eq!(gs.len(), 120);
+    assert_eq!(
+        e.cloud.calls().count("DescribeAutoScalingGroups") - before,
+        2
+    );
+}
+
+#[tokio::test]
+async fn launch_template_versions_user_data_and_root_volume() {
+    let e = env().await;
+    launch_template(&e, "lt", "m5.large", Some(USER_DATA)).await;
+    e.ec2
+        .create_launch_template_version()
+        .launch_template_name("lt")
+        .launch_template_data(
+            ec2::types::RequestLaunchTemplateData::builder()
+                .image_id(AMI)
+                .instance_type(ec2::types::InstanceType::M5Xlarge)
+                .build(),
+        )
+        .send()
+        .await
+        .unwrap();
+    let r = |v: Option<&str>| LaunchTemplateRef {
+        id: None,
+        name: Some("lt".into()),
+        version: v.map(str::to_string),
+    };
+    let d = e.cloud.launch_template(&r(None)).await.unwrap();
+    assert_eq!(d.instance_type.as_deref(), Some("m5.large"));
+    assert_eq!(d.user_data.as_deref(), Some(USER_DATA));
+    assert_eq!(d.root_volume_gib, Some(100));
+    let v2 = e.cloud.launch_template(&r(Some("2"))).await.unwrap();
+    assert_eq!(v2.instance_type.as_deref(), Some("m5.xlarge"));
+    let latest = e.cloud.launch_template(&r(Some("$Latest"))).await.unwrap();
+    assert_eq!(latest.instance_type.as_deref(), Some("m5.xlarge"));
+    let err = e
+        .cloud
+        .launch_template(&LaunchTemplateRef {
+            id: None,
+            name: Some("nope".into()),
+            version: None,
+        })
+        .await
+        .unwrap_err();
+    assert!(!matches!(err, CloudError::Throttled { .. }), "{err:?}");
+}
+
+#[tokio::test]
+async fn desired_capacity_terminate_with_decrement_and_locate() {
+    let e = env().await;
+    launch_template(&e, "lt", "m5.large", None).await;
+    group(&e, "web", "lt", 1, &[]).await;
+    e.cloud.set_desired_capacity("web", 3).await.unwrap();
+    let sel = GroupSelector {
+        names: vec!["web".into()],
+        tag_sets: vec![],
+    };
+    let g = e.cloud.describe_groups(&sel).await.unwrap().remove(0);
+    assert_eq!(g.desired_capacity, 3);
+    assert_eq!(g.instances.len(), 3);
+    let victim = g.instances[0].id.clone();
+    let found = e
+        .cloud
+        .locate_instances(&[victim.clone(), "i-0000000000000beef".into()])
+        .await
+        .unwrap();
+    assert_eq!(found.len(), 1);
+    assert_eq!(
+        (found[0].instance_id.as_str(), found[0].group.as_str()),
+        (victim.as_str(), "web")
+    );
+    e.cloud.terminate_instance(&victim, true).await.unwrap();
+    let g = e.cloud.describe_groups(&sel).await.unwrap().remove(0);
+    assert_eq!(g.desired_capacity, 2, "decremented");
+    assert!(g
+        .instances
+        .iter()
+        .filter(|i| !i.state.is_terminating())
+        .all(|i| i.id != victim));
+}
+
+#[tokio::test]
+async fn instance_types_with_gpus_arm_and_an_unknown_name() {
+    let e = env().await;
+    let names: Vec<String> = ["m5.large", "g4dn.xlarge", "m6g.large", "x9.nonexistent"]
+        .iter()
+        .map(|s| s.to_string())
+        .collect();
+    let mut got = e.cloud.instance_types(&names).await.unwrap();
+    got.sort_by(|a, b| a.name.cmp(&b.name));
+    let by = |n: &str| {
+        got.iter()
+            .find(|t| t.name == n)
+            .unwrap_or_else(|| panic!("{n} missing from {got:?}"))
+    };
+    assert_eq!(got.len(), 3, "{got:?}");
+    let m5 = by("m5.large");
+    assert_eq!(
+        (m5.vcpus, m5.memory_mib, m5.architecture.as_str()),
+        (2, 8192, "amd64")
+    );
+    assert_eq!((m5.max_enis, m5.ipv4_per_eni), (Some(3), Some(10)));
+    let g4 = by("g4dn.xlarge");
+    assert_eq!(g4.gpus, 1);
+    assert!(
+        g4.gpu_type.as_deref().unwrap().contains("t4"),
+        "{:?}",
+        g4.gpu_type
+    );
+    assert_eq!(by("m6g.large").architecture, "arm64");
+}
+
+#[tokio::test]
+async fn launch_configuration_and_lifecycle_hooks() {
+    let e = env().await;
+    e.asg
+        .create_launch_configuration()
+        .launch_configuration_name("lc")
+        .image_id(AMI)
+        .instance_type("c5.xlarge")
+        .user_data(base64::engine::general_purpose::STANDARD.encode(USER_DATA))
+        .send()
+        .await
+        .unwrap();
+    e.asg
+        .create_auto_scaling_group()
+        .auto_scaling_group_name("legacy")
+        .launch_configuration_name("lc")
+        .min_size(0)
+        .max_size(3)
+        .availability_zones("us-east-1a")
+        .send()
+        .await
+        .unwrap();
+    let d = e.cloud.launch_configuration("lc").await.unwrap();
+    assert_eq!(d.instance_type.as_deref(), Some("c5.xlarge"));
+    assert_eq!(d.user_data.as_deref(), Some(USER_DATA));
+    let g = e
+        .cloud
+        .describe_groups(&GroupSelector {
+            names: vec!["legacy".into()],
+            tag_sets: vec![],
+        })
+        .await
+        .unwrap()
+        .remove(0);
+    assert_eq!(g.launch, LaunchSpec::LaunchConfiguration("lc".into()));
+    assert!(e
+        .cloud
+        .terminating_hooks("legacy")
+        .await
+        .unwrap()
+        .is_empty());
+    let hook = LifecycleHook {
+        name: "drain".into(),
+        heartbeat_timeout_secs: 300,
+        default_result: "CONTINUE".into(),
+    };
+    e.cloud.put_terminating_hook("legacy", &hook).await.unwrap();
+    assert_eq!(
+        e.cloud.terminating_hooks("legacy").await.unwrap(),
+        vec![hook]
+    );
+}
+
+#[tokio::test]
+async fn provider_over_moto_builds_templates_with_one_type_lookup_per_type() {
+    let e = env().await;
+    launch_template(&e, "lt-web", "m5.large", Some(USER_DATA)).await;
+    launch_template(&e, "lt-gpu", "g4dn.xlarge", None).await;
+    for i in 0..6 {
+        let lt = if i % 2 == 0 { "lt-web" } else { "lt-gpu" };
+        group(
+            &e,
+            &format!("g{i}"),
+            lt,
+            0,
+            &[
+                ("k8s.io/cluster-autoscaler/enabled", "true"),
+                (
+                    "k8s.io/cluster-autoscaler/node-template/label/pool",
+                    &format!("p{i}"),
+                ),
+            ],
+        )
+        .await;
+    }
+    let counter = e.cloud.calls();
+    let cloud = Arc::new(e.cloud);
+    let settings = ProviderSettings {
+        selector: discovery(&[("k8s.io/cluster-autoscaler/enabled", None)]),
+        ..ProviderSettings::default()
+    };
+    let p = Provider::new(cloud, settings);
+    p.refresh_now().await.unwrap();
+    assert_eq!(p.node_groups().len(), 6);
+    for i in 0..6 {
+        let bytes = p.template_node(&format!("g{i}")).await.unwrap();
+        let node = <k8s_pb::api::core::v1::Node as prost::Message>::decode(bytes.as_ref()).unwrap();
+        let labels = node.metadata.unwrap().labels;
+        assert_eq!(labels["pool"], format!("p{i}"));
+        if i % 2 == 0 {
+            assert_eq!(labels["team"], "web", "from user data");
+            assert_eq!(labels["node.kubernetes.io/instance-type"], "m5.large");
+        } else {
+            assert_eq!(labels["k8s.amazonaws.com/accelerator"].contains("t4"), true);
+        }
+    }
+    assert!(
+        counter.count("DescribeInstanceTypes") <= 2,
+        "{:?}",
+        counter.snapshot()
+    );
+    assert_eq!(
+        counter.count("DescribeLaunchTemplateVersions"),
+        2,
+        "one per template, cached"
+    );
+    // A second round of templates is answered from memory.
+    let before = counter.snapshot();
+    for i in 0..6 {
+        p.template_node(&format!("g{i}")).await.unwrap();
+    }
+    assert_eq!(counter.snapshot(), before);
+}
