@@ -1,0 +1,248 @@
+//! What moto does not model, through the SDK's own mock layer: scaling activities,
+//! lifecycle actions and heartbeats, throttles and server errors.
+
+use std::sync::{Arc, Mutex};
+
+use aws_sdk_autoscaling as asg;
+use aws_sdk_autoscaling::operation::complete_lifecycle_action::{
+    CompleteLifecycleActionError, CompleteLifecycleActionOutput,
+};
+use aws_sdk_autoscaling::operation::describe_auto_scaling_groups::{
+    DescribeAutoScalingGroupsError, DescribeAutoScalingGroupsOutput,
+};
+use aws_sdk_autoscaling::operation::describe_scaling_activities::DescribeScalingActivitiesOutput;
+use aws_sdk_autoscaling::operation::record_lifecycle_action_heartbeat::RecordLifecycleActionHeartbeatOutput;
+use aws_sdk_autoscaling::Client;
+use aws_smithy_mocks::{mock, mock_client, Rule, RuleMode};
+use aws_smithy_types::error::ErrorMetadata;
+use ca_asg_provider::cloud::aws::AwsCloud;
+use ca_asg_provider::cloud::{Cloud, CloudError, GroupSelector, LifecycleAction, LifecycleResult};
+
+fn cloud(rules: &[&Rule]) -> AwsCloud {
+    let asg_client: Client = mock_client!(aws_sdk_autoscaling, RuleMode::MatchAny, rules);
+    let ec2_client = aws_sdk_ec2::Client::from_conf(
+        aws_sdk_ec2::Config::builder()
+            .behavior_version_latest()
+            .region(aws_sdk_ec2::config::Region::new("us-east-1"))
+            .build(),
+    );
+    let eks_client = aws_sdk_eks::Client::from_conf(
+        aws_sdk_eks::Config::builder()
+            .behavior_version_latest()
+            .region(aws_sdk_eks::config::Region::new("us-east-1"))
+            .build(),
+    );
+    AwsCloud::from_clients(asg_client, ec2_client, eks_client)
+}
+
+fn action(token: Option<&str>) -> LifecycleAction {
+    LifecycleAction {
+        group: "web".into(),
+        hook: "drain".into(),
+        instance_id: "i-0abc".into(),
+        token: token.map(str::to_string),
+    }
+}
+
+#[tokio::test]
+async fn launch_failures_come_from_failed_activities_newest_first() {
+    let rule = mock!(Client::describe_scaling_activities)
+        .match_requests(|r| r.auto_scaling_group_name() == Some("web"))
+        .then_output(|| {
+            let act = |code: &str, msg: &str, secs: i64| {
+                asg::types::Activity::builder()
+                    .activity_id(format!("a-{secs}"))
+                    .auto_scaling_group_name("web")
+                    .cause("c")
+                    .start_time(aws_smithy_types::DateTime::from_secs(secs))
+                    .status_code(asg::types::ScalingActivityStatusCode::from(code))
+                    .status_message(msg)
+                    .build()
+            };
+            DescribeScalingActivitiesOutput::builder()
+                .activities(act("Successful", "ok", 100))
+                .activities(act("Failed", "We currently do not have sufficient m5.large capacity. InsufficientInstanceCapacity", 200))
+                .activities(act("Failed", "You have requested more vCPU capacity than your current vCPU limit. VcpuLimitExceeded", 300))
+                .build()
+        });
+    let c = cloud(&[&rule]);
+    let f = c.launch_failures("web").await.unwrap();
+    assert_eq!(f.len(), 2);
+    assert_eq!(
+        (f[0].code.as_str(), f[0].started_at_unix),
+        ("VcpuLimitExceeded", 300)
+    );
+    assert_eq!(f[1].code, "InsufficientInstanceCapacity");
+    assert!(f[1].message.contains("m5.large"));
+}
+
+#[tokio::test]
+async fn complete_lifecycle_action_sends_group_hook_instance_token_and_result() {
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let s = seen.clone();
+    let rule = mock!(Client::complete_lifecycle_action)
+        .match_requests(move |r| {
+            s.lock().unwrap().push((
+                r.auto_scaling_group_name().map(str::to_string),
+                r.lifecycle_hook_name().map(str::to_string),
+                r.instance_id().map(str::to_string),
+                r.lifecycle_action_token().map(str::to_string),
+                r.lifecycle_action_result().map(str::to_string),
+            ));
+            true
+        })
+        .then_output(|| CompleteLifecycleActionOutput::builder().build());
+    let c = cloud(&[&rule]);
+    c.complete_lifecycle_action(&action(Some("tok-123")), LifecycleResult::Continue)
+        .await
+        .unwrap();
+    c.complete_lifecycle_action(&action(None), LifecycleResult::Abandon)
+        .await
+        .unwrap();
+    let seen = seen.lock().unwrap();
+    let s = |x: &str| Some(x.to_string());
+    assert_eq!(
+        seen[0],
+        (
+            s("web"),
+            s("drain"),
+            s("i-0abc"),
+            s("tok-123"),
+            s("CONTINUE")
+        )
+    );
+    assert_eq!(
+        seen[1],
+        (s("web"), s("drain"), s("i-0abc"), None, s("ABANDON"))
+    );
+}
+
+#[tokio::test]
+async fn heartbeat_names_the_action() {
+    let rule = mock!(Client::record_lifecycle_action_heartbeat)
+        .match_requests(|r| {
+            r.auto_scaling_group_name() == Some("web")
+                && r.lifecycle_hook_name() == Some("drain")
+                && r.instance_id() == Some("i-0abc")
+        })
+        .then_output(|| RecordLifecycleActionHeartbeatOutput::builder().build());
+    let c = cloud(&[&rule]);
+    c.lifecycle_heartbeat(&action(None)).await.unwrap();
+    assert_eq!(rule.num_calls(), 1);
+}
+
+#[tokio::test]
+async fn throttles_and_server_errors_are_classified() {
+    let throttle = mock!(Client::describe_auto_scaling_groups).then_error(|| {
+        DescribeAutoScalingGroupsError::generic(
+            ErrorMetadata::builder()
+                .code("Throttling")
+                .message("Rate exceeded")
+                .build(),
+        )
+    });
+    let c = cloud(&[&throttle]);
+    let sel = GroupSelector {
+        names: vec!["web".into()],
+        tag_sets: vec![],
+    };
+    let e = c.describe_groups(&sel).await.unwrap_err();
+    assert!(matches!(e, CloudError::Throttled { .. }), "{e:?}");
+    assert!(e.is_retryable());
+    assert_eq!(
+        c.calls().snapshot().get(&(
+            "DescribeAutoScalingGroups".to_string(),
+            "throttled".to_string()
+        )),
+        Some(&1)
+    );
+
+    let boom = mock!(Client::describe_auto_scaling_groups).then_http_response(|| {
+        aws_smithy_runtime_api::http::Response::new(
+            aws_smithy_runtime_api::http::StatusCode::try_from(500).unwrap(),
+            aws_smithy_types::body::SdkBody::from("<html>Internal Server Error</html>"),
+        )
+    });
+    let c = cloud(&[&boom]);
+    let e = c.describe_groups(&sel).await.unwrap_err();
+    assert!(matches!(e, CloudError::Transient { .. }), "{e:?}");
+
+    let rejected = mock!(Client::complete_lifecycle_action).then_error(|| {
+        CompleteLifecycleActionError::generic(
+            ErrorMetadata::builder()
+                .code("ValidationError")
+                .message("No active Lifecycle Action found with instance ID i-0abc")
+                .build(),
+        )
+    });
+    let c = cloud(&[&rejected]);
+    let e = c
+        .complete_lifecycle_action(&action(None), LifecycleResult::Continue)
+        .await
+        .unwrap_err();
+    match e {
+        CloudError::Rejected { code, message, .. } => {
+            assert_eq!(code, "ValidationError");
+            assert!(message.contains("No active Lifecycle Action"));
+        }
+        other => panic!("{other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn mixed_instances_overrides_are_read_in_order() {
+    let rule = mock!(Client::describe_auto_scaling_groups).then_output(|| {
+        let lt = asg::types::LaunchTemplateSpecification::builder()
+            .launch_template_id("lt-1")
+            .version("3")
+            .build();
+        let policy = asg::types::MixedInstancesPolicy::builder()
+            .launch_template(
+                asg::types::LaunchTemplate::builder()
+                    .launch_template_specification(lt)
+                    .overrides(
+                        asg::types::LaunchTemplateOverrides::builder()
+                            .instance_type("m5.xlarge")
+                            .build(),
+                    )
+                    .overrides(
+                        asg::types::LaunchTemplateOverrides::builder()
+                            .instance_type("m5a.xlarge")
+                            .build(),
+                    )
+                    .build(),
+            )
+            .build();
+        DescribeAutoScalingGroupsOutput::builder()
+            .auto_scaling_groups(
+                asg::types::AutoScalingGroup::builder()
+                    .auto_scaling_group_name("mixed")
+                    .min_size(0)
+                    .max_size(5)
+                    .desired_capacity(0)
+                    .mixed_instances_policy(policy)
+                    .build(),
+            )
+            .build()
+    });
+    let c = cloud(&[&rule]);
+    let g = c
+        .describe_groups(&GroupSelector {
+            names: vec!["mixed".into()],
+            tag_sets: vec![],
+        })
+        .await
+        .unwrap()
+        .remove(0);
+    match g.launch {
+        ca_asg_provider::cloud::LaunchSpec::MixedInstances {
+            template,
+            override_types,
+        } => {
+            assert_eq!(template.id.as_deref(), Some("lt-1"));
+            assert_eq!(template.version.as_deref(), Some("3"));
+            assert_eq!(override_types, vec!["m5.xlarge", "m5a.xlarge"]);
+        }
+        other => panic!("{other:?}"),
+    }
+}
