@@ -1,0 +1,268 @@
+//! Wire compatibility with the message shapes of different CA versions: our real
+//! responses decoded with definitions shaped like CA 1.31 (template Node embedded in
+//! field 1, meta Duration in fields 3-5) and CA 1.35 (nodeBytes in field 2, google
+//! Duration in fields 8-11), and requests from each decoded by our server.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use ca_asg_provider::cloud::memory::{MemoryCloud, MemoryGroup, MemoryTiming};
+use ca_asg_provider::cloud::GroupSelector;
+use ca_asg_provider::proto;
+use ca_asg_provider::proto::cloud_provider_client::CloudProviderClient;
+use ca_asg_provider::provider::{Provider, ProviderSettings};
+use k8s_pb::api::core::v1::Node;
+use prost::Message;
+
+/// CA <= 1.34: `k8s.io.api.core.v1.Node nodeInfo = 1;`
+#[derive(Clone, PartialEq, Message)]
+struct Ca131TemplateResponse {
+    #[prost(message, optional, tag = "1")]
+    node_info: Option<Node>,
+}
+
+/// CA >= 1.35: `bytes nodeBytes = 2;` (field 1 gone).
+#[derive(Clone, PartialEq, Message)]
+struct Ca135TemplateResponse {
+    #[prost(bytes = "vec", tag = "2")]
+    node_bytes: Vec<u8>,
+}
+
+#[derive(Clone, PartialEq, Message)]
+struct MetaDuration {
+    #[prost(int64, tag = "1")]
+    duration: i64,
+}
+
+/// CA 1.31: fields 1-7, durations as meta/v1 Duration.
+#[derive(Clone, PartialEq, Message)]
+struct Ca131Options {
+    #[prost(double, tag = "1")]
+    scale_down_utilization_threshold: f64,
+    #[prost(double, tag = "2")]
+    scale_down_gpu_utilization_threshold: f64,
+    #[prost(message, optional, tag = "3")]
+    scale_down_unneeded_time: Option<MetaDuration>,
+    #[prost(message, optional, tag = "4")]
+    scale_down_unready_time: Option<MetaDuration>,
+    #[prost(message, optional, tag = "5")]
+    max_node_provision_time: Option<MetaDuration>,
+    #[prost(bool, tag = "6")]
+    zero_or_max_node_scaling: bool,
+    #[prost(bool, tag = "7")]
+    ignore_daemon_sets_utilization: bool,
+}
+
+/// CA 1.35: google Durations in 8-11, no 3-5.
+#[derive(Clone, PartialEq, Message)]
+struct Ca135Options {
+    #[prost(double, tag = "1")]
+    scale_down_utilization_threshold: f64,
+    #[prost(double, tag = "2")]
+    scale_down_gpu_utilization_threshold: f64,
+    #[prost(bool, tag = "6")]
+    zero_or_max_node_scaling: bool,
+    #[prost(bool, tag = "7")]
+    ignore_daemon_sets_utilization: bool,
+    #[prost(message, optional, tag = "8")]
+    scale_down_unneeded_duration: Option<prost_types::Duration>,
+    #[prost(message, optional, tag = "9")]
+    scale_down_unready_duration: Option<prost_types::Duration>,
+    #[prost(message, optional, tag = "10")]
+    max_node_provision_duration: Option<prost_types::Duration>,
+    #[prost(message, optional, tag = "11")]
+    max_node_startup_duration: Option<prost_types::Duration>,
+}
+
+#[derive(Clone, PartialEq, Message)]
+struct Ca131OptionsRequest {
+    #[prost(string, tag = "1")]
+    id: String,
+    #[prost(message, optional, tag = "2")]
+    defaults: Option<Ca131Options>,
+}
+
+#[derive(Clone, PartialEq, Message)]
+struct Ca135OptionsRequest {
+    #[prost(string, tag = "1")]
+    id: String,
+    #[prost(message, optional, tag = "2")]
+    defaults: Option<Ca135Options>,
+}
+
+async fn server() -> CloudProviderClient<tonic::transport::Channel> {
+    let cloud = MemoryCloud::new(
+        vec![MemoryGroup::new("gpu", 0, 4, 0, "g4dn.xlarge")
+            .tag("k8s.io/cluster-autoscaler/node-template/label/pool", "ml")
+            .tag(
+                "k8s.io/cluster-autoscaler/node-template/autoscaling-options/scaledownunneededtime",
+                "20m",
+            )],
+        MemoryTiming::default(),
+    );
+    let settings = ProviderSettings {
+        selector: GroupSelector {
+            names: vec!["gpu".into()],
+            tag_sets: vec![],
+        },
+        ..ProviderSettings::default()
+    };
+    let p = Provider::new(Arc::new(cloud), settings);
+    p.refresh_now().await.unwrap();
+    let (l, addr) = ca_asg_provider::grpc::bind("127.0.0.1:0".parse().unwrap())
+        .await
+        .unwrap();
+    tokio::spawn(ca_asg_provider::grpc::serve(
+        l,
+        p,
+        None,
+        std::future::pending(),
+    ));
+    CloudProviderClient::connect(format!("http://{addr}"))
+        .await
+        .unwrap()
+}
+
+fn ten_minutes_131() -> Ca131Options {
+    Ca131Options {
+        scale_down_utilization_threshold: 0.5,
+        scale_down_gpu_utilization_threshold: 0.5,
+        scale_down_unneeded_time: Some(MetaDuration {
+            duration: 600_000_000_000,
+        }),
+        scale_down_unready_time: Some(MetaDuration {
+            duration: 1_200_000_000_000,
+        }),
+        max_node_provision_time: Some(MetaDuration {
+            duration: 900_000_000_000,
+        }),
+        ..Default::default()
+    }
+}
+
+#[tokio::test]
+async fn template_node_decodes_as_ca_131_and_ca_135() {
+    let mut ca = server().await;
+    let resp = ca
+        .node_group_template_node_info(proto::NodeGroupTemplateNodeInfoRequest { id: "gpu".into() })
+        .await
+        .unwrap()
+        .into_inner();
+    let wire = resp.encode_to_vec();
+    let old = Ca131TemplateResponse::decode(wire.as_slice())
+        .unwrap()
+        .node_info
+        .expect("field 1 is a Node for CA 1.31");
+    let new = Node::decode(
+        Ca135TemplateResponse::decode(wire.as_slice())
+            .unwrap()
+            .node_bytes
+            .as_slice(),
+    )
+    .unwrap();
+    assert_eq!(old, new, "both versions see the same Node");
+    let labels = &new.metadata.as_ref().unwrap().labels;
+    assert_eq!(labels["pool"], "ml");
+    assert_eq!(labels["node.kubernetes.io/instance-type"], "g4dn.xlarge");
+    let cap = &new.status.as_ref().unwrap().capacity;
+    assert_eq!(cap["nvidia.com/gpu"].string.as_deref(), Some("1"));
+    assert_eq!(cap["cpu"].string.as_deref(), Some("4"));
+}
+
+/// Sends raw request bytes for NodeGroupGetOptions and returns the raw response.
+async fn raw_get_options(
+    ca: &mut CloudProviderClient<tonic::transport::Channel>,
+    body: Vec<u8>,
+) -> Vec<u8> {
+    // Re-decode the foreign request with our own type: the bytes are what CA sends.
+    let req = proto::NodeGroupAutoscalingOptionsRequest::decode(body.as_slice()).unwrap();
+    let resp = ca.node_group_get_options(req).await.unwrap().into_inner();
+    resp.node_group_autoscaling_options.unwrap().encode_to_vec()
+}
+
+#[tokio::test]
+async fn options_round_trip_for_ca_131() {
+    let mut ca = server().await;
+    let body = Ca131OptionsRequest {
+        id: "gpu".into(),
+        defaults: Some(ten_minutes_131()),
+    }
+    .encode_to_vec();
+    let out = Ca131Options::decode(raw_get_options(&mut ca, body).await.as_slice()).unwrap();
+    // The tag overrides scale-down-unneeded; the rest echoes CA's defaults.
+    assert_eq!(
+        out.scale_down_unneeded_time.unwrap().duration,
+        1_200_000_000_000
+    );
+    assert_eq!(
+        out.scale_down_unready_time.unwrap().duration,
+        1_200_000_000_000
+    );
+    assert_eq!(
+        out.max_node_provision_time.unwrap().duration,
+        900_000_000_000
+    );
+    assert_eq!(out.scale_down_utilization_threshold, 0.5);
+}
+
+#[tokio::test]
+async fn options_round_trip_for_ca_135() {
+    let mut ca = server().await;
+    let secs = |s| {
+        Some(prost_types::Duration {
+            seconds: s,
+            nanos: 0,
+        })
+    };
+    let defaults = Ca135Options {
+        scale_down_utilization_threshold: 0.6,
+        scale_down_gpu_utilization_threshold: 0.4,
+        scale_down_unneeded_duration: secs(600),
+        scale_down_unready_duration: secs(1200),
+        max_node_provision_duration: secs(900),
+        max_node_startup_duration: secs(300),
+        ..Default::default()
+    };
+    let body = Ca135OptionsRequest {
+        id: "gpu".into(),
+        defaults: Some(defaults),
+    }
+    .encode_to_vec();
+    let out = Ca135Options::decode(raw_get_options(&mut ca, body).await.as_slice()).unwrap();
+    assert_eq!(
+        out.scale_down_unneeded_duration.unwrap().seconds,
+        1200,
+        "tag: 20m"
+    );
+    assert_eq!(out.scale_down_unready_duration.unwrap().seconds, 1200);
+    assert_eq!(out.max_node_provision_duration.unwrap().seconds, 900);
+    assert_eq!(out.max_node_startup_duration.unwrap().seconds, 300);
+    assert_eq!(out.scale_down_utilization_threshold, 0.6);
+}
+
+#[tokio::test]
+async fn missing_durations_are_filled_never_omitted() {
+    let mut ca = server().await;
+    let body = Ca131OptionsRequest {
+        id: "gpu".into(),
+        defaults: None,
+    }
+    .encode_to_vec();
+    let bytes = raw_get_options(&mut ca, body).await;
+    let old = Ca131Options::decode(bytes.as_slice()).unwrap();
+    let new = Ca135Options::decode(bytes.as_slice()).unwrap();
+    for d in [old.scale_down_unready_time, old.max_node_provision_time] {
+        assert!(d.unwrap().duration > 0);
+    }
+    for d in [
+        new.scale_down_unready_duration,
+        new.max_node_provision_duration,
+        new.max_node_startup_duration,
+    ] {
+        assert!(d.unwrap().seconds > 0);
+    }
+    assert_eq!(
+        Duration::from_nanos(old.scale_down_unneeded_time.unwrap().duration as u64),
+        Duration::from_secs(1200)
+    );
+}
