@@ -506,7 +506,7 @@ impl Cloud for AwsCloud {
                 }
             })
             .collect();
-        out.sort_by(|a, b| b.started_at_unix.cmp(&a.started_at_unix));
+        out.sort_by_key(|f| std::cmp::Reverse(f.started_at_unix));
         Ok(out)
     }
 
