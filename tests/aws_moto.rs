@@ -428,7 +428,7 @@ async fn provider_over_moto_builds_templates_with_one_type_lookup_per_type() {
             assert_eq!(labels["team"], "web", "from user data");
             assert_eq!(labels["node.kubernetes.io/instance-type"], "m5.large");
         } else {
-            assert_eq!(labels["k8s.amazonaws.com/accelerator"].contains("t4"), true);
+            assert!(labels["k8s.amazonaws.com/accelerator"].contains("t4"));
         }
     }
     assert!(
