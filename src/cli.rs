@@ -166,11 +166,7 @@ async fn serve(args: ConfigArgs) -> anyhow::Result<()> {
     provider.start_background();
     spawn_initial_refresh(provider.clone());
     if cfg.drain_enabled {
-        let client = kube::Client::try_default().await.map_err(|e| {
-            anyhow::anyhow!(
-                "cannot reach the Kubernetes API (in-cluster config or KUBECONFIG): {e}"
-            )
-        })?;
+        let client = crate::scalein::kube_client().await?;
         let engine = crate::scalein::Engine::new(
             client,
             cloud,

@@ -14,9 +14,7 @@ use crate::scalein::{plan, DaemonSetPolicy, DrainRequest, Engine, Mode, Outcome,
 
 pub async fn run(args: DrainArgs) -> anyhow::Result<()> {
     let cfg = args.config.load()?;
-    let client = kube::Client::try_default().await.map_err(|e| {
-        anyhow::anyhow!("cannot reach the Kubernetes API (KUBECONFIG or in-cluster): {e}")
-    })?;
+    let client = crate::scalein::kube_client().await?;
     drain(client, &cfg, &args).await
 }
 

@@ -1,2 +1,256 @@
-//! An in-memory Kubernetes API server over HTTP, with a fake kubelet and controllers,
-//! for the demo and the tests.
+//! An in-memory Kubernetes API server over real HTTP, with a fake kubelet, scheduler
+//! and ReplicaSet/DaemonSet controllers, for the demo and the tests. kube-rs talks to
+//! it exactly as to a real API server (list, watch with resourceVersion, selectors,
+//! merge and JSON patch, graceful deletion, pods/eviction with PDB 429s).
+
+use std::collections::BTreeMap;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use parking_lot::Mutex;
+use serde_json::Value;
+
+pub mod cluster;
+pub mod eviction;
+pub mod fixtures;
+pub mod http;
+pub mod selectors;
+pub mod store;
+
+pub use store::AuditEntry;
+use store::{resource_of_kind, ApiError, Store};
+
+#[derive(Debug, Clone)]
+pub struct SimOptions {
+    /// From a pod's binding to Ready (per-pod annotation overrides).
+    pub ready_delay: Duration,
+}
+
+impl Default for SimOptions {
+    fn default() -> Self {
+        Self {
+            ready_delay: Duration::from_millis(200),
+        }
+    }
+}
+
+/// API requests by (verb, resource).
+#[derive(Debug, Default)]
+pub struct RequestStats(Mutex<BTreeMap<(String, String), u64>>);
+
+impl RequestStats {
+    fn count(&self, verb: &str, res: &str) {
+        *self
+            .0
+            .lock()
+            .entry((verb.to_string(), res.to_string()))
+            .or_default() += 1;
+    }
+
+    pub fn snapshot(&self) -> BTreeMap<(String, String), u64> {
+        self.0.lock().clone()
+    }
+
+    pub fn total(&self) -> u64 {
+        self.0.lock().values().sum()
+    }
+
+    pub fn get(&self, verb: &str, res: &str) -> u64 {
+        self.0
+            .lock()
+            .get(&(verb.to_string(), res.to_string()))
+            .copied()
+            .unwrap_or(0)
+    }
+}
+
+pub struct SimCluster {
+    pub store: Arc<Store>,
+    stats: Arc<RequestStats>,
+    addr: SocketAddr,
+    epoch: tokio::sync::watch::Sender<u64>,
+    server: Mutex<Option<tokio::task::JoinHandle<()>>>,
+    actors: tokio::task::JoinHandle<()>,
+}
+
+async fn serve(listener: tokio::net::TcpListener, ctx: Arc<http::Ctx>) {
+    let app = axum::Router::new().fallback(http::handle).with_state(ctx);
+    let _ = axum::serve(listener, app).await;
+}
+
+impl SimCluster {
+    pub async fn start(opts: SimOptions) -> anyhow::Result<SimCluster> {
+        let store = Arc::new(Store::new());
+        let stats = Arc::new(RequestStats::default());
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
+        let addr = listener.local_addr()?;
+        let (epoch, epoch_rx) = tokio::sync::watch::channel(0u64);
+        let ctx = Arc::new(http::Ctx {
+            store: store.clone(),
+            stats: stats.clone(),
+            epoch: epoch_rx,
+        });
+        let server = tokio::spawn(serve(listener, ctx));
+        let actors = cluster::spawn(store.clone(), opts);
+        Ok(SimCluster {
+            store,
+            stats,
+            addr,
+            epoch,
+            server: Mutex::new(Some(server)),
+            actors,
+        })
+    }
+
+    pub fn url(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// A kube::Client over real HTTP to this server.
+    pub fn client(&self) -> kube::Client {
+        let uri: hyper::Uri = self.url().parse().expect("own URL parses");
+        let mut cfg = kube::Config::new(uri);
+        cfg.default_namespace = "default".into();
+        cfg.read_timeout = Some(Duration::from_secs(300));
+        // Like the engine's client: a 429 from a PDB must reach the caller.
+        cfg.default_retry = false;
+        kube::Client::try_from(cfg).expect("client for a plain HTTP URL")
+    }
+
+    /// Inserts an object through the same path as a POST (watchers see it).
+    pub fn create<K: serde::Serialize + k8s_openapi::Resource>(
+        &self,
+        obj: &K,
+    ) -> Result<Value, ApiError> {
+        let res = resource_of_kind(K::KIND, K::API_VERSION).ok_or_else(|| {
+            ApiError::new(404, "NotFound", format!("kind {} is not served", K::KIND))
+        })?;
+        let v = serde_json::to_value(obj)
+            .map_err(|e| ApiError::new(400, "BadRequest", e.to_string()))?;
+        let ns = v["metadata"]["namespace"]
+            .as_str()
+            .unwrap_or("default")
+            .to_string();
+        self.store.lock().create(res, &ns, v)
+    }
+
+    /// An object as stored, by kind.
+    pub fn get<K: k8s_openapi::Resource>(&self, ns: &str, name: &str) -> Option<Value> {
+        let res = resource_of_kind(K::KIND, K::API_VERSION)?;
+        self.store.lock().get(res, ns, name).cloned()
+    }
+
+    /// Every object of a kind, as stored.
+    pub fn list<K: k8s_openapi::Resource>(&self) -> Vec<Value> {
+        match resource_of_kind(K::KIND, K::API_VERSION) {
+            Some(res) => self.store.lock().list(res, None),
+            None => Vec::new(),
+        }
+    }
+
+    /// Deletes at once (no grace), as for a Node removed by the cloud controller.
+    pub fn remove<K: k8s_openapi::Resource>(&self, ns: &str, name: &str) -> bool {
+        match resource_of_kind(K::KIND, K::API_VERSION) {
+            Some(res) => self.store.lock().remove(res, ns, name).is_some(),
+            None => false,
+        }
+    }
+
+    pub fn audit(&self) -> Vec<AuditEntry> {
+        self.store.audit()
+    }
+
+    pub fn requests(&self) -> &RequestStats {
+        &self.stats
+    }
+
+    /// Drops every open watch and listens again on the same port, keeping the state.
+    pub async fn restart_http(&self) -> anyhow::Result<()> {
+        if let Some(h) = self.server.lock().take() {
+            h.abort();
+        }
+        self.epoch.send_modify(|e| *e += 1);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let listener = tokio::net::TcpListener::bind(self.addr).await?;
+        let ctx = Arc::new(http::Ctx {
+            store: self.store.clone(),
+            stats: self.stats.clone(),
+            epoch: self.epoch.subscribe(),
+        });
+        *self.server.lock() = Some(tokio::spawn(serve(listener, ctx)));
+        Ok(())
+    }
+
+    /// Keeps one Node per InService instance of a memory cloud (and removes Nodes of
+    /// instances that are gone), like kubelet registration and the cloud controller.
+    pub fn follow_cloud(
+        self: &Arc<Self>,
+        cloud: crate::cloud::memory::MemoryCloud,
+    ) -> tokio::task::JoinHandle<()> {
+        let weak = Arc::downgrade(self);
+        tokio::spawn(async move {
+            loop {
+                let Some(sim) = weak.upgrade() else { return };
+                sim.sync_nodes(&cloud);
+                drop(sim);
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        })
+    }
+
+    fn sync_nodes(&self, cloud: &crate::cloud::memory::MemoryCloud) {
+        use crate::cloud::LifecycleState;
+        let instances = cloud.instances();
+        let existing = self.list::<k8s_openapi::api::core::v1::Node>();
+        for (group, inst) in &instances {
+            let name = node_name(&inst.id);
+            let known = existing
+                .iter()
+                .any(|n| n["metadata"]["name"] == name.as_str());
+            if inst.state == LifecycleState::InService && !known {
+                let labels = [
+                    ("topology.kubernetes.io/zone", inst.zone.as_str()),
+                    (
+                        "node.kubernetes.io/instance-type",
+                        inst.instance_type.as_deref().unwrap_or(""),
+                    ),
+                    ("sim.ca-asg-provider.io/group", group.as_str()),
+                ];
+                let _ = self.create(&fixtures::node(&name, &inst.provider_id(), &labels));
+            }
+        }
+        for n in existing {
+            let pid = n["spec"]["providerID"].as_str().unwrap_or("");
+            let id = crate::provider::provider_id::instance_id(pid).unwrap_or("");
+            let alive = instances
+                .iter()
+                .any(|(_, i)| i.id == id && i.state != LifecycleState::Terminated);
+            if !alive && pid.starts_with("aws://") {
+                let name = n["metadata"]["name"].as_str().unwrap_or("").to_string();
+                self.remove::<k8s_openapi::api::core::v1::Node>("", &name);
+            }
+        }
+    }
+
+    pub async fn shutdown(self) {
+        if let Some(h) = self.server.lock().take() {
+            h.abort();
+        }
+        self.actors.abort();
+    }
+}
+
+impl Drop for SimCluster {
+    fn drop(&mut self) {
+        if let Some(h) = self.server.lock().take() {
+            h.abort();
+        }
+        self.actors.abort();
+    }
+}
+
+/// The Node name the simulated kubelet registers for an instance.
+pub fn node_name(instance_id: &str) -> String {
+    format!("ip-{}.ec2.internal", instance_id.trim_start_matches("i-"))
+}

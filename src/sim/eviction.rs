@@ -1,0 +1,230 @@
+//! pods/eviction like the real API server: PodDisruptionBudgets decide, a refusal is
+//! HTTP 429, and everything happens under the store lock so concurrent evictions can
+//! never break a budget.
+
+use serde_json::{json, Value};
+
+use super::selectors::{labels_of, selector_object_matches};
+use super::store::{resource, ApiError, Inner};
+
+fn is_ready(pod: &Value) -> bool {
+    pod["status"]["conditions"].as_array().is_some_and(|c| {
+        c.iter()
+            .any(|c| c["type"] == "Ready" && c["status"] == "True")
+    })
+}
+
+fn terminating(pod: &Value) -> bool {
+    !pod["metadata"]["deletionTimestamp"].is_null()
+}
+
+/// `minAvailable` / `maxUnavailable` as an int or a percentage of `expected`
+/// (rounded up, as the disruption controller does).
+fn scaled(v: &Value, expected: i64) -> Option<i64> {
+    if let Some(n) = v.as_i64() {
+        return Some(n);
+    }
+    let s = v.as_str()?;
+    let pct: f64 = s.strip_suffix('%')?.parse().ok()?;
+    Some((pct * expected as f64 / 100.0).ceil() as i64)
+}
+
+/// (healthy, desired healthy, expected) for a PDB over the pods of its namespace.
+/// Expected pods come from the owning controllers' scale (as the disruption
+/// controller does), so a pod that is terminating still counts until replaced;
+/// pods without a controller count while they are not terminating.
+pub fn budget(pdb: &Value, pods: &[Value], controllers: &[Value]) -> (i64, i64, i64) {
+    let sel = &pdb["spec"]["selector"];
+    let matching: Vec<&Value> = pods
+        .iter()
+        .filter(|p| selector_object_matches(sel, &labels_of(p)))
+        .filter(|p| {
+            !matches!(
+                p["status"]["phase"].as_str(),
+                Some("Succeeded") | Some("Failed")
+            )
+        })
+        .collect();
+    let mut owners = std::collections::BTreeSet::new();
+    let mut bare = 0i64;
+    for p in &matching {
+        let owner = p["metadata"]["ownerReferences"]
+            .as_array()
+            .and_then(|o| o.iter().find(|r| r["controller"] == true))
+            .and_then(|r| r["uid"].as_str());
+        match owner.and_then(|uid| controllers.iter().find(|c| c["metadata"]["uid"] == uid)) {
+            Some(c) => {
+                owners.insert(c["metadata"]["uid"].as_str().unwrap_or("").to_string());
+            }
+            None if !terminating(p) => bare += 1,
+            None => {}
+        }
+    }
+    let scale: i64 = controllers
+        .iter()
+        .filter(|c| owners.contains(c["metadata"]["uid"].as_str().unwrap_or("")))
+        .map(|c| c["spec"]["replicas"].as_i64().unwrap_or(1))
+        .sum();
+    let expected = scale + bare;
+    let healthy = matching
+        .iter()
+        .filter(|p| !terminating(p) && is_ready(p))
+        .count() as i64;
+    let spec = &pdb["spec"];
+    let desired = if !spec["minAvailable"].is_null() {
+        scaled(&spec["minAvailable"], expected).unwrap_or(expected)
+    } else if !spec["maxUnavailable"].is_null() {
+        expected - scaled(&spec["maxUnavailable"], expected).unwrap_or(0)
+    } else {
+        expected
+    };
+    (healthy, desired.max(0), expected)
+}
+
+/// The PDB status the disruption controller would write.
+pub fn status(pdb: &Value, pods: &[Value], controllers: &[Value]) -> Value {
+    let (healthy, desired, expected) = budget(pdb, pods, controllers);
+    json!({
+        "currentHealthy": healthy, "desiredHealthy": desired, "expectedPods": expected,
+        "disruptionsAllowed": (healthy - desired).max(0),
+        "observedGeneration": 1,
+    })
+}
+
+/// Handles one eviction. `Ok` carries the Status to answer with (201).
+pub(crate) fn evict(
+    inner: &mut Inner,
+    ns: &str,
+    name: &str,
+    body: &Value,
+) -> Result<Value, ApiError> {
+    let pods_res = resource("", "pods").expect("pods");
+    let pdb_res = resource("policy", "poddisruptionbudgets").expect("pdbs");
+    let pod = inner
+        .get(pods_res, ns, name)
+        .cloned()
+        .ok_or_else(|| ApiError::not_found(pods_res, name))?;
+    let grace = body["deleteOptions"]["gracePeriodSeconds"].as_i64();
+    if terminating(&pod) {
+        // Already going: nothing a budget could protect.
+        return Ok(json!({"kind": "Status", "apiVersion": "v1", "status": "Success", "code": 200}));
+    }
+    let labels = labels_of(&pod);
+    let pdbs: Vec<Value> = inner
+        .list(pdb_res, Some(ns))
+        .into_iter()
+        .filter(|p| selector_object_matches(&p["spec"]["selector"], &labels))
+        .collect();
+    if pdbs.len() > 1 {
+        return Err(ApiError::new(500, "InternalError", "This pod has more than one PodDisruptionBudget, which the eviction subresource does not support."));
+    }
+    if let Some(pdb) = pdbs.first() {
+        let pods = inner.list(pods_res, Some(ns));
+        let controllers = inner.list(resource("apps", "replicasets").expect("rs"), Some(ns));
+        let (healthy, desired, _) = budget(pdb, &pods, &controllers);
+        // Evicting a pod that is not Ready costs the budget nothing.
+        let counts = is_ready(&pod);
+        if counts && healthy - desired <= 0 {
+            inner.note("eviction-denied", pods_res, ns, name);
+            let pdb_name = pdb["metadata"]["name"].as_str().unwrap_or("");
+            let mut e = ApiError::new(
+                429,
+                "TooManyRequests",
+                "Cannot evict pod as it would violate the pod's disruption budget.",
+            );
+            e.causes = vec![json!({
+                "reason": "DisruptionBudget",
+                "message": format!("The disruption budget {pdb_name} needs {desired} healthy pods and has {healthy} currently"),
+            })];
+            return Err(e);
+        }
+    }
+    inner.note("evicted", pods_res, ns, name);
+    inner.delete(pods_res, ns, name, grace)?;
+    Ok(
+        json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201}),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn pod(ready: bool, terminating: bool) -> Value {
+        let mut p = json!({"metadata": {"labels": {"app": "web"}}, "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": if ready {"True"} else {"False"}}]}});
+        if terminating {
+            p["metadata"]["deletionTimestamp"] = json!("2026-01-01T00:00:00Z");
+        }
+        p
+    }
+
+    #[test]
+    fn max_unavailable_one_of_two() {
+        let pdb =
+            json!({"spec": {"selector": {"matchLabels": {"app": "web"}}, "maxUnavailable": 1}});
+        assert_eq!(
+            budget(&pdb, &[pod(true, false), pod(true, false)], &[]),
+            (2, 1, 2)
+        );
+        // One is going: the other may not.
+        assert_eq!(
+            budget(&pdb, &[pod(true, true), pod(true, false)], &[]),
+            (1, 0, 1)
+        );
+        let st = status(&pdb, &[pod(true, false), pod(false, false)], &[]);
+        assert_eq!(st["disruptionsAllowed"], 0);
+    }
+
+    #[test]
+    fn a_replaced_pod_counts_against_the_controller_scale() {
+        let pdb =
+            json!({"spec": {"selector": {"matchLabels": {"app": "web"}}, "maxUnavailable": 1}});
+        let rs = json!({"metadata": {"uid": "rs1"}, "spec": {"replicas": 2}});
+        let owned = |ready, term| {
+            let mut p = pod(ready, term);
+            p["metadata"]["ownerReferences"] = json!([{"uid": "rs1", "controller": true}]);
+            p
+        };
+        // One evicted (terminating), one healthy: nothing more may go.
+        assert_eq!(
+            budget(
+                &pdb,
+                &[owned(true, true), owned(true, false)],
+                std::slice::from_ref(&rs)
+            ),
+            (1, 1, 2)
+        );
+        // The replacement is Ready: one may go again, although the old one still terminates.
+        assert_eq!(
+            budget(
+                &pdb,
+                &[owned(true, true), owned(true, false), owned(true, false)],
+                &[rs]
+            ),
+            (2, 1, 2)
+        );
+    }
+
+    #[test]
+    fn min_available_percent_rounds_up() {
+        let pdb = json!({"spec": {"selector": {}, "minAvailable": "50%"}});
+        assert_eq!(
+            budget(
+                &pdb,
+                &[pod(true, false), pod(true, false), pod(true, false)],
+                &[]
+            ),
+            (3, 2, 3)
+        );
+        let pdb = json!({"spec": {"selector": {}, "maxUnavailable": "34%"}});
+        assert_eq!(
+            budget(
+                &pdb,
+                &[pod(true, false), pod(true, false), pod(true, false)],
+                &[]
+            )
+            .1,
+            1
+        );
+    }
+}

@@ -1,0 +1,465 @@
+//! The HTTP face of the in-memory API server: the URL forms, verbs and content types
+//! kube-rs uses, with Status errors that name what was wrong.
+
+use std::collections::HashMap;
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::{Body, Bytes};
+use axum::extract::{Query, State};
+use axum::http::{HeaderMap, Method, StatusCode, Uri};
+use axum::response::{IntoResponse, Response};
+use serde_json::{json, Value};
+use tokio::sync::watch;
+
+use super::eviction;
+use super::selectors::{labels_of, FieldSelector, LabelSelector};
+use super::store::{resource, ApiError, EventType, ResourceDef, Store};
+
+pub struct Ctx {
+    pub store: Arc<Store>,
+    pub stats: Arc<super::RequestStats>,
+    /// Bumped on restart so open watches end.
+    pub epoch: watch::Receiver<u64>,
+}
+
+fn json_response(code: StatusCode, v: &Value) -> Response {
+    (
+        code,
+        [(axum::http::header::CONTENT_TYPE, "application/json")],
+        v.to_string(),
+    )
+        .into_response()
+}
+
+fn error(e: ApiError) -> Response {
+    json_response(
+        StatusCode::from_u16(e.code).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR),
+        &e.to_status(),
+    )
+}
+
+/// What a URL names.
+struct Target {
+    res: &'static ResourceDef,
+    ns: Option<String>,
+    name: Option<String>,
+    sub: Option<String>,
+}
+
+fn parse_path(path: &str) -> Result<Target, ApiError> {
+    let segs: Vec<&str> = path.trim_matches('/').split('/').collect();
+    let (group, rest) = match segs.as_slice() {
+        ["api", "v1", rest @ ..] => ("", rest),
+        ["apis", group, _version, rest @ ..] => (*group, rest),
+        _ => {
+            return Err(ApiError::new(
+                404,
+                "NotFound",
+                format!("the server could not find the requested resource ({path})"),
+            ))
+        }
+    };
+    let (ns, rest) = match rest {
+        ["namespaces", ns, plural, tail @ ..] => {
+            (Some(ns.to_string()), [&[*plural][..], tail].concat())
+        }
+        other => (None, other.to_vec()),
+    };
+    let plural = rest.first().copied().unwrap_or("");
+    let res = resource(group, plural).ok_or_else(|| {
+        ApiError::new(
+            404,
+            "NotFound",
+            format!("the server could not find the requested resource ({path})"),
+        )
+    })?;
+    Ok(Target {
+        res,
+        ns,
+        name: rest.get(1).map(|s| s.to_string()),
+        sub: rest.get(2).map(|s| s.to_string()),
+    })
+}
+
+fn parse_body(body: &Bytes) -> Result<Value, ApiError> {
+    if body.is_empty() {
+        return Ok(json!({}));
+    }
+    serde_json::from_slice(body).map_err(|e| {
+        ApiError::new(
+            400,
+            "BadRequest",
+            format!("the request body is not valid JSON: {e}"),
+        )
+    })
+}
+
+/// RFC 7386 merge patch.
+pub(crate) fn merge(target: &mut Value, patch: &Value) {
+    match patch {
+        Value::Object(p) => {
+            if !target.is_object() {
+                *target = json!({});
+            }
+            let t = target.as_object_mut().expect("object");
+            for (k, v) in p {
+                if v.is_null() {
+                    t.remove(k);
+                } else {
+                    merge(t.entry(k.clone()).or_insert(Value::Null), v);
+                }
+            }
+        }
+        other => *target = other.clone(),
+    }
+}
+
+pub async fn handle(
+    State(ctx): State<Arc<Ctx>>,
+    method: Method,
+    uri: Uri,
+    headers: HeaderMap,
+    Query(q): Query<HashMap<String, String>>,
+    body: Bytes,
+) -> Response {
+    let path = uri.path().to_string();
+    if path == "/version" {
+        return json_response(
+            StatusCode::OK,
+            &json!({"major": "1", "minor": "34", "gitVersion": "v1.34.0-sim", "platform": "linux/amd64"}),
+        );
+    }
+    if path == "/api" {
+        return json_response(
+            StatusCode::OK,
+            &json!({"kind": "APIVersions", "versions": ["v1"]}),
+        );
+    }
+    let t = match parse_path(&path) {
+        Ok(t) => t,
+        Err(e) => return error(e),
+    };
+    let watching = q.get("watch").is_some_and(|w| w == "true" || w == "1");
+    let verb = match (&method, &t.name, watching) {
+        (&Method::GET, None, true) => "watch",
+        (&Method::GET, None, false) => "list",
+        (&Method::GET, Some(_), _) => "get",
+        (&Method::POST, _, _) => "create",
+        (&Method::PUT, _, _) => "update",
+        (&Method::PATCH, _, _) => "patch",
+        (&Method::DELETE, _, _) => "delete",
+        _ => "other",
+    };
+    let res_label = match &t.sub {
+        Some(s) => format!("{}/{s}", t.res.plural),
+        None => t.res.plural.to_string(),
+    };
+    ctx.stats.count(verb, &res_label);
+    let ns = t.ns.clone().unwrap_or_default();
+    let result = match verb {
+        "watch" => return watch_stream(ctx, t, q).await,
+        "list" => list(&ctx, &t, &q),
+        "get" => get(&ctx, &t),
+        "create" => create(&ctx, &t, &ns, &body),
+        "update" => parse_body(&body).and_then(|obj| {
+            let name = t.name.clone().unwrap_or_default();
+            ctx.store.lock().update(t.res, &ns, &name, "update", |old| {
+                let mut new = obj.clone();
+                if t.sub.as_deref() == Some("status") {
+                    let mut o = old.clone();
+                    o["status"] = new["status"].take();
+                    o["metadata"]["resourceVersion"] = new["metadata"]["resourceVersion"].clone();
+                    return Ok(o);
+                }
+                if t.sub.is_none() && !old["status"].is_null() && new["status"].is_null() {
+                    new["status"] = old["status"].clone();
+                }
+                Ok(new)
+            })
+        }),
+        "patch" => patch(&ctx, &t, &ns, &headers, &body),
+        "delete" => parse_body(&body).and_then(|opts| {
+            let grace = q
+                .get("gracePeriodSeconds")
+                .and_then(|g| g.parse().ok())
+                .or(opts["gracePeriodSeconds"].as_i64());
+            ctx.store
+                .lock()
+                .delete(t.res, &ns, t.name.as_deref().unwrap_or(""), grace)
+        }),
+        _ => Err(ApiError::new(
+            405,
+            "MethodNotAllowed",
+            format!("{method} is not supported on {path}"),
+        )),
+    };
+    match result {
+        Ok(v) => json_response(
+            if verb == "create" {
+                StatusCode::CREATED
+            } else {
+                StatusCode::OK
+            },
+            &v,
+        ),
+        Err(e) => error(e),
+    }
+}
+
+fn selectors(q: &HashMap<String, String>) -> Result<(LabelSelector, FieldSelector), ApiError> {
+    let ls = LabelSelector::parse(q.get("labelSelector").map(String::as_str).unwrap_or(""))
+        .map_err(|m| ApiError::new(400, "BadRequest", m))?;
+    let fs = FieldSelector::parse(q.get("fieldSelector").map(String::as_str).unwrap_or(""))
+        .map_err(|m| ApiError::new(400, "BadRequest", m))?;
+    Ok((ls, fs))
+}
+
+fn with_pdb_status(ctx: &Ctx, t: &Target, mut v: Value) -> Value {
+    if t.res.plural == "poddisruptionbudgets" {
+        let ns = v["metadata"]["namespace"]
+            .as_str()
+            .unwrap_or("")
+            .to_string();
+        let inner = ctx.store.lock();
+        let pods = inner.list(resource("", "pods").expect("pods"), Some(&ns));
+        let controllers = inner.list(resource("apps", "replicasets").expect("rs"), Some(&ns));
+        drop(inner);
+        v["status"] = eviction::status(&v, &pods, &controllers);
+    }
+    v
+}
+
+fn list(ctx: &Ctx, t: &Target, q: &HashMap<String, String>) -> Result<Value, ApiError> {
+    let (ls, fs) = selectors(q)?;
+    let (items, rv) = {
+        let inner = ctx.store.lock();
+        (inner.list(t.res, t.ns.as_deref()), inner.rv())
+    };
+    let items: Vec<Value> = items
+        .into_iter()
+        .filter(|o| ls.matches(&labels_of(o)) && fs.matches(o))
+        .map(|o| with_pdb_status(ctx, t, o))
+        .collect();
+    Ok(json!({
+        "apiVersion": t.res.api_version(), "kind": format!("{}List", t.res.kind),
+        "metadata": {"resourceVersion": rv.to_string()}, "items": items,
+    }))
+}
+
+fn get(ctx: &Ctx, t: &Target) -> Result<Value, ApiError> {
+    let name = t.name.as_deref().unwrap_or("");
+    let v = ctx
+        .store
+        .lock()
+        .get(t.res, t.ns.as_deref().unwrap_or(""), name)
+        .cloned()
+        .ok_or_else(|| ApiError::not_found(t.res, name))?;
+    Ok(with_pdb_status(ctx, t, v))
+}
+
+fn create(ctx: &Ctx, t: &Target, ns: &str, body: &Bytes) -> Result<Value, ApiError> {
+    let obj = parse_body(body)?;
+    if t.sub.as_deref() == Some("eviction") && t.res.plural == "pods" {
+        let name = t.name.as_deref().unwrap_or("");
+        return eviction::evict(&mut ctx.store.lock(), ns, name, &obj);
+    }
+    if t.name.is_some() {
+        return Err(ApiError::new(
+            405,
+            "MethodNotAllowed",
+            "POST to a named object is not supported",
+        ));
+    }
+    ctx.store.lock().create(t.res, ns, obj)
+}
+
+fn patch(
+    ctx: &Ctx,
+    t: &Target,
+    ns: &str,
+    headers: &HeaderMap,
+    body: &Bytes,
+) -> Result<Value, ApiError> {
+    let ctype = headers
+        .get(axum::http::header::CONTENT_TYPE)
+        .and_then(|v| v.to_str().ok())
+        .unwrap_or("");
+    let name = t.name.clone().unwrap_or_default();
+    let p = if ctype.contains("yaml") {
+        serde_yaml::from_slice::<Value>(body).map_err(|e| {
+            ApiError::new(
+                400,
+                "BadRequest",
+                format!("the patch is not valid YAML: {e}"),
+            )
+        })?
+    } else {
+        parse_body(body)?
+    };
+    ctx.store.lock().update(t.res, ns, &name, "patch", |old| {
+        let mut new = old.clone();
+        // The optimistic-concurrency check applies only when the patch names a version.
+        new["metadata"]["resourceVersion"] = Value::Null;
+        if ctype.starts_with("application/json-patch+json") {
+            let ops: json_patch::Patch = serde_json::from_value(p.clone()).map_err(|e| {
+                ApiError::new(
+                    400,
+                    "BadRequest",
+                    format!("the JSON patch does not parse: {e}"),
+                )
+            })?;
+            json_patch::patch(&mut new, &ops).map_err(|e| {
+                ApiError::new(
+                    422,
+                    "Invalid",
+                    format!("the JSON patch does not apply: {e}"),
+                )
+            })?;
+        } else if ctype.starts_with("application/merge-patch+json")
+            || ctype.starts_with("application/strategic-merge-patch+json")
+            || ctype.starts_with("application/apply-patch+yaml")
+        {
+            merge(&mut new, &p);
+        } else {
+            return Err(ApiError::new(
+                415,
+                "UnsupportedMediaType",
+                format!("the patch content type {ctype:?} is not supported"),
+            ));
+        }
+        if new["metadata"]["resourceVersion"].is_null() {
+            new["metadata"]["resourceVersion"] = old["metadata"]["resourceVersion"].clone();
+        }
+        Ok(new)
+    })
+}
+
+async fn watch_stream(ctx: Arc<Ctx>, t: Target, q: HashMap<String, String>) -> Response {
+    let (ls, fs) = match selectors(&q) {
+        Ok(s) => s,
+        Err(e) => return error(e),
+    };
+    let from: u64 = q
+        .get("resourceVersion")
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(0);
+    let timeout = q
+        .get("timeoutSeconds")
+        .and_then(|v| v.parse::<u64>().ok())
+        .unwrap_or(1800);
+    let (past, mut rx) = if from == 0 {
+        // rv 0 / absent: start with the current state as ADDED, then changes.
+        let inner = ctx.store.lock();
+        let rx = ctx.store.subscribe();
+        let items = inner.list(t.res, t.ns.as_deref());
+        let now = inner.rv();
+        drop(inner);
+        let past: Vec<Value> = items
+            .into_iter()
+            .filter(|o| ls.matches(&labels_of(o)) && fs.matches(o))
+            .map(|o| json!({"type": "ADDED", "object": o}))
+            .collect();
+        (past, (rx, now))
+    } else {
+        match ctx.store.since(from) {
+            Ok((changes, rx)) => {
+                let mut past = Vec::new();
+                let mut last = from;
+                for c in changes {
+                    last = last.max(c.rv);
+                    if c.res.key() != t.res.key() {
+                        continue;
+                    }
+                    if let Some(ns) = &t.ns {
+                        if c.object["metadata"]["namespace"].as_str() != Some(ns) {
+                            continue;
+                        }
+                    }
+                    if let Some(ev) = event_for(&c.kind, &c.object, c.old.as_ref(), &ls, &fs) {
+                        past.push(ev);
+                    }
+                }
+                (past, (rx, last))
+            }
+            Err(e) => {
+                let ev = json!({"type": "ERROR", "object": e.to_status()});
+                return json_response(StatusCode::OK, &ev);
+            }
+        }
+    };
+    let (tx, body_rx) = tokio::sync::mpsc::channel::<Result<Bytes, Infallible>>(256);
+    let mut epoch = ctx.epoch.clone();
+    let start_epoch = *epoch.borrow();
+    let res = t.res;
+    let ns = t.ns.clone();
+    tokio::spawn(async move {
+        for ev in past {
+            if tx.send(Ok(Bytes::from(format!("{ev}\n")))).await.is_err() {
+                return;
+            }
+        }
+        let (ref mut sub, last_rv) = rx;
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(timeout);
+        loop {
+            tokio::select! {
+                _ = tokio::time::sleep_until(deadline) => return,
+                changed = epoch.changed() => {
+                    if changed.is_err() || *epoch.borrow() != start_epoch { return; }
+                }
+                msg = sub.recv() => {
+                    let c = match msg {
+                        Ok(c) => c,
+                        Err(tokio::sync::broadcast::error::RecvError::Lagged(_)) => {
+                            let e = ApiError::new(410, "Expired", "watch fell behind; re-list");
+                            let _ = tx.send(Ok(Bytes::from(format!("{}\n", json!({"type": "ERROR", "object": e.to_status()}))))).await;
+                            return;
+                        }
+                        Err(_) => return,
+                    };
+                    if c.rv <= last_rv || c.res.key() != res.key() {
+                        continue;
+                    }
+                    if let Some(ns) = &ns {
+                        if c.object["metadata"]["namespace"].as_str() != Some(ns) { continue; }
+                    }
+                    if let Some(ev) = event_for(&c.kind, &c.object, c.old.as_ref(), &ls, &fs) {
+                        if tx.send(Ok(Bytes::from(format!("{ev}\n")))).await.is_err() {
+                            return;
+                        }
+                    }
+                }
+            }
+        }
+    });
+    let stream = tokio_stream::wrappers::ReceiverStream::new(body_rx);
+    Response::builder()
+        .status(StatusCode::OK)
+        .header(axum::http::header::CONTENT_TYPE, "application/json")
+        .body(Body::from_stream(stream))
+        .unwrap_or_else(|_| StatusCode::INTERNAL_SERVER_ERROR.into_response())
+}
+
+/// The event a selector-filtered watch sees: an object that starts matching is
+/// ADDED, one that stops matching is DELETED.
+fn event_for(
+    kind: &EventType,
+    obj: &Value,
+    old: Option<&Value>,
+    ls: &LabelSelector,
+    fs: &FieldSelector,
+) -> Option<Value> {
+    let m = |o: &Value| ls.matches(&labels_of(o)) && fs.matches(o);
+    let now = m(obj);
+    let before = old.map(m).unwrap_or(false);
+    let t = match (kind, before, now) {
+        (EventType::Deleted, _, true) => "DELETED",
+        (EventType::Added, _, true) => "ADDED",
+        (EventType::Modified, true, true) => "MODIFIED",
+        (EventType::Modified, false, true) => "ADDED",
+        (EventType::Modified, true, false) => "DELETED",
+        _ => return None,
+    };
+    Some(json!({"type": t, "object": obj}))
+}

@@ -1,0 +1,543 @@
+//! The object store of the in-memory API server: JSON objects by resource, one
+//! global resourceVersion, a bounded history for watch resumption, an audit log.
+
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::sync::Arc;
+use std::time::Instant;
+
+use parking_lot::Mutex;
+use serde_json::{json, Value};
+use tokio::sync::broadcast;
+
+/// One served resource.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ResourceDef {
+    pub group: &'static str,
+    pub version: &'static str,
+    pub plural: &'static str,
+    pub kind: &'static str,
+    pub namespaced: bool,
+}
+
+impl ResourceDef {
+    pub fn api_version(&self) -> String {
+        if self.group.is_empty() {
+            self.version.to_string()
+        } else {
+            format!("{}/{}", self.group, self.version)
+        }
+    }
+
+    /// Store key: `pods`, `events.k8s.io/events`.
+    pub fn key(&self) -> String {
+        if self.group.is_empty() {
+            self.plural.to_string()
+        } else {
+            format!("{}/{}", self.group, self.plural)
+        }
+    }
+}
+
+pub const RESOURCES: &[ResourceDef] = &[
+    ResourceDef {
+        group: "",
+        version: "v1",
+        plural: "pods",
+        kind: "Pod",
+        namespaced: true,
+    },
+    ResourceDef {
+        group: "",
+        version: "v1",
+        plural: "nodes",
+        kind: "Node",
+        namespaced: false,
+    },
+    ResourceDef {
+        group: "",
+        version: "v1",
+        plural: "namespaces",
+        kind: "Namespace",
+        namespaced: false,
+    },
+    ResourceDef {
+        group: "",
+        version: "v1",
+        plural: "events",
+        kind: "Event",
+        namespaced: true,
+    },
+    ResourceDef {
+        group: "events.k8s.io",
+        version: "v1",
+        plural: "events",
+        kind: "Event",
+        namespaced: true,
+    },
+    ResourceDef {
+        group: "policy",
+        version: "v1",
+        plural: "poddisruptionbudgets",
+        kind: "PodDisruptionBudget",
+        namespaced: true,
+    },
+    ResourceDef {
+        group: "apps",
+        version: "v1",
+        plural: "daemonsets",
+        kind: "DaemonSet",
+        namespaced: true,
+    },
+    ResourceDef {
+        group: "apps",
+        version: "v1",
+        plural: "replicasets",
+        kind: "ReplicaSet",
+        namespaced: true,
+    },
+    ResourceDef {
+        group: "storage.k8s.io",
+        version: "v1",
+        plural: "volumeattachments",
+        kind: "VolumeAttachment",
+        namespaced: false,
+    },
+    ResourceDef {
+        group: "coordination.k8s.io",
+        version: "v1",
+        plural: "leases",
+        kind: "Lease",
+        namespaced: true,
+    },
+];
+
+pub fn resource(group: &str, plural: &str) -> Option<&'static ResourceDef> {
+    RESOURCES
+        .iter()
+        .find(|r| r.group == group && r.plural == plural)
+}
+
+pub fn resource_of_kind(kind: &str, api_version: &str) -> Option<&'static ResourceDef> {
+    RESOURCES
+        .iter()
+        .find(|r| r.kind == kind && r.api_version() == api_version)
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum EventType {
+    Added,
+    Modified,
+    Deleted,
+}
+
+impl EventType {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            EventType::Added => "ADDED",
+            EventType::Modified => "MODIFIED",
+            EventType::Deleted => "DELETED",
+        }
+    }
+}
+
+/// A change, as watchers and the sim's controllers see it.
+#[derive(Debug, Clone)]
+pub struct Change {
+    pub rv: u64,
+    pub res: &'static ResourceDef,
+    pub kind: EventType,
+    pub object: Value,
+    pub old: Option<Value>,
+}
+
+/// An API error as a Status.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ApiError {
+    pub code: u16,
+    pub reason: &'static str,
+    pub message: String,
+    pub causes: Vec<Value>,
+}
+
+impl ApiError {
+    pub fn new(code: u16, reason: &'static str, message: impl Into<String>) -> Self {
+        Self {
+            code,
+            reason,
+            message: message.into(),
+            causes: vec![],
+        }
+    }
+
+    pub fn not_found(res: &ResourceDef, name: &str) -> Self {
+        Self::new(
+            404,
+            "NotFound",
+            format!("{} \"{name}\" not found", res.plural),
+        )
+    }
+
+    pub fn to_status(&self) -> Value {
+        json!({
+            "kind": "Status", "apiVersion": "v1", "metadata": {},
+            "status": "Failure", "message": self.message, "reason": self.reason,
+            "details": {"causes": self.causes}, "code": self.code,
+        })
+    }
+}
+
+/// One line of the audit log, in order.
+#[derive(Debug, Clone)]
+pub struct AuditEntry {
+    pub seq: u64,
+    pub at: Instant,
+    /// create, update, patch, delete, deletion-started, removed, evicted,
+    /// eviction-denied, ready.
+    pub verb: String,
+    pub kind: &'static str,
+    pub namespace: String,
+    pub name: String,
+}
+
+const HISTORY: usize = 20_000;
+
+/// Changes to replay and the channel for the ones that follow.
+pub(crate) type Resume = (Vec<Arc<Change>>, broadcast::Receiver<Arc<Change>>);
+
+type Key = (String, String);
+
+pub(crate) struct Inner {
+    objects: HashMap<String, BTreeMap<Key, Value>>,
+    rv: u64,
+    uid: u64,
+    history: VecDeque<Arc<Change>>,
+    pub(crate) audit: Vec<AuditEntry>,
+    tx: broadcast::Sender<Arc<Change>>,
+}
+
+pub struct Store {
+    inner: Mutex<Inner>,
+    tx: broadcast::Sender<Arc<Change>>,
+}
+
+fn now_rfc3339() -> String {
+    k8s_openapi::jiff::Timestamp::now().to_string()
+}
+
+impl Inner {
+    fn bump(&mut self) -> u64 {
+        self.rv += 1;
+        self.rv
+    }
+
+    fn emit(
+        &mut self,
+        res: &'static ResourceDef,
+        kind: EventType,
+        object: Value,
+        old: Option<Value>,
+    ) {
+        let c = Arc::new(Change {
+            rv: self.rv,
+            res,
+            kind,
+            object,
+            old,
+        });
+        if self.history.len() >= HISTORY {
+            self.history.pop_front();
+        }
+        self.history.push_back(c.clone());
+        let _ = self.tx.send(c);
+    }
+
+    pub(crate) fn note(&mut self, verb: &str, res: &ResourceDef, ns: &str, name: &str) {
+        let seq = self.audit.len() as u64;
+        self.audit.push(AuditEntry {
+            seq,
+            at: Instant::now(),
+            verb: verb.to_string(),
+            kind: res.kind,
+            namespace: ns.to_string(),
+            name: name.to_string(),
+        });
+    }
+
+    pub(crate) fn get(&self, res: &ResourceDef, ns: &str, name: &str) -> Option<&Value> {
+        self.objects
+            .get(&res.key())?
+            .get(&(ns.to_string(), name.to_string()))
+    }
+
+    pub(crate) fn list(&self, res: &ResourceDef, ns: Option<&str>) -> Vec<Value> {
+        self.objects
+            .get(&res.key())
+            .map(|m| {
+                m.iter()
+                    .filter(|((n, _), _)| ns.is_none_or(|x| x == n))
+                    .map(|(_, v)| v.clone())
+                    .collect()
+            })
+            .unwrap_or_default()
+    }
+
+    pub(crate) fn create(
+        &mut self,
+        res: &'static ResourceDef,
+        ns: &str,
+        mut obj: Value,
+    ) -> Result<Value, ApiError> {
+        if !obj.is_object() {
+            return Err(ApiError::new(
+                400,
+                "BadRequest",
+                "the body is not a JSON object",
+            ));
+        }
+        let mut name = obj["metadata"]["name"].as_str().unwrap_or("").to_string();
+        if name.is_empty() {
+            let prefix = obj["metadata"]["generateName"]
+                .as_str()
+                .unwrap_or("")
+                .to_string();
+            if prefix.is_empty() {
+                return Err(ApiError::new(
+                    422,
+                    "Invalid",
+                    format!(
+                        "{} metadata.name: Required value: name or generateName is required",
+                        res.kind
+                    ),
+                ));
+            }
+            self.uid += 1;
+            name = format!("{prefix}{:05x}", self.uid);
+        }
+        let ns = if res.namespaced {
+            if ns.is_empty() {
+                "default"
+            } else {
+                ns
+            }
+        } else {
+            ""
+        };
+        if self.get(res, ns, &name).is_some() {
+            return Err(ApiError::new(
+                409,
+                "AlreadyExists",
+                format!("{} \"{name}\" already exists", res.plural),
+            ));
+        }
+        let rv = self.bump();
+        self.uid += 1;
+        let meta = &mut obj["metadata"];
+        if !meta.is_object() {
+            *meta = json!({});
+        }
+        meta["name"] = json!(name);
+        if res.namespaced {
+            meta["namespace"] = json!(ns);
+        }
+        meta["uid"] = json!(format!("{:08x}-0000-4000-8000-{:012x}", self.uid, rv));
+        meta["resourceVersion"] = json!(rv.to_string());
+        meta["creationTimestamp"] = json!(now_rfc3339());
+        obj["apiVersion"] = json!(res.api_version());
+        obj["kind"] = json!(res.kind);
+        self.objects
+            .entry(res.key())
+            .or_default()
+            .insert((ns.to_string(), name.clone()), obj.clone());
+        self.note("create", res, ns, &name);
+        self.emit(res, EventType::Added, obj.clone(), None);
+        Ok(obj)
+    }
+
+    /// Replaces an object with `f(old)`; keeps identity fields; bumps the version.
+    pub(crate) fn update(
+        &mut self,
+        res: &'static ResourceDef,
+        ns: &str,
+        name: &str,
+        verb: &str,
+        f: impl FnOnce(&Value) -> Result<Value, ApiError>,
+    ) -> Result<Value, ApiError> {
+        let old = self
+            .get(res, ns, name)
+            .cloned()
+            .ok_or_else(|| ApiError::not_found(res, name))?;
+        let mut new = f(&old)?;
+        if !new.is_object() || !new["metadata"].is_object() {
+            return Err(ApiError::new(
+                422,
+                "Invalid",
+                "the result is not an object with metadata",
+            ));
+        }
+        if let Some(want) = new["metadata"]["resourceVersion"].as_str() {
+            if want != old["metadata"]["resourceVersion"].as_str().unwrap_or("") {
+                return Err(ApiError::new(
+                    409,
+                    "Conflict",
+                    format!("Operation cannot be fulfilled on {} \"{name}\": the object has been modified; please apply your changes to the latest version and try again", res.plural),
+                ));
+            }
+        }
+        let rv = self.bump();
+        for f in [
+            "name",
+            "namespace",
+            "uid",
+            "creationTimestamp",
+            "deletionTimestamp",
+            "deletionGracePeriodSeconds",
+        ] {
+            if !old["metadata"][f].is_null() {
+                new["metadata"][f] = old["metadata"][f].clone();
+            }
+        }
+        new["metadata"]["resourceVersion"] = json!(rv.to_string());
+        new["apiVersion"] = json!(res.api_version());
+        new["kind"] = json!(res.kind);
+        if new == old {
+            return Ok(old);
+        }
+        self.objects
+            .entry(res.key())
+            .or_default()
+            .insert((ns.to_string(), name.to_string()), new.clone());
+        self.note(verb, res, ns, name);
+        self.emit(res, EventType::Modified, new.clone(), Some(old));
+        Ok(new)
+    }
+
+    /// Removes an object for good.
+    pub(crate) fn remove(
+        &mut self,
+        res: &'static ResourceDef,
+        ns: &str,
+        name: &str,
+    ) -> Option<Value> {
+        let mut obj = self
+            .objects
+            .get_mut(&res.key())?
+            .remove(&(ns.to_string(), name.to_string()))?;
+        let rv = self.bump();
+        obj["metadata"]["resourceVersion"] = json!(rv.to_string());
+        self.note("removed", res, ns, name);
+        self.emit(res, EventType::Deleted, obj.clone(), None);
+        Some(obj)
+    }
+
+    /// DELETE: graceful for pods bound to an existing node, at once otherwise.
+    pub(crate) fn delete(
+        &mut self,
+        res: &'static ResourceDef,
+        ns: &str,
+        name: &str,
+        grace: Option<i64>,
+    ) -> Result<Value, ApiError> {
+        let obj = self
+            .get(res, ns, name)
+            .cloned()
+            .ok_or_else(|| ApiError::not_found(res, name))?;
+        if res.plural != "pods" || !res.group.is_empty() {
+            return Ok(self.remove(res, ns, name).unwrap_or(obj));
+        }
+        let node = obj["spec"]["nodeName"].as_str().unwrap_or("").to_string();
+        let phase = obj["status"]["phase"].as_str().unwrap_or("");
+        let node_exists = !node.is_empty()
+            && self
+                .get(resource("", "nodes").expect("nodes"), "", &node)
+                .is_some();
+        let default_grace = obj["spec"]["terminationGracePeriodSeconds"]
+            .as_i64()
+            .unwrap_or(30);
+        let grace = grace.unwrap_or(default_grace).max(0);
+        if grace == 0 || !node_exists || matches!(phase, "Succeeded" | "Failed") {
+            return Ok(self.remove(res, ns, name).unwrap_or(obj));
+        }
+        let current = obj["metadata"]["deletionGracePeriodSeconds"].as_i64();
+        if current.is_some_and(|c| c <= grace) {
+            return Ok(obj);
+        }
+        let first = current.is_none();
+        let mut new = obj.clone();
+        let rv = self.bump();
+        if first {
+            new["metadata"]["deletionTimestamp"] = json!(now_rfc3339());
+        }
+        new["metadata"]["deletionGracePeriodSeconds"] = json!(grace);
+        new["metadata"]["resourceVersion"] = json!(rv.to_string());
+        self.objects
+            .entry(res.key())
+            .or_default()
+            .insert((ns.to_string(), name.to_string()), new.clone());
+        if first {
+            self.note("deletion-started", res, ns, name);
+        }
+        self.emit(res, EventType::Modified, new.clone(), Some(obj));
+        Ok(new)
+    }
+
+    pub(crate) fn rv(&self) -> u64 {
+        self.rv
+    }
+}
+
+impl Store {
+    pub fn new() -> Self {
+        let (tx, _) = broadcast::channel(65_536);
+        Self {
+            inner: Mutex::new(Inner {
+                objects: HashMap::new(),
+                rv: 1,
+                uid: 0,
+                history: VecDeque::new(),
+                audit: Vec::new(),
+                tx: tx.clone(),
+            }),
+            tx,
+        }
+    }
+
+    pub(crate) fn lock(&self) -> parking_lot::MutexGuard<'_, Inner> {
+        self.inner.lock()
+    }
+
+    pub fn subscribe(&self) -> broadcast::Receiver<Arc<Change>> {
+        self.tx.subscribe()
+    }
+
+    /// Changes after `rv` still in history, or `Err` when `rv` is too old (410 Gone).
+    pub(crate) fn since(&self, rv: u64) -> Result<Resume, ApiError> {
+        let inner = self.inner.lock();
+        let rx = self.tx.subscribe();
+        if let Some(first) = inner.history.front() {
+            if rv + 1 < first.rv && rv != 0 {
+                return Err(ApiError::new(
+                    410,
+                    "Expired",
+                    format!("too old resource version: {rv} ({})", first.rv - 1),
+                ));
+            }
+        }
+        let past = inner
+            .history
+            .iter()
+            .filter(|c| c.rv > rv)
+            .cloned()
+            .collect();
+        Ok((past, rx))
+    }
+
+    pub fn audit(&self) -> Vec<AuditEntry> {
+        self.inner.lock().audit.clone()
+    }
+}
+
+impl Default for Store {
+    fn default() -> Self {
+        Self::new()
+    }
+}

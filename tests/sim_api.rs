@@ -1,0 +1,347 @@
+//! The in-memory API server through a real kube::Client over HTTP.
+
+use std::time::{Duration, Instant};
+
+use ca_asg_provider::sim::{fixtures, SimCluster, SimOptions};
+use futures::StreamExt;
+use k8s_openapi::api::apps::v1::ReplicaSet;
+use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use kube::api::{DeleteParams, EvictParams, ListParams, Patch, PatchParams, PostParams};
+use kube::runtime::{reflector, watcher, WatchStreamExt};
+use kube::Api;
+use serde_json::json;
+
+async fn eventually<F: FnMut() -> bool>(what: &str, mut f: F) {
+    let end = Instant::now() + Duration::from_secs(20);
+    while Instant::now() < end {
+        if f() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("timed out waiting for {what}");
+}
+
+async fn sim() -> SimCluster {
+    SimCluster::start(SimOptions {
+        ready_delay: Duration::from_millis(50),
+    })
+    .await
+    .unwrap()
+}
+
+fn api_err(e: kube::Error) -> (u16, String) {
+    match e {
+        kube::Error::Api(s) => (s.code, s.message),
+        other => panic!("not an API error: {other}"),
+    }
+}
+
+#[tokio::test]
+async fn crud_and_status_errors() {
+    let s = sim().await;
+    let nodes: Api<Node> = Api::all(s.client());
+    nodes
+        .create(
+            &PostParams::default(),
+            &fixtures::node("n1", "aws:///us-east-1a/i-1", &[]),
+        )
+        .await
+        .unwrap();
+    let n = nodes.get("n1").await.unwrap();
+    assert_eq!(
+        n.spec.unwrap().provider_id.as_deref(),
+        Some("aws:///us-east-1a/i-1")
+    );
+    assert!(n.metadata.uid.is_some() && n.metadata.resource_version.is_some());
+    let (code, msg) = api_err(
+        nodes
+            .create(&PostParams::default(), &fixtures::node("n1", "x", &[]))
+            .await
+            .unwrap_err(),
+    );
+    assert_eq!(code, 409);
+    assert!(msg.contains("n1"));
+    let (code, _) = api_err(nodes.get("missing").await.unwrap_err());
+    assert_eq!(code, 404);
+    assert!(nodes.get_opt("missing").await.unwrap().is_none());
+    // A stale resourceVersion on replace is a conflict.
+    let mut stale = nodes.get("n1").await.unwrap();
+    nodes
+        .patch(
+            "n1",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"metadata": {"labels": {"a": "b"}}})),
+        )
+        .await
+        .unwrap();
+    stale
+        .metadata
+        .labels
+        .get_or_insert_with(Default::default)
+        .insert("c".into(), "d".into());
+    let (code, _) = api_err(
+        nodes
+            .replace("n1", &PostParams::default(), &stale)
+            .await
+            .unwrap_err(),
+    );
+    assert_eq!(code, 409);
+    nodes.delete("n1", &DeleteParams::default()).await.unwrap();
+    assert!(nodes.get_opt("n1").await.unwrap().is_none());
+}
+
+#[tokio::test]
+async fn selectors_and_bad_selectors() {
+    let s = sim().await;
+    for (n, node) in [("a", "n1"), ("b", "n1"), ("c", "n2")] {
+        s.create(&fixtures::pod(
+            "ns",
+            n,
+            node,
+            if n == "c" { "db" } else { "web" },
+            0.0,
+        ))
+        .unwrap();
+    }
+    let pods: Api<Pod> = Api::all(s.client());
+    let on_n1 = pods
+        .list(&ListParams::default().fields("spec.nodeName=n1"))
+        .await
+        .unwrap();
+    assert_eq!(on_n1.items.len(), 2);
+    let web = pods
+        .list(&ListParams::default().labels("app in (web)"))
+        .await
+        .unwrap();
+    assert_eq!(web.items.len(), 2);
+    let ns_pods: Api<Pod> = Api::namespaced(s.client(), "ns");
+    let not_web = ns_pods
+        .list(&ListParams::default().labels("app!=web"))
+        .await
+        .unwrap();
+    assert_eq!(not_web.items.len(), 1);
+    let (code, msg) = api_err(
+        pods.list(&ListParams::default().labels("app in web"))
+            .await
+            .unwrap_err(),
+    );
+    assert_eq!(code, 400);
+    assert!(msg.contains("app in web"), "{msg}");
+    let (code, msg) = api_err(
+        pods.list(&ListParams::default().fields("spec.color=red"))
+            .await
+            .unwrap_err(),
+    );
+    assert_eq!(code, 400);
+    assert!(msg.contains("spec.color"), "{msg}");
+}
+
+#[tokio::test]
+async fn patches_cordon_and_taint_a_node() {
+    let s = sim().await;
+    let nodes: Api<Node> = Api::all(s.client());
+    nodes
+        .create(&PostParams::default(), &fixtures::node("n1", "p", &[]))
+        .await
+        .unwrap();
+    nodes
+        .patch(
+            "n1",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"unschedulable": true}})),
+        )
+        .await
+        .unwrap();
+    let ops: json_patch::Patch = serde_json::from_value(json!([{"op": "add", "path": "/spec/taints", "value": [{"key": "k", "effect": "NoSchedule"}]}])).unwrap();
+    nodes
+        .patch("n1", &PatchParams::default(), &Patch::<()>::Json(ops))
+        .await
+        .unwrap();
+    let n = nodes.get("n1").await.unwrap().spec.unwrap();
+    assert_eq!(n.unschedulable, Some(true));
+    assert_eq!(n.taints.unwrap()[0].key, "k");
+}
+
+#[tokio::test]
+async fn watch_and_reflector_follow_changes_and_survive_a_restart() {
+    let s = sim().await;
+    let client = s.client();
+    let nodes: Api<Node> = Api::all(client.clone());
+    let (store, writer) = reflector::store::<Node>();
+    let stream = reflector::reflector(writer, watcher(nodes.clone(), watcher::Config::default()))
+        .default_backoff()
+        .touched_objects();
+    tokio::spawn(async move {
+        futures::pin_mut!(stream);
+        while stream.next().await.is_some() {}
+    });
+    s.create(&fixtures::node("n1", "p1", &[])).unwrap();
+    eventually("reflector sees n1", || {
+        store.get(&reflector::ObjectRef::new("n1")).is_some()
+    })
+    .await;
+    s.restart_http().await.unwrap();
+    s.create(&fixtures::node("n2", "p2", &[])).unwrap();
+    eventually("reflector sees n2 after the restart", || {
+        store.state().len() == 2
+    })
+    .await;
+    assert!(s.remove::<Node>("", "n1"));
+    eventually("reflector drops n1", || store.state().len() == 1).await;
+    // State survived the restart.
+    assert!(nodes.get("n2").await.is_ok());
+}
+
+#[tokio::test]
+async fn graceful_deletion_waits_for_the_prestop_hook() {
+    let s = sim().await;
+    s.create(&fixtures::node("n1", "p", &[])).unwrap();
+    s.create(&fixtures::pod("ns", "app", "n1", "web", 0.3))
+        .unwrap();
+    let pods: Api<Pod> = Api::namespaced(s.client(), "ns");
+    pods.delete("app", &DeleteParams::default()).await.unwrap();
+    let p = pods.get("app").await.unwrap();
+    assert!(
+        p.metadata.deletion_timestamp.is_some(),
+        "still there, terminating"
+    );
+    eventually("the kubelet removes the pod", || {
+        s.get::<Pod>("ns", "app").is_none()
+    })
+    .await;
+    let audit = s.audit();
+    let started = audit
+        .iter()
+        .position(|a| a.verb == "deletion-started" && a.name == "app")
+        .unwrap();
+    let removed = audit
+        .iter()
+        .position(|a| a.verb == "removed" && a.name == "app")
+        .unwrap();
+    assert!(started < removed);
+    assert!(audit[removed].at.duration_since(audit[started].at) >= Duration::from_millis(250));
+}
+
+#[tokio::test]
+async fn eviction_respects_the_pdb_and_the_replicaset_replaces_the_pod() {
+    // Replacements take a second to be Ready, so the second eviction surely comes first.
+    let s = SimCluster::start(SimOptions {
+        ready_delay: Duration::from_secs(1),
+    })
+    .await
+    .unwrap();
+    s.create(&fixtures::node("n1", "p1", &[])).unwrap();
+    s.create(&fixtures::node("n2", "p2", &[])).unwrap();
+    s.create(&fixtures::replicaset("ns", "web", 2, 0.1))
+        .unwrap();
+    s.create(&fixtures::pdb("ns", "web", 1)).unwrap();
+    let pods: Api<Pod> = Api::namespaced(s.client(), "ns");
+    let ready = |s: &SimCluster| {
+        s.list::<Pod>()
+            .iter()
+            .filter(|p| {
+                p["metadata"]["deletionTimestamp"].is_null()
+                    && p["status"]["conditions"][0]["status"] == "True"
+            })
+            .count()
+    };
+    eventually("2 ready replicas", || ready(&s) == 2).await;
+    let names: Vec<String> = pods
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .map(|p| p.metadata.name.unwrap())
+        .collect();
+    // Cordon n1 so the replacement lands elsewhere.
+    let nodes: Api<Node> = Api::all(s.client());
+    nodes
+        .patch(
+            "n1",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"unschedulable": true}})),
+        )
+        .await
+        .unwrap();
+    pods.evict(&names[0], &EvictParams::default())
+        .await
+        .unwrap();
+    // The second eviction right away would leave 0 ready: 429.
+    let (code, msg) = api_err(
+        pods.evict(&names[1], &EvictParams::default())
+            .await
+            .unwrap_err(),
+    );
+    assert_eq!(code, 429);
+    assert!(msg.contains("disruption budget"), "{msg}");
+    // The ReplicaSet replaces the evicted pod; once Ready, the budget allows again.
+    eventually("replacement ready", || {
+        ready(&s) == 2 && s.get::<Pod>("ns", &names[0]).is_none()
+    })
+    .await;
+    pods.evict(&names[1], &EvictParams::default())
+        .await
+        .unwrap();
+    let pdbs: Api<PodDisruptionBudget> = Api::namespaced(s.client(), "ns");
+    let st = pdbs.get("web-pdb").await.unwrap().status.unwrap();
+    assert_eq!(st.disruptions_allowed, 0);
+    let audit = s.audit();
+    assert!(audit
+        .iter()
+        .any(|a| a.verb == "eviction-denied" && a.name == names[1]));
+    assert!(s.list::<ReplicaSet>().len() == 1);
+}
+
+#[tokio::test]
+async fn daemonset_pods_follow_nodes_and_taints() {
+    let s = sim().await;
+    s.create(&fixtures::node("n1", "p1", &[])).unwrap();
+    s.create(&fixtures::node("n2", "p2", &[])).unwrap();
+    s.create(&fixtures::daemonset("logging", "fluentd", 0.0, false))
+        .unwrap();
+    let on = |s: &SimCluster, node: &str| {
+        s.list::<Pod>()
+            .iter()
+            .filter(|p| {
+                p["spec"]["nodeName"] == node && p["metadata"]["deletionTimestamp"].is_null()
+            })
+            .count()
+    };
+    eventually("one fluentd per node", || {
+        on(&s, "n1") == 1 && on(&s, "n2") == 1
+    })
+    .await;
+    // Taint n1 with something fluentd does not tolerate, evict its pod: not recreated.
+    let nodes: Api<Node> = Api::all(s.client());
+    nodes
+        .patch("n1", &PatchParams::default(), &Patch::Merge(json!({"spec": {"unschedulable": true, "taints": [{"key": "drain", "effect": "NoSchedule"}]}})))
+        .await
+        .unwrap();
+    let pods: Api<Pod> = Api::namespaced(s.client(), "logging");
+    let victim = s
+        .list::<Pod>()
+        .into_iter()
+        .find(|p| p["spec"]["nodeName"] == "n1")
+        .unwrap();
+    pods.evict(
+        victim["metadata"]["name"].as_str().unwrap(),
+        &EvictParams::default(),
+    )
+    .await
+    .unwrap();
+    eventually("n1 has no fluentd", || on(&s, "n1") == 0).await;
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(
+        on(&s, "n1"),
+        0,
+        "not recreated on a node it does not tolerate"
+    );
+    assert_eq!(on(&s, "n2"), 1);
+    // A deleted node's pods are collected.
+    s.remove::<Node>("", "n2");
+    eventually("n2's pods gone", || on(&s, "n2") == 0).await;
+    assert!(s.requests().total() > 0);
+}
