@@ -13,6 +13,8 @@ use crate::cloud::memory::{MemoryCloud, MemoryGroup, MemoryTiming};
 use crate::proto::cloud_provider_client::CloudProviderClient;
 use crate::proto::{self, instance_status::InstanceState};
 use crate::provider::{Provider, ProviderSettings};
+use crate::scalein::{DrainScaleIn, Engine, ScaleInSettings};
+use crate::sim::{fixtures, SimCluster, SimOptions};
 
 #[derive(Debug, clap::Args, Clone)]
 pub struct DemoArgs {
@@ -63,6 +65,21 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
     };
     let provider = Provider::new(Arc::new(cloud.clone()), settings);
     provider.start_background();
+    // The in-memory API server: a Node registers for every running instance.
+    let sim = Arc::new(SimCluster::start(SimOptions::default()).await?);
+    sim.follow_cloud(cloud.clone());
+    let drain_settings = ScaleInSettings {
+        eviction_retry: Duration::from_millis(500),
+        volume_deadline: Duration::from_secs(1),
+        ..ScaleInSettings::default()
+    };
+    let engine = Engine::new(
+        sim.client(),
+        Arc::new(cloud.clone()),
+        Some(provider.clone()),
+        drain_settings,
+    );
+    provider.set_scale_in(Arc::new(DrainScaleIn(engine.clone())));
     let (listener, addr) = crate::grpc::bind("127.0.0.1:0".parse()?).await?;
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
     let server = tokio::spawn(crate::grpc::serve(
@@ -144,7 +161,14 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
         tokio::time::sleep(Duration::from_millis(700)).await;
     }
 
-    step("NodeGroupDeleteNodes demo-general: one node");
+    step("Workloads on the new nodes: a web app (preStop 1.5 s), a PDB, a fluentd DaemonSet");
+    sim.create(&fixtures::replicaset("shop", "web", 4, 1.5))?;
+    sim.create(&fixtures::pdb("shop", "web", 1))?;
+    sim.create(&fixtures::daemonset("logging", "fluentd", 0.5, false))?;
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while Instant::now() < deadline && ready_pods(&sim) < 4 + 4 {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     let nodes = ca
         .node_group_nodes(proto::NodeGroupNodesRequest {
             id: "demo-general".into(),
@@ -153,16 +177,75 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
         .into_inner()
         .instances;
     let victim = nodes.last().map(|i| i.id.clone()).unwrap_or_default();
-    println!("   deleting {victim}");
+    let victim_id = crate::provider::provider_id::instance_id(&victim)
+        .unwrap_or_default()
+        .to_string();
+    let node_name = crate::sim::node_name(&victim_id);
+    for p in sim.list::<k8s_openapi::api::core::v1::Pod>() {
+        if p["spec"]["nodeName"] == node_name.as_str() {
+            println!(
+                "   on {node_name}: {}/{}",
+                p["metadata"]["namespace"].as_str().unwrap_or(""),
+                p["metadata"]["name"].as_str().unwrap_or("")
+            );
+        }
+    }
+
+    step("NodeGroupDeleteNodes demo-general: one node (returns at once; the drain runs behind it)");
+    println!("   deleting {victim} (node {node_name})");
+    let called = Instant::now();
     ca.node_group_delete_nodes(proto::NodeGroupDeleteNodesRequest {
         id: "demo-general".into(),
         nodes: vec![proto::ExternalGrpcNode {
             provider_id: victim.clone(),
-            name: victim.clone(),
+            name: node_name.clone(),
             ..Default::default()
         }],
     })
     .await?;
+    println!(
+        "   DeleteNodes answered in {:.0} ms",
+        called.elapsed().as_secs_f64() * 1000.0
+    );
+    show_target(&mut ca, "demo-general").await?;
+    show_nodes(&mut ca, "demo-general").await?;
+    let outcome = engine.wait_for(&victim_id).await;
+    println!("   drain outcome: {outcome:?}");
+    println!("   timeline on {node_name} (from the API server's log):");
+    let audit = sim.audit();
+    let t0 = audit
+        .iter()
+        .find(|a| a.kind == "Node" && a.name == node_name && a.verb == "patch")
+        .map(|a| a.at)
+        .unwrap_or_else(Instant::now);
+    for a in audit.iter().filter(|a| a.at >= t0) {
+        let pod =
+            a.kind == "Pod" && matches!(a.verb.as_str(), "evicted" | "eviction-denied" | "removed");
+        let node = a.kind == "Node"
+            && a.name == node_name
+            && matches!(a.verb.as_str(), "removed" | "patch");
+        if pod || node {
+            println!(
+                "   +{:>6.2}s  {:<16} {} {}/{}",
+                a.at.duration_since(t0).as_secs_f64(),
+                a.verb,
+                a.kind,
+                a.namespace,
+                a.name
+            );
+        }
+    }
+    println!("   Events on the node:");
+    for e in sim.list::<k8s_openapi::api::events::v1::Event>() {
+        if e["regarding"]["name"] == node_name.as_str() {
+            println!(
+                "   {:<20} {}",
+                e["reason"].as_str().unwrap_or(""),
+                e["note"].as_str().unwrap_or("")
+            );
+        }
+    }
+    ca.refresh(proto::RefreshRequest {}).await?;
     show_target(&mut ca, "demo-general").await?;
     show_nodes(&mut ca, "demo-general").await?;
 
@@ -236,6 +319,16 @@ pub fn ca_defaults() -> crate::provider::options::AutoscalingOptions {
         max_node_startup_time: Some(Duration::from_secs(900)),
         ..Default::default()
     }
+}
+
+fn ready_pods(sim: &SimCluster) -> usize {
+    sim.list::<k8s_openapi::api::core::v1::Pod>()
+        .iter()
+        .filter(|p| {
+            p["metadata"]["deletionTimestamp"].is_null()
+                && p["status"]["conditions"][0]["status"] == "True"
+        })
+        .count()
 }
 
 fn step(title: &str) {

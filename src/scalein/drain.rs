@@ -48,15 +48,16 @@ async fn run_inner(engine: &Arc<Engine>, req: &DrainRequest) -> Outcome {
     if let Some(n) = &node {
         tracing::Span::current().record("node", n.as_str());
     }
-    let heartbeat = match &req.mode {
+    // Heartbeats live exactly as long as this drain, even if it is aborted.
+    let _heartbeat = match &req.mode {
         Mode::Lifecycle {
             action,
             heartbeat_timeout,
-        } => Some(lifecycle::heartbeats(
+        } => Some(AbortOnDrop(lifecycle::heartbeats(
             engine.clone(),
             action.clone(),
             *heartbeat_timeout,
-        )),
+        ))),
         _ => None,
     };
     let drained = match &node {
@@ -108,10 +109,15 @@ async fn run_inner(engine: &Arc<Engine>, req: &DrainRequest) -> Outcome {
             Outcome::Failed(why)
         }
     };
-    if let Some(h) = heartbeat {
-        h.abort();
-    }
     outcome
+}
+
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
 }
 
 async fn abandon(engine: &Engine, req: &DrainRequest, node: Option<&str>, why: &str) {
@@ -206,7 +212,15 @@ async fn drain_node(engine: &Engine, req: &DrainRequest, node: &str) -> Result<(
     }
 
     // Phase 1: every workload pod.
-    if let Err(left) = phase(engine, node, &mut pods, false, workload_deadline).await {
+    if let Err(left) = phase(
+        engine,
+        node,
+        &mut pods,
+        plan::Phase::Workloads,
+        workload_deadline,
+    )
+    .await
+    {
         deadline(
             engine,
             node,
@@ -232,7 +246,15 @@ async fn drain_node(engine: &Engine, req: &DrainRequest, node: &str) -> Result<(
     if s.daemonsets == DaemonSetPolicy::EvictLast {
         let _stage = m.stage("daemonsets");
         let ds_deadline = Instant::now() + s.daemonset_deadline;
-        if let Err(left) = phase(engine, node, &mut pods, true, ds_deadline).await {
+        if let Err(left) = phase(
+            engine,
+            node,
+            &mut pods,
+            plan::Phase::DaemonSets,
+            ds_deadline,
+        )
+        .await
+        {
             deadline(
                 engine,
                 node,
@@ -315,7 +337,7 @@ async fn phase(
     engine: &Engine,
     node: &str,
     pods: &mut NodePods,
-    daemonsets: bool,
+    which: plan::Phase,
     deadline: Instant,
 ) -> Result<(), usize> {
     // DaemonSets whose pods come back after eviction tolerate our taint; once one of
@@ -335,7 +357,7 @@ async fn phase(
                     && owner_uid(p).is_some_and(|o| evicted_owners.contains(&o)))
             })
             .collect();
-        let step = plan::next_step(&current, daemonsets);
+        let step = plan::next_step(&current, which);
         let Some(tier) = step.tier else { return Ok(()) };
         if tier == Tier::DoNotDisrupt && !step.evict.is_empty() {
             let names: Vec<String> = step.evict.iter().map(|p| p.to_string()).collect();

@@ -99,20 +99,37 @@ pub async fn scan(engine: &Arc<Engine>, provider: &Arc<Provider>) -> usize {
 pub async fn resume(engine: &Arc<Engine>, provider: &Arc<Provider>) -> usize {
     engine.nodes.ready(Duration::from_secs(30)).await;
     let reg = provider.registry();
+    let marked: Vec<(String, String)> = engine
+        .nodes
+        .marked_for_drain()
+        .into_iter()
+        .filter(|(_, _, mode)| mode == "direct")
+        .filter_map(|(node, iid, _)| Some((node, iid?)))
+        .collect();
+    if marked.is_empty() {
+        return 0;
+    }
+    // AWS, not the snapshot, says whether the instance is still there to end.
+    let ids: Vec<String> = marked.iter().map(|(_, i)| i.clone()).collect();
+    let live = match engine.cloud.locate_instances(&ids).await {
+        Ok(found) => found,
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot check marked instances; resume later");
+            return 0;
+        }
+    };
     let mut n = 0;
-    for (node, iid, mode) in engine.nodes.marked_for_drain() {
-        if mode != "direct" {
+    for (node, iid) in marked {
+        let Some(loc) = live.iter().find(|l| l.instance_id == iid) else {
+            continue;
+        };
+        if loc.state.is_terminating() {
             continue;
         }
-        let Some(iid) = iid else { continue };
-        let Some(g) = reg.group_of_instance(&iid) else {
+        let Some(g) = reg.group(&loc.group) else {
             tracing::warn!(node = %node, instance = %iid, "node marked for drain but its instance is in no managed group");
             continue;
         };
-        let inst = g.asg.instances.iter().find(|i| i.id == iid);
-        if inst.is_some_and(|i| i.state.is_terminating()) {
-            continue;
-        }
         provider.register_deferred(&iid, &g.asg.name);
         if engine.start(DrainRequest {
             instance_id: iid.clone(),

@@ -285,6 +285,14 @@ impl Engine {
             .is_some_and(|h| !h.is_finished())
     }
 
+    /// Stops every drain where it is, as a crash would (tests; shutdown leaves drains
+    /// resumable because their state lives on the Node and in AWS).
+    pub fn abort_all(&self) {
+        for (_, h) in self.inflight.lock().drain() {
+            h.abort();
+        }
+    }
+
     pub fn in_progress(&self) -> usize {
         self.inflight
             .lock()

@@ -143,7 +143,17 @@ pub struct Step {
     pub wait: Vec<PodRef>,
 }
 
-pub fn next_step(pods: &[Pod], include_daemonsets: bool) -> Step {
+/// The two phases of a drain.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Phase {
+    /// Every pod that is not DaemonSet-owned.
+    Workloads,
+    /// DaemonSet pods only (what is left of phase 1 after a `proceed` deadline ends
+    /// with the instance).
+    DaemonSets,
+}
+
+pub fn next_step(pods: &[Pod], phase: Phase) -> Step {
     let mut best: Option<Tier> = None;
     let mut classified = Vec::with_capacity(pods.len());
     for p in pods {
@@ -152,7 +162,7 @@ pub fn next_step(pods: &[Pod], include_daemonsets: bool) -> Step {
             Disposition::Evict(t) | Disposition::Wait(t) => *t,
             Disposition::Skip(_) => continue,
         };
-        if tier.is_daemonset() && !include_daemonsets {
+        if tier.is_daemonset() != (phase == Phase::DaemonSets) {
             continue;
         }
         best = Some(best.map_or(tier, |b| b.min(tier)));
@@ -316,30 +326,38 @@ mod tests {
             critical(ds(pod("cni"))),
             annotate(pod("batch"), SAFE_TO_EVICT, "false"),
         ];
-        let s = next_step(&pods, true);
+        let s = next_step(&pods, Phase::Workloads);
         assert_eq!(s.tier, Some(Tier::Workload));
         assert_eq!(names(&s.evict), vec!["app"]);
-        let s = next_step(&pods[2..], true);
+        let s = next_step(&pods[2..], Phase::Workloads);
         assert_eq!(s.tier, Some(Tier::CriticalWorkload));
-        let s = next_step(&[pods[0].clone(), pods[3].clone(), pods[4].clone()], true);
+        let s = next_step(
+            &[pods[0].clone(), pods[3].clone(), pods[4].clone()],
+            Phase::Workloads,
+        );
         assert_eq!(
             s.tier,
             Some(Tier::DoNotDisrupt),
             "do-not-disrupt pods go at the end of phase 1"
         );
-        let s = next_step(&[pods[0].clone(), pods[3].clone()], true);
+        // Phase 1 never touches DaemonSet pods; phase 2 touches nothing else.
+        assert_eq!(
+            next_step(&[pods[0].clone(), pods[3].clone()], Phase::Workloads),
+            Step::default()
+        );
+        let s = next_step(&pods, Phase::DaemonSets);
         assert_eq!(s.tier, Some(Tier::DaemonSet));
         assert_eq!(names(&s.evict), vec!["fluentd"]);
-        let s = next_step(&[pods[3].clone()], true);
+        let s = next_step(&[pods[3].clone(), pods[1].clone()], Phase::DaemonSets);
         assert_eq!(s.tier, Some(Tier::CriticalDaemonSet));
-        assert_eq!(next_step(&[], true), Step::default());
+        assert_eq!(next_step(&[], Phase::Workloads), Step::default());
     }
 
     #[test]
     fn a_terminating_workload_still_holds_back_daemonsets() {
         let mut going = pod("app");
         going.metadata.deletion_timestamp = Some(Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH));
-        let s = next_step(&[ds(pod("fluentd")), going], true);
+        let s = next_step(&[ds(pod("fluentd")), going], Phase::Workloads);
         assert_eq!(s.tier, Some(Tier::Workload));
         assert!(s.evict.is_empty());
         assert_eq!(names(&s.wait), vec!["app"]);
@@ -347,7 +365,7 @@ mod tests {
 
     #[test]
     fn keep_leaves_daemonsets_alone() {
-        let s = next_step(&[ds(pod("fluentd"))], false);
+        let s = next_step(&[ds(pod("fluentd"))], Phase::Workloads);
         assert_eq!(s, Step::default());
         let plan = full_plan(&[ds(pod("fluentd")), pod("app")], false);
         assert_eq!(plan[0].1, Ok(Tier::Workload));

@@ -151,7 +151,8 @@ pub struct Change {
 }
 
 /// An API error as a Status.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[error("{code} {reason}: {message}")]
 pub struct ApiError {
     pub code: u16,
     pub reason: &'static str,

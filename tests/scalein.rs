@@ -1,0 +1,662 @@
+//! The scale-in drain end to end: CA's DeleteNodes over gRPC (or the ASG itself),
+//! the memory cloud, and the in-memory API server over HTTP.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use ca_asg_provider::cloud::memory::{MemoryCloud, MemoryGroup, MemoryTiming};
+use ca_asg_provider::cloud::{Cloud, GroupSelector, LifecycleResult};
+use ca_asg_provider::proto::{self, cloud_provider_client::CloudProviderClient};
+use ca_asg_provider::provider::{Provider, ProviderSettings};
+use ca_asg_provider::scalein::{
+    self, DeadlinePolicy, DrainScaleIn, Engine, Outcome, ScaleInSettings,
+};
+use ca_asg_provider::sim::{self, fixtures, SimCluster, SimOptions};
+use k8s_openapi::api::core::v1::{Node, Pod};
+use serde_json::Value;
+use tonic::transport::Channel;
+
+struct World {
+    sim: Arc<SimCluster>,
+    cloud: MemoryCloud,
+    provider: Arc<Provider>,
+    engine: Arc<Engine>,
+    ca: CloudProviderClient<Channel>,
+    groups: Vec<String>,
+}
+
+fn fast_settings() -> ScaleInSettings {
+    ScaleInSettings {
+        eviction_retry: Duration::from_millis(100),
+        volume_deadline: Duration::from_millis(300),
+        api_qps: 200.0,
+        api_burst: 200,
+        lifecycle_poll_interval: Duration::from_millis(200),
+        ..ScaleInSettings::default()
+    }
+}
+
+fn timing() -> MemoryTiming {
+    MemoryTiming {
+        launch_delay: Duration::from_millis(50),
+        terminate_delay: Duration::from_millis(50),
+    }
+}
+
+async fn eventually<F: FnMut() -> bool>(what: &str, secs: u64, mut f: F) {
+    let end = Instant::now() + Duration::from_secs(secs);
+    while Instant::now() < end {
+        if f() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("timed out waiting for {what}");
+}
+
+/// Provider + engine + gRPC server over an existing cloud and sim (a fresh process).
+async fn service(
+    sim: &Arc<SimCluster>,
+    cloud: &MemoryCloud,
+    groups: &[String],
+    s: ScaleInSettings,
+) -> (Arc<Provider>, Arc<Engine>, CloudProviderClient<Channel>) {
+    let settings = ProviderSettings {
+        selector: GroupSelector {
+            names: groups.to_vec(),
+            tag_sets: vec![],
+        },
+        refresh_interval: Duration::from_millis(100),
+        ..ProviderSettings::default()
+    };
+    let provider = Provider::new(Arc::new(cloud.clone()), settings);
+    provider.refresh_now().await.unwrap();
+    let engine = Engine::new(
+        sim.client(),
+        Arc::new(cloud.clone()),
+        Some(provider.clone()),
+        s,
+    );
+    provider.set_scale_in(Arc::new(DrainScaleIn(engine.clone())));
+    let (l, addr) = ca_asg_provider::grpc::bind("127.0.0.1:0".parse().unwrap())
+        .await
+        .unwrap();
+    tokio::spawn(ca_asg_provider::grpc::serve(
+        l,
+        provider.clone(),
+        None,
+        std::future::pending(),
+    ));
+    let ca = CloudProviderClient::connect(format!("http://{addr}"))
+        .await
+        .unwrap();
+    (provider, engine, ca)
+}
+
+async fn world(groups: Vec<MemoryGroup>, s: ScaleInSettings, ready_delay: Duration) -> World {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_test_writer()
+        .try_init();
+    let sim = Arc::new(SimCluster::start(SimOptions { ready_delay }).await.unwrap());
+    let names: Vec<String> = groups.iter().map(|g| g.name.clone()).collect();
+    let cloud = MemoryCloud::new(groups, timing());
+    sim.follow_cloud(cloud.clone());
+    let want: usize = cloud.instances().len();
+    eventually("a Node per instance", 10, || {
+        sim.list::<Node>().len() == want
+    })
+    .await;
+    let (provider, engine, ca) = service(&sim, &cloud, &names, s).await;
+    World {
+        sim,
+        cloud,
+        provider,
+        engine,
+        ca,
+        groups: names,
+    }
+}
+
+fn nodes_of(w: &World, group: &str) -> Vec<(String, String)> {
+    w.cloud
+        .instances()
+        .into_iter()
+        .filter(|(g, i)| g == group && !i.state.is_terminating())
+        .map(|(_, i)| (sim::node_name(&i.id), i.id))
+        .collect()
+}
+
+async fn delete_nodes(w: &mut World, group: &str, nodes: &[(String, String)]) {
+    let started = Instant::now();
+    w.ca.node_group_delete_nodes(proto::NodeGroupDeleteNodesRequest {
+        id: group.into(),
+        nodes: nodes
+            .iter()
+            .map(|(name, id)| proto::ExternalGrpcNode {
+                provider_id: format!("aws:///us-east-1a/{id}"),
+                name: name.clone(),
+                ..Default::default()
+            })
+            .collect(),
+    })
+    .await
+    .unwrap();
+    // Not a timing assertion: the call must not wait for the drain, which takes seconds.
+    assert!(w.engine.in_progress() > 0 || started.elapsed() < Duration::from_secs(5));
+}
+
+async fn target(w: &mut World, group: &str) -> i32 {
+    w.ca.node_group_target_size(proto::NodeGroupTargetSizeRequest { id: group.into() })
+        .await
+        .unwrap()
+        .into_inner()
+        .target_size
+}
+
+async fn set_unschedulable(w: &World, node: &str, on: bool) {
+    let nodes: kube::Api<Node> = kube::Api::all(w.sim.client());
+    nodes
+        .patch(
+            node,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(serde_json::json!({"spec": {"unschedulable": on}})),
+        )
+        .await
+        .unwrap();
+}
+
+fn audit_index(
+    audit: &[sim::AuditEntry],
+    verb: &str,
+    kind: &str,
+    name_prefix: &str,
+) -> Option<usize> {
+    audit
+        .iter()
+        .position(|a| a.verb == verb && a.kind == kind && a.name.starts_with(name_prefix))
+}
+
+fn events(sim: &SimCluster) -> Vec<(String, String)> {
+    sim.list::<k8s_openapi::api::events::v1::Event>()
+        .iter()
+        .map(|e| {
+            (
+                e["reason"].as_str().unwrap_or("").to_string(),
+                e["note"].as_str().unwrap_or("").to_string(),
+            )
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn daemonset_pods_leave_only_after_the_workload_is_gone() {
+    let mut w = world(
+        vec![MemoryGroup::new("web", 0, 3, 1, "m5.large")],
+        fast_settings(),
+        Duration::from_millis(50),
+    )
+    .await;
+    let (node, iid) = nodes_of(&w, "web").remove(0);
+    w.sim
+        .create(&fixtures::daemonset("logging", "fluentd", 0.2, false))
+        .unwrap();
+    w.sim
+        .create(&fixtures::pod("shop", "app", &node, "app", 2.0))
+        .unwrap();
+    eventually("fluentd and app running", 10, || {
+        w.sim
+            .list::<Pod>()
+            .iter()
+            .filter(|p| p["status"]["conditions"][0]["status"] == "True")
+            .count()
+            == 2
+    })
+    .await;
+    delete_nodes(&mut w, "web", &[(node.clone(), iid.clone())]).await;
+    // From the moment the call returns: target one lower, instance deleting.
+    assert_eq!(target(&mut w, "web").await, 0);
+    let inst =
+        w.ca.node_group_nodes(proto::NodeGroupNodesRequest { id: "web".into() })
+            .await
+            .unwrap()
+            .into_inner()
+            .instances;
+    assert_eq!(
+        inst[0].status.as_ref().unwrap().instance_state,
+        proto::instance_status::InstanceState::InstanceDeleting as i32
+    );
+    assert_eq!(w.engine.wait_for(&iid).await, Some(Outcome::Ended));
+    eventually("the Node goes with the instance", 10, || {
+        w.sim.get::<Node>("", &node).is_none()
+    })
+    .await;
+
+    let a = w.sim.audit();
+    let app_start = audit_index(&a, "deletion-started", "Pod", "app").expect("app evicted");
+    let app_gone = audit_index(&a, "removed", "Pod", "app").expect("app removed");
+    let ds_start = audit_index(&a, "deletion-started", "Pod", "fluentd").expect("fluentd evicted");
+    let ds_gone = audit_index(&a, "removed", "Pod", "fluentd").expect("fluentd removed");
+    let node_gone = audit_index(&a, "removed", "Node", &node).expect("node removed");
+    assert!(
+        app_start < app_gone && app_gone < ds_start && ds_start < ds_gone && ds_gone < node_gone,
+        "{app_start} {app_gone} {ds_start} {ds_gone} {node_gone}"
+    );
+    assert!(
+        a[app_gone].at.duration_since(a[app_start].at) >= Duration::from_millis(1900),
+        "the preStop hook ran its 2 s"
+    );
+    assert_eq!(w.cloud.calls()["terminate_instance"], 1);
+    let reasons: Vec<String> = events(&w.sim).into_iter().map(|e| e.0).collect();
+    for r in [
+        "DrainStarted",
+        "WorkloadsGone",
+        "DaemonSetsGone",
+        "VolumesDetached",
+        "InstanceTerminated",
+    ] {
+        assert!(
+            reasons.iter().any(|x| x == r),
+            "missing Event {r} in {reasons:?}"
+        );
+    }
+}
+
+/// Ready, non-terminating pods of an app after every store change, from the change
+/// stream itself, so no instant is missed.
+fn watch_min_ready(
+    sim: &SimCluster,
+    app: &'static str,
+) -> Arc<parking_lot::Mutex<(i64, HashMap<String, bool>)>> {
+    let mut rx = sim.store.subscribe();
+    // Seed with what is there now; the stream carries every change after it.
+    let mut seed = HashMap::new();
+    for p in sim.list::<Pod>() {
+        if p["metadata"]["labels"]["app"] == app
+            && p["metadata"]["deletionTimestamp"].is_null()
+            && p["status"]["conditions"][0]["status"] == "True"
+        {
+            seed.insert(
+                p["metadata"]["uid"].as_str().unwrap_or("").to_string(),
+                true,
+            );
+        }
+    }
+    let state = Arc::new(parking_lot::Mutex::new((seed.len() as i64, seed)));
+    let st = state.clone();
+    tokio::spawn(async move {
+        while let Ok(c) = rx.recv().await {
+            if c.res.plural != "pods" || c.object["metadata"]["labels"]["app"] != app {
+                continue;
+            }
+            let o: &Value = &c.object;
+            let uid = o["metadata"]["uid"].as_str().unwrap_or("").to_string();
+            let ok = o["metadata"]["deletionTimestamp"].is_null()
+                && o["status"]["conditions"][0]["status"] == "True";
+            let mut g = st.lock();
+            if c.kind == sim::store::EventType::Deleted || !ok {
+                g.1.remove(&uid);
+            } else {
+                g.1.insert(uid, true);
+            }
+            let n = g.1.len() as i64;
+            g.0 = g.0.min(n);
+        }
+    });
+    state
+}
+
+#[tokio::test]
+async fn two_nodes_drained_at_once_never_leave_zero_ready_replicas() {
+    let mut w = world(
+        vec![
+            MemoryGroup::new("web", 0, 3, 2, "m5.large"),
+            MemoryGroup::new("spare", 0, 3, 0, "m5.large"),
+        ],
+        fast_settings(),
+        Duration::from_millis(300),
+    )
+    .await;
+    w.sim
+        .create(&fixtures::replicaset("shop", "api", 2, 0.2))
+        .unwrap();
+    w.sim.create(&fixtures::pdb("shop", "api", 1)).unwrap();
+    let on_web: Vec<(String, String)> = nodes_of(&w, "web");
+    eventually("one ready replica on each web node", 10, || {
+        let pods = w.sim.list::<Pod>();
+        on_web.iter().all(|(n, _)| {
+            pods.iter().any(|p| {
+                p["spec"]["nodeName"] == n.as_str()
+                    && p["status"]["conditions"][0]["status"] == "True"
+            })
+        })
+    })
+    .await;
+    let min_ready = watch_min_ready(&w.sim, "api");
+    w.cloud.set_desired_capacity("spare", 2).await.unwrap();
+    eventually("spare nodes", 10, || w.sim.list::<Node>().len() == 4).await;
+    delete_nodes(&mut w, "web", &on_web).await;
+    assert_eq!(target(&mut w, "web").await, 0);
+    for (_, id) in &on_web {
+        assert_eq!(w.engine.wait_for(id).await, Some(Outcome::Ended));
+    }
+    let a = w.sim.audit();
+    assert!(
+        a.iter().any(|e| e.verb == "eviction-denied"),
+        "the second drain had to wait for the replacement"
+    );
+    let min = min_ready.lock().0;
+    assert!(min >= 1, "ready replicas fell to {min}");
+    let reasons: Vec<String> = events(&w.sim).into_iter().map(|e| e.0).collect();
+    assert!(reasons.iter().any(|r| r == "EvictionBlocked"));
+    assert_eq!(w.cloud.calls()["terminate_instance"], 2);
+    let _ = &w.groups;
+}
+
+#[tokio::test]
+async fn lifecycle_mode_heartbeats_and_completes_and_drains_asg_started_scale_ins() {
+    let mut w = world(
+        vec![MemoryGroup::new("web", 0, 3, 2, "m5.large").terminating_hook("drain-hook", 1)],
+        fast_settings(),
+        Duration::from_millis(50),
+    )
+    .await;
+    let nodes = nodes_of(&w, "web");
+    let (node, iid) = nodes[0].clone();
+    w.sim
+        .create(&fixtures::pod("shop", "slow", &node, "slow", 2.5))
+        .unwrap();
+    eventually("slow pod ready", 10, || {
+        w.sim
+            .get::<Pod>("shop", "slow")
+            .is_some_and(|p| p["status"]["conditions"][0]["status"] == "True")
+    })
+    .await;
+    delete_nodes(&mut w, "web", &[(node.clone(), iid.clone())]).await;
+    // Lifecycle mode terminates with decrement at once; the hook holds the instance.
+    assert_eq!(target(&mut w, "web").await, 1);
+    let state = w
+        .cloud
+        .instances()
+        .into_iter()
+        .find(|(_, i)| i.id == iid)
+        .unwrap()
+        .1
+        .state;
+    assert_eq!(
+        state,
+        ca_asg_provider::cloud::LifecycleState::TerminatingWait
+    );
+    assert_eq!(w.engine.wait_for(&iid).await, Some(Outcome::Ended));
+    let done = w.cloud.completed_actions();
+    assert_eq!(done.len(), 1);
+    assert_eq!(
+        (
+            done[0].0.group.as_str(),
+            done[0].0.hook.as_str(),
+            done[0].0.instance_id.as_str()
+        ),
+        ("web", "drain-hook", iid.as_str())
+    );
+    assert_eq!(done[0].1, LifecycleResult::Continue);
+    // A 2.5 s drain under a 1 s hook timeout survives only with heartbeats.
+    assert!(
+        w.cloud.heartbeats().len() >= 2,
+        "{} heartbeats",
+        w.cloud.heartbeats().len()
+    );
+
+    // A scale-in CA did not start: the ASG's own policy ends the other instance.
+    let (node2, iid2) = nodes[1].clone();
+    w.sim
+        .create(&fixtures::pod("shop", "other", &node2, "other", 0.2))
+        .unwrap();
+    let ended = w.cloud.external_scale_in("web", 1).unwrap();
+    assert_eq!(ended, vec![iid2.clone()]);
+    let end = Instant::now() + Duration::from_secs(10);
+    while !(w.engine.is_draining(&iid2) || w.cloud.completed_actions().len() == 2) {
+        assert!(
+            Instant::now() < end,
+            "the lifecycle scan never picked up the ASG's own scale-in"
+        );
+        scalein::lifecycle::scan(&w.engine, &w.provider).await;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(
+        w.engine.wait_for(&iid2).await.unwrap_or(Outcome::Ended),
+        Outcome::Ended
+    );
+    assert_eq!(w.cloud.completed_actions().len(), 2);
+    let a = w.sim.audit();
+    assert!(
+        audit_index(&a, "removed", "Pod", "other").is_some(),
+        "its pod was drained first"
+    );
+    let _ = node2;
+}
+
+#[tokio::test]
+async fn a_restart_in_the_middle_of_a_direct_drain_finishes_exactly_once() {
+    let mut w = world(
+        vec![MemoryGroup::new("web", 0, 3, 2, "m5.large")],
+        fast_settings(),
+        Duration::from_millis(50),
+    )
+    .await;
+    let (node, iid) = nodes_of(&w, "web").remove(0);
+    w.sim
+        .create(&fixtures::pod("shop", "app", &node, "app", 1.5))
+        .unwrap();
+    eventually("app ready", 10, || {
+        w.sim
+            .get::<Pod>("shop", "app")
+            .is_some_and(|p| p["status"]["conditions"][0]["status"] == "True")
+    })
+    .await;
+    delete_nodes(&mut w, "web", &[(node.clone(), iid.clone())]).await;
+    eventually("the drain evicted the app", 10, || {
+        w.sim
+            .audit()
+            .iter()
+            .any(|a| a.verb == "deletion-started" && a.name == "app")
+    })
+    .await;
+    // The service dies.
+    w.engine.abort_all();
+    // A new process: it knows nothing but what AWS and the Node say.
+    let (provider2, engine2, mut ca2) = service(&w.sim, &w.cloud, &w.groups, fast_settings()).await;
+    assert_eq!(scalein::lifecycle::resume(&engine2, &provider2).await, 1);
+    let t = ca2
+        .node_group_target_size(proto::NodeGroupTargetSizeRequest { id: "web".into() })
+        .await
+        .unwrap()
+        .into_inner()
+        .target_size;
+    assert_eq!(t, 1, "the resumed drain counts against the target");
+    assert_eq!(engine2.wait_for(&iid).await, Some(Outcome::Ended));
+    assert_eq!(
+        w.cloud.calls()["terminate_instance"],
+        1,
+        "terminated exactly once"
+    );
+    // Nothing is left to resume.
+    assert_eq!(scalein::lifecycle::resume(&engine2, &provider2).await, 0);
+}
+
+#[tokio::test]
+async fn a_restart_in_the_middle_of_a_lifecycle_drain_completes_exactly_once() {
+    let mut w = world(
+        vec![MemoryGroup::new("web", 0, 3, 2, "m5.large").terminating_hook("h", 30)],
+        fast_settings(),
+        Duration::from_millis(50),
+    )
+    .await;
+    let (node, iid) = nodes_of(&w, "web").remove(0);
+    w.sim
+        .create(&fixtures::pod("shop", "app", &node, "app", 1.5))
+        .unwrap();
+    eventually("app ready", 10, || {
+        w.sim
+            .get::<Pod>("shop", "app")
+            .is_some_and(|p| p["status"]["conditions"][0]["status"] == "True")
+    })
+    .await;
+    delete_nodes(&mut w, "web", &[(node.clone(), iid.clone())]).await;
+    eventually("the drain evicted the app", 10, || {
+        w.sim
+            .audit()
+            .iter()
+            .any(|a| a.verb == "deletion-started" && a.name == "app")
+    })
+    .await;
+    w.engine.abort_all();
+    let (provider2, engine2, _ca2) = service(&w.sim, &w.cloud, &w.groups, fast_settings()).await;
+    assert_eq!(scalein::lifecycle::scan(&engine2, &provider2).await, 1);
+    assert_eq!(engine2.wait_for(&iid).await, Some(Outcome::Ended));
+    assert_eq!(
+        w.cloud.completed_actions().len(),
+        1,
+        "completed exactly once"
+    );
+    assert_eq!(w.cloud.calls()["terminate_instance"], 1);
+    assert_eq!(scalein::lifecycle::scan(&engine2, &provider2).await, 0);
+}
+
+async fn blocked_world(policy: DeadlinePolicy) -> (World, String, String) {
+    let s = ScaleInSettings {
+        workload_deadline: Duration::from_secs(1),
+        workload_deadline_policy: policy,
+        ..fast_settings()
+    };
+    let w = world(
+        vec![MemoryGroup::new("web", 0, 3, 1, "m5.large")],
+        s,
+        Duration::from_millis(50),
+    )
+    .await;
+    let (node, iid) = nodes_of(&w, "web").remove(0);
+    // A single replica under minAvailable 1: its budget never allows an eviction.
+    w.sim
+        .create(&fixtures::pod("shop", "solo", &node, "solo", 0.0))
+        .unwrap();
+    let mut pdb = fixtures::pdb("shop", "solo", 0);
+    let spec = pdb.spec.as_mut().unwrap();
+    spec.max_unavailable = None;
+    spec.min_available = Some(k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::Int(1));
+    w.sim.create(&pdb).unwrap();
+    eventually("solo ready", 10, || {
+        w.sim
+            .get::<Pod>("shop", "solo")
+            .is_some_and(|p| p["status"]["conditions"][0]["status"] == "True")
+    })
+    .await;
+    (w, node, iid)
+}
+
+#[tokio::test]
+async fn deadline_proceed_ends_the_instance_with_the_blocked_pod() {
+    let (mut w, node, iid) = blocked_world(DeadlinePolicy::Proceed).await;
+    delete_nodes(&mut w, "web", &[(node.clone(), iid.clone())]).await;
+    assert_eq!(w.engine.wait_for(&iid).await, Some(Outcome::Ended));
+    assert_eq!(w.cloud.calls()["terminate_instance"], 1);
+    let ev = events(&w.sim);
+    assert!(
+        ev.iter()
+            .any(|(r, n)| r == "DeadlineHit" && n.contains("proceed")),
+        "{ev:?}"
+    );
+    assert!(
+        w.sim
+            .audit()
+            .iter()
+            .all(|a| !(a.verb == "evicted" && a.name == "solo")),
+        "the PDB was never broken by an eviction"
+    );
+}
+
+#[tokio::test]
+async fn deadline_abandon_gives_the_node_back() {
+    let (mut w, node, iid) = blocked_world(DeadlinePolicy::Abandon).await;
+    delete_nodes(&mut w, "web", &[(node.clone(), iid.clone())]).await;
+    assert_eq!(target(&mut w, "web").await, 0);
+    assert!(matches!(
+        w.engine.wait_for(&iid).await,
+        Some(Outcome::Abandoned(_))
+    ));
+    assert_eq!(
+        w.cloud.calls().get("terminate_instance"),
+        None,
+        "nothing terminated"
+    );
+    let n = w.sim.get::<Node>("", &node).unwrap();
+    assert_ne!(n["spec"]["unschedulable"], true, "uncordoned");
+    assert!(n["spec"]["taints"]
+        .as_array()
+        .is_none_or(|t| t.iter().all(|t| t["key"] != scalein::cordon::TAINT_KEY)));
+    assert!(n["metadata"]["annotations"][scalein::cordon::STARTED_ANNOTATION].is_null());
+    assert_eq!(target(&mut w, "web").await, 1, "target restored");
+    let ev = events(&w.sim);
+    assert!(ev.iter().any(|(r, _)| r == "DrainAbandoned"), "{ev:?}");
+}
+
+#[tokio::test]
+async fn fifty_nodes_drain_concurrently_within_budgets() {
+    let mut w = world(
+        vec![
+            MemoryGroup::new("big", 0, 60, 50, "m5.large"),
+            MemoryGroup::new("spare", 0, 20, 10, "m5.large"),
+        ],
+        fast_settings(),
+        Duration::from_millis(50),
+    )
+    .await;
+    let big = nodes_of(&w, "big");
+    // Pin 50 replicas to the big nodes first: spare nodes are cordoned until the drain.
+    for (n, _) in nodes_of(&w, "spare") {
+        set_unschedulable(&w, &n, true).await;
+    }
+    w.sim
+        .create(&fixtures::replicaset("shop", "api", 50, 0.05))
+        .unwrap();
+    w.sim.create(&fixtures::pdb("shop", "api", 5)).unwrap();
+    w.sim
+        .create(&fixtures::daemonset("logging", "fluentd", 0.05, false))
+        .unwrap();
+    eventually("50 ready replicas", 20, || {
+        w.sim
+            .list::<Pod>()
+            .iter()
+            .filter(|p| {
+                p["metadata"]["labels"]["app"] == "api"
+                    && p["status"]["conditions"][0]["status"] == "True"
+            })
+            .count()
+            == 50
+    })
+    .await;
+    for (n, _) in nodes_of(&w, "spare") {
+        set_unschedulable(&w, &n, false).await;
+    }
+    let min_ready = watch_min_ready(&w.sim, "api");
+    let before = w.sim.requests().total();
+    delete_nodes(&mut w, "big", &big).await;
+    for (_, id) in &big {
+        assert_eq!(w.engine.wait_for(id).await, Some(Outcome::Ended), "{id}");
+    }
+    let used = w.sim.requests().total() - before;
+    let min = min_ready.lock().0;
+    assert!(
+        min >= 45,
+        "maxUnavailable 5 of 50, but ready replicas fell to {min}"
+    );
+    assert_eq!(w.cloud.calls()["terminate_instance"], 50);
+    // Per node: node get + patch, a pod watch, a volume watch, evictions and their
+    // PDB retries, events. Bounded, not a polling loop.
+    assert!(
+        used < 50 * 60,
+        "{used} API requests for 50 drains: {:?}",
+        w.sim.requests().snapshot()
+    );
+    eprintln!("50 drains used {used} API requests");
+}
