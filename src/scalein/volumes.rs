@@ -17,9 +17,10 @@ pub async fn wait_detached(engine: &Engine, node: &str, deadline: Instant) -> Ve
     let api: Api<VolumeAttachment> = Api::all(engine.client.clone());
     let (store, writer) = reflector::store();
     // VolumeAttachments cannot be field-selected by node, but there are few of them.
-    let stream = reflector::reflector(writer, watcher(api, watcher::Config::default()))
-        .default_backoff()
-        .touched_objects();
+    // The raw event stream is used (not touched_objects) so the end of the initial
+    // list is seen: a node with no attachments finishes at once.
+    let stream =
+        reflector::reflector(writer, watcher(api, watcher::Config::default())).default_backoff();
     let on_node = |store: &reflector::Store<VolumeAttachment>| -> Vec<String> {
         store
             .state()
@@ -29,22 +30,19 @@ pub async fn wait_detached(engine: &Engine, node: &str, deadline: Instant) -> Ve
             .collect()
     };
     futures::pin_mut!(stream);
-    let mut ready = false;
+    let mut listed = false;
     loop {
-        if ready {
+        if listed {
             let left = on_node(&store);
             if left.is_empty() {
                 return left;
             }
         }
         match tokio::time::timeout_at(deadline.into(), stream.next()).await {
+            Ok(Some(Ok(watcher::Event::InitDone))) => listed = true,
             Ok(Some(Ok(_))) => {}
             Ok(Some(Err(e))) => tracing::debug!(node, error = %e, "volume attachment watch error"),
-            Ok(None) => return on_node(&store),
-            Err(_) => return on_node(&store),
-        }
-        if !ready {
-            ready = store.wait_until_ready().await.is_ok();
+            Ok(None) | Err(_) => return on_node(&store),
         }
     }
 }

@@ -1,0 +1,199 @@
+//! `check-config` and `drain NODE` through the same code the binary runs.
+
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use ca_asg_provider::cli::{ConfigArgs, DrainArgs};
+use ca_asg_provider::cloud::memory::{MemoryCloud, MemoryGroup, MemoryTiming};
+use ca_asg_provider::cloud::GroupSelector;
+use ca_asg_provider::provider::{Bounds, Provider, ProviderSettings};
+use ca_asg_provider::sim::{fixtures, SimCluster, SimOptions};
+use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::storage::v1::{
+    VolumeAttachment, VolumeAttachmentSource, VolumeAttachmentSpec,
+};
+use kube::api::ObjectMeta;
+
+#[tokio::test]
+async fn check_config_reports_groups_and_problems() {
+    let cloud = MemoryCloud::new(
+        vec![MemoryGroup::new("web", 1, 5, 1, "m5.large")],
+        MemoryTiming::default(),
+    );
+    let ok = ProviderSettings {
+        selector: GroupSelector {
+            names: vec!["web".into()],
+            tag_sets: vec![],
+        },
+        ..ProviderSettings::default()
+    };
+    let p = Provider::new(Arc::new(cloud.clone()), ok);
+    assert_eq!(ca_asg_provider::check::report(&p).await, ExitCode::SUCCESS);
+    // A missing group and bounds outside the ASG's are problems: exit 1.
+    let mut bad = ProviderSettings {
+        selector: GroupSelector {
+            names: vec!["web".into(), "gone".into()],
+            tag_sets: vec![],
+        },
+        ..ProviderSettings::default()
+    };
+    bad.static_bounds.insert(
+        "web".into(),
+        Bounds {
+            min: Some(0),
+            max: Some(50),
+        },
+    );
+    let p = Provider::new(Arc::new(cloud), bad);
+    assert_eq!(ca_asg_provider::check::report(&p).await, ExitCode::FAILURE);
+}
+
+#[tokio::test]
+async fn invalid_config_files_name_the_key_and_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("c.yaml");
+    std::fs::write(
+        &path,
+        "nodeGroups:\n  - {name: web, minSize: 3, maxSize: 1}\nrefreshInterval: often\n",
+    )
+    .unwrap();
+    let args = ConfigArgs {
+        config: Some(path.clone()),
+        ..Default::default()
+    };
+    let e = args.load().unwrap_err().to_string();
+    assert!(e.contains("c.yaml"), "{e}");
+    assert!(
+        e.contains("nodeGroups[0]") && e.contains("refreshInterval") && e.contains("often"),
+        "{e}"
+    );
+    std::fs::write(&path, "nodeGroup: []\n").unwrap();
+    let e = args.load().unwrap_err().to_string();
+    assert!(e.contains("nodeGroup") && e.contains("c.yaml"), "{e}");
+}
+
+#[tokio::test]
+async fn drain_command_dry_run_changes_nothing_and_drain_leaves_the_node_cordoned() {
+    let sim = SimCluster::start(SimOptions {
+        ready_delay: Duration::from_millis(30),
+    })
+    .await
+    .unwrap();
+    sim.create(&fixtures::node("n1", "aws:///us-east-1a/i-0abc", &[]))
+        .unwrap();
+    sim.create(&fixtures::daemonset("logging", "fluentd", 0.1, false))
+        .unwrap();
+    sim.create(&fixtures::pod("shop", "app", "n1", "app", 0.2))
+        .unwrap();
+    let end = Instant::now() + Duration::from_secs(10);
+    while sim.list::<Pod>().len() < 2 {
+        assert!(Instant::now() < end);
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let cfg = ConfigArgs {
+        region: Some("us-east-1".into()),
+        ..Default::default()
+    }
+    .load()
+    .unwrap();
+    let mut args = DrainArgs {
+        node: "n1".into(),
+        dry_run: true,
+        terminate: false,
+        config: ConfigArgs::default(),
+    };
+    ca_asg_provider::drain_cmd::drain(sim.client(), &cfg, &args)
+        .await
+        .unwrap();
+    assert_eq!(sim.list::<Pod>().len(), 2, "dry run evicts nothing");
+    assert!(sim.get::<Node>("", "n1").unwrap()["spec"]["unschedulable"].is_null());
+    args.dry_run = false;
+    ca_asg_provider::drain_cmd::drain(sim.client(), &cfg, &args)
+        .await
+        .unwrap();
+    assert!(
+        sim.list::<Pod>()
+            .iter()
+            .all(|p| p["spec"]["nodeName"] != "n1"),
+        "drained"
+    );
+    assert_eq!(
+        sim.get::<Node>("", "n1").unwrap()["spec"]["unschedulable"],
+        true,
+        "left cordoned"
+    );
+    let e = ca_asg_provider::drain_cmd::drain(
+        sim.client(),
+        &cfg,
+        &DrainArgs {
+            node: "nope".into(),
+            ..args
+        },
+    )
+    .await
+    .unwrap_err();
+    assert!(e.to_string().contains("nope"));
+}
+
+#[tokio::test]
+async fn the_drain_waits_for_volume_attachments_to_detach() {
+    let sim = Arc::new(SimCluster::start(SimOptions::default()).await.unwrap());
+    sim.create(&fixtures::node("n1", "aws:///us-east-1a/i-0abc", &[]))
+        .unwrap();
+    let va = VolumeAttachment {
+        metadata: ObjectMeta {
+            name: Some("csi-1".into()),
+            ..Default::default()
+        },
+        spec: VolumeAttachmentSpec {
+            attacher: "ebs.csi.aws.com".into(),
+            node_name: "n1".into(),
+            source: VolumeAttachmentSource {
+                persistent_volume_name: Some("pv-1".into()),
+                ..Default::default()
+            },
+        },
+        status: None,
+    };
+    sim.create(&va).unwrap();
+    let s2 = sim.clone();
+    tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(400)).await;
+        s2.remove::<VolumeAttachment>("", "csi-1");
+    });
+    let cfg = ConfigArgs {
+        region: Some("us-east-1".into()),
+        ..Default::default()
+    }
+    .load()
+    .unwrap();
+    let args = DrainArgs {
+        node: "n1".into(),
+        dry_run: false,
+        terminate: false,
+        config: ConfigArgs::default(),
+    };
+    ca_asg_provider::drain_cmd::drain(sim.client(), &cfg, &args)
+        .await
+        .unwrap();
+    let audit = sim.audit();
+    let va_gone = audit
+        .iter()
+        .position(|a| a.kind == "VolumeAttachment" && a.verb == "removed")
+        .expect("detached");
+    let events: Vec<String> = sim
+        .list::<k8s_openapi::api::events::v1::Event>()
+        .iter()
+        .map(|e| e["reason"].as_str().unwrap_or("").to_string())
+        .collect();
+    assert!(events.iter().any(|r| r == "VolumesDetached"), "{events:?}");
+    let detached_event = audit
+        .iter()
+        .rposition(|a| a.kind == "Event" && a.verb == "create")
+        .unwrap();
+    assert!(
+        va_gone < detached_event,
+        "the drain finished only after the attachment was gone"
+    );
+}
