@@ -448,3 +448,95 @@ async fn provider_over_moto_builds_templates_with_one_type_lookup_per_type() {
     }
     assert_eq!(counter.snapshot(), before);
 }
+
+/// The AWS budget at 250 discovered groups over 20 instance types: the first refresh
+/// reads each launch template once and the instance types in one batch; a steady-state
+/// refresh is ceil(250/100) DescribeAutoScalingGroups pages and nothing else.
+#[tokio::test]
+async fn aws_budget_at_250_groups_and_20_instance_types() {
+    const TYPES: [&str; 20] = [
+        "m5.large",
+        "m5.xlarge",
+        "m5.2xlarge",
+        "m5.4xlarge",
+        "c5.large",
+        "c5.xlarge",
+        "c5.2xlarge",
+        "c5.4xlarge",
+        "r5.large",
+        "r5.xlarge",
+        "r5.2xlarge",
+        "r5.4xlarge",
+        "t3.medium",
+        "t3.large",
+        "t3.xlarge",
+        "m6i.large",
+        "m6i.xlarge",
+        "c6i.large",
+        "c6g.large",
+        "m6g.large",
+    ];
+    let e = env().await;
+    for t in TYPES {
+        launch_template(&e, &format!("lt-{t}"), t, None).await;
+    }
+    for i in 0..250 {
+        let lt = format!("lt-{}", TYPES[i % TYPES.len()]);
+        group(
+            &e,
+            &format!("asg-{i:03}"),
+            &lt,
+            0,
+            &[("k8s.io/cluster-autoscaler/enabled", "true")],
+        )
+        .await;
+    }
+    let counter = e.cloud.calls();
+    let p = Provider::new(
+        Arc::new(e.cloud),
+        ProviderSettings {
+            selector: discovery(&[("k8s.io/cluster-autoscaler/enabled", None)]),
+            ..ProviderSettings::default()
+        },
+    );
+    p.refresh_now().await.unwrap();
+    p.templates_prefetched().await;
+    assert_eq!(p.node_groups().len(), 250);
+    let first = counter.snapshot();
+    assert_eq!(
+        counter.count("DescribeInstanceTypes"),
+        1,
+        "one batched lookup for 20 types: {first:?}"
+    );
+    assert_eq!(
+        counter.count("DescribeLaunchTemplateVersions"),
+        20,
+        "one per launch template: {first:?}"
+    );
+    // Every template is then answered from memory.
+    for i in 0..250 {
+        let bytes = p.template_node(&format!("asg-{i:03}")).await.unwrap();
+        let node = <k8s_pb::api::core::v1::Node as prost::Message>::decode(bytes.as_ref()).unwrap();
+        assert_eq!(
+            node.metadata.unwrap().labels["node.kubernetes.io/instance-type"],
+            TYPES[i % TYPES.len()]
+        );
+    }
+    assert_eq!(counter.snapshot(), first, "templates made no AWS call");
+    // Steady state.
+    p.refresh_now().await.unwrap();
+    p.templates_prefetched().await;
+    let steady: Vec<_> = counter
+        .snapshot()
+        .into_iter()
+        .filter_map(|(k, n)| {
+            let d = n - first.get(&k).copied().unwrap_or(0);
+            (d > 0).then_some((k.0, d))
+        })
+        .collect();
+    assert_eq!(
+        steady,
+        vec![("DescribeAutoScalingGroups".to_string(), 3)],
+        "steady-state refresh"
+    );
+}

@@ -180,8 +180,7 @@ impl Provider {
             instances = registry.instance_count(),
             "node groups refreshed"
         );
-        let this = self.clone();
-        tokio::spawn(async move { this.prefetch_templates().await });
+        self.spawn_prefetch();
         Ok(())
     }
 

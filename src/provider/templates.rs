@@ -22,6 +22,11 @@ pub(crate) struct TemplateCache {
     inner: Mutex<Inner>,
     /// One builder at a time per provider keeps AWS reads deduplicated.
     build: tokio::sync::Mutex<()>,
+    /// One prefetch at a time; the generation counters let callers wait for the
+    /// prefetch that follows a refresh.
+    prefetch: tokio::sync::Mutex<()>,
+    requested: std::sync::atomic::AtomicU64,
+    done: tokio::sync::watch::Sender<u64>,
 }
 
 #[derive(Default)]
@@ -254,27 +259,54 @@ impl Provider {
         v
     }
 
-    /// After a refresh: read every instance type the groups need in one batched call,
-    /// then build the templates that are missing, so CA's first ask is answered from
-    /// memory.
-    pub(crate) async fn prefetch_templates(self: Arc<Self>) {
+    /// After a refresh: read the launch data of every group that has no template yet
+    /// (cached per launch template), then every instance type they need in one batched
+    /// call, then build, so CA's first ask is answered from memory and 250 groups over
+    /// 20 types cost one DescribeInstanceTypes, not 20.
+    pub(crate) fn spawn_prefetch(self: &Arc<Self>) {
+        use std::sync::atomic::Ordering;
+        let generation = self.templates.requested.fetch_add(1, Ordering::SeqCst) + 1;
+        let this = self.clone();
+        tokio::spawn(async move {
+            let _one = this.templates.prefetch.lock().await;
+            this.prefetch_templates().await;
+            this.templates
+                .done
+                .send_modify(|d| *d = (*d).max(generation));
+        });
+    }
+
+    /// Waits until the template prefetch that followed the latest refresh is over
+    /// (used by the warm-up path and tests; CA never waits for it).
+    pub async fn templates_prefetched(&self) {
+        use std::sync::atomic::Ordering;
+        let want = self.templates.requested.load(Ordering::SeqCst);
+        let mut rx = self.templates.done.subscribe();
+        let _ = rx.wait_for(|d| *d >= want).await;
+    }
+
+    async fn prefetch_templates(&self) {
         let reg = self.registry();
         let mut types = Vec::new();
         for g in &reg.groups {
             if self.templates.cached(g).is_some() {
                 continue;
             }
-            match &g.asg.launch {
-                LaunchSpec::MixedInstances { override_types, .. } if !override_types.is_empty() => {
-                    types.push(override_types[0].clone())
-                }
-                _ => {
-                    if let Some(t) = g.asg.instances.iter().find_map(|i| i.instance_type.clone()) {
-                        types.push(t)
-                    }
+            // Under the build lock, so a concurrent template_node reads the cache.
+            let read = {
+                let _one = self.templates.build.lock().await;
+                self.launch_data(g).await
+            };
+            match read {
+                Ok((_, Some(t))) => types.push(t),
+                Ok((_, None)) => {}
+                Err(e) => {
+                    tracing::debug!(group = %g.asg.name, error = %e, "launch data prefetch failed")
                 }
             }
         }
+        types.sort();
+        types.dedup();
         if let Err(e) = self.load_instance_types(&types).await {
             tracing::debug!(error = %e, "instance type prefetch failed; templates will read on demand");
         }
