@@ -32,13 +32,26 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Serve the externalgrpc CloudProvider API for cluster-autoscaler.
-    Serve(ConfigArgs),
+    Serve(ServeArgs),
     /// Run the real server on an in-memory cloud and drive it like cluster-autoscaler.
     Demo(crate::demo::DemoArgs),
     /// Load and validate the configuration, read AWS, and print what was found.
     CheckConfig(ConfigArgs),
     /// Drain one node with the scale-in engine (workloads first, DaemonSet pods last).
     Drain(DrainArgs),
+    /// Act like cluster-autoscaler against a server on a seeded memory cloud and
+    /// report latency, RPC/s, CPU and memory.
+    Loadgen(crate::loadgen::LoadgenArgs),
+}
+
+#[derive(Debug, Args, Clone)]
+pub struct ServeArgs {
+    #[command(flatten)]
+    pub config: ConfigArgs,
+    /// Serve the built-in in-memory cloud seeded with GROUPS:NODES instead of AWS (for
+    /// load tests; scale-in then terminates at once, there is no cluster to drain).
+    #[arg(long, value_name = "GROUPS:NODES")]
+    pub memory_cloud: Option<String>,
 }
 
 #[derive(Debug, Args, Clone)]
@@ -64,6 +77,9 @@ pub struct ConfigArgs {
     /// gRPC listen address (default 127.0.0.1:8086).
     #[arg(long)]
     pub listen: Option<String>,
+    /// Address for /metrics, /healthz and /readyz (overrides metricsListen).
+    #[arg(long)]
+    pub metrics_listen: Option<String>,
     /// AWS region (default: AWS_REGION, then us-east-1).
     #[arg(long)]
     pub region: Option<String>,
@@ -88,6 +104,7 @@ impl ConfigArgs {
     fn overrides(&self) -> Overrides {
         Overrides {
             listen: self.listen.clone(),
+            metrics_listen: self.metrics_listen.clone(),
             region: self.region.clone(),
             aws_endpoint: self.aws_endpoint.clone(),
             nodes: self.nodes.clone(),
@@ -118,6 +135,17 @@ pub async fn run(cli: Cli) -> ExitCode {
         Command::Serve(args) => {
             init_logging(cli.log_format, &cli.log_level);
             report(serve(args).await)
+        }
+        Command::Loadgen(args) => {
+            init_logging(
+                cli.log_format,
+                if cli.log_level == "info" {
+                    "warn"
+                } else {
+                    &cli.log_level
+                },
+            );
+            report(crate::loadgen::run(args).await)
         }
         Command::Drain(args) => {
             init_logging(cli.log_format, &cli.log_level);
@@ -158,10 +186,32 @@ pub async fn aws_cloud(cfg: &Config) -> anyhow::Result<Arc<dyn Cloud>> {
     Ok(Arc::new(crate::cloud::instrumented::Instrumented(aws)))
 }
 
-async fn serve(args: ConfigArgs) -> anyhow::Result<()> {
-    let cfg = args.load()?;
-    cfg.require_groups()?;
-    let cloud = aws_cloud(&cfg).await?;
+async fn serve(args: ServeArgs) -> anyhow::Result<()> {
+    let mut cfg = args.config.load()?;
+    let cloud = match &args.memory_cloud {
+        Some(shape) => {
+            let (groups, nodes) =
+                crate::loadgen::seed::parse_shape(shape).map_err(anyhow::Error::msg)?;
+            let memory = crate::cloud::memory::MemoryCloud::new(
+                crate::loadgen::seed::fleet(groups, nodes),
+                crate::cloud::memory::MemoryTiming::default(),
+            );
+            if cfg.provider.selector.names.is_empty() && cfg.provider.selector.tag_sets.is_empty() {
+                cfg.provider.selector.tag_sets = vec![vec![crate::cloud::TagFilter {
+                    key: "k8s.io/cluster-autoscaler/enabled".into(),
+                    value: None,
+                }]];
+            }
+            cfg.drain_enabled = false;
+            tracing::warn!(groups, nodes, "serving the in-memory cloud, not AWS");
+            let memory: Arc<dyn Cloud> = Arc::new(memory);
+            Arc::new(crate::cloud::instrumented::Instrumented(memory)) as Arc<dyn Cloud>
+        }
+        None => {
+            cfg.require_groups()?;
+            aws_cloud(&cfg).await?
+        }
+    };
     let provider = Provider::new(cloud.clone(), cfg.provider.clone());
     provider.start_background();
     spawn_initial_refresh(provider.clone());

@@ -114,6 +114,7 @@ pub struct Discovery {
 #[derive(Debug, Clone, Default)]
 pub struct Overrides {
     pub listen: Option<String>,
+    pub metrics_listen: Option<String>,
     pub region: Option<String>,
     pub aws_endpoint: Option<String>,
     /// CA syntax `min:max:name`, repeatable.
@@ -226,9 +227,10 @@ pub fn resolve(file: FileConfig, flags: &Overrides, source: &str) -> Result<Conf
         }
     };
 
-    let metrics_s = file
+    let metrics_s = flags
         .metrics_listen
         .clone()
+        .or_else(|| file.metrics_listen.clone())
         .unwrap_or_else(|| DEFAULT_METRICS_LISTEN.to_string());
     let metrics_listen = match metrics_s.parse::<SocketAddr>() {
         Ok(a) => a,

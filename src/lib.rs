@@ -9,6 +9,7 @@ pub mod demo;
 pub mod drain_cmd;
 pub mod duration;
 pub mod grpc;
+pub mod loadgen;
 pub mod provider;
 pub mod scalein;
 pub mod sim;

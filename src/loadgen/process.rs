@@ -1,0 +1,88 @@
+//! CPU time and memory of the server process, read from /proc (Linux).
+
+use std::path::PathBuf;
+
+/// One reading of a process.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct ProcSample {
+    /// User + system CPU seconds over all threads.
+    pub cpu_seconds: f64,
+    /// Resident set now, and its peak (VmHWM), in bytes.
+    pub rss_bytes: u64,
+    pub peak_rss_bytes: u64,
+}
+
+pub struct ProcWatch {
+    dir: PathBuf,
+    ticks_per_second: f64,
+}
+
+impl ProcWatch {
+    pub fn new(pid: u32) -> Self {
+        Self {
+            dir: PathBuf::from(format!("/proc/{pid}")),
+            // USER_HZ is 100 on every Linux architecture this runs on.
+            ticks_per_second: 100.0,
+        }
+    }
+
+    pub fn sample(&self) -> std::io::Result<ProcSample> {
+        let stat = std::fs::read_to_string(self.dir.join("stat"))?;
+        let status = std::fs::read_to_string(self.dir.join("status"))?;
+        parse(&stat, &status, self.ticks_per_second).ok_or_else(|| {
+            std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                format!("unexpected format in {}", self.dir.display()),
+            )
+        })
+    }
+}
+
+/// Parses /proc/PID/stat (utime, stime: fields 14 and 15) and /proc/PID/status
+/// (VmRSS, VmHWM in kB).
+pub fn parse(stat: &str, status: &str, ticks_per_second: f64) -> Option<ProcSample> {
+    // The command name (field 2) may hold spaces; fields restart after its ')'.
+    let rest = &stat[stat.rfind(')')? + 1..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    // rest[0] is field 3 (state), so field N is rest[N - 3].
+    let utime: f64 = f.get(11)?.parse().ok()?;
+    let stime: f64 = f.get(12)?.parse().ok()?;
+    let kb = |key: &str| -> Option<u64> {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(key))?
+            .split_whitespace()
+            .next()?
+            .parse()
+            .ok()
+    };
+    Some(ProcSample {
+        cpu_seconds: (utime + stime) / ticks_per_second,
+        rss_bytes: kb("VmRSS:")? * 1024,
+        peak_rss_bytes: kb("VmHWM:")? * 1024,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_stat_and_status() {
+        let stat =
+            "4242 (ca asg (x)) S 1 4242 4242 0 -1 4194560 2345 0 0 0 150 25 0 0 20 0 9 0 123 0 0";
+        let status = "Name:\tx\nVmHWM:\t   61440 kB\nVmRSS:\t   40960 kB\nThreads:\t9\n";
+        let s = parse(stat, status, 100.0).unwrap();
+        assert_eq!(s.cpu_seconds, 1.75);
+        assert_eq!(s.rss_bytes, 40 * 1024 * 1024);
+        assert_eq!(s.peak_rss_bytes, 60 * 1024 * 1024);
+        assert!(parse("garbage", status, 100.0).is_none());
+        assert!(parse(stat, "Name: x\n", 100.0).is_none());
+    }
+
+    #[test]
+    fn reads_this_process() {
+        let s = ProcWatch::new(std::process::id()).sample().unwrap();
+        assert!(s.rss_bytes > 0 && s.peak_rss_bytes >= s.rss_bytes);
+    }
+}
