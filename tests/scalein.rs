@@ -17,6 +17,8 @@ use k8s_openapi::api::core::v1::{Node, Pod};
 use serde_json::Value;
 use tonic::transport::Channel;
 
+mod support;
+
 struct World {
     sim: Arc<SimCluster>,
     cloud: MemoryCloud,
@@ -73,7 +75,7 @@ async fn service(
     let provider = Provider::new(Arc::new(cloud.clone()), settings);
     provider.refresh_now().await.unwrap();
     let engine = Engine::new(
-        sim.client(),
+        sim.client_as(support::rbac::ENGINE_USER),
         Arc::new(cloud.clone()),
         Some(provider.clone()),
         s,
@@ -261,6 +263,7 @@ async fn daemonset_pods_leave_only_after_the_workload_is_gone() {
             "missing Event {r} in {reasons:?}"
         );
     }
+    support::rbac::assert_rbac_covers(&w.sim);
 }
 
 /// Ready, non-terminating pods of an app after every store change, from the change
@@ -352,6 +355,7 @@ async fn two_nodes_drained_at_once_never_leave_zero_ready_replicas() {
     assert!(reasons.iter().any(|r| r == "EvictionBlocked"));
     assert_eq!(w.cloud.calls()["terminate_instance"], 2);
     let _ = &w.groups;
+    support::rbac::assert_rbac_covers(&w.sim);
 }
 
 #[tokio::test]
@@ -434,6 +438,7 @@ async fn lifecycle_mode_heartbeats_and_completes_and_drains_asg_started_scale_in
         "its pod was drained first"
     );
     let _ = node2;
+    support::rbac::assert_rbac_covers(&w.sim);
 }
 
 #[tokio::test]
@@ -482,6 +487,7 @@ async fn a_restart_in_the_middle_of_a_direct_drain_finishes_exactly_once() {
     );
     // Nothing is left to resume.
     assert_eq!(scalein::lifecycle::resume(&engine2, &provider2).await, 0);
+    support::rbac::assert_rbac_covers(&w.sim);
 }
 
 #[tokio::test]
@@ -521,6 +527,7 @@ async fn a_restart_in_the_middle_of_a_lifecycle_drain_completes_exactly_once() {
     );
     assert_eq!(w.cloud.calls()["terminate_instance"], 1);
     assert_eq!(scalein::lifecycle::scan(&engine2, &provider2).await, 0);
+    support::rbac::assert_rbac_covers(&w.sim);
 }
 
 async fn blocked_world(policy: DeadlinePolicy) -> (World, String, String) {
@@ -573,6 +580,7 @@ async fn deadline_proceed_ends_the_instance_with_the_blocked_pod() {
             .all(|a| !(a.verb == "evicted" && a.name == "solo")),
         "the PDB was never broken by an eviction"
     );
+    support::rbac::assert_rbac_covers(&w.sim);
 }
 
 #[tokio::test]
@@ -598,6 +606,7 @@ async fn deadline_abandon_gives_the_node_back() {
     assert_eq!(target(&mut w, "web").await, 1, "target restored");
     let ev = events(&w.sim);
     assert!(ev.iter().any(|(r, _)| r == "DrainAbandoned"), "{ev:?}");
+    support::rbac::assert_rbac_covers(&w.sim);
 }
 
 #[tokio::test]

@@ -156,7 +156,11 @@ pub async fn handle(
         Some(s) => format!("{}/{s}", t.res.plural),
         None => t.res.plural.to_string(),
     };
-    ctx.stats.count(verb, &res_label);
+    let user = headers
+        .get(axum::http::header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.strip_prefix("Bearer "));
+    ctx.stats.count(user, verb, t.res.group, &res_label);
     let ns = t.ns.clone().unwrap_or_default();
     let result = match verb {
         "watch" => return watch_stream(ctx, t, q).await,

@@ -35,29 +35,61 @@ impl Default for SimOptions {
     }
 }
 
-/// API requests by (verb, resource).
+/// API requests by (verb, resource), and what each identity (the bearer token a
+/// client sends, see [`SimCluster::client_as`]) used, as RBAC sees it.
 #[derive(Debug, Default)]
-pub struct RequestStats(Mutex<BTreeMap<(String, String), u64>>);
+pub struct RequestStats {
+    counts: Mutex<BTreeMap<(String, String), u64>>,
+    used: Mutex<BTreeMap<String, std::collections::BTreeSet<RbacUse>>>,
+}
+
+/// One (verb, API group, resource[/subresource]) an identity used.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct RbacUse {
+    pub verb: String,
+    pub group: String,
+    pub resource: String,
+}
 
 impl RequestStats {
-    fn count(&self, verb: &str, res: &str) {
+    fn count(&self, user: Option<&str>, verb: &str, group: &str, res: &str) {
         *self
-            .0
+            .counts
             .lock()
             .entry((verb.to_string(), res.to_string()))
             .or_default() += 1;
+        if let Some(user) = user {
+            self.used
+                .lock()
+                .entry(user.to_string())
+                .or_default()
+                .insert(RbacUse {
+                    verb: verb.to_string(),
+                    group: group.to_string(),
+                    resource: res.to_string(),
+                });
+        }
+    }
+
+    /// Every (verb, group, resource) the identity `user` used so far.
+    pub fn used_by(&self, user: &str) -> Vec<RbacUse> {
+        self.used
+            .lock()
+            .get(user)
+            .map(|s| s.iter().cloned().collect())
+            .unwrap_or_default()
     }
 
     pub fn snapshot(&self) -> BTreeMap<(String, String), u64> {
-        self.0.lock().clone()
+        self.counts.lock().clone()
     }
 
     pub fn total(&self) -> u64 {
-        self.0.lock().values().sum()
+        self.counts.lock().values().sum()
     }
 
     pub fn get(&self, verb: &str, res: &str) -> u64 {
-        self.0
+        self.counts
             .lock()
             .get(&(verb.to_string(), res.to_string()))
             .copied()
@@ -109,12 +141,24 @@ impl SimCluster {
 
     /// A kube::Client over real HTTP to this server.
     pub fn client(&self) -> kube::Client {
+        self.client_with(|_| {})
+    }
+
+    /// A client whose requests are recorded under `user` (sent as its bearer token), so
+    /// a test can compare what that identity used with an RBAC role.
+    pub fn client_as(&self, user: &str) -> kube::Client {
+        let user = user.to_string();
+        self.client_with(move |cfg| cfg.auth_info.token = Some(user.into()))
+    }
+
+    fn client_with(&self, f: impl FnOnce(&mut kube::Config)) -> kube::Client {
         let uri: hyper::Uri = self.url().parse().expect("own URL parses");
         let mut cfg = kube::Config::new(uri);
         cfg.default_namespace = "default".into();
         cfg.read_timeout = Some(Duration::from_secs(300));
         // Like the engine's client: a 429 from a PDB must reach the caller.
         cfg.default_retry = false;
+        f(&mut cfg);
         kube::Client::try_from(cfg).expect("client for a plain HTTP URL")
     }
 

@@ -1,0 +1,159 @@
+//! deploy/iam-policy.json and deploy/base/rbac.yaml against the code. The scale-in tests
+//! check the other RBAC direction: every request the engine makes is granted.
+
+use std::collections::BTreeSet;
+use std::path::Path;
+
+use ca_asg_provider::sim::RbacUse;
+
+mod support;
+
+fn root() -> &'static Path {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// `describe_auto_scaling_groups` -> `DescribeAutoScalingGroups`.
+fn pascal(snake: &str) -> String {
+    snake
+        .split('_')
+        .map(|w| {
+            let mut c = w.chars();
+            c.next()
+                .map(|f| f.to_ascii_uppercase().to_string() + c.as_str())
+                .unwrap_or_default()
+        })
+        .collect()
+}
+
+/// Every AWS action the AWS backend calls: `self.<client>` followed by `.<operation>()`,
+/// where the client field names the service.
+fn actions_in_code() -> BTreeSet<String> {
+    let src = std::fs::read_to_string(root().join("src/cloud/aws.rs")).unwrap();
+    let services = [("asg", "autoscaling"), ("ec2", "ec2"), ("eks", "eks")];
+    let mut out = BTreeSet::new();
+    for (field, service) in services {
+        let needle = format!(".{field}");
+        let mut rest = src.as_str();
+        while let Some(i) = rest.find(&needle) {
+            rest = &rest[i + needle.len()..];
+            // A client field, not a longer identifier (`.asg_name`).
+            if rest.starts_with(|c: char| c.is_alphanumeric() || c == '_') {
+                continue;
+            }
+            let after = rest.trim_start();
+            let Some(call) = after.strip_prefix('.') else {
+                continue;
+            };
+            let op: String = call
+                .chars()
+                .take_while(|c| c.is_ascii_lowercase() || *c == '_')
+                .collect();
+            if call[op.len()..].starts_with("()") && !op.is_empty() && op != "clone" {
+                out.insert(format!("{service}:{}", pascal(&op)));
+            }
+        }
+    }
+    out
+}
+
+fn policy() -> serde_json::Value {
+    serde_json::from_str(&std::fs::read_to_string(root().join("deploy/iam-policy.json")).unwrap())
+        .expect("iam-policy.json is JSON")
+}
+
+fn actions_of(statement: &serde_json::Value) -> Vec<String> {
+    match &statement["Action"] {
+        serde_json::Value::String(s) => vec![s.clone()],
+        serde_json::Value::Array(a) => a
+            .iter()
+            .filter_map(|v| v.as_str().map(String::from))
+            .collect(),
+        _ => vec![],
+    }
+}
+
+#[test]
+fn the_code_scan_finds_the_known_calls() {
+    let code = actions_in_code();
+    // If the scan stopped matching, the policy test below would pass vacuously.
+    for a in [
+        "autoscaling:DescribeAutoScalingGroups",
+        "autoscaling:TerminateInstanceInAutoScalingGroup",
+        "ec2:DescribeInstanceTypes",
+        "eks:DescribeNodegroup",
+    ] {
+        assert!(
+            code.contains(a),
+            "{a} not found in src/cloud/aws.rs: {code:?}"
+        );
+    }
+}
+
+#[test]
+fn iam_policy_allows_every_action_the_code_calls_and_nothing_else() {
+    let code = actions_in_code();
+    let p = policy();
+    let granted: BTreeSet<String> = p["Statement"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .filter(|s| s["Effect"] == "Allow")
+        .flat_map(actions_of)
+        .collect();
+    let missing: Vec<_> = code.difference(&granted).collect();
+    assert!(
+        missing.is_empty(),
+        "deploy/iam-policy.json lacks {missing:?}"
+    );
+    let extra: Vec<_> = granted.difference(&code).collect();
+    assert!(
+        extra.is_empty(),
+        "deploy/iam-policy.json grants actions the code never calls: {extra:?}"
+    );
+    assert!(
+        granted.iter().all(|a| !a.contains('*')),
+        "no wildcard actions"
+    );
+}
+
+#[test]
+fn iam_write_actions_are_limited_to_managed_groups() {
+    let p = policy();
+    for s in p["Statement"].as_array().unwrap() {
+        for a in actions_of(s) {
+            let op = a.split(':').nth(1).unwrap_or_default();
+            if op.starts_with("Describe") {
+                continue;
+            }
+            let tag = &s["Condition"]["StringEquals"]
+                ["aws:ResourceTag/k8s.io/cluster-autoscaler/enabled"];
+            assert_eq!(
+                tag, "true",
+                "{a} is a write and must be conditioned on the managed-group tag"
+            );
+        }
+    }
+}
+
+#[test]
+fn rbac_check_rejects_what_the_role_does_not_grant() {
+    let rules = support::rbac::role_rules(&root().join("deploy/base/rbac.yaml"), "ca-asg-provider");
+    let u = |verb: &str, group: &str, resource: &str| RbacUse {
+        verb: verb.into(),
+        group: group.into(),
+        resource: resource.into(),
+    };
+    let granted = [
+        u("create", "", "pods/eviction"),
+        u("watch", "", "pods"),
+        u("patch", "", "nodes"),
+    ];
+    assert!(support::rbac::missing(&rules, &granted).is_empty());
+    // The drain never deletes pods (only evicts) and never touches Secrets.
+    let refused = [
+        u("delete", "", "pods"),
+        u("get", "", "secrets"),
+        u("create", "apps", "pods/eviction"),
+    ];
+    assert_eq!(support::rbac::missing(&rules, &refused).len(), 3);
+}

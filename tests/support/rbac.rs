@@ -1,0 +1,75 @@
+//! The RBAC in deploy/ against what the code really asked the API server for.
+
+use std::path::Path;
+
+use ca_asg_provider::sim::{RbacUse, SimCluster};
+use serde::Deserialize;
+
+/// The identity the engine's client uses in tests (its bearer token in the sim).
+pub const ENGINE_USER: &str = "system:serviceaccount:kube-system:cluster-autoscaler";
+
+#[derive(Debug, Deserialize)]
+pub struct Rule {
+    #[serde(rename = "apiGroups", default)]
+    pub api_groups: Vec<String>,
+    #[serde(default)]
+    pub resources: Vec<String>,
+    #[serde(default)]
+    pub verbs: Vec<String>,
+}
+
+impl Rule {
+    fn allows(&self, u: &RbacUse) -> bool {
+        let any = |v: &[String], x: &str| v.iter().any(|s| s == x || s == "*");
+        any(&self.api_groups, &u.group)
+            && any(&self.resources, &u.resource)
+            && any(&self.verbs, &u.verb)
+    }
+}
+
+/// The rules of the ClusterRole/Role named `name` in a multi-document YAML file.
+pub fn role_rules(file: &Path, name: &str) -> Vec<Rule> {
+    let text = std::fs::read_to_string(file).unwrap_or_else(|e| panic!("{}: {e}", file.display()));
+    let mut rules = Vec::new();
+    for doc in serde_yaml::Deserializer::from_str(&text) {
+        let v = serde_yaml::Value::deserialize(doc).expect("valid YAML");
+        let kind = v.get("kind").and_then(|k| k.as_str()).unwrap_or_default();
+        let this = v
+            .get("metadata")
+            .and_then(|m| m.get("name"))
+            .and_then(|n| n.as_str());
+        if (kind == "ClusterRole" || kind == "Role") && this == Some(name) {
+            let r: Vec<Rule> = serde_yaml::from_value(v.get("rules").cloned().unwrap_or_default())
+                .expect("rules parse");
+            rules.extend(r);
+        }
+    }
+    assert!(!rules.is_empty(), "no role {name} in {}", file.display());
+    rules
+}
+
+/// What `used` needs that `rules` do not grant.
+pub fn missing(rules: &[Rule], used: &[RbacUse]) -> Vec<RbacUse> {
+    used.iter()
+        .filter(|u| !rules.iter().any(|r| r.allows(u)))
+        .cloned()
+        .collect()
+}
+
+/// Fails when the engine used a verb/resource that deploy/base/rbac.yaml does not grant.
+pub fn assert_rbac_covers(sim: &SimCluster) {
+    let rules = role_rules(
+        &Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/base/rbac.yaml"),
+        "ca-asg-provider",
+    );
+    let used = sim.requests().used_by(ENGINE_USER);
+    assert!(
+        !used.is_empty(),
+        "the engine made no API request under {ENGINE_USER}"
+    );
+    let gaps = missing(&rules, &used);
+    assert!(
+        gaps.is_empty(),
+        "deploy/base/rbac.yaml lacks what the code uses: {gaps:#?}"
+    );
+}
