@@ -224,6 +224,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
             cfg.scale_in.clone(),
         );
         provider.set_scale_in(Arc::new(crate::scalein::DrainScaleIn(engine.clone())));
+        engine.elect_leader();
         crate::scalein::lifecycle::spawn_loop(engine, provider.clone());
         tracing::info!(daemonsets = ?cfg.scale_in.daemonsets, mode = ?cfg.scale_in.mode, "scale-in drain enabled");
     } else {

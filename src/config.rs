@@ -71,6 +71,12 @@ pub struct ScaleInFile {
     pub api_qps: Option<f64>,
     pub api_burst: Option<u32>,
     pub lifecycle_poll_interval: Option<String>,
+    /// Run the drain loop only on the replica holding a Lease (default `true`).
+    pub leader_election: Option<bool>,
+    pub lease_name: Option<String>,
+    /// Default: POD_NAMESPACE, then kube-system.
+    pub lease_namespace: Option<String>,
+    pub lease_duration: Option<String>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize, PartialEq, Eq)]
@@ -384,6 +390,16 @@ pub fn resolve(file: FileConfig, flags: &Overrides, source: &str) -> Result<Conf
             d.lifecycle_poll_interval,
             second,
         ),
+        leader_election: si.leader_election.unwrap_or(true),
+        lease_name: si.lease_name.clone().unwrap_or(d.lease_name.clone()),
+        lease_namespace: si.lease_namespace.clone(),
+        lease_duration: duration(
+            "scaleIn.leaseDuration",
+            None,
+            si.lease_duration.as_ref(),
+            d.lease_duration,
+            Duration::from_secs(2),
+        ),
     };
     if scale_in.max_concurrent_drains == 0 || scale_in.max_concurrent_drains > 10_000 {
         bad(
@@ -403,6 +419,12 @@ pub fn resolve(file: FileConfig, flags: &Overrides, source: &str) -> Result<Conf
     }
     if scale_in.api_burst == 0 {
         bad("scaleIn.apiBurst", "0 must be at least 1".into());
+    }
+    if scale_in.lease_name.trim().is_empty() || scale_in.lease_name.len() > 253 {
+        bad(
+            "scaleIn.leaseName",
+            format!("{:?} must be 1 to 253 characters", scale_in.lease_name),
+        );
     }
     if scale_in.hook_name.trim().is_empty() || scale_in.hook_name.len() > 255 {
         bad(

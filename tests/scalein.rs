@@ -668,4 +668,92 @@ async fn fifty_nodes_drain_concurrently_within_budgets() {
         w.sim.requests().snapshot()
     );
     eprintln!("50 drains used {used} API requests");
+    support::rbac::assert_rbac_covers(&w.sim);
+}
+
+#[tokio::test]
+async fn a_replica_that_does_not_lead_hands_delete_nodes_to_the_leader() {
+    let w = world(
+        vec![MemoryGroup::new("web", 0, 3, 2, "m5.large")],
+        fast_settings(),
+        Duration::from_millis(50),
+    )
+    .await;
+    // A second replica, not the leader, gets CA's call.
+    let (_provider2, engine2, mut ca2) =
+        service(&w.sim, &w.cloud, &w.groups, fast_settings()).await;
+    let (_lead_tx, lead_rx) = tokio::sync::watch::channel(false);
+    engine2.follow_leadership(lead_rx);
+    let (node, iid) = nodes_of(&w, "web").remove(0);
+    w.sim
+        .create(&fixtures::pod("shop", "app", &node, "app", 0.3))
+        .unwrap();
+    ca2.node_group_delete_nodes(proto::NodeGroupDeleteNodesRequest {
+        id: "web".into(),
+        nodes: vec![proto::ExternalGrpcNode {
+            provider_id: format!("aws:///us-east-1a/{iid}"),
+            name: node.clone(),
+            ..Default::default()
+        }],
+    })
+    .await
+    .unwrap();
+    assert_eq!(engine2.in_progress(), 0, "the follower does not drain");
+    assert_eq!(w.cloud.calls().get("terminate_instance"), None);
+    let marked = w.sim.get::<Node>("", &node).unwrap();
+    assert!(
+        marked["metadata"]["annotations"][scalein::cordon::MODE_ANNOTATION] == "direct",
+        "the follower marks the node for the leader: {marked}"
+    );
+    // The leader's loop (w.engine has no election: it leads) drains and ends it.
+    scalein::lifecycle::spawn_loop(w.engine.clone(), w.provider.clone());
+    eventually("the leader ends the instance", 20, || {
+        w.cloud.calls().get("terminate_instance") == Some(&1)
+    })
+    .await;
+    let audit = w.sim.audit();
+    audit_index(&audit, "removed", "Pod", "app").expect("the app pod was drained");
+    let deleted_node = w.cloud.instances().into_iter().find(|(_, i)| i.id == iid);
+    assert!(
+        deleted_node.is_none_or(|(_, i)| i.state.is_terminating()),
+        "instance {iid} still running"
+    );
+    // Only once, however many loop rounds pass.
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    assert_eq!(w.cloud.calls()["terminate_instance"], 1);
+    support::rbac::assert_rbac_covers(&w.sim);
+}
+
+#[tokio::test]
+async fn one_lease_one_leader_and_takeover_after_expiry() {
+    use scalein::leader::{round, LeaseSettings};
+    let sim = SimCluster::start(SimOptions::default()).await.unwrap();
+    let settings = |who: &str| LeaseSettings {
+        name: "ca-asg-provider".into(),
+        namespace: "kube-system".into(),
+        identity: who.into(),
+        duration: Duration::from_secs(1),
+    };
+    let api: kube::Api<k8s_openapi::api::coordination::v1::Lease> =
+        kube::Api::namespaced(sim.client_as(support::rbac::ENGINE_USER), "kube-system");
+    let (a, b) = (settings("replica-a"), settings("replica-b"));
+    assert!(
+        round(&api, &a).await.unwrap(),
+        "a creates and holds the lease"
+    );
+    assert!(!round(&api, &b).await.unwrap(), "b follows while a renews");
+    assert!(round(&api, &a).await.unwrap(), "a renews");
+    assert!(!round(&api, &b).await.unwrap());
+    // a stops renewing; once the lease expires b takes over, and a then follows.
+    tokio::time::sleep(Duration::from_millis(1300)).await;
+    assert!(
+        round(&api, &b).await.unwrap(),
+        "b takes over an expired lease"
+    );
+    assert!(!round(&api, &a).await.unwrap(), "a follows b now");
+    let lease = api.get("ca-asg-provider").await.unwrap().spec.unwrap();
+    assert_eq!(lease.holder_identity.as_deref(), Some("replica-b"));
+    assert_eq!(lease.lease_transitions, Some(1));
+    // Leases are in the RBAC.
+    support::rbac::assert_rbac_covers(&sim);
 }

@@ -105,6 +105,7 @@ pub async fn resume(engine: &Arc<Engine>, provider: &Arc<Provider>) -> usize {
         .into_iter()
         .filter(|(_, _, mode)| mode == "direct")
         .filter_map(|(node, iid, _)| Some((node, iid?)))
+        .filter(|(_, iid)| !engine.is_draining(iid))
         .collect();
     if marked.is_empty() {
         return 0;
@@ -145,16 +146,41 @@ pub async fn resume(engine: &Arc<Engine>, provider: &Arc<Provider>) -> usize {
     n
 }
 
-/// The background loop: resume once, then scan every poll interval.
+/// The background loop. While this replica leads (always, without leader election):
+/// resume drains recorded on Nodes (after a restart, or marked by another replica) and
+/// scan AWS for instances in Terminating:Wait, every poll interval. A replica that
+/// stops leading stops its drains where they are; the new leader resumes them.
 pub fn spawn_loop(engine: Arc<Engine>, provider: Arc<Provider>) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
         while !provider.is_loaded() {
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
-        resume(&engine, &provider).await;
+        let mut leadership = engine.leadership();
+        let mut was_leader = false;
         loop {
-            scan(&engine, &provider).await;
-            tokio::time::sleep(engine.settings.lifecycle_poll_interval).await;
+            let leader = engine.is_leader();
+            metrics().leader.set(i64::from(leader));
+            if leader {
+                resume(&engine, &provider).await;
+                scan(&engine, &provider).await;
+            } else if was_leader {
+                tracing::warn!(
+                    drains = engine.in_progress(),
+                    "lost leadership: stopping drains where they are for the new leader"
+                );
+                engine.abort_all();
+            }
+            was_leader = leader;
+            let poll = tokio::time::sleep(engine.settings.lifecycle_poll_interval);
+            match leadership.as_mut() {
+                Some(rx) => {
+                    tokio::select! {
+                        _ = poll => {}
+                        changed = rx.changed() => if changed.is_err() { leadership = None },
+                    }
+                }
+                None => poll.await,
+            }
         }
     })
 }

@@ -27,6 +27,7 @@ pub mod cordon;
 pub mod drain;
 pub mod events;
 pub mod evict;
+pub mod leader;
 pub mod lifecycle;
 pub mod nodes;
 pub mod plan;
@@ -112,6 +113,12 @@ pub struct ScaleInSettings {
     pub api_burst: u32,
     /// How often AWS is checked for instances in Terminating:Wait.
     pub lifecycle_poll_interval: Duration,
+    /// With more than one replica: drain only on the holder of a Lease.
+    pub leader_election: bool,
+    pub lease_name: String,
+    /// `None`: POD_NAMESPACE, then kube-system.
+    pub lease_namespace: Option<String>,
+    pub lease_duration: Duration,
 }
 
 impl Default for ScaleInSettings {
@@ -132,6 +139,10 @@ impl Default for ScaleInSettings {
             api_qps: 50.0,
             api_burst: 100,
             lifecycle_poll_interval: Duration::from_secs(15),
+            leader_election: false,
+            lease_name: "ca-asg-provider".into(),
+            lease_namespace: None,
+            lease_duration: Duration::from_secs(15),
         }
     }
 }
@@ -218,6 +229,8 @@ pub struct Engine {
     pub(crate) nodes: nodes::NodeIndex,
     slots: Arc<tokio::sync::Semaphore>,
     inflight: Mutex<HashMap<String, tokio::task::JoinHandle<Outcome>>>,
+    /// Set when leader election runs: whether this replica leads now.
+    leadership: std::sync::OnceLock<tokio::sync::watch::Receiver<bool>>,
     pub stats: DrainStats,
 }
 
@@ -242,12 +255,60 @@ impl Engine {
             limiter,
             slots,
             inflight: Mutex::new(HashMap::new()),
+            leadership: std::sync::OnceLock::new(),
             stats: DrainStats::default(),
         })
     }
 
     pub fn settings(&self) -> &ScaleInSettings {
         &self.settings
+    }
+
+    /// Makes the background loop and drains follow a leader election (see [`leader`]).
+    pub fn follow_leadership(&self, rx: tokio::sync::watch::Receiver<bool>) {
+        let _ = self.leadership.set(rx);
+    }
+
+    /// The leadership receiver, when leader election runs.
+    pub fn leadership(&self) -> Option<tokio::sync::watch::Receiver<bool>> {
+        self.leadership.get().cloned()
+    }
+
+    /// Starts leader election when configured (identity: POD_NAME, else the host name).
+    pub fn elect_leader(&self) {
+        if !self.settings.leader_election {
+            return;
+        }
+        let identity = std::env::var("POD_NAME")
+            .ok()
+            .filter(|s| !s.is_empty())
+            .or_else(|| std::env::var("HOSTNAME").ok().filter(|s| !s.is_empty()))
+            .unwrap_or_else(|| format!("ca-asg-provider-{}", std::process::id()));
+        let namespace = self
+            .settings
+            .lease_namespace
+            .clone()
+            .or_else(|| {
+                std::env::var("POD_NAMESPACE")
+                    .ok()
+                    .filter(|s| !s.is_empty())
+            })
+            .unwrap_or_else(|| "kube-system".into());
+        tracing::info!(lease = %self.settings.lease_name, %namespace, %identity, "leader election: the drain loop runs on the Lease holder");
+        self.follow_leadership(leader::spawn(
+            self.client.clone(),
+            leader::LeaseSettings {
+                name: self.settings.lease_name.clone(),
+                namespace,
+                identity,
+                duration: self.settings.lease_duration,
+            },
+        ));
+    }
+
+    /// Whether this replica may drain: always, unless leader election says otherwise.
+    pub fn is_leader(&self) -> bool {
+        self.leadership.get().is_none_or(|rx| *rx.borrow())
     }
 
     /// Starts a drain unless one already runs for this instance. Returns at once.
@@ -338,6 +399,9 @@ impl ScaleIn for DrainScaleIn {
     ) -> Result<Removal, ProviderError> {
         let engine = &self.0;
         let mode = engine.mode_for(group, &instance.id);
+        if !engine.is_leader() {
+            return hand_to_leader(engine, group, instance, node_name, &mode).await;
+        }
         let removal = match &mode {
             Mode::Lifecycle { .. } => {
                 // The ASG holds the instance in Terminating:Wait while we drain.
@@ -356,4 +420,40 @@ impl ScaleIn for DrainScaleIn {
         });
         Ok(removal)
     }
+}
+
+/// DeleteNodes on a replica that does not lead: do what makes the leader's loop drain
+/// the node, and nothing that would race with it. Lifecycle mode: terminate with
+/// decrement (the hook holds the instance; the leader's scan finds it). Direct mode:
+/// mark the Node for drain (the leader resumes marked nodes); with no Node to drain,
+/// end the instance at once.
+async fn hand_to_leader(
+    engine: &Arc<Engine>,
+    group: &Group,
+    instance: &AsgInstance,
+    node_name: Option<&str>,
+    mode: &Mode,
+) -> Result<Removal, ProviderError> {
+    let node = node_name
+        .map(str::to_string)
+        .or_else(|| engine.nodes.node_for_instance(&instance.id));
+    if matches!(mode, Mode::Direct) {
+        if let Some(node) = node {
+            match cordon::cordon(engine, &node, "direct", &group.asg.name).await {
+                Ok(cordon::Cordoned::Marked { .. }) => {
+                    tracing::info!(group = %group.asg.name, instance = %instance.id, node = %node, "not the leader: node marked for drain; the leader drains it");
+                    return Ok(Removal::Deferred);
+                }
+                Ok(cordon::Cordoned::NodeGone) => {}
+                Err(e) => {
+                    return Err(ProviderError::Unavailable(format!(
+                        "cannot mark node {node} for drain: {e}"
+                    )))
+                }
+            }
+        }
+    }
+    tracing::info!(group = %group.asg.name, instance = %instance.id, "not the leader: terminating with decrement; the leader drains it if it is held");
+    engine.cloud.terminate_instance(&instance.id, true).await?;
+    Ok(Removal::Decremented)
 }

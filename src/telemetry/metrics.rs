@@ -61,6 +61,7 @@ pub struct Metrics {
     pub evictions: Family<OutcomeLabels, Counter>,
     pub deadlines: Family<StageLabels, Counter>,
     pub heartbeats: Family<OutcomeLabels, Counter>,
+    pub leader: Gauge,
 }
 
 fn rpc_histogram() -> Histogram {
@@ -93,6 +94,7 @@ impl Metrics {
             evictions: Family::default(),
             deadlines: Family::default(),
             heartbeats: Family::default(),
+            leader: Gauge::default(),
             registry: Registry::default(),
         };
         r.register(
@@ -166,6 +168,11 @@ impl Metrics {
             "lifecycle_heartbeats",
             "Lifecycle hook heartbeats by outcome",
             m.heartbeats.clone(),
+        );
+        r.register(
+            "leader",
+            "1 while this replica runs the drain loop (holds the Lease, or no leader election)",
+            m.leader.clone(),
         );
         Self { registry: r, ..m }
     }
