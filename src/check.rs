@@ -1,6 +1,8 @@
 //! `check-config`: validate the configuration, read AWS, and print each group, its
-//! bounds, its template and every problem. Exit 0 when all is well, 1 when AWS or a
-//! group has a problem, 2 when the configuration itself is invalid.
+//! bounds, its template and every problem; then ask the API server (one
+//! SelfSubjectAccessReview per permission) whether the service may do what the drain
+//! needs, and print what is missing. Exit 0 when all is well, 1 when AWS, a group or a
+//! permission has a problem, 2 when the configuration itself is invalid.
 
 use std::process::ExitCode;
 
@@ -52,7 +54,91 @@ pub async fn run(args: ConfigArgs) -> ExitCode {
         }
     };
     let provider = Provider::new(cloud, cfg.provider.clone());
-    report(&provider).await
+    let aws_ok = report(&provider).await == ExitCode::SUCCESS;
+    let kube_ok = if cfg.drain_enabled {
+        match crate::scalein::kube_client().await {
+            Ok(client) => {
+                let ns = cfg
+                    .scale_in
+                    .lease_namespace
+                    .clone()
+                    .or_else(|| std::env::var("POD_NAMESPACE").ok())
+                    .unwrap_or_else(|| "kube-system".into());
+                kube_report(client, &ns).await
+            }
+            Err(e) => {
+                println!(
+                    "
+Kubernetes: permissions not checked: {e:#}"
+                );
+                true
+            }
+        }
+    } else {
+        true
+    };
+    if aws_ok && kube_ok {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::FAILURE
+    }
+}
+
+/// Prints the Kubernetes permissions table. True when every permission is held.
+pub async fn kube_report(client: kube::Client, lease_namespace: &str) -> bool {
+    let checked = match tokio::time::timeout(
+        std::time::Duration::from_secs(20),
+        crate::scalein::permissions::check(client, lease_namespace),
+    )
+    .await
+    {
+        Ok(Ok(c)) => c,
+        Ok(Err(e)) => {
+            println!(
+                "
+Kubernetes: FAILED to check permissions: {e}"
+            );
+            return false;
+        }
+        Err(_) => {
+            println!(
+                "
+Kubernetes: FAILED to check permissions: no answer within 20 s"
+            );
+            return false;
+        }
+    };
+    println!(
+        "
+Kubernetes permissions (SelfSubjectAccessReview):"
+    );
+    println!(
+        "  {:<8} {:<20} {:<18} {:<8} needed for",
+        "verb", "group", "resource", "allowed"
+    );
+    for c in &checked {
+        let p = c.permission;
+        println!(
+            "  {:<8} {:<20} {:<18} {:<8} {}",
+            p.verb,
+            if p.group.is_empty() { "\"\"" } else { p.group },
+            p.resource,
+            if c.allowed { "yes" } else { "NO" },
+            p.why
+        );
+    }
+    let missing: Vec<_> = checked.iter().filter(|c| !c.allowed).collect();
+    if missing.is_empty() {
+        println!("  all {} permissions held", checked.len());
+        true
+    } else {
+        println!(
+            "  missing {} of {}: apply deploy/base/rbac.yaml (ClusterRole ca-asg-provider) to this ServiceAccount",
+            missing.len(),
+            checked.len()
+        );
+        false
+    }
 }
 
 /// Reads AWS through `provider` and prints what it found; shared with tests.

@@ -197,3 +197,50 @@ async fn the_drain_waits_for_volume_attachments_to_detach() {
         "the drain finished only after the attachment was gone"
     );
 }
+
+#[tokio::test]
+async fn check_config_finds_missing_kubernetes_permissions() {
+    use ca_asg_provider::scalein::permissions::{check, REQUIRED};
+    use ca_asg_provider::sim::Grant;
+    let sim = SimCluster::start(SimOptions::default()).await.unwrap();
+    let grant = |verbs: &[&str], group: &str, resources: &[&str]| Grant {
+        verbs: verbs.iter().map(|s| s.to_string()).collect(),
+        groups: vec![group.to_string()],
+        resources: resources.iter().map(|s| s.to_string()).collect(),
+    };
+    // Everything the ClusterRole grants, except watching pods and evicting.
+    sim.grant(vec![
+        grant(&["get", "list", "watch", "patch"], "", &["nodes"]),
+        grant(&["get", "list"], "", &["pods"]),
+        grant(&["list", "watch"], "storage.k8s.io", &["volumeattachments"]),
+        grant(&["create", "patch"], "events.k8s.io", &["events"]),
+        grant(
+            &["get", "create", "update"],
+            "coordination.k8s.io",
+            &["leases"],
+        ),
+    ]);
+    let checked = check(sim.client(), "kube-system").await.unwrap();
+    assert_eq!(checked.len(), REQUIRED.len());
+    let missing: Vec<(&str, &str)> = checked
+        .iter()
+        .filter(|c| !c.allowed)
+        .map(|c| (c.permission.verb, c.permission.resource))
+        .collect();
+    assert_eq!(missing, [("watch", "pods"), ("create", "pods/eviction")]);
+    assert!(!ca_asg_provider::check::kube_report(sim.client(), "kube-system").await);
+    // With the full role, nothing is missing.
+    sim.grant(vec![
+        grant(&["get", "list", "watch"], "", &["pods"]),
+        grant(&["create"], "", &["pods/eviction"]),
+        grant(&["get", "list", "watch", "patch"], "", &["nodes"]),
+        grant(&["list", "watch"], "storage.k8s.io", &["volumeattachments"]),
+        grant(&["create", "patch"], "events.k8s.io", &["events"]),
+        grant(
+            &["get", "create", "update"],
+            "coordination.k8s.io",
+            &["leases"],
+        ),
+    ]);
+    assert!(ca_asg_provider::check::kube_report(sim.client(), "kube-system").await);
+}

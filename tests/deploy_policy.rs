@@ -157,3 +157,35 @@ fn rbac_check_rejects_what_the_role_does_not_grant() {
     ];
     assert_eq!(support::rbac::missing(&rules, &refused).len(), 3);
 }
+
+#[test]
+fn rbac_grants_exactly_what_check_config_checks() {
+    use ca_asg_provider::scalein::permissions::REQUIRED;
+    let rules = support::rbac::role_rules(&root().join("deploy/base/rbac.yaml"), "ca-asg-provider");
+    let granted: BTreeSet<(String, String, String)> = rules
+        .iter()
+        .flat_map(|r| {
+            r.api_groups.iter().flat_map(move |g| {
+                r.resources.iter().flat_map(move |res| {
+                    r.verbs
+                        .iter()
+                        .map(move |v| (v.clone(), g.clone(), res.clone()))
+                })
+            })
+        })
+        .collect();
+    let required: BTreeSet<(String, String, String)> = REQUIRED
+        .iter()
+        .map(|p| {
+            (
+                p.verb.to_string(),
+                p.group.to_string(),
+                p.resource.to_string(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        granted, required,
+        "deploy/base/rbac.yaml and scalein::permissions::REQUIRED differ"
+    );
+}

@@ -30,6 +30,7 @@ pub mod evict;
 pub mod leader;
 pub mod lifecycle;
 pub mod nodes;
+pub mod permissions;
 pub mod plan;
 pub mod ratelimit;
 pub mod terminate;

@@ -22,6 +22,8 @@ pub struct Ctx {
     pub stats: Arc<super::RequestStats>,
     /// Bumped on restart so open watches end.
     pub epoch: watch::Receiver<u64>,
+    /// What SelfSubjectAccessReviews answer: `None` allows everything.
+    pub grants: Arc<parking_lot::Mutex<Option<Vec<super::Grant>>>>,
 }
 
 fn json_response(code: StatusCode, v: &Value) -> Response {
@@ -162,6 +164,19 @@ pub async fn handle(
         .and_then(|v| v.strip_prefix("Bearer "));
     ctx.stats.count(user, verb, t.res.group, &res_label);
     let ns = t.ns.clone().unwrap_or_default();
+    if t.res.plural == "selfsubjectaccessreviews" {
+        return match (verb, parse_body(&body)) {
+            ("create", Ok(review)) => {
+                json_response(StatusCode::CREATED, &access_review(&ctx, review))
+            }
+            (_, Err(e)) => error(e),
+            _ => error(ApiError::new(
+                405,
+                "MethodNotAllowed",
+                format!("{method} is not supported on {path}"),
+            )),
+        };
+    }
     let result = match verb {
         "watch" => return watch_stream(ctx, t, q).await,
         "list" => list(&ctx, &t, &q),
@@ -210,6 +225,26 @@ pub async fn handle(
         ),
         Err(e) => error(e),
     }
+}
+
+/// Answers a SelfSubjectAccessReview from the grants set on the cluster.
+fn access_review(ctx: &Ctx, mut review: Value) -> Value {
+    let attrs = &review["spec"]["resourceAttributes"];
+    let field = |k: &str| attrs[k].as_str().unwrap_or("").to_string();
+    let resource = match field("subresource").as_str() {
+        "" => field("resource"),
+        sub => format!("{}/{sub}", field("resource")),
+    };
+    let (verb, group) = (field("verb"), field("group"));
+    let allowed = match &*ctx.grants.lock() {
+        None => true,
+        Some(grants) => grants.iter().any(|g| g.allows(&verb, &group, &resource)),
+    };
+    review["status"] = json!({
+        "allowed": allowed,
+        "reason": if allowed { "granted by the simulated RBAC" } else { "no rule grants it" },
+    });
+    review
 }
 
 fn selectors(q: &HashMap<String, String>) -> Result<(LabelSelector, FieldSelector), ApiError> {

@@ -97,6 +97,21 @@ impl RequestStats {
     }
 }
 
+/// One RBAC-like rule for the SelfSubjectAccessReviews the sim answers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Grant {
+    pub verbs: Vec<String>,
+    pub groups: Vec<String>,
+    pub resources: Vec<String>,
+}
+
+impl Grant {
+    pub fn allows(&self, verb: &str, group: &str, resource: &str) -> bool {
+        let any = |v: &[String], x: &str| v.iter().any(|s| s == x || s == "*");
+        any(&self.verbs, verb) && any(&self.groups, group) && any(&self.resources, resource)
+    }
+}
+
 pub struct SimCluster {
     pub store: Arc<Store>,
     stats: Arc<RequestStats>,
@@ -104,6 +119,7 @@ pub struct SimCluster {
     epoch: tokio::sync::watch::Sender<u64>,
     server: Mutex<Option<tokio::task::JoinHandle<()>>>,
     actors: tokio::task::JoinHandle<()>,
+    grants: Arc<Mutex<Option<Vec<Grant>>>>,
 }
 
 async fn serve(listener: tokio::net::TcpListener, ctx: Arc<http::Ctx>) {
@@ -118,10 +134,12 @@ impl SimCluster {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
         let addr = listener.local_addr()?;
         let (epoch, epoch_rx) = tokio::sync::watch::channel(0u64);
+        let grants = Arc::new(Mutex::new(None));
         let ctx = Arc::new(http::Ctx {
             store: store.clone(),
             stats: stats.clone(),
             epoch: epoch_rx,
+            grants: grants.clone(),
         });
         let server = tokio::spawn(serve(listener, ctx));
         let actors = cluster::spawn(store.clone(), opts);
@@ -132,11 +150,18 @@ impl SimCluster {
             epoch,
             server: Mutex::new(Some(server)),
             actors,
+            grants,
         })
     }
 
     pub fn url(&self) -> String {
         format!("http://{}", self.addr)
+    }
+
+    /// From now on SelfSubjectAccessReviews allow only what `grants` allow (by default
+    /// everything is allowed). Other requests are not checked.
+    pub fn grant(&self, grants: Vec<Grant>) {
+        *self.grants.lock() = Some(grants);
     }
 
     /// A kube::Client over real HTTP to this server.
@@ -221,6 +246,7 @@ impl SimCluster {
             store: self.store.clone(),
             stats: self.stats.clone(),
             epoch: self.epoch.subscribe(),
+            grants: self.grants.clone(),
         });
         *self.server.lock() = Some(tokio::spawn(serve(listener, ctx)));
         Ok(())

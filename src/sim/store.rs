@@ -109,6 +109,14 @@ pub const RESOURCES: &[ResourceDef] = &[
         kind: "Lease",
         namespaced: true,
     },
+    // Answered, not stored: see `SimCluster::grant`.
+    ResourceDef {
+        group: "authorization.k8s.io",
+        version: "v1",
+        plural: "selfsubjectaccessreviews",
+        kind: "SelfSubjectAccessReview",
+        namespaced: false,
+    },
 ];
 
 pub fn resource(group: &str, plural: &str) -> Option<&'static ResourceDef> {

@@ -1,0 +1,119 @@
+//! The Kubernetes permissions the service needs, and a check of them with
+//! SelfSubjectAccessReview (for `check-config`). deploy/base/rbac.yaml grants exactly
+//! these; a test keeps the two equal, and the scale-in tests check that every request
+//! the engine makes is among them.
+
+use k8s_openapi::api::authorization::v1::{
+    ResourceAttributes, SelfSubjectAccessReview, SelfSubjectAccessReviewSpec,
+};
+use kube::api::{Api, PostParams};
+
+/// One permission: verb, API group, resource (or `resource/subresource`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct Permission {
+    pub verb: &'static str,
+    pub group: &'static str,
+    pub resource: &'static str,
+    /// What needs it, for the table `check-config` prints.
+    pub why: &'static str,
+}
+
+const fn p(
+    verb: &'static str,
+    group: &'static str,
+    resource: &'static str,
+    why: &'static str,
+) -> Permission {
+    Permission {
+        verb,
+        group,
+        resource,
+        why,
+    }
+}
+
+pub const REQUIRED: &[Permission] = &[
+    p("get", "", "nodes", "cordon and mark the node"),
+    p("list", "", "nodes", "node index (instance -> node, resume)"),
+    p(
+        "watch",
+        "",
+        "nodes",
+        "node index (instance -> node, resume)",
+    ),
+    p("patch", "", "nodes", "cordon, taint, drain markers"),
+    p("get", "", "pods", "pod state while draining"),
+    p("list", "", "pods", "pods on the draining node"),
+    p("watch", "", "pods", "wait for pods to exit (no polling)"),
+    p(
+        "create",
+        "",
+        "pods/eviction",
+        "evict through the Eviction API (PDB-aware)",
+    ),
+    p(
+        "list",
+        "storage.k8s.io",
+        "volumeattachments",
+        "wait for volumes to detach",
+    ),
+    p(
+        "watch",
+        "storage.k8s.io",
+        "volumeattachments",
+        "wait for volumes to detach",
+    ),
+    p("create", "events.k8s.io", "events", "Events on the Node"),
+    p("patch", "events.k8s.io", "events", "Events on the Node"),
+    p("get", "coordination.k8s.io", "leases", "leader election"),
+    p("create", "coordination.k8s.io", "leases", "leader election"),
+    p("update", "coordination.k8s.io", "leases", "leader election"),
+];
+
+/// A permission and whether the API server says we have it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Checked {
+    pub permission: Permission,
+    pub allowed: bool,
+    /// The authorizer's reason, when it gave one.
+    pub reason: String,
+}
+
+/// Asks the API server, with one SelfSubjectAccessReview per permission, whether the
+/// identity of `client` holds each of [`REQUIRED`] (cluster-wide; leases in
+/// `lease_namespace`).
+pub async fn check(
+    client: kube::Client,
+    lease_namespace: &str,
+) -> Result<Vec<Checked>, kube::Error> {
+    let api: Api<SelfSubjectAccessReview> = Api::all(client);
+    let mut out = Vec::with_capacity(REQUIRED.len());
+    for perm in REQUIRED {
+        let (resource, subresource) = match perm.resource.split_once('/') {
+            Some((r, s)) => (r, Some(s.to_string())),
+            None => (perm.resource, None),
+        };
+        let review = SelfSubjectAccessReview {
+            spec: SelfSubjectAccessReviewSpec {
+                resource_attributes: Some(ResourceAttributes {
+                    verb: Some(perm.verb.into()),
+                    group: Some(perm.group.into()),
+                    resource: Some(resource.into()),
+                    subresource,
+                    namespace: (perm.resource == "leases").then(|| lease_namespace.to_string()),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            },
+            ..Default::default()
+        };
+        let answer = api.create(&PostParams::default(), &review).await?;
+        let status = answer.status.unwrap_or_default();
+        out.push(Checked {
+            permission: *perm,
+            allowed: status.allowed,
+            reason: status.reason.unwrap_or_default(),
+        });
+    }
+    Ok(out)
+}
