@@ -152,7 +152,7 @@ pub async fn run_loop(ca: &mut Client, fleet: &Fleet, samples: &mut Samples) -> 
             "NodeGroupGetOptions",
             ca.node_group_get_options(proto::NodeGroupAutoscalingOptionsRequest {
                 id: id(),
-                defaults: Some(options.clone()),
+                defaults: Some(options),
             })
         );
     }
