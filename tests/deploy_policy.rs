@@ -189,3 +189,44 @@ fn rbac_grants_exactly_what_check_config_checks() {
         "deploy/base/rbac.yaml and scalein::permissions::REQUIRED differ"
     );
 }
+
+/// The configuration shipped in deploy/ loads: known keys, valid values (only the
+/// certificate files, which cert-manager mounts in the pod, are absent here).
+#[test]
+fn shipped_configurations_are_valid() {
+    use ca_asg_provider::config::{resolve, ConfigError, FileConfig, Overrides};
+    let base: serde_yaml::Value = serde_yaml::from_str(
+        &std::fs::read_to_string(root().join("deploy/base/configmap.yaml")).unwrap(),
+    )
+    .unwrap();
+    let patch: serde_yaml::Value = serde_yaml::from_str(
+        &std::fs::read_to_string(root().join("deploy/overlays/standalone/patch-config.yaml"))
+            .unwrap(),
+    )
+    .unwrap();
+    let configs = [
+        (
+            "deploy/base/configmap.yaml",
+            base["data"]["config.yaml"].as_str().unwrap().to_string(),
+        ),
+        (
+            "deploy/overlays/standalone/patch-config.yaml",
+            patch[0]["value"].as_str().unwrap().to_string(),
+        ),
+    ];
+    for (name, text) in configs {
+        let file = FileConfig::parse(&text, name).unwrap_or_else(|e| panic!("{name}: {e}"));
+        let has_tls = file.tls.is_some();
+        match resolve(file, &Overrides::default(), name) {
+            Ok(_) => assert!(!has_tls, "{name}: tls files cannot exist here"),
+            Err(ConfigError::Invalid { problems, .. }) => {
+                assert!(has_tls, "{name}: {problems:?}");
+                assert!(
+                    problems.iter().all(|p| p.key.starts_with("tls.")),
+                    "{name}: {problems:?}"
+                );
+            }
+            Err(e) => panic!("{name}: {e}"),
+        }
+    }
+}
