@@ -131,6 +131,7 @@ pub async fn measure(nodes: usize) -> anyhow::Result<Overhead> {
         engine.wait_for(id).await;
     }
     let api_requests = (sim.requests().total() - requests_before) as usize;
+    engine.shutdown();
 
     // Per node: the last pod removal and the InstanceTerminated Event's creation.
     let terminated: HashMap<String, String> = sim

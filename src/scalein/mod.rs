@@ -355,6 +355,13 @@ impl Engine {
         }
     }
 
+    /// Stops every drain and the engine's Node watch (end of a load test or a CLI run;
+    /// drains resume on the next start).
+    pub fn shutdown(&self) {
+        self.abort_all();
+        self.nodes.stop();
+    }
+
     pub fn in_progress(&self) -> usize {
         self.inflight
             .lock()

@@ -11,6 +11,7 @@ use crate::provider::provider_id;
 
 pub struct NodeIndex {
     store: Store<Node>,
+    task: tokio::task::JoinHandle<()>,
 }
 
 impl NodeIndex {
@@ -22,7 +23,7 @@ impl NodeIndex {
         let stream = reflector::reflector(writer, watcher(api, watcher::Config::default()))
             .default_backoff()
             .touched_objects();
-        tokio::spawn(async move {
+        let task = tokio::spawn(async move {
             futures::pin_mut!(stream);
             while let Some(item) = stream.next().await {
                 if let Err(e) = item {
@@ -30,7 +31,12 @@ impl NodeIndex {
                 }
             }
         });
-        Self { store }
+        Self { store, task }
+    }
+
+    /// Stops the watch (the engine is being shut down).
+    pub fn stop(&self) {
+        self.task.abort();
     }
 
     /// The Node whose providerID names this instance.
