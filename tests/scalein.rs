@@ -757,3 +757,54 @@ async fn one_lease_one_leader_and_takeover_after_expiry() {
     // Leases are in the RBAC.
     support::rbac::assert_rbac_covers(&sim);
 }
+
+#[tokio::test]
+async fn an_api_server_restart_in_the_middle_of_a_drain_loses_nothing() {
+    let mut w = world(
+        vec![MemoryGroup::new("web", 0, 3, 1, "m5.large")],
+        fast_settings(),
+        Duration::from_millis(50),
+    )
+    .await;
+    let (node, iid) = nodes_of(&w, "web").remove(0);
+    w.sim
+        .create(&fixtures::daemonset("logging", "fluentd", 0.2, false))
+        .unwrap();
+    w.sim
+        .create(&fixtures::pod("shop", "app", &node, "app", 0.5))
+        .unwrap();
+    eventually("fluentd and app running", 10, || {
+        w.sim
+            .list::<Pod>()
+            .iter()
+            .filter(|p| p["status"]["conditions"][0]["status"] == "True")
+            .count()
+            == 2
+    })
+    .await;
+    delete_nodes(&mut w, "web", &[(node.clone(), iid.clone())]).await;
+    eventually("the app's eviction", 10, || {
+        audit_index(&w.sim.audit(), "deletion-started", "Pod", "app").is_some()
+    })
+    .await;
+    // The API server goes away while the app's preStop runs, and the app exits during
+    // the outage: every watch breaks, requests are refused, and the deletion is only
+    // visible by listing again afterwards.
+    w.sim.outage(Duration::from_millis(1500)).await.unwrap();
+    let back = Instant::now();
+    assert_eq!(w.engine.wait_for(&iid).await, Some(Outcome::Ended));
+    let a = w.sim.audit();
+    let app_gone = audit_index(&a, "removed", "Pod", "app").expect("app removed");
+    assert!(a[app_gone].at < back, "the app exited while the API server was down");
+    let ds_start = audit_index(&a, "deletion-started", "Pod", "fluentd").expect("fluentd evicted");
+    assert!(
+        app_gone < ds_start,
+        "DaemonSet pod only after the app: {app_gone} {ds_start}"
+    );
+    assert_eq!(
+        w.cloud.calls()["terminate_instance"],
+        1,
+        "ended exactly once"
+    );
+    support::rbac::assert_rbac_covers(&w.sim);
+}

@@ -236,11 +236,18 @@ impl SimCluster {
 
     /// Drops every open watch and listens again on the same port, keeping the state.
     pub async fn restart_http(&self) -> anyhow::Result<()> {
+        self.outage(Duration::from_millis(50)).await
+    }
+
+    /// An API-server restart with `down` of refused connections: open watches end,
+    /// requests fail, then it listens again on the same port with the same state (the
+    /// cluster's controllers and kubelet keep running, as etcd would keep the data).
+    pub async fn outage(&self, down: Duration) -> anyhow::Result<()> {
         if let Some(h) = self.server.lock().take() {
             h.abort();
         }
         self.epoch.send_modify(|e| *e += 1);
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        tokio::time::sleep(down).await;
         let listener = tokio::net::TcpListener::bind(self.addr).await?;
         let ctx = Arc::new(http::Ctx {
             store: self.store.clone(),
