@@ -245,10 +245,23 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         Some(t) => Some(crate::grpc::tls_config(t)?),
         None => None,
     };
-    crate::grpc::serve(listener, provider, tls, shutdown_signal()).await?;
+    let grpc = crate::grpc::serve(listener, provider, tls, shutdown_signal());
+    // Graceful, but bounded: a client that never answers the GOAWAY must not keep the
+    // process alive until the kubelet's SIGKILL.
+    let deadline = async {
+        shutdown_signal().await;
+        tokio::time::sleep(SHUTDOWN_GRACE).await;
+    };
+    tokio::select! {
+        r = grpc => r?,
+        _ = deadline => tracing::warn!(grace = ?SHUTDOWN_GRACE, "connections still open after the shutdown grace period; exiting"),
+    }
     tracing::info!("stopped");
     Ok(())
 }
+
+/// How long in-flight RPCs get to finish after SIGTERM.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
 
 /// Loads the first state in the background, retrying with backoff, so the server
 /// listens at once and Refresh answers Unavailable until AWS has been read.
