@@ -795,7 +795,10 @@ async fn an_api_server_restart_in_the_middle_of_a_drain_loses_nothing() {
     assert_eq!(w.engine.wait_for(&iid).await, Some(Outcome::Ended));
     let a = w.sim.audit();
     let app_gone = audit_index(&a, "removed", "Pod", "app").expect("app removed");
-    assert!(a[app_gone].at < back, "the app exited while the API server was down");
+    assert!(
+        a[app_gone].at < back,
+        "the app exited while the API server was down"
+    );
     let ds_start = audit_index(&a, "deletion-started", "Pod", "fluentd").expect("fluentd evicted");
     assert!(
         app_gone < ds_start,
