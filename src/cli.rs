@@ -215,6 +215,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     let provider = Provider::new(cloud.clone(), cfg.provider.clone());
     provider.start_background();
     spawn_initial_refresh(provider.clone());
+    let mut engine_for_shutdown = None;
     if cfg.drain_enabled {
         let client = crate::scalein::kube_client().await?;
         let engine = crate::scalein::Engine::new(
@@ -225,6 +226,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         );
         provider.set_scale_in(Arc::new(crate::scalein::DrainScaleIn(engine.clone())));
         engine.elect_leader();
+        engine_for_shutdown = Some(engine.clone());
         crate::scalein::lifecycle::spawn_loop(engine, provider.clone());
         tracing::info!(daemonsets = ?cfg.scale_in.daemonsets, mode = ?cfg.scale_in.mode, "scale-in drain enabled");
     } else {
@@ -255,6 +257,9 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     tokio::select! {
         r = grpc => r?,
         _ = deadline => tracing::warn!(grace = ?SHUTDOWN_GRACE, "connections still open after the shutdown grace period; exiting"),
+    }
+    if let Some(engine) = engine_for_shutdown {
+        engine.step_down().await;
     }
     tracing::info!("stopped");
     Ok(())

@@ -754,6 +754,16 @@ async fn one_lease_one_leader_and_takeover_after_expiry() {
     let lease = api.get("ca-asg-provider").await.unwrap().spec.unwrap();
     assert_eq!(lease.holder_identity.as_deref(), Some("replica-b"));
     assert_eq!(lease.lease_transitions, Some(1));
+    // b shuts down and releases it: a takes over at once, without waiting for expiry.
+    assert!(
+        !scalein::leader::release(&api, &a).await.unwrap(),
+        "not a's to release"
+    );
+    assert!(scalein::leader::release(&api, &b).await.unwrap());
+    assert!(
+        round(&api, &a).await.unwrap(),
+        "a takes the released lease at once"
+    );
     // Leases are in the RBAC.
     support::rbac::assert_rbac_covers(&sim);
 }
@@ -810,4 +820,43 @@ async fn an_api_server_restart_in_the_middle_of_a_drain_loses_nothing() {
         "ended exactly once"
     );
     support::rbac::assert_rbac_covers(&w.sim);
+}
+
+#[tokio::test]
+async fn two_replicas_elect_one_leader_and_a_stopping_leader_hands_over() {
+    use scalein::leader::{spawn, LeaseSettings};
+    let sim = SimCluster::start(SimOptions::default()).await.unwrap();
+    // A long lease: a takeover within this test can only come from the release.
+    let settings = |who: &str| LeaseSettings {
+        name: "ca-asg-provider".into(),
+        namespace: "kube-system".into(),
+        identity: who.into(),
+        duration: Duration::from_secs(60),
+    };
+    let (stop_a, stop_a_rx) = tokio::sync::watch::channel(false);
+    let (_stop_b, stop_b_rx) = tokio::sync::watch::channel(false);
+    let a = spawn(
+        sim.client_as(support::rbac::ENGINE_USER),
+        settings("replica-a"),
+        stop_a_rx,
+    );
+    let b = spawn(
+        sim.client_as(support::rbac::ENGINE_USER),
+        settings("replica-b"),
+        stop_b_rx,
+    );
+    eventually("a leader", 10, || *a.borrow() || *b.borrow()).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(*a.borrow() ^ *b.borrow(), "exactly one leader");
+    let (leader_stop, other) = if *a.borrow() {
+        (&stop_a, &b)
+    } else {
+        (&_stop_b, &a)
+    };
+    leader_stop.send_replace(true);
+    eventually("the other replica leads after the release", 20, || {
+        *other.borrow()
+    })
+    .await;
+    support::rbac::assert_rbac_covers(&sim);
 }

@@ -23,9 +23,10 @@ pub struct LeaseSettings {
 }
 
 impl LeaseSettings {
-    /// How often the holder renews, and others retry (client-go: 2 s of 15 s).
+    /// How often the holder renews, and others retry (client-go: every 2 s for a 15 s
+    /// lease); at most 2 s, so a released lease is taken over quickly.
     pub fn retry_every(&self) -> Duration {
-        (self.duration / 5).max(Duration::from_millis(100))
+        (self.duration / 5).clamp(Duration::from_millis(100), Duration::from_secs(2))
     }
 }
 
@@ -129,15 +130,50 @@ pub async fn round(api: &Api<Lease>, s: &LeaseSettings) -> Result<bool, kube::Er
     }
 }
 
-/// Keeps trying to hold the lease. The receiver says whether we are the leader now.
-/// A leader that cannot renew steps down once its lease would have expired, so two
-/// replicas never both believe they lead.
-pub fn spawn(client: kube::Client, s: LeaseSettings) -> watch::Receiver<bool> {
+/// Gives the lease up if we hold it, so another replica takes over at once instead of
+/// after the lease expires. `Ok(true)` when it was ours and is released now.
+pub async fn release(api: &Api<Lease>, s: &LeaseSettings) -> Result<bool, kube::Error> {
+    let Some(mut lease) = api.get_opt(&s.name).await? else {
+        return Ok(false);
+    };
+    let Some(spec) = lease.spec.as_mut() else {
+        return Ok(false);
+    };
+    if spec.holder_identity.as_deref() != Some(s.identity.as_str()) {
+        return Ok(false);
+    }
+    spec.holder_identity = None;
+    spec.renew_time = None;
+    match api.replace(&s.name, &PostParams::default(), &lease).await {
+        Ok(_) => {
+            tracing::info!(lease = %s.name, identity = %s.identity, "released the lease");
+            Ok(true)
+        }
+        Err(kube::Error::Api(e)) if e.code == 409 => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
+/// Keeps trying to hold the lease until `stop` turns true, then releases it. The
+/// receiver says whether we are the leader now. A leader that cannot renew steps down
+/// once its lease would have expired, so two replicas never both believe they lead.
+pub fn spawn(
+    client: kube::Client,
+    s: LeaseSettings,
+    mut stop: watch::Receiver<bool>,
+) -> watch::Receiver<bool> {
     let (tx, rx) = watch::channel(false);
     tokio::spawn(async move {
         let api: Api<Lease> = Api::namespaced(client, &s.namespace);
         let mut last_renewed: Option<tokio::time::Instant> = None;
         loop {
+            if *stop.borrow() {
+                let _ = tx.send(false);
+                if let Err(e) = release(&api, &s).await {
+                    tracing::warn!(lease = %s.name, error = %e, "could not release the lease; it expires by itself");
+                }
+                return;
+            }
             let leading = match round(&api, &s).await {
                 Ok(true) => {
                     last_renewed = Some(tokio::time::Instant::now());
@@ -162,7 +198,10 @@ pub fn spawn(client: kube::Client, s: LeaseSettings) -> watch::Receiver<bool> {
             if tx.is_closed() {
                 return;
             }
-            tokio::time::sleep(s.retry_every()).await;
+            tokio::select! {
+                _ = tokio::time::sleep(s.retry_every()) => {}
+                _ = stop.changed() => {}
+            }
         }
     });
     rx
@@ -219,6 +258,6 @@ mod tests {
         let renewed = spec_for("a", &s, Some(&taken), false);
         assert_eq!(renewed.lease_transitions, Some(1));
         assert_eq!(renewed.acquire_time, taken.acquire_time);
-        assert_eq!(s.retry_every(), Duration::from_secs(3));
+        assert_eq!(s.retry_every(), Duration::from_secs(2));
     }
 }

@@ -232,6 +232,8 @@ pub struct Engine {
     inflight: Mutex<HashMap<String, tokio::task::JoinHandle<Outcome>>>,
     /// Set when leader election runs: whether this replica leads now.
     leadership: std::sync::OnceLock<tokio::sync::watch::Receiver<bool>>,
+    /// Tells the leader-election task to release the lease and stop.
+    step_down: tokio::sync::watch::Sender<bool>,
     pub stats: DrainStats,
 }
 
@@ -257,6 +259,7 @@ impl Engine {
             slots,
             inflight: Mutex::new(HashMap::new()),
             leadership: std::sync::OnceLock::new(),
+            step_down: tokio::sync::watch::channel(false).0,
             stats: DrainStats::default(),
         })
     }
@@ -304,7 +307,26 @@ impl Engine {
                 identity,
                 duration: self.settings.lease_duration,
             },
+            self.step_down.subscribe(),
         ));
+    }
+
+    /// On shutdown: stop leading and release the Lease so another replica takes over
+    /// at once (bounded; without an answer the Lease expires by itself).
+    pub async fn step_down(&self) {
+        self.step_down.send_replace(true);
+        if let Some(mut rx) = self.leadership() {
+            let _ = tokio::time::timeout(Duration::from_secs(3), async {
+                while *rx.borrow_and_update() {
+                    if rx.changed().await.is_err() {
+                        break;
+                    }
+                }
+            })
+            .await;
+            // Give the release request its moment before the runtime ends.
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
     }
 
     /// Whether this replica may drain: always, unless leader election says otherwise.
