@@ -63,6 +63,8 @@ pub struct Report {
     pub sequential: Vec<MethodSummary>,
     pub loop_wall_ms: Summary,
     pub server_cpu_ms_per_loop: Option<Summary>,
+    /// Share of the server's CPU in the loops spent in the kernel (syscalls, wakeups).
+    pub server_cpu_kernel_share: Option<f64>,
     pub concurrent: Option<Concurrent>,
     pub server_rss_mib_after_loops: Option<f64>,
     pub server_peak_rss_mib: Option<f64>,
@@ -247,6 +249,7 @@ pub async fn measure(args: &LoadgenArgs) -> anyhow::Result<Report> {
     };
     let mut samples = Samples::default();
     let (mut walls, mut cpus) = (Vec::new(), Vec::new());
+    let mut kernel_ms = 0.0;
     for _ in 0..args.loops {
         let before: Option<ProcSample> = sample();
         let t = Instant::now();
@@ -254,6 +257,7 @@ pub async fn measure(args: &LoadgenArgs) -> anyhow::Result<Report> {
         walls.push(t.elapsed().as_secs_f64() * 1000.0);
         if let (Some(b), Some(a)) = (before, sample()) {
             cpus.push((a.cpu_seconds - b.cpu_seconds) * 1000.0);
+            kernel_ms += (a.system_seconds - b.system_seconds) * 1000.0;
         }
     }
     let after_loops = sample();
@@ -308,6 +312,10 @@ pub async fn measure(args: &LoadgenArgs) -> anyhow::Result<Report> {
         sequential: samples.summary(),
         loop_wall_ms: Summary::of(&walls),
         server_cpu_ms_per_loop: (!cpus.is_empty()).then(|| Summary::of(&cpus)),
+        server_cpu_kernel_share: {
+            let total: f64 = cpus.iter().sum();
+            (total > 0.0).then(|| (kernel_ms / total * 100.0).round() / 100.0)
+        },
         concurrent: Some(concurrent),
         server_rss_mib_after_loops: after_loops.map(|s| mib(s.rss_bytes)),
         server_peak_rss_mib: peak.map(|s| mib(s.peak_rss_bytes)),
@@ -340,8 +348,12 @@ fn print(r: &Report) {
         w.mean, w.min, w.max
     );
     if let Some(c) = r.server_cpu_ms_per_loop {
+        let kernel = r
+            .server_cpu_kernel_share
+            .map(|k| format!(", {:.0} % in the kernel", k * 100.0))
+            .unwrap_or_default();
         println!(
-            "server CPU per loop   {:.0} ms mean (min {:.0}, max {:.0})",
+            "server CPU per loop   {:.0} ms mean (min {:.0}, max {:.0}{kernel})",
             c.mean, c.min, c.max
         );
     }

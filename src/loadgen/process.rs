@@ -7,6 +7,8 @@ use std::path::PathBuf;
 pub struct ProcSample {
     /// User + system CPU seconds over all threads.
     pub cpu_seconds: f64,
+    /// The system (kernel) part of it.
+    pub system_seconds: f64,
     /// Resident set now, and its peak (VmHWM), in bytes.
     pub rss_bytes: u64,
     pub peak_rss_bytes: u64,
@@ -58,6 +60,7 @@ pub fn parse(stat: &str, status: &str, ticks_per_second: f64) -> Option<ProcSamp
     };
     Some(ProcSample {
         cpu_seconds: (utime + stime) / ticks_per_second,
+        system_seconds: stime / ticks_per_second,
         rss_bytes: kb("VmRSS:")? * 1024,
         peak_rss_bytes: kb("VmHWM:")? * 1024,
     })
@@ -74,6 +77,7 @@ mod tests {
         let status = "Name:\tx\nVmHWM:\t   61440 kB\nVmRSS:\t   40960 kB\nThreads:\t9\n";
         let s = parse(stat, status, 100.0).unwrap();
         assert_eq!(s.cpu_seconds, 1.75);
+        assert_eq!(s.system_seconds, 0.25);
         assert_eq!(s.rss_bytes, 40 * 1024 * 1024);
         assert_eq!(s.peak_rss_bytes, 60 * 1024 * 1024);
         assert!(parse("garbage", status, 100.0).is_none());
