@@ -67,6 +67,10 @@ pub fn assert_rbac_covers(sim: &SimCluster) {
         !used.is_empty(),
         "the engine made no API request under {ENGINE_USER}"
     );
+    // RBAC_REPORT=1 prints what each test used (to keep the role minimal).
+    if std::env::var_os("RBAC_REPORT").is_some() {
+        eprintln!("RBAC used: {used:?}");
+    }
     let gaps = missing(&rules, &used);
     assert!(
         gaps.is_empty(),
