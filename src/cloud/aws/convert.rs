@@ -1,0 +1,273 @@
+//! SDK types to the core's types, and what an SDK error means. Pure: no I/O.
+
+use aws_sdk_autoscaling as asg;
+use aws_sdk_ec2 as ec2;
+use aws_smithy_types::error::metadata::ProvideErrorMetadata;
+use base64::Engine as _;
+
+use crate::cloud::*;
+
+/// The HTTP status of a raw response, when there is one.
+pub trait HttpStatus {
+    fn status_code(&self) -> Option<u16>;
+}
+
+impl HttpStatus for aws_smithy_runtime_api::http::Response {
+    fn status_code(&self) -> Option<u16> {
+        Some(self.status().as_u16())
+    }
+}
+
+pub(super) const THROTTLE_CODES: [&str; 6] = [
+    "Throttling",
+    "ThrottlingException",
+    "RequestLimitExceeded",
+    "TooManyRequestsException",
+    "SlowDown",
+    "RequestThrottled",
+];
+
+/// One place that decides what an SDK error means.
+pub fn classify<E, R>(
+    op: &str,
+    e: &aws_smithy_runtime_api::client::result::SdkError<E, R>,
+) -> CloudError
+where
+    E: ProvideErrorMetadata + std::error::Error + Send + Sync + 'static,
+    R: std::fmt::Debug + HttpStatus,
+{
+    use aws_smithy_runtime_api::client::result::SdkError;
+    let operation = op.to_string();
+    match e {
+        SdkError::ServiceError(se) => {
+            let code = se.err().code().unwrap_or("").to_string();
+            let message = se.err().message().unwrap_or("").to_string();
+            let status = se.raw().status_code().unwrap_or(0);
+            if THROTTLE_CODES.contains(&code.as_str()) || status == 429 {
+                CloudError::Throttled {
+                    operation,
+                    message: if message.is_empty() { code } else { message },
+                }
+            } else if code.contains("NotFound")
+                || code == "ResourceNotFoundException"
+                || (code == "ValidationError" && message.to_ascii_lowercase().contains("not found"))
+            {
+                CloudError::NotFound {
+                    what: "AWS resource",
+                    name: format!("{op}: {message}"),
+                }
+            } else if status >= 500 || code == "InternalFailure" || code == "ServiceUnavailable" {
+                CloudError::Transient {
+                    operation,
+                    message: format!("{code} (HTTP {status}): {message}"),
+                }
+            } else {
+                CloudError::Rejected {
+                    operation,
+                    code,
+                    message,
+                }
+            }
+        }
+        SdkError::TimeoutError(_) => CloudError::Transient {
+            operation,
+            message: "timed out".into(),
+        },
+        SdkError::DispatchFailure(d) => CloudError::Transient {
+            operation,
+            message: format!("could not send the request: {d:?}"),
+        },
+        SdkError::ResponseError(r) => CloudError::Transient {
+            operation,
+            message: format!("unreadable response: {r:?}"),
+        },
+        other => CloudError::Transient {
+            operation,
+            message: format!("{other}"),
+        },
+    }
+}
+
+pub(super) fn snapshot_of(g: &asg::types::AutoScalingGroup) -> Option<AsgSnapshot> {
+    let name = g.auto_scaling_group_name()?.to_string();
+    let lt_ref = |s: &asg::types::LaunchTemplateSpecification| LaunchTemplateRef {
+        id: s.launch_template_id().map(str::to_string),
+        name: s.launch_template_name().map(str::to_string),
+        version: s.version().map(str::to_string),
+    };
+    let launch = if let Some(m) = g.mixed_instances_policy() {
+        match m
+            .launch_template()
+            .and_then(|l| l.launch_template_specification())
+        {
+            Some(spec) => LaunchSpec::MixedInstances {
+                template: lt_ref(spec),
+                override_types: m
+                    .launch_template()
+                    .map(|l| {
+                        l.overrides()
+                            .iter()
+                            .filter_map(|o| o.instance_type().map(str::to_string))
+                            .collect()
+                    })
+                    .unwrap_or_default(),
+            },
+            None => LaunchSpec::Unknown,
+        }
+    } else if let Some(lt) = g.launch_template() {
+        LaunchSpec::LaunchTemplate(lt_ref(lt))
+    } else if let Some(lc) = g.launch_configuration_name() {
+        LaunchSpec::LaunchConfiguration(lc.to_string())
+    } else {
+        LaunchSpec::Unknown
+    };
+    Some(AsgSnapshot {
+        name,
+        min_size: g.min_size().unwrap_or(0),
+        max_size: g.max_size().unwrap_or(0),
+        desired_capacity: g.desired_capacity().unwrap_or(0),
+        availability_zones: g.availability_zones().to_vec(),
+        tags: g
+            .tags()
+            .iter()
+            .filter_map(|t| Some((t.key()?.to_string(), t.value().unwrap_or("").to_string())))
+            .collect(),
+        launch,
+        instances: g
+            .instances()
+            .iter()
+            .filter_map(|i| {
+                Some(AsgInstance {
+                    id: i.instance_id()?.to_string(),
+                    zone: i.availability_zone().unwrap_or("").to_string(),
+                    state: LifecycleState::parse(
+                        i.lifecycle_state().map(|s| s.as_str()).unwrap_or(""),
+                    ),
+                    instance_type: i.instance_type().map(str::to_string),
+                })
+            })
+            .collect(),
+        terminating_hooks: Vec::new(),
+    })
+}
+
+/// A short code for a failed scaling activity, from its status message.
+pub fn failure_code(message: &str) -> String {
+    const KNOWN: [&str; 9] = [
+        "InsufficientInstanceCapacity",
+        "VcpuLimitExceeded",
+        "InstanceLimitExceeded",
+        "MaxSpotInstanceCountExceeded",
+        "SpotMaxPriceTooLow",
+        "InsufficientFreeAddressesInSubnet",
+        "InvalidParameterCombination",
+        "Unsupported",
+        "UnauthorizedOperation",
+    ];
+    KNOWN
+        .iter()
+        .find(|k| message.contains(*k))
+        .map(|k| k.to_string())
+        .unwrap_or_else(|| {
+            if message.to_ascii_lowercase().contains("capacity") {
+                "InsufficientInstanceCapacity".into()
+            } else {
+                "LaunchFailed".into()
+            }
+        })
+}
+
+pub(super) fn decode_user_data(raw: Option<&str>, what: &str) -> Option<String> {
+    let raw = raw?.trim();
+    if raw.is_empty() {
+        return None;
+    }
+    match base64::engine::general_purpose::STANDARD.decode(raw) {
+        Ok(b) => Some(String::from_utf8_lossy(&b).into_owned()),
+        Err(e) => {
+            tracing::warn!(source = what, error = %e, "user data is not base64; ignored");
+            None
+        }
+    }
+}
+
+pub(super) fn arch(a: &str) -> &'static str {
+    match a {
+        "arm64" | "arm64_mac" => "arm64",
+        _ => "amd64",
+    }
+}
+
+pub(super) fn type_info(t: &ec2::types::InstanceTypeInfo) -> Option<InstanceTypeInfo> {
+    let name = t.instance_type()?.as_str().to_string();
+    let gpus = t.gpu_info();
+    let gpu_count: i64 = gpus
+        .map(|g| {
+            g.gpus()
+                .iter()
+                .map(|d| i64::from(d.count().unwrap_or(0)))
+                .sum()
+        })
+        .unwrap_or(0);
+    let gpu_type = gpus.and_then(|g| g.gpus().first()).map(|d| {
+        format!(
+            "{}-{}",
+            d.manufacturer().unwrap_or("gpu"),
+            d.name().unwrap_or("unknown")
+        )
+        .to_ascii_lowercase()
+        .replace([' ', '_'], "-")
+    });
+    let archs = t
+        .processor_info()
+        .map(|p| p.supported_architectures())
+        .unwrap_or_default();
+    Some(InstanceTypeInfo {
+        name,
+        vcpus: i64::from(t.v_cpu_info().and_then(|v| v.default_v_cpus()).unwrap_or(0)),
+        memory_mib: t.memory_info().and_then(|m| m.size_in_mib()).unwrap_or(0),
+        gpus: gpu_count,
+        gpu_type: gpu_type.filter(|_| gpu_count > 0),
+        architecture: archs
+            .first()
+            .map(|a| arch(a.as_str()))
+            .unwrap_or("amd64")
+            .to_string(),
+        max_enis: t
+            .network_info()
+            .and_then(|n| n.maximum_network_interfaces())
+            .map(i64::from),
+        ipv4_per_eni: t
+            .network_info()
+            .and_then(|n| n.ipv4_addresses_per_interface())
+            .map(i64::from),
+        instance_storage_gib: t.instance_storage_info().and_then(|s| s.total_size_in_gb()),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn failure_codes_come_from_the_message() {
+        assert_eq!(failure_code("Launching a new EC2 instance. Status Reason: We currently do not have sufficient m5.large capacity in the Availability Zone you requested (us-east-1a). ... InsufficientInstanceCapacity"), "InsufficientInstanceCapacity");
+        assert_eq!(failure_code("You have requested more vCPU capacity than your current vCPU limit of 32 allows. VcpuLimitExceeded"), "VcpuLimitExceeded");
+        assert_eq!(
+            failure_code("not enough capacity"),
+            "InsufficientInstanceCapacity"
+        );
+        assert_eq!(failure_code("The image id does not exist"), "LaunchFailed");
+    }
+
+    #[test]
+    fn user_data_decodes_or_is_dropped() {
+        assert_eq!(
+            decode_user_data(Some("aGVsbG8="), "t").as_deref(),
+            Some("hello")
+        );
+        assert_eq!(decode_user_data(Some("not base64!"), "t"), None);
+        assert_eq!(decode_user_data(Some(""), "t"), None);
+        assert_eq!(decode_user_data(None, "t"), None);
+    }
+}
