@@ -122,14 +122,7 @@ impl ConfigArgs {
 pub async fn run(cli: Cli) -> ExitCode {
     match cli.command {
         Command::Demo(args) => {
-            init_logging(
-                cli.log_format,
-                if cli.log_level == "info" {
-                    "warn"
-                } else {
-                    &cli.log_level
-                },
-            );
+            init_logging(cli.log_format, quiet_default(&cli.log_level));
             report(crate::demo::run(args).await)
         }
         Command::Serve(args) => {
@@ -137,14 +130,7 @@ pub async fn run(cli: Cli) -> ExitCode {
             report(serve(args).await)
         }
         Command::Loadgen(args) => {
-            init_logging(
-                cli.log_format,
-                if cli.log_level == "info" {
-                    "warn"
-                } else {
-                    &cli.log_level
-                },
-            );
+            init_logging(cli.log_format, quiet_default(&cli.log_level));
             report(crate::loadgen::run(args).await)
         }
         Command::Drain(args) => {
@@ -152,16 +138,19 @@ pub async fn run(cli: Cli) -> ExitCode {
             report(crate::drain_cmd::run(args).await)
         }
         Command::CheckConfig(args) => {
-            init_logging(
-                cli.log_format,
-                if cli.log_level == "info" {
-                    "warn"
-                } else {
-                    &cli.log_level
-                },
-            );
+            init_logging(cli.log_format, quiet_default(&cli.log_level));
             crate::check::run(args).await
         }
+    }
+}
+
+/// Commands that print their own report log only warnings unless a level was asked
+/// for (the default `info` would interleave with their output).
+fn quiet_default(level: &str) -> &str {
+    if level == "info" {
+        "warn"
+    } else {
+        level
     }
 }
 

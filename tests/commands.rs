@@ -15,6 +15,8 @@ use k8s_openapi::api::storage::v1::{
 };
 use kube::api::ObjectMeta;
 
+mod support;
+
 #[tokio::test]
 async fn check_config_reports_groups_and_problems() {
     let cloud = MemoryCloud::new(
@@ -229,18 +231,10 @@ async fn check_config_finds_missing_kubernetes_permissions() {
         .collect();
     assert_eq!(missing, [("watch", "pods"), ("create", "pods/eviction")]);
     assert!(!ca_asg_provider::check::kube_report(sim.client(), "kube-system").await);
-    // With the full role, nothing is missing.
-    sim.grant(vec![
-        grant(&["get", "list", "watch"], "", &["pods"]),
-        grant(&["create"], "", &["pods/eviction"]),
-        grant(&["get", "list", "watch", "patch"], "", &["nodes"]),
-        grant(&["list", "watch"], "storage.k8s.io", &["volumeattachments"]),
-        grant(&["create", "patch"], "events.k8s.io", &["events"]),
-        grant(
-            &["get", "create", "update"],
-            "coordination.k8s.io",
-            &["leases"],
-        ),
-    ]);
+    // With the ClusterRole deploy/ ships, nothing is missing.
+    sim.grant(support::rbac::role_rules(
+        &std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/base/rbac.yaml"),
+        "ca-asg-provider",
+    ));
     assert!(ca_asg_provider::check::kube_report(sim.client(), "kube-system").await);
 }

@@ -172,7 +172,7 @@ fn rbac_grants_exactly_what_check_config_checks() {
     let granted: BTreeSet<(String, String, String)> = rules
         .iter()
         .flat_map(|r| {
-            r.api_groups.iter().flat_map(move |g| {
+            r.groups.iter().flat_map(move |g| {
                 r.resources.iter().flat_map(move |res| {
                     r.verbs
                         .iter()

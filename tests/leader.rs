@@ -1,23 +1,13 @@
 //! Leader election over a Lease, against the in-memory API server over HTTP: one
 //! leader, takeover after expiry, and a stopping leader releasing the Lease.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use ca_asg_provider::scalein;
 use ca_asg_provider::sim::{SimCluster, SimOptions};
 
 mod support;
-
-async fn eventually<F: FnMut() -> bool>(what: &str, secs: u64, mut f: F) {
-    let end = Instant::now() + Duration::from_secs(secs);
-    while Instant::now() < end {
-        if f() {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    panic!("timed out waiting for {what}");
-}
+use support::eventually;
 
 #[tokio::test]
 async fn one_lease_one_leader_and_takeover_after_expiry() {

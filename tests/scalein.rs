@@ -18,6 +18,7 @@ use serde_json::Value;
 use tonic::transport::Channel;
 
 mod support;
+use support::eventually;
 
 struct World {
     sim: Arc<SimCluster>,
@@ -44,17 +45,6 @@ fn timing() -> MemoryTiming {
         launch_delay: Duration::from_millis(50),
         terminate_delay: Duration::from_millis(50),
     }
-}
-
-async fn eventually<F: FnMut() -> bool>(what: &str, secs: u64, mut f: F) {
-    let end = Instant::now() + Duration::from_secs(secs);
-    while Instant::now() < end {
-        if f() {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    panic!("timed out waiting for {what}");
 }
 
 /// Provider + engine + gRPC server over an existing cloud and sim (a fresh process).
@@ -130,6 +120,28 @@ fn nodes_of(w: &World, group: &str) -> Vec<(String, String)> {
         .collect()
 }
 
+/// The one node of group "web" with a fluentd-like DaemonSet pod and an app pod whose
+/// preStop takes `prestop` seconds, both Ready. Returns the node and its instance.
+async fn node_with_fluentd_and_app(w: &World, prestop: f64) -> (String, String) {
+    let (node, iid) = nodes_of(w, "web").remove(0);
+    w.sim
+        .create(&fixtures::daemonset("logging", "fluentd", 0.2, false))
+        .unwrap();
+    w.sim
+        .create(&fixtures::pod("shop", "app", &node, "app", prestop))
+        .unwrap();
+    eventually("fluentd and app running", 10, || {
+        w.sim
+            .list::<Pod>()
+            .iter()
+            .filter(|p| p["status"]["conditions"][0]["status"] == "True")
+            .count()
+            == 2
+    })
+    .await;
+    (node, iid)
+}
+
 async fn delete_nodes(w: &mut World, group: &str, nodes: &[(String, String)]) {
     let started = Instant::now();
     w.ca.node_group_delete_nodes(proto::NodeGroupDeleteNodesRequest {
@@ -200,22 +212,7 @@ async fn daemonset_pods_leave_only_after_the_workload_is_gone() {
         Duration::from_millis(50),
     )
     .await;
-    let (node, iid) = nodes_of(&w, "web").remove(0);
-    w.sim
-        .create(&fixtures::daemonset("logging", "fluentd", 0.2, false))
-        .unwrap();
-    w.sim
-        .create(&fixtures::pod("shop", "app", &node, "app", 2.0))
-        .unwrap();
-    eventually("fluentd and app running", 10, || {
-        w.sim
-            .list::<Pod>()
-            .iter()
-            .filter(|p| p["status"]["conditions"][0]["status"] == "True")
-            .count()
-            == 2
-    })
-    .await;
+    let (node, iid) = node_with_fluentd_and_app(&w, 2.0).await;
     delete_nodes(&mut w, "web", &[(node.clone(), iid.clone())]).await;
     // From the moment the call returns: target one lower, instance deleting.
     assert_eq!(target(&mut w, "web").await, 0);
@@ -732,22 +729,7 @@ async fn an_api_server_restart_in_the_middle_of_a_drain_loses_nothing() {
         Duration::from_millis(50),
     )
     .await;
-    let (node, iid) = nodes_of(&w, "web").remove(0);
-    w.sim
-        .create(&fixtures::daemonset("logging", "fluentd", 0.2, false))
-        .unwrap();
-    w.sim
-        .create(&fixtures::pod("shop", "app", &node, "app", 0.5))
-        .unwrap();
-    eventually("fluentd and app running", 10, || {
-        w.sim
-            .list::<Pod>()
-            .iter()
-            .filter(|p| p["status"]["conditions"][0]["status"] == "True")
-            .count()
-            == 2
-    })
-    .await;
+    let (node, iid) = node_with_fluentd_and_app(&w, 0.5).await;
     delete_nodes(&mut w, "web", &[(node.clone(), iid.clone())]).await;
     eventually("the app's eviction", 10, || {
         audit_index(&w.sim.audit(), "deletion-started", "Pod", "app").is_some()

@@ -1,3 +1,17 @@
 #![allow(dead_code)]
 pub mod moto;
 pub mod rbac;
+
+use std::time::{Duration, Instant};
+
+/// Waits until `f` holds, polling every 20 ms; fails the test after `secs`.
+pub async fn eventually<F: FnMut() -> bool>(what: &str, secs: u64, mut f: F) {
+    let end = Instant::now() + Duration::from_secs(secs);
+    while Instant::now() < end {
+        if f() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    panic!("timed out waiting for {what}");
+}

@@ -2,33 +2,25 @@
 
 use std::path::Path;
 
-use ca_asg_provider::sim::{RbacUse, SimCluster};
+use ca_asg_provider::sim::{Grant, RbacUse, SimCluster};
 use serde::Deserialize;
 
 /// The identity the engine's client uses in tests (its bearer token in the sim).
 pub const ENGINE_USER: &str = "system:serviceaccount:kube-system:cluster-autoscaler";
 
+/// A rule as written in RBAC YAML; checked through the sim's own [`Grant`].
 #[derive(Debug, Deserialize)]
-pub struct Rule {
+struct Rule {
     #[serde(rename = "apiGroups", default)]
-    pub api_groups: Vec<String>,
+    api_groups: Vec<String>,
     #[serde(default)]
-    pub resources: Vec<String>,
+    resources: Vec<String>,
     #[serde(default)]
-    pub verbs: Vec<String>,
-}
-
-impl Rule {
-    fn allows(&self, u: &RbacUse) -> bool {
-        let any = |v: &[String], x: &str| v.iter().any(|s| s == x || s == "*");
-        any(&self.api_groups, &u.group)
-            && any(&self.resources, &u.resource)
-            && any(&self.verbs, &u.verb)
-    }
+    verbs: Vec<String>,
 }
 
 /// The rules of the ClusterRole/Role named `name` in a multi-document YAML file.
-pub fn role_rules(file: &Path, name: &str) -> Vec<Rule> {
+pub fn role_rules(file: &Path, name: &str) -> Vec<Grant> {
     let text = std::fs::read_to_string(file).unwrap_or_else(|e| panic!("{}: {e}", file.display()));
     let mut rules = Vec::new();
     for doc in serde_yaml::Deserializer::from_str(&text) {
@@ -41,7 +33,11 @@ pub fn role_rules(file: &Path, name: &str) -> Vec<Rule> {
         if (kind == "ClusterRole" || kind == "Role") && this == Some(name) {
             let r: Vec<Rule> = serde_yaml::from_value(v.get("rules").cloned().unwrap_or_default())
                 .expect("rules parse");
-            rules.extend(r);
+            rules.extend(r.into_iter().map(|r| Grant {
+                verbs: r.verbs,
+                groups: r.api_groups,
+                resources: r.resources,
+            }));
         }
     }
     assert!(!rules.is_empty(), "no role {name} in {}", file.display());
@@ -49,9 +45,13 @@ pub fn role_rules(file: &Path, name: &str) -> Vec<Rule> {
 }
 
 /// What `used` needs that `rules` do not grant.
-pub fn missing(rules: &[Rule], used: &[RbacUse]) -> Vec<RbacUse> {
+pub fn missing(rules: &[Grant], used: &[RbacUse]) -> Vec<RbacUse> {
     used.iter()
-        .filter(|u| !rules.iter().any(|r| r.allows(u)))
+        .filter(|u| {
+            !rules
+                .iter()
+                .any(|r| r.allows(&u.verb, &u.group, &u.resource))
+        })
         .cloned()
         .collect()
 }
