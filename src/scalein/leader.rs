@@ -168,10 +168,11 @@ pub fn spawn(
         let mut last_renewed: Option<tokio::time::Instant> = None;
         loop {
             if *stop.borrow() {
-                let _ = tx.send(false);
                 if let Err(e) = release(&api, &s).await {
                     tracing::warn!(lease = %s.name, error = %e, "could not release the lease; it expires by itself");
                 }
+                // Only now: whoever waits for `false` knows the release is done.
+                let _ = tx.send(false);
                 return;
             }
             let leading = match round(&api, &s).await {

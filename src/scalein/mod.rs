@@ -324,8 +324,6 @@ impl Engine {
                 }
             })
             .await;
-            // Give the release request its moment before the runtime ends.
-            tokio::time::sleep(Duration::from_millis(200)).await;
         }
     }
 
