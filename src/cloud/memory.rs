@@ -127,6 +127,11 @@ struct State {
     heartbeats: Vec<LifecycleAction>,
     /// Operations that fail once with a throttle, for error-path tests.
     throttle_next: HashMap<String, u32>,
+    /// Instances the ASG chose to end itself because SetDesiredCapacity went below
+    /// the instances it had (what a drain-aware caller must never cause).
+    chosen_by_asg: Vec<String>,
+    /// Instances whose lifecycle hook timed out (no heartbeat, no completion).
+    hook_timeouts: Vec<String>,
 }
 
 /// In-memory Auto Scaling. Cheap to clone (shared state).
@@ -203,6 +208,26 @@ impl MemoryCloud {
         self.state.lock().heartbeats.clone()
     }
 
+    /// Instances the ASG picked and ended itself after a SetDesiredCapacity below its
+    /// instance count, in order.
+    pub fn chosen_by_asg(&self) -> Vec<String> {
+        self.state.lock().chosen_by_asg.clone()
+    }
+
+    /// Instances whose lifecycle hook timed out without completion, in order.
+    pub fn hook_timeouts(&self) -> Vec<String> {
+        let mut st = self.state.lock();
+        self.settle(&mut st);
+        st.hook_timeouts.clone()
+    }
+
+    /// Desired capacity of a group now.
+    pub fn desired(&self, group: &str) -> Option<i32> {
+        let mut st = self.state.lock();
+        self.settle(&mut st);
+        st.groups.get(group).map(|g| g.desired)
+    }
+
     /// Every instance of every group at "now": (group, instance).
     pub fn instances(&self) -> Vec<(String, AsgInstance)> {
         let mut st = self.state.lock();
@@ -266,6 +291,7 @@ impl MemoryCloud {
             let Some(g) = st.groups.get_mut(&name) else {
                 continue;
             };
+            let mut timed_out = Vec::new();
             for inst in &mut g.instances {
                 match inst.state {
                     LifecycleState::Pending
@@ -281,6 +307,7 @@ impl MemoryCloud {
                     {
                         inst.state = LifecycleState::TerminatingProceed;
                         inst.since = now;
+                        timed_out.push(inst.id.clone());
                     }
                     LifecycleState::Terminating | LifecycleState::TerminatingProceed
                         if now.duration_since(inst.since) >= self.timing.terminate_delay =>
@@ -295,6 +322,7 @@ impl MemoryCloud {
                 !(i.state == LifecycleState::Terminated
                     && now.duration_since(i.since) >= Duration::from_millis(1))
             });
+            st.hook_timeouts.extend(timed_out);
             self.reconcile_group(st, &name, now);
         }
     }
@@ -489,6 +517,7 @@ impl Cloud for MemoryCloud {
                 ),
             });
         }
+        let mut victims = Vec::new();
         let lower = desired < g.desired;
         let by = g.desired - desired;
         g.desired = desired;
@@ -509,10 +538,12 @@ impl Cloud for MemoryCloud {
                 }
                 if !inst.state.is_terminating() {
                     begin_termination(inst, hook.as_ref(), now);
+                    victims.push(inst.id.clone());
                     n += 1;
                 }
             }
         }
+        st.chosen_by_asg.extend(victims);
         let now = Instant::now();
         self.reconcile_group(&mut st, group, now);
         Ok(())

@@ -160,10 +160,38 @@ struct Overlay {
     last_increase: HashMap<String, i64>,
     /// Instances found by background lookup: instance id -> group.
     located: HashMap<String, String>,
-    /// Direct-mode drains not yet terminated: instance id -> group. Each lowers its
-    /// group's target by one and shows the instance as deleting.
-    deferred: HashMap<String, String>,
+    /// Direct-mode drains not yet terminated: instance id -> entry. Each lowers CA's
+    /// target of its group by one (AWS's desired capacity still counts the instance)
+    /// and shows the instance as deleting.
+    deferred: HashMap<String, Deferred>,
+    /// The direct-mode drain marks on Nodes, as last read from the cluster; `None`
+    /// until read once (see [`Provider::expect_drain_marks`]).
+    direct_marks: Option<DrainMarks>,
 }
+
+/// What the Nodes say about direct-mode drains, by instance id.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct DrainMarks {
+    /// Instances whose Node carries a direct-mode drain mark.
+    pub marked: HashSet<String>,
+    /// Instances whose Node exists without one (a drain there was abandoned or
+    /// never started). An instance with no Node at all is in neither set: its Node
+    /// goes away after the instance ended, before a snapshot may show that.
+    pub unmarked: HashSet<String>,
+}
+
+/// One pending direct-mode drain.
+#[derive(Debug, Clone)]
+struct Deferred {
+    group: String,
+    /// Seen as a mark on its Node. An unconfirmed entry (registered by DeleteNodes,
+    /// mark not read back yet) is kept until confirmed or [`UNCONFIRMED_TTL`] passes.
+    confirmed: bool,
+    since: Instant,
+}
+
+/// How long a drain registered here may wait to be seen as a Node mark.
+const UNCONFIRMED_TTL: Duration = Duration::from_secs(120);
 
 /// Counters for metrics and tests.
 #[derive(Debug, Default)]
@@ -201,7 +229,10 @@ impl Provider {
             settings,
             registry: RwLock::new(Arc::new(Registry::default())),
             loaded: AtomicBool::new(false),
-            overlay: Mutex::new(Overlay::default()),
+            overlay: Mutex::new(Overlay {
+                direct_marks: Some(DrainMarks::default()),
+                ..Overlay::default()
+            }),
             ops: tokio::sync::Mutex::new(()),
             refresh: refresh::RefreshState::default(),
             templates: templates::TemplateCache::default(),
@@ -235,8 +266,9 @@ impl Provider {
         self.loaded.load(Ordering::Acquire)
     }
 
-    fn group(&self, id: &str) -> Result<(Arc<Registry>, usize), ProviderError> {
-        let reg = self.registry();
+    /// A group of the registry by id, re-read from AWS first (size changes).
+    async fn fresh_group(&self, id: &str) -> Result<(Arc<Registry>, usize), ProviderError> {
+        let reg = self.reread_group(id).await?;
         let idx = reg
             .groups
             .iter()
@@ -289,46 +321,154 @@ impl Provider {
         self.with_group(id, |g| Self::target_of(&ov, g))
     }
 
-    fn target_of(ov: &Overlay, g: &Group) -> i32 {
-        let base = ov
-            .target
+    /// AWS's desired capacity as this service knows it: what it wrote since the
+    /// snapshot, else the snapshot's.
+    fn desired_of(ov: &Overlay, g: &Group) -> i32 {
+        ov.target
             .get(&g.asg.name)
             .copied()
-            .unwrap_or(g.asg.desired_capacity);
-        let deferred = ov
-            .deferred
+            .unwrap_or(g.asg.desired_capacity)
+    }
+
+    /// Direct-mode drains of the group not terminated yet: instances that AWS's
+    /// desired capacity still counts but CA's target does not.
+    fn deferred_in(ov: &Overlay, g: &Group) -> i32 {
+        ov.deferred
             .values()
-            .filter(|grp| **grp == g.asg.name)
-            .count() as i32;
-        base - deferred
+            .filter(|d| d.group == g.asg.name)
+            .count() as i32
+    }
+
+    /// CA's target: AWS's desired capacity less the drains that will end with a
+    /// decrement. Every desired capacity written to AWS is CA's new target plus
+    /// those drains, so the ASG never has fewer slots than instances it must keep
+    /// and never picks a victim itself.
+    fn target_of(ov: &Overlay, g: &Group) -> i32 {
+        Self::desired_of(ov, g) - Self::deferred_in(ov, g)
     }
 
     fn is_deleting(ov: &Overlay, instance_id: &str) -> bool {
         ov.deleting.contains(instance_id) || ov.deferred.contains_key(instance_id)
     }
 
-    /// A direct-mode drain (found again after a restart) counts against the target.
+    /// Instances that stay: not terminating in AWS and not being ended by us.
+    fn live_count(ov: &Overlay, g: &Group) -> i32 {
+        g.asg
+            .instances
+            .iter()
+            .filter(|i| !i.state.is_terminating() && !Self::is_deleting(ov, &i.id))
+            .count() as i32
+    }
+
+    /// A drain engine is attached: size changes wait until the direct-mode drains
+    /// recorded on Nodes have been read ([`Self::sync_direct_drains`]), since CA's
+    /// target cannot be told from AWS's desired capacity without them.
+    pub fn expect_drain_marks(&self) {
+        self.overlay.lock().direct_marks = None;
+    }
+
+    /// Whether the pending direct-mode drains are known (always, without an engine).
+    pub fn drain_state_known(&self) -> bool {
+        self.is_loaded() && self.overlay.lock().direct_marks.is_some()
+    }
+
+    fn require_drain_state(&self) -> Result<(), ProviderError> {
+        if self.drain_state_known() {
+            return Ok(());
+        }
+        Err(ProviderError::Unavailable(
+            "size changes wait until the node groups and the drains recorded on Nodes have been read once; retry shortly".into(),
+        ))
+    }
+
+    /// The direct-mode drain marks on Nodes, as read from the cluster now. Every
+    /// replica calls this on Node changes, so each one's accounting follows drains
+    /// that another replica started, ended or abandoned.
+    pub fn sync_direct_drains(&self, marks: DrainMarks) {
+        let reg = self.registry();
+        let mut ov = self.overlay.lock();
+        ov.direct_marks = Some(marks);
+        Self::apply_marks(&mut ov, &reg);
+    }
+
+    /// Brings the deferred set in line with the marks and the snapshot: a marked
+    /// instance still in service counts as a pending drain; an entry stops counting
+    /// when its instance is terminating or gone in the snapshot, or when its Node is
+    /// there without the mark (abandoned). A Node that disappeared is not enough:
+    /// it goes when the instance ended, and the snapshot that shows the decrement
+    /// may be a refresh away.
+    fn apply_marks(ov: &mut Overlay, reg: &Registry) {
+        let live = |id: &str| -> Option<String> {
+            let g = reg.group_of_instance(id)?;
+            let inst = g.asg.instances.iter().find(|i| i.id == id)?;
+            (!inst.state.is_terminating()).then(|| g.asg.name.clone())
+        };
+        let Some(marks) = ov.direct_marks.take() else {
+            ov.deferred.retain(|id, _| live(id).is_some());
+            return;
+        };
+        for id in &marks.marked {
+            if ov.deleting.contains(id) {
+                continue;
+            }
+            if let Some(group) = live(id) {
+                ov.deferred
+                    .entry(id.clone())
+                    .or_insert_with(|| Deferred {
+                        group,
+                        confirmed: true,
+                        since: now(),
+                    })
+                    .confirmed = true;
+            }
+        }
+        ov.deferred.retain(|id, d| {
+            live(id).is_some()
+                && if d.confirmed {
+                    !marks.unmarked.contains(id)
+                } else {
+                    d.since.elapsed() < UNCONFIRMED_TTL
+                }
+        });
+        ov.direct_marks = Some(marks);
+    }
+
+    /// A direct-mode drain CA asked for (or found again after a restart) counts
+    /// against CA's target from now on.
     pub fn register_deferred(&self, instance_id: &str, group: &str) {
-        self.overlay
-            .lock()
-            .deferred
-            .insert(instance_id.to_string(), group.to_string());
+        let mut ov = self.overlay.lock();
+        let confirmed = ov
+            .direct_marks
+            .as_ref()
+            .is_some_and(|m| m.marked.contains(instance_id));
+        ov.deferred
+            .entry(instance_id.to_string())
+            .or_insert_with(|| Deferred {
+                group: group.to_string(),
+                confirmed,
+                since: now(),
+            });
+    }
+
+    /// Pending direct-mode drains (instance ids), for tests and metrics.
+    pub fn deferred_instances(&self) -> Vec<String> {
+        let mut v: Vec<String> = self.overlay.lock().deferred.keys().cloned().collect();
+        v.sort();
+        v
     }
 
     /// A direct-mode drain terminated its instance with decrement: AWS's desired
-    /// capacity now carries the decrement, so the deferred entry becomes a plain one.
+    /// capacity went down by one and the instance no longer counts as deferred, so
+    /// CA's target stays where it was.
     pub fn deferred_terminated(&self, instance_id: &str) {
         let reg = self.registry();
         let mut ov = self.overlay.lock();
-        let Some(group) = ov.deferred.get(instance_id).cloned() else {
+        let Some(d) = ov.deferred.remove(instance_id) else {
             return;
         };
-        if let Some(g) = reg.group(&group) {
-            let t = Self::target_of(&ov, g);
-            ov.deferred.remove(instance_id);
-            ov.target.insert(group, t);
-        } else {
-            ov.deferred.remove(instance_id);
+        if let Some(g) = reg.group(&d.group) {
+            let desired = Self::desired_of(&ov, g);
+            ov.target.insert(d.group.clone(), desired - 1);
         }
         ov.deleting.insert(instance_id.to_string());
         drop(ov);
@@ -336,7 +476,8 @@ impl Provider {
         self.invalidate();
     }
 
-    /// A direct-mode drain was abandoned: the node stays, the target goes back up.
+    /// A direct-mode drain was abandoned: the node stays, so CA's target counts it
+    /// again (CA's deletion of it failed).
     pub fn deferred_cancelled(&self, instance_id: &str) {
         self.overlay.lock().deferred.remove(instance_id);
     }
@@ -397,20 +538,27 @@ impl Provider {
 
     pub async fn increase_size(&self, id: &str, delta: i32) -> Result<(), ProviderError> {
         let _ops = self.ops.lock().await;
-        let (reg, idx) = self.group(id)?;
+        self.require_drain_state()?;
+        let (reg, idx) = self.fresh_group(id).await?;
         let g = &reg.groups[idx];
-        let target = Self::target_of(&self.overlay.lock(), g);
+        let (target, deferred) = {
+            let ov = self.overlay.lock();
+            (Self::target_of(&ov, g), Self::deferred_in(&ov, g))
+        };
         let new = sizes::check_increase(id, target, g.max, delta)?;
+        let desired = sizes::desired_for(id, new, deferred, g.asg.max_size)?;
         tracing::info!(
             group = id,
             from = target,
             to = new,
+            desired,
+            draining = deferred,
             "increasing desired capacity"
         );
         self.writes.fetch_add(1, Ordering::AcqRel);
-        self.cloud.set_desired_capacity(id, new).await?;
+        self.cloud.set_desired_capacity(id, desired).await?;
         let mut ov = self.overlay.lock();
-        ov.target.insert(id.to_string(), new);
+        ov.target.insert(id.to_string(), desired);
         ov.last_increase.insert(id.to_string(), unix_now());
         drop(ov);
         // The next Refresh reads AWS, so the new instances show up by CA's next loop.
@@ -420,28 +568,30 @@ impl Provider {
 
     pub async fn decrease_target_size(&self, id: &str, delta: i32) -> Result<(), ProviderError> {
         let _ops = self.ops.lock().await;
-        let (reg, idx) = self.group(id)?;
+        self.require_drain_state()?;
+        let (reg, idx) = self.fresh_group(id).await?;
         let g = &reg.groups[idx];
-        let (target, live) = {
+        let (target, live, deferred) = {
             let ov = self.overlay.lock();
-            let live = g
-                .asg
-                .instances
-                .iter()
-                .filter(|i| !i.state.is_terminating() && !Self::is_deleting(&ov, &i.id))
-                .count() as i32;
-            (Self::target_of(&ov, g), live)
+            (
+                Self::target_of(&ov, g),
+                Self::live_count(&ov, g),
+                Self::deferred_in(&ov, g),
+            )
         };
-        let new = sizes::check_decrease(id, target, live, delta)?;
+        let new = sizes::check_decrease(id, target, live, g.asg.min_size, delta)?;
+        let desired = sizes::desired_for(id, new, deferred, g.asg.max_size)?;
         tracing::info!(
             group = id,
             from = target,
             to = new,
+            desired,
+            draining = deferred,
             "decreasing desired capacity (unfulfilled only)"
         );
         self.writes.fetch_add(1, Ordering::AcqRel);
-        self.cloud.set_desired_capacity(id, new).await?;
-        self.overlay.lock().target.insert(id.to_string(), new);
+        self.cloud.set_desired_capacity(id, desired).await?;
+        self.overlay.lock().target.insert(id.to_string(), desired);
         self.invalidate();
         Ok(())
     }
@@ -451,7 +601,8 @@ impl Provider {
     /// minimum. Instances already on their way out are skipped (CA re-sends).
     pub async fn delete_nodes(&self, id: &str, nodes: &[NodeRef]) -> Result<(), ProviderError> {
         let _ops = self.ops.lock().await;
-        let (reg, idx) = self.group(id)?;
+        self.require_drain_state()?;
+        let (reg, idx) = self.fresh_group(id).await?;
         let g = &reg.groups[idx];
         let placeholder_prefix = format!("{}{}-", instances::PLACEHOLDER_PREFIX, g.asg.name);
         let mut real: Vec<(&AsgInstance, &str)> = Vec::new();
@@ -502,30 +653,30 @@ impl Provider {
                 }
             }
         }
-        let (target, live) = {
+        let (target, live, deferred) = {
             let ov = self.overlay.lock();
-            let live = g
-                .asg
-                .instances
-                .iter()
-                .filter(|i| !i.state.is_terminating() && !Self::is_deleting(&ov, &i.id))
-                .count() as i32;
-            (Self::target_of(&ov, g), live)
+            (
+                Self::target_of(&ov, g),
+                Self::live_count(&ov, g),
+                Self::deferred_in(&ov, g),
+            )
         };
         // Placeholders beyond the unfulfilled capacity are already gone.
         let placeholders = placeholders.min((target - live).max(0));
         sizes::check_delete(id, target, g.min, placeholders + real.len() as i32)?;
         if placeholders > 0 {
             let new = target - placeholders;
+            let desired = sizes::desired_for(id, new, deferred, g.asg.max_size)?;
             tracing::info!(
                 group = id,
                 from = target,
                 to = new,
+                desired,
                 "removing {placeholders} placeholder(s)"
             );
             self.writes.fetch_add(1, Ordering::AcqRel);
-            self.cloud.set_desired_capacity(id, new).await?;
-            self.overlay.lock().target.insert(id.to_string(), new);
+            self.cloud.set_desired_capacity(id, desired).await?;
+            self.overlay.lock().target.insert(id.to_string(), desired);
         }
         let scale_in = self.scale_in.read().clone();
         for (inst, node_name) in real {
@@ -534,8 +685,8 @@ impl Provider {
             match scale_in.remove(g, inst, name).await? {
                 Removal::Decremented => {
                     let mut ov = self.overlay.lock();
-                    let t = Self::target_of(&ov, g);
-                    ov.target.insert(id.to_string(), t - 1);
+                    let desired = Self::desired_of(&ov, g);
+                    ov.target.insert(id.to_string(), desired - 1);
                     ov.deleting.insert(inst.id.clone());
                 }
                 Removal::Deferred => {

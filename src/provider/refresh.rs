@@ -165,14 +165,10 @@ impl Provider {
             } else {
                 ov.target.clear();
             }
-            ov.deleting.retain(|id| {
-                registry
-                    .group_of_instance(id)
-                    .and_then(|g| g.asg.instances.iter().find(|i| &i.id == id))
-                    .is_some_and(|i| !i.state.is_terminating())
-            });
+            Self::prune_deleting(&mut ov, &registry);
             ov.located
                 .retain(|id, _| registry.group_of_instance(id).is_none());
+            Self::apply_marks(&mut ov, &registry);
         }
         drop(_ops);
         tracing::debug!(
@@ -182,6 +178,69 @@ impl Provider {
         );
         self.spawn_prefetch();
         Ok(())
+    }
+
+    /// Re-reads one group from AWS before a size change (the caller holds the write
+    /// lock), so the change is computed from AWS's desired capacity and instances now,
+    /// not from a snapshot up to a refresh interval old: another replica may have
+    /// ended or abandoned a drain since, and a desired capacity computed from the old
+    /// numbers would be off by those drains. Returns the registry holding it.
+    pub(crate) async fn reread_group(&self, id: &str) -> Result<Arc<Registry>, ProviderError> {
+        let reg = self.registry();
+        let old = reg
+            .group(id)
+            .ok_or_else(|| ProviderError::UnknownGroup(id.to_string()))?;
+        // A full refresh reading AWS now must not replace this fresher group.
+        self.writes.fetch_add(1, Ordering::AcqRel);
+        let selector = crate::cloud::GroupSelector {
+            names: vec![id.to_string()],
+            tag_sets: Vec::new(),
+        };
+        let asg = self
+            .cloud
+            .describe_groups(&selector)
+            .await?
+            .into_iter()
+            .find(|a| a.name == id)
+            .ok_or_else(|| ProviderError::UnknownGroup(id.to_string()))?;
+        let (min, max, warnings) =
+            effective_bounds(&asg, self.settings.static_bounds.get(id).copied());
+        let fresh = Group {
+            asg,
+            min,
+            max,
+            failures: old.failures.clone(),
+            hooks: old.hooks.clone(),
+            warnings,
+        };
+        let groups = reg
+            .groups
+            .iter()
+            .map(|g| {
+                if g.asg.name == id {
+                    fresh.clone()
+                } else {
+                    g.clone()
+                }
+            })
+            .collect();
+        let registry = Arc::new(Registry::new(groups));
+        *self.registry.write() = registry.clone();
+        let mut ov = self.overlay.lock();
+        ov.target.remove(id);
+        Self::prune_deleting(&mut ov, &registry);
+        Self::apply_marks(&mut ov, &registry);
+        Ok(registry)
+    }
+
+    /// Instances we ended stop being tracked once AWS shows them terminating or gone.
+    fn prune_deleting(ov: &mut super::Overlay, registry: &Registry) {
+        ov.deleting.retain(|id| {
+            registry
+                .group_of_instance(id)
+                .and_then(|g| g.asg.instances.iter().find(|i| &i.id == id))
+                .is_some_and(|i| !i.state.is_terminating())
+        });
     }
 
     fn report_missing_static(&self, asgs: &[AsgSnapshot]) {

@@ -27,11 +27,13 @@ pub fn check_increase(
 
 /// DecreaseTargetSize: `delta < 0`, and only capacity that has no instance yet may go:
 /// the new target may not fall below the number of live (registered or launching)
-/// instances. Returns the new target.
+/// instances, nor below the ASG's MinSize (AWS would refuse it once the running
+/// drains have ended, leaving an instance CA wants gone). Returns the new target.
 pub fn check_decrease(
     group: &str,
     target: i32,
     live_instances: i32,
+    asg_min: i32,
     delta: i32,
 ) -> Result<i32, ProviderError> {
     if delta >= 0 {
@@ -46,6 +48,11 @@ pub fn check_decrease(
         return Err(ProviderError::FailedPrecondition(format!(
             "node group {group}: attempt to delete existing nodes: target {target} + delta {delta} = {new} < {live_instances} existing instances; only unfulfilled capacity ({}) can be removed this way",
             (target - live_instances).max(0)
+        )));
+    }
+    if new < asg_min {
+        return Err(ProviderError::FailedPrecondition(format!(
+            "node group {group}: target {target} + delta {delta} = {new} is below the ASG's MinSize {asg_min}"
         )));
     }
     Ok(new)
@@ -63,6 +70,28 @@ pub fn check_delete(group: &str, target: i32, min: i32, count: i32) -> Result<()
         )));
     }
     Ok(())
+}
+
+/// The desired capacity to write to AWS for CA's new `target`: the target plus the
+/// direct-mode drains still running (AWS counts their instances until each ends
+/// with a decrement). Writing less would let the ASG end instances of its own
+/// choosing, undrained; when the ASG's own maximum has no room for both, the
+/// change is refused until the drains end.
+pub fn desired_for(
+    group: &str,
+    target: i32,
+    draining: i32,
+    asg_max: i32,
+) -> Result<i32, ProviderError> {
+    let desired = target.checked_add(draining).ok_or_else(|| {
+        ProviderError::InvalidArgument(format!("node group {group}: target {target} overflows"))
+    })?;
+    if desired > asg_max {
+        return Err(ProviderError::FailedPrecondition(format!(
+            "node group {group}: target {target} plus {draining} node(s) still draining needs desired capacity {desired} > the ASG's MaxSize {asg_max}; retry when the drains end"
+        )));
+    }
+    Ok(desired)
 }
 
 #[cfg(test)]
@@ -95,20 +124,43 @@ mod tests {
 
     #[test]
     fn decrease_only_removes_unfulfilled_capacity() {
-        assert_eq!(check_decrease("g", 5, 3, -2).unwrap(), 3);
-        let e = check_decrease("g", 5, 3, -3).unwrap_err();
+        assert_eq!(check_decrease("g", 5, 3, 0, -2).unwrap(), 3);
+        let e = check_decrease("g", 5, 3, 0, -3).unwrap_err();
         assert!(
             matches!(e, ProviderError::FailedPrecondition(ref m) if m.contains("2 < 3 existing")),
             "{e}"
         );
         assert!(matches!(
-            check_decrease("g", 5, 3, 0),
+            check_decrease("g", 5, 3, 0, 0),
             Err(ProviderError::InvalidArgument(_))
         ));
         assert!(matches!(
-            check_decrease("g", 5, 3, 1),
+            check_decrease("g", 5, 3, 0, 1),
             Err(ProviderError::InvalidArgument(_))
         ));
+    }
+
+    #[test]
+    fn desired_counts_the_drains_and_stays_within_the_asg() {
+        assert_eq!(desired_for("g", 3, 0, 10).unwrap(), 3);
+        assert_eq!(desired_for("g", 3, 2, 10).unwrap(), 5);
+        assert_eq!(desired_for("g", 8, 2, 10).unwrap(), 10);
+        let e = desired_for("g", 9, 2, 10).unwrap_err();
+        assert!(
+            matches!(e, ProviderError::FailedPrecondition(ref m) if m.contains("2 node(s) still draining") && m.contains("11 > the ASG's MaxSize 10")),
+            "{e}"
+        );
+        assert!(desired_for("g", i32::MAX, 1, i32::MAX).is_err());
+    }
+
+    #[test]
+    fn decrease_keeps_the_asg_min_even_with_nothing_live() {
+        assert_eq!(check_decrease("g", 4, 0, 1, -3).unwrap(), 1);
+        let e = check_decrease("g", 4, 0, 1, -4).unwrap_err();
+        assert!(
+            matches!(e, ProviderError::FailedPrecondition(ref m) if m.contains("0 is below the ASG's MinSize 1")),
+            "{e}"
+        );
     }
 
     #[test]
