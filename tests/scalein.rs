@@ -5,204 +5,17 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use ca_asg_provider::cloud::memory::{MemoryCloud, MemoryGroup, MemoryTiming};
-use ca_asg_provider::cloud::{Cloud, GroupSelector, LifecycleResult};
-use ca_asg_provider::proto::{self, cloud_provider_client::CloudProviderClient};
-use ca_asg_provider::provider::{Provider, ProviderSettings};
-use ca_asg_provider::scalein::{
-    self, DeadlinePolicy, DrainScaleIn, Engine, Outcome, ScaleInSettings,
-};
-use ca_asg_provider::sim::{self, fixtures, SimCluster, SimOptions};
+use ca_asg_provider::cloud::memory::MemoryGroup;
+use ca_asg_provider::cloud::{Cloud, LifecycleResult};
+use ca_asg_provider::proto;
+use ca_asg_provider::scalein::{self, DeadlinePolicy, Outcome, ScaleInSettings};
+use ca_asg_provider::sim::{self, fixtures, SimCluster};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use serde_json::Value;
-use tonic::transport::Channel;
 
 mod support;
 use support::eventually;
-
-struct World {
-    sim: Arc<SimCluster>,
-    cloud: MemoryCloud,
-    provider: Arc<Provider>,
-    engine: Arc<Engine>,
-    ca: CloudProviderClient<Channel>,
-    groups: Vec<String>,
-}
-
-fn fast_settings() -> ScaleInSettings {
-    ScaleInSettings {
-        eviction_retry: Duration::from_millis(100),
-        volume_deadline: Duration::from_millis(300),
-        api_qps: 200.0,
-        api_burst: 200,
-        lifecycle_poll_interval: Duration::from_millis(200),
-        ..ScaleInSettings::default()
-    }
-}
-
-fn timing() -> MemoryTiming {
-    MemoryTiming {
-        launch_delay: Duration::from_millis(50),
-        terminate_delay: Duration::from_millis(50),
-    }
-}
-
-/// Provider + engine + gRPC server over an existing cloud and sim (a fresh process).
-async fn service(
-    sim: &Arc<SimCluster>,
-    cloud: &MemoryCloud,
-    groups: &[String],
-    s: ScaleInSettings,
-) -> (Arc<Provider>, Arc<Engine>, CloudProviderClient<Channel>) {
-    let settings = ProviderSettings {
-        selector: GroupSelector {
-            names: groups.to_vec(),
-            tag_sets: vec![],
-        },
-        refresh_interval: Duration::from_millis(100),
-        ..ProviderSettings::default()
-    };
-    let provider = Provider::new(Arc::new(cloud.clone()), settings);
-    provider.refresh_now().await.unwrap();
-    let engine = Engine::new(
-        sim.client_as(support::rbac::ENGINE_USER),
-        Arc::new(cloud.clone()),
-        Some(provider.clone()),
-        s,
-    );
-    provider.set_scale_in(Arc::new(DrainScaleIn(engine.clone())));
-    let (l, addr) = ca_asg_provider::grpc::bind("127.0.0.1:0".parse().unwrap())
-        .await
-        .unwrap();
-    tokio::spawn(ca_asg_provider::grpc::serve(
-        l,
-        provider.clone(),
-        None,
-        std::future::pending(),
-    ));
-    let ca = CloudProviderClient::connect(format!("http://{addr}"))
-        .await
-        .unwrap();
-    (provider, engine, ca)
-}
-
-async fn world(groups: Vec<MemoryGroup>, s: ScaleInSettings, ready_delay: Duration) -> World {
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
-        .with_test_writer()
-        .try_init();
-    let sim = Arc::new(SimCluster::start(SimOptions { ready_delay }).await.unwrap());
-    let names: Vec<String> = groups.iter().map(|g| g.name.clone()).collect();
-    let cloud = MemoryCloud::new(groups, timing());
-    sim.follow_cloud(cloud.clone());
-    let want: usize = cloud.instances().len();
-    eventually("a Node per instance", 10, || {
-        sim.list::<Node>().len() == want
-    })
-    .await;
-    let (provider, engine, ca) = service(&sim, &cloud, &names, s).await;
-    World {
-        sim,
-        cloud,
-        provider,
-        engine,
-        ca,
-        groups: names,
-    }
-}
-
-fn nodes_of(w: &World, group: &str) -> Vec<(String, String)> {
-    w.cloud
-        .instances()
-        .into_iter()
-        .filter(|(g, i)| g == group && !i.state.is_terminating())
-        .map(|(_, i)| (sim::node_name(&i.id), i.id))
-        .collect()
-}
-
-/// The one node of group "web" with a fluentd-like DaemonSet pod and an app pod whose
-/// preStop takes `prestop` seconds, both Ready. Returns the node and its instance.
-async fn node_with_fluentd_and_app(w: &World, prestop: f64) -> (String, String) {
-    let (node, iid) = nodes_of(w, "web").remove(0);
-    w.sim
-        .create(&fixtures::daemonset("logging", "fluentd", 0.2, false))
-        .unwrap();
-    w.sim
-        .create(&fixtures::pod("shop", "app", &node, "app", prestop))
-        .unwrap();
-    eventually("fluentd and app running", 10, || {
-        w.sim
-            .list::<Pod>()
-            .iter()
-            .filter(|p| p["status"]["conditions"][0]["status"] == "True")
-            .count()
-            == 2
-    })
-    .await;
-    (node, iid)
-}
-
-async fn delete_nodes(w: &mut World, group: &str, nodes: &[(String, String)]) {
-    let started = Instant::now();
-    w.ca.node_group_delete_nodes(proto::NodeGroupDeleteNodesRequest {
-        id: group.into(),
-        nodes: nodes
-            .iter()
-            .map(|(name, id)| proto::ExternalGrpcNode {
-                provider_id: format!("aws:///us-east-1a/{id}"),
-                name: name.clone(),
-                ..Default::default()
-            })
-            .collect(),
-    })
-    .await
-    .unwrap();
-    // Not a timing assertion: the call must not wait for the drain, which takes seconds.
-    assert!(w.engine.in_progress() > 0 || started.elapsed() < Duration::from_secs(5));
-}
-
-async fn target(w: &mut World, group: &str) -> i32 {
-    w.ca.node_group_target_size(proto::NodeGroupTargetSizeRequest { id: group.into() })
-        .await
-        .unwrap()
-        .into_inner()
-        .target_size
-}
-
-async fn set_unschedulable(w: &World, node: &str, on: bool) {
-    let nodes: kube::Api<Node> = kube::Api::all(w.sim.client());
-    nodes
-        .patch(
-            node,
-            &kube::api::PatchParams::default(),
-            &kube::api::Patch::Merge(serde_json::json!({"spec": {"unschedulable": on}})),
-        )
-        .await
-        .unwrap();
-}
-
-fn audit_index(
-    audit: &[sim::AuditEntry],
-    verb: &str,
-    kind: &str,
-    name_prefix: &str,
-) -> Option<usize> {
-    audit
-        .iter()
-        .position(|a| a.verb == verb && a.kind == kind && a.name.starts_with(name_prefix))
-}
-
-fn events(sim: &SimCluster) -> Vec<(String, String)> {
-    sim.list::<k8s_openapi::api::events::v1::Event>()
-        .iter()
-        .map(|e| {
-            (
-                e["reason"].as_str().unwrap_or("").to_string(),
-                e["note"].as_str().unwrap_or("").to_string(),
-            )
-        })
-        .collect()
-}
+use support::world::*;
 
 #[tokio::test]
 async fn daemonset_pods_leave_only_after_the_workload_is_gone() {
@@ -358,7 +171,8 @@ async fn two_nodes_drained_at_once_never_leave_zero_ready_replicas() {
 #[tokio::test]
 async fn lifecycle_mode_heartbeats_and_completes_and_drains_asg_started_scale_ins() {
     let mut w = world(
-        vec![MemoryGroup::new("web", 0, 3, 2, "m5.large").terminating_hook("drain-hook", 1)],
+        vec![MemoryGroup::new("web", 0, 3, 2, "m5.large")
+            .terminating_hook("ca-asg-provider-drain", 1)],
         fast_settings(),
         Duration::from_millis(50),
     )
@@ -398,7 +212,7 @@ async fn lifecycle_mode_heartbeats_and_completes_and_drains_asg_started_scale_in
             done[0].0.hook.as_str(),
             done[0].0.instance_id.as_str()
         ),
-        ("web", "drain-hook", iid.as_str())
+        ("web", "ca-asg-provider-drain", iid.as_str())
     );
     assert_eq!(done[0].1, LifecycleResult::Continue);
     // A 2.5 s drain under a 1 s hook timeout survives only with heartbeats.
@@ -490,7 +304,8 @@ async fn a_restart_in_the_middle_of_a_direct_drain_finishes_exactly_once() {
 #[tokio::test]
 async fn a_restart_in_the_middle_of_a_lifecycle_drain_completes_exactly_once() {
     let mut w = world(
-        vec![MemoryGroup::new("web", 0, 3, 2, "m5.large").terminating_hook("h", 30)],
+        vec![MemoryGroup::new("web", 0, 3, 2, "m5.large")
+            .terminating_hook("ca-asg-provider-drain", 30)],
         fast_settings(),
         Duration::from_millis(50),
     )
@@ -583,6 +398,19 @@ async fn deadline_proceed_ends_the_instance_with_the_blocked_pod() {
 #[tokio::test]
 async fn deadline_abandon_gives_the_node_back() {
     let (mut w, node, iid) = blocked_world(DeadlinePolicy::Abandon).await;
+    // CA taints the node it is deleting before it calls DeleteNodes.
+    let nodes: kube::Api<Node> = kube::Api::all(w.sim.client());
+    nodes
+        .patch(
+            &node,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(serde_json::json!({"spec": {"taints": [
+                {"key": scalein::cordon::CA_TO_BE_DELETED_TAINT, "value": "1700000000", "effect": "NoSchedule"},
+                {"key": "dedicated", "value": "web", "effect": "NoSchedule"},
+            ]}})),
+        )
+        .await
+        .unwrap();
     delete_nodes(&mut w, "web", &[(node.clone(), iid.clone())]).await;
     assert_eq!(target(&mut w, "web").await, 0);
     assert!(matches!(
@@ -596,9 +424,15 @@ async fn deadline_abandon_gives_the_node_back() {
     );
     let n = w.sim.get::<Node>("", &node).unwrap();
     assert_ne!(n["spec"]["unschedulable"], true, "uncordoned");
-    assert!(n["spec"]["taints"]
+    let taints: Vec<&str> = n["spec"]["taints"]
         .as_array()
-        .is_none_or(|t| t.iter().all(|t| t["key"] != scalein::cordon::TAINT_KEY)));
+        .map(|t| t.iter().filter_map(|t| t["key"].as_str()).collect())
+        .unwrap_or_default();
+    assert_eq!(
+        taints,
+        vec!["dedicated"],
+        "our taint and CA's ToBeDeletedByClusterAutoscaler are gone, the node's own taint stays"
+    );
     assert!(n["metadata"]["annotations"][scalein::cordon::STARTED_ANNOTATION].is_null());
     assert_eq!(target(&mut w, "web").await, 1, "target restored");
     let ev = events(&w.sim);

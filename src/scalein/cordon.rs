@@ -18,6 +18,9 @@ pub const GROUP_ANNOTATION: &str = "ca-asg-provider.io/drain-group";
 const CORDONED_BY_US: &str = "ca-asg-provider.io/cordoned";
 const LB_LABEL_BY_US: &str = "ca-asg-provider.io/lb-excluded";
 pub const LB_EXCLUDE_LABEL: &str = "node.kubernetes.io/exclude-from-external-load-balancers";
+/// The taint cluster-autoscaler puts on a node it is deleting. A node handed back
+/// after an abandoned drain must not keep it, or it stays unschedulable.
+pub const CA_TO_BE_DELETED_TAINT: &str = "ToBeDeletedByClusterAutoscaler";
 
 const CONFLICT_RETRIES: usize = 8;
 
@@ -120,8 +123,9 @@ pub async fn cordon(
     ))
 }
 
-/// Gives the node back: removes our taint and marks, and uncordons / unlabels only
-/// when this service did those.
+/// Gives the node back: removes our taint, CA's ToBeDeletedByClusterAutoscaler
+/// taint (CA asked for the removal that is now abandoned) and our marks, and
+/// uncordons / unlabels only when this service did those.
 pub async fn uncordon(engine: &Engine, node: &str) -> Result<(), kube::Error> {
     let api: Api<Node> = Api::all(engine.client.clone());
     for _ in 0..CONFLICT_RETRIES {
@@ -136,7 +140,7 @@ pub async fn uncordon(engine: &Engine, node: &str) -> Result<(), kube::Error> {
             .clone()
             .unwrap_or_default()
             .into_iter()
-            .filter(|t| t.key != TAINT_KEY)
+            .filter(|t| t.key != TAINT_KEY && t.key != CA_TO_BE_DELETED_TAINT)
             .collect();
         let mut spec_patch = json!({ "taints": taints });
         if annotations.contains_key(CORDONED_BY_US) {

@@ -14,8 +14,8 @@ use super::events::Reason;
 use super::plan::{self, Tier};
 use super::wait::NodePods;
 use super::{
-    evict, lifecycle, terminate, volumes, DaemonSetPolicy, DeadlinePolicy, DrainRequest, Engine,
-    Mode, Outcome,
+    evict, terminate, volumes, DaemonSetPolicy, DeadlinePolicy, DrainRequest, Engine, Mode,
+    Outcome, Source,
 };
 use crate::telemetry::metrics::{metrics, StageLabels};
 
@@ -38,34 +38,20 @@ pub async fn run(engine: &Arc<Engine>, req: &DrainRequest) -> Outcome {
 }
 
 async fn run_inner(engine: &Arc<Engine>, req: &DrainRequest) -> Outcome {
-    let node = match &req.node_name {
-        Some(n) => Some(n.clone()),
-        None => {
-            engine.nodes.ready(Duration::from_secs(30)).await;
-            engine.nodes.node_for_instance(&req.instance_id)
-        }
+    let node = match locate_node(engine, req).await {
+        Ok(n) => n,
+        Err(why) => return Outcome::Failed(why),
     };
     if let Some(n) = &node {
         tracing::Span::current().record("node", n.as_str());
     }
-    // Heartbeats live exactly as long as this drain, even if it is aborted.
-    let _heartbeat = match &req.mode {
-        Mode::Lifecycle {
-            action,
-            heartbeat_timeout,
-        } => Some(AbortOnDrop(lifecycle::heartbeats(
-            engine.clone(),
-            action.clone(),
-            *heartbeat_timeout,
-        ))),
-        _ => None,
-    };
     let drained = match &node {
         Some(n) => drain_node(engine, req, n).await,
         None => {
             tracing::info!(
-                "no Node for this instance (never registered or already gone); nothing to drain"
+                "the API server has no Node for this instance (never registered or already gone); nothing to drain"
             );
+            metrics().drains_without_node.inc();
             Ok(())
         }
     };
@@ -112,7 +98,35 @@ async fn run_inner(engine: &Arc<Engine>, req: &DrainRequest) -> Outcome {
     outcome
 }
 
-struct AbortOnDrop(tokio::task::JoinHandle<()>);
+/// Fail closed: the drain goes on only with the instance's Node, or with the API
+/// server's word that there is none. While the cache is not synced or the API server
+/// cannot be asked (down, RBAC), it retries until the workload deadline and then
+/// fails without ending the instance.
+async fn locate_node(engine: &Engine, req: &DrainRequest) -> Result<Option<String>, String> {
+    let give_up = Instant::now() + engine.settings.workload_deadline;
+    let mut delay = Duration::from_millis(200);
+    loop {
+        match engine
+            .find_node(&req.instance_id, req.node_name.as_deref())
+            .await
+        {
+            Ok(n) => return Ok(n),
+            Err(e) if Instant::now() + delay < give_up => {
+                tracing::warn!(error = %e, retry_in = ?delay, "cannot tell whether the instance has a Node; not ending it, retrying");
+                tokio::time::sleep(delay).await;
+                delay = (delay * 2).min(Duration::from_secs(15));
+            }
+            Err(e) => {
+                return Err(format!(
+                    "cannot tell whether instance {} has a Node ({e}); the instance is not ended",
+                    req.instance_id
+                ))
+            }
+        }
+    }
+}
+
+pub(crate) struct AbortOnDrop(pub(crate) tokio::task::JoinHandle<()>);
 
 impl Drop for AbortOnDrop {
     fn drop(&mut self) {
@@ -184,7 +198,11 @@ async fn drain_node(engine: &Engine, req: &DrainRequest, node: &str) -> Result<(
                 req.group,
                 req.mode.as_str(),
                 req.source,
-                if resumed { ", resumed after a restart" } else { "" },
+                if resumed && req.source == Source::Resume {
+                    ", resumed after a restart"
+                } else {
+                    ""
+                },
                 match s.daemonsets {
                     DaemonSetPolicy::EvictLast => "last",
                     DaemonSetPolicy::Keep => "kept",

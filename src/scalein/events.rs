@@ -23,6 +23,7 @@ pub enum Reason {
     InstanceTerminated,
     LifecycleCompleted,
     DrainFailed,
+    HeartbeatFailed,
 }
 
 impl Reason {
@@ -39,6 +40,7 @@ impl Reason {
             Reason::InstanceTerminated => "InstanceTerminated",
             Reason::LifecycleCompleted => "LifecycleCompleted",
             Reason::DrainFailed => "DrainFailed",
+            Reason::HeartbeatFailed => "LifecycleHeartbeatFailed",
         }
     }
 
@@ -50,6 +52,7 @@ impl Reason {
                 | Reason::DrainAbandoned
                 | Reason::DrainFailed
                 | Reason::EvictingDoNotDisrupt
+                | Reason::HeartbeatFailed
         )
     }
 }

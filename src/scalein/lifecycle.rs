@@ -5,74 +5,153 @@
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-use crate::cloud::{LifecycleAction, LifecycleHook, LifecycleState};
+use crate::cloud::{CloudError, GroupSelector, LifecycleAction, LifecycleHook, LifecycleState};
 use crate::provider::Provider;
 use crate::telemetry::metrics::{metrics, Metrics};
 
+use super::events::Reason;
 use super::{DrainRequest, Engine, Mode, ModeChoice, Source};
 
-/// Sends RecordLifecycleActionHeartbeat at a third of the hook's timeout until
-/// aborted, so a long drain never lets the hook expire.
+/// AWS ends a lifecycle action after 100 heartbeat timeouts or 48 hours, whichever
+/// is smaller, however many heartbeats it got.
+pub fn global_limit(heartbeat_timeout: Duration) -> Duration {
+    (heartbeat_timeout * 100).min(Duration::from_secs(48 * 3600))
+}
+
+/// Keeps one lifecycle action alive until aborted: a RecordLifecycleActionHeartbeat
+/// at once (the instance may have waited a while before it was found), then every
+/// third of the hook's timeout, sooner after a failure. Stops when AWS says the
+/// action is gone (ValidationError) and at the hook's global limit. Failures are
+/// counted and published as an Event on the Node.
 pub fn heartbeats(
     engine: Arc<Engine>,
     action: LifecycleAction,
     timeout: Duration,
 ) -> tokio::task::JoinHandle<()> {
     let every = (timeout / 3).max(Duration::from_millis(200));
+    let limit = global_limit(timeout);
     tokio::spawn(async move {
+        let found = Instant::now();
+        let _waiting = GaugeGuard::new(&metrics().lifecycle_waiting);
+        let mut failing = false;
         loop {
-            tokio::time::sleep(every).await;
-            match engine.cloud.lifecycle_heartbeat(&action).await {
+            if found.elapsed() >= limit {
+                Metrics::outcome(&metrics().heartbeats, "stopped");
+                tracing::warn!(instance = %action.instance_id, hook = %action.hook, limit = ?limit, "the lifecycle action reached its global limit; AWS ends it now whatever the heartbeats");
+                return;
+            }
+            let next = match engine.cloud.lifecycle_heartbeat(&action).await {
                 Ok(()) => {
                     engine.stats.heartbeats.fetch_add(1, Ordering::Relaxed);
                     Metrics::outcome(&metrics().heartbeats, "ok");
                     tracing::debug!(instance = %action.instance_id, hook = %action.hook, "lifecycle heartbeat recorded");
+                    failing = false;
+                    every
+                }
+                Err(CloudError::Rejected { code, message, .. }) if code == "ValidationError" => {
+                    Metrics::outcome(&metrics().heartbeats, "stopped");
+                    tracing::info!(instance = %action.instance_id, hook = %action.hook, %message, "no active lifecycle action any more; heartbeats stop");
+                    return;
                 }
                 Err(e) => {
                     Metrics::outcome(&metrics().heartbeats, "error");
-                    tracing::warn!(instance = %action.instance_id, hook = %action.hook, error = %e, "lifecycle heartbeat failed")
+                    tracing::warn!(instance = %action.instance_id, hook = %action.hook, error = %e, "lifecycle heartbeat failed");
+                    if !failing {
+                        if let Some(node) = engine.nodes.node_for_instance(&action.instance_id) {
+                            engine
+                                .events
+                                .node(
+                                    &node,
+                                    Reason::HeartbeatFailed,
+                                    format!(
+                                        "lifecycle heartbeat for instance {} (hook {}) failed: {e}; retrying",
+                                        action.instance_id, action.hook
+                                    ),
+                                )
+                                .await;
+                        }
+                    }
+                    failing = true;
+                    (every / 4).max(Duration::from_millis(100))
                 }
-            }
+            };
+            tokio::time::sleep(next).await;
         }
     })
 }
 
-/// One pass: create missing hooks (when configured) and start a drain for every
+/// Counts a gauge up for as long as it lives.
+struct GaugeGuard(prometheus_client::metrics::gauge::Gauge);
+
+impl GaugeGuard {
+    fn new(g: &prometheus_client::metrics::gauge::Gauge) -> Self {
+        g.inc();
+        Self(g.clone())
+    }
+}
+
+impl Drop for GaugeGuard {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
+}
+
+/// One pass: create missing hooks (when configured), read the lifecycle state of
+/// the groups that carry our hook now (not the provider's snapshot, which may be a
+/// refresh interval old), and start a drain (and with it the heartbeats) for every
 /// instance in Terminating:Wait that is not draining yet. Returns how many started.
 pub async fn scan(engine: &Arc<Engine>, provider: &Arc<Provider>) -> usize {
-    if let Err(e) = provider.refresh().await {
-        tracing::warn!(error = %e, "lifecycle scan: refresh failed");
-        return 0;
-    }
     let reg = provider.registry();
-    let mut started = 0;
+    let mut hooked = Vec::new();
     for g in &reg.groups {
-        if g.hooks.is_empty() {
-            if engine.settings.create_hook && engine.settings.mode == ModeChoice::Auto {
-                let hook = LifecycleHook {
-                    name: engine.settings.hook_name.clone(),
-                    heartbeat_timeout_secs: engine
-                        .settings
-                        .hook_heartbeat_timeout
-                        .as_secs()
-                        .clamp(30, 7200) as i32,
-                    default_result: "CONTINUE".into(),
-                };
-                match engine.cloud.put_terminating_hook(&g.asg.name, &hook).await {
-                    Ok(()) => {
-                        tracing::info!(group = %g.asg.name, hook = %hook.name, "created EC2_INSTANCE_TERMINATING lifecycle hook");
-                        provider.invalidate();
-                    }
-                    Err(e) => {
-                        tracing::warn!(group = %g.asg.name, error = %e, "could not create the lifecycle hook")
-                    }
-                }
-            }
+        if engine.our_hook(g).is_some() {
+            hooked.push(g.asg.name.clone());
             continue;
         }
-        for inst in &g.asg.instances {
+        warn_foreign_hooks(engine, g);
+        if engine.settings.create_hook && engine.settings.mode == ModeChoice::Auto {
+            let hook = LifecycleHook {
+                name: engine.settings.hook_name.clone(),
+                heartbeat_timeout_secs: engine
+                    .settings
+                    .hook_heartbeat_timeout
+                    .as_secs()
+                    .clamp(30, 7200) as i32,
+                default_result: "CONTINUE".into(),
+            };
+            match engine.cloud.put_terminating_hook(&g.asg.name, &hook).await {
+                Ok(()) => {
+                    tracing::info!(group = %g.asg.name, hook = %hook.name, "created EC2_INSTANCE_TERMINATING lifecycle hook");
+                    provider.invalidate();
+                }
+                Err(e) => {
+                    tracing::warn!(group = %g.asg.name, error = %e, "could not create the lifecycle hook")
+                }
+            }
+        }
+    }
+    if hooked.is_empty() {
+        return 0;
+    }
+    let selector = GroupSelector {
+        names: hooked,
+        tag_sets: Vec::new(),
+    };
+    let fresh = match engine.cloud.describe_groups(&selector).await {
+        Ok(f) => f,
+        Err(e) => {
+            tracing::warn!(error = %e, "lifecycle scan: cannot read the hooked groups; next poll retries");
+            return 0;
+        }
+    };
+    let mut started = 0;
+    for snap in &fresh {
+        let Some(g) = reg.group(&snap.name) else {
+            continue;
+        };
+        for inst in &snap.instances {
             if inst.state != LifecycleState::TerminatingWait || engine.is_draining(&inst.id) {
                 continue;
             }
@@ -92,6 +171,16 @@ pub async fn scan(engine: &Arc<Engine>, provider: &Arc<Provider>) -> usize {
         }
     }
     started
+}
+
+/// Another EC2_INSTANCE_TERMINATING hook on a group (NTH's, another tool's) means
+/// two drainers completing each other's actions: say so once per group and hook.
+fn warn_foreign_hooks(engine: &Engine, g: &crate::provider::Group) {
+    for h in &g.hooks {
+        if h.name != engine.settings.hook_name && engine.note_foreign_hook(&g.asg.name, &h.name) {
+            tracing::warn!(group = %g.asg.name, hook = %h.name, ours = %engine.settings.hook_name, "the group has another EC2_INSTANCE_TERMINATING hook; this service completes only its own, and another drainer may end instances this one is draining");
+        }
+    }
 }
 
 /// Resumes direct-mode drains recorded on Nodes (lifecycle-mode ones are found by
@@ -161,8 +250,9 @@ pub fn spawn_loop(engine: Arc<Engine>, provider: Arc<Provider>) -> tokio::task::
             let leader = engine.is_leader();
             metrics().leader.set(i64::from(leader));
             if leader {
-                resume(&engine, &provider).await;
+                // Lifecycle actions first: they expire; marked direct drains wait.
                 scan(&engine, &provider).await;
+                resume(&engine, &provider).await;
             } else if was_leader {
                 tracing::warn!(
                     drains = engine.in_progress(),

@@ -218,6 +218,9 @@ pub struct DrainStats {
     pub heartbeats: AtomicU64,
 }
 
+/// Finished drains are kept (for [`Engine::wait_for`]) until this many are known.
+const FINISHED_KEPT: usize = 10_000;
+
 /// Runs drains: at most one per instance, at most `max_concurrent_drains` at once,
 /// all sharing one API rate limit.
 pub struct Engine {
@@ -230,6 +233,10 @@ pub struct Engine {
     pub(crate) nodes: nodes::NodeIndex,
     slots: Arc<tokio::sync::Semaphore>,
     inflight: Mutex<HashMap<String, tokio::task::JoinHandle<Outcome>>>,
+    /// Feeds the provider's accounting with the drain marks on Nodes.
+    marks_sync: Mutex<Option<tokio::task::JoinHandle<()>>>,
+    /// (group, hook) pairs already warned about (another tool's terminating hook).
+    foreign_hooks: Mutex<std::collections::HashSet<(String, String)>>,
     /// Set when leader election runs: whether this replica leads now.
     leadership: std::sync::OnceLock<tokio::sync::watch::Receiver<bool>>,
     /// Tells the leader-election task to release the lease and stop.
@@ -248,9 +255,15 @@ impl Engine {
         let slots = Arc::new(tokio::sync::Semaphore::new(
             settings.max_concurrent_drains.max(1),
         ));
+        let nodes = nodes::NodeIndex::start(client.clone());
+        let marks_sync = provider
+            .as_ref()
+            .map(|p| spawn_marks_sync(&nodes, Arc::downgrade(p)));
         Arc::new(Self {
             events: events::Events::new(client.clone()),
-            nodes: nodes::NodeIndex::start(client.clone()),
+            nodes,
+            marks_sync: Mutex::new(marks_sync),
+            foreign_hooks: Mutex::new(Default::default()),
             client,
             cloud,
             provider,
@@ -335,8 +348,13 @@ impl Engine {
     /// Starts a drain unless one already runs for this instance. Returns at once.
     pub fn start(self: &Arc<Self>, req: DrainRequest) -> bool {
         let mut inflight = self.inflight.lock();
-        inflight.retain(|_, h| !h.is_finished());
-        if inflight.contains_key(&req.instance_id) {
+        if inflight.len() >= FINISHED_KEPT {
+            inflight.retain(|_, h| !h.is_finished());
+        }
+        if inflight
+            .get(&req.instance_id)
+            .is_some_and(|h| !h.is_finished())
+        {
             return false;
         }
         let this = self.clone();
@@ -344,6 +362,19 @@ impl Engine {
         self.stats.started.fetch_add(1, Ordering::Relaxed);
         metrics().drains_started.inc();
         let handle = tokio::spawn(async move {
+            // The hook is kept alive from the moment the instance is known, also
+            // while the drain waits for a slot behind `maxConcurrentDrains`.
+            let _heartbeat = match &req.mode {
+                Mode::Lifecycle {
+                    action,
+                    heartbeat_timeout,
+                } => Some(drain::AbortOnDrop(lifecycle::heartbeats(
+                    this.clone(),
+                    action.clone(),
+                    *heartbeat_timeout,
+                ))),
+                _ => None,
+            };
             let _slot = this.slots.clone().acquire_owned().await;
             let outcome = drain::run(&this, &req).await;
             let (counter, label) = match &outcome {
@@ -380,6 +411,9 @@ impl Engine {
     pub fn shutdown(&self) {
         self.abort_all();
         self.nodes.stop();
+        if let Some(t) = self.marks_sync.lock().take() {
+            t.abort();
+        }
     }
 
     pub fn in_progress(&self) -> usize {
@@ -398,7 +432,7 @@ impl Engine {
 
     /// The mode for an instance of a group, per configuration and the group's hooks.
     pub fn mode_for(&self, group: &Group, instance_id: &str) -> Mode {
-        match (self.settings.mode, group.hooks.first()) {
+        match (self.settings.mode, self.our_hook(group)) {
             (ModeChoice::Auto, Some(h)) => Mode::Lifecycle {
                 action: LifecycleAction {
                     group: group.asg.name.clone(),
@@ -411,10 +445,69 @@ impl Engine {
             _ => Mode::Direct,
         }
     }
+
+    /// True the first time a foreign hook of a group is noted.
+    pub(crate) fn note_foreign_hook(&self, group: &str, hook: &str) -> bool {
+        self.foreign_hooks
+            .lock()
+            .insert((group.to_string(), hook.to_string()))
+    }
+
+    /// The group's EC2_INSTANCE_TERMINATING hook named `hookName`. Another tool's
+    /// hook on the group (NTH's, say) is never completed by this service.
+    pub fn our_hook<'g>(&self, group: &'g Group) -> Option<&'g crate::cloud::LifecycleHook> {
+        group
+            .hooks
+            .iter()
+            .find(|h| h.name == self.settings.hook_name)
+    }
+
+    /// Finds the Node of an instance for a drain: the cache when it knows it, else
+    /// the API server. `Ok(None)` only when the API server said no Node is the
+    /// instance's; `Err` when nobody could tell.
+    pub async fn find_node(
+        &self,
+        instance_id: &str,
+        name: Option<&str>,
+    ) -> Result<Option<String>, kube::Error> {
+        if name.is_none() {
+            if let Some(n) = self.nodes.node_for_instance(instance_id) {
+                return Ok(Some(n));
+            }
+        }
+        self.limiter.acquire().await;
+        nodes::find_node(&self.client, instance_id, name).await
+    }
+}
+
+/// Every Node change (and every few seconds, for refreshes that changed which
+/// instances are in service) hands the direct-mode drain marks to the provider.
+fn spawn_marks_sync(
+    nodes: &nodes::NodeIndex,
+    provider: std::sync::Weak<Provider>,
+) -> tokio::task::JoinHandle<()> {
+    if let Some(p) = provider.upgrade() {
+        p.expect_drain_marks();
+    }
+    let mut changes = nodes.changes();
+    let store = nodes.store();
+    tokio::spawn(async move {
+        if store.wait_until_ready().await.is_err() {
+            return;
+        }
+        loop {
+            let Some(p) = provider.upgrade() else { return };
+            p.sync_direct_drains(nodes::direct_marks(&store));
+            drop(p);
+            let _ = tokio::time::timeout(Duration::from_secs(2), changes.changed()).await;
+        }
+    })
 }
 
 /// DeleteNodes through the drain: returns within CA's call timeout, the drain runs
-/// in the background.
+/// in the background. Before it returns, the drain is recorded where a restart, a
+/// lost lease or another replica finds it: in AWS (lifecycle mode: the instance is
+/// held in Terminating:Wait) or on the Node (direct mode: cordon, taint, marks).
 pub struct DrainScaleIn(pub Arc<Engine>);
 
 #[async_trait]
@@ -427,61 +520,81 @@ impl ScaleIn for DrainScaleIn {
     ) -> Result<Removal, ProviderError> {
         let engine = &self.0;
         let mode = engine.mode_for(group, &instance.id);
-        if !engine.is_leader() {
-            return hand_to_leader(engine, group, instance, node_name, &mode).await;
-        }
-        let removal = match &mode {
+        let leader = engine.is_leader();
+        let (removal, node) = match &mode {
             Mode::Lifecycle { .. } => {
-                // The ASG holds the instance in Terminating:Wait while we drain.
-                tracing::info!(group = %group.asg.name, instance = %instance.id, "terminating with decrement; the lifecycle hook holds it for the drain");
+                // The ASG holds the instance in Terminating:Wait while we drain; a
+                // follower leaves the drain to the leader's scan.
+                tracing::info!(group = %group.asg.name, instance = %instance.id, leader, "terminating with decrement; the lifecycle hook holds it for the drain");
                 engine.cloud.terminate_instance(&instance.id, true).await?;
-                Removal::Decremented
+                (Removal::Decremented, node_name.map(str::to_string))
             }
-            _ => Removal::Deferred,
+            _ => match mark_for_drain(engine, group, instance, node_name).await? {
+                Some(node) => (Removal::Deferred, Some(node)),
+                None => {
+                    // The API server says no Node is this instance's: nothing runs
+                    // on it, so it ends at once.
+                    tracing::info!(group = %group.asg.name, instance = %instance.id, "no Node exists for this instance; terminating with decrement");
+                    engine.cloud.terminate_instance(&instance.id, true).await?;
+                    metrics().drains_without_node.inc();
+                    return Ok(Removal::Decremented);
+                }
+            },
         };
-        engine.start(DrainRequest {
-            instance_id: instance.id.clone(),
-            group: group.asg.name.clone(),
-            node_name: node_name.map(str::to_string),
-            mode,
-            source: Source::ClusterAutoscaler,
-        });
+        if leader {
+            engine.start(DrainRequest {
+                instance_id: instance.id.clone(),
+                group: group.asg.name.clone(),
+                node_name: node,
+                mode,
+                source: Source::ClusterAutoscaler,
+            });
+        } else {
+            tracing::info!(group = %group.asg.name, instance = %instance.id, "not the leader: the drain is recorded; the leader runs it");
+        }
         Ok(removal)
     }
 }
 
-/// DeleteNodes on a replica that does not lead: do what makes the leader's loop drain
-/// the node, and nothing that would race with it. Lifecycle mode: terminate with
-/// decrement (the hook holds the instance; the leader's scan finds it). Direct mode:
-/// mark the Node for drain (the leader resumes marked nodes); with no Node to drain,
-/// end the instance at once.
-async fn hand_to_leader(
+/// Direct mode: cordon and mark the Node before DeleteNodes answers. `Ok(None)`:
+/// the API server says there is no Node for the instance. Any doubt is an error
+/// for CA to retry, never a termination.
+async fn mark_for_drain(
     engine: &Arc<Engine>,
     group: &Group,
     instance: &AsgInstance,
     node_name: Option<&str>,
-    mode: &Mode,
-) -> Result<Removal, ProviderError> {
-    let node = node_name
-        .map(str::to_string)
-        .or_else(|| engine.nodes.node_for_instance(&instance.id));
-    if matches!(mode, Mode::Direct) {
-        if let Some(node) = node {
-            match cordon::cordon(engine, &node, "direct", &group.asg.name).await {
-                Ok(cordon::Cordoned::Marked { .. }) => {
-                    tracing::info!(group = %group.asg.name, instance = %instance.id, node = %node, "not the leader: node marked for drain; the leader drains it");
-                    return Ok(Removal::Deferred);
-                }
-                Ok(cordon::Cordoned::NodeGone) => {}
-                Err(e) => {
-                    return Err(ProviderError::Unavailable(format!(
-                        "cannot mark node {node} for drain: {e}"
-                    )))
-                }
-            }
+) -> Result<Option<String>, ProviderError> {
+    let unavailable = |e: kube::Error| {
+        ProviderError::Unavailable(format!(
+            "cannot record the drain of instance {} on its Node: {e}",
+            instance.id
+        ))
+    };
+    // CA names the Node: marking it is two requests. Only when that name is gone is
+    // the Node looked for by providerID.
+    let mut name = node_name;
+    for _ in 0..3 {
+        let node = match name.take() {
+            Some(n) => n.to_string(),
+            None => match engine
+                .find_node(&instance.id, None)
+                .await
+                .map_err(unavailable)?
+            {
+                Some(n) => n,
+                None => return Ok(None),
+            },
+        };
+        match cordon::cordon(engine, &node, "direct", &group.asg.name).await {
+            Ok(cordon::Cordoned::Marked { .. }) => return Ok(Some(node)),
+            // Deleted between the lookup and the patch: look again.
+            Ok(cordon::Cordoned::NodeGone) => continue,
+            Err(e) => return Err(unavailable(e)),
         }
     }
-    tracing::info!(group = %group.asg.name, instance = %instance.id, "not the leader: terminating with decrement; the leader drains it if it is held");
-    engine.cloud.terminate_instance(&instance.id, true).await?;
-    Ok(Removal::Decremented)
+    Err(ProviderError::Unavailable(format!(
+        "the Node of instance {} kept disappearing while being marked for drain",
+        instance.id
+    )))
 }

@@ -1,17 +1,66 @@
 //! A reflector of Nodes: instance id -> Node name, for drains that start from AWS
-//! (lifecycle hooks) and know only the instance.
+//! (lifecycle hooks) and know only the instance, and the drain marks every replica's
+//! size accounting follows. [`find_node`] asks the API server itself, for answers
+//! that must not come from a cache that may not have caught up.
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Node;
+use kube::api::ListParams;
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{watcher, WatchStreamExt};
 use kube::Api;
+use tokio::sync::watch;
 
-use crate::provider::provider_id;
+use super::cordon::{MODE_ANNOTATION, STARTED_ANNOTATION};
+use crate::provider::{provider_id, DrainMarks};
 
 pub struct NodeIndex {
     store: Store<Node>,
     task: tokio::task::JoinHandle<()>,
+    changed: watch::Receiver<u64>,
+}
+
+fn instance_of(n: &Node) -> Option<&str> {
+    n.spec
+        .as_ref()
+        .and_then(|s| s.provider_id.as_deref())
+        .and_then(provider_id::instance_id)
+}
+
+/// Finds the Node of an instance by asking the API server: by `name` first (CA
+/// names it), then by providerID over a full list. `Ok(None)` only when the API
+/// server answered and no Node is that instance's; any failure is an `Err`, so a
+/// caller that cannot tell never treats the node as absent.
+pub async fn find_node(
+    client: &kube::Client,
+    instance_id: &str,
+    name: Option<&str>,
+) -> Result<Option<String>, kube::Error> {
+    let api: Api<Node> = Api::all(client.clone());
+    if let Some(name) = name {
+        if let Some(n) = api.get_opt(name).await? {
+            // A Node without a providerID yet (kubelet still registering) is taken
+            // by the name CA gave.
+            if instance_of(&n).is_none_or(|i| i == instance_id) {
+                return Ok(Some(name.to_string()));
+            }
+        }
+    }
+    let mut params = ListParams::default().limit(500);
+    loop {
+        let page = api.list(&params).await?;
+        if let Some(n) = page
+            .items
+            .iter()
+            .find(|n| instance_of(n) == Some(instance_id))
+        {
+            return Ok(n.metadata.name.clone());
+        }
+        match page.metadata.continue_.filter(|c| !c.is_empty()) {
+            Some(token) => params = params.continue_token(&token),
+            None => return Ok(None),
+        }
+    }
 }
 
 impl NodeIndex {
@@ -19,6 +68,7 @@ impl NodeIndex {
     /// restarts).
     pub fn start(client: kube::Client) -> Self {
         let (store, writer) = reflector::store();
+        let (tx, changed) = watch::channel(0u64);
         let api: Api<Node> = Api::all(client);
         let stream = reflector::reflector(writer, watcher(api, watcher::Config::default()))
             .default_backoff()
@@ -26,12 +76,24 @@ impl NodeIndex {
         let task = tokio::spawn(async move {
             futures::pin_mut!(stream);
             while let Some(item) = stream.next().await {
-                if let Err(e) = item {
-                    tracing::debug!(error = %e, "node watch error; retrying");
+                match item {
+                    Ok(_) => {
+                        tx.send_modify(|g| *g += 1);
+                    }
+                    Err(e) => tracing::debug!(error = %e, "node watch error; retrying"),
                 }
             }
         });
-        Self { store, task }
+        Self {
+            store,
+            task,
+            changed,
+        }
+    }
+
+    /// Ticks on every Node change the reflector saw.
+    pub fn changes(&self) -> watch::Receiver<u64> {
+        self.changed.clone()
     }
 
     /// Stops the watch (the engine is being shut down).
@@ -44,14 +106,19 @@ impl NodeIndex {
         self.store
             .state()
             .iter()
-            .find(|n| {
-                n.spec
-                    .as_ref()
-                    .and_then(|s| s.provider_id.as_deref())
-                    .and_then(provider_id::instance_id)
-                    == Some(instance_id)
-            })
+            .find(|n| instance_of(n) == Some(instance_id))
             .and_then(|n| n.metadata.name.clone())
+    }
+
+    /// Whether the first list arrived.
+    pub fn is_ready(&self) -> bool {
+        use futures::FutureExt;
+        self.store.wait_until_ready().now_or_never().is_some()
+    }
+
+    /// The reflector's store (read-only handle).
+    pub fn store(&self) -> Store<Node> {
+        self.store.clone()
     }
 
     /// Waits until the first list arrived (bounded).
@@ -63,21 +130,39 @@ impl NodeIndex {
 
     /// Every Node carrying our drain annotation: (node name, instance id, mode).
     pub fn marked_for_drain(&self) -> Vec<(String, Option<String>, String)> {
-        self.store
-            .state()
-            .iter()
-            .filter_map(|n| {
-                let a = n.metadata.annotations.as_ref()?;
-                let mode = a.get(super::cordon::MODE_ANNOTATION)?.clone();
-                a.get(super::cordon::STARTED_ANNOTATION)?;
-                let iid = n
-                    .spec
-                    .as_ref()
-                    .and_then(|s| s.provider_id.as_deref())
-                    .and_then(provider_id::instance_id)
-                    .map(str::to_string);
-                Some((n.metadata.name.clone()?, iid, mode))
-            })
-            .collect()
+        marked_for_drain(&self.store)
     }
+}
+
+/// What the Nodes say about direct-mode drains: marked instances, and instances
+/// whose Node has no such mark.
+pub fn direct_marks(store: &Store<Node>) -> DrainMarks {
+    let mut marks = DrainMarks::default();
+    for n in store.state().iter() {
+        let Some(iid) = instance_of(n) else { continue };
+        let direct = n.metadata.annotations.as_ref().is_some_and(|a| {
+            a.contains_key(STARTED_ANNOTATION)
+                && a.get(MODE_ANNOTATION).is_some_and(|m| m == "direct")
+        });
+        if direct {
+            marks.marked.insert(iid.to_string());
+        } else {
+            marks.unmarked.insert(iid.to_string());
+        }
+    }
+    marks
+}
+
+fn marked_for_drain(store: &Store<Node>) -> Vec<(String, Option<String>, String)> {
+    store
+        .state()
+        .iter()
+        .filter_map(|n| {
+            let a = n.metadata.annotations.as_ref()?;
+            let mode = a.get(MODE_ANNOTATION)?.clone();
+            a.get(STARTED_ANNOTATION)?;
+            let iid = instance_of(n).map(str::to_string);
+            Some((n.metadata.name.clone()?, iid, mode))
+        })
+        .collect()
 }

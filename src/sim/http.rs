@@ -24,6 +24,8 @@ pub struct Ctx {
     pub epoch: watch::Receiver<u64>,
     /// What SelfSubjectAccessReviews answer: `None` allows everything.
     pub grants: Arc<parking_lot::Mutex<Option<Vec<super::Grant>>>>,
+    /// (verb, resource[/subresource]) pairs refused with 403.
+    pub denied: Arc<parking_lot::Mutex<Vec<(String, String)>>>,
 }
 
 fn json_response(code: StatusCode, v: &Value) -> Response {
@@ -163,6 +165,21 @@ pub async fn handle(
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "));
     ctx.stats.count(user, verb, t.res.group, &res_label);
+    if ctx
+        .denied
+        .lock()
+        .iter()
+        .any(|(v, r)| v == verb && *r == res_label)
+    {
+        return error(ApiError::new(
+            403,
+            "Forbidden",
+            format!(
+                "{res_label} is forbidden: User \"{}\" cannot {verb} resource \"{res_label}\"",
+                user.unwrap_or("system:anonymous")
+            ),
+        ));
+    }
     let ns = t.ns.clone().unwrap_or_default();
     if t.res.plural == "selfsubjectaccessreviews" {
         return match (verb, parse_body(&body)) {

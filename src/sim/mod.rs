@@ -120,6 +120,7 @@ pub struct SimCluster {
     server: Mutex<Option<tokio::task::JoinHandle<()>>>,
     actors: tokio::task::JoinHandle<()>,
     grants: Arc<Mutex<Option<Vec<Grant>>>>,
+    denied: Arc<Mutex<Vec<(String, String)>>>,
 }
 
 async fn serve(listener: tokio::net::TcpListener, ctx: Arc<http::Ctx>) {
@@ -135,11 +136,13 @@ impl SimCluster {
         let addr = listener.local_addr()?;
         let (epoch, epoch_rx) = tokio::sync::watch::channel(0u64);
         let grants = Arc::new(Mutex::new(None));
+        let denied = Arc::new(Mutex::new(Vec::new()));
         let ctx = Arc::new(http::Ctx {
             store: store.clone(),
             stats: stats.clone(),
             epoch: epoch_rx,
             grants: grants.clone(),
+            denied: denied.clone(),
         });
         let server = tokio::spawn(serve(listener, ctx));
         let actors = cluster::spawn(store.clone(), opts);
@@ -151,6 +154,7 @@ impl SimCluster {
             server: Mutex::new(Some(server)),
             actors,
             grants,
+            denied,
         })
     }
 
@@ -162,6 +166,16 @@ impl SimCluster {
     /// everything is allowed). Other requests are not checked.
     pub fn grant(&self, grants: Vec<Grant>) {
         *self.grants.lock() = Some(grants);
+    }
+
+    /// From now on every request with this verb (`get`, `list`, `watch`, `patch`, ...)
+    /// on this resource (`nodes`, `pods/eviction`, ...) is refused with 403, as RBAC
+    /// refuses what a role does not grant. An empty list lifts every refusal.
+    pub fn deny(&self, rules: &[(&str, &str)]) {
+        *self.denied.lock() = rules
+            .iter()
+            .map(|(v, r)| (v.to_string(), r.to_string()))
+            .collect();
     }
 
     /// A kube::Client over real HTTP to this server.
@@ -254,6 +268,7 @@ impl SimCluster {
             stats: self.stats.clone(),
             epoch: self.epoch.subscribe(),
             grants: self.grants.clone(),
+            denied: self.denied.clone(),
         });
         *self.server.lock() = Some(tokio::spawn(serve(listener, ctx)));
         Ok(())

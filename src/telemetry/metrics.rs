@@ -62,6 +62,8 @@ pub struct Metrics {
     pub deadlines: Family<StageLabels, Counter>,
     pub heartbeats: Family<OutcomeLabels, Counter>,
     pub leader: Gauge,
+    pub drains_without_node: Counter,
+    pub lifecycle_waiting: Gauge,
 }
 
 fn rpc_histogram() -> Histogram {
@@ -95,6 +97,8 @@ impl Metrics {
             deadlines: Family::default(),
             heartbeats: Family::default(),
             leader: Gauge::default(),
+            drains_without_node: Counter::default(),
+            lifecycle_waiting: Gauge::default(),
             registry: Registry::default(),
         };
         r.register(
@@ -166,13 +170,23 @@ impl Metrics {
         );
         r.register(
             "lifecycle_heartbeats",
-            "Lifecycle hook heartbeats by outcome",
+            "Lifecycle hook heartbeats by outcome (ok, error, stopped)",
             m.heartbeats.clone(),
         );
         r.register(
             "leader",
             "1 while this replica runs the drain loop (holds the Lease, or no leader election)",
             m.leader.clone(),
+        );
+        r.register(
+            "drains_without_node",
+            "Instances ended without a drain because the API server said no Node is theirs",
+            m.drains_without_node.clone(),
+        );
+        r.register(
+            "lifecycle_instances_waiting",
+            "Instances held in Terminating:Wait by our hook that are being heartbeated",
+            m.lifecycle_waiting.clone(),
         );
         Self { registry: r, ..m }
     }

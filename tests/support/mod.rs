@@ -1,6 +1,7 @@
 #![allow(dead_code)]
 pub mod moto;
 pub mod rbac;
+pub mod world;
 
 use std::time::{Duration, Instant};
 

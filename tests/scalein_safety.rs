@@ -1,0 +1,324 @@
+//! Scale-in that never ends the wrong instance: the accounting while direct drains
+//! run, drains recorded before DeleteNodes answers, every waiting instance
+//! heartbeated from the moment it is found, fail-closed node lookup, and only our own
+//! lifecycle hook completed. Real engine, memory cloud, in-memory API server.
+
+use std::time::{Duration, Instant};
+
+use ca_asg_provider::cloud::memory::MemoryGroup;
+use ca_asg_provider::cloud::{Cloud, LifecycleResult, LifecycleState};
+use ca_asg_provider::proto;
+use ca_asg_provider::scalein::{self, cordon, Outcome, ScaleInSettings};
+use ca_asg_provider::sim::fixtures;
+use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+
+mod support;
+use support::eventually;
+use support::world::*;
+
+fn state_of(w: &World, iid: &str) -> Option<LifecycleState> {
+    w.cloud
+        .instances()
+        .into_iter()
+        .find(|(_, i)| i.id == iid)
+        .map(|(_, i)| i.state)
+}
+
+fn live(w: &World, group: &str) -> usize {
+    w.cloud
+        .instances()
+        .iter()
+        .filter(|(g, i)| g == group && !i.state.is_terminating())
+        .count()
+}
+
+/// Issue item 1 as reproduced, and item 2: desired 4, DeleteNodes on two nodes whose
+/// drains are held by a PodDisruptionBudget, then IncreaseSize(+1).
+#[tokio::test]
+async fn growing_a_group_while_direct_drains_run_ends_no_instance_of_the_asgs_choosing() {
+    let mut w = world(
+        vec![MemoryGroup::new("web", 0, 10, 4, "m5.large")],
+        ScaleInSettings {
+            workload_deadline: Duration::from_secs(30),
+            ..fast_settings()
+        },
+        Duration::from_millis(50),
+    )
+    .await;
+    let victims: Vec<(String, String)> = nodes_of(&w, "web").into_iter().take(2).collect();
+    for (i, (node, _)) in victims.iter().enumerate() {
+        w.sim
+            .create(&fixtures::pod(
+                "shop",
+                &format!("held-{i}"),
+                node,
+                "held",
+                0.0,
+            ))
+            .unwrap();
+    }
+    w.sim.create(&fixtures::pdb("shop", "held", 0)).unwrap();
+    eventually("held pods ready", 10, || {
+        w.sim
+            .list::<Pod>()
+            .iter()
+            .filter(|p| p["status"]["conditions"][0]["status"] == "True")
+            .count()
+            == 2
+    })
+    .await;
+
+    delete_nodes(&mut w, "web", &victims).await;
+    // Recorded before DeleteNodes answered: cordoned, tainted, marked.
+    for (node, _) in &victims {
+        let n = w.sim.get::<Node>("", node).unwrap();
+        assert_eq!(n["spec"]["unschedulable"], true, "{node} cordoned");
+        assert_eq!(
+            n["metadata"]["annotations"][cordon::MODE_ANNOTATION],
+            "direct",
+            "{node} marked"
+        );
+        assert!(n["spec"]["taints"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|t| t["key"] == cordon::TAINT_KEY));
+    }
+    assert_eq!(target(&mut w, "web").await, 2);
+
+    w.ca.node_group_increase_size(proto::NodeGroupIncreaseSizeRequest {
+        id: "web".into(),
+        delta: 1,
+    })
+    .await
+    .unwrap();
+    assert_eq!(
+        target(&mut w, "web").await,
+        3,
+        "CA's target is what CA asked"
+    );
+    assert_eq!(
+        w.cloud.desired("web"),
+        Some(5),
+        "AWS keeps room for the two draining instances"
+    );
+    assert!(w.cloud.chosen_by_asg().is_empty());
+    for (_, iid) in &victims {
+        assert_eq!(state_of(&w, iid), Some(LifecycleState::InService));
+    }
+
+    // The budget allows the evictions now; both drains end with a decrement.
+    assert!(w.sim.remove::<PodDisruptionBudget>("shop", "held-pdb"));
+    for (_, iid) in &victims {
+        assert_eq!(w.engine.wait_for(iid).await, Some(Outcome::Ended), "{iid}");
+    }
+    eventually("the new instance is in service", 10, || {
+        live(&w, "web") == 3
+    })
+    .await;
+    assert_eq!(target(&mut w, "web").await, 3);
+    assert_eq!(w.cloud.desired("web"), Some(3));
+    assert!(
+        w.cloud.chosen_by_asg().is_empty(),
+        "the ASG ended {:?} of its own choosing",
+        w.cloud.chosen_by_asg()
+    );
+    support::rbac::assert_rbac_covers(&w.sim);
+}
+
+/// Item 2: a crash right after DeleteNodes answered loses no drain, and the new
+/// process counts it against the target before anything else happens.
+#[tokio::test]
+async fn a_crash_right_after_delete_nodes_loses_no_drain() {
+    let mut w = world(
+        vec![MemoryGroup::new("web", 0, 5, 3, "m5.large")],
+        ScaleInSettings {
+            max_concurrent_drains: 1,
+            ..fast_settings()
+        },
+        Duration::from_millis(50),
+    )
+    .await;
+    let (node, iid) = nodes_of(&w, "web").remove(0);
+    w.sim
+        .create(&fixtures::pod("shop", "app", &node, "app", 0.2))
+        .unwrap();
+    delete_nodes(&mut w, "web", &[(node.clone(), iid.clone())]).await;
+    // kill -9: the drain task goes before it did anything of its own.
+    w.engine.abort_all();
+    w.engine.shutdown();
+    let (provider2, engine2, mut ca2) = service(&w.sim, &w.cloud, &w.groups, fast_settings()).await;
+    let t = ca2
+        .node_group_target_size(proto::NodeGroupTargetSizeRequest { id: "web".into() })
+        .await
+        .unwrap()
+        .into_inner()
+        .target_size;
+    assert_eq!(t, 2, "the recorded drain counts against the target at once");
+    assert_eq!(scalein::lifecycle::resume(&engine2, &provider2).await, 1);
+    assert_eq!(engine2.wait_for(&iid).await, Some(Outcome::Ended));
+    assert_eq!(w.cloud.calls()["terminate_instance"], 1);
+    assert!(w
+        .sim
+        .audit()
+        .iter()
+        .any(|a| a.verb == "deletion-started" && a.name == "app"));
+    support::rbac::assert_rbac_covers(&w.sim);
+}
+
+/// Items 0 and 3: 200 instances enter Terminating:Wait at once (an instance refresh)
+/// under a 1 s hook, with 10 drain slots and a provider refresh interval of 60 s.
+/// The lifecycle loop finds them at its own interval and heartbeats each one from
+/// the moment it is found, not from when a slot frees: none reaches its timeout.
+#[tokio::test]
+async fn two_hundred_waiting_instances_are_all_heartbeated_until_drained() {
+    const N: usize = 200;
+    let w = world_with(
+        vec![MemoryGroup::new("fleet", 0, N as i32, N as i32, "m5.large")
+            .terminating_hook("ca-asg-provider-drain", 1)],
+        ScaleInSettings {
+            max_concurrent_drains: 10,
+            api_qps: 400.0,
+            api_burst: 400,
+            ..fast_settings()
+        },
+        Duration::from_millis(20),
+        Duration::from_secs(60),
+    )
+    .await;
+    let nodes = nodes_of(&w, "fleet");
+    for (node, _) in &nodes {
+        w.sim
+            .create(&fixtures::pod(
+                "shop",
+                &format!("app-{node}"),
+                node,
+                "app",
+                0.3,
+            ))
+            .unwrap();
+    }
+    let _loop = scalein::lifecycle::spawn_loop(w.engine.clone(), w.provider.clone());
+    let ended = w.cloud.external_scale_in("fleet", N as i32).unwrap();
+    assert_eq!(ended.len(), N);
+    let end = Instant::now() + Duration::from_secs(180);
+    while w.cloud.completed_actions().len() < N {
+        assert!(
+            w.cloud.hook_timeouts().is_empty(),
+            "hooks timed out undrained: {:?}",
+            w.cloud.hook_timeouts()
+        );
+        assert!(
+            Instant::now() < end,
+            "{} of {N} completed",
+            w.cloud.completed_actions().len()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert!(w.cloud.hook_timeouts().is_empty());
+    assert!(w
+        .cloud
+        .completed_actions()
+        .iter()
+        .all(|(_, r)| *r == LifecycleResult::Continue));
+    let evicted = w
+        .sim
+        .audit()
+        .iter()
+        .filter(|a| a.verb == "deletion-started" && a.name.starts_with("app-"))
+        .count();
+    assert_eq!(
+        evicted, N,
+        "every node was drained before its hook completed"
+    );
+    let beats = w.cloud.heartbeats();
+    for iid in &ended {
+        assert!(
+            beats.iter().any(|a| &a.instance_id == iid),
+            "{iid} never heartbeated"
+        );
+    }
+}
+
+/// Item 4: a drain that cannot tell whether its instance has a Node (the cache does
+/// not know it, the API server is down) neither completes the lifecycle action nor
+/// terminates; it keeps the hook alive and drains once the API server answers.
+#[tokio::test]
+async fn a_drain_that_cannot_find_its_node_does_not_end_the_instance() {
+    let w = world(
+        vec![MemoryGroup::new("web", 0, 5, 1, "m5.large")
+            .terminating_hook("ca-asg-provider-drain", 1)],
+        fast_settings(),
+        Duration::from_millis(20),
+    )
+    .await;
+    let sim = w.sim.clone();
+    let outage = tokio::spawn(async move { sim.outage(Duration::from_secs(3)).await });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    // While the API server is down a new instance registers its Node (the engine's
+    // cache cannot see it), gets a pod, and the ASG then scales it in.
+    let before: Vec<String> = w.cloud.instances().into_iter().map(|(_, i)| i.id).collect();
+    w.cloud.set_desired_capacity("web", 2).await.unwrap();
+    eventually("the new Node exists", 10, || {
+        w.sim.list::<Node>().len() == 2
+    })
+    .await;
+    let (node, iid) = nodes_of(&w, "web")
+        .into_iter()
+        .find(|(_, i)| !before.contains(i))
+        .expect("the new instance");
+    w.sim
+        .create(&fixtures::pod("shop", "late", &node, "late", 0.1))
+        .unwrap();
+    assert_eq!(
+        w.cloud.external_scale_in("web", 1).unwrap(),
+        vec![iid.clone()]
+    );
+    let end = Instant::now() + Duration::from_secs(10);
+    while !w.engine.is_draining(&iid) {
+        assert!(Instant::now() < end, "the scan never picked it up");
+        scalein::lifecycle::scan(&w.engine, &w.provider).await;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert!(!outage.is_finished(), "the API server is still down");
+    assert!(
+        w.cloud.completed_actions().is_empty(),
+        "completed without knowing whether the instance had a Node"
+    );
+    assert_eq!(state_of(&w, &iid), Some(LifecycleState::TerminatingWait));
+    assert!(w.cloud.hook_timeouts().is_empty(), "heartbeats kept it");
+    outage.await.unwrap().unwrap();
+    assert_eq!(w.engine.wait_for(&iid).await, Some(Outcome::Ended));
+    assert!(w
+        .sim
+        .audit()
+        .iter()
+        .any(|a| a.verb == "deletion-started" && a.name == "late"));
+    assert_eq!(w.cloud.completed_actions().len(), 1);
+}
+
+/// Item 10: another tool's EC2_INSTANCE_TERMINATING hook (NTH's) is never completed
+/// by this service; without our own hook the group drains in direct mode.
+#[tokio::test]
+async fn another_tools_hook_is_never_completed() {
+    let mut w = world(
+        vec![MemoryGroup::new("web", 0, 5, 2, "m5.large").terminating_hook("nth-hook", 30)],
+        fast_settings(),
+        Duration::from_millis(20),
+    )
+    .await;
+    let (node, iid) = nodes_of(&w, "web").remove(0);
+    delete_nodes(&mut w, "web", &[(node, iid.clone())]).await;
+    assert_eq!(w.engine.wait_for(&iid).await, Some(Outcome::Ended));
+    assert!(
+        w.cloud.completed_actions().is_empty(),
+        "completed another tool's lifecycle action: {:?}",
+        w.cloud.completed_actions()
+    );
+    // Terminated with decrement; NTH's hook holds it for NTH.
+    assert_eq!(state_of(&w, &iid), Some(LifecycleState::TerminatingWait));
+    assert_eq!(w.cloud.desired("web"), Some(1));
+    assert_eq!(target(&mut w, "web").await, 1);
+}

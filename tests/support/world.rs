@@ -1,0 +1,225 @@
+//! The scale-in world shared by the drain tests: the in-memory API server, the
+//! memory cloud, the provider core with the drain engine, and a gRPC client as CA.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use ca_asg_provider::cloud::memory::{MemoryCloud, MemoryGroup, MemoryTiming};
+use ca_asg_provider::cloud::GroupSelector;
+use ca_asg_provider::proto::{self, cloud_provider_client::CloudProviderClient};
+use ca_asg_provider::provider::{Provider, ProviderSettings};
+use ca_asg_provider::scalein::{DrainScaleIn, Engine, ScaleInSettings};
+use ca_asg_provider::sim::{self, fixtures, SimCluster, SimOptions};
+use k8s_openapi::api::core::v1::{Node, Pod};
+use tonic::transport::Channel;
+
+use super::eventually;
+
+pub struct World {
+    pub sim: Arc<SimCluster>,
+    pub cloud: MemoryCloud,
+    pub provider: Arc<Provider>,
+    pub engine: Arc<Engine>,
+    pub ca: CloudProviderClient<Channel>,
+    pub groups: Vec<String>,
+}
+
+pub fn fast_settings() -> ScaleInSettings {
+    ScaleInSettings {
+        eviction_retry: Duration::from_millis(100),
+        volume_deadline: Duration::from_millis(300),
+        api_qps: 200.0,
+        api_burst: 200,
+        lifecycle_poll_interval: Duration::from_millis(200),
+        ..ScaleInSettings::default()
+    }
+}
+
+pub fn timing() -> MemoryTiming {
+    MemoryTiming {
+        launch_delay: Duration::from_millis(50),
+        terminate_delay: Duration::from_millis(50),
+    }
+}
+
+/// Provider + engine + gRPC server over an existing cloud and sim (a fresh process).
+pub async fn service(
+    sim: &Arc<SimCluster>,
+    cloud: &MemoryCloud,
+    groups: &[String],
+    s: ScaleInSettings,
+) -> (Arc<Provider>, Arc<Engine>, CloudProviderClient<Channel>) {
+    service_with(sim, cloud, groups, s, Duration::from_millis(100)).await
+}
+
+/// [`service`] with the provider's refresh interval given.
+pub async fn service_with(
+    sim: &Arc<SimCluster>,
+    cloud: &MemoryCloud,
+    groups: &[String],
+    s: ScaleInSettings,
+    refresh_interval: Duration,
+) -> (Arc<Provider>, Arc<Engine>, CloudProviderClient<Channel>) {
+    let settings = ProviderSettings {
+        selector: GroupSelector {
+            names: groups.to_vec(),
+            tag_sets: vec![],
+        },
+        refresh_interval,
+        ..ProviderSettings::default()
+    };
+    let provider = Provider::new(Arc::new(cloud.clone()), settings);
+    provider.refresh_now().await.unwrap();
+    let engine = Engine::new(
+        sim.client_as(super::rbac::ENGINE_USER),
+        Arc::new(cloud.clone()),
+        Some(provider.clone()),
+        s,
+    );
+    provider.set_scale_in(Arc::new(DrainScaleIn(engine.clone())));
+    let (l, addr) = ca_asg_provider::grpc::bind("127.0.0.1:0".parse().unwrap())
+        .await
+        .unwrap();
+    tokio::spawn(ca_asg_provider::grpc::serve(
+        l,
+        provider.clone(),
+        None,
+        std::future::pending(),
+    ));
+    let ca = CloudProviderClient::connect(format!("http://{addr}"))
+        .await
+        .unwrap();
+    eventually("the drain marks on Nodes are read", 10, || {
+        provider.drain_state_known()
+    })
+    .await;
+    (provider, engine, ca)
+}
+
+pub async fn world(groups: Vec<MemoryGroup>, s: ScaleInSettings, ready_delay: Duration) -> World {
+    world_with(groups, s, ready_delay, Duration::from_millis(100)).await
+}
+
+/// [`world`] with the provider's refresh interval given.
+pub async fn world_with(
+    groups: Vec<MemoryGroup>,
+    s: ScaleInSettings,
+    ready_delay: Duration,
+    refresh_interval: Duration,
+) -> World {
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+        .with_test_writer()
+        .try_init();
+    let sim = Arc::new(SimCluster::start(SimOptions { ready_delay }).await.unwrap());
+    let names: Vec<String> = groups.iter().map(|g| g.name.clone()).collect();
+    let cloud = MemoryCloud::new(groups, timing());
+    sim.follow_cloud(cloud.clone());
+    let want: usize = cloud.instances().len();
+    eventually("a Node per instance", 10, || {
+        sim.list::<Node>().len() == want
+    })
+    .await;
+    let (provider, engine, ca) = service_with(&sim, &cloud, &names, s, refresh_interval).await;
+    World {
+        sim,
+        cloud,
+        provider,
+        engine,
+        ca,
+        groups: names,
+    }
+}
+
+pub fn nodes_of(w: &World, group: &str) -> Vec<(String, String)> {
+    w.cloud
+        .instances()
+        .into_iter()
+        .filter(|(g, i)| g == group && !i.state.is_terminating())
+        .map(|(_, i)| (sim::node_name(&i.id), i.id))
+        .collect()
+}
+
+/// The one node of group "web" with a fluentd-like DaemonSet pod and an app pod whose
+/// preStop takes `prestop` seconds, both Ready. Returns the node and its instance.
+pub async fn node_with_fluentd_and_app(w: &World, prestop: f64) -> (String, String) {
+    let (node, iid) = nodes_of(w, "web").remove(0);
+    w.sim
+        .create(&fixtures::daemonset("logging", "fluentd", 0.2, false))
+        .unwrap();
+    w.sim
+        .create(&fixtures::pod("shop", "app", &node, "app", prestop))
+        .unwrap();
+    eventually("fluentd and app running", 10, || {
+        w.sim
+            .list::<Pod>()
+            .iter()
+            .filter(|p| p["status"]["conditions"][0]["status"] == "True")
+            .count()
+            == 2
+    })
+    .await;
+    (node, iid)
+}
+
+pub async fn delete_nodes(w: &mut World, group: &str, nodes: &[(String, String)]) {
+    let started = Instant::now();
+    w.ca.node_group_delete_nodes(proto::NodeGroupDeleteNodesRequest {
+        id: group.into(),
+        nodes: nodes
+            .iter()
+            .map(|(name, id)| proto::ExternalGrpcNode {
+                provider_id: format!("aws:///us-east-1a/{id}"),
+                name: name.clone(),
+                ..Default::default()
+            })
+            .collect(),
+    })
+    .await
+    .unwrap();
+    // Not a timing assertion: the call must not wait for the drain, which takes seconds.
+    assert!(w.engine.in_progress() > 0 || started.elapsed() < Duration::from_secs(5));
+}
+
+pub async fn target(w: &mut World, group: &str) -> i32 {
+    w.ca.node_group_target_size(proto::NodeGroupTargetSizeRequest { id: group.into() })
+        .await
+        .unwrap()
+        .into_inner()
+        .target_size
+}
+
+pub async fn set_unschedulable(w: &World, node: &str, on: bool) {
+    let nodes: kube::Api<Node> = kube::Api::all(w.sim.client());
+    nodes
+        .patch(
+            node,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(serde_json::json!({"spec": {"unschedulable": on}})),
+        )
+        .await
+        .unwrap();
+}
+
+pub fn audit_index(
+    audit: &[sim::AuditEntry],
+    verb: &str,
+    kind: &str,
+    name_prefix: &str,
+) -> Option<usize> {
+    audit
+        .iter()
+        .position(|a| a.verb == verb && a.kind == kind && a.name.starts_with(name_prefix))
+}
+
+pub fn events(sim: &SimCluster) -> Vec<(String, String)> {
+    sim.list::<k8s_openapi::api::events::v1::Event>()
+        .iter()
+        .map(|e| {
+            (
+                e["reason"].as_str().unwrap_or("").to_string(),
+                e["note"].as_str().unwrap_or("").to_string(),
+            )
+        })
+        .collect()
+}
