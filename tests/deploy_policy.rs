@@ -156,9 +156,9 @@ fn rbac_check_rejects_what_the_role_does_not_grant() {
         u("patch", "", "nodes"),
     ];
     assert!(support::rbac::missing(&rules, &granted).is_empty());
-    // The drain never deletes pods (only evicts) and never touches Secrets.
+    // The drain never deletes Nodes and never touches Secrets.
     let refused = [
-        u("delete", "", "pods"),
+        u("delete", "", "nodes"),
         u("get", "", "secrets"),
         u("create", "apps", "pods/eviction"),
     ];

@@ -400,6 +400,7 @@ pub fn resolve(file: FileConfig, flags: &Overrides, source: &str) -> Result<Conf
             d.lease_duration,
             Duration::from_secs(2),
         ),
+        stuck_after: d.stuck_after,
     };
     if scale_in.max_concurrent_drains == 0 || scale_in.max_concurrent_drains > 10_000 {
         bad(

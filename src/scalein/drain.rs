@@ -7,11 +7,15 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use futures::future::join_all;
+use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{DeleteParams, Preconditions};
+use kube::Api;
 use tracing::Instrument;
 
 use super::cordon::{self, Cordoned};
 use super::events::Reason;
-use super::plan::{self, Tier};
+use super::plan::{self, Disposition, Tier};
 use super::wait::NodePods;
 use super::{
     evict, terminate, volumes, DaemonSetPolicy, DeadlinePolicy, DrainRequest, Engine, Mode,
@@ -147,9 +151,8 @@ async fn abandon(engine: &Engine, req: &DrainRequest, node: Option<&str>, why: &
             }
             "the node is uncordoned and stays; the target size is restored"
         }
-        Mode::Lifecycle { .. } => {
-            "heartbeats stop; the ASG ends the instance when the lifecycle hook times out (its default result applies)"
-        }
+        // Not reached: lifecycle deadlines always proceed (see DeadlinePolicy).
+        Mode::Lifecycle { .. } => "heartbeats stop; the hook's timeout ends the instance",
         Mode::DrainOnly => "the node stays cordoned",
     };
     if let Some(n) = node {
@@ -164,18 +167,58 @@ async fn abandon(engine: &Engine, req: &DrainRequest, node: Option<&str>, why: &
     }
 }
 
-fn started_instant(started_at: &str) -> Instant {
+/// The drain's recorded start, as a monotonic instant (deadlines) and as a time
+/// (which pods arrived after it). An unreadable mark counts as "now".
+fn started_at(started_at: &str) -> (Instant, Timestamp) {
     let now = Instant::now();
-    let Ok(ts) = started_at.parse::<k8s_openapi::jiff::Timestamp>() else {
-        return now;
+    let Ok(ts) = started_at.parse::<Timestamp>() else {
+        return (now, Timestamp::now());
     };
-    let elapsed = k8s_openapi::jiff::Timestamp::now().duration_since(ts);
-    let secs = elapsed.as_secs_f64();
-    if secs.is_finite() && secs > 0.0 {
+    let secs = Timestamp::now().duration_since(ts).as_secs_f64();
+    let instant = if secs.is_finite() && secs > 0.0 {
         now.checked_sub(Duration::from_secs_f64(secs.min(30.0 * 86400.0)))
             .unwrap_or(now)
     } else {
         now
+    };
+    (instant, ts)
+}
+
+/// How long a drain resumed past its workload deadline still waits for the first
+/// list of the node's pods: it needs them for the DaemonSet phase.
+const LIST_GRACE: Duration = Duration::from_secs(30);
+
+/// A drain's node stage: what [`phase`] needs besides the pods.
+struct NodeDrain<'a> {
+    engine: &'a Engine,
+    node: &'a str,
+    started: Timestamp,
+    /// Lifecycle mode: the ASG ends the instance whatever the hook's result, so a
+    /// deadline can only go on (abandoning would only skip the DaemonSet phase).
+    lifecycle: bool,
+}
+
+impl NodeDrain<'_> {
+    fn policy(&self, configured: DeadlinePolicy) -> DeadlinePolicy {
+        if self.lifecycle {
+            DeadlinePolicy::Proceed
+        } else {
+            configured
+        }
+    }
+
+    fn node_ready(&self) -> bool {
+        self.engine.nodes.is_node_ready(self.node)
+    }
+
+    /// Whether the drain stops waiting for this listed pod, and why.
+    fn not_waited_for(&self, p: &Pod) -> Option<&'static str> {
+        plan::not_waited_for(
+            p,
+            self.node_ready(),
+            Timestamp::now(),
+            self.engine.settings.stuck_after,
+        )
     }
 }
 
@@ -183,13 +226,15 @@ async fn drain_node(engine: &Engine, req: &DrainRequest, node: &str) -> Result<(
     let s = &engine.settings;
     let m = metrics();
     let stage = m.stage("cordon");
-    let started = match cordon::cordon(engine, node, req.mode.as_str(), &req.group).await {
+    let (started, started_ts) = match cordon::cordon(engine, node, req.mode.as_str(), &req.group)
+        .await
+    {
         Ok(Cordoned::NodeGone) => {
             tracing::info!(node, "the Node object is gone; nothing to drain");
             return Ok(());
         }
         Ok(Cordoned::Marked {
-            started_at,
+            started_at: mark,
             resumed,
         }) => {
             let note = format!(
@@ -209,94 +254,65 @@ async fn drain_node(engine: &Engine, req: &DrainRequest, node: &str) -> Result<(
                 }
             );
             engine.events.node(node, Reason::DrainStarted, note).await;
-            started_instant(&started_at)
+            started_at(&mark)
         }
         Err(e) => return Err(Stop::Fail(format!("could not cordon node {node}: {e}"))),
     };
     drop(stage);
+    let d = NodeDrain {
+        engine,
+        node,
+        started: started_ts,
+        lifecycle: matches!(req.mode, Mode::Lifecycle { .. }),
+    };
     let stage = m.stage("workloads");
     let mut pods = NodePods::watch(engine.client.clone(), node);
     let workload_deadline = started + s.workload_deadline;
-    if !pods.synced(workload_deadline).await {
-        return deadline(
-            engine,
-            node,
-            "workloads",
-            s.workload_deadline,
-            s.workload_deadline_policy,
-            0,
-        )
-        .await;
+    // Fail closed: without the pod list nobody can tell what still runs there.
+    if !pods
+        .synced(workload_deadline.max(Instant::now() + LIST_GRACE))
+        .await
+    {
+        return Err(Stop::Fail(format!(
+            "could not list the pods of node {node}; the instance is not ended"
+        )));
     }
 
     // Phase 1: every workload pod.
-    if let Err(left) = phase(
-        engine,
-        node,
-        &mut pods,
-        plan::Phase::Workloads,
-        workload_deadline,
-    )
-    .await
-    {
-        deadline(
-            engine,
-            node,
-            "workloads",
-            s.workload_deadline,
-            s.workload_deadline_policy,
-            left,
-        )
-        .await?;
-    } else {
-        engine
-            .events
-            .node(
-                node,
-                Reason::WorkloadsGone,
-                "every workload pod has exited".into(),
-            )
-            .await;
-    }
-
-    // Phase 2: DaemonSet pods, only now.
-    drop(stage);
-    if s.daemonsets == DaemonSetPolicy::EvictLast {
-        let _stage = m.stage("daemonsets");
-        let ds_deadline = Instant::now() + s.daemonset_deadline;
-        if let Err(left) = phase(
-            engine,
-            node,
-            &mut pods,
-            plan::Phase::DaemonSets,
-            ds_deadline,
-        )
-        .await
-        {
-            deadline(
-                engine,
-                node,
-                "DaemonSet pods",
-                s.daemonset_deadline,
-                s.daemonset_deadline_policy,
-                left,
-            )
-            .await?;
-        } else {
+    match phase(&d, &mut pods, plan::Phase::Workloads, workload_deadline).await {
+        Ok(()) => {
             engine
                 .events
                 .node(
                     node,
-                    Reason::DaemonSetsGone,
-                    "every DaemonSet pod has exited".into(),
+                    Reason::WorkloadsGone,
+                    "every workload pod has exited".into(),
                 )
-                .await;
+                .await
+        }
+        Err(left) => {
+            deadline(
+                engine,
+                node,
+                "workloads",
+                s.workload_deadline,
+                d.policy(s.workload_deadline_policy),
+                left,
+            )
+            .await?;
+            end_remaining_workloads(&d, &mut pods).await;
         }
     }
-    drop(pods);
+    drop(stage);
+
+    // Phase 2: DaemonSet pods, only now; node-critical ones after the volumes.
+    if s.daemonsets == DaemonSetPolicy::EvictLast {
+        let _stage = m.stage("daemonsets");
+        daemonset_phase(&d, &mut pods, plan::Phase::DaemonSets).await?;
+    }
 
     // Phase 3: volumes.
-    let _stage = m.stage("volumes");
+    let stage = m.stage("volumes");
     let left = volumes::wait_detached(engine, node, Instant::now() + s.volume_deadline).await;
     if left.is_empty() {
         engine
@@ -313,7 +329,113 @@ async fn drain_node(engine: &Engine, req: &DrainRequest, node: &str) -> Result<(
             .node(node, Reason::DeadlineHit, format!("volume detach deadline {:?} passed with {} attachment(s) left ({}); proceeding", s.volume_deadline, left.len(), left.join(", ")))
             .await;
     }
+    drop(stage);
+
+    // Phase 4: kube-proxy, the CNI, CSI node plugins.
+    if s.daemonsets == DaemonSetPolicy::EvictLast {
+        let _stage = m.stage("critical-daemonsets");
+        daemonset_phase(&d, &mut pods, plan::Phase::CriticalDaemonSets).await?;
+    }
     Ok(())
+}
+
+async fn daemonset_phase(
+    d: &NodeDrain<'_>,
+    pods: &mut NodePods,
+    which: plan::Phase,
+) -> Result<(), Stop> {
+    let s = &d.engine.settings;
+    let (what, done) = match which {
+        plan::Phase::CriticalDaemonSets => (
+            "node-critical DaemonSet pods",
+            "every node-critical DaemonSet pod has exited",
+        ),
+        _ => ("DaemonSet pods", "every DaemonSet pod has exited"),
+    };
+    match phase(d, pods, which, Instant::now() + s.daemonset_deadline).await {
+        Ok(()) => {
+            d.engine
+                .events
+                .node(d.node, Reason::DaemonSetsGone, done.into())
+                .await;
+            Ok(())
+        }
+        Err(left) => {
+            deadline(
+                d.engine,
+                d.node,
+                what,
+                s.daemonset_deadline,
+                d.policy(s.daemonset_deadline_policy),
+                left,
+            )
+            .await
+        }
+    }
+}
+
+/// A `proceed` deadline passed with workload pods left: the instance ends anyway, so
+/// they are deleted now with their own grace period (preStop hooks run, SIGTERM
+/// arrives) and the DaemonSet pods wait for them, bounded by the longest grace.
+async fn end_remaining_workloads(d: &NodeDrain<'_>, pods: &mut NodePods) {
+    let left: Vec<Pod> = pods
+        .pods()
+        .into_iter()
+        .filter(|p| {
+            matches!(plan::classify(p), Disposition::Evict(t) | Disposition::Wait(t) if !t.is_daemonset())
+                && !plan::is_replacement(p, drain_taint(), d.started)
+                && d.not_waited_for(p).is_none()
+        })
+        .collect();
+    if left.is_empty() {
+        return;
+    }
+    let mut longest = 0i64;
+    let mut names = Vec::new();
+    for p in &left {
+        let r = plan::pod_ref(p);
+        longest = longest.max(
+            p.spec
+                .as_ref()
+                .and_then(|s| s.termination_grace_period_seconds)
+                .unwrap_or(30),
+        );
+        if p.metadata.deletion_timestamp.is_none() {
+            let api: Api<Pod> = Api::namespaced(d.engine.client.clone(), &r.namespace);
+            d.engine.limiter.acquire().await;
+            let params = DeleteParams {
+                preconditions: Some(Preconditions {
+                    uid: Some(r.uid.clone()),
+                    resource_version: None,
+                }),
+                ..DeleteParams::default()
+            };
+            match api.delete(&r.name, &params).await {
+                Ok(_) => {}
+                Err(kube::Error::Api(e)) if e.code == 404 || e.code == 409 => {}
+                Err(e) => {
+                    tracing::warn!(node = d.node, pod = %r, error = %e, "could not delete a pod left at the deadline")
+                }
+            }
+        }
+        names.push(r.to_string());
+    }
+    d.engine
+        .events
+        .node(
+            d.node,
+            Reason::DeadlineHit,
+            format!(
+                "deleted {} workload pod(s) left at the deadline with their own grace period ({}); DaemonSet pods go after them",
+                names.len(),
+                names.join(", ")
+            ),
+        )
+        .await;
+    let uids: Vec<String> = left.iter().map(|p| plan::pod_ref(p).uid).collect();
+    let by = Instant::now() + Duration::from_secs(longest.clamp(0, 3600) as u64 + 5);
+    pods.wait_gone(&uids, by, |p| d.not_waited_for(p).is_some())
+        .await;
 }
 
 /// A phase deadline passed with `left` pods still there: apply the policy, loudly.
@@ -349,32 +471,61 @@ async fn deadline(
     }
 }
 
+fn drain_taint() -> (&'static str, &'static str, &'static str) {
+    (cordon::TAINT_KEY, "true", "NoSchedule")
+}
+
 /// Runs tiers until nothing of the phase is left. `Err(n)`: the deadline passed with
-/// `n` pods left.
+/// `n` pods left. Pods that arrived after the drain began and tolerate its taint are
+/// not chased; pods stuck terminating, finished, or on a node whose kubelet cannot
+/// confirm them are not waited for; each gets one Event saying so.
 async fn phase(
-    engine: &Engine,
-    node: &str,
+    d: &NodeDrain<'_>,
     pods: &mut NodePods,
     which: plan::Phase,
     deadline: Instant,
 ) -> Result<(), usize> {
-    // DaemonSets whose pods come back after eviction tolerate our taint; once one of
-    // theirs was evicted, a replacement ends with the instance instead of looping.
+    let engine = d.engine;
+    let node = d.node;
     let mut evicted_uids: HashSet<String> = HashSet::new();
-    let mut evicted_owners: HashSet<String> = HashSet::new();
+    let mut told: HashSet<String> = HashSet::new();
     loop {
-        let current: Vec<_> = pods
+        let mut skipped: Vec<(String, &'static str)> = Vec::new();
+        let current: Vec<Pod> = pods
             .pods()
             .into_iter()
             .filter(|p| {
-                let uid = p.metadata.uid.clone().unwrap_or_default();
-                if evicted_uids.contains(&uid) {
+                let r = plan::pod_ref(p);
+                let in_phase = match plan::classify(p) {
+                    Disposition::Evict(t) | Disposition::Wait(t) => which.takes(t),
+                    Disposition::Skip(_) => false,
+                };
+                if !in_phase {
                     return true;
                 }
-                !(plan::is_daemonset_pod(p)
-                    && owner_uid(p).is_some_and(|o| evicted_owners.contains(&o)))
+                if !evicted_uids.contains(&r.uid)
+                    && plan::is_replacement(p, drain_taint(), d.started)
+                {
+                    if told.insert(r.uid.clone()) {
+                        skipped.push((r.to_string(), "it arrived after the drain began and tolerates the drain taint; it ends with the instance"));
+                    }
+                    return false;
+                }
+                if let Some(why) = d.not_waited_for(p) {
+                    if told.insert(r.uid.clone()) {
+                        skipped.push((r.to_string(), why));
+                    }
+                    return false;
+                }
+                true
             })
             .collect();
+        for (pod, why) in skipped {
+            engine
+                .events
+                .node(node, Reason::PodNotWaitedFor, format!("{pod}: {why}"))
+                .await;
+        }
         let step = plan::next_step(&current, which);
         let Some(tier) = step.tier else { return Ok(()) };
         if tier == Tier::DoNotDisrupt && !step.evict.is_empty() {
@@ -383,18 +534,6 @@ async fn phase(
                 .events
                 .node(node, Reason::EvictingDoNotDisrupt, format!("evicting pods that asked not to be disrupted ({}): the instance is ending anyway, so they go last among workloads", names.join(", ")))
                 .await;
-        }
-        for p in &current {
-            if plan::is_daemonset_pod(p)
-                && step
-                    .evict
-                    .iter()
-                    .any(|r| Some(&r.uid) == p.metadata.uid.as_ref())
-            {
-                if let Some(o) = owner_uid(p) {
-                    evicted_owners.insert(o);
-                }
-            }
         }
         let pods_ref: &NodePods = pods;
         let accepted = join_all(step.evict.iter().map(|p| {
@@ -409,19 +548,17 @@ async fn phase(
             .chain(step.wait.iter())
             .map(|p| p.uid.clone())
             .collect();
-        if !accepted.iter().all(|a| *a) || !pods.wait_gone(&uids, deadline).await {
-            let left = uids.iter().filter(|u| pods.contains(u)).count();
+        let gone = accepted.iter().all(|a| *a)
+            && pods
+                .wait_gone(&uids, deadline, |p| d.not_waited_for(p).is_some())
+                .await;
+        if !gone {
+            let left = uids
+                .iter()
+                .filter(|u| pods.get(u).is_some_and(|p| d.not_waited_for(&p).is_none()))
+                .count();
             return Err(left);
         }
         tracing::debug!(node, tier = tier.as_str(), count = uids.len(), "tier gone");
     }
-}
-
-fn owner_uid(p: &k8s_openapi::api::core::v1::Pod) -> Option<String> {
-    p.metadata
-        .owner_references
-        .as_ref()?
-        .iter()
-        .find(|r| r.controller == Some(true))
-        .map(|r| r.uid.clone())
 }

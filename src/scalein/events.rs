@@ -24,6 +24,7 @@ pub enum Reason {
     LifecycleCompleted,
     DrainFailed,
     HeartbeatFailed,
+    PodNotWaitedFor,
 }
 
 impl Reason {
@@ -41,6 +42,7 @@ impl Reason {
             Reason::LifecycleCompleted => "LifecycleCompleted",
             Reason::DrainFailed => "DrainFailed",
             Reason::HeartbeatFailed => "LifecycleHeartbeatFailed",
+            Reason::PodNotWaitedFor => "PodNotWaitedFor",
         }
     }
 
@@ -53,6 +55,7 @@ impl Reason {
                 | Reason::DrainFailed
                 | Reason::EvictingDoNotDisrupt
                 | Reason::HeartbeatFailed
+                | Reason::PodNotWaitedFor
         )
     }
 }

@@ -5,7 +5,9 @@ use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 use k8s_openapi::api::core::v1::Pod;
-use kube::api::EvictParams;
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use kube::api::{DeleteParams, EvictParams, ListParams, Preconditions};
+use kube::core::{Selector, SelectorExt};
 use kube::Api;
 
 use super::events::Reason;
@@ -18,46 +20,121 @@ use crate::telemetry::metrics::{metrics, Metrics};
 pub enum Attempt {
     /// Accepted: graceful deletion started.
     Evicted,
-    /// The pod is gone already.
+    /// The pod is gone already, or another pod holds its name now (409 on the UID
+    /// precondition): the one the drain meant is gone.
     Gone,
-    /// A PodDisruptionBudget refused it (429), with the API server's message.
+    /// A PodDisruptionBudget refused it (429 with a DisruptionBudget cause), with
+    /// the API server's message.
     Blocked(String),
-    /// Anything else (API unreachable, 500 for overlapping PDBs, ...).
+    /// The API server is shedding load (API Priority and Fairness 429, no budget
+    /// involved): retry after this long.
+    Throttled(Duration),
+    /// More than one PodDisruptionBudget selects the pod: the Eviction API refuses
+    /// it (500) until the budgets are fixed. Their names, when they could be read.
+    OverlappingBudgets(Vec<String>),
+    /// Anything else (API unreachable, 5xx, ...).
     Error(String),
 }
 
-/// One eviction request, rate-limited.
+/// Tells a PodDisruptionBudget's 429 from API Priority and Fairness' 429. Pure.
+pub fn classify_429(status: &kube::core::Status) -> Attempt {
+    let causes = status
+        .details
+        .as_ref()
+        .map(|d| d.causes.as_slice())
+        .unwrap_or_default();
+    if let Some(c) = causes.iter().find(|c| c.reason == "DisruptionBudget") {
+        let why = if c.message.is_empty() {
+            status.message.clone()
+        } else {
+            c.message.clone()
+        };
+        return Attempt::Blocked(why);
+    }
+    let secs = status
+        .details
+        .as_ref()
+        .map(|d| d.retry_after_seconds)
+        .filter(|s| *s > 0)
+        .unwrap_or(1);
+    Attempt::Throttled(Duration::from_secs(u64::from(secs.min(60))))
+}
+
+/// One eviction request, rate-limited, for exactly the pod the drain saw (its UID
+/// is a precondition).
 pub async fn attempt(engine: &Engine, pod: &PodRef) -> Attempt {
     let api: Api<Pod> = Api::namespaced(engine.client.clone(), &pod.namespace);
     engine.limiter.acquire().await;
-    match api.evict(&pod.name, &EvictParams::default()).await {
+    let params = EvictParams {
+        delete_options: Some(DeleteParams {
+            preconditions: Some(Preconditions {
+                uid: Some(pod.uid.clone()),
+                resource_version: None,
+            }),
+            ..DeleteParams::default()
+        }),
+        ..EvictParams::default()
+    };
+    let outcome = match api.evict(&pod.name, &params).await {
         Ok(_) => {
             engine.stats.evictions_ok.fetch_add(1, Ordering::Relaxed);
-            Metrics::outcome(&metrics().evictions, "ok");
             Attempt::Evicted
         }
-        Err(kube::Error::Api(s)) if s.code == 404 => Attempt::Gone,
-        Err(kube::Error::Api(s)) if s.code == 429 => {
+        Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => Attempt::Gone,
+        Err(kube::Error::Api(s)) if s.code == 429 => classify_429(&s),
+        Err(kube::Error::Api(s))
+            if s.code == 500 && s.message.contains("more than one PodDisruptionBudget") =>
+        {
+            Attempt::OverlappingBudgets(budgets_selecting(engine, pod).await)
+        }
+        Err(e) => Attempt::Error(e.to_string()),
+    };
+    let label = match &outcome {
+        Attempt::Evicted => "ok",
+        Attempt::Gone => "gone",
+        Attempt::Blocked(_) => {
             engine
                 .stats
                 .evictions_pdb_blocked
                 .fetch_add(1, Ordering::Relaxed);
-            Metrics::outcome(&metrics().evictions, "pdb_blocked");
-            let why = s
-                .details
-                .as_ref()
-                .and_then(|d| d.causes.first())
-                .map(|c| c.message.clone())
-                .filter(|m| !m.is_empty())
-                .unwrap_or_else(|| s.message.clone());
-            Attempt::Blocked(why)
+            "pdb_blocked"
         }
-        Err(e) => {
+        Attempt::Throttled(_) => "throttled",
+        Attempt::OverlappingBudgets(_) => {
             engine.stats.evictions_error.fetch_add(1, Ordering::Relaxed);
-            Metrics::outcome(&metrics().evictions, "error");
-            Attempt::Error(e.to_string())
+            "overlapping_pdbs"
         }
-    }
+        Attempt::Error(_) => {
+            engine.stats.evictions_error.fetch_add(1, Ordering::Relaxed);
+            "error"
+        }
+    };
+    Metrics::outcome(&metrics().evictions, label);
+    outcome
+}
+
+/// The PodDisruptionBudgets of the pod's namespace whose selector matches it.
+async fn budgets_selecting(engine: &Engine, pod: &PodRef) -> Vec<String> {
+    let api: Api<PodDisruptionBudget> = Api::namespaced(engine.client.clone(), &pod.namespace);
+    engine.limiter.acquire().await;
+    let list = match api.list(&ListParams::default()).await {
+        Ok(l) => l,
+        Err(e) => {
+            tracing::debug!(pod = %pod, error = %e, "could not list PodDisruptionBudgets");
+            return Vec::new();
+        }
+    };
+    list.items
+        .into_iter()
+        .filter(|b| {
+            b.spec
+                .as_ref()
+                .and_then(|s| s.selector.clone())
+                .and_then(|sel| Selector::try_from(sel).ok())
+                .is_some_and(|sel| sel.matches(&pod.labels))
+        })
+        .filter_map(|b| b.metadata.name)
+        .collect()
 }
 
 /// Evicts one pod, retrying refusals until accepted, gone, or the deadline. Publishes
@@ -87,6 +164,27 @@ pub async fn until_accepted(
                 }
                 backoff = engine.settings.eviction_retry;
             }
+            Attempt::Throttled(after) => {
+                tracing::debug!(node, pod = %pod, retry_after = ?after, "eviction throttled by the API server (not a PodDisruptionBudget)");
+                backoff = after;
+            }
+            Attempt::OverlappingBudgets(names) => {
+                if !told {
+                    let which = if names.is_empty() {
+                        "more than one PodDisruptionBudget".to_string()
+                    } else {
+                        format!("PodDisruptionBudgets {}", names.join(", "))
+                    };
+                    engine
+                        .events
+                        .node(node, Reason::EvictionBlocked, format!("eviction of {pod} refused: {which} select it, and the Eviction API accepts at most one; fix the overlapping budgets; retrying"))
+                        .await;
+                    told = true;
+                }
+                backoff = (backoff * 2)
+                    .min(Duration::from_secs(30))
+                    .max(engine.settings.eviction_retry);
+            }
             Attempt::Error(e) => {
                 tracing::warn!(node, pod = %pod, error = %e, "eviction failed; retrying");
                 backoff = (backoff * 2)
@@ -102,12 +200,78 @@ pub async fn until_accepted(
     }
 }
 
-/// +-10% so many drains blocked by the same PDB do not retry in lockstep.
+/// 0.8x to 1.2x, from a random source per call, so many drains blocked by the same
+/// budget do not retry in lockstep.
 fn jitter(d: Duration) -> Duration {
-    let nanos = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map(|t| t.subsec_nanos())
-        .unwrap_or(0);
-    let f = 0.9 + f64::from(nanos % 1000) / 5000.0;
+    use std::hash::{BuildHasher, Hasher};
+    static CALLS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u64(CALLS.fetch_add(1, Ordering::Relaxed));
+    let f = 0.8 + (h.finish() % 4001) as f64 / 10_000.0;
     d.mul_f64(f)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use kube::core::response::{StatusCause, StatusDetails};
+    use kube::core::Status;
+
+    fn status_429(causes: Vec<StatusCause>, retry_after: u32) -> Status {
+        let mut s = Status::failure("Too many requests", "TooManyRequests").with_code(429);
+        s.details = Some(StatusDetails {
+            name: String::new(),
+            group: String::new(),
+            kind: "pods".into(),
+            uid: String::new(),
+            causes,
+            retry_after_seconds: retry_after,
+        });
+        s
+    }
+
+    #[test]
+    fn a_budgets_429_blocks_and_apfs_429_throttles() {
+        let pdb = status_429(
+            vec![StatusCause {
+                reason: "DisruptionBudget".into(),
+                message: "The disruption budget web-pdb needs 2 healthy pods and has 2 currently"
+                    .into(),
+                field: String::new(),
+            }],
+            0,
+        );
+        assert_eq!(
+            classify_429(&pdb),
+            Attempt::Blocked(
+                "The disruption budget web-pdb needs 2 healthy pods and has 2 currently".into()
+            )
+        );
+        assert_eq!(
+            classify_429(&status_429(vec![], 3)),
+            Attempt::Throttled(Duration::from_secs(3))
+        );
+        assert_eq!(
+            classify_429(&status_429(vec![], 0)),
+            Attempt::Throttled(Duration::from_secs(1)),
+            "no Retry-After: one second"
+        );
+        let mut bare = Status::failure("Too many requests", "TooManyRequests").with_code(429);
+        bare.details = None;
+        assert_eq!(
+            classify_429(&bare),
+            Attempt::Throttled(Duration::from_secs(1))
+        );
+    }
+
+    #[test]
+    fn jitter_spreads_and_stays_within_a_fifth() {
+        let d = Duration::from_secs(5);
+        let samples: Vec<Duration> = (0..200).map(|_| jitter(d)).collect();
+        assert!(samples
+            .iter()
+            .all(|s| *s >= d.mul_f64(0.8) && *s <= d.mul_f64(1.2)));
+        let distinct: std::collections::BTreeSet<Duration> = samples.into_iter().collect();
+        assert!(distinct.len() > 100, "{} distinct of 200", distinct.len());
+    }
 }

@@ -73,13 +73,18 @@ pub enum DaemonSetPolicy {
 }
 
 /// What happens when a phase's deadline passes.
+///
+/// In lifecycle mode both hook results end the instance, so a deadline there always
+/// proceeds: giving up could not keep the node, only skip the DaemonSet phase.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum DeadlinePolicy {
-    /// Go on to the next stage; what still runs ends with the instance.
+    /// Go on: workload pods still there are deleted with their own grace period
+    /// (the instance ends anyway), DaemonSet pods follow once they are gone, then
+    /// volumes, then the instance ends.
     Proceed,
-    /// Stop the drain and give the node back (direct mode: uncordon, target size
-    /// restored; lifecycle mode: the hook's own timeout and default result decide).
+    /// Direct mode: stop the drain and give the node back (uncordoned, our taint and
+    /// CA's ToBeDeletedByClusterAutoscaler removed, CA's target counts it again).
     Abandon,
 }
 
@@ -120,6 +125,9 @@ pub struct ScaleInSettings {
     /// `None`: POD_NAMESPACE, then kube-system.
     pub lease_namespace: Option<String>,
     pub lease_duration: Duration,
+    /// A pod still terminating this long after its grace period ended is stuck and
+    /// no longer waited for (Karpenter's rule: one minute).
+    pub stuck_after: Duration,
 }
 
 impl Default for ScaleInSettings {
@@ -144,6 +152,7 @@ impl Default for ScaleInSettings {
             lease_name: "ca-asg-provider".into(),
             lease_namespace: None,
             lease_duration: Duration::from_secs(15),
+            stuck_after: Duration::from_secs(60),
         }
     }
 }

@@ -116,6 +116,22 @@ impl NodeIndex {
         self.store.wait_until_ready().now_or_never().is_some()
     }
 
+    /// Whether the Node's Ready condition is True. A Node the cache does not know
+    /// counts as Ready: only a kubelet seen failing lets the drain stop waiting.
+    pub fn is_node_ready(&self, name: &str) -> bool {
+        let Some(n) = self
+            .store
+            .get(&kube::runtime::reflector::ObjectRef::new(name))
+        else {
+            return true;
+        };
+        n.status
+            .as_ref()
+            .and_then(|s| s.conditions.as_ref())
+            .and_then(|c| c.iter().find(|c| c.type_ == "Ready"))
+            .is_none_or(|c| c.status == "True")
+    }
+
     /// The reflector's store (read-only handle).
     pub fn store(&self) -> Store<Node> {
         self.store.clone()

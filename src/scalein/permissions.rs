@@ -46,10 +46,22 @@ pub const REQUIRED: &[Permission] = &[
     p("list", "", "pods", "pods on the draining node"),
     p("watch", "", "pods", "wait for pods to exit (no polling)"),
     p(
+        "delete",
+        "",
+        "pods",
+        "end what is left of the workloads at a proceed deadline, with their own grace",
+    ),
+    p(
         "create",
         "",
         "pods/eviction",
         "evict through the Eviction API (PDB-aware)",
+    ),
+    p(
+        "list",
+        "policy",
+        "poddisruptionbudgets",
+        "name the overlapping budgets when the Eviction API refuses a pod for them",
     ),
     p(
         "list",

@@ -7,6 +7,7 @@
 //! takes DaemonSet pods, non-critical before critical, only after phase 1 is empty.
 
 use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::jiff::{SignedDuration, Timestamp};
 
 pub const MIRROR_ANNOTATION: &str = "kubernetes.io/config.mirror";
 pub const SAFE_TO_EVICT: &str = "cluster-autoscaler.kubernetes.io/safe-to-evict";
@@ -19,6 +20,8 @@ pub struct PodRef {
     pub namespace: String,
     pub name: String,
     pub uid: String,
+    /// For naming the PodDisruptionBudgets that select it.
+    pub labels: std::collections::BTreeMap<String, String>,
 }
 
 impl std::fmt::Display for PodRef {
@@ -121,6 +124,77 @@ pub fn asks_not_to_be_disrupted(pod: &Pod) -> bool {
         || a.get(DO_NOT_DISRUPT).is_some_and(|v| v == "true")
 }
 
+/// Does the pod tolerate a taint (key, value, effect), by Kubernetes' rules: an
+/// empty key with `Exists` tolerates everything, an empty effect matches every
+/// effect, `Exists` ignores the value.
+pub fn tolerates(pod: &Pod, key: &str, value: &str, effect: &str) -> bool {
+    let Some(tolerations) = pod.spec.as_ref().and_then(|s| s.tolerations.as_ref()) else {
+        return false;
+    };
+    tolerations.iter().any(|t| {
+        let exists = t.operator.as_deref() == Some("Exists");
+        let key_ok = match t.key.as_deref() {
+            None | Some("") => exists,
+            Some(k) => k == key,
+        };
+        let value_ok = exists || t.value.as_deref().unwrap_or("") == value;
+        let effect_ok = t
+            .effect
+            .as_deref()
+            .is_none_or(|e| e.is_empty() || e == effect);
+        key_ok && value_ok && effect_ok
+    })
+}
+
+/// A pod that landed on the node after the drain began because it tolerates the
+/// drain's taint (a blanket `operator: Exists`, a DaemonSet that tolerates
+/// everything): the pods that were there were evicted once; their replacements
+/// would only come back again, so they end with the instance instead of being
+/// chased until the deadline (Karpenter leaves such pods alone too).
+pub fn is_replacement(
+    pod: &Pod,
+    drain_taint: (&str, &str, &str),
+    drain_started: Timestamp,
+) -> bool {
+    let (key, value, effect) = drain_taint;
+    let created_after = pod
+        .metadata
+        .creation_timestamp
+        .as_ref()
+        .is_some_and(|t| t.0 > drain_started);
+    created_after && tolerates(pod, key, value, effect)
+}
+
+/// Why the drain stops waiting for a pod that is still listed, if it does. Pure:
+/// the caller says whether the pod's node is Ready and what time it is.
+///
+/// - finished (Succeeded/Failed): its containers have exited; only a finalizer keeps
+///   the object;
+/// - terminating on a node that is not Ready: no kubelet will confirm it, it would
+///   stay until the Node object is gone;
+/// - terminating past its deletion time (deletionTimestamp is when its grace period
+///   ends) plus `stuck_after`: stuck, as Karpenter counts it.
+pub fn not_waited_for(
+    pod: &Pod,
+    node_ready: bool,
+    now: Timestamp,
+    stuck_after: std::time::Duration,
+) -> Option<&'static str> {
+    let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
+    if matches!(phase, Some("Succeeded") | Some("Failed")) {
+        return Some("finished; only a finalizer keeps the object");
+    }
+    let deleting = pod.metadata.deletion_timestamp.as_ref()?;
+    if !node_ready {
+        return Some("terminating on a node that is not Ready: no kubelet will confirm it");
+    }
+    let stuck_at = deleting
+        .0
+        .checked_add(SignedDuration::try_from(stuck_after).unwrap_or(SignedDuration::MAX))
+        .unwrap_or(Timestamp::MAX);
+    (now > stuck_at).then_some("stuck terminating well past its grace period")
+}
+
 pub fn pod_ref(pod: &Pod) -> PodRef {
     PodRef {
         namespace: pod
@@ -130,6 +204,7 @@ pub fn pod_ref(pod: &Pod) -> PodRef {
             .unwrap_or_else(|| "default".into()),
         name: pod.metadata.name.clone().unwrap_or_default(),
         uid: pod.metadata.uid.clone().unwrap_or_default(),
+        labels: pod.metadata.labels.clone().unwrap_or_default(),
     }
 }
 
@@ -143,14 +218,27 @@ pub struct Step {
     pub wait: Vec<PodRef>,
 }
 
-/// The two phases of a drain.
+/// The pod phases of a drain, in order.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Phase {
     /// Every pod that is not DaemonSet-owned.
     Workloads,
-    /// DaemonSet pods only (what is left of phase 1 after a `proceed` deadline ends
-    /// with the instance).
+    /// DaemonSet pods that are not node-critical (log shippers, metrics agents).
     DaemonSets,
+    /// Node-critical DaemonSet pods (kube-proxy, the CNI, CSI node plugins): last
+    /// of all, after volumes have detached, since detaching needs them.
+    CriticalDaemonSets,
+}
+
+impl Phase {
+    /// Whether pods of this tier belong to this phase.
+    pub fn takes(self, tier: Tier) -> bool {
+        match self {
+            Phase::Workloads => !tier.is_daemonset(),
+            Phase::DaemonSets => tier == Tier::DaemonSet,
+            Phase::CriticalDaemonSets => tier == Tier::CriticalDaemonSet,
+        }
+    }
 }
 
 pub fn next_step(pods: &[Pod], phase: Phase) -> Step {
@@ -162,7 +250,7 @@ pub fn next_step(pods: &[Pod], phase: Phase) -> Step {
             Disposition::Evict(t) | Disposition::Wait(t) => *t,
             Disposition::Skip(_) => continue,
         };
-        if tier.is_daemonset() != (phase == Phase::DaemonSets) {
+        if !phase.takes(tier) {
             continue;
         }
         best = Some(best.map_or(tier, |b| b.min(tier)));
@@ -348,8 +436,14 @@ mod tests {
         let s = next_step(&pods, Phase::DaemonSets);
         assert_eq!(s.tier, Some(Tier::DaemonSet));
         assert_eq!(names(&s.evict), vec!["fluentd"]);
-        let s = next_step(&[pods[3].clone(), pods[1].clone()], Phase::DaemonSets);
+        assert_eq!(
+            next_step(&[pods[3].clone(), pods[1].clone()], Phase::DaemonSets),
+            Step::default(),
+            "node-critical DaemonSet pods wait for the volumes"
+        );
+        let s = next_step(&pods, Phase::CriticalDaemonSets);
         assert_eq!(s.tier, Some(Tier::CriticalDaemonSet));
+        assert_eq!(names(&s.evict), vec!["cni"]);
         assert_eq!(next_step(&[], Phase::Workloads), Step::default());
     }
 
@@ -361,6 +455,79 @@ mod tests {
         assert_eq!(s.tier, Some(Tier::Workload));
         assert!(s.evict.is_empty());
         assert_eq!(names(&s.wait), vec!["app"]);
+    }
+
+    fn at(secs: i64) -> Timestamp {
+        Timestamp::from_second(1_700_000_000 + secs).unwrap()
+    }
+
+    fn tolerating(mut p: Pod, t: &str) -> Pod {
+        p.spec.as_mut().unwrap().tolerations = Some(vec![serde_json::from_str(t).unwrap()]);
+        p
+    }
+
+    #[test]
+    fn tolerations_follow_kubernetes_rules() {
+        let t = ("ca-asg-provider.io/draining", "true", "NoSchedule");
+        let ok = |p: &Pod| tolerates(p, t.0, t.1, t.2);
+        assert!(ok(&tolerating(pod("a"), r#"{"operator":"Exists"}"#)));
+        assert!(ok(&tolerating(
+            pod("a"),
+            r#"{"key":"ca-asg-provider.io/draining","operator":"Exists"}"#
+        )));
+        assert!(ok(&tolerating(
+            pod("a"),
+            r#"{"key":"ca-asg-provider.io/draining","operator":"Equal","value":"true","effect":"NoSchedule"}"#
+        )));
+        assert!(!ok(&tolerating(
+            pod("a"),
+            r#"{"key":"ca-asg-provider.io/draining","operator":"Equal","value":"false"}"#
+        )));
+        assert!(!ok(&tolerating(
+            pod("a"),
+            r#"{"operator":"Exists","effect":"NoExecute"}"#
+        )));
+        assert!(!ok(&tolerating(
+            pod("a"),
+            r#"{"key":"other","operator":"Exists"}"#
+        )));
+        assert!(!ok(&pod("a")));
+    }
+
+    #[test]
+    fn only_tolerating_pods_created_after_the_start_are_replacements() {
+        let t = ("ca-asg-provider.io/draining", "true", "NoSchedule");
+        let created = |mut p: Pod, secs| {
+            p.metadata.creation_timestamp = Some(Time(at(secs)));
+            p
+        };
+        let blanket = |p| tolerating(p, r#"{"operator":"Exists"}"#);
+        assert!(is_replacement(&created(blanket(pod("new")), 10), t, at(5)));
+        assert!(!is_replacement(&created(blanket(pod("old")), 1), t, at(5)));
+        assert!(!is_replacement(&created(pod("plain"), 10), t, at(5)));
+        assert!(!is_replacement(&blanket(pod("no-timestamp")), t, at(5)));
+    }
+
+    #[test]
+    fn stuck_finished_and_unconfirmable_pods_are_not_waited_for() {
+        let minute = std::time::Duration::from_secs(60);
+        let deleting = |secs| {
+            let mut p = pod("a");
+            p.metadata.deletion_timestamp = Some(Time(at(secs)));
+            p
+        };
+        assert_eq!(not_waited_for(&pod("a"), true, at(0), minute), None);
+        assert_eq!(not_waited_for(&pod("a"), false, at(0), minute), None);
+        assert_eq!(not_waited_for(&deleting(0), true, at(60), minute), None);
+        assert!(
+            not_waited_for(&deleting(0), true, at(61), minute).is_some_and(|w| w.contains("stuck"))
+        );
+        assert!(not_waited_for(&deleting(100), false, at(0), minute)
+            .is_some_and(|w| w.contains("not Ready")));
+        let mut done = deleting(100);
+        done.status.as_mut().unwrap().phase = Some("Succeeded".into());
+        done.metadata.finalizers = Some(vec!["example.com/hold".into()]);
+        assert!(not_waited_for(&done, true, at(0), minute).is_some_and(|w| w.contains("finalizer")));
     }
 
     #[test]

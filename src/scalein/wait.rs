@@ -14,6 +14,9 @@ use kube::Api;
 use parking_lot::Mutex;
 use tokio::sync::watch;
 
+/// How often a wait re-asks whether a listed pod still counts.
+const RECHECK: std::time::Duration = std::time::Duration::from_secs(1);
+
 /// The live set of pods on one node.
 pub struct NodePods {
     pods: Arc<Mutex<State>>,
@@ -99,11 +102,36 @@ impl NodePods {
         self.wait_until(deadline, |s| s.synced).await
     }
 
-    /// Waits until none of these pods (by uid) is on the node, or the deadline.
-    /// Returns whether they are gone.
-    pub async fn wait_gone(&mut self, uids: &[String], deadline: Instant) -> bool {
-        self.wait_until(deadline, |s| uids.iter().all(|u| !s.by_uid.contains_key(u)))
-            .await
+    /// Waits until none of these pods (by uid) is on the node, or `done` says the
+    /// one still listed need not be waited for, or the deadline. `done` is asked
+    /// again every second, so time-based answers (a pod stuck terminating) are
+    /// seen without a pod event. Returns whether they are all gone or done.
+    pub async fn wait_gone(
+        &mut self,
+        uids: &[String],
+        deadline: Instant,
+        done: impl Fn(&Pod) -> bool,
+    ) -> bool {
+        let all = |s: &State| uids.iter().all(|u| s.by_uid.get(u).is_none_or(&done));
+        loop {
+            if all(&self.pods.lock()) {
+                return true;
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return false;
+            }
+            let tick = (now + RECHECK).min(deadline);
+            if let Ok(Err(_)) = tokio::time::timeout_at(tick.into(), self.changed.changed()).await {
+                // The watch task is gone: nothing will wake us but the clock.
+                tokio::time::sleep_until(tick.into()).await;
+            }
+        }
+    }
+
+    /// The pod with this uid, if still listed.
+    pub fn get(&self, uid: &str) -> Option<Pod> {
+        self.pods.lock().by_uid.get(uid).cloned()
     }
 
     /// Waits for the next change of the pod set (or the deadline).

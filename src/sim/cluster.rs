@@ -15,6 +15,20 @@ use super::SimOptions;
 
 pub const PRESTOP_ANNOTATION: &str = "sim.ca-asg-provider.io/prestop-seconds";
 pub const READY_AFTER_ANNOTATION: &str = "sim.ca-asg-provider.io/ready-after-ms";
+/// On a Node whose kubelet stopped ([`super::SimCluster::stop_kubelet`]).
+pub const KUBELET_STOPPED_ANNOTATION: &str = "sim.ca-asg-provider.io/kubelet-stopped";
+
+fn kubelet_stopped(store: &super::store::Inner, node: &str) -> bool {
+    store
+        .get(nodes(), "", node)
+        .is_some_and(|n| !n["metadata"]["annotations"][KUBELET_STOPPED_ANNOTATION].is_null())
+}
+
+fn has_finalizers(p: &Value) -> bool {
+    p["metadata"]["finalizers"]
+        .as_array()
+        .is_some_and(|f| !f.is_empty())
+}
 
 fn pods() -> &'static ResourceDef {
     resource("", "pods").expect("pods")
@@ -82,7 +96,16 @@ pub fn pick_node(nodes_list: &[Value], pods_list: &[Value], spec: &Value) -> Opt
     let selector = spec["nodeSelector"].as_object();
     nodes_list
         .iter()
-        .filter(|n| is_ready(n) && n["spec"]["unschedulable"] != true && !terminating(n))
+        .filter(|n| is_ready(n) && !terminating(n))
+        // kube-scheduler's NodeUnschedulable filter: a cordoned node takes pods that
+        // tolerate node.kubernetes.io/unschedulable (a blanket `Exists` does).
+        .filter(|n| {
+            n["spec"]["unschedulable"] != true
+                || tolerates(
+                    &spec["tolerations"],
+                    &json!({"key": "node.kubernetes.io/unschedulable", "effect": "NoSchedule"}),
+                )
+        })
         .filter(|n| {
             blocking_taints(n)
                 .iter()
@@ -188,13 +211,31 @@ fn reconcile(store: &Arc<Store>, opts: &SimOptions, timers: &mut HashSet<String>
                     s(p, &["metadata", "namespace"]).to_string(),
                     s(p, &["metadata", "name"]).to_string(),
                 );
+                let node = node.to_string();
                 tokio::spawn(async move {
                     tokio::time::sleep(after).await;
                     let mut inner = st.lock();
-                    if inner
+                    let Some(p) = inner
                         .get(pods(), &ns, &name)
-                        .is_some_and(|p| s(p, &["metadata", "uid"]) == uid)
-                    {
+                        .filter(|p| s(p, &["metadata", "uid"]) == uid)
+                        .cloned()
+                    else {
+                        return;
+                    };
+                    if kubelet_stopped(&inner, &node) {
+                        // Nobody confirms the termination: it stays terminating.
+                        return;
+                    }
+                    if has_finalizers(&p) {
+                        // The containers exited; the object waits for its finalizers.
+                        let _ = inner.update(pods(), &ns, &name, "containers-exited", |o| {
+                            let mut n = o.clone();
+                            n["status"]["phase"] = json!("Succeeded");
+                            n["status"]["conditions"] =
+                                json!([{"type": "Ready", "status": "False"}]);
+                            Ok(n)
+                        });
+                    } else {
                         inner.remove(pods(), &ns, &name);
                     }
                 });
@@ -230,6 +271,17 @@ fn reconcile(store: &Arc<Store>, opts: &SimOptions, timers: &mut HashSet<String>
                 });
             }
         }
+    }
+    // A terminating pod whose containers exited goes once its finalizers are gone.
+    for p in all_pods
+        .iter()
+        .filter(|p| terminating(p) && finished(p) && !has_finalizers(p))
+    {
+        inner.remove(
+            pods(),
+            s(p, &["metadata", "namespace"]),
+            s(p, &["metadata", "name"]),
+        );
     }
     // Scheduler: bind pending pods.
     for p in all_pods
@@ -334,7 +386,7 @@ mod tests {
     }
 
     #[test]
-    fn scheduler_skips_cordoned_tainted_and_unready_nodes() {
+    fn scheduler_skips_cordoned_tainted_and_unready_nodes_unless_tolerated() {
         let node = |name: &str, extra: Value| {
             let mut n = json!({"metadata": {"name": name, "labels": {"zone": "a"}}, "spec": {}, "status": {"conditions": [{"type": "Ready", "status": "True"}]}});
             crate::sim::http::merge(&mut n, &extra);
@@ -362,11 +414,22 @@ mod tests {
             pick_node(&nodes, &pods, &json!({"nodeSelector": {"zone": "b"}})),
             None
         );
+        // kube-scheduler's NodeUnschedulable filter honours tolerations: a blanket
+        // `Exists` lands on a cordoned node too.
         assert_eq!(
             pick_node(
                 &nodes[..2],
                 &pods,
                 &json!({"tolerations": [{"operator": "Exists"}]})
+            )
+            .as_deref(),
+            Some("cordoned")
+        );
+        assert_eq!(
+            pick_node(
+                &nodes[..2],
+                &pods,
+                &json!({"tolerations": [{"key": "x", "operator": "Exists"}]})
             )
             .as_deref(),
             Some("tainted")

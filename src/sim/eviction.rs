@@ -105,6 +105,7 @@ pub(crate) fn evict(
         .cloned()
         .ok_or_else(|| ApiError::not_found(pods_res, name))?;
     let grace = body["deleteOptions"]["gracePeriodSeconds"].as_i64();
+    super::http::check_uid_precondition(&pod, &body["deleteOptions"]["preconditions"])?;
     if terminating(&pod) {
         // Already going: nothing a budget could protect.
         return Ok(json!({"kind": "Status", "apiVersion": "v1", "status": "Success", "code": 200}));

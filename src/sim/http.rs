@@ -24,8 +24,8 @@ pub struct Ctx {
     pub epoch: watch::Receiver<u64>,
     /// What SelfSubjectAccessReviews answer: `None` allows everything.
     pub grants: Arc<parking_lot::Mutex<Option<Vec<super::Grant>>>>,
-    /// (verb, resource[/subresource]) pairs refused with 403.
-    pub denied: Arc<parking_lot::Mutex<Vec<(String, String)>>>,
+    /// Refusals on purpose (RBAC 403s, APF 429s).
+    pub faults: Arc<parking_lot::Mutex<super::Faults>>,
 }
 
 fn json_response(code: StatusCode, v: &Value) -> Response {
@@ -100,6 +100,23 @@ fn parse_body(body: &Bytes) -> Result<Value, ApiError> {
     })
 }
 
+/// A delete (or eviction) naming the UID it means fails with 409 when the object
+/// by that name is another one, as the API server checks `preconditions.uid`.
+pub(crate) fn check_uid_precondition(obj: &Value, preconditions: &Value) -> Result<(), ApiError> {
+    let Some(want) = preconditions["uid"].as_str() else {
+        return Ok(());
+    };
+    let have = obj["metadata"]["uid"].as_str().unwrap_or("");
+    if want == have {
+        return Ok(());
+    }
+    Err(ApiError::new(
+        409,
+        "Conflict",
+        format!("Precondition failed: UID in precondition: {want}, UID in object meta: {have}"),
+    ))
+}
+
 /// RFC 7386 merge patch.
 pub(crate) fn merge(target: &mut Value, patch: &Value) {
     match patch {
@@ -165,20 +182,42 @@ pub async fn handle(
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "));
     ctx.stats.count(user, verb, t.res.group, &res_label);
-    if ctx
-        .denied
-        .lock()
-        .iter()
-        .any(|(v, r)| v == verb && *r == res_label)
     {
-        return error(ApiError::new(
-            403,
-            "Forbidden",
-            format!(
-                "{res_label} is forbidden: User \"{}\" cannot {verb} resource \"{res_label}\"",
-                user.unwrap_or("system:anonymous")
-            ),
-        ));
+        let mut faults = ctx.faults.lock();
+        if faults
+            .denied
+            .iter()
+            .any(|(v, r)| v == verb && *r == res_label)
+        {
+            return error(ApiError::new(
+                403,
+                "Forbidden",
+                format!(
+                    "{res_label} is forbidden: User \"{}\" cannot {verb} resource \"{res_label}\"",
+                    user.unwrap_or("system:anonymous")
+                ),
+            ));
+        }
+        if let Some(n) = faults
+            .throttled
+            .get_mut(&(verb.to_string(), res_label.clone()))
+            .filter(|n| **n > 0)
+        {
+            *n -= 1;
+            let mut body = ApiError::new(
+                429,
+                "TooManyRequests",
+                "Too many requests, please try again later.",
+            )
+            .to_status();
+            body["details"] = json!({"retryAfterSeconds": 1});
+            let mut r = json_response(StatusCode::TOO_MANY_REQUESTS, &body);
+            r.headers_mut().insert(
+                axum::http::header::RETRY_AFTER,
+                "1".parse().expect("header"),
+            );
+            return r;
+        }
     }
     let ns = t.ns.clone().unwrap_or_default();
     if t.res.plural == "selfsubjectaccessreviews" {
@@ -221,9 +260,12 @@ pub async fn handle(
                 .get("gracePeriodSeconds")
                 .and_then(|g| g.parse().ok())
                 .or(opts["gracePeriodSeconds"].as_i64());
-            ctx.store
-                .lock()
-                .delete(t.res, &ns, t.name.as_deref().unwrap_or(""), grace)
+            let mut inner = ctx.store.lock();
+            let name = t.name.as_deref().unwrap_or("");
+            if let Some(obj) = inner.get(t.res, &ns, name) {
+                check_uid_precondition(obj, &opts["preconditions"])?;
+            }
+            inner.delete(t.res, &ns, name, grace)
         }),
         _ => Err(ApiError::new(
             405,

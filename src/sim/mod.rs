@@ -120,7 +120,18 @@ pub struct SimCluster {
     server: Mutex<Option<tokio::task::JoinHandle<()>>>,
     actors: tokio::task::JoinHandle<()>,
     grants: Arc<Mutex<Option<Vec<Grant>>>>,
-    denied: Arc<Mutex<Vec<(String, String)>>>,
+    faults: Arc<Mutex<Faults>>,
+}
+
+/// What the API server refuses on purpose, as a real one does under RBAC and under
+/// API Priority and Fairness.
+#[derive(Debug, Default)]
+pub struct Faults {
+    /// (verb, resource[/subresource]) refused with 403.
+    pub denied: Vec<(String, String)>,
+    /// (verb, resource[/subresource]) -> how many more requests get APF's 429
+    /// (reason TooManyRequests, no PodDisruptionBudget cause, Retry-After).
+    pub throttled: std::collections::HashMap<(String, String), u32>,
 }
 
 async fn serve(listener: tokio::net::TcpListener, ctx: Arc<http::Ctx>) {
@@ -136,13 +147,13 @@ impl SimCluster {
         let addr = listener.local_addr()?;
         let (epoch, epoch_rx) = tokio::sync::watch::channel(0u64);
         let grants = Arc::new(Mutex::new(None));
-        let denied = Arc::new(Mutex::new(Vec::new()));
+        let faults = Arc::new(Mutex::new(Faults::default()));
         let ctx = Arc::new(http::Ctx {
             store: store.clone(),
             stats: stats.clone(),
             epoch: epoch_rx,
             grants: grants.clone(),
-            denied: denied.clone(),
+            faults: faults.clone(),
         });
         let server = tokio::spawn(serve(listener, ctx));
         let actors = cluster::spawn(store.clone(), opts);
@@ -154,7 +165,7 @@ impl SimCluster {
             server: Mutex::new(Some(server)),
             actors,
             grants,
-            denied,
+            faults,
         })
     }
 
@@ -172,10 +183,39 @@ impl SimCluster {
     /// on this resource (`nodes`, `pods/eviction`, ...) is refused with 403, as RBAC
     /// refuses what a role does not grant. An empty list lifts every refusal.
     pub fn deny(&self, rules: &[(&str, &str)]) {
-        *self.denied.lock() = rules
+        self.faults.lock().denied = rules
             .iter()
             .map(|(v, r)| (v.to_string(), r.to_string()))
             .collect();
+    }
+
+    /// The next `times` requests with this verb on this resource are answered as API
+    /// Priority and Fairness answers an overloaded server: 429 TooManyRequests with
+    /// Retry-After, and no PodDisruptionBudget cause.
+    pub fn throttle(&self, verb: &str, resource: &str, times: u32) {
+        self.faults
+            .lock()
+            .throttled
+            .insert((verb.to_string(), resource.to_string()), times);
+    }
+
+    /// The kubelet of this node stops: the Node turns NotReady (Ready Unknown, as the
+    /// node lifecycle controller marks it) and nothing on it ever confirms a pod's
+    /// termination again, so terminating pods stay until the Node is deleted.
+    pub fn stop_kubelet(&self, node: &str) -> Result<(), ApiError> {
+        let nodes = store::resource("", "nodes").expect("nodes");
+        self.store
+            .lock()
+            .update(nodes, "", node, "kubelet-stopped", |n| {
+                let mut n = n.clone();
+                n["metadata"]["annotations"][cluster::KUBELET_STOPPED_ANNOTATION] = "true".into();
+                n["status"]["conditions"] = serde_json::json!([
+                    {"type": "Ready", "status": "Unknown", "reason": "NodeStatusUnknown",
+                     "message": "Kubelet stopped posting node status."}
+                ]);
+                Ok(n)
+            })?;
+        Ok(())
     }
 
     /// A kube::Client over real HTTP to this server.
@@ -268,7 +308,7 @@ impl SimCluster {
             stats: self.stats.clone(),
             epoch: self.epoch.subscribe(),
             grants: self.grants.clone(),
-            denied: self.denied.clone(),
+            faults: self.faults.clone(),
         });
         *self.server.lock() = Some(tokio::spawn(serve(listener, ctx)));
         Ok(())

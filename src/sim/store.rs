@@ -229,6 +229,13 @@ pub struct Store {
     tx: broadcast::Sender<Arc<Change>>,
 }
 
+fn rfc3339_in(secs: i64) -> String {
+    let t = k8s_openapi::jiff::Timestamp::now()
+        .checked_add(k8s_openapi::jiff::SignedDuration::from_secs(secs))
+        .unwrap_or(k8s_openapi::jiff::Timestamp::MAX);
+    t.to_string()
+}
+
 fn now_rfc3339() -> String {
     k8s_openapi::jiff::Timestamp::now().to_string()
 }
@@ -474,7 +481,8 @@ impl Inner {
         let mut new = obj.clone();
         let rv = self.bump();
         if first {
-            new["metadata"]["deletionTimestamp"] = json!(now_rfc3339());
+            // As the API server does: the time the grace period ends.
+            new["metadata"]["deletionTimestamp"] = json!(rfc3339_in(grace));
         }
         new["metadata"]["deletionGracePeriodSeconds"] = json!(grace);
         new["metadata"]["resourceVersion"] = json!(rv.to_string());
