@@ -213,7 +213,8 @@ async fn check_config_finds_missing_kubernetes_permissions() {
     // Everything the ClusterRole grants, except watching pods and evicting.
     sim.grant(vec![
         grant(&["get", "list", "watch", "patch"], "", &["nodes"]),
-        grant(&["get", "list"], "", &["pods"]),
+        grant(&["get", "list", "delete"], "", &["pods"]),
+        grant(&["list"], "policy", &["poddisruptionbudgets"]),
         grant(&["list", "watch"], "storage.k8s.io", &["volumeattachments"]),
         grant(&["create", "patch"], "events.k8s.io", &["events"]),
         grant(

@@ -490,7 +490,7 @@ async fn phase(
     let mut evicted_uids: HashSet<String> = HashSet::new();
     let mut told: HashSet<String> = HashSet::new();
     loop {
-        let mut skipped: Vec<(String, &'static str)> = Vec::new();
+        let mut skipped: Vec<(plan::PodRef, &'static str)> = Vec::new();
         let current: Vec<Pod> = pods
             .pods()
             .into_iter()
@@ -498,7 +498,17 @@ async fn phase(
                 let r = plan::pod_ref(p);
                 let in_phase = match plan::classify(p) {
                     Disposition::Evict(t) | Disposition::Wait(t) => which.takes(t),
-                    Disposition::Skip(_) => false,
+                    Disposition::Skip(_) => {
+                        // A finished pod a finalizer keeps: say once why it stays.
+                        let held = p.metadata.deletion_timestamp.is_some()
+                            && p.metadata.finalizers.as_ref().is_some_and(|f| !f.is_empty());
+                        if held && which == plan::Phase::Workloads && told.insert(r.uid.clone()) {
+                            if let Some(why) = d.not_waited_for(p) {
+                                skipped.push((r.clone(), why));
+                            }
+                        }
+                        false
+                    }
                 };
                 if !in_phase {
                     return true;
@@ -507,13 +517,13 @@ async fn phase(
                     && plan::is_replacement(p, drain_taint(), d.started)
                 {
                     if told.insert(r.uid.clone()) {
-                        skipped.push((r.to_string(), "it arrived after the drain began and tolerates the drain taint; it ends with the instance"));
+                        skipped.push((r.clone(), "it arrived after the drain began and tolerates the drain taint; it ends with the instance"));
                     }
                     return false;
                 }
                 if let Some(why) = d.not_waited_for(p) {
                     if told.insert(r.uid.clone()) {
-                        skipped.push((r.to_string(), why));
+                        skipped.push((r.clone(), why));
                     }
                     return false;
                 }
@@ -523,7 +533,7 @@ async fn phase(
         for (pod, why) in skipped {
             engine
                 .events
-                .node(node, Reason::PodNotWaitedFor, format!("{pod}: {why}"))
+                .node_about_pod(node, Reason::PodNotWaitedFor, format!("{pod}: {why}"), &pod)
                 .await;
         }
         let step = plan::next_step(&current, which);

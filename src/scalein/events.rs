@@ -3,6 +3,8 @@
 use k8s_openapi::api::core::v1::ObjectReference;
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 
+use super::plan::PodRef;
+
 pub const REPORTER: &str = "ca-asg-provider";
 
 pub struct Events {
@@ -73,6 +75,30 @@ impl Events {
 
     /// Publishes an Event on the Node. A failure to publish is logged, never fatal.
     pub async fn node(&self, node: &str, reason: Reason, note: String) {
+        self.publish(node, reason, note, None).await
+    }
+
+    /// An Event on the Node about one of its pods: the pod is the Event's related
+    /// object, so events about different pods are not folded into one series.
+    pub async fn node_about_pod(&self, node: &str, reason: Reason, note: String, pod: &PodRef) {
+        let related = ObjectReference {
+            api_version: Some("v1".into()),
+            kind: Some("Pod".into()),
+            namespace: Some(pod.namespace.clone()),
+            name: Some(pod.name.clone()),
+            uid: Some(pod.uid.clone()),
+            ..Default::default()
+        };
+        self.publish(node, reason, note, Some(related)).await
+    }
+
+    async fn publish(
+        &self,
+        node: &str,
+        reason: Reason,
+        note: String,
+        related: Option<ObjectReference>,
+    ) {
         if reason.is_warning() {
             tracing::warn!(node, reason = reason.as_str(), "{note}");
         } else {
@@ -94,7 +120,7 @@ impl Events {
             reason: reason.as_str().into(),
             note: Some(truncate(note, 1000)),
             action: "Drain".into(),
-            secondary: None,
+            secondary: related,
         };
         if let Err(e) = self.recorder.publish(&ev, &reference).await {
             tracing::debug!(node, error = %e, "could not publish event");

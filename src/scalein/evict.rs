@@ -158,7 +158,7 @@ pub async fn until_accepted(
                 if !told {
                     engine
                         .events
-                        .node(node, Reason::EvictionBlocked, format!("eviction of {pod} blocked by a PodDisruptionBudget: {why}; retrying every {backoff:?}"))
+                        .node_about_pod(node, Reason::EvictionBlocked, format!("eviction of {pod} blocked by a PodDisruptionBudget: {why}; retrying every {backoff:?}"), pod)
                         .await;
                     told = true;
                 }
@@ -177,7 +177,7 @@ pub async fn until_accepted(
                     };
                     engine
                         .events
-                        .node(node, Reason::EvictionBlocked, format!("eviction of {pod} refused: {which} select it, and the Eviction API accepts at most one; fix the overlapping budgets; retrying"))
+                        .node_about_pod(node, Reason::EvictionBlocked, format!("eviction of {pod} refused: {which} select it, and the Eviction API accepts at most one; fix the overlapping budgets; retrying"), pod)
                         .await;
                     told = true;
                 }

@@ -15,6 +15,9 @@ use super::SimOptions;
 
 pub const PRESTOP_ANNOTATION: &str = "sim.ca-asg-provider.io/prestop-seconds";
 pub const READY_AFTER_ANNOTATION: &str = "sim.ca-asg-provider.io/ready-after-ms";
+/// On a pod whose container never exits after SIGTERM and whose kubelet never
+/// confirms its end (a wedged runtime): it stays terminating.
+pub const NEVER_EXITS_ANNOTATION: &str = "sim.ca-asg-provider.io/never-exits";
 /// On a Node whose kubelet stopped ([`super::SimCluster::stop_kubelet`]).
 pub const KUBELET_STOPPED_ANNOTATION: &str = "sim.ca-asg-provider.io/kubelet-stopped";
 
@@ -222,7 +225,9 @@ fn reconcile(store: &Arc<Store>, opts: &SimOptions, timers: &mut HashSet<String>
                     else {
                         return;
                     };
-                    if kubelet_stopped(&inner, &node) {
+                    if kubelet_stopped(&inner, &node)
+                        || !p["metadata"]["annotations"][NEVER_EXITS_ANNOTATION].is_null()
+                    {
                         // Nobody confirms the termination: it stays terminating.
                         return;
                     }

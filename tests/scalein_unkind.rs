@@ -1,0 +1,328 @@
+//! The drain against a cluster as unkind as a real one: pods that tolerate the drain
+//! taint and come back to the cordoned node, kubelets that die, containers that
+//! never exit, finalizers, API Priority and Fairness 429s, overlapping budgets, and
+//! deadlines in both modes. Each test fails on a drain that trusts a kind cluster.
+
+use std::time::Duration;
+
+use ca_asg_provider::cloud::memory::MemoryGroup;
+use ca_asg_provider::cloud::LifecycleResult;
+use ca_asg_provider::scalein::{DeadlinePolicy, Outcome, ScaleInSettings};
+use ca_asg_provider::sim::{self, cluster, fixtures};
+use k8s_openapi::api::core::v1::{Pod, Toleration};
+use k8s_openapi::api::storage::v1::{
+    VolumeAttachment, VolumeAttachmentSource, VolumeAttachmentSpec,
+};
+use kube::api::ObjectMeta;
+
+mod support;
+use support::eventually;
+use support::world::*;
+
+fn settings(deadline_secs: u64) -> ScaleInSettings {
+    ScaleInSettings {
+        workload_deadline: Duration::from_secs(deadline_secs),
+        daemonset_deadline: Duration::from_secs(deadline_secs),
+        stuck_after: Duration::from_secs(1),
+        ..fast_settings()
+    }
+}
+
+fn reasons(w: &World) -> Vec<(String, String)> {
+    events(&w.sim)
+}
+
+async fn ready(w: &World, n: usize) {
+    eventually("pods ready", 10, || {
+        w.sim
+            .list::<Pod>()
+            .iter()
+            .filter(|p| p["status"]["conditions"][0]["status"] == "True")
+            .count()
+            >= n
+    })
+    .await;
+}
+
+fn first(audit: &[sim::AuditEntry], verb: &str, prefix: &str) -> usize {
+    audit_index(audit, verb, "Pod", prefix)
+        .unwrap_or_else(|| panic!("no {verb} of a pod {prefix}*: {audit:?}"))
+}
+
+/// Item 6: a replica with a blanket toleration is evicted once; its replacement,
+/// which kube-scheduler puts back on the cordoned node, is not chased.
+#[tokio::test]
+async fn a_replacement_that_tolerates_the_drain_taint_is_not_chased() {
+    let mut w = world(
+        vec![MemoryGroup::new("web", 0, 3, 1, "m5.large")],
+        settings(20),
+        Duration::from_millis(20),
+    )
+    .await;
+    let (node, iid) = nodes_of(&w, "web").remove(0);
+    let mut rs = fixtures::replicaset("shop", "tolerant", 1, 0.05);
+    rs.spec
+        .as_mut()
+        .unwrap()
+        .template
+        .as_mut()
+        .unwrap()
+        .spec
+        .as_mut()
+        .unwrap()
+        .tolerations = Some(vec![Toleration {
+        operator: Some("Exists".into()),
+        ..Default::default()
+    }]);
+    w.sim.create(&rs).unwrap();
+    ready(&w, 1).await;
+    delete_nodes(&mut w, "web", &[(node.clone(), iid.clone())]).await;
+    assert_eq!(w.engine.wait_for(&iid).await, Some(Outcome::Ended));
+    let evicted = w
+        .sim
+        .audit()
+        .iter()
+        .filter(|a| a.verb == "evicted" && a.name.starts_with("tolerant"))
+        .count();
+    assert_eq!(evicted, 1, "evicted once, the replacement not chased");
+    let ev = reasons(&w);
+    assert!(
+        ev.iter()
+            .any(|(r, n)| r == "PodNotWaitedFor" && n.contains("tolerates the drain taint")),
+        "{ev:?}"
+    );
+}
+
+/// Item 7: the node's kubelet dies mid-scale-in; its pods stay terminating forever.
+/// The drain does not wait for them to its deadline, and still takes the log
+/// shipper only after the workload.
+#[tokio::test]
+async fn a_dead_kubelet_does_not_hold_the_drain_to_its_deadline() {
+    let mut w = world(
+        vec![MemoryGroup::new("web", 0, 3, 1, "m5.large")],
+        settings(30),
+        Duration::from_millis(20),
+    )
+    .await;
+    let (node, iid) = node_with_fluentd_and_app(&w, 0.1).await;
+    w.sim.stop_kubelet(&node).unwrap();
+    delete_nodes(&mut w, "web", &[(node.clone(), iid.clone())]).await;
+    assert_eq!(w.engine.wait_for(&iid).await, Some(Outcome::Ended));
+    let a = w.sim.audit();
+    assert!(first(&a, "evicted", "app") < first(&a, "evicted", "fluentd"));
+    assert!(
+        w.sim.get::<Pod>("shop", "app").is_some(),
+        "the app pod is still terminating: nobody confirmed it"
+    );
+    let ev = reasons(&w);
+    assert!(
+        ev.iter()
+            .any(|(r, n)| r == "PodNotWaitedFor" && n.contains("not Ready")),
+        "{ev:?}"
+    );
+    assert!(!ev.iter().any(|(r, _)| r == "DeadlineHit"), "{ev:?}");
+}
+
+/// Item 7: a container that never exits (stuck terminating past its grace period)
+/// and a finished pod held by a finalizer do not hold the drain.
+#[tokio::test]
+async fn stuck_and_finalizer_held_pods_do_not_hold_the_drain() {
+    let mut w = world(
+        vec![MemoryGroup::new("web", 0, 3, 1, "m5.large")],
+        settings(30),
+        Duration::from_millis(20),
+    )
+    .await;
+    let (node, iid) = nodes_of(&w, "web").remove(0);
+    let mut wedged = fixtures::pod("shop", "wedged", &node, "wedged", 0.0);
+    wedged
+        .metadata
+        .annotations
+        .get_or_insert_with(Default::default)
+        .insert(cluster::NEVER_EXITS_ANNOTATION.into(), "true".into());
+    wedged
+        .spec
+        .as_mut()
+        .unwrap()
+        .termination_grace_period_seconds = Some(1);
+    w.sim.create(&wedged).unwrap();
+    let mut held = fixtures::pod("shop", "held", &node, "held", 0.0);
+    held.metadata.finalizers = Some(vec!["example.com/keep".into()]);
+    w.sim.create(&held).unwrap();
+    ready(&w, 2).await;
+    delete_nodes(&mut w, "web", &[(node.clone(), iid.clone())]).await;
+    assert_eq!(w.engine.wait_for(&iid).await, Some(Outcome::Ended));
+    assert!(w.sim.get::<Pod>("shop", "wedged").is_some());
+    assert!(w.sim.get::<Pod>("shop", "held").is_some());
+    let ev = reasons(&w);
+    for (pod, why) in [("wedged", "stuck terminating"), ("held", "finalizer")] {
+        assert!(
+            ev.iter()
+                .any(|(r, n)| r == "PodNotWaitedFor" && n.contains(pod) && n.contains(why)),
+            "{pod}: {ev:?}"
+        );
+    }
+}
+
+/// Item 5, direct mode: at a `proceed` deadline the workload a budget still holds is
+/// ended with its own grace period first; only then does the log shipper go.
+#[tokio::test]
+async fn proceed_ends_the_workloads_before_the_daemonset_pods() {
+    let mut w = world(
+        vec![MemoryGroup::new("web", 0, 3, 1, "m5.large")],
+        ScaleInSettings {
+            workload_deadline_policy: DeadlinePolicy::Proceed,
+            ..settings(1)
+        },
+        Duration::from_millis(20),
+    )
+    .await;
+    let (node, iid) = node_with_fluentd_and_app(&w, 0.5).await;
+    w.sim.create(&fixtures::pdb("shop", "app", 0)).unwrap();
+    delete_nodes(&mut w, "web", &[(node, iid.clone())]).await;
+    assert_eq!(w.engine.wait_for(&iid).await, Some(Outcome::Ended));
+    let a = w.sim.audit();
+    assert!(
+        audit_index(&a, "evicted", "Pod", "app").is_none(),
+        "the budget was never broken by an eviction"
+    );
+    let app_gone = first(&a, "removed", "app");
+    let fluentd_evicted = first(&a, "evicted", "fluentd");
+    assert!(
+        app_gone < fluentd_evicted,
+        "fluentd was evicted while the app still ran: {a:?}"
+    );
+}
+
+/// Item 5, lifecycle mode: both hook results end the instance, so `abandon` cannot
+/// keep the node; the drain goes on to the DaemonSet phase and completes CONTINUE
+/// instead of leaving fluentd to die with the instance when the hook times out.
+#[tokio::test]
+async fn a_lifecycle_deadline_proceeds_whatever_the_policy() {
+    let mut w = world(
+        vec![MemoryGroup::new("web", 0, 3, 1, "m5.large")
+            .terminating_hook("ca-asg-provider-drain", 30)],
+        ScaleInSettings {
+            workload_deadline_policy: DeadlinePolicy::Abandon,
+            ..settings(1)
+        },
+        Duration::from_millis(20),
+    )
+    .await;
+    let (node, iid) = node_with_fluentd_and_app(&w, 0.2).await;
+    w.sim.create(&fixtures::pdb("shop", "app", 0)).unwrap();
+    delete_nodes(&mut w, "web", &[(node, iid.clone())]).await;
+    assert_eq!(w.engine.wait_for(&iid).await, Some(Outcome::Ended));
+    let done = w.cloud.completed_actions();
+    assert_eq!(done.len(), 1);
+    assert_eq!(done[0].1, LifecycleResult::Continue);
+    let a = w.sim.audit();
+    assert!(first(&a, "removed", "app") < first(&a, "evicted", "fluentd"));
+}
+
+/// Item 9: API Priority and Fairness sheds evictions with 429s that name no budget;
+/// they are retried after Retry-After and never reported as a budget's refusal.
+/// Two budgets over one pod make the Eviction API answer 500: the Event names both.
+#[tokio::test]
+async fn throttled_evictions_are_not_budget_blocks_and_overlapping_budgets_are_named() {
+    let mut w = world(
+        vec![MemoryGroup::new("web", 0, 3, 2, "m5.large")],
+        settings(30),
+        Duration::from_millis(20),
+    )
+    .await;
+    let nodes = nodes_of(&w, "web");
+    let (n1, i1) = nodes[0].clone();
+    w.sim
+        .create(&fixtures::pod("shop", "busy", &n1, "busy", 0.0))
+        .unwrap();
+    ready(&w, 1).await;
+    w.sim.throttle("create", "pods/eviction", 2);
+    delete_nodes(&mut w, "web", &[(n1, i1.clone())]).await;
+    assert_eq!(w.engine.wait_for(&i1).await, Some(Outcome::Ended));
+    let ev = reasons(&w);
+    assert!(
+        !ev.iter().any(|(r, _)| r == "EvictionBlocked"),
+        "a throttled eviction is not a budget's refusal: {ev:?}"
+    );
+
+    let (n2, i2) = nodes[1].clone();
+    w.sim
+        .create(&fixtures::pod("shop", "double", &n2, "double", 0.0))
+        .unwrap();
+    let mut second = fixtures::pdb("shop", "double", 1);
+    second.metadata.name = Some("double-again".into());
+    w.sim.create(&fixtures::pdb("shop", "double", 1)).unwrap();
+    w.sim.create(&second).unwrap();
+    ready(&w, 1).await;
+    delete_nodes(&mut w, "web", &[(n2, i2.clone())]).await;
+    eventually("an Event naming both budgets", 10, || {
+        reasons(&w).iter().any(|(r, n)| {
+            r == "EvictionBlocked" && n.contains("double-pdb") && n.contains("double-again")
+        })
+    })
+    .await;
+    assert!(w
+        .sim
+        .remove::<k8s_openapi::api::policy::v1::PodDisruptionBudget>("shop", "double-again"));
+    assert_eq!(w.engine.wait_for(&i2).await, Some(Outcome::Ended));
+    support::rbac::assert_rbac_covers(&w.sim);
+}
+
+/// Item 8: kube-proxy, the CNI and CSI node plugins (system-node-critical DaemonSet
+/// pods) leave after the volumes have detached; the log shipper before them.
+#[tokio::test]
+async fn node_critical_daemonsets_leave_after_the_volumes() {
+    let mut w = world(
+        vec![MemoryGroup::new("web", 0, 3, 1, "m5.large")],
+        ScaleInSettings {
+            volume_deadline: Duration::from_secs(20),
+            ..settings(30)
+        },
+        Duration::from_millis(20),
+    )
+    .await;
+    let (node, iid) = node_with_fluentd_and_app(&w, 0.1).await;
+    let mut csi = fixtures::daemonset("kube-system", "ebs-csi-node", 0.05, false);
+    csi.spec
+        .as_mut()
+        .unwrap()
+        .template
+        .spec
+        .as_mut()
+        .unwrap()
+        .priority_class_name = Some("system-node-critical".into());
+    w.sim.create(&csi).unwrap();
+    ready(&w, 3).await;
+    w.sim
+        .create(&VolumeAttachment {
+            metadata: ObjectMeta {
+                name: Some("csi-vol".into()),
+                ..Default::default()
+            },
+            spec: VolumeAttachmentSpec {
+                attacher: "ebs.csi.aws.com".into(),
+                node_name: node.clone(),
+                source: VolumeAttachmentSource {
+                    persistent_volume_name: Some("pv-1".into()),
+                    ..Default::default()
+                },
+            },
+            status: None,
+        })
+        .unwrap();
+    delete_nodes(&mut w, "web", &[(node, iid.clone())]).await;
+    eventually("fluentd evicted", 10, || {
+        audit_index(&w.sim.audit(), "evicted", "Pod", "fluentd").is_some()
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        audit_index(&w.sim.audit(), "evicted", "Pod", "ebs-csi-node").is_none(),
+        "the CSI node plugin went while a volume was still attached"
+    );
+    assert!(w.sim.remove::<VolumeAttachment>("", "csi-vol"));
+    assert_eq!(w.engine.wait_for(&iid).await, Some(Outcome::Ended));
+    let a = w.sim.audit();
+    assert!(first(&a, "evicted", "fluentd") < first(&a, "evicted", "ebs-csi-node"));
+}
