@@ -326,3 +326,52 @@ async fn node_critical_daemonsets_leave_after_the_volumes() {
     let a = w.sim.audit();
     assert!(first(&a, "evicted", "fluentd") < first(&a, "evicted", "ebs-csi-node"));
 }
+
+/// Item 12: CA left at `--daemonset-eviction-for-occupied-nodes=true` evicts the log
+/// shipper with the workloads before DeleteNodes; the drain says so, and how to fix it.
+#[tokio::test]
+async fn daemonset_pods_ca_evicted_early_are_reported() {
+    let mut w = world(
+        vec![MemoryGroup::new("web", 0, 3, 1, "m5.large")],
+        settings(30),
+        Duration::from_millis(20),
+    )
+    .await;
+    let mut ds = fixtures::daemonset("logging", "fluentd", 2.0, false);
+    ds.spec
+        .as_mut()
+        .unwrap()
+        .template
+        .spec
+        .as_mut()
+        .unwrap()
+        .termination_grace_period_seconds = Some(30);
+    w.sim.create(&ds).unwrap();
+    let (node, iid) = nodes_of(&w, "web").remove(0);
+    ready(&w, 1).await;
+    // What CA does before DeleteNodes with the flag left at its default.
+    let fluentd = w
+        .sim
+        .list::<Pod>()
+        .into_iter()
+        .find(|p| {
+            p["metadata"]["name"]
+                .as_str()
+                .unwrap()
+                .starts_with("fluentd")
+        })
+        .unwrap();
+    let name = fluentd["metadata"]["name"].as_str().unwrap().to_string();
+    let pods: kube::Api<Pod> = kube::Api::namespaced(w.sim.client(), "logging");
+    pods.evict(&name, &Default::default()).await.unwrap();
+    delete_nodes(&mut w, "web", &[(node, iid.clone())]).await;
+    assert_eq!(w.engine.wait_for(&iid).await, Some(Outcome::Ended));
+    let ev = reasons(&w);
+    assert!(
+        ev.iter().any(|(r, n)| r == "DaemonSetEvictedEarly"
+            && n.contains(&name)
+            && n.contains("--daemonset-eviction-for-occupied-nodes=false")
+            && n.contains("enable-ds-eviction")),
+        "{ev:?}"
+    );
+}

@@ -278,6 +278,10 @@ async fn drain_node(engine: &Engine, req: &DrainRequest, node: &str) -> Result<(
         )));
     }
 
+    if req.source == Source::ClusterAutoscaler {
+        warn_daemonsets_evicted_early(&d, &pods).await;
+    }
+
     // Phase 1: every workload pod.
     match phase(&d, &mut pods, plan::Phase::Workloads, workload_deadline).await {
         Ok(()) => {
@@ -372,6 +376,35 @@ async fn daemonset_phase(
             .await
         }
     }
+}
+
+/// CA left at `--daemonset-eviction-for-occupied-nodes=true` evicts DaemonSet pods
+/// itself, with the workloads, before DeleteNodes: the log shipper is already going
+/// when the drain starts. Say so once per drain, naming the pods and the fix.
+async fn warn_daemonsets_evicted_early(d: &NodeDrain<'_>, pods: &NodePods) {
+    let early: Vec<String> = pods
+        .pods()
+        .iter()
+        .filter(|p| plan::is_daemonset_pod(p) && p.metadata.deletion_timestamp.is_some())
+        .map(|p| plan::pod_ref(p).to_string())
+        .collect();
+    if early.is_empty() {
+        return;
+    }
+    metrics()
+        .daemonset_pods_evicted_early
+        .inc_by(early.len() as u64);
+    d.engine
+        .events
+        .node(
+            d.node,
+            Reason::DaemonSetEvictedEarly,
+            format!(
+                "DaemonSet pods were already terminating when the drain began ({}): cluster-autoscaler evicted them with the workloads, so logs written by the workloads' last seconds may be lost; run CA with --daemonset-eviction-for-occupied-nodes=false, or annotate the DaemonSet's pods cluster-autoscaler.kubernetes.io/enable-ds-eviction: \"false\"",
+                early.join(", ")
+            ),
+        )
+        .await;
 }
 
 /// A `proceed` deadline passed with workload pods left: the instance ends anyway, so

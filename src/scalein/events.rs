@@ -27,6 +27,7 @@ pub enum Reason {
     DrainFailed,
     HeartbeatFailed,
     PodNotWaitedFor,
+    DaemonSetEvictedEarly,
 }
 
 impl Reason {
@@ -45,6 +46,7 @@ impl Reason {
             Reason::DrainFailed => "DrainFailed",
             Reason::HeartbeatFailed => "LifecycleHeartbeatFailed",
             Reason::PodNotWaitedFor => "PodNotWaitedFor",
+            Reason::DaemonSetEvictedEarly => "DaemonSetEvictedEarly",
         }
     }
 
@@ -58,6 +60,7 @@ impl Reason {
                 | Reason::EvictingDoNotDisrupt
                 | Reason::HeartbeatFailed
                 | Reason::PodNotWaitedFor
+                | Reason::DaemonSetEvictedEarly
         )
     }
 }

@@ -64,6 +64,7 @@ pub struct Metrics {
     pub leader: Gauge,
     pub drains_without_node: Counter,
     pub lifecycle_waiting: Gauge,
+    pub daemonset_pods_evicted_early: Counter,
 }
 
 fn rpc_histogram() -> Histogram {
@@ -99,6 +100,7 @@ impl Metrics {
             leader: Gauge::default(),
             drains_without_node: Counter::default(),
             lifecycle_waiting: Gauge::default(),
+            daemonset_pods_evicted_early: Counter::default(),
             registry: Registry::default(),
         };
         r.register(
@@ -187,6 +189,11 @@ impl Metrics {
             "lifecycle_instances_waiting",
             "Instances held in Terminating:Wait by our hook that are being heartbeated",
             m.lifecycle_waiting.clone(),
+        );
+        r.register(
+            "daemonset_pods_evicted_early",
+            "DaemonSet pods found terminating when a drain CA asked for began (CA evicted them itself)",
+            m.daemonset_pods_evicted_early.clone(),
         );
         Self { registry: r, ..m }
     }
