@@ -54,7 +54,7 @@ pub async fn run(args: ConfigArgs) -> ExitCode {
         }
     };
     let provider = Provider::new(cloud, cfg.provider.clone());
-    let aws_ok = report(&provider).await == ExitCode::SUCCESS;
+    let aws_ok = report(&provider, &cfg.scale_in).await == ExitCode::SUCCESS;
     let kube_ok = if cfg.drain_enabled {
         match crate::scalein::kube_client().await {
             Ok(client) => {
@@ -142,7 +142,10 @@ Kubernetes permissions (SelfSubjectAccessReview):"
 }
 
 /// Reads AWS through `provider` and prints what it found; shared with tests.
-pub async fn report(provider: &std::sync::Arc<Provider>) -> ExitCode {
+pub async fn report(
+    provider: &std::sync::Arc<Provider>,
+    scale_in: &crate::scalein::ScaleInSettings,
+) -> ExitCode {
     let mut problems: Vec<String> = Vec::new();
     if let Err(e) = provider.refresh_now().await {
         println!("AWS: FAILED to read Auto Scaling Groups: {e}");
@@ -168,15 +171,24 @@ pub async fn report(provider: &std::sync::Arc<Provider>) -> ExitCode {
             g.asg.desired_capacity,
             g.asg.instances.len()
         );
-        let mode = if g.hooks.is_empty() {
-            "direct (no EC2_INSTANCE_TERMINATING hook)".to_string()
-        } else {
-            format!(
+        let ours = g.hooks.iter().find(|h| h.name == scale_in.hook_name);
+        let mode = match ours {
+            None => format!(
+                "direct (no EC2_INSTANCE_TERMINATING hook named {})",
+                scale_in.hook_name
+            ),
+            Some(h) => format!(
                 "lifecycle hook {} (heartbeat timeout {}s)",
-                g.hooks[0].name, g.hooks[0].heartbeat_timeout_secs
-            )
+                h.name, h.heartbeat_timeout_secs
+            ),
         };
         println!("    scale-in: {mode}");
+        problems.extend(hook_problems(
+            &g.asg.name,
+            &g.hooks,
+            &scale_in.hook_name,
+            scale_in.lifecycle_poll_interval,
+        ));
         for w in &g.warnings {
             problems.push(w.clone());
         }
@@ -240,4 +252,29 @@ pub fn print_template(node: &k8s_pb::api::core::v1::Node) {
         println!("    capacity:    {}", q(&status.capacity));
         println!("    allocatable: {}", q(&status.allocatable));
     }
+}
+
+/// What is wrong with a group's terminating hooks, for this service's drain. Pure.
+pub fn hook_problems(
+    group: &str,
+    hooks: &[crate::cloud::LifecycleHook],
+    ours: &str,
+    poll: std::time::Duration,
+) -> Vec<String> {
+    let mut out = Vec::new();
+    for h in hooks {
+        if h.name != ours {
+            out.push(format!(
+                "group {group}: another EC2_INSTANCE_TERMINATING hook {:?} (NTH's or another tool's): this service completes only {ours:?}, and two drainers end each instance when the first of them is done; remove one",
+                h.name
+            ));
+        } else if u64::try_from(h.heartbeat_timeout_secs).unwrap_or(0) <= poll.as_secs() {
+            out.push(format!(
+                "group {group}: hook {ours:?} times out after {}s, not longer than scaleIn.lifecyclePollInterval {}s: an instance can expire before the scan finds it; lower the poll interval or raise the hook's timeout",
+                h.heartbeat_timeout_secs,
+                poll.as_secs()
+            ));
+        }
+    }
+    out
 }

@@ -31,7 +31,10 @@ async fn check_config_reports_groups_and_problems() {
         ..ProviderSettings::default()
     };
     let p = Provider::new(Arc::new(cloud.clone()), ok);
-    assert_eq!(ca_asg_provider::check::report(&p).await, ExitCode::SUCCESS);
+    assert_eq!(
+        ca_asg_provider::check::report(&p, &Default::default()).await,
+        ExitCode::SUCCESS
+    );
     // A missing group and bounds outside the ASG's are problems: exit 1.
     let mut bad = ProviderSettings {
         selector: GroupSelector {
@@ -48,7 +51,10 @@ async fn check_config_reports_groups_and_problems() {
         },
     );
     let p = Provider::new(Arc::new(cloud), bad);
-    assert_eq!(ca_asg_provider::check::report(&p).await, ExitCode::FAILURE);
+    assert_eq!(
+        ca_asg_provider::check::report(&p, &Default::default()).await,
+        ExitCode::FAILURE
+    );
 }
 
 #[tokio::test]
@@ -197,6 +203,30 @@ async fn the_drain_waits_for_volume_attachments_to_detach() {
     assert!(
         va_gone < detached_event,
         "the drain finished only after the attachment was gone"
+    );
+}
+
+#[test]
+fn check_config_warns_of_another_drainers_hook_and_a_hook_shorter_than_the_poll() {
+    use ca_asg_provider::check::hook_problems;
+    use ca_asg_provider::cloud::LifecycleHook;
+    let hook = |name: &str, secs| LifecycleHook {
+        name: name.into(),
+        heartbeat_timeout_secs: secs,
+        default_result: "CONTINUE".into(),
+    };
+    let poll = Duration::from_secs(15);
+    assert!(hook_problems("web", &[hook("ours", 300)], "ours", poll).is_empty());
+    let p = hook_problems("web", &[hook("ours", 300), hook("nth", 300)], "ours", poll);
+    assert_eq!(p.len(), 1);
+    assert!(
+        p[0].contains("\"nth\"") && p[0].contains("two drainers"),
+        "{p:?}"
+    );
+    let p = hook_problems("web", &[hook("ours", 10)], "ours", poll);
+    assert!(
+        p[0].contains("10s") && p[0].contains("lifecyclePollInterval 15s"),
+        "{p:?}"
     );
 }
 
