@@ -375,3 +375,78 @@ async fn daemonset_pods_ca_evicted_early_are_reported() {
         "{ev:?}"
     );
 }
+
+/// Item 8: the volume wait leaves out the volume of a pod that stays on the node (its
+/// kubelet died, nothing will unmount it) and still waits for the others.
+#[tokio::test]
+async fn the_volume_wait_leaves_out_volumes_of_pods_that_stay() {
+    use k8s_openapi::api::core::v1::{
+        PersistentVolumeClaim, PersistentVolumeClaimSpec, PersistentVolumeClaimVolumeSource, Volume,
+    };
+    let mut w = world(
+        vec![MemoryGroup::new("web", 0, 3, 1, "m5.large")],
+        ScaleInSettings {
+            volume_deadline: Duration::from_secs(60),
+            ..settings(30)
+        },
+        Duration::from_millis(20),
+    )
+    .await;
+    let (node, iid) = nodes_of(&w, "web").remove(0);
+    let mut db = fixtures::pod("shop", "db", &node, "db", 0.0);
+    db.spec.as_mut().unwrap().volumes = Some(vec![Volume {
+        name: "data".into(),
+        persistent_volume_claim: Some(PersistentVolumeClaimVolumeSource {
+            claim_name: "db-data".into(),
+            read_only: None,
+        }),
+        ..Default::default()
+    }]);
+    w.sim.create(&db).unwrap();
+    w.sim
+        .create(&PersistentVolumeClaim {
+            metadata: ObjectMeta {
+                name: Some("db-data".into()),
+                namespace: Some("shop".into()),
+                ..Default::default()
+            },
+            spec: Some(PersistentVolumeClaimSpec {
+                volume_name: Some("pv-db".into()),
+                ..Default::default()
+            }),
+            status: None,
+        })
+        .unwrap();
+    ready(&w, 1).await;
+    let va = |name: &str, pv: &str| VolumeAttachment {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            ..Default::default()
+        },
+        spec: VolumeAttachmentSpec {
+            attacher: "ebs.csi.aws.com".into(),
+            node_name: node.clone(),
+            source: VolumeAttachmentSource {
+                persistent_volume_name: Some(pv.into()),
+                ..Default::default()
+            },
+        },
+        status: None,
+    };
+    w.sim.create(&va("va-db", "pv-db")).unwrap();
+    w.sim.create(&va("va-other", "pv-other")).unwrap();
+    w.sim.stop_kubelet(&node).unwrap();
+    delete_nodes(&mut w, "web", &[(node, iid.clone())]).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(
+        w.engine.is_draining(&iid),
+        "pv-other was still attached, yet the drain did not wait for it"
+    );
+    assert!(w.sim.remove::<VolumeAttachment>("", "va-other"));
+    assert_eq!(w.engine.wait_for(&iid).await, Some(Outcome::Ended));
+    assert!(
+        w.sim.get::<VolumeAttachment>("", "va-db").is_some(),
+        "the stuck pod's volume is still attached, and the drain did not wait for it"
+    );
+    support::rbac::assert_rbac_covers(&w.sim);
+}

@@ -315,9 +315,22 @@ async fn drain_node(engine: &Engine, req: &DrainRequest, node: &str) -> Result<(
         daemonset_phase(&d, &mut pods, plan::Phase::DaemonSets).await?;
     }
 
-    // Phase 3: volumes.
+    // Phase 3: volumes, but not those of pods that stay on the node.
     let stage = m.stage("volumes");
-    let left = volumes::wait_detached(engine, node, Instant::now() + s.volume_deadline).await;
+    let staying: Vec<Pod> = pods
+        .pods()
+        .into_iter()
+        .filter(|p| {
+            !matches!(
+                plan::classify(p),
+                Disposition::Evict(Tier::CriticalDaemonSet)
+                    | Disposition::Wait(Tier::CriticalDaemonSet)
+            )
+        })
+        .collect();
+    let staying = volumes::volumes_of(engine, &staying).await;
+    let left =
+        volumes::wait_detached(engine, node, Instant::now() + s.volume_deadline, &staying).await;
     if left.is_empty() {
         engine
             .events

@@ -58,6 +58,12 @@ pub const REQUIRED: &[Permission] = &[
         "evict through the Eviction API (PDB-aware)",
     ),
     p(
+        "get",
+        "",
+        "persistentvolumeclaims",
+        "leave out of the volume wait the volumes of pods that stay on the node",
+    ),
+    p(
         "list",
         "policy",
         "poddisruptionbudgets",

@@ -56,6 +56,13 @@ pub const RESOURCES: &[ResourceDef] = &[
     ResourceDef {
         group: "",
         version: "v1",
+        plural: "persistentvolumeclaims",
+        kind: "PersistentVolumeClaim",
+        namespaced: true,
+    },
+    ResourceDef {
+        group: "",
+        version: "v1",
         plural: "namespaces",
         kind: "Namespace",
         namespaced: false,
