@@ -450,3 +450,35 @@ async fn the_volume_wait_leaves_out_volumes_of_pods_that_stay() {
     );
     support::rbac::assert_rbac_covers(&w.sim);
 }
+
+/// Item 5: a drain resumed after its workload deadline under `proceed` still ends the
+/// workloads first, then runs the DaemonSet phase, instead of ending the instance
+/// with the log shipper never evicted.
+#[tokio::test]
+async fn a_drain_resumed_past_its_deadline_still_takes_the_daemonsets_last() {
+    let s = ScaleInSettings {
+        workload_deadline_policy: DeadlinePolicy::Proceed,
+        ..settings(1)
+    };
+    let mut w = world(
+        vec![MemoryGroup::new("web", 0, 3, 1, "m5.large")],
+        s.clone(),
+        Duration::from_millis(20),
+    )
+    .await;
+    let (node, iid) = node_with_fluentd_and_app(&w, 0.2).await;
+    w.sim.create(&fixtures::pdb("shop", "app", 0)).unwrap();
+    delete_nodes(&mut w, "web", &[(node, iid.clone())]).await;
+    // The service dies at once and comes back after the deadline has passed.
+    w.engine.abort_all();
+    w.engine.shutdown();
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let (provider2, engine2, _ca2) = service(&w.sim, &w.cloud, &w.groups, s).await;
+    assert_eq!(
+        ca_asg_provider::scalein::lifecycle::resume(&engine2, &provider2).await,
+        1
+    );
+    assert_eq!(engine2.wait_for(&iid).await, Some(Outcome::Ended));
+    let a = w.sim.audit();
+    assert!(first(&a, "removed", "app") < first(&a, "evicted", "fluentd"));
+}
