@@ -10,7 +10,7 @@ use ca_asg_provider::cloud::{Cloud, LifecycleResult, LifecycleState};
 use ca_asg_provider::proto;
 use ca_asg_provider::scalein::{self, cordon, Outcome, ScaleInSettings};
 use ca_asg_provider::sim::fixtures;
-use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 
 mod support;
@@ -59,15 +59,7 @@ async fn growing_a_group_while_direct_drains_run_ends_no_instance_of_the_asgs_ch
             .unwrap();
     }
     w.sim.create(&fixtures::pdb("shop", "held", 0)).unwrap();
-    eventually("held pods ready", 10, || {
-        w.sim
-            .list::<Pod>()
-            .iter()
-            .filter(|p| p["status"]["conditions"][0]["status"] == "True")
-            .count()
-            == 2
-    })
-    .await;
+    pods_ready(&w, 2).await;
 
     delete_nodes(&mut w, "web", &victims).await;
     // Recorded before DeleteNodes answered: cordoned, tainted, marked.

@@ -10,9 +10,7 @@ use ca_asg_provider::cloud::LifecycleResult;
 use ca_asg_provider::scalein::{DeadlinePolicy, Outcome, ScaleInSettings};
 use ca_asg_provider::sim::{self, cluster, fixtures};
 use k8s_openapi::api::core::v1::{Pod, Toleration};
-use k8s_openapi::api::storage::v1::{
-    VolumeAttachment, VolumeAttachmentSource, VolumeAttachmentSpec,
-};
+use k8s_openapi::api::storage::v1::VolumeAttachment;
 use kube::api::ObjectMeta;
 
 mod support;
@@ -30,18 +28,6 @@ fn settings(deadline_secs: u64) -> ScaleInSettings {
 
 fn reasons(w: &World) -> Vec<(String, String)> {
     events(&w.sim)
-}
-
-async fn ready(w: &World, n: usize) {
-    eventually("pods ready", 10, || {
-        w.sim
-            .list::<Pod>()
-            .iter()
-            .filter(|p| p["status"]["conditions"][0]["status"] == "True")
-            .count()
-            >= n
-    })
-    .await;
 }
 
 fn first(audit: &[sim::AuditEntry], verb: &str, prefix: &str) -> usize {
@@ -75,7 +61,7 @@ async fn a_replacement_that_tolerates_the_drain_taint_is_not_chased() {
         ..Default::default()
     }]);
     w.sim.create(&rs).unwrap();
-    ready(&w, 1).await;
+    pods_ready(&w, 1).await;
     delete_nodes(&mut w, "web", &[(node.clone(), iid.clone())]).await;
     assert_eq!(w.engine.wait_for(&iid).await, Some(Outcome::Ended));
     let evicted = w
@@ -149,7 +135,7 @@ async fn stuck_and_finalizer_held_pods_do_not_hold_the_drain() {
     let mut held = fixtures::pod("shop", "held", &node, "held", 0.0);
     held.metadata.finalizers = Some(vec!["example.com/keep".into()]);
     w.sim.create(&held).unwrap();
-    ready(&w, 2).await;
+    pods_ready(&w, 2).await;
     delete_nodes(&mut w, "web", &[(node.clone(), iid.clone())]).await;
     assert_eq!(w.engine.wait_for(&iid).await, Some(Outcome::Ended));
     assert!(w.sim.get::<Pod>("shop", "wedged").is_some());
@@ -236,7 +222,7 @@ async fn throttled_evictions_are_not_budget_blocks_and_overlapping_budgets_are_n
     w.sim
         .create(&fixtures::pod("shop", "busy", &n1, "busy", 0.0))
         .unwrap();
-    ready(&w, 1).await;
+    pods_ready(&w, 1).await;
     w.sim.throttle("create", "pods/eviction", 2);
     delete_nodes(&mut w, "web", &[(n1, i1.clone())]).await;
     assert_eq!(w.engine.wait_for(&i1).await, Some(Outcome::Ended));
@@ -254,7 +240,7 @@ async fn throttled_evictions_are_not_budget_blocks_and_overlapping_budgets_are_n
     second.metadata.name = Some("double-again".into());
     w.sim.create(&fixtures::pdb("shop", "double", 1)).unwrap();
     w.sim.create(&second).unwrap();
-    ready(&w, 1).await;
+    pods_ready(&w, 1).await;
     delete_nodes(&mut w, "web", &[(n2, i2.clone())]).await;
     eventually("an Event naming both budgets", 10, || {
         reasons(&w).iter().any(|(r, n)| {
@@ -293,23 +279,9 @@ async fn node_critical_daemonsets_leave_after_the_volumes() {
         .unwrap()
         .priority_class_name = Some("system-node-critical".into());
     w.sim.create(&csi).unwrap();
-    ready(&w, 3).await;
+    pods_ready(&w, 3).await;
     w.sim
-        .create(&VolumeAttachment {
-            metadata: ObjectMeta {
-                name: Some("csi-vol".into()),
-                ..Default::default()
-            },
-            spec: VolumeAttachmentSpec {
-                attacher: "ebs.csi.aws.com".into(),
-                node_name: node.clone(),
-                source: VolumeAttachmentSource {
-                    persistent_volume_name: Some("pv-1".into()),
-                    ..Default::default()
-                },
-            },
-            status: None,
-        })
+        .create(&fixtures::volume_attachment("csi-vol", &node, "pv-1"))
         .unwrap();
     delete_nodes(&mut w, "web", &[(node, iid.clone())]).await;
     eventually("fluentd evicted", 10, || {
@@ -348,7 +320,7 @@ async fn daemonset_pods_ca_evicted_early_are_reported() {
         .termination_grace_period_seconds = Some(30);
     w.sim.create(&ds).unwrap();
     let (node, iid) = nodes_of(&w, "web").remove(0);
-    ready(&w, 1).await;
+    pods_ready(&w, 1).await;
     // What CA does before DeleteNodes with the flag left at its default.
     let fluentd = w
         .sim
@@ -417,24 +389,12 @@ async fn the_volume_wait_leaves_out_volumes_of_pods_that_stay() {
             status: None,
         })
         .unwrap();
-    ready(&w, 1).await;
-    let va = |name: &str, pv: &str| VolumeAttachment {
-        metadata: ObjectMeta {
-            name: Some(name.into()),
-            ..Default::default()
-        },
-        spec: VolumeAttachmentSpec {
-            attacher: "ebs.csi.aws.com".into(),
-            node_name: node.clone(),
-            source: VolumeAttachmentSource {
-                persistent_volume_name: Some(pv.into()),
-                ..Default::default()
-            },
-        },
-        status: None,
-    };
-    w.sim.create(&va("va-db", "pv-db")).unwrap();
-    w.sim.create(&va("va-other", "pv-other")).unwrap();
+    pods_ready(&w, 1).await;
+    for (name, pv) in [("va-db", "pv-db"), ("va-other", "pv-other")] {
+        w.sim
+            .create(&fixtures::volume_attachment(name, &node, pv))
+            .unwrap();
+    }
     w.sim.stop_kubelet(&node).unwrap();
     delete_nodes(&mut w, "web", &[(node, iid.clone())]).await;
     tokio::time::sleep(Duration::from_millis(500)).await;

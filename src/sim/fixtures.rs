@@ -7,6 +7,9 @@ use k8s_openapi::api::core::v1::{
     Container, Node, NodeCondition, NodeSpec, NodeStatus, Pod, PodSpec, PodTemplateSpec, Toleration,
 };
 use k8s_openapi::api::policy::v1::{PodDisruptionBudget, PodDisruptionBudgetSpec};
+use k8s_openapi::api::storage::v1::{
+    VolumeAttachment, VolumeAttachmentSource, VolumeAttachmentSpec,
+};
 use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
 use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
 
@@ -148,6 +151,25 @@ pub fn pdb(ns: &str, app: &str, max_unavailable: i32) -> PodDisruptionBudget {
             }),
             ..Default::default()
         }),
+        status: None,
+    }
+}
+
+/// A CSI VolumeAttachment of persistent volume `pv` to `node`.
+pub fn volume_attachment(name: &str, node: &str, pv: &str) -> VolumeAttachment {
+    VolumeAttachment {
+        metadata: ObjectMeta {
+            name: Some(name.into()),
+            ..Default::default()
+        },
+        spec: VolumeAttachmentSpec {
+            attacher: "ebs.csi.aws.com".into(),
+            node_name: node.into(),
+            source: VolumeAttachmentSource {
+                persistent_volume_name: Some(pv.into()),
+                ..Default::default()
+            },
+        },
         status: None,
     }
 }

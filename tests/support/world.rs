@@ -223,3 +223,16 @@ pub fn events(sim: &SimCluster) -> Vec<(String, String)> {
         })
         .collect()
 }
+
+/// Waits until at least `n` pods are Ready.
+pub async fn pods_ready(w: &World, n: usize) {
+    eventually("pods ready", 10, || {
+        w.sim
+            .list::<Pod>()
+            .iter()
+            .filter(|p| p["status"]["conditions"][0]["status"] == "True")
+            .count()
+            >= n
+    })
+    .await;
+}
