@@ -51,9 +51,16 @@ pub fn heartbeats(
                     every
                 }
                 Err(CloudError::Rejected { code, message, .. }) if code == "ValidationError" => {
-                    Metrics::outcome(&metrics().heartbeats, "stopped");
-                    tracing::info!(instance = %action.instance_id, hook = %action.hook, %message, "no active lifecycle action any more; heartbeats stop");
-                    return;
+                    // No action now. Right after TerminateInstanceInAutoScalingGroup the
+                    // instance may not have reached Terminating:Wait yet: only an
+                    // instance past the hook (or gone) ends the heartbeats.
+                    if !may_still_wait(&engine, &action.instance_id).await {
+                        Metrics::outcome(&metrics().heartbeats, "stopped");
+                        tracing::info!(instance = %action.instance_id, hook = %action.hook, %message, "no active lifecycle action any more; heartbeats stop");
+                        return;
+                    }
+                    tracing::debug!(instance = %action.instance_id, hook = %action.hook, "no lifecycle action yet; the instance has not reached Terminating:Wait");
+                    (every / 4).max(Duration::from_millis(100))
                 }
                 Err(e) => {
                     Metrics::outcome(&metrics().heartbeats, "error");
@@ -80,6 +87,26 @@ pub fn heartbeats(
             tokio::time::sleep(next).await;
         }
     })
+}
+
+/// Whether the instance can still be (or come to be) held by the hook: it is in
+/// service, terminating before the hook, or waiting. Unknown answers say yes.
+async fn may_still_wait(engine: &Engine, instance_id: &str) -> bool {
+    match engine
+        .cloud
+        .locate_instances(&[instance_id.to_string()])
+        .await
+    {
+        Ok(found) => found.first().is_some_and(|l| {
+            matches!(
+                l.state,
+                LifecycleState::InService
+                    | LifecycleState::Terminating
+                    | LifecycleState::TerminatingWait
+            )
+        }),
+        Err(_) => true,
+    }
 }
 
 /// Counts a gauge up for as long as it lives.

@@ -508,7 +508,16 @@ fn spawn_marks_sync(
             let Some(p) = provider.upgrade() else { return };
             p.sync_direct_drains(nodes::direct_marks(&store));
             drop(p);
-            let _ = tokio::time::timeout(Duration::from_secs(2), changes.changed()).await;
+            match tokio::time::timeout(Duration::from_secs(2), changes.changed()).await {
+                Ok(Ok(())) => {
+                    // Coalesce a burst of Node updates into one pass over the Nodes.
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    changes.borrow_and_update();
+                }
+                // The Node watch is gone: keep re-reading its last state slowly.
+                Ok(Err(_)) => tokio::time::sleep(Duration::from_secs(2)).await,
+                Err(_) => {}
+            }
         }
     })
 }
