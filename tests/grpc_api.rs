@@ -417,6 +417,18 @@ async fn failed_launches_show_as_placeholders_with_out_of_resources() {
         assert_eq!(e.instance_error_class, 1, "OutOfResources");
         assert_eq!(e.error_code, "InsufficientInstanceCapacity");
     }
+    // CA builds a fake node per placeholder (name = providerID = the id) and asks for
+    // its group: it must be the group, or CA never counts it as unregistered.
+    for i in &inst {
+        assert_eq!(group_of(&mut h, &i.id).await, "gpu", "{}", i.id);
+        let bare = i.id.rsplit('/').next().unwrap();
+        assert_eq!(group_of(&mut h, bare).await, "gpu", "{bare}");
+    }
+    assert_eq!(
+        group_of(&mut h, "aws:///us-east-1a/i-placeholder-nosuchgroup-0").await,
+        "",
+        "a placeholder of an unmanaged group maps to no group"
+    );
     // CA may delete placeholders: that lowers desired capacity, nothing is terminated.
     let ph = inst[0].id.clone();
     h.ca.node_group_delete_nodes(proto::NodeGroupDeleteNodesRequest {

@@ -43,6 +43,14 @@ pub fn is_placeholder(instance_id: &str) -> bool {
     instance_id.starts_with(PLACEHOLDER_PREFIX)
 }
 
+/// The group a placeholder id names: `i-placeholder-<group>-<n>` (group names may
+/// contain dashes; the last dash-separated part is the index).
+pub fn placeholder_group(instance_id: &str) -> Option<&str> {
+    let rest = instance_id.strip_prefix(PLACEHOLDER_PREFIX)?;
+    let (group, n) = rest.rsplit_once('-')?;
+    (!group.is_empty() && !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit())).then_some(group)
+}
+
 /// ASG lifecycle state -> CA state. Standby and detaching instances are not serving
 /// but still exist, so CA sees them as running (it must not count them as launching).
 pub fn map_state(state: &LifecycleState) -> InstanceState {
@@ -121,6 +129,16 @@ pub fn list(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn placeholder_ids_name_their_group() {
+        assert_eq!(placeholder_group("i-placeholder-web-0"), Some("web"));
+        assert_eq!(placeholder_group("i-placeholder-eks-ng-a1-b2-12"), Some("eks-ng-a1-b2"));
+        assert_eq!(placeholder_group("i-placeholder-web-"), None);
+        assert_eq!(placeholder_group("i-placeholder-web-x"), None);
+        assert_eq!(placeholder_group("i-placeholder--3"), None);
+        assert_eq!(placeholder_group("i-0abc"), None);
+    }
 
     fn inst(id: &str, state: &str) -> AsgInstance {
         AsgInstance {

@@ -310,6 +310,12 @@ impl Provider {
         if let Some(name) = self.overlay.lock().located.get(id) {
             return reg.group(name).map(GroupInfo::from);
         }
+        // CA builds a fake node for every instance that never registered (placeholders
+        // included, name = providerID); it must map to its group, or CA never counts
+        // it as unregistered and never cleans it up.
+        if let Some(g) = instances::placeholder_group(id).and_then(|name| reg.group(name)) {
+            return Some(GroupInfo::from(g));
+        }
         if pid.starts_with("aws://") && !instances::is_placeholder(id) {
             self.enqueue_lookup(id);
         }
