@@ -626,3 +626,33 @@ async fn gpu_label_pricing_and_cleanup() {
     assert_eq!(target(&mut h, "web").await, 2);
     h.ca.refresh(proto::RefreshRequest {}).await.unwrap();
 }
+
+/// A hostile id (4 MiB, control characters) gets a short answer: the value is echoed
+/// escaped and capped, so many such calls cannot blow up memory.
+#[tokio::test]
+async fn huge_and_hostile_values_are_echoed_capped_and_escaped() {
+    let mut h = start().await;
+    let id = format!("web\u{1b}[31m{}", "x".repeat((4 << 20) - 64));
+    let e =
+        h.ca.node_group_target_size(proto::NodeGroupTargetSizeRequest { id })
+            .await
+            .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::NotFound);
+    assert!(e.message().len() < 256, "{} bytes", e.message().len());
+    assert!(e.message().contains("\\u{1b}"), "{}", e.message());
+    assert!(!e.message().contains('\u{1b}'));
+    let name = "n".repeat(1 << 20);
+    let e =
+        h.ca.node_group_delete_nodes(proto::NodeGroupDeleteNodesRequest {
+            id: "web".into(),
+            nodes: vec![proto::ExternalGrpcNode {
+                provider_id: format!("gce://{name}"),
+                name,
+                ..Default::default()
+            }],
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::InvalidArgument);
+    assert!(e.message().len() < 512, "{} bytes", e.message().len());
+}

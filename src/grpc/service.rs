@@ -27,8 +27,24 @@ impl CloudProviderService {
     }
 }
 
+/// Longest status message sent: values from requests are capped where they are
+/// echoed; this bounds whatever else a message carries (AWS's own texts).
+const STATUS_MESSAGE_MAX: usize = 2048;
+
 /// Maps core errors to gRPC codes. CA logs the message, so it carries the numbers.
 pub fn status(e: ProviderError) -> Status {
+    let s = status_uncapped(e);
+    if s.message().len() <= STATUS_MESSAGE_MAX {
+        return s;
+    }
+    let mut cut = STATUS_MESSAGE_MAX;
+    while !s.message().is_char_boundary(cut) {
+        cut -= 1;
+    }
+    Status::new(s.code(), format!("{}... (truncated)", &s.message()[..cut]))
+}
+
+fn status_uncapped(e: ProviderError) -> Status {
     match e {
         ProviderError::UnknownGroup(_) => Status::not_found(e.to_string()),
         ProviderError::InvalidArgument(m) => Status::invalid_argument(m),

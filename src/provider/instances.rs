@@ -133,7 +133,10 @@ mod tests {
     #[test]
     fn placeholder_ids_name_their_group() {
         assert_eq!(placeholder_group("i-placeholder-web-0"), Some("web"));
-        assert_eq!(placeholder_group("i-placeholder-eks-ng-a1-b2-12"), Some("eks-ng-a1-b2"));
+        assert_eq!(
+            placeholder_group("i-placeholder-eks-ng-a1-b2-12"),
+            Some("eks-ng-a1-b2")
+        );
         assert_eq!(placeholder_group("i-placeholder-web-"), None);
         assert_eq!(placeholder_group("i-placeholder-web-x"), None);
         assert_eq!(placeholder_group("i-placeholder--3"), None);

@@ -33,7 +33,7 @@ use template::TemplateOverrides;
 /// Errors the core returns; the gRPC layer maps each to a status code.
 #[derive(Debug, thiserror::Error)]
 pub enum ProviderError {
-    #[error("node group {0:?} is not managed by this provider")]
+    #[error("node group {} is not managed by this provider", echo(.0))]
     UnknownGroup(String),
     #[error("{0}")]
     InvalidArgument(String),
@@ -624,8 +624,9 @@ impl Provider {
                 };
                 let iid = provider_id::instance_id(pid).ok_or_else(|| {
                     ProviderError::InvalidArgument(format!(
-                        "node {:?}: providerID {:?} is not an AWS instance",
-                        n.name, n.provider_id
+                        "node {}: providerID {} is not an AWS instance",
+                        echo(&n.name),
+                        echo(&n.provider_id)
                     ))
                 })?;
                 if !seen.insert(iid.to_string()) {
@@ -647,12 +648,12 @@ impl Provider {
                             .or_else(|| ov.located.get(iid).cloned());
                         return Err(ProviderError::InvalidArgument(match owner {
                             Some(o) => format!(
-                                "node {:?} (instance {iid}) belongs to node group {o}, not {id}",
-                                n.name
+                                "node {} (instance {iid}) belongs to node group {o}, not {id}",
+                                echo(&n.name)
                             ),
                             None => format!(
-                                "node {:?} (instance {iid}) is not in node group {id}",
-                                n.name
+                                "node {} (instance {iid}) is not in node group {id}",
+                                echo(&n.name)
                             ),
                         }));
                     }
@@ -710,6 +711,28 @@ impl Provider {
         tracing::info!("cleanup requested by cluster-autoscaler");
     }
 }
+
+/// A value from a request as error messages echo it: quoted, control characters
+/// escaped, at most [`ECHO_MAX`] characters (then how long it really was), so a
+/// hostile request cannot make the answer large.
+pub fn echo(value: &str) -> String {
+    let mut out = String::with_capacity(ECHO_MAX.min(value.len()) + 32);
+    out.push('"');
+    let mut shown = 0;
+    for c in value.chars() {
+        if shown == ECHO_MAX {
+            out.push_str(&format!("\"... ({} bytes)", value.len()));
+            return out;
+        }
+        out.extend(c.escape_debug());
+        shown += 1;
+    }
+    out.push('"');
+    out
+}
+
+/// Most characters of a request value an error message repeats.
+pub const ECHO_MAX: usize = 128;
 
 pub(crate) fn unix_now() -> i64 {
     SystemTime::now()

@@ -141,6 +141,19 @@ mod tests {
     }
 
     #[test]
+    fn echoed_values_are_escaped_and_capped() {
+        use crate::provider::{echo, ECHO_MAX};
+        assert_eq!(echo("web"), "\"web\"");
+        assert_eq!(echo("a\nb\u{1b}"), "\"a\\nb\\u{1b}\"");
+        let huge = "x".repeat(4 << 20);
+        let e = echo(&huge);
+        assert!(e.len() < ECHO_MAX + 40, "{} bytes", e.len());
+        assert!(e.ends_with("... (4194304 bytes)"), "{e}");
+        let m = ProviderError::UnknownGroup(huge).to_string();
+        assert!(m.len() < 256, "{} bytes", m.len());
+    }
+
+    #[test]
     fn desired_counts_the_drains_and_stays_within_the_asg() {
         assert_eq!(desired_for("g", 3, 0, 10).unwrap(), 3);
         assert_eq!(desired_for("g", 3, 2, 10).unwrap(), 5);
