@@ -29,6 +29,10 @@ pub async fn run(args: ConfigArgs) -> ExitCode {
         "  refresh interval: {}",
         crate::duration::format_duration(cfg.provider.refresh_interval)
     );
+    println!(
+        "  refresh wait:     {} (must stay below CA's grpc_timeout, caCallTimeout)",
+        crate::duration::format_duration(cfg.provider.refresh_wait)
+    );
     for n in &cfg.provider.selector.names {
         println!("  static group:     {n}");
     }

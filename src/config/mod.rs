@@ -34,6 +34,11 @@ pub struct FileConfig {
     pub aws: AwsConfig,
     /// How often Refresh re-reads the ASGs, e.g. `60s`.
     pub refresh_interval: Option<String>,
+    /// How long the Refresh RPC waits for AWS before answering from the last state.
+    pub refresh_wait: Option<String>,
+    /// CA's per-call timeout (its cloud-config `grpc_timeout`, 5 s unless set): every
+    /// answer that may wait (Refresh) must come before it.
+    pub ca_call_timeout: Option<String>,
     /// Static groups, like CA's `--nodes=min:max:name`.
     #[serde(default)]
     pub node_groups: Vec<StaticGroup>,
@@ -323,6 +328,20 @@ pub fn resolve(file: FileConfig, flags: &Overrides, source: &str) -> Result<Conf
         Duration::from_secs(60),
         Duration::from_secs(1),
     );
+    let refresh_wait = duration(
+        "refreshWait",
+        None,
+        file.refresh_wait.as_ref(),
+        Duration::from_secs(4),
+        Duration::from_millis(100),
+    );
+    let ca_call_timeout = duration(
+        "caCallTimeout",
+        None,
+        file.ca_call_timeout.as_ref(),
+        Duration::from_secs(5),
+        Duration::from_millis(500),
+    );
     let launch_failure_window = duration(
         "launchFailureWindow",
         None,
@@ -402,6 +421,14 @@ pub fn resolve(file: FileConfig, flags: &Overrides, source: &str) -> Result<Conf
         ),
         stuck_after: d.stuck_after,
     };
+    if refresh_wait >= ca_call_timeout {
+        bad(
+            "refreshWait",
+            format!(
+                "{refresh_wait:?} must be shorter than caCallTimeout {ca_call_timeout:?} (CA's grpc_timeout): CA would give up on Refresh and fail its loop"
+            ),
+        );
+    }
     if scale_in.max_concurrent_drains == 0 || scale_in.max_concurrent_drains > 10_000 {
         bad(
             "scaleIn.maxConcurrentDrains",
@@ -536,6 +563,7 @@ pub fn resolve(file: FileConfig, flags: &Overrides, source: &str) -> Result<Conf
             selector,
             static_bounds,
             refresh_interval,
+            refresh_wait,
             region,
             templates,
             launch_failure_window,

@@ -264,3 +264,23 @@ fn the_readme_configuration_reference_is_valid() {
         other => panic!("expected only the certificate files to be missing: {other:?}"),
     }
 }
+
+#[test]
+fn refresh_wait_must_stay_below_cas_call_timeout() {
+    let c = ok("refreshWait: 3s\ncaCallTimeout: 10s\nnodeGroups: [{name: web}]\n");
+    assert_eq!(c.provider.refresh_wait, Duration::from_secs(3));
+    assert_eq!(
+        ok("nodeGroups: [{name: web}]\n").provider.refresh_wait,
+        Duration::from_secs(4)
+    );
+    let p = problems(
+        "refreshWait: 6s\nnodeGroups: [{name: web}]\n",
+        &Overrides::default(),
+    );
+    assert_eq!(p.len(), 1, "{p:?}");
+    assert_eq!(p[0].key, "refreshWait");
+    assert!(
+        p[0].message.contains("caCallTimeout") && p[0].message.contains("grpc_timeout"),
+        "{p:?}"
+    );
+}
