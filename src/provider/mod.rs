@@ -718,14 +718,12 @@ impl Provider {
 pub fn echo(value: &str) -> String {
     let mut out = String::with_capacity(ECHO_MAX.min(value.len()) + 32);
     out.push('"');
-    let mut shown = 0;
-    for c in value.chars() {
+    for (shown, c) in value.chars().enumerate() {
         if shown == ECHO_MAX {
             out.push_str(&format!("\"... ({} bytes)", value.len()));
             return out;
         }
         out.extend(c.escape_debug());
-        shown += 1;
     }
     out.push('"');
     out
