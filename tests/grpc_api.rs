@@ -581,6 +581,31 @@ async fn refresh_serves_the_last_state_when_aws_fails_and_fails_when_nothing_was
     );
 }
 
+/// During an AWS outage Refresh backs off (1 s, doubling, up to refreshInterval)
+/// instead of calling AWS on every CA loop, and serves the last state meanwhile.
+#[tokio::test]
+async fn a_failing_refresh_backs_off_instead_of_calling_aws_every_loop() {
+    let mut settings = discovery();
+    settings.refresh_interval = Duration::ZERO;
+    let mut h = start_with(MemoryCloud::new(groups(), fast()), settings, true).await;
+    let before = h.cloud.calls()["describe_groups"];
+    h.cloud.throttle("describe_groups", 1000);
+    for _ in 0..20 {
+        h.ca.refresh(proto::RefreshRequest {}).await.unwrap();
+        assert_eq!(target(&mut h, "web").await, 2, "the last state is served");
+    }
+    let during = h.cloud.calls()["describe_groups"] - before;
+    assert!(
+        during <= 2,
+        "{during} DescribeAutoScalingGroups calls for 20 Refresh RPCs during an outage"
+    );
+    // AWS is back: the next Refresh after the back-off reads it again.
+    h.cloud.throttle("describe_groups", 0);
+    tokio::time::sleep(Duration::from_millis(1100)).await;
+    h.ca.refresh(proto::RefreshRequest {}).await.unwrap();
+    assert!(h.provider.last_refresh_error().is_none());
+}
+
 #[tokio::test]
 async fn refresh_reads_aws_at_most_once_per_interval() {
     let mut settings = discovery();

@@ -39,6 +39,20 @@ struct RefreshInner {
     force: bool,
     hooks: HashMap<String, (Instant, Vec<LifecycleHook>)>,
     missing_static_reported: HashSet<String>,
+    /// Refreshes failed in a row, and when the next may read AWS.
+    failures: u32,
+    retry_at: Option<Instant>,
+}
+
+/// First wait after a failed refresh; it doubles per failure up to the refresh
+/// interval, so an outage or a throttled account is not called on every CA loop.
+const FAILURE_BACKOFF: Duration = Duration::from_secs(1);
+
+/// The wait after `failures` refreshes failed in a row. Pure.
+pub(crate) fn failure_backoff(failures: u32, interval: Duration) -> Duration {
+    let cap = interval.max(FAILURE_BACKOFF);
+    let exp = failures.saturating_sub(1).min(16);
+    FAILURE_BACKOFF.saturating_mul(1u32 << exp).min(cap)
 }
 
 #[derive(Default)]
@@ -52,6 +66,9 @@ impl Provider {
     /// (or was marked stale), waiting at most `refresh_wait`; a slow read finishes in
     /// the background. Fails only when no state was ever loaded.
     pub async fn refresh(self: &Arc<Self>) -> Result<(), ProviderError> {
+        if let Some(e) = self.backing_off() {
+            return self.stale_or_fail(e);
+        }
         if !self.refresh_due() {
             return Ok(());
         }
@@ -81,6 +98,24 @@ impl Provider {
                 "no node-group state loaded yet: {e}"
             )))
         }
+    }
+
+    /// While backing off after failures: the last error, to answer from the last state.
+    fn backing_off(&self) -> Option<ProviderError> {
+        // Before the first load every call may try: there is nothing to serve.
+        if !self.is_loaded() {
+            return None;
+        }
+        let inner = self.refresh.inner.lock();
+        let until = inner.retry_at?;
+        (now() < until).then(|| {
+            ProviderError::Unavailable(format!(
+                "AWS failed {} time(s) in a row; next read in {:?}: {}",
+                inner.failures,
+                until.saturating_duration_since(now()),
+                inner.last_error.as_deref().unwrap_or("unknown error")
+            ))
+        })
     }
 
     fn refresh_due(&self) -> bool {
@@ -113,11 +148,16 @@ impl Provider {
                 metrics::Metrics::outcome(&metrics::metrics().refreshes, "ok");
                 inner.last_ok = Some(started);
                 inner.last_error = None;
+                inner.failures = 0;
+                inner.retry_at = None;
                 self.stats.refreshes.fetch_add(1, Ordering::Relaxed);
             }
             Err(e) => {
                 metrics::Metrics::outcome(&metrics::metrics().refreshes, "failed");
                 inner.last_error = Some(e.to_string());
+                inner.failures += 1;
+                inner.retry_at =
+                    Some(now() + failure_backoff(inner.failures, self.settings.refresh_interval));
                 self.stats.refresh_failures.fetch_add(1, Ordering::Relaxed);
             }
         }
@@ -414,5 +454,25 @@ impl Provider {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn failure_backoff_doubles_up_to_the_refresh_interval() {
+        let minute = Duration::from_secs(60);
+        let waits: Vec<u64> = (1..=8)
+            .map(|n| failure_backoff(n, minute).as_secs())
+            .collect();
+        assert_eq!(waits, vec![1, 2, 4, 8, 16, 32, 60, 60]);
+        assert_eq!(failure_backoff(u32::MAX, minute), minute);
+        assert_eq!(
+            failure_backoff(3, Duration::ZERO),
+            Duration::from_secs(1),
+            "never less than the first wait"
+        );
     }
 }
