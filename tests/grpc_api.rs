@@ -681,3 +681,54 @@ async fn huge_and_hostile_values_are_echoed_capped_and_escaped() {
     assert_eq!(e.code(), tonic::Code::InvalidArgument);
     assert!(e.message().len() < 512, "{} bytes", e.message().len());
 }
+
+/// The front door: connections that never speak (a port scan, a TLS client that never
+/// starts) are closed after the first-byte timeout, at most `max_connections` are
+/// open at once, and CA is still served while such connections come and go.
+#[tokio::test]
+async fn silent_connections_are_closed_and_capped_without_starving_ca() {
+    use tokio::io::AsyncReadExt;
+    let provider = Provider::new(Arc::new(MemoryCloud::new(groups(), fast())), discovery());
+    provider.refresh_now().await.unwrap();
+    let (listener, addr) = ca_asg_provider::grpc::bind("127.0.0.1:0".parse().unwrap())
+        .await
+        .unwrap();
+    let limits = ca_asg_provider::grpc::ConnectionLimits {
+        max_connections: 4,
+        first_byte_timeout: Duration::from_millis(300),
+    };
+    tokio::spawn(ca_asg_provider::grpc::serve_with(
+        listener,
+        provider.clone(),
+        None,
+        std::future::pending(),
+        limits,
+    ));
+    // Ten silent connections: more than the server takes at once.
+    let mut silent = Vec::new();
+    for _ in 0..10 {
+        silent.push(tokio::net::TcpStream::connect(addr).await.unwrap());
+    }
+    // CA connects behind them and is served once the silent ones are closed.
+    let mut ca = tokio::time::timeout(Duration::from_secs(20), async {
+        let mut ca = CloudProviderClient::connect(format!("http://{addr}"))
+            .await
+            .unwrap();
+        ca.node_groups(proto::NodeGroupsRequest {}).await.unwrap();
+        ca
+    })
+    .await
+    .expect("CA served while silent connections come and go");
+    // Every silent connection is closed by the server (EOF or reset), none left open.
+    // (The server may first send its HTTP/2 SETTINGS: read until the end.)
+    for s in &mut silent {
+        let mut buf = Vec::new();
+        let r = tokio::time::timeout(Duration::from_secs(20), s.read_to_end(&mut buf))
+            .await
+            .expect("the server closes a silent connection");
+        assert!(buf.len() < 1024, "{} bytes to a silent client", buf.len());
+        let _ = r;
+    }
+    // CA's own connection, which speaks, stays usable.
+    ca.node_groups(proto::NodeGroupsRequest {}).await.unwrap();
+}

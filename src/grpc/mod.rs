@@ -4,43 +4,68 @@
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::Arc;
+use std::time::Duration;
 
 use tokio::net::TcpListener;
 
 use crate::proto::cloud_provider_server::CloudProviderServer;
 use crate::provider::Provider;
 
+pub mod door;
 pub mod options;
 mod service;
 
+pub use door::ConnectionLimits;
 pub use service::CloudProviderService;
 
 /// Serves the CloudProvider service and grpc.health.v1 on `listener` until
-/// `shutdown` resolves.
+/// `shutdown` resolves, with the default connection limits.
 pub async fn serve(
     listener: TcpListener,
     provider: Arc<Provider>,
     tls: Option<tonic::transport::ServerTlsConfig>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
+    serve_with(
+        listener,
+        provider,
+        tls,
+        shutdown,
+        ConnectionLimits::default(),
+    )
+    .await
+}
+
+/// TLS handshakes that do not finish in this time are dropped.
+const TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// [`serve`] with the connection limits given.
+pub async fn serve_with(
+    listener: TcpListener,
+    provider: Arc<Provider>,
+    tls: Option<tonic::transport::ServerTlsConfig>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+    limits: ConnectionLimits,
+) -> anyhow::Result<()> {
     let (reporter, health) = tonic_health::server::health_reporter();
     reporter
         .set_serving::<CloudProviderServer<CloudProviderService>>()
         .await;
-    let mut builder = tonic::transport::Server::builder();
+    let mut builder = tonic::transport::Server::builder()
+        // A peer that stops answering pings is gone: its connection is closed.
+        .http2_keepalive_interval(Some(Duration::from_secs(30)))
+        .http2_keepalive_timeout(Some(Duration::from_secs(10)))
+        .tcp_keepalive(Some(Duration::from_secs(60)))
+        .max_concurrent_streams(Some(128));
     if let Some(tls) = tls {
-        builder = builder.tls_config(tls)?;
+        builder = builder.tls_config(tls.timeout(TLS_HANDSHAKE_TIMEOUT))?;
     }
     builder
         .add_service(health)
         .add_service(CloudProviderServer::new(CloudProviderService::new(
             provider,
         )))
-        // No Nagle: unary answers are small, and a delayed ACK would add ~40 ms each.
-        .serve_with_incoming_shutdown(
-            tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true)),
-            shutdown,
-        )
+        .serve_with_incoming_shutdown(door::incoming(listener, limits), shutdown)
         .await?;
     Ok(())
 }
