@@ -123,7 +123,6 @@ fn options_overlay(c: &mut Criterion) {
         scale_down_unneeded_time: Some(std::time::Duration::from_secs(600)),
         scale_down_unready_time: Some(std::time::Duration::from_secs(1200)),
         max_node_provision_time: Some(std::time::Duration::from_secs(900)),
-        max_node_startup_time: Some(std::time::Duration::from_secs(900)),
         ..Default::default()
     };
     let mut tags: BTreeMap<String, String> = (0..17)

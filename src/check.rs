@@ -187,6 +187,20 @@ pub async fn report(
             ),
         };
         println!("    scale-in: {mode}");
+        let opts = crate::provider::options::overlay_from_tags(&Default::default(), &g.asg.tags);
+        println!(
+            "    autoscaling options: {}",
+            if opts.applied == 0 {
+                "none set by tags (GetOptions answers Unimplemented: CA's defaults)".to_string()
+            } else {
+                format!("{} set by tags", opts.applied)
+            }
+        );
+        problems.extend(
+            opts.warnings
+                .into_iter()
+                .map(|w| format!("group {}: {w}", g.asg.name)),
+        );
         problems.extend(hook_problems(
             &g.asg.name,
             &g.hooks,

@@ -35,6 +35,10 @@ pub fn demo_groups() -> Vec<MemoryGroup> {
             .zones(&["us-east-1b"])
             .tag("k8s.io/cluster-autoscaler/enabled", "true")
             .tag("k8s.io/cluster-autoscaler/node-template/label/workload", "ml")
+            .tag(
+                "k8s.io/cluster-autoscaler/node-template/autoscaling-options/scaledownunneededtime",
+                "30m",
+            )
             .tag("k8s.io/cluster-autoscaler/node-template/taint/nvidia.com/gpu", "true:NoSchedule")
             .user_data(
                 "#!/bin/bash\n/etc/eks/bootstrap.sh demo --kubelet-extra-args '--node-labels=team=research,gpu=t4 --register-with-taints=dedicated=ml:NoSchedule'\n",
@@ -126,22 +130,38 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
     );
     crate::check::print_template(&node);
 
-    step("NodeGroupGetOptions demo-general (CA defaults echoed, both Duration sets)");
-    let o = ca
-        .node_group_get_options(proto::NodeGroupAutoscalingOptionsRequest {
-            id: "demo-general".into(),
-            defaults: Some(crate::grpc::options::to_proto(&ca_defaults())),
-        })
-        .await?
-        .into_inner()
-        .node_group_autoscaling_options
-        .unwrap_or_default();
-    println!(
-        "   scaleDownUtilizationThreshold {}  scaleDownUnneededTime {:?} (meta ns) / {:?} (google)",
-        o.scale_down_utilization_threshold,
-        o.scale_down_unneeded_time.map(|d| d.duration),
-        o.scale_down_unneeded_duration.map(|d| d.seconds),
+    step(
+        "NodeGroupGetOptions: demo-general has no option tags, demo-gpu sets scaleDownUnneededTime",
     );
+    for id in ["demo-general", "demo-gpu"] {
+        let r = ca
+            .node_group_get_options(proto::NodeGroupAutoscalingOptionsRequest {
+                id: id.into(),
+                defaults: Some(crate::grpc::options::to_proto(&ca_defaults())),
+            })
+            .await;
+        match r {
+            Ok(o) => {
+                let o = o
+                    .into_inner()
+                    .node_group_autoscaling_options
+                    .unwrap_or_default();
+                println!(
+                    "   {id}: scaleDownUtilizationThreshold {}  scaleDownUnneededTime {:?} (meta ns) / {:?} (google)",
+                    o.scale_down_utilization_threshold,
+                    o.scale_down_unneeded_time.map(|d| d.duration),
+                    o.scale_down_unneeded_duration.map(|d| d.seconds),
+                );
+            }
+            Err(s) if s.code() == tonic::Code::Unimplemented => {
+                println!(
+                    "   {id}: Unimplemented ({}): CA keeps its own defaults",
+                    s.message()
+                );
+            }
+            Err(s) => return Err(anyhow::anyhow!("NodeGroupGetOptions {id}: {s}")),
+        }
+    }
 
     step("NodeGroupIncreaseSize demo-general +2, then watch instances launch");
     show_target(&mut ca, "demo-general").await?;
@@ -316,7 +336,6 @@ pub fn ca_defaults() -> crate::provider::options::AutoscalingOptions {
         scale_down_unneeded_time: Some(Duration::from_secs(600)),
         scale_down_unready_time: Some(Duration::from_secs(1200)),
         max_node_provision_time: Some(Duration::from_secs(900)),
-        max_node_startup_time: Some(Duration::from_secs(900)),
         ..Default::default()
     }
 }

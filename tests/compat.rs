@@ -70,8 +70,6 @@ struct Ca135Options {
     scale_down_unready_duration: Option<prost_types::Duration>,
     #[prost(message, optional, tag = "10")]
     max_node_provision_duration: Option<prost_types::Duration>,
-    #[prost(message, optional, tag = "11")]
-    max_node_startup_duration: Option<prost_types::Duration>,
 }
 
 #[derive(Clone, PartialEq, Message)]
@@ -97,12 +95,16 @@ async fn server() -> CloudProviderClient<tonic::transport::Channel> {
             .tag(
                 "k8s.io/cluster-autoscaler/node-template/autoscaling-options/scaledownunneededtime",
                 "20m",
+            ),
+            MemoryGroup::new("plain", 0, 4, 0, "m5.large").tag(
+                "k8s.io/cluster-autoscaler/node-template/autoscaling-options/maxnodestartuptime",
+                "20m",
             )],
         MemoryTiming::default(),
     );
     let settings = ProviderSettings {
         selector: GroupSelector {
-            names: vec!["gpu".into()],
+            names: vec!["gpu".into(), "plain".into()],
             tag_sets: vec![],
         },
         ..ProviderSettings::default()
@@ -220,7 +222,6 @@ async fn options_round_trip_for_ca_135() {
         scale_down_unneeded_duration: secs(600),
         scale_down_unready_duration: secs(1200),
         max_node_provision_duration: secs(900),
-        max_node_startup_duration: secs(300),
         ..Default::default()
     };
     let body = Ca135OptionsRequest {
@@ -236,7 +237,6 @@ async fn options_round_trip_for_ca_135() {
     );
     assert_eq!(out.scale_down_unready_duration.unwrap().seconds, 1200);
     assert_eq!(out.max_node_provision_duration.unwrap().seconds, 900);
-    assert_eq!(out.max_node_startup_duration.unwrap().seconds, 300);
     assert_eq!(out.scale_down_utilization_threshold, 0.6);
 }
 
@@ -257,12 +257,60 @@ async fn missing_durations_are_filled_never_omitted() {
     for d in [
         new.scale_down_unready_duration,
         new.max_node_provision_duration,
-        new.max_node_startup_duration,
     ] {
         assert!(d.unwrap().seconds > 0);
     }
     assert_eq!(
         Duration::from_nanos(old.scale_down_unneeded_time.unwrap().duration as u64),
         Duration::from_secs(1200)
+    );
+}
+
+/// A group whose tags set no option CA can carry answers Unimplemented, so every CA
+/// version keeps its own defaults for every field (CA 1.35+ would otherwise read
+/// MaxNodeStartupTime as 0, CA 1.31/1.32 would turn ignore-daemonsets-utilization off).
+#[tokio::test]
+async fn a_group_without_usable_option_tags_leaves_every_ca_its_defaults() {
+    let mut ca = server().await;
+    for body in [
+        Ca131OptionsRequest {
+            id: "plain".into(),
+            defaults: Some(ten_minutes_131()),
+        }
+        .encode_to_vec(),
+        Ca135OptionsRequest {
+            id: "plain".into(),
+            defaults: Some(Ca135Options {
+                scale_down_utilization_threshold: 0.5,
+                ..Default::default()
+            }),
+        }
+        .encode_to_vec(),
+    ] {
+        let req = proto::NodeGroupAutoscalingOptionsRequest::decode(body.as_slice()).unwrap();
+        let e = ca.node_group_get_options(req).await.unwrap_err();
+        assert_eq!(e.code(), tonic::Code::Unimplemented, "{e:?}");
+    }
+}
+
+/// Defaults CA could never have sent (NaN threshold) are refused, naming the field,
+/// instead of being echoed back.
+#[tokio::test]
+async fn out_of_range_values_are_refused_by_field() {
+    let mut ca = server().await;
+    let mut d = ten_minutes_131();
+    d.scale_down_utilization_threshold = f64::NAN;
+    let body = Ca131OptionsRequest {
+        id: "gpu".into(),
+        defaults: Some(d),
+    }
+    .encode_to_vec();
+    let req = proto::NodeGroupAutoscalingOptionsRequest::decode(body.as_slice()).unwrap();
+    let e = ca.node_group_get_options(req).await.unwrap_err();
+    assert_eq!(e.code(), tonic::Code::InvalidArgument);
+    assert!(
+        e.message().contains("scaleDownUtilizationThreshold"),
+        "{}",
+        e.message()
     );
 }

@@ -1,6 +1,6 @@
 //! NodeGroupAutoscalingOptions <-> AutoscalingOptions, reading whichever Duration set
-//! CA sent (fields 8-11 google Duration preferred, else 3-5 meta Duration) and writing
-//! both, so CA 1.28 through the newest read the same values. The two Duration types
+//! CA sent (fields 8-10 google Duration preferred, else 3-5 meta Duration) and writing
+//! both, so CA 1.31 through the newest read the same values. The two Duration types
 //! differ on the wire (nanoseconds vs seconds+nanos): mixing them up turns 10 minutes
 //! into 600 nanoseconds.
 
@@ -51,10 +51,8 @@ pub fn from_proto(p: &proto::NodeGroupAutoscalingOptions) -> AutoscalingOptions 
         ),
         scale_down_unready_time: pick(&p.scale_down_unready_duration, &p.scale_down_unready_time),
         max_node_provision_time: pick(&p.max_node_provision_duration, &p.max_node_provision_time),
-        max_node_startup_time: p.max_node_startup_duration.as_ref().and_then(from_google),
         zero_or_max_node_scaling: p.zero_or_max_node_scaling,
         ignore_daemonsets_utilization: p.ignore_daemon_sets_utilization,
-        allow_non_atomic_scale_up_to_max: p.allow_non_atomic_scale_up_to_max,
     }
 }
 
@@ -70,8 +68,6 @@ pub fn to_proto(o: &AutoscalingOptions) -> proto::NodeGroupAutoscalingOptions {
         scale_down_unneeded_duration: o.scale_down_unneeded_time.map(to_google),
         scale_down_unready_duration: o.scale_down_unready_time.map(to_google),
         max_node_provision_duration: o.max_node_provision_time.map(to_google),
-        max_node_startup_duration: o.max_node_startup_time.map(to_google),
-        allow_non_atomic_scale_up_to_max: o.allow_non_atomic_scale_up_to_max,
     }
 }
 
@@ -115,15 +111,10 @@ mod tests {
                 seconds: 900,
                 nanos: 500,
             }),
-            max_node_startup_duration: Some(prost_types::Duration {
-                seconds: 60,
-                nanos: 0,
-            }),
             ..Default::default()
         };
         let o = from_proto(&new);
         assert_eq!(o.max_node_provision_time, Some(Duration::new(900, 500)));
-        assert_eq!(o.max_node_startup_time, Some(Duration::from_secs(60)));
         assert_eq!(o.scale_down_unneeded_time, None);
     }
 

@@ -84,8 +84,8 @@ fn node_ref(n: &proto::ExternalGrpcNode) -> NodeRef {
     }
 }
 
-/// CA's documented defaults, for durations CA did not send (CA 1.31/1.32 crash on a
-/// missing duration in the answer; CA 1.35+ would read it as 0 s).
+/// CA's documented defaults, for durations CA did not send (CA 1.31 to 1.34 crash on
+/// a missing duration in the answer; CA 1.35+ would read it as 0 s).
 fn fill_defaults(o: &mut AutoscalingOptions) {
     let fill = |d: &mut Option<Duration>, secs| {
         if d.is_none() {
@@ -95,7 +95,6 @@ fn fill_defaults(o: &mut AutoscalingOptions) {
     fill(&mut o.scale_down_unneeded_time, 10 * 60);
     fill(&mut o.scale_down_unready_time, 20 * 60);
     fill(&mut o.max_node_provision_time, 15 * 60);
-    fill(&mut o.max_node_startup_time, 15 * 60);
 }
 
 impl CloudProviderService {
@@ -284,7 +283,6 @@ impl CloudProviderService {
         Ok(Response::new(proto::NodeGroupTemplateNodeInfoResponse {
             node_info: node.clone(),
             node_bytes: node,
-            resource_slice_bytes: Vec::new(),
         }))
     }
 

@@ -147,14 +147,20 @@ pub async fn run_loop(ca: &mut Client, fleet: &Fleet, samples: &mut Samples) -> 
             "NodeGroupTemplateNodeInfo",
             ca.node_group_template_node_info(proto::NodeGroupTemplateNodeInfoRequest { id: id() })
         );
-        timed!(
-            samples,
-            "NodeGroupGetOptions",
-            ca.node_group_get_options(proto::NodeGroupAutoscalingOptionsRequest {
+        // Unimplemented is an answer (no option tags: CA keeps its defaults).
+        let t = Instant::now();
+        let r = ca
+            .node_group_get_options(proto::NodeGroupAutoscalingOptionsRequest {
                 id: id(),
                 defaults: Some(options),
             })
-        );
+            .await;
+        samples.add("NodeGroupGetOptions", t.elapsed());
+        match r {
+            Ok(_) => {}
+            Err(s) if s.code() == tonic::Code::Unimplemented => {}
+            Err(s) => anyhow::bail!("NodeGroupGetOptions failed: {}: {}", s.code(), s.message()),
+        }
     }
     Ok(())
 }

@@ -524,13 +524,24 @@ impl Provider {
         id: &str,
         defaults: &options::AutoscalingOptions,
     ) -> Result<options::AutoscalingOptions, ProviderError> {
-        self.with_group(id, |g| {
-            let (opts, warnings) = options::overlay_from_tags(defaults, &g.asg.tags);
-            for w in warnings {
+        let overlay = self.with_group(id, |g| {
+            let o = options::overlay_from_tags(defaults, &g.asg.tags);
+            for w in &o.warnings {
                 tracing::debug!(group = %g.asg.name, "{w}");
             }
-            opts
-        })
+            o
+        })?;
+        // Any answer replaces CA's whole options struct, and fields the protocol does
+        // not carry come back as zero (CA 1.35+: MaxNodeStartupTime = 0; CA 1.31/1.32:
+        // the DaemonSet-utilization and zero-or-max settings off). A group with no
+        // option tag has nothing to add: CA keeps its own defaults.
+        if overlay.applied == 0 {
+            return Err(ProviderError::Unimplemented(format!(
+                "node group {id} has no autoscaling-options tags; CA's defaults apply"
+            )));
+        }
+        options::validate(&overlay.options).map_err(ProviderError::InvalidArgument)?;
+        Ok(overlay.options)
     }
 
     pub const GPU_LABEL: &'static str = "k8s.amazonaws.com/accelerator";

@@ -16,20 +16,66 @@ pub struct AutoscalingOptions {
     pub scale_down_unneeded_time: Option<Duration>,
     pub scale_down_unready_time: Option<Duration>,
     pub max_node_provision_time: Option<Duration>,
-    pub max_node_startup_time: Option<Duration>,
     pub zero_or_max_node_scaling: bool,
     pub ignore_daemonsets_utilization: bool,
-    pub allow_non_atomic_scale_up_to_max: bool,
 }
 
-/// Applies the option tags on top of `defaults`. Returns the result and one message per
-/// tag that could not be used (naming the tag and its value).
+/// Longest duration every field can carry: the meta Duration (fields 3-5) holds
+/// int64 nanoseconds, about 292 years.
+pub const MAX_DURATION: Duration = Duration::from_nanos(i64::MAX as u64);
+
+/// What the tags of a group made of CA's defaults.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Overlay {
+    pub options: AutoscalingOptions,
+    /// How many option tags took effect. With none, the group has nothing to say
+    /// and CA keeps its own defaults (see [`crate::provider::Provider::options`]).
+    pub applied: usize,
+    /// One message per tag that could not be used, naming the tag and its value.
+    pub warnings: Vec<String>,
+}
+
+/// The options are answered only when every value fits the wire: a threshold that
+/// is a number between 0 and 1, durations CA's fields can carry. Names the field.
+pub fn validate(o: &AutoscalingOptions) -> Result<(), String> {
+    for (field, x) in [
+        (
+            "scaleDownUtilizationThreshold",
+            o.scale_down_utilization_threshold,
+        ),
+        (
+            "scaleDownGpuUtilizationThreshold",
+            o.scale_down_gpu_utilization_threshold,
+        ),
+    ] {
+        if !(x.is_finite() && (0.0..=1.0).contains(&x)) {
+            return Err(format!(
+                "field {field}: {x} is not a number between 0 and 1"
+            ));
+        }
+    }
+    for (field, d) in [
+        ("scaleDownUnneededTime", o.scale_down_unneeded_time),
+        ("scaleDownUnreadyTime", o.scale_down_unready_time),
+        ("MaxNodeProvisionTime", o.max_node_provision_time),
+    ] {
+        if let Some(d) = d.filter(|d| *d > MAX_DURATION) {
+            return Err(format!(
+                "field {field}: {d:?} is longer than a Duration field can carry ({MAX_DURATION:?})"
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// Applies the option tags on top of `defaults`.
 pub fn overlay_from_tags(
     defaults: &AutoscalingOptions,
     tags: &BTreeMap<String, String>,
-) -> (AutoscalingOptions, Vec<String>) {
+) -> Overlay {
     let mut o = defaults.clone();
     let mut warnings = Vec::new();
+    let mut applied = 0;
     for (k, v) in tags {
         let Some(name) = k.strip_prefix(TAG_PREFIX) else {
             continue;
@@ -65,46 +111,46 @@ pub fn overlay_from_tags(
             "scaledownutilizationthreshold" => {
                 if let Some(x) = ratio(&mut warnings) {
                     o.scale_down_utilization_threshold = x;
+                    applied += 1;
                 }
             }
             "scaledowngpuutilizationthreshold" => {
                 if let Some(x) = ratio(&mut warnings) {
                     o.scale_down_gpu_utilization_threshold = x;
+                    applied += 1;
                 }
             }
             "scaledownunneededtime" => {
                 if let Some(d) = dur(&mut warnings) {
                     o.scale_down_unneeded_time = Some(d);
+                    applied += 1;
                 }
             }
             "scaledownunreadytime" => {
                 if let Some(d) = dur(&mut warnings) {
                     o.scale_down_unready_time = Some(d);
+                    applied += 1;
                 }
             }
             "maxnodeprovisiontime" => {
                 if let Some(d) = dur(&mut warnings) {
                     o.max_node_provision_time = Some(d);
+                    applied += 1;
                 }
             }
-            "maxnodestartuptime" => {
-                if let Some(d) = dur(&mut warnings) {
-                    o.max_node_startup_time = Some(d);
-                }
-            }
+            "maxnodestartuptime" | "allownonatomicscaleuptomax" => warnings.push(format!(
+                "tag {k}: no effect: no cluster-autoscaler version carries {name:?} over externalgrpc (CA 1.35+ reads MaxNodeStartupTime as 0 for every group that answers GetOptions)"
+            )),
             "ignoredaemonsetsutilization" => {
                 if let Some(b) = boolean(&mut warnings) {
                     o.ignore_daemonsets_utilization = b;
+                    applied += 1;
                 }
             }
             "zeroormaxnodescaling" => {
                 if let Some(b) = boolean(&mut warnings) {
                     o.zero_or_max_node_scaling = b;
-                }
-            }
-            "allownonatomicscaleuptomax" => {
-                if let Some(b) = boolean(&mut warnings) {
-                    o.allow_non_atomic_scale_up_to_max = b;
+                    applied += 1;
                 }
             }
             _ => warnings.push(format!(
@@ -112,7 +158,11 @@ pub fn overlay_from_tags(
             )),
         }
     }
-    (o, warnings)
+    Overlay {
+        options: o,
+        applied,
+        warnings,
+    }
 }
 
 #[cfg(test)]
@@ -132,21 +182,64 @@ mod tests {
             scale_down_unneeded_time: Some(Duration::from_secs(600)),
             scale_down_unready_time: Some(Duration::from_secs(1200)),
             max_node_provision_time: Some(Duration::from_secs(900)),
-            max_node_startup_time: Some(Duration::from_secs(900)),
             ..Default::default()
         }
     }
 
     #[test]
-    fn no_tags_echo_the_defaults() {
-        let (o, w) = overlay_from_tags(&defaults(), &BTreeMap::new());
-        assert_eq!(o, defaults());
-        assert!(w.is_empty());
+    fn no_tags_echo_the_defaults_and_apply_nothing() {
+        let o = overlay_from_tags(&defaults(), &BTreeMap::new());
+        assert_eq!(o.options, defaults());
+        assert_eq!(o.applied, 0);
+        assert!(o.warnings.is_empty());
+    }
+
+    #[test]
+    fn tags_no_ca_carries_apply_nothing_and_say_so() {
+        let o = overlay_from_tags(
+            &defaults(),
+            &tags(&[
+                ("maxNodeStartupTime", "20m"),
+                ("allownonatomicscaleuptomax", "true"),
+            ]),
+        );
+        assert_eq!(o.applied, 0);
+        assert_eq!(o.options, defaults());
+        assert_eq!(o.warnings.len(), 2);
+        assert!(
+            o.warnings.iter().all(|w| w.contains("no effect")),
+            "{:?}",
+            o.warnings
+        );
+    }
+
+    #[test]
+    fn values_the_wire_cannot_carry_are_refused_by_field() {
+        assert!(validate(&defaults()).is_ok());
+        let mut nan = defaults();
+        nan.scale_down_utilization_threshold = f64::NAN;
+        assert!(validate(&nan)
+            .unwrap_err()
+            .contains("field scaleDownUtilizationThreshold"));
+        let mut inf = defaults();
+        inf.scale_down_gpu_utilization_threshold = f64::INFINITY;
+        assert!(validate(&inf)
+            .unwrap_err()
+            .contains("scaleDownGpuUtilizationThreshold"));
+        let mut long = defaults();
+        long.max_node_provision_time = Some(Duration::from_secs(u64::MAX / 2));
+        assert!(validate(&long)
+            .unwrap_err()
+            .contains("field MaxNodeProvisionTime"));
     }
 
     #[test]
     fn every_option_overlays() {
-        let (o, w) = overlay_from_tags(
+        let Overlay {
+            options: o,
+            applied,
+            warnings: w,
+        } = overlay_from_tags(
             &defaults(),
             &tags(&[
                 ("scaledownutilizationthreshold", "0.3"),
@@ -154,25 +247,27 @@ mod tests {
                 ("scaledownunneededtime", "1m30s"),
                 ("scaledownunreadytime", "5m"),
                 ("maxnodeprovisiontime", "1h"),
-                ("maxNodeStartupTime", "20m"),
                 ("ignoredaemonsetsutilization", "true"),
                 ("zeroormaxnodescaling", "TRUE"),
-                ("allownonatomicscaleuptomax", "false"),
             ]),
         );
         assert!(w.is_empty(), "{w:?}");
+        assert_eq!(applied, 7);
         assert_eq!(o.scale_down_utilization_threshold, 0.3);
         assert_eq!(o.scale_down_gpu_utilization_threshold, 0.7);
         assert_eq!(o.scale_down_unneeded_time, Some(Duration::from_secs(90)));
         assert_eq!(o.scale_down_unready_time, Some(Duration::from_secs(300)));
         assert_eq!(o.max_node_provision_time, Some(Duration::from_secs(3600)));
-        assert_eq!(o.max_node_startup_time, Some(Duration::from_secs(1200)));
         assert!(o.ignore_daemonsets_utilization && o.zero_or_max_node_scaling);
     }
 
     #[test]
     fn bad_values_keep_the_default_and_name_the_tag() {
-        let (o, w) = overlay_from_tags(
+        let Overlay {
+            options: o,
+            applied,
+            warnings: w,
+        } = overlay_from_tags(
             &defaults(),
             &tags(&[
                 ("scaledownutilizationthreshold", "1.5"),
@@ -182,6 +277,7 @@ mod tests {
             ]),
         );
         assert_eq!(o, defaults());
+        assert_eq!(applied, 0);
         assert_eq!(w.len(), 4, "{w:?}");
         assert!(w[0].contains("bogus") || w.iter().any(|x| x.contains("bogus")));
         assert!(w
