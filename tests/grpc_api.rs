@@ -732,3 +732,41 @@ async fn silent_connections_are_closed_and_capped_without_starving_ca() {
     // CA's own connection, which speaks, stays usable.
     ca.node_groups(proto::NodeGroupsRequest {}).await.unwrap();
 }
+
+/// A group whose template cannot be built (an instance type AWS does not know) answers
+/// Unimplemented, which CA does not log: the failure is counted per group and reason
+/// and warned about once, not every loop.
+#[tokio::test]
+async fn a_template_that_cannot_be_built_is_counted_and_told_once() {
+    let cloud = MemoryCloud::new(
+        vec![MemoryGroup::new("odd", 0, 3, 0, "x9.imaginary")
+            .tag("k8s.io/cluster-autoscaler/enabled", "true")],
+        fast(),
+    );
+    let mut h = start_with(cloud, discovery(), true).await;
+    let count = || {
+        ca_asg_provider::telemetry::metrics::metrics()
+            .encode()
+            .lines()
+            .find(|l| {
+                l.starts_with("ca_asg_provider_template_failures_total")
+                    && l.contains("node_group=\"odd\"")
+            })
+            .and_then(|l| l.rsplit(' ').next()?.parse::<u64>().ok())
+            .unwrap_or(0)
+    };
+    let before = count();
+    let mut why = String::new();
+    for _ in 0..3 {
+        let e =
+            h.ca.node_group_template_node_info(proto::NodeGroupTemplateNodeInfoRequest {
+                id: "odd".into(),
+            })
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), Code::Unimplemented, "{e:?}");
+        why = e.message().to_string();
+    }
+    assert_eq!(count() - before, 3);
+    assert!(h.provider.template_failure_told("odd", &why), "{why}");
+}

@@ -36,6 +36,8 @@ struct Inner {
     instance_types: HashMap<String, InstanceTypeInfo>,
     launch: HashMap<LaunchKey, (Instant, LaunchData)>,
     eks: HashMap<(String, String), Option<EksNodegroup>>,
+    /// (group, why) of template failures already logged: once each, not every loop.
+    failures_told: std::collections::HashSet<(String, String)>,
 }
 
 #[derive(Clone, PartialEq, Eq, Hash, Debug)]
@@ -94,13 +96,55 @@ impl Provider {
         if let Some(b) = self.templates.cached(g) {
             return Ok(b);
         }
-        let bytes = self.build_template(g).await?;
+        let bytes = match self.build_template(g).await {
+            Ok(b) => b,
+            Err(e) => {
+                self.template_failed(&g.asg.name, &e);
+                return Err(e);
+            }
+        };
         self.templates
             .inner
             .lock()
             .built
             .insert(g.asg.name.clone(), (BuildKey::of(g), bytes.clone()));
         Ok(bytes)
+    }
+
+    /// CA does not log an Unimplemented template answer, so a group that cannot scale
+    /// from zero would fail silently: count every failure, and warn once per group and
+    /// cause (check-config names them too).
+    fn template_failed(&self, group: &str, e: &ProviderError) {
+        let reason = match e {
+            ProviderError::Cloud(_) => "aws_error",
+            ProviderError::Unimplemented(_) => "cannot_build",
+            _ => "other",
+        };
+        crate::telemetry::metrics::metrics()
+            .template_failures
+            .get_or_create(&crate::telemetry::metrics::TemplateFailureLabels {
+                node_group: group.to_string(),
+                reason: reason.to_string(),
+            })
+            .inc();
+        let first = self
+            .templates
+            .inner
+            .lock()
+            .failures_told
+            .insert((group.to_string(), e.to_string()));
+        if first {
+            tracing::warn!(group, reason, error = %e, "cannot build the template node: cluster-autoscaler cannot scale this group up from zero (it does not log this answer itself)");
+        }
+    }
+
+    /// Whether this template failure of the group was logged already (tests).
+    pub fn template_failure_told(&self, group: &str, why: &str) -> bool {
+        self.templates
+            .inner
+            .lock()
+            .failures_told
+            .contains(&(group.to_string(), why.to_string()))
     }
 
     async fn build_template(&self, g: &Group) -> Result<Bytes, ProviderError> {

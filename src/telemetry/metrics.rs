@@ -23,6 +23,12 @@ pub struct MethodLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TemplateFailureLabels {
+    pub node_group: String,
+    pub reason: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct AwsLabels {
     pub operation: String,
     pub outcome: String,
@@ -65,6 +71,7 @@ pub struct Metrics {
     pub drains_without_node: Counter,
     pub lifecycle_waiting: Gauge,
     pub daemonset_pods_evicted_early: Counter,
+    pub template_failures: Family<TemplateFailureLabels, Counter>,
 }
 
 fn rpc_histogram() -> Histogram {
@@ -101,6 +108,7 @@ impl Metrics {
             drains_without_node: Counter::default(),
             lifecycle_waiting: Gauge::default(),
             daemonset_pods_evicted_early: Counter::default(),
+            template_failures: Family::default(),
             registry: Registry::default(),
         };
         r.register(
@@ -194,6 +202,11 @@ impl Metrics {
             "daemonset_pods_evicted_early",
             "DaemonSet pods found terminating when a drain CA asked for began (CA evicted them itself)",
             m.daemonset_pods_evicted_early.clone(),
+        );
+        r.register(
+            "template_failures",
+            "Template nodes that could not be built, by node group and reason (aws_error, cannot_build): the group cannot scale up from zero",
+            m.template_failures.clone(),
         );
         Self { registry: r, ..m }
     }
