@@ -151,6 +151,9 @@ pub fn build_template(inputs: &TemplateInputs<'_>) -> Result<TemplateNode, Templ
     }
     if let Some(zone) = pick_zone(g) {
         labels.insert("topology.kubernetes.io/zone".into(), zone.clone());
+        // The EBS CSI driver's topology key: without it, a pending pod with a zonal
+        // EBS volume never matches a group at zero (in-tree AWS sets it too).
+        labels.insert("topology.ebs.csi.aws.com/zone".into(), zone.clone());
         labels.insert("failure-domain.beta.kubernetes.io/zone".into(), zone);
     }
     if let Some(gpu) = it.gpu_type.as_ref().filter(|_| it.gpus > 0) {

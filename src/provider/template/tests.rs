@@ -73,6 +73,7 @@ fn standard_labels_capacity_and_allocatable() {
     assert_eq!(l("topology.kubernetes.io/region"), Some("us-east-1"));
     // us-east-1a already has an instance: the next one goes to 1b.
     assert_eq!(l("topology.kubernetes.io/zone"), Some("us-east-1b"));
+    assert_eq!(l("topology.ebs.csi.aws.com/zone"), Some("us-east-1b"));
     assert_eq!(l("kubernetes.io/hostname"), Some(n.name.as_str()));
     assert_eq!(n.capacity["cpu"], "2");
     assert_eq!(n.capacity["memory"], "8192Mi");
