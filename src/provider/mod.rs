@@ -456,13 +456,6 @@ impl Provider {
             });
     }
 
-    /// Pending direct-mode drains (instance ids), for tests and metrics.
-    pub fn deferred_instances(&self) -> Vec<String> {
-        let mut v: Vec<String> = self.overlay.lock().deferred.keys().cloned().collect();
-        v.sort();
-        v
-    }
-
     /// A direct-mode drain terminated its instance with decrement: AWS's desired
     /// capacity went down by one and the instance no longer counts as deferred, so
     /// CA's target stays where it was.

@@ -110,12 +110,6 @@ impl NodeIndex {
             .and_then(|n| n.metadata.name.clone())
     }
 
-    /// Whether the first list arrived.
-    pub fn is_ready(&self) -> bool {
-        use futures::FutureExt;
-        self.store.wait_until_ready().now_or_never().is_some()
-    }
-
     /// Whether the Node's Ready condition is True. A Node the cache does not know
     /// counts as Ready: only a kubelet seen failing lets the drain stop waiting.
     pub fn is_node_ready(&self, name: &str) -> bool {
