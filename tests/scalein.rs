@@ -45,6 +45,25 @@ async fn daemonset_pods_leave_only_after_the_workload_is_gone() {
     })
     .await;
 
+    // The application's owners see why their pod moved, on the pod itself.
+    let on_app: Vec<Value> = w
+        .sim
+        .list::<k8s_openapi::api::events::v1::Event>()
+        .into_iter()
+        .filter(|e| e["regarding"]["kind"] == "Pod" && e["regarding"]["name"] == "app")
+        .collect();
+    assert!(
+        on_app.iter().any(|e| {
+            e["reason"] == "Evicted"
+                && e["metadata"]["namespace"] == "shop"
+                && e["related"]["name"] == node.as_str()
+                && e["note"].as_str().is_some_and(|n| {
+                    n.contains(&node) && n.contains("scale-in by cluster-autoscaler")
+                })
+        }),
+        "{on_app:?}"
+    );
+
     let a = w.sim.audit();
     let app_start = audit_index(&a, "deletion-started", "Pod", "app").expect("app evicted");
     let app_gone = audit_index(&a, "removed", "Pod", "app").expect("app removed");

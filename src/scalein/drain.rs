@@ -196,6 +196,8 @@ struct NodeDrain<'a> {
     /// Lifecycle mode: the ASG ends the instance whatever the hook's result, so a
     /// deadline can only go on (abandoning would only skip the DaemonSet phase).
     lifecycle: bool,
+    /// Why the node is drained, for the Events on its pods.
+    why: &'static str,
 }
 
 impl NodeDrain<'_> {
@@ -264,6 +266,12 @@ async fn drain_node(engine: &Engine, req: &DrainRequest, node: &str) -> Result<(
         node,
         started: started_ts,
         lifecycle: matches!(req.mode, Mode::Lifecycle { .. }),
+        why: match req.source {
+            Source::ClusterAutoscaler => "scale-in by cluster-autoscaler",
+            Source::Asg => "the Auto Scaling Group is ending the instance (scaling policy, rebalancing, instance refresh or a person); held by a lifecycle hook",
+            Source::Resume => "a scale-in resumed after a restart",
+            Source::Cli => "the drain command",
+        },
     };
     let stage = m.stage("workloads");
     let mut pods = NodePods::watch(engine.client.clone(), node);
@@ -457,7 +465,20 @@ async fn end_remaining_workloads(d: &NodeDrain<'_>, pods: &mut NodePods) {
                 ..DeleteParams::default()
             };
             match api.delete(&r.name, &params).await {
-                Ok(_) => {}
+                Ok(_) => {
+                    d.engine
+                        .events
+                        .pod(
+                            &r,
+                            d.node,
+                            Reason::PodEvicted,
+                            format!(
+                                "deleted by ca-asg-provider with its own grace period: node {} is being drained ({}) and the workload deadline passed",
+                                d.node, d.why
+                            ),
+                        )
+                        .await;
+                }
                 Err(kube::Error::Api(e)) if e.code == 404 || e.code == 409 => {}
                 Err(e) => {
                     tracing::warn!(node = d.node, pod = %r, error = %e, "could not delete a pod left at the deadline")
@@ -594,7 +615,9 @@ async fn phase(
         let pods_ref: &NodePods = pods;
         let accepted = join_all(step.evict.iter().map(|p| {
             let uid = p.uid.clone();
-            evict::until_accepted(engine, node, p, deadline, move || pods_ref.contains(&uid))
+            evict::until_accepted(engine, node, p, d.why, deadline, move || {
+                pods_ref.contains(&uid)
+            })
         }))
         .await;
         evicted_uids.extend(step.evict.iter().map(|p| p.uid.clone()));

@@ -28,6 +28,8 @@ pub enum Reason {
     HeartbeatFailed,
     PodNotWaitedFor,
     DaemonSetEvictedEarly,
+    /// On the pod: evicted (or, at a proceed deadline, deleted) for a drain.
+    PodEvicted,
 }
 
 impl Reason {
@@ -47,6 +49,7 @@ impl Reason {
             Reason::HeartbeatFailed => "LifecycleHeartbeatFailed",
             Reason::PodNotWaitedFor => "PodNotWaitedFor",
             Reason::DaemonSetEvictedEarly => "DaemonSetEvictedEarly",
+            Reason::PodEvicted => "Evicted",
         }
     }
 
@@ -84,15 +87,16 @@ impl Events {
     /// An Event on the Node about one of its pods: the pod is the Event's related
     /// object, so events about different pods are not folded into one series.
     pub async fn node_about_pod(&self, node: &str, reason: Reason, note: String, pod: &PodRef) {
-        let related = ObjectReference {
-            api_version: Some("v1".into()),
-            kind: Some("Pod".into()),
-            namespace: Some(pod.namespace.clone()),
-            name: Some(pod.name.clone()),
-            uid: Some(pod.uid.clone()),
-            ..Default::default()
-        };
-        self.publish(node, reason, note, Some(related)).await
+        self.publish(node, reason, note, Some(pod_reference(pod)))
+            .await
+    }
+
+    /// An Event on the Pod itself (its node as the related object), where the
+    /// application's owners look (`kubectl describe pod`, `kubectl get events -n`).
+    pub async fn pod(&self, pod: &PodRef, node: &str, reason: Reason, note: String) {
+        tracing::info!(node, pod = %pod, reason = reason.as_str(), "{note}");
+        self.send(pod_reference(pod), reason, note, Some(node_reference(node)))
+            .await
     }
 
     async fn publish(
@@ -107,13 +111,16 @@ impl Events {
         } else {
             tracing::info!(node, reason = reason.as_str(), "{note}");
         }
-        let reference = ObjectReference {
-            api_version: Some("v1".into()),
-            kind: Some("Node".into()),
-            name: Some(node.to_string()),
-            uid: Some(node.to_string()),
-            ..Default::default()
-        };
+        self.send(node_reference(node), reason, note, related).await
+    }
+
+    async fn send(
+        &self,
+        reference: ObjectReference,
+        reason: Reason,
+        note: String,
+        related: Option<ObjectReference>,
+    ) {
         let ev = Event {
             type_: if reason.is_warning() {
                 EventType::Warning
@@ -126,8 +133,29 @@ impl Events {
             secondary: related,
         };
         if let Err(e) = self.recorder.publish(&ev, &reference).await {
-            tracing::debug!(node, error = %e, "could not publish event");
+            tracing::debug!(object = ?reference.name, error = %e, "could not publish event");
         }
+    }
+}
+
+fn node_reference(node: &str) -> ObjectReference {
+    ObjectReference {
+        api_version: Some("v1".into()),
+        kind: Some("Node".into()),
+        name: Some(node.to_string()),
+        uid: Some(node.to_string()),
+        ..Default::default()
+    }
+}
+
+fn pod_reference(pod: &PodRef) -> ObjectReference {
+    ObjectReference {
+        api_version: Some("v1".into()),
+        kind: Some("Pod".into()),
+        namespace: Some(pod.namespace.clone()),
+        name: Some(pod.name.clone()),
+        uid: Some(pod.uid.clone()),
+        ..Default::default()
     }
 }
 

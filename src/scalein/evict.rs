@@ -143,6 +143,7 @@ pub async fn until_accepted(
     engine: &Engine,
     node: &str,
     pod: &PodRef,
+    why: &str,
     deadline: Instant,
     still_there: impl Fn() -> bool,
 ) -> bool {
@@ -153,7 +154,19 @@ pub async fn until_accepted(
             return true;
         }
         match attempt(engine, pod).await {
-            Attempt::Evicted | Attempt::Gone => return true,
+            Attempt::Evicted => {
+                engine
+                    .events
+                    .pod(
+                        pod,
+                        node,
+                        Reason::PodEvicted,
+                        format!("evicted by ca-asg-provider: node {node} is being drained ({why})"),
+                    )
+                    .await;
+                return true;
+            }
+            Attempt::Gone => return true,
             Attempt::Blocked(why) => {
                 if !told {
                     engine
