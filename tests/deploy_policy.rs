@@ -138,6 +138,22 @@ fn iam_write_actions_are_limited_to_managed_groups() {
                 tag, "true",
                 "{a} is a write and must be conditioned on the managed-group tag"
             );
+            // And on this cluster's own tag, so one cluster's service cannot scale
+            // another cluster's groups.
+            let cluster = s["Condition"]["Null"]
+                .as_object()
+                .into_iter()
+                .flatten()
+                .find(|(k, v)| {
+                    k.starts_with("aws:ResourceTag/k8s.io/cluster-autoscaler/")
+                        && !k.ends_with("/enabled")
+                        && v.as_str() == Some("false")
+                });
+            assert!(
+                cluster.is_some_and(|(k, _)| k.ends_with("/CLUSTER_NAME")),
+                "{a} must require the tag k8s.io/cluster-autoscaler/CLUSTER_NAME: {}",
+                s["Condition"]
+            );
         }
     }
 }
