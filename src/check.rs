@@ -68,7 +68,7 @@ pub async fn run(args: ConfigArgs) -> ExitCode {
                     .clone()
                     .or_else(|| std::env::var("POD_NAMESPACE").ok())
                     .unwrap_or_else(|| "kube-system".into());
-                kube_report(client, &ns).await
+                kube_report(client, &ns, &cfg.scale_in.lease_name).await
             }
             Err(e) => {
                 println!(
@@ -89,10 +89,10 @@ Kubernetes: permissions not checked: {e:#}"
 }
 
 /// Prints the Kubernetes permissions table. True when every permission is held.
-pub async fn kube_report(client: kube::Client, lease_namespace: &str) -> bool {
+pub async fn kube_report(client: kube::Client, lease_namespace: &str, lease_name: &str) -> bool {
     let checked = match tokio::time::timeout(
         std::time::Duration::from_secs(20),
-        crate::scalein::permissions::check(client, lease_namespace),
+        crate::scalein::permissions::check(client, lease_namespace, lease_name),
     )
     .await
     {
@@ -137,7 +137,7 @@ Kubernetes permissions (SelfSubjectAccessReview):"
         true
     } else {
         println!(
-            "  missing {} of {}: apply deploy/base/rbac.yaml (ClusterRole ca-asg-provider) to this ServiceAccount",
+            "  missing {} of {}: apply deploy/base/rbac.yaml (ClusterRole and Role ca-asg-provider) to this ServiceAccount",
             missing.len(),
             checked.len()
         );

@@ -254,7 +254,9 @@ async fn check_config_finds_missing_kubernetes_permissions() {
             &["leases"],
         ),
     ]);
-    let checked = check(sim.client(), "kube-system").await.unwrap();
+    let checked = check(sim.client(), "kube-system", "ca-asg-provider")
+        .await
+        .unwrap();
     assert_eq!(checked.len(), REQUIRED.len());
     let missing: Vec<(&str, &str)> = checked
         .iter()
@@ -262,11 +264,15 @@ async fn check_config_finds_missing_kubernetes_permissions() {
         .map(|c| (c.permission.verb, c.permission.resource))
         .collect();
     assert_eq!(missing, [("watch", "pods"), ("create", "pods/eviction")]);
-    assert!(!ca_asg_provider::check::kube_report(sim.client(), "kube-system").await);
+    assert!(
+        !ca_asg_provider::check::kube_report(sim.client(), "kube-system", "ca-asg-provider").await
+    );
     // With the ClusterRole deploy/ ships, nothing is missing.
     sim.grant(support::rbac::role_rules(
         &std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/base/rbac.yaml"),
         "ca-asg-provider",
     ));
-    assert!(ca_asg_provider::check::kube_report(sim.client(), "kube-system").await);
+    assert!(
+        ca_asg_provider::check::kube_report(sim.client(), "kube-system", "ca-asg-provider").await
+    );
 }

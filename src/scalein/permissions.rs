@@ -103,6 +103,7 @@ pub struct Checked {
 pub async fn check(
     client: kube::Client,
     lease_namespace: &str,
+    lease_name: &str,
 ) -> Result<Vec<Checked>, kube::Error> {
     let api: Api<SelfSubjectAccessReview> = Api::all(client);
     let mut out = Vec::with_capacity(REQUIRED.len());
@@ -119,6 +120,9 @@ pub async fn check(
                     resource: Some(resource.into()),
                     subresource,
                     namespace: (perm.resource == "leases").then(|| lease_namespace.to_string()),
+                    // The Role grants get/update on its own Lease by name only.
+                    name: (perm.resource == "leases" && perm.verb != "create")
+                        .then(|| lease_name.to_string()),
                     ..Default::default()
                 }),
                 ..Default::default()

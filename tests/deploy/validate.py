@@ -40,6 +40,18 @@ def check_cert_manager(doc):
     return errs
 
 
+def check_binding(target, doc):
+    """The bindings of ca-asg-provider's roles name the ServiceAccount the provider runs
+    under in that overlay: cluster-autoscaler's (sidecar) or its own (standalone)."""
+    if doc.get("kind") not in ("ClusterRoleBinding", "RoleBinding"):
+        return []
+    if doc.get("roleRef", {}).get("name") != "ca-asg-provider":
+        return []
+    want = "ca-asg-provider" if target.name == "standalone" else "cluster-autoscaler"
+    got = [s.get("name") for s in doc.get("subjects", [])]
+    return [] if got == [want] else [f"subjects {got}: expected [{want!r}]"]
+
+
 def render(target):
     out = subprocess.run(["kubectl", "kustomize", str(target)], check=True, capture_output=True, text=True)
     return [d for d in yaml.safe_load_all(out.stdout) if d]
@@ -64,6 +76,7 @@ def main():
                     errs = [f"{'.'.join(str(p) for p in e.path)}: {e.message}"]
                 except kubernetes_validate.SchemaNotFoundError as e:
                     errs = [f"no schema: {e}"]
+            errs += check_binding(target, doc)
             for e in errs:
                 print(f"FAIL {name}: {e}")
                 failed += 1
