@@ -770,3 +770,52 @@ async fn a_template_that_cannot_be_built_is_counted_and_told_once() {
     assert_eq!(count() - before, 3);
     assert!(h.provider.template_failure_told("odd", &why), "{why}");
 }
+
+/// /metrics: build_info, per-group series labelled `node_group` like CA's own, and a
+/// group that is no longer managed loses its series instead of keeping stale values.
+#[tokio::test]
+async fn metrics_name_groups_like_ca_and_drop_groups_that_went_away() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let cloud = MemoryCloud::new(
+        vec![
+            MemoryGroup::new("metrics-stays", 0, 3, 1, "m5.large")
+                .tag("k8s.io/cluster-autoscaler/enabled", "true"),
+            MemoryGroup::new("metrics-goes", 0, 3, 1, "m5.large")
+                .tag("k8s.io/cluster-autoscaler/enabled", "true"),
+        ],
+        fast(),
+    );
+    let provider = Provider::new(Arc::new(cloud.clone()), discovery());
+    provider.refresh_now().await.unwrap();
+    let (l, addr) = ca_asg_provider::telemetry::http::bind("127.0.0.1:0".parse().unwrap())
+        .await
+        .unwrap();
+    tokio::spawn(ca_asg_provider::telemetry::http::serve(
+        l,
+        provider.clone(),
+        std::future::pending(),
+    ));
+    let scrape = || async move {
+        let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
+        s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+            .await
+            .unwrap();
+        let mut out = String::new();
+        s.read_to_string(&mut out).await.unwrap();
+        out
+    };
+    let text = scrape().await;
+    assert!(
+        text.contains(&format!(
+            "ca_asg_provider_build_info{{version=\"{}\"}} 1",
+            env!("CARGO_PKG_VERSION")
+        )),
+        "{text}"
+    );
+    assert!(text.contains("ca_asg_provider_node_group_max_size{node_group=\"metrics-goes\"} 3"));
+    cloud.delete_group("metrics-goes");
+    provider.refresh_now().await.unwrap();
+    let text = scrape().await;
+    assert!(text.contains("node_group=\"metrics-stays\""), "{text}");
+    assert!(!text.contains("node_group=\"metrics-goes\""), "{text}");
+}

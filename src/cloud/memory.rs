@@ -185,6 +185,11 @@ impl MemoryCloud {
         }
     }
 
+    /// Deletes a group (an ASG removed by its owner).
+    pub fn delete_group(&self, group: &str) {
+        self.state.lock().groups.remove(group);
+    }
+
     /// The next `times` calls of `operation` (a trait method name) answer Throttled.
     pub fn throttle(&self, operation: &str, times: u32) {
         self.state

@@ -13,6 +13,12 @@ use crate::provider::Provider;
 
 use super::metrics::{metrics, GroupLabels};
 
+use std::collections::BTreeSet;
+
+/// The groups the last scrape exported series for.
+static SHOWN_GROUPS: parking_lot::Mutex<BTreeSet<String>> =
+    parking_lot::Mutex::new(BTreeSet::new());
+
 /// Serves the operations endpoints until `shutdown` resolves.
 pub async fn serve(
     listener: tokio::net::TcpListener,
@@ -58,9 +64,25 @@ async fn metrics_handler(
     let m = metrics();
     let reg = p.registry();
     m.node_groups.set(reg.groups.len() as i64);
+    // A group that is no longer managed loses its series instead of keeping its
+    // last values forever.
+    let now: BTreeSet<String> = reg.groups.iter().map(|g| g.asg.name.clone()).collect();
+    {
+        let mut shown = SHOWN_GROUPS.lock();
+        for gone in shown.difference(&now) {
+            let l = GroupLabels {
+                node_group: gone.clone(),
+            };
+            m.group_min.remove(&l);
+            m.group_max.remove(&l);
+            m.group_instances.remove(&l);
+            m.group_target.remove(&l);
+        }
+        *shown = now;
+    }
     for g in &reg.groups {
         let l = GroupLabels {
-            group: g.asg.name.clone(),
+            node_group: g.asg.name.clone(),
         };
         m.group_min.get_or_create(&l).set(i64::from(g.min));
         m.group_max.get_or_create(&l).set(i64::from(g.max));

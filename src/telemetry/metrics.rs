@@ -44,9 +44,15 @@ pub struct StageLabels {
     pub stage: String,
 }
 
+/// Named like cluster-autoscaler's own per-group metrics, so the two join.
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct GroupLabels {
-    pub group: String,
+    pub node_group: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct BuildLabels {
+    pub version: String,
 }
 
 pub struct Metrics {
@@ -72,6 +78,7 @@ pub struct Metrics {
     pub lifecycle_waiting: Gauge,
     pub daemonset_pods_evicted_early: Counter,
     pub template_failures: Family<TemplateFailureLabels, Counter>,
+    pub build_info: Family<BuildLabels, Gauge>,
 }
 
 fn rpc_histogram() -> Histogram {
@@ -109,6 +116,7 @@ impl Metrics {
             lifecycle_waiting: Gauge::default(),
             daemonset_pods_evicted_early: Counter::default(),
             template_failures: Family::default(),
+            build_info: Family::default(),
             registry: Registry::default(),
         };
         r.register(
@@ -208,6 +216,16 @@ impl Metrics {
             "Template nodes that could not be built, by node group and reason (aws_error, cannot_build): the group cannot scale up from zero",
             m.template_failures.clone(),
         );
+        r.register(
+            "build_info",
+            "1, labelled with the running version",
+            m.build_info.clone(),
+        );
+        m.build_info
+            .get_or_create(&BuildLabels {
+                version: env!("CARGO_PKG_VERSION").to_string(),
+            })
+            .set(1);
         Self { registry: r, ..m }
     }
 
