@@ -128,6 +128,7 @@ impl World {
             MemoryTiming {
                 launch_delay: Duration::ZERO,
                 terminate_delay: Duration::ZERO,
+                hook_delay: Duration::ZERO,
             },
         );
         let marks: Marks = Arc::default();

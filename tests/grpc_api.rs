@@ -23,6 +23,7 @@ fn fast() -> MemoryTiming {
     MemoryTiming {
         launch_delay: Duration::from_millis(100),
         terminate_delay: Duration::from_millis(100),
+        hook_delay: Duration::ZERO,
     }
 }
 

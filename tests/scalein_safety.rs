@@ -314,3 +314,35 @@ async fn another_tools_hook_is_never_completed() {
     assert_eq!(w.cloud.desired("web"), Some(1));
     assert_eq!(target(&mut w, "web").await, 1);
 }
+
+/// Right after TerminateInstanceInAutoScalingGroup, AWS takes a moment to move the
+/// instance to Terminating:Wait: until then there is no action to heartbeat or
+/// complete. A drain that finishes in that moment must neither stop its heartbeats
+/// nor take the action as done, or the hook holds the drained instance until it
+/// times out.
+#[tokio::test]
+async fn a_drain_faster_than_the_hook_still_completes_the_action() {
+    let w = world_timed(
+        vec![MemoryGroup::new("web", 0, 3, 2, "m5.large")
+            .terminating_hook("ca-asg-provider-drain", 2)],
+        fast_settings(),
+        Duration::from_millis(20),
+        Duration::from_millis(100),
+        ca_asg_provider::cloud::memory::MemoryTiming {
+            hook_delay: Duration::from_millis(700),
+            ..timing()
+        },
+    )
+    .await;
+    let mut w = w;
+    let (node, iid) = nodes_of(&w, "web").remove(0);
+    delete_nodes(&mut w, "web", &[(node, iid.clone())]).await;
+    assert_eq!(state_of(&w, &iid), Some(LifecycleState::Terminating));
+    assert_eq!(w.engine.wait_for(&iid).await, Some(Outcome::Ended));
+    let done = w.cloud.completed_actions();
+    assert_eq!(done.len(), 1, "{done:?}");
+    assert_eq!(done[0].0.instance_id, iid);
+    assert_eq!(done[0].1, LifecycleResult::Continue);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(w.cloud.hook_timeouts().is_empty());
+}

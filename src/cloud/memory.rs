@@ -84,6 +84,9 @@ pub struct MemoryTiming {
     pub launch_delay: Duration,
     /// From Terminating (or Terminating:Proceed) to gone.
     pub terminate_delay: Duration,
+    /// With a terminating hook: from Terminating to Terminating:Wait (AWS takes a
+    /// moment; until then there is no lifecycle action to heartbeat or complete).
+    pub hook_delay: Duration,
 }
 
 impl Default for MemoryTiming {
@@ -91,6 +94,7 @@ impl Default for MemoryTiming {
         Self {
             launch_delay: Duration::from_millis(1500),
             terminate_delay: Duration::from_millis(500),
+            hook_delay: Duration::ZERO,
         }
     }
 }
@@ -105,6 +109,9 @@ struct MemInstance {
     since: Instant,
     /// For Terminating:Wait: when the hook times out without a heartbeat.
     hook_deadline: Option<Instant>,
+    /// Terminating on its way to Terminating:Wait: when it gets there, and the
+    /// hook's heartbeat timeout then.
+    enters_wait: Option<(Instant, Duration)>,
 }
 
 #[derive(Debug, Clone)]
@@ -267,7 +274,7 @@ impl MemoryCloud {
             if inst.state.is_terminating() {
                 continue;
             }
-            begin_termination(inst, hook.as_ref(), now);
+            begin_termination(inst, hook.as_ref(), now, self.timing.hook_delay);
             ended.push(inst.id.clone());
         }
         Ok(ended)
@@ -314,8 +321,17 @@ impl MemoryCloud {
                         inst.since = now;
                         timed_out.push(inst.id.clone());
                     }
+                    LifecycleState::Terminating
+                        if inst.enters_wait.is_some_and(|(at, _)| now >= at) =>
+                    {
+                        let (_, timeout) = inst.enters_wait.take().expect("checked");
+                        inst.state = LifecycleState::TerminatingWait;
+                        inst.hook_deadline = Some(now + timeout);
+                        inst.since = now;
+                    }
                     LifecycleState::Terminating | LifecycleState::TerminatingProceed
-                        if now.duration_since(inst.since) >= self.timing.terminate_delay =>
+                        if inst.enters_wait.is_none()
+                            && now.duration_since(inst.since) >= self.timing.terminate_delay =>
                     {
                         inst.state = LifecycleState::Terminated;
                         inst.since = now;
@@ -384,6 +400,7 @@ impl MemoryCloud {
                 instance_type: g.spec.instance_type.clone(),
                 since: now,
                 hook_deadline: None,
+                enters_wait: None,
             });
         }
         st.next_instance = next;
@@ -408,13 +425,23 @@ impl MemoryCloud {
     }
 }
 
-fn begin_termination(inst: &mut MemInstance, hook: Option<&LifecycleHook>, now: Instant) {
+fn begin_termination(
+    inst: &mut MemInstance,
+    hook: Option<&LifecycleHook>,
+    now: Instant,
+    hook_delay: Duration,
+) {
     inst.since = now;
     match hook {
         Some(h) => {
-            inst.state = LifecycleState::TerminatingWait;
-            inst.hook_deadline =
-                Some(now + Duration::from_secs(h.heartbeat_timeout_secs.max(1) as u64));
+            let timeout = Duration::from_secs(h.heartbeat_timeout_secs.max(1) as u64);
+            if hook_delay.is_zero() {
+                inst.state = LifecycleState::TerminatingWait;
+                inst.hook_deadline = Some(now + timeout);
+            } else {
+                inst.state = LifecycleState::Terminating;
+                inst.enters_wait = Some((now + hook_delay, timeout));
+            }
         }
         None => inst.state = LifecycleState::Terminating,
     }
@@ -542,7 +569,7 @@ impl Cloud for MemoryCloud {
                     break;
                 }
                 if !inst.state.is_terminating() {
-                    begin_termination(inst, hook.as_ref(), now);
+                    begin_termination(inst, hook.as_ref(), now, self.timing.hook_delay);
                     victims.push(inst.id.clone());
                     n += 1;
                 }
@@ -584,7 +611,7 @@ impl Cloud for MemoryCloud {
         if inst.state.is_terminating() {
             return Ok(());
         }
-        begin_termination(inst, hook.as_ref(), now);
+        begin_termination(inst, hook.as_ref(), now, self.timing.hook_delay);
         if decrement {
             g.desired -= 1;
         }

@@ -45,6 +45,7 @@ pub async fn measure(nodes: usize) -> anyhow::Result<Overhead> {
     let timing = MemoryTiming {
         launch_delay: Duration::from_millis(50),
         terminate_delay: Duration::from_millis(50),
+        hook_delay: Duration::ZERO,
     };
     let cloud = MemoryCloud::new(
         vec![MemoryGroup::new(

@@ -32,10 +32,19 @@ pub async fn finish(
                         "completed lifecycle action CONTINUE for {instance_id} (hook {}, group {group})",
                         action.hook
                     )),
-                    // No action pending: a previous run completed it, or the hook timed
-                    // out; either way the instance is on its way out.
+                    // No action pending: a previous run completed it or the hook timed
+                    // out, and the instance is on its way out; or (a fast drain right
+                    // after TerminateInstanceInAutoScalingGroup) the instance has not
+                    // reached Terminating:Wait yet, and the action is still to come.
                     Err(CloudError::Rejected { message, .. }) if message.contains("No active Lifecycle Action") => {
-                        Ok(format!("lifecycle action for {instance_id} was already complete ({message})"))
+                        if action_still_to_come(engine, instance_id).await {
+                            Err(CloudError::Transient {
+                                operation: "CompleteLifecycleAction".into(),
+                                message: format!("instance {instance_id} has not reached Terminating:Wait yet"),
+                            })
+                        } else {
+                            Ok(format!("lifecycle action for {instance_id} was already complete ({message})"))
+                        }
                     }
                     Err(e) => Err(e),
                 }
@@ -63,6 +72,25 @@ pub async fn finish(
         }
     }
     Err(last)
+}
+
+/// Whether the instance is still before its lifecycle action (in service, or
+/// terminating but not yet held). An unknown answer says yes: retrying is safe,
+/// taking the drain as done too early is not.
+async fn action_still_to_come(engine: &Engine, instance_id: &str) -> bool {
+    match engine
+        .cloud
+        .locate_instances(&[instance_id.to_string()])
+        .await
+    {
+        Ok(found) => found.first().is_some_and(|l| {
+            matches!(
+                l.state,
+                crate::cloud::LifecycleState::InService | crate::cloud::LifecycleState::Terminating
+            )
+        }),
+        Err(_) => true,
+    }
 }
 
 async fn direct(engine: &Engine, group: &str, instance_id: &str) -> Result<String, CloudError> {

@@ -39,6 +39,7 @@ pub fn timing() -> MemoryTiming {
     MemoryTiming {
         launch_delay: Duration::from_millis(50),
         terminate_delay: Duration::from_millis(50),
+        hook_delay: Duration::ZERO,
     }
 }
 
@@ -107,13 +108,24 @@ pub async fn world_with(
     ready_delay: Duration,
     refresh_interval: Duration,
 ) -> World {
+    world_timed(groups, s, ready_delay, refresh_interval, timing()).await
+}
+
+/// [`world_with`] with the memory cloud's timing given.
+pub async fn world_timed(
+    groups: Vec<MemoryGroup>,
+    s: ScaleInSettings,
+    ready_delay: Duration,
+    refresh_interval: Duration,
+    cloud_timing: MemoryTiming,
+) -> World {
     let _ = tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
         .with_test_writer()
         .try_init();
     let sim = Arc::new(SimCluster::start(SimOptions { ready_delay }).await.unwrap());
     let names: Vec<String> = groups.iter().map(|g| g.name.clone()).collect();
-    let cloud = MemoryCloud::new(groups, timing());
+    let cloud = MemoryCloud::new(groups, cloud_timing);
     sim.follow_cloud(cloud.clone());
     let want: usize = cloud.instances().len();
     eventually("a Node per instance", 10, || {
