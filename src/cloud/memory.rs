@@ -773,8 +773,26 @@ pub fn builtin_instance_types() -> BTreeMap<String, InstanceTypeInfo> {
         t("r5.xlarge", 4, 32, "amd64", 4, 15, 0, None),
         t("m6g.large", 2, 8, "arm64", 3, 10, 0, None),
         t("m6g.xlarge", 4, 16, "arm64", 4, 15, 0, None),
-        t("g4dn.xlarge", 4, 16, "amd64", 3, 10, 1, Some("nvidia-t4")),
-        t("p3.2xlarge", 8, 61, "amd64", 4, 15, 1, Some("nvidia-v100")),
+        t(
+            "g4dn.xlarge",
+            4,
+            16,
+            "amd64",
+            3,
+            10,
+            1,
+            Some("nvidia-tesla-t4"),
+        ),
+        t(
+            "p3.2xlarge",
+            8,
+            61,
+            "amd64",
+            4,
+            15,
+            1,
+            Some("nvidia-tesla-v100"),
+        ),
     ]
     .into_iter()
     .collect()

@@ -210,13 +210,10 @@ pub(super) fn type_info(t: &ec2::types::InstanceTypeInfo) -> Option<InstanceType
         })
         .unwrap_or(0);
     let gpu_type = gpus.and_then(|g| g.gpus().first()).map(|d| {
-        format!(
-            "{}-{}",
+        gpu_name(
             d.manufacturer().unwrap_or("gpu"),
-            d.name().unwrap_or("unknown")
+            d.name().unwrap_or("unknown"),
         )
-        .to_ascii_lowercase()
-        .replace([' ', '_'], "-")
     });
     let archs = t
         .processor_info()
@@ -245,9 +242,35 @@ pub(super) fn type_info(t: &ec2::types::InstanceTypeInfo) -> Option<InstanceType
     })
 }
 
+/// The GPU model as the `k8s.amazonaws.com/accelerator` label names it, the way
+/// CA's in-tree AWS provider lists its GPU types (`nvidia-tesla-t4`, `nvidia-a10g`):
+/// NVIDIA's data-center models before A10G carry "tesla". Others: manufacturer-model.
+pub fn gpu_name(manufacturer: &str, model: &str) -> String {
+    let m = manufacturer.to_ascii_lowercase().replace([' ', '_'], "-");
+    let n = model.to_ascii_lowercase().replace([' ', '_'], "-");
+    let tesla = ["k80", "m60", "p100", "v100", "t4", "t4g", "a100"];
+    if m == "nvidia" && tesla.contains(&n.as_str()) {
+        format!("nvidia-tesla-{n}")
+    } else {
+        format!("{m}-{n}")
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn gpu_names_follow_in_tree_aws() {
+        assert_eq!(gpu_name("NVIDIA", "T4"), "nvidia-tesla-t4");
+        assert_eq!(gpu_name("NVIDIA", "V100"), "nvidia-tesla-v100");
+        assert_eq!(gpu_name("NVIDIA", "A100"), "nvidia-tesla-a100");
+        assert_eq!(gpu_name("NVIDIA", "K80"), "nvidia-tesla-k80");
+        assert_eq!(gpu_name("NVIDIA", "A10G"), "nvidia-a10g");
+        assert_eq!(gpu_name("NVIDIA", "L4"), "nvidia-l4");
+        assert_eq!(gpu_name("NVIDIA", "L40S"), "nvidia-l40s");
+        assert_eq!(gpu_name("AMD", "Radeon Pro V520"), "amd-radeon-pro-v520");
+    }
 
     #[test]
     fn failure_codes_come_from_the_message() {

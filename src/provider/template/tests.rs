@@ -91,7 +91,7 @@ fn gpu_types_get_the_accelerator_label_and_gpu_capacity() {
         vcpus: 4,
         memory_mib: 16384,
         gpus: 1,
-        gpu_type: Some("nvidia-t4".into()),
+        gpu_type: Some("nvidia-tesla-t4".into()),
         architecture: "amd64".into(),
         ..Default::default()
     };
@@ -102,7 +102,7 @@ fn gpu_types_get_the_accelerator_label_and_gpu_capacity() {
         None,
         &TemplateOverrides::default(),
     );
-    assert_eq!(n.labels[GPU_LABEL], "nvidia-t4");
+    assert_eq!(n.labels[GPU_LABEL], "nvidia-tesla-t4");
     assert_eq!(n.capacity["nvidia.com/gpu"], "1");
     assert_eq!(n.allocatable["nvidia.com/gpu"], "1");
     assert_eq!(
