@@ -54,7 +54,12 @@ pub fn heartbeats(
                     // No action now. Right after TerminateInstanceInAutoScalingGroup the
                     // instance may not have reached Terminating:Wait yet: only an
                     // instance past the hook (or gone) ends the heartbeats.
-                    if !may_still_wait(&engine, &action.instance_id).await {
+                    let may_still_wait = [
+                        LifecycleState::InService,
+                        LifecycleState::Terminating,
+                        LifecycleState::TerminatingWait,
+                    ];
+                    if !in_state(&engine, &action.instance_id, &may_still_wait).await {
                         Metrics::outcome(&metrics().heartbeats, "stopped");
                         tracing::info!(instance = %action.instance_id, hook = %action.hook, %message, "no active lifecycle action any more; heartbeats stop");
                         return;
@@ -89,22 +94,20 @@ pub fn heartbeats(
     })
 }
 
-/// Whether the instance can still be (or come to be) held by the hook: it is in
-/// service, terminating before the hook, or waiting. Unknown answers say yes.
-async fn may_still_wait(engine: &Engine, instance_id: &str) -> bool {
+/// Whether AWS shows the instance in one of `states` now. An unknown answer (AWS
+/// cannot be asked) says yes: callers use it to keep trying, which is safe, instead
+/// of giving up early, which is not.
+pub(crate) async fn in_state(
+    engine: &Engine,
+    instance_id: &str,
+    states: &[LifecycleState],
+) -> bool {
     match engine
         .cloud
         .locate_instances(&[instance_id.to_string()])
         .await
     {
-        Ok(found) => found.first().is_some_and(|l| {
-            matches!(
-                l.state,
-                LifecycleState::InService
-                    | LifecycleState::Terminating
-                    | LifecycleState::TerminatingWait
-            )
-        }),
+        Ok(found) => found.first().is_some_and(|l| states.contains(&l.state)),
         Err(_) => true,
     }
 }

@@ -4,10 +4,10 @@
 
 use std::time::Duration;
 
-use crate::cloud::{CloudError, LifecycleResult};
+use crate::cloud::{CloudError, LifecycleResult, LifecycleState};
 
 use super::events::Reason;
-use super::{Engine, Mode};
+use super::{lifecycle, Engine, Mode};
 
 const ATTEMPTS: u32 = 6;
 
@@ -37,7 +37,9 @@ pub async fn finish(
                     // after TerminateInstanceInAutoScalingGroup) the instance has not
                     // reached Terminating:Wait yet, and the action is still to come.
                     Err(CloudError::Rejected { message, .. }) if message.contains("No active Lifecycle Action") => {
-                        if action_still_to_come(engine, instance_id).await {
+                        // In service, or terminating but not yet held by the hook.
+                        let before_the_action = [LifecycleState::InService, LifecycleState::Terminating];
+                        if lifecycle::in_state(engine, instance_id, &before_the_action).await {
                             Err(CloudError::Transient {
                                 operation: "CompleteLifecycleAction".into(),
                                 message: format!("instance {instance_id} has not reached Terminating:Wait yet"),
@@ -72,25 +74,6 @@ pub async fn finish(
         }
     }
     Err(last)
-}
-
-/// Whether the instance is still before its lifecycle action (in service, or
-/// terminating but not yet held). An unknown answer says yes: retrying is safe,
-/// taking the drain as done too early is not.
-async fn action_still_to_come(engine: &Engine, instance_id: &str) -> bool {
-    match engine
-        .cloud
-        .locate_instances(&[instance_id.to_string()])
-        .await
-    {
-        Ok(found) => found.first().is_some_and(|l| {
-            matches!(
-                l.state,
-                crate::cloud::LifecycleState::InService | crate::cloud::LifecycleState::Terminating
-            )
-        }),
-        Err(_) => true,
-    }
 }
 
 async fn direct(engine: &Engine, group: &str, instance_id: &str) -> Result<String, CloudError> {
