@@ -6,7 +6,8 @@
 //! Refresh, restarts and leader changes. After every step:
 //! - the ASG never picked a victim itself (no SetDesiredCapacity below the
 //!   instances it had to keep);
-//! - CA's target is exactly what CA asked for;
+//! - CA's target is exactly what CA asked for (a decrease removes the unfulfilled
+//!   part of what it asks, and is refused only when nothing is unfulfilled);
 //! - AWS's desired capacity is CA's target plus the drains still running;
 //! - once no drain runs, the instances that stay equal CA's target.
 //!
@@ -218,8 +219,24 @@ impl World {
             }
             Op::Decrease(g, d) => {
                 let g = GROUPS[*g];
-                if self.ca().decrease_target_size(g, -d).await.is_ok() {
-                    *self.target.get_mut(g).unwrap() -= d;
+                // Only unfulfilled capacity goes, never below the ASG's min (1); CA
+                // asking for more (its clean-up paths) gets the unfulfilled part.
+                let removable = (*d).min(self.owed(g)).min(self.target[g] - 1).max(0);
+                match self.ca().decrease_target_size(g, -d).await {
+                    Ok(()) => {
+                        assert!(
+                            removable > 0,
+                            "group {g}: decrease by {d} accepted with nothing unfulfilled"
+                        );
+                        *self.target.get_mut(g).unwrap() -= removable;
+                    }
+                    Err(ProviderError::FailedPrecondition(m)) => {
+                        assert_eq!(
+                            removable, 0,
+                            "group {g}: decrease by {d} refused with {removable} unfulfilled: {m}"
+                        );
+                    }
+                    Err(_) => {}
                 }
             }
             Op::Delete(g, n, pick) => {

@@ -820,3 +820,121 @@ async fn metrics_name_groups_like_ca_and_drop_groups_that_went_away() {
     assert!(text.contains("node_group=\"metrics-stays\""), "{text}");
     assert!(!text.contains("node_group=\"metrics-goes\""), "{text}");
 }
+
+/// CA's view of one group, computed as clusterstate does in 1.31 to 1.36
+/// (updateIncorrectNodeGroupSizes, getNotRegisteredNodes, expectedToRegister): an
+/// instance not registered counts as unregistered unless it is deleting or carries
+/// an error; the size is "incorrect" when registered < target - unregistered.
+/// Returns the delta fixNodeGroupSize would pass to DecreaseTargetSize, if any.
+async fn ca_fix_node_group_size_delta(
+    h: &mut Harness,
+    group: &str,
+    registered: &[String],
+) -> Option<i32> {
+    let target = target(h, group).await;
+    let listed = instances(h, group).await;
+    let registered_here = listed.iter().filter(|i| registered.contains(&i.id)).count() as i32;
+    let unregistered = listed
+        .iter()
+        .filter(|i| !registered.contains(&i.id))
+        .filter(|i| {
+            let st = i.status.as_ref().unwrap();
+            state(i) != InstanceState::InstanceDeleting && st.error_info.is_none()
+        })
+        .count() as i32;
+    let incorrect = registered_here > target || registered_here < target - unregistered;
+    let delta = registered_here - target;
+    (incorrect && delta < 0).then_some(delta)
+}
+
+#[tokio::test]
+async fn ca_clean_up_of_a_half_failed_scale_up_never_aborts_its_loop() {
+    // One instance launches and never registers (slow bootstrap), the rest of the
+    // scale-up fails for capacity. CA (fixNodeGroupSize, after maxNodeProvisionTime)
+    // asks to remove everything not registered: an error there ends CA's RunOnce
+    // every loop (static_autoscaler.go, 1.31 to 1.36).
+    let slow = MemoryTiming {
+        launch_delay: Duration::from_secs(3600),
+        terminate_delay: Duration::from_millis(100),
+        hook_delay: Duration::ZERO,
+    };
+    let cloud = MemoryCloud::new(groups(), slow);
+    let mut h = start_with(cloud, discovery(), true).await;
+    let registered: Vec<String> = instances(&mut h, "web")
+        .await
+        .into_iter()
+        .map(|i| i.id)
+        .collect();
+    assert_eq!(registered.len(), 2);
+    h.ca.node_group_increase_size(proto::NodeGroupIncreaseSizeRequest {
+        id: "web".into(),
+        delta: 1,
+    })
+    .await
+    .unwrap();
+    h.cloud
+        .fail_launches("web", Some("InsufficientInstanceCapacity"));
+    h.ca.node_group_increase_size(proto::NodeGroupIncreaseSizeRequest {
+        id: "web".into(),
+        delta: 2,
+    })
+    .await
+    .unwrap();
+    h.provider.refresh_now().await.unwrap();
+    let pending: Vec<String> = h
+        .cloud
+        .instances()
+        .into_iter()
+        .filter(|(g, i)| g == "web" && i.state.is_pending())
+        .map(|(_, i)| i.id)
+        .collect();
+    assert_eq!(
+        pending.len(),
+        1,
+        "one instance launched and is still pending"
+    );
+
+    let delta = ca_fix_node_group_size_delta(&mut h, "web", &registered)
+        .await
+        .expect("CA sees an incorrect size: two placeholders carry errors");
+    assert_eq!(delta, -3, "registered 2, target 5");
+    // The answer CA's loop depends on: success, removing only what never launched.
+    h.ca.node_group_decrease_target_size(proto::NodeGroupDecreaseTargetSizeRequest {
+        id: "web".into(),
+        delta,
+    })
+    .await
+    .expect("DecreaseTargetSize from fixNodeGroupSize must not fail when capacity is unfulfilled");
+    assert_eq!(target(&mut h, "web").await, 3);
+    assert_eq!(h.cloud.desired("web"), Some(3));
+    let live: Vec<String> = h
+        .cloud
+        .instances()
+        .into_iter()
+        .filter(|(g, i)| g == "web" && !i.state.is_leaving())
+        .map(|(_, i)| i.id)
+        .collect();
+    assert_eq!(live.len(), 3, "no instance ended: {live:?}");
+    assert!(live.contains(&pending[0]));
+    // CA's next loop sees a consistent group: nothing more to fix.
+    h.provider.refresh_now().await.unwrap();
+    assert_eq!(
+        ca_fix_node_group_size_delta(&mut h, "web", &registered).await,
+        None
+    );
+    // And with nothing unfulfilled left, asking again is refused, naming the numbers
+    // (CA then deletes the unregistered instance through DeleteNodes).
+    let e =
+        h.ca.node_group_decrease_target_size(proto::NodeGroupDecreaseTargetSizeRequest {
+            id: "web".into(),
+            delta: -1,
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(e.code(), Code::FailedPrecondition);
+    assert!(
+        e.message().contains("3 existing instances"),
+        "{}",
+        e.message()
+    );
+}

@@ -161,6 +161,13 @@ impl LifecycleState {
         }
     }
 
+    /// On its way out of the group: terminating, or detaching/detached. Such an
+    /// instance no longer fills a slot of the desired capacity, so every count of
+    /// the instances that stay uses this one test (the listing CA sees included).
+    pub fn is_leaving(&self) -> bool {
+        self.is_terminating() || matches!(self, Self::Detaching | Self::Detached)
+    }
+
     /// Terminating, Terminating:Wait, Terminating:Proceed or Terminated.
     pub fn is_terminating(&self) -> bool {
         matches!(

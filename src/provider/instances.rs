@@ -56,8 +56,7 @@ pub fn placeholder_group(instance_id: &str) -> Option<&str> {
 pub fn map_state(state: &LifecycleState) -> InstanceState {
     match state {
         s if s.is_pending() => InstanceState::Creating,
-        s if s.is_terminating() => InstanceState::Deleting,
-        LifecycleState::Detaching | LifecycleState::Detached => InstanceState::Deleting,
+        s if s.is_leaving() => InstanceState::Deleting,
         _ => InstanceState::Running,
     }
 }

@@ -357,12 +357,14 @@ impl Provider {
         ov.deleting.contains(instance_id) || ov.deferred.contains_key(instance_id)
     }
 
-    /// Instances that stay: not terminating in AWS and not being ended by us.
+    /// Instances that stay: not leaving in AWS and not being ended by us. Counted
+    /// exactly as [`instances::list`] counts them, so the placeholders CA sees and
+    /// the capacity DecreaseTargetSize may remove are the same number.
     fn live_count(ov: &Overlay, g: &Group) -> i32 {
         g.asg
             .instances
             .iter()
-            .filter(|i| !i.state.is_terminating() && !Self::is_deleting(ov, &i.id))
+            .filter(|i| !i.state.is_leaving() && !Self::is_deleting(ov, &i.id))
             .count() as i32
     }
 
@@ -589,16 +591,30 @@ impl Provider {
                 Self::deferred_in(&ov, g),
             )
         };
-        let new = sizes::check_decrease(id, target, live, g.asg.min_size, delta)?;
+        let dec = sizes::check_decrease(id, target, live, g.asg.min_size, delta)?;
+        let new = dec.new;
         let desired = sizes::desired_for(id, new, deferred, g.asg.max_size)?;
-        tracing::info!(
-            group = id,
-            from = target,
-            to = new,
-            desired,
-            draining = deferred,
-            "decreasing desired capacity (unfulfilled only)"
-        );
+        if dec.partial() {
+            tracing::warn!(
+                group = id,
+                from = target,
+                to = new,
+                asked = dec.asked,
+                removed = dec.removed,
+                live,
+                min = g.asg.min_size,
+                "cluster-autoscaler asked to remove more capacity than is unfulfilled; removing only the unfulfilled part (instances that exist go through DeleteNodes)"
+            );
+        } else {
+            tracing::info!(
+                group = id,
+                from = target,
+                to = new,
+                desired,
+                draining = deferred,
+                "decreasing desired capacity (unfulfilled only)"
+            );
+        }
         self.writes.fetch_add(1, Ordering::AcqRel);
         self.cloud.set_desired_capacity(id, desired).await?;
         self.overlay.lock().target.insert(id.to_string(), desired);

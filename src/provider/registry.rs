@@ -33,7 +33,7 @@ impl Group {
         self.asg
             .instances
             .iter()
-            .filter(|i| !i.state.is_terminating())
+            .filter(|i| !i.state.is_leaving())
             .count() as i32
     }
 

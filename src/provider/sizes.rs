@@ -25,37 +25,67 @@ pub fn check_increase(
     Ok(new)
 }
 
-/// DecreaseTargetSize: `delta < 0`, and only capacity that has no instance yet may go:
-/// the new target may not fall below the number of live (registered or launching)
-/// instances, nor below the ASG's MinSize (AWS would refuse it once the running
-/// drains have ended, leaving an instance CA wants gone). Returns the new target.
+/// What a DecreaseTargetSize does: the new target, and how much of the asked
+/// decrease it is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Decrease {
+    pub new: i32,
+    /// `target - new`, at most `-delta`.
+    pub removed: i32,
+    pub asked: i32,
+}
+
+impl Decrease {
+    pub fn partial(&self) -> bool {
+        self.removed < self.asked
+    }
+}
+
+/// DecreaseTargetSize: `delta < 0`, and only capacity that has no instance may go:
+/// the new target never falls below the live (registered or launching) instances,
+/// nor below the ASG's MinSize (AWS would refuse it once the running drains have
+/// ended, leaving an instance CA wants gone).
+///
+/// CA asks for more than that only from its clean-up paths, when its view of the
+/// group lags: fixNodeGroupSize (whose error aborts CA's whole loop, every loop,
+/// in 1.31 to 1.36) and, from 1.36, the revert of a timed-out scale-up. So the
+/// unfulfilled part is removed and the call succeeds; instances that exist are
+/// left to DeleteNodes, which drains them. Only when nothing at all can be removed
+/// is the call refused, naming the numbers.
 pub fn check_decrease(
     group: &str,
     target: i32,
     live_instances: i32,
     asg_min: i32,
     delta: i32,
-) -> Result<i32, ProviderError> {
+) -> Result<Decrease, ProviderError> {
     if delta >= 0 {
         return Err(ProviderError::InvalidArgument(format!(
             "node group {group}: size decrease must be negative, got delta={delta}"
         )));
     }
-    let new = target.checked_add(delta).ok_or_else(|| {
+    let asked_new = target.checked_add(delta).ok_or_else(|| {
         ProviderError::InvalidArgument(format!("node group {group}: delta={delta} overflows"))
     })?;
-    if new < live_instances {
+    let floor = live_instances.max(asg_min);
+    let new = asked_new.max(floor).min(target);
+    if new == target {
+        let why = if live_instances >= asg_min {
+            format!(
+                "attempt to delete existing nodes: target {target} + delta {delta} = {asked_new} < {live_instances} existing instances, and no capacity is unfulfilled; existing instances go only through DeleteNodes"
+            )
+        } else {
+            format!("target {target} + delta {delta} = {asked_new} is below the ASG's MinSize {asg_min}")
+        };
         return Err(ProviderError::FailedPrecondition(format!(
-            "node group {group}: attempt to delete existing nodes: target {target} + delta {delta} = {new} < {live_instances} existing instances; only unfulfilled capacity ({}) can be removed this way",
-            (target - live_instances).max(0)
+            "node group {group}: {why}"
         )));
     }
-    if new < asg_min {
-        return Err(ProviderError::FailedPrecondition(format!(
-            "node group {group}: target {target} + delta {delta} = {new} is below the ASG's MinSize {asg_min}"
-        )));
-    }
-    Ok(new)
+    Ok(Decrease {
+        new,
+        removed: target - new,
+        asked: (-(delta as i64)).min(i32::MAX as i64) as i32,
+    })
 }
 
 /// DeleteNodes: removing `count` instances must keep the target at or above min.
@@ -124,10 +154,15 @@ mod tests {
 
     #[test]
     fn decrease_only_removes_unfulfilled_capacity() {
-        assert_eq!(check_decrease("g", 5, 3, 0, -2).unwrap(), 3);
-        let e = check_decrease("g", 5, 3, 0, -3).unwrap_err();
+        let d = check_decrease("g", 5, 3, 0, -2).unwrap();
+        assert_eq!((d.new, d.removed, d.partial()), (3, 2, false));
+        // Asked for more than is unfulfilled: the unfulfilled part goes, no instance.
+        let d = check_decrease("g", 5, 3, 0, -3).unwrap();
+        assert_eq!((d.new, d.removed, d.asked, d.partial()), (3, 2, 3, true));
+        // Nothing unfulfilled: refused, with the numbers.
+        let e = check_decrease("g", 3, 3, 0, -1).unwrap_err();
         assert!(
-            matches!(e, ProviderError::FailedPrecondition(ref m) if m.contains("2 < 3 existing")),
+            matches!(e, ProviderError::FailedPrecondition(ref m) if m.contains("2 < 3 existing instances")),
             "{e}"
         );
         assert!(matches!(
@@ -138,6 +173,28 @@ mod tests {
             check_decrease("g", 5, 3, 0, 1),
             Err(ProviderError::InvalidArgument(_))
         ));
+        let d = check_decrease("g", 5, 0, 0, i32::MIN).unwrap();
+        assert_eq!((d.new, d.removed, d.asked), (0, 5, i32::MAX));
+    }
+
+    #[test]
+    fn decrease_never_goes_below_live_or_min_for_any_input() {
+        for target in 0..8 {
+            for live in 0..8 {
+                for min in 0..4 {
+                    for delta in -10..0 {
+                        match check_decrease("g", target, live, min, delta) {
+                            Ok(d) => {
+                                assert!(d.new >= live && d.new >= min && d.new < target);
+                                assert!(d.removed >= 1 && d.removed <= -delta);
+                                assert_eq!(d.new, (target + delta).max(live).max(min));
+                            }
+                            Err(_) => assert!(target <= live.max(min)),
+                        }
+                    }
+                }
+            }
+        }
     }
 
     #[test]
@@ -168,8 +225,9 @@ mod tests {
 
     #[test]
     fn decrease_keeps_the_asg_min_even_with_nothing_live() {
-        assert_eq!(check_decrease("g", 4, 0, 1, -3).unwrap(), 1);
-        let e = check_decrease("g", 4, 0, 1, -4).unwrap_err();
+        assert_eq!(check_decrease("g", 4, 0, 1, -3).unwrap().new, 1);
+        assert_eq!(check_decrease("g", 4, 0, 1, -4).unwrap().new, 1);
+        let e = check_decrease("g", 1, 0, 1, -1).unwrap_err();
         assert!(
             matches!(e, ProviderError::FailedPrecondition(ref m) if m.contains("0 is below the ASG's MinSize 1")),
             "{e}"
