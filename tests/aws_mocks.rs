@@ -26,6 +26,10 @@ fn cloud(rules: &[&Rule]) -> AwsCloud {
             .region(aws_sdk_ec2::config::Region::new("us-east-1"))
             .build(),
     );
+    cloud_with_ec2(asg_client, ec2_client)
+}
+
+fn cloud_with_ec2(asg_client: Client, ec2_client: aws_sdk_ec2::Client) -> AwsCloud {
     let eks_client = aws_sdk_eks::Client::from_conf(
         aws_sdk_eks::Config::builder()
             .behavior_version_latest()
@@ -238,11 +242,144 @@ async fn mixed_instances_overrides_are_read_in_order() {
         ca_asg_provider::cloud::LaunchSpec::MixedInstances {
             template,
             override_types,
+            requirements,
         } => {
+            assert_eq!(requirements, None);
             assert_eq!(template.id.as_deref(), Some("lt-1"));
             assert_eq!(template.version.as_deref(), Some("3"));
             assert_eq!(override_types, vec!["m5.xlarge", "m5a.xlarge"]);
         }
         other => panic!("{other:?}"),
     }
+}
+
+/// Attribute-based selection, which moto does not model: the policy's single override
+/// with InstanceRequirements is read, and the type lookup asks AWS with the AMI's
+/// architecture and the requirements, taking AWS's first answer.
+#[tokio::test]
+async fn instance_requirements_are_read_and_looked_up_with_the_amis_architecture() {
+    use aws_sdk_ec2::operation::describe_images::DescribeImagesOutput;
+    use aws_sdk_ec2::operation::get_instance_types_from_instance_requirements::GetInstanceTypesFromInstanceRequirementsOutput;
+    let groups = mock!(Client::describe_auto_scaling_groups).then_output(|| {
+        let requirements = asg::types::InstanceRequirements::builder()
+            .v_cpu_count(
+                asg::types::VCpuCountRequest::builder()
+                    .min(4)
+                    .max(16)
+                    .build(),
+            )
+            .memory_mib(asg::types::MemoryMiBRequest::builder().min(16384).build())
+            .accelerator_manufacturers(asg::types::AcceleratorManufacturer::Nvidia)
+            .accelerator_types(asg::types::AcceleratorType::Gpu)
+            .accelerator_count(
+                asg::types::AcceleratorCountRequest::builder()
+                    .min(1)
+                    .build(),
+            )
+            .excluded_instance_types("g3*")
+            .build();
+        let policy = asg::types::MixedInstancesPolicy::builder()
+            .launch_template(
+                asg::types::LaunchTemplate::builder()
+                    .launch_template_specification(
+                        asg::types::LaunchTemplateSpecification::builder()
+                            .launch_template_id("lt-1")
+                            .build(),
+                    )
+                    .overrides(
+                        asg::types::LaunchTemplateOverrides::builder()
+                            .instance_requirements(requirements)
+                            .build(),
+                    )
+                    .build(),
+            )
+            .build();
+        DescribeAutoScalingGroupsOutput::builder()
+            .auto_scaling_groups(
+                asg::types::AutoScalingGroup::builder()
+                    .auto_scaling_group_name("abs")
+                    .min_size(0)
+                    .max_size(5)
+                    .desired_capacity(0)
+                    .mixed_instances_policy(policy)
+                    .build(),
+            )
+            .build()
+    });
+    let images = mock!(aws_sdk_ec2::Client::describe_images)
+        .match_requests(|r| r.image_ids() == ["ami-arm"])
+        .then_output(|| {
+            DescribeImagesOutput::builder()
+                .images(
+                    aws_sdk_ec2::types::Image::builder()
+                        .image_id("ami-arm")
+                        .architecture(aws_sdk_ec2::types::ArchitectureValues::Arm64)
+                        .build(),
+                )
+                .build()
+        });
+    let seen = Arc::new(Mutex::new(None));
+    let seen_in = seen.clone();
+    let types = mock!(aws_sdk_ec2::Client::get_instance_types_from_instance_requirements)
+        .match_requests(move |r| {
+            *seen_in.lock().unwrap() = Some(r.clone());
+            true
+        })
+        .then_output(|| {
+            GetInstanceTypesFromInstanceRequirementsOutput::builder()
+                .instance_types(
+                    aws_sdk_ec2::types::InstanceTypeInfoFromInstanceRequirements::builder()
+                        .instance_type("g5g.xlarge")
+                        .build(),
+                )
+                .instance_types(
+                    aws_sdk_ec2::types::InstanceTypeInfoFromInstanceRequirements::builder()
+                        .instance_type("g5g.2xlarge")
+                        .build(),
+                )
+                .build()
+        });
+    let asg_client: Client = mock_client!(aws_sdk_autoscaling, RuleMode::MatchAny, [&groups]);
+    let ec2_client: aws_sdk_ec2::Client =
+        mock_client!(aws_sdk_ec2, RuleMode::MatchAny, [&images, &types]);
+    let c = cloud_with_ec2(asg_client, ec2_client);
+    let g = c
+        .describe_groups(&GroupSelector {
+            names: vec!["abs".into()],
+            tag_sets: vec![],
+        })
+        .await
+        .unwrap()
+        .remove(0);
+    let req = match g.launch {
+        ca_asg_provider::cloud::LaunchSpec::MixedInstances {
+            override_types,
+            requirements,
+            ..
+        } => {
+            assert!(override_types.is_empty());
+            requirements.expect("the override's InstanceRequirements")
+        }
+        other => panic!("{other:?}"),
+    };
+    assert_eq!((req.vcpu_min, req.vcpu_max), (4, Some(16)));
+    assert_eq!((req.memory_mib_min, req.memory_mib_max), (16384, None));
+    assert_eq!(req.nvidia_gpus_min, Some(1));
+    assert_eq!(req.excluded_types, vec!["g3*"]);
+    let found = c
+        .instance_types_for_requirements(&req, Some("ami-arm"))
+        .await
+        .unwrap();
+    assert_eq!(found, vec!["g5g.xlarge", "g5g.2xlarge"]);
+    let sent = seen.lock().unwrap().clone().expect("the lookup was made");
+    assert_eq!(
+        sent.architecture_types(),
+        [aws_sdk_ec2::types::ArchitectureType::Arm64]
+    );
+    let r = sent.instance_requirements().unwrap();
+    assert_eq!(r.v_cpu_count().unwrap().min(), Some(4));
+    assert_eq!(r.v_cpu_count().unwrap().max(), Some(16));
+    assert_eq!(r.memory_mib().unwrap().min(), Some(16384));
+    assert_eq!(r.accelerator_count().unwrap().min(), Some(1));
+    assert_eq!(r.excluded_instance_types(), ["g3*"]);
 }

@@ -253,7 +253,10 @@ async fn launch_template_versions_user_data_and_root_volume() {
     let d = e.cloud.launch_template(&r(None)).await.unwrap();
     assert_eq!(d.instance_type.as_deref(), Some("m5.large"));
     assert_eq!(d.user_data.as_deref(), Some(USER_DATA));
-    assert_eq!(d.root_volume_gib, Some(100));
+    assert_eq!(d.volumes.len(), 1);
+    assert_eq!(d.volumes[0].device, "/dev/xvda");
+    assert_eq!(d.volumes[0].size_gib, Some(100));
+    assert_eq!(d.image_id.as_deref(), Some(AMI));
     let v2 = e.cloud.launch_template(&r(Some("2"))).await.unwrap();
     assert_eq!(v2.instance_type.as_deref(), Some("m5.xlarge"));
     let latest = e.cloud.launch_template(&r(Some("$Latest"))).await.unwrap();
@@ -539,4 +542,103 @@ async fn aws_budget_at_250_groups_and_20_instance_types() {
         vec![("DescribeAutoScalingGroups".to_string(), 3)],
         "steady-state refresh"
     );
+}
+
+/// An EKS managed node group's ASG: the template carries what EKS puts on its nodes
+/// (capacity type, the node group's labels over ASG tags, its taints, its resource
+/// tags), read through DescribeNodegroup.
+#[tokio::test]
+async fn eks_managed_node_group_templates_carry_capacity_type_labels_taints_and_tags() {
+    let e = env().await;
+    let cfg = e._moto.sdk_config().await;
+    let eks = aws_sdk_eks::Client::new(&cfg);
+    eks.create_cluster()
+        .name("prod")
+        .role_arn("arn:aws:iam::123456789012:role/eks")
+        .resources_vpc_config(
+            aws_sdk_eks::types::VpcConfigRequest::builder()
+                .subnet_ids("subnet-1")
+                .build(),
+        )
+        .send()
+        .await
+        .unwrap();
+    eks.create_nodegroup()
+        .cluster_name("prod")
+        .nodegroup_name("spot-ng")
+        .node_role("arn:aws:iam::123456789012:role/node")
+        .subnets("subnet-1")
+        .capacity_type(aws_sdk_eks::types::CapacityTypes::Spot)
+        .disk_size(60)
+        .labels("team", "ml")
+        .taints(
+            aws_sdk_eks::types::Taint::builder()
+                .key("dedicated")
+                .value("ml")
+                .effect(aws_sdk_eks::types::TaintEffect::NoSchedule)
+                .build(),
+        )
+        .tags(
+            "k8s.io/cluster-autoscaler/node-template/resources/hugepages-2Mi",
+            "2Gi",
+        )
+        .send()
+        .await
+        .unwrap();
+    launch_template(&e, "lt-ng", "m5.large", None).await;
+    group(
+        &e,
+        "eks-spot-ng-1234",
+        "lt-ng",
+        0,
+        &[
+            ("k8s.io/cluster-autoscaler/enabled", "true"),
+            ("eks:cluster-name", "prod"),
+            ("eks:nodegroup-name", "spot-ng"),
+            (
+                "k8s.io/cluster-autoscaler/node-template/label/team",
+                "asg-tag",
+            ),
+            (
+                "k8s.io/cluster-autoscaler/node-template/resources/hugepages-2Mi",
+                "1Gi",
+            ),
+        ],
+    )
+    .await;
+    let counter = e.cloud.calls();
+    let p = Provider::new(
+        Arc::new(e.cloud),
+        ProviderSettings {
+            selector: discovery(&[("k8s.io/cluster-autoscaler/enabled", None)]),
+            ..ProviderSettings::default()
+        },
+    );
+    p.refresh_now().await.unwrap();
+    let bytes = p.template_node("eks-spot-ng-1234").await.unwrap();
+    let node = <k8s_pb::api::core::v1::Node as prost::Message>::decode(bytes.as_ref()).unwrap();
+    let labels = node.metadata.unwrap().labels;
+    assert_eq!(labels["eks.amazonaws.com/capacityType"], "SPOT");
+    assert_eq!(labels["eks.amazonaws.com/nodegroup"], "spot-ng");
+    assert_eq!(
+        labels["team"], "ml",
+        "the node group's label wins over the ASG tag"
+    );
+    let spec = node.spec.unwrap();
+    assert!(
+        spec.taints
+            .iter()
+            .any(|t| t.key.as_deref() == Some("dedicated")
+                && t.value.as_deref() == Some("ml")
+                && t.effect.as_deref() == Some("NoSchedule")),
+        "{:?}",
+        spec.taints
+    );
+    let capacity = node.status.unwrap().capacity;
+    assert_eq!(
+        capacity["hugepages-2Mi"].string.as_deref(),
+        Some("2Gi"),
+        "the node group's resource tag wins"
+    );
+    assert_eq!(counter.count("DescribeNodegroup"), 1);
 }

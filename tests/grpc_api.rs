@@ -938,3 +938,42 @@ async fn ca_clean_up_of_a_half_failed_scale_up_never_aborts_its_loop() {
         e.message()
     );
 }
+
+/// A mixed instances policy with InstanceRequirements (attribute-based selection) gets
+/// a template, not Unimplemented: the first type that qualifies names it, the
+/// requirements' minimums size it (a new node may be the smallest that qualifies).
+#[tokio::test]
+async fn attribute_based_groups_scale_from_zero() {
+    use ca_asg_provider::cloud::InstanceRequirements;
+    let cloud = MemoryCloud::new(
+        vec![MemoryGroup::new("abs", 0, 5, 0, "m5.xlarge")
+            .tag("k8s.io/cluster-autoscaler/enabled", "true")
+            .instance_requirements(InstanceRequirements {
+                vcpu_min: 3,
+                memory_mib_min: 12 * 1024,
+                excluded_types: vec!["r5*".into()],
+                ..Default::default()
+            })],
+        fast(),
+    );
+    let mut h = start_with(cloud, discovery(), true).await;
+    let info = h
+        .ca
+        .node_group_template_node_info(proto::NodeGroupTemplateNodeInfoRequest { id: "abs".into() })
+        .await
+        .expect("a template for an attribute-based group")
+        .into_inner();
+    let node =
+        <k8s_pb::api::core::v1::Node as prost::Message>::decode(&info.node_bytes[..]).unwrap();
+    let labels = node.metadata.unwrap().labels;
+    // The smallest that qualifies (the in-memory cloud orders by size, then name).
+    assert_eq!(labels["node.kubernetes.io/instance-type"], "g4dn.xlarge");
+    let capacity = node.status.unwrap().capacity;
+    assert_eq!(capacity["cpu"].string.as_deref(), Some("3"));
+    assert!(
+        !capacity.contains_key("nvidia.com/gpu"),
+        "GPUs the requirements do not guarantee are not promised"
+    );
+    assert!(!labels.contains_key("k8s.amazonaws.com/accelerator"));
+    assert_eq!(capacity["memory"].string.as_deref(), Some("12288Mi"));
+}

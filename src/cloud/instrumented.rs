@@ -84,4 +84,14 @@ impl Cloud for Instrumented {
     async fn eks_nodegroup(&self, c: &str, n: &str) -> CloudResult<EksNodegroup> {
         counted!("DescribeNodegroup", self.0.eks_nodegroup(c, n))
     }
+    async fn instance_types_for_requirements(
+        &self,
+        r: &InstanceRequirements,
+        image: Option<&str>,
+    ) -> CloudResult<Vec<String>> {
+        counted!(
+            "GetInstanceTypesFromInstanceRequirements",
+            self.0.instance_types_for_requirements(r, image)
+        )
+    }
 }

@@ -13,9 +13,10 @@ use async_trait::async_trait;
 use parking_lot::Mutex;
 
 use super::{
-    AsgInstance, AsgSnapshot, Cloud, CloudError, CloudResult, EksNodegroup, GroupSelector,
-    InstanceLocation, InstanceTypeInfo, LaunchData, LaunchFailure, LaunchSpec, LaunchTemplateRef,
-    LifecycleAction, LifecycleHook, LifecycleResult, LifecycleState,
+    AsgInstance, AsgSnapshot, BlockVolume, Cloud, CloudError, CloudResult, EksNodegroup,
+    GroupSelector, InstanceLocation, InstanceRequirements, InstanceTypeInfo, LaunchData,
+    LaunchFailure, LaunchSpec, LaunchTemplateRef, LifecycleAction, LifecycleHook, LifecycleResult,
+    LifecycleState,
 };
 
 /// The ASG to create in a [`MemoryCloud`].
@@ -31,6 +32,9 @@ pub struct MemoryGroup {
     pub user_data: Option<String>,
     /// An EC2_INSTANCE_TERMINATING hook, if the group has one.
     pub terminating_hook: Option<LifecycleHook>,
+    /// A mixed instances policy with attribute-based selection instead of a type
+    /// (instances still launch as `instance_type`).
+    pub requirements: Option<InstanceRequirements>,
 }
 
 impl MemoryGroup {
@@ -49,7 +53,13 @@ impl MemoryGroup {
             tags: BTreeMap::new(),
             user_data: None,
             terminating_hook: None,
+            requirements: None,
         }
+    }
+
+    pub fn instance_requirements(mut self, requirements: InstanceRequirements) -> Self {
+        self.requirements = Some(requirements);
+        self
     }
 
     pub fn tag(mut self, key: &str, value: &str) -> Self {
@@ -414,11 +424,21 @@ impl MemoryCloud {
             desired_capacity: g.desired,
             availability_zones: g.spec.zones.clone(),
             tags: g.spec.tags.clone(),
-            launch: LaunchSpec::LaunchTemplate(LaunchTemplateRef {
-                id: Some(format!("lt-{}", g.spec.name)),
-                name: Some(g.spec.name.clone()),
-                version: None,
-            }),
+            launch: {
+                let template = LaunchTemplateRef {
+                    id: Some(format!("lt-{}", g.spec.name)),
+                    name: Some(g.spec.name.clone()),
+                    version: None,
+                };
+                match &g.spec.requirements {
+                    Some(r) => LaunchSpec::MixedInstances {
+                        template,
+                        override_types: Vec::new(),
+                        requirements: Some(Box::new(r.clone())),
+                    },
+                    None => LaunchSpec::LaunchTemplate(template),
+                }
+            },
             instances: g.instances.iter().map(to_asg_instance).collect(),
             terminating_hooks: Vec::new(),
         }
@@ -637,10 +657,19 @@ impl Cloud for MemoryCloud {
             .get(&name)
             .ok_or_else(|| not_found("launch template", &template.to_string()))?;
         Ok(LaunchData {
-            instance_type: Some(g.spec.instance_type.clone()),
+            instance_type: g
+                .spec
+                .requirements
+                .is_none()
+                .then(|| g.spec.instance_type.clone()),
             user_data: g.spec.user_data.clone(),
             instance_tags: BTreeMap::new(),
-            root_volume_gib: Some(80),
+            volumes: vec![BlockVolume {
+                device: "/dev/xvda".into(),
+                size_gib: Some(80),
+            }],
+            image_id: Some("ami-memory".into()),
+            requirements: None,
         })
     }
 
@@ -732,6 +761,22 @@ impl Cloud for MemoryCloud {
             "EKS node group",
             &format!("{cluster}/{nodegroup}"),
         ))
+    }
+
+    async fn instance_types_for_requirements(
+        &self,
+        requirements: &InstanceRequirements,
+        _image_id: Option<&str>,
+    ) -> CloudResult<Vec<String>> {
+        let mut st = self.state.lock();
+        self.begin_call(&mut st, "instance_types_for_requirements")?;
+        let mut fits: Vec<&InstanceTypeInfo> = self
+            .instance_types
+            .values()
+            .filter(|t| t.architecture == "amd64" && requirements.admits(t))
+            .collect();
+        fits.sort_by_key(|t| (t.vcpus, t.memory_mib, t.name.clone()));
+        Ok(fits.into_iter().map(|t| t.name.clone()).collect())
     }
 }
 

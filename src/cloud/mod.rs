@@ -55,6 +55,9 @@ pub enum LaunchSpec {
         template: LaunchTemplateRef,
         /// Instance types of the policy's overrides, in order.
         override_types: Vec<String>,
+        /// Attribute-based instance type selection: the policy's single override
+        /// with InstanceRequirements (as in-tree AWS reads it).
+        requirements: Option<Box<InstanceRequirements>>,
     },
     #[default]
     Unknown,
@@ -84,8 +87,40 @@ pub struct LaunchData {
     pub user_data: Option<String>,
     /// Tags the template puts on the instances it launches.
     pub instance_tags: BTreeMap<String, String>,
-    /// Size of the first block device mapping's EBS volume (the root volume), in GiB.
-    pub root_volume_gib: Option<i64>,
+    /// The EBS volumes of the block device mappings, in order.
+    pub volumes: Vec<BlockVolume>,
+    /// The AMI the template launches (for the architecture of attribute-based types).
+    pub image_id: Option<String>,
+    /// InstanceRequirements in the launch template itself.
+    pub requirements: Option<InstanceRequirements>,
+}
+
+/// One EBS volume of a block device mapping.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BlockVolume {
+    /// `/dev/xvda`, `/dev/xvdb`, ...
+    pub device: String,
+    /// None when the mapping keeps the AMI's size.
+    pub size_gib: Option<i64>,
+}
+
+/// Attribute-based instance type selection (ASG override or launch template
+/// InstanceRequirements), reduced to what a template node and the type lookup need.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct InstanceRequirements {
+    pub vcpu_min: i64,
+    pub vcpu_max: Option<i64>,
+    pub memory_mib_min: i64,
+    pub memory_mib_max: Option<i64>,
+    /// `AcceleratorCount.Min` when the accelerators asked for are NVIDIA GPUs.
+    pub nvidia_gpus_min: Option<i64>,
+    pub allowed_types: Vec<String>,
+    pub excluded_types: Vec<String>,
+    /// `included`, `excluded` or `required`, when given.
+    pub burstable: Option<String>,
+    pub bare_metal: Option<String>,
+    /// `intel`, `amd`, `amazon-web-services`, ... when given.
+    pub cpu_manufacturers: Vec<String>,
 }
 
 /// One instance of an ASG.
@@ -309,8 +344,17 @@ pub trait Cloud: Send + Sync + 'static {
         result: LifecycleResult,
     ) -> CloudResult<()>;
 
-    /// DescribeNodegroup of an EKS managed node group: its Kubernetes labels and taints.
+    /// DescribeNodegroup of an EKS managed node group.
     async fn eks_nodegroup(&self, cluster: &str, nodegroup: &str) -> CloudResult<EksNodegroup>;
+
+    /// The instance types that meet `requirements` for the AMI's architecture
+    /// (DescribeImages, then the first page of GetInstanceTypesFromInstanceRequirements),
+    /// in AWS's order.
+    async fn instance_types_for_requirements(
+        &self,
+        requirements: &InstanceRequirements,
+        image_id: Option<&str>,
+    ) -> CloudResult<Vec<String>>;
 }
 
 /// One pending lifecycle action: an instance held in `Terminating:Wait` by a hook.
@@ -339,11 +383,50 @@ impl LifecycleResult {
     }
 }
 
-/// Labels and taints of an EKS managed node group (DescribeNodegroup).
+impl InstanceRequirements {
+    /// Whether an instance type meets the requirements' size, GPU and name terms
+    /// (the in-memory cloud's stand-in for GetInstanceTypesFromInstanceRequirements).
+    pub fn admits(&self, t: &InstanceTypeInfo) -> bool {
+        let within = |v: i64, min: i64, max: Option<i64>| v >= min && max.is_none_or(|m| v <= m);
+        let named = |patterns: &[String]| patterns.iter().any(|p| wildcard_match(p, &t.name));
+        within(t.vcpus, self.vcpu_min, self.vcpu_max)
+            && within(t.memory_mib, self.memory_mib_min, self.memory_mib_max)
+            && self.nvidia_gpus_min.is_none_or(|n| t.gpus >= n)
+            && (self.allowed_types.is_empty() || named(&self.allowed_types))
+            && !named(&self.excluded_types)
+    }
+}
+
+/// AWS's instance type patterns: `*` matches any run of characters (`m5*`, `*.large`).
+pub fn wildcard_match(pattern: &str, name: &str) -> bool {
+    match pattern.split_once('*') {
+        None => pattern == name,
+        Some((head, rest)) => {
+            let Some(tail) = name.strip_prefix(head) else {
+                return false;
+            };
+            (0..=tail.len())
+                .filter(|i| tail.is_char_boundary(*i))
+                .any(|i| wildcard_match(rest, &tail[i..]))
+        }
+    }
+}
+
+/// What DescribeNodegroup says of an EKS managed node group that its nodes carry.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct EksNodegroup {
+    pub name: Option<String>,
+    /// The node group's own Kubernetes labels.
     pub labels: BTreeMap<String, String>,
     pub taints: Vec<Taint>,
+    /// `ON_DEMAND` or `SPOT` (EKS labels its nodes `eks.amazonaws.com/capacityType`).
+    pub capacity_type: Option<String>,
+    /// `AL2023_x86_64_STANDARD`, `BOTTLEROCKET_ARM_64`, ...
+    pub ami_type: Option<String>,
+    /// The node group's disk size, when it launches without a launch template.
+    pub disk_size_gib: Option<i64>,
+    /// The node group's resource tags (CA's `node-template/resources/` tags count).
+    pub tags: BTreeMap<String, String>,
 }
 
 /// A Kubernetes taint, as the core and the cloud backends share it.
@@ -353,4 +436,56 @@ pub struct Taint {
     pub value: String,
     /// `NoSchedule`, `PreferNoSchedule` or `NoExecute`.
     pub effect: String,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn wildcards_match_as_aws_patterns_do() {
+        for (p, n, want) in [
+            ("m5.large", "m5.large", true),
+            ("m5*", "m5.large", true),
+            ("m5*", "m5a.large", true),
+            ("*.large", "c6i.large", true),
+            ("*.large", "c6i.xlarge", false),
+            ("c6*.*large", "c6i.2xlarge", true),
+            ("*", "", true),
+            ("m5", "m5.large", false),
+            ("g3*", "g4dn.xlarge", false),
+        ] {
+            assert_eq!(wildcard_match(p, n), want, "{p} ~ {n}");
+        }
+    }
+
+    #[test]
+    fn requirements_admit_by_size_gpus_and_names() {
+        let t = |name: &str, vcpus, memory_mib, gpus| InstanceTypeInfo {
+            name: name.into(),
+            vcpus,
+            memory_mib,
+            gpus,
+            ..Default::default()
+        };
+        let r = InstanceRequirements {
+            vcpu_min: 4,
+            vcpu_max: Some(8),
+            memory_mib_min: 16384,
+            excluded_types: vec!["r5*".into()],
+            ..Default::default()
+        };
+        assert!(r.admits(&t("m5.xlarge", 4, 16384, 0)));
+        assert!(!r.admits(&t("m5.large", 2, 8192, 0)));
+        assert!(!r.admits(&t("m5.4xlarge", 16, 65536, 0)));
+        assert!(!r.admits(&t("r5.xlarge", 4, 32768, 0)));
+        let gpu = InstanceRequirements {
+            nvidia_gpus_min: Some(1),
+            allowed_types: vec!["g4dn.*".into()],
+            ..Default::default()
+        };
+        assert!(gpu.admits(&t("g4dn.xlarge", 4, 16384, 1)));
+        assert!(!gpu.admits(&t("m5.xlarge", 4, 16384, 0)));
+        assert!(!gpu.admits(&t("p3.2xlarge", 8, 62464, 1)));
+    }
 }

@@ -12,7 +12,21 @@ use parking_lot::Mutex;
 
 use super::template::{self, TemplateInputs, TemplateOverrides};
 use super::{now, Group, Provider, ProviderError};
-use crate::cloud::{EksNodegroup, InstanceTypeInfo, LaunchData, LaunchSpec, LaunchTemplateRef};
+use crate::cloud::{
+    EksNodegroup, InstanceRequirements, InstanceTypeInfo, LaunchData, LaunchSpec, LaunchTemplateRef,
+};
+
+/// Attribute-based selection applies when no instance type is named: the mixed
+/// instances policy's requirements override, else the launch template's own.
+fn requirements_for(spec: &LaunchSpec, launch: &LaunchData) -> Option<InstanceRequirements> {
+    match spec {
+        LaunchSpec::MixedInstances { requirements, .. } => requirements
+            .as_deref()
+            .or(launch.requirements.as_ref())
+            .cloned(),
+        _ => launch.requirements.clone(),
+    }
+}
 
 /// `$Default` / `$Latest` can change under the same reference.
 const FLOATING_VERSION_TTL: Duration = Duration::from_secs(10 * 60);
@@ -149,12 +163,20 @@ impl Provider {
 
     async fn build_template(&self, g: &Group) -> Result<Bytes, ProviderError> {
         let (launch, type_name) = self.launch_data(g).await?;
-        let type_name = type_name.ok_or_else(|| {
-            ProviderError::Unimplemented(format!(
-                "node group {}: no instance type in its launch template, launch configuration or mixed instances policy",
-                g.asg.name
-            ))
-        })?;
+        let requirements = type_name
+            .is_none()
+            .then(|| requirements_for(&g.asg.launch, &launch))
+            .flatten();
+        let type_name = match (type_name, &requirements) {
+            (Some(t), _) => t,
+            (None, Some(r)) => self.type_for_requirements(g, r, &launch).await?,
+            (None, None) => {
+                return Err(ProviderError::Unimplemented(format!(
+                    "node group {}: no instance type or InstanceRequirements in its launch template, launch configuration or mixed instances policy",
+                    g.asg.name
+                )))
+            }
+        };
         let itype = self.instance_type(&type_name).await?;
         let eks = self.eks_nodegroup(g).await;
         let overrides = self.overrides_for(&g.asg.name);
@@ -164,11 +186,32 @@ impl Provider {
             launch: &launch,
             instance_type: &itype,
             eks: eks.as_ref(),
+            requirements: requirements.as_ref(),
             overrides: &overrides,
         };
         let node = template::build_template(&inputs)
             .map_err(|e| ProviderError::Unimplemented(e.to_string()))?;
         Ok(Bytes::from(template::encode_node(&node)))
+    }
+
+    /// The first instance type AWS matches to attribute-based requirements (as
+    /// in-tree AWS picks it), for the labels; the size comes from the requirements.
+    async fn type_for_requirements(
+        &self,
+        g: &Group,
+        r: &InstanceRequirements,
+        launch: &LaunchData,
+    ) -> Result<String, ProviderError> {
+        let types = self
+            .cloud
+            .instance_types_for_requirements(r, launch.image_id.as_deref())
+            .await?;
+        types.into_iter().next().ok_or_else(|| {
+            ProviderError::Unimplemented(format!(
+                "node group {}: no instance type meets its InstanceRequirements (vCPU >= {}, memory >= {} MiB)",
+                g.asg.name, r.vcpu_min, r.memory_mib_min
+            ))
+        })
     }
 
     /// Config overrides: `*` first, then the group's own on top.
@@ -201,6 +244,7 @@ impl Provider {
             LaunchSpec::MixedInstances {
                 template,
                 override_types,
+                ..
             } => {
                 let d = self.cached_launch(LaunchKey::Template(template.clone())).await?;
                 let t = override_types.first().cloned().or_else(|| d.instance_type.clone());

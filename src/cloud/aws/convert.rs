@@ -100,18 +100,26 @@ pub(super) fn snapshot_of(g: &asg::types::AutoScalingGroup) -> Option<AsgSnapsho
             .launch_template()
             .and_then(|l| l.launch_template_specification())
         {
-            Some(spec) => LaunchSpec::MixedInstances {
-                template: lt_ref(spec),
-                override_types: m
+            Some(spec) => {
+                let overrides = m
                     .launch_template()
-                    .map(|l| {
-                        l.overrides()
-                            .iter()
-                            .filter_map(|o| o.instance_type().map(str::to_string))
-                            .collect()
-                    })
-                    .unwrap_or_default(),
-            },
+                    .map(|l| l.overrides())
+                    .unwrap_or_default();
+                LaunchSpec::MixedInstances {
+                    template: lt_ref(spec),
+                    override_types: overrides
+                        .iter()
+                        .filter_map(|o| o.instance_type().map(str::to_string))
+                        .collect(),
+                    // As in-tree AWS: requirements come from a single override.
+                    requirements: match overrides {
+                        [only] => only
+                            .instance_requirements()
+                            .map(|r| Box::new(requirements_from_asg(r))),
+                        _ => None,
+                    },
+                }
+            }
             None => LaunchSpec::Unknown,
         }
     } else if let Some(lt) = g.launch_template() {
@@ -254,6 +262,102 @@ pub fn gpu_name(manufacturer: &str, model: &str) -> String {
     } else {
         format!("{m}-{n}")
     }
+}
+
+/// InstanceRequirements of an ASG override and of a launch template have the same
+/// shape in two SDK crates; one reading for both.
+macro_rules! requirements_of {
+    ($r:expr) => {{
+        let r = $r;
+        let nvidia_gpu = r
+            .accelerator_manufacturers()
+            .iter()
+            .any(|m| m.as_str() == "nvidia")
+            && (r.accelerator_types().is_empty()
+                || r.accelerator_types().iter().any(|t| t.as_str() == "gpu"));
+        InstanceRequirements {
+            vcpu_min: r.v_cpu_count().and_then(|v| v.min()).map_or(0, i64::from),
+            vcpu_max: r.v_cpu_count().and_then(|v| v.max()).map(i64::from),
+            memory_mib_min: r.memory_mib().and_then(|v| v.min()).map_or(0, i64::from),
+            memory_mib_max: r.memory_mib().and_then(|v| v.max()).map(i64::from),
+            nvidia_gpus_min: if nvidia_gpu {
+                Some(
+                    r.accelerator_count()
+                        .and_then(|c| c.min())
+                        .map_or(1, i64::from),
+                )
+            } else {
+                None
+            },
+            allowed_types: r.allowed_instance_types().to_vec(),
+            excluded_types: r.excluded_instance_types().to_vec(),
+            burstable: r.burstable_performance().map(|b| b.as_str().to_string()),
+            bare_metal: r.bare_metal().map(|b| b.as_str().to_string()),
+            cpu_manufacturers: r
+                .cpu_manufacturers()
+                .iter()
+                .map(|m| m.as_str().to_string())
+                .collect(),
+        }
+    }};
+}
+
+pub(super) fn requirements_from_asg(r: &asg::types::InstanceRequirements) -> InstanceRequirements {
+    requirements_of!(r)
+}
+
+pub(super) fn requirements_from_ec2(r: &ec2::types::InstanceRequirements) -> InstanceRequirements {
+    requirements_of!(r)
+}
+
+/// The request GetInstanceTypesFromInstanceRequirements takes.
+pub(super) fn requirements_request(
+    r: &InstanceRequirements,
+) -> ec2::types::InstanceRequirementsRequest {
+    use ec2::types::*;
+    let to_i32 = |v: i64| i32::try_from(v).unwrap_or(i32::MAX);
+    let mut b = InstanceRequirementsRequest::builder()
+        .v_cpu_count(
+            VCpuCountRangeRequest::builder()
+                .min(to_i32(r.vcpu_min))
+                .set_max(r.vcpu_max.map(to_i32))
+                .build(),
+        )
+        .memory_mib(
+            MemoryMiBRequest::builder()
+                .min(to_i32(r.memory_mib_min))
+                .set_max(r.memory_mib_max.map(to_i32))
+                .build(),
+        )
+        .set_allowed_instance_types((!r.allowed_types.is_empty()).then(|| r.allowed_types.clone()))
+        .set_excluded_instance_types(
+            (!r.excluded_types.is_empty()).then(|| r.excluded_types.clone()),
+        )
+        .set_burstable_performance(r.burstable.as_deref().map(BurstablePerformance::from))
+        .set_bare_metal(r.bare_metal.as_deref().map(BareMetal::from));
+    for m in &r.cpu_manufacturers {
+        b = b.cpu_manufacturers(CpuManufacturer::from(m.as_str()));
+    }
+    if let Some(n) = r.nvidia_gpus_min {
+        b = b
+            .accelerator_manufacturers(AcceleratorManufacturer::Nvidia)
+            .accelerator_types(AcceleratorType::Gpu)
+            .accelerator_count(AcceleratorCountRequest::builder().min(to_i32(n)).build());
+    }
+    b.build()
+}
+
+/// The EBS volumes of block device mappings (launch template or configuration).
+pub(super) fn volumes<'a>(
+    mappings: impl Iterator<Item = (Option<&'a str>, Option<i32>, bool)>,
+) -> Vec<BlockVolume> {
+    mappings
+        .filter(|(_, _, ebs)| *ebs)
+        .map(|(device, size, _)| BlockVolume {
+            device: device.unwrap_or_default().to_string(),
+            size_gib: size.map(i64::from),
+        })
+        .collect()
 }
 
 #[cfg(test)]

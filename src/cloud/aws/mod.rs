@@ -399,11 +399,15 @@ impl Cloud for AwsCloud {
                 .flat_map(|s| s.tags())
                 .filter_map(|t| Some((t.key()?.to_string(), t.value().unwrap_or("").to_string())))
                 .collect(),
-            root_volume_gib: data
-                .block_device_mappings()
-                .iter()
-                .find_map(|b| b.ebs().and_then(|e| e.volume_size()))
-                .map(i64::from),
+            volumes: volumes(data.block_device_mappings().iter().map(|b| {
+                (
+                    b.device_name(),
+                    b.ebs().and_then(|e| e.volume_size()),
+                    b.ebs().is_some(),
+                )
+            })),
+            image_id: data.image_id().map(str::to_string),
+            requirements: data.instance_requirements().map(requirements_from_ec2),
         })
     }
 
@@ -426,11 +430,15 @@ impl Cloud for AwsCloud {
             instance_type: lc.instance_type().map(str::to_string),
             user_data: decode_user_data(lc.user_data(), "launch configuration"),
             instance_tags: BTreeMap::new(),
-            root_volume_gib: lc
-                .block_device_mappings()
-                .iter()
-                .find_map(|b| b.ebs().and_then(|e| e.volume_size()))
-                .map(i64::from),
+            volumes: volumes(lc.block_device_mappings().iter().map(|b| {
+                (
+                    b.device_name(),
+                    b.ebs().and_then(|e| e.volume_size()),
+                    b.ebs().is_some(),
+                )
+            })),
+            image_id: lc.image_id().map(str::to_string),
+            requirements: None,
         })
     }
 
@@ -517,6 +525,14 @@ impl Cloud for AwsCloud {
             name: format!("{cluster}/{nodegroup}"),
         })?;
         Ok(EksNodegroup {
+            name: ng.nodegroup_name().map(str::to_string),
+            capacity_type: ng.capacity_type().map(|c| c.as_str().to_string()),
+            ami_type: ng.ami_type().map(|a| a.as_str().to_string()),
+            disk_size_gib: ng.disk_size().map(i64::from),
+            tags: ng
+                .tags()
+                .map(|t| t.iter().map(|(k, v)| (k.clone(), v.clone())).collect())
+                .unwrap_or_default(),
             labels: ng
                 .labels()
                 .map(|l| l.iter().map(|(k, v)| (k.clone(), v.clone())).collect())
@@ -539,5 +555,41 @@ impl Cloud for AwsCloud {
                 })
                 .collect(),
         })
+    }
+
+    async fn instance_types_for_requirements(
+        &self,
+        requirements: &InstanceRequirements,
+        image_id: Option<&str>,
+    ) -> CloudResult<Vec<String>> {
+        // The AMI's architecture, as in-tree AWS asks; x86_64 when the template names none.
+        let mut arches = Vec::new();
+        if let Some(image) = image_id {
+            let r = self.ec2.describe_images().image_ids(image).send().await;
+            let page = self.done("DescribeImages", r)?;
+            arches.extend(
+                page.images()
+                    .iter()
+                    .filter_map(|i| i.architecture())
+                    .map(|a| ec2::types::ArchitectureType::from(a.as_str())),
+            );
+        }
+        if arches.is_empty() {
+            arches.push(ec2::types::ArchitectureType::X8664);
+        }
+        let r = self
+            .ec2
+            .get_instance_types_from_instance_requirements()
+            .set_architecture_types(Some(arches))
+            .virtualization_types(ec2::types::VirtualizationType::Hvm)
+            .instance_requirements(requirements_request(requirements))
+            .send()
+            .await;
+        let page = self.done("GetInstanceTypesFromInstanceRequirements", r)?;
+        Ok(page
+            .instance_types()
+            .iter()
+            .filter_map(|t| t.instance_type().map(str::to_string))
+            .collect())
     }
 }

@@ -6,7 +6,10 @@ use std::collections::BTreeMap;
 
 use serde::Deserialize;
 
-use crate::cloud::{AsgSnapshot, EksNodegroup, InstanceTypeInfo, LaunchData, Taint};
+use crate::cloud::{
+    AsgSnapshot, BlockVolume, EksNodegroup, InstanceRequirements, InstanceTypeInfo, LaunchData,
+    Taint,
+};
 
 pub mod allocatable;
 pub mod encode;
@@ -39,6 +42,10 @@ pub struct TemplateInputs<'a> {
     pub launch: &'a LaunchData,
     pub instance_type: &'a InstanceTypeInfo,
     pub eks: Option<&'a EksNodegroup>,
+    /// Attribute-based selection: `instance_type` is the first type AWS matched, and
+    /// the node is sized at the requirements' minimums (a new node may be the
+    /// smallest type that qualifies), as in-tree AWS does.
+    pub requirements: Option<&'a InstanceRequirements>,
     pub overrides: &'a TemplateOverrides,
 }
 
@@ -109,6 +116,27 @@ pub fn valid_quantity(q: &str) -> bool {
     )
 }
 
+/// EKS labels every node of a managed node group with these.
+pub const EKS_CAPACITY_TYPE_LABEL: &str = "eks.amazonaws.com/capacityType";
+pub const EKS_NODEGROUP_LABEL: &str = "eks.amazonaws.com/nodegroup";
+
+/// The size of the volume pods' ephemeral storage lives on, in GiB. Bottlerocket keeps
+/// its OS on a small first volume (`/dev/xvda`) and kubelet's data on the second
+/// (`/dev/xvdb`), so that one counts; other AMIs use the root volume (`/dev/xvda`,
+/// `/dev/sda1`, else the first mapping). None when the mapping keeps the AMI's size.
+pub fn ephemeral_volume_gib(volumes: &[BlockVolume], bottlerocket: bool) -> Option<i64> {
+    let sized = |v: &&BlockVolume| v.size_gib.is_some_and(|s| s > 0);
+    let on = |dev: &str| volumes.iter().find(|v| v.device == dev);
+    let chosen = if bottlerocket {
+        on("/dev/xvdb")
+    } else {
+        on("/dev/xvda")
+            .or_else(|| on("/dev/sda1"))
+            .or_else(|| volumes.first())
+    };
+    chosen.filter(sized).and_then(|v| v.size_gib)
+}
+
 fn put_taint(taints: &mut Vec<Taint>, t: Taint) {
     taints.retain(|x| !(x.key == t.key && x.effect == t.effect));
     taints.push(t);
@@ -118,12 +146,27 @@ fn put_taint(taints: &mut Vec<Taint>, t: Taint) {
 pub fn build_template(inputs: &TemplateInputs<'_>) -> Result<TemplateNode, TemplateError> {
     let g = inputs.group;
     let it = inputs.instance_type;
-    if it.vcpus <= 0 || it.memory_mib <= 0 {
+    let req = inputs.requirements;
+    let vcpus = req
+        .map(|r| r.vcpu_min)
+        .filter(|v| *v > 0)
+        .unwrap_or(it.vcpus);
+    let memory_mib = req
+        .map(|r| r.memory_mib_min)
+        .filter(|v| *v > 0)
+        .unwrap_or(it.memory_mib);
+    // Only the GPUs the requirements guarantee: the first matching type may have some
+    // that another qualifying type lacks.
+    let gpus = match req {
+        Some(r) => r.nvidia_gpus_min.unwrap_or(0),
+        None => it.gpus,
+    };
+    if vcpus <= 0 || memory_mib <= 0 {
         return Err(TemplateError::Invalid {
             group: g.name.clone(),
             message: format!(
-                "instance type {} has no usable capacity (vcpus {}, memory {} MiB)",
-                it.name, it.vcpus, it.memory_mib
+                "instance type {} has no usable capacity (vcpus {vcpus}, memory {memory_mib} MiB)",
+                it.name
             ),
         });
     }
@@ -156,23 +199,21 @@ pub fn build_template(inputs: &TemplateInputs<'_>) -> Result<TemplateNode, Templ
         labels.insert("topology.ebs.csi.aws.com/zone".into(), zone.clone());
         labels.insert("failure-domain.beta.kubernetes.io/zone".into(), zone);
     }
-    if let Some(gpu) = it.gpu_type.as_ref().filter(|_| it.gpus > 0) {
+    if let Some(gpu) = it.gpu_type.as_ref().filter(|_| gpus > 0) {
         labels.insert(GPU_LABEL.into(), gpu.clone());
     }
-    // EKS managed node group: its own labels and taints.
     if let Some(ng) = g.tags.get("eks:nodegroup-name") {
-        labels.insert("eks.amazonaws.com/nodegroup".into(), ng.clone());
-    }
-    if let Some(eks) = inputs.eks {
-        labels.extend(eks.labels.clone());
-        for t in &eks.taints {
-            put_taint(&mut taints, t.clone());
-        }
+        labels.insert(EKS_NODEGROUP_LABEL.into(), ng.clone());
     }
     // Kubelet flags in the launch template's user data.
     let mut max_pods = None;
+    let mut bottlerocket = inputs
+        .eks
+        .and_then(|e| e.ami_type.as_deref())
+        .is_some_and(|a| a.starts_with("BOTTLEROCKET"));
     if let Some(ud) = &inputs.launch.user_data {
         let flags = userdata::parse(ud);
+        bottlerocket |= flags.bottlerocket;
         labels.extend(flags.labels);
         for t in flags.taints {
             put_taint(&mut taints, t);
@@ -209,6 +250,32 @@ pub fn build_template(inputs: &TemplateInputs<'_>) -> Result<TemplateNode, Templ
             }
         }
     }
+    // EKS managed node group: what EKS puts on its nodes wins over ASG tags, as in
+    // in-tree AWS (EKS does not copy ASG tags to nodes); its resource tags win too.
+    if let Some(eks) = inputs.eks {
+        if let Some(name) = &eks.name {
+            labels.insert(EKS_NODEGROUP_LABEL.into(), name.clone());
+        }
+        if let Some(ct) = &eks.capacity_type {
+            labels.insert(EKS_CAPACITY_TYPE_LABEL.into(), ct.clone());
+        }
+        labels.extend(eks.labels.clone());
+        for t in &eks.taints {
+            put_taint(&mut taints, t.clone());
+        }
+        for (k, v) in &eks.tags {
+            if let Some(r) = k.strip_prefix(TAG_RESOURCE) {
+                if valid_quantity(v) {
+                    extra.insert(r.to_string(), v.trim().to_string());
+                } else {
+                    warnings.push(format!(
+                        "group {}: EKS node group tag {k}={v:?} is not a quantity; skipped",
+                        g.name
+                    ));
+                }
+            }
+        }
+    }
     // Operator overrides last.
     let o = inputs.overrides;
     labels.extend(o.labels.clone());
@@ -235,23 +302,21 @@ pub fn build_template(inputs: &TemplateInputs<'_>) -> Result<TemplateNode, Templ
             allocatable::eni_max_pods(it.max_enis.unwrap_or(0), it.ipv4_per_eni.unwrap_or(0))
         })
         .unwrap_or(DEFAULT_MAX_PODS);
-    let ephemeral_gib = inputs
-        .launch
-        .root_volume_gib
-        .filter(|v| *v > 0)
+    let ephemeral_gib = ephemeral_volume_gib(&inputs.launch.volumes, bottlerocket)
+        .or_else(|| inputs.eks.and_then(|e| e.disk_size_gib).filter(|v| *v > 0))
         .unwrap_or(DEFAULT_EPHEMERAL_GIB);
-    let alloc = allocatable::allocatable(it.vcpus, it.memory_mib, max_pods, ephemeral_gib);
+    let alloc = allocatable::allocatable(vcpus, memory_mib, max_pods, ephemeral_gib);
 
     let mut capacity = BTreeMap::new();
-    capacity.insert("cpu".to_string(), it.vcpus.to_string());
-    capacity.insert("memory".to_string(), format!("{}Mi", it.memory_mib));
+    capacity.insert("cpu".to_string(), vcpus.to_string());
+    capacity.insert("memory".to_string(), format!("{memory_mib}Mi"));
     capacity.insert("pods".to_string(), max_pods.to_string());
     capacity.insert(
         "ephemeral-storage".to_string(),
         format!("{ephemeral_gib}Gi"),
     );
-    if it.gpus > 0 {
-        capacity.insert("nvidia.com/gpu".to_string(), it.gpus.to_string());
+    if gpus > 0 {
+        capacity.insert("nvidia.com/gpu".to_string(), gpus.to_string());
     }
     let mut allocatable = capacity.clone();
     allocatable.insert("cpu".into(), format!("{}m", alloc.cpu_millis));

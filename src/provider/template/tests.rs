@@ -2,7 +2,8 @@ use std::collections::BTreeMap;
 
 use super::*;
 use crate::cloud::{
-    AsgInstance, EksNodegroup, InstanceTypeInfo, LaunchData, LaunchSpec, LifecycleState,
+    AsgInstance, BlockVolume, EksNodegroup, InstanceRequirements, InstanceTypeInfo, LaunchData,
+    LaunchSpec, LifecycleState,
 };
 
 fn asg(tags: &[(&str, &str)]) -> AsgSnapshot {
@@ -52,6 +53,7 @@ fn build(
         launch,
         instance_type: it,
         eks,
+        requirements: None,
         overrides: o,
     })
     .unwrap()
@@ -111,9 +113,17 @@ fn gpu_types_get_the_accelerator_label_and_gpu_capacity() {
     );
 }
 
+fn vol(device: &str, size: Option<i64>) -> BlockVolume {
+    BlockVolume {
+        device: device.into(),
+        size_gib: size,
+    }
+}
+
 #[test]
-fn sources_layer_in_order_tags_over_user_data_over_eks() {
+fn sources_layer_in_order_user_data_then_tags_then_the_eks_node_group() {
     let eks = EksNodegroup {
+        name: Some("ng-1".into()),
         labels: BTreeMap::from([
             ("team".into(), "eks".into()),
             ("from-eks".into(), "yes".into()),
@@ -123,15 +133,29 @@ fn sources_layer_in_order_tags_over_user_data_over_eks() {
             value: "eks".into(),
             effect: "NoSchedule".into(),
         }],
+        capacity_type: Some("SPOT".into()),
+        tags: BTreeMap::from([
+            (format!("{TAG_RESOURCE}hugepages-2Mi"), "2Gi".into()),
+            (format!("{TAG_RESOURCE}bad"), "lots".into()),
+        ]),
+        ..Default::default()
     };
     let launch = LaunchData {
-        user_data: Some("/etc/eks/bootstrap.sh c --kubelet-extra-args '--node-labels=team=userdata,ud=1 --register-with-taints=k=ud:NoSchedule --max-pods=17'".into()),
-        root_volume_gib: Some(100),
+        user_data: Some("/etc/eks/bootstrap.sh c --kubelet-extra-args '--node-labels=team=userdata,ud=1,tagged=ud --register-with-taints=k=ud:NoSchedule --max-pods=17'".into()),
+        volumes: vec![vol("/dev/xvda", Some(100))],
         ..Default::default()
     };
     let g = asg(&[
         ("eks:nodegroup-name", "ng-1"),
         ("k8s.io/cluster-autoscaler/node-template/label/team", "tag"),
+        (
+            "k8s.io/cluster-autoscaler/node-template/label/tagged",
+            "tag",
+        ),
+        (
+            "k8s.io/cluster-autoscaler/node-template/label/eks.amazonaws.com/capacityType",
+            "ON_DEMAND",
+        ),
         (
             "k8s.io/cluster-autoscaler/node-template/taint/k",
             "tag:NoSchedule",
@@ -144,6 +168,10 @@ fn sources_layer_in_order_tags_over_user_data_over_eks() {
             "k8s.io/cluster-autoscaler/node-template/resources/hugepages-2Mi",
             "1Gi",
         ),
+        (
+            "k8s.io/cluster-autoscaler/node-template/resources/example.com/dongle",
+            "2",
+        ),
     ]);
     let n = build(
         &g,
@@ -152,21 +180,162 @@ fn sources_layer_in_order_tags_over_user_data_over_eks() {
         Some(&eks),
         &TemplateOverrides::default(),
     );
-    assert_eq!(n.labels["team"], "tag");
+    // The node group's labels win over ASG tags (as in-tree), tags over user data.
+    assert_eq!(n.labels["team"], "eks");
+    assert_eq!(n.labels["tagged"], "tag");
     assert_eq!(n.labels["from-eks"], "yes");
     assert_eq!(n.labels["ud"], "1");
     assert_eq!(n.labels["eks.amazonaws.com/nodegroup"], "ng-1");
+    assert_eq!(n.labels["eks.amazonaws.com/capacityType"], "SPOT");
     let k: Vec<_> = n.taints.iter().filter(|t| t.key == "k").collect();
     assert_eq!(k.len(), 1);
-    assert_eq!(k[0].value, "tag");
+    assert_eq!(k[0].value, "eks");
     assert!(n
         .taints
         .iter()
         .any(|t| t.key == "other" && t.effect == "NoExecute" && t.value.is_empty()));
     assert_eq!(n.capacity["pods"], "17", "--max-pods from user data");
     assert_eq!(n.capacity["ephemeral-storage"], "100Gi");
-    assert_eq!(n.capacity["hugepages-2Mi"], "1Gi");
-    assert_eq!(n.allocatable["hugepages-2Mi"], "1Gi");
+    // The node group's resource tags win over the ASG's; the ASG's others stay.
+    assert_eq!(n.capacity["hugepages-2Mi"], "2Gi");
+    assert_eq!(n.allocatable["hugepages-2Mi"], "2Gi");
+    assert_eq!(n.capacity["example.com/dongle"], "2");
+    assert!(!n.capacity.contains_key("bad"));
+    assert!(
+        n.warnings
+            .iter()
+            .any(|w| w.contains("bad") && w.contains("lots")),
+        "{:?}",
+        n.warnings
+    );
+}
+
+#[test]
+fn ephemeral_storage_comes_from_the_volume_kubelet_uses() {
+    let cases: [(&[BlockVolume], bool, Option<i64>); 8] = [
+        (&[], false, None),
+        (&[vol("/dev/xvda", Some(50))], false, Some(50)),
+        (&[vol("/dev/sda1", Some(60))], false, Some(60)),
+        (
+            &[vol("/dev/sdf", Some(30)), vol("/dev/xvda", Some(70))],
+            false,
+            Some(70),
+        ),
+        (&[vol("/dev/sdf", Some(30))], false, Some(30)),
+        // Bottlerocket: the OS volume is small; kubelet's data volume counts.
+        (
+            &[vol("/dev/xvda", Some(4)), vol("/dev/xvdb", Some(200))],
+            true,
+            Some(200),
+        ),
+        // Bottlerocket that keeps the AMI's data volume size: unknown here.
+        (&[vol("/dev/xvda", Some(4))], true, None),
+        (&[vol("/dev/xvda", None)], false, None),
+    ];
+    for (volumes, bottlerocket, want) in cases {
+        assert_eq!(
+            ephemeral_volume_gib(volumes, bottlerocket),
+            want,
+            "{volumes:?} bottlerocket={bottlerocket}"
+        );
+    }
+}
+
+#[test]
+fn bottlerocket_templates_count_the_data_volume() {
+    let volumes = vec![vol("/dev/xvda", Some(4)), vol("/dev/xvdb", Some(120))];
+    let toml = LaunchData {
+        user_data: Some("[settings.kubernetes]\ncluster-name = \"c\"\n".into()),
+        volumes: volumes.clone(),
+        ..Default::default()
+    };
+    let n = build(
+        &asg(&[]),
+        &toml,
+        &m5_large(),
+        None,
+        &TemplateOverrides::default(),
+    );
+    assert_eq!(n.capacity["ephemeral-storage"], "120Gi");
+    // Known from the EKS node group's AMI type, without user data.
+    let eks = EksNodegroup {
+        ami_type: Some("BOTTLEROCKET_ARM_64".into()),
+        ..Default::default()
+    };
+    let plain = LaunchData {
+        volumes,
+        ..Default::default()
+    };
+    let n = build(
+        &asg(&[]),
+        &plain,
+        &m5_large(),
+        Some(&eks),
+        &TemplateOverrides::default(),
+    );
+    assert_eq!(n.capacity["ephemeral-storage"], "120Gi");
+    // Not Bottlerocket: the root volume.
+    let n = build(
+        &asg(&[]),
+        &plain,
+        &m5_large(),
+        None,
+        &TemplateOverrides::default(),
+    );
+    assert_eq!(n.capacity["ephemeral-storage"], "4Gi");
+    // A managed node group without a launch template: its disk size.
+    let eks = EksNodegroup {
+        disk_size_gib: Some(80),
+        ..Default::default()
+    };
+    let n = build(
+        &asg(&[]),
+        &LaunchData::default(),
+        &m5_large(),
+        Some(&eks),
+        &TemplateOverrides::default(),
+    );
+    assert_eq!(n.capacity["ephemeral-storage"], "80Gi");
+}
+
+#[test]
+fn attribute_based_groups_are_sized_at_the_requirements_minimums() {
+    let req = InstanceRequirements {
+        vcpu_min: 4,
+        vcpu_max: Some(8),
+        memory_mib_min: 12288,
+        nvidia_gpus_min: Some(2),
+        ..Default::default()
+    };
+    let it = InstanceTypeInfo {
+        name: "g4dn.2xlarge".into(),
+        vcpus: 8,
+        memory_mib: 32768,
+        gpus: 1,
+        gpu_type: Some("nvidia-tesla-t4".into()),
+        architecture: "amd64".into(),
+        ..Default::default()
+    };
+    let n = build_template(&TemplateInputs {
+        group: &asg(&[]),
+        region: "us-east-1",
+        launch: &LaunchData::default(),
+        instance_type: &it,
+        eks: None,
+        requirements: Some(&req),
+        overrides: &TemplateOverrides::default(),
+    })
+    .unwrap();
+    assert_eq!(n.capacity["cpu"], "4");
+    assert_eq!(n.capacity["memory"], "12288Mi");
+    assert_eq!(n.capacity["nvidia.com/gpu"], "2");
+    assert_eq!(n.labels["node.kubernetes.io/instance-type"], "g4dn.2xlarge");
+    assert_eq!(n.labels[GPU_LABEL], "nvidia-tesla-t4");
+    let cpu_millis: i64 = n.allocatable["cpu"].trim_end_matches('m').parse().unwrap();
+    assert!(
+        cpu_millis < 4000,
+        "allocatable from the minimum: {cpu_millis}m"
+    );
 }
 
 #[test]
@@ -228,6 +397,7 @@ fn arm_and_empty_types() {
         launch: &LaunchData::default(),
         instance_type: &bad,
         eks: None,
+        requirements: None,
         overrides: &TemplateOverrides::default(),
     })
     .unwrap_err();

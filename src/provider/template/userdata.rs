@@ -14,6 +14,8 @@ pub struct KubeletFlags {
     pub labels: BTreeMap<String, String>,
     pub taints: Vec<Taint>,
     pub max_pods: Option<i64>,
+    /// Bottlerocket settings (TOML): its kubelet data lives on the second volume.
+    pub bottlerocket: bool,
     pub warnings: Vec<String>,
 }
 
@@ -30,6 +32,7 @@ fn parse_part(text: &str, out: &mut KubeletFlags) {
     if text.contains("kind: NodeConfig") || text.contains("\"kind\": \"NodeConfig\"") {
         parse_nodeadm(text, out);
     } else if text.contains("[settings.kubernetes") {
+        out.bottlerocket = true;
         parse_bottlerocket(text, out);
     } else {
         for flag in shell_kubelet_flags(text) {
