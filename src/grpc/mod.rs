@@ -14,16 +14,18 @@ use crate::provider::Provider;
 pub mod door;
 pub mod options;
 mod service;
+pub mod tls;
 
 pub use door::ConnectionLimits;
 pub use service::CloudProviderService;
+pub use tls::ReloadingTls;
 
 /// Serves the CloudProvider service and grpc.health.v1 on `listener` until
 /// `shutdown` resolves, with the default connection limits.
 pub async fn serve(
     listener: TcpListener,
     provider: Arc<Provider>,
-    tls: Option<tonic::transport::ServerTlsConfig>,
+    tls: Option<Arc<ReloadingTls>>,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
     serve_with(
@@ -43,7 +45,7 @@ const TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 pub async fn serve_with(
     listener: TcpListener,
     provider: Arc<Provider>,
-    tls: Option<tonic::transport::ServerTlsConfig>,
+    tls: Option<Arc<ReloadingTls>>,
     shutdown: impl Future<Output = ()> + Send + 'static,
     limits: ConnectionLimits,
 ) -> anyhow::Result<()> {
@@ -51,37 +53,63 @@ pub async fn serve_with(
     reporter
         .set_serving::<CloudProviderServer<CloudProviderService>>()
         .await;
-    let mut builder = tonic::transport::Server::builder()
+    let router = tonic::transport::Server::builder()
         // A peer that stops answering pings is gone: its connection is closed.
         .http2_keepalive_interval(Some(Duration::from_secs(30)))
         .http2_keepalive_timeout(Some(Duration::from_secs(10)))
         .tcp_keepalive(Some(Duration::from_secs(60)))
-        .max_concurrent_streams(Some(128));
-    if let Some(tls) = tls {
-        builder = builder.tls_config(tls.timeout(TLS_HANDSHAKE_TIMEOUT))?;
-    }
-    builder
+        .max_concurrent_streams(Some(128))
         .add_service(health)
         .add_service(CloudProviderServer::new(CloudProviderService::new(
             provider,
-        )))
-        .serve_with_incoming_shutdown(door::incoming(listener, limits), shutdown)
-        .await?;
+        )));
+    let tcp = door::incoming(listener, limits);
+    match tls {
+        None => router.serve_with_incoming_shutdown(tcp, shutdown).await?,
+        Some(tls) => {
+            router
+                .serve_with_incoming_shutdown(handshaken(tcp, tls), shutdown)
+                .await?
+        }
+    }
     Ok(())
 }
 
-/// mTLS: our certificate and key, and the CA client certificates must chain to.
-pub fn tls_config(t: &crate::config::TlsFile) -> anyhow::Result<tonic::transport::ServerTlsConfig> {
-    let read = |what: &str, p: &std::path::Path| {
-        std::fs::read(p)
-            .map_err(|e| anyhow::anyhow!("tls.{what}: cannot read {}: {e}", p.display()))
-    };
-    let identity =
-        tonic::transport::Identity::from_pem(read("cert", &t.cert)?, read("key", &t.key)?);
-    let ca = tonic::transport::Certificate::from_pem(read("clientCA", &t.client_ca)?);
-    Ok(tonic::transport::ServerTlsConfig::new()
-        .identity(identity)
-        .client_ca_root(ca))
+/// TLS over the door's connections: each handshake runs in its own task (with the
+/// config current at that moment, so renewed files apply to new connections), bounded
+/// by [`TLS_HANDSHAKE_TIMEOUT`]; only finished handshakes reach the server.
+fn handshaken(
+    tcp: impl futures::Stream<Item = std::io::Result<door::LimitedStream>> + Send + 'static,
+    tls: Arc<ReloadingTls>,
+) -> impl futures::Stream<Item = std::io::Result<tokio_rustls::server::TlsStream<door::LimitedStream>>>
+       + Send
+       + 'static {
+    use futures::StreamExt;
+    let (tx, rx) = tokio::sync::mpsc::channel(64);
+    tokio::spawn(async move {
+        let mut tcp = std::pin::pin!(tcp);
+        while let Some(conn) = tcp.next().await {
+            let Ok(conn) = conn else { continue };
+            let acceptor = tokio_rustls::TlsAcceptor::from(tls.config());
+            let tx = tx.clone();
+            tokio::spawn(async move {
+                match tokio::time::timeout(TLS_HANDSHAKE_TIMEOUT, acceptor.accept(conn)).await {
+                    Ok(Ok(stream)) => {
+                        let _ = tx.send(Ok(stream)).await;
+                    }
+                    Ok(Err(e)) => tracing::debug!(error = %e, "TLS handshake failed"),
+                    Err(_) => tracing::debug!("TLS handshake timed out"),
+                }
+            });
+        }
+    });
+    futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|s| (s, rx)) })
+}
+
+/// mTLS: our certificate and key, and the CA client certificates must chain to, read
+/// again whenever the files change.
+pub fn tls_config(t: &crate::config::TlsFile) -> anyhow::Result<Arc<ReloadingTls>> {
+    Ok(Arc::new(ReloadingTls::load(t)?))
 }
 
 /// Binds `addr` (port 0 picks a free port) and returns the listener and its address.

@@ -79,6 +79,7 @@ pub struct Metrics {
     pub daemonset_pods_evicted_early: Counter,
     pub template_failures: Family<TemplateFailureLabels, Counter>,
     pub build_info: Family<BuildLabels, Gauge>,
+    pub tls_reloads: Family<OutcomeLabels, Counter>,
 }
 
 fn rpc_histogram() -> Histogram {
@@ -117,6 +118,7 @@ impl Metrics {
             daemonset_pods_evicted_early: Counter::default(),
             template_failures: Family::default(),
             build_info: Family::default(),
+            tls_reloads: Family::default(),
             registry: Registry::default(),
         };
         r.register(
@@ -185,6 +187,11 @@ impl Metrics {
             "drain_deadlines_hit",
             "Drain deadlines that passed, by stage",
             m.deadlines.clone(),
+        );
+        r.register(
+            "tls_reloads",
+            "TLS certificate/key/client CA reloads after the files changed, by outcome (ok, error: the new files did not load and the previous certificate is still served)",
+            m.tls_reloads.clone(),
         );
         r.register(
             "lifecycle_heartbeats",
@@ -257,6 +264,10 @@ impl Metrics {
                 outcome: outcome.to_string(),
             })
             .inc();
+    }
+
+    pub fn tls_reloads(&self, outcome: &str) {
+        Self::outcome(&self.tls_reloads, outcome);
     }
 
     pub fn outcome(family: &Family<OutcomeLabels, Counter>, outcome: &str) {
