@@ -205,6 +205,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     provider.start_background();
     spawn_initial_refresh(provider.clone());
     let mut engine_for_shutdown = None;
+    let mut liveness = Arc::new(crate::telemetry::liveness::Liveness::default());
     if cfg.drain_enabled {
         let client = crate::scalein::kube_client().await?;
         let engine = crate::scalein::Engine::new(
@@ -215,6 +216,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
         );
         provider.set_scale_in(Arc::new(crate::scalein::DrainScaleIn(engine.clone())));
         engine.elect_leader();
+        liveness = engine.liveness.clone();
         engine_for_shutdown = Some(engine.clone());
         crate::scalein::lifecycle::spawn_loop(engine, provider.clone());
         tracing::info!(daemonsets = ?cfg.scale_in.daemonsets, mode = ?cfg.scale_in.mode, "scale-in drain enabled");
@@ -228,6 +230,7 @@ async fn serve(args: ServeArgs) -> anyhow::Result<()> {
     tokio::spawn(crate::telemetry::http::serve(
         mlistener,
         provider.clone(),
+        liveness,
         shutdown_signal(),
     ));
     let (listener, addr) = crate::grpc::bind(cfg.listen).await?;

@@ -775,7 +775,8 @@ async fn a_template_that_cannot_be_built_is_counted_and_told_once() {
 /// /metrics: build_info, per-group series labelled `node_group` like CA's own, and a
 /// group that is no longer managed loses its series instead of keeping stale values.
 #[tokio::test]
-async fn metrics_name_groups_like_ca_and_drop_groups_that_went_away() {
+async fn metrics_name_groups_like_ca_and_drop_groups_that_went_away_and_healthz_names_a_wedged_loop(
+) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let cloud = MemoryCloud::new(
         vec![
@@ -788,23 +789,43 @@ async fn metrics_name_groups_like_ca_and_drop_groups_that_went_away() {
     );
     let provider = Provider::new(Arc::new(cloud.clone()), discovery());
     provider.refresh_now().await.unwrap();
+    let liveness = Arc::new(ca_asg_provider::telemetry::liveness::Liveness::default());
     let (l, addr) = ca_asg_provider::telemetry::http::bind("127.0.0.1:0".parse().unwrap())
         .await
         .unwrap();
     tokio::spawn(ca_asg_provider::telemetry::http::serve(
         l,
         provider.clone(),
+        liveness.clone(),
         std::future::pending(),
     ));
-    let scrape = || async move {
+    let get = |path: &'static str| async move {
         let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
-        s.write_all(b"GET /metrics HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
-            .await
-            .unwrap();
+        s.write_all(
+            format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes(),
+        )
+        .await
+        .unwrap();
         let mut out = String::new();
         s.read_to_string(&mut out).await.unwrap();
         out
     };
+    let scrape = || get("/metrics");
+    // /healthz: ok while the loops turn; 503 naming a loop that stopped turning.
+    let h = get("/healthz").await;
+    assert!(h.starts_with("HTTP/1.1 200") && h.ends_with("ok\n"), "{h}");
+    liveness.beat("drain loop", Duration::from_secs(3600));
+    assert!(get("/healthz").await.starts_with("HTTP/1.1 200"));
+    liveness.beat("leader election", Duration::from_millis(1));
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let h = get("/healthz").await;
+    assert!(h.starts_with("HTTP/1.1 503"), "{h}");
+    assert!(
+        h.contains("leader election has not turned") && !h.contains("drain loop"),
+        "{h}"
+    );
+    liveness.done("leader election");
+    assert!(get("/healthz").await.starts_with("HTTP/1.1 200"));
     let text = scrape().await;
     assert!(
         text.contains(&format!(

@@ -66,12 +66,16 @@ async fn two_replicas_elect_one_leader_and_a_stopping_leader_hands_over() {
     };
     let (stop_a, stop_a_rx) = tokio::sync::watch::channel(false);
     let (_stop_b, stop_b_rx) = tokio::sync::watch::channel(false);
+    let live_a = std::sync::Arc::new(ca_asg_provider::telemetry::liveness::Liveness::default());
+    let live_b = std::sync::Arc::new(ca_asg_provider::telemetry::liveness::Liveness::default());
     let a = spawn(
+        live_a.clone(),
         sim.client_as(support::rbac::ENGINE_USER),
         settings("replica-a"),
         stop_a_rx,
     );
     let b = spawn(
+        live_b.clone(),
         sim.client_as(support::rbac::ENGINE_USER),
         settings("replica-b"),
         stop_b_rx,
@@ -84,6 +88,9 @@ async fn two_replicas_elect_one_leader_and_a_stopping_leader_hands_over() {
     } else {
         (&_stop_b, &a)
     };
+    // Both election loops turn, so /healthz would say ok.
+    assert!(live_a.problem().is_none() && live_b.problem().is_none());
+    assert!(live_a.wedged().is_empty());
     leader_stop.send_replace(true);
     eventually("the other replica leads after the release", 20, || {
         *other.borrow()

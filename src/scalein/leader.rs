@@ -158,16 +158,21 @@ pub async fn release(api: &Api<Lease>, s: &LeaseSettings) -> Result<bool, kube::
 /// receiver says whether we are the leader now. A leader that cannot renew steps down
 /// once its lease would have expired, so two replicas never both believe they lead.
 pub fn spawn(
+    liveness: std::sync::Arc<crate::telemetry::liveness::Liveness>,
     client: kube::Client,
     s: LeaseSettings,
     mut stop: watch::Receiver<bool>,
 ) -> watch::Receiver<bool> {
+    const NAME: &str = "leader election";
     let (tx, rx) = watch::channel(false);
+    let quiet = (s.retry_every() * 4).max(std::time::Duration::from_secs(60));
     tokio::spawn(async move {
         let api: Api<Lease> = Api::namespaced(client, &s.namespace);
         let mut last_renewed: Option<tokio::time::Instant> = None;
         loop {
+            liveness.beat(NAME, quiet);
             if *stop.borrow() {
+                liveness.done(NAME);
                 if let Err(e) = release(&api, &s).await {
                     tracing::warn!(lease = %s.name, error = %e, "could not release the lease; it expires by itself");
                 }
@@ -197,6 +202,7 @@ pub fn spawn(
                 let _ = tx.send(leading);
             }
             if tx.is_closed() {
+                liveness.done(NAME);
                 return;
             }
             tokio::select! {

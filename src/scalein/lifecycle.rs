@@ -276,7 +276,11 @@ pub fn spawn_loop(engine: Arc<Engine>, provider: Arc<Provider>) -> tokio::task::
         }
         let mut leadership = engine.leadership();
         let mut was_leader = false;
+        // A turn scans the hooked groups and starts drains (they run in their own
+        // tasks): minutes without one means a call that never returns.
+        let quiet = (engine.settings.lifecycle_poll_interval * 4).max(Duration::from_secs(120));
         loop {
+            engine.liveness.beat("drain loop", quiet);
             let leader = engine.is_leader();
             metrics().leader.set(i64::from(leader));
             if leader {

@@ -251,6 +251,8 @@ pub struct Engine {
     /// Tells the leader-election task to release the lease and stop.
     step_down: tokio::sync::watch::Sender<bool>,
     pub stats: DrainStats,
+    /// The background loops' turns, for `/healthz`.
+    pub liveness: Arc<crate::telemetry::liveness::Liveness>,
 }
 
 impl Engine {
@@ -265,9 +267,10 @@ impl Engine {
             settings.max_concurrent_drains.max(1),
         ));
         let nodes = nodes::NodeIndex::start(client.clone());
+        let liveness = Arc::new(crate::telemetry::liveness::Liveness::default());
         let marks_sync = provider
             .as_ref()
-            .map(|p| spawn_marks_sync(&nodes, Arc::downgrade(p)));
+            .map(|p| spawn_marks_sync(&nodes, Arc::downgrade(p), liveness.clone()));
         Arc::new(Self {
             events: events::Events::new(client.clone()),
             nodes,
@@ -283,6 +286,7 @@ impl Engine {
             leadership: std::sync::OnceLock::new(),
             step_down: tokio::sync::watch::channel(false).0,
             stats: DrainStats::default(),
+            liveness,
         })
     }
 
@@ -322,6 +326,7 @@ impl Engine {
             .unwrap_or_else(|| "kube-system".into());
         tracing::info!(lease = %self.settings.lease_name, %namespace, %identity, "leader election: the drain loop runs on the Lease holder");
         self.follow_leadership(leader::spawn(
+            self.liveness.clone(),
             self.client.clone(),
             leader::LeaseSettings {
                 name: self.settings.lease_name.clone(),
@@ -494,7 +499,9 @@ impl Engine {
 fn spawn_marks_sync(
     nodes: &nodes::NodeIndex,
     provider: std::sync::Weak<Provider>,
+    liveness: Arc<crate::telemetry::liveness::Liveness>,
 ) -> tokio::task::JoinHandle<()> {
+    const NAME: &str = "drain-mark sync";
     if let Some(p) = provider.upgrade() {
         p.expect_drain_marks();
     }
@@ -505,7 +512,11 @@ fn spawn_marks_sync(
             return;
         }
         loop {
-            let Some(p) = provider.upgrade() else { return };
+            let Some(p) = provider.upgrade() else {
+                liveness.done(NAME);
+                return;
+            };
+            liveness.beat(NAME, Duration::from_secs(60));
             p.sync_direct_drains(nodes::direct_marks(&store));
             drop(p);
             match tokio::time::timeout(Duration::from_secs(2), changes.changed()).await {

@@ -1,5 +1,6 @@
 //! The operations HTTP port: `/metrics` (Prometheus text), `/healthz` (the process
-//! answers), `/readyz` (ready once node groups were loaded from AWS).
+//! answers and its background loops turn), `/readyz` (ready once node groups were
+//! loaded from AWS).
 
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -11,6 +12,7 @@ use axum::Router;
 
 use crate::provider::Provider;
 
+use super::liveness::Liveness;
 use super::metrics::{metrics, GroupLabels};
 
 use std::collections::BTreeSet;
@@ -23,13 +25,25 @@ static SHOWN_GROUPS: parking_lot::Mutex<BTreeSet<String>> =
 pub async fn serve(
     listener: tokio::net::TcpListener,
     provider: Arc<Provider>,
+    liveness: Arc<Liveness>,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
     let app = Router::new()
         .route("/metrics", get(metrics_handler))
-        .route("/healthz", get(|| async { "ok\n" }))
         .route("/readyz", get(ready_handler))
-        .with_state(provider);
+        .with_state(provider)
+        .route(
+            "/healthz",
+            get(move || {
+                let liveness = liveness.clone();
+                async move {
+                    match liveness.problem() {
+                        None => (StatusCode::OK, "ok\n".to_string()),
+                        Some(why) => (StatusCode::SERVICE_UNAVAILABLE, format!("wedged: {why}\n")),
+                    }
+                }
+            }),
+        );
     axum::serve(listener, app)
         .with_graceful_shutdown(shutdown)
         .await?;

@@ -2,6 +2,7 @@
 //! `--log-format json`; level from `--log-level` or `RUST_LOG`.
 
 pub mod http;
+pub mod liveness;
 pub mod metrics;
 
 use std::io::IsTerminal;
