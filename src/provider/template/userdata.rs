@@ -31,9 +31,9 @@ pub fn parse(user_data: &str) -> KubeletFlags {
 fn parse_part(text: &str, out: &mut KubeletFlags) {
     if text.contains("kind: NodeConfig") || text.contains("\"kind\": \"NodeConfig\"") {
         parse_nodeadm(text, out);
-    } else if text.contains("[settings.kubernetes") {
+    } else if let Some(settings) = bottlerocket_settings(text, out) {
         out.bottlerocket = true;
-        parse_bottlerocket(text, out);
+        apply_bottlerocket(&settings, out);
     } else {
         for flag in shell_kubelet_flags(text) {
             apply_flag(&flag, out);
@@ -235,47 +235,83 @@ fn parse_nodeadm(text: &str, out: &mut KubeletFlags) {
     }
 }
 
-/// Bottlerocket: `[settings.kubernetes.node-labels]` and `[settings.kubernetes.node-taints]`.
-fn parse_bottlerocket(text: &str, out: &mut KubeletFlags) {
-    let mut section = "";
-    for line in text.lines() {
-        let line = line.trim();
-        if line.starts_with('[') {
-            section = line;
-            continue;
+/// Bottlerocket user data: TOML with a `settings.kubernetes` table, in any TOML
+/// spelling (sections, dotted keys, inline tables). None when the text is not TOML
+/// (a shell script is not) or has no such table; a text that looks like Bottlerocket
+/// settings but does not parse is a warning.
+fn bottlerocket_settings(text: &str, out: &mut KubeletFlags) -> Option<toml::Table> {
+    match text.parse::<toml::Table>() {
+        Ok(doc) => {
+            let k8s = doc.get("settings")?.get("kubernetes")?.as_table()?;
+            Some(k8s.clone())
         }
-        let Some((k, v)) = line.split_once('=') else {
-            continue;
-        };
-        let k = k.trim().trim_matches('"').to_string();
-        let v = v.trim();
-        match section {
-            "[settings.kubernetes.node-labels]" => {
-                out.labels.insert(k, v.trim_matches('"').to_string());
+        Err(e) => {
+            if text.contains("[settings") || text.contains("settings.kubernetes") {
+                let why = e.to_string();
+                out.warnings.push(format!(
+                    "user data looks like Bottlerocket settings but is not valid TOML: {}",
+                    why.lines().next().unwrap_or_default()
+                ));
             }
-            "[settings.kubernetes.node-taints]" => {
-                let values: Vec<String> = if v.starts_with('[') {
-                    v.trim_matches(['[', ']'])
-                        .split(',')
-                        .map(|s| s.trim().trim_matches('"').to_string())
-                        .filter(|s| !s.is_empty())
-                        .collect()
-                } else {
-                    vec![v.trim_matches('"').to_string()]
+            None
+        }
+    }
+}
+
+/// A TOML value as a warning names it.
+fn shown(v: &toml::Value) -> String {
+    match v {
+        toml::Value::String(s) => format!("{s:?}"),
+        toml::Value::Integer(i) => i.to_string(),
+        toml::Value::Float(f) => f.to_string(),
+        toml::Value::Boolean(b) => b.to_string(),
+        other => format!("a {}", other.type_str()),
+    }
+}
+
+/// `node-labels`, `node-taints` (a value or a list of `value:Effect`) and `max-pods`
+/// of `settings.kubernetes`.
+fn apply_bottlerocket(k8s: &toml::Table, out: &mut KubeletFlags) {
+    if let Some(labels) = k8s.get("node-labels").and_then(toml::Value::as_table) {
+        for (k, v) in labels {
+            match v.as_str() {
+                Some(v) => {
+                    out.labels.insert(k.clone(), v.to_string());
+                }
+                None => out.warnings.push(format!(
+                    "user data node-labels.{k} = {}: not a string",
+                    shown(v)
+                )),
+            }
+        }
+    }
+    if let Some(taints) = k8s.get("node-taints").and_then(toml::Value::as_table) {
+        for (k, v) in taints {
+            let values: Vec<&toml::Value> = match v {
+                toml::Value::Array(a) => a.iter().collect(),
+                one => vec![one],
+            };
+            for val in values {
+                let Some(val) = val.as_str() else {
+                    out.warnings.push(format!(
+                        "user data node-taints.{k} = {}: not a string",
+                        shown(val)
+                    ));
+                    continue;
                 };
-                for val in values {
-                    match parse_taint(&format!("{k}={val}")) {
-                        Ok(t) => out.taints.push(t),
-                        Err(e) => out.warnings.push(format!("user data node-taints: {e}")),
-                    }
+                match parse_taint(&format!("{k}={val}")) {
+                    Ok(t) => out.taints.push(t),
+                    Err(e) => out.warnings.push(format!("user data node-taints: {e}")),
                 }
             }
-            "[settings.kubernetes]" if k == "max-pods" => {
-                if let Ok(n) = v.parse::<i64>() {
-                    out.max_pods = Some(n);
-                }
-            }
-            _ => {}
+        }
+    }
+    if let Some(v) = k8s.get("max-pods") {
+        match v.as_integer() {
+            Some(n) => out.max_pods = Some(n),
+            None => out
+                .warnings
+                .push(format!("user data max-pods = {}: not an integer", shown(v))),
         }
     }
 }
@@ -344,6 +380,39 @@ mod tests {
         assert_eq!(f.labels.get("team").map(String::as_str), Some("web"));
         assert_eq!(f.taints, vec![taint("dedicated", "web", "NoSchedule")]);
         assert_eq!(f.max_pods, Some(29));
+        assert!(f.bottlerocket);
+    }
+
+    #[test]
+    fn bottlerocket_dotted_keys_and_inline_tables() {
+        let f = parse("settings.kubernetes.max-pods = 58\nsettings.kubernetes.node-labels = { team = \"ml\", \"example.com/tier\" = \"gpu\" }\n[settings.kubernetes.node-taints]\nnvidia = \"true:NoSchedule\"\n");
+        assert!(f.bottlerocket);
+        assert_eq!(f.max_pods, Some(58));
+        assert_eq!(f.labels.get("team").map(String::as_str), Some("ml"));
+        assert_eq!(
+            f.labels.get("example.com/tier").map(String::as_str),
+            Some("gpu")
+        );
+        assert_eq!(f.taints, vec![taint("nvidia", "true", "NoSchedule")]);
+        assert!(f.warnings.is_empty(), "{:?}", f.warnings);
+    }
+
+    #[test]
+    fn bottlerocket_wrong_types_and_broken_toml_are_warnings() {
+        let f = parse("[settings.kubernetes]\nmax-pods = \"many\"\n[settings.kubernetes.node-labels]\nteam = 3\n");
+        assert!(f.max_pods.is_none() && f.labels.is_empty());
+        assert_eq!(f.warnings.len(), 2, "{:?}", f.warnings);
+        assert!(f
+            .warnings
+            .iter()
+            .any(|w| w.contains("max-pods") && w.contains("many")));
+        let f = parse("[settings.kubernetes\nmax-pods = 3\n");
+        assert!(!f.bottlerocket);
+        assert!(f.warnings[0].contains("not valid TOML"), "{:?}", f.warnings);
+        // A shell script is not mistaken for TOML.
+        let f = parse("#!/bin/bash\n/etc/eks/bootstrap.sh c --kubelet-extra-args '--max-pods=7'\n");
+        assert!(!f.bottlerocket && f.warnings.is_empty());
+        assert_eq!(f.max_pods, Some(7));
     }
 
     #[test]
