@@ -567,12 +567,11 @@ impl Provider {
             draining = deferred,
             "increasing desired capacity"
         );
-        self.writes.fetch_add(1, Ordering::AcqRel);
-        self.cloud.set_desired_capacity(id, desired).await?;
-        let mut ov = self.overlay.lock();
-        ov.target.insert(id.to_string(), desired);
-        ov.last_increase.insert(id.to_string(), unix_now());
-        drop(ov);
+        self.write_desired(id, desired).await?;
+        self.overlay
+            .lock()
+            .last_increase
+            .insert(id.to_string(), unix_now());
         // The next Refresh reads AWS, so the new instances show up by CA's next loop.
         self.invalidate();
         Ok(())
@@ -615,10 +614,17 @@ impl Provider {
                 "decreasing desired capacity (unfulfilled only)"
             );
         }
+        self.write_desired(id, desired).await?;
+        self.invalidate();
+        Ok(())
+    }
+
+    /// SetDesiredCapacity, counted as a write, and remembered until the next refresh
+    /// shows it.
+    async fn write_desired(&self, id: &str, desired: i32) -> Result<(), ProviderError> {
         self.writes.fetch_add(1, Ordering::AcqRel);
         self.cloud.set_desired_capacity(id, desired).await?;
         self.overlay.lock().target.insert(id.to_string(), desired);
-        self.invalidate();
         Ok(())
     }
 
@@ -701,9 +707,7 @@ impl Provider {
                 desired,
                 "removing {placeholders} placeholder(s)"
             );
-            self.writes.fetch_add(1, Ordering::AcqRel);
-            self.cloud.set_desired_capacity(id, desired).await?;
-            self.overlay.lock().target.insert(id.to_string(), desired);
+            self.write_desired(id, desired).await?;
         }
         let scale_in = self.scale_in.read().clone();
         for (inst, node_name) in real {
