@@ -22,7 +22,7 @@ fn provider_at_5000() -> (Arc<Provider>, Vec<NodeRef>) {
     let rt = tokio::runtime::Runtime::new().unwrap();
     rt.block_on(async {
         let cloud = MemoryCloud::new(
-            ca_asg_provider::loadgen::seed::fleet(200, 5000),
+            ca_asg_provider::cloud::memory::fleet::fleet(200, 5000),
             MemoryTiming::default(),
         );
         let nodes: Vec<NodeRef> = cloud

@@ -1,15 +1,11 @@
 //! ca-asg-provider: a cluster-autoscaler externalgrpc cloud provider for EC2 Auto
 //! Scaling Groups with a DaemonSet-last, PDB-safe scale-in drain.
 
-pub mod check;
-pub mod cli;
 pub mod cloud;
+pub mod commands;
 pub mod config;
-pub mod demo;
-pub mod drain_cmd;
 pub mod duration;
 pub mod grpc;
-pub mod loadgen;
 pub mod provider;
 pub mod scalein;
 pub mod sim;

@@ -5,7 +5,7 @@ use std::process::ExitCode;
 use clap::Parser;
 
 fn main() -> ExitCode {
-    let cli = ca_asg_provider::cli::Cli::parse();
+    let cli = ca_asg_provider::commands::Cli::parse();
     let rt = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
@@ -16,5 +16,5 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    rt.block_on(ca_asg_provider::cli::run(cli))
+    rt.block_on(ca_asg_provider::commands::run(cli))
 }

@@ -4,9 +4,10 @@ use std::process::ExitCode;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use ca_asg_provider::cli::{ConfigArgs, DrainArgs};
 use ca_asg_provider::cloud::memory::{MemoryCloud, MemoryGroup, MemoryTiming};
 use ca_asg_provider::cloud::GroupSelector;
+use ca_asg_provider::commands::drain::DrainArgs;
+use ca_asg_provider::config::ConfigArgs;
 use ca_asg_provider::provider::{Bounds, Provider, ProviderSettings};
 use ca_asg_provider::sim::{fixtures, SimCluster, SimOptions};
 use k8s_openapi::api::core::v1::{Node, Pod};
@@ -32,7 +33,7 @@ async fn check_config_reports_groups_and_problems() {
     };
     let p = Provider::new(Arc::new(cloud.clone()), ok);
     assert_eq!(
-        ca_asg_provider::check::report(&p, &Default::default()).await,
+        ca_asg_provider::commands::check::report(&p, &Default::default()).await,
         ExitCode::SUCCESS
     );
     // A missing group and bounds outside the ASG's are problems: exit 1.
@@ -52,7 +53,7 @@ async fn check_config_reports_groups_and_problems() {
     );
     let p = Provider::new(Arc::new(cloud), bad);
     assert_eq!(
-        ca_asg_provider::check::report(&p, &Default::default()).await,
+        ca_asg_provider::commands::check::report(&p, &Default::default()).await,
         ExitCode::FAILURE
     );
 }
@@ -111,13 +112,13 @@ async fn drain_command_dry_run_changes_nothing_and_drain_leaves_the_node_cordone
         terminate: false,
         config: ConfigArgs::default(),
     };
-    ca_asg_provider::drain_cmd::drain(sim.client(), &cfg, &args)
+    ca_asg_provider::commands::drain::drain(sim.client(), &cfg, &args)
         .await
         .unwrap();
     assert_eq!(sim.list::<Pod>().len(), 2, "dry run evicts nothing");
     assert!(sim.get::<Node>("", "n1").unwrap()["spec"]["unschedulable"].is_null());
     args.dry_run = false;
-    ca_asg_provider::drain_cmd::drain(sim.client(), &cfg, &args)
+    ca_asg_provider::commands::drain::drain(sim.client(), &cfg, &args)
         .await
         .unwrap();
     assert!(
@@ -131,7 +132,7 @@ async fn drain_command_dry_run_changes_nothing_and_drain_leaves_the_node_cordone
         true,
         "left cordoned"
     );
-    let e = ca_asg_provider::drain_cmd::drain(
+    let e = ca_asg_provider::commands::drain::drain(
         sim.client(),
         &cfg,
         &DrainArgs {
@@ -182,7 +183,7 @@ async fn the_drain_waits_for_volume_attachments_to_detach() {
         terminate: false,
         config: ConfigArgs::default(),
     };
-    ca_asg_provider::drain_cmd::drain(sim.client(), &cfg, &args)
+    ca_asg_provider::commands::drain::drain(sim.client(), &cfg, &args)
         .await
         .unwrap();
     let audit = sim.audit();
@@ -208,8 +209,8 @@ async fn the_drain_waits_for_volume_attachments_to_detach() {
 
 #[test]
 fn check_config_warns_of_another_drainers_hook_and_a_hook_shorter_than_the_poll() {
-    use ca_asg_provider::check::hook_problems;
     use ca_asg_provider::cloud::LifecycleHook;
+    use ca_asg_provider::commands::check::hook_problems;
     let hook = |name: &str, secs| LifecycleHook {
         name: name.into(),
         heartbeat_timeout_secs: secs,
@@ -265,7 +266,12 @@ async fn check_config_finds_missing_kubernetes_permissions() {
         .collect();
     assert_eq!(missing, [("watch", "pods"), ("create", "pods/eviction")]);
     assert!(
-        !ca_asg_provider::check::kube_report(sim.client(), "kube-system", "ca-asg-provider").await
+        !ca_asg_provider::commands::check::kube_report(
+            sim.client(),
+            "kube-system",
+            "ca-asg-provider"
+        )
+        .await
     );
     // With the ClusterRole deploy/ ships, nothing is missing.
     sim.grant(support::rbac::role_rules(
@@ -273,6 +279,11 @@ async fn check_config_finds_missing_kubernetes_permissions() {
         "ca-asg-provider",
     ));
     assert!(
-        ca_asg_provider::check::kube_report(sim.client(), "kube-system", "ca-asg-provider").await
+        ca_asg_provider::commands::check::kube_report(
+            sim.client(),
+            "kube-system",
+            "ca-asg-provider"
+        )
+        .await
     );
 }

@@ -2,7 +2,7 @@
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn demo_runs_a_full_cycle() {
-    ca_asg_provider::demo::run(ca_asg_provider::demo::DemoArgs {
+    ca_asg_provider::commands::demo::run(ca_asg_provider::commands::demo::DemoArgs {
         launch_seconds: 0.2,
     })
     .await

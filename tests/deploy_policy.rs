@@ -219,11 +219,11 @@ fn rbac_grants_exactly_what_check_config_checks() {
 #[test]
 fn shipped_configurations_are_valid() {
     use ca_asg_provider::config::{resolve, ConfigError, FileConfig, Overrides};
-    let base: serde_yaml::Value = serde_yaml::from_str(
+    let base: serde_json::Value = serde_saphyr::from_str(
         &std::fs::read_to_string(root().join("deploy/base/configmap.yaml")).unwrap(),
     )
     .unwrap();
-    let patch: serde_yaml::Value = serde_yaml::from_str(
+    let patch: serde_json::Value = serde_saphyr::from_str(
         &std::fs::read_to_string(root().join("deploy/overlays/standalone/patch-config.yaml"))
             .unwrap(),
     )

@@ -9,11 +9,15 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
+use crate::cloud::aws::AwsSettings;
 use crate::cloud::{GroupSelector, TagFilter};
 use crate::duration::parse_duration;
 use crate::provider::template::TemplateOverrides;
 use crate::provider::{Bounds, ProviderSettings};
 use crate::scalein::{DaemonSetPolicy, DeadlinePolicy, ModeChoice, ScaleInSettings};
+
+mod args;
+pub use args::ConfigArgs;
 
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:8086";
 pub const DEFAULT_METRICS_LISTEN: &str = "0.0.0.0:8087";
@@ -191,7 +195,7 @@ impl FileConfig {
         if text.trim().is_empty() {
             return Ok(Self::default());
         }
-        serde_yaml::from_str(text).map_err(|e| ConfigError::Parse {
+        serde_saphyr::from_str(text).map_err(|e| ConfigError::Parse {
             path: path.to_string(),
             message: e.to_string(),
         })
@@ -575,6 +579,15 @@ pub fn resolve(file: FileConfig, flags: &Overrides, source: &str) -> Result<Conf
 }
 
 impl Config {
+    /// How to reach AWS: the region, the endpoint override and the SDK's attempts.
+    pub fn aws_settings(&self) -> AwsSettings {
+        AwsSettings {
+            region: Some(self.region.clone()),
+            endpoint_url: self.aws_endpoint.clone(),
+            max_attempts: self.aws_max_attempts,
+        }
+    }
+
     /// `serve` needs something to manage.
     pub fn require_groups(&self) -> Result<(), ConfigError> {
         let s = &self.provider.selector;

@@ -23,6 +23,7 @@ pub mod provider_id;
 pub mod refresh;
 pub mod registry;
 pub mod sizes;
+mod status;
 pub mod template;
 pub mod templates;
 

@@ -20,6 +20,22 @@ pub struct AutoscalingOptions {
     pub ignore_daemonsets_utilization: bool,
 }
 
+impl AutoscalingOptions {
+    /// What CA sends when nothing overrides it: its flag defaults
+    /// (`--scale-down-utilization-threshold=0.5`, `--scale-down-unneeded-time=10m`,
+    /// `--scale-down-unready-time=20m`, `--max-node-provision-time=15m`).
+    pub fn ca_defaults() -> Self {
+        AutoscalingOptions {
+            scale_down_utilization_threshold: 0.5,
+            scale_down_gpu_utilization_threshold: 0.5,
+            scale_down_unneeded_time: Some(Duration::from_secs(600)),
+            scale_down_unready_time: Some(Duration::from_secs(1200)),
+            max_node_provision_time: Some(Duration::from_secs(900)),
+            ..Default::default()
+        }
+    }
+}
+
 /// Longest duration every field can carry: the meta Duration (fields 3-5) holds
 /// int64 nanoseconds, about 292 years.
 pub const MAX_DURATION: Duration = Duration::from_nanos(i64::MAX as u64);
@@ -176,14 +192,7 @@ mod tests {
     }
 
     fn defaults() -> AutoscalingOptions {
-        AutoscalingOptions {
-            scale_down_utilization_threshold: 0.5,
-            scale_down_gpu_utilization_threshold: 0.5,
-            scale_down_unneeded_time: Some(Duration::from_secs(600)),
-            scale_down_unready_time: Some(Duration::from_secs(1200)),
-            max_node_provision_time: Some(Duration::from_secs(900)),
-            ..Default::default()
-        }
+        AutoscalingOptions::ca_defaults()
     }
 
     #[test]

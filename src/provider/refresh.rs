@@ -7,6 +7,7 @@ use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use backon::{ExponentialBuilder, Retryable};
 use futures::stream::{self, StreamExt};
 use parking_lot::Mutex;
 
@@ -385,6 +386,36 @@ impl Provider {
         q.pending.insert(instance_id.to_string());
         drop(q);
         self.lookup_wake.notify_one();
+    }
+
+    /// Loads the first state in the background, retrying 1 s doubling to 30 s with
+    /// jitter until AWS answers, so the server listens at once and Refresh answers
+    /// Unavailable until AWS has been read.
+    pub fn spawn_initial_refresh(self: &Arc<Self>) -> tokio::task::JoinHandle<()> {
+        let this = self.clone();
+        let policy = ExponentialBuilder::default()
+            .with_min_delay(Duration::from_secs(1))
+            .with_max_delay(Duration::from_secs(30))
+            .without_max_times()
+            .with_jitter();
+        tokio::spawn(async move {
+            let first = || async {
+                if this.is_loaded() {
+                    return Ok(());
+                }
+                this.refresh_now().await
+            };
+            let loaded = first
+                .retry(policy)
+                .sleep(tokio::time::sleep)
+                .notify(|e, retry_in| {
+                    tracing::warn!(error = %e, ?retry_in, "first refresh failed");
+                })
+                .await;
+            if loaded.is_ok() {
+                tracing::info!(groups = this.registry().groups.len(), "node groups loaded");
+            }
+        })
     }
 
     /// Starts the background work of the core (instance lookups). Returns its handle.

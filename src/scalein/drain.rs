@@ -6,6 +6,7 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use backon::{ExponentialBuilder, Retryable};
 use futures::future::join_all;
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::jiff::Timestamp;
@@ -108,26 +109,25 @@ async fn run_inner(engine: &Arc<Engine>, req: &DrainRequest) -> Outcome {
 /// fails without ending the instance.
 async fn locate_node(engine: &Engine, req: &DrainRequest) -> Result<Option<String>, String> {
     let give_up = Instant::now() + engine.settings.workload_deadline;
-    let mut delay = Duration::from_millis(200);
-    loop {
-        match engine
-            .find_node(&req.instance_id, req.node_name.as_deref())
-            .await
-        {
-            Ok(n) => return Ok(n),
-            Err(e) if Instant::now() + delay < give_up => {
-                tracing::warn!(error = %e, retry_in = ?delay, "cannot tell whether the instance has a Node; not ending it, retrying");
-                tokio::time::sleep(delay).await;
-                delay = (delay * 2).min(Duration::from_secs(15));
-            }
-            Err(e) => {
-                return Err(format!(
-                    "cannot tell whether instance {} has a Node ({e}); the instance is not ended",
-                    req.instance_id
-                ))
-            }
-        }
-    }
+    let policy = ExponentialBuilder::default()
+        .with_min_delay(Duration::from_millis(200))
+        .with_max_delay(Duration::from_secs(15))
+        .without_max_times();
+    (|| engine.find_node(&req.instance_id, req.node_name.as_deref()))
+        .retry(policy)
+        .sleep(tokio::time::sleep)
+        // Another try only if it can start before the deadline.
+        .adjust(|_, next| next.filter(|d| Instant::now() + *d < give_up))
+        .notify(|e, retry_in| {
+            tracing::warn!(error = %e, ?retry_in, "cannot tell whether the instance has a Node; not ending it, retrying");
+        })
+        .await
+        .map_err(|e| {
+            format!(
+                "cannot tell whether instance {} has a Node ({e}); the instance is not ended",
+                req.instance_id
+            )
+        })
 }
 
 pub(crate) struct AbortOnDrop(pub(crate) tokio::task::JoinHandle<()>);

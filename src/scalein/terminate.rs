@@ -4,6 +4,8 @@
 
 use std::time::Duration;
 
+use backon::{ExponentialBuilder, Retryable};
+
 use crate::cloud::{CloudError, LifecycleResult, LifecycleState};
 
 use super::events::Reason;
@@ -19,61 +21,72 @@ pub async fn finish(
     instance_id: &str,
     node: Option<&str>,
 ) -> Result<String, String> {
-    let mut delay = Duration::from_millis(500);
-    let mut last = String::new();
-    for _ in 0..ATTEMPTS {
-        let r = match mode {
-            Mode::DrainOnly => {
-                return Ok("drained; the instance is left running (drain only)".into())
-            }
-            Mode::Lifecycle { action, .. } => {
-                match engine.cloud.complete_lifecycle_action(action, LifecycleResult::Continue).await {
-                    Ok(()) => Ok(format!(
-                        "completed lifecycle action CONTINUE for {instance_id} (hook {}, group {group})",
-                        action.hook
-                    )),
-                    // No action pending: a previous run completed it or the hook timed
-                    // out, and the instance is on its way out; or (a fast drain right
-                    // after TerminateInstanceInAutoScalingGroup) the instance has not
-                    // reached Terminating:Wait yet, and the action is still to come.
-                    Err(CloudError::Rejected { message, .. }) if message.contains("No active Lifecycle Action") => {
-                        // In service, or terminating but not yet held by the hook.
-                        let before_the_action = [LifecycleState::InService, LifecycleState::Terminating];
-                        if lifecycle::in_state(engine, instance_id, &before_the_action).await {
-                            Err(CloudError::Transient {
-                                operation: "CompleteLifecycleAction".into(),
-                                message: format!("instance {instance_id} has not reached Terminating:Wait yet"),
-                            })
-                        } else {
-                            Ok(format!("lifecycle action for {instance_id} was already complete ({message})"))
-                        }
-                    }
-                    Err(e) => Err(e),
-                }
-            }
-            Mode::Direct => direct(engine, group, instance_id).await,
+    let summary = (|| end_once(engine, mode, group, instance_id))
+        .retry(retry_policy())
+        .sleep(tokio::time::sleep)
+        .when(CloudError::is_retryable)
+        .notify(|e, retry_in| {
+            tracing::warn!(instance = instance_id, group, error = %e, ?retry_in, "ending the instance failed; retrying");
+        })
+        .await
+        .map_err(|e| e.to_string())?;
+    if let (Some(node), false) = (node, matches!(mode, Mode::DrainOnly)) {
+        let reason = match mode {
+            Mode::Lifecycle { .. } => Reason::LifecycleCompleted,
+            _ => Reason::InstanceTerminated,
         };
-        match r {
-            Ok(summary) => {
-                if let Some(node) = node {
-                    let reason = match mode {
-                        Mode::Lifecycle { .. } => Reason::LifecycleCompleted,
-                        _ => Reason::InstanceTerminated,
-                    };
-                    engine.events.node(node, reason, summary.clone()).await;
-                }
-                return Ok(summary);
-            }
-            Err(e) if e.is_retryable() => {
-                tracing::warn!(instance = instance_id, group, error = %e, "ending the instance failed; retrying");
-                last = e.to_string();
-                tokio::time::sleep(delay).await;
-                delay = (delay * 2).min(Duration::from_secs(10));
-            }
-            Err(e) => return Err(e.to_string()),
-        }
+        engine.events.node(node, reason, summary.clone()).await;
     }
-    Err(last)
+    Ok(summary)
+}
+
+/// Six attempts in all, 0.5 s doubling to 10 s with jitter: about 30 s of AWS
+/// throttling or 5xx before the drain reports the failure (the hook's heartbeat keeps
+/// the instance held meanwhile).
+fn retry_policy() -> ExponentialBuilder {
+    ExponentialBuilder::default()
+        .with_min_delay(Duration::from_millis(500))
+        .with_max_delay(Duration::from_secs(10))
+        .with_max_times(ATTEMPTS as usize - 1)
+        .with_jitter()
+}
+
+/// One attempt at ending the instance.
+async fn end_once(
+    engine: &Engine,
+    mode: &Mode,
+    group: &str,
+    instance_id: &str,
+) -> Result<String, CloudError> {
+    match mode {
+        Mode::DrainOnly => Ok("drained; the instance is left running (drain only)".into()),
+        Mode::Lifecycle { action, .. } => {
+            match engine.cloud.complete_lifecycle_action(action, LifecycleResult::Continue).await {
+                Ok(()) => Ok(format!(
+                    "completed lifecycle action CONTINUE for {instance_id} (hook {}, group {group})",
+                    action.hook
+                )),
+                // No action pending: a previous run completed it or the hook timed
+                // out, and the instance is on its way out; or (a fast drain right
+                // after TerminateInstanceInAutoScalingGroup) the instance has not
+                // reached Terminating:Wait yet, and the action is still to come.
+                Err(CloudError::Rejected { message, .. }) if message.contains("No active Lifecycle Action") => {
+                    // In service, or terminating but not yet held by the hook.
+                    let before_the_action = [LifecycleState::InService, LifecycleState::Terminating];
+                    if lifecycle::in_state(engine, instance_id, &before_the_action).await {
+                        Err(CloudError::Transient {
+                            operation: "CompleteLifecycleAction".into(),
+                            message: format!("instance {instance_id} has not reached Terminating:Wait yet"),
+                        })
+                    } else {
+                        Ok(format!("lifecycle action for {instance_id} was already complete ({message})"))
+                    }
+                }
+                Err(e) => Err(e),
+            }
+        }
+        Mode::Direct => direct(engine, group, instance_id).await,
+    }
 }
 
 async fn direct(engine: &Engine, group: &str, instance_id: &str) -> Result<String, CloudError> {

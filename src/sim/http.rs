@@ -386,7 +386,7 @@ fn patch(
         .unwrap_or("");
     let name = t.name.clone().unwrap_or_default();
     let p = if ctype.contains("yaml") {
-        serde_yaml::from_slice::<Value>(body).map_err(|e| {
+        serde_saphyr::from_slice::<Value>(body).map_err(|e| {
             ApiError::new(
                 400,
                 "BadRequest",

@@ -10,28 +10,29 @@ use axum::http::StatusCode;
 use axum::routing::get;
 use axum::Router;
 
-use crate::provider::Provider;
-
 use super::liveness::Liveness;
-use super::metrics::{metrics, GroupLabels};
+use super::metrics::metrics;
 
-use std::collections::BTreeSet;
-
-/// The groups the last scrape exported series for.
-static SHOWN_GROUPS: parking_lot::Mutex<BTreeSet<String>> =
-    parking_lot::Mutex::new(BTreeSet::new());
+/// What the operations port asks of the service it reports on. The provider answers
+/// it; telemetry does not know the provider.
+pub trait Status: Send + Sync + 'static {
+    /// `Ok` once the service can answer CA; `Err(why)` before.
+    fn readiness(&self) -> Result<(), String>;
+    /// Brings the gauges that describe current state up to date, just before a scrape.
+    fn before_scrape(&self) {}
+}
 
 /// Serves the operations endpoints until `shutdown` resolves.
 pub async fn serve(
     listener: tokio::net::TcpListener,
-    provider: Arc<Provider>,
+    status: Arc<dyn Status>,
     liveness: Arc<Liveness>,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
     let app = Router::new()
         .route("/metrics", get(metrics_handler))
         .route("/readyz", get(ready_handler))
-        .with_state(provider)
+        .with_state(status)
         .route(
             "/healthz",
             get(move || {
@@ -58,60 +59,25 @@ pub async fn bind(addr: SocketAddr) -> anyhow::Result<(tokio::net::TcpListener, 
     Ok((l, a))
 }
 
-async fn ready_handler(State(p): State<Arc<Provider>>) -> (StatusCode, String) {
-    if p.is_loaded() {
-        (StatusCode::OK, "ready\n".into())
-    } else {
-        let why = p
-            .last_refresh_error()
-            .unwrap_or_else(|| "no refresh yet".into());
-        (
+async fn ready_handler(State(s): State<Arc<dyn Status>>) -> (StatusCode, String) {
+    match s.readiness() {
+        Ok(()) => (StatusCode::OK, "ready\n".into()),
+        Err(why) => (
             StatusCode::SERVICE_UNAVAILABLE,
-            format!("not ready: node groups not loaded: {why}\n"),
-        )
+            format!("not ready: {why}\n"),
+        ),
     }
 }
 
 async fn metrics_handler(
-    State(p): State<Arc<Provider>>,
+    State(s): State<Arc<dyn Status>>,
 ) -> ([(axum::http::HeaderName, &'static str); 1], String) {
-    let m = metrics();
-    let reg = p.registry();
-    m.node_groups.set(reg.groups.len() as i64);
-    // A group that is no longer managed loses its series instead of keeping its
-    // last values forever.
-    let now: BTreeSet<String> = reg.groups.iter().map(|g| g.asg.name.clone()).collect();
-    {
-        let mut shown = SHOWN_GROUPS.lock();
-        for gone in shown.difference(&now) {
-            let l = GroupLabels {
-                node_group: gone.clone(),
-            };
-            m.group_min.remove(&l);
-            m.group_max.remove(&l);
-            m.group_instances.remove(&l);
-            m.group_target.remove(&l);
-        }
-        *shown = now;
-    }
-    for g in &reg.groups {
-        let l = GroupLabels {
-            node_group: g.asg.name.clone(),
-        };
-        m.group_min.get_or_create(&l).set(i64::from(g.min));
-        m.group_max.get_or_create(&l).set(i64::from(g.max));
-        m.group_instances
-            .get_or_create(&l)
-            .set(g.asg.instances.len() as i64);
-        if let Ok(t) = p.target_size(&g.asg.name) {
-            m.group_target.get_or_create(&l).set(i64::from(t));
-        }
-    }
+    s.before_scrape();
     (
         [(
             axum::http::header::CONTENT_TYPE,
             "application/openmetrics-text; version=1.0.0; charset=utf-8",
         )],
-        m.encode(),
+        metrics().encode(),
     )
 }

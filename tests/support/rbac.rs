@@ -23,15 +23,15 @@ struct Rule {
 pub fn role_rules(file: &Path, name: &str) -> Vec<Grant> {
     let text = std::fs::read_to_string(file).unwrap_or_else(|e| panic!("{}: {e}", file.display()));
     let mut rules = Vec::new();
-    for doc in serde_yaml::Deserializer::from_str(&text) {
-        let v = serde_yaml::Value::deserialize(doc).expect("valid YAML");
+    let docs: Vec<serde_json::Value> = serde_saphyr::from_multiple(&text).expect("valid YAML");
+    for v in docs {
         let kind = v.get("kind").and_then(|k| k.as_str()).unwrap_or_default();
         let this = v
             .get("metadata")
             .and_then(|m| m.get("name"))
             .and_then(|n| n.as_str());
         if (kind == "ClusterRole" || kind == "Role") && this == Some(name) {
-            let r: Vec<Rule> = serde_yaml::from_value(v.get("rules").cloned().unwrap_or_default())
+            let r: Vec<Rule> = serde_json::from_value(v.get("rules").cloned().unwrap_or_default())
                 .expect("rules parse");
             rules.extend(r.into_iter().map(|r| Grant {
                 verbs: r.verbs,

@@ -28,6 +28,12 @@ pub struct AwsSettings {
     pub max_attempts: u32,
 }
 
+/// The AWS backend with every call counted in the metrics (what the commands use).
+pub async fn connect(settings: &AwsSettings) -> Arc<dyn Cloud> {
+    let aws: Arc<dyn Cloud> = Arc::new(AwsCloud::new(settings).await);
+    Arc::new(super::instrumented::Instrumented(aws))
+}
+
 /// Calls per (operation, outcome), for tests and budgets.
 #[derive(Debug, Default)]
 pub struct CallCounter(Mutex<BTreeMap<(String, String), u64>>);

@@ -63,6 +63,48 @@ pub fn encode_node(node: &TemplateNode) -> Vec<u8> {
     to_node(node).encode_to_vec()
 }
 
+/// The template as `check-config` and the demo print it: labels, taints, capacity and
+/// allocatable, one per line, sorted, indented for a report.
+pub fn describe(node: &core::Node) -> String {
+    use std::fmt::Write;
+    let mut out = String::new();
+    let labels = node
+        .metadata
+        .as_ref()
+        .map(|m| m.labels.clone())
+        .unwrap_or_default();
+    let mut keys: Vec<_> = labels.iter().collect();
+    keys.sort();
+    let _ = writeln!(out, "    template labels:");
+    for (k, v) in keys {
+        let _ = writeln!(out, "      {k}={v}");
+    }
+    if let Some(spec) = &node.spec {
+        for t in &spec.taints {
+            let _ = writeln!(
+                out,
+                "    template taint: {}={}:{}",
+                t.key.as_deref().unwrap_or(""),
+                t.value.as_deref().unwrap_or(""),
+                t.effect.as_deref().unwrap_or("")
+            );
+        }
+    }
+    if let Some(status) = &node.status {
+        let q = |m: &std::collections::BTreeMap<String, Quantity>| {
+            let mut v: Vec<String> = m
+                .iter()
+                .map(|(k, q)| format!("{k}={}", q.string.as_deref().unwrap_or("?")))
+                .collect();
+            v.sort();
+            v.join(" ")
+        };
+        let _ = writeln!(out, "    capacity:    {}", q(&status.capacity));
+        let _ = writeln!(out, "    allocatable: {}", q(&status.allocatable));
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -94,5 +136,35 @@ mod tests {
         assert_eq!(st.capacity["cpu"].string.as_deref(), Some("4"));
         assert_eq!(st.allocatable["memory"].string.as_deref(), Some("15000Mi"));
         assert_eq!(st.conditions[0].status.as_deref(), Some("True"));
+    }
+
+    #[test]
+    fn describe_prints_what_ca_will_see_sorted() {
+        let mut n = TemplateNode {
+            name: "t".into(),
+            ..Default::default()
+        };
+        n.labels.insert("zone".into(), "a".into());
+        n.labels.insert("arch".into(), "arm64".into());
+        n.taints.push(Taint {
+            key: "gpu".into(),
+            value: "true".into(),
+            effect: "NoSchedule".into(),
+        });
+        n.capacity.insert("memory".into(), "16Gi".into());
+        n.capacity.insert("cpu".into(), "4".into());
+        let node = core::Node::decode(encode_node(&n).as_slice()).unwrap();
+        let text = describe(&node);
+        let lines: Vec<&str> = text.lines().map(str::trim).collect();
+        assert_eq!(
+            &lines[..4],
+            &[
+                "template labels:",
+                "arch=arm64",
+                "zone=a",
+                "template taint: gpu=true:NoSchedule"
+            ]
+        );
+        assert!(text.contains("capacity:    cpu=4 memory=16Gi"), "{text}");
     }
 }

@@ -15,7 +15,7 @@ pub mod allocatable;
 pub mod encode;
 pub mod userdata;
 
-pub use encode::encode_node;
+pub use encode::{describe, encode_node};
 
 /// Operator-given template settings (config `templates:` per group or `*`).
 #[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]

@@ -207,7 +207,7 @@ pub fn parse_taint(s: &str) -> Result<Taint, String> {
 
 /// nodeadm NodeConfig: `spec.kubelet.flags` and `spec.kubelet.config.maxPods`.
 fn parse_nodeadm(text: &str, out: &mut KubeletFlags) {
-    let doc: serde_yaml::Value = match serde_yaml::from_str(text) {
+    let doc: serde_json::Value = match serde_saphyr::from_str(text) {
         Ok(v) => v,
         Err(e) => {
             out.warnings
@@ -216,7 +216,7 @@ fn parse_nodeadm(text: &str, out: &mut KubeletFlags) {
         }
     };
     let kubelet = &doc["spec"]["kubelet"];
-    if let Some(flags) = kubelet["flags"].as_sequence() {
+    if let Some(flags) = kubelet["flags"].as_array() {
         for f in flags.iter().filter_map(|f| f.as_str()) {
             for flag in split_args(f) {
                 apply_flag(&flag, out);
@@ -226,10 +226,10 @@ fn parse_nodeadm(text: &str, out: &mut KubeletFlags) {
     if let Some(n) = kubelet["config"]["maxPods"].as_i64() {
         out.max_pods = Some(n);
     }
-    if let Some(labels) = kubelet["config"]["nodeLabels"].as_mapping() {
+    if let Some(labels) = kubelet["config"]["nodeLabels"].as_object() {
         for (k, v) in labels {
-            if let (Some(k), Some(v)) = (k.as_str(), v.as_str()) {
-                out.labels.insert(k.to_string(), v.to_string());
+            if let Some(v) = v.as_str() {
+                out.labels.insert(k.clone(), v.to_string());
             }
         }
     }

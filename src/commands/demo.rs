@@ -12,6 +12,7 @@ use tonic::transport::Channel;
 use crate::cloud::memory::{MemoryCloud, MemoryGroup, MemoryTiming};
 use crate::proto::cloud_provider_client::CloudProviderClient;
 use crate::proto::{self, instance_status::InstanceState};
+use crate::provider::options::AutoscalingOptions;
 use crate::provider::{Provider, ProviderSettings};
 use crate::scalein::{DrainScaleIn, Engine, ScaleInSettings};
 use crate::sim::{fixtures, SimCluster, SimOptions};
@@ -128,7 +129,7 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
         t.node_bytes.len(),
         t.node_info == t.node_bytes
     );
-    crate::check::print_template(&node);
+    print!("{}", crate::provider::template::describe(&node));
 
     step(
         "NodeGroupGetOptions: demo-general has no option tags, demo-gpu sets scaleDownUnneededTime",
@@ -137,7 +138,9 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
         let r = ca
             .node_group_get_options(proto::NodeGroupAutoscalingOptionsRequest {
                 id: id.into(),
-                defaults: Some(crate::grpc::options::to_proto(&ca_defaults())),
+                defaults: Some(crate::grpc::options::to_proto(
+                    &AutoscalingOptions::ca_defaults(),
+                )),
             })
             .await;
         match r {
@@ -326,18 +329,6 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
         started.elapsed().as_secs_f64()
     );
     Ok(())
-}
-
-/// The defaults CA sends (its flag defaults).
-pub fn ca_defaults() -> crate::provider::options::AutoscalingOptions {
-    crate::provider::options::AutoscalingOptions {
-        scale_down_utilization_threshold: 0.5,
-        scale_down_gpu_utilization_threshold: 0.5,
-        scale_down_unneeded_time: Some(Duration::from_secs(600)),
-        scale_down_unready_time: Some(Duration::from_secs(1200)),
-        max_node_provision_time: Some(Duration::from_secs(900)),
-        ..Default::default()
-    }
 }
 
 fn ready_pods(sim: &SimCluster) -> usize {

@@ -96,7 +96,7 @@ pub fn node_for(provider_id: &str, group: &str, n: usize) -> ExternalGrpcNode {
 
 /// CA's defaults for NodeGroupGetOptions, as CA sends them.
 fn defaults() -> proto::NodeGroupAutoscalingOptions {
-    crate::grpc::options::to_proto(&crate::demo::ca_defaults())
+    crate::grpc::options::to_proto(&crate::provider::options::AutoscalingOptions::ca_defaults())
 }
 
 /// One loop, sequential like CA's: Refresh, NodeGroups, NodeGroupForNode twice per

@@ -19,6 +19,8 @@ use super::{
     LifecycleState,
 };
 
+pub mod fleet;
+
 /// The ASG to create in a [`MemoryCloud`].
 #[derive(Debug, Clone)]
 pub struct MemoryGroup {

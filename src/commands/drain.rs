@@ -8,9 +8,26 @@ use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::ListParams;
 use kube::Api;
 
-use crate::cli::DrainArgs;
+use clap::Args;
+
+use crate::config::ConfigArgs;
 use crate::provider::{provider_id, Provider};
 use crate::scalein::{plan, DaemonSetPolicy, DrainRequest, Engine, Mode, Outcome, Source};
+
+#[derive(Debug, Args, Clone)]
+pub struct DrainArgs {
+    /// The Node to drain.
+    pub node: String,
+    /// Print the plan (which pods, in which phase) and change nothing.
+    #[arg(long)]
+    pub dry_run: bool,
+    /// After the drain, end the instance as DeleteNodes would (lifecycle hook or
+    /// terminate with decrement). Without it the node is left cordoned and running.
+    #[arg(long)]
+    pub terminate: bool,
+    #[command(flatten)]
+    pub config: ConfigArgs,
+}
 
 pub async fn run(args: DrainArgs) -> anyhow::Result<()> {
     let cfg = args.config.load()?;
@@ -55,7 +72,7 @@ pub async fn drain(
         println!("dry run: nothing changed");
         return Ok(());
     }
-    let cloud = crate::cli::aws_cloud(cfg).await?;
+    let cloud = crate::cloud::aws::connect(&cfg.aws_settings()).await;
     let (mode, group, provider) = if args.terminate {
         let iid = iid.clone().ok_or_else(|| {
             anyhow::anyhow!(

@@ -8,7 +8,8 @@ use std::process::ExitCode;
 
 use prost::Message;
 
-use crate::cli::ConfigArgs;
+use crate::config::ConfigArgs;
+use crate::provider::template;
 use crate::provider::Provider;
 
 pub async fn run(args: ConfigArgs) -> ExitCode {
@@ -50,13 +51,7 @@ pub async fn run(args: ConfigArgs) -> ExitCode {
         println!("{e}");
         return ExitCode::from(2);
     }
-    let cloud = match crate::cli::aws_cloud(&cfg).await {
-        Ok(c) => c,
-        Err(e) => {
-            println!("AWS: cannot set up the client: {e:#}");
-            return ExitCode::FAILURE;
-        }
-    };
+    let cloud = crate::cloud::aws::connect(&cfg.aws_settings()).await;
     let provider = Provider::new(cloud, cfg.provider.clone());
     let aws_ok = report(&provider, &cfg.scale_in).await == ExitCode::SUCCESS;
     let kube_ok = if cfg.drain_enabled {
@@ -212,7 +207,7 @@ pub async fn report(
         }
         match provider.template_node(&g.asg.name).await {
             Ok(bytes) => match k8s_pb::api::core::v1::Node::decode(bytes.as_ref()) {
-                Ok(node) => print_template(&node),
+                Ok(node) => print!("{}", template::describe(&node)),
                 Err(e) => problems.push(format!(
                     "group {}: template does not decode: {e}",
                     g.asg.name
@@ -230,45 +225,6 @@ pub async fn report(
             println!("  - {p}");
         }
         ExitCode::FAILURE
-    }
-}
-
-pub fn print_template(node: &k8s_pb::api::core::v1::Node) {
-    let labels = node
-        .metadata
-        .as_ref()
-        .map(|m| m.labels.clone())
-        .unwrap_or_default();
-    let mut keys: Vec<_> = labels.iter().collect();
-    keys.sort();
-    println!("    template labels:");
-    for (k, v) in keys {
-        println!("      {k}={v}");
-    }
-    if let Some(spec) = &node.spec {
-        for t in &spec.taints {
-            println!(
-                "    template taint: {}={}:{}",
-                t.key.as_deref().unwrap_or(""),
-                t.value.as_deref().unwrap_or(""),
-                t.effect.as_deref().unwrap_or("")
-            );
-        }
-    }
-    if let Some(status) = &node.status {
-        let q = |m: &std::collections::BTreeMap<
-            String,
-            k8s_pb::apimachinery::pkg::api::resource::Quantity,
-        >| {
-            let mut v: Vec<String> = m
-                .iter()
-                .map(|(k, q)| format!("{k}={}", q.string.as_deref().unwrap_or("?")))
-                .collect();
-            v.sort();
-            v.join(" ")
-        };
-        println!("    capacity:    {}", q(&status.capacity));
-        println!("    allocatable: {}", q(&status.allocatable));
     }
 }
 

@@ -1,7 +1,7 @@
 //! The memory cloud a load test runs against: N running nodes spread over G groups,
 //! shaped like a real fleet (several instance types, three zones, tags CA discovers).
 
-use crate::cloud::memory::{builtin_instance_types, MemoryGroup};
+use super::{builtin_instance_types, MemoryGroup};
 
 /// Parses `GROUPS:NODES` (the `--memory-cloud` flag).
 pub fn parse_shape(s: &str) -> Result<(usize, usize), String> {

@@ -5,7 +5,6 @@
 mod ca_loop;
 pub mod drain_overhead;
 mod process;
-pub mod seed;
 pub mod stats;
 
 use std::net::SocketAddr;

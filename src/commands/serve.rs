@@ -1,0 +1,127 @@
+//! `serve`: the externalgrpc CloudProvider for cluster-autoscaler, the scale-in drain,
+//! the lifecycle-hook loop and the operations port, until SIGTERM.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use clap::Args;
+
+use crate::cloud::memory::{fleet, MemoryCloud, MemoryTiming};
+use crate::cloud::Cloud;
+use crate::config::ConfigArgs;
+use crate::provider::Provider;
+
+#[derive(Debug, Args, Clone)]
+pub struct ServeArgs {
+    #[command(flatten)]
+    pub config: ConfigArgs,
+    /// Serve the built-in in-memory cloud seeded with GROUPS:NODES instead of AWS (for
+    /// load tests; scale-in then terminates at once, there is no cluster to drain).
+    #[arg(long, value_name = "GROUPS:NODES")]
+    pub memory_cloud: Option<String>,
+}
+
+pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
+    let mut cfg = args.config.load()?;
+    let cloud = match &args.memory_cloud {
+        Some(shape) => {
+            let (groups, nodes) = fleet::parse_shape(shape).map_err(anyhow::Error::msg)?;
+            let memory = MemoryCloud::new(fleet::fleet(groups, nodes), MemoryTiming::default());
+            if cfg.provider.selector.names.is_empty() && cfg.provider.selector.tag_sets.is_empty() {
+                cfg.provider.selector.tag_sets = vec![vec![crate::cloud::TagFilter {
+                    key: "k8s.io/cluster-autoscaler/enabled".into(),
+                    value: None,
+                }]];
+            }
+            cfg.drain_enabled = false;
+            tracing::warn!(groups, nodes, "serving the in-memory cloud, not AWS");
+            let memory: Arc<dyn Cloud> = Arc::new(memory);
+            Arc::new(crate::cloud::instrumented::Instrumented(memory)) as Arc<dyn Cloud>
+        }
+        None => {
+            cfg.require_groups()?;
+            crate::cloud::aws::connect(&cfg.aws_settings()).await
+        }
+    };
+    let provider = Provider::new(cloud.clone(), cfg.provider.clone());
+    provider.start_background();
+    provider.spawn_initial_refresh();
+    let mut engine_for_shutdown = None;
+    let mut liveness = Arc::new(crate::telemetry::liveness::Liveness::default());
+    if cfg.drain_enabled {
+        let client = crate::scalein::kube_client().await?;
+        let engine = crate::scalein::Engine::new(
+            client,
+            cloud,
+            Some(provider.clone()),
+            cfg.scale_in.clone(),
+        );
+        provider.set_scale_in(Arc::new(crate::scalein::DrainScaleIn(engine.clone())));
+        engine.elect_leader();
+        liveness = engine.liveness.clone();
+        engine_for_shutdown = Some(engine.clone());
+        crate::scalein::lifecycle::spawn_loop(engine, provider.clone());
+        tracing::info!(daemonsets = ?cfg.scale_in.daemonsets, mode = ?cfg.scale_in.mode, "scale-in drain enabled");
+    } else {
+        tracing::warn!(
+            "scale-in drain disabled (scaleIn.enabled: false): DeleteNodes terminates at once"
+        );
+    }
+    let (mlistener, maddr) = crate::telemetry::http::bind(cfg.metrics_listen).await?;
+    tracing::info!(addr = %maddr, "serving /metrics, /healthz, /readyz");
+    tokio::spawn(crate::telemetry::http::serve(
+        mlistener,
+        provider.clone(),
+        liveness,
+        shutdown_signal(),
+    ));
+    let (listener, addr) = crate::grpc::bind(cfg.listen).await?;
+    tracing::info!(%addr, groups = ?cfg.provider.selector.names, discovery = cfg.provider.selector.tag_sets.len(), "serving externalgrpc CloudProvider");
+    let tls = match &cfg.tls {
+        Some(t) => Some(crate::grpc::tls_config(t)?),
+        None => None,
+    };
+    let grpc = crate::grpc::serve(listener, provider, tls, shutdown_signal());
+    // Graceful, but bounded: a client that never answers the GOAWAY must not keep the
+    // process alive until the kubelet's SIGKILL.
+    let deadline = async {
+        shutdown_signal().await;
+        tokio::time::sleep(SHUTDOWN_GRACE).await;
+    };
+    tokio::select! {
+        r = grpc => r?,
+        _ = deadline => tracing::warn!(grace = ?SHUTDOWN_GRACE, "connections still open after the shutdown grace period; exiting"),
+    }
+    if let Some(engine) = engine_for_shutdown {
+        engine.step_down().await;
+    }
+    tracing::info!("stopped");
+    Ok(())
+}
+
+/// How long in-flight RPCs get to finish after SIGTERM.
+const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
+
+/// Resolves on SIGTERM or Ctrl-C.
+async fn shutdown_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        match signal(SignalKind::terminate()) {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = term.recv() => {},
+                    _ = tokio::signal::ctrl_c() => {},
+                }
+            }
+            Err(_) => {
+                let _ = tokio::signal::ctrl_c().await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
+    tracing::info!("shutdown signal received");
+}

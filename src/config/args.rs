@@ -1,0 +1,58 @@
+//! The command-line flags every command that reads the configuration shares
+//! (`serve`, `check-config`, `drain`): the file and the flags that override it.
+
+use std::path::PathBuf;
+
+use clap::Args;
+
+use super::{Config, ConfigError, Overrides};
+
+#[derive(Debug, Args, Clone, Default)]
+pub struct ConfigArgs {
+    /// YAML configuration file.
+    #[arg(long, short = 'c', env = "CA_ASG_PROVIDER_CONFIG")]
+    pub config: Option<PathBuf>,
+    /// gRPC listen address (default 127.0.0.1:8086).
+    #[arg(long)]
+    pub listen: Option<String>,
+    /// Address for /metrics, /healthz and /readyz (overrides metricsListen).
+    #[arg(long)]
+    pub metrics_listen: Option<String>,
+    /// AWS region (default: AWS_REGION, then us-east-1).
+    #[arg(long)]
+    pub region: Option<String>,
+    /// AWS endpoint override, e.g. http://127.0.0.1:5000 for moto.
+    #[arg(long)]
+    pub aws_endpoint: Option<String>,
+    /// A static group, CA syntax min:max:name. Repeatable.
+    #[arg(long = "nodes")]
+    pub nodes: Vec<String>,
+    /// Tag discovery, CA syntax asg:tag=key[=value],key2. Repeatable.
+    #[arg(long = "node-group-auto-discovery")]
+    pub auto_discovery: Vec<String>,
+    /// How often Refresh re-reads AWS, e.g. 60s.
+    #[arg(long)]
+    pub refresh_interval: Option<String>,
+    /// Allow listening on a non-loopback address without TLS.
+    #[arg(long)]
+    pub insecure: bool,
+}
+
+impl ConfigArgs {
+    pub fn overrides(&self) -> Overrides {
+        Overrides {
+            listen: self.listen.clone(),
+            metrics_listen: self.metrics_listen.clone(),
+            region: self.region.clone(),
+            aws_endpoint: self.aws_endpoint.clone(),
+            nodes: self.nodes.clone(),
+            auto_discovery: self.auto_discovery.clone(),
+            refresh_interval: self.refresh_interval.clone(),
+            insecure: self.insecure,
+        }
+    }
+
+    pub fn load(&self) -> Result<Config, ConfigError> {
+        super::load(self.config.as_ref(), &self.overrides())
+    }
+}
