@@ -442,3 +442,40 @@ async fn a_drain_resumed_past_its_deadline_still_takes_the_daemonsets_last() {
     let a = w.sim.audit();
     assert!(first(&a, "removed", "app") < first(&a, "evicted", "fluentd"));
 }
+
+/// The Node cache's first list cannot arrive (the API server is down) while two
+/// waiters wait for it, as the drain-mark sync and the lifecycle loop's resume do at
+/// start: both must wake when it arrives. kube's own readiness wakes only the last
+/// waiter; the first one used to wait forever, and every size change CA asked for
+/// was answered Unavailable from then on.
+#[tokio::test]
+async fn every_waiter_for_the_node_cache_wakes_when_the_first_list_arrives() {
+    use ca_asg_provider::scalein::nodes::NodeIndex;
+    use std::sync::Arc;
+    let sim = Arc::new(
+        ca_asg_provider::sim::SimCluster::start(ca_asg_provider::sim::SimOptions::default())
+            .await
+            .unwrap(),
+    );
+    let down = {
+        let sim = sim.clone();
+        tokio::spawn(async move { sim.outage(Duration::from_millis(800)).await })
+    };
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let nodes = Arc::new(NodeIndex::start(sim.client()));
+    // Each waits as long as the marks sync does: without a bound of its own.
+    let waiter =
+        |n: Arc<NodeIndex>| tokio::spawn(async move { n.ready(Duration::from_secs(3600)).await });
+    let first = waiter(nodes.clone());
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let second = waiter(nodes.clone());
+    down.await.unwrap().unwrap();
+    // A hang guard, not a timing: the list arrives about a second after the outage.
+    for (name, w) in [("second", second), ("first", first)] {
+        let woke = tokio::time::timeout(Duration::from_secs(30), w).await;
+        assert!(
+            matches!(woke, Ok(Ok(true))),
+            "the {name} waiter never woke after the first list arrived"
+        );
+    }
+}

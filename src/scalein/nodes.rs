@@ -18,6 +18,13 @@ pub struct NodeIndex {
     store: Store<Node>,
     task: tokio::task::JoinHandle<()>,
     changed: watch::Receiver<u64>,
+    /// True once the first list arrived. A watch, because the reflector's own
+    /// `wait_until_ready` wakes only the last of several concurrent waiters (one
+    /// oneshot waker inside): the drain-mark sync and the lifecycle loop's resume
+    /// both wait, and the one not woken waited forever, leaving every size change
+    /// answered Unavailable. Only `readiness_task` waits on the store.
+    ready: watch::Receiver<bool>,
+    readiness_task: tokio::task::JoinHandle<()>,
 }
 
 fn instance_of(n: &Node) -> Option<&str> {
@@ -84,10 +91,19 @@ impl NodeIndex {
                 }
             }
         });
+        let (ready_tx, ready) = watch::channel(false);
+        let first_list = store.clone();
+        let readiness_task = tokio::spawn(async move {
+            if first_list.wait_until_ready().await.is_ok() {
+                let _ = ready_tx.send(true);
+            }
+        });
         Self {
             store,
             task,
             changed,
+            ready,
+            readiness_task,
         }
     }
 
@@ -99,6 +115,7 @@ impl NodeIndex {
     /// Stops the watch (the engine is being shut down).
     pub fn stop(&self) {
         self.task.abort();
+        self.readiness_task.abort();
     }
 
     /// The Node whose providerID names this instance.
@@ -131,11 +148,17 @@ impl NodeIndex {
         self.store.clone()
     }
 
-    /// Waits until the first list arrived (bounded).
+    /// Waits until the first list arrived (bounded). Any number may wait at once.
     pub async fn ready(&self, within: std::time::Duration) -> bool {
-        tokio::time::timeout(within, self.store.wait_until_ready())
+        let mut ready = self.ready.clone();
+        tokio::time::timeout(within, ready.wait_for(|r| *r))
             .await
             .is_ok_and(|r| r.is_ok())
+    }
+
+    /// Turns true once the first list arrived; closed if it never can.
+    pub fn readiness(&self) -> watch::Receiver<bool> {
+        self.ready.clone()
     }
 
     /// Every Node carrying our drain annotation: (node name, instance id, mode).
