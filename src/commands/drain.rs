@@ -123,6 +123,7 @@ pub async fn drain(
         Some(Outcome::Drained) => println!("done: node drained; it stays cordoned"),
         Some(Outcome::Abandoned(why)) => anyhow::bail!("drain abandoned: {why}"),
         Some(Outcome::Failed(why)) => anyhow::bail!("drain failed: {why}"),
+        Some(Outcome::Observed(what)) => println!("{what}"),
         None => anyhow::bail!("drain task ended unexpectedly"),
     }
     Ok(())

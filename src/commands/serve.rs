@@ -19,6 +19,12 @@ pub struct ServeArgs {
     /// load tests; scale-in then terminates at once, there is no cluster to drain).
     #[arg(long, value_name = "GROUPS:NODES")]
     pub memory_cloud: Option<String>,
+    /// Observe only (for a staged rollout): answer CA's reads, decide every write and
+    /// every drain, log it and put it in an Event, but change nothing in AWS or the
+    /// cluster. CA's IncreaseSize/DecreaseTargetSize/DeleteNodes get an error that
+    /// says what would have happened.
+    #[arg(long)]
+    pub dry_run: bool,
 }
 
 pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
@@ -43,13 +49,26 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
             crate::cloud::aws::connect(&cfg.aws_settings()).await
         }
     };
+    let cloud = if args.dry_run {
+        tracing::warn!(
+            "DRY RUN: nothing is written to AWS or the cluster; decisions are logged and evented"
+        );
+        cfg.provider.dry_run = true;
+        cfg.scale_in.dry_run = true;
+        Arc::new(crate::cloud::read_only::ReadOnly(cloud)) as Arc<dyn Cloud>
+    } else {
+        cloud
+    };
     let provider = Provider::new(cloud.clone(), cfg.provider.clone());
     provider.start_background();
     provider.spawn_initial_refresh();
     let mut engine_for_shutdown = None;
     let mut liveness = Arc::new(crate::telemetry::liveness::Liveness::default());
     if cfg.drain_enabled {
-        let client = crate::scalein::kube_client().await?;
+        let mut client = crate::scalein::kube_client().await?;
+        if args.dry_run {
+            client = crate::scalein::dry_run::read_only_client(client);
+        }
         let engine = crate::scalein::Engine::new(
             client,
             cloud,

@@ -358,6 +358,7 @@ pub fn resolve(file: FileConfig, flags: &Overrides, source: &str) -> Result<Conf
     let d = ScaleInSettings::default();
     let second = Duration::from_secs(1);
     let mut scale_in = ScaleInSettings {
+        dry_run: false,
         mode: si.mode.unwrap_or(d.mode),
         create_hook: si.create_lifecycle_hook.unwrap_or(d.create_hook),
         hook_name: si.hook_name.clone().unwrap_or(d.hook_name.clone()),

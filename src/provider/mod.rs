@@ -66,6 +66,9 @@ pub struct ProviderSettings {
     pub hook_refresh_interval: Duration,
     /// Smallest gap between two background instance lookups.
     pub lookup_interval: Duration,
+    /// `serve --dry-run`: every write is decided, described and refused; AWS and the
+    /// cluster are left as they are.
+    pub dry_run: bool,
 }
 
 impl Default for ProviderSettings {
@@ -80,6 +83,7 @@ impl Default for ProviderSettings {
             launch_failure_window: Duration::from_secs(15 * 60),
             hook_refresh_interval: Duration::from_secs(30 * 60),
             lookup_interval: Duration::from_secs(1),
+            dry_run: false,
         }
     }
 }
@@ -131,6 +135,21 @@ pub trait ScaleIn: Send + Sync + 'static {
         instance: &AsgInstance,
         node_name: Option<&str>,
     ) -> Result<Removal, ProviderError>;
+
+    /// What `remove` would do, for `serve --dry-run`: described (logged, evented),
+    /// nothing changed.
+    async fn preview(
+        &self,
+        group: &Group,
+        instance: &AsgInstance,
+        node_name: Option<&str>,
+    ) -> String {
+        let _ = node_name;
+        format!(
+            "would terminate instance {} of group {} with decrement (no drain)",
+            instance.id, group.asg.name
+        )
+    }
 }
 
 /// TerminateInstanceInAutoScalingGroup with decrement, no drain.
@@ -560,6 +579,12 @@ impl Provider {
         };
         let new = sizes::check_increase(id, target, g.max, delta)?;
         let desired = sizes::desired_for(id, new, deferred, g.asg.max_size)?;
+        if self.settings.dry_run {
+            return Err(self.dry_run_refusal(
+                "IncreaseSize",
+                format!("would raise the target of {id} from {target} to {new} (SetDesiredCapacity {desired})"),
+            ));
+        }
         tracing::info!(
             group = id,
             from = target,
@@ -594,6 +619,15 @@ impl Provider {
         let dec = sizes::check_decrease(id, target, live, g.asg.min_size, delta)?;
         let new = dec.new;
         let desired = sizes::desired_for(id, new, deferred, g.asg.max_size)?;
+        if self.settings.dry_run {
+            return Err(self.dry_run_refusal(
+                "DecreaseTargetSize",
+                format!(
+                    "would lower the target of {id} from {target} to {new} (asked {}, unfulfilled part only; SetDesiredCapacity {desired})",
+                    dec.asked
+                ),
+            ));
+        }
         if dec.partial() {
             tracing::warn!(
                 group = id,
@@ -618,6 +652,18 @@ impl Provider {
         self.write_desired(id, desired).await?;
         self.invalidate();
         Ok(())
+    }
+
+    /// The answer to a write in a dry run: the decision logged and counted, and an
+    /// error that tells CA (and its log) what would have happened. An error, not a
+    /// pretended success: CA then undoes its own marks (the ToBeDeleted taint) and does
+    /// not wait for nodes that will never come.
+    fn dry_run_refusal(&self, action: &str, what: String) -> ProviderError {
+        tracing::info!(action, "dry run: {what}; nothing was changed");
+        crate::telemetry::metrics::metrics().dry_run(action);
+        ProviderError::FailedPrecondition(format!(
+            "dry run (serve --dry-run): {what}; nothing was changed"
+        ))
     }
 
     /// SetDesiredCapacity, counted as a write, and remembered until the next refresh
@@ -698,6 +744,21 @@ impl Provider {
         // Placeholders beyond the unfulfilled capacity are already gone.
         let placeholders = placeholders.min((target - live).max(0));
         sizes::check_delete(id, target, g.min, placeholders + real.len() as i32)?;
+        if self.settings.dry_run {
+            let scale_in = self.scale_in.read().clone();
+            let mut would = Vec::new();
+            if placeholders > 0 {
+                would.push(format!(
+                    "would remove {placeholders} placeholder(s) (target {target} -> {})",
+                    target - placeholders
+                ));
+            }
+            for (inst, node_name) in &real {
+                let name = (!node_name.is_empty() && *node_name != inst.id).then_some(*node_name);
+                would.push(scale_in.preview(g, inst, name).await);
+            }
+            return Err(self.dry_run_refusal("DeleteNodes", would.join("; ")));
+        }
         if placeholders > 0 {
             let new = target - placeholders;
             let desired = sizes::desired_for(id, new, deferred, g.asg.max_size)?;

@@ -30,6 +30,8 @@ pub enum Reason {
     DaemonSetEvictedEarly,
     /// On the pod: evicted (or, at a proceed deadline, deleted) for a drain.
     PodEvicted,
+    /// `serve --dry-run`: the drain that would have run, pod by pod.
+    DryRunDrain,
 }
 
 impl Reason {
@@ -50,6 +52,7 @@ impl Reason {
             Reason::PodNotWaitedFor => "PodNotWaitedFor",
             Reason::DaemonSetEvictedEarly => "DaemonSetEvictedEarly",
             Reason::PodEvicted => "Evicted",
+            Reason::DryRunDrain => "DryRunDrain",
         }
     }
 

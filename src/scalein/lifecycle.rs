@@ -142,6 +142,13 @@ pub async fn scan(engine: &Arc<Engine>, provider: &Arc<Provider>) -> usize {
         }
         warn_foreign_hooks(engine, g);
         if engine.settings.create_hook && engine.settings.mode == ModeChoice::Auto {
+            if engine.settings.dry_run {
+                if engine.note_once("dry-run hook", g.asg.name.clone()) {
+                    crate::telemetry::metrics::metrics().dry_run("CreateLifecycleHook");
+                    tracing::info!(group = %g.asg.name, hook = %engine.settings.hook_name, "dry run: would create the EC2_INSTANCE_TERMINATING lifecycle hook");
+                }
+                continue;
+            }
             let hook = LifecycleHook {
                 name: engine.settings.hook_name.clone(),
                 heartbeat_timeout_secs: engine
@@ -250,7 +257,9 @@ pub async fn resume(engine: &Arc<Engine>, provider: &Arc<Provider>) -> usize {
             tracing::warn!(node = %node, instance = %iid, "node marked for drain but its instance is in no managed group");
             continue;
         };
-        provider.register_deferred(&iid, &g.asg.name);
+        if !engine.settings.dry_run {
+            provider.register_deferred(&iid, &g.asg.name);
+        }
         if engine.start(DrainRequest {
             instance_id: iid.clone(),
             group: g.asg.name.clone(),

@@ -25,6 +25,7 @@ use crate::telemetry::metrics::{metrics, Metrics};
 
 pub mod cordon;
 pub mod drain;
+pub mod dry_run;
 pub mod events;
 pub mod evict;
 pub mod leader;
@@ -128,6 +129,8 @@ pub struct ScaleInSettings {
     /// A pod still terminating this long after its grace period ended is stuck and
     /// no longer waited for (Karpenter's rule: one minute).
     pub stuck_after: Duration,
+    /// `serve --dry-run`: drains are described (Event + log), never run.
+    pub dry_run: bool,
 }
 
 impl Default for ScaleInSettings {
@@ -153,6 +156,7 @@ impl Default for ScaleInSettings {
             lease_namespace: None,
             lease_duration: Duration::from_secs(15),
             stuck_after: Duration::from_secs(60),
+            dry_run: false,
         }
     }
 }
@@ -211,6 +215,8 @@ pub enum Outcome {
     Drained,
     Abandoned(String),
     Failed(String),
+    /// `serve --dry-run`: what the drain would have done; nothing was.
+    Observed(String),
 }
 
 /// Counters for metrics and tests.
@@ -244,8 +250,9 @@ pub struct Engine {
     inflight: Mutex<HashMap<String, tokio::task::JoinHandle<Outcome>>>,
     /// Feeds the provider's accounting with the drain marks on Nodes.
     marks_sync: Mutex<Option<tokio::task::JoinHandle<()>>>,
-    /// (group, hook) pairs already warned about (another tool's terminating hook).
-    foreign_hooks: Mutex<std::collections::HashSet<(String, String)>>,
+    /// (kind, key) pairs already said once: another tool's terminating hook, a dry
+    /// run's drain or hook.
+    noted: Mutex<std::collections::HashSet<(&'static str, String)>>,
     /// Set when leader election runs: whether this replica leads now.
     leadership: std::sync::OnceLock<tokio::sync::watch::Receiver<bool>>,
     /// Tells the leader-election task to release the lease and stop.
@@ -275,7 +282,7 @@ impl Engine {
             events: events::Events::new(client.clone()),
             nodes,
             marks_sync: Mutex::new(marks_sync),
-            foreign_hooks: Mutex::new(Default::default()),
+            noted: Mutex::new(Default::default()),
             client,
             cloud,
             provider,
@@ -307,6 +314,10 @@ impl Engine {
     /// Starts leader election when configured (identity: POD_NAME, else the host name).
     pub fn elect_leader(&self) {
         if !self.settings.leader_election {
+            return;
+        }
+        if self.settings.dry_run {
+            tracing::info!("dry run: no leader election (it writes a Lease); every replica describes what it would drain");
             return;
         }
         let identity = std::env::var("POD_NAME")
@@ -361,6 +372,9 @@ impl Engine {
 
     /// Starts a drain unless one already runs for this instance. Returns at once.
     pub fn start(self: &Arc<Self>, req: DrainRequest) -> bool {
+        if self.settings.dry_run {
+            return self.observe(req);
+        }
         let mut inflight = self.inflight.lock();
         if inflight.len() >= FINISHED_KEPT {
             inflight.retain(|_, h| !h.is_finished());
@@ -396,12 +410,28 @@ impl Engine {
                 Outcome::Drained => (&this.stats.ended, "drained"),
                 Outcome::Abandoned(_) => (&this.stats.abandoned, "abandoned"),
                 Outcome::Failed(_) => (&this.stats.failed, "failed"),
+                // Dry runs go through `observe`, never here.
+                Outcome::Observed(_) => (&this.stats.ended, "observed"),
             };
             counter.fetch_add(1, Ordering::Relaxed);
             Metrics::outcome(&metrics().drains_finished, label);
             outcome
         });
         inflight.insert(id, handle);
+        true
+    }
+
+    /// The dry run's `start`: describes the drain once per instance (a lifecycle
+    /// action seen on every poll is described the first time), in the background.
+    fn observe(self: &Arc<Self>, req: DrainRequest) -> bool {
+        if !self.note_once("dry-run drain", req.instance_id.clone()) {
+            return false;
+        }
+        let this = self.clone();
+        let id = req.instance_id.clone();
+        let handle =
+            tokio::spawn(async move { Outcome::Observed(dry_run::describe(&this, &req).await) });
+        self.inflight.lock().insert(id, handle);
         true
     }
 
@@ -462,9 +492,12 @@ impl Engine {
 
     /// True the first time a foreign hook of a group is noted.
     pub(crate) fn note_foreign_hook(&self, group: &str, hook: &str) -> bool {
-        self.foreign_hooks
-            .lock()
-            .insert((group.to_string(), hook.to_string()))
+        self.note_once("foreign hook", format!("{group}/{hook}"))
+    }
+
+    /// True the first time `(kind, key)` is noted.
+    pub(crate) fn note_once(&self, kind: &'static str, key: String) -> bool {
+        self.noted.lock().insert((kind, key))
     }
 
     /// The group's EC2_INSTANCE_TERMINATING hook named `hookName`. Another tool's
@@ -507,8 +540,9 @@ fn spawn_marks_sync(
     }
     let mut changes = nodes.changes();
     let store = nodes.store();
+    let mut ready = nodes.readiness();
     tokio::spawn(async move {
-        if store.wait_until_ready().await.is_err() {
+        if ready.wait_for(|r| *r).await.is_err() {
             return;
         }
         loop {
@@ -582,6 +616,26 @@ impl ScaleIn for DrainScaleIn {
             tracing::info!(group = %group.asg.name, instance = %instance.id, "not the leader: the drain is recorded; the leader runs it");
         }
         Ok(removal)
+    }
+
+    async fn preview(
+        &self,
+        group: &Group,
+        instance: &AsgInstance,
+        node_name: Option<&str>,
+    ) -> String {
+        let engine = &self.0;
+        dry_run::describe(
+            engine,
+            &DrainRequest {
+                instance_id: instance.id.clone(),
+                group: group.asg.name.clone(),
+                node_name: node_name.map(str::to_string),
+                mode: engine.mode_for(group, &instance.id),
+                source: Source::ClusterAutoscaler,
+            },
+        )
+        .await
     }
 }
 

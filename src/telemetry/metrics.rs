@@ -40,6 +40,11 @@ pub struct OutcomeLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ActionLabels {
+    pub action: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct StageLabels {
     pub stage: String,
 }
@@ -80,6 +85,7 @@ pub struct Metrics {
     pub template_failures: Family<TemplateFailureLabels, Counter>,
     pub build_info: Family<BuildLabels, Gauge>,
     pub tls_reloads: Family<OutcomeLabels, Counter>,
+    pub dry_run_actions: Family<ActionLabels, Counter>,
 }
 
 fn rpc_histogram() -> Histogram {
@@ -119,6 +125,7 @@ impl Metrics {
             template_failures: Family::default(),
             build_info: Family::default(),
             tls_reloads: Family::default(),
+            dry_run_actions: Family::default(),
             registry: Registry::default(),
         };
         r.register(
@@ -224,6 +231,11 @@ impl Metrics {
             m.template_failures.clone(),
         );
         r.register(
+            "dry_run_actions",
+            "What serve --dry-run decided but did not do, by action (IncreaseSize, DecreaseTargetSize, DeleteNodes, drain, CreateLifecycleHook, and any AWS write the guard refused)",
+            m.dry_run_actions.clone(),
+        );
+        r.register(
             "build_info",
             "1, labelled with the running version",
             m.build_info.clone(),
@@ -262,6 +274,15 @@ impl Metrics {
             .get_or_create(&AwsLabels {
                 operation: operation.to_string(),
                 outcome: outcome.to_string(),
+            })
+            .inc();
+    }
+
+    /// One action `serve --dry-run` decided on and did not take.
+    pub fn dry_run(&self, action: &str) {
+        self.dry_run_actions
+            .get_or_create(&ActionLabels {
+                action: action.to_string(),
             })
             .inc();
     }

@@ -144,7 +144,12 @@ pub async fn world_timed(
 }
 
 pub fn nodes_of(w: &World, group: &str) -> Vec<(String, String)> {
-    w.cloud
+    nodes_of_cloud(&w.cloud, group)
+}
+
+/// The (Node name, instance id) of every instance of `group` not on its way out.
+pub fn nodes_of_cloud(cloud: &MemoryCloud, group: &str) -> Vec<(String, String)> {
+    cloud
         .instances()
         .into_iter()
         .filter(|(g, i)| g == group && !i.state.is_terminating())
