@@ -6,6 +6,7 @@ pub mod commands;
 pub mod config;
 pub mod duration;
 pub mod grpc;
+pub mod interruption;
 pub mod provider;
 pub mod scalein;
 pub mod sim;

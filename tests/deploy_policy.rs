@@ -36,7 +36,12 @@ fn actions_in_code() -> BTreeSet<String> {
             src += &std::fs::read_to_string(path).unwrap();
         }
     }
-    let services = [("asg", "autoscaling"), ("ec2", "ec2"), ("eks", "eks")];
+    let services = [
+        ("asg", "autoscaling"),
+        ("ec2", "ec2"),
+        ("eks", "eks"),
+        ("sqs", "sqs"),
+    ];
     let mut out = BTreeSet::new();
     for (field, service) in services {
         let needle = format!(".{field}");
@@ -88,6 +93,8 @@ fn the_code_scan_finds_the_known_calls() {
         "autoscaling:TerminateInstanceInAutoScalingGroup",
         "ec2:DescribeInstanceTypes",
         "eks:DescribeNodegroup",
+        "sqs:ReceiveMessage",
+        "sqs:DeleteMessage",
     ] {
         assert!(
             code.contains(a),
@@ -131,6 +138,15 @@ fn iam_write_actions_are_limited_to_managed_groups() {
             let op = a.split(':').nth(1).unwrap_or_default();
             // Reads: Describe* and Get* (GetInstanceTypesFromInstanceRequirements).
             if op.starts_with("Describe") || op.starts_with("Get") {
+                continue;
+            }
+            // The interruption queue: only the one queue, by its ARN.
+            if a.starts_with("sqs:") {
+                let r = s["Resource"].as_str().unwrap_or_default();
+                assert!(
+                    r.starts_with("arn:aws:sqs:") && !r.contains('*'),
+                    "{a} must be limited to the interruption queue's ARN, not {r:?}"
+                );
                 continue;
             }
             let tag = &s["Condition"]["StringEquals"]

@@ -15,9 +15,10 @@ const LAYERS: &[(&str, u8)] = &[
     ("provider", 2),
     ("scalein", 3),
     ("sim", 3),
-    ("config", 4),
-    ("grpc", 5),
-    ("commands", 6),
+    ("interruption", 4),
+    ("config", 5),
+    ("grpc", 6),
+    ("commands", 7),
 ];
 
 fn rank(module: &str) -> Option<u8> {

@@ -12,6 +12,7 @@ use async_trait::async_trait;
 pub mod aws;
 pub mod instrumented;
 pub mod memory;
+pub mod queue;
 pub mod read_only;
 
 /// How the service picks its Auto Scaling Groups.

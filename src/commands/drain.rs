@@ -115,6 +115,7 @@ pub async fn drain(
         node_name: Some(args.node.clone()),
         mode,
         source: Source::Cli,
+        budget: None,
     });
     let outcome = engine.wait_for(&id).await;
     tokio::time::sleep(Duration::from_millis(50)).await;

@@ -79,6 +79,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         engine.elect_leader();
         liveness = engine.liveness.clone();
         engine_for_shutdown = Some(engine.clone());
+        start_queue(&cfg, &args, &engine, &provider).await;
         crate::scalein::lifecycle::spawn_loop(engine, provider.clone());
         tracing::info!(daemonsets = ?cfg.scale_in.daemonsets, mode = ?cfg.scale_in.mode, "scale-in drain enabled");
     } else {
@@ -116,6 +117,33 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     }
     tracing::info!("stopped");
     Ok(())
+}
+
+/// Queue mode, when configured: the consumer runs on the leader beside the lifecycle
+/// poll, which stays as the safety net (slowed to `safetyNetPollInterval` by the
+/// configuration). Not in a dry run: receiving hides a message from its consumer.
+async fn start_queue(
+    cfg: &crate::config::Config,
+    args: &ServeArgs,
+    engine: &Arc<crate::scalein::Engine>,
+    provider: &Arc<Provider>,
+) {
+    let Some(url) = &cfg.interruption.queue_url else {
+        return;
+    };
+    if args.dry_run {
+        tracing::warn!(queue = %url, "dry run: the interruption queue is not consumed (a received message is hidden from its real consumer)");
+        return;
+    }
+    let queue = crate::cloud::aws::sqs::SqsQueue::new(&cfg.aws_settings(), url).await;
+    let consumer = crate::interruption::consumer::Consumer::new(
+        engine.clone(),
+        provider.clone(),
+        Arc::new(queue),
+        cfg.interruption.clone(),
+    );
+    consumer.spawn();
+    tracing::info!(queue = %url, rebalance = ?cfg.interruption.rebalance, safety_net_poll = ?engine.settings().lifecycle_poll_interval, "interruption queue mode on");
 }
 
 /// How long in-flight RPCs get to finish after SIGTERM.

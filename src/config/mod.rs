@@ -12,6 +12,7 @@ use serde::Deserialize;
 use crate::cloud::aws::AwsSettings;
 use crate::cloud::{GroupSelector, TagFilter};
 use crate::duration::parse_duration;
+use crate::interruption::{InterruptionSettings, RebalanceAction};
 use crate::provider::template::TemplateOverrides;
 use crate::provider::{Bounds, ProviderSettings};
 use crate::scalein::{DaemonSetPolicy, DeadlinePolicy, ModeChoice, ScaleInSettings};
@@ -57,6 +58,27 @@ pub struct FileConfig {
     /// The drain that runs before an instance ends.
     #[serde(default)]
     pub scale_in: ScaleInFile,
+    /// Queue mode: EC2 interruption notices and lifecycle actions from SQS.
+    #[serde(default)]
+    pub interruption: InterruptionFile,
+}
+
+/// `interruption:` as written.
+#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct InterruptionFile {
+    /// The SQS queue URL; unset: queue mode off.
+    pub queue_url: Option<String>,
+    /// `cordon` (default) or `drain`.
+    pub rebalance: Option<RebalanceAction>,
+    /// Also act on instances of groups this service does not manage.
+    pub unmanaged_instances: Option<bool>,
+    pub batch_size: Option<i32>,
+    pub concurrency: Option<usize>,
+    pub wait_time: Option<String>,
+    pub daemon_set_share: Option<String>,
+    pub max_receives: Option<u32>,
+    pub safety_net_poll_interval: Option<String>,
 }
 
 /// `scaleIn:` as written. Durations are Go-style strings.
@@ -154,6 +176,7 @@ pub struct Config {
     /// Whether DeleteNodes drains (true) or terminates at once.
     pub drain_enabled: bool,
     pub scale_in: ScaleInSettings,
+    pub interruption: InterruptionSettings,
 }
 
 /// One thing wrong, with where it is.
@@ -550,6 +573,20 @@ pub fn resolve(file: FileConfig, flags: &Overrides, source: &str) -> Result<Conf
         templates.insert(name.clone(), t.clone());
     }
 
+    let interruption = interruption_settings(&file.interruption, &mut bad);
+    if interruption.queue_url.is_some() {
+        // The queue delivers lifecycle actions; the poll only catches what it missed.
+        scale_in.lifecycle_poll_interval = scale_in
+            .lifecycle_poll_interval
+            .max(interruption.safety_net_poll);
+    }
+    if interruption.queue_url.is_some() && file.scale_in.enabled == Some(false) {
+        bad(
+            "interruption.queueUrl",
+            "queue mode drains nodes; it needs scaleIn.enabled: true".into(),
+        );
+    }
+
     if !problems.is_empty() {
         return Err(ConfigError::Invalid {
             source_name: source.to_string(),
@@ -576,7 +613,92 @@ pub fn resolve(file: FileConfig, flags: &Overrides, source: &str) -> Result<Conf
         },
         drain_enabled: file.scale_in.enabled.unwrap_or(true),
         scale_in,
+        interruption,
     })
+}
+
+/// `interruption:` validated; each problem names its key.
+fn interruption_settings(
+    f: &InterruptionFile,
+    bad: &mut impl FnMut(&str, String),
+) -> InterruptionSettings {
+    let d = InterruptionSettings::default();
+    let mut duration =
+        |key: &str, v: Option<&String>, default: Duration, min: Duration, max: Duration| {
+            let Some(s) = v else { return default };
+            match parse_duration(s) {
+                Ok(x) if x >= min && x <= max => x,
+                Ok(x) => {
+                    bad(
+                        key,
+                        format!("{s:?} ({x:?}) must be between {min:?} and {max:?}"),
+                    );
+                    default
+                }
+                Err(e) => {
+                    bad(key, format!("{s:?}: {e}"));
+                    default
+                }
+            }
+        };
+    let wait = duration(
+        "interruption.waitTime",
+        f.wait_time.as_ref(),
+        d.wait,
+        Duration::ZERO,
+        Duration::from_secs(20),
+    );
+    let daemonset_share = duration(
+        "interruption.daemonSetShare",
+        f.daemon_set_share.as_ref(),
+        d.daemonset_share,
+        Duration::ZERO,
+        Duration::from_secs(110),
+    );
+    let safety_net_poll = duration(
+        "interruption.safetyNetPollInterval",
+        f.safety_net_poll_interval.as_ref(),
+        d.safety_net_poll,
+        Duration::from_secs(15),
+        Duration::from_secs(3600),
+    );
+    if let Some(u) = &f.queue_url {
+        if !(u.starts_with("https://") || u.starts_with("http://")) {
+            bad(
+                "interruption.queueUrl",
+                format!("{u:?} is not an SQS queue URL (https://sqs.<region>.amazonaws.com/<account>/<name>)"),
+            );
+        }
+    }
+    let batch = f.batch_size.unwrap_or(d.batch);
+    if !(1..=10).contains(&batch) {
+        bad(
+            "interruption.batchSize",
+            format!("{batch} must be between 1 and 10 (SQS's limit)"),
+        );
+    }
+    let concurrency = f.concurrency.unwrap_or(d.concurrency);
+    if !(1..=100).contains(&concurrency) {
+        bad(
+            "interruption.concurrency",
+            format!("{concurrency} must be between 1 and 100"),
+        );
+    }
+    let max_receives = f.max_receives.unwrap_or(d.max_receives);
+    if max_receives == 0 {
+        bad("interruption.maxReceives", "0 must be at least 1".into());
+    }
+    InterruptionSettings {
+        queue_url: f.queue_url.clone(),
+        rebalance: f.rebalance.unwrap_or(d.rebalance),
+        unmanaged: f.unmanaged_instances.unwrap_or(d.unmanaged),
+        batch: batch.clamp(1, 10),
+        concurrency: concurrency.clamp(1, 100),
+        wait,
+        daemonset_share,
+        max_receives: max_receives.max(1),
+        safety_net_poll,
+    }
 }
 
 impl Config {

@@ -41,7 +41,20 @@ fn our_taint() -> Taint {
     }
 }
 
-/// Cordons and marks the node. Idempotent; safe to call on a resumed drain.
+/// Which mark a node keeps when a second reason to cordon it comes: a drain that
+/// ends the instance (CA's direct scale-in, a lifecycle hook) outranks an interruption
+/// drain, which outranks a rebalance cordon. A rebalance-cordoned node that CA then
+/// removes must carry CA's mode, or its drain is neither resumed nor counted.
+pub fn mark_rank(mode: &str) -> u8 {
+    match mode {
+        "rebalance" => 0,
+        "interruption" | "drain-only" => 1,
+        _ => 2,
+    }
+}
+
+/// Cordons and marks the node. Idempotent; safe to call on a resumed drain. A mark
+/// already there is kept unless the new one outranks it ([`mark_rank`]).
 pub async fn cordon(
     engine: &Engine,
     node: &str,
@@ -58,7 +71,10 @@ pub async fn cordon(
         if let Some(started) = annotations.get(STARTED_ANNOTATION) {
             let spec = current.spec.clone().unwrap_or_default();
             let has_taint = spec.taints.iter().flatten().any(|t| t.key == TAINT_KEY);
-            if spec.unschedulable == Some(true) && has_taint {
+            let kept = annotations
+                .get(MODE_ANNOTATION)
+                .is_some_and(|m| mark_rank(m) >= mark_rank(mode));
+            if spec.unschedulable == Some(true) && has_taint && kept {
                 return Ok(Cordoned::Marked {
                     started_at: started.clone(),
                     resumed: true,
@@ -70,6 +86,12 @@ pub async fn cordon(
             .cloned()
             .unwrap_or_else(|| k8s_openapi::jiff::Timestamp::now().to_string());
         let resumed = annotations.contains_key(STARTED_ANNOTATION);
+        // Re-marked (someone uncordoned it): the higher-ranked mode stays.
+        let mode = annotations
+            .get(MODE_ANNOTATION)
+            .map(String::as_str)
+            .filter(|m| mark_rank(m) > mark_rank(mode))
+            .unwrap_or(mode);
         let spec = current.spec.clone().unwrap_or_default();
         let mut taints = spec.taints.clone().unwrap_or_default();
         if !taints.iter().any(|t| t.key == TAINT_KEY) {

@@ -19,10 +19,13 @@ use super::events::Reason;
 use super::plan::{self, Disposition, Tier};
 use super::wait::NodePods;
 use super::{
-    evict, terminate, volumes, DaemonSetPolicy, DeadlinePolicy, DrainRequest, Engine, Mode,
+    evict, terminate, volumes, Budget, DaemonSetPolicy, DeadlinePolicy, DrainRequest, Engine, Mode,
     Outcome, Source,
 };
 use crate::telemetry::metrics::{metrics, StageLabels};
+
+/// The mode annotation of a drain an interruption notice started.
+pub const INTERRUPTION_MARK: &str = "interruption";
 
 /// Why the pod phases stopped early.
 enum Stop {
@@ -100,7 +103,42 @@ async fn run_inner(engine: &Arc<Engine>, req: &DrainRequest) -> Outcome {
             Outcome::Failed(why)
         }
     };
+    if let (Some(b), Some(n)) = (req.budget, &node) {
+        interruption_timing(engine, n, b).await;
+    }
     outcome
+}
+
+/// How an interruption drain stood against the time AWS ends the instance.
+async fn interruption_timing(engine: &Engine, node: &str, b: Budget) {
+    let now = Instant::now();
+    if now <= b.ends_at {
+        let left = b.ends_at - now;
+        engine
+            .events
+            .node(
+                node,
+                Reason::InterruptionDrained,
+                format!(
+                    "interruption drain finished {:.1} s before AWS ends the instance",
+                    left.as_secs_f64()
+                ),
+            )
+            .await;
+    } else {
+        metrics().interruption_budget_missed.inc();
+        engine
+            .events
+            .node(
+                node,
+                Reason::InterruptionBudgetMissed,
+                format!(
+                    "interruption drain still ran {:.1} s after the time AWS ends the instance",
+                    (now - b.ends_at).as_secs_f64()
+                ),
+            )
+            .await;
+    }
 }
 
 /// Fail closed: the drain goes on only with the instance's Node, or with the API
@@ -196,13 +234,15 @@ struct NodeDrain<'a> {
     /// Lifecycle mode: the ASG ends the instance whatever the hook's result, so a
     /// deadline can only go on (abandoning would only skip the DaemonSet phase).
     lifecycle: bool,
+    /// AWS ends the instance at a known time (spot, scheduled change): likewise.
+    budget: Option<Budget>,
     /// Why the node is drained, for the Events on its pods.
     why: &'static str,
 }
 
 impl NodeDrain<'_> {
     fn policy(&self, configured: DeadlinePolicy) -> DeadlinePolicy {
-        if self.lifecycle {
+        if self.lifecycle || self.budget.is_some() {
             DeadlinePolicy::Proceed
         } else {
             configured
@@ -228,9 +268,13 @@ async fn drain_node(engine: &Engine, req: &DrainRequest, node: &str) -> Result<(
     let s = &engine.settings;
     let m = metrics();
     let stage = m.stage("cordon");
-    let (started, started_ts) = match cordon::cordon(engine, node, req.mode.as_str(), &req.group)
-        .await
-    {
+    // An interruption drain is recorded as such, so a restart resumes it (with no
+    // instance to end) instead of taking it for a direct-mode scale-in.
+    let mark = match req.source {
+        Source::Interruption => INTERRUPTION_MARK,
+        _ => req.mode.as_str(),
+    };
+    let (started, started_ts) = match cordon::cordon(engine, node, mark, &req.group).await {
         Ok(Cordoned::NodeGone) => {
             tracing::info!(node, "the Node object is gone; nothing to drain");
             return Ok(());
@@ -266,16 +310,26 @@ async fn drain_node(engine: &Engine, req: &DrainRequest, node: &str) -> Result<(
         node,
         started: started_ts,
         lifecycle: matches!(req.mode, Mode::Lifecycle { .. }),
+        budget: req.budget,
         why: match req.source {
             Source::ClusterAutoscaler => "scale-in by cluster-autoscaler",
             Source::Asg => "the Auto Scaling Group is ending the instance (scaling policy, rebalancing, instance refresh or a person); held by a lifecycle hook",
             Source::Resume => "a scale-in resumed after a restart",
             Source::Cli => "the drain command",
+            Source::Interruption => "an EC2 interruption notice (spot interruption, rebalance recommendation or scheduled maintenance)",
         },
     };
     let stage = m.stage("workloads");
     let mut pods = NodePods::watch(engine.client.clone(), node);
-    let workload_deadline = started + s.workload_deadline;
+    let mut workload_deadline = started + s.workload_deadline;
+    if let Some(b) = req.budget {
+        // The workloads' share of the budget; the DaemonSet pods get the rest.
+        let share_end = b
+            .ends_at
+            .checked_sub(b.daemonset_share)
+            .unwrap_or(b.ends_at);
+        workload_deadline = workload_deadline.min(share_end.max(Instant::now()));
+    }
     // Fail closed: without the pod list nobody can tell what still runs there.
     if !pods
         .synced(workload_deadline.max(Instant::now() + LIST_GRACE))
@@ -377,7 +431,11 @@ async fn daemonset_phase(
         ),
         _ => ("DaemonSet pods", "every DaemonSet pod has exited"),
     };
-    match phase(d, pods, which, Instant::now() + s.daemonset_deadline).await {
+    let mut ds_deadline = Instant::now() + s.daemonset_deadline;
+    if let Some(b) = d.budget {
+        ds_deadline = ds_deadline.min(b.ends_at.max(Instant::now()));
+    }
+    match phase(d, pods, which, ds_deadline).await {
         Ok(()) => {
             d.engine
                 .events

@@ -32,6 +32,13 @@ pub enum Reason {
     PodEvicted,
     /// `serve --dry-run`: the drain that would have run, pod by pod.
     DryRunDrain,
+    /// An interruption drain (spot, scheduled change) ended: how it stood against
+    /// the time AWS ends the instance.
+    InterruptionDrained,
+    /// An interruption drain still ran when AWS ended the instance.
+    InterruptionBudgetMissed,
+    /// A rebalance recommendation: cordoned only.
+    RebalanceCordoned,
 }
 
 impl Reason {
@@ -53,6 +60,9 @@ impl Reason {
             Reason::DaemonSetEvictedEarly => "DaemonSetEvictedEarly",
             Reason::PodEvicted => "Evicted",
             Reason::DryRunDrain => "DryRunDrain",
+            Reason::InterruptionDrained => "InterruptionDrained",
+            Reason::InterruptionBudgetMissed => "InterruptionBudgetMissed",
+            Reason::RebalanceCordoned => "RebalanceCordoned",
         }
     }
 
@@ -67,6 +77,7 @@ impl Reason {
                 | Reason::HeartbeatFailed
                 | Reason::PodNotWaitedFor
                 | Reason::DaemonSetEvictedEarly
+                | Reason::InterruptionBudgetMissed
         )
     }
 }

@@ -202,6 +202,7 @@ pub async fn scan(engine: &Arc<Engine>, provider: &Arc<Provider>) -> usize {
                 node_name: None,
                 mode,
                 source: Source::Asg,
+                budget: None,
             }) {
                 started += 1;
             }
@@ -224,6 +225,7 @@ fn warn_foreign_hooks(engine: &Engine, g: &crate::provider::Group) {
 /// [`scan`] from AWS). Returns how many resumed.
 pub async fn resume(engine: &Arc<Engine>, provider: &Arc<Provider>) -> usize {
     engine.nodes.ready(Duration::from_secs(30)).await;
+    let mut n = resume_interruptions(engine);
     let reg = provider.registry();
     let marked: Vec<(String, String)> = engine
         .nodes
@@ -234,7 +236,7 @@ pub async fn resume(engine: &Arc<Engine>, provider: &Arc<Provider>) -> usize {
         .filter(|(_, iid)| !engine.is_draining(iid))
         .collect();
     if marked.is_empty() {
-        return 0;
+        return n;
     }
     // AWS, not the snapshot, says whether the instance is still there to end.
     let ids: Vec<String> = marked.iter().map(|(_, i)| i.clone()).collect();
@@ -242,10 +244,9 @@ pub async fn resume(engine: &Arc<Engine>, provider: &Arc<Provider>) -> usize {
         Ok(found) => found,
         Err(e) => {
             tracing::warn!(error = %e, "cannot check marked instances; resume later");
-            return 0;
+            return n;
         }
     };
-    let mut n = 0;
     for (node, iid) in marked {
         let Some(loc) = live.iter().find(|l| l.instance_id == iid) else {
             continue;
@@ -266,8 +267,35 @@ pub async fn resume(engine: &Arc<Engine>, provider: &Arc<Provider>) -> usize {
             node_name: Some(node.clone()),
             mode: Mode::Direct,
             source: Source::Resume,
+            budget: None,
         }) {
             tracing::info!(node = %node, instance = %iid, "resuming drain after restart");
+            n += 1;
+        }
+    }
+    n
+}
+
+/// Interruption drains recorded on Nodes (a restart, or another replica led): they
+/// go on with the usual deadlines (the budget is not recorded) and end nothing; AWS
+/// ends the instance. A Node that is gone took its drain with it.
+fn resume_interruptions(engine: &Arc<Engine>) -> usize {
+    let mut n = 0;
+    for (node, iid, mode) in engine.nodes.marked_for_drain() {
+        let Some(iid) = iid else { continue };
+        if mode != super::drain::INTERRUPTION_MARK || engine.is_draining(&iid) {
+            continue;
+        }
+        let group = engine.nodes.group_of_mark(&node).unwrap_or_default();
+        if engine.start(DrainRequest {
+            instance_id: iid.clone(),
+            group,
+            node_name: Some(node.clone()),
+            mode: Mode::DrainOnly,
+            source: Source::Interruption,
+            budget: None,
+        }) {
+            tracing::info!(node = %node, instance = %iid, "resuming an interruption drain after a restart");
             n += 1;
         }
     }

@@ -13,7 +13,7 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use parking_lot::Mutex;
@@ -194,6 +194,18 @@ pub enum Source {
     /// Found half-done after a restart.
     Resume,
     Cli,
+    /// An EC2 interruption notice from the queue (spot, rebalance, scheduled change).
+    Interruption,
+}
+
+/// The time a drain has before AWS ends the instance anyway (a spot interruption,
+/// a scheduled retirement). The workloads get it minus the DaemonSet share; past the
+/// budget the drain proceeds instead of abandoning (there is nothing to protect
+/// once the instance is gone).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Budget {
+    pub ends_at: Instant,
+    pub daemonset_share: Duration,
 }
 
 #[derive(Debug, Clone)]
@@ -204,6 +216,8 @@ pub struct DrainRequest {
     pub node_name: Option<String>,
     pub mode: Mode,
     pub source: Source,
+    /// Set when AWS ends the instance at a known time whatever the drain does.
+    pub budget: Option<Budget>,
 }
 
 /// How a drain ended.
@@ -435,6 +449,18 @@ impl Engine {
         true
     }
 
+    /// Stops the drain of an instance where it is (the instance stopped or ended:
+    /// nothing is left to protect). True when one ran.
+    pub fn stop_drain(&self, instance_id: &str) -> bool {
+        match self.inflight.lock().remove(instance_id) {
+            Some(h) if !h.is_finished() => {
+                h.abort();
+                true
+            }
+            _ => false,
+        }
+    }
+
     pub fn is_draining(&self, instance_id: &str) -> bool {
         self.inflight
             .lock()
@@ -611,6 +637,7 @@ impl ScaleIn for DrainScaleIn {
                 node_name: node,
                 mode,
                 source: Source::ClusterAutoscaler,
+                budget: None,
             });
         } else {
             tracing::info!(group = %group.asg.name, instance = %instance.id, "not the leader: the drain is recorded; the leader runs it");
@@ -633,6 +660,7 @@ impl ScaleIn for DrainScaleIn {
                 node_name: node_name.map(str::to_string),
                 mode: engine.mode_for(group, &instance.id),
                 source: Source::ClusterAutoscaler,
+                budget: None,
             },
         )
         .await

@@ -156,6 +156,17 @@ impl NodeIndex {
             .is_ok_and(|r| r.is_ok())
     }
 
+    /// The group a drain mark on the Node names.
+    pub fn group_of_mark(&self, name: &str) -> Option<String> {
+        self.store
+            .get(&kube::runtime::reflector::ObjectRef::new(name))?
+            .metadata
+            .annotations
+            .as_ref()?
+            .get(super::cordon::GROUP_ANNOTATION)
+            .cloned()
+    }
+
     /// Turns true once the first list arrived; closed if it never can.
     pub fn readiness(&self) -> watch::Receiver<bool> {
         self.ready.clone()

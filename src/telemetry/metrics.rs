@@ -40,6 +40,22 @@ pub struct OutcomeLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct KindLabels {
+    pub kind: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct KindOutcomeLabels {
+    pub kind: &'static str,
+    pub outcome: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct ReasonLabels {
+    pub reason: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct ActionLabels {
     pub action: String,
 }
@@ -86,6 +102,11 @@ pub struct Metrics {
     pub build_info: Family<BuildLabels, Gauge>,
     pub tls_reloads: Family<OutcomeLabels, Counter>,
     pub dry_run_actions: Family<ActionLabels, Counter>,
+    pub queue_messages: Family<KindLabels, Counter>,
+    pub queue_handled: Family<KindOutcomeLabels, Counter>,
+    pub queue_dropped: Family<ReasonLabels, Counter>,
+    pub notice_to_drain: Family<KindLabels, Histogram>,
+    pub interruption_budget_missed: Counter,
 }
 
 fn rpc_histogram() -> Histogram {
@@ -126,6 +147,11 @@ impl Metrics {
             build_info: Family::default(),
             tls_reloads: Family::default(),
             dry_run_actions: Family::default(),
+            queue_messages: Family::default(),
+            queue_handled: Family::default(),
+            queue_dropped: Family::default(),
+            notice_to_drain: Family::new_with_constructor(stage_histogram as fn() -> Histogram),
+            interruption_budget_missed: Counter::default(),
             registry: Registry::default(),
         };
         r.register(
@@ -229,6 +255,31 @@ impl Metrics {
             "template_failures",
             "Template nodes that could not be built, by node group and reason (aws_error, cannot_build): the group cannot scale up from zero",
             m.template_failures.clone(),
+        );
+        r.register(
+            "queue_messages",
+            "Interruption queue messages received, by kind (spot_interruption, rebalance_recommendation, scheduled_change, state_change, lifecycle_terminate, other)",
+            m.queue_messages.clone(),
+        );
+        r.register(
+            "queue_messages_handled",
+            "Interruption queue messages handled and deleted, by kind and outcome (drain, lifecycle_drain, cordon, stopped, duplicate, unmanaged, ignored)",
+            m.queue_handled.clone(),
+        );
+        r.register(
+            "queue_messages_dropped",
+            "Interruption queue messages deleted without being handled, by reason (malformed, gave_up after too many receives)",
+            m.queue_dropped.clone(),
+        );
+        r.register(
+            "notice_to_drain_seconds",
+            "Time from the event AWS sent to the drain it started, by kind",
+            m.notice_to_drain.clone(),
+        );
+        r.register(
+            "interruption_budget_missed",
+            "Interruption drains (spot, scheduled change) still running when AWS ends the instance",
+            m.interruption_budget_missed.clone(),
         );
         r.register(
             "dry_run_actions",

@@ -15,6 +15,7 @@ use parking_lot::Mutex;
 use super::*;
 
 mod convert;
+pub mod sqs;
 use convert::*;
 pub use convert::{classify, failure_code, HttpStatus};
 
@@ -26,6 +27,20 @@ pub struct AwsSettings {
     pub endpoint_url: Option<String>,
     /// SDK attempts per call including the first (1 = no retries).
     pub max_attempts: u32,
+}
+
+/// The SDK configuration for these settings (credentials from the usual chain).
+pub async fn sdk_config(s: &AwsSettings) -> aws_config::SdkConfig {
+    let mut loader = aws_config::defaults(aws_config::BehaviorVersion::latest()).retry_config(
+        aws_config::retry::RetryConfig::standard().with_max_attempts(s.max_attempts.max(1)),
+    );
+    if let Some(r) = &s.region {
+        loader = loader.region(aws_config::Region::new(r.clone()));
+    }
+    if let Some(e) = &s.endpoint_url {
+        loader = loader.endpoint_url(e.clone());
+    }
+    loader.load().await
 }
 
 /// The AWS backend with every call counted in the metrics (what the commands use).
@@ -80,16 +95,7 @@ impl AwsCloud {
     /// Loads credentials and region the SDK's usual way (env, profile, IRSA web
     /// identity, instance metadata).
     pub async fn new(s: &AwsSettings) -> Self {
-        let mut loader = aws_config::defaults(aws_config::BehaviorVersion::latest()).retry_config(
-            aws_config::retry::RetryConfig::standard().with_max_attempts(s.max_attempts.max(1)),
-        );
-        if let Some(r) = &s.region {
-            loader = loader.region(aws_config::Region::new(r.clone()));
-        }
-        if let Some(e) = &s.endpoint_url {
-            loader = loader.endpoint_url(e.clone());
-        }
-        Self::from_sdk_config(&loader.load().await)
+        Self::from_sdk_config(&sdk_config(s).await)
     }
 
     pub fn from_sdk_config(cfg: &aws_config::SdkConfig) -> Self {

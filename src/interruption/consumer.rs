@@ -1,0 +1,341 @@
+//! The queue loop: receive a batch (leader only), handle each message, delete what
+//! is done. Handling is idempotent: the engine runs one drain per instance, and a
+//! notice seen again within [`REMEMBER`] (a duplicate delivery, a redelivery after a
+//! restart) starts nothing new.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use backon::{ExponentialBuilder, Retryable};
+use chrono::Utc;
+use futures::StreamExt;
+use parking_lot::Mutex;
+
+use super::decide::{decide, Action};
+use super::notice::{self, Notice};
+use super::InterruptionSettings;
+use crate::cloud::queue::{Queue, QueueMessage};
+use crate::cloud::CloudError;
+use crate::provider::Provider;
+use crate::scalein::events::Reason;
+use crate::scalein::{cordon, Budget, DrainRequest, Engine, Mode, Source};
+use crate::telemetry::metrics::{metrics, KindLabels, KindOutcomeLabels, ReasonLabels};
+
+/// How long a handled notice is remembered against duplicates.
+pub const REMEMBER: Duration = Duration::from_secs(15 * 60);
+
+pub struct Consumer {
+    engine: Arc<Engine>,
+    provider: Arc<Provider>,
+    queue: Arc<dyn Queue>,
+    settings: InterruptionSettings,
+    /// (action, instance) -> when it was handled.
+    recent: Mutex<HashMap<(&'static str, String), Instant>>,
+}
+
+/// What became of one message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Handled {
+    /// Handled (each action's outcome label) and deleted.
+    Done(Vec<&'static str>),
+    /// Deleted without handling: it never can be.
+    Dropped(&'static str),
+    /// Left in the queue for another delivery.
+    Retry(String),
+}
+
+impl Consumer {
+    pub fn new(
+        engine: Arc<Engine>,
+        provider: Arc<Provider>,
+        queue: Arc<dyn Queue>,
+        settings: InterruptionSettings,
+    ) -> Arc<Self> {
+        Arc::new(Self {
+            engine,
+            provider,
+            queue,
+            settings,
+            recent: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// The loop, until the task is aborted.
+    pub fn spawn(self: &Arc<Self>) -> tokio::task::JoinHandle<()> {
+        let this = self.clone();
+        tokio::spawn(async move {
+            const NAME: &str = "interruption queue";
+            let quiet = this.settings.wait + Duration::from_secs(120);
+            loop {
+                this.engine.liveness.beat(NAME, quiet);
+                if !this.engine.is_leader() {
+                    tokio::time::sleep(Duration::from_secs(1)).await;
+                    continue;
+                }
+                let receive = || this.queue.receive(this.settings.batch, this.settings.wait);
+                let batch = receive
+                    .retry(
+                        ExponentialBuilder::default()
+                            .with_min_delay(Duration::from_secs(1))
+                            .with_max_delay(Duration::from_secs(30))
+                            .with_max_times(3)
+                            .with_jitter(),
+                    )
+                    .sleep(tokio::time::sleep)
+                    .notify(|e: &CloudError, retry_in| {
+                        tracing::warn!(error = %e, ?retry_in, "cannot receive from the interruption queue; retrying");
+                    })
+                    .await;
+                match batch {
+                    Ok(msgs) => {
+                        futures::stream::iter(msgs)
+                            .for_each_concurrent(this.settings.concurrency.max(1), |m| {
+                                let this = this.clone();
+                                async move {
+                                    this.handle(m).await;
+                                }
+                            })
+                            .await
+                    }
+                    Err(e) => {
+                        tracing::warn!(error = %e, "the interruption queue keeps failing; the lifecycle poll still finds held instances");
+                        tokio::time::sleep(Duration::from_secs(30)).await;
+                    }
+                }
+            }
+        })
+    }
+
+    /// Handles one message and deletes it when it is done or can never be.
+    pub async fn handle(&self, m: QueueMessage) -> Handled {
+        let out = self.understand(&m).await;
+        match &out {
+            Handled::Done(_) | Handled::Dropped(_) => {
+                if let Err(e) = self.queue.delete(&m).await {
+                    // Delivered again later; the duplicate starts nothing.
+                    tracing::warn!(message = %m.id, error = %e, "could not delete a handled message");
+                }
+            }
+            Handled::Retry(why) => {
+                tracing::warn!(message = %m.id, receives = m.receive_count, "message left for another delivery: {why}");
+            }
+        }
+        out
+    }
+
+    async fn understand(&self, m: &QueueMessage) -> Handled {
+        let m_ = metrics();
+        if m.receive_count > self.settings.max_receives {
+            tracing::warn!(message = %m.id, receives = m.receive_count, body = %m.body, "dropping a message received too often without being handled");
+            m_.queue_dropped
+                .get_or_create(&ReasonLabels { reason: "gave_up" })
+                .inc();
+            return Handled::Dropped("gave_up");
+        }
+        let n = match notice::parse(&m.body) {
+            Ok(n) => n,
+            Err(why) => {
+                tracing::warn!(message = %m.id, body = %m.body, "dropping a malformed message: {why}");
+                m_.queue_dropped
+                    .get_or_create(&ReasonLabels {
+                        reason: "malformed",
+                    })
+                    .inc();
+                return Handled::Dropped("malformed");
+            }
+        };
+        let kind = n.kind();
+        m_.queue_messages.get_or_create(&KindLabels { kind }).inc();
+        let hook = self.engine.settings().hook_name.clone();
+        let mut outcomes = Vec::new();
+        for action in decide(&n, &self.settings, &hook, Utc::now()) {
+            match self.act(&n, action).await {
+                Ok(outcome) => {
+                    m_.queue_handled
+                        .get_or_create(&KindOutcomeLabels { kind, outcome })
+                        .inc();
+                    outcomes.push(outcome);
+                }
+                Err(why) => return Handled::Retry(why),
+            }
+        }
+        Handled::Done(outcomes)
+    }
+
+    /// True the first time (action, instance) is seen within [`REMEMBER`].
+    fn first_time(&self, action: &'static str, instance: &str) -> bool {
+        let mut recent = self.recent.lock();
+        let now = Instant::now();
+        recent.retain(|_, t| now.duration_since(*t) < REMEMBER);
+        let key = (action, instance.to_string());
+        if recent.contains_key(&key) {
+            return false;
+        }
+        recent.insert(key, now);
+        true
+    }
+
+    /// The managed group of an instance: the snapshot, else AWS. `Ok(None)`: in no
+    /// group this service manages.
+    async fn group_of(&self, instance_id: &str) -> Result<Option<String>, String> {
+        let reg = self.provider.registry();
+        if let Some(g) = reg.group_of_instance(instance_id) {
+            return Ok(Some(g.asg.name.clone()));
+        }
+        let found = self
+            .engine
+            .cloud
+            .locate_instances(&[instance_id.to_string()])
+            .await
+            .map_err(|e| format!("cannot tell which group instance {instance_id} is in: {e}"))?;
+        Ok(found
+            .into_iter()
+            .find(|l| reg.group(&l.group).is_some())
+            .map(|l| l.group))
+    }
+
+    async fn act(&self, n: &Notice, action: Action) -> Result<&'static str, String> {
+        let label = action.label();
+        match action {
+            Action::Nothing(why) => {
+                tracing::debug!("interruption queue: {why}");
+                Ok(label)
+            }
+            Action::StopDrain { instance_id } => {
+                if self.engine.stop_drain(&instance_id) {
+                    tracing::info!(instance = %instance_id, "the instance stopped or ended: its drain has nothing left to protect and stops");
+                    Ok(label)
+                } else {
+                    Ok("ignored")
+                }
+            }
+            Action::Drain {
+                instance_id,
+                ends_at,
+            } => {
+                let Some(group) = self.managed(&instance_id).await? else {
+                    return Ok("unmanaged");
+                };
+                if !self.first_time("drain", &instance_id) {
+                    return Ok("duplicate");
+                }
+                let budget = ends_at.map(|end| Budget {
+                    ends_at: Instant::now() + (end - Utc::now()).to_std().unwrap_or_default(),
+                    daemonset_share: self.settings.daemonset_share,
+                });
+                let started = self.engine.start(DrainRequest {
+                    instance_id: instance_id.clone(),
+                    group,
+                    node_name: None,
+                    mode: Mode::DrainOnly,
+                    source: Source::Interruption,
+                    budget,
+                });
+                self.started(n, &instance_id, started);
+                Ok(if started { label } else { "duplicate" })
+            }
+            Action::LifecycleDrain(mut action) => {
+                let reg = self.provider.registry();
+                let Some(g) = reg.group(&action.group) else {
+                    return Ok("unmanaged");
+                };
+                if !self.first_time("lifecycle", &action.instance_id) {
+                    return Ok("duplicate");
+                }
+                let heartbeat_timeout = match self.engine.mode_for(g, &action.instance_id) {
+                    Mode::Lifecycle {
+                        heartbeat_timeout, ..
+                    } => heartbeat_timeout,
+                    _ => self.engine.settings().hook_heartbeat_timeout,
+                };
+                action.hook = self.engine.settings().hook_name.clone();
+                let instance_id = action.instance_id.clone();
+                let started = self.engine.start(DrainRequest {
+                    instance_id: instance_id.clone(),
+                    group: g.asg.name.clone(),
+                    node_name: None,
+                    mode: Mode::Lifecycle {
+                        action,
+                        heartbeat_timeout,
+                    },
+                    source: Source::Asg,
+                    budget: None,
+                });
+                self.started(n, &instance_id, started);
+                Ok(if started { label } else { "duplicate" })
+            }
+            Action::Cordon { instance_id } => {
+                let Some(group) = self.managed(&instance_id).await? else {
+                    return Ok("unmanaged");
+                };
+                if !self.first_time("cordon", &instance_id) {
+                    return Ok("duplicate");
+                }
+                let node = match self.engine.find_node(&instance_id, None).await {
+                    Ok(Some(node)) => node,
+                    Ok(None) => return Ok("ignored"),
+                    Err(e) => {
+                        self.forget("cordon", &instance_id);
+                        return Err(format!(
+                            "cannot find the Node of instance {instance_id}: {e}"
+                        ));
+                    }
+                };
+                if self.engine.settings().dry_run {
+                    tracing::info!(node = %node, instance = %instance_id, "dry run: a rebalance recommendation would cordon the node");
+                    metrics().dry_run("cordon");
+                    return Ok(label);
+                }
+                match cordon::cordon(&self.engine, &node, "rebalance", &group).await {
+                    Ok(_) => {
+                        self.engine
+                            .events
+                            .node(
+                                &node,
+                                Reason::RebalanceCordoned,
+                                format!("EC2 recommends rebalancing instance {instance_id}: cordoned and tainted so new pods go elsewhere; it drains if an interruption or a scale-in follows"),
+                            )
+                            .await;
+                        Ok(label)
+                    }
+                    Err(e) => {
+                        self.forget("cordon", &instance_id);
+                        Err(format!("cannot cordon node {node}: {e}"))
+                    }
+                }
+            }
+        }
+    }
+
+    fn forget(&self, action: &'static str, instance: &str) {
+        self.recent.lock().remove(&(action, instance.to_string()));
+    }
+
+    /// The group to drain an instance for, or `None` to leave it alone.
+    async fn managed(&self, instance_id: &str) -> Result<Option<String>, String> {
+        match self.group_of(instance_id).await? {
+            Some(g) => Ok(Some(g)),
+            None if self.settings.unmanaged => Ok(Some(String::new())),
+            None => {
+                tracing::info!(instance = %instance_id, "interruption notice for an instance of no managed group; ignored (interruption.unmanaged: true acts on it)");
+                Ok(None)
+            }
+        }
+    }
+
+    fn started(&self, n: &Notice, instance_id: &str, started: bool) {
+        if !started {
+            return;
+        }
+        let kind = n.kind();
+        if let Some(at) = n.time() {
+            let lag = (Utc::now() - at).to_std().unwrap_or_default();
+            metrics()
+                .notice_to_drain
+                .get_or_create(&KindLabels { kind })
+                .observe(lag.as_secs_f64());
+        }
+        tracing::info!(instance = %instance_id, kind, "interruption notice: drain started");
+    }
+}

@@ -1,0 +1,256 @@
+//! What to do about a notice. Pure: the look-ups (is the instance managed, which
+//! group, is its hook ours) come in as arguments.
+
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+
+use super::notice::Notice;
+use super::{InterruptionSettings, RebalanceAction};
+use crate::cloud::LifecycleAction;
+
+/// A spot instance is reclaimed this long after the warning.
+pub const SPOT_WARNING: Duration = Duration::from_secs(120);
+
+#[derive(Debug, Clone, PartialEq)]
+pub enum Action {
+    /// Drain the node and leave the instance to AWS, done by `ends_at` when set.
+    Drain {
+        instance_id: String,
+        ends_at: Option<DateTime<Utc>>,
+    },
+    /// The lifecycle drain, ending with CONTINUE, as the poll would find it.
+    LifecycleDrain(LifecycleAction),
+    /// Cordon and taint only.
+    Cordon { instance_id: String },
+    /// Stop a running drain: the instance stopped or ended.
+    StopDrain { instance_id: String },
+    /// Nothing to do, and why.
+    Nothing(String),
+}
+
+impl Action {
+    /// The metric label of the outcome.
+    pub fn label(&self) -> &'static str {
+        match self {
+            Action::Drain { .. } => "drain",
+            Action::LifecycleDrain(_) => "lifecycle_drain",
+            Action::Cordon { .. } => "cordon",
+            Action::StopDrain { .. } => "stopped",
+            Action::Nothing(_) => "ignored",
+        }
+    }
+}
+
+/// The actions for a notice. `our_hook` is this service's hook name; the time of a
+/// spot warning without one is `now`.
+pub fn decide(
+    n: &Notice,
+    s: &InterruptionSettings,
+    our_hook: &str,
+    now: DateTime<Utc>,
+) -> Vec<Action> {
+    match n {
+        Notice::Spot { instance_id, time } => {
+            let warned = time.unwrap_or(now);
+            vec![Action::Drain {
+                instance_id: instance_id.clone(),
+                ends_at: Some(
+                    warned + chrono::Duration::from_std(SPOT_WARNING).unwrap_or_default(),
+                ),
+            }]
+        }
+        Notice::Rebalance { instance_id, .. } => match s.rebalance {
+            RebalanceAction::Cordon => vec![Action::Cordon {
+                instance_id: instance_id.clone(),
+            }],
+            RebalanceAction::Drain => vec![Action::Drain {
+                instance_id: instance_id.clone(),
+                ends_at: None,
+            }],
+        },
+        Notice::Scheduled {
+            instance_ids,
+            event_type,
+            start,
+            ..
+        } => {
+            // A start already past is not a budget: drain with the usual deadlines.
+            let ends_at = start.filter(|t| *t > now);
+            let mut out: Vec<Action> = instance_ids
+                .iter()
+                .map(|id| Action::Drain {
+                    instance_id: id.clone(),
+                    ends_at,
+                })
+                .collect();
+            if out.is_empty() {
+                out.push(Action::Nothing(format!("{event_type} names no instance")));
+            }
+            out
+        }
+        Notice::StateChange {
+            instance_id, state, ..
+        } => match state.as_str() {
+            "stopping" | "stopped" | "shutting-down" | "terminated" => vec![Action::StopDrain {
+                instance_id: instance_id.clone(),
+            }],
+            other => vec![Action::Nothing(format!(
+                "instance {instance_id} is {other}: nothing to do"
+            ))],
+        },
+        Notice::LifecycleTerminate { action, .. } => {
+            if action.hook == our_hook {
+                vec![Action::LifecycleDrain(action.clone())]
+            } else {
+                vec![Action::Nothing(format!(
+                    "lifecycle action of hook {} (not ours, {our_hook}) for {}; another tool completes it",
+                    action.hook, action.instance_id
+                ))]
+            }
+        }
+        Notice::Nothing(what) => vec![Action::Nothing(format!("{what}: nothing to do"))],
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn t(s: &str) -> DateTime<Utc> {
+        DateTime::parse_from_rfc3339(s).unwrap().with_timezone(&Utc)
+    }
+
+    fn action(hook: &str) -> LifecycleAction {
+        LifecycleAction {
+            group: "web".into(),
+            hook: hook.into(),
+            instance_id: "i-1".into(),
+            token: Some("tok".into()),
+        }
+    }
+
+    #[test]
+    fn every_kind_maps_to_its_action() {
+        let s = InterruptionSettings::default();
+        let now = t("2026-11-23T10:00:30Z");
+        let cases: Vec<(Notice, Vec<Action>)> = vec![
+            (
+                Notice::Spot {
+                    instance_id: "i-1".into(),
+                    time: Some(t("2026-11-23T10:00:00Z")),
+                },
+                vec![Action::Drain {
+                    instance_id: "i-1".into(),
+                    ends_at: Some(t("2026-11-23T10:02:00Z")),
+                }],
+            ),
+            (
+                Notice::Spot {
+                    instance_id: "i-1".into(),
+                    time: None,
+                },
+                vec![Action::Drain {
+                    instance_id: "i-1".into(),
+                    ends_at: Some(t("2026-11-23T10:02:30Z")),
+                }],
+            ),
+            (
+                Notice::Rebalance {
+                    instance_id: "i-1".into(),
+                    time: None,
+                },
+                vec![Action::Cordon {
+                    instance_id: "i-1".into(),
+                }],
+            ),
+            (
+                Notice::Scheduled {
+                    instance_ids: vec!["i-1".into(), "i-2".into()],
+                    event_type: "AWS_EC2_INSTANCE_RETIREMENT_SCHEDULED".into(),
+                    start: Some(t("2026-11-30T00:00:00Z")),
+                    time: None,
+                },
+                vec![
+                    Action::Drain {
+                        instance_id: "i-1".into(),
+                        ends_at: Some(t("2026-11-30T00:00:00Z")),
+                    },
+                    Action::Drain {
+                        instance_id: "i-2".into(),
+                        ends_at: Some(t("2026-11-30T00:00:00Z")),
+                    },
+                ],
+            ),
+            (
+                Notice::Scheduled {
+                    instance_ids: vec!["i-1".into()],
+                    event_type: "X".into(),
+                    start: Some(t("2026-11-23T09:00:00Z")),
+                    time: None,
+                },
+                vec![Action::Drain {
+                    instance_id: "i-1".into(),
+                    ends_at: None,
+                }],
+            ),
+            (
+                Notice::LifecycleTerminate {
+                    action: action("ours"),
+                    time: None,
+                },
+                vec![Action::LifecycleDrain(action("ours"))],
+            ),
+        ];
+        for (n, want) in cases {
+            assert_eq!(decide(&n, &s, "ours", now), want, "{n:?}");
+        }
+        for state in ["stopping", "stopped", "shutting-down", "terminated"] {
+            let n = Notice::StateChange {
+                instance_id: "i-1".into(),
+                state: state.into(),
+                time: None,
+            };
+            assert_eq!(
+                decide(&n, &s, "ours", now),
+                vec![Action::StopDrain {
+                    instance_id: "i-1".into()
+                }]
+            );
+        }
+        for n in [
+            Notice::StateChange {
+                instance_id: "i-1".into(),
+                state: "running".into(),
+                time: None,
+            },
+            Notice::LifecycleTerminate {
+                action: action("nth"),
+                time: None,
+            },
+            Notice::Nothing("a test notification".into()),
+        ] {
+            let got = decide(&n, &s, "ours", now);
+            assert!(matches!(got.as_slice(), [Action::Nothing(_)]), "{got:?}");
+        }
+    }
+
+    #[test]
+    fn rebalance_drains_when_configured() {
+        let s = InterruptionSettings {
+            rebalance: RebalanceAction::Drain,
+            ..Default::default()
+        };
+        let n = Notice::Rebalance {
+            instance_id: "i-1".into(),
+            time: None,
+        };
+        assert_eq!(
+            decide(&n, &s, "ours", Utc::now()),
+            vec![Action::Drain {
+                instance_id: "i-1".into(),
+                ends_at: None
+            }]
+        );
+    }
+}

@@ -1,0 +1,334 @@
+//! Queue mode end to end on the in-memory API server and the memory cloud: messages
+//! in the shapes AWS sends, through the consumer, to the drain. (tests/aws_moto.rs
+//! runs the same consumer on SQS, with the events put through EventBridge.)
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use ca_asg_provider::cloud::memory::MemoryGroup;
+use ca_asg_provider::cloud::queue::{MemoryQueue, Queue};
+use ca_asg_provider::interruption::consumer::{Consumer, Handled};
+use ca_asg_provider::interruption::InterruptionSettings;
+use ca_asg_provider::scalein::{self, Outcome};
+use ca_asg_provider::sim::fixtures;
+use k8s_openapi::api::core::v1::{Node, Pod};
+
+mod support;
+use support::eventually;
+use support::world::*;
+
+fn eventbridge(detail_type: &str, source: &str, detail: serde_json::Value) -> String {
+    serde_json::json!({
+        "version": "0",
+        "id": "6a7e8feb-b491-4cf7-a9f1-bf3703467718",
+        "detail-type": detail_type,
+        "source": source,
+        "account": "123456789012",
+        "time": chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+        "region": "us-east-1",
+        "resources": [],
+        "detail": detail,
+    })
+    .to_string()
+}
+
+fn spot(iid: &str) -> String {
+    eventbridge(
+        "EC2 Spot Instance Interruption Warning",
+        "aws.ec2",
+        serde_json::json!({"instance-id": iid, "instance-action": "terminate"}),
+    )
+}
+
+fn consumer(w: &World, queue: &Arc<MemoryQueue>) -> Arc<Consumer> {
+    Consumer::new(
+        w.engine.clone(),
+        w.provider.clone(),
+        queue.clone() as Arc<dyn Queue>,
+        InterruptionSettings {
+            wait: Duration::from_millis(100),
+            ..Default::default()
+        },
+    )
+}
+
+async fn handle_next(c: &Consumer, q: &MemoryQueue) -> Handled {
+    let mut got = q.receive(1, Duration::from_millis(10)).await.unwrap();
+    assert_eq!(got.len(), 1, "one message waiting");
+    c.handle(got.remove(0)).await
+}
+
+fn not_deleting(w: &World, name: &str) -> bool {
+    w.sim.list::<Pod>().iter().any(|p| {
+        p["metadata"]["name"]
+            .as_str()
+            .is_some_and(|n| n.starts_with(name))
+            && p["metadata"]["deletionTimestamp"].is_null()
+    })
+}
+
+#[tokio::test]
+async fn a_spot_warning_drains_workloads_first_and_daemonsets_last_within_two_minutes() {
+    let w = world(
+        vec![MemoryGroup::new("web", 0, 3, 1, "m5.large")],
+        fast_settings(),
+        Duration::from_millis(50),
+    )
+    .await;
+    let (node, iid) = node_with_fluentd_and_app(&w, 2.0).await;
+    let q = Arc::new(MemoryQueue::default());
+    let c = consumer(&w, &q);
+    q.send(&spot(&iid));
+    assert_eq!(handle_next(&c, &q).await, Handled::Done(vec!["drain"]));
+    assert_eq!(q.pending(), 0, "deleted once handled");
+    assert_eq!(w.engine.wait_for(&iid).await, Some(Outcome::Drained));
+
+    let a = w.sim.audit();
+    let app_start = audit_index(&a, "deletion-started", "Pod", "app").expect("app evicted");
+    let app_gone = audit_index(&a, "removed", "Pod", "app").expect("app removed");
+    let ds_start = audit_index(&a, "deletion-started", "Pod", "fluentd").expect("fluentd evicted");
+    assert!(
+        app_start < app_gone && app_gone < ds_start,
+        "{app_start} {app_gone} {ds_start}"
+    );
+    assert!(
+        a[app_gone].at.duration_since(a[app_start].at) >= Duration::from_millis(1900),
+        "the app's preStop ran its 2 s"
+    );
+    // AWS ends a spot instance itself: nothing is terminated or decremented here.
+    assert_eq!(w.cloud.calls().get("terminate_instance"), None);
+    assert_eq!(w.cloud.desired("web"), Some(1));
+    let ev = events(&w.sim);
+    assert!(
+        ev.iter()
+            .any(|(r, n)| r == "InterruptionDrained" && n.contains("before AWS ends the instance")),
+        "{ev:?}"
+    );
+    assert!(ev
+        .iter()
+        .any(|(r, n)| r == "DrainStarted" && n.contains(&iid)));
+    let n = w.sim.get::<Node>("", &node).unwrap();
+    assert_eq!(n["spec"]["unschedulable"], true);
+    assert_eq!(
+        n["metadata"]["annotations"]["ca-asg-provider.io/drain-mode"],
+        "interruption"
+    );
+}
+
+#[tokio::test]
+async fn a_rebalance_recommendation_cordons_only() {
+    let w = world(
+        vec![MemoryGroup::new("web", 0, 3, 1, "m5.large")],
+        fast_settings(),
+        Duration::from_millis(50),
+    )
+    .await;
+    let (node, iid) = node_with_fluentd_and_app(&w, 0.1).await;
+    let q = Arc::new(MemoryQueue::default());
+    let c = consumer(&w, &q);
+    q.send(&eventbridge(
+        "EC2 Instance Rebalance Recommendation",
+        "aws.ec2",
+        serde_json::json!({"instance-id": iid}),
+    ));
+    assert_eq!(handle_next(&c, &q).await, Handled::Done(vec!["cordon"]));
+    let n = w.sim.get::<Node>("", &node).unwrap();
+    assert_eq!(n["spec"]["unschedulable"], true);
+    assert!(!w.engine.is_draining(&iid));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        not_deleting(&w, "app") && not_deleting(&w, "fluentd"),
+        "nothing evicted"
+    );
+    assert!(events(&w.sim).iter().any(|(r, _)| r == "RebalanceCordoned"));
+
+    // CA then removes the node: its mode outranks the rebalance mark, so the drain is
+    // recorded as CA's (resumable, counted) and ends the instance.
+    let mut w = w;
+    delete_nodes(&mut w, "web", &[(node.clone(), iid.clone())]).await;
+    let n = w.sim.get::<Node>("", &node).unwrap();
+    assert_eq!(
+        n["metadata"]["annotations"]["ca-asg-provider.io/drain-mode"],
+        "direct"
+    );
+    assert_eq!(w.engine.wait_for(&iid).await, Some(Outcome::Ended));
+}
+
+#[tokio::test]
+async fn a_duplicate_and_a_restart_mid_drain_make_one_drain() {
+    let mut w = world(
+        vec![MemoryGroup::new("web", 0, 3, 1, "m5.large")],
+        fast_settings(),
+        Duration::from_millis(50),
+    )
+    .await;
+    let (node, iid) = node_with_fluentd_and_app(&w, 3.0).await;
+    let q = Arc::new(MemoryQueue::default());
+    let loop_task = consumer(&w, &q).spawn();
+    q.send(&spot(&iid));
+    q.send(&spot(&iid));
+    eventually("both deliveries handled and deleted", 10, || {
+        q.deleted().len() == 2
+    })
+    .await;
+    eventually("the app is being evicted", 10, || !not_deleting(&w, "app")).await;
+
+    // The process dies mid-drain; SQS would deliver the message again.
+    loop_task.abort();
+    w.engine.abort_all();
+    w.engine.shutdown();
+    let (provider, engine, ca) = service(&w.sim, &w.cloud, &w.groups, fast_settings()).await;
+    w.provider = provider;
+    w.engine = engine;
+    w.ca = ca;
+    let q2 = Arc::new(MemoryQueue::default());
+    let c2 = consumer(&w, &q2);
+    // The new leader finds the drain recorded on the Node and goes on with it; the
+    // redelivered message then starts nothing.
+    let resumed = scalein::lifecycle::spawn_loop(w.engine.clone(), w.provider.clone());
+    eventually("the drain is resumed from the Node's mark", 10, || {
+        w.engine.is_draining(&iid)
+    })
+    .await;
+    q2.send(&spot(&iid));
+    assert_eq!(
+        handle_next(&c2, &q2).await,
+        Handled::Done(vec!["duplicate"])
+    );
+    eventually("fluentd leaves last", 20, || !not_deleting(&w, "fluentd")).await;
+    resumed.abort();
+
+    let a = w.sim.audit();
+    let evictions = |name: &str| {
+        a.iter()
+            .filter(|e| e.verb == "deletion-started" && e.kind == "Pod" && e.name.starts_with(name))
+            .count()
+    };
+    assert_eq!(evictions("app"), 1, "the app was evicted once");
+    assert_eq!(evictions("fluentd"), 1);
+    let app_gone = audit_index(&a, "removed", "Pod", "app").expect("app removed");
+    let ds_start = audit_index(&a, "deletion-started", "Pod", "fluentd").unwrap();
+    assert!(app_gone < ds_start, "DaemonSet-last across the restart");
+    assert_eq!(w.cloud.calls().get("terminate_instance"), None);
+    assert!(
+        w.sim.get::<Node>("", &node).is_some(),
+        "the instance is AWS's to end"
+    );
+}
+
+#[tokio::test]
+async fn poison_and_test_messages_are_deleted_and_counted_never_retried() {
+    let w = world(
+        vec![MemoryGroup::new("web", 0, 3, 1, "m5.large")],
+        fast_settings(),
+        Duration::from_millis(50),
+    )
+    .await;
+    let q = Arc::new(MemoryQueue::default());
+    let c = consumer(&w, &q);
+    let dropped_before = dropped_count("malformed");
+    q.send("{\"detail-type\": \"EC2 Spot Instance Interruption Warning\", \"detail\": {}}");
+    assert_eq!(handle_next(&c, &q).await, Handled::Dropped("malformed"));
+    assert_eq!(dropped_count("malformed"), dropped_before + 1);
+    q.send(r#"{"AccountId":"123456789012","RequestId":"r","AutoScalingGroupName":"web","Service":"AWS Auto Scaling","Event":"autoscaling:TEST_NOTIFICATION","Time":"2026-11-23T10:00:00Z"}"#);
+    assert_eq!(handle_next(&c, &q).await, Handled::Done(vec!["ignored"]));
+    // An instance of no managed group: ignored unless configured otherwise.
+    q.send(&spot("i-0123456789abcdef0"));
+    assert_eq!(handle_next(&c, &q).await, Handled::Done(vec!["unmanaged"]));
+    assert_eq!(q.pending(), 0);
+    assert_eq!(w.engine.in_progress(), 0);
+
+    // A message that keeps failing is dropped after maxReceives, not retried forever.
+    let iid = nodes_of(&w, "web")[0].1.clone();
+    let gave_up = dropped_count("gave_up");
+    q.send(&spot(&iid));
+    for _ in 0..5 {
+        let m = q.receive(1, Duration::from_millis(10)).await.unwrap();
+        assert_eq!(m.len(), 1);
+        q.redeliver();
+    }
+    assert_eq!(handle_next(&c, &q).await, Handled::Dropped("gave_up"));
+    assert_eq!(dropped_count("gave_up"), gave_up + 1);
+    assert_eq!(q.pending(), 0);
+}
+
+fn dropped_count(reason: &str) -> u64 {
+    let text = ca_asg_provider::telemetry::metrics::metrics().encode();
+    let key = format!("ca_asg_provider_queue_messages_dropped_total{{reason=\"{reason}\"}} ");
+    text.lines()
+        .find_map(|l| l.strip_prefix(&key))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or(0)
+}
+
+#[tokio::test]
+async fn the_asgs_lifecycle_notification_drains_and_completes_with_its_token() {
+    let w = world(
+        vec![MemoryGroup::new("web", 0, 3, 2, "m5.large")
+            .terminating_hook("ca-asg-provider-drain", 300)],
+        fast_settings(),
+        Duration::from_millis(50),
+    )
+    .await;
+    let q = Arc::new(MemoryQueue::default());
+    let c = consumer(&w, &q);
+    let iid = w.cloud.external_scale_in("web", 1).unwrap().remove(0);
+    let note = |hook: &str| {
+        serde_json::json!({
+            "Origin": "AutoScalingGroup", "Destination": "EC2", "Service": "AWS Auto Scaling",
+            "Time": "2026-11-23T10:00:05.123Z", "AccountId": "123456789012",
+            "LifecycleTransition": "autoscaling:EC2_INSTANCE_TERMINATING", "RequestId": "r",
+            "AutoScalingGroupName": "web", "LifecycleHookName": hook,
+            "EC2InstanceId": iid, "LifecycleActionToken": "tok-1234",
+        })
+        .to_string()
+    };
+    // Another tool's hook: its action is not ours to complete.
+    q.send(&note("nth-hook"));
+    assert_eq!(handle_next(&c, &q).await, Handled::Done(vec!["ignored"]));
+    q.send(&note("ca-asg-provider-drain"));
+    assert_eq!(
+        handle_next(&c, &q).await,
+        Handled::Done(vec!["lifecycle_drain"])
+    );
+    assert_eq!(w.engine.wait_for(&iid).await, Some(Outcome::Ended));
+    let done = w.cloud.completed_actions();
+    assert_eq!(done.len(), 1, "{done:?}");
+    assert_eq!(done[0].0.token.as_deref(), Some("tok-1234"));
+    assert_eq!(done[0].0.hook, "ca-asg-provider-drain");
+}
+
+#[tokio::test]
+async fn an_instance_that_stopped_stops_its_drain() {
+    let w = world(
+        vec![MemoryGroup::new("web", 0, 3, 1, "m5.large")],
+        fast_settings(),
+        Duration::from_millis(50),
+    )
+    .await;
+    let (node, iid) = nodes_of(&w, "web").remove(0);
+    // A PDB that allows nothing: the drain waits on it.
+    w.sim.create(&fixtures::pdb("shop", "app", 0)).unwrap();
+    w.sim
+        .create(&fixtures::pod("shop", "app", &node, "app", 0.1))
+        .unwrap();
+    pods_ready(&w, 1).await;
+    let q = Arc::new(MemoryQueue::default());
+    let c = consumer(&w, &q);
+    q.send(&spot(&iid));
+    assert_eq!(handle_next(&c, &q).await, Handled::Done(vec!["drain"]));
+    eventually("the eviction is refused by the PDB", 10, || {
+        events(&w.sim).iter().any(|(r, _)| r == "EvictionBlocked")
+    })
+    .await;
+    assert!(w.engine.is_draining(&iid));
+    q.send(&eventbridge(
+        "EC2 Instance State-change Notification",
+        "aws.ec2",
+        serde_json::json!({"instance-id": iid, "state": "shutting-down"}),
+    ));
+    assert_eq!(handle_next(&c, &q).await, Handled::Done(vec!["stopped"]));
+    assert!(!w.engine.is_draining(&iid));
+    // The PDB was never broken: the app still runs.
+    assert!(not_deleting(&w, "app"));
+}
