@@ -332,3 +332,71 @@ async fn an_instance_that_stopped_stops_its_drain() {
     // The PDB was never broken: the app still runs.
     assert!(not_deleting(&w, "app"));
 }
+
+/// The AWS cost of finding held instances at 200 hooked groups: one lifecycle scan
+/// is one read of every hooked group, which the AWS backend sends in batches of 100
+/// names (2 DescribeAutoScalingGroups requests). The
+/// poll runs every 15 s without the queue (8 calls a minute) and every 5 min as the
+/// queue's safety net (0.4 a minute); the queue itself costs 3 long-poll receives a
+/// minute when idle. README "Queue mode" quotes these numbers.
+#[tokio::test]
+async fn one_lifecycle_scan_of_200_hooked_groups_is_one_batched_read() {
+    let groups: Vec<MemoryGroup> = (0..200)
+        .map(|i| {
+            MemoryGroup::new(&format!("ng-{i:03}"), 0, 4, 1, "m5.large")
+                .terminating_hook("ca-asg-provider-drain", 300)
+        })
+        .collect();
+    let w = world(groups, fast_settings(), Duration::from_millis(50)).await;
+    let before = w.cloud.calls();
+    scalein::lifecycle::scan(&w.engine, &w.provider).await;
+    let after = w.cloud.calls();
+    let delta =
+        |op: &str| after.get(op).copied().unwrap_or(0) - before.get(op).copied().unwrap_or(0);
+    assert_eq!(delta("describe_groups"), 1, "{before:?} -> {after:?}");
+    let total: u64 = after.values().sum::<u64>() - before.values().sum::<u64>();
+    assert_eq!(total, 1, "nothing else is called when nothing is held");
+    let interruption = InterruptionSettings::default();
+    let per_minute = |poll: Duration| 2.0 * 60.0 / poll.as_secs_f64();
+    eprintln!(
+        "200 hooked groups: {:.1} DescribeAutoScalingGroups/min polling every 15 s, {:.1}/min as the queue's safety net every {:?}, plus {:.0} ReceiveMessage/min idle",
+        per_minute(Duration::from_secs(15)),
+        per_minute(interruption.safety_net_poll),
+        interruption.safety_net_poll,
+        60.0 / interruption.wait.as_secs_f64()
+    );
+}
+
+#[tokio::test]
+async fn a_scheduled_retirement_drains_before_its_start_time() {
+    let w = world(
+        vec![MemoryGroup::new("web", 0, 3, 1, "m5.large")],
+        fast_settings(),
+        Duration::from_millis(50),
+    )
+    .await;
+    let (_node, iid) = node_with_fluentd_and_app(&w, 0.5).await;
+    let q = Arc::new(MemoryQueue::default());
+    let c = consumer(&w, &q);
+    let start = (chrono::Utc::now() + chrono::Duration::minutes(10)).to_rfc2822();
+    q.send(&eventbridge(
+        "AWS Health Event",
+        "aws.health",
+        serde_json::json!({
+            "eventArn": "arn:aws:health:us-east-1::event/EC2/AWS_EC2_INSTANCE_RETIREMENT_SCHEDULED/x",
+            "service": "EC2",
+            "eventTypeCode": "AWS_EC2_INSTANCE_RETIREMENT_SCHEDULED",
+            "eventTypeCategory": "scheduledChange",
+            "startTime": start,
+            "affectedEntities": [{"entityValue": iid}],
+        }),
+    ));
+    assert_eq!(handle_next(&c, &q).await, Handled::Done(vec!["drain"]));
+    assert_eq!(w.engine.wait_for(&iid).await, Some(Outcome::Drained));
+    let ev = events(&w.sim);
+    assert!(
+        ev.iter().any(|(r, _)| r == "InterruptionDrained"),
+        "the drain is measured against the start time: {ev:?}"
+    );
+    assert_eq!(w.cloud.calls().get("terminate_instance"), None);
+}

@@ -53,7 +53,20 @@ pub async fn run(args: ConfigArgs) -> ExitCode {
     }
     let cloud = crate::cloud::aws::connect(&cfg.aws_settings()).await;
     let provider = Provider::new(cloud, cfg.provider.clone());
-    let aws_ok = report(&provider, &cfg.scale_in).await == ExitCode::SUCCESS;
+    // With queue mode, lifecycle actions arrive through the queue within a receive
+    // wait; the slow safety-net poll is not what a hook's timeout must outlast.
+    let mut scale_in = cfg.scale_in.clone();
+    if cfg.interruption.queue_url.is_some() {
+        scale_in.lifecycle_poll_interval = cfg.interruption.wait;
+    }
+    let aws_ok = report(&provider, &scale_in).await == ExitCode::SUCCESS;
+    let queue_ok = match &cfg.interruption.queue_url {
+        Some(url) => {
+            let queue = crate::cloud::aws::sqs::SqsQueue::new(&cfg.aws_settings(), url).await;
+            queue_report(&queue, url, &cfg.interruption).await
+        }
+        None => true,
+    };
     let kube_ok = if cfg.drain_enabled {
         match crate::scalein::kube_client().await {
             Ok(client) => {
@@ -76,7 +89,7 @@ Kubernetes: permissions not checked: {e:#}"
     } else {
         true
     };
-    if aws_ok && kube_ok {
+    if aws_ok && kube_ok && queue_ok {
         ExitCode::SUCCESS
     } else {
         ExitCode::FAILURE
@@ -226,6 +239,39 @@ pub async fn report(
         }
         ExitCode::FAILURE
     }
+}
+
+/// Queue mode: whether the queue answers, and what waits in it.
+pub async fn queue_report(
+    queue: &crate::cloud::aws::sqs::SqsQueue,
+    url: &str,
+    settings: &crate::interruption::InterruptionSettings,
+) -> bool {
+    println!("\ninterruption queue: {url}");
+    let ok = match queue.waiting().await {
+        Ok(n) => {
+            println!("  reachable (sqs:GetQueueAttributes), {n} message(s) waiting");
+            if n > 100 {
+                println!("  warning: messages pile up; nothing may be consuming them (this service consumes only on the leader, and only in serve)");
+            }
+            true
+        }
+        Err(e) => {
+            println!("  NOT reachable: {e}");
+            false
+        }
+    };
+    println!(
+        "  rebalance recommendations: {:?}; instances of unmanaged groups: {}",
+        settings.rebalance,
+        if settings.unmanaged {
+            "drained"
+        } else {
+            "ignored"
+        }
+    );
+    println!("  EventBridge rules are not read here: deploy/aws/interruption-queue.yaml creates the five this mode needs. NTH's queue processor on the same queue would take half of the messages: give NTH its own queue or turn it off (README \"Queue mode\").");
+    ok
 }
 
 /// What is wrong with a group's terminating hooks, for this service's drain. Pure.

@@ -284,3 +284,61 @@ fn refresh_wait_must_stay_below_cas_call_timeout() {
         "{p:?}"
     );
 }
+
+#[test]
+fn queue_mode_reads_its_keys_and_slows_the_lifecycle_poll() {
+    let c = ok(r#"
+interruption:
+  queueUrl: https://sqs.us-east-1.amazonaws.com/123456789012/q
+  rebalance: drain
+  unmanagedInstances: true
+  batchSize: 5
+  waitTime: 10s
+  safetyNetPollInterval: 10m
+"#);
+    let i = &c.interruption;
+    assert_eq!(
+        i.queue_url.as_deref(),
+        Some("https://sqs.us-east-1.amazonaws.com/123456789012/q")
+    );
+    assert_eq!(i.rebalance, crate::interruption::RebalanceAction::Drain);
+    assert!(i.unmanaged);
+    assert_eq!(i.batch, 5);
+    assert_eq!(i.wait, Duration::from_secs(10));
+    assert_eq!(c.scale_in.lifecycle_poll_interval, Duration::from_secs(600));
+    // Off by default, and then the poll is the primary path.
+    let off = ok("{}");
+    assert!(off.interruption.queue_url.is_none());
+    assert_eq!(
+        off.scale_in.lifecycle_poll_interval,
+        Duration::from_secs(15)
+    );
+}
+
+#[test]
+fn queue_mode_problems_name_their_keys() {
+    let p = problems(
+        r#"
+interruption:
+  queueUrl: sqs-queue
+  batchSize: 11
+  concurrency: 0
+  waitTime: 30s
+  maxReceives: 0
+scaleIn: {enabled: false}
+"#,
+        &Overrides::default(),
+    );
+    let keys: Vec<&str> = p.iter().map(|p| p.key.as_str()).collect();
+    for k in [
+        "interruption.queueUrl",
+        "interruption.batchSize",
+        "interruption.concurrency",
+        "interruption.waitTime",
+        "interruption.maxReceives",
+    ] {
+        assert!(keys.contains(&k), "{k} missing in {p:?}");
+    }
+    assert!(p.iter().any(|x| x.message.contains("sqs-queue")));
+    assert!(p.iter().any(|x| x.message.contains("scaleIn.enabled")));
+}
