@@ -400,3 +400,63 @@ async fn a_scheduled_retirement_drains_before_its_start_time() {
     );
     assert_eq!(w.cloud.calls().get("terminate_instance"), None);
 }
+
+fn spot_at(iid: &str, at: chrono::DateTime<chrono::Utc>) -> String {
+    let mut v: serde_json::Value = serde_json::from_str(&spot(iid)).unwrap();
+    v["time"] = serde_json::json!(at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true));
+    v.to_string()
+}
+
+/// A spot warning that arrives late (15 s of its 2 minutes left) meets a pod whose
+/// PDB allows nothing: the budget is spent, so the drain goes on (the pod gets its
+/// graceful stop instead of EC2's hard one) and the DaemonSet pods still go last.
+/// A retirement days away with the same pod keeps the configured `abandon`: no PDB is
+/// broken when there is time.
+#[tokio::test]
+async fn only_a_spent_budget_overrides_a_pdb() {
+    let settings = ca_asg_provider::scalein::ScaleInSettings {
+        workload_deadline: Duration::from_secs(2),
+        ..fast_settings()
+    };
+    let w = world(
+        vec![MemoryGroup::new("web", 0, 3, 2, "m5.large")],
+        settings,
+        Duration::from_millis(50),
+    )
+    .await;
+    let web = nodes_of(&w, "web");
+    let ((spot_node, spot_iid), (far_node, far_iid)) = (web[0].clone(), web[1].clone());
+    w.sim.create(&fixtures::pdb("shop", "app", 0)).unwrap();
+    w.sim
+        .create(&fixtures::pod("shop", "app-spot", &spot_node, "app", 0.1))
+        .unwrap();
+    w.sim
+        .create(&fixtures::pod("shop", "app-far", &far_node, "app", 0.1))
+        .unwrap();
+    pods_ready(&w, 2).await;
+    let q = Arc::new(MemoryQueue::default());
+    let c = consumer(&w, &q);
+
+    q.send(&spot_at(
+        &spot_iid,
+        chrono::Utc::now() - chrono::Duration::seconds(105),
+    ));
+    assert_eq!(handle_next(&c, &q).await, Handled::Done(vec!["drain"]));
+    assert_eq!(w.engine.wait_for(&spot_iid).await, Some(Outcome::Drained));
+    assert!(!not_deleting(&w, "app-spot"), "the spent budget went on");
+
+    let start = (chrono::Utc::now() + chrono::Duration::days(3)).to_rfc2822();
+    q.send(&eventbridge(
+        "AWS Health Event",
+        "aws.health",
+        serde_json::json!({
+            "service": "EC2", "eventTypeCode": "AWS_EC2_INSTANCE_RETIREMENT_SCHEDULED",
+            "eventTypeCategory": "scheduledChange", "startTime": start,
+            "affectedEntities": [{"entityValue": far_iid}],
+        }),
+    ));
+    assert_eq!(handle_next(&c, &q).await, Handled::Done(vec!["drain"]));
+    let out = w.engine.wait_for(&far_iid).await;
+    assert!(matches!(out, Some(Outcome::Abandoned(_))), "{out:?}");
+    assert!(not_deleting(&w, "app-far"), "the PDB held");
+}

@@ -242,7 +242,13 @@ struct NodeDrain<'a> {
 
 impl NodeDrain<'_> {
     fn policy(&self, configured: DeadlinePolicy) -> DeadlinePolicy {
-        if self.lifecycle || self.budget.is_some() {
+        // An interruption budget forces the drain on only when it is the budget that
+        // ran out: a retirement days away keeps the configured policy (and with
+        // `abandon`, every PodDisruptionBudget).
+        let budget_spent = self.budget.is_some_and(|b| {
+            Instant::now() + Duration::from_secs(1) + b.daemonset_share >= b.ends_at
+        });
+        if self.lifecycle || budget_spent {
             DeadlinePolicy::Proceed
         } else {
             configured
