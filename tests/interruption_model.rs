@@ -1,0 +1,342 @@
+//! Model-based test of queue mode (proptest): random sequences of interruption
+//! notices (spot, rebalance, retirement, state changes, lifecycle actions of
+//! instances the ASG holds), duplicates, poison and restarts mid-drain, on the
+//! in-memory API server and the memory cloud. After every step:
+//!
+//! - no instance ends that CA or the ASG did not choose: the service never
+//!   terminates or resizes, and completes only lifecycle actions of held instances;
+//! - a notice seen twice, or redelivered after a restart, drains once: no pod is
+//!   evicted twice;
+//! - DaemonSet pods leave last: on every node, no DaemonSet pod started leaving
+//!   while a workload pod was still there, unless the budget was spent;
+//! - every message is deleted once handled: nothing is left but what is in flight.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use ca_asg_provider::cloud::memory::MemoryGroup;
+use ca_asg_provider::cloud::queue::{MemoryQueue, Queue};
+use ca_asg_provider::interruption::consumer::{Consumer, Handled};
+use ca_asg_provider::interruption::InterruptionSettings;
+use ca_asg_provider::scalein;
+use ca_asg_provider::sim::fixtures;
+use proptest::prelude::*;
+
+mod support;
+use support::world::*;
+
+const NODES: usize = 3;
+
+#[derive(Debug, Clone)]
+enum Op {
+    Spot(usize),
+    Rebalance(usize),
+    Retirement(usize),
+    Stopping(usize),
+    /// The ASG ends the instance itself (held by the hook), and says so on the queue.
+    AsgEnds(usize),
+    /// The last message again.
+    Duplicate,
+    Poison,
+    /// The process dies; the new one resumes from the Nodes and gets the last
+    /// message again.
+    Restart,
+    Wait,
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        (0..NODES).prop_map(Op::Spot),
+        (0..NODES).prop_map(Op::Rebalance),
+        (0..NODES).prop_map(Op::Retirement),
+        (0..NODES).prop_map(Op::Stopping),
+        (0..NODES).prop_map(Op::AsgEnds),
+        Just(Op::Duplicate),
+        Just(Op::Poison),
+        Just(Op::Restart),
+        Just(Op::Wait),
+    ]
+}
+
+fn eventbridge(detail_type: &str, source: &str, detail: serde_json::Value) -> String {
+    serde_json::json!({
+        "version": "0", "id": "x", "detail-type": detail_type, "source": source,
+        "account": "123456789012",
+        "time": chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+        "region": "us-east-1", "resources": [], "detail": detail,
+    })
+    .to_string()
+}
+
+struct Model {
+    w: World,
+    q: Arc<MemoryQueue>,
+    c: Arc<Consumer>,
+    nodes: Vec<(String, String)>,
+    last: Option<String>,
+    /// Instances the ASG chose to end.
+    held: BTreeSet<String>,
+    /// Per node: its workload pod and its DaemonSet pod.
+    pods: Vec<(String, String)>,
+}
+
+impl Model {
+    async fn new() -> Model {
+        let w = world(
+            vec![MemoryGroup::new("web", 0, 6, NODES as i32, "m5.large")
+                .terminating_hook("ca-asg-provider-drain", 300)],
+            fast_settings(),
+            Duration::from_millis(20),
+        )
+        .await;
+        let nodes = nodes_of(&w, "web");
+        w.sim
+            .create(&fixtures::daemonset("logging", "fluentd", 0.1, false))
+            .unwrap();
+        for (i, (node, _)) in nodes.iter().enumerate() {
+            w.sim
+                .create(&fixtures::pod(
+                    "shop",
+                    &format!("app-{i}"),
+                    node,
+                    "app",
+                    0.3,
+                ))
+                .unwrap();
+        }
+        pods_ready(&w, 2 * NODES).await;
+        let listed = w.sim.list::<k8s_openapi::api::core::v1::Pod>();
+        let pods = nodes
+            .iter()
+            .enumerate()
+            .map(|(i, (node, _))| {
+                let ds = listed
+                    .iter()
+                    .find(|p| {
+                        p["spec"]["nodeName"] == node.as_str()
+                            && p["metadata"]["name"]
+                                .as_str()
+                                .is_some_and(|n| n.starts_with("fluentd"))
+                    })
+                    .and_then(|p| p["metadata"]["name"].as_str())
+                    .expect("fluentd on every node")
+                    .to_string();
+                (format!("app-{i}"), ds)
+            })
+            .collect();
+        let q = Arc::new(MemoryQueue::default());
+        let c = consumer(&w, &q);
+        Model {
+            w,
+            q,
+            c,
+            nodes,
+            last: None,
+            held: BTreeSet::new(),
+            pods,
+        }
+    }
+
+    async fn send(&mut self, body: String) {
+        self.q.send(&body);
+        self.last = Some(body);
+        self.drain_queue().await;
+    }
+
+    async fn drain_queue(&self) {
+        loop {
+            let got = self.q.receive(10, Duration::ZERO).await.unwrap();
+            if got.is_empty() {
+                return;
+            }
+            for m in got {
+                let out = self.c.handle(m).await;
+                assert!(!matches!(out, Handled::Retry(_)), "{out:?}");
+            }
+        }
+    }
+
+    async fn step(&mut self, op: &Op) {
+        let iid = |i: &usize| self.nodes[*i].1.clone();
+        match op {
+            Op::Spot(i) => {
+                let body = eventbridge(
+                    "EC2 Spot Instance Interruption Warning",
+                    "aws.ec2",
+                    serde_json::json!({"instance-id": iid(i), "instance-action": "terminate"}),
+                );
+                self.send(body).await
+            }
+            Op::Rebalance(i) => {
+                let body = eventbridge(
+                    "EC2 Instance Rebalance Recommendation",
+                    "aws.ec2",
+                    serde_json::json!({"instance-id": iid(i)}),
+                );
+                self.send(body).await
+            }
+            Op::Retirement(i) => {
+                let start = (chrono::Utc::now() + chrono::Duration::hours(2)).to_rfc2822();
+                let body = eventbridge(
+                    "AWS Health Event",
+                    "aws.health",
+                    serde_json::json!({
+                        "service": "EC2", "eventTypeCode": "AWS_EC2_INSTANCE_RETIREMENT_SCHEDULED",
+                        "eventTypeCategory": "scheduledChange", "startTime": start,
+                        "affectedEntities": [{"entityValue": iid(i)}],
+                    }),
+                );
+                self.send(body).await
+            }
+            Op::Stopping(i) => {
+                let body = eventbridge(
+                    "EC2 Instance State-change Notification",
+                    "aws.ec2",
+                    serde_json::json!({"instance-id": iid(i), "state": "stopping"}),
+                );
+                self.send(body).await
+            }
+            Op::AsgEnds(i) => {
+                let id = iid(i);
+                let still_in_service = self
+                    .w
+                    .cloud
+                    .instances()
+                    .iter()
+                    .any(|(_, inst)| inst.id == id && !inst.state.is_terminating());
+                if !still_in_service || self.held.len() + 1 >= NODES {
+                    return;
+                }
+                // The ASG picks its own victim (the newest); that one is held.
+                for victim in self.w.cloud.external_scale_in("web", 1).unwrap() {
+                    self.held.insert(victim.clone());
+                    let body = serde_json::json!({
+                        "Origin": "AutoScalingGroup", "Destination": "EC2",
+                        "Service": "AWS Auto Scaling", "Time": "2026-11-23T10:00:00Z",
+                        "AccountId": "123456789012",
+                        "LifecycleTransition": "autoscaling:EC2_INSTANCE_TERMINATING",
+                        "RequestId": "r", "AutoScalingGroupName": "web",
+                        "LifecycleHookName": "ca-asg-provider-drain",
+                        "EC2InstanceId": victim, "LifecycleActionToken": format!("tok-{victim}"),
+                    })
+                    .to_string();
+                    self.send(body).await;
+                }
+            }
+            Op::Duplicate => {
+                if let Some(b) = self.last.clone() {
+                    self.send(b).await
+                }
+            }
+            Op::Poison => {
+                self.q.send("{\"detail-type\": 5}");
+                self.drain_queue().await;
+            }
+            Op::Restart => {
+                self.w.engine.abort_all();
+                self.w.engine.shutdown();
+                let (provider, engine, ca) =
+                    service(&self.w.sim, &self.w.cloud, &self.w.groups, fast_settings()).await;
+                self.w.provider = provider;
+                self.w.engine = engine;
+                self.w.ca = ca;
+                scalein::lifecycle::resume(&self.w.engine, &self.w.provider).await;
+                self.c = consumer(&self.w, &self.q);
+                if let Some(b) = self.last.clone() {
+                    self.send(b).await;
+                }
+            }
+            Op::Wait => tokio::time::sleep(Duration::from_millis(300)).await,
+        }
+    }
+
+    fn check(&self) {
+        let calls = self.w.cloud.calls();
+        assert_eq!(calls.get("terminate_instance"), None, "{calls:?}");
+        assert_eq!(calls.get("set_desired_capacity"), None, "{calls:?}");
+        for (a, _) in self.w.cloud.completed_actions() {
+            assert!(
+                self.held.contains(&a.instance_id),
+                "completed the action of {}, which the ASG did not choose",
+                a.instance_id
+            );
+        }
+        let audit = self.w.sim.audit();
+        let mut seen = BTreeSet::new();
+        for e in audit
+            .iter()
+            .filter(|e| e.kind == "Pod" && e.verb == "deletion-started")
+        {
+            assert!(seen.insert(e.name.clone()), "{} was evicted twice", e.name);
+        }
+        assert_eq!(
+            self.q.pending(),
+            0,
+            "a handled message was left in the queue"
+        );
+        // DaemonSet-last on every node (no budget in this model is ever spent).
+        let at = |verb: &str, name: &str| {
+            audit
+                .iter()
+                .position(|e| e.kind == "Pod" && e.verb == verb && e.name == name)
+        };
+        for (app, ds) in &self.pods {
+            if let Some(ds_leaves) = at("deletion-started", ds) {
+                let app_gone = at("removed", app);
+                assert!(
+                    app_gone.is_some_and(|g| g < ds_leaves),
+                    "{ds} started leaving (audit {ds_leaves}) while {app} was there ({app_gone:?})"
+                );
+            }
+        }
+    }
+}
+
+fn consumer(w: &World, q: &Arc<MemoryQueue>) -> Arc<Consumer> {
+    Consumer::new(
+        w.engine.clone(),
+        w.provider.clone(),
+        q.clone() as Arc<dyn Queue>,
+        InterruptionSettings::default(),
+    )
+}
+
+fn run(ops: &[Op]) {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let mut m = Model::new().await;
+        m.check();
+        for op in ops {
+            m.step(op).await;
+            m.check();
+        }
+        // Let the drains finish, then check once more.
+        tokio::time::sleep(Duration::from_millis(800)).await;
+        m.check();
+    });
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig {
+        cases: 24,
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    })]
+
+    #[test]
+    fn queue_mode_keeps_its_invariants_under_any_sequence(ops in prop::collection::vec(op(), 1..10)) {
+        run(&ops);
+    }
+}
+
+/// The sequence of the issue: a spot warning, the same again, a restart mid-drain
+/// with the message redelivered.
+#[test]
+fn a_spot_warning_twice_and_a_restart_drain_once() {
+    run(&[Op::Spot(0), Op::Duplicate, Op::Restart, Op::Wait]);
+}
