@@ -107,6 +107,19 @@ async fn a_spot_warning_drains_workloads_first_and_daemonsets_last_within_two_mi
     assert!(ev
         .iter()
         .any(|(r, n)| r == "DrainStarted" && n.contains(&iid)));
+    // Notice to drain started, and notice to drained, are measured.
+    let text = ca_asg_provider::telemetry::metrics::metrics().encode();
+    for series in [
+        "ca_asg_provider_notice_to_drain_seconds_count{kind=\"spot_interruption\"}",
+        "ca_asg_provider_notice_to_drained_seconds_count{kind=\"spot_interruption\"}",
+    ] {
+        let n: u64 = text
+            .lines()
+            .find_map(|l| l.strip_prefix(series))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0);
+        assert!(n >= 1, "{series} not observed");
+    }
     let n = w.sim.get::<Node>("", &node).unwrap();
     assert_eq!(n["spec"]["unschedulable"], true);
     assert_eq!(

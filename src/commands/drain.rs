@@ -116,6 +116,7 @@ pub async fn drain(
         mode,
         source: Source::Cli,
         budget: None,
+        noticed: None,
     });
     let outcome = engine.wait_for(&id).await;
     tokio::time::sleep(Duration::from_millis(50)).await;

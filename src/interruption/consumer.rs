@@ -231,6 +231,7 @@ impl Consumer {
                     mode: Mode::DrainOnly,
                     source: Source::Interruption,
                     budget,
+                    noticed: n.time().map(|t| (n.kind(), t)),
                 });
                 self.started(n, &instance_id, started);
                 Ok(if started { label } else { "duplicate" })
@@ -261,6 +262,7 @@ impl Consumer {
                     },
                     source: Source::Asg,
                     budget: None,
+                    noticed: n.time().map(|t| (n.kind(), t)),
                 });
                 self.started(n, &instance_id, started);
                 Ok(if started { label } else { "duplicate" })

@@ -22,7 +22,7 @@ use super::{
     evict, terminate, volumes, Budget, DaemonSetPolicy, DeadlinePolicy, DrainRequest, Engine, Mode,
     Outcome, Source,
 };
-use crate::telemetry::metrics::{metrics, StageLabels};
+use crate::telemetry::metrics::{metrics, KindLabels, StageLabels};
 
 /// The mode annotation of a drain an interruption notice started.
 pub const INTERRUPTION_MARK: &str = "interruption";
@@ -105,6 +105,13 @@ async fn run_inner(engine: &Arc<Engine>, req: &DrainRequest) -> Outcome {
     };
     if let (Some(b), Some(n)) = (req.budget, &node) {
         interruption_timing(engine, n, b).await;
+    }
+    if let (Some((kind, at)), Outcome::Ended | Outcome::Drained) = (req.noticed, &outcome) {
+        let took = (chrono::Utc::now() - at).to_std().unwrap_or_default();
+        metrics()
+            .notice_to_end
+            .get_or_create(&KindLabels { kind })
+            .observe(took.as_secs_f64());
     }
     outcome
 }

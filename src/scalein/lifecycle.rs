@@ -203,6 +203,7 @@ pub async fn scan(engine: &Arc<Engine>, provider: &Arc<Provider>) -> usize {
                 mode,
                 source: Source::Asg,
                 budget: None,
+                noticed: None,
             }) {
                 started += 1;
             }
@@ -268,6 +269,7 @@ pub async fn resume(engine: &Arc<Engine>, provider: &Arc<Provider>) -> usize {
             mode: Mode::Direct,
             source: Source::Resume,
             budget: None,
+            noticed: None,
         }) {
             tracing::info!(node = %node, instance = %iid, "resuming drain after restart");
             n += 1;
@@ -294,6 +296,7 @@ fn resume_interruptions(engine: &Arc<Engine>) -> usize {
             mode: Mode::DrainOnly,
             source: Source::Interruption,
             budget: None,
+            noticed: None,
         }) {
             tracing::info!(node = %node, instance = %iid, "resuming an interruption drain after a restart");
             n += 1;

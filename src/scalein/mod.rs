@@ -218,6 +218,9 @@ pub struct DrainRequest {
     pub source: Source,
     /// Set when AWS ends the instance at a known time whatever the drain does.
     pub budget: Option<Budget>,
+    /// The notice that asked for the drain (queue mode): its kind and AWS's time,
+    /// for the time from notice to the instance's end.
+    pub noticed: Option<(&'static str, chrono::DateTime<chrono::Utc>)>,
 }
 
 /// How a drain ended.
@@ -638,6 +641,7 @@ impl ScaleIn for DrainScaleIn {
                 mode,
                 source: Source::ClusterAutoscaler,
                 budget: None,
+                noticed: None,
             });
         } else {
             tracing::info!(group = %group.asg.name, instance = %instance.id, "not the leader: the drain is recorded; the leader runs it");
@@ -661,6 +665,7 @@ impl ScaleIn for DrainScaleIn {
                 mode: engine.mode_for(group, &instance.id),
                 source: Source::ClusterAutoscaler,
                 budget: None,
+                noticed: None,
             },
         )
         .await

@@ -106,6 +106,7 @@ pub struct Metrics {
     pub queue_handled: Family<KindOutcomeLabels, Counter>,
     pub queue_dropped: Family<ReasonLabels, Counter>,
     pub notice_to_drain: Family<KindLabels, Histogram>,
+    pub notice_to_end: Family<KindLabels, Histogram>,
     pub interruption_budget_missed: Counter,
 }
 
@@ -151,6 +152,7 @@ impl Metrics {
             queue_handled: Family::default(),
             queue_dropped: Family::default(),
             notice_to_drain: Family::new_with_constructor(stage_histogram as fn() -> Histogram),
+            notice_to_end: Family::new_with_constructor(stage_histogram as fn() -> Histogram),
             interruption_budget_missed: Counter::default(),
             registry: Registry::default(),
         };
@@ -275,6 +277,11 @@ impl Metrics {
             "notice_to_drain_seconds",
             "Time from the event AWS sent to the drain it started, by kind",
             m.notice_to_drain.clone(),
+        );
+        r.register(
+            "notice_to_drained_seconds",
+            "Time from the event AWS sent to the end of its drain (node drained, or lifecycle action completed), by kind",
+            m.notice_to_end.clone(),
         );
         r.register(
             "interruption_budget_missed",
