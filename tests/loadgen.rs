@@ -52,3 +52,30 @@ fn loadgen_drives_a_ca_loop_and_reports_zero_aws_calls_in_steady_state() {
         "both drained nodes were ended"
     );
 }
+
+/// The drain storm's code path at a size CI can afford (README has the 500-node
+/// run): every hook is completed, none times out, no PDB is broken, DaemonSet pods
+/// leave last on every node, and the API rate stays within apiQps plus the burst.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_small_drain_storm_keeps_every_invariant() {
+    use ca_asg_provider::commands::loadgen::drain_storm::{run, StormOptions};
+    let mut o = StormOptions::new(4);
+    o.pods_per_node = 3;
+    o.set_size = 3;
+    o.limit = std::time::Duration::from_secs(300);
+    let r = run(&o).await.unwrap();
+    assert_eq!(r.nodes, 4);
+    assert_eq!(r.workload_pods, 12);
+    assert_eq!(r.hook_timeouts, 0, "{r:?}");
+    assert_eq!(r.pdb_violations, 0, "{r:?}");
+    assert_eq!(r.daemonset_last_violations, 0, "{r:?}");
+    assert!(r.min_hook_slack_s > 0.0, "{r:?}");
+    assert!(
+        r.api_qps_peak <= r.api_qps_limit + r.api_burst as f64,
+        "{r:?}"
+    );
+    assert!(
+        r.node_drain_s.max >= r.slowest_floor_s,
+        "no drain beats its pods' own floor: {r:?}"
+    );
+}

@@ -63,7 +63,6 @@ pub async fn cordon(
 ) -> Result<Cordoned, kube::Error> {
     let api: Api<Node> = Api::all(engine.client.clone());
     for _ in 0..CONFLICT_RETRIES {
-        engine.limiter.acquire().await;
         let Some(current) = api.get_opt(node).await? else {
             return Ok(Cordoned::NodeGone);
         };
@@ -119,7 +118,6 @@ pub async fn cordon(
             },
             "spec": { "unschedulable": true, "taints": taints },
         });
-        engine.limiter.acquire().await;
         match api
             .patch(node, &PatchParams::default(), &Patch::Merge(&patch))
             .await
@@ -151,7 +149,6 @@ pub async fn cordon(
 pub async fn uncordon(engine: &Engine, node: &str) -> Result<(), kube::Error> {
     let api: Api<Node> = Api::all(engine.client.clone());
     for _ in 0..CONFLICT_RETRIES {
-        engine.limiter.acquire().await;
         let Some(current) = api.get_opt(node).await? else {
             return Ok(());
         };
@@ -183,7 +180,6 @@ pub async fn uncordon(engine: &Engine, node: &str) -> Result<(), kube::Error> {
             },
             "spec": spec_patch,
         });
-        engine.limiter.acquire().await;
         match api
             .patch(node, &PatchParams::default(), &Patch::Merge(&patch))
             .await

@@ -527,7 +527,6 @@ async fn end_remaining_workloads(d: &NodeDrain<'_>, pods: &mut NodePods) {
         );
         if p.metadata.deletion_timestamp.is_none() {
             let api: Api<Pod> = Api::namespaced(d.engine.client.clone(), &r.namespace);
-            d.engine.limiter.acquire().await;
             let params = DeleteParams {
                 preconditions: Some(Preconditions {
                     uid: Some(r.uid.clone()),

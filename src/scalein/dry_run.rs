@@ -119,7 +119,6 @@ pub async fn describe(engine: &Engine, req: &DrainRequest) -> String {
         }
         Ok(Some(n)) => n,
     };
-    engine.limiter.acquire().await;
     let pods = Api::<Pod>::all(engine.client.clone())
         .list(&ListParams::default().fields(&format!("spec.nodeName={node}")))
         .await;

@@ -64,7 +64,6 @@ pub fn classify_429(status: &kube::core::Status) -> Attempt {
 /// is a precondition).
 pub async fn attempt(engine: &Engine, pod: &PodRef) -> Attempt {
     let api: Api<Pod> = Api::namespaced(engine.client.clone(), &pod.namespace);
-    engine.limiter.acquire().await;
     let params = EvictParams {
         delete_options: Some(DeleteParams {
             preconditions: Some(Preconditions {
@@ -116,7 +115,6 @@ pub async fn attempt(engine: &Engine, pod: &PodRef) -> Attempt {
 /// The PodDisruptionBudgets of the pod's namespace whose selector matches it.
 async fn budgets_selecting(engine: &Engine, pod: &PodRef) -> Vec<String> {
     let api: Api<PodDisruptionBudget> = Api::namespaced(engine.client.clone(), &pod.namespace);
-    engine.limiter.acquire().await;
     let list = match api.list(&ListParams::default()).await {
         Ok(l) => l,
         Err(e) => {

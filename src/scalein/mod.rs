@@ -260,7 +260,9 @@ pub struct Engine {
     pub(crate) cloud: Arc<dyn Cloud>,
     pub(crate) provider: Option<Arc<Provider>>,
     pub(crate) settings: ScaleInSettings,
-    pub(crate) limiter: ratelimit::RateLimiter,
+    /// The client without the drains' rate limit, for the Lease alone: a renewal
+    /// must not queue behind a storm's evictions, or leadership is lost mid-storm.
+    lease_client: kube::Client,
     pub(crate) events: events::Events,
     pub(crate) nodes: nodes::NodeIndex,
     slots: Arc<tokio::sync::Semaphore>,
@@ -286,7 +288,14 @@ impl Engine {
         provider: Option<Arc<Provider>>,
         settings: ScaleInSettings,
     ) -> Arc<Self> {
-        let limiter = ratelimit::RateLimiter::new(settings.api_qps, settings.api_burst);
+        let limiter = Arc::new(ratelimit::RateLimiter::new(
+            settings.api_qps,
+            settings.api_burst,
+        ));
+        // Every request, watches and Events included, as client-go's own limiter
+        // does: the rate holds however many drains run.
+        let lease_client = client.clone();
+        let client = ratelimit::limited_client(client, limiter);
         let slots = Arc::new(tokio::sync::Semaphore::new(
             settings.max_concurrent_drains.max(1),
         ));
@@ -304,7 +313,7 @@ impl Engine {
             cloud,
             provider,
             settings,
-            limiter,
+            lease_client,
             slots,
             inflight: Mutex::new(HashMap::new()),
             leadership: std::sync::OnceLock::new(),
@@ -355,7 +364,7 @@ impl Engine {
         tracing::info!(lease = %self.settings.lease_name, %namespace, %identity, "leader election: the drain loop runs on the Lease holder");
         self.follow_leadership(leader::spawn(
             self.liveness.clone(),
-            self.client.clone(),
+            self.lease_client.clone(),
             leader::LeaseSettings {
                 name: self.settings.lease_name.clone(),
                 namespace,
@@ -551,7 +560,6 @@ impl Engine {
                 return Ok(Some(n));
             }
         }
-        self.limiter.acquire().await;
         nodes::find_node(&self.client, instance_id, name).await
     }
 }

@@ -78,7 +78,6 @@ pub async fn volumes_of(engine: &Engine, pods: &[Pod]) -> HashSet<String> {
             .map(|c| c.claim_name.clone());
         for claim in claims {
             let api: Api<PersistentVolumeClaim> = Api::namespaced(engine.client.clone(), ns);
-            engine.limiter.acquire().await;
             match api.get_opt(&claim).await {
                 Ok(Some(pvc)) => {
                     if let Some(pv) = pvc.spec.and_then(|s| s.volume_name) {

@@ -2,7 +2,7 @@
 //! delay, terminating pods go away after their preStop time), a scheduler, and the
 //! ReplicaSet and DaemonSet controllers, all driven by store changes, not polling.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -96,6 +96,27 @@ fn blocking_taints(node: &Value) -> Vec<Value> {
 /// The node a new pod goes to: Ready, schedulable, taints tolerated, nodeSelector
 /// matched; the least loaded.
 pub fn pick_node(nodes_list: &[Value], pods_list: &[Value], spec: &Value) -> Option<String> {
+    pick_node_loaded(nodes_list, &node_load(pods_list), spec)
+}
+
+/// Pods per node, not counting terminating ones.
+fn node_load(pods_list: &[Value]) -> HashMap<String, usize> {
+    let mut load = HashMap::new();
+    for p in pods_list.iter().filter(|p| !terminating(p)) {
+        *load
+            .entry(s(p, &["spec", "nodeName"]).to_string())
+            .or_default() += 1;
+    }
+    load
+}
+
+/// [`pick_node`] with the pods per node counted once by the caller: the controllers
+/// place thousands of pods in a storm, and recounting per pod was quadratic.
+fn pick_node_loaded(
+    nodes_list: &[Value],
+    load: &HashMap<String, usize>,
+    spec: &Value,
+) -> Option<String> {
     let selector = spec["nodeSelector"].as_object();
     nodes_list
         .iter()
@@ -123,13 +144,7 @@ pub fn pick_node(nodes_list: &[Value], pods_list: &[Value], spec: &Value) -> Opt
         })
         .min_by_key(|n| {
             let name = s(n, &["metadata", "name"]);
-            (
-                pods_list
-                    .iter()
-                    .filter(|p| s(p, &["spec", "nodeName"]) == name && !terminating(p))
-                    .count(),
-                name.to_string(),
-            )
+            (load.get(name).copied().unwrap_or(0), name.to_string())
         })
         .map(|n| s(n, &["metadata", "name"]).to_string())
 }
@@ -139,12 +154,6 @@ fn owner_ref(kind: &str, obj: &Value) -> Value {
         "apiVersion": "apps/v1", "kind": kind, "name": s(obj, &["metadata", "name"]),
         "uid": s(obj, &["metadata", "uid"]), "controller": true, "blockOwnerDeletion": true,
     }])
-}
-
-fn owned_by(pod: &Value, uid: &str) -> bool {
-    pod["metadata"]["ownerReferences"]
-        .as_array()
-        .is_some_and(|o| o.iter().any(|r| r["uid"] == uid && r["controller"] == true))
 }
 
 /// Runs the kubelet and controllers until the store's channel closes.
@@ -305,24 +314,39 @@ fn reconcile(store: &Arc<Store>, opts: &SimOptions, timers: &mut HashSet<String>
             });
         }
     }
-    // ReplicaSets.
+    // ReplicaSets and DaemonSets, from one list of the pods and nodes as they are
+    // now (kept current as pods are created), not one list per set and node.
+    let pods_now = inner.list(pods(), None);
+    let nodes_now = inner.list(nodes(), None);
+    let mut load = node_load(&pods_now);
+    let mut live: HashMap<String, i64> = HashMap::new();
+    let mut ds_on: HashSet<(String, String)> = HashSet::new();
+    for p in pods_now.iter().filter(|p| !terminating(p) && !finished(p)) {
+        for r in p["metadata"]["ownerReferences"]
+            .as_array()
+            .into_iter()
+            .flatten()
+        {
+            if r["controller"] != true {
+                continue;
+            }
+            let uid = r["uid"].as_str().unwrap_or_default().to_string();
+            *live.entry(uid.clone()).or_default() += 1;
+            ds_on.insert((uid, s(p, &["spec", "nodeName"]).to_string()));
+        }
+    }
     let rs_res = resource("apps", "replicasets").expect("rs");
     for rs in inner.list(rs_res, None) {
         let uid = s(&rs, &["metadata", "uid"]).to_string();
         let ns = s(&rs, &["metadata", "namespace"]).to_string();
-        let current = inner.list(pods(), Some(&ns));
-        let live = current
-            .iter()
-            .filter(|p| owned_by(p, &uid) && !terminating(p) && !finished(p))
-            .count() as i64;
+        let have = live.get(&uid).copied().unwrap_or(0);
         let want = rs["spec"]["replicas"].as_i64().unwrap_or(1);
-        for _ in live..want {
+        for _ in have..want {
             let mut pod = json!({"metadata": rs["spec"]["template"]["metadata"].clone(), "spec": rs["spec"]["template"]["spec"].clone()});
             pod["metadata"]["generateName"] = json!(format!("{}-", s(&rs, &["metadata", "name"])));
             pod["metadata"]["ownerReferences"] = owner_ref("ReplicaSet", &rs);
-            let nodes_now = inner.list(nodes(), None);
-            let pods_now = inner.list(pods(), None);
-            if let Some(n) = pick_node(&nodes_now, &pods_now, &pod["spec"]) {
+            if let Some(n) = pick_node_loaded(&nodes_now, &load, &pod["spec"]) {
+                *load.entry(n.clone()).or_default() += 1;
                 pod["spec"]["nodeName"] = json!(n);
             }
             pod["status"] = json!({"phase": "Pending"});
@@ -335,30 +359,26 @@ fn reconcile(store: &Arc<Store>, opts: &SimOptions, timers: &mut HashSet<String>
         let uid = s(&ds, &["metadata", "uid"]).to_string();
         let ns = s(&ds, &["metadata", "namespace"]).to_string();
         let tolerations = &ds["spec"]["template"]["spec"]["tolerations"];
-        for node in inner.list(nodes(), None) {
-            let name = s(&node, &["metadata", "name"]).to_string();
-            if terminating(&node) {
+        for node in &nodes_now {
+            let name = s(node, &["metadata", "name"]).to_string();
+            if terminating(node) {
                 continue;
             }
-            let eligible = blocking_taints(&node)
+            let eligible = blocking_taints(node)
                 .iter()
                 .filter(|t| t["key"] != "node.kubernetes.io/unschedulable")
                 .all(|t| tolerates(tolerations, t));
-            if !eligible {
-                continue;
-            }
-            let has = inner.list(pods(), Some(&ns)).iter().any(|p| {
-                owned_by(p, &uid) && s(p, &["spec", "nodeName"]) == name && !terminating(p)
-            });
-            if has {
+            if !eligible || ds_on.contains(&(uid.clone(), name.clone())) {
                 continue;
             }
             let mut pod = json!({"metadata": ds["spec"]["template"]["metadata"].clone(), "spec": ds["spec"]["template"]["spec"].clone()});
             pod["metadata"]["generateName"] = json!(format!("{}-", s(&ds, &["metadata", "name"])));
             pod["metadata"]["ownerReferences"] = owner_ref("DaemonSet", &ds);
-            pod["spec"]["nodeName"] = json!(name);
+            pod["spec"]["nodeName"] = json!(name.clone());
             pod["status"] = json!({"phase": "Pending"});
-            let _ = inner.create(pods(), &ns, pod);
+            if inner.create(pods(), &ns, pod).is_ok() {
+                ds_on.insert((uid.clone(), name));
+            }
         }
     }
 }

@@ -144,6 +144,8 @@ struct State {
     calls: BTreeMap<String, u64>,
     completed_actions: Vec<(LifecycleAction, LifecycleResult)>,
     heartbeats: Vec<LifecycleAction>,
+    /// At each heartbeat and completion: the instance and how long its hook had left.
+    hook_slack: Vec<(String, Duration)>,
     /// Operations that fail once with a throttle, for error-path tests.
     throttle_next: HashMap<String, u32>,
     /// Instances the ASG chose to end itself because SetDesiredCapacity went below
@@ -228,6 +230,12 @@ impl MemoryCloud {
     }
 
     /// Heartbeats recorded so far, in order.
+    /// Per heartbeat and completion: the instance and the time its hook had left
+    /// (zero: it had timed out).
+    pub fn hook_slack(&self) -> Vec<(String, Duration)> {
+        self.state.lock().hook_slack.clone()
+    }
+
     pub fn heartbeats(&self) -> Vec<LifecycleAction> {
         self.state.lock().heartbeats.clone()
     }
@@ -721,8 +729,13 @@ impl Cloud for MemoryCloud {
             .iter_mut()
             .find(|i| i.id == action.instance_id && i.state == LifecycleState::TerminatingWait)
             .ok_or_else(|| rejected_no_action(action))?;
-        inst.hook_deadline = Some(Instant::now() + Duration::from_secs(timeout.max(1) as u64));
+        let now = Instant::now();
+        let left = inst.hook_deadline.map(|d| d.saturating_duration_since(now));
+        inst.hook_deadline = Some(now + Duration::from_secs(timeout.max(1) as u64));
         st.heartbeats.push(action.clone());
+        if let Some(left) = left {
+            st.hook_slack.push((action.instance_id.clone(), left));
+        }
         Ok(())
     }
 
@@ -751,8 +764,14 @@ impl Cloud for MemoryCloud {
             .ok_or_else(|| rejected_no_action(action))?;
         inst.state = LifecycleState::TerminatingProceed;
         inst.since = Instant::now();
-        inst.hook_deadline = None;
+        let left = inst
+            .hook_deadline
+            .take()
+            .map(|d| d.saturating_duration_since(inst.since));
         st.completed_actions.push((action.clone(), result));
+        if let Some(left) = left {
+            st.hook_slack.push((action.instance_id.clone(), left));
+        }
         Ok(())
     }
 

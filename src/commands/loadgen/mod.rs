@@ -4,6 +4,7 @@
 
 mod ca_loop;
 pub mod drain_overhead;
+pub mod drain_storm;
 mod process;
 pub mod stats;
 
@@ -51,6 +52,13 @@ pub struct LoadgenArgs {
     /// Write the report as JSON to this file.
     #[arg(long)]
     pub json: Option<PathBuf>,
+    /// Instead of the CA loop: a drain storm of this many nodes entering
+    /// Terminating:Wait at once, on the in-memory API server (README "Performance").
+    #[arg(long, value_name = "NODES")]
+    pub drain_storm: Option<usize>,
+    /// The storm's Kubernetes API rate limit (scaleIn.apiQps).
+    #[arg(long, default_value_t = 50.0)]
+    pub storm_api_qps: f64,
 }
 
 #[derive(Debug, Serialize)]
@@ -205,6 +213,19 @@ fn mib(b: u64) -> f64 {
 }
 
 pub async fn run(args: LoadgenArgs) -> anyhow::Result<()> {
+    if let Some(nodes) = args.drain_storm {
+        anyhow::ensure!(nodes >= 1, "--drain-storm must be at least 1");
+        let mut o = drain_storm::StormOptions::new(nodes);
+        o.api_qps = args.storm_api_qps;
+        o.api_burst = (args.storm_api_qps * 2.0) as u32;
+        let report = drain_storm::run(&o).await?;
+        println!("{}", serde_json::to_string_pretty(&report)?);
+        if let Some(path) = &args.json {
+            std::fs::write(path, serde_json::to_vec_pretty(&report)?)
+                .with_context(|| format!("writing {}", path.display()))?;
+        }
+        return Ok(());
+    }
     let report = measure(&args).await?;
     print(&report);
     if let Some(path) = &args.json {

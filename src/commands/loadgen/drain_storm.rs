@@ -1,0 +1,429 @@
+//! A drain storm: every instance of a hooked group enters Terminating:Wait in the same
+//! instant (an instance refresh, an AZ rebalance), each node running ReplicaSet pods
+//! under PDBs that allow one at a time and DaemonSet pods; the lifecycle loop finds
+//! them and drains them all. Reports how long the storm took against the pods' own
+//! grace floor, the heartbeats and the slack left on every hook, the API request rate
+//! against `apiQps`, PDB refusals, and the process's CPU and peak RSS; and checks
+//! that no hook timed out, no PDB was broken and DaemonSet pods left last everywhere.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::{Node, Pod};
+use serde::Serialize;
+
+use super::process::ProcWatch;
+use crate::cloud::memory::{MemoryCloud, MemoryGroup, MemoryTiming};
+use crate::cloud::GroupSelector;
+use crate::provider::{Provider, ProviderSettings};
+use crate::scalein::{lifecycle, Engine, ScaleInSettings};
+use crate::sim::{fixtures, SimCluster, SimOptions};
+
+/// The storm's shape.
+#[derive(Debug, Clone)]
+pub struct StormOptions {
+    pub nodes: usize,
+    pub pods_per_node: usize,
+    /// Replicas per ReplicaSet (each with a PDB of maxUnavailable 1).
+    pub set_size: usize,
+    /// Nodes of a second group that take the evicted pods.
+    pub spare_nodes: usize,
+    pub api_qps: f64,
+    pub api_burst: u32,
+    pub hook_timeout_secs: i32,
+    /// Gives up after this long.
+    pub limit: Duration,
+}
+
+impl StormOptions {
+    pub fn new(nodes: usize) -> Self {
+        Self {
+            nodes,
+            pods_per_node: 10,
+            set_size: 10,
+            spare_nodes: nodes.div_ceil(2).max(2),
+            api_qps: 50.0,
+            api_burst: 100,
+            hook_timeout_secs: 120,
+            limit: Duration::from_secs(1800),
+        }
+    }
+}
+
+#[derive(Debug, Serialize, Clone)]
+pub struct StormReport {
+    pub nodes: usize,
+    pub workload_pods: usize,
+    pub daemonset_pods: usize,
+    /// From the instant all entered Terminating:Wait to the last lifecycle action.
+    pub all_ended_s: f64,
+    /// Per node: DrainStarted to LifecycleCompleted.
+    pub node_drain_s: Spread,
+    /// Per node: its pods' own floor (the longest workload preStop, then the longest
+    /// DaemonSet preStop).
+    pub slowest_floor_s: f64,
+    /// The time `apiQps` alone needs for the storm's requests beyond the burst.
+    pub api_pacing_s: f64,
+    /// The target: 1.2 x the slowest floor, plus the API pacing.
+    pub target_s: f64,
+    pub heartbeats_per_hook: f64,
+    /// The least time any hook had left at a heartbeat or its completion.
+    pub min_hook_slack_s: f64,
+    pub hook_timeouts: usize,
+    pub api_requests: u64,
+    pub api_qps_mean: f64,
+    pub api_qps_peak: f64,
+    pub api_qps_limit: f64,
+    pub api_burst: u32,
+    pub evictions_refused_by_pdb: u64,
+    /// ReplicaSets seen with fewer Ready pods than replicas - maxUnavailable.
+    pub pdb_violations: usize,
+    /// Nodes where a DaemonSet pod began leaving while a workload pod was there.
+    pub daemonset_last_violations: usize,
+    pub cpu_s: f64,
+    pub peak_rss_mib: f64,
+}
+
+/// p50, p99 and max of a sample, in seconds.
+#[derive(Debug, Serialize, Clone, PartialEq)]
+pub struct Spread {
+    pub p50: f64,
+    pub p99: f64,
+    pub max: f64,
+}
+
+impl Spread {
+    pub fn of(mut v: Vec<f64>) -> Self {
+        v.sort_by(f64::total_cmp);
+        let at = |p: f64| {
+            if v.is_empty() {
+                return 0.0;
+            }
+            let i = ((v.len() as f64 * p).ceil() as usize).clamp(1, v.len()) - 1;
+            (v[i] * 100.0).round() / 100.0
+        };
+        Spread {
+            p50: at(0.50),
+            p99: at(0.99),
+            max: at(1.0),
+        }
+    }
+}
+
+async fn set_unschedulable(sim: &SimCluster, node: &str, on: bool) -> anyhow::Result<()> {
+    let nodes: kube::Api<Node> = kube::Api::all(sim.client());
+    nodes
+        .patch(
+            node,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(serde_json::json!({"spec": {"unschedulable": on}})),
+        )
+        .await?;
+    Ok(())
+}
+
+async fn until(what: &str, limit: Duration, mut f: impl FnMut() -> bool) -> anyhow::Result<()> {
+    let end = Instant::now() + limit;
+    while !f() {
+        anyhow::ensure!(Instant::now() < end, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    Ok(())
+}
+
+fn ready(p: &serde_json::Value) -> bool {
+    p["metadata"]["deletionTimestamp"].is_null() && p["status"]["conditions"][0]["status"] == "True"
+}
+
+/// How long the fake kubelet takes to make a pod Ready.
+const READY_DELAY: Duration = Duration::from_millis(100);
+
+/// preStop seconds of the ReplicaSet `i`: a mix from half a second to three.
+fn prestop_of(i: usize) -> f64 {
+    [0.5, 1.0, 2.0, 3.0][i % 4]
+}
+
+pub async fn run(o: &StormOptions) -> anyhow::Result<StormReport> {
+    let me = ProcWatch::new(std::process::id());
+    let sim = Arc::new(
+        SimCluster::start(SimOptions {
+            ready_delay: READY_DELAY,
+        })
+        .await?,
+    );
+    let timing = MemoryTiming {
+        launch_delay: Duration::from_millis(50),
+        terminate_delay: Duration::from_millis(50),
+        hook_delay: Duration::ZERO,
+    };
+    let n = o.nodes as i32;
+    let cloud = MemoryCloud::new(
+        vec![
+            MemoryGroup::new("storm", 0, n, n, "m5.large")
+                .terminating_hook("ca-asg-provider-drain", o.hook_timeout_secs),
+            MemoryGroup::new(
+                "spare",
+                0,
+                o.spare_nodes as i32,
+                o.spare_nodes as i32,
+                "m5.large",
+            ),
+        ],
+        timing,
+    );
+    sim.follow_cloud(cloud.clone());
+    let total_nodes = o.nodes + o.spare_nodes;
+    until("a Node per instance", o.limit, || {
+        sim.list::<Node>().len() == total_nodes
+    })
+    .await?;
+    let spare: Vec<String> = cloud
+        .instances()
+        .into_iter()
+        .filter(|(g, _)| g == "spare")
+        .map(|(_, i)| crate::sim::node_name(&i.id))
+        .collect();
+    // The workloads go to the storm's nodes: the spare ones take only what is evicted.
+    for node in &spare {
+        set_unschedulable(&sim, node, true).await?;
+    }
+    sim.create(&fixtures::daemonset("logging", "log-shipper", 0.5, false))?;
+    sim.create(&fixtures::daemonset(
+        "monitoring",
+        "metrics-agent",
+        0.2,
+        false,
+    ))?;
+    // One ReplicaSet per node's worth of pods; each spreads over the least loaded
+    // nodes, so a node carries pods of several ReplicaSets.
+    let size = o.set_size.max(1);
+    let sets = (o.nodes * o.pods_per_node).div_ceil(size);
+    let mut replicas_of: BTreeMap<String, i32> = BTreeMap::new();
+    for i in 0..sets {
+        let app = format!("app-{i:04}");
+        sim.create(&fixtures::replicaset(
+            "shop",
+            &app,
+            size as i32,
+            prestop_of(i),
+        ))?;
+        sim.create(&fixtures::pdb("shop", &app, 1))?;
+        replicas_of.insert(app, size as i32);
+    }
+    let want = sets * size + 2 * total_nodes;
+    until("every pod ready", o.limit, || {
+        sim.list::<Pod>().iter().filter(|p| ready(p)).count() >= want
+    })
+    .await?;
+    for node in &spare {
+        set_unschedulable(&sim, node, false).await?;
+    }
+    let pods_on: HashMap<String, (String, bool, f64)> = sim
+        .list::<Pod>()
+        .iter()
+        .filter_map(|p| {
+            let ds = p["metadata"]["ownerReferences"][0]["kind"] == "DaemonSet";
+            let prestop = p["metadata"]["annotations"][crate::sim::cluster::PRESTOP_ANNOTATION]
+                .as_str()
+                .and_then(|s| s.parse().ok())
+                .unwrap_or(0.0);
+            Some((
+                p["metadata"]["name"].as_str()?.to_string(),
+                (p["spec"]["nodeName"].as_str()?.to_string(), ds, prestop),
+            ))
+        })
+        .collect();
+
+    let provider = Provider::new(
+        Arc::new(cloud.clone()),
+        ProviderSettings {
+            selector: GroupSelector {
+                names: vec!["storm".into(), "spare".into()],
+                tag_sets: vec![],
+            },
+            ..ProviderSettings::default()
+        },
+    );
+    provider.refresh_now().await?;
+    let settings = ScaleInSettings {
+        api_qps: o.api_qps,
+        api_burst: o.api_burst,
+        max_concurrent_drains: o.nodes.max(1),
+        lifecycle_poll_interval: Duration::from_secs(2),
+        eviction_retry: Duration::from_secs(1),
+        ..ScaleInSettings::default()
+    };
+    let engine = Engine::new(
+        sim.client(),
+        Arc::new(cloud.clone()),
+        Some(provider.clone()),
+        settings,
+    );
+    until("the Node cache", o.limit, || provider.drain_state_known()).await?;
+
+    // PDBs, sampled: the fewest Ready pods each ReplicaSet had.
+    let min_ready: Arc<parking_lot::Mutex<BTreeMap<String, i32>>> =
+        Arc::new(parking_lot::Mutex::new(replicas_of.clone()));
+    let sampler = {
+        let sim = sim.clone();
+        let min_ready = min_ready.clone();
+        tokio::spawn(async move {
+            loop {
+                let mut count: BTreeMap<String, i32> = BTreeMap::new();
+                for p in sim.list::<Pod>().iter().filter(|p| ready(p)) {
+                    if let Some(app) = p["metadata"]["labels"]["app"].as_str() {
+                        *count.entry(app.to_string()).or_default() += 1;
+                    }
+                }
+                {
+                    let mut m = min_ready.lock();
+                    for (app, low) in m.iter_mut() {
+                        *low = (*low).min(count.get(app).copied().unwrap_or(0));
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        })
+    };
+
+    let cpu_before = me.sample().map(|s| s.cpu_seconds).unwrap_or(0.0);
+    let requests_before = sim.requests().total();
+    let started = Instant::now();
+    let ended = cloud.external_scale_in("storm", n)?;
+    anyhow::ensure!(
+        ended.len() == o.nodes,
+        "only {} instances entered Terminating:Wait",
+        ended.len()
+    );
+    let lifecycle_loop = lifecycle::spawn_loop(engine.clone(), provider.clone());
+    let mut rate = Vec::new();
+    let mut peak_rss = 0.0f64;
+    let mut last = requests_before;
+    loop {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let now = sim.requests().total();
+        rate.push((now - last) as f64);
+        last = now;
+        if let Ok(s) = me.sample() {
+            peak_rss = peak_rss.max(s.rss_bytes as f64 / (1024.0 * 1024.0));
+        }
+        if cloud.completed_actions().len() >= o.nodes {
+            break;
+        }
+        anyhow::ensure!(
+            started.elapsed() < o.limit,
+            "storm not over after {:?}: {} of {} lifecycle actions completed",
+            o.limit,
+            cloud.completed_actions().len(),
+            o.nodes
+        );
+    }
+    let all_ended = started.elapsed();
+    let api_requests = sim.requests().total() - requests_before;
+    let cpu_s = me.sample().map(|s| s.cpu_seconds).unwrap_or(0.0) - cpu_before;
+    lifecycle_loop.abort();
+    sampler.abort();
+    engine.shutdown();
+
+    // Per node: DrainStarted -> LifecycleCompleted, from the Events' creation.
+    let reasons: HashMap<String, (String, String)> = sim
+        .list::<k8s_openapi::api::events::v1::Event>()
+        .iter()
+        .filter(|e| e["reason"] == "DrainStarted" || e["reason"] == "LifecycleCompleted")
+        .filter_map(|e| {
+            Some((
+                e["metadata"]["name"].as_str()?.to_string(),
+                (
+                    e["reason"].as_str()?.to_string(),
+                    e["regarding"]["name"].as_str()?.to_string(),
+                ),
+            ))
+        })
+        .collect();
+    let audit = sim.audit();
+    let mut began: HashMap<String, Instant> = HashMap::new();
+    let mut done: HashMap<String, Instant> = HashMap::new();
+    let mut last_workload_gone: HashMap<String, usize> = HashMap::new();
+    let mut first_ds_leaving: HashMap<String, usize> = HashMap::new();
+    for (i, a) in audit.iter().enumerate() {
+        match (a.kind, a.verb.as_str()) {
+            ("Event", "create") => match reasons.get(&a.name) {
+                Some((r, node)) if r == "DrainStarted" => {
+                    began.entry(node.clone()).or_insert(a.at);
+                }
+                Some((_, node)) => {
+                    done.insert(node.clone(), a.at);
+                }
+                None => {}
+            },
+            ("Pod", "removed") => {
+                if let Some((node, false, _)) = pods_on.get(&a.name) {
+                    last_workload_gone.insert(node.clone(), i);
+                }
+            }
+            ("Pod", "deletion-started") => {
+                if let Some((node, true, _)) = pods_on.get(&a.name) {
+                    first_ds_leaving.entry(node.clone()).or_insert(i);
+                }
+            }
+            _ => {}
+        }
+    }
+    let daemonset_last_violations = first_ds_leaving
+        .iter()
+        .filter(|(node, ds)| last_workload_gone.get(*node).is_some_and(|w| w > ds))
+        .count();
+    let drain_s: Vec<f64> = done
+        .iter()
+        .filter_map(|(node, end)| Some(end.duration_since(*began.get(node)?).as_secs_f64()))
+        .collect();
+    let mut floor: HashMap<String, (f64, f64)> = HashMap::new();
+    for (node, ds, prestop) in pods_on.values() {
+        let f = floor.entry(node.clone()).or_default();
+        if *ds {
+            f.1 = f.1.max(*prestop);
+        } else {
+            f.0 = f.0.max(*prestop);
+        }
+    }
+    let slowest_floor_s = floor.values().map(|(w, d)| w + d).fold(0.0, f64::max);
+    let api_pacing_s = (api_requests as f64 - f64::from(o.api_burst)).max(0.0) / o.api_qps;
+    let slack = cloud.hook_slack();
+    let min_hook_slack_s = slack
+        .iter()
+        .map(|(_, d)| d.as_secs_f64())
+        .fold(f64::INFINITY, f64::min);
+    let pdb_violations = min_ready
+        .lock()
+        .iter()
+        .filter(|(app, low)| **low < replicas_of[*app] - 1)
+        .count();
+    let secs = all_ended.as_secs_f64().max(1e-9);
+    Ok(StormReport {
+        nodes: o.nodes,
+        workload_pods: sets * size,
+        daemonset_pods: 2 * total_nodes,
+        all_ended_s: secs,
+        node_drain_s: Spread::of(drain_s),
+        slowest_floor_s,
+        api_pacing_s,
+        target_s: 1.2 * slowest_floor_s + api_pacing_s,
+        heartbeats_per_hook: cloud.heartbeats().len() as f64 / o.nodes as f64,
+        min_hook_slack_s,
+        hook_timeouts: cloud.hook_timeouts().len(),
+        api_requests,
+        api_qps_mean: api_requests as f64 / secs,
+        api_qps_peak: rate.iter().copied().fold(0.0, f64::max),
+        api_qps_limit: o.api_qps,
+        api_burst: o.api_burst,
+        evictions_refused_by_pdb: engine
+            .stats
+            .evictions_pdb_blocked
+            .load(std::sync::atomic::Ordering::Relaxed),
+        pdb_violations,
+        daemonset_last_violations,
+        cpu_s,
+        peak_rss_mib: peak_rss,
+    })
+}
