@@ -15,30 +15,8 @@ use k8s_openapi::api::core::v1::{Node, Pod};
 
 mod support;
 use support::eventually;
+use support::notices::{eventbridge, spot};
 use support::world::*;
-
-fn eventbridge(detail_type: &str, source: &str, detail: serde_json::Value) -> String {
-    serde_json::json!({
-        "version": "0",
-        "id": "6a7e8feb-b491-4cf7-a9f1-bf3703467718",
-        "detail-type": detail_type,
-        "source": source,
-        "account": "123456789012",
-        "time": chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
-        "region": "us-east-1",
-        "resources": [],
-        "detail": detail,
-    })
-    .to_string()
-}
-
-fn spot(iid: &str) -> String {
-    eventbridge(
-        "EC2 Spot Instance Interruption Warning",
-        "aws.ec2",
-        serde_json::json!({"instance-id": iid, "instance-action": "terminate"}),
-    )
-}
 
 fn consumer(w: &World, queue: &Arc<MemoryQueue>) -> Arc<Consumer> {
     Consumer::new(

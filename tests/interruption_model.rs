@@ -24,6 +24,7 @@ use ca_asg_provider::sim::fixtures;
 use proptest::prelude::*;
 
 mod support;
+use support::notices::eventbridge;
 use support::world::*;
 
 const NODES: usize = 3;
@@ -57,16 +58,6 @@ fn op() -> impl Strategy<Value = Op> {
         Just(Op::Restart),
         Just(Op::Wait),
     ]
-}
-
-fn eventbridge(detail_type: &str, source: &str, detail: serde_json::Value) -> String {
-    serde_json::json!({
-        "version": "0", "id": "x", "detail-type": detail_type, "source": source,
-        "account": "123456789012",
-        "time": chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
-        "region": "us-east-1", "resources": [], "detail": detail,
-    })
-    .to_string()
 }
 
 struct Model {

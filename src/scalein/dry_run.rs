@@ -7,16 +7,13 @@
 //! client here makes sure a path that forgot to ask still writes nothing: every
 //! request but reads and Events stops in this process.
 
-use std::future::Future;
-use std::pin::Pin;
-use std::task::{Context, Poll};
-
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::ListParams;
 use kube::client::Body;
 use kube::Api;
 
 use super::events::Reason;
+use super::intercept::Answer;
 use super::plan::{self, PodRef};
 use super::{DaemonSetPolicy, DrainRequest, Engine, Mode};
 use crate::telemetry::metrics::metrics;
@@ -24,12 +21,8 @@ use crate::telemetry::metrics::metrics;
 /// A client that sends reads and Events to the API server and answers every other
 /// request itself with a 403 naming the dry run.
 pub fn read_only_client(client: kube::Client) -> kube::Client {
-    let ns = client.default_namespace().to_string();
-    kube::Client::new(ReadOnly(client), ns)
+    super::intercept::intercepted(client, guard)
 }
-
-#[derive(Clone)]
-struct ReadOnly(kube::Client);
 
 /// Reads, and the Events the dry run reports through (created, or patched as a
 /// series). Nothing else changes anything.
@@ -55,41 +48,29 @@ pub fn may_send(method: &http::Method, path: &str) -> bool {
         && (i + 1 == segs.len() || (i + 2 == segs.len() && *method == http::Method::PATCH))
 }
 
-type Answer = Pin<Box<dyn Future<Output = Result<http::Response<Body>, kube::Error>> + Send>>;
-
-impl tower_service::Service<http::Request<Body>> for ReadOnly {
-    type Response = http::Response<Body>;
-    type Error = kube::Error;
-    type Future = Answer;
-
-    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        Poll::Ready(Ok(()))
+/// Sends reads and Events; answers everything else itself.
+fn guard(req: http::Request<Body>, client: kube::Client) -> Answer {
+    if may_send(req.method(), req.uri().path()) {
+        return Box::pin(async move { client.send(req).await });
     }
-
-    fn call(&mut self, req: http::Request<Body>) -> Self::Future {
-        if may_send(req.method(), req.uri().path()) {
-            let client = self.0.clone();
-            return Box::pin(async move { client.send(req).await });
-        }
-        let what = format!("{} {}", req.method(), req.uri().path());
-        tracing::info!(request = %what, "dry run: not sending the request to the API server");
-        metrics().dry_run(&format!("kube {}", req.method()));
-        let status = serde_json::json!({
-            "kind": "Status",
-            "apiVersion": "v1",
-            "metadata": {},
-            "status": "Failure",
-            "message": format!("dry run: {what} was not sent"),
-            "reason": "Forbidden",
-            "code": 403,
-        });
-        let answer = http::Response::builder()
-            .status(403)
-            .header(http::header::CONTENT_TYPE, "application/json")
-            .body(Body::from(status.to_string().into_bytes()))
-            .expect("a static response");
-        Box::pin(async move { Ok(answer) })
-    }
+    let what = format!("{} {}", req.method(), req.uri().path());
+    tracing::info!(request = %what, "dry run: not sending the request to the API server");
+    metrics().dry_run(&format!("kube {}", req.method()));
+    let status = serde_json::json!({
+        "kind": "Status",
+        "apiVersion": "v1",
+        "metadata": {},
+        "status": "Failure",
+        "message": format!("dry run: {what} was not sent"),
+        "reason": "Forbidden",
+        "code": 403,
+    });
+    let answer = http::Response::builder()
+        .status(403)
+        .header(http::header::CONTENT_TYPE, "application/json")
+        .body(Body::from(status.to_string().into_bytes()))
+        .expect("a static response");
+    Box::pin(async move { Ok(answer) })
 }
 
 /// What the drain of `req` would do, from what the cluster shows now. Publishes it

@@ -28,6 +28,7 @@ pub mod drain;
 pub mod dry_run;
 pub mod events;
 pub mod evict;
+pub mod intercept;
 pub mod leader;
 pub mod lifecycle;
 pub mod nodes;

@@ -1,45 +1,20 @@
 //! A token bucket shared by every drain, so many nodes draining at once stay within a
 //! bounded Kubernetes API request rate.
 
-use std::future::Future;
-use std::pin::Pin;
 use std::sync::Arc;
-use std::task::{Context, Poll};
 use std::time::{Duration, Instant};
 
-use kube::client::Body;
 use parking_lot::Mutex;
 
 /// A client whose every request first takes a token from `limiter`.
 pub fn limited_client(client: kube::Client, limiter: Arc<RateLimiter>) -> kube::Client {
-    let ns = client.default_namespace().to_string();
-    kube::Client::new(Limited { client, limiter }, ns)
-}
-
-#[derive(Clone)]
-struct Limited {
-    client: kube::Client,
-    limiter: Arc<RateLimiter>,
-}
-
-type Answer = Pin<Box<dyn Future<Output = Result<http::Response<Body>, kube::Error>> + Send>>;
-
-impl tower_service::Service<http::Request<Body>> for Limited {
-    type Response = http::Response<Body>;
-    type Error = kube::Error;
-    type Future = Answer;
-
-    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
-        Poll::Ready(Ok(()))
-    }
-
-    fn call(&mut self, req: http::Request<Body>) -> Self::Future {
-        let (client, limiter) = (self.client.clone(), self.limiter.clone());
+    super::intercept::intercepted(client, move |req, client| {
+        let limiter = limiter.clone();
         Box::pin(async move {
             limiter.acquire().await;
             client.send(req).await
         })
-    }
+    })
 }
 
 pub struct RateLimiter {

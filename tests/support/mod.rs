@@ -1,5 +1,6 @@
 #![allow(dead_code)]
 pub mod moto;
+pub mod notices;
 pub mod rbac;
 pub mod world;
 

@@ -1,0 +1,26 @@
+//! Queue messages in the shapes AWS sends, for the queue-mode tests.
+
+/// An EventBridge event as EventBridge delivers it to SQS, sent now.
+pub fn eventbridge(detail_type: &str, source: &str, detail: serde_json::Value) -> String {
+    serde_json::json!({
+        "version": "0",
+        "id": "6a7e8feb-b491-4cf7-a9f1-bf3703467718",
+        "detail-type": detail_type,
+        "source": source,
+        "account": "123456789012",
+        "time": chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+        "region": "us-east-1",
+        "resources": [],
+        "detail": detail,
+    })
+    .to_string()
+}
+
+/// An EC2 spot interruption warning for `iid`, sent now.
+pub fn spot(iid: &str) -> String {
+    eventbridge(
+        "EC2 Spot Instance Interruption Warning",
+        "aws.ec2",
+        serde_json::json!({"instance-id": iid, "instance-action": "terminate"}),
+    )
+}
