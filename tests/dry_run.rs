@@ -9,7 +9,7 @@ use std::time::Duration;
 use ca_asg_provider::cloud::memory::MemoryGroup;
 use ca_asg_provider::cloud::read_only::ReadOnly;
 use ca_asg_provider::cloud::{Cloud, GroupSelector};
-use ca_asg_provider::proto::{self, cloud_provider_client::CloudProviderClient};
+use ca_asg_provider::proto;
 use ca_asg_provider::provider::{Provider, ProviderSettings};
 use ca_asg_provider::scalein::{self, dry_run, DrainScaleIn, Engine, ScaleInSettings};
 use ca_asg_provider::sim::{fixtures, SimCluster, SimOptions};
@@ -17,7 +17,7 @@ use k8s_openapi::api::core::v1::{Node, Pod};
 
 mod support;
 use support::eventually;
-use support::world::{fast_settings, nodes_of_cloud, timing};
+use support::world::{fast_settings, nodes_of_cloud, serve_ca, timing};
 
 fn dry_run_events(sim: &SimCluster, node: &str) -> Vec<String> {
     sim.list::<k8s_openapi::api::events::v1::Event>()
@@ -88,18 +88,7 @@ async fn a_dry_run_decides_everything_and_changes_nothing() {
     provider.set_scale_in(Arc::new(DrainScaleIn(engine.clone())));
     engine.elect_leader();
     scalein::lifecycle::spawn_loop(engine.clone(), provider.clone());
-    let (l, addr) = ca_asg_provider::grpc::bind("127.0.0.1:0".parse().unwrap())
-        .await
-        .unwrap();
-    tokio::spawn(ca_asg_provider::grpc::serve(
-        l,
-        provider.clone(),
-        None,
-        std::future::pending(),
-    ));
-    let mut ca = CloudProviderClient::connect(format!("http://{addr}"))
-        .await
-        .unwrap();
+    let mut ca = serve_ca(&provider).await;
     eventually("the drain marks on Nodes are read", 10, || {
         provider.drain_state_known()
     })

@@ -9,7 +9,8 @@ use crate::telemetry::metrics::metrics;
 
 pub struct Instrumented(pub Arc<dyn Cloud>);
 
-fn record<T>(op: &str, r: &CloudResult<T>) {
+/// Counts one AWS call by its outcome (ok, throttled, not_found, error).
+pub(crate) fn record<T>(op: &str, r: &CloudResult<T>) {
     let outcome = match r {
         Ok(_) => "ok",
         Err(CloudError::Throttled { .. }) => "throttled",

@@ -4,8 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use k8s_openapi::api::core::v1::{Node, Pod};
-use kube::api::ListParams;
+use k8s_openapi::api::core::v1::Node;
 use kube::Api;
 
 use clap::Args;
@@ -52,17 +51,14 @@ pub async fn drain(
         .and_then(|s| s.provider_id.as_deref())
         .and_then(provider_id::instance_id)
         .map(str::to_string);
-    let pods: Api<Pod> = Api::all(client.clone());
-    let list = pods
-        .list(&ListParams::default().fields(&format!("spec.nodeName={}", args.node)))
-        .await?;
+    let pods = crate::scalein::nodes::pods_on(&client, &args.node).await?;
     let keep = cfg.scale_in.daemonsets == DaemonSetPolicy::Keep;
     println!(
         "plan for node {} (instance {}):",
         args.node,
         iid.as_deref().unwrap_or("unknown")
     );
-    for (p, r) in plan::full_plan(&list.items, !keep) {
+    for (p, r) in plan::full_plan(&pods, !keep) {
         match r {
             Ok(t) => println!("  {:<20} {p}", t.as_str()),
             Err(why) => println!("  {:<20} {p}  ({why})", "skip"),

@@ -330,23 +330,7 @@ pub fn resolve(file: FileConfig, flags: &Overrides, source: &str) -> Result<Conf
                         file_v: Option<&String>,
                         default: Duration,
                         min: Duration| {
-        let Some(s) = flag.or(file_v) else {
-            return default;
-        };
-        match parse_duration(s) {
-            Ok(d) if d >= min => d,
-            Ok(d) => {
-                bad(
-                    key,
-                    format!("{s:?} ({d:?}) is shorter than the minimum {min:?}"),
-                );
-                default
-            }
-            Err(e) => {
-                bad(key, format!("{s:?}: {e}"));
-                default
-            }
-        }
+        bounded_duration(&mut bad, key, flag.or(file_v), default, min, None)
     };
     let refresh_interval = duration(
         "refreshInterval",
@@ -617,6 +601,43 @@ pub fn resolve(file: FileConfig, flags: &Overrides, source: &str) -> Result<Conf
     })
 }
 
+/// A Go-style duration from the file or a flag, `default` when unset; one problem
+/// naming the key and the value when it does not parse or lies outside the bounds.
+fn bounded_duration(
+    bad: &mut impl FnMut(&str, String),
+    key: &str,
+    value: Option<&String>,
+    default: Duration,
+    min: Duration,
+    max: Option<Duration>,
+) -> Duration {
+    let Some(s) = value else {
+        return default;
+    };
+    match (parse_duration(s), max) {
+        (Ok(d), None) if d >= min => d,
+        (Ok(d), None) => {
+            bad(
+                key,
+                format!("{s:?} ({d:?}) is shorter than the minimum {min:?}"),
+            );
+            default
+        }
+        (Ok(d), Some(max)) if d >= min && d <= max => d,
+        (Ok(d), Some(max)) => {
+            bad(
+                key,
+                format!("{s:?} ({d:?}) must be between {min:?} and {max:?}"),
+            );
+            default
+        }
+        (Err(e), _) => {
+            bad(key, format!("{s:?}: {e}"));
+            default
+        }
+    }
+}
+
 /// `interruption:` validated; each problem names its key.
 fn interruption_settings(
     f: &InterruptionFile,
@@ -625,21 +646,7 @@ fn interruption_settings(
     let d = InterruptionSettings::default();
     let mut duration =
         |key: &str, v: Option<&String>, default: Duration, min: Duration, max: Duration| {
-            let Some(s) = v else { return default };
-            match parse_duration(s) {
-                Ok(x) if x >= min && x <= max => x,
-                Ok(x) => {
-                    bad(
-                        key,
-                        format!("{s:?} ({x:?}) must be between {min:?} and {max:?}"),
-                    );
-                    default
-                }
-                Err(e) => {
-                    bad(key, format!("{s:?}: {e}"));
-                    default
-                }
-            }
+            bounded_duration(bad, key, v, default, min, Some(max))
         };
     let wait = duration(
         "interruption.waitTime",

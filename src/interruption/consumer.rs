@@ -289,7 +289,7 @@ impl Consumer {
                     metrics().dry_run("cordon");
                     return Ok(label);
                 }
-                match cordon::cordon(&self.engine, &node, "rebalance", &group).await {
+                match cordon::cordon(&self.engine, &node, cordon::REBALANCE_MARK, &group).await {
                     Ok(_) => {
                         self.engine
                             .events

@@ -41,14 +41,24 @@ fn our_taint() -> Taint {
     }
 }
 
+/// The mode of CA's scale-in of a group without our hook ([`super::Mode::Direct`]):
+/// the mark the size accounting and the resume after a restart follow.
+pub const DIRECT_MARK: &str = "direct";
+/// The mode of a rebalance recommendation's cordon.
+pub const REBALANCE_MARK: &str = "rebalance";
+/// The mode of a drain an interruption notice started.
+pub const INTERRUPTION_MARK: &str = "interruption";
+/// The mode of `drain NODE` without `--terminate` ([`super::Mode::DrainOnly`]).
+pub const DRAIN_ONLY_MARK: &str = "drain-only";
+
 /// Which mark a node keeps when a second reason to cordon it comes: a drain that
 /// ends the instance (CA's direct scale-in, a lifecycle hook) outranks an interruption
 /// drain, which outranks a rebalance cordon. A rebalance-cordoned node that CA then
 /// removes must carry CA's mode, or its drain is neither resumed nor counted.
 pub fn mark_rank(mode: &str) -> u8 {
     match mode {
-        "rebalance" => 0,
-        "interruption" | "drain-only" => 1,
+        REBALANCE_MARK => 0,
+        INTERRUPTION_MARK | DRAIN_ONLY_MARK => 1,
         _ => 2,
     }
 }

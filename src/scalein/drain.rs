@@ -24,9 +24,6 @@ use super::{
 };
 use crate::telemetry::metrics::{metrics, KindLabels, StageLabels};
 
-/// The mode annotation of a drain an interruption notice started.
-pub const INTERRUPTION_MARK: &str = "interruption";
-
 /// Why the pod phases stopped early.
 enum Stop {
     Abandon(String),
@@ -284,7 +281,7 @@ async fn drain_node(engine: &Engine, req: &DrainRequest, node: &str) -> Result<(
     // An interruption drain is recorded as such, so a restart resumes it (with no
     // instance to end) instead of taking it for a direct-mode scale-in.
     let mark = match req.source {
-        Source::Interruption => INTERRUPTION_MARK,
+        Source::Interruption => cordon::INTERRUPTION_MARK,
         _ => req.mode.as_str(),
     };
     let (started, started_ts) = match cordon::cordon(engine, node, mark, &req.group).await {

@@ -7,10 +7,7 @@
 //! client here makes sure a path that forgot to ask still writes nothing: every
 //! request but reads and Events stops in this process.
 
-use k8s_openapi::api::core::v1::Pod;
-use kube::api::ListParams;
 use kube::client::Body;
-use kube::Api;
 
 use super::events::Reason;
 use super::intercept::Answer;
@@ -100,16 +97,13 @@ pub async fn describe(engine: &Engine, req: &DrainRequest) -> String {
         }
         Ok(Some(n)) => n,
     };
-    let pods = Api::<Pod>::all(engine.client.clone())
-        .list(&ListParams::default().fields(&format!("spec.nodeName={node}")))
-        .await;
-    let text = match pods {
+    let text = match super::nodes::pods_on(&engine.client, &node).await {
         Err(e) => format!(
             "dry run: cannot list the pods of node {node} ({e}): would not end instance {id}"
         ),
         Ok(list) => {
             let evict_ds = engine.settings.daemonsets == DaemonSetPolicy::EvictLast;
-            summary(&node, req, &plan::full_plan(&list.items, evict_ds), &end)
+            summary(&node, req, &plan::full_plan(&list, evict_ds), &end)
         }
     };
     tracing::info!(node = %node, instance = %id, group = %req.group, "{text}");

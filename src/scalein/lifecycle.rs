@@ -11,6 +11,7 @@ use crate::cloud::{CloudError, GroupSelector, LifecycleAction, LifecycleHook, Li
 use crate::provider::Provider;
 use crate::telemetry::metrics::{metrics, Metrics};
 
+use super::cordon;
 use super::events::Reason;
 use super::{DrainRequest, Engine, Mode, ModeChoice, Source};
 
@@ -232,8 +233,8 @@ pub async fn resume(engine: &Arc<Engine>, provider: &Arc<Provider>) -> usize {
         .nodes
         .marked_for_drain()
         .into_iter()
-        .filter(|(_, _, mode)| mode == "direct")
-        .filter_map(|(node, iid, _)| Some((node, iid?)))
+        .filter(|m| m.mode == cordon::DIRECT_MARK)
+        .filter_map(|m| Some((m.node, m.instance?)))
         .filter(|(_, iid)| !engine.is_draining(iid))
         .collect();
     if marked.is_empty() {
@@ -283,15 +284,15 @@ pub async fn resume(engine: &Arc<Engine>, provider: &Arc<Provider>) -> usize {
 /// ends the instance. A Node that is gone took its drain with it.
 fn resume_interruptions(engine: &Arc<Engine>) -> usize {
     let mut n = 0;
-    for (node, iid, mode) in engine.nodes.marked_for_drain() {
-        let Some(iid) = iid else { continue };
-        if mode != super::drain::INTERRUPTION_MARK || engine.is_draining(&iid) {
+    for mark in engine.nodes.marked_for_drain() {
+        let Some(iid) = mark.instance else { continue };
+        if mark.mode != cordon::INTERRUPTION_MARK || engine.is_draining(&iid) {
             continue;
         }
-        let group = engine.nodes.group_of_mark(&node).unwrap_or_default();
+        let node = mark.node;
         if engine.start(DrainRequest {
             instance_id: iid.clone(),
-            group,
+            group: mark.group,
             node_name: Some(node.clone()),
             mode: Mode::DrainOnly,
             source: Source::Interruption,

@@ -180,8 +180,8 @@ impl Mode {
     pub fn as_str(&self) -> &'static str {
         match self {
             Mode::Lifecycle { .. } => "lifecycle",
-            Mode::Direct => "direct",
-            Mode::DrainOnly => "drain-only",
+            Mode::Direct => cordon::DIRECT_MARK,
+            Mode::DrainOnly => cordon::DRAIN_ONLY_MARK,
         }
     }
 }
@@ -711,7 +711,7 @@ async fn mark_for_drain(
                 None => return Ok(None),
             },
         };
-        match cordon::cordon(engine, &node, "direct", &group.asg.name).await {
+        match cordon::cordon(engine, &node, cordon::DIRECT_MARK, &group.asg.name).await {
             Ok(cordon::Cordoned::Marked { .. }) => return Ok(Some(node)),
             // Deleted between the lookup and the patch: look again.
             Ok(cordon::Cordoned::NodeGone) => continue,

@@ -4,14 +4,14 @@
 //! that must not come from a cache that may not have caught up.
 
 use futures::StreamExt;
-use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::ListParams;
 use kube::runtime::reflector::{self, Store};
 use kube::runtime::{watcher, WatchStreamExt};
 use kube::Api;
 use tokio::sync::watch;
 
-use super::cordon::{MODE_ANNOTATION, STARTED_ANNOTATION};
+use super::cordon::{GROUP_ANNOTATION, MODE_ANNOTATION, STARTED_ANNOTATION};
 use crate::provider::{provider_id, DrainMarks};
 
 pub struct NodeIndex {
@@ -68,6 +68,16 @@ pub async fn find_node(
             None => return Ok(None),
         }
     }
+}
+
+/// The pods bound to a node, from the API server (one list by field selector): what
+/// a plan is made of when no drain's watch is running.
+pub async fn pods_on(client: &kube::Client, node: &str) -> Result<Vec<Pod>, kube::Error> {
+    let pods: Api<Pod> = Api::all(client.clone());
+    let list = pods
+        .list(&ListParams::default().fields(&format!("spec.nodeName={node}")))
+        .await?;
+    Ok(list.items)
 }
 
 impl NodeIndex {
@@ -156,24 +166,13 @@ impl NodeIndex {
             .is_ok_and(|r| r.is_ok())
     }
 
-    /// The group a drain mark on the Node names.
-    pub fn group_of_mark(&self, name: &str) -> Option<String> {
-        self.store
-            .get(&kube::runtime::reflector::ObjectRef::new(name))?
-            .metadata
-            .annotations
-            .as_ref()?
-            .get(super::cordon::GROUP_ANNOTATION)
-            .cloned()
-    }
-
     /// Turns true once the first list arrived; closed if it never can.
     pub fn readiness(&self) -> watch::Receiver<bool> {
         self.ready.clone()
     }
 
     /// Every Node carrying our drain annotation: (node name, instance id, mode).
-    pub fn marked_for_drain(&self) -> Vec<(String, Option<String>, String)> {
+    pub fn marked_for_drain(&self) -> Vec<DrainMark> {
         marked_for_drain(&self.store)
     }
 }
@@ -186,7 +185,8 @@ pub fn direct_marks(store: &Store<Node>) -> DrainMarks {
         let Some(iid) = instance_of(n) else { continue };
         let direct = n.metadata.annotations.as_ref().is_some_and(|a| {
             a.contains_key(STARTED_ANNOTATION)
-                && a.get(MODE_ANNOTATION).is_some_and(|m| m == "direct")
+                && a.get(MODE_ANNOTATION)
+                    .is_some_and(|m| m == super::cordon::DIRECT_MARK)
         });
         if direct {
             marks.marked.insert(iid.to_string());
@@ -197,16 +197,29 @@ pub fn direct_marks(store: &Store<Node>) -> DrainMarks {
     marks
 }
 
-fn marked_for_drain(store: &Store<Node>) -> Vec<(String, Option<String>, String)> {
+/// A drain recorded on a Node by [`super::cordon::cordon`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DrainMark {
+    pub node: String,
+    /// From the Node's providerID, when it names an AWS instance.
+    pub instance: Option<String>,
+    pub mode: String,
+    pub group: String,
+}
+
+fn marked_for_drain(store: &Store<Node>) -> Vec<DrainMark> {
     store
         .state()
         .iter()
         .filter_map(|n| {
             let a = n.metadata.annotations.as_ref()?;
-            let mode = a.get(MODE_ANNOTATION)?.clone();
             a.get(STARTED_ANNOTATION)?;
-            let iid = instance_of(n).map(str::to_string);
-            Some((n.metadata.name.clone()?, iid, mode))
+            Some(DrainMark {
+                node: n.metadata.name.clone()?,
+                instance: instance_of(n).map(str::to_string),
+                mode: a.get(MODE_ANNOTATION)?.clone(),
+                group: a.get(GROUP_ANNOTATION).cloned().unwrap_or_default(),
+            })
         })
         .collect()
 }

@@ -78,6 +78,16 @@ pub async fn service_with(
         s,
     );
     provider.set_scale_in(Arc::new(DrainScaleIn(engine.clone())));
+    let ca = serve_ca(&provider).await;
+    eventually("the drain marks on Nodes are read", 10, || {
+        provider.drain_state_known()
+    })
+    .await;
+    (provider, engine, ca)
+}
+
+/// The gRPC server over `provider` on a free port, and a client as CA.
+pub async fn serve_ca(provider: &Arc<Provider>) -> CloudProviderClient<Channel> {
     let (l, addr) = ca_asg_provider::grpc::bind("127.0.0.1:0".parse().unwrap())
         .await
         .unwrap();
@@ -87,14 +97,9 @@ pub async fn service_with(
         None,
         std::future::pending(),
     ));
-    let ca = CloudProviderClient::connect(format!("http://{addr}"))
+    CloudProviderClient::connect(format!("http://{addr}"))
         .await
-        .unwrap();
-    eventually("the drain marks on Nodes are read", 10, || {
-        provider.drain_state_known()
-    })
-    .await;
-    (provider, engine, ca)
+        .unwrap()
 }
 
 pub async fn world(groups: Vec<MemoryGroup>, s: ScaleInSettings, ready_delay: Duration) -> World {

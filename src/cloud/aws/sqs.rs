@@ -7,9 +7,9 @@ use aws_sdk_sqs as sqs;
 
 use super::convert::classify;
 use super::AwsSettings;
+use crate::cloud::instrumented::record;
 use crate::cloud::queue::{Queue, QueueMessage};
 use crate::cloud::{CloudError, CloudResult};
-use crate::telemetry::metrics::metrics;
 
 pub struct SqsQueue {
     sqs: sqs::Client,
@@ -37,8 +37,7 @@ impl SqsQueue {
             .attribute_names(sqs::types::QueueAttributeName::ApproximateNumberOfMessages)
             .send()
             .await;
-        record("GetQueueAttributes", &r);
-        let out = r.map_err(|e| classify("GetQueueAttributes", &e))?;
+        let out = counted("GetQueueAttributes", r)?;
         Ok(out
             .attributes()
             .and_then(|a| a.get(&sqs::types::QueueAttributeName::ApproximateNumberOfMessages))
@@ -47,8 +46,22 @@ impl SqsQueue {
     }
 }
 
-fn record<T, E>(op: &str, r: &Result<T, E>) {
-    metrics().aws(op, if r.is_ok() { "ok" } else { "error" });
+/// The SDK's answer as a CloudResult, counted like every other AWS call.
+fn counted<T, E, R>(
+    op: &str,
+    r: Result<T, aws_smithy_runtime_api::client::result::SdkError<E, R>>,
+) -> CloudResult<T>
+where
+    E: aws_smithy_types::error::metadata::ProvideErrorMetadata
+        + std::error::Error
+        + Send
+        + Sync
+        + 'static,
+    R: std::fmt::Debug + super::HttpStatus,
+{
+    let r = r.map_err(|e| classify(op, &e));
+    record(op, &r);
+    r
 }
 
 #[async_trait]
@@ -65,8 +78,7 @@ impl Queue for SqsQueue {
             )
             .send()
             .await;
-        record("ReceiveMessage", &r);
-        let out = r.map_err(|e| classify("ReceiveMessage", &e))?;
+        let out = counted("ReceiveMessage", r)?;
         Ok(out
             .messages()
             .iter()
@@ -100,8 +112,7 @@ impl Queue for SqsQueue {
             .receipt_handle(&message.receipt)
             .send()
             .await;
-        record("DeleteMessage", &r);
-        r.map_err(|e| classify("DeleteMessage", &e))?;
+        counted("DeleteMessage", r)?;
         Ok(())
     }
 }

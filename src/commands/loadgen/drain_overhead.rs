@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use serde::Serialize;
 
+use super::until;
 use crate::cloud::memory::{MemoryCloud, MemoryGroup, MemoryTiming};
 use crate::cloud::GroupSelector;
 use crate::provider::{NodeRef, Provider, ProviderSettings};
@@ -22,15 +23,6 @@ pub struct Overhead {
     pub max_ms: u64,
     /// Requests the engine and the sim's controllers made to the API server.
     pub api_requests: usize,
-}
-
-async fn until(what: &str, secs: u64, mut f: impl FnMut() -> bool) -> anyhow::Result<()> {
-    let end = Instant::now() + Duration::from_secs(secs);
-    while !f() {
-        anyhow::ensure!(Instant::now() < end, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    Ok(())
 }
 
 /// Drains `nodes` nodes at once (each with a workload pod and a DaemonSet pod) and
@@ -58,7 +50,7 @@ pub async fn measure(nodes: usize) -> anyhow::Result<Overhead> {
         timing,
     );
     sim.follow_cloud(cloud.clone());
-    until("a Node per instance", 30, || {
+    until("a Node per instance", Duration::from_secs(30), || {
         sim.list::<Node>().len() == nodes
     })
     .await?;
@@ -101,7 +93,7 @@ pub async fn measure(nodes: usize) -> anyhow::Result<Overhead> {
             0.3,
         ))?;
     }
-    until("every pod ready", 30, || {
+    until("every pod ready", Duration::from_secs(30), || {
         sim.list::<Pod>()
             .iter()
             .filter(|p| p["status"]["conditions"][0]["status"] == "True")

@@ -14,6 +14,7 @@ use k8s_openapi::api::core::v1::{Node, Pod};
 use serde::Serialize;
 
 use super::process::ProcWatch;
+use super::until;
 use crate::cloud::memory::{MemoryCloud, MemoryGroup, MemoryTiming};
 use crate::cloud::GroupSelector;
 use crate::provider::{Provider, ProviderSettings};
@@ -120,15 +121,6 @@ async fn set_unschedulable(sim: &SimCluster, node: &str, on: bool) -> anyhow::Re
             &kube::api::Patch::Merge(serde_json::json!({"spec": {"unschedulable": on}})),
         )
         .await?;
-    Ok(())
-}
-
-async fn until(what: &str, limit: Duration, mut f: impl FnMut() -> bool) -> anyhow::Result<()> {
-    let end = Instant::now() + limit;
-    while !f() {
-        anyhow::ensure!(Instant::now() < end, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
     Ok(())
 }
 

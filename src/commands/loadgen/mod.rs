@@ -114,6 +114,16 @@ impl Summary {
     }
 }
 
+/// Waits until `f` holds, polling every 20 ms; an error naming `what` after `limit`.
+async fn until(what: &str, limit: Duration, mut f: impl FnMut() -> bool) -> anyhow::Result<()> {
+    let end = Instant::now() + limit;
+    while !f() {
+        anyhow::ensure!(Instant::now() < end, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    Ok(())
+}
+
 /// The server child process, killed when dropped.
 struct ServerChild {
     child: Child,
