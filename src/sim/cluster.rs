@@ -7,10 +7,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use serde_json::{json, Value};
-use tokio::sync::broadcast::error::RecvError;
+use tokio::sync::broadcast::error::{RecvError, TryRecvError};
 
-use super::selectors::labels_of;
-use super::store::{resource, ResourceDef, Store};
+use super::store::{resource, Change, EventType, Inner, ResourceDef, Store};
 use super::SimOptions;
 
 pub const PRESTOP_ANNOTATION: &str = "sim.ca-asg-provider.io/prestop-seconds";
@@ -21,7 +20,7 @@ pub const NEVER_EXITS_ANNOTATION: &str = "sim.ca-asg-provider.io/never-exits";
 /// On a Node whose kubelet stopped ([`super::SimCluster::stop_kubelet`]).
 pub const KUBELET_STOPPED_ANNOTATION: &str = "sim.ca-asg-provider.io/kubelet-stopped";
 
-fn kubelet_stopped(store: &super::store::Inner, node: &str) -> bool {
+fn kubelet_stopped(store: &Inner, node: &str) -> bool {
     store
         .get(nodes(), "", node)
         .is_some_and(|n| !n["metadata"]["annotations"][KUBELET_STOPPED_ANNOTATION].is_null())
@@ -81,70 +80,61 @@ pub fn tolerates(tolerations: &Value, taint: &Value) -> bool {
     })
 }
 
-fn blocking_taints(node: &Value) -> Vec<Value> {
+fn blocking_taints(node: &Value) -> impl Iterator<Item = &Value> {
     node["spec"]["taints"]
         .as_array()
-        .map(|ts| {
-            ts.iter()
-                .filter(|t| matches!(t["effect"].as_str(), Some("NoSchedule") | Some("NoExecute")))
-                .cloned()
-                .collect()
-        })
-        .unwrap_or_default()
+        .into_iter()
+        .flatten()
+        .filter(|t| matches!(t["effect"].as_str(), Some("NoSchedule") | Some("NoExecute")))
+}
+
+/// The taint kube-scheduler's NodeUnschedulable filter stands for.
+fn unschedulable_taint() -> &'static Value {
+    static TAINT: std::sync::LazyLock<Value> = std::sync::LazyLock::new(
+        || json!({"key": "node.kubernetes.io/unschedulable", "effect": "NoSchedule"}),
+    );
+    &TAINT
 }
 
 /// The node a new pod goes to: Ready, schedulable, taints tolerated, nodeSelector
 /// matched; the least loaded.
 pub fn pick_node(nodes_list: &[Value], pods_list: &[Value], spec: &Value) -> Option<String> {
-    pick_node_loaded(nodes_list, &node_load(pods_list), spec)
-}
-
-/// Pods per node, not counting terminating ones.
-fn node_load(pods_list: &[Value]) -> HashMap<String, usize> {
     let mut load = HashMap::new();
     for p in pods_list.iter().filter(|p| !terminating(p)) {
         *load
             .entry(s(p, &["spec", "nodeName"]).to_string())
             .or_default() += 1;
     }
-    load
+    pick_node_loaded(nodes_list.iter(), &load, spec)
 }
 
-/// [`pick_node`] with the pods per node counted once by the caller: the controllers
-/// place thousands of pods in a storm, and recounting per pod was quadratic.
-fn pick_node_loaded(
-    nodes_list: &[Value],
+/// [`pick_node`] with the pods per node kept by the caller: the controllers place
+/// thousands of pods in a storm, and recounting per pod was quadratic.
+fn pick_node_loaded<'a>(
+    nodes_list: impl Iterator<Item = &'a Value>,
     load: &HashMap<String, usize>,
     spec: &Value,
 ) -> Option<String> {
     let selector = spec["nodeSelector"].as_object();
+    let tolerations = &spec["tolerations"];
     nodes_list
-        .iter()
         .filter(|n| is_ready(n) && !terminating(n))
         // kube-scheduler's NodeUnschedulable filter: a cordoned node takes pods that
         // tolerate node.kubernetes.io/unschedulable (a blanket `Exists` does).
         .filter(|n| {
-            n["spec"]["unschedulable"] != true
-                || tolerates(
-                    &spec["tolerations"],
-                    &json!({"key": "node.kubernetes.io/unschedulable", "effect": "NoSchedule"}),
-                )
+            n["spec"]["unschedulable"] != true || tolerates(tolerations, unschedulable_taint())
         })
+        .filter(|n| blocking_taints(n).all(|t| tolerates(tolerations, t)))
         .filter(|n| {
-            blocking_taints(n)
-                .iter()
-                .all(|t| tolerates(&spec["tolerations"], t))
-        })
-        .filter(|n| {
-            let labels = labels_of(n);
+            let labels = &n["metadata"]["labels"];
             selector.is_none_or(|sel| {
                 sel.iter()
-                    .all(|(k, v)| labels.get(k).map(String::as_str) == v.as_str())
+                    .all(|(k, v)| labels[k].as_str().is_some() && labels[k].as_str() == v.as_str())
             })
         })
         .min_by_key(|n| {
             let name = s(n, &["metadata", "name"]);
-            (load.get(name).copied().unwrap_or(0), name.to_string())
+            (load.get(name).copied().unwrap_or(0), name)
         })
         .map(|n| s(n, &["metadata", "name"]).to_string())
 }
@@ -156,230 +146,422 @@ fn owner_ref(kind: &str, obj: &Value) -> Value {
     }])
 }
 
+fn controller_uid(p: &Value) -> Option<&str> {
+    p["metadata"]["ownerReferences"]
+        .as_array()?
+        .iter()
+        .find(|r| r["controller"] == true)?["uid"]
+        .as_str()
+}
+
 /// Runs the kubelet and controllers until the store's channel closes.
 pub fn spawn(store: Arc<Store>, opts: SimOptions) -> tokio::task::JoinHandle<()> {
     let mut rx = store.subscribe();
     tokio::spawn(async move {
-        let mut timers: HashSet<String> = HashSet::new();
-        reconcile(&store, &opts, &mut timers);
+        let mut state = Controllers::new(opts);
+        {
+            let mut inner = store.lock();
+            state.rebuild(&store, &mut inner);
+            state.act(&mut inner);
+        }
         loop {
-            match rx.recv().await {
-                Ok(c) => {
-                    if c.res.plural == "nodes" && c.kind == super::store::EventType::Deleted {
-                        gc_node_pods(&store, s(&c.object, &["metadata", "name"]));
-                    }
-                }
-                Err(RecvError::Lagged(_)) => {}
+            let first = match rx.recv().await {
+                Ok(c) => Some(c),
+                Err(RecvError::Lagged(_)) => None,
                 Err(RecvError::Closed) => return,
+            };
+            // Every change up to the store's current version is in the channel when
+            // the lock is held (changes are sent under it): fold them all, then act
+            // on a view that is exact.
+            let mut inner = store.lock();
+            let mut lagged = first.is_none();
+            if let Some(c) = first {
+                state.fold(&store, &mut inner, &c);
             }
-            // Drain whatever else is queued, then reconcile once.
-            while let Ok(c) = rx.try_recv() {
-                if c.res.plural == "nodes" && c.kind == super::store::EventType::Deleted {
-                    gc_node_pods(&store, s(&c.object, &["metadata", "name"]));
+            loop {
+                match rx.try_recv() {
+                    Ok(c) => state.fold(&store, &mut inner, &c),
+                    Err(TryRecvError::Lagged(_)) => lagged = true,
+                    Err(_) => break,
                 }
             }
-            reconcile(&store, &opts, &mut timers);
+            if lagged {
+                state.rebuild(&store, &mut inner);
+            }
+            state.act(&mut inner);
         }
     })
 }
 
-fn gc_node_pods(store: &Store, node: &str) {
-    let mut inner = store.lock();
-    for p in inner.list(pods(), None) {
-        if s(&p, &["spec", "nodeName"]) == node {
-            inner.remove(
-                pods(),
-                s(&p, &["metadata", "namespace"]),
-                s(&p, &["metadata", "name"]),
-            );
+/// The kubelet's, the scheduler's and the controllers' view, kept from the store's
+/// changes (a full pass over every pod per change made a 500-node storm measure the
+/// fake instead of the drain).
+struct Controllers {
+    opts: SimOptions,
+    /// Pods (by UID) whose Ready or termination timer is set.
+    ready_timers: HashSet<String>,
+    gone_timers: HashSet<String>,
+    /// Live (not terminating, not finished) pods per controller UID.
+    live: HashMap<String, i64>,
+    /// Live pods per controller UID and node.
+    on_node: HashMap<String, HashMap<String, i64>>,
+    /// Pods per node, not counting terminating ones (the scheduler's spreading).
+    load: HashMap<String, usize>,
+    /// Every pod bound to a node, for the pod GC when the node goes.
+    bound: HashMap<String, HashSet<(String, String)>>,
+    /// Pods waiting for a node.
+    pending: HashSet<(String, String)>,
+    /// What changed since the last pass: the ReplicaSet controller, the DaemonSet
+    /// controller and the scheduler each look only when theirs did.
+    rs_dirty: bool,
+    ds_dirty: bool,
+    sched_dirty: bool,
+}
+
+/// What one pod adds to the controllers' counts.
+struct Contribution {
+    ns: String,
+    name: String,
+    node: String,
+    owner: Option<String>,
+    owned_by_daemonset: bool,
+    live: bool,
+    counts_load: bool,
+    pending: bool,
+}
+
+impl Contribution {
+    fn of(p: &Value) -> Self {
+        let (term, done) = (terminating(p), finished(p));
+        let node = s(p, &["spec", "nodeName"]).to_string();
+        Self {
+            ns: s(p, &["metadata", "namespace"]).to_string(),
+            name: s(p, &["metadata", "name"]).to_string(),
+            owner: controller_uid(p).map(str::to_string),
+            owned_by_daemonset: p["metadata"]["ownerReferences"]
+                .as_array()
+                .is_some_and(|o| o.iter().any(|r| r["kind"] == "DaemonSet")),
+            live: !term && !done,
+            counts_load: !term,
+            pending: node.is_empty() && !term,
+            node,
         }
     }
 }
 
-fn reconcile(store: &Arc<Store>, opts: &SimOptions, timers: &mut HashSet<String>) {
-    let mut inner = store.lock();
-    let all_pods = inner.list(pods(), None);
-    let all_nodes = inner.list(nodes(), None);
-    // Kubelet: timers for pods to become Ready or to finish terminating.
-    for p in &all_pods {
+impl Controllers {
+    fn new(opts: SimOptions) -> Self {
+        Self {
+            opts,
+            ready_timers: HashSet::new(),
+            gone_timers: HashSet::new(),
+            live: HashMap::new(),
+            on_node: HashMap::new(),
+            load: HashMap::new(),
+            bound: HashMap::new(),
+            pending: HashSet::new(),
+            rs_dirty: true,
+            ds_dirty: true,
+            sched_dirty: true,
+        }
+    }
+
+    fn count(&mut self, p: &Value, sign: i64) {
+        let c = Contribution::of(p);
+        let key = (c.ns.clone(), c.name.clone());
+        if c.owned_by_daemonset {
+            self.ds_dirty = true;
+        } else {
+            self.rs_dirty = true;
+        }
+        if c.live {
+            if let Some(owner) = &c.owner {
+                *self.live.entry(owner.clone()).or_default() += sign;
+                *self
+                    .on_node
+                    .entry(owner.clone())
+                    .or_default()
+                    .entry(c.node.clone())
+                    .or_default() += sign;
+            }
+        }
+        if c.counts_load {
+            let l = self.load.entry(c.node.clone()).or_default();
+            *l = if sign > 0 {
+                *l + 1
+            } else {
+                l.saturating_sub(1)
+            };
+        }
+        if !c.node.is_empty() {
+            let on = self.bound.entry(c.node.clone()).or_default();
+            if sign > 0 {
+                on.insert(key.clone());
+            } else {
+                on.remove(&key);
+            }
+        }
+        if c.pending && sign > 0 {
+            self.pending.insert(key);
+            self.sched_dirty = true;
+        } else if sign < 0 {
+            self.pending.remove(&key);
+        }
+    }
+
+    /// Recounts everything from the store (at start, and when the channel lagged).
+    fn rebuild(&mut self, store: &Arc<Store>, inner: &mut Inner) {
+        self.live.clear();
+        self.on_node.clear();
+        self.load.clear();
+        self.bound.clear();
+        self.pending.clear();
+        let all: Vec<Arc<Value>> = inner.list(pods(), None);
+        for p in &all {
+            self.count(p, 1);
+        }
+        for p in &all {
+            self.kubelet(store, inner, p);
+        }
+        self.rs_dirty = true;
+        self.ds_dirty = true;
+        self.sched_dirty = true;
+    }
+
+    fn fold(&mut self, store: &Arc<Store>, inner: &mut Inner, c: &Change) {
+        match (c.res.plural, c.res.group) {
+            ("pods", "") => {
+                if let Some(old) = &c.old {
+                    self.count(old, -1);
+                } else if c.kind == EventType::Modified {
+                    // A change without its old object: recount from scratch.
+                    self.rebuild(store, inner);
+                    return;
+                }
+                match c.kind {
+                    EventType::Deleted => self.count(&c.object, -1),
+                    EventType::Added | EventType::Modified => {
+                        self.count(&c.object, 1);
+                        self.kubelet(store, inner, &c.object);
+                    }
+                }
+            }
+            ("nodes", "") => {
+                if c.kind == EventType::Deleted {
+                    let name = s(&c.object, &["metadata", "name"]).to_string();
+                    self.gc_node_pods(inner, &name);
+                }
+                self.ds_dirty = true;
+                self.sched_dirty = true;
+            }
+            ("replicasets", "apps") => self.rs_dirty = true,
+            ("daemonsets", "apps") => self.ds_dirty = true,
+            _ => {}
+        }
+    }
+
+    /// The pod GC: pods bound to a Node that is gone are removed.
+    fn gc_node_pods(&mut self, inner: &mut Inner, node: &str) {
+        for (ns, name) in self.bound.remove(node).unwrap_or_default() {
+            let here = inner
+                .get(pods(), &ns, &name)
+                .is_some_and(|p| s(p, &["spec", "nodeName"]) == node);
+            if here {
+                inner.remove(pods(), &ns, &name);
+            }
+        }
+    }
+
+    /// The kubelet for one pod as it is now: timers to become Ready or to finish
+    /// terminating; a pod whose containers exited goes once its finalizers are gone.
+    fn kubelet(&mut self, store: &Arc<Store>, inner: &mut Inner, p: &Value) {
         let uid = s(p, &["metadata", "uid"]).to_string();
         let node = s(p, &["spec", "nodeName"]);
         if node.is_empty() {
-            continue;
+            return;
+        }
+        if terminating(p) && finished(p) && !has_finalizers(p) {
+            // `p` is the object as the change carried it: remove what is stored only
+            // if it is still that pod and still done.
+            let (ns, name) = (
+                s(p, &["metadata", "namespace"]),
+                s(p, &["metadata", "name"]),
+            );
+            let still = inner.get(pods(), ns, name).is_some_and(|now| {
+                s(now, &["metadata", "uid"]) == uid
+                    && terminating(now)
+                    && finished(now)
+                    && !has_finalizers(now)
+            });
+            if still {
+                inner.remove(pods(), ns, name);
+            }
+            return;
         }
         if terminating(p) {
-            let key = format!("del/{uid}");
-            if timers.insert(key) {
-                let grace = p["metadata"]["deletionGracePeriodSeconds"]
-                    .as_f64()
-                    .unwrap_or(30.0);
-                let prestop = p["metadata"]["annotations"][PRESTOP_ANNOTATION]
-                    .as_str()
-                    .and_then(|v| v.parse::<f64>().ok())
-                    .unwrap_or(0.0);
-                let after = Duration::from_secs_f64(prestop.min(grace).max(0.0) + 0.02);
-                let (st, ns, name) = (
-                    store.clone(),
-                    s(p, &["metadata", "namespace"]).to_string(),
-                    s(p, &["metadata", "name"]).to_string(),
-                );
-                let node = node.to_string();
-                tokio::spawn(async move {
-                    tokio::time::sleep(after).await;
-                    let mut inner = st.lock();
-                    let Some(p) = inner
-                        .get(pods(), &ns, &name)
-                        .filter(|p| s(p, &["metadata", "uid"]) == uid)
-                        .cloned()
-                    else {
-                        return;
-                    };
-                    if kubelet_stopped(&inner, &node)
-                        || !p["metadata"]["annotations"][NEVER_EXITS_ANNOTATION].is_null()
-                    {
-                        // Nobody confirms the termination: it stays terminating.
-                        return;
-                    }
-                    if has_finalizers(&p) {
-                        // The containers exited; the object waits for its finalizers.
-                        let _ = inner.update(pods(), &ns, &name, "containers-exited", |o| {
-                            let mut n = o.clone();
-                            n["status"]["phase"] = json!("Succeeded");
-                            n["status"]["conditions"] =
-                                json!([{"type": "Ready", "status": "False"}]);
-                            Ok(n)
-                        });
-                    } else {
-                        inner.remove(pods(), &ns, &name);
-                    }
-                });
+            if self.gone_timers.contains(&uid) {
+                return;
             }
-        } else if !is_ready(p) && !finished(p) {
-            let key = format!("ready/{uid}");
-            if timers.insert(key) {
-                let after = p["metadata"]["annotations"][READY_AFTER_ANNOTATION]
-                    .as_str()
-                    .and_then(|v| v.parse::<u64>().ok())
-                    .map(Duration::from_millis)
-                    .unwrap_or(opts.ready_delay);
-                let (st, ns, name) = (
-                    store.clone(),
-                    s(p, &["metadata", "namespace"]).to_string(),
-                    s(p, &["metadata", "name"]).to_string(),
-                );
-                tokio::spawn(async move {
-                    tokio::time::sleep(after).await;
-                    let mut inner = st.lock();
-                    let ok = inner
-                        .get(pods(), &ns, &name)
-                        .is_some_and(|p| s(p, &["metadata", "uid"]) == uid && !terminating(p));
-                    if ok {
-                        let _ = inner.update(pods(), &ns, &name, "ready", |o| {
-                            let mut n = o.clone();
-                            n["status"]["phase"] = json!("Running");
-                            n["status"]["conditions"] =
-                                json!([{"type": "Ready", "status": "True"}]);
-                            Ok(n)
-                        });
-                    }
-                });
-            }
-        }
-    }
-    // A terminating pod whose containers exited goes once its finalizers are gone.
-    for p in all_pods
-        .iter()
-        .filter(|p| terminating(p) && finished(p) && !has_finalizers(p))
-    {
-        inner.remove(
-            pods(),
-            s(p, &["metadata", "namespace"]),
-            s(p, &["metadata", "name"]),
-        );
-    }
-    // Scheduler: bind pending pods.
-    for p in all_pods
-        .iter()
-        .filter(|p| s(p, &["spec", "nodeName"]).is_empty() && !terminating(p))
-    {
-        if let Some(node) = pick_node(&all_nodes, &all_pods, &p["spec"]) {
-            let (ns, name) = (
+            self.gone_timers.insert(uid.clone());
+            let grace = p["metadata"]["deletionGracePeriodSeconds"]
+                .as_f64()
+                .unwrap_or(30.0);
+            let prestop = p["metadata"]["annotations"][PRESTOP_ANNOTATION]
+                .as_str()
+                .and_then(|v| v.parse::<f64>().ok())
+                .unwrap_or(0.0);
+            let after = Duration::from_secs_f64(prestop.min(grace).max(0.0) + 0.02);
+            let (st, ns, name) = (
+                store.clone(),
                 s(p, &["metadata", "namespace"]).to_string(),
                 s(p, &["metadata", "name"]).to_string(),
             );
-            let _ = inner.update(pods(), &ns, &name, "bind", |o| {
-                let mut n = o.clone();
-                n["spec"]["nodeName"] = json!(node);
-                Ok(n)
+            let node = node.to_string();
+            tokio::spawn(async move {
+                tokio::time::sleep(after).await;
+                let mut inner = st.lock();
+                let Some(p) = inner
+                    .get(pods(), &ns, &name)
+                    .filter(|p| s(p, &["metadata", "uid"]) == uid)
+                    .cloned()
+                else {
+                    return;
+                };
+                if kubelet_stopped(&inner, &node)
+                    || !p["metadata"]["annotations"][NEVER_EXITS_ANNOTATION].is_null()
+                {
+                    // Nobody confirms the termination: it stays terminating.
+                    return;
+                }
+                if has_finalizers(&p) {
+                    // The containers exited; the object waits for its finalizers.
+                    let _ = inner.update(pods(), &ns, &name, "containers-exited", |o| {
+                        let mut n = o.clone();
+                        n["status"]["phase"] = json!("Succeeded");
+                        n["status"]["conditions"] = json!([{"type": "Ready", "status": "False"}]);
+                        Ok(n)
+                    });
+                } else {
+                    inner.remove(pods(), &ns, &name);
+                }
+            });
+        } else if !is_ready(p) && !finished(p) {
+            if self.ready_timers.contains(&uid) {
+                return;
+            }
+            self.ready_timers.insert(uid.clone());
+            let after = p["metadata"]["annotations"][READY_AFTER_ANNOTATION]
+                .as_str()
+                .and_then(|v| v.parse::<u64>().ok())
+                .map(Duration::from_millis)
+                .unwrap_or(self.opts.ready_delay);
+            let (st, ns, name) = (
+                store.clone(),
+                s(p, &["metadata", "namespace"]).to_string(),
+                s(p, &["metadata", "name"]).to_string(),
+            );
+            tokio::spawn(async move {
+                tokio::time::sleep(after).await;
+                let mut inner = st.lock();
+                let ok = inner
+                    .get(pods(), &ns, &name)
+                    .is_some_and(|p| s(p, &["metadata", "uid"]) == uid && !terminating(p));
+                if ok {
+                    let _ = inner.update(pods(), &ns, &name, "ready", |o| {
+                        let mut n = o.clone();
+                        n["status"]["phase"] = json!("Running");
+                        n["status"]["conditions"] = json!([{"type": "Ready", "status": "True"}]);
+                        Ok(n)
+                    });
+                }
             });
         }
     }
-    // ReplicaSets and DaemonSets, from one list of the pods and nodes as they are
-    // now (kept current as pods are created), not one list per set and node.
-    let pods_now = inner.list(pods(), None);
-    let nodes_now = inner.list(nodes(), None);
-    let mut load = node_load(&pods_now);
-    let mut live: HashMap<String, i64> = HashMap::new();
-    let mut ds_on: HashSet<(String, String)> = HashSet::new();
-    for p in pods_now.iter().filter(|p| !terminating(p) && !finished(p)) {
-        for r in p["metadata"]["ownerReferences"]
-            .as_array()
-            .into_iter()
-            .flatten()
-        {
-            if r["controller"] != true {
-                continue;
-            }
-            let uid = r["uid"].as_str().unwrap_or_default().to_string();
-            *live.entry(uid.clone()).or_default() += 1;
-            ds_on.insert((uid, s(p, &["spec", "nodeName"]).to_string()));
+
+    /// The scheduler and the ReplicaSet and DaemonSet controllers, on the folded view.
+    /// Their own writes come back as changes and are folded before the next pass.
+    fn act(&mut self, inner: &mut Inner) {
+        let sched = self.sched_dirty && !self.pending.is_empty();
+        if !(sched || self.rs_dirty || self.ds_dirty) {
+            return;
         }
-    }
-    let rs_res = resource("apps", "replicasets").expect("rs");
-    for rs in inner.list(rs_res, None) {
-        let uid = s(&rs, &["metadata", "uid"]).to_string();
-        let ns = s(&rs, &["metadata", "namespace"]).to_string();
-        let have = live.get(&uid).copied().unwrap_or(0);
-        let want = rs["spec"]["replicas"].as_i64().unwrap_or(1);
-        for _ in have..want {
-            let mut pod = json!({"metadata": rs["spec"]["template"]["metadata"].clone(), "spec": rs["spec"]["template"]["spec"].clone()});
-            pod["metadata"]["generateName"] = json!(format!("{}-", s(&rs, &["metadata", "name"])));
-            pod["metadata"]["ownerReferences"] = owner_ref("ReplicaSet", &rs);
-            if let Some(n) = pick_node_loaded(&nodes_now, &load, &pod["spec"]) {
-                *load.entry(n.clone()).or_default() += 1;
-                pod["spec"]["nodeName"] = json!(n);
-            }
-            pod["status"] = json!({"phase": "Pending"});
-            let _ = inner.create(pods(), &ns, pod);
-        }
-    }
-    // DaemonSets: one pod per eligible node.
-    let ds_res = resource("apps", "daemonsets").expect("ds");
-    for ds in inner.list(ds_res, None) {
-        let uid = s(&ds, &["metadata", "uid"]).to_string();
-        let ns = s(&ds, &["metadata", "namespace"]).to_string();
-        let tolerations = &ds["spec"]["template"]["spec"]["tolerations"];
-        for node in &nodes_now {
-            let name = s(node, &["metadata", "name"]).to_string();
-            if terminating(node) {
-                continue;
-            }
-            let eligible = blocking_taints(node)
-                .iter()
-                .filter(|t| t["key"] != "node.kubernetes.io/unschedulable")
-                .all(|t| tolerates(tolerations, t));
-            if !eligible || ds_on.contains(&(uid.clone(), name.clone())) {
-                continue;
-            }
-            let mut pod = json!({"metadata": ds["spec"]["template"]["metadata"].clone(), "spec": ds["spec"]["template"]["spec"].clone()});
-            pod["metadata"]["generateName"] = json!(format!("{}-", s(&ds, &["metadata", "name"])));
-            pod["metadata"]["ownerReferences"] = owner_ref("DaemonSet", &ds);
-            pod["spec"]["nodeName"] = json!(name.clone());
-            pod["status"] = json!({"phase": "Pending"});
-            if inner.create(pods(), &ns, pod).is_ok() {
-                ds_on.insert((uid.clone(), name));
+        let nodes_now: Vec<Arc<Value>> = inner.list(nodes(), None);
+        let nodes_iter = || nodes_now.iter().map(|n| &**n);
+        // This pass's placements, on top of the folded load.
+        let mut load = self.load.clone();
+        if sched {
+            let mut waiting: Vec<(String, String)> = self.pending.iter().cloned().collect();
+            waiting.sort();
+            for (ns, name) in waiting {
+                let Some(p) = inner.get_shared(pods(), &ns, &name).cloned() else {
+                    continue;
+                };
+                if let Some(node) = pick_node_loaded(nodes_iter(), &load, &p["spec"]) {
+                    *load.entry(node.clone()).or_default() += 1;
+                    let _ = inner.update(pods(), &ns, &name, "bind", |o| {
+                        let mut n = o.clone();
+                        n["spec"]["nodeName"] = json!(node);
+                        Ok(n)
+                    });
+                }
             }
         }
+        if self.rs_dirty {
+            let rs_res = resource("apps", "replicasets").expect("rs");
+            for rs in inner.list(rs_res, None) {
+                let uid = s(&rs, &["metadata", "uid"]);
+                let have = self.live.get(uid).copied().unwrap_or(0);
+                let want = rs["spec"]["replicas"].as_i64().unwrap_or(1);
+                let ns = s(&rs, &["metadata", "namespace"]);
+                for _ in have..want {
+                    let mut pod = json!({"metadata": rs["spec"]["template"]["metadata"].clone(), "spec": rs["spec"]["template"]["spec"].clone()});
+                    pod["metadata"]["generateName"] =
+                        json!(format!("{}-", s(&rs, &["metadata", "name"])));
+                    pod["metadata"]["ownerReferences"] = owner_ref("ReplicaSet", &rs);
+                    if let Some(n) = pick_node_loaded(nodes_iter(), &load, &pod["spec"]) {
+                        *load.entry(n.clone()).or_default() += 1;
+                        pod["spec"]["nodeName"] = json!(n);
+                    }
+                    pod["status"] = json!({"phase": "Pending"});
+                    let _ = inner.create(pods(), ns, pod);
+                }
+            }
+        }
+        if self.ds_dirty {
+            // DaemonSets: one pod per eligible node.
+            let ds_res = resource("apps", "daemonsets").expect("ds");
+            for ds in inner.list(ds_res, None) {
+                let uid = s(&ds, &["metadata", "uid"]);
+                let ns = s(&ds, &["metadata", "namespace"]);
+                let tolerations = &ds["spec"]["template"]["spec"]["tolerations"];
+                let placed = self.on_node.get(uid);
+                for node in nodes_iter() {
+                    if terminating(node) {
+                        continue;
+                    }
+                    let name = s(node, &["metadata", "name"]);
+                    if placed.and_then(|m| m.get(name)).is_some_and(|n| *n > 0) {
+                        continue;
+                    }
+                    let eligible = blocking_taints(node)
+                        .filter(|t| t["key"] != "node.kubernetes.io/unschedulable")
+                        .all(|t| tolerates(tolerations, t));
+                    if !eligible {
+                        continue;
+                    }
+                    let mut pod = json!({"metadata": ds["spec"]["template"]["metadata"].clone(), "spec": ds["spec"]["template"]["spec"].clone()});
+                    pod["metadata"]["generateName"] =
+                        json!(format!("{}-", s(&ds, &["metadata", "name"])));
+                    pod["metadata"]["ownerReferences"] = owner_ref("DaemonSet", &ds);
+                    pod["spec"]["nodeName"] = json!(name);
+                    pod["status"] = json!({"phase": "Pending"});
+                    let _ = inner.create(pods(), ns, pod);
+                }
+            }
+        }
+        self.rs_dirty = false;
+        self.ds_dirty = false;
+        self.sched_dirty = false;
     }
 }
 

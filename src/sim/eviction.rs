@@ -2,9 +2,11 @@
 //! HTTP 429, and everything happens under the store lock so concurrent evictions can
 //! never break a budget.
 
+use std::borrow::Borrow;
+
 use serde_json::{json, Value};
 
-use super::selectors::{labels_of, selector_object_matches};
+use super::selectors::selector_selects_object;
 use super::store::{resource, ApiError, Inner};
 
 fn is_ready(pod: &Value) -> bool {
@@ -33,11 +35,17 @@ fn scaled(v: &Value, expected: i64) -> Option<i64> {
 /// Expected pods come from the owning controllers' scale (as the disruption
 /// controller does), so a pod that is terminating still counts until replaced;
 /// pods without a controller count while they are not terminating.
-pub fn budget(pdb: &Value, pods: &[Value], controllers: &[Value]) -> (i64, i64, i64) {
+pub fn budget(
+    pdb: &Value,
+    pods: &[impl Borrow<Value>],
+    controllers: &[impl Borrow<Value>],
+) -> (i64, i64, i64) {
     let sel = &pdb["spec"]["selector"];
+    let controllers: Vec<&Value> = controllers.iter().map(Borrow::borrow).collect();
     let matching: Vec<&Value> = pods
         .iter()
-        .filter(|p| selector_object_matches(sel, &labels_of(p)))
+        .map(Borrow::borrow)
+        .filter(|p| selector_selects_object(sel, p))
         .filter(|p| {
             !matches!(
                 p["status"]["phase"].as_str(),
@@ -82,7 +90,11 @@ pub fn budget(pdb: &Value, pods: &[Value], controllers: &[Value]) -> (i64, i64, 
 }
 
 /// The PDB status the disruption controller would write.
-pub fn status(pdb: &Value, pods: &[Value], controllers: &[Value]) -> Value {
+pub fn status(
+    pdb: &Value,
+    pods: &[impl Borrow<Value>],
+    controllers: &[impl Borrow<Value>],
+) -> Value {
     let (healthy, desired, expected) = budget(pdb, pods, controllers);
     json!({
         "currentHealthy": healthy, "desiredHealthy": desired, "expectedPods": expected,
@@ -110,11 +122,10 @@ pub(crate) fn evict(
         // Already going: nothing a budget could protect.
         return Ok(json!({"kind": "Status", "apiVersion": "v1", "status": "Success", "code": 200}));
     }
-    let labels = labels_of(&pod);
-    let pdbs: Vec<Value> = inner
-        .list(pdb_res, Some(ns))
-        .into_iter()
-        .filter(|p| selector_object_matches(&p["spec"]["selector"], &labels))
+    let pdbs: Vec<_> = inner
+        .iter(pdb_res, Some(ns))
+        .filter(|p| selector_selects_object(&p["spec"]["selector"], &pod))
+        .cloned()
         .collect();
     if pdbs.len() > 1 {
         return Err(ApiError::new(500, "InternalError", "This pod has more than one PodDisruptionBudget, which the eviction subresource does not support."));
@@ -151,6 +162,8 @@ pub(crate) fn evict(
 mod tests {
     use super::*;
 
+    const NO_RS: &[Value] = &[];
+
     fn pod(ready: bool, terminating: bool) -> Value {
         let mut p = json!({"metadata": {"labels": {"app": "web"}}, "status": {"phase": "Running", "conditions": [{"type": "Ready", "status": if ready {"True"} else {"False"}}]}});
         if terminating {
@@ -164,15 +177,15 @@ mod tests {
         let pdb =
             json!({"spec": {"selector": {"matchLabels": {"app": "web"}}, "maxUnavailable": 1}});
         assert_eq!(
-            budget(&pdb, &[pod(true, false), pod(true, false)], &[]),
+            budget(&pdb, &[pod(true, false), pod(true, false)], NO_RS),
             (2, 1, 2)
         );
         // One is going: the other may not.
         assert_eq!(
-            budget(&pdb, &[pod(true, true), pod(true, false)], &[]),
+            budget(&pdb, &[pod(true, true), pod(true, false)], NO_RS),
             (1, 0, 1)
         );
-        let st = status(&pdb, &[pod(true, false), pod(false, false)], &[]);
+        let st = status(&pdb, &[pod(true, false), pod(false, false)], NO_RS);
         assert_eq!(st["disruptionsAllowed"], 0);
     }
 
@@ -213,7 +226,7 @@ mod tests {
             budget(
                 &pdb,
                 &[pod(true, false), pod(true, false), pod(true, false)],
-                &[]
+                NO_RS
             ),
             (3, 2, 3)
         );
@@ -222,7 +235,7 @@ mod tests {
             budget(
                 &pdb,
                 &[pod(true, false), pod(true, false), pod(true, false)],
-                &[]
+                NO_RS
             )
             .1,
             1

@@ -14,7 +14,7 @@ use serde_json::{json, Value};
 use tokio::sync::watch;
 
 use super::eviction;
-use super::selectors::{labels_of, FieldSelector, LabelSelector};
+use super::selectors::{FieldSelector, LabelSelector};
 use super::store::{resource, ApiError, EventType, ResourceDef, Store};
 
 pub struct Ctx {
@@ -337,8 +337,8 @@ fn list(ctx: &Ctx, t: &Target, q: &HashMap<String, String>) -> Result<Value, Api
     };
     let items: Vec<Value> = items
         .into_iter()
-        .filter(|o| ls.matches(&labels_of(o)) && fs.matches(o))
-        .map(|o| with_pdb_status(ctx, t, o))
+        .filter(|o| ls.matches_object(o) && fs.matches(o))
+        .map(|o| with_pdb_status(ctx, t, Arc::unwrap_or_clone(o)))
         .collect();
     Ok(json!({
         "apiVersion": t.res.api_version(), "kind": format!("{}List", t.res.kind),
@@ -454,10 +454,10 @@ async fn watch_stream(ctx: Arc<Ctx>, t: Target, q: HashMap<String, String>) -> R
         let items = inner.list(t.res, t.ns.as_deref());
         let now = inner.rv();
         drop(inner);
-        let past: Vec<Value> = items
-            .into_iter()
-            .filter(|o| ls.matches(&labels_of(o)) && fs.matches(o))
-            .map(|o| json!({"type": "ADDED", "object": o}))
+        let past: Vec<Bytes> = items
+            .iter()
+            .filter(|o| ls.matches_object(o) && fs.matches(o))
+            .map(|o| watch_line("ADDED", o))
             .collect();
         (past, (rx, now))
     } else {
@@ -467,7 +467,7 @@ async fn watch_stream(ctx: Arc<Ctx>, t: Target, q: HashMap<String, String>) -> R
                 let mut last = from;
                 for c in changes {
                     last = last.max(c.rv);
-                    if c.res.key() != t.res.key() {
+                    if c.res != t.res {
                         continue;
                     }
                     if let Some(ns) = &t.ns {
@@ -475,7 +475,7 @@ async fn watch_stream(ctx: Arc<Ctx>, t: Target, q: HashMap<String, String>) -> R
                             continue;
                         }
                     }
-                    if let Some(ev) = event_for(&c.kind, &c.object, c.old.as_ref(), &ls, &fs) {
+                    if let Some(ev) = event_for(&c.kind, &c.object, c.old.as_deref(), &ls, &fs) {
                         past.push(ev);
                     }
                 }
@@ -494,7 +494,7 @@ async fn watch_stream(ctx: Arc<Ctx>, t: Target, q: HashMap<String, String>) -> R
     let ns = t.ns.clone();
     tokio::spawn(async move {
         for ev in past {
-            if tx.send(Ok(Bytes::from(format!("{ev}\n")))).await.is_err() {
+            if tx.send(Ok(ev)).await.is_err() {
                 return;
             }
         }
@@ -516,14 +516,14 @@ async fn watch_stream(ctx: Arc<Ctx>, t: Target, q: HashMap<String, String>) -> R
                         }
                         Err(_) => return,
                     };
-                    if c.rv <= last_rv || c.res.key() != res.key() {
+                    if c.rv <= last_rv || c.res != res {
                         continue;
                     }
                     if let Some(ns) = &ns {
                         if c.object["metadata"]["namespace"].as_str() != Some(ns) { continue; }
                     }
-                    if let Some(ev) = event_for(&c.kind, &c.object, c.old.as_ref(), &ls, &fs) {
-                        if tx.send(Ok(Bytes::from(format!("{ev}\n")))).await.is_err() {
+                    if let Some(ev) = event_for(&c.kind, &c.object, c.old.as_deref(), &ls, &fs) {
+                        if tx.send(Ok(ev)).await.is_err() {
                             return;
                         }
                     }
@@ -539,6 +539,20 @@ async fn watch_stream(ctx: Arc<Ctx>, t: Target, q: HashMap<String, String>) -> R
         .unwrap_or_else(|_| StatusCode::INTERNAL_SERVER_ERROR.into_response())
 }
 
+/// One line of a watch stream, serialized straight from the stored object (a watch
+/// of every pod in a storm sends thousands of these a second: no copy of the object).
+fn watch_line(kind: &str, object: &Value) -> Bytes {
+    #[derive(serde::Serialize)]
+    struct WatchEvent<'a> {
+        #[serde(rename = "type")]
+        kind: &'a str,
+        object: &'a Value,
+    }
+    let mut line = serde_json::to_vec(&WatchEvent { kind, object }).unwrap_or_default();
+    line.push(b'\n');
+    Bytes::from(line)
+}
+
 /// The event a selector-filtered watch sees: an object that starts matching is
 /// ADDED, one that stops matching is DELETED.
 fn event_for(
@@ -547,8 +561,8 @@ fn event_for(
     old: Option<&Value>,
     ls: &LabelSelector,
     fs: &FieldSelector,
-) -> Option<Value> {
-    let m = |o: &Value| ls.matches(&labels_of(o)) && fs.matches(o);
+) -> Option<Bytes> {
+    let m = |o: &Value| ls.matches_object(o) && fs.matches(o);
     let now = m(obj);
     let before = old.map(m).unwrap_or(false);
     let t = match (kind, before, now) {
@@ -559,5 +573,5 @@ fn event_for(
         (EventType::Modified, true, false) => "DELETED",
         _ => return None,
     };
-    Some(json!({"type": t, "object": obj}))
+    Some(watch_line(t, obj))
 }

@@ -266,6 +266,14 @@ impl SimCluster {
 
     /// Every object of a kind, as stored.
     pub fn list<K: k8s_openapi::Resource>(&self) -> Vec<Value> {
+        self.list_shared::<K>()
+            .iter()
+            .map(|v| Value::clone(v))
+            .collect()
+    }
+
+    /// [`Self::list`] without copying the objects (they are the store's own, shared).
+    pub fn list_shared<K: k8s_openapi::Resource>(&self) -> Vec<Arc<Value>> {
         match resource_of_kind(K::KIND, K::API_VERSION) {
             Some(res) => self.store.lock().list(res, None),
             None => Vec::new(),
@@ -334,13 +342,20 @@ impl SimCluster {
     fn sync_nodes(&self, cloud: &crate::cloud::memory::MemoryCloud) {
         use crate::cloud::LifecycleState;
         let instances = cloud.instances();
-        let existing = self.list::<k8s_openapi::api::core::v1::Node>();
+        let existing = self.list_shared::<k8s_openapi::api::core::v1::Node>();
+        // Sets, not scans: this runs every 100 ms over thousands of nodes in a storm.
+        let known: std::collections::HashSet<&str> = existing
+            .iter()
+            .filter_map(|n| n["metadata"]["name"].as_str())
+            .collect();
+        let alive: std::collections::HashSet<&str> = instances
+            .iter()
+            .filter(|(_, i)| i.state != LifecycleState::Terminated)
+            .map(|(_, i)| i.id.as_str())
+            .collect();
         for (group, inst) in &instances {
             let name = node_name(&inst.id);
-            let known = existing
-                .iter()
-                .any(|n| n["metadata"]["name"] == name.as_str());
-            if inst.state == LifecycleState::InService && !known {
+            if inst.state == LifecycleState::InService && !known.contains(name.as_str()) {
                 let labels = [
                     ("topology.kubernetes.io/zone", inst.zone.as_str()),
                     (
@@ -352,13 +367,10 @@ impl SimCluster {
                 let _ = self.create(&fixtures::node(&name, &inst.provider_id(), &labels));
             }
         }
-        for n in existing {
+        for n in &existing {
             let pid = n["spec"]["providerID"].as_str().unwrap_or("");
             let id = crate::provider::provider_id::instance_id(pid).unwrap_or("");
-            let alive = instances
-                .iter()
-                .any(|(_, i)| i.id == id && i.state != LifecycleState::Terminated);
-            if !alive && pid.starts_with("aws://") {
+            if !alive.contains(id) && pid.starts_with("aws://") {
                 let name = n["metadata"]["name"].as_str().unwrap_or("").to_string();
                 self.remove::<k8s_openapi::api::core::v1::Node>("", &name);
             }

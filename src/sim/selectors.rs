@@ -106,6 +106,11 @@ impl LabelSelector {
             LabelReq::NotExists(k) => !labels.contains_key(k),
         })
     }
+
+    /// [`Self::matches`] on an object; an empty selector (most watches) reads nothing.
+    pub fn matches_object(&self, obj: &Value) -> bool {
+        self.0.is_empty() || self.matches(&labels_of(obj))
+    }
 }
 
 /// A parsed `fieldSelector` (`a.b=c`, `a.b==c`, `a.b!=c`).
@@ -172,11 +177,20 @@ pub fn labels_of(obj: &Value) -> BTreeMap<String, String> {
 /// Does a LabelSelector object (`matchLabels` / `matchExpressions`) select these labels?
 /// An empty selector selects everything, as in policy/v1.
 pub fn selector_object_matches(sel: &Value, labels: &BTreeMap<String, String>) -> bool {
+    selects(sel, |k| labels.get(k).map(String::as_str))
+}
+
+/// [`selector_object_matches`] on an object's own labels, read in place: a budget is
+/// checked against every pod of its namespace, and copying each pod's labels into a
+/// map first cost more than the check.
+pub fn selector_selects_object(sel: &Value, obj: &Value) -> bool {
+    let labels = &obj["metadata"]["labels"];
+    selects(sel, |k| labels.get(k).and_then(Value::as_str))
+}
+
+fn selects<'a>(sel: &Value, label: impl Fn(&str) -> Option<&'a str>) -> bool {
     if let Some(ml) = sel["matchLabels"].as_object() {
-        if !ml
-            .iter()
-            .all(|(k, v)| labels.get(k).map(String::as_str) == v.as_str())
-        {
+        if !ml.iter().all(|(k, v)| label(k) == v.as_str()) {
             return false;
         }
     }
@@ -188,14 +202,10 @@ pub fn selector_object_matches(sel: &Value, labels: &BTreeMap<String, String>) -
                 .map(|a| a.iter().filter_map(|v| v.as_str()).collect())
                 .unwrap_or_default();
             let ok = match e["operator"].as_str().unwrap_or("") {
-                "In" => labels
-                    .get(key)
-                    .is_some_and(|v| values.contains(&v.as_str())),
-                "NotIn" => labels
-                    .get(key)
-                    .is_none_or(|v| !values.contains(&v.as_str())),
-                "Exists" => labels.contains_key(key),
-                "DoesNotExist" => !labels.contains_key(key),
+                "In" => label(key).is_some_and(|v| values.contains(&v)),
+                "NotIn" => label(key).is_none_or(|v| !values.contains(&v)),
+                "Exists" => label(key).is_some(),
+                "DoesNotExist" => label(key).is_none(),
                 _ => false,
             };
             if !ok {

@@ -161,8 +161,9 @@ pub struct Change {
     pub rv: u64,
     pub res: &'static ResourceDef,
     pub kind: EventType,
-    pub object: Value,
-    pub old: Option<Value>,
+    /// Shared with the store: a change costs a reference count, not a copy.
+    pub object: Arc<Value>,
+    pub old: Option<Arc<Value>>,
 }
 
 /// An API error as a Status.
@@ -220,10 +221,13 @@ const HISTORY: usize = 20_000;
 /// Changes to replay and the channel for the ones that follow.
 pub(crate) type Resume = (Vec<Arc<Change>>, broadcast::Receiver<Arc<Change>>);
 
-type Key = (String, String);
+/// Objects of one resource, by namespace ("" for cluster-scoped ones), then name.
+/// Values are shared: a list or a change hands out references, never copies.
+type Objects = BTreeMap<String, BTreeMap<String, Arc<Value>>>;
 
 pub(crate) struct Inner {
-    objects: HashMap<String, BTreeMap<Key, Value>>,
+    /// By (API group, plural).
+    objects: HashMap<(&'static str, &'static str), Objects>,
     rv: u64,
     uid: u64,
     history: VecDeque<Arc<Change>>,
@@ -257,8 +261,8 @@ impl Inner {
         &mut self,
         res: &'static ResourceDef,
         kind: EventType,
-        object: Value,
-        old: Option<Value>,
+        object: Arc<Value>,
+        old: Option<Arc<Value>>,
     ) {
         let c = Arc::new(Change {
             rv: self.rv,
@@ -287,21 +291,50 @@ impl Inner {
     }
 
     pub(crate) fn get(&self, res: &ResourceDef, ns: &str, name: &str) -> Option<&Value> {
-        self.objects
-            .get(&res.key())?
-            .get(&(ns.to_string(), name.to_string()))
+        self.get_shared(res, ns, name).map(|v| &**v)
     }
 
-    pub(crate) fn list(&self, res: &ResourceDef, ns: Option<&str>) -> Vec<Value> {
+    pub(crate) fn get_shared(
+        &self,
+        res: &ResourceDef,
+        ns: &str,
+        name: &str,
+    ) -> Option<&Arc<Value>> {
         self.objects
-            .get(&res.key())
-            .map(|m| {
-                m.iter()
-                    .filter(|((n, _), _)| ns.is_none_or(|x| x == n))
-                    .map(|(_, v)| v.clone())
-                    .collect()
+            .get(&(res.group, res.plural))?
+            .get(ns)?
+            .get(name)
+    }
+
+    /// The objects of a resource (in one namespace or all), in key order.
+    pub(crate) fn iter<'a>(
+        &'a self,
+        res: &ResourceDef,
+        ns: Option<&'a str>,
+    ) -> impl Iterator<Item = &'a Arc<Value>> + 'a {
+        self.objects
+            .get(&(res.group, res.plural))
+            .into_iter()
+            .flat_map(move |by_ns| {
+                by_ns
+                    .iter()
+                    .filter(move |(n, _)| ns.is_none_or(|x| x == n.as_str()))
+                    .flat_map(|(_, by_name)| by_name.values())
             })
-            .unwrap_or_default()
+    }
+
+    /// [`Self::iter`], collected: shared references, cheap to take under the lock.
+    pub(crate) fn list(&self, res: &ResourceDef, ns: Option<&str>) -> Vec<Arc<Value>> {
+        self.iter(res, ns).cloned().collect()
+    }
+
+    fn put(&mut self, res: &ResourceDef, ns: &str, name: &str, obj: Arc<Value>) {
+        self.objects
+            .entry((res.group, res.plural))
+            .or_default()
+            .entry(ns.to_string())
+            .or_default()
+            .insert(name.to_string(), obj);
     }
 
     pub(crate) fn create(
@@ -367,13 +400,11 @@ impl Inner {
         meta["creationTimestamp"] = json!(now_rfc3339());
         obj["apiVersion"] = json!(res.api_version());
         obj["kind"] = json!(res.kind);
-        self.objects
-            .entry(res.key())
-            .or_default()
-            .insert((ns.to_string(), name.clone()), obj.clone());
+        let shared = Arc::new(obj);
+        self.put(res, ns, &name, shared.clone());
         self.note("create", res, ns, &name);
-        self.emit(res, EventType::Added, obj.clone(), None);
-        Ok(obj)
+        self.emit(res, EventType::Added, shared.clone(), None);
+        Ok(Arc::unwrap_or_clone(shared))
     }
 
     /// Replaces an object with `f(old)`; keeps identity fields; bumps the version.
@@ -386,7 +417,7 @@ impl Inner {
         f: impl FnOnce(&Value) -> Result<Value, ApiError>,
     ) -> Result<Value, ApiError> {
         let old = self
-            .get(res, ns, name)
+            .get_shared(res, ns, name)
             .cloned()
             .ok_or_else(|| ApiError::not_found(res, name))?;
         let mut new = f(&old)?;
@@ -422,16 +453,14 @@ impl Inner {
         new["metadata"]["resourceVersion"] = json!(rv.to_string());
         new["apiVersion"] = json!(res.api_version());
         new["kind"] = json!(res.kind);
-        if new == old {
-            return Ok(old);
+        if new == *old {
+            return Ok(Arc::unwrap_or_clone(old));
         }
-        self.objects
-            .entry(res.key())
-            .or_default()
-            .insert((ns.to_string(), name.to_string()), new.clone());
+        let shared = Arc::new(new);
+        self.put(res, ns, name, shared.clone());
         self.note(verb, res, ns, name);
-        self.emit(res, EventType::Modified, new.clone(), Some(old));
-        Ok(new)
+        self.emit(res, EventType::Modified, shared.clone(), Some(old));
+        Ok(Arc::unwrap_or_clone(shared))
     }
 
     /// Removes an object for good.
@@ -441,15 +470,19 @@ impl Inner {
         ns: &str,
         name: &str,
     ) -> Option<Value> {
-        let mut obj = self
-            .objects
-            .get_mut(&res.key())?
-            .remove(&(ns.to_string(), name.to_string()))?;
+        let by_ns = self.objects.get_mut(&(res.group, res.plural))?;
+        let by_name = by_ns.get_mut(ns)?;
+        let obj = by_name.remove(name)?;
+        if by_name.is_empty() {
+            by_ns.remove(ns);
+        }
+        let mut obj = Arc::unwrap_or_clone(obj);
         let rv = self.bump();
         obj["metadata"]["resourceVersion"] = json!(rv.to_string());
         self.note("removed", res, ns, name);
-        self.emit(res, EventType::Deleted, obj.clone(), None);
-        Some(obj)
+        let shared = Arc::new(obj);
+        self.emit(res, EventType::Deleted, shared.clone(), None);
+        Some(Arc::unwrap_or_clone(shared))
     }
 
     /// DELETE: graceful for pods bound to an existing node, at once otherwise.
@@ -461,11 +494,13 @@ impl Inner {
         grace: Option<i64>,
     ) -> Result<Value, ApiError> {
         let obj = self
-            .get(res, ns, name)
+            .get_shared(res, ns, name)
             .cloned()
             .ok_or_else(|| ApiError::not_found(res, name))?;
         if res.plural != "pods" || !res.group.is_empty() {
-            return Ok(self.remove(res, ns, name).unwrap_or(obj));
+            return Ok(self
+                .remove(res, ns, name)
+                .unwrap_or_else(|| Arc::unwrap_or_clone(obj)));
         }
         let node = obj["spec"]["nodeName"].as_str().unwrap_or("").to_string();
         let phase = obj["status"]["phase"].as_str().unwrap_or("");
@@ -478,14 +513,16 @@ impl Inner {
             .unwrap_or(30);
         let grace = grace.unwrap_or(default_grace).max(0);
         if grace == 0 || !node_exists || matches!(phase, "Succeeded" | "Failed") {
-            return Ok(self.remove(res, ns, name).unwrap_or(obj));
+            return Ok(self
+                .remove(res, ns, name)
+                .unwrap_or_else(|| Arc::unwrap_or_clone(obj)));
         }
         let current = obj["metadata"]["deletionGracePeriodSeconds"].as_i64();
         if current.is_some_and(|c| c <= grace) {
-            return Ok(obj);
+            return Ok(Arc::unwrap_or_clone(obj));
         }
         let first = current.is_none();
-        let mut new = obj.clone();
+        let mut new = (*obj).clone();
         let rv = self.bump();
         if first {
             // As the API server does: the time the grace period ends.
@@ -493,15 +530,13 @@ impl Inner {
         }
         new["metadata"]["deletionGracePeriodSeconds"] = json!(grace);
         new["metadata"]["resourceVersion"] = json!(rv.to_string());
-        self.objects
-            .entry(res.key())
-            .or_default()
-            .insert((ns.to_string(), name.to_string()), new.clone());
+        let shared = Arc::new(new);
+        self.put(res, ns, name, shared.clone());
         if first {
             self.note("deletion-started", res, ns, name);
         }
-        self.emit(res, EventType::Modified, new.clone(), Some(obj));
-        Ok(new)
+        self.emit(res, EventType::Modified, shared.clone(), Some(obj));
+        Ok(Arc::unwrap_or_clone(shared))
     }
 
     pub(crate) fn rv(&self) -> u64 {

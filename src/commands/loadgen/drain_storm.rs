@@ -73,6 +73,8 @@ pub struct StormReport {
     pub min_hook_slack_s: f64,
     pub hook_timeouts: usize,
     pub api_requests: u64,
+    /// The storm's requests by "verb resource", most first.
+    pub api_requests_by_kind: Vec<(String, u64)>,
     pub api_qps_mean: f64,
     pub api_qps_peak: f64,
     pub api_qps_limit: f64,
@@ -134,6 +136,75 @@ const READY_DELAY: Duration = Duration::from_millis(100);
 /// preStop seconds of the ReplicaSet `i`: a mix from half a second to three.
 fn prestop_of(i: usize) -> f64 {
     [0.5, 1.0, 2.0, 3.0][i % 4]
+}
+
+/// Counts Ready pods per `app` label from the store's own change stream, and keeps the
+/// lowest count each app reached: every change is seen, not a sample.
+fn spawn_ready_watch(
+    sim: &SimCluster,
+    min_ready: Arc<parking_lot::Mutex<BTreeMap<String, i32>>>,
+) -> tokio::task::JoinHandle<()> {
+    let app = |p: &serde_json::Value| p["metadata"]["labels"]["app"].as_str().map(str::to_string);
+    let count_all = move |pods: &[Arc<serde_json::Value>]| {
+        let mut count: HashMap<String, i32> = HashMap::new();
+        for p in pods.iter().filter(|p| ready(p)) {
+            if let Some(a) = app(p) {
+                *count.entry(a).or_default() += 1;
+            }
+        }
+        count
+    };
+    let pods_res = crate::sim::store::resource("", "pods").expect("pods");
+    // Subscribed and counted under the store's lock: no change is missed or counted twice.
+    let (mut rx, mut count) = {
+        let inner = sim.store.lock();
+        (
+            sim.store.subscribe(),
+            count_all(&inner.list(pods_res, None)),
+        )
+    };
+    let store = sim.store.clone();
+    tokio::spawn(async move {
+        use tokio::sync::broadcast::error::RecvError;
+        loop {
+            let c = match rx.recv().await {
+                Ok(c) => c,
+                Err(RecvError::Lagged(_)) => {
+                    // Fell behind: recount (a dip in between may be missed).
+                    let inner = store.lock();
+                    count = count_all(&inner.list(pods_res, None));
+                    continue;
+                }
+                Err(RecvError::Closed) => return,
+            };
+            if c.res != pods_res {
+                continue;
+            }
+            let mut touched = None;
+            if let Some(old) = c.old.as_deref().filter(|o| ready(o)) {
+                if let Some(a) = app(old) {
+                    *count.entry(a.clone()).or_default() -= 1;
+                    touched = Some(a);
+                }
+            }
+            if c.kind != crate::sim::store::EventType::Deleted && ready(&c.object) {
+                if let Some(a) = app(&c.object) {
+                    *count.entry(a.clone()).or_default() += 1;
+                }
+            } else if c.kind == crate::sim::store::EventType::Deleted && ready(&c.object) {
+                if let Some(a) = app(&c.object) {
+                    *count.entry(a.clone()).or_default() -= 1;
+                    touched = Some(a);
+                }
+            }
+            if let Some(a) = touched {
+                let now = count.get(&a).copied().unwrap_or(0);
+                if let Some(low) = min_ready.lock().get_mut(&a) {
+                    *low = (*low).min(now);
+                }
+            }
+        }
+    })
 }
 
 pub async fn run(o: &StormOptions) -> anyhow::Result<StormReport> {
@@ -205,7 +276,7 @@ pub async fn run(o: &StormOptions) -> anyhow::Result<StormReport> {
     }
     let want = sets * size + 2 * total_nodes;
     until("every pod ready", o.limit, || {
-        sim.list::<Pod>().iter().filter(|p| ready(p)).count() >= want
+        sim.list_shared::<Pod>().iter().filter(|p| ready(p)).count() >= want
     })
     .await?;
     for node in &spare {
@@ -254,33 +325,14 @@ pub async fn run(o: &StormOptions) -> anyhow::Result<StormReport> {
     );
     until("the Node cache", o.limit, || provider.drain_state_known()).await?;
 
-    // PDBs, sampled: the fewest Ready pods each ReplicaSet had.
+    // PDBs, from every change: the fewest Ready pods each ReplicaSet ever had.
     let min_ready: Arc<parking_lot::Mutex<BTreeMap<String, i32>>> =
         Arc::new(parking_lot::Mutex::new(replicas_of.clone()));
-    let sampler = {
-        let sim = sim.clone();
-        let min_ready = min_ready.clone();
-        tokio::spawn(async move {
-            loop {
-                let mut count: BTreeMap<String, i32> = BTreeMap::new();
-                for p in sim.list::<Pod>().iter().filter(|p| ready(p)) {
-                    if let Some(app) = p["metadata"]["labels"]["app"].as_str() {
-                        *count.entry(app.to_string()).or_default() += 1;
-                    }
-                }
-                {
-                    let mut m = min_ready.lock();
-                    for (app, low) in m.iter_mut() {
-                        *low = (*low).min(count.get(app).copied().unwrap_or(0));
-                    }
-                }
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-        })
-    };
+    let sampler = spawn_ready_watch(&sim, min_ready.clone());
 
     let cpu_before = me.sample().map(|s| s.cpu_seconds).unwrap_or(0.0);
     let requests_before = sim.requests().total();
+    let kinds_before = sim.requests().snapshot();
     let started = Instant::now();
     let ended = cloud.external_scale_in("storm", n)?;
     anyhow::ensure!(
@@ -313,6 +365,17 @@ pub async fn run(o: &StormOptions) -> anyhow::Result<StormReport> {
     }
     let all_ended = started.elapsed();
     let api_requests = sim.requests().total() - requests_before;
+    let mut api_requests_by_kind: Vec<(String, u64)> = sim
+        .requests()
+        .snapshot()
+        .into_iter()
+        .map(|((verb, res), n)| {
+            let before = kinds_before.get(&(verb.clone(), res.clone())).copied();
+            (format!("{verb} {res}"), n - before.unwrap_or(0))
+        })
+        .filter(|(_, n)| *n > 0)
+        .collect();
+    api_requests_by_kind.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
     let cpu_s = me.sample().map(|s| s.cpu_seconds).unwrap_or(0.0) - cpu_before;
     lifecycle_loop.abort();
     sampler.abort();
@@ -405,6 +468,7 @@ pub async fn run(o: &StormOptions) -> anyhow::Result<StormReport> {
         min_hook_slack_s,
         hook_timeouts: cloud.hook_timeouts().len(),
         api_requests,
+        api_requests_by_kind,
         api_qps_mean: api_requests as f64 / secs,
         api_qps_peak: rate.iter().copied().fold(0.0, f64::max),
         api_qps_limit: o.api_qps,
