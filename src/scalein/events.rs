@@ -9,7 +9,15 @@ pub const REPORTER: &str = "ca-asg-provider";
 
 pub struct Events {
     recorder: Recorder,
+    /// Per-pod Events go through this queue to one publisher, so an eviction never
+    /// waits for its Event. `None` outside a runtime: published inline.
+    pod_events: Option<tokio::sync::mpsc::Sender<(ObjectReference, Event)>>,
 }
+
+/// Per-pod Events waiting to be published; beyond this they are dropped and counted
+/// (`pod_events_dropped_total`), their log line already written. A storm of 500 nodes
+/// makes about 6,000.
+const POD_EVENT_QUEUE: usize = 8192;
 
 /// Why an Event was published (the Event's `reason`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -83,13 +91,30 @@ impl Reason {
 }
 
 impl Events {
-    pub fn new(client: kube::Client) -> Self {
+    /// `pod_client` publishes the per-pod Events (a lower-priority client).
+    pub fn new(client: kube::Client, pod_client: kube::Client) -> Self {
         let reporter = Reporter {
             controller: REPORTER.into(),
             instance: std::env::var("POD_NAME").ok(),
         };
+        let recorder = Recorder::new(client, reporter.clone());
+        let pod_events = tokio::runtime::Handle::try_current().ok().map(|rt| {
+            let (tx, mut rx) =
+                tokio::sync::mpsc::channel::<(ObjectReference, Event)>(POD_EVENT_QUEUE);
+            let recorder = Recorder::new(pod_client, reporter);
+            // Ends when the Events (and so the sender) are dropped.
+            rt.spawn(async move {
+                while let Some((reference, ev)) = rx.recv().await {
+                    if let Err(e) = recorder.publish(&ev, &reference).await {
+                        tracing::debug!(object = ?reference.name, error = %e, "could not publish event");
+                    }
+                }
+            });
+            tx
+        });
         Self {
-            recorder: Recorder::new(client, reporter),
+            recorder,
+            pod_events,
         }
     }
 
@@ -107,10 +132,28 @@ impl Events {
 
     /// An Event on the Pod itself (its node as the related object), where the
     /// application's owners look (`kubectl describe pod`, `kubectl get events -n`).
+    /// Per-pod Events queued and not yet published.
+    pub fn pod_events_pending(&self) -> usize {
+        self.pod_events
+            .as_ref()
+            .map_or(0, |q| q.max_capacity() - q.capacity())
+    }
+
+    /// Queued, not awaited: the drain goes on while it is published, and the rate
+    /// limiter sends Events only with tokens no drain request waits for.
     pub async fn pod(&self, pod: &PodRef, node: &str, reason: Reason, note: String) {
         tracing::info!(node, pod = %pod, reason = reason.as_str(), "{note}");
-        self.send(pod_reference(pod), reason, note, Some(node_reference(node)))
-            .await
+        let ev = event(reason, note, Some(node_reference(node)));
+        match &self.pod_events {
+            Some(queue) => {
+                if queue.try_send((pod_reference(pod), ev)).is_err() {
+                    crate::telemetry::metrics::metrics()
+                        .pod_events_dropped
+                        .inc();
+                }
+            }
+            None => self.publish_now(pod_reference(pod), ev).await,
+        }
     }
 
     async fn publish(
@@ -135,20 +178,28 @@ impl Events {
         note: String,
         related: Option<ObjectReference>,
     ) {
-        let ev = Event {
-            type_: if reason.is_warning() {
-                EventType::Warning
-            } else {
-                EventType::Normal
-            },
-            reason: reason.as_str().into(),
-            note: Some(truncate(note, 1000)),
-            action: "Drain".into(),
-            secondary: related,
-        };
+        self.publish_now(reference, event(reason, note, related))
+            .await
+    }
+
+    async fn publish_now(&self, reference: ObjectReference, ev: Event) {
         if let Err(e) = self.recorder.publish(&ev, &reference).await {
             tracing::debug!(object = ?reference.name, error = %e, "could not publish event");
         }
+    }
+}
+
+fn event(reason: Reason, note: String, related: Option<ObjectReference>) -> Event {
+    Event {
+        type_: if reason.is_warning() {
+            EventType::Warning
+        } else {
+            EventType::Normal
+        },
+        reason: reason.as_str().into(),
+        note: Some(truncate(note, 1000)),
+        action: "Drain".into(),
+        secondary: related,
     }
 }
 

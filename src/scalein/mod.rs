@@ -296,6 +296,7 @@ impl Engine {
         // Every request, watches and Events included, as client-go's own limiter
         // does: the rate holds however many drains run.
         let lease_client = client.clone();
+        let pod_event_client = ratelimit::spare_client(client.clone(), limiter.clone());
         let client = ratelimit::limited_client(client, limiter);
         let slots = Arc::new(tokio::sync::Semaphore::new(
             settings.max_concurrent_drains.max(1),
@@ -306,7 +307,7 @@ impl Engine {
             .as_ref()
             .map(|p| spawn_marks_sync(&nodes, Arc::downgrade(p), liveness.clone()));
         Arc::new(Self {
-            events: events::Events::new(client.clone()),
+            events: events::Events::new(client.clone(), pod_event_client),
             nodes,
             marks_sync: Mutex::new(marks_sync),
             noted: Mutex::new(Default::default()),

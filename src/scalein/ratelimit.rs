@@ -1,6 +1,8 @@
 //! A token bucket shared by every drain, so many nodes draining at once stay within a
-//! bounded Kubernetes API request rate.
+//! bounded Kubernetes API request rate. Per-pod Events take what the drains leave: in
+//! a storm an Event never holds back an eviction.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -17,10 +19,33 @@ pub fn limited_client(client: kube::Client, limiter: Arc<RateLimiter>) -> kube::
     })
 }
 
+/// A client for what may wait (per-pod Events): each request takes a token only when
+/// no drain request waits for one ([`RateLimiter::acquire_spare`]).
+pub fn spare_client(client: kube::Client, limiter: Arc<RateLimiter>) -> kube::Client {
+    super::intercept::intercepted(client, move |req, client| {
+        let limiter = limiter.clone();
+        Box::pin(async move {
+            limiter.acquire_spare().await;
+            client.send(req).await
+        })
+    })
+}
+
 pub struct RateLimiter {
     qps: f64,
     burst: f64,
     state: Mutex<(f64, Instant)>,
+    /// Drain requests waiting for a token right now.
+    waiting: AtomicUsize,
+}
+
+/// Counts a waiting drain request for as long as it waits.
+struct Waiting<'a>(&'a AtomicUsize);
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
+    }
 }
 
 impl RateLimiter {
@@ -35,12 +60,38 @@ impl RateLimiter {
             qps,
             burst,
             state: Mutex::new((burst, Instant::now())),
+            waiting: AtomicUsize::new(0),
         }
     }
 
     /// Takes one token, waiting for it when the bucket is empty.
     pub async fn acquire(&self) {
-        while let Err(wait) = self.try_acquire_at(Instant::now()) {
+        let Err(mut wait) = self.try_acquire_at(Instant::now()) else {
+            return;
+        };
+        self.waiting.fetch_add(1, Ordering::AcqRel);
+        let _counted = Waiting(&self.waiting);
+        loop {
+            tokio::time::sleep(wait).await;
+            match self.try_acquire_at(Instant::now()) {
+                Ok(()) => return,
+                Err(w) => wait = w,
+            }
+        }
+    }
+
+    /// Takes a token only when no drain request waits for one: low-priority requests
+    /// (Events) use what the drains leave, and in a storm they wait for its end.
+    pub async fn acquire_spare(&self) {
+        loop {
+            let wait = if self.waiting.load(Ordering::Acquire) == 0 {
+                match self.try_acquire_at(Instant::now()) {
+                    Ok(()) => return,
+                    Err(w) => w,
+                }
+            } else {
+                Duration::from_secs_f64(1.0 / self.qps)
+            };
             tokio::time::sleep(wait).await;
         }
     }
@@ -82,6 +133,37 @@ mod tests {
             assert!(rl.try_acquire_at(t2).is_ok());
         }
         assert!(rl.try_acquire_at(t2).is_err());
+    }
+
+    #[tokio::test]
+    async fn events_wait_while_a_drain_request_waits() {
+        let rl = Arc::new(RateLimiter::new(100.0, 1));
+        rl.acquire().await; // the burst is spent
+        let order = Arc::new(Mutex::new(Vec::new()));
+        let spare = {
+            let (rl, order) = (rl.clone(), order.clone());
+            tokio::spawn(async move {
+                rl.acquire_spare().await;
+                order.lock().push("event");
+            })
+        };
+        tokio::task::yield_now().await;
+        let drains: Vec<_> = (0..3)
+            .map(|i| {
+                let (rl, order) = (rl.clone(), order.clone());
+                tokio::spawn(async move {
+                    rl.acquire().await;
+                    order.lock().push(["evict-0", "evict-1", "evict-2"][i]);
+                })
+            })
+            .collect();
+        for d in drains {
+            d.await.unwrap();
+        }
+        spare.await.unwrap();
+        let order = order.lock().clone();
+        assert_eq!(order.last(), Some(&"event"), "{order:?}");
+        assert_eq!(order.len(), 4);
     }
 
     #[test]

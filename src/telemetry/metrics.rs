@@ -108,6 +108,7 @@ pub struct Metrics {
     pub notice_to_drain: Family<KindLabels, Histogram>,
     pub notice_to_end: Family<KindLabels, Histogram>,
     pub interruption_budget_missed: Counter,
+    pub pod_events_dropped: Counter,
 }
 
 fn rpc_histogram() -> Histogram {
@@ -154,6 +155,7 @@ impl Metrics {
             notice_to_drain: Family::new_with_constructor(stage_histogram as fn() -> Histogram),
             notice_to_end: Family::new_with_constructor(stage_histogram as fn() -> Histogram),
             interruption_budget_missed: Counter::default(),
+            pod_events_dropped: Counter::default(),
             registry: Registry::default(),
         };
         r.register(
@@ -287,6 +289,11 @@ impl Metrics {
             "interruption_budget_missed",
             "Interruption drains (spot, scheduled change) still running when AWS ends the instance",
             m.interruption_budget_missed.clone(),
+        );
+        r.register(
+            "pod_events_dropped",
+            "Per-pod Evicted Events not published because their queue was full (a drain storm); the log line was written",
+            m.pod_events_dropped.clone(),
         );
         r.register(
             "dry_run_actions",

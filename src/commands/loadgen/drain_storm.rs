@@ -80,12 +80,19 @@ pub struct StormReport {
     pub api_qps_limit: f64,
     pub api_burst: u32,
     pub evictions_refused_by_pdb: u64,
+    /// Per-pod Evicted Events still queued when the last instance ended (they yield
+    /// to drain requests), and how long after that the queue was empty.
+    pub pod_events_queued_at_end: usize,
+    pub pod_events_flushed_after_s: f64,
     /// ReplicaSets seen with fewer Ready pods than replicas - maxUnavailable.
     pub pdb_violations: usize,
     /// Nodes where a DaemonSet pod began leaving while a workload pod was there.
     pub daemonset_last_violations: usize,
     pub cpu_s: f64,
     pub peak_rss_mib: f64,
+    /// RSS with the in-memory API server, cloud and pods loaded, before the engine
+    /// started: the peak minus this is the engine's share (all run in one process).
+    pub rss_before_engine_mib: f64,
 }
 
 /// p50, p99 and max of a sample, in seconds.
@@ -298,6 +305,10 @@ pub async fn run(o: &StormOptions) -> anyhow::Result<StormReport> {
         })
         .collect();
 
+    let rss_before_engine_mib = me
+        .sample()
+        .map(|s| s.rss_bytes as f64 / (1024.0 * 1024.0))
+        .unwrap_or(0.0);
     let provider = Provider::new(
         Arc::new(cloud.clone()),
         ProviderSettings {
@@ -377,6 +388,13 @@ pub async fn run(o: &StormOptions) -> anyhow::Result<StormReport> {
         .collect();
     api_requests_by_kind.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
     let cpu_s = me.sample().map(|s| s.cpu_seconds).unwrap_or(0.0) - cpu_before;
+    let pod_events_queued_at_end = engine.events.pod_events_pending();
+    let flushing = Instant::now();
+    until("the per-pod Events to be published", o.limit, || {
+        engine.events.pod_events_pending() == 0
+    })
+    .await?;
+    let pod_events_flushed_after_s = flushing.elapsed().as_secs_f64();
     lifecycle_loop.abort();
     sampler.abort();
     engine.shutdown();
@@ -477,9 +495,12 @@ pub async fn run(o: &StormOptions) -> anyhow::Result<StormReport> {
             .stats
             .evictions_pdb_blocked
             .load(std::sync::atomic::Ordering::Relaxed),
+        pod_events_queued_at_end,
+        pod_events_flushed_after_s,
         pdb_violations,
         daemonset_last_violations,
         cpu_s,
         peak_rss_mib: peak_rss,
+        rss_before_engine_mib,
     })
 }
