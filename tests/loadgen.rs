@@ -53,6 +53,57 @@ fn loadgen_drives_a_ca_loop_and_reports_zero_aws_calls_in_steady_state() {
     );
 }
 
+/// `--floor`: after recording one loop's answers from the real server, the floor (a
+/// second child process) answers every RPC of each of its loops from them. A request
+/// it had not recorded would be answered NotFound and fail the run, so a successful
+/// run with the full count of floor calls proves each one was replayed.
+#[test]
+fn loadgen_floor_replays_every_rpc_and_reports_the_ratio() {
+    let dir = tempfile::tempdir().unwrap();
+    let json = dir.path().join("report.json");
+    let out = Command::new(env!("CARGO_BIN_EXE_ca-asg-provider"))
+        .args(["loadgen", "--nodes", "60", "--groups", "4", "--loops", "2"])
+        .args([
+            "--floor",
+            "--connections",
+            "1",
+            "--concurrent-passes",
+            "1",
+            "--drain-nodes",
+            "0",
+        ])
+        .arg("--json")
+        .arg(&json)
+        .output()
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "loadgen --floor failed:\n{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("floor"), "{stdout}");
+    let r: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    let f = &r["floor"];
+    assert_eq!(f["rounds"], 2, "{f}");
+    assert!(f["ratio"].as_f64().unwrap() > 0.0, "{f}");
+    for side in ["real_cpu_ms_per_loop", "floor_cpu_ms_per_loop"] {
+        assert!(f[side]["mean"].as_f64().unwrap() > 0.0, "{side}: {f}");
+    }
+    let floor_calls: u64 = f["floor_sequential"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|m| m["calls"].as_u64().unwrap())
+        .sum();
+    assert_eq!(
+        floor_calls,
+        2 * (2 * 60 + 5 * 4 + 2),
+        "the floor answered every RPC of its two loops"
+    );
+    assert!(f["floor_rss_mib"].as_f64().unwrap() > 0.0, "{f}");
+}
+
 /// The drain storm's code path at a size CI can afford (README has the 500-node
 /// run): every hook is completed, none times out, no PDB is broken, DaemonSet pods
 /// leave last on every node, and the API rate stays within apiQps plus the burst.

@@ -41,6 +41,17 @@ pub async fn serve(
 /// TLS handshakes that do not finish in this time are dropped.
 const TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// The server's HTTP/2 and TCP settings. `loadgen --floor` serves its transport floor
+/// with the same, so that the two servers differ only in what answers.
+pub fn transport() -> tonic::transport::Server {
+    tonic::transport::Server::builder()
+        // A peer that stops answering pings is gone: its connection is closed.
+        .http2_keepalive_interval(Some(Duration::from_secs(30)))
+        .http2_keepalive_timeout(Some(Duration::from_secs(10)))
+        .tcp_keepalive(Some(Duration::from_secs(60)))
+        .max_concurrent_streams(Some(128))
+}
+
 /// [`serve`] with the connection limits given.
 pub async fn serve_with(
     listener: TcpListener,
@@ -53,12 +64,7 @@ pub async fn serve_with(
     reporter
         .set_serving::<CloudProviderServer<CloudProviderService>>()
         .await;
-    let router = tonic::transport::Server::builder()
-        // A peer that stops answering pings is gone: its connection is closed.
-        .http2_keepalive_interval(Some(Duration::from_secs(30)))
-        .http2_keepalive_timeout(Some(Duration::from_secs(10)))
-        .tcp_keepalive(Some(Duration::from_secs(60)))
-        .max_concurrent_streams(Some(128))
+    let router = transport()
         .add_service(health)
         .add_service(CloudProviderServer::new(CloudProviderService::new(
             provider,

@@ -3,8 +3,10 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
+use prost::Message as _;
 use tonic::transport::Channel;
 
+use super::floor::{path_of, Recorded};
 use super::stats::Samples;
 use crate::proto::cloud_provider_client::CloudProviderClient;
 use crate::proto::{self, ExternalGrpcNode};
@@ -99,6 +101,112 @@ fn defaults() -> proto::NodeGroupAutoscalingOptions {
     crate::grpc::options::to_proto(&crate::provider::options::AutoscalingOptions::ca_defaults())
 }
 
+/// The NodeGroupForNode request for a node of the fleet. Every loop builds it anew
+/// from the same Fleet node, and the floor replays answers keyed by its bytes, so the
+/// bytes must not change between builds. The labels and annotations are HashMaps, which
+/// prost encodes in iteration order; a clone of a HashMap keeps the original's hasher
+/// keys and bucket layout (hashbrown copies the control bytes and clones each entry
+/// into the same bucket), so every clone iterates, and encodes, like the original. A
+/// test below pins it, and should it ever break, the floor answers NotFound and the
+/// loop fails: it cannot go unnoticed. (Decoding the request in the floor to key it by
+/// providerID would not depend on this, but would add a decode the floor is meant
+/// not to do.)
+fn for_node(n: &ExternalGrpcNode) -> proto::NodeGroupForNodeRequest {
+    proto::NodeGroupForNodeRequest {
+        node: Some(n.clone()),
+    }
+}
+
+/// The NodeGroupGetOptions request for a group, with CA's defaults.
+fn options_for(
+    id: &str,
+    defaults: proto::NodeGroupAutoscalingOptions,
+) -> proto::NodeGroupAutoscalingOptionsRequest {
+    proto::NodeGroupAutoscalingOptionsRequest {
+        id: id.to_string(),
+        defaults: Some(defaults),
+    }
+}
+
+/// One exchange for the floor: the request's bytes and the real server's answer.
+fn recorded<A: prost::Message>(
+    method: &str,
+    request: Vec<u8>,
+    answer: Result<tonic::Response<A>, tonic::Status>,
+) -> Recorded {
+    Recorded {
+        path: path_of(method),
+        request,
+        answer: answer.map(|r| r.get_ref().encode_to_vec()),
+    }
+}
+
+/// Sends every distinct request of one loop once to the real server, built as
+/// `run_loop` builds it, and returns each with its answer: what the floor replays.
+/// An error answer is recorded (the floor gives it back) but only GetOptions'
+/// Unimplemented is expected; any other means the real loop fails too, so it is
+/// reported here.
+pub async fn record(ca: &mut Client, fleet: &Fleet) -> anyhow::Result<Vec<Recorded>> {
+    let mut out = Vec::with_capacity(2 + fleet.nodes.len() + 4 * fleet.groups.len());
+    let q = proto::RefreshRequest {};
+    out.push(recorded("Refresh", q.encode_to_vec(), ca.refresh(q).await));
+    let q = proto::NodeGroupsRequest {};
+    out.push(recorded(
+        "NodeGroups",
+        q.encode_to_vec(),
+        ca.node_groups(q).await,
+    ));
+    for n in &fleet.nodes {
+        let q = for_node(n);
+        out.push(recorded(
+            "NodeGroupForNode",
+            q.encode_to_vec(),
+            ca.node_group_for_node(q).await,
+        ));
+    }
+    let options = defaults();
+    for g in &fleet.groups {
+        let q = proto::NodeGroupTargetSizeRequest { id: g.clone() };
+        out.push(recorded(
+            "NodeGroupTargetSize",
+            q.encode_to_vec(),
+            ca.node_group_target_size(q).await,
+        ));
+        let q = proto::NodeGroupNodesRequest { id: g.clone() };
+        out.push(recorded(
+            "NodeGroupNodes",
+            q.encode_to_vec(),
+            ca.node_group_nodes(q).await,
+        ));
+        let q = proto::NodeGroupTemplateNodeInfoRequest { id: g.clone() };
+        out.push(recorded(
+            "NodeGroupTemplateNodeInfo",
+            q.encode_to_vec(),
+            ca.node_group_template_node_info(q).await,
+        ));
+        let q = options_for(g, options);
+        out.push(recorded(
+            "NodeGroupGetOptions",
+            q.encode_to_vec(),
+            ca.node_group_get_options(q).await,
+        ));
+    }
+    for r in &out {
+        if let Err(s) = &r.answer {
+            let expected =
+                s.code() == tonic::Code::Unimplemented && r.path == path_of("NodeGroupGetOptions");
+            anyhow::ensure!(
+                expected,
+                "recording the floor's answers: {} failed: {}: {}",
+                r.path,
+                s.code(),
+                s.message()
+            );
+        }
+    }
+    Ok(out)
+}
+
 /// One loop, sequential like CA's: Refresh, NodeGroups, NodeGroupForNode twice per
 /// node, then per group TargetSize (twice), NodeGroupNodes, TemplateNodeInfo and
 /// GetOptions: 2N + 5G + 2 calls.
@@ -114,9 +222,7 @@ pub async fn run_loop(ca: &mut Client, fleet: &Fleet, samples: &mut Samples) -> 
             let r = timed!(
                 samples,
                 "NodeGroupForNode",
-                ca.node_group_for_node(proto::NodeGroupForNodeRequest {
-                    node: Some(n.clone())
-                })
+                ca.node_group_for_node(for_node(n))
             );
             if r.get_ref()
                 .node_group
@@ -149,12 +255,7 @@ pub async fn run_loop(ca: &mut Client, fleet: &Fleet, samples: &mut Samples) -> 
         );
         // Unimplemented is an answer (no option tags: CA keeps its defaults).
         let t = Instant::now();
-        let r = ca
-            .node_group_get_options(proto::NodeGroupAutoscalingOptionsRequest {
-                id: id(),
-                defaults: Some(options),
-            })
-            .await;
+        let r = ca.node_group_get_options(options_for(g, options)).await;
         samples.add("NodeGroupGetOptions", t.elapsed());
         match r {
             Ok(_) => {}
@@ -191,9 +292,7 @@ pub async fn run_concurrent(
                     timed!(
                         samples,
                         "NodeGroupForNode",
-                        ca.node_group_for_node(proto::NodeGroupForNodeRequest {
-                            node: Some(n.clone())
-                        })
+                        ca.node_group_for_node(for_node(n))
                     );
                 }
             }
@@ -219,5 +318,21 @@ mod tests {
         assert_eq!(n.labels["eks.amazonaws.com/nodegroup"], "ng-001");
         assert_eq!(n.labels["kubernetes.io/hostname"], n.name);
         assert_eq!(n.labels.len(), 13);
+    }
+
+    /// The floor keys NodeGroupForNode by the request's bytes (see `for_node`): every
+    /// build from the same node, and from a clone of it, encodes alike.
+    #[test]
+    fn a_node_request_encodes_the_same_every_time_it_is_built() {
+        let fleet: Vec<ExternalGrpcNode> = (0..200)
+            .map(|i| node_for(&format!("aws:///us-east-1a/i-{i:017x}"), "ng-001", i))
+            .collect();
+        let copy = fleet.clone();
+        for (n, c) in fleet.iter().zip(&copy) {
+            let first = for_node(n).encode_to_vec();
+            assert_eq!(first, for_node(n).encode_to_vec());
+            assert_eq!(first, for_node(c).encode_to_vec());
+            assert_eq!(first, for_node(&for_node(c).node.unwrap()).encode_to_vec());
+        }
     }
 }

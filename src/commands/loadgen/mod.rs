@@ -1,13 +1,17 @@
 //! `ca-asg-provider loadgen`: acts like cluster-autoscaler against a server on the
 //! memory cloud seeded with N nodes in G groups, and reports per-RPC latency, RPC/s,
-//! loop time, and the server's CPU and memory read from /proc.
+//! loop time, and the server's CPU and memory read from /proc. With `--floor`, also
+//! the same loops against a server that only replays recorded answers (`floor`), so
+//! the report can tell this code's CPU from the gRPC transport's.
 
 mod ca_loop;
 pub mod drain_overhead;
 pub mod drain_storm;
+mod floor;
 mod process;
 pub mod stats;
 
+use std::ffi::OsStr;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
@@ -59,6 +63,19 @@ pub struct LoadgenArgs {
     /// The storm's Kubernetes API rate limit (scaleIn.apiQps).
     #[arg(long, default_value_t = 50.0)]
     pub storm_api_qps: f64,
+    /// Also run each measured loop against the transport floor: a server on the same
+    /// gRPC stack that replays the real server's recorded answers and runs no provider
+    /// code. Loops alternate between the two (ABBA); the report gives both CPUs and
+    /// their ratio (README "Performance").
+    #[arg(long, conflicts_with = "drain_storm")]
+    pub floor: bool,
+    /// Internal: serve as the floor, with the answers in this file (`--floor` starts
+    /// this program so).
+    #[arg(long, hide = true, requires = "floor_listen")]
+    pub serve_floor: Option<PathBuf>,
+    /// Internal: the floor's listen address.
+    #[arg(long, hide = true, requires = "serve_floor")]
+    pub floor_listen: Option<SocketAddr>,
 }
 
 #[derive(Debug, Serialize)]
@@ -77,6 +94,28 @@ pub struct Report {
     pub server_peak_rss_mib: Option<f64>,
     pub aws_calls_in_steady_loops: Option<u64>,
     pub drain_overhead: Option<drain_overhead::Overhead>,
+    /// The real server against the transport floor (`--floor`).
+    pub floor: Option<FloorComparison>,
+}
+
+/// The same loops against the real server and the floor, alternating.
+#[derive(Debug, Serialize)]
+pub struct FloorComparison {
+    /// Rounds of one loop against each server.
+    pub rounds: usize,
+    pub real_cpu_ms_per_loop: Summary,
+    pub floor_cpu_ms_per_loop: Summary,
+    /// Mean real CPU / mean floor CPU per loop: how many times its bare transport the
+    /// real server costs (None if the floor's CPU read 0).
+    pub ratio: Option<f64>,
+    /// The same ratio within each round.
+    pub ratio_per_round: Summary,
+    pub real_loop_wall_ms: Summary,
+    pub floor_loop_wall_ms: Summary,
+    /// Latency per RPC against the floor, client included: the transport's share of
+    /// `sequential`.
+    pub floor_sequential: Vec<MethodSummary>,
+    pub floor_rss_mib: Option<f64>,
 }
 
 #[derive(Debug, Serialize)]
@@ -124,11 +163,12 @@ async fn until(what: &str, limit: Duration, mut f: impl FnMut() -> bool) -> anyh
     Ok(())
 }
 
-/// The server child process, killed when dropped.
+/// A server child process (the real server or the floor), killed when dropped.
 struct ServerChild {
     child: Child,
     addr: SocketAddr,
-    metrics: SocketAddr,
+    /// The real server's /metrics (the floor has none).
+    metrics: Option<SocketAddr>,
 }
 
 impl Drop for ServerChild {
@@ -143,12 +183,24 @@ fn free_port() -> anyhow::Result<SocketAddr> {
     Ok(l.local_addr()?)
 }
 
+/// Starts this program with `args` as `what` (stdout dropped, stderr shared).
+fn spawn_self<S: AsRef<OsStr>>(args: &[S], what: &str) -> anyhow::Result<Child> {
+    let exe =
+        std::env::current_exe().with_context(|| format!("finding this program to start {what}"))?;
+    Command::new(exe)
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .with_context(|| format!("starting {what}"))
+}
+
 fn start_server(args: &LoadgenArgs) -> anyhow::Result<ServerChild> {
     let addr = free_port()?;
     let metrics = free_port()?;
-    let exe = std::env::current_exe().context("finding this program to start the server")?;
-    let child = Command::new(exe)
-        .args([
+    let child = spawn_self(
+        &[
             "serve",
             "--memory-cloud",
             &format!("{}:{}", args.groups, args.nodes),
@@ -158,17 +210,140 @@ fn start_server(args: &LoadgenArgs) -> anyhow::Result<ServerChild> {
             &metrics.to_string(),
             "--log-level",
             "warn",
-        ])
-        .stdin(Stdio::null())
-        .stdout(Stdio::null())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .context("starting the server")?;
+        ],
+        "the server",
+    )?;
     Ok(ServerChild {
         child,
         addr,
-        metrics,
+        metrics: Some(metrics),
     })
+}
+
+/// A file removed when dropped.
+struct TempFile(PathBuf);
+
+impl Drop for TempFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+/// The floor child and what measuring it needs.
+struct FloorChild {
+    /// Held to end the floor when dropped.
+    _server: ServerChild,
+    ca: Client,
+    watch: ProcWatch,
+}
+
+/// Records one loop's answers from the real server, writes them to a temporary file
+/// and starts the floor on them; returns once the floor answers.
+async fn start_floor(real: &mut Client, fleet: &Fleet) -> anyhow::Result<FloorChild> {
+    let answers = ca_loop::record(real, fleet).await?;
+    let file = TempFile(
+        std::env::temp_dir().join(format!("ca-asg-provider-floor-{}.json", std::process::id())),
+    );
+    floor::write(&file.0, &answers)?;
+    let addr = free_port()?;
+    let listen = addr.to_string();
+    let child = spawn_self(
+        &[
+            OsStr::new("loadgen"),
+            OsStr::new("--serve-floor"),
+            file.0.as_os_str(),
+            OsStr::new("--floor-listen"),
+            OsStr::new(&listen),
+            OsStr::new("--log-level"),
+            OsStr::new("warn"),
+        ],
+        "the floor server",
+    )?;
+    let server = ServerChild {
+        child,
+        addr,
+        metrics: None,
+    };
+    let watch = ProcWatch::new(server.child.id());
+    let ch = wait_ready(addr).await?;
+    // The floor has read its answers once it answers.
+    drop(file);
+    Ok(FloorChild {
+        _server: server,
+        ca: Client::new(ch),
+        watch,
+    })
+}
+
+/// One measured loop: its wall time and the server's readings around it.
+#[derive(Debug, Clone, Copy)]
+struct LoopCost {
+    wall_ms: f64,
+    /// Before and after (None without the server's pid).
+    readings: Option<(ProcSample, ProcSample)>,
+}
+
+impl LoopCost {
+    fn cpu_ms(&self) -> Option<f64> {
+        self.readings.map(|(b, a)| a.cpu_ms_since(&b))
+    }
+}
+
+async fn measured_loop(
+    ca: &mut Client,
+    fleet: &Fleet,
+    samples: &mut Samples,
+    watch: Option<&ProcWatch>,
+) -> anyhow::Result<LoopCost> {
+    let sample = || watch.and_then(|w| w.sample().ok());
+    let before = sample();
+    let t = Instant::now();
+    ca_loop::run_loop(ca, fleet, samples).await?;
+    let wall_ms = t.elapsed().as_secs_f64() * 1000.0;
+    Ok(LoopCost {
+        wall_ms,
+        readings: before.zip(sample()),
+    })
+}
+
+fn mean(v: &[f64]) -> f64 {
+    if v.is_empty() {
+        0.0
+    } else {
+        v.iter().sum::<f64>() / v.len() as f64
+    }
+}
+
+/// The real server's loops against the floor's, round by round (`real[i]` and
+/// `floor[i]` ran in the same round).
+fn compare(
+    real: &[LoopCost],
+    floor: &[LoopCost],
+    floor_sequential: Vec<MethodSummary>,
+    floor_rss_mib: Option<f64>,
+) -> FloorComparison {
+    let real_cpu: Vec<f64> = real.iter().filter_map(LoopCost::cpu_ms).collect();
+    let floor_cpu: Vec<f64> = floor.iter().filter_map(LoopCost::cpu_ms).collect();
+    let per_round: Vec<f64> = real
+        .iter()
+        .zip(floor)
+        .filter_map(|(r, f)| Some((r.cpu_ms()?, f.cpu_ms()?)))
+        .filter(|&(_, f)| f > 0.0)
+        .map(|(r, f)| r / f)
+        .collect();
+    let floor_mean = mean(&floor_cpu);
+    let walls = |v: &[LoopCost]| Summary::of(&v.iter().map(|c| c.wall_ms).collect::<Vec<_>>());
+    FloorComparison {
+        rounds: floor.len(),
+        real_cpu_ms_per_loop: Summary::of(&real_cpu),
+        floor_cpu_ms_per_loop: Summary::of(&floor_cpu),
+        ratio: (floor_mean > 0.0).then(|| (mean(&real_cpu) / floor_mean * 100.0).round() / 100.0),
+        ratio_per_round: Summary::of(&per_round),
+        real_loop_wall_ms: walls(real),
+        floor_loop_wall_ms: walls(floor),
+        floor_sequential,
+        floor_rss_mib,
+    }
 }
 
 async fn connect(addr: SocketAddr) -> anyhow::Result<Channel> {
@@ -223,6 +398,9 @@ fn mib(b: u64) -> f64 {
 }
 
 pub async fn run(args: LoadgenArgs) -> anyhow::Result<()> {
+    if let (Some(file), Some(listen)) = (&args.serve_floor, args.floor_listen) {
+        return floor::serve_file(file, listen).await;
+    }
     if let Some(nodes) = args.drain_storm {
         anyhow::ensure!(nodes >= 1, "--drain-storm must be at least 1");
         let mut o = drain_storm::StormOptions::new(nodes);
@@ -257,9 +435,13 @@ pub async fn measure(args: &LoadgenArgs) -> anyhow::Result<Report> {
         .or(child.as_ref().map(|c| c.addr))
         .expect("an address");
     let pid = args.server_pid.or(child.as_ref().map(|c| c.child.id()));
+    anyhow::ensure!(
+        !args.floor || pid.is_some(),
+        "--floor compares the servers' CPU: with --server, give --server-pid too"
+    );
     let watch = pid.map(ProcWatch::new);
     let sample = || watch.as_ref().and_then(|w| w.sample().ok());
-    let metrics = child.as_ref().map(|c| c.metrics);
+    let metrics = child.as_ref().and_then(|c| c.metrics);
 
     eprintln!("loadgen: waiting for the server at {addr}");
     let ch = wait_ready(addr).await?;
@@ -272,22 +454,40 @@ pub async fn measure(args: &LoadgenArgs) -> anyhow::Result<Report> {
         args.loops
     );
     ca_loop::run_loop(&mut ca, &fleet, &mut Samples::default()).await?;
+    let mut floor = if args.floor {
+        eprintln!("loadgen: recording one loop's answers; the floor replays them");
+        let mut f = start_floor(&mut ca, &fleet).await?;
+        // The floor gets its warm-up loop too.
+        ca_loop::run_loop(&mut f.ca, &fleet, &mut Samples::default())
+            .await
+            .context("the warm-up loop against the floor")?;
+        Some(f)
+    } else {
+        None
+    };
 
     let aws_before = match metrics {
         Some(m) => aws_calls(m).await,
         None => None,
     };
     let mut samples = Samples::default();
-    let (mut walls, mut cpus) = (Vec::new(), Vec::new());
-    let mut kernel_ms = 0.0;
-    for _ in 0..args.loops {
-        let before: Option<ProcSample> = sample();
-        let t = Instant::now();
-        ca_loop::run_loop(&mut ca, &fleet, &mut samples).await?;
-        walls.push(t.elapsed().as_secs_f64() * 1000.0);
-        if let (Some(b), Some(a)) = (before, sample()) {
-            cpus.push((a.cpu_seconds - b.cpu_seconds) * 1000.0);
-            kernel_ms += (a.system_seconds - b.system_seconds) * 1000.0;
+    let mut floor_samples = Samples::default();
+    let (mut real_loops, mut floor_loops) = (Vec::new(), Vec::new());
+    for round in 0..args.loops {
+        // ABBA: the floor goes first in every other round, so a drift (the VM's noise,
+        // caches warming up) weighs on both servers alike.
+        let floor_first = round % 2 == 1;
+        for on_floor in [floor_first, !floor_first] {
+            match (on_floor, floor.as_mut()) {
+                (false, _) => real_loops
+                    .push(measured_loop(&mut ca, &fleet, &mut samples, watch.as_ref()).await?),
+                (true, Some(f)) => floor_loops.push(
+                    measured_loop(&mut f.ca, &fleet, &mut floor_samples, Some(&f.watch))
+                        .await
+                        .context("a loop against the floor")?,
+                ),
+                (true, None) => {}
+            }
         }
     }
     let after_loops = sample();
@@ -295,6 +495,20 @@ pub async fn measure(args: &LoadgenArgs) -> anyhow::Result<Report> {
         Some(m) => aws_calls(m).await,
         None => None,
     };
+    let walls: Vec<f64> = real_loops.iter().map(|c| c.wall_ms).collect();
+    let cpus: Vec<f64> = real_loops.iter().filter_map(LoopCost::cpu_ms).collect();
+    // The kernel's share in ticks over ticks: both from /proc/PID/stat.
+    let (mut kernel_ms, mut tick_ms) = (0.0, 0.0);
+    for (b, a) in real_loops.iter().filter_map(|c| c.readings) {
+        kernel_ms += (a.system_seconds - b.system_seconds) * 1000.0;
+        tick_ms += (a.cpu_seconds - b.cpu_seconds) * 1000.0;
+    }
+    let floor_report = floor.as_ref().map(|f| {
+        let rss = f.watch.sample().ok().map(|s| mib(s.rss_bytes));
+        compare(&real_loops, &floor_loops, floor_samples.summary(), rss)
+    });
+    // The concurrent phase runs against the real server only.
+    drop(floor);
 
     let mut channels = Vec::new();
     for _ in 0..args.connections {
@@ -342,10 +556,8 @@ pub async fn measure(args: &LoadgenArgs) -> anyhow::Result<Report> {
         sequential: samples.summary(),
         loop_wall_ms: Summary::of(&walls),
         server_cpu_ms_per_loop: (!cpus.is_empty()).then(|| Summary::of(&cpus)),
-        server_cpu_kernel_share: {
-            let total: f64 = cpus.iter().sum();
-            (total > 0.0).then(|| (kernel_ms / total * 100.0).round() / 100.0)
-        },
+        server_cpu_kernel_share: (tick_ms > 0.0)
+            .then(|| (kernel_ms / tick_ms * 100.0).round() / 100.0),
         concurrent: Some(concurrent),
         server_rss_mib_after_loops: after_loops.map(|s| mib(s.rss_bytes)),
         server_peak_rss_mib: peak.map(|s| mib(s.peak_rss_bytes)),
@@ -354,6 +566,7 @@ pub async fn measure(args: &LoadgenArgs) -> anyhow::Result<Report> {
             _ => None,
         },
         drain_overhead,
+        floor: floor_report,
     })
 }
 
@@ -386,6 +599,29 @@ fn print(r: &Report) {
             "server CPU per loop   {:.0} ms mean (min {:.0}, max {:.0}{kernel})",
             c.mean, c.min, c.max
         );
+    }
+    if let Some(f) = &r.floor {
+        let ratio = f
+            .ratio
+            .map(|x| format!("{x:.2}"))
+            .unwrap_or_else(|| "n/a".to_string());
+        println!(
+            "\nserver CPU per loop: {:.1} ms, floor {:.1} ms, ratio {ratio} (the part this code adds: {:.1} ms)",
+            f.real_cpu_ms_per_loop.mean,
+            f.floor_cpu_ms_per_loop.mean,
+            f.real_cpu_ms_per_loop.mean - f.floor_cpu_ms_per_loop.mean
+        );
+        println!(
+            "  ratio per round {:.2} to {:.2}; loop wall time {:.0} ms, floor {:.0} ms; {} rounds, ABBA",
+            f.ratio_per_round.min,
+            f.ratio_per_round.max,
+            f.real_loop_wall_ms.mean,
+            f.floor_loop_wall_ms.mean,
+            f.rounds
+        );
+        if let Some(rss) = f.floor_rss_mib {
+            println!("  floor RSS {rss:.1} MiB");
+        }
     }
     if let Some(c) = &r.concurrent {
         println!(
@@ -426,6 +662,35 @@ mod tests {
             ca_asg_provider_refreshes_total{outcome=\"ok\"} 9\n";
         assert_eq!(sum_counter(text, "ca_asg_provider_aws_calls_total"), 4);
         assert_eq!(sum_counter("", "x"), 0);
+    }
+
+    fn cost(wall_ms: f64, cpu_ms: f64) -> LoopCost {
+        let at = |s: f64| ProcSample {
+            on_cpu_seconds: Some(s),
+            ..ProcSample::default()
+        };
+        LoopCost {
+            wall_ms,
+            readings: Some((at(1.0), at(1.0 + cpu_ms / 1000.0))),
+        }
+    }
+
+    #[test]
+    fn compares_the_real_server_with_the_floor_round_by_round() {
+        let real = [cost(100.0, 30.0), cost(120.0, 50.0)];
+        let floor = [cost(80.0, 20.0), cost(90.0, 20.0)];
+        let c = compare(&real, &floor, Vec::new(), Some(12.5));
+        assert_eq!(c.rounds, 2);
+        assert_eq!(c.real_cpu_ms_per_loop.mean, 40.0);
+        assert_eq!(c.floor_cpu_ms_per_loop.mean, 20.0);
+        assert_eq!(c.ratio, Some(2.0));
+        assert_eq!((c.ratio_per_round.min, c.ratio_per_round.max), (1.5, 2.5));
+        assert_eq!(
+            (c.real_loop_wall_ms.mean, c.floor_loop_wall_ms.mean),
+            (110.0, 85.0)
+        );
+        let idle = [cost(80.0, 0.0), cost(90.0, 0.0)];
+        assert_eq!(compare(&real, &idle, Vec::new(), None).ratio, None);
     }
 
     #[test]

@@ -12,6 +12,23 @@ pub struct ProcSample {
     /// Resident set now, and its peak (VmHWM), in bytes.
     pub rss_bytes: u64,
     pub peak_rss_bytes: u64,
+    /// On-CPU seconds of the live threads, to the nanosecond (the sum of
+    /// /proc/PID/task/*/schedstat), when the kernel keeps them.
+    pub on_cpu_seconds: Option<f64>,
+}
+
+impl ProcSample {
+    /// CPU milliseconds from `before` to this reading. The nanosecond counts when both
+    /// readings have them: a loop over a small fleet takes a few ms of CPU, less than
+    /// the 10 ms tick utime and stime are counted in. Else the ticks. (A thread that
+    /// ended between the readings takes its nanoseconds with it; the server's tokio
+    /// workers live as long as the process.)
+    pub fn cpu_ms_since(&self, before: &ProcSample) -> f64 {
+        match (before.on_cpu_seconds, self.on_cpu_seconds) {
+            (Some(b), Some(a)) => ((a - b) * 1000.0).max(0.0),
+            _ => (self.cpu_seconds - before.cpu_seconds) * 1000.0,
+        }
+    }
 }
 
 pub struct ProcWatch {
@@ -31,12 +48,28 @@ impl ProcWatch {
     pub fn sample(&self) -> std::io::Result<ProcSample> {
         let stat = std::fs::read_to_string(self.dir.join("stat"))?;
         let status = std::fs::read_to_string(self.dir.join("status"))?;
-        parse(&stat, &status, self.ticks_per_second).ok_or_else(|| {
+        let mut s = parse(&stat, &status, self.ticks_per_second).ok_or_else(|| {
             std::io::Error::new(
                 std::io::ErrorKind::InvalidData,
                 format!("unexpected format in {}", self.dir.display()),
             )
-        })
+        })?;
+        s.on_cpu_seconds = self.on_cpu_seconds();
+        Ok(s)
+    }
+
+    /// The sum of the threads' on-CPU nanoseconds, in seconds (None when the kernel
+    /// has no schedstat).
+    fn on_cpu_seconds(&self) -> Option<f64> {
+        let mut ns: u64 = 0;
+        for task in std::fs::read_dir(self.dir.join("task")).ok()? {
+            // A thread that ended since the listing has nothing left to count.
+            let Ok(text) = std::fs::read_to_string(task.ok()?.path().join("schedstat")) else {
+                continue;
+            };
+            ns += parse_schedstat(&text)?;
+        }
+        Some(ns as f64 / 1e9)
     }
 }
 
@@ -63,7 +96,13 @@ pub fn parse(stat: &str, status: &str, ticks_per_second: f64) -> Option<ProcSamp
         system_seconds: stime / ticks_per_second,
         rss_bytes: kb("VmRSS:")? * 1024,
         peak_rss_bytes: kb("VmHWM:")? * 1024,
+        on_cpu_seconds: None,
     })
+}
+
+/// The on-CPU nanoseconds in a /proc/PID/task/TID/schedstat (its first field).
+pub fn parse_schedstat(text: &str) -> Option<u64> {
+    text.split_whitespace().next()?.parse().ok()
 }
 
 #[cfg(test)]
@@ -88,5 +127,28 @@ mod tests {
     fn reads_this_process() {
         let s = ProcWatch::new(std::process::id()).sample().unwrap();
         assert!(s.rss_bytes > 0 && s.peak_rss_bytes >= s.rss_bytes);
+        assert!(s.on_cpu_seconds.is_none_or(|c| c > 0.0), "{s:?}");
+    }
+
+    #[test]
+    fn cpu_counts_nanoseconds_when_both_readings_have_them() {
+        assert_eq!(parse_schedstat("92353116 49861374 248\n"), Some(92_353_116));
+        assert_eq!(parse_schedstat(""), None);
+        let before = ProcSample {
+            cpu_seconds: 1.0,
+            on_cpu_seconds: Some(1.002),
+            ..ProcSample::default()
+        };
+        let after = ProcSample {
+            cpu_seconds: 1.0,
+            on_cpu_seconds: Some(1.0055),
+            ..ProcSample::default()
+        };
+        assert!((after.cpu_ms_since(&before) - 3.5).abs() < 1e-9);
+        let ticks_only = ProcSample {
+            cpu_seconds: 1.01,
+            ..ProcSample::default()
+        };
+        assert!((ticks_only.cpu_ms_since(&before) - 10.0).abs() < 1e-9);
     }
 }
