@@ -32,6 +32,8 @@ pub struct StormOptions {
     pub spare_nodes: usize,
     pub api_qps: f64,
     pub api_burst: u32,
+    /// scaleIn.maxConcurrentDrains: drains beyond it wait (their hooks heartbeated).
+    pub max_concurrent_drains: usize,
     pub hook_timeout_secs: i32,
     /// Gives up after this long.
     pub limit: Duration,
@@ -46,6 +48,7 @@ impl StormOptions {
             spare_nodes: nodes.div_ceil(2).max(2),
             api_qps: 50.0,
             api_burst: 100,
+            max_concurrent_drains: ScaleInSettings::default().max_concurrent_drains,
             hook_timeout_secs: 120,
             limit: Duration::from_secs(1800),
         }
@@ -55,6 +58,7 @@ impl StormOptions {
 #[derive(Debug, Serialize, Clone)]
 pub struct StormReport {
     pub nodes: usize,
+    pub max_concurrent_drains: usize,
     pub workload_pods: usize,
     pub daemonset_pods: usize,
     /// From the instant all entered Terminating:Wait to the last lifecycle action.
@@ -323,7 +327,7 @@ pub async fn run(o: &StormOptions) -> anyhow::Result<StormReport> {
     let settings = ScaleInSettings {
         api_qps: o.api_qps,
         api_burst: o.api_burst,
-        max_concurrent_drains: o.nodes.max(1),
+        max_concurrent_drains: o.max_concurrent_drains.max(1),
         lifecycle_poll_interval: Duration::from_secs(2),
         eviction_retry: Duration::from_secs(1),
         ..ScaleInSettings::default()
@@ -475,6 +479,7 @@ pub async fn run(o: &StormOptions) -> anyhow::Result<StormReport> {
     let secs = all_ended.as_secs_f64().max(1e-9);
     Ok(StormReport {
         nodes: o.nodes,
+        max_concurrent_drains: o.max_concurrent_drains,
         workload_pods: sets * size,
         daemonset_pods: 2 * total_nodes,
         all_ended_s: secs,

@@ -63,6 +63,9 @@ pub struct LoadgenArgs {
     /// The storm's Kubernetes API rate limit (scaleIn.apiQps).
     #[arg(long, default_value_t = 50.0)]
     pub storm_api_qps: f64,
+    /// The storm's scaleIn.maxConcurrentDrains (the shipped default is 50).
+    #[arg(long, default_value_t = 50)]
+    pub storm_concurrency: usize,
     /// Also run each measured loop against the transport floor: a server on the same
     /// gRPC stack that replays the real server's recorded answers and runs no provider
     /// code. Loops alternate between the two (ABBA); the report gives both CPUs and
@@ -406,6 +409,7 @@ pub async fn run(args: LoadgenArgs) -> anyhow::Result<()> {
         let mut o = drain_storm::StormOptions::new(nodes);
         o.api_qps = args.storm_api_qps;
         o.api_burst = (args.storm_api_qps * 2.0) as u32;
+        o.max_concurrent_drains = args.storm_concurrency;
         let report = drain_storm::run(&o).await?;
         println!("{}", serde_json::to_string_pretty(&report)?);
         if let Some(path) = &args.json {
