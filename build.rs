@@ -5,6 +5,8 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     tonic_prost_build::configure()
         .build_client(true)
         .build_server(true)
+        // prost's codec, but NodeGroupForNode skips the Node's labels (src/proto/codec.rs).
+        .codec_path("crate::proto::codec::LeanCodec")
         // The template Node is built once and served many times: Bytes clones are free.
         .bytes(".clusterautoscaler.cloudprovider.v1.externalgrpc.NodeGroupTemplateNodeInfoResponse")
         .compile_fds(fds)?;

@@ -16,4 +16,6 @@ pub mod telemetry;
 pub mod proto {
     #![allow(clippy::all, missing_docs)]
     tonic::include_proto!("clusterautoscaler.cloudprovider.v1.externalgrpc");
+
+    pub mod codec;
 }
