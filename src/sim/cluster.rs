@@ -211,10 +211,17 @@ struct Controllers {
     bound: HashMap<String, HashSet<(String, String)>>,
     /// Pods waiting for a node.
     pending: HashSet<(String, String)>,
-    /// What changed since the last pass: the ReplicaSet controller, the DaemonSet
-    /// controller and the scheduler each look only when theirs did.
-    rs_dirty: bool,
-    ds_dirty: bool,
+    /// ReplicaSets by UID, to find the ones whose pods changed.
+    replicasets: HashMap<String, (String, String)>,
+    /// What changed since the last pass, so each controller looks only at that: the
+    /// ReplicaSets whose pods changed (all of them after a ReplicaSet change), the
+    /// nodes a DaemonSet pod or the Node itself changed on (all of them after a
+    /// DaemonSet change), and whether a pod waits for the scheduler. A pass over every
+    /// set and node per change made the fake, not the drain, the cost of a storm.
+    rs_dirty: HashSet<String>,
+    all_rs_dirty: bool,
+    ds_nodes_dirty: HashSet<String>,
+    all_ds_dirty: bool,
     sched_dirty: bool,
 }
 
@@ -260,8 +267,11 @@ impl Controllers {
             load: HashMap::new(),
             bound: HashMap::new(),
             pending: HashSet::new(),
-            rs_dirty: true,
-            ds_dirty: true,
+            replicasets: HashMap::new(),
+            rs_dirty: HashSet::new(),
+            all_rs_dirty: true,
+            ds_nodes_dirty: HashSet::new(),
+            all_ds_dirty: true,
             sched_dirty: true,
         }
     }
@@ -270,9 +280,9 @@ impl Controllers {
         let c = Contribution::of(p);
         let key = (c.ns.clone(), c.name.clone());
         if c.owned_by_daemonset {
-            self.ds_dirty = true;
-        } else {
-            self.rs_dirty = true;
+            self.ds_nodes_dirty.insert(c.node.clone());
+        } else if let Some(owner) = &c.owner {
+            self.rs_dirty.insert(owner.clone());
         }
         if c.live {
             if let Some(owner) = &c.owner {
@@ -323,8 +333,20 @@ impl Controllers {
         for p in &all {
             self.kubelet(store, inner, p);
         }
-        self.rs_dirty = true;
-        self.ds_dirty = true;
+        self.replicasets = inner
+            .iter(replicasets(), None)
+            .map(|rs| {
+                (
+                    s(rs, &["metadata", "uid"]).to_string(),
+                    (
+                        s(rs, &["metadata", "namespace"]).to_string(),
+                        s(rs, &["metadata", "name"]).to_string(),
+                    ),
+                )
+            })
+            .collect();
+        self.all_rs_dirty = true;
+        self.all_ds_dirty = true;
         self.sched_dirty = true;
     }
 
@@ -351,11 +373,24 @@ impl Controllers {
                     let name = s(&c.object, &["metadata", "name"]).to_string();
                     self.gc_node_pods(inner, &name);
                 }
-                self.ds_dirty = true;
+                self.ds_nodes_dirty
+                    .insert(s(&c.object, &["metadata", "name"]).to_string());
                 self.sched_dirty = true;
             }
-            ("replicasets", "apps") => self.rs_dirty = true,
-            ("daemonsets", "apps") => self.ds_dirty = true,
+            ("replicasets", "apps") => {
+                let uid = s(&c.object, &["metadata", "uid"]).to_string();
+                if c.kind == EventType::Deleted {
+                    self.replicasets.remove(&uid);
+                } else {
+                    let key = (
+                        s(&c.object, &["metadata", "namespace"]).to_string(),
+                        s(&c.object, &["metadata", "name"]).to_string(),
+                    );
+                    self.replicasets.insert(uid.clone(), key);
+                    self.rs_dirty.insert(uid);
+                }
+            }
+            ("daemonsets", "apps") => self.all_ds_dirty = true,
             _ => {}
         }
     }
@@ -482,13 +517,19 @@ impl Controllers {
     /// Their own writes come back as changes and are folded before the next pass.
     fn act(&mut self, inner: &mut Inner) {
         let sched = self.sched_dirty && !self.pending.is_empty();
-        if !(sched || self.rs_dirty || self.ds_dirty) {
+        let rs_work = self.all_rs_dirty || !self.rs_dirty.is_empty();
+        let ds_work = self.all_ds_dirty || !self.ds_nodes_dirty.is_empty();
+        if !(sched || rs_work || ds_work) {
             return;
         }
-        let nodes_now: Vec<Arc<Value>> = inner.list(nodes(), None);
+        let nodes_now: Vec<Arc<Value>> = if sched || rs_work {
+            inner.list(nodes(), None)
+        } else {
+            Vec::new()
+        };
         let nodes_iter = || nodes_now.iter().map(|n| &**n);
-        // This pass's placements, on top of the folded load.
-        let mut load = self.load.clone();
+        // This pass's placements, on top of the folded load (copied only if used).
+        let mut load: Option<HashMap<String, usize>> = None;
         if sched {
             let mut waiting: Vec<(String, String)> = self.pending.iter().cloned().collect();
             waiting.sort();
@@ -496,7 +537,8 @@ impl Controllers {
                 let Some(p) = inner.get_shared(pods(), &ns, &name).cloned() else {
                     continue;
                 };
-                if let Some(node) = pick_node_loaded(nodes_iter(), &load, &p["spec"]) {
+                let load = load.get_or_insert_with(|| self.load.clone());
+                if let Some(node) = pick_node_loaded(nodes_iter(), load, &p["spec"]) {
                     *load.entry(node.clone()).or_default() += 1;
                     let _ = inner.update(pods(), &ns, &name, "bind", |o| {
                         let mut n = o.clone();
@@ -506,9 +548,17 @@ impl Controllers {
                 }
             }
         }
-        if self.rs_dirty {
-            let rs_res = resource("apps", "replicasets").expect("rs");
-            for rs in inner.list(rs_res, None) {
+        if rs_work {
+            let sets: Vec<Arc<Value>> = if self.all_rs_dirty {
+                inner.list(replicasets(), None)
+            } else {
+                self.rs_dirty
+                    .iter()
+                    .filter_map(|uid| self.replicasets.get(uid))
+                    .filter_map(|(ns, name)| inner.get_shared(replicasets(), ns, name).cloned())
+                    .collect()
+            };
+            for rs in sets {
                 let uid = s(&rs, &["metadata", "uid"]);
                 let have = self.live.get(uid).copied().unwrap_or(0);
                 let want = rs["spec"]["replicas"].as_i64().unwrap_or(1);
@@ -518,7 +568,8 @@ impl Controllers {
                     pod["metadata"]["generateName"] =
                         json!(format!("{}-", s(&rs, &["metadata", "name"])));
                     pod["metadata"]["ownerReferences"] = owner_ref("ReplicaSet", &rs);
-                    if let Some(n) = pick_node_loaded(nodes_iter(), &load, &pod["spec"]) {
+                    let load = load.get_or_insert_with(|| self.load.clone());
+                    if let Some(n) = pick_node_loaded(nodes_iter(), load, &pod["spec"]) {
                         *load.entry(n.clone()).or_default() += 1;
                         pod["spec"]["nodeName"] = json!(n);
                     }
@@ -527,15 +578,23 @@ impl Controllers {
                 }
             }
         }
-        if self.ds_dirty {
-            // DaemonSets: one pod per eligible node.
+        if ds_work {
+            // DaemonSets: one pod per eligible node, on the nodes where something changed.
+            let check: Vec<Arc<Value>> = if self.all_ds_dirty {
+                inner.list(nodes(), None)
+            } else {
+                self.ds_nodes_dirty
+                    .iter()
+                    .filter_map(|n| inner.get_shared(nodes(), "", n).cloned())
+                    .collect()
+            };
             let ds_res = resource("apps", "daemonsets").expect("ds");
             for ds in inner.list(ds_res, None) {
                 let uid = s(&ds, &["metadata", "uid"]);
                 let ns = s(&ds, &["metadata", "namespace"]);
                 let tolerations = &ds["spec"]["template"]["spec"]["tolerations"];
                 let placed = self.on_node.get(uid);
-                for node in nodes_iter() {
+                for node in &check {
                     if terminating(node) {
                         continue;
                     }
@@ -559,10 +618,16 @@ impl Controllers {
                 }
             }
         }
-        self.rs_dirty = false;
-        self.ds_dirty = false;
+        self.rs_dirty.clear();
+        self.all_rs_dirty = false;
+        self.ds_nodes_dirty.clear();
+        self.all_ds_dirty = false;
         self.sched_dirty = false;
     }
+}
+
+fn replicasets() -> &'static ResourceDef {
+    resource("apps", "replicasets").expect("replicasets")
 }
 
 #[cfg(test)]
