@@ -53,6 +53,16 @@ pub fn budget(
             )
         })
         .collect();
+    // Each controller's UID read once, not once per matching pod.
+    let scale_of: std::collections::HashMap<&str, i64> = controllers
+        .iter()
+        .map(|c| {
+            (
+                c["metadata"]["uid"].as_str().unwrap_or(""),
+                c["spec"]["replicas"].as_i64().unwrap_or(1),
+            )
+        })
+        .collect();
     let mut owners = std::collections::BTreeSet::new();
     let mut bare = 0i64;
     for p in &matching {
@@ -60,19 +70,15 @@ pub fn budget(
             .as_array()
             .and_then(|o| o.iter().find(|r| r["controller"] == true))
             .and_then(|r| r["uid"].as_str());
-        match owner.and_then(|uid| controllers.iter().find(|c| c["metadata"]["uid"] == uid)) {
-            Some(c) => {
-                owners.insert(c["metadata"]["uid"].as_str().unwrap_or("").to_string());
+        match owner.filter(|uid| scale_of.contains_key(uid)) {
+            Some(uid) => {
+                owners.insert(uid);
             }
             None if !terminating(p) => bare += 1,
             None => {}
         }
     }
-    let scale: i64 = controllers
-        .iter()
-        .filter(|c| owners.contains(c["metadata"]["uid"].as_str().unwrap_or("")))
-        .map(|c| c["spec"]["replicas"].as_i64().unwrap_or(1))
-        .sum();
+    let scale: i64 = owners.iter().map(|uid| scale_of[uid]).sum();
     let expected = scale + bare;
     let healthy = matching
         .iter()
@@ -103,6 +109,19 @@ pub fn status(
     })
 }
 
+/// The pods of `ns` a selector may select: those with its first `matchLabels` pair
+/// (from the store's label index), or every pod of the namespace. `budget` applies
+/// the whole selector.
+pub(crate) fn candidates(inner: &Inner, ns: &str, selector: &Value) -> Vec<std::sync::Arc<Value>> {
+    let first = selector["matchLabels"]
+        .as_object()
+        .and_then(|m| m.iter().find_map(|(k, v)| Some((k, v.as_str()?))));
+    match first {
+        Some((k, v)) => inner.pods_labelled(ns, k, v).cloned().collect(),
+        None => inner.list(resource("", "pods").expect("pods"), Some(ns)),
+    }
+}
+
 /// Handles one eviction. `Ok` carries the Status to answer with (201).
 pub(crate) fn evict(
     inner: &mut Inner,
@@ -131,7 +150,7 @@ pub(crate) fn evict(
         return Err(ApiError::new(500, "InternalError", "This pod has more than one PodDisruptionBudget, which the eviction subresource does not support."));
     }
     if let Some(pdb) = pdbs.first() {
-        let pods = inner.list(pods_res, Some(ns));
+        let pods = candidates(inner, ns, &pdb["spec"]["selector"]);
         let controllers = inner.list(resource("apps", "replicasets").expect("rs"), Some(ns));
         let (healthy, desired, _) = budget(pdb, &pods, &controllers);
         // Evicting a pod that is not Ready costs the budget nothing.

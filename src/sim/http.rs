@@ -321,7 +321,7 @@ fn with_pdb_status(ctx: &Ctx, t: &Target, mut v: Value) -> Value {
             .unwrap_or("")
             .to_string();
         let inner = ctx.store.lock();
-        let pods = inner.list(resource("", "pods").expect("pods"), Some(&ns));
+        let pods = eviction::candidates(&inner, &ns, &v["spec"]["selector"]);
         let controllers = inner.list(resource("apps", "replicasets").expect("rs"), Some(&ns));
         drop(inner);
         v["status"] = eviction::status(&v, &pods, &controllers);

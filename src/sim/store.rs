@@ -1,7 +1,7 @@
 //! The object store of the in-memory API server: JSON objects by resource, one
 //! global resourceVersion, a bounded history for watch resumption, an audit log.
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -225,9 +225,15 @@ pub(crate) type Resume = (Vec<Arc<Change>>, broadcast::Receiver<Arc<Change>>);
 /// Values are shared: a list or a change hands out references, never copies.
 type Objects = BTreeMap<String, BTreeMap<String, Arc<Value>>>;
 
+/// Pod names by (namespace, label key, label value).
+type LabelIndex = HashMap<(String, String, String), BTreeSet<String>>;
+
 pub(crate) struct Inner {
     /// By (API group, plural).
     objects: HashMap<(&'static str, &'static str), Objects>,
+    /// Pods by label, for PodDisruptionBudget selectors: an eviction checks the
+    /// budget's pods, not every pod of the namespace.
+    pod_labels: LabelIndex,
     rv: u64,
     uid: u64,
     history: VecDeque<Arc<Change>>,
@@ -328,7 +334,49 @@ impl Inner {
         self.iter(res, ns).cloned().collect()
     }
 
+    fn index_pod(&mut self, ns: &str, name: &str, obj: &Value, add: bool) {
+        let Some(labels) = obj["metadata"]["labels"].as_object() else {
+            return;
+        };
+        for (k, v) in labels {
+            let Some(v) = v.as_str() else { continue };
+            let key = (ns.to_string(), k.clone(), v.to_string());
+            if add {
+                self.pod_labels
+                    .entry(key)
+                    .or_default()
+                    .insert(name.to_string());
+            } else if let Some(names) = self.pod_labels.get_mut(&key) {
+                names.remove(name);
+                if names.is_empty() {
+                    self.pod_labels.remove(&key);
+                }
+            }
+        }
+    }
+
+    /// The pods of a namespace that carry `key=value`.
+    pub(crate) fn pods_labelled<'a>(
+        &'a self,
+        ns: &'a str,
+        key: &str,
+        value: &str,
+    ) -> impl Iterator<Item = &'a Arc<Value>> + 'a {
+        let pods = resource("", "pods").expect("pods");
+        self.pod_labels
+            .get(&(ns.to_string(), key.to_string(), value.to_string()))
+            .into_iter()
+            .flatten()
+            .filter_map(move |name| self.get_shared(pods, ns, name))
+    }
+
     fn put(&mut self, res: &ResourceDef, ns: &str, name: &str, obj: Arc<Value>) {
+        if res.plural == "pods" && res.group.is_empty() {
+            if let Some(old) = self.get_shared(res, ns, name).cloned() {
+                self.index_pod(ns, name, &old, false);
+            }
+            self.index_pod(ns, name, &obj, true);
+        }
         self.objects
             .entry((res.group, res.plural))
             .or_default()
@@ -476,6 +524,9 @@ impl Inner {
         if by_name.is_empty() {
             by_ns.remove(ns);
         }
+        if res.plural == "pods" && res.group.is_empty() {
+            self.index_pod(ns, name, &obj, false);
+        }
         let mut obj = Arc::unwrap_or_clone(obj);
         let rv = self.bump();
         obj["metadata"]["resourceVersion"] = json!(rv.to_string());
@@ -550,6 +601,7 @@ impl Store {
         Self {
             inner: Mutex::new(Inner {
                 objects: HashMap::new(),
+                pod_labels: HashMap::new(),
                 rv: 1,
                 uid: 0,
                 history: VecDeque::new(),
@@ -598,5 +650,43 @@ impl Store {
 impl Default for Store {
     fn default() -> Self {
         Self::new()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_label_index_follows_creates_relabels_and_removals() {
+        let store = Store::new();
+        let pods = resource("", "pods").expect("pods");
+        let mut inner = store.lock();
+        let names = |inner: &Inner, app: &str| -> Vec<String> {
+            inner
+                .pods_labelled("shop", "app", app)
+                .map(|p| p["metadata"]["name"].as_str().unwrap_or("").to_string())
+                .collect()
+        };
+        inner
+            .create(
+                pods,
+                "shop",
+                json!({"metadata": {"name": "p1", "labels": {"app": "a"}}}),
+            )
+            .unwrap();
+        assert_eq!(names(&inner, "a"), ["p1"]);
+        inner
+            .update(pods, "shop", "p1", "patch", |o| {
+                let mut n = o.clone();
+                n["metadata"]["labels"]["app"] = json!("b");
+                Ok(n)
+            })
+            .unwrap();
+        assert!(names(&inner, "a").is_empty(), "relabelled out");
+        assert_eq!(names(&inner, "b"), ["p1"]);
+        assert!(inner.pods_labelled("other", "app", "b").next().is_none());
+        inner.remove(pods, "shop", "p1");
+        assert!(names(&inner, "b").is_empty(), "removed");
     }
 }
