@@ -146,6 +146,16 @@ fn owner_ref(kind: &str, obj: &Value) -> Value {
     }])
 }
 
+/// A new pod from a controller's template, owned by it (status and node set by the caller).
+fn pod_of(kind: &str, owner: &Value) -> Value {
+    let template = &owner["spec"]["template"];
+    let mut pod =
+        json!({"metadata": template["metadata"].clone(), "spec": template["spec"].clone()});
+    pod["metadata"]["generateName"] = json!(format!("{}-", s(owner, &["metadata", "name"])));
+    pod["metadata"]["ownerReferences"] = owner_ref(kind, owner);
+    pod
+}
+
 fn controller_uid(p: &Value) -> Option<&str> {
     p["metadata"]["ownerReferences"]
         .as_array()?
@@ -564,10 +574,7 @@ impl Controllers {
                 let want = rs["spec"]["replicas"].as_i64().unwrap_or(1);
                 let ns = s(&rs, &["metadata", "namespace"]);
                 for _ in have..want {
-                    let mut pod = json!({"metadata": rs["spec"]["template"]["metadata"].clone(), "spec": rs["spec"]["template"]["spec"].clone()});
-                    pod["metadata"]["generateName"] =
-                        json!(format!("{}-", s(&rs, &["metadata", "name"])));
-                    pod["metadata"]["ownerReferences"] = owner_ref("ReplicaSet", &rs);
+                    let mut pod = pod_of("ReplicaSet", &rs);
                     let load = load.get_or_insert_with(|| self.load.clone());
                     if let Some(n) = pick_node_loaded(nodes_iter(), load, &pod["spec"]) {
                         *load.entry(n.clone()).or_default() += 1;
@@ -608,10 +615,7 @@ impl Controllers {
                     if !eligible {
                         continue;
                     }
-                    let mut pod = json!({"metadata": ds["spec"]["template"]["metadata"].clone(), "spec": ds["spec"]["template"]["spec"].clone()});
-                    pod["metadata"]["generateName"] =
-                        json!(format!("{}-", s(&ds, &["metadata", "name"])));
-                    pod["metadata"]["ownerReferences"] = owner_ref("DaemonSet", &ds);
+                    let mut pod = pod_of("DaemonSet", &ds);
                     pod["spec"]["nodeName"] = json!(name);
                     pod["status"] = json!({"phase": "Pending"});
                     let _ = inner.create(pods(), ns, pod);
