@@ -156,12 +156,13 @@ fn pod_of(kind: &str, owner: &Value) -> Value {
     pod
 }
 
-fn controller_uid(p: &Value) -> Option<&str> {
-    p["metadata"]["ownerReferences"]
+/// The kind and UID of a pod's controller (its ownerReference with `controller: true`).
+fn controller_of(p: &Value) -> Option<(&str, &str)> {
+    let r = p["metadata"]["ownerReferences"]
         .as_array()?
         .iter()
-        .find(|r| r["controller"] == true)?["uid"]
-        .as_str()
+        .find(|r| r["controller"] == true)?;
+    Some((r["kind"].as_str().unwrap_or(""), r["uid"].as_str()?))
 }
 
 /// Runs the kubelet and controllers until the store's channel closes.
@@ -254,10 +255,8 @@ impl Contribution {
         Self {
             ns: s(p, &["metadata", "namespace"]).to_string(),
             name: s(p, &["metadata", "name"]).to_string(),
-            owner: controller_uid(p).map(str::to_string),
-            owned_by_daemonset: p["metadata"]["ownerReferences"]
-                .as_array()
-                .is_some_and(|o| o.iter().any(|r| r["kind"] == "DaemonSet")),
+            owner: controller_of(p).map(|(_, uid)| uid.to_string()),
+            owned_by_daemonset: controller_of(p).is_some_and(|(kind, _)| kind == "DaemonSet"),
             live: !term && !done,
             counts_load: !term,
             pending: node.is_empty() && !term,
@@ -532,12 +531,8 @@ impl Controllers {
         if !(sched || rs_work || ds_work) {
             return;
         }
-        let nodes_now: Vec<Arc<Value>> = if sched || rs_work {
-            inner.list(nodes(), None)
-        } else {
-            Vec::new()
-        };
-        let nodes_iter = || nodes_now.iter().map(|n| &**n);
+        // Listed when a pod is first placed in this pass, not on every pass.
+        let mut nodes_now: Option<Vec<Arc<Value>>> = None;
         // This pass's placements, on top of the folded load (copied only if used).
         let mut load: Option<HashMap<String, usize>> = None;
         if sched {
@@ -548,7 +543,10 @@ impl Controllers {
                     continue;
                 };
                 let load = load.get_or_insert_with(|| self.load.clone());
-                if let Some(node) = pick_node_loaded(nodes_iter(), load, &p["spec"]) {
+                let candidates = nodes_now.get_or_insert_with(|| inner.list(nodes(), None));
+                if let Some(node) =
+                    pick_node_loaded(candidates.iter().map(|n| &**n), load, &p["spec"])
+                {
                     *load.entry(node.clone()).or_default() += 1;
                     let _ = inner.update(pods(), &ns, &name, "bind", |o| {
                         let mut n = o.clone();
@@ -576,7 +574,10 @@ impl Controllers {
                 for _ in have..want {
                     let mut pod = pod_of("ReplicaSet", &rs);
                     let load = load.get_or_insert_with(|| self.load.clone());
-                    if let Some(n) = pick_node_loaded(nodes_iter(), load, &pod["spec"]) {
+                    let candidates = nodes_now.get_or_insert_with(|| inner.list(nodes(), None));
+                    if let Some(n) =
+                        pick_node_loaded(candidates.iter().map(|n| &**n), load, &pod["spec"])
+                    {
                         *load.entry(n.clone()).or_default() += 1;
                         pod["spec"]["nodeName"] = json!(n);
                     }

@@ -132,7 +132,7 @@ pub(crate) fn evict(
     let pods_res = resource("", "pods").expect("pods");
     let pdb_res = resource("policy", "poddisruptionbudgets").expect("pdbs");
     let pod = inner
-        .get(pods_res, ns, name)
+        .get_shared(pods_res, ns, name)
         .cloned()
         .ok_or_else(|| ApiError::not_found(pods_res, name))?;
     let grace = body["deleteOptions"]["gracePeriodSeconds"].as_i64();

@@ -235,8 +235,9 @@ pub async fn handle(
     }
     let result = match verb {
         "watch" => return watch_stream(ctx, t, q).await,
-        "list" => list(&ctx, &t, &q),
-        "get" => get(&ctx, &t),
+        // Writes answer the stored object itself; reads and Statuses are built here.
+        "list" => list(&ctx, &t, &q).map(Arc::new),
+        "get" => get(&ctx, &t).map(Arc::new),
         "create" => create(&ctx, &t, &ns, &body),
         "update" => parse_body(&body).and_then(|obj| {
             let name = t.name.clone().unwrap_or_default();
@@ -357,11 +358,11 @@ fn get(ctx: &Ctx, t: &Target) -> Result<Value, ApiError> {
     Ok(with_pdb_status(ctx, t, v))
 }
 
-fn create(ctx: &Ctx, t: &Target, ns: &str, body: &Bytes) -> Result<Value, ApiError> {
+fn create(ctx: &Ctx, t: &Target, ns: &str, body: &Bytes) -> Result<Arc<Value>, ApiError> {
     let obj = parse_body(body)?;
     if t.sub.as_deref() == Some("eviction") && t.res.plural == "pods" {
         let name = t.name.as_deref().unwrap_or("");
-        return eviction::evict(&mut ctx.store.lock(), ns, name, &obj);
+        return eviction::evict(&mut ctx.store.lock(), ns, name, &obj).map(Arc::new);
     }
     if t.name.is_some() {
         return Err(ApiError::new(
@@ -379,7 +380,7 @@ fn patch(
     ns: &str,
     headers: &HeaderMap,
     body: &Bytes,
-) -> Result<Value, ApiError> {
+) -> Result<Arc<Value>, ApiError> {
     let ctype = headers
         .get(axum::http::header::CONTENT_TYPE)
         .and_then(|v| v.to_str().ok())

@@ -255,7 +255,10 @@ impl SimCluster {
             .as_str()
             .unwrap_or("default")
             .to_string();
-        self.store.lock().create(res, &ns, v)
+        self.store
+            .lock()
+            .create(res, &ns, v)
+            .map(Arc::unwrap_or_clone)
     }
 
     /// An object as stored, by kind.

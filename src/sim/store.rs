@@ -28,13 +28,8 @@ impl ResourceDef {
         }
     }
 
-    /// Store key: `pods`, `events.k8s.io/events`.
-    pub fn key(&self) -> String {
-        if self.group.is_empty() {
-            self.plural.to_string()
-        } else {
-            format!("{}/{}", self.group, self.plural)
-        }
+    fn is_pods(&self) -> bool {
+        self.group.is_empty() && self.plural == "pods"
     }
 }
 
@@ -371,7 +366,7 @@ impl Inner {
     }
 
     fn put(&mut self, res: &ResourceDef, ns: &str, name: &str, obj: Arc<Value>) {
-        if res.plural == "pods" && res.group.is_empty() {
+        if res.is_pods() {
             if let Some(old) = self.get_shared(res, ns, name).cloned() {
                 self.index_pod(ns, name, &old, false);
             }
@@ -390,7 +385,7 @@ impl Inner {
         res: &'static ResourceDef,
         ns: &str,
         mut obj: Value,
-    ) -> Result<Value, ApiError> {
+    ) -> Result<Arc<Value>, ApiError> {
         if !obj.is_object() {
             return Err(ApiError::new(
                 400,
@@ -452,7 +447,7 @@ impl Inner {
         self.put(res, ns, &name, shared.clone());
         self.note("create", res, ns, &name);
         self.emit(res, EventType::Added, shared.clone(), None);
-        Ok(Arc::unwrap_or_clone(shared))
+        Ok(shared)
     }
 
     /// Replaces an object with `f(old)`; keeps identity fields; bumps the version.
@@ -463,7 +458,7 @@ impl Inner {
         name: &str,
         verb: &str,
         f: impl FnOnce(&Value) -> Result<Value, ApiError>,
-    ) -> Result<Value, ApiError> {
+    ) -> Result<Arc<Value>, ApiError> {
         let old = self
             .get_shared(res, ns, name)
             .cloned()
@@ -502,13 +497,13 @@ impl Inner {
         new["apiVersion"] = json!(res.api_version());
         new["kind"] = json!(res.kind);
         if new == *old {
-            return Ok(Arc::unwrap_or_clone(old));
+            return Ok(old);
         }
         let shared = Arc::new(new);
         self.put(res, ns, name, shared.clone());
         self.note(verb, res, ns, name);
         self.emit(res, EventType::Modified, shared.clone(), Some(old));
-        Ok(Arc::unwrap_or_clone(shared))
+        Ok(shared)
     }
 
     /// Removes an object for good.
@@ -517,14 +512,14 @@ impl Inner {
         res: &'static ResourceDef,
         ns: &str,
         name: &str,
-    ) -> Option<Value> {
+    ) -> Option<Arc<Value>> {
         let by_ns = self.objects.get_mut(&(res.group, res.plural))?;
         let by_name = by_ns.get_mut(ns)?;
         let obj = by_name.remove(name)?;
         if by_name.is_empty() {
             by_ns.remove(ns);
         }
-        if res.plural == "pods" && res.group.is_empty() {
+        if res.is_pods() {
             self.index_pod(ns, name, &obj, false);
         }
         let mut obj = Arc::unwrap_or_clone(obj);
@@ -533,7 +528,7 @@ impl Inner {
         self.note("removed", res, ns, name);
         let shared = Arc::new(obj);
         self.emit(res, EventType::Deleted, shared.clone(), None);
-        Some(Arc::unwrap_or_clone(shared))
+        Some(shared)
     }
 
     /// DELETE: graceful for pods bound to an existing node, at once otherwise.
@@ -543,15 +538,13 @@ impl Inner {
         ns: &str,
         name: &str,
         grace: Option<i64>,
-    ) -> Result<Value, ApiError> {
+    ) -> Result<Arc<Value>, ApiError> {
         let obj = self
             .get_shared(res, ns, name)
             .cloned()
             .ok_or_else(|| ApiError::not_found(res, name))?;
-        if res.plural != "pods" || !res.group.is_empty() {
-            return Ok(self
-                .remove(res, ns, name)
-                .unwrap_or_else(|| Arc::unwrap_or_clone(obj)));
+        if !res.is_pods() {
+            return Ok(self.remove(res, ns, name).unwrap_or(obj));
         }
         let node = obj["spec"]["nodeName"].as_str().unwrap_or("").to_string();
         let phase = obj["status"]["phase"].as_str().unwrap_or("");
@@ -564,13 +557,11 @@ impl Inner {
             .unwrap_or(30);
         let grace = grace.unwrap_or(default_grace).max(0);
         if grace == 0 || !node_exists || matches!(phase, "Succeeded" | "Failed") {
-            return Ok(self
-                .remove(res, ns, name)
-                .unwrap_or_else(|| Arc::unwrap_or_clone(obj)));
+            return Ok(self.remove(res, ns, name).unwrap_or(obj));
         }
         let current = obj["metadata"]["deletionGracePeriodSeconds"].as_i64();
         if current.is_some_and(|c| c <= grace) {
-            return Ok(Arc::unwrap_or_clone(obj));
+            return Ok(obj);
         }
         let first = current.is_none();
         let mut new = (*obj).clone();
@@ -587,7 +578,7 @@ impl Inner {
             self.note("deletion-started", res, ns, name);
         }
         self.emit(res, EventType::Modified, shared.clone(), Some(obj));
-        Ok(Arc::unwrap_or_clone(shared))
+        Ok(shared)
     }
 
     pub(crate) fn rv(&self) -> u64 {
