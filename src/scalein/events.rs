@@ -105,9 +105,7 @@ impl Events {
             // Ends when the Events (and so the sender) are dropped.
             rt.spawn(async move {
                 while let Some((reference, ev)) = rx.recv().await {
-                    if let Err(e) = recorder.publish(&ev, &reference).await {
-                        tracing::debug!(object = ?reference.name, error = %e, "could not publish event");
-                    }
+                    publish_to(&recorder, reference, ev).await;
                 }
             });
             tx
@@ -130,8 +128,6 @@ impl Events {
             .await
     }
 
-    /// An Event on the Pod itself (its node as the related object), where the
-    /// application's owners look (`kubectl describe pod`, `kubectl get events -n`).
     /// Per-pod Events queued and not yet published.
     pub fn pod_events_pending(&self) -> usize {
         self.pod_events
@@ -139,6 +135,8 @@ impl Events {
             .map_or(0, |q| q.max_capacity() - q.capacity())
     }
 
+    /// An Event on the Pod itself (its node as the related object), where the
+    /// application's owners look (`kubectl describe pod`, `kubectl get events -n`).
     /// Queued, not awaited: the drain goes on while it is published, and the rate
     /// limiter sends Events only with tokens no drain request waits for.
     pub async fn pod(&self, pod: &PodRef, node: &str, reason: Reason, note: String) {
@@ -152,7 +150,7 @@ impl Events {
                         .inc();
                 }
             }
-            None => self.publish_now(pod_reference(pod), ev).await,
+            None => publish_to(&self.recorder, pod_reference(pod), ev).await,
         }
     }
 
@@ -168,24 +166,19 @@ impl Events {
         } else {
             tracing::info!(node, reason = reason.as_str(), "{note}");
         }
-        self.send(node_reference(node), reason, note, related).await
+        publish_to(
+            &self.recorder,
+            node_reference(node),
+            event(reason, note, related),
+        )
+        .await
     }
+}
 
-    async fn send(
-        &self,
-        reference: ObjectReference,
-        reason: Reason,
-        note: String,
-        related: Option<ObjectReference>,
-    ) {
-        self.publish_now(reference, event(reason, note, related))
-            .await
-    }
-
-    async fn publish_now(&self, reference: ObjectReference, ev: Event) {
-        if let Err(e) = self.recorder.publish(&ev, &reference).await {
-            tracing::debug!(object = ?reference.name, error = %e, "could not publish event");
-        }
+/// A failure to publish is logged, never fatal.
+async fn publish_to(recorder: &Recorder, reference: ObjectReference, ev: Event) {
+    if let Err(e) = recorder.publish(&ev, &reference).await {
+        tracing::debug!(object = ?reference.name, error = %e, "could not publish event");
     }
 }
 

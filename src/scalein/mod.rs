@@ -296,8 +296,9 @@ impl Engine {
         // Every request, watches and Events included, as client-go's own limiter
         // does: the rate holds however many drains run.
         let lease_client = client.clone();
-        let pod_event_client = ratelimit::spare_client(client.clone(), limiter.clone());
-        let client = ratelimit::limited_client(client, limiter);
+        let pod_event_client =
+            ratelimit::limited_client(client.clone(), limiter.clone(), ratelimit::Priority::Spare);
+        let client = ratelimit::limited_client(client, limiter, ratelimit::Priority::Drain);
         let slots = Arc::new(tokio::sync::Semaphore::new(
             settings.max_concurrent_drains.max(1),
         ));

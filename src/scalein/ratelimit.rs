@@ -8,24 +8,29 @@ use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
 
-/// A client whose every request first takes a token from `limiter`.
-pub fn limited_client(client: kube::Client, limiter: Arc<RateLimiter>) -> kube::Client {
-    super::intercept::intercepted(client, move |req, client| {
-        let limiter = limiter.clone();
-        Box::pin(async move {
-            limiter.acquire().await;
-            client.send(req).await
-        })
-    })
+/// Who waits for whom at the bucket.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Priority {
+    /// The drains' requests: [`RateLimiter::acquire`].
+    Drain,
+    /// What may wait (per-pod Events): a token only when no drain request waits for
+    /// one ([`RateLimiter::acquire_spare`]).
+    Spare,
 }
 
-/// A client for what may wait (per-pod Events): each request takes a token only when
-/// no drain request waits for one ([`RateLimiter::acquire_spare`]).
-pub fn spare_client(client: kube::Client, limiter: Arc<RateLimiter>) -> kube::Client {
+/// A client whose every request first takes a token from `limiter`, at `priority`.
+pub fn limited_client(
+    client: kube::Client,
+    limiter: Arc<RateLimiter>,
+    priority: Priority,
+) -> kube::Client {
     super::intercept::intercepted(client, move |req, client| {
         let limiter = limiter.clone();
         Box::pin(async move {
-            limiter.acquire_spare().await;
+            match priority {
+                Priority::Drain => limiter.acquire().await,
+                Priority::Spare => limiter.acquire_spare().await,
+            }
             client.send(req).await
         })
     })

@@ -191,27 +191,21 @@ fn spawn_ready_watch(
             if c.res != pods_res {
                 continue;
             }
-            let mut touched = None;
-            if let Some(old) = c.old.as_deref().filter(|o| ready(o)) {
-                if let Some(a) = app(old) {
-                    *count.entry(a.clone()).or_default() -= 1;
-                    touched = Some(a);
-                }
+            // A Deleted change carries the object as it last was: it leaves the count.
+            let (old, new) = match c.kind {
+                crate::sim::store::EventType::Deleted => (Some(&*c.object), None),
+                _ => (c.old.as_deref(), Some(&*c.object)),
+            };
+            let app_of_ready = |p: Option<&serde_json::Value>| p.filter(|p| ready(p)).and_then(app);
+            if let Some(a) = app_of_ready(new) {
+                *count.entry(a).or_default() += 1;
             }
-            if c.kind != crate::sim::store::EventType::Deleted && ready(&c.object) {
-                if let Some(a) = app(&c.object) {
-                    *count.entry(a.clone()).or_default() += 1;
-                }
-            } else if c.kind == crate::sim::store::EventType::Deleted && ready(&c.object) {
-                if let Some(a) = app(&c.object) {
-                    *count.entry(a.clone()).or_default() -= 1;
-                    touched = Some(a);
-                }
-            }
-            if let Some(a) = touched {
-                let now = count.get(&a).copied().unwrap_or(0);
+            // Only a pod that stops being Ready can lower the count.
+            if let Some(a) = app_of_ready(old) {
+                let now = count.entry(a.clone()).or_default();
+                *now -= 1;
                 if let Some(low) = min_ready.lock().get_mut(&a) {
-                    *low = (*low).min(now);
+                    *low = (*low).min(*now);
                 }
             }
         }

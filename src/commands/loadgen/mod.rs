@@ -309,14 +309,6 @@ async fn measured_loop(
     })
 }
 
-fn mean(v: &[f64]) -> f64 {
-    if v.is_empty() {
-        0.0
-    } else {
-        v.iter().sum::<f64>() / v.len() as f64
-    }
-}
-
 /// The real server's loops against the floor's, round by round (`real[i]` and
 /// `floor[i]` ran in the same round).
 fn compare(
@@ -334,13 +326,14 @@ fn compare(
         .filter(|&(_, f)| f > 0.0)
         .map(|(r, f)| r / f)
         .collect();
-    let floor_mean = mean(&floor_cpu);
+    let (real_cpu, floor_cpu) = (Summary::of(&real_cpu), Summary::of(&floor_cpu));
     let walls = |v: &[LoopCost]| Summary::of(&v.iter().map(|c| c.wall_ms).collect::<Vec<_>>());
     FloorComparison {
         rounds: floor.len(),
-        real_cpu_ms_per_loop: Summary::of(&real_cpu),
-        floor_cpu_ms_per_loop: Summary::of(&floor_cpu),
-        ratio: (floor_mean > 0.0).then(|| (mean(&real_cpu) / floor_mean * 100.0).round() / 100.0),
+        ratio: (floor_cpu.mean > 0.0)
+            .then(|| (real_cpu.mean / floor_cpu.mean * 100.0).round() / 100.0),
+        real_cpu_ms_per_loop: real_cpu,
+        floor_cpu_ms_per_loop: floor_cpu,
         ratio_per_round: Summary::of(&per_round),
         real_loop_wall_ms: walls(real),
         floor_loop_wall_ms: walls(floor),
@@ -412,18 +405,22 @@ pub async fn run(args: LoadgenArgs) -> anyhow::Result<()> {
         o.max_concurrent_drains = args.storm_concurrency;
         let report = drain_storm::run(&o).await?;
         println!("{}", serde_json::to_string_pretty(&report)?);
-        if let Some(path) = &args.json {
-            std::fs::write(path, serde_json::to_vec_pretty(&report)?)
-                .with_context(|| format!("writing {}", path.display()))?;
-        }
-        return Ok(());
+        return write_json(args.json.as_deref(), &report);
     }
     let report = measure(&args).await?;
     print(&report);
+    write_json(args.json.as_deref(), &report)?;
     if let Some(path) = &args.json {
-        std::fs::write(path, serde_json::to_vec_pretty(&report)?)
-            .with_context(|| format!("writing {}", path.display()))?;
         println!("\nreport written to {}", path.display());
+    }
+    Ok(())
+}
+
+/// `--json FILE`: the report, pretty-printed.
+fn write_json(path: Option<&std::path::Path>, report: &impl Serialize) -> anyhow::Result<()> {
+    if let Some(path) = path {
+        std::fs::write(path, serde_json::to_vec_pretty(report)?)
+            .with_context(|| format!("writing {}", path.display()))?;
     }
     Ok(())
 }
