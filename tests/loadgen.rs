@@ -4,42 +4,57 @@
 
 use std::process::Command;
 
-#[test]
-fn loadgen_drives_a_ca_loop_and_reports_zero_aws_calls_in_steady_state() {
+/// Runs `loadgen ARGS --json FILE` with the real binary; its stdout and the report.
+fn loadgen(args: &[&str]) -> (String, serde_json::Value) {
     let dir = tempfile::tempdir().unwrap();
     let json = dir.path().join("report.json");
     let out = Command::new(env!("CARGO_BIN_EXE_ca-asg-provider"))
-        .args([
-            "loadgen", "--nodes", "300", "--groups", "12", "--loops", "2",
-        ])
-        .args([
-            "--connections",
-            "4",
-            "--concurrent-passes",
-            "1",
-            "--drain-nodes",
-            "2",
-        ])
+        .arg("loadgen")
+        .args(args)
         .arg("--json")
         .arg(&json)
         .output()
         .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
     assert!(
         out.status.success(),
-        "loadgen failed:\n{stdout}\n{}",
+        "loadgen {args:?} failed:\n{stdout}\n{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    assert!(stdout.contains("NodeGroupForNode"), "{stdout}");
-    let r: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
-    // CA's loop: Refresh, NodeGroups, 2 NodeGroupForNode per node, 5 calls per group.
-    assert_eq!(r["rpcs_per_loop"], 2 * 300 + 5 * 12 + 2);
-    let sent: u64 = r["sequential"]
+    let report = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
+    (stdout, report)
+}
+
+/// The calls summed over a report's per-method summaries.
+fn calls(summaries: &serde_json::Value) -> u64 {
+    summaries
         .as_array()
         .unwrap()
         .iter()
         .map(|m| m["calls"].as_u64().unwrap())
-        .sum();
+        .sum()
+}
+
+#[test]
+fn loadgen_drives_a_ca_loop_and_reports_zero_aws_calls_in_steady_state() {
+    let (stdout, r) = loadgen(&[
+        "--nodes",
+        "300",
+        "--groups",
+        "12",
+        "--loops",
+        "2",
+        "--connections",
+        "4",
+        "--concurrent-passes",
+        "1",
+        "--drain-nodes",
+        "2",
+    ]);
+    assert!(stdout.contains("NodeGroupForNode"), "{stdout}");
+    // CA's loop: Refresh, NodeGroups, 2 NodeGroupForNode per node, 5 calls per group.
+    assert_eq!(r["rpcs_per_loop"], 2 * 300 + 5 * 12 + 2);
+    let sent = calls(&r["sequential"]);
     assert_eq!(sent, 2 * (2 * 300 + 5 * 12 + 2), "two measured loops");
     assert_eq!(
         r["aws_calls_in_steady_loops"], 0,
@@ -59,43 +74,29 @@ fn loadgen_drives_a_ca_loop_and_reports_zero_aws_calls_in_steady_state() {
 /// run with the full count of floor calls proves each one was replayed.
 #[test]
 fn loadgen_floor_replays_every_rpc_and_reports_the_ratio() {
-    let dir = tempfile::tempdir().unwrap();
-    let json = dir.path().join("report.json");
-    let out = Command::new(env!("CARGO_BIN_EXE_ca-asg-provider"))
-        .args(["loadgen", "--nodes", "60", "--groups", "4", "--loops", "2"])
-        .args([
-            "--floor",
-            "--connections",
-            "1",
-            "--concurrent-passes",
-            "1",
-            "--drain-nodes",
-            "0",
-        ])
-        .arg("--json")
-        .arg(&json)
-        .output()
-        .unwrap();
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(
-        out.status.success(),
-        "loadgen --floor failed:\n{stdout}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let (stdout, r) = loadgen(&[
+        "--nodes",
+        "60",
+        "--groups",
+        "4",
+        "--loops",
+        "2",
+        "--floor",
+        "--connections",
+        "1",
+        "--concurrent-passes",
+        "1",
+        "--drain-nodes",
+        "0",
+    ]);
     assert!(stdout.contains("floor"), "{stdout}");
-    let r: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
     let f = &r["floor"];
     assert_eq!(f["rounds"], 2, "{f}");
     assert!(f["ratio"].as_f64().unwrap() > 0.0, "{f}");
     for side in ["real_cpu_ms_per_loop", "floor_cpu_ms_per_loop"] {
         assert!(f[side]["mean"].as_f64().unwrap() > 0.0, "{side}: {f}");
     }
-    let floor_calls: u64 = f["floor_sequential"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|m| m["calls"].as_u64().unwrap())
-        .sum();
+    let floor_calls = calls(&f["floor_sequential"]);
     assert_eq!(
         floor_calls,
         2 * (2 * 60 + 5 * 4 + 2),
