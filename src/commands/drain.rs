@@ -11,7 +11,7 @@ use clap::Args;
 
 use crate::config::ConfigArgs;
 use crate::provider::{provider_id, Provider};
-use crate::scalein::{plan, DaemonSetPolicy, DrainRequest, Engine, Mode, Outcome, Source};
+use crate::scalein::{self, plan, DaemonSetPolicy, DrainRequest, Engine, Mode, Outcome, Source};
 
 #[derive(Debug, Args, Clone)]
 pub struct DrainArgs {
@@ -105,13 +105,14 @@ pub async fn drain(
     };
     let id = iid.clone().unwrap_or_else(|| args.node.clone());
     println!("draining {} ({} mode)...", args.node, mode.as_str());
+    let reasons = vec![scalein::ca_reason(&mode)];
     engine.start(DrainRequest {
         instance_id: id.clone(),
         group,
         node_name: Some(args.node.clone()),
         mode,
         source: Source::Cli,
-        budget: None,
+        reasons,
         noticed: None,
     });
     let outcome = engine.wait_for(&id).await;

@@ -19,7 +19,8 @@ use crate::cloud::queue::{Queue, QueueMessage};
 use crate::cloud::CloudError;
 use crate::provider::Provider;
 use crate::scalein::events::Reason;
-use crate::scalein::{cordon, Budget, DrainRequest, Engine, Mode, Source};
+use crate::scalein::record::{DrainReason, Why};
+use crate::scalein::{cordon, DrainRequest, Engine, Mode, Source, Start};
 use crate::telemetry::metrics::{metrics, KindLabels, KindOutcomeLabels, ReasonLabels};
 
 /// How long a handled notice is remembered against duplicates.
@@ -163,7 +164,8 @@ impl Consumer {
         Handled::Done(outcomes)
     }
 
-    /// True the first time (action, instance) is seen within [`REMEMBER`].
+    /// True the first time (action or notice kind, instance) is seen within
+    /// [`REMEMBER`]: a spot warning for an instance a retirement drains is new.
     fn first_time(&self, action: &'static str, instance: &str) -> bool {
         let mut recent = self.recent.lock();
         let now = Instant::now();
@@ -217,24 +219,39 @@ impl Consumer {
                 let Some(group) = self.managed(&instance_id).await? else {
                     return Ok("unmanaged");
                 };
-                if !self.first_time("drain", &instance_id) {
+                let kind = n.kind();
+                if !self.first_time(kind, &instance_id) {
                     return Ok("duplicate");
                 }
-                let budget = ends_at.map(|end| Budget {
-                    ends_at: Instant::now() + (end - Utc::now()).to_std().unwrap_or_default(),
-                    daemonset_share: self.settings.daemonset_share,
-                });
-                let started = self.engine.start(DrainRequest {
+                let reason = DrainReason::new(
+                    Why::Notice {
+                        notice: kind.to_string(),
+                        ends_at,
+                        daemonset_share_secs: self.settings.daemonset_share.as_secs(),
+                    },
+                    Utc::now(),
+                );
+                // Recorded on the Node before the message is deleted: a restart or a
+                // new leader finds the reason with its budget there, even while the
+                // drain waits for a slot.
+                let node = match self.record(&instance_id, &group, reason.clone()).await {
+                    Ok(Some(node)) => node,
+                    Ok(None) => return Ok("no_node"),
+                    Err(why) => {
+                        self.forget(kind, &instance_id);
+                        return Err(why);
+                    }
+                };
+                let start = self.engine.start(DrainRequest {
                     instance_id: instance_id.clone(),
                     group,
-                    node_name: None,
+                    node_name: Some(node),
                     mode: Mode::DrainOnly,
                     source: Source::Interruption,
-                    budget,
+                    reasons: vec![reason],
                     noticed: n.time().map(|t| (n.kind(), t)),
                 });
-                self.started(n, &instance_id, started);
-                Ok(if started { label } else { "duplicate" })
+                Ok(self.started(n, &instance_id, start, label))
             }
             Action::LifecycleDrain(mut action) => {
                 let reg = self.provider.registry();
@@ -252,20 +269,22 @@ impl Consumer {
                 };
                 action.hook = self.engine.settings().hook_name.clone();
                 let instance_id = action.instance_id.clone();
-                let started = self.engine.start(DrainRequest {
+                let mode = Mode::Lifecycle {
+                    action,
+                    heartbeat_timeout,
+                };
+                // AWS holds the instance (the scan is the safety net); the hook's
+                // reason joins any drain already running there, and is heartbeated.
+                let start = self.engine.start(DrainRequest {
                     instance_id: instance_id.clone(),
                     group: g.asg.name.clone(),
                     node_name: None,
-                    mode: Mode::Lifecycle {
-                        action,
-                        heartbeat_timeout,
-                    },
+                    reasons: vec![crate::scalein::ca_reason(&mode)],
+                    mode,
                     source: Source::Asg,
-                    budget: None,
                     noticed: n.time().map(|t| (n.kind(), t)),
                 });
-                self.started(n, &instance_id, started);
-                Ok(if started { label } else { "duplicate" })
+                Ok(self.started(n, &instance_id, start, label))
             }
             Action::Cordon { instance_id } => {
                 let Some(group) = self.managed(&instance_id).await? else {
@@ -274,23 +293,14 @@ impl Consumer {
                 if !self.first_time("cordon", &instance_id) {
                     return Ok("duplicate");
                 }
-                let node = match self.engine.find_node(&instance_id, None).await {
-                    Ok(Some(node)) => node,
-                    Ok(None) => return Ok("ignored"),
-                    Err(e) => {
-                        self.forget("cordon", &instance_id);
-                        return Err(format!(
-                            "cannot find the Node of instance {instance_id}: {e}"
-                        ));
-                    }
-                };
                 if self.engine.settings().dry_run {
-                    tracing::info!(node = %node, instance = %instance_id, "dry run: a rebalance recommendation would cordon the node");
+                    tracing::info!(instance = %instance_id, "dry run: a rebalance recommendation would cordon the node");
                     metrics().dry_run("cordon");
                     return Ok(label);
                 }
-                match cordon::cordon(&self.engine, &node, cordon::REBALANCE_MARK, &group).await {
-                    Ok(_) => {
+                let reason = DrainReason::new(Why::Rebalance, Utc::now());
+                match self.record(&instance_id, &group, reason).await {
+                    Ok(Some(node)) => {
                         self.engine
                             .events
                             .node(
@@ -301,12 +311,42 @@ impl Consumer {
                             .await;
                         Ok(label)
                     }
-                    Err(e) => {
+                    Ok(None) => Ok("ignored"),
+                    Err(why) => {
                         self.forget("cordon", &instance_id);
-                        Err(format!("cannot cordon node {node}: {e}"))
+                        Err(why)
                     }
                 }
             }
+        }
+    }
+
+    /// Records a reason on the instance's Node (cordoned, marked, the reason with
+    /// every other). `Ok(None)`: the API server says the instance has no Node, so
+    /// nothing runs there to drain. In a dry run nothing is written; the Node's
+    /// name is still looked up.
+    async fn record(
+        &self,
+        instance_id: &str,
+        group: &str,
+        reason: DrainReason,
+    ) -> Result<Option<String>, String> {
+        let node = match self.engine.find_node(instance_id, None).await {
+            Ok(Some(node)) => node,
+            Ok(None) => return Ok(None),
+            Err(e) => {
+                return Err(format!(
+                    "cannot find the Node of instance {instance_id}: {e}"
+                ))
+            }
+        };
+        if self.engine.settings().dry_run {
+            return Ok(Some(node));
+        }
+        match cordon::cordon(&self.engine, &node, &[reason], group).await {
+            Ok(cordon::Cordoned::Marked { .. }) => Ok(Some(node)),
+            Ok(cordon::Cordoned::NodeGone) => Ok(None),
+            Err(e) => Err(format!("cannot record the notice on node {node}: {e}")),
         }
     }
 
@@ -326,11 +366,25 @@ impl Consumer {
         }
     }
 
-    fn started(&self, n: &Notice, instance_id: &str, started: bool) {
-        if !started {
-            return;
-        }
+    /// The outcome label of a drain request, and the notice-to-drain time.
+    fn started(
+        &self,
+        n: &Notice,
+        instance_id: &str,
+        start: Start,
+        label: &'static str,
+    ) -> &'static str {
         let kind = n.kind();
+        match start {
+            Start::Started => {}
+            Start::Joined => {
+                tracing::info!(instance = %instance_id, kind, "interruption notice joins the drain already running");
+                return "joined";
+            }
+            Start::Unchanged => return "duplicate",
+            // Recorded on the Node: the leader resumes it.
+            Start::Refused => return "recorded",
+        }
         if let Some(at) = n.time() {
             let lag = (Utc::now() - at).to_std().unwrap_or_default();
             metrics()
@@ -339,5 +393,6 @@ impl Consumer {
                 .observe(lag.as_secs_f64());
         }
         tracing::info!(instance = %instance_id, kind, "interruption notice: drain started");
+        label
     }
 }

@@ -12,6 +12,17 @@ use crate::cloud::LifecycleAction;
 /// A spot instance is reclaimed this long after the warning.
 pub const SPOT_WARNING: Duration = Duration::from_secs(120);
 
+/// A scheduled change further ahead than this is not taken as a budget.
+pub const MAX_SCHEDULED_AHEAD: Duration = Duration::from_secs(366 * 86400);
+
+/// `t + d`, saturating at the end of the calendar instead of panicking.
+fn later(t: DateTime<Utc>, d: Duration) -> DateTime<Utc> {
+    chrono::Duration::from_std(d)
+        .ok()
+        .and_then(|d| t.checked_add_signed(d))
+        .unwrap_or(DateTime::<Utc>::MAX_UTC)
+}
+
 #[derive(Debug, Clone, PartialEq)]
 pub enum Action {
     /// Drain the node and leave the instance to AWS, done by `ends_at` when set.
@@ -52,12 +63,12 @@ pub fn decide(
 ) -> Vec<Action> {
     match n {
         Notice::Spot { instance_id, time } => {
-            let warned = time.unwrap_or(now);
+            // A warning from the future is a wrong clock: the two minutes count
+            // from now. One from the past has spent part of its budget.
+            let warned = time.filter(|t| *t <= now).unwrap_or(now);
             vec![Action::Drain {
                 instance_id: instance_id.clone(),
-                ends_at: Some(
-                    warned + chrono::Duration::from_std(SPOT_WARNING).unwrap_or_default(),
-                ),
+                ends_at: Some(later(warned, SPOT_WARNING)),
             }]
         }
         Notice::Rebalance { instance_id, .. } => match s.rebalance {
@@ -76,7 +87,8 @@ pub fn decide(
             ..
         } => {
             // A start already past is not a budget: drain with the usual deadlines.
-            let ends_at = start.filter(|t| *t > now);
+            // One beyond a year is no budget either (AWS schedules weeks ahead).
+            let ends_at = start.filter(|t| *t > now && *t <= later(now, MAX_SCHEDULED_AHEAD));
             let mut out: Vec<Action> = instance_ids
                 .iter()
                 .map(|id| Action::Drain {
@@ -232,6 +244,41 @@ mod tests {
         ] {
             let got = decide(&n, &s, "ours", now);
             assert!(matches!(got.as_slice(), [Action::Nothing(_)]), "{got:?}");
+        }
+    }
+
+    #[test]
+    fn notice_times_at_the_edge_of_the_calendar_never_panic() {
+        let s = InterruptionSettings::default();
+        let now = t("2026-11-23T10:00:00Z");
+        for time in [DateTime::<Utc>::MAX_UTC, DateTime::<Utc>::MIN_UTC, now] {
+            let spot = Notice::Spot {
+                instance_id: "i-1".into(),
+                time: Some(time),
+            };
+            let got = decide(&spot, &s, "ours", now);
+            let [Action::Drain {
+                ends_at: Some(end), ..
+            }] = got.as_slice()
+            else {
+                panic!("{got:?}")
+            };
+            // Never later than two minutes from now: a clock ahead gives no extra time.
+            assert!(
+                *end <= now + chrono::Duration::seconds(120),
+                "{time}: {end}"
+            );
+            let scheduled = Notice::Scheduled {
+                instance_ids: vec!["i-1".into()],
+                event_type: "X".into(),
+                start: Some(time),
+                time: Some(time),
+            };
+            let got = decide(&scheduled, &s, "ours", now);
+            assert!(
+                matches!(got.as_slice(), [Action::Drain { ends_at: None, .. }]),
+                "{got:?}"
+            );
         }
     }
 

@@ -7,6 +7,7 @@ use kube::api::{Patch, PatchParams};
 use kube::Api;
 use serde_json::json;
 
+use super::record::{DrainReason, DrainRecord, ANNOTATION as RECORD_ANNOTATION};
 use super::Engine;
 
 pub const TAINT_KEY: &str = "ca-asg-provider.io/draining";
@@ -26,8 +27,13 @@ const CONFLICT_RETRIES: usize = 8;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Cordoned {
-    /// Marked now, or found marked (a resumed drain); the RFC 3339 start time.
-    Marked { started_at: String, resumed: bool },
+    /// Marked now, or found marked (a resumed drain): every reason recorded on the
+    /// Node, the new one joined in.
+    Marked {
+        record: DrainRecord,
+        /// The Node already carried a drain.
+        resumed: bool,
+    },
     /// There is no Node object (never registered, or already deleted).
     NodeGone,
 }
@@ -44,6 +50,8 @@ fn our_taint() -> Taint {
 /// The mode of CA's scale-in of a group without our hook ([`super::Mode::Direct`]):
 /// the mark the size accounting and the resume after a restart follow.
 pub const DIRECT_MARK: &str = "direct";
+/// The mode of a drain our lifecycle hook holds the instance for.
+pub const LIFECYCLE_MARK: &str = "lifecycle";
 /// The mode of a rebalance recommendation's cordon.
 pub const REBALANCE_MARK: &str = "rebalance";
 /// The mode of a drain an interruption notice started.
@@ -51,66 +59,72 @@ pub const INTERRUPTION_MARK: &str = "interruption";
 /// The mode of `drain NODE` without `--terminate` ([`super::Mode::DrainOnly`]).
 pub const DRAIN_ONLY_MARK: &str = "drain-only";
 
-/// Which mark a node keeps when a second reason to cordon it comes: a drain that
-/// ends the instance (CA's direct scale-in, a lifecycle hook) outranks an interruption
-/// drain, which outranks a rebalance cordon. A rebalance-cordoned node that CA then
-/// removes must carry CA's mode, or its drain is neither resumed nor counted.
+/// Which mode the Node shows when it has several reasons to go: a drain that ends
+/// the instance (CA's direct scale-in, a lifecycle hook) outranks an interruption
+/// drain, which outranks a rebalance cordon. The mode is for people and older
+/// versions; the drain itself follows the whole record ([`DrainRecord`]).
 pub fn mark_rank(mode: &str) -> u8 {
     match mode {
         REBALANCE_MARK => 0,
         INTERRUPTION_MARK | DRAIN_ONLY_MARK => 1,
-        _ => 2,
+        DIRECT_MARK => 2,
+        _ => 3,
     }
 }
 
-/// Cordons and marks the node. Idempotent; safe to call on a resumed drain. A mark
-/// already there is kept unless the new one outranks it ([`mark_rank`]).
+/// Cordons and marks the node, and records `reasons` with every reason already
+/// there (none: a resumed drain follows what the Node says). Idempotent. Written with optimistic
+/// concurrency, so two reasons arriving at once both land.
 pub async fn cordon(
     engine: &Engine,
     node: &str,
-    mode: &str,
+    reasons: &[DrainReason],
     group: &str,
 ) -> Result<Cordoned, kube::Error> {
     let api: Api<Node> = Api::all(engine.client.clone());
+    let limits = engine.limits();
     for _ in 0..CONFLICT_RETRIES {
         let Some(current) = api.get_opt(node).await? else {
             return Ok(Cordoned::NodeGone);
         };
         let annotations = current.metadata.annotations.clone().unwrap_or_default();
-        if let Some(started) = annotations.get(STARTED_ANNOTATION) {
-            let spec = current.spec.clone().unwrap_or_default();
-            let has_taint = spec.taints.iter().flatten().any(|t| t.key == TAINT_KEY);
-            let kept = annotations
-                .get(MODE_ANNOTATION)
-                .is_some_and(|m| mark_rank(m) >= mark_rank(mode));
-            if spec.unschedulable == Some(true) && has_taint && kept {
-                return Ok(Cordoned::Marked {
-                    started_at: started.clone(),
-                    resumed: true,
-                });
-            }
+        let found = DrainRecord::from_annotations(&annotations);
+        let resumed = found.is_some();
+        let mut record = found.clone().unwrap_or_default();
+        for r in reasons {
+            record.join(r.clone(), limits);
+        }
+        if record.reasons.is_empty() {
+            // A resume of a Node whose mark is gone (given back meanwhile): nothing
+            // asks for a drain, and nothing is cordoned for it.
+            return Ok(Cordoned::Marked { record, resumed });
+        }
+        let spec = current.spec.clone().unwrap_or_default();
+        let has_taint = spec.taints.iter().flatten().any(|t| t.key == TAINT_KEY);
+        let recorded = annotations.get(RECORD_ANNOTATION) == Some(&record.to_json());
+        if spec.unschedulable == Some(true) && has_taint && recorded {
+            return Ok(Cordoned::Marked { record, resumed });
         }
         let started_at = annotations
             .get(STARTED_ANNOTATION)
             .cloned()
+            .or_else(|| record.first_at().map(|t| t.to_rfc3339()))
             .unwrap_or_else(|| k8s_openapi::jiff::Timestamp::now().to_string());
-        let resumed = annotations.contains_key(STARTED_ANNOTATION);
-        // Re-marked (someone uncordoned it): the higher-ranked mode stays.
-        let mode = annotations
-            .get(MODE_ANNOTATION)
-            .map(String::as_str)
-            .filter(|m| mark_rank(m) > mark_rank(mode))
-            .unwrap_or(mode);
-        let spec = current.spec.clone().unwrap_or_default();
         let mut taints = spec.taints.clone().unwrap_or_default();
         if !taints.iter().any(|t| t.key == TAINT_KEY) {
             taints.push(our_taint());
         }
         let labels = current.metadata.labels.clone().unwrap_or_default();
+        let group = annotations
+            .get(GROUP_ANNOTATION)
+            .filter(|g| group.is_empty() && !g.is_empty())
+            .map(String::as_str)
+            .unwrap_or(group);
         let mut ann = json!({
             STARTED_ANNOTATION: started_at,
-            MODE_ANNOTATION: mode,
+            MODE_ANNOTATION: record.mark(),
             GROUP_ANNOTATION: group,
+            RECORD_ANNOTATION: record.to_json(),
         });
         if spec.unschedulable != Some(true) {
             ann[CORDONED_BY_US] = json!("true");
@@ -121,7 +135,7 @@ pub async fn cordon(
         let patch = json!({
             "metadata": {
                 // Optimistic concurrency: a concurrent writer makes this a 409 and we
-                // read again, so no taint someone else added is lost.
+                // read again, so no taint or reason someone else added is lost.
                 "resourceVersion": current.metadata.resource_version,
                 "annotations": ann,
                 "labels": { LB_EXCLUDE_LABEL: "true" },
@@ -132,25 +146,66 @@ pub async fn cordon(
             .patch(node, &PatchParams::default(), &Patch::Merge(&patch))
             .await
         {
-            Ok(_) => {
-                return Ok(Cordoned::Marked {
-                    started_at,
-                    resumed,
-                })
-            }
+            Ok(_) => return Ok(Cordoned::Marked { record, resumed }),
             Err(kube::Error::Api(s)) if s.code == 409 => continue,
             Err(kube::Error::Api(s)) if s.code == 404 => return Ok(Cordoned::NodeGone),
             Err(e) => return Err(e),
         }
     }
-    Err(kube::Error::Api(
+    Err(gave_up(node))
+}
+
+fn gave_up(node: &str) -> kube::Error {
+    kube::Error::Api(
         kube::core::Status::failure(
             &format!("node {node}: gave up after {CONFLICT_RETRIES} conflicting updates"),
             "Conflict",
         )
         .with_code(409)
         .boxed(),
-    ))
+    )
+}
+
+/// Rewrites the drain record on the Node (its drain finished: the reasons are done),
+/// keeping the cordon. `change` returns false to leave the Node as it is. `Ok(None)`:
+/// no Node, or no record on it.
+pub async fn update_record(
+    engine: &Engine,
+    node: &str,
+    change: impl Fn(&mut DrainRecord) -> bool,
+) -> Result<Option<DrainRecord>, kube::Error> {
+    let api: Api<Node> = Api::all(engine.client.clone());
+    for _ in 0..CONFLICT_RETRIES {
+        let Some(current) = api.get_opt(node).await? else {
+            return Ok(None);
+        };
+        let annotations = current.metadata.annotations.clone().unwrap_or_default();
+        let Some(mut record) = DrainRecord::from_annotations(&annotations) else {
+            return Ok(None);
+        };
+        if !change(&mut record) {
+            return Ok(Some(record));
+        }
+        let patch = json!({
+            "metadata": {
+                "resourceVersion": current.metadata.resource_version,
+                "annotations": {
+                    MODE_ANNOTATION: record.mark(),
+                    RECORD_ANNOTATION: record.to_json(),
+                },
+            },
+        });
+        match api
+            .patch(node, &PatchParams::default(), &Patch::Merge(&patch))
+            .await
+        {
+            Ok(_) => return Ok(Some(record)),
+            Err(kube::Error::Api(s)) if s.code == 409 => continue,
+            Err(kube::Error::Api(s)) if s.code == 404 => return Ok(None),
+            Err(e) => return Err(e),
+        }
+    }
+    Err(gave_up(node))
 }
 
 /// Gives the node back: removes our taint, CA's ToBeDeletedByClusterAutoscaler
@@ -184,7 +239,7 @@ pub async fn uncordon(engine: &Engine, node: &str) -> Result<(), kube::Error> {
                 "resourceVersion": current.metadata.resource_version,
                 "annotations": {
                     STARTED_ANNOTATION: null, MODE_ANNOTATION: null, GROUP_ANNOTATION: null,
-                    CORDONED_BY_US: null, LB_LABEL_BY_US: null,
+                    RECORD_ANNOTATION: null, CORDONED_BY_US: null, LB_LABEL_BY_US: null,
                 },
                 "labels": labels,
             },
@@ -200,5 +255,6 @@ pub async fn uncordon(engine: &Engine, node: &str) -> Result<(), kube::Error> {
             Err(e) => return Err(e),
         }
     }
-    Ok(())
+    // Never report a give-back that did not happen.
+    Err(gave_up(node))
 }

@@ -17,9 +17,10 @@ use tracing::Instrument;
 use super::cordon::{self, Cordoned};
 use super::events::Reason;
 use super::plan::{self, Disposition, Tier};
+use super::record::{DrainRecord, End};
 use super::wait::NodePods;
 use super::{
-    evict, terminate, volumes, Budget, DaemonSetPolicy, DeadlinePolicy, DrainRequest, Engine, Mode,
+    evict, terminate, volumes, DaemonSetPolicy, DeadlinePolicy, DrainRequest, Engine, Mode,
     Outcome, Source,
 };
 use crate::telemetry::metrics::{metrics, KindLabels, StageLabels};
@@ -57,37 +58,56 @@ async fn run_inner(engine: &Arc<Engine>, req: &DrainRequest) -> Outcome {
                 "the API server has no Node for this instance (never registered or already gone); nothing to drain"
             );
             metrics().drains_without_node.inc();
-            Ok(())
+            Ok(None)
         }
     };
-    let outcome = match drained {
-        Ok(()) => match terminate::finish(
-            engine,
-            &req.mode,
-            &req.group,
-            &req.instance_id,
-            node.as_deref(),
-        )
-        .await
-        {
-            Ok(_) if req.mode == Mode::DrainOnly => Outcome::Drained,
-            Ok(_) => Outcome::Ended,
-            Err(e) => {
-                if let Some(n) = &node {
-                    engine
-                        .events
-                        .node(
-                            n,
-                            Reason::DrainFailed,
-                            format!("could not end instance {}: {e}", req.instance_id),
-                        )
-                        .await;
-                }
-                Outcome::Failed(e)
+    // How the instance ends: as every reason on the Node says (the strongest
+    // decides), or as the request says when there is no Node.
+    let (mode, budget) = match &drained {
+        Ok(Some(record)) => {
+            let plan = record.plan(engine.limits());
+            if !plan.drains {
+                // Every reason is done or cordon-only (a resume found nothing to do).
+                return Outcome::Drained;
             }
-        },
+            (ending(engine, req, &plan.ends), plan.budget_ends)
+        }
+        _ => (req.mode.clone(), None),
+    };
+    let outcome = match drained {
+        Ok(_) => {
+            match terminate::finish(engine, &mode, &req.group, &req.instance_id, node.as_deref())
+                .await
+            {
+                Ok(_) if mode == Mode::DrainOnly => {
+                    if let Some(n) = &node {
+                        record_done(engine, n).await;
+                    }
+                    Outcome::Drained
+                }
+                Ok(_) => {
+                    if matches!(mode, Mode::Lifecycle { .. }) {
+                        engine.release(&req.instance_id);
+                    }
+                    Outcome::Ended
+                }
+                Err(e) => {
+                    if let Some(n) = &node {
+                        engine
+                            .events
+                            .node(
+                                n,
+                                Reason::DrainFailed,
+                                format!("could not end instance {}: {e}", req.instance_id),
+                            )
+                            .await;
+                    }
+                    Outcome::Failed(e)
+                }
+            }
+        }
         Err(Stop::Abandon(why)) => {
-            abandon(engine, req, node.as_deref(), &why).await;
+            abandon(engine, req, &mode, node.as_deref(), &why).await;
             Outcome::Abandoned(why)
         }
         Err(Stop::Fail(why)) => {
@@ -100,8 +120,8 @@ async fn run_inner(engine: &Arc<Engine>, req: &DrainRequest) -> Outcome {
             Outcome::Failed(why)
         }
     };
-    if let (Some(b), Some(n)) = (req.budget, &node) {
-        interruption_timing(engine, n, b).await;
+    if let (Some(ends), Some(n)) = (budget, &node) {
+        interruption_timing(engine, n, ends).await;
     }
     if let (Some((kind, at)), Outcome::Ended | Outcome::Drained) = (req.noticed, &outcome) {
         let took = (chrono::Utc::now() - at).to_std().unwrap_or_default();
@@ -113,11 +133,55 @@ async fn run_inner(engine: &Arc<Engine>, req: &DrainRequest) -> Outcome {
     outcome
 }
 
+/// The mode the drain ends in, from the record's plan: our hook's action (the
+/// request's, with its token, or one built from the group and the hook's name),
+/// CA's direct termination, or nothing.
+fn ending(engine: &Arc<Engine>, req: &DrainRequest, ends: &End) -> Mode {
+    match ends {
+        End::Lifecycle { .. } if matches!(req.mode, Mode::Lifecycle { .. }) => req.mode.clone(),
+        End::Lifecycle { hook } => {
+            let action = crate::cloud::LifecycleAction {
+                group: req.group.clone(),
+                hook: if hook.is_empty() {
+                    engine.settings.hook_name.clone()
+                } else {
+                    hook.clone()
+                },
+                instance_id: req.instance_id.clone(),
+                token: None,
+            };
+            let heartbeat_timeout = engine.settings.hook_heartbeat_timeout;
+            engine.hold(&action, heartbeat_timeout);
+            Mode::Lifecycle {
+                action,
+                heartbeat_timeout,
+            }
+        }
+        End::Terminate => Mode::Direct,
+        End::Leave => Mode::DrainOnly,
+    }
+}
+
+/// The reasons' drain finished: recorded, so a restart does not drain the node again
+/// (it stays cordoned until a new reason comes or someone uncordons it).
+async fn record_done(engine: &Engine, node: &str) {
+    let done = cordon::update_record(engine, node, |r| {
+        let before = r.clone();
+        r.mark_done();
+        *r != before
+    })
+    .await;
+    if let Err(e) = done {
+        tracing::warn!(node, error = %e, "could not record that the drain finished; a restart drains the node again");
+    }
+}
+
 /// How an interruption drain stood against the time AWS ends the instance.
-async fn interruption_timing(engine: &Engine, node: &str, b: Budget) {
+async fn interruption_timing(engine: &Engine, node: &str, ends: chrono::DateTime<chrono::Utc>) {
     let now = Instant::now();
-    if now <= b.ends_at {
-        let left = b.ends_at - now;
+    let ends_at = instant_of(ends);
+    if now <= ends_at {
+        let left = ends_at - now;
         engine
             .events
             .node(
@@ -138,10 +202,21 @@ async fn interruption_timing(engine: &Engine, node: &str, b: Budget) {
                 Reason::InterruptionBudgetMissed,
                 format!(
                     "interruption drain still ran {:.1} s after the time AWS ends the instance",
-                    (now - b.ends_at).as_secs_f64()
+                    (now - ends_at).as_secs_f64()
                 ),
             )
             .await;
+    }
+}
+
+/// Converts a wall-clock time to the monotonic clock (past times are now).
+fn instant_of(t: chrono::DateTime<chrono::Utc>) -> Instant {
+    let now = Instant::now();
+    match (t - chrono::Utc::now()).to_std() {
+        Ok(ahead) => now
+            .checked_add(ahead.min(Duration::from_secs(365 * 86400)))
+            .unwrap_or(now),
+        Err(_) => now,
     }
 }
 
@@ -180,22 +255,45 @@ impl Drop for AbortOnDrop {
     }
 }
 
-async fn abandon(engine: &Engine, req: &DrainRequest, node: Option<&str>, why: &str) {
-    let what = match &req.mode {
+async fn abandon(engine: &Engine, req: &DrainRequest, mode: &Mode, node: Option<&str>, why: &str) {
+    let what = match mode {
         Mode::Direct => {
             if let Some(n) = node {
-                if let Err(e) = cordon::uncordon(engine, n).await {
-                    tracing::warn!(node = n, error = %e, "could not uncordon the abandoned node");
+                // CA's scale-in goes back to CA; other reasons on the Node (a
+                // rebalance cordon) keep it cordoned.
+                let rest = cordon::update_record(engine, n, |r| {
+                    r.without_scale_in();
+                    r.mark_done();
+                    true
+                })
+                .await;
+                let give_back = match rest {
+                    Ok(Some(r)) => r.reasons.is_empty(),
+                    Ok(None) => true,
+                    Err(e) => {
+                        tracing::warn!(node = n, error = %e, "could not update the drain record of the abandoned node");
+                        true
+                    }
+                };
+                if give_back {
+                    if let Err(e) = cordon::uncordon(engine, n).await {
+                        tracing::warn!(node = n, error = %e, "could not uncordon the abandoned node");
+                    }
                 }
             }
             if let Some(p) = &engine.provider {
                 p.deferred_cancelled(&req.instance_id);
             }
-            "the node is uncordoned and stays; the target size is restored"
+            "the node is uncordoned and stays (unless another reason keeps it cordoned); the target size is restored"
         }
         // Not reached: lifecycle deadlines always proceed (see DeadlinePolicy).
-        Mode::Lifecycle { .. } => "heartbeats stop; the hook's timeout ends the instance",
-        Mode::DrainOnly => "the node stays cordoned",
+        Mode::Lifecycle { .. } => "heartbeats go on; the hook's timeout ends the instance",
+        Mode::DrainOnly => {
+            if let Some(n) = node {
+                record_done(engine, n).await;
+            }
+            "the node stays cordoned"
+        }
     };
     if let Some(n) = node {
         engine
@@ -209,21 +307,13 @@ async fn abandon(engine: &Engine, req: &DrainRequest, node: Option<&str>, why: &
     }
 }
 
-/// The drain's recorded start, as a monotonic instant (deadlines) and as a time
-/// (which pods arrived after it). An unreadable mark counts as "now".
-fn started_at(started_at: &str) -> (Instant, Timestamp) {
-    let now = Instant::now();
-    let Ok(ts) = started_at.parse::<Timestamp>() else {
-        return (now, Timestamp::now());
-    };
-    let secs = Timestamp::now().duration_since(ts).as_secs_f64();
-    let instant = if secs.is_finite() && secs > 0.0 {
-        now.checked_sub(Duration::from_secs_f64(secs.min(30.0 * 86400.0)))
-            .unwrap_or(now)
-    } else {
-        now
-    };
-    (instant, ts)
+/// The drain's first reason, as a time (which pods arrived after the cordon).
+fn started_ts(record: &DrainRecord) -> Timestamp {
+    record
+        .first_at()
+        .and_then(|t| t.timestamp_nanos_opt())
+        .and_then(|n| Timestamp::from_nanosecond(i128::from(n)).ok())
+        .unwrap_or_else(Timestamp::now)
 }
 
 /// How long a drain resumed past its workload deadline still waits for the first
@@ -238,8 +328,9 @@ struct NodeDrain<'a> {
     /// Lifecycle mode: the ASG ends the instance whatever the hook's result, so a
     /// deadline can only go on (abandoning would only skip the DaemonSet phase).
     lifecycle: bool,
-    /// AWS ends the instance at a known time (spot, scheduled change): likewise.
-    budget: Option<Budget>,
+    /// AWS ends the instance at a known time (spot, scheduled change): likewise,
+    /// once it is spent. With the DaemonSet pods' share of it.
+    budget: Option<(Instant, Duration)>,
     /// Why the node is drained, for the Events on its pods.
     why: &'static str,
 }
@@ -249,8 +340,8 @@ impl NodeDrain<'_> {
         // An interruption budget forces the drain on only when it is the budget that
         // ran out: a retirement days away keeps the configured policy (and with
         // `abandon`, every PodDisruptionBudget).
-        let budget_spent = self.budget.is_some_and(|b| {
-            Instant::now() + Duration::from_secs(1) + b.daemonset_share >= b.ends_at
+        let budget_spent = self.budget.is_some_and(|(ends_at, share)| {
+            Instant::now() + Duration::from_secs(1) + share >= ends_at
         });
         if self.lifecycle || budget_spent {
             DeadlinePolicy::Proceed
@@ -274,53 +365,59 @@ impl NodeDrain<'_> {
     }
 }
 
-async fn drain_node(engine: &Engine, req: &DrainRequest, node: &str) -> Result<(), Stop> {
+async fn drain_node(
+    engine: &Engine,
+    req: &DrainRequest,
+    node: &str,
+) -> Result<Option<DrainRecord>, Stop> {
     let s = &engine.settings;
     let m = metrics();
     let stage = m.stage("cordon");
-    // An interruption drain is recorded as such, so a restart resumes it (with no
-    // instance to end) instead of taking it for a direct-mode scale-in.
-    let mark = match req.source {
-        Source::Interruption => cordon::INTERRUPTION_MARK,
-        _ => req.mode.as_str(),
-    };
-    let (started, started_ts) = match cordon::cordon(engine, node, mark, &req.group).await {
+    let record = match cordon::cordon(engine, node, &req.reasons, &req.group).await {
         Ok(Cordoned::NodeGone) => {
             tracing::info!(node, "the Node object is gone; nothing to drain");
-            return Ok(());
+            return Ok(None);
         }
-        Ok(Cordoned::Marked {
-            started_at: mark,
-            resumed,
-        }) => {
-            let note = format!(
-                "draining node for instance {} of group {} ({} mode, asked by {:?}{}); workloads first, DaemonSet pods {}",
-                req.instance_id,
-                req.group,
-                req.mode.as_str(),
-                req.source,
-                if resumed && req.source == Source::Resume {
-                    ", resumed after a restart"
-                } else {
-                    ""
-                },
-                match s.daemonsets {
-                    DaemonSetPolicy::EvictLast => "last",
-                    DaemonSetPolicy::Keep => "kept",
-                }
-            );
-            engine.events.node(node, Reason::DrainStarted, note).await;
-            started_at(&mark)
-        }
+        Ok(Cordoned::Marked { record, .. }) => record,
         Err(e) => return Err(Stop::Fail(format!("could not cordon node {node}: {e}"))),
     };
+    let plan = record.plan(engine.limits());
+    if !plan.drains {
+        return Ok(Some(record));
+    }
+    let reasons: Vec<String> = record
+        .reasons
+        .iter()
+        .filter(|r| !r.done)
+        .map(|r| format!("{} since {}", r.why.label(), r.at.format("%H:%M:%S")))
+        .collect();
+    let note = format!(
+        "draining node for instance {} of group {} ({}; asked by {:?}{}); workloads first, DaemonSet pods {}",
+        req.instance_id,
+        req.group,
+        reasons.join(", "),
+        req.source,
+        if req.source == Source::Resume {
+            ", resumed after a restart"
+        } else {
+            ""
+        },
+        match s.daemonsets {
+            DaemonSetPolicy::EvictLast => "last",
+            DaemonSetPolicy::Keep => "kept",
+        }
+    );
+    engine.events.node(node, Reason::DrainStarted, note).await;
     drop(stage);
+    let budget = plan
+        .budget_ends
+        .map(|e| (instant_of(e), plan.daemonset_share));
     let d = NodeDrain {
         engine,
         node,
-        started: started_ts,
-        lifecycle: matches!(req.mode, Mode::Lifecycle { .. }),
-        budget: req.budget,
+        started: started_ts(&record),
+        lifecycle: matches!(plan.ends, End::Lifecycle { .. }),
+        budget,
         why: match req.source {
             Source::ClusterAutoscaler => "scale-in by cluster-autoscaler",
             Source::Asg => "the Auto Scaling Group is ending the instance (scaling policy, rebalancing, instance refresh or a person); held by a lifecycle hook",
@@ -331,15 +428,11 @@ async fn drain_node(engine: &Engine, req: &DrainRequest, node: &str) -> Result<(
     };
     let stage = m.stage("workloads");
     let mut pods = NodePods::watch(engine.client.clone(), node);
-    let mut workload_deadline = started + s.workload_deadline;
-    if let Some(b) = req.budget {
-        // The workloads' share of the budget; the DaemonSet pods get the rest.
-        let share_end = b
-            .ends_at
-            .checked_sub(b.daemonset_share)
-            .unwrap_or(b.ends_at);
-        workload_deadline = workload_deadline.min(share_end.max(Instant::now()));
-    }
+    // Each reason's deadline counts from its own arrival; a budget only shortens.
+    let workload_deadline = plan
+        .workload_deadline
+        .map(instant_of)
+        .unwrap_or_else(Instant::now);
     // Fail closed: without the pod list nobody can tell what still runs there.
     if !pods
         .synced(workload_deadline.max(Instant::now() + LIST_GRACE))
@@ -372,7 +465,7 @@ async fn drain_node(engine: &Engine, req: &DrainRequest, node: &str) -> Result<(
                 node,
                 "workloads",
                 s.workload_deadline,
-                d.policy(s.workload_deadline_policy),
+                plan.on_deadline,
                 left,
             )
             .await?;
@@ -425,7 +518,7 @@ async fn drain_node(engine: &Engine, req: &DrainRequest, node: &str) -> Result<(
         let _stage = m.stage("critical-daemonsets");
         daemonset_phase(&d, &mut pods, plan::Phase::CriticalDaemonSets).await?;
     }
-    Ok(())
+    Ok(Some(record))
 }
 
 async fn daemonset_phase(
@@ -442,8 +535,8 @@ async fn daemonset_phase(
         _ => ("DaemonSet pods", "every DaemonSet pod has exited"),
     };
     let mut ds_deadline = Instant::now() + s.daemonset_deadline;
-    if let Some(b) = d.budget {
-        ds_deadline = ds_deadline.min(b.ends_at.max(Instant::now()));
+    if let Some((ends_at, _)) = d.budget {
+        ds_deadline = ds_deadline.min(ends_at.max(Instant::now()));
     }
     match phase(d, pods, which, ds_deadline).await {
         Ok(()) => {

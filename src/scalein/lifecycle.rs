@@ -11,8 +11,8 @@ use crate::cloud::{CloudError, GroupSelector, LifecycleAction, LifecycleHook, Li
 use crate::provider::Provider;
 use crate::telemetry::metrics::{metrics, Metrics};
 
-use super::cordon;
 use super::events::Reason;
+use super::record::End;
 use super::{DrainRequest, Engine, Mode, ModeChoice, Source};
 
 /// AWS ends a lifecycle action after 100 heartbeat timeouts or 48 hours, whichever
@@ -190,22 +190,31 @@ pub async fn scan(engine: &Arc<Engine>, provider: &Arc<Provider>) -> usize {
             continue;
         };
         for inst in &snap.instances {
-            if inst.state != LifecycleState::TerminatingWait || engine.is_draining(&inst.id) {
+            // An instance our hook holds is heartbeated and drained whatever else
+            // drains it already (a rebalance or retirement drain, the drain command):
+            // the lifecycle reason joins that drain.
+            if inst.state != LifecycleState::TerminatingWait
+                || (engine.holds_hook(&inst.id) && engine.is_draining(&inst.id))
+            {
                 continue;
             }
             let mode = engine.mode_for(g, &inst.id);
             if !matches!(mode, Mode::Lifecycle { .. }) {
                 continue;
             }
-            if engine.start(DrainRequest {
-                instance_id: inst.id.clone(),
-                group: g.asg.name.clone(),
-                node_name: None,
-                mode,
-                source: Source::Asg,
-                budget: None,
-                noticed: None,
-            }) {
+            let reasons = vec![super::ca_reason(&mode)];
+            if engine
+                .start(DrainRequest {
+                    instance_id: inst.id.clone(),
+                    group: g.asg.name.clone(),
+                    node_name: None,
+                    mode,
+                    source: Source::Asg,
+                    reasons,
+                    noticed: None,
+                })
+                .acted()
+            {
                 started += 1;
             }
         }
@@ -223,25 +232,56 @@ fn warn_foreign_hooks(engine: &Engine, g: &crate::provider::Group) {
     }
 }
 
-/// Resumes direct-mode drains recorded on Nodes (lifecycle-mode ones are found by
-/// [`scan`] from AWS). Returns how many resumed.
+/// Resumes the drains recorded on Nodes (after a restart, or started by another
+/// replica) with every reason, time and budget they carry. Those our hook holds are
+/// found by [`scan`] from AWS; finished and cordon-only records drain nothing.
+/// Returns how many resumed.
 pub async fn resume(engine: &Arc<Engine>, provider: &Arc<Provider>) -> usize {
     engine.nodes.ready(Duration::from_secs(30)).await;
-    let mut n = resume_interruptions(engine);
-    let reg = provider.registry();
-    let marked: Vec<(String, String)> = engine
-        .nodes
-        .marked_for_drain()
-        .into_iter()
-        .filter(|m| m.mode == cordon::DIRECT_MARK)
-        .filter_map(|m| Some((m.node, m.instance?)))
-        .filter(|(_, iid)| !engine.is_draining(iid))
-        .collect();
-    if marked.is_empty() {
+    let limits = engine.limits();
+    let mut n = 0;
+    let mut direct: Vec<(String, String, Vec<super::record::DrainReason>)> = Vec::new();
+    for mark in engine.nodes.marked_for_drain() {
+        let Some(iid) = mark.instance else { continue };
+        if engine.is_draining(&iid) {
+            continue;
+        }
+        let plan = mark.record.plan(limits);
+        if !plan.drains {
+            continue;
+        }
+        match plan.ends {
+            // The scan finds it held in Terminating:Wait and joins every reason.
+            End::Lifecycle { .. } => {}
+            End::Terminate => direct.push((mark.node, iid, mark.record.reasons)),
+            // An interruption or the drain command: AWS ends the instance, or
+            // nobody does; the record's budget goes on.
+            End::Leave => {
+                let node = mark.node;
+                if engine
+                    .start(DrainRequest {
+                        instance_id: iid.clone(),
+                        group: mark.group,
+                        node_name: Some(node.clone()),
+                        mode: Mode::DrainOnly,
+                        source: Source::Resume,
+                        reasons: mark.record.reasons,
+                        noticed: None,
+                    })
+                    .acted()
+                {
+                    tracing::info!(node = %node, instance = %iid, "resuming a drain recorded on the Node");
+                    n += 1;
+                }
+            }
+        }
+    }
+    if direct.is_empty() {
         return n;
     }
+    let reg = provider.registry();
     // AWS, not the snapshot, says whether the instance is still there to end.
-    let ids: Vec<String> = marked.iter().map(|(_, i)| i.clone()).collect();
+    let ids: Vec<String> = direct.iter().map(|(_, i, _)| i.clone()).collect();
     let live = match engine.cloud.locate_instances(&ids).await {
         Ok(found) => found,
         Err(e) => {
@@ -249,7 +289,7 @@ pub async fn resume(engine: &Arc<Engine>, provider: &Arc<Provider>) -> usize {
             return n;
         }
     };
-    for (node, iid) in marked {
+    for (node, iid, reasons) in direct {
         let Some(loc) = live.iter().find(|l| l.instance_id == iid) else {
             continue;
         };
@@ -263,43 +303,19 @@ pub async fn resume(engine: &Arc<Engine>, provider: &Arc<Provider>) -> usize {
         if !engine.settings.dry_run {
             provider.register_deferred(&iid, &g.asg.name);
         }
-        if engine.start(DrainRequest {
-            instance_id: iid.clone(),
-            group: g.asg.name.clone(),
-            node_name: Some(node.clone()),
-            mode: Mode::Direct,
-            source: Source::Resume,
-            budget: None,
-            noticed: None,
-        }) {
+        if engine
+            .start(DrainRequest {
+                instance_id: iid.clone(),
+                group: g.asg.name.clone(),
+                node_name: Some(node.clone()),
+                mode: Mode::Direct,
+                source: Source::Resume,
+                reasons,
+                noticed: None,
+            })
+            .acted()
+        {
             tracing::info!(node = %node, instance = %iid, "resuming drain after restart");
-            n += 1;
-        }
-    }
-    n
-}
-
-/// Interruption drains recorded on Nodes (a restart, or another replica led): they
-/// go on with the usual deadlines (the budget is not recorded) and end nothing; AWS
-/// ends the instance. A Node that is gone took its drain with it.
-fn resume_interruptions(engine: &Arc<Engine>) -> usize {
-    let mut n = 0;
-    for mark in engine.nodes.marked_for_drain() {
-        let Some(iid) = mark.instance else { continue };
-        if mark.mode != cordon::INTERRUPTION_MARK || engine.is_draining(&iid) {
-            continue;
-        }
-        let node = mark.node;
-        if engine.start(DrainRequest {
-            instance_id: iid.clone(),
-            group: mark.group,
-            node_name: Some(node.clone()),
-            mode: Mode::DrainOnly,
-            source: Source::Interruption,
-            budget: None,
-            noticed: None,
-        }) {
-            tracing::info!(node = %node, instance = %iid, "resuming an interruption drain after a restart");
             n += 1;
         }
     }

@@ -13,7 +13,7 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use async_trait::async_trait;
 use parking_lot::Mutex;
@@ -35,6 +35,7 @@ pub mod nodes;
 pub mod permissions;
 pub mod plan;
 pub mod ratelimit;
+pub mod record;
 pub mod terminate;
 pub mod volumes;
 pub mod wait;
@@ -199,16 +200,6 @@ pub enum Source {
     Interruption,
 }
 
-/// The time a drain has before AWS ends the instance anyway (a spot interruption,
-/// a scheduled retirement). The workloads get it minus the DaemonSet share; past the
-/// budget the drain proceeds instead of abandoning (there is nothing to protect
-/// once the instance is gone).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Budget {
-    pub ends_at: Instant,
-    pub daemonset_share: Duration,
-}
-
 #[derive(Debug, Clone)]
 pub struct DrainRequest {
     pub instance_id: String,
@@ -217,8 +208,9 @@ pub struct DrainRequest {
     pub node_name: Option<String>,
     pub mode: Mode,
     pub source: Source,
-    /// Set when AWS ends the instance at a known time whatever the drain does.
-    pub budget: Option<Budget>,
+    /// The reasons this request brings (recorded on the Node with every reason
+    /// already there). Empty: a resumed drain, which follows what the Node says.
+    pub reasons: Vec<record::DrainReason>,
     /// The notice that asked for the drain (queue mode): its kind and AWS's time,
     /// for the time from notice to the instance's end.
     pub noticed: Option<(&'static str, chrono::DateTime<chrono::Utc>)>,
@@ -254,6 +246,35 @@ pub struct DrainStats {
 /// Finished drains are kept (for [`Engine::wait_for`]) until this many are known.
 const FINISHED_KEPT: usize = 10_000;
 
+/// A drain task and what it was started with (its reasons joined so far).
+struct Inflight {
+    handle: tokio::task::JoinHandle<Outcome>,
+    req: DrainRequest,
+}
+
+/// What [`Engine::start`] did with a request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Start {
+    /// A new drain runs.
+    Started,
+    /// A drain ran; the request's reasons changed its plan, so it goes on with them.
+    Joined,
+    /// A drain runs whose plan the request does not change (a duplicate).
+    Unchanged,
+    /// Not started: dry run already described it, or this replica does not lead.
+    Refused,
+}
+
+impl Start {
+    /// Whether the request now drives a drain (new or joined).
+    pub fn acted(self) -> bool {
+        matches!(self, Start::Started | Start::Joined)
+    }
+}
+
+/// Between a failed drain and its retry while our hook holds the instance.
+const HELD_RETRY: std::time::Duration = std::time::Duration::from_secs(5);
+
 /// Runs drains: at most one per instance, at most `max_concurrent_drains` at once,
 /// all sharing one API rate limit.
 pub struct Engine {
@@ -267,7 +288,11 @@ pub struct Engine {
     pub(crate) events: events::Events,
     pub(crate) nodes: nodes::NodeIndex,
     slots: Arc<tokio::sync::Semaphore>,
-    inflight: Mutex<HashMap<String, tokio::task::JoinHandle<Outcome>>>,
+    inflight: Mutex<HashMap<String, Inflight>>,
+    /// Heartbeats of the lifecycle actions our hook holds, by instance: they follow
+    /// the hook, not the drain (a drain restarted for a new reason, or failed and
+    /// retrying, keeps them).
+    holds: Mutex<HashMap<String, drain::AbortOnDrop>>,
     /// Feeds the provider's accounting with the drain marks on Nodes.
     marks_sync: Mutex<Option<tokio::task::JoinHandle<()>>>,
     /// (kind, key) pairs already said once: another tool's terminating hook, a dry
@@ -319,6 +344,7 @@ impl Engine {
             lease_client,
             slots,
             inflight: Mutex::new(HashMap::new()),
+            holds: Mutex::new(HashMap::new()),
             leadership: std::sync::OnceLock::new(),
             step_down: tokio::sync::watch::channel(false).0,
             stats: DrainStats::default(),
@@ -399,41 +425,92 @@ impl Engine {
         self.leadership.get().is_none_or(|rx| *rx.borrow())
     }
 
-    /// Starts a drain unless one already runs for this instance. Returns at once.
-    pub fn start(self: &Arc<Self>, req: DrainRequest) -> bool {
+    /// The plan settings of [`record::DrainRecord::plan`].
+    pub fn limits(&self) -> record::Limits {
+        record::Limits {
+            workload_deadline: self.settings.workload_deadline,
+            workload_policy: self.settings.workload_deadline_policy,
+        }
+    }
+
+    /// Starts the drain of an instance, or joins the request's reasons into the one
+    /// that runs: a reason that changes the plan (a budget, a hook, CA's scale-in)
+    /// restarts the drain with every reason (its state is on the Node and in the
+    /// pods, so it goes on where it was); a duplicate changes nothing. A hook's
+    /// lifecycle action is heartbeated from here on, whatever drain runs. Returns at
+    /// once. A replica that does not lead starts nothing.
+    pub fn start(self: &Arc<Self>, req: DrainRequest) -> Start {
         if self.settings.dry_run {
-            return self.observe(req);
+            return if self.observe(req) {
+                Start::Started
+            } else {
+                Start::Refused
+            };
+        }
+        if !self.is_leader() {
+            tracing::info!(instance = %req.instance_id, "not the leader: no drain started here");
+            return Start::Refused;
+        }
+        if let Mode::Lifecycle {
+            action,
+            heartbeat_timeout,
+        } = &req.mode
+        {
+            self.hold(action, *heartbeat_timeout);
         }
         let mut inflight = self.inflight.lock();
         if inflight.len() >= FINISHED_KEPT {
-            inflight.retain(|_, h| !h.is_finished());
+            inflight.retain(|_, f| !f.handle.is_finished());
         }
-        if inflight
-            .get(&req.instance_id)
-            .is_some_and(|h| !h.is_finished())
-        {
-            return false;
-        }
+        let (req, how) = match inflight.remove(&req.instance_id) {
+            Some(running) if !running.handle.is_finished() => {
+                let limits = self.limits();
+                let mut joined = record::DrainRecord {
+                    reasons: running.req.reasons.clone(),
+                };
+                let mut changed = false;
+                for r in &req.reasons {
+                    changed |= joined.join(r.clone(), limits) == record::Joined::Changed;
+                }
+                let lifecycle_came = matches!(req.mode, Mode::Lifecycle { .. })
+                    && !matches!(running.req.mode, Mode::Lifecycle { .. });
+                if !changed && !lifecycle_came {
+                    inflight.insert(req.instance_id.clone(), running);
+                    return Start::Unchanged;
+                }
+                running.handle.abort();
+                tracing::info!(instance = %req.instance_id, source = ?req.source, "a new reason joins the running drain; it goes on with every reason");
+                (merge(running.req, req, joined), Start::Joined)
+            }
+            _ => (req, Start::Started),
+        };
         let this = self.clone();
         let id = req.instance_id.clone();
-        self.stats.started.fetch_add(1, Ordering::Relaxed);
-        metrics().drains_started.inc();
+        if how == Start::Started {
+            self.stats.started.fetch_add(1, Ordering::Relaxed);
+            metrics().drains_started.inc();
+        }
+        let task_req = req.clone();
         let handle = tokio::spawn(async move {
-            // The hook is kept alive from the moment the instance is known, also
-            // while the drain waits for a slot behind `maxConcurrentDrains`.
-            let _heartbeat = match &req.mode {
-                Mode::Lifecycle {
-                    action,
-                    heartbeat_timeout,
-                } => Some(drain::AbortOnDrop(lifecycle::heartbeats(
-                    this.clone(),
-                    action.clone(),
-                    *heartbeat_timeout,
-                ))),
-                _ => None,
+            let req = task_req;
+            let mut retry = HELD_RETRY;
+            let outcome = loop {
+                let outcome = {
+                    let _slot = this.slots.clone().acquire_owned().await;
+                    drain::run(&this, &req).await
+                };
+                // A drain that failed while our hook holds the instance retries
+                // promptly, heartbeats going on, instead of waiting for the next
+                // scan: the hook's timeout would end the instance undrained.
+                match &outcome {
+                    Outcome::Failed(why) if this.holds_hook(&req.instance_id) => {
+                        tracing::warn!(instance = %req.instance_id, error = %why, ?retry, "drain failed while our hook holds the instance; retrying");
+                        tokio::time::sleep(retry).await;
+                        retry = (retry * 2).min(std::time::Duration::from_secs(60));
+                    }
+                    _ => break outcome,
+                }
             };
-            let _slot = this.slots.clone().acquire_owned().await;
-            let outcome = drain::run(&this, &req).await;
             let (counter, label) = match &outcome {
                 Outcome::Ended => (&this.stats.ended, "ended"),
                 Outcome::Drained => (&this.stats.ended, "drained"),
@@ -446,8 +523,43 @@ impl Engine {
             Metrics::outcome(&metrics().drains_finished, label);
             outcome
         });
-        inflight.insert(id, handle);
-        true
+        inflight.insert(id, Inflight { handle, req });
+        how
+    }
+
+    /// Heartbeats the lifecycle action until it is completed, AWS says it is gone,
+    /// or the hook's global limit; a second call for the same instance is a no-op.
+    pub fn hold(self: &Arc<Self>, action: &crate::cloud::LifecycleAction, timeout: Duration) {
+        if self.settings.dry_run {
+            return;
+        }
+        let mut holds = self.holds.lock();
+        if holds
+            .get(&action.instance_id)
+            .is_some_and(|h| !h.0.is_finished())
+        {
+            return;
+        }
+        if holds.len() >= FINISHED_KEPT {
+            holds.retain(|_, h| !h.0.is_finished());
+        }
+        holds.insert(
+            action.instance_id.clone(),
+            drain::AbortOnDrop(lifecycle::heartbeats(self.clone(), action.clone(), timeout)),
+        );
+    }
+
+    /// Whether our hook's action for the instance is being heartbeated.
+    pub fn holds_hook(&self, instance_id: &str) -> bool {
+        self.holds
+            .lock()
+            .get(instance_id)
+            .is_some_and(|h| !h.0.is_finished())
+    }
+
+    /// Stops the heartbeats: the action was completed, or the instance is gone.
+    pub(crate) fn release(&self, instance_id: &str) {
+        self.holds.lock().remove(instance_id);
     }
 
     /// The dry run's `start`: describes the drain once per instance (a lifecycle
@@ -458,18 +570,22 @@ impl Engine {
         }
         let this = self.clone();
         let id = req.instance_id.clone();
+        let task_req = req.clone();
         let handle =
-            tokio::spawn(async move { Outcome::Observed(dry_run::describe(&this, &req).await) });
-        self.inflight.lock().insert(id, handle);
+            tokio::spawn(
+                async move { Outcome::Observed(dry_run::describe(&this, &task_req).await) },
+            );
+        self.inflight.lock().insert(id, Inflight { handle, req });
         true
     }
 
     /// Stops the drain of an instance where it is (the instance stopped or ended:
     /// nothing is left to protect). True when one ran.
     pub fn stop_drain(&self, instance_id: &str) -> bool {
+        self.release(instance_id);
         match self.inflight.lock().remove(instance_id) {
-            Some(h) if !h.is_finished() => {
-                h.abort();
+            Some(f) if !f.handle.is_finished() => {
+                f.handle.abort();
                 true
             }
             _ => false,
@@ -480,15 +596,16 @@ impl Engine {
         self.inflight
             .lock()
             .get(instance_id)
-            .is_some_and(|h| !h.is_finished())
+            .is_some_and(|f| !f.handle.is_finished())
     }
 
     /// Stops every drain where it is, as a crash would (tests; shutdown leaves drains
     /// resumable because their state lives on the Node and in AWS).
     pub fn abort_all(&self) {
-        for (_, h) in self.inflight.lock().drain() {
-            h.abort();
+        for (_, f) in self.inflight.lock().drain() {
+            f.handle.abort();
         }
+        self.holds.lock().clear();
     }
 
     /// Stops every drain and the engine's Node watch (end of a load test or a CLI run;
@@ -505,14 +622,14 @@ impl Engine {
         self.inflight
             .lock()
             .values()
-            .filter(|h| !h.is_finished())
+            .filter(|f| !f.handle.is_finished())
             .count()
     }
 
     /// Waits for the drain of an instance (tests, the CLI).
     pub async fn wait_for(&self, instance_id: &str) -> Option<Outcome> {
-        let h = self.inflight.lock().remove(instance_id)?;
-        h.await.ok()
+        let f = self.inflight.lock().remove(instance_id)?;
+        f.handle.await.ok()
     }
 
     /// The mode for an instance of a group, per configuration and the group's hooks.
@@ -564,6 +681,30 @@ impl Engine {
             }
         }
         nodes::find_node(&self.client, instance_id, name).await
+    }
+}
+
+/// The request a joined drain goes on with: every reason, the hook's action (with
+/// its token) when either request has it, and what either knew of the Node and the
+/// notice.
+fn merge(old: DrainRequest, new: DrainRequest, joined: record::DrainRecord) -> DrainRequest {
+    let mode = match (&old.mode, &new.mode) {
+        (_, Mode::Lifecycle { .. }) => new.mode.clone(),
+        (Mode::Lifecycle { .. }, _) => old.mode.clone(),
+        (Mode::Direct, _) | (_, Mode::Direct) => Mode::Direct,
+        _ => new.mode.clone(),
+    };
+    DrainRequest {
+        group: if new.group.is_empty() {
+            old.group
+        } else {
+            new.group
+        },
+        node_name: new.node_name.or(old.node_name),
+        noticed: new.noticed.or(old.noticed),
+        reasons: joined.reasons,
+        mode,
+        ..new
     }
 }
 
@@ -645,13 +786,14 @@ impl ScaleIn for DrainScaleIn {
             },
         };
         if leader {
+            let reasons = vec![ca_reason(&mode)];
             engine.start(DrainRequest {
                 instance_id: instance.id.clone(),
                 group: group.asg.name.clone(),
                 node_name: node,
                 mode,
                 source: Source::ClusterAutoscaler,
-                budget: None,
+                reasons,
                 noticed: None,
             });
         } else {
@@ -675,11 +817,28 @@ impl ScaleIn for DrainScaleIn {
                 node_name: node_name.map(str::to_string),
                 mode: engine.mode_for(group, &instance.id),
                 source: Source::ClusterAutoscaler,
-                budget: None,
+                reasons: Vec::new(),
                 noticed: None,
             },
         )
         .await
+    }
+}
+
+/// The reason CA's scale-in brings in `mode`.
+pub fn ca_reason(mode: &Mode) -> record::DrainReason {
+    record::DrainReason::new(reason_of_mode(mode), chrono::Utc::now())
+}
+
+/// What a drain in `mode` is asked for: our hook's action, CA's direct scale-in, or
+/// the drain command.
+pub fn reason_of_mode(mode: &Mode) -> record::Why {
+    match mode {
+        Mode::Lifecycle { action, .. } => record::Why::Lifecycle {
+            hook: action.hook.clone(),
+        },
+        Mode::Direct => record::Why::ScaleIn,
+        Mode::DrainOnly => record::Why::DrainCommand,
     }
 }
 
@@ -713,7 +872,8 @@ async fn mark_for_drain(
                 None => return Ok(None),
             },
         };
-        match cordon::cordon(engine, &node, cordon::DIRECT_MARK, &group.asg.name).await {
+        let reason = record::DrainReason::new(record::Why::ScaleIn, chrono::Utc::now());
+        match cordon::cordon(engine, &node, &[reason.clone()], &group.asg.name).await {
             Ok(cordon::Cordoned::Marked { .. }) => return Ok(Some(node)),
             // Deleted between the lookup and the patch: look again.
             Ok(cordon::Cordoned::NodeGone) => continue,

@@ -11,7 +11,8 @@ use kube::runtime::{watcher, WatchStreamExt};
 use kube::Api;
 use tokio::sync::watch;
 
-use super::cordon::{GROUP_ANNOTATION, MODE_ANNOTATION, STARTED_ANNOTATION};
+use super::cordon::{GROUP_ANNOTATION, STARTED_ANNOTATION};
+use super::record::DrainRecord;
 use crate::provider::{provider_id, DrainMarks};
 
 pub struct NodeIndex {
@@ -183,11 +184,13 @@ pub fn direct_marks(store: &Store<Node>) -> DrainMarks {
     let mut marks = DrainMarks::default();
     for n in store.state().iter() {
         let Some(iid) = instance_of(n) else { continue };
-        let direct = n.metadata.annotations.as_ref().is_some_and(|a| {
-            a.contains_key(STARTED_ANNOTATION)
-                && a.get(MODE_ANNOTATION)
-                    .is_some_and(|m| m == super::cordon::DIRECT_MARK)
-        });
+        // CA's direct scale-in among the reasons on the Node, whatever else is.
+        let direct = n
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(DrainRecord::from_annotations)
+            .is_some_and(|r| r.has_scale_in());
         if direct {
             marks.marked.insert(iid.to_string());
         } else {
@@ -203,8 +206,9 @@ pub struct DrainMark {
     pub node: String,
     /// From the Node's providerID, when it names an AWS instance.
     pub instance: Option<String>,
-    pub mode: String,
     pub group: String,
+    /// Every reason recorded on the Node.
+    pub record: DrainRecord,
 }
 
 fn marked_for_drain(store: &Store<Node>) -> Vec<DrainMark> {
@@ -217,8 +221,8 @@ fn marked_for_drain(store: &Store<Node>) -> Vec<DrainMark> {
             Some(DrainMark {
                 node: n.metadata.name.clone()?,
                 instance: instance_of(n).map(str::to_string),
-                mode: a.get(MODE_ANNOTATION)?.clone(),
                 group: a.get(GROUP_ANNOTATION).cloned().unwrap_or_default(),
+                record: DrainRecord::from_annotations(a)?,
             })
         })
         .collect()

@@ -1,0 +1,393 @@
+//! One drain record per instance, many reasons. Pure: no I/O, no clock.
+//!
+//! A node can have several reasons to go at once: a rebalance recommendation cordons
+//! it, CA picks it for scale-in, the ASG ends it through the hook, a spot warning
+//! arrives, someone runs `drain NODE`. Each reason is kept with the time it arrived;
+//! the record lives on the Node ([`ANNOTATION`], written by [`super::cordon`]) so a
+//! restart or a new leader resumes every reason with its times and budgets.
+//!
+//! [`DrainRecord::join`] takes a reason in and says whether the drain's plan changed;
+//! [`DrainRecord::plan`] says what the drain does now:
+//! - it drains while any reason that asks for a drain is not done (a rebalance
+//!   cordon never drains and never weakens a drain);
+//! - the strongest reason decides how it ends: our hook's lifecycle action is
+//!   completed, else CA's direct scale-in terminates with decrement, else the
+//!   instance is left (to AWS, or running);
+//! - each reason's deadline counts from its own arrival: a later drain never inherits
+//!   an earlier cordon's start, and a budget (spot's two minutes, a retirement's date)
+//!   only ever shortens the drain.
+
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+
+use super::DeadlinePolicy;
+
+/// The Node annotation that holds the record (JSON).
+pub const ANNOTATION: &str = "ca-asg-provider.io/drain-reasons";
+
+/// Why a node is asked to go.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "kebab-case")]
+pub enum Why {
+    /// An EC2 rebalance recommendation with `rebalance: cordon`: cordon, nothing more.
+    Rebalance,
+    /// `drain NODE` without `--terminate`: drain, leave the instance running.
+    DrainCommand,
+    /// An interruption notice (spot warning, rebalance with `rebalance: drain`, a
+    /// scheduled change): drain, AWS ends the instance, at `ends_at` when known.
+    Notice {
+        /// The notice's kind (metric label), e.g. `spot_interruption`.
+        notice: String,
+        #[serde(default, skip_serializing_if = "Option::is_none")]
+        ends_at: Option<DateTime<Utc>>,
+        /// Of the budget, what the DaemonSet pods get at its end.
+        #[serde(default)]
+        daemonset_share_secs: u64,
+    },
+    /// CA's scale-in of a group without our hook (direct mode): drain, then
+    /// TerminateInstanceInAutoScalingGroup with decrement.
+    ScaleIn,
+    /// Our hook holds the instance in Terminating:Wait: drain, heartbeat, then
+    /// CompleteLifecycleAction CONTINUE.
+    Lifecycle { hook: String },
+}
+
+impl Why {
+    /// Same kind of reason (a notice is one kind whatever its budget).
+    fn same_kind(&self, other: &Why) -> bool {
+        std::mem::discriminant(self) == std::mem::discriminant(other)
+    }
+
+    /// Whether this reason asks for the pods to be drained.
+    pub fn drains(&self) -> bool {
+        !matches!(self, Why::Rebalance)
+    }
+
+    /// The mode written to [`super::cordon::MODE_ANNOTATION`] for this reason.
+    pub fn mark(&self) -> &'static str {
+        match self {
+            Why::Rebalance => super::cordon::REBALANCE_MARK,
+            Why::DrainCommand => super::cordon::DRAIN_ONLY_MARK,
+            Why::Notice { .. } => super::cordon::INTERRUPTION_MARK,
+            Why::ScaleIn => super::cordon::DIRECT_MARK,
+            Why::Lifecycle { .. } => super::cordon::LIFECYCLE_MARK,
+        }
+    }
+
+    /// The short name used in Events and the README's table.
+    pub fn label(&self) -> &'static str {
+        match self {
+            Why::Rebalance => "rebalance cordon",
+            Why::DrainCommand => "drain command",
+            Why::Notice { .. } => "interruption notice",
+            Why::ScaleIn => "CA scale-in",
+            Why::Lifecycle { .. } => "lifecycle hook",
+        }
+    }
+}
+
+/// One reason with the time it arrived.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DrainReason {
+    #[serde(flatten)]
+    pub why: Why,
+    /// When this reason arrived (a notice: when the service recorded it).
+    pub at: DateTime<Utc>,
+    /// Its drain finished (or was given up): it no longer drives the drain. A new
+    /// reason of the same kind starts afresh.
+    #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+    pub done: bool,
+}
+
+impl DrainReason {
+    pub fn new(why: Why, at: DateTime<Utc>) -> Self {
+        Self {
+            why,
+            at,
+            done: false,
+        }
+    }
+}
+
+/// Every reason a node was asked to go for.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DrainRecord {
+    pub reasons: Vec<DrainReason>,
+}
+
+/// What [`DrainRecord::join`] did to the drain.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Joined {
+    /// The plan is as before (a duplicate, a weaker reason, a later budget).
+    Same,
+    /// The plan changed: a running drain must take the new record.
+    Changed,
+}
+
+/// How the instance ends once the node is drained.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum End {
+    /// Complete our hook's lifecycle action CONTINUE.
+    Lifecycle { hook: String },
+    /// TerminateInstanceInAutoScalingGroup with decrement (CA's direct scale-in).
+    Terminate,
+    /// Leave the instance: AWS ends it (a notice) or it stays (the drain command).
+    Leave,
+}
+
+/// The settings the plan needs.
+#[derive(Debug, Clone, Copy)]
+pub struct Limits {
+    pub workload_deadline: Duration,
+    pub workload_policy: DeadlinePolicy,
+}
+
+/// What the drain does now, from every reason.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Plan {
+    /// Some reason that asks for a drain is not done.
+    pub drains: bool,
+    pub ends: End,
+    /// When the workload phase stops waiting; `None` when nothing drains.
+    pub workload_deadline: Option<DateTime<Utc>>,
+    /// What happens then.
+    pub on_deadline: DeadlinePolicy,
+    /// The earliest time AWS ends the instance whatever the drain does.
+    pub budget_ends: Option<DateTime<Utc>>,
+    /// Of that budget, what the DaemonSet pods get at its end.
+    pub daemonset_share: Duration,
+}
+
+fn after(t: DateTime<Utc>, d: Duration) -> DateTime<Utc> {
+    chrono::Duration::from_std(d)
+        .ok()
+        .and_then(|d| t.checked_add_signed(d))
+        .unwrap_or(DateTime::<Utc>::MAX_UTC)
+}
+
+fn before(t: DateTime<Utc>, d: Duration) -> DateTime<Utc> {
+    chrono::Duration::from_std(d)
+        .ok()
+        .and_then(|d| t.checked_sub_signed(d))
+        .unwrap_or(DateTime::<Utc>::MIN_UTC)
+}
+
+impl DrainRecord {
+    /// Reads the record from a Node's annotations. A Node marked by an older version
+    /// (start time and mode only) becomes one reason of that mode that arrived at
+    /// the start time. `None`: the Node carries no drain.
+    pub fn from_annotations(
+        annotations: &std::collections::BTreeMap<String, String>,
+    ) -> Option<Self> {
+        if let Some(json) = annotations.get(ANNOTATION) {
+            match serde_json::from_str::<DrainRecord>(json) {
+                Ok(r) if !r.reasons.is_empty() => return Some(r),
+                Ok(_) => {}
+                Err(e) => {
+                    tracing::warn!(annotation = ANNOTATION, value = %json, error = %e, "unreadable drain record on a Node; reading its mode and start time instead");
+                }
+            }
+        }
+        let started = annotations.get(super::cordon::STARTED_ANNOTATION)?;
+        let at = started
+            .parse::<DateTime<Utc>>()
+            .unwrap_or(DateTime::<Utc>::MIN_UTC);
+        let why = match annotations
+            .get(super::cordon::MODE_ANNOTATION)
+            .map(String::as_str)
+        {
+            Some(super::cordon::REBALANCE_MARK) => Why::Rebalance,
+            Some(super::cordon::DRAIN_ONLY_MARK) => Why::DrainCommand,
+            Some(super::cordon::INTERRUPTION_MARK) => Why::Notice {
+                notice: "unknown".into(),
+                ends_at: None,
+                daemonset_share_secs: 0,
+            },
+            Some(super::cordon::LIFECYCLE_MARK) => Why::Lifecycle {
+                hook: String::new(),
+            },
+            // `direct`, or no mode: the strongest reading, so nothing CA counts
+            // on is lost (fail closed: a drain is never silently dropped).
+            _ => Why::ScaleIn,
+        };
+        Some(Self {
+            reasons: vec![DrainReason::new(why, at)],
+        })
+    }
+
+    /// The JSON written to [`ANNOTATION`].
+    pub fn to_json(&self) -> String {
+        serde_json::to_string(self).expect("a drain record serializes")
+    }
+
+    /// When the node was first asked to go (the cordon's time).
+    pub fn first_at(&self) -> Option<DateTime<Utc>> {
+        self.reasons.iter().map(|r| r.at).min()
+    }
+
+    /// Takes a reason in. The same kind of reason again keeps its first arrival (a
+    /// redelivered notice must not push its deadline out); a notice with an earlier
+    /// budget shortens it; a reason whose drain is done starts afresh.
+    pub fn join(&mut self, new: DrainReason, limits: Limits) -> Joined {
+        let before = self.plan(limits);
+        match self.reasons.iter_mut().find(|r| r.why.same_kind(&new.why)) {
+            Some(old) if old.done => *old = new,
+            Some(old) => {
+                if let (
+                    Why::Notice {
+                        ends_at: old_end,
+                        daemonset_share_secs: old_share,
+                        ..
+                    },
+                    Why::Notice {
+                        ends_at: Some(new_end),
+                        daemonset_share_secs: new_share,
+                        ..
+                    },
+                ) = (&mut old.why, &new.why)
+                {
+                    if old_end.is_none_or(|o| *new_end < o) {
+                        *old_end = Some(*new_end);
+                        *old_share = *new_share;
+                    }
+                }
+                if let (Why::Lifecycle { hook: old_hook }, Why::Lifecycle { hook }) =
+                    (&mut old.why, &new.why)
+                {
+                    if old_hook.is_empty() {
+                        old_hook.clone_from(hook);
+                    }
+                }
+                old.at = old.at.min(new.at);
+            }
+            None => self.reasons.push(new),
+        }
+        if self.plan(limits) == before {
+            Joined::Same
+        } else {
+            Joined::Changed
+        }
+    }
+
+    /// Every reason's drain is finished (or given up): only a new reason drains again.
+    pub fn mark_done(&mut self) {
+        for r in &mut self.reasons {
+            if r.why.drains() {
+                r.done = true;
+            }
+        }
+    }
+
+    /// Drops CA's direct scale-in (its drain was abandoned and the node goes back to
+    /// CA). True when anything else is left.
+    pub fn without_scale_in(&mut self) -> bool {
+        self.reasons.retain(|r| r.why != Why::ScaleIn);
+        !self.reasons.is_empty()
+    }
+
+    /// Whether CA's direct scale-in is among the active reasons.
+    pub fn has_scale_in(&self) -> bool {
+        self.reasons
+            .iter()
+            .any(|r| r.why == Why::ScaleIn && !r.done)
+    }
+
+    /// Our hook, when a lifecycle reason holds the instance.
+    pub fn hook(&self) -> Option<&str> {
+        self.reasons.iter().find_map(|r| match &r.why {
+            Why::Lifecycle { hook } => Some(hook.as_str()),
+            _ => None,
+        })
+    }
+
+    /// The mode written to the Node: the strongest reason's.
+    pub fn mark(&self) -> &'static str {
+        self.reasons
+            .iter()
+            .max_by_key(|r| super::cordon::mark_rank(r.why.mark()))
+            .map(|r| r.why.mark())
+            .unwrap_or(super::cordon::REBALANCE_MARK)
+    }
+
+    /// What the drain does now.
+    pub fn plan(&self, limits: Limits) -> Plan {
+        let active = || self.reasons.iter().filter(|r| !r.done && r.why.drains());
+        let drains = active().next().is_some();
+        let ends = if let Some(hook) = self.hook() {
+            End::Lifecycle {
+                hook: hook.to_string(),
+            }
+        } else if self.has_scale_in() {
+            End::Terminate
+        } else {
+            End::Leave
+        };
+        // The earliest budget of any notice, done or not: it is a fact about the
+        // instance, not a policy.
+        let budget = self
+            .reasons
+            .iter()
+            .filter_map(|r| match &r.why {
+                Why::Notice {
+                    ends_at: Some(e),
+                    daemonset_share_secs,
+                    ..
+                } => Some((*e, Duration::from_secs(*daemonset_share_secs))),
+                _ => None,
+            })
+            .min_by_key(|(e, _)| *e);
+        let (budget_ends, daemonset_share) = match budget {
+            Some((e, share)) => (Some(e), share),
+            None => (None, Duration::ZERO),
+        };
+        // Each active reason's own deadline, counted from its own arrival.
+        let mut proceed: Option<DateTime<Utc>> = None;
+        let mut abandon: Option<DateTime<Utc>> = None;
+        for r in active() {
+            let at = after(r.at, limits.workload_deadline);
+            let policy = match r.why {
+                // The ASG ends the instance whatever the hook's result.
+                Why::Lifecycle { .. } => DeadlinePolicy::Proceed,
+                _ => limits.workload_policy,
+            };
+            match policy {
+                DeadlinePolicy::Proceed => proceed = Some(proceed.map_or(at, |p| p.min(at))),
+                DeadlinePolicy::Abandon => abandon = Some(abandon.map_or(at, |a| a.max(at))),
+            }
+        }
+        // Any reason that goes on past its deadline decides (the instance ends
+        // anyway); a drain kept only by reasons that give up is given up when the
+        // last of them does.
+        let mut deadline = match (proceed, abandon) {
+            (Some(p), _) => Some((p, DeadlinePolicy::Proceed)),
+            (None, Some(a)) => Some((a, DeadlinePolicy::Abandon)),
+            (None, None) => None,
+        };
+        // A budget only ever shortens: when it runs out first the drain goes on
+        // (the instance ends then anyway); a far one (a retirement days away) keeps
+        // every deadline and policy.
+        if let (true, Some((e, share))) = (drains, budget) {
+            let forced = before(e, share);
+            if deadline.is_none_or(|(d, _)| forced < d) {
+                deadline = Some((forced, DeadlinePolicy::Proceed));
+            }
+        }
+        let (workload_deadline, on_deadline) = match deadline {
+            Some((d, p)) if drains => (Some(d), p),
+            _ => (None, limits.workload_policy),
+        };
+        Plan {
+            drains,
+            ends,
+            workload_deadline,
+            on_deadline,
+            budget_ends,
+            daemonset_share,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,352 @@
+use std::collections::BTreeMap;
+
+use super::*;
+
+const MIN: i64 = 60;
+
+fn t0() -> DateTime<Utc> {
+    "2026-11-23T10:00:00Z".parse().unwrap()
+}
+
+fn at(secs: i64) -> DateTime<Utc> {
+    t0() + chrono::Duration::seconds(secs)
+}
+
+fn limits(policy: DeadlinePolicy) -> Limits {
+    Limits {
+        workload_deadline: Duration::from_secs(10 * 60),
+        workload_policy: policy,
+    }
+}
+
+fn spot(ends: i64) -> Why {
+    Why::Notice {
+        notice: "spot_interruption".into(),
+        ends_at: Some(at(ends)),
+        daemonset_share_secs: 20,
+    }
+}
+
+fn hook() -> Why {
+    Why::Lifecycle {
+        hook: "ours".into(),
+    }
+}
+
+fn record(reasons: &[(Why, i64)], l: Limits) -> DrainRecord {
+    let mut r = DrainRecord::default();
+    for (why, secs) in reasons {
+        r.join(DrainReason::new(why.clone(), at(*secs)), l);
+    }
+    r
+}
+
+/// Every kind of reason, with and without a budget.
+fn kinds() -> Vec<Why> {
+    vec![
+        Why::Rebalance,
+        Why::DrainCommand,
+        Why::Notice {
+            notice: "rebalance_recommendation".into(),
+            ends_at: None,
+            daemonset_share_secs: 0,
+        },
+        spot(120),
+        spot(30 * MIN),
+        Why::ScaleIn,
+        hook(),
+    ]
+}
+
+/// Every sequence of up to three reasons (arriving at 0, 5 and 61 minutes, in every
+/// order), under both policies.
+fn sequences() -> Vec<(Vec<(Why, i64)>, Limits)> {
+    let times = [0, 5 * MIN, 61 * MIN];
+    let mut out = Vec::new();
+    for policy in [DeadlinePolicy::Proceed, DeadlinePolicy::Abandon] {
+        let l = limits(policy);
+        for a in kinds() {
+            out.push((vec![(a.clone(), times[0])], l));
+            for b in kinds() {
+                for (ta, tb) in [(0, 1), (1, 0), (0, 2), (2, 0)] {
+                    out.push((vec![(a.clone(), times[ta]), (b.clone(), times[tb])], l));
+                    for c in kinds() {
+                        out.push((
+                            vec![
+                                (a.clone(), times[ta]),
+                                (b.clone(), times[tb]),
+                                (c.clone(), times[2 - ta.min(1)]),
+                            ],
+                            l,
+                        ));
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
+/// A reason's own workload deadline: ten minutes from its arrival.
+fn own_deadline(arrived: i64) -> DateTime<Utc> {
+    at(arrived + 10 * MIN)
+}
+
+#[test]
+fn a_later_drain_never_inherits_an_earlier_cordon() {
+    // The seen failure: `rebalance: cordon` marks the node; an hour later the ASG ends
+    // it through the hook. The hook's drain gets its own ten minutes.
+    let l = limits(DeadlinePolicy::Abandon);
+    let r = record(&[(Why::Rebalance, 0), (hook(), 60 * MIN)], l);
+    let p = r.plan(l);
+    assert!(p.drains);
+    assert_eq!(
+        p.ends,
+        End::Lifecycle {
+            hook: "ours".into()
+        }
+    );
+    assert_eq!(p.workload_deadline, Some(at(70 * MIN)));
+    assert_eq!(p.on_deadline, DeadlinePolicy::Proceed);
+
+    // After the same cordon a spot warning drains within its own two minutes.
+    let r = record(&[(Why::Rebalance, 0), (spot(62 * MIN), 60 * MIN)], l);
+    let p = r.plan(l);
+    assert_eq!(p.workload_deadline, Some(at(62 * MIN - 20)));
+    assert_eq!(p.on_deadline, DeadlinePolicy::Proceed);
+    assert_eq!(p.ends, End::Leave);
+    assert_eq!(p.budget_ends, Some(at(62 * MIN)));
+}
+
+#[test]
+fn a_cordon_only_reason_never_drains_and_never_changes_a_drain() {
+    for (seq, l) in sequences() {
+        let r = record(&seq, l);
+        let mut with = r.clone();
+        let joined = with.join(DrainReason::new(Why::Rebalance, at(30 * MIN)), l);
+        assert_eq!(joined, Joined::Same, "{seq:?}");
+        assert_eq!(with.plan(l), r.plan(l), "{seq:?}");
+    }
+    let l = limits(DeadlinePolicy::Proceed);
+    let p = record(&[(Why::Rebalance, 0)], l).plan(l);
+    assert!(!p.drains);
+    assert_eq!(p.workload_deadline, None);
+}
+
+#[test]
+fn the_order_reasons_arrive_in_does_not_change_the_plan() {
+    for (seq, l) in sequences() {
+        let mut rev = seq.clone();
+        rev.reverse();
+        assert_eq!(record(&seq, l).plan(l), record(&rev, l).plan(l), "{seq:?}");
+    }
+}
+
+#[test]
+fn no_deadline_comes_before_the_deadline_of_every_reason_that_goes_on() {
+    // "No workload pod is deleted around a PDB before that drain's own deadline":
+    // the drain forces only at the earliest deadline of a reason that itself goes
+    // on past its deadline, or when a budget (AWS's own end) comes first; a drain
+    // that gives up does so only when its last reason would.
+    for (seq, l) in sequences() {
+        let p = record(&seq, l).plan(l);
+        let drains: Vec<&(Why, i64)> = seq.iter().filter(|(w, _)| w.drains()).collect();
+        assert_eq!(p.drains, !drains.is_empty(), "{seq:?}");
+        let Some(deadline) = p.workload_deadline else {
+            assert!(drains.is_empty(), "{seq:?}");
+            continue;
+        };
+        let budget_force = seq
+            .iter()
+            .filter_map(|(w, _)| match w {
+                Why::Notice {
+                    ends_at: Some(e),
+                    daemonset_share_secs,
+                    ..
+                } => Some(*e - chrono::Duration::seconds(*daemonset_share_secs as i64)),
+                _ => None,
+            })
+            .min();
+        // Earliest arrival per kind (a kind joins once).
+        let own: Vec<(DateTime<Utc>, bool)> = drains
+            .iter()
+            .map(|(w, _)| {
+                let first = seq
+                    .iter()
+                    .filter(|(o, _)| o.same_kind(w))
+                    .map(|(_, t)| *t)
+                    .min()
+                    .unwrap();
+                let goes_on = matches!(w, Why::Lifecycle { .. })
+                    || l.workload_policy == DeadlinePolicy::Proceed;
+                (own_deadline(first), goes_on)
+            })
+            .collect();
+        let earliest_going_on = own.iter().filter(|(_, g)| *g).map(|(d, _)| *d).min();
+        let latest_giving_up = own.iter().filter(|(_, g)| !*g).map(|(d, _)| *d).max();
+        let expected = match (earliest_going_on, latest_giving_up) {
+            (Some(d), _) => (d, DeadlinePolicy::Proceed),
+            (None, Some(d)) => (d, DeadlinePolicy::Abandon),
+            (None, None) => unreachable!(),
+        };
+        let expected = match budget_force {
+            Some(b) if b < expected.0 => (b, DeadlinePolicy::Proceed),
+            _ => expected,
+        };
+        assert_eq!((deadline, p.on_deadline), expected, "{seq:?}");
+    }
+}
+
+#[test]
+fn the_strongest_reason_decides_how_the_instance_ends() {
+    for (seq, l) in sequences() {
+        let p = record(&seq, l).plan(l);
+        let has = |f: fn(&Why) -> bool| seq.iter().any(|(w, _)| f(w));
+        let want = if has(|w| matches!(w, Why::Lifecycle { .. })) {
+            End::Lifecycle {
+                hook: "ours".into(),
+            }
+        } else if has(|w| *w == Why::ScaleIn) {
+            End::Terminate
+        } else {
+            End::Leave
+        };
+        assert_eq!(p.ends, want, "{seq:?}");
+    }
+}
+
+#[test]
+fn a_budget_only_shortens_and_a_redelivery_never_lengthens() {
+    let l = limits(DeadlinePolicy::Abandon);
+    let mut r = record(&[(spot(30 * MIN), 0)], l);
+    assert_eq!(r.plan(l).workload_deadline, Some(at(10 * MIN)));
+    assert_eq!(r.plan(l).on_deadline, DeadlinePolicy::Abandon);
+    // A spot warning (2 minutes) on a retirement's drain: the budget reaches it.
+    assert_eq!(
+        r.join(DrainReason::new(spot(3 * MIN), at(MIN)), l),
+        Joined::Changed
+    );
+    let p = r.plan(l);
+    assert_eq!(p.workload_deadline, Some(at(3 * MIN - 20)));
+    assert_eq!(p.on_deadline, DeadlinePolicy::Proceed);
+    // The same notice again, or a later budget: nothing moves.
+    for later in [spot(3 * MIN), spot(40 * MIN)] {
+        assert_eq!(
+            r.join(DrainReason::new(later, at(2 * MIN)), l),
+            Joined::Same
+        );
+        assert_eq!(r.plan(l), p);
+    }
+    // The reason keeps its first arrival.
+    assert_eq!(r.reasons[0].at, at(0));
+}
+
+#[test]
+fn a_hook_joining_a_drain_that_gives_up_makes_it_go_on_from_its_own_arrival() {
+    let l = limits(DeadlinePolicy::Abandon);
+    let mut r = record(&[(Why::DrainCommand, 0)], l);
+    assert_eq!(
+        r.join(DrainReason::new(hook(), at(9 * MIN)), l),
+        Joined::Changed
+    );
+    let p = r.plan(l);
+    assert_eq!(p.workload_deadline, Some(at(19 * MIN)));
+    assert_eq!(p.on_deadline, DeadlinePolicy::Proceed);
+}
+
+#[test]
+fn a_done_drain_does_not_hand_its_deadline_to_the_next_reason() {
+    let l = limits(DeadlinePolicy::Proceed);
+    let mut r = record(&[(Why::DrainCommand, 0)], l);
+    r.mark_done();
+    assert!(!r.plan(l).drains, "finished: nothing to resume");
+    assert_eq!(
+        r.join(DrainReason::new(hook(), at(60 * MIN)), l),
+        Joined::Changed
+    );
+    assert_eq!(r.plan(l).workload_deadline, Some(at(70 * MIN)));
+    // The same kind again after it was done starts afresh, at its new arrival.
+    let mut r = record(&[(Why::DrainCommand, 0)], l);
+    r.mark_done();
+    assert_eq!(
+        r.join(DrainReason::new(Why::DrainCommand, at(60 * MIN)), l),
+        Joined::Changed
+    );
+    assert_eq!(r.plan(l).workload_deadline, Some(at(70 * MIN)));
+    // A done notice's budget is still AWS's end of the instance.
+    let mut r = record(&[(spot(2 * MIN), 0)], l);
+    r.mark_done();
+    r.join(DrainReason::new(hook(), at(MIN)), l);
+    assert_eq!(r.plan(l).workload_deadline, Some(at(2 * MIN - 20)));
+}
+
+#[test]
+fn abandoning_a_scale_in_keeps_the_other_reasons() {
+    let l = limits(DeadlinePolicy::Abandon);
+    let mut r = record(&[(Why::ScaleIn, 0)], l);
+    assert!(
+        !r.without_scale_in(),
+        "nothing else: the node is given back"
+    );
+    let mut r = record(&[(Why::Rebalance, 0), (Why::ScaleIn, MIN)], l);
+    assert!(r.without_scale_in());
+    assert_eq!(r.mark(), crate::scalein::cordon::REBALANCE_MARK);
+    assert!(!r.plan(l).drains);
+}
+
+#[test]
+fn the_record_survives_the_node_and_older_marks_are_read() {
+    let l = limits(DeadlinePolicy::Abandon);
+    let r = record(
+        &[(Why::Rebalance, 0), (spot(2 * MIN), MIN), (hook(), 2 * MIN)],
+        l,
+    );
+    let mut a = BTreeMap::new();
+    a.insert(ANNOTATION.to_string(), r.to_json());
+    assert_eq!(DrainRecord::from_annotations(&a), Some(r.clone()));
+    assert_eq!(r.mark(), crate::scalein::cordon::LIFECYCLE_MARK);
+    assert_eq!(r.first_at(), Some(at(0)));
+
+    // A mark from before the record: its mode and start time.
+    for (mode, why) in [
+        ("rebalance", Why::Rebalance),
+        ("drain-only", Why::DrainCommand),
+        ("direct", Why::ScaleIn),
+        ("lifecycle", Why::Lifecycle { hook: "".into() }),
+        ("something-else", Why::ScaleIn),
+    ] {
+        let mut a = BTreeMap::new();
+        a.insert(
+            crate::scalein::cordon::STARTED_ANNOTATION.to_string(),
+            "2026-11-23T10:00:00Z".to_string(),
+        );
+        a.insert(
+            crate::scalein::cordon::MODE_ANNOTATION.to_string(),
+            mode.to_string(),
+        );
+        let r = DrainRecord::from_annotations(&a).unwrap();
+        assert_eq!(r.reasons, vec![DrainReason::new(why, at(0))], "{mode}");
+        // A garbled record falls back to the same reading, never to "no drain".
+        a.insert(ANNOTATION.to_string(), "{not json".into());
+        assert_eq!(DrainRecord::from_annotations(&a).unwrap(), r, "{mode}");
+    }
+    assert_eq!(DrainRecord::from_annotations(&BTreeMap::new()), None);
+}
+
+#[test]
+fn times_at_the_edge_of_the_calendar_do_not_panic() {
+    let l = Limits {
+        workload_deadline: Duration::from_secs(u64::MAX / 4),
+        workload_policy: DeadlinePolicy::Abandon,
+    };
+    let far = Why::Notice {
+        notice: "spot_interruption".into(),
+        ends_at: Some(DateTime::<Utc>::MAX_UTC),
+        daemonset_share_secs: u64::MAX,
+    };
+    let mut r = DrainRecord::default();
+    r.join(DrainReason::new(far, DateTime::<Utc>::MIN_UTC), l);
+    r.join(DrainReason::new(hook(), DateTime::<Utc>::MAX_UTC), l);
+    let p = r.plan(l);
+    assert!(p.drains);
+}
