@@ -1,0 +1,324 @@
+//! One drain per instance, many reasons: a rebalance cordon, a notice, the ASG's hook
+//! and CA's scale-in on the same node, each keeping its own promise. On the in-memory
+//! API server over HTTP and the memory cloud, through the consumer and the lifecycle
+//! loop the service runs.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use ca_asg_provider::cloud::memory::MemoryGroup;
+use ca_asg_provider::cloud::queue::{MemoryQueue, Queue};
+use ca_asg_provider::interruption::consumer::{Consumer, Handled};
+use ca_asg_provider::interruption::{InterruptionSettings, RebalanceAction};
+use ca_asg_provider::scalein::{self, record, Outcome, ScaleInSettings};
+use ca_asg_provider::sim::fixtures;
+use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+
+mod support;
+use support::eventually;
+use support::notices::{eventbridge, spot};
+use support::world::*;
+
+const HOOK: &str = "ca-asg-provider-drain";
+
+fn consumer(w: &World, queue: &Arc<MemoryQueue>, rebalance: RebalanceAction) -> Arc<Consumer> {
+    Consumer::new(
+        w.engine.clone(),
+        w.provider.clone(),
+        queue.clone() as Arc<dyn Queue>,
+        InterruptionSettings {
+            wait: Duration::from_millis(100),
+            rebalance,
+            ..Default::default()
+        },
+    )
+}
+
+async fn handle_next(c: &Consumer, q: &MemoryQueue) -> Handled {
+    let mut got = q.receive(1, Duration::from_millis(10)).await.unwrap();
+    assert_eq!(got.len(), 1, "one message waiting");
+    c.handle(got.remove(0)).await
+}
+
+fn rebalance(iid: &str) -> String {
+    eventbridge(
+        "EC2 Instance Rebalance Recommendation",
+        "aws.ec2",
+        serde_json::json!({"instance-id": iid}),
+    )
+}
+
+fn spot_at(iid: &str, at: chrono::DateTime<chrono::Utc>) -> String {
+    let mut v: serde_json::Value = serde_json::from_str(&spot(iid)).unwrap();
+    v["time"] = serde_json::json!(at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true));
+    v.to_string()
+}
+
+fn running(w: &World, prefix: &str) -> bool {
+    w.sim.list::<Pod>().iter().any(|p| {
+        p["metadata"]["name"]
+            .as_str()
+            .is_some_and(|n| n.starts_with(prefix))
+            && p["metadata"]["deletionTimestamp"].is_null()
+    })
+}
+
+fn blocked(w: &World) -> bool {
+    events(&w.sim).iter().any(|(r, _)| r == "EvictionBlocked")
+}
+
+/// An app pod on `node` behind a PodDisruptionBudget that allows no disruption.
+async fn guarded_app(w: &World, node: &str, name: &str) {
+    w.sim.create(&fixtures::pdb("shop", name, 0)).unwrap();
+    w.sim
+        .create(&fixtures::pod("shop", name, node, name, 0.1))
+        .unwrap();
+    eventually("the app is Ready", 10, || {
+        w.sim.list::<Pod>().iter().any(|p| {
+            p["metadata"]["name"] == name && p["status"]["conditions"][0]["status"] == "True"
+        })
+    })
+    .await;
+}
+
+fn record_on(w: &World, node: &str) -> Option<record::DrainRecord> {
+    let n = w.sim.get::<Node>("", node)?;
+    let a: std::collections::BTreeMap<String, String> =
+        serde_json::from_value(n["metadata"]["annotations"].clone()).ok()?;
+    record::DrainRecord::from_annotations(&a)
+}
+
+fn hooked(desired: i32, timeout_secs: i32) -> Vec<MemoryGroup> {
+    vec![MemoryGroup::new("web", 0, 3, desired, "m5.large").terminating_hook(HOOK, timeout_secs)]
+}
+
+/// The seen failure: `rebalance: cordon` (the default) marked the node an hour ago;
+/// the ASG now ends it through the hook. The hook's drain has its own ten minutes:
+/// the PDB's 429s are waited out, the pod is never deleted around them.
+#[tokio::test]
+async fn a_hook_drain_after_an_old_rebalance_cordon_keeps_the_pdb() {
+    let w = world(hooked(1, 300), fast_settings(), Duration::from_millis(50)).await;
+    let (node, iid) = nodes_of(&w, "web").remove(0);
+    guarded_app(&w, &node, "app").await;
+    // The cordon as a rebalance recommendation left it, an hour ago (the marks every
+    // version writes: start time and mode).
+    set_unschedulable(&w, &node, true).await;
+    let an_hour_ago = (chrono::Utc::now() - chrono::Duration::hours(1)).to_rfc3339();
+    let nodes: kube::Api<Node> = kube::Api::all(w.sim.client());
+    nodes
+        .patch(
+            &node,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(serde_json::json!({"metadata": {"annotations": {
+                scalein::cordon::STARTED_ANNOTATION: an_hour_ago,
+                scalein::cordon::MODE_ANNOTATION: "rebalance",
+            }}})),
+        )
+        .await
+        .unwrap();
+    let lifecycle = scalein::lifecycle::spawn_loop(w.engine.clone(), w.provider.clone());
+    assert_eq!(
+        w.cloud.external_scale_in("web", 1).unwrap(),
+        vec![iid.clone()]
+    );
+    eventually("the PDB refuses the eviction", 10, || blocked(&w)).await;
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    assert!(
+        running(&w, "app"),
+        "the hook's drain waits on the PDB; its deadline counts from its own arrival"
+    );
+    let r = record_on(&w, &node).expect("the drain is recorded on the Node");
+    let kinds: Vec<&str> = r.reasons.iter().map(|r| r.why.label()).collect();
+    assert_eq!(kinds, ["rebalance cordon", "lifecycle hook"]);
+    // The budget allows it now: evicted, then the action completed.
+    assert!(w.sim.remove::<PodDisruptionBudget>("shop", "app-pdb"));
+    eventually("the lifecycle action is completed", 20, || {
+        !w.cloud.completed_actions().is_empty()
+    })
+    .await;
+    lifecycle.abort();
+    let evicted = w
+        .sim
+        .audit()
+        .iter()
+        .filter(|a| a.verb == "evicted" && a.name.starts_with("app"))
+        .count();
+    assert_eq!(evicted, 1, "evicted through the Eviction API, not deleted");
+    assert!(w.cloud.hook_timeouts().is_empty());
+}
+
+/// `rebalance: drain` is draining the node, held by a PDB, when an instance refresh
+/// ends the instance through the hook: the hook is heartbeated (its timeout is 3 s
+/// here) and completed when the drain ends, never left to time out with the workload
+/// running.
+#[tokio::test]
+async fn a_hook_on_an_instance_another_drain_holds_is_heartbeated_and_completed() {
+    let w = world(hooked(1, 3), fast_settings(), Duration::from_millis(50)).await;
+    let (node, iid) = nodes_of(&w, "web").remove(0);
+    guarded_app(&w, &node, "app").await;
+    let q = Arc::new(MemoryQueue::default());
+    let c = consumer(&w, &q, RebalanceAction::Drain);
+    q.send(&rebalance(&iid));
+    assert_eq!(handle_next(&c, &q).await, Handled::Done(vec!["drain"]));
+    eventually("the PDB refuses the eviction", 10, || blocked(&w)).await;
+
+    let lifecycle = scalein::lifecycle::spawn_loop(w.engine.clone(), w.provider.clone());
+    assert_eq!(
+        w.cloud.external_scale_in("web", 1).unwrap(),
+        vec![iid.clone()]
+    );
+    eventually("the hook is heartbeated", 10, || {
+        w.cloud.heartbeats().iter().any(|a| a.instance_id == iid)
+    })
+    .await;
+    // Longer than the hook's timeout: only heartbeats keep the instance.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    assert!(
+        w.cloud.hook_timeouts().is_empty(),
+        "the hook never timed out"
+    );
+    assert!(running(&w, "app"), "the PDB still holds");
+
+    assert!(w.sim.remove::<PodDisruptionBudget>("shop", "app-pdb"));
+    eventually("the lifecycle action is completed", 20, || {
+        w.cloud
+            .completed_actions()
+            .iter()
+            .any(|(a, _)| a.instance_id == iid)
+    })
+    .await;
+    lifecycle.abort();
+    assert!(w.cloud.hook_timeouts().is_empty());
+}
+
+/// A spot warning for an instance whose drain waits for a slot (`maxConcurrentDrains`
+/// busy) is recorded on the Node, with its budget, before its message is deleted; a
+/// restart in that window resumes it with the budget.
+#[tokio::test]
+async fn a_notice_is_on_the_node_before_its_message_goes_and_survives_a_restart() {
+    let one_at_a_time = ScaleInSettings {
+        max_concurrent_drains: 1,
+        ..fast_settings()
+    };
+    let mut w = world(
+        vec![MemoryGroup::new("web", 0, 3, 2, "m5.large")],
+        one_at_a_time,
+        Duration::from_millis(50),
+    )
+    .await;
+    let web = nodes_of(&w, "web");
+    let ((busy_node, busy), (node, iid)) = (web[0].clone(), web[1].clone());
+    guarded_app(&w, &busy_node, "held").await;
+    w.sim
+        .create(&fixtures::pod("shop", "app", &node, "app", 0.1))
+        .unwrap();
+    let q = Arc::new(MemoryQueue::default());
+    let c = consumer(&w, &q, RebalanceAction::Drain);
+    q.send(&rebalance(&busy));
+    assert_eq!(handle_next(&c, &q).await, Handled::Done(vec!["drain"]));
+    eventually("the first drain holds the only slot", 10, || blocked(&w)).await;
+
+    q.send(&spot(&iid));
+    assert_eq!(handle_next(&c, &q).await, Handled::Done(vec!["drain"]));
+    assert_eq!(q.pending(), 0, "the message is deleted");
+    let r = record_on(&w, &node).expect("recorded on the Node before the message went");
+    let plan = r.plan(w.engine.limits());
+    assert!(plan.drains);
+    assert!(plan.budget_ends.is_some(), "{r:?}");
+    assert!(
+        running(&w, "app"),
+        "the drain itself still waits for a slot"
+    );
+
+    // The process dies in that window.
+    w.engine.abort_all();
+    w.engine.shutdown();
+    let two = ScaleInSettings {
+        max_concurrent_drains: 2,
+        ..fast_settings()
+    };
+    let (provider, engine, ca) = service(&w.sim, &w.cloud, &w.groups, two).await;
+    w.provider = provider;
+    w.engine = engine;
+    w.ca = ca;
+    let lifecycle = scalein::lifecycle::spawn_loop(w.engine.clone(), w.provider.clone());
+    eventually("the spot drain resumes and evicts the app", 20, || {
+        !running(&w, "app")
+    })
+    .await;
+    eventually(
+        "the resumed drain is measured against the spot budget",
+        20,
+        || {
+            events(&w.sim).iter().any(|(r, n)| {
+                r == "InterruptionDrained" && n.contains("before AWS ends the instance")
+            })
+        },
+    )
+    .await;
+    lifecycle.abort();
+    assert!(running(&w, "held"), "the PDB of the other node still holds");
+}
+
+/// A spot warning for an instance a rebalance drain already drains (held by a PDB,
+/// ten minutes to go) brings its budget to that drain: with 15 s of its two minutes
+/// left the budget is spent, so the drain goes on and the pod gets its graceful stop
+/// before EC2 takes the instance.
+#[tokio::test]
+async fn a_notice_for_an_instance_already_draining_brings_its_budget() {
+    let w = world(
+        vec![MemoryGroup::new("web", 0, 3, 1, "m5.large")],
+        fast_settings(),
+        Duration::from_millis(50),
+    )
+    .await;
+    let (node, iid) = nodes_of(&w, "web").remove(0);
+    guarded_app(&w, &node, "app").await;
+    let q = Arc::new(MemoryQueue::default());
+    let c = consumer(&w, &q, RebalanceAction::Drain);
+    q.send(&rebalance(&iid));
+    assert_eq!(handle_next(&c, &q).await, Handled::Done(vec!["drain"]));
+    eventually("the PDB refuses the eviction", 10, || blocked(&w)).await;
+    assert!(running(&w, "app"));
+
+    q.send(&spot_at(
+        &iid,
+        chrono::Utc::now() - chrono::Duration::seconds(105),
+    ));
+    assert_eq!(handle_next(&c, &q).await, Handled::Done(vec!["joined"]));
+    assert_eq!(w.engine.wait_for(&iid).await, Some(Outcome::Drained));
+    assert!(!running(&w, "app"), "the spent budget went on");
+    assert_eq!(w.cloud.calls().get("terminate_instance"), None);
+}
+
+/// A finished interruption drain is recorded as done: the loop's resume does not
+/// drain the node again every poll (Events, a cluster-wide VolumeAttachment list).
+#[tokio::test]
+async fn a_finished_drain_is_not_drained_again() {
+    let w = world(
+        vec![MemoryGroup::new("web", 0, 3, 1, "m5.large")],
+        fast_settings(),
+        Duration::from_millis(50),
+    )
+    .await;
+    let (node, iid) = node_with_fluentd_and_app(&w, 0.1).await;
+    let q = Arc::new(MemoryQueue::default());
+    let c = consumer(&w, &q, RebalanceAction::Cordon);
+    q.send(&spot(&iid));
+    assert_eq!(handle_next(&c, &q).await, Handled::Done(vec!["drain"]));
+    assert_eq!(w.engine.wait_for(&iid).await, Some(Outcome::Drained));
+    let r = record_on(&w, &node).unwrap();
+    assert!(r.reasons.iter().all(|r| r.done), "{r:?}");
+    assert_eq!(
+        scalein::lifecycle::resume(&w.engine, &w.provider).await,
+        0,
+        "nothing to resume"
+    );
+    assert!(!w.engine.is_draining(&iid));
+    let n = w.sim.get::<Node>("", &node).unwrap();
+    assert_eq!(
+        n["spec"]["unschedulable"], true,
+        "it stays cordoned for AWS"
+    );
+}
