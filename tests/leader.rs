@@ -11,7 +11,7 @@ use support::eventually;
 
 #[tokio::test]
 async fn one_lease_one_leader_and_takeover_after_expiry() {
-    use scalein::leader::{round, LeaseSettings};
+    use scalein::leader::{round, LeaseSettings, Observed};
     let sim = SimCluster::start(SimOptions::default()).await.unwrap();
     let settings = |who: &str| LeaseSettings {
         name: "ca-asg-provider".into(),
@@ -22,20 +22,28 @@ async fn one_lease_one_leader_and_takeover_after_expiry() {
     let api: kube::Api<k8s_openapi::api::coordination::v1::Lease> =
         kube::Api::namespaced(sim.client_as(support::rbac::ENGINE_USER), "kube-system");
     let (a, b) = (settings("replica-a"), settings("replica-b"));
+    // What each replica has seen of the lease (expiry is judged by that).
+    let (mut seen_a, mut seen_b) = (Observed::default(), Observed::default());
     assert!(
-        round(&api, &a).await.unwrap(),
+        round(&api, &a, &mut seen_a).await.unwrap(),
         "a creates and holds the lease"
     );
-    assert!(!round(&api, &b).await.unwrap(), "b follows while a renews");
-    assert!(round(&api, &a).await.unwrap(), "a renews");
-    assert!(!round(&api, &b).await.unwrap());
+    assert!(
+        !round(&api, &b, &mut seen_b).await.unwrap(),
+        "b follows while a renews"
+    );
+    assert!(round(&api, &a, &mut seen_a).await.unwrap(), "a renews");
+    assert!(!round(&api, &b, &mut seen_b).await.unwrap());
     // a stops renewing; once the lease expires b takes over, and a then follows.
     tokio::time::sleep(Duration::from_millis(1300)).await;
     assert!(
-        round(&api, &b).await.unwrap(),
+        round(&api, &b, &mut seen_b).await.unwrap(),
         "b takes over an expired lease"
     );
-    assert!(!round(&api, &a).await.unwrap(), "a follows b now");
+    assert!(
+        !round(&api, &a, &mut seen_a).await.unwrap(),
+        "a follows b now"
+    );
     let lease = api.get("ca-asg-provider").await.unwrap().spec.unwrap();
     assert_eq!(lease.holder_identity.as_deref(), Some("replica-b"));
     assert_eq!(lease.lease_transitions, Some(1));
@@ -46,7 +54,7 @@ async fn one_lease_one_leader_and_takeover_after_expiry() {
     );
     assert!(scalein::leader::release(&api, &b).await.unwrap());
     assert!(
-        round(&api, &a).await.unwrap(),
+        round(&api, &a, &mut seen_a).await.unwrap(),
         "a takes the released lease at once"
     );
     // Leases are in the RBAC.
@@ -97,4 +105,75 @@ async fn two_replicas_elect_one_leader_and_a_stopping_leader_hands_over() {
     })
     .await;
     support::rbac::assert_rbac_covers(&sim);
+}
+
+/// A Lease the RBAC forbids (applied in the wrong namespace, as a real control plane
+/// showed): one short error naming the RBAC, `/readyz`'s trouble says why, and the
+/// replica never believes it leads.
+#[tokio::test]
+async fn a_forbidden_lease_is_said_plainly_and_nobody_leads() {
+    use scalein::leader::{spawn, LeaseSettings};
+    let sim = SimCluster::start(SimOptions::default()).await.unwrap();
+    sim.deny(&[("get", "leases"), ("create", "leases"), ("update", "leases")]);
+    let live = std::sync::Arc::new(ca_asg_provider::telemetry::liveness::Liveness::default());
+    let (_stop, stop_rx) = tokio::sync::watch::channel(false);
+    let rx = spawn(
+        live.clone(),
+        sim.client_as(support::rbac::ENGINE_USER),
+        LeaseSettings {
+            name: "ca-asg-provider".into(),
+            namespace: "team-a".into(),
+            identity: "replica-a".into(),
+            duration: Duration::from_secs(1),
+        },
+        stop_rx,
+    );
+    eventually("the election reports its trouble", 10, || {
+        live.troubles().is_some()
+    })
+    .await;
+    let why = live.troubles().unwrap();
+    assert!(
+        why.contains("team-a/ca-asg-provider") && why.contains("403") && why.len() < 500,
+        "{why}"
+    );
+    assert!(!*rx.borrow());
+    // Granted again: the trouble clears and the replica leads.
+    sim.deny(&[]);
+    eventually("the replica leads once the RBAC allows it", 10, || {
+        *rx.borrow() && live.troubles().is_none()
+    })
+    .await;
+}
+
+/// A replica that does not hold the Lease starts no drain and deletes no queue
+/// message, whoever calls it (not only the loop checks).
+#[tokio::test]
+async fn a_follower_starts_no_drain_and_deletes_no_message() {
+    use ca_asg_provider::cloud::memory::MemoryGroup;
+    use ca_asg_provider::cloud::queue::{MemoryQueue, Queue};
+    use ca_asg_provider::interruption::consumer::{Consumer, Handled};
+    use support::world::*;
+    let w = world(
+        vec![MemoryGroup::new("web", 0, 3, 1, "m5.large")],
+        fast_settings(),
+        Duration::from_millis(50),
+    )
+    .await;
+    let (_node, iid) = nodes_of(&w, "web").remove(0);
+    let (_lead, follower) = tokio::sync::watch::channel(false);
+    w.engine.follow_leadership(follower);
+    let q = std::sync::Arc::new(MemoryQueue::default());
+    let c = Consumer::new(
+        w.engine.clone(),
+        w.provider.clone(),
+        q.clone() as std::sync::Arc<dyn Queue>,
+        Default::default(),
+    );
+    q.send(&support::notices::spot(&iid));
+    let mut got = q.receive(1, Duration::from_millis(10)).await.unwrap();
+    let out = c.handle(got.remove(0)).await;
+    assert!(matches!(out, Handled::Retry(_)), "{out:?}");
+    assert!(q.deleted().is_empty(), "the message stays for the leader");
+    assert!(!w.engine.is_draining(&iid), "no drain on a follower");
 }

@@ -111,6 +111,14 @@ impl Consumer {
     /// Handles one message and deletes it when it is done or can never be.
     pub async fn handle(&self, m: QueueMessage) -> Handled {
         let out = self.understand(&m).await;
+        // Fenced: a replica that lost the lease while handling deletes nothing; the
+        // leader gets the message again (what was recorded on the Node stays).
+        let out = match out {
+            Handled::Done(_) | Handled::Dropped(_) if !self.engine.is_leader() => {
+                Handled::Retry("this replica no longer leads".into())
+            }
+            other => other,
+        };
         match &out {
             Handled::Done(_) | Handled::Dropped(_) => {
                 if let Err(e) = self.queue.delete(&m).await {

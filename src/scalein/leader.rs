@@ -43,7 +43,37 @@ pub enum Decision {
     Follow { holder: String },
 }
 
-pub fn decide(spec: Option<&LeaseSpec>, me: &str, now: Timestamp) -> Decision {
+/// What the lease was last seen saying, and when (this replica's monotonic clock).
+/// Expiry is judged by local observation, as client-go does: another holder's lease
+/// has expired when its record has not changed for a whole lease duration as *we*
+/// saw it, whatever its renewTime says. Clocks of two nodes need not agree.
+#[derive(Debug, Default, Clone)]
+pub struct Observed {
+    seen: Option<(String, Option<Timestamp>)>,
+    since: Option<std::time::Instant>,
+}
+
+impl Observed {
+    /// Notes the lease as read now. Returns how long its record has stood unchanged.
+    pub fn note(&mut self, spec: Option<&LeaseSpec>) -> Duration {
+        let now = std::time::Instant::now();
+        let record = spec.map(|s| {
+            (
+                s.holder_identity.clone().unwrap_or_default(),
+                s.renew_time.as_ref().map(|t| t.0),
+            )
+        });
+        if record != self.seen || self.since.is_none() {
+            self.seen = record;
+            self.since = Some(now);
+        }
+        now.saturating_duration_since(self.since.unwrap_or(now))
+    }
+}
+
+/// What to do with the lease. Pure. `unchanged_for`: how long this replica has seen
+/// the lease's record stand still ([`Observed::note`]).
+pub fn decide(spec: Option<&LeaseSpec>, me: &str, unchanged_for: Duration) -> Decision {
     let Some(spec) = spec else {
         return Decision::Create;
     };
@@ -54,15 +84,11 @@ pub fn decide(spec: Option<&LeaseSpec>, me: &str, now: Timestamp) -> Decision {
     if holder.is_empty() {
         return Decision::Acquire;
     }
-    let duration = SignedDuration::from_secs(i64::from(spec.lease_duration_seconds.unwrap_or(15)));
-    let last = spec
-        .renew_time
-        .as_ref()
-        .or(spec.acquire_time.as_ref())
-        .map(|t| t.0);
-    match last {
-        Some(t) if t + duration > now => Decision::Follow { holder },
-        _ => Decision::Acquire,
+    let duration = Duration::from_secs(spec.lease_duration_seconds.unwrap_or(15).max(1) as u64);
+    if unchanged_for < duration {
+        Decision::Follow { holder }
+    } else {
+        Decision::Acquire
     }
 }
 
@@ -88,13 +114,15 @@ fn spec_for(me: &str, s: &LeaseSettings, old: Option<&LeaseSpec>, acquire: bool)
 
 /// One round: read the lease and act on it. `Ok(true)` when we hold it afterwards.
 /// A conflict (someone else wrote first) is a lost round, not an error.
-pub async fn round(api: &Api<Lease>, s: &LeaseSettings) -> Result<bool, kube::Error> {
+pub async fn round(
+    api: &Api<Lease>,
+    s: &LeaseSettings,
+    observed: &mut Observed,
+) -> Result<bool, kube::Error> {
     let current = api.get_opt(&s.name).await?;
-    let decision = decide(
-        current.as_ref().and_then(|l| l.spec.as_ref()),
-        &s.identity,
-        Timestamp::now(),
-    );
+    let spec = current.as_ref().and_then(|l| l.spec.as_ref());
+    let unchanged_for = observed.note(spec);
+    let decision = decide(spec, &s.identity, unchanged_for);
     let result = match (&decision, current) {
         (Decision::Follow { .. }, _) => return Ok(false),
         (Decision::Create, _) => {
@@ -154,9 +182,39 @@ pub async fn release(api: &Api<Lease>, s: &LeaseSettings) -> Result<bool, kube::
     }
 }
 
+/// A lease round that has not answered by then counts as failed: a renewal must end
+/// well inside the lease, or this replica could still act after another took over
+/// (client-go's RenewDeadline is 10 s of a 15 s lease).
+pub fn renew_deadline(s: &LeaseSettings) -> Duration {
+    (s.duration * 2 / 3).max(Duration::from_millis(100))
+}
+
+/// One short line for a failed round: a 403 names the RBAC to apply, other API
+/// errors their code and message (never the whole response).
+pub fn explain(e: &kube::Error, s: &LeaseSettings) -> String {
+    match e {
+        kube::Error::Api(st) if st.code == 403 => format!(
+            "the Lease {}/{} is forbidden to this service account (403): grant get/create/update on coordination.k8s.io leases in namespace {} (deploy/base/rbac.yaml's Role, applied in that namespace), or set leaseNamespace to where it is granted",
+            s.namespace, s.name, s.namespace
+        ),
+        kube::Error::Api(st) => {
+            let mut m = st.message.clone();
+            m.truncate(200);
+            format!("lease {}/{}: {} {}: {m}", s.namespace, s.name, st.code, st.reason)
+        }
+        other => {
+            let mut m = other.to_string();
+            m.truncate(200);
+            format!("lease {}/{}: {m}", s.namespace, s.name)
+        }
+    }
+}
+
 /// Keeps trying to hold the lease until `stop` turns true, then releases it. The
-/// receiver says whether we are the leader now. A leader that cannot renew steps down
-/// once its lease would have expired, so two replicas never both believe they lead.
+/// receiver says whether we are the leader now. A leader that cannot renew within
+/// the renew deadline steps down before its lease could expire for the others, so
+/// two replicas never both believe they lead. A failing election is logged once a
+/// minute and reported by `/readyz` (through `liveness`'s troubles).
 pub fn spawn(
     liveness: std::sync::Arc<crate::telemetry::liveness::Liveness>,
     client: kube::Client,
@@ -169,27 +227,52 @@ pub fn spawn(
     tokio::spawn(async move {
         let api: Api<Lease> = Api::namespaced(client, &s.namespace);
         let mut last_renewed: Option<tokio::time::Instant> = None;
+        let mut observed = Observed::default();
+        let mut last_logged: Option<(String, tokio::time::Instant)> = None;
         loop {
             liveness.beat(NAME, quiet);
             if *stop.borrow() {
                 liveness.done(NAME);
+                liveness.trouble(NAME, None);
                 if let Err(e) = release(&api, &s).await {
-                    tracing::warn!(lease = %s.name, error = %e, "could not release the lease; it expires by itself");
+                    tracing::warn!(lease = %s.name, error = %explain(&e, &s), "could not release the lease; it expires by itself");
                 }
                 // Only now: whoever waits for `false` knows the release is done.
                 let _ = tx.send(false);
                 return;
             }
-            let leading = match round(&api, &s).await {
-                Ok(true) => {
-                    last_renewed = Some(tokio::time::Instant::now());
-                    true
+            let attempt = tokio::time::timeout(renew_deadline(&s), round(&api, &s, &mut observed));
+            let result = match attempt.await {
+                Ok(r) => r.map_err(|e| explain(&e, &s)),
+                Err(_) => Err(format!(
+                    "lease {}/{}: no answer within the renew deadline {:?}",
+                    s.namespace,
+                    s.name,
+                    renew_deadline(&s)
+                )),
+            };
+            let leading = match result {
+                Ok(held) => {
+                    liveness.trouble(NAME, None);
+                    last_logged = None;
+                    if held {
+                        last_renewed = Some(tokio::time::Instant::now());
+                    }
+                    held
                 }
-                Ok(false) => false,
-                Err(e) => {
-                    tracing::warn!(lease = %s.name, error = %e, "lease round failed");
-                    // Still ours until it would expire for the others.
-                    last_renewed.is_some_and(|t| t.elapsed() < s.duration * 2 / 3)
+                Err(why) => {
+                    // Once a minute per distinct problem, not every round.
+                    let repeat = last_logged
+                        .as_ref()
+                        .is_some_and(|(w, at)| *w == why && at.elapsed() < Duration::from_secs(60));
+                    if !repeat {
+                        tracing::error!(lease = %s.name, "leader election failing: {why}");
+                        last_logged = Some((why.clone(), tokio::time::Instant::now()));
+                    }
+                    liveness.trouble(NAME, Some(format!("leader election failing: {why}")));
+                    // Still ours only while no renewal could have been missed by the
+                    // others: within the renew deadline of the last success.
+                    last_renewed.is_some_and(|t| t.elapsed() < renew_deadline(&s))
                 }
             };
             if !leading {
@@ -231,23 +314,81 @@ mod tests {
 
     #[test]
     fn decisions() {
-        let now = Timestamp::now();
-        assert_eq!(decide(None, "a", now), Decision::Create);
-        assert_eq!(decide(Some(&spec("a", 100, 15)), "a", now), Decision::Renew);
+        let fresh = Duration::from_secs(3);
+        let stale = Duration::from_secs(16);
+        assert_eq!(decide(None, "a", fresh), Decision::Create);
         assert_eq!(
-            decide(Some(&spec("b", 3, 15)), "a", now),
+            decide(Some(&spec("a", 100, 15)), "a", fresh),
+            Decision::Renew
+        );
+        assert_eq!(
+            decide(Some(&spec("b", 3, 15)), "a", fresh),
             Decision::Follow { holder: "b".into() }
         );
         assert_eq!(
-            decide(Some(&spec("b", 16, 15)), "a", now),
+            decide(Some(&spec("b", 3, 15)), "a", stale),
             Decision::Acquire
         );
-        assert_eq!(decide(Some(&spec("", 1, 15)), "a", now), Decision::Acquire);
-        let never_renewed = LeaseSpec {
-            holder_identity: Some("b".into()),
-            ..Default::default()
+        assert_eq!(
+            decide(Some(&spec("", 1, 15)), "a", fresh),
+            Decision::Acquire
+        );
+    }
+
+    #[test]
+    fn expiry_follows_what_this_replica_saw_not_the_holders_clock() {
+        // The holder's clock is an hour behind ours: its renewTime looks long expired,
+        // but the record keeps changing, so it is followed.
+        let mut o = Observed::default();
+        let behind = spec("b", 3600, 15);
+        let unchanged = o.note(Some(&behind));
+        assert_eq!(
+            decide(Some(&behind), "a", unchanged),
+            Decision::Follow { holder: "b".into() }
+        );
+        // The holder's clock is an hour ahead: its renewTime looks fresh for an hour,
+        // but once the record stands still for a lease duration it is taken over.
+        let ahead = LeaseSpec {
+            renew_time: Some(MicroTime(
+                Timestamp::now() + SignedDuration::from_secs(3600),
+            )),
+            ..spec("b", 0, 1)
         };
-        assert_eq!(decide(Some(&never_renewed), "a", now), Decision::Acquire);
+        let mut o = Observed::default();
+        assert!(o.note(Some(&ahead)) < Duration::from_secs(1));
+        std::thread::sleep(Duration::from_millis(1100));
+        let unchanged = o.note(Some(&ahead));
+        assert_eq!(decide(Some(&ahead), "a", unchanged), Decision::Acquire);
+        // A renewal seen restarts the count.
+        let renewed = LeaseSpec {
+            renew_time: Some(MicroTime(
+                Timestamp::now() + SignedDuration::from_secs(3601),
+            )),
+            ..ahead
+        };
+        assert!(o.note(Some(&renewed)) < Duration::from_secs(1));
+    }
+
+    #[test]
+    fn a_forbidden_lease_is_one_line_naming_the_rbac() {
+        let s = LeaseSettings {
+            name: "ca-asg-provider".into(),
+            namespace: "default".into(),
+            identity: "a".into(),
+            duration: Duration::from_secs(15),
+        };
+        let e = kube::Error::Api(
+            kube::core::Status::failure(&"x".repeat(5000), "Forbidden")
+                .with_code(403)
+                .boxed(),
+        );
+        let line = explain(&e, &s);
+        assert!(
+            line.contains("default/ca-asg-provider") && line.contains("403"),
+            "{line}"
+        );
+        assert!(line.len() < 400, "{}", line.len());
+        assert_eq!(renew_deadline(&s), Duration::from_secs(10));
     }
 
     #[test]

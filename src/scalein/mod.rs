@@ -873,7 +873,14 @@ async fn mark_for_drain(
             },
         };
         let reason = record::DrainReason::new(record::Why::ScaleIn, chrono::Utc::now());
-        match cordon::cordon(engine, &node, std::slice::from_ref(&reason), &group.asg.name).await {
+        match cordon::cordon(
+            engine,
+            &node,
+            std::slice::from_ref(&reason),
+            &group.asg.name,
+        )
+        .await
+        {
             Ok(cordon::Cordoned::Marked { .. }) => return Ok(Some(node)),
             // Deleted between the lookup and the patch: look again.
             Ok(cordon::Cordoned::NodeGone) => continue,

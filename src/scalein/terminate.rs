@@ -58,6 +58,15 @@ async fn end_once(
     group: &str,
     instance_id: &str,
 ) -> Result<String, CloudError> {
+    // Fenced: only the leader ends an instance or completes an action (a replica
+    // that lost the lease mid-drain leaves it to the new leader, which resumes it).
+    if !engine.is_leader() && !matches!(mode, Mode::DrainOnly) {
+        return Err(CloudError::Rejected {
+            operation: "end the instance".into(),
+            code: "NotLeader".into(),
+            message: format!("this replica no longer leads; the leader ends {instance_id}"),
+        });
+    }
     match mode {
         Mode::DrainOnly => Ok("drained; the instance is left running (drain only)".into()),
         Mode::Lifecycle { action, .. } => {

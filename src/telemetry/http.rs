@@ -29,9 +29,16 @@ pub async fn serve(
     liveness: Arc<Liveness>,
     shutdown: impl std::future::Future<Output = ()> + Send + 'static,
 ) -> anyhow::Result<()> {
+    let troubles = liveness.clone();
     let app = Router::new()
         .route("/metrics", get(metrics_handler))
-        .route("/readyz", get(ready_handler))
+        .route(
+            "/readyz",
+            get(move |s: State<Arc<dyn Status>>| {
+                let troubles = troubles.clone();
+                async move { ready_handler(s, &troubles) }
+            }),
+        )
         .with_state(status)
         .route(
             "/healthz",
@@ -59,8 +66,13 @@ pub async fn bind(addr: SocketAddr) -> anyhow::Result<(tokio::net::TcpListener, 
     Ok((l, a))
 }
 
-async fn ready_handler(State(s): State<Arc<dyn Status>>) -> (StatusCode, String) {
-    match s.readiness() {
+/// Ready once the service can answer CA and no background loop reports trouble (a
+/// replica that cannot take part in leader election says so here).
+fn ready_handler(State(s): State<Arc<dyn Status>>, liveness: &Liveness) -> (StatusCode, String) {
+    match s
+        .readiness()
+        .and_then(|()| liveness.troubles().map_or(Ok(()), Err))
+    {
         Ok(()) => (StatusCode::OK, "ready\n".into()),
         Err(why) => (
             StatusCode::SERVICE_UNAVAILABLE,

@@ -12,9 +12,31 @@ use parking_lot::Mutex;
 #[derive(Default)]
 pub struct Liveness {
     loops: Mutex<BTreeMap<&'static str, (Instant, Duration)>>,
+    /// Loops that turn but cannot do their work (a Lease the RBAC forbids): `/readyz`
+    /// says why.
+    troubles: Mutex<BTreeMap<&'static str, String>>,
 }
 
 impl Liveness {
+    /// The loop `name` cannot do its work, and why (`None`: it can again).
+    pub fn trouble(&self, name: &'static str, why: Option<String>) {
+        let mut t = self.troubles.lock();
+        match why {
+            Some(w) => {
+                t.insert(name, w);
+            }
+            None => {
+                t.remove(name);
+            }
+        }
+    }
+
+    /// What the loops in trouble say, joined; `None` when none is.
+    pub fn troubles(&self) -> Option<String> {
+        let t = self.troubles.lock();
+        (!t.is_empty()).then(|| t.values().cloned().collect::<Vec<_>>().join("; "))
+    }
+
     /// The loop `name` turned now; it must turn again within `max_quiet`.
     pub fn beat(&self, name: &'static str, max_quiet: Duration) {
         self.loops.lock().insert(name, (Instant::now(), max_quiet));
