@@ -424,9 +424,119 @@ NEGATIVE = {
     "unknown mode": ("mode: daemonset\n", "values don't meet the specifications of the schema"),
     "duration that is not one": ("config:\n  refreshInterval: 60\n", "values don't meet the specifications of the schema"),
     "label value that is not a string": ("config:\n  templates:\n    '*': {labels: {spot: true}}\n", "values don't meet the specifications of the schema"),
-    "IRSA annotation in sidecar mode": ("mode: sidecar\nserviceAccount:\n  annotations: {eks.amazonaws.com/role-arn: x}\n", "apply to standalone mode only"),
+    "IRSA annotation in sidecar mode": ("mode: sidecar\nserviceAccount:\n  annotations: {eks.amazonaws.com/role-arn: x}\n", "serviceAccount.annotations has no effect in sidecar mode"),
+    "dryRun in sidecar mode (would really drain)": ("mode: sidecar\ndryRun: true\n", "dryRun has no effect in sidecar mode"),
+    "image in sidecar mode": ("image: {tag: '1.0'}\n", "image has no effect in sidecar mode"),
+    "CA's pod labels in standalone mode": ("mode: standalone\nclusterAutoscaler:\n  podLabels: {app: ca}\n", "clusterAutoscaler.podLabels has no effect in standalone mode"),
     "standalone without cert-manager or a Secret": ("mode: standalone\ntls:\n  certManager: {enabled: false}\n", "tls.serverSecretName is required"),
 }
+
+
+MODES = ("sidecar", "standalone")
+# Values set on top of each mode's defaults before the effect check, so that the values
+# of optional objects (ServiceMonitor, PrometheusRule) have something to change.
+EFFECT_BASE = {"serviceMonitor": {"enabled": True}, "prometheusRule": {"enabled": True}}
+
+
+def value_paths(node, path=()):
+    """(path, value) of every leaf of values.yaml (an empty map or list is a leaf),
+    `config` excepted (the provider's own file: validated against the Rust structs)."""
+    if isinstance(node, dict) and node:
+        for k, v in node.items():
+            if path or k not in ("config", "mode"):
+                yield from value_paths(v, path + (k,))
+    else:
+        yield path, node
+
+
+def changed_candidates(v):
+    """Values other than v, most likely first to pass the schema."""
+    if isinstance(v, bool):
+        return [not v]
+    if isinstance(v, (int, float)):
+        return [v + 1]
+    if isinstance(v, str):
+        return ["human", "Always", "NodePort", "7m", "example.com/other", v + "-changed", "changed"]
+    if isinstance(v, list):
+        return [[{"name": "changed", "value": "x"}], [{"name": "changed"}], ["changed"]]
+    return [{"example.com/changed": "x"}, {"changed": {}}]
+
+
+def nest(path, value):
+    out = value
+    for k in reversed(path):
+        out = {k: out}
+    return out
+
+
+def strip_version(text):
+    """A render without the app.kubernetes.io/version label (image.tag feeds it in every
+    mode, even where the image itself is not used)."""
+    return "\n".join(l for l in text.splitlines() if "app.kubernetes.io/version:" not in l)
+
+
+def mode_effect_errors(env, defaults, tmp):
+    """Every value, changed from its default, either changes what a mode renders or
+    fails the render naming the value and the mode: none is silently ignored. And
+    dryRun: true puts --dry-run on every container that runs `serve`, or fails."""
+    errs, counted = [], {}
+    vf = pathlib.Path(tmp) / "effect-values.yaml"
+
+    def render(values):
+        vf.write_text(yaml.safe_dump(values))
+        return helm("template", RELEASE, str(CHART), "-n", NAMESPACE, "-f", str(vf), env=env)
+
+    for mode in MODES:
+        base = merged(EFFECT_BASE, {"mode": mode})
+        ref = render(base)
+        if ref.returncode != 0:
+            errs.append(f"{mode}: the reference render fails: {ref.stderr.strip()[:300]}")
+            continue
+        tested = skipped = refused = 0
+        for path, v in value_paths(merged(defaults, base)):
+            name = ".".join(path)
+            for cand in changed_candidates(v):
+                out = render(merged(base, nest(path, cand)))
+                if out.returncode != 0 and "values don't meet the specifications of the schema" in out.stderr:
+                    continue
+                tested += 1
+                if out.returncode != 0:
+                    # Refused as having no effect (naming the value or the map holding it,
+                    # and the mode), or by another check (e.g. a value it then requires).
+                    named = any(f"{'.'.join(path[:i])} has no effect in {mode} mode" in out.stderr
+                                for i in range(1, len(path) + 1))
+                    if "has no effect" in out.stderr and not named:
+                        errs.append(f"{mode}: {name}={cand!r} is refused without naming the value and "
+                                    f"the mode: {out.stderr.strip()[-300:]}")
+                    refused += 1
+                elif strip_version(out.stdout) == strip_version(ref.stdout):
+                    errs.append(f"{mode}: {name}={cand!r} renders exactly as the default: silently ignored")
+                break
+            else:
+                skipped += 1
+        counted[mode] = (tested, refused, skipped)
+        # dryRun reaches every container that drains, or the render fails.
+        out = render(merged(base, {"dryRun": True}))
+        if out.returncode == 0:
+            docs = [d for d in yaml.safe_load_all(out.stdout) if d]
+            serving = [c for d in docs for c in pod_containers(d) if "serve" in (c.get("args") or [])]
+            if not serving and mode != "sidecar":
+                errs.append(f"{mode}: dryRun: true renders no container that runs serve")
+            for c in serving:
+                if "--dry-run" not in c["args"]:
+                    errs.append(f"{mode}: dryRun: true, but container {c['name']} runs serve without --dry-run")
+            if mode == "sidecar":
+                errs.append("sidecar: dryRun: true renders, but the chart has no provider container in this mode")
+        elif "dryRun has no effect" not in out.stderr:
+            errs.append(f"{mode}: dryRun: true fails without naming dryRun: {out.stderr.strip()[:300]}")
+    return errs, counted
+
+
+def pod_containers(doc):
+    """The containers (init containers included) of a Pod or of a workload's pod template."""
+    spec = doc.get("spec") or {}
+    pod = spec if doc.get("kind") == "Pod" else ((spec.get("template") or {}).get("spec") or {})
+    return (pod.get("initContainers") or []) + (pod.get("containers") or [])
 
 
 def check_chart(base_docs, overlay_docs):
@@ -560,6 +670,18 @@ def check_chart(base_docs, overlay_docs):
         if failed == n_failed:
             print(f"ok   deploy/chart refuses {len(NEGATIVE)} bad values files "
                   f"({sum(1 for _, e in NEGATIVE.values() if 'schema' in e)} by values.schema.json)")
+
+        # No value is silently ignored in any mode; dryRun reaches every serving container.
+        n_failed = failed
+        with tempfile.TemporaryDirectory() as tmp:
+            errs, counted = mode_effect_errors(env, defaults, tmp)
+        for e in errs:
+            fail(f"deploy/chart values: {e}")
+        if failed == n_failed:
+            print("ok   deploy/chart: every value changes the render or is refused naming value and mode ("
+                  + "; ".join(f"{m}: {t} changed, {r} refused, {k} not changeable within the schema"
+                              for m, (t, r, k) in counted.items())
+                  + "); dryRun: true reaches every serve container or is refused")
 
         # Example values for CA's own chart.
         n_failed = failed

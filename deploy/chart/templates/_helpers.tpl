@@ -97,13 +97,82 @@ tls filled in from mode, ports and tls.mountPath where config does not set them.
 {{/* Fails on combinations the schema cannot express. */}}
 {{- define "ca-asg-provider.checks" -}}
 {{- if and (eq .Values.mode "sidecar") .Values.serviceAccount.annotations -}}
-{{- fail "serviceAccount.annotations apply to standalone mode only: in sidecar mode the provider runs under CA's ServiceAccount; annotate it in CA's chart (rbac.serviceAccount.annotations)" -}}
+{{- fail "serviceAccount.annotations has no effect in sidecar mode: the provider runs under CA's ServiceAccount; annotate that one in CA's chart (rbac.serviceAccount.annotations)" -}}
 {{- end -}}
+{{- include "ca-asg-provider.checkUnused" . -}}
 {{- $scaleIn := .Values.config.scaleIn | default dict -}}
 {{- if and $scaleIn.leaseNamespace (ne $scaleIn.leaseNamespace .Release.Namespace) -}}
 {{- fail (printf "config.scaleIn.leaseNamespace %q: the chart's Role grants the Lease in the release namespace %q only" $scaleIn.leaseNamespace .Release.Namespace) -}}
 {{- end -}}
 {{- if and (eq .Values.mode "standalone") (not .Values.tls.certManager.enabled) (not .Values.tls.serverSecretName) -}}
 {{- fail "tls.serverSecretName is required in standalone mode when tls.certManager.enabled is false" -}}
+{{- end -}}
+{{- end -}}
+
+{{/*
+Values that have no effect in a mode fail the render when they differ from values.yaml's
+defaults (read from the chart itself), so that nothing is silently ignored: in sidecar
+mode the provider's container and pod are written in cluster-autoscaler's chart, not
+here.
+*/}}
+{{- define "ca-asg-provider.unusedByMode" -}}
+sidecar:
+  why: "in sidecar mode the provider's container runs in cluster-autoscaler's pod, written in CA's chart values (deploy/chart/examples/cluster-autoscaler-values.yaml); set it there, or use mode: bundled, where this chart renders CA's pod"
+  paths:
+    - dryRun
+    - image
+    - imagePullSecrets
+    - logFormat
+    - logLevel
+    - extraEnv
+    - resources
+    - securityContext
+    - readinessProbe
+    - livenessProbe
+    - podSecurityContext
+    - podAnnotations
+    - podLabels
+    - scrapeAnnotations
+    - replicas
+    - revisionHistoryLimit
+    - terminationGracePeriodSeconds
+    - priorityClassName
+    - nodeSelector
+    - tolerations
+    - affinity
+    - topologySpreadConstraints
+    - podDisruptionBudget
+    - serviceAccount
+    - service
+    - tls
+    - clusterAutoscaler.cloudConfig.tlsMountPath
+standalone:
+  why: "it describes cluster-autoscaler's pod in sidecar mode"
+  paths:
+    - clusterAutoscaler.serviceAccountName
+    - clusterAutoscaler.podLabels
+{{- end -}}
+
+{{- define "ca-asg-provider.checkUnused" -}}
+{{- /* Helm hides values.yaml from .Files; files/defaults.yaml is a link to it. */ -}}
+{{- $defaults := .Files.Get "files/defaults.yaml" | fromYaml -}}
+{{- if not (hasKey $defaults "mode") -}}
+{{- fail "files/defaults.yaml must be the chart's values.yaml (a symbolic link to ../values.yaml): the mode checks compare against it" -}}
+{{- end -}}
+{{- $mode := .Values.mode -}}
+{{- $rules := get (include "ca-asg-provider.unusedByMode" . | fromYaml) $mode | default dict -}}
+{{- range $path := $rules.paths | default list -}}
+{{- $v := $.Values -}}
+{{- $d := $defaults -}}
+{{- range $k := splitList "." $path -}}
+{{- $v = get $v $k -}}
+{{- $d = get $d $k -}}
+{{- end -}}
+{{- if ne (toJson $v) (toJson $d) -}}
+{{- if and (eq $path "dryRun") (eq $mode "sidecar") -}}
+{{- fail (printf "dryRun has no effect in sidecar mode, and the provider would really drain: %s (there: add --dry-run to the ca-asg-provider container's args)" $rules.why) -}}
+{{- end -}}
+{{- fail (printf "%s has no effect in %s mode: %s (set %s to its default, or leave it out)" $path $mode $rules.why $path) -}}
+{{- end -}}
 {{- end -}}
 {{- end -}}
