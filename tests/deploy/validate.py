@@ -367,6 +367,84 @@ def standalone_wiring_errors(docs, values, cfg):
     return errs
 
 
+def readme_ca_flags():
+    """Every flag of the README's "CA flags to set" table, as --NAME=VALUE: the backticked
+    flags of each row's first cell, and the bare words after a flag (the further values
+    of that flag, e.g. the other --balancing-ignore-label labels)."""
+    text = (ROOT / "README.md").read_text()
+    if "### CA flags to set" not in text:
+        raise SystemExit("validate.py: README.md has no '### CA flags to set' section")
+    section = text.split("### CA flags to set", 1)[1].split("\n#", 1)[0]
+    flags = []
+    for line in section.splitlines():
+        if not line.startswith("| `"):
+            continue
+        last = None
+        for tok in re.findall(r"`([^`]+)`", line.split("|")[1]):
+            for part in tok.split():
+                m = re.match(r"--([\w-]+)=(\S+)$", part)
+                if m:
+                    last = m.group(1)
+                    flags.append(part)
+                elif last:
+                    flags.append(f"--{last}={part}")
+    if len(flags) < 5 or not any(f.startswith("--balancing-ignore-label=") for f in flags):
+        raise SystemExit(f"validate.py: parsed only {flags} from the README's CA flags table")
+    return flags
+
+
+def bundled_wiring_errors(docs, values, cfg, ca_rules):
+    """Bundled mode: CA and the provider in one pod, wired through the cloud-config on
+    127.0.0.1, CA's flags the README's, CA's RBAC deploy/cluster-autoscaler's."""
+    errs = []
+    dep = find(docs, "Deployment")
+    if not dep:
+        return ["bundled mode must render one Deployment"]
+    for kind in ("Certificate", "Issuer"):
+        if find(docs, kind):
+            errs.append(f"bundled mode must not render a {kind}")
+    pod = dep["spec"]["template"]["spec"]
+    cs = {c["name"]: c for c in pod["containers"]}
+    ca, prov = cs.get("cluster-autoscaler"), cs.get("ca-asg-provider")
+    if not ca or not prov:
+        return [f"the pod needs containers cluster-autoscaler and ca-asg-provider, has {sorted(cs)}"]
+    cmd = ca.get("command") or []
+    missing = [f for f in readme_ca_flags() if f not in cmd]
+    if missing:
+        errs.append(f"CA's flags lack {missing} (README 'CA flags to set')")
+    for want in ("--cloud-provider=externalgrpc", f"--namespace={NAMESPACE}"):
+        if want not in cmd:
+            errs.append(f"CA's flags lack {want}")
+    vols = {v["name"]: v for v in pod.get("volumes", [])}
+    cloud_arg = next((a for a in cmd if a.startswith("--cloud-config=")), "--cloud-config=?")
+    cloud = pathlib.PurePosixPath(cloud_arg.split("=", 1)[1])
+    mount = next((m for m in ca.get("volumeMounts", []) if m["mountPath"] == str(cloud.parent)), {})
+    cc_name = values["clusterAutoscaler"]["cloudConfig"]["name"]
+    if vols.get(mount.get("name"), {}).get("configMap", {}).get("name") != cc_name or cloud.name != "cloud-config.yaml":
+        errs.append(f"{cloud_arg} is not cloud-config.yaml of the mounted ConfigMap {cc_name!r}")
+    cloud_cm = find(docs, "ConfigMap", cc_name)
+    if values["clusterAutoscaler"]["cloudConfig"]["create"]:
+        cc = yaml.safe_load(cloud_cm["data"]["cloud-config.yaml"]) if cloud_cm else {}
+        if cc.get("address") != cfg.get("listen") or not str(cfg.get("listen")).startswith("127.0.0.1:"):
+            errs.append(f"CA's cloud-config address {cc.get('address')} is not the provider's listen {cfg.get('listen')} on 127.0.0.1")
+    mounts = {m["name"]: m["mountPath"] for m in prov.get("volumeMounts", [])}
+    cfg_path = prov["args"][prov["args"].index("--config") + 1]
+    if cfg_path != f"{mounts.get('config')}/config.yaml" \
+            or vols.get("config", {}).get("configMap", {}).get("name") != provider_config_name(docs):
+        errs.append(f"the provider's --config {cfg_path} is not config.yaml of its ConfigMap")
+    if values["rbac"]["create"]:
+        roles = [d for d in docs if d["kind"] == "ClusterRole" and d["metadata"]["name"].endswith("-cluster-autoscaler")]
+        if len(roles) != 1 or roles[0]["rules"] != ca_rules:
+            errs.append(f"CA's ClusterRole rules differ from deploy/cluster-autoscaler/rbac.yaml's:\n"
+                        f"  chart: {roles and roles[0]['rules']}\n  deploy: {ca_rules}")
+    return errs
+
+
+def provider_config_name(docs):
+    cms = [d for d in docs if d.get("kind") == "ConfigMap" and "config.yaml" in (d.get("data") or {})]
+    return cms[0]["metadata"]["name"] if len(cms) == 1 else None
+
+
 def example_errors(values):
     """The example values for CA's own chart agree with what this chart renders by default."""
     errs = []
@@ -382,6 +460,11 @@ def example_errors(values):
         args = ex.get("extraArgs") or {}
         if args.get("daemonset-eviction-for-occupied-nodes") is not False:
             errs.append(f"{where}: extraArgs must set daemonset-eviction-for-occupied-nodes: false")
+        # CA's chart drops what follows a `_` in an extraArgs name (balancing-ignore-label_1).
+        given = {f"--{k.split('_')[0]}={str(v).lower() if isinstance(v, bool) else v}" for k, v in args.items()}
+        missing = [f for f in readme_ca_flags() if f not in given and not f.startswith(("--cloud-", "--daemonset-"))]
+        if missing:
+            errs.append(f"{where}: extraArgs lack {missing} (README 'CA flags to set')")
         vols = {v["name"]: v for v in ex.get("extraVolumes") or []}
         mounts = {m["mountPath"]: m["name"] for m in ex.get("extraVolumeMounts") or []}
         cloud = pathlib.PurePosixPath(str(args.get("cloud-config")))
@@ -427,12 +510,15 @@ NEGATIVE = {
     "IRSA annotation in sidecar mode": ("mode: sidecar\nserviceAccount:\n  annotations: {eks.amazonaws.com/role-arn: x}\n", "serviceAccount.annotations has no effect in sidecar mode"),
     "dryRun in sidecar mode (would really drain)": ("mode: sidecar\ndryRun: true\n", "dryRun has no effect in sidecar mode"),
     "image in sidecar mode": ("image: {tag: '1.0'}\n", "image has no effect in sidecar mode"),
+    "CA's image in sidecar mode": ("clusterAutoscaler:\n  image: {tag: v1.30.0}\n", "clusterAutoscaler.image has no effect in sidecar mode"),
+    "a CA flag the chart sets itself": ("mode: bundled\nclusterAutoscaler:\n  flags: {cloud-provider: aws}\n", "values don't meet the specifications of the schema"),
+    "TLS settings in bundled mode": ("mode: bundled\ntls: {clientCommonName: x}\n", "tls has no effect in bundled mode"),
     "CA's pod labels in standalone mode": ("mode: standalone\nclusterAutoscaler:\n  podLabels: {app: ca}\n", "clusterAutoscaler.podLabels has no effect in standalone mode"),
     "standalone without cert-manager or a Secret": ("mode: standalone\ntls:\n  certManager: {enabled: false}\n", "tls.serverSecretName is required"),
 }
 
 
-MODES = ("sidecar", "standalone")
+MODES = ("sidecar", "standalone", "bundled")
 # Values set on top of each mode's defaults before the effect check, so that the values
 # of optional objects (ServiceMonitor, PrometheusRule) have something to change.
 EFFECT_BASE = {"serviceMonitor": {"enabled": True}, "prometheusRule": {"enabled": True}}
@@ -559,6 +645,7 @@ def check_chart(base_docs, overlay_docs):
     base_rules = {d["kind"]: d["rules"] for d in base_docs if d["kind"] in ("ClusterRole", "Role")}
     base_config = yaml.safe_load(find(base_docs, "ConfigMap", "ca-asg-provider")["data"]["config.yaml"])
     overlay_config = yaml.safe_load(find(overlay_docs, "ConfigMap", "ca-asg-provider")["data"]["config.yaml"])
+    ca_rules = find(render(ROOT / "deploy/cluster-autoscaler"), "ClusterRole", "cluster-autoscaler")["rules"]
 
     rel = lambda p: p.relative_to(ROOT)
     try:
@@ -600,7 +687,7 @@ def check_chart(base_docs, overlay_docs):
             want_rules = {"ClusterRole": base_rules["ClusterRole"],
                           "Role": [dict(r, resourceNames=[lease]) if "resourceNames" in r else r for r in base_rules["Role"]]}
             for kind, want in want_rules.items():
-                got = find(docs, kind)
+                got = find(docs, kind, provider_config_name(docs))  # the provider's: named as its ConfigMap
                 if values["rbac"]["create"] and (not got or got["rules"] != want):
                     fail(f"deploy/chart ({label}): {kind} rules differ from deploy/base/rbac.yaml's:\n"
                          f"  chart: {got and got['rules']}\n  base:  {want}")
@@ -612,13 +699,16 @@ def check_chart(base_docs, overlay_docs):
                 fail(f"deploy/chart ({label}): {e}")
             # One source of truth: the default config is deploy/base's (sidecar) or the
             # standalone overlay's (standalone).
-            if vf and vf.name in ("sidecar-values.yaml", "standalone-values.yaml"):
-                want, src = ((base_config, "deploy/base/configmap.yaml") if values["mode"] == "sidecar"
+            if vf and vf.name in ("sidecar-values.yaml", "standalone-values.yaml", "bundled-values.yaml"):
+                want, src = ((base_config, "deploy/base/configmap.yaml") if values["mode"] != "standalone"
                              else (overlay_config, "deploy/overlays/standalone"))
                 if cfg != want:
                     fail(f"deploy/chart ({label}): provider config differs from {src}'s:\n  chart: {cfg}\n  {src}: {want}")
             if values["mode"] == "standalone":
                 for e in standalone_wiring_errors(docs, values, cfg):
+                    fail(f"deploy/chart ({label}): {e}")
+            elif values["mode"] == "bundled":
+                for e in bundled_wiring_errors(docs, values, cfg, ca_rules):
                     fail(f"deploy/chart ({label}): {e}")
             else:
                 for kind in ("Deployment", "ServiceAccount", "PodDisruptionBudget", "Certificate", "Issuer"):

@@ -37,7 +37,15 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | 
 {{- end -}}
 
 {{- define "ca-asg-provider.image" -}}
-{{- printf "%s:%s" .Values.image.repository (include "ca-asg-provider.imageTag" .) -}}
+{{- include "ca-asg-provider.imageRef" (dict "image" .Values.image "tag" (include "ca-asg-provider.imageTag" .)) -}}
+{{- end -}}
+
+{{/* repository[:tag][@digest] of an image value ({image, tag}). */}}
+{{- define "ca-asg-provider.imageRef" -}}
+{{- $ref := .image.repository -}}
+{{- if .tag }}{{ $ref = printf "%s:%s" $ref .tag }}{{ end -}}
+{{- if .image.digest }}{{ $ref = printf "%s@%s" $ref .image.digest }}{{ end -}}
+{{- $ref -}}
 {{- end -}}
 
 {{/* The ServiceAccount the provider runs under: CA's (sidecar) or its own (standalone). */}}
@@ -69,7 +77,7 @@ tls filled in from mode, ports and tls.mountPath where config does not set them.
 */}}
 {{- define "ca-asg-provider.config" -}}
 {{- $cfg := deepCopy .Values.config -}}
-{{- if eq .Values.mode "sidecar" -}}
+{{- if ne .Values.mode "standalone" -}}
 {{- if not (hasKey $cfg "listen") -}}
 {{- $_ := set $cfg "listen" (printf "127.0.0.1:%d" (int .Values.ports.grpc)) -}}
 {{- end -}}
@@ -116,41 +124,28 @@ mode the provider's container and pod are written in cluster-autoscaler's chart,
 here.
 */}}
 {{- define "ca-asg-provider.unusedByMode" -}}
+{{- $sidecarPod := "in sidecar mode the provider's container runs in cluster-autoscaler's pod, written in CA's chart values (deploy/chart/examples/cluster-autoscaler-values.yaml); set it there, or use mode: bundled, where this chart renders CA's pod" -}}
+{{- $caChart := "it is cluster-autoscaler's container in bundled mode (this chart runs CA only then)" -}}
 sidecar:
-  why: "in sidecar mode the provider's container runs in cluster-autoscaler's pod, written in CA's chart values (deploy/chart/examples/cluster-autoscaler-values.yaml); set it there, or use mode: bundled, where this chart renders CA's pod"
-  paths:
-    - dryRun
-    - image
-    - imagePullSecrets
-    - logFormat
-    - logLevel
-    - extraEnv
-    - resources
-    - securityContext
-    - readinessProbe
-    - livenessProbe
-    - podSecurityContext
-    - podAnnotations
-    - podLabels
-    - scrapeAnnotations
-    - replicas
-    - revisionHistoryLimit
-    - terminationGracePeriodSeconds
-    - priorityClassName
-    - nodeSelector
-    - tolerations
-    - affinity
-    - topologySpreadConstraints
-    - podDisruptionBudget
-    - serviceAccount
-    - service
-    - tls
-    - clusterAutoscaler.cloudConfig.tlsMountPath
+  - why: {{ $sidecarPod | quote }}
+    paths: [dryRun, image, imagePullSecrets, logFormat, logLevel, extraEnv, resources, securityContext,
+      readinessProbe, livenessProbe, podSecurityContext, podAnnotations, podLabels, scrapeAnnotations,
+      replicas, revisionHistoryLimit, terminationGracePeriodSeconds, priorityClassName, nodeSelector,
+      tolerations, affinity, topologySpreadConstraints, podDisruptionBudget, serviceAccount]
+  - why: "it is standalone mode's (CA reaches the sidecar on 127.0.0.1, without a Service or TLS)"
+    paths: [service, tls, clusterAutoscaler.cloudConfig.tlsMountPath]
+  - why: {{ $caChart | quote }}
+    paths: [clusterAutoscaler.image, clusterAutoscaler.flags, clusterAutoscaler.resources]
 standalone:
-  why: "it describes cluster-autoscaler's pod in sidecar mode"
-  paths:
-    - clusterAutoscaler.serviceAccountName
-    - clusterAutoscaler.podLabels
+  - why: "it describes cluster-autoscaler's pod in sidecar mode"
+    paths: [clusterAutoscaler.serviceAccountName, clusterAutoscaler.podLabels]
+  - why: {{ $caChart | quote }}
+    paths: [clusterAutoscaler.image, clusterAutoscaler.flags, clusterAutoscaler.resources]
+bundled:
+  - why: "it describes cluster-autoscaler's pod in sidecar mode (bundled: CA's pod is this chart's; its ServiceAccount is serviceAccount)"
+    paths: [clusterAutoscaler.serviceAccountName, clusterAutoscaler.podLabels]
+  - why: "it is standalone mode's (CA reaches the provider in its own pod on 127.0.0.1, without a Service or TLS)"
+    paths: [service, tls, clusterAutoscaler.cloudConfig.tlsMountPath]
 {{- end -}}
 
 {{- define "ca-asg-provider.checkUnused" -}}
@@ -160,8 +155,8 @@ standalone:
 {{- fail "files/defaults.yaml must be the chart's values.yaml (a symbolic link to ../values.yaml): the mode checks compare against it" -}}
 {{- end -}}
 {{- $mode := .Values.mode -}}
-{{- $rules := get (include "ca-asg-provider.unusedByMode" . | fromYaml) $mode | default dict -}}
-{{- range $path := $rules.paths | default list -}}
+{{- range $rules := get (include "ca-asg-provider.unusedByMode" . | fromYaml) $mode | default list -}}
+{{- range $path := $rules.paths -}}
 {{- $v := $.Values -}}
 {{- $d := $defaults -}}
 {{- range $k := splitList "." $path -}}
@@ -173,6 +168,7 @@ standalone:
 {{- fail (printf "dryRun has no effect in sidecar mode, and the provider would really drain: %s (there: add --dry-run to the ca-asg-provider container's args)" $rules.why) -}}
 {{- end -}}
 {{- fail (printf "%s has no effect in %s mode: %s (set %s to its default, or leave it out)" $path $mode $rules.why $path) -}}
+{{- end -}}
 {{- end -}}
 {{- end -}}
 {{- end -}}
