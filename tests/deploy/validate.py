@@ -514,6 +514,8 @@ NEGATIVE = {
     "a CA flag the chart sets itself": ("mode: bundled\nclusterAutoscaler:\n  flags: {cloud-provider: aws}\n", "values don't meet the specifications of the schema"),
     "TLS settings in bundled mode": ("mode: bundled\ntls: {clientCommonName: x}\n", "tls has no effect in bundled mode"),
     "CA's pod labels in standalone mode": ("mode: standalone\nclusterAutoscaler:\n  podLabels: {app: ca}\n", "clusterAutoscaler.podLabels has no effect in standalone mode"),
+    "replicas > 1 without leader election (standalone)": ("mode: standalone\nconfig:\n  scaleIn: {leaderElection: false}\n", "with config.scaleIn.leaderElection false"),
+    "replicas > 1 without leader election (bundled)": ("mode: bundled\nreplicas: 3\nconfig:\n  scaleIn: {leaderElection: false}\n", "replicas 3 with config.scaleIn.leaderElection false"),
     "standalone without cert-manager or a Secret": ("mode: standalone\ntls:\n  certManager: {enabled: false}\n", "tls.serverSecretName is required"),
 }
 
@@ -718,6 +720,20 @@ def check_chart(base_docs, overlay_docs):
                                   ("PrometheusRule", values["prometheusRule"]["enabled"])):
                 if (want_kind in kinds) != bool(on):
                     fail(f"deploy/chart ({label}): {want_kind} rendered={want_kind in kinds}, enabled={on}")
+            # chart-testing installs into a random namespace: so must every ci file.
+            if vf:
+                ns = "ct-random-8k2x"
+                out = helm("template", RELEASE, str(CHART), "-n", ns, *extra, env=env)
+                if out.returncode != 0:
+                    fail(f"deploy/chart ({label}) in namespace {ns}: {out.stderr.strip()[-300:]}")
+                else:
+                    for d in yaml.safe_load_all(out.stdout):
+                        if not d:
+                            continue
+                        where = [d["metadata"].get("namespace")] + [x.get("namespace") for x in d.get("subjects") or []]
+                        if d and any(w not in (None, ns) for w in where):
+                            fail(f"deploy/chart ({label}) in namespace {ns}: {d['kind']}/{d['metadata']['name']} "
+                                 f"names namespace {[w for w in where if w not in (None, ns)]}")
             rule = find(docs, "PrometheusRule")
             if rule:
                 rendered_alerts.append((label, rule, values))

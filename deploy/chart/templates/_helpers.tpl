@@ -112,6 +112,9 @@ tls filled in from mode, ports and tls.mountPath where config does not set them.
 {{- if and $scaleIn.leaseNamespace (ne $scaleIn.leaseNamespace .Release.Namespace) -}}
 {{- fail (printf "config.scaleIn.leaseNamespace %q: the chart's Role grants the Lease in the release namespace %q only" $scaleIn.leaseNamespace .Release.Namespace) -}}
 {{- end -}}
+{{- if and (ne .Values.mode "sidecar") (gt (int .Values.replicas) 1) (eq (toString $scaleIn.leaderElection) "false") -}}
+{{- fail (printf "replicas %d with config.scaleIn.leaderElection false: every replica would run the drain loop; set replicas to 1 or turn leader election on" (int .Values.replicas)) -}}
+{{- end -}}
 {{- if and (eq .Values.mode "standalone") (not .Values.tls.certManager.enabled) (not .Values.tls.serverSecretName) -}}
 {{- fail "tls.serverSecretName is required in standalone mode when tls.certManager.enabled is false" -}}
 {{- end -}}
@@ -128,7 +131,8 @@ here.
 {{- $caChart := "it is cluster-autoscaler's container in bundled mode (this chart runs CA only then)" -}}
 sidecar:
   - why: {{ $sidecarPod | quote }}
-    paths: [dryRun, image, imagePullSecrets, logFormat, logLevel, extraEnv, resources, securityContext,
+    paths: [dryRun, image, imagePullSecrets, logFormat, logLevel, extraEnv, envFrom, extraArgs,
+      extraVolumes, extraVolumeMounts, resources, securityContext,
       readinessProbe, livenessProbe, podSecurityContext, podAnnotations, podLabels, scrapeAnnotations,
       replicas, revisionHistoryLimit, terminationGracePeriodSeconds, priorityClassName, nodeSelector,
       tolerations, affinity, topologySpreadConstraints, podDisruptionBudget, serviceAccount]
