@@ -440,6 +440,30 @@ def bundled_wiring_errors(docs, values, cfg, ca_rules):
     return errs
 
 
+def test_hook_errors(docs):
+    """The `helm test` Pod runs check-config on the config the provider serves with, under
+    the same ServiceAccount."""
+    tests = [d for d in docs if d["kind"] == "Pod" and (d["metadata"].get("annotations") or {}).get("helm.sh/hook") == "test"]
+    dep = find(docs, "Deployment")
+    if len(tests) != 1 or not dep:
+        return [f"expected one Pod with helm.sh/hook: test beside the Deployment, found {len(tests)}"]
+    pod, dpod = tests[0]["spec"], dep["spec"]["template"]["spec"]
+    c = pod["containers"][0]
+    serve = next(x for x in dpod["containers"] if x["name"] == "ca-asg-provider")
+    args, errs = c.get("args") or [], []
+    arg = lambda a: a[a.index("--config") + 1] if "--config" in a else None
+    if args[:1] != ["check-config"] or arg(args) != arg(serve["args"]) or c["image"] != serve["image"]:
+        errs.append(f"args {args} / image {c['image']}: must run check-config --config {arg(serve['args'])} in {serve['image']}")
+    vol = lambda p, n: next((v.get("configMap", {}).get("name") for v in p.get("volumes", []) if v["name"] == n), None)
+    if vol(pod, "config") != vol(dpod, "config"):
+        errs.append("does not mount the provider's ConfigMap")
+    if pod.get("serviceAccountName") != dpod.get("serviceAccountName"):
+        errs.append(f"ServiceAccount {pod.get('serviceAccountName')} is not the provider's {dpod.get('serviceAccountName')}")
+    if tests[0]["metadata"]["labels"].items() >= dep["spec"]["selector"]["matchLabels"].items():
+        errs.append("carries the Deployment's selector labels (the Service and PDB would select it)")
+    return errs
+
+
 def provider_config_name(docs):
     cms = [d for d in docs if d.get("kind") == "ConfigMap" and "config.yaml" in (d.get("data") or {})]
     return cms[0]["metadata"]["name"] if len(cms) == 1 else None
@@ -712,6 +736,9 @@ def check_chart(base_docs, overlay_docs):
             elif values["mode"] == "bundled":
                 for e in bundled_wiring_errors(docs, values, cfg, ca_rules):
                     fail(f"deploy/chart ({label}): {e}")
+            if values["mode"] != "sidecar":
+                for e in test_hook_errors(docs):
+                    fail(f"deploy/chart ({label}): helm test: {e}")
             else:
                 for kind in ("Deployment", "ServiceAccount", "PodDisruptionBudget", "Certificate", "Issuer"):
                     if kind in kinds:
