@@ -816,6 +816,14 @@ def check_chart(base_docs, overlay_docs):
                               for m, (t, r, k) in counted.items())
                   + "); dryRun: true reaches every serve container or is refused")
 
+        # The chart README is generated from values.yaml's comments and must be current.
+        out = subprocess.run([sys.executable, str(ROOT / "scripts/chart_readme.py"), "--check"],
+                             capture_output=True, text=True)
+        if out.returncode != 0:
+            fail(f"deploy/chart/README.md: {out.stderr.strip()}")
+        else:
+            print("ok   deploy/chart/README.md is current (scripts/chart_readme.py from values.yaml's comments)")
+
         # Example values for CA's own chart.
         n_failed = failed
         for e in example_errors(defaults):
