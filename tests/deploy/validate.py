@@ -812,7 +812,7 @@ def check_chart(base_docs, overlay_docs):
             fail(f"deploy/chart values: {e}")
         if failed == n_failed:
             print("ok   deploy/chart: every value changes the render or is refused naming value and mode ("
-                  + "; ".join(f"{m}: {t} changed, {r} refused, {k} not changeable within the schema"
+                  + "; ".join(f"{m}: {t} tried, {t - r} change the render, {r} refused, {k} not changeable within the schema"
                               for m, (t, r, k) in counted.items())
                   + "); dryRun: true reaches every serve container or is refused")
 
