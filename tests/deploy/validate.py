@@ -367,6 +367,108 @@ def standalone_wiring_errors(docs, values, cfg):
     return errs
 
 
+def readme_ca_flags():
+    """Every flag of the README's "CA flags to set" table, as --NAME=VALUE: the backticked
+    flags of each row's first cell, and the bare words after a flag (the further values
+    of that flag, e.g. the other --balancing-ignore-label labels)."""
+    text = (ROOT / "README.md").read_text()
+    if "### CA flags to set" not in text:
+        raise SystemExit("validate.py: README.md has no '### CA flags to set' section")
+    section = text.split("### CA flags to set", 1)[1].split("\n#", 1)[0]
+    flags = []
+    for line in section.splitlines():
+        if not line.startswith("| `"):
+            continue
+        last = None
+        for tok in re.findall(r"`([^`]+)`", line.split("|")[1]):
+            for part in tok.split():
+                m = re.match(r"--([\w-]+)=(\S+)$", part)
+                if m:
+                    last = m.group(1)
+                    flags.append(part)
+                elif last:
+                    flags.append(f"--{last}={part}")
+    if len(flags) < 5 or not any(f.startswith("--balancing-ignore-label=") for f in flags):
+        raise SystemExit(f"validate.py: parsed only {flags} from the README's CA flags table")
+    return flags
+
+
+def bundled_wiring_errors(docs, values, cfg, ca_rules):
+    """Bundled mode: CA and the provider in one pod, wired through the cloud-config on
+    127.0.0.1, CA's flags the README's, CA's RBAC deploy/cluster-autoscaler's."""
+    errs = []
+    dep = find(docs, "Deployment")
+    if not dep:
+        return ["bundled mode must render one Deployment"]
+    for kind in ("Certificate", "Issuer"):
+        if find(docs, kind):
+            errs.append(f"bundled mode must not render a {kind}")
+    pod = dep["spec"]["template"]["spec"]
+    cs = {c["name"]: c for c in pod["containers"]}
+    ca, prov = cs.get("cluster-autoscaler"), cs.get("ca-asg-provider")
+    if not ca or not prov:
+        return [f"the pod needs containers cluster-autoscaler and ca-asg-provider, has {sorted(cs)}"]
+    cmd = ca.get("command") or []
+    missing = [f for f in readme_ca_flags() if f not in cmd]
+    if missing:
+        errs.append(f"CA's flags lack {missing} (README 'CA flags to set')")
+    for want in ("--cloud-provider=externalgrpc", f"--namespace={NAMESPACE}"):
+        if want not in cmd:
+            errs.append(f"CA's flags lack {want}")
+    vols = {v["name"]: v for v in pod.get("volumes", [])}
+    cloud_arg = next((a for a in cmd if a.startswith("--cloud-config=")), "--cloud-config=?")
+    cloud = pathlib.PurePosixPath(cloud_arg.split("=", 1)[1])
+    mount = next((m for m in ca.get("volumeMounts", []) if m["mountPath"] == str(cloud.parent)), {})
+    cc_name = values["clusterAutoscaler"]["cloudConfig"]["name"]
+    if vols.get(mount.get("name"), {}).get("configMap", {}).get("name") != cc_name or cloud.name != "cloud-config.yaml":
+        errs.append(f"{cloud_arg} is not cloud-config.yaml of the mounted ConfigMap {cc_name!r}")
+    cloud_cm = find(docs, "ConfigMap", cc_name)
+    if values["clusterAutoscaler"]["cloudConfig"]["create"]:
+        cc = yaml.safe_load(cloud_cm["data"]["cloud-config.yaml"]) if cloud_cm else {}
+        if cc.get("address") != cfg.get("listen") or not str(cfg.get("listen")).startswith("127.0.0.1:"):
+            errs.append(f"CA's cloud-config address {cc.get('address')} is not the provider's listen {cfg.get('listen')} on 127.0.0.1")
+    mounts = {m["name"]: m["mountPath"] for m in prov.get("volumeMounts", [])}
+    cfg_path = prov["args"][prov["args"].index("--config") + 1]
+    if cfg_path != f"{mounts.get('config')}/config.yaml" \
+            or vols.get("config", {}).get("configMap", {}).get("name") != provider_config_name(docs):
+        errs.append(f"the provider's --config {cfg_path} is not config.yaml of its ConfigMap")
+    if values["rbac"]["create"]:
+        roles = [d for d in docs if d["kind"] == "ClusterRole" and d["metadata"]["name"].endswith("-cluster-autoscaler")]
+        if len(roles) != 1 or roles[0]["rules"] != ca_rules:
+            errs.append(f"CA's ClusterRole rules differ from deploy/cluster-autoscaler/rbac.yaml's:\n"
+                        f"  chart: {roles and roles[0]['rules']}\n  deploy: {ca_rules}")
+    return errs
+
+
+def test_hook_errors(docs):
+    """The `helm test` Pod runs check-config on the config the provider serves with, under
+    the same ServiceAccount."""
+    tests = [d for d in docs if d["kind"] == "Pod" and (d["metadata"].get("annotations") or {}).get("helm.sh/hook") == "test"]
+    dep = find(docs, "Deployment")
+    if len(tests) != 1 or not dep:
+        return [f"expected one Pod with helm.sh/hook: test beside the Deployment, found {len(tests)}"]
+    pod, dpod = tests[0]["spec"], dep["spec"]["template"]["spec"]
+    c = pod["containers"][0]
+    serve = next(x for x in dpod["containers"] if x["name"] == "ca-asg-provider")
+    args, errs = c.get("args") or [], []
+    arg = lambda a: a[a.index("--config") + 1] if "--config" in a else None
+    if args[:1] != ["check-config"] or arg(args) != arg(serve["args"]) or c["image"] != serve["image"]:
+        errs.append(f"args {args} / image {c['image']}: must run check-config --config {arg(serve['args'])} in {serve['image']}")
+    vol = lambda p, n: next((v.get("configMap", {}).get("name") for v in p.get("volumes", []) if v["name"] == n), None)
+    if vol(pod, "config") != vol(dpod, "config"):
+        errs.append("does not mount the provider's ConfigMap")
+    if pod.get("serviceAccountName") != dpod.get("serviceAccountName"):
+        errs.append(f"ServiceAccount {pod.get('serviceAccountName')} is not the provider's {dpod.get('serviceAccountName')}")
+    if tests[0]["metadata"]["labels"].items() >= dep["spec"]["selector"]["matchLabels"].items():
+        errs.append("carries the Deployment's selector labels (the Service and PDB would select it)")
+    return errs
+
+
+def provider_config_name(docs):
+    cms = [d for d in docs if d.get("kind") == "ConfigMap" and "config.yaml" in (d.get("data") or {})]
+    return cms[0]["metadata"]["name"] if len(cms) == 1 else None
+
+
 def example_errors(values):
     """The example values for CA's own chart agree with what this chart renders by default."""
     errs = []
@@ -382,6 +484,11 @@ def example_errors(values):
         args = ex.get("extraArgs") or {}
         if args.get("daemonset-eviction-for-occupied-nodes") is not False:
             errs.append(f"{where}: extraArgs must set daemonset-eviction-for-occupied-nodes: false")
+        # CA's chart drops what follows a `_` in an extraArgs name (balancing-ignore-label_1).
+        given = {f"--{k.split('_')[0]}={str(v).lower() if isinstance(v, bool) else v}" for k, v in args.items()}
+        missing = [f for f in readme_ca_flags() if f not in given and not f.startswith(("--cloud-", "--daemonset-"))]
+        if missing:
+            errs.append(f"{where}: extraArgs lack {missing} (README 'CA flags to set')")
         vols = {v["name"]: v for v in ex.get("extraVolumes") or []}
         mounts = {m["mountPath"]: m["name"] for m in ex.get("extraVolumeMounts") or []}
         cloud = pathlib.PurePosixPath(str(args.get("cloud-config")))
@@ -424,9 +531,124 @@ NEGATIVE = {
     "unknown mode": ("mode: daemonset\n", "values don't meet the specifications of the schema"),
     "duration that is not one": ("config:\n  refreshInterval: 60\n", "values don't meet the specifications of the schema"),
     "label value that is not a string": ("config:\n  templates:\n    '*': {labels: {spot: true}}\n", "values don't meet the specifications of the schema"),
-    "IRSA annotation in sidecar mode": ("mode: sidecar\nserviceAccount:\n  annotations: {eks.amazonaws.com/role-arn: x}\n", "apply to standalone mode only"),
+    "IRSA annotation in sidecar mode": ("mode: sidecar\nserviceAccount:\n  annotations: {eks.amazonaws.com/role-arn: x}\n", "serviceAccount.annotations has no effect in sidecar mode"),
+    "dryRun in sidecar mode (would really drain)": ("mode: sidecar\ndryRun: true\n", "dryRun has no effect in sidecar mode"),
+    "image in sidecar mode": ("image: {tag: '1.0'}\n", "image has no effect in sidecar mode"),
+    "CA's image in sidecar mode": ("clusterAutoscaler:\n  image: {tag: v1.30.0}\n", "clusterAutoscaler.image has no effect in sidecar mode"),
+    "a CA flag the chart sets itself": ("mode: bundled\nclusterAutoscaler:\n  flags: {cloud-provider: aws}\n", "values don't meet the specifications of the schema"),
+    "TLS settings in bundled mode": ("mode: bundled\ntls: {clientCommonName: x}\n", "tls has no effect in bundled mode"),
+    "CA's pod labels in standalone mode": ("mode: standalone\nclusterAutoscaler:\n  podLabels: {app: ca}\n", "clusterAutoscaler.podLabels has no effect in standalone mode"),
+    "replicas > 1 without leader election (standalone)": ("mode: standalone\nconfig:\n  scaleIn: {leaderElection: false}\n", "with config.scaleIn.leaderElection false"),
+    "replicas > 1 without leader election (bundled)": ("mode: bundled\nreplicas: 3\nconfig:\n  scaleIn: {leaderElection: false}\n", "replicas 3 with config.scaleIn.leaderElection false"),
     "standalone without cert-manager or a Secret": ("mode: standalone\ntls:\n  certManager: {enabled: false}\n", "tls.serverSecretName is required"),
 }
+
+
+MODES = ("sidecar", "standalone", "bundled")
+# Values set on top of each mode's defaults before the effect check, so that the values
+# of optional objects (ServiceMonitor, PrometheusRule) have something to change.
+EFFECT_BASE = {"serviceMonitor": {"enabled": True}, "prometheusRule": {"enabled": True}}
+
+
+def value_paths(node, path=()):
+    """(path, value) of every leaf of values.yaml (an empty map or list is a leaf),
+    `config` excepted (the provider's own file: validated against the Rust structs)."""
+    if isinstance(node, dict) and node:
+        for k, v in node.items():
+            if path or k not in ("config", "mode"):
+                yield from value_paths(v, path + (k,))
+    else:
+        yield path, node
+
+
+def changed_candidates(v):
+    """Values other than v, most likely first to pass the schema."""
+    if isinstance(v, bool):
+        return [not v]
+    if isinstance(v, (int, float)):
+        return [v + 1]
+    if isinstance(v, str):
+        return ["human", "Always", "NodePort", "7m", "example.com/other", v + "-changed", "changed"]
+    if isinstance(v, list):
+        return [[{"name": "changed", "value": "x"}], [{"name": "changed"}], ["changed"]]
+    return [{"example.com/changed": "x"}, {"changed": {}}]
+
+
+def nest(path, value):
+    out = value
+    for k in reversed(path):
+        out = {k: out}
+    return out
+
+
+def strip_version(text):
+    """A render without the app.kubernetes.io/version label (image.tag feeds it in every
+    mode, even where the image itself is not used)."""
+    return "\n".join(l for l in text.splitlines() if "app.kubernetes.io/version:" not in l)
+
+
+def mode_effect_errors(env, defaults, tmp):
+    """Every value, changed from its default, either changes what a mode renders or
+    fails the render naming the value and the mode: none is silently ignored. And
+    dryRun: true puts --dry-run on every container that runs `serve`, or fails."""
+    errs, counted = [], {}
+    vf = pathlib.Path(tmp) / "effect-values.yaml"
+
+    def render(values):
+        vf.write_text(yaml.safe_dump(values))
+        return helm("template", RELEASE, str(CHART), "-n", NAMESPACE, "-f", str(vf), env=env)
+
+    for mode in MODES:
+        base = merged(EFFECT_BASE, {"mode": mode})
+        ref = render(base)
+        if ref.returncode != 0:
+            errs.append(f"{mode}: the reference render fails: {ref.stderr.strip()[:300]}")
+            continue
+        tested = skipped = refused = 0
+        for path, v in value_paths(merged(defaults, base)):
+            name = ".".join(path)
+            for cand in changed_candidates(v):
+                out = render(merged(base, nest(path, cand)))
+                if out.returncode != 0 and "values don't meet the specifications of the schema" in out.stderr:
+                    continue
+                tested += 1
+                if out.returncode != 0:
+                    # Refused as having no effect (naming the value or the map holding it,
+                    # and the mode), or by another check (e.g. a value it then requires).
+                    named = any(f"{'.'.join(path[:i])} has no effect in {mode} mode" in out.stderr
+                                for i in range(1, len(path) + 1))
+                    if "has no effect" in out.stderr and not named:
+                        errs.append(f"{mode}: {name}={cand!r} is refused without naming the value and "
+                                    f"the mode: {out.stderr.strip()[-300:]}")
+                    refused += 1
+                elif strip_version(out.stdout) == strip_version(ref.stdout):
+                    errs.append(f"{mode}: {name}={cand!r} renders exactly as the default: silently ignored")
+                break
+            else:
+                skipped += 1
+        counted[mode] = (tested, refused, skipped)
+        # dryRun reaches every container that drains, or the render fails.
+        out = render(merged(base, {"dryRun": True}))
+        if out.returncode == 0:
+            docs = [d for d in yaml.safe_load_all(out.stdout) if d]
+            serving = [c for d in docs for c in pod_containers(d) if "serve" in (c.get("args") or [])]
+            if not serving and mode != "sidecar":
+                errs.append(f"{mode}: dryRun: true renders no container that runs serve")
+            for c in serving:
+                if "--dry-run" not in c["args"]:
+                    errs.append(f"{mode}: dryRun: true, but container {c['name']} runs serve without --dry-run")
+            if mode == "sidecar":
+                errs.append("sidecar: dryRun: true renders, but the chart has no provider container in this mode")
+        elif "dryRun has no effect" not in out.stderr:
+            errs.append(f"{mode}: dryRun: true fails without naming dryRun: {out.stderr.strip()[:300]}")
+    return errs, counted
+
+
+def pod_containers(doc):
+    """The containers (init containers included) of a Pod or of a workload's pod template."""
+    spec = doc.get("spec") or {}
+    pod = spec if doc.get("kind") == "Pod" else ((spec.get("template") or {}).get("spec") or {})
+    return (pod.get("initContainers") or []) + (pod.get("containers") or [])
 
 
 def check_chart(base_docs, overlay_docs):
@@ -449,6 +671,7 @@ def check_chart(base_docs, overlay_docs):
     base_rules = {d["kind"]: d["rules"] for d in base_docs if d["kind"] in ("ClusterRole", "Role")}
     base_config = yaml.safe_load(find(base_docs, "ConfigMap", "ca-asg-provider")["data"]["config.yaml"])
     overlay_config = yaml.safe_load(find(overlay_docs, "ConfigMap", "ca-asg-provider")["data"]["config.yaml"])
+    ca_rules = find(render(ROOT / "deploy/cluster-autoscaler"), "ClusterRole", "cluster-autoscaler")["rules"]
 
     rel = lambda p: p.relative_to(ROOT)
     try:
@@ -490,7 +713,7 @@ def check_chart(base_docs, overlay_docs):
             want_rules = {"ClusterRole": base_rules["ClusterRole"],
                           "Role": [dict(r, resourceNames=[lease]) if "resourceNames" in r else r for r in base_rules["Role"]]}
             for kind, want in want_rules.items():
-                got = find(docs, kind)
+                got = find(docs, kind, provider_config_name(docs))  # the provider's: named as its ConfigMap
                 if values["rbac"]["create"] and (not got or got["rules"] != want):
                     fail(f"deploy/chart ({label}): {kind} rules differ from deploy/base/rbac.yaml's:\n"
                          f"  chart: {got and got['rules']}\n  base:  {want}")
@@ -502,14 +725,20 @@ def check_chart(base_docs, overlay_docs):
                 fail(f"deploy/chart ({label}): {e}")
             # One source of truth: the default config is deploy/base's (sidecar) or the
             # standalone overlay's (standalone).
-            if vf and vf.name in ("sidecar-values.yaml", "standalone-values.yaml"):
-                want, src = ((base_config, "deploy/base/configmap.yaml") if values["mode"] == "sidecar"
+            if vf and vf.name in ("sidecar-values.yaml", "standalone-values.yaml", "bundled-values.yaml"):
+                want, src = ((base_config, "deploy/base/configmap.yaml") if values["mode"] != "standalone"
                              else (overlay_config, "deploy/overlays/standalone"))
                 if cfg != want:
                     fail(f"deploy/chart ({label}): provider config differs from {src}'s:\n  chart: {cfg}\n  {src}: {want}")
             if values["mode"] == "standalone":
                 for e in standalone_wiring_errors(docs, values, cfg):
                     fail(f"deploy/chart ({label}): {e}")
+            elif values["mode"] == "bundled":
+                for e in bundled_wiring_errors(docs, values, cfg, ca_rules):
+                    fail(f"deploy/chart ({label}): {e}")
+            if values["mode"] != "sidecar":
+                for e in test_hook_errors(docs):
+                    fail(f"deploy/chart ({label}): helm test: {e}")
             else:
                 for kind in ("Deployment", "ServiceAccount", "PodDisruptionBudget", "Certificate", "Issuer"):
                     if kind in kinds:
@@ -518,6 +747,20 @@ def check_chart(base_docs, overlay_docs):
                                   ("PrometheusRule", values["prometheusRule"]["enabled"])):
                 if (want_kind in kinds) != bool(on):
                     fail(f"deploy/chart ({label}): {want_kind} rendered={want_kind in kinds}, enabled={on}")
+            # chart-testing installs into a random namespace: so must every ci file.
+            if vf:
+                ns = "ct-random-8k2x"
+                out = helm("template", RELEASE, str(CHART), "-n", ns, *extra, env=env)
+                if out.returncode != 0:
+                    fail(f"deploy/chart ({label}) in namespace {ns}: {out.stderr.strip()[-300:]}")
+                else:
+                    for d in yaml.safe_load_all(out.stdout):
+                        if not d:
+                            continue
+                        where = [d["metadata"].get("namespace")] + [x.get("namespace") for x in d.get("subjects") or []]
+                        if d and any(w not in (None, ns) for w in where):
+                            fail(f"deploy/chart ({label}) in namespace {ns}: {d['kind']}/{d['metadata']['name']} "
+                                 f"names namespace {[w for w in where if w not in (None, ns)]}")
             rule = find(docs, "PrometheusRule")
             if rule:
                 rendered_alerts.append((label, rule, values))
@@ -560,6 +803,26 @@ def check_chart(base_docs, overlay_docs):
         if failed == n_failed:
             print(f"ok   deploy/chart refuses {len(NEGATIVE)} bad values files "
                   f"({sum(1 for _, e in NEGATIVE.values() if 'schema' in e)} by values.schema.json)")
+
+        # No value is silently ignored in any mode; dryRun reaches every serving container.
+        n_failed = failed
+        with tempfile.TemporaryDirectory() as tmp:
+            errs, counted = mode_effect_errors(env, defaults, tmp)
+        for e in errs:
+            fail(f"deploy/chart values: {e}")
+        if failed == n_failed:
+            print("ok   deploy/chart: every value changes the render or is refused naming value and mode ("
+                  + "; ".join(f"{m}: {t} tried, {t - r} change the render, {r} refused, {k} not changeable within the schema"
+                              for m, (t, r, k) in counted.items())
+                  + "); dryRun: true reaches every serve container or is refused")
+
+        # The chart README is generated from values.yaml's comments and must be current.
+        out = subprocess.run([sys.executable, str(ROOT / "scripts/chart_readme.py"), "--check"],
+                             capture_output=True, text=True)
+        if out.returncode != 0:
+            fail(f"deploy/chart/README.md: {out.stderr.strip()}")
+        else:
+            print("ok   deploy/chart/README.md is current (scripts/chart_readme.py from values.yaml's comments)")
 
         # Example values for CA's own chart.
         n_failed = failed

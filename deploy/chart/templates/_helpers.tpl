@@ -37,7 +37,15 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | 
 {{- end -}}
 
 {{- define "ca-asg-provider.image" -}}
-{{- printf "%s:%s" .Values.image.repository (include "ca-asg-provider.imageTag" .) -}}
+{{- include "ca-asg-provider.imageRef" (dict "image" .Values.image "tag" (include "ca-asg-provider.imageTag" .)) -}}
+{{- end -}}
+
+{{/* repository[:tag][@digest] of an image value ({image, tag}). */}}
+{{- define "ca-asg-provider.imageRef" -}}
+{{- $ref := .image.repository -}}
+{{- if .tag }}{{ $ref = printf "%s:%s" $ref .tag }}{{ end -}}
+{{- if .image.digest }}{{ $ref = printf "%s@%s" $ref .image.digest }}{{ end -}}
+{{- $ref -}}
 {{- end -}}
 
 {{/* The ServiceAccount the provider runs under: CA's (sidecar) or its own (standalone). */}}
@@ -69,7 +77,7 @@ tls filled in from mode, ports and tls.mountPath where config does not set them.
 */}}
 {{- define "ca-asg-provider.config" -}}
 {{- $cfg := deepCopy .Values.config -}}
-{{- if eq .Values.mode "sidecar" -}}
+{{- if ne .Values.mode "standalone" -}}
 {{- if not (hasKey $cfg "listen") -}}
 {{- $_ := set $cfg "listen" (printf "127.0.0.1:%d" (int .Values.ports.grpc)) -}}
 {{- end -}}
@@ -97,13 +105,74 @@ tls filled in from mode, ports and tls.mountPath where config does not set them.
 {{/* Fails on combinations the schema cannot express. */}}
 {{- define "ca-asg-provider.checks" -}}
 {{- if and (eq .Values.mode "sidecar") .Values.serviceAccount.annotations -}}
-{{- fail "serviceAccount.annotations apply to standalone mode only: in sidecar mode the provider runs under CA's ServiceAccount; annotate it in CA's chart (rbac.serviceAccount.annotations)" -}}
+{{- fail "serviceAccount.annotations has no effect in sidecar mode: the provider runs under CA's ServiceAccount; annotate that one in CA's chart (rbac.serviceAccount.annotations)" -}}
 {{- end -}}
+{{- include "ca-asg-provider.checkUnused" . -}}
 {{- $scaleIn := .Values.config.scaleIn | default dict -}}
 {{- if and $scaleIn.leaseNamespace (ne $scaleIn.leaseNamespace .Release.Namespace) -}}
 {{- fail (printf "config.scaleIn.leaseNamespace %q: the chart's Role grants the Lease in the release namespace %q only" $scaleIn.leaseNamespace .Release.Namespace) -}}
 {{- end -}}
+{{- if and (ne .Values.mode "sidecar") (gt (int .Values.replicas) 1) (eq (toString $scaleIn.leaderElection) "false") -}}
+{{- fail (printf "replicas %d with config.scaleIn.leaderElection false: every replica would run the drain loop; set replicas to 1 or turn leader election on" (int .Values.replicas)) -}}
+{{- end -}}
 {{- if and (eq .Values.mode "standalone") (not .Values.tls.certManager.enabled) (not .Values.tls.serverSecretName) -}}
 {{- fail "tls.serverSecretName is required in standalone mode when tls.certManager.enabled is false" -}}
+{{- end -}}
+{{- end -}}
+
+{{/*
+Values that have no effect in a mode fail the render when they differ from values.yaml's
+defaults (read from the chart itself), so that nothing is silently ignored: in sidecar
+mode the provider's container and pod are written in cluster-autoscaler's chart, not
+here.
+*/}}
+{{- define "ca-asg-provider.unusedByMode" -}}
+{{- $sidecarPod := "in sidecar mode the provider's container runs in cluster-autoscaler's pod, written in CA's chart values (deploy/chart/examples/cluster-autoscaler-values.yaml); set it there, or use mode: bundled, where this chart renders CA's pod" -}}
+{{- $caChart := "it is cluster-autoscaler's container in bundled mode (this chart runs CA only then)" -}}
+sidecar:
+  - why: {{ $sidecarPod | quote }}
+    paths: [dryRun, image, imagePullSecrets, logFormat, logLevel, extraEnv, envFrom, extraArgs,
+      extraVolumes, extraVolumeMounts, resources, securityContext,
+      readinessProbe, livenessProbe, podSecurityContext, podAnnotations, podLabels, scrapeAnnotations,
+      replicas, revisionHistoryLimit, terminationGracePeriodSeconds, priorityClassName, nodeSelector,
+      tolerations, affinity, topologySpreadConstraints, podDisruptionBudget, serviceAccount]
+  - why: "it is standalone mode's (CA reaches the sidecar on 127.0.0.1, without a Service or TLS)"
+    paths: [service, tls, clusterAutoscaler.cloudConfig.tlsMountPath]
+  - why: {{ $caChart | quote }}
+    paths: [clusterAutoscaler.image, clusterAutoscaler.flags, clusterAutoscaler.resources]
+standalone:
+  - why: "it describes cluster-autoscaler's pod in sidecar mode"
+    paths: [clusterAutoscaler.serviceAccountName, clusterAutoscaler.podLabels]
+  - why: {{ $caChart | quote }}
+    paths: [clusterAutoscaler.image, clusterAutoscaler.flags, clusterAutoscaler.resources]
+bundled:
+  - why: "it describes cluster-autoscaler's pod in sidecar mode (bundled: CA's pod is this chart's; its ServiceAccount is serviceAccount)"
+    paths: [clusterAutoscaler.serviceAccountName, clusterAutoscaler.podLabels]
+  - why: "it is standalone mode's (CA reaches the provider in its own pod on 127.0.0.1, without a Service or TLS)"
+    paths: [service, tls, clusterAutoscaler.cloudConfig.tlsMountPath]
+{{- end -}}
+
+{{- define "ca-asg-provider.checkUnused" -}}
+{{- /* Helm hides values.yaml from .Files; files/defaults.yaml is a link to it. */ -}}
+{{- $defaults := .Files.Get "files/defaults.yaml" | fromYaml -}}
+{{- if not (hasKey $defaults "mode") -}}
+{{- fail "files/defaults.yaml must be the chart's values.yaml (a symbolic link to ../values.yaml): the mode checks compare against it" -}}
+{{- end -}}
+{{- $mode := .Values.mode -}}
+{{- range $rules := get (include "ca-asg-provider.unusedByMode" . | fromYaml) $mode | default list -}}
+{{- range $path := $rules.paths -}}
+{{- $v := $.Values -}}
+{{- $d := $defaults -}}
+{{- range $k := splitList "." $path -}}
+{{- $v = get $v $k -}}
+{{- $d = get $d $k -}}
+{{- end -}}
+{{- if ne (toJson $v) (toJson $d) -}}
+{{- if and (eq $path "dryRun") (eq $mode "sidecar") -}}
+{{- fail (printf "dryRun has no effect in sidecar mode, and the provider would really drain: %s (there: add --dry-run to the ca-asg-provider container's args)" $rules.why) -}}
+{{- end -}}
+{{- fail (printf "%s has no effect in %s mode: %s (set %s to its default, or leave it out)" $path $mode $rules.why $path) -}}
+{{- end -}}
+{{- end -}}
 {{- end -}}
 {{- end -}}
