@@ -114,7 +114,11 @@ async fn two_replicas_elect_one_leader_and_a_stopping_leader_hands_over() {
 async fn a_forbidden_lease_is_said_plainly_and_nobody_leads() {
     use scalein::leader::{spawn, LeaseSettings};
     let sim = SimCluster::start(SimOptions::default()).await.unwrap();
-    sim.deny(&[("get", "leases"), ("create", "leases"), ("update", "leases")]);
+    sim.deny(&[
+        ("get", "leases"),
+        ("create", "leases"),
+        ("update", "leases"),
+    ]);
     let live = std::sync::Arc::new(ca_asg_provider::telemetry::liveness::Liveness::default());
     let (_stop, stop_rx) = tokio::sync::watch::channel(false);
     let rx = spawn(

@@ -23,9 +23,13 @@ pub fn global_limit(heartbeat_timeout: Duration) -> Duration {
 
 /// Keeps one lifecycle action alive until aborted: a RecordLifecycleActionHeartbeat
 /// at once (the instance may have waited a while before it was found), then every
-/// third of the hook's timeout, sooner after a failure. Stops when AWS says the
-/// action is gone (ValidationError) and at the hook's global limit. Failures are
-/// counted and published as an Event on the Node.
+/// third of the hook's timeout less a random tenth (so many held instances do not
+/// heartbeat in lockstep). After a failure (AWS throttling) it backs off with jitter
+/// from a twelfth of the timeout, doubling, never past a third, so a throttled storm
+/// spreads out and still lands inside the timeout. Stops when AWS says the action is
+/// gone (ValidationError) and at the hook's global limit. Failures are counted; the
+/// first of a run is published as an Event on the Node in the background (the next
+/// try never waits on the API server).
 pub fn heartbeats(
     engine: Arc<Engine>,
     action: LifecycleAction,
@@ -36,7 +40,7 @@ pub fn heartbeats(
     tokio::spawn(async move {
         let found = Instant::now();
         let _waiting = GaugeGuard::new(&metrics().lifecycle_waiting);
-        let mut failing = false;
+        let mut backoff = HeartbeatBackoff::new(every, &action.instance_id);
         loop {
             if found.elapsed() >= limit {
                 Metrics::outcome(&metrics().heartbeats, "stopped");
@@ -48,8 +52,7 @@ pub fn heartbeats(
                     engine.stats.heartbeats.fetch_add(1, Ordering::Relaxed);
                     Metrics::outcome(&metrics().heartbeats, "ok");
                     tracing::debug!(instance = %action.instance_id, hook = %action.hook, "lifecycle heartbeat recorded");
-                    failing = false;
-                    every
+                    backoff.ok()
                 }
                 Err(CloudError::Rejected { code, message, .. }) if code == "ValidationError" => {
                     // No action now. Right after TerminateInstanceInAutoScalingGroup the
@@ -71,28 +74,73 @@ pub fn heartbeats(
                 Err(e) => {
                     Metrics::outcome(&metrics().heartbeats, "error");
                     tracing::warn!(instance = %action.instance_id, hook = %action.hook, error = %e, "lifecycle heartbeat failed");
-                    if !failing {
+                    if backoff.failures == 0 {
                         if let Some(node) = engine.nodes.node_for_instance(&action.instance_id) {
-                            engine
-                                .events
-                                .node(
-                                    &node,
-                                    Reason::HeartbeatFailed,
-                                    format!(
-                                        "lifecycle heartbeat for instance {} (hook {}) failed: {e}; retrying",
-                                        action.instance_id, action.hook
-                                    ),
-                                )
-                                .await;
+                            let engine = engine.clone();
+                            let note = format!(
+                                "lifecycle heartbeat for instance {} (hook {}) failed: {e}; retrying",
+                                action.instance_id, action.hook
+                            );
+                            tokio::spawn(async move {
+                                engine
+                                    .events
+                                    .node(&node, Reason::HeartbeatFailed, note)
+                                    .await;
+                            });
                         }
                     }
-                    failing = true;
-                    (every / 4).max(Duration::from_millis(100))
+                    backoff.failed()
                 }
             };
             tokio::time::sleep(next).await;
         }
     })
+}
+
+/// When the next heartbeat goes: pure but for its seed, so it is tested alone.
+pub struct HeartbeatBackoff {
+    every: Duration,
+    pub failures: u32,
+    seed: u64,
+}
+
+impl HeartbeatBackoff {
+    pub fn new(every: Duration, instance_id: &str) -> Self {
+        use std::hash::{BuildHasher, Hash, Hasher};
+        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+        instance_id.hash(&mut h);
+        Self {
+            every,
+            failures: 0,
+            seed: h.finish(),
+        }
+    }
+
+    /// A number in [0, 1) that differs per instance and per call.
+    fn jitter(&mut self) -> f64 {
+        // xorshift64*: enough to spread, no dependency.
+        self.seed ^= self.seed >> 12;
+        self.seed ^= self.seed << 25;
+        self.seed ^= self.seed >> 27;
+        (self.seed.wrapping_mul(0x2545_F491_4F6C_DD1D) >> 11) as f64 / (1u64 << 53) as f64
+    }
+
+    /// After a success: a third of the timeout, less up to a tenth of it.
+    pub fn ok(&mut self) -> Duration {
+        self.failures = 0;
+        self.every.mul_f64(1.0 - 0.1 * self.jitter())
+    }
+
+    /// After a failure: from a quarter of the interval, doubling per failure, with
+    /// full jitter over its upper half, capped at the interval.
+    pub fn failed(&mut self) -> Duration {
+        let base = (self.every / 4).max(Duration::from_millis(100));
+        let ceiling = base
+            .saturating_mul(1u32 << self.failures.min(8))
+            .min(self.every);
+        self.failures = self.failures.saturating_add(1);
+        ceiling.mul_f64(0.5 + 0.5 * self.jitter())
+    }
 }
 
 /// Whether AWS shows the instance in one of `states` now. An unknown answer (AWS
@@ -110,6 +158,45 @@ pub(crate) async fn in_state(
     {
         Ok(found) => found.first().is_some_and(|l| states.contains(&l.state)),
         Err(_) => true,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn heartbeats_spread_back_off_and_stay_inside_the_timeout() {
+        let every = Duration::from_secs(100);
+        let mut firsts = std::collections::BTreeSet::new();
+        for i in 0..50 {
+            let mut b = HeartbeatBackoff::new(every, &format!("i-{i}"));
+            let ok = b.ok();
+            assert!(ok <= every && ok >= every.mul_f64(0.9), "{ok:?}");
+            firsts.insert(ok.as_millis());
+            let mut last = Duration::ZERO;
+            let mut ceilings = Vec::new();
+            for n in 0..12 {
+                let d = b.failed();
+                assert!(d <= every, "never past a third of the timeout: {d:?}");
+                assert!(d >= Duration::from_millis(50), "{d:?}");
+                ceilings.push(d);
+                if n > 6 {
+                    assert!(d >= every / 2, "capped near the interval: {d:?}");
+                }
+                last = d;
+            }
+            assert!(ceilings[0] <= every / 4);
+            assert!(last > ceilings[0]);
+            assert_eq!(b.failures, 12);
+            b.ok();
+            assert_eq!(b.failures, 0, "a success resets the backoff");
+        }
+        assert!(
+            firsts.len() > 40,
+            "50 instances do not heartbeat in lockstep: {}",
+            firsts.len()
+        );
     }
 }
 
