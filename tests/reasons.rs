@@ -322,3 +322,50 @@ async fn a_finished_drain_is_not_drained_again() {
         "it stays cordoned for AWS"
     );
 }
+
+/// The hook list is never stale: a hook deleted after the last refresh (or an ASG
+/// recreated under the same name without it) must not end an instance undrained. CA's
+/// DeleteNodes finds the hook gone and drains the node first (direct mode).
+#[tokio::test]
+async fn a_deleted_hook_does_not_end_an_instance_undrained() {
+    let mut w = world(hooked(1, 300), fast_settings(), Duration::from_millis(50)).await;
+    let (node, iid) = nodes_of(&w, "web").remove(0);
+    guarded_app(&w, &node, "app").await;
+    w.cloud.delete_hook("web");
+    delete_nodes(&mut w, "web", &[(node.clone(), iid.clone())]).await;
+    eventually("the PDB refuses the eviction", 10, || blocked(&w)).await;
+    assert_eq!(
+        w.cloud.calls().get("terminate_instance"),
+        None,
+        "not terminated through a hook that is gone"
+    );
+    assert!(running(&w, "app"));
+    let r = record_on(&w, &node).expect("the drain is recorded on the Node");
+    assert!(r.has_scale_in(), "{r:?}");
+    assert!(w.sim.remove::<PodDisruptionBudget>("shop", "app-pdb"));
+    assert_eq!(w.engine.wait_for(&iid).await, Some(Outcome::Ended));
+    assert_eq!(w.cloud.calls().get("terminate_instance"), Some(&1));
+}
+
+/// `createLifecycleHook` puts the hook once, not on every poll until the hook list is
+/// re-read (30 minutes by default).
+#[tokio::test]
+async fn a_created_hook_is_put_once() {
+    let settings = ScaleInSettings {
+        create_hook: true,
+        ..fast_settings()
+    };
+    let w = world(
+        vec![MemoryGroup::new("web", 0, 3, 1, "m5.large")],
+        settings,
+        Duration::from_millis(50),
+    )
+    .await;
+    for _ in 0..3 {
+        scalein::lifecycle::scan(&w.engine, &w.provider).await;
+        w.provider.refresh_now().await.unwrap();
+    }
+    assert_eq!(w.cloud.calls().get("put_terminating_hook"), Some(&1));
+    let reg = w.provider.registry();
+    assert!(w.engine.our_hook(reg.group("web").unwrap()).is_some());
+}

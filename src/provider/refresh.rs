@@ -132,6 +132,15 @@ impl Provider {
         self.refresh.inner.lock().force = true;
     }
 
+    /// The group's terminating hooks as just read or written (a hook created, one
+    /// found gone, a changed heartbeat timeout): the next refresh uses them instead of
+    /// a list up to `hook_refresh_interval` old.
+    pub fn note_hooks(&self, group: &str, hooks: Vec<LifecycleHook>) {
+        let mut inner = self.refresh.inner.lock();
+        inner.hooks.insert(group.to_string(), (now(), hooks));
+        inner.force = true;
+    }
+
     /// The last refresh error, if the last attempt failed.
     pub fn last_refresh_error(&self) -> Option<String> {
         self.refresh.inner.lock().last_error.clone()

@@ -249,7 +249,10 @@ pub async fn scan(engine: &Arc<Engine>, provider: &Arc<Provider>) -> usize {
             match engine.cloud.put_terminating_hook(&g.asg.name, &hook).await {
                 Ok(()) => {
                     tracing::info!(group = %g.asg.name, hook = %hook.name, "created EC2_INSTANCE_TERMINATING lifecycle hook");
-                    provider.invalidate();
+                    // Known at once: the next poll does not put it again.
+                    let mut hooks = g.hooks.clone();
+                    hooks.push(hook);
+                    provider.note_hooks(&g.asg.name, hooks);
                 }
                 Err(e) => {
                     tracing::warn!(group = %g.asg.name, error = %e, "could not create the lifecycle hook")
@@ -276,16 +279,31 @@ pub async fn scan(engine: &Arc<Engine>, provider: &Arc<Provider>) -> usize {
         let Some(g) = reg.group(&snap.name) else {
             continue;
         };
-        for inst in &snap.instances {
-            // An instance our hook holds is heartbeated and drained whatever else
-            // drains it already (a rebalance or retirement drain, the drain command):
-            // the lifecycle reason joins that drain.
-            if inst.state != LifecycleState::TerminatingWait
-                || (engine.holds_hook(&inst.id) && engine.is_draining(&inst.id))
-            {
-                continue;
+        // An instance our hook holds is heartbeated and drained whatever else drains
+        // it already (a rebalance or retirement drain, the drain command): the
+        // lifecycle reason joins that drain.
+        let found: Vec<&crate::cloud::AsgInstance> = snap
+            .instances
+            .iter()
+            .filter(|i| {
+                i.state == LifecycleState::TerminatingWait
+                    && !(engine.holds_hook(&i.id) && engine.is_draining(&i.id))
+            })
+            .collect();
+        if found.is_empty() {
+            continue;
+        }
+        // The hook as AWS has it now (a changed heartbeat timeout counts at once):
+        // one read per group with something newly held.
+        let g = match engine.with_current_hooks(g).await {
+            Ok(fresh) => fresh,
+            Err(e) => {
+                tracing::warn!(group = %g.asg.name, error = %e, "lifecycle scan: using the known hook list");
+                g.clone()
             }
-            let mode = engine.mode_for(g, &inst.id);
+        };
+        for inst in found {
+            let mode = engine.mode_for(&g, &inst.id);
             if !matches!(mode, Mode::Lifecycle { .. }) {
                 continue;
             }

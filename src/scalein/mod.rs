@@ -648,6 +648,52 @@ impl Engine {
         }
     }
 
+    /// [`Self::mode_for`] with the group's hooks read from AWS now, not from a list
+    /// up to `hookRefreshInterval` old: terminating through the hook when it was
+    /// deleted (or the ASG recreated under the same name without it) would end the
+    /// instance undrained. A changed heartbeat timeout takes effect at once. When
+    /// AWS cannot be asked, the caller gets an error for CA to retry.
+    pub async fn current_mode(
+        &self,
+        group: &Group,
+        instance_id: &str,
+    ) -> Result<Mode, ProviderError> {
+        let Mode::Lifecycle { .. } = self.mode_for(group, instance_id) else {
+            return Ok(Mode::Direct);
+        };
+        let fresh = self.with_current_hooks(group).await?;
+        Ok(self.mode_for(&fresh, instance_id))
+    }
+
+    /// The group with its terminating hooks as AWS has them now (and the provider
+    /// told when they changed).
+    pub async fn with_current_hooks(&self, group: &Group) -> Result<Group, ProviderError> {
+        let hooks = self
+            .cloud
+            .terminating_hooks(&group.asg.name)
+            .await
+            .map_err(|e| {
+                ProviderError::Unavailable(format!(
+                    "cannot confirm the lifecycle hook of group {} before ending an instance through it: {e}",
+                    group.asg.name
+                ))
+            })?;
+        let ours = hooks
+            .iter()
+            .find(|h| h.name == self.settings.hook_name)
+            .cloned();
+        let known = self.our_hook(group).cloned();
+        if ours != known {
+            tracing::info!(group = %group.asg.name, was = ?known, now = ?ours, "the group's lifecycle hook changed; using what AWS says now");
+            if let Some(p) = &self.provider {
+                p.note_hooks(&group.asg.name, hooks.clone());
+            }
+        }
+        let mut fresh = group.clone();
+        fresh.hooks = hooks;
+        Ok(fresh)
+    }
+
     /// True the first time a foreign hook of a group is noted.
     pub(crate) fn note_foreign_hook(&self, group: &str, hook: &str) -> bool {
         self.note_once("foreign hook", format!("{group}/{hook}"))
@@ -763,7 +809,7 @@ impl ScaleIn for DrainScaleIn {
         node_name: Option<&str>,
     ) -> Result<Removal, ProviderError> {
         let engine = &self.0;
-        let mode = engine.mode_for(group, &instance.id);
+        let mode = engine.current_mode(group, &instance.id).await?;
         let leader = engine.is_leader();
         let (removal, node) = match &mode {
             Mode::Lifecycle { .. } => {

@@ -206,6 +206,14 @@ impl MemoryCloud {
         }
     }
 
+    /// Deletes the group's terminating hook (someone removed it, or the ASG was
+    /// recreated under the same name without it).
+    pub fn delete_hook(&self, group: &str) {
+        if let Some(g) = self.state.lock().groups.get_mut(group) {
+            g.spec.terminating_hook = None;
+        }
+    }
+
     /// Deletes a group (an ASG removed by its owner).
     pub fn delete_group(&self, group: &str) {
         self.state.lock().groups.remove(group);
