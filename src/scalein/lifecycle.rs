@@ -106,13 +106,13 @@ pub struct HeartbeatBackoff {
 
 impl HeartbeatBackoff {
     pub fn new(every: Duration, instance_id: &str) -> Self {
-        use std::hash::{BuildHasher, Hash, Hasher};
-        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-        instance_id.hash(&mut h);
+        use std::hash::BuildHasher;
+        let seed = std::collections::hash_map::RandomState::new().hash_one(instance_id);
         Self {
             every,
             failures: 0,
-            seed: h.finish(),
+            // xorshift never leaves zero.
+            seed: seed.max(1),
         }
     }
 
@@ -158,45 +158,6 @@ pub(crate) async fn in_state(
     {
         Ok(found) => found.first().is_some_and(|l| states.contains(&l.state)),
         Err(_) => true,
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn heartbeats_spread_back_off_and_stay_inside_the_timeout() {
-        let every = Duration::from_secs(100);
-        let mut firsts = std::collections::BTreeSet::new();
-        for i in 0..50 {
-            let mut b = HeartbeatBackoff::new(every, &format!("i-{i}"));
-            let ok = b.ok();
-            assert!(ok <= every && ok >= every.mul_f64(0.9), "{ok:?}");
-            firsts.insert(ok.as_millis());
-            let mut last = Duration::ZERO;
-            let mut ceilings = Vec::new();
-            for n in 0..12 {
-                let d = b.failed();
-                assert!(d <= every, "never past a third of the timeout: {d:?}");
-                assert!(d >= Duration::from_millis(50), "{d:?}");
-                ceilings.push(d);
-                if n > 6 {
-                    assert!(d >= every / 2, "capped near the interval: {d:?}");
-                }
-                last = d;
-            }
-            assert!(ceilings[0] <= every / 4);
-            assert!(last > ceilings[0]);
-            assert_eq!(b.failures, 12);
-            b.ok();
-            assert_eq!(b.failures, 0, "a success resets the backoff");
-        }
-        assert!(
-            firsts.len() > 40,
-            "50 instances do not heartbeat in lockstep: {}",
-            firsts.len()
-        );
     }
 }
 
@@ -469,4 +430,43 @@ pub fn spawn_loop(engine: Arc<Engine>, provider: Arc<Provider>) -> tokio::task::
             }
         }
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn heartbeats_spread_back_off_and_stay_inside_the_timeout() {
+        let every = Duration::from_secs(100);
+        let mut firsts = std::collections::BTreeSet::new();
+        for i in 0..50 {
+            let mut b = HeartbeatBackoff::new(every, &format!("i-{i}"));
+            let ok = b.ok();
+            assert!(ok <= every && ok >= every.mul_f64(0.9), "{ok:?}");
+            firsts.insert(ok.as_millis());
+            let mut last = Duration::ZERO;
+            let mut ceilings = Vec::new();
+            for n in 0..12 {
+                let d = b.failed();
+                assert!(d <= every, "never past a third of the timeout: {d:?}");
+                assert!(d >= Duration::from_millis(50), "{d:?}");
+                ceilings.push(d);
+                if n > 6 {
+                    assert!(d >= every / 2, "capped near the interval: {d:?}");
+                }
+                last = d;
+            }
+            assert!(ceilings[0] <= every / 4);
+            assert!(last > ceilings[0]);
+            assert_eq!(b.failures, 12);
+            b.ok();
+            assert_eq!(b.failures, 0, "a success resets the backoff");
+        }
+        assert!(
+            firsts.len() > 40,
+            "50 instances do not heartbeat in lockstep: {}",
+            firsts.len()
+        );
+    }
 }
