@@ -1,0 +1,553 @@
+//! Model-based test (proptest) of every way a node is asked to go, on the same
+//! instances: CA's scale-in (through the hook and direct), the ASG ending instances
+//! itself, spot warnings, rebalance recommendations (drain), scheduled retirements,
+//! `drain NODE`, duplicates, restarts, leadership moving to a new replica, AWS
+//! throttling heartbeats and completions. The service runs as it does in production:
+//! the lifecycle loop, the queue consumer, the gRPC server CA calls. A hook's timeout
+//! is 5 s, so an instance left without heartbeats shows. After every step:
+//!
+//! - no instance ends that neither CA nor the ASG chose (EC2 ends nothing here);
+//! - no workload pod is deleted around a PodDisruptionBudget: every workload pod that
+//!   left was evicted (no deadline and no budget runs out within the test), and the
+//!   pod whose budget allows nothing never leaves;
+//! - no pod is evicted twice; DaemonSet pods leave last on every node;
+//! - every instance our hook holds is heartbeated until completed: no hook times out;
+//! - every handled message is deleted;
+//!
+//! and at the end, no reason is lost across restarts and leader changes: every node
+//! still there carries every reason it was given.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use ca_asg_provider::cloud::memory::MemoryGroup;
+use ca_asg_provider::cloud::queue::{MemoryQueue, Queue};
+use ca_asg_provider::interruption::consumer::{Consumer, Handled};
+use ca_asg_provider::interruption::{InterruptionSettings, RebalanceAction};
+use ca_asg_provider::proto;
+use ca_asg_provider::scalein::{self, record, DrainRequest, Mode, Source};
+use ca_asg_provider::sim::fixtures;
+use k8s_openapi::api::core::v1::{Node, Pod};
+use proptest::prelude::*;
+
+mod support;
+use support::notices::eventbridge;
+use support::world::*;
+
+const HOOK: &str = "ca-asg-provider-drain";
+/// web-0, web-1 (hooked), batch-0, batch-1 (direct).
+const NODES: usize = 4;
+/// The pod on this node has a budget that allows nothing.
+const GUARDED: usize = 1;
+
+#[derive(Debug, Clone)]
+enum Op {
+    Spot(usize),
+    Rebalance(usize),
+    Retirement(usize),
+    /// CA's DeleteNodes for the node (lifecycle mode for web, direct for batch).
+    CaScaleIn(usize),
+    /// The ASG ends its newest web instance itself, held by the hook, and says so on
+    /// the queue.
+    AsgEnds,
+    /// `drain NODE`.
+    DrainCommand(usize),
+    Duplicate,
+    /// The process dies; a new one starts, resumes, and gets the last message again.
+    Restart,
+    /// The leader loses the Lease (and stops, fenced); another replica takes over.
+    LeaderChange,
+    /// AWS throttles the next heartbeats and completions.
+    Throttle,
+    Wait,
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        (0..NODES).prop_map(Op::Spot),
+        (0..NODES).prop_map(Op::Rebalance),
+        (0..NODES).prop_map(Op::Retirement),
+        (0..NODES).prop_map(Op::CaScaleIn),
+        Just(Op::AsgEnds),
+        (0..NODES).prop_map(Op::DrainCommand),
+        Just(Op::Duplicate),
+        Just(Op::Restart),
+        Just(Op::LeaderChange),
+        Just(Op::Throttle),
+        Just(Op::Wait),
+    ]
+}
+
+/// One replica of the service: its engine, lifecycle loop, consumer and Lease.
+struct Replica {
+    loop_task: tokio::task::JoinHandle<()>,
+    lease: tokio::sync::watch::Sender<bool>,
+}
+
+struct Model {
+    w: World,
+    q: Arc<MemoryQueue>,
+    c: Arc<Consumer>,
+    replica: Replica,
+    /// Replicas that lost the Lease: alive, fenced.
+    fenced: Vec<(Replica, Arc<scalein::Engine>)>,
+    nodes: Vec<(String, String, &'static str)>,
+    last: Option<String>,
+    /// Instances CA named, and those the ASG chose.
+    ca_named: BTreeSet<String>,
+    asg_chose: BTreeSet<String>,
+    /// Reasons given, per instance (the record's labels).
+    given: BTreeMap<String, BTreeSet<&'static str>>,
+    /// Per node: its workload pod and its DaemonSet pod.
+    pods: Vec<(String, String)>,
+}
+
+fn consumer(w: &World, q: &Arc<MemoryQueue>) -> Arc<Consumer> {
+    Consumer::new(
+        w.engine.clone(),
+        w.provider.clone(),
+        q.clone() as Arc<dyn Queue>,
+        InterruptionSettings {
+            rebalance: RebalanceAction::Drain,
+            ..InterruptionSettings::default()
+        },
+    )
+}
+
+/// Leadership over the engine (set before its loop starts), and the loop.
+fn lead(w: &World) -> Replica {
+    let (lease, rx) = tokio::sync::watch::channel(true);
+    w.engine.follow_leadership(rx);
+    let loop_task = scalein::lifecycle::spawn_loop(w.engine.clone(), w.provider.clone());
+    Replica { loop_task, lease }
+}
+
+impl Model {
+    async fn new() -> Model {
+        let w = world(
+            vec![
+                MemoryGroup::new("web", 0, 6, 2, "m5.large").terminating_hook(HOOK, 5),
+                MemoryGroup::new("batch", 0, 6, 2, "m5.large"),
+            ],
+            fast_settings(),
+            Duration::from_millis(20),
+        )
+        .await;
+        let mut nodes: Vec<(String, String, &'static str)> = nodes_of(&w, "web")
+            .into_iter()
+            .map(|(n, i)| (n, i, "web"))
+            .collect();
+        nodes.extend(
+            nodes_of(&w, "batch")
+                .into_iter()
+                .map(|(n, i)| (n, i, "batch")),
+        );
+        assert_eq!(nodes.len(), NODES);
+        w.sim
+            .create(&fixtures::daemonset("logging", "fluentd", 0.1, false))
+            .unwrap();
+        for (i, (node, _, _)) in nodes.iter().enumerate() {
+            let app = if i == GUARDED { "guarded" } else { "app" };
+            w.sim
+                .create(&fixtures::pod("shop", &format!("app-{i}"), node, app, 0.2))
+                .unwrap();
+        }
+        w.sim.create(&fixtures::pdb("shop", "guarded", 0)).unwrap();
+        pods_ready(&w, 2 * NODES).await;
+        let listed = w.sim.list::<Pod>();
+        let pods = nodes
+            .iter()
+            .enumerate()
+            .map(|(i, (node, _, _))| {
+                let ds = listed
+                    .iter()
+                    .find(|p| {
+                        p["spec"]["nodeName"] == node.as_str()
+                            && p["metadata"]["name"]
+                                .as_str()
+                                .is_some_and(|n| n.starts_with("fluentd"))
+                    })
+                    .and_then(|p| p["metadata"]["name"].as_str())
+                    .expect("fluentd on every node")
+                    .to_string();
+                (format!("app-{i}"), ds)
+            })
+            .collect();
+        let q = Arc::new(MemoryQueue::default());
+        let c = consumer(&w, &q);
+        let replica = lead(&w);
+        Model {
+            w,
+            q,
+            c,
+            replica,
+            fenced: Vec::new(),
+            nodes,
+            last: None,
+            ca_named: BTreeSet::new(),
+            asg_chose: BTreeSet::new(),
+            given: BTreeMap::new(),
+            pods,
+        }
+    }
+
+    fn give(&mut self, instance: &str, label: &'static str) {
+        self.given
+            .entry(instance.to_string())
+            .or_default()
+            .insert(label);
+    }
+
+    fn in_service(&self, id: &str) -> bool {
+        self.w
+            .cloud
+            .instances()
+            .iter()
+            .any(|(_, i)| i.id == id && !i.state.is_terminating())
+    }
+
+    async fn send(&mut self, body: String) {
+        self.q.send(&body);
+        self.last = Some(body);
+        self.drain_queue().await;
+    }
+
+    async fn drain_queue(&self) {
+        loop {
+            let got = self.q.receive(10, Duration::ZERO).await.unwrap();
+            if got.is_empty() {
+                return;
+            }
+            for m in got {
+                let out = self.c.handle(m).await;
+                assert!(!matches!(out, Handled::Retry(_)), "{out:?}");
+            }
+        }
+    }
+
+    /// A new replica takes over: the provider, engine, gRPC server, loop and
+    /// consumer of a fresh process, over the same cluster and AWS.
+    async fn new_replica(&mut self) {
+        let (provider, engine, ca) =
+            service(&self.w.sim, &self.w.cloud, &self.w.groups, fast_settings()).await;
+        self.w.provider = provider;
+        self.w.engine = engine;
+        self.w.ca = ca;
+        self.replica = lead(&self.w);
+        self.c = consumer(&self.w, &self.q);
+        if let Some(b) = self.last.clone() {
+            self.send(b).await;
+        }
+    }
+
+    async fn step(&mut self, op: &Op) {
+        let (node, iid, group) = match op {
+            Op::Spot(i)
+            | Op::Rebalance(i)
+            | Op::Retirement(i)
+            | Op::CaScaleIn(i)
+            | Op::DrainCommand(i) => self.nodes[*i].clone(),
+            _ => Default::default(),
+        };
+        match op {
+            Op::Spot(_) => {
+                if !self.in_service(&iid) {
+                    return;
+                }
+                self.give(&iid, "interruption notice");
+                let body = eventbridge(
+                    "EC2 Spot Instance Interruption Warning",
+                    "aws.ec2",
+                    serde_json::json!({"instance-id": iid, "instance-action": "terminate"}),
+                );
+                self.send(body).await
+            }
+            Op::Rebalance(_) => {
+                if !self.in_service(&iid) {
+                    return;
+                }
+                self.give(&iid, "interruption notice");
+                let body = eventbridge(
+                    "EC2 Instance Rebalance Recommendation",
+                    "aws.ec2",
+                    serde_json::json!({"instance-id": iid}),
+                );
+                self.send(body).await
+            }
+            Op::Retirement(_) => {
+                if !self.in_service(&iid) {
+                    return;
+                }
+                self.give(&iid, "interruption notice");
+                let start = (chrono::Utc::now() + chrono::Duration::hours(2)).to_rfc2822();
+                let body = eventbridge(
+                    "AWS Health Event",
+                    "aws.health",
+                    serde_json::json!({
+                        "service": "EC2", "eventTypeCode": "AWS_EC2_INSTANCE_RETIREMENT_SCHEDULED",
+                        "eventTypeCategory": "scheduledChange", "startTime": start,
+                        "affectedEntities": [{"entityValue": iid}],
+                    }),
+                );
+                self.send(body).await
+            }
+            Op::CaScaleIn(_) => {
+                if !self.in_service(&iid) || self.asg_chose.contains(&iid) {
+                    return;
+                }
+                self.ca_named.insert(iid.clone());
+                if group == "batch" {
+                    self.give(&iid, "CA scale-in");
+                }
+                // CA's fake-node shape: name and providerID alike.
+                let pid = format!("aws:///us-east-1a/{iid}");
+                let answer = self
+                    .w
+                    .ca
+                    .node_group_delete_nodes(proto::NodeGroupDeleteNodesRequest {
+                        id: group.to_string(),
+                        nodes: vec![proto::ExternalGrpcNode {
+                            provider_id: pid,
+                            name: node.clone(),
+                            ..Default::default()
+                        }],
+                    })
+                    .await;
+                if answer.is_err() && group == "batch" {
+                    // Refused before anything was touched: CA's naming had no effect.
+                    self.given.get_mut(&iid).map(|g| g.remove("CA scale-in"));
+                }
+            }
+            Op::AsgEnds => {
+                let live_web = self
+                    .nodes
+                    .iter()
+                    .filter(|(_, i, g)| *g == "web" && self.in_service(i))
+                    .count();
+                if live_web < 2 {
+                    return;
+                }
+                for victim in self.w.cloud.external_scale_in("web", 1).unwrap() {
+                    self.asg_chose.insert(victim.clone());
+                    let body = serde_json::json!({
+                        "Origin": "AutoScalingGroup", "Destination": "EC2",
+                        "Service": "AWS Auto Scaling", "Time": "2026-11-23T10:00:00Z",
+                        "AccountId": "123456789012",
+                        "LifecycleTransition": "autoscaling:EC2_INSTANCE_TERMINATING",
+                        "RequestId": "r", "AutoScalingGroupName": "web",
+                        "LifecycleHookName": HOOK,
+                        "EC2InstanceId": victim, "LifecycleActionToken": format!("tok-{victim}"),
+                    })
+                    .to_string();
+                    self.send(body).await;
+                }
+            }
+            Op::DrainCommand(_) => {
+                if !self.in_service(&iid) {
+                    return;
+                }
+                self.give(&iid, "drain command");
+                let mode = Mode::DrainOnly;
+                // `drain NODE` is its own process: its first step (the cordon and the
+                // record) is done before a restart of the service can touch it.
+                let reason = scalein::ca_reason(&mode);
+                scalein::cordon::cordon(
+                    &self.w.engine,
+                    &node,
+                    std::slice::from_ref(&reason),
+                    group,
+                )
+                .await
+                .unwrap();
+                self.w.engine.start(DrainRequest {
+                    instance_id: iid.clone(),
+                    group: group.to_string(),
+                    node_name: Some(node.clone()),
+                    reasons: vec![scalein::ca_reason(&mode)],
+                    mode,
+                    source: Source::Cli,
+                    noticed: None,
+                });
+            }
+            Op::Duplicate => {
+                if let Some(b) = self.last.clone() {
+                    self.send(b).await
+                }
+            }
+            Op::Restart => {
+                self.replica.loop_task.abort();
+                self.w.engine.abort_all();
+                self.w.engine.shutdown();
+                self.new_replica().await;
+            }
+            Op::LeaderChange => {
+                // The old leader sees the Lease go and stops where it is; it stays up.
+                self.replica.lease.send_replace(false);
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                let old_engine = self.w.engine.clone();
+                let old = std::mem::replace(
+                    &mut self.replica,
+                    Replica {
+                        loop_task: tokio::spawn(async {}),
+                        lease: tokio::sync::watch::channel(false).0,
+                    },
+                );
+                self.fenced.push((old, old_engine));
+                self.new_replica().await;
+            }
+            Op::Throttle => {
+                self.w.cloud.throttle("lifecycle_heartbeat", 2);
+                self.w.cloud.throttle("complete_lifecycle_action", 1);
+            }
+            Op::Wait => tokio::time::sleep(Duration::from_millis(300)).await,
+        }
+    }
+
+    fn check(&self) {
+        let ended: Vec<String> = self
+            .w
+            .cloud
+            .instances()
+            .into_iter()
+            .filter(|(_, i)| i.state.is_terminating())
+            .map(|(_, i)| i.id)
+            .collect();
+        for id in &ended {
+            assert!(
+                self.ca_named.contains(id) || self.asg_chose.contains(id),
+                "{id} is ending, chosen by neither CA nor the ASG"
+            );
+        }
+        for (a, _) in self.w.cloud.completed_actions() {
+            assert!(
+                self.ca_named.contains(&a.instance_id) || self.asg_chose.contains(&a.instance_id),
+                "completed the action of {}, which nobody chose",
+                a.instance_id
+            );
+        }
+        assert!(
+            self.w.cloud.chosen_by_asg().is_empty(),
+            "the ASG picked a victim after a desired-capacity write"
+        );
+        assert_eq!(
+            self.w.cloud.hook_timeouts(),
+            Vec::<String>::new(),
+            "a held instance was not heartbeated until its drain ended"
+        );
+        let audit = self.w.sim.audit();
+        let mut seen = BTreeSet::new();
+        for e in audit
+            .iter()
+            .filter(|e| e.kind == "Pod" && e.verb == "deletion-started")
+        {
+            assert!(seen.insert(e.name.clone()), "{} was evicted twice", e.name);
+            if e.name.starts_with("app-") {
+                assert!(
+                    audit
+                        .iter()
+                        .any(|a| a.verb == "evicted" && a.name == e.name),
+                    "{} was deleted, not evicted: around its PodDisruptionBudget",
+                    e.name
+                );
+            }
+        }
+        assert!(
+            !seen.contains(&format!("app-{GUARDED}")),
+            "the pod whose budget allows nothing left"
+        );
+        assert_eq!(self.q.pending(), 0, "a handled message was left");
+        let at = |verb: &str, name: &str| {
+            audit
+                .iter()
+                .position(|e| e.kind == "Pod" && e.verb == verb && e.name == name)
+        };
+        for (app, ds) in &self.pods {
+            if let Some(ds_leaves) = at("deletion-started", ds) {
+                let app_gone = at("removed", app);
+                assert!(
+                    app_gone.is_some_and(|g| g < ds_leaves),
+                    "{ds} started leaving (audit {ds_leaves}) while {app} was there ({app_gone:?})"
+                );
+            }
+        }
+    }
+
+    /// No reason is lost: every Node still there carries every reason it was given.
+    fn check_reasons_kept(&self) {
+        for (node, iid, _) in &self.nodes {
+            let Some(given) = self.given.get(iid) else {
+                continue;
+            };
+            let Some(n) = self.w.sim.get::<Node>("", node) else {
+                continue;
+            };
+            let a: BTreeMap<String, String> =
+                serde_json::from_value(n["metadata"]["annotations"].clone()).unwrap_or_default();
+            let r = record::DrainRecord::from_annotations(&a)
+                .unwrap_or_else(|| panic!("{node} lost every reason: {given:?}"));
+            let kept: BTreeSet<&'static str> = r.reasons.iter().map(|r| r.why.label()).collect();
+            for g in given {
+                assert!(kept.contains(g), "{node} lost {g}: {r:?}");
+            }
+        }
+    }
+}
+
+fn run(ops: &[Op]) {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let mut m = Model::new().await;
+        m.check();
+        for op in ops {
+            m.step(op).await;
+            m.check();
+        }
+        // Let the drains move on, then check once more (longer than a hook timeout).
+        tokio::time::sleep(Duration::from_secs(6)).await;
+        m.check();
+        m.check_reasons_kept();
+        m.replica.loop_task.abort();
+        for (r, e) in &m.fenced {
+            r.loop_task.abort();
+            e.shutdown();
+        }
+        m.w.engine.shutdown();
+    });
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig {
+        cases: 12,
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    })]
+
+    #[test]
+    fn every_source_on_the_same_nodes_keeps_every_promise(ops in prop::collection::vec(op(), 1..9)) {
+        run(&ops);
+    }
+}
+
+/// The interactions of the issue, in one run: a rebalance drain held by a PDB, the
+/// ASG ending the same instance through the hook, CA's scale-in and a spot warning on
+/// the same node, a leader change and a restart in between.
+#[test]
+fn the_issues_interactions_keep_every_promise() {
+    run(&[
+        Op::Rebalance(GUARDED),
+        Op::AsgEnds,
+        Op::CaScaleIn(0),
+        Op::Spot(0),
+        Op::Throttle,
+        Op::LeaderChange,
+        Op::DrainCommand(2),
+        Op::CaScaleIn(2),
+        Op::Restart,
+        Op::Wait,
+    ]);
+}
