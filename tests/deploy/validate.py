@@ -9,7 +9,9 @@ manifests use. On top of that, one source of truth: the chart's RBAC rules and d
 provider config must equal deploy/base's (and the standalone overlay's), the config
 keys and the values schema must match the Rust config structs (src/config, deny_unknown_fields),
 and every metric the alert rules and the Grafana dashboard query must be one that
-src/telemetry/metrics.rs registers. Values with an unknown key or a wrong type must be
+src/telemetry/metrics.rs registers. The --balancing-ignore-label labels of both overlays,
+both example values files for CA's chart and the chart's bundled-mode flags must be
+exactly the labels of the README's table. Values with an unknown key or a wrong type must be
 refused by values.schema.json. Exit 1 when anything fails."""
 
 import copy
@@ -367,16 +369,39 @@ def standalone_wiring_errors(docs, values, cfg):
     return errs
 
 
-def readme_ca_flags():
-    """Every flag of the README's "CA flags to set" table, as --NAME=VALUE: the backticked
-    flags of each row's first cell, and the bare words after a flag (the further values
-    of that flag, e.g. the other --balancing-ignore-label labels)."""
+def readme_ca_section():
     text = (ROOT / "README.md").read_text()
     if "### CA flags to set" not in text:
         raise SystemExit("validate.py: README.md has no '### CA flags to set' section")
-    section = text.split("### CA flags to set", 1)[1].split("\n#", 1)[0]
+    return text.split("### CA flags to set", 1)[1].split("\n#", 1)[0]
+
+
+def readme_balancing_labels():
+    """The labels of the README's balancing table (in "CA flags to set": the table whose
+    first header cell is `label`), one `--balancing-ignore-label` each, in order."""
+    labels, in_table = [], False
+    for line in readme_ca_section().splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if not line.startswith("|"):
+            in_table = False
+        elif cells[0] == "label":
+            in_table = True
+        elif in_table and not set(cells[0]) <= set("-: "):
+            m = re.fullmatch(r"`([^`\s]+)`", cells[0])
+            if not m:
+                raise SystemExit(f"validate.py: README balancing table row {line!r}: first cell must be one `label`")
+            labels.append(m.group(1))
+    if len(labels) < 5:
+        raise SystemExit(f"validate.py: parsed only {labels} from the README's balancing label table")
+    return labels
+
+
+def readme_ca_flags():
+    """Every flag of the README's "CA flags to set" table, as --NAME=VALUE: the backticked
+    flags of each row's first cell, and the bare words after a flag (further values of that
+    flag); then one --balancing-ignore-label=LABEL per row of the balancing label table."""
     flags = []
-    for line in section.splitlines():
+    for line in readme_ca_section().splitlines():
         if not line.startswith("| `"):
             continue
         last = None
@@ -388,9 +413,53 @@ def readme_ca_flags():
                     flags.append(part)
                 elif last:
                     flags.append(f"--{last}={part}")
-    if len(flags) < 5 or not any(f.startswith("--balancing-ignore-label=") for f in flags):
+    flags += [f"--balancing-ignore-label={l}" for l in readme_balancing_labels()]
+    if len(flags) < 5:
         raise SystemExit(f"validate.py: parsed only {flags} from the README's CA flags table")
     return flags
+
+
+BALANCING = "balancing-ignore-label"
+
+
+def balancing_label_lists(overlays):
+    """{where: [label, ...]} for every place that passes CA its --balancing-ignore-label
+    flags: each overlay's cluster-autoscaler container, each example values file for CA's
+    chart (extraArgs balancing-ignore-label_N) and the chart's bundled-mode defaults."""
+    lists = {}
+    for name, docs in sorted(overlays.items()):
+        for dep in (d for d in docs if d.get("kind") == "Deployment"):
+            for c in pod_containers(dep):
+                if c["name"] == "cluster-autoscaler":
+                    args = (c.get("command") or []) + (c.get("args") or [])
+                    lists[f"deploy/overlays/{name}"] = [a.split("=", 1)[1] for a in args
+                                                        if a.startswith(f"--{BALANCING}=")]
+    for path in sorted((CHART / "examples").glob("cluster-autoscaler*-values.yaml")):
+        args = yaml.safe_load(path.read_text()).get("extraArgs") or {}
+        # CA's chart drops what follows a `_` in an extraArgs name (balancing-ignore-label_1).
+        lists[f"deploy/chart/examples/{path.name}"] = [str(v) for k, v in args.items()
+                                                      if k.split("_")[0] == BALANCING]
+    flags = yaml.safe_load((CHART / "values.yaml").read_text())["clusterAutoscaler"]["flags"]
+    lists["deploy/chart/values.yaml clusterAutoscaler.flags"] = list(flags.get(BALANCING) or [])
+    return lists
+
+
+def balancing_label_errors(overlays):
+    """Every list of --balancing-ignore-label values is exactly the README's table: the
+    same labels, each once."""
+    want = readme_balancing_labels()
+    errs = [f"README.md balancing table: {l} is listed twice" for l in sorted({l for l in want if want.count(l) > 1})]
+    lists = balancing_label_lists(overlays)
+    if len(lists) < 5:
+        errs.append(f"found only {sorted(lists)} passing --{BALANCING} (expected 2 overlays, 2 examples, values.yaml)")
+    for where, got in lists.items():
+        missing = [l for l in want if l not in got]
+        extra = [l for l in got if l not in want]
+        twice = sorted({l for l in got if got.count(l) > 1})
+        for what, ls in (("lacks", missing), ("has, not in the README table,", extra), ("repeats", twice)):
+            if ls:
+                errs.append(f"{where}: --{BALANCING} {what} {ls}")
+    return errs, len(want), sorted(lists)
 
 
 def bundled_wiring_errors(docs, values, cfg, ca_rules):
@@ -880,6 +949,13 @@ def main():
                 print(f"FAIL {name}: {e}")
                 failed += 1
         print(f"ok   {target.relative_to(ROOT)}: {len(docs)} objects ({', '.join(sorted(set(kinds)))})")
+    # One set of --balancing-ignore-label labels everywhere CA gets its flags.
+    errs, n, where = balancing_label_errors({k: v for k, v in rendered.items() if k != "base"})
+    for e in errs:
+        print(f"FAIL {e}")
+    failed += len(errs)
+    if not errs:
+        print(f"ok   --{BALANCING}: the README table's {n} labels, each once, in {len(where)} places ({', '.join(where)})")
     failed += check_chart(rendered["base"], rendered["standalone"])
     if failed:
         print(f"{failed} failure(s)")
