@@ -509,6 +509,77 @@ def bundled_wiring_errors(docs, values, cfg, ca_rules):
     return errs
 
 
+QUICKSTART = CHART / "examples/quickstart-values.yaml"
+
+
+def quickstart_errors(docs, values, cfg):
+    """The quickstart's values: the chart's recommended one-install mode, the region set
+    (never guessed), the cluster named in the discovery tags, and the ServiceAccount the
+    README's IAM trust policies name."""
+    errs = []
+    if values["mode"] != "bundled":
+        errs.append(f"mode {values['mode']!r}: the quickstart installs bundled mode (CA and the provider in one release)")
+    if not (cfg.get("aws") or {}).get("region"):
+        errs.append("config.aws.region must be set: the quickstart never relies on a guessed region")
+    tags = [t for d in cfg.get("autoDiscovery") or [] for t in d.get("tags") or []]
+    if "k8s.io/cluster-autoscaler/enabled" not in tags or not any(
+            t.startswith("k8s.io/cluster-autoscaler/") and t != "k8s.io/cluster-autoscaler/enabled" for t in tags):
+        errs.append(f"autoDiscovery tags {tags} must be k8s.io/cluster-autoscaler/enabled and k8s.io/cluster-autoscaler/<cluster>")
+    dep = find(docs, "Deployment")
+    sa = dep and dep["spec"]["template"]["spec"].get("serviceAccountName")
+    readme = (ROOT / "README.md").read_text()
+    if f"system:serviceaccount:{NAMESPACE}:{sa}" not in readme or f"--service-account {sa}" not in readme:
+        errs.append(f"the README quickstart's IRSA trust policy and Pod Identity association must name "
+                    f"{NAMESPACE}/{sa}, the ServiceAccount this file renders")
+    if "helm install ca-asg-provider deploy/chart -n kube-system -f my-values.yaml" not in readme:
+        errs.append("the README quickstart does not install the release ca-asg-provider in kube-system with -f my-values.yaml")
+    return errs
+
+
+QUICKSTART_VARS = {"ACCOUNT_ID": "210987654321", "AWS_REGION": "ap-southeast-2", "CLUSTER": "prod-blue",
+                   "CA_VERSION": "v1.33.9", "TAG": "1.2.3"}
+
+
+def quickstart_sed_values():
+    """my-values.yaml as the README quickstart's `sed ... quickstart-values.yaml > my-values.yaml`
+    writes it for QUICKSTART_VARS (each -e "s/PATTERN/REPLACEMENT/[g]" applied per line, as sed does)."""
+    readme = (ROOT / "README.md").read_text()
+    m = re.search(r"^sed ((?:.*\\\n)*.*) deploy/chart/examples/quickstart-values.yaml > my-values.yaml$", readme, re.M)
+    if not m:
+        raise SystemExit("validate.py: the README quickstart has no `sed ... quickstart-values.yaml > my-values.yaml`")
+    exprs = re.findall(r'-e "s/((?:[^/"\\]|\\.)*)/((?:[^/"\\]|\\.)*)/(g?)"', m.group(1))
+    if len(exprs) != m.group(1).count("-e "):
+        raise SystemExit(f"validate.py: could not read the quickstart's sed expressions {m.group(1)!r}")
+    unq = lambda t: t.replace('\\"', '"')
+    lines = []
+    for line in QUICKSTART.read_text().splitlines():
+        for pat, rep, g in exprs:
+            rep = re.sub(r"\$(\w+)", lambda v: QUICKSTART_VARS[v.group(1)], unq(rep))
+            line = re.sub(unq(pat), lambda _: rep, line, count=0 if g else 1)
+        lines.append(line)
+    return "\n".join(lines) + "\n"
+
+
+def quickstart_sed_errors(env):
+    """The values the quickstart's sed writes render, and carry the user's account, region,
+    cluster, CA version and tag, with nothing of the example's left."""
+    text = quickstart_sed_values()
+    with tempfile.TemporaryDirectory() as tmp:
+        f = pathlib.Path(tmp) / "my-values.yaml"
+        f.write_text(text)
+        out = helm("template", RELEASE, str(CHART), "-n", NAMESPACE, "-f", str(f), env=env)
+    if out.returncode != 0:
+        return [f"my-values.yaml from the quickstart's sed does not render: {out.stderr.strip()[-300:]}"]
+    v = QUICKSTART_VARS
+    want = [f"image: {v['ACCOUNT_ID']}.dkr.ecr.{v['AWS_REGION']}.amazonaws.com/ca-asg-provider:{v['TAG']}",
+            f"region: {v['AWS_REGION']}", f"k8s.io/cluster-autoscaler/{v['CLUSTER']}",
+            f"cluster-autoscaler:{v['CA_VERSION']}"]
+    errs = [f"my-values.yaml from the quickstart's sed renders without {w!r}" for w in want if w not in out.stdout]
+    errs += [f"my-values.yaml from the quickstart's sed still holds the example's {x!r}"
+             for x in ("111122223333", "eu-west-1", "my-cluster", "v1.34.0") if x in text]
+    return errs
+
+
 def test_hook_errors(docs):
     """The `helm test` Pod runs check-config on the config the provider serves with, under
     the same ServiceAccount."""
@@ -752,10 +823,11 @@ def check_chart(base_docs, overlay_docs):
         if not errs:
             print(f"ok   {rel(CHART)}/values.schema.json: top-level keys = values.yaml's, config = src/config structs")
 
-        values_files = [None] + sorted((CHART / "ci").glob("*-values.yaml"))
+        # The ci files, and the README quickstart's values file, rendered the same way.
+        values_files = [None] + sorted((CHART / "ci").glob("*-values.yaml")) + [QUICKSTART]
         rendered_alerts = []
         for vf in values_files:
-            label = f"ci/{vf.name}" if vf else "defaults"
+            label = str(vf.relative_to(CHART)) if vf else "defaults"
             extra = ["-f", str(vf)] if vf else []
             values = merged(defaults, yaml.safe_load(vf.read_text()) if vf else {})
             lint = helm("lint", "--strict", str(CHART), "-n", NAMESPACE, *extra, env=env)
@@ -799,6 +871,9 @@ def check_chart(base_docs, overlay_docs):
                              else (overlay_config, "deploy/overlays/standalone"))
                 if cfg != want:
                     fail(f"deploy/chart ({label}): provider config differs from {src}'s:\n  chart: {cfg}\n  {src}: {want}")
+            if vf == QUICKSTART:
+                for e in quickstart_errors(docs, values, cfg) + quickstart_sed_errors(env):
+                    fail(f"deploy/chart ({label}): {e}")
             if values["mode"] == "standalone":
                 for e in standalone_wiring_errors(docs, values, cfg):
                     fail(f"deploy/chart ({label}): {e}")
