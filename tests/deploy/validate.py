@@ -9,7 +9,9 @@ manifests use. On top of that, one source of truth: the chart's RBAC rules and d
 provider config must equal deploy/base's (and the standalone overlay's), the config
 keys and the values schema must match the Rust config structs (src/config, deny_unknown_fields),
 and every metric the alert rules and the Grafana dashboard query must be one that
-src/telemetry/metrics.rs registers. Values with an unknown key or a wrong type must be
+src/telemetry/metrics.rs registers. The --balancing-ignore-label labels of both overlays,
+both example values files for CA's chart and the chart's bundled-mode flags must be
+exactly the labels of the README's table. Values with an unknown key or a wrong type must be
 refused by values.schema.json. Exit 1 when anything fails."""
 
 import copy
@@ -367,16 +369,39 @@ def standalone_wiring_errors(docs, values, cfg):
     return errs
 
 
-def readme_ca_flags():
-    """Every flag of the README's "CA flags to set" table, as --NAME=VALUE: the backticked
-    flags of each row's first cell, and the bare words after a flag (the further values
-    of that flag, e.g. the other --balancing-ignore-label labels)."""
+def readme_ca_section():
     text = (ROOT / "README.md").read_text()
     if "### CA flags to set" not in text:
         raise SystemExit("validate.py: README.md has no '### CA flags to set' section")
-    section = text.split("### CA flags to set", 1)[1].split("\n#", 1)[0]
+    return text.split("### CA flags to set", 1)[1].split("\n#", 1)[0]
+
+
+def readme_balancing_labels():
+    """The labels of the README's balancing table (in "CA flags to set": the table whose
+    first header cell is `label`), one `--balancing-ignore-label` each, in order."""
+    labels, in_table = [], False
+    for line in readme_ca_section().splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if not line.startswith("|"):
+            in_table = False
+        elif cells[0] == "label":
+            in_table = True
+        elif in_table and not set(cells[0]) <= set("-: "):
+            m = re.fullmatch(r"`([^`\s]+)`", cells[0])
+            if not m:
+                raise SystemExit(f"validate.py: README balancing table row {line!r}: first cell must be one `label`")
+            labels.append(m.group(1))
+    if len(labels) < 5:
+        raise SystemExit(f"validate.py: parsed only {labels} from the README's balancing label table")
+    return labels
+
+
+def readme_ca_flags():
+    """Every flag of the README's "CA flags to set" table, as --NAME=VALUE: the backticked
+    flags of each row's first cell, and the bare words after a flag (further values of that
+    flag); then one --balancing-ignore-label=LABEL per row of the balancing label table."""
     flags = []
-    for line in section.splitlines():
+    for line in readme_ca_section().splitlines():
         if not line.startswith("| `"):
             continue
         last = None
@@ -388,9 +413,53 @@ def readme_ca_flags():
                     flags.append(part)
                 elif last:
                     flags.append(f"--{last}={part}")
-    if len(flags) < 5 or not any(f.startswith("--balancing-ignore-label=") for f in flags):
+    flags += [f"--balancing-ignore-label={l}" for l in readme_balancing_labels()]
+    if len(flags) < 5:
         raise SystemExit(f"validate.py: parsed only {flags} from the README's CA flags table")
     return flags
+
+
+BALANCING = "balancing-ignore-label"
+
+
+def balancing_label_lists(overlays):
+    """{where: [label, ...]} for every place that passes CA its --balancing-ignore-label
+    flags: each overlay's cluster-autoscaler container, each example values file for CA's
+    chart (extraArgs balancing-ignore-label_N) and the chart's bundled-mode defaults."""
+    lists = {}
+    for name, docs in sorted(overlays.items()):
+        for dep in (d for d in docs if d.get("kind") == "Deployment"):
+            for c in pod_containers(dep):
+                if c["name"] == "cluster-autoscaler":
+                    args = (c.get("command") or []) + (c.get("args") or [])
+                    lists[f"deploy/overlays/{name}"] = [a.split("=", 1)[1] for a in args
+                                                        if a.startswith(f"--{BALANCING}=")]
+    for path in sorted((CHART / "examples").glob("cluster-autoscaler*-values.yaml")):
+        args = yaml.safe_load(path.read_text()).get("extraArgs") or {}
+        # CA's chart drops what follows a `_` in an extraArgs name (balancing-ignore-label_1).
+        lists[f"deploy/chart/examples/{path.name}"] = [str(v) for k, v in args.items()
+                                                      if k.split("_")[0] == BALANCING]
+    flags = yaml.safe_load((CHART / "values.yaml").read_text())["clusterAutoscaler"]["flags"]
+    lists["deploy/chart/values.yaml clusterAutoscaler.flags"] = list(flags.get(BALANCING) or [])
+    return lists
+
+
+def balancing_label_errors(overlays):
+    """Every list of --balancing-ignore-label values is exactly the README's table: the
+    same labels, each once."""
+    want = readme_balancing_labels()
+    errs = [f"README.md balancing table: {l} is listed twice" for l in sorted({l for l in want if want.count(l) > 1})]
+    lists = balancing_label_lists(overlays)
+    if len(lists) < 5:
+        errs.append(f"found only {sorted(lists)} passing --{BALANCING} (expected 2 overlays, 2 examples, values.yaml)")
+    for where, got in lists.items():
+        missing = [l for l in want if l not in got]
+        extra = [l for l in got if l not in want]
+        twice = sorted({l for l in got if got.count(l) > 1})
+        for what, ls in (("lacks", missing), ("has, not in the README table,", extra), ("repeats", twice)):
+            if ls:
+                errs.append(f"{where}: --{BALANCING} {what} {ls}")
+    return errs, len(want), sorted(lists)
 
 
 def bundled_wiring_errors(docs, values, cfg, ca_rules):
@@ -437,6 +506,77 @@ def bundled_wiring_errors(docs, values, cfg, ca_rules):
         if len(roles) != 1 or roles[0]["rules"] != ca_rules:
             errs.append(f"CA's ClusterRole rules differ from deploy/cluster-autoscaler/rbac.yaml's:\n"
                         f"  chart: {roles and roles[0]['rules']}\n  deploy: {ca_rules}")
+    return errs
+
+
+QUICKSTART = CHART / "examples/quickstart-values.yaml"
+
+
+def quickstart_errors(docs, values, cfg):
+    """The quickstart's values: the chart's recommended one-install mode, the region set
+    (never guessed), the cluster named in the discovery tags, and the ServiceAccount the
+    README's IAM trust policies name."""
+    errs = []
+    if values["mode"] != "bundled":
+        errs.append(f"mode {values['mode']!r}: the quickstart installs bundled mode (CA and the provider in one release)")
+    if not (cfg.get("aws") or {}).get("region"):
+        errs.append("config.aws.region must be set: the quickstart never relies on a guessed region")
+    tags = [t for d in cfg.get("autoDiscovery") or [] for t in d.get("tags") or []]
+    if "k8s.io/cluster-autoscaler/enabled" not in tags or not any(
+            t.startswith("k8s.io/cluster-autoscaler/") and t != "k8s.io/cluster-autoscaler/enabled" for t in tags):
+        errs.append(f"autoDiscovery tags {tags} must be k8s.io/cluster-autoscaler/enabled and k8s.io/cluster-autoscaler/<cluster>")
+    dep = find(docs, "Deployment")
+    sa = dep and dep["spec"]["template"]["spec"].get("serviceAccountName")
+    readme = (ROOT / "README.md").read_text()
+    if f"system:serviceaccount:{NAMESPACE}:{sa}" not in readme or f"--service-account {sa}" not in readme:
+        errs.append(f"the README quickstart's IRSA trust policy and Pod Identity association must name "
+                    f"{NAMESPACE}/{sa}, the ServiceAccount this file renders")
+    if "helm install ca-asg-provider deploy/chart -n kube-system -f my-values.yaml" not in readme:
+        errs.append("the README quickstart does not install the release ca-asg-provider in kube-system with -f my-values.yaml")
+    return errs
+
+
+QUICKSTART_VARS = {"ACCOUNT_ID": "210987654321", "AWS_REGION": "ap-southeast-2", "CLUSTER": "prod-blue",
+                   "CA_VERSION": "v1.33.9", "TAG": "1.2.3"}
+
+
+def quickstart_sed_values():
+    """my-values.yaml as the README quickstart's `sed ... quickstart-values.yaml > my-values.yaml`
+    writes it for QUICKSTART_VARS (each -e "s/PATTERN/REPLACEMENT/[g]" applied per line, as sed does)."""
+    readme = (ROOT / "README.md").read_text()
+    m = re.search(r"^sed ((?:.*\\\n)*.*) deploy/chart/examples/quickstart-values.yaml > my-values.yaml$", readme, re.M)
+    if not m:
+        raise SystemExit("validate.py: the README quickstart has no `sed ... quickstart-values.yaml > my-values.yaml`")
+    exprs = re.findall(r'-e "s/((?:[^/"\\]|\\.)*)/((?:[^/"\\]|\\.)*)/(g?)"', m.group(1))
+    if len(exprs) != m.group(1).count("-e "):
+        raise SystemExit(f"validate.py: could not read the quickstart's sed expressions {m.group(1)!r}")
+    unq = lambda t: t.replace('\\"', '"')
+    lines = []
+    for line in QUICKSTART.read_text().splitlines():
+        for pat, rep, g in exprs:
+            rep = re.sub(r"\$(\w+)", lambda v: QUICKSTART_VARS[v.group(1)], unq(rep))
+            line = re.sub(unq(pat), lambda _: rep, line, count=0 if g else 1)
+        lines.append(line)
+    return "\n".join(lines) + "\n"
+
+
+def quickstart_sed_errors(env):
+    """The values the quickstart's sed writes render, and carry the user's account, region,
+    cluster, CA version and tag, with nothing of the example's left."""
+    text = quickstart_sed_values()
+    with tempfile.TemporaryDirectory() as tmp:
+        f = pathlib.Path(tmp) / "my-values.yaml"
+        f.write_text(text)
+        out = helm("template", RELEASE, str(CHART), "-n", NAMESPACE, "-f", str(f), env=env)
+    if out.returncode != 0:
+        return [f"my-values.yaml from the quickstart's sed does not render: {out.stderr.strip()[-300:]}"]
+    v = QUICKSTART_VARS
+    want = [f"image: {v['ACCOUNT_ID']}.dkr.ecr.{v['AWS_REGION']}.amazonaws.com/ca-asg-provider:{v['TAG']}",
+            f"region: {v['AWS_REGION']}", f"k8s.io/cluster-autoscaler/{v['CLUSTER']}",
+            f"cluster-autoscaler:{v['CA_VERSION']}"]
+    errs = [f"my-values.yaml from the quickstart's sed renders without {w!r}" for w in want if w not in out.stdout]
+    errs += [f"my-values.yaml from the quickstart's sed still holds the example's {x!r}"
+             for x in ("111122223333", "eu-west-1", "my-cluster", "v1.34.0") if x in text]
     return errs
 
 
@@ -683,10 +823,11 @@ def check_chart(base_docs, overlay_docs):
         if not errs:
             print(f"ok   {rel(CHART)}/values.schema.json: top-level keys = values.yaml's, config = src/config structs")
 
-        values_files = [None] + sorted((CHART / "ci").glob("*-values.yaml"))
+        # The ci files, and the README quickstart's values file, rendered the same way.
+        values_files = [None] + sorted((CHART / "ci").glob("*-values.yaml")) + [QUICKSTART]
         rendered_alerts = []
         for vf in values_files:
-            label = f"ci/{vf.name}" if vf else "defaults"
+            label = str(vf.relative_to(CHART)) if vf else "defaults"
             extra = ["-f", str(vf)] if vf else []
             values = merged(defaults, yaml.safe_load(vf.read_text()) if vf else {})
             lint = helm("lint", "--strict", str(CHART), "-n", NAMESPACE, *extra, env=env)
@@ -730,6 +871,9 @@ def check_chart(base_docs, overlay_docs):
                              else (overlay_config, "deploy/overlays/standalone"))
                 if cfg != want:
                     fail(f"deploy/chart ({label}): provider config differs from {src}'s:\n  chart: {cfg}\n  {src}: {want}")
+            if vf == QUICKSTART:
+                for e in quickstart_errors(docs, values, cfg) + quickstart_sed_errors(env):
+                    fail(f"deploy/chart ({label}): {e}")
             if values["mode"] == "standalone":
                 for e in standalone_wiring_errors(docs, values, cfg):
                     fail(f"deploy/chart ({label}): {e}")
@@ -880,6 +1024,13 @@ def main():
                 print(f"FAIL {name}: {e}")
                 failed += 1
         print(f"ok   {target.relative_to(ROOT)}: {len(docs)} objects ({', '.join(sorted(set(kinds)))})")
+    # One set of --balancing-ignore-label labels everywhere CA gets its flags.
+    errs, n, where = balancing_label_errors({k: v for k, v in rendered.items() if k != "base"})
+    for e in errs:
+        print(f"FAIL {e}")
+    failed += len(errs)
+    if not errs:
+        print(f"ok   --{BALANCING}: the README table's {n} labels, each once, in {len(where)} places ({', '.join(where)})")
     failed += check_chart(rendered["base"], rendered["standalone"])
     if failed:
         print(f"{failed} failure(s)")
