@@ -369,3 +369,66 @@ async fn a_created_hook_is_put_once() {
     let reg = w.provider.registry();
     assert!(w.engine.our_hook(reg.group("web").unwrap()).is_some());
 }
+
+/// CA left at `--daemonset-eviction-for-occupied-nodes=true` evicted the log shipper
+/// before DeleteNodes, which reached a follower: the leader's resumed drain still says
+/// so (CA's taint on the Node tells a CA scale-in whichever replica CA asked).
+#[tokio::test]
+async fn a_daemonset_ca_evicted_early_is_reported_when_the_drain_reached_a_follower() {
+    let mut w = world(
+        vec![MemoryGroup::new("web", 0, 3, 1, "m5.large")],
+        fast_settings(),
+        Duration::from_millis(50),
+    )
+    .await;
+    let (node, iid) = nodes_of(&w, "web").remove(0);
+    w.sim
+        .create(&fixtures::daemonset("logging", "fluentd", 5.0, false))
+        .unwrap();
+    w.sim
+        .create(&fixtures::pod("shop", "app", &node, "app", 0.3))
+        .unwrap();
+    pods_ready(&w, 2).await;
+    // What CA does before DeleteNodes: its taint, and (with the flag left at true) the
+    // DaemonSet pod evicted with the workloads.
+    let nodes: kube::Api<Node> = kube::Api::all(w.sim.client());
+    nodes
+        .patch(
+            &node,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(serde_json::json!({"spec": {"taints": [
+                {"key": "ToBeDeletedByClusterAutoscaler", "value": "1", "effect": "NoSchedule"}
+            ]}})),
+        )
+        .await
+        .unwrap();
+    let pods: kube::Api<Pod> = kube::Api::namespaced(w.sim.client(), "logging");
+    let fluentd = w
+        .sim
+        .list::<Pod>()
+        .iter()
+        .find_map(|p| {
+            p["metadata"]["name"]
+                .as_str()
+                .filter(|n| n.starts_with("fluentd"))
+                .map(str::to_string)
+        })
+        .unwrap();
+    pods.delete(&fluentd, &Default::default()).await.unwrap();
+
+    // DeleteNodes reaches a follower: it marks the Node, the leader drains.
+    let (_lease, follower) = tokio::sync::watch::channel(false);
+    w.engine.follow_leadership(follower);
+    delete_nodes(&mut w, "web", &[(node.clone(), iid.clone())]).await;
+    assert!(!w.engine.is_draining(&iid));
+    let (provider, engine, _ca) = service(&w.sim, &w.cloud, &w.groups, fast_settings()).await;
+    let lifecycle = scalein::lifecycle::spawn_loop(engine.clone(), provider.clone());
+    eventually("the leader says CA evicted the DaemonSet pod early", 10, || {
+        events(&w.sim)
+            .iter()
+            .any(|(r, n)| r == "DaemonSetEvictedEarly" && n.contains("fluentd"))
+    })
+    .await;
+    lifecycle.abort();
+    engine.shutdown();
+}

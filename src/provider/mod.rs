@@ -179,7 +179,7 @@ struct Overlay {
     /// Unix time of the last size increase per group.
     last_increase: HashMap<String, i64>,
     /// Instances found by background lookup: instance id -> group.
-    located: HashMap<String, String>,
+    located: HashMap<String, (String, Instant)>,
     /// Direct-mode drains not yet terminated: instance id -> entry. Each lowers CA's
     /// target of its group by one (AWS's desired capacity still counts the instance)
     /// and shows the instance as deleting.
@@ -327,7 +327,7 @@ impl Provider {
         if let Some(g) = reg.group_of_instance(id) {
             return Some(GroupInfo::from(g));
         }
-        if let Some(name) = self.overlay.lock().located.get(id) {
+        if let Some((name, _)) = self.overlay.lock().located.get(id) {
             return reg.group(name).map(GroupInfo::from);
         }
         // CA builds a fake node for every instance that never registered (placeholders
@@ -718,7 +718,7 @@ impl Provider {
                         let owner = reg
                             .group_of_instance(iid)
                             .map(|o| o.asg.name.clone())
-                            .or_else(|| ov.located.get(iid).cloned());
+                            .or_else(|| ov.located.get(iid).map(|(g, _)| g.clone()));
                         return Err(ProviderError::InvalidArgument(match owner {
                             Some(o) => format!(
                                 "node {} (instance {iid}) belongs to node group {o}, not {id}",

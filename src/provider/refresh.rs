@@ -25,6 +25,9 @@ const LOOKUP_NEGATIVE_TTL: Duration = Duration::from_secs(60);
 /// Most ids kept waiting for lookup (bounds memory under a flood of bogus ids).
 const LOOKUP_QUEUE_MAX: usize = 10_000;
 
+/// How long an instance found by lookup stays mapped while no snapshot shows it.
+const LOCATED_GRACE: std::time::Duration = std::time::Duration::from_secs(120);
+
 #[derive(Default)]
 pub(crate) struct RefreshState {
     inner: Mutex<RefreshInner>,
@@ -176,6 +179,7 @@ impl Provider {
 
     async fn load(self: &Arc<Self>) -> Result<(), ProviderError> {
         let writes_before = self.writes.load(Ordering::Acquire);
+        let read_at = now();
         let asgs = self.cloud.describe_groups(&self.settings.selector).await?;
         self.report_missing_static(&asgs);
         let hooks = self.hooks_for(&asgs).await;
@@ -216,8 +220,14 @@ impl Provider {
                 ov.target.clear();
             }
             Self::prune_deleting(&mut ov, &registry);
-            ov.located
-                .retain(|id, _| registry.group_of_instance(id).is_none());
+            // A located instance this read should have shown but did not has left
+            // (terminated, detached): forgotten after a grace for AWS's eventual
+            // consistency, so the map stays as small as the instances still on their
+            // way into a snapshot.
+            ov.located.retain(|id, (_, at)| {
+                registry.group_of_instance(id).is_none()
+                    && (*at > read_at || at.elapsed() < LOCATED_GRACE)
+            });
             Self::apply_marks(&mut ov, &registry);
         }
         drop(_ops);
@@ -472,7 +482,7 @@ impl Provider {
                     for loc in found {
                         if reg.group(&loc.group).is_some() {
                             tracing::info!(instance = %loc.instance_id, group = %loc.group, "new instance mapped to its group");
-                            ov.located.insert(loc.instance_id, loc.group);
+                            ov.located.insert(loc.instance_id, (loc.group, now()));
                             any = true;
                         }
                     }

@@ -443,7 +443,11 @@ async fn drain_node(
         )));
     }
 
-    if req.source == Source::ClusterAutoscaler {
+    // CA's scale-in, whichever replica CA asked (a follower's drain reaches the
+    // leader as a resumed or held one): CA's own taint on the Node says so.
+    if req.source == Source::ClusterAutoscaler
+        || engine.nodes.has_taint(node, cordon::CA_TO_BE_DELETED_TAINT)
+    {
         warn_daemonsets_evicted_early(&d, &pods).await;
     }
 
@@ -564,13 +568,18 @@ async fn daemonset_phase(
 /// itself, with the workloads, before DeleteNodes: the log shipper is already going
 /// when the drain starts. Say so once per drain, naming the pods and the fix.
 async fn warn_daemonsets_evicted_early(d: &NodeDrain<'_>, pods: &NodePods) {
-    let early: Vec<String> = pods
-        .pods()
+    let listed = pods.pods();
+    let early: Vec<String> = listed
         .iter()
         .filter(|p| plan::is_daemonset_pod(p) && p.metadata.deletion_timestamp.is_some())
         .map(|p| plan::pod_ref(p).to_string())
         .collect();
-    if early.is_empty() {
+    // Only while workload pods are still there: a drain resumed after its own
+    // DaemonSet phase finds them leaving too, and that is not CA's doing.
+    let workloads_left = listed.iter().any(|p| {
+        matches!(plan::classify(p), Disposition::Evict(t) | Disposition::Wait(t) if !t.is_daemonset())
+    });
+    if early.is_empty() || !workloads_left {
         return;
     }
     metrics()

@@ -575,7 +575,11 @@ impl Engine {
             tokio::spawn(
                 async move { Outcome::Observed(dry_run::describe(&this, &task_req).await) },
             );
-        self.inflight.lock().insert(id, Inflight { handle, req });
+        let mut inflight = self.inflight.lock();
+        if inflight.len() >= FINISHED_KEPT {
+            inflight.retain(|_, f| !f.handle.is_finished());
+        }
+        inflight.insert(id, Inflight { handle, req });
         true
     }
 
@@ -701,7 +705,13 @@ impl Engine {
 
     /// True the first time `(kind, key)` is noted.
     pub(crate) fn note_once(&self, kind: &'static str, key: String) -> bool {
-        self.noted.lock().insert((kind, key))
+        let mut noted = self.noted.lock();
+        // Bounded: a dry run sees every instance the ASGs ever end. Past the bound the
+        // oldest facts are said again, once.
+        if noted.len() >= FINISHED_KEPT {
+            noted.clear();
+        }
+        noted.insert((kind, key))
     }
 
     /// The group's EC2_INSTANCE_TERMINATING hook named `hookName`. Another tool's

@@ -154,6 +154,18 @@ impl NodeIndex {
             .is_none_or(|c| c.status == "True")
     }
 
+    /// Whether the cached Node carries a taint with this key.
+    pub fn has_taint(&self, name: &str, key: &str) -> bool {
+        self.store
+            .get(&kube::runtime::reflector::ObjectRef::new(name))
+            .is_some_and(|n| {
+                n.spec
+                    .as_ref()
+                    .and_then(|s| s.taints.as_ref())
+                    .is_some_and(|t| t.iter().any(|t| t.key == key))
+            })
+    }
+
     /// The reflector's store (read-only handle).
     pub fn store(&self) -> Store<Node> {
         self.store.clone()
