@@ -423,11 +423,15 @@ async fn a_daemonset_ca_evicted_early_is_reported_when_the_drain_reached_a_follo
     assert!(!w.engine.is_draining(&iid));
     let (provider, engine, _ca) = service(&w.sim, &w.cloud, &w.groups, fast_settings()).await;
     let lifecycle = scalein::lifecycle::spawn_loop(engine.clone(), provider.clone());
-    eventually("the leader says CA evicted the DaemonSet pod early", 10, || {
-        events(&w.sim)
-            .iter()
-            .any(|(r, n)| r == "DaemonSetEvictedEarly" && n.contains("fluentd"))
-    })
+    eventually(
+        "the leader says CA evicted the DaemonSet pod early",
+        10,
+        || {
+            events(&w.sim)
+                .iter()
+                .any(|(r, n)| r == "DaemonSetEvictedEarly" && n.contains("fluentd"))
+        },
+    )
     .await;
     lifecycle.abort();
     engine.shutdown();

@@ -15,7 +15,7 @@ use crate::duration::parse_duration;
 use crate::interruption::{InterruptionSettings, RebalanceAction};
 use crate::provider::template::TemplateOverrides;
 use crate::provider::{Bounds, ProviderSettings};
-use crate::scalein::{DaemonSetPolicy, DeadlinePolicy, ModeChoice, ScaleInSettings};
+use crate::scalein::{plan, DaemonSetPolicy, DeadlinePolicy, ModeChoice, ScaleInSettings};
 
 mod args;
 pub use args::ConfigArgs;
@@ -108,6 +108,9 @@ pub struct ScaleInFile {
     /// Default: POD_NAMESPACE, then kube-system.
     pub lease_namespace: Option<String>,
     pub lease_duration: Option<String>,
+    /// Pod label selectors (`key=value[,key=value]`) of DaemonSets that must outlive
+    /// the volume detach, besides those of a critical priority class.
+    pub node_critical_daemon_sets: Option<Vec<String>>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize, PartialEq, Eq)]
@@ -432,7 +435,12 @@ pub fn resolve(file: FileConfig, flags: &Overrides, source: &str) -> Result<Conf
             Duration::from_secs(2),
         ),
         stuck_after: d.stuck_after,
+        node_critical: d.node_critical.clone(),
     };
+    match plan::NodeCritical::parse(si.node_critical_daemon_sets.as_deref().unwrap_or_default()) {
+        Ok(nc) => scale_in.node_critical = nc,
+        Err(why) => bad("scaleIn.nodeCriticalDaemonSets", why),
+    }
     if refresh_wait >= ca_call_timeout {
         bad(
             "refreshWait",

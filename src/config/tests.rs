@@ -196,6 +196,31 @@ scaleIn:
 }
 
 #[test]
+fn node_critical_daemonsets_are_selectors_and_a_bad_one_is_named() {
+    let cfg = resolve(
+        FileConfig::parse(
+            "scaleIn: {nodeCriticalDaemonSets: [\"k8s-app=cilium\", \"app=efs-csi-node,role=node\"]}\n",
+            "c.yaml",
+        )
+        .unwrap(),
+        &Overrides::default(),
+        "c.yaml",
+    )
+    .unwrap();
+    assert_ne!(
+        cfg.scale_in.node_critical,
+        crate::scalein::plan::NodeCritical::default()
+    );
+    let p = problems(
+        "scaleIn: {nodeCriticalDaemonSets: [\"k8s-app\"]}\n",
+        &Overrides::default(),
+    );
+    assert_eq!(p.len(), 1, "{p:?}");
+    assert_eq!(p[0].key, "scaleIn.nodeCriticalDaemonSets");
+    assert!(p[0].message.contains("k8s-app"), "{:?}", p[0]);
+}
+
+#[test]
 fn non_loopback_without_tls_is_refused_unless_insecure() {
     let p = problems("listen: 0.0.0.0:8086\n", &Overrides::default());
     assert_eq!(p[0].key, "listen");

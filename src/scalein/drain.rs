@@ -491,7 +491,7 @@ async fn drain_node(
         .into_iter()
         .filter(|p| {
             !matches!(
-                plan::classify(p),
+                plan::classify_with(p, &engine.settings.node_critical),
                 Disposition::Evict(Tier::CriticalDaemonSet)
                     | Disposition::Wait(Tier::CriticalDaemonSet)
             )
@@ -577,7 +577,7 @@ async fn warn_daemonsets_evicted_early(d: &NodeDrain<'_>, pods: &NodePods) {
     // Only while workload pods are still there: a drain resumed after its own
     // DaemonSet phase finds them leaving too, and that is not CA's doing.
     let workloads_left = listed.iter().any(|p| {
-        matches!(plan::classify(p), Disposition::Evict(t) | Disposition::Wait(t) if !t.is_daemonset())
+        matches!(plan::classify_with(p, &d.engine.settings.node_critical), Disposition::Evict(t) | Disposition::Wait(t) if !t.is_daemonset())
     });
     if early.is_empty() || !workloads_left {
         return;
@@ -606,7 +606,7 @@ async fn end_remaining_workloads(d: &NodeDrain<'_>, pods: &mut NodePods) {
         .pods()
         .into_iter()
         .filter(|p| {
-            matches!(plan::classify(p), Disposition::Evict(t) | Disposition::Wait(t) if !t.is_daemonset())
+            matches!(plan::classify_with(p, &d.engine.settings.node_critical), Disposition::Evict(t) | Disposition::Wait(t) if !t.is_daemonset())
                 && !plan::is_replacement(p, drain_taint(), d.started)
                 && d.not_waited_for(p).is_none()
         })
@@ -732,7 +732,7 @@ async fn phase(
             .into_iter()
             .filter(|p| {
                 let r = plan::pod_ref(p);
-                let in_phase = match plan::classify(p) {
+                let in_phase = match plan::classify_with(p, &engine.settings.node_critical) {
                     Disposition::Evict(t) | Disposition::Wait(t) => which.takes(t),
                     Disposition::Skip(_) => {
                         // A finished pod a finalizer keeps: say once why it stays.
@@ -772,7 +772,7 @@ async fn phase(
                 .node_about_pod(node, Reason::PodNotWaitedFor, format!("{pod}: {why}"), &pod)
                 .await;
         }
-        let step = plan::next_step(&current, which);
+        let step = plan::next_step_with(&current, which, &engine.settings.node_critical);
         let Some(tier) = step.tier else { return Ok(()) };
         if tier == Tier::DoNotDisrupt && !step.evict.is_empty() {
             let names: Vec<String> = step.evict.iter().map(|p| p.to_string()).collect();

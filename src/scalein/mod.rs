@@ -133,6 +133,8 @@ pub struct ScaleInSettings {
     pub stuck_after: Duration,
     /// `serve --dry-run`: drains are described (Event + log), never run.
     pub dry_run: bool,
+    /// DaemonSets that leave after the volume detach, besides critical-priority ones.
+    pub node_critical: plan::NodeCritical,
 }
 
 impl Default for ScaleInSettings {
@@ -159,6 +161,7 @@ impl Default for ScaleInSettings {
             lease_duration: Duration::from_secs(15),
             stuck_after: Duration::from_secs(60),
             dry_run: false,
+            node_critical: plan::NodeCritical::default(),
         }
     }
 }

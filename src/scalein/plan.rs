@@ -66,8 +66,57 @@ pub enum Disposition {
     Skip(&'static str),
 }
 
+/// DaemonSets whose pods must outlive the volume detach, besides those of a
+/// `system-node-critical`/`system-cluster-critical` priority class (EKS's own CNI,
+/// kube-proxy and EBS CSI node plugin use that class; many third-party CNI, CSI and
+/// node agents do not). Each selector is a set of pod labels that must all match
+/// (`k8s-app=cilium`, `app=efs-csi-node,role=node`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct NodeCritical {
+    selectors: Vec<Vec<(String, String)>>,
+}
+
+impl NodeCritical {
+    /// Parses `key=value[,key=value...]` selectors; the error names the bad entry.
+    pub fn parse(entries: &[String]) -> Result<Self, String> {
+        let mut selectors = Vec::new();
+        for e in entries {
+            let mut pairs = Vec::new();
+            for part in e.split(',') {
+                let (k, v) = part.split_once('=').ok_or_else(|| {
+                    format!("{e:?}: each selector is key=value[,key=value...] (a pod label), {part:?} has no '='")
+                })?;
+                let (k, v) = (k.trim(), v.trim());
+                if k.is_empty() || k.len() > 316 || v.len() > 63 || k.contains(char::is_whitespace)
+                {
+                    return Err(format!("{e:?}: {part:?} is not a label key=value"));
+                }
+                pairs.push((k.to_string(), v.to_string()));
+            }
+            selectors.push(pairs);
+        }
+        Ok(Self { selectors })
+    }
+
+    /// Whether one of the selectors matches the pod's labels.
+    pub fn matches(&self, pod: &Pod) -> bool {
+        let Some(labels) = pod.metadata.labels.as_ref() else {
+            return false;
+        };
+        self.selectors.iter().any(|sel| {
+            sel.iter()
+                .all(|(k, v)| labels.get(k).is_some_and(|l| l == v))
+        })
+    }
+}
+
 /// Which tier (if any) a pod belongs to, and whether to send an eviction.
 pub fn classify(pod: &Pod) -> Disposition {
+    classify_with(pod, &NodeCritical::default())
+}
+
+/// [`classify`] with the configured node-critical DaemonSets.
+pub fn classify_with(pod: &Pod, node_critical: &NodeCritical) -> Disposition {
     let meta = &pod.metadata;
     let annotations = meta.annotations.as_ref();
     if annotations.is_some_and(|a| a.contains_key(MIRROR_ANNOTATION)) {
@@ -77,7 +126,7 @@ pub fn classify(pod: &Pod) -> Disposition {
     if matches!(phase, Some("Succeeded") | Some("Failed")) {
         return Disposition::Skip("pod has finished");
     }
-    let tier = tier_of(pod);
+    let tier = tier_of(pod, node_critical);
     if meta.deletion_timestamp.is_some() {
         Disposition::Wait(tier)
     } else {
@@ -85,14 +134,14 @@ pub fn classify(pod: &Pod) -> Disposition {
     }
 }
 
-fn tier_of(pod: &Pod) -> Tier {
+fn tier_of(pod: &Pod, node_critical: &NodeCritical) -> Tier {
     let critical = pod
         .spec
         .as_ref()
         .and_then(|s| s.priority_class_name.as_deref())
         .is_some_and(|c| CRITICAL_CLASSES.contains(&c));
     if is_daemonset_pod(pod) {
-        return if critical {
+        return if critical || node_critical.matches(pod) {
             Tier::CriticalDaemonSet
         } else {
             Tier::DaemonSet
@@ -242,10 +291,15 @@ impl Phase {
 }
 
 pub fn next_step(pods: &[Pod], phase: Phase) -> Step {
+    next_step_with(pods, phase, &NodeCritical::default())
+}
+
+/// [`next_step`] with the configured node-critical DaemonSets.
+pub fn next_step_with(pods: &[Pod], phase: Phase, node_critical: &NodeCritical) -> Step {
     let mut best: Option<Tier> = None;
     let mut classified = Vec::with_capacity(pods.len());
     for p in pods {
-        let d = classify(p);
+        let d = classify_with(p, node_critical);
         let tier = match &d {
             Disposition::Evict(t) | Disposition::Wait(t) => *t,
             Disposition::Skip(_) => continue,
@@ -396,6 +450,66 @@ mod tests {
         let mut going = pod("a");
         going.metadata.deletion_timestamp = Some(Time(k8s_openapi::jiff::Timestamp::UNIX_EPOCH));
         assert_eq!(classify(&going), Disposition::Wait(Tier::Workload));
+    }
+
+    #[test]
+    fn configured_node_critical_daemonsets_leave_after_the_volumes() {
+        let nc = NodeCritical::parse(&[
+            "k8s-app=cilium".into(),
+            "app=efs-csi-node, role=node".into(),
+        ])
+        .unwrap();
+        let labelled = |labels: &[(&str, &str)]| {
+            let mut p = ds(pod("agent"));
+            p.metadata.labels = Some(
+                labels
+                    .iter()
+                    .map(|(k, v)| (k.to_string(), v.to_string()))
+                    .collect(),
+            );
+            p
+        };
+        let tier = |p: &Pod| match classify_with(p, &nc) {
+            Disposition::Evict(t) | Disposition::Wait(t) => t,
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(
+            tier(&labelled(&[("k8s-app", "cilium")])),
+            Tier::CriticalDaemonSet
+        );
+        assert_eq!(
+            tier(&labelled(&[
+                ("app", "efs-csi-node"),
+                ("role", "node"),
+                ("x", "y")
+            ])),
+            Tier::CriticalDaemonSet
+        );
+        // Every pair must match; a log shipper stays an ordinary DaemonSet pod.
+        assert_eq!(tier(&labelled(&[("app", "efs-csi-node")])), Tier::DaemonSet);
+        assert_eq!(tier(&labelled(&[("app", "fluentd")])), Tier::DaemonSet);
+        // A workload with the label is still a workload.
+        let mut w = pod("web");
+        w.metadata.labels = Some([("k8s-app".to_string(), "cilium".to_string())].into());
+        assert_eq!(tier(&w), Tier::Workload);
+        // Without configuration, only the priority class counts.
+        assert_eq!(
+            classify(&labelled(&[("k8s-app", "cilium")])),
+            Disposition::Evict(Tier::DaemonSet)
+        );
+        let step = next_step_with(
+            &[labelled(&[("k8s-app", "cilium")])],
+            Phase::DaemonSets,
+            &nc,
+        );
+        assert_eq!(
+            step.tier, None,
+            "not in the DaemonSet phase: after the volumes"
+        );
+        for bad in ["cilium", "k8s-app", "=x", "a b=c"] {
+            let err = NodeCritical::parse(&[bad.to_string()]).unwrap_err();
+            assert!(err.contains(bad), "{err}");
+        }
     }
 
     #[test]
