@@ -287,3 +287,66 @@ async fn check_config_finds_missing_kubernetes_permissions() {
         .await
     );
 }
+
+/// The region is never guessed: with none in the config, the environment or a profile,
+/// and no instance metadata service, `check-config` and `serve` refuse to start and
+/// say where to set it; given through AWS_REGION, it is used.
+#[test]
+fn a_missing_region_refuses_to_start_and_says_where_to_set_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("config.yaml");
+    std::fs::write(
+        &cfg,
+        // A closed local port: nothing leaves this machine, and the call fails fast.
+        "nodeGroups: [{name: web}]\naws: {endpoint: \"http://127.0.0.1:9\", maxAttempts: 1}\n",
+    )
+    .unwrap();
+    let run = |args: &[&str], region: Option<&str>| {
+        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_ca-asg-provider"));
+        cmd.args(args)
+            .arg("--config")
+            .arg(&cfg)
+            .env_remove("AWS_REGION")
+            .env_remove("AWS_DEFAULT_REGION")
+            .env_remove("AWS_PROFILE")
+            .env("HOME", dir.path())
+            .env("AWS_CONFIG_FILE", dir.path().join("no-config"))
+            .env(
+                "AWS_SHARED_CREDENTIALS_FILE",
+                dir.path().join("no-credentials"),
+            )
+            // No instance metadata service is asked (and no packet leaves loopback).
+            .env("AWS_EC2_METADATA_DISABLED", "true")
+            .env("AWS_ACCESS_KEY_ID", "test")
+            .env("AWS_SECRET_ACCESS_KEY", "test");
+        if let Some(r) = region {
+            cmd.env("AWS_REGION", r);
+        }
+        let out = cmd.output().unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).to_string()
+                + &String::from_utf8_lossy(&out.stderr),
+        )
+    };
+    let (code, text) = run(&["check-config"], None);
+    assert_eq!(code, Some(2), "{text}");
+    assert!(
+        text.contains("no AWS region") && text.contains("aws.region"),
+        "{text}"
+    );
+    let (code, text) = run(
+        &[
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--metrics-listen",
+            "127.0.0.1:0",
+        ],
+        None,
+    );
+    assert_ne!(code, Some(0), "{text}");
+    assert!(text.contains("no AWS region"), "{text}");
+    let (_, text) = run(&["check-config"], Some("eu-west-1"));
+    assert!(text.contains("region:           eu-west-1"), "{text}");
+}

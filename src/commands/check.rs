@@ -13,7 +13,7 @@ use crate::provider::template;
 use crate::provider::Provider;
 
 pub async fn run(args: ConfigArgs) -> ExitCode {
-    let cfg = match args.load() {
+    let mut cfg = match args.load() {
         Ok(c) => c,
         Err(e) => {
             println!("configuration: INVALID\n{e}");
@@ -22,6 +22,13 @@ pub async fn run(args: ConfigArgs) -> ExitCode {
     };
     println!("configuration: ok ({})", cfg.source);
     println!("  listen:           {}", cfg.listen);
+    match crate::cloud::aws::resolve_region(&cfg.aws_settings()).await {
+        Ok(r) => cfg.set_region(r),
+        Err(e) => {
+            println!("region: MISSING\n  {e}");
+            return ExitCode::from(2);
+        }
+    }
     println!("  region:           {}", cfg.region);
     if let Some(e) = &cfg.aws_endpoint {
         println!("  aws endpoint:     {e}");

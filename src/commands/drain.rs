@@ -68,6 +68,12 @@ pub async fn drain(
         println!("dry run: nothing changed");
         return Ok(());
     }
+    let mut cfg = cfg.clone();
+    let region = crate::cloud::aws::resolve_region(&cfg.aws_settings())
+        .await
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
+    cfg.set_region(region);
+    let cfg = &cfg;
     let cloud = crate::cloud::aws::connect(&cfg.aws_settings()).await;
     let (mode, group, provider) = if args.terminate {
         let iid = iid.clone().ok_or_else(|| {

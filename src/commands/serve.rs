@@ -33,6 +33,9 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         Some(shape) => {
             let (groups, nodes) = fleet::parse_shape(shape).map_err(anyhow::Error::msg)?;
             let memory = MemoryCloud::new(fleet::fleet(groups, nodes), MemoryTiming::default());
+            if cfg.region.is_empty() {
+                cfg.set_region(crate::cloud::memory::REGION.into());
+            }
             if cfg.provider.selector.names.is_empty() && cfg.provider.selector.tag_sets.is_empty() {
                 cfg.provider.selector.tag_sets = vec![vec![crate::cloud::TagFilter {
                     key: "k8s.io/cluster-autoscaler/enabled".into(),
@@ -46,6 +49,10 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         }
         None => {
             cfg.require_groups()?;
+            let region = crate::cloud::aws::resolve_region(&cfg.aws_settings())
+                .await
+                .map_err(|e| anyhow::anyhow!("{e}"))?;
+            cfg.set_region(region);
             crate::cloud::aws::connect(&cfg.aws_settings()).await
         }
     };

@@ -310,7 +310,11 @@ pub fn resolve(file: FileConfig, flags: &Overrides, source: &str) -> Result<Conf
         .or(file.aws.region.clone())
         .or_else(|| std::env::var("AWS_REGION").ok())
         .or_else(|| std::env::var("AWS_DEFAULT_REGION").ok())
-        .unwrap_or_else(|| "us-east-1".to_string());
+        .filter(|r| !r.trim().is_empty())
+        // Empty: not given here; the AWS SDK's chain (profile, instance metadata) is
+        // asked when AWS is reached, and the commands refuse to start without one
+        // (cloud::aws::resolve_region). Never guessed.
+        .unwrap_or_default();
     let aws_endpoint = flags.aws_endpoint.clone().or(file.aws.endpoint.clone());
     if let Some(e) = &aws_endpoint {
         if !(e.starts_with("http://") || e.starts_with("https://")) {
@@ -720,10 +724,18 @@ impl Config {
     /// How to reach AWS: the region, the endpoint override and the SDK's attempts.
     pub fn aws_settings(&self) -> AwsSettings {
         AwsSettings {
-            region: Some(self.region.clone()),
+            region: (!self.region.is_empty()).then(|| self.region.clone()),
             endpoint_url: self.aws_endpoint.clone(),
             max_attempts: self.aws_max_attempts,
         }
+    }
+
+    /// The region AWS is reached in: the configured one, else the SDK's chain
+    /// (profile, instance metadata). Without one, an error saying where to set it:
+    /// the region is never guessed (a wrong one finds no groups, or other groups).
+    pub fn set_region(&mut self, region: String) {
+        self.provider.region.clone_from(&region);
+        self.region = region;
     }
 
     /// `serve` needs something to manage.

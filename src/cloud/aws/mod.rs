@@ -43,6 +43,23 @@ pub async fn sdk_config(s: &AwsSettings) -> aws_config::SdkConfig {
     loader.load().await
 }
 
+/// The region to reach AWS in: the configured one, else what the SDK's chain finds
+/// (AWS_REGION, the profile, the instance metadata service). `Err` says where to set
+/// it; a command refuses to start rather than guess.
+pub async fn resolve_region(s: &AwsSettings) -> Result<String, String> {
+    if let Some(r) = s.region.as_ref().filter(|r| !r.trim().is_empty()) {
+        return Ok(r.clone());
+    }
+    sdk_config(s)
+        .await
+        .region()
+        .map(|r| r.to_string())
+        .filter(|r| !r.is_empty())
+        .ok_or_else(|| {
+            "no AWS region: set aws.region in the config (or --region, or the AWS_REGION environment variable); neither was given, no AWS profile names one and the instance metadata service did not answer".to_string()
+        })
+}
+
 /// The AWS backend with every call counted in the metrics (what the commands use).
 pub async fn connect(settings: &AwsSettings) -> Arc<dyn Cloud> {
     let aws: Arc<dyn Cloud> = Arc::new(AwsCloud::new(settings).await);

@@ -19,6 +19,9 @@ use super::{
     LifecycleState,
 };
 
+/// The region the in-memory cloud's zones (`us-east-1a`..) are in.
+pub const REGION: &str = "us-east-1";
+
 pub mod fleet;
 
 /// The ASG to create in a [`MemoryCloud`].
