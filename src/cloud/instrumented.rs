@@ -22,7 +22,9 @@ pub(crate) fn record<T>(op: &str, r: &CloudResult<T>) {
 
 macro_rules! counted {
     ($op:literal, $call:expr) => {{
+        let started = std::time::Instant::now();
         let r = $call.await;
+        metrics().aws_duration($op, started.elapsed());
         record($op, &r);
         r
     }};

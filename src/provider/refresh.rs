@@ -159,6 +159,7 @@ impl Provider {
         match &result {
             Ok(()) => {
                 metrics::Metrics::outcome(&metrics::metrics().refreshes, "ok");
+                metrics::metrics().refreshed();
                 inner.last_ok = Some(started);
                 inner.last_error = None;
                 inner.failures = 0;

@@ -85,6 +85,7 @@ async fn metrics_handler(
     State(s): State<Arc<dyn Status>>,
 ) -> ([(axum::http::HeaderName, &'static str); 1], String) {
     s.before_scrape();
+    metrics().update_process();
     (
         [(
             axum::http::header::CONTENT_TYPE,

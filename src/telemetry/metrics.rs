@@ -1,6 +1,7 @@
 //! Prometheus metrics, in one place. Names follow Prometheus conventions
 //! (`ca_asg_provider_` prefix, base units, `_total` for counters).
 
+use std::sync::atomic::AtomicU64;
 use std::sync::OnceLock;
 use std::time::Instant;
 
@@ -32,6 +33,11 @@ pub struct TemplateFailureLabels {
 pub struct AwsLabels {
     pub operation: String,
     pub outcome: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct OperationLabels {
+    pub operation: &'static str,
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
@@ -109,11 +115,52 @@ pub struct Metrics {
     pub notice_to_end: Family<KindLabels, Histogram>,
     pub interruption_budget_missed: Counter,
     pub pod_events_dropped: Counter,
+    pub aws_duration: Family<OperationLabels, Histogram>,
+    pub last_refresh_ok: Gauge<f64, AtomicU64>,
+    pub process_rss: Gauge,
+    pub process_cpu: Counter<f64, AtomicU64>,
+    pub process_fds: Gauge,
+    pub process_threads: Gauge,
 }
 
 fn rpc_histogram() -> Histogram {
-    // 10 us .. ~5 s
-    Histogram::new(exponential_buckets(0.00001, 3.0, 12))
+    // 10 us .. ~16 s: past CA's 5 s call timeout, so a call CA gave up on shows.
+    Histogram::new(exponential_buckets(0.00001, 3.0, 14))
+}
+
+fn aws_histogram() -> Histogram {
+    // 5 ms .. ~80 s: an SDK call with its retries and backoff.
+    Histogram::new(exponential_buckets(0.005, 2.0, 15))
+}
+
+/// Buckets for the time from an interruption notice: dense around a spot warning's
+/// 120 s (the budget's edge), then out to a retirement's hours.
+fn notice_histogram() -> Histogram {
+    Histogram::new(
+        [
+            1.0,
+            2.0,
+            5.0,
+            10.0,
+            20.0,
+            30.0,
+            45.0,
+            60.0,
+            75.0,
+            90.0,
+            100.0,
+            110.0,
+            120.0,
+            150.0,
+            180.0,
+            300.0,
+            600.0,
+            1800.0,
+            3600.0,
+            4.0 * 3600.0,
+        ]
+        .into_iter(),
+    )
 }
 
 fn stage_histogram() -> Histogram {
@@ -152,10 +199,16 @@ impl Metrics {
             queue_messages: Family::default(),
             queue_handled: Family::default(),
             queue_dropped: Family::default(),
-            notice_to_drain: Family::new_with_constructor(stage_histogram as fn() -> Histogram),
-            notice_to_end: Family::new_with_constructor(stage_histogram as fn() -> Histogram),
+            notice_to_drain: Family::new_with_constructor(notice_histogram as fn() -> Histogram),
+            notice_to_end: Family::new_with_constructor(notice_histogram as fn() -> Histogram),
             interruption_budget_missed: Counter::default(),
             pod_events_dropped: Counter::default(),
+            aws_duration: Family::new_with_constructor(aws_histogram as fn() -> Histogram),
+            last_refresh_ok: Gauge::default(),
+            process_rss: Gauge::default(),
+            process_cpu: Counter::default(),
+            process_fds: Gauge::default(),
+            process_threads: Gauge::default(),
             registry: Registry::default(),
         };
         r.register(
@@ -301,6 +354,36 @@ impl Metrics {
             m.dry_run_actions.clone(),
         );
         r.register(
+            "aws_call_duration_seconds",
+            "Time of each AWS call by operation, the SDK's retries included",
+            m.aws_duration.clone(),
+        );
+        r.register(
+            "last_successful_refresh_timestamp_seconds",
+            "Unix time of the last node-group refresh that read AWS successfully",
+            m.last_refresh_ok.clone(),
+        );
+        r.register(
+            "process_resident_memory_bytes",
+            "Resident memory of this process (compare with the container's memory limit)",
+            m.process_rss.clone(),
+        );
+        r.register(
+            "process_cpu_seconds",
+            "User and system CPU time of this process",
+            m.process_cpu.clone(),
+        );
+        r.register(
+            "process_open_fds",
+            "Open file descriptors of this process (connections from CA included)",
+            m.process_fds.clone(),
+        );
+        r.register(
+            "process_threads",
+            "Threads of this process",
+            m.process_threads.clone(),
+        );
+        r.register(
             "build_info",
             "1, labelled with the running version",
             m.build_info.clone(),
@@ -341,6 +424,59 @@ impl Metrics {
                 outcome: outcome.to_string(),
             })
             .inc();
+    }
+
+    /// Times one AWS call.
+    pub fn aws_duration(&self, operation: &'static str, took: std::time::Duration) {
+        self.aws_duration
+            .get_or_create(&OperationLabels { operation })
+            .observe(took.as_secs_f64());
+    }
+
+    /// A refresh read AWS successfully now.
+    pub fn refreshed(&self) {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_secs_f64())
+            .unwrap_or_default();
+        self.last_refresh_ok.set(now);
+    }
+
+    /// Reads this process's memory, CPU, descriptors and threads from /proc (Linux;
+    /// elsewhere the gauges stay 0). Called before each scrape.
+    pub fn update_process(&self) {
+        let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+        let field = |name: &str| -> Option<i64> {
+            status
+                .lines()
+                .find_map(|l| l.strip_prefix(name))
+                .and_then(|v| v.split_whitespace().next())
+                .and_then(|v| v.parse().ok())
+        };
+        if let Some(kb) = field("VmRSS:") {
+            self.process_rss.set(kb * 1024);
+        }
+        if let Some(t) = field("Threads:") {
+            self.process_threads.set(t);
+        }
+        if let Ok(fds) = std::fs::read_dir("/proc/self/fd") {
+            self.process_fds.set(fds.count() as i64);
+        }
+        // utime and stime, fields 14 and 15 of /proc/self/stat, in USER_HZ (100 per
+        // second on Linux whatever the kernel's own tick).
+        let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+        let after_comm = stat.rsplit_once(')').map(|(_, r)| r).unwrap_or("");
+        let f: Vec<&str> = after_comm.split_whitespace().collect();
+        if let (Some(u), Some(s)) = (
+            f.get(11).and_then(|v| v.parse::<f64>().ok()),
+            f.get(12).and_then(|v| v.parse::<f64>().ok()),
+        ) {
+            let total = (u + s) / 100.0;
+            let seen = self.process_cpu.get();
+            if total > seen {
+                self.process_cpu.inc_by(total - seen);
+            }
+        }
     }
 
     /// One action `serve --dry-run` decided on and did not take.
@@ -434,6 +570,7 @@ mod tests {
     #[test]
     fn names_follow_prometheus_conventions() {
         let m = metrics();
+        m.update_process();
         m.rpc("NodeGroups", tonic::Code::Ok, Instant::now());
         m.aws("describe_groups", "throttled");
         Metrics::outcome(&m.evictions, "pdb_blocked");
@@ -446,8 +583,51 @@ mod tests {
             "ca_asg_provider_evictions_total{outcome=\"pdb_blocked\"}",
             "ca_asg_provider_drain_stage_duration_seconds_count{stage=\"workloads\"}",
             "ca_asg_provider_drains_in_progress{stage=\"workloads\"} 0",
+            "ca_asg_provider_process_resident_memory_bytes",
+            "ca_asg_provider_process_cpu_seconds_total",
         ] {
             assert!(text.contains(name), "missing {name} in:\n{text}");
         }
+    }
+
+    #[test]
+    fn buckets_reach_past_cas_call_timeout_and_around_a_spot_warning() {
+        let m = metrics();
+        m.rpc("Refresh", tonic::Code::Ok, Instant::now());
+        m.aws_duration(
+            "DescribeAutoScalingGroups",
+            std::time::Duration::from_millis(30),
+        );
+        m.notice_to_drain
+            .get_or_create(&KindLabels { kind: "test" })
+            .observe(118.0);
+        m.update_process();
+        let text = m.encode();
+        let bound = |series: &str| -> f64 {
+            text.lines()
+                .filter(|l| l.starts_with(series))
+                .filter_map(|l| l.split("le=\"").nth(1)?.split('"').next()?.parse().ok())
+                .filter(|b: &f64| b.is_finite())
+                .fold(0.0, f64::max)
+        };
+        assert!(bound("ca_asg_provider_grpc_request_duration_seconds_bucket") >= 10.0);
+        assert!(bound("ca_asg_provider_aws_call_duration_seconds_bucket") >= 60.0);
+        for edge in ["le=\"110.0\"", "le=\"120.0\"", "le=\"150.0\""] {
+            assert!(
+                text.lines().any(|l| l
+                    .starts_with("ca_asg_provider_notice_to_drain_seconds_bucket")
+                    && l.contains(edge)),
+                "{edge}"
+            );
+        }
+        let rss: f64 = text
+            .lines()
+            .find_map(|l| l.strip_prefix("ca_asg_provider_process_resident_memory_bytes "))
+            .and_then(|v| v.trim().parse().ok())
+            .unwrap_or(0.0);
+        assert!(
+            rss > 1_000_000.0,
+            "the test process has more than 1 MB resident: {rss}"
+        );
     }
 }

@@ -31,6 +31,10 @@ ROOT = pathlib.Path(__file__).resolve().parents[2]
 K8S_VERSION = "1.32.0"
 CHART = ROOT / "deploy/chart"
 DASHBOARD = ROOT / "deploy/dashboards/ca-asg-provider.json"
+# Metrics without a dashboard panel, each with the reason.
+NOT_ON_DASHBOARD = {
+    # Every metric has a panel today; a new one without belongs here with its reason.
+}
 RELEASE, NAMESPACE = "ca-asg-provider", "kube-system"
 
 CERT_MANAGER = {
@@ -1002,9 +1006,16 @@ def check_chart(base_docs, overlay_docs):
     for expr in exprs:
         for e in promql_errors(expr, prefix, series):
             fail(f"{rel(DASHBOARD)}: {e}")
+    # Every metric has a panel, or a reason here not to.
+    used = {n for x in exprs for n in re.findall(r"\b(" + prefix + r"_\w+)", x)}
+    bases = {re.sub(r"_(total|bucket|sum|count)$", "", s) for s in series}
+    shown = {re.sub(r"_(total|bucket|sum|count)$", "", n) for n in used}
+    for b in sorted(bases - shown - set(NOT_ON_DASHBOARD)):
+        fail(f"{rel(DASHBOARD)}: {b} has no panel (add one, or a reason in NOT_ON_DASHBOARD)")
+    for b in sorted(set(NOT_ON_DASHBOARD) - bases):
+        fail(f"validate.py: NOT_ON_DASHBOARD names {b}, which src/telemetry/metrics.rs does not register")
     if failed == n_failed:
-        used = {n for x in exprs for n in re.findall(r"\b(" + prefix + r"_\w+)", x)}
-        print(f"ok   {rel(DASHBOARD)}: {len(ids)} panels, {len(exprs)} queries over {len(used)} metrics, all in src/telemetry/metrics.rs")
+        print(f"ok   {rel(DASHBOARD)}: {len(ids)} panels, {len(exprs)} queries over {len(used)} metrics, all in src/telemetry/metrics.rs; every metric has a panel or a reason not to ({len(NOT_ON_DASHBOARD)})")
     return failed
 
 
