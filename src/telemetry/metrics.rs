@@ -136,31 +136,28 @@ fn aws_histogram() -> Histogram {
 /// Buckets for the time from an interruption notice: dense around a spot warning's
 /// 120 s (the budget's edge), then out to a retirement's hours.
 fn notice_histogram() -> Histogram {
-    Histogram::new(
-        [
-            1.0,
-            2.0,
-            5.0,
-            10.0,
-            20.0,
-            30.0,
-            45.0,
-            60.0,
-            75.0,
-            90.0,
-            100.0,
-            110.0,
-            120.0,
-            150.0,
-            180.0,
-            300.0,
-            600.0,
-            1800.0,
-            3600.0,
-            4.0 * 3600.0,
-        ]
-        .into_iter(),
-    )
+    Histogram::new([
+        1.0,
+        2.0,
+        5.0,
+        10.0,
+        20.0,
+        30.0,
+        45.0,
+        60.0,
+        75.0,
+        90.0,
+        100.0,
+        110.0,
+        120.0,
+        150.0,
+        180.0,
+        300.0,
+        600.0,
+        1800.0,
+        3600.0,
+        4.0 * 3600.0,
+    ])
 }
 
 fn stage_histogram() -> Histogram {
