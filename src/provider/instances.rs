@@ -81,13 +81,23 @@ fn error_class(code: &str) -> ErrorClass {
 /// - `deleting` says which instances this service has asked to end and AWS may not
 ///   yet show as terminating.
 /// - Placeholders fill `target - live` (live = instances not terminating); when a
-///   launch failed recently (`failure`), each placeholder carries it, so CA stops
-///   waiting for the capacity and tries another group.
+///   launch failed recently (`failure`), each placeholder above `floor` carries it,
+///   so CA stops waiting for the capacity, backs off and tries another group.
+/// - Placeholders below `floor` (max of the ASG's MinSize and the MinSize CA is
+///   told) never carry it. With error info CA does not count an instance as
+///   unregistered (clusterstate.go getNotRegisteredNodes, 1.31.5 to 1.35.2), so the
+///   group's size looks incorrect and, after MaxNodeProvisionTime, fixNodeGroupSize
+///   asks DecreaseTargetSize to go below the minimum, which must be refused, and that
+///   error ends CA's whole RunOnce (static_autoscaler.go). Without it the slot is an
+///   unregistered node: CA counts it as upcoming for MaxNodeProvisionTime, then
+///   removeOldUnregisteredNodes skips the group with the warning "min size reached".
+///   The failure is reported by [`failed_below_floor`] instead.
 pub fn list(
     group: &str,
     zone_for_placeholders: &str,
     instances: &[AsgInstance],
     target: i32,
+    floor: i32,
     deleting: &dyn Fn(&str) -> bool,
     failure: Option<&LaunchFailure>,
 ) -> Vec<InstanceView> {
@@ -113,16 +123,26 @@ pub fn list(
         class: error_class(&f.code),
     });
     for n in 0..(target - live).max(0) {
+        let below_floor = live.saturating_add(n) < floor;
         out.push(InstanceView {
             id: provider_id::for_instance(
                 zone_for_placeholders,
                 &format!("{PLACEHOLDER_PREFIX}{group}-{n}"),
             ),
             state: InstanceState::Creating,
-            error: error.clone(),
+            error: if below_floor { None } else { error.clone() },
         });
     }
     out
+}
+
+/// How many unfulfilled slots below `floor` a recent launch failure leaves: the
+/// placeholders [`list`] reports without error info (0 without a failure).
+pub fn failed_below_floor(live: i32, target: i32, floor: i32, failure: bool) -> i32 {
+    if !failure {
+        return 0;
+    }
+    (floor.min(target) - live).max(0)
 }
 
 #[cfg(test)]
@@ -180,6 +200,7 @@ mod tests {
             "us-east-1a",
             &[inst("i-1", "InService")],
             1,
+            0,
             &|_| false,
             None,
         );
@@ -195,6 +216,7 @@ mod tests {
             "us-east-1b",
             &[inst("i-1", "InService"), inst("i-2", "Terminating")],
             3,
+            0,
             &|_| false,
             None,
         );
@@ -218,7 +240,7 @@ mod tests {
             message: "no capacity".into(),
             started_at_unix: 0,
         };
-        let v = list("g", "z", &[], 2, &|_| false, Some(&f));
+        let v = list("g", "z", &[], 2, 0, &|_| false, Some(&f));
         assert_eq!(v.len(), 2);
         for p in &v {
             let e = p.error.as_ref().unwrap();
@@ -229,8 +251,33 @@ mod tests {
             code: "AccessDenied".into(),
             ..f
         };
-        let v = list("g", "z", &[], 1, &|_| false, Some(&other));
+        let v = list("g", "z", &[], 1, 0, &|_| false, Some(&other));
         assert_eq!(v[0].error.as_ref().unwrap().class, ErrorClass::Other);
+    }
+
+    #[test]
+    fn placeholders_below_the_minimum_carry_no_error_and_are_counted() {
+        let f = LaunchFailure {
+            group: "g".into(),
+            code: "InsufficientInstanceCapacity".into(),
+            message: "no capacity".into(),
+            started_at_unix: 0,
+        };
+        let live = [inst("i-1", "InService")];
+        for target in 0..6 {
+            for floor in 0..5 {
+                let v = list("g", "z", &live, target, floor, &|_| false, Some(&f));
+                let ph: Vec<_> = v.iter().filter(|i| i.id.contains(PLACEHOLDER_PREFIX)).collect();
+                assert_eq!(ph.len() as i32, (target - 1).max(0));
+                let quiet = ph.iter().filter(|p| p.error.is_none()).count() as i32;
+                // Exactly the slots that keep the group at its minimum are quiet.
+                assert_eq!(quiet, failed_below_floor(1, target, floor, true), "{target} {floor}");
+                assert_eq!(quiet, (floor.min(target) - 1).max(0), "{target} {floor}");
+                // The quiet ones come first: ids stay stable while CA asks for more.
+                assert!(ph.iter().skip(quiet as usize).all(|p| p.error.is_some()));
+            }
+        }
+        assert_eq!(failed_below_floor(0, 3, 2, false), 0);
     }
 
     #[test]
@@ -240,6 +287,7 @@ mod tests {
             "z",
             &[inst("i-1", "InService"), inst("i-2", "InService")],
             1,
+            0,
             &|id| id == "i-2",
             None,
         );
@@ -249,7 +297,7 @@ mod tests {
 
     #[test]
     fn negative_or_zero_target_adds_nothing() {
-        assert!(list("g", "z", &[], 0, &|_| false, None).is_empty());
-        assert!(list("g", "z", &[], -3, &|_| false, None).is_empty());
+        assert!(list("g", "z", &[], 0, 0, &|_| false, None).is_empty());
+        assert!(list("g", "z", &[], -3, 2, &|_| false, None).is_empty());
     }
 }

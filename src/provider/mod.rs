@@ -187,6 +187,9 @@ struct Overlay {
     /// The direct-mode drain marks on Nodes, as last read from the cluster; `None`
     /// until read once (see [`Provider::expect_drain_marks`]).
     direct_marks: Option<DrainMarks>,
+    /// Groups whose launch failure below the minimum was logged, with the failure's
+    /// start: told once per failure, not every CA loop.
+    told_below_min: HashMap<String, i64>,
 }
 
 /// What the Nodes say about direct-mode drains, by instance id.
@@ -308,7 +311,58 @@ impl Provider {
     // ---- hot, answered from memory ----
 
     pub fn node_groups(&self) -> Vec<GroupInfo> {
-        self.registry().groups.iter().map(GroupInfo::from).collect()
+        let reg = self.registry();
+        let ov = self.overlay.lock();
+        reg.groups
+            .iter()
+            .map(|g| {
+                let mut info = GroupInfo::from(g);
+                if let Some((n, f)) = self.failed_below_min_in(&ov, g) {
+                    // CA logs the debug string with its scale-up decisions: the
+                    // failure CA is not told through error info is named here.
+                    info.debug.push_str(&format!(
+                        "; {n} instance(s) below MinSize {} failed to launch: {} ({})",
+                        Self::floor_of(g),
+                        f.code,
+                        f.message
+                    ));
+                }
+                info
+            })
+            .collect()
+    }
+
+    /// The size below which placeholders carry no error info: the larger of the
+    /// ASG's MinSize and the MinSize CA is told (see [`instances::list`]).
+    fn floor_of(g: &Group) -> i32 {
+        g.min.max(g.asg.min_size)
+    }
+
+    /// Slots below the group's minimum whose launch recently failed, with the
+    /// failure; `None` when there are none.
+    fn failed_below_min_in<'a>(
+        &self,
+        ov: &Overlay,
+        g: &'a Group,
+    ) -> Option<(i32, &'a LaunchFailure)> {
+        let f = self.recent_failure(ov, g)?;
+        let n = instances::failed_below_floor(
+            Self::live_count(ov, g),
+            Self::target_of(ov, g),
+            Self::floor_of(g),
+            true,
+        );
+        (n > 0).then_some((n, f))
+    }
+
+    /// Instances below the group's minimum that failed to launch recently (0 if
+    /// none): CA is not told through error info (it would stop its loop), so this
+    /// is the metric `ca_asg_provider_node_group_failed_below_min`.
+    pub fn failed_below_min(&self, id: &str) -> Result<i32, ProviderError> {
+        let ov = self.overlay.lock();
+        self.with_group(id, |g| {
+            self.failed_below_min_in(&ov, g).map_or(0, |(n, _)| n)
+        })
     }
 
     /// The group of a node, or `None` for nodes this provider does not manage (CA
@@ -504,15 +558,32 @@ impl Provider {
     }
 
     pub fn nodes(&self, id: &str) -> Result<Vec<InstanceView>, ProviderError> {
-        let ov = self.overlay.lock();
+        let mut ov = self.overlay.lock();
         self.with_group(id, |g| {
             let target = Self::target_of(&ov, g);
             let failure = self.recent_failure(&ov, g);
+            if let Some((n, f)) = self.failed_below_min_in(&ov, g) {
+                if ov.told_below_min.get(&g.asg.name) != Some(&f.started_at_unix) {
+                    tracing::warn!(
+                        group = %g.asg.name,
+                        failed = n,
+                        min = Self::floor_of(g),
+                        code = %f.code,
+                        "the ASG cannot launch the instances that keep it at its minimum: {}; \
+                         cluster-autoscaler sees them as unregistered nodes (not as failed, \
+                         which would stop its whole loop) and warns \"min size reached\"",
+                        f.message
+                    );
+                    ov.told_below_min
+                        .insert(g.asg.name.clone(), f.started_at_unix);
+                }
+            }
             instances::list(
                 &g.asg.name,
                 g.placeholder_zone(),
                 &g.asg.instances,
                 target,
+                Self::floor_of(g),
                 &|iid| Self::is_deleting(&ov, iid),
                 failure,
             )

@@ -87,6 +87,7 @@ pub struct Metrics {
     pub group_max: Family<GroupLabels, Gauge>,
     pub group_target: Family<GroupLabels, Gauge>,
     pub group_instances: Family<GroupLabels, Gauge>,
+    pub group_failed_below_min: Family<GroupLabels, Gauge>,
     pub drains_started: Counter,
     pub drains_finished: Family<OutcomeLabels, Counter>,
     pub drains_in_stage: Family<StageLabels, Gauge>,
@@ -134,6 +135,7 @@ impl Metrics {
             group_max: Family::default(),
             group_target: Family::default(),
             group_instances: Family::default(),
+            group_failed_below_min: Family::default(),
             drains_started: Counter::default(),
             drains_finished: Family::default(),
             drains_in_stage: Family::default(),
@@ -198,6 +200,11 @@ impl Metrics {
             "node_group_instances",
             "Instances registered in the node group's ASG",
             m.group_instances.clone(),
+        );
+        r.register(
+            "node_group_failed_below_min",
+            "Instances that keep the node group at its ASG MinSize and recently failed to launch; CA sees them as unregistered nodes and only warns \"min size reached\", so alert on this",
+            m.group_failed_below_min.clone(),
         );
         r.register("drains_started", "Drains started", m.drains_started.clone());
         r.register(
