@@ -1062,8 +1062,8 @@ async fn ca_loop(
         })
         .map(|i| i.id.clone())
         .collect();
-    let incorrect = (reg_here < target_now - unregistered.len() as i32)
-        .then_some((reg_here, target_now));
+    let incorrect =
+        (reg_here < target_now - unregistered.len() as i32).then_some((reg_here, target_now));
     let lasting_incorrect = incorrect.filter(|now| m.incorrect.as_ref() == Some(now));
     let long: Vec<String> = unregistered
         .iter()
@@ -1075,9 +1075,8 @@ async fn ca_loop(
 
     if !long.is_empty() {
         for u in &long {
-            let g = h
-                .ca
-                .node_group_for_node(proto::NodeGroupForNodeRequest {
+            let g =
+                h.ca.node_group_for_node(proto::NodeGroupForNodeRequest {
                     node: Some(ca_fake_node(u)),
                 })
                 .await
@@ -1087,17 +1086,16 @@ async fn ca_loop(
                 .unwrap();
             assert_eq!(g.id, group, "CA must find the group of {u}");
         }
-        let min = h
-            .ca
-            .node_groups(proto::NodeGroupsRequest {})
-            .await
-            .unwrap()
-            .into_inner()
-            .node_groups
-            .into_iter()
-            .find(|g| g.id == group)
-            .unwrap()
-            .min_size;
+        let min =
+            h.ca.node_groups(proto::NodeGroupsRequest {})
+                .await
+                .unwrap()
+                .into_inner()
+                .node_groups
+                .into_iter()
+                .find(|g| g.id == group)
+                .unwrap()
+                .min_size;
         let size = target(h, group).await;
         if size - min <= 0 {
             logged.push(format!(
@@ -1118,8 +1116,13 @@ async fn ca_loop(
                 })
                 .await
             {
-                Ok(_) => logged.push(format!("Removing unregistered nodes for node group {group}")),
-                Err(e) => logged.push(format!("Failed to remove unregistered nodes: {}", e.message())),
+                Ok(_) => logged.push(format!(
+                    "Removing unregistered nodes for node group {group}"
+                )),
+                Err(e) => logged.push(format!(
+                    "Failed to remove unregistered nodes: {}",
+                    e.message()
+                )),
             }
         }
     }
@@ -1133,8 +1136,13 @@ async fn ca_loop(
             })
             .await
         {
-            Ok(_) => logged.push(format!("Deleting from {group} node group because of create errors")),
-            Err(e) => logged.push(format!("Error while trying to delete nodes from {group}: {}", e.message())),
+            Ok(_) => logged.push(format!(
+                "Deleting from {group} node group because of create errors"
+            )),
+            Err(e) => logged.push(format!(
+                "Error while trying to delete nodes from {group}: {}",
+                e.message()
+            )),
         }
     }
     if let Some((current, expected)) = lasting_incorrect {
@@ -1199,7 +1207,11 @@ async fn a_group_held_at_its_asg_min_with_failing_relaunches_never_stops_cas_loo
             vec!["Node group floor min size reached, skipping removal of 1 unregistered nodes"]
         );
     }
-    assert_eq!(h.cloud.desired("floor"), Some(2), "the ASG keeps its minimum");
+    assert_eq!(
+        h.cloud.desired("floor"),
+        Some(2),
+        "the ASG keeps its minimum"
+    );
     // Other groups still scale in the same loop.
     h.ca.node_group_increase_size(proto::NodeGroupIncreaseSizeRequest {
         id: "web".into(),
@@ -1209,17 +1221,16 @@ async fn a_group_held_at_its_asg_min_with_failing_relaunches_never_stops_cas_loo
     .unwrap();
 
     // The failure is still told: the debug string and a gauge name it.
-    let debug = h
-        .ca
-        .node_groups(proto::NodeGroupsRequest {})
-        .await
-        .unwrap()
-        .into_inner()
-        .node_groups
-        .into_iter()
-        .find(|g| g.id == "floor")
-        .unwrap()
-        .debug;
+    let debug =
+        h.ca.node_groups(proto::NodeGroupsRequest {})
+            .await
+            .unwrap()
+            .into_inner()
+            .node_groups
+            .into_iter()
+            .find(|g| g.id == "floor")
+            .unwrap()
+            .debug;
     assert!(
         debug.contains("InsufficientInstanceCapacity") && debug.contains("below MinSize"),
         "{debug}"

@@ -267,11 +267,18 @@ mod tests {
         for target in 0..6 {
             for floor in 0..5 {
                 let v = list("g", "z", &live, target, floor, &|_| false, Some(&f));
-                let ph: Vec<_> = v.iter().filter(|i| i.id.contains(PLACEHOLDER_PREFIX)).collect();
+                let ph: Vec<_> = v
+                    .iter()
+                    .filter(|i| i.id.contains(PLACEHOLDER_PREFIX))
+                    .collect();
                 assert_eq!(ph.len() as i32, (target - 1).max(0));
                 let quiet = ph.iter().filter(|p| p.error.is_none()).count() as i32;
                 // Exactly the slots that keep the group at its minimum are quiet.
-                assert_eq!(quiet, failed_below_floor(1, target, floor, true), "{target} {floor}");
+                assert_eq!(
+                    quiet,
+                    failed_below_floor(1, target, floor, true),
+                    "{target} {floor}"
+                );
                 assert_eq!(quiet, (floor.min(target) - 1).max(0), "{target} {floor}");
                 // The quiet ones come first: ids stay stable while CA asks for more.
                 assert!(ph.iter().skip(quiet as usize).all(|p| p.error.is_some()));

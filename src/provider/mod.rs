@@ -69,6 +69,9 @@ pub struct ProviderSettings {
     /// `serve --dry-run`: every write is decided, described and refused; AWS and the
     /// cluster are left as they are.
     pub dry_run: bool,
+    /// NodeGroupGetOptions for option-tagged groups asked by a CA without
+    /// MaxNodeStartupTime on the wire (>= 1.35).
+    pub options_without_startup_time: options::OptionsWithoutStartupTime,
 }
 
 impl Default for ProviderSettings {
@@ -84,6 +87,7 @@ impl Default for ProviderSettings {
             hook_refresh_interval: Duration::from_secs(30 * 60),
             lookup_interval: Duration::from_secs(1),
             dry_run: false,
+            options_without_startup_time: options::OptionsWithoutStartupTime::default(),
         }
     }
 }
@@ -241,6 +245,8 @@ pub struct Provider {
     scale_in: RwLock<Arc<dyn ScaleIn>>,
     /// Counts AWS writes, so a refresh can tell that one raced with its read.
     writes: AtomicU64,
+    /// Option-tagged groups already warned about a CA without MaxNodeStartupTime.
+    told_startup_time: Mutex<HashSet<String>>,
     pub stats: ProviderStats,
 }
 
@@ -263,6 +269,7 @@ impl Provider {
             lookup_wake: Arc::new(tokio::sync::Notify::new()),
             scale_in: RwLock::new(scale_in),
             writes: AtomicU64::new(0),
+            told_startup_time: Mutex::new(HashSet::new()),
             stats: ProviderStats::default(),
         })
     }
@@ -605,10 +612,14 @@ impl Provider {
         })
     }
 
+    /// NodeGroupGetOptions. `ca_lacks_startup_time`: the request came from a CA with
+    /// no MaxNodeStartupTime on the wire (>= 1.35, see
+    /// [`options::OptionsWithoutStartupTime`]).
     pub fn options(
         &self,
         id: &str,
         defaults: &options::AutoscalingOptions,
+        ca_lacks_startup_time: bool,
     ) -> Result<options::AutoscalingOptions, ProviderError> {
         let overlay = self.with_group(id, |g| {
             let o = options::overlay_from_tags(defaults, &g.asg.tags);
@@ -627,7 +638,32 @@ impl Provider {
             )));
         }
         options::validate(&overlay.options).map_err(ProviderError::InvalidArgument)?;
+        if ca_lacks_startup_time {
+            let policy = self.settings.options_without_startup_time;
+            crate::telemetry::metrics::metrics().options_without_startup_time(id, policy.as_str());
+            if self.told_startup_time.lock().insert(id.to_string()) {
+                tracing::warn!(
+                    group = id,
+                    answer = policy.as_str(),
+                    "cluster-autoscaler >= 1.35 asked for the options of a group with autoscaling-options tags; it has no MaxNodeStartupTime on the wire and would read it as 0 from any answer, so booting nodes count as unready at once and pending pods scale the group up twice (kubernetes/autoscaler#10245). {}",
+                    match policy {
+                        options::OptionsWithoutStartupTime::Unimplemented => "Answering Unimplemented: CA keeps its own defaults and the group's option tags do not apply (config optionsWithoutStartupTime: unimplemented)",
+                        options::OptionsWithoutStartupTime::Answer => "Answering the tagged options anyway (config optionsWithoutStartupTime: answer)",
+                    }
+                );
+            }
+            if policy == options::OptionsWithoutStartupTime::Unimplemented {
+                return Err(ProviderError::Unimplemented(format!(
+                    "node group {id}: its autoscaling-options tags are not answered to cluster-autoscaler >= 1.35, which would read MaxNodeStartupTime as 0 (kubernetes/autoscaler#10245); CA's defaults apply (config optionsWithoutStartupTime: unimplemented)"
+                )));
+            }
+        }
         Ok(overlay.options)
+    }
+
+    /// Whether the group was warned about a CA >= 1.35 asking for its tagged options.
+    pub fn startup_time_told(&self, id: &str) -> bool {
+        self.told_startup_time.lock().contains(id)
     }
 
     pub const GPU_LABEL: &'static str = "k8s.amazonaws.com/accelerator";

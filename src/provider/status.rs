@@ -58,9 +58,7 @@ impl Status for Provider {
                 m.group_target.get_or_create(&l).set(i64::from(t));
             }
             if let Ok(n) = self.failed_below_min(&g.asg.name) {
-                m.group_failed_below_min
-                    .get_or_create(&l)
-                    .set(i64::from(n));
+                m.group_failed_below_min.get_or_create(&l).set(i64::from(n));
             }
         }
     }
