@@ -1293,3 +1293,69 @@ async fn a_group_held_at_its_asg_min_with_failing_relaunches_never_stops_cas_loo
         vec!["Node group floor min size reached, skipping removal of 1 unregistered nodes"]
     );
 }
+
+/// Issue 21 item 5: AWS allows ASG names with spaces, `/`, `:` and up to 255
+/// characters. Their placeholders must map back to their group when CA asks for the
+/// group of its fake node (name = providerID = the listed id), and DeleteNodes on
+/// them must lower the target, as for any other group.
+#[tokio::test]
+async fn placeholders_of_any_legal_asg_name_map_to_their_group_and_can_be_deleted() {
+    let long = format!("pool:{}", "a/b c".repeat(50));
+    assert_eq!(long.len(), 255);
+    let names = ["team a/prod:spot", long.as_str(), "eks_ng.1"];
+    let cloud = MemoryCloud::new(
+        names
+            .iter()
+            .map(|n| {
+                MemoryGroup::new(n, 0, 5, 0, "m5.large")
+                    .tag("k8s.io/cluster-autoscaler/enabled", "true")
+            })
+            .collect(),
+        fast(),
+    );
+    let mut h = start_with(cloud, discovery(), true).await;
+    for name in names {
+        h.cloud
+            .fail_launches(name, Some("InsufficientInstanceCapacity"));
+        h.ca.node_group_increase_size(proto::NodeGroupIncreaseSizeRequest {
+            id: name.into(),
+            delta: 2,
+        })
+        .await
+        .unwrap();
+        let listed = instances(&mut h, name).await;
+        assert_eq!(listed.len(), 2, "{name}");
+        for i in &listed {
+            assert!(i.id.starts_with("aws:///"), "{}", i.id);
+            let g =
+                h.ca.node_group_for_node(proto::NodeGroupForNodeRequest {
+                    node: Some(ca_fake_node(&i.id)),
+                })
+                .await
+                .unwrap()
+                .into_inner()
+                .node_group
+                .unwrap();
+            assert_eq!(g.id, name, "{}", i.id);
+        }
+        h.ca.node_group_delete_nodes(proto::NodeGroupDeleteNodesRequest {
+            id: name.into(),
+            nodes: vec![ca_fake_node(&listed[1].id)],
+        })
+        .await
+        .unwrap_or_else(|e| panic!("DeleteNodes on a placeholder of {name:?}: {e:?}"));
+        assert_eq!(target(&mut h, name).await, 1, "{name}");
+        assert_eq!(h.cloud.desired(name), Some(1), "{name}");
+        // A placeholder of this group is not one of another's.
+        let other = if name == names[0] { names[2] } else { names[0] };
+        let e =
+            h.ca.node_group_delete_nodes(proto::NodeGroupDeleteNodesRequest {
+                id: other.into(),
+                nodes: vec![ca_fake_node(&listed[0].id)],
+            })
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
+    }
+    assert_eq!(h.cloud.calls().get("terminate_instance"), None);
+}

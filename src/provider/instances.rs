@@ -43,12 +43,64 @@ pub fn is_placeholder(instance_id: &str) -> bool {
     instance_id.starts_with(PLACEHOLDER_PREFIX)
 }
 
-/// The group a placeholder id names: `i-placeholder-<group>-<n>` (group names may
-/// contain dashes; the last dash-separated part is the index).
-pub fn placeholder_group(instance_id: &str) -> Option<&str> {
+/// The id of placeholder `n` of `group`: `i-placeholder-<encoded group>-<n>`.
+///
+/// ASG names may hold any character (spaces, `/`, `:`, Unicode) and run to 255
+/// characters, but an instance id inside `aws:///<zone>/<id>` may hold only
+/// `[A-Za-z0-9-]` here (a `/` would end it early, and CA uses it as a node name). So
+/// ASCII letters, digits and `-` stay as they are and every other byte of the name's
+/// UTF-8 is written `_xx` (two lowercase hex digits): reversible for every name, and
+/// unchanged for the usual `[A-Za-z0-9-]` names.
+pub fn placeholder_id(group: &str, n: usize) -> String {
+    let mut out = String::with_capacity(PLACEHOLDER_PREFIX.len() + group.len() * 3 + 8);
+    out.push_str(PLACEHOLDER_PREFIX);
+    for b in group.bytes() {
+        if b.is_ascii_alphanumeric() || b == b'-' {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("_{b:02x}"));
+        }
+    }
+    out.push('-');
+    out.push_str(&n.to_string());
+    out
+}
+
+/// Longest placeholder id [`placeholder_id`] makes for a legal ASG name (255
+/// characters of up to 4 UTF-8 bytes, each written as 3): provider ids are bounded
+/// by it.
+pub const PLACEHOLDER_ID_MAX: usize = PLACEHOLDER_PREFIX.len() + 255 * 4 * 3 + 1 + 20;
+
+/// The group a placeholder id names (see [`placeholder_id`]); the last
+/// dash-separated part is the index. `None` when the id is not a placeholder or
+/// does not decode.
+pub fn placeholder_group(instance_id: &str) -> Option<String> {
     let rest = instance_id.strip_prefix(PLACEHOLDER_PREFIX)?;
     let (group, n) = rest.rsplit_once('-')?;
-    (!group.is_empty() && !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit())).then_some(group)
+    if group.is_empty() || n.is_empty() || !n.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let bytes = group.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        match bytes[i] {
+            b'_' => {
+                let hex = group.get(i + 1..i + 3)?;
+                if !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
+                    return None;
+                }
+                out.push(u8::from_str_radix(hex, 16).ok()?);
+                i += 3;
+            }
+            b if b.is_ascii_alphanumeric() || b == b'-' => {
+                out.push(b);
+                i += 1;
+            }
+            _ => return None,
+        }
+    }
+    String::from_utf8(out).ok()
 }
 
 /// ASG lifecycle state -> CA state. Standby and detaching instances are not serving
@@ -127,7 +179,7 @@ pub fn list(
         out.push(InstanceView {
             id: provider_id::for_instance(
                 zone_for_placeholders,
-                &format!("{PLACEHOLDER_PREFIX}{group}-{n}"),
+                &placeholder_id(group, n as usize),
             ),
             state: InstanceState::Creating,
             error: if below_floor { None } else { error.clone() },
@@ -151,15 +203,56 @@ mod tests {
 
     #[test]
     fn placeholder_ids_name_their_group() {
-        assert_eq!(placeholder_group("i-placeholder-web-0"), Some("web"));
         assert_eq!(
-            placeholder_group("i-placeholder-eks-ng-a1-b2-12"),
+            placeholder_group("i-placeholder-web-0").as_deref(),
+            Some("web")
+        );
+        assert_eq!(
+            placeholder_group("i-placeholder-eks-ng-a1-b2-12").as_deref(),
             Some("eks-ng-a1-b2")
         );
         assert_eq!(placeholder_group("i-placeholder-web-"), None);
         assert_eq!(placeholder_group("i-placeholder-web-x"), None);
         assert_eq!(placeholder_group("i-placeholder--3"), None);
         assert_eq!(placeholder_group("i-0abc"), None);
+        // Not what placeholder_id writes: refused, not guessed.
+        assert_eq!(placeholder_group("i-placeholder-a_zz-0"), None);
+        assert_eq!(placeholder_group("i-placeholder-a_4-0"), None);
+        assert_eq!(placeholder_group("i-placeholder-a.b-0"), None);
+        assert_eq!(placeholder_group("i-placeholder-_ff-0"), None, "not UTF-8");
+    }
+
+    #[test]
+    fn every_legal_asg_name_round_trips_through_its_placeholder_ids() {
+        let long = "x".repeat(255);
+        let long_wide = "\u{10348}".repeat(255);
+        let names = [
+            "web",
+            "my group",
+            "team/a:prod",
+            "eks_ng.1",
+            "a-_2f-b",
+            "_",
+            "-",
+            "0",
+            "名前 / ノード",
+            long.as_str(),
+            long_wide.as_str(),
+        ];
+        for name in names {
+            for n in [0usize, 7, 1234] {
+                let id = placeholder_id(name, n);
+                assert!(id.len() <= PLACEHOLDER_ID_MAX, "{} bytes", id.len());
+                assert_eq!(placeholder_group(&id).as_deref(), Some(name), "{id}");
+                let pid = provider_id::for_instance("us-east-1a", &id);
+                assert_eq!(provider_id::instance_id(&pid), Some(id.as_str()), "{pid}");
+                assert!(is_placeholder(&id));
+            }
+        }
+        // Plain names keep their readable ids.
+        assert_eq!(placeholder_id("web-1", 2), "i-placeholder-web-1-2");
+        // Different names never share an id.
+        assert_ne!(placeholder_id("a b", 0), placeholder_id("a_20b", 0));
     }
 
     fn inst(id: &str, state: &str) -> AsgInstance {

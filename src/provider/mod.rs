@@ -394,7 +394,7 @@ impl Provider {
         // CA builds a fake node for every instance that never registered (placeholders
         // included, name = providerID); it must map to its group, or CA never counts
         // it as unregistered and never cleans it up.
-        if let Some(g) = instances::placeholder_group(id).and_then(|name| reg.group(name)) {
+        if let Some(g) = instances::placeholder_group(id).and_then(|name| reg.group(&name)) {
             return Some(GroupInfo::from(g));
         }
         if pid.starts_with("aws://") && !instances::is_placeholder(id) {
@@ -790,7 +790,6 @@ impl Provider {
         self.require_drain_state()?;
         let (reg, idx) = self.fresh_group(id).await?;
         let g = &reg.groups[idx];
-        let placeholder_prefix = format!("{}{}-", instances::PLACEHOLDER_PREFIX, g.asg.name);
         let mut real: Vec<(&AsgInstance, &str)> = Vec::new();
         let mut placeholders = 0i32;
         let mut seen = HashSet::new();
@@ -812,7 +811,7 @@ impl Provider {
                 if !seen.insert(iid.to_string()) {
                     continue;
                 }
-                if iid.starts_with(&placeholder_prefix) {
+                if instances::placeholder_group(iid).as_deref() == Some(g.asg.name.as_str()) {
                     placeholders += 1;
                     continue;
                 }
