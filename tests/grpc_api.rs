@@ -1359,3 +1359,77 @@ async fn placeholders_of_any_legal_asg_name_map_to_their_group_and_can_be_delete
     }
     assert_eq!(h.cloud.calls().get("terminate_instance"), None);
 }
+
+/// Issue 21 item 9: the front door never locks CA out. With the connection cap full
+/// of connections that sent no request (silent TCP, and idle HTTP/2 clients that sent
+/// only their preface and SETTINGS), a fresh client is served at once: the oldest
+/// idle connection is closed to make room. A connection that sent a request (CA's)
+/// is never the one closed.
+#[tokio::test]
+async fn a_fresh_client_is_served_while_the_cap_is_full_of_idle_connections() {
+    use tokio::io::AsyncReadExt;
+    let provider = Provider::new(Arc::new(MemoryCloud::new(groups(), fast())), discovery());
+    provider.refresh_now().await.unwrap();
+    let (listener, addr) = ca_asg_provider::grpc::bind("127.0.0.1:0".parse().unwrap())
+        .await
+        .unwrap();
+    let limits = ca_asg_provider::grpc::ConnectionLimits {
+        max_connections: 4,
+        // Far longer than the test: only making room may close them.
+        first_byte_timeout: Duration::from_secs(600),
+    };
+    tokio::spawn(ca_asg_provider::grpc::serve_with(
+        listener,
+        provider.clone(),
+        None,
+        std::future::pending(),
+        limits,
+    ));
+    let url = format!("http://{addr}");
+    // CA, connected and speaking.
+    let mut ca = CloudProviderClient::connect(url.clone()).await.unwrap();
+    ca.node_groups(proto::NodeGroupsRequest {}).await.unwrap();
+    // Fill the cap and more: silent TCP connections and idle HTTP/2 clients.
+    let mut silent = Vec::new();
+    for _ in 0..6 {
+        silent.push(tokio::net::TcpStream::connect(addr).await.unwrap());
+    }
+    let mut idle = Vec::new();
+    for _ in 0..2 {
+        let ch = tonic::transport::Endpoint::from_shared(url.clone())
+            .unwrap()
+            .connect()
+            .await
+            .unwrap();
+        idle.push(ch);
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    // A fresh client is served well within CA's 5 s call timeout, more than once.
+    for _ in 0..3 {
+        tokio::time::timeout(Duration::from_secs(5), async {
+            let mut fresh = CloudProviderClient::connect(url.clone()).await.unwrap();
+            fresh
+                .node_groups(proto::NodeGroupsRequest {})
+                .await
+                .unwrap();
+        })
+        .await
+        .expect("a fresh client served while the cap is full of idle connections");
+    }
+    // The oldest idle connection was closed to make room (EOF after the server's
+    // SETTINGS, long before the first-byte timeout).
+    let mut buf = Vec::new();
+    tokio::time::timeout(Duration::from_secs(5), silent[0].read_to_end(&mut buf))
+        .await
+        .expect("the oldest silent connection is closed to make room")
+        .ok();
+    // CA's own connection, which sent requests, is still served.
+    tokio::time::timeout(
+        Duration::from_secs(5),
+        ca.node_groups(proto::NodeGroupsRequest {}),
+    )
+    .await
+    .expect("CA's connection kept")
+    .unwrap();
+    drop(idle);
+}
