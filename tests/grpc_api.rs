@@ -1033,6 +1033,7 @@ struct CaGroupModel {
 ///   error).
 /// - fixNodeGroupSize: DecreaseTargetSize(registered - target) for a lasting incorrect
 ///   size; its error ends RunOnce ("Failed to fix node group sizes").
+///
 /// Returns Err(message) when CA's loop would abort, else what CA logged.
 async fn ca_loop(
     h: &mut Harness,
