@@ -10,6 +10,7 @@ use ca_asg_provider::cloud::memory::{MemoryCloud, MemoryGroup, MemoryTiming};
 use ca_asg_provider::cloud::GroupSelector;
 use ca_asg_provider::proto;
 use ca_asg_provider::proto::cloud_provider_client::CloudProviderClient;
+use ca_asg_provider::provider::options::OptionsWithoutStartupTime;
 use ca_asg_provider::provider::{Provider, ProviderSettings};
 use k8s_pb::api::core::v1::Node;
 use prost::Message;
@@ -89,6 +90,15 @@ struct Ca135OptionsRequest {
 }
 
 async fn server() -> CloudProviderClient<tonic::transport::Channel> {
+    server_with(OptionsWithoutStartupTime::default()).await.0
+}
+
+async fn server_with(
+    policy: OptionsWithoutStartupTime,
+) -> (
+    CloudProviderClient<tonic::transport::Channel>,
+    Arc<Provider>,
+) {
     let cloud = MemoryCloud::new(
         vec![MemoryGroup::new("gpu", 0, 4, 0, "g4dn.xlarge")
             .tag("k8s.io/cluster-autoscaler/node-template/label/pool", "ml")
@@ -107,6 +117,7 @@ async fn server() -> CloudProviderClient<tonic::transport::Channel> {
             names: vec!["gpu".into(), "plain".into()],
             tag_sets: vec![],
         },
+        options_without_startup_time: policy,
         ..ProviderSettings::default()
     };
     let p = Provider::new(Arc::new(cloud), settings);
@@ -116,13 +127,14 @@ async fn server() -> CloudProviderClient<tonic::transport::Channel> {
         .unwrap();
     tokio::spawn(ca_asg_provider::grpc::serve(
         l,
-        p,
+        p.clone(),
         None,
         std::future::pending(),
     ));
-    CloudProviderClient::connect(format!("http://{addr}"))
+    let ca = CloudProviderClient::connect(format!("http://{addr}"))
         .await
-        .unwrap()
+        .unwrap();
+    (ca, p)
 }
 
 fn ten_minutes_131() -> Ca131Options {
@@ -207,9 +219,11 @@ async fn options_round_trip_for_ca_131() {
     assert_eq!(out.scale_down_utilization_threshold, 0.5);
 }
 
+/// The wire shape CA 1.35 reads, when the tags are answered to it
+/// (`optionsWithoutStartupTime: answer`).
 #[tokio::test]
 async fn options_round_trip_for_ca_135() {
-    let mut ca = server().await;
+    let (mut ca, _p) = server_with(OptionsWithoutStartupTime::Answer).await;
     let secs = |s| {
         Some(prost_types::Duration {
             seconds: s,
@@ -313,4 +327,127 @@ async fn out_of_range_values_are_refused_by_field() {
         "{}",
         e.message()
     );
+}
+
+/// CA 1.34's request: both Duration sets (externalgrpc_node_group.go GetOptions).
+fn ca_134_request(id: &str) -> Vec<u8> {
+    let mut both = proto::NodeGroupAutoscalingOptions::decode(
+        Ca131Options::encode_to_vec(&ten_minutes_131()).as_slice(),
+    )
+    .unwrap();
+    both.scale_down_unneeded_duration = Some(prost_types::Duration {
+        seconds: 600,
+        nanos: 0,
+    });
+    both.scale_down_unready_duration = Some(prost_types::Duration {
+        seconds: 1200,
+        nanos: 0,
+    });
+    both.max_node_provision_duration = Some(prost_types::Duration {
+        seconds: 900,
+        nanos: 0,
+    });
+    proto::NodeGroupAutoscalingOptionsRequest {
+        id: id.into(),
+        defaults: Some(both),
+    }
+    .encode_to_vec()
+}
+
+fn ca_135_request(id: &str) -> Vec<u8> {
+    let secs = |s| {
+        Some(prost_types::Duration {
+            seconds: s,
+            nanos: 0,
+        })
+    };
+    Ca135OptionsRequest {
+        id: id.into(),
+        defaults: Some(Ca135Options {
+            scale_down_utilization_threshold: 0.5,
+            scale_down_gpu_utilization_threshold: 0.5,
+            scale_down_unneeded_duration: secs(600),
+            scale_down_unready_duration: secs(1200),
+            max_node_provision_duration: secs(900),
+            ..Default::default()
+        }),
+    }
+    .encode_to_vec()
+}
+
+fn startup_time_count(group: &str, answer: &str) -> u64 {
+    ca_asg_provider::telemetry::metrics::metrics()
+        .encode()
+        .lines()
+        .find(|l| {
+            l.starts_with("ca_asg_provider_options_without_startup_time_total")
+                && l.contains(&format!("node_group=\"{group}\""))
+                && l.contains(&format!("answer=\"{answer}\""))
+        })
+        .and_then(|l| l.rsplit(' ').next()?.parse().ok())
+        .unwrap_or(0)
+}
+
+/// Issue 21 item 2: CA >= 1.35 (defaults in fields 8-10, none in 3-5) would read
+/// MaxNodeStartupTime as 0 from any answer (kubernetes/autoscaler#10245). By default
+/// an option-tagged group answers it Unimplemented, so CA keeps its own defaults;
+/// CA 1.31 to 1.34 still get the tagged options. Each such call is counted, and the
+/// group is warned about once.
+#[tokio::test]
+async fn ca_135_gets_unimplemented_for_tagged_groups_by_default_and_older_cas_the_tags() {
+    let (mut ca, p) = server_with(OptionsWithoutStartupTime::default()).await;
+    let before = startup_time_count("gpu", "unimplemented");
+    for _ in 0..3 {
+        let req =
+            proto::NodeGroupAutoscalingOptionsRequest::decode(ca_135_request("gpu").as_slice())
+                .unwrap();
+        let e = ca.node_group_get_options(req).await.unwrap_err();
+        assert_eq!(e.code(), tonic::Code::Unimplemented, "{e:?}");
+        assert!(e.message().contains("10245"), "{}", e.message());
+    }
+    assert_eq!(startup_time_count("gpu", "unimplemented") - before, 3);
+    assert!(p.startup_time_told("gpu"));
+    // CA 1.31 and 1.34 carry no MaxNodeStartupTime to lose: the tags apply.
+    let out = Ca131Options::decode(
+        raw_get_options(
+            &mut ca,
+            Ca131OptionsRequest {
+                id: "gpu".into(),
+                defaults: Some(ten_minutes_131()),
+            }
+            .encode_to_vec(),
+        )
+        .await
+        .as_slice(),
+    )
+    .unwrap();
+    assert_eq!(
+        out.scale_down_unneeded_time.unwrap().duration,
+        1_200_000_000_000
+    );
+    let out = Ca135Options::decode(
+        raw_get_options(&mut ca, ca_134_request("gpu"))
+            .await
+            .as_slice(),
+    )
+    .unwrap();
+    assert_eq!(out.scale_down_unneeded_duration.unwrap().seconds, 1200);
+    assert_eq!(startup_time_count("gpu", "unimplemented") - before, 3);
+}
+
+/// With `optionsWithoutStartupTime: answer` CA 1.35 gets the tags, still counted
+/// and warned about.
+#[tokio::test]
+async fn ca_135_gets_the_tags_when_configured_to_answer() {
+    let (mut ca, p) = server_with(OptionsWithoutStartupTime::Answer).await;
+    let before = startup_time_count("gpu", "answer");
+    let out = Ca135Options::decode(
+        raw_get_options(&mut ca, ca_135_request("gpu"))
+            .await
+            .as_slice(),
+    )
+    .unwrap();
+    assert_eq!(out.scale_down_unneeded_duration.unwrap().seconds, 1200);
+    assert_eq!(startup_time_count("gpu", "answer") - before, 1);
+    assert!(p.startup_time_told("gpu"));
 }

@@ -998,3 +998,439 @@ async fn attribute_based_groups_scale_from_zero() {
     assert!(!labels.contains_key("k8s.amazonaws.com/accelerator"));
     assert_eq!(capacity["memory"].string.as_deref(), Some("12288Mi"));
 }
+
+/// CA's name and providerID for an instance it lists (FakeNode in clusterstate: both
+/// are the instance id NodeGroupNodes gave, `aws:///zone/i-...`).
+fn ca_fake_node(id: &str) -> proto::ExternalGrpcNode {
+    proto::ExternalGrpcNode {
+        provider_id: id.into(),
+        name: id.into(),
+        ..Default::default()
+    }
+}
+
+/// CA's memory of one group between loops (clusterstate): the nodes it saw as
+/// unregistered and the incorrect size it saw, each with the loop it was first seen.
+#[derive(Default)]
+struct CaGroupModel {
+    unregistered: std::collections::HashSet<String>,
+    incorrect: Option<(i32, i32)>,
+}
+
+/// One RunOnce of CA against one group, as far as it touches the provider, in the
+/// order of static_autoscaler.go RunOnce (1.31.5 to 1.35.2); each call stands for a
+/// loop MaxNodeProvisionTime after the previous one, so what was seen in the previous
+/// loop and is seen again has lasted long enough.
+/// - NodeGroupNodes once; instances not registered, not deleting and without error
+///   info are fake "unregistered" nodes (clusterstate getNotRegisteredNodes); the
+///   size is incorrect when registered < target - unregistered
+///   (updateIncorrectNodeGroupSizes), kept only while the numbers stay the same.
+/// - removeOldUnregisteredNodes: NodeGroupForNode per long-unregistered fake node
+///   (name = providerID = the listed id), then TargetSize - MinSize <= 0 skips the
+///   group with the warning "min size reached"; else DeleteNodes, whose error is only
+///   a warning.
+/// - deleteCreatedNodesWithErrors: DeleteNodes of the errored instances (warning on
+///   error).
+/// - fixNodeGroupSize: DecreaseTargetSize(registered - target) for a lasting incorrect
+///   size; its error ends RunOnce ("Failed to fix node group sizes").
+///
+/// Returns Err(message) when CA's loop would abort, else what CA logged.
+async fn ca_loop(
+    h: &mut Harness,
+    m: &mut CaGroupModel,
+    group: &str,
+    registered: &[String],
+) -> Result<Vec<String>, String> {
+    let mut logged = Vec::new();
+    let listed = instances(h, group).await;
+    let target_now = target(h, group).await;
+    let reg_here = listed.iter().filter(|i| registered.contains(&i.id)).count() as i32;
+    let errored: Vec<String> = listed
+        .iter()
+        .filter(|i| !registered.contains(&i.id))
+        .filter(|i| {
+            state(i) == InstanceState::InstanceCreating
+                && i.status.as_ref().unwrap().error_info.is_some()
+        })
+        .map(|i| i.id.clone())
+        .collect();
+    let unregistered: Vec<String> = listed
+        .iter()
+        .filter(|i| !registered.contains(&i.id))
+        .filter(|i| {
+            state(i) != InstanceState::InstanceDeleting
+                && i.status.as_ref().unwrap().error_info.is_none()
+        })
+        .map(|i| i.id.clone())
+        .collect();
+    let incorrect =
+        (reg_here < target_now - unregistered.len() as i32).then_some((reg_here, target_now));
+    let lasting_incorrect = incorrect.filter(|now| m.incorrect.as_ref() == Some(now));
+    let long: Vec<String> = unregistered
+        .iter()
+        .filter(|u| m.unregistered.contains(*u))
+        .cloned()
+        .collect();
+    m.unregistered = unregistered.iter().cloned().collect();
+    m.incorrect = incorrect;
+
+    if !long.is_empty() {
+        for u in &long {
+            let g =
+                h.ca.node_group_for_node(proto::NodeGroupForNodeRequest {
+                    node: Some(ca_fake_node(u)),
+                })
+                .await
+                .unwrap()
+                .into_inner()
+                .node_group
+                .unwrap();
+            assert_eq!(g.id, group, "CA must find the group of {u}");
+        }
+        let min =
+            h.ca.node_groups(proto::NodeGroupsRequest {})
+                .await
+                .unwrap()
+                .into_inner()
+                .node_groups
+                .into_iter()
+                .find(|g| g.id == group)
+                .unwrap()
+                .min_size;
+        let size = target(h, group).await;
+        if size - min <= 0 {
+            logged.push(format!(
+                "Node group {group} min size reached, skipping removal of {} unregistered nodes",
+                long.len()
+            ));
+        } else {
+            let nodes = long
+                .iter()
+                .take((size - min) as usize)
+                .map(|u| ca_fake_node(u))
+                .collect();
+            match h
+                .ca
+                .node_group_delete_nodes(proto::NodeGroupDeleteNodesRequest {
+                    id: group.into(),
+                    nodes,
+                })
+                .await
+            {
+                Ok(_) => logged.push(format!(
+                    "Removing unregistered nodes for node group {group}"
+                )),
+                Err(e) => logged.push(format!(
+                    "Failed to remove unregistered nodes: {}",
+                    e.message()
+                )),
+            }
+        }
+    }
+    if !errored.is_empty() {
+        let nodes = errored.iter().map(|u| ca_fake_node(u)).collect();
+        match h
+            .ca
+            .node_group_delete_nodes(proto::NodeGroupDeleteNodesRequest {
+                id: group.into(),
+                nodes,
+            })
+            .await
+        {
+            Ok(_) => logged.push(format!(
+                "Deleting from {group} node group because of create errors"
+            )),
+            Err(e) => logged.push(format!(
+                "Error while trying to delete nodes from {group}: {}",
+                e.message()
+            )),
+        }
+    }
+    if let Some((current, expected)) = lasting_incorrect {
+        let delta = current - expected;
+        if delta < 0 {
+            h.ca.node_group_decrease_target_size(proto::NodeGroupDecreaseTargetSizeRequest {
+                id: group.into(),
+                delta,
+            })
+            .await
+            .map_err(|e| format!("Failed to fix node group sizes: {}", e.message()))?;
+            logged.push(format!("Decreasing size of {group} delta={delta}"));
+        }
+    }
+    Ok(logged)
+}
+
+/// Issue 21 item 1: an ASG held at its MinSize whose relaunch fails for capacity must
+/// not stop CA's loop (every version's fixNodeGroupSize error aborts RunOnce), and the
+/// failure is still reported: in the group's debug string, a metric, and as error
+/// info on capacity above the minimum that CA asks for.
+#[tokio::test]
+async fn a_group_held_at_its_asg_min_with_failing_relaunches_never_stops_cas_loop() {
+    let cloud = MemoryCloud::new(
+        vec![
+            MemoryGroup::new("floor", 2, 5, 2, "m5.large")
+                .tag("k8s.io/cluster-autoscaler/enabled", "true"),
+            MemoryGroup::new("web", 1, 5, 2, "m5.large")
+                .tag("k8s.io/cluster-autoscaler/enabled", "true"),
+        ],
+        fast(),
+    );
+    let mut h = start_with(cloud, discovery(), true).await;
+    let before: Vec<String> = instances(&mut h, "floor")
+        .await
+        .into_iter()
+        .map(|i| i.id)
+        .collect();
+    assert_eq!(before.len(), 2);
+    // One instance dies (hardware, spot); the ASG's relaunch fails for capacity.
+    h.cloud
+        .fail_launches("floor", Some("InsufficientInstanceCapacity"));
+    let dead = before[1].rsplit('/').next().unwrap().to_string();
+    h.cloud.terminate_instance(&dead, false).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    h.provider.refresh_now().await.unwrap();
+    let registered = vec![before[0].clone()];
+    assert_eq!(target(&mut h, "floor").await, 2);
+
+    // CA loops, each MaxNodeProvisionTime after the last: none aborts, and from the
+    // second on (the placeholder is long unregistered) CA only warns.
+    let mut m = CaGroupModel::default();
+    ca_loop(&mut h, &mut m, "floor", &registered)
+        .await
+        .expect("CA's RunOnce must go on");
+    for _ in 0..3 {
+        let logged = ca_loop(&mut h, &mut m, "floor", &registered)
+            .await
+            .expect("CA's RunOnce must go on");
+        assert_eq!(
+            logged,
+            vec!["Node group floor min size reached, skipping removal of 1 unregistered nodes"]
+        );
+    }
+    assert_eq!(
+        h.cloud.desired("floor"),
+        Some(2),
+        "the ASG keeps its minimum"
+    );
+    // Other groups still scale in the same loop.
+    h.ca.node_group_increase_size(proto::NodeGroupIncreaseSizeRequest {
+        id: "web".into(),
+        delta: 1,
+    })
+    .await
+    .unwrap();
+
+    // The failure is still told: the debug string and a gauge name it.
+    let debug =
+        h.ca.node_groups(proto::NodeGroupsRequest {})
+            .await
+            .unwrap()
+            .into_inner()
+            .node_groups
+            .into_iter()
+            .find(|g| g.id == "floor")
+            .unwrap()
+            .debug;
+    assert!(
+        debug.contains("InsufficientInstanceCapacity") && debug.contains("below MinSize"),
+        "{debug}"
+    );
+    {
+        use ca_asg_provider::telemetry::http::Status;
+        h.provider.before_scrape();
+    }
+    let gauge_after = ca_asg_provider::telemetry::metrics::metrics()
+        .encode()
+        .lines()
+        .find(|l| {
+            l.starts_with("ca_asg_provider_node_group_failed_below_min")
+                && l.contains("node_group=\"floor\"")
+        })
+        .map(str::to_string);
+    assert!(
+        gauge_after.as_deref().is_some_and(|l| l.ends_with(" 1")),
+        "{gauge_after:?}"
+    );
+
+    // Capacity CA asks for above the minimum still carries the error, so CA backs
+    // off this group and its clean-up (DeleteNodes of the errored placeholder, then
+    // fixNodeGroupSize) succeeds.
+    h.ca.node_group_increase_size(proto::NodeGroupIncreaseSizeRequest {
+        id: "floor".into(),
+        delta: 1,
+    })
+    .await
+    .unwrap();
+    let listed = instances(&mut h, "floor").await;
+    let errored: Vec<&proto::Instance> = listed
+        .iter()
+        .filter(|i| i.status.as_ref().unwrap().error_info.is_some())
+        .collect();
+    assert_eq!(errored.len(), 1, "{listed:?}");
+    assert_eq!(
+        errored[0]
+            .status
+            .as_ref()
+            .unwrap()
+            .error_info
+            .as_ref()
+            .unwrap()
+            .instance_error_class,
+        1
+    );
+    for _ in 0..3 {
+        ca_loop(&mut h, &mut m, "floor", &registered)
+            .await
+            .expect("CA's RunOnce must go on after a failed scale-up above the minimum");
+    }
+    assert_eq!(target(&mut h, "floor").await, 2);
+    assert_eq!(h.cloud.desired("floor"), Some(2));
+    let logged = ca_loop(&mut h, &mut m, "floor", &registered)
+        .await
+        .expect("and on the loop after");
+    assert_eq!(
+        logged,
+        vec!["Node group floor min size reached, skipping removal of 1 unregistered nodes"]
+    );
+}
+
+/// Issue 21 item 5: AWS allows ASG names with spaces, `/`, `:` and up to 255
+/// characters. Their placeholders must map back to their group when CA asks for the
+/// group of its fake node (name = providerID = the listed id), and DeleteNodes on
+/// them must lower the target, as for any other group.
+#[tokio::test]
+async fn placeholders_of_any_legal_asg_name_map_to_their_group_and_can_be_deleted() {
+    let long = format!("pool:{}", "a/b c".repeat(50));
+    assert_eq!(long.len(), 255);
+    let names = ["team a/prod:spot", long.as_str(), "eks_ng.1"];
+    let cloud = MemoryCloud::new(
+        names
+            .iter()
+            .map(|n| {
+                MemoryGroup::new(n, 0, 5, 0, "m5.large")
+                    .tag("k8s.io/cluster-autoscaler/enabled", "true")
+            })
+            .collect(),
+        fast(),
+    );
+    let mut h = start_with(cloud, discovery(), true).await;
+    for name in names {
+        h.cloud
+            .fail_launches(name, Some("InsufficientInstanceCapacity"));
+        h.ca.node_group_increase_size(proto::NodeGroupIncreaseSizeRequest {
+            id: name.into(),
+            delta: 2,
+        })
+        .await
+        .unwrap();
+        let listed = instances(&mut h, name).await;
+        assert_eq!(listed.len(), 2, "{name}");
+        for i in &listed {
+            assert!(i.id.starts_with("aws:///"), "{}", i.id);
+            let g =
+                h.ca.node_group_for_node(proto::NodeGroupForNodeRequest {
+                    node: Some(ca_fake_node(&i.id)),
+                })
+                .await
+                .unwrap()
+                .into_inner()
+                .node_group
+                .unwrap();
+            assert_eq!(g.id, name, "{}", i.id);
+        }
+        h.ca.node_group_delete_nodes(proto::NodeGroupDeleteNodesRequest {
+            id: name.into(),
+            nodes: vec![ca_fake_node(&listed[1].id)],
+        })
+        .await
+        .unwrap_or_else(|e| panic!("DeleteNodes on a placeholder of {name:?}: {e:?}"));
+        assert_eq!(target(&mut h, name).await, 1, "{name}");
+        assert_eq!(h.cloud.desired(name), Some(1), "{name}");
+        // A placeholder of this group is not one of another's.
+        let other = if name == names[0] { names[2] } else { names[0] };
+        let e =
+            h.ca.node_group_delete_nodes(proto::NodeGroupDeleteNodesRequest {
+                id: other.into(),
+                nodes: vec![ca_fake_node(&listed[0].id)],
+            })
+            .await
+            .unwrap_err();
+        assert_eq!(e.code(), Code::InvalidArgument, "{e:?}");
+    }
+    assert_eq!(h.cloud.calls().get("terminate_instance"), None);
+}
+
+/// Issue 21 item 9: the front door never locks CA out. With the connection cap full
+/// of connections that sent no request (silent TCP, and idle HTTP/2 clients that sent
+/// only their preface and SETTINGS), a fresh client is served at once: the oldest
+/// idle connection is closed to make room. A connection that sent a request (CA's)
+/// is never the one closed.
+#[tokio::test]
+async fn a_fresh_client_is_served_while_the_cap_is_full_of_idle_connections() {
+    use tokio::io::AsyncReadExt;
+    let provider = Provider::new(Arc::new(MemoryCloud::new(groups(), fast())), discovery());
+    provider.refresh_now().await.unwrap();
+    let (listener, addr) = ca_asg_provider::grpc::bind("127.0.0.1:0".parse().unwrap())
+        .await
+        .unwrap();
+    let limits = ca_asg_provider::grpc::ConnectionLimits {
+        max_connections: 4,
+        // Far longer than the test: only making room may close them.
+        first_byte_timeout: Duration::from_secs(600),
+    };
+    tokio::spawn(ca_asg_provider::grpc::serve_with(
+        listener,
+        provider.clone(),
+        None,
+        std::future::pending(),
+        limits,
+    ));
+    let url = format!("http://{addr}");
+    // CA, connected and speaking.
+    let mut ca = CloudProviderClient::connect(url.clone()).await.unwrap();
+    ca.node_groups(proto::NodeGroupsRequest {}).await.unwrap();
+    // Fill the cap and more: silent TCP connections and idle HTTP/2 clients.
+    let mut silent = Vec::new();
+    for _ in 0..6 {
+        silent.push(tokio::net::TcpStream::connect(addr).await.unwrap());
+    }
+    let mut idle = Vec::new();
+    for _ in 0..2 {
+        let ch = tonic::transport::Endpoint::from_shared(url.clone())
+            .unwrap()
+            .connect()
+            .await
+            .unwrap();
+        idle.push(ch);
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    // A fresh client is served well within CA's 5 s call timeout, more than once.
+    for _ in 0..3 {
+        tokio::time::timeout(Duration::from_secs(5), async {
+            let mut fresh = CloudProviderClient::connect(url.clone()).await.unwrap();
+            fresh
+                .node_groups(proto::NodeGroupsRequest {})
+                .await
+                .unwrap();
+        })
+        .await
+        .expect("a fresh client served while the cap is full of idle connections");
+    }
+    // The oldest idle connection was closed to make room (EOF after the server's
+    // SETTINGS, long before the first-byte timeout).
+    let mut buf = Vec::new();
+    tokio::time::timeout(Duration::from_secs(5), silent[0].read_to_end(&mut buf))
+        .await
+        .expect("the oldest silent connection is closed to make room")
+        .ok();
+    // CA's own connection, which sent requests, is still served.
+    tokio::time::timeout(
+        Duration::from_secs(5),
+        ca.node_groups(proto::NodeGroupsRequest {}),
+    )
+    .await
+    .expect("CA's connection kept")
+    .unwrap();
+    drop(idle);
+}

@@ -55,6 +55,10 @@ pub struct FileConfig {
     pub templates: BTreeMap<String, TemplateOverrides>,
     /// Launch failures older than this do not mark placeholders, e.g. `15m`.
     pub launch_failure_window: Option<String>,
+    /// NodeGroupGetOptions for option-tagged groups asked by CA >= 1.35, which has
+    /// no MaxNodeStartupTime on the wire: `unimplemented` (default, CA keeps its own
+    /// defaults) or `answer` (the tags apply, MaxNodeStartupTime reads as 0).
+    pub options_without_startup_time: Option<crate::provider::options::OptionsWithoutStartupTime>,
     /// The drain that runs before an instance ends.
     #[serde(default)]
     pub scale_in: ScaleInFile,
@@ -605,6 +609,7 @@ pub fn resolve(file: FileConfig, flags: &Overrides, source: &str) -> Result<Conf
             region,
             templates,
             launch_failure_window,
+            options_without_startup_time: file.options_without_startup_time.unwrap_or_default(),
             ..ProviderSettings::default()
         },
         drain_enabled: file.scale_in.enabled.unwrap_or(true),

@@ -367,3 +367,25 @@ scaleIn: {enabled: false}
     assert!(p.iter().any(|x| x.message.contains("sqs-queue")));
     assert!(p.iter().any(|x| x.message.contains("scaleIn.enabled")));
 }
+
+#[test]
+fn options_without_startup_time_defaults_to_unimplemented_and_names_a_bad_value() {
+    use crate::provider::options::OptionsWithoutStartupTime as O;
+    assert_eq!(
+        ok("").provider.options_without_startup_time,
+        O::Unimplemented
+    );
+    assert_eq!(
+        ok("optionsWithoutStartupTime: answer")
+            .provider
+            .options_without_startup_time,
+        O::Answer
+    );
+    let e = FileConfig::parse("optionsWithoutStartupTime: maybe", "t.yaml")
+        .unwrap_err()
+        .to_string();
+    assert!(
+        e.contains("optionsWithoutStartupTime") && e.contains("maybe") && e.contains("t.yaml"),
+        "{e}"
+    );
+}

@@ -71,6 +71,19 @@ pub fn to_proto(o: &AutoscalingOptions) -> proto::NodeGroupAutoscalingOptions {
     }
 }
 
+/// Whether the defaults CA sent come from a CA without MaxNodeStartupTime on the
+/// wire (>= 1.35): it fills the google Durations (8-10) and no longer the meta ones
+/// (3-5); CA 1.34 fills both, 1.31-1.33 only 3-5.
+pub fn lacks_startup_time(p: &proto::NodeGroupAutoscalingOptions) -> bool {
+    let new = p.scale_down_unneeded_duration.is_some()
+        || p.scale_down_unready_duration.is_some()
+        || p.max_node_provision_duration.is_some();
+    let old = p.scale_down_unneeded_time.is_some()
+        || p.scale_down_unready_time.is_some()
+        || p.max_node_provision_time.is_some();
+    new && !old
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -294,7 +294,14 @@ impl CloudProviderService {
         require_id(&r.id)?;
         let mut defaults = r.defaults.as_ref().map(from_proto).unwrap_or_default();
         fill_defaults(&mut defaults);
-        let opts = self.provider.options(&r.id, &defaults).map_err(status)?;
+        let lacks = r
+            .defaults
+            .as_ref()
+            .is_some_and(super::options::lacks_startup_time);
+        let opts = self
+            .provider
+            .options(&r.id, &defaults, lacks)
+            .map_err(status)?;
         Ok(Response::new(proto::NodeGroupAutoscalingOptionsResponse {
             node_group_autoscaling_options: Some(to_proto(&opts)),
         }))

@@ -43,12 +43,64 @@ pub fn is_placeholder(instance_id: &str) -> bool {
     instance_id.starts_with(PLACEHOLDER_PREFIX)
 }
 
-/// The group a placeholder id names: `i-placeholder-<group>-<n>` (group names may
-/// contain dashes; the last dash-separated part is the index).
-pub fn placeholder_group(instance_id: &str) -> Option<&str> {
+/// The id of placeholder `n` of `group`: `i-placeholder-<encoded group>-<n>`.
+///
+/// ASG names may hold any character (spaces, `/`, `:`, Unicode) and run to 255
+/// characters, but an instance id inside `aws:///<zone>/<id>` may hold only
+/// `[A-Za-z0-9-]` here (a `/` would end it early, and CA uses it as a node name). So
+/// ASCII letters, digits and `-` stay as they are and every other byte of the name's
+/// UTF-8 is written `_xx` (two lowercase hex digits): reversible for every name, and
+/// unchanged for the usual `[A-Za-z0-9-]` names.
+pub fn placeholder_id(group: &str, n: usize) -> String {
+    let mut out = String::with_capacity(PLACEHOLDER_PREFIX.len() + group.len() * 3 + 8);
+    out.push_str(PLACEHOLDER_PREFIX);
+    for b in group.bytes() {
+        if b.is_ascii_alphanumeric() || b == b'-' {
+            out.push(b as char);
+        } else {
+            out.push_str(&format!("_{b:02x}"));
+        }
+    }
+    out.push('-');
+    out.push_str(&n.to_string());
+    out
+}
+
+/// Longest placeholder id [`placeholder_id`] makes for a legal ASG name (255
+/// characters of up to 4 UTF-8 bytes, each written as 3): provider ids are bounded
+/// by it.
+pub const PLACEHOLDER_ID_MAX: usize = PLACEHOLDER_PREFIX.len() + 255 * 4 * 3 + 1 + 20;
+
+/// The group a placeholder id names (see [`placeholder_id`]); the last
+/// dash-separated part is the index. `None` when the id is not a placeholder or
+/// does not decode.
+pub fn placeholder_group(instance_id: &str) -> Option<String> {
     let rest = instance_id.strip_prefix(PLACEHOLDER_PREFIX)?;
     let (group, n) = rest.rsplit_once('-')?;
-    (!group.is_empty() && !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit())).then_some(group)
+    if group.is_empty() || n.is_empty() || !n.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    let bytes = group.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        match bytes[i] {
+            b'_' => {
+                let hex = group.get(i + 1..i + 3)?;
+                if !hex.bytes().all(|b| b.is_ascii_hexdigit()) {
+                    return None;
+                }
+                out.push(u8::from_str_radix(hex, 16).ok()?);
+                i += 3;
+            }
+            b if b.is_ascii_alphanumeric() || b == b'-' => {
+                out.push(b);
+                i += 1;
+            }
+            _ => return None,
+        }
+    }
+    String::from_utf8(out).ok()
 }
 
 /// ASG lifecycle state -> CA state. Standby and detaching instances are not serving
@@ -81,13 +133,23 @@ fn error_class(code: &str) -> ErrorClass {
 /// - `deleting` says which instances this service has asked to end and AWS may not
 ///   yet show as terminating.
 /// - Placeholders fill `target - live` (live = instances not terminating); when a
-///   launch failed recently (`failure`), each placeholder carries it, so CA stops
-///   waiting for the capacity and tries another group.
+///   launch failed recently (`failure`), each placeholder above `floor` carries it,
+///   so CA stops waiting for the capacity, backs off and tries another group.
+/// - Placeholders below `floor` (max of the ASG's MinSize and the MinSize CA is
+///   told) never carry it. With error info CA does not count an instance as
+///   unregistered (clusterstate.go getNotRegisteredNodes, 1.31.5 to 1.35.2), so the
+///   group's size looks incorrect and, after MaxNodeProvisionTime, fixNodeGroupSize
+///   asks DecreaseTargetSize to go below the minimum, which must be refused, and that
+///   error ends CA's whole RunOnce (static_autoscaler.go). Without it the slot is an
+///   unregistered node: CA counts it as upcoming for MaxNodeProvisionTime, then
+///   removeOldUnregisteredNodes skips the group with the warning "min size reached".
+///   The failure is reported by [`failed_below_floor`] instead.
 pub fn list(
     group: &str,
     zone_for_placeholders: &str,
     instances: &[AsgInstance],
     target: i32,
+    floor: i32,
     deleting: &dyn Fn(&str) -> bool,
     failure: Option<&LaunchFailure>,
 ) -> Vec<InstanceView> {
@@ -113,16 +175,26 @@ pub fn list(
         class: error_class(&f.code),
     });
     for n in 0..(target - live).max(0) {
+        let below_floor = live.saturating_add(n) < floor;
         out.push(InstanceView {
             id: provider_id::for_instance(
                 zone_for_placeholders,
-                &format!("{PLACEHOLDER_PREFIX}{group}-{n}"),
+                &placeholder_id(group, n as usize),
             ),
             state: InstanceState::Creating,
-            error: error.clone(),
+            error: if below_floor { None } else { error.clone() },
         });
     }
     out
+}
+
+/// How many unfulfilled slots below `floor` a recent launch failure leaves: the
+/// placeholders [`list`] reports without error info (0 without a failure).
+pub fn failed_below_floor(live: i32, target: i32, floor: i32, failure: bool) -> i32 {
+    if !failure {
+        return 0;
+    }
+    (floor.min(target) - live).max(0)
 }
 
 #[cfg(test)]
@@ -131,15 +203,56 @@ mod tests {
 
     #[test]
     fn placeholder_ids_name_their_group() {
-        assert_eq!(placeholder_group("i-placeholder-web-0"), Some("web"));
         assert_eq!(
-            placeholder_group("i-placeholder-eks-ng-a1-b2-12"),
+            placeholder_group("i-placeholder-web-0").as_deref(),
+            Some("web")
+        );
+        assert_eq!(
+            placeholder_group("i-placeholder-eks-ng-a1-b2-12").as_deref(),
             Some("eks-ng-a1-b2")
         );
         assert_eq!(placeholder_group("i-placeholder-web-"), None);
         assert_eq!(placeholder_group("i-placeholder-web-x"), None);
         assert_eq!(placeholder_group("i-placeholder--3"), None);
         assert_eq!(placeholder_group("i-0abc"), None);
+        // Not what placeholder_id writes: refused, not guessed.
+        assert_eq!(placeholder_group("i-placeholder-a_zz-0"), None);
+        assert_eq!(placeholder_group("i-placeholder-a_4-0"), None);
+        assert_eq!(placeholder_group("i-placeholder-a.b-0"), None);
+        assert_eq!(placeholder_group("i-placeholder-_ff-0"), None, "not UTF-8");
+    }
+
+    #[test]
+    fn every_legal_asg_name_round_trips_through_its_placeholder_ids() {
+        let long = "x".repeat(255);
+        let long_wide = "\u{10348}".repeat(255);
+        let names = [
+            "web",
+            "my group",
+            "team/a:prod",
+            "eks_ng.1",
+            "a-_2f-b",
+            "_",
+            "-",
+            "0",
+            "名前 / ノード",
+            long.as_str(),
+            long_wide.as_str(),
+        ];
+        for name in names {
+            for n in [0usize, 7, 1234] {
+                let id = placeholder_id(name, n);
+                assert!(id.len() <= PLACEHOLDER_ID_MAX, "{} bytes", id.len());
+                assert_eq!(placeholder_group(&id).as_deref(), Some(name), "{id}");
+                let pid = provider_id::for_instance("us-east-1a", &id);
+                assert_eq!(provider_id::instance_id(&pid), Some(id.as_str()), "{pid}");
+                assert!(is_placeholder(&id));
+            }
+        }
+        // Plain names keep their readable ids.
+        assert_eq!(placeholder_id("web-1", 2), "i-placeholder-web-1-2");
+        // Different names never share an id.
+        assert_ne!(placeholder_id("a b", 0), placeholder_id("a_20b", 0));
     }
 
     fn inst(id: &str, state: &str) -> AsgInstance {
@@ -180,6 +293,7 @@ mod tests {
             "us-east-1a",
             &[inst("i-1", "InService")],
             1,
+            0,
             &|_| false,
             None,
         );
@@ -195,6 +309,7 @@ mod tests {
             "us-east-1b",
             &[inst("i-1", "InService"), inst("i-2", "Terminating")],
             3,
+            0,
             &|_| false,
             None,
         );
@@ -218,7 +333,7 @@ mod tests {
             message: "no capacity".into(),
             started_at_unix: 0,
         };
-        let v = list("g", "z", &[], 2, &|_| false, Some(&f));
+        let v = list("g", "z", &[], 2, 0, &|_| false, Some(&f));
         assert_eq!(v.len(), 2);
         for p in &v {
             let e = p.error.as_ref().unwrap();
@@ -229,8 +344,40 @@ mod tests {
             code: "AccessDenied".into(),
             ..f
         };
-        let v = list("g", "z", &[], 1, &|_| false, Some(&other));
+        let v = list("g", "z", &[], 1, 0, &|_| false, Some(&other));
         assert_eq!(v[0].error.as_ref().unwrap().class, ErrorClass::Other);
+    }
+
+    #[test]
+    fn placeholders_below_the_minimum_carry_no_error_and_are_counted() {
+        let f = LaunchFailure {
+            group: "g".into(),
+            code: "InsufficientInstanceCapacity".into(),
+            message: "no capacity".into(),
+            started_at_unix: 0,
+        };
+        let live = [inst("i-1", "InService")];
+        for target in 0..6 {
+            for floor in 0..5 {
+                let v = list("g", "z", &live, target, floor, &|_| false, Some(&f));
+                let ph: Vec<_> = v
+                    .iter()
+                    .filter(|i| i.id.contains(PLACEHOLDER_PREFIX))
+                    .collect();
+                assert_eq!(ph.len() as i32, (target - 1).max(0));
+                let quiet = ph.iter().filter(|p| p.error.is_none()).count() as i32;
+                // Exactly the slots that keep the group at its minimum are quiet.
+                assert_eq!(
+                    quiet,
+                    failed_below_floor(1, target, floor, true),
+                    "{target} {floor}"
+                );
+                assert_eq!(quiet, (floor.min(target) - 1).max(0), "{target} {floor}");
+                // The quiet ones come first: ids stay stable while CA asks for more.
+                assert!(ph.iter().skip(quiet as usize).all(|p| p.error.is_some()));
+            }
+        }
+        assert_eq!(failed_below_floor(0, 3, 2, false), 0);
     }
 
     #[test]
@@ -240,6 +387,7 @@ mod tests {
             "z",
             &[inst("i-1", "InService"), inst("i-2", "InService")],
             1,
+            0,
             &|id| id == "i-2",
             None,
         );
@@ -249,7 +397,7 @@ mod tests {
 
     #[test]
     fn negative_or_zero_target_adds_nothing() {
-        assert!(list("g", "z", &[], 0, &|_| false, None).is_empty());
-        assert!(list("g", "z", &[], -3, &|_| false, None).is_empty());
+        assert!(list("g", "z", &[], 0, 0, &|_| false, None).is_empty());
+        assert!(list("g", "z", &[], -3, 2, &|_| false, None).is_empty());
     }
 }

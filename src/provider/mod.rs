@@ -69,6 +69,9 @@ pub struct ProviderSettings {
     /// `serve --dry-run`: every write is decided, described and refused; AWS and the
     /// cluster are left as they are.
     pub dry_run: bool,
+    /// NodeGroupGetOptions for option-tagged groups asked by a CA without
+    /// MaxNodeStartupTime on the wire (>= 1.35).
+    pub options_without_startup_time: options::OptionsWithoutStartupTime,
 }
 
 impl Default for ProviderSettings {
@@ -84,6 +87,7 @@ impl Default for ProviderSettings {
             hook_refresh_interval: Duration::from_secs(30 * 60),
             lookup_interval: Duration::from_secs(1),
             dry_run: false,
+            options_without_startup_time: options::OptionsWithoutStartupTime::default(),
         }
     }
 }
@@ -187,6 +191,9 @@ struct Overlay {
     /// The direct-mode drain marks on Nodes, as last read from the cluster; `None`
     /// until read once (see [`Provider::expect_drain_marks`]).
     direct_marks: Option<DrainMarks>,
+    /// Groups whose launch failure below the minimum was logged, with the failure's
+    /// start: told once per failure, not every CA loop.
+    told_below_min: HashMap<String, i64>,
 }
 
 /// What the Nodes say about direct-mode drains, by instance id.
@@ -238,6 +245,8 @@ pub struct Provider {
     scale_in: RwLock<Arc<dyn ScaleIn>>,
     /// Counts AWS writes, so a refresh can tell that one raced with its read.
     writes: AtomicU64,
+    /// Option-tagged groups already warned about a CA without MaxNodeStartupTime.
+    told_startup_time: Mutex<HashSet<String>>,
     pub stats: ProviderStats,
 }
 
@@ -260,6 +269,7 @@ impl Provider {
             lookup_wake: Arc::new(tokio::sync::Notify::new()),
             scale_in: RwLock::new(scale_in),
             writes: AtomicU64::new(0),
+            told_startup_time: Mutex::new(HashSet::new()),
             stats: ProviderStats::default(),
         })
     }
@@ -308,7 +318,58 @@ impl Provider {
     // ---- hot, answered from memory ----
 
     pub fn node_groups(&self) -> Vec<GroupInfo> {
-        self.registry().groups.iter().map(GroupInfo::from).collect()
+        let reg = self.registry();
+        let ov = self.overlay.lock();
+        reg.groups
+            .iter()
+            .map(|g| {
+                let mut info = GroupInfo::from(g);
+                if let Some((n, f)) = self.failed_below_min_in(&ov, g) {
+                    // CA logs the debug string with its scale-up decisions: the
+                    // failure CA is not told through error info is named here.
+                    info.debug.push_str(&format!(
+                        "; {n} instance(s) below MinSize {} failed to launch: {} ({})",
+                        Self::floor_of(g),
+                        f.code,
+                        f.message
+                    ));
+                }
+                info
+            })
+            .collect()
+    }
+
+    /// The size below which placeholders carry no error info: the larger of the
+    /// ASG's MinSize and the MinSize CA is told (see [`instances::list`]).
+    fn floor_of(g: &Group) -> i32 {
+        g.min.max(g.asg.min_size)
+    }
+
+    /// Slots below the group's minimum whose launch recently failed, with the
+    /// failure; `None` when there are none.
+    fn failed_below_min_in<'a>(
+        &self,
+        ov: &Overlay,
+        g: &'a Group,
+    ) -> Option<(i32, &'a LaunchFailure)> {
+        let f = self.recent_failure(ov, g)?;
+        let n = instances::failed_below_floor(
+            Self::live_count(ov, g),
+            Self::target_of(ov, g),
+            Self::floor_of(g),
+            true,
+        );
+        (n > 0).then_some((n, f))
+    }
+
+    /// Instances below the group's minimum that failed to launch recently (0 if
+    /// none): CA is not told through error info (it would stop its loop), so this
+    /// is the metric `ca_asg_provider_node_group_failed_below_min`.
+    pub fn failed_below_min(&self, id: &str) -> Result<i32, ProviderError> {
+        let ov = self.overlay.lock();
+        self.with_group(id, |g| {
+            self.failed_below_min_in(&ov, g).map_or(0, |(n, _)| n)
+        })
     }
 
     /// The group of a node, or `None` for nodes this provider does not manage (CA
@@ -333,7 +394,7 @@ impl Provider {
         // CA builds a fake node for every instance that never registered (placeholders
         // included, name = providerID); it must map to its group, or CA never counts
         // it as unregistered and never cleans it up.
-        if let Some(g) = instances::placeholder_group(id).and_then(|name| reg.group(name)) {
+        if let Some(g) = instances::placeholder_group(id).and_then(|name| reg.group(&name)) {
             return Some(GroupInfo::from(g));
         }
         if pid.starts_with("aws://") && !instances::is_placeholder(id) {
@@ -504,15 +565,32 @@ impl Provider {
     }
 
     pub fn nodes(&self, id: &str) -> Result<Vec<InstanceView>, ProviderError> {
-        let ov = self.overlay.lock();
+        let mut ov = self.overlay.lock();
         self.with_group(id, |g| {
             let target = Self::target_of(&ov, g);
             let failure = self.recent_failure(&ov, g);
+            if let Some((n, f)) = self.failed_below_min_in(&ov, g) {
+                if ov.told_below_min.get(&g.asg.name) != Some(&f.started_at_unix) {
+                    tracing::warn!(
+                        group = %g.asg.name,
+                        failed = n,
+                        min = Self::floor_of(g),
+                        code = %f.code,
+                        "the ASG cannot launch the instances that keep it at its minimum: {}; \
+                         cluster-autoscaler sees them as unregistered nodes (not as failed, \
+                         which would stop its whole loop) and warns \"min size reached\"",
+                        f.message
+                    );
+                    ov.told_below_min
+                        .insert(g.asg.name.clone(), f.started_at_unix);
+                }
+            }
             instances::list(
                 &g.asg.name,
                 g.placeholder_zone(),
                 &g.asg.instances,
                 target,
+                Self::floor_of(g),
                 &|iid| Self::is_deleting(&ov, iid),
                 failure,
             )
@@ -534,10 +612,14 @@ impl Provider {
         })
     }
 
+    /// NodeGroupGetOptions. `ca_lacks_startup_time`: the request came from a CA with
+    /// no MaxNodeStartupTime on the wire (>= 1.35, see
+    /// [`options::OptionsWithoutStartupTime`]).
     pub fn options(
         &self,
         id: &str,
         defaults: &options::AutoscalingOptions,
+        ca_lacks_startup_time: bool,
     ) -> Result<options::AutoscalingOptions, ProviderError> {
         let overlay = self.with_group(id, |g| {
             let o = options::overlay_from_tags(defaults, &g.asg.tags);
@@ -556,7 +638,32 @@ impl Provider {
             )));
         }
         options::validate(&overlay.options).map_err(ProviderError::InvalidArgument)?;
+        if ca_lacks_startup_time {
+            let policy = self.settings.options_without_startup_time;
+            crate::telemetry::metrics::metrics().options_without_startup_time(id, policy.as_str());
+            if self.told_startup_time.lock().insert(id.to_string()) {
+                tracing::warn!(
+                    group = id,
+                    answer = policy.as_str(),
+                    "cluster-autoscaler >= 1.35 asked for the options of a group with autoscaling-options tags; it has no MaxNodeStartupTime on the wire and would read it as 0 from any answer, so booting nodes count as unready at once and pending pods scale the group up twice (kubernetes/autoscaler#10245). {}",
+                    match policy {
+                        options::OptionsWithoutStartupTime::Unimplemented => "Answering Unimplemented: CA keeps its own defaults and the group's option tags do not apply (config optionsWithoutStartupTime: unimplemented)",
+                        options::OptionsWithoutStartupTime::Answer => "Answering the tagged options anyway (config optionsWithoutStartupTime: answer)",
+                    }
+                );
+            }
+            if policy == options::OptionsWithoutStartupTime::Unimplemented {
+                return Err(ProviderError::Unimplemented(format!(
+                    "node group {id}: its autoscaling-options tags are not answered to cluster-autoscaler >= 1.35, which would read MaxNodeStartupTime as 0 (kubernetes/autoscaler#10245); CA's defaults apply (config optionsWithoutStartupTime: unimplemented)"
+                )));
+            }
+        }
         Ok(overlay.options)
+    }
+
+    /// Whether the group was warned about a CA >= 1.35 asking for its tagged options.
+    pub fn startup_time_told(&self, id: &str) -> bool {
+        self.told_startup_time.lock().contains(id)
     }
 
     pub const GPU_LABEL: &'static str = "k8s.amazonaws.com/accelerator";
@@ -683,7 +790,6 @@ impl Provider {
         self.require_drain_state()?;
         let (reg, idx) = self.fresh_group(id).await?;
         let g = &reg.groups[idx];
-        let placeholder_prefix = format!("{}{}-", instances::PLACEHOLDER_PREFIX, g.asg.name);
         let mut real: Vec<(&AsgInstance, &str)> = Vec::new();
         let mut placeholders = 0i32;
         let mut seen = HashSet::new();
@@ -705,7 +811,7 @@ impl Provider {
                 if !seen.insert(iid.to_string()) {
                     continue;
                 }
-                if iid.starts_with(&placeholder_prefix) {
+                if instances::placeholder_group(iid).as_deref() == Some(g.asg.name.as_str()) {
                     placeholders += 1;
                     continue;
                 }

@@ -6,6 +6,35 @@ use std::time::Duration;
 
 use crate::duration::parse_duration;
 
+/// What NodeGroupGetOptions answers, for a group with option tags, to a CA that has
+/// no MaxNodeStartupTime on the wire (CA >= 1.35: its request carries the Duration
+/// fields 8-10 and not 3-5). Such a CA builds its whole options struct from any
+/// answer, so MaxNodeStartupTime becomes 0 for the group (upstream issue
+/// kubernetes/autoscaler#10245, fix proposed in PR #10266): every registered node
+/// that is still booting counts as unready at once and not as upcoming, the same
+/// pending pods scale the group up again, and a large scale-up can trip CA's unready
+/// limits and skip whole loops.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, serde::Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum OptionsWithoutStartupTime {
+    /// Answer Unimplemented: CA keeps its own defaults (its flags) for every field
+    /// and the group's option tags do not apply. The default: losing per-group
+    /// tweaks costs less than over-scaling and skipped loops for the whole cluster.
+    #[default]
+    Unimplemented,
+    /// Answer the tagged options anyway (MaxNodeStartupTime reads as 0).
+    Answer,
+}
+
+impl OptionsWithoutStartupTime {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Unimplemented => "unimplemented",
+            Self::Answer => "answer",
+        }
+    }
+}
+
 pub const TAG_PREFIX: &str = "k8s.io/cluster-autoscaler/node-template/autoscaling-options/";
 
 /// The options CA asks for, as the core holds them. `None` = CA sent nothing.

@@ -20,8 +20,14 @@ fn is_instance_id(s: &str) -> bool {
     let Some(rest) = s.strip_prefix("i-") else {
         return false;
     };
+    // Placeholder ids carry an encoded ASG name of up to 255 characters.
+    let within = if s.starts_with(super::instances::PLACEHOLDER_PREFIX) {
+        s.len() <= super::instances::PLACEHOLDER_ID_MAX
+    } else {
+        rest.len() <= 200
+    };
     !rest.is_empty()
-        && rest.len() <= 200
+        && within
         && rest.bytes().all(|b| {
             b.is_ascii_lowercase()
                 || b.is_ascii_digit()

@@ -41,6 +41,7 @@ impl Status for Provider {
                 m.group_max.remove(&l);
                 m.group_instances.remove(&l);
                 m.group_target.remove(&l);
+                m.group_failed_below_min.remove(&l);
             }
             *shown = now;
         }
@@ -55,6 +56,9 @@ impl Status for Provider {
                 .set(g.asg.instances.len() as i64);
             if let Ok(t) = self.target_size(&g.asg.name) {
                 m.group_target.get_or_create(&l).set(i64::from(t));
+            }
+            if let Ok(n) = self.failed_below_min(&g.asg.name) {
+                m.group_failed_below_min.get_or_create(&l).set(i64::from(n));
             }
         }
     }

@@ -13,6 +13,12 @@ use prometheus_client::metrics::histogram::{exponential_buckets, Histogram};
 use prometheus_client::registry::Registry;
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct GroupAnswerLabels {
+    pub node_group: String,
+    pub answer: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct RpcLabels {
     pub method: &'static str,
     pub code: &'static str,
@@ -93,6 +99,8 @@ pub struct Metrics {
     pub group_max: Family<GroupLabels, Gauge>,
     pub group_target: Family<GroupLabels, Gauge>,
     pub group_instances: Family<GroupLabels, Gauge>,
+    pub group_failed_below_min: Family<GroupLabels, Gauge>,
+    pub options_without_startup_time: Family<GroupAnswerLabels, Counter>,
     pub drains_started: Counter,
     pub drains_finished: Family<OutcomeLabels, Counter>,
     pub drains_in_stage: Family<StageLabels, Gauge>,
@@ -178,6 +186,8 @@ impl Metrics {
             group_max: Family::default(),
             group_target: Family::default(),
             group_instances: Family::default(),
+            group_failed_below_min: Family::default(),
+            options_without_startup_time: Family::default(),
             drains_started: Counter::default(),
             drains_finished: Family::default(),
             drains_in_stage: Family::default(),
@@ -248,6 +258,16 @@ impl Metrics {
             "node_group_instances",
             "Instances registered in the node group's ASG",
             m.group_instances.clone(),
+        );
+        r.register(
+            "node_group_failed_below_min",
+            "Instances that keep the node group at its ASG MinSize and recently failed to launch; CA sees them as unregistered nodes and only warns \"min size reached\", so alert on this",
+            m.group_failed_below_min.clone(),
+        );
+        r.register(
+            "options_without_startup_time",
+            "NodeGroupGetOptions calls for option-tagged groups from a CA >= 1.35 (no MaxNodeStartupTime on the wire, kubernetes/autoscaler#10245), by node group and answer (unimplemented: CA keeps its defaults; answer: the tags apply and MaxNodeStartupTime reads as 0)",
+            m.options_without_startup_time.clone(),
         );
         r.register("drains_started", "Drains started", m.drains_started.clone());
         r.register(
@@ -477,6 +497,15 @@ impl Metrics {
     }
 
     /// One action `serve --dry-run` decided on and did not take.
+    pub fn options_without_startup_time(&self, group: &str, answer: &'static str) {
+        self.options_without_startup_time
+            .get_or_create(&GroupAnswerLabels {
+                node_group: group.to_string(),
+                answer,
+            })
+            .inc();
+    }
+
     pub fn dry_run(&self, action: &str) {
         self.dry_run_actions
             .get_or_create(&ActionLabels {
