@@ -445,10 +445,9 @@ async fn drain_node(
 
     // CA's scale-in, whichever replica CA asked (a follower's drain reaches the
     // leader as a resumed or held one): CA's own taint on the Node says so.
-    if req.source == Source::ClusterAutoscaler
-        || engine.nodes.has_taint(node, cordon::CA_TO_BE_DELETED_TAINT)
-    {
-        warn_daemonsets_evicted_early(&d, &pods).await;
+    let fresh = req.source == Source::ClusterAutoscaler;
+    if fresh || engine.nodes.has_taint(node, cordon::CA_TO_BE_DELETED_TAINT) {
+        warn_daemonsets_evicted_early(&d, &pods, fresh).await;
     }
 
     // Phase 1: every workload pod.
@@ -567,19 +566,20 @@ async fn daemonset_phase(
 /// CA left at `--daemonset-eviction-for-occupied-nodes=true` evicts DaemonSet pods
 /// itself, with the workloads, before DeleteNodes: the log shipper is already going
 /// when the drain starts. Say so once per drain, naming the pods and the fix.
-async fn warn_daemonsets_evicted_early(d: &NodeDrain<'_>, pods: &NodePods) {
+async fn warn_daemonsets_evicted_early(d: &NodeDrain<'_>, pods: &NodePods, fresh: bool) {
     let listed = pods.pods();
     let early: Vec<String> = listed
         .iter()
         .filter(|p| plan::is_daemonset_pod(p) && p.metadata.deletion_timestamp.is_some())
         .map(|p| plan::pod_ref(p).to_string())
         .collect();
-    // Only while workload pods are still there: a drain resumed after its own
-    // DaemonSet phase finds them leaving too, and that is not CA's doing.
+    // A drain that just started for CA cannot have evicted them itself. A resumed
+    // one may have (its own DaemonSet phase): then only while workload pods are still
+    // there is it CA's doing.
     let workloads_left = listed.iter().any(|p| {
         matches!(plan::classify_with(p, &d.engine.settings.node_critical), Disposition::Evict(t) | Disposition::Wait(t) if !t.is_daemonset())
     });
-    if early.is_empty() || !workloads_left {
+    if early.is_empty() || !(fresh || workloads_left) {
         return;
     }
     metrics()
