@@ -114,6 +114,15 @@ pub async fn attempt(engine: &Engine, pod: &PodRef) -> Attempt {
 
 /// The PodDisruptionBudgets of the pod's namespace whose selector matches it.
 async fn budgets_selecting(engine: &Engine, pod: &PodRef) -> Vec<String> {
+    selecting(engine, pod)
+        .await
+        .into_iter()
+        .map(|(name, _)| name)
+        .collect()
+}
+
+/// The budgets selecting the pod, with their selectors as label-selector strings.
+async fn selecting(engine: &Engine, pod: &PodRef) -> Vec<(String, String)> {
     let api: Api<PodDisruptionBudget> = Api::namespaced(engine.client.clone(), &pod.namespace);
     let list = match api.list(&ListParams::default()).await {
         Ok(l) => l,
@@ -124,14 +133,15 @@ async fn budgets_selecting(engine: &Engine, pod: &PodRef) -> Vec<String> {
     };
     list.items
         .into_iter()
-        .filter(|b| {
-            b.spec
+        .filter_map(|b| {
+            let sel = b
+                .spec
                 .as_ref()
                 .and_then(|s| s.selector.clone())
-                .and_then(|sel| Selector::try_from(sel).ok())
-                .is_some_and(|sel| sel.matches(&pod.labels))
+                .and_then(|sel| Selector::try_from(sel).ok())?;
+            sel.matches(&pod.labels)
+                .then(|| (b.metadata.name.unwrap_or_default(), sel.to_string()))
         })
-        .filter_map(|b| b.metadata.name)
         .collect()
 }
 
@@ -147,6 +157,9 @@ pub async fn until_accepted(
 ) -> bool {
     let mut told = false;
     let mut backoff = engine.settings.eviction_retry;
+    // Once a budget refused: the watches of its pods, so the next try goes the moment
+    // a replacement is Ready instead of at the next tick of the fixed retry.
+    let mut budget_waits: Option<Vec<super::budgets::BudgetWait>> = None;
     loop {
         if !still_there() {
             return true;
@@ -166,6 +179,14 @@ pub async fn until_accepted(
             }
             Attempt::Gone => return true,
             Attempt::Blocked(why) => {
+                if budget_waits.is_none() {
+                    let waits = selecting(engine, pod)
+                        .await
+                        .iter()
+                        .map(|(_, sel)| engine.budgets.subscribe(&pod.namespace, sel))
+                        .collect();
+                    budget_waits = Some(waits);
+                }
                 if !told {
                     engine
                         .events
@@ -207,7 +228,21 @@ pub async fn until_accepted(
         if now >= deadline {
             return false;
         }
-        tokio::time::sleep(jitter(backoff).min(deadline - now)).await;
+        let timer = tokio::time::sleep(jitter(backoff).min(deadline - now));
+        match budget_waits.as_mut() {
+            Some(waits) => {
+                tokio::select! {
+                    _ = timer => {}
+                    _ = super::budgets::any_changed(waits) => {
+                        // Many drains may wait on one budget: spread their tries over
+                        // a moment so the one the budget allows is not lost in a herd.
+                        let spread = jitter(Duration::from_millis(150));
+                        tokio::time::sleep(spread.min(deadline.saturating_duration_since(Instant::now()))).await;
+                    }
+                }
+            }
+            None => timer.await,
+        }
     }
 }
 

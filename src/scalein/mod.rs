@@ -23,6 +23,7 @@ use crate::cloud::{AsgInstance, Cloud, LifecycleAction};
 use crate::provider::{Group, Provider, ProviderError, Removal, ScaleIn};
 use crate::telemetry::metrics::{metrics, Metrics};
 
+pub mod budgets;
 pub mod cordon;
 pub mod drain;
 pub mod dry_run;
@@ -290,6 +291,8 @@ pub struct Engine {
     lease_client: kube::Client,
     pub(crate) events: events::Events,
     pub(crate) nodes: nodes::NodeIndex,
+    /// Watches of the pods of budgets that refused an eviction.
+    pub budgets: budgets::BudgetWatches,
     slots: Arc<tokio::sync::Semaphore>,
     inflight: Mutex<HashMap<String, Inflight>>,
     /// Heartbeats of the lifecycle actions our hook holds, by instance: they follow
@@ -336,6 +339,7 @@ impl Engine {
             .as_ref()
             .map(|p| spawn_marks_sync(&nodes, Arc::downgrade(p), liveness.clone()));
         Arc::new(Self {
+            budgets: budgets::BudgetWatches::new(client.clone()),
             events: events::Events::new(client.clone(), pod_event_client),
             nodes,
             marks_sync: Mutex::new(marks_sync),
