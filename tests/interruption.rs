@@ -9,7 +9,7 @@ use ca_asg_provider::cloud::memory::MemoryGroup;
 use ca_asg_provider::cloud::queue::{MemoryQueue, Queue};
 use ca_asg_provider::interruption::consumer::{Consumer, Handled};
 use ca_asg_provider::interruption::InterruptionSettings;
-use ca_asg_provider::scalein::{self, Outcome};
+use ca_asg_provider::scalein::{self, Outcome, ScaleInSettings};
 use ca_asg_provider::sim::fixtures;
 use k8s_openapi::api::core::v1::{Node, Pod};
 
@@ -327,7 +327,7 @@ async fn an_instance_that_stopped_stops_its_drain() {
 /// The AWS cost of finding held instances at 200 hooked groups: one lifecycle scan
 /// is one read of every hooked group, which the AWS backend sends in batches of 100
 /// names (2 DescribeAutoScalingGroups requests). The
-/// poll runs every 15 s without the queue (8 calls a minute) and every 5 min as the
+/// poll runs every 5 s without the queue (24 calls a minute) and every 5 min as the
 /// queue's safety net (0.4 a minute); the queue itself costs 3 long-poll receives a
 /// minute when idle. README "Queue mode" quotes these numbers.
 #[tokio::test]
@@ -350,8 +350,9 @@ async fn one_lifecycle_scan_of_200_hooked_groups_is_one_batched_read() {
     let interruption = InterruptionSettings::default();
     let per_minute = |poll: Duration| 2.0 * 60.0 / poll.as_secs_f64();
     eprintln!(
-        "200 hooked groups: {:.1} DescribeAutoScalingGroups/min polling every 15 s, {:.1}/min as the queue's safety net every {:?}, plus {:.0} ReceiveMessage/min idle",
-        per_minute(Duration::from_secs(15)),
+        "200 hooked groups: {:.1} DescribeAutoScalingGroups/min polling every {:?}, {:.1}/min as the queue's safety net every {:?}, plus {:.0} ReceiveMessage/min idle",
+        per_minute(ScaleInSettings::default().lifecycle_poll_interval),
+        ScaleInSettings::default().lifecycle_poll_interval,
         per_minute(interruption.safety_net_poll),
         interruption.safety_net_poll,
         60.0 / interruption.wait.as_secs_f64()

@@ -334,10 +334,7 @@ interruption:
     // Off by default, and then the poll is the primary path.
     let off = ok("{}");
     assert!(off.interruption.queue_url.is_none());
-    assert_eq!(
-        off.scale_in.lifecycle_poll_interval,
-        Duration::from_secs(15)
-    );
+    assert_eq!(off.scale_in.lifecycle_poll_interval, Duration::from_secs(5));
 }
 
 #[test]
