@@ -131,3 +131,41 @@ async fn a_small_drain_storm_keeps_every_invariant() {
         "no drain beats its pods' own floor: {r:?}"
     );
 }
+
+/// `--drain-floor`: one node's drain, found by the poll and by the queue, under the
+/// shipped settings and those before the drain waited on budgets. No drain can end
+/// before its pods' floor (the replacement Ready, then the preStops): the report's
+/// floor must be a true lower bound, and every variant must end the instance.
+#[test]
+fn drain_floor_reports_every_variant_against_a_true_floor() {
+    let (_, r) = loadgen(&["--drain-floor", "1"]);
+    let results = r["results"].as_array().unwrap();
+    let variants: Vec<(String, String)> = results
+        .iter()
+        .map(|v| {
+            (
+                v["settings"].as_str().unwrap().to_string(),
+                v["found_by"].as_str().unwrap().to_string(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        variants,
+        [
+            ("before", "poll"),
+            ("before", "queue"),
+            ("shipped", "poll"),
+            ("shipped", "queue")
+        ]
+        .map(|(a, b)| (a.to_string(), b.to_string()))
+    );
+    for v in results {
+        let floor = v["floor_s"].as_f64().unwrap();
+        for t in v["ended_s"].as_array().unwrap() {
+            assert!(
+                t.as_f64().unwrap() >= floor,
+                "{v}: ended before its pods allowed"
+            );
+        }
+    }
+}

@@ -444,6 +444,7 @@ pub fn resolve(file: FileConfig, flags: &Overrides, source: &str) -> Result<Conf
         ),
         stuck_after: d.stuck_after,
         node_critical: d.node_critical.clone(),
+        budget_watch: d.budget_watch,
     };
     match plan::NodeCritical::parse(si.node_critical_daemon_sets.as_deref().unwrap_or_default()) {
         Ok(nc) => scale_in.node_critical = nc,

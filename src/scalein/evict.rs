@@ -179,7 +179,7 @@ pub async fn until_accepted(
             }
             Attempt::Gone => return true,
             Attempt::Blocked(why) => {
-                if budget_waits.is_none() {
+                if budget_waits.is_none() && engine.settings.budget_watch {
                     let waits = selecting(engine, pod)
                         .await
                         .iter()

@@ -136,6 +136,9 @@ pub struct ScaleInSettings {
     pub dry_run: bool,
     /// DaemonSets that leave after the volume detach, besides critical-priority ones.
     pub node_critical: plan::NodeCritical,
+    /// After a budget's 429, retry when its pods change, not only at the fixed
+    /// interval. Always on; off only in `loadgen --drain-floor`'s "before" runs.
+    pub budget_watch: bool,
 }
 
 impl Default for ScaleInSettings {
@@ -168,6 +171,7 @@ impl Default for ScaleInSettings {
             stuck_after: Duration::from_secs(60),
             dry_run: false,
             node_critical: plan::NodeCritical::default(),
+            budget_watch: true,
         }
     }
 }

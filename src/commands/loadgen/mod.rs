@@ -5,6 +5,7 @@
 //! the report can tell this code's CPU from the gRPC transport's.
 
 mod ca_loop;
+pub mod drain_floor;
 pub mod drain_overhead;
 pub mod drain_storm;
 mod floor;
@@ -60,6 +61,10 @@ pub struct LoadgenArgs {
     /// Terminating:Wait at once, on the in-memory API server (README "Performance").
     #[arg(long, value_name = "NODES")]
     pub drain_storm: Option<usize>,
+    /// Instead of the CA loop: one node's drain against its pods' own floor, each way
+    /// of finding the held instance, this many runs each (README "Performance").
+    #[arg(long, value_name = "RUNS", conflicts_with = "drain_storm")]
+    pub drain_floor: Option<usize>,
     /// The storm's Kubernetes API rate limit (scaleIn.apiQps).
     #[arg(long, default_value_t = 50.0)]
     pub storm_api_qps: f64,
@@ -396,6 +401,15 @@ fn mib(b: u64) -> f64 {
 pub async fn run(args: LoadgenArgs) -> anyhow::Result<()> {
     if let (Some(file), Some(listen)) = (&args.serve_floor, args.floor_listen) {
         return floor::serve_file(file, listen).await;
+    }
+    if let Some(runs) = args.drain_floor {
+        anyhow::ensure!(
+            (1..=20).contains(&runs),
+            "--drain-floor must be between 1 and 20 runs, not {runs}"
+        );
+        let report = drain_floor::run(runs).await?;
+        println!("{}", serde_json::to_string_pretty(&report)?);
+        return write_json(args.json.as_deref(), &report);
     }
     if let Some(nodes) = args.drain_storm {
         anyhow::ensure!(nodes >= 1, "--drain-storm must be at least 1");
