@@ -196,4 +196,137 @@ mod tests {
         assert_eq!(with(200, Some("junk")), Code::Unknown);
         assert_eq!(with(503, None), Code::Unknown);
     }
+
+    /// Allocations made by this thread (the test binary's allocator counts them).
+    mod counting {
+        use std::alloc::{GlobalAlloc, Layout, System};
+        use std::cell::Cell;
+
+        thread_local! {
+            static ALLOCATIONS: Cell<u64> = const { Cell::new(0) };
+        }
+
+        pub struct Counting;
+
+        // SAFETY: every call goes to System unchanged; only a counter is added.
+        unsafe impl GlobalAlloc for Counting {
+            unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+                ALLOCATIONS.with(|n| n.set(n.get() + 1));
+                unsafe { System.alloc(layout) }
+            }
+            unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+                unsafe { System.dealloc(ptr, layout) }
+            }
+            unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+                ALLOCATIONS.with(|n| n.set(n.get() + 1));
+                unsafe { System.realloc(ptr, layout, new_size) }
+            }
+        }
+
+        #[global_allocator]
+        static COUNTING: Counting = Counting;
+
+        pub fn allocations() -> u64 {
+            ALLOCATIONS.with(|n| n.get())
+        }
+    }
+
+    /// A service that answers at once, with `grpc-status` when the path says so.
+    #[derive(Clone)]
+    struct Answers;
+
+    impl NamedService for Answers {
+        const NAME: &'static str = SERVICE;
+    }
+
+    impl Service<http::Request<()>> for Answers {
+        type Response = http::Response<()>;
+        type Error = Infallible;
+        type Future = std::future::Ready<Result<http::Response<()>, Infallible>>;
+
+        fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+            Poll::Ready(Ok(()))
+        }
+
+        fn call(&mut self, req: http::Request<()>) -> Self::Future {
+            let mut r = http::Response::new(());
+            if req.uri().path().ends_with("/Refresh") {
+                r.headers_mut().insert(
+                    tonic::Status::GRPC_STATUS,
+                    http::HeaderValue::from_static("14"),
+                );
+            }
+            std::future::ready(Ok(r))
+        }
+    }
+
+    #[test]
+    fn counting_and_timing_a_call_allocates_nothing() {
+        let metrics: &'static Metrics = Box::leak(Box::new(Metrics::new()));
+        let mut svc = Metered::new(Answers, metrics);
+        let requests = |n: usize| -> Vec<http::Request<()>> {
+            (0..n)
+                .flat_map(|_| ["NodeGroupForNode", "NodeGroups", "NoSuchRpc"])
+                .map(|m| {
+                    http::Request::builder()
+                        .uri(format!("/{SERVICE}/{m}"))
+                        .body(())
+                        .unwrap()
+                })
+                .collect()
+        };
+        let mut cx = Context::from_waker(std::task::Waker::noop());
+        let mut run = |reqs: Vec<http::Request<()>>| {
+            for req in reqs {
+                let mut call = svc.call(req);
+                assert!(Pin::new(&mut call).poll(&mut cx).is_ready());
+            }
+        };
+        // The first call of each (method, code) creates its series.
+        run(requests(1));
+        let before = counting::allocations();
+        let reqs = requests(1000);
+        let built = counting::allocations();
+        assert!(built > before, "the counter counts");
+        run(reqs);
+        // Requests are built before the counted calls (freeing is not counted).
+        assert_eq!(
+            counting::allocations() - built,
+            0,
+            "allocations in 3000 calls"
+        );
+        let text = metrics.encode();
+        for series in [
+            "grpc_requests_total{method=\"NodeGroupForNode\",code=\"Ok\"} 1001",
+            "grpc_requests_total{method=\"unknown\",code=\"Ok\"} 1001",
+            "grpc_request_duration_seconds_count{method=\"NodeGroups\"} 1001",
+        ] {
+            assert!(text.contains(series), "{series} in\n{text}");
+        }
+        // A call dropped before it answered is Cancelled; a grpc-status is its code.
+        drop(
+            svc.call(
+                http::Request::builder()
+                    .uri(format!("/{SERVICE}/Cleanup"))
+                    .body(())
+                    .unwrap(),
+            ),
+        );
+        let mut refresh = svc.call(
+            http::Request::builder()
+                .uri(format!("/{SERVICE}/Refresh"))
+                .body(())
+                .unwrap(),
+        );
+        assert!(Pin::new(&mut refresh).poll(&mut cx).is_ready());
+        drop(refresh);
+        let text = metrics.encode();
+        for series in [
+            "grpc_requests_total{method=\"Cleanup\",code=\"Cancelled\"} 1",
+            "grpc_requests_total{method=\"Refresh\",code=\"Unavailable\"} 1",
+        ] {
+            assert!(text.contains(series), "{series} in\n{text}");
+        }
+        assert!(!text.contains("method=\"Refresh\",code=\"Cancelled\""));
+    }
 }
