@@ -305,13 +305,16 @@ fn named_paths(module: &[String], code: &[(usize, String)]) -> Vec<(Vec<String>,
     out
 }
 
+/// A file: its name, its module and its code lines.
+type SourceFile = (String, Vec<String>, Vec<(usize, String)>);
+
 /// `from` uses `to`, two children of one module: (from, to, where).
 type Edge = (Vec<String>, Vec<String>, String);
 
 /// The uses between sibling modules: a file of `a::x` naming `a::y` (or anything in
 /// it) is an edge `a::x -> a::y`. A module using its parent or its children is not.
 fn sibling_edges(
-    files: &[(String, Vec<String>, Vec<(usize, String)>)],
+    files: &[SourceFile],
     modules: &std::collections::BTreeSet<Vec<String>>,
 ) -> Vec<Edge> {
     let mut edges = Vec::new();
