@@ -1434,3 +1434,197 @@ async fn a_fresh_client_is_served_while_the_cap_is_full_of_idle_connections() {
     .unwrap();
     drop(idle);
 }
+
+/// The `grpc_requests_total` counts and `grpc_request_duration_seconds` counts of a
+/// metrics text, as (method, code) -> n and method -> n.
+type RpcCounts = (
+    std::collections::BTreeMap<(String, String), u64>,
+    std::collections::BTreeMap<String, u64>,
+);
+
+fn rpc_counts(text: &str) -> RpcCounts {
+    let label = |l: &str, k: &str| -> String {
+        l.split(&format!("{k}=\""))
+            .nth(1)
+            .unwrap()
+            .split('"')
+            .next()
+            .unwrap()
+            .to_string()
+    };
+    let value = |l: &str| -> u64 { l.rsplit(' ').next().unwrap().parse::<f64>().unwrap() as u64 };
+    let mut requests = std::collections::BTreeMap::new();
+    let mut timed = std::collections::BTreeMap::new();
+    for l in text.lines() {
+        if l.starts_with("ca_asg_provider_grpc_requests_total{") {
+            requests.insert((label(l, "method"), label(l, "code")), value(l));
+        } else if l.starts_with("ca_asg_provider_grpc_request_duration_seconds_count{") {
+            timed.insert(label(l, "method"), value(l));
+        }
+    }
+    (requests, timed)
+}
+
+/// One layer around the generated server counts every RPC once, by its method and the
+/// code the client got: the 15 RPCs (errors among them), a request tonic cannot
+/// decode (through the lean NodeGroupForNode decoder) and a method that does not exist.
+#[tokio::test]
+async fn every_rpc_is_counted_once_by_method_and_the_code_the_client_got() {
+    use ca_asg_provider::telemetry::metrics::{code_name, Metrics};
+    let counts: &'static Metrics = Box::leak(Box::new(Metrics::new()));
+    let provider = Provider::new(Arc::new(MemoryCloud::new(groups(), fast())), discovery());
+    provider.refresh_now().await.unwrap();
+    let (listener, addr) = ca_asg_provider::grpc::bind("127.0.0.1:0".parse().unwrap())
+        .await
+        .unwrap();
+    tokio::spawn(ca_asg_provider::grpc::serve_counted(
+        listener,
+        provider.clone(),
+        None,
+        std::future::pending(),
+        ca_asg_provider::grpc::ConnectionLimits::default(),
+        counts,
+    ));
+    let url = format!("http://{addr}");
+    let mut ca = CloudProviderClient::connect(url.clone()).await.unwrap();
+    fn got<T>(r: &Result<tonic::Response<T>, tonic::Status>) -> Code {
+        r.as_ref().map_or_else(|s| s.code(), |_| Code::Ok)
+    }
+    let mut sent: Vec<(&str, Code)> = Vec::new();
+
+    let r = ca.refresh(proto::RefreshRequest {}).await;
+    sent.push(("Refresh", got(&r)));
+    let r = ca.node_groups(proto::NodeGroupsRequest {}).await;
+    sent.push(("NodeGroups", got(&r)));
+    let web = ca
+        .node_group_nodes(proto::NodeGroupNodesRequest { id: "web".into() })
+        .await;
+    sent.push(("NodeGroupNodes", got(&web)));
+    let pid = web.unwrap().into_inner().instances[0].id.clone();
+    let r = ca
+        .node_group_for_node(proto::NodeGroupForNodeRequest {
+            node: Some(node(&pid)),
+        })
+        .await;
+    sent.push(("NodeGroupForNode", got(&r)));
+    let r = ca
+        .pricing_node_price(proto::PricingNodePriceRequest::default())
+        .await;
+    sent.push(("PricingNodePrice", got(&r)));
+    let r = ca
+        .pricing_pod_price(proto::PricingPodPriceRequest::default())
+        .await;
+    sent.push(("PricingPodPrice", got(&r)));
+    let r = ca.gpu_label(proto::GpuLabelRequest {}).await;
+    sent.push(("GPULabel", got(&r)));
+    let r = ca
+        .get_available_gpu_types(proto::GetAvailableGpuTypesRequest {})
+        .await;
+    sent.push(("GetAvailableGPUTypes", got(&r)));
+    let r = ca
+        .node_group_target_size(proto::NodeGroupTargetSizeRequest { id: "web".into() })
+        .await;
+    sent.push(("NodeGroupTargetSize", got(&r)));
+    let r = ca
+        .node_group_target_size(proto::NodeGroupTargetSizeRequest { id: "nope".into() })
+        .await;
+    sent.push(("NodeGroupTargetSize", got(&r)));
+    let r = ca
+        .node_group_increase_size(proto::NodeGroupIncreaseSizeRequest {
+            id: "gpu".into(),
+            delta: 1,
+        })
+        .await;
+    sent.push(("NodeGroupIncreaseSize", got(&r)));
+    let r = ca
+        .node_group_decrease_target_size(proto::NodeGroupDecreaseTargetSizeRequest {
+            id: "web".into(),
+            delta: 0,
+        })
+        .await;
+    sent.push(("NodeGroupDecreaseTargetSize", got(&r)));
+    let r = ca
+        .node_group_delete_nodes(proto::NodeGroupDeleteNodesRequest {
+            id: String::new(),
+            nodes: vec![node(&pid)],
+        })
+        .await;
+    sent.push(("NodeGroupDeleteNodes", got(&r)));
+    let r = ca
+        .node_group_template_node_info(proto::NodeGroupTemplateNodeInfoRequest { id: "web".into() })
+        .await;
+    sent.push(("NodeGroupTemplateNodeInfo", got(&r)));
+    let r = ca
+        .node_group_get_options(proto::NodeGroupAutoscalingOptionsRequest {
+            id: "web".into(),
+            defaults: None,
+        })
+        .await;
+    sent.push(("NodeGroupGetOptions", got(&r)));
+    let r = ca.cleanup(proto::CleanupRequest {}).await;
+    sent.push(("Cleanup", got(&r)));
+
+    // Raw calls tonic answers itself: a NodeGroupForNode whose `node` (field 1, a
+    // message) comes as a varint, and a method the service does not have.
+    #[derive(Clone, PartialEq, prost::Message)]
+    struct Malformed {
+        #[prost(uint64, tag = "1")]
+        node: u64,
+    }
+    let mut raw = tonic::client::Grpc::new(
+        tonic::transport::Endpoint::from_shared(url)
+            .unwrap()
+            .connect()
+            .await
+            .unwrap(),
+    );
+    let service = "/clusterautoscaler.cloudprovider.v1.externalgrpc.CloudProvider";
+    for (path, label) in [
+        (format!("{service}/NodeGroupForNode"), "NodeGroupForNode"),
+        (format!("{service}/NoSuchRpc"), "unknown"),
+    ] {
+        raw.ready().await.unwrap();
+        let r = raw
+            .unary::<Malformed, Malformed, _>(
+                tonic::Request::new(Malformed { node: 7 }),
+                http::uri::PathAndQuery::try_from(path).unwrap(),
+                tonic_prost::ProstCodec::default(),
+            )
+            .await;
+        sent.push((label, got(&r)));
+    }
+
+    // The codes the client got are the ones this test means to see.
+    let code_of = |m: &str| -> Vec<Code> {
+        sent.iter()
+            .filter(|(n, _)| *n == m)
+            .map(|(_, c)| *c)
+            .collect()
+    };
+    assert_eq!(code_of("PricingNodePrice"), [Code::Unimplemented]);
+    assert_eq!(code_of("NodeGroupTargetSize"), [Code::Ok, Code::NotFound]);
+    assert_eq!(code_of("NodeGroupDeleteNodes"), [Code::InvalidArgument]);
+    assert_eq!(code_of("NodeGroupForNode"), [Code::Ok, Code::Internal]);
+    assert_eq!(code_of("unknown"), [Code::Unimplemented]);
+    for m in [
+        "NodeGroups",
+        "GPULabel",
+        "NodeGroupTemplateNodeInfo",
+        "Cleanup",
+    ] {
+        assert_eq!(code_of(m), [Code::Ok], "{m}");
+    }
+
+    let mut want_requests = std::collections::BTreeMap::new();
+    let mut want_timed = std::collections::BTreeMap::new();
+    for (m, c) in &sent {
+        *want_requests
+            .entry((m.to_string(), code_name(*c).to_string()))
+            .or_insert(0u64) += 1;
+        *want_timed.entry(m.to_string()).or_insert(0u64) += 1;
+    }
+    assert_eq!(want_timed.len(), 16, "the 15 RPCs and the unknown one");
+    let (requests, timed) = rpc_counts(&counts.encode());
+    assert_eq!(requests, want_requests);
+    assert_eq!(timed, want_timed);
+}

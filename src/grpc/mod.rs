@@ -10,8 +10,10 @@ use tokio::net::TcpListener;
 
 use crate::proto::cloud_provider_server::CloudProviderServer;
 use crate::provider::Provider;
+use crate::telemetry::metrics::{metrics, Metrics};
 
 pub mod door;
+pub mod metered;
 pub mod options;
 mod service;
 pub mod tls;
@@ -60,15 +62,29 @@ pub async fn serve_with(
     shutdown: impl Future<Output = ()> + Send + 'static,
     limits: ConnectionLimits,
 ) -> anyhow::Result<()> {
+    serve_counted(listener, provider, tls, shutdown, limits, metrics()).await
+}
+
+/// [`serve_with`], counting and timing the CloudProvider RPCs into `counts` (the
+/// process's [`metrics`] in production; a test's own, to count exactly).
+pub async fn serve_counted(
+    listener: TcpListener,
+    provider: Arc<Provider>,
+    tls: Option<Arc<ReloadingTls>>,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+    limits: ConnectionLimits,
+    counts: &'static Metrics,
+) -> anyhow::Result<()> {
     let (reporter, health) = tonic_health::server::health_reporter();
     reporter
         .set_serving::<CloudProviderServer<CloudProviderService>>()
         .await;
     let router = transport()
         .add_service(health)
-        .add_service(CloudProviderServer::new(CloudProviderService::new(
-            provider,
-        )));
+        .add_service(metered::Metered::new(
+            CloudProviderServer::new(CloudProviderService::new(provider)),
+            counts,
+        ));
     let tcp = door::incoming(listener, limits);
     match tls {
         None => router.serve_with_incoming_shutdown(tcp, shutdown).await?,

@@ -2,11 +2,9 @@
 
 use std::collections::HashMap;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use tonic::{Code, Request, Response, Status};
-
-use crate::telemetry::metrics::metrics;
+use tonic::{Request, Response, Status};
 
 use crate::cloud::CloudError;
 use crate::proto::{
@@ -97,8 +95,10 @@ fn fill_defaults(o: &mut AutoscalingOptions) {
     fill(&mut o.max_node_provision_time, 15 * 60);
 }
 
-impl CloudProviderService {
-    async fn node_groups_inner(
+/// Each method does its own work only: [`super::metered`] counts and times them all.
+#[tonic::async_trait]
+impl CloudProvider for CloudProviderService {
+    async fn node_groups(
         &self,
         _req: Request<proto::NodeGroupsRequest>,
     ) -> Result<Response<proto::NodeGroupsResponse>, Status> {
@@ -111,7 +111,7 @@ impl CloudProviderService {
         Ok(Response::new(proto::NodeGroupsResponse { node_groups }))
     }
 
-    async fn node_group_for_node_inner(
+    async fn node_group_for_node(
         &self,
         req: Request<proto::NodeGroupForNodeRequest>,
     ) -> Result<Response<proto::NodeGroupForNodeResponse>, Status> {
@@ -129,7 +129,7 @@ impl CloudProviderService {
         }))
     }
 
-    async fn pricing_node_price_inner(
+    async fn pricing_node_price(
         &self,
         _req: Request<proto::PricingNodePriceRequest>,
     ) -> Result<Response<proto::PricingNodePriceResponse>, Status> {
@@ -138,7 +138,7 @@ impl CloudProviderService {
         ))
     }
 
-    async fn pricing_pod_price_inner(
+    async fn pricing_pod_price(
         &self,
         _req: Request<proto::PricingPodPriceRequest>,
     ) -> Result<Response<proto::PricingPodPriceResponse>, Status> {
@@ -147,7 +147,7 @@ impl CloudProviderService {
         ))
     }
 
-    async fn gpu_label_inner(
+    async fn gpu_label(
         &self,
         _req: Request<proto::GpuLabelRequest>,
     ) -> Result<Response<proto::GpuLabelResponse>, Status> {
@@ -156,7 +156,7 @@ impl CloudProviderService {
         }))
     }
 
-    async fn get_available_gpu_types_inner(
+    async fn get_available_gpu_types(
         &self,
         _req: Request<proto::GetAvailableGpuTypesRequest>,
     ) -> Result<Response<proto::GetAvailableGpuTypesResponse>, Status> {
@@ -171,7 +171,7 @@ impl CloudProviderService {
         }))
     }
 
-    async fn cleanup_inner(
+    async fn cleanup(
         &self,
         _req: Request<proto::CleanupRequest>,
     ) -> Result<Response<proto::CleanupResponse>, Status> {
@@ -179,7 +179,7 @@ impl CloudProviderService {
         Ok(Response::new(proto::CleanupResponse {}))
     }
 
-    async fn refresh_inner(
+    async fn refresh(
         &self,
         _req: Request<proto::RefreshRequest>,
     ) -> Result<Response<proto::RefreshResponse>, Status> {
@@ -187,7 +187,7 @@ impl CloudProviderService {
         Ok(Response::new(proto::RefreshResponse {}))
     }
 
-    async fn node_group_target_size_inner(
+    async fn node_group_target_size(
         &self,
         req: Request<proto::NodeGroupTargetSizeRequest>,
     ) -> Result<Response<proto::NodeGroupTargetSizeResponse>, Status> {
@@ -199,7 +199,7 @@ impl CloudProviderService {
         }))
     }
 
-    async fn node_group_increase_size_inner(
+    async fn node_group_increase_size(
         &self,
         req: Request<proto::NodeGroupIncreaseSizeRequest>,
     ) -> Result<Response<proto::NodeGroupIncreaseSizeResponse>, Status> {
@@ -212,7 +212,7 @@ impl CloudProviderService {
         Ok(Response::new(proto::NodeGroupIncreaseSizeResponse {}))
     }
 
-    async fn node_group_delete_nodes_inner(
+    async fn node_group_delete_nodes(
         &self,
         req: Request<proto::NodeGroupDeleteNodesRequest>,
     ) -> Result<Response<proto::NodeGroupDeleteNodesResponse>, Status> {
@@ -226,7 +226,7 @@ impl CloudProviderService {
         Ok(Response::new(proto::NodeGroupDeleteNodesResponse {}))
     }
 
-    async fn node_group_decrease_target_size_inner(
+    async fn node_group_decrease_target_size(
         &self,
         req: Request<proto::NodeGroupDecreaseTargetSizeRequest>,
     ) -> Result<Response<proto::NodeGroupDecreaseTargetSizeResponse>, Status> {
@@ -239,7 +239,7 @@ impl CloudProviderService {
         Ok(Response::new(proto::NodeGroupDecreaseTargetSizeResponse {}))
     }
 
-    async fn node_group_nodes_inner(
+    async fn node_group_nodes(
         &self,
         req: Request<proto::NodeGroupNodesRequest>,
     ) -> Result<Response<proto::NodeGroupNodesResponse>, Status> {
@@ -267,7 +267,7 @@ impl CloudProviderService {
         Ok(Response::new(proto::NodeGroupNodesResponse { instances }))
     }
 
-    async fn node_group_template_node_info_inner(
+    async fn node_group_template_node_info(
         &self,
         req: Request<proto::NodeGroupTemplateNodeInfoRequest>,
     ) -> Result<Response<proto::NodeGroupTemplateNodeInfoResponse>, Status> {
@@ -286,7 +286,7 @@ impl CloudProviderService {
         }))
     }
 
-    async fn node_group_get_options_inner(
+    async fn node_group_get_options(
         &self,
         req: Request<proto::NodeGroupAutoscalingOptionsRequest>,
     ) -> Result<Response<proto::NodeGroupAutoscalingOptionsResponse>, Status> {
@@ -305,218 +305,5 @@ impl CloudProviderService {
         Ok(Response::new(proto::NodeGroupAutoscalingOptionsResponse {
             node_group_autoscaling_options: Some(to_proto(&opts)),
         }))
-    }
-}
-
-#[tonic::async_trait]
-impl CloudProvider for CloudProviderService {
-    async fn node_groups(
-        &self,
-        req: Request<proto::NodeGroupsRequest>,
-    ) -> Result<Response<proto::NodeGroupsResponse>, Status> {
-        let started = Instant::now();
-        let r = self.node_groups_inner(req).await;
-        metrics().rpc(
-            "NodeGroups",
-            r.as_ref().map_or_else(|s| s.code(), |_| Code::Ok),
-            started,
-        );
-        r
-    }
-
-    async fn node_group_for_node(
-        &self,
-        req: Request<proto::NodeGroupForNodeRequest>,
-    ) -> Result<Response<proto::NodeGroupForNodeResponse>, Status> {
-        let started = Instant::now();
-        let r = self.node_group_for_node_inner(req).await;
-        metrics().rpc(
-            "NodeGroupForNode",
-            r.as_ref().map_or_else(|s| s.code(), |_| Code::Ok),
-            started,
-        );
-        r
-    }
-
-    async fn pricing_node_price(
-        &self,
-        req: Request<proto::PricingNodePriceRequest>,
-    ) -> Result<Response<proto::PricingNodePriceResponse>, Status> {
-        let started = Instant::now();
-        let r = self.pricing_node_price_inner(req).await;
-        metrics().rpc(
-            "PricingNodePrice",
-            r.as_ref().map_or_else(|s| s.code(), |_| Code::Ok),
-            started,
-        );
-        r
-    }
-
-    async fn pricing_pod_price(
-        &self,
-        req: Request<proto::PricingPodPriceRequest>,
-    ) -> Result<Response<proto::PricingPodPriceResponse>, Status> {
-        let started = Instant::now();
-        let r = self.pricing_pod_price_inner(req).await;
-        metrics().rpc(
-            "PricingPodPrice",
-            r.as_ref().map_or_else(|s| s.code(), |_| Code::Ok),
-            started,
-        );
-        r
-    }
-
-    async fn gpu_label(
-        &self,
-        req: Request<proto::GpuLabelRequest>,
-    ) -> Result<Response<proto::GpuLabelResponse>, Status> {
-        let started = Instant::now();
-        let r = self.gpu_label_inner(req).await;
-        metrics().rpc(
-            "GPULabel",
-            r.as_ref().map_or_else(|s| s.code(), |_| Code::Ok),
-            started,
-        );
-        r
-    }
-
-    async fn get_available_gpu_types(
-        &self,
-        req: Request<proto::GetAvailableGpuTypesRequest>,
-    ) -> Result<Response<proto::GetAvailableGpuTypesResponse>, Status> {
-        let started = Instant::now();
-        let r = self.get_available_gpu_types_inner(req).await;
-        metrics().rpc(
-            "GetAvailableGPUTypes",
-            r.as_ref().map_or_else(|s| s.code(), |_| Code::Ok),
-            started,
-        );
-        r
-    }
-
-    async fn cleanup(
-        &self,
-        req: Request<proto::CleanupRequest>,
-    ) -> Result<Response<proto::CleanupResponse>, Status> {
-        let started = Instant::now();
-        let r = self.cleanup_inner(req).await;
-        metrics().rpc(
-            "Cleanup",
-            r.as_ref().map_or_else(|s| s.code(), |_| Code::Ok),
-            started,
-        );
-        r
-    }
-
-    async fn refresh(
-        &self,
-        req: Request<proto::RefreshRequest>,
-    ) -> Result<Response<proto::RefreshResponse>, Status> {
-        let started = Instant::now();
-        let r = self.refresh_inner(req).await;
-        metrics().rpc(
-            "Refresh",
-            r.as_ref().map_or_else(|s| s.code(), |_| Code::Ok),
-            started,
-        );
-        r
-    }
-
-    async fn node_group_target_size(
-        &self,
-        req: Request<proto::NodeGroupTargetSizeRequest>,
-    ) -> Result<Response<proto::NodeGroupTargetSizeResponse>, Status> {
-        let started = Instant::now();
-        let r = self.node_group_target_size_inner(req).await;
-        metrics().rpc(
-            "NodeGroupTargetSize",
-            r.as_ref().map_or_else(|s| s.code(), |_| Code::Ok),
-            started,
-        );
-        r
-    }
-
-    async fn node_group_increase_size(
-        &self,
-        req: Request<proto::NodeGroupIncreaseSizeRequest>,
-    ) -> Result<Response<proto::NodeGroupIncreaseSizeResponse>, Status> {
-        let started = Instant::now();
-        let r = self.node_group_increase_size_inner(req).await;
-        metrics().rpc(
-            "NodeGroupIncreaseSize",
-            r.as_ref().map_or_else(|s| s.code(), |_| Code::Ok),
-            started,
-        );
-        r
-    }
-
-    async fn node_group_delete_nodes(
-        &self,
-        req: Request<proto::NodeGroupDeleteNodesRequest>,
-    ) -> Result<Response<proto::NodeGroupDeleteNodesResponse>, Status> {
-        let started = Instant::now();
-        let r = self.node_group_delete_nodes_inner(req).await;
-        metrics().rpc(
-            "NodeGroupDeleteNodes",
-            r.as_ref().map_or_else(|s| s.code(), |_| Code::Ok),
-            started,
-        );
-        r
-    }
-
-    async fn node_group_decrease_target_size(
-        &self,
-        req: Request<proto::NodeGroupDecreaseTargetSizeRequest>,
-    ) -> Result<Response<proto::NodeGroupDecreaseTargetSizeResponse>, Status> {
-        let started = Instant::now();
-        let r = self.node_group_decrease_target_size_inner(req).await;
-        metrics().rpc(
-            "NodeGroupDecreaseTargetSize",
-            r.as_ref().map_or_else(|s| s.code(), |_| Code::Ok),
-            started,
-        );
-        r
-    }
-
-    async fn node_group_nodes(
-        &self,
-        req: Request<proto::NodeGroupNodesRequest>,
-    ) -> Result<Response<proto::NodeGroupNodesResponse>, Status> {
-        let started = Instant::now();
-        let r = self.node_group_nodes_inner(req).await;
-        metrics().rpc(
-            "NodeGroupNodes",
-            r.as_ref().map_or_else(|s| s.code(), |_| Code::Ok),
-            started,
-        );
-        r
-    }
-
-    async fn node_group_template_node_info(
-        &self,
-        req: Request<proto::NodeGroupTemplateNodeInfoRequest>,
-    ) -> Result<Response<proto::NodeGroupTemplateNodeInfoResponse>, Status> {
-        let started = Instant::now();
-        let r = self.node_group_template_node_info_inner(req).await;
-        metrics().rpc(
-            "NodeGroupTemplateNodeInfo",
-            r.as_ref().map_or_else(|s| s.code(), |_| Code::Ok),
-            started,
-        );
-        r
-    }
-
-    async fn node_group_get_options(
-        &self,
-        req: Request<proto::NodeGroupAutoscalingOptionsRequest>,
-    ) -> Result<Response<proto::NodeGroupAutoscalingOptionsResponse>, Status> {
-        let started = Instant::now();
-        let r = self.node_group_get_options_inner(req).await;
-        metrics().rpc(
-            "NodeGroupGetOptions",
-            r.as_ref().map_or_else(|s| s.code(), |_| Code::Ok),
-            started,
-        );
-        r
     }
 }

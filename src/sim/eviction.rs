@@ -6,6 +6,7 @@ use std::borrow::Borrow;
 
 use serde_json::{json, Value};
 
+use super::preconditions::check_uid_precondition;
 use super::selectors::selector_selects_object;
 use super::store::{resource, ApiError, Inner};
 
@@ -136,7 +137,7 @@ pub(crate) fn evict(
         .cloned()
         .ok_or_else(|| ApiError::not_found(pods_res, name))?;
     let grace = body["deleteOptions"]["gracePeriodSeconds"].as_i64();
-    super::http::check_uid_precondition(&pod, &body["deleteOptions"]["preconditions"])?;
+    check_uid_precondition(&pod, &body["deleteOptions"]["preconditions"])?;
     if terminating(&pod) {
         // Already going: nothing a budget could protect.
         return Ok(json!({"kind": "Status", "apiVersion": "v1", "status": "Success", "code": 200}));

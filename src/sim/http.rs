@@ -14,6 +14,7 @@ use serde_json::{json, Value};
 use tokio::sync::watch;
 
 use super::eviction;
+use super::preconditions::check_uid_precondition;
 use super::selectors::{FieldSelector, LabelSelector};
 use super::store::{resource, ApiError, EventType, ResourceDef, Store};
 
@@ -98,23 +99,6 @@ fn parse_body(body: &Bytes) -> Result<Value, ApiError> {
             format!("the request body is not valid JSON: {e}"),
         )
     })
-}
-
-/// A delete (or eviction) naming the UID it means fails with 409 when the object
-/// by that name is another one, as the API server checks `preconditions.uid`.
-pub(crate) fn check_uid_precondition(obj: &Value, preconditions: &Value) -> Result<(), ApiError> {
-    let Some(want) = preconditions["uid"].as_str() else {
-        return Ok(());
-    };
-    let have = obj["metadata"]["uid"].as_str().unwrap_or("");
-    if want == have {
-        return Ok(());
-    }
-    Err(ApiError::new(
-        409,
-        "Conflict",
-        format!("Precondition failed: UID in precondition: {want}, UID in object meta: {have}"),
-    ))
 }
 
 /// RFC 7386 merge patch.

@@ -15,6 +15,7 @@ pub mod cluster;
 pub mod eviction;
 pub mod fixtures;
 pub mod http;
+pub mod preconditions;
 pub mod selectors;
 pub mod store;
 

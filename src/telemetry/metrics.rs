@@ -173,8 +173,15 @@ fn stage_histogram() -> Histogram {
     Histogram::new(exponential_buckets(0.1, 3.0, 11))
 }
 
+impl Default for Metrics {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
 impl Metrics {
-    fn new() -> Self {
+    /// A registry of its own; the process uses [`metrics`], tests may count apart.
+    pub fn new() -> Self {
         let mut r = Registry::with_prefix("ca_asg_provider");
         let m = Self {
             grpc_requests: Family::default(),
