@@ -834,6 +834,11 @@ pub fn builtin_instance_types() -> BTreeMap<String, InstanceTypeInfo> {
                 memory_mib: mem_gib * 1024,
                 gpus,
                 gpu_type: gpu.map(str::to_string),
+                // The maker is the model name's first word (`nvidia-tesla-t4`).
+                gpu_manufacturer: gpu.and_then(|g| g.split('-').next()).map(|m| match m {
+                    "amd" => "AMD".to_string(),
+                    other => other.to_ascii_uppercase(),
+                }),
                 architecture: arch.to_string(),
                 max_enis: Some(enis),
                 ipv4_per_eni: Some(ips),
@@ -859,6 +864,18 @@ pub fn builtin_instance_types() -> BTreeMap<String, InstanceTypeInfo> {
             10,
             1,
             Some("nvidia-tesla-t4"),
+        ),
+        // AMD Radeon Pro V520: 2 ENIs x 4 IPv4 (aws/karpenter-provider-aws
+        // pkg/providers/instancetype/zz_generated.vpclimits.go).
+        t(
+            "g4ad.xlarge",
+            4,
+            16,
+            "amd64",
+            2,
+            4,
+            1,
+            Some("amd-radeon-pro-v520"),
         ),
         t(
             "p3.2xlarge",
