@@ -442,6 +442,63 @@ async fn failed_launches_show_as_placeholders_with_out_of_resources() {
     assert_eq!(h.cloud.calls().get("terminate_instance"), None);
 }
 
+fn has_error(i: &proto::Instance) -> bool {
+    i.status
+        .as_ref()
+        .and_then(|s| s.error_info.as_ref())
+        .is_some()
+}
+
+/// Two replicas over one cloud. Replica A scales up, the launches fail; half a
+/// minute later A scales up again (the ASG starts a new launch activity, not yet
+/// failed) and then A goes away. Replica B, which never saw either increase, must
+/// not attach the older failure to the fresh capacity (CA would back off the group
+/// and delete the nodes it just asked for); before the fresh scale-up, B does
+/// attach it, so the failure itself is not lost in a failover.
+#[tokio::test]
+async fn after_failover_an_older_failure_is_not_attached_to_a_fresh_scale_up() {
+    let cloud = MemoryCloud::new(groups(), fast());
+    let mut a = start_with(cloud.clone(), discovery(), true).await;
+    cloud.fail_launches("gpu", Some("InsufficientInstanceCapacity"));
+    a.ca.node_group_increase_size(proto::NodeGroupIncreaseSizeRequest {
+        id: "gpu".into(),
+        delta: 1,
+    })
+    .await
+    .unwrap();
+    // Let the ASG try (and fail), then let 30 s go by.
+    assert_eq!(instances(&mut a, "gpu").await.len(), 1);
+    cloud.age_activities("gpu", 30);
+
+    let mut b = start_with(cloud.clone(), discovery(), true).await;
+    let before = instances(&mut b, "gpu").await;
+    assert_eq!(before.len(), 1);
+    assert!(
+        has_error(&before[0]),
+        "a replica that did not scale up still reports the failure: {before:?}"
+    );
+
+    a.ca.node_group_increase_size(proto::NodeGroupIncreaseSizeRequest {
+        id: "gpu".into(),
+        delta: 1,
+    })
+    .await
+    .unwrap();
+    drop(a);
+    let mut c = start_with(cloud.clone(), discovery(), true).await;
+    let after = instances(&mut c, "gpu").await;
+    assert_eq!(after.len(), 2);
+    assert!(
+        after.iter().all(|i| !has_error(i)),
+        "the failure from before the fresh scale-up is attached: {after:?}"
+    );
+    // The same for the replica that was already running, once it reads AWS again.
+    tokio::time::sleep(Duration::from_millis(80)).await;
+    b.ca.refresh(proto::RefreshRequest {}).await.unwrap();
+    let after_b = instances(&mut b, "gpu").await;
+    assert!(after_b.iter().all(|i| !has_error(i)), "{after_b:?}");
+}
+
 #[tokio::test]
 async fn placeholders_without_a_failure_carry_no_error() {
     let mut h = start().await;

@@ -241,6 +241,18 @@ pub struct LaunchFailure {
     pub started_at_unix: i64,
 }
 
+/// What a group's scaling activities say about its launches.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct LaunchHistory {
+    /// Failed launches, newest first.
+    pub failures: Vec<LaunchFailure>,
+    /// Start (Unix seconds) of the newest launch activity, whatever its status: the
+    /// ASG starts one as soon as desired capacity rises above the instances, so it
+    /// tells every replica when the last increase took effect (kept in AWS, not in
+    /// one replica's memory).
+    pub last_launch_unix: Option<i64>,
+}
+
 /// What DescribeInstanceTypes says about one instance type.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct InstanceTypeInfo {
@@ -307,7 +319,7 @@ pub trait Cloud: Send + Sync + 'static {
 
     /// Recent failed scaling activities of one group (DescribeScalingActivities), newest
     /// first. Called only for groups whose desired capacity is not fulfilled.
-    async fn launch_failures(&self, group: &str) -> CloudResult<Vec<LaunchFailure>>;
+    async fn launch_history(&self, group: &str) -> CloudResult<LaunchHistory>;
 
     /// Which ASG each instance belongs to (DescribeAutoScalingInstances, batched by 50).
     /// Instances in no ASG are absent from the answer.
