@@ -85,10 +85,12 @@ async fn start() -> Harness {
     start_with(MemoryCloud::new(groups(), fast()), discovery(), true).await
 }
 
+/// A node as CA sends it for an instance NodeGroupNodes listed (clusterstate's fake
+/// node): name and providerID are both `aws:///zone/i-...`.
 fn node(pid: &str) -> proto::ExternalGrpcNode {
     proto::ExternalGrpcNode {
         provider_id: pid.into(),
-        name: pid.rsplit('/').next().unwrap().into(),
+        name: pid.into(),
         ..Default::default()
     }
 }
