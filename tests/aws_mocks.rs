@@ -49,13 +49,21 @@ fn action(token: Option<&str>) -> LifecycleAction {
 }
 
 #[tokio::test]
-async fn launch_failures_come_from_failed_activities_newest_first() {
+async fn launch_history_has_failed_activities_newest_first_and_the_newest_launch() {
     let rule = mock!(Client::describe_scaling_activities)
         .match_requests(|r| r.auto_scaling_group_name() == Some("web"))
         .then_output(|| {
             let act = |code: &str, msg: &str, secs: i64| {
+                let description = if msg == "terminated" {
+                    "Terminating EC2 instance: i-0ded".to_string()
+                } else if code == "Failed" {
+                    format!("Launching a new EC2 instance.  Status Reason: {msg}")
+                } else {
+                    "Launching a new EC2 instance: i-0new".to_string()
+                };
                 asg::types::Activity::builder()
                     .activity_id(format!("a-{secs}"))
+                    .description(description)
                     .auto_scaling_group_name("web")
                     .cause("c")
                     .start_time(aws_smithy_types::DateTime::from_secs(secs))
@@ -67,10 +75,15 @@ async fn launch_failures_come_from_failed_activities_newest_first() {
                 .activities(act("Successful", "ok", 100))
                 .activities(act("Failed", "We currently do not have sufficient m5.large capacity. InsufficientInstanceCapacity", 200))
                 .activities(act("Failed", "You have requested more vCPU capacity than your current vCPU limit. VcpuLimitExceeded", 300))
+                .activities(act("InProgress", "launching", 350))
+                .activities(act("Successful", "terminated", 400))
                 .build()
         });
     let c = cloud(&[&rule]);
-    let f = c.launch_failures("web").await.unwrap();
+    let h = c.launch_history("web").await.unwrap();
+    // The newest launch, in progress; the later termination is no launch.
+    assert_eq!(h.last_launch_unix, Some(350));
+    let f = h.failures;
     assert_eq!(f.len(), 2);
     assert_eq!(
         (f[0].code.as_str(), f[0].started_at_unix),

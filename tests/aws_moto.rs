@@ -335,6 +335,8 @@ async fn instance_types_with_gpus_arm_and_an_unknown_name() {
         "{:?}",
         g4.gpu_type
     );
+    // The maker decides the device plugin's resource (nvidia.com/gpu here).
+    assert_eq!(g4.gpu_manufacturer.as_deref(), Some("NVIDIA"));
     assert_eq!(by("m6g.large").architecture, "arm64");
 }
 

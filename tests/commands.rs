@@ -350,3 +350,224 @@ fn a_missing_region_refuses_to_start_and_says_where_to_set_it() {
     let (_, text) = run(&["check-config"], Some("eu-west-1"));
     assert!(text.contains("region:           eu-west-1"), "{text}");
 }
+
+fn spread_pod(ns: &str, name: &str, key: &str, when: &str) -> Pod {
+    use k8s_openapi::api::core::v1::{PodSpec, TopologySpreadConstraint};
+    Pod {
+        metadata: ObjectMeta {
+            namespace: Some(ns.into()),
+            name: Some(name.into()),
+            ..Default::default()
+        },
+        spec: Some(PodSpec {
+            containers: vec![Default::default()],
+            topology_spread_constraints: Some(vec![TopologySpreadConstraint {
+                max_skew: 1,
+                topology_key: key.into(),
+                when_unsatisfiable: when.into(),
+                ..Default::default()
+            }]),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+fn claim_pod(ns: &str, name: &str, claim: &str) -> Pod {
+    use k8s_openapi::api::core::v1::{PersistentVolumeClaimVolumeSource, PodSpec, Volume};
+    Pod {
+        metadata: ObjectMeta {
+            namespace: Some(ns.into()),
+            name: Some(name.into()),
+            ..Default::default()
+        },
+        spec: Some(PodSpec {
+            containers: vec![Default::default()],
+            volumes: Some(vec![Volume {
+                name: "data".into(),
+                persistent_volume_claim: Some(PersistentVolumeClaimVolumeSource {
+                    claim_name: claim.into(),
+                    read_only: None,
+                }),
+                ..Default::default()
+            }]),
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+fn claim(
+    ns: &str,
+    name: &str,
+    provisioner: Option<&str>,
+) -> k8s_openapi::api::core::v1::PersistentVolumeClaim {
+    k8s_openapi::api::core::v1::PersistentVolumeClaim {
+        metadata: ObjectMeta {
+            namespace: Some(ns.into()),
+            name: Some(name.into()),
+            annotations: provisioner.map(|p| {
+                [(
+                    "volume.kubernetes.io/storage-provisioner".to_string(),
+                    p.to_string(),
+                )]
+                .into()
+            }),
+            ..Default::default()
+        },
+        ..Default::default()
+    }
+}
+
+/// Which pods pin themselves to zones, from data alone: every zone key with
+/// DoNotSchedule counts, ScheduleAnyway and non-zone keys do not; EBS claims and
+/// claims that could not be read count, EFS ones do not; finished pods do not.
+#[test]
+fn zonal_use_finds_zonal_spread_and_zonal_volumes() {
+    use ca_asg_provider::commands::check::{zonal_use, ZONE_KEYS};
+    use std::collections::BTreeMap;
+    let mut pods = Vec::new();
+    for (i, key) in ZONE_KEYS.iter().enumerate() {
+        pods.push(spread_pod("a", &format!("dns-{i}"), key, "DoNotSchedule"));
+        pods.push(spread_pod("a", &format!("any-{i}"), key, "ScheduleAnyway"));
+    }
+    pods.push(spread_pod(
+        "a",
+        "host",
+        "kubernetes.io/hostname",
+        "DoNotSchedule",
+    ));
+    pods.push(spread_pod("a", "odd", "", ""));
+    let mut done = spread_pod("a", "done", ZONE_KEYS[0], "DoNotSchedule");
+    done.status = Some(k8s_openapi::api::core::v1::PodStatus {
+        phase: Some("Succeeded".into()),
+        ..Default::default()
+    });
+    pods.push(done);
+    pods.push(claim_pod("b", "ebs", "c-ebs"));
+    pods.push(claim_pod("b", "legacy", "c-legacy"));
+    pods.push(claim_pod("b", "efs", "c-efs"));
+    pods.push(claim_pod("b", "unread", "c-gone"));
+    pods.push(claim_pod("b", "static", "c-static"));
+    pods.push(Pod::default());
+    let claims: BTreeMap<_, _> = [
+        claim("b", "c-ebs", Some("ebs.csi.aws.com")),
+        claim("b", "c-legacy", Some("kubernetes.io/aws-ebs")),
+        claim("b", "c-efs", Some("efs.csi.aws.com")),
+        claim("b", "c-static", None),
+    ]
+    .into_iter()
+    .map(|c| {
+        (
+            (
+                c.metadata.namespace.clone().unwrap(),
+                c.metadata.name.clone().unwrap(),
+            ),
+            c,
+        )
+    })
+    .collect();
+    let u = zonal_use(&pods, &claims);
+    let want: Vec<String> = (0..ZONE_KEYS.len()).map(|i| format!("a/dns-{i}")).collect();
+    assert_eq!(u.spread, want);
+    assert_eq!(u.volumes, ["b/ebs", "b/legacy", "b/unread", "b/static"]);
+}
+
+/// A warning per group with several zones, none for single-zone groups or when no
+/// pod pins itself to a zone; it names the zones, the pods and the fix.
+#[test]
+fn zonal_warnings_name_multi_zone_groups_and_the_fix() {
+    use ca_asg_provider::commands::check::{zonal_warnings, ZonalUse};
+    let groups = vec![
+        (
+            "multi".to_string(),
+            vec!["us-east-1b".to_string(), "us-east-1a".to_string()],
+        ),
+        ("one".to_string(), vec!["us-east-1a".to_string()]),
+        (
+            "dup".to_string(),
+            vec!["us-east-1a".to_string(), "us-east-1a".to_string()],
+        ),
+        ("none".to_string(), vec![]),
+    ];
+    assert!(zonal_warnings(&groups, &ZonalUse::default()).is_empty());
+    let u = ZonalUse {
+        spread: (0..5).map(|i| format!("a/p{i}")).collect(),
+        volumes: vec![],
+    };
+    let w = zonal_warnings(&groups, &u);
+    assert_eq!(w.len(), 1, "{w:?}");
+    assert!(
+        w[0].starts_with("group multi spans 2 zones (us-east-1a, us-east-1b)"),
+        "{}",
+        w[0]
+    );
+    assert!(w[0].contains("5 pod(s)") && w[0].contains("a/p0") && w[0].contains("2 more"));
+    assert!(w[0].contains("one ASG per zone"), "{}", w[0]);
+    let u = ZonalUse {
+        spread: vec![],
+        volumes: vec!["b/db".into()],
+    };
+    let w = zonal_warnings(&groups, &u);
+    assert_eq!(w.len(), 1);
+    assert!(w[0].contains("b/db") && w[0].contains("EBS"), "{}", w[0]);
+}
+
+/// Against the API server: pods with a zonal spread and a group over two zones give
+/// the warning; the check still passes (a warning, not a problem).
+#[tokio::test]
+async fn check_config_warns_of_a_multi_zone_group_under_zonal_spread() {
+    let sim = SimCluster::start(SimOptions::default()).await.unwrap();
+    let cloud = MemoryCloud::new(
+        vec![
+            MemoryGroup::new("multi", 0, 5, 0, "m5.large").zones(&["us-east-1a", "us-east-1b"]),
+            MemoryGroup::new("single", 0, 5, 0, "m5.large").zones(&["us-east-1a"]),
+        ],
+        MemoryTiming::default(),
+    );
+    let p = Provider::new(
+        Arc::new(cloud),
+        ProviderSettings {
+            selector: GroupSelector {
+                names: vec!["multi".into(), "single".into()],
+                tag_sets: vec![],
+            },
+            ..ProviderSettings::default()
+        },
+    );
+    assert_eq!(
+        ca_asg_provider::commands::check::report(&p, &Default::default()).await,
+        ExitCode::SUCCESS
+    );
+    let none = ca_asg_provider::commands::check::zonal_report(sim.client(), &p).await;
+    assert_eq!(none, Some(vec![]), "no pod pins itself to a zone yet");
+    sim.create(&spread_pod(
+        "shop",
+        "web-1",
+        "topology.kubernetes.io/zone",
+        "DoNotSchedule",
+    ))
+    .unwrap();
+    sim.create(&spread_pod(
+        "shop",
+        "web-2",
+        "topology.kubernetes.io/zone",
+        "ScheduleAnyway",
+    ))
+    .unwrap();
+    let w = ca_asg_provider::commands::check::zonal_report(sim.client(), &p)
+        .await
+        .expect("pods were read");
+    assert_eq!(w.len(), 1, "{w:?}");
+    assert!(w[0].starts_with("group multi spans 2 zones"), "{w:?}");
+    assert!(
+        w[0].contains("shop/web-1") && !w[0].contains("web-2"),
+        "{w:?}"
+    );
+    // A pod list that cannot be read is not called fine.
+    let mut cfg = kube::Config::new("http://127.0.0.1:1".parse().unwrap());
+    cfg.default_namespace = "default".into();
+    let unreachable = kube::Client::try_from(cfg).unwrap();
+    let unread = ca_asg_provider::commands::check::zonal_report(unreachable, &p).await;
+    assert_eq!(unread, None);
+}

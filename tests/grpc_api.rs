@@ -85,10 +85,12 @@ async fn start() -> Harness {
     start_with(MemoryCloud::new(groups(), fast()), discovery(), true).await
 }
 
+/// A node as CA sends it for an instance NodeGroupNodes listed (clusterstate's fake
+/// node): name and providerID are both `aws:///zone/i-...`.
 fn node(pid: &str) -> proto::ExternalGrpcNode {
     proto::ExternalGrpcNode {
         provider_id: pid.into(),
-        name: pid.rsplit('/').next().unwrap().into(),
+        name: pid.into(),
         ..Default::default()
     }
 }
@@ -440,6 +442,63 @@ async fn failed_launches_show_as_placeholders_with_out_of_resources() {
     .unwrap();
     assert_eq!(target(&mut h, "gpu").await, 1);
     assert_eq!(h.cloud.calls().get("terminate_instance"), None);
+}
+
+fn has_error(i: &proto::Instance) -> bool {
+    i.status
+        .as_ref()
+        .and_then(|s| s.error_info.as_ref())
+        .is_some()
+}
+
+/// Two replicas over one cloud. Replica A scales up, the launches fail; half a
+/// minute later A scales up again (the ASG starts a new launch activity, not yet
+/// failed) and then A goes away. Replica B, which never saw either increase, must
+/// not attach the older failure to the fresh capacity (CA would back off the group
+/// and delete the nodes it just asked for); before the fresh scale-up, B does
+/// attach it, so the failure itself is not lost in a failover.
+#[tokio::test]
+async fn after_failover_an_older_failure_is_not_attached_to_a_fresh_scale_up() {
+    let cloud = MemoryCloud::new(groups(), fast());
+    let mut a = start_with(cloud.clone(), discovery(), true).await;
+    cloud.fail_launches("gpu", Some("InsufficientInstanceCapacity"));
+    a.ca.node_group_increase_size(proto::NodeGroupIncreaseSizeRequest {
+        id: "gpu".into(),
+        delta: 1,
+    })
+    .await
+    .unwrap();
+    // Let the ASG try (and fail), then let 30 s go by.
+    assert_eq!(instances(&mut a, "gpu").await.len(), 1);
+    cloud.age_activities("gpu", 30);
+
+    let mut b = start_with(cloud.clone(), discovery(), true).await;
+    let before = instances(&mut b, "gpu").await;
+    assert_eq!(before.len(), 1);
+    assert!(
+        has_error(&before[0]),
+        "a replica that did not scale up still reports the failure: {before:?}"
+    );
+
+    a.ca.node_group_increase_size(proto::NodeGroupIncreaseSizeRequest {
+        id: "gpu".into(),
+        delta: 1,
+    })
+    .await
+    .unwrap();
+    drop(a);
+    let mut c = start_with(cloud.clone(), discovery(), true).await;
+    let after = instances(&mut c, "gpu").await;
+    assert_eq!(after.len(), 2);
+    assert!(
+        after.iter().all(|i| !has_error(i)),
+        "the failure from before the fresh scale-up is attached: {after:?}"
+    );
+    // The same for the replica that was already running, once it reads AWS again.
+    tokio::time::sleep(Duration::from_millis(80)).await;
+    b.ca.refresh(proto::RefreshRequest {}).await.unwrap();
+    let after_b = instances(&mut b, "gpu").await;
+    assert!(after_b.iter().all(|i| !has_error(i)), "{after_b:?}");
 }
 
 #[tokio::test]
@@ -988,15 +1047,113 @@ async fn attribute_based_groups_scale_from_zero() {
         <k8s_pb::api::core::v1::Node as prost::Message>::decode(&info.node_bytes[..]).unwrap();
     let labels = node.metadata.unwrap().labels;
     // The smallest that qualifies (the in-memory cloud orders by size, then name).
-    assert_eq!(labels["node.kubernetes.io/instance-type"], "g4dn.xlarge");
+    assert_eq!(labels["node.kubernetes.io/instance-type"], "g4ad.xlarge");
     let capacity = node.status.unwrap().capacity;
     assert_eq!(capacity["cpu"].string.as_deref(), Some("3"));
     assert!(
         !capacity.contains_key("nvidia.com/gpu"),
         "GPUs the requirements do not guarantee are not promised"
     );
+    assert!(!capacity.contains_key("amd.com/gpu"));
     assert!(!labels.contains_key("k8s.amazonaws.com/accelerator"));
-    assert_eq!(capacity["memory"].string.as_deref(), Some("12288Mi"));
+    // The requirements' 12288 MiB minimum less 7.5 % for the VM (922 MiB).
+    assert_eq!(capacity["memory"].string.as_deref(), Some("11366Mi"));
+}
+
+/// The template CA decodes (field 2, CA >= 1.35; field 1 is the same bytes): memory
+/// below the nominal by the VM overhead (default and configured), the OS of a
+/// Windows group, and each GPU maker's own resource.
+#[tokio::test]
+async fn templates_over_grpc_carry_vm_overhead_os_and_gpu_maker() {
+    use ca_asg_provider::provider::template::TemplateOverrides;
+    let en = |g: MemoryGroup| g.tag("k8s.io/cluster-autoscaler/enabled", "true");
+    let cloud = MemoryCloud::new(
+        vec![
+            en(MemoryGroup::new("lin", 0, 3, 0, "m5.large")),
+            en(MemoryGroup::new("tight", 0, 3, 0, "m5.large")),
+            en(MemoryGroup::new("win", 0, 3, 0, "m5.large").user_data(
+                "<powershell>\n& $env:ProgramFiles\\Amazon\\EKS\\Start-EKSBootstrap.ps1 -EKSClusterName c\n</powershell>\n",
+            )),
+            en(MemoryGroup::new("amd", 0, 3, 0, "g4ad.xlarge")),
+            en(MemoryGroup::new("nv", 0, 3, 0, "g4dn.xlarge")),
+        ],
+        fast(),
+    );
+    let mut settings = discovery();
+    settings.templates.insert(
+        "tight".into(),
+        TemplateOverrides {
+            vm_memory_overhead_percent: Some(10.0),
+            ..Default::default()
+        },
+    );
+    let mut h = start_with(cloud, settings, true).await;
+    let mut get = async |id: &str| {
+        let info =
+            h.ca.node_group_template_node_info(proto::NodeGroupTemplateNodeInfoRequest {
+                id: id.into(),
+            })
+            .await
+            .unwrap_or_else(|e| panic!("template of {id}: {e}"))
+            .into_inner();
+        assert_eq!(info.node_info, info.node_bytes, "fields 1 and 2 agree");
+        let node =
+            <k8s_pb::api::core::v1::Node as prost::Message>::decode(&info.node_bytes[..]).unwrap();
+        let status = node.status.unwrap();
+        let q = |m: &std::collections::BTreeMap<
+            String,
+            k8s_pb::apimachinery::pkg::api::resource::Quantity,
+        >,
+                 k: &str| { m.get(k).and_then(|v| v.string.clone()) };
+        let mut out = std::collections::BTreeMap::new();
+        for (k, v) in node.metadata.unwrap().labels {
+            out.insert(format!("label {k}"), v);
+        }
+        for k in ["memory", "pods", "nvidia.com/gpu", "amd.com/gpu"] {
+            if let Some(v) = q(&status.capacity, k) {
+                out.insert(format!("capacity {k}"), v);
+            }
+            if let Some(v) = q(&status.allocatable, k) {
+                out.insert(format!("allocatable {k}"), v);
+            }
+        }
+        out
+    };
+    let lin = get("lin").await;
+    // 8192 nominal less ceil(7.5 %) = 615; less 574 kube-reserved and 100 eviction.
+    assert_eq!(lin["capacity memory"], "7577Mi");
+    assert_eq!(lin["allocatable memory"], "6903Mi");
+    assert_eq!(lin["label kubernetes.io/os"], "linux");
+    let tight = get("tight").await;
+    // 10 %: 820 MiB.
+    assert_eq!(tight["capacity memory"], "7372Mi");
+    assert_eq!(tight["allocatable memory"], "6698Mi");
+    let win = get("win").await;
+    assert_eq!(win["label kubernetes.io/os"], "windows");
+    assert_eq!(
+        win["capacity pods"], "9",
+        "one ENI of 10 addresses, less its own"
+    );
+    let amd = get("amd").await;
+    assert_eq!(
+        amd.get("capacity amd.com/gpu").map(String::as_str),
+        Some("1")
+    );
+    assert_eq!(
+        amd.get("allocatable amd.com/gpu").map(String::as_str),
+        Some("1")
+    );
+    assert!(!amd.contains_key("capacity nvidia.com/gpu"), "{amd:?}");
+    assert_eq!(
+        amd["label k8s.amazonaws.com/accelerator"],
+        "amd-radeon-pro-v520"
+    );
+    let nv = get("nv").await;
+    assert_eq!(
+        nv.get("capacity nvidia.com/gpu").map(String::as_str),
+        Some("1")
+    );
+    assert!(!nv.contains_key("capacity amd.com/gpu"));
 }
 
 /// CA's name and providerID for an instance it lists (FakeNode in clusterstate: both

@@ -35,8 +35,8 @@ impl Cloud for Instrumented {
     async fn describe_groups(&self, s: &GroupSelector) -> CloudResult<Vec<AsgSnapshot>> {
         counted!("DescribeAutoScalingGroups", self.0.describe_groups(s))
     }
-    async fn launch_failures(&self, g: &str) -> CloudResult<Vec<LaunchFailure>> {
-        counted!("DescribeScalingActivities", self.0.launch_failures(g))
+    async fn launch_history(&self, g: &str) -> CloudResult<LaunchHistory> {
+        counted!("DescribeScalingActivities", self.0.launch_history(g))
     }
     async fn locate_instances(&self, ids: &[String]) -> CloudResult<Vec<InstanceLocation>> {
         counted!("DescribeAutoScalingInstances", self.0.locate_instances(ids))

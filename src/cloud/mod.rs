@@ -241,6 +241,18 @@ pub struct LaunchFailure {
     pub started_at_unix: i64,
 }
 
+/// What a group's scaling activities say about its launches.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct LaunchHistory {
+    /// Failed launches, newest first.
+    pub failures: Vec<LaunchFailure>,
+    /// Start (Unix seconds) of the newest launch activity, whatever its status: the
+    /// ASG starts one as soon as desired capacity rises above the instances, so it
+    /// tells every replica when the last increase took effect (kept in AWS, not in
+    /// one replica's memory).
+    pub last_launch_unix: Option<i64>,
+}
+
 /// What DescribeInstanceTypes says about one instance type.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct InstanceTypeInfo {
@@ -250,6 +262,9 @@ pub struct InstanceTypeInfo {
     pub gpus: i64,
     /// GPU model name, e.g. `nvidia-tesla-t4`, when the type has GPUs.
     pub gpu_type: Option<String>,
+    /// The GPU maker as DescribeInstanceTypes names it (`NVIDIA`, `AMD`, `Habana`),
+    /// when the type has GPUs: it decides the device plugin's resource name.
+    pub gpu_manufacturer: Option<String>,
     /// `amd64` or `arm64`.
     pub architecture: String,
     /// Maximum ENIs and IPv4 addresses per ENI (for max pods), when known.
@@ -304,7 +319,7 @@ pub trait Cloud: Send + Sync + 'static {
 
     /// Recent failed scaling activities of one group (DescribeScalingActivities), newest
     /// first. Called only for groups whose desired capacity is not fulfilled.
-    async fn launch_failures(&self, group: &str) -> CloudResult<Vec<LaunchFailure>>;
+    async fn launch_history(&self, group: &str) -> CloudResult<LaunchHistory>;
 
     /// Which ASG each instance belongs to (DescribeAutoScalingInstances, batched by 50).
     /// Instances in no ASG are absent from the answer.
@@ -393,7 +408,13 @@ impl InstanceRequirements {
         let named = |patterns: &[String]| patterns.iter().any(|p| wildcard_match(p, &t.name));
         within(t.vcpus, self.vcpu_min, self.vcpu_max)
             && within(t.memory_mib, self.memory_mib_min, self.memory_mib_max)
-            && self.nvidia_gpus_min.is_none_or(|n| t.gpus >= n)
+            && self.nvidia_gpus_min.is_none_or(|n| {
+                t.gpus >= n
+                    && (n <= 0
+                        || t.gpu_manufacturer
+                            .as_deref()
+                            .is_some_and(|m| m.eq_ignore_ascii_case("nvidia")))
+            })
             && (self.allowed_types.is_empty() || named(&self.allowed_types))
             && !named(&self.excluded_types)
     }
@@ -468,6 +489,7 @@ mod tests {
             vcpus,
             memory_mib,
             gpus,
+            gpu_manufacturer: (gpus > 0).then(|| "NVIDIA".into()),
             ..Default::default()
         };
         let r = InstanceRequirements {
@@ -489,5 +511,16 @@ mod tests {
         assert!(gpu.admits(&t("g4dn.xlarge", 4, 16384, 1)));
         assert!(!gpu.admits(&t("m5.xlarge", 4, 16384, 0)));
         assert!(!gpu.admits(&t("p3.2xlarge", 8, 62464, 1)));
+        // An NVIDIA requirement is not met by AMD's GPUs (g4ad).
+        let any_nvidia = InstanceRequirements {
+            nvidia_gpus_min: Some(1),
+            ..Default::default()
+        };
+        let amd = InstanceTypeInfo {
+            gpu_manufacturer: Some("AMD".into()),
+            ..t("g4ad.xlarge", 4, 16384, 1)
+        };
+        assert!(any_nvidia.admits(&t("g4dn.xlarge", 4, 16384, 1)));
+        assert!(!any_nvidia.admits(&amd));
     }
 }

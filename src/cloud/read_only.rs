@@ -28,8 +28,8 @@ impl Cloud for ReadOnly {
     async fn describe_groups(&self, s: &GroupSelector) -> CloudResult<Vec<AsgSnapshot>> {
         self.0.describe_groups(s).await
     }
-    async fn launch_failures(&self, g: &str) -> CloudResult<Vec<LaunchFailure>> {
-        self.0.launch_failures(g).await
+    async fn launch_history(&self, g: &str) -> CloudResult<LaunchHistory> {
+        self.0.launch_history(g).await
     }
     async fn locate_instances(&self, ids: &[String]) -> CloudResult<Vec<InstanceLocation>> {
         self.0.locate_instances(ids).await

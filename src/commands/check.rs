@@ -77,13 +77,14 @@ pub async fn run(args: ConfigArgs) -> ExitCode {
     let kube_ok = if cfg.drain_enabled {
         match crate::scalein::kube_client().await {
             Ok(client) => {
+                let zonal_ok = zonal_report(client.clone(), &provider).await.is_some();
                 let ns = cfg
                     .scale_in
                     .lease_namespace
                     .clone()
                     .or_else(|| std::env::var("POD_NAMESPACE").ok())
                     .unwrap_or_else(|| "kube-system".into());
-                kube_report(client, &ns, &cfg.scale_in.lease_name).await
+                kube_report(client, &ns, &cfg.scale_in.lease_name).await && zonal_ok
             }
             Err(e) => {
                 println!(
@@ -304,4 +305,201 @@ pub fn hook_problems(
         }
     }
     out
+}
+
+/// Node labels that name a zone: a topology spread over any of them is zonal.
+pub const ZONE_KEYS: &[&str] = &[
+    "topology.kubernetes.io/zone",
+    "failure-domain.beta.kubernetes.io/zone",
+    "topology.ebs.csi.aws.com/zone",
+    "topology.k8s.aws/zone-id",
+];
+
+/// Provisioners whose volumes live in one zone (EBS).
+pub const ZONAL_PROVISIONERS: &[&str] = &["ebs.csi.aws.com", "kubernetes.io/aws-ebs"];
+
+/// Pods that pin themselves to zones, by `namespace/name`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ZonalUse {
+    /// A topology spread over a zone key with `whenUnsatisfiable: DoNotSchedule`.
+    pub spread: Vec<String>,
+    /// A claim on a zonal (EBS) volume, or on a claim that could not be read.
+    pub volumes: Vec<String>,
+}
+
+/// The claims a pod uses, as (namespace, claim name): `persistentVolumeClaim`
+/// volumes and generic ephemeral volumes (`<pod>-<volume>`). Pure.
+pub fn pod_claims(pod: &k8s_openapi::api::core::v1::Pod) -> Vec<(String, String)> {
+    let ns = pod.metadata.namespace.clone().unwrap_or_default();
+    let name = pod.metadata.name.clone().unwrap_or_default();
+    let mut out = Vec::new();
+    for v in pod.spec.iter().flat_map(|s| s.volumes.iter().flatten()) {
+        if let Some(c) = &v.persistent_volume_claim {
+            out.push((ns.clone(), c.claim_name.clone()));
+        } else if v.ephemeral.is_some() {
+            out.push((ns.clone(), format!("{name}-{}", v.name)));
+        }
+    }
+    out
+}
+
+/// Whether a claim's volume lives in one zone, from its provisioner annotation;
+/// None when the claim says nothing (bound statically, or not read). Pure.
+pub fn claim_is_zonal(pvc: &k8s_openapi::api::core::v1::PersistentVolumeClaim) -> Option<bool> {
+    let a = pvc.metadata.annotations.as_ref()?;
+    let p = a
+        .get("volume.kubernetes.io/storage-provisioner")
+        .or_else(|| a.get("volume.beta.kubernetes.io/storage-provisioner"))?;
+    Some(ZONAL_PROVISIONERS.contains(&p.as_str()))
+}
+
+/// Which pods pin themselves to zones. `claims` holds the claims that were read, by
+/// (namespace, name); a claim missing there, or one that names no provisioner,
+/// counts as zonal (a warning is cheaper than a pod pending forever). Finished pods
+/// do not count. Pure.
+pub fn zonal_use(
+    pods: &[k8s_openapi::api::core::v1::Pod],
+    claims: &std::collections::BTreeMap<
+        (String, String),
+        k8s_openapi::api::core::v1::PersistentVolumeClaim,
+    >,
+) -> ZonalUse {
+    let mut out = ZonalUse::default();
+    for pod in pods {
+        let phase = pod.status.as_ref().and_then(|s| s.phase.as_deref());
+        if matches!(phase, Some("Succeeded" | "Failed")) {
+            continue;
+        }
+        let id = format!(
+            "{}/{}",
+            pod.metadata.namespace.as_deref().unwrap_or(""),
+            pod.metadata.name.as_deref().unwrap_or("")
+        );
+        let spreads = pod
+            .spec
+            .iter()
+            .flat_map(|s| s.topology_spread_constraints.iter().flatten())
+            .any(|c| {
+                c.when_unsatisfiable == "DoNotSchedule"
+                    && ZONE_KEYS.contains(&c.topology_key.as_str())
+            });
+        if spreads {
+            out.spread.push(id.clone());
+        }
+        let zonal_volume = pod_claims(pod)
+            .iter()
+            .any(|k| claims.get(k).and_then(claim_is_zonal).unwrap_or(true));
+        if zonal_volume {
+            out.volumes.push(id);
+        }
+    }
+    out
+}
+
+/// One warning per group that spans several zones while pods pin themselves to
+/// zones: CA picks a group, the ASG picks the zone, so the node CA adds for such a
+/// pod can land where the pod cannot go. Pure.
+pub fn zonal_warnings(groups: &[(String, Vec<String>)], usage: &ZonalUse) -> Vec<String> {
+    if usage.spread.is_empty() && usage.volumes.is_empty() {
+        return Vec::new();
+    }
+    let examples = |v: &[String]| {
+        let shown: Vec<&str> = v.iter().take(3).map(String::as_str).collect();
+        let more = v.len().saturating_sub(shown.len());
+        if more > 0 {
+            format!("{} and {more} more", shown.join(", "))
+        } else {
+            shown.join(", ")
+        }
+    };
+    let mut what = Vec::new();
+    if !usage.spread.is_empty() {
+        what.push(format!(
+            "{} pod(s) spread over zones with whenUnsatisfiable: DoNotSchedule ({})",
+            usage.spread.len(),
+            examples(&usage.spread)
+        ));
+    }
+    if !usage.volumes.is_empty() {
+        what.push(format!(
+            "{} pod(s) use zonal (EBS) or unread volume claims ({})",
+            usage.volumes.len(),
+            examples(&usage.volumes)
+        ));
+    }
+    let mut out = Vec::new();
+    for (name, zones) in groups {
+        let mut zs: Vec<&str> = zones.iter().map(String::as_str).collect();
+        zs.sort_unstable();
+        zs.dedup();
+        if zs.len() < 2 {
+            continue;
+        }
+        out.push(format!(
+            "group {name} spans {} zones ({}) and {}: CA scales the group, the ASG picks the zone, so a node added for such a pod can land in a zone it cannot use and the pod stays pending while CA counts it as helped; the fix is one ASG per zone (with --balance-similar-node-groups and the README's --balancing-ignore-label set)",
+            zs.len(),
+            zs.join(", "),
+            what.join(" and ")
+        ));
+    }
+    out
+}
+
+/// Reads the pods (and the claims they use, at most 500) and prints the zonal
+/// warnings for the groups the provider found; returns them. Warnings do not fail
+/// the check; a read that fails does (None: nothing is said to be fine that was not
+/// read).
+pub async fn zonal_report(client: kube::Client, provider: &Provider) -> Option<Vec<String>> {
+    use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
+    use kube::api::{Api, ListParams};
+    const MAX_CLAIMS: usize = 500;
+    let pods: Api<Pod> = Api::all(client.clone());
+    let list = match tokio::time::timeout(
+        std::time::Duration::from_secs(20),
+        pods.list(&ListParams::default()),
+    )
+    .await
+    {
+        Ok(Ok(l)) => l.items,
+        Ok(Err(e)) => {
+            println!("\nzonal groups: NOT checked, listing pods failed: {e}");
+            return None;
+        }
+        Err(_) => {
+            println!("\nzonal groups: NOT checked, no pod list within 20 s");
+            return None;
+        }
+    };
+    let mut wanted: Vec<(String, String)> = list.iter().flat_map(pod_claims).collect();
+    wanted.sort();
+    wanted.dedup();
+    let mut claims = std::collections::BTreeMap::new();
+    for (ns, name) in wanted.into_iter().take(MAX_CLAIMS) {
+        let api: Api<PersistentVolumeClaim> = Api::namespaced(client.clone(), &ns);
+        if let Ok(Ok(Some(c))) =
+            tokio::time::timeout(std::time::Duration::from_secs(5), api.get_opt(&name)).await
+        {
+            claims.insert((ns, name), c);
+        }
+    }
+    let usage = zonal_use(&list, &claims);
+    let reg = provider.registry();
+    let groups: Vec<(String, Vec<String>)> = reg
+        .groups
+        .iter()
+        .map(|g| (g.asg.name.clone(), g.asg.availability_zones.clone()))
+        .collect();
+    let warnings = zonal_warnings(&groups, &usage);
+    if warnings.is_empty() {
+        println!(
+            "\nzonal groups: no group spans several zones while pods pin themselves to zones ({} pod(s) read)",
+            list.len()
+        );
+    } else {
+        println!("\nwarnings ({}):", warnings.len());
+        for w in &warnings {
+            println!("  - {w}");
+        }
+    }
+    Some(warnings)
 }

@@ -571,6 +571,11 @@ pub fn resolve(file: FileConfig, flags: &Overrides, source: &str) -> Result<Conf
                 format!("{p} must be between 1 and 1000"),
             );
         }
+        if let Some(p) = t.vm_memory_overhead_percent {
+            if let Err(m) = check_vm_memory_overhead_percent(p) {
+                bad(&format!("templates.{name}.vmMemoryOverheadPercent"), m);
+            }
+        }
         templates.insert(name.clone(), t.clone());
     }
 
@@ -816,6 +821,18 @@ pub fn parse_tag_terms(terms: &str) -> Result<Vec<TagFilter>, String> {
         });
     }
     Ok(out)
+}
+
+/// A VM memory overhead percent: a number from 0 to 50 (7.5 means 7.5 %).
+pub fn check_vm_memory_overhead_percent(p: f64) -> Result<(), String> {
+    let max = crate::provider::template::allocatable::MAX_VM_MEMORY_OVERHEAD_PERCENT;
+    if p.is_finite() && (0.0..=max).contains(&p) {
+        Ok(())
+    } else {
+        Err(format!(
+            "{p} must be a percent between 0 and {max} (7.5 means 7.5 %; Karpenter's fraction 0.075 is 7.5 here)"
+        ))
+    }
 }
 
 /// `key=value:Effect` or `key:Effect` (validation only; the template builder parses).

@@ -83,6 +83,11 @@ autoDiscovery:
   - tags: ["=x"]
 templates:
   a: {taints: ["k=v:Sometimes"], maxPods: 0}
+  b: {vmMemoryOverheadPercent: 75}
+  c: {vmMemoryOverheadPercent: -1}
+  d: {vmMemoryOverheadPercent: .nan}
+  e: {vmMemoryOverheadPercent: 0}
+  f: {vmMemoryOverheadPercent: 7.5}
 "#,
         &Overrides::default(),
     );
@@ -96,9 +101,27 @@ templates:
         "autoDiscovery[0].tags",
         "templates.a.taints[0]",
         "templates.a.maxPods",
+        "templates.b.vmMemoryOverheadPercent",
+        "templates.c.vmMemoryOverheadPercent",
+        "templates.d.vmMemoryOverheadPercent",
     ] {
         assert!(keys.contains(&k), "missing {k} in {p:?}");
     }
+    for ok in [
+        "templates.e.vmMemoryOverheadPercent",
+        "templates.f.vmMemoryOverheadPercent",
+    ] {
+        assert!(!keys.contains(&ok), "{ok} is valid: {p:?}");
+    }
+    let pct = p
+        .iter()
+        .find(|p| p.key == "templates.b.vmMemoryOverheadPercent")
+        .unwrap();
+    assert!(
+        pct.message.contains("75") && pct.message.contains("between 0 and 50"),
+        "{}",
+        pct.message
+    );
     let listen = p.iter().find(|p| p.key == "listen").unwrap();
     assert!(listen.message.contains("nowhere"));
     let taint = p.iter().find(|p| p.key == "templates.a.taints[0]").unwrap();

@@ -597,15 +597,17 @@ impl Provider {
         })
     }
 
-    /// The newest launch failure that is recent and not older than our last increase.
+    /// The newest launch failure that is recent and not older than the last increase.
+    /// The last increase is the newer of this replica's own (known the moment it
+    /// wrote it) and the newest launch activity AWS shows (known to every replica,
+    /// so a failover does not attach a failure from before a fresh scale-up).
     fn recent_failure<'a>(&self, ov: &Overlay, g: &'a Group) -> Option<&'a LaunchFailure> {
         let now = unix_now();
         let window = self.settings.launch_failure_window.as_secs() as i64;
-        let since_increase = ov
-            .last_increase
-            .get(&g.asg.name)
-            .copied()
-            .unwrap_or(i64::MIN);
+        let since_increase = last_increase(
+            ov.last_increase.get(&g.asg.name).copied(),
+            g.last_launch_unix,
+        );
         g.failures.iter().find(|f| {
             now - f.started_at_unix <= window
                 && f.started_at_unix >= since_increase.saturating_sub(5)
@@ -923,6 +925,12 @@ pub fn echo(value: &str) -> String {
 
 /// Most characters of a request value an error message repeats.
 pub const ECHO_MAX: usize = 128;
+
+/// When the group last grew, from this replica's memory and from AWS's newest launch
+/// activity: the newer of the two; `i64::MIN` when neither is known. Pure.
+pub fn last_increase(remembered: Option<i64>, newest_launch: Option<i64>) -> i64 {
+    remembered.max(newest_launch).unwrap_or(i64::MIN)
+}
 
 pub(crate) fn unix_now() -> i64 {
     SystemTime::now()

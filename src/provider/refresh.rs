@@ -194,12 +194,13 @@ impl Provider {
                     tracing::warn!("{w}");
                 }
                 let hooks = hooks.get(&asg.name).cloned().unwrap_or_default();
-                let failures = failures.get(&asg.name).cloned().unwrap_or_default();
+                let history = failures.get(&asg.name).cloned().unwrap_or_default();
                 Group {
                     asg,
                     min,
                     max,
-                    failures,
+                    failures: history.failures,
+                    last_launch_unix: history.last_launch_unix,
                     hooks,
                     warnings,
                 }
@@ -271,6 +272,7 @@ impl Provider {
             min,
             max,
             failures: old.failures.clone(),
+            last_launch_unix: old.last_launch_unix,
             hooks: old.hooks.clone(),
             warnings,
         };
@@ -365,7 +367,7 @@ impl Provider {
     async fn failures_for(
         &self,
         asgs: &[AsgSnapshot],
-    ) -> HashMap<String, Vec<crate::cloud::LaunchFailure>> {
+    ) -> HashMap<String, crate::cloud::LaunchHistory> {
         let short: Vec<String> = asgs
             .iter()
             .filter(|a| {
@@ -376,7 +378,7 @@ impl Provider {
             .collect();
         stream::iter(short)
             .map(|name| async move {
-                match self.cloud.launch_failures(&name).await {
+                match self.cloud.launch_history(&name).await {
                     Ok(f) => Some((name, f)),
                     Err(e) => {
                         tracing::warn!(group = %name, error = %e, "could not read scaling activities");

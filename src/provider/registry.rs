@@ -21,6 +21,9 @@ pub struct Group {
     pub max: i32,
     /// Recent failed launches, newest first.
     pub failures: Vec<LaunchFailure>,
+    /// Start of the newest launch activity (any status) in the group's scaling
+    /// activities, when they were read: the last increase as AWS saw it.
+    pub last_launch_unix: Option<i64>,
     /// EC2_INSTANCE_TERMINATING hooks (lifecycle-mode scale-in when non-empty).
     pub hooks: Vec<LifecycleHook>,
     /// Problems found while building this group (bounds clamped, ...).
@@ -171,6 +174,7 @@ mod tests {
             max: a.max_size,
             asg: a,
             failures: vec![],
+            last_launch_unix: None,
             hooks: vec![],
             warnings: vec![],
         }

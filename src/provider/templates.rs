@@ -229,6 +229,9 @@ impl Provider {
             if own.max_pods.is_some() {
                 o.max_pods = own.max_pods;
             }
+            if own.vm_memory_overhead_percent.is_some() {
+                o.vm_memory_overhead_percent = own.vm_memory_overhead_percent;
+            }
         }
         o
     }

@@ -223,6 +223,11 @@ pub(super) fn type_info(t: &ec2::types::InstanceTypeInfo) -> Option<InstanceType
             d.name().unwrap_or("unknown"),
         )
     });
+    let gpu_manufacturer = gpus
+        .and_then(|g| g.gpus().first())
+        .and_then(|d| d.manufacturer())
+        .map(str::to_string)
+        .filter(|_| gpu_count > 0);
     let archs = t
         .processor_info()
         .map(|p| p.supported_architectures())
@@ -233,6 +238,7 @@ pub(super) fn type_info(t: &ec2::types::InstanceTypeInfo) -> Option<InstanceType
         memory_mib: t.memory_info().and_then(|m| m.size_in_mib()).unwrap_or(0),
         gpus: gpu_count,
         gpu_type: gpu_type.filter(|_| gpu_count > 0),
+        gpu_manufacturer,
         architecture: archs
             .first()
             .map(|a| arch(a.as_str()))

@@ -268,7 +268,7 @@ impl Cloud for AwsCloud {
         Ok(out)
     }
 
-    async fn launch_failures(&self, group: &str) -> CloudResult<Vec<LaunchFailure>> {
+    async fn launch_history(&self, group: &str) -> CloudResult<LaunchHistory> {
         let r = self
             .asg
             .describe_scaling_activities()
@@ -277,6 +277,18 @@ impl Cloud for AwsCloud {
             .send()
             .await;
         let page = self.done("DescribeScalingActivities", r)?;
+        // Launch activities, successful, in progress or failed, are described as
+        // "Launching a new EC2 instance: i-..." / "Launching a new EC2 instance.
+        // Status Reason: ..." (terminations as "Terminating EC2 instance: ...").
+        let last_launch_unix = page
+            .activities()
+            .iter()
+            .filter(|a| {
+                a.description()
+                    .is_some_and(|d| d.starts_with("Launching a new EC2 instance"))
+            })
+            .filter_map(|a| a.start_time().map(|t| t.secs()))
+            .max();
         let mut out: Vec<LaunchFailure> = page
             .activities()
             .iter()
@@ -301,7 +313,10 @@ impl Cloud for AwsCloud {
             })
             .collect();
         out.sort_by_key(|f| std::cmp::Reverse(f.started_at_unix));
-        Ok(out)
+        Ok(LaunchHistory {
+            failures: out,
+            last_launch_unix,
+        })
     }
 
     async fn locate_instances(&self, ids: &[String]) -> CloudResult<Vec<InstanceLocation>> {

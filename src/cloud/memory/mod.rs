@@ -15,8 +15,8 @@ use parking_lot::Mutex;
 use super::{
     AsgInstance, AsgSnapshot, BlockVolume, Cloud, CloudError, CloudResult, EksNodegroup,
     GroupSelector, InstanceLocation, InstanceRequirements, InstanceTypeInfo, LaunchData,
-    LaunchFailure, LaunchSpec, LaunchTemplateRef, LifecycleAction, LifecycleHook, LifecycleResult,
-    LifecycleState,
+    LaunchFailure, LaunchHistory, LaunchSpec, LaunchTemplateRef, LifecycleAction, LifecycleHook,
+    LifecycleResult, LifecycleState,
 };
 
 /// The region the in-memory cloud's zones (`us-east-1a`..) are in.
@@ -137,6 +137,9 @@ struct MemAsg {
     /// Launches fail with this code while set.
     fail_launches: Option<String>,
     failures: Vec<LaunchFailure>,
+    /// When the newest launch activity started (a rise of desired capacity or a
+    /// failed launch), as AWS keeps it in the scaling activities.
+    last_launch_unix: Option<i64>,
     zone_cursor: usize,
 }
 
@@ -185,6 +188,7 @@ impl MemoryCloud {
                         instances: Vec::new(),
                         fail_launches: None,
                         failures: Vec::new(),
+                        last_launch_unix: None,
                         zone_cursor: 0,
                     },
                 );
@@ -198,6 +202,18 @@ impl MemoryCloud {
             }
         }
         cloud
+    }
+
+    /// Moves the group's scaling activities (failed launches, the newest launch)
+    /// `secs` seconds into the past, as if that much time had gone by since.
+    pub fn age_activities(&self, group: &str, secs: i64) {
+        let mut st = self.state.lock();
+        if let Some(g) = st.groups.get_mut(group) {
+            for f in &mut g.failures {
+                f.started_at_unix -= secs;
+            }
+            g.last_launch_unix = g.last_launch_unix.map(|t| t - secs);
+        }
     }
 
     /// Makes launches of `group` fail with `code` (e.g. InsufficientInstanceCapacity)
@@ -400,6 +416,7 @@ impl MemoryCloud {
                 .first()
                 .is_some_and(|f| now_unix() - f.started_at_unix < 60 && f.code == code);
             if !already {
+                g.last_launch_unix = Some(g.last_launch_unix.unwrap_or(0).max(now_unix()));
                 g.failures.insert(
                     0,
                     LaunchFailure {
@@ -544,14 +561,17 @@ impl Cloud for MemoryCloud {
             .collect())
     }
 
-    async fn launch_failures(&self, group: &str) -> CloudResult<Vec<LaunchFailure>> {
+    async fn launch_history(&self, group: &str) -> CloudResult<LaunchHistory> {
         let mut st = self.state.lock();
         self.begin_call(&mut st, "launch_failures")?;
         let g = st
             .groups
             .get(group)
             .ok_or_else(|| not_found("group", group))?;
-        Ok(g.failures.clone())
+        Ok(LaunchHistory {
+            failures: g.failures.clone(),
+            last_launch_unix: g.last_launch_unix,
+        })
     }
 
     async fn locate_instances(&self, ids: &[String]) -> CloudResult<Vec<InstanceLocation>> {
@@ -591,6 +611,10 @@ impl Cloud for MemoryCloud {
             });
         }
         let mut victims = Vec::new();
+        if desired > g.desired {
+            // The ASG starts launch activities for the new capacity at once.
+            g.last_launch_unix = Some(now_unix());
+        }
         let lower = desired < g.desired;
         let by = g.desired - desired;
         g.desired = desired;
@@ -834,6 +858,11 @@ pub fn builtin_instance_types() -> BTreeMap<String, InstanceTypeInfo> {
                 memory_mib: mem_gib * 1024,
                 gpus,
                 gpu_type: gpu.map(str::to_string),
+                // The maker is the model name's first word (`nvidia-tesla-t4`).
+                gpu_manufacturer: gpu.and_then(|g| g.split('-').next()).map(|m| match m {
+                    "amd" => "AMD".to_string(),
+                    other => other.to_ascii_uppercase(),
+                }),
                 architecture: arch.to_string(),
                 max_enis: Some(enis),
                 ipv4_per_eni: Some(ips),
@@ -859,6 +888,18 @@ pub fn builtin_instance_types() -> BTreeMap<String, InstanceTypeInfo> {
             10,
             1,
             Some("nvidia-tesla-t4"),
+        ),
+        // AMD Radeon Pro V520: 2 ENIs x 4 IPv4 (aws/karpenter-provider-aws
+        // pkg/providers/instancetype/zz_generated.vpclimits.go).
+        t(
+            "g4ad.xlarge",
+            4,
+            16,
+            "amd64",
+            2,
+            4,
+            1,
+            Some("amd-radeon-pro-v520"),
         ),
         t(
             "p3.2xlarge",

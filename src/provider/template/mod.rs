@@ -18,7 +18,7 @@ pub mod userdata;
 pub use encode::{describe, encode_node};
 
 /// Operator-given template settings (config `templates:` per group or `*`).
-#[derive(Debug, Clone, Default, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Deserialize)]
 #[serde(deny_unknown_fields, rename_all = "camelCase")]
 pub struct TemplateOverrides {
     #[serde(default)]
@@ -32,6 +32,11 @@ pub struct TemplateOverrides {
     /// Overrides the max-pods computed from the instance type's ENI limits.
     #[serde(default)]
     pub max_pods: Option<i64>,
+    /// Percent of the instance type's nominal memory kept for the VM, firmware and
+    /// kernel (default [`allocatable::DEFAULT_VM_MEMORY_OVERHEAD_PERCENT`]; 7.5 means
+    /// 7.5 %, where Karpenter's flag of the same name takes the fraction 0.075).
+    #[serde(default)]
+    pub vm_memory_overhead_percent: Option<f64>,
 }
 
 /// Everything a template is built from.
@@ -72,6 +77,8 @@ pub const TAG_LABEL: &str = "k8s.io/cluster-autoscaler/node-template/label/";
 pub const TAG_TAINT: &str = "k8s.io/cluster-autoscaler/node-template/taint/";
 pub const TAG_RESOURCE: &str = "k8s.io/cluster-autoscaler/node-template/resources/";
 pub const GPU_LABEL: &str = "k8s.amazonaws.com/accelerator";
+pub const OS_LABEL: &str = "kubernetes.io/os";
+pub const WINDOWS_BUILD_LABEL: &str = "node.kubernetes.io/windows-build";
 const DEFAULT_EPHEMERAL_GIB: i64 = 20;
 const DEFAULT_MAX_PODS: i64 = 110;
 
@@ -116,6 +123,74 @@ pub fn valid_quantity(q: &str) -> bool {
     )
 }
 
+/// The operating system of a group's nodes, as `kubernetes.io/os` names it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum NodeOs {
+    Linux,
+    Windows,
+}
+
+impl NodeOs {
+    pub fn label(self) -> &'static str {
+        match self {
+            NodeOs::Linux => "linux",
+            NodeOs::Windows => "windows",
+        }
+    }
+}
+
+/// The OS from the EKS node group's AMI type, else from the launch template's user
+/// data. An EKS AMI type other than `CUSTOM` decides (`WINDOWS_*` is Windows, `AL2_*`,
+/// `AL2023_*`, `BOTTLEROCKET_*` are Linux); with `CUSTOM` or no node group the user
+/// data decides ([`userdata::is_windows_user_data`]); with neither, Linux.
+pub fn node_os(eks_ami_type: Option<&str>, user_data_is_windows: bool) -> NodeOs {
+    match eks_ami_type.map(str::trim).filter(|a| !a.is_empty()) {
+        Some(a) if a.to_ascii_uppercase().starts_with("WINDOWS_") => NodeOs::Windows,
+        Some(a) if !a.eq_ignore_ascii_case("CUSTOM") => NodeOs::Linux,
+        _ if user_data_is_windows => NodeOs::Windows,
+        _ => NodeOs::Linux,
+    }
+}
+
+/// `node.kubernetes.io/windows-build` (kubelet sets it on Windows nodes: major.minor.
+/// build) from an EKS Windows AMI type: Windows Server 2019 is build 17763, 2022 is
+/// 20348. None for other AMI types and releases not listed.
+pub fn windows_build(eks_ami_type: Option<&str>) -> Option<&'static str> {
+    let a = eks_ami_type?.to_ascii_uppercase();
+    if !a.starts_with("WINDOWS_") {
+        return None;
+    }
+    if a.contains("_2019_") {
+        Some("10.0.17763")
+    } else if a.contains("_2022_") {
+        Some("10.0.20348")
+    } else {
+        None
+    }
+}
+
+/// The extended resource a GPU's device plugin advertises, by the maker
+/// DescribeInstanceTypes names (`GpuInfo.Gpus[].Manufacturer`): NVIDIA's plugin
+/// `nvidia.com/gpu`, AMD's (g4ad) `amd.com/gpu`, Habana's (dl1) `habana.ai/gaudi`, as
+/// Karpenter maps them (aws/karpenter-provider-aws pkg/apis/v1/labels.go and
+/// pkg/providers/instancetype/types.go). None for a maker without a known plugin: a
+/// template must not promise a resource no plugin will advertise.
+pub fn gpu_resource_name(manufacturer: &str) -> Option<&'static str> {
+    match manufacturer.trim().to_ascii_lowercase().as_str() {
+        "nvidia" => Some("nvidia.com/gpu"),
+        "amd" => Some("amd.com/gpu"),
+        "habana" => Some("habana.ai/gaudi"),
+        _ => None,
+    }
+}
+
+/// Max pods of a Windows node with the VPC CNI: Windows nodes use one ENI, so the
+/// IPv4 addresses of that ENI less its own (EKS user guide, "Deploy Windows nodes on
+/// EKS clusters": IPs per ENI minus one).
+pub fn windows_max_pods(ipv4_per_eni: i64) -> Option<i64> {
+    (ipv4_per_eni > 1).then(|| ipv4_per_eni - 1)
+}
+
 /// EKS labels every node of a managed node group with these.
 pub const EKS_CAPACITY_TYPE_LABEL: &str = "eks.amazonaws.com/capacityType";
 pub const EKS_NODEGROUP_LABEL: &str = "eks.amazonaws.com/nodegroup";
@@ -156,10 +231,10 @@ pub fn build_template(inputs: &TemplateInputs<'_>) -> Result<TemplateNode, Templ
         .filter(|v| *v > 0)
         .unwrap_or(it.memory_mib);
     // Only the GPUs the requirements guarantee: the first matching type may have some
-    // that another qualifying type lacks.
-    let gpus = match req {
-        Some(r) => r.nvidia_gpus_min.unwrap_or(0),
-        None => it.gpus,
+    // that another qualifying type lacks (requirements only ever ask for NVIDIA ones).
+    let (gpus, gpu_maker) = match req {
+        Some(r) => (r.nvidia_gpus_min.unwrap_or(0), Some("nvidia")),
+        None => (it.gpus, it.gpu_manufacturer.as_deref()),
     };
     if vcpus <= 0 || memory_mib <= 0 {
         return Err(TemplateError::Invalid {
@@ -182,8 +257,6 @@ pub fn build_template(inputs: &TemplateInputs<'_>) -> Result<TemplateNode, Templ
     for (k, v) in [
         ("kubernetes.io/arch", arch),
         ("beta.kubernetes.io/arch", arch),
-        ("kubernetes.io/os", "linux"),
-        ("beta.kubernetes.io/os", "linux"),
         ("kubernetes.io/hostname", name.as_str()),
         ("node.kubernetes.io/instance-type", it.name.as_str()),
         ("beta.kubernetes.io/instance-type", it.name.as_str()),
@@ -207,6 +280,7 @@ pub fn build_template(inputs: &TemplateInputs<'_>) -> Result<TemplateNode, Templ
     }
     // Kubelet flags in the launch template's user data.
     let mut max_pods = None;
+    let mut windows_user_data = false;
     let mut bottlerocket = inputs
         .eks
         .and_then(|e| e.ami_type.as_deref())
@@ -214,6 +288,7 @@ pub fn build_template(inputs: &TemplateInputs<'_>) -> Result<TemplateNode, Templ
     if let Some(ud) = &inputs.launch.user_data {
         let flags = userdata::parse(ud);
         bottlerocket |= flags.bottlerocket;
+        windows_user_data = flags.windows;
         labels.extend(flags.labels);
         for t in flags.taints {
             put_taint(&mut taints, t);
@@ -225,6 +300,13 @@ pub fn build_template(inputs: &TemplateInputs<'_>) -> Result<TemplateNode, Templ
                 .into_iter()
                 .map(|w| format!("group {}: {w}", g.name)),
         );
+    }
+    let ami_type = inputs.eks.and_then(|e| e.ami_type.as_deref());
+    let os = node_os(ami_type, windows_user_data);
+    labels.insert(OS_LABEL.into(), os.label().into());
+    labels.insert("beta.kubernetes.io/os".into(), os.label().into());
+    if let Some(build) = windows_build(ami_type).filter(|_| os == NodeOs::Windows) {
+        labels.insert(WINDOWS_BUILD_LABEL.into(), build.into());
     }
     // ASG tags.
     let mut extra: BTreeMap<String, String> = BTreeMap::new();
@@ -298,25 +380,44 @@ pub fn build_template(inputs: &TemplateInputs<'_>) -> Result<TemplateNode, Templ
     let max_pods = o
         .max_pods
         .or(max_pods)
-        .or_else(|| {
-            allocatable::eni_max_pods(it.max_enis.unwrap_or(0), it.ipv4_per_eni.unwrap_or(0))
+        .or_else(|| match os {
+            NodeOs::Windows => windows_max_pods(it.ipv4_per_eni.unwrap_or(0)),
+            NodeOs::Linux => {
+                allocatable::eni_max_pods(it.max_enis.unwrap_or(0), it.ipv4_per_eni.unwrap_or(0))
+            }
         })
         .unwrap_or(DEFAULT_MAX_PODS);
     let ephemeral_gib = ephemeral_volume_gib(&inputs.launch.volumes, bottlerocket)
         .or_else(|| inputs.eks.and_then(|e| e.disk_size_gib).filter(|v| *v > 0))
         .unwrap_or(DEFAULT_EPHEMERAL_GIB);
-    let alloc = allocatable::allocatable(vcpus, memory_mib, max_pods, ephemeral_gib);
+    // What the node will report as memory capacity, not the nominal size: the VM
+    // and kernel keep a share a pod can never have.
+    let overhead = o
+        .vm_memory_overhead_percent
+        .unwrap_or(allocatable::DEFAULT_VM_MEMORY_OVERHEAD_PERCENT);
+    let memory_capacity_mib = allocatable::memory_capacity_mib(memory_mib, arch, overhead);
+    let alloc = allocatable::allocatable(vcpus, memory_capacity_mib, max_pods, ephemeral_gib);
 
     let mut capacity = BTreeMap::new();
     capacity.insert("cpu".to_string(), vcpus.to_string());
-    capacity.insert("memory".to_string(), format!("{memory_mib}Mi"));
+    capacity.insert("memory".to_string(), format!("{memory_capacity_mib}Mi"));
     capacity.insert("pods".to_string(), max_pods.to_string());
     capacity.insert(
         "ephemeral-storage".to_string(),
         format!("{ephemeral_gib}Gi"),
     );
     if gpus > 0 {
-        capacity.insert("nvidia.com/gpu".to_string(), gpus.to_string());
+        match gpu_maker.and_then(gpu_resource_name) {
+            Some(resource) => {
+                capacity.insert(resource.to_string(), gpus.to_string());
+            }
+            None => warnings.push(format!(
+                "group {}: instance type {} has {gpus} GPU(s) by maker {:?}, which has no known device-plugin resource; the template offers none (add a node-template/resources/ tag to name it)",
+                g.name,
+                it.name,
+                gpu_maker.unwrap_or("unknown")
+            )),
+        }
     }
     let mut allocatable = capacity.clone();
     allocatable.insert("cpu".into(), format!("{}m", alloc.cpu_millis));

@@ -78,11 +78,14 @@ fn standard_labels_capacity_and_allocatable() {
     assert_eq!(l("topology.ebs.csi.aws.com/zone"), Some("us-east-1b"));
     assert_eq!(l("kubernetes.io/hostname"), Some(n.name.as_str()));
     assert_eq!(n.capacity["cpu"], "2");
-    assert_eq!(n.capacity["memory"], "8192Mi");
+    // 8192 MiB nominal less 7.5 % (614.4, rounded up to 615) for the VM.
+    assert_eq!(n.capacity["memory"], "7577Mi");
     assert_eq!(n.capacity["pods"], "29");
     assert_eq!(n.capacity["ephemeral-storage"], "20Gi");
     assert_eq!(n.allocatable["cpu"], "1930m");
-    assert_eq!(n.allocatable["memory"], "7518Mi");
+    // Less 574 kube-reserved and 100 eviction: below the ~7070Mi a real m5.large
+    // reports (issue 21), where the nominal-based 7518Mi was above it.
+    assert_eq!(n.allocatable["memory"], "6903Mi");
     assert!(!n.capacity.contains_key("nvidia.com/gpu"));
 }
 
@@ -105,6 +108,25 @@ fn gpu_types_get_the_accelerator_label_and_gpu_capacity() {
         &TemplateOverrides::default(),
     );
     assert_eq!(n.labels[GPU_LABEL], "nvidia-tesla-t4");
+    assert!(
+        n.warnings
+            .iter()
+            .any(|w| w.contains("no known device-plugin")),
+        "a GPU without a maker is not promised as nvidia.com/gpu: {:?}",
+        n.capacity
+    );
+    assert!(!n.capacity.contains_key("nvidia.com/gpu"));
+    let it = InstanceTypeInfo {
+        gpu_manufacturer: Some("NVIDIA".into()),
+        ..it
+    };
+    let n = build(
+        &asg(&[]),
+        &LaunchData::default(),
+        &it,
+        None,
+        &TemplateOverrides::default(),
+    );
     assert_eq!(n.capacity["nvidia.com/gpu"], "1");
     assert_eq!(n.allocatable["nvidia.com/gpu"], "1");
     assert_eq!(
@@ -327,7 +349,8 @@ fn attribute_based_groups_are_sized_at_the_requirements_minimums() {
     })
     .unwrap();
     assert_eq!(n.capacity["cpu"], "4");
-    assert_eq!(n.capacity["memory"], "12288Mi");
+    // The requirements' 12288 MiB minimum, less ceil(7.5 %) = 922.
+    assert_eq!(n.capacity["memory"], "11366Mi");
     assert_eq!(n.capacity["nvidia.com/gpu"], "2");
     assert_eq!(n.labels["node.kubernetes.io/instance-type"], "g4dn.2xlarge");
     assert_eq!(n.labels[GPU_LABEL], "nvidia-tesla-t4");
@@ -356,8 +379,12 @@ fn config_overrides_win_and_bad_entries_become_warnings() {
         taints: vec!["dedicated=x:NoSchedule".into(), "broken".into()],
         resources: BTreeMap::from([("example.com/dongle".into(), "2".into())]),
         max_pods: Some(58),
+        vm_memory_overhead_percent: Some(2.5),
     };
     let n = build(&g, &LaunchData::default(), &m5_large(), None, &o);
+    // 8192 less ceil(2.5 % of it) = 205; less 11 x 58 + 255 kube-reserved and 100.
+    assert_eq!(n.capacity["memory"], "7987Mi");
+    assert_eq!(n.allocatable["memory"], format!("{}Mi", 7987 - 893 - 100));
     assert_eq!(n.labels["team"], "config");
     assert!(n.taints.iter().any(|t| t.key == "dedicated"));
     assert!(!n.taints.iter().any(|t| t.key == "bad"));
@@ -421,4 +448,184 @@ fn zone_pick_balances() {
     assert_eq!(pick_zone(&g).as_deref(), Some("us-east-1a"));
     g.availability_zones.clear();
     assert_eq!(pick_zone(&g), None);
+}
+
+#[test]
+fn amd_and_habana_gpus_get_their_own_resource_names() {
+    for (maker, model, resource) in [
+        ("AMD", "amd-radeon-pro-v520", "amd.com/gpu"),
+        ("Habana", "habana-gaudi-hl-205", "habana.ai/gaudi"),
+        ("NVIDIA", "nvidia-tesla-t4", "nvidia.com/gpu"),
+    ] {
+        let it = InstanceTypeInfo {
+            name: "x.xlarge".into(),
+            vcpus: 4,
+            memory_mib: 16384,
+            gpus: 2,
+            gpu_type: Some(model.into()),
+            gpu_manufacturer: Some(maker.into()),
+            architecture: "amd64".into(),
+            ..Default::default()
+        };
+        let n = build(
+            &asg(&[]),
+            &LaunchData::default(),
+            &it,
+            None,
+            &TemplateOverrides::default(),
+        );
+        assert_eq!(
+            n.capacity.get(resource).map(String::as_str),
+            Some("2"),
+            "{maker}"
+        );
+        assert_eq!(n.allocatable.get(resource).map(String::as_str), Some("2"));
+        let gpu_like = n
+            .capacity
+            .keys()
+            .filter(|k| k.ends_with("/gpu") || k.ends_with("/gaudi"))
+            .count();
+        assert_eq!(
+            gpu_like, 1,
+            "{maker}: only its own resource: {:?}",
+            n.capacity
+        );
+        assert_eq!(n.labels[GPU_LABEL], model);
+    }
+}
+
+#[test]
+fn gpu_resource_names_by_maker() {
+    assert_eq!(gpu_resource_name("NVIDIA"), Some("nvidia.com/gpu"));
+    assert_eq!(gpu_resource_name("nvidia"), Some("nvidia.com/gpu"));
+    assert_eq!(gpu_resource_name("AMD"), Some("amd.com/gpu"));
+    assert_eq!(gpu_resource_name(" amd "), Some("amd.com/gpu"));
+    assert_eq!(gpu_resource_name("Habana"), Some("habana.ai/gaudi"));
+    for unknown in ["", "Xilinx", "Intel", "gpu", "nvidia.com/gpu", "AMDX"] {
+        assert_eq!(gpu_resource_name(unknown), None, "{unknown:?}");
+    }
+}
+
+#[test]
+fn node_os_from_the_ami_type_then_the_user_data() {
+    use NodeOs::*;
+    let ami_types = [
+        (None, None),
+        (Some(""), None),
+        (Some("CUSTOM"), None),
+        (Some("custom"), None),
+        (Some("AL2_x86_64"), Some(Linux)),
+        (Some("AL2023_ARM_64_STANDARD"), Some(Linux)),
+        (Some("BOTTLEROCKET_x86_64_NVIDIA"), Some(Linux)),
+        (Some("WINDOWS_CORE_2019_x86_64"), Some(Windows)),
+        (Some("WINDOWS_FULL_2022_x86_64"), Some(Windows)),
+        (Some("windows_core_2022_x86_64"), Some(Windows)),
+    ];
+    for (ami, decided) in ami_types {
+        for ud_windows in [false, true] {
+            let want = decided.unwrap_or(if ud_windows { Windows } else { Linux });
+            assert_eq!(node_os(ami, ud_windows), want, "{ami:?} {ud_windows}");
+        }
+    }
+    assert_eq!(
+        windows_build(Some("WINDOWS_CORE_2019_x86_64")),
+        Some("10.0.17763")
+    );
+    assert_eq!(
+        windows_build(Some("WINDOWS_FULL_2022_x86_64")),
+        Some("10.0.20348")
+    );
+    assert_eq!(windows_build(Some("WINDOWS_CORE_2035_x86_64")), None);
+    assert_eq!(windows_build(Some("AL2_x86_2019_64")), None);
+    assert_eq!(windows_build(None), None);
+    assert_eq!(windows_max_pods(10), Some(9));
+    assert_eq!(windows_max_pods(1), None);
+    assert_eq!(windows_max_pods(-3), None);
+}
+
+const WINDOWS_USER_DATA: &str = "<powershell>\n[string]$EKSBootstrapScriptFile = \"$env:ProgramFiles\\Amazon\\EKS\\Start-EKSBootstrap.ps1\"\n& $EKSBootstrapScriptFile -EKSClusterName demo -KubeletExtraArgs '--node-labels=team=win --register-with-taints=os=windows:NoSchedule' 3>&1 4>&1 5>&1 6>&1\n</powershell>\n";
+
+#[test]
+fn windows_groups_template_windows_nodes() {
+    // Self-managed: the launch template's PowerShell user data says Windows.
+    let launch = LaunchData {
+        user_data: Some(WINDOWS_USER_DATA.into()),
+        ..Default::default()
+    };
+    let n = build(
+        &asg(&[]),
+        &launch,
+        &m5_large(),
+        None,
+        &TemplateOverrides::default(),
+    );
+    assert_eq!(n.labels[OS_LABEL], "windows");
+    assert_eq!(n.labels["beta.kubernetes.io/os"], "windows");
+    assert_eq!(n.labels["team"], "win", "-KubeletExtraArgs is read");
+    assert!(n
+        .taints
+        .iter()
+        .any(|t| t.key == "os" && t.effect == "NoSchedule"));
+    // One ENI of 10 IPv4 addresses, less its own.
+    assert_eq!(n.capacity["pods"], "9");
+    assert!(!n.labels.contains_key(WINDOWS_BUILD_LABEL));
+    // An EKS managed node group: its AMI type says Windows and which build.
+    let eks = EksNodegroup {
+        ami_type: Some("WINDOWS_CORE_2022_x86_64".into()),
+        ..Default::default()
+    };
+    let n = build(
+        &asg(&[]),
+        &LaunchData::default(),
+        &m5_large(),
+        Some(&eks),
+        &TemplateOverrides::default(),
+    );
+    assert_eq!(n.labels[OS_LABEL], "windows");
+    assert_eq!(n.labels[WINDOWS_BUILD_LABEL], "10.0.20348");
+    // A Linux AMI type wins over user data that merely mentions PowerShell.
+    let eks = EksNodegroup {
+        ami_type: Some("AL2023_x86_64_STANDARD".into()),
+        ..Default::default()
+    };
+    let n = build(
+        &asg(&[]),
+        &launch,
+        &m5_large(),
+        Some(&eks),
+        &TemplateOverrides::default(),
+    );
+    assert_eq!(n.labels[OS_LABEL], "linux");
+    assert_eq!(n.capacity["pods"], "29");
+}
+
+#[test]
+fn template_memory_never_exceeds_nominal_less_the_overhead() {
+    // Every size of every architecture at several overheads: capacity is the
+    // nominal less at least the overhead (and the CMA on arm64), allocatable less
+    // again, both never negative.
+    for arch in ["amd64", "arm64"] {
+        for nominal in (0..=4096).chain([8192, 16384, 65536, 786_432, 24_576 * 1024]) {
+            for pct in [0.0, 0.5, 2.5, 7.5, 10.0, 50.0] {
+                let cap = allocatable::memory_capacity_mib(nominal, arch, pct);
+                let cma = if arch == "arm64" {
+                    allocatable::ARM64_CMA_MIB
+                } else {
+                    0
+                };
+                let base = (nominal - cma).max(0);
+                let overhead = base - cap;
+                assert!(cap >= 0 && cap <= base, "{arch} {nominal} {pct}");
+                // The overhead is the percent rounded up, not down.
+                assert!(
+                    overhead as f64 >= base as f64 * pct / 100.0 - 1e-9,
+                    "{arch} {nominal} {pct}"
+                );
+                assert!(
+                    (overhead as f64) < base as f64 * pct / 100.0 + 1.0,
+                    "{arch} {nominal} {pct}"
+                );
+            }
+        }
+    }
 }

@@ -16,12 +16,17 @@ pub struct KubeletFlags {
     pub max_pods: Option<i64>,
     /// Bottlerocket settings (TOML): its kubelet data lives on the second volume.
     pub bottlerocket: bool,
+    /// The user data is for Windows (see [`is_windows_user_data`]).
+    pub windows: bool,
     pub warnings: Vec<String>,
 }
 
 /// Parses user data of any supported shape.
 pub fn parse(user_data: &str) -> KubeletFlags {
-    let mut out = KubeletFlags::default();
+    let mut out = KubeletFlags {
+        windows: is_windows_user_data(user_data),
+        ..KubeletFlags::default()
+    };
     for part in mime_parts(user_data) {
         parse_part(&part, &mut out);
     }
@@ -39,6 +44,20 @@ fn parse_part(text: &str, out: &mut KubeletFlags) {
             apply_flag(&flag, out);
         }
     }
+}
+
+/// Whether user data is written for a Windows instance: an EC2Launch/EC2Config
+/// `<powershell>` block, the EKS Windows AMI's `Start-EKSBootstrap.ps1`, or an
+/// EC2Launch v2 YAML document (`task: executeScript`). Linux cloud-init, shell,
+/// nodeadm and Bottlerocket user data contain none of these. Case-insensitive, as
+/// EC2Launch reads its tags.
+pub fn is_windows_user_data(user_data: &str) -> bool {
+    let lower = user_data.to_ascii_lowercase();
+    lower.contains("<powershell>")
+        || lower.contains("start-eksbootstrap.ps1")
+        || lower
+            .lines()
+            .any(|l| l.trim_start_matches([' ', '\t', '-']).trim_end() == "task: executescript")
 }
 
 /// The parts of a MIME multipart document (decoded), or the whole text when it is
@@ -93,7 +112,12 @@ fn mime_parts(text: &str) -> Vec<String> {
 fn shell_kubelet_flags(script: &str) -> Vec<String> {
     let joined = script.replace("\\\n", " ");
     let mut flags = Vec::new();
-    for marker in ["--kubelet-extra-args", "KUBELET_EXTRA_ARGS="] {
+    // `-KubeletExtraArgs` is the EKS Windows bootstrap script's parameter.
+    for marker in [
+        "--kubelet-extra-args",
+        "KUBELET_EXTRA_ARGS=",
+        "-KubeletExtraArgs",
+    ] {
         let mut rest = joined.as_str();
         while let Some(i) = rest.find(marker) {
             rest = &rest[i + marker.len()..];
