@@ -36,8 +36,7 @@ pub struct InstanceView {
     pub error: Option<InstanceError>,
 }
 
-/// Prefix of placeholder instance ids, as CA's AWS provider names them.
-pub const PLACEHOLDER_PREFIX: &str = "i-placeholder-";
+pub use super::provider_id::PLACEHOLDER_PREFIX;
 
 pub fn is_placeholder(instance_id: &str) -> bool {
     instance_id.starts_with(PLACEHOLDER_PREFIX)
@@ -66,10 +65,7 @@ pub fn placeholder_id(group: &str, n: usize) -> String {
     out
 }
 
-/// Longest placeholder id [`placeholder_id`] makes for a legal ASG name (255
-/// characters of up to 4 UTF-8 bytes, each written as 3): provider ids are bounded
-/// by it.
-pub const PLACEHOLDER_ID_MAX: usize = PLACEHOLDER_PREFIX.len() + 255 * 4 * 3 + 1 + 20;
+pub use super::provider_id::PLACEHOLDER_ID_MAX;
 
 /// The group a placeholder id names (see [`placeholder_id`]); the last
 /// dash-separated part is the index. `None` when the id is not a placeholder or

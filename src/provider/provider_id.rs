@@ -1,6 +1,13 @@
 //! providerID parsing. Kubelet's AWS provider writes `aws:///<zone>/<instance-id>`;
 //! CA's not-yet-registered nodes carry a bare instance id.
 
+/// Prefix of placeholder instance ids, as CA's AWS provider names them.
+pub const PLACEHOLDER_PREFIX: &str = "i-placeholder-";
+/// Longest placeholder id `instances::placeholder_id` makes for a legal ASG name (255
+/// characters of up to 4 UTF-8 bytes, each written as 3): provider ids are bounded
+/// by it.
+pub const PLACEHOLDER_ID_MAX: usize = PLACEHOLDER_PREFIX.len() + 255 * 4 * 3 + 1 + 20;
+
 /// The instance id in a providerID, or `None` when it is not an AWS instance.
 ///
 /// Accepts `aws:///us-east-1a/i-0abc`, `aws://us-east-1a/i-0abc` (seen on old kubelets)
@@ -21,8 +28,8 @@ fn is_instance_id(s: &str) -> bool {
         return false;
     };
     // Placeholder ids carry an encoded ASG name of up to 255 characters.
-    let within = if s.starts_with(super::instances::PLACEHOLDER_PREFIX) {
-        s.len() <= super::instances::PLACEHOLDER_ID_MAX
+    let within = if s.starts_with(PLACEHOLDER_PREFIX) {
+        s.len() <= PLACEHOLDER_ID_MAX
     } else {
         rest.len() <= 200
     };

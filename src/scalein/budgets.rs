@@ -17,8 +17,6 @@ use kube::Api;
 use parking_lot::Mutex;
 use tokio::sync::watch;
 
-use super::drain::AbortOnDrop;
-
 /// (namespace, label selector) -> the watch of its pods, while anyone waits on it.
 pub struct BudgetWatches {
     client: kube::Client,
@@ -27,7 +25,14 @@ pub struct BudgetWatches {
 
 struct Shared {
     changes: watch::Receiver<u64>,
-    _task: AbortOnDrop,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Drop for Shared {
+    /// The last waiter gone: the watch closes.
+    fn drop(&mut self) {
+        self.task.abort();
+    }
 }
 
 /// A subscription to the changes of one budget's pods.
@@ -90,10 +95,7 @@ impl BudgetWatches {
                 }
             }
         });
-        Shared {
-            changes,
-            _task: AbortOnDrop(task),
-        }
+        Shared { changes, task }
     }
 }
 

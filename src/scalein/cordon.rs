@@ -7,12 +7,15 @@ use kube::api::{Patch, PatchParams};
 use kube::Api;
 use serde_json::json;
 
+// The marks live with the record that reads them; re-exported where the Node is marked.
+pub use super::record::{
+    mark_rank, DIRECT_MARK, DRAIN_ONLY_MARK, INTERRUPTION_MARK, LIFECYCLE_MARK, MODE_ANNOTATION,
+    REBALANCE_MARK, STARTED_ANNOTATION,
+};
 use super::record::{DrainReason, DrainRecord, ANNOTATION as RECORD_ANNOTATION};
 use super::Engine;
 
 pub const TAINT_KEY: &str = "ca-asg-provider.io/draining";
-pub const STARTED_ANNOTATION: &str = "ca-asg-provider.io/drain-started-at";
-pub const MODE_ANNOTATION: &str = "ca-asg-provider.io/drain-mode";
 pub const GROUP_ANNOTATION: &str = "ca-asg-provider.io/drain-group";
 /// Set when this service (not someone before it) made the node unschedulable / added
 /// the LB-exclusion label, so an abandoned drain restores exactly the old state.
@@ -44,31 +47,6 @@ fn our_taint() -> Taint {
         value: Some("true".into()),
         effect: "NoSchedule".into(),
         time_added: None,
-    }
-}
-
-/// The mode of CA's scale-in of a group without our hook ([`super::Mode::Direct`]):
-/// the mark the size accounting and the resume after a restart follow.
-pub const DIRECT_MARK: &str = "direct";
-/// The mode of a drain our lifecycle hook holds the instance for.
-pub const LIFECYCLE_MARK: &str = "lifecycle";
-/// The mode of a rebalance recommendation's cordon.
-pub const REBALANCE_MARK: &str = "rebalance";
-/// The mode of a drain an interruption notice started.
-pub const INTERRUPTION_MARK: &str = "interruption";
-/// The mode of `drain NODE` without `--terminate` ([`super::Mode::DrainOnly`]).
-pub const DRAIN_ONLY_MARK: &str = "drain-only";
-
-/// Which mode the Node shows when it has several reasons to go: a drain that ends
-/// the instance (CA's direct scale-in, a lifecycle hook) outranks an interruption
-/// drain, which outranks a rebalance cordon. The mode is for people and older
-/// versions; the drain itself follows the whole record ([`DrainRecord`]).
-pub fn mark_rank(mode: &str) -> u8 {
-    match mode {
-        REBALANCE_MARK => 0,
-        INTERRUPTION_MARK | DRAIN_ONLY_MARK => 1,
-        DIRECT_MARK => 2,
-        _ => 3,
     }
 }
 

@@ -26,6 +26,35 @@ use super::DeadlinePolicy;
 
 /// The Node annotation that holds the record (JSON).
 pub const ANNOTATION: &str = "ca-asg-provider.io/drain-reasons";
+/// The first reason's time, and the strongest reason's mode (for people, and what
+/// versions before the record wrote).
+pub const STARTED_ANNOTATION: &str = "ca-asg-provider.io/drain-started-at";
+pub const MODE_ANNOTATION: &str = "ca-asg-provider.io/drain-mode";
+
+/// The mode of CA's scale-in of a group without our hook ([`super::Mode::Direct`]):
+/// the mark the size accounting and the resume after a restart follow.
+pub const DIRECT_MARK: &str = "direct";
+/// The mode of a drain our lifecycle hook holds the instance for.
+pub const LIFECYCLE_MARK: &str = "lifecycle";
+/// The mode of a rebalance recommendation's cordon.
+pub const REBALANCE_MARK: &str = "rebalance";
+/// The mode of a drain an interruption notice started.
+pub const INTERRUPTION_MARK: &str = "interruption";
+/// The mode of `drain NODE` without `--terminate` ([`super::Mode::DrainOnly`]).
+pub const DRAIN_ONLY_MARK: &str = "drain-only";
+
+/// Which mode the Node shows when it has several reasons to go: a drain that ends
+/// the instance (CA's direct scale-in, a lifecycle hook) outranks an interruption
+/// drain, which outranks a rebalance cordon. The mode is for people and older
+/// versions; the drain itself follows the whole record ([`DrainRecord`]).
+pub fn mark_rank(mode: &str) -> u8 {
+    match mode {
+        REBALANCE_MARK => 0,
+        INTERRUPTION_MARK | DRAIN_ONLY_MARK => 1,
+        DIRECT_MARK => 2,
+        _ => 3,
+    }
+}
 
 /// Why a node is asked to go.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -65,14 +94,14 @@ impl Why {
         !matches!(self, Why::Rebalance)
     }
 
-    /// The mode written to [`super::cordon::MODE_ANNOTATION`] for this reason.
+    /// The mode written to [`MODE_ANNOTATION`] for this reason.
     pub fn mark(&self) -> &'static str {
         match self {
-            Why::Rebalance => super::cordon::REBALANCE_MARK,
-            Why::DrainCommand => super::cordon::DRAIN_ONLY_MARK,
-            Why::Notice { .. } => super::cordon::INTERRUPTION_MARK,
-            Why::ScaleIn => super::cordon::DIRECT_MARK,
-            Why::Lifecycle { .. } => super::cordon::LIFECYCLE_MARK,
+            Why::Rebalance => REBALANCE_MARK,
+            Why::DrainCommand => DRAIN_ONLY_MARK,
+            Why::Notice { .. } => INTERRUPTION_MARK,
+            Why::ScaleIn => DIRECT_MARK,
+            Why::Lifecycle { .. } => LIFECYCLE_MARK,
         }
     }
 
@@ -190,22 +219,19 @@ impl DrainRecord {
                 }
             }
         }
-        let started = annotations.get(super::cordon::STARTED_ANNOTATION)?;
+        let started = annotations.get(STARTED_ANNOTATION)?;
         let at = started
             .parse::<DateTime<Utc>>()
             .unwrap_or(DateTime::<Utc>::MIN_UTC);
-        let why = match annotations
-            .get(super::cordon::MODE_ANNOTATION)
-            .map(String::as_str)
-        {
-            Some(super::cordon::REBALANCE_MARK) => Why::Rebalance,
-            Some(super::cordon::DRAIN_ONLY_MARK) => Why::DrainCommand,
-            Some(super::cordon::INTERRUPTION_MARK) => Why::Notice {
+        let why = match annotations.get(MODE_ANNOTATION).map(String::as_str) {
+            Some(REBALANCE_MARK) => Why::Rebalance,
+            Some(DRAIN_ONLY_MARK) => Why::DrainCommand,
+            Some(INTERRUPTION_MARK) => Why::Notice {
                 notice: "unknown".into(),
                 ends_at: None,
                 daemonset_share_secs: 0,
             },
-            Some(super::cordon::LIFECYCLE_MARK) => Why::Lifecycle {
+            Some(LIFECYCLE_MARK) => Why::Lifecycle {
                 hook: String::new(),
             },
             // `direct`, or no mode: the strongest reading, so nothing CA counts
@@ -306,9 +332,9 @@ impl DrainRecord {
     pub fn mark(&self) -> &'static str {
         self.reasons
             .iter()
-            .max_by_key(|r| super::cordon::mark_rank(r.why.mark()))
+            .max_by_key(|r| mark_rank(r.why.mark()))
             .map(|r| r.why.mark())
-            .unwrap_or(super::cordon::REBALANCE_MARK)
+            .unwrap_or(REBALANCE_MARK)
     }
 
     /// What the drain does now.

@@ -290,7 +290,7 @@ fn abandoning_a_scale_in_keeps_the_other_reasons() {
     );
     let mut r = record(&[(Why::Rebalance, 0), (Why::ScaleIn, MIN)], l);
     assert!(r.without_scale_in());
-    assert_eq!(r.mark(), crate::scalein::cordon::REBALANCE_MARK);
+    assert_eq!(r.mark(), super::REBALANCE_MARK);
     assert!(!r.plan(l).drains);
 }
 
@@ -304,7 +304,7 @@ fn the_record_survives_the_node_and_older_marks_are_read() {
     let mut a = BTreeMap::new();
     a.insert(ANNOTATION.to_string(), r.to_json());
     assert_eq!(DrainRecord::from_annotations(&a), Some(r.clone()));
-    assert_eq!(r.mark(), crate::scalein::cordon::LIFECYCLE_MARK);
+    assert_eq!(r.mark(), super::LIFECYCLE_MARK);
     assert_eq!(r.first_at(), Some(at(0)));
 
     // A mark from before the record: its mode and start time.
@@ -317,13 +317,10 @@ fn the_record_survives_the_node_and_older_marks_are_read() {
     ] {
         let mut a = BTreeMap::new();
         a.insert(
-            crate::scalein::cordon::STARTED_ANNOTATION.to_string(),
+            super::STARTED_ANNOTATION.to_string(),
             "2026-11-23T10:00:00Z".to_string(),
         );
-        a.insert(
-            crate::scalein::cordon::MODE_ANNOTATION.to_string(),
-            mode.to_string(),
-        );
+        a.insert(super::MODE_ANNOTATION.to_string(), mode.to_string());
         let r = DrainRecord::from_annotations(&a).unwrap();
         assert_eq!(r.reasons, vec![DrainReason::new(why, at(0))], "{mode}");
         // A garbled record falls back to the same reading, never to "no drain".
