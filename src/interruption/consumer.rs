@@ -63,7 +63,28 @@ impl Consumer {
     }
 
     /// The loop, until the task is aborted.
+    /// The loop, restarted if it ever panics (a message no test foresaw must not stop
+    /// the queue for good), until the returned task is aborted.
     pub fn spawn(self: &Arc<Self>) -> tokio::task::JoinHandle<()> {
+        let this = self.clone();
+        tokio::spawn(async move {
+            loop {
+                // Aborting this task drops the guard, which aborts the loop's task.
+                let mut inner = crate::scalein::drain::AbortOnDrop(this.run());
+                let ended = (&mut inner.0).await;
+                drop(inner);
+                match ended {
+                    Err(e) if e.is_panic() => {
+                        tracing::error!(error = %e, "the interruption queue's loop panicked; restarting it");
+                        tokio::time::sleep(Duration::from_secs(1)).await;
+                    }
+                    _ => return,
+                }
+            }
+        })
+    }
+
+    fn run(self: &Arc<Self>) -> tokio::task::JoinHandle<()> {
         let this = self.clone();
         tokio::spawn(async move {
             const NAME: &str = "interruption queue";
