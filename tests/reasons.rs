@@ -436,3 +436,65 @@ async fn a_daemonset_ca_evicted_early_is_reported_when_the_drain_reached_a_follo
     lifecycle.abort();
     engine.shutdown();
 }
+
+/// EC2 reclaims a spot instance that CA's direct scale-in is draining (held by a PDB).
+/// Nobody decremented, so AWS's desired capacity still holds the slot: the drain gives
+/// it up while nothing refilled it (no replacement CA did not ask for). If the ASG
+/// already launched a replacement, the slot stays (lowering desired capacity then
+/// would make the ASG pick a victim), and CA sees the replacement as a new node.
+#[tokio::test]
+async fn a_spot_instance_ec2_reclaims_mid_drain_is_not_replaced_behind_cas_back() {
+    for (replace_after, gives_up) in [(Duration::from_secs(4), true), (Duration::ZERO, false)] {
+        let mut w = world(
+            vec![MemoryGroup::new("web", 0, 3, 2, "m5.large")],
+            fast_settings(),
+            Duration::from_millis(50),
+        )
+        .await;
+        let (node, iid) = nodes_of(&w, "web")[1].clone();
+        guarded_app(&w, &node, "app").await;
+        delete_nodes(&mut w, "web", &[(node.clone(), iid.clone())]).await;
+        assert_eq!(target(&mut w, "web").await, 1);
+        eventually("the PDB refuses the eviction", 10, || blocked(&w)).await;
+        w.cloud.reclaim(&iid, replace_after);
+        if !gives_up {
+            eventually("the ASG launched a replacement", 10, || {
+                nodes_of(&w, "web").len() == 2
+            })
+            .await;
+        }
+        assert!(w.sim.remove::<PodDisruptionBudget>("shop", "app-pdb"));
+        let out = w.engine.wait_for(&iid).await;
+        assert_eq!(out, Some(Outcome::Ended), "replace_after {replace_after:?}");
+        assert!(
+            w.cloud.chosen_by_asg().is_empty(),
+            "no victim picked by the ASG"
+        );
+        if gives_up {
+            assert_eq!(
+                w.cloud.desired("web"),
+                Some(1),
+                "the reclaimed slot is given up"
+            );
+            tokio::time::sleep(replace_after + Duration::from_millis(300)).await;
+            assert_eq!(
+                nodes_of(&w, "web").len(),
+                1,
+                "no replacement CA did not ask for"
+            );
+            w.provider.refresh_now().await.unwrap();
+            assert_eq!(
+                target(&mut w, "web").await,
+                1,
+                "CA's target is what CA asked for"
+            );
+        } else {
+            assert_eq!(
+                w.cloud.desired("web"),
+                Some(2),
+                "the replacement keeps its slot"
+            );
+            assert_eq!(nodes_of(&w, "web").len(), 2);
+        }
+    }
+}

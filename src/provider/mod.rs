@@ -558,6 +558,59 @@ impl Provider {
         self.invalidate();
     }
 
+    /// A direct-mode drain found its instance already ended by someone else: EC2
+    /// reclaimed a spot instance, a person terminated it without decrement. CA's
+    /// removal of it still stands, but nobody decremented: AWS's desired capacity
+    /// still holds the slot and the ASG would launch a replacement CA did not ask for.
+    /// The slot is given up while it is unfulfilled, read from AWS now (no instance it
+    /// keeps can be picked as a victim); once a replacement runs, it stays, and CA sees
+    /// it like any new node. Returns whether desired capacity was lowered.
+    pub async fn deferred_ended_elsewhere(&self, instance_id: &str) -> bool {
+        let Some(group) = self
+            .overlay
+            .lock()
+            .deferred
+            .get(instance_id)
+            .map(|d| d.group.clone())
+        else {
+            return false;
+        };
+        let _ops = self.ops.lock().await;
+        {
+            let mut ov = self.overlay.lock();
+            ov.deferred.remove(instance_id);
+            ov.deleting.insert(instance_id.to_string());
+        }
+        self.invalidate();
+        let (reg, idx) = match self.fresh_group(&group).await {
+            Ok(x) => x,
+            Err(e) => {
+                tracing::warn!(group = %group, instance = instance_id, error = %e, "cannot read the group after its instance ended elsewhere; CA sees any replacement as a new node");
+                return false;
+            }
+        };
+        let g = &reg.groups[idx];
+        let kept = g
+            .asg
+            .instances
+            .iter()
+            .filter(|i| !i.state.is_leaving())
+            .count() as i32;
+        let desired = g.asg.desired_capacity;
+        if kept >= desired || desired - 1 < g.asg.min_size || self.settings.dry_run {
+            tracing::info!(group = %group, instance = instance_id, kept, desired, "instance ended outside the drain; its slot is already refilled (or at MinSize): nothing to give up");
+            return false;
+        }
+        tracing::info!(group = %group, instance = instance_id, from = desired, to = desired - 1, "instance ended outside the drain without a decrement: giving up its unfulfilled slot, as CA asked");
+        match self.write_desired(&group, desired - 1).await {
+            Ok(()) => true,
+            Err(e) => {
+                tracing::warn!(group = %group, error = %e, "could not give up the slot; CA sees the replacement as a new node");
+                false
+            }
+        }
+    }
+
     /// A direct-mode drain was abandoned: the node stays, so CA's target counts it
     /// again (CA's deletion of it failed).
     pub fn deferred_cancelled(&self, instance_id: &str) {

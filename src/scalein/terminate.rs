@@ -114,7 +114,13 @@ async fn direct(engine: &Engine, group: &str, instance_id: &str) -> Result<Strin
         engine.cloud.terminate_instance(instance_id, true).await?;
     }
     if let Some(p) = &engine.provider {
-        p.deferred_terminated(instance_id);
+        if already {
+            // Ended by someone else (EC2 reclaiming a spot instance): no decrement
+            // happened; its slot is given up only while nothing refilled it.
+            p.deferred_ended_elsewhere(instance_id).await;
+        } else {
+            p.deferred_terminated(instance_id);
+        }
     }
     Ok(if already {
         format!("instance {instance_id} was already terminating")

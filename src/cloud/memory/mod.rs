@@ -141,6 +141,8 @@ struct MemAsg {
     /// failed launch), as AWS keeps it in the scaling activities.
     last_launch_unix: Option<i64>,
     zone_cursor: usize,
+    /// No replacement is launched before this (the health check after a reclaim).
+    launches_held_until: Option<Instant>,
 }
 
 #[derive(Default)]
@@ -187,6 +189,7 @@ impl MemoryCloud {
                         desired,
                         instances: Vec::new(),
                         fail_launches: None,
+                        launches_held_until: None,
                         failures: Vec::new(),
                         last_launch_unix: None,
                         zone_cursor: 0,
@@ -222,6 +225,22 @@ impl MemoryCloud {
         let mut st = self.state.lock();
         if let Some(g) = st.groups.get_mut(group) {
             g.fail_launches = code.map(str::to_string);
+        }
+    }
+
+    /// EC2 ends an instance itself (a spot reclaim): no decrement, no lifecycle hook;
+    /// the ASG notices after its health check (`replace_after`) and launches a
+    /// replacement to keep desired capacity.
+    pub fn reclaim(&self, instance_id: &str, replace_after: Duration) {
+        let mut st = self.state.lock();
+        let now = Instant::now();
+        for g in st.groups.values_mut() {
+            if let Some(i) = g.instances.iter_mut().find(|i| i.id == instance_id) {
+                i.state = LifecycleState::Terminating;
+                i.enters_wait = None;
+                i.since = now;
+                g.launches_held_until = Some(now + replace_after);
+            }
         }
     }
 
@@ -399,6 +418,9 @@ impl MemoryCloud {
     /// failed activity when launches are set to fail).
     fn reconcile_group(&self, st: &mut State, name: &str, now: Instant) {
         let Some(g) = st.groups.get(name) else { return };
+        if g.launches_held_until.is_some_and(|t| now < t) {
+            return;
+        }
         let live = g
             .instances
             .iter()
