@@ -18,7 +18,7 @@ pub struct ConfigArgs {
     /// Address for /metrics, /healthz and /readyz (overrides metricsListen).
     #[arg(long)]
     pub metrics_listen: Option<String>,
-    /// AWS region (default: AWS_REGION, then us-east-1).
+    /// AWS region (default: AWS_REGION, the AWS profile, then the instance metadata; never guessed).
     #[arg(long)]
     pub region: Option<String>,
     /// AWS endpoint override, e.g. http://127.0.0.1:5000 for moto.

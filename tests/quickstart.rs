@@ -1,0 +1,143 @@
+//! The README's EKS quickstart, followed where it can be here: the chart renders the
+//! quickstart's values file (tests/deploy/validate.py also validates it), and
+//! `check-config` on the configuration that render puts in the ConfigMap finds the
+//! cluster's tagged ASG (moto standing in for AWS) and exits 0, as the README says it
+//! does when the install is right.
+
+use std::process::Command;
+
+use aws_sdk_autoscaling as asg;
+use aws_sdk_ec2 as ec2;
+
+mod support;
+use support::moto::MotoServer;
+
+const AMI: &str = "ami-12c6146b";
+
+fn root() -> std::path::PathBuf {
+    std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+}
+
+/// The `config.yaml` of the ConfigMap the chart renders from the quickstart values.
+fn rendered_config() -> String {
+    let helm = root().join(".venv/bin/helm");
+    let out = Command::new(&helm)
+        .current_dir(root())
+        .args([
+            "template",
+            "ca-asg-provider",
+            "deploy/chart",
+            "-n",
+            "kube-system",
+            "-f",
+            "deploy/chart/examples/quickstart-values.yaml",
+        ])
+        .output()
+        .unwrap_or_else(|e| {
+            panic!(
+                "cannot run {} ({e}); scripts/test.sh installs helm into .venv",
+                helm.display()
+            )
+        });
+    assert!(
+        out.status.success(),
+        "helm template failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let text = String::from_utf8(out.stdout).unwrap();
+    for doc in text.split("\n---") {
+        let Ok(v) = serde_saphyr::from_str::<serde_json::Value>(doc) else {
+            continue;
+        };
+        if v["kind"] == "ConfigMap" {
+            if let Some(c) = v["data"]["config.yaml"].as_str() {
+                return c.to_string();
+            }
+        }
+    }
+    panic!("no ConfigMap with config.yaml in the quickstart render:\n{text}");
+}
+
+#[tokio::test]
+async fn check_config_on_the_quickstart_render_finds_the_clusters_groups() {
+    let config = rendered_config();
+    assert!(config.contains("eu-west-1"), "{config}");
+    let moto = MotoServer::start();
+    let sdk = aws_config::defaults(aws_config::BehaviorVersion::latest())
+        .region(aws_config::Region::new("eu-west-1"))
+        .endpoint_url(&moto.url)
+        .credentials_provider(aws_sdk_autoscaling::config::Credentials::new(
+            "test", "test", None, None, "test",
+        ))
+        .load()
+        .await;
+    let ec2c = ec2::Client::new(&sdk);
+    ec2c.create_launch_template()
+        .launch_template_name("workers")
+        .launch_template_data(
+            ec2::types::RequestLaunchTemplateData::builder()
+                .image_id(AMI)
+                .instance_type(ec2::types::InstanceType::M5Large)
+                .build(),
+        )
+        .send()
+        .await
+        .unwrap();
+    let tag = |k: &str| {
+        asg::types::Tag::builder()
+            .resource_id("my-cluster-workers")
+            .resource_type("auto-scaling-group")
+            .key(k)
+            .value("true")
+            .propagate_at_launch(true)
+            .build()
+    };
+    asg::Client::new(&sdk)
+        .create_auto_scaling_group()
+        .auto_scaling_group_name("my-cluster-workers")
+        .min_size(0)
+        .max_size(5)
+        .desired_capacity(0)
+        .availability_zones("eu-west-1a")
+        .launch_template(
+            asg::types::LaunchTemplateSpecification::builder()
+                .launch_template_name("workers")
+                .version("$Default")
+                .build(),
+        )
+        .tags(tag("k8s.io/cluster-autoscaler/enabled"))
+        .tags(tag("k8s.io/cluster-autoscaler/my-cluster"))
+        .send()
+        .await
+        .unwrap();
+
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("config.yaml");
+    std::fs::write(&path, &config).unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_ca-asg-provider"))
+        .args(["check-config", "--aws-endpoint", &moto.url, "--config"])
+        .arg(&path)
+        .env("AWS_ACCESS_KEY_ID", "test")
+        .env("AWS_SECRET_ACCESS_KEY", "test")
+        .env("AWS_EC2_METADATA_DISABLED", "true")
+        .env("AWS_CONFIG_FILE", dir.path().join("none"))
+        .env("AWS_SHARED_CREDENTIALS_FILE", dir.path().join("none"))
+        .env("HOME", dir.path())
+        // Outside a cluster: the permissions are reported as not checked.
+        .env_remove("KUBECONFIG")
+        .env_remove("KUBERNETES_SERVICE_HOST")
+        .output()
+        .unwrap();
+    let text =
+        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    println!("{text}");
+    assert_eq!(out.status.code(), Some(0), "{text}");
+    for line in [
+        "configuration: ok",
+        "region:           eu-west-1",
+        "asg:tag=k8s.io/cluster-autoscaler/enabled,k8s.io/cluster-autoscaler/my-cluster",
+        "my-cluster-workers",
+    ] {
+        assert!(text.contains(line), "missing {line:?} in:\n{text}");
+    }
+}
