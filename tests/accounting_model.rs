@@ -258,9 +258,11 @@ impl World {
                     .cycle()
                     .skip(start)
                     .take((*n).min(running.len()))
+                    // CA's shape for the instances it lists: name and providerID
+                    // both `aws:///zone/i-...`.
                     .map(|pid| NodeRef {
                         provider_id: pid.clone(),
-                        name: pid.rsplit('/').next().unwrap().to_string(),
+                        name: pid.clone(),
                     })
                     .collect();
                 if self.ca().delete_nodes(g, &chosen).await.is_ok() {

@@ -929,9 +929,10 @@ async fn mark_for_drain(
             instance.id
         ))
     };
-    // CA names the Node: marking it is two requests. Only when that name is gone is
-    // the Node looked for by providerID.
-    let mut name = node_name;
+    // CA names the Node: marking it is two requests. Only when that name is gone (or
+    // is CA's providerID-shaped name of a node that never registered) is the Node
+    // looked for by providerID.
+    let mut name = node_name.filter(|n| nodes::is_node_name(n));
     for _ in 0..3 {
         let node = match name.take() {
             Some(n) => n.to_string(),

@@ -45,7 +45,10 @@ pub async fn find_node(
     name: Option<&str>,
 ) -> Result<Option<String>, kube::Error> {
     let api: Api<Node> = Api::all(client.clone());
-    if let Some(name) = name {
+    // CA's fake node for an instance that never registered is named after its
+    // providerID (`aws:///zone/i-...`): no Node has such a name, and it must not go
+    // into a URL path.
+    if let Some(name) = name.filter(|n| is_node_name(n)) {
         if let Some(n) = api.get_opt(name).await? {
             // A Node without a providerID yet (kubelet still registering) is taken
             // by the name CA gave.
@@ -69,6 +72,11 @@ pub async fn find_node(
             None => return Ok(None),
         }
     }
+}
+
+/// Whether `name` can be a Node's name (a DNS subdomain: no `/`, no `:`).
+pub fn is_node_name(name: &str) -> bool {
+    !name.is_empty() && name.len() <= 253 && !name.contains(['/', ':'])
 }
 
 /// The pods bound to a node, from the API server (one list by field selector): what
