@@ -498,3 +498,60 @@ async fn a_spot_instance_ec2_reclaims_mid_drain_is_not_replaced_behind_cas_back(
         }
     }
 }
+
+/// Asking CA only for what can be given: while a direct-mode drain holds its slot in
+/// AWS's desired capacity, NodeGroups reports MaxSize less that slot, so CA never asks
+/// for an increase that would be refused (and back the group off for minutes).
+#[tokio::test]
+async fn the_max_ca_is_told_leaves_out_slots_drains_still_hold() {
+    let mut w = world(
+        vec![MemoryGroup::new("web", 0, 3, 3, "m5.large")],
+        fast_settings(),
+        Duration::from_millis(50),
+    )
+    .await;
+    let max = |groups: &[ca_asg_provider::proto::NodeGroup]| {
+        groups.iter().find(|g| g.id == "web").unwrap().max_size
+    };
+    let groups =
+        w.ca.node_groups(ca_asg_provider::proto::NodeGroupsRequest {})
+            .await
+            .unwrap()
+            .into_inner()
+            .node_groups;
+    assert_eq!(max(&groups), 3);
+    let (node, iid) = nodes_of(&w, "web").remove(0);
+    guarded_app(&w, &node, "app").await;
+    delete_nodes(&mut w, "web", &[(node, iid.clone())]).await;
+    eventually("the PDB refuses the eviction", 10, || blocked(&w)).await;
+    let groups =
+        w.ca.node_groups(ca_asg_provider::proto::NodeGroupsRequest {})
+            .await
+            .unwrap()
+            .into_inner()
+            .node_groups;
+    assert_eq!(
+        max(&groups),
+        2,
+        "one slot is the drain's until its instance ends"
+    );
+    assert_eq!(target(&mut w, "web").await, 2);
+    // What CA would ask with the old max: refused, as the max it is now told says.
+    let refused =
+        w.ca.node_group_increase_size(ca_asg_provider::proto::NodeGroupIncreaseSizeRequest {
+            id: "web".into(),
+            delta: 1,
+        })
+        .await;
+    assert!(refused.is_err());
+    assert!(w.sim.remove::<PodDisruptionBudget>("shop", "app-pdb"));
+    assert_eq!(w.engine.wait_for(&iid).await, Some(Outcome::Ended));
+    w.provider.refresh_now().await.unwrap();
+    let groups =
+        w.ca.node_groups(ca_asg_provider::proto::NodeGroupsRequest {})
+            .await
+            .unwrap()
+            .into_inner()
+            .node_groups;
+    assert_eq!(max(&groups), 3, "the slot is free again");
+}

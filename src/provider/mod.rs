@@ -324,6 +324,20 @@ impl Provider {
             .iter()
             .map(|g| {
                 let mut info = GroupInfo::from(g);
+                // A direct-mode drain holds its slot in AWS's desired capacity until
+                // its instance ends: CA can use only MaxSize less those. Asked for
+                // more, IncreaseSize would be refused and CA would back the group off
+                // for minutes; told the usable max, CA never asks.
+                let draining = Self::deferred_in(&ov, g);
+                if draining > 0 {
+                    let usable = (g.asg.max_size - draining).max(info.min);
+                    if usable < info.max {
+                        info.max = usable;
+                        info.debug.push_str(&format!(
+                            "; max {usable} while {draining} drain(s) hold their slots"
+                        ));
+                    }
+                }
                 if let Some((n, f)) = self.failed_below_min_in(&ov, g) {
                     // CA logs the debug string with its scale-up decisions: the
                     // failure CA is not told through error info is named here.
