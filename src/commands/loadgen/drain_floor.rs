@@ -16,13 +16,11 @@ use k8s_openapi::api::core::v1::{Node, Pod};
 use serde::Serialize;
 
 use super::until;
-use crate::cloud::memory::{MemoryCloud, MemoryGroup, MemoryTiming};
+use crate::cloud::memory::{MemoryCloud, MemoryGroup};
 use crate::cloud::queue::{MemoryQueue, Queue};
-use crate::cloud::GroupSelector;
 use crate::interruption::consumer::Consumer;
 use crate::interruption::InterruptionSettings;
-use crate::provider::{Provider, ProviderSettings};
-use crate::scalein::{lifecycle, Engine, ScaleInSettings};
+use crate::scalein::{lifecycle, ScaleInSettings};
 use crate::sim::{fixtures, SimCluster, SimOptions};
 
 /// The replicas' preStop, the DaemonSet pod's, and a replacement's time to Ready.
@@ -104,11 +102,7 @@ async fn one(settings: ScaleInSettings, queue: bool) -> anyhow::Result<Duration>
     );
     let cloud = MemoryCloud::new(
         vec![MemoryGroup::new("web", 0, 3, 2, "m5.large").terminating_hook(HOOK, 120)],
-        MemoryTiming {
-            launch_delay: Duration::from_millis(50),
-            terminate_delay: Duration::from_millis(50),
-            hook_delay: Duration::ZERO,
-        },
+        super::rig::timing(),
     );
     sim.follow_cloud(cloud.clone());
     until("a Node per instance", limit, || {
@@ -123,20 +117,7 @@ async fn one(settings: ScaleInSettings, queue: bool) -> anyhow::Result<Duration>
         .map(|(_, i)| crate::sim::node_name(&i.id))
         .collect();
     let (other, victim) = (nodes[0].clone(), nodes[1].clone());
-    let api: kube::Api<Node> = kube::Api::all(sim.client());
-    let cordon = |on: bool| {
-        let api = api.clone();
-        let other = other.clone();
-        async move {
-            api.patch(
-                &other,
-                &kube::api::PatchParams::default(),
-                &kube::api::Patch::Merge(serde_json::json!({"spec": {"unschedulable": on}})),
-            )
-            .await
-        }
-    };
-    cordon(true).await?;
+    super::rig::set_unschedulable(&sim, &other, true).await?;
     sim.create(&fixtures::daemonset(
         "logging", "fluentd", DS_PRESTOP, false,
     ))?;
@@ -159,24 +140,9 @@ async fn one(settings: ScaleInSettings, queue: bool) -> anyhow::Result<Duration>
             == 2,
         "both replicas on the node that ends"
     );
-    cordon(false).await?;
-    let provider = Provider::new(
-        Arc::new(cloud.clone()),
-        ProviderSettings {
-            selector: GroupSelector {
-                names: vec!["web".into()],
-                tag_sets: vec![],
-            },
-            ..ProviderSettings::default()
-        },
-    );
-    provider.refresh_now().await?;
-    let engine = Engine::new(
-        sim.client(),
-        Arc::new(cloud.clone()),
-        Some(provider.clone()),
-        settings,
-    );
+    super::rig::set_unschedulable(&sim, &other, false).await?;
+    let (provider, engine) =
+        super::rig::provider_and_engine(&sim, &cloud, &["web"], settings).await?;
     until("the Node cache", limit, || provider.drain_state_known()).await?;
     let lifecycle_loop = lifecycle::spawn_loop(engine.clone(), provider.clone());
     let q = Arc::new(MemoryQueue::default());

@@ -10,10 +10,9 @@ use k8s_openapi::api::core::v1::{Node, Pod};
 use serde::Serialize;
 
 use super::until;
-use crate::cloud::memory::{MemoryCloud, MemoryGroup, MemoryTiming};
-use crate::cloud::GroupSelector;
-use crate::provider::{NodeRef, Provider, ProviderSettings};
-use crate::scalein::{DrainScaleIn, Engine, ScaleInSettings};
+use crate::cloud::memory::{MemoryCloud, MemoryGroup};
+use crate::provider::NodeRef;
+use crate::scalein::{DrainScaleIn, ScaleInSettings};
 use crate::sim::{fixtures, node_name, SimCluster, SimOptions};
 
 #[derive(Debug, Serialize, Clone)]
@@ -34,11 +33,7 @@ pub async fn measure(nodes: usize) -> anyhow::Result<Overhead> {
         })
         .await?,
     );
-    let timing = MemoryTiming {
-        launch_delay: Duration::from_millis(50),
-        terminate_delay: Duration::from_millis(50),
-        hook_delay: Duration::ZERO,
-    };
+    let timing = super::rig::timing();
     let cloud = MemoryCloud::new(
         vec![MemoryGroup::new(
             "drain",
@@ -54,28 +49,13 @@ pub async fn measure(nodes: usize) -> anyhow::Result<Overhead> {
         sim.list::<Node>().len() == nodes
     })
     .await?;
-    let provider = Provider::new(
-        Arc::new(cloud.clone()),
-        ProviderSettings {
-            selector: GroupSelector {
-                names: vec!["drain".into()],
-                tag_sets: vec![],
-            },
-            ..ProviderSettings::default()
-        },
-    );
-    provider.refresh_now().await?;
     let settings = ScaleInSettings {
         api_qps: 200.0,
         api_burst: 200,
         ..ScaleInSettings::default()
     };
-    let engine = Engine::new(
-        sim.client(),
-        Arc::new(cloud.clone()),
-        Some(provider.clone()),
-        settings,
-    );
+    let (provider, engine) =
+        super::rig::provider_and_engine(&sim, &cloud, &["drain"], settings).await?;
     provider.set_scale_in(Arc::new(DrainScaleIn(engine.clone())));
 
     sim.create(&fixtures::daemonset("logging", "agent", 0.1, false))?;

@@ -15,10 +15,8 @@ use serde::Serialize;
 
 use super::process::ProcWatch;
 use super::until;
-use crate::cloud::memory::{MemoryCloud, MemoryGroup, MemoryTiming};
-use crate::cloud::GroupSelector;
-use crate::provider::{Provider, ProviderSettings};
-use crate::scalein::{lifecycle, Engine, ScaleInSettings};
+use crate::cloud::memory::{MemoryCloud, MemoryGroup};
+use crate::scalein::{lifecycle, ScaleInSettings};
 use crate::sim::{fixtures, SimCluster, SimOptions};
 
 /// The storm's shape.
@@ -125,18 +123,6 @@ impl Spread {
     }
 }
 
-async fn set_unschedulable(sim: &SimCluster, node: &str, on: bool) -> anyhow::Result<()> {
-    let nodes: kube::Api<Node> = kube::Api::all(sim.client());
-    nodes
-        .patch(
-            node,
-            &kube::api::PatchParams::default(),
-            &kube::api::Patch::Merge(serde_json::json!({"spec": {"unschedulable": on}})),
-        )
-        .await?;
-    Ok(())
-}
-
 fn ready(p: &serde_json::Value) -> bool {
     p["metadata"]["deletionTimestamp"].is_null() && p["status"]["conditions"][0]["status"] == "True"
 }
@@ -220,11 +206,7 @@ pub async fn run(o: &StormOptions) -> anyhow::Result<StormReport> {
         })
         .await?,
     );
-    let timing = MemoryTiming {
-        launch_delay: Duration::from_millis(50),
-        terminate_delay: Duration::from_millis(50),
-        hook_delay: Duration::ZERO,
-    };
+    let timing = super::rig::timing();
     let n = o.nodes as i32;
     let cloud = MemoryCloud::new(
         vec![
@@ -254,7 +236,7 @@ pub async fn run(o: &StormOptions) -> anyhow::Result<StormReport> {
         .collect();
     // The workloads go to the storm's nodes: the spare ones take only what is evicted.
     for node in &spare {
-        set_unschedulable(&sim, node, true).await?;
+        super::rig::set_unschedulable(&sim, node, true).await?;
     }
     sim.create(&fixtures::daemonset("logging", "log-shipper", 0.5, false))?;
     sim.create(&fixtures::daemonset(
@@ -285,7 +267,7 @@ pub async fn run(o: &StormOptions) -> anyhow::Result<StormReport> {
     })
     .await?;
     for node in &spare {
-        set_unschedulable(&sim, node, false).await?;
+        super::rig::set_unschedulable(&sim, node, false).await?;
     }
     let pods_on: HashMap<String, (String, bool, f64)> = sim
         .list::<Pod>()
@@ -307,17 +289,6 @@ pub async fn run(o: &StormOptions) -> anyhow::Result<StormReport> {
         .sample()
         .map(|s| s.rss_bytes as f64 / (1024.0 * 1024.0))
         .unwrap_or(0.0);
-    let provider = Provider::new(
-        Arc::new(cloud.clone()),
-        ProviderSettings {
-            selector: GroupSelector {
-                names: vec!["storm".into(), "spare".into()],
-                tag_sets: vec![],
-            },
-            ..ProviderSettings::default()
-        },
-    );
-    provider.refresh_now().await?;
     let settings = ScaleInSettings {
         api_qps: o.api_qps,
         api_burst: o.api_burst,
@@ -326,12 +297,8 @@ pub async fn run(o: &StormOptions) -> anyhow::Result<StormReport> {
         eviction_retry: Duration::from_secs(1),
         ..ScaleInSettings::default()
     };
-    let engine = Engine::new(
-        sim.client(),
-        Arc::new(cloud.clone()),
-        Some(provider.clone()),
-        settings,
-    );
+    let (provider, engine) =
+        super::rig::provider_and_engine(&sim, &cloud, &["storm", "spare"], settings).await?;
     until("the Node cache", o.limit, || provider.drain_state_known()).await?;
 
     // PDBs, from every change: the fewest Ready pods each ReplicaSet ever had.

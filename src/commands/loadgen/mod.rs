@@ -10,6 +10,7 @@ pub mod drain_overhead;
 pub mod drain_storm;
 mod floor;
 mod process;
+mod rig;
 pub mod stats;
 
 use std::ffi::OsStr;
