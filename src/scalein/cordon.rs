@@ -51,37 +51,31 @@ fn our_taint() -> Taint {
 }
 
 /// Cordons and marks the node, and records `reasons` with every reason already
-/// there (none: a resumed drain follows what the Node says). Idempotent. Written with optimistic
-/// concurrency, so two reasons arriving at once both land.
+/// there (none: a resumed drain follows what the Node says). Idempotent. Written with
+/// optimistic concurrency, so two reasons arriving at once both land.
 pub async fn cordon(
     engine: &Engine,
     node: &str,
     reasons: &[DrainReason],
     group: &str,
 ) -> Result<Cordoned, kube::Error> {
-    let api: Api<Node> = Api::all(engine.client.clone());
     let limits = engine.limits();
-    for _ in 0..CONFLICT_RETRIES {
-        let Some(current) = api.get_opt(node).await? else {
-            return Ok(Cordoned::NodeGone);
-        };
+    let marked = read_modify_write(engine, node, |current| {
         let annotations = current.metadata.annotations.clone().unwrap_or_default();
         let found = DrainRecord::from_annotations(&annotations);
         let resumed = found.is_some();
-        let mut record = found.clone().unwrap_or_default();
+        let mut record = found.unwrap_or_default();
         for r in reasons {
             record.join(r.clone(), limits);
-        }
-        if record.reasons.is_empty() {
-            // A resume of a Node whose mark is gone (given back meanwhile): nothing
-            // asks for a drain, and nothing is cordoned for it.
-            return Ok(Cordoned::Marked { record, resumed });
         }
         let spec = current.spec.clone().unwrap_or_default();
         let has_taint = spec.taints.iter().flatten().any(|t| t.key == TAINT_KEY);
         let recorded = annotations.get(RECORD_ANNOTATION) == Some(&record.to_json());
-        if spec.unschedulable == Some(true) && has_taint && recorded {
-            return Ok(Cordoned::Marked { record, resumed });
+        // A resume of a Node whose mark is gone (given back meanwhile) asks for no
+        // drain and cordons nothing.
+        if record.reasons.is_empty() || (spec.unschedulable == Some(true) && has_taint && recorded)
+        {
+            return Write::Keep(Cordoned::Marked { record, resumed });
         }
         let started_at = annotations
             .get(STARTED_ANNOTATION)
@@ -112,36 +106,63 @@ pub async fn cordon(
         }
         let patch = json!({
             "metadata": {
-                // Optimistic concurrency: a concurrent writer makes this a 409 and we
-                // read again, so no taint or reason someone else added is lost.
-                "resourceVersion": current.metadata.resource_version,
                 "annotations": ann,
                 "labels": { LB_EXCLUDE_LABEL: "true" },
             },
             "spec": { "unschedulable": true, "taints": taints },
         });
+        Write::Patch(patch, Cordoned::Marked { record, resumed })
+    })
+    .await?;
+    Ok(marked.unwrap_or(Cordoned::NodeGone))
+}
+
+/// What a read-modify-write of a Node decided from the Node as read.
+enum Write<T> {
+    /// Nothing to write; the answer.
+    Keep(T),
+    /// Write this merge patch, then answer.
+    Patch(serde_json::Value, T),
+}
+
+/// Reads the Node, lets `decide` say what to write, and writes it as a merge patch
+/// carrying the Node's resourceVersion: a concurrent writer makes it a 409 and the
+/// Node is read again, so no taint, mark or reason someone else wrote meanwhile is
+/// lost. `Ok(None)`: there is no Node (or it went away). An error after
+/// [`CONFLICT_RETRIES`] conflicts: nothing is reported written that was not.
+async fn read_modify_write<T>(
+    engine: &Engine,
+    node: &str,
+    mut decide: impl FnMut(&Node) -> Write<T>,
+) -> Result<Option<T>, kube::Error> {
+    let api: Api<Node> = Api::all(engine.client.clone());
+    for _ in 0..CONFLICT_RETRIES {
+        let Some(current) = api.get_opt(node).await? else {
+            return Ok(None);
+        };
+        let (mut patch, answer) = match decide(&current) {
+            Write::Keep(answer) => return Ok(Some(answer)),
+            Write::Patch(patch, answer) => (patch, answer),
+        };
+        patch["metadata"]["resourceVersion"] = json!(current.metadata.resource_version);
         match api
             .patch(node, &PatchParams::default(), &Patch::Merge(&patch))
             .await
         {
-            Ok(_) => return Ok(Cordoned::Marked { record, resumed }),
+            Ok(_) => return Ok(Some(answer)),
             Err(kube::Error::Api(s)) if s.code == 409 => continue,
-            Err(kube::Error::Api(s)) if s.code == 404 => return Ok(Cordoned::NodeGone),
+            Err(kube::Error::Api(s)) if s.code == 404 => return Ok(None),
             Err(e) => return Err(e),
         }
     }
-    Err(gave_up(node))
-}
-
-fn gave_up(node: &str) -> kube::Error {
-    kube::Error::Api(
+    Err(kube::Error::Api(
         kube::core::Status::failure(
             &format!("node {node}: gave up after {CONFLICT_RETRIES} conflicting updates"),
             "Conflict",
         )
         .with_code(409)
         .boxed(),
-    )
+    ))
 }
 
 /// Rewrites the drain record on the Node (its drain finished: the reasons are done),
@@ -152,49 +173,33 @@ pub async fn update_record(
     node: &str,
     change: impl Fn(&mut DrainRecord) -> bool,
 ) -> Result<Option<DrainRecord>, kube::Error> {
-    let api: Api<Node> = Api::all(engine.client.clone());
-    for _ in 0..CONFLICT_RETRIES {
-        let Some(current) = api.get_opt(node).await? else {
-            return Ok(None);
-        };
+    let updated = read_modify_write(engine, node, |current| {
         let annotations = current.metadata.annotations.clone().unwrap_or_default();
         let Some(mut record) = DrainRecord::from_annotations(&annotations) else {
-            return Ok(None);
+            return Write::Keep(None);
         };
         if !change(&mut record) {
-            return Ok(Some(record));
+            return Write::Keep(Some(record));
         }
         let patch = json!({
             "metadata": {
-                "resourceVersion": current.metadata.resource_version,
                 "annotations": {
                     MODE_ANNOTATION: record.mark(),
                     RECORD_ANNOTATION: record.to_json(),
                 },
             },
         });
-        match api
-            .patch(node, &PatchParams::default(), &Patch::Merge(&patch))
-            .await
-        {
-            Ok(_) => return Ok(Some(record)),
-            Err(kube::Error::Api(s)) if s.code == 409 => continue,
-            Err(kube::Error::Api(s)) if s.code == 404 => return Ok(None),
-            Err(e) => return Err(e),
-        }
-    }
-    Err(gave_up(node))
+        Write::Patch(patch, Some(record))
+    })
+    .await?;
+    Ok(updated.flatten())
 }
 
 /// Gives the node back: removes our taint, CA's ToBeDeletedByClusterAutoscaler
 /// taint (CA asked for the removal that is now abandoned) and our marks, and
 /// uncordons / unlabels only when this service did those.
 pub async fn uncordon(engine: &Engine, node: &str) -> Result<(), kube::Error> {
-    let api: Api<Node> = Api::all(engine.client.clone());
-    for _ in 0..CONFLICT_RETRIES {
-        let Some(current) = api.get_opt(node).await? else {
-            return Ok(());
-        };
+    read_modify_write(engine, node, |current| {
         let annotations = current.metadata.annotations.clone().unwrap_or_default();
         let spec = current.spec.clone().unwrap_or_default();
         let taints: Vec<Taint> = spec
@@ -214,7 +219,6 @@ pub async fn uncordon(engine: &Engine, node: &str) -> Result<(), kube::Error> {
         }
         let patch = json!({
             "metadata": {
-                "resourceVersion": current.metadata.resource_version,
                 "annotations": {
                     STARTED_ANNOTATION: null, MODE_ANNOTATION: null, GROUP_ANNOTATION: null,
                     RECORD_ANNOTATION: null, CORDONED_BY_US: null, LB_LABEL_BY_US: null,
@@ -223,16 +227,8 @@ pub async fn uncordon(engine: &Engine, node: &str) -> Result<(), kube::Error> {
             },
             "spec": spec_patch,
         });
-        match api
-            .patch(node, &PatchParams::default(), &Patch::Merge(&patch))
-            .await
-        {
-            Ok(_) => return Ok(()),
-            Err(kube::Error::Api(s)) if s.code == 409 => continue,
-            Err(kube::Error::Api(s)) if s.code == 404 => return Ok(()),
-            Err(e) => return Err(e),
-        }
-    }
-    // Never report a give-back that did not happen.
-    Err(gave_up(node))
+        Write::Patch(patch, ())
+    })
+    .await?;
+    Ok(())
 }
