@@ -62,7 +62,6 @@ impl Consumer {
         })
     }
 
-    /// The loop, until the task is aborted.
     /// The loop, restarted if it ever panics (a message no test foresaw must not stop
     /// the queue for good), until the returned task is aborted.
     pub fn spawn(self: &Arc<Self>) -> tokio::task::JoinHandle<()> {
@@ -84,6 +83,7 @@ impl Consumer {
         })
     }
 
+    /// The loop itself: receive a batch (leader only), handle it, until aborted.
     fn run(self: &Arc<Self>) -> tokio::task::JoinHandle<()> {
         let this = self.clone();
         tokio::spawn(async move {

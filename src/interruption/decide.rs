@@ -8,20 +8,13 @@ use chrono::{DateTime, Utc};
 use super::notice::Notice;
 use super::{InterruptionSettings, RebalanceAction};
 use crate::cloud::LifecycleAction;
+use crate::scalein::record::after;
 
 /// A spot instance is reclaimed this long after the warning.
 pub const SPOT_WARNING: Duration = Duration::from_secs(120);
 
 /// A scheduled change further ahead than this is not taken as a budget.
 pub const MAX_SCHEDULED_AHEAD: Duration = Duration::from_secs(366 * 86400);
-
-/// `t + d`, saturating at the end of the calendar instead of panicking.
-fn later(t: DateTime<Utc>, d: Duration) -> DateTime<Utc> {
-    chrono::Duration::from_std(d)
-        .ok()
-        .and_then(|d| t.checked_add_signed(d))
-        .unwrap_or(DateTime::<Utc>::MAX_UTC)
-}
 
 #[derive(Debug, Clone, PartialEq)]
 pub enum Action {
@@ -68,7 +61,7 @@ pub fn decide(
             let warned = time.filter(|t| *t <= now).unwrap_or(now);
             vec![Action::Drain {
                 instance_id: instance_id.clone(),
-                ends_at: Some(later(warned, SPOT_WARNING)),
+                ends_at: Some(after(warned, SPOT_WARNING)),
             }]
         }
         Notice::Rebalance { instance_id, .. } => match s.rebalance {
@@ -88,7 +81,7 @@ pub fn decide(
         } => {
             // A start already past is not a budget: drain with the usual deadlines.
             // One beyond a year is no budget either (AWS schedules weeks ahead).
-            let ends_at = start.filter(|t| *t > now && *t <= later(now, MAX_SCHEDULED_AHEAD));
+            let ends_at = start.filter(|t| *t > now && *t <= after(now, MAX_SCHEDULED_AHEAD));
             let mut out: Vec<Action> = instance_ids
                 .iter()
                 .map(|id| Action::Drain {

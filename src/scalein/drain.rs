@@ -17,7 +17,7 @@ use tracing::Instrument;
 use super::cordon::{self, Cordoned};
 use super::events::Reason;
 use super::plan::{self, Disposition, Tier};
-use super::record::{DrainRecord, End};
+use super::record::{DrainRecord, End, Plan};
 use super::wait::NodePods;
 use super::{
     evict, terminate, volumes, DaemonSetPolicy, DeadlinePolicy, DrainRequest, Engine, Mode,
@@ -64,8 +64,7 @@ async fn run_inner(engine: &Arc<Engine>, req: &DrainRequest) -> Outcome {
     // How the instance ends: as every reason on the Node says (the strongest
     // decides), or as the request says when there is no Node.
     let (mode, budget) = match &drained {
-        Ok(Some(record)) => {
-            let plan = record.plan(engine.limits());
+        Ok(Some(plan)) => {
             if !plan.drains {
                 // Every reason is done or cordon-only (a resume found nothing to do).
                 return Outcome::Drained;
@@ -365,11 +364,7 @@ impl NodeDrain<'_> {
     }
 }
 
-async fn drain_node(
-    engine: &Engine,
-    req: &DrainRequest,
-    node: &str,
-) -> Result<Option<DrainRecord>, Stop> {
+async fn drain_node(engine: &Engine, req: &DrainRequest, node: &str) -> Result<Option<Plan>, Stop> {
     let s = &engine.settings;
     let m = metrics();
     let stage = m.stage("cordon");
@@ -383,7 +378,7 @@ async fn drain_node(
     };
     let plan = record.plan(engine.limits());
     if !plan.drains {
-        return Ok(Some(record));
+        return Ok(Some(plan));
     }
     let reasons: Vec<String> = record
         .reasons
@@ -521,7 +516,7 @@ async fn drain_node(
         let _stage = m.stage("critical-daemonsets");
         daemonset_phase(&d, &mut pods, plan::Phase::CriticalDaemonSets).await?;
     }
-    Ok(Some(record))
+    Ok(Some(plan))
 }
 
 async fn daemonset_phase(

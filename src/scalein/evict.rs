@@ -249,12 +249,7 @@ pub async fn until_accepted(
 /// 0.8x to 1.2x, from a random source per call, so many drains blocked by the same
 /// budget do not retry in lockstep.
 fn jitter(d: Duration) -> Duration {
-    use std::hash::{BuildHasher, Hasher};
-    static CALLS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-    h.write_u64(CALLS.fetch_add(1, Ordering::Relaxed));
-    let f = 0.8 + (h.finish() % 4001) as f64 / 10_000.0;
-    d.mul_f64(f)
+    d.mul_f64(0.8 + 0.4 * super::random_fraction())
 }
 
 #[cfg(test)]

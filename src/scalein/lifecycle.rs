@@ -40,7 +40,7 @@ pub fn heartbeats(
     tokio::spawn(async move {
         let found = Instant::now();
         let _waiting = GaugeGuard::new(&metrics().lifecycle_waiting);
-        let mut backoff = HeartbeatBackoff::new(every, &action.instance_id);
+        let mut backoff = HeartbeatBackoff::new(every);
         loop {
             if found.elapsed() >= limit {
                 Metrics::outcome(&metrics().heartbeats, "stopped");
@@ -97,38 +97,22 @@ pub fn heartbeats(
     })
 }
 
-/// When the next heartbeat goes: pure but for its seed, so it is tested alone.
+/// When the next heartbeat goes, apart from the heartbeat itself so it is tested
+/// alone.
 pub struct HeartbeatBackoff {
     every: Duration,
     pub failures: u32,
-    seed: u64,
 }
 
 impl HeartbeatBackoff {
-    pub fn new(every: Duration, instance_id: &str) -> Self {
-        use std::hash::BuildHasher;
-        let seed = std::collections::hash_map::RandomState::new().hash_one(instance_id);
-        Self {
-            every,
-            failures: 0,
-            // xorshift never leaves zero.
-            seed: seed.max(1),
-        }
-    }
-
-    /// A number in [0, 1) that differs per instance and per call.
-    fn jitter(&mut self) -> f64 {
-        // xorshift64*: enough to spread, no dependency.
-        self.seed ^= self.seed >> 12;
-        self.seed ^= self.seed << 25;
-        self.seed ^= self.seed >> 27;
-        (self.seed.wrapping_mul(0x2545_F491_4F6C_DD1D) >> 11) as f64 / (1u64 << 53) as f64
+    pub fn new(every: Duration) -> Self {
+        Self { every, failures: 0 }
     }
 
     /// After a success: a third of the timeout, less up to a tenth of it.
     pub fn ok(&mut self) -> Duration {
         self.failures = 0;
-        self.every.mul_f64(1.0 - 0.1 * self.jitter())
+        self.every.mul_f64(1.0 - 0.1 * super::random_fraction())
     }
 
     /// After a failure: from a quarter of the interval, doubling per failure, with
@@ -139,7 +123,7 @@ impl HeartbeatBackoff {
             .saturating_mul(1u32 << self.failures.min(8))
             .min(self.every);
         self.failures = self.failures.saturating_add(1);
-        ceiling.mul_f64(0.5 + 0.5 * self.jitter())
+        ceiling.mul_f64(0.5 + 0.5 * super::random_fraction())
     }
 }
 
@@ -440,8 +424,8 @@ mod tests {
     fn heartbeats_spread_back_off_and_stay_inside_the_timeout() {
         let every = Duration::from_secs(100);
         let mut firsts = std::collections::BTreeSet::new();
-        for i in 0..50 {
-            let mut b = HeartbeatBackoff::new(every, &format!("i-{i}"));
+        for _ in 0..50 {
+            let mut b = HeartbeatBackoff::new(every);
             let ok = b.ok();
             assert!(ok <= every && ok >= every.mul_f64(0.9), "{ok:?}");
             firsts.insert(ok.as_millis());

@@ -285,6 +285,24 @@ impl Start {
     }
 }
 
+/// Records a drain task, forgetting finished ones once [`FINISHED_KEPT`] are known.
+fn track(inflight: &mut HashMap<String, Inflight>, id: String, drain: Inflight) {
+    if inflight.len() >= FINISHED_KEPT {
+        inflight.retain(|_, f| !f.handle.is_finished());
+    }
+    inflight.insert(id, drain);
+}
+
+/// A number in [0, 1) from a fresh random source per call (no dependency): it spreads
+/// retries and heartbeats, so many drains do not act in lockstep.
+pub(crate) fn random_fraction() -> f64 {
+    use std::hash::{BuildHasher, Hasher};
+    static CALLS: AtomicU64 = AtomicU64::new(0);
+    let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+    h.write_u64(CALLS.fetch_add(1, Ordering::Relaxed));
+    (h.finish() >> 11) as f64 / (1u64 << 53) as f64
+}
+
 /// Between a failed drain and its retry while our hook holds the instance.
 const HELD_RETRY: std::time::Duration = std::time::Duration::from_secs(5);
 
@@ -475,22 +493,19 @@ impl Engine {
             self.hold(action, *heartbeat_timeout);
         }
         let mut inflight = self.inflight.lock();
-        if inflight.len() >= FINISHED_KEPT {
-            inflight.retain(|_, f| !f.handle.is_finished());
-        }
         let (req, how) = match inflight.remove(&req.instance_id) {
             Some(running) if !running.handle.is_finished() => {
                 let limits = self.limits();
                 let mut joined = record::DrainRecord {
                     reasons: running.req.reasons.clone(),
                 };
+                // A hook's reason always changes the plan's end, so a lifecycle
+                // request never passes as a duplicate of another kind of drain.
                 let mut changed = false;
                 for r in &req.reasons {
                     changed |= joined.join(r.clone(), limits) == record::Joined::Changed;
                 }
-                let lifecycle_came = matches!(req.mode, Mode::Lifecycle { .. })
-                    && !matches!(running.req.mode, Mode::Lifecycle { .. });
-                if !changed && !lifecycle_came {
+                if !changed {
                     inflight.insert(req.instance_id.clone(), running);
                     return Start::Unchanged;
                 }
@@ -539,7 +554,7 @@ impl Engine {
             Metrics::outcome(&metrics().drains_finished, label);
             outcome
         });
-        inflight.insert(id, Inflight { handle, req });
+        track(&mut inflight, id, Inflight { handle, req });
         how
     }
 
@@ -591,11 +606,7 @@ impl Engine {
             tokio::spawn(
                 async move { Outcome::Observed(dry_run::describe(&this, &task_req).await) },
             );
-        let mut inflight = self.inflight.lock();
-        if inflight.len() >= FINISHED_KEPT {
-            inflight.retain(|_, f| !f.handle.is_finished());
-        }
-        inflight.insert(id, Inflight { handle, req });
+        track(&mut self.inflight.lock(), id, Inflight { handle, req });
         true
     }
 

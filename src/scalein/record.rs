@@ -189,7 +189,8 @@ pub struct Plan {
     pub daemonset_share: Duration,
 }
 
-fn after(t: DateTime<Utc>, d: Duration) -> DateTime<Utc> {
+/// `t + d`, saturating at the end of the calendar instead of panicking.
+pub fn after(t: DateTime<Utc>, d: Duration) -> DateTime<Utc> {
     chrono::Duration::from_std(d)
         .ok()
         .and_then(|d| t.checked_add_signed(d))
