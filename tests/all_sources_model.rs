@@ -24,7 +24,7 @@ use std::time::Duration;
 use ca_asg_provider::cloud::memory::MemoryGroup;
 use ca_asg_provider::cloud::queue::{MemoryQueue, Queue};
 use ca_asg_provider::interruption::consumer::{Consumer, Handled};
-use ca_asg_provider::interruption::{InterruptionSettings, RebalanceAction};
+use ca_asg_provider::interruption::RebalanceAction;
 use ca_asg_provider::proto;
 use ca_asg_provider::scalein::{self, record, DrainRequest, Mode, Source};
 use ca_asg_provider::sim::fixtures;
@@ -33,6 +33,7 @@ use proptest::prelude::*;
 
 mod support;
 use support::notices::eventbridge;
+use support::queue::consumer;
 use support::world::*;
 
 const HOOK: &str = "ca-asg-provider-drain";
@@ -103,18 +104,6 @@ struct Model {
     pods: Vec<(String, String)>,
 }
 
-fn consumer(w: &World, q: &Arc<MemoryQueue>) -> Arc<Consumer> {
-    Consumer::new(
-        w.engine.clone(),
-        w.provider.clone(),
-        q.clone() as Arc<dyn Queue>,
-        InterruptionSettings {
-            rebalance: RebalanceAction::Drain,
-            ..InterruptionSettings::default()
-        },
-    )
-}
-
 /// Leadership over the engine (set before its loop starts), and the loop.
 fn lead(w: &World) -> Replica {
     let (lease, rx) = tokio::sync::watch::channel(true);
@@ -175,7 +164,7 @@ impl Model {
             })
             .collect();
         let q = Arc::new(MemoryQueue::default());
-        let c = consumer(&w, &q);
+        let c = consumer(&w, &q, RebalanceAction::Drain);
         let replica = lead(&w);
         Model {
             w,
@@ -235,7 +224,7 @@ impl Model {
         self.w.engine = engine;
         self.w.ca = ca;
         self.replica = lead(&self.w);
-        self.c = consumer(&self.w, &self.q);
+        self.c = consumer(&self.w, &self.q, RebalanceAction::Drain);
         if let Some(b) = self.last.clone() {
             self.send(b).await;
         }

@@ -7,43 +7,17 @@ use std::time::Duration;
 
 use ca_asg_provider::cloud::memory::MemoryGroup;
 use ca_asg_provider::cloud::queue::{MemoryQueue, Queue};
-use ca_asg_provider::interruption::consumer::{Consumer, Handled};
-use ca_asg_provider::interruption::InterruptionSettings;
+use ca_asg_provider::interruption::consumer::Handled;
+use ca_asg_provider::interruption::{InterruptionSettings, RebalanceAction};
 use ca_asg_provider::scalein::{self, Outcome, ScaleInSettings};
 use ca_asg_provider::sim::fixtures;
-use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::core::v1::Node;
 
 mod support;
 use support::eventually;
-use support::notices::{eventbridge, spot};
+use support::notices::{eventbridge, spot, spot_at};
+use support::queue::{consumer, handle_next, running};
 use support::world::*;
-
-fn consumer(w: &World, queue: &Arc<MemoryQueue>) -> Arc<Consumer> {
-    Consumer::new(
-        w.engine.clone(),
-        w.provider.clone(),
-        queue.clone() as Arc<dyn Queue>,
-        InterruptionSettings {
-            wait: Duration::from_millis(100),
-            ..Default::default()
-        },
-    )
-}
-
-async fn handle_next(c: &Consumer, q: &MemoryQueue) -> Handled {
-    let mut got = q.receive(1, Duration::from_millis(10)).await.unwrap();
-    assert_eq!(got.len(), 1, "one message waiting");
-    c.handle(got.remove(0)).await
-}
-
-fn not_deleting(w: &World, name: &str) -> bool {
-    w.sim.list::<Pod>().iter().any(|p| {
-        p["metadata"]["name"]
-            .as_str()
-            .is_some_and(|n| n.starts_with(name))
-            && p["metadata"]["deletionTimestamp"].is_null()
-    })
-}
 
 #[tokio::test]
 async fn a_spot_warning_drains_workloads_first_and_daemonsets_last_within_two_minutes() {
@@ -55,7 +29,7 @@ async fn a_spot_warning_drains_workloads_first_and_daemonsets_last_within_two_mi
     .await;
     let (node, iid) = node_with_fluentd_and_app(&w, 2.0).await;
     let q = Arc::new(MemoryQueue::default());
-    let c = consumer(&w, &q);
+    let c = consumer(&w, &q, RebalanceAction::Cordon);
     q.send(&spot(&iid));
     assert_eq!(handle_next(&c, &q).await, Handled::Done(vec!["drain"]));
     assert_eq!(q.pending(), 0, "deleted once handled");
@@ -116,7 +90,7 @@ async fn a_rebalance_recommendation_cordons_only() {
     .await;
     let (node, iid) = node_with_fluentd_and_app(&w, 0.1).await;
     let q = Arc::new(MemoryQueue::default());
-    let c = consumer(&w, &q);
+    let c = consumer(&w, &q, RebalanceAction::Cordon);
     q.send(&eventbridge(
         "EC2 Instance Rebalance Recommendation",
         "aws.ec2",
@@ -128,7 +102,7 @@ async fn a_rebalance_recommendation_cordons_only() {
     assert!(!w.engine.is_draining(&iid));
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(
-        not_deleting(&w, "app") && not_deleting(&w, "fluentd"),
+        running(&w, "app") && running(&w, "fluentd"),
         "nothing evicted"
     );
     assert!(events(&w.sim).iter().any(|(r, _)| r == "RebalanceCordoned"));
@@ -155,14 +129,14 @@ async fn a_duplicate_and_a_restart_mid_drain_make_one_drain() {
     .await;
     let (node, iid) = node_with_fluentd_and_app(&w, 3.0).await;
     let q = Arc::new(MemoryQueue::default());
-    let loop_task = consumer(&w, &q).spawn();
+    let loop_task = consumer(&w, &q, RebalanceAction::Cordon).spawn();
     q.send(&spot(&iid));
     q.send(&spot(&iid));
     eventually("both deliveries handled and deleted", 10, || {
         q.deleted().len() == 2
     })
     .await;
-    eventually("the app is being evicted", 10, || !not_deleting(&w, "app")).await;
+    eventually("the app is being evicted", 10, || !running(&w, "app")).await;
 
     // The process dies mid-drain; SQS would deliver the message again.
     loop_task.abort();
@@ -173,7 +147,7 @@ async fn a_duplicate_and_a_restart_mid_drain_make_one_drain() {
     w.engine = engine;
     w.ca = ca;
     let q2 = Arc::new(MemoryQueue::default());
-    let c2 = consumer(&w, &q2);
+    let c2 = consumer(&w, &q2, RebalanceAction::Cordon);
     // The new leader finds the drain recorded on the Node and goes on with it; the
     // redelivered message then starts nothing.
     let resumed = scalein::lifecycle::spawn_loop(w.engine.clone(), w.provider.clone());
@@ -186,7 +160,7 @@ async fn a_duplicate_and_a_restart_mid_drain_make_one_drain() {
         handle_next(&c2, &q2).await,
         Handled::Done(vec!["duplicate"])
     );
-    eventually("fluentd leaves last", 20, || !not_deleting(&w, "fluentd")).await;
+    eventually("fluentd leaves last", 20, || !running(&w, "fluentd")).await;
     resumed.abort();
 
     let a = w.sim.audit();
@@ -216,7 +190,7 @@ async fn poison_and_test_messages_are_deleted_and_counted_never_retried() {
     )
     .await;
     let q = Arc::new(MemoryQueue::default());
-    let c = consumer(&w, &q);
+    let c = consumer(&w, &q, RebalanceAction::Cordon);
     let dropped_before = dropped_count("malformed");
     q.send("{\"detail-type\": \"EC2 Spot Instance Interruption Warning\", \"detail\": {}}");
     assert_eq!(handle_next(&c, &q).await, Handled::Dropped("malformed"));
@@ -262,7 +236,7 @@ async fn the_asgs_lifecycle_notification_drains_and_completes_with_its_token() {
     )
     .await;
     let q = Arc::new(MemoryQueue::default());
-    let c = consumer(&w, &q);
+    let c = consumer(&w, &q, RebalanceAction::Cordon);
     let iid = w.cloud.external_scale_in("web", 1).unwrap().remove(0);
     let note = |hook: &str| {
         serde_json::json!({
@@ -305,7 +279,7 @@ async fn an_instance_that_stopped_stops_its_drain() {
         .unwrap();
     pods_ready(&w, 1).await;
     let q = Arc::new(MemoryQueue::default());
-    let c = consumer(&w, &q);
+    let c = consumer(&w, &q, RebalanceAction::Cordon);
     q.send(&spot(&iid));
     assert_eq!(handle_next(&c, &q).await, Handled::Done(vec!["drain"]));
     eventually("the eviction is refused by the PDB", 10, || {
@@ -321,7 +295,7 @@ async fn an_instance_that_stopped_stops_its_drain() {
     assert_eq!(handle_next(&c, &q).await, Handled::Done(vec!["stopped"]));
     assert!(!w.engine.is_draining(&iid));
     // The PDB was never broken: the app still runs.
-    assert!(not_deleting(&w, "app"));
+    assert!(running(&w, "app"));
 }
 
 /// The AWS cost of finding held instances at 200 hooked groups: one lifecycle scan
@@ -369,7 +343,7 @@ async fn a_scheduled_retirement_drains_before_its_start_time() {
     .await;
     let (_node, iid) = node_with_fluentd_and_app(&w, 0.5).await;
     let q = Arc::new(MemoryQueue::default());
-    let c = consumer(&w, &q);
+    let c = consumer(&w, &q, RebalanceAction::Cordon);
     let start = (chrono::Utc::now() + chrono::Duration::minutes(10)).to_rfc2822();
     q.send(&eventbridge(
         "AWS Health Event",
@@ -391,12 +365,6 @@ async fn a_scheduled_retirement_drains_before_its_start_time() {
         "the drain is measured against the start time: {ev:?}"
     );
     assert_eq!(w.cloud.calls().get("terminate_instance"), None);
-}
-
-fn spot_at(iid: &str, at: chrono::DateTime<chrono::Utc>) -> String {
-    let mut v: serde_json::Value = serde_json::from_str(&spot(iid)).unwrap();
-    v["time"] = serde_json::json!(at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true));
-    v.to_string()
 }
 
 /// A spot warning that arrives late (15 s of its 2 minutes left) meets a pod whose
@@ -427,7 +395,7 @@ async fn only_a_spent_budget_overrides_a_pdb() {
         .unwrap();
     pods_ready(&w, 2).await;
     let q = Arc::new(MemoryQueue::default());
-    let c = consumer(&w, &q);
+    let c = consumer(&w, &q, RebalanceAction::Cordon);
 
     q.send(&spot_at(
         &spot_iid,
@@ -435,7 +403,7 @@ async fn only_a_spent_budget_overrides_a_pdb() {
     ));
     assert_eq!(handle_next(&c, &q).await, Handled::Done(vec!["drain"]));
     assert_eq!(w.engine.wait_for(&spot_iid).await, Some(Outcome::Drained));
-    assert!(!not_deleting(&w, "app-spot"), "the spent budget went on");
+    assert!(!running(&w, "app-spot"), "the spent budget went on");
 
     let start = (chrono::Utc::now() + chrono::Duration::days(3)).to_rfc2822();
     q.send(&eventbridge(
@@ -450,5 +418,5 @@ async fn only_a_spent_budget_overrides_a_pdb() {
     assert_eq!(handle_next(&c, &q).await, Handled::Done(vec!["drain"]));
     let out = w.engine.wait_for(&far_iid).await;
     assert!(matches!(out, Some(Outcome::Abandoned(_))), "{out:?}");
-    assert!(not_deleting(&w, "app-far"), "the PDB held");
+    assert!(running(&w, "app-far"), "the PDB held");
 }

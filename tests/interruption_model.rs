@@ -18,13 +18,14 @@ use std::time::Duration;
 use ca_asg_provider::cloud::memory::MemoryGroup;
 use ca_asg_provider::cloud::queue::{MemoryQueue, Queue};
 use ca_asg_provider::interruption::consumer::{Consumer, Handled};
-use ca_asg_provider::interruption::InterruptionSettings;
+use ca_asg_provider::interruption::RebalanceAction;
 use ca_asg_provider::scalein;
 use ca_asg_provider::sim::fixtures;
 use proptest::prelude::*;
 
 mod support;
 use support::notices::eventbridge;
+use support::queue::consumer;
 use support::world::*;
 
 const NODES: usize = 3;
@@ -117,7 +118,7 @@ impl Model {
             })
             .collect();
         let q = Arc::new(MemoryQueue::default());
-        let c = consumer(&w, &q);
+        let c = consumer(&w, &q, RebalanceAction::Cordon);
         Model {
             w,
             q,
@@ -233,7 +234,7 @@ impl Model {
                 self.w.engine = engine;
                 self.w.ca = ca;
                 scalein::lifecycle::resume(&self.w.engine, &self.w.provider).await;
-                self.c = consumer(&self.w, &self.q);
+                self.c = consumer(&self.w, &self.q, RebalanceAction::Cordon);
                 if let Some(b) = self.last.clone() {
                     self.send(b).await;
                 }
@@ -282,15 +283,6 @@ impl Model {
             }
         }
     }
-}
-
-fn consumer(w: &World, q: &Arc<MemoryQueue>) -> Arc<Consumer> {
-    Consumer::new(
-        w.engine.clone(),
-        w.provider.clone(),
-        q.clone() as Arc<dyn Queue>,
-        InterruptionSettings::default(),
-    )
 }
 
 fn run(ops: &[Op]) {

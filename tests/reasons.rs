@@ -7,9 +7,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ca_asg_provider::cloud::memory::MemoryGroup;
-use ca_asg_provider::cloud::queue::{MemoryQueue, Queue};
-use ca_asg_provider::interruption::consumer::{Consumer, Handled};
-use ca_asg_provider::interruption::{InterruptionSettings, RebalanceAction};
+use ca_asg_provider::cloud::queue::MemoryQueue;
+use ca_asg_provider::interruption::consumer::Handled;
+use ca_asg_provider::interruption::RebalanceAction;
 use ca_asg_provider::scalein::{self, record, Outcome, ScaleInSettings};
 use ca_asg_provider::sim::fixtures;
 use k8s_openapi::api::core::v1::{Node, Pod};
@@ -17,52 +17,11 @@ use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 
 mod support;
 use support::eventually;
-use support::notices::{eventbridge, spot};
+use support::notices::{rebalance, spot, spot_at};
+use support::queue::{consumer, handle_next, running};
 use support::world::*;
 
 const HOOK: &str = "ca-asg-provider-drain";
-
-fn consumer(w: &World, queue: &Arc<MemoryQueue>, rebalance: RebalanceAction) -> Arc<Consumer> {
-    Consumer::new(
-        w.engine.clone(),
-        w.provider.clone(),
-        queue.clone() as Arc<dyn Queue>,
-        InterruptionSettings {
-            wait: Duration::from_millis(100),
-            rebalance,
-            ..Default::default()
-        },
-    )
-}
-
-async fn handle_next(c: &Consumer, q: &MemoryQueue) -> Handled {
-    let mut got = q.receive(1, Duration::from_millis(10)).await.unwrap();
-    assert_eq!(got.len(), 1, "one message waiting");
-    c.handle(got.remove(0)).await
-}
-
-fn rebalance(iid: &str) -> String {
-    eventbridge(
-        "EC2 Instance Rebalance Recommendation",
-        "aws.ec2",
-        serde_json::json!({"instance-id": iid}),
-    )
-}
-
-fn spot_at(iid: &str, at: chrono::DateTime<chrono::Utc>) -> String {
-    let mut v: serde_json::Value = serde_json::from_str(&spot(iid)).unwrap();
-    v["time"] = serde_json::json!(at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true));
-    v.to_string()
-}
-
-fn running(w: &World, prefix: &str) -> bool {
-    w.sim.list::<Pod>().iter().any(|p| {
-        p["metadata"]["name"]
-            .as_str()
-            .is_some_and(|n| n.starts_with(prefix))
-            && p["metadata"]["deletionTimestamp"].is_null()
-    })
-}
 
 fn blocked(w: &World) -> bool {
     events(&w.sim).iter().any(|(r, _)| r == "EvictionBlocked")
@@ -499,6 +458,19 @@ async fn a_spot_instance_ec2_reclaims_mid_drain_is_not_replaced_behind_cas_back(
     }
 }
 
+/// The max size NodeGroups tells CA for `group`.
+async fn max_size(w: &mut World, group: &str) -> i32 {
+    w.ca.node_groups(ca_asg_provider::proto::NodeGroupsRequest {})
+        .await
+        .unwrap()
+        .into_inner()
+        .node_groups
+        .into_iter()
+        .find(|g| g.id == group)
+        .unwrap()
+        .max_size
+}
+
 /// Asking CA only for what can be given: while a direct-mode drain holds its slot in
 /// AWS's desired capacity, NodeGroups reports MaxSize less that slot, so CA never asks
 /// for an increase that would be refused (and back the group off for minutes).
@@ -510,28 +482,13 @@ async fn the_max_ca_is_told_leaves_out_slots_drains_still_hold() {
         Duration::from_millis(50),
     )
     .await;
-    let max = |groups: &[ca_asg_provider::proto::NodeGroup]| {
-        groups.iter().find(|g| g.id == "web").unwrap().max_size
-    };
-    let groups =
-        w.ca.node_groups(ca_asg_provider::proto::NodeGroupsRequest {})
-            .await
-            .unwrap()
-            .into_inner()
-            .node_groups;
-    assert_eq!(max(&groups), 3);
+    assert_eq!(max_size(&mut w, "web").await, 3);
     let (node, iid) = nodes_of(&w, "web").remove(0);
     guarded_app(&w, &node, "app").await;
     delete_nodes(&mut w, "web", &[(node, iid.clone())]).await;
     eventually("the PDB refuses the eviction", 10, || blocked(&w)).await;
-    let groups =
-        w.ca.node_groups(ca_asg_provider::proto::NodeGroupsRequest {})
-            .await
-            .unwrap()
-            .into_inner()
-            .node_groups;
     assert_eq!(
-        max(&groups),
+        max_size(&mut w, "web").await,
         2,
         "one slot is the drain's until its instance ends"
     );
@@ -547,11 +504,5 @@ async fn the_max_ca_is_told_leaves_out_slots_drains_still_hold() {
     assert!(w.sim.remove::<PodDisruptionBudget>("shop", "app-pdb"));
     assert_eq!(w.engine.wait_for(&iid).await, Some(Outcome::Ended));
     w.provider.refresh_now().await.unwrap();
-    let groups =
-        w.ca.node_groups(ca_asg_provider::proto::NodeGroupsRequest {})
-            .await
-            .unwrap()
-            .into_inner()
-            .node_groups;
-    assert_eq!(max(&groups), 3, "the slot is free again");
+    assert_eq!(max_size(&mut w, "web").await, 3, "the slot is free again");
 }

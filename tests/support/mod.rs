@@ -1,6 +1,7 @@
 #![allow(dead_code)]
 pub mod moto;
 pub mod notices;
+pub mod queue;
 pub mod rbac;
 pub mod world;
 

@@ -24,3 +24,19 @@ pub fn spot(iid: &str) -> String {
         serde_json::json!({"instance-id": iid, "instance-action": "terminate"}),
     )
 }
+
+/// A spot interruption warning for `iid` that EC2 sent at `at`.
+pub fn spot_at(iid: &str, at: chrono::DateTime<chrono::Utc>) -> String {
+    let mut v: serde_json::Value = serde_json::from_str(&spot(iid)).unwrap();
+    v["time"] = serde_json::json!(at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true));
+    v.to_string()
+}
+
+/// An EC2 rebalance recommendation for `iid`, sent now.
+pub fn rebalance(iid: &str) -> String {
+    eventbridge(
+        "EC2 Instance Rebalance Recommendation",
+        "aws.ec2",
+        serde_json::json!({"instance-id": iid}),
+    )
+}
