@@ -245,7 +245,7 @@ async fn check_config_finds_missing_kubernetes_permissions() {
     sim.grant(vec![
         grant(&["get", "list", "watch", "patch"], "", &["nodes"]),
         grant(&["get", "list", "delete"], "", &["pods"]),
-        grant(&["list"], "policy", &["poddisruptionbudgets"]),
+        grant(&["list", "watch"], "policy", &["poddisruptionbudgets"]),
         grant(&["get"], "", &["persistentvolumeclaims"]),
         grant(&["list", "watch"], "storage.k8s.io", &["volumeattachments"]),
         grant(&["create", "patch"], "events.k8s.io", &["events"]),

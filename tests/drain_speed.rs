@@ -81,3 +81,97 @@ async fn the_next_eviction_goes_when_the_replacement_is_ready_not_at_the_retry_t
     )
     .await;
 }
+
+/// Four nodes drained at once, each with a DaemonSet pod and an app pod. With
+/// `sharedPodWatchFrom` 2 the first drain watches its own node and the others share
+/// one watch of every pod; with 0 each drain lists its own node. Either way the pass
+/// lists VolumeAttachments once for all four, and every node ends DaemonSet-last.
+async fn four_drains_at_once(shared_from: usize) -> (u64, u64) {
+    let settings = ScaleInSettings {
+        shared_pod_watch_from: shared_from,
+        ..fast_settings()
+    };
+    let mut w = world(
+        vec![MemoryGroup::new("web", 0, 6, 6, "m5.large")],
+        settings,
+        Duration::from_millis(100),
+    )
+    .await;
+    let web = nodes_of(&w, "web");
+    let drained: Vec<(String, String)> = web[..4].to_vec();
+    w.sim
+        .create(&fixtures::daemonset("logging", "fluentd", 0.2, false))
+        .unwrap();
+    for (i, (node, _)) in drained.iter().enumerate() {
+        w.sim
+            .create(&fixtures::pod(
+                "shop",
+                &format!("app-{i}"),
+                node,
+                "app",
+                0.5,
+            ))
+            .unwrap();
+    }
+    pods_ready(&w, 6 + 4).await;
+    let lists = |w: &World| {
+        (
+            w.sim.requests().get("list", "pods"),
+            w.sim.requests().get("list", "volumeattachments"),
+        )
+    };
+    // Each drained node's DaemonSet pod, by name.
+    let fluentd_on = |node: &str| -> String {
+        w.sim
+            .list::<Pod>()
+            .iter()
+            .find(|p| p["metadata"]["namespace"] == "logging" && p["spec"]["nodeName"] == node)
+            .and_then(|p| p["metadata"]["name"].as_str().map(str::to_string))
+            .expect("a fluentd pod on every node")
+    };
+    let fluentd: Vec<String> = drained.iter().map(|(n, _)| fluentd_on(n)).collect();
+    let before = lists(&w);
+    delete_nodes(&mut w, "web", &drained).await;
+    for (_, iid) in &drained {
+        assert_eq!(w.engine.wait_for(iid).await, Some(Outcome::Ended));
+    }
+    let audit = w.sim.audit();
+    for (i, ds) in fluentd.iter().enumerate() {
+        let app_gone = audit_index(&audit, "removed", "Pod", &format!("app-{i}"))
+            .unwrap_or_else(|| panic!("app-{i} removed"));
+        let ds_leaves = audit
+            .iter()
+            .position(|a| {
+                a.kind == "Pod"
+                    && a.name == *ds
+                    && a.verb != "create"
+                    && a.verb != "ready"
+                    && a.verb != "update"
+                    && a.verb != "patch"
+            })
+            .unwrap_or_else(|| panic!("{ds} left"));
+        assert!(
+            app_gone < ds_leaves,
+            "{ds} began leaving (audit {ds_leaves}) before app-{i} was gone (audit {app_gone})"
+        );
+    }
+    let after = lists(&w);
+    (after.0 - before.0, after.1 - before.1)
+}
+
+#[tokio::test]
+async fn drains_running_together_share_one_watch_of_every_pod() {
+    let (pod_lists, attachment_lists) = four_drains_at_once(2).await;
+    assert_eq!(
+        pod_lists, 2,
+        "the first drain's own list of its node, then one list of every pod for the rest"
+    );
+    assert_eq!(attachment_lists, 1, "one list of attachments for the pass");
+}
+
+#[tokio::test]
+async fn below_the_threshold_each_drain_watches_its_own_node() {
+    let (pod_lists, attachment_lists) = four_drains_at_once(0).await;
+    assert_eq!(pod_lists, 4, "one list of its node's pods per drain");
+    assert_eq!(attachment_lists, 1, "one list of attachments for the pass");
+}

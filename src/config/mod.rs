@@ -115,6 +115,9 @@ pub struct ScaleInFile {
     /// Pod label selectors (`key=value[,key=value]`) of DaemonSets that must outlive
     /// the volume detach, besides those of a critical priority class.
     pub node_critical_daemon_sets: Option<Vec<String>>,
+    /// From this many drains at once, one watch of every pod serves them all
+    /// (default 10; 0: never).
+    pub shared_pod_watch_from: Option<usize>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize, PartialEq, Eq)]
@@ -445,6 +448,7 @@ pub fn resolve(file: FileConfig, flags: &Overrides, source: &str) -> Result<Conf
         stuck_after: d.stuck_after,
         node_critical: d.node_critical.clone(),
         budget_watch: d.budget_watch,
+        shared_pod_watch_from: si.shared_pod_watch_from.unwrap_or(d.shared_pod_watch_from),
     };
     match plan::NodeCritical::parse(si.node_critical_daemon_sets.as_deref().unwrap_or_default()) {
         Ok(nc) => scale_in.node_critical = nc,
@@ -467,6 +471,16 @@ pub fn resolve(file: FileConfig, flags: &Overrides, source: &str) -> Result<Conf
             ),
         );
         scale_in.max_concurrent_drains = d.max_concurrent_drains;
+    }
+    if scale_in.shared_pod_watch_from > 10_000 {
+        bad(
+            "scaleIn.sharedPodWatchFrom",
+            format!(
+                "{} must be between 0 (never) and 10000",
+                scale_in.shared_pod_watch_from
+            ),
+        );
+        scale_in.shared_pod_watch_from = d.shared_pod_watch_from;
     }
     if !(scale_in.api_qps.is_finite() && scale_in.api_qps > 0.0) {
         bad(

@@ -192,19 +192,29 @@ scaleIn:
   workloadDeadlinePolicy: proceed
   evictionRetryInterval: 1s
   maxConcurrentDrains: 7
+  sharedPodWatchFrom: 0
 "#);
     assert_eq!(c.scale_in.mode, ModeChoice::Direct);
     assert_eq!(c.scale_in.daemonsets, DaemonSetPolicy::Keep);
     assert_eq!(c.scale_in.workload_deadline, Duration::from_secs(90));
     assert_eq!(c.scale_in.workload_deadline_policy, DeadlinePolicy::Proceed);
     assert_eq!(c.scale_in.max_concurrent_drains, 7);
+    assert_eq!(
+        c.scale_in.shared_pod_watch_from, 0,
+        "0 is never, not the default"
+    );
+    assert_eq!(
+        ok("scaleIn: {}\n").scale_in.shared_pod_watch_from,
+        10,
+        "the default"
+    );
     assert!(c.drain_enabled);
     let e = FileConfig::parse("scaleIn: {daemonSets: evict-first}\n", "c.yaml")
         .unwrap_err()
         .to_string();
     assert!(e.contains("evict-first") && e.contains("c.yaml"), "{e}");
     let p = problems(
-        "scaleIn: {workloadDeadline: soon, maxConcurrentDrains: 0, apiQps: -1}\n",
+        "scaleIn: {workloadDeadline: soon, maxConcurrentDrains: 0, sharedPodWatchFrom: 99999, apiQps: -1}\n",
         &Overrides::default(),
     );
     let keys: Vec<&str> = p.iter().map(|p| p.key.as_str()).collect();
@@ -213,6 +223,7 @@ scaleIn:
         vec![
             "scaleIn.workloadDeadline",
             "scaleIn.maxConcurrentDrains",
+            "scaleIn.sharedPodWatchFrom",
             "scaleIn.apiQps"
         ]
     );

@@ -4,18 +4,22 @@
 //! next eviction. The fixed `evictionRetryInterval` stays as the fallback (a change
 //! missed while the watch starts, a budget whose status lags). One watch per budget
 //! selector, shared by every drain blocked on it and dropped when none waits, so a
-//! storm of drains behind one budget opens one watch, not one per pod.
+//! storm of drains behind one budget opens one watch, not one per pod; and none at all
+//! while the drain pass already watches every pod (its changes are matched here).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Weak};
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
+use kube::core::Selector;
 use kube::runtime::watcher::{self, Event};
 use kube::runtime::WatchStreamExt;
 use kube::Api;
 use parking_lot::Mutex;
 use tokio::sync::watch;
+
+use super::wait::PodWatch;
 
 /// (namespace, label selector) -> the watch of its pods, while anyone waits on it.
 pub struct BudgetWatches {
@@ -37,8 +41,16 @@ impl Drop for Shared {
 
 /// A subscription to the changes of one budget's pods.
 pub struct BudgetWait {
-    shared: Arc<Shared>,
+    /// What keeps its watch open.
+    _source: Source,
     changes: watch::Receiver<u64>,
+}
+
+enum Source {
+    /// A watch of this budget's pods alone.
+    Own { _watch: Arc<Shared> },
+    /// The drain pass's watch of every pod.
+    Pass { _watch: Arc<PodWatch> },
 }
 
 impl BudgetWatches {
@@ -49,22 +61,39 @@ impl BudgetWatches {
         }
     }
 
-    /// Waits from now on for changes of the pods `selector` picks in `namespace`.
-    pub fn subscribe(&self, namespace: &str, selector: &str) -> BudgetWait {
-        let key = (namespace.to_string(), selector.to_string());
+    /// Waits from now on for changes of the pods `selector` picks in `namespace`:
+    /// on the pass's watch of every pod when there is one (no request), else on a
+    /// watch of those pods.
+    pub fn subscribe(
+        &self,
+        namespace: &str,
+        selector: &Selector,
+        every_pod: Option<Arc<PodWatch>>,
+    ) -> BudgetWait {
+        if let Some(pods) = every_pod {
+            return BudgetWait {
+                changes: pods.selector_changes(namespace, selector),
+                _source: Source::Pass { _watch: pods },
+            };
+        }
+        let selector = selector.to_string();
+        let key = (namespace.to_string(), selector.clone());
         let mut open = self.open.lock();
         open.retain(|_, w| w.strong_count() > 0);
         let shared = match open.get(&key).and_then(Weak::upgrade) {
             Some(s) => s,
             None => {
-                let s = Arc::new(self.start(namespace, selector));
+                let s = Arc::new(self.start(namespace, &selector));
                 open.insert(key, Arc::downgrade(&s));
                 s
             }
         };
         let mut changes = shared.changes.clone();
         changes.borrow_and_update();
-        BudgetWait { shared, changes }
+        BudgetWait {
+            _source: Source::Own { _watch: shared },
+            changes,
+        }
     }
 
     /// Budget watches open now (tests, and the storm's request count).
@@ -103,7 +132,6 @@ impl BudgetWait {
     /// Resolves at the next change of a selected pod (never, if the watch is gone:
     /// callers race it against their fallback timer).
     pub async fn changed(&mut self) {
-        let _keep = &self.shared;
         if self.changes.changed().await.is_err() {
             std::future::pending::<()>().await;
         }

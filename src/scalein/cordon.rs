@@ -2,6 +2,8 @@
 //! CA, which strips its own ToBeDeletedByClusterAutoscaler taint) still sees that the
 //! node is leaving. Uncordon undoes only what this stage did.
 
+use std::sync::Arc;
+
 use k8s_openapi::api::core::v1::{Node, Taint};
 use kube::api::{Patch, PatchParams};
 use kube::Api;
@@ -136,11 +138,22 @@ async fn read_modify_write<T>(
     mut decide: impl FnMut(&Node) -> Write<T>,
 ) -> Result<Option<T>, kube::Error> {
     let api: Api<Node> = Api::all(engine.client.clone());
+    // The first try starts from the Node cache: a patch is fenced by the
+    // resourceVersion it was decided on (a stale copy gets a 409 and the loop reads
+    // the Node), so a write that goes through was decided on the Node as it was. A
+    // decision to leave the Node alone is not trusted to the cache: it is read.
+    let mut cached = engine.nodes.cached(node);
     for _ in 0..CONFLICT_RETRIES {
-        let Some(current) = api.get_opt(node).await? else {
-            return Ok(None);
+        let from_cache = cached.is_some();
+        let current = match cached.take() {
+            Some(n) => n,
+            None => match api.get_opt(node).await? {
+                Some(n) => Arc::new(n),
+                None => return Ok(None),
+            },
         };
         let (mut patch, answer) = match decide(&current) {
+            Write::Keep(_) if from_cache => continue,
             Write::Keep(answer) => return Ok(Some(answer)),
             Write::Patch(patch, answer) => (patch, answer),
         };

@@ -422,7 +422,9 @@ async fn drain_node(engine: &Engine, req: &DrainRequest, node: &str) -> Result<O
         },
     };
     let stage = m.stage("workloads");
-    let mut pods = NodePods::watch(engine.client.clone(), node);
+    // Held to the end of the drain: the caches this drain shares with the others.
+    let pass = engine.passes.join();
+    let mut pods = pass.pods_of(node);
     // Each reason's deadline counts from its own arrival; a budget only shortens.
     let workload_deadline = plan
         .workload_deadline

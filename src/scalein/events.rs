@@ -3,7 +3,10 @@
 use k8s_openapi::api::core::v1::ObjectReference;
 use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 
+use std::sync::Arc;
+
 use super::plan::PodRef;
+use super::ratelimit::RateLimiter;
 
 pub const REPORTER: &str = "ca-asg-provider";
 
@@ -12,7 +15,18 @@ pub struct Events {
     /// Per-pod Events go through this queue to one publisher, so an eviction never
     /// waits for its Event. `None` outside a runtime: published inline.
     pod_events: Option<tokio::sync::mpsc::Sender<(ObjectReference, Event)>>,
+    /// Node Events wait here (published before any pod Event) while drain requests
+    /// wait for API tokens: in a storm paced by `apiQps` the drains' own requests
+    /// go first, and the Node's story follows in order when the storm leaves room.
+    node_events: Option<tokio::sync::mpsc::Sender<(ObjectReference, Event)>>,
+    /// Whether a drain request waits for an API token now.
+    limiter: Option<Arc<RateLimiter>>,
 }
+
+/// Node Events waiting for a storm to leave room; beyond this a Node Event is
+/// published at once, at the drains' priority (never lost, and the drains slow to
+/// what the API allows for both). 500 nodes make about 3,500.
+const NODE_EVENT_QUEUE: usize = 16_384;
 
 /// Per-pod Events waiting to be published; beyond this they are dropped and counted
 /// (`pod_events_dropped_total`), their log line already written. A storm of 500 nodes
@@ -91,28 +105,44 @@ impl Reason {
 }
 
 impl Events {
-    /// `pod_client` publishes the per-pod Events (a lower-priority client).
-    pub fn new(client: kube::Client, pod_client: kube::Client) -> Self {
+    /// `spare_client` publishes what waits (a lower-priority client); `limiter` says
+    /// when drain requests wait for tokens (`None`: Node Events always inline).
+    pub fn new(
+        client: kube::Client,
+        spare_client: kube::Client,
+        limiter: Option<Arc<RateLimiter>>,
+    ) -> Self {
         let reporter = Reporter {
             controller: REPORTER.into(),
             instance: std::env::var("POD_NAME").ok(),
         };
         let recorder = Recorder::new(client, reporter.clone());
-        let pod_events = tokio::runtime::Handle::try_current().ok().map(|rt| {
-            let (tx, mut rx) =
+        let queues = tokio::runtime::Handle::try_current().ok().map(|rt| {
+            let (pod_tx, mut pods) =
                 tokio::sync::mpsc::channel::<(ObjectReference, Event)>(POD_EVENT_QUEUE);
-            let recorder = Recorder::new(pod_client, reporter);
-            // Ends when the Events (and so the sender) are dropped.
+            let (node_tx, mut nodes) =
+                tokio::sync::mpsc::channel::<(ObjectReference, Event)>(NODE_EVENT_QUEUE);
+            let recorder = Recorder::new(spare_client, reporter);
+            // Ends when the Events (and so the senders) are dropped.
             rt.spawn(async move {
-                while let Some((reference, ev)) = rx.recv().await {
-                    publish_to(&recorder, reference, ev).await;
+                loop {
+                    let next = tokio::select! {
+                        biased;
+                        Some(e) = nodes.recv() => e,
+                        Some(e) = pods.recv() => e,
+                        else => break,
+                    };
+                    publish_to(&recorder, next.0, next.1).await;
                 }
             });
-            tx
+            (pod_tx, node_tx)
         });
+        let (pod_events, node_events) = queues.unzip();
         Self {
             recorder,
             pod_events,
+            node_events,
+            limiter,
         }
     }
 
@@ -131,6 +161,13 @@ impl Events {
     /// Per-pod Events queued and not yet published.
     pub fn pod_events_pending(&self) -> usize {
         self.pod_events
+            .as_ref()
+            .map_or(0, |q| q.max_capacity() - q.capacity())
+    }
+
+    /// Node Events queued behind a storm and not yet published.
+    pub fn node_events_pending(&self) -> usize {
+        self.node_events
             .as_ref()
             .map_or(0, |q| q.max_capacity() - q.capacity())
     }
@@ -166,12 +203,22 @@ impl Events {
         } else {
             tracing::info!(node, reason = reason.as_str(), "{note}");
         }
-        publish_to(
-            &self.recorder,
-            node_reference(node),
-            event(reason, note, related),
-        )
-        .await
+        let ev = event(reason, note, related);
+        // Queued only while drain requests wait for tokens, and after that while
+        // older ones are queued, so a Node's Events keep their order.
+        if let Some(queue) = &self.node_events {
+            let busy = self.limiter.as_ref().is_some_and(|l| l.contended());
+            if busy || queue.capacity() < queue.max_capacity() {
+                match queue.try_send((node_reference(node), ev)) {
+                    Ok(()) => return,
+                    Err(e) => {
+                        let (reference, ev) = e.into_inner();
+                        return publish_to(&self.recorder, reference, ev).await;
+                    }
+                }
+            }
+        }
+        publish_to(&self.recorder, node_reference(node), ev).await
     }
 }
 

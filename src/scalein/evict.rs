@@ -121,29 +121,42 @@ async fn budgets_selecting(engine: &Engine, pod: &PodRef) -> Vec<String> {
         .collect()
 }
 
-/// The budgets selecting the pod, with their selectors as label-selector strings.
-async fn selecting(engine: &Engine, pod: &PodRef) -> Vec<(String, String)> {
+/// The budgets selecting the pod, with their selectors. From the drain pass's watch
+/// of every budget (one list per pass, not one per refused pod); a list if that
+/// watch has no answer yet.
+async fn selecting(engine: &Engine, pod: &PodRef) -> Vec<(String, Selector)> {
+    let matching = |b: &PodDisruptionBudget| -> Option<(String, Selector)> {
+        let sel = b
+            .spec
+            .as_ref()
+            .and_then(|s| s.selector.clone())
+            .and_then(|sel| Selector::try_from(sel).ok())?;
+        sel.matches(&pod.labels)
+            .then(|| (b.metadata.name.clone().unwrap_or_default(), sel))
+    };
+    let pass = engine.passes.join();
+    let feed = pass.budgets();
+    if feed.ready(Instant::now() + BUDGET_LIST_WAIT).await {
+        return feed
+            .state()
+            .iter()
+            .filter(|b| b.metadata.namespace.as_deref() == Some(pod.namespace.as_str()))
+            .filter_map(|b| matching(b))
+            .collect();
+    }
     let api: Api<PodDisruptionBudget> = Api::namespaced(engine.client.clone(), &pod.namespace);
-    let list = match api.list(&ListParams::default()).await {
-        Ok(l) => l,
+    match api.list(&ListParams::default()).await {
+        Ok(l) => l.items.iter().filter_map(matching).collect(),
         Err(e) => {
             tracing::debug!(pod = %pod, error = %e, "could not list PodDisruptionBudgets");
-            return Vec::new();
+            Vec::new()
         }
-    };
-    list.items
-        .into_iter()
-        .filter_map(|b| {
-            let sel = b
-                .spec
-                .as_ref()
-                .and_then(|s| s.selector.clone())
-                .and_then(|sel| Selector::try_from(sel).ok())?;
-            sel.matches(&pod.labels)
-                .then(|| (b.metadata.name.unwrap_or_default(), sel.to_string()))
-        })
-        .collect()
+    }
 }
+
+/// How long a refused eviction waits for the pass's first list of budgets before it
+/// lists its namespace's itself.
+const BUDGET_LIST_WAIT: Duration = Duration::from_secs(5);
 
 /// Evicts one pod, retrying refusals until accepted, gone, or the deadline. Publishes
 /// one Event the first time a PDB blocks it. Returns whether it was accepted or gone.
@@ -180,10 +193,15 @@ pub async fn until_accepted(
             Attempt::Gone => return true,
             Attempt::Blocked(why) => {
                 if budget_waits.is_none() && engine.settings.budget_watch {
+                    let every_pod = engine.passes.shared_pods();
                     let waits = selecting(engine, pod)
                         .await
                         .iter()
-                        .map(|(_, sel)| engine.budgets.subscribe(&pod.namespace, sel))
+                        .map(|(_, sel)| {
+                            engine
+                                .budgets
+                                .subscribe(&pod.namespace, sel, every_pod.clone())
+                        })
                         .collect();
                     budget_waits = Some(waits);
                 }

@@ -33,6 +33,7 @@ pub mod intercept;
 pub mod leader;
 pub mod lifecycle;
 pub mod nodes;
+pub mod pass;
 pub mod permissions;
 pub mod plan;
 pub mod ratelimit;
@@ -139,6 +140,9 @@ pub struct ScaleInSettings {
     /// After a budget's 429, retry when its pods change, not only at the fixed
     /// interval. Always on; off only in `loadgen --drain-floor`'s "before" runs.
     pub budget_watch: bool,
+    /// From this many drains at once they share one watch of every pod instead of
+    /// one watch of its node's pods each (0: never).
+    pub shared_pod_watch_from: usize,
 }
 
 impl Default for ScaleInSettings {
@@ -172,6 +176,11 @@ impl Default for ScaleInSettings {
             dry_run: false,
             node_critical: plan::NodeCritical::default(),
             budget_watch: true,
+            // A lone drain's own watch is two requests the API server answers from
+            // its index by node; the shared one lists every pod and keeps them. Ten
+            // drains at once save twenty requests for that list: a storm, not an
+            // everyday scale-in of a few nodes.
+            shared_pod_watch_from: 10,
         }
     }
 }
@@ -320,6 +329,8 @@ pub struct Engine {
     pub(crate) nodes: nodes::NodeIndex,
     /// Watches of the pods of budgets that refused an eviction.
     pub budgets: budgets::BudgetWatches,
+    /// What drains running together read once for all of them.
+    pub passes: pass::Passes,
     slots: Arc<tokio::sync::Semaphore>,
     inflight: Mutex<HashMap<String, Inflight>>,
     /// Heartbeats of the lifecycle actions our hook holds, by instance: they follow
@@ -356,7 +367,7 @@ impl Engine {
         let lease_client = client.clone();
         let pod_event_client =
             ratelimit::limited_client(client.clone(), limiter.clone(), ratelimit::Priority::Spare);
-        let client = ratelimit::limited_client(client, limiter, ratelimit::Priority::Drain);
+        let client = ratelimit::limited_client(client, limiter.clone(), ratelimit::Priority::Drain);
         let slots = Arc::new(tokio::sync::Semaphore::new(
             settings.max_concurrent_drains.max(1),
         ));
@@ -367,7 +378,8 @@ impl Engine {
             .map(|p| spawn_marks_sync(&nodes, Arc::downgrade(p), liveness.clone()));
         Arc::new(Self {
             budgets: budgets::BudgetWatches::new(client.clone()),
-            events: events::Events::new(client.clone(), pod_event_client),
+            passes: pass::Passes::new(client.clone(), settings.shared_pod_watch_from),
+            events: events::Events::new(client.clone(), pod_event_client, Some(limiter)),
             nodes,
             marks_sync: Mutex::new(marks_sync),
             noted: Mutex::new(Default::default()),

@@ -174,6 +174,12 @@ impl NodeIndex {
             })
     }
 
+    /// The Node as the cache has it (possibly behind the API server).
+    pub fn cached(&self, name: &str) -> Option<std::sync::Arc<Node>> {
+        self.store
+            .get(&kube::runtime::reflector::ObjectRef::new(name))
+    }
+
     /// The reflector's store (read-only handle).
     pub fn store(&self) -> Store<Node> {
         self.store.clone()

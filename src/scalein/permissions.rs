@@ -67,7 +67,13 @@ pub const REQUIRED: &[Permission] = &[
         "list",
         "policy",
         "poddisruptionbudgets",
-        "name the overlapping budgets when the Eviction API refuses a pod for them",
+        "find the budget that refused an eviction, and name overlapping budgets",
+    ),
+    p(
+        "watch",
+        "policy",
+        "poddisruptionbudgets",
+        "one cache of budgets for all drains running together",
     ),
     p(
         "list",

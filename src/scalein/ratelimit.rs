@@ -101,6 +101,11 @@ impl RateLimiter {
         }
     }
 
+    /// Whether a drain request waits for a token now (the API rate is the limit).
+    pub fn contended(&self) -> bool {
+        self.waiting.load(Ordering::Acquire) > 0
+    }
+
     /// Takes a token at `now`, or says how long until one is there.
     fn try_acquire_at(&self, now: Instant) -> Result<(), Duration> {
         let mut st = self.state.lock();

@@ -6,10 +6,6 @@ use std::time::Instant;
 
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
 
-use futures::StreamExt;
-use k8s_openapi::api::storage::v1::VolumeAttachment;
-use kube::runtime::reflector;
-use kube::runtime::{watcher, WatchStreamExt};
 use kube::Api;
 
 use super::Engine;
@@ -24,16 +20,12 @@ pub async fn wait_detached(
     deadline: Instant,
     staying: &HashSet<String>,
 ) -> Vec<String> {
-    let api: Api<VolumeAttachment> = Api::all(engine.client.clone());
-    let (store, writer) = reflector::store();
-    // VolumeAttachments cannot be field-selected by node, but there are few of them.
-    // The raw event stream is used (not touched_objects) so the end of the initial
-    // list is seen: a node with no attachments finishes at once.
-    let stream =
-        reflector::reflector(writer, watcher(api, watcher::Config::default())).default_backoff();
-    let on_node = |store: &reflector::Store<VolumeAttachment>| -> Vec<String> {
-        store
-            .state()
+    // The pass's watch of every attachment: a storm lists them once, not per node.
+    let pass = engine.passes.join();
+    let feed = pass.attachments();
+    let mut changes = feed.changes();
+    let on_node = || -> Vec<String> {
+        feed.state()
             .iter()
             .filter(|va| va.spec.node_name == node)
             .filter(|va| {
@@ -46,20 +38,21 @@ pub async fn wait_detached(
             .filter_map(|va| va.metadata.name.clone())
             .collect()
     };
-    futures::pin_mut!(stream);
-    let mut listed = false;
+    if !feed.ready(deadline).await {
+        tracing::debug!(
+            node,
+            "no list of VolumeAttachments before the volume deadline"
+        );
+        return on_node();
+    }
     loop {
-        if listed {
-            let left = on_node(&store);
-            if left.is_empty() {
-                return left;
-            }
+        let left = on_node();
+        if left.is_empty() {
+            return left;
         }
-        match tokio::time::timeout_at(deadline.into(), stream.next()).await {
-            Ok(Some(Ok(watcher::Event::InitDone))) => listed = true,
-            Ok(Some(Ok(_))) => {}
-            Ok(Some(Err(e))) => tracing::debug!(node, error = %e, "volume attachment watch error"),
-            Ok(None) | Err(_) => return on_node(&store),
+        match tokio::time::timeout_at(deadline.into(), changes.changed()).await {
+            Ok(Ok(())) => {}
+            Ok(Err(_)) | Err(_) => return on_node(),
         }
     }
 }

@@ -68,7 +68,15 @@ pub struct StormReport {
     pub slowest_floor_s: f64,
     /// The time `apiQps` alone needs for the storm's requests beyond the burst.
     pub api_pacing_s: f64,
-    /// The target: 1.2 x the slowest floor, plus the API pacing.
+    /// The requests no drainer can do without: one eviction per pod and one cordon
+    /// per node.
+    pub necessary_requests: u64,
+    /// The storm's floor: the slowest node's own floor, plus the time `apiQps` needs
+    /// for the necessary requests beyond the burst.
+    pub floor_s: f64,
+    /// all_ended_s / floor_s: what this code adds, as a factor.
+    pub ratio: f64,
+    /// The target: 1.1 x the floor.
     pub target_s: f64,
     pub heartbeats_per_hook: f64,
     /// The least time any hook had left at a heartbeat or its completion.
@@ -427,6 +435,13 @@ pub async fn run(o: &StormOptions) -> anyhow::Result<StormReport> {
     }
     let slowest_floor_s = floor.values().map(|(w, d)| w + d).fold(0.0, f64::max);
     let api_pacing_s = (api_requests as f64 - f64::from(o.api_burst)).max(0.0) / o.api_qps;
+    let storm_pods = pods_on
+        .values()
+        .filter(|(node, _, _)| began.contains_key(node) || done.contains_key(node))
+        .count() as u64;
+    let necessary_requests = storm_pods + o.nodes as u64;
+    let floor_s =
+        slowest_floor_s + (necessary_requests as f64 - f64::from(o.api_burst)).max(0.0) / o.api_qps;
     let slack = cloud.hook_slack();
     let min_hook_slack_s = slack
         .iter()
@@ -447,7 +462,10 @@ pub async fn run(o: &StormOptions) -> anyhow::Result<StormReport> {
         node_drain_s: Spread::of(drain_s),
         slowest_floor_s,
         api_pacing_s,
-        target_s: 1.2 * slowest_floor_s + api_pacing_s,
+        necessary_requests,
+        floor_s,
+        ratio: secs / floor_s.max(1e-9),
+        target_s: 1.1 * floor_s,
         heartbeats_per_hook: cloud.heartbeats().len() as f64 / o.nodes as f64,
         min_hook_slack_s,
         hook_timeouts: cloud.hook_timeouts().len(),
