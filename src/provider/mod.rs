@@ -235,6 +235,9 @@ pub struct Provider {
     settings: ProviderSettings,
     registry: RwLock<Arc<Registry>>,
     loaded: AtomicBool,
+    /// When this provider started, and whether it said that size changes are open.
+    started: Instant,
+    told_open: AtomicBool,
     overlay: Mutex<Overlay>,
     /// Serialises AWS writes and the application of refreshes.
     ops: tokio::sync::Mutex<()>,
@@ -258,6 +261,8 @@ impl Provider {
             settings,
             registry: RwLock::new(Arc::new(Registry::default())),
             loaded: AtomicBool::new(false),
+            started: Instant::now(),
+            told_open: AtomicBool::new(false),
             overlay: Mutex::new(Overlay {
                 direct_marks: Some(DrainMarks::default()),
                 ..Overlay::default()
@@ -492,6 +497,19 @@ impl Provider {
         let mut ov = self.overlay.lock();
         ov.direct_marks = Some(marks);
         Self::apply_marks(&mut ov, &reg);
+        drop(ov);
+        self.note_open();
+    }
+
+    /// Says once, after a start, when size changes are first accepted: the window
+    /// in which they answered Unavailable is the first refresh and the first Node list.
+    pub(crate) fn note_open(&self) {
+        if self.drain_state_known() && !self.told_open.swap(true, Ordering::AcqRel) {
+            tracing::info!(
+                after_ms = self.started.elapsed().as_millis() as u64,
+                "node groups and drain marks read: size changes accepted"
+            );
+        }
     }
 
     /// Brings the deferred set in line with the marks and the snapshot: a marked

@@ -211,6 +211,7 @@ impl Provider {
         let _ops = self.ops.lock().await;
         *self.registry.write() = registry.clone();
         self.loaded.store(true, Ordering::Release);
+        self.note_open();
         let raced = self.writes.load(Ordering::Acquire) != writes_before;
         {
             let mut ov = self.overlay.lock();

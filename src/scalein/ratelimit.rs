@@ -85,12 +85,15 @@ impl RateLimiter {
         }
     }
 
-    /// Takes a token only when no drain request waits for one: low-priority requests
-    /// (Events) use what the drains leave, and in a storm they wait for its end.
+    /// Takes a token only when no drain request waits for one and the bucket holds
+    /// more than half its burst: low-priority requests (Events) use what the drains
+    /// leave, never the token the next eviction would need, and in a storm that keeps
+    /// the bucket low they wait for its end. A quiet bucket is full: they go at once.
     pub async fn acquire_spare(&self) {
+        let reserve = (self.burst / 2.0).floor();
         loop {
             let wait = if self.waiting.load(Ordering::Acquire) == 0 {
-                match self.try_acquire_at(Instant::now()) {
+                match self.try_acquire_above(Instant::now(), reserve) {
                     Ok(()) => return,
                     Err(w) => w,
                 }
@@ -108,15 +111,20 @@ impl RateLimiter {
 
     /// Takes a token at `now`, or says how long until one is there.
     fn try_acquire_at(&self, now: Instant) -> Result<(), Duration> {
+        self.try_acquire_above(now, 0.0)
+    }
+
+    /// Takes a token at `now` if `reserve` tokens stay, or says how long until then.
+    fn try_acquire_above(&self, now: Instant, reserve: f64) -> Result<(), Duration> {
         let mut st = self.state.lock();
         let refill = now.saturating_duration_since(st.1).as_secs_f64() * self.qps;
         st.0 = (st.0 + refill).min(self.burst);
         st.1 = st.1.max(now);
-        if st.0 >= 1.0 {
+        if st.0 >= 1.0 + reserve {
             st.0 -= 1.0;
             return Ok(());
         }
-        Err(Duration::from_secs_f64((1.0 - st.0) / self.qps))
+        Err(Duration::from_secs_f64((1.0 + reserve - st.0) / self.qps))
     }
 }
 
@@ -174,6 +182,23 @@ mod tests {
         let order = order.lock().clone();
         assert_eq!(order.last(), Some(&"event"), "{order:?}");
         assert_eq!(order.len(), 4);
+    }
+
+    #[test]
+    fn events_leave_half_the_burst_to_the_drains() {
+        let rl = RateLimiter::new(10.0, 10);
+        let t0 = rl.state.lock().1;
+        // A full bucket: Events go at once, down to half of it.
+        for _ in 0..5 {
+            assert!(rl.try_acquire_above(t0, 5.0).is_ok());
+        }
+        let wait = rl.try_acquire_above(t0, 5.0).unwrap_err();
+        assert!((wait.as_secs_f64() - 0.1).abs() < 1e-6, "{wait:?}");
+        // The drains still have the other half.
+        for _ in 0..5 {
+            assert!(rl.try_acquire_at(t0).is_ok());
+        }
+        assert!(rl.try_acquire_at(t0).is_err());
     }
 
     #[test]

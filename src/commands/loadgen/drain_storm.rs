@@ -103,6 +103,10 @@ pub struct StormReport {
     /// RSS with the in-memory API server, cloud and pods loaded, before the engine
     /// started: the peak minus this is the engine's share (all run in one process).
     pub rss_before_engine_mib: f64,
+    /// After a (re)start, from the provider's start until it accepts size changes:
+    /// its groups read and the drain marks of the first Node list (all Nodes of the
+    /// storm and the spare group).
+    pub size_changes_open_s: f64,
 }
 
 /// p50, p99 and max of a sample, in seconds.
@@ -305,9 +309,19 @@ pub async fn run(o: &StormOptions) -> anyhow::Result<StormReport> {
         eviction_retry: Duration::from_secs(1),
         ..ScaleInSettings::default()
     };
+    // A restart's window: from the provider's start until it takes size changes (the
+    // groups read from AWS and the drain marks from the first Node list).
+    let starting = Instant::now();
     let (provider, engine) =
         super::rig::provider_and_engine(&sim, &cloud, &["storm", "spare"], settings).await?;
-    until("the Node cache", o.limit, || provider.drain_state_known()).await?;
+    while !provider.drain_state_known() {
+        anyhow::ensure!(
+            starting.elapsed() < o.limit,
+            "the first Node list never came"
+        );
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    let size_changes_open_s = starting.elapsed().as_secs_f64();
 
     // PDBs, from every change: the fewest Ready pods each ReplicaSet ever had.
     let min_ready: Arc<parking_lot::Mutex<BTreeMap<String, i32>>> =
@@ -486,5 +500,6 @@ pub async fn run(o: &StormOptions) -> anyhow::Result<StormReport> {
         cpu_s,
         peak_rss_mib: peak_rss,
         rss_before_engine_mib,
+        size_changes_open_s,
     })
 }
