@@ -479,3 +479,43 @@ async fn every_waiter_for_the_node_cache_wakes_when_the_first_list_arrives() {
         );
     }
 }
+
+/// The same for the drain pass's caches: several drains wait for the first list of
+/// VolumeAttachments (or budgets) at once while the API server is down, and every one
+/// wakes when it arrives instead of sitting out its volume deadline.
+#[tokio::test]
+async fn every_waiter_for_a_drain_pass_cache_wakes_when_the_first_list_arrives() {
+    use ca_asg_provider::scalein::pass::Passes;
+    use std::sync::Arc;
+    let sim = Arc::new(
+        ca_asg_provider::sim::SimCluster::start(ca_asg_provider::sim::SimOptions::default())
+            .await
+            .unwrap(),
+    );
+    let down = {
+        let sim = sim.clone();
+        tokio::spawn(async move { sim.outage(Duration::from_millis(800)).await })
+    };
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let passes = Passes::new(sim.client(), 10);
+    let pass = passes.join();
+    let waiter = |p: Arc<ca_asg_provider::scalein::pass::Pass>| {
+        tokio::spawn(async move {
+            p.attachments()
+                .ready(std::time::Instant::now() + Duration::from_secs(3600))
+                .await
+        })
+    };
+    let first = waiter(pass.clone());
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let second = waiter(pass.clone());
+    down.await.unwrap().unwrap();
+    // A hang guard, not a timing: the list arrives about a second after the outage.
+    for (name, w) in [("second", second), ("first", first)] {
+        let woke = tokio::time::timeout(Duration::from_secs(30), w).await;
+        assert!(
+            matches!(woke, Ok(Ok(true))),
+            "the {name} waiter never woke after the first list arrived"
+        );
+    }
+}

@@ -165,13 +165,6 @@ impl Events {
             .map_or(0, |q| q.max_capacity() - q.capacity())
     }
 
-    /// Node Events queued behind a storm and not yet published.
-    pub fn node_events_pending(&self) -> usize {
-        self.node_events
-            .as_ref()
-            .map_or(0, |q| q.max_capacity() - q.capacity())
-    }
-
     /// An Event on the Pod itself (its node as the related object), where the
     /// application's owners look (`kubectl describe pod`, `kubectl get events -n`).
     /// Queued, not awaited: the drain goes on while it is published, and the rate

@@ -129,6 +129,9 @@ where
 {
     store: Store<K>,
     changes: watch::Receiver<u64>,
+    /// True from the end of the first list. Not the store's own readiness, which
+    /// wakes only one of several waiters (see `nodes::NodeIndex`).
+    listed: watch::Receiver<bool>,
     task: tokio::task::JoinHandle<()>,
 }
 
@@ -154,6 +157,7 @@ where
     fn start(api: Api<K>, what: &'static str) -> Self {
         let (store, writer) = reflector::store();
         let (tx, changes) = watch::channel(0u64);
+        let (listed_tx, listed) = watch::channel(false);
         // The raw events (not touched_objects), so the end of the first list ticks
         // too: a wait for "none left" can answer at once.
         let stream = reflector::reflector(writer, watcher(api, watcher::Config::default()))
@@ -163,6 +167,10 @@ where
             while let Some(ev) = stream.next().await {
                 match ev {
                     Ok(watcher::Event::Init | watcher::Event::InitApply(_)) => {}
+                    Ok(watcher::Event::InitDone) => {
+                        listed_tx.send_replace(true);
+                        tx.send_modify(|g| *g += 1);
+                    }
                     Ok(_) => tx.send_modify(|g| *g += 1),
                     Err(e) => tracing::debug!(what, error = %e, "watch error; the watcher retries"),
                 }
@@ -171,13 +179,16 @@ where
         Self {
             store,
             changes,
+            listed,
             task,
         }
     }
 
-    /// Waits for the first list (or the deadline); whether it arrived.
+    /// Waits for the first list (or the deadline); whether it arrived. Any number
+    /// may wait at once.
     pub async fn ready(&self, deadline: Instant) -> bool {
-        tokio::time::timeout_at(deadline.into(), self.store.wait_until_ready())
+        let mut listed = self.listed.clone();
+        tokio::time::timeout_at(deadline.into(), listed.wait_for(|l| *l))
             .await
             .is_ok_and(|r| r.is_ok())
     }

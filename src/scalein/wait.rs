@@ -218,15 +218,6 @@ impl PodWatch {
         rx.borrow_and_update();
         rx
     }
-
-    /// Pods held now, over all nodes (tests and the storm's memory figure).
-    pub fn len(&self) -> usize {
-        self.index.lock().node_of.len()
-    }
-
-    pub fn is_empty(&self) -> bool {
-        self.len() == 0
-    }
 }
 
 static NO_PODS: LazyLock<HashMap<String, Pod>> = LazyLock::new(HashMap::new);
