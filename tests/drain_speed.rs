@@ -1,13 +1,15 @@
-//! Drains as fast as the pods allow: after a PodDisruptionBudget's 429 the drain
-//! evicts again as soon as a pod the budget selects changes (the replacement is
-//! Ready), not at the next tick of the fixed retry.
+//! Drains as fast as the pods allow: an eviction a PodDisruptionBudget does not allow
+//! yet goes again as soon as the budget's status allows it (the replacement is
+//! Ready), not at the next tick of the fixed retry, and without a 429 to ask.
 
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use ca_asg_provider::cloud::memory::MemoryGroup;
 use ca_asg_provider::scalein::{Outcome, ScaleInSettings};
 use ca_asg_provider::sim::fixtures;
 use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 
 mod support;
 use support::eventually;
@@ -16,7 +18,8 @@ use support::world::*;
 /// Two replicas of one ReplicaSet on the node, a budget that allows one disruption:
 /// the second eviction waits for the first one's replacement to be Ready elsewhere.
 /// The fixed retry is a minute here, so only the budget's watch can end the drain
-/// within the test's bound.
+/// within the test's bound. The wait is on the budget's status (the drain pass's
+/// cache of budgets), so no watch of the budget's pods opens.
 #[tokio::test]
 async fn the_next_eviction_goes_when_the_replacement_is_ready_not_at_the_retry_tick() {
     let settings = ScaleInSettings {
@@ -52,14 +55,14 @@ async fn the_next_eviction_goes_when_the_replacement_is_ready_not_at_the_retry_t
         set_unschedulable(&w, other, false).await;
     }
     delete_nodes(&mut w, "web", &[(node.clone(), iid.clone())]).await;
-    eventually("the budget refuses the second eviction", 10, || {
-        events(&w.sim).iter().any(|(r, _)| r == "EvictionBlocked")
+    eventually("the budget holds the second eviction", 10, || {
+        w.engine.stats.evictions_held.load(Ordering::Relaxed) >= 1
     })
     .await;
     assert_eq!(
         w.engine.budgets.open(),
-        1,
-        "one watch for the budget's pods"
+        0,
+        "its status says when: no watch of the budget's pods"
     );
     // A minute's fixed retry would not fit this bound; the budget's watch does.
     eventually("the node is drained and its instance ended", 20, || {
@@ -74,12 +77,73 @@ async fn the_next_eviction_goes_when_the_replacement_is_ready_not_at_the_retry_t
         .filter(|a| a.verb == "evicted" && a.name.starts_with("web"))
         .count();
     assert_eq!(blocked, 2, "each replica evicted once");
-    eventually(
-        "the budget's watch is closed when no drain waits",
-        5,
-        || w.engine.budgets.open() == 0,
+}
+
+/// The budget's status says no at first (its pods are not Ready yet), so the
+/// eviction is held; when the disruption controller of the fake writes a status that
+/// allows one, it goes, with no 429 on the way. A minute's fixed retry could not end
+/// it within the bound, and a try before the status allowed would have been refused.
+#[tokio::test]
+async fn an_eviction_held_by_the_budgets_status_goes_when_the_status_allows() {
+    let settings = ScaleInSettings {
+        eviction_retry: Duration::from_secs(60),
+        ..fast_settings()
+    };
+    let mut w = world(
+        vec![MemoryGroup::new("web", 0, 3, 2, "m5.large")],
+        settings,
+        Duration::from_millis(100),
     )
     .await;
+    let (node, iid) = nodes_of(&w, "web")[0].clone();
+    w.sim.create(&fixtures::pdb("shop", "web", 1)).unwrap();
+    // Two replicas: the other one stays not Ready for 3 s, so the budget (one of two
+    // may go) allows nothing until then.
+    let mut slow = fixtures::pod("shop", "web-b", &nodes_of(&w, "web")[1].0, "web", 0.1);
+    slow.metadata.annotations.get_or_insert_default().insert(
+        ca_asg_provider::sim::cluster::READY_AFTER_ANNOTATION.into(),
+        "3000".into(),
+    );
+    w.sim
+        .create(&fixtures::pod("shop", "web-a", &node, "web", 0.1))
+        .unwrap();
+    pods_ready(&w, 1).await;
+    w.sim.create(&slow).unwrap();
+    eventually(
+        "the budget's status counts both and allows none",
+        10,
+        || {
+            w.sim
+                .get::<PodDisruptionBudget>("shop", "web-pdb")
+                .is_some_and(|b| {
+                    b["status"]["expectedPods"] == 2 && b["status"]["disruptionsAllowed"] == 0
+                })
+        },
+    )
+    .await;
+    delete_nodes(&mut w, "web", &[(node, iid.clone())]).await;
+    eventually("the eviction is held by the budget's status", 10, || {
+        w.engine.stats.evictions_held.load(Ordering::Relaxed) >= 1
+    })
+    .await;
+    assert!(
+        w.sim.get::<Pod>("shop", "web-a").is_some(),
+        "not evicted yet"
+    );
+    eventually("the node is drained and its instance ended", 20, || {
+        w.cloud.calls().get("terminate_instance") == Some(&1)
+    })
+    .await;
+    assert_eq!(w.engine.wait_for(&iid).await, Some(Outcome::Ended));
+    let audit = w.sim.audit();
+    assert!(
+        !audit.iter().any(|a| a.verb == "eviction-denied"),
+        "no try before the status allowed it"
+    );
+    assert!(audit
+        .iter()
+        .any(|a| a.verb == "evicted" && a.name == "web-a"));
+    assert_eq!(w.engine.budgets.open(), 0);
 }
 
 /// Four nodes drained at once, each with a DaemonSet pod and an app pod. With
@@ -174,4 +238,57 @@ async fn below_the_threshold_each_drain_watches_its_own_node() {
     let (pod_lists, attachment_lists) = four_drains_at_once(0).await;
     assert_eq!(pod_lists, 4, "one list of its node's pods per drain");
     assert_eq!(attachment_lists, 1, "one list of attachments for the pass");
+}
+
+/// The drain's cache of budgets stops hearing (its watch is refused) while it says
+/// the budget allows nothing. The budget's real status moves on; after
+/// `evictionRetryInterval` without a change the eviction is tried anyway and the API
+/// server, which guards the budget, accepts it. A stale cache costs a retry interval,
+/// never the drain.
+#[tokio::test]
+async fn a_stale_cache_of_budgets_costs_a_retry_not_the_drain() {
+    let settings = ScaleInSettings {
+        eviction_retry: Duration::from_millis(500),
+        ..fast_settings()
+    };
+    let mut w = world(
+        vec![MemoryGroup::new("web", 0, 3, 2, "m5.large")],
+        settings,
+        Duration::from_millis(100),
+    )
+    .await;
+    let (node, iid) = nodes_of(&w, "web")[0].clone();
+    w.sim.create(&fixtures::pdb("shop", "web", 1)).unwrap();
+    let mut slow = fixtures::pod("shop", "web-b", &nodes_of(&w, "web")[1].0, "web", 0.1);
+    slow.metadata.annotations.get_or_insert_default().insert(
+        ca_asg_provider::sim::cluster::READY_AFTER_ANNOTATION.into(),
+        "1500".into(),
+    );
+    w.sim
+        .create(&fixtures::pod("shop", "web-a", &node, "web", 0.1))
+        .unwrap();
+    pods_ready(&w, 1).await;
+    w.sim.create(&slow).unwrap();
+    eventually("the budget allows none", 10, || {
+        w.sim
+            .get::<PodDisruptionBudget>("shop", "web-pdb")
+            .is_some_and(|b| {
+                b["status"]["expectedPods"] == 2 && b["status"]["disruptionsAllowed"] == 0
+            })
+    })
+    .await;
+    // Lists answer, watches of budgets do not: the cache keeps the first list.
+    w.sim.deny(&[("watch", "poddisruptionbudgets")]);
+    delete_nodes(&mut w, "web", &[(node, iid.clone())]).await;
+    eventually("the node is drained and its instance ended", 20, || {
+        w.cloud.calls().get("terminate_instance") == Some(&1)
+    })
+    .await;
+    assert_eq!(w.engine.wait_for(&iid).await, Some(Outcome::Ended));
+    assert!(w.engine.stats.evictions_held.load(Ordering::Relaxed) >= 1);
+    assert!(
+        w.engine.stats.evictions_forced.load(Ordering::Relaxed) >= 1,
+        "tried past the cache's word"
+    );
+    w.sim.deny(&[]);
 }

@@ -174,8 +174,15 @@ async fn two_nodes_drained_at_once_never_leave_zero_ready_replicas() {
         assert_eq!(w.engine.wait_for(id).await, Some(Outcome::Ended));
     }
     let a = w.sim.audit();
+    // Held by the budget's status, or (once it stood still for the retry interval)
+    // refused by the API server.
+    let held = w
+        .engine
+        .stats
+        .evictions_held
+        .load(std::sync::atomic::Ordering::Relaxed);
     assert!(
-        a.iter().any(|e| e.verb == "eviction-denied"),
+        held > 0 || a.iter().any(|e| e.verb == "eviction-denied"),
         "the second drain had to wait for the replacement"
     );
     let min = min_ready.lock().0;

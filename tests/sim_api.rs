@@ -1,5 +1,6 @@
 //! The in-memory API server through a real kube::Client over HTTP.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ca_asg_provider::sim::{fixtures, SimCluster, SimOptions};
@@ -247,7 +248,14 @@ async fn eviction_respects_the_pdb_and_the_replicaset_replaces_the_pod() {
             })
             .count()
     };
+    let allowed = |s: &SimCluster| {
+        s.get::<PodDisruptionBudget>("ns", "web-pdb")
+            .and_then(|b| b["status"]["disruptionsAllowed"].as_i64())
+    };
     eventually("2 ready replicas", || ready(&s) == 2).await;
+    // The disruption controller writes the status a moment after the pods change;
+    // the API server decides on that status.
+    eventually("the budget allows one", || allowed(&s) == Some(1)).await;
     let names: Vec<String> = pods
         .list(&ListParams::default())
         .await
@@ -282,6 +290,7 @@ async fn eviction_respects_the_pdb_and_the_replicaset_replaces_the_pod() {
         ready(&s) == 2 && s.get::<Pod>("ns", &names[0]).is_none()
     })
     .await;
+    eventually("the budget allows one again", || allowed(&s) == Some(1)).await;
     pods.evict(&names[1], &EvictParams::default())
         .await
         .unwrap();
@@ -293,6 +302,141 @@ async fn eviction_respects_the_pdb_and_the_replicaset_replaces_the_pod() {
         .iter()
         .any(|a| a.verb == "eviction-denied" && a.name == names[1]));
     assert!(s.list::<ReplicaSet>().len() == 1);
+}
+
+/// The disruption controller of the fake writes a budget's status when its pods
+/// change, so a watch of budgets sees `disruptionsAllowed` move; the API server
+/// decides evictions on that status, and refuses while it describes an older spec.
+#[tokio::test]
+async fn a_budgets_status_is_written_and_watched_and_decides_evictions() {
+    let s = SimCluster::start(SimOptions {
+        ready_delay: Duration::from_millis(300),
+    })
+    .await
+    .unwrap();
+    s.create(&fixtures::node("n1", "p1", &[])).unwrap();
+    s.create(&fixtures::node("n2", "p2", &[])).unwrap();
+    s.create(&fixtures::replicaset("ns", "web", 2, 0.0))
+        .unwrap();
+    s.create(&fixtures::pdb("ns", "web", 1)).unwrap();
+    let budgets: Api<PodDisruptionBudget> = Api::namespaced(s.client(), "ns");
+    let seen: Arc<parking_lot::Mutex<Vec<(i32, i64)>>> = Arc::default();
+    let watch = {
+        let seen = seen.clone();
+        let budgets = budgets.clone();
+        tokio::spawn(async move {
+            let stream = watcher(budgets, watcher::Config::default()).applied_objects();
+            futures::pin_mut!(stream);
+            while let Some(Ok(b)) = stream.next().await {
+                if let Some(st) = b.status {
+                    seen.lock()
+                        .push((st.disruptions_allowed, st.observed_generation.unwrap_or(0)));
+                }
+            }
+        })
+    };
+    let allowed = |s: &SimCluster| {
+        s.get::<PodDisruptionBudget>("ns", "web-pdb")
+            .and_then(|b| b["status"]["disruptionsAllowed"].as_i64())
+    };
+    eventually("the budget allows one", || allowed(&s) == Some(1)).await;
+    eventually("the watch saw it", || seen.lock().last() == Some(&(1, 1))).await;
+    let pods: Api<Pod> = Api::namespaced(s.client(), "ns");
+    let names: Vec<String> = pods
+        .list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .map(|p| p.metadata.name.unwrap())
+        .collect();
+    pods.evict(&names[0], &EvictParams::default())
+        .await
+        .unwrap();
+    // Written with the eviction, before it answered: no lag to race.
+    assert_eq!(allowed(&s), Some(0));
+    eventually("the watch saw none allowed", || {
+        seen.lock().last() == Some(&(0, 1))
+    })
+    .await;
+    // The replacement becomes Ready: the controller allows one again, on the watch.
+    eventually("the watch saw one allowed again", || {
+        seen.lock().last() == Some(&(1, 1))
+    })
+    .await;
+    // A new spec: the generation moves, and the status follows it.
+    budgets
+        .patch(
+            "web-pdb",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"maxUnavailable": 2}})),
+        )
+        .await
+        .unwrap();
+    eventually("the status describes generation 2", || {
+        seen.lock().last() == Some(&(2, 2))
+    })
+    .await;
+    let b = budgets.get("web-pdb").await.unwrap();
+    assert_eq!(b.metadata.generation, Some(2));
+    watch.abort();
+}
+
+#[tokio::test]
+async fn an_eviction_is_refused_while_the_status_describes_an_older_spec() {
+    let s = sim().await;
+    s.create(&fixtures::node("n1", "p1", &[])).unwrap();
+    s.create(&fixtures::replicaset("ns", "web", 3, 0.0))
+        .unwrap();
+    s.create(&fixtures::pdb("ns", "web", 1)).unwrap();
+    let status_of = |s: &SimCluster| {
+        s.get::<PodDisruptionBudget>("ns", "web-pdb")
+            .map(|b| b["status"].clone())
+            .unwrap_or_default()
+    };
+    eventually("3 ready and one allowed", || {
+        status_of(&s)["disruptionsAllowed"] == 1 && status_of(&s)["currentHealthy"] == 3
+    })
+    .await;
+    // A status a lagging disruption controller left: it describes no spec yet. The
+    // fake's controller writes again only when pods or the spec change.
+    let budgets: Api<PodDisruptionBudget> = Api::namespaced(s.client(), "ns");
+    budgets
+        .patch(
+            "web-pdb",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"status": {"observedGeneration": 0}})),
+        )
+        .await
+        .unwrap();
+    let pods: Api<Pod> = Api::namespaced(s.client(), "ns");
+    let name = pods.list(&ListParams::default()).await.unwrap().items[0]
+        .metadata
+        .name
+        .clone()
+        .unwrap();
+    let refused = match pods.evict(&name, &EvictParams::default()).await {
+        Err(kube::Error::Api(s)) => s,
+        other => panic!("the pods would allow one, the stored status does not: {other:?}"),
+    };
+    assert_eq!(refused.code, 429);
+    let cause = &refused.details.as_ref().unwrap().causes[0];
+    assert_eq!(cause.reason, "DisruptionBudget");
+    assert!(cause.message.contains("still being processed"), "{cause:?}");
+    // A new spec: the controller writes a status for it, and the eviction goes.
+    budgets
+        .patch(
+            "web-pdb",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"maxUnavailable": 2}})),
+        )
+        .await
+        .unwrap();
+    eventually("a status for generation 2", || {
+        status_of(&s)["observedGeneration"] == 2
+    })
+    .await;
+    pods.evict(&name, &EvictParams::default()).await.unwrap();
 }
 
 #[tokio::test]

@@ -12,6 +12,7 @@ use std::sync::{Arc, Weak};
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::core::Selector;
 use kube::runtime::watcher::{self, Event};
 use kube::runtime::WatchStreamExt;
@@ -145,4 +146,292 @@ pub async fn any_changed(waits: &mut [BudgetWait]) {
     }
     let futs = waits.iter_mut().map(|w| Box::pin(w.changed()));
     futures::future::select_all(futs).await;
+}
+
+/// What a budget's status allows now, when it can be told: `disruptionsAllowed`, if
+/// the status describes the budget's current spec. `None` for a budget without a
+/// status yet or whose new spec the disruption controller has not seen (the API
+/// server refuses then; the try finds out).
+pub fn allowance(budget: &PodDisruptionBudget) -> Option<i32> {
+    let status = budget.status.as_ref()?;
+    let observed = status.observed_generation?;
+    if observed < budget.metadata.generation.unwrap_or(0) {
+        return None;
+    }
+    Some(status.disruptions_allowed)
+}
+
+/// One budget as a try sees it: its key, the resourceVersion of what the cache holds,
+/// and what that status allows.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BudgetView {
+    pub namespace: String,
+    pub name: String,
+    pub resource_version: String,
+    pub allowed: Option<i32>,
+}
+
+impl BudgetView {
+    pub fn of(budget: &PodDisruptionBudget) -> Self {
+        Self {
+            namespace: budget.metadata.namespace.clone().unwrap_or_default(),
+            name: budget.metadata.name.clone().unwrap_or_default(),
+            resource_version: budget.metadata.resource_version.clone().unwrap_or_default(),
+            allowed: allowance(budget),
+        }
+    }
+}
+
+/// This process's tries against each budget's status: a status that allows `n`
+/// disruptions lets `n` tries go, not one per waiting drain (the rest would only
+/// collect 429s and spend the API rate), and a status the API server already refused
+/// a try at lets none go. A new status (a new resourceVersion) starts over. Held per
+/// drain pass, so it holds only the budgets its drains met.
+#[derive(Default)]
+pub struct Claims {
+    taken: Mutex<HashMap<(String, String), Taken>>,
+}
+
+#[derive(Debug, Default)]
+struct Taken {
+    resource_version: String,
+    /// Tries at that status sent and not answered yet.
+    in_flight: i32,
+    /// Tries at that status the API server accepted.
+    used: i32,
+    /// The API server refused a try at that status: it is stale.
+    refused: bool,
+}
+
+/// What the cached status says of a try.
+#[derive(Debug)]
+pub enum Claim {
+    /// Try; the ticket, if the status was known, settles what the try took.
+    Go(Option<Ticket>),
+    /// The status allows none now (or this process's tries took what it allows).
+    /// `answer_pending`: one of them is not answered yet, and its answer changes the
+    /// status (an accepted eviction writes it) or settles it.
+    Hold { allowed: i32, answer_pending: bool },
+}
+
+/// How a try went, for the budget's count.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Settle {
+    /// Accepted: it took one disruption until the budget's next status.
+    Used,
+    /// A 429 from the budget: no try goes at this status.
+    Refused,
+    /// Anything else (gone, throttled, an error): it took nothing.
+    Unused,
+}
+
+/// One try counted against one budget's status. Dropped unsettled, it took nothing.
+#[derive(Debug)]
+pub struct Ticket {
+    claims: Weak<Claims>,
+    key: (String, String),
+    resource_version: String,
+    settled: bool,
+}
+
+impl Claims {
+    /// Whether a pod these budgets select may be tried now. No budget: go. Several:
+    /// go too (the Eviction API refuses overlapping budgets and says which).
+    pub fn claim(self: &Arc<Self>, budgets: &[BudgetView]) -> Claim {
+        let [b] = budgets else {
+            return Claim::Go(None);
+        };
+        let Some(allowed) = b.allowed else {
+            return Claim::Go(None);
+        };
+        let key = (b.namespace.clone(), b.name.clone());
+        let mut taken = self.taken.lock();
+        let t = taken.entry(key.clone()).or_default();
+        if t.resource_version != b.resource_version {
+            *t = Taken {
+                resource_version: b.resource_version.clone(),
+                ..Taken::default()
+            };
+        }
+        if t.refused || t.in_flight + t.used >= allowed {
+            return Claim::Hold {
+                allowed,
+                answer_pending: t.in_flight > 0,
+            };
+        }
+        t.in_flight += 1;
+        Claim::Go(Some(Ticket {
+            claims: Arc::downgrade(self),
+            key,
+            resource_version: b.resource_version.clone(),
+            settled: false,
+        }))
+    }
+
+    fn settle(&self, ticket: &Ticket, how: Settle) {
+        let mut taken = self.taken.lock();
+        let Some(t) = taken.get_mut(&ticket.key) else {
+            return;
+        };
+        // A newer status counts from scratch: this try is in it or not, as the API
+        // server wrote it.
+        if t.resource_version != ticket.resource_version {
+            return;
+        }
+        t.in_flight = (t.in_flight - 1).max(0);
+        match how {
+            Settle::Used => t.used += 1,
+            Settle::Refused => t.refused = true,
+            Settle::Unused => {}
+        }
+    }
+}
+
+impl Ticket {
+    pub fn settle(mut self, how: Settle) {
+        if let Some(c) = self.claims.upgrade() {
+            c.settle(&self, how);
+        }
+        self.settled = true;
+    }
+}
+
+impl Drop for Ticket {
+    fn drop(&mut self) {
+        if !self.settled {
+            if let Some(c) = self.claims.upgrade() {
+                c.settle(self, Settle::Unused);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::api::policy::v1::PodDisruptionBudgetStatus;
+
+    fn view(rv: &str, allowed: Option<i32>) -> BudgetView {
+        BudgetView {
+            namespace: "shop".into(),
+            name: "web".into(),
+            resource_version: rv.into(),
+            allowed,
+        }
+    }
+
+    fn go(c: Claim) -> Option<Ticket> {
+        match c {
+            Claim::Go(t) => t,
+            Claim::Hold { allowed, .. } => panic!("held (allowed {allowed})"),
+        }
+    }
+
+    fn held(c: &Claim) -> bool {
+        matches!(c, Claim::Hold { .. })
+    }
+
+    #[test]
+    fn a_status_lets_as_many_tries_go_as_it_allows() {
+        let claims = Arc::new(Claims::default());
+        let one = go(claims.claim(&[view("7", Some(2))])).expect("a ticket");
+        let _two = go(claims.claim(&[view("7", Some(2))])).expect("a ticket");
+        assert!(
+            held(&claims.claim(&[view("7", Some(2))])),
+            "two allowed, two out"
+        );
+        // A try that took nothing gives its place back.
+        one.settle(Settle::Unused);
+        assert!(go(claims.claim(&[view("7", Some(2))])).is_some());
+    }
+
+    #[test]
+    fn a_hold_says_whether_an_answer_is_pending() {
+        let claims = Arc::new(Claims::default());
+        let out = go(claims.claim(&[view("7", Some(1))])).unwrap();
+        assert!(matches!(
+            claims.claim(&[view("7", Some(1))]),
+            Claim::Hold {
+                allowed: 1,
+                answer_pending: true
+            }
+        ));
+        out.settle(Settle::Used);
+        assert!(matches!(
+            claims.claim(&[view("7", Some(1))]),
+            Claim::Hold {
+                answer_pending: false,
+                ..
+            }
+        ));
+    }
+
+    #[test]
+    fn an_accepted_try_keeps_its_place_until_the_next_status() {
+        let claims = Arc::new(Claims::default());
+        go(claims.claim(&[view("7", Some(1))]))
+            .unwrap()
+            .settle(Settle::Used);
+        assert!(held(&claims.claim(&[view("7", Some(1))])));
+        // The API server's next status (written with the eviction, or by the
+        // disruption controller) is what counts from then on.
+        assert!(go(claims.claim(&[view("8", Some(1))])).is_some());
+        assert!(held(&claims.claim(&[view("9", Some(0))])));
+    }
+
+    #[test]
+    fn a_refusal_holds_every_try_at_that_status() {
+        let claims = Arc::new(Claims::default());
+        go(claims.claim(&[view("7", Some(3))]))
+            .unwrap()
+            .settle(Settle::Refused);
+        assert!(
+            held(&claims.claim(&[view("7", Some(3))])),
+            "the status is stale"
+        );
+        assert!(go(claims.claim(&[view("8", Some(3))])).is_some());
+    }
+
+    #[test]
+    fn a_settle_for_an_older_status_changes_nothing() {
+        let claims = Arc::new(Claims::default());
+        let old = go(claims.claim(&[view("7", Some(1))])).unwrap();
+        let new = go(claims.claim(&[view("8", Some(1))])).unwrap();
+        old.settle(Settle::Refused);
+        assert!(
+            held(&claims.claim(&[view("8", Some(1))])),
+            "the new one is out"
+        );
+        drop(new);
+        assert!(
+            go(claims.claim(&[view("8", Some(1))])).is_some(),
+            "dropped: given back"
+        );
+    }
+
+    #[test]
+    fn unknown_none_or_several_budgets_never_hold() {
+        let claims = Arc::new(Claims::default());
+        assert!(go(claims.claim(&[])).is_none());
+        assert!(go(claims.claim(&[view("7", None)])).is_none());
+        assert!(go(claims.claim(&[view("7", Some(0)), view("3", Some(0))])).is_none());
+        assert!(held(&claims.claim(&[view("7", Some(0))])));
+    }
+
+    #[test]
+    fn allowance_needs_a_status_of_the_current_spec() {
+        let mut b = PodDisruptionBudget::default();
+        b.metadata.generation = Some(2);
+        assert_eq!(allowance(&b), None, "no status yet");
+        b.status = Some(PodDisruptionBudgetStatus {
+            disruptions_allowed: 1,
+            observed_generation: Some(1),
+            ..Default::default()
+        });
+        assert_eq!(allowance(&b), None, "it describes the older spec");
+        b.status.as_mut().unwrap().observed_generation = Some(2);
+        assert_eq!(allowance(&b), Some(1));
+        b.status.as_mut().unwrap().observed_generation = None;
+        assert_eq!(allowance(&b), None, "no observedGeneration: not told");
+    }
 }

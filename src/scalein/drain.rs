@@ -364,6 +364,10 @@ impl NodeDrain<'_> {
     }
 }
 
+/// How long a drain waits for the pass's first list of PodDisruptionBudgets before
+/// its first eviction (usually no time: it lists while the pods do).
+const BUDGET_LIST_WAIT: Duration = Duration::from_secs(2);
+
 async fn drain_node(engine: &Engine, req: &DrainRequest, node: &str) -> Result<Option<Plan>, Stop> {
     let s = &engine.settings;
     let m = metrics();
@@ -425,6 +429,10 @@ async fn drain_node(engine: &Engine, req: &DrainRequest, node: &str) -> Result<O
     // Held to the end of the drain: the caches this drain shares with the others.
     let pass = engine.passes.join();
     let mut pods = pass.pods_of(node);
+    // The budgets' cache lists while the pods do, so the first evictions already
+    // know what each budget allows (waited for briefly below; without it the API
+    // server's 429s say the same, only dearer).
+    let budgets_listed = pass.budgets();
     // Each reason's deadline counts from its own arrival; a budget only shortens.
     let workload_deadline = plan
         .workload_deadline
@@ -439,6 +447,10 @@ async fn drain_node(engine: &Engine, req: &DrainRequest, node: &str) -> Result<O
             "could not list the pods of node {node}; the instance is not ended"
         )));
     }
+
+    budgets_listed
+        .ready(Instant::now() + BUDGET_LIST_WAIT)
+        .await;
 
     // CA's scale-in, whichever replica CA asked (a follower's drain reaches the
     // leader as a resumed or held one): CA's own taint on the Node says so.

@@ -10,7 +10,9 @@ use kube::api::{DeleteParams, EvictParams, ListParams, Preconditions};
 use kube::core::{Selector, SelectorExt};
 use kube::Api;
 
+use super::budgets::Settle;
 use super::events::Reason;
+use super::pass::Verdict;
 use super::plan::PodRef;
 use super::Engine;
 use crate::telemetry::metrics::{metrics, Metrics};
@@ -158,6 +160,99 @@ async fn selecting(engine: &Engine, pod: &PodRef) -> Vec<(String, Selector)> {
 /// lists its namespace's itself.
 const BUDGET_LIST_WAIT: Duration = Duration::from_secs(5);
 
+/// A pod held by its budget's status this long (or `evictionRetryInterval`, if
+/// shorter) gets an `EvictionBlocked` Event.
+const TELL_HELD_AFTER: Duration = Duration::from_secs(5);
+
+/// What the wait before a try ended with.
+enum Held {
+    /// Try now; the ticket counts the try against the budget's status, if known.
+    Try(Option<super::budgets::Ticket>),
+    /// The pod is gone meanwhile.
+    Gone,
+    /// The drain's deadline passed.
+    PastDeadline,
+}
+
+/// Before a try, the budget's own word, from the drain pass's cache: while the status
+/// of the budget that selects the pod allows no disruption (or this process's tries in
+/// flight took what it allows, or it already refused one at this status), waits for
+/// the budget's next status instead of collecting a 429 that spends the API rate.
+/// When the budget has not changed for about `evictionRetryInterval`, it tries anyway:
+/// a stopped disruption controller writes no new status, and the API server has the
+/// last word. (While the budget changes, other drains are using it: no try could go.)
+/// Says so in an Event once the pod has waited 5 s (or `evictionRetryInterval`): a budget
+/// that lets a storm's evictions through one by one is no news, one that holds a
+/// drain is.
+async fn hold(
+    engine: &Engine,
+    node: &str,
+    pod: &PodRef,
+    deadline: Instant,
+    (told, held_since): (&mut bool, &mut Option<Instant>),
+    still_there: &impl Fn() -> bool,
+) -> Held {
+    if !engine.settings.budget_watch {
+        return Held::Try(None);
+    }
+    let retry = engine.settings.eviction_retry;
+    let mut give_up = Instant::now() + jitter(retry);
+    let mut counted = false;
+    loop {
+        let Some(pass) = engine.passes.current() else {
+            return Held::Try(None);
+        };
+        let (budget, allowed, pending, mut changes) =
+            match pass.verdict(&pod.namespace, &pod.labels) {
+                Verdict::Go(ticket) => return Held::Try(ticket),
+                Verdict::Hold {
+                    budget,
+                    allowed,
+                    answer_pending,
+                    changes,
+                } => (budget, allowed, answer_pending, changes),
+            };
+        drop(pass);
+        let now = Instant::now();
+        if now >= deadline {
+            return Held::PastDeadline;
+        }
+        // A try of ours at this status waits for its answer (in a storm, for its API
+        // token): the answer moves the status, no timer needs to.
+        if pending {
+            give_up = give_up.max(now + jitter(retry));
+        } else if now >= give_up {
+            engine
+                .stats
+                .evictions_forced
+                .fetch_add(1, Ordering::Relaxed);
+            return Held::Try(None);
+        }
+        if !counted {
+            Metrics::outcome(&metrics().evictions, "held_by_budget");
+            engine.stats.evictions_held.fetch_add(1, Ordering::Relaxed);
+            counted = true;
+        }
+        let since = *held_since.get_or_insert(now);
+        let tell_after = retry.min(TELL_HELD_AFTER);
+        if !*told && now >= since + tell_after {
+            engine
+                .events
+                .node_about_pod(node, Reason::EvictionBlocked, format!("eviction of {pod} waits on PodDisruptionBudget {budget}: its status allows {} disruption(s) now and they are taken; trying when it allows one", allowed.max(0)), pod)
+                .await;
+            *told = true;
+        }
+        let tell_at = if *told { deadline } else { since + tell_after };
+        tokio::select! {
+            _ = tokio::time::sleep_until(give_up.min(deadline).min(tell_at).into()) => {}
+            _ = changes.changed() => give_up = Instant::now() + jitter(retry),
+        }
+        if !still_there() {
+            return Held::Gone;
+        }
+    }
+}
+
 /// Evicts one pod, retrying refusals until accepted, gone, or the deadline. Publishes
 /// one Event the first time a PDB blocks it. Returns whether it was accepted or gone.
 pub async fn until_accepted(
@@ -169,15 +264,36 @@ pub async fn until_accepted(
     still_there: impl Fn() -> bool,
 ) -> bool {
     let mut told = false;
+    let mut held_since = None;
     let mut backoff = engine.settings.eviction_retry;
-    // Once a budget refused: the watches of its pods, so the next try goes the moment
-    // a replacement is Ready instead of at the next tick of the fixed retry.
+    // Once a budget refused and its status could not say when it allows again: the
+    // watches of its pods, so the next try goes the moment a replacement is Ready
+    // instead of at the next tick of the fixed retry.
     let mut budget_waits: Option<Vec<super::budgets::BudgetWait>> = None;
     loop {
         if !still_there() {
             return true;
         }
-        match attempt(engine, pod).await {
+        let tell = (&mut told, &mut held_since);
+        let ticket = match hold(engine, node, pod, deadline, tell, &still_there).await {
+            Held::Try(ticket) => ticket,
+            Held::Gone => return true,
+            Held::PastDeadline => return false,
+        };
+        // The budget's status is known: the next wait is on it (in `hold`).
+        let status_known = ticket.is_some();
+        let outcome = attempt(engine, pod).await;
+        if let Some(t) = ticket {
+            t.settle(match outcome {
+                Attempt::Evicted => Settle::Used,
+                Attempt::Blocked(_) => Settle::Refused,
+                _ => Settle::Unused,
+            });
+        }
+        // Whether a change of the budget's pods may bring the next try forward (only
+        // a budget's refusal: an APF 429 keeps its Retry-After).
+        let mut early = false;
+        match outcome {
             Attempt::Evicted => {
                 engine
                     .events
@@ -192,6 +308,20 @@ pub async fn until_accepted(
             }
             Attempt::Gone => return true,
             Attempt::Blocked(why) => {
+                if !told {
+                    engine
+                        .events
+                        .node_about_pod(node, Reason::EvictionBlocked, format!("eviction of {pod} blocked by a PodDisruptionBudget: {why}; retrying when the budget allows, at the latest every {backoff:?}"), pod)
+                        .await;
+                    told = true;
+                }
+                backoff = engine.settings.eviction_retry;
+                if status_known {
+                    if Instant::now() >= deadline {
+                        return false;
+                    }
+                    continue;
+                }
                 if budget_waits.is_none() && engine.settings.budget_watch {
                     let every_pod = engine.passes.shared_pods();
                     let waits = selecting(engine, pod)
@@ -205,14 +335,7 @@ pub async fn until_accepted(
                         .collect();
                     budget_waits = Some(waits);
                 }
-                if !told {
-                    engine
-                        .events
-                        .node_about_pod(node, Reason::EvictionBlocked, format!("eviction of {pod} blocked by a PodDisruptionBudget: {why}; retrying every {backoff:?}"), pod)
-                        .await;
-                    told = true;
-                }
-                backoff = engine.settings.eviction_retry;
+                early = true;
             }
             Attempt::Throttled(after) => {
                 tracing::debug!(node, pod = %pod, retry_after = ?after, "eviction throttled by the API server (not a PodDisruptionBudget)");
@@ -247,13 +370,14 @@ pub async fn until_accepted(
             return false;
         }
         let timer = tokio::time::sleep(jitter(backoff).min(deadline - now));
-        match budget_waits.as_mut() {
+        match budget_waits.as_mut().filter(|_| early) {
             Some(waits) => {
                 tokio::select! {
                     _ = timer => {}
                     _ = super::budgets::any_changed(waits) => {
-                        // Many drains may wait on one budget: spread their tries over
-                        // a moment so the one the budget allows is not lost in a herd.
+                        // Many drains may wait on one budget whose status says nothing:
+                        // spread their tries over a moment so the one it allows is not
+                        // lost in a herd.
                         let spread = jitter(Duration::from_millis(150));
                         tokio::time::sleep(spread.min(deadline.saturating_duration_since(Instant::now()))).await;
                     }

@@ -261,6 +261,11 @@ pub struct DrainStats {
     pub deadlines_hit: AtomicU64,
     pub evictions_ok: AtomicU64,
     pub evictions_pdb_blocked: AtomicU64,
+    /// Tries held back because the budget's cached status allowed none (no request).
+    pub evictions_held: AtomicU64,
+    /// Tries sent although the budget's cached status allowed none: it had not
+    /// changed for `evictionRetryInterval` (a stopped disruption controller).
+    pub evictions_forced: AtomicU64,
     pub evictions_error: AtomicU64,
     pub heartbeats: AtomicU64,
 }

@@ -23,6 +23,7 @@ use kube::Api;
 use parking_lot::Mutex;
 use tokio::sync::watch;
 
+use super::budgets::{BudgetView, Claim, Claims};
 use super::wait::{NodePods, PodWatch};
 
 /// Begins and joins drain passes.
@@ -53,6 +54,8 @@ impl Passes {
             share_pods_from: self.share_pods_from,
             pods: OnceLock::new(),
             budgets: OnceLock::new(),
+            budget_ticks: Arc::default(),
+            claims: Arc::default(),
             attachments: OnceLock::new(),
         });
         *current = Arc::downgrade(&p);
@@ -76,7 +79,60 @@ pub struct Pass {
     share_pods_from: usize,
     pods: OnceLock<Arc<PodWatch>>,
     budgets: OnceLock<Feed<PodDisruptionBudget>>,
+    /// A tick per budget on each of its changes, for the tries waiting on it.
+    budget_ticks: Arc<Ticks>,
+    /// This pass's tries against each budget's status.
+    claims: Arc<Claims>,
     attachments: OnceLock<Feed<VolumeAttachment>>,
+}
+
+/// Budgets' changes by (namespace, name), for those who wait on one budget: a storm
+/// changes a budget's status thousands of times, and a try waits only on its own.
+#[derive(Default)]
+struct Ticks {
+    senders: Mutex<std::collections::HashMap<(String, String), watch::Sender<u64>>>,
+}
+
+impl Ticks {
+    fn subscribe(&self, namespace: &str, name: &str) -> watch::Receiver<u64> {
+        let mut senders = self.senders.lock();
+        senders.retain(|_, tx| tx.receiver_count() > 0);
+        senders
+            .entry((namespace.to_string(), name.to_string()))
+            .or_insert_with(|| watch::channel(0).0)
+            .subscribe()
+    }
+
+    /// One budget changed (`Some`), or any may have (`None`: a new list).
+    fn tick(&self, budget: Option<&PodDisruptionBudget>) {
+        let senders = self.senders.lock();
+        match budget {
+            Some(b) => {
+                let key = (
+                    b.metadata.namespace.clone().unwrap_or_default(),
+                    b.metadata.name.clone().unwrap_or_default(),
+                );
+                if let Some(tx) = senders.get(&key) {
+                    tx.send_modify(|g| *g += 1);
+                }
+            }
+            None => senders.values().for_each(|tx| tx.send_modify(|g| *g += 1)),
+        }
+    }
+}
+
+/// What the cached status of the budget selecting a pod says of a try now.
+pub enum Verdict {
+    /// Try (with the ticket that counts it, when the status was known).
+    Go(Option<super::budgets::Ticket>),
+    /// Wait for the budget's next change.
+    Hold {
+        budget: String,
+        allowed: i32,
+        /// A try of this process at the budget's status is not answered yet.
+        answer_pending: bool,
+        changes: watch::Receiver<u64>,
+    },
 }
 
 impl Pass {
@@ -110,15 +166,74 @@ impl Pass {
 
     /// Every PodDisruptionBudget of the cluster.
     pub fn budgets(&self) -> &Feed<PodDisruptionBudget> {
-        self.budgets
-            .get_or_init(|| Feed::start(Api::all(self.client.clone()), "poddisruptionbudgets"))
+        self.budgets.get_or_init(|| {
+            let ticks = self.budget_ticks.clone();
+            Feed::start(
+                Api::all(self.client.clone()),
+                "poddisruptionbudgets",
+                move |b| ticks.tick(b),
+            )
+        })
+    }
+
+    /// Asks the cached status of the budget that selects the pod (`namespace`,
+    /// `labels`) whether a try may go now. Without the cache's first list, or
+    /// without a budget whose status is known, it may: the API server decides.
+    pub fn verdict(
+        &self,
+        namespace: &str,
+        labels: &std::collections::BTreeMap<String, String>,
+    ) -> Verdict {
+        use kube::core::{Selector, SelectorExt};
+        let feed = self.budgets();
+        if !feed.listed() {
+            return Verdict::Go(None);
+        }
+        let selecting: Vec<Arc<PodDisruptionBudget>> = feed
+            .state()
+            .into_iter()
+            .filter(|b| b.metadata.namespace.as_deref() == Some(namespace))
+            .filter(|b| {
+                b.spec
+                    .as_ref()
+                    .and_then(|s| s.selector.clone())
+                    .and_then(|sel| Selector::try_from(sel).ok())
+                    .is_some_and(|sel| sel.matches(labels))
+            })
+            .collect();
+        let views: Vec<BudgetView> = selecting.iter().map(|b| BudgetView::of(b)).collect();
+        match self.claims.claim(&views) {
+            Claim::Go(ticket) => Verdict::Go(ticket),
+            Claim::Hold {
+                allowed,
+                answer_pending,
+            } => {
+                let b = &views[0];
+                let mut changes = self.budget_ticks.subscribe(&b.namespace, &b.name);
+                // A change between the read above and the subscription is not lost.
+                let now = feed.get(&b.namespace, &b.name);
+                if now
+                    .and_then(|n| n.metadata.resource_version.clone())
+                    .as_deref()
+                    != Some(b.resource_version.as_str())
+                {
+                    changes.mark_changed();
+                }
+                Verdict::Hold {
+                    budget: format!("{}/{}", b.namespace, b.name),
+                    allowed,
+                    answer_pending,
+                    changes,
+                }
+            }
+        }
     }
 
     /// Every VolumeAttachment of the cluster (they cannot be selected by node, and
     /// there are few).
     pub fn attachments(&self) -> &Feed<VolumeAttachment> {
         self.attachments
-            .get_or_init(|| Feed::start(Api::all(self.client.clone()), "volumeattachments"))
+            .get_or_init(|| Feed::start(Api::all(self.client.clone()), "volumeattachments", |_| {}))
     }
 }
 
@@ -154,7 +269,13 @@ where
         + Sync
         + 'static,
 {
-    fn start(api: Api<K>, what: &'static str) -> Self {
+    /// Starts the watch; `changed` hears each object that changed, and `None` at the
+    /// end of each list (after a list anything may have changed).
+    fn start(
+        api: Api<K>,
+        what: &'static str,
+        changed: impl Fn(Option<&K>) + Send + 'static,
+    ) -> Self {
         let (store, writer) = reflector::store();
         let (tx, changes) = watch::channel(0u64);
         let (listed_tx, listed) = watch::channel(false);
@@ -170,8 +291,12 @@ where
                     Ok(watcher::Event::InitDone) => {
                         listed_tx.send_replace(true);
                         tx.send_modify(|g| *g += 1);
+                        changed(None);
                     }
-                    Ok(_) => tx.send_modify(|g| *g += 1),
+                    Ok(watcher::Event::Apply(o) | watcher::Event::Delete(o)) => {
+                        tx.send_modify(|g| *g += 1);
+                        changed(Some(&o));
+                    }
                     Err(e) => tracing::debug!(what, error = %e, "watch error; the watcher retries"),
                 }
             }
@@ -191,6 +316,17 @@ where
         tokio::time::timeout_at(deadline.into(), listed.wait_for(|l| *l))
             .await
             .is_ok_and(|r| r.is_ok())
+    }
+
+    /// Whether the first list arrived (no wait).
+    pub fn listed(&self) -> bool {
+        *self.listed.borrow()
+    }
+
+    /// One cached object.
+    pub fn get(&self, namespace: &str, name: &str) -> Option<Arc<K>> {
+        self.store
+            .get(&reflector::ObjectRef::new(name).within(namespace))
     }
 
     /// Everything cached now.

@@ -9,6 +9,7 @@ use std::time::Duration;
 use serde_json::{json, Value};
 use tokio::sync::broadcast::error::{RecvError, TryRecvError};
 
+use super::eviction;
 use super::store::{resource, Change, EventType, Inner, ResourceDef, Store};
 use super::SimOptions;
 
@@ -234,6 +235,10 @@ struct Controllers {
     ds_nodes_dirty: HashSet<String>,
     all_ds_dirty: bool,
     sched_dirty: bool,
+    /// The disruption controller's work: the budgets (namespace, name) whose pods,
+    /// ReplicaSets or spec changed, so their status is written again.
+    budgets_dirty: HashSet<(String, String)>,
+    all_budgets_dirty: bool,
 }
 
 /// What one pod adds to the controllers' counts.
@@ -282,6 +287,16 @@ impl Controllers {
             ds_nodes_dirty: HashSet::new(),
             all_ds_dirty: true,
             sched_dirty: true,
+            budgets_dirty: HashSet::new(),
+            all_budgets_dirty: true,
+        }
+    }
+
+    /// The budgets that select `p` (as it was or is now) need their status again.
+    fn budgets_of_pod(&mut self, inner: &Inner, p: &Value) {
+        let ns = s(p, &["metadata", "namespace"]);
+        for name in eviction::budgets_selecting(inner, ns, p) {
+            self.budgets_dirty.insert((ns.to_string(), name));
         }
     }
 
@@ -357,11 +372,16 @@ impl Controllers {
         self.all_rs_dirty = true;
         self.all_ds_dirty = true;
         self.sched_dirty = true;
+        self.all_budgets_dirty = true;
     }
 
     fn fold(&mut self, store: &Arc<Store>, inner: &mut Inner, c: &Change) {
         match (c.res.plural, c.res.group) {
             ("pods", "") => {
+                if let Some(old) = &c.old {
+                    self.budgets_of_pod(inner, old);
+                }
+                self.budgets_of_pod(inner, &c.object);
                 if let Some(old) = &c.old {
                     self.count(old, -1);
                 } else if c.kind == EventType::Modified {
@@ -395,11 +415,28 @@ impl Controllers {
                         s(&c.object, &["metadata", "namespace"]).to_string(),
                         s(&c.object, &["metadata", "name"]).to_string(),
                     );
+                    // A new scale changes the pods a budget expects.
+                    for b in eviction::budget_names(inner, Some(&key.0)) {
+                        self.budgets_dirty.insert(b);
+                    }
                     self.replicasets.insert(uid.clone(), key);
                     self.rs_dirty.insert(uid);
                 }
             }
             ("daemonsets", "apps") => self.all_ds_dirty = true,
+            ("poddisruptionbudgets", "policy") => {
+                // Its own status write comes back too: only a new spec is work.
+                let spec_changed = c
+                    .old
+                    .as_ref()
+                    .is_none_or(|old| old["spec"] != c.object["spec"]);
+                if c.kind != EventType::Deleted && spec_changed {
+                    self.budgets_dirty.insert((
+                        s(&c.object, &["metadata", "namespace"]).to_string(),
+                        s(&c.object, &["metadata", "name"]).to_string(),
+                    ));
+                }
+            }
             _ => {}
         }
     }
@@ -528,7 +565,8 @@ impl Controllers {
         let sched = self.sched_dirty && !self.pending.is_empty();
         let rs_work = self.all_rs_dirty || !self.rs_dirty.is_empty();
         let ds_work = self.all_ds_dirty || !self.ds_nodes_dirty.is_empty();
-        if !(sched || rs_work || ds_work) {
+        let budget_work = self.all_budgets_dirty || !self.budgets_dirty.is_empty();
+        if !(sched || rs_work || ds_work || budget_work) {
             return;
         }
         // Listed when a pod is first placed in this pass, not on every pass.
@@ -623,6 +661,24 @@ impl Controllers {
                 }
             }
         }
+        if budget_work {
+            // The disruption controller, after the others: a status describes the pods
+            // as this pass left them (its writes come back as changes, like theirs).
+            let mut by_ns: HashMap<String, Vec<String>> = HashMap::new();
+            let dirty: Vec<(String, String)> = if self.all_budgets_dirty {
+                eviction::budget_names(inner, None)
+            } else {
+                self.budgets_dirty.drain().collect()
+            };
+            for (ns, name) in dirty {
+                by_ns.entry(ns).or_default().push(name);
+            }
+            for (ns, names) in by_ns {
+                eviction::refresh_statuses(inner, &ns, names.iter().map(String::as_str));
+            }
+        }
+        self.budgets_dirty.clear();
+        self.all_budgets_dirty = false;
         self.rs_dirty.clear();
         self.all_rs_dirty = false;
         self.ds_nodes_dirty.clear();

@@ -106,8 +106,71 @@ pub fn status(
     json!({
         "currentHealthy": healthy, "desiredHealthy": desired, "expectedPods": expected,
         "disruptionsAllowed": (healthy - desired).max(0),
-        "observedGeneration": 1,
+        "observedGeneration": pdb["metadata"]["generation"].as_i64().unwrap_or(1),
     })
+}
+
+/// The disruption controller's write for one budget: its status recomputed from the
+/// pods now, stored (a new resourceVersion and a watch event) only when it differs.
+pub(crate) fn refresh_status(inner: &mut Inner, ns: &str, name: &str) {
+    refresh_statuses(inner, ns, std::iter::once(name));
+}
+
+/// `refresh_status` for several budgets of one namespace (its ReplicaSets read once).
+pub(crate) fn refresh_statuses<'a>(
+    inner: &mut Inner,
+    ns: &str,
+    names: impl IntoIterator<Item = &'a str>,
+) {
+    let pdb_res = resource("policy", "poddisruptionbudgets").expect("pdbs");
+    let controllers = inner.list(resource("apps", "replicasets").expect("rs"), Some(ns));
+    for name in names {
+        let Some(pdb) = inner.get_shared(pdb_res, ns, name).cloned() else {
+            continue;
+        };
+        let pods = candidates(inner, ns, &pdb["spec"]["selector"]);
+        let now = status(&pdb, &pods, &controllers);
+        if pdb["status"] != now {
+            let _ = inner.update(pdb_res, ns, name, "status", |o| {
+                let mut n = o.clone();
+                n["status"] = now;
+                Ok(n)
+            });
+        }
+    }
+}
+
+/// The budgets of `ns` whose selector picks `pod`.
+pub(crate) fn budgets_selecting(inner: &Inner, ns: &str, pod: &Value) -> Vec<String> {
+    let pdb_res = resource("policy", "poddisruptionbudgets").expect("pdbs");
+    inner
+        .iter(pdb_res, Some(ns))
+        .filter(|p| selector_selects_object(&p["spec"]["selector"], pod))
+        .filter_map(|p| p["metadata"]["name"].as_str().map(str::to_string))
+        .collect()
+}
+
+/// Every budget of `ns`.
+pub(crate) fn budget_names(inner: &Inner, ns: Option<&str>) -> Vec<(String, String)> {
+    let pdb_res = resource("policy", "poddisruptionbudgets").expect("pdbs");
+    inner
+        .iter(pdb_res, ns)
+        .filter_map(|p| {
+            Some((
+                p["metadata"]["namespace"].as_str()?.to_string(),
+                p["metadata"]["name"].as_str()?.to_string(),
+            ))
+        })
+        .collect()
+}
+
+/// Whether the stored status (what the API server decides on) forbids a disruption:
+/// none is allowed, or it describes an older spec (or none yet).
+fn stored_status_forbids(pdb: &Value) -> bool {
+    let st = &pdb["status"];
+    let generation = pdb["metadata"]["generation"].as_i64().unwrap_or(1);
+    st["observedGeneration"].as_i64().unwrap_or(0) < generation
+        || st["disruptionsAllowed"].as_i64().unwrap_or(0) <= 0
 }
 
 /// The pods of `ns` a selector may select: those with its first `matchLabels` pair
@@ -156,7 +219,11 @@ pub(crate) fn evict(
         let (healthy, desired, _) = budget(pdb, &pods, &controllers);
         // Evicting a pod that is not Ready costs the budget nothing.
         let counts = is_ready(&pod);
-        if counts && healthy - desired <= 0 {
+        // Like the real API server, it decides on the stored status, which the
+        // disruption controller writes a moment after the pods change: a client that
+        // tries before the status caught up is refused. The budget counted from the
+        // pods now refuses too, so the fake never lets a budget break.
+        if counts && (healthy - desired <= 0 || stored_status_forbids(pdb)) {
             inner.note("eviction-denied", pods_res, ns, name);
             let pdb_name = pdb["metadata"]["name"].as_str().unwrap_or("");
             let mut e = ApiError::new(
@@ -164,15 +231,23 @@ pub(crate) fn evict(
                 "TooManyRequests",
                 "Cannot evict pod as it would violate the pod's disruption budget.",
             );
-            e.causes = vec![json!({
-                "reason": "DisruptionBudget",
-                "message": format!("The disruption budget {pdb_name} needs {desired} healthy pods and has {healthy} currently"),
-            })];
+            let message = if healthy - desired > 0 {
+                format!("The disruption budget {pdb_name} is still being processed by the server.")
+            } else {
+                format!("The disruption budget {pdb_name} needs {desired} healthy pods and has {healthy} currently")
+            };
+            e.causes = vec![json!({"reason": "DisruptionBudget", "message": message})];
             return Err(e);
         }
     }
     inner.note("evicted", pods_res, ns, name);
     inner.delete(pods_res, ns, name, grace)?;
+    // The API server writes the budget's status with the eviction (one disruption
+    // fewer), before it answers.
+    if let Some(pdb) = pdbs.first() {
+        let pdb_name = pdb["metadata"]["name"].as_str().unwrap_or("").to_string();
+        refresh_status(inner, ns, &pdb_name);
+    }
     Ok(
         json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201}),
     )

@@ -299,21 +299,6 @@ fn selectors(q: &HashMap<String, String>) -> Result<(LabelSelector, FieldSelecto
     Ok((ls, fs))
 }
 
-fn with_pdb_status(ctx: &Ctx, t: &Target, mut v: Value) -> Value {
-    if t.res.plural == "poddisruptionbudgets" {
-        let ns = v["metadata"]["namespace"]
-            .as_str()
-            .unwrap_or("")
-            .to_string();
-        let inner = ctx.store.lock();
-        let pods = eviction::candidates(&inner, &ns, &v["spec"]["selector"]);
-        let controllers = inner.list(resource("apps", "replicasets").expect("rs"), Some(&ns));
-        drop(inner);
-        v["status"] = eviction::status(&v, &pods, &controllers);
-    }
-    v
-}
-
 fn list(ctx: &Ctx, t: &Target, q: &HashMap<String, String>) -> Result<Value, ApiError> {
     let (ls, fs) = selectors(q)?;
     let (items, rv) = {
@@ -323,7 +308,7 @@ fn list(ctx: &Ctx, t: &Target, q: &HashMap<String, String>) -> Result<Value, Api
     let items: Vec<Value> = items
         .into_iter()
         .filter(|o| ls.matches_object(o) && fs.matches(o))
-        .map(|o| with_pdb_status(ctx, t, Arc::unwrap_or_clone(o)))
+        .map(Arc::unwrap_or_clone)
         .collect();
     Ok(json!({
         "apiVersion": t.res.api_version(), "kind": format!("{}List", t.res.kind),
@@ -339,7 +324,7 @@ fn get(ctx: &Ctx, t: &Target) -> Result<Value, ApiError> {
         .get(t.res, t.ns.as_deref().unwrap_or(""), name)
         .cloned()
         .ok_or_else(|| ApiError::not_found(t.res, name))?;
-    Ok(with_pdb_status(ctx, t, v))
+    Ok(v)
 }
 
 fn create(ctx: &Ctx, t: &Target, ns: &str, body: &Bytes) -> Result<Arc<Value>, ApiError> {

@@ -441,6 +441,11 @@ impl Inner {
         meta["uid"] = json!(format!("{:08x}-0000-4000-8000-{:012x}", self.uid, rv));
         meta["resourceVersion"] = json!(rv.to_string());
         meta["creationTimestamp"] = json!(now_rfc3339());
+        // As the API server does for kinds with a spec: a status writer's
+        // `observedGeneration` says which spec its status describes.
+        if !obj["spec"].is_null() {
+            obj["metadata"]["generation"] = json!(1);
+        }
         obj["apiVersion"] = json!(res.api_version());
         obj["kind"] = json!(res.kind);
         let shared = Arc::new(obj);
@@ -494,6 +499,18 @@ impl Inner {
             }
         }
         new["metadata"]["resourceVersion"] = json!(rv.to_string());
+        // The generation moves with the spec alone, never with the status.
+        let generation = old["metadata"]["generation"].as_i64();
+        new["metadata"]["generation"] = match generation {
+            Some(g) if new["spec"] != old["spec"] => json!(g + 1),
+            Some(g) => json!(g),
+            None => Value::Null,
+        };
+        if new["metadata"]["generation"].is_null() {
+            if let Some(m) = new["metadata"].as_object_mut() {
+                m.remove("generation");
+            }
+        }
         new["apiVersion"] = json!(res.api_version());
         new["kind"] = json!(res.kind);
         if new == *old {

@@ -151,6 +151,8 @@ struct State {
     next_instance: u64,
     calls: BTreeMap<String, u64>,
     completed_actions: Vec<(LifecycleAction, LifecycleResult)>,
+    /// When each lifecycle action was completed, by instance.
+    completed_at: Vec<(String, Instant)>,
     heartbeats: Vec<LifecycleAction>,
     /// At each heartbeat and completion: the instance and how long its hook had left.
     hook_slack: Vec<(String, Duration)>,
@@ -273,6 +275,11 @@ impl MemoryCloud {
     /// Lifecycle actions completed so far, in order.
     pub fn completed_actions(&self) -> Vec<(LifecycleAction, LifecycleResult)> {
         self.state.lock().completed_actions.clone()
+    }
+
+    /// When each lifecycle action was completed: the instance and the instant.
+    pub fn completed_at(&self) -> Vec<(String, Instant)> {
+        self.state.lock().completed_at.clone()
     }
 
     /// Heartbeats recorded so far, in order.
@@ -826,6 +833,8 @@ impl Cloud for MemoryCloud {
             .take()
             .map(|d| d.saturating_duration_since(inst.since));
         st.completed_actions.push((action.clone(), result));
+        st.completed_at
+            .push((action.instance_id.clone(), Instant::now()));
         if let Some(left) = left {
             st.hook_slack.push((action.instance_id.clone(), left));
         }
