@@ -8,7 +8,7 @@ use std::time::Duration;
 use ca_asg_provider::cloud::memory::MemoryGroup;
 use ca_asg_provider::scalein::{Outcome, ScaleInSettings};
 use ca_asg_provider::sim::fixtures;
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{Node, Pod};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 
 mod support;
@@ -147,8 +147,9 @@ async fn an_eviction_held_by_the_budgets_status_goes_when_the_status_allows() {
 }
 
 /// Four nodes drained at once, each with a DaemonSet pod and an app pod. With
-/// `sharedPodWatchFrom` 2 the first drain watches its own node and the others share
-/// one watch of every pod; with 0 each drain lists its own node. Either way the pass
+/// `sharedPodWatchFrom` 2 they share one watch of every pod (a drain that begins
+/// before a second one is asked for watches its own node); with 0 each drain lists
+/// its own node. Either way the pass
 /// lists VolumeAttachments once for all four, and every node ends DaemonSet-last.
 async fn four_drains_at_once(shared_from: usize) -> (u64, u64) {
     let settings = ScaleInSettings {
@@ -226,9 +227,9 @@ async fn four_drains_at_once(shared_from: usize) -> (u64, u64) {
 #[tokio::test]
 async fn drains_running_together_share_one_watch_of_every_pod() {
     let (pod_lists, attachment_lists) = four_drains_at_once(2).await;
-    assert_eq!(
-        pod_lists, 2,
-        "the first drain's own list of its node, then one list of every pod for the rest"
+    assert!(
+        (1..=2).contains(&pod_lists),
+        "one list of every pod, and at most the first drain's own list of its node: {pod_lists}"
     );
     assert_eq!(attachment_lists, 1, "one list of attachments for the pass");
 }
@@ -291,4 +292,73 @@ async fn a_stale_cache_of_budgets_costs_a_retry_not_the_drain() {
         "tried past the cache's word"
     );
     w.sim.deny(&[]);
+}
+
+/// Drains beyond `maxConcurrentDrains` wait for a slot with their node already
+/// cordoned and marked: a pod created meanwhile is not placed on a node that is going
+/// away (in an instance refresh it would be evicted again a moment later).
+#[tokio::test]
+async fn a_drain_waiting_for_a_slot_has_its_node_cordoned_already() {
+    let settings = ScaleInSettings {
+        max_concurrent_drains: 1,
+        ..fast_settings()
+    };
+    let mut w = world(
+        vec![MemoryGroup::new("web", 0, 4, 3, "m5.large")],
+        settings,
+        Duration::from_millis(100),
+    )
+    .await;
+    let web = nodes_of(&w, "web");
+    // On each of the two nodes to go, a pod whose budget allows nothing: whichever
+    // drain takes the slot keeps it.
+    for (i, (node, _)) in web[..2].iter().enumerate() {
+        let app = format!("held-{i}");
+        w.sim.create(&fixtures::pdb("shop", &app, 0)).unwrap();
+        w.sim
+            .create(&fixtures::pod("shop", &app, node, &app, 0.1))
+            .unwrap();
+    }
+    pods_ready(&w, 2).await;
+    delete_nodes(&mut w, "web", &web[..2]).await;
+    let cordoned = |w: &World, node: &str| {
+        w.sim
+            .get::<Node>("", node)
+            .is_some_and(|n| n["spec"]["unschedulable"] == true)
+    };
+    eventually("both nodes cordoned, one drain running", 10, || {
+        cordoned(&w, &web[0].0) && cordoned(&w, &web[1].0)
+    })
+    .await;
+    let started = |w: &World| {
+        events(&w.sim)
+            .iter()
+            .filter(|(r, _)| r == "DrainStarted")
+            .count()
+    };
+    eventually("one drain started", 10, || started(&w) >= 1).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(started(&w), 1, "the other drain waits for the slot");
+    // New pods go to the node that stays.
+    w.sim
+        .create(&fixtures::replicaset("shop", "later", 3, 0.1))
+        .unwrap();
+    pods_ready(&w, 5).await;
+    for p in w.sim.list::<Pod>() {
+        if p["metadata"]["name"].as_str().unwrap().starts_with("later") {
+            assert_eq!(
+                p["spec"]["nodeName"],
+                web[2].0.as_str(),
+                "placed on a node that goes"
+            );
+        }
+    }
+    // The budgets allow: both drains end.
+    for i in 0..2 {
+        w.sim
+            .remove::<PodDisruptionBudget>("shop", &format!("held-{i}-pdb"));
+    }
+    for (_, iid) in &web[..2] {
+        assert_eq!(w.engine.wait_for(iid).await, Some(Outcome::Ended));
+    }
 }

@@ -418,6 +418,78 @@ mod tests {
         assert!(held(&claims.claim(&[view("7", Some(0))])));
     }
 
+    #[derive(Debug, Clone)]
+    enum Op {
+        /// A drain asks to try.
+        Claim,
+        /// The answer to the n-th try still out (modulo how many are out).
+        Answer(usize, Settle),
+        /// The API server or the disruption controller writes a new status.
+        NewStatus(i32),
+    }
+
+    fn op() -> impl proptest::strategy::Strategy<Value = Op> {
+        use proptest::prelude::*;
+        prop_oneof![
+            4 => Just(Op::Claim),
+            3 => (0usize..8, prop_oneof![Just(Settle::Used), Just(Settle::Refused), Just(Settle::Unused)])
+                .prop_map(|(n, s)| Op::Answer(n, s)),
+            1 => (0i32..3).prop_map(Op::NewStatus),
+        ]
+    }
+
+    proptest::proptest! {
+        /// Random tries, answers and statuses, checked after every step: at one
+        /// status, the tries out plus those accepted never exceed what it allows; none
+        /// goes at a status a try was refused at; and when nothing is out, taken or
+        /// refused at a status that allows one, a try goes.
+        #[test]
+        fn tries_at_a_status_never_exceed_what_it_allows(ops in proptest::collection::vec(op(), 1..60)) {
+            let claims = Arc::new(Claims::default());
+            let (mut rv, mut allowed) = (1u32, 1i32);
+            // Tickets out, with the status they were taken at.
+            let mut out: Vec<(u32, Ticket)> = Vec::new();
+            let (mut used, mut refused) = (0i32, false);
+            for op in ops {
+                match op {
+                    Op::Claim => match claims.claim(&[view(&rv.to_string(), Some(allowed))]) {
+                        Claim::Go(t) => {
+                            let here = out.iter().filter(|(r, _)| *r == rv).count() as i32;
+                            proptest::prop_assert!(!refused, "a try at a status that refused one");
+                            proptest::prop_assert!(here + used < allowed, "a try past the allowance: {here} out, {used} used of {allowed}");
+                            out.push((rv, t.expect("a known status gives a ticket")));
+                        }
+                        Claim::Hold { answer_pending, .. } => {
+                            let here = out.iter().filter(|(r, _)| *r == rv).count() as i32;
+                            proptest::prop_assert!(refused || here + used >= allowed, "held with room: {here} out, {used} used of {allowed}");
+                            proptest::prop_assert_eq!(answer_pending, here > 0);
+                        }
+                    },
+                    Op::Answer(n, how) => {
+                        if out.is_empty() { continue; }
+                        let (at, t) = out.remove(n % out.len());
+                        t.settle(how);
+                        if at == rv {
+                            match how {
+                                Settle::Used => used += 1,
+                                Settle::Refused => refused = true,
+                                Settle::Unused => {}
+                            }
+                        }
+                    }
+                    Op::NewStatus(a) => {
+                        rv += 1;
+                        allowed = a;
+                        used = 0;
+                        refused = false;
+                    }
+                }
+                let here = out.iter().filter(|(r, _)| *r == rv).count() as i32;
+                proptest::prop_assert!(here + used <= allowed, "{here} out + {used} used > {allowed} allowed");
+            }
+        }
+    }
+
     #[test]
     fn allowance_needs_a_status_of_the_current_spec() {
         let mut b = PodDisruptionBudget::default();

@@ -384,6 +384,15 @@ async fn drain_node(engine: &Engine, req: &DrainRequest, node: &str) -> Result<O
     if !plan.drains {
         return Ok(Some(plan));
     }
+    drop(stage);
+    // Cordoned and marked whatever the queue, so nothing is placed on a node that is
+    // going away while its drain waits for one of `maxConcurrentDrains` slots (in an
+    // instance refresh, replacements landed on the next nodes of the refresh and were
+    // evicted again: 12% more evictions at 500 nodes).
+    let _slot = {
+        let _queued = m.stage("queued");
+        engine.slots.clone().acquire_owned().await
+    };
     let reasons: Vec<String> = record
         .reasons
         .iter()
@@ -407,7 +416,6 @@ async fn drain_node(engine: &Engine, req: &DrainRequest, node: &str) -> Result<O
         }
     );
     engine.events.node(node, Reason::DrainStarted, note).await;
-    drop(stage);
     let budget = plan
         .budget_ends
         .map(|e| (instant_of(e), plan.daemonset_share));
@@ -428,7 +436,7 @@ async fn drain_node(engine: &Engine, req: &DrainRequest, node: &str) -> Result<O
     let stage = m.stage("workloads");
     // Held to the end of the drain: the caches this drain shares with the others.
     let pass = engine.passes.join();
-    let mut pods = pass.pods_of(node);
+    let mut pods = pass.pods_of(node, engine.drains_at_once());
     // The budgets' cache lists while the pods do, so the first evictions already
     // know what each budget allows (waited for briefly below; without it the API
     // server's 429s say the same, only dearer).

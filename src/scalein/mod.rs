@@ -336,7 +336,8 @@ pub struct Engine {
     pub budgets: budgets::BudgetWatches,
     /// What drains running together read once for all of them.
     pub passes: pass::Passes,
-    slots: Arc<tokio::sync::Semaphore>,
+    /// `maxConcurrentDrains`: taken by a drain after its cordon, for its stages.
+    pub(crate) slots: Arc<tokio::sync::Semaphore>,
     inflight: Mutex<HashMap<String, Inflight>>,
     /// Heartbeats of the lifecycle actions our hook holds, by instance: they follow
     /// the hook, not the drain (a drain restarted for a new reason, or failed and
@@ -543,10 +544,9 @@ impl Engine {
             let req = task_req;
             let mut retry = HELD_RETRY;
             let outcome = loop {
-                let outcome = {
-                    let _slot = this.slots.clone().acquire_owned().await;
-                    drain::run(&this, &req).await
-                };
+                // The drain takes one of `maxConcurrentDrains` slots once its node is
+                // cordoned and marked (`drain_node`).
+                let outcome = drain::run(&this, &req).await;
                 // A drain that failed while our hook holds the instance retries
                 // promptly, heartbeats going on, instead of waiting for the next
                 // scan: the hook's timeout would end the instance undrained.
@@ -638,6 +638,15 @@ impl Engine {
             }
             _ => false,
         }
+    }
+
+    /// Drains asked for and not finished: running, or cordoned and waiting for a slot.
+    pub fn drains_at_once(&self) -> usize {
+        self.inflight
+            .lock()
+            .values()
+            .filter(|f| !f.handle.is_finished())
+            .count()
     }
 
     pub fn is_draining(&self, instance_id: &str) -> bool {

@@ -137,19 +137,21 @@ pub enum Verdict {
 
 impl Pass {
     /// A drain's view of its node's pods: the pass's watch of every pod once
-    /// `sharedPodWatchFrom` drains hold the pass (or it already shares one), the
-    /// drain's own watch of its node before.
-    pub fn pods_of(self: &Arc<Self>, node: &str) -> NodePods {
+    /// `sharedPodWatchFrom` drains hold the pass or wait for a slot to join it
+    /// (`drains_at_once`), or it already shares one; the drain's own watch of its node
+    /// before.
+    pub fn pods_of(self: &Arc<Self>, node: &str, drains_at_once: usize) -> NodePods {
         // The handles alive are the drains in the pass (and, for a moment, an
         // eviction looking up the pass).
-        let share = self.share_pods_from > 0 && Arc::strong_count(self) >= self.share_pods_from;
+        let at_once = Arc::strong_count(self).max(drains_at_once);
+        let share = self.share_pods_from > 0 && at_once >= self.share_pods_from;
         let shared = match self.pods.get() {
             Some(w) => Some(w.clone()),
             None if share => Some(
                 self.pods
                     .get_or_init(|| {
                         tracing::info!(
-                            drains = Arc::strong_count(self),
+                            drains = at_once,
                             "many drains at once: one watch of every pod serves them all"
                         );
                         PodWatch::of_cluster(self.client.clone())
