@@ -89,38 +89,7 @@ async fn an_eviction_held_by_the_budgets_status_goes_when_the_status_allows() {
         eviction_retry: Duration::from_secs(60),
         ..fast_settings()
     };
-    let mut w = world(
-        vec![MemoryGroup::new("web", 0, 3, 2, "m5.large")],
-        settings,
-        Duration::from_millis(100),
-    )
-    .await;
-    let (node, iid) = nodes_of(&w, "web")[0].clone();
-    w.sim.create(&fixtures::pdb("shop", "web", 1)).unwrap();
-    // Two replicas: the other one stays not Ready for 3 s, so the budget (one of two
-    // may go) allows nothing until then.
-    let mut slow = fixtures::pod("shop", "web-b", &nodes_of(&w, "web")[1].0, "web", 0.1);
-    slow.metadata.annotations.get_or_insert_default().insert(
-        ca_asg_provider::sim::cluster::READY_AFTER_ANNOTATION.into(),
-        "3000".into(),
-    );
-    w.sim
-        .create(&fixtures::pod("shop", "web-a", &node, "web", 0.1))
-        .unwrap();
-    pods_ready(&w, 1).await;
-    w.sim.create(&slow).unwrap();
-    eventually(
-        "the budget's status counts both and allows none",
-        10,
-        || {
-            w.sim
-                .get::<PodDisruptionBudget>("shop", "web-pdb")
-                .is_some_and(|b| {
-                    b["status"]["expectedPods"] == 2 && b["status"]["disruptionsAllowed"] == 0
-                })
-        },
-    )
-    .await;
+    let (mut w, node, iid) = guarded_pod_with_a_slow_sibling(settings, 3000).await;
     delete_nodes(&mut w, "web", &[(node, iid.clone())]).await;
     eventually("the eviction is held by the budget's status", 10, || {
         w.engine.stats.evictions_held.load(Ordering::Relaxed) >= 1
@@ -252,32 +221,7 @@ async fn a_stale_cache_of_budgets_costs_a_retry_not_the_drain() {
         eviction_retry: Duration::from_millis(500),
         ..fast_settings()
     };
-    let mut w = world(
-        vec![MemoryGroup::new("web", 0, 3, 2, "m5.large")],
-        settings,
-        Duration::from_millis(100),
-    )
-    .await;
-    let (node, iid) = nodes_of(&w, "web")[0].clone();
-    w.sim.create(&fixtures::pdb("shop", "web", 1)).unwrap();
-    let mut slow = fixtures::pod("shop", "web-b", &nodes_of(&w, "web")[1].0, "web", 0.1);
-    slow.metadata.annotations.get_or_insert_default().insert(
-        ca_asg_provider::sim::cluster::READY_AFTER_ANNOTATION.into(),
-        "1500".into(),
-    );
-    w.sim
-        .create(&fixtures::pod("shop", "web-a", &node, "web", 0.1))
-        .unwrap();
-    pods_ready(&w, 1).await;
-    w.sim.create(&slow).unwrap();
-    eventually("the budget allows none", 10, || {
-        w.sim
-            .get::<PodDisruptionBudget>("shop", "web-pdb")
-            .is_some_and(|b| {
-                b["status"]["expectedPods"] == 2 && b["status"]["disruptionsAllowed"] == 0
-            })
-    })
-    .await;
+    let (mut w, node, iid) = guarded_pod_with_a_slow_sibling(settings, 1500).await;
     // Lists answer, watches of budgets do not: the cache keeps the first list.
     w.sim.deny(&[("watch", "poddisruptionbudgets")]);
     delete_nodes(&mut w, "web", &[(node, iid.clone())]).await;
@@ -361,4 +305,46 @@ async fn a_drain_waiting_for_a_slot_has_its_node_cordoned_already() {
     for (_, iid) in &web[..2] {
         assert_eq!(w.engine.wait_for(iid).await, Some(Outcome::Ended));
     }
+}
+
+/// A world of three nodes; on the first, `web-a` under a budget that allows one of
+/// two disruptions; on the second, its sibling `web-b`, Ready only `ready_after_ms`
+/// after it is placed, so until then the budget's status (waited for here) allows none.
+/// Returns the first node and its instance.
+async fn guarded_pod_with_a_slow_sibling(
+    settings: ScaleInSettings,
+    ready_after_ms: u64,
+) -> (World, String, String) {
+    let w = world(
+        vec![MemoryGroup::new("web", 0, 3, 2, "m5.large")],
+        settings,
+        Duration::from_millis(100),
+    )
+    .await;
+    let web = nodes_of(&w, "web");
+    let (node, iid) = web[0].clone();
+    w.sim.create(&fixtures::pdb("shop", "web", 1)).unwrap();
+    let mut slow = fixtures::pod("shop", "web-b", &web[1].0, "web", 0.1);
+    slow.metadata.annotations.get_or_insert_default().insert(
+        ca_asg_provider::sim::cluster::READY_AFTER_ANNOTATION.into(),
+        ready_after_ms.to_string(),
+    );
+    w.sim
+        .create(&fixtures::pod("shop", "web-a", &node, "web", 0.1))
+        .unwrap();
+    pods_ready(&w, 1).await;
+    w.sim.create(&slow).unwrap();
+    eventually(
+        "the budget's status counts both and allows none",
+        10,
+        || {
+            w.sim
+                .get::<PodDisruptionBudget>("shop", "web-pdb")
+                .is_some_and(|b| {
+                    b["status"]["expectedPods"] == 2 && b["status"]["disruptionsAllowed"] == 0
+                })
+        },
+    )
+    .await;
+    (w, node, iid)
 }

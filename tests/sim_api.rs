@@ -225,19 +225,50 @@ async fn graceful_deletion_waits_for_the_prestop_hook() {
     assert!(audit[removed].at.duration_since(audit[started].at) >= Duration::from_millis(250));
 }
 
+/// Two nodes, ReplicaSet `web` (2 replicas, `prestop` seconds) in `ns` and its budget
+/// `web-pdb` allowing one disruption.
+async fn web_behind_a_budget(ready_delay: Duration, prestop: f64) -> SimCluster {
+    let s = SimCluster::start(SimOptions { ready_delay }).await.unwrap();
+    s.create(&fixtures::node("n1", "p1", &[])).unwrap();
+    s.create(&fixtures::node("n2", "p2", &[])).unwrap();
+    s.create(&fixtures::replicaset("ns", "web", 2, prestop))
+        .unwrap();
+    s.create(&fixtures::pdb("ns", "web", 1)).unwrap();
+    s
+}
+
+/// A new spec for `web-pdb`: two may go.
+async fn allow_two(budgets: &Api<PodDisruptionBudget>) {
+    budgets
+        .patch(
+            "web-pdb",
+            &PatchParams::default(),
+            &Patch::Merge(json!({"spec": {"maxUnavailable": 2}})),
+        )
+        .await
+        .unwrap();
+}
+
+/// `web-pdb`'s stored `status.disruptionsAllowed`.
+fn allowed(s: &SimCluster) -> Option<i64> {
+    s.get::<PodDisruptionBudget>("ns", "web-pdb")
+        .and_then(|b| b["status"]["disruptionsAllowed"].as_i64())
+}
+
+async fn pod_names(pods: &Api<Pod>) -> Vec<String> {
+    pods.list(&ListParams::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .map(|p| p.metadata.name.unwrap())
+        .collect()
+}
+
 #[tokio::test]
 async fn eviction_respects_the_pdb_and_the_replicaset_replaces_the_pod() {
     // Replacements take a second to be Ready, so the second eviction surely comes first.
-    let s = SimCluster::start(SimOptions {
-        ready_delay: Duration::from_secs(1),
-    })
-    .await
-    .unwrap();
-    s.create(&fixtures::node("n1", "p1", &[])).unwrap();
-    s.create(&fixtures::node("n2", "p2", &[])).unwrap();
-    s.create(&fixtures::replicaset("ns", "web", 2, 0.1))
-        .unwrap();
-    s.create(&fixtures::pdb("ns", "web", 1)).unwrap();
+    let s = web_behind_a_budget(Duration::from_secs(1), 0.1).await;
     let pods: Api<Pod> = Api::namespaced(s.client(), "ns");
     let ready = |s: &SimCluster| {
         s.list::<Pod>()
@@ -248,22 +279,11 @@ async fn eviction_respects_the_pdb_and_the_replicaset_replaces_the_pod() {
             })
             .count()
     };
-    let allowed = |s: &SimCluster| {
-        s.get::<PodDisruptionBudget>("ns", "web-pdb")
-            .and_then(|b| b["status"]["disruptionsAllowed"].as_i64())
-    };
     eventually("2 ready replicas", || ready(&s) == 2).await;
     // The disruption controller writes the status a moment after the pods change;
     // the API server decides on that status.
     eventually("the budget allows one", || allowed(&s) == Some(1)).await;
-    let names: Vec<String> = pods
-        .list(&ListParams::default())
-        .await
-        .unwrap()
-        .items
-        .into_iter()
-        .map(|p| p.metadata.name.unwrap())
-        .collect();
+    let names = pod_names(&pods).await;
     // Cordon n1 so the replacement lands elsewhere.
     let nodes: Api<Node> = Api::all(s.client());
     nodes
@@ -309,16 +329,7 @@ async fn eviction_respects_the_pdb_and_the_replicaset_replaces_the_pod() {
 /// decides evictions on that status, and refuses while it describes an older spec.
 #[tokio::test]
 async fn a_budgets_status_is_written_and_watched_and_decides_evictions() {
-    let s = SimCluster::start(SimOptions {
-        ready_delay: Duration::from_millis(300),
-    })
-    .await
-    .unwrap();
-    s.create(&fixtures::node("n1", "p1", &[])).unwrap();
-    s.create(&fixtures::node("n2", "p2", &[])).unwrap();
-    s.create(&fixtures::replicaset("ns", "web", 2, 0.0))
-        .unwrap();
-    s.create(&fixtures::pdb("ns", "web", 1)).unwrap();
+    let s = web_behind_a_budget(Duration::from_millis(300), 0.0).await;
     let budgets: Api<PodDisruptionBudget> = Api::namespaced(s.client(), "ns");
     let seen: Arc<parking_lot::Mutex<Vec<(i32, i64)>>> = Arc::default();
     let watch = {
@@ -335,21 +346,10 @@ async fn a_budgets_status_is_written_and_watched_and_decides_evictions() {
             }
         })
     };
-    let allowed = |s: &SimCluster| {
-        s.get::<PodDisruptionBudget>("ns", "web-pdb")
-            .and_then(|b| b["status"]["disruptionsAllowed"].as_i64())
-    };
     eventually("the budget allows one", || allowed(&s) == Some(1)).await;
     eventually("the watch saw it", || seen.lock().last() == Some(&(1, 1))).await;
     let pods: Api<Pod> = Api::namespaced(s.client(), "ns");
-    let names: Vec<String> = pods
-        .list(&ListParams::default())
-        .await
-        .unwrap()
-        .items
-        .into_iter()
-        .map(|p| p.metadata.name.unwrap())
-        .collect();
+    let names = pod_names(&pods).await;
     pods.evict(&names[0], &EvictParams::default())
         .await
         .unwrap();
@@ -365,14 +365,7 @@ async fn a_budgets_status_is_written_and_watched_and_decides_evictions() {
     })
     .await;
     // A new spec: the generation moves, and the status follows it.
-    budgets
-        .patch(
-            "web-pdb",
-            &PatchParams::default(),
-            &Patch::Merge(json!({"spec": {"maxUnavailable": 2}})),
-        )
-        .await
-        .unwrap();
+    allow_two(&budgets).await;
     eventually("the status describes generation 2", || {
         seen.lock().last() == Some(&(2, 2))
     })
@@ -424,14 +417,7 @@ async fn an_eviction_is_refused_while_the_status_describes_an_older_spec() {
     assert_eq!(cause.reason, "DisruptionBudget");
     assert!(cause.message.contains("still being processed"), "{cause:?}");
     // A new spec: the controller writes a status for it, and the eviction goes.
-    budgets
-        .patch(
-            "web-pdb",
-            &PatchParams::default(),
-            &Patch::Merge(json!({"spec": {"maxUnavailable": 2}})),
-        )
-        .await
-        .unwrap();
+    allow_two(&budgets).await;
     eventually("a status for generation 2", || {
         status_of(&s)["observedGeneration"] == 2
     })

@@ -243,9 +243,14 @@ async fn hold(
             *told = true;
         }
         let tell_at = if *told { deadline } else { since + tell_after };
+        let wake = give_up.min(deadline).min(tell_at);
         tokio::select! {
-            _ = tokio::time::sleep_until(give_up.min(deadline).min(tell_at).into()) => {}
-            _ = changes.changed() => give_up = Instant::now() + jitter(retry),
+            _ = tokio::time::sleep_until(wake.into()) => {}
+            changed = changes.changed() => match changed {
+                Ok(()) => give_up = Instant::now() + jitter(retry),
+                // Nobody ticks any more (the pass ended): only the timer is left.
+                Err(_) => tokio::time::sleep_until(wake.into()).await,
+            },
         }
         if !still_there() {
             return Held::Gone;
