@@ -168,6 +168,9 @@ const TELL_HELD_AFTER: Duration = Duration::from_secs(5);
 enum Held {
     /// Try now; the ticket counts the try against the budget's status, if known.
     Try(Option<super::budgets::Ticket>),
+    /// Try now, although the budget's status allows none: it stood still for
+    /// `evictionRetryInterval`.
+    Anyway,
     /// The pod is gone meanwhile.
     Gone,
     /// The drain's deadline passed.
@@ -226,7 +229,7 @@ async fn hold(
                 .stats
                 .evictions_forced
                 .fetch_add(1, Ordering::Relaxed);
-            return Held::Try(None);
+            return Held::Anyway;
         }
         if !counted {
             Metrics::outcome(&metrics().evictions, "held_by_budget");
@@ -280,13 +283,15 @@ pub async fn until_accepted(
             return true;
         }
         let tell = (&mut told, &mut held_since);
-        let ticket = match hold(engine, node, pod, deadline, tell, &still_there).await {
-            Held::Try(ticket) => ticket,
+        let (ticket, anyway) = match hold(engine, node, pod, deadline, tell, &still_there).await {
+            Held::Try(ticket) => (ticket, false),
+            Held::Anyway => (None, true),
             Held::Gone => return true,
             Held::PastDeadline => return false,
         };
-        // The budget's status is known: the next wait is on it (in `hold`).
-        let status_known = ticket.is_some();
+        // The budget's status is known: after a refusal the next wait is on it (in
+        // `hold`, which tries again at least every `evictionRetryInterval`).
+        let status_known = ticket.is_some() || anyway;
         let outcome = attempt(engine, pod).await;
         if let Some(t) = ticket {
             t.settle(match outcome {
