@@ -133,20 +133,7 @@ async fn four_drains_at_once(shared_from: usize) -> (u64, u64) {
     .await;
     let web = nodes_of(&w, "web");
     let drained: Vec<(String, String)> = web[..4].to_vec();
-    w.sim
-        .create(&fixtures::daemonset("logging", "fluentd", 0.2, false))
-        .unwrap();
-    for (i, (node, _)) in drained.iter().enumerate() {
-        w.sim
-            .create(&fixtures::pod(
-                "shop",
-                &format!("app-{i}"),
-                node,
-                "app",
-                0.5,
-            ))
-            .unwrap();
-    }
+    fluentd_and_an_app_on_each(&w, &drained, 0.2, 0.5);
     pods_ready(&w, 6 + 4).await;
     let lists = |w: &World| {
         (

@@ -20,7 +20,6 @@ use ca_asg_provider::cloud::queue::{MemoryQueue, Queue};
 use ca_asg_provider::interruption::consumer::{Consumer, Handled};
 use ca_asg_provider::interruption::RebalanceAction;
 use ca_asg_provider::scalein;
-use ca_asg_provider::sim::fixtures;
 use proptest::prelude::*;
 
 mod support;
@@ -83,20 +82,7 @@ impl Model {
         )
         .await;
         let nodes = nodes_of(&w, "web");
-        w.sim
-            .create(&fixtures::daemonset("logging", "fluentd", 0.1, false))
-            .unwrap();
-        for (i, (node, _)) in nodes.iter().enumerate() {
-            w.sim
-                .create(&fixtures::pod(
-                    "shop",
-                    &format!("app-{i}"),
-                    node,
-                    "app",
-                    0.3,
-                ))
-                .unwrap();
-        }
+        fluentd_and_an_app_on_each(&w, &nodes, 0.1, 0.3);
         pods_ready(&w, 2 * NODES).await;
         let listed = w.sim.list::<k8s_openapi::api::core::v1::Pod>();
         let pods = nodes

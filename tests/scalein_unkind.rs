@@ -3,6 +3,7 @@
 //! never exit, finalizers, API Priority and Fairness 429s, overlapping budgets, and
 //! deadlines in both modes. Each test fails on a drain that trusts a kind cluster.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use ca_asg_provider::cloud::memory::MemoryGroup;
@@ -451,7 +452,23 @@ async fn a_drain_resumed_past_its_deadline_still_takes_the_daemonsets_last() {
 #[tokio::test]
 async fn every_waiter_for_the_node_cache_wakes_when_the_first_list_arrives() {
     use ca_asg_provider::scalein::nodes::NodeIndex;
-    use std::sync::Arc;
+    // Each waits as long as the marks sync does: without a bound of its own.
+    both_waiters_wake_after_an_outage(
+        |client| Arc::new(NodeIndex::start(client)),
+        |n| async move { n.ready(Duration::from_secs(3600)).await },
+    )
+    .await;
+}
+
+/// An API-server outage begins; then a cache is started and two waiters wait for its
+/// first list, 20 ms apart. Both must wake once the list arrives after the outage.
+async fn both_waiters_wake_after_an_outage<C, F>(
+    start: impl FnOnce(kube::Client) -> C,
+    wait: impl Fn(C) -> F,
+) where
+    C: Clone,
+    F: std::future::Future<Output = bool> + Send + 'static,
+{
     let sim = Arc::new(
         ca_asg_provider::sim::SimCluster::start(ca_asg_provider::sim::SimOptions::default())
             .await
@@ -462,13 +479,10 @@ async fn every_waiter_for_the_node_cache_wakes_when_the_first_list_arrives() {
         tokio::spawn(async move { sim.outage(Duration::from_millis(800)).await })
     };
     tokio::time::sleep(Duration::from_millis(50)).await;
-    let nodes = Arc::new(NodeIndex::start(sim.client()));
-    // Each waits as long as the marks sync does: without a bound of its own.
-    let waiter =
-        |n: Arc<NodeIndex>| tokio::spawn(async move { n.ready(Duration::from_secs(3600)).await });
-    let first = waiter(nodes.clone());
+    let cache = start(sim.client());
+    let first = tokio::spawn(wait(cache.clone()));
     tokio::time::sleep(Duration::from_millis(20)).await;
-    let second = waiter(nodes.clone());
+    let second = tokio::spawn(wait(cache.clone()));
     down.await.unwrap().unwrap();
     // A hang guard, not a timing: the list arrives about a second after the outage.
     for (name, w) in [("second", second), ("first", first)] {
@@ -485,37 +499,17 @@ async fn every_waiter_for_the_node_cache_wakes_when_the_first_list_arrives() {
 /// wakes when it arrives instead of sitting out its volume deadline.
 #[tokio::test]
 async fn every_waiter_for_a_drain_pass_cache_wakes_when_the_first_list_arrives() {
-    use ca_asg_provider::scalein::pass::Passes;
-    use std::sync::Arc;
-    let sim = Arc::new(
-        ca_asg_provider::sim::SimCluster::start(ca_asg_provider::sim::SimOptions::default())
-            .await
-            .unwrap(),
-    );
-    let down = {
-        let sim = sim.clone();
-        tokio::spawn(async move { sim.outage(Duration::from_millis(800)).await })
-    };
-    tokio::time::sleep(Duration::from_millis(50)).await;
-    let passes = Passes::new(sim.client(), 10);
-    let pass = passes.join();
-    let waiter = |p: Arc<ca_asg_provider::scalein::pass::Pass>| {
-        tokio::spawn(async move {
+    use ca_asg_provider::scalein::pass::{Pass, Passes};
+    both_waiters_wake_after_an_outage(
+        |client| {
+            // The pass lives while its handles do: the Passes only point at it.
+            Passes::new(client, 10).join()
+        },
+        |p: Arc<Pass>| async move {
             p.attachments()
                 .ready(std::time::Instant::now() + Duration::from_secs(3600))
                 .await
-        })
-    };
-    let first = waiter(pass.clone());
-    tokio::time::sleep(Duration::from_millis(20)).await;
-    let second = waiter(pass.clone());
-    down.await.unwrap().unwrap();
-    // A hang guard, not a timing: the list arrives about a second after the outage.
-    for (name, w) in [("second", second), ("first", first)] {
-        let woke = tokio::time::timeout(Duration::from_secs(30), w).await;
-        assert!(
-            matches!(woke, Ok(Ok(true))),
-            "the {name} waiter never woke after the first list arrived"
-        );
-    }
+        },
+    )
+    .await;
 }

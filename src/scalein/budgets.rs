@@ -148,6 +148,20 @@ pub async fn any_changed(waits: &mut [BudgetWait]) {
     futures::future::select_all(futs).await;
 }
 
+/// The budget's selector, if it picks a pod with these labels.
+pub fn selector_picking(
+    budget: &PodDisruptionBudget,
+    labels: &std::collections::BTreeMap<String, String>,
+) -> Option<Selector> {
+    use kube::core::SelectorExt;
+    let sel = budget
+        .spec
+        .as_ref()
+        .and_then(|s| s.selector.clone())
+        .and_then(|sel| Selector::try_from(sel).ok())?;
+    sel.matches(labels).then_some(sel)
+}
+
 /// What a budget's status allows now, when it can be told: `disruptionsAllowed`, if
 /// the status describes the budget's current spec. `None` for a budget without a
 /// status yet or whose new spec the disruption controller has not seen (the API
@@ -225,13 +239,14 @@ pub enum Settle {
     Unused,
 }
 
-/// One try counted against one budget's status. Dropped unsettled, it took nothing.
+/// One try counted against one budget's status, settled when dropped: as
+/// [`Ticket::settle`] said, or `Unused` (it took nothing).
 #[derive(Debug)]
 pub struct Ticket {
     claims: Weak<Claims>,
     key: (String, String),
     resource_version: String,
-    settled: bool,
+    how: Settle,
 }
 
 impl Claims {
@@ -264,7 +279,7 @@ impl Claims {
             claims: Arc::downgrade(self),
             key,
             resource_version: b.resource_version.clone(),
-            settled: false,
+            how: Settle::Unused,
         }))
     }
 
@@ -289,19 +304,14 @@ impl Claims {
 
 impl Ticket {
     pub fn settle(mut self, how: Settle) {
-        if let Some(c) = self.claims.upgrade() {
-            c.settle(&self, how);
-        }
-        self.settled = true;
+        self.how = how;
     }
 }
 
 impl Drop for Ticket {
     fn drop(&mut self) {
-        if !self.settled {
-            if let Some(c) = self.claims.upgrade() {
-                c.settle(self, Settle::Unused);
-            }
+        if let Some(c) = self.claims.upgrade() {
+            c.settle(self, self.how);
         }
     }
 }

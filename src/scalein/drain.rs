@@ -366,7 +366,7 @@ impl NodeDrain<'_> {
 
 /// How long a drain waits for the pass's first list of PodDisruptionBudgets before
 /// its first eviction (usually no time: it lists while the pods do).
-const BUDGET_LIST_WAIT: Duration = Duration::from_secs(2);
+const BUDGETS_BEFORE_FIRST_EVICTION: Duration = Duration::from_secs(2);
 
 async fn drain_node(engine: &Engine, req: &DrainRequest, node: &str) -> Result<Option<Plan>, Stop> {
     let s = &engine.settings;
@@ -457,7 +457,7 @@ async fn drain_node(engine: &Engine, req: &DrainRequest, node: &str) -> Result<O
     }
 
     budgets_listed
-        .ready(Instant::now() + BUDGET_LIST_WAIT)
+        .ready(Instant::now() + BUDGETS_BEFORE_FIRST_EVICTION)
         .await;
 
     // CA's scale-in, whichever replica CA asked (a follower's drain reaches the

@@ -7,10 +7,10 @@ use std::time::{Duration, Instant};
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::api::{DeleteParams, EvictParams, ListParams, Preconditions};
-use kube::core::{Selector, SelectorExt};
+use kube::core::Selector;
 use kube::Api;
 
-use super::budgets::Settle;
+use super::budgets::{selector_picking, Settle};
 use super::events::Reason;
 use super::pass::Verdict;
 use super::plan::PodRef;
@@ -127,28 +127,26 @@ async fn budgets_selecting(engine: &Engine, pod: &PodRef) -> Vec<String> {
 /// of every budget (one list per pass, not one per refused pod); a list if that
 /// watch has no answer yet.
 async fn selecting(engine: &Engine, pod: &PodRef) -> Vec<(String, Selector)> {
-    let matching = |b: &PodDisruptionBudget| -> Option<(String, Selector)> {
-        let sel = b
-            .spec
-            .as_ref()
-            .and_then(|s| s.selector.clone())
-            .and_then(|sel| Selector::try_from(sel).ok())?;
-        sel.matches(&pod.labels)
-            .then(|| (b.metadata.name.clone().unwrap_or_default(), sel))
-    };
+    let name = |b: &PodDisruptionBudget| b.metadata.name.clone().unwrap_or_default();
     let pass = engine.passes.join();
-    let feed = pass.budgets();
-    if feed.ready(Instant::now() + BUDGET_LIST_WAIT).await {
-        return feed
-            .state()
-            .iter()
-            .filter(|b| b.metadata.namespace.as_deref() == Some(pod.namespace.as_str()))
-            .filter_map(|b| matching(b))
+    if pass
+        .budgets()
+        .ready(Instant::now() + BUDGET_LIST_WAIT)
+        .await
+    {
+        return pass
+            .budgets_selecting(&pod.namespace, &pod.labels)
+            .into_iter()
+            .map(|(b, sel)| (name(&b), sel))
             .collect();
     }
     let api: Api<PodDisruptionBudget> = Api::namespaced(engine.client.clone(), &pod.namespace);
     match api.list(&ListParams::default()).await {
-        Ok(l) => l.items.iter().filter_map(matching).collect(),
+        Ok(l) => l
+            .items
+            .iter()
+            .filter_map(|b| selector_picking(b, &pod.labels).map(|sel| (name(b), sel)))
+            .collect(),
         Err(e) => {
             tracing::debug!(pod = %pod, error = %e, "could not list PodDisruptionBudgets");
             Vec::new()

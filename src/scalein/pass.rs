@@ -178,6 +178,21 @@ impl Pass {
         })
     }
 
+    /// The cached budgets of `namespace` that select a pod with `labels`, with their
+    /// selectors.
+    pub fn budgets_selecting(
+        &self,
+        namespace: &str,
+        labels: &std::collections::BTreeMap<String, String>,
+    ) -> Vec<(Arc<PodDisruptionBudget>, kube::core::Selector)> {
+        self.budgets()
+            .state()
+            .into_iter()
+            .filter(|b| b.metadata.namespace.as_deref() == Some(namespace))
+            .filter_map(|b| super::budgets::selector_picking(&b, labels).map(|sel| (b, sel)))
+            .collect()
+    }
+
     /// Asks the cached status of the budget that selects the pod (`namespace`,
     /// `labels`) whether a try may go now. Without the cache's first list, or
     /// without a budget whose status is known, it may: the API server decides.
@@ -186,24 +201,15 @@ impl Pass {
         namespace: &str,
         labels: &std::collections::BTreeMap<String, String>,
     ) -> Verdict {
-        use kube::core::{Selector, SelectorExt};
         let feed = self.budgets();
         if !feed.listed() {
             return Verdict::Go(None);
         }
-        let selecting: Vec<Arc<PodDisruptionBudget>> = feed
-            .state()
+        let views: Vec<BudgetView> = self
+            .budgets_selecting(namespace, labels)
             .into_iter()
-            .filter(|b| b.metadata.namespace.as_deref() == Some(namespace))
-            .filter(|b| {
-                b.spec
-                    .as_ref()
-                    .and_then(|s| s.selector.clone())
-                    .and_then(|sel| Selector::try_from(sel).ok())
-                    .is_some_and(|sel| sel.matches(labels))
-            })
+            .map(|(b, _)| BudgetView::of(&b))
             .collect();
-        let views: Vec<BudgetView> = selecting.iter().map(|b| BudgetView::of(b)).collect();
         match self.claims.claim(&views) {
             Claim::Go(ticket) => Verdict::Go(ticket),
             Claim::Hold {

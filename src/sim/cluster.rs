@@ -295,8 +295,9 @@ impl Controllers {
     /// The budgets that select `p` (as it was or is now) need their status again.
     fn budgets_of_pod(&mut self, inner: &Inner, p: &Value) {
         let ns = s(p, &["metadata", "namespace"]);
-        for name in eviction::budgets_selecting(inner, ns, p) {
-            self.budgets_dirty.insert((ns.to_string(), name));
+        for b in eviction::budgets_selecting(inner, ns, p) {
+            self.budgets_dirty
+                .insert((ns.to_string(), s(&b, &["metadata", "name"]).to_string()));
         }
     }
 
@@ -378,11 +379,9 @@ impl Controllers {
     fn fold(&mut self, store: &Arc<Store>, inner: &mut Inner, c: &Change) {
         match (c.res.plural, c.res.group) {
             ("pods", "") => {
-                if let Some(old) = &c.old {
-                    self.budgets_of_pod(inner, old);
-                }
                 self.budgets_of_pod(inner, &c.object);
                 if let Some(old) = &c.old {
+                    self.budgets_of_pod(inner, old);
                     self.count(old, -1);
                 } else if c.kind == EventType::Modified {
                     // A change without its old object: recount from scratch.

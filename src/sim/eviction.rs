@@ -141,12 +141,16 @@ pub(crate) fn refresh_statuses<'a>(
 }
 
 /// The budgets of `ns` whose selector picks `pod`.
-pub(crate) fn budgets_selecting(inner: &Inner, ns: &str, pod: &Value) -> Vec<String> {
+pub(crate) fn budgets_selecting(
+    inner: &Inner,
+    ns: &str,
+    pod: &Value,
+) -> Vec<std::sync::Arc<Value>> {
     let pdb_res = resource("policy", "poddisruptionbudgets").expect("pdbs");
     inner
         .iter(pdb_res, Some(ns))
         .filter(|p| selector_selects_object(&p["spec"]["selector"], pod))
-        .filter_map(|p| p["metadata"]["name"].as_str().map(str::to_string))
+        .cloned()
         .collect()
 }
 
@@ -194,7 +198,6 @@ pub(crate) fn evict(
     body: &Value,
 ) -> Result<Value, ApiError> {
     let pods_res = resource("", "pods").expect("pods");
-    let pdb_res = resource("policy", "poddisruptionbudgets").expect("pdbs");
     let pod = inner
         .get_shared(pods_res, ns, name)
         .cloned()
@@ -205,11 +208,7 @@ pub(crate) fn evict(
         // Already going: nothing a budget could protect.
         return Ok(json!({"kind": "Status", "apiVersion": "v1", "status": "Success", "code": 200}));
     }
-    let pdbs: Vec<_> = inner
-        .iter(pdb_res, Some(ns))
-        .filter(|p| selector_selects_object(&p["spec"]["selector"], &pod))
-        .cloned()
-        .collect();
+    let pdbs = budgets_selecting(inner, ns, &pod);
     if pdbs.len() > 1 {
         return Err(ApiError::new(500, "InternalError", "This pod has more than one PodDisruptionBudget, which the eviction subresource does not support."));
     }
@@ -245,8 +244,7 @@ pub(crate) fn evict(
     // The API server writes the budget's status with the eviction (one disruption
     // fewer), before it answers.
     if let Some(pdb) = pdbs.first() {
-        let pdb_name = pdb["metadata"]["name"].as_str().unwrap_or("").to_string();
-        refresh_status(inner, ns, &pdb_name);
+        refresh_status(inner, ns, pdb["metadata"]["name"].as_str().unwrap_or(""));
     }
     Ok(
         json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201}),

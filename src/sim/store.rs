@@ -500,15 +500,14 @@ impl Inner {
         }
         new["metadata"]["resourceVersion"] = json!(rv.to_string());
         // The generation moves with the spec alone, never with the status.
-        let generation = old["metadata"]["generation"].as_i64();
-        new["metadata"]["generation"] = match generation {
-            Some(g) if new["spec"] != old["spec"] => json!(g + 1),
-            Some(g) => json!(g),
-            None => Value::Null,
-        };
-        if new["metadata"]["generation"].is_null() {
-            if let Some(m) = new["metadata"].as_object_mut() {
-                m.remove("generation");
+        match old["metadata"]["generation"].as_i64() {
+            Some(g) => {
+                new["metadata"]["generation"] = json!(g + i64::from(new["spec"] != old["spec"]))
+            }
+            None => {
+                if let Some(m) = new["metadata"].as_object_mut() {
+                    m.remove("generation");
+                }
             }
         }
         new["apiVersion"] = json!(res.api_version());

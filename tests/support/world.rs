@@ -184,6 +184,36 @@ pub async fn node_with_fluentd_and_app(w: &World, prestop: f64) -> (String, Stri
     (node, iid)
 }
 
+/// A fluentd-like DaemonSet (its pods' preStop `fluentd_prestop` s) and on each of
+/// `nodes` an app pod `app-{i}` (preStop `app_prestop` s). Callers wait for what they
+/// need Ready.
+pub fn fluentd_and_an_app_on_each(
+    w: &World,
+    nodes: &[(String, String)],
+    fluentd_prestop: f64,
+    app_prestop: f64,
+) {
+    w.sim
+        .create(&fixtures::daemonset(
+            "logging",
+            "fluentd",
+            fluentd_prestop,
+            false,
+        ))
+        .unwrap();
+    for (i, (node, _)) in nodes.iter().enumerate() {
+        w.sim
+            .create(&fixtures::pod(
+                "shop",
+                &format!("app-{i}"),
+                node,
+                "app",
+                app_prestop,
+            ))
+            .unwrap();
+    }
+}
+
 pub async fn delete_nodes(w: &mut World, group: &str, nodes: &[(String, String)]) {
     let started = Instant::now();
     w.ca.node_group_delete_nodes(proto::NodeGroupDeleteNodesRequest {
