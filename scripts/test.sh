@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs every test. Installs what the tests need when it is missing: moto, PyYAML and
-# kubernetes-validate in a local Python venv, and helm into .venv/bin; kubectl (for
-# kustomize) is expected. The tests start and stop their own servers.
+# kubernetes-validate in a local Python venv, helm into .venv/bin, and the end-to-end
+# suite's upstream Kubernetes parts (built from the Go module proxy, cached outside the
+# tree); kubectl (for kustomize) is expected. The tests start and stop their own servers.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -74,6 +75,19 @@ export MOTO_SERVER="$PWD/.venv/bin/moto_server"
 
 echo "== deploy/: rendered overlays and Helm chart against the Kubernetes schemas (strict)"
 .venv/bin/python tests/deploy/validate.py
+
+# The end-to-end suite's upstream parts (etcd, kube-apiserver, kube-controller-manager,
+# kube-scheduler, kubelet), built from the Go module proxy into a cache outside the tree
+# (scripts/e2e/build.sh; a new machine builds them once, ~15 min on 2 cores). With them,
+# tests/e2e_real.rs runs its scenarios on a real control plane; E2E=0 skips that tier.
+if [ "${E2E:-1}" != 0 ]; then
+    . scripts/e2e/versions.sh
+    echo "== e2e: upstream parts for Kubernetes $K8S_DEFAULT (cached in $(e2e_cache))"
+    e2e_bins="$(scripts/e2e/build.sh "$K8S_DEFAULT")"
+    E2E_ETCD="$(echo "$e2e_bins" | head -n 1)/etcd"
+    E2E_K8S_BIN="$(echo "$e2e_bins" | tail -n 1)"
+    export E2E_ETCD E2E_K8S_BIN E2E_K8S_VERSION="$K8S_DEFAULT" E2E_REQUIRED=1
+fi
 
 # One cargo invocation: the SDK's test-util feature (for aws-smithy-mocks) would
 # otherwise make a separate `cargo build` compile the SDK twice.

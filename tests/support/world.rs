@@ -61,6 +61,19 @@ pub async fn service_with(
     s: ScaleInSettings,
     refresh_interval: Duration,
 ) -> (Arc<Provider>, Arc<Engine>, CloudProviderClient<Channel>) {
+    let client = sim.client_as(super::rbac::ENGINE_USER);
+    service_on(client, cloud, groups, s, refresh_interval).await
+}
+
+/// The service over any API server (`client` as the identity it runs as): the
+/// in-memory one, or the real control plane of the end-to-end suite.
+pub async fn service_on(
+    client: kube::Client,
+    cloud: &MemoryCloud,
+    groups: &[String],
+    s: ScaleInSettings,
+    refresh_interval: Duration,
+) -> (Arc<Provider>, Arc<Engine>, CloudProviderClient<Channel>) {
     let settings = ProviderSettings {
         selector: GroupSelector {
             names: groups.to_vec(),
@@ -71,12 +84,7 @@ pub async fn service_with(
     };
     let provider = Provider::new(Arc::new(cloud.clone()), settings);
     provider.refresh_now().await.unwrap();
-    let engine = Engine::new(
-        sim.client_as(super::rbac::ENGINE_USER),
-        Arc::new(cloud.clone()),
-        Some(provider.clone()),
-        s,
-    );
+    let engine = Engine::new(client, Arc::new(cloud.clone()), Some(provider.clone()), s);
     provider.set_scale_in(Arc::new(DrainScaleIn(engine.clone())));
     let ca = serve_ca(&provider).await;
     eventually("the drain marks on Nodes are read", 10, || {

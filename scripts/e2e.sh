@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# The end-to-end suite on a real control plane (etcd, kube-apiserver,
+# kube-controller-manager, kube-scheduler built from the Go module proxy, cached outside
+# the source tree by scripts/e2e/build.sh), the service as its shipped ServiceAccount,
+# nodes played by the suite's fake kubelet (tests/e2e/kubelet.rs).
+#
+#   scripts/e2e.sh                 every scenario on the newest Kubernetes ($K8S_DEFAULT)
+#   scripts/e2e.sh --matrix        every scenario on every Kubernetes version of the matrix,
+#                                  then the compatibility table (Markdown) on stdout
+#   scripts/e2e.sh -- FILTER       only the scenarios whose test name contains FILTER
+#
+# A failure names the scenario, the Kubernetes version and the step. Exits non-zero if
+# any scenario failed.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+. scripts/e2e/versions.sh
+
+matrix=0
+filter=()
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --matrix) matrix=1 ;;
+        --) shift; filter=("$@"); break ;;
+        *) echo "usage: scripts/e2e.sh [--matrix] [-- FILTER]" >&2; exit 2 ;;
+    esac
+    shift
+done
+
+versions=("$K8S_DEFAULT")
+[ "$matrix" = 1 ] && versions=("${K8S_MATRIX[@]}")
+
+results="$(mktemp -t ca-asg-e2e-results.XXXXXX)"
+trap 'rm -f "$results"' EXIT
+
+# Build the test binary once (not timed against any version).
+cargo test --locked --test e2e_real --no-run
+
+failed=0
+for v in "${versions[@]}"; do
+    start=$(date +%s)
+    bins="$(scripts/e2e/build.sh "$v" | tail -n 2)"
+    etcd_dir="$(echo "$bins" | head -n 1)"
+    k8s_dir="$(echo "$bins" | tail -n 1)"
+    echo "== e2e: upstream parts for Kubernetes $v ready in $(( $(date +%s) - start )) s ($k8s_dir)"
+    start=$(date +%s)
+    if ! E2E_K8S_BIN="$k8s_dir" E2E_ETCD="$etcd_dir/etcd" E2E_K8S_VERSION="$v" \
+        E2E_RESULTS="$results" E2E_REQUIRED=1 \
+        cargo test --locked --test e2e_real -- --test-threads=1 "${filter[@]}"; then
+        failed=1
+    fi
+    echo "== e2e: scenarios on Kubernetes $v took $(( $(date +%s) - start )) s"
+done
+
+python3 - "$results" <<'PY'
+import json, sys
+rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+print()
+print("| scenario | Kubernetes | driver | result | scale-in to instance end |")
+print("|---|---|---|---|---|")
+for r in rows:
+    t = r.get("scale_in_secs")
+    took = f"{t:.1f} s" if t is not None else "-"
+    res = r["result"] + (f" (step: {r['step']})" if r.get("step") else "")
+    print(f"| {r['scenario']} | {r['kubernetes']} | {r['driver']} | {res} | {took} |")
+PY
+exit "$failed"

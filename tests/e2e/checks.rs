@@ -1,0 +1,146 @@
+//! What users care about after a scale-in, read from the real API server's audit log,
+//! the fake kubelet's record of how each pod stopped, and the cloud. Each check returns
+//! the broken promise in words, naming pods and nodes.
+
+use std::collections::BTreeMap;
+
+use chrono::{DateTime, Utc};
+
+use super::control_plane::{AuditEvent, SERVICE_USER};
+use super::kubelet::{Ending, PodStop};
+
+/// No pod of the service's was deleted around the Eviction API (a delete is only
+/// allowed at a configured deadline, which these scenarios never reach), no pod was
+/// evicted twice, and every workload pod that left a drained node left through an
+/// eviction of the service's. Returns how many pods the service evicted.
+pub fn evictions_only(
+    audit: &[AuditEvent],
+    stops: &[PodStop],
+    nodes: &[String],
+) -> Result<usize, String> {
+    let deletes: Vec<String> = audit
+        .iter()
+        .filter(|e| e.user.username == SERVICE_USER && e.is("delete", "pods", ""))
+        .map(|e| e.target())
+        .collect();
+    if !deletes.is_empty() {
+        return Err(format!(
+            "the service deleted pods around the Eviction API: {deletes:?}"
+        ));
+    }
+    let mut evicted: BTreeMap<String, usize> = BTreeMap::new();
+    for e in audit {
+        if e.user.username == SERVICE_USER && e.is("create", "pods", "eviction") && e.code() == 201
+        {
+            *evicted.entry(e.target()).or_default() += 1;
+        }
+    }
+    let twice: Vec<&String> = evicted
+        .iter()
+        .filter(|(_, n)| **n > 1)
+        .map(|(p, _)| p)
+        .collect();
+    if !twice.is_empty() {
+        return Err(format!("pods evicted more than once: {twice:?}"));
+    }
+    let unevicted: Vec<&String> = stops
+        .iter()
+        .filter(|s| !s.daemonset && s.how == Ending::Graceful && nodes.contains(&s.node))
+        .map(|s| &s.pod)
+        .filter(|p| !evicted.contains_key(*p))
+        .collect();
+    if !unevicted.is_empty() {
+        return Err(format!(
+            "workload pods left drained nodes without an eviction of the service's: {unevicted:?}"
+        ));
+    }
+    Ok(evicted.len())
+}
+
+/// The evictions the API server refused (429: a budget, or API Priority and Fairness).
+pub fn refused_evictions(audit: &[AuditEvent]) -> usize {
+    audit
+        .iter()
+        .filter(|e| {
+            e.user.username == SERVICE_USER && e.is("create", "pods", "eviction") && e.code() == 429
+        })
+        .count()
+}
+
+/// On every drained node, each DaemonSet pod stopped (its preStop began) only after every
+/// workload pod of that node had exited, and no workload pod died with its instance.
+pub fn daemonset_last(stops: &[PodStop], nodes: &[String]) -> Result<(), String> {
+    for node in nodes {
+        let on: Vec<&PodStop> = stops.iter().filter(|s| &s.node == node).collect();
+        if let Some(lost) = on
+            .iter()
+            .find(|s| !s.daemonset && s.how == Ending::WithInstance)
+        {
+            return Err(format!(
+                "{node}: workload pod {} was still running when the instance ended",
+                lost.pod
+            ));
+        }
+        let Some(last_workload) = on.iter().filter(|s| !s.daemonset).map(|s| s.ended).max() else {
+            continue;
+        };
+        if let Some(early) = on
+            .iter()
+            .find(|s| s.daemonset && s.how == Ending::Graceful && s.began < last_workload)
+        {
+            return Err(format!(
+                "{node}: DaemonSet pod {} began stopping at {} before the last workload pod exited at {}",
+                early.pod, early.began, last_workload
+            ));
+        }
+    }
+    Ok(())
+}
+
+/// The fewest pods whose name starts with `prefix` that were Ready at once, from the first
+/// moment `want` of them were Ready until the end (a pod stops being Ready when its stop
+/// begins).
+pub fn fewest_ready(
+    readies: &[(String, DateTime<Utc>)],
+    stops: &[PodStop],
+    prefix: &str,
+    want: usize,
+) -> usize {
+    let mut moves: Vec<(DateTime<Utc>, i64)> = readies
+        .iter()
+        .filter(|(p, _)| p.starts_with(prefix))
+        .map(|(_, t)| (*t, 1))
+        .chain(
+            stops
+                .iter()
+                .filter(|s| s.pod.starts_with(prefix))
+                .map(|s| (s.began, -1)),
+        )
+        .collect();
+    // At one instant, count the stop first: the worse reading.
+    moves.sort_by_key(|(t, d)| (*t, *d));
+    let (mut now, mut fewest, mut seen_full) = (0i64, i64::MAX, false);
+    for (_, d) in moves {
+        now += d;
+        if now >= want as i64 {
+            seen_full = true;
+        }
+        if seen_full {
+            fewest = fewest.min(now);
+        }
+    }
+    if fewest == i64::MAX {
+        0
+    } else {
+        fewest.max(0) as usize
+    }
+}
+
+/// The User-Agents the service's requests carried, as the audit log shows them.
+pub fn service_user_agents(audit: &[AuditEvent]) -> std::collections::BTreeSet<String> {
+    audit
+        .iter()
+        .filter(|e| e.user.username == SERVICE_USER)
+        .map(|e| e.user_agent.clone())
+        .collect()
+}

@@ -1,0 +1,437 @@
+//! A real Kubernetes control plane on 127.0.0.1: etcd, kube-apiserver (RBAC, one static
+//! token per client, an audit log of the writes the checks read), kube-controller-manager
+//! (ReplicaSet, Deployment, DaemonSet, disruption, garbage-collector, pod GC and
+//! ServiceAccount controllers) and kube-scheduler, built from the Go module proxy by
+//! `scripts/e2e/build.sh`. Every process is ours: killed by PID on drop, its files in a
+//! temporary directory.
+
+use std::fs;
+use std::io::Write;
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use serde::Deserialize;
+
+/// Where the upstream binaries are: `E2E_K8S_BIN` (kube-apiserver, kube-controller-manager,
+/// kube-scheduler) and `E2E_ETCD` (the etcd binary), both set by `scripts/e2e.sh`.
+pub struct Binaries {
+    pub k8s: PathBuf,
+    pub etcd: PathBuf,
+    /// The Kubernetes version the binaries were built from (for the report).
+    pub version: String,
+}
+
+impl Binaries {
+    /// The binaries named by the environment, or `None` when the suite was not asked for.
+    pub fn from_env() -> Option<Binaries> {
+        let k8s = PathBuf::from(std::env::var_os("E2E_K8S_BIN")?);
+        let etcd = PathBuf::from(std::env::var_os("E2E_ETCD")?);
+        let version = std::env::var("E2E_K8S_VERSION").unwrap_or_else(|_| "unknown".into());
+        Some(Binaries { k8s, etcd, version })
+    }
+}
+
+/// An identity the API server knows by its static token.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Who {
+    /// system:masters: the test driver.
+    Admin,
+    /// The controller manager (system:masters, so every controller may act as itself).
+    ControllerManager,
+    /// kube-scheduler's own user, bound by the API server's bootstrap RBAC.
+    Scheduler,
+    /// The fake kubelet (system:masters: it stands in for every node's kubelet and the
+    /// cloud node controller that deletes a Node whose instance ended).
+    Kubelet,
+    /// The service, as the ServiceAccount the shipped RBAC binds.
+    Service,
+}
+
+pub const SERVICE_USER: &str = "system:serviceaccount:kube-system:cluster-autoscaler";
+pub const KUBELET_USER: &str = "e2e:fake-kubelet";
+
+impl Who {
+    const ALL: [Who; 5] = [
+        Who::Admin,
+        Who::ControllerManager,
+        Who::Scheduler,
+        Who::Kubelet,
+        Who::Service,
+    ];
+
+    fn token(self) -> String {
+        format!("e2e-token-{}", self.user().replace([':', '/'], "-"))
+    }
+
+    pub fn user(self) -> &'static str {
+        match self {
+            Who::Admin => "e2e:admin",
+            Who::ControllerManager => "system:kube-controller-manager",
+            Who::Scheduler => "system:kube-scheduler",
+            Who::Kubelet => KUBELET_USER,
+            Who::Service => SERVICE_USER,
+        }
+    }
+
+    fn groups(self) -> &'static str {
+        match self {
+            Who::Admin | Who::ControllerManager | Who::Kubelet => "system:masters",
+            Who::Scheduler => "system:authenticated",
+            Who::Service => "system:serviceaccounts,system:serviceaccounts:kube-system",
+        }
+    }
+}
+
+/// One audit event, as kube-apiserver writes it (JSON lines, `ResponseComplete` stage).
+#[derive(Debug, Clone, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct AuditEvent {
+    pub verb: String,
+    pub user: AuditUser,
+    #[serde(default)]
+    pub user_agent: String,
+    #[serde(default)]
+    pub object_ref: Option<ObjectRef>,
+    #[serde(default)]
+    pub response_status: Option<ResponseStatus>,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+pub struct AuditUser {
+    pub username: String,
+}
+
+#[derive(Debug, Clone, Default, Deserialize)]
+pub struct ObjectRef {
+    #[serde(default)]
+    pub resource: String,
+    #[serde(default)]
+    pub subresource: String,
+    #[serde(default)]
+    pub namespace: String,
+    #[serde(default)]
+    pub name: String,
+}
+
+#[derive(Debug, Clone, Deserialize)]
+pub struct ResponseStatus {
+    #[serde(default)]
+    pub code: u16,
+}
+
+impl AuditEvent {
+    pub fn code(&self) -> u16 {
+        self.response_status.as_ref().map_or(0, |s| s.code)
+    }
+    pub fn is(&self, verb: &str, resource: &str, subresource: &str) -> bool {
+        let r = self.object_ref.clone().unwrap_or_default();
+        self.verb == verb && r.resource == resource && r.subresource == subresource
+    }
+    pub fn target(&self) -> String {
+        let r = self.object_ref.clone().unwrap_or_default();
+        format!("{}/{}", r.namespace, r.name)
+    }
+}
+
+pub struct ControlPlane {
+    dir: tempfile::TempDir,
+    procs: Vec<(&'static str, Child)>,
+    pub url: String,
+    ca_pem: Vec<u8>,
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .map(|a| a.port())
+        .expect("a free port on 127.0.0.1")
+}
+
+const AUDIT_POLICY: &str = r#"apiVersion: audit.k8s.io/v1
+kind: Policy
+omitStages: ["RequestReceived"]
+rules:
+  - level: Metadata
+    verbs: ["create", "update", "patch", "delete", "deletecollection"]
+    resources:
+      - group: ""
+        resources: ["pods", "pods/eviction", "nodes"]
+      - group: "policy"
+        resources: ["poddisruptionbudgets"]
+  - level: None
+"#;
+
+impl ControlPlane {
+    /// Starts etcd, the API server, the controller manager and the scheduler, and waits
+    /// until the API server answers `/readyz` and the default ServiceAccount exists.
+    pub async fn start(bin: &Binaries) -> anyhow::Result<ControlPlane> {
+        let dir = tempfile::Builder::new().prefix("ca-asg-e2e-").tempdir()?;
+        let mut cp = ControlPlane {
+            dir,
+            procs: Vec::new(),
+            url: String::new(),
+            ca_pem: Vec::new(),
+        };
+        cp.start_etcd(bin)?;
+        cp.start_apiserver(bin).await?;
+        cp.start_controllers(bin)?;
+        cp.wait_default_service_account("default").await?;
+        Ok(cp)
+    }
+
+    fn path(&self, name: &str) -> PathBuf {
+        self.dir.path().join(name)
+    }
+
+    fn spawn(&mut self, name: &'static str, program: &Path, args: &[String]) -> anyhow::Result<()> {
+        let log = fs::File::create(self.path(&format!("{name}.log")))?;
+        let child = Command::new(program)
+            .args(args)
+            .stdin(Stdio::null())
+            .stdout(log.try_clone()?)
+            .stderr(log)
+            .spawn()
+            .with_context(|| format!("start {}", program.display()))?;
+        self.procs.push((name, child));
+        Ok(())
+    }
+
+    /// The last lines a component logged, for a failure message.
+    pub fn log_tail(&self, name: &str) -> String {
+        let text = fs::read_to_string(self.path(&format!("{name}.log"))).unwrap_or_default();
+        let lines: Vec<&str> = text.lines().collect();
+        lines[lines.len().saturating_sub(20)..].join("\n")
+    }
+
+    fn exited(&mut self) -> Option<String> {
+        for (name, child) in &mut self.procs {
+            if let Ok(Some(status)) = child.try_wait() {
+                return Some(format!("{name} exited ({status})"));
+            }
+        }
+        None
+    }
+
+    fn start_etcd(&mut self, bin: &Binaries) -> anyhow::Result<()> {
+        let (client, peer) = (free_port(), free_port());
+        let data = self.path("etcd");
+        self.spawn(
+            "etcd",
+            &bin.etcd.clone(),
+            &[
+                "--name=e2e".into(),
+                format!("--data-dir={}", data.display()),
+                format!("--listen-client-urls=http://127.0.0.1:{client}"),
+                format!("--advertise-client-urls=http://127.0.0.1:{client}"),
+                format!("--listen-peer-urls=http://127.0.0.1:{peer}"),
+                format!("--initial-advertise-peer-urls=http://127.0.0.1:{peer}"),
+                format!("--initial-cluster=e2e=http://127.0.0.1:{peer}"),
+                "--unsafe-no-fsync=true".into(),
+                "--log-level=warn".into(),
+            ],
+        )?;
+        fs::write(self.path("etcd.url"), format!("http://127.0.0.1:{client}"))?;
+        Ok(())
+    }
+
+    async fn start_apiserver(&mut self, bin: &Binaries) -> anyhow::Result<()> {
+        let port = free_port();
+        let etcd = fs::read_to_string(self.path("etcd.url"))?;
+        let mut tokens = fs::File::create(self.path("tokens.csv"))?;
+        for who in Who::ALL {
+            writeln!(
+                tokens,
+                "{},{},{},\"{}\"",
+                who.token(),
+                who.user(),
+                who.user(),
+                who.groups()
+            )?;
+        }
+        let sa_key = rcgen::KeyPair::generate()?;
+        fs::write(self.path("sa.key"), sa_key.serialize_pem())?;
+        fs::write(self.path("sa.pub"), sa_key.public_key_pem())?;
+        fs::write(self.path("audit-policy.yaml"), AUDIT_POLICY)?;
+        let certs = self.path("certs");
+        let p = |n: &str| self.path(n).display().to_string();
+        let args = vec![
+            format!("--etcd-servers={etcd}"),
+            "--bind-address=127.0.0.1".into(),
+            "--advertise-address=127.0.0.1".into(),
+            format!("--secure-port={port}"),
+            format!("--cert-dir={}", certs.display()),
+            format!("--token-auth-file={}", p("tokens.csv")),
+            "--authorization-mode=RBAC".into(),
+            "--service-account-issuer=https://kubernetes.default.svc".into(),
+            format!("--service-account-key-file={}", p("sa.pub")),
+            format!("--service-account-signing-key-file={}", p("sa.key")),
+            "--service-cluster-ip-range=10.96.0.0/24".into(),
+            format!("--audit-policy-file={}", p("audit-policy.yaml")),
+            format!("--audit-log-path={}", p("audit.log")),
+            "--audit-log-format=json".into(),
+            "--audit-log-mode=blocking".into(),
+            "--endpoint-reconciler-type=none".into(),
+            "--enable-priority-and-fairness=true".into(),
+        ];
+        self.spawn("kube-apiserver", &bin.k8s.join("kube-apiserver"), &args)?;
+        self.url = format!("https://127.0.0.1:{port}");
+        let deadline = Instant::now() + Duration::from_secs(90);
+        loop {
+            if let Some(dead) = self.exited() {
+                bail!(
+                    "{dead}\n--- etcd:\n{}\n--- kube-apiserver:\n{}",
+                    self.log_tail("etcd"),
+                    self.log_tail("kube-apiserver")
+                );
+            }
+            if let Ok(ca) = fs::read(certs.join("apiserver.crt")) {
+                self.ca_pem = ca;
+                if let Ok(client) = self.client(Who::Admin).await {
+                    let req = http::Request::get("/readyz").body(Vec::new())?;
+                    if client.request_text(req).await.is_ok() {
+                        return Ok(());
+                    }
+                }
+            }
+            if Instant::now() > deadline {
+                bail!(
+                    "kube-apiserver not ready in 90 s:\n{}",
+                    self.log_tail("kube-apiserver")
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    /// A kubeconfig for `who` (written once, beside the other files).
+    pub fn kubeconfig(&self, who: Who) -> anyhow::Result<PathBuf> {
+        use base64::Engine as _;
+        let path = self.path(&format!(
+            "{}.kubeconfig",
+            who.user().replace([':', '/'], "-")
+        ));
+        let ca = base64::engine::general_purpose::STANDARD.encode(&self.ca_pem);
+        fs::write(
+            &path,
+            format!(
+                "apiVersion: v1\nkind: Config\nclusters:\n- name: e2e\n  cluster:\n    server: {}\n    certificate-authority-data: {ca}\nusers:\n- name: u\n  user:\n    token: {}\ncontexts:\n- name: e2e\n  context: {{cluster: e2e, user: u}}\ncurrent-context: e2e\n",
+                self.url,
+                who.token()
+            ),
+        )?;
+        Ok(path)
+    }
+
+    /// A kube client as `who`, over the API server's own serving certificate.
+    pub async fn client(&self, who: Who) -> anyhow::Result<kube::Client> {
+        let path = self.kubeconfig(who)?;
+        let kc = kube::config::Kubeconfig::read_from(&path)?;
+        let cfg =
+            kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
+                .await?;
+        Ok(kube::Client::try_from(cfg)?)
+    }
+
+    fn start_controllers(&mut self, bin: &Binaries) -> anyhow::Result<()> {
+        let kcm = self.kubeconfig(Who::ControllerManager)?;
+        self.spawn(
+            "kube-controller-manager",
+            &bin.k8s.join("kube-controller-manager"),
+            &[
+                format!("--kubeconfig={}", kcm.display()),
+                "--controllers=replicaset-controller,deployment-controller,daemonset-controller,disruption-controller,garbage-collector-controller,pod-garbage-collector-controller,serviceaccount-controller".into(),
+                "--leader-elect=false".into(),
+                "--use-service-account-credentials=false".into(),
+                format!("--secure-port={}", free_port()),
+                "--bind-address=127.0.0.1".into(),
+                format!("--cert-dir={}", self.path("kcm-certs").display()),
+                format!("--authentication-kubeconfig={}", kcm.display()),
+                format!("--authorization-kubeconfig={}", kcm.display()),
+                "--authentication-skip-lookup=true".into(),
+                "--kube-api-qps=100".into(),
+                "--kube-api-burst=200".into(),
+            ],
+        )?;
+        let sched = self.kubeconfig(Who::Scheduler)?;
+        self.spawn(
+            "kube-scheduler",
+            &bin.k8s.join("kube-scheduler"),
+            &[
+                format!("--kubeconfig={}", sched.display()),
+                "--leader-elect=false".into(),
+                format!("--secure-port={}", free_port()),
+                "--bind-address=127.0.0.1".into(),
+                format!("--cert-dir={}", self.path("scheduler-certs").display()),
+                format!("--authentication-kubeconfig={}", sched.display()),
+                format!("--authorization-kubeconfig={}", sched.display()),
+                "--authentication-skip-lookup=true".into(),
+            ],
+        )?;
+        Ok(())
+    }
+
+    /// Waits for the ServiceAccount controller to create `default` in `ns` (pods are
+    /// refused before it exists).
+    pub async fn wait_default_service_account(&mut self, ns: &str) -> anyhow::Result<()> {
+        let client = self.client(Who::Admin).await?;
+        let sas: kube::Api<k8s_openapi::api::core::v1::ServiceAccount> =
+            kube::Api::namespaced(client, ns);
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            if let Some(dead) = self.exited() {
+                bail!(
+                    "{dead}\n--- kube-controller-manager:\n{}\n--- kube-scheduler:\n{}",
+                    self.log_tail("kube-controller-manager"),
+                    self.log_tail("kube-scheduler")
+                );
+            }
+            if sas.get_opt("default").await?.is_some() {
+                return Ok(());
+            }
+            if Instant::now() > deadline {
+                bail!(
+                    "no default ServiceAccount in {ns} after 60 s:\n{}",
+                    self.log_tail("kube-controller-manager")
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// Every audit event written so far.
+    pub fn audit(&self) -> Vec<AuditEvent> {
+        let text = fs::read_to_string(self.path("audit.log")).unwrap_or_default();
+        text.lines()
+            .filter_map(|l| serde_json::from_str(l).ok())
+            .collect()
+    }
+
+    /// Any component that died: the suite cannot trust a run after that.
+    pub fn check_alive(&mut self) -> anyhow::Result<()> {
+        match self.exited() {
+            Some(dead) => bail!("{dead}"),
+            None => Ok(()),
+        }
+    }
+}
+
+impl Drop for ControlPlane {
+    fn drop(&mut self) {
+        // Controllers first, the store last.
+        for (_, child) in self.procs.iter_mut().rev() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+        if std::env::var_os("E2E_KEEP").is_some() {
+            let kept = self.dir.path().to_path_buf();
+            eprintln!("e2e: kept {}", kept.display());
+            std::mem::forget(std::mem::replace(
+                &mut self.dir,
+                tempfile::tempdir().expect("tempdir"),
+            ));
+        }
+    }
+}

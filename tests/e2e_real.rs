@@ -1,0 +1,130 @@
+//! The end-to-end suite on a real control plane: etcd, kube-apiserver,
+//! kube-controller-manager and kube-scheduler built from the Go module proxy by
+//! `scripts/e2e/build.sh`, the service running as the ServiceAccount the shipped RBAC
+//! binds, nodes played by the suite's fake kubelet, and the gRPC calls cluster-autoscaler
+//! makes, in the shapes it sends them. Run it with `scripts/e2e.sh`: without
+//! `E2E_K8S_BIN` every scenario says it was skipped (and fails when `E2E_REQUIRED=1`).
+//!
+//! Each scenario writes one row (scenario, Kubernetes version, PASS/FAIL, the failing
+//! step, the time from the scale-in to the last instance's end) to `E2E_RESULTS`.
+
+mod support;
+
+#[path = "e2e/checks.rs"]
+mod checks;
+#[path = "e2e/control_plane.rs"]
+mod control_plane;
+#[path = "e2e/kubelet.rs"]
+mod kubelet;
+#[path = "e2e/rig.rs"]
+mod rig;
+
+use rig::{binaries, ids, other_drainer, until, Rig, SERIAL};
+
+/// CA scales in two occupied nodes of a group with no hook (direct mode): both drain at
+/// once under the real disruption controller's budget, DaemonSet pods last, then each
+/// instance ends with a decrement.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn ca_scale_in_of_occupied_nodes_direct() {
+    let Some(bin) = binaries("ca_scale_in_of_occupied_nodes_direct") else {
+        return;
+    };
+    let _one_at_a_time = SERIAL.lock().await;
+    let mut rig = Rig::start("CA scale-in, direct", &bin, 5, false).await;
+    let victims: Vec<(String, String)> = rig.occupied().await.into_iter().take(2).collect();
+    assert_eq!(victims.len(), 2, "two occupied nodes");
+    rig.report
+        .step("CA: NodeGroupDeleteNodes of two occupied nodes");
+    rig.ca_deletes(&victims).await;
+    assert_eq!(
+        rig.ca_target().await,
+        3,
+        "direct mode reports the decrease at once"
+    );
+    rig.report.step("wait for both instances to end");
+    rig.wait_ended(&ids(&victims), 180).await;
+    rig.check_promises(&victims, 3, 2).await;
+}
+
+/// The same through our lifecycle hook: DeleteNodes ends the instances with a decrement
+/// at once, the hook holds them while the drain runs, each action is completed once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn ca_scale_in_of_occupied_nodes_through_the_hook() {
+    let Some(bin) = binaries("ca_scale_in_of_occupied_nodes_through_the_hook") else {
+        return;
+    };
+    let _one_at_a_time = SERIAL.lock().await;
+    let mut rig = Rig::start("CA scale-in, hook", &bin, 5, true).await;
+    rig.run_lifecycle_loop();
+    let victims: Vec<(String, String)> = rig.occupied().await.into_iter().take(2).collect();
+    assert_eq!(victims.len(), 2, "two occupied nodes");
+    rig.report
+        .step("CA: NodeGroupDeleteNodes of two occupied nodes");
+    rig.ca_deletes(&victims).await;
+    rig.report.step("wait for both instances to end");
+    rig.wait_ended(&ids(&victims), 180).await;
+    rig.check_promises(&victims, 3, 2).await;
+    rig.hooks_completed_once(&ids(&victims));
+}
+
+/// The ASG ends an instance on its own (a scale-in policy, a rebalance, a refresh):
+/// the hook holds it, the service drains it, and is killed mid-drain; the new process
+/// finds the held instance and finishes the drain, completing the action once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn asg_ends_an_instance_and_the_service_restarts_mid_drain() {
+    let Some(bin) = binaries("asg_ends_an_instance_and_the_service_restarts_mid_drain") else {
+        return;
+    };
+    let _one_at_a_time = SERIAL.lock().await;
+    let mut rig = Rig::start("ASG scale-in, hook, restart mid-drain", &bin, 4, true).await;
+    rig.run_lifecycle_loop();
+    rig.report.step("the ASG scales in by one");
+    let ended = rig.cloud.external_scale_in("web", 1).unwrap();
+    assert_eq!(ended.len(), 1);
+    let node = kubelet::node_name(&ended[0]);
+    let victims = vec![(node.clone(), ended[0].clone())];
+    rig.report
+        .step("wait for the drain to begin (a pod of the node stopping)");
+    until("a pod of the node to stop", 60, || {
+        let k = rig.kubelet.clone();
+        let node = node.clone();
+        let iid = ended[0].clone();
+        async move { k.stops().iter().any(|s| s.node == node) || k.instances_ended().contains(&iid) }
+    })
+    .await;
+    rig.report
+        .step("kill the service mid-drain and start a new one");
+    rig.restart_service().await;
+    rig.report.step("wait for the instance to end");
+    rig.wait_ended(&ids(&victims), 180).await;
+    // The ASG picked its own victim and lowered its own desired capacity: 4 -> 3.
+    rig.check_promises(&victims, 3, 0).await;
+    rig.hooks_completed_once(&ids(&victims));
+}
+
+/// The checks can fail on the real system: CA's own drain with its default
+/// `--daemonset-eviction-for-occupied-nodes=true` evicts the log shipper together with
+/// the workload, and the DaemonSet-last check says so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_checks_catch_a_drain_that_evicts_daemonset_pods_with_the_workload() {
+    let Some(bin) =
+        binaries("the_checks_catch_a_drain_that_evicts_daemonset_pods_with_the_workload")
+    else {
+        return;
+    };
+    let _one_at_a_time = SERIAL.lock().await;
+    let rig = Rig::start("checks catch CA's default drain", &bin, 4, false).await;
+    let (node, iid) = rig.occupied().await.remove(0);
+    rig.report
+        .step("evict every pod of the node at once, then end the instance");
+    other_drainer(&rig.admin, &rig.cloud, &node, &iid, true).await;
+    rig.wait_ended(std::slice::from_ref(&iid), 60).await;
+    rig.report.step("the DaemonSet-last check fails");
+    let broken = checks::daemonset_last(&rig.kubelet.stops(), std::slice::from_ref(&node));
+    assert!(
+        broken.is_err(),
+        "CA's default drain stopped the log shipper with the app; the check must see it: {:?}",
+        rig.kubelet.stops()
+    );
+    eprintln!("e2e: as expected, {}", broken.unwrap_err());
+}
