@@ -16,6 +16,8 @@ mod checks;
 mod control_plane;
 #[path = "e2e/kubelet.rs"]
 mod kubelet;
+#[path = "e2e/real_node.rs"]
+mod real_node;
 #[path = "e2e/rig.rs"]
 mod rig;
 

@@ -1,6 +1,7 @@
 //! What users care about after a scale-in, read from the real API server's audit log,
 //! the fake kubelet's record of how each pod stopped, and the cloud. Each check returns
 //! the broken promise in words, naming pods and nodes.
+#![allow(dead_code)] // shared by the e2e test crates, each using a part
 
 use std::collections::BTreeMap;
 

@@ -4,6 +4,7 @@
 //! ServiceAccount controllers) and kube-scheduler, built from the Go module proxy by
 //! `scripts/e2e/build.sh`. Every process is ours: killed by PID on drop, its files in a
 //! temporary directory.
+#![allow(dead_code)] // shared by the e2e test crates, each using a part
 
 use std::fs;
 use std::io::Write;

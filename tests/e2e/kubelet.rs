@@ -5,6 +5,7 @@
 //! kubelet deletes it for good, as a kubelet does. When an instance ends, its Node goes
 //! and whatever still ran on it dies with it. Each pod's stop is recorded: the checks read
 //! the order from here and from the API server's audit log.
+#![allow(dead_code)] // shared by the e2e test crates, each using a part
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;

@@ -7,6 +7,7 @@
 //! are killed at once, as a powered-off instance leaves them. `Drop` removes everything
 //! the node made (containers, mounts, the CNI bridge, the kubepods cgroups, directories),
 //! so the suite can run again on the same machine.
+#![allow(dead_code)] // shared by the e2e test crates, each using a part
 
 use std::fs;
 use std::net::TcpListener;
@@ -54,8 +55,18 @@ pub struct RealNode {
     kubelet: Option<Child>,
     /// The host directory the scenario's pods share with the test (hostPath).
     pub shared: PathBuf,
-    /// Network namespaces that were there before this node (the rest are its pods').
+    /// Network namespaces, pod log directories and container log links that were there
+    /// before this node (the rest are its pods').
     netns_before: Vec<String>,
+    logs_before: Vec<String>,
+}
+
+fn pod_logs() -> Vec<String> {
+    ["/var/log/pods", "/var/log/containers"]
+        .iter()
+        .flat_map(|d| fs::read_dir(d).into_iter().flatten().flatten())
+        .map(|e| e.path().display().to_string())
+        .collect()
 }
 
 fn netns() -> Vec<String> {
@@ -96,6 +107,7 @@ impl RealNode {
             kubelet: None,
             shared,
             netns_before: netns(),
+            logs_before: pod_logs(),
         };
         node.start_containerd(n)?;
         node.import(images)?;
@@ -115,7 +127,11 @@ impl RealNode {
                     // taint the kubelet registers with once the node is Ready.
                     let patch = serde_json::json!({"spec": {"taints": null}});
                     nodes
-                        .patch(name, &kube::api::PatchParams::default(), &kube::api::Patch::Merge(patch))
+                        .patch(
+                            name,
+                            &kube::api::PatchParams::default(),
+                            &kube::api::Patch::Merge(patch),
+                        )
                         .await?;
                     return Ok(node);
                 }
@@ -126,7 +142,10 @@ impl RealNode {
                 }
             }
             if Instant::now() > deadline {
-                bail!("node {name} not Ready after 90 s:\n{}", node.log_tail("kubelet"));
+                bail!(
+                    "node {name} not Ready after 90 s:\n{}",
+                    node.log_tail("kubelet")
+                );
             }
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
@@ -292,7 +311,10 @@ authorization:
 
     /// The instance ends: the kubelet, containerd and every container die at once.
     pub fn power_off(&mut self) {
-        for child in [self.kubelet.take(), self.containerd.take()].into_iter().flatten() {
+        for child in [self.kubelet.take(), self.containerd.take()]
+            .into_iter()
+            .flatten()
+        {
             kill(child);
         }
         // The shims and the containers outlive containerd: kill them by their cgroup.
@@ -304,11 +326,14 @@ authorization:
     }
 
     fn kubepods(&self) -> Vec<PathBuf> {
-        ["cpu", "memory", "pids", "cpuset", "blkio", "freezer", "devices", "cpuacct", "systemd", "unified", "hugetlb"]
-            .iter()
-            .map(|c| PathBuf::from(format!("/sys/fs/cgroup/{c}/kubepods")))
-            .filter(|p| p.exists())
-            .collect()
+        [
+            "cpu", "memory", "pids", "cpuset", "blkio", "freezer", "devices", "cpuacct", "systemd",
+            "unified", "hugetlb",
+        ]
+        .iter()
+        .map(|c| PathBuf::from(format!("/sys/fs/cgroup/{c}/kubepods")))
+        .filter(|p| p.exists())
+        .collect()
     }
 
     fn teardown(&mut self) {
@@ -347,12 +372,32 @@ authorization:
         for n in &pods_netns {
             let _ = fs::remove_file(n);
         }
+        // The kubelet's pod logs live in the host's /var/log: its pods' go with it.
+        for p in pod_logs() {
+            if !self.logs_before.contains(&p) {
+                let path = Path::new(&p);
+                let _ = if path.is_dir() && !path.is_symlink() {
+                    fs::remove_dir_all(path)
+                } else {
+                    fs::remove_file(path)
+                };
+            }
+        }
         let _ = Command::new("ip")
             .args(["link", "delete", &self.bridge])
             .stderr(Stdio::null())
             .status();
         for root in self.kubepods() {
             remove_cgroup_tree(&root);
+        }
+        if std::env::var_os("E2E_KEEP").is_some() {
+            let keep = std::env::temp_dir().join(format!("ca-asg-e2e-{}-logs", self.name));
+            let _ = fs::create_dir_all(&keep);
+            for f in ["kubelet.log", "containerd.log"] {
+                let _ = fs::copy(self.p(f), keep.join(f));
+            }
+            let _ = fs::copy(self.shared.join("written"), keep.join("written"));
+            eprintln!("e2e: kept the node's logs in {}", keep.display());
         }
         let _ = fs::remove_dir_all(&self.dir);
     }

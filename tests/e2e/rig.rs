@@ -1,6 +1,7 @@
 //! What every end-to-end scenario shares: the report row, the control plane, the memory
 //! cloud and its nodes (fake, or one real), the workloads, the service as it runs in a
 //! cluster, and the calls cluster-autoscaler makes.
+#![allow(dead_code)] // shared by the e2e test crates, each using a part
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -20,6 +21,7 @@ use tonic::transport::Channel;
 use super::checks;
 use super::control_plane::{Binaries, ControlPlane, Who};
 use super::kubelet::FakeKubelet;
+use super::real_node::RealNode;
 use super::support::world::{service_on, timing};
 
 pub const HOOK: &str = "ca-asg-provider-drain";
@@ -33,6 +35,8 @@ pub struct Report {
     pub version: String,
     pub step: parking_lot::Mutex<String>,
     pub scale_in_secs: parking_lot::Mutex<Option<f64>>,
+    /// More columns for the row (lines written and lost, for the real-node scenarios).
+    pub extra: parking_lot::Mutex<serde_json::Map<String, serde_json::Value>>,
 }
 
 impl Report {
@@ -48,7 +52,7 @@ impl Report {
 impl Drop for Report {
     fn drop(&mut self) {
         let passed = !std::thread::panicking();
-        let row = json!({
+        let mut row = json!({
             "scenario": self.scenario,
             "kubernetes": self.version,
             "driver": "CA's gRPC calls (the suite's client)",
@@ -56,6 +60,9 @@ impl Drop for Report {
             "step": if passed { String::new() } else { self.step.lock().clone() },
             "scale_in_secs": *self.scale_in_secs.lock(),
         });
+        for (k, v) in self.extra.lock().iter() {
+            row[k] = v.clone();
+        }
         if !passed {
             eprintln!(
                 "e2e FAILED: scenario {} on Kubernetes {} at step: {}",
@@ -98,6 +105,8 @@ pub fn binaries(scenario: &str) -> Option<Binaries> {
 /// One scenario's world: the control plane, the memory cloud, the fake kubelet, and the
 /// service as it runs in a cluster.
 pub struct Rig {
+    /// Dropped first: its kubelet and containers go before the control plane.
+    pub real: Option<Arc<parking_lot::Mutex<Option<RealNode>>>>,
     pub cp: ControlPlane,
     pub cloud: MemoryCloud,
     pub kubelet: FakeKubelet,
@@ -239,6 +248,94 @@ pub async fn workloads(admin: &kube::Client, cp: &mut ControlPlane) {
     .await;
 }
 
+/// The field report's pods, on the real node: an app that writes a numbered line every
+/// 100 ms and keeps writing through a 15 s preStop (every number also in `shared/written`),
+/// and a log shipper that tails the node's container logs and forwards them off the node
+/// to 127.0.0.1:`port`, every 5 s and on SIGTERM after a 2 s grace (a buffered shipper,
+/// as fluent-bit and fluentd are).
+pub async fn logging_workloads(
+    admin: &kube::Client,
+    cp: &mut ControlPlane,
+    port: u16,
+    shared: &std::path::Path,
+) {
+    for ns in ["shop", "logging"] {
+        create(
+            admin,
+            None,
+            json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}),
+        )
+        .await;
+        cp.wait_default_service_account(ns).await.unwrap();
+    }
+    // This run's app only: the host's /var/log may hold other runs' logs.
+    let app_name = format!(
+        "app-{:x}",
+        std::process::id() ^ chrono::Utc::now().timestamp_subsec_nanos()
+    );
+    let shipper = format!(
+        r#"buf=/tmp/buf; : > $buf; sent=0
+ship() {{
+  size=$(wc -c < $buf)
+  if [ "$size" -gt "$sent" ]; then
+    if tail -c +$((sent + 1)) $buf | head -c $((size - sent)) | nc 127.0.0.1 {port}; then sent=$size; fi
+  fi
+}}
+# On SIGTERM: read what the file still holds (busybox tail polls each second), then flush,
+# as fluent-bit's shutdown grace (5 s by default) and fluentd's final flush do.
+trap 'sleep 2; ship; exit 0' TERM
+while ! ls /var/log/containers/{app}-*_shop_main-*.log >/dev/null 2>&1; do sleep 0.2; done
+tail -n +1 -F $(ls /var/log/containers/{app}-*_shop_main-*.log) >> $buf &
+while :; do sleep 5 & wait $!; ship; done
+"#,
+        app = app_name
+    );
+    // Each number goes to the count file first, then to stdout: the file holds every
+    // line the app wrote.
+    let app = "i=0\ntrap 'exit 0' TERM\nwhile :; do i=$((i+1)); echo $i >> /count/written; echo \"line $i\"; sleep 0.1; done\n";
+    let pod = |script: &str, extra: serde_json::Value| {
+        let mut spec = json!({
+            "nodeSelector": {"e2e/real": "true"},
+            "automountServiceAccountToken": false,
+            "terminationGracePeriodSeconds": 30,
+            "containers": [{"name": "main", "image": "e2e.local/busybox:1", "imagePullPolicy": "Never",
+                "command": ["/bin/sh", "-c"], "args": [script]}],
+        });
+        for (k, v) in extra.as_object().unwrap() {
+            if k == "container" {
+                for (ck, cv) in v.as_object().unwrap() {
+                    spec["containers"][0][ck] = cv.clone();
+                }
+            } else {
+                spec[k] = v.clone();
+            }
+        }
+        spec
+    };
+    create(admin, Some("logging"), json!({
+        "apiVersion": "apps/v1", "kind": "DaemonSet", "metadata": {"name": "shipper"},
+        "spec": {"selector": {"matchLabels": {"app": "shipper"}},
+            // No blanket toleration (fluent-bit's chart ships none): evicted from a node
+            // being drained, it does not come back.
+            "template": {"metadata": {"labels": {"app": "shipper"}}, "spec": pod(&shipper, json!({
+                "hostNetwork": true,
+                "volumes": [{"name": "varlog", "hostPath": {"path": "/var/log"}}],
+                "container": {"volumeMounts": [{"name": "varlog", "mountPath": "/var/log", "readOnly": true}]},
+            }))}}
+    })).await;
+    create(admin, Some("shop"), json!({
+        "apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": app_name},
+        "spec": {"replicas": 1, "selector": {"matchLabels": {"app": "app"}},
+            "template": {"metadata": {"labels": {"app": "app"}}, "spec": pod(app, json!({
+                "volumes": [{"name": "count", "hostPath": {"path": shared.display().to_string()}}],
+                "container": {
+                    "volumeMounts": [{"name": "count", "mountPath": "/count"}],
+                    "lifecycle": {"preStop": {"exec": {"command": ["sleep", "15"]}}},
+                },
+            }))}}
+    })).await;
+}
+
 pub async fn ready_pods(admin: &kube::Client) -> BTreeMap<String, String> {
     let pods: Api<Pod> = Api::all(admin.clone());
     pods.list(&Default::default())
@@ -281,15 +378,50 @@ where
     panic!("timed out after {secs} s waiting for {what}");
 }
 
+/// What a scenario's cluster runs.
+pub enum Workloads {
+    /// Three app replicas behind a budget and a log shipper that tolerates everything.
+    Budgeted,
+    /// On the real node: an app writing a numbered line every 100 ms through a 15 s
+    /// preStop, and a log shipper that forwards the node's container logs to
+    /// 127.0.0.1:`port`, flushing every 5 s and on SIGTERM.
+    Logging { port: u16 },
+}
+
+pub struct Setup {
+    pub desired: i32,
+    pub hooked: bool,
+    /// The first instance is a real node (kubelet + containerd), with these images.
+    pub real: Option<std::path::PathBuf>,
+    pub workloads: Workloads,
+}
+
 impl Rig {
     /// The control plane, `desired` instances of group "web" (with our hook when
     /// `hooked`), a Ready Node per instance, the workloads running, and the service.
     pub async fn start(scenario: &'static str, bin: &Binaries, desired: i32, hooked: bool) -> Rig {
+        let setup = Setup {
+            desired,
+            hooked,
+            real: None,
+            workloads: Workloads::Budgeted,
+        };
+        Self::start_with(scenario, bin, setup).await
+    }
+
+    pub async fn start_with(scenario: &'static str, bin: &Binaries, setup: Setup) -> Rig {
+        let Setup {
+            desired,
+            hooked,
+            real,
+            workloads: what,
+        } = setup;
         let report = Report {
             scenario,
             version: bin.version.clone(),
             step: parking_lot::Mutex::new(String::new()),
             scale_in_secs: parking_lot::Mutex::new(None),
+            extra: Default::default(),
         };
         let _ = tracing_subscriber::fmt()
             .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
@@ -308,15 +440,73 @@ impl Rig {
             group = group.terminating_hook(HOOK, 300);
         }
         let cloud = MemoryCloud::new(vec![group], timing());
-        let kubelet = FakeKubelet::start(cp.client(Who::Kubelet).await.unwrap(), cloud.clone());
+        let real_iid: std::collections::BTreeSet<String> = match real {
+            Some(_) => cloud
+                .instances()
+                .into_iter()
+                .take(1)
+                .map(|(_, i)| i.id)
+                .collect(),
+            None => Default::default(),
+        };
+        let (kubelet, mut real_ended) = FakeKubelet::start_beside(
+            cp.client(Who::Kubelet).await.unwrap(),
+            cloud.clone(),
+            real_iid.clone(),
+        );
+        let real_node = match (&real, real_iid.iter().next()) {
+            (Some(images), Some(iid)) => {
+                report.step("start a real node (containerd + kubelet)");
+                let (_, inst) = cloud
+                    .instances()
+                    .into_iter()
+                    .find(|(_, i)| &i.id == iid)
+                    .expect("the real node's instance");
+                let node = RealNode::start(
+                    &cp,
+                    &bin.k8s.join("kubelet"),
+                    images,
+                    &super::kubelet::node_name(iid),
+                    &inst.provider_id(),
+                    "e2e.ca-asg-provider.io/group=web,e2e/real=true",
+                )
+                .await
+                .unwrap_or_else(|e| panic!("{e:#}"));
+                let node = Arc::new(parking_lot::Mutex::new(Some(node)));
+                let weak = Arc::downgrade(&node);
+                tokio::spawn(async move {
+                    while real_ended.recv().await.is_some() {
+                        if let Some(n) = weak.upgrade() {
+                            if let Some(n) = n.lock().as_mut() {
+                                n.power_off();
+                            }
+                        }
+                    }
+                });
+                Some(node)
+            }
+            _ => None,
+        };
         until("a Ready Node per instance", 30, || {
             let k = kubelet.clone();
             async move { k.nodes().len() == desired as usize }
         })
         .await;
         report.step("run the workloads");
-        workloads(&admin, &mut cp).await;
-        let want = APP_REPLICAS + desired as usize;
+        let want = match what {
+            Workloads::Budgeted => {
+                workloads(&admin, &mut cp).await;
+                APP_REPLICAS + desired as usize
+            }
+            Workloads::Logging { port } => {
+                let shared = real_node
+                    .as_ref()
+                    .and_then(|n| n.lock().as_ref().map(|n| n.shared.clone()))
+                    .expect("the logging workloads run on a real node");
+                logging_workloads(&admin, &mut cp, port, &shared).await;
+                2
+            }
+        };
         until("every app and DaemonSet pod Ready", 60, || {
             let a = admin.clone();
             async move { ready_pods(&a).await.len() == want }
@@ -332,6 +522,7 @@ impl Rig {
         )
         .await;
         Rig {
+            real: real_node,
             cp,
             cloud,
             kubelet,
@@ -522,14 +713,22 @@ pub async fn other_drainer(
 ) {
     use ca_asg_provider::cloud::Cloud as _;
     let nodes: Api<k8s_openapi::api::core::v1::Node> = Api::all(admin.clone());
+    // CA taints the node it scales in (ToBeDeletedByClusterAutoscaler, NoSchedule);
+    // kubectl drain cordons it.
+    let mark = if daemonsets_too {
+        json!({"spec": {"taints": [{"key": "ToBeDeletedByClusterAutoscaler",
+            "value": chrono::Utc::now().timestamp().to_string(), "effect": "NoSchedule"}]}})
+    } else {
+        json!({"spec": {"unschedulable": true}})
+    };
     nodes
         .patch(
             node,
             &kube::api::PatchParams::default(),
-            &kube::api::Patch::Merge(json!({"spec": {"unschedulable": true}})),
+            &kube::api::Patch::Merge(mark),
         )
         .await
-        .expect("cordon");
+        .expect("mark the node");
     let pods: Api<Pod> = Api::all(admin.clone());
     let on = pods
         .list(&kube::api::ListParams::default().fields(&format!("spec.nodeName={node}")))
