@@ -12,7 +12,7 @@ use ca_asg_provider::interruption::consumer::Handled;
 use ca_asg_provider::interruption::RebalanceAction;
 use ca_asg_provider::scalein::{self, record, Outcome, ScaleInSettings};
 use ca_asg_provider::sim::fixtures;
-use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::core::v1::{Node, Pod, Toleration};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 
 mod support;
@@ -104,6 +104,66 @@ async fn a_hook_drain_after_an_old_rebalance_cordon_keeps_the_pdb() {
         .filter(|a| a.verb == "evicted" && a.name.starts_with("app"))
         .count();
     assert_eq!(evicted, 1, "evicted through the Eviction API, not deleted");
+    assert!(w.cloud.hook_timeouts().is_empty());
+}
+
+/// Issue 30, 1: `rebalance: cordon` marked the node; then a workload pod with a
+/// blanket toleration (`operator: Exists`) was put on it; later the ASG ends the node
+/// through the hook. The drain began with the hook, not with the cordon (which never
+/// drains): the pod was there before it, so it is no replacement. It is evicted
+/// through its PDB, and the action is completed only once it is gone.
+#[tokio::test]
+async fn a_pod_that_landed_during_a_rebalance_cordon_is_drained_by_the_hook() {
+    let w = world(hooked(1, 300), fast_settings(), Duration::from_millis(50)).await;
+    let (node, iid) = nodes_of(&w, "web").remove(0);
+    let q = Arc::new(MemoryQueue::default());
+    let c = consumer(&w, &q, RebalanceAction::Cordon);
+    q.send(&rebalance(&iid));
+    assert_eq!(handle_next(&c, &q).await, Handled::Done(vec!["cordon"]));
+    // After the cordon: a pod that tolerates every taint lands on the node.
+    w.sim.create(&fixtures::pdb("shop", "app", 0)).unwrap();
+    let mut pod = fixtures::pod("shop", "app", &node, "app", 0.1);
+    pod.spec.as_mut().unwrap().tolerations = Some(vec![Toleration {
+        operator: Some("Exists".into()),
+        ..Default::default()
+    }]);
+    w.sim.create(&pod).unwrap();
+    pods_ready(&w, 1).await;
+
+    let lifecycle = scalein::lifecycle::spawn_loop(w.engine.clone(), w.provider.clone());
+    assert_eq!(
+        w.cloud.external_scale_in("web", 1).unwrap(),
+        vec![iid.clone()]
+    );
+    eventually(
+        "the hook's drain evicts the pod: the PDB refuses",
+        10,
+        || blocked(&w),
+    )
+    .await;
+    assert!(running(&w, "app"));
+    assert!(
+        w.cloud.completed_actions().is_empty(),
+        "not completed with the pod running"
+    );
+    let r = record_on(&w, &node).expect("recorded on the Node");
+    let kinds: Vec<&str> = r.reasons.iter().map(|r| r.why.label()).collect();
+    assert_eq!(kinds, ["rebalance cordon", "lifecycle hook"]);
+
+    assert!(w.sim.remove::<PodDisruptionBudget>("shop", "app-pdb"));
+    eventually("the lifecycle action is completed", 20, || {
+        !w.cloud.completed_actions().is_empty()
+    })
+    .await;
+    lifecycle.abort();
+    assert!(!running(&w, "app"));
+    let evicted = w
+        .sim
+        .audit()
+        .iter()
+        .filter(|a| a.verb == "evicted" && a.name.starts_with("app"))
+        .count();
+    assert_eq!(evicted, 1);
     assert!(w.cloud.hook_timeouts().is_empty());
 }
 

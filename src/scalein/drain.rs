@@ -306,10 +306,11 @@ async fn abandon(engine: &Engine, req: &DrainRequest, mode: &Mode, node: Option<
     }
 }
 
-/// The drain's first reason, as a time (which pods arrived after the cordon).
+/// When the drain began, as a time (which pods arrived after it): the reason that
+/// drains, never an earlier cordon-only or finished one ([`DrainRecord::drain_began`]).
 fn started_ts(record: &DrainRecord) -> Timestamp {
     record
-        .first_at()
+        .drain_began()
         .and_then(|t| t.timestamp_nanos_opt())
         .and_then(|n| Timestamp::from_nanosecond(i128::from(n)).ok())
         .unwrap_or_else(Timestamp::now)

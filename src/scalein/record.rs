@@ -26,8 +26,9 @@ use super::DeadlinePolicy;
 
 /// The Node annotation that holds the record (JSON).
 pub const ANNOTATION: &str = "ca-asg-provider.io/drain-reasons";
-/// The first reason's time, and the strongest reason's mode (for people, and what
-/// versions before the record wrote).
+/// When the drain began ([`DrainRecord::drain_began`]; the first reason's time when
+/// nothing drains), and the strongest reason's mode (for people, and what versions
+/// before the record wrote).
 pub const STARTED_ANNOTATION: &str = "ca-asg-provider.io/drain-started-at";
 pub const MODE_ANNOTATION: &str = "ca-asg-provider.io/drain-mode";
 
@@ -249,9 +250,24 @@ impl DrainRecord {
         serde_json::to_string(self).expect("a drain record serializes")
     }
 
-    /// When the node was first asked to go (the cordon's time).
+    /// When the node was first asked to go (the cordon's time). For people only: no
+    /// rule of the drain counts from it (see [`Self::drain_began`]).
     pub fn first_at(&self) -> Option<DateTime<Utc>> {
         self.reasons.iter().map(|r| r.at).min()
+    }
+
+    /// The reasons that drive the drain now: not done, and asking for a drain (a
+    /// rebalance cordon never drains).
+    fn draining(&self) -> impl Iterator<Item = &DrainReason> {
+        self.reasons.iter().filter(|r| !r.done && r.why.drains())
+    }
+
+    /// When the drain began: the arrival of the earliest reason that drains and is
+    /// not done, never a cordon-only or finished reason's. Every rule that counts
+    /// from the drain's start (which pods are replacements, deadlines, budgets) asks
+    /// this. `None`: nothing drains.
+    pub fn drain_began(&self) -> Option<DateTime<Utc>> {
+        self.draining().map(|r| r.at).min()
     }
 
     /// Takes a reason in. The same kind of reason again keeps its first arrival (a
@@ -340,8 +356,7 @@ impl DrainRecord {
 
     /// What the drain does now.
     pub fn plan(&self, limits: Limits) -> Plan {
-        let active = || self.reasons.iter().filter(|r| !r.done && r.why.drains());
-        let drains = active().next().is_some();
+        let drains = self.drain_began().is_some();
         let ends = if let Some(hook) = self.hook() {
             End::Lifecycle {
                 hook: hook.to_string(),
@@ -369,10 +384,11 @@ impl DrainRecord {
             Some((e, share)) => (Some(e), share),
             None => (None, Duration::ZERO),
         };
-        // Each active reason's own deadline, counted from its own arrival.
+        // Each reason that drains keeps its own deadline, counted from its own
+        // arrival (the earliest of them is [`Self::drain_began`]).
         let mut proceed: Option<DateTime<Utc>> = None;
         let mut abandon: Option<DateTime<Utc>> = None;
-        for r in active() {
+        for r in self.draining() {
             let at = after(r.at, limits.workload_deadline);
             let policy = match r.why {
                 // The ASG ends the instance whatever the hook's result.

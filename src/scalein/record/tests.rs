@@ -347,3 +347,22 @@ fn times_at_the_edge_of_the_calendar_do_not_panic() {
     let p = r.plan(l);
     assert!(p.drains);
 }
+
+/// A rebalance cordon an hour before the hook: the drain began with the hook, not the
+/// cordon (which pods are replacements counts from it); finished reasons neither.
+#[test]
+fn the_drain_begins_with_the_reason_that_drains() {
+    let l = limits(DeadlinePolicy::Abandon);
+    let r = record(&[(Why::Rebalance, 0), (hook(), 60 * MIN)], l);
+    assert_eq!(r.first_at(), Some(at(0)));
+    assert_eq!(r.drain_began(), Some(at(60 * MIN)));
+    assert_eq!(r.plan(l).workload_deadline, Some(at(70 * MIN)));
+    let only_cordon = record(&[(Why::Rebalance, 0)], l);
+    assert_eq!(only_cordon.drain_began(), None);
+    let mut done = record(&[(Why::DrainCommand, 0)], l);
+    done.mark_done();
+    done.join(DrainReason::new(Why::Rebalance, at(MIN)), l);
+    assert_eq!(done.drain_began(), None, "a finished drain begins nothing");
+    done.join(DrainReason::new(spot(3 * MIN), at(2 * MIN)), l);
+    assert_eq!(done.drain_began(), Some(at(2 * MIN)));
+}
