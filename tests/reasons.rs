@@ -566,3 +566,53 @@ async fn the_max_ca_is_told_leaves_out_slots_drains_still_hold() {
     w.provider.refresh_now().await.unwrap();
     assert_eq!(max_size(&mut w, "web").await, 3, "the slot is free again");
 }
+
+/// Issue 30, 4: a record read back from the Node with a DaemonSet share nobody could
+/// have configured (1e19 s; a newer version, a hand edit) and a spent budget. Once
+/// panicked the drain ("overflow when adding duration to instant"); it is bounded
+/// where it is read, and the resumed drain ends.
+#[tokio::test]
+async fn a_share_read_back_from_the_node_does_not_panic_the_drain() {
+    let w = world(
+        vec![MemoryGroup::new("web", 0, 3, 1, "m5.large")],
+        fast_settings(),
+        Duration::from_millis(50),
+    )
+    .await;
+    let (node, iid) = node_with_fluentd_and_app(&w, 0.1).await;
+    let now = chrono::Utc::now();
+    let spent = (now - chrono::Duration::seconds(10)).to_rfc3339();
+    let json = format!(
+        r#"{{"reasons":[{{"kind":"notice","notice":"spot_interruption","ends_at":"{spent}","daemonset_share_secs":10000000000000000000,"at":"{}"}}]}}"#,
+        now.to_rfc3339()
+    );
+    let nodes: kube::Api<Node> = kube::Api::all(w.sim.client());
+    nodes
+        .patch(
+            &node,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(serde_json::json!({"metadata": {"annotations": {
+                record::ANNOTATION: json,
+                scalein::cordon::STARTED_ANNOTATION: now.to_rfc3339(),
+                scalein::cordon::MODE_ANNOTATION: "interruption",
+            }}})),
+        )
+        .await
+        .unwrap();
+    // Resumed once the engine's Node cache has the record.
+    let mut resumed = 0;
+    for _ in 0..100 {
+        resumed = scalein::lifecycle::resume(&w.engine, &w.provider).await;
+        if resumed > 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(resumed, 1);
+    assert_eq!(
+        w.engine.wait_for(&iid).await,
+        Some(Outcome::Drained),
+        "the drain ends, never panics"
+    );
+    assert!(!running(&w, "app"), "the spent budget went on");
+}

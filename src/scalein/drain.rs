@@ -341,7 +341,9 @@ impl NodeDrain<'_> {
         // ran out: a retirement days away keeps the configured policy (and with
         // `abandon`, every PodDisruptionBudget).
         let budget_spent = self.budget.is_some_and(|(ends_at, share)| {
-            Instant::now() + Duration::from_secs(1) + share >= ends_at
+            Instant::now()
+                .checked_add(share.saturating_add(Duration::from_secs(1)))
+                .is_some_and(|t| t >= ends_at)
         });
         if self.lifecycle || budget_spent {
             DeadlinePolicy::Proceed
