@@ -616,3 +616,40 @@ async fn a_share_read_back_from_the_node_does_not_panic_the_drain() {
     );
     assert!(!running(&w, "app"), "the spent budget went on");
 }
+
+/// The ASG's lifecycle notification for `iid` under `hook`, as EventBridge sends it.
+fn lifecycle_note(iid: &str, hook: &str) -> String {
+    serde_json::json!({
+        "Origin": "AutoScalingGroup", "Destination": "EC2", "Service": "AWS Auto Scaling",
+        "Time": chrono::Utc::now().to_rfc3339(), "AccountId": "123456789012",
+        "LifecycleTransition": "autoscaling:EC2_INSTANCE_TERMINATING", "RequestId": "r",
+        "AutoScalingGroupName": "web", "LifecycleHookName": hook,
+        "EC2InstanceId": iid, "LifecycleActionToken": "tok-1",
+    })
+    .to_string()
+}
+
+/// Issue 30, 5: a replayed or forged lifecycle message for an instance in service
+/// (nobody is ending it) is dropped: no drain, no cordon, no heartbeat of an action
+/// that does not exist.
+#[tokio::test]
+async fn a_lifecycle_message_for_an_instance_nobody_ends_is_dropped() {
+    let w = world(hooked(1, 300), fast_settings(), Duration::from_millis(50)).await;
+    let (node, iid) = nodes_of(&w, "web").remove(0);
+    guarded_app(&w, &node, "app").await;
+    let q = Arc::new(MemoryQueue::default());
+    let c = consumer(&w, &q, RebalanceAction::Cordon);
+    q.send(&lifecycle_note(&iid, HOOK));
+    assert_eq!(handle_next(&c, &q).await, Handled::Done(vec!["not_held"]));
+    assert_eq!(q.pending(), 0, "dropped, not redelivered");
+    assert!(!w.engine.is_draining(&iid));
+    assert!(!w.engine.holds_hook(&iid));
+    let n = w.sim.get::<Node>("", &node).unwrap();
+    assert_ne!(n["spec"]["unschedulable"], true, "not cordoned");
+    assert!(record_on(&w, &node).is_none());
+    assert!(running(&w, "app"));
+    assert!(w.cloud.heartbeats().is_empty());
+    // An instance of another group, or one that is gone, likewise.
+    q.send(&lifecycle_note("i-0123456789abcdef0", HOOK));
+    assert_eq!(handle_next(&c, &q).await, Handled::Done(vec!["not_held"]));
+}
