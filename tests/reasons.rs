@@ -629,6 +629,96 @@ fn lifecycle_note(iid: &str, hook: &str) -> String {
     .to_string()
 }
 
+/// The hook's heartbeat timeout is now `secs` (the provider's list, re-read every
+/// half hour, still says what it was).
+async fn set_hook_timeout(w: &World, secs: i32) {
+    use ca_asg_provider::cloud::{Cloud, LifecycleHook};
+    w.cloud
+        .put_terminating_hook(
+            "web",
+            &LifecycleHook {
+                name: HOOK.into(),
+                heartbeat_timeout_secs: secs,
+                default_result: "ABANDON".into(),
+            },
+        )
+        .await
+        .unwrap();
+}
+
+/// Issue 30, 2: the hook's heartbeat timeout went from 300 s to 3 s since the
+/// provider read it. A lifecycle action from the queue is heartbeated at the hook's
+/// current timeout, read when the hold starts: the drain (a PDB holds it) outlives
+/// several timeouts and the ASG never ends the instance undrained.
+#[tokio::test]
+async fn a_lifecycle_action_from_the_queue_heartbeats_at_the_hooks_current_timeout() {
+    let w = world(hooked(1, 300), fast_settings(), Duration::from_millis(50)).await;
+    let (node, iid) = nodes_of(&w, "web").remove(0);
+    guarded_app(&w, &node, "app").await;
+    set_hook_timeout(&w, 3).await;
+    assert_eq!(
+        w.cloud.external_scale_in("web", 1).unwrap(),
+        vec![iid.clone()]
+    );
+    let q = Arc::new(MemoryQueue::default());
+    let c = consumer(&w, &q, RebalanceAction::Cordon);
+    q.send(&lifecycle_note(&iid, HOOK));
+    assert_eq!(
+        handle_next(&c, &q).await,
+        Handled::Done(vec!["lifecycle_drain"])
+    );
+    eventually("the PDB refuses the eviction", 10, || blocked(&w)).await;
+    // Longer than the hook's timeout: only heartbeats at its pace keep the instance.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert!(
+        w.cloud.hook_timeouts().is_empty(),
+        "the hook never timed out"
+    );
+    assert!(running(&w, "app"), "the PDB still holds");
+    assert!(w.sim.remove::<PodDisruptionBudget>("shop", "app-pdb"));
+    assert_eq!(w.engine.wait_for(&iid).await, Some(Outcome::Ended));
+    assert!(w.cloud.hook_timeouts().is_empty());
+}
+
+/// Issue 30, 2: the hook's timeout changes while the instance is held (300 s to 3 s):
+/// the next scan corrects the hold and the heartbeats follow the new pace at once.
+#[tokio::test]
+async fn a_changed_hook_timeout_reschedules_the_heartbeats_of_a_held_instance() {
+    let w = world(hooked(1, 300), fast_settings(), Duration::from_millis(50)).await;
+    let (node, iid) = nodes_of(&w, "web").remove(0);
+    guarded_app(&w, &node, "app").await;
+    let lifecycle = scalein::lifecycle::spawn_loop(w.engine.clone(), w.provider.clone());
+    assert_eq!(
+        w.cloud.external_scale_in("web", 1).unwrap(),
+        vec![iid.clone()]
+    );
+    eventually("the PDB refuses the eviction", 10, || blocked(&w)).await;
+    let beats = || {
+        w.cloud
+            .heartbeats()
+            .iter()
+            .filter(|a| a.instance_id == iid)
+            .count()
+    };
+    let before = beats();
+    assert!(before >= 1);
+    set_hook_timeout(&w, 3).await;
+    eventually("heartbeats at the new pace", 10, || beats() >= before + 3).await;
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    assert!(
+        w.cloud.hook_timeouts().is_empty(),
+        "the hook never timed out"
+    );
+    assert!(running(&w, "app"));
+    assert!(w.sim.remove::<PodDisruptionBudget>("shop", "app-pdb"));
+    eventually("the lifecycle action is completed", 20, || {
+        !w.cloud.completed_actions().is_empty()
+    })
+    .await;
+    lifecycle.abort();
+    assert!(w.cloud.hook_timeouts().is_empty());
+}
+
 /// Issue 30, 5: a replayed or forged lifecycle message for an instance in service
 /// (nobody is ending it) is dropped: no drain, no cordon, no heartbeat of an action
 /// that does not exist.

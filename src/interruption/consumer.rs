@@ -292,15 +292,24 @@ impl Consumer {
                 if let Some(outcome) = self.not_held(&action).await? {
                     return Ok(outcome);
                 }
+                // The hook as AWS has it now: its heartbeat timeout is the one the
+                // hold follows (the provider's list may be half an hour old).
+                let g = self.engine.with_current_hooks(&g).await.map_err(|e| {
+                    format!(
+                        "cannot read the lifecycle hook of group {}: {e}",
+                        action.group
+                    )
+                })?;
+                let Mode::Lifecycle {
+                    heartbeat_timeout, ..
+                } = self.engine.mode_for(&g, &action.instance_id)
+                else {
+                    tracing::warn!(instance = %action.instance_id, group = %action.group, "lifecycle message for a group that no longer carries our hook; dropped");
+                    return Ok("not_held");
+                };
                 if !self.first_time("lifecycle", &action.instance_id) {
                     return Ok("duplicate");
                 }
-                let heartbeat_timeout = match self.engine.mode_for(&g, &action.instance_id) {
-                    Mode::Lifecycle {
-                        heartbeat_timeout, ..
-                    } => heartbeat_timeout,
-                    _ => self.engine.settings().hook_heartbeat_timeout,
-                };
                 action.hook = self.engine.settings().hook_name.clone();
                 let instance_id = action.instance_id.clone();
                 let mode = Mode::Lifecycle {

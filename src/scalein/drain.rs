@@ -69,7 +69,7 @@ async fn run_inner(engine: &Arc<Engine>, req: &DrainRequest) -> Outcome {
                 // Every reason is done or cordon-only (a resume found nothing to do).
                 return Outcome::Drained;
             }
-            (ending(engine, req, &plan.ends), plan.budget_ends)
+            (ending(engine, req, &plan.ends).await, plan.budget_ends)
         }
         _ => (req.mode.clone(), None),
     };
@@ -133,9 +133,10 @@ async fn run_inner(engine: &Arc<Engine>, req: &DrainRequest) -> Outcome {
 }
 
 /// The mode the drain ends in, from the record's plan: our hook's action (the
-/// request's, with its token, or one built from the group and the hook's name),
-/// CA's direct termination, or nothing.
-fn ending(engine: &Arc<Engine>, req: &DrainRequest, ends: &End) -> Mode {
+/// request's, with its token, or one built from the group and the hook's name, held
+/// at the hook's heartbeat timeout as AWS has it now), CA's direct termination, or
+/// nothing.
+async fn ending(engine: &Arc<Engine>, req: &DrainRequest, ends: &End) -> Mode {
     match ends {
         End::Lifecycle { .. } if matches!(req.mode, Mode::Lifecycle { .. }) => req.mode.clone(),
         End::Lifecycle { hook } => {
@@ -149,7 +150,14 @@ fn ending(engine: &Arc<Engine>, req: &DrainRequest, ends: &End) -> Mode {
                 instance_id: req.instance_id.clone(),
                 token: None,
             };
-            let heartbeat_timeout = engine.settings.hook_heartbeat_timeout;
+            // AWS's word now; else what the hold already follows; else the
+            // configured value.
+            let heartbeat_timeout = match engine.hook_timeout_now(&req.group).await {
+                Some(t) => t,
+                None => engine
+                    .held_timeout(&req.instance_id)
+                    .unwrap_or(engine.settings.hook_heartbeat_timeout),
+            };
             engine.hold(&action, heartbeat_timeout);
             Mode::Lifecycle {
                 action,
