@@ -12,7 +12,7 @@ use ca_asg_provider::interruption::consumer::Handled;
 use ca_asg_provider::interruption::RebalanceAction;
 use ca_asg_provider::scalein::{self, record, Outcome, ScaleInSettings};
 use ca_asg_provider::sim::fixtures;
-use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::core::v1::{Node, Pod, Toleration};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 
 mod support;
@@ -104,6 +104,66 @@ async fn a_hook_drain_after_an_old_rebalance_cordon_keeps_the_pdb() {
         .filter(|a| a.verb == "evicted" && a.name.starts_with("app"))
         .count();
     assert_eq!(evicted, 1, "evicted through the Eviction API, not deleted");
+    assert!(w.cloud.hook_timeouts().is_empty());
+}
+
+/// Issue 30, 1: `rebalance: cordon` marked the node; then a workload pod with a
+/// blanket toleration (`operator: Exists`) was put on it; later the ASG ends the node
+/// through the hook. The drain began with the hook, not with the cordon (which never
+/// drains): the pod was there before it, so it is no replacement. It is evicted
+/// through its PDB, and the action is completed only once it is gone.
+#[tokio::test]
+async fn a_pod_that_landed_during_a_rebalance_cordon_is_drained_by_the_hook() {
+    let w = world(hooked(1, 300), fast_settings(), Duration::from_millis(50)).await;
+    let (node, iid) = nodes_of(&w, "web").remove(0);
+    let q = Arc::new(MemoryQueue::default());
+    let c = consumer(&w, &q, RebalanceAction::Cordon);
+    q.send(&rebalance(&iid));
+    assert_eq!(handle_next(&c, &q).await, Handled::Done(vec!["cordon"]));
+    // After the cordon: a pod that tolerates every taint lands on the node.
+    w.sim.create(&fixtures::pdb("shop", "app", 0)).unwrap();
+    let mut pod = fixtures::pod("shop", "app", &node, "app", 0.1);
+    pod.spec.as_mut().unwrap().tolerations = Some(vec![Toleration {
+        operator: Some("Exists".into()),
+        ..Default::default()
+    }]);
+    w.sim.create(&pod).unwrap();
+    pods_ready(&w, 1).await;
+
+    let lifecycle = scalein::lifecycle::spawn_loop(w.engine.clone(), w.provider.clone());
+    assert_eq!(
+        w.cloud.external_scale_in("web", 1).unwrap(),
+        vec![iid.clone()]
+    );
+    eventually(
+        "the hook's drain evicts the pod: the PDB refuses",
+        10,
+        || blocked(&w),
+    )
+    .await;
+    assert!(running(&w, "app"));
+    assert!(
+        w.cloud.completed_actions().is_empty(),
+        "not completed with the pod running"
+    );
+    let r = record_on(&w, &node).expect("recorded on the Node");
+    let kinds: Vec<&str> = r.reasons.iter().map(|r| r.why.label()).collect();
+    assert_eq!(kinds, ["rebalance cordon", "lifecycle hook"]);
+
+    assert!(w.sim.remove::<PodDisruptionBudget>("shop", "app-pdb"));
+    eventually("the lifecycle action is completed", 20, || {
+        !w.cloud.completed_actions().is_empty()
+    })
+    .await;
+    lifecycle.abort();
+    assert!(!running(&w, "app"));
+    let evicted = w
+        .sim
+        .audit()
+        .iter()
+        .filter(|a| a.verb == "evicted" && a.name.starts_with("app"))
+        .count();
+    assert_eq!(evicted, 1);
     assert!(w.cloud.hook_timeouts().is_empty());
 }
 
@@ -505,4 +565,181 @@ async fn the_max_ca_is_told_leaves_out_slots_drains_still_hold() {
     assert_eq!(w.engine.wait_for(&iid).await, Some(Outcome::Ended));
     w.provider.refresh_now().await.unwrap();
     assert_eq!(max_size(&mut w, "web").await, 3, "the slot is free again");
+}
+
+/// Issue 30, 4: a record read back from the Node with a DaemonSet share nobody could
+/// have configured (1e19 s; a newer version, a hand edit) and a spent budget. Once
+/// panicked the drain ("overflow when adding duration to instant"); it is bounded
+/// where it is read, and the resumed drain ends.
+#[tokio::test]
+async fn a_share_read_back_from_the_node_does_not_panic_the_drain() {
+    let w = world(
+        vec![MemoryGroup::new("web", 0, 3, 1, "m5.large")],
+        fast_settings(),
+        Duration::from_millis(50),
+    )
+    .await;
+    let (node, iid) = node_with_fluentd_and_app(&w, 0.1).await;
+    let now = chrono::Utc::now();
+    let spent = (now - chrono::Duration::seconds(10)).to_rfc3339();
+    let json = format!(
+        r#"{{"reasons":[{{"kind":"notice","notice":"spot_interruption","ends_at":"{spent}","daemonset_share_secs":10000000000000000000,"at":"{}"}}]}}"#,
+        now.to_rfc3339()
+    );
+    let nodes: kube::Api<Node> = kube::Api::all(w.sim.client());
+    nodes
+        .patch(
+            &node,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(serde_json::json!({"metadata": {"annotations": {
+                record::ANNOTATION: json,
+                scalein::cordon::STARTED_ANNOTATION: now.to_rfc3339(),
+                scalein::cordon::MODE_ANNOTATION: "interruption",
+            }}})),
+        )
+        .await
+        .unwrap();
+    // Resumed once the engine's Node cache has the record.
+    let mut resumed = 0;
+    for _ in 0..100 {
+        resumed = scalein::lifecycle::resume(&w.engine, &w.provider).await;
+        if resumed > 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(resumed, 1);
+    assert_eq!(
+        w.engine.wait_for(&iid).await,
+        Some(Outcome::Drained),
+        "the drain ends, never panics"
+    );
+    assert!(!running(&w, "app"), "the spent budget went on");
+}
+
+/// The ASG's lifecycle notification for `iid` under `hook`, as EventBridge sends it.
+fn lifecycle_note(iid: &str, hook: &str) -> String {
+    serde_json::json!({
+        "Origin": "AutoScalingGroup", "Destination": "EC2", "Service": "AWS Auto Scaling",
+        "Time": chrono::Utc::now().to_rfc3339(), "AccountId": "123456789012",
+        "LifecycleTransition": "autoscaling:EC2_INSTANCE_TERMINATING", "RequestId": "r",
+        "AutoScalingGroupName": "web", "LifecycleHookName": hook,
+        "EC2InstanceId": iid, "LifecycleActionToken": "tok-1",
+    })
+    .to_string()
+}
+
+/// The hook's heartbeat timeout is now `secs` (the provider's list, re-read every
+/// half hour, still says what it was).
+async fn set_hook_timeout(w: &World, secs: i32) {
+    use ca_asg_provider::cloud::{Cloud, LifecycleHook};
+    w.cloud
+        .put_terminating_hook(
+            "web",
+            &LifecycleHook {
+                name: HOOK.into(),
+                heartbeat_timeout_secs: secs,
+                default_result: "ABANDON".into(),
+            },
+        )
+        .await
+        .unwrap();
+}
+
+/// Issue 30, 2: the hook's heartbeat timeout went from 300 s to 3 s since the
+/// provider read it. A lifecycle action from the queue is heartbeated at the hook's
+/// current timeout, read when the hold starts: the drain (a PDB holds it) outlives
+/// several timeouts and the ASG never ends the instance undrained.
+#[tokio::test]
+async fn a_lifecycle_action_from_the_queue_heartbeats_at_the_hooks_current_timeout() {
+    let w = world(hooked(1, 300), fast_settings(), Duration::from_millis(50)).await;
+    let (node, iid) = nodes_of(&w, "web").remove(0);
+    guarded_app(&w, &node, "app").await;
+    set_hook_timeout(&w, 3).await;
+    assert_eq!(
+        w.cloud.external_scale_in("web", 1).unwrap(),
+        vec![iid.clone()]
+    );
+    let q = Arc::new(MemoryQueue::default());
+    let c = consumer(&w, &q, RebalanceAction::Cordon);
+    q.send(&lifecycle_note(&iid, HOOK));
+    assert_eq!(
+        handle_next(&c, &q).await,
+        Handled::Done(vec!["lifecycle_drain"])
+    );
+    eventually("the PDB refuses the eviction", 10, || blocked(&w)).await;
+    // Longer than the hook's timeout: only heartbeats at its pace keep the instance.
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    assert!(
+        w.cloud.hook_timeouts().is_empty(),
+        "the hook never timed out"
+    );
+    assert!(running(&w, "app"), "the PDB still holds");
+    assert!(w.sim.remove::<PodDisruptionBudget>("shop", "app-pdb"));
+    assert_eq!(w.engine.wait_for(&iid).await, Some(Outcome::Ended));
+    assert!(w.cloud.hook_timeouts().is_empty());
+}
+
+/// Issue 30, 2: the hook's timeout changes while the instance is held (300 s to 3 s):
+/// the next scan corrects the hold and the heartbeats follow the new pace at once.
+#[tokio::test]
+async fn a_changed_hook_timeout_reschedules_the_heartbeats_of_a_held_instance() {
+    let w = world(hooked(1, 300), fast_settings(), Duration::from_millis(50)).await;
+    let (node, iid) = nodes_of(&w, "web").remove(0);
+    guarded_app(&w, &node, "app").await;
+    let lifecycle = scalein::lifecycle::spawn_loop(w.engine.clone(), w.provider.clone());
+    assert_eq!(
+        w.cloud.external_scale_in("web", 1).unwrap(),
+        vec![iid.clone()]
+    );
+    eventually("the PDB refuses the eviction", 10, || blocked(&w)).await;
+    let beats = || {
+        w.cloud
+            .heartbeats()
+            .iter()
+            .filter(|a| a.instance_id == iid)
+            .count()
+    };
+    let before = beats();
+    assert!(before >= 1);
+    set_hook_timeout(&w, 3).await;
+    eventually("heartbeats at the new pace", 10, || beats() >= before + 3).await;
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    assert!(
+        w.cloud.hook_timeouts().is_empty(),
+        "the hook never timed out"
+    );
+    assert!(running(&w, "app"));
+    assert!(w.sim.remove::<PodDisruptionBudget>("shop", "app-pdb"));
+    eventually("the lifecycle action is completed", 20, || {
+        !w.cloud.completed_actions().is_empty()
+    })
+    .await;
+    lifecycle.abort();
+    assert!(w.cloud.hook_timeouts().is_empty());
+}
+
+/// Issue 30, 5: a replayed or forged lifecycle message for an instance in service
+/// (nobody is ending it) is dropped: no drain, no cordon, no heartbeat of an action
+/// that does not exist.
+#[tokio::test]
+async fn a_lifecycle_message_for_an_instance_nobody_ends_is_dropped() {
+    let w = world(hooked(1, 300), fast_settings(), Duration::from_millis(50)).await;
+    let (node, iid) = nodes_of(&w, "web").remove(0);
+    guarded_app(&w, &node, "app").await;
+    let q = Arc::new(MemoryQueue::default());
+    let c = consumer(&w, &q, RebalanceAction::Cordon);
+    q.send(&lifecycle_note(&iid, HOOK));
+    assert_eq!(handle_next(&c, &q).await, Handled::Done(vec!["not_held"]));
+    assert_eq!(q.pending(), 0, "dropped, not redelivered");
+    assert!(!w.engine.is_draining(&iid));
+    assert!(!w.engine.holds_hook(&iid));
+    let n = w.sim.get::<Node>("", &node).unwrap();
+    assert_ne!(n["spec"]["unschedulable"], true, "not cordoned");
+    assert!(record_on(&w, &node).is_none());
+    assert!(running(&w, "app"));
+    assert!(w.cloud.heartbeats().is_empty());
+    // An instance of another group, or one that is gone, likewise.
+    q.send(&lifecycle_note("i-0123456789abcdef0", HOOK));
+    assert_eq!(handle_next(&c, &q).await, Handled::Done(vec!["not_held"]));
 }

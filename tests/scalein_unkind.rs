@@ -181,6 +181,65 @@ async fn proceed_ends_the_workloads_before_the_daemonset_pods() {
     );
 }
 
+/// Issue 30, 3: at a `proceed` deadline the API server refuses the workload pod's
+/// delete (RBAC, a webhook, a 5xx: 403 here). The delete is retried, and while the
+/// pod runs the log shipper stays: the DaemonSet phase never starts before it, and
+/// no Event claims a delete that did not happen. Once the API server accepts it, the
+/// pod goes first, then fluentd.
+#[tokio::test]
+async fn a_refused_delete_at_a_proceed_deadline_keeps_the_daemonset_pods() {
+    let mut w = world(
+        vec![MemoryGroup::new("web", 0, 3, 1, "m5.large")],
+        ScaleInSettings {
+            workload_deadline_policy: DeadlinePolicy::Proceed,
+            ..settings(1)
+        },
+        Duration::from_millis(20),
+    )
+    .await;
+    let (node, iid) = nodes_of(&w, "web").remove(0);
+    w.sim
+        .create(&fixtures::daemonset("logging", "fluentd", 0.2, false))
+        .unwrap();
+    // A short grace period: a drain that stops waiting for it after grace + 5 s does
+    // so within the test.
+    let mut app = fixtures::pod("shop", "app", &node, "app", 0.2);
+    app.spec.as_mut().unwrap().termination_grace_period_seconds = Some(1);
+    w.sim.create(&app).unwrap();
+    w.sim.create(&fixtures::pdb("shop", "app", 0)).unwrap();
+    pods_ready(&w, 2).await;
+    w.sim.deny(&[("delete", "pods")]);
+    delete_nodes(&mut w, "web", &[(node, iid.clone())]).await;
+    eventually("the workload deadline passes", 10, || {
+        reasons(&w)
+            .iter()
+            .any(|(r, n)| r == "DeadlineHit" && n.starts_with("workloads deadline"))
+    })
+    .await;
+    // Longer than the pod's grace period and 5 s more.
+    tokio::time::sleep(Duration::from_secs(8)).await;
+    let a = w.sim.audit();
+    assert!(
+        audit_index(&a, "evicted", "Pod", "fluentd").is_none(),
+        "fluentd was evicted while the app still ran: {a:?}"
+    );
+    assert!(
+        !reasons(&w)
+            .iter()
+            .any(|(r, n)| r == "DeadlineHit" && n.starts_with("deleted")),
+        "no Event claims a delete the API server refused"
+    );
+    assert!(w.engine.is_draining(&iid), "the delete is still retried");
+
+    w.sim.deny(&[]);
+    assert_eq!(w.engine.wait_for(&iid).await, Some(Outcome::Ended));
+    let a = w.sim.audit();
+    assert!(first(&a, "removed", "app") < first(&a, "evicted", "fluentd"));
+    assert!(reasons(&w)
+        .iter()
+        .any(|(r, n)| r == "DeadlineHit" && n.starts_with("deleted 1 workload pod(s)")));
+}
+
 /// Item 5, lifecycle mode: both hook results end the instance, so `abandon` cannot
 /// keep the node; the drain goes on to the DaemonSet phase and completes CONTINUE
 /// instead of leaving fluentd to die with the instance when the hook times out.

@@ -697,7 +697,7 @@ fn interruption_settings(
         f.daemon_set_share.as_ref(),
         d.daemonset_share,
         Duration::ZERO,
-        Duration::from_secs(110),
+        crate::scalein::record::MAX_DAEMONSET_SHARE,
     );
     let safety_net_poll = duration(
         "interruption.safetyNetPollInterval",

@@ -16,7 +16,7 @@ use super::decide::{decide, Action};
 use super::notice::{self, Notice};
 use super::InterruptionSettings;
 use crate::cloud::queue::{Queue, QueueMessage};
-use crate::cloud::CloudError;
+use crate::cloud::{CloudError, LifecycleState};
 use crate::provider::Provider;
 use crate::scalein::events::Reason;
 use crate::scalein::record::{DrainReason, Why};
@@ -283,19 +283,33 @@ impl Consumer {
                 Ok(self.started(n, &instance_id, start, label))
             }
             Action::LifecycleDrain(mut action) => {
-                let reg = self.provider.registry();
-                let Some(g) = reg.group(&action.group) else {
+                let Some(g) = self.provider.registry().group(&action.group).cloned() else {
                     return Ok("unmanaged");
+                };
+                // A message is no proof that anyone is ending the instance (a replay,
+                // a forgery): as the scan does, only an instance AWS shows in
+                // Terminating:Wait in that group is drained, nothing else cordoned.
+                if let Some(outcome) = self.not_held(&action).await? {
+                    return Ok(outcome);
+                }
+                // The hook as AWS has it now: its heartbeat timeout is the one the
+                // hold follows (the provider's list may be half an hour old).
+                let g = self.engine.with_current_hooks(&g).await.map_err(|e| {
+                    format!(
+                        "cannot read the lifecycle hook of group {}: {e}",
+                        action.group
+                    )
+                })?;
+                let Mode::Lifecycle {
+                    heartbeat_timeout, ..
+                } = self.engine.mode_for(&g, &action.instance_id)
+                else {
+                    tracing::warn!(instance = %action.instance_id, group = %action.group, "lifecycle message for a group that no longer carries our hook; dropped");
+                    return Ok("not_held");
                 };
                 if !self.first_time("lifecycle", &action.instance_id) {
                     return Ok("duplicate");
                 }
-                let heartbeat_timeout = match self.engine.mode_for(g, &action.instance_id) {
-                    Mode::Lifecycle {
-                        heartbeat_timeout, ..
-                    } => heartbeat_timeout,
-                    _ => self.engine.settings().hook_heartbeat_timeout,
-                };
                 action.hook = self.engine.settings().hook_name.clone();
                 let instance_id = action.instance_id.clone();
                 let mode = Mode::Lifecycle {
@@ -346,6 +360,42 @@ impl Consumer {
                         Err(why)
                     }
                 }
+            }
+        }
+    }
+
+    /// Whether AWS shows the action's instance held by our hook now: in
+    /// Terminating:Wait, in the message's group. `Some(outcome)`: it is not, and the
+    /// message is dropped with that outcome. An error (AWS cannot be asked, or the
+    /// instance is still on its way to Terminating:Wait) leaves it for redelivery.
+    async fn not_held(
+        &self,
+        action: &crate::cloud::LifecycleAction,
+    ) -> Result<Option<&'static str>, String> {
+        let found = self
+            .engine
+            .cloud
+            .locate_instances(std::slice::from_ref(&action.instance_id))
+            .await
+            .map_err(|e| {
+                format!(
+                    "cannot tell whether instance {} is held by the hook: {e}",
+                    action.instance_id
+                )
+            })?;
+        let state = found
+            .into_iter()
+            .find(|l| l.instance_id == action.instance_id && l.group == action.group)
+            .map(|l| l.state);
+        match state {
+            Some(LifecycleState::TerminatingWait) => Ok(None),
+            Some(LifecycleState::Terminating) => Err(format!(
+                "instance {} is not in Terminating:Wait yet",
+                action.instance_id
+            )),
+            other => {
+                tracing::warn!(instance = %action.instance_id, group = %action.group, state = ?other, "lifecycle message for an instance AWS does not hold in Terminating:Wait in that group (a replay, or not sent by AWS); dropped, nothing drained");
+                Ok(Some("not_held"))
             }
         }
     }

@@ -79,10 +79,13 @@ pub async fn cordon(
         {
             return Write::Keep(Cordoned::Marked { record, resumed });
         }
-        let started_at = annotations
-            .get(STARTED_ANNOTATION)
-            .cloned()
-            .or_else(|| record.first_at().map(|t| t.to_rfc3339()))
+        // When the drain began (what a reader of the mode and this time alone, an
+        // older version, counts deadlines from), not an earlier cordon's time.
+        let started_at = record
+            .drain_began()
+            .or_else(|| record.first_at())
+            .map(|t| t.to_rfc3339())
+            .or_else(|| annotations.get(STARTED_ANNOTATION).cloned())
             .unwrap_or_else(|| k8s_openapi::jiff::Timestamp::now().to_string());
         let mut taints = spec.taints.clone().unwrap_or_default();
         if !taints.iter().any(|t| t.key == TAINT_KEY) {

@@ -69,7 +69,7 @@ async fn run_inner(engine: &Arc<Engine>, req: &DrainRequest) -> Outcome {
                 // Every reason is done or cordon-only (a resume found nothing to do).
                 return Outcome::Drained;
             }
-            (ending(engine, req, &plan.ends), plan.budget_ends)
+            (ending(engine, req, &plan.ends).await, plan.budget_ends)
         }
         _ => (req.mode.clone(), None),
     };
@@ -133,9 +133,10 @@ async fn run_inner(engine: &Arc<Engine>, req: &DrainRequest) -> Outcome {
 }
 
 /// The mode the drain ends in, from the record's plan: our hook's action (the
-/// request's, with its token, or one built from the group and the hook's name),
-/// CA's direct termination, or nothing.
-fn ending(engine: &Arc<Engine>, req: &DrainRequest, ends: &End) -> Mode {
+/// request's, with its token, or one built from the group and the hook's name, held
+/// at the hook's heartbeat timeout as AWS has it now), CA's direct termination, or
+/// nothing.
+async fn ending(engine: &Arc<Engine>, req: &DrainRequest, ends: &End) -> Mode {
     match ends {
         End::Lifecycle { .. } if matches!(req.mode, Mode::Lifecycle { .. }) => req.mode.clone(),
         End::Lifecycle { hook } => {
@@ -149,7 +150,14 @@ fn ending(engine: &Arc<Engine>, req: &DrainRequest, ends: &End) -> Mode {
                 instance_id: req.instance_id.clone(),
                 token: None,
             };
-            let heartbeat_timeout = engine.settings.hook_heartbeat_timeout;
+            // AWS's word now; else what the hold already follows; else the
+            // configured value.
+            let heartbeat_timeout = match engine.hook_timeout_now(&req.group).await {
+                Some(t) => t,
+                None => engine
+                    .held_timeout(&req.instance_id)
+                    .unwrap_or(engine.settings.hook_heartbeat_timeout),
+            };
             engine.hold(&action, heartbeat_timeout);
             Mode::Lifecycle {
                 action,
@@ -306,10 +314,11 @@ async fn abandon(engine: &Engine, req: &DrainRequest, mode: &Mode, node: Option<
     }
 }
 
-/// The drain's first reason, as a time (which pods arrived after the cordon).
+/// When the drain began, as a time (which pods arrived after it): the reason that
+/// drains, never an earlier cordon-only or finished one ([`DrainRecord::drain_began`]).
 fn started_ts(record: &DrainRecord) -> Timestamp {
     record
-        .first_at()
+        .drain_began()
         .and_then(|t| t.timestamp_nanos_opt())
         .and_then(|n| Timestamp::from_nanosecond(i128::from(n)).ok())
         .unwrap_or_else(Timestamp::now)
@@ -340,7 +349,9 @@ impl NodeDrain<'_> {
         // ran out: a retirement days away keeps the configured policy (and with
         // `abandon`, every PodDisruptionBudget).
         let budget_spent = self.budget.is_some_and(|(ends_at, share)| {
-            Instant::now() + Duration::from_secs(1) + share >= ends_at
+            Instant::now()
+                .checked_add(share.saturating_add(Duration::from_secs(1)))
+                .is_some_and(|t| t >= ends_at)
         });
         if self.lifecycle || budget_spent {
             DeadlinePolicy::Proceed
@@ -489,7 +500,7 @@ async fn drain_node(engine: &Engine, req: &DrainRequest, node: &str) -> Result<O
                 left,
             )
             .await?;
-            end_remaining_workloads(&d, &mut pods).await;
+            end_remaining_workloads(&d, &mut pods).await?;
         }
     }
     drop(stage);
@@ -615,10 +626,17 @@ async fn warn_daemonsets_evicted_early(d: &NodeDrain<'_>, pods: &NodePods, fresh
         .await;
 }
 
+/// How long a delete the API server refuses at a `proceed` deadline (APF's 429, a
+/// 5xx, a webhook) is retried before the drain fails, the DaemonSet pods and the
+/// instance left as they are (fail closed; a held or resumed drain tries again).
+const DELETE_RETRY_FOR: Duration = Duration::from_secs(120);
+
 /// A `proceed` deadline passed with workload pods left: the instance ends anyway, so
 /// they are deleted now with their own grace period (preStop hooks run, SIGTERM
-/// arrives) and the DaemonSet pods wait for them, bounded by the longest grace.
-async fn end_remaining_workloads(d: &NodeDrain<'_>, pods: &mut NodePods) {
+/// arrives), a refused delete retried with backoff, and the DaemonSet pods wait for
+/// them, bounded by the longest grace. Fail closed: while one of them still runs and
+/// is not terminating, the DaemonSet phase does not start.
+async fn end_remaining_workloads(d: &NodeDrain<'_>, pods: &mut NodePods) -> Result<(), Stop> {
     let left: Vec<Pod> = pods
         .pods()
         .into_iter()
@@ -629,66 +647,135 @@ async fn end_remaining_workloads(d: &NodeDrain<'_>, pods: &mut NodePods) {
         })
         .collect();
     if left.is_empty() {
-        return;
+        return Ok(());
     }
-    let mut longest = 0i64;
-    let mut names = Vec::new();
-    for p in &left {
-        let r = plan::pod_ref(p);
-        longest = longest.max(
+    let longest = left
+        .iter()
+        .map(|p| {
             p.spec
                 .as_ref()
                 .and_then(|s| s.termination_grace_period_seconds)
-                .unwrap_or(30),
-        );
-        if p.metadata.deletion_timestamp.is_none() {
-            let api: Api<Pod> = Api::namespaced(d.engine.client.clone(), &r.namespace);
-            let params = DeleteParams {
-                preconditions: Some(Preconditions {
-                    uid: Some(r.uid.clone()),
-                    resource_version: None,
-                }),
-                ..DeleteParams::default()
-            };
-            match api.delete(&r.name, &params).await {
-                Ok(_) => {
-                    d.engine
-                        .events
-                        .pod(
-                            &r,
-                            d.node,
-                            Reason::PodEvicted,
-                            format!(
-                                "deleted by ca-asg-provider with its own grace period: node {} is being drained ({}) and the workload deadline passed",
-                                d.node, d.why
-                            ),
-                        )
-                        .await;
-                }
-                Err(kube::Error::Api(e)) if e.code == 404 || e.code == 409 => {}
-                Err(e) => {
-                    tracing::warn!(node = d.node, pod = %r, error = %e, "could not delete a pod left at the deadline")
-                }
-            }
+                .unwrap_or(30)
+        })
+        .max()
+        .unwrap_or(30);
+    let pods_ref: &NodePods = pods;
+    let deletes = join_all(
+        left.iter()
+            .filter(|p| p.metadata.deletion_timestamp.is_none())
+            .map(|p| delete_until_accepted(d, pods_ref, p)),
+    )
+    .await;
+    let mut deleted: Vec<plan::PodRef> = Vec::new();
+    let mut refused = Vec::new();
+    for (r, result) in deletes {
+        match result {
+            Ok(true) => deleted.push(r),
+            Ok(false) => {}
+            Err(e) => refused.push(format!("{r}: {e}")),
         }
-        names.push(r.to_string());
     }
-    d.engine
-        .events
-        .node(
-            d.node,
-            Reason::DeadlineHit,
-            format!(
-                "deleted {} workload pod(s) left at the deadline with their own grace period ({}); DaemonSet pods go after them",
-                names.len(),
-                names.join(", ")
-            ),
-        )
-        .await;
+    // What was deleted, no more. About the first of them: an Event on the Node with
+    // no related object would fold into the deadline's own Event series, note unseen.
+    if let Some(first) = deleted.first() {
+        let names: Vec<String> = deleted.iter().map(|r| r.to_string()).collect();
+        d.engine
+            .events
+            .node_about_pod(
+                d.node,
+                Reason::DeadlineHit,
+                format!(
+                    "deleted {} workload pod(s) left at the deadline with their own grace period ({}); DaemonSet pods go after them",
+                    names.len(),
+                    names.join(", ")
+                ),
+                first,
+            )
+            .await;
+    }
+    if !refused.is_empty() {
+        return Err(Stop::Fail(format!(
+            "could not delete {} workload pod(s) left at the deadline ({}); the DaemonSet pods stay and the instance is not ended",
+            refused.len(),
+            refused.join("; ")
+        )));
+    }
     let uids: Vec<String> = left.iter().map(|p| plan::pod_ref(p).uid).collect();
     let by = Instant::now() + Duration::from_secs(longest.clamp(0, 3600) as u64 + 5);
     pods.wait_gone(&uids, by, |p| d.not_waited_for(p).is_some())
         .await;
+    // Fail closed: a workload pod still there and not terminating (its delete was
+    // undone, or never seen) keeps the DaemonSet pods.
+    let running: Vec<String> = uids
+        .iter()
+        .filter_map(|u| pods.get(u))
+        .filter(|p| p.metadata.deletion_timestamp.is_none())
+        .map(|p| plan::pod_ref(&p).to_string())
+        .collect();
+    if !running.is_empty() {
+        return Err(Stop::Fail(format!(
+            "workload pod(s) still running after their delete at the deadline ({}); the DaemonSet pods stay and the instance is not ended",
+            running.join(", ")
+        )));
+    }
+    Ok(())
+}
+
+/// Deletes one pod left at a `proceed` deadline with its own grace period, retrying
+/// what the API server refuses with backoff for [`DELETE_RETRY_FOR`]. `Ok(true)`:
+/// deleted by this call; `Ok(false)`: gone, replaced or terminating without it.
+async fn delete_until_accepted(
+    d: &NodeDrain<'_>,
+    pods: &NodePods,
+    p: &Pod,
+) -> (plan::PodRef, Result<bool, String>) {
+    let r = plan::pod_ref(p);
+    let api: Api<Pod> = Api::namespaced(d.engine.client.clone(), &r.namespace);
+    let params = DeleteParams {
+        preconditions: Some(Preconditions {
+            uid: Some(r.uid.clone()),
+            resource_version: None,
+        }),
+        ..DeleteParams::default()
+    };
+    let give_up = Instant::now() + DELETE_RETRY_FOR;
+    let mut backoff = Duration::from_millis(200);
+    loop {
+        let terminating = pods
+            .get(&r.uid)
+            .is_none_or(|p| p.metadata.deletion_timestamp.is_some());
+        if terminating {
+            return (r, Ok(false));
+        }
+        match api.delete(&r.name, &params).await {
+            Ok(_) => {
+                d.engine
+                    .events
+                    .pod(
+                        &r,
+                        d.node,
+                        Reason::PodEvicted,
+                        format!(
+                            "deleted by ca-asg-provider with its own grace period: node {} is being drained ({}) and the workload deadline passed",
+                            d.node, d.why
+                        ),
+                    )
+                    .await;
+                return (r, Ok(true));
+            }
+            // Gone, or another pod of the same name (the uid precondition failed).
+            Err(kube::Error::Api(e)) if e.code == 404 || e.code == 409 => return (r, Ok(false)),
+            Err(e) => {
+                let wait = backoff.mul_f64(0.5 + 0.5 * super::random_fraction());
+                if Instant::now() + wait >= give_up {
+                    return (r, Err(e.to_string()));
+                }
+                tracing::warn!(node = d.node, pod = %r, error = %e, retry_in = ?wait, "could not delete a pod left at the deadline; retrying");
+                tokio::time::sleep(wait).await;
+                backoff = (backoff * 2).min(Duration::from_secs(10));
+            }
+        }
+    }
 }
 
 /// A phase deadline passed with `left` pods still there: apply the policy, loudly.

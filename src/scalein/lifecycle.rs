@@ -29,18 +29,22 @@ pub fn global_limit(heartbeat_timeout: Duration) -> Duration {
 /// spreads out and still lands inside the timeout. Stops when AWS says the action is
 /// gone (ValidationError) and at the hook's global limit. Failures are counted; the
 /// first of a run is published as an Event on the Node in the background (the next
-/// try never waits on the API server).
+/// try never waits on the API server). The hook's timeout comes through `timeout`:
+/// when it changes, a heartbeat goes at once and the next ones at the new pace.
 pub fn heartbeats(
     engine: Arc<Engine>,
     action: LifecycleAction,
-    timeout: Duration,
+    mut timeout: tokio::sync::watch::Receiver<Duration>,
 ) -> tokio::task::JoinHandle<()> {
-    let every = (timeout / 3).max(Duration::from_millis(200));
-    let limit = global_limit(timeout);
+    let pace = |t: Duration| (t / 3).max(Duration::from_millis(200));
     tokio::spawn(async move {
         let found = Instant::now();
         let _waiting = GaugeGuard::new(&metrics().lifecycle_waiting);
+        let mut current = *timeout.borrow_and_update();
+        let mut every = pace(current);
+        let mut limit = global_limit(current);
         let mut backoff = HeartbeatBackoff::new(every);
+        let mut follows = true;
         loop {
             if found.elapsed() >= limit {
                 Metrics::outcome(&metrics().heartbeats, "stopped");
@@ -92,7 +96,27 @@ pub fn heartbeats(
                     backoff.failed()
                 }
             };
-            tokio::time::sleep(next).await;
+            let sleep = tokio::time::sleep(next);
+            if !follows {
+                sleep.await;
+                continue;
+            }
+            tokio::select! {
+                _ = sleep => {}
+                changed = timeout.changed() => match changed {
+                    Ok(()) => {
+                        let now = *timeout.borrow_and_update();
+                        if now != current {
+                            current = now;
+                            every = pace(now);
+                            limit = global_limit(now);
+                            backoff = HeartbeatBackoff::new(every);
+                        }
+                    }
+                    // The hold is being dropped (which aborts this task).
+                    Err(_) => follows = false,
+                },
+            }
         }
     })
 }
@@ -164,7 +188,8 @@ impl Drop for GaugeGuard {
 /// One pass: create missing hooks (when configured), read the lifecycle state of
 /// the groups that carry our hook now (not the provider's snapshot, which may be a
 /// refresh interval old), and start a drain (and with it the heartbeats) for every
-/// instance in Terminating:Wait that is not draining yet. Returns how many started.
+/// instance in Terminating:Wait that is not draining yet; the heartbeats of those
+/// held already follow the hook's current timeout. Returns how many started.
 pub async fn scan(engine: &Arc<Engine>, provider: &Arc<Provider>) -> usize {
     let reg = provider.registry();
     let mut hooked = Vec::new();
@@ -227,26 +252,35 @@ pub async fn scan(engine: &Arc<Engine>, provider: &Arc<Provider>) -> usize {
         // An instance our hook holds is heartbeated and drained whatever else drains
         // it already (a rebalance or retirement drain, the drain command): the
         // lifecycle reason joins that drain.
-        let found: Vec<&crate::cloud::AsgInstance> = snap
+        let waiting = snap
             .instances
             .iter()
-            .filter(|i| {
-                i.state == LifecycleState::TerminatingWait
-                    && !(engine.holds_hook(&i.id) && engine.is_draining(&i.id))
-            })
-            .collect();
-        if found.is_empty() {
+            .filter(|i| i.state == LifecycleState::TerminatingWait);
+        let (held, found): (Vec<&crate::cloud::AsgInstance>, Vec<_>) =
+            waiting.partition(|i| engine.holds_hook(&i.id) && engine.is_draining(&i.id));
+        if found.is_empty() && held.is_empty() {
             continue;
         }
         // The hook as AWS has it now (a changed heartbeat timeout counts at once):
-        // one read per group with something newly held.
-        let g = match engine.with_current_hooks(g).await {
-            Ok(fresh) => fresh,
+        // one read per group with something held.
+        let (g, fresh) = match engine.with_current_hooks(g).await {
+            Ok(fresh) => (fresh, true),
             Err(e) => {
                 tracing::warn!(group = %g.asg.name, error = %e, "lifecycle scan: using the known hook list");
-                g.clone()
+                (g.clone(), false)
             }
         };
+        // Held already: only the heartbeat timeout is corrected, should the hook's
+        // have changed since the hold started (never from the known list).
+        for inst in held.into_iter().filter(|_| fresh) {
+            if let Mode::Lifecycle {
+                action,
+                heartbeat_timeout,
+            } = engine.mode_for(&g, &inst.id)
+            {
+                engine.hold(&action, heartbeat_timeout);
+            }
+        }
         for inst in found {
             let mode = engine.mode_for(&g, &inst.id);
             if !matches!(mode, Mode::Lifecycle { .. }) {

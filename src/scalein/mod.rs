@@ -317,6 +317,13 @@ pub(crate) fn random_fraction() -> f64 {
     (h.finish() >> 11) as f64 / (1u64 << 53) as f64
 }
 
+/// The heartbeats of one lifecycle action, and the hook's heartbeat timeout they
+/// follow (a changed timeout reschedules them).
+struct Hold {
+    task: drain::AbortOnDrop,
+    timeout: tokio::sync::watch::Sender<Duration>,
+}
+
 /// Between a failed drain and its retry while our hook holds the instance.
 const HELD_RETRY: std::time::Duration = std::time::Duration::from_secs(5);
 
@@ -342,7 +349,7 @@ pub struct Engine {
     /// Heartbeats of the lifecycle actions our hook holds, by instance: they follow
     /// the hook, not the drain (a drain restarted for a new reason, or failed and
     /// retrying, keeps them).
-    holds: Mutex<HashMap<String, drain::AbortOnDrop>>,
+    holds: Mutex<HashMap<String, Hold>>,
     /// Feeds the provider's accounting with the drain marks on Nodes.
     marks_sync: Mutex<Option<tokio::task::JoinHandle<()>>>,
     /// (kind, key) pairs already said once: another tool's terminating hook, a dry
@@ -576,33 +583,68 @@ impl Engine {
     }
 
     /// Heartbeats the lifecycle action until it is completed, AWS says it is gone,
-    /// or the hook's global limit; a second call for the same instance is a no-op.
+    /// or the hook's global limit, at `timeout`: the hook's heartbeat timeout as
+    /// read when the hold starts. A second call for the same instance starts nothing
+    /// but corrects the timeout when the hook's changed (the heartbeats reschedule).
     pub fn hold(self: &Arc<Self>, action: &crate::cloud::LifecycleAction, timeout: Duration) {
         if self.settings.dry_run {
             return;
         }
         let mut holds = self.holds.lock();
-        if holds
+        if let Some(h) = holds
             .get(&action.instance_id)
-            .is_some_and(|h| !h.0.is_finished())
+            .filter(|h| !h.task.0.is_finished())
         {
+            let mut was = timeout;
+            let changed = h.timeout.send_if_modified(|t| {
+                was = std::mem::replace(t, timeout);
+                was != timeout
+            });
+            if changed {
+                tracing::info!(instance = %action.instance_id, hook = %action.hook, ?was, now = ?timeout, "the hook's heartbeat timeout changed; heartbeats follow it");
+            }
             return;
         }
         if holds.len() >= FINISHED_KEPT {
-            holds.retain(|_, h| !h.0.is_finished());
+            holds.retain(|_, h| !h.task.0.is_finished());
         }
+        let (tx, rx) = tokio::sync::watch::channel(timeout);
         holds.insert(
             action.instance_id.clone(),
-            drain::AbortOnDrop(lifecycle::heartbeats(self.clone(), action.clone(), timeout)),
+            Hold {
+                task: drain::AbortOnDrop(lifecycle::heartbeats(self.clone(), action.clone(), rx)),
+                timeout: tx,
+            },
         );
     }
 
     /// Whether our hook's action for the instance is being heartbeated.
     pub fn holds_hook(&self, instance_id: &str) -> bool {
+        self.held_timeout(instance_id).is_some()
+    }
+
+    /// The heartbeat timeout a held instance is heartbeated at, if it is held.
+    pub fn held_timeout(&self, instance_id: &str) -> Option<Duration> {
         self.holds
             .lock()
             .get(instance_id)
-            .is_some_and(|h| !h.0.is_finished())
+            .filter(|h| !h.task.0.is_finished())
+            .map(|h| *h.timeout.borrow())
+    }
+
+    /// Our hook's heartbeat timeout on `group` as AWS has it now. `None`: AWS
+    /// cannot be asked, or the group (or our hook on it) is gone.
+    pub async fn hook_timeout_now(&self, group: &str) -> Option<Duration> {
+        let known = self.provider.as_ref()?.registry().group(group)?.clone();
+        let fresh = match self.with_current_hooks(&known).await {
+            Ok(g) => g,
+            Err(e) => {
+                tracing::warn!(group, error = %e, "cannot read the lifecycle hook's current heartbeat timeout");
+                return None;
+            }
+        };
+        self.our_hook(&fresh)
+            .map(|h| Duration::from_secs(h.heartbeat_timeout_secs.max(1) as u64))
     }
 
     /// Stops the heartbeats: the action was completed, or the instance is gone.

@@ -1,4 +1,5 @@
-//! One drain record per instance, many reasons. Pure: no I/O, no clock.
+//! One drain record per instance, many reasons. Pure: no I/O, and no clock but the
+//! "now" that bounds a record read back from a Node ([`DrainRecord::from_annotations`]).
 //!
 //! A node can have several reasons to go at once: a rebalance recommendation cordons
 //! it, CA picks it for scale-in, the ASG ends it through the hook, a spot warning
@@ -26,8 +27,9 @@ use super::DeadlinePolicy;
 
 /// The Node annotation that holds the record (JSON).
 pub const ANNOTATION: &str = "ca-asg-provider.io/drain-reasons";
-/// The first reason's time, and the strongest reason's mode (for people, and what
-/// versions before the record wrote).
+/// When the drain began ([`DrainRecord::drain_began`]; the first reason's time when
+/// nothing drains), and the strongest reason's mode (for people, and what versions
+/// before the record wrote).
 pub const STARTED_ANNOTATION: &str = "ca-asg-provider.io/drain-started-at";
 pub const MODE_ANNOTATION: &str = "ca-asg-provider.io/drain-mode";
 
@@ -42,6 +44,11 @@ pub const REBALANCE_MARK: &str = "rebalance";
 pub const INTERRUPTION_MARK: &str = "interruption";
 /// The mode of `drain NODE` without `--terminate` ([`super::Mode::DrainOnly`]).
 pub const DRAIN_ONLY_MARK: &str = "drain-only";
+
+/// The most a notice's budget gives the DaemonSet pods (`interruption.daemonSetShare`
+/// allows no more): of a spot interruption's two minutes, the workloads keep ten
+/// seconds. A larger value read back from a Node is this.
+pub const MAX_DAEMONSET_SHARE: Duration = Duration::from_secs(110);
 
 /// Which mode the Node shows when it has several reasons to go: a drain that ends
 /// the instance (CA's direct scale-in, a lifecycle hook) outranks an interruption
@@ -208,12 +215,28 @@ impl DrainRecord {
     /// Reads the record from a Node's annotations. A Node marked by an older version
     /// (start time and mode only) becomes one reason of that mode that arrived at
     /// the start time. `None`: the Node carries no drain.
+    ///
+    /// Every value is read back once here and bounded ([`Self::read`]): what the rest
+    /// of the drain sees can neither panic it nor make it bolder than the record meant.
     pub fn from_annotations(
         annotations: &std::collections::BTreeMap<String, String>,
     ) -> Option<Self> {
+        Self::read(annotations, Utc::now())
+    }
+
+    /// [`Self::from_annotations`] at `now` (the only time it needs): a reason never
+    /// arrived after `now`; an unreadable start time is `now` (a deadline counted from
+    /// long ago would end the workloads around their PodDisruptionBudgets at once);
+    /// a DaemonSet share past [`MAX_DAEMONSET_SHARE`] is that maximum; a mode this
+    /// version does not know (a newer one wrote it) drains and leaves the instance,
+    /// never CA's direct scale-in (whose end lowers the desired capacity).
+    pub fn read(
+        annotations: &std::collections::BTreeMap<String, String>,
+        now: DateTime<Utc>,
+    ) -> Option<Self> {
         if let Some(json) = annotations.get(ANNOTATION) {
             match serde_json::from_str::<DrainRecord>(json) {
-                Ok(r) if !r.reasons.is_empty() => return Some(r),
+                Ok(r) if !r.reasons.is_empty() => return Some(r.bounded(now)),
                 Ok(_) => {}
                 Err(e) => {
                     tracing::warn!(annotation = ANNOTATION, value = %json, error = %e, "unreadable drain record on a Node; reading its mode and start time instead");
@@ -221,9 +244,13 @@ impl DrainRecord {
             }
         }
         let started = annotations.get(STARTED_ANNOTATION)?;
-        let at = started
-            .parse::<DateTime<Utc>>()
-            .unwrap_or(DateTime::<Utc>::MIN_UTC);
+        let at = match started.parse::<DateTime<Utc>>() {
+            Ok(t) => t.min(now),
+            Err(e) => {
+                tracing::warn!(annotation = STARTED_ANNOTATION, value = %started, error = %e, "unreadable drain start time on a Node; counting the drain from now");
+                now
+            }
+        };
         let why = match annotations.get(MODE_ANNOTATION).map(String::as_str) {
             Some(REBALANCE_MARK) => Why::Rebalance,
             Some(DRAIN_ONLY_MARK) => Why::DrainCommand,
@@ -235,13 +262,35 @@ impl DrainRecord {
             Some(LIFECYCLE_MARK) => Why::Lifecycle {
                 hook: String::new(),
             },
-            // `direct`, or no mode: the strongest reading, so nothing CA counts
-            // on is lost (fail closed: a drain is never silently dropped).
-            _ => Why::ScaleIn,
+            // `direct`, or no mode (what the first versions wrote for it): CA's
+            // scale-in, so nothing CA counts on is lost.
+            Some(DIRECT_MARK) | None => Why::ScaleIn,
+            // A mode a newer version wrote: the node was leaving, so it drains (PDB-
+            // safe), but nothing this version cannot name ends the instance or lowers
+            // the desired capacity (fail closed).
+            Some(other) => {
+                tracing::warn!(annotation = MODE_ANNOTATION, mode = other, "unknown drain mode on a Node (a newer version?): draining it, leaving the instance");
+                Why::DrainCommand
+            }
         };
         Some(Self {
             reasons: vec![DrainReason::new(why, at)],
         })
+    }
+
+    /// The record with what was read back bounded (see [`Self::read`]).
+    fn bounded(mut self, now: DateTime<Utc>) -> Self {
+        for r in &mut self.reasons {
+            r.at = r.at.min(now);
+            if let Why::Notice {
+                daemonset_share_secs,
+                ..
+            } = &mut r.why
+            {
+                *daemonset_share_secs = (*daemonset_share_secs).min(MAX_DAEMONSET_SHARE.as_secs());
+            }
+        }
+        self
     }
 
     /// The JSON written to [`ANNOTATION`].
@@ -249,9 +298,24 @@ impl DrainRecord {
         serde_json::to_string(self).expect("a drain record serializes")
     }
 
-    /// When the node was first asked to go (the cordon's time).
+    /// When the node was first asked to go (the cordon's time). For people only: no
+    /// rule of the drain counts from it (see [`Self::drain_began`]).
     pub fn first_at(&self) -> Option<DateTime<Utc>> {
         self.reasons.iter().map(|r| r.at).min()
+    }
+
+    /// The reasons that drive the drain now: not done, and asking for a drain (a
+    /// rebalance cordon never drains).
+    fn draining(&self) -> impl Iterator<Item = &DrainReason> {
+        self.reasons.iter().filter(|r| !r.done && r.why.drains())
+    }
+
+    /// When the drain began: the arrival of the earliest reason that drains and is
+    /// not done, never a cordon-only or finished reason's. Every rule that counts
+    /// from the drain's start (which pods are replacements, deadlines, budgets) asks
+    /// this. `None`: nothing drains.
+    pub fn drain_began(&self) -> Option<DateTime<Utc>> {
+        self.draining().map(|r| r.at).min()
     }
 
     /// Takes a reason in. The same kind of reason again keeps its first arrival (a
@@ -340,8 +404,7 @@ impl DrainRecord {
 
     /// What the drain does now.
     pub fn plan(&self, limits: Limits) -> Plan {
-        let active = || self.reasons.iter().filter(|r| !r.done && r.why.drains());
-        let drains = active().next().is_some();
+        let drains = self.drain_began().is_some();
         let ends = if let Some(hook) = self.hook() {
             End::Lifecycle {
                 hook: hook.to_string(),
@@ -369,10 +432,11 @@ impl DrainRecord {
             Some((e, share)) => (Some(e), share),
             None => (None, Duration::ZERO),
         };
-        // Each active reason's own deadline, counted from its own arrival.
+        // Each reason that drains keeps its own deadline, counted from its own
+        // arrival (the earliest of them is [`Self::drain_began`]).
         let mut proceed: Option<DateTime<Utc>> = None;
         let mut abandon: Option<DateTime<Utc>> = None;
-        for r in active() {
+        for r in self.draining() {
             let at = after(r.at, limits.workload_deadline);
             let policy = match r.why {
                 // The ASG ends the instance whatever the hook's result.

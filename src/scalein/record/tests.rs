@@ -313,7 +313,8 @@ fn the_record_survives_the_node_and_older_marks_are_read() {
         ("drain-only", Why::DrainCommand),
         ("direct", Why::ScaleIn),
         ("lifecycle", Why::Lifecycle { hook: "".into() }),
-        ("something-else", Why::ScaleIn),
+        // A newer version's mode: drained, the instance left (never a decrement).
+        ("something-else", Why::DrainCommand),
     ] {
         let mut a = BTreeMap::new();
         a.insert(
@@ -346,4 +347,158 @@ fn times_at_the_edge_of_the_calendar_do_not_panic() {
     r.join(DrainReason::new(hook(), DateTime::<Utc>::MAX_UTC), l);
     let p = r.plan(l);
     assert!(p.drains);
+}
+
+/// A rebalance cordon an hour before the hook: the drain began with the hook, not the
+/// cordon (which pods are replacements counts from it); finished reasons neither.
+#[test]
+fn the_drain_begins_with_the_reason_that_drains() {
+    let l = limits(DeadlinePolicy::Abandon);
+    let r = record(&[(Why::Rebalance, 0), (hook(), 60 * MIN)], l);
+    assert_eq!(r.first_at(), Some(at(0)));
+    assert_eq!(r.drain_began(), Some(at(60 * MIN)));
+    assert_eq!(r.plan(l).workload_deadline, Some(at(70 * MIN)));
+    let only_cordon = record(&[(Why::Rebalance, 0)], l);
+    assert_eq!(only_cordon.drain_began(), None);
+    let mut done = record(&[(Why::DrainCommand, 0)], l);
+    done.mark_done();
+    done.join(DrainReason::new(Why::Rebalance, at(MIN)), l);
+    assert_eq!(done.drain_began(), None, "a finished drain begins nothing");
+    done.join(DrainReason::new(spot(3 * MIN), at(2 * MIN)), l);
+    assert_eq!(done.drain_began(), Some(at(2 * MIN)));
+}
+
+fn annotations(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+    pairs
+        .iter()
+        .map(|(k, v)| (k.to_string(), v.to_string()))
+        .collect()
+}
+
+/// Values read back from a Node are bounded once, where they are read: a share past
+/// what configuration allows, a reason from the future, a start time nobody can read
+/// (now, never the epoch: that would put every deadline in the past).
+#[test]
+fn values_read_back_are_bounded() {
+    let now = at(0);
+    let json = r#"{"reasons":[{"kind":"notice","notice":"spot_interruption","ends_at":"2026-11-23T10:02:00Z","daemonset_share_secs":10000000000000000000,"at":"2026-11-23T10:00:00Z"},{"kind":"lifecycle","hook":"ours","at":"2999-01-01T00:00:00Z"}]}"#;
+    let r = DrainRecord::read(&annotations(&[(ANNOTATION, json)]), now).unwrap();
+    let Why::Notice {
+        daemonset_share_secs,
+        ..
+    } = &r.reasons[0].why
+    else {
+        panic!("{r:?}")
+    };
+    assert_eq!(*daemonset_share_secs, MAX_DAEMONSET_SHARE.as_secs());
+    assert_eq!(r.reasons[1].at, now, "no reason arrives in the future");
+
+    for garbled in ["", "yesterday", "0", "not-a-time"] {
+        let r = DrainRecord::read(
+            &annotations(&[(STARTED_ANNOTATION, garbled), (MODE_ANNOTATION, "direct")]),
+            now,
+        )
+        .unwrap();
+        assert_eq!(
+            r.reasons,
+            vec![DrainReason::new(Why::ScaleIn, now)],
+            "{garbled:?}"
+        );
+        let p = r.plan(limits(DeadlinePolicy::Proceed));
+        assert_eq!(p.workload_deadline, Some(at(10 * MIN)), "{garbled:?}");
+    }
+}
+
+/// Whatever a Node carries, reading it never panics, and what is read is bounded:
+/// no reason after now, no share past the maximum, the plan computable.
+mod read_back {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// Mostly what the field holds (so many records parse), sometimes anything.
+    fn time() -> impl Strategy<Value = String> {
+        prop_oneof![
+            3 => (-10_000_000_000i64..10_000_000_000i64).prop_map(|s| format!("\"{}\"", at(s).to_rfc3339())),
+            1 => Just("\"+262143-12-31T23:59:59Z\"".to_string()),
+            1 => Just("\"-262143-01-01T00:00:00Z\"".to_string()),
+            1 => any::<String>(),
+        ]
+    }
+
+    fn share() -> impl Strategy<Value = String> {
+        prop_oneof![
+            3 => any::<u64>().prop_map(|n| n.to_string()),
+            1 => Just("1e19".to_string()),
+            1 => Just("-1".to_string()),
+            1 => any::<String>(),
+        ]
+    }
+
+    fn reason_json() -> impl Strategy<Value = String> {
+        (
+            prop_oneof![
+                Just("rebalance"),
+                Just("drain-command"),
+                Just("notice"),
+                Just("scale-in"),
+                Just("lifecycle"),
+                Just("from-a-newer-version"),
+            ],
+            time(),
+            prop_oneof![Just("null".to_string()), time()],
+            share(),
+            prop_oneof![3 => Just("\"ours\"".to_string()), 1 => any::<String>()],
+            any::<bool>(),
+        )
+            .prop_map(|(kind, at, ends, share, hook, done)| {
+                format!(
+                    r#"{{"kind":"{kind}","at":{at},"notice":"spot","ends_at":{ends},"daemonset_share_secs":{share},"hook":{hook},"done":{done}}}"#
+                )
+            })
+    }
+
+    fn record_json() -> impl Strategy<Value = String> {
+        prop_oneof![
+            any::<String>(),
+            proptest::collection::vec(reason_json(), 0..4)
+                .prop_map(|rs| format!(r#"{{"reasons":[{}]}}"#, rs.join(","))),
+        ]
+    }
+
+    proptest! {
+        #[test]
+        fn reading_a_node_never_panics_and_is_bounded(
+            json in proptest::option::of(record_json()),
+            started in proptest::option::of(prop_oneof![any::<String>(), Just("2026-11-23T10:00:00Z".to_string()), Just("+262143-12-31T23:59:59Z".to_string())]),
+            mode in proptest::option::of(prop_oneof![any::<String>(), Just("direct".to_string()), Just("lifecycle".to_string())]),
+            policy in prop_oneof![Just(DeadlinePolicy::Proceed), Just(DeadlinePolicy::Abandon)],
+            deadline_secs in 0u64..u64::MAX,
+        ) {
+            let now = at(0);
+            let mut a = BTreeMap::new();
+            if let Some(j) = json { a.insert(ANNOTATION.to_string(), j); }
+            if let Some(s) = started { a.insert(STARTED_ANNOTATION.to_string(), s); }
+            if let Some(m) = &mode { a.insert(MODE_ANNOTATION.to_string(), m.clone()); }
+            let Some(r) = DrainRecord::read(&a, now) else {
+                prop_assert!(!a.contains_key(STARTED_ANNOTATION));
+                return Ok(());
+            };
+            prop_assert!(!r.reasons.is_empty());
+            for reason in &r.reasons {
+                prop_assert!(reason.at <= now);
+                if let Why::Notice { daemonset_share_secs, .. } = &reason.why {
+                    prop_assert!(*daemonset_share_secs <= MAX_DAEMONSET_SHARE.as_secs());
+                }
+            }
+            // Only a mode this version wrote for it is read as CA's direct scale-in.
+            if r.has_scale_in() && !a.contains_key(ANNOTATION) {
+                prop_assert!(mode.is_none() || mode.as_deref() == Some(DIRECT_MARK));
+            }
+            let l = Limits { workload_deadline: Duration::from_secs(deadline_secs), workload_policy: policy };
+            let p = r.plan(l);
+            prop_assert!(p.daemonset_share <= MAX_DAEMONSET_SHARE);
+            prop_assert_eq!(p.drains, r.drain_began().is_some());
+            let _ = r.to_json();
+        }
+    }
 }
