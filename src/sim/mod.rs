@@ -219,6 +219,25 @@ impl SimCluster {
         Ok(())
     }
 
+    /// The pod's readiness as its kubelet reports it, set by hand: `false` is a
+    /// readiness probe that starts failing (the pod stays, not Ready, nothing evicts
+    /// it), `true` one that passes again. The fake kubelet makes a pod Ready once, at
+    /// its ready delay; after that only this changes it.
+    pub fn set_ready(&self, ns: &str, name: &str, ready: bool) -> Result<(), ApiError> {
+        let pods = store::resource("", "pods").expect("pods");
+        let status = if ready { "True" } else { "False" };
+        self.store
+            .lock()
+            .update(pods, ns, name, if ready { "ready" } else { "unready" }, |p| {
+                let mut p = p.clone();
+                p["status"]["phase"] = "Running".into();
+                p["status"]["conditions"] =
+                    serde_json::json!([{"type": "Ready", "status": status}]);
+                Ok(p)
+            })?;
+        Ok(())
+    }
+
     /// A kube::Client over real HTTP to this server.
     pub fn client(&self) -> kube::Client {
         self.client_with(|_| {})
