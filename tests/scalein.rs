@@ -1,19 +1,18 @@
 //! The scale-in drain end to end: CA's DeleteNodes over gRPC (or the ASG itself),
 //! the memory cloud, and the in-memory API server over HTTP.
 
-use std::collections::HashMap;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ca_asg_provider::cloud::memory::MemoryGroup;
 use ca_asg_provider::cloud::{Cloud, LifecycleResult};
 use ca_asg_provider::proto;
 use ca_asg_provider::scalein::{self, DeadlinePolicy, Outcome, ScaleInSettings};
-use ca_asg_provider::sim::{self, fixtures, SimCluster};
+use ca_asg_provider::sim::fixtures;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use serde_json::Value;
 
 mod support;
+use support::budget_floor::BudgetFloor;
 use support::eventually;
 use support::world::*;
 
@@ -95,50 +94,6 @@ async fn daemonset_pods_leave_only_after_the_workload_is_gone() {
     support::rbac::assert_rbac_covers(&w.sim);
 }
 
-/// Ready, non-terminating pods of an app after every store change, from the change
-/// stream itself, so no instant is missed.
-fn watch_min_ready(
-    sim: &SimCluster,
-    app: &'static str,
-) -> Arc<parking_lot::Mutex<(i64, HashMap<String, bool>)>> {
-    let mut rx = sim.store.subscribe();
-    // Seed with what is there now; the stream carries every change after it.
-    let mut seed = HashMap::new();
-    for p in sim.list::<Pod>() {
-        if p["metadata"]["labels"]["app"] == app
-            && p["metadata"]["deletionTimestamp"].is_null()
-            && p["status"]["conditions"][0]["status"] == "True"
-        {
-            seed.insert(
-                p["metadata"]["uid"].as_str().unwrap_or("").to_string(),
-                true,
-            );
-        }
-    }
-    let state = Arc::new(parking_lot::Mutex::new((seed.len() as i64, seed)));
-    let st = state.clone();
-    tokio::spawn(async move {
-        while let Ok(c) = rx.recv().await {
-            if c.res.plural != "pods" || c.object["metadata"]["labels"]["app"] != app {
-                continue;
-            }
-            let o: &Value = &c.object;
-            let uid = o["metadata"]["uid"].as_str().unwrap_or("").to_string();
-            let ok = o["metadata"]["deletionTimestamp"].is_null()
-                && o["status"]["conditions"][0]["status"] == "True";
-            let mut g = st.lock();
-            if c.kind == sim::store::EventType::Deleted || !ok {
-                g.1.remove(&uid);
-            } else {
-                g.1.insert(uid, true);
-            }
-            let n = g.1.len() as i64;
-            g.0 = g.0.min(n);
-        }
-    });
-    state
-}
-
 #[tokio::test]
 async fn two_nodes_drained_at_once_never_leave_zero_ready_replicas() {
     let mut w = world(
@@ -165,7 +120,8 @@ async fn two_nodes_drained_at_once_never_leave_zero_ready_replicas() {
         })
     })
     .await;
-    let min_ready = watch_min_ready(&w.sim, "api");
+    // maxUnavailable 1 of 2: one Ready replica at every moment.
+    let floor = BudgetFloor::watch(&w.sim, "api", 1);
     w.cloud.set_desired_capacity("spare", 2).await.unwrap();
     eventually("spare nodes", 10, || w.sim.list::<Node>().len() == 4).await;
     delete_nodes(&mut w, "web", &on_web).await;
@@ -185,8 +141,7 @@ async fn two_nodes_drained_at_once_never_leave_zero_ready_replicas() {
         held > 0 || a.iter().any(|e| e.verb == "eviction-denied"),
         "the second drain had to wait for the replacement"
     );
-    let min = min_ready.lock().0;
-    assert!(min >= 1, "ready replicas fell to {min}");
+    floor.assert_held();
     let reasons: Vec<String> = events(&w.sim).into_iter().map(|e| e.0).collect();
     assert!(reasons.iter().any(|r| r == "EvictionBlocked"));
     assert_eq!(w.cloud.calls()["terminate_instance"], 2);
@@ -504,18 +459,15 @@ async fn fifty_nodes_drain_concurrently_within_budgets() {
     for (n, _) in nodes_of(&w, "spare") {
         set_unschedulable(&w, &n, false).await;
     }
-    let min_ready = watch_min_ready(&w.sim, "api");
+    let floor = BudgetFloor::watch(&w.sim, "api", 45);
     let before = w.sim.requests().total();
     delete_nodes(&mut w, "big", &big).await;
     for (_, id) in &big {
         assert_eq!(w.engine.wait_for(id).await, Some(Outcome::Ended), "{id}");
     }
     let used = w.sim.requests().total() - before;
-    let min = min_ready.lock().0;
-    assert!(
-        min >= 45,
-        "maxUnavailable 5 of 50, but ready replicas fell to {min}"
-    );
+    // maxUnavailable 5 of 50.
+    floor.assert_held();
     assert_eq!(w.cloud.calls()["terminate_instance"], 50);
     // Per node: node get + patch, a pod watch, a volume watch, evictions and their
     // PDB retries, events. Bounded, not a polling loop.
