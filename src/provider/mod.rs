@@ -48,6 +48,40 @@ pub enum ProviderError {
     Cloud(#[from] CloudError),
 }
 
+/// What kind of failure a [`ProviderError`] is, for the layers above it (the gRPC
+/// codes), so that they need not know the cloud's own error type.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorKind {
+    UnknownGroup,
+    InvalidArgument,
+    FailedPrecondition,
+    /// Worth retrying: AWS throttled or failed for a moment, the API server did not
+    /// answer, a bound passed.
+    Unavailable,
+    Unimplemented,
+    /// AWS says the thing asked about does not exist.
+    NotFound,
+}
+
+impl ProviderError {
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            ProviderError::UnknownGroup(_) => ErrorKind::UnknownGroup,
+            ProviderError::InvalidArgument(_) => ErrorKind::InvalidArgument,
+            ProviderError::FailedPrecondition(_) => ErrorKind::FailedPrecondition,
+            ProviderError::Unavailable(_) => ErrorKind::Unavailable,
+            ProviderError::Unimplemented(_) => ErrorKind::Unimplemented,
+            ProviderError::Cloud(c) => match c {
+                CloudError::Throttled { .. } | CloudError::Transient { .. } => {
+                    ErrorKind::Unavailable
+                }
+                CloudError::NotFound { .. } => ErrorKind::NotFound,
+                CloudError::Rejected { .. } => ErrorKind::FailedPrecondition,
+            },
+        }
+    }
+}
+
 /// What the core needs to know from configuration.
 #[derive(Debug, Clone)]
 pub struct ProviderSettings {

@@ -392,7 +392,7 @@ impl SimCluster {
         }
         for n in &existing {
             let pid = n["spec"]["providerID"].as_str().unwrap_or("");
-            let id = crate::provider::provider_id::instance_id(pid).unwrap_or("");
+            let id = instance_of(pid).unwrap_or("");
             if !alive.contains(id) && pid.starts_with("aws://") {
                 let name = n["metadata"]["name"].as_str().unwrap_or("").to_string();
                 self.remove::<k8s_openapi::api::core::v1::Node>("", &name);
@@ -414,6 +414,31 @@ impl Drop for SimCluster {
             h.abort();
         }
         self.actors.abort();
+    }
+}
+
+/// The instance id in a providerID as the fake's kubelet writes it,
+/// `aws:///<zone>/<instance-id>`. The fake's own reading, not the service's parser:
+/// a fault in that one is not shared by the fake that tests it.
+fn instance_of(provider_id: &str) -> Option<&str> {
+    let (zone, id) = provider_id.strip_prefix("aws:///")?.split_once('/')?;
+    let ok = !zone.is_empty()
+        && id.len() > 2
+        && id.starts_with("i-")
+        && id[2..].bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-');
+    ok.then_some(id)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::instance_of;
+
+    #[test]
+    fn the_fake_reads_the_provider_ids_its_kubelet_writes() {
+        assert_eq!(instance_of("aws:///us-east-1a/i-0abc"), Some("i-0abc"));
+        for wrong in ["", "i-0abc", "aws:///i-0abc", "aws:///a/b/i-0abc", "gce:///a/i-1", "aws:///us-east-1a/"] {
+            assert_eq!(instance_of(wrong), None, "{wrong}");
+        }
     }
 }
 
