@@ -571,3 +571,42 @@ async fn an_api_server_restart_in_the_middle_of_a_drain_loses_nothing() {
     );
     support::rbac::assert_rbac_covers(&w.sim);
 }
+
+/// CA gives DeleteNodes 5 s (`grpc-timeout` on the request). With the API server and
+/// AWS each taking 700 ms per call, recording four removals one after another
+/// (lifecycle mode: the hook read again and TerminateInstanceInAutoScalingGroup;
+/// direct mode: the Node read and marked) took longer than that. They are recorded
+/// side by side, the call answers inside CA's deadline, and every drain still ends.
+#[tokio::test]
+async fn delete_nodes_answers_within_cas_deadline_when_aws_and_the_api_are_slow() {
+    let mut w = world(
+        vec![
+            MemoryGroup::new("web", 0, 4, 4, "m5.large").terminating_hook("ca-asg-provider-drain", 30),
+            MemoryGroup::new("batch", 0, 4, 4, "m5.large"),
+        ],
+        fast_settings(),
+        Duration::from_millis(20),
+    )
+    .await;
+    let web = nodes_of(&w, "web");
+    let batch = nodes_of(&w, "batch");
+    assert_eq!((web.len(), batch.len()), (4, 4));
+    w.sim.slow(Duration::from_millis(700));
+    w.cloud.slow(Duration::from_millis(700));
+    for (group, nodes) in [("web", &web), ("batch", &batch)] {
+        let answer = w
+            .ca
+            .node_group_delete_nodes(delete_request(group, nodes))
+            .await;
+        assert!(answer.is_ok(), "DeleteNodes {group}: {answer:?}");
+    }
+    // Every removal was recorded before the answer: CA's targets already count them.
+    assert_eq!(target(&mut w, "web").await, 0);
+    assert_eq!(target(&mut w, "batch").await, 0);
+    // The drains run behind the answer, on the still slow (less so) API and AWS.
+    w.sim.slow(Duration::from_millis(100));
+    w.cloud.slow(Duration::from_millis(100));
+    for (_, id) in web.iter().chain(&batch) {
+        assert_eq!(w.engine.wait_for(id).await, Some(Outcome::Ended), "{id}");
+    }
+}

@@ -133,6 +133,8 @@ pub struct Faults {
     /// (verb, resource[/subresource]) -> how many more requests get APF's 429
     /// (reason TooManyRequests, no PodDisruptionBudget cause, Retry-After).
     pub throttled: std::collections::HashMap<(String, String), u32>,
+    /// How long every request waits before it is handled (an overloaded server).
+    pub latency: Duration,
 }
 
 async fn serve(listener: tokio::net::TcpListener, ctx: Arc<http::Ctx>) {
@@ -198,6 +200,12 @@ impl SimCluster {
             .lock()
             .throttled
             .insert((verb.to_string(), resource.to_string()), times);
+    }
+
+    /// From now on every request waits `latency` before it is handled, as a slow or
+    /// overloaded API server answers (zero: at once again).
+    pub fn slow(&self, latency: Duration) {
+        self.faults.lock().latency = latency;
     }
 
     /// The kubelet of this node stops: the Node turns NotReady (Ready Unknown, as the
