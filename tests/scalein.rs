@@ -610,3 +610,80 @@ async fn delete_nodes_answers_within_cas_deadline_when_aws_and_the_api_are_slow(
         assert_eq!(w.engine.wait_for(id).await, Some(Outcome::Ended), "{id}");
     }
 }
+
+/// Two bare pods of one app under minAvailable 2; the one on the drained node stops
+/// being Ready (a failing readiness probe, nothing evicts it). The API server decides
+/// its eviction by the budget's `unhealthyPodEvictionPolicy`, and the drain follows:
+/// with the default (IfHealthyBudget) an unhealthy budget keeps the pod, so the drain
+/// reaches its deadline and gives the node back; with AlwaysAllow the pod goes and the
+/// drain ends. The Ready pod on the other node never goes either way.
+async fn drain_an_unready_pod(policy: Option<&str>) -> (World, Option<Outcome>) {
+    let s = ScaleInSettings {
+        workload_deadline: Duration::from_secs(2),
+        workload_deadline_policy: DeadlinePolicy::Abandon,
+        ..fast_settings()
+    };
+    let mut w = world(
+        vec![MemoryGroup::new("web", 0, 3, 2, "m5.large")],
+        s,
+        Duration::from_millis(20),
+    )
+    .await;
+    let nodes = nodes_of(&w, "web");
+    for (pod, (node, _)) in ["crash-a", "crash-b"].iter().zip(&nodes) {
+        w.sim
+            .create(&fixtures::pod("shop", pod, node, "crash", 0.0))
+            .unwrap();
+    }
+    let mut pdb = fixtures::pdb("shop", "crash", 0);
+    let spec = pdb.spec.as_mut().unwrap();
+    spec.max_unavailable = None;
+    spec.min_available = Some(k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::Int(2));
+    spec.unhealthy_pod_eviction_policy = policy.map(str::to_string);
+    w.sim.create(&pdb).unwrap();
+    pods_ready(&w, 2).await;
+    w.sim.set_ready("shop", "crash-a", false).unwrap();
+    eventually("the budget's status counts one healthy pod", 10, || {
+        w.sim
+            .get::<k8s_openapi::api::policy::v1::PodDisruptionBudget>("shop", "crash-pdb")
+            .is_some_and(|b| b["status"]["currentHealthy"] == 1)
+    })
+    .await;
+    let floor = BudgetFloor::watch(&w.sim, "crash", 1);
+    let (node, iid) = nodes[0].clone();
+    delete_nodes(&mut w, "web", &[(node, iid.clone())]).await;
+    let outcome = w.engine.wait_for(&iid).await;
+    floor.assert_held();
+    assert!(
+        !w.sim
+            .audit()
+            .iter()
+            .any(|a| a.verb == "evicted" && a.name == "crash-b"),
+        "the Ready pod on the other node was evicted"
+    );
+    (w, outcome)
+}
+
+#[tokio::test]
+async fn an_unready_pod_under_an_unhealthy_budget_stays_by_default() {
+    let (w, outcome) = drain_an_unready_pod(None).await;
+    assert!(matches!(outcome, Some(Outcome::Abandoned(_))), "{outcome:?}");
+    assert!(
+        !w.sim
+            .audit()
+            .iter()
+            .any(|a| a.verb == "evicted" && a.name == "crash-a"),
+        "IfHealthyBudget: an unready pod of an unhealthy budget is not evicted"
+    );
+}
+
+#[tokio::test]
+async fn an_unready_pod_leaves_when_its_budget_always_allows_unhealthy_evictions() {
+    let (w, outcome) = drain_an_unready_pod(Some("AlwaysAllow")).await;
+    assert_eq!(outcome, Some(Outcome::Ended));
+    assert!(w
+        .sim
+        .audit()
+        .iter()
+        .any(|a| a.verb == "evicted" && a.name == "crash-a"));
+}
