@@ -357,8 +357,16 @@ async fn blocked_world(policy: DeadlinePolicy) -> (World, String, String) {
 #[tokio::test]
 async fn deadline_proceed_ends_the_instance_with_the_blocked_pod() {
     let (mut w, node, iid) = blocked_world(DeadlinePolicy::Proceed).await;
+    let floor = BudgetFloor::watch(&w.sim, "solo", 1);
     delete_nodes(&mut w, "web", &[(node.clone(), iid.clone())]).await;
     assert_eq!(w.engine.wait_for(&iid).await, Some(Outcome::Ended));
+    // `proceed` is the configured exception: the budget is broken, not by an
+    // eviction but by the instance ending under its pod, and the check from the pod
+    // history sees it.
+    eventually("the pod went with its node", 10, || {
+        floor.lowest() == Some(0)
+    })
+    .await;
     assert_eq!(w.cloud.calls()["terminate_instance"], 1);
     let ev = events(&w.sim);
     assert!(
@@ -581,7 +589,8 @@ async fn an_api_server_restart_in_the_middle_of_a_drain_loses_nothing() {
 async fn delete_nodes_answers_within_cas_deadline_when_aws_and_the_api_are_slow() {
     let mut w = world(
         vec![
-            MemoryGroup::new("web", 0, 4, 4, "m5.large").terminating_hook("ca-asg-provider-drain", 30),
+            MemoryGroup::new("web", 0, 4, 4, "m5.large")
+                .terminating_hook("ca-asg-provider-drain", 30),
             MemoryGroup::new("batch", 0, 4, 4, "m5.large"),
         ],
         fast_settings(),
@@ -594,10 +603,9 @@ async fn delete_nodes_answers_within_cas_deadline_when_aws_and_the_api_are_slow(
     w.sim.slow(Duration::from_millis(700));
     w.cloud.slow(Duration::from_millis(700));
     for (group, nodes) in [("web", &web), ("batch", &batch)] {
-        let answer = w
-            .ca
-            .node_group_delete_nodes(delete_request(group, nodes))
-            .await;
+        let answer =
+            w.ca.node_group_delete_nodes(delete_request(group, nodes))
+                .await;
         assert!(answer.is_ok(), "DeleteNodes {group}: {answer:?}");
     }
     // Every removal was recorded before the answer: CA's targets already count them.
@@ -667,7 +675,10 @@ async fn drain_an_unready_pod(policy: Option<&str>) -> (World, Option<Outcome>) 
 #[tokio::test]
 async fn an_unready_pod_under_an_unhealthy_budget_stays_by_default() {
     let (w, outcome) = drain_an_unready_pod(None).await;
-    assert!(matches!(outcome, Some(Outcome::Abandoned(_))), "{outcome:?}");
+    assert!(
+        matches!(outcome, Some(Outcome::Abandoned(_))),
+        "{outcome:?}"
+    );
     assert!(
         !w.sim
             .audit()

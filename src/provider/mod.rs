@@ -1066,8 +1066,8 @@ impl Provider {
         let mut tasks = Vec::with_capacity(real.len());
         for (inst, node_name) in real {
             self.writes.fetch_add(1, Ordering::AcqRel);
-            let name = (!node_name.is_empty() && node_name != inst.id)
-                .then(|| node_name.to_string());
+            let name =
+                (!node_name.is_empty() && node_name != inst.id).then(|| node_name.to_string());
             let (me, reg, scale_in, inst, id, ops) = (
                 self.clone(),
                 reg.clone(),

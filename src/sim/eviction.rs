@@ -247,14 +247,14 @@ fn verdict(pdb: &Value, pod_ready: bool) -> Result<bool, ApiError> {
     }
     let generation = pdb["metadata"]["generation"].as_i64().unwrap_or(1);
     if st["observedGeneration"].as_i64().unwrap_or(0) < generation {
-        return Err(refusal(
-            format!("The disruption budget {name} is still being processed by the server."),
-        ));
+        return Err(refusal(format!(
+            "The disruption budget {name} is still being processed by the server."
+        )));
     }
     if st["disruptionsAllowed"].as_i64().unwrap_or(0) <= 0 {
-        return Err(refusal(
-            format!("The disruption budget {name} needs {desired} healthy pods and has {current} currently"),
-        ));
+        return Err(refusal(format!(
+            "The disruption budget {name} needs {desired} healthy pods and has {current} currently"
+        )));
     }
     Ok(true)
 }
@@ -419,7 +419,11 @@ mod tests {
             let mut spec = spec;
             spec["selector"] = json!({"matchLabels": {"app": "web"}});
             inner
-                .create(pdb_res, "default", json!({"metadata": {"name": "web-pdb"}, "spec": spec}))
+                .create(
+                    pdb_res,
+                    "default",
+                    json!({"metadata": {"name": "web-pdb"}, "spec": spec}),
+                )
                 .unwrap();
             inner
                 .update(pdb_res, "default", "web-pdb", "status", |o| {
@@ -434,7 +438,11 @@ mod tests {
 
     fn stored_budget(store: &super::super::store::Store) -> Value {
         let pdb_res = resource("policy", "poddisruptionbudgets").expect("pdbs");
-        store.lock().get(pdb_res, "default", "web-pdb").unwrap().clone()
+        store
+            .lock()
+            .get(pdb_res, "default", "web-pdb")
+            .unwrap()
+            .clone()
     }
 
     fn cause(e: &ApiError) -> String {
@@ -463,7 +471,10 @@ mod tests {
         // The next one is refused from the charged status, before any controller.
         let e = evict(&mut store.lock(), "default", "web-1", &json!({})).unwrap_err();
         assert_eq!(e.code, 429);
-        assert!(cause(&e).contains("needs 2 healthy pods and has 3"), "{e:?}");
+        assert!(
+            cause(&e).contains("needs 2 healthy pods and has 3"),
+            "{e:?}"
+        );
     }
 
     #[test]

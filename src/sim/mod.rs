@@ -234,15 +234,19 @@ impl SimCluster {
     pub fn set_ready(&self, ns: &str, name: &str, ready: bool) -> Result<(), ApiError> {
         let pods = store::resource("", "pods").expect("pods");
         let status = if ready { "True" } else { "False" };
-        self.store
-            .lock()
-            .update(pods, ns, name, if ready { "ready" } else { "unready" }, |p| {
+        self.store.lock().update(
+            pods,
+            ns,
+            name,
+            if ready { "ready" } else { "unready" },
+            |p| {
                 let mut p = p.clone();
                 p["status"]["phase"] = "Running".into();
                 p["status"]["conditions"] =
                     serde_json::json!([{"type": "Ready", "status": status}]);
                 Ok(p)
-            })?;
+            },
+        )?;
         Ok(())
     }
 
@@ -433,7 +437,9 @@ fn instance_of(provider_id: &str) -> Option<&str> {
     let ok = !zone.is_empty()
         && id.len() > 2
         && id.starts_with("i-")
-        && id[2..].bytes().all(|b| b.is_ascii_alphanumeric() || b == b'-');
+        && id[2..]
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-');
     ok.then_some(id)
 }
 
@@ -444,7 +450,14 @@ mod tests {
     #[test]
     fn the_fake_reads_the_provider_ids_its_kubelet_writes() {
         assert_eq!(instance_of("aws:///us-east-1a/i-0abc"), Some("i-0abc"));
-        for wrong in ["", "i-0abc", "aws:///i-0abc", "aws:///a/b/i-0abc", "gce:///a/i-1", "aws:///us-east-1a/"] {
+        for wrong in [
+            "",
+            "i-0abc",
+            "aws:///i-0abc",
+            "aws:///a/b/i-0abc",
+            "gce:///a/i-1",
+            "aws:///us-east-1a/",
+        ] {
             assert_eq!(instance_of(wrong), None, "{wrong}");
         }
     }

@@ -111,7 +111,11 @@ impl BudgetFloor {
     /// after it first had enough, or if the count could not be followed.
     pub fn assert_held(&self) {
         let g = self.state.lock();
-        assert!(!g.lagged, "the pod change stream lagged: {} not followed", self.app);
+        assert!(
+            !g.lagged,
+            "the pod change stream lagged: {} not followed",
+            self.app
+        );
         if let Some((n, what)) = &g.lowest {
             assert!(
                 *n >= self.required,
