@@ -443,6 +443,11 @@ fn instance_of(provider_id: &str) -> Option<&str> {
     ok.then_some(id)
 }
 
+/// The Node name the simulated kubelet registers for an instance.
+pub fn node_name(instance_id: &str) -> String {
+    format!("ip-{}.ec2.internal", instance_id.trim_start_matches("i-"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::instance_of;
@@ -461,9 +466,4 @@ mod tests {
             assert_eq!(instance_of(wrong), None, "{wrong}");
         }
     }
-}
-
-/// The Node name the simulated kubelet registers for an instance.
-pub fn node_name(instance_id: &str) -> String {
-    format!("ip-{}.ec2.internal", instance_id.trim_start_matches("i-"))
 }
