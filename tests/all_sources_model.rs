@@ -10,7 +10,10 @@
 //! - no workload pod is deleted around a PodDisruptionBudget: every workload pod that
 //!   left was evicted (no deadline and no budget runs out within the test), and the
 //!   pod whose budget allows nothing never leaves;
-//! - no pod is evicted twice; DaemonSet pods leave last on every node;
+//! - no pod is evicted twice (counted from every eviction request the API server
+//!   got); DaemonSet pods leave last on every node;
+//! - the guarded app's Ready pods, counted from its pod history, never fall below
+//!   what its budget requires;
 //! - every instance our hook holds is heartbeated until completed: no hook times out;
 //! - every handled message is deleted;
 //!
@@ -32,6 +35,7 @@ use k8s_openapi::api::core::v1::{Node, Pod};
 use proptest::prelude::*;
 
 mod support;
+use support::budget_floor::BudgetFloor;
 use support::notices::eventbridge;
 use support::queue::consumer;
 use support::world::*;
@@ -102,6 +106,8 @@ struct Model {
     given: BTreeMap<String, BTreeSet<&'static str>>,
     /// Per node: its workload pod and its DaemonSet pod.
     pods: Vec<(String, String)>,
+    /// The guarded pod's budget (maxUnavailable 0 of 1), as its pod history shows it.
+    guarded: BudgetFloor,
 }
 
 /// Leadership over the engine (set before its loop starts), and the loop.
@@ -144,6 +150,7 @@ impl Model {
         }
         w.sim.create(&fixtures::pdb("shop", "guarded", 0)).unwrap();
         pods_ready(&w, 2 * NODES).await;
+        let guarded = BudgetFloor::watch(&w.sim, "guarded", 1);
         let listed = w.sim.list::<Pod>();
         let pods = nodes
             .iter()
@@ -178,6 +185,7 @@ impl Model {
             asg_chose: BTreeSet::new(),
             given: BTreeMap::new(),
             pods,
+            guarded,
         }
     }
 
@@ -425,12 +433,27 @@ impl Model {
             "a held instance was not heartbeated until its drain ended"
         );
         let audit = self.w.sim.audit();
+        // Every eviction request the API server got, per pod: once one was let
+        // through, any further request for that pod is a second eviction (a real
+        // API server answers it 200 for a terminating pod, and nothing else shows).
+        let mut evicted = BTreeSet::new();
+        for e in audit.iter().filter(|e| e.kind == "Pod") {
+            match e.verb.as_str() {
+                "eviction-requested" => {
+                    assert!(!evicted.contains(&e.name), "{} was evicted twice", e.name)
+                }
+                "evicted" => {
+                    evicted.insert(e.name.clone());
+                }
+                _ => {}
+            }
+        }
         let mut seen = BTreeSet::new();
         for e in audit
             .iter()
             .filter(|e| e.kind == "Pod" && e.verb == "deletion-started")
         {
-            assert!(seen.insert(e.name.clone()), "{} was evicted twice", e.name);
+            assert!(seen.insert(e.name.clone()), "{} was deleted twice", e.name);
             if e.name.starts_with("app-") {
                 assert!(
                     audit
@@ -441,6 +464,9 @@ impl Model {
                 );
             }
         }
+        // From outside: the guarded app never had fewer Ready pods than its budget
+        // requires, whatever ended them (an eviction, an instance ended under them).
+        self.guarded.assert_held();
         assert!(
             !seen.contains(&format!("app-{GUARDED}")),
             "the pod whose budget allows nothing left"

@@ -21,6 +21,28 @@ const LAYERS: &[(&str, u8)] = &[
     ("commands", 7),
 ];
 
+/// Uses the ranks allow that are still wrong: (from, to, why).
+const FORBIDDEN: &[(&str, &str, &str)] = &[
+    (
+        "sim",
+        "provider",
+        "the fake must not agree with the service through its code (parse on its own)",
+    ),
+    ("sim", "scalein", "the fake must not run the code it tests"),
+    (
+        "grpc",
+        "cloud",
+        "the gRPC layer sees the core's errors, never the cloud's (ProviderError::kind)",
+    ),
+];
+
+fn forbidden(from: &str, to: &str) -> Option<&'static str> {
+    FORBIDDEN
+        .iter()
+        .find(|(f, t, _)| *f == from && *t == to)
+        .map(|(_, _, why)| *why)
+}
+
 fn rank(module: &str) -> Option<u8> {
     LAYERS.iter().find(|(m, _)| *m == module).map(|(_, r)| *r)
 }
@@ -103,6 +125,13 @@ fn every_module_imports_only_the_layers_below_it() {
                 if dep == top {
                     continue;
                 }
+                if let Some(why) = forbidden(&top, dep) {
+                    wrong.push(format!(
+                        "src/{}:{n}: `{top}` uses `{dep}`: {why}",
+                        rel.display()
+                    ));
+                    continue;
+                }
                 match rank(dep) {
                     Some(r) if r < own => {}
                     Some(_) => wrong.push(format!(
@@ -169,6 +198,15 @@ fn no_command_imports_another_command() {
         }
     }
     assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+}
+
+#[test]
+fn the_fake_and_the_grpc_layer_keep_their_distance() {
+    assert!(forbidden("sim", "provider").is_some());
+    assert!(forbidden("sim", "scalein").is_some());
+    assert!(forbidden("grpc", "cloud").is_some());
+    assert!(forbidden("sim", "cloud").is_none());
+    assert!(forbidden("grpc", "provider").is_none());
 }
 
 #[test]

@@ -6,12 +6,11 @@ use std::time::Duration;
 
 use tonic::{Request, Response, Status};
 
-use crate::cloud::CloudError;
 use crate::proto::{
     self, cloud_provider_server::CloudProvider, instance_status::InstanceState as PbState,
 };
 use crate::provider::options::AutoscalingOptions;
-use crate::provider::{instances, GroupInfo, NodeRef, Provider, ProviderError};
+use crate::provider::{instances, ErrorKind, GroupInfo, NodeRef, Provider, ProviderError};
 
 use super::options::{from_proto, to_proto};
 
@@ -43,19 +42,13 @@ pub fn status(e: ProviderError) -> Status {
 }
 
 fn status_uncapped(e: ProviderError) -> Status {
-    match e {
-        ProviderError::UnknownGroup(_) => Status::not_found(e.to_string()),
-        ProviderError::InvalidArgument(m) => Status::invalid_argument(m),
-        ProviderError::FailedPrecondition(m) => Status::failed_precondition(m),
-        ProviderError::Unavailable(m) => Status::unavailable(m),
-        ProviderError::Unimplemented(m) => Status::unimplemented(m),
-        ProviderError::Cloud(c) => match c {
-            CloudError::Throttled { .. } | CloudError::Transient { .. } => {
-                Status::unavailable(c.to_string())
-            }
-            CloudError::NotFound { .. } => Status::not_found(c.to_string()),
-            CloudError::Rejected { .. } => Status::failed_precondition(c.to_string()),
-        },
+    let message = e.to_string();
+    match e.kind() {
+        ErrorKind::UnknownGroup | ErrorKind::NotFound => Status::not_found(message),
+        ErrorKind::InvalidArgument => Status::invalid_argument(message),
+        ErrorKind::FailedPrecondition => Status::failed_precondition(message),
+        ErrorKind::Unavailable => Status::unavailable(message),
+        ErrorKind::Unimplemented => Status::unimplemented(message),
     }
 }
 

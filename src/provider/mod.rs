@@ -48,6 +48,40 @@ pub enum ProviderError {
     Cloud(#[from] CloudError),
 }
 
+/// What kind of failure a [`ProviderError`] is, for the layers above it (the gRPC
+/// codes), so that they need not know the cloud's own error type.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ErrorKind {
+    UnknownGroup,
+    InvalidArgument,
+    FailedPrecondition,
+    /// Worth retrying: AWS throttled or failed for a moment, the API server did not
+    /// answer, a bound passed.
+    Unavailable,
+    Unimplemented,
+    /// AWS says the thing asked about does not exist.
+    NotFound,
+}
+
+impl ProviderError {
+    pub fn kind(&self) -> ErrorKind {
+        match self {
+            ProviderError::UnknownGroup(_) => ErrorKind::UnknownGroup,
+            ProviderError::InvalidArgument(_) => ErrorKind::InvalidArgument,
+            ProviderError::FailedPrecondition(_) => ErrorKind::FailedPrecondition,
+            ProviderError::Unavailable(_) => ErrorKind::Unavailable,
+            ProviderError::Unimplemented(_) => ErrorKind::Unimplemented,
+            ProviderError::Cloud(c) => match c {
+                CloudError::Throttled { .. } | CloudError::Transient { .. } => {
+                    ErrorKind::Unavailable
+                }
+                CloudError::NotFound { .. } => ErrorKind::NotFound,
+                CloudError::Rejected { .. } => ErrorKind::FailedPrecondition,
+            },
+        }
+    }
+}
+
 /// What the core needs to know from configuration.
 #[derive(Debug, Clone)]
 pub struct ProviderSettings {
@@ -69,6 +103,9 @@ pub struct ProviderSettings {
     /// `serve --dry-run`: every write is decided, described and refused; AWS and the
     /// cluster are left as they are.
     pub dry_run: bool,
+    /// The longest DeleteNodes takes to check a request and record its removals
+    /// (CA gives each call 5 s): past it the call fails, so CA never waits on it.
+    pub delete_nodes_bound: Duration,
     /// NodeGroupGetOptions for option-tagged groups asked by a CA without
     /// MaxNodeStartupTime on the wire (>= 1.35).
     pub options_without_startup_time: options::OptionsWithoutStartupTime,
@@ -87,6 +124,7 @@ impl Default for ProviderSettings {
             hook_refresh_interval: Duration::from_secs(30 * 60),
             lookup_interval: Duration::from_secs(1),
             dry_run: false,
+            delete_nodes_bound: Duration::from_secs(4),
             options_without_startup_time: options::OptionsWithoutStartupTime::default(),
         }
     }
@@ -240,7 +278,7 @@ pub struct Provider {
     told_open: AtomicBool,
     overlay: Mutex<Overlay>,
     /// Serialises AWS writes and the application of refreshes.
-    ops: tokio::sync::Mutex<()>,
+    ops: Arc<tokio::sync::Mutex<()>>,
     refresh: refresh::RefreshState,
     templates: templates::TemplateCache,
     lookups: Mutex<refresh::LookupQueue>,
@@ -267,7 +305,7 @@ impl Provider {
                 direct_marks: Some(DrainMarks::default()),
                 ..Overlay::default()
             }),
-            ops: tokio::sync::Mutex::new(()),
+            ops: Arc::new(tokio::sync::Mutex::new(())),
             refresh: refresh::RefreshState::default(),
             templates: templates::TemplateCache::default(),
             lookups: Mutex::new(refresh::LookupQueue::default()),
@@ -872,8 +910,68 @@ impl Provider {
     /// Removes nodes from a group. Validates everything before touching anything:
     /// every node must belong to the group, and the group must stay at or above its
     /// minimum. Instances already on their way out are skipped (CA re-sends).
-    pub async fn delete_nodes(&self, id: &str, nodes: &[NodeRef]) -> Result<(), ProviderError> {
-        let _ops = self.ops.lock().await;
+    ///
+    /// Bounded by [`ProviderSettings::delete_nodes_bound`]: the removals are recorded
+    /// (the instance terminated into its hook, or the drain marked on its Node) side
+    /// by side, each as a task of its own, and the drains run behind them. When the
+    /// bound passes first the call fails: a recording still under way is not cut off
+    /// half-way; it finishes behind the answer and is honoured like any other.
+    pub async fn delete_nodes(
+        self: &Arc<Self>,
+        id: &str,
+        nodes: &[NodeRef],
+    ) -> Result<(), ProviderError> {
+        let bound = self.settings.delete_nodes_bound;
+        let deadline = tokio::time::Instant::now() + bound;
+        let tasks = match tokio::time::timeout_at(deadline, self.start_removals(id, nodes)).await
+        {
+            Ok(started) => started?,
+            Err(_) => {
+                return Err(ProviderError::Unavailable(format!(
+                    "DeleteNodes for node group {}: no answer from AWS or the Kubernetes API within {bound:?}; no instance was removed; retry",
+                    echo(id)
+                )))
+            }
+        };
+        let mut failed = None;
+        let mut late = Vec::new();
+        for (instance, mut task) in tasks {
+            match tokio::time::timeout_at(deadline, &mut task).await {
+                Ok(Ok(Ok(()))) => {}
+                Ok(Ok(Err(e))) => {
+                    failed.get_or_insert(e);
+                }
+                Ok(Err(e)) => {
+                    failed.get_or_insert(ProviderError::Unavailable(format!(
+                        "removing instance {instance}: {e}"
+                    )));
+                }
+                Err(_) => late.push(instance),
+            }
+        }
+        self.invalidate();
+        if let Some(e) = failed {
+            return Err(e);
+        }
+        if !late.is_empty() {
+            return Err(ProviderError::Unavailable(format!(
+                "DeleteNodes for node group {}: the removal of {} was not recorded within {bound:?} (AWS or the Kubernetes API is slow); it goes on and shows as deleting once recorded",
+                echo(id),
+                late.join(", ")
+            )));
+        }
+        Ok(())
+    }
+
+    /// DeleteNodes up to its removals: checks, placeholders, and one task per
+    /// instance to remove (holding the write lock until the last one is done).
+    async fn start_removals(
+        self: &Arc<Self>,
+        id: &str,
+        nodes: &[NodeRef],
+    ) -> Result<Vec<(String, tokio::task::JoinHandle<Result<(), ProviderError>>)>, ProviderError>
+    {
+        let ops = Arc::new(self.ops.clone().lock_owned().await);
         self.require_drain_state()?;
         let (reg, idx) = self.fresh_group(id).await?;
         let g = &reg.groups[idx];
@@ -965,23 +1063,41 @@ impl Provider {
             self.write_desired(id, desired).await?;
         }
         let scale_in = self.scale_in.read().clone();
+        let mut tasks = Vec::with_capacity(real.len());
         for (inst, node_name) in real {
             self.writes.fetch_add(1, Ordering::AcqRel);
-            let name = (!node_name.is_empty() && node_name != inst.id).then_some(node_name);
-            match scale_in.remove(g, inst, name).await? {
-                Removal::Decremented => {
-                    let mut ov = self.overlay.lock();
-                    let desired = Self::desired_of(&ov, g);
-                    ov.target.insert(id.to_string(), desired - 1);
-                    ov.deleting.insert(inst.id.clone());
-                }
-                Removal::Deferred => {
-                    self.register_deferred(&inst.id, id);
-                }
-            }
+            let name =
+                (!node_name.is_empty() && node_name != inst.id).then(|| node_name.to_string());
+            let (me, reg, scale_in, inst, id, ops) = (
+                self.clone(),
+                reg.clone(),
+                scale_in.clone(),
+                inst.clone(),
+                id.to_string(),
+                ops.clone(),
+            );
+            let instance = inst.id.clone();
+            tasks.push((
+                instance,
+                tokio::spawn(async move {
+                    let _ops = ops;
+                    let g = &reg.groups[idx];
+                    match scale_in.remove(g, &inst, name.as_deref()).await? {
+                        Removal::Decremented => {
+                            let mut ov = me.overlay.lock();
+                            let desired = Self::desired_of(&ov, g);
+                            ov.target.insert(id.clone(), desired - 1);
+                            ov.deleting.insert(inst.id.clone());
+                        }
+                        Removal::Deferred => {
+                            me.register_deferred(&inst.id, &id);
+                        }
+                    }
+                    Ok(())
+                }),
+            ));
         }
-        self.invalidate();
-        Ok(())
+        Ok(tasks)
     }
 
     /// CA's Cleanup: nothing a later call needs is stopped; background lookups and the

@@ -1,6 +1,8 @@
-//! pods/eviction like the real API server: PodDisruptionBudgets decide, a refusal is
-//! HTTP 429, and everything happens under the store lock so concurrent evictions can
-//! never break a budget.
+//! pods/eviction like the real API server: the stored status of the pod's
+//! PodDisruptionBudget decides (what the disruption controller last wrote, never a
+//! count of the pods at the time of the request), a refusal is HTTP 429, an allowed
+//! eviction is charged to that status. A client that evicts on a stale status can
+//! break a budget here as it can on a real cluster.
 
 use std::borrow::Borrow;
 
@@ -103,20 +105,45 @@ pub fn status(
     controllers: &[impl Borrow<Value>],
 ) -> Value {
     let (healthy, desired, expected) = budget(pdb, pods, controllers);
-    json!({
+    // A pod the API server let go that has not started terminating yet is not
+    // healthy any more; once it terminates (or is gone, or two minutes passed) the
+    // controller forgets it.
+    let listed = pdb["status"]["disruptedPods"].as_object();
+    let now = chrono::Utc::now();
+    let mut disrupted = serde_json::Map::new();
+    let mut unhealthy = 0;
+    for p in pods.iter().map(Borrow::borrow) {
+        let name = p["metadata"]["name"].as_str().unwrap_or("");
+        let Some(at) = listed.and_then(|l| l.get(name)) else {
+            continue;
+        };
+        let recent = at
+            .as_str()
+            .and_then(|t| chrono::DateTime::parse_from_rfc3339(t).ok())
+            .is_some_and(|t| now.signed_duration_since(t) < chrono::Duration::minutes(2));
+        if terminating(p) || !recent {
+            continue;
+        }
+        disrupted.insert(name.to_string(), at.clone());
+        if is_ready(p) && selector_selects_object(&pdb["spec"]["selector"], p) {
+            unhealthy += 1;
+        }
+    }
+    let healthy = healthy - unhealthy;
+    let mut st = json!({
         "currentHealthy": healthy, "desiredHealthy": desired, "expectedPods": expected,
         "disruptionsAllowed": (healthy - desired).max(0),
         "observedGeneration": pdb["metadata"]["generation"].as_i64().unwrap_or(1),
-    })
+    });
+    if !disrupted.is_empty() {
+        st["disruptedPods"] = Value::Object(disrupted);
+    }
+    st
 }
 
-/// The disruption controller's write for one budget: its status recomputed from the
-/// pods now, stored (a new resourceVersion and a watch event) only when it differs.
-pub(crate) fn refresh_status(inner: &mut Inner, ns: &str, name: &str) {
-    refresh_statuses(inner, ns, std::iter::once(name));
-}
-
-/// `refresh_status` for several budgets of one namespace (its ReplicaSets read once).
+/// The disruption controller's write for budgets of one namespace (its ReplicaSets
+/// read once): each status recomputed from the pods now, stored (a new
+/// resourceVersion and a watch event) only when it differs.
 pub(crate) fn refresh_statuses<'a>(
     inner: &mut Inner,
     ns: &str,
@@ -168,15 +195,6 @@ pub(crate) fn budget_names(inner: &Inner, ns: Option<&str>) -> Vec<(String, Stri
         .collect()
 }
 
-/// Whether the stored status (what the API server decides on) forbids a disruption:
-/// none is allowed, or it describes an older spec (or none yet).
-fn stored_status_forbids(pdb: &Value) -> bool {
-    let st = &pdb["status"];
-    let generation = pdb["metadata"]["generation"].as_i64().unwrap_or(1);
-    st["observedGeneration"].as_i64().unwrap_or(0) < generation
-        || st["disruptionsAllowed"].as_i64().unwrap_or(0) <= 0
-}
-
 /// The pods of `ns` a selector may select: those with its first `matchLabels` pair
 /// (from the store's label index), or every pod of the namespace. `budget` applies
 /// the whole selector.
@@ -190,7 +208,76 @@ pub(crate) fn candidates(inner: &Inner, ns: &str, selector: &Value) -> Vec<std::
     }
 }
 
-/// Handles one eviction. `Ok` carries the Status to answer with (201).
+/// A pod the API server evicts without asking its budget: terminating already, not
+/// started (Pending) or finished.
+fn budget_ignores(pod: &Value) -> bool {
+    terminating(pod)
+        || matches!(
+            pod["status"]["phase"].as_str(),
+            None | Some("Pending") | Some("Succeeded") | Some("Failed")
+        )
+}
+
+/// The 429 an eviction gets from a budget's stored status.
+fn refusal(message: String) -> ApiError {
+    let mut e = ApiError::new(
+        429,
+        "TooManyRequests",
+        "Cannot evict pod as it would violate the pod's disruption budget.",
+    );
+    e.causes = vec![json!({"reason": "DisruptionBudget", "message": message})];
+    e
+}
+
+/// What the API server decides for a pod one budget selects, from that budget's
+/// stored status alone (the disruption controller writes it; nothing here counts the
+/// pods again). `Ok(true)`: allowed, and the status must be charged for it.
+fn verdict(pdb: &Value, pod_ready: bool) -> Result<bool, ApiError> {
+    let st = &pdb["status"];
+    let name = pdb["metadata"]["name"].as_str().unwrap_or("");
+    let current = st["currentHealthy"].as_i64().unwrap_or(0);
+    let desired = st["desiredHealthy"].as_i64().unwrap_or(0);
+    if !pod_ready {
+        // A pod that is not Ready is not counted healthy: evicting it costs nothing,
+        // when the policy says so.
+        let always = pdb["spec"]["unhealthyPodEvictionPolicy"] == "AlwaysAllow";
+        if always || (current >= desired && desired > 0) {
+            return Ok(false);
+        }
+    }
+    let generation = pdb["metadata"]["generation"].as_i64().unwrap_or(1);
+    if st["observedGeneration"].as_i64().unwrap_or(0) < generation {
+        return Err(refusal(format!(
+            "The disruption budget {name} is still being processed by the server."
+        )));
+    }
+    if st["disruptionsAllowed"].as_i64().unwrap_or(0) <= 0 {
+        return Err(refusal(format!(
+            "The disruption budget {name} needs {desired} healthy pods and has {current} currently"
+        )));
+    }
+    Ok(true)
+}
+
+/// The API server's write with an allowed eviction: one disruption fewer, and the pod
+/// listed in `disruptedPods` until the controller sees it go.
+fn charge(inner: &mut Inner, ns: &str, pdb: &Value, pod: &str) {
+    let pdb_res = resource("policy", "poddisruptionbudgets").expect("pdbs");
+    let name = pdb["metadata"]["name"].as_str().unwrap_or("");
+    let stamp = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
+    let _ = inner.update(pdb_res, ns, name, "status", |o| {
+        let mut n = o.clone();
+        let left = n["status"]["disruptionsAllowed"].as_i64().unwrap_or(0) - 1;
+        n["status"]["disruptionsAllowed"] = json!(left);
+        n["status"]["disruptedPods"][pod] = json!(stamp);
+        Ok(n)
+    });
+}
+
+/// Handles one eviction. `Ok` carries the Status to answer with (200 for a pod that
+/// was already terminating, 201 for an eviction that starts its deletion). Every
+/// request is in the audit (`eviction-requested`), then its outcome (`evicted`,
+/// `eviction-denied`).
 pub(crate) fn evict(
     inner: &mut Inner,
     ns: &str,
@@ -198,6 +285,7 @@ pub(crate) fn evict(
     body: &Value,
 ) -> Result<Value, ApiError> {
     let pods_res = resource("", "pods").expect("pods");
+    inner.note("eviction-requested", pods_res, ns, name);
     let pod = inner
         .get_shared(pods_res, ns, name)
         .cloned()
@@ -208,44 +296,24 @@ pub(crate) fn evict(
         // Already going: nothing a budget could protect.
         return Ok(json!({"kind": "Status", "apiVersion": "v1", "status": "Success", "code": 200}));
     }
-    let pdbs = budgets_selecting(inner, ns, &pod);
-    if pdbs.len() > 1 {
-        return Err(ApiError::new(500, "InternalError", "This pod has more than one PodDisruptionBudget, which the eviction subresource does not support."));
-    }
-    if let Some(pdb) = pdbs.first() {
-        let pods = candidates(inner, ns, &pdb["spec"]["selector"]);
-        let controllers = inner.list(resource("apps", "replicasets").expect("rs"), Some(ns));
-        let (healthy, desired, _) = budget(pdb, &pods, &controllers);
-        // Evicting a pod that is not Ready costs the budget nothing.
-        let counts = is_ready(&pod);
-        // Like the real API server, it decides on the stored status, which the
-        // disruption controller writes a moment after the pods change: a client that
-        // tries before the status caught up is refused. The budget counted from the
-        // pods now refuses too, so the fake never lets a budget break.
-        if counts && (healthy - desired <= 0 || stored_status_forbids(pdb)) {
-            inner.note("eviction-denied", pods_res, ns, name);
-            let pdb_name = pdb["metadata"]["name"].as_str().unwrap_or("");
-            let mut e = ApiError::new(
-                429,
-                "TooManyRequests",
-                "Cannot evict pod as it would violate the pod's disruption budget.",
-            );
-            let message = if healthy - desired > 0 {
-                format!("The disruption budget {pdb_name} is still being processed by the server.")
-            } else {
-                format!("The disruption budget {pdb_name} needs {desired} healthy pods and has {healthy} currently")
-            };
-            e.causes = vec![json!({"reason": "DisruptionBudget", "message": message})];
-            return Err(e);
+    if !budget_ignores(&pod) {
+        let pdbs = budgets_selecting(inner, ns, &pod);
+        if pdbs.len() > 1 {
+            return Err(ApiError::new(500, "InternalError", "This pod has more than one PodDisruptionBudget, which the eviction subresource does not support."));
+        }
+        if let Some(pdb) = pdbs.first() {
+            match verdict(pdb, is_ready(&pod)) {
+                Err(e) => {
+                    inner.note("eviction-denied", pods_res, ns, name);
+                    return Err(e);
+                }
+                Ok(true) => charge(inner, ns, pdb, name),
+                Ok(false) => {}
+            }
         }
     }
     inner.note("evicted", pods_res, ns, name);
     inner.delete(pods_res, ns, name, grace)?;
-    // The API server writes the budget's status with the eviction (one disruption
-    // fewer), before it answers.
-    if let Some(pdb) = pdbs.first() {
-        refresh_status(inner, ns, pdb["metadata"]["name"].as_str().unwrap_or(""));
-    }
     Ok(
         json!({"kind": "Status", "apiVersion": "v1", "metadata": {}, "status": "Success", "code": 201}),
     )
@@ -333,5 +401,174 @@ mod tests {
             .1,
             1
         );
+    }
+
+    /// A store with `n` Ready pods of app web, and a budget over them whose stored
+    /// status is `status` (as the disruption controller last wrote it).
+    fn store_with(n: usize, spec: Value, status: Value) -> super::super::store::Store {
+        let store = super::super::store::Store::new();
+        {
+            let mut inner = store.lock();
+            let pods = resource("", "pods").expect("pods");
+            for i in 0..n {
+                let mut p = pod(true, false);
+                p["metadata"]["name"] = json!(format!("web-{i}"));
+                inner.create(pods, "default", p).unwrap();
+            }
+            let pdb_res = resource("policy", "poddisruptionbudgets").expect("pdbs");
+            let mut spec = spec;
+            spec["selector"] = json!({"matchLabels": {"app": "web"}});
+            inner
+                .create(
+                    pdb_res,
+                    "default",
+                    json!({"metadata": {"name": "web-pdb"}, "spec": spec}),
+                )
+                .unwrap();
+            inner
+                .update(pdb_res, "default", "web-pdb", "status", |o| {
+                    let mut o = o.clone();
+                    o["status"] = status;
+                    Ok(o)
+                })
+                .unwrap();
+        }
+        store
+    }
+
+    fn stored_budget(store: &super::super::store::Store) -> Value {
+        let pdb_res = resource("policy", "poddisruptionbudgets").expect("pdbs");
+        store
+            .lock()
+            .get(pdb_res, "default", "web-pdb")
+            .unwrap()
+            .clone()
+    }
+
+    fn cause(e: &ApiError) -> String {
+        e.causes[0]["message"].as_str().unwrap_or("").to_string()
+    }
+
+    #[test]
+    fn the_stored_status_decides_not_a_count_of_the_pods() {
+        // Two Ready pods, minAvailable 2: counted now, nothing may go. The status the
+        // controller wrote (before a pod became Ready, say) allows one: the API server
+        // goes by it, and so does the fake.
+        let store = store_with(
+            2,
+            json!({"minAvailable": 2}),
+            json!({"currentHealthy": 3, "desiredHealthy": 2, "expectedPods": 3,
+                   "disruptionsAllowed": 1, "observedGeneration": 1}),
+        );
+        let mut inner = store.lock();
+        let ok = evict(&mut inner, "default", "web-0", &json!({})).unwrap();
+        assert_eq!(ok["code"], 201);
+        drop(inner);
+        // Charged with the eviction: one fewer, the pod listed as disrupted.
+        let st = &stored_budget(&store)["status"];
+        assert_eq!(st["disruptionsAllowed"], 0);
+        assert!(st["disruptedPods"]["web-0"].is_string(), "{st}");
+        // The next one is refused from the charged status, before any controller.
+        let e = evict(&mut store.lock(), "default", "web-1", &json!({})).unwrap_err();
+        assert_eq!(e.code, 429);
+        assert!(
+            cause(&e).contains("needs 2 healthy pods and has 3"),
+            "{e:?}"
+        );
+    }
+
+    #[test]
+    fn a_status_of_an_older_spec_refuses_even_when_it_allows() {
+        let store = store_with(
+            3,
+            json!({"maxUnavailable": 1}),
+            json!({"currentHealthy": 3, "desiredHealthy": 2, "expectedPods": 3,
+                   "disruptionsAllowed": 1, "observedGeneration": 0}),
+        );
+        let e = evict(&mut store.lock(), "default", "web-0", &json!({})).unwrap_err();
+        assert_eq!(e.code, 429);
+        assert!(cause(&e).contains("still being processed"), "{e:?}");
+    }
+
+    #[test]
+    fn an_unready_pod_goes_by_the_unhealthy_pod_eviction_policy() {
+        let unready = |store: &super::super::store::Store| {
+            let pods = resource("", "pods").expect("pods");
+            store
+                .lock()
+                .update(pods, "default", "web-0", "unready", |p| {
+                    let mut p = p.clone();
+                    p["status"]["conditions"] = json!([{"type": "Ready", "status": "False"}]);
+                    Ok(p)
+                })
+                .unwrap();
+        };
+        // Default (IfHealthyBudget): the budget is not healthy (1 of 2 desired), so
+        // the unready pod stays like any other.
+        let broken = json!({"currentHealthy": 1, "desiredHealthy": 2, "expectedPods": 2,
+                            "disruptionsAllowed": 0, "observedGeneration": 1});
+        let store = store_with(2, json!({"minAvailable": 2}), broken.clone());
+        unready(&store);
+        let e = evict(&mut store.lock(), "default", "web-0", &json!({})).unwrap_err();
+        assert_eq!(e.code, 429);
+        // A healthy budget lets an unready pod go without charging it.
+        let healthy = json!({"currentHealthy": 2, "desiredHealthy": 2, "expectedPods": 3,
+                             "disruptionsAllowed": 0, "observedGeneration": 1});
+        let store = store_with(3, json!({"minAvailable": 2}), healthy);
+        unready(&store);
+        assert_eq!(
+            evict(&mut store.lock(), "default", "web-0", &json!({})).unwrap()["code"],
+            201
+        );
+        assert_eq!(stored_budget(&store)["status"]["disruptionsAllowed"], 0);
+        // AlwaysAllow: an unready pod goes whatever the budget says.
+        let store = store_with(
+            2,
+            json!({"minAvailable": 2, "unhealthyPodEvictionPolicy": "AlwaysAllow"}),
+            broken,
+        );
+        unready(&store);
+        assert_eq!(
+            evict(&mut store.lock(), "default", "web-0", &json!({})).unwrap()["code"],
+            201
+        );
+        // A Ready pod still needs an allowed disruption.
+        let e = evict(&mut store.lock(), "default", "web-1", &json!({})).unwrap_err();
+        assert_eq!(e.code, 429);
+    }
+
+    #[test]
+    fn every_eviction_request_is_in_the_audit() {
+        let store = store_with(
+            3,
+            json!({"maxUnavailable": 1}),
+            json!({"currentHealthy": 3, "desiredHealthy": 2, "expectedPods": 3,
+                   "disruptionsAllowed": 1, "observedGeneration": 1}),
+        );
+        let nodes = resource("", "nodes").expect("nodes");
+        let pods = resource("", "pods").expect("pods");
+        {
+            let mut inner = store.lock();
+            inner
+                .create(nodes, "", json!({"metadata": {"name": "n1"}, "spec": {}}))
+                .unwrap();
+            // Bound to a node: its deletion is graceful, so it stays terminating.
+            inner
+                .update(pods, "default", "web-0", "bind", |p| {
+                    let mut p = p.clone();
+                    p["spec"]["nodeName"] = json!("n1");
+                    Ok(p)
+                })
+                .unwrap();
+        }
+        for _ in 0..2 {
+            evict(&mut store.lock(), "default", "web-0", &json!({})).unwrap();
+        }
+        let asked = store
+            .audit()
+            .iter()
+            .filter(|a| a.verb == "eviction-requested" && a.name == "web-0")
+            .count();
+        assert_eq!(asked, 2, "the second eviction of a terminating pod is seen");
     }
 }

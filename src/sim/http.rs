@@ -166,6 +166,10 @@ pub async fn handle(
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "));
     ctx.stats.count(user, verb, t.res.group, &res_label);
+    let latency = ctx.faults.lock().latency;
+    if !latency.is_zero() {
+        tokio::time::sleep(latency).await;
+    }
     {
         let mut faults = ctx.faults.lock();
         if faults

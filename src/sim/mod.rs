@@ -133,6 +133,8 @@ pub struct Faults {
     /// (verb, resource[/subresource]) -> how many more requests get APF's 429
     /// (reason TooManyRequests, no PodDisruptionBudget cause, Retry-After).
     pub throttled: std::collections::HashMap<(String, String), u32>,
+    /// How long every request waits before it is handled (an overloaded server).
+    pub latency: Duration,
 }
 
 async fn serve(listener: tokio::net::TcpListener, ctx: Arc<http::Ctx>) {
@@ -200,6 +202,12 @@ impl SimCluster {
             .insert((verb.to_string(), resource.to_string()), times);
     }
 
+    /// From now on every request waits `latency` before it is handled, as a slow or
+    /// overloaded API server answers (zero: at once again).
+    pub fn slow(&self, latency: Duration) {
+        self.faults.lock().latency = latency;
+    }
+
     /// The kubelet of this node stops: the Node turns NotReady (Ready Unknown, as the
     /// node lifecycle controller marks it) and nothing on it ever confirms a pod's
     /// termination again, so terminating pods stay until the Node is deleted.
@@ -216,6 +224,29 @@ impl SimCluster {
                 ]);
                 Ok(n)
             })?;
+        Ok(())
+    }
+
+    /// The pod's readiness as its kubelet reports it, set by hand: `false` is a
+    /// readiness probe that starts failing (the pod stays, not Ready, nothing evicts
+    /// it), `true` one that passes again. The fake kubelet makes a pod Ready once, at
+    /// its ready delay; after that only this changes it.
+    pub fn set_ready(&self, ns: &str, name: &str, ready: bool) -> Result<(), ApiError> {
+        let pods = store::resource("", "pods").expect("pods");
+        let status = if ready { "True" } else { "False" };
+        self.store.lock().update(
+            pods,
+            ns,
+            name,
+            if ready { "ready" } else { "unready" },
+            |p| {
+                let mut p = p.clone();
+                p["status"]["phase"] = "Running".into();
+                p["status"]["conditions"] =
+                    serde_json::json!([{"type": "Ready", "status": status}]);
+                Ok(p)
+            },
+        )?;
         Ok(())
     }
 
@@ -373,7 +404,7 @@ impl SimCluster {
         }
         for n in &existing {
             let pid = n["spec"]["providerID"].as_str().unwrap_or("");
-            let id = crate::provider::provider_id::instance_id(pid).unwrap_or("");
+            let id = instance_of(pid).unwrap_or("");
             if !alive.contains(id) && pid.starts_with("aws://") {
                 let name = n["metadata"]["name"].as_str().unwrap_or("").to_string();
                 self.remove::<k8s_openapi::api::core::v1::Node>("", &name);
@@ -398,7 +429,41 @@ impl Drop for SimCluster {
     }
 }
 
+/// The instance id in a providerID as the fake's kubelet writes it,
+/// `aws:///<zone>/<instance-id>`. The fake's own reading, not the service's parser:
+/// a fault in that one is not shared by the fake that tests it.
+fn instance_of(provider_id: &str) -> Option<&str> {
+    let (zone, id) = provider_id.strip_prefix("aws:///")?.split_once('/')?;
+    let ok = !zone.is_empty()
+        && id.len() > 2
+        && id.starts_with("i-")
+        && id[2..]
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b == b'-');
+    ok.then_some(id)
+}
+
 /// The Node name the simulated kubelet registers for an instance.
 pub fn node_name(instance_id: &str) -> String {
     format!("ip-{}.ec2.internal", instance_id.trim_start_matches("i-"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::instance_of;
+
+    #[test]
+    fn the_fake_reads_the_provider_ids_its_kubelet_writes() {
+        assert_eq!(instance_of("aws:///us-east-1a/i-0abc"), Some("i-0abc"));
+        for wrong in [
+            "",
+            "i-0abc",
+            "aws:///i-0abc",
+            "aws:///a/b/i-0abc",
+            "gce:///a/i-1",
+            "aws:///us-east-1a/",
+        ] {
+            assert_eq!(instance_of(wrong), None, "{wrong}");
+        }
+    }
 }

@@ -1,4 +1,5 @@
 #![allow(dead_code)]
+pub mod budget_floor;
 pub mod moto;
 pub mod notices;
 pub mod queue;

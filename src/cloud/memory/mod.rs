@@ -171,6 +171,8 @@ pub struct MemoryCloud {
     state: Arc<Mutex<State>>,
     timing: MemoryTiming,
     instance_types: Arc<BTreeMap<String, InstanceTypeInfo>>,
+    /// How long every call takes before it is answered ([`MemoryCloud::slow`]).
+    latency: Arc<Mutex<Duration>>,
 }
 
 impl MemoryCloud {
@@ -179,6 +181,7 @@ impl MemoryCloud {
             state: Arc::new(Mutex::new(State::default())),
             timing,
             instance_types: Arc::new(builtin_instance_types()),
+            latency: Arc::new(Mutex::new(Duration::ZERO)),
         };
         {
             let mut st = cloud.state.lock();
@@ -257,6 +260,19 @@ impl MemoryCloud {
     /// Deletes a group (an ASG removed by its owner).
     pub fn delete_group(&self, group: &str) {
         self.state.lock().groups.remove(group);
+    }
+
+    /// From now on every call waits `latency` before it is answered, as AWS does when
+    /// it is slow (zero: at once again).
+    pub fn slow(&self, latency: Duration) {
+        *self.latency.lock() = latency;
+    }
+
+    async fn pause(&self) {
+        let latency = *self.latency.lock();
+        if !latency.is_zero() {
+            tokio::time::sleep(latency).await;
+        }
     }
 
     /// The next `times` calls of `operation` (a trait method name) answer Throttled.
@@ -576,6 +592,7 @@ fn matches_selector(g: &MemAsg, sel: &GroupSelector) -> bool {
 #[async_trait]
 impl Cloud for MemoryCloud {
     async fn describe_groups(&self, selector: &GroupSelector) -> CloudResult<Vec<AsgSnapshot>> {
+        self.pause().await;
         let mut st = self.state.lock();
         self.begin_call(&mut st, "describe_groups")?;
         Ok(st
@@ -591,6 +608,7 @@ impl Cloud for MemoryCloud {
     }
 
     async fn launch_history(&self, group: &str) -> CloudResult<LaunchHistory> {
+        self.pause().await;
         let mut st = self.state.lock();
         self.begin_call(&mut st, "launch_failures")?;
         let g = st
@@ -604,6 +622,7 @@ impl Cloud for MemoryCloud {
     }
 
     async fn locate_instances(&self, ids: &[String]) -> CloudResult<Vec<InstanceLocation>> {
+        self.pause().await;
         let mut st = self.state.lock();
         self.begin_call(&mut st, "locate_instances")?;
         let mut out = Vec::new();
@@ -623,6 +642,7 @@ impl Cloud for MemoryCloud {
     }
 
     async fn set_desired_capacity(&self, group: &str, desired: i32) -> CloudResult<()> {
+        self.pause().await;
         let mut st = self.state.lock();
         self.begin_call(&mut st, "set_desired_capacity")?;
         let g = st
@@ -676,6 +696,7 @@ impl Cloud for MemoryCloud {
     }
 
     async fn terminate_instance(&self, instance_id: &str, decrement: bool) -> CloudResult<()> {
+        self.pause().await;
         let mut st = self.state.lock();
         self.begin_call(&mut st, "terminate_instance")?;
         let now = Instant::now();
@@ -714,6 +735,7 @@ impl Cloud for MemoryCloud {
     }
 
     async fn instance_types(&self, names: &[String]) -> CloudResult<Vec<InstanceTypeInfo>> {
+        self.pause().await;
         let mut st = self.state.lock();
         self.begin_call(&mut st, "instance_types")?;
         Ok(names
@@ -723,6 +745,7 @@ impl Cloud for MemoryCloud {
     }
 
     async fn launch_template(&self, template: &LaunchTemplateRef) -> CloudResult<LaunchData> {
+        self.pause().await;
         let mut st = self.state.lock();
         self.begin_call(&mut st, "launch_template")?;
         let name = template.name.clone().unwrap_or_default();
@@ -748,12 +771,14 @@ impl Cloud for MemoryCloud {
     }
 
     async fn launch_configuration(&self, name: &str) -> CloudResult<LaunchData> {
+        self.pause().await;
         let mut st = self.state.lock();
         self.begin_call(&mut st, "launch_configuration")?;
         Err(not_found("launch configuration", name))
     }
 
     async fn terminating_hooks(&self, group: &str) -> CloudResult<Vec<LifecycleHook>> {
+        self.pause().await;
         let mut st = self.state.lock();
         self.begin_call(&mut st, "terminating_hooks")?;
         let g = st
@@ -764,6 +789,7 @@ impl Cloud for MemoryCloud {
     }
 
     async fn put_terminating_hook(&self, group: &str, hook: &LifecycleHook) -> CloudResult<()> {
+        self.pause().await;
         let mut st = self.state.lock();
         self.begin_call(&mut st, "put_terminating_hook")?;
         let g = st
@@ -775,6 +801,7 @@ impl Cloud for MemoryCloud {
     }
 
     async fn lifecycle_heartbeat(&self, action: &LifecycleAction) -> CloudResult<()> {
+        self.pause().await;
         let mut st = self.state.lock();
         self.begin_call(&mut st, "lifecycle_heartbeat")?;
         let g = st
@@ -808,6 +835,7 @@ impl Cloud for MemoryCloud {
         action: &LifecycleAction,
         result: LifecycleResult,
     ) -> CloudResult<()> {
+        self.pause().await;
         let mut st = self.state.lock();
         self.begin_call(&mut st, "complete_lifecycle_action")?;
         let g = st
@@ -842,6 +870,7 @@ impl Cloud for MemoryCloud {
     }
 
     async fn eks_nodegroup(&self, cluster: &str, nodegroup: &str) -> CloudResult<EksNodegroup> {
+        self.pause().await;
         let mut st = self.state.lock();
         self.begin_call(&mut st, "eks_nodegroup")?;
         Err(not_found(
@@ -855,6 +884,7 @@ impl Cloud for MemoryCloud {
         requirements: &InstanceRequirements,
         _image_id: Option<&str>,
     ) -> CloudResult<Vec<String>> {
+        self.pause().await;
         let mut st = self.state.lock();
         self.begin_call(&mut st, "instance_types_for_requirements")?;
         let mut fits: Vec<&InstanceTypeInfo> = self
