@@ -571,3 +571,25 @@ async fn check_config_warns_of_a_multi_zone_group_under_zonal_spread() {
     let unread = ca_asg_provider::commands::check::zonal_report(unreachable, &p).await;
     assert_eq!(unread, None);
 }
+
+/// `check-config`'s Kubernetes requests say who sends them (the audit log's userAgent).
+#[tokio::test]
+async fn check_config_requests_say_who_is_calling() {
+    let sim = SimCluster::start(SimOptions::default()).await.unwrap();
+    let who = "system:serviceaccount:kube-system:check";
+    assert!(
+        ca_asg_provider::commands::check::kube_report(
+            sim.client_as(who),
+            "kube-system",
+            "ca-asg-provider"
+        )
+        .await
+    );
+    let sent = sim.requests().agents_of(who);
+    assert!(!sent.is_empty());
+    let want = format!(
+        "ca-asg-provider/{} (check-config)",
+        env!("CARGO_PKG_VERSION")
+    );
+    assert!(sent.iter().all(|(agent, _)| *agent == want), "{sent:#?}");
+}

@@ -11,6 +11,7 @@ use prost::Message;
 use crate::config::ConfigArgs;
 use crate::provider::template;
 use crate::provider::Provider;
+use crate::scalein::user_agent::{named, CHECK_CONFIG};
 
 pub async fn run(args: ConfigArgs) -> ExitCode {
     let mut cfg = match args.load() {
@@ -106,6 +107,7 @@ Kubernetes: permissions not checked: {e:#}"
 
 /// Prints the Kubernetes permissions table. True when every permission is held.
 pub async fn kube_report(client: kube::Client, lease_namespace: &str, lease_name: &str) -> bool {
+    let client = named(client, CHECK_CONFIG);
     let checked = match tokio::time::timeout(
         std::time::Duration::from_secs(20),
         crate::scalein::permissions::check(client, lease_namespace, lease_name),
@@ -450,6 +452,7 @@ pub fn zonal_warnings(groups: &[(String, Vec<String>)], usage: &ZonalUse) -> Vec
 /// the check; a read that fails does (None: nothing is said to be fine that was not
 /// read).
 pub async fn zonal_report(client: kube::Client, provider: &Provider) -> Option<Vec<String>> {
+    let client = named(client, CHECK_CONFIG);
     use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
     use kube::api::{Api, ListParams};
     const MAX_CLAIMS: usize = 500;
