@@ -219,8 +219,12 @@ pub async fn report(
                 .into_iter()
                 .map(|w| format!("group {}: {w}", g.asg.name)),
         );
+        for note in hook_notes(&g.asg.name, &g.asg.tags, &g.hooks, &scale_in.hook_name) {
+            println!("    note: {note}");
+        }
         problems.extend(hook_problems(
             &g.asg.name,
+            &g.asg.tags,
             &g.hooks,
             &scale_in.hook_name,
             scale_in.lifecycle_poll_interval,
@@ -284,19 +288,35 @@ pub async fn queue_report(
     ok
 }
 
-/// What is wrong with a group's terminating hooks, for this service's drain. Pure.
+/// What is wrong with a group's terminating hooks, for this service's drain: a second
+/// drainer (EKS's own hook on a managed node group is none: [`hook_notes`]), our hook
+/// named as EKS's on a managed node group, a timeout shorter than the poll. Pure.
 pub fn hook_problems(
     group: &str,
+    tags: &std::collections::BTreeMap<String, String>,
     hooks: &[crate::cloud::LifecycleHook],
     ours: &str,
     poll: std::time::Duration,
 ) -> Vec<String> {
+    use crate::scalein::hooks::{self, HookOwner};
     let mut out = Vec::new();
     for h in hooks {
-        if h.name != ours {
+        match hooks::owner(&h.name, ours, tags) {
+            HookOwner::Eks => continue,
+            HookOwner::Other => {
+                out.push(format!(
+                    "group {group}: another EC2_INSTANCE_TERMINATING hook {:?} (NTH's or another tool's){}: this service completes only {ours:?}, and two drainers end each instance when the first of them is done; remove one",
+                    h.name,
+                    hooks::named_like_eks(&h.name, tags)
+                ));
+                continue;
+            }
+            HookOwner::Ours => {}
+        }
+        if h.name == hooks::EKS_TERMINATE_HOOK && hooks::is_eks_managed(tags) {
             out.push(format!(
-                "group {group}: another EC2_INSTANCE_TERMINATING hook {:?} (NTH's or another tool's): this service completes only {ours:?}, and two drainers end each instance when the first of them is done; remove one",
-                h.name
+                "group {group}: scaleIn.hookName {ours:?} is the name of EKS's own hook on this {}: this service would heartbeat and complete EKS's lifecycle actions; give this service's hook another name",
+                hooks::managed_node_group(tags)
             ));
         } else if u64::try_from(h.heartbeat_timeout_secs).unwrap_or(0) <= poll.as_secs() {
             out.push(format!(
@@ -307,6 +327,24 @@ pub fn hook_problems(
         }
     }
     out
+}
+
+/// What `check-config` explains about a group's hooks without counting it a problem:
+/// EKS's own hook on a managed node group, beside this service's hook or without it.
+/// Pure.
+pub fn hook_notes(
+    group: &str,
+    tags: &std::collections::BTreeMap<String, String>,
+    hooks: &[crate::cloud::LifecycleHook],
+    ours: &str,
+) -> Vec<String> {
+    use crate::scalein::hooks::{self, HookOwner};
+    let with_ours = hooks.iter().any(|h| h.name == ours);
+    hooks
+        .iter()
+        .filter(|h| hooks::owner(&h.name, ours, tags) == HookOwner::Eks)
+        .map(|_| hooks::eks_hook_explained(group, tags, ours, with_ours))
+        .collect()
 }
 
 /// Node labels that name a zone: a topology spread over any of them is zonal.

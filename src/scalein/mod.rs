@@ -29,6 +29,7 @@ pub mod drain;
 pub mod dry_run;
 pub mod events;
 pub mod evict;
+pub mod hooks;
 pub mod intercept;
 pub mod leader;
 pub mod lifecycle;
