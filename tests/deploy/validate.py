@@ -697,6 +697,24 @@ def bundled_wiring_errors(docs, values, cfg, ca_rules):
 
 QUICKSTART = CHART / "examples/quickstart-values.yaml"
 
+# What the chart requires on top of values.yaml, per mode: a cluster name in the
+# discovery tags (values.yaml's my-cluster is refused), and where the chart runs the
+# provider's container, an image repository (values.yaml's is a placeholder, refused).
+CI_CLUSTER = {"config": {"autoDiscovery": [{"tags": ["k8s.io/cluster-autoscaler/enabled",
+                                                      "k8s.io/cluster-autoscaler/ci-cluster"]}]}}
+CI_IMAGE = {"image": {"repository": "123456789012.dkr.ecr.us-east-1.amazonaws.com/ca-asg-provider"}}
+REQUIRED = {"sidecar": CI_CLUSTER, "standalone": merged(CI_CLUSTER, CI_IMAGE), "bundled": merged(CI_CLUSTER, CI_IMAGE)}
+
+
+def cluster_neutral(cfg):
+    """A provider config with the cluster name of its discovery tags left out: the
+    chart's renders name a cluster, deploy/'s plain manifests the placeholder."""
+    out = copy.deepcopy(cfg)
+    for d in out.get("autoDiscovery") or []:
+        d["tags"] = [re.sub(r"^k8s\.io/cluster-autoscaler/(?!enabled\b)[^=]+", "k8s.io/cluster-autoscaler/<cluster>", t)
+                     for t in d.get("tags") or []]
+    return out
+
 
 def quickstart_errors(docs, values, cfg):
     """The quickstart's values: the chart's recommended one-install mode, the region set
@@ -867,6 +885,20 @@ NEGATIVE = {
     "replicas > 1 without leader election (standalone)": ("mode: standalone\nconfig:\n  scaleIn: {leaderElection: false}\n", "with config.scaleIn.leaderElection false"),
     "replicas > 1 without leader election (bundled)": ("mode: bundled\nreplicas: 3\nconfig:\n  scaleIn: {leaderElection: false}\n", "replicas 3 with config.scaleIn.leaderElection false"),
     "standalone without cert-manager or a Secret": ("mode: standalone\ntls:\n  certManager: {enabled: false}\n", "tls.serverSecretName is required"),
+    # No install that can only fail later: values.yaml's placeholders are refused,
+    # naming the value to set.
+    "values.yaml's placeholder cluster name (the bare defaults)": ("{}\n", "config.autoDiscovery[0].tags names the placeholder cluster my-cluster"),
+    "the placeholder cluster name with a key=value tag": (
+        "config:\n  autoDiscovery:\n    - tags: [k8s.io/cluster-autoscaler/enabled, k8s.io/cluster-autoscaler/my-cluster=owned]\n",
+        "config.autoDiscovery[0].tags names the placeholder cluster my-cluster"),
+    "values.yaml's placeholder image (standalone)": (
+        "mode: standalone\nconfig:\n  autoDiscovery:\n    - tags: [k8s.io/cluster-autoscaler/enabled, k8s.io/cluster-autoscaler/prod]\n",
+        "image.repository is the placeholder"),
+    "values.yaml's placeholder image (bundled)": (
+        "mode: bundled\nconfig:\n  autoDiscovery:\n    - tags: [k8s.io/cluster-autoscaler/enabled, k8s.io/cluster-autoscaler/prod]\n",
+        "image.repository is the placeholder"),
+    "the quickstart's values file before its sed (placeholder cluster)": (
+        QUICKSTART.read_text(), "config.autoDiscovery[0].tags names the placeholder cluster my-cluster"),
 }
 
 
@@ -925,7 +957,7 @@ def mode_effect_errors(env, defaults, tmp):
         return helm("template", RELEASE, str(CHART), "-n", NAMESPACE, "-f", str(vf), env=env)
 
     for mode in MODES:
-        base = merged(EFFECT_BASE, {"mode": mode})
+        base = merged(merged(EFFECT_BASE, REQUIRED[mode]), {"mode": mode})
         ref = render(base)
         if ref.returncode != 0:
             errs.append(f"{mode}: the reference render fails: {ref.stderr.strip()[:300]}")
@@ -1010,13 +1042,20 @@ def check_chart(base_docs, overlay_docs):
         if not errs:
             print(f"ok   {rel(CHART)}/values.schema.json: top-level keys = values.yaml's, config = src/config structs")
 
-        # The ci files, and the README quickstart's values file, rendered the same way.
+        # The defaults (with what the chart requires: a cluster name), the ci files, and
+        # the README quickstart's values file as its sed writes it, rendered the same way.
+        required = pathlib.Path(home) / "required-values.yaml"
+        required.write_text(yaml.safe_dump(REQUIRED["sidecar"]))
+        sed_values = pathlib.Path(home) / "my-values.yaml"
+        sed_values.write_text(quickstart_sed_values())
         values_files = [None] + sorted((CHART / "ci").glob("*-values.yaml")) + [QUICKSTART]
         rendered_alerts, audited_modes = [], set()
         for vf in values_files:
-            label = str(vf.relative_to(CHART)) if vf else "defaults"
-            extra = ["-f", str(vf)] if vf else []
-            values = merged(defaults, yaml.safe_load(vf.read_text()) if vf else {})
+            label = (f"{vf.relative_to(CHART)} after the README's sed" if vf == QUICKSTART
+                     else str(vf.relative_to(CHART)) if vf else "defaults + a cluster name")
+            source = sed_values if vf == QUICKSTART else vf or required
+            extra = ["-f", str(source)]
+            values = merged(defaults, yaml.safe_load(source.read_text()))
             lint = helm("lint", "--strict", str(CHART), "-n", NAMESPACE, *extra, env=env)
             if lint.returncode != 0:
                 fail(f"helm lint --strict deploy/chart ({label}):\n{lint.stdout}{lint.stderr}")
@@ -1061,8 +1100,9 @@ def check_chart(base_docs, overlay_docs):
             if vf and vf.name in ("sidecar-values.yaml", "standalone-values.yaml", "bundled-values.yaml"):
                 want, src = ((base_config, "deploy/base/configmap.yaml") if values["mode"] != "standalone"
                              else (overlay_config, "deploy/overlays/standalone"))
-                if cfg != want:
-                    fail(f"deploy/chart ({label}): provider config differs from {src}'s:\n  chart: {cfg}\n  {src}: {want}")
+                if cluster_neutral(cfg) != cluster_neutral(want):
+                    fail(f"deploy/chart ({label}): provider config differs from {src}'s (the cluster name aside):\n"
+                         f"  chart: {cfg}\n  {src}: {want}")
             if vf == QUICKSTART:
                 for e in quickstart_errors(docs, values, cfg) + quickstart_sed_errors(env):
                     fail(f"deploy/chart ({label}): {e}")
