@@ -305,7 +305,13 @@ fn check_config_explains_eks_managed_node_group_hooks_and_still_fails_on_a_secon
         );
     }
     // Our hook named as EKS's on a managed node group would complete EKS's actions.
-    let p = hook_problems("ng", &managed, &[eks.clone()], "Terminate-LC-Hook", poll);
+    let p = hook_problems(
+        "ng",
+        &managed,
+        std::slice::from_ref(&eks),
+        "Terminate-LC-Hook",
+        poll,
+    );
     assert!(p.len() == 1 && p[0].contains("another name"), "{p:?}");
     assert!(hook_problems("ng", &plain, &[eks], "Terminate-LC-Hook", poll).is_empty());
 }
