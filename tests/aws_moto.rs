@@ -644,3 +644,107 @@ async fn eks_managed_node_group_templates_carry_capacity_type_labels_taints_and_
     );
     assert_eq!(counter.count("DescribeNodegroup"), 1);
 }
+
+/// `check-config` (the `helm test` Pod's command) against moto, on groups carrying
+/// hooks as EKS leaves them: exit 0 with an explanation for a managed node group with
+/// EKS's Terminate-LC-Hook and Launch-LC-Hook beside this service's hook; exit 1 for a
+/// real second drainer (NTH's hook on a managed node group, EKS's hook name on a group
+/// without the EKS tags).
+#[tokio::test]
+async fn check_config_explains_eks_hooks_on_managed_node_groups_and_fails_on_a_second_drainer() {
+    let e = env().await;
+    launch_template(&e, "lt", "m5.large", None).await;
+    let eks_tags = [
+        ("eks:nodegroup-name", "ng-1"),
+        ("eks:cluster-name", "prod"),
+        ("k8s.io/cluster-autoscaler/enabled", "true"),
+    ];
+    group(&e, "eks-ng", "lt", 0, &eks_tags).await;
+    group(&e, "eks-ng-nth", "lt", 0, &eks_tags).await;
+    group(
+        &e,
+        "not-eks",
+        "lt",
+        0,
+        &[("k8s.io/cluster-autoscaler/enabled", "true")],
+    )
+    .await;
+    let put = |g: &'static str, name: &'static str, transition: &'static str| {
+        e.asg
+            .put_lifecycle_hook()
+            .auto_scaling_group_name(g)
+            .lifecycle_hook_name(name)
+            .lifecycle_transition(transition)
+            .heartbeat_timeout(1800)
+            .default_result("CONTINUE")
+            .send()
+    };
+    const T: &str = "autoscaling:EC2_INSTANCE_TERMINATING";
+    const L: &str = "autoscaling:EC2_INSTANCE_LAUNCHING";
+    for g in ["eks-ng", "eks-ng-nth", "not-eks"] {
+        put(g, "Terminate-LC-Hook", T).await.unwrap();
+        put(g, "Launch-LC-Hook", L).await.unwrap();
+        put(g, "ca-asg-provider-drain", T).await.unwrap();
+    }
+    put("eks-ng-nth", "nth-hook", T).await.unwrap();
+
+    let dir = tempfile::tempdir().unwrap();
+    let check = |group: &str| {
+        let path = dir.path().join(format!("{group}.yaml"));
+        std::fs::write(
+            &path,
+            format!("aws:\n  region: us-east-1\nnodeGroups:\n  - name: {group}\n"),
+        )
+        .unwrap();
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_ca-asg-provider"))
+            .args(["check-config", "--aws-endpoint", &e._moto.url, "--config"])
+            .arg(&path)
+            .env("AWS_ACCESS_KEY_ID", "test")
+            .env("AWS_SECRET_ACCESS_KEY", "test")
+            .env("AWS_EC2_METADATA_DISABLED", "true")
+            .env("AWS_CONFIG_FILE", dir.path().join("none"))
+            .env("AWS_SHARED_CREDENTIALS_FILE", dir.path().join("none"))
+            .env("HOME", dir.path())
+            .env_remove("KUBECONFIG")
+            .env_remove("KUBERNETES_SERVICE_HOST")
+            .output()
+            .unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).to_string()
+            + &String::from_utf8_lossy(&out.stderr);
+        println!("== {group}\n{text}");
+        (out.status.code(), text)
+    };
+    let (code, text) = check("eks-ng");
+    assert_eq!(code, Some(0), "{text}");
+    for s in [
+        "scale-in: lifecycle hook ca-asg-provider-drain",
+        "EKS's own hook (managed node group ng-1 of cluster prod)",
+        "waits for every hook",
+        "Eviction API",
+        "does not evict DaemonSet pods",
+        "no problems found",
+    ] {
+        assert!(text.contains(s), "{s:?} not in:\n{text}");
+    }
+    assert!(
+        !text.contains("another EC2_INSTANCE_TERMINATING hook"),
+        "{text}"
+    );
+    let (code, text) = check("eks-ng-nth");
+    assert_eq!(code, Some(1), "{text}");
+    assert!(
+        text.contains("another EC2_INSTANCE_TERMINATING hook \"nth-hook\""),
+        "{text}"
+    );
+    assert!(
+        !text.contains("hook \"Terminate-LC-Hook\" (NTH's"),
+        "{text}"
+    );
+    let (code, text) = check("not-eks");
+    assert_eq!(code, Some(1), "{text}");
+    assert!(
+        text.contains("another EC2_INSTANCE_TERMINATING hook \"Terminate-LC-Hook\"")
+            && text.contains("lacks the tags"),
+        "{text}"
+    );
+}

@@ -217,18 +217,103 @@ fn check_config_warns_of_another_drainers_hook_and_a_hook_shorter_than_the_poll(
         default_result: "CONTINUE".into(),
     };
     let poll = Duration::from_secs(15);
-    assert!(hook_problems("web", &[hook("ours", 300)], "ours", poll).is_empty());
-    let p = hook_problems("web", &[hook("ours", 300), hook("nth", 300)], "ours", poll);
+    let tags = Default::default();
+    assert!(hook_problems("web", &tags, &[hook("ours", 300)], "ours", poll).is_empty());
+    let p = hook_problems(
+        "web",
+        &tags,
+        &[hook("ours", 300), hook("nth", 300)],
+        "ours",
+        poll,
+    );
     assert_eq!(p.len(), 1);
     assert!(
         p[0].contains("\"nth\"") && p[0].contains("two drainers"),
         "{p:?}"
     );
-    let p = hook_problems("web", &[hook("ours", 10)], "ours", poll);
+    let p = hook_problems("web", &tags, &[hook("ours", 10)], "ours", poll);
     assert!(
         p[0].contains("10s") && p[0].contains("lifecyclePollInterval 15s"),
         "{p:?}"
     );
+}
+
+/// EKS's own Terminate-LC-Hook on a managed node group (both EKS tags) is explained,
+/// not reported: with our hook or without it. NTH's hook, an unknown hook, an EKS-named
+/// hook on a group without the EKS tags, and our hook named as EKS's on a managed node
+/// group stay problems.
+#[test]
+fn check_config_explains_eks_managed_node_group_hooks_and_still_fails_on_a_second_drainer() {
+    use ca_asg_provider::cloud::LifecycleHook;
+    use ca_asg_provider::commands::check::{hook_notes, hook_problems};
+    use std::collections::BTreeMap;
+    let hook = |name: &str| LifecycleHook {
+        name: name.into(),
+        heartbeat_timeout_secs: 300,
+        default_result: "CONTINUE".into(),
+    };
+    let poll = Duration::from_secs(15);
+    let managed: BTreeMap<String, String> =
+        [("eks:nodegroup-name", "ng-1"), ("eks:cluster-name", "prod")]
+            .into_iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect();
+    let plain = BTreeMap::new();
+    let only_cluster_tag: BTreeMap<String, String> =
+        [("eks:cluster-name".to_string(), "prod".to_string())].into();
+    let eks = hook("Terminate-LC-Hook");
+    // Managed node group, with our hook and without it: no problem, an explanation.
+    for hooks in [vec![hook("ours"), eks.clone()], vec![eks.clone()]] {
+        assert!(
+            hook_problems("ng", &managed, &hooks, "ours", poll).is_empty(),
+            "{hooks:?}"
+        );
+        let notes = hook_notes("ng", &managed, &hooks, "ours");
+        assert_eq!(notes.len(), 1, "{notes:?}");
+        assert!(notes[0].contains("EKS's own hook") && notes[0].contains("ng-1"));
+    }
+    let with = &hook_notes("ng", &managed, &[hook("ours"), eks.clone()], "ours")[0];
+    for s in [
+        "waits for every hook",
+        "Eviction API",
+        "does not evict DaemonSet pods",
+    ] {
+        assert!(with.contains(s), "{s:?} not in {with}");
+    }
+    // A real second drainer stays a problem, on a managed node group too.
+    for (tags, hooks, why) in [
+        (
+            &managed,
+            vec![hook("ours"), eks.clone(), hook("nth-hook")],
+            "\"nth-hook\"",
+        ),
+        (&managed, vec![hook("ours"), hook("unknown")], "\"unknown\""),
+        (&plain, vec![hook("ours"), eks.clone()], "lacks the tags"),
+        (&only_cluster_tag, vec![eks.clone()], "lacks the tags"),
+        (
+            &managed,
+            vec![hook("ours"), hook("Launch-LC-Hook")],
+            "launch hook",
+        ),
+    ] {
+        let p = hook_problems("ng", tags, &hooks, "ours", poll);
+        assert_eq!(p.len(), 1, "{hooks:?} {tags:?}: {p:?}");
+        assert!(p[0].contains("two drainers") && p[0].contains(why), "{p:?}");
+        assert!(
+            hook_notes("ng", tags, &hooks, "ours").len() <= 1,
+            "only EKS's hook is explained"
+        );
+    }
+    // Our hook named as EKS's on a managed node group would complete EKS's actions.
+    let p = hook_problems(
+        "ng",
+        &managed,
+        std::slice::from_ref(&eks),
+        "Terminate-LC-Hook",
+        poll,
+    );
+    assert!(p.len() == 1 && p[0].contains("another name"), "{p:?}");
+    assert!(hook_problems("ng", &plain, &[eks], "Terminate-LC-Hook", poll).is_empty());
 }
 
 #[tokio::test]
@@ -570,4 +655,26 @@ async fn check_config_warns_of_a_multi_zone_group_under_zonal_spread() {
     let unreachable = kube::Client::try_from(cfg).unwrap();
     let unread = ca_asg_provider::commands::check::zonal_report(unreachable, &p).await;
     assert_eq!(unread, None);
+}
+
+/// `check-config`'s Kubernetes requests say who sends them (the audit log's userAgent).
+#[tokio::test]
+async fn check_config_requests_say_who_is_calling() {
+    let sim = SimCluster::start(SimOptions::default()).await.unwrap();
+    let who = "system:serviceaccount:kube-system:check";
+    assert!(
+        ca_asg_provider::commands::check::kube_report(
+            sim.client_as(who),
+            "kube-system",
+            "ca-asg-provider"
+        )
+        .await
+    );
+    let sent = sim.requests().agents_of(who);
+    assert!(!sent.is_empty());
+    let want = format!(
+        "ca-asg-provider/{} (check-config)",
+        env!("CARGO_PKG_VERSION")
+    );
+    assert!(sent.iter().all(|(agent, _)| *agent == want), "{sent:#?}");
 }

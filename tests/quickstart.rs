@@ -1,5 +1,7 @@
 //! The README's EKS quickstart, followed where it can be here: the chart renders the
-//! quickstart's values file (tests/deploy/validate.py also validates it), and
+//! quickstart's values file with the cluster's name put in, as step 6's sed does (the
+//! chart refuses the file's placeholder `my-cluster`; tests/deploy/validate.py runs
+//! that sed itself and validates the result), and
 //! `check-config` on the configuration that render puts in the ConfigMap finds the
 //! cluster's tagged ASG (moto standing in for AWS) and exits 0, as the README says it
 //! does when the install is right.
@@ -18,9 +20,19 @@ fn root() -> std::path::PathBuf {
     std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
 }
 
-/// The `config.yaml` of the ConfigMap the chart renders from the quickstart values.
+/// The cluster's name the quickstart's sed puts in place of `my-cluster`.
+const CLUSTER: &str = "prod-blue";
+
+/// The `config.yaml` of the ConfigMap the chart renders from the quickstart values,
+/// with [`CLUSTER`] in place of the placeholder (README step 6: `s/my-cluster/$CLUSTER/g`).
 fn rendered_config() -> String {
     let helm = root().join(".venv/bin/helm");
+    let dir = tempfile::tempdir().unwrap();
+    let values = dir.path().join("my-values.yaml");
+    let example =
+        std::fs::read_to_string(root().join("deploy/chart/examples/quickstart-values.yaml"))
+            .unwrap();
+    std::fs::write(&values, example.replace("my-cluster", CLUSTER)).unwrap();
     let out = Command::new(&helm)
         .current_dir(root())
         .args([
@@ -30,8 +42,8 @@ fn rendered_config() -> String {
             "-n",
             "kube-system",
             "-f",
-            "deploy/chart/examples/quickstart-values.yaml",
         ])
+        .arg(&values)
         .output()
         .unwrap_or_else(|e| {
             panic!(
@@ -85,7 +97,7 @@ async fn check_config_on_the_quickstart_render_finds_the_clusters_groups() {
         .unwrap();
     let tag = |k: &str| {
         asg::types::Tag::builder()
-            .resource_id("my-cluster-workers")
+            .resource_id(format!("{CLUSTER}-workers"))
             .resource_type("auto-scaling-group")
             .key(k)
             .value("true")
@@ -94,7 +106,7 @@ async fn check_config_on_the_quickstart_render_finds_the_clusters_groups() {
     };
     asg::Client::new(&sdk)
         .create_auto_scaling_group()
-        .auto_scaling_group_name("my-cluster-workers")
+        .auto_scaling_group_name(format!("{CLUSTER}-workers"))
         .min_size(0)
         .max_size(5)
         .desired_capacity(0)
@@ -106,7 +118,7 @@ async fn check_config_on_the_quickstart_render_finds_the_clusters_groups() {
                 .build(),
         )
         .tags(tag("k8s.io/cluster-autoscaler/enabled"))
-        .tags(tag("k8s.io/cluster-autoscaler/my-cluster"))
+        .tags(tag(&format!("k8s.io/cluster-autoscaler/{CLUSTER}")))
         .send()
         .await
         .unwrap();
@@ -133,11 +145,11 @@ async fn check_config_on_the_quickstart_render_finds_the_clusters_groups() {
     println!("{text}");
     assert_eq!(out.status.code(), Some(0), "{text}");
     for line in [
-        "configuration: ok",
-        "region:           eu-west-1",
-        "asg:tag=k8s.io/cluster-autoscaler/enabled,k8s.io/cluster-autoscaler/my-cluster",
-        "my-cluster-workers",
+        "configuration: ok".to_string(),
+        "region:           eu-west-1".to_string(),
+        format!("asg:tag=k8s.io/cluster-autoscaler/enabled,k8s.io/cluster-autoscaler/{CLUSTER}"),
+        format!("{CLUSTER}-workers"),
     ] {
-        assert!(text.contains(line), "missing {line:?} in:\n{text}");
+        assert!(text.contains(&line), "missing {line:?} in:\n{text}");
     }
 }

@@ -94,6 +94,44 @@ async fn daemonset_pods_leave_only_after_the_workload_is_gone() {
     support::rbac::assert_rbac_covers(&w.sim);
 }
 
+/// In the API server's audit log the service's requests are its own (`userAgent`
+/// `ca-asg-provider/<version> (drain)` / `(lease)`), not cluster-autoscaler's, though
+/// both run under one ServiceAccount in sidecar and bundled mode.
+#[tokio::test]
+async fn the_services_requests_say_who_is_calling() {
+    let mut w = world(
+        vec![MemoryGroup::new("web", 0, 3, 1, "m5.large")],
+        ScaleInSettings {
+            leader_election: true,
+            lease_namespace: Some("kube-system".into()),
+            ..fast_settings()
+        },
+        Duration::from_millis(50),
+    )
+    .await;
+    w.engine.elect_leader();
+    eventually("the engine leads", 10, || {
+        w.engine.leadership().is_some_and(|rx| *rx.borrow())
+    })
+    .await;
+    let (node, iid) = node_with_fluentd_and_app(&w, 0.0).await;
+    delete_nodes(&mut w, "web", &[(node, iid.clone())]).await;
+    assert_eq!(w.engine.wait_for(&iid).await, Some(Outcome::Ended));
+    let sent = w.sim.requests().agents_of(support::rbac::ENGINE_USER);
+    for (verb, resource) in [
+        ("create", "pods/eviction"),
+        ("patch", "nodes"),
+        ("create", "leases"),
+    ] {
+        assert!(
+            sent.iter()
+                .any(|(_, u)| u.verb == verb && u.resource == resource),
+            "no {verb} {resource} in {sent:#?}"
+        );
+    }
+    support::rbac::assert_says_who_is_calling(&w.sim);
+}
+
 #[tokio::test]
 async fn two_nodes_drained_at_once_never_leave_zero_ready_replicas() {
     let mut w = world(

@@ -11,6 +11,7 @@ use prost::Message;
 use crate::config::ConfigArgs;
 use crate::provider::template;
 use crate::provider::Provider;
+use crate::scalein::user_agent::{named, CHECK_CONFIG};
 
 pub async fn run(args: ConfigArgs) -> ExitCode {
     let mut cfg = match args.load() {
@@ -106,6 +107,7 @@ Kubernetes: permissions not checked: {e:#}"
 
 /// Prints the Kubernetes permissions table. True when every permission is held.
 pub async fn kube_report(client: kube::Client, lease_namespace: &str, lease_name: &str) -> bool {
+    let client = named(client, CHECK_CONFIG);
     let checked = match tokio::time::timeout(
         std::time::Duration::from_secs(20),
         crate::scalein::permissions::check(client, lease_namespace, lease_name),
@@ -217,8 +219,12 @@ pub async fn report(
                 .into_iter()
                 .map(|w| format!("group {}: {w}", g.asg.name)),
         );
+        for note in hook_notes(&g.asg.name, &g.asg.tags, &g.hooks, &scale_in.hook_name) {
+            println!("    note: {note}");
+        }
         problems.extend(hook_problems(
             &g.asg.name,
+            &g.asg.tags,
             &g.hooks,
             &scale_in.hook_name,
             scale_in.lifecycle_poll_interval,
@@ -282,19 +288,35 @@ pub async fn queue_report(
     ok
 }
 
-/// What is wrong with a group's terminating hooks, for this service's drain. Pure.
+/// What is wrong with a group's terminating hooks, for this service's drain: a second
+/// drainer (EKS's own hook on a managed node group is none: [`hook_notes`]), our hook
+/// named as EKS's on a managed node group, a timeout shorter than the poll. Pure.
 pub fn hook_problems(
     group: &str,
+    tags: &std::collections::BTreeMap<String, String>,
     hooks: &[crate::cloud::LifecycleHook],
     ours: &str,
     poll: std::time::Duration,
 ) -> Vec<String> {
+    use crate::scalein::hooks::{self, HookOwner};
     let mut out = Vec::new();
     for h in hooks {
-        if h.name != ours {
+        match hooks::owner(&h.name, ours, tags) {
+            HookOwner::Eks => continue,
+            HookOwner::Other => {
+                out.push(format!(
+                    "group {group}: another EC2_INSTANCE_TERMINATING hook {:?} (NTH's or another tool's){}: this service completes only {ours:?}, and two drainers end each instance when the first of them is done; remove one",
+                    h.name,
+                    hooks::named_like_eks(&h.name, tags)
+                ));
+                continue;
+            }
+            HookOwner::Ours => {}
+        }
+        if h.name == hooks::EKS_TERMINATE_HOOK && hooks::is_eks_managed(tags) {
             out.push(format!(
-                "group {group}: another EC2_INSTANCE_TERMINATING hook {:?} (NTH's or another tool's): this service completes only {ours:?}, and two drainers end each instance when the first of them is done; remove one",
-                h.name
+                "group {group}: scaleIn.hookName {ours:?} is the name of EKS's own hook on this {}: this service would heartbeat and complete EKS's lifecycle actions; give this service's hook another name",
+                hooks::managed_node_group(tags)
             ));
         } else if u64::try_from(h.heartbeat_timeout_secs).unwrap_or(0) <= poll.as_secs() {
             out.push(format!(
@@ -305,6 +327,24 @@ pub fn hook_problems(
         }
     }
     out
+}
+
+/// What `check-config` explains about a group's hooks without counting it a problem:
+/// EKS's own hook on a managed node group, beside this service's hook or without it.
+/// Pure.
+pub fn hook_notes(
+    group: &str,
+    tags: &std::collections::BTreeMap<String, String>,
+    hooks: &[crate::cloud::LifecycleHook],
+    ours: &str,
+) -> Vec<String> {
+    use crate::scalein::hooks::{self, HookOwner};
+    let with_ours = hooks.iter().any(|h| h.name == ours);
+    hooks
+        .iter()
+        .filter(|h| hooks::owner(&h.name, ours, tags) == HookOwner::Eks)
+        .map(|_| hooks::eks_hook_explained(group, tags, ours, with_ours))
+        .collect()
 }
 
 /// Node labels that name a zone: a topology spread over any of them is zonal.
@@ -450,6 +490,7 @@ pub fn zonal_warnings(groups: &[(String, Vec<String>)], usage: &ZonalUse) -> Vec
 /// the check; a read that fails does (None: nothing is said to be fine that was not
 /// read).
 pub async fn zonal_report(client: kube::Client, provider: &Provider) -> Option<Vec<String>> {
+    let client = named(client, CHECK_CONFIG);
     use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
     use kube::api::{Api, ListParams};
     const MAX_CLAIMS: usize = 500;

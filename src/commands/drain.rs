@@ -40,6 +40,7 @@ pub async fn drain(
     cfg: &crate::config::Config,
     args: &DrainArgs,
 ) -> anyhow::Result<()> {
+    let client = crate::scalein::user_agent::named(client, crate::scalein::user_agent::DRAIN);
     let nodes: Api<Node> = Api::all(client.clone());
     let node = nodes
         .get_opt(&args.node)

@@ -308,10 +308,24 @@ pub async fn scan(engine: &Arc<Engine>, provider: &Arc<Provider>) -> usize {
 
 /// Another EC2_INSTANCE_TERMINATING hook on a group (NTH's, another tool's) means
 /// two drainers completing each other's actions: say so once per group and hook.
+/// EKS's own hook on a managed node group is no such drainer: say what it does, once.
 fn warn_foreign_hooks(engine: &Engine, g: &crate::provider::Group) {
     for h in &g.hooks {
-        if h.name != engine.settings.hook_name && engine.note_foreign_hook(&g.asg.name, &h.name) {
-            tracing::warn!(group = %g.asg.name, hook = %h.name, ours = %engine.settings.hook_name, "the group has another EC2_INSTANCE_TERMINATING hook; this service completes only its own, and another drainer may end instances this one is draining");
+        let Some((warning, note)) = super::hooks::direct_mode_note(
+            &g.asg.name,
+            &h.name,
+            &engine.settings.hook_name,
+            &g.asg.tags,
+        ) else {
+            continue;
+        };
+        if !engine.note_foreign_hook(&g.asg.name, &h.name) {
+            continue;
+        }
+        if warning {
+            tracing::warn!(group = %g.asg.name, hook = %h.name, ours = %engine.settings.hook_name, "{note}");
+        } else {
+            tracing::info!(group = %g.asg.name, hook = %h.name, ours = %engine.settings.hook_name, "{note}");
         }
     }
 }

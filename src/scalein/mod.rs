@@ -29,6 +29,7 @@ pub mod drain;
 pub mod dry_run;
 pub mod events;
 pub mod evict;
+pub mod hooks;
 pub mod intercept;
 pub mod leader;
 pub mod lifecycle;
@@ -39,6 +40,7 @@ pub mod plan;
 pub mod ratelimit;
 pub mod record;
 pub mod terminate;
+pub mod user_agent;
 pub mod volumes;
 pub mod wait;
 
@@ -377,7 +379,9 @@ impl Engine {
         ));
         // Every request, watches and Events included, as client-go's own limiter
         // does: the rate holds however many drains run.
-        let lease_client = client.clone();
+        // Each request says who sends it (the audit log's userAgent).
+        let lease_client = user_agent::named(client.clone(), user_agent::LEASE);
+        let client = user_agent::named(client, user_agent::DRAIN);
         let pod_event_client =
             ratelimit::limited_client(client.clone(), limiter.clone(), ratelimit::Priority::Spare);
         let client = ratelimit::limited_client(client, limiter.clone(), ratelimit::Priority::Drain);

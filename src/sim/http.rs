@@ -165,7 +165,11 @@ pub async fn handle(
         .get(axum::http::header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "));
-    ctx.stats.count(user, verb, t.res.group, &res_label);
+    let user_agent = headers
+        .get(axum::http::header::USER_AGENT)
+        .and_then(|v| v.to_str().ok());
+    ctx.stats
+        .count(user, user_agent, verb, t.res.group, &res_label);
     let latency = ctx.faults.lock().latency;
     if !latency.is_zero() {
         tokio::time::sleep(latency).await;

@@ -37,11 +37,13 @@ impl Default for SimOptions {
 }
 
 /// API requests by (verb, resource), and what each identity (the bearer token a
-/// client sends, see [`SimCluster::client_as`]) used, as RBAC sees it.
+/// client sends, see [`SimCluster::client_as`]) used, as RBAC sees it, with the
+/// User-Agent it was sent with (the audit log's `userAgent`).
 #[derive(Debug, Default)]
 pub struct RequestStats {
     counts: Mutex<BTreeMap<(String, String), u64>>,
     used: Mutex<BTreeMap<String, std::collections::BTreeSet<RbacUse>>>,
+    agents: Mutex<BTreeMap<String, std::collections::BTreeSet<(String, RbacUse)>>>,
 }
 
 /// One (verb, API group, resource[/subresource]) an identity used.
@@ -53,23 +55,46 @@ pub struct RbacUse {
 }
 
 impl RequestStats {
-    fn count(&self, user: Option<&str>, verb: &str, group: &str, res: &str) {
+    fn count(
+        &self,
+        user: Option<&str>,
+        user_agent: Option<&str>,
+        verb: &str,
+        group: &str,
+        res: &str,
+    ) {
         *self
             .counts
             .lock()
             .entry((verb.to_string(), res.to_string()))
             .or_default() += 1;
         if let Some(user) = user {
+            let used = RbacUse {
+                verb: verb.to_string(),
+                group: group.to_string(),
+                resource: res.to_string(),
+            };
+            self.agents
+                .lock()
+                .entry(user.to_string())
+                .or_default()
+                .insert((user_agent.unwrap_or_default().to_string(), used.clone()));
             self.used
                 .lock()
                 .entry(user.to_string())
                 .or_default()
-                .insert(RbacUse {
-                    verb: verb.to_string(),
-                    group: group.to_string(),
-                    resource: res.to_string(),
-                });
+                .insert(used);
         }
+    }
+
+    /// Every (User-Agent, use) of the identity `user` so far; an empty agent is a
+    /// request sent without the header.
+    pub fn agents_of(&self, user: &str) -> Vec<(String, RbacUse)> {
+        self.agents
+            .lock()
+            .get(user)
+            .map(|s| s.iter().cloned().collect())
+            .unwrap_or_default()
     }
 
     /// Every (verb, group, resource) the identity `user` used so far.

@@ -77,3 +77,30 @@ pub fn assert_rbac_covers(sim: &SimCluster) {
         "deploy/base/rbac.yaml lacks what the code uses: {gaps:#?}"
     );
 }
+
+/// Fails unless every request the engine sent says who is calling: the User-Agent
+/// `ca-asg-provider/<version> (lease)` for the Lease, `(drain)` for everything else,
+/// so the API server's audit log (`userAgent`) tells them from cluster-autoscaler's.
+pub fn assert_says_who_is_calling(sim: &SimCluster) {
+    let sent = sim.requests().agents_of(ENGINE_USER);
+    assert!(
+        !sent.is_empty(),
+        "the engine made no API request under {ENGINE_USER}"
+    );
+    let version = env!("CARGO_PKG_VERSION");
+    let wrong: Vec<_> = sent
+        .iter()
+        .filter(|(agent, used)| {
+            let component = if used.resource == "leases" {
+                "lease"
+            } else {
+                "drain"
+            };
+            *agent != format!("ca-asg-provider/{version} ({component})")
+        })
+        .collect();
+    assert!(
+        wrong.is_empty(),
+        "requests without the service's User-Agent: {wrong:#?}"
+    );
+}

@@ -118,6 +118,25 @@ tls filled in from mode, ports and tls.mountPath where config does not set them.
 {{- if and (eq .Values.mode "standalone") (not .Values.tls.certManager.enabled) (not .Values.tls.serverSecretName) -}}
 {{- fail "tls.serverSecretName is required in standalone mode when tls.certManager.enabled is false" -}}
 {{- end -}}
+{{- include "ca-asg-provider.checkPlaceholders" . -}}
+{{- end -}}
+
+{{/*
+No install that can only fail later: values.yaml's image repository (where the provider
+container runs: standalone and bundled) and cluster name in the discovery tags are
+placeholders, and the chart refuses them, naming the value to set.
+*/}}
+{{- define "ca-asg-provider.checkPlaceholders" -}}
+{{- if and (ne .Values.mode "sidecar") (eq .Values.image.repository "ghcr.io/example/ca-asg-provider") -}}
+{{- fail (printf "image.repository is the placeholder %q: set image.repository to the repository you pushed the ca-asg-provider image to (README \"Quickstart on EKS\", step 2)" .Values.image.repository) -}}
+{{- end -}}
+{{- range $i, $d := .Values.config.autoDiscovery | default list -}}
+{{- range $d.tags | default list -}}
+{{- if regexMatch "^k8s\\.io/cluster-autoscaler/my-cluster(=.*)?$" . -}}
+{{- fail (printf "config.autoDiscovery[%d].tags names the placeholder cluster my-cluster (%q): set config.autoDiscovery[%d].tags to [k8s.io/cluster-autoscaler/enabled, k8s.io/cluster-autoscaler/<your cluster's name>], the tags on your ASGs" $i . $i) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
 {{- end -}}
 
 {{/*
