@@ -33,8 +33,9 @@ results="$(mktemp -t ca-asg-e2e-results.XXXXXX)"
 trap 'rm -f "$results"' EXIT
 
 # Build the test binary once (not timed against any version).
-cargo test --locked --test e2e_real --no-run
+cargo test --locked --test e2e_real --test e2e_logs --no-run
 
+images="$(scripts/e2e/node-deps.sh)"
 failed=0
 for v in "${versions[@]}"; do
     start=$(date +%s)
@@ -44,8 +45,8 @@ for v in "${versions[@]}"; do
     echo "== e2e: upstream parts for Kubernetes $v ready in $(( $(date +%s) - start )) s ($k8s_dir)"
     start=$(date +%s)
     if ! E2E_K8S_BIN="$k8s_dir" E2E_ETCD="$etcd_dir/etcd" E2E_K8S_VERSION="$v" \
-        E2E_RESULTS="$results" E2E_REQUIRED=1 \
-        cargo test --locked --test e2e_real -- --test-threads=1 "${filter[@]}"; then
+        E2E_IMAGES="$images" E2E_RESULTS="$results" E2E_REQUIRED=1 \
+        cargo test --locked --test e2e_real --test e2e_logs -- "${filter[@]}"; then
         failed=1
     fi
     echo "== e2e: scenarios on Kubernetes $v took $(( $(date +%s) - start )) s"
@@ -54,13 +55,24 @@ done
 python3 - "$results" <<'PY'
 import json, sys
 rows = [json.loads(l) for l in open(sys.argv[1]) if l.strip()]
+def took(r):
+    t = r.get("scale_in_secs")
+    return f"{t:.1f} s" if t is not None else "-"
+def result(r):
+    return r["result"] + (f" (step: {r['step']})" if r.get("step") else "")
 print()
 print("| scenario | Kubernetes | driver | result | scale-in to instance end |")
 print("|---|---|---|---|---|")
 for r in rows:
-    t = r.get("scale_in_secs")
-    took = f"{t:.1f} s" if t is not None else "-"
-    res = r["result"] + (f" (step: {r['step']})" if r.get("step") else "")
-    print(f"| {r['scenario']} | {r['kubernetes']} | {r['driver']} | {res} | {took} |")
+    if "lines_lost" not in r:
+        print(f"| {r['scenario']} | {r['kubernetes']} | {r['driver']} | {result(r)} | {took(r)} |")
+logs = [r for r in rows if "lines_lost" in r]
+if logs:
+    print()
+    print("| way the node ends (real kubelet, containerd) | Kubernetes | lines written | lines lost | scale-in to instance end | result |")
+    print("|---|---|---|---|---|---|")
+    for r in logs:
+        name = r["scenario"].removeprefix("lost logs: ")
+        print(f"| {name} | {r['kubernetes']} | {r['lines_written']} | {r['lines_lost']} | {took(r)} | {result(r)} |")
 PY
 exit "$failed"

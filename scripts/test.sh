@@ -86,7 +86,10 @@ if [ "${E2E:-1}" != 0 ]; then
     e2e_bins="$(scripts/e2e/build.sh "$K8S_DEFAULT")"
     E2E_ETCD="$(echo "$e2e_bins" | head -n 1)/etcd"
     E2E_K8S_BIN="$(echo "$e2e_bins" | tail -n 1)"
-    export E2E_ETCD E2E_K8S_BIN E2E_K8S_VERSION="$K8S_DEFAULT" E2E_REQUIRED=1
+    # A real node (tests/e2e_logs.rs): Debian's containerd, runc and CNI plugins, and
+    # locally built images.
+    E2E_IMAGES="$(scripts/e2e/node-deps.sh)"
+    export E2E_ETCD E2E_K8S_BIN E2E_IMAGES E2E_K8S_VERSION="$K8S_DEFAULT" E2E_REQUIRED=1
 fi
 
 # One cargo invocation: the SDK's test-util feature (for aws-smithy-mocks) would

@@ -172,7 +172,7 @@ async fn lines_lost(way: Way) {
         async move { !r.received().is_empty() }
     })
     .await;
-    rig.report.step(match way {
+    rig.report.scale_in_begins(match way {
         Way::ServiceCaScaleIn => "CA: NodeGroupDeleteNodes of the node",
         Way::ServiceAsgHook => "the ASG scales in by one",
         Way::CaDefaultEvictAll => "evict every pod at once, then end the instance",
@@ -180,7 +180,6 @@ async fn lines_lost(way: Way) {
             "kubectl drain --ignore-daemonsets, then end the instance"
         }
     });
-    let started = std::time::Instant::now();
     match way {
         Way::ServiceCaScaleIn => rig.ca_deletes(&[(node.clone(), iid.clone())]).await,
         Way::ServiceAsgHook => {
@@ -215,7 +214,6 @@ async fn lines_lost(way: Way) {
     }
     rig.report.step("wait for the instance to end");
     rig.wait_ended(std::slice::from_ref(&iid), 180).await;
-    *rig.report.scale_in_secs.lock() = Some(started.elapsed().as_secs_f64());
     // What was on its way when the machine went is lost; what was sent has landed.
     tokio::time::sleep(Duration::from_secs(1)).await;
     rig.report.step("count the lines");

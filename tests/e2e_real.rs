@@ -80,7 +80,7 @@ async fn asg_ends_an_instance_and_the_service_restarts_mid_drain() {
     let _one_at_a_time = SERIAL.lock().await;
     let mut rig = Rig::start("ASG scale-in, hook, restart mid-drain", &bin, 4, true).await;
     rig.run_lifecycle_loop();
-    rig.report.step("the ASG scales in by one");
+    rig.report.scale_in_begins("the ASG scales in by one");
     let ended = rig.cloud.external_scale_in("web", 1).unwrap();
     assert_eq!(ended.len(), 1);
     let node = kubelet::node_name(&ended[0]);

@@ -35,11 +35,19 @@ pub struct Report {
     pub version: String,
     pub step: parking_lot::Mutex<String>,
     pub scale_in_secs: parking_lot::Mutex<Option<f64>>,
+    /// When the scale-in was asked for (the time to the instance's end counts from here).
+    pub scale_in_began: parking_lot::Mutex<Option<Instant>>,
     /// More columns for the row (lines written and lost, for the real-node scenarios).
     pub extra: parking_lot::Mutex<serde_json::Map<String, serde_json::Value>>,
 }
 
 impl Report {
+    /// The scale-in is asked for now: the time to the instance's end counts from here.
+    pub fn scale_in_begins(&self, s: &str) {
+        self.step(s);
+        *self.scale_in_began.lock() = Some(Instant::now());
+    }
+
     pub fn step(&self, s: &str) {
         eprintln!(
             "e2e [{} on Kubernetes {}]: {s}",
@@ -421,6 +429,7 @@ impl Rig {
             version: bin.version.clone(),
             step: parking_lot::Mutex::new(String::new()),
             scale_in_secs: parking_lot::Mutex::new(None),
+            scale_in_began: parking_lot::Mutex::new(None),
             extra: Default::default(),
         };
         let _ = tracing_subscriber::fmt()
@@ -613,7 +622,11 @@ impl Rig {
     }
 
     pub async fn wait_ended(&self, iids: &[String], secs: u64) {
-        let started = Instant::now();
+        let started = self
+            .report
+            .scale_in_began
+            .lock()
+            .unwrap_or_else(Instant::now);
         until("the instances to end", secs, || {
             let k = self.kubelet.clone();
             let want = iids.to_vec();
