@@ -75,6 +75,7 @@ export MOTO_SERVER="$PWD/.venv/bin/moto_server"
 
 echo "== deploy/: rendered overlays and Helm chart against the Kubernetes schemas (strict)"
 .venv/bin/python tests/deploy/validate.py
+.venv/bin/python tests/docs/links.py
 
 # The end-to-end suite's upstream parts (etcd, kube-apiserver, kube-controller-manager,
 # kube-scheduler, kubelet), built from the Go module proxy into a cache outside the tree
