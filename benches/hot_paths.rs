@@ -1,6 +1,6 @@
 //! The hot pure paths, measured with criterion (`cargo bench`): providerID -> group at
 //! 5,000 nodes, template Node encoding, the options overlay, and drain planning for a
-//! node with 110 pods. Numbers are in the README.
+//! node with 110 pods. Numbers are in docs/performance.md.
 
 use std::collections::BTreeMap;
 use std::hint::black_box;

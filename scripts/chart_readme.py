@@ -76,7 +76,7 @@ def render():
         chart["description"].strip(),
         "",
         f"Chart {chart['version']}, app {chart['appVersion']}, Kubernetes {chart.get('kubeVersion', 'any')}. "
-        "Modes, installation and operations: the project README, \"Installing with Helm\".",
+        "Modes and installation: the project's docs/helm.md; operations and the alerts' runbooks: docs/operations.md.",
         "",
         "```sh",
         "helm install ca-asg-provider deploy/chart -n kube-system --set mode=bundled -f my-values.yaml",

@@ -303,7 +303,7 @@ async fn an_instance_that_stopped_stops_its_drain() {
 /// names (2 DescribeAutoScalingGroups requests). The
 /// poll runs every 5 s without the queue (24 calls a minute) and every 5 min as the
 /// queue's safety net (0.4 a minute); the queue itself costs 3 long-poll receives a
-/// minute when idle. README "Queue mode" quotes these numbers.
+/// minute when idle. docs/queue-mode.md quotes these numbers.
 #[tokio::test]
 async fn one_lifecycle_scan_of_200_hooked_groups_is_one_batched_read() {
     let groups: Vec<MemoryGroup> = (0..200)

@@ -105,7 +105,7 @@ fn loadgen_floor_replays_every_rpc_and_reports_the_ratio() {
     assert!(f["floor_rss_mib"].as_f64().unwrap() > 0.0, "{f}");
 }
 
-/// The drain storm's code path at a size CI can afford (README has the 500-node
+/// The drain storm's code path at a size CI can afford (docs/performance.md has the 500-node
 /// run): every hook is completed, none times out, no PDB is broken, DaemonSet pods
 /// leave last on every node, and the API rate stays within apiQps plus the burst.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

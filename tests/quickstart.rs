@@ -1,9 +1,9 @@
-//! The README's EKS quickstart, followed where it can be here: the chart renders the
+//! The EKS quickstart (docs/quickstart-eks.md), followed where it can be here: the chart renders the
 //! quickstart's values file with the cluster's name put in, as step 6's sed does (the
 //! chart refuses the file's placeholder `my-cluster`; tests/deploy/validate.py runs
 //! that sed itself and validates the result), and
 //! `check-config` on the configuration that render puts in the ConfigMap finds the
-//! cluster's tagged ASG (moto standing in for AWS) and exits 0, as the README says it
+//! cluster's tagged ASG (moto standing in for AWS) and exits 0, as the quickstart says it
 //! does when the install is right.
 
 use std::process::Command;
@@ -24,7 +24,7 @@ fn root() -> std::path::PathBuf {
 const CLUSTER: &str = "prod-blue";
 
 /// The `config.yaml` of the ConfigMap the chart renders from the quickstart values,
-/// with [`CLUSTER`] in place of the placeholder (README step 6: `s/my-cluster/$CLUSTER/g`).
+/// with [`CLUSTER`] in place of the placeholder (docs/quickstart-eks.md step 6: `s/my-cluster/$CLUSTER/g`).
 fn rendered_config() -> String {
     let helm = root().join(".venv/bin/helm");
     let dir = tempfile::tempdir().unwrap();

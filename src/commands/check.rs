@@ -284,7 +284,7 @@ pub async fn queue_report(
             "ignored"
         }
     );
-    println!("  EventBridge rules are not read here: deploy/aws/interruption-queue.yaml creates the five this mode needs. NTH's queue processor on the same queue would take half of the messages: give NTH its own queue or turn it off (README \"Queue mode\").");
+    println!("  EventBridge rules are not read here: deploy/aws/interruption-queue.yaml creates the five this mode needs. NTH's queue processor on the same queue would take half of the messages: give NTH its own queue or turn it off (docs/queue-mode.md).");
     ok
 }
 
@@ -476,7 +476,7 @@ pub fn zonal_warnings(groups: &[(String, Vec<String>)], usage: &ZonalUse) -> Vec
             continue;
         }
         out.push(format!(
-            "group {name} spans {} zones ({}) and {}: CA scales the group, the ASG picks the zone, so a node added for such a pod can land in a zone it cannot use and the pod stays pending while CA counts it as helped; the fix is one ASG per zone (with --balance-similar-node-groups and the README's --balancing-ignore-label set)",
+            "group {name} spans {} zones ({}) and {}: CA scales the group, the ASG picks the zone, so a node added for such a pod can land in a zone it cannot use and the pod stays pending while CA counts it as helped; the fix is one ASG per zone (with --balance-similar-node-groups and the --balancing-ignore-label set of docs/configuration.md)",
             zs.len(),
             zs.join(", "),
             what.join(" and ")

@@ -301,17 +301,17 @@ fn taints_validate() {
     assert!(parse_taint("=b:NoSchedule").is_err());
 }
 
-/// The README's configuration reference is a real configuration: every key in it
+/// docs/configuration.md's configuration reference is a real configuration: every key in it
 /// exists, every value is valid (only the example certificate paths are missing).
 #[test]
-fn the_readme_configuration_reference_is_valid() {
-    let readme = include_str!("../../README.md");
-    let section = &readme[readme.find("## Configuration").expect("section")..];
+fn the_documented_configuration_reference_is_valid() {
+    let doc = include_str!("../../docs/configuration.md");
+    let section = &doc[doc.find("# Configuration\n").expect("section")..];
     let start = section.find("```yaml\n").expect("yaml block") + "```yaml\n".len();
     let text = &section[start..start + section[start..].find("```").expect("end")];
-    let file = FileConfig::parse(text, "README.md").unwrap();
+    let file = FileConfig::parse(text, "docs/configuration.md").unwrap();
     assert!(file.scale_in.leader_election.is_some() && file.tls.is_some());
-    match resolve(file, &Overrides::default(), "README.md") {
+    match resolve(file, &Overrides::default(), "docs/configuration.md") {
         Err(ConfigError::Invalid { problems, .. }) => {
             let keys: Vec<&str> = problems.iter().map(|p| p.key.as_str()).collect();
             assert_eq!(

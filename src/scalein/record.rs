@@ -112,7 +112,7 @@ impl Why {
         }
     }
 
-    /// The short name used in Events and the README's table.
+    /// The short name used in Events and docs/scale-in.md's table.
     pub fn label(&self) -> &'static str {
         match self {
             Why::Rebalance => "rebalance cordon",

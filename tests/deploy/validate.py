@@ -11,7 +11,7 @@ keys and the values schema must match the Rust config structs (src/config, deny_
 and every metric the alert rules and the Grafana dashboard query must be one that
 src/telemetry/metrics.rs registers. The --balancing-ignore-label labels of both overlays,
 both example values files for CA's chart and the chart's bundled-mode flags must be
-exactly the labels of the README's table. Values with an unknown key or a wrong type must be
+exactly the labels of docs/configuration.md's table. Values with an unknown key or a wrong type must be
 refused by values.schema.json. Exit 1 when anything fails."""
 
 import copy
@@ -449,10 +449,10 @@ def promql_errors(expr, prefix, series):
     return errs
 
 
-def readme_anchors():
-    """GitHub's anchors for the README's headings."""
+def runbook_anchors():
+    """GitHub's anchors for the headings of docs/operations.md, where the runbooks are."""
     out = set()
-    for line in (ROOT / "README.md").read_text().splitlines():
+    for line in (ROOT / "docs/operations.md").read_text().splitlines():
         m = re.match(r"#{1,6}\s+(.*)", line)
         if m:
             slug = re.sub(r"[^\w\- ]", "", m.group(1).strip().lower()).replace(" ", "-")
@@ -549,18 +549,18 @@ def standalone_wiring_errors(docs, values, cfg):
     return errs
 
 
-def readme_ca_section():
-    text = (ROOT / "README.md").read_text()
-    if "### CA flags to set" not in text:
-        raise SystemExit("validate.py: README.md has no '### CA flags to set' section")
-    return text.split("### CA flags to set", 1)[1].split("\n#", 1)[0]
+def ca_flags_section():
+    text = (ROOT / "docs/configuration.md").read_text()
+    if "\n## CA flags to set\n" not in text:
+        raise SystemExit("validate.py: docs/configuration.md has no '## CA flags to set' section")
+    return text.split("\n## CA flags to set\n", 1)[1].split("\n#", 1)[0]
 
 
-def readme_balancing_labels():
-    """The labels of the README's balancing table (in "CA flags to set": the table whose
+def balancing_table_labels():
+    """The labels of docs/configuration.md's balancing table (in "CA flags to set": the table whose
     first header cell is `label`), one `--balancing-ignore-label` each, in order."""
     labels, in_table = [], False
-    for line in readme_ca_section().splitlines():
+    for line in ca_flags_section().splitlines():
         cells = [c.strip() for c in line.strip().strip("|").split("|")]
         if not line.startswith("|"):
             in_table = False
@@ -569,19 +569,19 @@ def readme_balancing_labels():
         elif in_table and not set(cells[0]) <= set("-: "):
             m = re.fullmatch(r"`([^`\s]+)`", cells[0])
             if not m:
-                raise SystemExit(f"validate.py: README balancing table row {line!r}: first cell must be one `label`")
+                raise SystemExit(f"validate.py: docs/configuration.md balancing table row {line!r}: first cell must be one `label`")
             labels.append(m.group(1))
     if len(labels) < 5:
-        raise SystemExit(f"validate.py: parsed only {labels} from the README's balancing label table")
+        raise SystemExit(f"validate.py: parsed only {labels} from docs/configuration.md's balancing label table")
     return labels
 
 
-def readme_ca_flags():
-    """Every flag of the README's "CA flags to set" table, as --NAME=VALUE: the backticked
+def ca_flags_table():
+    """Every flag of docs/configuration.md's "CA flags to set" table, as --NAME=VALUE: the backticked
     flags of each row's first cell, and the bare words after a flag (further values of that
     flag); then one --balancing-ignore-label=LABEL per row of the balancing label table."""
     flags = []
-    for line in readme_ca_section().splitlines():
+    for line in ca_flags_section().splitlines():
         if not line.startswith("| `"):
             continue
         last = None
@@ -593,9 +593,9 @@ def readme_ca_flags():
                     flags.append(part)
                 elif last:
                     flags.append(f"--{last}={part}")
-    flags += [f"--balancing-ignore-label={l}" for l in readme_balancing_labels()]
+    flags += [f"--balancing-ignore-label={l}" for l in balancing_table_labels()]
     if len(flags) < 5:
-        raise SystemExit(f"validate.py: parsed only {flags} from the README's CA flags table")
+        raise SystemExit(f"validate.py: parsed only {flags} from docs/configuration.md's CA flags table")
     return flags
 
 
@@ -625,10 +625,10 @@ def balancing_label_lists(overlays):
 
 
 def balancing_label_errors(overlays):
-    """Every list of --balancing-ignore-label values is exactly the README's table: the
+    """Every list of --balancing-ignore-label values is exactly docs/configuration.md's table: the
     same labels, each once."""
-    want = readme_balancing_labels()
-    errs = [f"README.md balancing table: {l} is listed twice" for l in sorted({l for l in want if want.count(l) > 1})]
+    want = balancing_table_labels()
+    errs = [f"docs/configuration.md balancing table: {l} is listed twice" for l in sorted({l for l in want if want.count(l) > 1})]
     lists = balancing_label_lists(overlays)
     if len(lists) < 5:
         errs.append(f"found only {sorted(lists)} passing --{BALANCING} (expected 2 overlays, 2 examples, values.yaml)")
@@ -636,7 +636,7 @@ def balancing_label_errors(overlays):
         missing = [l for l in want if l not in got]
         extra = [l for l in got if l not in want]
         twice = sorted({l for l in got if got.count(l) > 1})
-        for what, ls in (("lacks", missing), ("has, not in the README table,", extra), ("repeats", twice)):
+        for what, ls in (("lacks", missing), ("has, not in the docs/configuration.md table,", extra), ("repeats", twice)):
             if ls:
                 errs.append(f"{where}: --{BALANCING} {what} {ls}")
     return errs, len(want), sorted(lists)
@@ -644,7 +644,7 @@ def balancing_label_errors(overlays):
 
 def bundled_wiring_errors(docs, values, cfg, ca_rules):
     """Bundled mode: CA and the provider in one pod, wired through the cloud-config on
-    127.0.0.1, CA's flags the README's, CA's RBAC deploy/cluster-autoscaler's."""
+    127.0.0.1, CA's flags docs/configuration.md's, CA's RBAC deploy/cluster-autoscaler's."""
     errs = []
     dep = find(docs, "Deployment")
     if not dep:
@@ -658,9 +658,9 @@ def bundled_wiring_errors(docs, values, cfg, ca_rules):
     if not ca or not prov:
         return [f"the pod needs containers cluster-autoscaler and ca-asg-provider, has {sorted(cs)}"]
     cmd = ca.get("command") or []
-    missing = [f for f in readme_ca_flags() if f not in cmd]
+    missing = [f for f in ca_flags_table() if f not in cmd]
     if missing:
-        errs.append(f"CA's flags lack {missing} (README 'CA flags to set')")
+        errs.append(f"CA's flags lack {missing} (docs/configuration.md 'CA flags to set')")
     for want in ("--cloud-provider=externalgrpc", f"--namespace={NAMESPACE}"):
         if want not in cmd:
             errs.append(f"CA's flags lack {want}")
@@ -719,7 +719,7 @@ def cluster_neutral(cfg):
 def quickstart_errors(docs, values, cfg):
     """The quickstart's values: the chart's recommended one-install mode, the region set
     (never guessed), the cluster named in the discovery tags, and the ServiceAccount the
-    README's IAM trust policies name."""
+    quickstart's IAM trust policies (docs/quickstart-eks.md) name."""
     errs = []
     if values["mode"] != "bundled":
         errs.append(f"mode {values['mode']!r}: the quickstart installs bundled mode (CA and the provider in one release)")
@@ -731,12 +731,12 @@ def quickstart_errors(docs, values, cfg):
         errs.append(f"autoDiscovery tags {tags} must be k8s.io/cluster-autoscaler/enabled and k8s.io/cluster-autoscaler/<cluster>")
     dep = find(docs, "Deployment")
     sa = dep and dep["spec"]["template"]["spec"].get("serviceAccountName")
-    readme = (ROOT / "README.md").read_text()
+    readme = (ROOT / "docs/quickstart-eks.md").read_text()
     if f"system:serviceaccount:{NAMESPACE}:{sa}" not in readme or f"--service-account {sa}" not in readme:
-        errs.append(f"the README quickstart's IRSA trust policy and Pod Identity association must name "
+        errs.append(f"the quickstart's (docs/quickstart-eks.md) IRSA trust policy and Pod Identity association must name "
                     f"{NAMESPACE}/{sa}, the ServiceAccount this file renders")
     if "helm install ca-asg-provider deploy/chart -n kube-system -f my-values.yaml" not in readme:
-        errs.append("the README quickstart does not install the release ca-asg-provider in kube-system with -f my-values.yaml")
+        errs.append("the quickstart (docs/quickstart-eks.md) does not install the release ca-asg-provider in kube-system with -f my-values.yaml")
     return errs
 
 
@@ -745,12 +745,12 @@ QUICKSTART_VARS = {"ACCOUNT_ID": "210987654321", "AWS_REGION": "ap-southeast-2",
 
 
 def quickstart_sed_values():
-    """my-values.yaml as the README quickstart's `sed ... quickstart-values.yaml > my-values.yaml`
+    """my-values.yaml as the quickstart's (docs/quickstart-eks.md) `sed ... quickstart-values.yaml > my-values.yaml`
     writes it for QUICKSTART_VARS (each -e "s/PATTERN/REPLACEMENT/[g]" applied per line, as sed does)."""
-    readme = (ROOT / "README.md").read_text()
+    readme = (ROOT / "docs/quickstart-eks.md").read_text()
     m = re.search(r"^sed ((?:.*\\\n)*.*) deploy/chart/examples/quickstart-values.yaml > my-values.yaml$", readme, re.M)
     if not m:
-        raise SystemExit("validate.py: the README quickstart has no `sed ... quickstart-values.yaml > my-values.yaml`")
+        raise SystemExit("validate.py: docs/quickstart-eks.md has no `sed ... quickstart-values.yaml > my-values.yaml`")
     exprs = re.findall(r'-e "s/((?:[^/"\\]|\\.)*)/((?:[^/"\\]|\\.)*)/(g?)"', m.group(1))
     if len(exprs) != m.group(1).count("-e "):
         raise SystemExit(f"validate.py: could not read the quickstart's sed expressions {m.group(1)!r}")
@@ -830,9 +830,9 @@ def example_errors(values):
             errs.append(f"{where}: extraArgs must set daemonset-eviction-for-occupied-nodes: false")
         # CA's chart drops what follows a `_` in an extraArgs name (balancing-ignore-label_1).
         given = {f"--{k.split('_')[0]}={str(v).lower() if isinstance(v, bool) else v}" for k, v in args.items()}
-        missing = [f for f in readme_ca_flags() if f not in given and not f.startswith(("--cloud-", "--daemonset-"))]
+        missing = [f for f in ca_flags_table() if f not in given and not f.startswith(("--cloud-", "--daemonset-"))]
         if missing:
-            errs.append(f"{where}: extraArgs lack {missing} (README 'CA flags to set')")
+            errs.append(f"{where}: extraArgs lack {missing} (docs/configuration.md 'CA flags to set')")
         vols = {v["name"]: v for v in ex.get("extraVolumes") or []}
         mounts = {m["mountPath"]: m["name"] for m in ex.get("extraVolumeMounts") or []}
         cloud = pathlib.PurePosixPath(str(args.get("cloud-config")))
@@ -1025,7 +1025,7 @@ def check_chart(base_docs, overlay_docs):
     schema = json.loads((CHART / "values.schema.json").read_text())
     shape = rust_config_shape()
     prefix, series = rust_metrics()
-    anchors = readme_anchors()
+    anchors = runbook_anchors()
     base_rules = {d["kind"]: d["rules"] for d in base_docs if d["kind"] in ("ClusterRole", "Role")}
     base_config = yaml.safe_load(find(base_docs, "ConfigMap", "ca-asg-provider")["data"]["config.yaml"])
     overlay_config = yaml.safe_load(find(overlay_docs, "ConfigMap", "ca-asg-provider")["data"]["config.yaml"])
@@ -1043,7 +1043,7 @@ def check_chart(base_docs, overlay_docs):
             print(f"ok   {rel(CHART)}/values.schema.json: top-level keys = values.yaml's, config = src/config structs")
 
         # The defaults (with what the chart requires: a cluster name), the ci files, and
-        # the README quickstart's values file as its sed writes it, rendered the same way.
+        # the quickstart's values file (docs/quickstart-eks.md) as its sed writes it, rendered the same way.
         required = pathlib.Path(home) / "required-values.yaml"
         required.write_text(yaml.safe_dump(REQUIRED["sidecar"]))
         sed_values = pathlib.Path(home) / "my-values.yaml"
@@ -1051,7 +1051,7 @@ def check_chart(base_docs, overlay_docs):
         values_files = [None] + sorted((CHART / "ci").glob("*-values.yaml")) + [QUICKSTART]
         rendered_alerts, audited_modes = [], set()
         for vf in values_files:
-            label = (f"{vf.relative_to(CHART)} after the README's sed" if vf == QUICKSTART
+            label = (f"{vf.relative_to(CHART)} after the quickstart's sed" if vf == QUICKSTART
                      else str(vf.relative_to(CHART)) if vf else "defaults + a cluster name")
             source = sed_values if vf == QUICKSTART else vf or required
             extra = ["-f", str(source)]
@@ -1147,7 +1147,7 @@ def check_chart(base_docs, overlay_docs):
         if audited_modes != set(MODES):
             fail(f"deploy/chart: RBAC audited in modes {sorted(audited_modes)}, not every mode {list(MODES)}")
 
-        # Alert rules: real metrics, runbooks that exist in the README.
+        # Alert rules: real metrics, runbooks that exist in docs/operations.md.
         n_failed = failed
         for label, rule, values in rendered_alerts:
             for g in rule["spec"]["groups"]:
@@ -1161,13 +1161,13 @@ def check_chart(base_docs, overlay_docs):
                     if not url.startswith(values["prometheusRule"]["runbookBaseUrl"] + "#") \
                             or url.split("#", 1)[1] != r["alert"].lower() or r["alert"].lower() not in anchors:
                         fail(f"deploy/chart ({label}): alert {r['alert']}: runbook_url {url} must point at the "
-                             f"README heading '{r['alert']}'")
+                             f"docs/operations.md heading '{r['alert']}'")
         if not rendered_alerts:
             fail("no values file in deploy/chart/ci enables prometheusRule")
         elif failed == n_failed:
             alerts = {r["alert"] for _, rule, _ in rendered_alerts for g in rule["spec"]["groups"] for r in g["rules"]}
             print(f"ok   PrometheusRule: {len(alerts)} alerts (checked in {len(rendered_alerts)} renders) query only metrics "
-                  f"of src/telemetry/metrics.rs ({len(series)} series) and link README runbooks")
+                  f"of src/telemetry/metrics.rs ({len(series)} series) and link docs/operations.md runbooks")
 
         # Values the schema (or a template check) must refuse.
         n_failed = failed
@@ -1288,7 +1288,7 @@ def main():
         print(f"FAIL {e}")
     failed += len(errs)
     if not errs:
-        print(f"ok   --{BALANCING}: the README table's {n} labels, each once, in {len(where)} places ({', '.join(where)})")
+        print(f"ok   --{BALANCING}: docs/configuration.md table's {n} labels, each once, in {len(where)} places ({', '.join(where)})")
     failed += check_chart(rendered["base"], rendered["standalone"])
     if failed:
         print(f"{failed} failure(s)")

@@ -128,7 +128,7 @@ placeholders, and the chart refuses them, naming the value to set.
 */}}
 {{- define "ca-asg-provider.checkPlaceholders" -}}
 {{- if and (ne .Values.mode "sidecar") (eq .Values.image.repository "ghcr.io/example/ca-asg-provider") -}}
-{{- fail (printf "image.repository is the placeholder %q: set image.repository to the repository you pushed the ca-asg-provider image to (README \"Quickstart on EKS\", step 2)" .Values.image.repository) -}}
+{{- fail (printf "image.repository is the placeholder %q: set image.repository to the repository you pushed the ca-asg-provider image to (docs/quickstart-eks.md, step 2)" .Values.image.repository) -}}
 {{- end -}}
 {{- range $i, $d := .Values.config.autoDiscovery | default list -}}
 {{- range $d.tags | default list -}}

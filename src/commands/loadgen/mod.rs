@@ -59,11 +59,11 @@ pub struct LoadgenArgs {
     #[arg(long)]
     pub json: Option<PathBuf>,
     /// Instead of the CA loop: a drain storm of this many nodes entering
-    /// Terminating:Wait at once, on the in-memory API server (README "Performance").
+    /// Terminating:Wait at once, on the in-memory API server (docs/performance.md).
     #[arg(long, value_name = "NODES")]
     pub drain_storm: Option<usize>,
     /// Instead of the CA loop: one node's drain against its pods' own floor, each way
-    /// of finding the held instance, this many runs each (README "Performance").
+    /// of finding the held instance, this many runs each (docs/performance.md).
     #[arg(long, value_name = "RUNS", conflicts_with = "drain_storm")]
     pub drain_floor: Option<usize>,
     /// The storm's Kubernetes API rate limit (scaleIn.apiQps).
@@ -75,7 +75,7 @@ pub struct LoadgenArgs {
     /// Also run each measured loop against the transport floor: a server on the same
     /// gRPC stack that replays the real server's recorded answers and runs no provider
     /// code. Loops alternate between the two (ABBA); the report gives both CPUs and
-    /// their ratio (README "Performance").
+    /// their ratio (docs/performance.md).
     #[arg(long, conflicts_with = "drain_storm")]
     pub floor: bool,
     /// Internal: serve as the floor, with the answers in this file (`--floor` starts
