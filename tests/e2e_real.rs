@@ -36,7 +36,7 @@ async fn ca_scale_in_of_occupied_nodes_direct() {
     let victims: Vec<(String, String)> = rig.occupied().await.into_iter().take(2).collect();
     assert_eq!(victims.len(), 2, "two occupied nodes");
     rig.report
-        .step("CA: NodeGroupDeleteNodes of two occupied nodes");
+        .scale_in_begins("CA: NodeGroupDeleteNodes of two occupied nodes");
     rig.ca_deletes(&victims).await;
     assert_eq!(
         rig.ca_target().await,
@@ -61,7 +61,7 @@ async fn ca_scale_in_of_occupied_nodes_through_the_hook() {
     let victims: Vec<(String, String)> = rig.occupied().await.into_iter().take(2).collect();
     assert_eq!(victims.len(), 2, "two occupied nodes");
     rig.report
-        .step("CA: NodeGroupDeleteNodes of two occupied nodes");
+        .scale_in_begins("CA: NodeGroupDeleteNodes of two occupied nodes");
     rig.ca_deletes(&victims).await;
     rig.report.step("wait for both instances to end");
     rig.wait_ended(&ids(&victims), 180).await;
@@ -118,15 +118,121 @@ async fn the_checks_catch_a_drain_that_evicts_daemonset_pods_with_the_workload()
     let rig = Rig::start("checks catch CA's default drain", &bin, 4, false).await;
     let (node, iid) = rig.occupied().await.remove(0);
     rig.report
-        .step("evict every pod of the node at once, then end the instance");
+        .scale_in_begins("evict every pod of the node at once, then end the instance");
     other_drainer(&rig.admin, &rig.cloud, &node, &iid, true).await;
     rig.wait_ended(std::slice::from_ref(&iid), 60).await;
     rig.report.step("the DaemonSet-last check fails");
-    let broken = checks::daemonset_last(&rig.kubelet.stops(), std::slice::from_ref(&node));
+    let asked = rig.report.scale_in_asked.lock().unwrap();
+    let broken = checks::daemonset_last(&rig.kubelet.stops(), std::slice::from_ref(&node), asked);
     assert!(
         broken.is_err(),
         "CA's default drain stopped the log shipper with the app; the check must see it: {:?}",
         rig.kubelet.stops()
     );
     eprintln!("e2e: as expected, {}", broken.unwrap_err());
+}
+
+/// Queue mode, two reasons on one node: a rebalance recommendation cordons it (the
+/// default `rebalance: cordon`); an agent with a blanket toleration lands on it anyway;
+/// then the ASG ends it and the lifecycle message arrives through the queue. The hook's
+/// drain evicts the agent too (it arrived after the cordon, not after the drain began),
+/// DaemonSet pods last, the action completed once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn queue_mode_a_rebalance_cordon_then_the_hook() {
+    use ca_asg_provider::cloud::queue::MemoryQueue;
+    use ca_asg_provider::interruption::consumer::Consumer;
+    use ca_asg_provider::interruption::{InterruptionSettings, RebalanceAction};
+    use std::sync::Arc;
+
+    let Some(bin) = binaries("queue_mode_a_rebalance_cordon_then_the_hook") else {
+        return;
+    };
+    let _one_at_a_time = SERIAL.lock().await;
+    let mut rig = Rig::start("queue: rebalance cordon, then the hook", &bin, 4, true).await;
+    rig.run_lifecycle_loop();
+    let queue = Arc::new(MemoryQueue::default());
+    let consumer = Consumer::new(
+        rig.engine.clone(),
+        rig.provider.clone(),
+        queue.clone(),
+        InterruptionSettings {
+            wait: std::time::Duration::from_millis(100),
+            rebalance: RebalanceAction::Cordon,
+            ..Default::default()
+        },
+    );
+    // The ASG's scale-in takes its newest instance: the one the rebalance names.
+    let (_, newest) = rig.cloud.instances().pop().expect("an instance");
+    let (node, iid) = (kubelet::node_name(&newest.id), newest.id.clone());
+
+    rig.report
+        .step("a rebalance recommendation through the queue cordons the node");
+    queue.send(&support::notices::rebalance(&iid));
+    support::queue::handle_next(&consumer, &queue).await;
+    until("the node cordoned", 30, || {
+        let admin = rig.admin.clone();
+        let node = node.clone();
+        async move {
+            let nodes: kube::Api<k8s_openapi::api::core::v1::Node> = kube::Api::all(admin);
+            nodes
+                .get(&node)
+                .await
+                .ok()
+                .and_then(|n| n.spec)
+                .and_then(|s| s.unschedulable)
+                == Some(true)
+        }
+    })
+    .await;
+
+    rig.report
+        .step("an agent that tolerates every taint lands on the cordoned node");
+    rig::create(
+        &rig.admin,
+        Some("shop"),
+        serde_json::json!({
+            "apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "agent"},
+            "spec": {"replicas": 1, "selector": {"matchLabels": {"app": "agent"}},
+                "template": {"metadata": {"labels": {"app": "agent"}}, "spec": {
+                    "tolerations": [{"operator": "Exists"}],
+                    "nodeSelector": {"kubernetes.io/hostname": node},
+                    "containers": [{"name": "main", "image": "e2e/agent:1",
+                        "lifecycle": {"preStop": {"exec": {"command": ["sleep", "1"]}}}}]}}}
+        }),
+    )
+    .await;
+    until("the agent Ready on the node", 60, || {
+        let admin = rig.admin.clone();
+        let node = node.clone();
+        async move {
+            rig::ready_pods(&admin)
+                .await
+                .iter()
+                .any(|(p, n)| p.starts_with("shop/agent-") && *n == node)
+        }
+    })
+    .await;
+
+    rig.report
+        .scale_in_begins("the ASG ends the node; its lifecycle message comes through the queue");
+    assert_eq!(
+        rig.cloud.external_scale_in("web", 1).unwrap(),
+        vec![iid.clone()]
+    );
+    let body = serde_json::json!({
+        "Origin": "AutoScalingGroup", "Destination": "EC2",
+        "Service": "AWS Auto Scaling", "Time": chrono::Utc::now().to_rfc3339(),
+        "AccountId": "123456789012",
+        "LifecycleTransition": "autoscaling:EC2_INSTANCE_TERMINATING",
+        "RequestId": "e2e", "AutoScalingGroupName": "web",
+        "LifecycleHookName": rig::HOOK,
+        "EC2InstanceId": iid, "LifecycleActionToken": format!("tok-{iid}"),
+    });
+    queue.send(&body.to_string());
+    support::queue::handle_next(&consumer, &queue).await;
+    rig.report.step("wait for the instance to end");
+    let victims = vec![(node.clone(), iid.clone())];
+    rig.wait_ended(&ids(&victims), 180).await;
+    rig.check_promises(&victims, 3, 0).await;
+    rig.hooks_completed_once(&ids(&victims));
 }

@@ -68,27 +68,32 @@ pub fn refused_evictions(audit: &[AuditEvent]) -> usize {
         .count()
 }
 
-/// On every drained node, each DaemonSet pod stopped (its preStop began) only after every
-/// workload pod of that node had exited, and no workload pod died with its instance.
-pub fn daemonset_last(stops: &[PodStop], nodes: &[String]) -> Result<(), String> {
+/// On every drained node, each DaemonSet pod began to stop only after every workload pod
+/// that was there when the scale-in was asked for (`asked`) had exited, and none of those
+/// died with its instance. (A pod that lands on the node after that, as one that
+/// tolerates every taint may, is no drain's to stop: it ends with the instance.)
+pub fn daemonset_last(
+    stops: &[PodStop],
+    nodes: &[String],
+    asked: DateTime<Utc>,
+) -> Result<(), String> {
     for node in nodes {
-        let on: Vec<&PodStop> = stops.iter().filter(|s| &s.node == node).collect();
-        if let Some(lost) = on
+        let workloads: Vec<&PodStop> = stops
             .iter()
-            .find(|s| !s.daemonset && s.how == Ending::WithInstance)
-        {
+            .filter(|s| &s.node == node && !s.daemonset && s.started < asked)
+            .collect();
+        if let Some(lost) = workloads.iter().find(|s| s.how == Ending::WithInstance) {
             return Err(format!(
                 "{node}: workload pod {} was still running when the instance ended",
                 lost.pod
             ));
         }
-        let Some(last_workload) = on.iter().filter(|s| !s.daemonset).map(|s| s.ended).max() else {
+        let Some(last_workload) = workloads.iter().map(|s| s.ended).max() else {
             continue;
         };
-        if let Some(early) = on
-            .iter()
-            .find(|s| s.daemonset && s.how == Ending::Graceful && s.began < last_workload)
-        {
+        if let Some(early) = stops.iter().find(|s| {
+            &s.node == node && s.daemonset && s.how == Ending::Graceful && s.began < last_workload
+        }) {
             return Err(format!(
                 "{node}: DaemonSet pod {} began stopping at {} before the last workload pod exited at {}",
                 early.pod, early.began, last_workload

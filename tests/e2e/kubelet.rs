@@ -36,6 +36,8 @@ pub struct PodStop {
     pub pod: String,
     pub node: String,
     pub daemonset: bool,
+    /// When the kubelet started it.
+    pub started: DateTime<Utc>,
     /// When the kubelet saw the deletion (preStop began); for `WithInstance`, the end.
     pub began: DateTime<Utc>,
     pub ended: DateTime<Utc>,
@@ -51,6 +53,8 @@ struct State {
     stopping: BTreeSet<String>,
     /// uid -> (ns/name, node, daemonset) of every pod running on a node of ours.
     running: BTreeMap<String, (String, String, bool)>,
+    /// uid -> when it was started.
+    started_at: BTreeMap<String, DateTime<Utc>>,
     stops: Vec<PodStop>,
     /// (ns/name, when it became Ready).
     readies: Vec<(String, DateTime<Utc>)>,
@@ -251,10 +255,12 @@ impl FakeKubelet {
             for (uid, (pod, node, daemonset)) in &on {
                 st.running.remove(uid);
                 st.stopping.insert(uid.clone());
+                let started = st.started_at.get(uid).copied().unwrap_or(now);
                 st.stops.push(PodStop {
                     pod: pod.clone(),
                     node: node.clone(),
                     daemonset: *daemonset,
+                    started,
                     began: now,
                     ended: now,
                     how: Ending::WithInstance,
@@ -314,6 +320,7 @@ impl FakeKubelet {
             let run_for = prestop_secs(&p).min(grace);
             let me = self.clone();
             let daemonset = is_daemonset(&p);
+            let started = st.started_at.get(&uid).copied().unwrap_or_else(Utc::now);
             tokio::spawn(async move {
                 let began = Utc::now();
                 tokio::time::sleep(Duration::from_secs_f64(run_for)).await;
@@ -322,6 +329,7 @@ impl FakeKubelet {
                     pod: format!("{ns}/{name}"),
                     node,
                     daemonset,
+                    started,
                     began,
                     ended,
                     how: Ending::Graceful,
@@ -340,6 +348,7 @@ impl FakeKubelet {
             return;
         }
         if st.started.insert(uid.clone()) {
+            st.started_at.insert(uid.clone(), Utc::now());
             st.running
                 .insert(uid, (format!("{ns}/{name}"), node, is_daemonset(&p)));
             drop(st);

@@ -37,6 +37,7 @@ pub struct Report {
     pub scale_in_secs: parking_lot::Mutex<Option<f64>>,
     /// When the scale-in was asked for (the time to the instance's end counts from here).
     pub scale_in_began: parking_lot::Mutex<Option<Instant>>,
+    pub scale_in_asked: parking_lot::Mutex<Option<chrono::DateTime<chrono::Utc>>>,
     /// More columns for the row (lines written and lost, for the real-node scenarios).
     pub extra: parking_lot::Mutex<serde_json::Map<String, serde_json::Value>>,
 }
@@ -46,6 +47,7 @@ impl Report {
     pub fn scale_in_begins(&self, s: &str) {
         self.step(s);
         *self.scale_in_began.lock() = Some(Instant::now());
+        *self.scale_in_asked.lock() = Some(chrono::Utc::now());
     }
 
     pub fn step(&self, s: &str) {
@@ -430,6 +432,7 @@ impl Rig {
             step: parking_lot::Mutex::new(String::new()),
             scale_in_secs: parking_lot::Mutex::new(None),
             scale_in_began: parking_lot::Mutex::new(None),
+            scale_in_asked: parking_lot::Mutex::new(None),
             extra: Default::default(),
         };
         let _ = tracing_subscriber::fmt()
@@ -612,7 +615,12 @@ impl Rig {
             .unwrap_or_else(|e| panic!("NodeGroupDeleteNodes: {e}"));
     }
 
+    /// NodeGroupTargetSize after a Refresh, as CA reads it at the start of each loop.
     pub async fn ca_target(&mut self) -> i32 {
+        self.ca
+            .refresh(proto::RefreshRequest {})
+            .await
+            .expect("Refresh");
         self.ca
             .node_group_target_size(proto::NodeGroupTargetSizeRequest { id: "web".into() })
             .await
@@ -672,7 +680,12 @@ impl Rig {
 
         self.report
             .step("check: DaemonSet pods last on every drained node");
-        checks::daemonset_last(&stops, &nodes).unwrap_or_else(|e| panic!("{e}"));
+        let asked = self
+            .report
+            .scale_in_asked
+            .lock()
+            .expect("the scale-in was asked for");
+        checks::daemonset_last(&stops, &nodes, asked).unwrap_or_else(|e| panic!("{e}"));
 
         self.report
             .step("check: each instance ended once, desired capacity right");
