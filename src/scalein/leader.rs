@@ -3,6 +3,19 @@
 //! every replica serves gRPC. A replica that is not the leader still answers
 //! DeleteNodes: it ends the instance through the hook or marks the Node, and the
 //! leader's loop drains it.
+//!
+//! Why not a crate. The two maintained ones were read against the rules below (2026-11):
+//! `kube-leader-election` says of itself that it has no fencing and that candidates
+//! compare timestamps (so it depends on the nodes' clocks agreeing), and it builds on an
+//! older kube than this crate's; `kube-lease-manager` also judges expiry from the lease's
+//! timestamps, with a configured tolerance for skew. The rules this service needs are
+//! client-go's: another holder's lease has expired when its record stood still for a
+//! whole lease duration *as this replica saw it* (no clock agreement needed), a leader
+//! steps down once no renewal succeeded within the renew deadline counted from when the
+//! renewal was *sent* (so it stops acting before anyone can take over), a write is a
+//! compare-and-swap on resourceVersion, the lease is released on shutdown, and a failing
+//! election is reported by `/readyz` with the RBAC to fix. Those rules and their tests
+//! (here and in tests/leader.rs) are the point; the code they need is short.
 
 use std::time::Duration;
 
@@ -241,6 +254,10 @@ pub fn spawn(
                 let _ = tx.send(false);
                 return;
             }
+            // A renewal counts from when it was sent, not from its answer: the others
+            // may see the record change as early as that, and a slow answer must not
+            // stretch this replica's belief that it still leads past their takeover.
+            let sent = tokio::time::Instant::now();
             let attempt = tokio::time::timeout(renew_deadline(&s), round(&api, &s, &mut observed));
             let result = match attempt.await {
                 Ok(r) => r.map_err(|e| explain(&e, &s)),
@@ -256,9 +273,11 @@ pub fn spawn(
                     liveness.trouble(NAME, None);
                     last_logged = None;
                     if held {
-                        last_renewed = Some(tokio::time::Instant::now());
+                        last_renewed = Some(sent);
                     }
-                    held
+                    // Held, but answered so late that the renew deadline counted from the
+                    // request has passed: not ours to act on any more.
+                    held && sent.elapsed() < renew_deadline(&s)
                 }
                 Err(why) => {
                     // Once a minute per distinct problem, not every round.
