@@ -181,3 +181,56 @@ fn poison_messages_say_what_is_wrong() {
         assert!(e.contains(want), "{body}: {e}");
     }
 }
+
+mod any_body {
+    use super::*;
+    use proptest::prelude::*;
+
+    /// A body of the shapes the queue carries, with every field free: strings where
+    /// numbers go, huge or negative times, missing parts.
+    fn eventish() -> impl Strategy<Value = String> {
+        let value = prop_oneof![
+            Just("null".to_string()),
+            any::<i64>().prop_map(|n| n.to_string()),
+            any::<f64>().prop_map(|n| format!("{n:?}")),
+            ".{0,24}".prop_map(|s| serde_json::to_string(&s).unwrap()),
+            Just(r#"{"instance-id":"i-0abc"}"#.to_string()),
+        ];
+        let keys = prop::sample::select(vec![
+            "detail-type",
+            "source",
+            "time",
+            "detail",
+            "instance-id",
+            "instance-action",
+            "LifecycleTransition",
+            "EC2InstanceId",
+            "AutoScalingGroupName",
+            "LifecycleActionToken",
+            "LifecycleHookName",
+            "Event",
+            "not-before",
+            "startTime",
+        ]);
+        proptest::collection::vec((keys, value), 0..8).prop_map(|kv| {
+            let fields: Vec<String> = kv.iter().map(|(k, v)| format!("{k:?}:{v}")).collect();
+            format!("{{{}}}", fields.join(","))
+        })
+    }
+
+    proptest! {
+        /// Whatever arrives on the queue, parsing answers (a notice or an error naming
+        /// what is wrong) and never panics.
+        #[test]
+        fn any_string_parses_or_is_refused(body in ".{0,200}") {
+            let _ = parse(&body);
+        }
+
+        #[test]
+        fn any_event_shaped_body_parses_or_is_refused(body in eventish()) {
+            if let Err(e) = parse(&body) {
+                prop_assert!(!e.is_empty(), "a refusal says why");
+            }
+        }
+    }
+}
