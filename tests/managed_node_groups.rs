@@ -164,8 +164,8 @@ async fn one_hook_timing_out_leaves_the_other_holding_and_abandon_ends_them_all(
 // ---------------------------------------------------------------------------------
 // The drain with EKS's drainer beside it.
 
-/// A managed node group's workloads: `api` (4 replicas, at most 1 unavailable, so
-/// 3 Ready at every moment), a fluentd DaemonSet and a bare pod `app` on `victim`.
+/// A managed node group's workloads: `api` (6 replicas, 2 a node, at most 1
+/// unavailable, so 5 Ready at every moment), a fluentd DaemonSet and a bare pod `app` on `victim`.
 struct Scene {
     node: String,
     iid: String,
@@ -180,16 +180,18 @@ async fn scene(w: &World) -> Scene {
     // The ASG ends the newest instance itself: the same one in every test.
     let (node, iid) = nodes.last().cloned().unwrap();
     w.sim
-        .create(&fixtures::replicaset("shop", "api", 4, 0.3))
+        .create(&fixtures::replicaset("shop", "api", 6, 0.3))
         .unwrap();
     w.sim.create(&fixtures::pdb("shop", "api", 1)).unwrap();
+    // Placed first, by least load: two on each node.
+    pods_ready(w, 6).await;
     w.sim
         .create(&fixtures::daemonset("logging", "fluentd", 0.3, false))
         .unwrap();
     w.sim
         .create(&fixtures::pod("shop", "app", &node, "app", 1.0))
         .unwrap();
-    pods_ready(w, 4 + nodes.len() + 1).await;
+    pods_ready(w, 6 + nodes.len() + 1).await;
     let on_node: Vec<serde_json::Value> = w
         .sim
         .list::<Pod>()
@@ -209,7 +211,12 @@ async fn scene(w: &World) -> Scene {
         .map(name)
         .collect();
     assert!(workloads.iter().any(|n| n == "app"), "{workloads:?}");
-    let floor = BudgetFloor::watch(&w.sim, "api", 3);
+    // Two replicas on the node: the second eviction has to wait for the budget.
+    assert!(
+        workloads.iter().filter(|n| n.starts_with("api-")).count() >= 2,
+        "{workloads:?}"
+    );
+    let floor = BudgetFloor::watch(&w.sim, "api", 5);
     let desired = w.cloud.desired(GROUP).unwrap();
     Scene {
         node,
@@ -254,6 +261,13 @@ async fn ended_as_promised(w: &World, s: &Scene, eks: &EksDrainer, ours: Option<
             );
         }
     }
+    // The budget did hold an eviction back (whose, the two drainers race for).
+    assert!(
+        a.iter()
+            .any(|e| e.verb == "eviction-denied" && e.name.starts_with("api-"))
+            || w.engine.stats.evictions_held.load(Ordering::Relaxed) > 0,
+        "no eviction was held by the budget"
+    );
     // DaemonSet pods last: fluentd is evicted after every workload pod of the node
     // is gone, and the Node goes after fluentd.
     let last_workload_gone = s
@@ -375,6 +389,8 @@ async fn cas_scale_in_in_lifecycle_mode_with_eks_draining_beside_it() {
     assert_eq!(target(&mut w, GROUP).await, s.desired - 1);
     ended_as_promised(&w, &s, &eks, Some(HOOK)).await;
     let d = eks.drain_of(&s.iid).unwrap();
+    // EKS really drained beside ours: it evicted, or its evictions met the budget.
+    assert!(!d.evicted.is_empty() || d.refused > 0, "{d:?}");
     assert!(d.completed, "{d:?}");
     assert_eq!(w.cloud.calls()["terminate_instance"], 1);
 }
