@@ -228,6 +228,14 @@ async fn scene(w: &World) -> Scene {
     }
 }
 
+/// CA's target for the group after a Refresh, as CA reads it.
+async fn refreshed_target(w: &mut World) -> i32 {
+    w.ca.refresh(ca_asg_provider::proto::RefreshRequest {})
+        .await
+        .unwrap();
+    target(w, GROUP).await
+}
+
 fn at(a: &[AuditEntry], verb: &str, kind: &str, name: &str) -> Option<usize> {
     a.iter()
         .position(|e| e.verb == verb && e.kind == kind && e.name == name)
@@ -386,8 +394,9 @@ async fn cas_scale_in_in_lifecycle_mode_with_eks_draining_beside_it() {
         },
     );
     delete_nodes(&mut w, GROUP, &[(s.node.clone(), s.iid.clone())]).await;
-    assert_eq!(target(&mut w, GROUP).await, s.desired - 1);
+    assert_eq!(refreshed_target(&mut w).await, s.desired - 1);
     ended_as_promised(&w, &s, &eks, Some(HOOK)).await;
+    assert_eq!(refreshed_target(&mut w).await, s.desired - 1);
     let d = eks.drain_of(&s.iid).unwrap();
     // EKS really drained beside ours: it evicted, or its evictions met the budget.
     assert!(!d.evicted.is_empty() || d.refused > 0, "{d:?}");
@@ -401,7 +410,7 @@ async fn an_asg_started_scale_in_with_both_hooks_and_eks_timing_out() {
     // was completed (our drain takes about 1.5 s), so the instance waits in
     // Terminating:Wait on EKS's hook alone for seconds, under the service's scans
     // (every 200 ms). Before the fix each scan took it for a new action of ours.
-    let w = world(
+    let mut w = world(
         vec![managed(3, Some(30), 6)],
         fast_settings(),
         Duration::from_millis(300),
@@ -428,7 +437,10 @@ async fn an_asg_started_scale_in_with_both_hooks_and_eks_timing_out() {
     })
     .await;
     let heartbeats = w.cloud.calls().get("lifecycle_heartbeat").copied();
+    // Held by EKS's hook alone now: CA's target counts the instance gone, once.
+    assert_eq!(refreshed_target(&mut w).await, s.desired - 1);
     ended_as_promised(&w, &s, &eks, Some(HOOK)).await;
+    assert_eq!(refreshed_target(&mut w).await, s.desired - 1);
     // EKS's hook alone held the instance after ours was completed, under the
     // service's scans: no new drain (checked above), no heartbeat of our action.
     let log = w.cloud.lifecycle_log();
@@ -472,8 +484,9 @@ async fn direct_mode_drains_first_and_eks_finds_nothing_to_evict() {
         },
     );
     delete_nodes(&mut w, GROUP, &[(s.node.clone(), s.iid.clone())]).await;
-    assert_eq!(target(&mut w, GROUP).await, s.desired - 1);
+    assert_eq!(refreshed_target(&mut w).await, s.desired - 1);
     ended_as_promised(&w, &s, &eks, None).await;
+    assert_eq!(refreshed_target(&mut w).await, s.desired - 1);
     // EKS's hook held the instance after the service's TerminateInstance..., and its
     // drainer found nothing to evict (the workloads were gone; DaemonSet pods it
     // leaves alone), then completed its hook.
