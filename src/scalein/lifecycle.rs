@@ -244,6 +244,8 @@ pub async fn scan(engine: &Arc<Engine>, provider: &Arc<Provider>) -> usize {
             return 0;
         }
     };
+    // Ended actions are remembered only while AWS still shows their instance.
+    engine.forget_actions_done(|id| fresh.iter().any(|s| s.instances.iter().any(|i| i.id == id)));
     let mut started = 0;
     for snap in &fresh {
         let Some(g) = reg.group(&snap.name) else {
@@ -252,10 +254,12 @@ pub async fn scan(engine: &Arc<Engine>, provider: &Arc<Provider>) -> usize {
         // An instance our hook holds is heartbeated and drained whatever else drains
         // it already (a rebalance or retirement drain, the drain command): the
         // lifecycle reason joins that drain.
+        // An instance whose action of our hook is over may wait on another hook
+        // (EKS's on a managed node group): it is not held by ours, nor a new one.
         let waiting = snap
             .instances
             .iter()
-            .filter(|i| i.state == LifecycleState::TerminatingWait);
+            .filter(|i| i.state == LifecycleState::TerminatingWait && !engine.action_done(&i.id));
         let (held, found): (Vec<&crate::cloud::AsgInstance>, Vec<_>) =
             waiting.partition(|i| engine.holds_hook(&i.id) && engine.is_draining(&i.id));
         if found.is_empty() && held.is_empty() {

@@ -13,7 +13,7 @@
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use parking_lot::Mutex;
@@ -352,6 +352,11 @@ pub struct Engine {
     /// the hook, not the drain (a drain restarted for a new reason, or failed and
     /// retrying, keeps them).
     holds: Mutex<HashMap<String, Hold>>,
+    /// Instances whose lifecycle action of our hook this replica completed (or found
+    /// complete). AWS keeps such an instance in Terminating:Wait while another hook
+    /// (EKS's `Terminate-LC-Hook` on a managed node group) still holds it; the scan
+    /// must not take it for a new action and drain it again.
+    actions_done: Mutex<HashMap<String, Instant>>,
     /// Feeds the provider's accounting with the drain marks on Nodes.
     marks_sync: Mutex<Option<tokio::task::JoinHandle<()>>>,
     /// (kind, key) pairs already said once: another tool's terminating hook, a dry
@@ -408,6 +413,7 @@ impl Engine {
             slots,
             inflight: Mutex::new(HashMap::new()),
             holds: Mutex::new(HashMap::new()),
+            actions_done: Mutex::new(HashMap::new()),
             leadership: std::sync::OnceLock::new(),
             step_down: tokio::sync::watch::channel(false).0,
             stats: DrainStats::default(),
@@ -684,6 +690,34 @@ impl Engine {
             }
             _ => false,
         }
+    }
+
+    /// Our hook's lifecycle action for `instance_id` is over (completed by this
+    /// replica, or found complete).
+    pub(crate) fn note_action_done(&self, instance_id: &str) {
+        let mut done = self.actions_done.lock();
+        // Bounded: the scan forgets instances AWS no longer shows; past the bound
+        // the oldest go (at worst one more drain that finds the action complete).
+        if done.len() >= FINISHED_KEPT {
+            if let Some(oldest) = done
+                .iter()
+                .min_by_key(|(_, at)| **at)
+                .map(|(k, _)| k.clone())
+            {
+                done.remove(&oldest);
+            }
+        }
+        done.insert(instance_id.to_string(), Instant::now());
+    }
+
+    /// Whether our hook's lifecycle action for `instance_id` is known to be over.
+    pub fn action_done(&self, instance_id: &str) -> bool {
+        self.actions_done.lock().contains_key(instance_id)
+    }
+
+    /// Forgets the ended actions of instances `keep` says no longer exist.
+    pub(crate) fn forget_actions_done(&self, keep: impl Fn(&str) -> bool) {
+        self.actions_done.lock().retain(|id, _| keep(id));
     }
 
     /// Drains asked for and not finished: running, or cordoned and waiting for a slot.

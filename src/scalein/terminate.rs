@@ -30,6 +30,10 @@ pub async fn finish(
         })
         .await
         .map_err(|e| e.to_string())?;
+    if let Mode::Lifecycle { .. } = mode {
+        // Another hook (EKS's) may hold the instance in Terminating:Wait a while yet.
+        engine.note_action_done(instance_id);
+    }
     if let (Some(node), false) = (node, matches!(mode, Mode::DrainOnly)) {
         let reason = match mode {
             Mode::Lifecycle { .. } => Reason::LifecycleCompleted,

@@ -1,5 +1,6 @@
 #![allow(dead_code)]
 pub mod budget_floor;
+pub mod eks;
 pub mod moto;
 pub mod notices;
 pub mod queue;

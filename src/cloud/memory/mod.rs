@@ -35,8 +35,10 @@ pub struct MemoryGroup {
     pub instance_type: String,
     pub tags: BTreeMap<String, String>,
     pub user_data: Option<String>,
-    /// An EC2_INSTANCE_TERMINATING hook, if the group has one.
-    pub terminating_hook: Option<LifecycleHook>,
+    /// The group's EC2_INSTANCE_TERMINATING hooks (an EKS managed node group has
+    /// EKS's `Terminate-LC-Hook` besides any other). An instance being ended waits in
+    /// Terminating:Wait for every one of them.
+    pub terminating_hooks: Vec<LifecycleHook>,
     /// A mixed instances policy with attribute-based selection instead of a type
     /// (instances still launch as `instance_type`).
     pub requirements: Option<InstanceRequirements>,
@@ -57,7 +59,7 @@ impl MemoryGroup {
             instance_type: instance_type.to_string(),
             tags: BTreeMap::new(),
             user_data: None,
-            terminating_hook: None,
+            terminating_hooks: Vec::new(),
             requirements: None,
         }
     }
@@ -82,14 +84,82 @@ impl MemoryGroup {
         self
     }
 
-    pub fn terminating_hook(mut self, name: &str, heartbeat_timeout_secs: i32) -> Self {
-        self.terminating_hook = Some(LifecycleHook {
+    /// Adds (or, by name, replaces) an EC2_INSTANCE_TERMINATING hook whose default
+    /// result is ABANDON.
+    pub fn terminating_hook(self, name: &str, heartbeat_timeout_secs: i32) -> Self {
+        self.hook(LifecycleHook {
             name: name.to_string(),
             heartbeat_timeout_secs,
             default_result: "ABANDON".into(),
-        });
+        })
+    }
+
+    /// Adds (or, by name, replaces) an EC2_INSTANCE_TERMINATING hook, as
+    /// PutLifecycleHook does.
+    pub fn hook(mut self, hook: LifecycleHook) -> Self {
+        put_hook(&mut self.terminating_hooks, hook);
         self
     }
+
+    /// Makes the group an EKS managed node group's ASG: the tags `eks:cluster-name` and
+    /// `eks:nodegroup-name`, and EKS's own `Terminate-LC-Hook` with `eks_timeout_secs`
+    /// of heartbeat timeout and CONTINUE as its default result (EKS lets the
+    /// termination go on when its drain did not finish in time).
+    pub fn eks_managed(self, cluster: &str, nodegroup: &str, eks_timeout_secs: i32) -> Self {
+        self.tag(EKS_CLUSTER_TAG, cluster)
+            .tag(EKS_NODEGROUP_TAG, nodegroup)
+            .hook(LifecycleHook {
+                name: EKS_TERMINATE_HOOK.to_string(),
+                heartbeat_timeout_secs: eks_timeout_secs,
+                default_result: "CONTINUE".into(),
+            })
+    }
+}
+
+/// EKS's terminating hook on a managed node group's ASG.
+pub const EKS_TERMINATE_HOOK: &str = "Terminate-LC-Hook";
+/// The tags EKS puts on a managed node group's ASG.
+pub const EKS_CLUSTER_TAG: &str = "eks:cluster-name";
+pub const EKS_NODEGROUP_TAG: &str = "eks:nodegroup-name";
+
+fn put_hook(hooks: &mut Vec<LifecycleHook>, hook: LifecycleHook) {
+    match hooks.iter_mut().find(|h| h.name == hook.name) {
+        Some(h) => *h = hook,
+        None => hooks.push(hook),
+    }
+}
+
+/// What happened to a lifecycle action or its instance, in the order it happened
+/// ([`MemoryCloud::lifecycle_log`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum HookEvent {
+    /// The hook's action was completed with this result.
+    Completed {
+        instance: String,
+        hook: String,
+        result: LifecycleResult,
+    },
+    /// The hook's timeout passed with no heartbeat or completion; its default
+    /// result applied.
+    TimedOut { instance: String, hook: String },
+    /// An ABANDON (completed or by default) ended the instance's other hooks'
+    /// actions unfinished, as AWS does on termination.
+    Dropped { instance: String, hook: String },
+    /// No hook holds the instance any more: Terminating:Proceed.
+    Proceeded { instance: String },
+    /// The instance is gone.
+    Terminated { instance: String },
+}
+
+/// One hook's action an instance in Terminating:Wait waits for.
+#[derive(Debug, Clone)]
+struct Wait {
+    hook: String,
+    /// The hook's heartbeat timeout when the termination began.
+    timeout: Duration,
+    /// When the action times out (None until the instance is in Terminating:Wait).
+    deadline: Option<Instant>,
+    abandon_by_default: bool,
 }
 
 /// Timing of the simulated ASG.
@@ -122,11 +192,11 @@ struct MemInstance {
     instance_type: String,
     /// When the current state began.
     since: Instant,
-    /// For Terminating:Wait: when the hook times out without a heartbeat.
-    hook_deadline: Option<Instant>,
-    /// Terminating on its way to Terminating:Wait: when it gets there, and the
-    /// hook's heartbeat timeout then.
-    enters_wait: Option<(Instant, Duration)>,
+    /// For Terminating (on its way to) and Terminating:Wait: the hooks' actions not
+    /// completed or timed out yet.
+    waits: Vec<Wait>,
+    /// Terminating on its way to Terminating:Wait: when it gets there.
+    enters_wait: Option<Instant>,
 }
 
 #[derive(Debug, Clone)]
@@ -163,6 +233,8 @@ struct State {
     chosen_by_asg: Vec<String>,
     /// Instances whose lifecycle hook timed out (no heartbeat, no completion).
     hook_timeouts: Vec<String>,
+    /// Every lifecycle action's end and every instance's way out, in order.
+    log: Vec<HookEvent>,
 }
 
 /// In-memory Auto Scaling. Cheap to clone (shared state).
@@ -243,17 +315,18 @@ impl MemoryCloud {
             if let Some(i) = g.instances.iter_mut().find(|i| i.id == instance_id) {
                 i.state = LifecycleState::Terminating;
                 i.enters_wait = None;
+                i.waits.clear();
                 i.since = now;
                 g.launches_held_until = Some(now + replace_after);
             }
         }
     }
 
-    /// Deletes the group's terminating hook (someone removed it, or the ASG was
-    /// recreated under the same name without it).
+    /// Deletes the group's terminating hooks (someone removed them, or the ASG was
+    /// recreated under the same name without them).
     pub fn delete_hook(&self, group: &str) {
         if let Some(g) = self.state.lock().groups.get_mut(group) {
-            g.spec.terminating_hook = None;
+            g.spec.terminating_hooks.clear();
         }
     }
 
@@ -315,7 +388,28 @@ impl MemoryCloud {
         self.state.lock().chosen_by_asg.clone()
     }
 
-    /// Instances whose lifecycle hook timed out without completion, in order.
+    /// What happened to lifecycle actions and instances on their way out, in order.
+    pub fn lifecycle_log(&self) -> Vec<HookEvent> {
+        let mut st = self.state.lock();
+        self.settle(&mut st);
+        st.log.clone()
+    }
+
+    /// The hooks whose actions hold the instance now (in Terminating:Wait, or on its
+    /// way there), in the group's order.
+    pub fn pending_hooks(&self, instance_id: &str) -> Vec<String> {
+        let mut st = self.state.lock();
+        self.settle(&mut st);
+        st.groups
+            .values()
+            .flat_map(|g| &g.instances)
+            .filter(|i| i.id == instance_id)
+            .flat_map(|i| i.waits.iter().map(|w| w.hook.clone()))
+            .collect()
+    }
+
+    /// Instances whose lifecycle hook timed out without completion, in order (one
+    /// entry per hook that timed out).
     pub fn hook_timeouts(&self) -> Vec<String> {
         let mut st = self.state.lock();
         self.settle(&mut st);
@@ -355,7 +449,7 @@ impl MemoryCloud {
             .ok_or_else(|| not_found("group", group))?;
         g.desired = (g.desired - by).max(g.spec.min_size);
         let mut ended = Vec::new();
-        let hook = g.spec.terminating_hook.clone();
+        let hooks = g.spec.terminating_hooks.clone();
         for inst in g.instances.iter_mut().rev() {
             if ended.len() as i32 >= by {
                 break;
@@ -363,7 +457,7 @@ impl MemoryCloud {
             if inst.state.is_terminating() {
                 continue;
             }
-            begin_termination(inst, hook.as_ref(), now, self.timing.hook_delay);
+            begin_termination(inst, &hooks, now, self.timing.hook_delay);
             ended.push(inst.id.clone());
         }
         Ok(ended)
@@ -393,6 +487,7 @@ impl MemoryCloud {
                 continue;
             };
             let mut timed_out = Vec::new();
+            let mut log = Vec::new();
             for inst in &mut g.instances {
                 match inst.state {
                     LifecycleState::Pending
@@ -401,21 +496,40 @@ impl MemoryCloud {
                         inst.state = LifecycleState::InService;
                         inst.since = now;
                     }
-                    // No heartbeat before the hook's timeout: the default result
-                    // applies and the instance goes on terminating.
+                    // No heartbeat before a hook's timeout: its default result
+                    // applies; with no hook left the instance goes on terminating.
                     LifecycleState::TerminatingWait
-                        if inst.hook_deadline.is_some_and(|d| now >= d) =>
+                        if inst
+                            .waits
+                            .iter()
+                            .any(|w| w.deadline.is_some_and(|d| now >= d)) =>
                     {
-                        inst.state = LifecycleState::TerminatingProceed;
-                        inst.since = now;
-                        timed_out.push(inst.id.clone());
+                        let (over, left): (Vec<Wait>, Vec<Wait>) = std::mem::take(&mut inst.waits)
+                            .into_iter()
+                            .partition(|w| w.deadline.is_some_and(|d| now >= d));
+                        inst.waits = left;
+                        let mut abandon = false;
+                        for w in over {
+                            timed_out.push(inst.id.clone());
+                            abandon |= w.abandon_by_default;
+                            log.push(HookEvent::TimedOut {
+                                instance: inst.id.clone(),
+                                hook: w.hook,
+                            });
+                        }
+                        if abandon {
+                            drop_waits(inst, &mut log);
+                        }
+                        if inst.waits.is_empty() {
+                            proceed(inst, now, &mut log);
+                        }
                     }
-                    LifecycleState::Terminating
-                        if inst.enters_wait.is_some_and(|(at, _)| now >= at) =>
-                    {
-                        let (_, timeout) = inst.enters_wait.take().expect("checked");
+                    LifecycleState::Terminating if inst.enters_wait.is_some_and(|at| now >= at) => {
+                        inst.enters_wait = None;
                         inst.state = LifecycleState::TerminatingWait;
-                        inst.hook_deadline = Some(now + timeout);
+                        for w in &mut inst.waits {
+                            w.deadline = Some(now + w.timeout);
+                        }
                         inst.since = now;
                     }
                     LifecycleState::Terminating | LifecycleState::TerminatingProceed
@@ -424,6 +538,9 @@ impl MemoryCloud {
                     {
                         inst.state = LifecycleState::Terminated;
                         inst.since = now;
+                        log.push(HookEvent::Terminated {
+                            instance: inst.id.clone(),
+                        });
                     }
                     _ => {}
                 }
@@ -433,6 +550,7 @@ impl MemoryCloud {
                     && now.duration_since(i.since) >= Duration::from_millis(1))
             });
             st.hook_timeouts.extend(timed_out);
+            st.log.extend(log);
             self.reconcile_group(st, &name, now);
         }
     }
@@ -492,7 +610,7 @@ impl MemoryCloud {
                 state: LifecycleState::Pending,
                 instance_type: g.spec.instance_type.clone(),
                 since: now,
-                hook_deadline: None,
+                waits: Vec::new(),
                 enters_wait: None,
             });
         }
@@ -528,26 +646,55 @@ impl MemoryCloud {
     }
 }
 
+/// Starts ending an instance: with hooks it waits (after `hook_delay`) in
+/// Terminating:Wait for every one of them, each with its own timeout.
 fn begin_termination(
     inst: &mut MemInstance,
-    hook: Option<&LifecycleHook>,
+    hooks: &[LifecycleHook],
     now: Instant,
     hook_delay: Duration,
 ) {
     inst.since = now;
-    match hook {
-        Some(h) => {
-            let timeout = Duration::from_secs(h.heartbeat_timeout_secs.max(1) as u64);
-            if hook_delay.is_zero() {
-                inst.state = LifecycleState::TerminatingWait;
-                inst.hook_deadline = Some(now + timeout);
-            } else {
-                inst.state = LifecycleState::Terminating;
-                inst.enters_wait = Some((now + hook_delay, timeout));
-            }
+    inst.waits = hooks
+        .iter()
+        .map(|h| Wait {
+            hook: h.name.clone(),
+            timeout: Duration::from_secs(h.heartbeat_timeout_secs.max(1) as u64),
+            deadline: None,
+            abandon_by_default: h.default_result.eq_ignore_ascii_case("ABANDON"),
+        })
+        .collect();
+    if inst.waits.is_empty() {
+        inst.state = LifecycleState::Terminating;
+    } else if hook_delay.is_zero() {
+        inst.state = LifecycleState::TerminatingWait;
+        for w in &mut inst.waits {
+            w.deadline = Some(now + w.timeout);
         }
-        None => inst.state = LifecycleState::Terminating,
+    } else {
+        inst.state = LifecycleState::Terminating;
+        inst.enters_wait = Some(now + hook_delay);
     }
+}
+
+/// ABANDON on termination stops the instance's remaining lifecycle actions (AWS:
+/// "ABANDON stops any remaining actions, such as other lifecycle hooks").
+fn drop_waits(inst: &mut MemInstance, log: &mut Vec<HookEvent>) {
+    for w in inst.waits.drain(..) {
+        log.push(HookEvent::Dropped {
+            instance: inst.id.clone(),
+            hook: w.hook,
+        });
+    }
+}
+
+/// No hook holds the instance any more: on to Terminating:Proceed.
+fn proceed(inst: &mut MemInstance, now: Instant, log: &mut Vec<HookEvent>) {
+    inst.state = LifecycleState::TerminatingProceed;
+    inst.since = now;
+    log.push(HookEvent::Proceeded {
+        instance: inst.id.clone(),
+    });
 }
 
 fn to_asg_instance(i: &MemInstance) -> AsgInstance {
@@ -601,7 +748,7 @@ impl Cloud for MemoryCloud {
             .filter(|g| matches_selector(g, selector))
             .map(|g| {
                 let mut snap = Self::snapshot_of(g);
-                snap.terminating_hooks = g.spec.terminating_hook.iter().cloned().collect();
+                snap.terminating_hooks = g.spec.terminating_hooks.clone();
                 snap
             })
             .collect())
@@ -675,7 +822,7 @@ impl Cloud for MemoryCloud {
                 .filter(|i| !i.state.is_terminating())
                 .count() as i32;
             let excess = (live - desired).clamp(0, by);
-            let hook = g.spec.terminating_hook.clone();
+            let hooks = g.spec.terminating_hooks.clone();
             let now = Instant::now();
             let mut n = 0;
             for inst in g.instances.iter_mut().rev() {
@@ -683,7 +830,7 @@ impl Cloud for MemoryCloud {
                     break;
                 }
                 if !inst.state.is_terminating() {
-                    begin_termination(inst, hook.as_ref(), now, self.timing.hook_delay);
+                    begin_termination(inst, &hooks, now, self.timing.hook_delay);
                     victims.push(inst.id.clone());
                     n += 1;
                 }
@@ -717,7 +864,7 @@ impl Cloud for MemoryCloud {
                 ),
             });
         }
-        let hook = g.spec.terminating_hook.clone();
+        let hooks = g.spec.terminating_hooks.clone();
         let inst = g
             .instances
             .iter_mut()
@@ -726,7 +873,7 @@ impl Cloud for MemoryCloud {
         if inst.state.is_terminating() {
             return Ok(());
         }
-        begin_termination(inst, hook.as_ref(), now, self.timing.hook_delay);
+        begin_termination(inst, &hooks, now, self.timing.hook_delay);
         if decrement {
             g.desired -= 1;
         }
@@ -785,7 +932,7 @@ impl Cloud for MemoryCloud {
             .groups
             .get(group)
             .ok_or_else(|| not_found("group", group))?;
-        Ok(g.spec.terminating_hook.iter().cloned().collect())
+        Ok(g.spec.terminating_hooks.clone())
     }
 
     async fn put_terminating_hook(&self, group: &str, hook: &LifecycleHook) -> CloudResult<()> {
@@ -796,7 +943,7 @@ impl Cloud for MemoryCloud {
             .groups
             .get_mut(group)
             .ok_or_else(|| not_found("group", group))?;
-        g.spec.terminating_hook = Some(hook.clone());
+        put_hook(&mut g.spec.terminating_hooks, hook.clone());
         Ok(())
     }
 
@@ -810,19 +957,20 @@ impl Cloud for MemoryCloud {
             .ok_or_else(|| not_found("group", &action.group))?;
         let timeout = g
             .spec
-            .terminating_hook
-            .as_ref()
-            .filter(|h| h.name == action.hook)
+            .terminating_hooks
+            .iter()
+            .find(|h| h.name == action.hook)
             .map(|h| h.heartbeat_timeout_secs)
             .ok_or_else(|| not_found("lifecycle hook", &action.hook))?;
-        let inst = g
+        let wait = g
             .instances
             .iter_mut()
             .find(|i| i.id == action.instance_id && i.state == LifecycleState::TerminatingWait)
+            .and_then(|i| i.waits.iter_mut().find(|w| w.hook == action.hook))
             .ok_or_else(|| rejected_no_action(action))?;
         let now = Instant::now();
-        let left = inst.hook_deadline.map(|d| d.saturating_duration_since(now));
-        inst.hook_deadline = Some(now + Duration::from_secs(timeout.max(1) as u64));
+        let left = wait.deadline.map(|d| d.saturating_duration_since(now));
+        wait.deadline = Some(now + Duration::from_secs(timeout.max(1) as u64));
         st.heartbeats.push(action.clone());
         if let Some(left) = left {
             st.hook_slack.push((action.instance_id.clone(), left));
@@ -842,24 +990,46 @@ impl Cloud for MemoryCloud {
             .groups
             .get_mut(&action.group)
             .ok_or_else(|| not_found("group", &action.group))?;
-        if g.spec
-            .terminating_hook
-            .as_ref()
-            .is_none_or(|h| h.name != action.hook)
+        if !g
+            .spec
+            .terminating_hooks
+            .iter()
+            .any(|h| h.name == action.hook)
         {
             return Err(not_found("lifecycle hook", &action.hook));
         }
         let inst = g
             .instances
             .iter_mut()
-            .find(|i| i.id == action.instance_id && i.state == LifecycleState::TerminatingWait)
+            .find(|i| {
+                i.id == action.instance_id
+                    && i.state == LifecycleState::TerminatingWait
+                    && i.waits.iter().any(|w| w.hook == action.hook)
+            })
             .ok_or_else(|| rejected_no_action(action))?;
-        inst.state = LifecycleState::TerminatingProceed;
-        inst.since = Instant::now();
+        let now = Instant::now();
+        let at = inst
+            .waits
+            .iter()
+            .position(|w| w.hook == action.hook)
+            .expect("checked");
         let left = inst
-            .hook_deadline
-            .take()
-            .map(|d| d.saturating_duration_since(inst.since));
+            .waits
+            .remove(at)
+            .deadline
+            .map(|d| d.saturating_duration_since(now));
+        let mut log = vec![HookEvent::Completed {
+            instance: inst.id.clone(),
+            hook: action.hook.clone(),
+            result,
+        }];
+        if result == LifecycleResult::Abandon {
+            drop_waits(inst, &mut log);
+        }
+        if inst.waits.is_empty() {
+            proceed(inst, now, &mut log);
+        }
+        st.log.extend(log);
         st.completed_actions.push((action.clone(), result));
         st.completed_at
             .push((action.instance_id.clone(), Instant::now()));
