@@ -145,3 +145,29 @@ pub async fn check(
     }
     Ok(out)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::REQUIRED;
+
+    /// The quickstart's sample of check-config's output gives the count the command
+    /// prints, in both its lines (it once said 19 in one and 18 in the other).
+    #[test]
+    fn the_quickstart_counts_the_permissions_the_check_asks_for() {
+        let doc = std::fs::read_to_string(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/docs/quickstart-eks.md"
+        ))
+        .expect("docs/quickstart-eks.md");
+        let flat = doc.split_whitespace().collect::<Vec<_>>().join(" ");
+        let n = REQUIRED.len();
+        assert!(
+            flat.contains(&format!("all {n} permissions held")),
+            "the quickstart should show `all {n} permissions held`"
+        );
+        assert!(
+            flat.contains(&format!("missing <n> of {n}:")),
+            "the quickstart should show `missing <n> of {n}:`"
+        );
+    }
+}
