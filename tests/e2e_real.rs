@@ -21,7 +21,7 @@ mod real_node;
 #[path = "e2e/rig.rs"]
 mod rig;
 
-use rig::{binaries, ids, other_drainer, until, Rig, SERIAL};
+use rig::{binaries, other_drainer, until, Rig, SERIAL};
 
 /// CA scales in two occupied nodes of a group with no hook (direct mode): both drain at
 /// once under the real disruption controller's budget, DaemonSet pods last, then each
@@ -43,9 +43,7 @@ async fn ca_scale_in_of_occupied_nodes_direct() {
         3,
         "direct mode reports the decrease at once"
     );
-    rig.report.step("wait for both instances to end");
-    rig.wait_ended(&ids(&victims), 180).await;
-    rig.check_promises(&victims, 3, 2).await;
+    rig.ends_keeping_promises(&victims, 3, 2, false).await;
 }
 
 /// The same through our lifecycle hook: DeleteNodes ends the instances with a decrement
@@ -63,10 +61,7 @@ async fn ca_scale_in_of_occupied_nodes_through_the_hook() {
     rig.report
         .scale_in_begins("CA: NodeGroupDeleteNodes of two occupied nodes");
     rig.ca_deletes(&victims).await;
-    rig.report.step("wait for both instances to end");
-    rig.wait_ended(&ids(&victims), 180).await;
-    rig.check_promises(&victims, 3, 2).await;
-    rig.hooks_completed_once(&ids(&victims));
+    rig.ends_keeping_promises(&victims, 3, 2, true).await;
 }
 
 /// The ASG ends an instance on its own (a scale-in policy, a rebalance, a refresh):
@@ -97,11 +92,8 @@ async fn asg_ends_an_instance_and_the_service_restarts_mid_drain() {
     rig.report
         .step("kill the service mid-drain and start a new one");
     rig.restart_service().await;
-    rig.report.step("wait for the instance to end");
-    rig.wait_ended(&ids(&victims), 180).await;
     // The ASG picked its own victim and lowered its own desired capacity: 4 -> 3.
-    rig.check_promises(&victims, 3, 0).await;
-    rig.hooks_completed_once(&ids(&victims));
+    rig.ends_keeping_promises(&victims, 3, 0, true).await;
 }
 
 /// The checks can fail on the real system: CA's own drain with its default
@@ -230,9 +222,6 @@ async fn queue_mode_a_rebalance_cordon_then_the_hook() {
     });
     queue.send(&body.to_string());
     support::queue::handle_next(&consumer, &queue).await;
-    rig.report.step("wait for the instance to end");
     let victims = vec![(node.clone(), iid.clone())];
-    rig.wait_ended(&ids(&victims), 180).await;
-    rig.check_promises(&victims, 3, 0).await;
-    rig.hooks_completed_once(&ids(&victims));
+    rig.ends_keeping_promises(&victims, 3, 0, true).await;
 }

@@ -144,7 +144,8 @@ pub struct ControlPlane {
     ca_pem: Vec<u8>,
 }
 
-fn free_port() -> u16 {
+/// A free port on 127.0.0.1 (bound, then released for the process that takes it).
+pub fn free_port() -> u16 {
     TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .map(|a| a.port())

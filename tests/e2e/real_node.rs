@@ -10,14 +10,13 @@
 #![allow(dead_code)] // shared by the e2e test crates, each using a part
 
 use std::fs;
-use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 
-use super::control_plane::{ControlPlane, Who};
+use super::control_plane::{free_port, ControlPlane, Who};
 
 /// Whether this machine can run a real node (root, containerd, runc, the CNI plugins,
 /// and the images directory `E2E_IMAGES` from scripts/e2e/images.py).
@@ -38,13 +37,6 @@ fn which(cmd: &str) -> bool {
         .stdout(Stdio::null())
         .status()
         .is_ok_and(|s| s.success())
-}
-
-fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("a free port")
 }
 
 pub struct RealNode {

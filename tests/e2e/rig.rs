@@ -714,6 +714,24 @@ impl Rig {
             .unwrap_or_else(|e| panic!("a control plane component died: {e}"));
     }
 
+    /// The end of every promise scenario: the instances end, every promise is checked,
+    /// and with `hooked` each lifecycle action was completed once.
+    pub async fn ends_keeping_promises(
+        &mut self,
+        victims: &[(String, String)],
+        desired_after: i32,
+        terminations: u64,
+        hooked: bool,
+    ) {
+        self.report.step("wait for the instances to end");
+        self.wait_ended(&ids(victims), 180).await;
+        self.check_promises(victims, desired_after, terminations)
+            .await;
+        if hooked {
+            self.hooks_completed_once(&ids(victims));
+        }
+    }
+
     pub fn hooks_completed_once(&self, iids: &[String]) {
         self.report
             .step("check: each lifecycle action completed once");
