@@ -241,21 +241,7 @@ impl Model {
             );
         }
         let audit = self.w.sim.audit();
-        // Every eviction request the API server got, per pod: once one was let
-        // through, any further request for that pod is a second eviction (a real
-        // API server answers it 200 for a terminating pod, and nothing else shows).
-        let mut evicted = BTreeSet::new();
-        for e in audit.iter().filter(|e| e.kind == "Pod") {
-            match e.verb.as_str() {
-                "eviction-requested" => {
-                    assert!(!evicted.contains(&e.name), "{} was evicted twice", e.name)
-                }
-                "evicted" => {
-                    evicted.insert(e.name.clone());
-                }
-                _ => {}
-            }
-        }
+        support::world::assert_no_pod_evicted_twice(&audit);
         let mut seen = BTreeSet::new();
         for e in audit
             .iter()

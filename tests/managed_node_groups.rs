@@ -27,6 +27,12 @@ use support::world::*;
 const HOOK: &str = "ca-asg-provider-drain";
 const GROUP: &str = "ng";
 
+/// EKS's drainer that completes its hook once the node's pods are gone (30 s at most).
+const EKS_COMPLETES: EksOptions = EksOptions {
+    complete: true,
+    timeout: Duration::from_secs(30),
+};
+
 fn managed(desired: i32, ours: Option<i32>, eks_timeout_secs: i32) -> MemoryGroup {
     let g = MemoryGroup::new(GROUP, 0, 5, desired, "m5.large").eks_managed(
         "prod",
@@ -384,15 +390,7 @@ async fn cas_scale_in_in_lifecycle_mode_with_eks_draining_beside_it() {
     .await;
     scalein::lifecycle::spawn_loop(w.engine.clone(), w.provider.clone());
     let s = scene(&w).await;
-    let eks = EksDrainer::start(
-        &w.sim,
-        &w.cloud,
-        GROUP,
-        EksOptions {
-            complete: true,
-            timeout: Duration::from_secs(30),
-        },
-    );
+    let eks = EksDrainer::start(&w.sim, &w.cloud, GROUP, EKS_COMPLETES);
     delete_nodes(&mut w, GROUP, &[(s.node.clone(), s.iid.clone())]).await;
     assert_eq!(refreshed_target(&mut w).await, s.desired - 1);
     ended_as_promised(&w, &s, &eks, Some(HOOK)).await;
@@ -474,15 +472,7 @@ async fn direct_mode_drains_first_and_eks_finds_nothing_to_evict() {
     .await;
     scalein::lifecycle::spawn_loop(w.engine.clone(), w.provider.clone());
     let s = scene(&w).await;
-    let eks = EksDrainer::start(
-        &w.sim,
-        &w.cloud,
-        GROUP,
-        EksOptions {
-            complete: true,
-            timeout: Duration::from_secs(30),
-        },
-    );
+    let eks = EksDrainer::start(&w.sim, &w.cloud, GROUP, EKS_COMPLETES);
     delete_nodes(&mut w, GROUP, &[(s.node.clone(), s.iid.clone())]).await;
     assert_eq!(refreshed_target(&mut w).await, s.desired - 1);
     ended_as_promised(&w, &s, &eks, None).await;

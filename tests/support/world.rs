@@ -305,3 +305,21 @@ pub async fn pods_ready(w: &World, n: usize) {
     })
     .await;
 }
+
+/// Every eviction request the API server got, per pod: once one was let through, any
+/// further request for that pod is a second eviction (a real API server answers it 200
+/// for a terminating pod, and nothing else shows).
+pub fn assert_no_pod_evicted_twice(audit: &[sim::AuditEntry]) {
+    let mut evicted = std::collections::BTreeSet::new();
+    for e in audit.iter().filter(|e| e.kind == "Pod") {
+        match e.verb.as_str() {
+            "eviction-requested" => {
+                assert!(!evicted.contains(&e.name), "{} was evicted twice", e.name)
+            }
+            "evicted" => {
+                evicted.insert(e.name.clone());
+            }
+            _ => {}
+        }
+    }
+}
