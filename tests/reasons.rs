@@ -743,3 +743,59 @@ async fn a_lifecycle_message_for_an_instance_nobody_ends_is_dropped() {
     q.send(&lifecycle_note("i-0123456789abcdef0", HOOK));
     assert_eq!(handle_next(&c, &q).await, Handled::Done(vec!["not_held"]));
 }
+
+/// A scheduled change of the same kind with an earlier start, within the 15 minutes
+/// duplicates are remembered (AWS moved the retirement forward): it is news, not a
+/// duplicate. It is recorded on the Node and joins the drain, whose budget now ends
+/// at the earlier start; the same message again is still a duplicate.
+#[tokio::test]
+async fn a_scheduled_change_moved_earlier_is_not_taken_for_a_duplicate() {
+    let w = world(hooked(1, 300), fast_settings(), Duration::from_millis(50)).await;
+    let (node, iid) = nodes_of(&w, "web").remove(0);
+    guarded_app(&w, &node, "app").await;
+    let q = Arc::new(MemoryQueue::default());
+    let c = consumer(&w, &q, RebalanceAction::Cordon);
+    let retirement = |start: chrono::DateTime<chrono::Utc>| {
+        support::notices::eventbridge(
+            "AWS Health Event",
+            "aws.health",
+            serde_json::json!({
+                "service": "EC2", "eventTypeCode": "AWS_EC2_INSTANCE_RETIREMENT_SCHEDULED",
+                "eventTypeCategory": "scheduledChange", "startTime": start.to_rfc2822(),
+                "affectedEntities": [{"entityValue": iid}],
+            }),
+        )
+    };
+    let ends = |w: &World| {
+        record_on(w, &node).and_then(|r| {
+            r.reasons.iter().find_map(|r| match &r.why {
+                record::Why::Notice { ends_at, .. } => *ends_at,
+                _ => None,
+            })
+        })
+    };
+    let now = chrono::Utc::now();
+    let (far, near) = (
+        now + chrono::Duration::days(2),
+        now + chrono::Duration::hours(3),
+    );
+    q.send(&retirement(far));
+    assert_eq!(handle_next(&c, &q).await, Handled::Done(vec!["drain"]));
+    eventually("the PDB holds the drain", 10, || blocked(&w)).await;
+    let first = ends(&w).expect("the notice is recorded");
+    assert_eq!(first.timestamp(), far.timestamp());
+
+    q.send(&retirement(near));
+    assert_eq!(handle_next(&c, &q).await, Handled::Done(vec!["joined"]));
+    let moved = ends(&w).expect("still recorded");
+    assert_eq!(
+        moved.timestamp(),
+        near.timestamp(),
+        "the earlier start counts"
+    );
+    assert!(w.engine.is_draining(&iid));
+
+    q.send(&retirement(near));
+    assert_eq!(handle_next(&c, &q).await, Handled::Done(vec!["duplicate"]));
+    w.engine.shutdown();
+}

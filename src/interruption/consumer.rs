@@ -26,6 +26,15 @@ use crate::telemetry::metrics::{metrics, KindLabels, KindOutcomeLabels, ReasonLa
 /// How long a handled notice is remembered against duplicates.
 pub const REMEMBER: Duration = Duration::from_secs(15 * 60);
 
+/// What tells one draining notice of an instance from another of the same kind: the
+/// end AWS gave it.
+fn notice_key(instance_id: &str, ends_at: Option<chrono::DateTime<Utc>>) -> String {
+    match ends_at {
+        Some(t) => format!("{instance_id}@{}", t.timestamp()),
+        None => instance_id.to_string(),
+    }
+}
+
 pub struct Consumer {
     engine: Arc<Engine>,
     provider: Arc<Provider>,
@@ -249,7 +258,11 @@ impl Consumer {
                     return Ok("unmanaged");
                 };
                 let kind = n.kind();
-                if !self.first_time(kind, &instance_id) {
+                // The same notice again is a duplicate; another of the same kind with
+                // another end is news (a scheduled change moved earlier): it is
+                // recorded and joins the drain, whose plan keeps the earliest end.
+                let seen = notice_key(&instance_id, ends_at);
+                if !self.first_time(kind, &seen) {
                     return Ok("duplicate");
                 }
                 let reason = DrainReason::new(
@@ -267,7 +280,7 @@ impl Consumer {
                     Ok(Some(node)) => node,
                     Ok(None) => return Ok("no_node"),
                     Err(why) => {
-                        self.forget(kind, &instance_id);
+                        self.forget(kind, &seen);
                         return Err(why);
                     }
                 };
