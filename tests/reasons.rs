@@ -799,3 +799,38 @@ async fn a_scheduled_change_moved_earlier_is_not_taken_for_a_duplicate() {
     assert_eq!(handle_next(&c, &q).await, Handled::Done(vec!["duplicate"]));
     w.engine.shutdown();
 }
+
+/// A replica that loses the Lease stops its drains at once, whatever its lifecycle
+/// loop is doing (here it runs none, as when a scan hangs on a slow AWS call): no
+/// more evictions, deadlines or uncordons beside the new leader. The Node keeps its
+/// cordon and marks for the leader to resume.
+#[tokio::test]
+async fn a_replica_that_loses_the_lease_stops_its_drains_at_once() {
+    let mut w = world(
+        vec![MemoryGroup::new("web", 0, 3, 2, "m5.large")],
+        fast_settings(),
+        Duration::from_millis(50),
+    )
+    .await;
+    let (node, iid) = nodes_of(&w, "web")[1].clone();
+    guarded_app(&w, &node, "app").await;
+    let (lease, leads) = tokio::sync::watch::channel(true);
+    w.engine.follow_leadership(leads);
+    delete_nodes(&mut w, "web", &[(node.clone(), iid.clone())]).await;
+    eventually("the PDB holds the drain", 10, || blocked(&w)).await;
+    assert!(w.engine.is_draining(&iid));
+
+    lease.send_replace(false);
+    eventually("the drain stops when the Lease is lost", 5, || {
+        !w.engine.is_draining(&iid)
+    })
+    .await;
+    let n = w.sim.get::<Node>("", &node).unwrap();
+    assert_eq!(
+        n["spec"]["unschedulable"], true,
+        "left cordoned for the leader"
+    );
+    assert!(record_on(&w, &node).is_some_and(|r| r.has_scale_in()));
+    assert!(running(&w, "app"));
+    w.engine.shutdown();
+}

@@ -223,6 +223,18 @@ pub fn explain(e: &kube::Error, s: &LeaseSettings) -> String {
     }
 }
 
+/// Resolves when this replica stops leading: at once when it does not lead now;
+/// never without leader election (`None`). A closed channel keeps its last word,
+/// as [`Engine::is_leader`](super::Engine::is_leader) reads it.
+pub async fn lost(leadership: Option<watch::Receiver<bool>>) {
+    let Some(mut rx) = leadership else {
+        return std::future::pending().await;
+    };
+    if rx.wait_for(|leads| !*leads).await.is_err() && *rx.borrow() {
+        std::future::pending::<()>().await;
+    }
+}
+
 /// Keeps trying to hold the lease until `stop` turns true, then releases it. The
 /// receiver says whether we are the leader now. A leader that cannot renew within
 /// the renew deadline steps down before its lease could expire for the others, so

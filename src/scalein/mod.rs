@@ -557,23 +557,37 @@ impl Engine {
             metrics().drains_started.inc();
         }
         let task_req = req.clone();
+        let lost_lease = self.leadership();
         let handle = tokio::spawn(async move {
             let req = task_req;
             let mut retry = HELD_RETRY;
-            let outcome = loop {
-                // The drain takes one of `maxConcurrentDrains` slots once its node is
-                // cordoned and marked (`drain_node`).
-                let outcome = drain::run(&this, &req).await;
-                // A drain that failed while our hook holds the instance retries
-                // promptly, heartbeats going on, instead of waiting for the next
-                // scan: the hook's timeout would end the instance undrained.
-                match &outcome {
-                    Outcome::Failed(why) if this.holds_hook(&req.instance_id) => {
-                        tracing::warn!(instance = %req.instance_id, error = %why, ?retry, "drain failed while our hook holds the instance; retrying");
-                        tokio::time::sleep(retry).await;
-                        retry = (retry * 2).min(std::time::Duration::from_secs(60));
+            let drain = async {
+                loop {
+                    // The drain takes one of `maxConcurrentDrains` slots once its node is
+                    // cordoned and marked (`drain_node`).
+                    let outcome = drain::run(&this, &req).await;
+                    // A drain that failed while our hook holds the instance retries
+                    // promptly, heartbeats going on, instead of waiting for the next
+                    // scan: the hook's timeout would end the instance undrained.
+                    match &outcome {
+                        Outcome::Failed(why) if this.holds_hook(&req.instance_id) => {
+                            tracing::warn!(instance = %req.instance_id, error = %why, ?retry, "drain failed while our hook holds the instance; retrying");
+                            tokio::time::sleep(retry).await;
+                            retry = (retry * 2).min(std::time::Duration::from_secs(60));
+                        }
+                        _ => break outcome,
                     }
-                    _ => break outcome,
+                }
+            };
+            // A replica that loses the Lease stops its drains where they are, at
+            // once: not when its lifecycle loop next wakes (a scan stuck on a slow
+            // AWS call would leave them evicting, deleting at deadlines and
+            // uncordoning beside the new leader, which resumes them).
+            let outcome = tokio::select! {
+                outcome = drain => outcome,
+                () = leader::lost(lost_lease) => {
+                    tracing::warn!(instance = %req.instance_id, "this replica lost the Lease: the drain stops where it is; the new leader resumes it");
+                    Outcome::Failed("this replica lost the Lease; the new leader resumes the drain".into())
                 }
             };
             let (counter, label) = match &outcome {
