@@ -834,3 +834,46 @@ async fn a_replica_that_loses_the_lease_stops_its_drains_at_once() {
     assert!(running(&w, "app"));
     w.engine.shutdown();
 }
+
+/// A direct-mode drain stopped while TerminateInstanceInAutoScalingGroup is in flight
+/// (AWS took the decrement, the answer is still on its way), then resumed while EC2
+/// reclaims another instance of the group: the call and its note go on behind the
+/// stopped drain, and the resumed drain waits for them. Before, the note was lost
+/// and the resumed drain took the instance for one ended elsewhere and gave up a
+/// slot again: the reclaimed instance's, which the ASG then never replaced.
+#[tokio::test]
+async fn a_drain_stopped_mid_termination_lowers_the_desired_capacity_once() {
+    let mut w = world(
+        vec![MemoryGroup::new("web", 0, 4, 3, "m5.large")],
+        fast_settings(),
+        Duration::from_millis(50),
+    )
+    .await;
+    let web = nodes_of(&w, "web");
+    let ((node, iid), (_, reclaimed)) = (web[0].clone(), web[1].clone());
+    w.cloud.answer_terminations_after(Duration::from_secs(2));
+    delete_nodes(&mut w, "web", &[(node.clone(), iid.clone())]).await;
+    eventually("AWS took the termination", 10, || {
+        w.cloud.desired("web") == Some(2)
+    })
+    .await;
+    assert!(w.engine.is_draining(&iid), "the answer is still on its way");
+    w.engine.abort_all();
+    w.cloud.reclaim(&reclaimed, Duration::from_secs(600));
+    w.engine.start(scalein::DrainRequest {
+        instance_id: iid.clone(),
+        group: "web".into(),
+        node_name: Some(node),
+        mode: scalein::Mode::Direct,
+        source: scalein::Source::Resume,
+        reasons: Vec::new(),
+        noticed: None,
+    });
+    assert_eq!(w.engine.wait_for(&iid).await, Some(Outcome::Ended));
+    assert_eq!(
+        w.cloud.desired("web"),
+        Some(2),
+        "lowered once, for the instance CA removed; the reclaimed instance's slot stays"
+    );
+    w.engine.shutdown();
+}

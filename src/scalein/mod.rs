@@ -357,6 +357,8 @@ pub struct Engine {
     /// (EKS's `Terminate-LC-Hook` on a managed node group) still holds it; the scan
     /// must not take it for a new action and drain it again.
     actions_done: Mutex<HashMap<String, Instant>>,
+    /// One direct-mode end per instance at a time (see [`Engine::end_turn`]).
+    ends: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
     /// Feeds the provider's accounting with the drain marks on Nodes.
     marks_sync: Mutex<Option<tokio::task::JoinHandle<()>>>,
     /// (kind, key) pairs already said once: another tool's terminating hook, a dry
@@ -414,6 +416,7 @@ impl Engine {
             inflight: Mutex::new(HashMap::new()),
             holds: Mutex::new(HashMap::new()),
             actions_done: Mutex::new(HashMap::new()),
+            ends: Mutex::new(HashMap::new()),
             leadership: std::sync::OnceLock::new(),
             step_down: tokio::sync::watch::channel(false).0,
             stats: DrainStats::default(),
@@ -722,6 +725,19 @@ impl Engine {
             }
         }
         done.insert(instance_id.to_string(), Instant::now());
+    }
+
+    /// The instance's turn to be ended: held while its termination and the note
+    /// of it run, so a second drain of the instance waits for them.
+    pub(crate) async fn end_turn(&self, instance_id: &str) -> tokio::sync::OwnedMutexGuard<()> {
+        let turn = {
+            let mut ends = self.ends.lock();
+            if ends.len() >= FINISHED_KEPT {
+                ends.retain(|_, t| Arc::strong_count(t) > 1);
+            }
+            ends.entry(instance_id.to_string()).or_default().clone()
+        };
+        turn.lock_owned().await
     }
 
     /// Whether our hook's lifecycle action for `instance_id` is known to be over.

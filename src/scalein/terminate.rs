@@ -2,6 +2,7 @@
 //! lifecycle mode, TerminateInstanceInAutoScalingGroup with decrement in direct mode.
 //! Both check first whether the work is already done (a resumed drain).
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use backon::{ExponentialBuilder, Retryable};
@@ -15,7 +16,7 @@ const ATTEMPTS: u32 = 6;
 
 /// Ends the instance. Returns a human summary, or the last error.
 pub async fn finish(
-    engine: &Engine,
+    engine: &Arc<Engine>,
     mode: &Mode,
     group: &str,
     instance_id: &str,
@@ -57,7 +58,7 @@ fn retry_policy() -> ExponentialBuilder {
 
 /// One attempt at ending the instance.
 async fn end_once(
-    engine: &Engine,
+    engine: &Arc<Engine>,
     mode: &Mode,
     group: &str,
     instance_id: &str,
@@ -102,7 +103,38 @@ async fn end_once(
     }
 }
 
-async fn direct(engine: &Engine, group: &str, instance_id: &str) -> Result<String, CloudError> {
+/// Direct mode's end, run to its end whatever happens to the drain: once
+/// TerminateInstanceInAutoScalingGroup is sent the decrement may be done, so the
+/// call and its note to the provider go on in their own task when the drain is
+/// stopped (a lost Lease, a joining reason). One end per instance at a time: a
+/// resumed drain waits for the one in flight before it reads the instance's state,
+/// or it would take the instance for one ended elsewhere and give up its slot a
+/// second time.
+async fn direct(
+    engine: &Arc<Engine>,
+    group: &str,
+    instance_id: &str,
+) -> Result<String, CloudError> {
+    let turn = engine.end_turn(instance_id).await;
+    let (engine, group, id) = (engine.clone(), group.to_string(), instance_id.to_string());
+    tokio::spawn(async move {
+        let _turn = turn;
+        direct_once(&engine, &group, &id).await
+    })
+    .await
+    .unwrap_or_else(|e| {
+        Err(CloudError::Transient {
+            operation: "TerminateInstanceInAutoScalingGroup".into(),
+            message: format!("the termination's task ended early: {e}"),
+        })
+    })
+}
+
+async fn direct_once(
+    engine: &Engine,
+    group: &str,
+    instance_id: &str,
+) -> Result<String, CloudError> {
     let ids = [instance_id.to_string()];
     let state = engine.cloud.locate_instances(&ids).await?;
     let already = match state.first() {

@@ -245,6 +245,9 @@ pub struct MemoryCloud {
     instance_types: Arc<BTreeMap<String, InstanceTypeInfo>>,
     /// How long every call takes before it is answered ([`MemoryCloud::slow`]).
     latency: Arc<Mutex<Duration>>,
+    /// How long a termination's answer takes after it took effect
+    /// ([`MemoryCloud::answer_terminations_after`]).
+    termination_answer: Arc<Mutex<Duration>>,
 }
 
 impl MemoryCloud {
@@ -254,6 +257,7 @@ impl MemoryCloud {
             timing,
             instance_types: Arc::new(builtin_instance_types()),
             latency: Arc::new(Mutex::new(Duration::ZERO)),
+            termination_answer: Arc::new(Mutex::new(Duration::ZERO)),
         };
         {
             let mut st = cloud.state.lock();
@@ -339,6 +343,51 @@ impl MemoryCloud {
     /// it is slow (zero: at once again).
     pub fn slow(&self, latency: Duration) {
         *self.latency.lock() = latency;
+    }
+
+    /// TerminateInstanceInAutoScalingGroup's effect.
+    fn terminate_now(&self, instance_id: &str, decrement: bool) -> CloudResult<()> {
+        let mut st = self.state.lock();
+        self.begin_call(&mut st, "terminate_instance")?;
+        let now = Instant::now();
+        let group = st
+            .groups
+            .values()
+            .find(|g| g.instances.iter().any(|i| i.id == instance_id))
+            .map(|g| g.spec.name.clone())
+            .ok_or_else(|| not_found("instance", instance_id))?;
+        let g = st.groups.get_mut(&group).expect("group present");
+        if decrement && g.desired <= g.spec.min_size {
+            return Err(CloudError::Rejected {
+                operation: "TerminateInstanceInAutoScalingGroup".into(),
+                code: "ValidationError".into(),
+                message: format!(
+                    "Currently, desiredSize equals minSize ({}). Terminating instance without replacement will violate group's min size constraint.",
+                    g.spec.min_size
+                ),
+            });
+        }
+        let hooks = g.spec.terminating_hooks.clone();
+        let inst = g
+            .instances
+            .iter_mut()
+            .find(|i| i.id == instance_id)
+            .expect("instance present");
+        if inst.state.is_terminating() {
+            return Ok(());
+        }
+        begin_termination(inst, &hooks, now, self.timing.hook_delay);
+        if decrement {
+            g.desired -= 1;
+        }
+        self.reconcile_group(&mut st, &group, now);
+        Ok(())
+    }
+
+    /// From now on TerminateInstanceInAutoScalingGroup takes effect at once and
+    /// answers `after` later: a caller stopped meanwhile never hears that it did.
+    pub fn answer_terminations_after(&self, after: Duration) {
+        *self.termination_answer.lock() = after;
     }
 
     async fn pause(&self) {
@@ -844,41 +893,12 @@ impl Cloud for MemoryCloud {
 
     async fn terminate_instance(&self, instance_id: &str, decrement: bool) -> CloudResult<()> {
         self.pause().await;
-        let mut st = self.state.lock();
-        self.begin_call(&mut st, "terminate_instance")?;
-        let now = Instant::now();
-        let group = st
-            .groups
-            .values()
-            .find(|g| g.instances.iter().any(|i| i.id == instance_id))
-            .map(|g| g.spec.name.clone())
-            .ok_or_else(|| not_found("instance", instance_id))?;
-        let g = st.groups.get_mut(&group).expect("group present");
-        if decrement && g.desired <= g.spec.min_size {
-            return Err(CloudError::Rejected {
-                operation: "TerminateInstanceInAutoScalingGroup".into(),
-                code: "ValidationError".into(),
-                message: format!(
-                    "Currently, desiredSize equals minSize ({}). Terminating instance without replacement will violate group's min size constraint.",
-                    g.spec.min_size
-                ),
-            });
+        let answer = self.terminate_now(instance_id, decrement);
+        let late = *self.termination_answer.lock();
+        if !late.is_zero() {
+            tokio::time::sleep(late).await;
         }
-        let hooks = g.spec.terminating_hooks.clone();
-        let inst = g
-            .instances
-            .iter_mut()
-            .find(|i| i.id == instance_id)
-            .expect("instance present");
-        if inst.state.is_terminating() {
-            return Ok(());
-        }
-        begin_termination(inst, &hooks, now, self.timing.hook_delay);
-        if decrement {
-            g.desired -= 1;
-        }
-        self.reconcile_group(&mut st, &group, now);
-        Ok(())
+        answer
     }
 
     async fn instance_types(&self, names: &[String]) -> CloudResult<Vec<InstanceTypeInfo>> {
