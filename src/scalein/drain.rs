@@ -341,9 +341,37 @@ struct NodeDrain<'a> {
     budget: Option<(Instant, Duration)>,
     /// Why the node is drained, for the Events on its pods.
     why: &'static str,
+    /// Who asked.
+    source: Source,
 }
 
-impl NodeDrain<'_> {
+impl<'a> NodeDrain<'a> {
+    fn new(
+        engine: &'a Engine,
+        req: &DrainRequest,
+        node: &'a str,
+        record: &DrainRecord,
+        plan: &Plan,
+    ) -> Self {
+        NodeDrain {
+            engine,
+            node,
+            started: started_ts(record),
+            lifecycle: matches!(plan.ends, End::Lifecycle { .. }),
+            budget: plan
+                .budget_ends
+                .map(|e| (instant_of(e), plan.daemonset_share)),
+            why: match req.source {
+                Source::ClusterAutoscaler => "scale-in by cluster-autoscaler",
+                Source::Asg => "the Auto Scaling Group is ending the instance (scaling policy, rebalancing, instance refresh or a person); held by a lifecycle hook",
+                Source::Resume => "a scale-in resumed after a restart",
+                Source::Cli => "the drain command",
+                Source::Interruption => "an EC2 interruption notice (spot interruption, rebalance recommendation or scheduled maintenance)",
+            },
+            source: req.source,
+        }
+    }
+
     fn policy(&self, configured: DeadlinePolicy) -> DeadlinePolicy {
         // An interruption budget forces the drain on only when it is the budget that
         // ran out: a retirement days away keeps the configured policy (and with
@@ -379,31 +407,69 @@ impl NodeDrain<'_> {
 /// its first eviction (usually no time: it lists while the pods do).
 const BUDGETS_BEFORE_FIRST_EVICTION: Duration = Duration::from_secs(2);
 
+/// The drain of a node, stage by stage: mark it, wait for a slot, say why, then the
+/// workload pods, the DaemonSet pods, the volumes and the node-critical DaemonSet
+/// pods. `Ok(None)`: the Node is gone. A plan that drains nothing (every reason done
+/// or cordon-only) ends once the node is marked.
 async fn drain_node(engine: &Engine, req: &DrainRequest, node: &str) -> Result<Option<Plan>, Stop> {
-    let s = &engine.settings;
-    let m = metrics();
-    let stage = m.stage("cordon");
-    let record = match cordon::cordon(engine, node, &req.reasons, &req.group).await {
-        Ok(Cordoned::NodeGone) => {
-            tracing::info!(node, "the Node object is gone; nothing to drain");
-            return Ok(None);
-        }
-        Ok(Cordoned::Marked { record, .. }) => record,
-        Err(e) => return Err(Stop::Fail(format!("could not cordon node {node}: {e}"))),
+    let Some((record, plan)) = mark(engine, req, node).await? else {
+        return Ok(None);
     };
-    let plan = record.plan(engine.limits());
     if !plan.drains {
         return Ok(Some(plan));
     }
-    drop(stage);
-    // Cordoned and marked whatever the queue, so nothing is placed on a node that is
-    // going away while its drain waits for one of `maxConcurrentDrains` slots (in an
-    // instance refresh, replacements landed on the next nodes of the refresh and were
-    // evicted again: 12% more evictions at 500 nodes).
-    let _slot = {
-        let _queued = m.stage("queued");
-        engine.slots.clone().acquire_owned().await
-    };
+    let _slot = queue_for_slot(engine).await;
+    say_started(engine, req, node, &record).await;
+    let d = NodeDrain::new(engine, req, node, &record, &plan);
+    // Held to the end of the drain: the caches this drain shares with the others.
+    let pass = engine.passes.join();
+    let mut pods = workloads(&d, &pass, &plan).await?;
+    let daemonsets_last = engine.settings.daemonsets == DaemonSetPolicy::EvictLast;
+    if daemonsets_last {
+        let _stage = metrics().stage("daemonsets");
+        daemonset_phase(&d, &mut pods, plan::Phase::DaemonSets).await?;
+    }
+    volumes_detach(&d, &pods).await;
+    // kube-proxy, the CNI, CSI node plugins: after the volumes.
+    if daemonsets_last {
+        let _stage = metrics().stage("critical-daemonsets");
+        daemonset_phase(&d, &mut pods, plan::Phase::CriticalDaemonSets).await?;
+    }
+    Ok(Some(plan))
+}
+
+/// Stage 1: cordon and mark the node with every reason; what they plan together.
+/// `None`: the Node is gone.
+async fn mark(
+    engine: &Engine,
+    req: &DrainRequest,
+    node: &str,
+) -> Result<Option<(DrainRecord, Plan)>, Stop> {
+    let _stage = metrics().stage("cordon");
+    match cordon::cordon(engine, node, &req.reasons, &req.group).await {
+        Ok(Cordoned::NodeGone) => {
+            tracing::info!(node, "the Node object is gone; nothing to drain");
+            Ok(None)
+        }
+        Ok(Cordoned::Marked { record, .. }) => {
+            let plan = record.plan(engine.limits());
+            Ok(Some((record, plan)))
+        }
+        Err(e) => Err(Stop::Fail(format!("could not cordon node {node}: {e}"))),
+    }
+}
+
+/// Stage 2: one of `maxConcurrentDrains` slots. The node is already cordoned and
+/// marked whatever the queue, so nothing is placed on a node that is going away
+/// while its drain waits (in an instance refresh, replacements landed on the next
+/// nodes of the refresh and were evicted again: 12% more evictions at 500 nodes).
+async fn queue_for_slot(engine: &Engine) -> Option<tokio::sync::OwnedSemaphorePermit> {
+    let _queued = metrics().stage("queued");
+    engine.slots.clone().acquire_owned().await.ok()
+}
+
+/// The node's `DrainStarted` Event: every reason, who asked, the DaemonSet policy.
+async fn say_started(engine: &Engine, req: &DrainRequest, node: &str, record: &DrainRecord) {
     let reasons: Vec<String> = record
         .reasons
         .iter()
@@ -421,32 +487,23 @@ async fn drain_node(engine: &Engine, req: &DrainRequest, node: &str) -> Result<O
         } else {
             ""
         },
-        match s.daemonsets {
+        match engine.settings.daemonsets {
             DaemonSetPolicy::EvictLast => "last",
             DaemonSetPolicy::Keep => "kept",
         }
     );
     engine.events.node(node, Reason::DrainStarted, note).await;
-    let budget = plan
-        .budget_ends
-        .map(|e| (instant_of(e), plan.daemonset_share));
-    let d = NodeDrain {
-        engine,
-        node,
-        started: started_ts(&record),
-        lifecycle: matches!(plan.ends, End::Lifecycle { .. }),
-        budget,
-        why: match req.source {
-            Source::ClusterAutoscaler => "scale-in by cluster-autoscaler",
-            Source::Asg => "the Auto Scaling Group is ending the instance (scaling policy, rebalancing, instance refresh or a person); held by a lifecycle hook",
-            Source::Resume => "a scale-in resumed after a restart",
-            Source::Cli => "the drain command",
-            Source::Interruption => "an EC2 interruption notice (spot interruption, rebalance recommendation or scheduled maintenance)",
-        },
-    };
-    let stage = m.stage("workloads");
-    // Held to the end of the drain: the caches this drain shares with the others.
-    let pass = engine.passes.join();
+}
+
+/// Stage 3: every workload pod leaves (tiered, through the Eviction API), or the
+/// deadline's policy decides. Returns the node's pods for the stages after it.
+async fn workloads(
+    d: &NodeDrain<'_>,
+    pass: &Arc<crate::scalein::pass::Pass>,
+    plan: &Plan,
+) -> Result<NodePods, Stop> {
+    let (engine, node) = (d.engine, d.node);
+    let _stage = metrics().stage("workloads");
     let mut pods = pass.pods_of(node, engine.drains_at_once());
     // The budgets' cache lists while the pods do, so the first evictions already
     // know what each budget allows (waited for briefly below; without it the API
@@ -473,13 +530,12 @@ async fn drain_node(engine: &Engine, req: &DrainRequest, node: &str) -> Result<O
 
     // CA's scale-in, whichever replica CA asked (a follower's drain reaches the
     // leader as a resumed or held one): CA's own taint on the Node says so.
-    let fresh = req.source == Source::ClusterAutoscaler;
+    let fresh = d.source == Source::ClusterAutoscaler;
     if fresh || engine.nodes.has_taint(node, cordon::CA_TO_BE_DELETED_TAINT) {
-        warn_daemonsets_evicted_early(&d, &pods, fresh).await;
+        warn_daemonsets_evicted_early(d, &pods, fresh).await;
     }
 
-    // Phase 1: every workload pod.
-    match phase(&d, &mut pods, plan::Phase::Workloads, workload_deadline).await {
+    match phase(d, &mut pods, plan::Phase::Workloads, workload_deadline).await {
         Ok(()) => {
             engine
                 .events
@@ -495,24 +551,23 @@ async fn drain_node(engine: &Engine, req: &DrainRequest, node: &str) -> Result<O
                 engine,
                 node,
                 "workloads",
-                s.workload_deadline,
+                engine.settings.workload_deadline,
                 plan.on_deadline,
                 left,
             )
             .await?;
-            end_remaining_workloads(&d, &mut pods).await?;
+            end_remaining_workloads(d, &mut pods).await?;
         }
     }
-    drop(stage);
+    Ok(pods)
+}
 
-    // Phase 2: DaemonSet pods, only now; node-critical ones after the volumes.
-    if s.daemonsets == DaemonSetPolicy::EvictLast {
-        let _stage = m.stage("daemonsets");
-        daemonset_phase(&d, &mut pods, plan::Phase::DaemonSets).await?;
-    }
-
-    // Phase 3: volumes, but not those of pods that stay on the node.
-    let stage = m.stage("volumes");
+/// Stage 5: the node's VolumeAttachments detach, but not those of pods that stay
+/// on the node (node-critical DaemonSet pods); past the volume deadline the drain
+/// goes on and says so.
+async fn volumes_detach(d: &NodeDrain<'_>, pods: &NodePods) {
+    let (engine, node) = (d.engine, d.node);
+    let _stage = metrics().stage("volumes");
     let staying: Vec<Pod> = pods
         .pods()
         .into_iter()
@@ -525,8 +580,9 @@ async fn drain_node(engine: &Engine, req: &DrainRequest, node: &str) -> Result<O
         })
         .collect();
     let staying = volumes::volumes_of(engine, &staying).await;
+    let volume_deadline = engine.settings.volume_deadline;
     let left =
-        volumes::wait_detached(engine, node, Instant::now() + s.volume_deadline, &staying).await;
+        volumes::wait_detached(engine, node, Instant::now() + volume_deadline, &staying).await;
     if left.is_empty() {
         engine
             .events
@@ -539,17 +595,9 @@ async fn drain_node(engine: &Engine, req: &DrainRequest, node: &str) -> Result<O
     } else {
         engine
             .events
-            .node(node, Reason::DeadlineHit, format!("volume detach deadline {:?} passed with {} attachment(s) left ({}); proceeding", s.volume_deadline, left.len(), left.join(", ")))
+            .node(node, Reason::DeadlineHit, format!("volume detach deadline {:?} passed with {} attachment(s) left ({}); proceeding", volume_deadline, left.len(), left.join(", ")))
             .await;
     }
-    drop(stage);
-
-    // Phase 4: kube-proxy, the CNI, CSI node plugins.
-    if s.daemonsets == DaemonSetPolicy::EvictLast {
-        let _stage = m.stage("critical-daemonsets");
-        daemonset_phase(&d, &mut pods, plan::Phase::CriticalDaemonSets).await?;
-    }
-    Ok(Some(plan))
 }
 
 async fn daemonset_phase(

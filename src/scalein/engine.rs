@@ -1,0 +1,523 @@
+//! The engine: runs drains (one per instance, at most `maxConcurrentDrains` at once,
+//! all sharing one API rate limit), holds lifecycle actions, follows the Lease, and
+//! answers what mode an instance of a group ends in. What it keeps track of lives in
+//! [`inflight`](super::inflight).
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use parking_lot::Mutex;
+
+use super::inflight::{Book, HoldChange};
+use super::marks_sync::spawn_marks_sync;
+use super::{
+    budgets, drain, dry_run, events, leader, lifecycle, nodes, pass, ratelimit, record, user_agent,
+    DrainRequest, Mode, ModeChoice, Outcome, ScaleInSettings, Start,
+};
+use crate::cloud::{Cloud, LifecycleAction};
+use crate::provider::{Group, Provider, ProviderError};
+use crate::telemetry::metrics::{metrics, Metrics};
+
+/// The Kubernetes client the engine uses: in-cluster config or KUBECONFIG, with the
+/// client's own retry of 429/503 turned off. kube-rs retries those by default (up to
+/// 15 times, backing off to minutes), which would hide a PodDisruptionBudget's
+/// refusal inside one eviction call instead of letting the drain wait, event and
+/// honour its deadline.
+pub async fn kube_client() -> anyhow::Result<kube::Client> {
+    let mut cfg = kube::Config::infer().await.map_err(|e| {
+        anyhow::anyhow!("cannot configure the Kubernetes client (in-cluster or KUBECONFIG): {e}")
+    })?;
+    cfg.default_retry = false;
+    kube::Client::try_from(cfg)
+        .map_err(|e| anyhow::anyhow!("cannot build the Kubernetes client: {e}"))
+}
+
+/// Counters for metrics and tests.
+#[derive(Debug, Default)]
+pub struct DrainStats {
+    pub started: AtomicU64,
+    pub ended: AtomicU64,
+    pub abandoned: AtomicU64,
+    pub failed: AtomicU64,
+    pub deadlines_hit: AtomicU64,
+    pub evictions_ok: AtomicU64,
+    pub evictions_pdb_blocked: AtomicU64,
+    /// Tries held back because the budget's cached status allowed none (no request).
+    pub evictions_held: AtomicU64,
+    /// Tries sent although the budget's cached status allowed none: it had not
+    /// changed for `evictionRetryInterval` (a stopped disruption controller).
+    pub evictions_forced: AtomicU64,
+    pub evictions_error: AtomicU64,
+    pub heartbeats: AtomicU64,
+}
+
+/// Between a failed drain and its retry while our hook holds the instance.
+const HELD_RETRY: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// Runs drains: at most one per instance, at most `max_concurrent_drains` at once,
+/// all sharing one API rate limit.
+pub struct Engine {
+    pub(crate) client: kube::Client,
+    pub(crate) cloud: Arc<dyn Cloud>,
+    pub(crate) provider: Option<Arc<Provider>>,
+    pub(crate) settings: ScaleInSettings,
+    /// The client without the drains' rate limit, for the Lease alone: a renewal
+    /// must not queue behind a storm's evictions, or leadership is lost mid-storm.
+    lease_client: kube::Client,
+    pub(crate) events: events::Events,
+    pub(crate) nodes: nodes::NodeIndex,
+    /// Watches of the pods of budgets that refused an eviction.
+    pub budgets: budgets::BudgetWatches,
+    /// What drains running together read once for all of them.
+    pub passes: pass::Passes,
+    /// `maxConcurrentDrains`: taken by a drain after its cordon, for its stages.
+    pub(crate) slots: Arc<tokio::sync::Semaphore>,
+    /// Which drains run, which actions are held or over, what was said once.
+    book: Book,
+    /// Feeds the provider's accounting with the drain marks on Nodes.
+    marks_sync: Mutex<Option<tokio::task::JoinHandle<()>>>,
+    /// Set when leader election runs: whether this replica leads now.
+    leadership: std::sync::OnceLock<tokio::sync::watch::Receiver<bool>>,
+    /// Tells the leader-election task to release the lease and stop.
+    step_down: tokio::sync::watch::Sender<bool>,
+    pub stats: DrainStats,
+    /// The background loops' turns, for `/healthz`.
+    pub liveness: Arc<crate::telemetry::liveness::Liveness>,
+}
+
+impl Engine {
+    pub fn new(
+        client: kube::Client,
+        cloud: Arc<dyn Cloud>,
+        provider: Option<Arc<Provider>>,
+        settings: ScaleInSettings,
+    ) -> Arc<Self> {
+        let limiter = Arc::new(ratelimit::RateLimiter::new(
+            settings.api_qps,
+            settings.api_burst,
+        ));
+        // Every request, watches and Events included, as client-go's own limiter
+        // does: the rate holds however many drains run.
+        // Each request says who sends it (the audit log's userAgent).
+        let lease_client = user_agent::named(client.clone(), user_agent::LEASE);
+        let client = user_agent::named(client, user_agent::DRAIN);
+        let pod_event_client =
+            ratelimit::limited_client(client.clone(), limiter.clone(), ratelimit::Priority::Spare);
+        let client = ratelimit::limited_client(client, limiter.clone(), ratelimit::Priority::Drain);
+        let slots = Arc::new(tokio::sync::Semaphore::new(
+            settings.max_concurrent_drains.max(1),
+        ));
+        let nodes = nodes::NodeIndex::start(client.clone());
+        let liveness = Arc::new(crate::telemetry::liveness::Liveness::default());
+        let marks_sync = provider
+            .as_ref()
+            .map(|p| spawn_marks_sync(&nodes, Arc::downgrade(p), liveness.clone()));
+        Arc::new(Self {
+            budgets: budgets::BudgetWatches::new(client.clone()),
+            passes: pass::Passes::new(client.clone(), settings.shared_pod_watch_from),
+            events: events::Events::new(client.clone(), pod_event_client, Some(limiter)),
+            nodes,
+            marks_sync: Mutex::new(marks_sync),
+            client,
+            cloud,
+            provider,
+            settings,
+            lease_client,
+            slots,
+            book: Book::default(),
+            leadership: std::sync::OnceLock::new(),
+            step_down: tokio::sync::watch::channel(false).0,
+            stats: DrainStats::default(),
+            liveness,
+        })
+    }
+
+    pub fn settings(&self) -> &ScaleInSettings {
+        &self.settings
+    }
+
+    /// Makes the background loop and drains follow a leader election (see [`leader`]).
+    pub fn follow_leadership(&self, rx: tokio::sync::watch::Receiver<bool>) {
+        let _ = self.leadership.set(rx);
+    }
+
+    /// The leadership receiver, when leader election runs.
+    pub fn leadership(&self) -> Option<tokio::sync::watch::Receiver<bool>> {
+        self.leadership.get().cloned()
+    }
+
+    /// Starts leader election when configured (identity: POD_NAME, else the host name).
+    pub fn elect_leader(&self) {
+        if !self.settings.leader_election {
+            return;
+        }
+        if self.settings.dry_run {
+            tracing::info!("dry run: no leader election (it writes a Lease); every replica describes what it would drain");
+            return;
+        }
+        let identity = std::env::var("POD_NAME")
+            .ok()
+            .filter(|s| !s.is_empty())
+            .or_else(|| std::env::var("HOSTNAME").ok().filter(|s| !s.is_empty()))
+            .unwrap_or_else(|| format!("ca-asg-provider-{}", std::process::id()));
+        let namespace = self
+            .settings
+            .lease_namespace
+            .clone()
+            .or_else(|| {
+                std::env::var("POD_NAMESPACE")
+                    .ok()
+                    .filter(|s| !s.is_empty())
+            })
+            .unwrap_or_else(|| "kube-system".into());
+        tracing::info!(lease = %self.settings.lease_name, %namespace, %identity, "leader election: the drain loop runs on the Lease holder");
+        self.follow_leadership(leader::spawn(
+            self.liveness.clone(),
+            self.lease_client.clone(),
+            leader::LeaseSettings {
+                name: self.settings.lease_name.clone(),
+                namespace,
+                identity,
+                duration: self.settings.lease_duration,
+            },
+            self.step_down.subscribe(),
+        ));
+    }
+
+    /// On shutdown: stop leading and release the Lease so another replica takes over
+    /// at once (bounded; without an answer the Lease expires by itself).
+    pub async fn step_down(&self) {
+        self.step_down.send_replace(true);
+        if let Some(mut rx) = self.leadership() {
+            let _ = tokio::time::timeout(Duration::from_secs(3), async {
+                while *rx.borrow_and_update() {
+                    if rx.changed().await.is_err() {
+                        break;
+                    }
+                }
+            })
+            .await;
+        }
+    }
+
+    /// Whether this replica may drain: always, unless leader election says otherwise.
+    pub fn is_leader(&self) -> bool {
+        self.leadership.get().is_none_or(|rx| *rx.borrow())
+    }
+
+    /// The plan settings of [`record::DrainRecord::plan`].
+    pub fn limits(&self) -> record::Limits {
+        record::Limits {
+            workload_deadline: self.settings.workload_deadline,
+            workload_policy: self.settings.workload_deadline_policy,
+        }
+    }
+
+    /// Starts the drain of an instance, or joins the request's reasons into the one
+    /// that runs: a reason that changes the plan (a budget, a hook, CA's scale-in)
+    /// restarts the drain with every reason (its state is on the Node and in the
+    /// pods, so it goes on where it was); a duplicate changes nothing. A hook's
+    /// lifecycle action is heartbeated from here on, whatever drain runs. Returns at
+    /// once. A replica that does not lead starts nothing.
+    pub fn start(self: &Arc<Self>, req: DrainRequest) -> Start {
+        if self.settings.dry_run {
+            return if self.observe(req) {
+                Start::Started
+            } else {
+                Start::Refused
+            };
+        }
+        if !self.is_leader() {
+            tracing::info!(instance = %req.instance_id, "not the leader: no drain started here");
+            return Start::Refused;
+        }
+        if let Mode::Lifecycle {
+            action,
+            heartbeat_timeout,
+        } = &req.mode
+        {
+            self.hold(action, *heartbeat_timeout);
+        }
+        self.book.start(req, self.limits(), |req, how| {
+            if how == Start::Started {
+                self.stats.started.fetch_add(1, Ordering::Relaxed);
+                metrics().drains_started.inc();
+            }
+            tokio::spawn(drain_task(self.clone(), req))
+        })
+    }
+
+    /// Heartbeats the lifecycle action until it is completed, AWS says it is gone,
+    /// or the hook's global limit, at `timeout`: the hook's heartbeat timeout as
+    /// read when the hold starts. A second call for the same instance starts nothing
+    /// but corrects the timeout when the hook's changed (the heartbeats reschedule).
+    pub fn hold(self: &Arc<Self>, action: &crate::cloud::LifecycleAction, timeout: Duration) {
+        if self.settings.dry_run {
+            return;
+        }
+        let change = self.book.hold(&action.instance_id, timeout, |rx| {
+            lifecycle::heartbeats(self.clone(), action.clone(), rx)
+        });
+        if let HoldChange::Changed { was } = change {
+            tracing::info!(instance = %action.instance_id, hook = %action.hook, ?was, now = ?timeout, "the hook's heartbeat timeout changed; heartbeats follow it");
+        }
+    }
+
+    /// Whether our hook's action for the instance is being heartbeated.
+    pub fn holds_hook(&self, instance_id: &str) -> bool {
+        self.held_timeout(instance_id).is_some()
+    }
+
+    /// The heartbeat timeout a held instance is heartbeated at, if it is held.
+    pub fn held_timeout(&self, instance_id: &str) -> Option<Duration> {
+        self.book.held_timeout(instance_id)
+    }
+
+    /// Our hook's heartbeat timeout on `group` as AWS has it now. `None`: AWS
+    /// cannot be asked, or the group (or our hook on it) is gone.
+    pub async fn hook_timeout_now(&self, group: &str) -> Option<Duration> {
+        let known = self.provider.as_ref()?.registry().group(group)?.clone();
+        let fresh = match self.with_current_hooks(&known).await {
+            Ok(g) => g,
+            Err(e) => {
+                tracing::warn!(group, error = %e, "cannot read the lifecycle hook's current heartbeat timeout");
+                return None;
+            }
+        };
+        self.our_hook(&fresh)
+            .map(|h| Duration::from_secs(h.heartbeat_timeout_secs.max(1) as u64))
+    }
+
+    /// Stops the heartbeats: the action was completed, or the instance is gone.
+    pub(crate) fn release(&self, instance_id: &str) {
+        self.book.release(instance_id);
+    }
+
+    /// The dry run's `start`: describes the drain once per instance (a lifecycle
+    /// action seen on every poll is described the first time), in the background.
+    fn observe(self: &Arc<Self>, req: DrainRequest) -> bool {
+        if !self.note_once("dry-run drain", req.instance_id.clone()) {
+            return false;
+        }
+        let this = self.clone();
+        let task_req = req.clone();
+        let handle =
+            tokio::spawn(
+                async move { Outcome::Observed(dry_run::describe(&this, &task_req).await) },
+            );
+        self.book.observe(req, handle);
+        true
+    }
+
+    /// Stops the drain of an instance where it is (the instance stopped or ended:
+    /// nothing is left to protect). True when one ran.
+    pub fn stop_drain(&self, instance_id: &str) -> bool {
+        self.book.stop(instance_id)
+    }
+
+    /// Our hook's lifecycle action for `instance_id` is over (completed by this
+    /// replica, or found complete).
+    pub(crate) fn note_action_done(&self, instance_id: &str) {
+        self.book.note_action_done(instance_id);
+    }
+
+    /// The instance's turn to be ended: held while its termination and the note
+    /// of it run, so a second drain of the instance waits for them.
+    pub(crate) async fn end_turn(&self, instance_id: &str) -> tokio::sync::OwnedMutexGuard<()> {
+        self.book.end_turn(instance_id).await
+    }
+
+    /// Whether our hook's lifecycle action for `instance_id` is known to be over.
+    pub fn action_done(&self, instance_id: &str) -> bool {
+        self.book.action_done(instance_id)
+    }
+
+    /// Forgets the ended actions of instances `keep` says no longer exist.
+    pub(crate) fn forget_actions_done(&self, keep: impl Fn(&str) -> bool) {
+        self.book.forget_actions_done(keep);
+    }
+
+    /// Drains asked for and not finished: running, or cordoned and waiting for a slot.
+    pub fn drains_at_once(&self) -> usize {
+        self.book.running()
+    }
+
+    pub fn is_draining(&self, instance_id: &str) -> bool {
+        self.book.is_running(instance_id)
+    }
+
+    /// Stops every drain where it is, as a crash would (tests; shutdown leaves drains
+    /// resumable because their state lives on the Node and in AWS).
+    pub fn abort_all(&self) {
+        self.book.stop_all();
+    }
+
+    /// Stops every drain and the engine's Node watch (end of a load test or a CLI run;
+    /// drains resume on the next start).
+    pub fn shutdown(&self) {
+        self.abort_all();
+        self.nodes.stop();
+        if let Some(t) = self.marks_sync.lock().take() {
+            t.abort();
+        }
+    }
+
+    pub fn in_progress(&self) -> usize {
+        self.book.running()
+    }
+
+    /// Waits for the drain of an instance (tests, the CLI).
+    pub async fn wait_for(&self, instance_id: &str) -> Option<Outcome> {
+        self.book.take(instance_id)?.await.ok()
+    }
+
+    /// The mode for an instance of a group, per configuration and the group's hooks.
+    pub fn mode_for(&self, group: &Group, instance_id: &str) -> Mode {
+        match (self.settings.mode, self.our_hook(group)) {
+            (ModeChoice::Auto, Some(h)) => Mode::Lifecycle {
+                action: LifecycleAction {
+                    group: group.asg.name.clone(),
+                    hook: h.name.clone(),
+                    instance_id: instance_id.to_string(),
+                    token: None,
+                },
+                heartbeat_timeout: Duration::from_secs(h.heartbeat_timeout_secs.max(1) as u64),
+            },
+            _ => Mode::Direct,
+        }
+    }
+
+    /// [`Self::mode_for`] with the group's hooks read from AWS now, not from a list
+    /// up to `hookRefreshInterval` old: terminating through the hook when it was
+    /// deleted (or the ASG recreated under the same name without it) would end the
+    /// instance undrained. A changed heartbeat timeout takes effect at once. When
+    /// AWS cannot be asked, the caller gets an error for CA to retry.
+    pub async fn current_mode(
+        &self,
+        group: &Group,
+        instance_id: &str,
+    ) -> Result<Mode, ProviderError> {
+        let Mode::Lifecycle { .. } = self.mode_for(group, instance_id) else {
+            return Ok(Mode::Direct);
+        };
+        let fresh = self.with_current_hooks(group).await?;
+        Ok(self.mode_for(&fresh, instance_id))
+    }
+
+    /// The group with its terminating hooks as AWS has them now (and the provider
+    /// told when they changed).
+    pub async fn with_current_hooks(&self, group: &Group) -> Result<Group, ProviderError> {
+        let hooks = self
+            .cloud
+            .terminating_hooks(&group.asg.name)
+            .await
+            .map_err(|e| {
+                ProviderError::Unavailable(format!(
+                    "cannot confirm the lifecycle hook of group {} before ending an instance through it: {e}",
+                    group.asg.name
+                ))
+            })?;
+        let ours = hooks
+            .iter()
+            .find(|h| h.name == self.settings.hook_name)
+            .cloned();
+        let known = self.our_hook(group).cloned();
+        if ours != known {
+            tracing::info!(group = %group.asg.name, was = ?known, now = ?ours, "the group's lifecycle hook changed; using what AWS says now");
+            if let Some(p) = &self.provider {
+                p.note_hooks(&group.asg.name, hooks.clone());
+            }
+        }
+        let mut fresh = group.clone();
+        fresh.hooks = hooks;
+        Ok(fresh)
+    }
+
+    /// True the first time a foreign hook of a group is noted.
+    pub(crate) fn note_foreign_hook(&self, group: &str, hook: &str) -> bool {
+        self.note_once("foreign hook", format!("{group}/{hook}"))
+    }
+
+    /// True the first time `(kind, key)` is noted.
+    pub(crate) fn note_once(&self, kind: &'static str, key: String) -> bool {
+        self.book.note_once(kind, key)
+    }
+
+    /// The group's EC2_INSTANCE_TERMINATING hook named `hookName`. Another tool's
+    /// hook on the group (NTH's, say) is never completed by this service.
+    pub fn our_hook<'g>(&self, group: &'g Group) -> Option<&'g crate::cloud::LifecycleHook> {
+        group
+            .hooks
+            .iter()
+            .find(|h| h.name == self.settings.hook_name)
+    }
+
+    /// Finds the Node of an instance for a drain: the cache when it knows it, else
+    /// the API server. `Ok(None)` only when the API server said no Node is the
+    /// instance's; `Err` when nobody could tell.
+    pub async fn find_node(
+        &self,
+        instance_id: &str,
+        name: Option<&str>,
+    ) -> Result<Option<String>, kube::Error> {
+        if name.is_none() {
+            if let Some(n) = self.nodes.node_for_instance(instance_id) {
+                return Ok(Some(n));
+            }
+        }
+        nodes::find_node(&self.client, instance_id, name).await
+    }
+}
+
+/// One drain from its first try to its outcome: tried again while our hook holds
+/// the instance, stopped where it is when this replica loses the Lease, counted.
+async fn drain_task(engine: Arc<Engine>, req: DrainRequest) -> Outcome {
+    let lost_lease = engine.leadership();
+    // A replica that loses the Lease stops its drains where they are, at once: not
+    // when its lifecycle loop next wakes (a scan stuck on a slow AWS call would leave
+    // them evicting, deleting at deadlines and uncordoning beside the new leader,
+    // which resumes them).
+    let outcome = tokio::select! {
+        outcome = drain_while_held(&engine, &req) => outcome,
+        () = leader::lost(lost_lease) => {
+            tracing::warn!(instance = %req.instance_id, "this replica lost the Lease: the drain stops where it is; the new leader resumes it");
+            Outcome::Failed("this replica lost the Lease; the new leader resumes the drain".into())
+        }
+    };
+    count(&engine, &outcome);
+    outcome
+}
+
+/// Runs the drain; one that failed while our hook holds the instance is tried again
+/// promptly, heartbeats going on, instead of waiting for the next scan: the hook's
+/// timeout would end the instance undrained. The drain takes one of
+/// `maxConcurrentDrains` slots once its node is cordoned and marked.
+async fn drain_while_held(engine: &Arc<Engine>, req: &DrainRequest) -> Outcome {
+    let mut retry = HELD_RETRY;
+    loop {
+        let outcome = drain::run(engine, req).await;
+        match &outcome {
+            Outcome::Failed(why) if engine.holds_hook(&req.instance_id) => {
+                tracing::warn!(instance = %req.instance_id, error = %why, ?retry, "drain failed while our hook holds the instance; retrying");
+                tokio::time::sleep(retry).await;
+                retry = (retry * 2).min(Duration::from_secs(60));
+            }
+            _ => return outcome,
+        }
+    }
+}
+
+/// A drain's outcome in the engine's counters and the metrics.
+fn count(engine: &Engine, outcome: &Outcome) {
+    let (counter, label) = match outcome {
+        Outcome::Ended => (&engine.stats.ended, "ended"),
+        Outcome::Drained => (&engine.stats.ended, "drained"),
+        Outcome::Abandoned(_) => (&engine.stats.abandoned, "abandoned"),
+        Outcome::Failed(_) => (&engine.stats.failed, "failed"),
+        // Dry runs go through `observe`, never here.
+        Outcome::Observed(_) => (&engine.stats.ended, "observed"),
+    };
+    counter.fetch_add(1, Ordering::Relaxed);
+    Metrics::outcome(&metrics().drains_finished, label);
+}

@@ -1,0 +1,137 @@
+//! Scale-in configuration: the modes, the deadline and DaemonSet policies, and every
+//! knob of the drain with its default.
+
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use super::plan;
+
+/// Which scale-in mode a group uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "kebab-case")]
+pub enum ModeChoice {
+    /// Lifecycle mode when the ASG has an EC2_INSTANCE_TERMINATING hook, else direct.
+    #[default]
+    Auto,
+    Direct,
+}
+
+/// What to do with DaemonSet pods after the workloads are gone.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "kebab-case")]
+pub enum DaemonSetPolicy {
+    /// Evict them, gracefully, after every workload pod has exited.
+    #[default]
+    EvictLast,
+    /// Leave them running; they end with the instance.
+    Keep,
+}
+
+/// What happens when a phase's deadline passes.
+///
+/// In lifecycle mode both hook results end the instance, so a deadline there always
+/// proceeds: giving up could not keep the node, only skip the DaemonSet phase.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum DeadlinePolicy {
+    /// Go on: workload pods still there are deleted with their own grace period
+    /// (the instance ends anyway), DaemonSet pods follow once they are gone, then
+    /// volumes, then the instance ends.
+    Proceed,
+    /// Direct mode: stop the drain and give the node back (uncordoned, our taint and
+    /// CA's ToBeDeletedByClusterAutoscaler removed, CA's target counts it again).
+    Abandon,
+}
+
+impl DeadlinePolicy {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Proceed => "proceed",
+            Self::Abandon => "abandon",
+        }
+    }
+}
+
+/// Scale-in configuration.
+#[derive(Debug, Clone)]
+pub struct ScaleInSettings {
+    pub mode: ModeChoice,
+    /// Put an EC2_INSTANCE_TERMINATING hook on groups that lack one.
+    pub create_hook: bool,
+    pub hook_name: String,
+    pub hook_heartbeat_timeout: Duration,
+    pub daemonsets: DaemonSetPolicy,
+    pub workload_deadline: Duration,
+    pub workload_deadline_policy: DeadlinePolicy,
+    pub daemonset_deadline: Duration,
+    pub daemonset_deadline_policy: DeadlinePolicy,
+    pub volume_deadline: Duration,
+    /// Wait between evictions a PodDisruptionBudget refused (kubectl uses 5 s).
+    pub eviction_retry: Duration,
+    pub max_concurrent_drains: usize,
+    /// Kubernetes API requests per second across all drains, and the burst.
+    pub api_qps: f64,
+    pub api_burst: u32,
+    /// How often AWS is checked for instances in Terminating:Wait.
+    pub lifecycle_poll_interval: Duration,
+    /// With more than one replica: drain only on the holder of a Lease.
+    pub leader_election: bool,
+    pub lease_name: String,
+    /// `None`: POD_NAMESPACE, then kube-system.
+    pub lease_namespace: Option<String>,
+    pub lease_duration: Duration,
+    /// A pod still terminating this long after its grace period ended is stuck and
+    /// no longer waited for (Karpenter's rule: one minute).
+    pub stuck_after: Duration,
+    /// `serve --dry-run`: drains are described (Event + log), never run.
+    pub dry_run: bool,
+    /// DaemonSets that leave after the volume detach, besides critical-priority ones.
+    pub node_critical: plan::NodeCritical,
+    /// After a budget's 429, retry when its pods change, not only at the fixed
+    /// interval. Always on; off only in `loadgen --drain-floor`'s "before" runs.
+    pub budget_watch: bool,
+    /// From this many drains at once they share one watch of every pod instead of
+    /// one watch of its node's pods each (0: never).
+    pub shared_pod_watch_from: usize,
+}
+
+impl Default for ScaleInSettings {
+    fn default() -> Self {
+        Self {
+            mode: ModeChoice::Auto,
+            create_hook: false,
+            hook_name: "ca-asg-provider-drain".into(),
+            hook_heartbeat_timeout: Duration::from_secs(300),
+            daemonsets: DaemonSetPolicy::EvictLast,
+            workload_deadline: Duration::from_secs(10 * 60),
+            workload_deadline_policy: DeadlinePolicy::Abandon,
+            daemonset_deadline: Duration::from_secs(2 * 60),
+            daemonset_deadline_policy: DeadlinePolicy::Proceed,
+            volume_deadline: Duration::from_secs(2 * 60),
+            eviction_retry: Duration::from_secs(5),
+            max_concurrent_drains: 50,
+            api_qps: 50.0,
+            api_burst: 100,
+            // 200 hooked groups cost 24 DescribeAutoScalingGroups a minute at 5 s
+            // (one per 100 groups per scan; tests/interruption.rs counts it): on the
+            // account's one shared Auto Scaling bucket, whose size AWS does not publish,
+            // about what CA's in-tree provider spends re-reading its groups. A held
+            // instance is found 2.5 s after it is held on average instead of 7.5 s.
+            lifecycle_poll_interval: Duration::from_secs(5),
+            leader_election: false,
+            lease_name: "ca-asg-provider".into(),
+            lease_namespace: None,
+            lease_duration: Duration::from_secs(15),
+            stuck_after: Duration::from_secs(60),
+            dry_run: false,
+            node_critical: plan::NodeCritical::default(),
+            budget_watch: true,
+            // A lone drain's own watch is two requests the API server answers from
+            // its index by node; the shared one lists every pod and keeps them. Ten
+            // drains at once save twenty requests for that list: a storm, not an
+            // everyday scale-in of a few nodes.
+            shared_pod_watch_from: 10,
+        }
+    }
+}
