@@ -432,8 +432,10 @@ fn a_missing_region_refuses_to_start_and_says_where_to_set_it() {
     );
     assert_ne!(code, Some(0), "{text}");
     assert!(text.contains("no AWS region"), "{text}");
-    let (_, text) = run(&["check-config"], Some("eu-west-1"));
+    // The region is used; AWS (a closed port) does not answer: an AWS problem, exit 1.
+    let (code, text) = run(&["check-config"], Some("eu-west-1"));
     assert!(text.contains("region:           eu-west-1"), "{text}");
+    assert_eq!(code, Some(1), "{text}");
 }
 
 fn spread_pod(ns: &str, name: &str, key: &str, when: &str) -> Pod {

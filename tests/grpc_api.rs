@@ -244,7 +244,11 @@ async fn a_fresh_instance_maps_to_its_group_before_the_next_refresh() {
         .copied()
         .unwrap_or(0);
     // The first ask answers empty (unknown) and queues a background lookup.
-    let _ = group_of(&mut h, &fresh.provider_id()).await;
+    assert_eq!(
+        group_of(&mut h, &fresh.provider_id()).await,
+        "",
+        "an instance the snapshot does not know yet is in no group for now"
+    );
     let pid = fresh.provider_id();
     let ca = &mut h.ca;
     eventually("the fresh instance maps to web", || {

@@ -121,7 +121,11 @@ async fn a_small_drain_storm_keeps_every_invariant() {
     assert_eq!(r.hook_timeouts, 0, "{r:?}");
     assert_eq!(r.pdb_violations, 0, "{r:?}");
     assert_eq!(r.daemonset_last_violations, 0, "{r:?}");
-    assert!(r.min_hook_slack_s > 0.0, "{r:?}");
+    // Heartbeats are due every third of the hook's timeout (docs/performance.md
+    // measures 80 s of 120 left at worst): no hook comes within half its timeout
+    // of ending, which leaves a busy machine room and still fails on a missed beat.
+    let timeout = f64::from(o.hook_timeout_secs);
+    assert!(r.min_hook_slack_s >= timeout / 2.0, "{r:?}");
     assert!(
         r.api_qps_peak <= r.api_qps_limit + r.api_burst as f64,
         "{r:?}"

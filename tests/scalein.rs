@@ -594,9 +594,19 @@ async fn an_api_server_restart_in_the_middle_of_a_drain_loses_nothing() {
     })
     .await;
     // The API server goes away while the app's preStop runs, and the app exits during
-    // the outage: every watch breaks, requests are refused, and the deletion is only
-    // visible by listing again afterwards.
-    w.sim.outage(Duration::from_millis(1500)).await.unwrap();
+    // the outage (it comes back only once the app is gone, however slow the machine):
+    // every watch breaks, requests are refused, and the deletion is only visible by
+    // listing again afterwards.
+    let sim = w.sim.clone();
+    w.sim
+        .outage_until(async move {
+            while sim.get::<Pod>("shop", "app").is_some() {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            tokio::time::sleep(Duration::from_millis(300)).await;
+        })
+        .await
+        .unwrap();
     let back = Instant::now();
     assert_eq!(w.engine.wait_for(&iid).await, Some(Outcome::Ended));
     let a = w.sim.audit();

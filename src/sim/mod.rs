@@ -365,11 +365,20 @@ impl SimCluster {
     /// requests fail, then it listens again on the same port with the same state (the
     /// cluster's controllers and kubelet keep running, as etcd would keep the data).
     pub async fn outage(&self, down: Duration) -> anyhow::Result<()> {
+        self.outage_until(tokio::time::sleep(down)).await
+    }
+
+    /// The API server is down until `back` resolves (a test ends an outage when
+    /// what it waits for happened, not after a time a busy machine may not keep).
+    pub async fn outage_until(
+        &self,
+        back: impl std::future::Future<Output = ()>,
+    ) -> anyhow::Result<()> {
         if let Some(h) = self.server.lock().take() {
             h.abort();
         }
         self.epoch.send_modify(|e| *e += 1);
-        tokio::time::sleep(down).await;
+        back.await;
         let listener = tokio::net::TcpListener::bind(self.addr).await?;
         let ctx = Arc::new(http::Ctx {
             store: self.store.clone(),
