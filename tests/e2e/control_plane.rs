@@ -190,7 +190,7 @@ impl ControlPlane {
 
     fn spawn(&mut self, name: &'static str, program: &Path, args: &[String]) -> anyhow::Result<()> {
         let log = fs::File::create(self.path(&format!("{name}.log")))?;
-        let child = Command::new(program)
+        let child = dies_with_the_test(Command::new(program))
             .args(args)
             .stdin(Stdio::null())
             .stdout(log.try_clone()?)
@@ -436,4 +436,22 @@ impl Drop for ControlPlane {
             ));
         }
     }
+}
+
+/// A command whose process the kernel kills when the test that started it dies (a
+/// killed or timed-out test run leaves no etcd, API server or kubelet behind; the
+/// normal end still stops them in order). Linux's parent-death signal, sent when the
+/// thread that spawned the process ends: the test's runtime thread.
+pub fn dies_with_the_test(mut cmd: Command) -> Command {
+    use std::os::unix::process::CommandExt;
+    // SAFETY: between fork and exec only prctl, which is async-signal-safe, runs.
+    unsafe {
+        cmd.pre_exec(|| {
+            if libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            Ok(())
+        });
+    }
+    cmd
 }

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
 
-use super::control_plane::{free_port, ControlPlane, Who};
+use super::control_plane::{dies_with_the_test, free_port, ControlPlane, Who};
 
 /// Whether this machine can run a real node (root, containerd, runc, the CNI plugins,
 /// and the images directory `E2E_IMAGES` from scripts/e2e/images.py).
@@ -198,7 +198,7 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
             ),
         )?;
         let log = fs::File::create(self.p("containerd.log"))?;
-        let child = Command::new("containerd")
+        let child = dies_with_the_test(Command::new("containerd"))
             .arg("--config")
             .arg(self.p("containerd.toml"))
             .stdin(Stdio::null())
@@ -284,7 +284,7 @@ authorization:
         )?;
         let kubeconfig = cp.kubeconfig(Who::Kubelet)?;
         let log = fs::File::create(self.p("kubelet.log"))?;
-        let child = Command::new(bin)
+        let child = dies_with_the_test(Command::new(bin))
             .arg(format!("--config={}", self.p("kubelet.yaml").display()))
             .arg(format!("--kubeconfig={}", kubeconfig.display()))
             .arg(format!("--hostname-override={}", self.name))
