@@ -515,6 +515,29 @@ mod tests {
         }
     }
 
+    /// The SDK's identity cache gives up on a credentials provider that does not answer
+    /// (a Pod Identity agent that never replies) with an error of a private type; its
+    /// text is what is left to know it by.
+    #[test]
+    fn a_credentials_provider_that_never_answers_is_a_credentials_problem() {
+        #[derive(Debug)]
+        struct TimedOut;
+        impl std::fmt::Display for TimedOut {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("identity resolver timed out after 5s")
+            }
+        }
+        impl std::error::Error for TimedOut {}
+        let c = classify("DescribeAutoScalingGroups", &dispatch(TimedOut));
+        match &c {
+            CloudError::Credentials { message, .. } => {
+                assert_eq!(message, "identity resolver timed out after 5s")
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(!c.is_retryable());
+    }
+
     #[test]
     fn a_network_failure_stays_transient() {
         let e = dispatch(std::io::Error::new(
