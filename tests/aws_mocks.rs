@@ -206,6 +206,80 @@ async fn throttles_and_server_errors_are_classified() {
     }
 }
 
+/// A credentials provider that has none, as the SDK's default chain is in a pod that
+/// neither IRSA nor EKS Pod Identity reached.
+#[derive(Debug)]
+struct NoCredentials;
+
+impl aws_credential_types::provider::ProvideCredentials for NoCredentials {
+    fn provide_credentials<'a>(
+        &'a self,
+    ) -> aws_credential_types::provider::future::ProvideCredentials<'a>
+    where
+        Self: 'a,
+    {
+        aws_credential_types::provider::future::ProvideCredentials::ready(Err(
+            aws_credential_types::provider::error::CredentialsError::not_loaded(
+                "no providers in chain provided credentials",
+            ),
+        ))
+    }
+}
+
+/// Through the real SDK client (not a constructed error): a call made without
+/// credentials is a `Credentials` error that says so and is not retried as a passing
+/// failure. No request leaves: credentials are resolved before the request is sent
+/// (the endpoint is a closed local port all the same).
+#[tokio::test]
+async fn a_call_without_credentials_is_a_credentials_error_not_a_transient_one() {
+    let asg_client = Client::from_conf(
+        aws_sdk_autoscaling::Config::builder()
+            .behavior_version_latest()
+            .region(aws_sdk_autoscaling::config::Region::new("us-east-1"))
+            .endpoint_url("http://127.0.0.1:9")
+            .credentials_provider(NoCredentials)
+            .build(),
+    );
+    let ec2_client = aws_sdk_ec2::Client::from_conf(
+        aws_sdk_ec2::Config::builder()
+            .behavior_version_latest()
+            .region(aws_sdk_ec2::config::Region::new("us-east-1"))
+            .build(),
+    );
+    let c = cloud_with_ec2(asg_client, ec2_client);
+    let sel = GroupSelector {
+        names: vec!["web".into()],
+        tag_sets: vec![],
+    };
+    let e = c.describe_groups(&sel).await.unwrap_err();
+    assert!(matches!(e, CloudError::Credentials { .. }), "{e:?}");
+    assert!(!e.is_retryable());
+    let text = e.to_string();
+    assert!(
+        text.starts_with(
+            "AWS DescribeAutoScalingGroups: no AWS credentials, a credentials problem"
+        ),
+        "{text}"
+    );
+    assert!(
+        text.contains("no providers in chain provided credentials"),
+        "{text}"
+    );
+    // What to check (the hint follows this process's environment).
+    assert!(
+        text.contains("IRSA") || text.contains("Pod Identity"),
+        "{text}"
+    );
+    assert!(!text.contains("transient"), "{text}");
+    assert_eq!(
+        c.calls().snapshot().get(&(
+            "DescribeAutoScalingGroups".to_string(),
+            "credentials".to_string()
+        )),
+        Some(&1)
+    );
+}
+
 #[tokio::test]
 async fn mixed_instances_overrides_are_read_in_order() {
     let rule = mock!(Client::describe_auto_scaling_groups).then_output(|| {

@@ -438,6 +438,84 @@ fn a_missing_region_refuses_to_start_and_says_where_to_set_it() {
     assert_eq!(code, Some(1), "{text}");
 }
 
+/// Without credentials, `check-config` says it is a credentials problem and what to
+/// check for the kind of credentials the pod was given (IRSA, EKS Pod Identity, or
+/// neither), and exits 1; not a long "transient" error chain.
+#[test]
+fn check_config_without_credentials_says_what_to_check() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("config.yaml");
+    std::fs::write(
+        &cfg,
+        // A closed local port: nothing leaves this machine.
+        "nodeGroups: [{name: web}]\naws: {region: eu-west-1, endpoint: \"http://127.0.0.1:9\", maxAttempts: 1}\nscaleIn: {enabled: false}\n",
+    )
+    .unwrap();
+    let run = |env: &[(&str, String)]| {
+        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_ca-asg-provider"));
+        cmd.args(["check-config", "--config"]).arg(&cfg);
+        for k in [
+            "AWS_ACCESS_KEY_ID",
+            "AWS_SECRET_ACCESS_KEY",
+            "AWS_SESSION_TOKEN",
+            "AWS_PROFILE",
+            "AWS_ROLE_ARN",
+            "AWS_WEB_IDENTITY_TOKEN_FILE",
+            "AWS_CONTAINER_CREDENTIALS_FULL_URI",
+            "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI",
+            "AWS_CONTAINER_AUTHORIZATION_TOKEN",
+            "AWS_CONTAINER_AUTHORIZATION_TOKEN_FILE",
+        ] {
+            cmd.env_remove(k);
+        }
+        cmd.env("HOME", dir.path())
+            .env("AWS_CONFIG_FILE", dir.path().join("no-config"))
+            .env(
+                "AWS_SHARED_CREDENTIALS_FILE",
+                dir.path().join("no-credentials"),
+            )
+            .env("AWS_EC2_METADATA_DISABLED", "true");
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        let out = cmd.output().unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stdout).to_string()
+                + &String::from_utf8_lossy(&out.stderr),
+        )
+    };
+    let (code, text) = run(&[]);
+    assert_eq!(code, Some(1), "{text}");
+    assert!(
+        text.contains("AWS: FAILED to read Auto Scaling Groups: AWS DescribeAutoScalingGroups: no AWS credentials, a credentials problem"),
+        "{text}"
+    );
+    assert!(
+        text.contains("Neither IRSA nor EKS Pod Identity reached this pod"),
+        "{text}"
+    );
+    assert!(!text.contains("transient"), "{text}");
+
+    // IRSA's variables present, the token file unreadable: the role's trust is named.
+    let (code, text) = run(&[
+        (
+            "AWS_ROLE_ARN",
+            "arn:aws:iam::210987654321:role/ca-asg-provider".into(),
+        ),
+        (
+            "AWS_WEB_IDENTITY_TOKEN_FILE",
+            dir.path().join("no-token").display().to_string(),
+        ),
+    ]);
+    assert_eq!(code, Some(1), "{text}");
+    assert!(text.contains("no AWS credentials"), "{text}");
+    assert!(
+        text.contains("IRSA is set up for this pod (AWS_ROLE_ARN=arn:aws:iam::210987654321:role/ca-asg-provider"),
+        "{text}"
+    );
+}
+
 fn spread_pod(ns: &str, name: &str, key: &str, when: &str) -> Pod {
     use k8s_openapi::api::core::v1::{PodSpec, TopologySpreadConstraint};
     Pod {

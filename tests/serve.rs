@@ -109,3 +109,99 @@ async fn serve_logs_json_gets_ready_answers_health_and_stops_on_sigterm() {
         "no 'stopped' log line: {rest:?}"
     );
 }
+
+/// The environment of a pod that neither IRSA nor EKS Pod Identity reached: no
+/// credentials anywhere the SDK's default chain looks, and no instance metadata service
+/// (nothing leaves loopback).
+fn without_credentials(cmd: &mut Command, home: &std::path::Path) {
+    for k in [
+        "AWS_ACCESS_KEY_ID",
+        "AWS_SECRET_ACCESS_KEY",
+        "AWS_SESSION_TOKEN",
+        "AWS_PROFILE",
+        "AWS_ROLE_ARN",
+        "AWS_WEB_IDENTITY_TOKEN_FILE",
+        "AWS_CONTAINER_CREDENTIALS_FULL_URI",
+        "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI",
+        "AWS_CONTAINER_AUTHORIZATION_TOKEN",
+        "AWS_CONTAINER_AUTHORIZATION_TOKEN_FILE",
+    ] {
+        cmd.env_remove(k);
+    }
+    cmd.env("HOME", home)
+        .env("AWS_CONFIG_FILE", home.join("no-config"))
+        .env("AWS_SHARED_CREDENTIALS_FILE", home.join("no-credentials"))
+        .env("AWS_EC2_METADATA_DISABLED", "true")
+        .env("POD_NAMESPACE", "kube-system");
+}
+
+/// A pod without AWS credentials never becomes ready, and `/readyz` says why in plain
+/// words: a credentials problem, and what to check for IRSA and for Pod Identity; not
+/// a "transient" failure chain.
+#[test]
+fn readyz_names_missing_credentials() {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("config.yaml");
+    std::fs::write(
+        &cfg,
+        // A closed local port: credentials are resolved before any request is sent.
+        "nodeGroups: [{name: web}]\naws: {region: eu-west-1, endpoint: \"http://127.0.0.1:9\", maxAttempts: 1}\nscaleIn: {enabled: false}\n",
+    )
+    .unwrap();
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_ca-asg-provider"));
+    cmd.args(["serve", "--config"])
+        .arg(&cfg)
+        .args(["--listen", "127.0.0.1:0", "--metrics-listen", "127.0.0.1:0"])
+        .args(["--log-format", "json"])
+        .stderr(Stdio::piped())
+        .stdout(Stdio::null());
+    without_credentials(&mut cmd, dir.path());
+    let mut child = cmd.spawn().unwrap();
+    let stderr = child.stderr.take().unwrap();
+    let (tx, rx) = mpsc::channel::<serde_json::Value>();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            if let Ok(v) = serde_json::from_str(&line) {
+                if tx.send(v).is_err() {
+                    return;
+                }
+            }
+        }
+    });
+    let metrics: SocketAddr = loop {
+        let v = rx
+            .recv_timeout(Duration::from_secs(20))
+            .expect("no 'serving /metrics' log line");
+        if v["message"] == "serving /metrics, /healthz, /readyz" {
+            break v["addr"].as_str().unwrap().parse().unwrap();
+        }
+    };
+    // Until the first refresh has failed, /readyz says "no refresh yet".
+    let end = Instant::now() + Duration::from_secs(20);
+    let (code, body) = loop {
+        let (code, body) = http_get(metrics, "/readyz");
+        if body.contains("credentials") || Instant::now() > end {
+            break (code, body);
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let _ = child.kill();
+    let _ = child.wait();
+    assert_eq!(code, 503, "{body}");
+    for want in [
+        "not ready: node groups not loaded",
+        "no AWS credentials, a credentials problem (not a passing AWS failure)",
+        "Neither IRSA nor EKS Pod Identity reached this pod",
+        "eks.amazonaws.com/role-arn",
+        "AWS_WEB_IDENTITY_TOKEN_FILE",
+        "AWS_CONTAINER_CREDENTIALS_FULL_URI",
+        "eks-pod-identity-agent",
+        "namespace kube-system",
+    ] {
+        assert!(
+            body.contains(want),
+            "{want:?} not in /readyz's body:\n{body}"
+        );
+    }
+    assert!(!body.contains("transient"), "{body}");
+}

@@ -291,6 +291,15 @@ pub enum CloudError {
     Throttled { operation: String, message: String },
     #[error("AWS {operation} failed transiently: {message}")]
     Transient { operation: String, message: String },
+    /// The SDK found no usable credentials (IRSA, EKS Pod Identity, the environment):
+    /// a setup problem that waiting does not fix, so not retryable. `hint` says what to
+    /// check, from what the pod's environment shows.
+    #[error("AWS {operation}: no AWS credentials, a credentials problem (not a passing AWS failure): {message}. {hint}")]
+    Credentials {
+        operation: String,
+        message: String,
+        hint: String,
+    },
     #[error("{what} not found: {name}")]
     NotFound { what: &'static str, name: String },
     #[error("AWS {operation} rejected the request: {code}: {message}")]

@@ -76,7 +76,9 @@ impl ProviderError {
                     ErrorKind::Unavailable
                 }
                 CloudError::NotFound { .. } => ErrorKind::NotFound,
-                CloudError::Rejected { .. } => ErrorKind::FailedPrecondition,
+                CloudError::Rejected { .. } | CloudError::Credentials { .. } => {
+                    ErrorKind::FailedPrecondition
+                }
             },
         }
     }

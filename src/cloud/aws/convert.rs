@@ -38,6 +38,16 @@ where
 {
     use aws_smithy_runtime_api::client::result::SdkError;
     let operation = op.to_string();
+    // Before the request is sent the SDK resolves credentials; when none come, the
+    // failure reaches us as a dispatch failure wrapping the provider's error. It is
+    // not a passing failure but a setup problem: say so, and what to check.
+    if let Some(message) = std::error::Error::source(e).and_then(credentials_failure) {
+        return CloudError::Credentials {
+            operation,
+            message,
+            hint: credentials_hint(|k| std::env::var(k).ok()),
+        };
+    }
     match e {
         SdkError::ServiceError(se) => {
             let code = se.err().code().unwrap_or("").to_string();
@@ -85,6 +95,88 @@ where
             operation,
             message: format!("{other}"),
         },
+    }
+}
+
+/// Longest credentials message kept: the chain under an STS error can be long.
+const CREDENTIALS_MESSAGE_MAX: usize = 300;
+
+/// When the SDK got no credentials for the call, what it said: the credentials
+/// provider's error and what lies under it, joined as a chain (`a: b: c`). `None` for
+/// every other failure. The credentials provider's error is found by its type anywhere
+/// in the error's source chain (the SDK wraps it in a dispatch failure and a connector
+/// error); an identity cache that gave up waiting for the provider says so only in
+/// text, which is matched too.
+pub fn credentials_failure(e: &(dyn std::error::Error + 'static)) -> Option<String> {
+    use aws_credential_types::provider::error::CredentialsError;
+    let mut cur = Some(e);
+    while let Some(err) = cur {
+        let found = err.downcast_ref::<CredentialsError>().is_some()
+            || err.to_string().starts_with("identity resolver timed out");
+        if found {
+            let mut parts: Vec<String> = Vec::new();
+            let mut c = Some(err);
+            while let Some(x) = c {
+                // The default chain lists every provider it tried on further lines;
+                // the first line says what matters (the log has the rest).
+                let t = x.to_string();
+                let t = t.lines().next().unwrap_or("").trim();
+                let t = t.strip_suffix("Attempted:").unwrap_or(t).trim_end();
+                let t = t.strip_suffix('.').unwrap_or(t).to_string();
+                if !t.is_empty() && !parts.iter().any(|p| p.contains(&t)) {
+                    parts.push(t);
+                }
+                c = x.source();
+            }
+            let mut msg = parts.join(": ");
+            if msg.len() > CREDENTIALS_MESSAGE_MAX {
+                let cut = (0..=CREDENTIALS_MESSAGE_MAX)
+                    .rev()
+                    .find(|i| msg.is_char_boundary(*i))
+                    .unwrap_or(0);
+                msg.truncate(cut);
+                msg.push_str("...");
+            }
+            return Some(msg);
+        }
+        cur = err.source();
+    }
+    None
+}
+
+/// What to check when no credentials came, from the variables EKS puts in a pod's
+/// environment (`env` looks one up): EKS Pod Identity's
+/// `AWS_CONTAINER_CREDENTIALS_FULL_URI`, IRSA's `AWS_ROLE_ARN` and
+/// `AWS_WEB_IDENTITY_TOKEN_FILE`, or neither. Pure.
+pub fn credentials_hint(env: impl Fn(&str) -> Option<String>) -> String {
+    let set = |k: &str| env(k).filter(|v| !v.trim().is_empty());
+    let ns = set("POD_NAMESPACE");
+    let sa_of = |ns: &Option<String>| match ns {
+        Some(ns) => format!("the pod's ServiceAccount in namespace {ns}"),
+        None => "the pod's ServiceAccount".to_string(),
+    };
+    let restart = "EKS sets these variables when the pod is created, so restart the pod after a change (kubectl rollout restart)";
+    if let Some(uri) = set("AWS_CONTAINER_CREDENTIALS_FULL_URI") {
+        return format!(
+            "EKS Pod Identity is set up for this pod (AWS_CONTAINER_CREDENTIALS_FULL_URI={uri}) but gave no credentials: check that the eks-pod-identity-agent add-on runs on this node (aws eks describe-addon --addon-name eks-pod-identity-agent; its DaemonSet in kube-system), and that the pod identity association for {} names a role that exists and trusts pods.eks.amazonaws.com (aws eks list-pod-identity-associations, then describe-pod-identity-association)",
+            sa_of(&ns)
+        );
+    }
+    let role = set("AWS_ROLE_ARN");
+    let token = set("AWS_WEB_IDENTITY_TOKEN_FILE");
+    match (role, token) {
+        (Some(role), Some(_)) => format!(
+            "IRSA is set up for this pod (AWS_ROLE_ARN={role}, AWS_WEB_IDENTITY_TOKEN_FILE) but gave no credentials: check that role {role} exists, that its trust policy trusts the cluster's OIDC provider with the condition sub = system:serviceaccount:<namespace>:<serviceaccount> for {} and aud = sts.amazonaws.com, and that the cluster's OIDC provider is registered in IAM",
+            sa_of(&ns)
+        ),
+        (Some(_), None) | (None, Some(_)) => format!(
+            "IRSA is only half set up for this pod: it needs both AWS_ROLE_ARN and AWS_WEB_IDENTITY_TOKEN_FILE, which EKS injects from the ServiceAccount's eks.amazonaws.com/role-arn annotation; set that annotation on {} rather than the variables by hand ({restart})",
+            sa_of(&ns)
+        ),
+        (None, None) => format!(
+            "Neither IRSA nor EKS Pod Identity reached this pod: its environment has no AWS_ROLE_ARN and AWS_WEB_IDENTITY_TOKEN_FILE (IRSA) and no AWS_CONTAINER_CREDENTIALS_FULL_URI (Pod Identity). IRSA: annotate {sa} with eks.amazonaws.com/role-arn: <the role's ARN>. Pod Identity: install the eks-pod-identity-agent add-on and create a pod identity association for {sa} with the role. Either way {restart}",
+            sa = sa_of(&ns)
+        ),
     }
 }
 
@@ -369,6 +461,148 @@ pub(super) fn volumes<'a>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    type Sdk = aws_smithy_runtime_api::client::result::SdkError<
+        asg::operation::describe_auto_scaling_groups::DescribeAutoScalingGroupsError,
+        aws_smithy_runtime_api::http::Response,
+    >;
+
+    /// A dispatch failure wrapping `source`, as the SDK's orchestrator builds one for an
+    /// error raised before the request is sent (credentials are resolved then).
+    fn dispatch(source: impl Into<aws_smithy_runtime_api::box_error::BoxError>) -> Sdk {
+        Sdk::dispatch_failure(
+            aws_smithy_runtime_api::client::result::ConnectorError::other(source.into(), None),
+        )
+    }
+
+    #[test]
+    fn missing_credentials_are_a_credentials_problem_not_a_transient_failure() {
+        use aws_credential_types::provider::error::CredentialsError;
+        let e = dispatch(CredentialsError::not_loaded(
+            "no providers in chain provided credentials",
+        ));
+        let c = classify("DescribeAutoScalingGroups", &e);
+        assert!(matches!(c, CloudError::Credentials { .. }), "{c:?}");
+        assert!(!c.is_retryable());
+        let text = c.to_string();
+        assert!(text.contains("no AWS credentials"), "{text}");
+        assert!(text.contains("a credentials problem"), "{text}");
+        assert!(
+            text.contains("the credential provider was not enabled: no providers in chain provided credentials"),
+            "{text}"
+        );
+        assert!(!text.contains("transient"), "{text}");
+        assert!(!text.contains("DispatchFailure"), "{text}");
+        // The default chain's list of every provider it tried stays in the log.
+        let chain = dispatch(CredentialsError::not_loaded(
+            "no credentials found in chain. Attempted:\n  Environment: not set\n  Profile: none",
+        ));
+        match classify("DescribeAutoScalingGroups", &chain) {
+            CloudError::Credentials { message, .. } => assert_eq!(
+                message,
+                "the credential provider was not enabled: no credentials found in chain"
+            ),
+            other => panic!("{other:?}"),
+        }
+        // Every kind of credentials error counts, under however many wrappers.
+        for inner in [
+            CredentialsError::provider_error("STS said AccessDenied"),
+            CredentialsError::invalid_configuration("bad profile"),
+            CredentialsError::provider_timed_out(std::time::Duration::from_secs(5)),
+        ] {
+            let c = classify("DescribeAutoScalingGroups", &dispatch(inner));
+            assert!(matches!(c, CloudError::Credentials { .. }), "{c:?}");
+        }
+    }
+
+    /// The SDK's identity cache gives up on a credentials provider that does not answer
+    /// (a Pod Identity agent that never replies) with an error of a private type; its
+    /// text is what is left to know it by.
+    #[test]
+    fn a_credentials_provider_that_never_answers_is_a_credentials_problem() {
+        #[derive(Debug)]
+        struct TimedOut;
+        impl std::fmt::Display for TimedOut {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("identity resolver timed out after 5s")
+            }
+        }
+        impl std::error::Error for TimedOut {}
+        let c = classify("DescribeAutoScalingGroups", &dispatch(TimedOut));
+        match &c {
+            CloudError::Credentials { message, .. } => {
+                assert_eq!(message, "identity resolver timed out after 5s")
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(!c.is_retryable());
+    }
+
+    #[test]
+    fn a_network_failure_stays_transient() {
+        let e = dispatch(std::io::Error::new(
+            std::io::ErrorKind::ConnectionRefused,
+            "connection refused",
+        ));
+        let c = classify("DescribeAutoScalingGroups", &e);
+        assert!(matches!(c, CloudError::Transient { .. }), "{c:?}");
+        assert!(c.is_retryable());
+    }
+
+    #[test]
+    fn the_credentials_hint_follows_what_the_pods_environment_shows() {
+        let hint = |vars: &[(&str, &str)]| {
+            let vars: Vec<(String, String)> = vars
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_string()))
+                .collect();
+            credentials_hint(move |k| vars.iter().find(|(n, _)| n == k).map(|(_, v)| v.clone()))
+        };
+        let none = hint(&[("POD_NAMESPACE", "kube-system")]);
+        for want in [
+            "Neither IRSA nor EKS Pod Identity",
+            "eks.amazonaws.com/role-arn",
+            "pod identity association",
+            "eks-pod-identity-agent",
+            "namespace kube-system",
+            "restart the pod",
+        ] {
+            assert!(none.contains(want), "{want:?} not in {none}");
+        }
+        let irsa = hint(&[
+            ("AWS_ROLE_ARN", "arn:aws:iam::1:role/r"),
+            (
+                "AWS_WEB_IDENTITY_TOKEN_FILE",
+                "/var/run/secrets/eks.amazonaws.com/serviceaccount/token",
+            ),
+        ]);
+        assert!(irsa.starts_with("IRSA is set up"), "{irsa}");
+        assert!(
+            irsa.contains("arn:aws:iam::1:role/r") && irsa.contains("trust policy"),
+            "{irsa}"
+        );
+        assert!(!irsa.contains("Pod Identity"), "{irsa}");
+        let half = hint(&[("AWS_ROLE_ARN", "arn:aws:iam::1:role/r")]);
+        assert!(half.starts_with("IRSA is only half set up"), "{half}");
+        let pod_identity = hint(&[(
+            "AWS_CONTAINER_CREDENTIALS_FULL_URI",
+            "http://169.254.170.23/v1/credentials",
+        )]);
+        assert!(
+            pod_identity.starts_with("EKS Pod Identity is set up"),
+            "{pod_identity}"
+        );
+        assert!(
+            pod_identity.contains("eks-pod-identity-agent"),
+            "{pod_identity}"
+        );
+        assert!(
+            pod_identity.contains("list-pod-identity-associations"),
+            "{pod_identity}"
+        );
+        // An empty variable is not set.
+        assert_eq!(hint(&[("AWS_ROLE_ARN", " ")]), hint(&[]));
+    }
 
     #[test]
     fn gpu_names_follow_in_tree_aws() {

@@ -1,6 +1,7 @@
 //! The real AWS backend: aws-sdk-autoscaling, aws-sdk-ec2 and aws-sdk-eks. Reads are
 //! batched to each API's limit and paginated; errors are classified once
-//! ([`classify`]) into throttles, transient failures, not-found and rejections.
+//! ([`classify`]) into throttles, transient failures, missing credentials, not-found
+//! and rejections.
 
 use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
@@ -17,7 +18,7 @@ use super::*;
 mod convert;
 pub mod sqs;
 use convert::*;
-pub use convert::{classify, failure_code, HttpStatus};
+pub use convert::{classify, credentials_failure, credentials_hint, failure_code, HttpStatus};
 
 /// How to reach AWS.
 #[derive(Debug, Clone, Default)]
@@ -166,6 +167,7 @@ impl AwsCloud {
                     CloudError::NotFound { .. } => "not_found",
                     CloudError::Transient { .. } => "transient",
                     CloudError::Rejected { .. } => "rejected",
+                    CloudError::Credentials { .. } => "credentials",
                 };
                 self.calls.add(op, outcome);
                 tracing::debug!(operation = op, error = %err, "AWS call failed");
