@@ -9,15 +9,21 @@ use crate::telemetry::metrics::metrics;
 
 pub struct Instrumented(pub Arc<dyn Cloud>);
 
-/// Counts one AWS call by its outcome (ok, throttled, not_found, error).
+/// Counts one AWS call by its outcome.
 pub(crate) fn record<T>(op: &str, r: &CloudResult<T>) {
-    let outcome = match r {
+    metrics().aws(op, outcome(r));
+}
+
+/// The outcome label of one AWS call: ok, throttled, not_found, credentials (none
+/// could be loaded: a setup problem, not AWS's), error.
+fn outcome<T>(r: &CloudResult<T>) -> &'static str {
+    match r {
         Ok(_) => "ok",
         Err(CloudError::Throttled { .. }) => "throttled",
         Err(CloudError::NotFound { .. }) => "not_found",
+        Err(CloudError::Credentials { .. }) => "credentials",
         Err(_) => "error",
-    };
-    metrics().aws(op, outcome);
+    }
 }
 
 macro_rules! counted {
@@ -96,5 +102,32 @@ impl Cloud for Instrumented {
             "GetInstanceTypesFromInstanceRequirements",
             self.0.instance_types_for_requirements(r, image)
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_failure_kind_has_its_own_outcome() {
+        let s = String::new;
+        assert_eq!(outcome(&Ok::<(), CloudError>(())), "ok");
+        let throttled = CloudError::Throttled {
+            operation: s(),
+            message: s(),
+        };
+        assert_eq!(outcome::<()>(&Err(throttled)), "throttled");
+        let no_credentials = CloudError::Credentials {
+            operation: s(),
+            message: s(),
+            hint: s(),
+        };
+        assert_eq!(outcome::<()>(&Err(no_credentials)), "credentials");
+        let transient = CloudError::Transient {
+            operation: s(),
+            message: s(),
+        };
+        assert_eq!(outcome::<()>(&Err(transient)), "error");
     }
 }

@@ -237,7 +237,7 @@ impl Metrics {
         );
         r.register(
             "aws_calls",
-            "AWS API calls by operation and outcome (ok, throttled, error, not_found)",
+            "AWS API calls by operation and outcome (ok, throttled, error, not_found, credentials)",
             m.aws_calls.clone(),
         );
         r.register(
