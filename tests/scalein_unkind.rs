@@ -572,3 +572,58 @@ async fn every_waiter_for_a_drain_pass_cache_wakes_when_the_first_list_arrives()
     )
     .await;
 }
+
+/// The watches a drain opens on a budget's pods after its 429: one per namespace and
+/// selector however many drains wait on it; a waiter wakes on a change of a selected
+/// pod and not before (nor on nothing at all); the watch closes with its last waiter.
+#[tokio::test]
+async fn budget_watches_are_shared_wake_on_a_change_only_and_close_with_the_last_waiter() {
+    use ca_asg_provider::scalein::budgets::{any_changed, BudgetWatches};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
+    let sim = sim::SimCluster::start(Default::default()).await.unwrap();
+    let watches = BudgetWatches::new(sim.client());
+    let selector = kube::core::Selector::try_from(LabelSelector {
+        match_labels: Some([("app".to_string(), "web".to_string())].into()),
+        ..Default::default()
+    })
+    .unwrap();
+    let mut a = watches.subscribe("shop", &selector, None);
+    let b = watches.subscribe("shop", &selector, None);
+    assert_eq!(watches.open(), 1, "one watch for both waiters");
+    let quiet = Duration::from_millis(300);
+    assert!(
+        tokio::time::timeout(quiet, a.changed()).await.is_err(),
+        "no change, no wake"
+    );
+    assert!(
+        tokio::time::timeout(quiet, any_changed(&mut []))
+            .await
+            .is_err(),
+        "waiting on no budget never wakes"
+    );
+    // A selected pod appears (again until the watch's first list is behind it).
+    let mut woke = false;
+    for i in 0..20 {
+        sim.create(&fixtures::pod(
+            "shop",
+            &format!("web-{i}"),
+            "n1",
+            "web",
+            0.1,
+        ))
+        .unwrap();
+        if tokio::time::timeout(quiet, any_changed(std::slice::from_mut(&mut a)))
+            .await
+            .is_ok()
+        {
+            woke = true;
+            break;
+        }
+    }
+    assert!(woke, "a change of a selected pod wakes the waiter");
+    drop(a);
+    assert_eq!(watches.open(), 1, "open while a waiter is left");
+    drop(b);
+    assert_eq!(watches.open(), 0, "closed with the last waiter");
+    sim.shutdown().await;
+}

@@ -122,6 +122,28 @@ pub fn decide(
 mod tests {
     use super::*;
 
+    #[test]
+    fn each_action_has_the_metric_label_the_docs_name() {
+        let id = || "i-1".to_string();
+        let labels: Vec<&str> = [
+            Action::Drain {
+                instance_id: id(),
+                ends_at: None,
+            },
+            Action::LifecycleDrain(action("h")),
+            Action::Cordon { instance_id: id() },
+            Action::StopDrain { instance_id: id() },
+            Action::Nothing("why".into()),
+        ]
+        .iter()
+        .map(Action::label)
+        .collect();
+        assert_eq!(
+            labels,
+            ["drain", "lifecycle_drain", "cordon", "stopped", "ignored"]
+        );
+    }
+
     fn t(s: &str) -> DateTime<Utc> {
         DateTime::parse_from_rfc3339(s).unwrap().with_timezone(&Utc)
     }

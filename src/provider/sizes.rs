@@ -129,6 +129,17 @@ mod tests {
     use super::*;
 
     #[test]
+    fn a_delete_below_min_is_refused_naming_the_target_it_would_reach() {
+        assert!(check_delete("g", 3, 1, 0).is_ok());
+        assert!(check_delete("g", 3, 1, 2).is_ok());
+        let e = check_delete("g", 3, 1, 3).unwrap_err().to_string();
+        assert!(
+            e.contains("from 3 to 0 below minSize 1") && e.contains("deleting 3"),
+            "{e}"
+        );
+    }
+
+    #[test]
     fn increase_accepts_up_to_max() {
         assert_eq!(check_increase("g", 3, 10, 7).unwrap(), 10);
         assert_eq!(check_increase("g", 0, 1, 1).unwrap(), 1);

@@ -319,6 +319,26 @@ impl Drop for Ticket {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_budget_picks_the_pods_its_selector_matches() {
+        let labels =
+            |app: &str| std::collections::BTreeMap::from([("app".to_string(), app.to_string())]);
+        let budget: PodDisruptionBudget = serde_json::from_value(serde_json::json!({
+            "metadata": {"name": "web", "namespace": "shop"},
+            "spec": {"maxUnavailable": 1, "selector": {"matchLabels": {"app": "web"}}},
+        }))
+        .unwrap();
+        let sel = selector_picking(&budget, &labels("web")).expect("picks app=web");
+        assert_eq!(sel.to_string(), "app=web");
+        assert!(selector_picking(&budget, &labels("batch")).is_none());
+        let mut bare = budget.clone();
+        bare.spec.as_mut().unwrap().selector = None;
+        assert!(
+            selector_picking(&bare, &labels("web")).is_none(),
+            "no selector picks nothing"
+        );
+    }
     use k8s_openapi::api::policy::v1::PodDisruptionBudgetStatus;
 
     fn view(rv: &str, allowed: Option<i32>) -> BudgetView {
