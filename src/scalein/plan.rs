@@ -365,6 +365,55 @@ pub fn full_plan(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn names_and_labels_read_as_the_docs_and_events_say() {
+        let pod = PodRef {
+            namespace: "shop".into(),
+            name: "web-0".into(),
+            uid: "u".into(),
+            labels: Default::default(),
+        };
+        assert_eq!(pod.to_string(), "shop/web-0");
+        let tiers = [
+            Tier::Workload,
+            Tier::CriticalWorkload,
+            Tier::DoNotDisrupt,
+            Tier::DaemonSet,
+            Tier::CriticalDaemonSet,
+        ];
+        assert_eq!(
+            tiers.map(Tier::as_str),
+            [
+                "workload",
+                "critical-workload",
+                "do-not-disrupt",
+                "daemonset",
+                "critical-daemonset"
+            ]
+        );
+    }
+
+    #[test]
+    fn node_critical_selectors_are_bounded_like_label_keys_and_values() {
+        let one = |s: String| NodeCritical::parse(&[s]);
+        let (key, value) = ("k".repeat(316), "v".repeat(63));
+        assert!(
+            one(format!("{key}={value}")).is_ok(),
+            "the longest key and value"
+        );
+        assert!(
+            one(format!("{key}k={value}")).is_err(),
+            "a key one too long"
+        );
+        assert!(
+            one(format!("{key}={value}v")).is_err(),
+            "a value one too long"
+        );
+        assert!(one("=v".into()).is_err(), "an empty key");
+        assert!(one("a b=v".into()).is_err(), "a key with a space");
+        assert!(one("k=".into()).is_ok(), "an empty value is a label value");
+    }
     use k8s_openapi::api::core::v1::{PodSpec, PodStatus};
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::{ObjectMeta, OwnerReference, Time};
 
@@ -620,6 +669,9 @@ mod tests {
         assert!(!is_replacement(&created(blanket(pod("old")), 1), t, at(5)));
         assert!(!is_replacement(&created(pod("plain"), 10), t, at(5)));
         assert!(!is_replacement(&blanket(pod("no-timestamp")), t, at(5)));
+        // Created in the drain's own second: it may have been there before (the
+        // timestamp has whole seconds), so it is drained, never left behind.
+        assert!(!is_replacement(&created(blanket(pod("same")), 5), t, at(5)));
     }
 
     #[test]

@@ -502,3 +502,31 @@ mod read_back {
         }
     }
 }
+
+#[test]
+fn the_node_shows_the_strongest_reasons_mode_whatever_the_order() {
+    let l = limits(DeadlinePolicy::Abandon);
+    let cases: [(&[(Why, i64)], &str); 5] = [
+        (&[(Why::Rebalance, 0)], REBALANCE_MARK),
+        (&[(spot(100), 0), (Why::Rebalance, 1)], INTERRUPTION_MARK),
+        (
+            &[(Why::ScaleIn, 0), (spot(100), 1), (Why::Rebalance, 2)],
+            DIRECT_MARK,
+        ),
+        (
+            &[(hook(), 0), (Why::ScaleIn, 1), (Why::Rebalance, 2)],
+            LIFECYCLE_MARK,
+        ),
+        (
+            &[(Why::DrainCommand, 0), (Why::Rebalance, 1)],
+            DRAIN_ONLY_MARK,
+        ),
+    ];
+    for (reasons, want) in cases {
+        assert_eq!(record(reasons, l).mark(), want, "{reasons:?}");
+        let mut reversed = reasons.to_vec();
+        reversed.reverse();
+        assert_eq!(record(&reversed, l).mark(), want, "{reversed:?}");
+    }
+    assert_eq!(DrainRecord::default().mark(), REBALANCE_MARK);
+}
