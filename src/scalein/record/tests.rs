@@ -530,3 +530,27 @@ fn the_node_shows_the_strongest_reasons_mode_whatever_the_order() {
     }
     assert_eq!(DrainRecord::default().mark(), REBALANCE_MARK);
 }
+
+#[test]
+fn each_reason_has_the_name_events_and_the_docs_use() {
+    let names: Vec<&str> = [
+        Why::Rebalance,
+        Why::DrainCommand,
+        spot(100),
+        Why::ScaleIn,
+        hook(),
+    ]
+    .iter()
+    .map(Why::label)
+    .collect();
+    assert_eq!(
+        names,
+        [
+            "rebalance cordon",
+            "drain command",
+            "interruption notice",
+            "CA scale-in",
+            "lifecycle hook"
+        ]
+    );
+}
