@@ -621,6 +621,11 @@ async fn budget_watches_are_shared_wake_on_a_change_only_and_close_with_the_last
         }
     }
     assert!(woke, "a change of a selected pod wakes the waiter");
+    assert_eq!(
+        sim.requests().get("list", "pods"),
+        1,
+        "one list of the selected pods for both waiters"
+    );
     drop(a);
     assert_eq!(watches.open(), 1, "open while a waiter is left");
     drop(b);
