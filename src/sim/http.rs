@@ -190,12 +190,46 @@ pub async fn handle(
                 ),
             ));
         }
-        if let Some(n) = faults
-            .throttled
+        let refusal = faults
+            .refused
             .get_mut(&(verb.to_string(), res_label.clone()))
-            .filter(|n| **n > 0)
-        {
-            *n -= 1;
+            .filter(|(n, _)| *n > 0)
+            .map(|(n, how)| {
+                *n -= 1;
+                *how
+            });
+        match refusal {
+            Some(super::Refusal::TooManyRequests) | None => {}
+            Some(super::Refusal::Forbidden) => {
+                return error(ApiError::new(
+                    403,
+                    "Forbidden",
+                    format!("admission webhook \"deny.sim.ca-asg-provider.io\" denied the request: {verb} {res_label} refused"),
+                ))
+            }
+            Some(super::Refusal::Internal) => {
+                return error(ApiError::new(
+                    500,
+                    "InternalError",
+                    "Internal error occurred: etcdserver: request timed out",
+                ))
+            }
+            Some(super::Refusal::Unavailable) => {
+                return error(ApiError::new(
+                    503,
+                    "ServiceUnavailable",
+                    "the server is currently unable to handle the request",
+                ))
+            }
+        }
+        let throttled = refusal == Some(super::Refusal::TooManyRequests)
+            || faults
+                .throttled
+                .get_mut(&(verb.to_string(), res_label.clone()))
+                .filter(|n| **n > 0)
+                .map(|n| *n -= 1)
+                .is_some();
+        if throttled {
             let mut body = ApiError::new(
                 429,
                 "TooManyRequests",
