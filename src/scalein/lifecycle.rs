@@ -430,6 +430,8 @@ pub async fn resume(engine: &Arc<Engine>, provider: &Arc<Provider>) -> usize {
 /// stops leading stops its drains where they are; the new leader resumes them.
 pub fn spawn_loop(engine: Arc<Engine>, provider: Arc<Provider>) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
+        // Stopped with the loop.
+        let _fence = fence(&engine).map(super::drain::AbortOnDrop);
         while !provider.is_loaded() {
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
@@ -466,6 +468,35 @@ pub fn spawn_loop(engine: Arc<Engine>, provider: Arc<Provider>) -> tokio::task::
             }
         }
     })
+}
+
+/// Fencing: the moment this replica stops leading, its drains stop where they are
+/// for the new leader, whatever the loop is waiting on (a scan stuck on a slow AWS
+/// call used to leave them evicting and deleting at deadlines until it returned).
+fn fence(engine: &Arc<Engine>) -> Option<tokio::task::JoinHandle<()>> {
+    let mut leadership = engine.leadership()?;
+    let engine = Arc::downgrade(engine);
+    Some(tokio::spawn(async move {
+        loop {
+            let leads = *leadership.borrow_and_update();
+            if !leads {
+                let Some(engine) = engine.upgrade() else {
+                    return;
+                };
+                let running = engine.in_progress();
+                if running > 0 {
+                    tracing::warn!(
+                        drains = running,
+                        "lost leadership: stopping drains where they are for the new leader"
+                    );
+                    engine.abort_all();
+                }
+            }
+            if leadership.changed().await.is_err() {
+                return;
+            }
+        }
+    }))
 }
 
 #[cfg(test)]
