@@ -572,3 +572,83 @@ async fn every_waiter_for_a_drain_pass_cache_wakes_when_the_first_list_arrives()
     )
     .await;
 }
+
+/// Issue 31, 4: DaemonSets that tolerate everything (kube-proxy, the VPC CNI aws-node,
+/// the EBS CSI node plugin, all system-node-critical) and a log shipper that
+/// tolerates the drain taint, which the DaemonSet controller puts straight back on
+/// the cordoned, tainted node once their pod is gone. The drain ends; every
+/// DaemonSet pod leaves after the workload pod; the node-critical ones after the
+/// volume has detached (the CSI node plugin detaches it) and after the log shipper
+/// and fluentd; and each set is asked to leave once: what comes back is not chased.
+/// The drain starts at the top of a second, so what the controller puts back within
+/// it carries a creationTimestamp (whole seconds, as kube-apiserver writes it) no
+/// later than the drain's start.
+#[tokio::test]
+async fn daemonsets_that_tolerate_everything_leave_once_last_and_after_the_volumes() {
+    let mut w = world(
+        vec![MemoryGroup::new("web", 0, 3, 1, "m5.large")],
+        ScaleInSettings {
+            volume_deadline: Duration::from_secs(20),
+            ..settings(30)
+        },
+        Duration::from_millis(20),
+    )
+    .await;
+    let (node, iid) = node_with_fluentd_and_app(&w, 0.1).await;
+    for ds in [
+        fixtures::log_shipper_tolerating_drain(0.0),
+        fixtures::kube_proxy(0.0),
+        fixtures::aws_node(0.0),
+        fixtures::csi_node(0.0),
+    ] {
+        w.sim.create(&ds).unwrap();
+    }
+    pods_ready(&w, 6).await;
+    w.sim
+        .create(&fixtures::volume_attachment("csi-vol", &node, "pv-1"))
+        .unwrap();
+    let into_second = chrono::Utc::now().timestamp_subsec_millis() as u64;
+    tokio::time::sleep(Duration::from_millis(1020 - into_second)).await;
+    delete_nodes(&mut w, "web", &[(node.clone(), iid.clone())]).await;
+    eventually("the log shipper evicted", 10, || {
+        audit_index(&w.sim.audit(), "evicted", "Pod", "log-shipper").is_some()
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    for critical in ["kube-proxy", "aws-node", "ebs-csi-node"] {
+        assert!(
+            audit_index(&w.sim.audit(), "evicted", "Pod", critical).is_none(),
+            "{critical} went while a volume was still attached"
+        );
+    }
+    assert!(w.sim.remove::<VolumeAttachment>("", "csi-vol"));
+    assert_eq!(w.engine.wait_for(&iid).await, Some(Outcome::Ended));
+    let a = w.sim.audit();
+    let app_gone = first(&a, "removed", "app");
+    let detached = audit_index(&a, "removed", "VolumeAttachment", "csi-vol").unwrap();
+    for set in [
+        "fluentd",
+        "log-shipper",
+        "kube-proxy",
+        "aws-node",
+        "ebs-csi-node",
+    ] {
+        let asked = a
+            .iter()
+            .filter(|e| e.verb == "eviction-requested" && e.name.starts_with(set))
+            .count();
+        assert_eq!(asked, 1, "{set} asked to leave {asked} times: {a:?}");
+        let leaves = first(&a, "deletion-started", set);
+        assert!(app_gone < leaves, "{set} left before the workload pod");
+    }
+    for critical in ["kube-proxy", "aws-node", "ebs-csi-node"] {
+        let leaves = first(&a, "deletion-started", critical);
+        assert!(
+            detached < leaves,
+            "{critical} left before the volume detached"
+        );
+        for shipper in ["fluentd", "log-shipper"] {
+            assert!(first(&a, "deletion-started", shipper) < leaves);
+        }
+    }
+}
