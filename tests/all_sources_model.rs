@@ -395,6 +395,9 @@ impl Model {
                 }
             }
             Op::Restart => {
+                // The process dies: nothing of it acts again (its loop may be on
+                // another thread mid-turn; without the Lease it starts nothing).
+                self.replica.lease.send_replace(false);
                 self.replica.loop_task.abort();
                 self.w.engine.abort_all();
                 self.w.engine.shutdown();

@@ -235,6 +235,10 @@ impl Model {
                 self.drain_queue().await;
             }
             Op::Restart => {
+                // The process dies: nothing of it acts again (its loop may be on
+                // another thread mid-turn; as a non-leader it starts nothing).
+                let (_, dead) = tokio::sync::watch::channel(false);
+                self.w.engine.follow_leadership(dead);
                 self.loop_task.abort();
                 self.w.engine.abort_all();
                 self.w.engine.shutdown();
