@@ -652,3 +652,86 @@ async fn daemonsets_that_tolerate_everything_leave_once_last_and_after_the_volum
         }
     }
 }
+
+/// A reason that joins a running drain restarts it with every reason (docs/scale-in.md:
+/// "its state is in the pods and on the Node, so nothing is evicted twice"). Found by
+/// all_sources_model (CA's scale-in and a rebalance drain on one node, the machine
+/// busy): the new run asked for a pod the previous run had just evicted. Two ways:
+/// the previous run's eviction was still in flight (here behind a slow admission
+/// webhook) and landed after the new run listed the pods; or the new run saw the
+/// pods through the pass's shared watch, behind by a moment (a watch cache behind
+/// etcd), which another drain kept alive. Either way the app is asked to leave once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_drain_restarted_after_its_eviction_does_not_evict_again() {
+    use ca_asg_provider::scalein::{self, DrainRequest, Mode, Source};
+    for (lag, webhook) in [(600, 0), (0, 600)] {
+        let mut w = world(
+            vec![MemoryGroup::new("web", 0, 3, 2, "m5.large")],
+            ScaleInSettings {
+                // Every drain sees its pods through the pass's one watch.
+                shared_pod_watch_from: 1,
+                ..settings(30)
+            },
+            Duration::from_millis(20),
+        )
+        .await;
+        let nodes = nodes_of(&w, "web");
+        let (node, iid) = nodes[0].clone();
+        w.sim
+            .create(&fixtures::pod("shop", "app", &node, "app", 1.0))
+            .unwrap();
+        pods_ready(&w, 1).await;
+        if lag > 0 {
+            // Another drain, held by a budget that allows nothing, keeps the pass and
+            // its watch alive across the restart.
+            let (held_node, held_iid) = nodes[1].clone();
+            w.sim
+                .create(&fixtures::pod("shop", "held", &held_node, "held", 0.1))
+                .unwrap();
+            w.sim.create(&fixtures::pdb("shop", "held", 0)).unwrap();
+            pods_ready(&w, 2).await;
+            delete_nodes(&mut w, "web", &[(held_node, held_iid)]).await;
+            eventually("the held pod refused", 10, || {
+                audit_index(&w.sim.audit(), "eviction-denied", "Pod", "held").is_some()
+            })
+            .await;
+            w.sim.lag_watches(Duration::from_millis(lag));
+        } else {
+            w.sim
+                .slow_requests("create", "pods/eviction", Duration::from_millis(webhook));
+        }
+        delete_nodes(&mut w, "web", &[(node.clone(), iid.clone())]).await;
+        eventually("the app's eviction sent", 10, || {
+            if lag > 0 {
+                audit_index(&w.sim.audit(), "evicted", "Pod", "app").is_some()
+            } else {
+                w.sim.requests().get("create", "pods/eviction") >= 1
+            }
+        })
+        .await;
+        // `drain NODE` joins: the drain restarts with both reasons.
+        let mode = Mode::DrainOnly;
+        w.engine.start(DrainRequest {
+            instance_id: iid.clone(),
+            group: "web".into(),
+            node_name: Some(node.clone()),
+            reasons: vec![scalein::ca_reason(&mode)],
+            mode,
+            source: Source::Cli,
+            noticed: None,
+        });
+        assert_eq!(w.engine.wait_for(&iid).await, Some(Outcome::Ended));
+        let a = w.sim.audit();
+        let asked = a
+            .iter()
+            .filter(|e| e.verb == "eviction-requested" && e.name == "app")
+            .count();
+        assert_eq!(
+            asked, 1,
+            "watch lag {lag} ms, webhook {webhook} ms: the app was asked to leave {asked} times"
+        );
+        support::world::assert_no_pod_evicted_twice(&a);
+        w.sim.heal();
+        w.engine.shutdown();
+    }
+}

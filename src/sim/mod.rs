@@ -163,6 +163,11 @@ pub struct Faults {
     pub refused: std::collections::HashMap<(String, String), (u32, Refusal)>,
     /// How long every request waits before it is handled (an overloaded server).
     pub latency: Duration,
+    /// How late every watch event arrives (a watch cache behind etcd).
+    pub watch_lag: Duration,
+    /// (verb, resource[/subresource]) -> how long such requests wait besides (a slow
+    /// admission webhook on them).
+    pub slow_requests: std::collections::HashMap<(String, String), Duration>,
 }
 
 /// How a refused request is answered ([`SimCluster::refuse`]), as a real API server
@@ -271,7 +276,26 @@ impl SimCluster {
         f.denied.clear();
         f.throttled.clear();
         f.refused.clear();
+        f.slow_requests.clear();
+        f.watch_lag = Duration::ZERO;
         f.latency = Duration::ZERO;
+    }
+
+    /// From now on every watch event reaches its watcher `lag` late, as from a watch
+    /// cache behind etcd: a list is current, a watch behind it (zero: at once).
+    pub fn lag_watches(&self, lag: Duration) {
+        self.faults.lock().watch_lag = lag;
+    }
+
+    /// From now on requests with this verb on this resource wait `latency` more before
+    /// they are handled, as behind a slow admission webhook; such a request, once
+    /// received, is carried out even if its client goes away meanwhile (its answer is
+    /// lost, its effect is not). Zero: no more delay.
+    pub fn slow_requests(&self, verb: &str, resource: &str, latency: Duration) {
+        self.faults
+            .lock()
+            .slow_requests
+            .insert((verb.to_string(), resource.to_string()), latency);
     }
 
     /// From now on every request waits `latency` before it is handled, as a slow or

@@ -74,7 +74,10 @@ where
         .collect();
     let values: Vec<S::Value> = trees.iter().map(|t| t.current()).collect();
     let todo: Vec<usize> = match only {
-        Some(i) => vec![i],
+        Some(i) => {
+            eprintln!("model {name}: case {i} of seed {seed}: {:?}", values[i]);
+            vec![i]
+        }
         None => (0..count).collect(),
     };
 
