@@ -8,7 +8,8 @@
 //! - any API write of the drain refused for a few requests, as a real API server
 //!   refuses it (403 from a webhook, API Priority and Fairness' 429, 500, 503): the
 //!   eviction, the pod delete at a deadline, the Node patch (cordon, record), the
-//!   Event; or every request slowed;
+//!   Event; or every request slowed, or every watch event late (a watch cache behind
+//!   etcd);
 //! - any AWS call (RecordLifecycleActionHeartbeat, CompleteLifecycleAction,
 //!   TerminateInstanceInAutoScalingGroup, DescribeAutoScalingGroups,
 //!   DescribeAutoScalingInstances, DescribeLifecycleHooks) throttled, slowed, slow to
@@ -173,6 +174,8 @@ enum Op {
     Refuse(Write, u32, Refusal),
     /// Every API request waits this many ms (0: at once again).
     ApiSlow(u64),
+    /// Every watch event arrives this many ms late (a watch cache behind etcd).
+    WatchLag(u64),
     /// The next `.1` calls are throttled.
     AwsThrottle(AwsCall, u32),
     /// Every AWS call waits this many ms before it takes effect.
@@ -253,6 +256,7 @@ fn op() -> impl Strategy<Value = Op> {
         1 => Just(Op::LeaderChange),
         4 => (write(), 1u32..4, refusal()).prop_map(|(w, n, r)| Op::Refuse(w, n, r)),
         1 => prop_oneof![Just(0u64), Just(50), Just(200)].prop_map(Op::ApiSlow),
+        1 => prop_oneof![Just(0u64), Just(100), Just(300)].prop_map(Op::WatchLag),
         3 => (aws_call(), 1u32..3).prop_map(|(c, n)| Op::AwsThrottle(c, n)),
         1 => prop_oneof![Just(0u64), Just(50), Just(100)].prop_map(Op::AwsSlow),
         1 => prop_oneof![Just(0u64), Just(100)].prop_map(Op::AwsSlowAnswers),
@@ -696,6 +700,7 @@ impl Model {
                 self.w.sim.refuse(verb, resource, *times, *how);
             }
             Op::ApiSlow(ms) => self.w.sim.slow(Duration::from_millis(*ms)),
+            Op::WatchLag(ms) => self.w.sim.lag_watches(Duration::from_millis(*ms)),
             Op::AwsThrottle(call, times) => self.w.cloud.throttle(call.operation(), *times),
             Op::AwsSlow(ms) => self.w.cloud.slow(Duration::from_millis(*ms)),
             Op::AwsSlowAnswers(ms) => self.w.cloud.slow_answers(Duration::from_millis(*ms)),
