@@ -4,7 +4,7 @@
 //! `drain NODE`, duplicates, restarts, leadership moving to a new replica, AWS
 //! throttling heartbeats and completions. The service runs as it does in production:
 //! the lifecycle loop, the queue consumer, the gRPC server CA calls. A hook's timeout
-//! is 5 s, so an instance left without heartbeats shows. After every step:
+//! is 3 s, so an instance left without heartbeats shows. After every step:
 //!
 //! - no instance ends that neither CA nor the ASG chose (EC2 ends nothing here);
 //! - no workload pod is deleted around a PodDisruptionBudget: every workload pod that
@@ -18,7 +18,19 @@
 //! - every handled message is deleted;
 //!
 //! and at the end, no reason is lost across restarts and leader changes: every node
-//! still there carries every reason it was given.
+//! still there carries every reason it was given. Progress, after the last step:
+//! every drain that can finish does (all but the guarded node's, whose budget allows
+//! nothing and whose deadline is ten minutes off): CA's and the ASG's instances
+//! end, nodes drained for notices or `drain NODE` lose their workload and DaemonSet
+//! pods, no hook of ours holds an instance but the guarded one, no drain is in
+//! flight but that one's, no fenced replica still drains; a guarded instance held by
+//! our hook is still held one heartbeat timeout later (heartbeated, not let go).
+//!
+//! Cases: [`CASES`] (1000; `MODEL_CASES=N` for more or fewer), 16 side by side, each
+//! in its own runtime (support::model). A failure prints its seed and case and the
+//! line that replays it, `MODEL_SEED=S MODEL_CASE=I cargo test --test
+//! all_sources_model every_source`, then the smallest failing sequence shrinking
+//! found; paste that into a `#[test]` calling `run(&[...])` to keep it.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -41,6 +53,9 @@ use support::queue::consumer;
 use support::world::*;
 
 const HOOK: &str = "ca-asg-provider-drain";
+/// Our hook's heartbeat timeout: a held instance left without heartbeats shows
+/// within a case.
+const HOOK_TIMEOUT_SECS: i32 = 3;
 /// web-0, web-1 (hooked), batch-0, batch-1 (direct).
 const NODES: usize = 4;
 /// The pod on this node has a budget that allows nothing.
@@ -99,8 +114,10 @@ struct Model {
     fenced: Vec<(Replica, Arc<scalein::Engine>)>,
     nodes: Vec<(String, String, &'static str)>,
     last: Option<String>,
-    /// Instances CA named, and those the ASG chose.
+    /// Instances CA named, those whose DeleteNodes CA got an answer for, and those
+    /// the ASG chose.
     ca_named: BTreeSet<String>,
+    ca_removed: BTreeSet<String>,
     asg_chose: BTreeSet<String>,
     /// Reasons given, per instance (the record's labels).
     given: BTreeMap<String, BTreeSet<&'static str>>,
@@ -122,7 +139,8 @@ impl Model {
     async fn new() -> Model {
         let w = world(
             vec![
-                MemoryGroup::new("web", 0, 6, 2, "m5.large").terminating_hook(HOOK, 5),
+                MemoryGroup::new("web", 0, 6, 2, "m5.large")
+                    .terminating_hook(HOOK, HOOK_TIMEOUT_SECS),
                 MemoryGroup::new("batch", 0, 6, 2, "m5.large"),
             ],
             fast_settings(),
@@ -182,6 +200,7 @@ impl Model {
             nodes,
             last: None,
             ca_named: BTreeSet::new(),
+            ca_removed: BTreeSet::new(),
             asg_chose: BTreeSet::new(),
             given: BTreeMap::new(),
             pods,
@@ -315,6 +334,9 @@ impl Model {
                     // Refused before anything was touched: CA's naming had no effect.
                     self.given.get_mut(&iid).map(|g| g.remove("CA scale-in"));
                 }
+                if answer.is_ok() {
+                    self.ca_removed.insert(iid.clone());
+                }
             }
             Op::AsgEnds => {
                 let live_web = self
@@ -373,6 +395,9 @@ impl Model {
                 }
             }
             Op::Restart => {
+                // The process dies: nothing of it acts again (its loop may be on
+                // another thread mid-turn; without the Lease it starts nothing).
+                self.replica.lease.send_replace(false);
                 self.replica.loop_task.abort();
                 self.w.engine.abort_all();
                 self.w.engine.shutdown();
@@ -495,6 +520,108 @@ impl Model {
     }
 }
 
+impl Model {
+    /// What has not finished that can: every drain but the guarded node's (its budget
+    /// allows nothing and no deadline runs out within a case) has ended its instance
+    /// (CA's and the ASG's choices) or drained its node (notices, `drain NODE`);
+    /// every action our hook holds is completed but the guarded one's; no drain but
+    /// that one is in flight. Empty: everything that can finish did.
+    fn unfinished(&self) -> Vec<String> {
+        let mut left = Vec::new();
+        let instances = self.w.cloud.instances();
+        let state = |id: &str| {
+            instances
+                .iter()
+                .find(|(_, i)| i.id == id)
+                .map(|(_, i)| i.state.clone())
+        };
+        let pods: Vec<(String, String, bool)> = self
+            .w
+            .sim
+            .list::<Pod>()
+            .iter()
+            .map(|p| {
+                (
+                    p["metadata"]["name"].as_str().unwrap_or("").to_string(),
+                    p["spec"]["nodeName"].as_str().unwrap_or("").to_string(),
+                    p["metadata"]["deletionTimestamp"].is_null(),
+                )
+            })
+            .collect();
+        let guarded_iid = &self.nodes[GUARDED].1;
+        for (i, (node, iid, _)) in self.nodes.iter().enumerate() {
+            if i == GUARDED {
+                continue;
+            }
+            let to_end = self.ca_removed.contains(iid) || self.asg_chose.contains(iid);
+            let drains = self.given.contains_key(iid);
+            if to_end {
+                if state(iid).is_some_and(|s| !s.is_terminating()) {
+                    left.push(format!("{iid} ({node}) was to end and is {:?}", state(iid)));
+                }
+            } else if drains {
+                let (app, ds) = &self.pods[i];
+                for name in [app, ds] {
+                    if pods.iter().any(|(n, on, _)| n == name && on == node) {
+                        left.push(format!(
+                            "{name} is still on {node}, drained for {:?}",
+                            self.given[iid]
+                        ));
+                    }
+                }
+            }
+            if self.w.engine.is_draining(iid) {
+                left.push(format!("the drain of {iid} ({node}) is still in flight"));
+            }
+            if self.w.cloud.pending_hooks(iid).iter().any(|h| h == HOOK) {
+                left.push(format!("our hook still holds {iid} ({node})"));
+            }
+        }
+        let in_flight = self.w.engine.in_progress();
+        let guarded = usize::from(self.w.engine.is_draining(guarded_iid));
+        if in_flight > guarded {
+            left.push(format!(
+                "{in_flight} drain(s) in flight, {guarded} of them the guarded node's"
+            ));
+        }
+        for (_, e) in &self.fenced {
+            if e.in_progress() > 0 {
+                left.push(format!(
+                    "a fenced replica still runs {} drain(s)",
+                    e.in_progress()
+                ));
+            }
+        }
+        left
+    }
+
+    /// Stops nothing (this model injects no lasting fault), lets the drains run, and
+    /// fails naming what did not finish within a generous bound. Then, if our hook
+    /// holds the guarded instance (its drain waits on the budget), waits past one
+    /// heartbeat timeout: the hook must still hold it, heartbeated.
+    async fn settle(&self) {
+        support::model::settle(|| self.check(), || self.unfinished()).await;
+        let held = self
+            .w
+            .cloud
+            .pending_hooks(&self.nodes[GUARDED].1)
+            .iter()
+            .any(|h| h == HOOK);
+        if held {
+            tokio::time::sleep(Duration::from_millis(HOOK_TIMEOUT_SECS as u64 * 1000 + 500)).await;
+            self.check();
+            assert!(
+                self.w
+                    .cloud
+                    .pending_hooks(&self.nodes[GUARDED].1)
+                    .iter()
+                    .any(|h| h == HOOK),
+                "the guarded instance, held while its budget allows nothing, was let go"
+            );
+        }
+    }
+}
+
 fn run(ops: &[Op]) {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -508,9 +635,7 @@ fn run(ops: &[Op]) {
             m.step(op).await;
             m.check();
         }
-        // Let the drains move on, then check once more (longer than a hook timeout).
-        tokio::time::sleep(Duration::from_secs(6)).await;
-        m.check();
+        m.settle().await;
         m.check_reasons_kept();
         m.replica.loop_task.abort();
         for (r, e) in &m.fenced {
@@ -521,19 +646,21 @@ fn run(ops: &[Op]) {
     });
 }
 
-proptest! {
-    #![proptest_config(ProptestConfig {
-        cases: 12,
-        failure_persistence: None,
-        ..ProptestConfig::default()
-    })]
+/// Cases per run (`MODEL_CASES` overrides; see support::model for the seed, replay
+/// and shrinking knobs).
+const CASES: u32 = 1000;
 
-    #[test]
-    fn every_source_on_the_same_nodes_keeps_every_promise(ops in prop::collection::vec(op(), 1..9)) {
-        run(&ops);
-    }
+/// Every source of drains on the same nodes, `CASES` sequences of up to 8 ops
+/// (`MODEL_CASES`, `MODEL_SEED`, `MODEL_CASE` to replay one: see support::model).
+#[test]
+fn every_source_on_the_same_nodes_keeps_every_promise() {
+    support::model::run(
+        "all_sources_model",
+        CASES,
+        prop::collection::vec(op(), 1..9),
+        |ops| run(&ops),
+    );
 }
-
 /// The interactions of the issue, in one run: a rebalance drain held by a PDB, the
 /// ASG ending the same instance through the hook, CA's scale-in and a spot warning on
 /// the same node, a leader change and a restart in between.

@@ -10,6 +10,15 @@
 //! - DaemonSet pods leave last: on every node, no DaemonSet pod started leaving
 //!   while a workload pod was still there, unless the budget was spent;
 //! - every message is deleted once handled: nothing is left but what is in flight.
+//!
+//! The drain loop runs beside the consumer, as `serve` runs it. Progress, after the
+//! last step: every instance the ASG chose has ended (our hook's action completed),
+//! every node a spot warning or retirement drained has lost its workload and
+//! DaemonSet pods (unless a stopping notice stopped the drain), no drain in flight.
+//!
+//! Cases: [`CASES`] (1000; `MODEL_CASES=N`), 16 side by side (support::model). A
+//! failure prints its seed, case and replay line (`MODEL_SEED=S MODEL_CASE=I cargo
+//! test --test interruption_model queue_mode`) and the smallest failing sequence.
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -64,10 +73,17 @@ struct Model {
     w: World,
     q: Arc<MemoryQueue>,
     c: Arc<Consumer>,
+    /// The drain loop (the scan for held instances, resumes), as `serve` runs it
+    /// beside the queue consumer.
+    loop_task: tokio::task::JoinHandle<()>,
     nodes: Vec<(String, String)>,
     last: Option<String>,
     /// Instances the ASG chose to end.
     held: BTreeSet<String>,
+    /// Instances a drain notice (spot, retirement) was sent for, and those a
+    /// stopping notice was sent for (their drain stops where it is).
+    drained: BTreeSet<String>,
+    stopped: BTreeSet<String>,
     /// Per node: its workload pod and its DaemonSet pod.
     pods: Vec<(String, String)>,
 }
@@ -105,13 +121,17 @@ impl Model {
             .collect();
         let q = Arc::new(MemoryQueue::default());
         let c = consumer(&w, &q, RebalanceAction::Cordon);
+        let loop_task = scalein::lifecycle::spawn_loop(w.engine.clone(), w.provider.clone());
         Model {
             w,
             q,
             c,
+            loop_task,
             nodes,
             last: None,
             held: BTreeSet::new(),
+            drained: BTreeSet::new(),
+            stopped: BTreeSet::new(),
             pods,
         }
     }
@@ -139,6 +159,7 @@ impl Model {
         let iid = |i: &usize| self.nodes[*i].1.clone();
         match op {
             Op::Spot(i) => {
+                self.drained.insert(iid(i));
                 let body = eventbridge(
                     "EC2 Spot Instance Interruption Warning",
                     "aws.ec2",
@@ -155,6 +176,7 @@ impl Model {
                 self.send(body).await
             }
             Op::Retirement(i) => {
+                self.drained.insert(iid(i));
                 let start = (chrono::Utc::now() + chrono::Duration::hours(2)).to_rfc2822();
                 let body = eventbridge(
                     "AWS Health Event",
@@ -168,6 +190,7 @@ impl Model {
                 self.send(body).await
             }
             Op::Stopping(i) => {
+                self.stopped.insert(iid(i));
                 let body = eventbridge(
                     "EC2 Instance State-change Notification",
                     "aws.ec2",
@@ -212,6 +235,11 @@ impl Model {
                 self.drain_queue().await;
             }
             Op::Restart => {
+                // The process dies: nothing of it acts again (its loop may be on
+                // another thread mid-turn; as a non-leader it starts nothing).
+                let (_, dead) = tokio::sync::watch::channel(false);
+                self.w.engine.follow_leadership(dead);
+                self.loop_task.abort();
                 self.w.engine.abort_all();
                 self.w.engine.shutdown();
                 let (provider, engine, ca) =
@@ -220,6 +248,8 @@ impl Model {
                 self.w.engine = engine;
                 self.w.ca = ca;
                 scalein::lifecycle::resume(&self.w.engine, &self.w.provider).await;
+                self.loop_task =
+                    scalein::lifecycle::spawn_loop(self.w.engine.clone(), self.w.provider.clone());
                 self.c = consumer(&self.w, &self.q, RebalanceAction::Cordon);
                 if let Some(b) = self.last.clone() {
                     self.send(b).await;
@@ -272,6 +302,68 @@ impl Model {
     }
 }
 
+impl Model {
+    /// What has not finished that can: every instance the ASG chose has ended
+    /// (our hook's action completed), every node a spot warning or retirement drained
+    /// has no workload or DaemonSet pod of its own left (unless a stopping notice
+    /// stopped its drain), and no drain is in flight. Empty: all finished.
+    fn unfinished(&self) -> Vec<String> {
+        let mut left = Vec::new();
+        let instances = self.w.cloud.instances();
+        let pods: Vec<(String, String)> = self
+            .w
+            .sim
+            .list::<k8s_openapi::api::core::v1::Pod>()
+            .iter()
+            .map(|p| {
+                (
+                    p["metadata"]["name"].as_str().unwrap_or("").to_string(),
+                    p["spec"]["nodeName"].as_str().unwrap_or("").to_string(),
+                )
+            })
+            .collect();
+        for (i, (node, iid)) in self.nodes.iter().enumerate() {
+            if self.held.contains(iid) {
+                if instances
+                    .iter()
+                    .any(|(_, x)| &x.id == iid && !x.state.is_terminating())
+                {
+                    left.push(format!("{iid} was chosen by the ASG and is not ending"));
+                }
+                if self
+                    .w
+                    .cloud
+                    .pending_hooks(iid)
+                    .iter()
+                    .any(|h| h == "ca-asg-provider-drain")
+                {
+                    left.push(format!("our hook still holds {iid}"));
+                }
+            } else if self.drained.contains(iid) && !self.stopped.contains(iid) {
+                let (app, ds) = &self.pods[i];
+                for name in [app, ds] {
+                    if pods.iter().any(|(n, on)| n == name && on == node) {
+                        left.push(format!("{name} is still on {node}, drained by a notice"));
+                    }
+                }
+            }
+        }
+        if self.w.engine.in_progress() > 0 {
+            left.push(format!(
+                "{} drain(s) in flight",
+                self.w.engine.in_progress()
+            ));
+        }
+        left
+    }
+
+    /// Lets the drains run after the last step and fails naming what did not finish
+    /// within a generous bound; the invariants are checked on the way.
+    async fn settle(&self) {
+        support::model::settle(|| self.check(), || self.unfinished()).await;
+    }
+}
+
 fn run(ops: &[Op]) {
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
@@ -285,23 +377,26 @@ fn run(ops: &[Op]) {
             m.step(op).await;
             m.check();
         }
-        // Let the drains finish, then check once more.
-        tokio::time::sleep(Duration::from_millis(800)).await;
-        m.check();
+        m.settle().await;
+        m.loop_task.abort();
+        m.w.engine.shutdown();
     });
 }
 
-proptest! {
-    #![proptest_config(ProptestConfig {
-        cases: 24,
-        failure_persistence: None,
-        ..ProptestConfig::default()
-    })]
+/// Cases per run (`MODEL_CASES` overrides; see support::model for the seed, replay
+/// and shrinking knobs).
+const CASES: u32 = 1000;
 
-    #[test]
-    fn queue_mode_keeps_its_invariants_under_any_sequence(ops in prop::collection::vec(op(), 1..10)) {
-        run(&ops);
-    }
+/// Queue mode, `CASES` sequences of up to 9 ops (`MODEL_CASES`, `MODEL_SEED`,
+/// `MODEL_CASE` to replay one: see support::model).
+#[test]
+fn queue_mode_keeps_its_invariants_under_any_sequence() {
+    support::model::run(
+        "interruption_model",
+        CASES,
+        prop::collection::vec(op(), 1..10),
+        |ops| run(&ops),
+    );
 }
 
 /// The sequence of the issue: a spot warning, the same again, a restart mid-drain

@@ -181,3 +181,62 @@ async fn a_follower_starts_no_drain_and_deletes_no_message() {
     assert!(q.deleted().is_empty(), "the message stays for the leader");
     assert!(!w.engine.is_draining(&iid), "no drain on a follower");
 }
+
+/// A replica that loses the Lease stops its drains at once, also while its drain
+/// loop waits on a slow AWS call (issue 30's suspected item: before, the drains were
+/// stopped only when the loop came round, so a scan stuck on AWS left a fenced
+/// replica evicting beside the new leader). Counted from the API server's eviction
+/// requests after the loss.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replica_that_loses_the_lease_stops_its_drains_while_its_loop_waits_on_aws() {
+    use ca_asg_provider::cloud::memory::MemoryGroup;
+    use ca_asg_provider::sim::fixtures;
+    use support::world::*;
+    let mut w = world(
+        vec![
+            MemoryGroup::new("web", 0, 3, 1, "m5.large")
+                .terminating_hook("ca-asg-provider-drain", 60),
+            MemoryGroup::new("batch", 0, 3, 1, "m5.large"),
+        ],
+        fast_settings(),
+        Duration::from_millis(20),
+    )
+    .await;
+    let (node, iid) = nodes_of(&w, "batch").remove(0);
+    w.sim
+        .create(&fixtures::pod("shop", "guarded", &node, "guarded", 0.1))
+        .unwrap();
+    w.sim.create(&fixtures::pdb("shop", "guarded", 0)).unwrap();
+    pods_ready(&w, 1).await;
+    let (lease, rx) = tokio::sync::watch::channel(true);
+    w.engine.follow_leadership(rx);
+    let lp = scalein::lifecycle::spawn_loop(w.engine.clone(), w.provider.clone());
+    delete_nodes(&mut w, "batch", &[(node, iid.clone())]).await;
+    let asked = |w: &World| {
+        w.sim
+            .audit()
+            .iter()
+            .filter(|a| a.verb == "eviction-requested" && a.name == "guarded")
+            .count()
+    };
+    eventually("the budget refuses the drain's evictions", 10, || {
+        asked(&w) >= 2
+    })
+    .await;
+    // The loop's next scan waits on AWS for a minute.
+    w.cloud.slow(Duration::from_secs(60));
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    lease.send_replace(false);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let at_loss = asked(&w);
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    assert_eq!(
+        asked(&w),
+        at_loss,
+        "a replica that lost the Lease went on evicting"
+    );
+    assert!(!w.engine.is_draining(&iid), "its drain still runs");
+    lp.abort();
+    w.cloud.slow(Duration::ZERO);
+    w.engine.shutdown();
+}

@@ -126,6 +126,8 @@ async fn a_small_drain_storm_keeps_every_invariant() {
     // of ending, which leaves a busy machine room and still fails on a missed beat.
     let timeout = f64::from(o.hook_timeout_secs);
     assert!(r.min_hook_slack_s >= timeout / 2.0, "{r:?}");
+    assert_eq!(r.daemonset_evictions_max_per_node, 1, "{r:?}");
+    assert_eq!(r.put_back_daemonset_evictions, 0, "{r:?}");
     assert!(
         r.api_qps_peak <= r.api_qps_limit + r.api_burst as f64,
         "{r:?}"
@@ -134,6 +136,30 @@ async fn a_small_drain_storm_keeps_every_invariant() {
         r.node_drain_s.max >= r.slowest_floor_s,
         "no drain beats its pods' own floor: {r:?}"
     );
+}
+
+/// Issue 31, 4: the storm with DaemonSets the controller puts straight back on the
+/// cordoned, tainted nodes (kube-proxy and the EBS CSI node plugin tolerate
+/// everything, system-node-critical; a log shipper tolerates the drain taint): every
+/// drain ends, DaemonSet pods leave last and the node-critical ones after the
+/// others, each DaemonSet pod is asked to leave once and none put back is chased.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_drain_storm_with_daemonsets_that_come_back_chases_none_of_them() {
+    use ca_asg_provider::commands::loadgen::drain_storm::{run, StormOptions};
+    let mut o = StormOptions::new(4);
+    o.pods_per_node = 3;
+    o.set_size = 3;
+    o.limit = std::time::Duration::from_secs(300);
+    o.daemonsets_that_come_back = true;
+    let r = run(&o).await.unwrap();
+    assert_eq!(r.nodes, 4);
+    assert_eq!(r.daemonset_pods, 5 * (4 + 2), "{r:?}");
+    assert_eq!(r.hook_timeouts, 0, "{r:?}");
+    assert_eq!(r.pdb_violations, 0, "{r:?}");
+    assert_eq!(r.daemonset_last_violations, 0, "{r:?}");
+    assert_eq!(r.node_critical_order_violations, 0, "{r:?}");
+    assert_eq!(r.daemonset_evictions_max_per_node, 1, "{r:?}");
+    assert_eq!(r.put_back_daemonset_evictions, 0, "{r:?}");
 }
 
 /// `--drain-floor`: one node's drain, found by the poll and by the queue, under the

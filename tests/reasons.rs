@@ -851,7 +851,7 @@ async fn a_drain_stopped_mid_termination_lowers_the_desired_capacity_once() {
     .await;
     let web = nodes_of(&w, "web");
     let ((node, iid), (_, reclaimed)) = (web[0].clone(), web[1].clone());
-    w.cloud.answer_terminations_after(Duration::from_secs(2));
+    w.cloud.slow_answers(Duration::from_secs(2));
     delete_nodes(&mut w, "web", &[(node.clone(), iid.clone())]).await;
     eventually("AWS took the termination", 10, || {
         w.cloud.desired("web") == Some(2)
@@ -875,5 +875,35 @@ async fn a_drain_stopped_mid_termination_lowers_the_desired_capacity_once() {
         Some(2),
         "lowered once, for the instance CA removed; the reclaimed instance's slot stays"
     );
+    w.engine.shutdown();
+}
+
+/// A lifecycle message whose LifecycleActionToken is not the action's (forged, or
+/// corrupted on its way) for an instance our hook holds, arriving while no drain of
+/// it runs (after a restart, before the scan): AWS refuses that token, so the drain
+/// acts by instance id, as the scan does, and the hook never times out. Before, the
+/// forged token was heartbeated, every heartbeat was refused, and the hook's timeout
+/// ended the instance with its budget-held pod still running.
+#[tokio::test]
+async fn a_lifecycle_message_with_a_wrong_token_does_not_cost_the_hook() {
+    let w = world(hooked(1, 3), fast_settings(), Duration::from_millis(50)).await;
+    w.cloud.check_tokens(true);
+    let (node, iid) = nodes_of(&w, "web").remove(0);
+    guarded_app(&w, &node, "app").await;
+    w.cloud.external_scale_in("web", 1).unwrap();
+    let q = Arc::new(MemoryQueue::default());
+    let c = consumer(&w, &q, RebalanceAction::Cordon);
+    q.send(&lifecycle_note(&iid, HOOK));
+    assert_eq!(
+        handle_next(&c, &q).await,
+        Handled::Done(vec!["lifecycle_drain"])
+    );
+    assert!(w.engine.holds_hook(&iid));
+    // Past the hook's timeout: still held, heartbeated, the pod still there.
+    tokio::time::sleep(Duration::from_millis(4000)).await;
+    assert_eq!(w.cloud.hook_timeouts(), Vec::<String>::new());
+    assert!(!w.cloud.heartbeats().is_empty());
+    assert!(w.cloud.pending_hooks(&iid).contains(&HOOK.to_string()));
+    assert!(running(&w, "app"));
     w.engine.shutdown();
 }

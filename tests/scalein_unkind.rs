@@ -632,3 +632,166 @@ async fn budget_watches_are_shared_wake_on_a_change_only_and_close_with_the_last
     assert_eq!(watches.open(), 0, "closed with the last waiter");
     sim.shutdown().await;
 }
+
+/// Issue 31, 4: DaemonSets that tolerate everything (kube-proxy, the VPC CNI aws-node,
+/// the EBS CSI node plugin, all system-node-critical) and a log shipper that
+/// tolerates the drain taint, which the DaemonSet controller puts straight back on
+/// the cordoned, tainted node once their pod is gone. The drain ends; every
+/// DaemonSet pod leaves after the workload pod; the node-critical ones after the
+/// volume has detached (the CSI node plugin detaches it) and after the log shipper
+/// and fluentd; and each set is asked to leave once: what comes back is not chased.
+/// The drain starts at the top of a second, so what the controller puts back within
+/// it carries a creationTimestamp (whole seconds, as kube-apiserver writes it) no
+/// later than the drain's start.
+#[tokio::test]
+async fn daemonsets_that_tolerate_everything_leave_once_last_and_after_the_volumes() {
+    let mut w = world(
+        vec![MemoryGroup::new("web", 0, 3, 1, "m5.large")],
+        ScaleInSettings {
+            volume_deadline: Duration::from_secs(20),
+            ..settings(30)
+        },
+        Duration::from_millis(20),
+    )
+    .await;
+    let (node, iid) = node_with_fluentd_and_app(&w, 0.1).await;
+    for ds in [
+        fixtures::log_shipper_tolerating_drain(0.0),
+        fixtures::kube_proxy(0.0),
+        fixtures::aws_node(0.0),
+        fixtures::csi_node(0.0),
+    ] {
+        w.sim.create(&ds).unwrap();
+    }
+    pods_ready(&w, 6).await;
+    w.sim
+        .create(&fixtures::volume_attachment("csi-vol", &node, "pv-1"))
+        .unwrap();
+    let into_second = chrono::Utc::now().timestamp_subsec_millis() as u64;
+    tokio::time::sleep(Duration::from_millis(1020 - into_second)).await;
+    delete_nodes(&mut w, "web", &[(node.clone(), iid.clone())]).await;
+    eventually("the log shipper evicted", 10, || {
+        audit_index(&w.sim.audit(), "evicted", "Pod", "log-shipper").is_some()
+    })
+    .await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    for critical in ["kube-proxy", "aws-node", "ebs-csi-node"] {
+        assert!(
+            audit_index(&w.sim.audit(), "evicted", "Pod", critical).is_none(),
+            "{critical} went while a volume was still attached"
+        );
+    }
+    assert!(w.sim.remove::<VolumeAttachment>("", "csi-vol"));
+    assert_eq!(w.engine.wait_for(&iid).await, Some(Outcome::Ended));
+    let a = w.sim.audit();
+    let app_gone = first(&a, "removed", "app");
+    let detached = audit_index(&a, "removed", "VolumeAttachment", "csi-vol").unwrap();
+    for set in [
+        "fluentd",
+        "log-shipper",
+        "kube-proxy",
+        "aws-node",
+        "ebs-csi-node",
+    ] {
+        let asked = a
+            .iter()
+            .filter(|e| e.verb == "eviction-requested" && e.name.starts_with(set))
+            .count();
+        assert_eq!(asked, 1, "{set} asked to leave {asked} times: {a:?}");
+        let leaves = first(&a, "deletion-started", set);
+        assert!(app_gone < leaves, "{set} left before the workload pod");
+    }
+    for critical in ["kube-proxy", "aws-node", "ebs-csi-node"] {
+        let leaves = first(&a, "deletion-started", critical);
+        assert!(
+            detached < leaves,
+            "{critical} left before the volume detached"
+        );
+        for shipper in ["fluentd", "log-shipper"] {
+            assert!(first(&a, "deletion-started", shipper) < leaves);
+        }
+    }
+}
+
+/// A reason that joins a running drain restarts it with every reason (docs/scale-in.md:
+/// "its state is in the pods and on the Node, so nothing is evicted twice"). Found by
+/// all_sources_model (CA's scale-in and a rebalance drain on one node, the machine
+/// busy): the new run asked for a pod the previous run had just evicted. Two ways:
+/// the previous run's eviction was still in flight (here behind a slow admission
+/// webhook) and landed after the new run listed the pods; or the new run saw the
+/// pods through the pass's shared watch, behind by a moment (a watch cache behind
+/// etcd), which another drain kept alive. Either way the app is asked to leave once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_drain_restarted_after_its_eviction_does_not_evict_again() {
+    use ca_asg_provider::scalein::{self, DrainRequest, Mode, Source};
+    for (lag, webhook) in [(600, 0), (0, 600)] {
+        let mut w = world(
+            vec![MemoryGroup::new("web", 0, 3, 2, "m5.large")],
+            ScaleInSettings {
+                // Every drain sees its pods through the pass's one watch.
+                shared_pod_watch_from: 1,
+                ..settings(30)
+            },
+            Duration::from_millis(20),
+        )
+        .await;
+        let nodes = nodes_of(&w, "web");
+        let (node, iid) = nodes[0].clone();
+        w.sim
+            .create(&fixtures::pod("shop", "app", &node, "app", 1.0))
+            .unwrap();
+        pods_ready(&w, 1).await;
+        if lag > 0 {
+            // Another drain, held by a budget that allows nothing, keeps the pass and
+            // its watch alive across the restart.
+            let (held_node, held_iid) = nodes[1].clone();
+            w.sim
+                .create(&fixtures::pod("shop", "held", &held_node, "held", 0.1))
+                .unwrap();
+            w.sim.create(&fixtures::pdb("shop", "held", 0)).unwrap();
+            pods_ready(&w, 2).await;
+            delete_nodes(&mut w, "web", &[(held_node, held_iid)]).await;
+            eventually("the held pod refused", 10, || {
+                audit_index(&w.sim.audit(), "eviction-denied", "Pod", "held").is_some()
+            })
+            .await;
+            w.sim.lag_watches(Duration::from_millis(lag));
+        } else {
+            w.sim
+                .slow_requests("create", "pods/eviction", Duration::from_millis(webhook));
+        }
+        delete_nodes(&mut w, "web", &[(node.clone(), iid.clone())]).await;
+        eventually("the app's eviction sent", 10, || {
+            if lag > 0 {
+                audit_index(&w.sim.audit(), "evicted", "Pod", "app").is_some()
+            } else {
+                w.sim.requests().get("create", "pods/eviction") >= 1
+            }
+        })
+        .await;
+        // `drain NODE` joins: the drain restarts with both reasons.
+        let mode = Mode::DrainOnly;
+        w.engine.start(DrainRequest {
+            instance_id: iid.clone(),
+            group: "web".into(),
+            node_name: Some(node.clone()),
+            reasons: vec![scalein::ca_reason(&mode)],
+            mode,
+            source: Source::Cli,
+            noticed: None,
+        });
+        assert_eq!(w.engine.wait_for(&iid).await, Some(Outcome::Ended));
+        let a = w.sim.audit();
+        let asked = a
+            .iter()
+            .filter(|e| e.verb == "eviction-requested" && e.name == "app")
+            .count();
+        assert_eq!(
+            asked, 1,
+            "watch lag {lag} ms, webhook {webhook} ms: the app was asked to leave {asked} times"
+        );
+        support::world::assert_no_pod_evicted_twice(&a);
+        w.sim.heal();
+        w.engine.shutdown();
+    }
+}

@@ -475,3 +475,98 @@ async fn daemonset_pods_follow_nodes_and_taints() {
     eventually("n2's pods gone", || on(&s, "n2") == 0).await;
     assert!(s.requests().total() > 0);
 }
+
+/// A DaemonSet that tolerates everything (kube-proxy, the VPC CNI, CSI node plugins,
+/// many log shippers) is put back on a cordoned, tainted node once its evicted pod is
+/// gone, and not before (the real controller's `shouldRun && !exists`, no surge).
+#[tokio::test]
+async fn a_daemonset_that_tolerates_everything_comes_back_once_its_pod_is_gone() {
+    let s = sim().await;
+    s.create(&fixtures::node("n1", "p1", &[])).unwrap();
+    s.create(&fixtures::daemonset("kube-system", "kube-proxy", 0.3, true))
+        .unwrap();
+    let here = |s: &SimCluster| -> Vec<(String, bool)> {
+        s.list::<Pod>()
+            .iter()
+            .filter(|p| p["spec"]["nodeName"] == "n1")
+            .map(|p| {
+                (
+                    p["metadata"]["name"].as_str().unwrap().to_string(),
+                    !p["metadata"]["deletionTimestamp"].is_null(),
+                )
+            })
+            .collect()
+    };
+    eventually("kube-proxy on n1", || here(&s).len() == 1).await;
+    let nodes: Api<Node> = Api::all(s.client());
+    nodes
+        .patch("n1", &PatchParams::default(), &Patch::Merge(json!({"spec": {"unschedulable": true, "taints": [{"key": "ca-asg-provider.io/draining", "value": "true", "effect": "NoSchedule"}]}})))
+        .await
+        .unwrap();
+    let first = here(&s).remove(0).0;
+    let pods: Api<Pod> = Api::namespaced(s.client(), "kube-system");
+    pods.evict(&first, &EvictParams::default()).await.unwrap();
+    // While the evicted pod runs its preStop, no second pod is placed.
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(here(&s), vec![(first.clone(), true)]);
+    eventually("a new kube-proxy on the cordoned node", || {
+        let h = here(&s);
+        h.len() == 1 && h[0].0 != first && !h[0].1
+    })
+    .await;
+    let removed_before_created = {
+        let a = s.audit();
+        let removed = a
+            .iter()
+            .position(|e| e.verb == "removed" && e.name == first)
+            .unwrap();
+        let created = a
+            .iter()
+            .position(|e| e.verb == "create" && e.kind == "Pod" && e.name != first)
+            .unwrap_or(usize::MAX);
+        removed < created
+    };
+    assert!(removed_before_created, "{:?}", s.audit());
+}
+
+/// Refusals as a real API server gives them: 403 from a webhook, APF's 429, 500 and
+/// 503, each for as many requests as asked, nothing written meanwhile.
+#[tokio::test]
+async fn refusals_answer_their_status_for_as_many_requests_as_asked() {
+    use ca_asg_provider::sim::Refusal;
+    let s = sim().await;
+    s.create(&fixtures::node("n1", "p1", &[])).unwrap();
+    let nodes: Api<Node> = Api::all(s.client());
+    let (pp, cordoned) = (
+        PatchParams::default(),
+        Patch::Merge(json!({"spec": {"unschedulable": true}})),
+    );
+    let cordon = || nodes.patch("n1", &pp, &cordoned);
+    for how in [
+        Refusal::Forbidden,
+        Refusal::TooManyRequests,
+        Refusal::Internal,
+        Refusal::Unavailable,
+    ] {
+        s.refuse("patch", "nodes", 2, how);
+        for _ in 0..2 {
+            let (code, _) = api_err(cordon().await.unwrap_err());
+            assert_eq!(code, how.code(), "{how:?}");
+        }
+        assert_eq!(
+            s.get::<Node>("", "n1").unwrap()["spec"]["unschedulable"],
+            serde_json::Value::Null,
+            "nothing written while refused"
+        );
+    }
+    s.refuse("patch", "nodes", 5, Refusal::Internal);
+    s.heal();
+    cordon().await.unwrap();
+    assert_eq!(
+        s.get::<Node>("", "n1").unwrap()["spec"]["unschedulable"],
+        true
+    );
+    // Other verbs and resources are untouched by a refusal.
+    s.refuse("patch", "nodes", 1, Refusal::Unavailable);
+    nodes.get("n1").await.unwrap();
+}

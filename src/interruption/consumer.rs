@@ -324,6 +324,11 @@ impl Consumer {
                     return Ok("duplicate");
                 }
                 action.hook = self.engine.settings().hook_name.clone();
+                // The message's token is not AWS's word (a forged or corrupted message
+                // carries any token, and AWS refuses a wrong one: every heartbeat would
+                // fail and the hook's timeout end the instance undrained). AWS takes
+                // the instance id alone, as the scan sends it.
+                action.token = None;
                 let instance_id = action.instance_id.clone();
                 let mode = Mode::Lifecycle {
                     action,

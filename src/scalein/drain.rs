@@ -877,10 +877,14 @@ async fn phase(
     let node = d.node;
     let mut evicted_uids: HashSet<String> = HashSet::new();
     let mut told: HashSet<String> = HashSet::new();
+    // The pods there at the phase's first look: one put back later is not chased.
+    let mut seen: Option<HashSet<String>> = None;
     loop {
         let mut skipped: Vec<(plan::PodRef, &'static str)> = Vec::new();
-        let current: Vec<Pod> = pods
-            .pods()
+        let listed = pods.pods();
+        let seen =
+            seen.get_or_insert_with(|| listed.iter().map(|p| plan::pod_ref(p).uid).collect());
+        let current: Vec<Pod> = listed
             .into_iter()
             .filter(|p| {
                 let r = plan::pod_ref(p);
@@ -902,7 +906,7 @@ async fn phase(
                     return true;
                 }
                 if !evicted_uids.contains(&r.uid)
-                    && plan::is_replacement(p, drain_taint(), d.started)
+                    && plan::arrived_during(p, drain_taint(), d.started, seen)
                 {
                     if told.insert(r.uid.clone()) {
                         skipped.push((r.clone(), "it arrived after the drain began and tolerates the drain taint; it ends with the instance"));

@@ -12,8 +12,8 @@ use parking_lot::Mutex;
 use super::inflight::{Book, HoldChange};
 use super::marks_sync::spawn_marks_sync;
 use super::{
-    budgets, drain, dry_run, events, leader, lifecycle, nodes, pass, ratelimit, record, user_agent,
-    DrainRequest, Mode, ModeChoice, Outcome, ScaleInSettings, Start,
+    budgets, drain, dry_run, events, evict, leader, lifecycle, nodes, pass, ratelimit, record,
+    user_agent, DrainRequest, Mode, ModeChoice, Outcome, ScaleInSettings, Start,
 };
 use crate::cloud::{Cloud, LifecycleAction};
 use crate::provider::{Group, Provider, ProviderError};
@@ -69,6 +69,8 @@ pub struct Engine {
     pub(crate) nodes: nodes::NodeIndex,
     /// Watches of the pods of budgets that refused an eviction.
     pub budgets: budgets::BudgetWatches,
+    /// Evictions this process asked for, so a restarted drain does not ask again.
+    pub(crate) evictions: Arc<evict::Ledger>,
     /// What drains running together read once for all of them.
     pub passes: pass::Passes,
     /// `maxConcurrentDrains`: taken by a drain after its cordon, for its stages.
@@ -115,6 +117,7 @@ impl Engine {
             .map(|p| spawn_marks_sync(&nodes, Arc::downgrade(p), liveness.clone()));
         Arc::new(Self {
             budgets: budgets::BudgetWatches::new(client.clone()),
+            evictions: Arc::default(),
             passes: pass::Passes::new(client.clone(), settings.shared_pod_watch_from),
             events: events::Events::new(client.clone(), pod_event_client, Some(limiter)),
             nodes,

@@ -38,6 +38,62 @@ pub enum Attempt {
     Error(String),
 }
 
+/// The evictions this process asked for, by pod UID: in flight, or accepted. A drain
+/// that a new reason restarts (or a drain of the same node after it) may look at a
+/// pod list that does not show an eviction of the previous run yet (its answer lost
+/// to the restart, or the watch a moment behind): it asks this instead of the API
+/// server again. Requests run to their answer even when the drain that sent them
+/// stops, so what they did is known. Entries are forgotten after 15 minutes.
+#[derive(Default)]
+pub struct Ledger(parking_lot::Mutex<std::collections::HashMap<String, Sent>>);
+
+struct Sent {
+    at: Instant,
+    /// `None` while in flight; then whether the API server accepted it.
+    answer: tokio::sync::watch::Sender<Option<bool>>,
+}
+
+const LEDGER_KEEPS: Duration = Duration::from_secs(15 * 60);
+
+impl Ledger {
+    /// An eviction of the pod is being sent.
+    fn sending(&self, uid: &str) {
+        let mut m = self.0.lock();
+        let now = Instant::now();
+        m.retain(|_, s| now.duration_since(s.at) < LEDGER_KEEPS);
+        m.insert(
+            uid.to_string(),
+            Sent {
+                at: now,
+                answer: tokio::sync::watch::channel(None).0,
+            },
+        );
+    }
+
+    /// Its answer came: accepted, or not.
+    fn answered(&self, uid: &str, accepted: bool) {
+        let mut m = self.0.lock();
+        if accepted {
+            if let Some(s) = m.get(uid) {
+                s.answer.send_replace(Some(true));
+            }
+        } else if let Some(s) = m.remove(uid) {
+            s.answer.send_replace(Some(false));
+        }
+    }
+
+    /// Whether this process already had the pod's eviction accepted, waiting (until
+    /// `deadline`) for one still in flight.
+    pub async fn accepted(&self, uid: &str, deadline: Instant) -> bool {
+        let mut rx = match self.0.lock().get(uid) {
+            Some(s) => s.answer.subscribe(),
+            None => return false,
+        };
+        let answer = tokio::time::timeout_at(deadline.into(), rx.wait_for(|a| a.is_some())).await;
+        matches!(answer, Ok(Ok(a)) if *a == Some(true))
+    }
+}
+
 /// Tells a PodDisruptionBudget's 429 from API Priority and Fairness' 429. Pure.
 pub fn classify_429(status: &kube::core::Status) -> Attempt {
     let causes = status
@@ -76,7 +132,21 @@ pub async fn attempt(engine: &Engine, pod: &PodRef) -> Attempt {
         }),
         ..EvictParams::default()
     };
-    let outcome = match api.evict(&pod.name, &params).await {
+    // Sent from its own task: a drain stopped meanwhile (a new reason restarts it)
+    // does not lose the answer, and the ledger tells the next run.
+    let ledger = engine.evictions.clone();
+    let (name, uid) = (pod.name.clone(), pod.uid.clone());
+    ledger.sending(&uid);
+    let sent = tokio::spawn(async move {
+        let r = api.evict(&name, &params).await;
+        ledger.answered(&uid, r.is_ok());
+        r
+    });
+    let answer = match sent.await {
+        Ok(r) => r,
+        Err(e) => return Attempt::Error(format!("the eviction request's task failed: {e}")),
+    };
+    let outcome = match answer {
         Ok(_) => {
             engine.stats.evictions_ok.fetch_add(1, Ordering::Relaxed);
             Attempt::Evicted
@@ -278,6 +348,10 @@ pub async fn until_accepted(
     let mut budget_waits: Option<Vec<super::budgets::BudgetWait>> = None;
     loop {
         if !still_there() {
+            return true;
+        }
+        // Evicted already by this process (a run of this drain before a restart).
+        if engine.evictions.accepted(&pod.uid, deadline).await {
             return true;
         }
         let tell = (&mut told, &mut held_since);

@@ -214,6 +214,33 @@ pub fn is_replacement(
     created_after && tolerates(pod, key, value, effect)
 }
 
+/// [`is_replacement`] for a drain phase that knows which pods were on the node when
+/// it first looked (`seen`, by UID). kube-apiserver writes creationTimestamp in
+/// whole seconds, so a pod put back within the second the drain began (a DaemonSet
+/// that tolerates everything, its evicted pod gone in a blink) reads as created no
+/// later than the start; by the timestamp alone it would be evicted again, and its
+/// own replacement after it, until the second ran out. Such a pod, created in the
+/// start's second and not there at the first look, arrived after the drain began.
+pub fn arrived_during(
+    pod: &Pod,
+    drain_taint: (&str, &str, &str),
+    drain_started: Timestamp,
+    seen: &std::collections::HashSet<String>,
+) -> bool {
+    if is_replacement(pod, drain_taint, drain_started) {
+        return true;
+    }
+    let (key, value, effect) = drain_taint;
+    let start_second = Timestamp::from_second(drain_started.as_second()).unwrap_or(drain_started);
+    let in_start_second = pod
+        .metadata
+        .creation_timestamp
+        .as_ref()
+        .is_some_and(|t| t.0 >= start_second);
+    let new = pod.metadata.uid.as_ref().is_some_and(|u| !seen.contains(u));
+    in_start_second && new && tolerates(pod, key, value, effect)
+}
+
 /// Why the drain stops waiting for a pod that is still listed, if it does. Pure:
 /// the caller says whether the pod's node is Ready and what time it is.
 ///
@@ -672,6 +699,50 @@ mod tests {
         // Created in the drain's own second: it may have been there before (the
         // timestamp has whole seconds), so it is drained, never left behind.
         assert!(!is_replacement(&created(blanket(pod("same")), 5), t, at(5)));
+    }
+
+    #[test]
+    fn a_pod_put_back_in_the_start_second_arrived_during_the_drain() {
+        let t = ("ca-asg-provider.io/draining", "true", "NoSchedule");
+        let started =
+            Timestamp::from_nanosecond((1_700_000_005i128 * 1_000_000_000) + 300_000_000).unwrap();
+        let created = |mut p: Pod, secs| {
+            p.metadata.creation_timestamp = Some(Time(at(secs)));
+            p
+        };
+        let blanket = |p| tolerating(p, r#"{"operator":"Exists"}"#);
+        let seen: std::collections::HashSet<String> = ["uid-there".to_string()].into();
+        // Whole seconds: 5 s is the start's own second.
+        assert!(arrived_during(
+            &created(blanket(pod("back")), 5),
+            t,
+            started,
+            &seen
+        ));
+        assert!(!arrived_during(
+            &created(blanket(pod("there")), 5),
+            t,
+            started,
+            &seen
+        ));
+        assert!(!arrived_during(
+            &created(blanket(pod("before")), 4),
+            t,
+            started,
+            &seen
+        ));
+        assert!(!arrived_during(
+            &created(pod("plain"), 5),
+            t,
+            started,
+            &seen
+        ));
+        assert!(arrived_during(
+            &created(blanket(pod("there")), 6),
+            t,
+            started,
+            &seen
+        ));
     }
 
     #[test]

@@ -215,8 +215,10 @@ struct Controllers {
     gone_timers: HashSet<String>,
     /// Live (not terminating, not finished) pods per controller UID.
     live: HashMap<String, i64>,
-    /// Live pods per controller UID and node.
-    on_node: HashMap<String, HashMap<String, i64>>,
+    /// Every pod object (terminating and finished ones too, until removed) per
+    /// controller UID and node: the DaemonSet controller puts a pod back on a node
+    /// only once the one there is gone, as the real one does without `maxSurge`.
+    held_on_node: HashMap<String, HashMap<String, i64>>,
     /// Pods per node, not counting terminating ones (the scheduler's spreading).
     load: HashMap<String, usize>,
     /// Every pod bound to a node, for the pod GC when the node goes.
@@ -277,7 +279,7 @@ impl Controllers {
             ready_timers: HashSet::new(),
             gone_timers: HashSet::new(),
             live: HashMap::new(),
-            on_node: HashMap::new(),
+            held_on_node: HashMap::new(),
             load: HashMap::new(),
             bound: HashMap::new(),
             pending: HashSet::new(),
@@ -309,15 +311,17 @@ impl Controllers {
         } else if let Some(owner) = &c.owner {
             self.rs_dirty.insert(owner.clone());
         }
+        if let Some(owner) = &c.owner {
+            *self
+                .held_on_node
+                .entry(owner.clone())
+                .or_default()
+                .entry(c.node.clone())
+                .or_default() += sign;
+        }
         if c.live {
             if let Some(owner) = &c.owner {
                 *self.live.entry(owner.clone()).or_default() += sign;
-                *self
-                    .on_node
-                    .entry(owner.clone())
-                    .or_default()
-                    .entry(c.node.clone())
-                    .or_default() += sign;
             }
         }
         if c.counts_load {
@@ -347,7 +351,7 @@ impl Controllers {
     /// Recounts everything from the store (at start, and when the channel lagged).
     fn rebuild(&mut self, store: &Arc<Store>, inner: &mut Inner) {
         self.live.clear();
-        self.on_node.clear();
+        self.held_on_node.clear();
         self.load.clear();
         self.bound.clear();
         self.pending.clear();
@@ -625,6 +629,11 @@ impl Controllers {
         }
         if ds_work {
             // DaemonSets: one pod per eligible node, on the nodes where something changed.
+            // A node whose pod of the set was evicted or deleted gets a new one once
+            // that pod is gone, if the set tolerates the node's taints (kube-proxy,
+            // the CNI, CSI node plugins and many log shippers tolerate everything):
+            // the real controller's `shouldRun && !exists`, cordon included (its pods
+            // tolerate node.kubernetes.io/unschedulable).
             let check: Vec<Arc<Value>> = if self.all_ds_dirty {
                 inner.list(nodes(), None)
             } else {
@@ -638,7 +647,7 @@ impl Controllers {
                 let uid = s(&ds, &["metadata", "uid"]);
                 let ns = s(&ds, &["metadata", "namespace"]);
                 let tolerations = &ds["spec"]["template"]["spec"]["tolerations"];
-                let placed = self.on_node.get(uid);
+                let placed = self.held_on_node.get(uid);
                 for node in &check {
                     if terminating(node) {
                         continue;

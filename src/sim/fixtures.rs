@@ -120,6 +120,82 @@ pub fn daemonset(ns: &str, app: &str, prestop: f64, tolerate_all: bool) -> Daemo
     }
 }
 
+/// A DaemonSet labelled `app` whose pods tolerate the taints keyed `keys` (`""`: every
+/// taint, `operator: Exists` with no key) and run at `priority_class`: the agents an
+/// EKS node carries and the DaemonSet controller puts straight back on a cordoned,
+/// tainted node (see [`kube_proxy`], [`aws_node`], [`csi_node`]).
+pub fn daemonset_tolerating(
+    ns: &str,
+    app: &str,
+    prestop: f64,
+    keys: &[&str],
+    priority_class: Option<&str>,
+) -> DaemonSet {
+    let mut ds = daemonset(ns, app, prestop, false);
+    let spec = ds
+        .spec
+        .as_mut()
+        .and_then(|s| s.template.spec.as_mut())
+        .expect("template spec");
+    spec.tolerations = Some(
+        keys.iter()
+            .map(|k| Toleration {
+                key: (!k.is_empty()).then(|| k.to_string()),
+                operator: Some("Exists".into()),
+                ..Default::default()
+            })
+            .collect(),
+    );
+    spec.priority_class_name = priority_class.map(str::to_string);
+    ds
+}
+
+/// kube-proxy as EKS runs it: tolerates everything, system-node-critical.
+pub fn kube_proxy(prestop: f64) -> DaemonSet {
+    daemonset_tolerating(
+        "kube-system",
+        "kube-proxy",
+        prestop,
+        &[""],
+        Some("system-node-critical"),
+    )
+}
+
+/// The VPC CNI (aws-node): tolerates everything, system-node-critical.
+pub fn aws_node(prestop: f64) -> DaemonSet {
+    daemonset_tolerating(
+        "kube-system",
+        "aws-node",
+        prestop,
+        &[""],
+        Some("system-node-critical"),
+    )
+}
+
+/// The EBS CSI node plugin (ebs-csi-node): tolerates everything, system-node-critical;
+/// volumes detach through it, so it must outlive the detach.
+pub fn csi_node(prestop: f64) -> DaemonSet {
+    daemonset_tolerating(
+        "kube-system",
+        "ebs-csi-node",
+        prestop,
+        &[""],
+        Some("system-node-critical"),
+    )
+}
+
+/// A log shipper that tolerates the drain taint by its key (and nothing else), at
+/// no special priority: it leaves with the other DaemonSet pods, before the volumes.
+pub fn log_shipper_tolerating_drain(prestop: f64) -> DaemonSet {
+    daemonset_tolerating(
+        "logging",
+        "log-shipper",
+        prestop,
+        &["ca-asg-provider.io/draining"],
+        None,
+    )
+}
+
 /// A bare pod on a node (no controller).
 pub fn pod(ns: &str, name: &str, node: &str, app: &str, prestop: f64) -> Pod {
     Pod {

@@ -121,12 +121,60 @@ pub(crate) fn merge(target: &mut Value, patch: &Value) {
     }
 }
 
+/// The verb (as RBAC and the audit name it) and `resource[/subresource]` of a request.
+fn verb_and_resource(
+    method: &Method,
+    t: &Target,
+    q: &HashMap<String, String>,
+) -> (&'static str, String) {
+    let watching = q.get("watch").is_some_and(|w| w == "true" || w == "1");
+    let verb = match (method, &t.name, watching) {
+        (&Method::GET, None, true) => "watch",
+        (&Method::GET, None, false) => "list",
+        (&Method::GET, Some(_), _) => "get",
+        (&Method::POST, _, _) => "create",
+        (&Method::PUT, _, _) => "update",
+        (&Method::PATCH, _, _) => "patch",
+        (&Method::DELETE, _, _) => "delete",
+        _ => "other",
+    };
+    let res_label = match &t.sub {
+        Some(s) => format!("{}/{s}", t.res.plural),
+        None => t.res.plural.to_string(),
+    };
+    (verb, res_label)
+}
+
 pub async fn handle(
     State(ctx): State<Arc<Ctx>>,
     method: Method,
     uri: Uri,
     headers: HeaderMap,
     Query(q): Query<HashMap<String, String>>,
+    body: Bytes,
+) -> Response {
+    // A request behind a slow admission webhook ([`super::SimCluster::slow_requests`])
+    // is taken on and carried out to the end even if its client goes away meanwhile,
+    // as a write the API server already accepted: the answer is lost, not the effect.
+    let behind_webhook = parse_path(uri.path()).ok().is_some_and(|t| {
+        let key = verb_and_resource(&method, &t, &q);
+        let key = (key.0.to_string(), key.1);
+        ctx.faults.lock().slow_requests.contains_key(&key)
+    });
+    if behind_webhook {
+        return tokio::spawn(serve_request(ctx, method, uri, headers, q, body))
+            .await
+            .unwrap_or_else(|_| StatusCode::INTERNAL_SERVER_ERROR.into_response());
+    }
+    serve_request(ctx, method, uri, headers, q, body).await
+}
+
+async fn serve_request(
+    ctx: Arc<Ctx>,
+    method: Method,
+    uri: Uri,
+    headers: HeaderMap,
+    q: HashMap<String, String>,
     body: Bytes,
 ) -> Response {
     let path = uri.path().to_string();
@@ -146,21 +194,7 @@ pub async fn handle(
         Ok(t) => t,
         Err(e) => return error(e),
     };
-    let watching = q.get("watch").is_some_and(|w| w == "true" || w == "1");
-    let verb = match (&method, &t.name, watching) {
-        (&Method::GET, None, true) => "watch",
-        (&Method::GET, None, false) => "list",
-        (&Method::GET, Some(_), _) => "get",
-        (&Method::POST, _, _) => "create",
-        (&Method::PUT, _, _) => "update",
-        (&Method::PATCH, _, _) => "patch",
-        (&Method::DELETE, _, _) => "delete",
-        _ => "other",
-    };
-    let res_label = match &t.sub {
-        Some(s) => format!("{}/{s}", t.res.plural),
-        None => t.res.plural.to_string(),
-    };
+    let (verb, res_label) = verb_and_resource(&method, &t, &q);
     let user = headers
         .get(axum::http::header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
@@ -170,7 +204,14 @@ pub async fn handle(
         .and_then(|v| v.to_str().ok());
     ctx.stats
         .count(user, user_agent, verb, t.res.group, &res_label);
-    let latency = ctx.faults.lock().latency;
+    let latency = {
+        let f = ctx.faults.lock();
+        f.latency
+            + f.slow_requests
+                .get(&(verb.to_string(), res_label.clone()))
+                .copied()
+                .unwrap_or_default()
+    };
     if !latency.is_zero() {
         tokio::time::sleep(latency).await;
     }
@@ -190,12 +231,46 @@ pub async fn handle(
                 ),
             ));
         }
-        if let Some(n) = faults
-            .throttled
+        let refusal = faults
+            .refused
             .get_mut(&(verb.to_string(), res_label.clone()))
-            .filter(|n| **n > 0)
-        {
-            *n -= 1;
+            .filter(|(n, _)| *n > 0)
+            .map(|(n, how)| {
+                *n -= 1;
+                *how
+            });
+        match refusal {
+            Some(super::Refusal::TooManyRequests) | None => {}
+            Some(super::Refusal::Forbidden) => {
+                return error(ApiError::new(
+                    403,
+                    "Forbidden",
+                    format!("admission webhook \"deny.sim.ca-asg-provider.io\" denied the request: {verb} {res_label} refused"),
+                ))
+            }
+            Some(super::Refusal::Internal) => {
+                return error(ApiError::new(
+                    500,
+                    "InternalError",
+                    "Internal error occurred: etcdserver: request timed out",
+                ))
+            }
+            Some(super::Refusal::Unavailable) => {
+                return error(ApiError::new(
+                    503,
+                    "ServiceUnavailable",
+                    "the server is currently unable to handle the request",
+                ))
+            }
+        }
+        let throttled = refusal == Some(super::Refusal::TooManyRequests)
+            || faults
+                .throttled
+                .get_mut(&(verb.to_string(), res_label.clone()))
+                .filter(|n| **n > 0)
+                .map(|n| *n -= 1)
+                .is_some();
+        if throttled {
             let mut body = ApiError::new(
                 429,
                 "TooManyRequests",
@@ -470,6 +545,7 @@ async fn watch_stream(ctx: Arc<Ctx>, t: Target, q: HashMap<String, String>) -> R
     let start_epoch = *epoch.borrow();
     let res = t.res;
     let ns = t.ns.clone();
+    let faults = ctx.faults.clone();
     tokio::spawn(async move {
         for ev in past {
             if tx.send(Ok(ev)).await.is_err() {
@@ -501,6 +577,10 @@ async fn watch_stream(ctx: Arc<Ctx>, t: Target, q: HashMap<String, String>) -> R
                         if c.object["metadata"]["namespace"].as_str() != Some(ns) { continue; }
                     }
                     if let Some(ev) = event_for(&c.kind, &c.object, c.old.as_deref(), &ls, &fs) {
+                        let lag = faults.lock().watch_lag;
+                        if !lag.is_zero() {
+                            tokio::time::sleep(lag).await;
+                        }
                         if tx.send(Ok(ev)).await.is_err() {
                             return;
                         }

@@ -158,8 +158,41 @@ pub struct Faults {
     /// (verb, resource[/subresource]) -> how many more requests get APF's 429
     /// (reason TooManyRequests, no PodDisruptionBudget cause, Retry-After).
     pub throttled: std::collections::HashMap<(String, String), u32>,
+    /// (verb, resource[/subresource]) -> how many more requests are refused, and
+    /// with which status ([`Refusal`]), before the request is looked at.
+    pub refused: std::collections::HashMap<(String, String), (u32, Refusal)>,
     /// How long every request waits before it is handled (an overloaded server).
     pub latency: Duration,
+    /// How late every watch event arrives (a watch cache behind etcd).
+    pub watch_lag: Duration,
+    /// (verb, resource[/subresource]) -> how long such requests wait besides (a slow
+    /// admission webhook on them).
+    pub slow_requests: std::collections::HashMap<(String, String), Duration>,
+}
+
+/// How a refused request is answered ([`SimCluster::refuse`]), as a real API server
+/// answers it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Refusal {
+    /// 403 Forbidden: RBAC, or an admission webhook that denies.
+    Forbidden,
+    /// 429 TooManyRequests from API Priority and Fairness (no budget cause).
+    TooManyRequests,
+    /// 500 InternalError: etcd timed out, a webhook failed, a panic.
+    Internal,
+    /// 503 ServiceUnavailable: the server is shutting down or overloaded.
+    Unavailable,
+}
+
+impl Refusal {
+    pub fn code(self) -> u16 {
+        match self {
+            Refusal::Forbidden => 403,
+            Refusal::TooManyRequests => 429,
+            Refusal::Internal => 500,
+            Refusal::Unavailable => 503,
+        }
+    }
 }
 
 async fn serve(listener: tokio::net::TcpListener, ctx: Arc<http::Ctx>) {
@@ -225,6 +258,44 @@ impl SimCluster {
             .lock()
             .throttled
             .insert((verb.to_string(), resource.to_string()), times);
+    }
+
+    /// The next `times` requests with this verb on this resource are refused as
+    /// `how` says (403, APF's 429, 500 or 503), before anything is done: nothing is
+    /// written, nothing is in the audit. Zero times lifts it.
+    pub fn refuse(&self, verb: &str, resource: &str, times: u32, how: Refusal) {
+        self.faults
+            .lock()
+            .refused
+            .insert((verb.to_string(), resource.to_string()), (times, how));
+    }
+
+    /// Lifts every refusal, throttle, denial and delay at once.
+    pub fn heal(&self) {
+        let mut f = self.faults.lock();
+        f.denied.clear();
+        f.throttled.clear();
+        f.refused.clear();
+        f.slow_requests.clear();
+        f.watch_lag = Duration::ZERO;
+        f.latency = Duration::ZERO;
+    }
+
+    /// From now on every watch event reaches its watcher `lag` late, as from a watch
+    /// cache behind etcd: a list is current, a watch behind it (zero: at once).
+    pub fn lag_watches(&self, lag: Duration) {
+        self.faults.lock().watch_lag = lag;
+    }
+
+    /// From now on requests with this verb on this resource wait `latency` more before
+    /// they are handled, as behind a slow admission webhook; such a request, once
+    /// received, is carried out even if its client goes away meanwhile (its answer is
+    /// lost, its effect is not). Zero: no more delay.
+    pub fn slow_requests(&self, verb: &str, resource: &str, latency: Duration) {
+        self.faults
+            .lock()
+            .slow_requests
+            .insert((verb.to_string(), resource.to_string()), latency);
     }
 
     /// From now on every request waits `latency` before it is handled, as a slow or

@@ -241,15 +241,23 @@ pub struct Store {
     tx: broadcast::Sender<Arc<Change>>,
 }
 
+/// A time as kube-apiserver writes `metav1.Time` (creationTimestamp,
+/// deletionTimestamp): RFC 3339 in whole seconds, the fraction cut off.
+fn whole_seconds(t: k8s_openapi::jiff::Timestamp) -> String {
+    k8s_openapi::jiff::Timestamp::from_second(t.as_second())
+        .unwrap_or(t)
+        .to_string()
+}
+
 fn rfc3339_in(secs: i64) -> String {
     let t = k8s_openapi::jiff::Timestamp::now()
         .checked_add(k8s_openapi::jiff::SignedDuration::from_secs(secs))
         .unwrap_or(k8s_openapi::jiff::Timestamp::MAX);
-    t.to_string()
+    whole_seconds(t)
 }
 
 fn now_rfc3339() -> String {
-    k8s_openapi::jiff::Timestamp::now().to_string()
+    whole_seconds(k8s_openapi::jiff::Timestamp::now())
 }
 
 impl Inner {

@@ -1,8 +1,10 @@
 #![allow(dead_code)]
 pub mod budget_floor;
 pub mod eks;
+pub mod model;
 pub mod moto;
 pub mod notices;
+pub mod pods;
 pub mod queue;
 pub mod rbac;
 pub mod world;

@@ -151,10 +151,33 @@ pub enum HookEvent {
     Terminated { instance: String },
 }
 
+/// One change of a group's desired capacity, and what made it
+/// ([`MemoryCloud::desired_log`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DesiredChange {
+    pub group: String,
+    pub from: i32,
+    pub to: i32,
+    pub by: DesiredBy,
+}
+
+/// What changed a group's desired capacity.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum DesiredBy {
+    /// TerminateInstanceInAutoScalingGroup with ShouldDecrementDesiredCapacity.
+    Terminate { instance: String },
+    /// SetDesiredCapacity.
+    SetDesired,
+    /// A scale-in that did not come from a caller ([`MemoryCloud::external_scale_in`]).
+    External,
+}
+
 /// One hook's action an instance in Terminating:Wait waits for.
 #[derive(Debug, Clone)]
 struct Wait {
     hook: String,
+    /// The action's LifecycleActionToken, as AWS puts it in the hook's notification.
+    token: String,
     /// The hook's heartbeat timeout when the termination began.
     timeout: Duration,
     /// When the action times out (None until the instance is in Terminating:Wait).
@@ -235,6 +258,13 @@ struct State {
     hook_timeouts: Vec<String>,
     /// Every lifecycle action's end and every instance's way out, in order.
     log: Vec<HookEvent>,
+    /// Every change of a desired capacity, in order.
+    desired_log: Vec<DesiredChange>,
+    /// Reads answered from an older state ([`MemoryCloud::stale_reads`]): that state
+    /// and how many more reads get it.
+    stale: Option<(BTreeMap<String, MemAsg>, u32)>,
+    /// Heartbeats and completions that carry a token must carry the action's.
+    check_tokens: bool,
 }
 
 /// In-memory Auto Scaling. Cheap to clone (shared state).
@@ -245,9 +275,9 @@ pub struct MemoryCloud {
     instance_types: Arc<BTreeMap<String, InstanceTypeInfo>>,
     /// How long every call takes before it is answered ([`MemoryCloud::slow`]).
     latency: Arc<Mutex<Duration>>,
-    /// How long a termination's answer takes after it took effect
-    /// ([`MemoryCloud::answer_terminations_after`]).
-    termination_answer: Arc<Mutex<Duration>>,
+    /// How long the answer of a call that already took effect takes to come back
+    /// ([`MemoryCloud::slow_answers`]).
+    answer_latency: Arc<Mutex<Duration>>,
 }
 
 impl MemoryCloud {
@@ -257,7 +287,7 @@ impl MemoryCloud {
             timing,
             instance_types: Arc::new(builtin_instance_types()),
             latency: Arc::new(Mutex::new(Duration::ZERO)),
-            termination_answer: Arc::new(Mutex::new(Duration::ZERO)),
+            answer_latency: Arc::new(Mutex::new(Duration::ZERO)),
         };
         {
             let mut st = cloud.state.lock();
@@ -345,56 +375,94 @@ impl MemoryCloud {
         *self.latency.lock() = latency;
     }
 
-    /// TerminateInstanceInAutoScalingGroup's effect.
-    fn terminate_now(&self, instance_id: &str, decrement: bool) -> CloudResult<()> {
-        let mut st = self.state.lock();
-        self.begin_call(&mut st, "terminate_instance")?;
-        let now = Instant::now();
-        let group = st
-            .groups
-            .values()
-            .find(|g| g.instances.iter().any(|i| i.id == instance_id))
-            .map(|g| g.spec.name.clone())
-            .ok_or_else(|| not_found("instance", instance_id))?;
-        let g = st.groups.get_mut(&group).expect("group present");
-        if decrement && g.desired <= g.spec.min_size {
-            return Err(CloudError::Rejected {
-                operation: "TerminateInstanceInAutoScalingGroup".into(),
-                code: "ValidationError".into(),
-                message: format!(
-                    "Currently, desiredSize equals minSize ({}). Terminating instance without replacement will violate group's min size constraint.",
-                    g.spec.min_size
-                ),
-            });
-        }
-        let hooks = g.spec.terminating_hooks.clone();
-        let inst = g
-            .instances
-            .iter_mut()
-            .find(|i| i.id == instance_id)
-            .expect("instance present");
-        if inst.state.is_terminating() {
-            return Ok(());
-        }
-        begin_termination(inst, &hooks, now, self.timing.hook_delay);
-        if decrement {
-            g.desired -= 1;
-        }
-        self.reconcile_group(&mut st, &group, now);
-        Ok(())
-    }
-
-    /// From now on TerminateInstanceInAutoScalingGroup takes effect at once and
-    /// answers `after` later: a caller stopped meanwhile never hears that it did.
-    pub fn answer_terminations_after(&self, after: Duration) {
-        *self.termination_answer.lock() = after;
-    }
-
     async fn pause(&self) {
         let latency = *self.latency.lock();
         if !latency.is_zero() {
             tokio::time::sleep(latency).await;
         }
+    }
+
+    /// From now on every call takes effect at once but its answer takes `latency` to
+    /// come back, as when AWS did the work and the response is slow or lost (a caller
+    /// that gives up meanwhile does not know it happened). Zero: at once again.
+    pub fn slow_answers(&self, latency: Duration) {
+        *self.answer_latency.lock() = latency;
+    }
+
+    async fn answer_later(&self) {
+        let latency = *self.answer_latency.lock();
+        if !latency.is_zero() {
+            tokio::time::sleep(latency).await;
+        }
+    }
+
+    /// The next `reads` reads (DescribeAutoScalingGroups, DescribeAutoScalingInstances,
+    /// DescribeLifecycleHooks) answer the state as it is now, whatever happens
+    /// meanwhile: AWS's eventual consistency, a read served from a lagging replica.
+    /// Zero: fresh answers again.
+    pub fn stale_reads(&self, reads: u32) {
+        let mut st = self.state.lock();
+        self.settle(&mut st);
+        st.stale = (reads > 0).then(|| (st.groups.clone(), reads));
+    }
+
+    /// The older state a read answers from, if it is to be stale (counts the read).
+    fn stale_view(st: &mut State) -> Option<BTreeMap<String, MemAsg>> {
+        let (groups, left) = st.stale.as_mut()?;
+        let view = groups.clone();
+        *left -= 1;
+        if *left == 0 {
+            st.stale = None;
+        }
+        Some(view)
+    }
+
+    /// Changes a hook's heartbeat timeout, as PutLifecycleHook does: actions already
+    /// waiting keep their deadline until their next heartbeat, which extends them by
+    /// the new timeout.
+    pub fn set_heartbeat_timeout(&self, group: &str, hook: &str, secs: i32) {
+        if let Some(g) = self.state.lock().groups.get_mut(group) {
+            if let Some(h) = g.spec.terminating_hooks.iter_mut().find(|h| h.name == hook) {
+                h.heartbeat_timeout_secs = secs;
+            }
+        }
+    }
+
+    /// From now on a heartbeat or completion that carries a LifecycleActionToken is
+    /// refused unless it is the action's own ([`Self::action_token`]), as AWS refuses
+    /// it ("No active Lifecycle Action found with token ..."); one without a token
+    /// is taken by instance id, as AWS takes it.
+    pub fn check_tokens(&self, on: bool) {
+        self.state.lock().check_tokens = on;
+    }
+
+    /// The LifecycleActionToken of the hook's action on the instance, while it waits.
+    pub fn action_token(&self, instance_id: &str, hook: &str) -> Option<String> {
+        let mut st = self.state.lock();
+        self.settle(&mut st);
+        st.groups
+            .values()
+            .flat_map(|g| &g.instances)
+            .filter(|i| i.id == instance_id)
+            .flat_map(|i| &i.waits)
+            .find(|w| w.hook == hook)
+            .map(|w| w.token.clone())
+    }
+
+    /// Every change of a desired capacity so far, in order, with what made it.
+    pub fn desired_log(&self) -> Vec<DesiredChange> {
+        self.state.lock().desired_log.clone()
+    }
+
+    /// Lifts throttles, staleness and latency (the end of a test's faults).
+    pub fn heal(&self) {
+        {
+            let mut st = self.state.lock();
+            st.throttle_next.clear();
+            st.stale = None;
+        }
+        self.slow(Duration::ZERO);
+        self.slow_answers(Duration::ZERO);
     }
 
     /// The next `times` calls of `operation` (a trait method name) answer Throttled.
@@ -496,7 +564,14 @@ impl MemoryCloud {
             .groups
             .get_mut(group)
             .ok_or_else(|| not_found("group", group))?;
+        let from = g.desired;
         g.desired = (g.desired - by).max(g.spec.min_size);
+        let change = DesiredChange {
+            group: group.to_string(),
+            from,
+            to: g.desired,
+            by: DesiredBy::External,
+        };
         let mut ended = Vec::new();
         let hooks = g.spec.terminating_hooks.clone();
         for inst in g.instances.iter_mut().rev() {
@@ -509,6 +584,7 @@ impl MemoryCloud {
             begin_termination(inst, &hooks, now, self.timing.hook_delay);
             ended.push(inst.id.clone());
         }
+        st.desired_log.push(change);
         Ok(ended)
     }
 
@@ -708,6 +784,7 @@ fn begin_termination(
         .iter()
         .map(|h| Wait {
             hook: h.name.clone(),
+            token: next_token(),
             timeout: Duration::from_secs(h.heartbeat_timeout_secs.max(1) as u64),
             deadline: None,
             abandon_by_default: h.default_result.eq_ignore_ascii_case("ABANDON"),
@@ -724,6 +801,24 @@ fn begin_termination(
         inst.state = LifecycleState::Terminating;
         inst.enters_wait = Some(now + hook_delay);
     }
+}
+
+/// A fresh LifecycleActionToken (UUID-shaped, as AWS's).
+fn next_token() -> String {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static NEXT: AtomicU64 = AtomicU64::new(1);
+    let n = NEXT.fetch_add(1, Ordering::Relaxed);
+    format!("{:08x}-0000-4000-8000-{:012x}", n >> 16, n)
+}
+
+/// A heartbeat or completion carrying another action's token.
+fn wrong_token(action: &LifecycleAction, wait: &Wait, check: bool) -> Option<CloudError> {
+    let sent = action.token.as_deref()?;
+    (check && sent != wait.token).then(|| CloudError::Rejected {
+        operation: "LifecycleAction".into(),
+        code: "ValidationError".into(),
+        message: format!("No active Lifecycle Action found with token {sent}"),
+    })
 }
 
 /// ABANDON on termination stops the instance's remaining lifecycle actions (AWS:
@@ -789,213 +884,311 @@ fn matches_selector(g: &MemAsg, sel: &GroupSelector) -> bool {
 impl Cloud for MemoryCloud {
     async fn describe_groups(&self, selector: &GroupSelector) -> CloudResult<Vec<AsgSnapshot>> {
         self.pause().await;
-        let mut st = self.state.lock();
-        self.begin_call(&mut st, "describe_groups")?;
-        Ok(st
-            .groups
-            .values()
-            .filter(|g| matches_selector(g, selector))
-            .map(|g| {
-                let mut snap = Self::snapshot_of(g);
-                snap.terminating_hooks = g.spec.terminating_hooks.clone();
-                snap
-            })
-            .collect())
+        let answer = (|| -> CloudResult<Vec<AsgSnapshot>> {
+            let mut st = self.state.lock();
+            self.begin_call(&mut st, "describe_groups")?;
+            let stale = Self::stale_view(&mut st);
+            Ok(stale
+                .as_ref()
+                .unwrap_or(&st.groups)
+                .values()
+                .filter(|g| matches_selector(g, selector))
+                .map(|g| {
+                    let mut snap = Self::snapshot_of(g);
+                    snap.terminating_hooks = g.spec.terminating_hooks.clone();
+                    snap
+                })
+                .collect())
+        })();
+        self.answer_later().await;
+        answer
     }
 
     async fn launch_history(&self, group: &str) -> CloudResult<LaunchHistory> {
         self.pause().await;
-        let mut st = self.state.lock();
-        self.begin_call(&mut st, "launch_failures")?;
-        let g = st
-            .groups
-            .get(group)
-            .ok_or_else(|| not_found("group", group))?;
-        Ok(LaunchHistory {
-            failures: g.failures.clone(),
-            last_launch_unix: g.last_launch_unix,
-        })
+        let answer = (|| -> CloudResult<LaunchHistory> {
+            let mut st = self.state.lock();
+            self.begin_call(&mut st, "launch_failures")?;
+            let g = st
+                .groups
+                .get(group)
+                .ok_or_else(|| not_found("group", group))?;
+            Ok(LaunchHistory {
+                failures: g.failures.clone(),
+                last_launch_unix: g.last_launch_unix,
+            })
+        })();
+        self.answer_later().await;
+        answer
     }
 
     async fn locate_instances(&self, ids: &[String]) -> CloudResult<Vec<InstanceLocation>> {
         self.pause().await;
-        let mut st = self.state.lock();
-        self.begin_call(&mut st, "locate_instances")?;
-        let mut out = Vec::new();
-        for g in st.groups.values() {
-            for i in &g.instances {
-                if ids.contains(&i.id) {
-                    out.push(InstanceLocation {
-                        instance_id: i.id.clone(),
-                        group: g.spec.name.clone(),
-                        zone: i.zone.clone(),
-                        state: i.state.clone(),
-                    });
+        let answer = (|| -> CloudResult<Vec<InstanceLocation>> {
+            let mut st = self.state.lock();
+            self.begin_call(&mut st, "locate_instances")?;
+            let stale = Self::stale_view(&mut st);
+            let mut out = Vec::new();
+            for g in stale.as_ref().unwrap_or(&st.groups).values() {
+                for i in &g.instances {
+                    if ids.contains(&i.id) {
+                        out.push(InstanceLocation {
+                            instance_id: i.id.clone(),
+                            group: g.spec.name.clone(),
+                            zone: i.zone.clone(),
+                            state: i.state.clone(),
+                        });
+                    }
                 }
             }
-        }
-        Ok(out)
+            Ok(out)
+        })();
+        self.answer_later().await;
+        answer
     }
 
     async fn set_desired_capacity(&self, group: &str, desired: i32) -> CloudResult<()> {
         self.pause().await;
-        let mut st = self.state.lock();
-        self.begin_call(&mut st, "set_desired_capacity")?;
-        let g = st
-            .groups
-            .get_mut(group)
-            .ok_or_else(|| not_found("group", group))?;
-        if desired < g.spec.min_size || desired > g.spec.max_size {
-            return Err(CloudError::Rejected {
-                operation: "SetDesiredCapacity".into(),
-                code: "ValidationError".into(),
-                message: format!(
+        let answer = (|| -> CloudResult<()> {
+            let mut st = self.state.lock();
+            self.begin_call(&mut st, "set_desired_capacity")?;
+            let g = st
+                .groups
+                .get_mut(group)
+                .ok_or_else(|| not_found("group", group))?;
+            if desired < g.spec.min_size || desired > g.spec.max_size {
+                return Err(CloudError::Rejected {
+                    operation: "SetDesiredCapacity".into(),
+                    code: "ValidationError".into(),
+                    message: format!(
                     "New SetDesiredCapacity value {desired} is outside the group's bounds [{}, {}]",
                     g.spec.min_size, g.spec.max_size
                 ),
+                });
+            }
+            let mut victims = Vec::new();
+            if desired > g.desired {
+                // The ASG starts launch activities for the new capacity at once.
+                g.last_launch_unix = Some(now_unix());
+            }
+            let lower = desired < g.desired;
+            let by = g.desired - desired;
+            let change = (desired != g.desired).then(|| DesiredChange {
+                group: group.to_string(),
+                from: g.desired,
+                to: desired,
+                by: DesiredBy::SetDesired,
             });
-        }
-        let mut victims = Vec::new();
-        if desired > g.desired {
-            // The ASG starts launch activities for the new capacity at once.
-            g.last_launch_unix = Some(now_unix());
-        }
-        let lower = desired < g.desired;
-        let by = g.desired - desired;
-        g.desired = desired;
-        if lower {
-            // The ASG ends instances itself when desired drops below the live count.
-            let live = g
-                .instances
-                .iter()
-                .filter(|i| !i.state.is_terminating())
-                .count() as i32;
-            let excess = (live - desired).clamp(0, by);
-            let hooks = g.spec.terminating_hooks.clone();
-            let now = Instant::now();
-            let mut n = 0;
-            for inst in g.instances.iter_mut().rev() {
-                if n >= excess {
-                    break;
-                }
-                if !inst.state.is_terminating() {
-                    begin_termination(inst, &hooks, now, self.timing.hook_delay);
-                    victims.push(inst.id.clone());
-                    n += 1;
+            g.desired = desired;
+            if lower {
+                // The ASG ends instances itself when desired drops below the live count.
+                let live = g
+                    .instances
+                    .iter()
+                    .filter(|i| !i.state.is_terminating())
+                    .count() as i32;
+                let excess = (live - desired).clamp(0, by);
+                let hooks = g.spec.terminating_hooks.clone();
+                let now = Instant::now();
+                let mut n = 0;
+                for inst in g.instances.iter_mut().rev() {
+                    if n >= excess {
+                        break;
+                    }
+                    if !inst.state.is_terminating() {
+                        begin_termination(inst, &hooks, now, self.timing.hook_delay);
+                        victims.push(inst.id.clone());
+                        n += 1;
+                    }
                 }
             }
-        }
-        st.chosen_by_asg.extend(victims);
-        let now = Instant::now();
-        self.reconcile_group(&mut st, group, now);
-        Ok(())
+            st.chosen_by_asg.extend(victims);
+            st.desired_log.extend(change);
+            let now = Instant::now();
+            self.reconcile_group(&mut st, group, now);
+            Ok(())
+        })();
+        self.answer_later().await;
+        answer
     }
 
     async fn terminate_instance(&self, instance_id: &str, decrement: bool) -> CloudResult<()> {
         self.pause().await;
-        let answer = self.terminate_now(instance_id, decrement);
-        let late = *self.termination_answer.lock();
-        if !late.is_zero() {
-            tokio::time::sleep(late).await;
-        }
+        let answer = (|| -> CloudResult<()> {
+            let mut st = self.state.lock();
+            self.begin_call(&mut st, "terminate_instance")?;
+            let now = Instant::now();
+            let group = st
+                .groups
+                .values()
+                .find(|g| g.instances.iter().any(|i| i.id == instance_id))
+                .map(|g| g.spec.name.clone())
+                .ok_or_else(|| not_found("instance", instance_id))?;
+            let g = st.groups.get_mut(&group).expect("group present");
+            if decrement && g.desired <= g.spec.min_size {
+                return Err(CloudError::Rejected {
+                operation: "TerminateInstanceInAutoScalingGroup".into(),
+                code: "ValidationError".into(),
+                message: format!(
+                    "Currently, desiredSize equals minSize ({}). Terminating instance without replacement will violate group's min size constraint.",
+                    g.spec.min_size
+                ),
+            });
+            }
+            let hooks = g.spec.terminating_hooks.clone();
+            let inst = g
+                .instances
+                .iter_mut()
+                .find(|i| i.id == instance_id)
+                .expect("instance present");
+            if inst.state.is_terminating() {
+                return Ok(());
+            }
+            begin_termination(inst, &hooks, now, self.timing.hook_delay);
+            if decrement {
+                g.desired -= 1;
+                let change = DesiredChange {
+                    group: group.clone(),
+                    from: g.desired + 1,
+                    to: g.desired,
+                    by: DesiredBy::Terminate {
+                        instance: instance_id.to_string(),
+                    },
+                };
+                st.desired_log.push(change);
+            }
+            self.reconcile_group(&mut st, &group, now);
+            Ok(())
+        })();
+        self.answer_later().await;
         answer
     }
 
     async fn instance_types(&self, names: &[String]) -> CloudResult<Vec<InstanceTypeInfo>> {
         self.pause().await;
-        let mut st = self.state.lock();
-        self.begin_call(&mut st, "instance_types")?;
-        Ok(names
-            .iter()
-            .filter_map(|n| self.instance_types.get(n).cloned())
-            .collect())
+        let answer = (|| -> CloudResult<Vec<InstanceTypeInfo>> {
+            let mut st = self.state.lock();
+            self.begin_call(&mut st, "instance_types")?;
+            Ok(names
+                .iter()
+                .filter_map(|n| self.instance_types.get(n).cloned())
+                .collect())
+        })();
+        self.answer_later().await;
+        answer
     }
 
     async fn launch_template(&self, template: &LaunchTemplateRef) -> CloudResult<LaunchData> {
         self.pause().await;
-        let mut st = self.state.lock();
-        self.begin_call(&mut st, "launch_template")?;
-        let name = template.name.clone().unwrap_or_default();
-        let g = st
-            .groups
-            .get(&name)
-            .ok_or_else(|| not_found("launch template", &template.to_string()))?;
-        Ok(LaunchData {
-            instance_type: g
-                .spec
-                .requirements
-                .is_none()
-                .then(|| g.spec.instance_type.clone()),
-            user_data: g.spec.user_data.clone(),
-            instance_tags: BTreeMap::new(),
-            volumes: vec![BlockVolume {
-                device: "/dev/xvda".into(),
-                size_gib: Some(80),
-            }],
-            image_id: Some("ami-memory".into()),
-            requirements: None,
-        })
+        let answer = (|| -> CloudResult<LaunchData> {
+            let mut st = self.state.lock();
+            self.begin_call(&mut st, "launch_template")?;
+            let name = template.name.clone().unwrap_or_default();
+            let g = st
+                .groups
+                .get(&name)
+                .ok_or_else(|| not_found("launch template", &template.to_string()))?;
+            Ok(LaunchData {
+                instance_type: g
+                    .spec
+                    .requirements
+                    .is_none()
+                    .then(|| g.spec.instance_type.clone()),
+                user_data: g.spec.user_data.clone(),
+                instance_tags: BTreeMap::new(),
+                volumes: vec![BlockVolume {
+                    device: "/dev/xvda".into(),
+                    size_gib: Some(80),
+                }],
+                image_id: Some("ami-memory".into()),
+                requirements: None,
+            })
+        })();
+        self.answer_later().await;
+        answer
     }
 
     async fn launch_configuration(&self, name: &str) -> CloudResult<LaunchData> {
         self.pause().await;
-        let mut st = self.state.lock();
-        self.begin_call(&mut st, "launch_configuration")?;
-        Err(not_found("launch configuration", name))
+        let answer = (|| -> CloudResult<LaunchData> {
+            let mut st = self.state.lock();
+            self.begin_call(&mut st, "launch_configuration")?;
+            Err(not_found("launch configuration", name))
+        })();
+        self.answer_later().await;
+        answer
     }
 
     async fn terminating_hooks(&self, group: &str) -> CloudResult<Vec<LifecycleHook>> {
         self.pause().await;
-        let mut st = self.state.lock();
-        self.begin_call(&mut st, "terminating_hooks")?;
-        let g = st
-            .groups
-            .get(group)
-            .ok_or_else(|| not_found("group", group))?;
-        Ok(g.spec.terminating_hooks.clone())
+        let answer = (|| -> CloudResult<Vec<LifecycleHook>> {
+            let mut st = self.state.lock();
+            self.begin_call(&mut st, "terminating_hooks")?;
+            let stale = Self::stale_view(&mut st);
+            let g = stale
+                .as_ref()
+                .unwrap_or(&st.groups)
+                .get(group)
+                .ok_or_else(|| not_found("group", group))?;
+            Ok(g.spec.terminating_hooks.clone())
+        })();
+        self.answer_later().await;
+        answer
     }
 
     async fn put_terminating_hook(&self, group: &str, hook: &LifecycleHook) -> CloudResult<()> {
         self.pause().await;
-        let mut st = self.state.lock();
-        self.begin_call(&mut st, "put_terminating_hook")?;
-        let g = st
-            .groups
-            .get_mut(group)
-            .ok_or_else(|| not_found("group", group))?;
-        put_hook(&mut g.spec.terminating_hooks, hook.clone());
-        Ok(())
+        let answer = (|| -> CloudResult<()> {
+            let mut st = self.state.lock();
+            self.begin_call(&mut st, "put_terminating_hook")?;
+            let g = st
+                .groups
+                .get_mut(group)
+                .ok_or_else(|| not_found("group", group))?;
+            put_hook(&mut g.spec.terminating_hooks, hook.clone());
+            Ok(())
+        })();
+        self.answer_later().await;
+        answer
     }
 
     async fn lifecycle_heartbeat(&self, action: &LifecycleAction) -> CloudResult<()> {
         self.pause().await;
-        let mut st = self.state.lock();
-        self.begin_call(&mut st, "lifecycle_heartbeat")?;
-        let g = st
-            .groups
-            .get_mut(&action.group)
-            .ok_or_else(|| not_found("group", &action.group))?;
-        let timeout = g
-            .spec
-            .terminating_hooks
-            .iter()
-            .find(|h| h.name == action.hook)
-            .map(|h| h.heartbeat_timeout_secs)
-            .ok_or_else(|| not_found("lifecycle hook", &action.hook))?;
-        let wait = g
-            .instances
-            .iter_mut()
-            .find(|i| i.id == action.instance_id && i.state == LifecycleState::TerminatingWait)
-            .and_then(|i| i.waits.iter_mut().find(|w| w.hook == action.hook))
-            .ok_or_else(|| rejected_no_action(action))?;
-        let now = Instant::now();
-        let left = wait.deadline.map(|d| d.saturating_duration_since(now));
-        wait.deadline = Some(now + Duration::from_secs(timeout.max(1) as u64));
-        st.heartbeats.push(action.clone());
-        if let Some(left) = left {
-            st.hook_slack.push((action.instance_id.clone(), left));
-        }
-        Ok(())
+        let answer = (|| -> CloudResult<()> {
+            let mut st = self.state.lock();
+            self.begin_call(&mut st, "lifecycle_heartbeat")?;
+            let check = st.check_tokens;
+            let g = st
+                .groups
+                .get_mut(&action.group)
+                .ok_or_else(|| not_found("group", &action.group))?;
+            let timeout = g
+                .spec
+                .terminating_hooks
+                .iter()
+                .find(|h| h.name == action.hook)
+                .map(|h| h.heartbeat_timeout_secs)
+                .ok_or_else(|| not_found("lifecycle hook", &action.hook))?;
+            let wait = g
+                .instances
+                .iter_mut()
+                .find(|i| i.id == action.instance_id && i.state == LifecycleState::TerminatingWait)
+                .and_then(|i| i.waits.iter_mut().find(|w| w.hook == action.hook))
+                .ok_or_else(|| rejected_no_action(action))?;
+            if let Some(e) = wrong_token(action, wait, check) {
+                return Err(e);
+            }
+            let now = Instant::now();
+            let left = wait.deadline.map(|d| d.saturating_duration_since(now));
+            wait.deadline = Some(now + Duration::from_secs(timeout.max(1) as u64));
+            st.heartbeats.push(action.clone());
+            if let Some(left) = left {
+                st.hook_slack.push((action.instance_id.clone(), left));
+            }
+            Ok(())
+        })();
+        self.answer_later().await;
+        answer
     }
 
     async fn complete_lifecycle_action(
@@ -1004,69 +1197,81 @@ impl Cloud for MemoryCloud {
         result: LifecycleResult,
     ) -> CloudResult<()> {
         self.pause().await;
-        let mut st = self.state.lock();
-        self.begin_call(&mut st, "complete_lifecycle_action")?;
-        let g = st
-            .groups
-            .get_mut(&action.group)
-            .ok_or_else(|| not_found("group", &action.group))?;
-        if !g
-            .spec
-            .terminating_hooks
-            .iter()
-            .any(|h| h.name == action.hook)
-        {
-            return Err(not_found("lifecycle hook", &action.hook));
-        }
-        let inst = g
-            .instances
-            .iter_mut()
-            .find(|i| {
-                i.id == action.instance_id
-                    && i.state == LifecycleState::TerminatingWait
-                    && i.waits.iter().any(|w| w.hook == action.hook)
-            })
-            .ok_or_else(|| rejected_no_action(action))?;
-        let now = Instant::now();
-        let at = inst
-            .waits
-            .iter()
-            .position(|w| w.hook == action.hook)
-            .expect("checked");
-        let left = inst
-            .waits
-            .remove(at)
-            .deadline
-            .map(|d| d.saturating_duration_since(now));
-        let mut log = vec![HookEvent::Completed {
-            instance: inst.id.clone(),
-            hook: action.hook.clone(),
-            result,
-        }];
-        if result == LifecycleResult::Abandon {
-            drop_waits(inst, &mut log);
-        }
-        if inst.waits.is_empty() {
-            proceed(inst, now, &mut log);
-        }
-        st.log.extend(log);
-        st.completed_actions.push((action.clone(), result));
-        st.completed_at
-            .push((action.instance_id.clone(), Instant::now()));
-        if let Some(left) = left {
-            st.hook_slack.push((action.instance_id.clone(), left));
-        }
-        Ok(())
+        let answer = (|| -> CloudResult<()> {
+            let mut st = self.state.lock();
+            self.begin_call(&mut st, "complete_lifecycle_action")?;
+            let check = st.check_tokens;
+            let g = st
+                .groups
+                .get_mut(&action.group)
+                .ok_or_else(|| not_found("group", &action.group))?;
+            if !g
+                .spec
+                .terminating_hooks
+                .iter()
+                .any(|h| h.name == action.hook)
+            {
+                return Err(not_found("lifecycle hook", &action.hook));
+            }
+            let inst = g
+                .instances
+                .iter_mut()
+                .find(|i| {
+                    i.id == action.instance_id
+                        && i.state == LifecycleState::TerminatingWait
+                        && i.waits.iter().any(|w| w.hook == action.hook)
+                })
+                .ok_or_else(|| rejected_no_action(action))?;
+            let now = Instant::now();
+            let at = inst
+                .waits
+                .iter()
+                .position(|w| w.hook == action.hook)
+                .expect("checked");
+            if let Some(e) = wrong_token(action, &inst.waits[at], check) {
+                return Err(e);
+            }
+            let left = inst
+                .waits
+                .remove(at)
+                .deadline
+                .map(|d| d.saturating_duration_since(now));
+            let mut log = vec![HookEvent::Completed {
+                instance: inst.id.clone(),
+                hook: action.hook.clone(),
+                result,
+            }];
+            if result == LifecycleResult::Abandon {
+                drop_waits(inst, &mut log);
+            }
+            if inst.waits.is_empty() {
+                proceed(inst, now, &mut log);
+            }
+            st.log.extend(log);
+            st.completed_actions.push((action.clone(), result));
+            st.completed_at
+                .push((action.instance_id.clone(), Instant::now()));
+            if let Some(left) = left {
+                st.hook_slack.push((action.instance_id.clone(), left));
+            }
+            Ok(())
+        })();
+        self.answer_later().await;
+        answer
     }
 
     async fn eks_nodegroup(&self, cluster: &str, nodegroup: &str) -> CloudResult<EksNodegroup> {
         self.pause().await;
-        let mut st = self.state.lock();
-        self.begin_call(&mut st, "eks_nodegroup")?;
-        Err(not_found(
-            "EKS node group",
-            &format!("{cluster}/{nodegroup}"),
-        ))
+        let answer = (|| -> CloudResult<EksNodegroup> {
+            let mut st = self.state.lock();
+            self.begin_call(&mut st, "eks_nodegroup")?;
+            Err(not_found(
+                "EKS node group",
+                &format!("{cluster}/{nodegroup}"),
+            ))
+        })();
+        self.answer_later().await;
+        answer
     }
 
     async fn instance_types_for_requirements(
@@ -1075,15 +1280,19 @@ impl Cloud for MemoryCloud {
         _image_id: Option<&str>,
     ) -> CloudResult<Vec<String>> {
         self.pause().await;
-        let mut st = self.state.lock();
-        self.begin_call(&mut st, "instance_types_for_requirements")?;
-        let mut fits: Vec<&InstanceTypeInfo> = self
-            .instance_types
-            .values()
-            .filter(|t| t.architecture == "amd64" && requirements.admits(t))
-            .collect();
-        fits.sort_by_key(|t| (t.vcpus, t.memory_mib, t.name.clone()));
-        Ok(fits.into_iter().map(|t| t.name.clone()).collect())
+        let answer = (|| -> CloudResult<Vec<String>> {
+            let mut st = self.state.lock();
+            self.begin_call(&mut st, "instance_types_for_requirements")?;
+            let mut fits: Vec<&InstanceTypeInfo> = self
+                .instance_types
+                .values()
+                .filter(|t| t.architecture == "amd64" && requirements.admits(t))
+                .collect();
+            fits.sort_by_key(|t| (t.vcpus, t.memory_mib, t.name.clone()));
+            Ok(fits.into_iter().map(|t| t.name.clone()).collect())
+        })();
+        self.answer_later().await;
+        answer
     }
 }
 
@@ -1166,3 +1375,6 @@ pub fn builtin_instance_types() -> BTreeMap<String, InstanceTypeInfo> {
     .into_iter()
     .collect()
 }
+
+#[cfg(test)]
+mod tests;

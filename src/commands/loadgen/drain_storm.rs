@@ -35,6 +35,11 @@ pub struct StormOptions {
     pub hook_timeout_secs: i32,
     /// Gives up after this long.
     pub limit: Duration,
+    /// Also the DaemonSets an EKS node carries that the DaemonSet controller puts
+    /// straight back on a cordoned, tainted node: kube-proxy and the EBS CSI node
+    /// plugin (tolerate everything, system-node-critical) and a log shipper that
+    /// tolerates the drain taint.
+    pub daemonsets_that_come_back: bool,
 }
 
 impl StormOptions {
@@ -49,6 +54,7 @@ impl StormOptions {
             max_concurrent_drains: ScaleInSettings::default().max_concurrent_drains,
             hook_timeout_secs: 120,
             limit: Duration::from_secs(1800),
+            daemonsets_that_come_back: false,
         }
     }
 }
@@ -104,6 +110,15 @@ pub struct StormReport {
     pub pdb_violations: usize,
     /// Nodes where a DaemonSet pod began leaving while a workload pod was there.
     pub daemonset_last_violations: usize,
+    /// The most eviction requests any DaemonSet pod there when the storm began got
+    /// (1: evicted once).
+    pub daemonset_evictions_max_per_node: usize,
+    /// Eviction requests of DaemonSet pods the controller put back during the storm
+    /// (0: what came back was not chased).
+    pub put_back_daemonset_evictions: usize,
+    /// Nodes where a node-critical DaemonSet pod (kube-proxy, the CSI node plugin)
+    /// began leaving before another DaemonSet pod of the node.
+    pub node_critical_order_violations: usize,
     /// Evictions of pods created during the storm (replacements that landed on a node
     /// of the storm before its drain began and cordoned it).
     pub evictions_of_replacements: usize,
@@ -266,6 +281,22 @@ pub async fn run(o: &StormOptions) -> anyhow::Result<StormReport> {
         0.2,
         false,
     ))?;
+    let mut daemonsets_per_node = 2;
+    if o.daemonsets_that_come_back {
+        sim.create(&fixtures::kube_proxy(0.1))?;
+        sim.create(&fixtures::csi_node(0.1))?;
+        let mut shipper = fixtures::log_shipper_tolerating_drain(0.3);
+        shipper.metadata.name = Some("tolerant-shipper".into());
+        if let Some(s) = shipper.spec.as_mut() {
+            let tolerant = [("app".to_string(), "tolerant-shipper".to_string())];
+            s.selector.match_labels = Some(tolerant.clone().into());
+            if let Some(m) = s.template.metadata.as_mut() {
+                m.labels = Some(tolerant.into());
+            }
+        }
+        sim.create(&shipper)?;
+        daemonsets_per_node += 3;
+    }
     // One ReplicaSet per node's worth of pods; each spreads over the least loaded
     // nodes, so a node carries pods of several ReplicaSets.
     let size = o.set_size.max(1);
@@ -282,7 +313,7 @@ pub async fn run(o: &StormOptions) -> anyhow::Result<StormReport> {
         sim.create(&fixtures::pdb("shop", &app, 1))?;
         replicas_of.insert(app, size as i32);
     }
-    let want = sets * size + 2 * total_nodes;
+    let want = sets * size + daemonsets_per_node * total_nodes;
     until("every pod ready", o.limit, || {
         sim.list_shared::<Pod>().iter().filter(|p| ready(p)).count() >= want
     })
@@ -290,6 +321,12 @@ pub async fn run(o: &StormOptions) -> anyhow::Result<StormReport> {
     for node in &spare {
         super::rig::set_unschedulable(&sim, node, false).await?;
     }
+    let critical_at_start: std::collections::HashSet<String> = sim
+        .list::<Pod>()
+        .iter()
+        .filter(|p| p["spec"]["priorityClassName"] == "system-node-critical")
+        .filter_map(|p| p["metadata"]["name"].as_str().map(str::to_string))
+        .collect();
     let pods_on: HashMap<String, (String, bool, f64)> = sim
         .list::<Pod>()
         .iter()
@@ -442,6 +479,49 @@ pub async fn run(o: &StormOptions) -> anyhow::Result<StormReport> {
         .iter()
         .filter(|(node, ds)| last_workload_gone.get(*node).is_some_and(|w| w > ds))
         .count();
+    // Eviction requests of DaemonSet pods: of those there when the storm began, by
+    // set and node; and of those put back since (a DaemonSet's pods are named after
+    // it), which the drain must not chase.
+    let ds_set = |name: &str| name.rsplit_once('-').map(|(set, _)| set.to_string());
+    let ds_sets: std::collections::HashSet<String> = pods_on
+        .iter()
+        .filter(|(_, (_, ds, _))| *ds)
+        .filter_map(|(name, _)| ds_set(name))
+        .collect();
+    let mut ds_asked: HashMap<(String, String), usize> = HashMap::new();
+    let mut put_back_daemonset_evictions = 0;
+    for a in audit
+        .iter()
+        .filter(|a| a.at >= started && a.kind == "Pod" && a.verb == "eviction-requested")
+    {
+        match (pods_on.get(&a.name), ds_set(&a.name)) {
+            (Some((node, true, _)), Some(set)) => {
+                *ds_asked.entry((set, node.clone())).or_default() += 1;
+            }
+            (None, Some(set)) if ds_sets.contains(&set) => put_back_daemonset_evictions += 1,
+            _ => {}
+        }
+    }
+    let daemonset_evictions_max_per_node = ds_asked.values().copied().max().unwrap_or(0);
+    // Node-critical DaemonSet pods leave after the node's other DaemonSet pods.
+    let mut first_critical: HashMap<&str, usize> = HashMap::new();
+    let mut last_other_ds: HashMap<&str, usize> = HashMap::new();
+    for (i, a) in audit.iter().enumerate() {
+        if a.kind != "Pod" || a.verb != "deletion-started" {
+            continue;
+        }
+        if let Some((node, true, _)) = pods_on.get(&a.name) {
+            if critical_at_start.contains(&a.name) {
+                first_critical.entry(node.as_str()).or_insert(i);
+            } else {
+                last_other_ds.insert(node.as_str(), i);
+            }
+        }
+    }
+    let node_critical_order_violations = first_critical
+        .iter()
+        .filter(|(node, c)| last_other_ds.get(*node).is_some_and(|o| o > c))
+        .count();
     let drain_s: Vec<f64> = done
         .iter()
         .filter_map(|(node, end)| Some(end.duration_since(*began.get(node)?).as_secs_f64()))
@@ -491,7 +571,7 @@ pub async fn run(o: &StormOptions) -> anyhow::Result<StormReport> {
         nodes: o.nodes,
         max_concurrent_drains: o.max_concurrent_drains,
         workload_pods: sets * size,
-        daemonset_pods: 2 * total_nodes,
+        daemonset_pods: daemonsets_per_node * total_nodes,
         all_ended_s: secs,
         node_drain_s: Spread::of(drain_s),
         slowest_floor_s,
@@ -525,6 +605,9 @@ pub async fn run(o: &StormOptions) -> anyhow::Result<StormReport> {
         pod_events_flushed_after_s,
         pdb_violations,
         daemonset_last_violations,
+        daemonset_evictions_max_per_node,
+        put_back_daemonset_evictions,
+        node_critical_order_violations,
         evictions_of_replacements,
         cpu_s,
         peak_rss_mib: peak_rss,

@@ -72,6 +72,11 @@ pub struct LoadgenArgs {
     /// The storm's scaleIn.maxConcurrentDrains (the shipped default is 50).
     #[arg(long, default_value_t = 50)]
     pub storm_concurrency: usize,
+    /// The storm's nodes also run kube-proxy, the EBS CSI node plugin and a log
+    /// shipper that tolerate the drain taint: the DaemonSet controller puts them
+    /// straight back on the draining nodes.
+    #[arg(long, requires = "drain_storm")]
+    pub storm_daemonsets_that_come_back: bool,
     /// Also run each measured loop against the transport floor: a server on the same
     /// gRPC stack that replays the real server's recorded answers and runs no provider
     /// code. Loops alternate between the two (ABBA); the report gives both CPUs and
@@ -418,6 +423,7 @@ pub async fn run(args: LoadgenArgs) -> anyhow::Result<()> {
         o.api_qps = args.storm_api_qps;
         o.api_burst = (args.storm_api_qps * 2.0) as u32;
         o.max_concurrent_drains = args.storm_concurrency;
+        o.daemonsets_that_come_back = args.storm_daemonsets_that_come_back;
         let report = drain_storm::run(&o).await?;
         println!("{}", serde_json::to_string_pretty(&report)?);
         return write_json(args.json.as_deref(), &report);

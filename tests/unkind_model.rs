@@ -1,0 +1,1182 @@
+//! Model-based test of the drain against an unkind cluster and an unkind AWS: every
+//! source of drains of tests/all_sources_model.rs on the same four instances (CA's
+//! scale-in through the hook and direct, the ASG ending an instance itself, spot
+//! warnings, late spot warnings whose budget is nearly spent, rebalance drains,
+//! retirements, `drain NODE`, duplicates, restarts, leader changes), and between the
+//! steps, at random:
+//!
+//! - any API write of the drain refused for a few requests, as a real API server
+//!   refuses it (403 from a webhook, API Priority and Fairness' 429, 500, 503): the
+//!   eviction, the pod delete at a deadline, the Node patch (cordon, record), the
+//!   Event; or every request slowed, or every watch event late (a watch cache behind
+//!   etcd);
+//! - any AWS call (RecordLifecycleActionHeartbeat, CompleteLifecycleAction,
+//!   TerminateInstanceInAutoScalingGroup, DescribeAutoScalingGroups,
+//!   DescribeAutoScalingInstances, DescribeLifecycleHooks) throttled, slowed, slow to
+//!   answer after it took effect, or answered from an older state;
+//! - our hook's heartbeat timeout changed;
+//! - forged or replayed queue messages for instances in any state (in service,
+//!   Terminating:Wait, gone, in another group): EC2_INSTANCE_TERMINATING with the
+//!   right token, a wrong one or none, spot warnings and rebalance recommendations
+//!   for instances that are gone (AWS refuses a wrong LifecycleActionToken, as it
+//!   does: the memory cloud checks tokens here);
+//! - the leader losing its Lease while ending an instance (AWS slow to answer the
+//!   terminate or the completion);
+//! - deadlines passing: the workload deadline is 2 s and its policy, per case,
+//!   `proceed` or `abandon`; a guarded pod (a budget that allows nothing) on one
+//!   hooked and one direct node.
+//!
+//! The cluster runs DaemonSets that come back: kube-proxy (tolerates everything,
+//! system-node-critical) and a log shipper that tolerates the drain taint, beside a
+//! fluentd that tolerates nothing. After EVERY step:
+//!
+//! - no instance ends, and no action is completed, that neither CA nor the ASG chose;
+//!   the ASG never picks a victim itself;
+//! - no hook we hold times out;
+//! - no pod is evicted twice or deleted twice; a workload pod leaves only by its
+//!   eviction or by a delete at a deadline the docs promise one at
+//!   (docs/scale-in.md: our hook's reason or a `proceed` policy, from the reason's
+//!   arrival plus the deadline; an interruption budget less the DaemonSet share),
+//!   never by its instance ending under it;
+//! - DaemonSet pods leave last on every node, refusals or not: no DaemonSet pod
+//!   starts leaving while a workload pod of its node is there;
+//! - no DaemonSet pod is chased: at most 3 eviction requests per DaemonSet and node;
+//! - no node of an instance nobody asked to go (CA, the ASG, a notice, `drain NODE`;
+//!   a forged lifecycle message is no one asking) is cordoned, or has a pod evicted;
+//! - the desired capacity is lowered at most once per instance, and only for
+//!   instances CA named (the memory cloud's log of every change and its cause).
+//!
+//! Progress, after the last step: the faults are lifted and messages left for
+//! redelivery come again; then, within a bound, no drain is in flight on any
+//! replica, no hook of ours holds an instance, the queue is empty, every instance the
+//! ASG chose or CA's DeleteNodes removed through the hook has ended, a direct one has
+//! ended or was given back to CA (its scale-in reason gone from the Node, the
+//! instance in service), and with `proceed` every node drained for a notice or
+//! `drain NODE` has lost its workload pod and its DaemonSet pods of before the drain.
+//!
+//! Cases: [`CASES`] (`MODEL_CASES=N` for more), 16 side by side, each in its own
+//! runtime (tests/support/model.rs). A failure prints its seed, case, ops and the
+//! line that replays it (`MODEL_SEED=S MODEL_CASE=I cargo test --test unkind_model
+//! any_refusal`), then the smallest failing sequence shrinking found: paste it into a
+//! `#[test]` calling `run(proceed, &[...])` to keep it.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use ca_asg_provider::cloud::memory::{DesiredBy, MemoryGroup};
+use ca_asg_provider::cloud::queue::{MemoryQueue, Queue};
+use ca_asg_provider::interruption::consumer::Consumer;
+use ca_asg_provider::interruption::RebalanceAction;
+use ca_asg_provider::scalein::{
+    self, record, DeadlinePolicy, DrainRequest, Mode, ScaleInSettings, Source,
+};
+use ca_asg_provider::sim::{fixtures, Refusal};
+use k8s_openapi::api::core::v1::{Node, Pod};
+use proptest::prelude::*;
+
+mod support;
+use support::notices::eventbridge;
+use support::pods::PodLog;
+use support::queue::consumer;
+use support::world::*;
+
+const HOOK: &str = "ca-asg-provider-drain";
+/// web-0, web-1 (hooked), batch-0, batch-1 (direct).
+const NODES: usize = 4;
+/// Nodes whose workload pod has a budget that allows nothing.
+const GUARDED: [usize; 2] = [1, 3];
+/// The workload deadline of every drain here.
+const DEADLINE: Duration = Duration::from_secs(2);
+/// Our hook's heartbeat timeout at the start (ops change it between 4 and 8 s). AWS's
+/// least is 30 s; AWS latencies here are scaled down alike (at most 100 ms a call,
+/// 200 ms for the answer of a terminate in flight when the Lease goes), and a new
+/// replica here is a fresh process that reads its groups first, not a warm standby.
+const HOOK_SECS: i32 = 4;
+/// The DaemonSet pods' share of an interruption budget (the consumer's default).
+const SHARE: chrono::Duration = chrono::Duration::seconds(20);
+/// An instance id no group has (gone long ago).
+const GONE: &str = "i-00000000000dead00";
+
+#[derive(Debug, Clone, Copy)]
+enum Write {
+    Evict,
+    DeletePod,
+    PatchNode,
+    Event,
+}
+
+impl Write {
+    fn verb_resource(self) -> (&'static str, &'static str) {
+        match self {
+            Write::Evict => ("create", "pods/eviction"),
+            Write::DeletePod => ("delete", "pods"),
+            Write::PatchNode => ("patch", "nodes"),
+            Write::Event => ("create", "events"),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+enum AwsCall {
+    Heartbeat,
+    Complete,
+    Terminate,
+    DescribeGroups,
+    Locate,
+    Hooks,
+}
+
+impl AwsCall {
+    fn operation(self) -> &'static str {
+        match self {
+            AwsCall::Heartbeat => "lifecycle_heartbeat",
+            AwsCall::Complete => "complete_lifecycle_action",
+            AwsCall::Terminate => "terminate_instance",
+            AwsCall::DescribeGroups => "describe_groups",
+            AwsCall::Locate => "locate_instances",
+            AwsCall::Hooks => "terminating_hooks",
+        }
+    }
+}
+
+/// A queue message nobody at AWS sent (or sent long ago).
+#[derive(Debug, Clone, Copy)]
+enum Forged {
+    /// EC2_INSTANCE_TERMINATING with the action's own token (or a made-up one when
+    /// the instance is not held).
+    RightToken,
+    WrongToken,
+    NoToken,
+    /// Naming the other group.
+    OtherGroup,
+    /// A spot warning for an instance that is gone.
+    SpotGone,
+    /// A rebalance recommendation for an instance that is gone.
+    RebalanceGone,
+}
+
+#[derive(Debug, Clone)]
+enum Op {
+    Spot(usize),
+    /// A spot warning EC2 sent 100 s ago: its budget is spent within `.1` tenths of
+    /// a second of arriving.
+    SpotLate(usize, u64),
+    Rebalance(usize),
+    Retirement(usize),
+    CaScaleIn(usize),
+    AsgEnds,
+    DrainCommand(usize),
+    Duplicate,
+    Restart,
+    LeaderChange,
+    /// The next `.1` requests of the write are refused as `.2` says.
+    Refuse(Write, u32, Refusal),
+    /// Every API request waits this many ms (0: at once again).
+    ApiSlow(u64),
+    /// Every watch event arrives this many ms late (a watch cache behind etcd).
+    WatchLag(u64),
+    /// The next `.1` calls are throttled.
+    AwsThrottle(AwsCall, u32),
+    /// Every AWS call waits this many ms before it takes effect.
+    AwsSlow(u64),
+    /// Every AWS call takes effect at once and answers this many ms later (until the
+    /// next leader change).
+    AwsSlowAnswers(u64),
+    /// The next `.0` Describe* calls answer the state of now.
+    AwsStale(u32),
+    /// Our hook's heartbeat timeout becomes this many seconds.
+    HookTimeout(i32),
+    /// A forged message about node `.1` (or, for `NODES`, an instance long gone).
+    Forge(Forged, usize),
+    /// The process dies; the new one's consumer gets a forged message about node
+    /// `.1` before its drain loop first scans.
+    RestartThenForge(Forged, usize),
+    /// AWS is slow to answer; as soon as a terminate or a completion is in flight
+    /// (or after 1.5 s), the leader loses its Lease.
+    LeaseLostMidEnd,
+    /// Every fault lifted.
+    Heal,
+    Wait,
+    /// Longer than the workload deadline.
+    PastDeadline,
+}
+
+fn refusal() -> impl Strategy<Value = Refusal> {
+    prop_oneof![
+        Just(Refusal::Forbidden),
+        Just(Refusal::TooManyRequests),
+        Just(Refusal::Internal),
+        Just(Refusal::Unavailable),
+    ]
+}
+
+fn write() -> impl Strategy<Value = Write> {
+    prop_oneof![
+        Just(Write::Evict),
+        Just(Write::DeletePod),
+        Just(Write::PatchNode),
+        Just(Write::Event),
+    ]
+}
+
+fn aws_call() -> impl Strategy<Value = AwsCall> {
+    prop_oneof![
+        Just(AwsCall::Heartbeat),
+        Just(AwsCall::Complete),
+        Just(AwsCall::Terminate),
+        Just(AwsCall::DescribeGroups),
+        Just(AwsCall::Locate),
+        Just(AwsCall::Hooks),
+    ]
+}
+
+fn forged() -> impl Strategy<Value = Forged> {
+    prop_oneof![
+        Just(Forged::RightToken),
+        Just(Forged::WrongToken),
+        Just(Forged::NoToken),
+        Just(Forged::OtherGroup),
+        Just(Forged::SpotGone),
+        Just(Forged::RebalanceGone),
+    ]
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        2 => (0..NODES).prop_map(Op::Spot),
+        2 => (0..NODES, 0u64..20).prop_map(|(i, t)| Op::SpotLate(i, t)),
+        2 => (0..NODES).prop_map(Op::Rebalance),
+        1 => (0..NODES).prop_map(Op::Retirement),
+        4 => (0..NODES).prop_map(Op::CaScaleIn),
+        3 => Just(Op::AsgEnds),
+        2 => (0..NODES).prop_map(Op::DrainCommand),
+        1 => Just(Op::Duplicate),
+        1 => Just(Op::Restart),
+        1 => Just(Op::LeaderChange),
+        4 => (write(), 1u32..4, refusal()).prop_map(|(w, n, r)| Op::Refuse(w, n, r)),
+        1 => prop_oneof![Just(0u64), Just(50), Just(200)].prop_map(Op::ApiSlow),
+        1 => prop_oneof![Just(0u64), Just(100), Just(300)].prop_map(Op::WatchLag),
+        3 => (aws_call(), 1u32..3).prop_map(|(c, n)| Op::AwsThrottle(c, n)),
+        1 => prop_oneof![Just(0u64), Just(50), Just(100)].prop_map(Op::AwsSlow),
+        1 => prop_oneof![Just(0u64), Just(100)].prop_map(Op::AwsSlowAnswers),
+        2 => (1u32..4).prop_map(Op::AwsStale),
+        2 => prop_oneof![Just(4i32), Just(6), Just(8)].prop_map(Op::HookTimeout),
+        4 => (forged(), 0..=NODES).prop_map(|(f, i)| Op::Forge(f, i)),
+        1 => (forged(), 0..=NODES).prop_map(|(f, i)| Op::RestartThenForge(f, i)),
+        1 => Just(Op::LeaseLostMidEnd),
+        1 => Just(Op::Heal),
+        2 => Just(Op::Wait),
+        1 => Just(Op::PastDeadline),
+    ]
+}
+
+/// One replica of the service: its drain loop and its Lease.
+struct Replica {
+    loop_task: tokio::task::JoinHandle<()>,
+    lease: tokio::sync::watch::Sender<bool>,
+}
+
+fn lead(w: &World) -> Replica {
+    let (lease, rx) = tokio::sync::watch::channel(true);
+    w.engine.follow_leadership(rx);
+    let loop_task = scalein::lifecycle::spawn_loop(w.engine.clone(), w.provider.clone());
+    Replica { loop_task, lease }
+}
+
+struct Model {
+    w: World,
+    policy: DeadlinePolicy,
+    q: Arc<MemoryQueue>,
+    c: Arc<Consumer>,
+    replica: Replica,
+    fenced: Vec<(Replica, Arc<scalein::Engine>)>,
+    nodes: Vec<(String, String, &'static str)>,
+    last: Option<String>,
+    /// Instances CA named, those CA's DeleteNodes answered for (through the hook or
+    /// direct), and those the ASG chose.
+    ca_named: BTreeSet<String>,
+    ca_removed: BTreeMap<String, &'static str>,
+    asg_chose: BTreeSet<String>,
+    /// Instances someone asked to go: CA, the ASG, a notice, `drain NODE`.
+    asked: BTreeSet<String>,
+    /// Instances a drain-only reason reached: a notice (the queue hands it over in
+    /// the end), or `drain NODE` whose cordon went through.
+    drain_only: BTreeSet<String>,
+    /// Per node: the earliest moment a delete at a deadline is documented there.
+    deletes_from: Vec<Option<Instant>>,
+    /// Per node: its workload pod and the DaemonSet pods it had at the start.
+    apps: Vec<String>,
+    daemonsets_at_start: Vec<Vec<String>>,
+    pods: PodLog,
+}
+
+fn settings(policy: DeadlinePolicy) -> ScaleInSettings {
+    ScaleInSettings {
+        workload_deadline: DEADLINE,
+        workload_deadline_policy: policy,
+        daemonset_deadline: Duration::from_secs(3),
+        ..fast_settings()
+    }
+}
+
+fn lifecycle_message(group: &str, iid: &str, token: Option<&str>) -> String {
+    let mut v = serde_json::json!({
+        "Origin": "AutoScalingGroup", "Destination": "EC2",
+        "Service": "AWS Auto Scaling", "Time": "2026-11-23T10:00:00Z",
+        "AccountId": "123456789012",
+        "LifecycleTransition": "autoscaling:EC2_INSTANCE_TERMINATING",
+        "RequestId": "r", "AutoScalingGroupName": group,
+        "LifecycleHookName": HOOK, "EC2InstanceId": iid,
+    });
+    if let Some(t) = token {
+        v["LifecycleActionToken"] = t.into();
+    }
+    v.to_string()
+}
+
+impl Model {
+    async fn new(policy: DeadlinePolicy) -> Model {
+        let w = world(
+            vec![
+                MemoryGroup::new("web", 0, 6, 2, "m5.large").terminating_hook(HOOK, HOOK_SECS),
+                MemoryGroup::new("batch", 0, 6, 2, "m5.large"),
+            ],
+            settings(policy),
+            Duration::from_millis(20),
+        )
+        .await;
+        w.cloud.check_tokens(true);
+        let mut nodes: Vec<(String, String, &'static str)> = nodes_of(&w, "web")
+            .into_iter()
+            .map(|(n, i)| (n, i, "web"))
+            .collect();
+        nodes.extend(
+            nodes_of(&w, "batch")
+                .into_iter()
+                .map(|(n, i)| (n, i, "batch")),
+        );
+        assert_eq!(nodes.len(), NODES);
+        w.sim
+            .create(&fixtures::daemonset("logging", "fluentd", 0.1, false))
+            .unwrap();
+        w.sim.create(&fixtures::kube_proxy(0.05)).unwrap();
+        w.sim
+            .create(&fixtures::log_shipper_tolerating_drain(0.1))
+            .unwrap();
+        let mut apps = Vec::new();
+        for (i, (node, _, group)) in nodes.iter().enumerate() {
+            let app = if GUARDED.contains(&i) {
+                format!("guarded-{group}")
+            } else {
+                "app".to_string()
+            };
+            let name = format!("app-{i}");
+            w.sim
+                .create(&fixtures::pod("shop", &name, node, &app, 0.2))
+                .unwrap();
+            apps.push(name);
+        }
+        for g in ["web", "batch"] {
+            w.sim
+                .create(&fixtures::pdb("shop", &format!("guarded-{g}"), 0))
+                .unwrap();
+        }
+        pods_ready(&w, 4 * NODES).await;
+        let pods = PodLog::watch(&w.sim);
+        let placed = pods.all();
+        let daemonsets_at_start = nodes
+            .iter()
+            .map(|(node, _, _)| {
+                placed
+                    .iter()
+                    .filter(|(_, p)| &p.node == node && p.is_daemonset())
+                    .map(|(name, _)| name.clone())
+                    .collect()
+            })
+            .collect();
+        let q = Arc::new(MemoryQueue::default());
+        let c = consumer(&w, &q, RebalanceAction::Drain);
+        let replica = lead(&w);
+        Model {
+            w,
+            policy,
+            q,
+            c,
+            replica,
+            fenced: Vec::new(),
+            nodes,
+            last: None,
+            ca_named: BTreeSet::new(),
+            ca_removed: BTreeMap::new(),
+            asg_chose: BTreeSet::new(),
+            asked: BTreeSet::new(),
+            drain_only: BTreeSet::new(),
+            deletes_from: vec![None; NODES],
+            apps,
+            daemonsets_at_start,
+            pods,
+        }
+    }
+
+    fn index_of(&self, iid: &str) -> Option<usize> {
+        self.nodes.iter().position(|(_, i, _)| i == iid)
+    }
+
+    /// A delete at a deadline is documented on node `i` from `at` on.
+    fn deletes_from(&mut self, i: usize, at: Instant) {
+        let d = &mut self.deletes_from[i];
+        *d = Some(d.map_or(at, |d| d.min(at)));
+    }
+
+    /// A reason that drains arrived at node `i` now: with `proceed` (or our hook's
+    /// reason, always `proceed`) a delete is documented a deadline from now.
+    fn drain_reason(&mut self, i: usize, hook: bool) {
+        if hook || self.policy == DeadlinePolicy::Proceed {
+            self.deletes_from(i, Instant::now() + DEADLINE);
+        }
+    }
+
+    fn in_service(&self, id: &str) -> bool {
+        self.w
+            .cloud
+            .instances()
+            .iter()
+            .any(|(_, i)| i.id == id && !i.state.is_terminating())
+    }
+
+    async fn send(&mut self, body: String) {
+        self.q.send(&body);
+        self.last = Some(body);
+        self.drain_queue().await;
+    }
+
+    /// Hands every visible message to the consumer; what it leaves for another
+    /// delivery (AWS or the API server refusing) stays in the queue.
+    async fn drain_queue(&self) {
+        loop {
+            let got = self.q.receive(10, Duration::ZERO).await.unwrap();
+            if got.is_empty() {
+                return;
+            }
+            for m in got {
+                self.c.handle(m).await;
+            }
+        }
+    }
+
+    async fn new_replica(&mut self) {
+        self.new_replica_with(None).await
+    }
+
+    /// A new process; `first`, when given, is the first message its consumer
+    /// handles, before its drain loop's first scan.
+    async fn new_replica_with(&mut self, first: Option<String>) {
+        // The test's process start reads the groups once and unwraps it: a throttle
+        // pending for that read is spent on nothing here.
+        self.w.cloud.throttle("describe_groups", 0);
+        let (provider, engine, ca) = service(
+            &self.w.sim,
+            &self.w.cloud,
+            &self.w.groups,
+            settings(self.policy),
+        )
+        .await;
+        self.w.provider = provider;
+        self.w.engine = engine;
+        self.w.ca = ca;
+        self.c = consumer(&self.w, &self.q, RebalanceAction::Drain);
+        if let Some(b) = first {
+            self.send(b).await;
+        }
+        self.replica = lead(&self.w);
+        if let Some(b) = self.last.clone() {
+            self.send(b).await;
+        }
+    }
+
+    /// The forged message of `kind` about node `i` (or an instance long gone);
+    /// none when it would be a real notice (a spot warning for a live instance).
+    fn forged(&self, kind: Forged, i: usize) -> Option<String> {
+        let (iid, group) = match self.nodes.get(i) {
+            Some((_, iid, g)) => (iid.clone(), *g),
+            None => (GONE.to_string(), "web"),
+        };
+        let other = if group == "web" { "batch" } else { "web" };
+        Some(match kind {
+            Forged::RightToken => {
+                let token = self
+                    .w
+                    .cloud
+                    .action_token(&iid, HOOK)
+                    .unwrap_or_else(|| "12345678-1234-1234-1234-123456789012".into());
+                lifecycle_message(group, &iid, Some(&token))
+            }
+            Forged::WrongToken => {
+                lifecycle_message(group, &iid, Some("87654321-4321-4321-4321-210987654321"))
+            }
+            Forged::NoToken => lifecycle_message(group, &iid, None),
+            Forged::OtherGroup => lifecycle_message(other, &iid, None),
+            Forged::SpotGone | Forged::RebalanceGone => {
+                if self.nodes.get(i).is_some() && self.in_service(&iid) {
+                    return None;
+                }
+                if matches!(kind, Forged::SpotGone) {
+                    support::notices::spot(&iid)
+                } else {
+                    support::notices::rebalance(&iid)
+                }
+            }
+        })
+    }
+
+    /// The process dies: nothing of it acts again (its loop may be on another
+    /// thread mid-turn; without the Lease it starts nothing).
+    fn die(&mut self) {
+        self.replica.lease.send_replace(false);
+        self.replica.loop_task.abort();
+        self.w.engine.abort_all();
+        self.w.engine.shutdown();
+    }
+
+    async fn leader_change(&mut self) {
+        self.replica.lease.send_replace(false);
+        // A terminate or completion in flight still answers late to the old leader.
+        self.w.cloud.slow_answers(Duration::ZERO);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let old_engine = self.w.engine.clone();
+        let old = std::mem::replace(
+            &mut self.replica,
+            Replica {
+                loop_task: tokio::spawn(async {}),
+                lease: tokio::sync::watch::channel(false).0,
+            },
+        );
+        self.fenced.push((old, old_engine));
+        self.new_replica().await;
+    }
+
+    async fn notice(&mut self, i: usize, body: String) {
+        let iid = self.nodes[i].1.clone();
+        if !self.in_service(&iid) {
+            return;
+        }
+        self.asked.insert(iid.clone());
+        self.drain_only.insert(iid);
+        self.drain_reason(i, false);
+        self.send(body).await
+    }
+
+    async fn step(&mut self, op: &Op) {
+        match op {
+            Op::Spot(i) => {
+                let iid = self.nodes[*i].1.clone();
+                self.notice(*i, support::notices::spot(&iid)).await
+            }
+            Op::SpotLate(i, tenths) => {
+                let iid = self.nodes[*i].1.clone();
+                let now = chrono::Utc::now();
+                let warned = now - chrono::Duration::seconds(100)
+                    + chrono::Duration::milliseconds(100 * *tenths as i64);
+                let body = support::notices::spot_at(&iid, warned);
+                // As sent (whole seconds): EC2 ends the instance 2 min after it, and
+                // the drain goes on at that less the DaemonSet share.
+                let sent: chrono::DateTime<chrono::Utc> =
+                    serde_json::from_str::<serde_json::Value>(&body).unwrap()["time"]
+                        .as_str()
+                        .unwrap()
+                        .parse()
+                        .unwrap();
+                let forced = sent + chrono::Duration::seconds(120) - SHARE;
+                let at = Instant::now()
+                    + (forced - chrono::Utc::now())
+                        .to_std()
+                        .unwrap_or(Duration::ZERO);
+                if self.in_service(&iid) {
+                    self.deletes_from(*i, at);
+                }
+                self.notice(*i, body).await
+            }
+            Op::Rebalance(i) => {
+                let iid = self.nodes[*i].1.clone();
+                self.notice(*i, support::notices::rebalance(&iid)).await
+            }
+            Op::Retirement(i) => {
+                let iid = self.nodes[*i].1.clone();
+                let start = (chrono::Utc::now() + chrono::Duration::hours(2)).to_rfc2822();
+                let body = eventbridge(
+                    "AWS Health Event",
+                    "aws.health",
+                    serde_json::json!({
+                        "service": "EC2", "eventTypeCode": "AWS_EC2_INSTANCE_RETIREMENT_SCHEDULED",
+                        "eventTypeCategory": "scheduledChange", "startTime": start,
+                        "affectedEntities": [{"entityValue": iid}],
+                    }),
+                );
+                self.notice(*i, body).await
+            }
+            Op::CaScaleIn(i) => {
+                let (node, iid, group) = self.nodes[*i].clone();
+                if !self.in_service(&iid) || self.asg_chose.contains(&iid) {
+                    return;
+                }
+                self.ca_named.insert(iid.clone());
+                self.asked.insert(iid.clone());
+                self.drain_reason(*i, group == "web");
+                let answer = self
+                    .w
+                    .ca
+                    .node_group_delete_nodes(delete_request(group, &[(node, iid.clone())]))
+                    .await;
+                if answer.is_ok() {
+                    self.ca_removed.insert(iid, group);
+                }
+            }
+            Op::AsgEnds => {
+                let live_web = self
+                    .nodes
+                    .iter()
+                    .filter(|(_, i, g)| *g == "web" && self.in_service(i))
+                    .count();
+                if live_web < 2 {
+                    return;
+                }
+                for victim in self.w.cloud.external_scale_in("web", 1).unwrap() {
+                    self.asg_chose.insert(victim.clone());
+                    self.asked.insert(victim.clone());
+                    if let Some(i) = self.index_of(&victim) {
+                        self.drain_reason(i, true);
+                    }
+                    let token = self.w.cloud.action_token(&victim, HOOK);
+                    self.send(lifecycle_message("web", &victim, token.as_deref()))
+                        .await;
+                }
+            }
+            Op::DrainCommand(i) => {
+                let (node, iid, group) = self.nodes[*i].clone();
+                if !self.in_service(&iid) {
+                    return;
+                }
+                self.asked.insert(iid.clone());
+                self.drain_reason(*i, false);
+                let mode = Mode::DrainOnly;
+                // `drain NODE` is its own process: its first step (the cordon and the
+                // record) is done before anything else; refused, it exits non-zero.
+                let reason = scalein::ca_reason(&mode);
+                if scalein::cordon::cordon(
+                    &self.w.engine,
+                    &node,
+                    std::slice::from_ref(&reason),
+                    group,
+                )
+                .await
+                .is_err()
+                {
+                    return;
+                }
+                self.drain_only.insert(iid.clone());
+                self.w.engine.start(DrainRequest {
+                    instance_id: iid,
+                    group: group.to_string(),
+                    node_name: Some(node),
+                    reasons: vec![scalein::ca_reason(&mode)],
+                    mode,
+                    source: Source::Cli,
+                    noticed: None,
+                });
+            }
+            Op::Duplicate => {
+                if let Some(b) = self.last.clone() {
+                    self.send(b).await
+                }
+            }
+            Op::Restart => {
+                self.die();
+                self.new_replica().await;
+            }
+            Op::LeaderChange => self.leader_change().await,
+            Op::Refuse(what, times, how) => {
+                let (verb, resource) = what.verb_resource();
+                self.w.sim.refuse(verb, resource, *times, *how);
+            }
+            Op::ApiSlow(ms) => self.w.sim.slow(Duration::from_millis(*ms)),
+            Op::WatchLag(ms) => self.w.sim.lag_watches(Duration::from_millis(*ms)),
+            Op::AwsThrottle(call, times) => self.w.cloud.throttle(call.operation(), *times),
+            Op::AwsSlow(ms) => self.w.cloud.slow(Duration::from_millis(*ms)),
+            Op::AwsSlowAnswers(ms) => self.w.cloud.slow_answers(Duration::from_millis(*ms)),
+            Op::AwsStale(reads) => self.w.cloud.stale_reads(*reads),
+            Op::HookTimeout(secs) => self.w.cloud.set_heartbeat_timeout("web", HOOK, *secs),
+            Op::Forge(kind, i) => {
+                if let Some(body) = self.forged(*kind, *i) {
+                    self.send(body).await;
+                }
+            }
+            Op::RestartThenForge(kind, i) => {
+                let first = self.forged(*kind, *i);
+                self.die();
+                self.new_replica_with(first).await;
+            }
+            Op::LeaseLostMidEnd => {
+                let ending = |c: &std::collections::BTreeMap<String, u64>| {
+                    c.get("terminate_instance").copied().unwrap_or(0)
+                        + c.get("complete_lifecycle_action").copied().unwrap_or(0)
+                };
+                let before = ending(&self.w.cloud.calls());
+                self.w.cloud.slow_answers(Duration::from_millis(200));
+                let until = Instant::now() + Duration::from_millis(1500);
+                while Instant::now() < until && ending(&self.w.cloud.calls()) == before {
+                    tokio::time::sleep(Duration::from_millis(10)).await;
+                }
+                self.leader_change().await;
+            }
+            Op::Heal => self.heal(),
+            Op::Wait => tokio::time::sleep(Duration::from_millis(300)).await,
+            Op::PastDeadline => tokio::time::sleep(DEADLINE + Duration::from_millis(300)).await,
+        }
+    }
+
+    fn heal(&self) {
+        self.w.sim.heal();
+        self.w.cloud.heal();
+    }
+
+    fn check(&self) {
+        let cloud = &self.w.cloud;
+        let chosen = |id: &str| self.ca_named.contains(id) || self.asg_chose.contains(id);
+        for (_, i) in cloud.instances() {
+            if i.state.is_terminating() {
+                assert!(
+                    chosen(&i.id),
+                    "{} is ending, chosen by neither CA nor the ASG",
+                    i.id
+                );
+            }
+        }
+        for (a, _) in cloud.completed_actions() {
+            assert!(
+                chosen(&a.instance_id),
+                "completed the action of {}, which nobody chose",
+                a.instance_id
+            );
+        }
+        assert!(
+            cloud.chosen_by_asg().is_empty(),
+            "the ASG picked a victim after a desired-capacity write"
+        );
+        assert_eq!(
+            cloud.hook_timeouts(),
+            Vec::<String>::new(),
+            "a held instance was not heartbeated until its drain ended"
+        );
+        // The desired capacity: lowered at most once per instance, only for CA's.
+        let mut lowered: BTreeMap<String, u32> = BTreeMap::new();
+        let mut by_set: BTreeMap<String, i32> = BTreeMap::new();
+        for d in cloud.desired_log() {
+            match d.by {
+                DesiredBy::Terminate { instance } => {
+                    assert!(
+                        self.ca_named.contains(&instance),
+                        "the desired capacity was lowered for {instance}, which CA did not name"
+                    );
+                    let n = lowered.entry(instance.clone()).or_default();
+                    *n += 1;
+                    assert_eq!(
+                        *n, 1,
+                        "the desired capacity was lowered twice for {instance}"
+                    );
+                }
+                DesiredBy::SetDesired => {
+                    *by_set.entry(d.group.clone()).or_default() += d.from - d.to;
+                }
+                DesiredBy::External => {}
+            }
+        }
+        for (group, net) in by_set {
+            let named = self
+                .nodes
+                .iter()
+                .filter(|(_, i, g)| *g == group && self.ca_named.contains(i))
+                .count() as i32;
+            let decremented = self
+                .nodes
+                .iter()
+                .filter(|(_, i, g)| *g == group && lowered.contains_key(i))
+                .count() as i32;
+            assert!(
+                net <= named - decremented,
+                "SetDesiredCapacity lowered {group} by {net} beyond the {decremented} decrement(s) for {named} instance(s) CA named"
+            );
+        }
+
+        let audit = self.w.sim.audit();
+        support::world::assert_no_pod_evicted_twice(&audit);
+        let placed = self.pods.all();
+        let node_of = |name: &str| -> Option<usize> {
+            let p = placed.get(name)?;
+            self.nodes.iter().position(|(n, _, _)| *n == p.node)
+        };
+        let mut started: BTreeSet<&str> = BTreeSet::new();
+        let mut evicted: BTreeSet<&str> = BTreeSet::new();
+        let mut removed: BTreeMap<&str, usize> = BTreeMap::new();
+        let mut ds_asked: BTreeMap<(String, String), u32> = BTreeMap::new();
+        for (k, e) in audit.iter().enumerate().filter(|(_, e)| e.kind == "Pod") {
+            let name = e.name.as_str();
+            match e.verb.as_str() {
+                "evicted" => {
+                    evicted.insert(name);
+                }
+                "eviction-requested" => {
+                    if let Some(p) = placed.get(name).filter(|p| p.is_daemonset()) {
+                        let n = ds_asked
+                            .entry((p.owner.clone(), p.node.clone()))
+                            .or_default();
+                        *n += 1;
+                        assert!(
+                            *n <= 3,
+                            "{} on {} was asked to leave {n} times: the drain chases a DaemonSet that comes back",
+                            p.owner,
+                            p.node
+                        );
+                    }
+                    if let Some(i) = node_of(name) {
+                        assert!(
+                            self.asked.contains(&self.nodes[i].1),
+                            "{name} was evicted from {}, which nobody asked to go",
+                            self.nodes[i].0
+                        );
+                    }
+                }
+                "deletion-started" => {
+                    assert!(started.insert(name), "{name} was deleted twice");
+                    let Some(i) = node_of(name) else { continue };
+                    let is_app = self.apps.iter().any(|a| a == name);
+                    if is_app && !evicted.contains(name) {
+                        let from = self.deletes_from[i];
+                        assert!(
+                            from.is_some_and(|f| e.at + Duration::from_millis(20) >= f),
+                            "{name} was deleted, not evicted, on {}, before any deadline the docs promise a delete at ({:?} early)",
+                            self.nodes[i].0,
+                            from.map(|f| f.saturating_duration_since(e.at))
+                        );
+                    }
+                    if placed.get(name).is_some_and(|p| p.is_daemonset()) {
+                        // DaemonSet-last: every workload pod of the node gone first.
+                        let app = &self.apps[i];
+                        assert!(
+                            removed.contains_key(app.as_str()),
+                            "{name} started leaving {} (audit {k}) while {app} was there",
+                            self.nodes[i].0
+                        );
+                    }
+                }
+                "removed" => {
+                    removed.insert(name, k);
+                    if self.apps.iter().any(|a| a == name) {
+                        assert!(
+                            started.contains(name),
+                            "{name} went with its node, never evicted nor deleted: its instance ended undrained"
+                        );
+                    }
+                }
+                _ => {}
+            }
+        }
+        // Nodes nobody asked to go are not cordoned.
+        for (node, iid, _) in &self.nodes {
+            if self.asked.contains(iid) {
+                continue;
+            }
+            if let Some(n) = self.w.sim.get::<Node>("", node) {
+                let tainted = n["spec"]["taints"]
+                    .as_array()
+                    .is_some_and(|t| t.iter().any(|t| t["key"] == scalein::cordon::TAINT_KEY));
+                assert!(
+                    n["spec"]["unschedulable"] != true && !tainted,
+                    "{node} is cordoned, and nobody asked {iid} to go"
+                );
+            }
+        }
+    }
+
+    fn record_of(&self, node: &str) -> Option<record::DrainRecord> {
+        let n = self.w.sim.get::<Node>("", node)?;
+        let a: BTreeMap<String, String> =
+            serde_json::from_value(n["metadata"]["annotations"].clone()).unwrap_or_default();
+        record::DrainRecord::from_annotations(&a)
+    }
+
+    /// What has not finished that can (see the module's doc). Empty: all finished.
+    fn unfinished(&self) -> Vec<String> {
+        let mut left = Vec::new();
+        if self.q.pending() > 0 {
+            left.push(format!(
+                "{} message(s) still in the queue",
+                self.q.pending()
+            ));
+        }
+        let running = self.w.engine.in_progress();
+        if running > 0 {
+            left.push(format!("{running} drain(s) in flight"));
+        }
+        for (_, e) in &self.fenced {
+            if e.in_progress() > 0 {
+                left.push(format!(
+                    "a fenced replica still runs {} drain(s)",
+                    e.in_progress()
+                ));
+            }
+        }
+        let instances = self.w.cloud.instances();
+        let state = |id: &str| {
+            instances
+                .iter()
+                .find(|(_, i)| i.id == id)
+                .map(|(_, i)| i.state.clone())
+        };
+        let pods: Vec<(String, String)> = self
+            .w
+            .sim
+            .list::<Pod>()
+            .iter()
+            .map(|p| {
+                (
+                    p["metadata"]["name"].as_str().unwrap_or("").to_string(),
+                    p["spec"]["nodeName"].as_str().unwrap_or("").to_string(),
+                )
+            })
+            .collect();
+        for (i, (node, iid, _)) in self.nodes.iter().enumerate() {
+            if self.w.cloud.pending_hooks(iid).iter().any(|h| h == HOOK) {
+                left.push(format!("our hook still holds {iid} ({node})"));
+            }
+            let live = state(iid).is_some_and(|s| !s.is_terminating());
+            let held = self.asg_chose.contains(iid) || self.ca_removed.get(iid) == Some(&"web");
+            if held && live {
+                left.push(format!(
+                    "{iid} ({node}) is held for a drain and still in service"
+                ));
+            }
+            if self.ca_removed.get(iid) == Some(&"batch") && live {
+                // Given back to CA (abandoned): CA's reason is off the Node.
+                let kept = self.record_of(node).is_some_and(|r| {
+                    r.reasons
+                        .iter()
+                        .any(|r| r.why == record::Why::ScaleIn && !r.done)
+                });
+                if kept {
+                    left.push(format!(
+                        "{iid} ({node}): CA's direct scale-in neither ended it nor gave it back"
+                    ));
+                }
+            }
+            let drained = live
+                && self.drain_only.contains(iid)
+                && !self.ca_named.contains(iid)
+                && !self.asg_chose.contains(iid);
+            if drained && self.policy == DeadlinePolicy::Proceed {
+                let mut own = vec![self.apps[i].clone()];
+                own.extend(self.daemonsets_at_start[i].iter().cloned());
+                for name in own {
+                    if pods.iter().any(|(n, on)| *n == name && on == node) {
+                        left.push(format!("{name} is still on {node}, drained with proceed"));
+                    }
+                }
+            }
+        }
+        left
+    }
+
+    /// Lifts every fault, lets messages left for redelivery come again, and fails
+    /// naming what did not finish within the bound (the invariants checked on the
+    /// way).
+    async fn settle(&self) {
+        self.heal();
+        let bound = Instant::now() + support::model::SETTLE_BOUND;
+        loop {
+            self.check();
+            self.q.redeliver();
+            self.drain_queue().await;
+            let left = self.unfinished();
+            if left.is_empty() {
+                return;
+            }
+            assert!(
+                Instant::now() < bound,
+                "not finished {:?} after the last step: {left:?}",
+                support::model::SETTLE_BOUND
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}
+
+fn run(proceed: bool, ops: &[Op]) {
+    run_then(proceed, ops, |_| {})
+}
+
+/// [`run`], then `then` on the settled model.
+fn run_then(proceed: bool, ops: &[Op], then: impl FnOnce(&Model)) {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let policy = if proceed {
+            DeadlinePolicy::Proceed
+        } else {
+            DeadlinePolicy::Abandon
+        };
+        let mut m = Model::new(policy).await;
+        m.check();
+        for op in ops {
+            m.step(op).await;
+            m.check();
+        }
+        m.settle().await;
+        then(&m);
+        m.replica.loop_task.abort();
+        for (r, e) in &m.fenced {
+            r.loop_task.abort();
+            e.shutdown();
+        }
+        m.w.engine.shutdown();
+    });
+}
+
+/// Cases per run (`MODEL_CASES` overrides; see tests/support/model.rs).
+const CASES: u32 = 600;
+
+/// Refusals, stale answers, forged messages, lost leases and deadlines between the
+/// steps of every source of drains, `CASES` sequences of up to 11 ops, each under
+/// `proceed` or `abandon` (`MODEL_CASES`, `MODEL_SEED`, `MODEL_CASE`: see
+/// tests/support/model.rs).
+#[test]
+fn any_refusal_stale_answer_or_forgery_keeps_every_promise() {
+    support::model::run(
+        "unkind_model",
+        CASES,
+        (any::<bool>(), prop::collection::vec(op(), 1..12)),
+        |(proceed, ops)| run(proceed, &ops),
+    );
+}
+
+/// A forged lifecycle message with a wrong token for an instance the ASG holds: AWS
+/// refuses that token, so the drain must not lean on it.
+#[test]
+fn a_wrong_token_for_a_held_instance_keeps_every_promise() {
+    run(
+        false,
+        &[Op::AsgEnds, Op::Forge(Forged::WrongToken, 1), Op::Wait],
+    );
+    run(
+        true,
+        &[Op::Forge(Forged::WrongToken, 1), Op::AsgEnds, Op::Wait],
+    );
+    run(
+        true,
+        &[Op::CaScaleIn(0), Op::Forge(Forged::WrongToken, 0), Op::Wait],
+    );
+    run(
+        false,
+        &[
+            Op::CaScaleIn(1),
+            Op::Restart,
+            Op::Forge(Forged::WrongToken, 1),
+            Op::Wait,
+        ],
+    );
+}
+
+/// What happened to a pod, from the audit: evicted, deleted without an eviction, or
+/// neither.
+fn fate(m: &Model, pod: &str) -> &'static str {
+    let audit = m.w.sim.audit();
+    let did = |verb: &str| audit.iter().any(|a| a.verb == verb && a.name == pod);
+    match (did("evicted"), did("deletion-started")) {
+        (true, _) => "evicted",
+        (false, true) => "deleted",
+        _ => "stays",
+    }
+}
+
+fn event_on(m: &Model, reason: &str) -> bool {
+    events(&m.w.sim).iter().any(|(r, _)| r == reason)
+}
+
+/// The deadline policies as docs/scale-in.md states them, with a pod whose budget
+/// allows nothing: `abandon` gives a direct scale-in back to CA (the node
+/// uncordoned, the instance in service, the pod kept) and leaves `drain NODE`'s
+/// node cordoned; `proceed` deletes the pod at the deadline and ends the instance;
+/// our hook's drain always proceeds (the ASG ends the instance either way); a spot
+/// warning's spent budget proceeds whatever the policy. DaemonSet pods go after the
+/// deleted pod in every case (the model's invariants).
+#[test]
+fn deadlines_do_what_the_docs_say() {
+    let batch_guarded = |m: &Model| m.nodes[3].clone();
+    run_then(false, &[Op::CaScaleIn(3)], |m| {
+        let (node, iid, _) = batch_guarded(m);
+        assert_eq!(fate(m, "app-3"), "stays");
+        assert!(m.in_service(&iid), "abandoned: the instance stays");
+        let n = m.w.sim.get::<Node>("", &node).unwrap();
+        assert_ne!(n["spec"]["unschedulable"], true, "handed back: uncordoned");
+        assert!(event_on(m, "DrainAbandoned"));
+    });
+    run_then(true, &[Op::CaScaleIn(3)], |m| {
+        let (_, iid, _) = batch_guarded(m);
+        assert_eq!(fate(m, "app-3"), "deleted");
+        assert!(!m.in_service(&iid), "proceeded: the instance ends");
+        assert!(event_on(m, "DeadlineHit"));
+    });
+    run_then(false, &[Op::CaScaleIn(1)], |m| {
+        assert_eq!(fate(m, "app-1"), "deleted", "our hook's drain proceeds");
+        assert!(!m.in_service(&m.nodes[1].1));
+    });
+    run_then(false, &[Op::DrainCommand(3)], |m| {
+        let (node, iid, _) = batch_guarded(m);
+        assert_eq!(fate(m, "app-3"), "stays");
+        assert!(m.in_service(&iid));
+        let n = m.w.sim.get::<Node>("", &node).unwrap();
+        assert_eq!(
+            n["spec"]["unschedulable"], true,
+            "drain NODE: stays cordoned"
+        );
+    });
+    run_then(false, &[Op::SpotLate(3, 5)], |m| {
+        assert_eq!(fate(m, "app-3"), "deleted", "the budget ran out: proceed");
+        assert!(m.in_service(&m.nodes[3].1), "AWS, not the drain, ends it");
+    });
+}
+
+/// DaemonSets that tolerate the drain taint come back to the drained node once their
+/// pod is gone (kube-proxy tolerates everything, the log shipper the drain taint);
+/// each was asked to leave once, its pod put back is not chased, and fluentd, which
+/// tolerates nothing, stays away.
+#[test]
+fn daemonsets_that_come_back_are_asked_to_leave_once() {
+    run_then(true, &[Op::DrainCommand(0), Op::Wait, Op::Wait], |m| {
+        let node = &m.nodes[0].0;
+        let audit = m.w.sim.audit();
+        let placed = m.pods.all();
+        for set in ["kube-proxy", "log-shipper", "fluentd"] {
+            let on_node: Vec<&String> = placed
+                .iter()
+                .filter(|(_, p)| &p.node == node && p.owner == format!("DaemonSet/{set}"))
+                .map(|(n, _)| n)
+                .collect();
+            let asked = audit
+                .iter()
+                .filter(|a| a.verb == "eviction-requested" && on_node.contains(&&a.name))
+                .count();
+            assert_eq!(asked, 1, "{set}: {on_node:?}");
+            let back = m.w.sim.list::<Pod>().iter().any(|p| {
+                p["spec"]["nodeName"] == node.as_str()
+                    && p["metadata"]["name"]
+                        .as_str()
+                        .is_some_and(|n| n.starts_with(set))
+                    && p["metadata"]["deletionTimestamp"].is_null()
+            });
+            assert_eq!(back, set != "fluentd", "{set} back on the node: {back}");
+        }
+    });
+}
