@@ -431,7 +431,7 @@ pub async fn resume(engine: &Arc<Engine>, provider: &Arc<Provider>) -> usize {
 pub fn spawn_loop(engine: Arc<Engine>, provider: Arc<Provider>) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move {
         // Stopped with the loop.
-        let _fence = fence(&engine).map(super::drain::AbortOnDrop);
+        let _fence = fence(&engine).map(Fence);
         while !provider.is_loaded() {
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
@@ -468,6 +468,15 @@ pub fn spawn_loop(engine: Arc<Engine>, provider: Arc<Provider>) -> tokio::task::
             }
         }
     })
+}
+
+/// The fence's task, stopped when the loop that runs it stops.
+struct Fence(tokio::task::JoinHandle<()>);
+
+impl Drop for Fence {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
 }
 
 /// Fencing: the moment this replica stops leading, its drains stop where they are
