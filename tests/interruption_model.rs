@@ -16,7 +16,8 @@
 //! every node a spot warning or retirement drained has lost its workload and
 //! DaemonSet pods (unless a stopping notice stopped the drain), no drain in flight.
 //!
-//! Cases: [`CASES`] (1000; `MODEL_CASES=N`), 16 side by side (support::model). A
+//! Cases: [`CASES`] (1000, 50 s on a 2-core machine, debug build;
+//! `MODEL_CASES=N`), 16 side by side (support::model). A
 //! failure prints its seed, case and replay line (`MODEL_SEED=S MODEL_CASE=I cargo
 //! test --test interruption_model queue_mode`) and the smallest failing sequence.
 

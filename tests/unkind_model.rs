@@ -54,8 +54,8 @@
 //! instance in service), and with `proceed` every node drained for a notice or
 //! `drain NODE` has lost its workload pod and its DaemonSet pods of before the drain.
 //!
-//! Cases: [`CASES`] (`MODEL_CASES=N` for more), 16 side by side, each in its own
-//! runtime (tests/support/model.rs). A failure prints its seed, case, ops and the
+//! Cases: [`CASES`] (600, 88 s on a 2-core machine, debug build; `MODEL_CASES=N`
+//! for more), 16 side by side, each in its own runtime (tests/support/model.rs). A failure prints its seed, case, ops and the
 //! line that replays it (`MODEL_SEED=S MODEL_CASE=I cargo test --test unkind_model
 //! any_refusal`), then the smallest failing sequence shrinking found: paste it into a
 //! `#[test]` calling `run(proceed, &[...])` to keep it.
