@@ -389,6 +389,15 @@ impl MemoryCloud {
         *self.answer_latency.lock() = latency;
     }
 
+    /// One call that changes AWS's state: the usual latency, the effect at once, then
+    /// the answer as late as [`MemoryCloud::slow_answers`] says.
+    async fn effect<T>(&self, act: impl FnOnce() -> CloudResult<T>) -> CloudResult<T> {
+        self.pause().await;
+        let answer = act();
+        self.answer_later().await;
+        answer
+    }
+
     async fn answer_later(&self) {
         let latency = *self.answer_latency.lock();
         if !latency.is_zero() {
@@ -883,8 +892,7 @@ fn matches_selector(g: &MemAsg, sel: &GroupSelector) -> bool {
 #[async_trait]
 impl Cloud for MemoryCloud {
     async fn describe_groups(&self, selector: &GroupSelector) -> CloudResult<Vec<AsgSnapshot>> {
-        self.pause().await;
-        let answer = (|| -> CloudResult<Vec<AsgSnapshot>> {
+        self.effect(|| -> CloudResult<Vec<AsgSnapshot>> {
             let mut st = self.state.lock();
             self.begin_call(&mut st, "describe_groups")?;
             let stale = Self::stale_view(&mut st);
@@ -899,14 +907,12 @@ impl Cloud for MemoryCloud {
                     snap
                 })
                 .collect())
-        })();
-        self.answer_later().await;
-        answer
+        })
+        .await
     }
 
     async fn launch_history(&self, group: &str) -> CloudResult<LaunchHistory> {
-        self.pause().await;
-        let answer = (|| -> CloudResult<LaunchHistory> {
+        self.effect(|| -> CloudResult<LaunchHistory> {
             let mut st = self.state.lock();
             self.begin_call(&mut st, "launch_failures")?;
             let g = st
@@ -917,14 +923,12 @@ impl Cloud for MemoryCloud {
                 failures: g.failures.clone(),
                 last_launch_unix: g.last_launch_unix,
             })
-        })();
-        self.answer_later().await;
-        answer
+        })
+        .await
     }
 
     async fn locate_instances(&self, ids: &[String]) -> CloudResult<Vec<InstanceLocation>> {
-        self.pause().await;
-        let answer = (|| -> CloudResult<Vec<InstanceLocation>> {
+        self.effect(|| -> CloudResult<Vec<InstanceLocation>> {
             let mut st = self.state.lock();
             self.begin_call(&mut st, "locate_instances")?;
             let stale = Self::stale_view(&mut st);
@@ -942,14 +946,12 @@ impl Cloud for MemoryCloud {
                 }
             }
             Ok(out)
-        })();
-        self.answer_later().await;
-        answer
+        })
+        .await
     }
 
     async fn set_desired_capacity(&self, group: &str, desired: i32) -> CloudResult<()> {
-        self.pause().await;
-        let answer = (|| -> CloudResult<()> {
+        self.effect(|| -> CloudResult<()> {
             let mut st = self.state.lock();
             self.begin_call(&mut st, "set_desired_capacity")?;
             let g = st
@@ -1007,14 +1009,12 @@ impl Cloud for MemoryCloud {
             let now = Instant::now();
             self.reconcile_group(&mut st, group, now);
             Ok(())
-        })();
-        self.answer_later().await;
-        answer
+        })
+        .await
     }
 
     async fn terminate_instance(&self, instance_id: &str, decrement: bool) -> CloudResult<()> {
-        self.pause().await;
-        let answer = (|| -> CloudResult<()> {
+        self.effect(|| -> CloudResult<()> {
             let mut st = self.state.lock();
             self.begin_call(&mut st, "terminate_instance")?;
             let now = Instant::now();
@@ -1059,28 +1059,24 @@ impl Cloud for MemoryCloud {
             }
             self.reconcile_group(&mut st, &group, now);
             Ok(())
-        })();
-        self.answer_later().await;
-        answer
+        })
+        .await
     }
 
     async fn instance_types(&self, names: &[String]) -> CloudResult<Vec<InstanceTypeInfo>> {
-        self.pause().await;
-        let answer = (|| -> CloudResult<Vec<InstanceTypeInfo>> {
+        self.effect(|| -> CloudResult<Vec<InstanceTypeInfo>> {
             let mut st = self.state.lock();
             self.begin_call(&mut st, "instance_types")?;
             Ok(names
                 .iter()
                 .filter_map(|n| self.instance_types.get(n).cloned())
                 .collect())
-        })();
-        self.answer_later().await;
-        answer
+        })
+        .await
     }
 
     async fn launch_template(&self, template: &LaunchTemplateRef) -> CloudResult<LaunchData> {
-        self.pause().await;
-        let answer = (|| -> CloudResult<LaunchData> {
+        self.effect(|| -> CloudResult<LaunchData> {
             let mut st = self.state.lock();
             self.begin_call(&mut st, "launch_template")?;
             let name = template.name.clone().unwrap_or_default();
@@ -1103,25 +1099,21 @@ impl Cloud for MemoryCloud {
                 image_id: Some("ami-memory".into()),
                 requirements: None,
             })
-        })();
-        self.answer_later().await;
-        answer
+        })
+        .await
     }
 
     async fn launch_configuration(&self, name: &str) -> CloudResult<LaunchData> {
-        self.pause().await;
-        let answer = (|| -> CloudResult<LaunchData> {
+        self.effect(|| -> CloudResult<LaunchData> {
             let mut st = self.state.lock();
             self.begin_call(&mut st, "launch_configuration")?;
             Err(not_found("launch configuration", name))
-        })();
-        self.answer_later().await;
-        answer
+        })
+        .await
     }
 
     async fn terminating_hooks(&self, group: &str) -> CloudResult<Vec<LifecycleHook>> {
-        self.pause().await;
-        let answer = (|| -> CloudResult<Vec<LifecycleHook>> {
+        self.effect(|| -> CloudResult<Vec<LifecycleHook>> {
             let mut st = self.state.lock();
             self.begin_call(&mut st, "terminating_hooks")?;
             let stale = Self::stale_view(&mut st);
@@ -1131,14 +1123,12 @@ impl Cloud for MemoryCloud {
                 .get(group)
                 .ok_or_else(|| not_found("group", group))?;
             Ok(g.spec.terminating_hooks.clone())
-        })();
-        self.answer_later().await;
-        answer
+        })
+        .await
     }
 
     async fn put_terminating_hook(&self, group: &str, hook: &LifecycleHook) -> CloudResult<()> {
-        self.pause().await;
-        let answer = (|| -> CloudResult<()> {
+        self.effect(|| -> CloudResult<()> {
             let mut st = self.state.lock();
             self.begin_call(&mut st, "put_terminating_hook")?;
             let g = st
@@ -1147,14 +1137,12 @@ impl Cloud for MemoryCloud {
                 .ok_or_else(|| not_found("group", group))?;
             put_hook(&mut g.spec.terminating_hooks, hook.clone());
             Ok(())
-        })();
-        self.answer_later().await;
-        answer
+        })
+        .await
     }
 
     async fn lifecycle_heartbeat(&self, action: &LifecycleAction) -> CloudResult<()> {
-        self.pause().await;
-        let answer = (|| -> CloudResult<()> {
+        self.effect(|| -> CloudResult<()> {
             let mut st = self.state.lock();
             self.begin_call(&mut st, "lifecycle_heartbeat")?;
             let check = st.check_tokens;
@@ -1186,9 +1174,8 @@ impl Cloud for MemoryCloud {
                 st.hook_slack.push((action.instance_id.clone(), left));
             }
             Ok(())
-        })();
-        self.answer_later().await;
-        answer
+        })
+        .await
     }
 
     async fn complete_lifecycle_action(
@@ -1196,8 +1183,7 @@ impl Cloud for MemoryCloud {
         action: &LifecycleAction,
         result: LifecycleResult,
     ) -> CloudResult<()> {
-        self.pause().await;
-        let answer = (|| -> CloudResult<()> {
+        self.effect(|| -> CloudResult<()> {
             let mut st = self.state.lock();
             self.begin_call(&mut st, "complete_lifecycle_action")?;
             let check = st.check_tokens;
@@ -1255,23 +1241,20 @@ impl Cloud for MemoryCloud {
                 st.hook_slack.push((action.instance_id.clone(), left));
             }
             Ok(())
-        })();
-        self.answer_later().await;
-        answer
+        })
+        .await
     }
 
     async fn eks_nodegroup(&self, cluster: &str, nodegroup: &str) -> CloudResult<EksNodegroup> {
-        self.pause().await;
-        let answer = (|| -> CloudResult<EksNodegroup> {
+        self.effect(|| -> CloudResult<EksNodegroup> {
             let mut st = self.state.lock();
             self.begin_call(&mut st, "eks_nodegroup")?;
             Err(not_found(
                 "EKS node group",
                 &format!("{cluster}/{nodegroup}"),
             ))
-        })();
-        self.answer_later().await;
-        answer
+        })
+        .await
     }
 
     async fn instance_types_for_requirements(
@@ -1279,8 +1262,7 @@ impl Cloud for MemoryCloud {
         requirements: &InstanceRequirements,
         _image_id: Option<&str>,
     ) -> CloudResult<Vec<String>> {
-        self.pause().await;
-        let answer = (|| -> CloudResult<Vec<String>> {
+        self.effect(|| -> CloudResult<Vec<String>> {
             let mut st = self.state.lock();
             self.begin_call(&mut st, "instance_types_for_requirements")?;
             let mut fits: Vec<&InstanceTypeInfo> = self
@@ -1290,9 +1272,8 @@ impl Cloud for MemoryCloud {
                 .collect();
             fits.sort_by_key(|t| (t.vcpus, t.memory_mib, t.name.clone()));
             Ok(fits.into_iter().map(|t| t.name.clone()).collect())
-        })();
-        self.answer_later().await;
-        answer
+        })
+        .await
     }
 }
 
