@@ -38,7 +38,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ca_asg_provider::cloud::memory::MemoryGroup;
-use ca_asg_provider::cloud::queue::{MemoryQueue, Queue};
+use ca_asg_provider::cloud::queue::MemoryQueue;
 use ca_asg_provider::interruption::consumer::{Consumer, Handled};
 use ca_asg_provider::interruption::RebalanceAction;
 use ca_asg_provider::proto;
@@ -50,7 +50,7 @@ use proptest::prelude::*;
 mod support;
 use support::budget_floor::BudgetFloor;
 use support::notices::eventbridge;
-use support::queue::consumer;
+use support::queue::{consumer, handle_all};
 use support::world::*;
 
 const HOOK: &str = "ca-asg-provider-drain";
@@ -217,11 +217,7 @@ impl Model {
     }
 
     fn in_service(&self, id: &str) -> bool {
-        self.w
-            .cloud
-            .instances()
-            .iter()
-            .any(|(_, i)| i.id == id && !i.state.is_terminating())
+        in_service(&self.w.cloud, id)
     }
 
     async fn send(&mut self, body: String) {
@@ -231,15 +227,8 @@ impl Model {
     }
 
     async fn drain_queue(&self) {
-        loop {
-            let got = self.q.receive(10, Duration::ZERO).await.unwrap();
-            if got.is_empty() {
-                return;
-            }
-            for m in got {
-                let out = self.c.handle(m).await;
-                assert!(!matches!(out, Handled::Retry(_)), "{out:?}");
-            }
+        for out in handle_all(&self.c, &self.q).await {
+            assert!(!matches!(out, Handled::Retry(_)), "{out:?}");
         }
     }
 

@@ -26,7 +26,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ca_asg_provider::cloud::memory::MemoryGroup;
-use ca_asg_provider::cloud::queue::{MemoryQueue, Queue};
+use ca_asg_provider::cloud::queue::MemoryQueue;
 use ca_asg_provider::interruption::consumer::{Consumer, Handled};
 use ca_asg_provider::interruption::RebalanceAction;
 use ca_asg_provider::scalein;
@@ -34,7 +34,7 @@ use proptest::prelude::*;
 
 mod support;
 use support::notices::eventbridge;
-use support::queue::consumer;
+use support::queue::{consumer, handle_all};
 use support::world::*;
 
 const NODES: usize = 3;
@@ -144,15 +144,8 @@ impl Model {
     }
 
     async fn drain_queue(&self) {
-        loop {
-            let got = self.q.receive(10, Duration::ZERO).await.unwrap();
-            if got.is_empty() {
-                return;
-            }
-            for m in got {
-                let out = self.c.handle(m).await;
-                assert!(!matches!(out, Handled::Retry(_)), "{out:?}");
-            }
+        for out in handle_all(&self.c, &self.q).await {
+            assert!(!matches!(out, Handled::Retry(_)), "{out:?}");
         }
     }
 

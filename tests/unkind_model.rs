@@ -65,7 +65,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ca_asg_provider::cloud::memory::{DesiredBy, MemoryGroup};
-use ca_asg_provider::cloud::queue::{MemoryQueue, Queue};
+use ca_asg_provider::cloud::queue::MemoryQueue;
 use ca_asg_provider::interruption::consumer::Consumer;
 use ca_asg_provider::interruption::RebalanceAction;
 use ca_asg_provider::scalein::{
@@ -78,7 +78,7 @@ use proptest::prelude::*;
 mod support;
 use support::notices::eventbridge;
 use support::pods::PodLog;
-use support::queue::consumer;
+use support::queue::{consumer, handle_all};
 use support::world::*;
 
 const HOOK: &str = "ca-asg-provider-drain";
@@ -438,11 +438,7 @@ impl Model {
     }
 
     fn in_service(&self, id: &str) -> bool {
-        self.w
-            .cloud
-            .instances()
-            .iter()
-            .any(|(_, i)| i.id == id && !i.state.is_terminating())
+        in_service(&self.w.cloud, id)
     }
 
     async fn send(&mut self, body: String) {
@@ -454,15 +450,7 @@ impl Model {
     /// Hands every visible message to the consumer; what it leaves for another
     /// delivery (AWS or the API server refusing) stays in the queue.
     async fn drain_queue(&self) {
-        loop {
-            let got = self.q.receive(10, Duration::ZERO).await.unwrap();
-            if got.is_empty() {
-                return;
-            }
-            for m in got {
-                self.c.handle(m).await;
-            }
-        }
+        handle_all(&self.c, &self.q).await;
     }
 
     async fn new_replica(&mut self) {

@@ -31,6 +31,21 @@ pub async fn handle_next(c: &Consumer, q: &MemoryQueue) -> Handled {
     c.handle(got.remove(0)).await
 }
 
+/// Hands every visible message to the consumer until the queue shows none, and
+/// says what each came to (a message left for another delivery stays in the queue).
+pub async fn handle_all(c: &Consumer, q: &MemoryQueue) -> Vec<Handled> {
+    let mut outcomes = Vec::new();
+    loop {
+        let got = q.receive(10, Duration::ZERO).await.unwrap();
+        if got.is_empty() {
+            return outcomes;
+        }
+        for m in got {
+            outcomes.push(c.handle(m).await);
+        }
+    }
+}
+
 /// Whether a pod named `prefix...` is there and not terminating.
 pub fn running(w: &World, prefix: &str) -> bool {
     w.sim.list::<Pod>().iter().any(|p| {

@@ -323,3 +323,11 @@ pub fn assert_no_pod_evicted_twice(audit: &[sim::AuditEntry]) {
         }
     }
 }
+
+/// Whether the instance is in the cloud and not on its way out.
+pub fn in_service(cloud: &MemoryCloud, id: &str) -> bool {
+    cloud
+        .instances()
+        .iter()
+        .any(|(_, i)| i.id == id && !i.state.is_terminating())
+}
