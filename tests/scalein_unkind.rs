@@ -795,3 +795,66 @@ async fn a_drain_restarted_after_its_eviction_does_not_evict_again() {
         w.engine.shutdown();
     }
 }
+
+/// Issue 30, the unkind model's intermittent failure (a log shipper asked to leave
+/// four times): a DaemonSet pod that tolerates the drain taint, evicted and put back
+/// within the second the drain began, was asked to leave again by every process that
+/// resumed the drain (a restart, a new leader). Its replacement's creationTimestamp
+/// (whole seconds) read as no later than the start, and only the process that began
+/// the drain remembered which pods it had first seen. Now no pod that can come back
+/// is asked to leave before the next whole second, so a resumed drain tells the pod
+/// put back as the first process did, and the log shipper is asked to leave once.
+#[tokio::test]
+async fn a_daemonset_pod_put_back_is_not_asked_to_leave_again_after_a_restart() {
+    let mut w = world(
+        vec![MemoryGroup::new("web", 0, 3, 1, "m5.large")],
+        settings(30),
+        Duration::from_millis(20),
+    )
+    .await;
+    let (node, iid) = nodes_of(&w, "web").remove(0);
+    // fluentd flushes for 3 s: the DaemonSet phase still waits for it when the
+    // process dies.
+    w.sim
+        .create(&fixtures::daemonset("logging", "fluentd", 3.0, false))
+        .unwrap();
+    w.sim
+        .create(&fixtures::log_shipper_tolerating_drain(0.0))
+        .unwrap();
+    w.sim
+        .create(&fixtures::pod("shop", "app", &node, "app", 0.05))
+        .unwrap();
+    pods_ready(&w, 3).await;
+    // The drain begins at the top of a second: a log shipper evicted at once would be
+    // put back within it.
+    let into_second = chrono::Utc::now().timestamp_subsec_millis() as u64;
+    tokio::time::sleep(Duration::from_millis(1020 - into_second)).await;
+    delete_nodes(&mut w, "web", &[(node.clone(), iid.clone())]).await;
+    let shippers_created = |a: &[sim::AuditEntry]| {
+        a.iter()
+            .filter(|e| e.kind == "Pod" && e.verb == "create" && e.name.starts_with("log-shipper"))
+            .count()
+    };
+    eventually("the log shipper evicted and put back", 10, || {
+        shippers_created(&w.sim.audit()) >= 2
+    })
+    .await;
+    // The service dies; a new process resumes the drain from the Node's record.
+    w.engine.abort_all();
+    w.engine.shutdown();
+    let (provider2, engine2, _ca2) = service(&w.sim, &w.cloud, &w.groups, settings(30)).await;
+    assert_eq!(
+        ca_asg_provider::scalein::lifecycle::resume(&engine2, &provider2).await,
+        1
+    );
+    assert_eq!(engine2.wait_for(&iid).await, Some(Outcome::Ended));
+    let a = w.sim.audit();
+    for set in ["fluentd", "log-shipper"] {
+        let asked = a
+            .iter()
+            .filter(|e| e.verb == "eviction-requested" && e.name.starts_with(set))
+            .count();
+        assert_eq!(asked, 1, "{set} asked to leave {asked} times: {a:?}");
+        assert!(first(&a, "removed", "app") < first(&a, "deletion-started", set));
+    }
+}

@@ -2,7 +2,7 @@
 //! volumes, then end the instance. Deadlines count from the drain's recorded start, so
 //! a resumed drain keeps its original deadlines.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -392,6 +392,12 @@ impl<'a> NodeDrain<'a> {
         self.engine.nodes.is_node_ready(self.node)
     }
 
+    /// How long the drain waits before it asks this pod to leave: until a
+    /// replacement of it reads as one in every process ([`plan::wait_before_evicting`]).
+    fn wait_before_evicting(&self, p: &Pod) -> Duration {
+        plan::wait_before_evicting(p, drain_taint(), self.started, Timestamp::now())
+    }
+
     /// Whether the drain stops waiting for this listed pod, and why.
     fn not_waited_for(&self, p: &Pod) -> Option<&'static str> {
         plan::not_waited_for(
@@ -778,6 +784,7 @@ async fn delete_until_accepted(
     p: &Pod,
 ) -> (plan::PodRef, Result<bool, String>) {
     let r = plan::pod_ref(p);
+    tokio::time::sleep(d.wait_before_evicting(p)).await;
     let api: Api<Pod> = Api::namespaced(d.engine.client.clone(), &r.namespace);
     let params = DeleteParams {
         preconditions: Some(Preconditions {
@@ -877,13 +884,9 @@ async fn phase(
     let node = d.node;
     let mut evicted_uids: HashSet<String> = HashSet::new();
     let mut told: HashSet<String> = HashSet::new();
-    // The pods there at the phase's first look: one put back later is not chased.
-    let mut seen: Option<HashSet<String>> = None;
     loop {
         let mut skipped: Vec<(plan::PodRef, &'static str)> = Vec::new();
         let listed = pods.pods();
-        let seen =
-            seen.get_or_insert_with(|| listed.iter().map(|p| plan::pod_ref(p).uid).collect());
         let current: Vec<Pod> = listed
             .into_iter()
             .filter(|p| {
@@ -906,7 +909,7 @@ async fn phase(
                     return true;
                 }
                 if !evicted_uids.contains(&r.uid)
-                    && plan::arrived_during(p, drain_taint(), d.started, seen)
+                    && plan::is_replacement(p, drain_taint(), d.started)
                 {
                     if told.insert(r.uid.clone()) {
                         skipped.push((r.clone(), "it arrived after the drain began and tolerates the drain taint; it ends with the instance"));
@@ -937,12 +940,21 @@ async fn phase(
                 .node(node, Reason::EvictingDoNotDisrupt, format!("evicting pods that asked not to be disrupted ({}): the instance is ending anyway, so they go last among workloads", names.join(", ")))
                 .await;
         }
+        let waits: HashMap<String, Duration> = current
+            .iter()
+            .map(|p| (plan::pod_ref(p).uid, d.wait_before_evicting(p)))
+            .collect();
         let pods_ref: &NodePods = pods;
         let accepted = join_all(step.evict.iter().map(|p| {
             let uid = p.uid.clone();
-            evict::until_accepted(engine, node, p, d.why, deadline, move || {
-                pods_ref.contains(&uid)
-            })
+            let wait = waits.get(&uid).copied().unwrap_or_default();
+            async move {
+                tokio::time::sleep(wait).await;
+                evict::until_accepted(engine, node, p, d.why, deadline, move || {
+                    pods_ref.contains(&uid)
+                })
+                .await
+            }
         }))
         .await;
         evicted_uids.extend(step.evict.iter().map(|p| p.uid.clone()));

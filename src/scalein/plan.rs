@@ -195,50 +195,72 @@ pub fn tolerates(pod: &Pod, key: &str, value: &str, effect: &str) -> bool {
     })
 }
 
+/// How far behind ours the API server's clock may run (it writes creationTimestamp)
+/// while [`is_replacement`] still tells every pod put back apart: a pod that can
+/// come back is first asked to leave this long after [`arrivals_from`].
+pub const CLOCK_MARGIN: std::time::Duration = std::time::Duration::from_millis(250);
+
+/// The first whole second after the drain began. kube-apiserver writes
+/// creationTimestamp in whole seconds (floored), so a pod stamped with this second or
+/// a later one was created after the drain began, and one stamped earlier may have
+/// been there before it.
+pub fn arrivals_from(drain_started: Timestamp) -> Timestamp {
+    drain_started
+        .as_second()
+        .checked_add(1)
+        .and_then(|s| Timestamp::from_second(s).ok())
+        .unwrap_or(Timestamp::MAX)
+}
+
 /// A pod that landed on the node after the drain began because it tolerates the
 /// drain's taint (a blanket `operator: Exists`, a DaemonSet that tolerates
 /// everything): the pods that were there were evicted once; their replacements
 /// would only come back again, so they end with the instance instead of being
 /// chased until the deadline (Karpenter leaves such pods alone too).
+///
+/// One rule for every process: it reads only the pod and the drain's start from the
+/// record, so a restarted service or a new leader resuming the drain tells a pod
+/// put back from one that was there as the first process did. It holds because no
+/// pod that can come back is asked to leave before [`arrivals_from`]
+/// ([`wait_before_evicting`]): its replacement is stamped with that second or a
+/// later one, even when the drain began a moment before the second ran out.
 pub fn is_replacement(
     pod: &Pod,
     drain_taint: (&str, &str, &str),
     drain_started: Timestamp,
 ) -> bool {
     let (key, value, effect) = drain_taint;
+    let from = arrivals_from(drain_started);
     let created_after = pod
         .metadata
         .creation_timestamp
         .as_ref()
-        .is_some_and(|t| t.0 > drain_started);
+        .is_some_and(|t| t.0 >= from);
     created_after && tolerates(pod, key, value, effect)
 }
 
-/// [`is_replacement`] for a drain phase that knows which pods were on the node when
-/// it first looked (`seen`, by UID). kube-apiserver writes creationTimestamp in
-/// whole seconds, so a pod put back within the second the drain began (a DaemonSet
-/// that tolerates everything, its evicted pod gone in a blink) reads as created no
-/// later than the start; by the timestamp alone it would be evicted again, and its
-/// own replacement after it, until the second ran out. Such a pod, created in the
-/// start's second and not there at the first look, arrived after the drain began.
-pub fn arrived_during(
+/// How long the drain waits before it asks `pod` to leave (an eviction, or a delete
+/// at a deadline): nothing for a pod that does not tolerate the drain's taint (no
+/// replacement of it can land on the node); for one that does, until
+/// [`arrivals_from`] plus [`CLOCK_MARGIN`], so that what the DaemonSet controller or
+/// a ReplicaSet puts back reads as arrived after the drain began in every process
+/// ([`is_replacement`]). A DaemonSet phase starts after the workloads have gone, so
+/// it seldom waits at all.
+pub fn wait_before_evicting(
     pod: &Pod,
     drain_taint: (&str, &str, &str),
     drain_started: Timestamp,
-    seen: &std::collections::HashSet<String>,
-) -> bool {
-    if is_replacement(pod, drain_taint, drain_started) {
-        return true;
-    }
+    now: Timestamp,
+) -> std::time::Duration {
     let (key, value, effect) = drain_taint;
-    let start_second = Timestamp::from_second(drain_started.as_second()).unwrap_or(drain_started);
-    let in_start_second = pod
-        .metadata
-        .creation_timestamp
-        .as_ref()
-        .is_some_and(|t| t.0 >= start_second);
-    let new = pod.metadata.uid.as_ref().is_some_and(|u| !seen.contains(u));
-    in_start_second && new && tolerates(pod, key, value, effect)
+    if !tolerates(pod, key, value, effect) {
+        return std::time::Duration::ZERO;
+    }
+    let margin = SignedDuration::try_from(CLOCK_MARGIN).unwrap_or(SignedDuration::ZERO);
+    let at = arrivals_from(drain_started)
+        .checked_add(margin)
+        .unwrap_or(Timestamp::MAX);
+    std::time::Duration::try_from(now.duration_until(at)).unwrap_or(std::time::Duration::ZERO)
 }
 
 /// Why the drain stops waiting for a pod that is still listed, if it does. Pure:
@@ -702,7 +724,7 @@ mod tests {
     }
 
     #[test]
-    fn a_pod_put_back_in_the_start_second_arrived_during_the_drain() {
+    fn a_pod_put_back_after_the_wait_is_a_replacement_in_every_process() {
         let t = ("ca-asg-provider.io/draining", "true", "NoSchedule");
         let started =
             Timestamp::from_nanosecond((1_700_000_005i128 * 1_000_000_000) + 300_000_000).unwrap();
@@ -711,38 +733,77 @@ mod tests {
             p
         };
         let blanket = |p| tolerating(p, r#"{"operator":"Exists"}"#);
-        let seen: std::collections::HashSet<String> = ["uid-there".to_string()].into();
-        // Whole seconds: 5 s is the start's own second.
-        assert!(arrived_during(
-            &created(blanket(pod("back")), 5),
+        let shipper = |p| {
+            tolerating(
+                p,
+                r#"{"key":"ca-asg-provider.io/draining","operator":"Exists","effect":"NoSchedule"}"#,
+            )
+        };
+        assert_eq!(arrivals_from(started), at(6));
+        assert_eq!(arrivals_from(at(5)), at(6));
+        assert_eq!(arrivals_from(Timestamp::MAX), Timestamp::MAX);
+        // Stamped with the start's own second: it may have been there before the
+        // drain, so every process drains it; from the next second on, it came back.
+        let own_second = created(blanket(pod("back")), 5);
+        assert!(!is_replacement(&own_second, t, started));
+        assert!(is_replacement(
+            &created(blanket(pod("back")), 6),
             t,
-            started,
-            &seen
+            started
         ));
-        assert!(!arrived_during(
-            &created(blanket(pod("there")), 5),
+        assert!(is_replacement(
+            &created(shipper(pod("back")), 6),
             t,
-            started,
-            &seen
+            started
         ));
-        assert!(!arrived_during(
-            &created(blanket(pod("before")), 4),
-            t,
-            started,
-            &seen
-        ));
-        assert!(!arrived_during(
-            &created(pod("plain"), 5),
-            t,
-            started,
-            &seen
-        ));
-        assert!(arrived_during(
-            &created(blanket(pod("there")), 6),
-            t,
-            started,
-            &seen
-        ));
+        assert!(!is_replacement(&created(pod("plain"), 6), t, started));
+        // Only what can come back waits, and only until the next second and the
+        // margin: from 5.3 s, 950 ms.
+        assert_eq!(
+            wait_before_evicting(&blanket(pod("a")), t, started, started),
+            std::time::Duration::from_millis(950)
+        );
+        assert_eq!(
+            wait_before_evicting(&shipper(pod("a")), t, started, started),
+            std::time::Duration::from_millis(950)
+        );
+        assert_eq!(
+            wait_before_evicting(&pod("plain"), t, started, started),
+            std::time::Duration::ZERO
+        );
+        assert_eq!(
+            wait_before_evicting(&blanket(pod("a")), t, started, at(7)),
+            std::time::Duration::ZERO
+        );
+    }
+
+    proptest::proptest! {
+        /// Whatever the second the drain began in and however late in it: a pod there
+        /// before the drain is drained; one asked to leave no earlier than the wait
+        /// says, and put back at any time after by an API server whose clock runs up
+        /// to the margin behind ours, is a replacement in every process.
+        #[test]
+        fn the_wait_tells_every_pod_put_back_from_one_there_before(
+            start_ns in 1_000_000_000_000_000_000i128..2_000_000_000_000_000_000i128,
+            before_ns in 1i128..5_000_000_000i128,
+            late_ns in 0i128..3_000_000_000i128,
+            back_ns in 0i128..3_000_000_000i128,
+            behind_ns in 0i128..=(CLOCK_MARGIN.as_nanos() as i128),
+        ) {
+            let t = ("ca-asg-provider.io/draining", "true", "NoSchedule");
+            let stamped = |ns: i128| {
+                let mut p = tolerating(pod("p"), r#"{"operator":"Exists"}"#);
+                let secs = ns.div_euclid(1_000_000_000) as i64;
+                p.metadata.creation_timestamp = Some(Time(Timestamp::from_second(secs).unwrap()));
+                p
+            };
+            let started = Timestamp::from_nanosecond(start_ns).unwrap();
+            proptest::prop_assert!(!is_replacement(&stamped(start_ns - before_ns), t, started));
+            let wait = wait_before_evicting(&stamped(0), t, started, started).as_nanos() as i128;
+            let asked = start_ns + wait + late_ns;
+            let back = asked + back_ns - behind_ns;
+            proptest::prop_assert!(is_replacement(&stamped(back), t, started));
+        }
     }
 
     #[test]
