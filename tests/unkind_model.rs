@@ -821,9 +821,10 @@ impl Model {
                         *n += 1;
                         assert!(
                             *n <= 3,
-                            "{} on {} was asked to leave {n} times: the drain chases a DaemonSet that comes back",
+                            "{} on {} was asked to leave {n} times: the drain chases a DaemonSet that comes back\n{}",
                             p.owner,
-                            p.node
+                            p.node,
+                            self.history_of(&audit, &p.owner, &p.node)
                         );
                     }
                     if let Some(i) = node_of(name) {
@@ -884,6 +885,44 @@ impl Model {
                 );
             }
         }
+    }
+
+    /// The pods of `owner` on `node`, line by line from the audit (ms from the first
+    /// line), then the node's drain record: what a failure about them needs.
+    fn history_of(
+        &self,
+        audit: &[ca_asg_provider::sim::store::AuditEntry],
+        owner: &str,
+        node: &str,
+    ) -> String {
+        let placed = self.pods.all();
+        let ours = |name: &str| {
+            placed
+                .get(name)
+                .is_some_and(|p| p.owner == owner && p.node == node)
+        };
+        let first = audit.first().map(|e| e.at);
+        let mut out: Vec<String> = audit
+            .iter()
+            .filter(|e| e.kind == "Pod" && ours(&e.name))
+            .map(|e| {
+                let ms = first.map_or(0, |f| e.at.saturating_duration_since(f).as_millis());
+                format!("  {ms:>6} ms  {:<20} {}", e.verb, e.name)
+            })
+            .collect();
+        if let Some(f) = first {
+            let utc =
+                chrono::Utc::now() - chrono::Duration::from_std(f.elapsed()).unwrap_or_default();
+            out.insert(
+                0,
+                format!(
+                    "  0 ms = {}",
+                    utc.to_rfc3339_opts(chrono::SecondsFormat::Millis, true)
+                ),
+            );
+        }
+        out.push(format!("  record: {:?}", self.record_of(node)));
+        out.join("\n")
     }
 
     fn record_of(&self, node: &str) -> Option<record::DrainRecord> {
