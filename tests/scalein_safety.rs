@@ -346,3 +346,91 @@ async fn a_drain_faster_than_the_hook_still_completes_the_action() {
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(w.cloud.hook_timeouts().is_empty());
 }
+
+/// docs/operations.md, "When a call is refused": the pod list of the node refused
+/// for good (here an admission webhook's 403 on every list of pods). Without the
+/// list nobody can tell what still runs there, so once the workload deadline and
+/// the list's grace have passed the drain fails closed: nothing is evicted,
+/// nothing ends, and the Node says why.
+#[tokio::test]
+async fn a_pod_list_refused_for_good_fails_the_drain_closed() {
+    let settings = ScaleInSettings {
+        workload_deadline: Duration::from_secs(1),
+        ..fast_settings()
+    };
+    let mut w = world(
+        vec![MemoryGroup::new("web", 0, 3, 2, "m5.large")],
+        settings,
+        Duration::from_millis(20),
+    )
+    .await;
+    let (node, iid) = nodes_of(&w, "web").remove(0);
+    w.sim
+        .create(&fixtures::pod("shop", "app", &node, "app", 0.1))
+        .unwrap();
+    pods_ready(&w, 1).await;
+    w.sim.refuse(
+        "list",
+        "pods",
+        u32::MAX,
+        ca_asg_provider::sim::Refusal::Forbidden,
+    );
+    delete_nodes(&mut w, "web", &[(node.clone(), iid.clone())]).await;
+    let outcome = w.engine.wait_for(&iid).await;
+    assert!(
+        matches!(&outcome, Some(Outcome::Failed(why)) if why.contains("could not list the pods")),
+        "{outcome:?}"
+    );
+    assert_eq!(state_of(&w, &iid), Some(LifecycleState::InService));
+    assert_eq!(w.cloud.calls().get("terminate_instance"), None);
+    assert!(
+        !w.sim
+            .audit()
+            .iter()
+            .any(|a| a.kind == "Pod" && a.name == "app" && a.verb != "create" && a.verb != "ready"),
+        "the app was touched without the pod list"
+    );
+    assert!(
+        events(&w.sim)
+            .iter()
+            .any(|(r, n)| r == "DrainFailed" && n.contains("could not list the pods")),
+        "the Node says why: {:?}",
+        events(&w.sim)
+    );
+}
+
+/// The same refusal for a few lists only: the drain waits for an answer (no pod is
+/// evicted blind), then drains as usual and ends the instance.
+#[tokio::test]
+async fn a_pod_list_refused_for_a_while_holds_the_drain_until_answered() {
+    let mut w = world(
+        vec![MemoryGroup::new("web", 0, 3, 2, "m5.large")],
+        fast_settings(),
+        Duration::from_millis(20),
+    )
+    .await;
+    let (node, iid) = nodes_of(&w, "web").remove(0);
+    w.sim
+        .create(&fixtures::pod("shop", "app", &node, "app", 0.1))
+        .unwrap();
+    pods_ready(&w, 1).await;
+    w.sim.refuse(
+        "list",
+        "pods",
+        3,
+        ca_asg_provider::sim::Refusal::Unavailable,
+    );
+    delete_nodes(&mut w, "web", &[(node.clone(), iid.clone())]).await;
+    assert_eq!(w.engine.wait_for(&iid).await, Some(Outcome::Ended));
+    assert_eq!(
+        w.sim.refusals_left("list", "pods"),
+        0,
+        "the drain asked through the refusals"
+    );
+    assert_eq!(w.cloud.calls()["terminate_instance"], 1);
+    assert!(w
+        .sim
+        .audit()
+        .iter()
+        .any(|e| e.kind == "Pod" && e.name == "app" && e.verb == "evicted"));
+}

@@ -270,6 +270,16 @@ impl SimCluster {
             .insert((verb.to_string(), resource.to_string()), (times, how));
     }
 
+    /// How many more requests with this verb on this resource [`Self::refuse`] still
+    /// refuses (zero once they are spent or lifted).
+    pub fn refusals_left(&self, verb: &str, resource: &str) -> u32 {
+        self.faults
+            .lock()
+            .refused
+            .get(&(verb.to_string(), resource.to_string()))
+            .map_or(0, |(times, _)| *times)
+    }
+
     /// Lifts every refusal, throttle, denial and delay at once.
     pub fn heal(&self) {
         let mut f = self.faults.lock();
