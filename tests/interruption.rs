@@ -424,3 +424,30 @@ async fn only_a_spent_budget_overrides_a_pdb() {
     assert!(matches!(out, Some(Outcome::Abandoned(_))), "{out:?}");
     assert!(running(&w, "app-far"), "the PDB held");
 }
+
+/// docs/operations.md, "When a call is refused": SQS refuses the consumer's receives
+/// (throttled). The loop backs off and receives again; nothing is lost: the spot
+/// warning sent meanwhile is handled once SQS answers, and its drain runs as usual.
+#[tokio::test]
+async fn a_refused_receive_backs_off_and_the_notice_is_still_handled() {
+    let w = world(
+        vec![MemoryGroup::new("web", 0, 3, 1, "m5.large")],
+        fast_settings(),
+        Duration::from_millis(50),
+    )
+    .await;
+    let (_node, iid) = node_with_fluentd_and_app(&w, 0.1).await;
+    let q = Arc::new(MemoryQueue::default());
+    q.refuse_receives(2);
+    let loop_task = consumer(&w, &q, RebalanceAction::Cordon).spawn();
+    q.send(&spot(&iid));
+    eventually("the notice handled and deleted", 30, || {
+        q.deleted().len() == 1
+    })
+    .await;
+    assert_eq!(q.receives_refused_left(), 0, "both refusals were met");
+    assert_eq!(w.engine.wait_for(&iid).await, Some(Outcome::Drained));
+    loop_task.abort();
+    assert!(!running(&w, "app"));
+    assert!(!running(&w, "fluentd"));
+}

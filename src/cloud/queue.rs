@@ -42,6 +42,8 @@ struct MemoryQueueState {
     ready: VecDeque<QueueMessage>,
     in_flight: Vec<QueueMessage>,
     deleted: Vec<String>,
+    /// How many more receives are refused ([`MemoryQueue::refuse_receives`]).
+    refused: u32,
 }
 
 impl MemoryQueue {
@@ -67,6 +69,17 @@ impl MemoryQueue {
         st.ready.extend(back);
         drop(st);
         self.arrived.notify_waiters();
+    }
+
+    /// The next `times` receives are refused as SQS throttles (`OverLimit`, or the
+    /// account's API rate), before anything is taken: no message becomes invisible.
+    pub fn refuse_receives(&self, times: u32) {
+        self.state.lock().refused = times;
+    }
+
+    /// How many more receives [`Self::refuse_receives`] still refuses.
+    pub fn receives_refused_left(&self) -> u32 {
+        self.state.lock().refused
     }
 
     /// Ids of deleted messages, in order.
@@ -96,6 +109,16 @@ impl Queue for MemoryQueue {
             out
         };
         let notified = self.arrived.notified();
+        {
+            let mut st = self.state.lock();
+            if st.refused > 0 {
+                st.refused -= 1;
+                return Err(super::CloudError::Throttled {
+                    operation: "ReceiveMessage".into(),
+                    message: "OverLimit: too many requests (memory queue)".into(),
+                });
+            }
+        }
         let got = take(&mut self.state.lock());
         if !got.is_empty() {
             return Ok(got);
