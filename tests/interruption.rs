@@ -451,3 +451,62 @@ async fn a_refused_receive_backs_off_and_the_notice_is_still_handled() {
     assert!(!running(&w, "app"));
     assert!(!running(&w, "fluentd"));
 }
+
+/// The spot warning's drain finished; the log shipper, which tolerates the drain
+/// taint, came back to ship the node's last logs. Then SQS delivers the warning
+/// again to a process that never saw it (its delete was lost to a restart or a new
+/// leader): the Node's record says that notice is done, so it is a duplicate, and
+/// the log shipper is not asked to leave a second time.
+#[tokio::test]
+async fn the_same_notice_after_its_drain_finished_does_not_drain_again() {
+    let w = world(
+        vec![MemoryGroup::new("web", 0, 3, 1, "m5.large")],
+        fast_settings(),
+        Duration::from_millis(50),
+    )
+    .await;
+    let (node, iid) = nodes_of(&w, "web").remove(0);
+    w.sim
+        .create(&fixtures::log_shipper_tolerating_drain(0.0))
+        .unwrap();
+    w.sim
+        .create(&fixtures::pod("shop", "app", &node, "app", 0.1))
+        .unwrap();
+    pods_ready(&w, 2).await;
+    let q = Arc::new(MemoryQueue::default());
+    let warning = spot(&iid);
+    q.send(&warning);
+    let first = consumer(&w, &q, RebalanceAction::Cordon);
+    assert_eq!(handle_next(&first, &q).await, Handled::Done(vec!["drain"]));
+    assert_eq!(w.engine.wait_for(&iid).await, Some(Outcome::Drained));
+    eventually("the log shipper came back to the drained node", 10, || {
+        running(&w, "log-shipper")
+    })
+    .await;
+    let asked = || {
+        w.sim
+            .audit()
+            .iter()
+            .filter(|e| e.verb == "eviction-requested" && e.name.starts_with("log-shipper"))
+            .count()
+    };
+    assert_eq!(asked(), 1);
+
+    // A process that never saw the warning (its memory of recent notices empty).
+    let restarted = consumer(&w, &q, RebalanceAction::Cordon);
+    q.send(&warning);
+    assert_eq!(
+        handle_next(&restarted, &q).await,
+        Handled::Done(vec!["duplicate"])
+    );
+    assert_eq!(q.pending(), 0, "deleted: nothing left to do");
+    assert!(!w.engine.is_draining(&iid));
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(asked(), 1, "the log shipper was asked to leave once");
+    assert!(running(&w, "log-shipper"));
+    let n = w.sim.get::<Node>("", &node).unwrap();
+    assert_eq!(
+        n["spec"]["unschedulable"], true,
+        "still cordoned for AWS's end"
+    );
+}

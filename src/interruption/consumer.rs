@@ -277,7 +277,11 @@ impl Consumer {
                 // new leader finds the reason with its budget there, even while the
                 // drain waits for a slot.
                 let node = match self.record(&instance_id, &group, reason.clone()).await {
-                    Ok(Some(node)) => node,
+                    // The same notice again, its drain done (SQS delivering it after a
+                    // restart or a new leader forgot it was seen): the Node's record
+                    // keeps it done, and nothing drains the node a second time.
+                    Ok(Some((_, false))) => return Ok("duplicate"),
+                    Ok(Some((node, true))) => node,
                     Ok(None) => return Ok("no_node"),
                     Err(why) => {
                         self.forget(kind, &seen);
@@ -361,7 +365,7 @@ impl Consumer {
                 }
                 let reason = DrainReason::new(Why::Rebalance, Utc::now());
                 match self.record(&instance_id, &group, reason).await {
-                    Ok(Some(node)) => {
+                    Ok(Some((node, _))) => {
                         self.engine
                             .events
                             .node(
@@ -419,15 +423,16 @@ impl Consumer {
     }
 
     /// Records a reason on the instance's Node (cordoned, marked, the reason with
-    /// every other). `Ok(None)`: the API server says the instance has no Node, so
-    /// nothing runs there to drain. In a dry run nothing is written; the Node's
-    /// name is still looked up.
+    /// every other). `Ok(Some((node, drains)))`: `drains` says whether the record now
+    /// asks for a drain (not when every draining reason is done). `Ok(None)`: the API
+    /// server says the instance has no Node, so nothing runs there to drain. In a dry
+    /// run nothing is written; the Node's name is still looked up.
     async fn record(
         &self,
         instance_id: &str,
         group: &str,
         reason: DrainReason,
-    ) -> Result<Option<String>, String> {
+    ) -> Result<Option<(String, bool)>, String> {
         let node = match self.engine.find_node(instance_id, None).await {
             Ok(Some(node)) => node,
             Ok(None) => return Ok(None),
@@ -438,10 +443,13 @@ impl Consumer {
             }
         };
         if self.engine.settings().dry_run {
-            return Ok(Some(node));
+            return Ok(Some((node, true)));
         }
         match cordon::cordon(&self.engine, &node, &[reason], group).await {
-            Ok(cordon::Cordoned::Marked { .. }) => Ok(Some(node)),
+            Ok(cordon::Cordoned::Marked { record, .. }) => {
+                let drains = record.drain_began().is_some();
+                Ok(Some((node, drains)))
+            }
             Ok(cordon::Cordoned::NodeGone) => Ok(None),
             Err(e) => Err(format!("cannot record the notice on node {node}: {e}")),
         }

@@ -96,6 +96,36 @@ impl Why {
         std::mem::discriminant(self) == std::mem::discriminant(other)
     }
 
+    /// Whether this reason, arriving after `done`'s drain finished, tells nothing
+    /// new: the same notice again (SQS redelivering it after a restart or a new
+    /// leader, a replay), of the same kind and with no earlier end. Its drain is
+    /// not run again: the pods on the node now are the ones that came back to the
+    /// cordoned node (DaemonSet pods shipping its last logs), not ones to chase.
+    fn repeats(&self, done: &Why) -> bool {
+        match (self, done) {
+            (
+                Why::Notice {
+                    notice,
+                    ends_at: new_end,
+                    ..
+                },
+                Why::Notice {
+                    notice: old_notice,
+                    ends_at: old_end,
+                    ..
+                },
+            ) => {
+                notice == old_notice
+                    && match (new_end, old_end) {
+                        (None, _) => true,
+                        (Some(_), None) => false,
+                        (Some(new_end), Some(old_end)) => new_end >= old_end,
+                    }
+            }
+            _ => false,
+        }
+    }
+
     /// Whether this reason asks for the pods to be drained.
     pub fn drains(&self) -> bool {
         !matches!(self, Why::Rebalance)
@@ -320,10 +350,12 @@ impl DrainRecord {
 
     /// Takes a reason in. The same kind of reason again keeps its first arrival (a
     /// redelivered notice must not push its deadline out); a notice with an earlier
-    /// budget shortens it; a reason whose drain is done starts afresh.
+    /// budget shortens it; a reason whose drain is done starts afresh, unless it is
+    /// the same notice again ([`Why::repeats`]), which stays done.
     pub fn join(&mut self, new: DrainReason, limits: Limits) -> Joined {
         let before = self.plan(limits);
         match self.reasons.iter_mut().find(|r| r.why.same_kind(&new.why)) {
+            Some(old) if old.done && new.why.repeats(&old.why) => {}
             Some(old) if old.done => *old = new,
             Some(old) => {
                 if let (

@@ -280,6 +280,64 @@ fn a_done_drain_does_not_hand_its_deadline_to_the_next_reason() {
     assert_eq!(r.plan(l).workload_deadline, Some(at(2 * MIN - 20)));
 }
 
+/// SQS delivers a notice again after its drain finished (the first delivery's
+/// delete lost to a restart, a new leader, a refused write; or a replay): the
+/// record is the memory that survives the process, and the same notice stays done,
+/// so no second drain evicts the DaemonSet pods that came back to ship the node's
+/// last logs. News (another notice, an earlier end) still drains afresh.
+#[test]
+fn the_same_notice_after_its_drain_is_done_stays_done() {
+    let l = limits(DeadlinePolicy::Proceed);
+    let rebalance_drain = || Why::Notice {
+        notice: "rebalance_recommendation".into(),
+        ends_at: None,
+        daemonset_share_secs: 0,
+    };
+    let scheduled = |ends: i64| Why::Notice {
+        notice: "scheduled_change".into(),
+        ends_at: Some(at(ends)),
+        daemonset_share_secs: 20,
+    };
+    // (done reason, the one that arrives, whether it is the same notice again)
+    let cases = [
+        (spot(2 * MIN), spot(2 * MIN), true),
+        (spot(2 * MIN), spot(3 * MIN), true),
+        (spot(2 * MIN), spot(MIN), false),
+        (rebalance_drain(), rebalance_drain(), true),
+        (rebalance_drain(), spot(2 * MIN), false),
+        (spot(2 * MIN), scheduled(2 * MIN), false),
+        (scheduled(30 * MIN), scheduled(30 * MIN), true),
+        (scheduled(30 * MIN), scheduled(20 * MIN), false),
+        (Why::DrainCommand, Why::DrainCommand, false),
+        (hook(), hook(), false),
+        (Why::ScaleIn, Why::ScaleIn, false),
+    ];
+    for (done, new, same) in cases {
+        let mut r = record(&[(done.clone(), 0)], l);
+        r.mark_done();
+        let before = r.clone();
+        let joined = r.join(DrainReason::new(new.clone(), at(MIN)), l);
+        if same {
+            assert_eq!(joined, Joined::Same, "{done:?} then {new:?}");
+            assert_eq!(r, before, "{done:?} then {new:?}: kept as it was, done");
+            assert_eq!(r.drain_began(), None, "{done:?} then {new:?}");
+        } else {
+            assert_eq!(
+                r.drain_began(),
+                Some(at(MIN)),
+                "{done:?} then {new:?}: afresh"
+            );
+        }
+    }
+    // Before its drain is done, the same notice joins it as always.
+    let mut r = record(&[(spot(2 * MIN), 0)], l);
+    assert_eq!(
+        r.join(DrainReason::new(spot(2 * MIN), at(MIN)), l),
+        Joined::Same
+    );
+    assert_eq!(r.drain_began(), Some(at(0)));
+}
+
 #[test]
 fn abandoning_a_scale_in_keeps_the_other_reasons() {
     let l = limits(DeadlinePolicy::Abandon);
