@@ -44,7 +44,8 @@
 //!   asked to leave per reason to drain it (the pod there when that reason's drain
 //!   began, and one put back within that second; later ones are not asked). A
 //!   reason that comes after the earlier ones finished starts a drain of its own,
-//!   so each reason counts, a replayed message included;
+//!   so each reason counts, a replayed lifecycle message included (the same notice
+//!   again is no new reason: it joins its drain, or stays done after it);
 //! - no node of an instance nobody asked to go (CA, the ASG, a notice, `drain NODE`;
 //!   a forged lifecycle message is no one asking) is cordoned, or has a pod evicted;
 //! - the desired capacity is lowered at most once per instance, and only for
@@ -684,8 +685,14 @@ impl Model {
             }
             Op::Duplicate => {
                 if let Some(b) = self.last.clone() {
-                    if let Some(i) = self.nodes.iter().position(|(_, iid, _)| b.contains(iid)) {
-                        self.reasons[i] += 1;
+                    // A lifecycle message again may start the hook's drain afresh (the
+                    // instance still waits on it); the same notice again is no new
+                    // reason: before its drain finished it joins it, after, it stays
+                    // done on the Node's record.
+                    if b.contains("LifecycleTransition") {
+                        if let Some(i) = self.nodes.iter().position(|(_, iid, _)| b.contains(iid)) {
+                            self.reasons[i] += 1;
+                        }
                     }
                     self.send(b).await
                 }
