@@ -358,17 +358,7 @@ async fn a_pod_list_refused_for_good_fails_the_drain_closed() {
         workload_deadline: Duration::from_secs(1),
         ..fast_settings()
     };
-    let mut w = world(
-        vec![MemoryGroup::new("web", 0, 3, 2, "m5.large")],
-        settings,
-        Duration::from_millis(20),
-    )
-    .await;
-    let (node, iid) = nodes_of(&w, "web").remove(0);
-    w.sim
-        .create(&fixtures::pod("shop", "app", &node, "app", 0.1))
-        .unwrap();
-    pods_ready(&w, 1).await;
+    let (mut w, node, iid) = web_node_with_an_app(settings).await;
     w.sim.refuse(
         "list",
         "pods",
@@ -403,17 +393,7 @@ async fn a_pod_list_refused_for_good_fails_the_drain_closed() {
 /// evicted blind), then drains as usual and ends the instance.
 #[tokio::test]
 async fn a_pod_list_refused_for_a_while_holds_the_drain_until_answered() {
-    let mut w = world(
-        vec![MemoryGroup::new("web", 0, 3, 2, "m5.large")],
-        fast_settings(),
-        Duration::from_millis(20),
-    )
-    .await;
-    let (node, iid) = nodes_of(&w, "web").remove(0);
-    w.sim
-        .create(&fixtures::pod("shop", "app", &node, "app", 0.1))
-        .unwrap();
-    pods_ready(&w, 1).await;
+    let (mut w, node, iid) = web_node_with_an_app(fast_settings()).await;
     w.sim.refuse(
         "list",
         "pods",
@@ -433,4 +413,20 @@ async fn a_pod_list_refused_for_a_while_holds_the_drain_until_answered() {
         .audit()
         .iter()
         .any(|e| e.kind == "Pod" && e.name == "app" && e.verb == "evicted"));
+}
+
+/// A world with two web instances, and an app pod running on the first one's Node.
+async fn web_node_with_an_app(settings: ScaleInSettings) -> (World, String, String) {
+    let w = world(
+        vec![MemoryGroup::new("web", 0, 3, 2, "m5.large")],
+        settings,
+        Duration::from_millis(20),
+    )
+    .await;
+    let (node, iid) = nodes_of(&w, "web").remove(0);
+    w.sim
+        .create(&fixtures::pod("shop", "app", &node, "app", 0.1))
+        .unwrap();
+    pods_ready(&w, 1).await;
+    (w, node, iid)
 }
