@@ -90,6 +90,13 @@ pub enum Why {
     Lifecycle { hook: String },
 }
 
+/// Whether a notice ending at `new` ends earlier than one ending at `old` (an
+/// unknown end is the latest): what shortens a running drain's budget, and what
+/// makes the same notice after its drain finished news rather than a repeat.
+fn ends_earlier(new: Option<DateTime<Utc>>, old: Option<DateTime<Utc>>) -> bool {
+    new.is_some_and(|n| old.is_none_or(|o| n < o))
+}
+
 impl Why {
     /// Same kind of reason (a notice is one kind whatever its budget).
     fn same_kind(&self, other: &Why) -> bool {
@@ -114,14 +121,7 @@ impl Why {
                     ends_at: old_end,
                     ..
                 },
-            ) => {
-                notice == old_notice
-                    && match (new_end, old_end) {
-                        (None, _) => true,
-                        (Some(_), None) => false,
-                        (Some(new_end), Some(old_end)) => new_end >= old_end,
-                    }
-            }
+            ) => notice == old_notice && !ends_earlier(*new_end, *old_end),
             _ => false,
         }
     }
@@ -365,14 +365,14 @@ impl DrainRecord {
                         ..
                     },
                     Why::Notice {
-                        ends_at: Some(new_end),
+                        ends_at: new_end,
                         daemonset_share_secs: new_share,
                         ..
                     },
                 ) = (&mut old.why, &new.why)
                 {
-                    if old_end.is_none_or(|o| *new_end < o) {
-                        *old_end = Some(*new_end);
+                    if ends_earlier(*new_end, *old_end) {
+                        *old_end = *new_end;
                         *old_share = *new_share;
                     }
                 }
