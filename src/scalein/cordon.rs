@@ -19,8 +19,10 @@ use super::Engine;
 
 pub const TAINT_KEY: &str = "ca-asg-provider.io/draining";
 pub const GROUP_ANNOTATION: &str = "ca-asg-provider.io/drain-group";
-/// Set when this service (not someone before it) made the node unschedulable / added
-/// the LB-exclusion label, so an abandoned drain restores exactly the old state.
+/// Set when this service (not someone before it) made the node unschedulable, or
+/// cluster-autoscaler did with its deletion taint (value `cluster-autoscaler`), and
+/// when this service added the LB-exclusion label, so an abandoned drain restores
+/// exactly the state from before the scale-in.
 const CORDONED_BY_US: &str = "ca-asg-provider.io/cordoned";
 const LB_LABEL_BY_US: &str = "ca-asg-provider.io/lb-excluded";
 pub const LB_EXCLUDE_LABEL: &str = "node.kubernetes.io/exclude-from-external-load-balancers";
@@ -103,8 +105,8 @@ pub async fn cordon(
             GROUP_ANNOTATION: group,
             RECORD_ANNOTATION: record.to_json(),
         });
-        if spec.unschedulable != Some(true) {
-            ann[CORDONED_BY_US] = json!("true");
+        if let Some(by) = cordon_owner(&spec) {
+            ann[CORDONED_BY_US] = json!(by);
         }
         if !labels.contains_key(LB_EXCLUDE_LABEL) {
             ann[LB_LABEL_BY_US] = json!("true");
@@ -120,6 +122,23 @@ pub async fn cordon(
     })
     .await?;
     Ok(marked.unwrap_or(Cordoned::NodeGone))
+}
+
+/// Who the cordon this drain starts from belongs to, when it is one a give-back must
+/// undo: this service's own (the Node was schedulable), or cluster-autoscaler's
+/// (>= 1.34 cordons with its `ToBeDeletedByClusterAutoscaler` taint before
+/// DeleteNodes, and its own cleanup uncordons with the taint). `None`: the Node was
+/// cordoned by someone else (a person, another tool), and stays cordoned.
+fn cordon_owner(spec: &k8s_openapi::api::core::v1::NodeSpec) -> Option<&'static str> {
+    if spec.unschedulable != Some(true) {
+        return Some("true");
+    }
+    let ca_marked = spec
+        .taints
+        .iter()
+        .flatten()
+        .any(|t| t.key == CA_TO_BE_DELETED_TAINT);
+    ca_marked.then_some("cluster-autoscaler")
 }
 
 /// What a read-modify-write of a Node decided from the Node as read.
