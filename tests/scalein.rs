@@ -422,16 +422,49 @@ async fn deadline_proceed_ends_the_instance_with_the_blocked_pod() {
     support::rbac::assert_rbac_covers(&w.sim);
 }
 
+/// CA 1.31 to 1.33 taint the node they delete; 1.34 and later also cordon it
+/// (`--cordon-node-before-terminating`, default true from 1.34.0), and their cleanup
+/// undoes both. Either way an abandoned drain hands the node back schedulable.
 #[tokio::test]
 async fn deadline_abandon_gives_the_node_back() {
+    abandon_gives_the_node_back(false).await;
+}
+
+#[tokio::test]
+async fn deadline_abandon_gives_back_a_node_ca_cordoned() {
+    abandon_gives_the_node_back(true).await;
+}
+
+/// A node a person cordoned before CA chose it (no CA taint with the cordon) stays
+/// cordoned when the drain is abandoned: only the scale-in's own marks go.
+#[tokio::test]
+async fn deadline_abandon_keeps_a_cordon_that_was_not_the_scale_ins() {
     let (mut w, node, iid) = blocked_world(DeadlinePolicy::Abandon).await;
-    // CA taints the node it is deleting before it calls DeleteNodes.
+    set_unschedulable(&w, &node, true).await;
+    delete_nodes(&mut w, "web", &[(node.clone(), iid.clone())]).await;
+    assert!(matches!(
+        w.engine.wait_for(&iid).await,
+        Some(Outcome::Abandoned(_))
+    ));
+    let n = w.sim.get::<Node>("", &node).unwrap();
+    assert_eq!(
+        n["spec"]["unschedulable"], true,
+        "the person's cordon stays"
+    );
+    assert!(n["metadata"]["annotations"][scalein::cordon::STARTED_ANNOTATION].is_null());
+}
+
+async fn abandon_gives_the_node_back(ca_cordons: bool) {
+    let (mut w, node, iid) = blocked_world(DeadlinePolicy::Abandon).await;
+    // CA marks the node it is deleting before it calls DeleteNodes.
     let nodes: kube::Api<Node> = kube::Api::all(w.sim.client());
     nodes
         .patch(
             &node,
             &kube::api::PatchParams::default(),
-            &kube::api::Patch::Merge(serde_json::json!({"spec": {"taints": [
+            &kube::api::Patch::Merge(serde_json::json!({"spec": {
+                "unschedulable": if ca_cordons { Some(true) } else { None },
+                "taints": [
                 {"key": scalein::cordon::CA_TO_BE_DELETED_TAINT, "value": "1700000000", "effect": "NoSchedule"},
                 {"key": "dedicated", "value": "web", "effect": "NoSchedule"},
             ]}})),
@@ -745,4 +778,87 @@ async fn an_unready_pod_leaves_when_its_budget_always_allows_unhealthy_evictions
         .audit()
         .iter()
         .any(|a| a.verb == "evicted" && a.name == "crash-a"));
+}
+
+/// CA 1.36's `safe-to-evict: "on-completion"`: a pod that must run to its end is
+/// never evicted; the drain waits for it to finish, then the DaemonSet pods go, then
+/// the instance ends.
+#[tokio::test]
+async fn a_pod_that_runs_to_completion_is_waited_for_not_evicted() {
+    let mut w = world(
+        vec![MemoryGroup::new("web", 0, 3, 1, "m5.large")],
+        fast_settings(),
+        Duration::from_millis(50),
+    )
+    .await;
+    let (node, iid) = nodes_of(&w, "web").remove(0);
+    w.sim
+        .create(&fixtures::daemonset("logging", "fluentd", 0.05, false))
+        .unwrap();
+    let mut job = fixtures::pod("batch", "job", &node, "job", 0.0);
+    job.metadata
+        .annotations
+        .get_or_insert_with(Default::default)
+        .insert(
+            scalein::plan::SAFE_TO_EVICT.into(),
+            scalein::plan::ON_COMPLETION.into(),
+        );
+    w.sim.create(&job).unwrap();
+    w.sim
+        .create(&fixtures::pod("shop", "app", &node, "app", 0.1))
+        .unwrap();
+    eventually("the pods ready", 10, || {
+        ["job", "app"].iter().all(|n| {
+            w.sim.list::<Pod>().iter().any(|p| {
+                p["metadata"]["name"] == *n && p["status"]["conditions"][0]["status"] == "True"
+            })
+        }) && w
+            .sim
+            .list::<Pod>()
+            .iter()
+            .any(|p| p["metadata"]["namespace"] == "logging")
+    })
+    .await;
+    delete_nodes(&mut w, "web", &[(node.clone(), iid.clone())]).await;
+    eventually("the app evicted and the wait said", 10, || {
+        w.sim.get::<Pod>("shop", "app").is_none()
+            && events(&w.sim)
+                .iter()
+                .any(|(r, n)| r == "WaitingForCompletion" && n.contains("batch/job"))
+    })
+    .await;
+    // The job runs on; nothing asks it or the log shipper to leave meanwhile.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    let asked = |name: &str| {
+        w.sim
+            .audit()
+            .iter()
+            .filter(|a| {
+                a.name.starts_with(name) && (a.verb == "evicted" || a.verb == "deletion-started")
+            })
+            .count()
+    };
+    assert_eq!(asked("job"), 0, "the job was asked to leave");
+    assert_eq!(
+        asked("fluentd"),
+        0,
+        "the log shipper left before the job ended"
+    );
+    assert!(
+        in_service(&w.cloud, &iid),
+        "the instance ended under the job"
+    );
+    // The job finishes: the drain goes on, DaemonSet pods last.
+    let pods: kube::Api<Pod> = kube::Api::namespaced(w.sim.client(), "batch");
+    pods.patch_status(
+        "job",
+        &kube::api::PatchParams::default(),
+        &kube::api::Patch::Merge(serde_json::json!({"status": {"phase": "Succeeded"}})),
+    )
+    .await
+    .unwrap();
+    assert_eq!(w.engine.wait_for(&iid).await, Some(Outcome::Ended));
+    assert_eq!(asked("job"), 0, "the job was never asked to leave");
+    assert!(asked("fluentd") >= 1, "the log shipper went last");
+    support::rbac::assert_rbac_covers(&w.sim);
 }

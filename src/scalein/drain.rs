@@ -933,6 +933,20 @@ async fn phase(
         }
         let step = plan::next_step_with(&current, which, &engine.settings.node_critical);
         let Some(tier) = step.tier else { return Ok(()) };
+        if tier == Tier::OnCompletion {
+            let new: Vec<String> = step
+                .wait
+                .iter()
+                .filter(|p| told.insert(format!("completion:{}", p.uid)))
+                .map(|p| p.to_string())
+                .collect();
+            if !new.is_empty() {
+                engine
+                    .events
+                    .node(node, Reason::WaitingForCompletion, format!("waiting for pods that run to completion (cluster-autoscaler.kubernetes.io/safe-to-evict: on-completion) to finish: {}; nothing is evicted, and the workload deadline's policy applies if they are still running then", new.join(", ")))
+                    .await;
+            }
+        }
         if tier == Tier::DoNotDisrupt && !step.evict.is_empty() {
             let names: Vec<String> = step.evict.iter().map(|p| p.to_string()).collect();
             engine

@@ -39,6 +39,11 @@ pub enum Reason {
     DrainStarted,
     EvictionBlocked,
     EvictingDoNotDisrupt,
+    /// Pods that run to completion (`safe-to-evict: "on-completion"`) are waited for.
+    WaitingForCompletion,
+    /// CA scales in a node of a group some of whose autoscaling-options tags could
+    /// not be used: CA decided with its defaults for those.
+    OptionTagsIgnored,
     WorkloadsGone,
     DaemonSetsGone,
     VolumesDetached,
@@ -69,6 +74,8 @@ impl Reason {
             Reason::DrainStarted => "DrainStarted",
             Reason::EvictionBlocked => "EvictionBlocked",
             Reason::EvictingDoNotDisrupt => "EvictingDoNotDisrupt",
+            Reason::WaitingForCompletion => "WaitingForCompletion",
+            Reason::OptionTagsIgnored => "OptionTagsIgnored",
             Reason::WorkloadsGone => "WorkloadsGone",
             Reason::DaemonSetsGone => "DaemonSetsGone",
             Reason::VolumesDetached => "VolumesDetached",
@@ -96,6 +103,7 @@ impl Reason {
                 | Reason::DrainAbandoned
                 | Reason::DrainFailed
                 | Reason::EvictingDoNotDisrupt
+                | Reason::OptionTagsIgnored
                 | Reason::HeartbeatFailed
                 | Reason::PodNotWaitedFor
                 | Reason::DaemonSetEvictedEarly

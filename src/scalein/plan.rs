@@ -3,8 +3,11 @@
 //! Phase 1 takes every workload pod (not DaemonSet-owned, not a mirror pod), in
 //! tiers like Karpenter's: non-critical first, then critical (system-cluster-critical
 //! / system-node-critical priority classes), then pods that asked not to be disrupted
-//! (evicted last, with an Event saying why: the instance is ending anyway). Phase 2
-//! takes DaemonSet pods, non-critical before critical, only after phase 1 is empty.
+//! (evicted last, with an Event saying why: the instance is ending anyway). Pods that
+//! asked to run to completion (CA 1.36's `safe-to-evict: "on-completion"`) are not
+//! evicted: the drain waits for them to finish, bounded by the workload deadline.
+//! Phase 2 takes DaemonSet pods, non-critical before critical, only after phase 1 is
+//! empty.
 
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::jiff::{SignedDuration, Timestamp};
@@ -12,6 +15,9 @@ use k8s_openapi::jiff::{SignedDuration, Timestamp};
 pub const MIRROR_ANNOTATION: &str = "kubernetes.io/config.mirror";
 pub const SAFE_TO_EVICT: &str = "cluster-autoscaler.kubernetes.io/safe-to-evict";
 pub const DO_NOT_DISRUPT: &str = "karpenter.sh/do-not-disrupt";
+/// CA 1.36's value of [`SAFE_TO_EVICT`] for a pod that must run to its end (a Job's
+/// pod): CA does not scale in its node while it runs.
+pub const ON_COMPLETION: &str = "on-completion";
 const CRITICAL_CLASSES: [&str; 2] = ["system-cluster-critical", "system-node-critical"];
 
 /// A pod as the drain tracks it.
@@ -34,6 +40,9 @@ impl std::fmt::Display for PodRef {
 pub enum Tier {
     Workload,
     CriticalWorkload,
+    /// `safe-to-evict: "on-completion"`: never evicted; waited for until it finishes
+    /// (or the workload deadline's policy decides).
+    OnCompletion,
     DoNotDisrupt,
     DaemonSet,
     CriticalDaemonSet,
@@ -48,6 +57,7 @@ impl Tier {
         match self {
             Tier::Workload => "workload",
             Tier::CriticalWorkload => "critical-workload",
+            Tier::OnCompletion => "on-completion",
             Tier::DoNotDisrupt => "do-not-disrupt",
             Tier::DaemonSet => "daemonset",
             Tier::CriticalDaemonSet => "critical-daemonset",
@@ -115,8 +125,13 @@ pub fn classify(pod: &Pod) -> Disposition {
     classify_with(pod, &NodeCritical::default())
 }
 
-/// [`classify`] with the configured node-critical DaemonSets.
+/// [`classify`] with the configured node-critical DaemonSets, at the clock's time.
 pub fn classify_with(pod: &Pod, node_critical: &NodeCritical) -> Disposition {
+    classify_at(pod, node_critical, Timestamp::now())
+}
+
+/// [`classify_with`] at `now` (a `karpenter.sh/do-not-disrupt` duration ends).
+pub fn classify_at(pod: &Pod, node_critical: &NodeCritical, now: Timestamp) -> Disposition {
     let meta = &pod.metadata;
     let annotations = meta.annotations.as_ref();
     if annotations.is_some_and(|a| a.contains_key(MIRROR_ANNOTATION)) {
@@ -126,15 +141,16 @@ pub fn classify_with(pod: &Pod, node_critical: &NodeCritical) -> Disposition {
     if matches!(phase, Some("Succeeded") | Some("Failed")) {
         return Disposition::Skip("pod has finished");
     }
-    let tier = tier_of(pod, node_critical);
-    if meta.deletion_timestamp.is_some() {
+    let tier = tier_of(pod, node_critical, now);
+    // Nothing is sent to a pod that runs to completion: the drain waits for it.
+    if meta.deletion_timestamp.is_some() || tier == Tier::OnCompletion {
         Disposition::Wait(tier)
     } else {
         Disposition::Evict(tier)
     }
 }
 
-fn tier_of(pod: &Pod, node_critical: &NodeCritical) -> Tier {
+fn tier_of(pod: &Pod, node_critical: &NodeCritical, now: Timestamp) -> Tier {
     let critical = pod
         .spec
         .as_ref()
@@ -147,7 +163,10 @@ fn tier_of(pod: &Pod, node_critical: &NodeCritical) -> Tier {
             Tier::DaemonSet
         };
     }
-    if asks_not_to_be_disrupted(pod) {
+    if runs_to_completion(pod) {
+        return Tier::OnCompletion;
+    }
+    if asks_not_to_be_disrupted_at(pod, now) {
         return Tier::DoNotDisrupt;
     }
     if critical {
@@ -164,13 +183,80 @@ pub fn is_daemonset_pod(pod: &Pod) -> bool {
     })
 }
 
-/// `safe-to-evict: "false"` (CA) or `karpenter.sh/do-not-disrupt: "true"`.
+/// `safe-to-evict: "false"` (CA) or `karpenter.sh/do-not-disrupt: "true"`, or a
+/// do-not-disrupt duration still running, at the clock's time.
 pub fn asks_not_to_be_disrupted(pod: &Pod) -> bool {
+    asks_not_to_be_disrupted_at(pod, Timestamp::now())
+}
+
+/// Longest `karpenter.sh/do-not-disrupt` duration read; a longer one reads as `true`.
+const MAX_DO_NOT_DISRUPT: std::time::Duration = std::time::Duration::from_secs(10 * 365 * 86400);
+
+/// What a `karpenter.sh/do-not-disrupt` value asks for. Karpenter reads `"true"`, or a
+/// duration (`"30m"`) counted from the pod's start after which the protection ends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DoNotDisrupt {
+    /// Not set, `"false"`, or unreadable (the value is named in the log by the caller).
+    No,
+    Always,
+    For(std::time::Duration),
+}
+
+/// Reads a `karpenter.sh/do-not-disrupt` value, bounded: `"true"` (any case), or a
+/// Go duration up to ten years; anything else does not protect the pod.
+pub fn parse_do_not_disrupt(v: &str) -> DoNotDisrupt {
+    let v = v.trim();
+    if v.eq_ignore_ascii_case("true") {
+        return DoNotDisrupt::Always;
+    }
+    if v.len() > 64 {
+        return DoNotDisrupt::No;
+    }
+    match crate::duration::parse_duration(v) {
+        Ok(d) if d > MAX_DO_NOT_DISRUPT => DoNotDisrupt::Always,
+        Ok(d) => DoNotDisrupt::For(d),
+        Err(_) => DoNotDisrupt::No,
+    }
+}
+
+/// [`asks_not_to_be_disrupted`] at `now`: a duration protects the pod until its start
+/// (`status.startTime`, else its creation) plus the duration.
+pub fn asks_not_to_be_disrupted_at(pod: &Pod, now: Timestamp) -> bool {
     let Some(a) = pod.metadata.annotations.as_ref() else {
         return false;
     };
-    a.get(SAFE_TO_EVICT).is_some_and(|v| v == "false")
-        || a.get(DO_NOT_DISRUPT).is_some_and(|v| v == "true")
+    if a.get(SAFE_TO_EVICT).is_some_and(|v| v == "false") {
+        return true;
+    }
+    match a.get(DO_NOT_DISRUPT).map(|v| parse_do_not_disrupt(v)) {
+        None | Some(DoNotDisrupt::No) => false,
+        Some(DoNotDisrupt::Always) => true,
+        Some(DoNotDisrupt::For(d)) => {
+            let started = pod
+                .status
+                .as_ref()
+                .and_then(|s| s.start_time.as_ref())
+                .or(pod.metadata.creation_timestamp.as_ref());
+            let Some(started) = started else {
+                return true;
+            };
+            let d = SignedDuration::try_from(d).unwrap_or(SignedDuration::MAX);
+            match started.0.checked_add(d) {
+                Ok(until) => now < until,
+                Err(_) => true,
+            }
+        }
+    }
+}
+
+/// CA 1.36's `safe-to-evict: "on-completion"`: the pod runs until it finishes; the
+/// drain never evicts it and waits for it, bounded by the workload deadline.
+pub fn runs_to_completion(pod: &Pod) -> bool {
+    pod.metadata
+        .annotations
+        .as_ref()
+        .and_then(|a| a.get(SAFE_TO_EVICT))
+        .is_some_and(|v| v.trim() == ON_COMPLETION)
 }
 
 /// Does the pod tolerate a taint (key, value, effect), by Kubernetes' rules: an
@@ -427,6 +513,7 @@ mod tests {
         let tiers = [
             Tier::Workload,
             Tier::CriticalWorkload,
+            Tier::OnCompletion,
             Tier::DoNotDisrupt,
             Tier::DaemonSet,
             Tier::CriticalDaemonSet,
@@ -436,6 +523,7 @@ mod tests {
             [
                 "workload",
                 "critical-workload",
+                "on-completion",
                 "do-not-disrupt",
                 "daemonset",
                 "critical-daemonset"
@@ -509,6 +597,86 @@ mod tests {
 
     fn names(v: &[PodRef]) -> Vec<&str> {
         v.iter().map(|p| p.name.as_str()).collect()
+    }
+
+    #[test]
+    fn a_pod_that_runs_to_completion_is_waited_for_never_evicted() {
+        let job = annotate(pod("a"), SAFE_TO_EVICT, ON_COMPLETION);
+        assert_eq!(classify(&job), Disposition::Wait(Tier::OnCompletion));
+        // A DaemonSet pod stays in its phase whatever it says.
+        assert_eq!(
+            classify(&ds(annotate(pod("a"), SAFE_TO_EVICT, ON_COMPLETION))),
+            Disposition::Evict(Tier::DaemonSet)
+        );
+        // Finished, it is skipped like any finished pod: the drain goes on.
+        let mut done = job.clone();
+        done.status.as_mut().unwrap().phase = Some("Succeeded".into());
+        assert!(matches!(classify(&done), Disposition::Skip(_)));
+        // Among workloads it comes after the others and before do-not-disrupt pods;
+        // nothing is evicted in its tier, its pods are only waited for.
+        let pods = vec![
+            job.clone(),
+            annotate(pod("b"), DO_NOT_DISRUPT, "true"),
+            pod("c"),
+        ];
+        let first = next_step(&pods, Phase::Workloads);
+        assert_eq!(first.tier, Some(Tier::Workload));
+        let step = next_step(&pods[..2], Phase::Workloads);
+        assert_eq!(step.tier, Some(Tier::OnCompletion));
+        assert!(step.evict.is_empty(), "{step:?}");
+        assert_eq!(names(&step.wait), ["a"]);
+        // Other values are not CA's run-to-completion.
+        for v in ["true", "On-Completion ", "oncompletion", ""] {
+            assert_ne!(
+                classify(&annotate(pod("a"), SAFE_TO_EVICT, v)),
+                Disposition::Wait(Tier::OnCompletion),
+                "{v:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn do_not_disrupt_takes_true_or_a_duration_from_the_pod_start() {
+        assert_eq!(parse_do_not_disrupt("true"), DoNotDisrupt::Always);
+        assert_eq!(parse_do_not_disrupt(" TRUE "), DoNotDisrupt::Always);
+        assert_eq!(
+            parse_do_not_disrupt("30m"),
+            DoNotDisrupt::For(std::time::Duration::from_secs(1800))
+        );
+        assert_eq!(
+            parse_do_not_disrupt("87600h"),
+            DoNotDisrupt::For(MAX_DO_NOT_DISRUPT)
+        );
+        for v in ["false", "", "-5m", "5", "soon", &"9".repeat(100)] {
+            assert_eq!(parse_do_not_disrupt(v), DoNotDisrupt::No, "{v:?}");
+        }
+        let start: Timestamp = "2026-11-25T10:00:00Z".parse().unwrap();
+        let mut p = annotate(pod("a"), DO_NOT_DISRUPT, "30m");
+        p.status.as_mut().unwrap().start_time =
+            Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(start));
+        let at = |mins: i64| start.checked_add(SignedDuration::from_mins(mins)).unwrap();
+        let nc = NodeCritical::default();
+        assert_eq!(
+            classify_at(&p, &nc, at(29)),
+            Disposition::Evict(Tier::DoNotDisrupt)
+        );
+        assert_eq!(
+            classify_at(&p, &nc, at(30)),
+            Disposition::Evict(Tier::Workload)
+        );
+        // No start time yet, no creation time: protected (fail closed on ordering).
+        p.status.as_mut().unwrap().start_time = None;
+        assert_eq!(
+            classify_at(&p, &nc, at(600)),
+            Disposition::Evict(Tier::DoNotDisrupt)
+        );
+        // The creation time stands in for a start time not yet written.
+        p.metadata.creation_timestamp =
+            Some(k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(start));
+        assert_eq!(
+            classify_at(&p, &nc, at(31)),
+            Disposition::Evict(Tier::Workload)
+        );
     }
 
     #[test]
