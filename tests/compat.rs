@@ -109,12 +109,26 @@ async fn server_with(
             MemoryGroup::new("plain", 0, 4, 0, "m5.large").tag(
                 "k8s.io/cluster-autoscaler/node-template/autoscaling-options/maxnodestartuptime",
                 "20m",
-            )],
+            ),
+            // One option tag CA can use, one malformed, one unknown.
+            MemoryGroup::new("mixed", 0, 4, 0, "m5.large")
+                .tag(
+                    "k8s.io/cluster-autoscaler/node-template/autoscaling-options/scaledownunneededtime",
+                    "20m",
+                )
+                .tag(
+                    "k8s.io/cluster-autoscaler/node-template/autoscaling-options/scaledownutilizationthreshold",
+                    "half",
+                )
+                .tag(
+                    "k8s.io/cluster-autoscaler/node-template/autoscaling-options/scaledownfaster",
+                    "yes",
+                )],
         MemoryTiming::default(),
     );
     let settings = ProviderSettings {
         selector: GroupSelector {
-            names: vec!["gpu".into(), "plain".into()],
+            names: vec!["gpu".into(), "plain".into(), "mixed".into()],
             tag_sets: vec![],
         },
         options_without_startup_time: policy,
@@ -307,8 +321,10 @@ async fn a_group_without_usable_option_tags_leaves_every_ca_its_defaults() {
     }
 }
 
-/// Defaults CA could never have sent (NaN threshold) are refused, naming the field,
-/// instead of being echoed back.
+/// Defaults CA could never have sent (NaN threshold) are not echoed back; and since
+/// any error but Unimplemented makes CA skip the deletion of the node it asked about
+/// (every version 1.31 to master), the answer is Unimplemented (CA keeps its own
+/// defaults), naming the field.
 #[tokio::test]
 async fn out_of_range_values_are_refused_by_field() {
     let mut ca = server().await;
@@ -321,7 +337,7 @@ async fn out_of_range_values_are_refused_by_field() {
     .encode_to_vec();
     let req = proto::NodeGroupAutoscalingOptionsRequest::decode(body.as_slice()).unwrap();
     let e = ca.node_group_get_options(req).await.unwrap_err();
-    assert_eq!(e.code(), tonic::Code::InvalidArgument);
+    assert_eq!(e.code(), tonic::Code::Unimplemented, "{e:?}");
     assert!(
         e.message().contains("scaleDownUtilizationThreshold"),
         "{}",
@@ -450,4 +466,47 @@ async fn ca_135_gets_the_tags_when_configured_to_answer() {
     assert_eq!(out.scale_down_unneeded_duration.unwrap().seconds, 1200);
     assert_eq!(startup_time_count("gpu", "answer") - before, 1);
     assert!(p.startup_time_told("gpu"));
+}
+
+/// A group with a malformed option tag still scales down: CA 1.31 to master skip the
+/// deletion of a node whose GetOptions answers any error but Unimplemented, so the
+/// usable tags are answered, CA's defaults stand in for the rest, and the metric
+/// `node_group_option_tags_unusable` counts what was left out.
+#[tokio::test]
+async fn a_malformed_option_tag_never_blocks_scale_down() {
+    let (mut ca, p) = server_with(OptionsWithoutStartupTime::default()).await;
+    let body = Ca131OptionsRequest {
+        id: "mixed".into(),
+        defaults: Some(ten_minutes_131()),
+    }
+    .encode_to_vec();
+    let out = Ca131Options::decode(raw_get_options(&mut ca, body).await.as_slice()).unwrap();
+    assert_eq!(
+        out.scale_down_unneeded_time.unwrap().duration,
+        1_200_000_000_000,
+        "the usable tag applies"
+    );
+    assert_eq!(
+        out.scale_down_utilization_threshold, 0.5,
+        "CA's default for the bad one"
+    );
+    // CA >= 1.35 gets Unimplemented for a tagged group by default: also not an error
+    // that blocks a deletion.
+    let req = proto::NodeGroupAutoscalingOptionsRequest::decode(ca_135_request("mixed").as_slice())
+        .unwrap();
+    match ca.node_group_get_options(req).await {
+        Ok(_) => {}
+        Err(e) => assert_eq!(e.code(), tonic::Code::Unimplemented, "{e:?}"),
+    }
+    // What the operations port does at each scrape.
+    ca_asg_provider::telemetry::http::Status::before_scrape(p.as_ref());
+    let text = ca_asg_provider::telemetry::metrics::metrics().encode();
+    let line = text
+        .lines()
+        .find(|l| {
+            l.starts_with("ca_asg_provider_node_group_option_tags_unusable{")
+                && l.contains("node_group=\"mixed\"")
+        })
+        .unwrap_or_else(|| panic!("no unusable-tags series for mixed:\n{text}"));
+    assert!(line.ends_with(" 2"), "{line}");
 }

@@ -290,6 +290,8 @@ pub struct Provider {
     writes: AtomicU64,
     /// Option-tagged groups already warned about a CA without MaxNodeStartupTime.
     told_startup_time: Mutex<HashSet<String>>,
+    /// The unusable autoscaling-options tags last logged per group.
+    told_option_tags: Mutex<HashMap<String, Vec<String>>>,
     pub stats: ProviderStats,
 }
 
@@ -315,6 +317,7 @@ impl Provider {
             scale_in: RwLock::new(scale_in),
             writes: AtomicU64::new(0),
             told_startup_time: Mutex::new(HashSet::new()),
+            told_option_tags: Mutex::new(HashMap::new()),
             stats: ProviderStats::default(),
         })
     }
@@ -748,13 +751,19 @@ impl Provider {
         defaults: &options::AutoscalingOptions,
         ca_lacks_startup_time: bool,
     ) -> Result<options::AutoscalingOptions, ProviderError> {
-        let overlay = self.with_group(id, |g| {
-            let o = options::overlay_from_tags(defaults, &g.asg.tags);
-            for w in &o.warnings {
-                tracing::debug!(group = %g.asg.name, "{w}");
+        let overlay = self.with_group(id, |g| options::overlay_from_tags(defaults, &g.asg.tags))?;
+        // Unusable tags are said once per group and set of tags (the metric
+        // node_group_option_tags_unusable and check-config say it all the time);
+        // the rest of the group's options are answered.
+        if !overlay.warnings.is_empty() {
+            let mut told = self.told_option_tags.lock();
+            if told.get(id) != Some(&overlay.warnings) {
+                for w in &overlay.warnings {
+                    tracing::warn!(group = id, "{w}");
+                }
+                told.insert(id.to_string(), overlay.warnings.clone());
             }
-            o
-        })?;
+        }
         // Any answer replaces CA's whole options struct, and fields the protocol does
         // not carry come back as zero (CA 1.35+: MaxNodeStartupTime = 0; CA 1.31/1.32:
         // the DaemonSet-utilization and zero-or-max settings off). A group with no
@@ -764,7 +773,18 @@ impl Provider {
                 "node group {id} has no autoscaling-options tags; CA's defaults apply"
             )));
         }
-        options::validate(&overlay.options).map_err(ProviderError::InvalidArgument)?;
+        // Any error but Unimplemented makes CA skip the deletion of the node it asked
+        // for (every version 1.31 to master): options that cannot be answered leave
+        // CA on its own defaults instead of blocking the group's scale-down.
+        if let Err(e) = options::validate(&overlay.options) {
+            tracing::warn!(
+                group = id,
+                "autoscaling options not answered: {e}; CA's defaults apply"
+            );
+            return Err(ProviderError::Unimplemented(format!(
+                "node group {id}: {e}; CA's defaults apply"
+            )));
+        }
         if ca_lacks_startup_time {
             let policy = self.settings.options_without_startup_time;
             crate::telemetry::metrics::metrics().options_without_startup_time(id, policy.as_str());

@@ -42,6 +42,7 @@ impl Status for Provider {
                 m.group_instances.remove(&l);
                 m.group_target.remove(&l);
                 m.group_failed_below_min.remove(&l);
+                m.group_option_tags_unusable.remove(&l);
             }
             *shown = now;
         }
@@ -57,6 +58,15 @@ impl Status for Provider {
             if let Ok(t) = self.target_size(&g.asg.name) {
                 m.group_target.get_or_create(&l).set(i64::from(t));
             }
+            let unusable = super::options::overlay_from_tags(
+                &super::options::AutoscalingOptions::ca_defaults(),
+                &g.asg.tags,
+            )
+            .warnings
+            .len();
+            m.group_option_tags_unusable
+                .get_or_create(&l)
+                .set(unusable as i64);
             if let Ok(n) = self.failed_below_min(&g.asg.name) {
                 m.group_failed_below_min.get_or_create(&l).set(i64::from(n));
             }

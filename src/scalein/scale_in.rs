@@ -48,6 +48,9 @@ impl ScaleIn for DrainScaleIn {
                 }
             },
         };
+        if let Some(node) = node.as_deref() {
+            option_tags_ignored(engine, group, node).await;
+        }
         if leader {
             let reasons = vec![ca_reason(&mode)];
             engine.start(DrainRequest {
@@ -138,4 +141,30 @@ async fn mark_for_drain(
         "the Node of instance {} kept disappearing while being marked for drain",
         instance.id
     )))
+}
+
+/// Says on the Node CA scales in which of its group's autoscaling-options tags CA
+/// could not be given (the decision was made with CA's defaults for them).
+async fn option_tags_ignored(engine: &Engine, group: &Group, node: &str) {
+    let unusable = crate::provider::options::overlay_from_tags(
+        &crate::provider::options::AutoscalingOptions::ca_defaults(),
+        &group.asg.tags,
+    )
+    .warnings;
+    if unusable.is_empty() {
+        return;
+    }
+    engine
+        .events
+        .node(
+            node,
+            super::events::Reason::OptionTagsIgnored,
+            format!(
+                "node group {}: cluster-autoscaler decided with its own defaults for {} autoscaling-options tag(s) it could not be given: {}",
+                group.asg.name,
+                unusable.len(),
+                unusable.join("; ")
+            ),
+        )
+        .await;
 }

@@ -100,6 +100,7 @@ pub struct Metrics {
     pub group_target: Family<GroupLabels, Gauge>,
     pub group_instances: Family<GroupLabels, Gauge>,
     pub group_failed_below_min: Family<GroupLabels, Gauge>,
+    pub group_option_tags_unusable: Family<GroupLabels, Gauge>,
     pub options_without_startup_time: Family<GroupAnswerLabels, Counter>,
     pub drains_started: Counter,
     pub drains_finished: Family<OutcomeLabels, Counter>,
@@ -194,6 +195,7 @@ impl Metrics {
             group_target: Family::default(),
             group_instances: Family::default(),
             group_failed_below_min: Family::default(),
+            group_option_tags_unusable: Family::default(),
             options_without_startup_time: Family::default(),
             drains_started: Counter::default(),
             drains_finished: Family::default(),
@@ -270,6 +272,11 @@ impl Metrics {
             "node_group_failed_below_min",
             "Instances that keep the node group at its ASG MinSize and recently failed to launch; CA sees them as unregistered nodes and only warns \"min size reached\", so alert on this",
             m.group_failed_below_min.clone(),
+        );
+        r.register(
+            "node_group_option_tags_unusable",
+            "autoscaling-options tags of the node group that cannot be used (unknown option, unreadable value, or an option no CA carries over externalgrpc); the rest of the group's options are still answered, and check-config names each tag",
+            m.group_option_tags_unusable.clone(),
         );
         r.register(
             "options_without_startup_time",
