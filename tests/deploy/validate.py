@@ -780,7 +780,7 @@ def quickstart_sed_errors(env):
             f"cluster-autoscaler:{v['CA_VERSION']}"]
     errs = [f"my-values.yaml from the quickstart's sed renders without {w!r}" for w in want if w not in out.stdout]
     errs += [f"my-values.yaml from the quickstart's sed still holds the example's {x!r}"
-             for x in ("111122223333", "eu-west-1", "my-cluster", "v1.34.0") if x in text]
+             for x in ("111122223333", "eu-west-1", "my-cluster", "v1.34.5") if x in text]
     return errs
 
 
