@@ -12,6 +12,7 @@ use crate::proto::cloud_provider_server::CloudProviderServer;
 use crate::provider::Provider;
 use crate::telemetry::metrics::{metrics, Metrics};
 
+pub mod deadline;
 pub mod door;
 pub mod metered;
 pub mod options;

@@ -209,11 +209,19 @@ impl CloudProvider for CloudProviderService {
         &self,
         req: Request<proto::NodeGroupDeleteNodesRequest>,
     ) -> Result<Response<proto::NodeGroupDeleteNodesResponse>, Status> {
+        // What is left of CA's deadline, not a fixed bound: the answer is back in time
+        // whatever CA's grpc_timeout is.
+        let sent = req
+            .metadata()
+            .get(super::deadline::HEADER)
+            .and_then(|v| v.to_str().ok())
+            .and_then(super::deadline::parse);
+        let bound = super::deadline::answer_within(sent, self.provider.delete_nodes_bound());
         let r = req.into_inner();
         require_id(&r.id)?;
         let nodes: Vec<NodeRef> = r.nodes.iter().map(node_ref).collect();
         self.provider
-            .delete_nodes(&r.id, &nodes)
+            .delete_nodes_within(&r.id, &nodes, bound)
             .await
             .map_err(status)?;
         Ok(Response::new(proto::NodeGroupDeleteNodesResponse {}))

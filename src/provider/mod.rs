@@ -17,6 +17,7 @@ use parking_lot::{Mutex, RwLock};
 
 use crate::cloud::{AsgInstance, Cloud, CloudError, GroupSelector, LaunchFailure};
 
+mod delete;
 pub mod instances;
 pub mod options;
 pub mod provider_id;
@@ -32,7 +33,7 @@ pub use registry::{Bounds, Group, Registry};
 use template::TemplateOverrides;
 
 /// Errors the core returns; the gRPC layer maps each to a status code.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum ProviderError {
     #[error("node group {} is not managed by this provider", echo(.0))]
     UnknownGroup(String),
@@ -292,6 +293,10 @@ pub struct Provider {
     told_startup_time: Mutex<HashSet<String>>,
     /// The unusable autoscaling-options tags last logged per group.
     told_option_tags: Mutex<HashMap<String, Vec<String>>>,
+    /// DeleteNodes calls waiting, per group, for the batch that records them
+    /// ([`delete`]): calls that arrive while another holds the size lock are recorded
+    /// together, with one read of the group, instead of one after another.
+    delete_batches: Mutex<HashMap<String, Vec<delete::DeleteCall>>>,
     pub stats: ProviderStats,
 }
 
@@ -318,6 +323,7 @@ impl Provider {
             writes: AtomicU64::new(0),
             told_startup_time: Mutex::new(HashSet::new()),
             told_option_tags: Mutex::new(HashMap::new()),
+            delete_batches: Mutex::new(HashMap::new()),
             stats: ProviderStats::default(),
         })
     }
@@ -927,199 +933,6 @@ impl Provider {
         self.cloud.set_desired_capacity(id, desired).await?;
         self.overlay.lock().target.insert(id.to_string(), desired);
         Ok(())
-    }
-
-    /// Removes nodes from a group. Validates everything before touching anything:
-    /// every node must belong to the group, and the group must stay at or above its
-    /// minimum. Instances already on their way out are skipped (CA re-sends).
-    ///
-    /// Bounded by [`ProviderSettings::delete_nodes_bound`]: the removals are recorded
-    /// (the instance terminated into its hook, or the drain marked on its Node) side
-    /// by side, each as a task of its own, and the drains run behind them. When the
-    /// bound passes first the call fails: a recording still under way is not cut off
-    /// half-way; it finishes behind the answer and is honoured like any other.
-    pub async fn delete_nodes(
-        self: &Arc<Self>,
-        id: &str,
-        nodes: &[NodeRef],
-    ) -> Result<(), ProviderError> {
-        let bound = self.settings.delete_nodes_bound;
-        let deadline = tokio::time::Instant::now() + bound;
-        let tasks = match tokio::time::timeout_at(deadline, self.start_removals(id, nodes)).await
-        {
-            Ok(started) => started?,
-            Err(_) => {
-                return Err(ProviderError::Unavailable(format!(
-                    "DeleteNodes for node group {}: no answer from AWS or the Kubernetes API within {bound:?}; no instance was removed; retry",
-                    echo(id)
-                )))
-            }
-        };
-        let mut failed = None;
-        let mut late = Vec::new();
-        for (instance, mut task) in tasks {
-            match tokio::time::timeout_at(deadline, &mut task).await {
-                Ok(Ok(Ok(()))) => {}
-                Ok(Ok(Err(e))) => {
-                    failed.get_or_insert(e);
-                }
-                Ok(Err(e)) => {
-                    failed.get_or_insert(ProviderError::Unavailable(format!(
-                        "removing instance {instance}: {e}"
-                    )));
-                }
-                Err(_) => late.push(instance),
-            }
-        }
-        self.invalidate();
-        if let Some(e) = failed {
-            return Err(e);
-        }
-        if !late.is_empty() {
-            return Err(ProviderError::Unavailable(format!(
-                "DeleteNodes for node group {}: the removal of {} was not recorded within {bound:?} (AWS or the Kubernetes API is slow); it goes on and shows as deleting once recorded",
-                echo(id),
-                late.join(", ")
-            )));
-        }
-        Ok(())
-    }
-
-    /// DeleteNodes up to its removals: checks, placeholders, and one task per
-    /// instance to remove (holding the write lock until the last one is done).
-    async fn start_removals(
-        self: &Arc<Self>,
-        id: &str,
-        nodes: &[NodeRef],
-    ) -> Result<Vec<(String, tokio::task::JoinHandle<Result<(), ProviderError>>)>, ProviderError>
-    {
-        let ops = Arc::new(self.ops.clone().lock_owned().await);
-        self.require_drain_state()?;
-        let (reg, idx) = self.fresh_group(id).await?;
-        let g = &reg.groups[idx];
-        let mut real: Vec<(&AsgInstance, &str)> = Vec::new();
-        let mut placeholders = 0i32;
-        let mut seen = HashSet::new();
-        {
-            let ov = self.overlay.lock();
-            for n in nodes {
-                let pid = if n.provider_id.is_empty() {
-                    &n.name
-                } else {
-                    &n.provider_id
-                };
-                let iid = provider_id::instance_id(pid).ok_or_else(|| {
-                    ProviderError::InvalidArgument(format!(
-                        "node {}: providerID {} is not an AWS instance",
-                        echo(&n.name),
-                        echo(&n.provider_id)
-                    ))
-                })?;
-                if !seen.insert(iid.to_string()) {
-                    continue;
-                }
-                if instances::placeholder_group(iid).as_deref() == Some(g.asg.name.as_str()) {
-                    placeholders += 1;
-                    continue;
-                }
-                match g.asg.instances.iter().find(|i| i.id == iid) {
-                    Some(inst) if inst.state.is_terminating() || Self::is_deleting(&ov, iid) => {
-                        tracing::debug!(group = id, instance = iid, "already terminating; skipped");
-                    }
-                    Some(inst) => real.push((inst, n.name.as_str())),
-                    None => {
-                        let owner = reg
-                            .group_of_instance(iid)
-                            .map(|o| o.asg.name.clone())
-                            .or_else(|| ov.located.get(iid).map(|(g, _)| g.clone()));
-                        return Err(ProviderError::InvalidArgument(match owner {
-                            Some(o) => format!(
-                                "node {} (instance {iid}) belongs to node group {o}, not {id}",
-                                echo(&n.name)
-                            ),
-                            None => format!(
-                                "node {} (instance {iid}) is not in node group {id}",
-                                echo(&n.name)
-                            ),
-                        }));
-                    }
-                }
-            }
-        }
-        let (target, live, deferred) = {
-            let ov = self.overlay.lock();
-            (
-                Self::target_of(&ov, g),
-                Self::live_count(&ov, g),
-                Self::deferred_in(&ov, g),
-            )
-        };
-        // Placeholders beyond the unfulfilled capacity are already gone.
-        let placeholders = placeholders.min((target - live).max(0));
-        sizes::check_delete(id, target, g.min, placeholders + real.len() as i32)?;
-        if self.settings.dry_run {
-            let scale_in = self.scale_in.read().clone();
-            let mut would = Vec::new();
-            if placeholders > 0 {
-                would.push(format!(
-                    "would remove {placeholders} placeholder(s) (target {target} -> {})",
-                    target - placeholders
-                ));
-            }
-            for (inst, node_name) in &real {
-                let name = (!node_name.is_empty() && *node_name != inst.id).then_some(*node_name);
-                would.push(scale_in.preview(g, inst, name).await);
-            }
-            return Err(self.dry_run_refusal("DeleteNodes", would.join("; ")));
-        }
-        if placeholders > 0 {
-            let new = target - placeholders;
-            let desired = sizes::desired_for(id, new, deferred, g.asg.max_size)?;
-            tracing::info!(
-                group = id,
-                from = target,
-                to = new,
-                desired,
-                "removing {placeholders} placeholder(s)"
-            );
-            self.write_desired(id, desired).await?;
-        }
-        let scale_in = self.scale_in.read().clone();
-        let mut tasks = Vec::with_capacity(real.len());
-        for (inst, node_name) in real {
-            self.writes.fetch_add(1, Ordering::AcqRel);
-            let name =
-                (!node_name.is_empty() && node_name != inst.id).then(|| node_name.to_string());
-            let (me, reg, scale_in, inst, id, ops) = (
-                self.clone(),
-                reg.clone(),
-                scale_in.clone(),
-                inst.clone(),
-                id.to_string(),
-                ops.clone(),
-            );
-            let instance = inst.id.clone();
-            tasks.push((
-                instance,
-                tokio::spawn(async move {
-                    let _ops = ops;
-                    let g = &reg.groups[idx];
-                    match scale_in.remove(g, &inst, name.as_deref()).await? {
-                        Removal::Decremented => {
-                            let mut ov = me.overlay.lock();
-                            let desired = Self::desired_of(&ov, g);
-                            ov.target.insert(id.clone(), desired - 1);
-                            ov.deleting.insert(inst.id.clone());
-                        }
-                        Removal::Deferred => {
-                            me.register_deferred(&inst.id, &id);
-                        }
-                    }
-                    Ok(())
-                }),
-            ));
-        }
-        Ok(tasks)
     }
 
     /// CA's Cleanup: nothing a later call needs is stopped; background lookups and the

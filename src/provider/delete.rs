@@ -1,0 +1,408 @@
+//! DeleteNodes as cluster-autoscaler sends it: one call per node, ten (or fifty) at
+//! once, each under CA's call deadline (`core/scaledown/actuation/actuator.go`,
+//! `delete_in_batch.go` with the default `--node-deletion-batcher-interval=0`).
+//!
+//! Size changes are serialized (the provider's size lock), so that the target CA
+//! reads, the desired capacity written to AWS and the instances being removed always
+//! agree. A call that waited for that lock behind the others, one after another,
+//! would spend its whole deadline queueing. Instead, calls for a group that arrive
+//! while the lock is held join one batch: when the lock comes free, the batch reads
+//! the group once, checks each call on its own (a bad node fails its call only; the
+//! minimum size counts every call before it), and records every removal side by
+//! side. Each call still gets its own answer, within its own deadline.
+
+use std::collections::HashSet;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::{oneshot, OwnedMutexGuard};
+use tokio::task::JoinHandle;
+
+use super::registry::Registry;
+use super::{
+    echo, instances, provider_id, sizes, Group, NodeRef, Provider, ProviderError, Removal,
+};
+use crate::cloud::AsgInstance;
+
+/// The removals a call started: one task per instance, each recording its removal.
+type Removals = Vec<(String, JoinHandle<Result<(), ProviderError>>)>;
+
+/// One DeleteNodes call waiting in its group's batch.
+pub(super) struct DeleteCall {
+    nodes: Vec<NodeRef>,
+    started: oneshot::Sender<Result<Removals, ProviderError>>,
+}
+
+/// What one call of a batch asks for, once checked against the group.
+struct Planned<'g> {
+    call: DeleteCall,
+    real: Vec<(&'g AsgInstance, String)>,
+    placeholders: i32,
+}
+
+impl Provider {
+    /// Removes nodes from a group, bounded by
+    /// [`super::ProviderSettings::delete_nodes_bound`] (see [`Self::delete_nodes_within`]).
+    pub async fn delete_nodes(
+        self: &Arc<Self>,
+        id: &str,
+        nodes: &[NodeRef],
+    ) -> Result<(), ProviderError> {
+        self.delete_nodes_within(id, nodes, self.settings.delete_nodes_bound)
+            .await
+    }
+
+    /// How long DeleteNodes works when the caller sent no deadline.
+    pub fn delete_nodes_bound(&self) -> Duration {
+        self.settings.delete_nodes_bound
+    }
+
+    /// Removes nodes from a group. Checks everything before touching anything: every
+    /// node must belong to the group, and the group must stay at or above its
+    /// minimum, counting the calls recorded with it. Instances already on their way
+    /// out are skipped (CA re-sends).
+    ///
+    /// Answers within `bound` (the gRPC layer passes what is left of CA's deadline):
+    /// the removals are recorded (the instance terminated into its hook, or the drain
+    /// marked on its Node) side by side, each as a task of its own, and the drains
+    /// run behind them. When the bound passes before the call's removals start, none
+    /// is started; when it passes while they are being recorded, the call fails and
+    /// the recording finishes behind the answer, honoured like any other.
+    pub async fn delete_nodes_within(
+        self: &Arc<Self>,
+        id: &str,
+        nodes: &[NodeRef],
+        bound: Duration,
+    ) -> Result<(), ProviderError> {
+        let deadline = tokio::time::Instant::now() + bound;
+        let mut started = self.join_delete_batch(id, nodes.to_vec());
+        let tasks = match tokio::time::timeout_at(deadline, &mut started).await {
+            Ok(Ok(started)) => started?,
+            Ok(Err(_)) => {
+                return Err(ProviderError::Unavailable(format!(
+                    "DeleteNodes for node group {}: the service stopped before recording it; no instance was removed; retry",
+                    echo(id)
+                )))
+            }
+            Err(_) => {
+                // Leave the batch; removals it started in the meantime are still ours
+                // to report.
+                started.close();
+                match started.try_recv() {
+                    Ok(started) => started?,
+                    Err(_) => {
+                        return Err(ProviderError::Unavailable(format!(
+                            "DeleteNodes for node group {}: no answer from AWS or the Kubernetes API within {bound:?}; no instance was removed; retry",
+                            echo(id)
+                        )))
+                    }
+                }
+            }
+        };
+        let mut failed = None;
+        let mut late = Vec::new();
+        for (instance, mut task) in tasks {
+            match tokio::time::timeout_at(deadline, &mut task).await {
+                Ok(Ok(Ok(()))) => {}
+                Ok(Ok(Err(e))) => {
+                    failed.get_or_insert(e);
+                }
+                Ok(Err(e)) => {
+                    failed.get_or_insert(ProviderError::Unavailable(format!(
+                        "removing instance {instance}: {e}"
+                    )));
+                }
+                Err(_) => late.push(instance),
+            }
+        }
+        self.invalidate();
+        if let Some(e) = failed {
+            return Err(e);
+        }
+        if !late.is_empty() {
+            return Err(ProviderError::Unavailable(format!(
+                "DeleteNodes for node group {}: the removal of {} was not recorded within {bound:?} (AWS or the Kubernetes API is slow); it goes on and shows as deleting once recorded",
+                echo(id),
+                late.join(", ")
+            )));
+        }
+        Ok(())
+    }
+
+    /// Adds a call to its group's open batch, or opens one (and the task that runs
+    /// it once the size lock is free). The answer says what the call started.
+    fn join_delete_batch(
+        self: &Arc<Self>,
+        id: &str,
+        nodes: Vec<NodeRef>,
+    ) -> oneshot::Receiver<Result<Removals, ProviderError>> {
+        let (started, answer) = oneshot::channel();
+        let first = {
+            let mut batches = self.delete_batches.lock();
+            let calls = batches.entry(id.to_string()).or_default();
+            calls.push(DeleteCall { nodes, started });
+            calls.len() == 1
+        };
+        if first {
+            let (me, id) = (self.clone(), id.to_string());
+            tokio::spawn(async move { me.run_delete_batch(&id).await });
+        }
+        answer
+    }
+
+    /// Waits for the size lock, closes the group's batch and records it. Calls whose
+    /// caller gave up meanwhile are dropped before anything is touched.
+    async fn run_delete_batch(self: Arc<Self>, id: &str) {
+        let ops = Arc::new(self.ops.clone().lock_owned().await);
+        let calls: Vec<DeleteCall> = self
+            .delete_batches
+            .lock()
+            .remove(id)
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|c| !c.started.is_closed())
+            .collect();
+        if calls.is_empty() {
+            return;
+        }
+        if calls.len() > 1 {
+            tracing::debug!(
+                group = id,
+                calls = calls.len(),
+                "DeleteNodes calls recorded together"
+            );
+        }
+        self.start_removals(id, calls, ops).await;
+    }
+
+    /// A batch of DeleteNodes up to its removals: one read of the group, each call
+    /// checked in arrival order, placeholders given up in one write, and one task per
+    /// instance to remove (holding the size lock until the last one is done). Every
+    /// call is answered through its own channel.
+    async fn start_removals(
+        self: &Arc<Self>,
+        id: &str,
+        calls: Vec<DeleteCall>,
+        ops: Arc<OwnedMutexGuard<()>>,
+    ) {
+        let read = match self.require_drain_state() {
+            Ok(()) => self.fresh_group(id).await,
+            Err(e) => Err(e),
+        };
+        let (reg, idx) = match read {
+            Ok(x) => x,
+            Err(e) => {
+                for c in calls {
+                    let _ = c.started.send(Err(e.clone()));
+                }
+                return;
+            }
+        };
+        let g = &reg.groups[idx];
+        let (target, live, deferred) = {
+            let ov = self.overlay.lock();
+            (
+                Self::target_of(&ov, g),
+                Self::live_count(&ov, g),
+                Self::deferred_in(&ov, g),
+            )
+        };
+        // Placeholders beyond the unfulfilled capacity are already gone.
+        let mut unfulfilled = (target - live).max(0);
+        let mut taken: HashSet<String> = HashSet::new();
+        let mut removed = 0i32;
+        let mut planned: Vec<Planned<'_>> = Vec::new();
+        // A caller that gave up while the group was read was told nothing started.
+        for call in calls.into_iter().filter(|c| !c.started.is_closed()) {
+            let (real, placeholders) = match self.plan_call(&reg, g, &call.nodes, &taken) {
+                Ok(p) => p,
+                Err(e) => {
+                    let _ = call.started.send(Err(e));
+                    continue;
+                }
+            };
+            let placeholders = placeholders.min(unfulfilled);
+            let count = placeholders + real.len() as i32;
+            if let Err(e) = sizes::check_delete(id, target - removed, g.min, count) {
+                let _ = call.started.send(Err(e));
+                continue;
+            }
+            unfulfilled -= placeholders;
+            removed += count;
+            taken.extend(real.iter().map(|(i, _)| i.id.clone()));
+            planned.push(Planned {
+                call,
+                real,
+                placeholders,
+            });
+        }
+        // Nothing is started for a caller that gave up meanwhile (see below).
+        planned.retain(|p| !p.call.started.is_closed());
+        if self.settings.dry_run {
+            self.refuse_in_dry_run(g, target, planned).await;
+            return;
+        }
+        let placeholders: i32 = planned.iter().map(|p| p.placeholders).sum();
+        if placeholders > 0 {
+            let new = target - placeholders;
+            let written = match sizes::desired_for(id, new, deferred, g.asg.max_size) {
+                Ok(desired) => {
+                    tracing::info!(
+                        group = id,
+                        from = target,
+                        to = new,
+                        desired,
+                        "removing {placeholders} placeholder(s)"
+                    );
+                    self.write_desired(id, desired).await
+                }
+                Err(e) => Err(e),
+            };
+            if let Err(e) = written {
+                // The calls that gave up placeholders fail whole, nothing of theirs
+                // started; the others go on.
+                let (failed, rest): (Vec<_>, Vec<_>) =
+                    planned.into_iter().partition(|p| p.placeholders > 0);
+                for p in failed {
+                    let _ = p.call.started.send(Err(e.clone()));
+                }
+                planned = rest;
+            }
+        }
+        let scale_in = self.scale_in.read().clone();
+        for p in planned {
+            if p.call.started.is_closed() {
+                // Its caller has answered "no instance was removed": keep it true.
+                continue;
+            }
+            let mut tasks: Removals = Vec::with_capacity(p.real.len());
+            for (inst, node_name) in p.real {
+                self.writes.fetch_add(1, Ordering::AcqRel);
+                let name = (!node_name.is_empty() && node_name != inst.id).then_some(node_name);
+                let (me, reg, scale_in, inst, id, ops) = (
+                    self.clone(),
+                    reg.clone(),
+                    scale_in.clone(),
+                    inst.clone(),
+                    id.to_string(),
+                    ops.clone(),
+                );
+                let instance = inst.id.clone();
+                tasks.push((
+                    instance,
+                    tokio::spawn(async move {
+                        let _ops = ops;
+                        let g = &reg.groups[idx];
+                        match scale_in.remove(g, &inst, name.as_deref()).await? {
+                            Removal::Decremented => {
+                                let mut ov = me.overlay.lock();
+                                let desired = Self::desired_of(&ov, g);
+                                ov.target.insert(id.clone(), desired - 1);
+                                ov.deleting.insert(inst.id.clone());
+                            }
+                            Removal::Deferred => {
+                                me.register_deferred(&inst.id, &id);
+                            }
+                        }
+                        Ok(())
+                    }),
+                ));
+            }
+            // A caller that leaves between the check above and this answer finds its
+            // removals in the channel as it closes it (delete_nodes_within).
+            let _ = p.call.started.send(Ok(tasks));
+        }
+    }
+
+    /// One call's nodes checked against the group: the instances to remove (with
+    /// their node names) and how many placeholders it names. Instances already on
+    /// their way out, or taken by an earlier call of the batch, are skipped.
+    fn plan_call<'g>(
+        &self,
+        reg: &Registry,
+        g: &'g Group,
+        nodes: &[NodeRef],
+        taken: &HashSet<String>,
+    ) -> Result<(Vec<(&'g AsgInstance, String)>, i32), ProviderError> {
+        let id = g.asg.name.as_str();
+        let mut real = Vec::new();
+        let mut placeholders = 0i32;
+        let mut seen = HashSet::new();
+        let ov = self.overlay.lock();
+        for n in nodes {
+            let pid = if n.provider_id.is_empty() {
+                &n.name
+            } else {
+                &n.provider_id
+            };
+            let iid = provider_id::instance_id(pid).ok_or_else(|| {
+                ProviderError::InvalidArgument(format!(
+                    "node {}: providerID {} is not an AWS instance",
+                    echo(&n.name),
+                    echo(&n.provider_id)
+                ))
+            })?;
+            if !seen.insert(iid.to_string()) {
+                continue;
+            }
+            if instances::placeholder_group(iid).as_deref() == Some(id) {
+                placeholders += 1;
+                continue;
+            }
+            match g.asg.instances.iter().find(|i| i.id == iid) {
+                Some(inst)
+                    if inst.state.is_terminating()
+                        || Self::is_deleting(&ov, iid)
+                        || taken.contains(iid) =>
+                {
+                    tracing::debug!(group = id, instance = iid, "already terminating; skipped");
+                }
+                Some(inst) => real.push((inst, n.name.clone())),
+                None => {
+                    let owner = reg
+                        .group_of_instance(iid)
+                        .map(|o| o.asg.name.clone())
+                        .or_else(|| ov.located.get(iid).map(|(g, _)| g.clone()));
+                    return Err(ProviderError::InvalidArgument(match owner {
+                        Some(o) => format!(
+                            "node {} (instance {iid}) belongs to node group {o}, not {id}",
+                            echo(&n.name)
+                        ),
+                        None => format!(
+                            "node {} (instance {iid}) is not in node group {id}",
+                            echo(&n.name)
+                        ),
+                    }));
+                }
+            }
+        }
+        Ok((real, placeholders))
+    }
+
+    /// `serve --dry-run`: each call is answered with what it would have done.
+    async fn refuse_in_dry_run(&self, g: &Group, target: i32, planned: Vec<Planned<'_>>) {
+        let scale_in = self.scale_in.read().clone();
+        let mut from = target;
+        for p in planned {
+            let mut would = Vec::new();
+            if p.placeholders > 0 {
+                would.push(format!(
+                    "would remove {} placeholder(s) (target {from} -> {})",
+                    p.placeholders,
+                    from - p.placeholders
+                ));
+                from -= p.placeholders;
+            }
+            for (inst, node_name) in &p.real {
+                let name =
+                    (!node_name.is_empty() && *node_name != inst.id).then_some(node_name.as_str());
+                would.push(scale_in.preview(g, inst, name).await);
+            }
+            let _ = p
+                .call
+                .started
+                .send(Err(self.dry_run_refusal("DeleteNodes", would.join("; "))));
+        }
+    }
+}

@@ -1,0 +1,226 @@
+//! cluster-autoscaler's calls as CA sends them (issue 46, 1): one NodeGroupDeleteNodes
+//! per node, each in its own goroutine, up to `--max-scale-down-parallelism` (10) at
+//! once, each under CA's 5 s gRPC deadline (`core/scaledown/actuation/actuator.go`
+//! deleteNodesAsync, `group_deletion_scheduler.go` addToBatcher, `delete_in_batch.go`
+//! with the default `--node-deletion-batcher-interval=0`), while CA's loop keeps
+//! calling Refresh, NodeGroupNodes and TargetSize. A failed call makes CA record a
+//! failed scale-down and take its taint off: every call must succeed inside CA's
+//! deadline, however slowly AWS answers, whatever the other calls wait for.
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use ca_asg_provider::cloud::memory::MemoryGroup;
+use ca_asg_provider::proto;
+use ca_asg_provider::scalein::Outcome;
+
+mod support;
+use support::eventually;
+use support::world::*;
+
+/// Sends one DeleteNodes per node, `parallel` at once, each under CA's deadline,
+/// while CA's loop reads the group meanwhile. Returns the failed calls' messages.
+async fn delete_like_ca(
+    w: &World,
+    group: &str,
+    nodes: &[(String, String)],
+    parallel: usize,
+) -> Vec<String> {
+    let sem = std::sync::Arc::new(tokio::sync::Semaphore::new(parallel));
+    let mut calls = Vec::new();
+    for n in nodes {
+        let (mut ca, sem, req) = (
+            w.ca.clone(),
+            sem.clone(),
+            delete_request(group, std::slice::from_ref(n)),
+        );
+        calls.push(tokio::spawn(async move {
+            let _slot = sem.acquire_owned().await.unwrap();
+            ca.node_group_delete_nodes(req)
+                .await
+                .err()
+                .map(|e| format!("{:?}: {}", e.code(), e.message()))
+        }));
+    }
+    // CA's loop goes on meanwhile: Refresh, the group's nodes, its target.
+    let mut ca = w.ca.clone();
+    let id = group.to_string();
+    let reader = tokio::spawn(async move {
+        for _ in 0..5 {
+            let _ = ca.refresh(proto::RefreshRequest {}).await;
+            let _ = ca
+                .node_group_nodes(proto::NodeGroupNodesRequest { id: id.clone() })
+                .await;
+            let _ = ca
+                .node_group_target_size(proto::NodeGroupTargetSizeRequest { id: id.clone() })
+                .await;
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    });
+    let mut failed = Vec::new();
+    for c in calls {
+        if let Some(e) = c.await.unwrap() {
+            failed.push(e);
+        }
+    }
+    reader.await.unwrap();
+    failed
+}
+
+async fn ten_at_once_with_aws_at(per_request: Duration, hooked: bool) {
+    let mut group = MemoryGroup::new("web", 0, 30, 20, "m5.large");
+    if hooked {
+        group = group.terminating_hook("ca-asg-provider-drain", 300);
+    }
+    let mut w = world(vec![group], fast_settings(), Duration::from_millis(50)).await;
+    let victims: Vec<(String, String)> = nodes_of(&w, "web").into_iter().take(10).collect();
+    let kept: BTreeSet<String> = nodes_of(&w, "web")
+        .into_iter()
+        .skip(10)
+        .map(|(_, i)| i)
+        .collect();
+    w.cloud.slow(per_request);
+    let failed = delete_like_ca(&w, "web", &victims, 10).await;
+    assert!(
+        failed.is_empty(),
+        "{} of 10 calls failed: {failed:?}",
+        failed.len()
+    );
+    w.cloud.slow(Duration::ZERO);
+    assert_eq!(
+        target(&mut w, "web").await,
+        10,
+        "CA's target after ten deletions"
+    );
+    for (_, iid) in &victims {
+        assert_eq!(w.engine.wait_for(iid).await, Some(Outcome::Ended), "{iid}");
+    }
+    eventually("desired capacity exact", 10, || {
+        w.cloud.desired("web") == Some(10)
+    })
+    .await;
+    for iid in &kept {
+        assert!(
+            in_service(&w.cloud, iid),
+            "{iid} ended, and CA never named it"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn ten_one_node_deletions_at_once_all_succeed_with_aws_at_500ms_direct() {
+    ten_at_once_with_aws_at(Duration::from_millis(500), false).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn ten_one_node_deletions_at_once_all_succeed_with_aws_at_500ms_hooked() {
+    ten_at_once_with_aws_at(Duration::from_millis(500), true).await;
+}
+
+/// `--max-scale-down-parallelism=50`: fifty one-node calls at once, AWS at 500 ms.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn fifty_one_node_deletions_at_once_all_succeed_with_aws_at_500ms() {
+    let group = MemoryGroup::new("web", 0, 80, 60, "m5.large")
+        .terminating_hook("ca-asg-provider-drain", 300);
+    let mut w = world(vec![group], fast_settings(), Duration::from_millis(50)).await;
+    let victims: Vec<(String, String)> = nodes_of(&w, "web").into_iter().take(50).collect();
+    w.cloud.slow(Duration::from_millis(500));
+    let failed = delete_like_ca(&w, "web", &victims, 50).await;
+    assert!(
+        failed.is_empty(),
+        "{} of 50 calls failed: {failed:?}",
+        failed.len()
+    );
+    w.cloud.slow(Duration::ZERO);
+    assert_eq!(target(&mut w, "web").await, 10);
+    eventually("desired capacity exact", 20, || {
+        w.cloud.desired("web") == Some(10)
+    })
+    .await;
+}
+
+/// Calls recorded together are still checked one by one: a node of another group
+/// fails its own call only, and the calls that would take the group below its
+/// minimum fail while the ones before them go through.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn calls_recorded_together_are_answered_each_on_its_own() {
+    let mut w = world(
+        vec![
+            MemoryGroup::new("web", 7, 12, 10, "m5.large"),
+            MemoryGroup::new("other", 0, 3, 1, "m5.large"),
+        ],
+        fast_settings(),
+        Duration::from_millis(50),
+    )
+    .await;
+    let web = nodes_of(&w, "web");
+    let stranger = nodes_of(&w, "other").remove(0);
+    // Hold the size lock with a slow call so the rest queue into one batch.
+    w.cloud.slow(Duration::from_millis(400));
+    let mut calls: Vec<Vec<(String, String)>> = vec![vec![stranger.clone()]];
+    calls.extend(web.iter().take(5).map(|n| vec![n.clone()]));
+    let mut handles = Vec::new();
+    for (i, nodes) in calls.into_iter().enumerate() {
+        let mut ca = w.ca.clone();
+        handles.push(tokio::spawn(async move {
+            // Arrival order: the stranger first, then web's five, one by one.
+            tokio::time::sleep(Duration::from_millis(20 * i as u64)).await;
+            ca.node_group_delete_nodes(delete_request("web", &nodes))
+                .await
+                .map(|_| ())
+                .map_err(|e| (e.code(), e.message().to_string()))
+        }));
+    }
+    let mut answers = Vec::new();
+    for h in handles {
+        answers.push(h.await.unwrap());
+    }
+    w.cloud.slow(Duration::ZERO);
+    let (code, msg) = answers[0].clone().unwrap_err();
+    assert_eq!(code, tonic::Code::InvalidArgument, "{msg}");
+    assert!(msg.contains("belongs to node group other"), "{msg}");
+    let ok = answers[1..].iter().filter(|a| a.is_ok()).count();
+    let below_min: Vec<&String> = answers[1..]
+        .iter()
+        .filter_map(|a| a.as_ref().err())
+        .map(|(c, m)| {
+            assert_eq!(*c, tonic::Code::FailedPrecondition, "{m}");
+            m
+        })
+        .collect();
+    assert_eq!(ok, 3, "10 -> 7 is the most minSize 7 allows: {answers:?}");
+    assert_eq!(below_min.len(), 2, "{answers:?}");
+    assert!(
+        below_min.iter().all(|m| m.contains("below minSize 7")),
+        "{below_min:?}"
+    );
+    assert_eq!(target(&mut w, "web").await, 7);
+    assert!(
+        in_service(&w.cloud, &stranger.1),
+        "the other group's node stays"
+    );
+}
+
+/// The bound is what is left of the deadline CA sent (`grpc_timeout` in its
+/// cloud-config), not a fixed 4 s: with a 1 s deadline and AWS slower than that, the
+/// call answers Unavailable in time, never DeadlineExceeded, and starts nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_call_answers_within_the_deadline_ca_sent() {
+    let mut w = world(
+        vec![MemoryGroup::new("web", 0, 5, 3, "m5.large")],
+        fast_settings(),
+        Duration::from_millis(50),
+    )
+    .await;
+    let victim = nodes_of(&w, "web").remove(0);
+    w.cloud.slow(Duration::from_secs(3));
+    let mut req = delete_request("web", std::slice::from_ref(&victim));
+    req.set_timeout(Duration::from_secs(1));
+    let e = w.ca.node_group_delete_nodes(req).await.unwrap_err();
+    assert_eq!(e.code(), tonic::Code::Unavailable, "{e:?}");
+    assert!(e.message().contains("within 800ms"), "{}", e.message());
+    w.cloud.slow(Duration::ZERO);
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(target(&mut w, "web").await, 3, "nothing was removed");
+    assert!(in_service(&w.cloud, &victim.1));
+}
