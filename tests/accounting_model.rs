@@ -2,8 +2,9 @@
 //!
 //! Two replicas of the provider core over one in-memory AWS, CA talking to one of
 //! them, random sequences of IncreaseSize, DecreaseTargetSize, DeleteNodes (real
-//! nodes and placeholders), drain completions and abandonments, launch failures,
-//! Refresh, restarts and leader changes. After every step:
+//! nodes and placeholders; and one call per node, several at once, as CA sends them,
+//! with the AWS calls they make throttled), drain completions and abandonments,
+//! launch failures, Refresh, restarts and leader changes. After every step:
 //! - the ASG never picked a victim itself (no SetDesiredCapacity below the
 //!   instances it had to keep);
 //! - CA's target is exactly what CA asked for (a decrease removes the unfulfilled
@@ -38,6 +39,12 @@ const DIRECT: &str = "direct";
 const HOOKED: &str = "hooked";
 const HOOK: &str = "ca-asg-provider-drain";
 const GROUPS: [&str; 2] = [DIRECT, HOOKED];
+/// The AWS operations a DeleteNodes call makes, any of which AWS may throttle.
+const THROTTLED: [&str; 3] = [
+    "describe_groups",
+    "terminate_instance",
+    "set_desired_capacity",
+];
 
 /// The Nodes' drain marks: instance -> group. Durable across restarts.
 type Marks = Arc<Mutex<BTreeMap<String, String>>>;
@@ -75,6 +82,15 @@ enum Op {
     /// Delete up to `n` running nodes, chosen by `pick`.
     Delete(usize, usize, u64),
     DeletePlaceholders(usize),
+    /// CA's scale-down: up to `n` running nodes, one DeleteNodes call each, all at
+    /// once (CA's `--max-scale-down-parallelism`), with the next `times` calls of an
+    /// AWS operation throttled while they run.
+    DeleteAtOnce {
+        g: usize,
+        n: usize,
+        pick: u64,
+        throttle: Option<(usize, u32)>,
+    },
     /// The leader ends a pending drain (direct: terminate with decrement; hooked:
     /// complete the lifecycle action).
     Complete(u64),
@@ -95,6 +111,13 @@ fn op() -> impl Strategy<Value = Op> {
         2 => (g.clone(), 1..3i32).prop_map(|(g, d)| Op::Decrease(g, d)),
         4 => (g.clone(), 1..4usize, any::<u64>()).prop_map(|(g, n, p)| Op::Delete(g, n, p)),
         1 => g.clone().prop_map(Op::DeletePlaceholders),
+        4 => (
+            g.clone(),
+            1..6usize,
+            any::<u64>(),
+            prop::option::of((0..THROTTLED.len(), 1..3u32))
+        )
+            .prop_map(|(g, n, pick, throttle)| Op::DeleteAtOnce { g, n, pick, throttle }),
         4 => any::<u64>().prop_map(Op::Complete),
         1 => any::<u64>().prop_map(Op::Abandon),
         1 => (g, any::<bool>()).prop_map(|(g, on)| Op::FailLaunches(g, on)),
@@ -209,6 +232,17 @@ impl World {
         out
     }
 
+    /// The group's running instances, as CA lists them (`aws:///zone/i-...`).
+    fn running(&self, g: &str) -> Vec<String> {
+        self.ca()
+            .nodes(g)
+            .unwrap()
+            .into_iter()
+            .filter(|v| v.state == InstanceState::Running)
+            .map(|v| v.id)
+            .collect()
+    }
+
     async fn step(&mut self, op: &Op) {
         match op {
             Op::Increase(g, d) => {
@@ -267,6 +301,55 @@ impl World {
                     .collect();
                 if self.ca().delete_nodes(g, &chosen).await.is_ok() {
                     *self.target.get_mut(g).unwrap() -= chosen.len() as i32;
+                }
+            }
+            Op::DeleteAtOnce {
+                g,
+                n,
+                pick,
+                throttle,
+            } => {
+                let g = GROUPS[*g];
+                let running = self.running(g);
+                if running.is_empty() {
+                    return;
+                }
+                let start = (*pick as usize) % running.len();
+                let chosen: Vec<String> = running
+                    .iter()
+                    .cycle()
+                    .skip(start)
+                    .take((*n).min(running.len()))
+                    .cloned()
+                    .collect();
+                if let Some((op, times)) = throttle {
+                    self.cloud.throttle(THROTTLED[*op], *times);
+                }
+                let ca = self.ca().clone();
+                let answers = futures::future::join_all(chosen.iter().map(|pid| {
+                    let ca = ca.clone();
+                    let node = NodeRef {
+                        provider_id: pid.clone(),
+                        name: pid.clone(),
+                    };
+                    async move { ca.delete_nodes(g, &[node]).await }
+                }))
+                .await;
+                self.cloud.heal();
+                for (pid, answer) in chosen.iter().zip(answers) {
+                    match answer {
+                        Ok(()) => *self.target.get_mut(g).unwrap() -= 1,
+                        // A failed call removed nothing: CA keeps the node.
+                        Err(e) => {
+                            let iid = pid.rsplit('/').next().unwrap();
+                            assert!(
+                                !self.marks.lock().contains_key(iid)
+                                    && self.cloud.instances().iter().any(|(_, i)| i.id == iid
+                                        && !i.state.is_terminating()),
+                                "group {g}: the DeleteNodes call for {iid} failed ({e}), yet its removal went ahead"
+                            );
+                        }
+                    }
                 }
             }
             Op::DeletePlaceholders(g) => {
@@ -368,6 +451,10 @@ impl World {
         let pending = self.pending();
         for g in GROUPS {
             let want = self.target[g];
+            assert!(
+                want >= 1,
+                "group {g}: CA's deletions took the target to {want}, below MinSize 1\nafter {history:#?}"
+            );
             let got = self.ca().target_size(g).unwrap();
             assert_eq!(
                 got, want,
