@@ -270,7 +270,7 @@ def rbac_audit(docs, names, provider="ca-asg-provider"):
 
 def rbac_names(docs, provider_lease="ca-asg-provider"):
     """The names the roles may write, as this render configures them: CA's Lease and
-    status ConfigMap (its --lease-resource-name / --status-config-map-name, or the
+    status ConfigMap (its --leader-elect-resource-name / --status-config-map-name, or the
     defaults) and the provider's Lease."""
     flags = {}
     for d in docs:
@@ -279,7 +279,7 @@ def rbac_names(docs, provider_lease="ca-asg-provider"):
                 for a in (c.get("command") or []) + (c.get("args") or []):
                     k, _, v = a.lstrip("-").partition("=")
                     flags[k] = v
-    return {"ca-lease": {flags.get("lease-resource-name", CA_LEASE)},
+    return {"ca-lease": {flags.get("leader-elect-resource-name", CA_LEASE)},
             "ca-status": {flags.get("status-config-map-name", CA_STATUS)},
             "provider-lease": {provider_lease}}
 
