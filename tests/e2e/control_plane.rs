@@ -184,6 +184,21 @@ impl ControlPlane {
         Ok(cp)
     }
 
+    /// etcd and the API server only (no controllers, no scheduler): for a test that asks
+    /// the API server questions (RBAC) and runs no workload. Waits for `/readyz`.
+    pub async fn start_api_server(bin: &Binaries) -> anyhow::Result<ControlPlane> {
+        let dir = tempfile::Builder::new().prefix("ca-asg-e2e-").tempdir()?;
+        let mut cp = ControlPlane {
+            dir,
+            procs: Vec::new(),
+            url: String::new(),
+            ca_pem: Vec::new(),
+        };
+        cp.start_etcd(bin)?;
+        cp.start_apiserver(bin).await?;
+        Ok(cp)
+    }
+
     fn path(&self, name: &str) -> PathBuf {
         self.dir.path().join(name)
     }
