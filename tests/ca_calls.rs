@@ -224,3 +224,46 @@ async fn a_call_answers_within_the_deadline_ca_sent() {
     assert_eq!(target(&mut w, "web").await, 3, "nothing was removed");
     assert!(in_service(&w.cloud, &victim.1));
 }
+
+/// CA with `--node-deletion-batcher-interval` sends a whole scale-down in one call,
+/// each node with its labels and annotations: past gRPC's default 4 MiB. The call is
+/// read and answered on its merits (here: the nodes are no instance of the group),
+/// not refused whole for its size.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_batched_delete_larger_than_4_mib_is_read() {
+    let mut w = world(
+        vec![MemoryGroup::new("web", 0, 5, 2, "m5.large")],
+        fast_settings(),
+        Duration::from_millis(50),
+    )
+    .await;
+    let labels: std::collections::HashMap<String, String> = (0..40)
+        .map(|i| (format!("example.com/label-{i}"), "v".repeat(40)))
+        .collect();
+    let nodes: Vec<proto::ExternalGrpcNode> = (0..2500)
+        .map(|i| proto::ExternalGrpcNode {
+            provider_id: format!("aws:///us-east-1a/i-{i:017x}"),
+            name: format!("ip-10-0-{}-{}.ec2.internal", i / 250, i % 250),
+            labels: labels.clone(),
+            annotations: [("node.alpha.kubernetes.io/ttl".to_string(), "0".to_string())].into(),
+        })
+        .collect();
+    let req = proto::NodeGroupDeleteNodesRequest {
+        id: "web".into(),
+        nodes,
+    };
+    assert!(
+        prost::Message::encoded_len(&req) > 4 << 20,
+        "the request is past 4 MiB"
+    );
+    let mut r = tonic::Request::new(req);
+    r.set_timeout(Duration::from_secs(5));
+    let e = w.ca.node_group_delete_nodes(r).await.unwrap_err();
+    assert_eq!(e.code(), tonic::Code::InvalidArgument, "{e:?}");
+    assert!(
+        e.message().contains("is not in node group web"),
+        "{}",
+        e.message()
+    );
+    assert_eq!(target(&mut w, "web").await, 2);
+}

@@ -41,6 +41,12 @@ pub async fn serve(
     .await
 }
 
+/// The largest request decoded. CA sends every node of a DeleteNodes call with its
+/// labels and annotations (`externalgrpc_node_group.go` DeleteNodes), and with
+/// `--node-deletion-batcher-interval` one call carries a whole scale-down: thousands
+/// of nodes of a few KiB each pass gRPC's default 4 MiB. Bounded all the same.
+pub const MAX_REQUEST_BYTES: usize = 64 << 20;
+
 /// TLS handshakes that do not finish in this time are dropped.
 const TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -83,7 +89,8 @@ pub async fn serve_counted(
     let router = transport()
         .add_service(health)
         .add_service(metered::Metered::new(
-            CloudProviderServer::new(CloudProviderService::new(provider)),
+            CloudProviderServer::new(CloudProviderService::new(provider))
+                .max_decoding_message_size(MAX_REQUEST_BYTES),
             counts,
         ));
     let tcp = door::incoming(listener, limits);
