@@ -157,13 +157,14 @@ CA_LEASE, CA_STATUS = "cluster-autoscaler", "cluster-autoscaler-status"
 # cluster-autoscaler's writes under --cloud-provider=externalgrpc, each with its reason:
 # (verb, apiGroup, resource) -> (scope, names key or None). A names key means the rule
 # must carry resourceNames, all of them among those names (create cannot be limited by
-# name: RBAC does not know the name before the object exists).
+# name: RBAC does not know the name before the object exists). Each is in
+# tests/e2e/ca_permissions.rs with the CA file and function it comes from, per version;
+# no CA from 1.31 on writes pod status or anything in resource.k8s.io.
 CA_WRITES = {
     ("create", "", "events"): ("cluster", None),        # Events on pods and nodes, in their namespaces
     ("patch", "", "events"): ("cluster", None),         # the same Event again (count)
     ("create", "", "pods/eviction"): ("cluster", None),  # CA's own scale-down eviction of workloads
-    ("update", "", "pods/status"): ("cluster", None),   # pod conditions CA sets on pods it cannot help
-    ("update", "", "nodes"): ("cluster", None),         # ToBeDeletedByClusterAutoscaler / DeletionCandidate taints
+    ("update", "", "nodes"): ("cluster", None),         # ToBeDeletedByClusterAutoscaler / DeletionCandidate taints, the cordon (>= 1.34)
     ("create", "coordination.k8s.io", "leases"): ("namespace", None),  # leader election
     ("update", "coordination.k8s.io", "leases"): ("namespace", "ca-lease"),
     ("create", "", "configmaps"): ("namespace", None),  # the status ConfigMap, first write
@@ -299,6 +300,7 @@ def rbac_audit_selftest():
         "`*` apiGroup": role("ClusterRole", "ca-asg-provider", rule(["get"], ["nodes"], "*")),
         "a write the provider does not need": role("ClusterRole", "ca-asg-provider", rule(["delete"], ["nodes"])),
         "a write CA does not need (endpoints)": role("ClusterRole", "cluster-autoscaler", rule(["create"], ["endpoints"])),
+        "a pod status write (CA sets none)": role("ClusterRole", "cluster-autoscaler", rule(["update"], ["pods/status"])),
         "ConfigMap update in CA's namespace, any name":
             role("Role", "cluster-autoscaler", rule(["update"], ["configmaps"])),
         "ConfigMap update by another name":
