@@ -240,3 +240,96 @@ async fn a_replica_that_loses_the_lease_stops_its_drains_while_its_loop_waits_on
     w.cloud.slow(Duration::ZERO);
     w.engine.shutdown();
 }
+
+/// Never two replicas acting (issue 39, 3): a renewal that lands at once but whose
+/// answer comes back late (inside the renew deadline), then a partition of the
+/// leader. The others see the Lease stand still from the moment the renewal landed
+/// and take it over a lease duration later; the old leader must have stopped acting
+/// by then: at the last renewal's send time plus the renew deadline, whatever the
+/// round it has in flight is waiting for. Measured from the replicas' own leadership
+/// flags: the intervals in which each believed it led never overlap.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_answered_renewal_then_a_partition_never_leaves_two_leaders() {
+    use scalein::leader::{spawn, LeaseSettings};
+    use std::sync::Arc;
+    use tokio::time::Instant;
+    let sim = SimCluster::start(SimOptions::default()).await.unwrap();
+    // Lease 3 s, renew deadline 2 s, a round every 600 ms.
+    let settings = |who: &str| LeaseSettings {
+        name: "ca-asg-provider".into(),
+        namespace: "kube-system".into(),
+        identity: who.into(),
+        duration: Duration::from_secs(3),
+    };
+    let (_stop_a, stop_a_rx) = tokio::sync::watch::channel(false);
+    let (_stop_b, stop_b_rx) = tokio::sync::watch::channel(false);
+    let live = Arc::new(ca_asg_provider::telemetry::liveness::Liveness::default());
+    let a = spawn(
+        live.clone(),
+        sim.client_as("replica-a"),
+        settings("replica-a"),
+        stop_a_rx,
+    );
+    eventually("a leads", 10, || *a.borrow()).await;
+    let b = spawn(
+        live.clone(),
+        sim.client_as("replica-b"),
+        settings("replica-b"),
+        stop_b_rx,
+    );
+    // Every change of each replica's belief, in order.
+    let flips: Arc<parking_lot::Mutex<Vec<(Instant, &'static str, bool)>>> = Arc::default();
+    for (name, mut rx) in [("a", a.clone()), ("b", b.clone())] {
+        let flips = flips.clone();
+        flips
+            .lock()
+            .push((Instant::now(), name, *rx.borrow_and_update()));
+        tokio::spawn(async move {
+            while rx.changed().await.is_ok() {
+                let now = *rx.borrow_and_update();
+                flips.lock().push((Instant::now(), name, now));
+            }
+        });
+    }
+    let api: kube::Api<k8s_openapi::api::coordination::v1::Lease> =
+        kube::Api::namespaced(sim.client(), "kube-system");
+    let renewed = || async {
+        api.get("ca-asg-provider")
+            .await
+            .unwrap()
+            .spec
+            .unwrap()
+            .renew_time
+            .map(|t| t.0)
+    };
+    // The next renewal lands at once; its answer comes back 1.8 s later.
+    sim.slow_answers("update", "leases", Duration::from_millis(1800));
+    let before = renewed().await;
+    let mut landed = before;
+    while landed == before {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        landed = renewed().await;
+    }
+    // Right after it landed, replica a is cut off: nothing of its reaches the server.
+    sim.cut("replica-a", true);
+    sim.slow_answers("update", "leases", Duration::ZERO);
+    eventually("b takes over", 20, || *b.borrow()).await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let flips = flips.lock().clone();
+    // Who believed it led when, from the flags' own history.
+    let mut leading: std::collections::BTreeMap<&str, bool> = Default::default();
+    for (at, who, now) in &flips {
+        leading.insert(who, *now);
+        assert!(
+            !(leading.get("a") == Some(&true) && leading.get("b") == Some(&true)),
+            "two leaders at once ({who} turned {now} at {:?} after the first flip): {:?}",
+            at.duration_since(flips[0].0),
+            flips
+                .iter()
+                .map(|(t, w, v)| (t.duration_since(flips[0].0), *w, *v))
+                .collect::<Vec<_>>()
+        );
+    }
+    assert_eq!(leading.get("a"), Some(&false), "a stepped down: {flips:?}");
+    assert_eq!(leading.get("b"), Some(&true), "b leads: {flips:?}");
+}

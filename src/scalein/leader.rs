@@ -271,7 +271,20 @@ pub fn spawn(
             // stretch this replica's belief that it still leads past their takeover.
             let sent = tokio::time::Instant::now();
             let attempt = tokio::time::timeout(renew_deadline(&s), round(&api, &s, &mut observed));
-            let result = match attempt.await {
+            tokio::pin!(attempt);
+            // Leadership ends at the last renewal's send time plus the renew deadline,
+            // whatever this round is still waiting for: the others may take over from
+            // then on.
+            let answer = loop {
+                tokio::select! {
+                    r = &mut attempt => break r,
+                    _ = until(leads_until(&tx, last_renewed, &s)) => {
+                        step_down(&tx, &s, "no renewal succeeded within the renew deadline; a renewal is still in flight");
+                        last_renewed = None;
+                    }
+                }
+            };
+            let result = match answer {
                 Ok(r) => r.map_err(|e| explain(&e, &s)),
                 Err(_) => Err(format!(
                     "lease {}/{}: no answer within the renew deadline {:?}",
@@ -322,10 +335,43 @@ pub fn spawn(
             tokio::select! {
                 _ = tokio::time::sleep(s.retry_every()) => {}
                 _ = stop.changed() => {}
+                _ = until(leads_until(&tx, last_renewed, &s)) => {
+                    // The last renewal was answered so late that its deadline passes
+                    // before the next round: stop acting now, then try again.
+                    step_down(&tx, &s, "the renew deadline of the last renewal passed before the next round");
+                    last_renewed = None;
+                }
             }
         }
     });
     rx
+}
+
+/// Until when this replica may act as the leader: the send time of its last
+/// successful renewal plus the renew deadline. `None` when it does not lead.
+fn leads_until(
+    tx: &watch::Sender<bool>,
+    last_renewed: Option<tokio::time::Instant>,
+    s: &LeaseSettings,
+) -> Option<tokio::time::Instant> {
+    last_renewed
+        .filter(|_| *tx.borrow())
+        .map(|t| t + renew_deadline(s))
+}
+
+/// Sleeps until `at`; never without one.
+async fn until(at: Option<tokio::time::Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
+fn step_down(tx: &watch::Sender<bool>, s: &LeaseSettings, why: &str) {
+    if *tx.borrow() {
+        tracing::warn!(lease = %s.name, identity = %s.identity, "not the leader any more: {why}");
+        let _ = tx.send(false);
+    }
 }
 
 #[cfg(test)]

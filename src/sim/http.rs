@@ -156,17 +156,31 @@ pub async fn handle(
     // A request behind a slow admission webhook ([`super::SimCluster::slow_requests`])
     // is taken on and carried out to the end even if its client goes away meanwhile,
     // as a write the API server already accepted: the answer is lost, not the effect.
-    let behind_webhook = parse_path(uri.path()).ok().is_some_and(|t| {
+    let key = parse_path(uri.path()).ok().map(|t| {
         let key = verb_and_resource(&method, &t, &q);
-        let key = (key.0.to_string(), key.1);
-        ctx.faults.lock().slow_requests.contains_key(&key)
+        (key.0.to_string(), key.1)
     });
-    if behind_webhook {
-        return tokio::spawn(serve_request(ctx, method, uri, headers, q, body))
+    let (behind_webhook, answer_late) = {
+        let f = ctx.faults.lock();
+        key.as_ref().map_or((false, None), |k| {
+            (
+                f.slow_requests.contains_key(k),
+                f.slow_answers.get(k).copied(),
+            )
+        })
+    };
+    let response = if behind_webhook {
+        tokio::spawn(serve_request(ctx, method, uri, headers, q, body))
             .await
-            .unwrap_or_else(|_| StatusCode::INTERNAL_SERVER_ERROR.into_response());
+            .unwrap_or_else(|_| StatusCode::INTERNAL_SERVER_ERROR.into_response())
+    } else {
+        serve_request(ctx, method, uri, headers, q, body).await
+    };
+    // The effect is in; only the answer is slow ([`super::SimCluster::slow_answers`]).
+    if let Some(late) = answer_late {
+        tokio::time::sleep(late).await;
     }
-    serve_request(ctx, method, uri, headers, q, body).await
+    response
 }
 
 async fn serve_request(
@@ -199,6 +213,10 @@ async fn serve_request(
         .get(axum::http::header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.strip_prefix("Bearer "));
+    if user.is_some_and(|u| ctx.faults.lock().cut.contains(u)) {
+        // Behind a partition: nothing reaches the server, nothing comes back.
+        return std::future::pending().await;
+    }
     let user_agent = headers
         .get(axum::http::header::USER_AGENT)
         .and_then(|v| v.to_str().ok());

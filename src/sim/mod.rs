@@ -168,6 +168,12 @@ pub struct Faults {
     /// (verb, resource[/subresource]) -> how long such requests wait besides (a slow
     /// admission webhook on them).
     pub slow_requests: std::collections::HashMap<(String, String), Duration>,
+    /// (verb, resource[/subresource]) -> how long such requests' answers wait after
+    /// the request took effect (the write landed; its answer is slow to come back).
+    pub slow_answers: std::collections::HashMap<(String, String), Duration>,
+    /// Clients (bearer token users) cut off from the server: their requests never
+    /// reach it and are never answered (a network partition of one replica).
+    pub cut: std::collections::HashSet<String>,
 }
 
 /// How a refused request is answered ([`SimCluster::refuse`]), as a real API server
@@ -287,6 +293,8 @@ impl SimCluster {
         f.throttled.clear();
         f.refused.clear();
         f.slow_requests.clear();
+        f.slow_answers.clear();
+        f.cut.clear();
         f.watch_lag = Duration::ZERO;
         f.latency = Duration::ZERO;
     }
@@ -306,6 +314,28 @@ impl SimCluster {
             .lock()
             .slow_requests
             .insert((verb.to_string(), resource.to_string()), latency);
+    }
+
+    /// From now on requests with this verb on this resource take effect at once and
+    /// are answered `latency` later (zero: at once again): a renewal that lands while
+    /// its answer is stuck on the way back.
+    pub fn slow_answers(&self, verb: &str, resource: &str, latency: Duration) {
+        self.faults
+            .lock()
+            .slow_answers
+            .insert((verb.to_string(), resource.to_string()), latency);
+    }
+
+    /// Cuts the client of `user` off (true) or lets it through again (false): its
+    /// requests from now on never reach the server and are never answered, as for a
+    /// replica behind a network partition; requests already taken on finish.
+    pub fn cut(&self, user: &str, cut: bool) {
+        let mut f = self.faults.lock();
+        if cut {
+            f.cut.insert(user.to_string());
+        } else {
+            f.cut.remove(user);
+        }
     }
 
     /// From now on every request waits `latency` before it is handled, as a slow or
