@@ -34,10 +34,13 @@ pub(super) struct DeleteCall {
     started: oneshot::Sender<Result<Removals, ProviderError>>,
 }
 
+/// Instances of the group to remove, each with the node name CA gave.
+type ToRemove<'g> = Vec<(&'g AsgInstance, String)>;
+
 /// What one call of a batch asks for, once checked against the group.
 struct Planned<'g> {
     call: DeleteCall,
-    real: Vec<(&'g AsgInstance, String)>,
+    real: ToRemove<'g>,
     placeholders: i32,
 }
 
@@ -324,7 +327,7 @@ impl Provider {
         g: &'g Group,
         nodes: &[NodeRef],
         taken: &HashSet<String>,
-    ) -> Result<(Vec<(&'g AsgInstance, String)>, i32), ProviderError> {
+    ) -> Result<(ToRemove<'g>, i32), ProviderError> {
         let id = g.asg.name.as_str();
         let mut real = Vec::new();
         let mut placeholders = 0i32;
