@@ -242,6 +242,10 @@ pub async fn report(
             },
             Err(e) => problems.push(format!("group {}: no template node: {e}", g.asg.name)),
         }
+        problems.extend(template_problems(
+            &g.asg.name,
+            provider.template_findings(&g.asg.name).as_ref(),
+        ));
     }
     if problems.is_empty() {
         println!("\nno problems found");
@@ -253,6 +257,42 @@ pub async fn report(
         }
         ExitCode::FAILURE
     }
+}
+
+/// What check-config counts as problems of a group's template: each part built from
+/// missing or expired data (a DescribeNodegroup that failed, a launch template that
+/// could not be re-read) and every tag, flag or user-data setting that could not be
+/// used, named with its value. Pure.
+pub fn template_problems(
+    group: &str,
+    findings: Option<&crate::provider::templates::TemplateFindings>,
+) -> Vec<String> {
+    let Some(f) = findings else {
+        return Vec::new();
+    };
+    let mut out: Vec<String> = f
+        .incomplete
+        .iter()
+        .filter(|(part, _)| {
+            use crate::provider::templates::Part;
+            // The warnings below name each unusable setting on its own line.
+            !matches!(part, Part::UserData | Part::Tags)
+        })
+        .map(|(part, why)| {
+            format!(
+                "group {group}: template node built from incomplete data ({}): {why}",
+                part.as_str()
+            )
+        })
+        .collect();
+    out.extend(f.warnings.iter().map(|w| {
+        if w.starts_with("group ") {
+            format!("template node: {w}")
+        } else {
+            format!("group {group}: template node: {w}")
+        }
+    }));
+    out
 }
 
 /// Queue mode: whether the queue answers, and what waits in it.

@@ -74,6 +74,9 @@ impl Provider {
             return self.stale_or_fail(e);
         }
         if !self.refresh_due() {
+            // A template input past its lifetime, or a read that failed, is read
+            // again now rather than at the next full refresh.
+            self.heal_templates();
             return Ok(());
         }
         let this = self.clone();
@@ -234,6 +237,7 @@ impl Provider {
             Self::apply_marks(&mut ov, &registry);
         }
         drop(_ops);
+        self.forget_gone_templates(&registry);
         tracing::debug!(
             groups = registry.groups.len(),
             instances = registry.instance_count(),

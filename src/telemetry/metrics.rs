@@ -36,6 +36,12 @@ pub struct TemplateFailureLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TemplatePartLabels {
+    pub node_group: String,
+    pub part: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct AwsLabels {
     pub operation: String,
     pub outcome: String,
@@ -114,6 +120,7 @@ pub struct Metrics {
     pub lifecycle_waiting: Gauge,
     pub daemonset_pods_evicted_early: Counter,
     pub template_failures: Family<TemplateFailureLabels, Counter>,
+    pub template_incomplete: Family<TemplatePartLabels, Gauge>,
     pub build_info: Family<BuildLabels, Gauge>,
     pub tls_reloads: Family<OutcomeLabels, Counter>,
     pub dry_run_actions: Family<ActionLabels, Counter>,
@@ -209,6 +216,7 @@ impl Metrics {
             lifecycle_waiting: Gauge::default(),
             daemonset_pods_evicted_early: Counter::default(),
             template_failures: Family::default(),
+            template_incomplete: Family::default(),
             build_info: Family::default(),
             tls_reloads: Family::default(),
             dry_run_actions: Family::default(),
@@ -343,6 +351,11 @@ impl Metrics {
             "template_failures",
             "Template nodes that could not be built, by node group and reason (aws_error, cannot_build): the group cannot scale up from zero",
             m.template_failures.clone(),
+        );
+        r.register(
+            "node_group_template_incomplete",
+            "1 when a node group's template node is built from missing, expired or partly unusable data, by part (eks_nodegroup, launch_data, instance_type, user_data, tags): check-config and the log say what",
+            m.template_incomplete.clone(),
         );
         r.register(
             "queue_messages",

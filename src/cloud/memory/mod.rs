@@ -42,6 +42,9 @@ pub struct MemoryGroup {
     /// A mixed instances policy with attribute-based selection instead of a type
     /// (instances still launch as `instance_type`).
     pub requirements: Option<InstanceRequirements>,
+    /// The launch template version the ASG names (`$Default`, `$Latest`, a number);
+    /// None names none, which AWS reads as `$Default`.
+    pub launch_template_version: Option<String>,
 }
 
 impl MemoryGroup {
@@ -61,7 +64,14 @@ impl MemoryGroup {
             user_data: None,
             terminating_hooks: Vec::new(),
             requirements: None,
+            launch_template_version: None,
         }
+    }
+
+    /// The launch template version the ASG names (`$Latest`, `3`, ...).
+    pub fn launch_template_version(mut self, version: &str) -> Self {
+        self.launch_template_version = Some(version.to_string());
+        self
     }
 
     pub fn instance_requirements(mut self, requirements: InstanceRequirements) -> Self {
@@ -251,6 +261,11 @@ struct State {
     hook_slack: Vec<(String, Duration)>,
     /// Operations that fail once with a throttle, for error-path tests.
     throttle_next: HashMap<String, u32>,
+    /// Operations refused with an error code (AccessDenied, ...) this many times.
+    refuse_next: HashMap<String, (String, u32)>,
+    /// EKS managed node groups by (cluster, node group), as DescribeNodegroup
+    /// answers them; absent ones are NotFound.
+    eks: BTreeMap<(String, String), EksNodegroup>,
     /// Instances the ASG chose to end itself because SetDesiredCapacity went below
     /// the instances it had (what a drain-aware caller must never cause).
     chosen_by_asg: Vec<String>,
@@ -463,11 +478,43 @@ impl MemoryCloud {
         self.state.lock().desired_log.clone()
     }
 
+    /// DescribeNodegroup answers this for (cluster, node group); None makes it
+    /// NotFound (UpdateNodegroupConfig, CreateNodegroup, DeleteNodegroup).
+    pub fn set_eks_nodegroup(&self, cluster: &str, nodegroup: &str, ng: Option<EksNodegroup>) {
+        let key = (cluster.to_string(), nodegroup.to_string());
+        let mut st = self.state.lock();
+        match ng {
+            Some(ng) => st.eks.insert(key, ng),
+            None => st.eks.remove(&key),
+        };
+    }
+
+    /// A new launch template version becomes the one the group's reference names
+    /// (`$Default` or `$Latest`): its instance type and user data. Instances
+    /// launched from now on use it.
+    pub fn new_launch_version(&self, group: &str, instance_type: &str, user_data: Option<&str>) {
+        let mut st = self.state.lock();
+        if let Some(g) = st.groups.get_mut(group) {
+            g.spec.instance_type = instance_type.to_string();
+            g.spec.user_data = user_data.map(str::to_string);
+        }
+    }
+
+    /// The next `times` calls of `operation` are refused with `code` (AccessDenied,
+    /// ...): an answer, not a passing failure.
+    pub fn refuse(&self, operation: &str, code: &str, times: u32) {
+        self.state
+            .lock()
+            .refuse_next
+            .insert(operation.to_string(), (code.to_string(), times));
+    }
+
     /// Lifts throttles, staleness and latency (the end of a test's faults).
     pub fn heal(&self) {
         {
             let mut st = self.state.lock();
             st.throttle_next.clear();
+            st.refuse_next.clear();
             st.stale = None;
         }
         self.slow(Duration::ZERO);
@@ -599,6 +646,16 @@ impl MemoryCloud {
 
     fn begin_call(&self, st: &mut State, op: &str) -> CloudResult<()> {
         *st.calls.entry(op.to_string()).or_default() += 1;
+        if let Some((code, n)) = st.refuse_next.get_mut(op) {
+            if *n > 0 {
+                *n -= 1;
+                return Err(CloudError::Rejected {
+                    operation: op.to_string(),
+                    code: code.clone(),
+                    message: format!("{op} refused (memory cloud)"),
+                });
+            }
+        }
         if let Some(n) = st.throttle_next.get_mut(op) {
             if *n > 0 {
                 *n -= 1;
@@ -763,7 +820,7 @@ impl MemoryCloud {
                 let template = LaunchTemplateRef {
                     id: Some(format!("lt-{}", g.spec.name)),
                     name: Some(g.spec.name.clone()),
-                    version: None,
+                    version: g.spec.launch_template_version.clone(),
                 };
                 match &g.spec.requirements {
                     Some(r) => LaunchSpec::MixedInstances {
@@ -1249,10 +1306,10 @@ impl Cloud for MemoryCloud {
         self.effect(|| -> CloudResult<EksNodegroup> {
             let mut st = self.state.lock();
             self.begin_call(&mut st, "eks_nodegroup")?;
-            Err(not_found(
-                "EKS node group",
-                &format!("{cluster}/{nodegroup}"),
-            ))
+            st.eks
+                .get(&(cluster.to_string(), nodegroup.to_string()))
+                .cloned()
+                .ok_or_else(|| not_found("EKS node group", &format!("{cluster}/{nodegroup}")))
         })
         .await
     }

@@ -65,6 +65,8 @@ pub struct TemplateNode {
     pub allocatable: BTreeMap<String, String>,
     /// Tags, flags or settings that could not be used, naming each and its value.
     pub warnings: Vec<String>,
+    /// The ones of `warnings` that come from the user data.
+    pub user_data_warnings: Vec<String>,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -246,6 +248,7 @@ pub fn build_template(inputs: &TemplateInputs<'_>) -> Result<TemplateNode, Templ
         });
     }
     let mut warnings = Vec::new();
+    let mut user_data_warnings = Vec::new();
     let mut labels = BTreeMap::new();
     let mut taints: Vec<Taint> = Vec::new();
     let name = format!("template-node-for-{}", g.name);
@@ -280,6 +283,9 @@ pub fn build_template(inputs: &TemplateInputs<'_>) -> Result<TemplateNode, Templ
     }
     // Kubelet flags in the launch template's user data.
     let mut max_pods = None;
+    let mut reservations = allocatable::Reservations::default();
+    let mut pods_per_core = None;
+    let mut use_max_pods = None;
     let mut windows_user_data = false;
     let mut bottlerocket = inputs
         .eks
@@ -294,12 +300,16 @@ pub fn build_template(inputs: &TemplateInputs<'_>) -> Result<TemplateNode, Templ
             put_taint(&mut taints, t);
         }
         max_pods = flags.max_pods;
-        warnings.extend(
+        reservations = flags.reservations;
+        pods_per_core = flags.pods_per_core;
+        use_max_pods = flags.use_max_pods;
+        user_data_warnings.extend(
             flags
                 .warnings
                 .into_iter()
                 .map(|w| format!("group {}: {w}", g.name)),
         );
+        warnings.extend(user_data_warnings.iter().cloned());
     }
     let ami_type = inputs.eks.and_then(|e| e.ami_type.as_deref());
     let os = node_os(ami_type, windows_user_data);
@@ -377,16 +387,34 @@ pub fn build_template(inputs: &TemplateInputs<'_>) -> Result<TemplateNode, Templ
             ));
         }
     }
-    let max_pods = o
+    let eni_max_pods = match os {
+        NodeOs::Windows => windows_max_pods(it.ipv4_per_eni.unwrap_or(0)),
+        NodeOs::Linux => {
+            allocatable::eni_max_pods(it.max_enis.unwrap_or(0), it.ipv4_per_eni.unwrap_or(0))
+        }
+    };
+    // AL2's bootstrap.sh --use-max-pods false leaves kubelet at its own default; its
+    // kube-reserved memory is still computed from the ENI number.
+    let unset_max_pods = if use_max_pods == Some(false) {
+        if let Some(eni) = eni_max_pods {
+            reservations.kube_reserved.memory_mib = reservations
+                .kube_reserved
+                .memory_mib
+                .or(Some(allocatable::kube_reserved_memory_mib(eni)));
+        }
+        None
+    } else {
+        eni_max_pods
+    };
+    let mut max_pods = o
         .max_pods
         .or(max_pods)
-        .or_else(|| match os {
-            NodeOs::Windows => windows_max_pods(it.ipv4_per_eni.unwrap_or(0)),
-            NodeOs::Linux => {
-                allocatable::eni_max_pods(it.max_enis.unwrap_or(0), it.ipv4_per_eni.unwrap_or(0))
-            }
-        })
+        .or(unset_max_pods)
         .unwrap_or(DEFAULT_MAX_PODS);
+    // kubelet: pods-per-core x cores, when lower than max pods.
+    if let Some(ppc) = pods_per_core.filter(|_| o.max_pods.is_none()) {
+        max_pods = max_pods.min(ppc.saturating_mul(vcpus)).max(1);
+    }
     let ephemeral_gib = ephemeral_volume_gib(&inputs.launch.volumes, bottlerocket)
         .or_else(|| inputs.eks.and_then(|e| e.disk_size_gib).filter(|v| *v > 0))
         .unwrap_or(DEFAULT_EPHEMERAL_GIB);
@@ -396,7 +424,13 @@ pub fn build_template(inputs: &TemplateInputs<'_>) -> Result<TemplateNode, Templ
         .vm_memory_overhead_percent
         .unwrap_or(allocatable::DEFAULT_VM_MEMORY_OVERHEAD_PERCENT);
     let memory_capacity_mib = allocatable::memory_capacity_mib(memory_mib, arch, overhead);
-    let alloc = allocatable::allocatable(vcpus, memory_capacity_mib, max_pods, ephemeral_gib);
+    let alloc = allocatable::allocatable_with(
+        vcpus,
+        memory_capacity_mib,
+        max_pods,
+        ephemeral_gib,
+        &reservations,
+    );
 
     let mut capacity = BTreeMap::new();
     capacity.insert("cpu".to_string(), vcpus.to_string());
@@ -438,6 +472,7 @@ pub fn build_template(inputs: &TemplateInputs<'_>) -> Result<TemplateNode, Templ
         capacity,
         allocatable,
         warnings,
+        user_data_warnings,
     })
 }
 

@@ -629,3 +629,99 @@ fn template_memory_never_exceeds_nominal_less_the_overhead() {
         }
     }
 }
+
+fn with_user_data(ud: &str) -> TemplateNode {
+    let launch = LaunchData {
+        user_data: Some(ud.into()),
+        ..Default::default()
+    };
+    build(
+        &asg(&[]),
+        &launch,
+        &m5_large(),
+        None,
+        &TemplateOverrides::default(),
+    )
+}
+
+#[test]
+fn nodeadm_register_with_taints_are_the_templates_taints() {
+    let n = with_user_data(
+        "apiVersion: node.eks.aws/v1alpha1\nkind: NodeConfig\nspec:\n  cluster:\n    name: c\n  kubelet:\n    config:\n      maxPods: 20\n      registerWithTaints:\n        - key: nvidia.com/gpu\n          value: \"true\"\n          effect: NoSchedule\n",
+    );
+    assert_eq!(
+        n.taints,
+        vec![Taint {
+            key: "nvidia.com/gpu".into(),
+            value: "true".into(),
+            effect: "NoSchedule".into()
+        }]
+    );
+    assert_eq!(n.capacity["pods"], "20");
+    assert!(
+        n.user_data_warnings.is_empty(),
+        "{:?}",
+        n.user_data_warnings
+    );
+}
+
+#[test]
+fn reservations_from_user_data_set_allocatable() {
+    // m5.large: 7577Mi capacity, 29 pods, 20Gi root volume.
+    let n = with_user_data(
+        "#!/bin/bash\n/etc/eks/bootstrap.sh c --kubelet-extra-args '--kube-reserved=cpu=250m,memory=1Gi --system-reserved=memory=256Mi,ephemeral-storage=1Gi --eviction-hard=memory.available<500Mi,nodefs.available<5%'\n",
+    );
+    assert_eq!(n.allocatable["cpu"], "1750m");
+    assert_eq!(
+        n.allocatable["memory"],
+        format!("{}Mi", 7577 - 1024 - 256 - 500)
+    );
+    // 20480 less 1024 kube-reserved (default), 1024 system, 5 % (1024).
+    assert_eq!(
+        n.allocatable["ephemeral-storage"],
+        format!("{}Mi", 20480 - 1024 - 1024 - 1024)
+    );
+    assert!(n.warnings.is_empty(), "{:?}", n.warnings);
+}
+
+#[test]
+fn pods_per_core_and_use_max_pods_false_set_max_pods() {
+    let n = with_user_data("/etc/eks/bootstrap.sh c --kubelet-extra-args '--pods-per-core=5'\n");
+    assert_eq!(n.capacity["pods"], "10", "5 per core x 2 vCPUs, below 29");
+    let n = with_user_data("/etc/eks/bootstrap.sh c --use-max-pods false\n");
+    assert_eq!(n.capacity["pods"], "110", "kubelet's own default");
+    // kube-reserved memory still from the ENI number (29): 574.
+    assert_eq!(n.allocatable["memory"], format!("{}Mi", 7577 - 574 - 100));
+    let n = with_user_data(
+        "/etc/eks/bootstrap.sh c --use-max-pods false --kubelet-extra-args '--max-pods=50'\n",
+    );
+    assert_eq!(n.capacity["pods"], "50");
+}
+
+#[test]
+fn unread_user_data_settings_are_kept_apart_from_tag_warnings() {
+    let g = asg(&[(
+        "k8s.io/cluster-autoscaler/node-template/resources/foo",
+        "lots",
+    )]);
+    let launch = LaunchData {
+        user_data: Some(
+            "/etc/eks/bootstrap.sh c --kubelet-extra-args '--reserved-cpus=0 --node-label=a=b'\n"
+                .into(),
+        ),
+        ..Default::default()
+    };
+    let n = build(
+        &g,
+        &launch,
+        &m5_large(),
+        None,
+        &TemplateOverrides::default(),
+    );
+    assert_eq!(n.user_data_warnings.len(), 2, "{:?}", n.user_data_warnings);
+    assert_eq!(n.warnings.len(), 3, "{:?}", n.warnings);
+    assert!(n
+        .user_data_warnings
+        .iter()
+        .all(|w| w.starts_with("group g: user data")));
+}
