@@ -98,9 +98,14 @@ fn ends_earlier(new: Option<DateTime<Utc>>, old: Option<DateTime<Utc>>) -> bool 
 }
 
 impl Why {
-    /// Same kind of reason (a notice is one kind whatever its budget).
+    /// Same kind of reason. A notice is one kind whatever its budget, and each kind
+    /// of notice its own (a spot warning joining a rebalance drain is recorded as
+    /// itself, so that it is known again when SQS delivers it a second time).
     fn same_kind(&self, other: &Why) -> bool {
-        std::mem::discriminant(self) == std::mem::discriminant(other)
+        match (self, other) {
+            (Why::Notice { notice: a, .. }, Why::Notice { notice: b, .. }) => a == b,
+            _ => std::mem::discriminant(self) == std::mem::discriminant(other),
+        }
     }
 
     /// Whether this reason, arriving after `done`'s drain finished, tells nothing

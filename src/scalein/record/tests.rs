@@ -338,6 +338,44 @@ fn the_same_notice_after_its_drain_is_done_stays_done() {
     assert_eq!(r.drain_began(), Some(at(0)));
 }
 
+/// Issue 39, 1: with `rebalance: drain`, a rebalance recommendation drains the node
+/// and a spot warning joins; after the drain, the spot warning delivered again (a
+/// restarted consumer, a new leader) is the same notice, not news. Before, the
+/// record kept one notice name for both kinds and drained again.
+#[test]
+fn a_spot_warning_that_joined_a_rebalance_drain_is_known_again_after_it() {
+    let l = limits(DeadlinePolicy::Proceed);
+    let rebalance_drain = Why::Notice {
+        notice: "rebalance_recommendation".into(),
+        ends_at: None,
+        daemonset_share_secs: 0,
+    };
+    let mut r = record(&[(rebalance_drain.clone(), 0)], l);
+    r.join(DrainReason::new(spot(2 * MIN), at(30)), l);
+    assert_eq!(r.reasons.len(), 2, "each notice kept as itself: {r:?}");
+    assert_eq!(
+        r.drain_began(),
+        Some(at(0)),
+        "the drain began with the rebalance"
+    );
+    assert_eq!(
+        r.plan(l).budget_ends,
+        Some(at(2 * MIN)),
+        "the spot warning's budget binds"
+    );
+    r.mark_done();
+    for again in [spot(2 * MIN), rebalance_drain] {
+        let before = r.clone();
+        assert_eq!(
+            r.join(DrainReason::new(again.clone(), at(3 * MIN)), l),
+            Joined::Same,
+            "{again:?}"
+        );
+        assert_eq!(r, before, "{again:?}: stays done");
+        assert_eq!(r.drain_began(), None, "{again:?}: nothing drains again");
+    }
+}
+
 #[test]
 fn abandoning_a_scale_in_keeps_the_other_reasons() {
     let l = limits(DeadlinePolicy::Abandon);
