@@ -5,15 +5,26 @@
 //! makes, in the shapes it sends them. Run it with `scripts/e2e.sh`: without
 //! `E2E_K8S_BIN` every scenario says it was skipped (and fails when `E2E_REQUIRED=1`).
 //!
-//! Each scenario writes one row (scenario, Kubernetes version, PASS/FAIL, the failing
-//! step, the time from the scale-in to the last instance's end) to `E2E_RESULTS`.
+//! Every scenario where CA decides (`tests/e2e/ca_scenarios.rs`) runs once per CA
+//! profile (`tests/e2e/ca_profile.rs`: 1.31, 1.34, 1.36, master), each as its own test
+//! (`ca_1_36::scale_up_from_pending_pods`), driven by the suite's client playing that
+//! version (`tests/e2e/driver.rs`).
+//!
+//! Each scenario writes one row (scenario, driver, Kubernetes version, PASS/FAIL, the
+//! failing step, the time from the scale-in to the last instance's end) to `E2E_RESULTS`.
 
 mod support;
 
+#[path = "e2e/ca_profile.rs"]
+mod ca_profile;
+#[path = "e2e/ca_scenarios.rs"]
+mod ca_scenarios;
 #[path = "e2e/checks.rs"]
 mod checks;
 #[path = "e2e/control_plane.rs"]
 mod control_plane;
+#[path = "e2e/driver.rs"]
+mod driver;
 #[path = "e2e/kubelet.rs"]
 mod kubelet;
 #[path = "e2e/real_node.rs"]
@@ -22,47 +33,6 @@ mod real_node;
 mod rig;
 
 use rig::{binaries, other_drainer, until, Rig, SERIAL};
-
-/// CA scales in two occupied nodes of a group with no hook (direct mode): both drain at
-/// once under the real disruption controller's budget, DaemonSet pods last, then each
-/// instance ends with a decrement.
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn ca_scale_in_of_occupied_nodes_direct() {
-    let Some(bin) = binaries("ca_scale_in_of_occupied_nodes_direct") else {
-        return;
-    };
-    let _one_at_a_time = SERIAL.lock().await;
-    let mut rig = Rig::start("CA scale-in, direct", &bin, 5, false).await;
-    let victims: Vec<(String, String)> = rig.occupied().await.into_iter().take(2).collect();
-    assert_eq!(victims.len(), 2, "two occupied nodes");
-    rig.report
-        .scale_in_begins("CA: NodeGroupDeleteNodes of two occupied nodes");
-    rig.ca_deletes(&victims).await;
-    assert_eq!(
-        rig.ca_target().await,
-        3,
-        "direct mode reports the decrease at once"
-    );
-    rig.ends_keeping_promises(&victims, 3, 2, false).await;
-}
-
-/// The same through our lifecycle hook: DeleteNodes ends the instances with a decrement
-/// at once, the hook holds them while the drain runs, each action is completed once.
-#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
-async fn ca_scale_in_of_occupied_nodes_through_the_hook() {
-    let Some(bin) = binaries("ca_scale_in_of_occupied_nodes_through_the_hook") else {
-        return;
-    };
-    let _one_at_a_time = SERIAL.lock().await;
-    let mut rig = Rig::start("CA scale-in, hook", &bin, 5, true).await;
-    rig.run_lifecycle_loop();
-    let victims: Vec<(String, String)> = rig.occupied().await.into_iter().take(2).collect();
-    assert_eq!(victims.len(), 2, "two occupied nodes");
-    rig.report
-        .scale_in_begins("CA: NodeGroupDeleteNodes of two occupied nodes");
-    rig.ca_deletes(&victims).await;
-    rig.ends_keeping_promises(&victims, 3, 2, true).await;
-}
 
 /// The ASG ends an instance on its own (a scale-in policy, a rebalance, a refresh):
 /// the hook holds it, the service drains it, and is killed mid-drain; the new process
@@ -224,4 +194,49 @@ async fn queue_mode_a_rebalance_cordon_then_the_hook() {
     support::queue::handle_next(&consumer, &queue).await;
     let victims = vec![(node.clone(), iid.clone())];
     rig.ends_keeping_promises(&victims, 3, 0, true).await;
+}
+
+/// One test per scenario where CA decides and per CA profile: `ca_1_31::...`,
+/// `ca_1_34::...`, `ca_1_36::...`, `ca_master::...`.
+macro_rules! every_profile {
+    ($($module:ident => $profile:expr;)*) => {$(
+        mod $module {
+            use super::ca_scenarios as s;
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn scale_up_from_pending_pods() {
+                s::scale_up_from_pending_pods($profile).await
+            }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn ca_scale_in_of_occupied_nodes_direct() {
+                s::ca_scale_in_of_occupied_nodes($profile, false).await
+            }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn ca_scale_in_of_occupied_nodes_through_the_hook() {
+                s::ca_scale_in_of_occupied_nodes($profile, true).await
+            }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn a_group_at_min_whose_relaunch_fails() {
+                s::a_group_at_min_whose_relaunch_fails($profile).await
+            }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn option_tags_with_one_malformed() {
+                s::option_tags_with_one_malformed($profile).await
+            }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn a_drain_abandoned_after_cas_cordon() {
+                s::a_drain_abandoned_after_cas_cordon($profile).await
+            }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn ca_restarted_mid_drain() {
+                s::ca_restarted_mid_drain($profile).await
+            }
+        }
+    )*};
+}
+
+every_profile! {
+    ca_1_31 => &super::ca_profile::CA_1_31;
+    ca_1_34 => &super::ca_profile::CA_1_34;
+    ca_1_36 => &super::ca_profile::CA_1_36;
+    ca_master => &super::ca_profile::CA_MASTER;
 }

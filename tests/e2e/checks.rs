@@ -150,3 +150,70 @@ pub fn service_user_agents(audit: &[AuditEvent]) -> std::collections::BTreeSet<S
         .map(|e| e.user_agent.clone())
         .collect()
 }
+
+/// The answers the service gave (its own `grpc_requests_total{method,code}` counts, one
+/// text per process) other than OK, Unimplemented (the protocol's "nothing to say"),
+/// Cancelled (a call its client gave up on or dropped) and the `expected` (method, code)
+/// pairs: `method code xN` each.
+pub fn provider_errors(counts: &[String], expected: &[(&str, &str)]) -> Result<(), String> {
+    let mut found = BTreeMap::<(String, String), f64>::new();
+    for text in counts {
+        for line in text.lines() {
+            let Some(rest) = line.strip_prefix("ca_asg_provider_grpc_requests_total{") else {
+                continue;
+            };
+            let Some((labels, n)) = rest.split_once("} ") else {
+                continue;
+            };
+            let label = |k: &str| {
+                labels.split(',').find_map(|kv| {
+                    let (lk, v) = kv.split_once('=')?;
+                    (lk.trim() == k).then(|| v.trim_matches('"').to_string())
+                })
+            };
+            let (Some(method), Some(code)) = (label("method"), label("code")) else {
+                continue;
+            };
+            if ["Ok", "Unimplemented", "Cancelled"].contains(&code.as_str())
+                || expected.iter().any(|(m, c)| *m == method && *c == code)
+            {
+                continue;
+            }
+            *found.entry((method, code)).or_default() += n.trim().parse::<f64>().unwrap_or(0.0);
+        }
+    }
+    if found.is_empty() {
+        return Ok(());
+    }
+    Err(format!(
+        "the service answered CA's calls with errors: {}",
+        found
+            .iter()
+            .map(|((m, c), n)| format!("{m} {c} x{n}"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    ))
+}
+
+/// The node is schedulable again and carries neither the service's taint nor CA's
+/// (after an abandoned drain, or CA's clean-up).
+pub fn handed_back(node: &k8s_openapi::api::core::v1::Node) -> Result<(), String> {
+    let name = node.metadata.name.clone().unwrap_or_default();
+    let spec = node.spec.clone().unwrap_or_default();
+    if spec.unschedulable == Some(true) {
+        return Err(format!("{name} is still cordoned"));
+    }
+    let left: Vec<String> = spec
+        .taints
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|t| {
+            t.key == "ToBeDeletedByClusterAutoscaler" || t.key == "ca-asg-provider.io/draining"
+        })
+        .map(|t| t.key)
+        .collect();
+    if !left.is_empty() {
+        return Err(format!("{name} still carries {left:?}"));
+    }
+    Ok(())
+}

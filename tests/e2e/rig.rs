@@ -4,13 +4,16 @@
 #![allow(dead_code)] // shared by the e2e test crates, each using a part
 
 use std::collections::BTreeMap;
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ca_asg_provider::cloud::memory::{MemoryCloud, MemoryGroup};
+use ca_asg_provider::cloud::GroupSelector;
 use ca_asg_provider::proto::{self, cloud_provider_client::CloudProviderClient};
-use ca_asg_provider::provider::Provider;
-use ca_asg_provider::scalein::{self, Engine, ScaleInSettings};
+use ca_asg_provider::provider::{Provider, ProviderSettings};
+use ca_asg_provider::scalein::{self, DrainScaleIn, Engine, ScaleInSettings};
+use ca_asg_provider::telemetry::metrics::Metrics;
 use k8s_openapi::api::core::v1::Pod;
 use kube::api::{DynamicObject, PostParams};
 use kube::discovery::ApiResource;
@@ -22,7 +25,7 @@ use super::checks;
 use super::control_plane::{Binaries, ControlPlane, Who};
 use super::kubelet::FakeKubelet;
 use super::real_node::RealNode;
-use super::support::world::{service_on, timing};
+use super::support::world::timing;
 
 pub const HOOK: &str = "ca-asg-provider-drain";
 pub const APP_REPLICAS: usize = 3;
@@ -31,13 +34,17 @@ pub const APP_MIN_READY: usize = APP_REPLICAS - 1;
 
 /// The step a scenario is in, written to the report when it fails.
 pub struct Report {
-    pub scenario: &'static str,
+    pub scenario: String,
+    /// Who makes CA's calls: "suite client as CA 1.36", "cluster-autoscaler 1.36.1", ...
+    pub driver: String,
     pub version: String,
     pub step: parking_lot::Mutex<String>,
     pub scale_in_secs: parking_lot::Mutex<Option<f64>>,
     /// When the scale-in was asked for (the time to the instance's end counts from here).
     pub scale_in_began: parking_lot::Mutex<Option<Instant>>,
     pub scale_in_asked: parking_lot::Mutex<Option<chrono::DateTime<chrono::Utc>>>,
+    /// When the scenario began (its wall time, control plane included, goes in the row).
+    pub began: Instant,
     /// More columns for the row (lines written and lost, for the real-node scenarios).
     pub extra: parking_lot::Mutex<serde_json::Map<String, serde_json::Value>>,
 }
@@ -52,8 +59,8 @@ impl Report {
 
     pub fn step(&self, s: &str) {
         eprintln!(
-            "e2e [{} on Kubernetes {}]: {s}",
-            self.scenario, self.version
+            "e2e [{} | {} | Kubernetes {}]: {s}",
+            self.scenario, self.driver, self.version
         );
         *self.step.lock() = s.to_string();
     }
@@ -65,18 +72,20 @@ impl Drop for Report {
         let mut row = json!({
             "scenario": self.scenario,
             "kubernetes": self.version,
-            "driver": "CA's gRPC calls (the suite's client)",
+            "driver": self.driver,
             "result": if passed { "PASS" } else { "FAIL" },
             "step": if passed { String::new() } else { self.step.lock().clone() },
             "scale_in_secs": *self.scale_in_secs.lock(),
+            "wall_secs": self.began.elapsed().as_secs_f64(),
         });
         for (k, v) in self.extra.lock().iter() {
             row[k] = v.clone();
         }
         if !passed {
             eprintln!(
-                "e2e FAILED: scenario {} on Kubernetes {} at step: {}",
+                "e2e FAILED: scenario {} driven by {} on Kubernetes {} at step: {}",
                 self.scenario,
+                self.driver,
                 self.version,
                 self.step.lock()
             );
@@ -124,8 +133,146 @@ pub struct Rig {
     pub provider: Arc<Provider>,
     pub engine: Arc<Engine>,
     pub ca: CloudProviderClient<Channel>,
+    /// Where the service serves gRPC (for a real cluster-autoscaler), and its own counts
+    /// of the answers it gave (method, code).
+    pub grpc_addr: SocketAddr,
+    pub counts: &'static Metrics,
+    /// Every process of the service so far, for the check of the answers it gave.
+    pub all_counts: Vec<&'static Metrics>,
+    pub settings: ScaleInSettings,
     pub lifecycle: Option<tokio::task::JoinHandle<()>>,
     pub report: Report,
+}
+
+/// The driver named in the report of scenarios that make CA's calls by hand.
+pub const BY_HAND: &str = "CA's gRPC calls (the suite's client)";
+
+/// More of a scenario's world than [`Setup`] says.
+pub struct More {
+    /// The group's MinSize.
+    pub min: i32,
+    /// ASG tags of the group.
+    pub tags: Vec<(String, String)>,
+    pub settings: ScaleInSettings,
+    /// Also apply CA's own RBAC (`kubectl kustomize deploy/cluster-autoscaler`).
+    pub ca_rbac: bool,
+    /// The report's driver column.
+    pub driver: String,
+}
+
+impl Default for More {
+    fn default() -> Self {
+        More {
+            min: 0,
+            tags: Vec::new(),
+            settings: settings(),
+            ca_rbac: false,
+            driver: BY_HAND.to_string(),
+        }
+    }
+}
+
+/// The service as it runs in a cluster over `cloud`: its drain engine as the
+/// ServiceAccount, gRPC on a free port with its own answer counts, and a client as CA.
+pub async fn serve(
+    client: kube::Client,
+    cloud: &MemoryCloud,
+    s: ScaleInSettings,
+) -> (
+    Arc<Provider>,
+    Arc<Engine>,
+    CloudProviderClient<Channel>,
+    SocketAddr,
+    &'static Metrics,
+) {
+    let provider = Provider::new(
+        Arc::new(cloud.clone()),
+        ProviderSettings {
+            selector: GroupSelector {
+                names: vec!["web".into()],
+                tag_sets: vec![],
+            },
+            refresh_interval: Duration::from_millis(500),
+            ..ProviderSettings::default()
+        },
+    );
+    provider
+        .refresh_now()
+        .await
+        .expect("the service's first refresh");
+    let engine = Engine::new(client, Arc::new(cloud.clone()), Some(provider.clone()), s);
+    provider.set_scale_in(Arc::new(DrainScaleIn(engine.clone())));
+    let counts: &'static Metrics = Box::leak(Box::new(Metrics::new()));
+    let (l, addr) = ca_asg_provider::grpc::bind("127.0.0.1:0".parse().unwrap())
+        .await
+        .expect("a port for gRPC");
+    tokio::spawn(ca_asg_provider::grpc::serve_counted(
+        l,
+        provider.clone(),
+        None,
+        std::future::pending(),
+        Default::default(),
+        counts,
+    ));
+    let ca = CloudProviderClient::connect(format!("http://{addr}"))
+        .await
+        .expect("connect to the service");
+    until_sync("the service to read the drain marks on Nodes", 20, || {
+        provider.drain_state_known()
+    })
+    .await;
+    (provider, engine, ca, addr, counts)
+}
+
+async fn until_sync(what: &str, secs: u64, mut f: impl FnMut() -> bool) {
+    until(what, secs, || std::future::ready(f())).await
+}
+
+/// CA's own RBAC as the project ships it (`kubectl kustomize deploy/cluster-autoscaler`,
+/// or its rbac.yaml without kubectl), applied as admin.
+pub async fn apply_ca_rbac(admin: &kube::Client) {
+    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/cluster-autoscaler");
+    let text = match std::process::Command::new("kubectl")
+        .args(["kustomize", dir])
+        .output()
+    {
+        Ok(out) if out.status.success() => String::from_utf8(out.stdout).expect("UTF-8"),
+        Ok(out) => panic!(
+            "kubectl kustomize {dir}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        ),
+        Err(_) => std::fs::read_to_string(format!("{dir}/rbac.yaml")).expect("its rbac.yaml"),
+    };
+    for doc in text.split("\n---") {
+        let v: serde_json::Value = match serde_saphyr::from_str(doc) {
+            Ok(v) => v,
+            Err(e) => panic!("deploy/cluster-autoscaler: {e}"),
+        };
+        if v.is_null() {
+            continue;
+        }
+        let kind = v["kind"].as_str().expect("kind").to_string();
+        let ar = ApiResource {
+            group: "rbac.authorization.k8s.io".into(),
+            version: "v1".into(),
+            api_version: "rbac.authorization.k8s.io/v1".into(),
+            kind: kind.clone(),
+            plural: format!("{}s", kind.to_lowercase()),
+        };
+        let ns = v["metadata"]["namespace"]
+            .as_str()
+            .unwrap_or("kube-system")
+            .to_string();
+        let obj: DynamicObject = serde_json::from_value(v).expect("an RBAC object");
+        let api: Api<DynamicObject> = if kind.starts_with("Cluster") {
+            Api::all_with(admin.clone(), &ar)
+        } else {
+            Api::namespaced_with(admin.clone(), &ns, &ar)
+        };
+        api.create(&PostParams::default(), &obj)
+            .await
+            .unwrap_or_else(|e| panic!("apply {kind} from deploy/cluster-autoscaler: {e}"));
+    }
 }
 
 pub fn settings() -> ScaleInSettings {
@@ -409,7 +556,7 @@ pub struct Setup {
 impl Rig {
     /// The control plane, `desired` instances of group "web" (with our hook when
     /// `hooked`), a Ready Node per instance, the workloads running, and the service.
-    pub async fn start(scenario: &'static str, bin: &Binaries, desired: i32, hooked: bool) -> Rig {
+    pub async fn start(scenario: &str, bin: &Binaries, desired: i32, hooked: bool) -> Rig {
         let setup = Setup {
             desired,
             hooked,
@@ -419,7 +566,13 @@ impl Rig {
         Self::start_with(scenario, bin, setup).await
     }
 
-    pub async fn start_with(scenario: &'static str, bin: &Binaries, setup: Setup) -> Rig {
+    pub async fn start_with(scenario: &str, bin: &Binaries, setup: Setup) -> Rig {
+        Self::start_more(scenario, bin, setup, More::default()).await
+    }
+
+    /// [`Rig::start_with`], with the group's min and tags, the service's settings, CA's
+    /// own RBAC and the report's driver given.
+    pub async fn start_more(scenario: &str, bin: &Binaries, setup: Setup, more: More) -> Rig {
         let Setup {
             desired,
             hooked,
@@ -427,12 +580,14 @@ impl Rig {
             workloads: what,
         } = setup;
         let report = Report {
-            scenario,
+            scenario: scenario.to_string(),
+            driver: more.driver.clone(),
             version: bin.version.clone(),
             step: parking_lot::Mutex::new(String::new()),
             scale_in_secs: parking_lot::Mutex::new(None),
             scale_in_began: parking_lot::Mutex::new(None),
             scale_in_asked: parking_lot::Mutex::new(None),
+            began: Instant::now(),
             extra: Default::default(),
         };
         let _ = tracing_subscriber::fmt()
@@ -446,8 +601,15 @@ impl Rig {
         let admin = cp.client(Who::Admin).await.unwrap();
         report.step("apply the shipped RBAC");
         apply_shipped_rbac(&admin).await;
+        if more.ca_rbac {
+            report.step("apply CA's shipped RBAC (kubectl kustomize deploy/cluster-autoscaler)");
+            apply_ca_rbac(&admin).await;
+        }
         report.step("register a Ready Node per instance");
-        let mut group = MemoryGroup::new("web", 0, 8, desired, "m5.large");
+        let mut group = MemoryGroup::new("web", more.min, 8, desired, "m5.large");
+        for (k, v) in &more.tags {
+            group = group.tag(k, v);
+        }
         if hooked {
             group = group.terminating_hook(HOOK, 300);
         }
@@ -525,12 +687,10 @@ impl Rig {
         })
         .await;
         report.step("start the service as its ServiceAccount");
-        let (provider, engine, ca) = service_on(
+        let (provider, engine, ca, grpc_addr, counts) = serve(
             cp.client(Who::Service).await.unwrap(),
             &cloud,
-            &["web".to_string()],
-            settings(),
-            Duration::from_millis(500),
+            more.settings.clone(),
         )
         .await;
         Rig {
@@ -542,6 +702,10 @@ impl Rig {
             provider,
             engine,
             ca,
+            grpc_addr,
+            counts,
+            all_counts: vec![counts],
+            settings: more.settings,
             lifecycle: None,
             report,
         }
@@ -563,17 +727,18 @@ impl Rig {
         }
         self.engine.abort_all();
         self.engine.shutdown();
-        let (provider, engine, ca) = service_on(
+        let (provider, engine, ca, addr, counts) = serve(
             self.cp.client(Who::Service).await.unwrap(),
             &self.cloud,
-            &["web".to_string()],
-            settings(),
-            Duration::from_millis(500),
+            self.settings.clone(),
         )
         .await;
         self.provider = provider;
         self.engine = engine;
         self.ca = ca;
+        self.grpc_addr = addr;
+        self.counts = counts;
+        self.all_counts.push(counts);
         self.run_lifecycle_loop();
     }
 
@@ -709,9 +874,19 @@ impl Rig {
             self.cloud.hook_timeouts().is_empty(),
             "a held hook timed out"
         );
+        self.report
+            .step("check: no error answered to CA's calls (the service's own counts)");
+        self.no_provider_errors(&[]);
         self.cp
             .check_alive()
             .unwrap_or_else(|e| panic!("a control plane component died: {e}"));
+    }
+
+    /// Every answer of every process of the service so far was OK, Unimplemented, or one
+    /// of `expected` (method, code).
+    pub fn no_provider_errors(&self, expected: &[(&str, &str)]) {
+        let texts: Vec<String> = self.all_counts.iter().map(|m| m.encode()).collect();
+        checks::provider_errors(&texts, expected).unwrap_or_else(|e| panic!("{e}"));
     }
 
     /// The end of every promise scenario: the instances end, every promise is checked,
