@@ -451,8 +451,12 @@ impl DrainRecord {
         } else {
             End::Leave
         };
-        // The earliest budget of any notice, done or not: it is a fact about the
-        // instance, not a policy.
+        // The earliest budget of any notice: it is a fact about the instance, not a
+        // policy, so a notice whose drain is done still binds a new drain while its
+        // end is ahead of that drain's start (a spot warning's reclaim). One that
+        // ended before the new drain began (a scheduled reboot whose time passed,
+        // the instance still in service) binds nothing any more.
+        let began = self.drain_began();
         let budget = self
             .reasons
             .iter()
@@ -461,7 +465,9 @@ impl DrainRecord {
                     ends_at: Some(e),
                     daemonset_share_secs,
                     ..
-                } => Some((*e, Duration::from_secs(*daemonset_share_secs))),
+                } if !r.done || began.is_some_and(|b| *e > b) => {
+                    Some((*e, Duration::from_secs(*daemonset_share_secs)))
+                }
                 _ => None,
             })
             .min_by_key(|(e, _)| *e);

@@ -376,6 +376,36 @@ fn a_spot_warning_that_joined_a_rebalance_drain_is_known_again_after_it() {
     }
 }
 
+/// Issue 39, 2: a scheduled reboot drained the node; its time passed and the
+/// instance stayed. A later scale-in with the `abandon` policy is bound by its own
+/// deadline and policy, not by the finished notice's past budget (which forced an
+/// immediate `proceed`: the pod behind a budget deleted, the instance ended). A
+/// notice whose end is still ahead (a spot warning's reclaim) keeps binding.
+#[test]
+fn a_finished_notice_whose_time_passed_binds_no_later_drain() {
+    let l = limits(DeadlinePolicy::Abandon);
+    let reboot = Why::Notice {
+        notice: "scheduled_change".into(),
+        ends_at: Some(at(10 * MIN)),
+        daemonset_share_secs: 20,
+    };
+    let mut r = record(&[(reboot.clone(), 0)], l);
+    r.mark_done();
+    r.join(DrainReason::new(Why::ScaleIn, at(60 * MIN)), l);
+    let p = r.plan(l);
+    assert_eq!(p.workload_deadline, Some(own_deadline(60 * MIN)), "{p:?}");
+    assert_eq!(p.on_deadline, DeadlinePolicy::Abandon, "{p:?}");
+    assert_eq!(p.budget_ends, None, "{p:?}");
+    // A done notice ending after the new drain began still binds it.
+    let mut r = record(&[(spot(70 * MIN), 0)], l);
+    r.mark_done();
+    r.join(DrainReason::new(Why::ScaleIn, at(60 * MIN)), l);
+    let p = r.plan(l);
+    assert_eq!(p.budget_ends, Some(at(70 * MIN)), "{p:?}");
+    assert_eq!(p.on_deadline, DeadlinePolicy::Proceed, "{p:?}");
+    assert!(p.workload_deadline.unwrap() < at(70 * MIN), "{p:?}");
+}
+
 #[test]
 fn abandoning_a_scale_in_keeps_the_other_reasons() {
     let l = limits(DeadlinePolicy::Abandon);
