@@ -2,15 +2,17 @@
 # Fuzzes what the service reads back from outside with libFuzzer (cargo-fuzz, nightly):
 #   drain_record  the drain record and marks on a Node's annotations (scalein::record)
 #   queue_notice  an interruption queue message body (interruption::notice::parse)
+#   user_data     launch-template user data (provider::template::userdata::parse)
 # Usage: scripts/fuzz.sh [SECONDS_PER_TARGET]   (default 60). Installs cargo-fuzz when
 # missing; needs the nightly toolchain (rustup toolchain install nightly). Not run by CI:
 # the proptests of the same properties (src/scalein/record/tests.rs `read_back`,
-# src/interruption/notice/tests.rs `any_body`) run on every test run.
+# src/interruption/notice/tests.rs `any_body`, src/provider/template/userdata.rs
+# `any_user_data_parses_bounded`) run on every test run.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 secs="${1:-60}"
 command -v cargo-fuzz >/dev/null || cargo install cargo-fuzz --locked
-for target in drain_record queue_notice; do
+for target in drain_record queue_notice user_data; do
     echo "== fuzz: $target for ${secs}s"
     cargo +nightly fuzz run "$target" -- -max_total_time="$secs" -print_final_stats=1
 done

@@ -351,3 +351,25 @@ async fn check_config_counts_a_template_built_from_incomplete_data_as_a_problem(
     )
     .is_empty());
 }
+
+#[tokio::test]
+async fn check_config_names_each_user_data_setting_the_template_does_not_read() {
+    let g = "ud-unread";
+    let (_cloud, p, _clock) = provider(vec![MemoryGroup::new(g, 0, 5, 0, "m5.large")
+        .user_data("#!/bin/bash\n/etc/eks/bootstrap.sh c --kubelet-extra-args '--reserved-cpus=0-1 --node-label=team=ml --kube-reserved=memory=lots'\n")])
+    .await;
+    assert_eq!(
+        ca_asg_provider::commands::check::report(&p, &Default::default()).await,
+        std::process::ExitCode::FAILURE
+    );
+    let problems =
+        ca_asg_provider::commands::check::template_problems(g, p.template_findings(g).as_ref());
+    assert_eq!(problems.len(), 3, "{problems:?}");
+    for needle in ["--reserved-cpus=\"0-1\"", "--node-label", "\"lots\""] {
+        assert!(
+            problems.iter().any(|l| l.contains(needle) && l.contains(g)),
+            "{needle} in {problems:?}"
+        );
+    }
+    assert_eq!(incomplete(g, "user_data"), 1);
+}

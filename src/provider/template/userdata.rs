@@ -275,6 +275,13 @@ fn add_label(out: &mut KubeletFlags, field: &str, k: &str, v: &str) {
 
 /// Adds a taint read from `field` (`key=value:Effect`), or says why not.
 fn add_taint(out: &mut KubeletFlags, field: &str, spec: &str) {
+    if spec.len() > 512 {
+        out.warnings.push(format!(
+            "user data {field}: taint {} is longer than 512 bytes; not read",
+            shown_str(spec)
+        ));
+        return;
+    }
     match parse_taint(spec).and_then(|t| {
         check_qualified_name(&t.key)
             .map_err(|e| format!("taint key {}: {e}", shown_str(&t.key)))?;
@@ -758,7 +765,7 @@ fn apply_kubelet_config(cfg: &serde_json::Map<String, serde_json::Value>, out: &
                     match q.as_str() {
                         Some(q) => add_reserved(out, &field(k), which, r, q),
                         None => out.warnings.push(format!(
-                            "user data {}.{r} {}: not a quantity string; the AMI's default is kept",
+                            "user data {}.{r:.64} {}: not a quantity string; the AMI's default is kept",
                             field(k),
                             shown_str(&q.to_string())
                         )),
@@ -774,7 +781,7 @@ fn apply_kubelet_config(cfg: &serde_json::Map<String, serde_json::Value>, out: &
                     match q.as_str() {
                         Some(q) => add_eviction(out, &field(k), sig, q),
                         None => out.warnings.push(format!(
-                            "user data {}.{sig} {}: not a string; the AMI's default is kept",
+                            "user data {}.{sig:.64} {}: not a string; the AMI's default is kept",
                             field(k),
                             shown_str(&q.to_string())
                         )),
@@ -852,7 +859,7 @@ fn apply_bottlerocket(k8s: &toml::Table, out: &mut KubeletFlags) {
                     match v.as_str() {
                         Some(v) => add_label(out, "node-labels", k, v),
                         None => out.warnings.push(format!(
-                            "user data node-labels.{k} = {}: not a string",
+                            "user data node-labels.{k:.64} = {}: not a string",
                             shown(v)
                         )),
                     }
@@ -873,7 +880,7 @@ fn apply_bottlerocket(k8s: &toml::Table, out: &mut KubeletFlags) {
                         match val.as_str() {
                             Some(val) => add_taint(out, "node-taints", &format!("{k}={val}")),
                             None => out.warnings.push(format!(
-                                "user data node-taints.{k} = {}: not a string",
+                                "user data node-taints.{k:.64} = {}: not a string",
                                 shown(val)
                             )),
                         }
@@ -896,7 +903,7 @@ fn apply_bottlerocket(k8s: &toml::Table, out: &mut KubeletFlags) {
                     match q.as_str() {
                         Some(q) => add_reserved(out, &field, which, r, q),
                         None => out.warnings.push(format!(
-                            "user data {field}.{r} = {}: not a quantity string; the AMI's default is kept",
+                            "user data {field}.{r:.64} = {}: not a quantity string; the AMI's default is kept",
                             shown(q)
                         )),
                     }
@@ -912,7 +919,7 @@ fn apply_bottlerocket(k8s: &toml::Table, out: &mut KubeletFlags) {
                     match q.as_str() {
                         Some(q) => add_eviction(out, &field, sig, q),
                         None => out.warnings.push(format!(
-                            "user data {field}.{sig} = {}: not a string; the AMI's default is kept",
+                            "user data {field}.{sig:.64} = {}: not a string; the AMI's default is kept",
                             shown(q)
                         )),
                     }
@@ -1302,6 +1309,63 @@ mod tests {
             f.warnings[0].len() < 300,
             "a warning repeats at most 80 chars of a value"
         );
+    }
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig::with_cases(512))]
+        /// Whatever the user data: parsing ends, and what it returns is bounded and
+        /// valid (the fuzz target `user_data` checks the same, longer).
+        #[test]
+        fn any_user_data_parses_bounded(
+            body in proptest::collection::vec(proptest::prop_oneof![
+                proptest::prelude::Just("--node-labels=".to_string()),
+                proptest::prelude::Just("--register-with-taints=".to_string()),
+                proptest::prelude::Just("--kube-reserved=cpu=".to_string()),
+                proptest::prelude::Just("--eviction-hard=memory.available<".to_string()),
+                proptest::prelude::Just("kind: NodeConfig\nspec:\n  kubelet:\n    config:\n      ".to_string()),
+                proptest::prelude::Just("registerWithTaints:\n        - key: ".to_string()),
+                proptest::prelude::Just("[settings.kubernetes]\n".to_string()),
+                proptest::prelude::Just("Content-Type: multipart/mixed; boundary=\"B\"\n\n--B\n".to_string()),
+                proptest::prelude::Just("/etc/eks/bootstrap.sh c --kubelet-extra-args '".to_string()),
+                "[ -~\n]{0,40}",
+            ], 0..24)
+        ) {
+            let text: String = body.concat();
+            check_bounded(&parse(&text));
+        }
+    }
+
+    /// What every parse must return, whatever it was given.
+    pub(crate) fn check_bounded(f: &KubeletFlags) {
+        assert!(f.labels.len() <= MAX_LABELS);
+        assert!(f.taints.len() <= MAX_TAINTS);
+        assert!(f.max_pods.is_none_or(|n| (1..=10_000).contains(&n)));
+        assert!(f.pods_per_core.is_none_or(|n| (1..=10_000).contains(&n)));
+        for (k, v) in &f.labels {
+            assert!(check_label(k, v).is_ok(), "{k}={v}");
+        }
+        for t in &f.taints {
+            assert!(matches!(
+                t.effect.as_str(),
+                "NoSchedule" | "PreferNoSchedule" | "NoExecute"
+            ));
+        }
+        for w in &f.warnings {
+            assert!(w.len() <= 1024, "a warning of {} bytes: {w}", w.len());
+        }
+    }
+
+    #[test]
+    fn yaml_aliases_do_not_blow_up() {
+        let mut doc = String::from("kind: NodeConfig\na0: &a0 [x, x, x, x, x, x, x, x, x, x]\n");
+        for i in 1..12 {
+            let p = i - 1;
+            doc.push_str(&format!("a{i}: &a{i} [*a{p}, *a{p}, *a{p}, *a{p}, *a{p}, *a{p}, *a{p}, *a{p}, *a{p}, *a{p}]\n"));
+        }
+        let started = std::time::Instant::now();
+        let f = parse(&doc);
+        assert!(started.elapsed() < std::time::Duration::from_secs(5));
+        check_bounded(&f);
     }
 
     #[test]
