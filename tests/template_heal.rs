@@ -373,3 +373,18 @@ async fn check_config_names_each_user_data_setting_the_template_does_not_read() 
     }
     assert_eq!(incomplete(g, "user_data"), 1);
 }
+
+#[tokio::test]
+async fn a_template_that_cannot_be_built_is_not_tried_on_every_refresh() {
+    let g = "unknown-type";
+    let (cloud, p, clock) = provider(vec![MemoryGroup::new(g, 0, 5, 0, "x9.huge")]).await;
+    assert!(p.template_node(g).await.is_err());
+    let asked = calls(&cloud, "instance_types");
+    for _ in 0..3 {
+        ca_refresh(&p).await;
+    }
+    assert_eq!(calls(&cloud, "instance_types"), asked);
+    clock.advance(FLOATING_LAUNCH_TTL);
+    ca_refresh(&p).await;
+    assert!(calls(&cloud, "instance_types") > asked, "tried again");
+}

@@ -200,6 +200,10 @@ struct Inner {
     eks: HashMap<(String, String), Stamped<EksAnswer>>,
     /// (group, why) of template failures already logged: once each, not every loop.
     failures_told: std::collections::HashSet<(String, String)>,
+    /// Groups whose template cannot be built from what AWS answered (no instance
+    /// type, an unknown one): not tried again on every Refresh, only after
+    /// [`FLOATING_LAUNCH_TTL`] or when the ASG changes.
+    unbuildable: HashMap<String, (BuildKey, Instant)>,
 }
 
 /// One built template and everything it was built from.
@@ -319,7 +323,9 @@ impl TemplateCache {
         let now = self.now();
         let inner = self.inner.lock();
         let Some(b) = inner.built.get(&g.asg.name) else {
-            return true;
+            return inner.unbuildable.get(&g.asg.name).is_none_or(|(key, at)| {
+                key != &BuildKey::of(g) || now.saturating_duration_since(*at) >= FLOATING_LAUNCH_TTL
+            });
         };
         if b.key != BuildKey::of(g) {
             return true;
@@ -381,10 +387,19 @@ impl Provider {
             Ok(b) => b,
             Err(e) => {
                 self.template_failed(&g.asg.name, &e);
+                if matches!(e, ProviderError::Unimplemented(_)) {
+                    let at = self.templates.now();
+                    self.templates
+                        .inner
+                        .lock()
+                        .unbuildable
+                        .insert(g.asg.name.clone(), (BuildKey::of(g), at));
+                }
                 return Err(e);
             }
         };
         let mut inner = self.templates.inner.lock();
+        inner.unbuildable.remove(&g.asg.name);
         let before = inner.built.get(&g.asg.name);
         let rebuilt = before.is_some_and(|b| b.from != from);
         let changed_findings = before.is_none_or(|b| b.findings != findings);
@@ -802,6 +817,7 @@ impl Provider {
             for g in &gone {
                 inner.built.remove(g);
             }
+            inner.unbuildable.retain(|g, _| reg.group(g).is_some());
             gone
         };
         let m = crate::telemetry::metrics::metrics();

@@ -1,0 +1,175 @@
+//! Templates heal through the real SDK against moto: a new launch template version
+//! that becomes `$Default` (ModifyLaunchTemplate) or `$Latest`
+//! (CreateLaunchTemplateVersion) reaches the template after its lifetime, without a
+//! restart, and a numbered version is kept.
+
+mod support;
+
+use std::sync::Arc;
+
+use aws_sdk_autoscaling as asg;
+use aws_sdk_ec2 as ec2;
+use base64::Engine as _;
+use ca_asg_provider::cloud::aws::AwsCloud;
+use ca_asg_provider::cloud::GroupSelector;
+use ca_asg_provider::provider::templates::{ManualClock, FLOATING_LAUNCH_TTL};
+use ca_asg_provider::provider::{Provider, ProviderSettings};
+use k8s_pb::api::core::v1::Node;
+use prost::Message;
+use support::moto::MotoServer;
+
+const AMI: &str = "ami-12c6146b";
+
+fn data(itype: &str, release: &str) -> ec2::types::RequestLaunchTemplateData {
+    let user_data = format!(
+        "#!/bin/bash\n/etc/eks/bootstrap.sh prod --kubelet-extra-args '--node-labels=release={release}'\n"
+    );
+    ec2::types::RequestLaunchTemplateData::builder()
+        .image_id(AMI)
+        .instance_type(ec2::types::InstanceType::from(itype))
+        .user_data(base64::engine::general_purpose::STANDARD.encode(user_data))
+        .build()
+}
+
+/// A launch template (version 1: m5.large, release 1) and an ASG naming it at
+/// `version`, a provider over it with a hand-moved template clock.
+async fn setup(
+    moto: &MotoServer,
+    lt: &str,
+    version: &str,
+) -> (ec2::Client, Arc<Provider>, ManualClock) {
+    let cfg = moto.sdk_config().await;
+    let ec2c = ec2::Client::new(&cfg);
+    let asgc = asg::Client::new(&cfg);
+    ec2c.create_launch_template()
+        .launch_template_name(lt)
+        .launch_template_data(data("m5.large", "1"))
+        .send()
+        .await
+        .unwrap();
+    asgc.create_auto_scaling_group()
+        .auto_scaling_group_name(lt)
+        .min_size(0)
+        .max_size(10)
+        .desired_capacity(0)
+        .availability_zones("us-east-1a")
+        .launch_template(
+            asg::types::LaunchTemplateSpecification::builder()
+                .launch_template_name(lt)
+                .version(version)
+                .build(),
+        )
+        .send()
+        .await
+        .unwrap();
+    let p = Provider::new(
+        Arc::new(AwsCloud::from_sdk_config(&cfg)),
+        ProviderSettings {
+            selector: GroupSelector {
+                names: vec![lt.into()],
+                tag_sets: vec![],
+            },
+            ..ProviderSettings::default()
+        },
+    );
+    let clock = ManualClock::new();
+    p.set_template_clock(Arc::new(clock.clone()));
+    p.refresh_now().await.unwrap();
+    p.templates_prefetched().await;
+    (ec2c, p, clock)
+}
+
+async fn seen(p: &Provider, g: &str) -> (String, String) {
+    let b = p.template_node(g).await.unwrap();
+    let labels = Node::decode(b.as_ref()).unwrap().metadata.unwrap().labels;
+    (
+        labels["node.kubernetes.io/instance-type"].clone(),
+        labels["release"].clone(),
+    )
+}
+
+async fn new_version(ec2c: &ec2::Client, lt: &str) {
+    ec2c.create_launch_template_version()
+        .launch_template_name(lt)
+        .launch_template_data(data("m5.xlarge", "2"))
+        .send()
+        .await
+        .unwrap();
+}
+
+async fn after_lifetime(p: &Arc<Provider>, clock: &ManualClock) {
+    clock.advance(FLOATING_LAUNCH_TTL);
+    p.refresh().await.unwrap();
+    p.templates_prefetched().await;
+}
+
+fn m5_large_release_1() -> (String, String) {
+    ("m5.large".into(), "1".into())
+}
+
+#[tokio::test]
+async fn a_version_made_default_reaches_the_template_through_the_sdk() {
+    let moto = MotoServer::start();
+    let lt = "lt-default";
+    let (ec2c, p, clock) = setup(&moto, lt, "$Default").await;
+    assert_eq!(seen(&p, lt).await, m5_large_release_1());
+    new_version(&ec2c, lt).await;
+    after_lifetime(&p, &clock).await;
+    assert_eq!(
+        seen(&p, lt).await,
+        m5_large_release_1(),
+        "version 2 is not the default yet"
+    );
+    ec2c.modify_launch_template()
+        .launch_template_name(lt)
+        .default_version("2")
+        .send()
+        .await
+        .unwrap();
+    after_lifetime(&p, &clock).await;
+    assert_eq!(seen(&p, lt).await, ("m5.xlarge".into(), "2".into()));
+}
+
+#[tokio::test]
+async fn a_new_latest_version_reaches_the_template_and_a_pinned_one_stays() {
+    let moto = MotoServer::start();
+    let (ec2c, latest, clock) = setup(&moto, "lt-latest", "$Latest").await;
+    let cfg = moto.sdk_config().await;
+    asg::Client::new(&cfg)
+        .create_auto_scaling_group()
+        .auto_scaling_group_name("pinned")
+        .min_size(0)
+        .max_size(10)
+        .desired_capacity(0)
+        .availability_zones("us-east-1a")
+        .launch_template(
+            asg::types::LaunchTemplateSpecification::builder()
+                .launch_template_name("lt-latest")
+                .version("1")
+                .build(),
+        )
+        .send()
+        .await
+        .unwrap();
+    let pinned = Provider::new(
+        Arc::new(AwsCloud::from_sdk_config(&cfg)),
+        ProviderSettings {
+            selector: GroupSelector {
+                names: vec!["pinned".into()],
+                tag_sets: vec![],
+            },
+            ..ProviderSettings::default()
+        },
+    );
+    pinned.set_template_clock(Arc::new(clock.clone()));
+    pinned.refresh_now().await.unwrap();
+    pinned.templates_prefetched().await;
+    new_version(&ec2c, "lt-latest").await;
+    after_lifetime(&latest, &clock).await;
+    after_lifetime(&pinned, &clock).await;
+    assert_eq!(
+        seen(&latest, "lt-latest").await,
+        ("m5.xlarge".into(), "2".into())
+    );
+    assert_eq!(seen(&pinned, "pinned").await, m5_large_release_1());
+}
