@@ -110,6 +110,7 @@ fn template_encoding(c: &mut Criterion) {
             ("ephemeral-storage", "18Gi"),
         ]),
         warnings: vec![],
+        user_data_warnings: vec![],
     };
     c.bench_function("encode template Node (k8s protobuf)", |b| {
         b.iter(|| black_box(encode_node(black_box(&node))))
