@@ -653,6 +653,28 @@ async fn eks_managed_node_group_templates_carry_capacity_type_labels_taints_and_
 #[tokio::test]
 async fn check_config_explains_eks_hooks_on_managed_node_groups_and_fails_on_a_second_drainer() {
     let e = env().await;
+    // The managed node group exists: a template built without its DescribeNodegroup
+    // answer is a problem of its own (docs/node-groups.md).
+    let eks = aws_sdk_eks::Client::new(&e._moto.sdk_config().await);
+    eks.create_cluster()
+        .name("prod")
+        .role_arn("arn:aws:iam::123456789012:role/eks")
+        .resources_vpc_config(
+            aws_sdk_eks::types::VpcConfigRequest::builder()
+                .subnet_ids("subnet-1")
+                .build(),
+        )
+        .send()
+        .await
+        .unwrap();
+    eks.create_nodegroup()
+        .cluster_name("prod")
+        .nodegroup_name("ng-1")
+        .node_role("arn:aws:iam::123456789012:role/node")
+        .subnets("subnet-1")
+        .send()
+        .await
+        .unwrap();
     launch_template(&e, "lt", "m5.large", None).await;
     let eks_tags = [
         ("eks:nodegroup-name", "ng-1"),
