@@ -173,3 +173,134 @@ async fn a_new_latest_version_reaches_the_template_and_a_pinned_one_stays() {
     );
     assert_eq!(seen(&pinned, "pinned").await, m5_large_release_1());
 }
+
+/// Through the real SDK end to end: ASGs and launch templates from moto, EKS through
+/// the SDK's mock layer answering the first DescribeNodegroup with a
+/// ThrottlingException and every later one with the node group. The template CA gets
+/// after the next Refresh carries the node group's labels, taint and capacity type.
+#[tokio::test]
+async fn a_throttled_describe_nodegroup_through_the_sdk_heals_on_the_next_refresh() {
+    use aws_sdk_eks::operation::describe_nodegroup::{
+        DescribeNodegroupError, DescribeNodegroupOutput,
+    };
+    use aws_sdk_eks::types::{CapacityTypes, Nodegroup, Taint, TaintEffect};
+    use aws_smithy_mocks::{mock, RuleMode};
+    use aws_smithy_types::error::ErrorMetadata;
+
+    let moto = MotoServer::start();
+    let cfg = moto.sdk_config().await;
+    let ec2c = ec2::Client::new(&cfg);
+    let asgc = asg::Client::new(&cfg);
+    ec2c.create_launch_template()
+        .launch_template_name("lt-eks")
+        .launch_template_data(data("m5.large", "1"))
+        .send()
+        .await
+        .unwrap();
+    let tag = |k: &str, v: &str| {
+        asg::types::Tag::builder()
+            .resource_id("eks-ng")
+            .resource_type("auto-scaling-group")
+            .key(k)
+            .value(v)
+            .propagate_at_launch(true)
+            .build()
+    };
+    asgc.create_auto_scaling_group()
+        .auto_scaling_group_name("eks-ng")
+        .min_size(0)
+        .max_size(10)
+        .desired_capacity(0)
+        .availability_zones("us-east-1a")
+        .launch_template(
+            asg::types::LaunchTemplateSpecification::builder()
+                .launch_template_name("lt-eks")
+                .version("$Default")
+                .build(),
+        )
+        .tags(tag("eks:cluster-name", "prod"))
+        .tags(tag("eks:nodegroup-name", "ng-1"))
+        .send()
+        .await
+        .unwrap();
+    let describe = mock!(aws_sdk_eks::Client::describe_nodegroup)
+        .sequence()
+        .error(|| {
+            DescribeNodegroupError::generic(
+                ErrorMetadata::builder()
+                    .code("ThrottlingException")
+                    .message("Rate exceeded")
+                    .build(),
+            )
+        })
+        .output(|| {
+            DescribeNodegroupOutput::builder()
+                .nodegroup(
+                    Nodegroup::builder()
+                        .nodegroup_name("ng-1")
+                        .capacity_type(CapacityTypes::Spot)
+                        .labels("team", "ml")
+                        .taints(
+                            Taint::builder()
+                                .key("dedicated")
+                                .value("ml")
+                                .effect(TaintEffect::NoSchedule)
+                                .build(),
+                        )
+                        .build(),
+                )
+                .build()
+        })
+        .repeatedly()
+        .build();
+    // The mock layer by hand: this crate's EKS SDK has no test defaults to build on.
+    let eks = aws_sdk_eks::Client::from_conf(
+        aws_sdk_eks::Config::builder()
+            .behavior_version_latest()
+            .region(aws_sdk_eks::config::Region::new("us-east-1"))
+            .credentials_provider(aws_sdk_eks::config::Credentials::new(
+                "test", "test", None, None, "test",
+            ))
+            .retry_config(aws_sdk_eks::config::retry::RetryConfig::disabled())
+            .http_client(aws_smithy_mocks::create_mock_http_client())
+            .interceptor(
+                aws_smithy_mocks::MockResponseInterceptor::new()
+                    .rule_mode(RuleMode::Sequential)
+                    .with_rule(&describe),
+            )
+            .build(),
+    );
+    let p = Provider::new(
+        Arc::new(AwsCloud::from_clients(asgc, ec2c, eks)),
+        ProviderSettings {
+            selector: GroupSelector {
+                names: vec!["eks-ng".into()],
+                tag_sets: vec![],
+            },
+            ..ProviderSettings::default()
+        },
+    );
+    p.refresh_now().await.unwrap();
+    p.templates_prefetched().await;
+    let node = |b: bytes::Bytes| Node::decode(b.as_ref()).unwrap();
+    let first = node(p.template_node("eks-ng").await.unwrap());
+    assert!(!first
+        .metadata
+        .unwrap()
+        .labels
+        .contains_key("eks.amazonaws.com/capacityType"));
+    // CA's next Refresh: the ASGs are not due, the template is.
+    p.refresh().await.unwrap();
+    p.templates_prefetched().await;
+    let healed = node(p.template_node("eks-ng").await.unwrap());
+    let labels = healed.metadata.unwrap().labels;
+    assert_eq!(labels["eks.amazonaws.com/capacityType"], "SPOT");
+    assert_eq!(labels["team"], "ml");
+    assert!(healed
+        .spec
+        .unwrap()
+        .taints
+        .iter()
+        .any(|t| t.key.as_deref() == Some("dedicated")));
+    assert!(p.template_findings("eks-ng").unwrap().incomplete.is_empty());
+}
