@@ -311,6 +311,57 @@ async fn a_notice_for_an_instance_already_draining_brings_its_budget() {
     assert_eq!(w.cloud.calls().get("terminate_instance"), None);
 }
 
+/// Issue 39, 5: a spot warning joining a drain that holds a slot (`maxConcurrentDrains`
+/// reached) restarts it in that slot. Before, the restart gave the slot away: the
+/// drain queued behind another blocked by its budget, and the warning's two minutes
+/// ran out with the node's pods never asked to leave.
+#[tokio::test]
+async fn a_spot_warning_joining_a_drain_keeps_its_slot() {
+    // b's drain gives up waiting on its budget after 5 s and deletes its pod: a's
+    // drain must be over before that, not queued behind it.
+    let one_at_a_time = ScaleInSettings {
+        max_concurrent_drains: 1,
+        workload_deadline: Duration::from_secs(5),
+        workload_deadline_policy: scalein::DeadlinePolicy::Proceed,
+        ..fast_settings()
+    };
+    let w = world(
+        vec![MemoryGroup::new("web", 0, 3, 2, "m5.large")],
+        one_at_a_time,
+        Duration::from_millis(50),
+    )
+    .await;
+    let web = nodes_of(&w, "web");
+    let ((node_a, a), (node_b, b)) = (web[0].clone(), web[1].clone());
+    guarded_app(&w, &node_a, "app").await;
+    guarded_app(&w, &node_b, "other").await;
+    let q = Arc::new(MemoryQueue::default());
+    let c = consumer(&w, &q, RebalanceAction::Drain);
+    q.send(&rebalance(&a));
+    assert_eq!(handle_next(&c, &q).await, Handled::Done(vec!["drain"]));
+    eventually("a's drain holds the only slot, blocked", 10, || blocked(&w)).await;
+    q.send(&rebalance(&b));
+    assert_eq!(handle_next(&c, &q).await, Handled::Done(vec!["drain"]));
+    assert!(w.engine.is_draining(&b), "b's drain waits for the slot");
+
+    // 15 s of the warning's two minutes left: spent, a's drain goes on at once.
+    q.send(&spot_at(
+        &a,
+        chrono::Utc::now() - chrono::Duration::seconds(105),
+    ));
+    assert_eq!(handle_next(&c, &q).await, Handled::Done(vec!["joined"]));
+    assert_eq!(w.engine.wait_for(&a).await, Some(Outcome::Drained));
+    assert!(
+        !running(&w, "app"),
+        "a's pod got its graceful stop in the budget"
+    );
+    assert!(
+        running(&w, "other"),
+        "a's drain finished only after b's deadline: it had queued behind b for a slot"
+    );
+    let _ = node_b;
+}
+
 /// A finished interruption drain is recorded as done: the loop's resume does not
 /// drain the node again every poll (Events, a cluster-wide VolumeAttachment list).
 #[tokio::test]

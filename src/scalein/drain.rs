@@ -31,7 +31,9 @@ enum Stop {
     Fail(String),
 }
 
-pub async fn run(engine: &Arc<Engine>, req: &DrainRequest) -> Outcome {
+/// `run`: which run of the instance's drain this is (its slot follows it across a
+/// restart for a new reason).
+pub async fn run(engine: &Arc<Engine>, req: &DrainRequest, run: u64) -> Outcome {
     let span = tracing::info_span!(
         "drain",
         instance = %req.instance_id,
@@ -40,10 +42,10 @@ pub async fn run(engine: &Arc<Engine>, req: &DrainRequest) -> Outcome {
         source = ?req.source,
         node = tracing::field::Empty,
     );
-    run_inner(engine, req).instrument(span).await
+    run_inner(engine, req, run).instrument(span).await
 }
 
-async fn run_inner(engine: &Arc<Engine>, req: &DrainRequest) -> Outcome {
+async fn run_inner(engine: &Arc<Engine>, req: &DrainRequest, run: u64) -> Outcome {
     let node = match locate_node(engine, req).await {
         Ok(n) => n,
         Err(why) => return Outcome::Failed(why),
@@ -52,7 +54,7 @@ async fn run_inner(engine: &Arc<Engine>, req: &DrainRequest) -> Outcome {
         tracing::Span::current().record("node", n.as_str());
     }
     let drained = match &node {
-        Some(n) => drain_node(engine, req, n).await,
+        Some(n) => drain_node(engine, req, n, run).await,
         None => {
             tracing::info!(
                 "the API server has no Node for this instance (never registered or already gone); nothing to drain"
@@ -417,14 +419,19 @@ const BUDGETS_BEFORE_FIRST_EVICTION: Duration = Duration::from_secs(2);
 /// workload pods, the DaemonSet pods, the volumes and the node-critical DaemonSet
 /// pods. `Ok(None)`: the Node is gone. A plan that drains nothing (every reason done
 /// or cordon-only) ends once the node is marked.
-async fn drain_node(engine: &Engine, req: &DrainRequest, node: &str) -> Result<Option<Plan>, Stop> {
+async fn drain_node(
+    engine: &Engine,
+    req: &DrainRequest,
+    node: &str,
+    run: u64,
+) -> Result<Option<Plan>, Stop> {
     let Some((record, plan)) = mark(engine, req, node).await? else {
         return Ok(None);
     };
     if !plan.drains {
         return Ok(Some(plan));
     }
-    let _slot = queue_for_slot(engine).await;
+    let _slot = queue_for_slot(engine, &req.instance_id, run).await;
     say_started(engine, req, node, &record).await;
     let d = NodeDrain::new(engine, req, node, &record, &plan);
     // Held to the end of the drain: the caches this drain shares with the others.
@@ -469,9 +476,37 @@ async fn mark(
 /// marked whatever the queue, so nothing is placed on a node that is going away
 /// while its drain waits (in an instance refresh, replacements landed on the next
 /// nodes of the refresh and were evicted again: 12% more evictions at 500 nodes).
-async fn queue_for_slot(engine: &Engine) -> Option<tokio::sync::OwnedSemaphorePermit> {
+///
+/// The slot is kept in the engine's book, not in this task: a drain restarted for a
+/// new reason (a spot warning joining a running drain) goes on in the slot the run
+/// it replaced had, instead of queueing behind drains that budgets block.
+async fn queue_for_slot<'e>(engine: &'e Engine, instance: &str, run: u64) -> Option<Slot<'e>> {
+    let slot = Slot {
+        engine,
+        instance: instance.to_string(),
+        run,
+    };
+    if engine.book.has_slot(instance, run) {
+        return Some(slot);
+    }
     let _queued = metrics().stage("queued");
-    engine.slots.clone().acquire_owned().await.ok()
+    let permit = engine.slots.clone().acquire_owned().await.ok()?;
+    engine.book.keep_slot(instance, run, permit);
+    Some(slot)
+}
+
+/// A drain run's hold on its slot: given back when the run ends, unless a newer
+/// run of the same instance's drain took it over.
+struct Slot<'e> {
+    engine: &'e Engine,
+    instance: String,
+    run: u64,
+}
+
+impl Drop for Slot<'_> {
+    fn drop(&mut self) {
+        self.engine.book.give_back_slot(&self.instance, self.run);
+    }
 }
 
 /// The node's `DrainStarted` Event: every reason, who asked, the DaemonSet policy.

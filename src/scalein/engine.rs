@@ -76,7 +76,7 @@ pub struct Engine {
     /// `maxConcurrentDrains`: taken by a drain after its cordon, for its stages.
     pub(crate) slots: Arc<tokio::sync::Semaphore>,
     /// Which drains run, which actions are held or over, what was said once.
-    book: Book,
+    pub(crate) book: Book,
     /// Feeds the provider's accounting with the drain marks on Nodes.
     marks_sync: Mutex<Option<tokio::task::JoinHandle<()>>>,
     /// Set when leader election runs: whether this replica leads now.
@@ -242,12 +242,12 @@ impl Engine {
         {
             self.hold(action, *heartbeat_timeout);
         }
-        self.book.start(req, self.limits(), |req, how| {
+        self.book.start(req, self.limits(), |req, how, run| {
             if how == Start::Started {
                 self.stats.started.fetch_add(1, Ordering::Relaxed);
                 metrics().drains_started.inc();
             }
-            tokio::spawn(drain_task(self.clone(), req))
+            tokio::spawn(drain_task(self.clone(), req, run))
         })
     }
 
@@ -475,14 +475,14 @@ impl Engine {
 
 /// One drain from its first try to its outcome: tried again while our hook holds
 /// the instance, stopped where it is when this replica loses the Lease, counted.
-async fn drain_task(engine: Arc<Engine>, req: DrainRequest) -> Outcome {
+async fn drain_task(engine: Arc<Engine>, req: DrainRequest, run: u64) -> Outcome {
     let lost_lease = engine.leadership();
     // A replica that loses the Lease stops its drains where they are, at once: not
     // when its lifecycle loop next wakes (a scan stuck on a slow AWS call would leave
     // them evicting, deleting at deadlines and uncordoning beside the new leader,
     // which resumes them).
     let outcome = tokio::select! {
-        outcome = drain_while_held(&engine, &req) => outcome,
+        outcome = drain_while_held(&engine, &req, run) => outcome,
         () = leader::lost(lost_lease) => {
             tracing::warn!(instance = %req.instance_id, "this replica lost the Lease: the drain stops where it is; the new leader resumes it");
             Outcome::Failed("this replica lost the Lease; the new leader resumes the drain".into())
@@ -496,10 +496,10 @@ async fn drain_task(engine: Arc<Engine>, req: DrainRequest) -> Outcome {
 /// promptly, heartbeats going on, instead of waiting for the next scan: the hook's
 /// timeout would end the instance undrained. The drain takes one of
 /// `maxConcurrentDrains` slots once its node is cordoned and marked.
-async fn drain_while_held(engine: &Arc<Engine>, req: &DrainRequest) -> Outcome {
+async fn drain_while_held(engine: &Arc<Engine>, req: &DrainRequest, run: u64) -> Outcome {
     let mut retry = HELD_RETRY;
     loop {
-        let outcome = drain::run(engine, req).await;
+        let outcome = drain::run(engine, req, run).await;
         match &outcome {
             Outcome::Failed(why) if engine.holds_hook(&req.instance_id) => {
                 tracing::warn!(instance = %req.instance_id, error = %why, ?retry, "drain failed while our hook holds the instance; retrying");

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use parking_lot::Mutex;
-use tokio::sync::{watch, OwnedMutexGuard};
+use tokio::sync::{watch, OwnedMutexGuard, OwnedSemaphorePermit};
 use tokio::task::JoinHandle;
 
 use super::drain::AbortOnDrop;
@@ -24,6 +24,17 @@ pub(crate) const FINISHED_KEPT: usize = 10_000;
 struct Inflight {
     handle: JoinHandle<Outcome>,
     req: DrainRequest,
+}
+
+/// The `maxConcurrentDrains` slots of drains, kept here and not in the drain tasks:
+/// a drain restarted for a new reason (a spot warning joining) goes on in the slot
+/// it had instead of queueing behind drains that budgets block.
+#[derive(Default)]
+struct Slots {
+    /// The newest run of each instance's drain ([`Book::start`] counts the runs).
+    newest: HashMap<String, u64>,
+    /// The slot each drain holds, and the run that holds it.
+    held: HashMap<String, (u64, OwnedSemaphorePermit)>,
 }
 
 /// The heartbeats of one lifecycle action, and the hook's heartbeat timeout they
@@ -48,6 +59,9 @@ pub(crate) enum HoldChange {
 #[derive(Default)]
 pub(crate) struct Book {
     drains: Mutex<HashMap<String, Inflight>>,
+    /// The number of the next drain run started.
+    runs: std::sync::atomic::AtomicU64,
+    slots: Mutex<Slots>,
     /// Heartbeats of the lifecycle actions our hook holds, by instance: they follow
     /// the hook, not the drain (a drain restarted for a new reason, or failed and
     /// retrying, keeps them).
@@ -93,7 +107,7 @@ impl Book {
         &self,
         req: DrainRequest,
         limits: Limits,
-        spawn: impl FnOnce(DrainRequest, Start) -> JoinHandle<Outcome>,
+        spawn: impl FnOnce(DrainRequest, Start, u64) -> JoinHandle<Outcome>,
     ) -> Start {
         let mut drains = self.drains.lock();
         let (req, how) = match drains.remove(&req.instance_id) {
@@ -108,9 +122,54 @@ impl Book {
             }
             _ => (req, Start::Started),
         };
-        let handle = spawn(req.clone(), how);
+        let run = self.runs.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        {
+            // The slot the instance's drain holds passes to this run.
+            let mut slots = self.slots.lock();
+            if slots.newest.len() >= FINISHED_KEPT {
+                let Slots { newest, held } = &mut *slots;
+                newest.retain(|i, _| held.contains_key(i));
+            }
+            slots.newest.insert(req.instance_id.clone(), run);
+            if let Some((holder, _)) = slots.held.get_mut(&req.instance_id) {
+                *holder = run;
+            }
+        }
+        let handle = spawn(req.clone(), how, run);
         track(&mut drains, req, handle);
         how
+    }
+
+    /// Whether drain run `run` of the instance holds a slot (its own, or the one of
+    /// the run it replaced).
+    pub(crate) fn has_slot(&self, instance_id: &str, run: u64) -> bool {
+        self.slots
+            .lock()
+            .held
+            .get(instance_id)
+            .is_some_and(|(holder, _)| *holder == run)
+    }
+
+    /// Keeps the slot drain run `run` took; a run that was replaced meanwhile gives
+    /// it back at once (dropped).
+    pub(crate) fn keep_slot(&self, instance_id: &str, run: u64, slot: OwnedSemaphorePermit) {
+        let mut slots = self.slots.lock();
+        if slots.newest.get(instance_id) == Some(&run) {
+            slots.held.insert(instance_id.to_string(), (run, slot));
+        }
+    }
+
+    /// Drain run `run` is over: its slot goes back, unless a newer run took it over.
+    pub(crate) fn give_back_slot(&self, instance_id: &str, run: u64) {
+        let mut slots = self.slots.lock();
+        if slots
+            .held
+            .get(instance_id)
+            .is_some_and(|(holder, _)| *holder == run)
+        {
+            slots.held.remove(instance_id);
+            slots.newest.remove(instance_id);
+        }
     }
 
     /// Keeps a dry run's description task like a drain (for `wait_for`).
@@ -142,6 +201,7 @@ impl Book {
     /// Stops the instance's drain and its heartbeats. True when a drain ran.
     pub(crate) fn stop(&self, instance_id: &str) -> bool {
         self.release(instance_id);
+        self.slots.lock().held.remove(instance_id);
         match self.drains.lock().remove(instance_id) {
             Some(f) if !f.handle.is_finished() => {
                 f.handle.abort();
@@ -156,6 +216,7 @@ impl Book {
         for (_, f) in self.drains.lock().drain() {
             f.handle.abort();
         }
+        *self.slots.lock() = Slots::default();
         self.holds.lock().clear();
     }
 
@@ -317,7 +378,7 @@ mod tests {
     async fn one_drain_per_instance_and_the_maps_stay_bounded() {
         let book = Book::default();
         let spawned = std::sync::atomic::AtomicUsize::new(0);
-        let spawn = |_: DrainRequest, _: Start| {
+        let spawn = |_: DrainRequest, _: Start, _: u64| {
             spawned.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             tokio::spawn(std::future::pending::<Outcome>())
         };
@@ -325,7 +386,7 @@ mod tests {
             book.start(req(vec![Why::ScaleIn]), limits(), spawn),
             Start::Started
         );
-        let again = |_: DrainRequest, _: Start| -> JoinHandle<Outcome> {
+        let again = |_: DrainRequest, _: Start, _: u64| -> JoinHandle<Outcome> {
             panic!("a duplicate spawns nothing")
         };
         assert_eq!(
