@@ -277,8 +277,9 @@ async fn a_late_answered_renewal_then_a_partition_never_leaves_two_leaders() {
         settings("replica-b"),
         stop_b_rx,
     );
-    // Every change of each replica's belief, in order.
-    let flips: Arc<parking_lot::Mutex<Vec<(Instant, &'static str, bool)>>> = Arc::default();
+    // Every change of each replica's belief, in order: (when, who, leads).
+    type Flips = Vec<(Instant, &'static str, bool)>;
+    let flips: Arc<parking_lot::Mutex<Flips>> = Arc::default();
     for (name, mut rx) in [("a", a.clone()), ("b", b.clone())] {
         let flips = flips.clone();
         flips
