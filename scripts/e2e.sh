@@ -8,9 +8,17 @@
 #   scripts/e2e.sh --matrix        every scenario on every Kubernetes version of the matrix,
 #                                  then the compatibility table (Markdown) on stdout
 #   scripts/e2e.sh -- FILTER       only the scenarios whose test name contains FILTER
+#                                  (a CA profile: -- ca_1_36::; the real-CA tier: -- real_ca)
 #
-# A failure names the scenario, the Kubernetes version and the step. Exits non-zero if
-# any scenario failed.
+# Every scenario where cluster-autoscaler decides runs once per CA profile (1.31, 1.34,
+# 1.36, master), driven by the suite's client playing that version. With
+# E2E_CA_BINS=DIR (a directory of cluster-autoscaler-<version> binaries copied out of the
+# official images) the same scenarios also run with each real binary as the driver
+# (tests/e2e/real_ca_scenarios.rs); without it that tier prints one line saying it was
+# skipped and why.
+#
+# A failure names the scenario, the driver (CA profile or binary), the Kubernetes version
+# and the step. Exits non-zero if any scenario failed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/e2e/versions.sh
@@ -36,6 +44,11 @@ trap 'rm -f "$results"' EXIT
 cargo test --locked --test e2e_real --test e2e_logs --no-run
 
 images="$(scripts/e2e/node-deps.sh)"
+export E2E_CA_BINS="${E2E_CA_BINS:-}"
+if [ -n "$E2E_CA_BINS" ]; then
+    echo "== e2e: real-CA tier with the binaries of $E2E_CA_BINS"
+fi
+tier_start=$(date +%s)
 failed=0
 for v in "${versions[@]}"; do
     start=$(date +%s)
@@ -51,6 +64,7 @@ for v in "${versions[@]}"; do
     fi
     echo "== e2e: scenarios on Kubernetes $v took $(( $(date +%s) - start )) s"
 done
+echo "== e2e: the whole tier took $(( $(date +%s) - tier_start )) s"
 
 python3 - "$results" <<'PY'
 import json, sys
@@ -60,12 +74,15 @@ def took(r):
     return f"{t:.1f} s" if t is not None else "-"
 def result(r):
     return r["result"] + (f" (step: {r['step']})" if r.get("step") else "")
+def wall(r):
+    t = r.get("wall_secs")
+    return f"{t:.0f} s" if t is not None else "-"
 print()
-print("| scenario | Kubernetes | driver | result | scale-in to instance end |")
-print("|---|---|---|---|---|")
+print("| scenario | driver | Kubernetes | result | scale-in to instance end | wall time |")
+print("|---|---|---|---|---|---|")
 for r in rows:
     if "lines_lost" not in r:
-        print(f"| {r['scenario']} | {r['kubernetes']} | {r['driver']} | {result(r)} | {took(r)} |")
+        print(f"| {r['scenario']} | {r['driver']} | {r['kubernetes']} | {result(r)} | {took(r)} | {wall(r)} |")
 logs = [r for r in rows if "lines_lost" in r]
 if logs:
     print()

@@ -27,6 +27,10 @@ mod control_plane;
 mod driver;
 #[path = "e2e/kubelet.rs"]
 mod kubelet;
+#[path = "e2e/real_ca.rs"]
+mod real_ca;
+#[path = "e2e/real_ca_scenarios.rs"]
+mod real_ca_scenarios;
 #[path = "e2e/real_node.rs"]
 mod real_node;
 #[path = "e2e/rig.rs"]
@@ -239,4 +243,43 @@ every_profile! {
     ca_1_34 => &super::ca_profile::CA_1_34;
     ca_1_36 => &super::ca_profile::CA_1_36;
     ca_master => &super::ca_profile::CA_MASTER;
+}
+
+/// The real-CA tier (issue 43, 4): each cluster-autoscaler binary of `E2E_CA_BINS`
+/// (`tests/e2e/real_ca.rs`) drives every scenario of `tests/e2e/real_ca_scenarios.rs`,
+/// one row per binary and scenario. Without the variable: one line saying the tier was
+/// skipped and why. Every scenario runs even when one fails; the test fails at the end,
+/// naming each failed binary and scenario.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn real_ca_tier() {
+    use futures::FutureExt as _;
+    let bins = match real_ca::binaries_from_env() {
+        Ok(b) => b,
+        Err(why) => {
+            eprintln!("real-CA tier skipped: {why}");
+            return;
+        }
+    };
+    let Some(k8s) = binaries("real_ca_tier") else {
+        return;
+    };
+    let _one_at_a_time = SERIAL.lock().await;
+    let mut failed = Vec::new();
+    for bin in &bins {
+        eprintln!(
+            "e2e: real-CA tier with {} (version from its {})",
+            bin.label(),
+            bin.version_source
+        );
+        for name in real_ca_scenarios::SCENARIOS {
+            let run = std::panic::AssertUnwindSafe(real_ca_scenarios::run(name, bin, &k8s));
+            if run.catch_unwind().await.is_err() {
+                failed.push(format!("{name} with {}", bin.label()));
+            }
+        }
+        for (name, why) in real_ca_scenarios::NOT_RUN {
+            eprintln!("e2e: {name} with {}: not run ({why})", bin.label());
+        }
+    }
+    assert!(failed.is_empty(), "real-CA scenarios failed: {failed:#?}");
 }

@@ -271,11 +271,44 @@ pub async fn a_group_at_min_whose_relaunch_fails(profile: &'static CaProfile) {
     }
     rig.report
         .step("the app's pod left pending: CA scales up by one, and the launch fails");
-    until("the app's pod to be unschedulable", 60, || {
-        let ca = ca.clone();
-        async move { ca.unschedulable_pods().await.map(|p| p.len()) == Ok(1) }
-    })
-    .await;
+    // The pod GC controller deletes pods bound to a Node that is gone (after its own
+    // quarantine); played here at once, so the ReplicaSet's replacement is created.
+    let pods: Api<k8s_openapi::api::core::v1::Pod> = Api::all(rig.admin.clone());
+    let on_dead = pods
+        .list(&kube::api::ListParams::default().fields(&format!("spec.nodeName={dead_node}")))
+        .await
+        .expect("list the dead node's pods");
+    for p in on_dead.items {
+        let ns = p.metadata.namespace.clone().unwrap_or_default();
+        let api: Api<k8s_openapi::api::core::v1::Pod> = Api::namespaced(rig.admin.clone(), &ns);
+        let _ = api
+            .delete(
+                &p.metadata.name.clone().unwrap_or_default(),
+                &kube::api::DeleteParams::default().grace_period(0),
+            )
+            .await;
+    }
+    let end = Instant::now() + Duration::from_secs(60);
+    while ca.unschedulable_pods().await.map(|p| p.len()) != Ok(1) {
+        if Instant::now() > end {
+            let all = pods.list(&Default::default()).await.expect("list pods");
+            let seen: Vec<String> = all
+                .items
+                .iter()
+                .map(|p| {
+                    format!(
+                        "{}/{} on {:?}: {:?}",
+                        p.metadata.namespace.clone().unwrap_or_default(),
+                        p.metadata.name.clone().unwrap_or_default(),
+                        p.spec.as_ref().and_then(|s| s.node_name.clone()),
+                        p.status.as_ref().and_then(|s| s.conditions.clone())
+                    )
+                })
+                .collect();
+            panic!("timed out after 60 s waiting for one unschedulable app pod; pods: {seen:#?}");
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
     assert_eq!(
         ca.scale_up_for(1)
             .await
