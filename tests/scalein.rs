@@ -862,3 +862,63 @@ async fn a_pod_that_runs_to_completion_is_waited_for_not_evicted() {
     assert!(asked("fluentd") >= 1, "the log shipper went last");
     support::rbac::assert_rbac_covers(&w.sim);
 }
+
+/// Issue 39, 4: the quickstart has operators add our hook by hand to a running group.
+/// DescribeAutoScalingGroups carries no hooks (the memory cloud answers as AWS does),
+/// and the hook list is read again only every 30 minutes; an instance held by the new
+/// hook must still be found, heartbeated, drained and completed, not left to time
+/// out and end undrained. A group with an instance in Terminating:Wait has its hooks
+/// read again within seconds.
+#[tokio::test]
+async fn a_hook_added_by_hand_to_a_running_group_is_used_at_once() {
+    let w = world(
+        vec![MemoryGroup::new("web", 0, 3, 1, "m5.large")],
+        fast_settings(),
+        Duration::from_millis(50),
+    )
+    .await;
+    let lifecycle = scalein::lifecycle::spawn_loop(w.engine.clone(), w.provider.clone());
+    let (node, iid) = node_with_fluentd_and_app(&w, 0.1).await;
+    w.cloud.add_hook(
+        "web",
+        ca_asg_provider::cloud::LifecycleHook {
+            name: "ca-asg-provider-drain".into(),
+            heartbeat_timeout_secs: 300,
+            default_result: "CONTINUE".into(),
+        },
+    );
+    // The ASG ends the instance now (a scale-in policy): the new hook holds it.
+    let ended = w.cloud.external_scale_in("web", 1).unwrap();
+    let victim = ended[0].clone();
+    let victim_node = nodes_of_cloud(&w.cloud, "web")
+        .into_iter()
+        .find(|(_, i)| *i == victim)
+        .map(|(n, _)| n)
+        .unwrap_or(if victim == iid {
+            node.clone()
+        } else {
+            String::new()
+        });
+    // CA's loop refreshes every few seconds.
+    eventually(
+        "the held instance drained and its action completed",
+        30,
+        || {
+            let p = w.provider.clone();
+            tokio::spawn(async move { p.refresh_now().await });
+            w.cloud
+                .completed_actions()
+                .iter()
+                .any(|(a, _)| a.instance_id == victim)
+        },
+    )
+    .await;
+    lifecycle.abort();
+    assert!(w.cloud.hook_timeouts().is_empty(), "the hook timed out");
+    let ev = events(&w.sim);
+    assert!(
+        ev.iter()
+            .any(|(r, n)| r == "DrainStarted" && n.contains(&victim)),
+        "{node} drained: {ev:?}"
+    );
+}

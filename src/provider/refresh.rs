@@ -13,7 +13,7 @@ use parking_lot::Mutex;
 
 use super::registry::{effective_bounds, Group, Registry};
 use super::{now, Provider, ProviderError};
-use crate::cloud::{AsgSnapshot, LifecycleHook};
+use crate::cloud::{AsgSnapshot, LifecycleHook, LifecycleState};
 use crate::telemetry::metrics;
 
 /// How many launch-failure reads run at once during a refresh.
@@ -325,6 +325,9 @@ impl Provider {
     /// Terminating hooks per group: taken from the describe when the backend fills
     /// them, else read per group once and again every `hook_refresh_interval`.
     async fn hooks_for(&self, asgs: &[AsgSnapshot]) -> HashMap<String, Vec<LifecycleHook>> {
+        /// How old a group's hook list may be while one of its instances waits in
+        /// Terminating:Wait.
+        const HELD_HOOKS_REREAD: Duration = Duration::from_secs(10);
         let mut out = HashMap::new();
         let mut to_read = Vec::new();
         {
@@ -334,8 +337,22 @@ impl Provider {
                     out.insert(a.name.clone(), a.terminating_hooks.clone());
                     continue;
                 }
+                // An instance held in Terminating:Wait may be held by a hook added
+                // since the last read (the quickstart has operators add ours by
+                // hand): read the group's hooks again soon, not in 30 minutes, or
+                // the hook times out with no heartbeat and the instance ends
+                // undrained.
+                let held = a
+                    .instances
+                    .iter()
+                    .any(|i| i.state == LifecycleState::TerminatingWait);
+                let max_age = if held {
+                    self.settings.hook_refresh_interval.min(HELD_HOOKS_REREAD)
+                } else {
+                    self.settings.hook_refresh_interval
+                };
                 match inner.hooks.get(&a.name) {
-                    Some((at, h)) if at.elapsed() < self.settings.hook_refresh_interval => {
+                    Some((at, h)) if at.elapsed() < max_age => {
                         out.insert(a.name.clone(), h.clone());
                     }
                     _ => to_read.push(a.name.clone()),

@@ -371,6 +371,14 @@ impl MemoryCloud {
         }
     }
 
+    /// Puts a terminating hook on a running group, as an operator does by hand with
+    /// PutLifecycleHook: instances that end from now on wait for it.
+    pub fn add_hook(&self, group: &str, hook: LifecycleHook) {
+        if let Some(g) = self.state.lock().groups.get_mut(group) {
+            put_hook(&mut g.spec.terminating_hooks, hook);
+        }
+    }
+
     /// Deletes the group's terminating hooks (someone removed them, or the ASG was
     /// recreated under the same name without them).
     pub fn delete_hook(&self, group: &str) {
@@ -958,11 +966,9 @@ impl Cloud for MemoryCloud {
                 .unwrap_or(&st.groups)
                 .values()
                 .filter(|g| matches_selector(g, selector))
-                .map(|g| {
-                    let mut snap = Self::snapshot_of(g);
-                    snap.terminating_hooks = g.spec.terminating_hooks.clone();
-                    snap
-                })
+                // As AWS answers: DescribeAutoScalingGroups carries no lifecycle
+                // hooks (DescribeLifecycleHooks does).
+                .map(Self::snapshot_of)
                 .collect())
         })
         .await
