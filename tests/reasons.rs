@@ -440,6 +440,44 @@ async fn a_created_hook_is_put_once() {
     assert!(w.engine.our_hook(reg.group("web").unwrap()).is_some());
 }
 
+/// Issue 39, 6: the replica that leads the drains may not be the one CA calls, so no
+/// Refresh reaches it. A hook it creates is known at once (not put again on every
+/// poll: 16 times in 75 s before), and its picture of AWS is read again on its own
+/// timer.
+#[tokio::test]
+async fn a_replica_ca_does_not_call_keeps_its_picture_fresh_and_puts_its_hook_once() {
+    let settings = ScaleInSettings {
+        create_hook: true,
+        ..fast_settings()
+    };
+    let w = world(
+        vec![MemoryGroup::new("web", 0, 3, 2, "m5.large")],
+        settings,
+        Duration::from_millis(50),
+    )
+    .await;
+    for _ in 0..4 {
+        scalein::lifecycle::scan(&w.engine, &w.provider).await;
+    }
+    assert_eq!(w.cloud.calls().get("put_terminating_hook"), Some(&1));
+    // AWS changes (the ASG scales in by itself); nobody calls Refresh.
+    let _fresh = w.provider.spawn_keep_fresh(|| true);
+    let ended = w.cloud.external_scale_in("web", 1).unwrap();
+    eventually(
+        "the snapshot shows the instance leaving, with no Refresh from CA",
+        10,
+        || {
+            w.provider.registry().group("web").is_some_and(|g| {
+                g.asg
+                    .instances
+                    .iter()
+                    .any(|i| i.id == ended[0] && i.state.is_leaving())
+            })
+        },
+    )
+    .await;
+}
+
 /// CA left at `--daemonset-eviction-for-occupied-nodes=true` evicted the log shipper
 /// before DeleteNodes, which reached a follower: the leader's resumed drain still says
 /// so (CA's taint on the Node tells a CA scale-in whichever replica CA asked).

@@ -84,6 +84,9 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         );
         provider.set_scale_in(Arc::new(crate::scalein::DrainScaleIn(engine.clone())));
         engine.elect_leader();
+        // The leader's own picture of AWS stays fresh whether CA calls it or not.
+        let leads = Arc::downgrade(&engine);
+        provider.spawn_keep_fresh(move || leads.upgrade().is_some_and(|e| e.is_leader()));
         liveness = engine.liveness.clone();
         engine_for_shutdown = Some(engine.clone());
         start_queue(&cfg, &args, &engine, &provider).await;

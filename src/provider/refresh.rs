@@ -142,9 +142,50 @@ impl Provider {
     /// found gone, a changed heartbeat timeout): the next refresh uses them instead of
     /// a list up to `hook_refresh_interval` old.
     pub fn note_hooks(&self, group: &str, hooks: Vec<LifecycleHook>) {
-        let mut inner = self.refresh.inner.lock();
-        inner.hooks.insert(group.to_string(), (now(), hooks));
-        inner.force = true;
+        {
+            let mut inner = self.refresh.inner.lock();
+            inner
+                .hooks
+                .insert(group.to_string(), (now(), hooks.clone()));
+            inner.force = true;
+        }
+        // Known at once, not at the next refresh: a replica CA does not call may not
+        // refresh for a while, and its lifecycle scan reads the snapshot (it would
+        // put a hook it created again on every poll).
+        let mut registry = self.registry.write();
+        if registry.group(group).is_some() {
+            let mut groups = registry.groups.clone();
+            for g in groups.iter_mut().filter(|g| g.asg.name == group) {
+                g.hooks = hooks.clone();
+            }
+            *registry = Arc::new(Registry::new(groups));
+        }
+    }
+
+    /// Keeps the snapshot fresh without CA: every refresh interval, while `acting`
+    /// says so (the replica leads the drains), the node groups are read again unless
+    /// CA's Refresh already did. A replica CA does not talk to (bundled or standalone
+    /// mode with two replicas) still drains from a current picture of AWS.
+    pub fn spawn_keep_fresh(
+        self: &Arc<Self>,
+        acting: impl Fn() -> bool + Send + 'static,
+    ) -> tokio::task::JoinHandle<()> {
+        let weak = Arc::downgrade(self);
+        let every = self
+            .settings
+            .refresh_interval
+            .max(Duration::from_millis(100));
+        tokio::spawn(async move {
+            loop {
+                tokio::time::sleep(every).await;
+                let Some(this) = weak.upgrade() else { return };
+                if acting() && this.refresh_due() {
+                    if let Err(e) = this.refresh().await {
+                        tracing::warn!(error = %e, "refresh on the service's own timer failed; the next one tries again");
+                    }
+                }
+            }
+        })
     }
 
     /// The last refresh error, if the last attempt failed.
