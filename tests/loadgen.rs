@@ -199,3 +199,40 @@ fn drain_floor_reports_every_variant_against_a_true_floor() {
         }
     }
 }
+
+/// Issue 46, 1: `--delete-storm`, small. One NodeGroupDeleteNodes per node, ten at
+/// once, each under CA's 5 s deadline, AWS at 100 ms per request, on a hooked group
+/// and in direct mode: every call succeeds, CA's target and the ASG's desired
+/// capacity end exact, no instance CA did not name ends, and calls sent together are
+/// recorded in fewer batches than calls. Behaviour only, never the times.
+#[test]
+fn a_delete_storm_answers_every_call_and_ends_exact() {
+    let (stdout, r) = loadgen(&[
+        "--delete-storm",
+        "20",
+        "--aws-latency-ms",
+        "100",
+        "--delete-parallelism",
+        "10",
+    ]);
+    assert!(stdout.contains("DeleteNodes storm"), "{stdout}");
+    assert_eq!(r["nodes"], 20);
+    let modes = r["modes"].as_array().unwrap();
+    let names: Vec<&str> = modes.iter().map(|m| m["mode"].as_str().unwrap()).collect();
+    assert_eq!(names, ["hooked", "direct"]);
+    for m in modes {
+        assert_eq!(m["calls"], 20, "{m}");
+        assert_eq!(m["failures"], 0, "{m}");
+        assert_eq!(m["failed_calls"], 0, "{m}");
+        assert_eq!(m["expected"], 10, "{m}");
+        assert_eq!(m["target_size"], 10, "{m}");
+        assert_eq!(m["desired_capacity"], 10, "{m}");
+        assert_eq!(m["kept_instances_ended"], 0, "{m}");
+        assert_eq!(m["call_latency"]["calls"], 20, "{m}");
+        let batches = m["batches"].as_u64().unwrap();
+        assert!((1..20).contains(&batches), "calls recorded together: {m}");
+        // Every removal is one TerminateInstanceInAutoScalingGroup, in the call
+        // (hooked) or at the end of its drain (direct).
+        assert_eq!(m["aws_requests"]["terminate_instance"], 20, "{m}");
+    }
+}

@@ -5,6 +5,7 @@
 //! the report can tell this code's CPU from the gRPC transport's.
 
 mod ca_loop;
+pub mod delete_storm;
 pub mod drain_floor;
 pub mod drain_overhead;
 pub mod drain_storm;
@@ -66,7 +67,24 @@ pub struct LoadgenArgs {
     /// of finding the held instance, this many runs each (docs/performance.md).
     #[arg(long, value_name = "RUNS", conflicts_with = "drain_storm")]
     pub drain_floor: Option<usize>,
-    /// The storm's Kubernetes API rate limit (scaleIn.apiQps).
+    /// Instead of the CA loop: this many one-node NodeGroupDeleteNodes as CA sends
+    /// them (`--delete-parallelism` at once, each under a 5 s deadline), on a hooked
+    /// group and on one in direct mode, with every AWS request taking
+    /// `--aws-latency-ms` (docs/performance.md).
+    #[arg(
+        long,
+        value_name = "NODES",
+        conflicts_with_all = ["drain_storm", "drain_floor", "floor"]
+    )]
+    pub delete_storm: Option<usize>,
+    /// The delete storm's AWS latency: how long every request takes.
+    #[arg(long, default_value_t = 100, requires = "delete_storm")]
+    pub aws_latency_ms: u64,
+    /// The delete storm's calls in flight at once (CA's --max-scale-down-parallelism).
+    #[arg(long, default_value_t = 10, requires = "delete_storm")]
+    pub delete_parallelism: usize,
+    /// The storm's Kubernetes API rate limit (scaleIn.apiQps; also the delete
+    /// storm's, burst twice it).
     #[arg(long, default_value_t = 50.0)]
     pub storm_api_qps: f64,
     /// The storm's scaleIn.maxConcurrentDrains (the shipped default is 50).
@@ -416,6 +434,19 @@ pub async fn run(args: LoadgenArgs) -> anyhow::Result<()> {
         let report = drain_floor::run(runs).await?;
         println!("{}", serde_json::to_string_pretty(&report)?);
         return write_json(args.json.as_deref(), &report);
+    }
+    if let Some(nodes) = args.delete_storm {
+        let mut o = delete_storm::DeleteStormOptions::new(nodes);
+        o.aws_latency = Duration::from_millis(args.aws_latency_ms);
+        o.parallelism = args.delete_parallelism;
+        o.api_qps = args.storm_api_qps;
+        o.api_burst = (args.storm_api_qps * 2.0) as u32;
+        let report = delete_storm::run(&o).await?;
+        delete_storm::print(&report);
+        write_json(args.json.as_deref(), &report)?;
+        let failures = report.failures();
+        anyhow::ensure!(failures == 0, "the delete storm had {failures} failure(s)");
+        return Ok(());
     }
     if let Some(nodes) = args.drain_storm {
         anyhow::ensure!(nodes >= 1, "--drain-storm must be at least 1");

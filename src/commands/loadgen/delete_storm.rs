@@ -1,0 +1,547 @@
+//! A DeleteNodes storm as cluster-autoscaler sends it (issue 46, 1): one
+//! NodeGroupDeleteNodes per node, `--max-scale-down-parallelism` (10, or 50) at once,
+//! each under CA's 5 s gRPC deadline (`core/scaledown/actuation/actuator.go`
+//! deleteNodesAsync, `delete_in_batch.go` with the default
+//! `--node-deletion-batcher-interval=0`), against the real gRPC server on the memory
+//! cloud with every AWS request taking `--aws-latency-ms`. Run twice: on a group with
+//! our lifecycle hook (the instance is terminated into Terminating:Wait) and on one
+//! without (direct mode: the drain is marked on the Node of the in-memory API server).
+//!
+//! Reports per mode the calls and failures, the time from the first call to the last
+//! answer, each call's latency, the AWS requests per node (the memory cloud's call
+//! counter), the batches the calls were recorded in (one DescribeAutoScalingGroups per
+//! batch: nothing else reads the group while the calls run), and whether CA's target
+//! and the ASG's desired capacity end exact and every instance CA did not name stays.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use k8s_openapi::api::core::v1::Node;
+use serde::Serialize;
+use tonic::transport::Endpoint;
+
+use super::stats::MethodSummary;
+use super::until;
+use crate::cloud::memory::{MemoryCloud, MemoryGroup};
+use crate::cloud::GroupSelector;
+use crate::proto::{self, cloud_provider_client::CloudProviderClient};
+use crate::provider::{Provider, ProviderSettings};
+use crate::scalein::{DrainScaleIn, Engine, Outcome, ScaleInSettings};
+use crate::sim::{SimCluster, SimOptions};
+
+const GROUP: &str = "storm";
+/// Instances CA does not name: they must all stay.
+const KEPT: usize = 10;
+/// How many failure messages the report quotes.
+const QUOTED: usize = 5;
+
+/// The storm's shape.
+#[derive(Debug, Clone)]
+pub struct DeleteStormOptions {
+    /// Nodes deleted, one call each.
+    pub nodes: usize,
+    /// How long every AWS request takes.
+    pub aws_latency: Duration,
+    /// Calls in flight at once (CA's `--max-scale-down-parallelism`).
+    pub parallelism: usize,
+    /// The deadline each call carries (CA's `grpc_timeout`, 5 s by default).
+    pub deadline: Duration,
+    /// How long the drains behind the answers may take to end every instance.
+    pub settle_limit: Duration,
+    /// The drain engine's Kubernetes API rate limit (scaleIn.apiQps and apiBurst;
+    /// the shipped 50 and 100 by default).
+    pub api_qps: f64,
+    pub api_burst: u32,
+}
+
+impl DeleteStormOptions {
+    pub fn new(nodes: usize) -> Self {
+        Self {
+            nodes,
+            aws_latency: Duration::from_millis(100),
+            parallelism: 10,
+            deadline: Duration::from_secs(5),
+            settle_limit: Duration::from_secs(600),
+            api_qps: ScaleInSettings::default().api_qps,
+            api_burst: ScaleInSettings::default().api_burst,
+        }
+    }
+}
+
+#[derive(Debug, Serialize, Clone)]
+pub struct DeleteStormReport {
+    pub nodes: usize,
+    pub aws_latency_ms: u64,
+    pub parallelism: usize,
+    pub deadline_ms: u64,
+    pub api_qps: f64,
+    pub api_burst: u32,
+    pub modes: Vec<ModeReport>,
+}
+
+impl DeleteStormReport {
+    /// Failures over both modes (calls and broken invariants).
+    pub fn failures(&self) -> usize {
+        self.modes.iter().map(|m| m.failures).sum()
+    }
+}
+
+#[derive(Debug, Serialize, Clone)]
+pub struct ModeReport {
+    /// "hooked" (our lifecycle hook on the group) or "direct".
+    pub mode: String,
+    pub calls: usize,
+    /// Calls answered with an error.
+    pub failed_calls: usize,
+    /// Failed calls plus broken invariants: CA's target or the desired capacity not
+    /// exact, a drain that did not end its instance, an instance CA did not name
+    /// ended. The goal is none.
+    pub failures: usize,
+    /// The first few messages.
+    pub first_failures: Vec<String>,
+    /// From the first call sent to the last answer.
+    pub last_answer_s: f64,
+    /// Each call, sent to answered.
+    pub call_latency: MethodSummary,
+    /// DescribeAutoScalingGroups reads while the calls ran: one per batch of calls
+    /// recorded together.
+    pub batches: u64,
+    pub calls_per_batch: f64,
+    /// AWS requests from the first call to the last answer, by operation.
+    pub aws_requests_in_calls: BTreeMap<String, u64>,
+    pub aws_requests_per_node_in_calls: f64,
+    /// Kubernetes API requests from the first call to the last answer (direct mode
+    /// marks each drain on its Node before answering; the drains behind the answers
+    /// share the same `apiQps`), and their rate.
+    pub api_requests_in_calls: u64,
+    pub api_qps_in_calls: f64,
+    /// AWS requests from the first call until every drain behind the answers ended
+    /// its instance (the drain's own requests included), by operation.
+    pub aws_requests: BTreeMap<String, u64>,
+    pub aws_requests_per_node: f64,
+    /// NodeGroupTargetSize in CA's next loop (Refresh first, as CA does) right
+    /// after the last answer: 10 when every call succeeded.
+    pub target_size: i32,
+    /// NodeGroupTargetSize right after the last answer without a Refresh before it
+    /// (CA never reads it so; shown, not checked).
+    pub target_size_without_refresh: i32,
+    /// The desired capacity the ASG must end with: the 10 instances CA did not name,
+    /// and the nodes of failed calls that stayed.
+    pub expected: i32,
+    /// The ASG's desired capacity once every drain ended its instance.
+    pub desired_capacity: Option<i32>,
+    /// From the first call until every drain ended its instance.
+    pub all_ended_s: f64,
+    /// Instances CA did not name that are no longer in service.
+    pub kept_instances_ended: usize,
+    /// Nodes whose call failed and whose instance stayed (counted in `expected`);
+    /// the other failed calls' removals went on and ended their instance.
+    pub failed_nodes_that_stayed: usize,
+}
+
+/// Both modes, one after the other, each on a fresh cloud and API server.
+pub async fn run(o: &DeleteStormOptions) -> anyhow::Result<DeleteStormReport> {
+    anyhow::ensure!(o.nodes >= 1, "--delete-storm must be at least 1");
+    anyhow::ensure!(
+        o.parallelism >= 1,
+        "--delete-parallelism must be at least 1"
+    );
+    let mut modes = Vec::new();
+    for hooked in [true, false] {
+        modes.push(run_mode(o, hooked).await?);
+    }
+    Ok(DeleteStormReport {
+        nodes: o.nodes,
+        aws_latency_ms: o.aws_latency.as_millis() as u64,
+        parallelism: o.parallelism,
+        deadline_ms: o.deadline.as_millis() as u64,
+        api_qps: o.api_qps,
+        api_burst: o.api_burst,
+        modes,
+    })
+}
+
+/// One call's answer: when it came, how long it took, the error if any.
+struct Answer {
+    at: Instant,
+    took: Duration,
+    error: Option<String>,
+}
+
+fn delta(after: &BTreeMap<String, u64>, before: &BTreeMap<String, u64>) -> BTreeMap<String, u64> {
+    after
+        .iter()
+        .map(|(op, n)| (op.clone(), n - before.get(op).copied().unwrap_or(0)))
+        .filter(|(_, n)| *n > 0)
+        .collect()
+}
+
+fn per_node(requests: &BTreeMap<String, u64>, nodes: usize) -> f64 {
+    let total: u64 = requests.values().sum();
+    (total as f64 / nodes as f64 * 100.0).round() / 100.0
+}
+
+async fn run_mode(o: &DeleteStormOptions, hooked: bool) -> anyhow::Result<ModeReport> {
+    let mode = if hooked { "hooked" } else { "direct" };
+    eprintln!(
+        "loadgen: delete storm, {mode}: {} one-node DeleteNodes, {} at once, AWS at {} ms",
+        o.nodes,
+        o.parallelism,
+        o.aws_latency.as_millis()
+    );
+    let setup_limit = Duration::from_secs(120);
+    let sim = Arc::new(
+        SimCluster::start(SimOptions {
+            ready_delay: Duration::from_millis(100),
+        })
+        .await?,
+    );
+    let size = (o.nodes + KEPT) as i32;
+    let mut group = MemoryGroup::new(GROUP, 0, size, size, "m5.large");
+    if hooked {
+        group = group.terminating_hook(&ScaleInSettings::default().hook_name, 300);
+    }
+    let cloud = MemoryCloud::new(vec![group], super::rig::timing());
+    sim.follow_cloud(cloud.clone());
+    until("a Node per instance", setup_limit, || {
+        sim.list::<Node>().len() == o.nodes + KEPT
+    })
+    .await?;
+
+    // The service as `serve` builds it: the provider with the drain behind DeleteNodes
+    // (the shipped scale-in settings, apiQps as given), and the gRPC server on a free port.
+    let provider = Provider::new(
+        Arc::new(cloud.clone()),
+        ProviderSettings {
+            selector: GroupSelector {
+                names: vec![GROUP.to_string()],
+                tag_sets: vec![],
+            },
+            ..ProviderSettings::default()
+        },
+    );
+    provider.refresh_now().await?;
+    let engine = Engine::new(
+        sim.client(),
+        Arc::new(cloud.clone()),
+        Some(provider.clone()),
+        ScaleInSettings {
+            api_qps: o.api_qps,
+            api_burst: o.api_burst,
+            ..ScaleInSettings::default()
+        },
+    );
+    provider.set_scale_in(Arc::new(DrainScaleIn(engine.clone())));
+    let (listener, addr) = crate::grpc::bind("127.0.0.1:0".parse()?).await?;
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(crate::grpc::serve(
+        listener,
+        provider.clone(),
+        None,
+        async move {
+            let _ = stopped.await;
+        },
+    ));
+    let channel = Endpoint::from_shared(format!("http://{addr}"))?
+        .tcp_nodelay(true)
+        .connect()
+        .await?;
+    let ca = CloudProviderClient::new(channel);
+    until("the drain marks on Nodes", setup_limit, || {
+        provider.drain_state_known()
+    })
+    .await?;
+
+    let mut instances: Vec<(String, String)> = cloud
+        .instances()
+        .into_iter()
+        .filter(|(g, i)| g == GROUP && !i.state.is_terminating())
+        .map(|(_, i)| (i.id.clone(), i.provider_id()))
+        .collect();
+    instances.sort();
+    anyhow::ensure!(
+        instances.len() == o.nodes + KEPT,
+        "{} instances in service, not {}",
+        instances.len(),
+        o.nodes + KEPT
+    );
+    let kept: BTreeSet<String> = instances[o.nodes..]
+        .iter()
+        .map(|(id, _)| id.clone())
+        .collect();
+    let victims: Vec<(String, String)> = instances[..o.nodes].to_vec();
+
+    cloud.slow(o.aws_latency);
+    let before = cloud.calls();
+    let api_before = sim.requests().total();
+    let started = Instant::now();
+    let slots = Arc::new(tokio::sync::Semaphore::new(o.parallelism));
+    let mut calls = Vec::with_capacity(victims.len());
+    for (id, provider_id) in &victims {
+        let mut req = tonic::Request::new(proto::NodeGroupDeleteNodesRequest {
+            id: GROUP.to_string(),
+            nodes: vec![proto::ExternalGrpcNode {
+                provider_id: provider_id.clone(),
+                name: crate::sim::node_name(id),
+                ..Default::default()
+            }],
+        });
+        req.set_timeout(o.deadline);
+        let (mut ca, slots) = (ca.clone(), slots.clone());
+        calls.push(tokio::spawn(async move {
+            let _slot = slots.acquire_owned().await.expect("never closed");
+            let sent = Instant::now();
+            let error = ca
+                .node_group_delete_nodes(req)
+                .await
+                .err()
+                .map(|e| format!("{:?}: {}", e.code(), e.message()));
+            Answer {
+                at: Instant::now(),
+                took: sent.elapsed(),
+                error,
+            }
+        }));
+    }
+    let mut answers = Vec::with_capacity(calls.len());
+    for c in calls {
+        answers.push(c.await?);
+    }
+    let last = answers.iter().map(|a| a.at).max().unwrap_or(started);
+    let in_calls = delta(&cloud.calls(), &before);
+    let api_requests_in_calls = sim.requests().total() - api_before;
+    let mut failures: Vec<String> = answers.iter().filter_map(|a| a.error.clone()).collect();
+    let failed_calls = failures.len();
+    let latencies: Vec<u32> = answers
+        .iter()
+        .map(|a| a.took.as_micros().min(u32::MAX as u128) as u32)
+        .collect();
+
+    let target = |mut ca: CloudProviderClient<tonic::transport::Channel>| async move {
+        anyhow::Ok(
+            ca.node_group_target_size(proto::NodeGroupTargetSizeRequest { id: GROUP.into() })
+                .await?
+                .into_inner()
+                .target_size,
+        )
+    };
+    let target_size_without_refresh = target(ca.clone()).await?;
+    // CA's next loop: Refresh, then the group's target.
+    ca.clone().refresh(proto::RefreshRequest {}).await?;
+    let target_size = target(ca.clone()).await?;
+    // With every call answered OK, CA's target is exact at once. (A call that failed
+    // late may still be recording its removal, which then goes on: only the desired
+    // capacity, once everything settled, is checked against it.)
+    if failed_calls == 0 && target_size != KEPT as i32 {
+        failures.push(format!(
+            "CA's target is {target_size} after the calls, not {KEPT}"
+        ));
+    }
+
+    // The drains behind the answers end every instance CA named, and those whose
+    // call failed late once recorded.
+    let settle_until = started + o.settle_limit;
+    let mut settled = true;
+    for ((id, _), answer) in victims.iter().zip(&answers) {
+        let left = settle_until.saturating_duration_since(Instant::now());
+        match tokio::time::timeout(left, engine.wait_for(id)).await {
+            Ok(Some(Outcome::Ended)) => {}
+            // No drain: its call failed before anything started.
+            Ok(None) if answer.error.is_some() => {}
+            Ok(None) => failures.push(format!("no drain was started for {id}")),
+            Ok(Some(other)) => failures.push(format!("the drain of {id} ended {other:?}")),
+            Err(_) => {
+                settled = false;
+                break;
+            }
+        }
+    }
+    // A removal recorded after its call gave up starts its drain late: wait until no
+    // drain runs, twice a second apart.
+    let mut idle = 0;
+    while settled && idle < 2 {
+        if Instant::now() >= settle_until {
+            settled = false;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        idle = if engine.in_progress() == 0 {
+            idle + 1
+        } else {
+            0
+        };
+    }
+    if !settled {
+        failures.push(format!(
+            "the drains had not ended every instance after {:?}",
+            o.settle_limit
+        ));
+    }
+    let all_ended = started.elapsed();
+    let aws_requests = delta(&cloud.calls(), &before);
+    let in_service: BTreeSet<String> = cloud
+        .instances()
+        .into_iter()
+        .filter(|(g, i)| g == GROUP && !i.state.is_terminating())
+        .map(|(_, i)| i.id)
+        .collect();
+    let kept_instances_ended = kept.difference(&in_service).count();
+    if kept_instances_ended > 0 {
+        failures.push(format!(
+            "{kept_instances_ended} instance(s) CA did not name ended"
+        ));
+    }
+    // Every node whose call succeeded is gone; a node whose call failed may stay
+    // (CA takes its taint off and counts it again), and then the ASG keeps it.
+    let mut stayed = 0;
+    for ((id, _), answer) in victims.iter().zip(&answers) {
+        match (answer.error.is_some(), in_service.contains(id)) {
+            (false, true) => failures.push(format!(
+                "{id} is still in service although its DeleteNodes succeeded"
+            )),
+            (true, true) => stayed += 1,
+            _ => {}
+        }
+    }
+    let expected = (KEPT + stayed) as i32;
+    let desired_capacity = cloud.desired(GROUP);
+    if desired_capacity != Some(expected) {
+        failures.push(format!(
+            "the ASG's desired capacity is {desired_capacity:?} once every drain ended, not {expected}"
+        ));
+    }
+
+    let _ = stop.send(());
+    let _ = server.await;
+    engine.shutdown();
+    // The Events queued behind the drains (published with spare API tokens) keep
+    // going to the API server after this: it stays up until the process ends.
+    std::mem::forget(sim);
+
+    let batches = in_calls.get("describe_groups").copied().unwrap_or(0);
+    Ok(ModeReport {
+        mode: mode.to_string(),
+        calls: answers.len(),
+        failed_calls,
+        failures: failures.len(),
+        first_failures: failures.into_iter().take(QUOTED).collect(),
+        last_answer_s: round2(last.duration_since(started).as_secs_f64()),
+        call_latency: MethodSummary::of("NodeGroupDeleteNodes", &latencies),
+        batches,
+        calls_per_batch: if batches > 0 {
+            round2(answers.len() as f64 / batches as f64)
+        } else {
+            0.0
+        },
+        aws_requests_per_node_in_calls: per_node(&in_calls, o.nodes),
+        aws_requests_in_calls: in_calls,
+        api_requests_in_calls,
+        api_qps_in_calls: round2(
+            api_requests_in_calls as f64 / last.duration_since(started).as_secs_f64().max(1e-3),
+        ),
+        aws_requests_per_node: per_node(&aws_requests, o.nodes),
+        aws_requests,
+        target_size,
+        target_size_without_refresh,
+        expected,
+        desired_capacity,
+        all_ended_s: round2(all_ended.as_secs_f64()),
+        kept_instances_ended,
+        failed_nodes_that_stayed: stayed,
+    })
+}
+
+fn round2(x: f64) -> f64 {
+    (x * 100.0).round() / 100.0
+}
+
+/// The report as text.
+pub fn print(r: &DeleteStormReport) {
+    println!(
+        "\nDeleteNodes storm: {} nodes, one call each, {} at once, {} ms deadline, AWS at {} ms per request, apiQps {} (burst {})\n",
+        r.nodes, r.parallelism, r.deadline_ms, r.aws_latency_ms, r.api_qps, r.api_burst
+    );
+    println!(
+        "{:<7} {:>6} {:>8} {:>9} {:>8} {:>8} {:>8} {:>8} {:>9} {:>10} {:>8} {:>8}",
+        "mode",
+        "calls",
+        "failures",
+        "last (s)",
+        "p50 ms",
+        "p99 ms",
+        "max ms",
+        "batches",
+        "AWS/node",
+        "AWS/node*",
+        "target",
+        "desired"
+    );
+    let ms = |us: u32| f64::from(us) / 1000.0;
+    for m in &r.modes {
+        println!(
+            "{:<7} {:>6} {:>8} {:>9.2} {:>8.0} {:>8.0} {:>8.0} {:>8} {:>9.2} {:>10.2} {:>8} {:>8}",
+            m.mode,
+            m.calls,
+            m.failures,
+            m.last_answer_s,
+            ms(m.call_latency.p50_us),
+            ms(m.call_latency.p99_us),
+            ms(m.call_latency.max_us),
+            m.batches,
+            m.aws_requests_per_node_in_calls,
+            m.aws_requests_per_node,
+            format!("{}/{KEPT}", m.target_size),
+            m.desired_capacity
+                .map(|d| format!("{d}/{}", m.expected))
+                .unwrap_or_else(|| "-".into()),
+        );
+    }
+    println!(
+        "\nAWS/node: requests from the first call to the last answer; AWS/node*: until every drain ended its instance"
+    );
+    for m in &r.modes {
+        let ops = |reqs: &BTreeMap<String, u64>| {
+            reqs.iter()
+                .map(|(op, n)| format!("{op} {n}"))
+                .collect::<Vec<_>>()
+                .join(", ")
+        };
+        println!(
+            "{}: in the calls {} (and {} Kubernetes API requests, {:.0}/s); in all (every instance ended after {:.1} s) {}",
+            m.mode,
+            ops(&m.aws_requests_in_calls),
+            m.api_requests_in_calls,
+            m.api_qps_in_calls,
+            m.all_ended_s,
+            ops(&m.aws_requests)
+        );
+        for f in &m.first_failures {
+            println!("  {} failure: {f}", m.mode);
+        }
+    }
+    if r.failures() == 0 {
+        println!("\nno failure: every call answered OK, target and desired capacity exact, no other instance ended");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn counts_only_what_changed() {
+        let before = BTreeMap::from([("a".to_string(), 2), ("b".to_string(), 5)]);
+        let after = BTreeMap::from([
+            ("a".to_string(), 2),
+            ("b".to_string(), 9),
+            ("c".to_string(), 1),
+        ]);
+        let d = delta(&after, &before);
+        assert_eq!(
+            d,
+            BTreeMap::from([("b".to_string(), 4), ("c".to_string(), 1)])
+        );
+        assert_eq!(per_node(&d, 2), 2.5);
+    }
+}
