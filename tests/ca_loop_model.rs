@@ -1,0 +1,421 @@
+//! Model test of cluster-autoscaler's loop over the provider (issue 46, 4), with
+//! proptest: random sequences of CA's calls, made with CA's concurrency (one
+//! DeleteNodes per node, several at once), against the memory cloud, with faults
+//! injected per AWS operation (throttled, refused, slow) and the template's inputs
+//! changing underneath (a new default launch
+//! template version, the EKS node group's labels and taints). After every step:
+//! - CA's target is exactly what CA asked for (a failed call changed nothing);
+//! - no instance ended that CA did not name, and the ASG never picked one itself;
+//! - a DeleteNodes call that failed removed nothing;
+//! - once AWS answers again and every input's lifetime has passed, the template of
+//!   each group equals the one a fresh process builds from AWS as it is now (what a
+//!   node launched now would register with).
+//!
+//! The clock of the templates' lifetimes is the test's (`ManualClock`); AWS latency
+//! is real but small, and the calls' own bound is long, so no outcome depends on the
+//! machine's load.
+//!
+//! Not yet among the faults: reads answered from an older state. With them the model
+//! fails (a size change computed from a DescribeAutoScalingGroups that predates the
+//! provider's own last write: `[Stale(2), DeleteAtOnce(plain, 1), Increase(plain, 1)]`
+//! leaves CA's target at 4 where CA asked for 3); see issue 39.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use ca_asg_provider::cloud::memory::{MemoryCloud, MemoryGroup, MemoryTiming};
+use ca_asg_provider::cloud::{EksNodegroup, GroupSelector, Taint};
+use ca_asg_provider::provider::templates::ManualClock;
+use ca_asg_provider::provider::{
+    InstanceState, NodeRef, Provider, ProviderError, ProviderSettings,
+};
+use k8s_pb::api::core::v1::Node;
+use proptest::prelude::*;
+use prost::Message;
+
+const PLAIN: &str = "plain";
+const EKS: &str = "eks";
+const GROUPS: [&str; 2] = [PLAIN, EKS];
+/// Every AWS operation a CA call or a template build makes.
+const OPERATIONS: [&str; 6] = [
+    "describe_groups",
+    "terminate_instance",
+    "set_desired_capacity",
+    "eks_nodegroup",
+    "launch_template",
+    "instance_types",
+];
+const TYPES: [&str; 3] = ["m5.large", "c5.xlarge", "m6g.large"];
+
+#[derive(Debug, Clone)]
+enum Fault {
+    Throttle(usize, u32),
+    Refuse(usize, u32),
+    Slow(u64),
+}
+
+#[derive(Debug, Clone)]
+enum Op {
+    Increase(usize, i32),
+    Decrease(usize, i32),
+    /// Up to `n` running nodes, one DeleteNodes call each, all at once.
+    DeleteAtOnce(usize, usize, u64),
+    Refresh,
+    Template(usize),
+    Fault(Fault),
+    /// A new launch template version becomes the group's `$Default`.
+    NewDefault(usize, usize),
+    /// UpdateNodegroupConfig: the EKS node group's labels and taints change.
+    EksChange(u8),
+    /// Faults lifted, every lifetime passed, CA's Refresh: templates must equal
+    /// AWS's now.
+    Settle,
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    let g = 0..GROUPS.len();
+    let fault = prop_oneof![
+        (0..OPERATIONS.len(), 1..3u32).prop_map(|(o, n)| Fault::Throttle(o, n)),
+        (0..OPERATIONS.len(), 1..2u32).prop_map(|(o, n)| Fault::Refuse(o, n)),
+        (1..30u64).prop_map(Fault::Slow),
+    ];
+    prop_oneof![
+        3 => (g.clone(), 1..3i32).prop_map(|(g, d)| Op::Increase(g, d)),
+        2 => (g.clone(), 1..3i32).prop_map(|(g, d)| Op::Decrease(g, d)),
+        4 => (g.clone(), 1..5usize, any::<u64>()).prop_map(|(g, n, p)| Op::DeleteAtOnce(g, n, p)),
+        2 => Just(Op::Refresh),
+        2 => g.clone().prop_map(Op::Template),
+        4 => fault.prop_map(Op::Fault),
+        1 => (g, 0..TYPES.len()).prop_map(|(g, t)| Op::NewDefault(g, t)),
+        1 => any::<u8>().prop_map(Op::EksChange),
+        1 => Just(Op::Settle),
+    ]
+}
+
+fn eks_nodegroup(v: u8) -> EksNodegroup {
+    EksNodegroup {
+        name: Some("ng-1".into()),
+        labels: [("team".to_string(), format!("t{}", v % 3))].into(),
+        taints: (v % 2 == 1)
+            .then(|| Taint {
+                key: "dedicated".into(),
+                value: format!("t{}", v % 3),
+                effect: "NoSchedule".into(),
+            })
+            .into_iter()
+            .collect(),
+        capacity_type: Some(if v % 4 < 2 { "ON_DEMAND" } else { "SPOT" }.into()),
+        ..Default::default()
+    }
+}
+
+fn cloud() -> MemoryCloud {
+    let cloud = MemoryCloud::new(
+        vec![
+            MemoryGroup::new(PLAIN, 1, 12, 3, "m5.large").launch_template_version("$Default"),
+            MemoryGroup::new(EKS, 0, 12, 2, "m5.large").eks_managed("prod", "ng-1", 300),
+        ],
+        MemoryTiming {
+            launch_delay: Duration::ZERO,
+            terminate_delay: Duration::ZERO,
+            hook_delay: Duration::ZERO,
+        },
+    );
+    cloud.set_eks_nodegroup("prod", "ng-1", Some(eks_nodegroup(0)));
+    cloud
+}
+
+async fn provider(cloud: &MemoryCloud, clock: &ManualClock) -> Arc<Provider> {
+    let p = Provider::new(
+        Arc::new(cloud.clone()),
+        ProviderSettings {
+            selector: GroupSelector {
+                names: GROUPS.iter().map(|g| g.to_string()).collect(),
+                tag_sets: vec![],
+            },
+            refresh_interval: Duration::ZERO,
+            ..ProviderSettings::default()
+        },
+    );
+    p.set_template_clock(Arc::new(clock.clone()));
+    p.refresh_now().await.unwrap();
+    p
+}
+
+/// What CA reads of a template node: labels, taints, capacity.
+#[derive(Debug, PartialEq)]
+struct Seen {
+    labels: BTreeMap<String, String>,
+    taints: BTreeSet<(String, String, String)>,
+    capacity: BTreeMap<String, String>,
+}
+
+fn seen(bytes: &[u8]) -> Seen {
+    let node = Node::decode(bytes).expect("a Node");
+    let spec = node.spec.unwrap_or_default();
+    let status = node.status.unwrap_or_default();
+    Seen {
+        labels: node
+            .metadata
+            .unwrap_or_default()
+            .labels
+            .into_iter()
+            // The hostname label names a made-up node of the template, and the zone
+            // is one chosen among the group's zones by where its instances are now.
+            .filter(|(k, _)| k != "kubernetes.io/hostname" && !k.ends_with("/zone"))
+            .collect(),
+        taints: spec
+            .taints
+            .into_iter()
+            .map(|t| {
+                (
+                    t.key.unwrap_or_default(),
+                    t.value.unwrap_or_default(),
+                    t.effect.unwrap_or_default(),
+                )
+            })
+            .collect(),
+        capacity: status
+            .capacity
+            .into_iter()
+            .map(|(k, v)| (k, v.string.unwrap_or_default()))
+            .collect(),
+    }
+}
+
+struct World {
+    cloud: MemoryCloud,
+    clock: ManualClock,
+    ca: Arc<Provider>,
+    target: BTreeMap<String, i32>,
+    /// Every instance CA named in a DeleteNodes that succeeded.
+    named: BTreeSet<String>,
+    /// Every instance ever seen, with its group.
+    seen: BTreeMap<String, String>,
+}
+
+impl World {
+    async fn new() -> Self {
+        let cloud = cloud();
+        let clock = ManualClock::new();
+        let ca = provider(&cloud, &clock).await;
+        let mut w = World {
+            target: GROUPS
+                .iter()
+                .map(|g| (g.to_string(), cloud.desired(g).unwrap()))
+                .collect(),
+            cloud,
+            clock,
+            ca,
+            named: BTreeSet::new(),
+            seen: BTreeMap::new(),
+        };
+        w.note_instances();
+        w
+    }
+
+    fn note_instances(&mut self) {
+        for (g, i) in self.cloud.instances() {
+            self.seen.entry(i.id).or_insert(g);
+        }
+    }
+
+    fn running(&self, g: &str) -> Vec<String> {
+        self.ca
+            .nodes(g)
+            .unwrap()
+            .into_iter()
+            .filter(|v| v.state == InstanceState::Running)
+            .map(|v| v.id)
+            .collect()
+    }
+
+    async fn step(&mut self, op: &Op) {
+        match op {
+            Op::Increase(g, d) => {
+                let g = GROUPS[*g];
+                if self.ca.increase_size(g, *d).await.is_ok() {
+                    *self.target.get_mut(g).unwrap() += d;
+                }
+            }
+            Op::Decrease(g, d) => {
+                let g = GROUPS[*g];
+                let before = self.ca.target_size(g).unwrap();
+                if self.ca.decrease_target_size(g, -d).await.is_ok() {
+                    // Only unfulfilled capacity goes: what the provider says it took.
+                    let after = self.ca.target_size(g).unwrap();
+                    assert!(
+                        after < before && after >= before - d,
+                        "{g}: {before} -> {after} for -{d}"
+                    );
+                    *self.target.get_mut(g).unwrap() -= before - after;
+                }
+            }
+            Op::DeleteAtOnce(g, n, pick) => {
+                let g = GROUPS[*g];
+                let running = self.running(g);
+                if running.is_empty() {
+                    return;
+                }
+                let start = (*pick as usize) % running.len();
+                let chosen: Vec<String> = running
+                    .iter()
+                    .cycle()
+                    .skip(start)
+                    .take((*n).min(running.len()))
+                    .cloned()
+                    .collect();
+                let ca = self.ca.clone();
+                let answers = futures::future::join_all(chosen.iter().map(|pid| {
+                    let ca = ca.clone();
+                    let node = NodeRef {
+                        provider_id: pid.clone(),
+                        name: pid.clone(),
+                    };
+                    async move {
+                        ca.delete_nodes_within(g, &[node], Duration::from_secs(30))
+                            .await
+                    }
+                }))
+                .await;
+                for (pid, answer) in chosen.iter().zip(answers) {
+                    let iid = pid.rsplit('/').next().unwrap().to_string();
+                    match answer {
+                        Ok(()) => {
+                            *self.target.get_mut(g).unwrap() -= 1;
+                            self.named.insert(iid);
+                        }
+                        Err(e) => assert!(
+                            self.cloud
+                                .instances()
+                                .iter()
+                                .any(|(_, i)| i.id == iid && !i.state.is_terminating()),
+                            "{g}: DeleteNodes for {iid} failed ({e}), yet the instance is going"
+                        ),
+                    }
+                }
+            }
+            Op::Refresh => {
+                let _ = self.ca.refresh().await;
+            }
+            Op::Template(g) => {
+                // May fail while AWS does; CA skips the group then (1.31.x, 1.32.3+).
+                let _ = self.ca.template_node(GROUPS[*g]).await;
+            }
+            Op::Fault(f) => match f {
+                Fault::Throttle(o, n) => self.cloud.throttle(OPERATIONS[*o], *n),
+                Fault::Refuse(o, n) => self.cloud.refuse(OPERATIONS[*o], "AccessDenied", *n),
+                Fault::Slow(ms) => self.cloud.slow(Duration::from_millis(*ms)),
+            },
+            Op::NewDefault(g, t) => self.cloud.new_launch_version(GROUPS[*g], TYPES[*t], None),
+            Op::EksChange(v) => {
+                self.cloud
+                    .set_eks_nodegroup("prod", "ng-1", Some(eks_nodegroup(*v)))
+            }
+            Op::Settle => self.settle().await,
+        }
+        self.note_instances();
+    }
+
+    /// AWS answers again, every lifetime passes, CA refreshes and asks for each
+    /// template: it must be what a fresh process builds from AWS now.
+    async fn settle(&mut self) {
+        self.cloud.heal();
+        self.clock.advance(Duration::from_secs(25 * 3600));
+        // CA's next Refresh once the provider's backoff after a failed read is over
+        // (a second at most here): it reads AWS.
+        self.ca.refresh_now().await.expect("Refresh once AWS answers");
+        self.ca.templates_prefetched().await;
+        let fresh = provider(&self.cloud, &ManualClock::new()).await;
+        for g in GROUPS {
+            let ours = self
+                .ca
+                .template_node(g)
+                .await
+                .expect("template once AWS answers");
+            let want = fresh
+                .template_node(g)
+                .await
+                .expect("a fresh process's template");
+            assert_eq!(seen(&ours), seen(&want), "{g}: the template did not heal");
+        }
+    }
+
+    fn check(&self, history: &[Op]) {
+        let victims = self.cloud.chosen_by_asg();
+        assert!(
+            victims.is_empty(),
+            "the ASG ended instances of its own choosing: {victims:?}\nafter {history:#?}"
+        );
+        let now: BTreeMap<String, bool> = self
+            .cloud
+            .instances()
+            .into_iter()
+            .map(|(_, i)| (i.id.clone(), i.state.is_terminating()))
+            .collect();
+        for (iid, g) in &self.seen {
+            let going = now.get(iid).is_none_or(|t| *t);
+            assert!(
+                !going || self.named.contains(iid),
+                "group {g}: instance {iid} ended and CA never named it\nafter {history:#?}"
+            );
+        }
+        for g in GROUPS {
+            let want = self.target[g];
+            let got = self.ca.target_size(g).unwrap();
+            assert_eq!(
+                got, want,
+                "group {g}: CA's target is {got}, CA asked for {want}\nafter {history:#?}"
+            );
+        }
+    }
+}
+
+fn run(ops: &[Op]) {
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    rt.block_on(async {
+        let mut w = World::new().await;
+        w.check(&[]);
+        for (i, op) in ops.iter().enumerate() {
+            w.step(op).await;
+            w.check(&ops[..=i]);
+        }
+        w.settle().await;
+        w.check(ops);
+    });
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig {
+        cases: 300,
+        failure_persistence: None,
+        ..ProptestConfig::default()
+    })]
+
+    #[test]
+    fn ca_loop_keeps_sizes_exact_and_templates_heal(ops in prop::collection::vec(op(), 1..30)) {
+        run(&ops);
+    }
+}
+
+/// The sequence of issue 46, 2: one throttled DescribeNodegroup, then the node
+/// group's labels change; the template heals once AWS answers.
+#[test]
+fn a_throttled_describe_nodegroup_then_a_change_heals() {
+    run(&[
+        Op::Fault(Fault::Throttle(3, 2)),
+        Op::Template(1),
+        Op::EksChange(5),
+        Op::Refresh,
+        Op::Settle,
+    ]);
+}
+
+#[allow(dead_code)]
+fn _error_is_send(e: ProviderError) -> impl Send {
+    e
+}
