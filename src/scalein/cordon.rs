@@ -63,8 +63,20 @@ pub async fn cordon(
     reasons: &[DrainReason],
     group: &str,
 ) -> Result<Cordoned, kube::Error> {
+    cordon_via(engine, &engine.client, node, reasons, group).await
+}
+
+/// [`cordon`] through `client`: DeleteNodes marks its Node through the engine's
+/// answer client, ahead of the drains in the API rate limit, since CA waits for it.
+pub async fn cordon_via(
+    engine: &Engine,
+    client: &kube::Client,
+    node: &str,
+    reasons: &[DrainReason],
+    group: &str,
+) -> Result<Cordoned, kube::Error> {
     let limits = engine.limits();
-    let marked = read_modify_write(engine, node, |current| {
+    let marked = read_modify_write(engine, client, node, |current| {
         let annotations = current.metadata.annotations.clone().unwrap_or_default();
         let found = DrainRecord::from_annotations(&annotations);
         let resumed = found.is_some();
@@ -156,10 +168,11 @@ enum Write<T> {
 /// [`CONFLICT_RETRIES`] conflicts: nothing is reported written that was not.
 async fn read_modify_write<T>(
     engine: &Engine,
+    client: &kube::Client,
     node: &str,
     mut decide: impl FnMut(&Node) -> Write<T>,
 ) -> Result<Option<T>, kube::Error> {
-    let api: Api<Node> = Api::all(engine.client.clone());
+    let api: Api<Node> = Api::all(client.clone());
     // The first try starts from the Node cache: a patch is fenced by the
     // resourceVersion it was decided on (a stale copy gets a 409 and the loop reads
     // the Node), so a write that goes through was decided on the Node as it was. A
@@ -208,7 +221,7 @@ pub async fn update_record(
     node: &str,
     change: impl Fn(&mut DrainRecord) -> bool,
 ) -> Result<Option<DrainRecord>, kube::Error> {
-    let updated = read_modify_write(engine, node, |current| {
+    let updated = read_modify_write(engine, &engine.client, node, |current| {
         let annotations = current.metadata.annotations.clone().unwrap_or_default();
         let Some(mut record) = DrainRecord::from_annotations(&annotations) else {
             return Write::Keep(None);
@@ -234,7 +247,7 @@ pub async fn update_record(
 /// taint (CA asked for the removal that is now abandoned) and our marks, and
 /// uncordons / unlabels only when this service did those.
 pub async fn uncordon(engine: &Engine, node: &str) -> Result<(), kube::Error> {
-    read_modify_write(engine, node, |current| {
+    read_modify_write(engine, &engine.client, node, |current| {
         let annotations = current.metadata.annotations.clone().unwrap_or_default();
         let spec = current.spec.clone().unwrap_or_default();
         let taints: Vec<Taint> = spec

@@ -59,6 +59,9 @@ const HELD_RETRY: std::time::Duration = std::time::Duration::from_secs(5);
 /// all sharing one API rate limit.
 pub struct Engine {
     pub(crate) client: kube::Client,
+    /// The same, for what a caller waits for within its deadline (DeleteNodes
+    /// marking its Node): ahead of the drains in the rate limit.
+    pub(crate) answer_client: kube::Client,
     pub(crate) cloud: Arc<dyn Cloud>,
     pub(crate) provider: Option<Arc<Provider>>,
     pub(crate) settings: ScaleInSettings,
@@ -106,6 +109,8 @@ impl Engine {
         let client = user_agent::named(client, user_agent::DRAIN);
         let pod_event_client =
             ratelimit::limited_client(client.clone(), limiter.clone(), ratelimit::Priority::Spare);
+        let answer_client =
+            ratelimit::limited_client(client.clone(), limiter.clone(), ratelimit::Priority::Answer);
         let client = ratelimit::limited_client(client, limiter.clone(), ratelimit::Priority::Drain);
         let slots = Arc::new(tokio::sync::Semaphore::new(
             settings.max_concurrent_drains.max(1),
@@ -123,6 +128,7 @@ impl Engine {
             nodes,
             marks_sync: Mutex::new(marks_sync),
             client,
+            answer_client,
             cloud,
             provider,
             settings,

@@ -11,6 +11,9 @@ use parking_lot::Mutex;
 /// Who waits for whom at the bucket.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Priority {
+    /// What a caller waits for within its own deadline (CA's DeleteNodes marking its
+    /// Node): never queued behind the drains ([`RateLimiter::acquire_first`]).
+    Answer,
     /// The drains' requests: [`RateLimiter::acquire`].
     Drain,
     /// What may wait (per-pod Events): a token only when no drain request waits for
@@ -28,6 +31,7 @@ pub fn limited_client(
         let limiter = limiter.clone();
         Box::pin(async move {
             match priority {
+                Priority::Answer => limiter.acquire_first().await,
                 Priority::Drain => limiter.acquire().await,
                 Priority::Spare => limiter.acquire_spare().await,
             }
@@ -85,6 +89,28 @@ impl RateLimiter {
         }
     }
 
+    /// Takes a token ahead of every waiting drain request: at once while the bucket
+    /// can lend it (down to one burst of debt, which the drains then wait out), so a
+    /// request a caller waits for within its deadline is counted in the rate but
+    /// never queued behind a storm. Past that debt it waits like the others.
+    pub async fn acquire_first(&self) {
+        loop {
+            let wait = {
+                let mut st = self.state.lock();
+                let now = Instant::now();
+                let refill = now.saturating_duration_since(st.1).as_secs_f64() * self.qps;
+                st.0 = (st.0 + refill).min(self.burst);
+                st.1 = st.1.max(now);
+                if st.0 - 1.0 >= -self.burst {
+                    st.0 -= 1.0;
+                    return;
+                }
+                Duration::from_secs_f64((-self.burst + 1.0 - st.0) / self.qps)
+            };
+            tokio::time::sleep(wait).await;
+        }
+    }
+
     /// Takes a token only when no drain request waits for one and the bucket holds
     /// more than half its burst: low-priority requests (Events) use what the drains
     /// leave, never the token the next eviction would need, and in a storm that keeps
@@ -131,6 +157,30 @@ impl RateLimiter {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[tokio::test]
+    async fn an_answer_goes_ahead_of_waiting_drains_and_is_counted() {
+        let rl = Arc::new(RateLimiter::new(1.0, 2));
+        // The burst is spent; a drain request waits for the next token.
+        rl.acquire().await;
+        rl.acquire().await;
+        let drain = tokio::spawn({
+            let rl = rl.clone();
+            async move { rl.acquire().await }
+        });
+        tokio::task::yield_now().await;
+        assert!(rl.contended(), "a drain request waits");
+        // An answer does not: it borrows up to one burst ahead.
+        for _ in 0..2 {
+            tokio::time::timeout(Duration::from_millis(50), rl.acquire_first())
+                .await
+                .expect("an answer never queues behind the drains while the bucket can lend");
+        }
+        // The debt is the drains' to wait out: the bucket is two tokens in the red.
+        let st = *rl.state.lock();
+        assert!(st.0 < -1.0 + 1e-6, "counted: {}", st.0);
+        drain.abort();
+    }
 
     #[test]
     fn burst_then_steady_rate() {

@@ -123,8 +123,9 @@ async fn mark_for_drain(
             },
         };
         let reason = record::DrainReason::new(record::Why::ScaleIn, chrono::Utc::now());
-        match cordon::cordon(
+        match cordon::cordon_via(
             engine,
+            &engine.answer_client,
             &node,
             std::slice::from_ref(&reason),
             &group.asg.name,
