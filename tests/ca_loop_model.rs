@@ -325,7 +325,10 @@ impl World {
         self.clock.advance(Duration::from_secs(25 * 3600));
         // CA's next Refresh once the provider's backoff after a failed read is over
         // (a second at most here): it reads AWS.
-        self.ca.refresh_now().await.expect("Refresh once AWS answers");
+        self.ca
+            .refresh_now()
+            .await
+            .expect("Refresh once AWS answers");
         self.ca.templates_prefetched().await;
         let fresh = provider(&self.cloud, &ManualClock::new()).await;
         for g in GROUPS {
