@@ -346,9 +346,13 @@ impl ControlPlane {
     pub async fn client(&self, who: Who) -> anyhow::Result<kube::Client> {
         let path = self.kubeconfig(who)?;
         let kc = kube::config::Kubeconfig::read_from(&path)?;
-        let cfg =
+        let mut cfg =
             kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
                 .await?;
+        // As the service builds its own client (`scalein::kube_client`): no retries of
+        // 429s inside the client, or a budget's refusal of an eviction is retried
+        // there for minutes and the drain never sees it (nor its deadline).
+        cfg.default_retry = false;
         Ok(kube::Client::try_from(cfg)?)
     }
 
