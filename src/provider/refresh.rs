@@ -402,7 +402,22 @@ impl Provider {
         }
         let read: Vec<(String, Result<Vec<LifecycleHook>, _>)> = stream::iter(to_read)
             .map(|name| async move {
-                let r = self.cloud.terminating_hooks(&name).await;
+                // DescribeAutoScalingGroups carries no hooks: a group whose hooks
+                // cannot be read looks unhooked, and an instance our hook holds would
+                // go without heartbeats. A throttled or failed read is tried again
+                // at once, a few times, before the last known list stands in.
+                let read = || self.cloud.terminating_hooks(&name);
+                let r = read
+                    .retry(
+                        ExponentialBuilder::default()
+                            .with_min_delay(Duration::from_millis(100))
+                            .with_max_delay(Duration::from_secs(1))
+                            .with_max_times(4)
+                            .with_jitter(),
+                    )
+                    .sleep(tokio::time::sleep)
+                    .when(|e: &crate::cloud::CloudError| e.is_retryable())
+                    .await;
                 (name, r)
             })
             .buffer_unordered(FAILURE_READ_CONCURRENCY)
