@@ -113,6 +113,12 @@ pub fn validate(o: &AutoscalingOptions) -> Result<(), String> {
     Ok(())
 }
 
+/// The autoscaling-options tags of a group that cannot be used, one message each
+/// (what the gauge, the Event and the log report).
+pub fn unusable_tags(tags: &BTreeMap<String, String>) -> Vec<String> {
+    overlay_from_tags(&AutoscalingOptions::ca_defaults(), tags).warnings
+}
+
 /// Applies the option tags on top of `defaults`.
 pub fn overlay_from_tags(
     defaults: &AutoscalingOptions,

@@ -58,12 +58,7 @@ impl Status for Provider {
             if let Ok(t) = self.target_size(&g.asg.name) {
                 m.group_target.get_or_create(&l).set(i64::from(t));
             }
-            let unusable = super::options::overlay_from_tags(
-                &super::options::AutoscalingOptions::ca_defaults(),
-                &g.asg.tags,
-            )
-            .warnings
-            .len();
+            let unusable = super::options::unusable_tags(&g.asg.tags).len();
             m.group_option_tags_unusable
                 .get_or_create(&l)
                 .set(unusable as i64);

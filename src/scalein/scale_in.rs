@@ -147,11 +147,7 @@ async fn mark_for_drain(
 /// Says on the Node CA scales in which of its group's autoscaling-options tags CA
 /// could not be given (the decision was made with CA's defaults for them).
 async fn option_tags_ignored(engine: &Engine, group: &Group, node: &str) {
-    let unusable = crate::provider::options::overlay_from_tags(
-        &crate::provider::options::AutoscalingOptions::ca_defaults(),
-        &group.asg.tags,
-    )
-    .warnings;
+    let unusable = crate::provider::options::unusable_tags(&group.asg.tags);
     if unusable.is_empty() {
         return;
     }
