@@ -796,6 +796,63 @@ async fn a_drain_restarted_after_its_eviction_does_not_evict_again() {
     }
 }
 
+/// The same, when the reason that joins has no time left: a spot warning whose two
+/// minutes are nearly spent joins CA's scale-in while the app's eviction is in flight
+/// (behind a slow admission webhook). The new run's deadline has passed before it
+/// starts; it must not ask for the app again, it waits for that answer or deletes the
+/// app at the deadline. Found by unkind_model (MODEL_SEED=1795589335690274405
+/// MODEL_CASE=428: CaScaleIn(2), SpotLate(2, 3), ...: "app-2 was evicted twice").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reason_past_its_deadline_joining_an_eviction_in_flight_does_not_evict_again() {
+    use ca_asg_provider::scalein::{record, DrainRequest, Mode, Source};
+    let mut w = world(
+        vec![MemoryGroup::new("batch", 0, 3, 1, "m5.large")],
+        settings(30),
+        Duration::from_millis(20),
+    )
+    .await;
+    let (node, iid) = nodes_of(&w, "batch").remove(0);
+    w.sim
+        .create(&fixtures::pod("shop", "app", &node, "app", 1.0))
+        .unwrap();
+    pods_ready(&w, 1).await;
+    w.sim
+        .slow_requests("create", "pods/eviction", Duration::from_millis(800));
+    delete_nodes(&mut w, "batch", &[(node.clone(), iid.clone())]).await;
+    eventually("the app's eviction sent", 10, || {
+        w.sim.requests().get("create", "pods/eviction") >= 1
+    })
+    .await;
+    let now = chrono::Utc::now();
+    let spent = record::DrainReason::new(
+        record::Why::Notice {
+            notice: "spot_interruption".into(),
+            ends_at: Some(now),
+            daemonset_share_secs: 0,
+        },
+        now,
+    );
+    w.engine.start(DrainRequest {
+        instance_id: iid.clone(),
+        group: "batch".into(),
+        node_name: Some(node.clone()),
+        reasons: vec![spent],
+        mode: Mode::DrainOnly,
+        source: Source::Interruption,
+        noticed: None,
+    });
+    assert_eq!(w.engine.wait_for(&iid).await, Some(Outcome::Ended));
+    let a = w.sim.audit();
+    let asked = a
+        .iter()
+        .filter(|e| e.verb == "eviction-requested" && e.name == "app")
+        .count();
+    assert_eq!(asked, 1, "the app was asked to leave {asked} times: {a:?}");
+    support::world::assert_no_pod_evicted_twice(&a);
+    w.sim.heal();
+    w.engine.shutdown();
+}
+
 /// Issue 30, the unkind model's intermittent failure (a log shipper asked to leave
 /// four times): a DaemonSet pod that tolerates the drain taint, evicted and put back
 /// within the second the drain began, was asked to leave again by every process that

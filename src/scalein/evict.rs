@@ -82,16 +82,34 @@ impl Ledger {
         }
     }
 
-    /// Whether this process already had the pod's eviction accepted, waiting (until
-    /// `deadline`) for one still in flight.
-    pub async fn accepted(&self, uid: &str, deadline: Instant) -> bool {
+    /// What this process already sent for the pod, waiting (until `deadline`) for
+    /// the answer of one still in flight.
+    pub async fn earlier(&self, uid: &str, deadline: Instant) -> Earlier {
         let mut rx = match self.0.lock().get(uid) {
             Some(s) => s.answer.subscribe(),
-            None => return false,
+            None => return Earlier::Nothing,
         };
         let answer = tokio::time::timeout_at(deadline.into(), rx.wait_for(|a| a.is_some())).await;
-        matches!(answer, Ok(Ok(a)) if *a == Some(true))
+        match answer {
+            Ok(Ok(a)) if *a == Some(true) => Earlier::Accepted,
+            Ok(_) => Earlier::Nothing,
+            Err(_) => Earlier::Unanswered,
+        }
     }
+}
+
+/// An eviction this process sent earlier for a pod (a run of the drain before a new
+/// reason restarted it).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Earlier {
+    /// None, or one the API server refused.
+    Nothing,
+    /// Accepted: the pod is leaving.
+    Accepted,
+    /// Still unanswered at the deadline: it may yet be accepted, so no second one
+    /// goes (the API server would answer it 200 too, and the pod would be asked to
+    /// leave twice).
+    Unanswered,
 }
 
 /// Tells a PodDisruptionBudget's 429 from API Priority and Fairness' 429. Pure.
@@ -350,9 +368,13 @@ pub async fn until_accepted(
         if !still_there() {
             return true;
         }
-        // Evicted already by this process (a run of this drain before a restart).
-        if engine.evictions.accepted(&pod.uid, deadline).await {
-            return true;
+        // Sent already by this process (a run of this drain before a restart): its
+        // answer stands. One still in flight at the deadline leaves the pod to the
+        // deadline's policy, never to a second eviction.
+        match engine.evictions.earlier(&pod.uid, deadline).await {
+            Earlier::Accepted => return true,
+            Earlier::Unanswered => return false,
+            Earlier::Nothing => {}
         }
         let tell = (&mut told, &mut held_since);
         let (ticket, anyway) = match hold(engine, node, pod, deadline, tell, &still_there).await {
