@@ -2,7 +2,8 @@
 //! bounds, its template and every problem; then ask the API server (one
 //! SelfSubjectAccessReview per permission) whether the service may do what the drain
 //! needs, and print what is missing. Exit 0 when all is well, 1 when AWS, a group or a
-//! permission has a problem, 2 when the configuration itself is invalid.
+//! permission has a problem (finding no group at all is one), 2 when the
+//! configuration itself is invalid.
 
 use std::process::ExitCode;
 
@@ -67,7 +68,11 @@ pub async fn run(args: ConfigArgs) -> ExitCode {
     if cfg.interruption.queue_url.is_some() {
         scale_in.lifecycle_poll_interval = cfg.interruption.wait;
     }
-    let aws_ok = report(&provider, &scale_in).await == ExitCode::SUCCESS;
+    let looked_in = LookedIn {
+        region: cfg.region.clone(),
+        account: account_of_role_arn(std::env::var("AWS_ROLE_ARN").ok().as_deref()),
+    };
+    let aws_ok = report_in(&provider, &scale_in, &looked_in).await == ExitCode::SUCCESS;
     let queue_ok = match &cfg.interruption.queue_url {
         Some(url) => {
             let queue = crate::cloud::aws::sqs::SqsQueue::new(&cfg.aws_settings(), url).await;
@@ -163,10 +168,68 @@ Kubernetes permissions (SelfSubjectAccessReview):"
     }
 }
 
+/// Where check-config looked for Auto Scaling Groups, for the "nothing found" problem.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LookedIn {
+    pub region: String,
+    /// The AWS account, when it is known without a call (IRSA's role ARN names it).
+    pub account: Option<String>,
+}
+
+impl Default for LookedIn {
+    fn default() -> Self {
+        Self {
+            region: "(region not given)".into(),
+            account: None,
+        }
+    }
+}
+
+/// The account of an IAM role ARN (`arn:aws:iam::111122223333:role/x`, IRSA's
+/// AWS_ROLE_ARN): check-config names the account without an STS call, which the
+/// least-privilege policy does not grant. Pure.
+pub fn account_of_role_arn(arn: Option<&str>) -> Option<String> {
+    let mut parts = arn?.split(':');
+    let (Some("arn"), Some(_partition), Some("iam"), Some(""), Some(account)) = (
+        parts.next(),
+        parts.next(),
+        parts.next(),
+        parts.next(),
+        parts.next(),
+    ) else {
+        return None;
+    };
+    (account.len() == 12 && account.bytes().all(|b| b.is_ascii_digit()))
+        .then(|| account.to_string())
+}
+
+/// The problem check-config reports when the selector found no group: what it looked
+/// for, where, and what to check. Pure.
+pub fn nothing_found(selector: &crate::cloud::GroupSelector, looked_in: &LookedIn) -> String {
+    let account = match &looked_in.account {
+        Some(a) => format!("account {a} (from AWS_ROLE_ARN)"),
+        None => "account unknown (no STS call is made; `aws sts get-caller-identity` with the same credentials names it)".into(),
+    };
+    format!(
+        "no node group found: no Auto Scaling Group is {} in region {}, {account}. CA would have nothing to scale: check the cluster name in the discovery tags (the chart's clusterName, or config.autoDiscovery), that the ASGs carry every tag of the set, the static names (config.nodeGroups) and the region (aws.region, AWS_REGION)",
+        crate::provider::looked_for(selector),
+        looked_in.region
+    )
+}
+
 /// Reads AWS through `provider` and prints what it found; shared with tests.
 pub async fn report(
     provider: &std::sync::Arc<Provider>,
     scale_in: &crate::scalein::ScaleInSettings,
+) -> ExitCode {
+    report_in(provider, scale_in, &LookedIn::default()).await
+}
+
+/// [`report`], naming the region and account it looked in when nothing is found.
+pub async fn report_in(
+    provider: &std::sync::Arc<Provider>,
+    scale_in: &crate::scalein::ScaleInSettings,
+    looked_in: &LookedIn,
 ) -> ExitCode {
     let mut problems: Vec<String> = Vec::new();
     if let Err(e) = provider.refresh_now().await {
@@ -175,6 +238,9 @@ pub async fn report(
     }
     let reg = provider.registry();
     println!("\nnode groups found: {}", reg.groups.len());
+    if reg.groups.is_empty() {
+        problems.push(nothing_found(&provider.settings().selector, looked_in));
+    }
     for name in &provider.settings().selector.names {
         if reg.group(name).is_none() {
             problems.push(format!(

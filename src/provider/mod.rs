@@ -25,6 +25,7 @@ pub mod refresh;
 pub mod registry;
 pub mod sizes;
 mod status;
+pub use status::looked_for;
 pub mod template;
 pub mod templates;
 

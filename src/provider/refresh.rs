@@ -490,9 +490,10 @@ impl Provider {
 
     /// Loads the first state in the background, retrying 1 s doubling to 30 s with
     /// jitter until AWS answers, so the server listens at once and Refresh answers
-    /// Unavailable until AWS has been read.
+    /// Unavailable until AWS has been read. While the state holds no group, it is read
+    /// again every refresh interval until one is found.
     pub fn spawn_initial_refresh(self: &Arc<Self>) -> tokio::task::JoinHandle<()> {
-        let this = self.clone();
+        let mut this = self.clone();
         let policy = ExponentialBuilder::default()
             .with_min_delay(Duration::from_secs(1))
             .with_max_delay(Duration::from_secs(30))
@@ -512,8 +513,43 @@ impl Provider {
                     tracing::warn!(error = %e, ?retry_in, "first refresh failed");
                 })
                 .await;
-            if loaded.is_ok() {
-                tracing::info!(groups = this.registry().groups.len(), "node groups loaded");
+            if loaded.is_err() {
+                return;
+            }
+            tracing::info!(groups = this.registry().groups.len(), "node groups loaded");
+            // Nothing found: /readyz says so, and every replica (not only the leader,
+            // whose timer keeps its own picture fresh) reads again each refresh
+            // interval, so that a replica CA cannot reach while it is unready still
+            // becomes ready once a group exists.
+            let every = this
+                .settings
+                .refresh_interval
+                .max(Duration::from_millis(100));
+            let mut said = false;
+            loop {
+                if !this.registry().groups.is_empty() {
+                    if said {
+                        tracing::info!(groups = this.registry().groups.len(), "node groups found");
+                    }
+                    return;
+                }
+                if !said {
+                    tracing::warn!(
+                        looked_for = %super::looked_for(&this.settings.selector),
+                        "no node group found: /readyz answers 503 until one is; check the discovery tags (the cluster name), the static names and the region (ca-asg-provider check-config)"
+                    );
+                    said = true;
+                }
+                let weak = Arc::downgrade(&this);
+                drop(this);
+                tokio::time::sleep(every).await;
+                let Some(again) = weak.upgrade() else { return };
+                this = again;
+                if this.refresh_due() {
+                    if let Err(e) = this.refresh().await {
+                        tracing::warn!(error = %e, "reading the node groups again failed; the next interval tries again");
+                    }
+                }
             }
         })
     }

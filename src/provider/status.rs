@@ -1,5 +1,5 @@
 //! What the operations port reports about the provider: ready once node groups were
-//! loaded from AWS, and the per-group gauges (bounds, instances, target) refreshed at
+//! loaded from AWS and at least one was found, and the per-group gauges (bounds, instances, target) refreshed at
 //! each scrape, with the series of a group that is no longer managed removed.
 
 use std::collections::BTreeSet;
@@ -10,12 +10,45 @@ use super::Provider;
 use crate::telemetry::http::Status;
 use crate::telemetry::metrics::{metrics, GroupLabels};
 
+/// What a selector looks for, in words: `tagged k8s.io/cluster-autoscaler/enabled and
+/// k8s.io/cluster-autoscaler/prod`, `named web or batch`, or both joined by `or`. Pure.
+pub fn looked_for(selector: &crate::cloud::GroupSelector) -> String {
+    let mut parts = Vec::new();
+    if !selector.names.is_empty() {
+        parts.push(format!("named {}", selector.names.join(" or ")));
+    }
+    for set in &selector.tag_sets {
+        let terms: Vec<String> = set
+            .iter()
+            .map(|t| match &t.value {
+                Some(v) => format!("{}={v}", t.key),
+                None => t.key.clone(),
+            })
+            .collect();
+        parts.push(format!("tagged {}", terms.join(" and ")));
+    }
+    if parts.is_empty() {
+        "selected (no nodeGroups, no autoDiscovery)".into()
+    } else {
+        parts.join(", or ")
+    }
+}
+
 /// The groups the last scrape exported series for (the registry is process-wide too).
 static SHOWN_GROUPS: Mutex<BTreeSet<String>> = Mutex::new(BTreeSet::new());
 
 impl Status for Provider {
     fn readiness(&self) -> Result<(), String> {
         if self.is_loaded() {
+            if self.registry().groups.is_empty() {
+                // A typo'd cluster name or the wrong region finds nothing, and CA
+                // would then have nothing to scale: not a healthy install.
+                return Err(format!(
+                    "no node group found: no Auto Scaling Group is {}; read again every {} (ca-asg-provider check-config names the region and account it looks in)",
+                    looked_for(&self.settings().selector),
+                    crate::duration::format_duration(self.settings().refresh_interval)
+                ));
+            }
             return Ok(());
         }
         let why = self

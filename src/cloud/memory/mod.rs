@@ -387,6 +387,30 @@ impl MemoryCloud {
         }
     }
 
+    /// Creates a group while the cloud runs (an ASG created, or given the discovery
+    /// tags, after the service started); its instances are InService at once.
+    pub fn add_group(&self, g: MemoryGroup) {
+        let mut st = self.state.lock();
+        let name = g.name.clone();
+        let desired = g.desired;
+        st.groups.insert(
+            name.clone(),
+            MemAsg {
+                spec: g,
+                desired,
+                instances: Vec::new(),
+                fail_launches: None,
+                launches_held_until: None,
+                failures: Vec::new(),
+                last_launch_unix: None,
+                zone_cursor: 0,
+            },
+        );
+        let now = Instant::now();
+        let past = now.checked_sub(self.timing.launch_delay).unwrap_or(now);
+        self.reconcile_group(&mut st, &name, past);
+    }
+
     /// Deletes a group (an ASG removed by its owner).
     pub fn delete_group(&self, group: &str) {
         self.state.lock().groups.remove(group);
