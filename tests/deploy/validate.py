@@ -699,11 +699,11 @@ def bundled_wiring_errors(docs, values, cfg, ca_rules):
 
 QUICKSTART = CHART / "examples/quickstart-values.yaml"
 
-# What the chart requires on top of values.yaml, per mode: a cluster name in the
-# discovery tags (values.yaml's my-cluster is refused), and where the chart runs the
-# provider's container, an image repository (values.yaml's is a placeholder, refused).
-CI_CLUSTER = {"config": {"autoDiscovery": [{"tags": ["k8s.io/cluster-autoscaler/enabled",
-                                                      "k8s.io/cluster-autoscaler/ci-cluster"]}]}}
+# What the chart requires on top of values.yaml, per mode: the cluster's name (the
+# discovery tags are derived from it), and where the chart runs the provider's container,
+# an image repository (values.yaml's is a placeholder, refused).
+CI_CLUSTER = {"clusterName": "ci-cluster"}
+RUNBOOKS = "https://gitlab.platform.internal/platform/ca-asg-provider/-/blob/v0.1.0/docs/operations.md"
 CI_IMAGE = {"image": {"repository": "123456789012.dkr.ecr.us-east-1.amazonaws.com/ca-asg-provider"}}
 REQUIRED = {"sidecar": CI_CLUSTER, "standalone": merged(CI_CLUSTER, CI_IMAGE), "bundled": merged(CI_CLUSTER, CI_IMAGE)}
 
@@ -889,25 +889,37 @@ NEGATIVE = {
     "standalone without cert-manager or a Secret": ("mode: standalone\ntls:\n  certManager: {enabled: false}\n", "tls.serverSecretName is required"),
     # No install that can only fail later: values.yaml's placeholders are refused,
     # naming the value to set.
-    "values.yaml's placeholder cluster name (the bare defaults)": ("{}\n", "config.autoDiscovery[0].tags names the placeholder cluster my-cluster"),
+    "no cluster name (the bare defaults)": ("{}\n", "clusterName is required"),
+    "the examples' placeholder cluster name": ("clusterName: my-cluster\n", "clusterName is the placeholder my-cluster"),
+    "a cluster name EKS would refuse": ("clusterName: 'prod cluster'\n", "values don't meet the specifications of the schema"),
+    "the cluster name given twice": (
+        "clusterName: prod\nconfig:\n  autoDiscovery:\n    - tags: [k8s.io/cluster-autoscaler/enabled, k8s.io/cluster-autoscaler/prod]\n",
+        "clusterName \"prod\" and config.autoDiscovery are both set"),
+    "alerts without a runbook URL": ("clusterName: prod\nprometheusRule: {enabled: true}\n",
+                                     "prometheusRule.runbookBaseUrl is required with prometheusRule.enabled"),
+    "alerts linking the former example runbook URL": (
+        "clusterName: prod\nprometheusRule:\n  enabled: true\n  runbookBaseUrl: https://github.com/example/ca-asg-provider/blob/main/docs/operations.md\n",
+        "prometheusRule.runbookBaseUrl is an example URL"),
+    "alerts linking an example.com runbook URL": (
+        "clusterName: prod\nprometheusRule:\n  enabled: true\n  runbookBaseUrl: https://docs.example.com/runbooks\n",
+        "prometheusRule.runbookBaseUrl is an example URL"),
+    "a runbook URL with a fragment": (
+        "clusterName: prod\nprometheusRule:\n  enabled: true\n  runbookBaseUrl: https://wiki.corp/ops#alerts\n",
+        "values don't meet the specifications of the schema"),
     "the placeholder cluster name with a key=value tag": (
         "config:\n  autoDiscovery:\n    - tags: [k8s.io/cluster-autoscaler/enabled, k8s.io/cluster-autoscaler/my-cluster=owned]\n",
         "config.autoDiscovery[0].tags names the placeholder cluster my-cluster"),
-    "values.yaml's placeholder image (standalone)": (
-        "mode: standalone\nconfig:\n  autoDiscovery:\n    - tags: [k8s.io/cluster-autoscaler/enabled, k8s.io/cluster-autoscaler/prod]\n",
-        "image.repository is the placeholder"),
-    "values.yaml's placeholder image (bundled)": (
-        "mode: bundled\nconfig:\n  autoDiscovery:\n    - tags: [k8s.io/cluster-autoscaler/enabled, k8s.io/cluster-autoscaler/prod]\n",
-        "image.repository is the placeholder"),
+    "values.yaml's placeholder image (standalone)": ("mode: standalone\nclusterName: prod\n", "image.repository is the placeholder"),
+    "values.yaml's placeholder image (bundled)": ("mode: bundled\nclusterName: prod\n", "image.repository is the placeholder"),
     "the quickstart's values file before its sed (placeholder cluster)": (
-        QUICKSTART.read_text(), "config.autoDiscovery[0].tags names the placeholder cluster my-cluster"),
+        QUICKSTART.read_text(), "clusterName is the placeholder my-cluster"),
 }
 
 
 MODES = ("sidecar", "standalone", "bundled")
 # Values set on top of each mode's defaults before the effect check, so that the values
 # of optional objects (ServiceMonitor, PrometheusRule) have something to change.
-EFFECT_BASE = {"serviceMonitor": {"enabled": True}, "prometheusRule": {"enabled": True}}
+EFFECT_BASE = {"serviceMonitor": {"enabled": True}, "prometheusRule": {"enabled": True, "runbookBaseUrl": RUNBOOKS}}
 
 
 def value_paths(node, path=()):

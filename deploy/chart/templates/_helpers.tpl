@@ -72,11 +72,15 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | 
 {{- define "ca-asg-provider.configDir" -}}/etc/ca-asg-provider/config{{- end -}}
 
 {{/*
-The provider's configuration: .Values.config, with listen, metricsListen and (standalone)
-tls filled in from mode, ports and tls.mountPath where config does not set them.
+The provider's configuration: .Values.config, with autoDiscovery derived from clusterName,
+and listen, metricsListen and (standalone) tls filled in from mode, ports and
+tls.mountPath where config does not set them.
 */}}
 {{- define "ca-asg-provider.config" -}}
 {{- $cfg := deepCopy .Values.config -}}
+{{- if .Values.clusterName -}}
+{{- $_ := set $cfg "autoDiscovery" (list (dict "tags" (list "k8s.io/cluster-autoscaler/enabled" (printf "k8s.io/cluster-autoscaler/%s" .Values.clusterName)))) -}}
+{{- end -}}
 {{- if ne .Values.mode "standalone" -}}
 {{- if not (hasKey $cfg "listen") -}}
 {{- $_ := set $cfg "listen" (printf "127.0.0.1:%d" (int .Values.ports.grpc)) -}}
@@ -118,22 +122,49 @@ tls filled in from mode, ports and tls.mountPath where config does not set them.
 {{- if and (eq .Values.mode "standalone") (not .Values.tls.certManager.enabled) (not .Values.tls.serverSecretName) -}}
 {{- fail "tls.serverSecretName is required in standalone mode when tls.certManager.enabled is false" -}}
 {{- end -}}
+{{- include "ca-asg-provider.checkGroups" . -}}
 {{- include "ca-asg-provider.checkPlaceholders" . -}}
 {{- end -}}
 
 {{/*
+The cluster name is given once: clusterName, from which the discovery tags are derived,
+or config.autoDiscovery / config.nodeGroups written out; never none, never both ways.
+*/}}
+{{- define "ca-asg-provider.checkGroups" -}}
+{{- $cfg := .Values.config | default dict -}}
+{{- if and .Values.clusterName $cfg.autoDiscovery -}}
+{{- fail (printf "clusterName %q and config.autoDiscovery are both set: the chart derives the discovery tags [k8s.io/cluster-autoscaler/enabled, k8s.io/cluster-autoscaler/%s] from clusterName; set one of the two" .Values.clusterName .Values.clusterName) -}}
+{{- end -}}
+{{- if not (or .Values.clusterName $cfg.autoDiscovery $cfg.nodeGroups) -}}
+{{- fail "clusterName is required: set clusterName to your cluster's name (the ASGs to manage carry the tags k8s.io/cluster-autoscaler/enabled and k8s.io/cluster-autoscaler/<clusterName>; docs/quickstart-eks.md, step 5), or list the groups in config.nodeGroups or config.autoDiscovery" -}}
+{{- end -}}
+{{- end -}}
+
+{{/*
 No install that can only fail later: values.yaml's image repository (where the provider
-container runs: standalone and bundled) and cluster name in the discovery tags are
-placeholders, and the chart refuses them, naming the value to set.
+container runs: standalone and bundled) is a placeholder, and so is the examples' cluster
+name my-cluster; the chart refuses them, naming the value to set.
 */}}
 {{- define "ca-asg-provider.checkPlaceholders" -}}
 {{- if and (ne .Values.mode "sidecar") (eq .Values.image.repository "ghcr.io/example/ca-asg-provider") -}}
 {{- fail (printf "image.repository is the placeholder %q: set image.repository to the repository you pushed the ca-asg-provider image to (docs/quickstart-eks.md, step 2)" .Values.image.repository) -}}
 {{- end -}}
+{{- if .Values.prometheusRule.enabled -}}
+{{- $runbook := .Values.prometheusRule.runbookBaseUrl -}}
+{{- if not $runbook -}}
+{{- fail "prometheusRule.runbookBaseUrl is required with prometheusRule.enabled: set it to where docs/operations.md is served for your team (e.g. https://github.com/<your-org>/ca-asg-provider/blob/<tag>/docs/operations.md); each alert links <runbookBaseUrl>#<alert name in lower case>" -}}
+{{- end -}}
+{{- if regexMatch "^https?://([^/]*\\.)?(example\\.(com|org|net)|github\\.com/example)(/|$)" $runbook -}}
+{{- fail (printf "prometheusRule.runbookBaseUrl is an example URL (%q): set it to where docs/operations.md is served for your team; alerts would link runbooks that do not exist" $runbook) -}}
+{{- end -}}
+{{- end -}}
+{{- if eq .Values.clusterName "my-cluster" -}}
+{{- fail "clusterName is the placeholder my-cluster: set clusterName to your cluster's name (the ASGs carry the tag k8s.io/cluster-autoscaler/<clusterName>)" -}}
+{{- end -}}
 {{- range $i, $d := .Values.config.autoDiscovery | default list -}}
 {{- range $d.tags | default list -}}
 {{- if regexMatch "^k8s\\.io/cluster-autoscaler/my-cluster(=.*)?$" . -}}
-{{- fail (printf "config.autoDiscovery[%d].tags names the placeholder cluster my-cluster (%q): set config.autoDiscovery[%d].tags to [k8s.io/cluster-autoscaler/enabled, k8s.io/cluster-autoscaler/<your cluster's name>], the tags on your ASGs" $i . $i) -}}
+{{- fail (printf "config.autoDiscovery[%d].tags names the placeholder cluster my-cluster (%q): set clusterName to your cluster's name instead (the chart derives the tags), or config.autoDiscovery[%d].tags to the tags on your ASGs" $i . $i) -}}
 {{- end -}}
 {{- end -}}
 {{- end -}}
