@@ -1,5 +1,6 @@
 //! Prometheus metrics, in one place. Names follow Prometheus conventions
-//! (`ca_asg_provider_` prefix, base units, `_total` for counters).
+//! (`ca_asg_provider_` prefix, base units, `_total` for counters); the process metrics
+//! carry the standard unprefixed `process_*` names.
 
 use std::sync::atomic::AtomicU64;
 use std::sync::OnceLock;
@@ -190,7 +191,10 @@ impl Default for Metrics {
 impl Metrics {
     /// A registry of its own; the process uses [`metrics`], tests may count apart.
     pub fn new() -> Self {
-        let mut r = Registry::with_prefix("ca_asg_provider");
+        // The process metrics carry the standard unprefixed names (process_*, as every
+        // Prometheus client library exports them), so that stock dashboards and alerts
+        // read them; everything else is under ca_asg_provider_.
+        let mut root = Registry::default();
         let m = Self {
             grpc_requests: Family::default(),
             grpc_duration: Family::new_with_constructor(rpc_histogram as fn() -> Histogram),
@@ -235,6 +239,27 @@ impl Metrics {
             process_threads: Gauge::default(),
             registry: Registry::default(),
         };
+        root.register(
+            "process_resident_memory_bytes",
+            "Resident memory of this process (compare with the container's memory limit)",
+            m.process_rss.clone(),
+        );
+        root.register(
+            "process_cpu_seconds",
+            "User and system CPU time of this process",
+            m.process_cpu.clone(),
+        );
+        root.register(
+            "process_open_fds",
+            "Open file descriptors of this process (connections from CA included)",
+            m.process_fds.clone(),
+        );
+        root.register(
+            "process_threads",
+            "Threads of this process",
+            m.process_threads.clone(),
+        );
+        let r = root.sub_registry_with_prefix("ca_asg_provider");
         r.register(
             "grpc_requests",
             "gRPC requests by method and status code",
@@ -408,26 +433,6 @@ impl Metrics {
             m.last_refresh_ok.clone(),
         );
         r.register(
-            "process_resident_memory_bytes",
-            "Resident memory of this process (compare with the container's memory limit)",
-            m.process_rss.clone(),
-        );
-        r.register(
-            "process_cpu_seconds",
-            "User and system CPU time of this process",
-            m.process_cpu.clone(),
-        );
-        r.register(
-            "process_open_fds",
-            "Open file descriptors of this process (connections from CA included)",
-            m.process_fds.clone(),
-        );
-        r.register(
-            "process_threads",
-            "Threads of this process",
-            m.process_threads.clone(),
-        );
-        r.register(
             "build_info",
             "1, labelled with the running version",
             m.build_info.clone(),
@@ -437,7 +442,10 @@ impl Metrics {
                 version: env!("CARGO_PKG_VERSION").to_string(),
             })
             .set(1);
-        Self { registry: r, ..m }
+        Self {
+            registry: root,
+            ..m
+        }
     }
 
     pub fn encode(&self) -> String {
@@ -636,11 +644,17 @@ mod tests {
             "ca_asg_provider_evictions_total{outcome=\"pdb_blocked\"}",
             "ca_asg_provider_drain_stage_duration_seconds_count{stage=\"workloads\"}",
             "ca_asg_provider_drains_in_progress{stage=\"workloads\"} 0",
-            "ca_asg_provider_process_resident_memory_bytes",
-            "ca_asg_provider_process_cpu_seconds_total",
+            "\nprocess_resident_memory_bytes ",
+            "\nprocess_cpu_seconds_total ",
+            "\nprocess_open_fds ",
+            "\nprocess_threads ",
         ] {
             assert!(text.contains(name), "missing {name} in:\n{text}");
         }
+        assert!(!text.contains("ca_asg_provider_process_"), "{text}");
+        // One exposition: a single EOF, at the end.
+        assert_eq!(text.matches("# EOF").count(), 1, "{text}");
+        assert!(text.trim_end().ends_with("# EOF"), "{text}");
     }
 
     #[test]
@@ -675,7 +689,7 @@ mod tests {
         }
         let rss: f64 = text
             .lines()
-            .find_map(|l| l.strip_prefix("ca_asg_provider_process_resident_memory_bytes "))
+            .find_map(|l| l.strip_prefix("process_resident_memory_bytes "))
             .and_then(|v| v.trim().parse().ok())
             .unwrap_or(0.0);
         assert!(

@@ -408,7 +408,15 @@ def rust_metrics():
     registers, as prometheus_client exposes them (prefix, _total for counters,
     _bucket/_sum/_count for histograms)."""
     src = (ROOT / "src/telemetry/metrics.rs").read_text()
-    prefix = re.search(r'Registry::with_prefix\(\s*"(\w+)"\s*\)', src).group(1)
+    # The registries: the root (no prefix: the standard process_* names) and its
+    # sub-registry with the service's prefix.
+    prefixes = {m.group(1): "" for m in re.finditer(r"let (?:mut )?(\w+) = Registry::default\(\);", src)}
+    for m in re.finditer(r'let (\w+) = (\w+)\.sub_registry_with_prefix\(\s*"(\w+)"\s*\)', src):
+        prefixes[m.group(1)] = m.group(3)
+    named = [p for p in prefixes.values() if p]
+    if len(named) != 1:
+        raise SystemExit(f"validate.py: expected one prefixed registry in metrics.rs, found {prefixes}")
+    prefix = named[0]
     labels = {m.group(1): re.findall(r"pub (\w+):", m.group(2))
               for m in re.finditer(r"pub struct (\w+)\s*\{([^}]*)\}", src)}
     struct = re.search(r"pub struct Metrics\s*\{(.*?)\n\}", src, re.S).group(1)
@@ -416,12 +424,16 @@ def rust_metrics():
     for name, family, kind in re.findall(r"pub (\w+):\s*(?:Family<\s*(\w+)\s*,\s*)?(Counter|Gauge|Histogram)\b", struct):
         fields[name] = (kind, labels.get(family, []) if family else [])
     series = {}
-    regs = re.findall(r'\.register\(\s*"(\w+)"\s*,\s*"(?:[^"\\]|\\.)*"\s*,\s*m\.(\w+)\.clone\(\)', src)
-    for name, field in regs:
+    regs = re.findall(r'(\w+)\.register\(\s*"(\w+)"\s*,\s*"(?:[^"\\]|\\.)*"\s*,\s*m\.(\w+)\.clone\(\)', src)
+    for reg, name, field in regs:
         if field not in fields:
             raise SystemExit(f"validate.py: metric {name} registers m.{field}, whose type was not understood")
+        if reg not in prefixes:
+            raise SystemExit(f"validate.py: metric {name} is registered in {reg}, a registry not understood")
         kind, lbl = fields[field]
-        base = f"{prefix}_{name}"
+        base = f"{prefixes[reg]}_{name}" if prefixes[reg] else name
+        if not prefixes[reg] and not name.startswith("process_"):
+            raise SystemExit(f"validate.py: metric {name} has no prefix; only the standard process_* names may")
         if kind == "Counter":
             series[base + "_total"] = set(lbl)
         elif kind == "Gauge":
@@ -435,16 +447,22 @@ def rust_metrics():
     return prefix, series
 
 
+def own_names(expr, prefix):
+    """The service's metric names in a PromQL expression: its prefix, and the standard
+    unprefixed process_* it exports."""
+    return re.findall(r"\b((?:" + prefix + r"|process)_\w+)", expr)
+
+
 def promql_errors(expr, prefix, series):
     """Metric names and label matchers in one PromQL expression that the code does not have."""
     errs = []
-    names = re.findall(r"\b(" + prefix + r"_\w+)", expr)
-    if not names:
-        errs.append(f"{expr!r}: queries no {prefix}_ metric")
+    names = own_names(expr, prefix)
+    if not re.search(r"\b" + prefix + r"_\w+", expr):
+        errs.append(f"{expr!r}: queries no {prefix}_ metric (process_* alone would match every process)")
     for n in names:
         if n not in series:
             errs.append(f"{n}: no such metric in src/telemetry/metrics.rs")
-    for n, matchers in re.findall(r"\b(" + prefix + r"_\w+)\{([^}]*)\}", expr):
+    for n, matchers in re.findall(r"\b((?:" + prefix + r"|process)_\w+)\{([^}]*)\}", expr):
         for label in re.findall(r"(\w+)\s*(?:=~|!~|!=|=)", matchers):
             if n in series and label not in series[n] | TARGET_LABELS:
                 errs.append(f"{n}{{{label}=...}}: the metric has no label {label!r}")
@@ -786,6 +804,93 @@ def quickstart_sed_errors(env):
     return errs
 
 
+def scrape_errors(docs, values):
+    """Each ServiceMonitor endpoint names a port of a Service it selects, and (where this
+    chart renders the pods) that port reaches a container port; in bundled mode CA's own
+    metrics (its container's 8085) are scraped beside the provider's."""
+    errs = []
+    sm = find(docs, "ServiceMonitor")
+    if not sm:
+        return errs
+    sel = sm["spec"]["selector"]["matchLabels"]
+    services = [d for d in docs if d["kind"] == "Service" and sel.items() <= (d["metadata"].get("labels") or {}).items()]
+    dep = find(docs, "Deployment")
+    pod = dep["spec"]["template"] if dep else None
+    reached = set()
+    for ep in sm["spec"]["endpoints"]:
+        ports = [(svc, pt) for svc in services for pt in svc["spec"]["ports"] if pt.get("name") == ep["port"]]
+        if not ports:
+            errs.append(f"ServiceMonitor endpoint port {ep['port']!r}: no selected Service has a port of that name")
+            continue
+        for svc, pt in ports:
+            if not pod or not svc["spec"].get("selector"):
+                continue
+            if not svc["spec"]["selector"].items() <= (pod["metadata"].get("labels") or {}).items():
+                continue
+            target = pt.get("targetPort", pt["port"])
+            hits = [(c["name"], cp["containerPort"]) for c in pod["spec"]["containers"] for cp in c.get("ports") or []
+                    if target in (cp.get("name"), cp["containerPort"])]
+            if not hits:
+                errs.append(f"Service {svc['metadata']['name']} port {pt['name']}: targetPort {target!r} is no container port")
+            reached.update(hits)
+    if values["mode"] == "bundled" and ("cluster-autoscaler", 8085) not in reached:
+        errs.append(f"bundled mode: the ServiceMonitor does not scrape cluster-autoscaler's metrics (container port 8085); "
+                    f"it reaches {sorted(reached)}")
+    if values["mode"] != "sidecar" and not any(c == "ca-asg-provider" for c, _ in reached):
+        errs.append(f"the ServiceMonitor does not scrape the provider's metrics port; it reaches {sorted(reached)}")
+    return errs
+
+
+def release_errors():
+    """CHANGELOG.md has a section for Chart.yaml's version (or Unreleased changes on top of
+    it), every section after the first release has upgrade notes, and docs/helm.md's
+    version table has a row for the chart version naming its appVersion and values.yaml's
+    CA image."""
+    errs = []
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    ca_tag = yaml.safe_load((CHART / "values.yaml").read_text())["clusterAutoscaler"]["image"]["tag"]
+    log = (ROOT / "CHANGELOG.md").read_text()
+    sections = re.findall(r"^## \[([^\]]+)\]", log, re.M)
+    if chart["version"] not in sections:
+        errs.append(f"CHANGELOG.md has no section ## [{chart['version']}] (Chart.yaml's version); it has {sections}")
+    parts = re.split(r"^## ", log, flags=re.M)[1:]
+    for part in parts[:-1]:
+        if "### Upgrade notes" not in part:
+            errs.append(f"CHANGELOG.md: ## {part.splitlines()[0]} has no '### Upgrade notes'")
+    helm_md = (ROOT / "docs/helm.md").read_text()
+    table = helm_md.split("## Versions and upgrades", 1)[-1]
+    row = next((l for l in table.splitlines() if l.startswith(f"| {chart['version']} ")), None)
+    if not row:
+        errs.append(f"docs/helm.md 'Versions and upgrades' has no row for chart {chart['version']}")
+    else:
+        cells = [c.strip() for c in row.strip("|").split("|")]
+        if cells[1] != str(chart["appVersion"]) or cells[2] != ca_tag:
+            errs.append(f"docs/helm.md 'Versions and upgrades': chart {chart['version']} row says image {cells[1]}, CA {cells[2]}; "
+                        f"Chart.yaml's appVersion is {chart['appVersion']}, values.yaml's CA image {ca_tag}")
+    return errs
+
+
+def notes_errors(env):
+    """NOTES.txt, as `helm install` prints it in each mode, gives the three checks that say
+    the install works: pods Ready and the Lease, check-config (`helm test` where the chart
+    has its Pod), and the metrics."""
+    errs = []
+    with tempfile.TemporaryDirectory() as tmp:
+        vf = pathlib.Path(tmp) / "v.yaml"
+        for mode in MODES:
+            vf.write_text(yaml.safe_dump(merged(REQUIRED[mode], {"mode": mode})))
+            out = helm("install", "--dry-run=client", RELEASE, str(CHART), "-n", NAMESPACE, "-f", str(vf), env=env)
+            notes = out.stdout.split("NOTES:", 1)[-1] if "NOTES:" in out.stdout else ""
+            if out.returncode != 0 or not notes:
+                errs.append(f"{mode}: helm install --dry-run=client printed no NOTES: {out.stderr.strip()[:300]}")
+                continue
+            want = ["get pods -l", "get lease ca-asg-provider", "check-config", "/metrics", "ca_asg_provider_node_groups"]
+            if mode != "sidecar":
+                want.append(f"helm test {RELEASE} -n {NAMESPACE}")
+            errs += [f"{mode}: NOTES.txt lacks {w!r}" for w in want if w not in notes]
+    return errs
+
+
 def test_hook_errors(docs):
     """The `helm test` Pod runs check-config on the config the provider serves with, under
     the same ServiceAccount."""
@@ -919,7 +1024,46 @@ NEGATIVE = {
 MODES = ("sidecar", "standalone", "bundled")
 # Values set on top of each mode's defaults before the effect check, so that the values
 # of optional objects (ServiceMonitor, PrometheusRule) have something to change.
-EFFECT_BASE = {"serviceMonitor": {"enabled": True}, "prometheusRule": {"enabled": True, "runbookBaseUrl": RUNBOOKS}}
+EFFECT_BASE = {"serviceMonitor": {"enabled": True}, "prometheusRule": {"enabled": True, "runbookBaseUrl": RUNBOOKS},
+               "grafanaDashboard": {"enabled": True}}
+# Files the chart carries as copies (Helm hides values.yaml from templates and reads no
+# file outside the chart; a symbolic link makes every helm command print a warning):
+# each must stay byte for byte its source.
+CHART_COPIES = {CHART / "files/defaults.yaml": CHART / "values.yaml",
+                CHART / "files/dashboards/ca-asg-provider.json": DASHBOARD}
+
+
+def copy_errors():
+    errs = []
+    for copy, source in CHART_COPIES.items():
+        if copy.is_symlink():
+            errs.append(f"{copy.relative_to(ROOT)} is a symbolic link: make it a copy of {source.relative_to(ROOT)} "
+                        f"(cp {source.relative_to(ROOT)} {copy.relative_to(ROOT)})")
+        elif not copy.exists() or copy.read_bytes() != source.read_bytes():
+            errs.append(f"{copy.relative_to(ROOT)} differs from {source.relative_to(ROOT)}: "
+                        f"cp {source.relative_to(ROOT)} {copy.relative_to(ROOT)}")
+    links = [p.relative_to(ROOT) for p in CHART.rglob("*") if p.is_symlink()]
+    if links:
+        errs.append(f"symbolic links in the chart (every helm command warns of them): {links}")
+    return errs
+
+
+def dashboard_configmap_errors(docs, values):
+    """With grafanaDashboard.enabled, one ConfigMap carries the dashboard JSON as it is in
+    deploy/dashboards, with the sidecar's label; without, none."""
+    cms = [d for d in docs if d["kind"] == "ConfigMap" and any(k.endswith(".json") for k in (d.get("data") or {}))]
+    on = values["grafanaDashboard"]["enabled"]
+    if not on:
+        return [f"grafanaDashboard.enabled is false but ConfigMap {c['metadata']['name']} holds a dashboard" for c in cms]
+    if len(cms) != 1:
+        return [f"grafanaDashboard.enabled: expected one dashboard ConfigMap, found {len(cms)}"]
+    cm, errs = cms[0], []
+    if json.loads(cm["data"].get("ca-asg-provider.json", "null")) != json.loads(DASHBOARD.read_text()):
+        errs.append(f"ConfigMap {cm['metadata']['name']}: ca-asg-provider.json is not {DASHBOARD.relative_to(ROOT)}")
+    want = values["grafanaDashboard"]["labels"]
+    if not want.items() <= (cm["metadata"].get("labels") or {}).items():
+        errs.append(f"ConfigMap {cm['metadata']['name']}: labels lack {want} (Grafana's sidecar finds it by them)")
+    return errs
 
 
 def value_paths(node, path=()):
@@ -1036,6 +1180,12 @@ def check_chart(base_docs, overlay_docs):
     env = dict(os.environ, HELM_CACHE_HOME=f"{home}/cache", HELM_CONFIG_HOME=f"{home}/config",
                HELM_DATA_HOME=f"{home}/data")
     defaults = yaml.safe_load((CHART / "values.yaml").read_text())
+    errs = copy_errors()
+    for e in errs:
+        fail(f"deploy/chart: {e}")
+    if not errs:
+        print(f"ok   deploy/chart: {', '.join(str(c.relative_to(CHART)) for c in CHART_COPIES)} are copies of their sources, "
+              f"and the chart holds no symbolic link")
     schema = json.loads((CHART / "values.schema.json").read_text())
     shape = rust_config_shape()
     prefix, series = rust_metrics()
@@ -1087,7 +1237,8 @@ def check_chart(base_docs, overlay_docs):
                     fail(f"{name}: {e}")
                 if doc.get("kind") != "ClusterRole" and doc.get("kind") != "ClusterRoleBinding" \
                         and doc["metadata"].get("namespace") not in (NAMESPACE, values["serviceMonitor"]["namespace"],
-                                                                    values["prometheusRule"]["namespace"]):
+                                                                    values["prometheusRule"]["namespace"],
+                                                                    values["grafanaDashboard"]["namespace"]):
                     fail(f"{name}: metadata.namespace must be set (release namespace {NAMESPACE})")
             # One source of truth: RBAC rules as deploy/base/rbac.yaml (the Lease named as configured).
             lease = (values["config"].get("scaleIn") or {}).get("leaseName", "ca-asg-provider")
@@ -1126,6 +1277,12 @@ def check_chart(base_docs, overlay_docs):
             elif values["mode"] == "bundled":
                 for e in bundled_wiring_errors(docs, values, cfg, ca_rules):
                     fail(f"deploy/chart ({label}): {e}")
+            for e in scrape_errors(docs, values):
+                fail(f"deploy/chart ({label}): scrape: {e}")
+            for e in dashboard_configmap_errors(docs, values):
+                fail(f"deploy/chart ({label}): dashboard: {e}")
+            if "symbolic link" in lint.stderr + out.stderr:
+                fail(f"deploy/chart ({label}): helm warns of a symbolic link: {(lint.stderr + out.stderr).strip()[:300]}")
             if values["mode"] != "sidecar":
                 for e in test_hook_errors(docs):
                     fail(f"deploy/chart ({label}): helm test: {e}")
@@ -1182,6 +1339,17 @@ def check_chart(base_docs, overlay_docs):
             alerts = {r["alert"] for _, rule, _ in rendered_alerts for g in rule["spec"]["groups"] for r in g["rules"]}
             print(f"ok   PrometheusRule: {len(alerts)} alerts (checked in {len(rendered_alerts)} renders) query only metrics "
                   f"of src/telemetry/metrics.rs ({len(series)} series) and link docs/operations.md runbooks")
+
+        n_failed = failed
+        for e in release_errors():
+            fail(f"release notes: {e}")
+        if failed == n_failed:
+            print("ok   CHANGELOG.md and docs/helm.md's version table cover Chart.yaml's version, its appVersion and CA image")
+        n_failed = failed
+        for e in notes_errors(env):
+            fail(f"deploy/chart NOTES.txt: {e}")
+        if failed == n_failed:
+            print("ok   deploy/chart NOTES.txt: in every mode, the three checks (pods Ready and the Lease, check-config or helm test, the metrics)")
 
         # Values the schema (or a template check) must refuse.
         n_failed = failed
@@ -1252,7 +1420,7 @@ def check_chart(base_docs, overlay_docs):
         for e in promql_errors(expr, prefix, series):
             fail(f"{rel(DASHBOARD)}: {e}")
     # Every metric has a panel, or a reason here not to.
-    used = {n for x in exprs for n in re.findall(r"\b(" + prefix + r"_\w+)", x)}
+    used = {n for x in exprs for n in own_names(x, prefix)}
     bases = {re.sub(r"_(total|bucket|sum|count)$", "", s) for s in series}
     shown = {re.sub(r"_(total|bucket|sum|count)$", "", n) for n in used}
     for b in sorted(bases - shown - set(NOT_ON_DASHBOARD)):

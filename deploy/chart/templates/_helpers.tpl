@@ -203,10 +203,11 @@ bundled:
 {{- end -}}
 
 {{- define "ca-asg-provider.checkUnused" -}}
-{{- /* Helm hides values.yaml from .Files; files/defaults.yaml is a link to it. */ -}}
+{{- /* Helm hides values.yaml from .Files; files/defaults.yaml is a copy of it
+(tests/deploy/validate.py fails when the two differ). */ -}}
 {{- $defaults := .Files.Get "files/defaults.yaml" | fromYaml -}}
 {{- if not (hasKey $defaults "mode") -}}
-{{- fail "files/defaults.yaml must be the chart's values.yaml (a symbolic link to ../values.yaml): the mode checks compare against it" -}}
+{{- fail "files/defaults.yaml must be a copy of the chart's values.yaml: the mode checks compare against it" -}}
 {{- end -}}
 {{- $mode := .Values.mode -}}
 {{- range $rules := get (include "ca-asg-provider.unusedByMode" . | fromYaml) $mode | default list -}}
