@@ -264,6 +264,8 @@ async fn real_ca_tier() {
         return;
     };
     let _one_at_a_time = SERIAL.lock().await;
+    // `E2E_REAL_CA_SCENARIO=TEXT`: only the scenarios whose name contains TEXT.
+    let only = std::env::var("E2E_REAL_CA_SCENARIO").ok();
     let mut failed = Vec::new();
     for bin in &bins {
         eprintln!(
@@ -272,6 +274,9 @@ async fn real_ca_tier() {
             bin.version_source
         );
         for name in real_ca_scenarios::SCENARIOS {
+            if only.as_deref().is_some_and(|o| !name.contains(o)) {
+                continue;
+            }
             let run = std::panic::AssertUnwindSafe(real_ca_scenarios::run(name, bin, &k8s));
             if run.catch_unwind().await.is_err() {
                 failed.push(format!("{name} with {}", bin.label()));

@@ -484,6 +484,9 @@ async fn after_failover_an_older_failure_is_not_attached_to_a_fresh_scale_up() {
         "a replica that did not scale up still reports the failure: {before:?}"
     );
 
+    // The capacity is back: the fresh launch activity does not fail (the memory cloud,
+    // like AWS, records a failed activity for every new launch while launches fail).
+    cloud.fail_launches("gpu", None);
     a.ca.node_group_increase_size(proto::NodeGroupIncreaseSizeRequest {
         id: "gpu".into(),
         delta: 1,
@@ -1788,4 +1791,58 @@ async fn every_rpc_is_counted_once_by_method_and_the_code_the_client_got() {
     let (requests, timed) = rpc_counts(&counts.encode());
     assert_eq!(requests, want_requests);
     assert_eq!(timed, want_timed);
+}
+
+/// An instance that ended without a decrement (EC2 reclaimed it; the relaunch fails)
+/// stays in CA's cached instance list for up to 2 minutes after its Node is gone, so CA
+/// builds a fake unregistered node for it and asks for its group. Answered "no group",
+/// CA counts the group one node short with nothing unregistered and, after
+/// MaxNodeProvisionTime, asks DecreaseTargetSize below MinSize at a group held at its
+/// minimum: refused, that error ended real CA 1.31.5's loop every loop (issue 43). It is
+/// its former group; and DeleteNodes for it (CA cleaning up a long-unregistered node)
+/// ends nothing and gives up no slot.
+#[tokio::test]
+async fn an_instance_gone_from_its_group_still_maps_to_it_and_deleting_it_ends_nothing() {
+    let mut h = start().await;
+    let gone = instances(&mut h, "web").await[0].id.clone();
+    let iid = gone.rsplit('/').next().unwrap().to_string();
+    h.cloud
+        .fail_launches("web", Some("InsufficientInstanceCapacity"));
+    h.cloud.terminate_instance(&iid, false).await.unwrap();
+    eventually_refreshed(&mut h, |ids| !ids.iter().any(|i| i.contains(&iid))).await;
+    assert_eq!(group_of(&mut h, &gone).await, "web", "{gone}");
+    assert_eq!(group_of(&mut h, &iid).await, "web", "{iid}");
+    let before = target(&mut h, "web").await;
+    let terminates = h.cloud.calls().get("terminate_instance").copied();
+    h.ca.node_group_delete_nodes(proto::NodeGroupDeleteNodesRequest {
+        id: "web".into(),
+        nodes: vec![node(&gone)],
+    })
+    .await
+    .expect("deleting a node already gone is no error");
+    assert_eq!(target(&mut h, "web").await, before, "no slot given up");
+    assert_eq!(h.cloud.calls().get("terminate_instance").copied(), terminates);
+    // Another group's id is still refused: the memory is per group.
+    let err = h
+        .ca
+        .node_group_delete_nodes(proto::NodeGroupDeleteNodesRequest {
+            id: "gpu".into(),
+            nodes: vec![node(&gone)],
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::InvalidArgument, "{err:?}");
+}
+
+/// Refreshes until the instance ids of `web` satisfy `done` (at most 5 s).
+async fn eventually_refreshed(h: &mut Harness, done: impl Fn(&[String]) -> bool) {
+    for _ in 0..100 {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        h.ca.refresh(proto::RefreshRequest {}).await.unwrap();
+        let ids: Vec<String> = instances(h, "web").await.into_iter().map(|i| i.id).collect();
+        if done(&ids) {
+            return;
+        }
+    }
+    panic!("web's instances never changed as expected");
 }

@@ -211,14 +211,17 @@ impl Provider {
                 Self::deferred_in(&ov, g),
             )
         };
-        // Placeholders beyond the unfulfilled capacity are already gone.
-        let mut unfulfilled = (target - live).max(0);
+        // Placeholders beyond the unfulfilled capacity are already gone: a slot whose
+        // number is past it now (filled by a launch, or given up by an earlier call),
+        // and any past the count this batch gives up.
+        let slots = (target - live).max(0);
+        let mut unfulfilled = slots;
         let mut taken: HashSet<String> = HashSet::new();
         let mut removed = 0i32;
         let mut planned: Vec<Planned<'_>> = Vec::new();
         // A caller that gave up while the group was read was told nothing started.
         for call in calls.into_iter().filter(|c| !c.started.is_closed()) {
-            let (real, placeholders) = match self.plan_call(&reg, g, &call.nodes, &taken) {
+            let (real, placeholders) = match self.plan_call(&reg, g, &call.nodes, &taken, slots) {
                 Ok(p) => p,
                 Err(e) => {
                     let _ = call.started.send(Err(e));
@@ -327,6 +330,7 @@ impl Provider {
         g: &'g Group,
         nodes: &[NodeRef],
         taken: &HashSet<String>,
+        slots: i32,
     ) -> Result<(ToRemove<'g>, i32), ProviderError> {
         let id = g.asg.name.as_str();
         let mut real = Vec::new();
@@ -350,7 +354,18 @@ impl Provider {
                 continue;
             }
             if instances::placeholder_group(iid).as_deref() == Some(id) {
-                placeholders += 1;
+                match instances::placeholder_index(iid) {
+                    Some(n) if n < slots as usize => placeholders += 1,
+                    // CA asks for a slot it saw in an older list (it gave up another
+                    // placeholder meanwhile, as a long-unregistered node): the slot is
+                    // gone, there is nothing to give up.
+                    _ => tracing::debug!(
+                        group = id,
+                        placeholder = iid,
+                        slots,
+                        "placeholder already gone; skipped"
+                    ),
+                }
                 continue;
             }
             match g.asg.instances.iter().find(|i| i.id == iid) {
@@ -362,6 +377,16 @@ impl Provider {
                     tracing::debug!(group = id, instance = iid, "already terminating; skipped");
                 }
                 Some(inst) => real.push((inst, n.name.clone())),
+                // Gone from the group already (CA's cached list still names it, as an
+                // unregistered node): nothing to end, and no slot to give up (the ASG
+                // relaunches it, or its placeholder goes through this call later).
+                None if ov.departed.group_of(iid) == Some(id) => {
+                    tracing::debug!(
+                        group = id,
+                        instance = iid,
+                        "already gone from the group; skipped"
+                    );
+                }
                 None => {
                     let owner = reg
                         .group_of_instance(iid)

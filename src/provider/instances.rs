@@ -99,6 +99,14 @@ pub fn placeholder_group(instance_id: &str) -> Option<String> {
     String::from_utf8(out).ok()
 }
 
+/// The slot a placeholder id names (see [`placeholder_id`]): `n` of the group's
+/// `target - live` unfulfilled slots when it was listed. `None` when not a placeholder.
+pub fn placeholder_index(instance_id: &str) -> Option<usize> {
+    placeholder_group(instance_id)?;
+    let (_, n) = instance_id.rsplit_once('-')?;
+    n.parse().ok()
+}
+
 /// ASG lifecycle state -> CA state. Standby and detaching instances are not serving
 /// but still exist, so CA sees them as running (it must not count them as launching).
 pub fn map_state(state: &LifecycleState) -> InstanceState {
@@ -196,6 +204,19 @@ pub fn failed_below_floor(live: i32, target: i32, floor: i32, failure: bool) -> 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_placeholder_names_its_slot() {
+        assert_eq!(placeholder_index(&placeholder_id("web", 0)), Some(0));
+        assert_eq!(placeholder_index(&placeholder_id("a-b c/d", 17)), Some(17));
+        assert_eq!(placeholder_index("i-0123456789abcdef0"), None);
+        assert_eq!(placeholder_index("i-placeholder-web-"), None);
+        assert_eq!(
+            placeholder_index("i-placeholder-web-99999999999999999999999"),
+            None,
+            "too large for a slot"
+        );
+    }
 
     #[test]
     fn placeholder_ids_name_their_group() {

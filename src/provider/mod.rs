@@ -18,6 +18,7 @@ use parking_lot::{Mutex, RwLock};
 use crate::cloud::{AsgInstance, Cloud, CloudError, GroupSelector, LaunchFailure};
 
 mod delete;
+pub mod departed;
 pub mod instances;
 pub mod options;
 pub mod provider_id;
@@ -236,6 +237,9 @@ struct Overlay {
     /// Groups whose launch failure below the minimum was logged, with the failure's
     /// start: told once per failure, not every CA loop.
     told_below_min: HashMap<String, i64>,
+    /// Instances that left their group's snapshot, by group, for a while (see
+    /// [`departed`]): CA's cached instance lists still name them.
+    departed: departed::Departed,
 }
 
 /// What the Nodes say about direct-mode drains, by instance id.
@@ -457,8 +461,17 @@ impl Provider {
         if let Some(g) = reg.group_of_instance(id) {
             return Some(GroupInfo::from(g));
         }
-        if let Some((name, _)) = self.overlay.lock().located.get(id) {
-            return reg.group(name).map(GroupInfo::from);
+        {
+            let ov = self.overlay.lock();
+            if let Some((name, _)) = ov.located.get(id) {
+                return reg.group(name).map(GroupInfo::from);
+            }
+            // An instance that left its group (ended without a decrement) while CA's
+            // cached instance list still names it: its former group, so CA counts it
+            // as unregistered rather than the group as one node short.
+            if let Some(name) = ov.departed.group_of(id) {
+                return reg.group(name).map(GroupInfo::from);
+            }
         }
         // CA builds a fake node for every instance that never registered (placeholders
         // included, name = providerID); it must map to its group, or CA never counts

@@ -253,7 +253,7 @@ impl Provider {
         let registry = Arc::new(Registry::new(groups));
         // Apply under the write lock so no size change interleaves with the swap.
         let _ops = self.ops.lock().await;
-        *self.registry.write() = registry.clone();
+        let old = std::mem::replace(&mut *self.registry.write(), registry.clone());
         self.loaded.store(true, Ordering::Release);
         self.note_open();
         let raced = self.writes.load(Ordering::Acquire) != writes_before;
@@ -267,6 +267,7 @@ impl Provider {
                 ov.target.clear();
             }
             Self::prune_deleting(&mut ov, &registry);
+            ov.departed.note(&old, &registry, now());
             // A located instance this read should have shown but did not has left
             // (terminated, detached): forgotten after a grace for AWS's eventual
             // consistency, so the map stays as small as the instances still on their
@@ -334,10 +335,11 @@ impl Provider {
             })
             .collect();
         let registry = Arc::new(Registry::new(groups));
-        *self.registry.write() = registry.clone();
+        let old = std::mem::replace(&mut *self.registry.write(), registry.clone());
         let mut ov = self.overlay.lock();
         ov.target.remove(id);
         Self::prune_deleting(&mut ov, &registry);
+        ov.departed.note(&old, &registry, now());
         Self::apply_marks(&mut ov, &registry);
         Ok(registry)
     }

@@ -235,6 +235,18 @@ pub async fn a_group_at_min_whose_relaunch_fails(profile: &'static CaProfile) {
         return;
     };
     let ca = ca_starts(&rig, profile).await;
+    let mut memory = CleanUpMemory::default();
+    let mut asked_all = Vec::new();
+    // CA's cache of the group's instances holds the three live ones when one dies:
+    // for up to two minutes CA goes on seeing the dead one, unregistered.
+    let (asked, _) = ca_loop(
+        &rig,
+        &ca,
+        &mut memory,
+        "CA's loop 0: the group's three instances, cached for two minutes",
+    )
+    .await;
+    asked_all.extend(asked);
     rig.report
         .step("launches fail for capacity; an instance of the group dies (no decrement)");
     rig.cloud
@@ -253,17 +265,36 @@ pub async fn a_group_at_min_whose_relaunch_fails(profile: &'static CaProfile) {
         async move { !k.nodes().contains_key(&n) }
     })
     .await;
+    until("AWS to list the dead instance no more", 30, || {
+        let ca = ca.clone();
+        let dead = dead.clone();
+        async move {
+            let _ = ca.refresh().await;
+            ca.instances()
+                .await
+                .is_ok_and(|l| !l.iter().any(|i| i.id.ends_with(&format!("/{dead}"))))
+        }
+    })
+    .await;
     let before = live(&rig);
     assert_eq!(before.len(), 2);
 
-    let mut memory = CleanUpMemory::default();
-    let mut asked_all = Vec::new();
-    for i in 1..=3 {
+    for i in 1..=6 {
+        if i == 4 {
+            // Two minutes on: CA's cache refresh drops the dead instance and shows the
+            // placeholder the ASG cannot fill.
+            memory.instances_read_again();
+        }
+        let which = if i < 4 {
+            "its cached list still names the dead instance"
+        } else {
+            "its list read again shows the placeholder"
+        };
         let (asked, logged) = ca_loop(
             &rig,
             &ca,
             &mut memory,
-            &format!("CA's loop {i} at min: must go on"),
+            &format!("CA's loop {i} at min ({which}): must go on"),
         )
         .await;
         eprintln!("e2e: CA's loop {i}: asked to delete {asked:?}; {logged:?}");
@@ -315,6 +346,8 @@ pub async fn a_group_at_min_whose_relaunch_fails(profile: &'static CaProfile) {
             .unwrap_or_else(|e| panic!("CA {}: {e}", profile.name)),
         1
     );
+    // A group scaling up has its cache entry dropped every loop.
+    memory.instances_read_again();
     until("a placeholder with an out-of-resources error", 30, || {
         let ca = ca.clone();
         async move {
@@ -330,7 +363,8 @@ pub async fn a_group_at_min_whose_relaunch_fails(profile: &'static CaProfile) {
         }
     })
     .await;
-    for i in 4..=7 {
+    for i in 7..=10 {
+        memory.instances_read_again();
         let (asked, logged) = ca_loop(
             &rig,
             &ca,

@@ -695,6 +695,11 @@ impl SuiteCa {
     /// (removeOldUnregisteredNodes); a lasting incorrect size fixed with
     /// DecreaseTargetSize (fixNodeGroupSize), whose error ends the loop (`Err`). Returns
     /// the ids CA asked to delete, and what it would log.
+    ///
+    /// The instance list comes from CA's cache of it (`seen`, see [`CleanUpMemory`]),
+    /// as in clusterstate's CloudProviderNodeInstancesCache; each unregistered
+    /// instance's fake node is mapped with NodeGroupForNode every loop, and one mapped
+    /// to no group is left out of the group's count ("Nodegroup is nil for ...").
     pub async fn clean_up_loop(
         &self,
         seen: &mut CleanUpMemory,
@@ -703,26 +708,49 @@ impl SuiteCa {
         let mut logged = Vec::new();
         let mut asked = Vec::new();
         let _ = self.refresh().await;
-        let listed = self
-            .instances()
-            .await
-            .map_err(|e| format!("NodeGroupNodes: {e}"))?;
+        let listed = match &seen.cached {
+            Some(l) => l.clone(),
+            None => {
+                let l = self
+                    .instances()
+                    .await
+                    .map_err(|e| format!("NodeGroupNodes: {e}"))?;
+                seen.cached = Some(l.clone());
+                l
+            }
+        };
         let target = self
             .target_size()
             .await
             .map_err(|e| format!("NodeGroupTargetSize: {e}"))?;
         let iid = |i: &proto::Instance| i.id.rsplit('/').next().unwrap_or_default().to_string();
         let state = |i: &proto::Instance| i.status.as_ref().map_or(0, |s| s.instance_state);
+        let fake = |i: &proto::Instance| proto::ExternalGrpcNode {
+            provider_id: i.id.clone(),
+            name: i.id.clone(),
+            ..Default::default()
+        };
         let errored: Vec<&proto::Instance> = listed
             .iter()
             .filter(|i| !registered.contains(&iid(i)))
             .filter(|i| state(i) == 2 && i.status.as_ref().unwrap().error_info.is_some())
             .collect();
-        let unregistered: Vec<&proto::Instance> = listed
+        let mut unregistered: Vec<&proto::Instance> = Vec::new();
+        for i in listed
             .iter()
             .filter(|i| !registered.contains(&iid(i)))
             .filter(|i| state(i) != 3 && i.status.as_ref().is_none_or(|s| s.error_info.is_none()))
-            .collect();
+        {
+            let g = self
+                .group_for(fake(i))
+                .await
+                .map_err(|e| format!("NodeGroupForNode({}): {e}", i.id))?;
+            if g == self.group {
+                unregistered.push(i);
+            } else {
+                logged.push(format!("Nodegroup is nil for {} (answered {g:?})", i.id));
+            }
+        }
         let reg_here = listed
             .iter()
             .filter(|i| registered.contains(&iid(i)))
@@ -743,18 +771,6 @@ impl SuiteCa {
             ..Default::default()
         };
         if !long.is_empty() {
-            for i in &long {
-                let g = self
-                    .group_for(fake(i))
-                    .await
-                    .map_err(|e| format!("NodeGroupForNode({}): {e}", i.id))?;
-                if g != self.group {
-                    return Err(format!(
-                        "NodeGroupForNode({}) answers {g:?}, not {}",
-                        i.id, self.group
-                    ));
-                }
-            }
             let min = self
                 .node_groups()
                 .await
@@ -814,6 +830,19 @@ impl SuiteCa {
 pub struct CleanUpMemory {
     unregistered: BTreeSet<String>,
     incorrect: Option<(i32, i32)>,
+    /// CA's cached instance list of the group: read on the first loop, then kept until
+    /// its background refresh (every 2 minutes, 1.31 to master:
+    /// clusterstate/utils/node_instances_cache.go) or until CA drops the entry (a
+    /// scale-up of the group, a deletion).
+    cached: Option<Vec<proto::Instance>>,
+}
+
+impl CleanUpMemory {
+    /// CA's cache of the group's instances is read again at the next loop: two minutes
+    /// passed, or CA scaled the group up or deleted from it.
+    pub fn instances_read_again(&mut self) {
+        self.cached = None;
+    }
 }
 
 pub fn has_taint(n: &Node, key: &str) -> bool {

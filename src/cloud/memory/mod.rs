@@ -797,10 +797,14 @@ impl MemoryCloud {
         let mut next = st.next_instance;
         let g = st.groups.get_mut(name).expect("group present");
         if let Some(code) = g.fail_launches.clone() {
-            let already = g
-                .failures
-                .first()
-                .is_some_and(|f| now_unix() - f.started_at_unix < 60 && f.code == code);
+            // One failed activity a minute while nothing changes; a rise of desired
+            // capacity starts a launch activity of its own at once, which fails too.
+            let newest_launch = g.last_launch_unix.unwrap_or(0);
+            let already = g.failures.first().is_some_and(|f| {
+                now_unix() - f.started_at_unix < 60
+                    && f.code == code
+                    && f.started_at_unix >= newest_launch
+            });
             if !already {
                 g.last_launch_unix = Some(g.last_launch_unix.unwrap_or(0).max(now_unix()));
                 g.failures.insert(
