@@ -91,8 +91,10 @@ if [ "${E2E:-1}" != 0 ]; then
     e2e_bins="$(scripts/e2e/build.sh "$K8S_DEFAULT")"
     E2E_ETCD="$(echo "$e2e_bins" | head -n 1)/etcd"
     E2E_K8S_BIN="$(echo "$e2e_bins" | tail -n 1)"
-    # A real node (tests/e2e_logs.rs): Debian's containerd, runc and CNI plugins, and
-    # locally built images.
+    # A real node (tests/e2e_logs.rs, tests/e2e_install.rs): Debian's containerd, runc
+    # and CNI plugins, and locally built images. tests/e2e_install.rs also builds the
+    # service's image from the debug binary with scripts/image.sh (which installs
+    # Debian's umoci and skopeo when missing) and installs the chart with .venv/bin/helm.
     E2E_IMAGES="$(scripts/e2e/node-deps.sh)"
     export E2E_ETCD E2E_K8S_BIN E2E_IMAGES E2E_K8S_VERSION="$K8S_DEFAULT" E2E_REQUIRED=1
 fi

@@ -19,9 +19,20 @@ pub fn evictions_only(
     stops: &[PodStop],
     nodes: &[String],
 ) -> Result<usize, String> {
+    evictions_only_as(SERVICE_USER, audit, stops, nodes)
+}
+
+/// [`evictions_only`] for the service as `user` (installed by the chart: its own
+/// ServiceAccount).
+pub fn evictions_only_as(
+    user: &str,
+    audit: &[AuditEvent],
+    stops: &[PodStop],
+    nodes: &[String],
+) -> Result<usize, String> {
     let deletes: Vec<String> = audit
         .iter()
-        .filter(|e| e.user.username == SERVICE_USER && e.is("delete", "pods", ""))
+        .filter(|e| e.user.username == user && e.is("delete", "pods", ""))
         .map(|e| e.target())
         .collect();
     if !deletes.is_empty() {
@@ -31,8 +42,7 @@ pub fn evictions_only(
     }
     let mut evicted: BTreeMap<String, usize> = BTreeMap::new();
     for e in audit {
-        if e.user.username == SERVICE_USER && e.is("create", "pods", "eviction") && e.code() == 201
-        {
+        if e.user.username == user && e.is("create", "pods", "eviction") && e.code() == 201 {
             *evicted.entry(e.target()).or_default() += 1;
         }
     }

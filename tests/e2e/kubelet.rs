@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ca_asg_provider::cloud::memory::MemoryCloud;
-use ca_asg_provider::cloud::LifecycleState;
+use ca_asg_provider::cloud::{AsgInstance, LifecycleState};
 use chrono::{DateTime, Utc};
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Node, Pod};
@@ -123,9 +123,32 @@ impl FakeKubelet {
             real: Arc::new(real),
             real_ended: tx,
         };
-        tokio::spawn(k.clone().follow_cloud(cloud));
+        tokio::spawn(k.clone().follow_cloud(move || {
+            let instances = cloud.instances();
+            async move { Some(instances) }
+        }));
         tokio::spawn(k.clone().run_pods());
         (k, rx)
+    }
+
+    /// [`FakeKubelet::start`] for a cloud the test reads through a call (moto, through
+    /// the SDK): `instances` lists every (group, instance) the cloud has, or `None` when
+    /// the cloud could not be read this time (nothing is concluded from that read).
+    pub fn start_following<F, Fut>(client: kube::Client, instances: F) -> FakeKubelet
+    where
+        F: FnMut() -> Fut + Send + 'static,
+        Fut: std::future::Future<Output = Option<Vec<(String, AsgInstance)>>> + Send + 'static,
+    {
+        let (tx, _) = tokio::sync::mpsc::unbounded_channel();
+        let k = FakeKubelet {
+            client,
+            state: Arc::default(),
+            real: Arc::new(BTreeSet::new()),
+            real_ended: tx,
+        };
+        tokio::spawn(k.clone().follow_cloud(instances));
+        tokio::spawn(k.clone().run_pods());
+        k
     }
 
     pub fn stops(&self) -> Vec<PodStop> {
@@ -145,10 +168,17 @@ impl FakeKubelet {
         self.state.lock().nodes.clone()
     }
 
-    async fn follow_cloud(self, cloud: MemoryCloud) {
+    async fn follow_cloud<F, Fut>(self, mut read: F)
+    where
+        F: FnMut() -> Fut,
+        Fut: std::future::Future<Output = Option<Vec<(String, AsgInstance)>>>,
+    {
         let nodes: Api<Node> = Api::all(self.client.clone());
         loop {
-            let instances = cloud.instances();
+            let Some(instances) = read().await else {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
+            };
             for (group, inst) in &instances {
                 let name = node_name(&inst.id);
                 let known = self.state.lock().nodes.contains_key(&name);
@@ -186,7 +216,7 @@ impl FakeKubelet {
         &self,
         nodes: &Api<Node>,
         group: &str,
-        inst: &ca_asg_provider::cloud::AsgInstance,
+        inst: &AsgInstance,
     ) -> anyhow::Result<()> {
         let name = node_name(&inst.id);
         let node: Node = serde_json::from_value(json!({

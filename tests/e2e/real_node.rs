@@ -187,11 +187,13 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
 "#
             ),
         )?;
+        // The bridge is the pods' default gateway: a pod reaches this machine's
+        // addresses (the API server's in-cluster address, moto on the node's IP) through it.
         fs::write(
             self.p("cni/10-bridge.conflist"),
             format!(
                 r#"{{"cniVersion": "0.4.0", "name": "e2e-{n}", "plugins": [
- {{"type": "bridge", "bridge": "{}", "isGateway": true, "ipMasq": false,
+ {{"type": "bridge", "bridge": "{}", "isGateway": true, "isDefaultGateway": true, "ipMasq": false,
   "ipam": {{"type": "host-local", "ranges": [[{{"subnet": "10.244.{n}.0/24"}}]], "dataDir": "{d}/ipam"}}}},
  {{"type": "loopback"}}]}}"#,
                 self.bridge
@@ -231,6 +233,12 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
             );
         }
         Ok(String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+
+    /// Imports one more image archive (docker-archive or OCI archive) into the node's
+    /// containerd, as `ctr -n k8s.io images import` does; returns what ctr printed.
+    pub fn import_image(&self, archive: &Path) -> anyhow::Result<String> {
+        self.ctr(&["images", "import", &archive.display().to_string()])
     }
 
     fn import(&self, images: &Path) -> anyhow::Result<()> {
