@@ -41,7 +41,7 @@ results="$(mktemp -t ca-asg-e2e-results.XXXXXX)"
 trap 'rm -f "$results"' EXIT
 
 # Build the test binary once (not timed against any version).
-cargo test --locked --test e2e_real --test e2e_logs --test e2e_ca_rbac --no-run
+cargo test --locked --test e2e_real --test e2e_logs --test e2e_ca_rbac --test e2e_install --no-run
 
 images="$(scripts/e2e/node-deps.sh)"
 export E2E_CA_BINS="${E2E_CA_BINS:-}"
@@ -59,7 +59,7 @@ for v in "${versions[@]}"; do
     start=$(date +%s)
     if ! E2E_K8S_BIN="$k8s_dir" E2E_ETCD="$etcd_dir/etcd" E2E_K8S_VERSION="$v" \
         E2E_IMAGES="$images" E2E_RESULTS="$results" E2E_REQUIRED=1 \
-        cargo test --locked --test e2e_real --test e2e_logs --test e2e_ca_rbac -- "${filter[@]}"; then
+        cargo test --locked --test e2e_real --test e2e_logs --test e2e_ca_rbac --test e2e_install -- "${filter[@]}"; then
         failed=1
     fi
     echo "== e2e: scenarios on Kubernetes $v took $(( $(date +%s) - start )) s"
