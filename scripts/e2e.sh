@@ -15,7 +15,7 @@
 # E2E_CA_BINS=DIR (a directory of cluster-autoscaler-<version> binaries copied out of the
 # official images) the same scenarios also run with each real binary as the driver
 # (tests/e2e/real_ca_scenarios.rs); without it that tier prints one line saying it was
-# skipped and why.
+# skipped and why; E2E_REAL_CA_SCENARIO=TEXT runs only the scenarios whose name holds TEXT.
 #
 # A failure names the scenario, the driver (CA profile or binary), the Kubernetes version
 # and the step. Exits non-zero if any scenario failed.

@@ -1821,11 +1821,13 @@ async fn an_instance_gone_from_its_group_still_maps_to_it_and_deleting_it_ends_n
     .await
     .expect("deleting a node already gone is no error");
     assert_eq!(target(&mut h, "web").await, before, "no slot given up");
-    assert_eq!(h.cloud.calls().get("terminate_instance").copied(), terminates);
+    assert_eq!(
+        h.cloud.calls().get("terminate_instance").copied(),
+        terminates
+    );
     // Another group's id is still refused: the memory is per group.
-    let err = h
-        .ca
-        .node_group_delete_nodes(proto::NodeGroupDeleteNodesRequest {
+    let err =
+        h.ca.node_group_delete_nodes(proto::NodeGroupDeleteNodesRequest {
             id: "gpu".into(),
             nodes: vec![node(&gone)],
         })
@@ -1839,7 +1841,11 @@ async fn eventually_refreshed(h: &mut Harness, done: impl Fn(&[String]) -> bool)
     for _ in 0..100 {
         tokio::time::sleep(Duration::from_millis(50)).await;
         h.ca.refresh(proto::RefreshRequest {}).await.unwrap();
-        let ids: Vec<String> = instances(h, "web").await.into_iter().map(|i| i.id).collect();
+        let ids: Vec<String> = instances(h, "web")
+            .await
+            .into_iter()
+            .map(|i| i.id)
+            .collect();
         if done(&ids) {
             return;
         }
