@@ -698,8 +698,9 @@ impl SuiteCa {
     ///
     /// The instance list comes from CA's cache of it (`seen`, see [`CleanUpMemory`]),
     /// as in clusterstate's CloudProviderNodeInstancesCache; each unregistered
-    /// instance's fake node is mapped with NodeGroupForNode every loop, and one mapped
-    /// to no group is left out of the group's count ("Nodegroup is nil for ...").
+    /// instance's fake node is mapped with NodeGroupForNode every loop, and one the
+    /// service maps to no group (or another) fails the loop, as the check before did
+    /// for long-unregistered ones.
     pub async fn clean_up_loop(
         &self,
         seen: &mut CleanUpMemory,
@@ -745,11 +746,15 @@ impl SuiteCa {
                 .group_for(fake(i))
                 .await
                 .map_err(|e| format!("NodeGroupForNode({}): {e}", i.id))?;
-            if g == self.group {
-                unregistered.push(i);
-            } else {
-                logged.push(format!("Nodegroup is nil for {} (answered {g:?})", i.id));
+            // CA would leave it out of the group ("Nodegroup is nil for ..."), count
+            // the group short and, at its min, end its loop: the service must map it.
+            if g != self.group {
+                return Err(format!(
+                    "NodeGroupForNode({}) answers {g:?}, not {}",
+                    i.id, self.group
+                ));
             }
+            unregistered.push(i);
         }
         let reg_here = listed
             .iter()
