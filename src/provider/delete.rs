@@ -203,12 +203,13 @@ impl Provider {
             }
         };
         let g = &reg.groups[idx];
-        let (target, live, deferred) = {
+        let (target, live, deferred, trusted) = {
             let ov = self.overlay.lock();
             (
                 Self::target_of(&ov, g),
                 Self::live_count(&ov, g),
                 Self::deferred_in(&ov, g),
+                Self::require_trusted_read(&ov, g),
             )
         };
         // Placeholders beyond the unfulfilled capacity are already gone: a slot whose
@@ -252,7 +253,8 @@ impl Provider {
         let placeholders: i32 = planned.iter().map(|p| p.placeholders).sum();
         if placeholders > 0 {
             let new = target - placeholders;
-            let written = match sizes::desired_for(id, new, deferred, g.asg.max_size) {
+            // Giving up a slot counts the instances: not from a read older than our write.
+            let written = match trusted.and(sizes::desired_for(id, new, deferred, g.asg.max_size)) {
                 Ok(desired) => {
                     tracing::info!(
                         group = id,
@@ -304,7 +306,7 @@ impl Provider {
                             Removal::Decremented => {
                                 let mut ov = me.overlay.lock();
                                 let desired = Self::desired_of(&ov, g);
-                                ov.target.insert(id.clone(), desired - 1);
+                                Self::note_write(&mut ov, &id, Some(desired), desired - 1);
                                 ov.deleting.insert(inst.id.clone());
                             }
                             Removal::Deferred => {

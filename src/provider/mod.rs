@@ -17,6 +17,7 @@ use parking_lot::{Mutex, RwLock};
 
 use crate::cloud::{AsgInstance, Cloud, CloudError, GroupSelector, LaunchFailure};
 
+pub mod bound;
 mod delete;
 pub mod departed;
 pub mod instances;
@@ -29,6 +30,7 @@ mod status;
 pub use status::looked_for;
 pub mod template;
 pub mod templates;
+pub mod written;
 
 pub use instances::{InstanceState, InstanceView};
 pub use registry::{Bounds, Group, Registry};
@@ -219,8 +221,9 @@ impl ScaleIn for TerminateNow {
 /// Changes this service made that the current snapshot may not show yet.
 #[derive(Debug, Default)]
 struct Overlay {
-    /// Target sizes written to AWS since the snapshot.
-    target: HashMap<String, i32>,
+    /// Desired capacities written to AWS that the snapshot may not show yet: kept
+    /// until a read shows them, or against a read that predates them ([`written`]).
+    target: HashMap<String, written::Written>,
     /// Instances this service ended (or is ending), until AWS shows them terminating.
     deleting: HashSet<String>,
     /// Unix time of the last size increase per group.
@@ -495,7 +498,7 @@ impl Provider {
     fn desired_of(ov: &Overlay, g: &Group) -> i32 {
         ov.target
             .get(&g.asg.name)
-            .copied()
+            .map(written::Written::desired)
             .unwrap_or(g.asg.desired_capacity)
     }
 
@@ -514,6 +517,24 @@ impl Provider {
     /// and never picks a victim itself.
     fn target_of(ov: &Overlay, g: &Group) -> i32 {
         Self::desired_of(ov, g) - Self::deferred_in(ov, g)
+    }
+
+    /// Refuses a change that counts the group's instances while its last read
+    /// contradicts this service's own write ([`written`]): such a read is older than
+    /// the write, so its instance list may lack instances launched since, and capacity
+    /// taken as unfulfilled may have an instance the ASG would then pick itself.
+    fn require_trusted_read(ov: &Overlay, g: &Group) -> Result<(), ProviderError> {
+        match ov.target.get(&g.asg.name) {
+            Some(w) if w.desired() != g.asg.desired_capacity => {
+                Err(ProviderError::Unavailable(format!(
+                    "node group {}: AWS answered with desired capacity {} from before this service's own write of {}; its instance list cannot be trusted to remove capacity yet; retry shortly",
+                    echo(&g.asg.name),
+                    g.asg.desired_capacity,
+                    w.desired()
+                )))
+            }
+            _ => Ok(()),
+        }
     }
 
     fn is_deleting(ov: &Overlay, instance_id: &str) -> bool {
@@ -645,7 +666,7 @@ impl Provider {
         };
         if let Some(g) = reg.group(&d.group) {
             let desired = Self::desired_of(&ov, g);
-            ov.target.insert(d.group.clone(), desired - 1);
+            Self::note_write(&mut ov, &d.group, Some(desired), desired - 1);
         }
         ov.deleting.insert(instance_id.to_string());
         drop(ov);
@@ -843,9 +864,21 @@ impl Provider {
     // ---- writes ----
 
     pub async fn increase_size(&self, id: &str, delta: i32) -> Result<(), ProviderError> {
-        let _ops = self.ops.lock().await;
+        self.increase_size_within(id, delta, None).await
+    }
+
+    /// IncreaseSize answering within `bound` (what is left of CA's deadline; `None`:
+    /// unbounded): past it, or too near it to write, nothing is changed ([`bound`]).
+    pub async fn increase_size_within(
+        &self,
+        id: &str,
+        delta: i32,
+        bound: Option<Duration>,
+    ) -> Result<(), ProviderError> {
+        let bound = bound::Bound::new("IncreaseSize", id, bound);
+        let _ops = bound.lock(&self.ops).await?;
         self.require_drain_state()?;
-        let (reg, idx) = self.fresh_group(id).await?;
+        let (reg, idx) = bound.wait(self.fresh_group(id)).await?;
         let g = &reg.groups[idx];
         let (target, deferred) = {
             let ov = self.overlay.lock();
@@ -867,6 +900,7 @@ impl Provider {
             draining = deferred,
             "increasing desired capacity"
         );
+        bound.may_write()?;
         self.write_desired(id, desired).await?;
         self.overlay
             .lock()
@@ -878,12 +912,24 @@ impl Provider {
     }
 
     pub async fn decrease_target_size(&self, id: &str, delta: i32) -> Result<(), ProviderError> {
-        let _ops = self.ops.lock().await;
+        self.decrease_target_size_within(id, delta, None).await
+    }
+
+    /// DecreaseTargetSize answering within `bound`, as [`Self::increase_size_within`].
+    pub async fn decrease_target_size_within(
+        &self,
+        id: &str,
+        delta: i32,
+        bound: Option<Duration>,
+    ) -> Result<(), ProviderError> {
+        let bound = bound::Bound::new("DecreaseTargetSize", id, bound);
+        let _ops = bound.lock(&self.ops).await?;
         self.require_drain_state()?;
-        let (reg, idx) = self.fresh_group(id).await?;
+        let (reg, idx) = bound.wait(self.fresh_group(id)).await?;
         let g = &reg.groups[idx];
         let (target, live, deferred) = {
             let ov = self.overlay.lock();
+            Self::require_trusted_read(&ov, g)?;
             (
                 Self::target_of(&ov, g),
                 Self::live_count(&ov, g),
@@ -923,6 +969,7 @@ impl Provider {
                 "decreasing desired capacity (unfulfilled only)"
             );
         }
+        bound.may_write()?;
         self.write_desired(id, desired).await?;
         self.invalidate();
         Ok(())
@@ -945,8 +992,32 @@ impl Provider {
     async fn write_desired(&self, id: &str, desired: i32) -> Result<(), ProviderError> {
         self.writes.fetch_add(1, Ordering::AcqRel);
         self.cloud.set_desired_capacity(id, desired).await?;
-        self.overlay.lock().target.insert(id.to_string(), desired);
+        let reg = self.registry();
+        let mut ov = self.overlay.lock();
+        let before = reg.group(id).map(|g| Self::desired_of(&ov, g));
+        Self::note_write(&mut ov, id, before, desired);
         Ok(())
+    }
+
+    /// Remembers a desired capacity AWS took from us (a write, or a termination with
+    /// decrement) over `before`, the capacity we took AWS to have.
+    fn note_write(ov: &mut Overlay, id: &str, before: Option<i32>, desired: i32) {
+        let w = written::Written::new(ov.target.get(id), before, desired, now());
+        ov.target.insert(id.to_string(), w);
+    }
+
+    /// Forgets the writes a read shows, or that a read no longer contradicts as stale
+    /// ([`written::Written::stands`]); `group` limits it to one group's read.
+    fn settle_writes(ov: &mut Overlay, registry: &Registry, group: Option<&str>) {
+        let at = now();
+        ov.target.retain(|id, w| {
+            if group.is_some_and(|g| g != id) {
+                return true;
+            }
+            registry
+                .group(id)
+                .is_some_and(|g| w.stands(g.asg.desired_capacity, at))
+        });
     }
 
     /// CA's Cleanup: nothing a later call needs is stopped; background lookups and the

@@ -264,7 +264,7 @@ impl Provider {
                 // it, so keep our targets and read again next time.
                 self.refresh.inner.lock().force = true;
             } else {
-                ov.target.clear();
+                Self::settle_writes(&mut ov, &registry, None);
             }
             Self::prune_deleting(&mut ov, &registry);
             ov.departed.note(&old, &registry, now());
@@ -337,7 +337,7 @@ impl Provider {
         let registry = Arc::new(Registry::new(groups));
         let old = std::mem::replace(&mut *self.registry.write(), registry.clone());
         let mut ov = self.overlay.lock();
-        ov.target.remove(id);
+        Self::settle_writes(&mut ov, &registry, Some(id));
         Self::prune_deleting(&mut ov, &registry);
         ov.departed.note(&old, &registry, now());
         Self::apply_marks(&mut ov, &registry);
