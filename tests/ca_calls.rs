@@ -225,6 +225,60 @@ async fn a_call_answers_within_the_deadline_ca_sent() {
     assert!(in_service(&w.cloud, &victim.1));
 }
 
+/// IncreaseSize and DecreaseTargetSize answer within what is left of CA's deadline
+/// too: with AWS slower than the deadline, each answers Unavailable in time and the
+/// size stays as it was, instead of CA getting DeadlineExceeded (a failed scale-up,
+/// the group backed off) while the change lands in AWS behind its back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn size_changes_answer_within_the_deadline_ca_sent_and_change_nothing_late() {
+    let mut w = world(
+        vec![MemoryGroup::new("web", 0, 8, 3, "m5.large")],
+        fast_settings(),
+        Duration::from_millis(50),
+    )
+    .await;
+    w.cloud.slow(Duration::from_secs(3));
+    let mut up = tonic::Request::new(proto::NodeGroupIncreaseSizeRequest {
+        id: "web".into(),
+        delta: 2,
+    });
+    up.set_timeout(Duration::from_secs(1));
+    let e = w.ca.node_group_increase_size(up).await.unwrap_err();
+    assert_eq!(e.code(), tonic::Code::Unavailable, "{e:?}");
+    assert!(
+        e.message().contains("within 800ms") && e.message().contains("nothing was changed"),
+        "{}",
+        e.message()
+    );
+    let mut down = tonic::Request::new(proto::NodeGroupDecreaseTargetSizeRequest {
+        id: "web".into(),
+        delta: -1,
+    });
+    down.set_timeout(Duration::from_secs(1));
+    let e =
+        w.ca.node_group_decrease_target_size(down)
+            .await
+            .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::Unavailable, "{e:?}");
+    // Long enough for any change still under way to land.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    w.cloud.slow(Duration::ZERO);
+    assert!(
+        w.cloud.calls().get("set_desired_capacity").is_none(),
+        "a size change was written after its answer: {:?}",
+        w.cloud.calls()
+    );
+    assert_eq!(target(&mut w, "web").await, 3, "nothing was changed");
+    // With AWS answering again, CA's retry is applied once.
+    let mut up = tonic::Request::new(proto::NodeGroupIncreaseSizeRequest {
+        id: "web".into(),
+        delta: 2,
+    });
+    up.set_timeout(Duration::from_secs(5));
+    w.ca.node_group_increase_size(up).await.unwrap();
+    assert_eq!(target(&mut w, "web").await, 5);
+}
+
 /// CA with `--node-deletion-batcher-interval` sends a whole scale-down in one call,
 /// each node with its labels and annotations: past gRPC's default 4 MiB. The call is
 /// read and answered on its merits (here: the nodes are no instance of the group),

@@ -196,10 +196,11 @@ impl CloudProvider for CloudProviderService {
         &self,
         req: Request<proto::NodeGroupIncreaseSizeRequest>,
     ) -> Result<Response<proto::NodeGroupIncreaseSizeResponse>, Status> {
+        let bound = answer_bound(&req);
         let r = req.into_inner();
         require_id(&r.id)?;
         self.provider
-            .increase_size(&r.id, r.delta)
+            .increase_size_within(&r.id, r.delta, bound)
             .await
             .map_err(status)?;
         Ok(Response::new(proto::NodeGroupIncreaseSizeResponse {}))
@@ -211,12 +212,7 @@ impl CloudProvider for CloudProviderService {
     ) -> Result<Response<proto::NodeGroupDeleteNodesResponse>, Status> {
         // What is left of CA's deadline, not a fixed bound: the answer is back in time
         // whatever CA's grpc_timeout is.
-        let sent = req
-            .metadata()
-            .get(super::deadline::HEADER)
-            .and_then(|v| v.to_str().ok())
-            .and_then(super::deadline::parse);
-        let bound = super::deadline::answer_within(sent, self.provider.delete_nodes_bound());
+        let bound = super::deadline::answer_within(sent(&req), self.provider.delete_nodes_bound());
         let r = req.into_inner();
         require_id(&r.id)?;
         let nodes: Vec<NodeRef> = r.nodes.iter().map(node_ref).collect();
@@ -231,10 +227,11 @@ impl CloudProvider for CloudProviderService {
         &self,
         req: Request<proto::NodeGroupDecreaseTargetSizeRequest>,
     ) -> Result<Response<proto::NodeGroupDecreaseTargetSizeResponse>, Status> {
+        let bound = answer_bound(&req);
         let r = req.into_inner();
         require_id(&r.id)?;
         self.provider
-            .decrease_target_size(&r.id, r.delta)
+            .decrease_target_size_within(&r.id, r.delta, bound)
             .await
             .map_err(status)?;
         Ok(Response::new(proto::NodeGroupDecreaseTargetSizeResponse {}))
@@ -307,4 +304,18 @@ impl CloudProvider for CloudProviderService {
             node_group_autoscaling_options: Some(to_proto(&opts)),
         }))
     }
+}
+
+/// The deadline the client sent with a call (`grpc-timeout`), if any, readable.
+fn sent<T>(req: &Request<T>) -> Option<Duration> {
+    req.metadata()
+        .get(super::deadline::HEADER)
+        .and_then(|v| v.to_str().ok())
+        .and_then(super::deadline::parse)
+}
+
+/// How long a size change may work: what is left of the deadline the client sent;
+/// unbounded without one (a client that sets none waits as long as it takes).
+fn answer_bound<T>(req: &Request<T>) -> Option<Duration> {
+    sent(req).map(|t| super::deadline::answer_within(Some(t), Duration::ZERO))
 }
