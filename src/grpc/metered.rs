@@ -62,10 +62,28 @@ pub fn method_label(service: &str, path: &str) -> &'static str {
 /// that returned `Ok` sent its message), else `Unknown`.
 pub fn head_code<B>(resp: &http::Response<B>) -> Code {
     match resp.headers().get(tonic::Status::GRPC_STATUS) {
-        Some(v) => Code::from_bytes(v.as_bytes()),
+        Some(v) => match Code::from_bytes(v.as_bytes()) {
+            Code::Internal if request_never_came(resp) => Code::Cancelled,
+            code => code,
+        },
         None if resp.status() == http::StatusCode::OK => Code::Ok,
         None => Code::Unknown,
     }
+}
+
+/// Whether an Internal answer is tonic's for a request whose message never came: a
+/// client that cancels a call (RST_STREAM CANCEL, as CA's client does when the call's
+/// context ends or the process stops) before its message arrived reads, through hyper,
+/// as a clean end of the request body, which tonic answers "Missing request message."
+/// Nobody receives that answer: the client went away, so it is counted Cancelled, not
+/// as an error of this service.
+fn request_never_came<B>(resp: &http::Response<B>) -> bool {
+    resp.headers()
+        .get(tonic::Status::GRPC_MESSAGE)
+        .is_some_and(|m| {
+            let m = m.as_bytes();
+            m == b"Missing request message." || m == b"Missing%20request%20message."
+        })
 }
 
 /// A gRPC service whose every call is counted and timed into `metrics`.
@@ -195,6 +213,60 @@ mod tests {
         assert_eq!(with(200, Some("0")), Code::Ok);
         assert_eq!(with(200, Some("junk")), Code::Unknown);
         assert_eq!(with(503, None), Code::Unknown);
+    }
+
+    #[test]
+    fn a_request_whose_message_never_came_is_cancelled_other_internal_errors_stay() {
+        let with = |grpc: &'static str, message: Option<&'static str>| {
+            let mut r = http::Response::new(());
+            r.headers_mut()
+                .insert("grpc-status", http::HeaderValue::from_static(grpc));
+            if let Some(m) = message {
+                r.headers_mut()
+                    .insert("grpc-message", http::HeaderValue::from_static(m));
+            }
+            head_code(&r)
+        };
+        assert_eq!(
+            with("13", Some("Missing%20request%20message.")),
+            Code::Cancelled
+        );
+        assert_eq!(
+            with("13", Some("Missing request message.")),
+            Code::Cancelled
+        );
+        assert_eq!(with("13", None), Code::Internal);
+        assert_eq!(with("13", Some("something%20broke")), Code::Internal);
+        assert_eq!(
+            with("14", Some("Missing%20request%20message.")),
+            Code::Unavailable
+        );
+    }
+
+    /// What tonic answers when a unary call's request body ends without a message (what
+    /// hyper makes of a client's RST_STREAM CANCEL before the message): its text is
+    /// the one [`request_never_came`] looks for.
+    #[tokio::test]
+    async fn tonics_answer_to_a_request_without_its_message_is_recognised() {
+        use crate::proto::cloud_provider_server::CloudProviderServer;
+        use tower_service::Service as _;
+        let provider = crate::provider::Provider::new(
+            std::sync::Arc::new(crate::cloud::memory::MemoryCloud::new(
+                vec![],
+                Default::default(),
+            )),
+            Default::default(),
+        );
+        let mut svc =
+            CloudProviderServer::new(crate::grpc::service::CloudProviderService::new(provider));
+        let req = http::Request::builder()
+            .method("POST")
+            .uri(format!("/{SERVICE}/Refresh"))
+            .header("content-type", "application/grpc")
+            .body(tonic::body::Body::empty())
+            .unwrap();
+        let resp = svc.call(req).await.unwrap();
+        assert_eq!(head_code(&resp), Code::Cancelled, "{:?}", resp.headers());
     }
 
     /// Allocations made by this thread (the test binary's allocator counts them).
