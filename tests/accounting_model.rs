@@ -501,6 +501,9 @@ async fn replica(cloud: &MemoryCloud, marks: &Marks) -> Arc<Provider> {
                 tag_sets: vec![],
             },
             refresh_interval: Duration::ZERO,
+            // Reads that predate a replica's own write are read again at once:
+            // the model's stale reads are counted, not timed.
+            stale_reread_wait: Duration::from_millis(1),
             ..ProviderSettings::default()
         },
     );

@@ -139,6 +139,9 @@ async fn provider(cloud: &MemoryCloud, clock: &ManualClock) -> Arc<Provider> {
                 tag_sets: vec![],
             },
             refresh_interval: Duration::ZERO,
+            // Reads that predate a replica's own write are read again at once:
+            // the model's stale reads are counted, not timed.
+            stale_reread_wait: Duration::from_millis(1),
             ..ProviderSettings::default()
         },
     );

@@ -203,13 +203,12 @@ impl Provider {
             }
         };
         let g = &reg.groups[idx];
-        let (target, live, deferred, trusted) = {
+        let (target, live, deferred) = {
             let ov = self.overlay.lock();
             (
                 Self::target_of(&ov, g),
                 Self::live_count(&ov, g),
                 Self::deferred_in(&ov, g),
-                Self::require_trusted_read(&ov, g),
             )
         };
         // Placeholders beyond the unfulfilled capacity are already gone: a slot whose
@@ -253,8 +252,7 @@ impl Provider {
         let placeholders: i32 = planned.iter().map(|p| p.placeholders).sum();
         if placeholders > 0 {
             let new = target - placeholders;
-            // Giving up a slot counts the instances: not from a read older than our write.
-            let written = match trusted.and(sizes::desired_for(id, new, deferred, g.asg.max_size)) {
+            let written = match sizes::desired_for(id, new, deferred, g.asg.max_size) {
                 Ok(desired) => {
                     tracing::info!(
                         group = id,

@@ -116,6 +116,9 @@ pub struct ProviderSettings {
     /// NodeGroupGetOptions for option-tagged groups asked by a CA without
     /// MaxNodeStartupTime on the wire (>= 1.35).
     pub options_without_startup_time: options::OptionsWithoutStartupTime,
+    /// The first wait before a group whose answer predates this service's own write
+    /// is read again (doubling, three times at most; see [`written`]).
+    pub stale_reread_wait: Duration,
 }
 
 impl Default for ProviderSettings {
@@ -133,6 +136,7 @@ impl Default for ProviderSettings {
             dry_run: false,
             delete_nodes_bound: Duration::from_secs(4),
             options_without_startup_time: options::OptionsWithoutStartupTime::default(),
+            stale_reread_wait: Duration::from_millis(100),
         }
     }
 }
@@ -221,9 +225,12 @@ impl ScaleIn for TerminateNow {
 /// Changes this service made that the current snapshot may not show yet.
 #[derive(Debug, Default)]
 struct Overlay {
-    /// Desired capacities written to AWS that the snapshot may not show yet: kept
-    /// until a read shows them, or against a read that predates them ([`written`]).
-    target: HashMap<String, written::Written>,
+    /// Target sizes written to AWS since the snapshot.
+    target: HashMap<String, i32>,
+    /// This service's recent writes of desired capacity per group and what each
+    /// replaced, kept past the snapshot: a read that shows a replaced capacity is
+    /// older than the write and is read again ([`written`]).
+    written: HashMap<String, written::Written>,
     /// Instances this service ended (or is ending), until AWS shows them terminating.
     deleting: HashSet<String>,
     /// Unix time of the last size increase per group.
@@ -498,7 +505,7 @@ impl Provider {
     fn desired_of(ov: &Overlay, g: &Group) -> i32 {
         ov.target
             .get(&g.asg.name)
-            .map(written::Written::desired)
+            .copied()
             .unwrap_or(g.asg.desired_capacity)
     }
 
@@ -517,24 +524,6 @@ impl Provider {
     /// and never picks a victim itself.
     fn target_of(ov: &Overlay, g: &Group) -> i32 {
         Self::desired_of(ov, g) - Self::deferred_in(ov, g)
-    }
-
-    /// Refuses a change that counts the group's instances while its last read
-    /// contradicts this service's own write ([`written`]): such a read is older than
-    /// the write, so its instance list may lack instances launched since, and capacity
-    /// taken as unfulfilled may have an instance the ASG would then pick itself.
-    fn require_trusted_read(ov: &Overlay, g: &Group) -> Result<(), ProviderError> {
-        match ov.target.get(&g.asg.name) {
-            Some(w) if w.desired() != g.asg.desired_capacity => {
-                Err(ProviderError::Unavailable(format!(
-                    "node group {}: AWS answered with desired capacity {} from before this service's own write of {}; its instance list cannot be trusted to remove capacity yet; retry shortly",
-                    echo(&g.asg.name),
-                    g.asg.desired_capacity,
-                    w.desired()
-                )))
-            }
-            _ => Ok(()),
-        }
     }
 
     fn is_deleting(ov: &Overlay, instance_id: &str) -> bool {
@@ -929,7 +918,6 @@ impl Provider {
         let g = &reg.groups[idx];
         let (target, live, deferred) = {
             let ov = self.overlay.lock();
-            Self::require_trusted_read(&ov, g)?;
             (
                 Self::target_of(&ov, g),
                 Self::live_count(&ov, g),
@@ -1002,22 +990,11 @@ impl Provider {
     /// Remembers a desired capacity AWS took from us (a write, or a termination with
     /// decrement) over `before`, the capacity we took AWS to have.
     fn note_write(ov: &mut Overlay, id: &str, before: Option<i32>, desired: i32) {
-        let w = written::Written::new(ov.target.get(id), before, desired, now());
-        ov.target.insert(id.to_string(), w);
-    }
-
-    /// Forgets the writes a read shows, or that a read no longer contradicts as stale
-    /// ([`written::Written::stands`]); `group` limits it to one group's read.
-    fn settle_writes(ov: &mut Overlay, registry: &Registry, group: Option<&str>) {
         let at = now();
-        ov.target.retain(|id, w| {
-            if group.is_some_and(|g| g != id) {
-                return true;
-            }
-            registry
-                .group(id)
-                .is_some_and(|g| w.stands(g.asg.desired_capacity, at))
-        });
+        let w = written::Written::new(ov.written.get(id), before, desired, at);
+        ov.written.insert(id.to_string(), w);
+        ov.written.retain(|_, w| !w.settled(at));
+        ov.target.insert(id.to_string(), desired);
     }
 
     /// CA's Cleanup: nothing a later call needs is stopped; background lookups and the

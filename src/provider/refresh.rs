@@ -51,6 +51,9 @@ struct RefreshInner {
 /// First wait after a failed refresh; it doubles per failure up to the refresh
 /// interval, so an outage or a throttled account is not called on every CA loop.
 const FAILURE_BACKOFF: Duration = Duration::from_secs(1);
+/// How many times a group whose answer predates our own write is read again (the
+/// waits: `stale_reread_wait`, doubling; 100, 200, 400 ms by default).
+const STALE_REREADS: u32 = 3;
 
 /// The wait after `failures` refreshes failed in a row. Pure.
 pub(crate) fn failure_backoff(failures: u32, interval: Duration) -> Duration {
@@ -225,7 +228,8 @@ impl Provider {
     async fn load(self: &Arc<Self>) -> Result<(), ProviderError> {
         let writes_before = self.writes.load(Ordering::Acquire);
         let read_at = now();
-        let asgs = self.cloud.describe_groups(&self.settings.selector).await?;
+        let mut asgs = self.cloud.describe_groups(&self.settings.selector).await?;
+        self.read_again_if_older_than_our_writes(&mut asgs).await?;
         self.report_missing_static(&asgs);
         let hooks = self.hooks_for(&asgs).await;
         let failures = self.failures_for(&asgs).await;
@@ -264,7 +268,7 @@ impl Provider {
                 // it, so keep our targets and read again next time.
                 self.refresh.inner.lock().force = true;
             } else {
-                Self::settle_writes(&mut ov, &registry, None);
+                ov.target.clear();
             }
             Self::prune_deleting(&mut ov, &registry);
             ov.departed.note(&old, &registry, now());
@@ -305,10 +309,9 @@ impl Provider {
             names: vec![id.to_string()],
             tag_sets: Vec::new(),
         };
-        let asg = self
-            .cloud
-            .describe_groups(&selector)
-            .await?
+        let mut asgs = self.cloud.describe_groups(&selector).await?;
+        self.read_again_if_older_than_our_writes(&mut asgs).await?;
+        let asg = asgs
             .into_iter()
             .find(|a| a.name == id)
             .ok_or_else(|| ProviderError::UnknownGroup(id.to_string()))?;
@@ -337,11 +340,52 @@ impl Provider {
         let registry = Arc::new(Registry::new(groups));
         let old = std::mem::replace(&mut *self.registry.write(), registry.clone());
         let mut ov = self.overlay.lock();
-        Self::settle_writes(&mut ov, &registry, Some(id));
+        ov.target.remove(id);
         Self::prune_deleting(&mut ov, &registry);
         ov.departed.note(&old, &registry, now());
         Self::apply_marks(&mut ov, &registry);
         Ok(registry)
+    }
+
+    /// Reads again, up to [`STALE_REREADS`] times, the groups whose answer shows a
+    /// desired capacity that one of this service's recent writes replaced: that answer
+    /// is older than the write (AWS's eventual consistency), and a size change computed
+    /// from it would undo the write ([`super::written`]). What a group still shows after
+    /// that is AWS's truth (another writer set the same capacity).
+    async fn read_again_if_older_than_our_writes(
+        &self,
+        asgs: &mut [AsgSnapshot],
+    ) -> Result<(), ProviderError> {
+        for attempt in 0..STALE_REREADS {
+            let names: Vec<String> = {
+                let ov = self.overlay.lock();
+                let at = now();
+                asgs.iter()
+                    .filter(|a| {
+                        ov.written
+                            .get(&a.name)
+                            .is_some_and(|w| w.stands(a.desired_capacity, at))
+                    })
+                    .map(|a| a.name.clone())
+                    .collect()
+            };
+            if names.is_empty() {
+                return Ok(());
+            }
+            tracing::debug!(groups = ?names, attempt, "AWS answered with a desired capacity from before this service's own write; reading again");
+            metrics::metrics().stale_reads.inc();
+            tokio::time::sleep(self.settings.stale_reread_wait * (1 << attempt)).await;
+            let selector = crate::cloud::GroupSelector {
+                names,
+                tag_sets: Vec::new(),
+            };
+            for again in self.cloud.describe_groups(&selector).await? {
+                if let Some(a) = asgs.iter_mut().find(|a| a.name == again.name) {
+                    *a = again;
+                }
+            }
+        }
+        Ok(())
     }
 
     /// Instances we ended stop being tracked once AWS shows them terminating or gone.

@@ -1,17 +1,19 @@
-//! Desired capacities this service wrote to AWS, held against reads that predate them.
+//! This service's own writes of desired capacity, and how a read that predates them
+//! is told apart.
 //!
 //! AWS's describe calls are eventually consistent: a DescribeAutoScalingGroups answered
 //! just after a SetDesiredCapacity (or a TerminateInstanceInAutoScalingGroup with
 //! decrement) may still show the capacity from before it. A size change computed from
 //! such a read undoes the write: a scale-down's decrement read back as the old capacity,
 //! then an IncreaseSize of one, leaves CA's target one above what CA asked for; the same
-//! read under a DecreaseTargetSize takes the wrong slot.
+//! read under a DecreaseTargetSize counts too few instances.
 //!
-//! So a write stands against a read that shows a capacity one of this service's writes
-//! replaced within [`SETTLE`]: that read is taken for one that predates the write. A
-//! read that shows the write itself, or a capacity no recent write of ours replaced
-//! (another writer: a person, a scheduled action, the other replica), or that comes
-//! after [`SETTLE`], is AWS's truth. Pure: the clock is the caller's.
+//! A read that shows a capacity one of this service's writes replaced less than
+//! [`SETTLE`] before is suspect ([`Written::stands`]), and the provider reads that group
+//! again a few times ([`super::refresh`]). Whatever the read still shows after that is
+//! AWS's truth: another writer (a person, a scheduled action, the other replica) may have
+//! set that same capacity. A read that shows the write itself, or a capacity none of our
+//! recent writes replaced, is taken at once. Pure: the clock is the caller's.
 
 use std::time::{Duration, Instant};
 
@@ -60,6 +62,14 @@ impl Written {
     /// The desired capacity written.
     pub fn desired(&self) -> i32 {
         self.desired
+    }
+
+    /// Whether nothing is left to tell a stale read by: every replaced capacity was
+    /// replaced [`SETTLE`] or more before `now`.
+    pub fn settled(&self, now: Instant) -> bool {
+        self.replaced
+            .iter()
+            .all(|(_, t)| now.saturating_duration_since(*t) >= SETTLE)
     }
 
     /// Whether the write still stands against a read of `read` made at `now`: the read
@@ -118,6 +128,20 @@ mod tests {
         assert!(!w.stands(5, t0) && !w.stands(3, t0));
         let w = Written::new(None, Some(4), 4, t0);
         assert!(!w.stands(4, t0) && !w.stands(5, t0));
+    }
+
+    #[test]
+    fn settled_once_every_replaced_capacity_is_old_enough() {
+        let t0 = Instant::now();
+        let w1 = Written::new(None, Some(3), 4, t0);
+        let w2 = Written::new(Some(&w1), Some(4), 5, at(t0, 30));
+        assert!(!w2.settled(at(t0, 59)));
+        assert!(!w2.settled(at(t0, 60)), "4 was replaced at 30 s");
+        assert!(w2.settled(at(t0, 90)));
+        assert!(
+            Written::new(None, None, 4, t0).settled(t0),
+            "nothing replaced"
+        );
     }
 
     #[test]

@@ -132,6 +132,7 @@ pub struct Metrics {
     pub notice_to_end: Family<KindLabels, Histogram>,
     pub interruption_budget_missed: Counter,
     pub pod_events_dropped: Counter,
+    pub stale_reads: Counter,
     pub aws_duration: Family<OperationLabels, Histogram>,
     pub last_refresh_ok: Gauge<f64, AtomicU64>,
     pub process_rss: Gauge,
@@ -231,6 +232,7 @@ impl Metrics {
             notice_to_end: Family::new_with_constructor(notice_histogram as fn() -> Histogram),
             interruption_budget_missed: Counter::default(),
             pod_events_dropped: Counter::default(),
+            stale_reads: Counter::default(),
             aws_duration: Family::new_with_constructor(aws_histogram as fn() -> Histogram),
             last_refresh_ok: Gauge::default(),
             process_rss: Gauge::default(),
@@ -411,6 +413,11 @@ impl Metrics {
             "interruption_budget_missed",
             "Interruption drains (spot, scheduled change) still running when AWS ends the instance",
             m.interruption_budget_missed.clone(),
+        );
+        r.register(
+            "stale_group_reads",
+            "Node groups read again because AWS answered with a desired capacity from before this service's own write (eventual consistency)",
+            m.stale_reads.clone(),
         );
         r.register(
             "pod_events_dropped",
