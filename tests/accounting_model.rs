@@ -550,6 +550,19 @@ fn an_increase_while_two_drains_run_ends_no_instance_of_the_asgs_choosing() {
     run(&[Op::Delete(0, 2, 0), Op::Increase(0, 1)]);
 }
 
+/// CA moves to the other replica, which changes the size, and back: the first replica
+/// reads the other's write of a capacity it had itself replaced, and takes it as AWS's
+/// truth after reading again (not as a stale answer to outvote with its own write).
+#[test]
+fn a_replica_ca_comes_back_to_takes_the_other_replicas_write() {
+    run(&[
+        Op::Delete(1, 2, 0),
+        Op::CaSwitch,
+        Op::Increase(1, 1),
+        Op::CaSwitch,
+    ]);
+}
+
 /// Size changes wait until the drain marks are known: with them unknown, CA's
 /// target cannot be told from AWS's desired capacity.
 #[tokio::test]
