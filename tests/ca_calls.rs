@@ -321,3 +321,109 @@ async fn a_batched_delete_larger_than_4_mib_is_read() {
     );
     assert_eq!(target(&mut w, "web").await, 2);
 }
+
+/// The instances CA is told of, as (instance id, state, error code).
+async fn listed(w: &mut World, group: &str) -> Vec<(String, i32, String)> {
+    w.ca.node_group_nodes(proto::NodeGroupNodesRequest { id: group.into() })
+        .await
+        .unwrap()
+        .into_inner()
+        .instances
+        .into_iter()
+        .map(|i| {
+            let s = i.status.unwrap_or_default();
+            (
+                i.id,
+                s.instance_state,
+                s.error_info.map(|e| e.error_code).unwrap_or_default(),
+            )
+        })
+        .collect()
+}
+
+/// AWS read now (CA's Refresh reads it at most once a refresh interval).
+async fn refresh(w: &mut World) {
+    w.provider.refresh_now().await.unwrap();
+}
+
+/// AWS keeps a Standby instance outside the desired capacity (ExitStandby raises it by
+/// one). Put in Standby without a decrement, its replacement failing to launch: the
+/// slot shows as a placeholder with the failure (CA backs off), and DecreaseTargetSize
+/// may give it up. Before, the Standby instance was counted as filling the slot: no
+/// placeholder, and the decrease was refused as "attempt to delete existing nodes",
+/// an error that ends CA's whole loop when fixNodeGroupSize asks (1.31 to 1.36).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_standby_instance_fills_no_slot_of_the_desired_capacity() {
+    let mut w = world(
+        vec![MemoryGroup::new("web", 0, 5, 3, "m5.large")],
+        fast_settings(),
+        Duration::from_millis(50),
+    )
+    .await;
+    let (_, standby) = nodes_of(&w, "web").remove(0);
+    w.cloud
+        .fail_launches("web", Some("InsufficientInstanceCapacity"));
+    w.cloud.enter_standby(&standby, false).unwrap();
+    assert_eq!(w.cloud.desired("web"), Some(3));
+    refresh(&mut w).await;
+    let list = listed(&mut w, "web").await;
+    assert_eq!(
+        list.len(),
+        4,
+        "three instances and one placeholder: {list:?}"
+    );
+    let placeholders: Vec<_> = list
+        .iter()
+        .filter(|(id, _, _)| id.contains("/i-placeholder-"))
+        .collect();
+    assert_eq!(placeholders.len(), 1, "{list:?}");
+    assert_eq!(
+        placeholders[0].2, "InsufficientInstanceCapacity",
+        "{list:?}"
+    );
+    assert_eq!(target(&mut w, "web").await, 3);
+    let mut down = tonic::Request::new(proto::NodeGroupDecreaseTargetSizeRequest {
+        id: "web".into(),
+        delta: -1,
+    });
+    down.set_timeout(Duration::from_secs(5));
+    w.ca.node_group_decrease_target_size(down).await.unwrap();
+    assert_eq!(target(&mut w, "web").await, 2);
+    assert_eq!(w.cloud.desired("web"), Some(2));
+    assert!(
+        w.cloud.chosen_by_asg().is_empty(),
+        "{:?}",
+        w.cloud.chosen_by_asg()
+    );
+}
+
+/// DeleteNodes of a Standby instance is refused, naming why: ended with a decrement,
+/// the ASG would have one slot less than the instances filling them and end one of its
+/// own choosing. Nothing is touched; the other nodes of the group are deleted as usual.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn deleting_a_standby_instance_is_refused_and_ends_nothing() {
+    let mut w = world(
+        vec![MemoryGroup::new("web", 0, 5, 3, "m5.large")],
+        fast_settings(),
+        Duration::from_millis(50),
+    )
+    .await;
+    let nodes = nodes_of(&w, "web");
+    w.cloud.enter_standby(&nodes[0].1, true).unwrap();
+    assert_eq!(w.cloud.desired("web"), Some(2));
+    refresh(&mut w).await;
+    let e =
+        w.ca.node_group_delete_nodes(delete_request("web", &nodes[..1]))
+            .await
+            .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::FailedPrecondition, "{e:?}");
+    assert!(
+        e.message().contains("is in Standby") && e.message().contains(&nodes[0].1),
+        "{}",
+        e.message()
+    );
+    assert_eq!(w.cloud.desired("web"), Some(2));
+    assert!(!w.cloud.calls().contains_key("terminate_instance"));
+    assert!(w.cloud.chosen_by_asg().is_empty());
+    assert_eq!(target(&mut w, "web").await, 2);
+}

@@ -205,6 +205,20 @@ impl LifecycleState {
         self.is_terminating() || matches!(self, Self::Detaching | Self::Detached)
     }
 
+    /// In Standby, or entering it: still in the group and running, but outside its
+    /// desired capacity (AWS's ExitStandby raises the desired capacity by one per
+    /// instance, and a group that kept its capacity on EnterStandby launches a
+    /// replacement).
+    pub fn is_standby(&self) -> bool {
+        matches!(self, Self::EnteringStandby | Self::Standby)
+    }
+
+    /// Fills a slot of the desired capacity: neither leaving nor in Standby. Every count
+    /// of the instances that meet the desired capacity uses this one test.
+    pub fn fills_a_slot(&self) -> bool {
+        !self.is_leaving() && !self.is_standby()
+    }
+
     /// Terminating, Terminating:Wait, Terminating:Proceed or Terminated.
     pub fn is_terminating(&self) -> bool {
         matches!(

@@ -376,6 +376,17 @@ impl Provider {
                 {
                     tracing::debug!(group = id, instance = iid, "already terminating; skipped");
                 }
+                // Outside the desired capacity: ended with a decrement, the ASG would
+                // have one slot less than the instances that fill them and end one of
+                // its own choosing. Left to the operator who put it there.
+                Some(inst) if inst.state.is_standby() => {
+                    return Err(ProviderError::FailedPrecondition(format!(
+                        "node {}: instance {} of node group {id} is in {}, outside the group's desired capacity: ending it with a decrement would make the ASG end another instance; take it out of Standby (exit-standby) or end it without a decrement",
+                        echo(&n.name),
+                        inst.id,
+                        inst.state.as_str()
+                    )));
+                }
                 Some(inst) => real.push((inst, n.name.clone())),
                 // Gone from the group already (CA's cached list still names it, as an
                 // unregistered node): nothing to end, and no slot to give up (the ASG

@@ -136,7 +136,8 @@ fn error_class(code: &str) -> ErrorClass {
 ///
 /// - `deleting` says which instances this service has asked to end and AWS may not
 ///   yet show as terminating.
-/// - Placeholders fill `target - live` (live = instances not terminating); when a
+/// - Placeholders fill `target - live` (live = instances that fill a slot: not
+///   terminating, not in Standby, which AWS keeps outside the desired capacity); when a
 ///   launch failed recently (`failure`), each placeholder above `floor` carries it,
 ///   so CA stops waiting for the capacity, backs off and tries another group.
 /// - Placeholders below `floor` (max of the ASG's MinSize and the MinSize CA is
@@ -164,7 +165,8 @@ pub fn list(
         if deleting(&i.id) {
             state = InstanceState::Deleting;
         }
-        if state != InstanceState::Deleting {
+        // A Standby instance is listed (its Node still runs) but fills no slot.
+        if state != InstanceState::Deleting && !i.state.is_standby() {
             live += 1;
         }
         out.push(InstanceView {

@@ -537,7 +537,7 @@ impl Provider {
         g.asg
             .instances
             .iter()
-            .filter(|i| !i.state.is_leaving() && !Self::is_deleting(ov, &i.id))
+            .filter(|i| i.state.fills_a_slot() && !Self::is_deleting(ov, &i.id))
             .count() as i32
     }
 
@@ -699,7 +699,7 @@ impl Provider {
             .asg
             .instances
             .iter()
-            .filter(|i| !i.state.is_leaving())
+            .filter(|i| i.state.fills_a_slot())
             .count() as i32;
         let desired = g.asg.desired_capacity;
         if kept >= desired || desired - 1 < g.asg.min_size || self.settings.dry_run {

@@ -495,7 +495,11 @@ impl Provider {
         let short: Vec<String> = asgs
             .iter()
             .filter(|a| {
-                let live = a.instances.iter().filter(|i| !i.state.is_leaving()).count() as i32;
+                let live = a
+                    .instances
+                    .iter()
+                    .filter(|i| i.state.fills_a_slot())
+                    .count() as i32;
                 a.desired_capacity > live
             })
             .map(|a| a.name.clone())

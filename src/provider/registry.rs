@@ -31,12 +31,13 @@ pub struct Group {
 }
 
 impl Group {
-    /// Instances that are not on their way out.
+    /// Instances that fill a slot of the desired capacity: not on their way out, not
+    /// in Standby.
     pub fn live_instances(&self) -> i32 {
         self.asg
             .instances
             .iter()
-            .filter(|i| !i.state.is_leaving())
+            .filter(|i| i.state.fills_a_slot())
             .count() as i32
     }
 

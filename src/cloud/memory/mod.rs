@@ -666,7 +666,7 @@ impl MemoryCloud {
             if ended.len() as i32 >= by {
                 break;
             }
-            if inst.state.is_terminating() {
+            if !inst.state.fills_a_slot() {
                 continue;
             }
             begin_termination(inst, &hooks, now, self.timing.hook_delay);
@@ -674,6 +674,47 @@ impl MemoryCloud {
         }
         st.desired_log.push(change);
         Ok(ended)
+    }
+
+    /// EnterStandby, as AWS does it: the instance stays in the group, outside its
+    /// desired capacity, which is lowered by one with `decrement`; without it the ASG
+    /// launches a replacement.
+    pub fn enter_standby(&self, instance_id: &str, decrement: bool) -> CloudResult<()> {
+        let mut st = self.state.lock();
+        self.settle(&mut st);
+        let now = Instant::now();
+        let (name, g) = st
+            .groups
+            .iter_mut()
+            .find(|(_, g)| g.instances.iter().any(|i| i.id == instance_id))
+            .ok_or_else(|| not_found("instance", instance_id))?;
+        let name = name.clone();
+        let inst = g
+            .instances
+            .iter_mut()
+            .find(|i| i.id == instance_id)
+            .expect("found above");
+        if inst.state != LifecycleState::InService {
+            return Err(CloudError::Rejected {
+                operation: "EnterStandby".into(),
+                code: "ValidationError".into(),
+                message: format!("The instance {instance_id} is not in InService."),
+            });
+        }
+        inst.state = LifecycleState::Standby;
+        inst.since = now;
+        if decrement {
+            let from = g.desired;
+            g.desired -= 1;
+            st.desired_log.push(DesiredChange {
+                group: name.clone(),
+                from,
+                to: from - 1,
+                by: DesiredBy::External,
+            });
+        }
+        self.reconcile_group(&mut st, &name, now);
+        Ok(())
     }
 
     fn begin_call(&self, st: &mut State, op: &str) -> CloudResult<()> {
@@ -788,7 +829,7 @@ impl MemoryCloud {
         let live = g
             .instances
             .iter()
-            .filter(|i| !i.state.is_terminating())
+            .filter(|i| i.state.fills_a_slot())
             .count() as i32;
         let missing = g.desired - live;
         if missing <= 0 {
@@ -1074,11 +1115,12 @@ impl Cloud for MemoryCloud {
             });
             g.desired = desired;
             if lower {
-                // The ASG ends instances itself when desired drops below the live count.
+                // The ASG ends instances itself when desired drops below the instances
+                // that fill its slots (never one in Standby).
                 let live = g
                     .instances
                     .iter()
-                    .filter(|i| !i.state.is_terminating())
+                    .filter(|i| i.state.fills_a_slot())
                     .count() as i32;
                 let excess = (live - desired).clamp(0, by);
                 let hooks = g.spec.terminating_hooks.clone();
@@ -1088,7 +1130,7 @@ impl Cloud for MemoryCloud {
                     if n >= excess {
                         break;
                     }
-                    if !inst.state.is_terminating() {
+                    if inst.state.fills_a_slot() {
                         begin_termination(inst, &hooks, now, self.timing.hook_delay);
                         victims.push(inst.id.clone());
                         n += 1;
