@@ -48,6 +48,17 @@ pub struct AsgSnapshot {
     pub terminating_hooks: Vec<LifecycleHook>,
 }
 
+impl AsgSnapshot {
+    /// Instances that fill a slot of the desired capacity
+    /// ([`LifecycleState::fills_a_slot`]).
+    pub fn instances_filling_slots(&self) -> i32 {
+        self.instances
+            .iter()
+            .filter(|i| i.state.fills_a_slot())
+            .count() as i32
+    }
+}
+
 /// Where the ASG's instances get their configuration.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub enum LaunchSpec {

@@ -32,10 +32,12 @@ pub fn parse(value: &str) -> Option<Duration> {
 /// four fifths of it (4 s of CA's default 5 s), so that the answer is back before CA
 /// gives up; without a deadline, `default`.
 pub fn answer_within(sent: Option<Duration>, default: Duration) -> Duration {
-    match sent {
-        Some(t) => t.saturating_sub(t / 5),
-        None => default,
-    }
+    sent.map_or(default, share)
+}
+
+/// Four fifths of a deadline `sent`: how long a call may work before it answers.
+pub fn share(sent: Duration) -> Duration {
+    sent.saturating_sub(sent / 5)
 }
 
 #[cfg(test)]

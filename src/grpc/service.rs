@@ -317,5 +317,5 @@ fn sent<T>(req: &Request<T>) -> Option<Duration> {
 /// How long a size change may work: what is left of the deadline the client sent;
 /// unbounded without one (a client that sets none waits as long as it takes).
 fn answer_bound<T>(req: &Request<T>) -> Option<Duration> {
-    sent(req).map(|t| super::deadline::answer_within(Some(t), Duration::ZERO))
+    sent(req).map(super::deadline::share)
 }

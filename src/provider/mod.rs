@@ -695,12 +695,7 @@ impl Provider {
             }
         };
         let g = &reg.groups[idx];
-        let kept = g
-            .asg
-            .instances
-            .iter()
-            .filter(|i| i.state.fills_a_slot())
-            .count() as i32;
+        let kept = g.live_instances();
         let desired = g.asg.desired_capacity;
         if kept >= desired || desired - 1 < g.asg.min_size || self.settings.dry_run {
             tracing::info!(group = %group, instance = instance_id, kept, desired, "instance ended outside the drain; its slot is already refilled (or at MinSize): nothing to give up");
@@ -865,9 +860,7 @@ impl Provider {
         bound: Option<Duration>,
     ) -> Result<(), ProviderError> {
         let bound = bound::Bound::new("IncreaseSize", id, bound);
-        let _ops = bound.lock(&self.ops).await?;
-        self.require_drain_state()?;
-        let (reg, idx) = bound.wait(self.fresh_group(id)).await?;
+        let (_ops, reg, idx) = self.begin_size_change(&bound, id).await?;
         let g = &reg.groups[idx];
         let (target, deferred) = {
             let ov = self.overlay.lock();
@@ -900,6 +893,20 @@ impl Provider {
         Ok(())
     }
 
+    /// What every size change does first, each wait within `bound`: the size lock, the
+    /// drains' state known, the group read again from AWS. Returns the lock held and
+    /// the registry with the group at `idx`.
+    async fn begin_size_change(
+        &self,
+        bound: &bound::Bound,
+        id: &str,
+    ) -> Result<(tokio::sync::MutexGuard<'_, ()>, Arc<Registry>, usize), ProviderError> {
+        let ops = bound.lock(&self.ops).await?;
+        self.require_drain_state()?;
+        let (reg, idx) = bound.wait(self.fresh_group(id)).await?;
+        Ok((ops, reg, idx))
+    }
+
     pub async fn decrease_target_size(&self, id: &str, delta: i32) -> Result<(), ProviderError> {
         self.decrease_target_size_within(id, delta, None).await
     }
@@ -912,9 +919,7 @@ impl Provider {
         bound: Option<Duration>,
     ) -> Result<(), ProviderError> {
         let bound = bound::Bound::new("DecreaseTargetSize", id, bound);
-        let _ops = bound.lock(&self.ops).await?;
-        self.require_drain_state()?;
-        let (reg, idx) = bound.wait(self.fresh_group(id)).await?;
+        let (_ops, reg, idx) = self.begin_size_change(&bound, id).await?;
         let g = &reg.groups[idx];
         let (target, live, deferred) = {
             let ov = self.overlay.lock();

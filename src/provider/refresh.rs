@@ -373,7 +373,7 @@ impl Provider {
                 return Ok(());
             }
             tracing::debug!(groups = ?names, attempt, "AWS answered with a desired capacity from before this service's own write; reading again");
-            metrics::metrics().stale_reads.inc();
+            metrics::metrics().stale_reads.inc_by(names.len() as u64);
             tokio::time::sleep(self.settings.stale_reread_wait * (1 << attempt)).await;
             let selector = crate::cloud::GroupSelector {
                 names,
@@ -494,14 +494,7 @@ impl Provider {
     ) -> HashMap<String, crate::cloud::LaunchHistory> {
         let short: Vec<String> = asgs
             .iter()
-            .filter(|a| {
-                let live = a
-                    .instances
-                    .iter()
-                    .filter(|i| i.state.fills_a_slot())
-                    .count() as i32;
-                a.desired_capacity > live
-            })
+            .filter(|a| a.desired_capacity > a.instances_filling_slots())
             .map(|a| a.name.clone())
             .collect();
         stream::iter(short)

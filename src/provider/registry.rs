@@ -34,11 +34,7 @@ impl Group {
     /// Instances that fill a slot of the desired capacity: not on their way out, not
     /// in Standby.
     pub fn live_instances(&self) -> i32 {
-        self.asg
-            .instances
-            .iter()
-            .filter(|i| i.state.fills_a_slot())
-            .count() as i32
+        self.asg.instances_filling_slots()
     }
 
     /// A zone for placeholders: the first of the ASG's zones.
