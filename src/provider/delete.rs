@@ -21,7 +21,7 @@ use tokio::task::JoinHandle;
 
 use super::registry::Registry;
 use super::{
-    echo, instances, provider_id, sizes, Group, NodeRef, Provider, ProviderError, Removal,
+    echo, instances, provider_id, sizes, Group, NodeRef, Provider, ProviderError, Removal, ScaleIn,
 };
 use crate::cloud::AsgInstance;
 
@@ -189,11 +189,12 @@ impl Provider {
         calls: Vec<DeleteCall>,
         ops: Arc<OwnedMutexGuard<()>>,
     ) {
+        let scale_in = self.scale_in.read().clone();
         let read = match self.require_drain_state() {
-            Ok(()) => self.fresh_group(id).await,
+            Ok(()) => self.read_group_and_hooks(id, scale_in.as_ref()).await,
             Err(e) => Err(e),
         };
-        let (reg, idx) = match read {
+        let (reg, shared) = match read {
             Ok(x) => x,
             Err(e) => {
                 for c in calls {
@@ -202,7 +203,7 @@ impl Provider {
                 return;
             }
         };
-        let g = &reg.groups[idx];
+        let g = &*shared;
         let (target, live, deferred) = {
             let ov = self.overlay.lock();
             (
@@ -276,7 +277,6 @@ impl Provider {
                 planned = rest;
             }
         }
-        let scale_in = self.scale_in.read().clone();
         for p in planned {
             if p.call.started.is_closed() {
                 // Its caller has answered "no instance was removed": keep it true.
@@ -286,9 +286,9 @@ impl Provider {
             for (inst, node_name) in p.real {
                 self.writes.fetch_add(1, Ordering::AcqRel);
                 let name = (!node_name.is_empty() && node_name != inst.id).then_some(node_name);
-                let (me, reg, scale_in, inst, id, ops) = (
+                let (me, group, scale_in, inst, id, ops) = (
                     self.clone(),
-                    reg.clone(),
+                    shared.clone(),
                     scale_in.clone(),
                     inst.clone(),
                     id.to_string(),
@@ -299,7 +299,7 @@ impl Provider {
                     instance,
                     tokio::spawn(async move {
                         let _ops = ops;
-                        let g = &reg.groups[idx];
+                        let g = &*group;
                         match scale_in.remove(g, &inst, name.as_deref()).await? {
                             Removal::Decremented => {
                                 let mut ov = me.overlay.lock();
@@ -319,6 +319,30 @@ impl Provider {
             // removals in the channel as it closes it (delete_nodes_within).
             let _ = p.call.started.send(Ok(tasks));
         }
+    }
+
+    /// The group read from AWS now, with the hooks the removals must use confirmed
+    /// beside that read ([`super::ScaleIn::confirm_hooks`]): a hooked batch takes two
+    /// AWS round trips before its answers (the read, then the terminations), not three.
+    async fn read_group_and_hooks(
+        &self,
+        id: &str,
+        scale_in: &dyn ScaleIn,
+    ) -> Result<(Arc<Registry>, Arc<Group>), ProviderError> {
+        let known = self.registry().group(id).cloned();
+        let confirm = async {
+            match &known {
+                Some(g) => scale_in.confirm_hooks(g).await,
+                None => Ok(None),
+            }
+        };
+        let (read, hooks) = tokio::join!(self.fresh_group(id), confirm);
+        let (reg, idx) = read?;
+        let mut group = reg.groups[idx].clone();
+        if let Some(hooks) = hooks? {
+            group.hooks = hooks;
+        }
+        Ok((reg, Arc::new(group)))
     }
 
     /// One call's nodes checked against the group: the instances to remove (with

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use async_trait::async_trait;
 use parking_lot::{Mutex, RwLock};
 
-use crate::cloud::{AsgInstance, Cloud, CloudError, GroupSelector, LaunchFailure};
+use crate::cloud::{AsgInstance, Cloud, CloudError, GroupSelector, LaunchFailure, LifecycleHook};
 
 pub mod bound;
 mod delete;
@@ -182,6 +182,21 @@ pub enum Removal {
 /// engine puts the drain behind this interface.
 #[async_trait]
 pub trait ScaleIn: Send + Sync + 'static {
+    /// What a batch of removals must know of the group that AWS may have changed
+    /// since the registry read it, asked beside the batch's own read of the group:
+    /// one request per batch, no extra round trip before the answers. The drain
+    /// confirms its lifecycle hook here. `Ok(None)`: nothing to confirm, the
+    /// registry's hooks stand.
+    async fn confirm_hooks(
+        &self,
+        group: &Group,
+    ) -> Result<Option<Vec<LifecycleHook>>, ProviderError> {
+        let _ = group;
+        Ok(None)
+    }
+
+    /// Ends (or starts to end) one instance. `group` carries the hooks
+    /// [`Self::confirm_hooks`] returned for this batch.
     async fn remove(
         &self,
         group: &Group,

@@ -397,23 +397,6 @@ impl Engine {
         }
     }
 
-    /// [`Self::mode_for`] with the group's hooks read from AWS now, not from a list
-    /// up to `hookRefreshInterval` old: terminating through the hook when it was
-    /// deleted (or the ASG recreated under the same name without it) would end the
-    /// instance undrained. A changed heartbeat timeout takes effect at once. When
-    /// AWS cannot be asked, the caller gets an error for CA to retry.
-    pub async fn current_mode(
-        &self,
-        group: &Group,
-        instance_id: &str,
-    ) -> Result<Mode, ProviderError> {
-        let Mode::Lifecycle { .. } = self.mode_for(group, instance_id) else {
-            return Ok(Mode::Direct);
-        };
-        let fresh = self.with_current_hooks(group).await?;
-        Ok(self.mode_for(&fresh, instance_id))
-    }
-
     /// The group with its terminating hooks as AWS has them now (and the provider
     /// told when they changed).
     pub async fn with_current_hooks(&self, group: &Group) -> Result<Group, ProviderError> {

@@ -7,7 +7,7 @@ use async_trait::async_trait;
 
 use super::request::ca_reason;
 use super::{cordon, dry_run, nodes, record, DrainRequest, Engine, Mode, Source};
-use crate::cloud::AsgInstance;
+use crate::cloud::{AsgInstance, LifecycleHook};
 use crate::provider::{Group, ProviderError, Removal, ScaleIn};
 use crate::telemetry::metrics::metrics;
 
@@ -19,6 +19,22 @@ pub struct DrainScaleIn(pub Arc<Engine>);
 
 #[async_trait]
 impl ScaleIn for DrainScaleIn {
+    /// A group the registry knows hooked has its hooks read from AWS now, not from a
+    /// list up to `hookRefreshInterval` old: terminating through the hook when it was
+    /// deleted (or the ASG recreated under the same name without it) would end the
+    /// instance undrained. A changed heartbeat timeout takes effect at once. When AWS
+    /// cannot be asked, the batch fails for CA to retry.
+    async fn confirm_hooks(
+        &self,
+        group: &Group,
+    ) -> Result<Option<Vec<LifecycleHook>>, ProviderError> {
+        let engine = &self.0;
+        if !matches!(engine.mode_for(group, ""), Mode::Lifecycle { .. }) {
+            return Ok(None);
+        }
+        Ok(Some(engine.with_current_hooks(group).await?.hooks))
+    }
+
     async fn remove(
         &self,
         group: &Group,
@@ -26,7 +42,8 @@ impl ScaleIn for DrainScaleIn {
         node_name: Option<&str>,
     ) -> Result<Removal, ProviderError> {
         let engine = &self.0;
-        let mode = engine.current_mode(group, &instance.id).await?;
+        // The hooks were confirmed for this batch (confirm_hooks).
+        let mode = engine.mode_for(group, &instance.id);
         let leader = engine.is_leader();
         let (removal, node) = match &mode {
             Mode::Lifecycle { .. } => {
