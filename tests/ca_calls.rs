@@ -80,6 +80,7 @@ async fn ten_at_once_with_aws_at(per_request: Duration, hooked: bool) {
         .map(|(_, i)| i)
         .collect();
     w.cloud.slow(per_request);
+    let hook_reads_before = hook_reads(&w);
     let failed = delete_like_ca(&w, "web", &victims, 10).await;
     assert!(
         failed.is_empty(),
@@ -87,6 +88,15 @@ async fn ten_at_once_with_aws_at(per_request: Duration, hooked: bool) {
         failed.len()
     );
     w.cloud.slow(Duration::ZERO);
+    if hooked {
+        // The hook is confirmed once per batch of calls, beside the batch's read of
+        // the group: not once per node, and not as a third round trip.
+        let reads = hook_reads(&w) - hook_reads_before;
+        assert!(
+            (1..10).contains(&reads),
+            "{reads} DescribeLifecycleHooks for 10 calls sent at once: one per batch expected"
+        );
+    }
     assert_eq!(
         target(&mut w, "web").await,
         10,
@@ -105,6 +115,14 @@ async fn ten_at_once_with_aws_at(per_request: Duration, hooked: bool) {
             "{iid} ended, and CA never named it"
         );
     }
+}
+
+fn hook_reads(w: &World) -> u64 {
+    w.cloud
+        .calls()
+        .get("terminating_hooks")
+        .copied()
+        .unwrap_or(0)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
@@ -426,4 +444,73 @@ async fn deleting_a_standby_instance_is_refused_and_ends_nothing() {
     assert!(!w.cloud.calls().contains_key("terminate_instance"));
     assert!(w.cloud.chosen_by_asg().is_empty());
     assert_eq!(target(&mut w, "web").await, 2);
+}
+
+/// A template CA asks for answers within CA's deadline too, and a build slower than
+/// that deadline still ends: the first call is told the template is not ready
+/// (Unavailable, in time; CA skips the group for this loop as for any template
+/// error), the build goes on behind the answer and a later call gets it. Before, the
+/// build ran inside the call: CA got DeadlineExceeded, and each call that timed out
+/// cancelled its own build.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_template_slower_than_cas_deadline_is_answered_in_time_and_still_built() {
+    let mut w = world(
+        vec![
+            MemoryGroup::new("web", 0, 5, 2, "m5.large"),
+            MemoryGroup::new("batch", 0, 5, 0, "m5.large"),
+        ],
+        fast_settings(),
+        Duration::from_millis(50),
+    )
+    .await;
+    // The empty group moves to a launch template version and instance type never
+    // read: its template must be built again from AWS.
+    w.cloud
+        .add_group(MemoryGroup::new("batch", 0, 5, 0, "c5.xlarge").launch_template_version("7"));
+    w.cloud.slow(Duration::from_secs(2));
+    refresh(&mut w).await;
+    let reads_before = w.cloud.calls().get("launch_template").copied().unwrap_or(0);
+    let ask = |timeout: Duration| {
+        let mut req =
+            tonic::Request::new(proto::NodeGroupTemplateNodeInfoRequest { id: "batch".into() });
+        req.set_timeout(timeout);
+        req
+    };
+    let e =
+        w.ca.node_group_template_node_info(ask(Duration::from_secs(1)))
+            .await
+            .unwrap_err();
+    assert_eq!(e.code(), tonic::Code::Unavailable, "{e:?}");
+    assert!(
+        e.message().contains("still being built") && e.message().contains("batch"),
+        "{}",
+        e.message()
+    );
+    // CA's next loops ask again with its usual deadline until the build has ended.
+    let mut answer = None;
+    for _ in 0..10 {
+        match w
+            .ca
+            .node_group_template_node_info(ask(Duration::from_secs(5)))
+            .await
+        {
+            Ok(r) => {
+                answer = Some(r.into_inner());
+                break;
+            }
+            Err(e) => assert_eq!(e.code(), tonic::Code::Unavailable, "{e:?}"),
+        }
+    }
+    let info = answer.expect("the template is built behind the answers");
+    let node =
+        <k8s_pb::api::core::v1::Node as prost::Message>::decode(&info.node_bytes[..]).unwrap();
+    assert_eq!(
+        node.metadata.unwrap().labels["node.kubernetes.io/instance-type"],
+        "c5.xlarge"
+    );
+    let reads = w.cloud.calls().get("launch_template").copied().unwrap_or(0) - reads_before;
+    assert!(
+        reads <= 1,
+        "{reads} reads of the launch template: a build that outlived its call was started again"
+    );
 }

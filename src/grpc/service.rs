@@ -269,9 +269,14 @@ impl CloudProvider for CloudProviderService {
         &self,
         req: Request<proto::NodeGroupTemplateNodeInfoRequest>,
     ) -> Result<Response<proto::NodeGroupTemplateNodeInfoResponse>, Status> {
+        let bound = answer_bound(&req);
         let id = req.into_inner().id;
         require_id(&id)?;
-        let node = self.provider.template_node(&id).await.map_err(status)?;
+        let node = self
+            .provider
+            .template_node_within(&id, bound)
+            .await
+            .map_err(status)?;
         if node.is_empty() {
             // An empty answer can crash CA; say we cannot instead.
             return Err(Status::unimplemented(format!(
@@ -314,7 +319,7 @@ fn sent<T>(req: &Request<T>) -> Option<Duration> {
         .and_then(super::deadline::parse)
 }
 
-/// How long a size change may work: what is left of the deadline the client sent;
+/// How long a call that may wait on AWS works: what is left of the deadline the client sent;
 /// unbounded without one (a client that sets none waits as long as it takes).
 fn answer_bound<T>(req: &Request<T>) -> Option<Duration> {
     sent(req).map(super::deadline::share)

@@ -17,10 +17,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use futures::future::{BoxFuture, FutureExt, Shared};
 use parking_lot::{Mutex, RwLock};
 
 use super::template::{self, TemplateInputs, TemplateOverrides};
-use super::{Group, Provider, ProviderError};
+use super::{echo, Group, Provider, ProviderError};
 use crate::cloud::{
     CloudError, EksNodegroup, InstanceRequirements, InstanceTypeInfo, LaunchData, LaunchSpec,
     LaunchTemplateRef,
@@ -154,7 +155,14 @@ pub(crate) struct TemplateCache {
     prefetch: tokio::sync::Mutex<()>,
     requested: std::sync::atomic::AtomicU64,
     done: tokio::sync::watch::Sender<u64>,
+    /// Builds a call started, one per group, running on past the call that started
+    /// them: a build slower than CA's deadline still ends, and the next call joins
+    /// it or reads its result ([`Provider::template_node_within`]).
+    building: Mutex<HashMap<String, Building>>,
 }
+
+/// A template build every caller for its group waits on.
+type Building = Shared<BoxFuture<'static, Result<Bytes, ProviderError>>>;
 
 impl Default for TemplateCache {
     fn default() -> Self {
@@ -165,6 +173,7 @@ impl Default for TemplateCache {
             prefetch: tokio::sync::Mutex::default(),
             requested: std::sync::atomic::AtomicU64::default(),
             done: tokio::sync::watch::Sender::default(),
+            building: Mutex::default(),
         }
     }
 }
@@ -354,6 +363,68 @@ impl Provider {
     }
 
     /// The encoded template Node of a group (CA's NodeGroupTemplateNodeInfo).
+    /// The group's template node for CA, answered within `bound` (what is left of
+    /// CA's deadline). A template built for the group as it is now is answered from
+    /// memory. Otherwise the build runs as a task of its own that the answer waits
+    /// for: when AWS is too slow for the bound, CA is told the template is not ready
+    /// (its loop skips the group this once, as for any template error), the build
+    /// ends behind the answer and the next call gets it. Cancelled with each call, a
+    /// build slower than CA's deadline would never end.
+    pub async fn template_node_within(
+        self: &Arc<Self>,
+        id: &str,
+        bound: Option<Duration>,
+    ) -> Result<Bytes, ProviderError> {
+        let g = {
+            let reg = self.registry();
+            let g = reg
+                .group(id)
+                .ok_or_else(|| ProviderError::UnknownGroup(id.to_string()))?;
+            if let Some(b) = self.templates.cached(g) {
+                return Ok(b);
+            }
+            g.asg.name.clone()
+        };
+        let build = self.template_build(g);
+        let Some(bound) = bound else {
+            return build.await;
+        };
+        match tokio::time::timeout(bound, build).await {
+            Ok(built) => built,
+            Err(_) => Err(ProviderError::Unavailable(format!(
+                "node group {}: its template node is still being built from AWS's answers, which take longer than {bound:?}; the build goes on and the next call gets it",
+                echo(id)
+            ))),
+        }
+    }
+
+    /// The group's running build, or a new one.
+    fn template_build(self: &Arc<Self>, group: String) -> Building {
+        let mut building = self.templates.building.lock();
+        if let Some(b) = building.get(&group) {
+            return b.clone();
+        }
+        let (this, name) = (self.clone(), group.clone());
+        let task = tokio::spawn(async move {
+            let built = this.template_node(&name).await;
+            this.templates.building.lock().remove(&name);
+            built
+        });
+        let build: Building = async move {
+            task.await.unwrap_or_else(|e| {
+                Err(ProviderError::Unavailable(format!(
+                    "the template build stopped: {e}"
+                )))
+            })
+        }
+        .boxed()
+        .shared();
+        building.insert(group, build.clone());
+        build
+    }
+
+    /// The group's template node, built now when none is kept for the group as it is
+    /// (no bound: `check-config` and tests).
     pub async fn template_node(&self, id: &str) -> Result<Bytes, ProviderError> {
         let reg = self.registry();
         let g = reg
