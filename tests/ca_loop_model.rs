@@ -11,9 +11,17 @@
 //!   each group equals the one a fresh process builds from AWS as it is now (what a
 //!   node launched now would register with).
 //!
-//! The clock of the templates' lifetimes is the test's (`ManualClock`); AWS latency
-//! is real but small, and the calls' own bound is long, so no outcome depends on the
-//! machine's load.
+//! Every call carries CA's deadline (`grpc_timeout`, 5 s) as the gRPC layer passes
+//! it (four fifths of it as the call's bound), and AWS may be slower than that (up to
+//! 3 s per request). After every call: its answer came within the bound. A
+//! DeleteNodes whose removals were still being recorded when its time ran out says
+//! so; its instance ends behind the answer like any other, and the next loop sees it
+//! as deleting.
+//!
+//! Time is the test's: the runtime's clock is paused and moves only when every task
+//! waits (AWS's latency, the bounds, the backoffs), and the templates' lifetimes run
+//! on a `ManualClock`. No outcome depends on the machine's load, and a case replays
+//! exactly.
 //!
 //! Among the faults: reads answered from an older state (AWS's eventual consistency).
 //! A size change computed from a DescribeAutoScalingGroups that predates the
@@ -48,6 +56,8 @@ const OPERATIONS: [&str; 6] = [
     "instance_types",
 ];
 const TYPES: [&str; 3] = ["m5.large", "c5.xlarge", "m6g.large"];
+/// CA's `grpc_timeout` default, sent with every call.
+const DEADLINE: Duration = Duration::from_secs(5);
 
 #[derive(Debug, Clone)]
 enum Fault {
@@ -81,7 +91,7 @@ fn op() -> impl Strategy<Value = Op> {
     let fault = prop_oneof![
         (0..OPERATIONS.len(), 1..3u32).prop_map(|(o, n)| Fault::Throttle(o, n)),
         (0..OPERATIONS.len(), 1..2u32).prop_map(|(o, n)| Fault::Refuse(o, n)),
-        (1..30u64).prop_map(Fault::Slow),
+        (1..3000u64).prop_map(Fault::Slow),
         (1..4u32).prop_map(Fault::Stale),
     ];
     prop_oneof![
@@ -228,6 +238,22 @@ impl World {
         }
     }
 
+    /// Whether a size write the answer said was sent has landed: the target is `want`
+    /// once AWS has answered it.
+    async fn landed(&self, g: &str, want: i32) -> bool {
+        tokio::time::sleep(Duration::from_secs(60)).await;
+        self.ca.target_size(g).unwrap() == want
+    }
+
+    /// Whether AWS has the instance ending (or gone).
+    fn going(&self, iid: &str) -> bool {
+        self.cloud
+            .instances()
+            .iter()
+            .find(|(_, i)| i.id == iid)
+            .is_none_or(|(_, i)| i.state.is_terminating())
+    }
+
     fn running(&self, g: &str) -> Vec<String> {
         self.ca
             .nodes(g)
@@ -242,14 +268,42 @@ impl World {
         match op {
             Op::Increase(g, d) => {
                 let g = GROUPS[*g];
-                if self.ca.increase_size(g, *d).await.is_ok() {
-                    *self.target.get_mut(g).unwrap() += d;
+                let ca = self.ca.clone();
+                let before = self.ca.target_size(g).unwrap();
+                let r = in_time(
+                    "IncreaseSize",
+                    ca.increase_size_within(g, *d, Some(bound())),
+                )
+                .await;
+                match r {
+                    Ok(()) => *self.target.get_mut(g).unwrap() += d,
+                    Err(e) if sent(&e) => {
+                        if self.landed(g, before + d).await {
+                            *self.target.get_mut(g).unwrap() += d;
+                        }
+                    }
+                    Err(_) => {}
                 }
             }
             Op::Decrease(g, d) => {
                 let g = GROUPS[*g];
                 let before = self.ca.target_size(g).unwrap();
-                if self.ca.decrease_target_size(g, -d).await.is_ok() {
+                let ca = self.ca.clone();
+                let r = in_time(
+                    "DecreaseTargetSize",
+                    ca.decrease_target_size_within(g, -d, Some(bound())),
+                )
+                .await;
+                if let Err(e) = &r {
+                    // Sent and not answered in time: it lands or not, and the
+                    // provider's target says which once AWS has answered.
+                    if sent(e) {
+                        tokio::time::sleep(Duration::from_secs(60)).await;
+                        let after = self.ca.target_size(g).unwrap();
+                        *self.target.get_mut(g).unwrap() -= before - after;
+                    }
+                }
+                if r.is_ok() {
                     // Only unfulfilled capacity goes: what the provider says it took.
                     let after = self.ca.target_size(g).unwrap();
                     assert!(
@@ -281,17 +335,28 @@ impl World {
                         name: pid.clone(),
                     };
                     async move {
-                        ca.delete_nodes_within(g, &[node], Duration::from_secs(30))
-                            .await
+                        in_time("DeleteNodes", ca.delete_nodes_within(g, &[node], bound())).await
                     }
                 }))
                 .await;
+                // Removals still being recorded when their call's time ran out end
+                // behind the answers: long enough for them to land.
+                tokio::time::sleep(Duration::from_secs(60)).await;
                 for (pid, answer) in chosen.iter().zip(answers) {
                     let iid = pid.rsplit('/').next().unwrap().to_string();
                     match answer {
                         Ok(()) => {
                             *self.target.get_mut(g).unwrap() -= 1;
                             self.named.insert(iid);
+                        }
+                        // The answer said the removal goes on: CA named the instance,
+                        // and its next loop sees it deleting (or its call's failure
+                        // left it, when the recording failed too).
+                        Err(e) if e.to_string().contains("was not recorded within") => {
+                            if self.going(&iid) {
+                                *self.target.get_mut(g).unwrap() -= 1;
+                                self.named.insert(iid);
+                            }
                         }
                         Err(e) => assert!(
                             self.cloud
@@ -308,7 +373,12 @@ impl World {
             }
             Op::Template(g) => {
                 // May fail while AWS does; CA skips the group then (1.31.x, 1.32.3+).
-                let _ = self.ca.template_node(GROUPS[*g]).await;
+                let ca = self.ca.clone();
+                let _ = in_time(
+                    "NodeGroupTemplateNodeInfo",
+                    ca.template_node_within(GROUPS[*g], Some(bound())),
+                )
+                .await;
             }
             Op::Fault(f) => match f {
                 Fault::Throttle(o, n) => self.cloud.throttle(OPERATIONS[*o], *n),
@@ -383,9 +453,41 @@ impl World {
     }
 }
 
+/// An answer that says the size write was sent and may still land.
+fn sent(e: &ProviderError) -> bool {
+    e.to_string().contains("may still land")
+}
+
+/// The time a call may work: what the gRPC layer passes on of CA's deadline.
+fn bound() -> Duration {
+    ca_asg_provider::grpc::deadline::share(DEADLINE)
+}
+
+/// Runs a call as the gRPC layer does, and checks its answer came within the bound
+/// (on the paused clock: exactly, whatever the machine's load).
+async fn in_time<T>(
+    call: &str,
+    answer: impl std::future::Future<Output = Result<T, ProviderError>>,
+) -> Result<T, ProviderError> {
+    let t0 = tokio::time::Instant::now();
+    let r = answer.await;
+    let took = t0.elapsed();
+    assert!(
+        took <= bound(),
+        "{call} answered after {took:?}, past its bound of {:?} (CA's deadline {DEADLINE:?}): {}",
+        bound(),
+        match &r {
+            Ok(_) => "OK".to_string(),
+            Err(e) => e.to_string(),
+        }
+    );
+    r
+}
+
 fn run(ops: &[Op]) {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
+        .start_paused(true)
         .build()
         .unwrap();
     rt.block_on(async {
@@ -402,7 +504,7 @@ fn run(ops: &[Op]) {
 
 proptest! {
     #![proptest_config(ProptestConfig {
-        cases: 300,
+        cases: 2000,
         failure_persistence: None,
         ..ProptestConfig::default()
     })]

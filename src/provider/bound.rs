@@ -5,32 +5,41 @@
 //! answers after it reaches CA as DeadlineExceeded: CA counts the scale-up as failed
 //! and backs the group off, while the change may still land in AWS behind its back.
 //! So the waits before the write (the size lock, the group's re-read) end at the
-//! bound, and the write starts only while there is still [`reserve`] left for AWS to
-//! answer it; otherwise the call answers Unavailable having changed nothing.
+//! bound, and the write starts only while enough is left for AWS to answer it: at
+//! least [`reserve`], and at least as long as AWS took to answer this call's own read
+//! (AWS slow for the read is slow for the write). Otherwise the call answers
+//! Unavailable having changed nothing. A write AWS answers later than the bound all
+//! the same is told as such: it may have landed, and it runs on, holding the size
+//! lock, until AWS answers.
 
 use std::future::Future;
 use std::time::Duration;
 
+use parking_lot::Mutex;
+use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
 use super::ProviderError;
 
-/// The most time kept back for the write's own AWS request.
+/// The most time kept back for the write's own AWS request, whatever the reads took.
 const WRITE_RESERVE: Duration = Duration::from_secs(1);
 
-/// The time kept back for the write within a bound of `bound`: a quarter of it, at
-/// most [`WRITE_RESERVE`]. Pure.
-pub fn reserve(bound: Duration) -> Duration {
-    (bound / 4).min(WRITE_RESERVE)
+/// The time kept back for the write within a bound of `bound`, when this call's reads
+/// took `read` at the slowest: a quarter of the bound, at most [`WRITE_RESERVE`], or
+/// the read's time when that is longer. Pure.
+pub fn reserve(bound: Duration, read: Duration) -> Duration {
+    (bound / 4).min(WRITE_RESERVE).max(read)
 }
 
 /// A size change's bound, started when the call arrived.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct Bound {
     what: &'static str,
     group: String,
     /// When it must answer, and the bound it was given; `None`: no bound.
     by: Option<(Instant, Duration)>,
+    /// The slowest wait on AWS so far ([`Self::read`]).
+    slowest_read: Mutex<Duration>,
 }
 
 impl Bound {
@@ -40,6 +49,7 @@ impl Bound {
             what,
             group: group.to_string(),
             by: bound.map(|b| (Instant::now() + b, b)),
+            slowest_read: Mutex::new(Duration::ZERO),
         }
     }
 
@@ -56,12 +66,26 @@ impl Bound {
         }
     }
 
-    /// Waits for the size lock until the bound.
-    pub async fn lock<'a>(
+    /// [`Self::wait`] for a read of AWS, whose time the write's reserve then covers.
+    pub async fn read<T>(
         &self,
-        lock: &'a tokio::sync::Mutex<()>,
-    ) -> Result<tokio::sync::MutexGuard<'a, ()>, ProviderError> {
-        self.wait(async { Ok(lock.lock().await) }).await
+        work: impl Future<Output = Result<T, ProviderError>>,
+    ) -> Result<T, ProviderError> {
+        let t0 = Instant::now();
+        let r = self.wait(work).await;
+        let took = t0.elapsed();
+        let mut slowest = self.slowest_read.lock();
+        *slowest = (*slowest).max(took);
+        r
+    }
+
+    /// Waits for the size lock until the bound.
+    pub async fn lock(
+        &self,
+        lock: &std::sync::Arc<tokio::sync::Mutex<()>>,
+    ) -> Result<tokio::sync::OwnedMutexGuard<()>, ProviderError> {
+        self.wait(async { Ok(lock.clone().lock_owned().await) })
+            .await
     }
 
     /// Whether the write may start: enough of the bound is left for AWS to answer it.
@@ -71,9 +95,33 @@ impl Bound {
 
     /// [`Self::may_write`] at `now`. Pure.
     fn may_write_at(&self, now: Instant) -> Result<(), ProviderError> {
+        let read = *self.slowest_read.lock();
         match self.by {
-            Some((by, bound)) if now + reserve(bound) > by => Err(self.late()),
+            Some((by, bound)) if now + reserve(bound, read) > by => Err(self.late()),
             _ => Ok(()),
+        }
+    }
+
+    /// Waits for the write, running as its own task (`write`), until the bound. Past
+    /// it, the call answers that the write was sent and may land; the task runs on.
+    pub async fn write(
+        &self,
+        desired: i32,
+        write: JoinHandle<Result<(), ProviderError>>,
+    ) -> Result<(), ProviderError> {
+        let stopped = |e: tokio::task::JoinError| {
+            ProviderError::Unavailable(format!("the size write stopped: {e}"))
+        };
+        let Some((by, bound)) = self.by else {
+            return write.await.unwrap_or_else(|e| Err(stopped(e)));
+        };
+        match tokio::time::timeout_at(by, write).await {
+            Ok(done) => done.unwrap_or_else(|e| Err(stopped(e))),
+            Err(_) => Err(ProviderError::Unavailable(format!(
+                "{} for node group {}: SetDesiredCapacity {desired} was sent to AWS, which did not answer within {bound:?} (what is left of cluster-autoscaler's deadline); it may still land, and the next Refresh shows the group's size",
+                self.what,
+                super::echo(&self.group)
+            ))),
         }
     }
 
@@ -92,14 +140,66 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_reserve_is_a_quarter_up_to_a_second() {
-        assert_eq!(reserve(Duration::from_secs(4)), Duration::from_secs(1));
-        assert_eq!(reserve(Duration::from_secs(40)), Duration::from_secs(1));
-        assert_eq!(
-            reserve(Duration::from_millis(800)),
-            Duration::from_millis(200)
+    fn the_reserve_is_a_quarter_up_to_a_second_or_the_reads_time() {
+        let ms = Duration::from_millis;
+        assert_eq!(reserve(ms(4000), ms(0)), ms(1000));
+        assert_eq!(reserve(ms(40_000), ms(0)), ms(1000));
+        assert_eq!(reserve(ms(800), ms(0)), ms(200));
+        assert_eq!(reserve(ms(0), ms(0)), ms(0));
+        assert_eq!(reserve(ms(4000), ms(300)), ms(1000), "a fast read");
+        assert_eq!(reserve(ms(4000), ms(2500)), ms(2500), "AWS at 2.5 s");
+        assert_eq!(reserve(ms(800), ms(500)), ms(500));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_slow_read_keeps_back_its_own_time_for_the_write() {
+        let b = Bound::new("IncreaseSize", "web", Some(Duration::from_secs(4)));
+        let slow_read = async {
+            tokio::time::sleep(Duration::from_millis(2500)).await;
+            Ok(())
+        };
+        b.read(slow_read).await.unwrap();
+        let e = b.may_write().unwrap_err().to_string();
+        assert!(e.contains("nothing was changed"), "{e}");
+        let b = Bound::new("IncreaseSize", "web", Some(Duration::from_secs(4)));
+        let read = async {
+            tokio::time::sleep(Duration::from_millis(1500)).await;
+            Ok(())
+        };
+        b.read(read).await.unwrap();
+        assert!(
+            b.may_write().is_ok(),
+            "2.5 s left for a write like a 1.5 s read"
         );
-        assert_eq!(reserve(Duration::ZERO), Duration::ZERO);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_write_answered_past_the_bound_is_told_as_sent_and_runs_on() {
+        use std::sync::atomic::{AtomicBool, Ordering};
+        let t0 = Instant::now();
+        let b = Bound::new("IncreaseSize", "web", Some(Duration::from_secs(4)));
+        let landed = std::sync::Arc::new(AtomicBool::new(false));
+        let l = landed.clone();
+        let write = tokio::spawn(async move {
+            tokio::time::sleep(Duration::from_secs(6)).await;
+            l.store(true, Ordering::SeqCst);
+            Ok(())
+        });
+        let e = b.write(7, write).await.unwrap_err().to_string();
+        assert!(
+            e.contains("SetDesiredCapacity 7 was sent") && e.contains("may still land"),
+            "{e}"
+        );
+        assert_eq!(
+            t0.elapsed(),
+            Duration::from_secs(4),
+            "answered at the bound"
+        );
+        assert!(!landed.load(Ordering::SeqCst));
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        assert!(landed.load(Ordering::SeqCst), "the write ran on");
+        let b = Bound::new("IncreaseSize", "web", Some(Duration::from_secs(4)));
+        assert!(b.write(7, tokio::spawn(async { Ok(()) })).await.is_ok());
     }
 
     #[tokio::test]

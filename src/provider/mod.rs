@@ -862,20 +862,24 @@ impl Provider {
 
     // ---- writes ----
 
-    pub async fn increase_size(&self, id: &str, delta: i32) -> Result<(), ProviderError> {
+    pub async fn increase_size(
+        self: &Arc<Self>,
+        id: &str,
+        delta: i32,
+    ) -> Result<(), ProviderError> {
         self.increase_size_within(id, delta, None).await
     }
 
     /// IncreaseSize answering within `bound` (what is left of CA's deadline; `None`:
     /// unbounded): past it, or too near it to write, nothing is changed ([`bound`]).
     pub async fn increase_size_within(
-        &self,
+        self: &Arc<Self>,
         id: &str,
         delta: i32,
         bound: Option<Duration>,
     ) -> Result<(), ProviderError> {
         let bound = bound::Bound::new("IncreaseSize", id, bound);
-        let (_ops, reg, idx) = self.begin_size_change(&bound, id).await?;
+        let (ops, reg, idx) = self.begin_size_change(&bound, id).await?;
         let g = &reg.groups[idx];
         let (target, deferred) = {
             let ov = self.overlay.lock();
@@ -898,7 +902,7 @@ impl Provider {
             "increasing desired capacity"
         );
         bound.may_write()?;
-        self.write_desired(id, desired).await?;
+        self.write_desired_within(&bound, ops, id, desired).await?;
         self.overlay
             .lock()
             .last_increase
@@ -915,26 +919,30 @@ impl Provider {
         &self,
         bound: &bound::Bound,
         id: &str,
-    ) -> Result<(tokio::sync::MutexGuard<'_, ()>, Arc<Registry>, usize), ProviderError> {
+    ) -> Result<(tokio::sync::OwnedMutexGuard<()>, Arc<Registry>, usize), ProviderError> {
         let ops = bound.lock(&self.ops).await?;
         self.require_drain_state()?;
-        let (reg, idx) = bound.wait(self.fresh_group(id)).await?;
+        let (reg, idx) = bound.read(self.fresh_group(id)).await?;
         Ok((ops, reg, idx))
     }
 
-    pub async fn decrease_target_size(&self, id: &str, delta: i32) -> Result<(), ProviderError> {
+    pub async fn decrease_target_size(
+        self: &Arc<Self>,
+        id: &str,
+        delta: i32,
+    ) -> Result<(), ProviderError> {
         self.decrease_target_size_within(id, delta, None).await
     }
 
     /// DecreaseTargetSize answering within `bound`, as [`Self::increase_size_within`].
     pub async fn decrease_target_size_within(
-        &self,
+        self: &Arc<Self>,
         id: &str,
         delta: i32,
         bound: Option<Duration>,
     ) -> Result<(), ProviderError> {
         let bound = bound::Bound::new("DecreaseTargetSize", id, bound);
-        let (_ops, reg, idx) = self.begin_size_change(&bound, id).await?;
+        let (ops, reg, idx) = self.begin_size_change(&bound, id).await?;
         let g = &reg.groups[idx];
         let (target, live, deferred) = {
             let ov = self.overlay.lock();
@@ -978,9 +986,28 @@ impl Provider {
             );
         }
         bound.may_write()?;
-        self.write_desired(id, desired).await?;
+        self.write_desired_within(&bound, ops, id, desired).await?;
         self.invalidate();
         Ok(())
+    }
+
+    /// SetDesiredCapacity as a task of its own that holds the size lock (`ops`) until
+    /// AWS answers, so that no later size change reads the group before the write has
+    /// landed or failed; the call waits for it within `bound` ([`bound::Bound::write`]).
+    /// The write is noted when AWS answers, whether or not the call is still there.
+    async fn write_desired_within(
+        self: &Arc<Self>,
+        bound: &bound::Bound,
+        ops: tokio::sync::OwnedMutexGuard<()>,
+        id: &str,
+        desired: i32,
+    ) -> Result<(), ProviderError> {
+        let (me, group) = (self.clone(), id.to_string());
+        let write = tokio::spawn(async move {
+            let _ops = ops;
+            me.write_desired(&group, desired).await
+        });
+        bound.write(desired, write).await
     }
 
     /// The answer to a write in a dry run: the decision logged and counted, and an
