@@ -319,6 +319,9 @@ pub struct Provider {
     scale_in: RwLock<Arc<dyn ScaleIn>>,
     /// Counts AWS writes, so a refresh can tell that one raced with its read.
     writes: AtomicU64,
+    /// Per group, the count of [`Self::writes`] when a size change last read it again
+    /// from AWS: a refresh whose read began before that keeps the newer group.
+    reread_at: Mutex<HashMap<String, u64>>,
     /// Option-tagged groups already warned about a CA without MaxNodeStartupTime.
     told_startup_time: Mutex<HashSet<String>>,
     /// The unusable autoscaling-options tags last logged per group.
@@ -351,6 +354,7 @@ impl Provider {
             lookup_wake: Arc::new(tokio::sync::Notify::new()),
             scale_in: RwLock::new(scale_in),
             writes: AtomicU64::new(0),
+            reread_at: Mutex::default(),
             told_startup_time: Mutex::new(HashSet::new()),
             told_option_tags: Mutex::new(HashMap::new()),
             delete_batches: Mutex::new(HashMap::new()),

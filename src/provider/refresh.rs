@@ -254,9 +254,11 @@ impl Provider {
                 }
             })
             .collect();
-        let registry = Arc::new(Registry::new(groups));
         // Apply under the write lock so no size change interleaves with the swap.
         let _ops = self.ops.lock().await;
+        let registry = Arc::new(Registry::new(
+            self.keep_groups_read_again_since(groups, writes_before),
+        ));
         let old = std::mem::replace(&mut *self.registry.write(), registry.clone());
         self.loaded.store(true, Ordering::Release);
         self.note_open();
@@ -293,6 +295,32 @@ impl Provider {
         Ok(())
     }
 
+    /// The groups a refresh read, except that a group a size change read again from
+    /// AWS after this refresh began reading (`since`) keeps that newer snapshot: AWS's
+    /// answer to the refresh may predate the change's own write. The hooks and
+    /// launch-failure history the refresh read are kept either way. The caller holds
+    /// the size lock.
+    fn keep_groups_read_again_since(&self, read: Vec<Group>, since: u64) -> Vec<Group> {
+        let mut reread = self.reread_at.lock();
+        reread.retain(|g, _| read.iter().any(|r| &r.asg.name == g));
+        let current = self.registry();
+        read.into_iter()
+            .map(|g| match (reread.get(&g.asg.name), current.group(&g.asg.name)) {
+                (Some(at), Some(newer)) if *at > since => {
+                    tracing::debug!(group = %g.asg.name, "a size change read this group after the refresh did; its snapshot stays");
+                    Group {
+                        asg: newer.asg.clone(),
+                        min: newer.min,
+                        max: newer.max,
+                        warnings: newer.warnings.clone(),
+                        ..g
+                    }
+                }
+                _ => g,
+            })
+            .collect()
+    }
+
     /// Re-reads one group from AWS before a size change (the caller holds the write
     /// lock), so the change is computed from AWS's desired capacity and instances now,
     /// not from a snapshot up to a refresh interval old: another replica may have
@@ -304,7 +332,8 @@ impl Provider {
             .group(id)
             .ok_or_else(|| ProviderError::UnknownGroup(id.to_string()))?;
         // A full refresh reading AWS now must not replace this fresher group.
-        self.writes.fetch_add(1, Ordering::AcqRel);
+        let at = self.writes.fetch_add(1, Ordering::AcqRel) + 1;
+        self.reread_at.lock().insert(id.to_string(), at);
         let selector = crate::cloud::GroupSelector {
             names: vec![id.to_string()],
             tag_sets: Vec::new(),
