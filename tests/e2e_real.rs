@@ -219,6 +219,10 @@ macro_rules! every_profile {
                 s::ca_scale_in_of_occupied_nodes($profile, true).await
             }
             #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+            async fn ca_scale_in_batched() {
+                s::ca_scale_in_batched($profile).await
+            }
+            #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
             async fn a_group_at_min_whose_relaunch_fails() {
                 s::a_group_at_min_whose_relaunch_fails($profile).await
             }

@@ -213,6 +213,42 @@ pub async fn ca_scale_in_of_occupied_nodes(profile: &'static CaProfile, hooked: 
     ca_saw_no_errors(&rig, &ca);
 }
 
+/// CA run with `--node-deletion-batcher-interval`: the nodes of a scale-down go in
+/// one NodeGroupDeleteNodes. Two occupied nodes, direct mode: the one call is
+/// answered OK within CA's deadline, CA's target drops by two at once, and each node
+/// is drained keeping the promises.
+pub async fn ca_scale_in_batched(profile: &'static CaProfile) {
+    let _one_at_a_time = SERIAL.lock().await;
+    let Some(mut rig) = rig_for("CA scale-in, batched", profile, 5, false, More::default()).await
+    else {
+        return;
+    };
+    let ca = ca_starts(&rig, profile).await;
+    let victims: Vec<(String, String)> = rig.occupied().await.into_iter().take(2).collect();
+    assert_eq!(victims.len(), 2, "two occupied nodes");
+    rig.report.scale_in_begins(&format!(
+        "CA {} with a batcher interval of 1 s scales down two occupied nodes in one DeleteNodes",
+        profile.name
+    ));
+    let names: Vec<String> = victims.iter().map(|(n, _)| n.clone()).collect();
+    let deletes_before = ca.count("NodeGroupDeleteNodes");
+    let results = ca.scale_down_batched(&names, Duration::from_secs(1)).await;
+    assert!(
+        results.values().all(|r| *r == Deletion::Deleted),
+        "CA {} did not get its batch deleted: {results:?}",
+        profile.name
+    );
+    assert_eq!(
+        ca.count("NodeGroupDeleteNodes") - deletes_before,
+        1,
+        "one call for the batch"
+    );
+    assert_eq!(rig.ca_target().await, 3, "the batch's decrease at once");
+    rig.ends_keeping_promises(&victims, 3, 2, false).await;
+    ca.stop_loop();
+    ca_saw_no_errors(&rig, &ca);
+}
+
 /// A group held at its MinSize loses an instance and the ASG's relaunch fails for
 /// capacity; a pod left pending makes CA scale up, which fails too. CA's loops go on
 /// (no error ends them), CA deletes only placeholders that carry the out-of-resources

@@ -12,6 +12,8 @@
 //!   each node in its own task, at most `--max-scale-down-parallelism` at once:
 //!   NodeGroupGetOptions (an error other than Unimplemented skips the node and cleans its
 //!   marks), then one NodeGroupDeleteNodes for that node (a failure cleans its marks);
+//!   with a batcher interval, one NodeGroupDeleteNodes for every node gathered in it
+//!   ([`SuiteCa::scale_down_batched`]);
 //! - a loop that keeps calling Refresh, NodeGroups, NodeGroupForNode, NodeGroupTargetSize
 //!   and NodeGroupNodes while the deletions run;
 //! - every call under CA's 5 s deadline (gRPC's `grpc-timeout`).
@@ -576,18 +578,8 @@ impl SuiteCa {
     /// A scale-down of `nodes` (names), as this version's actuator carries it out.
     pub async fn scale_down(&self, nodes: &[String]) -> BTreeMap<String, Deletion> {
         let mut out = BTreeMap::new();
-        // taintNodesSync: every node marked before any deletion starts; one that cannot
-        // be marked aborts the scale-down and the marks already set are cleaned.
-        for (i, name) in nodes.iter().enumerate() {
-            if let Err(e) = self.mark_to_be_deleted(name).await {
-                for done in &nodes[..i] {
-                    let _ = self.clean_to_be_deleted(done).await;
-                }
-                for n in nodes {
-                    out.insert(n.clone(), Deletion::NotMarked(e.clone()));
-                }
-                return out;
-            }
+        if let Err(not_marked) = self.mark_all(nodes).await {
+            return not_marked;
         }
         let sem = Arc::new(tokio::sync::Semaphore::new(
             self.profile.max_scale_down_parallelism,
@@ -609,6 +601,78 @@ impl SuiteCa {
         for t in tasks {
             let (name, result) = t.await.expect("a deletion task");
             out.insert(name, result);
+        }
+        out
+    }
+
+    /// taintNodesSync: every node marked before any deletion starts; one that cannot
+    /// be marked aborts the scale-down and the marks already set are cleaned.
+    async fn mark_all(&self, nodes: &[String]) -> Result<(), BTreeMap<String, Deletion>> {
+        for (i, name) in nodes.iter().enumerate() {
+            if let Err(e) = self.mark_to_be_deleted(name).await {
+                for done in &nodes[..i] {
+                    let _ = self.clean_to_be_deleted(done).await;
+                }
+                return Err(nodes
+                    .iter()
+                    .map(|n| (n.clone(), Deletion::NotMarked(e.clone())))
+                    .collect());
+            }
+        }
+        Ok(())
+    }
+
+    /// A scale-down with `--node-deletion-batcher-interval` set
+    /// (`core/scaledown/actuation/delete_in_batch.go`, AddNodes with a non-zero
+    /// interval): the marks as in [`Self::scale_down`], NodeGroupGetOptions per node
+    /// in its own task, then the nodes that passed it, gathered for `interval`, go in
+    /// one NodeGroupDeleteNodes; a failed call fails every node of the batch and
+    /// cleans their marks.
+    pub async fn scale_down_batched(
+        &self,
+        nodes: &[String],
+        interval: Duration,
+    ) -> BTreeMap<String, Deletion> {
+        if let Err(not_marked) = self.mark_all(nodes).await {
+            return not_marked;
+        }
+        let checked = futures::future::join_all(nodes.iter().map(|name| async move {
+            let checked = match self.options().await {
+                Ok(_) => self.grpc_node(name).await.map_err(Deletion::Failed),
+                Err(s) => Err(Deletion::SkippedOnOptions(format!(
+                    "{:?}: {}",
+                    s.code(),
+                    s.message()
+                ))),
+            };
+            (name.clone(), checked)
+        }))
+        .await;
+        tokio::time::sleep(interval).await;
+        let mut out = BTreeMap::new();
+        let mut batch = Vec::new();
+        for (name, checked) in checked {
+            match checked {
+                Ok(node) => batch.push((name, node)),
+                Err(d) => {
+                    let _ = self.clean_to_be_deleted(&name).await;
+                    out.insert(name, d);
+                }
+            }
+        }
+        if batch.is_empty() {
+            return out;
+        }
+        let grpc_nodes = batch.iter().map(|(_, n)| n.clone()).collect();
+        let result = match self.delete_nodes(grpc_nodes).await {
+            Ok(()) => Deletion::Deleted,
+            Err(s) => Deletion::Failed(format!("{:?}: {}", s.code(), s.message())),
+        };
+        for (name, _) in batch {
+            if result != Deletion::Deleted {
+                let _ = self.clean_to_be_deleted(&name).await;
+            }
+            out.insert(name, result.clone());
         }
         out
     }
