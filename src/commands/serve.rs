@@ -105,7 +105,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         liveness,
         shutdown_signal(),
     ));
-    let (listener, addr) = crate::grpc::bind(cfg.listen).await?;
+    let (listener, addr) = crate::grpc::bind_listen(&cfg.listen).await?;
     tracing::info!(%addr, groups = ?cfg.provider.selector.names, discovery = cfg.provider.selector.tag_sets.len(), "serving externalgrpc CloudProvider");
     let tls = match &cfg.tls {
         Some(t) => Some(crate::grpc::tls_config(t)?),

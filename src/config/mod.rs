@@ -18,7 +18,9 @@ use crate::provider::{Bounds, ProviderSettings};
 use crate::scalein::{plan, DaemonSetPolicy, DeadlinePolicy, ModeChoice, ScaleInSettings};
 
 mod args;
+pub mod listen;
 pub use args::ConfigArgs;
+pub use listen::ListenAddr;
 
 pub const DEFAULT_LISTEN: &str = "127.0.0.1:8086";
 pub const DEFAULT_METRICS_LISTEN: &str = "0.0.0.0:8087";
@@ -176,7 +178,7 @@ pub struct Overrides {
 #[derive(Debug, Clone)]
 pub struct Config {
     pub source: String,
-    pub listen: SocketAddr,
+    pub listen: ListenAddr,
     pub metrics_listen: SocketAddr,
     pub tls: Option<TlsFile>,
     pub region: String,
@@ -262,16 +264,11 @@ pub fn resolve(file: FileConfig, flags: &Overrides, source: &str) -> Result<Conf
         .clone()
         .or(file.listen.clone())
         .unwrap_or_else(|| DEFAULT_LISTEN.to_string());
-    let listen = match listen_s.parse::<SocketAddr>() {
+    let listen = match ListenAddr::parse(&listen_s) {
         Ok(a) => a,
-        Err(_) => {
-            bad(
-                "listen",
-                format!("{listen_s:?} is not an address like 127.0.0.1:8086"),
-            );
-            DEFAULT_LISTEN
-                .parse()
-                .expect("default listen address parses")
+        Err(e) => {
+            bad("listen", e);
+            ListenAddr::parse(DEFAULT_LISTEN).expect("default listen address parses")
         }
     };
 
@@ -294,7 +291,12 @@ pub fn resolve(file: FileConfig, flags: &Overrides, source: &str) -> Result<Conf
     };
 
     let insecure = flags.insecure || file.insecure.unwrap_or(false);
-    if let Some(t) = &file.tls {
+    if let (Some(_), ListenAddr::Unix(_)) = (&file.tls, &listen) {
+        bad(
+            "tls",
+            format!("{listen} is a Unix socket, guarded by its file's owner and mode (0660): tls applies to a TCP listen address only; remove tls or listen on TCP"),
+        );
+    } else if let Some(t) = &file.tls {
         for (k, p) in [
             ("tls.cert", &t.cert),
             ("tls.key", &t.key),
@@ -304,7 +306,7 @@ pub fn resolve(file: FileConfig, flags: &Overrides, source: &str) -> Result<Conf
                 bad(k, format!("{} is not a readable file", p.display()));
             }
         }
-    } else if !listen.ip().is_loopback() && !insecure {
+    } else if listen.is_exposed() && !insecure {
         bad(
             "listen",
             format!("{listen} is not a loopback address and no tls is configured: refusing to expose the CloudProvider API in clear text (set tls, or --insecure to accept the risk)"),

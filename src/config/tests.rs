@@ -33,7 +33,7 @@ templates:
   a: {taints: ["dedicated=gpu:NoSchedule"], maxPods: 58}
 launchFailureWindow: 5m
 "#);
-    assert_eq!(c.listen.port(), 9000);
+    assert_eq!(c.listen.to_string(), "127.0.0.1:9000");
     assert_eq!(c.region, "eu-west-1");
     assert_eq!(c.aws_max_attempts, 5);
     assert_eq!(c.provider.refresh_interval, Duration::from_secs(30));
@@ -144,7 +144,7 @@ fn flags_override_the_file_and_accept_ca_syntax() {
         "f",
     )
     .unwrap();
-    assert_eq!(c.listen.port(), 7000);
+    assert_eq!(c.listen.to_string(), "0.0.0.0:7000");
     assert_eq!(c.provider.refresh_interval, Duration::from_secs(120));
     assert_eq!(c.provider.selector.names, vec!["flag-group"]);
     let set = &c.provider.selector.tag_sets[0];
@@ -278,6 +278,27 @@ fn non_loopback_without_tls_is_refused_unless_insecure() {
     );
     let keys: Vec<&str> = p.iter().map(|p| p.key.as_str()).collect();
     assert_eq!(keys, vec!["tls.cert", "tls.key", "tls.clientCA"]);
+}
+
+#[test]
+fn a_unix_socket_needs_no_tls_and_refuses_it() {
+    let c = resolve(
+        FileConfig::parse("listen: unix:///run/ca/grpc.sock\n", "f").unwrap(),
+        &Overrides::default(),
+        "f",
+    )
+    .unwrap();
+    assert_eq!(c.listen, ListenAddr::Unix("/run/ca/grpc.sock".into()));
+    let p = problems(
+        "listen: unix:///run/ca/grpc.sock\ntls: {cert: /c.pem, key: /k.pem, clientCA: /ca.pem}\n",
+        &Overrides::default(),
+    );
+    assert_eq!(p.len(), 1, "{p:?}");
+    assert_eq!(p[0].key, "tls");
+    assert!(p[0].message.contains("unix:///run/ca/grpc.sock"), "{p:?}");
+    let p = problems("listen: unix://run/grpc.sock\n", &Overrides::default());
+    assert_eq!(p[0].key, "listen");
+    assert!(p[0].message.contains("absolute path"), "{p:?}");
 }
 
 #[test]

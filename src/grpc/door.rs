@@ -1,5 +1,5 @@
-//! The front door: which TCP connections the gRPC server takes and how long it
-//! waits for them. At most `max_connections` are open. At the cap a new connection
+//! The front door: which connections (TCP, or a Unix socket's) the gRPC server takes
+//! and how long it waits for them. At most `max_connections` are open. At the cap a new connection
 //! is never left waiting behind idle ones: the oldest open connection that has sent
 //! no request is closed to make room (idle connections must not lock CA out). Only
 //! when every open connection has sent a request does the new one wait for a slot.
@@ -22,9 +22,32 @@ use std::time::Duration;
 use futures::Stream;
 use parking_lot::Mutex;
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::{TcpListener, TcpStream, UnixListener, UnixStream};
 use tokio::sync::Notify;
-use tonic::transport::server::{Connected, TcpConnectInfo};
+use tonic::transport::server::Connected;
+
+/// A listener the door takes connections from.
+pub trait Acceptor: Send + 'static {
+    type Stream: AsyncRead + AsyncWrite + Connected + Unpin + Send + 'static;
+    fn accept_one(&self) -> impl std::future::Future<Output = io::Result<Self::Stream>> + Send;
+}
+
+impl Acceptor for TcpListener {
+    type Stream = TcpStream;
+    async fn accept_one(&self) -> io::Result<TcpStream> {
+        let (stream, _) = self.accept().await?;
+        // No Nagle: unary answers are small, and a delayed ACK would add ~40 ms each.
+        let _ = stream.set_nodelay(true);
+        Ok(stream)
+    }
+}
+
+impl Acceptor for UnixListener {
+    type Stream = UnixStream;
+    async fn accept_one(&self) -> io::Result<UnixStream> {
+        self.accept().await.map(|(stream, _)| stream)
+    }
+}
 
 /// Limits on the connections the server takes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -117,10 +140,10 @@ impl Drop for Slot {
 }
 
 /// Accepted connections, at most `max_connections` open at once.
-pub fn incoming(
-    listener: TcpListener,
+pub fn incoming<L: Acceptor>(
+    listener: L,
     limits: ConnectionLimits,
-) -> impl Stream<Item = io::Result<LimitedStream>> + Send + 'static {
+) -> impl Stream<Item = io::Result<LimitedStream<L::Stream>>> + Send + 'static {
     let slots = Arc::new(Slots {
         max: limits.max_connections.max(1),
         open: Mutex::new(BTreeMap::new()),
@@ -131,11 +154,8 @@ pub fn incoming(
         (listener, slots, Duration::from_millis(10)),
         move |(listener, slots, mut backoff)| async move {
             loop {
-                match listener.accept().await {
-                    Ok((stream, _)) => {
-                        // No Nagle: unary answers are small, and a delayed ACK would
-                        // add ~40 ms each.
-                        let _ = stream.set_nodelay(true);
+                match listener.accept_one().await {
+                    Ok(stream) => {
                         // Room is made when a connection arrives, not before: a slot
                         // taken ahead would close the newest connection before it
                         // could send its first request. While every slot is held by
@@ -229,18 +249,18 @@ impl Scan {
     }
 }
 
-/// A TCP connection that holds one of the server's connection slots, is closed if
-/// its peer says nothing within the first-byte timeout, and may be closed to make
-/// room until its peer sends a request.
-pub struct LimitedStream {
-    inner: TcpStream,
+/// A connection that holds one of the server's connection slots, is closed if its
+/// peer says nothing within the first-byte timeout, and may be closed to make room
+/// until its peer sends a request.
+pub struct LimitedStream<S = TcpStream> {
+    inner: S,
     slot: Slot,
     scan: Scan,
     first_byte: Option<Pin<Box<tokio::time::Sleep>>>,
 }
 
-impl LimitedStream {
-    fn new(inner: TcpStream, slot: Slot, first_byte_timeout: Duration) -> Self {
+impl<S> LimitedStream<S> {
+    fn new(inner: S, slot: Slot, first_byte_timeout: Duration) -> Self {
         Self {
             inner,
             slot,
@@ -250,7 +270,7 @@ impl LimitedStream {
     }
 }
 
-impl AsyncRead for LimitedStream {
+impl<S: AsyncRead + Unpin> AsyncRead for LimitedStream<S> {
     fn poll_read(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -300,7 +320,7 @@ impl AsyncRead for LimitedStream {
     }
 }
 
-impl AsyncWrite for LimitedStream {
+impl<S: AsyncWrite + Unpin> AsyncWrite for LimitedStream<S> {
     fn poll_write(
         mut self: Pin<&mut Self>,
         cx: &mut Context<'_>,
@@ -330,8 +350,8 @@ impl AsyncWrite for LimitedStream {
     }
 }
 
-impl Connected for LimitedStream {
-    type ConnectInfo = TcpConnectInfo;
+impl<S: Connected> Connected for LimitedStream<S> {
+    type ConnectInfo = S::ConnectInfo;
 
     fn connect_info(&self) -> Self::ConnectInfo {
         self.inner.connect_info()

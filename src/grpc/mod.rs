@@ -6,7 +6,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, UnixListener};
 
 use crate::proto::cloud_provider_server::CloudProviderServer;
 use crate::provider::Provider;
@@ -14,19 +14,50 @@ use crate::telemetry::metrics::{metrics, Metrics};
 
 pub mod deadline;
 pub mod door;
+pub mod listen;
 pub mod metered;
 pub mod options;
 mod service;
 pub mod tls;
 
+pub use crate::config::ListenAddr;
 pub use door::ConnectionLimits;
+
+/// A bound listener the server takes connections from.
+#[derive(Debug)]
+pub enum Listener {
+    Tcp(TcpListener),
+    /// The socket file is removed when the server stops serving it.
+    Unix(UnixListener, listen::SocketFile),
+}
+
+impl From<TcpListener> for Listener {
+    fn from(l: TcpListener) -> Self {
+        Listener::Tcp(l)
+    }
+}
+
+/// Binds `addr`: a TCP address (port 0 picks a free port), or a Unix socket file
+/// made as [`listen::bind_unix`] says. Returns the listener and where it listens.
+pub async fn bind_listen(addr: &ListenAddr) -> anyhow::Result<(Listener, String)> {
+    match addr {
+        ListenAddr::Tcp(a) => {
+            let (l, local) = bind(*a).await?;
+            Ok((Listener::Tcp(l), local.to_string()))
+        }
+        ListenAddr::Unix(path) => {
+            let (l, file) = listen::bind_unix(path).await?;
+            Ok((Listener::Unix(l, file), addr.to_string()))
+        }
+    }
+}
 pub use service::CloudProviderService;
 pub use tls::ReloadingTls;
 
 /// Serves the CloudProvider service and grpc.health.v1 on `listener` until
 /// `shutdown` resolves, with the default connection limits.
 pub async fn serve(
-    listener: TcpListener,
+    listener: impl Into<Listener>,
     provider: Arc<Provider>,
     tls: Option<Arc<ReloadingTls>>,
     shutdown: impl Future<Output = ()> + Send + 'static,
@@ -63,7 +94,7 @@ pub fn transport() -> tonic::transport::Server {
 
 /// [`serve`] with the connection limits given.
 pub async fn serve_with(
-    listener: TcpListener,
+    listener: impl Into<Listener>,
     provider: Arc<Provider>,
     tls: Option<Arc<ReloadingTls>>,
     shutdown: impl Future<Output = ()> + Send + 'static,
@@ -75,7 +106,7 @@ pub async fn serve_with(
 /// [`serve_with`], counting and timing the CloudProvider RPCs into `counts` (the
 /// process's [`metrics`] in production; a test's own, to count exactly).
 pub async fn serve_counted(
-    listener: TcpListener,
+    listener: impl Into<Listener>,
     provider: Arc<Provider>,
     tls: Option<Arc<ReloadingTls>>,
     shutdown: impl Future<Output = ()> + Send + 'static,
@@ -93,14 +124,27 @@ pub async fn serve_counted(
                 .max_decoding_message_size(MAX_REQUEST_BYTES),
             counts,
         ));
-    let tcp = door::incoming(listener, limits);
-    match tls {
-        None => router.serve_with_incoming_shutdown(tcp, shutdown).await?,
-        Some(tls) => {
+    match (listener.into(), tls) {
+        (Listener::Tcp(l), None) => {
+            router
+                .serve_with_incoming_shutdown(door::incoming(l, limits), shutdown)
+                .await?
+        }
+        (Listener::Tcp(l), Some(tls)) => {
+            let tcp = door::incoming(l, limits);
             router
                 .serve_with_incoming_shutdown(handshaken(tcp, tls), shutdown)
                 .await?
         }
+        (Listener::Unix(l, _file), None) => {
+            router
+                .serve_with_incoming_shutdown(door::incoming(l, limits), shutdown)
+                .await?
+        }
+        (Listener::Unix(_, file), Some(_)) => anyhow::bail!(
+            "{}: TLS is for TCP; a Unix socket is guarded by its file's owner and mode",
+            file.path().display()
+        ),
     }
     Ok(())
 }
@@ -140,6 +184,24 @@ fn handshaken(
 /// again whenever the files change.
 pub fn tls_config(t: &crate::config::TlsFile) -> anyhow::Result<Arc<ReloadingTls>> {
     Ok(Arc::new(ReloadingTls::load(t)?))
+}
+
+/// A client channel to a server on the Unix socket at `path` (loadgen, tests,
+/// `check-config` in a pod). The URI is only a placeholder HTTP/2 needs.
+pub async fn connect_unix(path: &std::path::Path) -> anyhow::Result<tonic::transport::Channel> {
+    let path = path.to_path_buf();
+    let shown = path.display().to_string();
+    tonic::transport::Endpoint::from_static("http://localhost")
+        .connect_with_connector(tower::service_fn(move |_: http::Uri| {
+            let path = path.clone();
+            async move {
+                tokio::net::UnixStream::connect(path)
+                    .await
+                    .map(hyper_util::rt::TokioIo::new)
+            }
+        }))
+        .await
+        .map_err(|e| anyhow::anyhow!("cannot connect to unix://{shown}: {e}"))
 }
 
 /// Binds `addr` (port 0 picks a free port) and returns the listener and its address.
