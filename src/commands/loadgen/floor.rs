@@ -20,7 +20,6 @@
 use std::collections::HashMap;
 use std::convert::Infallible;
 use std::future::Future;
-use std::net::SocketAddr;
 use std::path::Path;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -33,6 +32,8 @@ use serde::{Deserialize, Serialize};
 use tonic::codec::{Codec, DecodeBuf, Decoder, EncodeBuf, Encoder};
 use tonic::Status;
 
+use crate::config::ListenAddr;
+use crate::grpc::Listener;
 use crate::proto::cloud_provider_server::SERVICE_NAME;
 
 /// One request of CA's loop, as the typed client encodes it, and the real server's
@@ -273,16 +274,23 @@ impl tonic::server::NamedService for FloorService {
 /// Serves the answers in `file` on `listen` until the process is killed, with the
 /// real server's transport settings and front door (`crate::grpc`). No health
 /// service: loadgen waits for the floor with Refresh, which the floor answers.
-pub async fn serve_file(file: &Path, listen: SocketAddr) -> anyhow::Result<()> {
+pub async fn serve_file(file: &Path, listen: &ListenAddr) -> anyhow::Result<()> {
     let table = Table::new(read(file)?);
-    let (listener, _) = crate::grpc::bind(listen).await?;
-    crate::grpc::transport()
-        .add_service(FloorService::new(table))
-        .serve_with_incoming(crate::grpc::door::incoming(
-            listener,
-            crate::grpc::ConnectionLimits::default(),
-        ))
-        .await?;
+    let (listener, _) = crate::grpc::bind_listen(listen).await?;
+    let router = crate::grpc::transport().add_service(FloorService::new(table));
+    let limits = crate::grpc::ConnectionLimits::default();
+    match listener {
+        Listener::Tcp(l) => {
+            router
+                .serve_with_incoming(crate::grpc::door::incoming(l, limits))
+                .await?
+        }
+        Listener::Unix(l, _file) => {
+            router
+                .serve_with_incoming(crate::grpc::door::incoming(l, limits))
+                .await?
+        }
+    }
     Ok(())
 }
 

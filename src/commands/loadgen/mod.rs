@@ -16,6 +16,8 @@ pub mod stats;
 
 use std::ffi::OsStr;
 use std::net::SocketAddr;
+
+use crate::config::ListenAddr;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -46,10 +48,16 @@ pub struct LoadgenArgs {
     /// Passes over every node in the concurrent phase.
     #[arg(long, default_value_t = 4)]
     pub concurrent_passes: usize,
-    /// Use a server that is already running at this address instead of starting one
-    /// (its CPU and memory are read only with --server-pid).
-    #[arg(long)]
-    pub server: Option<SocketAddr>,
+    /// Use a server that is already running at this address (`host:port` or
+    /// `unix:///path`) instead of starting one (its CPU and memory are read only with
+    /// --server-pid).
+    #[arg(long, value_parser = parse_listen)]
+    pub server: Option<ListenAddr>,
+    /// The server (and the floor) started by loadgen listen on a Unix socket in a
+    /// temporary directory instead of a TCP port on 127.0.0.1: the transport of the
+    /// sidecar and bundled modes.
+    #[arg(long, conflicts_with = "server")]
+    pub socket: bool,
     #[arg(long, requires = "server")]
     pub server_pid: Option<u32>,
     /// Also measure the drain overhead over this many nodes on the in-memory API
@@ -106,12 +114,18 @@ pub struct LoadgenArgs {
     #[arg(long, hide = true, requires = "floor_listen")]
     pub serve_floor: Option<PathBuf>,
     /// Internal: the floor's listen address.
-    #[arg(long, hide = true, requires = "serve_floor")]
-    pub floor_listen: Option<SocketAddr>,
+    #[arg(long, hide = true, requires = "serve_floor", value_parser = parse_listen)]
+    pub floor_listen: Option<ListenAddr>,
+}
+
+fn parse_listen(s: &str) -> Result<ListenAddr, String> {
+    ListenAddr::parse(s)
 }
 
 #[derive(Debug, Serialize)]
 pub struct Report {
+    /// "tcp" (127.0.0.1) or "unix" (a socket file).
+    pub transport: &'static str,
     pub nodes: usize,
     pub groups: usize,
     pub loops: usize,
@@ -198,7 +212,7 @@ async fn until(what: &str, limit: Duration, mut f: impl FnMut() -> bool) -> anyh
 /// A server child process (the real server or the floor), killed when dropped.
 struct ServerChild {
     child: Child,
-    addr: SocketAddr,
+    addr: ListenAddr,
     /// The real server's /metrics (the floor has none).
     metrics: Option<SocketAddr>,
 }
@@ -215,6 +229,17 @@ fn free_port() -> anyhow::Result<SocketAddr> {
     Ok(l.local_addr()?)
 }
 
+/// Where a child server listens: a free TCP port, or with `socket` a socket file
+/// named `name` in this process's temporary directory (made here).
+fn free_listen(socket: bool, name: &str) -> anyhow::Result<ListenAddr> {
+    if !socket {
+        return Ok(ListenAddr::Tcp(free_port()?));
+    }
+    let dir = std::env::temp_dir().join(format!("ca-asg-provider-loadgen-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).with_context(|| format!("making {}", dir.display()))?;
+    Ok(ListenAddr::Unix(dir.join(format!("{name}.sock"))))
+}
+
 /// Starts this program with `args` as `what` (stdout dropped, stderr shared).
 fn spawn_self<S: AsRef<OsStr>>(args: &[S], what: &str) -> anyhow::Result<Child> {
     let exe =
@@ -229,7 +254,7 @@ fn spawn_self<S: AsRef<OsStr>>(args: &[S], what: &str) -> anyhow::Result<Child> 
 }
 
 fn start_server(args: &LoadgenArgs) -> anyhow::Result<ServerChild> {
-    let addr = free_port()?;
+    let addr = free_listen(args.socket, "server")?;
     let metrics = free_port()?;
     let child = spawn_self(
         &[
@@ -271,13 +296,13 @@ struct FloorChild {
 
 /// Records one loop's answers from the real server, writes them to a temporary file
 /// and starts the floor on them; returns once the floor answers.
-async fn start_floor(real: &mut Client, fleet: &Fleet) -> anyhow::Result<FloorChild> {
+async fn start_floor(real: &mut Client, fleet: &Fleet, socket: bool) -> anyhow::Result<FloorChild> {
     let answers = ca_loop::record(real, fleet).await?;
     let file = TempFile(
         std::env::temp_dir().join(format!("ca-asg-provider-floor-{}.json", std::process::id())),
     );
     floor::write(&file.0, &answers)?;
-    let addr = free_port()?;
+    let addr = free_listen(socket, "floor")?;
     let listen = addr.to_string();
     let child = spawn_self(
         &[
@@ -297,7 +322,7 @@ async fn start_floor(real: &mut Client, fleet: &Fleet) -> anyhow::Result<FloorCh
         metrics: None,
     };
     let watch = ProcWatch::new(server.child.id());
-    let ch = wait_ready(addr).await?;
+    let ch = wait_ready(&server.addr).await?;
     // The floor has read its answers once it answers.
     drop(file);
     Ok(FloorChild {
@@ -371,16 +396,19 @@ fn compare(
     }
 }
 
-async fn connect(addr: SocketAddr) -> anyhow::Result<Channel> {
-    Ok(Endpoint::from_shared(format!("http://{addr}"))?
-        .tcp_nodelay(true)
-        .timeout(Duration::from_secs(5))
-        .connect()
-        .await?)
+async fn connect(addr: &ListenAddr) -> anyhow::Result<Channel> {
+    match addr {
+        ListenAddr::Tcp(a) => Ok(Endpoint::from_shared(format!("http://{a}"))?
+            .tcp_nodelay(true)
+            .timeout(Duration::from_secs(5))
+            .connect()
+            .await?),
+        ListenAddr::Unix(path) => crate::grpc::connect_unix(path).await,
+    }
 }
 
 /// Waits until the server answers Refresh (its first state is loaded).
-async fn wait_ready(addr: SocketAddr) -> anyhow::Result<Channel> {
+async fn wait_ready(addr: &ListenAddr) -> anyhow::Result<Channel> {
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
         if let Ok(ch) = connect(addr).await {
@@ -423,7 +451,7 @@ fn mib(b: u64) -> f64 {
 }
 
 pub async fn run(args: LoadgenArgs) -> anyhow::Result<()> {
-    if let (Some(file), Some(listen)) = (&args.serve_floor, args.floor_listen) {
+    if let (Some(file), Some(listen)) = (&args.serve_floor, &args.floor_listen) {
         return floor::serve_file(file, listen).await;
     }
     if let Some(runs) = args.drain_floor {
@@ -485,8 +513,13 @@ pub async fn measure(args: &LoadgenArgs) -> anyhow::Result<Report> {
     };
     let addr = args
         .server
-        .or(child.as_ref().map(|c| c.addr))
+        .clone()
+        .or(child.as_ref().map(|c| c.addr.clone()))
         .expect("an address");
+    let transport = match addr {
+        ListenAddr::Tcp(_) => "tcp",
+        ListenAddr::Unix(_) => "unix",
+    };
     let pid = args.server_pid.or(child.as_ref().map(|c| c.child.id()));
     anyhow::ensure!(
         !args.floor || pid.is_some(),
@@ -497,7 +530,7 @@ pub async fn measure(args: &LoadgenArgs) -> anyhow::Result<Report> {
     let metrics = child.as_ref().and_then(|c| c.metrics);
 
     eprintln!("loadgen: waiting for the server at {addr}");
-    let ch = wait_ready(addr).await?;
+    let ch = wait_ready(&addr).await?;
     let mut ca = Client::new(ch.clone());
     let fleet = ca_loop::discover(&mut ca).await?;
     eprintln!(
@@ -509,7 +542,7 @@ pub async fn measure(args: &LoadgenArgs) -> anyhow::Result<Report> {
     ca_loop::run_loop(&mut ca, &fleet, &mut Samples::default()).await?;
     let mut floor = if args.floor {
         eprintln!("loadgen: recording one loop's answers; the floor replays them");
-        let mut f = start_floor(&mut ca, &fleet).await?;
+        let mut f = start_floor(&mut ca, &fleet, args.socket).await?;
         // The floor gets its warm-up loop too.
         ca_loop::run_loop(&mut f.ca, &fleet, &mut Samples::default())
             .await
@@ -565,7 +598,7 @@ pub async fn measure(args: &LoadgenArgs) -> anyhow::Result<Report> {
 
     let mut channels = Vec::new();
     for _ in 0..args.connections {
-        channels.push(connect(addr).await?);
+        channels.push(connect(&addr).await?);
     }
     let before = sample();
     let (csamples, cwall) =
@@ -601,7 +634,13 @@ pub async fn measure(args: &LoadgenArgs) -> anyhow::Result<Report> {
         None
     };
 
+    if let ListenAddr::Unix(path) = &addr {
+        if let Some(dir) = path.parent().filter(|_| args.socket) {
+            let _ = std::fs::remove_dir_all(dir);
+        }
+    }
     Ok(Report {
+        transport,
         nodes: fleet.nodes.len(),
         groups: fleet.groups.len(),
         loops: args.loops,
