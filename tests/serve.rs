@@ -110,6 +110,86 @@ async fn serve_logs_json_gets_ready_answers_health_and_stops_on_sigterm() {
     );
 }
 
+/// `serve --listen unix:///path`, as in the chart's sidecar and bundled modes: the API
+/// answers on the socket, `/readyz` goes through it (ready only while a client can
+/// connect: removed under the service, the pod turns unready naming the socket), and
+/// SIGTERM removes the file.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serve_on_a_socket_is_ready_through_it_and_removes_it_on_sigterm() {
+    let dir = tempfile::tempdir().unwrap();
+    let sock = dir.path().join("grpc.sock");
+    let mut child = Command::new(env!("CARGO_BIN_EXE_ca-asg-provider"))
+        .args(["serve", "--memory-cloud", "2:4"])
+        .arg("--listen")
+        .arg(format!("unix://{}", sock.display()))
+        .args(["--metrics-listen", "127.0.0.1:0", "--log-format", "json"])
+        .stderr(Stdio::piped())
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    let stderr = child.stderr.take().unwrap();
+    let (tx, rx) = mpsc::channel::<serde_json::Value>();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            if let Ok(v) = serde_json::from_str(&line) {
+                if tx.send(v).is_err() {
+                    return;
+                }
+            }
+        }
+    });
+    let metrics: SocketAddr = loop {
+        let v = rx
+            .recv_timeout(Duration::from_secs(20))
+            .expect("the metrics address in the log");
+        if v["message"] == "serving /metrics, /healthz, /readyz" {
+            break v["addr"].as_str().unwrap().parse().unwrap();
+        }
+    };
+    let end = Instant::now() + Duration::from_secs(20);
+    while http_get(metrics, "/readyz").0 != 200 {
+        assert!(Instant::now() < end, "never ready");
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let channel = ca_asg_provider::grpc::connect_unix(&sock).await.unwrap();
+    let mut ca = ca_asg_provider::proto::cloud_provider_client::CloudProviderClient::new(channel);
+    let groups = ca
+        .node_groups(ca_asg_provider::proto::NodeGroupsRequest {})
+        .await
+        .unwrap()
+        .into_inner()
+        .node_groups;
+    assert_eq!(groups.len(), 2);
+    drop(ca);
+    // The file removed under the running service: CA could not connect any more, and
+    // the readiness probe says so.
+    let moved = dir.path().join("moved.sock");
+    std::fs::rename(&sock, &moved).unwrap();
+    let (code, body) = http_get(metrics, "/readyz");
+    assert_eq!(code, 503, "{body}");
+    assert!(
+        body.contains("grpc.sock") && body.contains("does not take connections"),
+        "{body}"
+    );
+    std::fs::rename(&moved, &sock).unwrap();
+    assert_eq!(http_get(metrics, "/readyz").0, 200);
+    let kill = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(kill.success());
+    let end = Instant::now() + Duration::from_secs(20);
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        assert!(Instant::now() < end, "still running 20 s after SIGTERM");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    assert!(status.success(), "exit status {status}");
+    assert!(!sock.exists(), "the socket file is removed at exit");
+}
+
 /// The environment of a pod that neither IRSA nor EKS Pod Identity reached: no
 /// credentials anywhere the SDK's default chain looks, and no instance metadata service
 /// (nothing leaves loopback).

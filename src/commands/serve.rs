@@ -99,9 +99,16 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     }
     let (mlistener, maddr) = crate::telemetry::http::bind(cfg.metrics_listen).await?;
     tracing::info!(addr = %maddr, "serving /metrics, /healthz, /readyz");
+    let status: Arc<dyn crate::telemetry::http::Status> = match &cfg.listen {
+        crate::config::ListenAddr::Unix(path) => Arc::new(ThroughTheSocket {
+            inner: provider.clone(),
+            path: path.clone(),
+        }),
+        crate::config::ListenAddr::Tcp(_) => provider.clone(),
+    };
     tokio::spawn(crate::telemetry::http::serve(
         mlistener,
-        provider.clone(),
+        status,
         liveness,
         shutdown_signal(),
     ));
@@ -181,4 +188,31 @@ async fn shutdown_signal() {
         let _ = tokio::signal::ctrl_c().await;
     }
     tracing::info!("shutdown signal received");
+}
+
+/// Readiness through the gRPC socket: ready only while a client can connect to it, as
+/// CA in the same pod does. A socket file removed or replaced under the service (a
+/// second container binding the same path) makes the pod unready instead of leaving CA
+/// unable to reach it unnoticed.
+struct ThroughTheSocket {
+    inner: Arc<Provider>,
+    path: std::path::PathBuf,
+}
+
+impl crate::telemetry::http::Status for ThroughTheSocket {
+    fn readiness(&self) -> Result<(), String> {
+        crate::telemetry::http::Status::readiness(&*self.inner)?;
+        std::os::unix::net::UnixStream::connect(&self.path)
+            .map(drop)
+            .map_err(|e| {
+                format!(
+                    "the gRPC socket unix://{} does not take connections: {e}",
+                    self.path.display()
+                )
+            })
+    }
+
+    fn before_scrape(&self) {
+        crate::telemetry::http::Status::before_scrape(&*self.inner)
+    }
 }
