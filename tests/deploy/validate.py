@@ -694,8 +694,24 @@ def bundled_wiring_errors(docs, values, cfg, ca_rules):
     cloud_cm = find(docs, "ConfigMap", cc_name)
     if values["clusterAutoscaler"]["cloudConfig"]["create"]:
         cc = yaml.safe_load(cloud_cm["data"]["cloud-config.yaml"]) if cloud_cm else {}
-        if cc.get("address") != cfg.get("listen") or not str(cfg.get("listen")).startswith("127.0.0.1:"):
-            errs.append(f"CA's cloud-config address {cc.get('address')} is not the provider's listen {cfg.get('listen')} on 127.0.0.1")
+        listen = str(cfg.get("listen"))
+        if values["transport"] == "unix":
+            sock_dir = values["socketDir"].rstrip("/")
+            want = f"unix://{sock_dir}/grpc.sock"
+            if cc.get("address") != listen or listen != want:
+                errs.append(f"CA's cloud-config address {cc.get('address')} is not the provider's listen {listen} on {want}")
+            # One emptyDir, mounted at socketDir in both containers, and no gRPC port.
+            for c in (ca, prov):
+                m = next((m for m in c.get("volumeMounts", []) if m["mountPath"] == sock_dir), None)
+                if not m or "emptyDir" not in vols.get(m["name"], {}):
+                    errs.append(f"container {c['name']} does not mount an emptyDir at {sock_dir}")
+                if any(p.get("containerPort") == values["ports"]["grpc"] for p in c.get("ports", [])):
+                    errs.append(f"container {c['name']} exposes the gRPC port with transport unix")
+            sec = pod.get("securityContext") or {}
+            if not (sec.get("runAsUser") and sec.get("runAsGroup")):
+                errs.append("the pod must set runAsUser and runAsGroup: the socket (0660) is the pod's user and group only")
+        elif cc.get("address") != listen or not listen.startswith("127.0.0.1:"):
+            errs.append(f"CA's cloud-config address {cc.get('address')} is not the provider's listen {listen} on 127.0.0.1")
     mounts = {m["name"]: m["mountPath"] for m in prov.get("volumeMounts", [])}
     cfg_path = prov["args"][prov["args"].index("--config") + 1]
     if cfg_path != f"{mounts.get('config')}/config.yaml" \
@@ -958,6 +974,18 @@ def example_errors(values):
             cfg_path = side["args"][side["args"].index("--config") + 1]
             if not cfg_vol or cfg_path != f"{smounts.get(cfg_vol)}/config.yaml":
                 errs.append(f"{where}: the sidecar's --config {cfg_path} is not config.yaml of ConfigMap {fullname!r}")
+            if values["transport"] == "unix":
+                # The chart's cloud-config and the provider's listen name the socket in
+                # socketDir: CA and the sidecar mount one emptyDir there.
+                sock_dir = values["socketDir"].rstrip("/")
+                ca_vol = mounts.get(sock_dir)
+                side_vol = next((n for n, p in smounts.items() if p == sock_dir), None)
+                if not ca_vol or ca_vol != side_vol or "emptyDir" not in vols.get(ca_vol, {}):
+                    errs.append(f"{where}: CA (extraVolumeMounts) and the sidecar must mount one emptyDir at {sock_dir}, "
+                                f"where the provider's socket is (the chart's transport: unix)")
+                sec = ex.get("securityContext") or {}
+                if not (sec.get("runAsUser") and sec.get("runAsGroup")):
+                    errs.append(f"{where}: securityContext must set runAsUser and runAsGroup (the socket is 0660)")
             # The sidecar, in a pod as CA's chart renders it, passes the strict schema.
             pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "cluster-autoscaler"},
                    "spec": {"containers": [{"name": "cluster-autoscaler", "image": "cluster-autoscaler",

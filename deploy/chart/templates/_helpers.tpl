@@ -68,6 +68,19 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | 
 {{- printf "%s.%s.svc" (include "ca-asg-provider.fullname" .) .Release.Namespace -}}
 {{- end -}}
 
+{{/*
+Where cluster-autoscaler reaches the provider in its pod (sidecar and bundled): the
+socket file in socketDir, or 127.0.0.1 with transport tcp. The provider's listen and
+CA's cloud-config address are both this.
+*/}}
+{{- define "ca-asg-provider.inPodAddress" -}}
+{{- if eq .Values.transport "unix" -}}
+unix://{{ trimSuffix "/" .Values.socketDir }}/grpc.sock
+{{- else -}}
+127.0.0.1:{{ int .Values.ports.grpc }}
+{{- end -}}
+{{- end -}}
+
 {{/* Where the config file is mounted, in both modes (the sidecar example uses it too). */}}
 {{- define "ca-asg-provider.configDir" -}}/etc/ca-asg-provider/config{{- end -}}
 
@@ -83,7 +96,7 @@ tls.mountPath where config does not set them.
 {{- end -}}
 {{- if ne .Values.mode "standalone" -}}
 {{- if not (hasKey $cfg "listen") -}}
-{{- $_ := set $cfg "listen" (printf "127.0.0.1:%d" (int .Values.ports.grpc)) -}}
+{{- $_ := set $cfg "listen" (include "ca-asg-provider.inPodAddress" .) -}}
 {{- end -}}
 {{- else -}}
 {{- if not (hasKey $cfg "listen") -}}
@@ -124,6 +137,9 @@ tls.mountPath where config does not set them.
 {{- end -}}
 {{- include "ca-asg-provider.checkGroups" . -}}
 {{- include "ca-asg-provider.checkPlaceholders" . -}}
+{{- if and (ne .Values.mode "standalone") (eq .Values.transport "unix") (ne (int .Values.ports.grpc) 8086) -}}
+{{- fail (printf "ports.grpc has no effect in %s mode with transport unix (it is %d): cluster-autoscaler reaches the provider on its socket in socketDir (set transport: tcp to use the port, or leave ports.grpc out)" .Values.mode (int .Values.ports.grpc)) -}}
+{{- end -}}
 {{- end -}}
 
 {{/*
@@ -193,6 +209,8 @@ sidecar:
 standalone:
   - why: "it describes cluster-autoscaler's pod in sidecar mode"
     paths: [clusterAutoscaler.serviceAccountName, clusterAutoscaler.podLabels]
+  - why: "it is how CA reaches the provider inside one pod (sidecar, bundled); standalone serves TCP with mTLS behind the Service"
+    paths: [transport, socketDir]
   - why: {{ $caChart | quote }}
     paths: [clusterAutoscaler.image, clusterAutoscaler.flags, clusterAutoscaler.resources]
 bundled:
