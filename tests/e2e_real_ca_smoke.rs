@@ -126,7 +126,13 @@ async fn smoke(bin: &CaBinary, cp: &ControlPlane) -> Vec<String> {
     }
     let (addr, counts) = serve(cp, &cloud).await;
 
-    let mut ca = RealCa::start(bin, cp, addr, &[]).unwrap_or_else(|e| panic!("{e:#}"));
+    let mut ca = RealCa::start(
+        bin,
+        cp,
+        &ca_asg_provider::config::ListenAddr::Tcp(addr),
+        &[],
+    )
+    .unwrap_or_else(|e| panic!("{e:#}"));
     let took = ca
         .first_loop(real_ca::FIRST_LOOP_SECS)
         .await

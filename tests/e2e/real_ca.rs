@@ -26,6 +26,7 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, bail, Context};
+use ca_asg_provider::config::ListenAddr;
 
 use super::control_plane::{dies_with_the_test, free_port, ControlPlane, Who};
 
@@ -260,7 +261,7 @@ impl RealCa {
     pub fn start(
         bin: &CaBinary,
         cp: &ControlPlane,
-        provider_addr: SocketAddr,
+        provider_addr: &ListenAddr,
         flags: &[String],
     ) -> anyhow::Result<RealCa> {
         let label = bin.label();

@@ -101,7 +101,8 @@ async fn ca_starts(rig: &Rig, bin: &CaBinary, extra: &[String]) -> RealCa {
     ));
     let mut f = flags();
     f.extend(extra.iter().cloned());
-    let mut ca = RealCa::start(bin, &rig.cp, rig.grpc_addr, &f).unwrap_or_else(|e| panic!("{e:#}"));
+    let mut ca =
+        RealCa::start(bin, &rig.cp, &rig.grpc_addr, &f).unwrap_or_else(|e| panic!("{e:#}"));
     ca.first_loop(FIRST_LOOP_SECS)
         .await
         .unwrap_or_else(|e| panic!("{e:#}"));

@@ -4,12 +4,12 @@
 #![allow(dead_code)] // shared by the e2e test crates, each using a part
 
 use std::collections::BTreeMap;
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ca_asg_provider::cloud::memory::{MemoryCloud, MemoryGroup};
 use ca_asg_provider::cloud::GroupSelector;
+use ca_asg_provider::config::ListenAddr;
 use ca_asg_provider::proto::{self, cloud_provider_client::CloudProviderClient};
 use ca_asg_provider::provider::{Provider, ProviderSettings};
 use ca_asg_provider::scalein::{self, DrainScaleIn, Engine, ScaleInSettings};
@@ -133,9 +133,10 @@ pub struct Rig {
     pub provider: Arc<Provider>,
     pub engine: Arc<Engine>,
     pub ca: CloudProviderClient<Channel>,
-    /// Where the service serves gRPC (for a real cluster-autoscaler), and its own counts
-    /// of the answers it gave (method, code).
-    pub grpc_addr: SocketAddr,
+    /// Where the service serves gRPC (for a real cluster-autoscaler): a Unix socket, as
+    /// in the chart's sidecar and bundled modes; and its own counts of the answers it
+    /// gave (method, code).
+    pub grpc_addr: ListenAddr,
     pub counts: &'static Metrics,
     /// Every process of the service so far, for the check of the answers it gave.
     pub all_counts: Vec<&'static Metrics>,
@@ -173,7 +174,8 @@ impl Default for More {
 }
 
 /// The service as it runs in a cluster over `cloud`: its drain engine as the
-/// ServiceAccount, gRPC on a free port with its own answer counts, and a client as CA.
+/// ServiceAccount, gRPC on a Unix socket of its own (the sidecar's transport; a
+/// restarted service gets a new one) with its own answer counts, and a client as CA.
 pub async fn serve(
     client: kube::Client,
     cloud: &MemoryCloud,
@@ -182,7 +184,7 @@ pub async fn serve(
     Arc<Provider>,
     Arc<Engine>,
     CloudProviderClient<Channel>,
-    SocketAddr,
+    ListenAddr,
     &'static Metrics,
 ) {
     let provider = Provider::new(
@@ -203,9 +205,10 @@ pub async fn serve(
     let engine = Engine::new(client, Arc::new(cloud.clone()), Some(provider.clone()), s);
     provider.set_scale_in(Arc::new(DrainScaleIn(engine.clone())));
     let counts: &'static Metrics = Box::leak(Box::new(Metrics::new()));
-    let (l, addr) = ca_asg_provider::grpc::bind("127.0.0.1:0".parse().unwrap())
+    let addr = socket_addr();
+    let (l, _) = ca_asg_provider::grpc::bind_listen(&addr)
         .await
-        .expect("a port for gRPC");
+        .expect("a socket for gRPC");
     tokio::spawn(ca_asg_provider::grpc::serve_counted(
         l,
         provider.clone(),
@@ -214,14 +217,29 @@ pub async fn serve(
         Default::default(),
         counts,
     ));
-    let ca = CloudProviderClient::connect(format!("http://{addr}"))
-        .await
-        .expect("connect to the service");
+    let ListenAddr::Unix(path) = &addr else {
+        unreachable!("a socket")
+    };
+    let ca = CloudProviderClient::new(
+        ca_asg_provider::grpc::connect_unix(path)
+            .await
+            .expect("connect to the service"),
+    );
     until_sync("the service to read the drain marks on Nodes", 20, || {
         provider.drain_state_known()
     })
     .await;
     (provider, engine, ca, addr, counts)
+}
+
+/// A new socket path in this test process's own directory (`grpc-N.sock`).
+fn socket_addr() -> ListenAddr {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    let dir = std::env::temp_dir().join(format!("ca-asg-provider-e2e-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("the sockets' directory");
+    let n = NEXT.fetch_add(1, Ordering::Relaxed);
+    ListenAddr::Unix(dir.join(format!("grpc-{n}.sock")))
 }
 
 async fn until_sync(what: &str, secs: u64, mut f: impl FnMut() -> bool) {
