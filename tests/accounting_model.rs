@@ -516,9 +516,13 @@ async fn replica(cloud: &MemoryCloud, marks: &Marks) -> Arc<Provider> {
     p
 }
 
+/// One case on a current-thread runtime whose clock is paused: time moves only when
+/// every task waits (AWS's latency, the backoffs), so a case replays exactly whatever
+/// the machine's load.
 fn run(ops: &[Op]) {
     let rt = tokio::runtime::Builder::new_current_thread()
         .enable_all()
+        .start_paused(true)
         .build()
         .unwrap();
     rt.block_on(async {
