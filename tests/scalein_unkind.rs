@@ -503,6 +503,70 @@ async fn a_drain_resumed_past_its_deadline_still_takes_the_daemonsets_last() {
     assert!(first(&a, "removed", "app") < first(&a, "evicted", "fluentd"));
 }
 
+/// Issue 39, suspected item proven: at the workload deadline (`proceed`) the drain
+/// deletes the workload pods left and waits for them before the DaemonSet pods. A pod a
+/// person had already deleted with a longer grace period than its spec's (`kubectl
+/// delete --grace-period=60`) runs until its deletionTimestamp; the wait was bounded by
+/// the spec's grace (1 s here, plus 5 s), and the log shipper was evicted while that
+/// pod still ran its 12 s preStop. The wait now lasts until the latest deletion time.
+#[tokio::test]
+async fn at_the_deadline_a_pod_deleted_with_a_longer_grace_keeps_the_daemonsets_until_it_exits() {
+    let s = ScaleInSettings {
+        workload_deadline_policy: DeadlinePolicy::Proceed,
+        ..settings(1)
+    };
+    let mut w = world(
+        vec![MemoryGroup::new("web", 0, 3, 1, "m5.large")],
+        s,
+        Duration::from_millis(20),
+    )
+    .await;
+    let (node, iid) = nodes_of(&w, "web").remove(0);
+    w.sim
+        .create(&fixtures::daemonset("logging", "fluentd", 0.2, false))
+        .unwrap();
+    let short_grace = |mut p: Pod| {
+        p.spec.as_mut().unwrap().termination_grace_period_seconds = Some(1);
+        p
+    };
+    // `app` behind a budget that allows nothing: the deadline comes.
+    w.sim
+        .create(&short_grace(fixtures::pod(
+            "shop", "app", &node, "app", 0.0,
+        )))
+        .unwrap();
+    w.sim.create(&fixtures::pdb("shop", "app", 0)).unwrap();
+    w.sim
+        .create(&short_grace(fixtures::pod(
+            "shop", "slow", &node, "slow", 12.0,
+        )))
+        .unwrap();
+    eventually("fluentd, app and slow running", 10, || {
+        w.sim
+            .list::<Pod>()
+            .iter()
+            .filter(|p| p["status"]["conditions"][0]["status"] == "True")
+            .count()
+            == 3
+    })
+    .await;
+    let pods: kube::Api<Pod> = kube::Api::namespaced(w.sim.client(), "shop");
+    let longer = kube::api::DeleteParams {
+        grace_period_seconds: Some(60),
+        ..Default::default()
+    };
+    pods.delete("slow", &longer).await.unwrap();
+    delete_nodes(&mut w, "web", &[(node, iid.clone())]).await;
+    assert_eq!(w.engine.wait_for(&iid).await, Some(Outcome::Ended));
+    let a = w.sim.audit();
+    let slow_gone = audit_index(&a, "removed", "Pod", "slow");
+    let fluentd_asked = first(&a, "evicted", "fluentd");
+    assert!(
+        slow_gone.is_some_and(|gone| gone < fluentd_asked),
+        "the log shipper was evicted while a workload pod still ran (slow removed at {slow_gone:?}, fluentd evicted at {fluentd_asked}): {a:?}"
+    );
+}
+
 /// The Node cache's first list cannot arrive (the API server is down) while two
 /// waiters wait for it, as the drain-mark sync and the lifecycle loop's resume do at
 /// start: both must wake when it arrives. kube's own readiness wakes only the last

@@ -738,16 +738,9 @@ async fn end_remaining_workloads(d: &NodeDrain<'_>, pods: &mut NodePods) -> Resu
     if left.is_empty() {
         return Ok(());
     }
-    let longest = left
-        .iter()
-        .map(|p| {
-            p.spec
-                .as_ref()
-                .and_then(|s| s.termination_grace_period_seconds)
-                .unwrap_or(30)
-        })
-        .max()
-        .unwrap_or(30);
+    // Until the last of their grace periods ends: a pod already terminating by its
+    // deletionTimestamp, not its spec (deleted with a longer grace, it runs on).
+    let grace = plan::grace_left(&left, Timestamp::now());
     let pods_ref: &NodePods = pods;
     let deletes = join_all(
         left.iter()
@@ -790,7 +783,7 @@ async fn end_remaining_workloads(d: &NodeDrain<'_>, pods: &mut NodePods) -> Resu
         )));
     }
     let uids: Vec<String> = left.iter().map(|p| plan::pod_ref(p).uid).collect();
-    let by = Instant::now() + Duration::from_secs(longest.clamp(0, 3600) as u64 + 5);
+    let by = Instant::now() + grace + Duration::from_secs(5);
     pods.wait_gone(&uids, by, |p| d.not_waited_for(p).is_some())
         .await;
     // Fail closed: a workload pod still there and not terminating (its delete was

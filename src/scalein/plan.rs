@@ -379,6 +379,33 @@ pub fn not_waited_for(
     (now > stuck_at).then_some("stuck terminating well past its grace period")
 }
 
+/// How long, from `now`, the grace periods of `pods` (workload pods deleted at the
+/// deadline, or already terminating) can still run: the latest end among them. A pod
+/// with a deletionTimestamp ends by then, whatever its spec says (a person may have
+/// deleted it with a longer grace period than its spec's); one without is deleted now
+/// with its spec's grace (30 s when unset). At most an hour. Pure.
+pub fn grace_left(pods: &[Pod], now: Timestamp) -> std::time::Duration {
+    const MAX: std::time::Duration = std::time::Duration::from_secs(3600);
+    pods.iter()
+        .map(|p| match &p.metadata.deletion_timestamp {
+            Some(at) => {
+                let left = at.0.duration_since(now);
+                std::time::Duration::try_from(left).unwrap_or(std::time::Duration::ZERO)
+            }
+            None => {
+                let secs = p
+                    .spec
+                    .as_ref()
+                    .and_then(|s| s.termination_grace_period_seconds)
+                    .unwrap_or(30);
+                std::time::Duration::from_secs(secs.clamp(0, 3600) as u64)
+            }
+        })
+        .max()
+        .unwrap_or(std::time::Duration::ZERO)
+        .min(MAX)
+}
+
 pub fn pod_ref(pod: &Pod) -> PodRef {
     PodRef {
         namespace: pod
@@ -839,6 +866,59 @@ mod tests {
 
     fn at(secs: i64) -> Timestamp {
         Timestamp::from_second(1_700_000_000 + secs).unwrap()
+    }
+
+    #[test]
+    fn the_grace_left_is_read_from_the_deletion_time_when_a_pod_has_one() {
+        use std::time::Duration as D;
+        let pod = |spec_grace: Option<i64>, deleting_at: Option<i64>| Pod {
+            metadata: k8s_openapi::apimachinery::pkg::apis::meta::v1::ObjectMeta {
+                deletion_timestamp: deleting_at.map(|s| Time(at(s))),
+                ..Default::default()
+            },
+            spec: Some(k8s_openapi::api::core::v1::PodSpec {
+                termination_grace_period_seconds: spec_grace,
+                ..Default::default()
+            }),
+            status: None,
+        };
+        let now = at(0);
+        assert_eq!(grace_left(&[], now), D::ZERO);
+        assert_eq!(grace_left(&[pod(Some(5), None)], now), D::from_secs(5));
+        assert_eq!(
+            grace_left(&[pod(None, None)], now),
+            D::from_secs(30),
+            "the default"
+        );
+        // Deleted by a person with a longer grace than its spec's: it runs until then.
+        assert_eq!(grace_left(&[pod(Some(1), Some(60))], now), D::from_secs(60));
+        // Deleted with a shorter one, or long ago: no more than what is left.
+        assert_eq!(
+            grace_left(&[pod(Some(300), Some(10))], now),
+            D::from_secs(10)
+        );
+        assert_eq!(grace_left(&[pod(Some(30), Some(-5))], now), D::ZERO);
+        // The latest end among them, at most an hour.
+        assert_eq!(
+            grace_left(
+                &[
+                    pod(Some(1), None),
+                    pod(Some(1), Some(45)),
+                    pod(Some(20), None)
+                ],
+                now
+            ),
+            D::from_secs(45)
+        );
+        assert_eq!(
+            grace_left(&[pod(Some(1), Some(99_999))], now),
+            D::from_secs(3600)
+        );
+        assert_eq!(
+            grace_left(&[pod(Some(99_999), None)], now),
+            D::from_secs(3600)
+        );
+        assert_eq!(grace_left(&[pod(Some(-3), None)], now), D::ZERO);
     }
 
     fn tolerating(mut p: Pod, t: &str) -> Pod {
