@@ -430,3 +430,94 @@ async fn web_node_with_an_app(settings: ScaleInSettings) -> (World, String, Stri
     pods_ready(&w, 1).await;
     (w, node, iid)
 }
+
+/// Issue 39, suspected item proven: the hook named in the Node's drain record was
+/// trusted over `hookName`. A record read back from the Node naming another tool's
+/// hook (a hand edit, a forged annotation, or a `hookName` since changed), joined by a
+/// spot warning, made the drain complete that tool's lifecycle action, ending the
+/// instance under NTH's drain. Only our own hook's action is completed, by the name
+/// configured now.
+#[tokio::test]
+async fn a_hook_named_in_the_nodes_record_is_never_completed_unless_it_is_ours() {
+    use ca_asg_provider::scalein::{record, DrainRequest, Mode, Source};
+    let w = world(
+        vec![MemoryGroup::new("web", 0, 5, 2, "m5.large")
+            .terminating_hook("ca-asg-provider-drain", 300)
+            .terminating_hook("nth-hook", 300)],
+        fast_settings(),
+        Duration::from_millis(20),
+    )
+    .await;
+    // The ASG ends an instance: both hooks hold it in Terminating:Wait.
+    let before = nodes_of(&w, "web");
+    let iid = w.cloud.external_scale_in("web", 1).unwrap().remove(0);
+    let (node, _) = before
+        .into_iter()
+        .find(|(_, i)| *i == iid)
+        .expect("the ended instance's Node");
+    eventually("the instance held by both hooks", 10, || {
+        state_of(&w, &iid) == Some(LifecycleState::TerminatingWait)
+    })
+    .await;
+    let now = chrono::Utc::now();
+    let json = format!(
+        r#"{{"reasons":[{{"kind":"lifecycle","hook":"nth-hook","at":"{}"}}]}}"#,
+        now.to_rfc3339()
+    );
+    let nodes: kube::Api<Node> = kube::Api::all(w.sim.client());
+    nodes
+        .patch(
+            &node,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(serde_json::json!({"metadata": {"annotations": {
+                record::ANNOTATION: json,
+                cordon::STARTED_ANNOTATION: now.to_rfc3339(),
+                cordon::MODE_ANNOTATION: cordon::LIFECYCLE_MARK,
+            }}})),
+        )
+        .await
+        .unwrap();
+    let spot = record::DrainReason::new(
+        record::Why::Notice {
+            notice: "spot_interruption".into(),
+            ends_at: Some(now + chrono::Duration::seconds(120)),
+            daemonset_share_secs: 0,
+        },
+        now,
+    );
+    w.engine.start(DrainRequest {
+        instance_id: iid.clone(),
+        group: "web".into(),
+        node_name: Some(node),
+        mode: Mode::DrainOnly,
+        source: Source::Interruption,
+        reasons: vec![spot],
+        noticed: None,
+    });
+    let _ = w.engine.wait_for(&iid).await;
+    let foreign: Vec<_> = w
+        .cloud
+        .completed_actions()
+        .into_iter()
+        .filter(|(a, _)| a.hook == "nth-hook")
+        .collect();
+    assert!(
+        foreign.is_empty(),
+        "completed another tool's lifecycle action: {foreign:?}"
+    );
+    assert!(
+        w.cloud
+            .completed_actions()
+            .iter()
+            .any(|(a, _)| a.hook == "ca-asg-provider-drain" && a.instance_id == iid),
+        "our own hook's action is completed once the drain ends: {:?}",
+        w.cloud.completed_actions()
+    );
+    assert!(
+        w.cloud
+            .pending_hooks(&iid)
+            .contains(&"nth-hook".to_string()),
+        "NTH's hook still holds the instance for NTH: {:?}",
+        w.cloud.pending_hooks(&iid)
+    );
+}

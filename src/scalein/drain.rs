@@ -135,20 +135,22 @@ async fn run_inner(engine: &Arc<Engine>, req: &DrainRequest, run: u64) -> Outcom
 }
 
 /// The mode the drain ends in, from the record's plan: our hook's action (the
-/// request's, with its token, or one built from the group and the hook's name, held
-/// at the hook's heartbeat timeout as AWS has it now), CA's direct termination, or
-/// nothing.
+/// request's, with its token, or one built from the group and our configured
+/// `hookName`, held at the hook's heartbeat timeout as AWS has it now), CA's direct
+/// termination, or nothing. The hook named in the record is read back from the Node
+/// (a hand edit, a forged annotation, a `hookName` since changed): it is never the
+/// name of the action completed, so another tool's action is never completed.
 async fn ending(engine: &Arc<Engine>, req: &DrainRequest, ends: &End) -> Mode {
     match ends {
         End::Lifecycle { .. } if matches!(req.mode, Mode::Lifecycle { .. }) => req.mode.clone(),
         End::Lifecycle { hook } => {
+            let ours = &engine.settings.hook_name;
+            if !hook.is_empty() && hook != ours {
+                tracing::warn!(instance = %req.instance_id, recorded = %hook, ours = %ours, "the Node's drain record names a hook that is not ours; only our own hook's action is completed");
+            }
             let action = crate::cloud::LifecycleAction {
                 group: req.group.clone(),
-                hook: if hook.is_empty() {
-                    engine.settings.hook_name.clone()
-                } else {
-                    hook.clone()
-                },
+                hook: ours.clone(),
                 instance_id: req.instance_id.clone(),
                 token: None,
             };
