@@ -567,6 +567,70 @@ async fn at_the_deadline_a_pod_deleted_with_a_longer_grace_keeps_the_daemonsets_
     );
 }
 
+/// Issue 39, suspected item proven: a workload pod bound to the node by name
+/// (`spec.nodeName`, past the scheduler and the cordon) while the DaemonSet phase runs
+/// was never evicted: the phase took DaemonSet pods only, the log shipper went, and the
+/// instance ended under the workload. A workload still there in a later phase now
+/// goes first, before any DaemonSet pod that is still running.
+#[tokio::test]
+async fn a_workload_bound_by_name_during_the_daemonset_phase_is_evicted_before_the_rest() {
+    let mut w = world(
+        vec![MemoryGroup::new("web", 0, 3, 1, "m5.large")],
+        settings(30),
+        Duration::from_millis(20),
+    )
+    .await;
+    let (node, iid) = nodes_of(&w, "web").remove(0);
+    // A log shipper slow to stop, and a node-critical DaemonSet (kube-proxy's kind),
+    // which goes last of all.
+    w.sim
+        .create(&fixtures::daemonset("logging", "fluentd", 3.0, false))
+        .unwrap();
+    w.sim
+        .create(&fixtures::daemonset_tolerating(
+            "kube-system",
+            "kube-proxy",
+            0.1,
+            &[],
+            Some("system-node-critical"),
+        ))
+        .unwrap();
+    w.sim
+        .create(&fixtures::pod("shop", "app", &node, "app", 0.0))
+        .unwrap();
+    eventually("fluentd, kube-proxy and app running", 10, || {
+        w.sim
+            .list::<Pod>()
+            .iter()
+            .filter(|p| p["status"]["conditions"][0]["status"] == "True")
+            .count()
+            == 3
+    })
+    .await;
+    delete_nodes(&mut w, "web", &[(node.clone(), iid.clone())]).await;
+    eventually("the DaemonSet phase under way", 10, || {
+        audit_index(&w.sim.audit(), "eviction-requested", "Pod", "fluentd").is_some()
+    })
+    .await;
+    // Bound by name: no scheduler, no cordon in its way.
+    w.sim
+        .create(&fixtures::pod("shop", "late", &node, "late", 0.0))
+        .unwrap();
+    assert_eq!(w.engine.wait_for(&iid).await, Some(Outcome::Ended));
+    let a = w.sim.audit();
+    let late_asked = audit_index(&a, "eviction-requested", "Pod", "late");
+    assert!(
+        late_asked.is_some(),
+        "the workload bound during the DaemonSet phase was never asked to leave: {a:?}"
+    );
+    // Before the DaemonSet pods still running were asked to leave.
+    assert!(
+        first(&a, "removed", "late") < first(&a, "eviction-requested", "kube-proxy"),
+        "{a:?}"
+    );
+    support::world::assert_no_pod_evicted_twice(&a);
+}
+
 /// The Node cache's first list cannot arrive (the API server is down) while two
 /// waiters wait for it, as the drain-mark sync and the lifecycle loop's resume do at
 /// start: both must wake when it arrives. kube's own readiness wakes only the last

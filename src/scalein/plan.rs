@@ -442,12 +442,16 @@ pub enum Phase {
 }
 
 impl Phase {
-    /// Whether pods of this tier belong to this phase.
+    /// Whether pods of this tier belong to this phase. A later phase also takes the
+    /// tiers of the phases before it: a workload pod still there in the DaemonSet phase
+    /// (bound to the node by name after the workload phase ended) goes before any
+    /// DaemonSet pod, since the lowest tier goes first; DaemonSet pods outlive every
+    /// workload.
     pub fn takes(self, tier: Tier) -> bool {
         match self {
             Phase::Workloads => !tier.is_daemonset(),
-            Phase::DaemonSets => tier == Tier::DaemonSet,
-            Phase::CriticalDaemonSets => tier == Tier::CriticalDaemonSet,
+            Phase::DaemonSets => tier != Tier::CriticalDaemonSet,
+            Phase::CriticalDaemonSets => true,
         }
     }
 }
@@ -835,22 +839,38 @@ mod tests {
             Some(Tier::DoNotDisrupt),
             "do-not-disrupt pods go at the end of phase 1"
         );
-        // Phase 1 never touches DaemonSet pods; phase 2 touches nothing else.
+        // Phase 1 never touches DaemonSet pods.
         assert_eq!(
             next_step(&[pods[0].clone(), pods[3].clone()], Phase::Workloads),
             Step::default()
         );
-        let s = next_step(&pods, Phase::DaemonSets);
+        let s = next_step(&[pods[0].clone(), pods[3].clone()], Phase::DaemonSets);
         assert_eq!(s.tier, Some(Tier::DaemonSet));
         assert_eq!(names(&s.evict), vec!["fluentd"]);
+        // A workload still there in a later phase (bound by name after phase 1) goes
+        // before any DaemonSet pod.
+        let s = next_step(&pods, Phase::DaemonSets);
+        assert_eq!(s.tier, Some(Tier::Workload));
+        assert_eq!(names(&s.evict), vec!["app"]);
         assert_eq!(
-            next_step(&[pods[3].clone(), pods[1].clone()], Phase::DaemonSets),
+            next_step(&[pods[3].clone()], Phase::DaemonSets),
             Step::default(),
             "node-critical DaemonSet pods wait for the volumes"
         );
-        let s = next_step(&pods, Phase::CriticalDaemonSets);
+        let s = next_step(&[pods[3].clone()], Phase::CriticalDaemonSets);
         assert_eq!(s.tier, Some(Tier::CriticalDaemonSet));
         assert_eq!(names(&s.evict), vec!["cni"]);
+        let s = next_step(
+            &[pods[3].clone(), pods[0].clone()],
+            Phase::CriticalDaemonSets,
+        );
+        assert_eq!(
+            s.tier,
+            Some(Tier::DaemonSet),
+            "every tier before its own first"
+        );
+        let s = next_step(&pods, Phase::CriticalDaemonSets);
+        assert_eq!(s.tier, Some(Tier::Workload));
         assert_eq!(next_step(&[], Phase::Workloads), Step::default());
     }
 
