@@ -675,19 +675,7 @@ async fn a_share_read_back_from_the_node_does_not_panic_the_drain() {
         r#"{{"reasons":[{{"kind":"notice","notice":"spot_interruption","ends_at":"{spent}","daemonset_share_secs":10000000000000000000,"at":"{}"}}]}}"#,
         now.to_rfc3339()
     );
-    let nodes: kube::Api<Node> = kube::Api::all(w.sim.client());
-    nodes
-        .patch(
-            &node,
-            &kube::api::PatchParams::default(),
-            &kube::api::Patch::Merge(serde_json::json!({"metadata": {"annotations": {
-                record::ANNOTATION: json,
-                scalein::cordon::STARTED_ANNOTATION: now.to_rfc3339(),
-                scalein::cordon::MODE_ANNOTATION: "interruption",
-            }}})),
-        )
-        .await
-        .unwrap();
+    put_drain_record(&w, &node, &json, now, "interruption").await;
     // Resumed once the engine's Node cache has the record.
     let mut resumed = 0;
     for _ in 0..100 {

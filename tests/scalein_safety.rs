@@ -464,19 +464,7 @@ async fn a_hook_named_in_the_nodes_record_is_never_completed_unless_it_is_ours()
         r#"{{"reasons":[{{"kind":"lifecycle","hook":"nth-hook","at":"{}"}}]}}"#,
         now.to_rfc3339()
     );
-    let nodes: kube::Api<Node> = kube::Api::all(w.sim.client());
-    nodes
-        .patch(
-            &node,
-            &kube::api::PatchParams::default(),
-            &kube::api::Patch::Merge(serde_json::json!({"metadata": {"annotations": {
-                record::ANNOTATION: json,
-                cordon::STARTED_ANNOTATION: now.to_rfc3339(),
-                cordon::MODE_ANNOTATION: cordon::LIFECYCLE_MARK,
-            }}})),
-        )
-        .await
-        .unwrap();
+    put_drain_record(&w, &node, &json, now, cordon::LIFECYCLE_MARK).await;
     let spot = record::DrainReason::new(
         record::Why::Notice {
             notice: "spot_interruption".into(),

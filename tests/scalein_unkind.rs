@@ -541,15 +541,7 @@ async fn at_the_deadline_a_pod_deleted_with_a_longer_grace_keeps_the_daemonsets_
             "shop", "slow", &node, "slow", 12.0,
         )))
         .unwrap();
-    eventually("fluentd, app and slow running", 10, || {
-        w.sim
-            .list::<Pod>()
-            .iter()
-            .filter(|p| p["status"]["conditions"][0]["status"] == "True")
-            .count()
-            == 3
-    })
-    .await;
+    pods_ready(&w, 3).await;
     let pods: kube::Api<Pod> = kube::Api::namespaced(w.sim.client(), "shop");
     let longer = kube::api::DeleteParams {
         grace_period_seconds: Some(60),
@@ -598,15 +590,7 @@ async fn a_workload_bound_by_name_during_the_daemonset_phase_is_evicted_before_t
     w.sim
         .create(&fixtures::pod("shop", "app", &node, "app", 0.0))
         .unwrap();
-    eventually("fluentd, kube-proxy and app running", 10, || {
-        w.sim
-            .list::<Pod>()
-            .iter()
-            .filter(|p| p["status"]["conditions"][0]["status"] == "True")
-            .count()
-            == 3
-    })
-    .await;
+    pods_ready(&w, 3).await;
     delete_nodes(&mut w, "web", &[(node.clone(), iid.clone())]).await;
     eventually("the DaemonSet phase under way", 10, || {
         audit_index(&w.sim.audit(), "eviction-requested", "Pod", "fluentd").is_some()

@@ -20,6 +20,34 @@ fn http_get(addr: SocketAddr, path: &str) -> (u16, String) {
     (code, out)
 }
 
+/// The child's JSON log lines, as they come (lines that are not JSON are skipped).
+fn json_logs(child: &mut std::process::Child) -> mpsc::Receiver<serde_json::Value> {
+    let stderr = child.stderr.take().unwrap();
+    let (tx, rx) = mpsc::channel::<serde_json::Value>();
+    std::thread::spawn(move || {
+        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+            if let Ok(v) = serde_json::from_str(&line) {
+                if tx.send(v).is_err() {
+                    return;
+                }
+            }
+        }
+    });
+    rx
+}
+
+/// Where the child serves /metrics, from its log line saying so.
+fn metrics_addr(rx: &mpsc::Receiver<serde_json::Value>) -> SocketAddr {
+    loop {
+        let v = rx
+            .recv_timeout(Duration::from_secs(20))
+            .expect("no 'serving /metrics' log line");
+        if v["message"] == "serving /metrics, /healthz, /readyz" {
+            break v["addr"].as_str().unwrap().parse().unwrap();
+        }
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn serve_logs_json_gets_ready_answers_health_and_stops_on_sigterm() {
     let mut child = Command::new(env!("CARGO_BIN_EXE_ca-asg-provider"))
@@ -127,25 +155,8 @@ async fn serve_on_a_socket_is_ready_through_it_and_removes_it_on_sigterm() {
         .stdout(Stdio::null())
         .spawn()
         .unwrap();
-    let stderr = child.stderr.take().unwrap();
-    let (tx, rx) = mpsc::channel::<serde_json::Value>();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            if let Ok(v) = serde_json::from_str(&line) {
-                if tx.send(v).is_err() {
-                    return;
-                }
-            }
-        }
-    });
-    let metrics: SocketAddr = loop {
-        let v = rx
-            .recv_timeout(Duration::from_secs(20))
-            .expect("the metrics address in the log");
-        if v["message"] == "serving /metrics, /healthz, /readyz" {
-            break v["addr"].as_str().unwrap().parse().unwrap();
-        }
-    };
+    let rx = json_logs(&mut child);
+    let metrics = metrics_addr(&rx);
     let end = Instant::now() + Duration::from_secs(20);
     while http_get(metrics, "/readyz").0 != 200 {
         assert!(Instant::now() < end, "never ready");
@@ -237,25 +248,8 @@ fn readyz_names_missing_credentials() {
         .stdout(Stdio::null());
     without_credentials(&mut cmd, dir.path());
     let mut child = cmd.spawn().unwrap();
-    let stderr = child.stderr.take().unwrap();
-    let (tx, rx) = mpsc::channel::<serde_json::Value>();
-    std::thread::spawn(move || {
-        for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-            if let Ok(v) = serde_json::from_str(&line) {
-                if tx.send(v).is_err() {
-                    return;
-                }
-            }
-        }
-    });
-    let metrics: SocketAddr = loop {
-        let v = rx
-            .recv_timeout(Duration::from_secs(20))
-            .expect("no 'serving /metrics' log line");
-        if v["message"] == "serving /metrics, /healthz, /readyz" {
-            break v["addr"].as_str().unwrap().parse().unwrap();
-        }
-    };
+    let rx = json_logs(&mut child);
+    let metrics = metrics_addr(&rx);
     // Until the first refresh has failed, /readyz says "no refresh yet".
     let end = Instant::now() + Duration::from_secs(20);
     let (code, body) = loop {

@@ -375,17 +375,10 @@ impl Provider {
         id: &str,
         bound: Option<Duration>,
     ) -> Result<Bytes, ProviderError> {
-        let g = {
-            let reg = self.registry();
-            let g = reg
-                .group(id)
-                .ok_or_else(|| ProviderError::UnknownGroup(id.to_string()))?;
-            if let Some(b) = self.templates.cached(g) {
-                return Ok(b);
-            }
-            g.asg.name.clone()
-        };
-        let build = self.template_build(g);
+        if let Some(b) = self.kept_template(id)? {
+            return Ok(b);
+        }
+        let build = self.template_build(id.to_string());
         let Some(bound) = bound else {
             return build.await;
         };
@@ -426,6 +419,10 @@ impl Provider {
     /// The group's template node, built now when none is kept for the group as it is
     /// (no bound: `check-config` and tests).
     pub async fn template_node(&self, id: &str) -> Result<Bytes, ProviderError> {
+        if let Some(b) = self.kept_template(id)? {
+            return Ok(b);
+        }
+        let _one = self.templates.build.lock().await;
         let reg = self.registry();
         let g = reg
             .group(id)
@@ -433,11 +430,17 @@ impl Provider {
         if let Some(b) = self.templates.cached(g) {
             return Ok(b);
         }
-        let _one = self.templates.build.lock().await;
-        if let Some(b) = self.templates.cached(g) {
-            return Ok(b);
-        }
         self.build_and_keep(g).await
+    }
+
+    /// The template kept for the group as it is now, if any; an error for a group
+    /// not managed. Answered from memory.
+    fn kept_template(&self, id: &str) -> Result<Option<Bytes>, ProviderError> {
+        let reg = self.registry();
+        let g = reg
+            .group(id)
+            .ok_or_else(|| ProviderError::UnknownGroup(id.to_string()))?;
+        Ok(self.templates.cached(g))
     }
 
     /// What is missing or unusable in the group's template as last built (None

@@ -205,7 +205,8 @@ pub async fn serve(
     let engine = Engine::new(client, Arc::new(cloud.clone()), Some(provider.clone()), s);
     provider.set_scale_in(Arc::new(DrainScaleIn(engine.clone())));
     let counts: &'static Metrics = Box::leak(Box::new(Metrics::new()));
-    let addr = socket_addr();
+    let path = socket_path();
+    let addr = ListenAddr::Unix(path.clone());
     let (l, _) = ca_asg_provider::grpc::bind_listen(&addr)
         .await
         .expect("a socket for gRPC");
@@ -217,11 +218,8 @@ pub async fn serve(
         Default::default(),
         counts,
     ));
-    let ListenAddr::Unix(path) = &addr else {
-        unreachable!("a socket")
-    };
     let ca = CloudProviderClient::new(
-        ca_asg_provider::grpc::connect_unix(path)
+        ca_asg_provider::grpc::connect_unix(&path)
             .await
             .expect("connect to the service"),
     );
@@ -233,13 +231,13 @@ pub async fn serve(
 }
 
 /// A new socket path in this test process's own directory (`grpc-N.sock`).
-fn socket_addr() -> ListenAddr {
+fn socket_path() -> std::path::PathBuf {
     use std::sync::atomic::{AtomicU64, Ordering};
     static NEXT: AtomicU64 = AtomicU64::new(0);
     let dir = std::env::temp_dir().join(format!("ca-asg-provider-e2e-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("the sockets' directory");
     let n = NEXT.fetch_add(1, Ordering::Relaxed);
-    ListenAddr::Unix(dir.join(format!("grpc-{n}.sock")))
+    dir.join(format!("grpc-{n}.sock"))
 }
 
 async fn until_sync(what: &str, secs: u64, mut f: impl FnMut() -> bool) {

@@ -294,6 +294,32 @@ pub fn events(sim: &SimCluster) -> Vec<(String, String)> {
 }
 
 /// Waits until at least `n` pods are Ready.
+/// Writes a drain record onto `node` as the service would have left it (its reasons'
+/// JSON, the drain's start and a mode mark): a record read back after a restart, from
+/// another version, or edited by hand.
+pub async fn put_drain_record(
+    w: &World,
+    node: &str,
+    reasons_json: &str,
+    started: chrono::DateTime<chrono::Utc>,
+    mode: &str,
+) {
+    use ca_asg_provider::scalein::record;
+    let nodes: kube::Api<Node> = kube::Api::all(w.sim.client());
+    nodes
+        .patch(
+            node,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(serde_json::json!({"metadata": {"annotations": {
+                record::ANNOTATION: reasons_json,
+                record::STARTED_ANNOTATION: started.to_rfc3339(),
+                record::MODE_ANNOTATION: mode,
+            }}})),
+        )
+        .await
+        .unwrap();
+}
+
 pub async fn pods_ready(w: &World, n: usize) {
     eventually("pods ready", 10, || {
         w.sim
