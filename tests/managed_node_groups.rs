@@ -489,3 +489,152 @@ async fn direct_mode_drains_first_and_eks_finds_nothing_to_evict() {
         .iter()
         .all(|(a, _)| a.hook == EKS_TERMINATE_HOOK));
 }
+
+/// The ASG's lifecycle notification for `iid` under our hook, as EventBridge sends it.
+fn lifecycle_note(iid: &str) -> String {
+    serde_json::json!({
+        "Origin": "AutoScalingGroup", "Destination": "EC2", "Service": "AWS Auto Scaling",
+        "Time": chrono::Utc::now().to_rfc3339(), "AccountId": "123456789012",
+        "LifecycleTransition": "autoscaling:EC2_INSTANCE_TERMINATING", "RequestId": "r",
+        "AutoScalingGroupName": GROUP, "LifecycleHookName": HOOK,
+        "EC2InstanceId": iid, "LifecycleActionToken": "tok-1",
+    })
+    .to_string()
+}
+
+/// Issue 39 (suspected item, proven): our hook's action is completed and EKS's hook
+/// holds the instance in Terminating:Wait a while yet; then the service restarts (or
+/// another replica takes the Lease). The memory of completed actions was the
+/// process's alone: the new process's scan took the held instance for a new action
+/// of ours and drained the node again (measured on the old code: a second drain, a
+/// second drain Event, a heartbeat and a CompleteLifecycleAction of the finished
+/// action, which AWS refuses; the log shipper the DaemonSet controller had put back
+/// was spared only because a DaemonSet pod that arrives after a drain began is not
+/// chased), and SQS's redelivery of the lifecycle message did the same. Now the
+/// Node's record says the action was completed: no drain starts, no pod is evicted
+/// again, nothing is heartbeated or completed a second time.
+#[tokio::test]
+async fn a_new_process_does_not_drain_again_an_instance_only_eks_still_holds() {
+    let w = world(
+        vec![managed(3, Some(30), 60)],
+        fast_settings(),
+        Duration::from_millis(300),
+    )
+    .await;
+    let lifecycle = scalein::lifecycle::spawn_loop(w.engine.clone(), w.provider.clone());
+    let s = scene(&w).await;
+    // A log shipper that tolerates every taint: the DaemonSet controller puts it
+    // back on the cordoned node after each eviction.
+    let nodes = nodes_of(&w, GROUP).len();
+    w.sim
+        .create(&fixtures::daemonset("logging", "shipper", 0.2, true))
+        .unwrap();
+    pods_ready(&w, 6 + 2 * nodes + 1).await;
+    let _eks = EksDrainer::start(
+        &w.sim,
+        &w.cloud,
+        GROUP,
+        EksOptions {
+            complete: false,
+            timeout: Duration::from_secs(60),
+        },
+    );
+    assert_eq!(
+        w.cloud.external_scale_in(GROUP, 1).unwrap(),
+        vec![s.iid.clone()]
+    );
+    let ours_completed = |w: &World| {
+        w.cloud
+            .completed_actions()
+            .iter()
+            .filter(|(a, _)| a.hook == HOOK && a.instance_id == s.iid)
+            .count()
+    };
+    eventually("our action completed", 20, || ours_completed(&w) == 1).await;
+    let shippers_evicted = |w: &World| {
+        w.sim
+            .audit()
+            .iter()
+            .filter(|e| e.verb == "evicted" && e.kind == "Pod" && e.name.starts_with("shipper-"))
+            .count()
+    };
+    assert_eq!(
+        shippers_evicted(&w),
+        1,
+        "our drain evicted the node's shipper"
+    );
+    eventually("the shipper is back on the cordoned node", 10, || {
+        w.sim.list::<Pod>().iter().any(|p| {
+            p["spec"]["nodeName"] == s.node.as_str()
+                && p["metadata"]["name"]
+                    .as_str()
+                    .is_some_and(|n| n.starts_with("shipper-"))
+                && p["metadata"]["deletionTimestamp"].is_null()
+        })
+    })
+    .await;
+    assert_eq!(w.cloud.pending_hooks(&s.iid), vec![EKS_TERMINATE_HOOK]);
+
+    // A new process: nothing remembered but what AWS and the Nodes say.
+    lifecycle.abort();
+    w.engine.shutdown();
+    let completes = || w.cloud.calls().get("complete_lifecycle_action").copied();
+    let (heartbeats, completions) = (w.cloud.heartbeats().len(), completes());
+    let (provider2, engine2, _ca2) = service(&w.sim, &w.cloud, &w.groups, fast_settings()).await;
+    let lifecycle2 = scalein::lifecycle::spawn_loop(engine2.clone(), provider2.clone());
+    // Ten scans and more.
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(
+        engine2.stats.started.load(Ordering::Relaxed),
+        0,
+        "the scan drained again"
+    );
+    assert_eq!(
+        shippers_evicted(&w),
+        1,
+        "the scan's drain evicted the shipper again"
+    );
+    // SQS delivers the lifecycle message again.
+    let q = std::sync::Arc::new(ca_asg_provider::cloud::queue::MemoryQueue::default());
+    let c = ca_asg_provider::interruption::consumer::Consumer::new(
+        engine2.clone(),
+        provider2.clone(),
+        q.clone(),
+        Default::default(),
+    );
+    q.send(&lifecycle_note(&s.iid));
+    let mut got = ca_asg_provider::cloud::queue::Queue::receive(&*q, 1, Duration::ZERO)
+        .await
+        .unwrap();
+    assert_eq!(
+        c.handle(got.remove(0)).await,
+        ca_asg_provider::interruption::consumer::Handled::Done(vec!["duplicate"])
+    );
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(
+        shippers_evicted(&w),
+        1,
+        "the shipper that came back was evicted again"
+    );
+    assert_eq!(
+        engine2.stats.started.load(Ordering::Relaxed),
+        0,
+        "a drain started again"
+    );
+    assert!(!engine2.is_draining(&s.iid));
+    assert!(!engine2.holds_hook(&s.iid));
+    assert_eq!(
+        w.cloud.heartbeats().len(),
+        heartbeats,
+        "our finished action heartbeated"
+    );
+    assert_eq!(
+        completes(),
+        completions,
+        "our finished action completed again"
+    );
+    assert_eq!(ours_completed(&w), 1);
+    assert_eq!(w.cloud.pending_hooks(&s.iid), vec![EKS_TERMINATE_HOOK]);
+    lifecycle2.abort();
+    engine2.shutdown();
+}

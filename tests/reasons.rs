@@ -18,7 +18,7 @@ use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 mod support;
 use support::eventually;
 use support::notices::{rebalance, spot, spot_at};
-use support::queue::{consumer, handle_next, running};
+use support::queue::{consumer, handle_all, handle_next, running};
 use support::world::*;
 
 const HOOK: &str = "ca-asg-provider-drain";
@@ -696,9 +696,14 @@ async fn a_share_read_back_from_the_node_does_not_panic_the_drain() {
 
 /// The ASG's lifecycle notification for `iid` under `hook`, as EventBridge sends it.
 fn lifecycle_note(iid: &str, hook: &str) -> String {
+    lifecycle_note_at(iid, hook, chrono::Utc::now())
+}
+
+/// [`lifecycle_note`] sent at `at`.
+fn lifecycle_note_at(iid: &str, hook: &str, at: chrono::DateTime<chrono::Utc>) -> String {
     serde_json::json!({
         "Origin": "AutoScalingGroup", "Destination": "EC2", "Service": "AWS Auto Scaling",
-        "Time": chrono::Utc::now().to_rfc3339(), "AccountId": "123456789012",
+        "Time": at.to_rfc3339(), "AccountId": "123456789012",
         "LifecycleTransition": "autoscaling:EC2_INSTANCE_TERMINATING", "RequestId": "r",
         "AutoScalingGroupName": "web", "LifecycleHookName": hook,
         "EC2InstanceId": iid, "LifecycleActionToken": "tok-1",
@@ -798,7 +803,10 @@ async fn a_changed_hook_timeout_reschedules_the_heartbeats_of_a_held_instance() 
 
 /// Issue 30, 5: a replayed or forged lifecycle message for an instance in service
 /// (nobody is ending it) is dropped: no drain, no cordon, no heartbeat of an action
-/// that does not exist.
+/// that does not exist. One sent within the last minute is left for redelivery
+/// (AWS's reads may lag it: see
+/// a_lifecycle_message_read_before_aws_shows_the_hold_is_not_lost), and drains
+/// nothing either.
 #[tokio::test]
 async fn a_lifecycle_message_for_an_instance_nobody_ends_is_dropped() {
     let w = world(hooked(1, 300), fast_settings(), Duration::from_millis(50)).await;
@@ -807,8 +815,14 @@ async fn a_lifecycle_message_for_an_instance_nobody_ends_is_dropped() {
     let q = Arc::new(MemoryQueue::default());
     let c = consumer(&w, &q, RebalanceAction::Cordon);
     q.send(&lifecycle_note(&iid, HOOK));
+    assert!(matches!(handle_next(&c, &q).await, Handled::Retry(_)));
+    assert!(!w.engine.is_draining(&iid));
+    q.redeliver();
+    assert_eq!(handle_all(&c, &q).await.len(), 1);
+    let ten_minutes_ago = chrono::Utc::now() - chrono::Duration::minutes(10);
+    q.send(&lifecycle_note_at(&iid, HOOK, ten_minutes_ago));
     assert_eq!(handle_next(&c, &q).await, Handled::Done(vec!["not_held"]));
-    assert_eq!(q.pending(), 0, "dropped, not redelivered");
+    assert_eq!(q.pending(), 1, "the old one dropped; the fresh one waits");
     assert!(!w.engine.is_draining(&iid));
     assert!(!w.engine.holds_hook(&iid));
     let n = w.sim.get::<Node>("", &node).unwrap();
@@ -816,7 +830,7 @@ async fn a_lifecycle_message_for_an_instance_nobody_ends_is_dropped() {
     assert!(record_on(&w, &node).is_none());
     assert!(running(&w, "app"));
     assert!(w.cloud.heartbeats().is_empty());
-    // An instance of another group, or one that is gone, likewise.
+    // An instance of another group, or one that is gone, likewise (at once).
     q.send(&lifecycle_note("i-0123456789abcdef0", HOOK));
     assert_eq!(handle_next(&c, &q).await, Handled::Done(vec!["not_held"]));
 }
@@ -982,5 +996,143 @@ async fn a_lifecycle_message_with_a_wrong_token_does_not_cost_the_hook() {
     assert!(!w.cloud.heartbeats().is_empty());
     assert!(w.cloud.pending_hooks(&iid).contains(&HOOK.to_string()));
     assert!(running(&w, "app"));
+    w.engine.shutdown();
+}
+
+/// EC2's state-change notice for `iid`, now in `state`.
+fn state_change(iid: &str, state: &str) -> String {
+    support::notices::eventbridge(
+        "EC2 Instance State-change Notification",
+        "aws.ec2",
+        serde_json::json!({"instance-id": iid, "state": state}),
+    )
+}
+
+/// Issue 39 (suspected item, proven): a spot warning's drain is held by a budget;
+/// then EC2 says the instance is stopping. The drain stops, as nothing is left to
+/// protect. Before, the notice stayed active on the Node's record and the next poll
+/// (every 200 ms here, 5 s by default) resumed the drain the notice had stopped: it
+/// went on asking for evictions of pods on a stopped instance. Now the notice is
+/// recorded done with the stop, and stays done however many polls follow (CA's
+/// scale-in and our hook stay active: record::tests::a_stopped_instance_closes_only_the_reasons_that_leave_it_to_aws).
+#[tokio::test]
+async fn a_stop_notice_is_not_undone_by_the_next_poll() {
+    let w = world(
+        vec![MemoryGroup::new("web", 0, 3, 2, "m5.large")],
+        fast_settings(),
+        Duration::from_millis(50),
+    )
+    .await;
+    let (node, iid) = nodes_of(&w, "web").remove(0);
+    guarded_app(&w, &node, "app").await;
+    let lifecycle = scalein::lifecycle::spawn_loop(w.engine.clone(), w.provider.clone());
+    let q = Arc::new(MemoryQueue::default());
+    let c = consumer(&w, &q, RebalanceAction::Cordon);
+    q.send(&spot(&iid));
+    assert_eq!(handle_next(&c, &q).await, Handled::Done(vec!["drain"]));
+    eventually("the PDB holds the drain", 10, || blocked(&w)).await;
+    assert!(w.engine.is_draining(&iid));
+
+    q.send(&state_change(&iid, "stopping"));
+    assert_eq!(handle_next(&c, &q).await, Handled::Done(vec!["stopped"]));
+    assert!(!w.engine.is_draining(&iid));
+    let asked = || {
+        w.sim
+            .audit()
+            .iter()
+            .filter(|e| e.name == "app" && e.verb.starts_with("evict"))
+            .count()
+    };
+    let before = asked();
+    // Many polls.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert!(
+        !w.engine.is_draining(&iid),
+        "the next poll resumed the stopped drain"
+    );
+    assert_eq!(asked(), before, "evictions asked for after the stop");
+    assert_eq!(
+        w.engine
+            .stats
+            .started
+            .load(std::sync::atomic::Ordering::Relaxed),
+        1
+    );
+    let r = record_on(&w, &node).expect("the record stays on the Node");
+    assert!(!r.plan(w.engine.limits()).drains, "{r:?}");
+    assert!(running(&w, "app"), "the budget was never gone around");
+    // A second stop notice (EC2 sends stopping, then stopped) changes nothing.
+    q.send(&state_change(&iid, "stopped"));
+    assert_eq!(handle_next(&c, &q).await, Handled::Done(vec!["ignored"]));
+    lifecycle.abort();
+    w.engine.shutdown();
+}
+
+/// Issue 39 (suspected item, proven): in queue mode the lifecycle scan is a safety
+/// net every five minutes. AWS's lifecycle message arrives while its own reads still
+/// show the instance in service (they lag the notification). Before, the message
+/// was dropped as a replay, and the hook (here 4 s) ran out with nothing drained:
+/// the ASG ended the instance under its pods. Now the message is left for
+/// redelivery and the scan looks every second for a minute: the hold is found,
+/// heartbeated, drained and completed.
+#[tokio::test]
+async fn a_lifecycle_message_read_before_aws_shows_the_hold_is_not_lost() {
+    let s = ScaleInSettings {
+        lifecycle_poll_interval: Duration::from_secs(300),
+        ..fast_settings()
+    };
+    let w = world(hooked(2, 4), s, Duration::from_millis(50)).await;
+    let (node, iid) = nodes_of(&w, "web").pop().unwrap();
+    w.sim
+        .create(&fixtures::pod("shop", "app", &node, "app", 0.1))
+        .unwrap();
+    pods_ready(&w, 1).await;
+    let lifecycle = scalein::lifecycle::spawn_loop(w.engine.clone(), w.provider.clone());
+    // The loop's first scan, before anything is held.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    w.cloud.stale_reads(1);
+    assert_eq!(
+        w.cloud.external_scale_in("web", 1).unwrap(),
+        vec![iid.clone()]
+    );
+    let q = Arc::new(MemoryQueue::default());
+    let c = consumer(&w, &q, RebalanceAction::Cordon);
+    q.send(&lifecycle_note(&iid, HOOK));
+    assert!(
+        matches!(handle_next(&c, &q).await, Handled::Retry(_)),
+        "dropped while AWS's read lagged"
+    );
+    eventually("the lifecycle action is completed", 15, || {
+        w.cloud
+            .completed_actions()
+            .iter()
+            .any(|(a, _)| a.instance_id == iid && a.hook == HOOK)
+    })
+    .await;
+    assert!(w.cloud.hook_timeouts().is_empty(), "the hook ran out");
+    assert!(
+        w.sim
+            .audit()
+            .iter()
+            .any(|e| e.verb == "evicted" && e.name == "app"),
+        "the app was drained"
+    );
+    // Redelivered: the hold is known, nothing starts again.
+    q.redeliver();
+    let again = handle_all(&c, &q).await;
+    assert_eq!(again.len(), 1);
+    assert!(
+        matches!(&again[0], Handled::Done(o) if o == &vec!["duplicate"])
+            || matches!(&again[0], Handled::Done(o) if o == &vec!["not_held"]),
+        "{again:?}"
+    );
+    assert_eq!(
+        w.engine
+            .stats
+            .started
+            .load(std::sync::atomic::Ordering::Relaxed),
+        1
+    );
+    lifecycle.abort();
     w.engine.shutdown();
 }

@@ -26,6 +26,10 @@ use crate::telemetry::metrics::{metrics, KindLabels, KindOutcomeLabels, ReasonLa
 /// How long a handled notice is remembered against duplicates.
 pub const REMEMBER: Duration = Duration::from_secs(15 * 60);
 
+/// How long after AWS sent a lifecycle message its reads may still show the
+/// instance short of Terminating:Wait.
+pub const SETTLE: Duration = Duration::from_secs(60);
+
 /// What tells one draining notice of an instance from another of the same kind: the
 /// end AWS gave it.
 fn notice_key(instance_id: &str, ends_at: Option<chrono::DateTime<Utc>>) -> String {
@@ -243,7 +247,13 @@ impl Consumer {
                 Ok(label)
             }
             Action::StopDrain { instance_id } => {
-                if self.engine.stop_drain(&instance_id) {
+                if self.engine.settings().dry_run {
+                    return Ok("ignored");
+                }
+                let stopped = self.engine.instance_left(&instance_id).await.map_err(|e| {
+                    format!("cannot record on the Node that instance {instance_id} stopped or ended: {e}")
+                })?;
+                if stopped {
                     tracing::info!(instance = %instance_id, "the instance stopped or ended: its drain has nothing left to protect and stops");
                     Ok(label)
                 } else {
@@ -306,8 +316,17 @@ impl Consumer {
                 // A message is no proof that anyone is ending the instance (a replay,
                 // a forgery): as the scan does, only an instance AWS shows in
                 // Terminating:Wait in that group is drained, nothing else cordoned.
-                if let Some(outcome) = self.not_held(&action).await? {
+                if let Some(outcome) = self.not_held(n, &action).await? {
                     return Ok(outcome);
+                }
+                // Our action completed already (by this process, or, as the Node's
+                // record says, an earlier one or another replica): AWS shows
+                // Terminating:Wait while another hook (EKS's) holds on.
+                if self.engine.action_done(&action.instance_id)
+                    || self.engine.action_done_on_node(&action.instance_id)
+                {
+                    tracing::info!(instance = %action.instance_id, "lifecycle message for an action of ours already completed; another hook holds the instance");
+                    return Ok("duplicate");
                 }
                 // The hook as AWS has it now: its heartbeat timeout is the one the
                 // hold follows (the provider's list may be half an hour old).
@@ -390,8 +409,16 @@ impl Consumer {
     /// Terminating:Wait, in the message's group. `Some(outcome)`: it is not, and the
     /// message is dropped with that outcome. An error (AWS cannot be asked, or the
     /// instance is still on its way to Terminating:Wait) leaves it for redelivery.
+    ///
+    /// AWS's reads lag its notifications: a message sent within [`SETTLE`] for an
+    /// instance AWS still shows in service, or terminating short of the wait, is
+    /// taken as a hold on its way. The lifecycle scan looks every second for that
+    /// long (the queue's redelivery, a minute later, and the safety-net poll, five,
+    /// come after a short hook's timeout), and the message is left for redelivery.
+    /// An older one is a replay or a forgery, dropped.
     async fn not_held(
         &self,
+        n: &Notice,
         action: &crate::cloud::LifecycleAction,
     ) -> Result<Option<&'static str>, String> {
         let found = self
@@ -409,12 +436,20 @@ impl Consumer {
             .into_iter()
             .find(|l| l.instance_id == action.instance_id && l.group == action.group)
             .map(|l| l.state);
+        let fresh = n
+            .time()
+            .is_none_or(|t| (Utc::now() - t).to_std().unwrap_or_default() < SETTLE);
         match state {
             Some(LifecycleState::TerminatingWait) => Ok(None),
-            Some(LifecycleState::Terminating) => Err(format!(
-                "instance {} is not in Terminating:Wait yet",
-                action.instance_id
-            )),
+            Some(s @ (LifecycleState::Terminating | LifecycleState::InService))
+                if fresh || s == LifecycleState::Terminating =>
+            {
+                self.engine.expect_hold(SETTLE);
+                Err(format!(
+                    "instance {} is {s:?} in AWS's reads, not in Terminating:Wait yet; the scan looks every second meanwhile",
+                    action.instance_id
+                ))
+            }
             other => {
                 tracing::warn!(instance = %action.instance_id, group = %action.group, state = ?other, "lifecycle message for an instance AWS does not hold in Terminating:Wait in that group (a replay, or not sent by AWS); dropped, nothing drained");
                 Ok(Some("not_held"))

@@ -69,6 +69,14 @@ async fn run_inner(engine: &Arc<Engine>, req: &DrainRequest, run: u64) -> Outcom
         Ok(Some(plan)) => {
             if !plan.drains {
                 // Every reason is done or cordon-only (a resume found nothing to do).
+                if let End::Lifecycle { .. } = plan.ends {
+                    // Our hook's action was completed before (by a process that
+                    // has since restarted, or another replica): another hook
+                    // (EKS's) holds the instance now, not ours.
+                    tracing::info!("our lifecycle action for this instance was completed before (the Node's record says so); nothing to drain or complete");
+                    engine.note_action_done(&req.instance_id);
+                    engine.release(&req.instance_id);
+                }
                 return Outcome::Drained;
             }
             (ending(engine, req, &plan.ends).await, plan.budget_ends)
@@ -89,6 +97,11 @@ async fn run_inner(engine: &Arc<Engine>, req: &DrainRequest, run: u64) -> Outcom
                 Ok(_) => {
                     if matches!(mode, Mode::Lifecycle { .. }) {
                         engine.release(&req.instance_id);
+                        // On the Node, for a restart or a new leader: AWS keeps
+                        // showing Terminating:Wait while another hook holds on.
+                        if let Some(n) = &node {
+                            record_done(engine, n).await;
+                        }
                     }
                     Outcome::Ended
                 }

@@ -87,6 +87,11 @@ pub struct Engine {
     /// Tells the leader-election task to release the lease and stop.
     step_down: tokio::sync::watch::Sender<bool>,
     pub stats: DrainStats,
+    /// Until when the lifecycle scan runs every [`lifecycle::SOON`] instead of its
+    /// poll interval: a hold AWS announced and does not show yet.
+    scan_soon: Mutex<Option<tokio::time::Instant>>,
+    /// Wakes the lifecycle loop when `scan_soon` is set.
+    scan_wake: tokio::sync::Notify,
     /// The background loops' turns, for `/healthz`.
     pub liveness: Arc<crate::telemetry::liveness::Liveness>,
 }
@@ -138,6 +143,8 @@ impl Engine {
             leadership: std::sync::OnceLock::new(),
             step_down: tokio::sync::watch::channel(false).0,
             stats: DrainStats::default(),
+            scan_soon: Mutex::new(None),
+            scan_wake: tokio::sync::Notify::new(),
             liveness,
         })
     }
@@ -325,6 +332,62 @@ impl Engine {
         self.book.stop(instance_id)
     }
 
+    /// The instance stopped or ended (EC2's state-change notice): its drain stops
+    /// where it is, and the reasons that only drained it are recorded done on its
+    /// Node ([`record::DrainRecord::instance_left`]), or the next poll would resume
+    /// what was stopped. Returns whether a drain ran or a reason was closed; an
+    /// error when the Node could not be read or written (the notice is then tried
+    /// again). EC2 sends these notices for every instance of the account: only a
+    /// Node this replica drains, or whose cached record holds such a reason, is
+    /// read from the API server.
+    pub async fn instance_left(&self, instance_id: &str) -> Result<bool, kube::Error> {
+        let stopped = self.stop_drain(instance_id);
+        let Some(node) = self.nodes.node_for_instance(instance_id) else {
+            return Ok(stopped);
+        };
+        let closes = self
+            .nodes
+            .cached(&node)
+            .and_then(|n| {
+                n.metadata
+                    .annotations
+                    .as_ref()
+                    .and_then(record::DrainRecord::from_annotations)
+            })
+            .is_some_and(|mut r| r.instance_left());
+        if !(stopped || closes) {
+            return Ok(false);
+        }
+        super::cordon::update_record(self, &node, |r| r.instance_left()).await?;
+        Ok(true)
+    }
+
+    /// A hold AWS announced (a lifecycle message) that its reads do not show yet
+    /// (they lag the notification): the lifecycle scan runs every
+    /// [`lifecycle::SOON`] for `within` instead of waiting out its poll interval
+    /// (five minutes in queue mode, longer than a short hook's timeout).
+    pub fn expect_hold(&self, within: Duration) {
+        let until = tokio::time::Instant::now() + within;
+        let mut soon = self.scan_soon.lock();
+        *soon = Some(soon.map_or(until, |s| s.max(until)));
+        drop(soon);
+        self.scan_wake.notify_one();
+    }
+
+    /// How long the lifecycle loop waits before its next scan.
+    pub(crate) fn next_scan_in(&self) -> Duration {
+        let poll = self.settings.lifecycle_poll_interval;
+        match *self.scan_soon.lock() {
+            Some(until) if tokio::time::Instant::now() < until => poll.min(lifecycle::SOON),
+            _ => poll,
+        }
+    }
+
+    /// Resolves when [`Self::expect_hold`] is called.
+    pub(crate) async fn scan_asked(&self) {
+        self.scan_wake.notified().await
+    }
+
     /// Our hook's lifecycle action for `instance_id` is over (completed by this
     /// replica, or found complete).
     pub(crate) fn note_action_done(&self, instance_id: &str) {
@@ -340,6 +403,27 @@ impl Engine {
     /// Whether our hook's lifecycle action for `instance_id` is known to be over.
     pub fn action_done(&self, instance_id: &str) -> bool {
         self.book.action_done(instance_id)
+    }
+
+    /// Whether the instance's Node (as the cache has it) records our hook's action
+    /// as completed ([`record::DrainRecord::lifecycle_completed`]); remembered from
+    /// then on, as if this process had completed it.
+    pub fn action_done_on_node(&self, instance_id: &str) -> bool {
+        let done = self
+            .nodes
+            .node_for_instance(instance_id)
+            .and_then(|n| self.nodes.cached(&n))
+            .and_then(|n| {
+                n.metadata
+                    .annotations
+                    .as_ref()
+                    .and_then(record::DrainRecord::from_annotations)
+            })
+            .is_some_and(|r| r.lifecycle_completed(chrono::Utc::now()));
+        if done {
+            self.note_action_done(instance_id);
+        }
+        done
     }
 
     /// Forgets the ended actions of instances `keep` says no longer exist.

@@ -15,6 +15,9 @@ use super::events::Reason;
 use super::record::End;
 use super::{DrainRequest, Engine, Mode, ModeChoice, Source};
 
+/// The scan's pace while a hold AWS announced is expected ([`Engine::expect_hold`]).
+pub const SOON: Duration = Duration::from_secs(1);
+
 /// AWS ends a lifecycle action after 100 heartbeat timeouts or 48 hours, whichever
 /// is smaller, however many heartbeats it got.
 pub fn global_limit(heartbeat_timeout: Duration) -> Duration {
@@ -256,10 +259,13 @@ pub async fn scan(engine: &Arc<Engine>, provider: &Arc<Provider>) -> usize {
         // lifecycle reason joins that drain.
         // An instance whose action of our hook is over may wait on another hook
         // (EKS's on a managed node group): it is not held by ours, nor a new one.
-        let waiting = snap
-            .instances
-            .iter()
-            .filter(|i| i.state == LifecycleState::TerminatingWait && !engine.action_done(&i.id));
+        // What this process completed it remembers; what an earlier process or
+        // another replica completed, the Node's record says.
+        let waiting = snap.instances.iter().filter(|i| {
+            i.state == LifecycleState::TerminatingWait
+                && !engine.action_done(&i.id)
+                && !engine.action_done_on_node(&i.id)
+        });
         let (held, found): (Vec<&crate::cloud::AsgInstance>, Vec<_>) =
             waiting.partition(|i| engine.holds_hook(&i.id) && engine.is_draining(&i.id));
         if found.is_empty() && held.is_empty() {
@@ -454,15 +460,19 @@ pub fn spawn_loop(engine: Arc<Engine>, provider: Arc<Provider>) -> tokio::task::
                 engine.abort_all();
             }
             was_leader = leader;
-            let poll = tokio::time::sleep(engine.settings.lifecycle_poll_interval);
+            let poll = tokio::time::sleep(engine.next_scan_in());
             match leadership.as_mut() {
                 Some(rx) => {
                     tokio::select! {
                         _ = poll => {}
+                        _ = engine.scan_asked() => {}
                         changed = rx.changed() => if changed.is_err() { leadership = None },
                     }
                 }
-                None => poll.await,
+                None => tokio::select! {
+                    _ = poll => {}
+                    _ = engine.scan_asked() => {}
+                },
             }
         }
     })

@@ -113,8 +113,13 @@ impl Why {
     /// leader, a replay), of the same kind and with no earlier end. Its drain is
     /// not run again: the pods on the node now are the ones that came back to the
     /// cordoned node (DaemonSet pods shipping its last logs), not ones to chase.
+    /// Our hook holding the instance again, within the longest any lifecycle action
+    /// lasts of the one whose drain finished, is that action: AWS shows the
+    /// instance in Terminating:Wait until every hook's action ends (EKS's on a
+    /// managed node group), and ours was completed ([`DrainReason::repeats`]).
     fn repeats(&self, done: &Why) -> bool {
         match (self, done) {
+            (Why::Lifecycle { .. }, Why::Lifecycle { .. }) => true,
             (
                 Why::Notice {
                     notice,
@@ -180,7 +185,23 @@ impl DrainReason {
             done: false,
         }
     }
+
+    /// Whether this reason, arriving after `done`'s drain finished, is the same
+    /// reason again ([`Why::repeats`]). A lifecycle hold arriving more than
+    /// [`LIFECYCLE_ACTION_LIMIT`] after the finished one cannot be its action,
+    /// whose end AWS forces by then: it is a new one.
+    fn repeats(&self, done: &DrainReason) -> bool {
+        if let Why::Lifecycle { .. } = self.why {
+            if self.at >= after(done.at, LIFECYCLE_ACTION_LIMIT) {
+                return false;
+            }
+        }
+        self.why.repeats(&done.why)
+    }
 }
+
+/// The longest AWS keeps a lifecycle action, whatever its heartbeats (48 hours).
+pub const LIFECYCLE_ACTION_LIMIT: Duration = Duration::from_secs(48 * 3600);
 
 /// Every reason a node was asked to go for.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -360,7 +381,7 @@ impl DrainRecord {
     pub fn join(&mut self, new: DrainReason, limits: Limits) -> Joined {
         let before = self.plan(limits);
         match self.reasons.iter_mut().find(|r| r.why.same_kind(&new.why)) {
-            Some(old) if old.done && new.why.repeats(&old.why) => {}
+            Some(old) if old.done && new.repeats(old) => {}
             Some(old) if old.done => *old = new,
             Some(old) => {
                 if let (
@@ -408,6 +429,22 @@ impl DrainRecord {
         }
     }
 
+    /// The instance stopped or ended: the reasons that only drain it and leave it
+    /// to AWS (a notice, the drain command) have nothing left to protect and are
+    /// done. CA's scale-in and our hook stay: how the instance ends is still theirs
+    /// (AWS's state says whether anything is left to do). True when anything
+    /// changed.
+    pub fn instance_left(&mut self) -> bool {
+        let mut changed = false;
+        for r in &mut self.reasons {
+            if !r.done && matches!(r.why, Why::Notice { .. } | Why::DrainCommand) {
+                r.done = true;
+                changed = true;
+            }
+        }
+        changed
+    }
+
     /// Drops CA's direct scale-in (its drain was abandoned and the node goes back to
     /// CA). True when anything else is left.
     pub fn without_scale_in(&mut self) -> bool {
@@ -420,6 +457,20 @@ impl DrainRecord {
         self.reasons
             .iter()
             .any(|r| r.why == Why::ScaleIn && !r.done)
+    }
+
+    /// Whether our hook's lifecycle action for the instance was completed, as far
+    /// as `now` can still be that action: a finished lifecycle reason that arrived
+    /// less than [`LIFECYCLE_ACTION_LIMIT`] ago. What a restarted process or a new
+    /// leader knows of the action it did not complete itself. (An instance that
+    /// went back to a warm pool and came out again must have its record cleared on
+    /// its return, or its next action would be taken for this one.)
+    pub fn lifecycle_completed(&self, now: DateTime<Utc>) -> bool {
+        self.reasons.iter().any(|r| {
+            r.done
+                && matches!(r.why, Why::Lifecycle { .. })
+                && now < after(r.at, LIFECYCLE_ACTION_LIMIT)
+        })
     }
 
     /// Our hook, when a lifecycle reason holds the instance.

@@ -309,7 +309,8 @@ fn the_same_notice_after_its_drain_is_done_stays_done() {
         (scheduled(30 * MIN), scheduled(30 * MIN), true),
         (scheduled(30 * MIN), scheduled(20 * MIN), false),
         (Why::DrainCommand, Why::DrainCommand, false),
-        (hook(), hook(), false),
+        // Our hook's completed action, AWS still showing Terminating:Wait.
+        (hook(), hook(), true),
         (Why::ScaleIn, Why::ScaleIn, false),
     ];
     for (done, new, same) in cases {
@@ -336,6 +337,52 @@ fn the_same_notice_after_its_drain_is_done_stays_done() {
         Joined::Same
     );
     assert_eq!(r.drain_began(), Some(at(0)));
+}
+
+/// Issue 39 (suspected, proven): our hook's action was completed, and EKS's hook
+/// holds the instance in Terminating:Wait a while yet. A restarted process or a new
+/// leader, which does not remember the completion, sees the instance held: the
+/// Node's record says the action was completed, and the hold joins as done, so
+/// nothing drains the node a second time. Past the longest any action lasts, a hold
+/// is a new action (an instance back from a warm pool whose record was not cleared
+/// is not left undrained forever).
+#[test]
+fn a_completed_lifecycle_action_is_known_from_the_record_while_it_can_still_be_that_action() {
+    let l = limits(DeadlinePolicy::Abandon);
+    let mut r = record(&[(hook(), 0), (spot(10 * MIN), 30)], l);
+    assert!(!r.lifecycle_completed(at(MIN)), "still draining");
+    r.mark_done();
+    assert!(r.lifecycle_completed(at(MIN)));
+    let limit = LIFECYCLE_ACTION_LIMIT.as_secs() as i64;
+    assert!(r.lifecycle_completed(at(limit - 1)));
+    assert!(!r.lifecycle_completed(at(limit)));
+    // The hold seen again: the same action, kept done.
+    let before = r.clone();
+    assert_eq!(
+        r.join(DrainReason::new(hook(), at(5 * MIN)), l),
+        Joined::Same
+    );
+    assert_eq!(r, before);
+    assert!(!r.plan(l).drains);
+    assert_eq!(
+        r.plan(l).ends,
+        End::Lifecycle {
+            hook: "ours".into()
+        }
+    );
+    // Past the limit: a new action, drained afresh from its own arrival.
+    assert_eq!(
+        r.join(DrainReason::new(hook(), at(limit)), l),
+        Joined::Changed
+    );
+    assert_eq!(r.drain_began(), Some(at(limit)));
+    assert!(!r.lifecycle_completed(at(limit)));
+    // Nothing else is taken for a completed action.
+    for why in kinds().into_iter().filter(|w| *w != hook()) {
+        let mut r = record(&[(why.clone(), 0)], l);
+        r.mark_done();
+        assert!(!r.lifecycle_completed(at(MIN)), "{why:?}");
+    }
 }
 
 /// Issue 39, 1: with `rebalance: drain`, a rebalance recommendation drains the node
@@ -678,5 +725,31 @@ fn each_reason_has_the_name_events_and_the_docs_use() {
             "CA scale-in",
             "lifecycle hook"
         ]
+    );
+}
+
+/// Issue 39: EC2 says the instance stopped or ended. The reasons that only drain it
+/// and leave it to AWS are done (nothing left to protect; the next poll must not
+/// resume them); CA's scale-in and our hook still decide how it ends.
+#[test]
+fn a_stopped_instance_closes_only_the_reasons_that_leave_it_to_aws() {
+    let l = limits(DeadlinePolicy::Proceed);
+    for why in kinds() {
+        let mut r = record(&[(why.clone(), 0)], l);
+        let changed = r.instance_left();
+        let leaves = matches!(why, Why::Notice { .. } | Why::DrainCommand);
+        assert_eq!(changed, leaves, "{why:?}");
+        let still = !matches!(why, Why::Rebalance) && !leaves;
+        assert_eq!(r.plan(l).drains, still, "{why:?}");
+        assert!(!r.instance_left(), "{why:?}: a second stop changes nothing");
+    }
+    let mut r = record(&[(spot(2 * MIN), 0), (Why::ScaleIn, 30)], l);
+    assert!(r.instance_left());
+    assert!(r.plan(l).drains);
+    assert_eq!(r.plan(l).ends, End::Terminate);
+    assert_eq!(
+        r.drain_began(),
+        Some(at(30)),
+        "CA's scale-in from its own arrival"
     );
 }
