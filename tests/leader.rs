@@ -334,3 +334,179 @@ async fn a_late_answered_renewal_then_a_partition_never_leaves_two_leaders() {
     assert_eq!(leading.get("a"), Some(&false), "a stepped down: {flips:?}");
     assert_eq!(leading.get("b"), Some(&true), "b leads: {flips:?}");
 }
+
+/// Never two replicas acting (issue 39), judged by what each replica did, not by
+/// what it believed: two whole replicas (provider, drain engine, lifecycle loop,
+/// Lease) share one API server and one cloud, each under its own identity. The ASG
+/// ends two instances; the leader drains them behind budgets that allow nothing,
+/// heartbeating our hook. Its next renewal lands at once and is answered late, then
+/// it is cut off from the API server (not from AWS). The other takes over, goes on
+/// heartbeating, and finishes the drains once the budgets let go; the old leader
+/// comes back as a follower. From the merged log of both replicas' AWS writes and
+/// of their API writes that reached the server: one hand-over, never interleaved.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_replicas_never_act_at_once_judged_by_their_own_actions() {
+    use ca_asg_provider::cloud::memory::MemoryGroup;
+    use ca_asg_provider::sim::fixtures;
+    use scalein::leader::{spawn, LeaseSettings};
+    use std::sync::Arc;
+    use support::acting::{actions, assert_one_actor_at_a_time, AwsActs};
+    use support::world::*;
+    const HOOK: &str = "ca-asg-provider-drain";
+    let w = world(
+        // A 3 s hook: heartbeats every second, so a replica acting past its
+        // leadership shows in the log, and a slow hand-over would cost the hook.
+        vec![MemoryGroup::new("web", 0, 4, 3, "m5.large").terminating_hook(HOOK, 3)],
+        fast_settings(),
+        Duration::from_millis(20),
+    )
+    .await;
+    // The world's own process takes no part.
+    w.engine.shutdown();
+    for (i, (node, _)) in nodes_of(&w, "web").iter().enumerate() {
+        let name = format!("guarded-{i}");
+        w.sim.create(&fixtures::pdb("shop", &name, 0)).unwrap();
+        w.sim
+            .create(&fixtures::pod("shop", &name, node, &name, 0.1))
+            .unwrap();
+    }
+    pods_ready(&w, 3).await;
+
+    struct Replica {
+        who: &'static str,
+        engine: Arc<scalein::Engine>,
+        leads: tokio::sync::watch::Receiver<bool>,
+        tasks: Vec<tokio::task::JoinHandle<()>>,
+        _stop: tokio::sync::watch::Sender<bool>,
+    }
+    let aws = AwsActs::default();
+    let mut replicas = Vec::new();
+    for who in ["replica-a", "replica-b"] {
+        let (provider, engine, _ca) = service_over(
+            w.sim.client_as(who),
+            aws.cloud(who, Arc::new(w.cloud.clone())),
+            &w.groups,
+            fast_settings(),
+            Duration::from_millis(100),
+        )
+        .await;
+        let (stop, stop_rx) = tokio::sync::watch::channel(false);
+        // Lease 3 s, renew deadline 2 s, a round every 600 ms.
+        let leads = spawn(
+            engine.liveness.clone(),
+            w.sim.client_as(who),
+            LeaseSettings {
+                name: "ca-asg-provider".into(),
+                namespace: "kube-system".into(),
+                identity: who.into(),
+                duration: Duration::from_secs(3),
+            },
+            stop_rx,
+        );
+        engine.follow_leadership(leads.clone());
+        let lp = scalein::lifecycle::spawn_loop(engine.clone(), provider.clone());
+        replicas.push(Replica {
+            who,
+            engine,
+            leads,
+            tasks: vec![lp],
+            _stop: stop,
+        });
+    }
+    eventually("one replica leads", 10, || {
+        replicas.iter().any(|r| *r.leads.borrow())
+    })
+    .await;
+    let l = replicas.iter().position(|r| *r.leads.borrow()).unwrap();
+    let (leader, follower) = (&replicas[l], &replicas[1 - l]);
+
+    let held = w.cloud.external_scale_in("web", 2).unwrap();
+    assert_eq!(held.len(), 2);
+    let denied = |w: &World| {
+        w.sim
+            .audit()
+            .iter()
+            .filter(|e| e.verb == "eviction-denied")
+            .count()
+    };
+    eventually("the budgets hold the leader's drains", 10, || {
+        denied(&w) >= 4
+    })
+    .await;
+    let acted_by = |who: &str| aws.all().iter().filter(|a| a.who == who).count();
+    assert!(acted_by(leader.who) > 0, "the leader heartbeats");
+    assert_eq!(acted_by(follower.who), 0, "the follower acts on nothing");
+
+    // The leader's next renewal lands at once and is answered 1.8 s later; right
+    // after it landed, the leader is cut off from the API server.
+    let api: kube::Api<k8s_openapi::api::coordination::v1::Lease> =
+        kube::Api::namespaced(w.sim.client(), "kube-system");
+    let renewed = || async {
+        api.get("ca-asg-provider")
+            .await
+            .unwrap()
+            .spec
+            .unwrap()
+            .renew_time
+            .map(|t| t.0)
+    };
+    w.sim
+        .slow_answers("update", "leases", Duration::from_millis(1800));
+    let before = renewed().await;
+    let mut landed = before;
+    while landed == before {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        landed = renewed().await;
+    }
+    w.sim.cut(leader.who, true);
+    w.sim.slow_answers("update", "leases", Duration::ZERO);
+    eventually("the follower takes over", 20, || *follower.leads.borrow()).await;
+    eventually("the new leader heartbeats the held instances", 10, || {
+        aws.all()
+            .iter()
+            .filter(|a| {
+                a.who == follower.who && a.what.starts_with("RecordLifecycleActionHeartbeat")
+            })
+            .count()
+            >= 2
+    })
+    .await;
+    // The budgets let go: the new leader finishes both drains.
+    for i in 0..3 {
+        use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+        w.sim
+            .remove::<PodDisruptionBudget>("shop", &format!("guarded-{i}-pdb"));
+    }
+    eventually("both lifecycle actions are completed", 30, || {
+        held.iter().all(|id| {
+            w.cloud
+                .completed_actions()
+                .iter()
+                .any(|(a, _)| &a.instance_id == id)
+        })
+    })
+    .await;
+    // The old leader comes back from the partition, as a follower.
+    w.sim.cut(leader.who, false);
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(!*leader.leads.borrow() && *follower.leads.borrow());
+
+    let acts = actions(&w.sim, &aws, &["replica-a", "replica-b"]);
+    assert_one_actor_at_a_time(&acts, 1);
+    assert!(acts.iter().any(|a| a.who == leader.who));
+    assert!(acts.iter().any(|a| a.who == follower.who));
+    // Each action completed once, by the new leader; no hook ran out.
+    let completions: Vec<_> = acts
+        .iter()
+        .filter(|a| a.what.starts_with("CompleteLifecycleAction"))
+        .collect();
+    assert_eq!(completions.len(), 2, "{completions:?}");
+    assert!(completions.iter().all(|a| a.who == follower.who));
+    assert!(w.cloud.hook_timeouts().is_empty());
+    for r in &replicas {
+        for t in &r.tasks {
+            t.abort();
+        }
+        r.engine.shutdown();
+    }
+}

@@ -42,8 +42,25 @@ impl Default for SimOptions {
 #[derive(Debug, Default)]
 pub struct RequestStats {
     counts: Mutex<BTreeMap<(String, String), u64>>,
+    /// The writes that reached the server, in order (the last [`WRITES_KEPT`]).
+    writes: Mutex<std::collections::VecDeque<WriteSeen>>,
     used: Mutex<BTreeMap<String, std::collections::BTreeSet<RbacUse>>>,
     agents: Mutex<BTreeMap<String, std::collections::BTreeSet<(String, RbacUse)>>>,
+}
+
+/// How many of the latest writes [`RequestStats::writes`] keeps.
+pub const WRITES_KEPT: usize = 50_000;
+
+/// A write (create, update, patch, delete) that reached the server: who sent it and
+/// when, for tests that judge which replica acted when.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WriteSeen {
+    pub at: std::time::Instant,
+    /// The bearer token's identity; empty without one.
+    pub user: String,
+    pub verb: String,
+    /// `resource` or `resource/subresource` (`pods/eviction`).
+    pub resource: String,
 }
 
 /// One (verb, API group, resource[/subresource]) an identity used.
@@ -68,6 +85,18 @@ impl RequestStats {
             .lock()
             .entry((verb.to_string(), res.to_string()))
             .or_default() += 1;
+        if matches!(verb, "create" | "update" | "patch" | "delete") {
+            let mut writes = self.writes.lock();
+            if writes.len() >= WRITES_KEPT {
+                writes.pop_front();
+            }
+            writes.push_back(WriteSeen {
+                at: std::time::Instant::now(),
+                user: user.unwrap_or_default().to_string(),
+                verb: verb.to_string(),
+                resource: res.to_string(),
+            });
+        }
         if let Some(user) = user {
             let used = RbacUse {
                 verb: verb.to_string(),
@@ -95,6 +124,12 @@ impl RequestStats {
             .get(user)
             .map(|s| s.iter().cloned().collect())
             .unwrap_or_default()
+    }
+
+    /// The writes that reached the server so far, in order (the latest
+    /// [`WRITES_KEPT`]).
+    pub fn writes(&self) -> Vec<WriteSeen> {
+        self.writes.lock().iter().cloned().collect()
     }
 
     /// Every (verb, group, resource) the identity `user` used so far.

@@ -1,4 +1,5 @@
 #![allow(dead_code)]
+pub mod acting;
 pub mod budget_floor;
 pub mod eks;
 pub mod model;

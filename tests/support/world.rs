@@ -74,6 +74,17 @@ pub async fn service_on(
     s: ScaleInSettings,
     refresh_interval: Duration,
 ) -> (Arc<Provider>, Arc<Engine>, CloudProviderClient<Channel>) {
+    service_over(client, Arc::new(cloud.clone()), groups, s, refresh_interval).await
+}
+
+/// [`service_on`] over any cloud (a replica's logged view of the shared one, say).
+pub async fn service_over(
+    client: kube::Client,
+    cloud: Arc<dyn ca_asg_provider::cloud::Cloud>,
+    groups: &[String],
+    s: ScaleInSettings,
+    refresh_interval: Duration,
+) -> (Arc<Provider>, Arc<Engine>, CloudProviderClient<Channel>) {
     let settings = ProviderSettings {
         selector: GroupSelector {
             names: groups.to_vec(),
@@ -82,9 +93,9 @@ pub async fn service_on(
         refresh_interval,
         ..ProviderSettings::default()
     };
-    let provider = Provider::new(Arc::new(cloud.clone()), settings);
+    let provider = Provider::new(cloud.clone(), settings);
     provider.refresh_now().await.unwrap();
-    let engine = Engine::new(client, Arc::new(cloud.clone()), Some(provider.clone()), s);
+    let engine = Engine::new(client, cloud, Some(provider.clone()), s);
     provider.set_scale_in(Arc::new(DrainScaleIn(engine.clone())));
     let ca = serve_ca(&provider).await;
     eventually("the drain marks on Nodes are read", 10, || {

@@ -1,0 +1,171 @@
+//! Which replica acted, and when: the AWS writes each replica sends (through
+//! [`Logged`], its view of the shared cloud) and the API writes that reached the
+//! in-memory API server under its identity, merged into one action log, so a test of
+//! leadership judges the replicas by what they did rather than by what they believed.
+
+use std::sync::Arc;
+use std::time::Instant;
+
+use async_trait::async_trait;
+use ca_asg_provider::cloud::*;
+use ca_asg_provider::sim::SimCluster;
+use parking_lot::Mutex;
+
+/// One action: when it was sent, by whom, what.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Act {
+    pub at: Instant,
+    pub who: String,
+    pub what: String,
+}
+
+/// The AWS writes of every replica, in the order they were sent.
+#[derive(Debug, Default, Clone)]
+pub struct AwsActs(Arc<Mutex<Vec<Act>>>);
+
+impl AwsActs {
+    /// `inner` as the replica `who` sees it: every write it sends is logged first.
+    pub fn cloud(&self, who: &str, inner: Arc<dyn Cloud>) -> Arc<dyn Cloud> {
+        Arc::new(Logged {
+            who: who.to_string(),
+            inner,
+            log: self.clone(),
+        })
+    }
+
+    fn note(&self, who: &str, what: String) {
+        self.0.lock().push(Act {
+            at: Instant::now(),
+            who: who.to_string(),
+            what,
+        });
+    }
+
+    pub fn all(&self) -> Vec<Act> {
+        self.0.lock().clone()
+    }
+}
+
+/// Every action of `replicas` (their identities on the API server, and the names
+/// their AWS writes were logged under): AWS writes, and the API writes that reached
+/// the server, but for the Lease (the election itself) and Events (what is said, not
+/// done; a replica's queued Events may land after it stopped leading).
+pub fn actions(sim: &SimCluster, aws: &AwsActs, replicas: &[&str]) -> Vec<Act> {
+    let mut acts: Vec<Act> = sim
+        .requests()
+        .writes()
+        .into_iter()
+        .filter(|w| replicas.contains(&w.user.as_str()))
+        .filter(|w| w.resource != "leases" && w.resource != "events")
+        .map(|w| Act {
+            at: w.at,
+            who: w.user,
+            what: format!("{} {}", w.verb, w.resource),
+        })
+        .collect();
+    acts.extend(aws.all());
+    acts.sort_by_key(|a| a.at);
+    acts
+}
+
+/// Fails when the actions of two replicas interleave: once a replica acted after
+/// another, the other never acts again (at most one hand-over per leadership change,
+/// counted in `handovers`).
+pub fn assert_one_actor_at_a_time(acts: &[Act], handovers: usize) {
+    let mut turns: Vec<&Act> = Vec::new();
+    for a in acts {
+        if turns.last().is_none_or(|t| t.who != a.who) {
+            turns.push(a);
+        }
+    }
+    let origin = acts.first().map(|a| a.at);
+    let show = |a: &Act| {
+        format!(
+            "{} at {:?}: {}",
+            a.who,
+            origin.map(|o| a.at.duration_since(o)),
+            a.what
+        )
+    };
+    assert!(
+        turns.len() <= handovers + 1,
+        "the replicas' actions interleave ({} turns for {handovers} hand-over(s)): {:#?}",
+        turns.len(),
+        turns.iter().map(|a| show(a)).collect::<Vec<_>>()
+    );
+}
+
+struct Logged {
+    who: String,
+    inner: Arc<dyn Cloud>,
+    log: AwsActs,
+}
+
+#[async_trait]
+impl Cloud for Logged {
+    async fn describe_groups(&self, s: &GroupSelector) -> CloudResult<Vec<AsgSnapshot>> {
+        self.inner.describe_groups(s).await
+    }
+    async fn launch_history(&self, g: &str) -> CloudResult<LaunchHistory> {
+        self.inner.launch_history(g).await
+    }
+    async fn locate_instances(&self, ids: &[String]) -> CloudResult<Vec<InstanceLocation>> {
+        self.inner.locate_instances(ids).await
+    }
+    async fn set_desired_capacity(&self, g: &str, d: i32) -> CloudResult<()> {
+        self.log
+            .note(&self.who, format!("SetDesiredCapacity {g} {d}"));
+        self.inner.set_desired_capacity(g, d).await
+    }
+    async fn terminate_instance(&self, id: &str, dec: bool) -> CloudResult<()> {
+        self.log.note(
+            &self.who,
+            format!("TerminateInstanceInAutoScalingGroup {id}"),
+        );
+        self.inner.terminate_instance(id, dec).await
+    }
+    async fn instance_types(&self, n: &[String]) -> CloudResult<Vec<InstanceTypeInfo>> {
+        self.inner.instance_types(n).await
+    }
+    async fn launch_template(&self, t: &LaunchTemplateRef) -> CloudResult<LaunchData> {
+        self.inner.launch_template(t).await
+    }
+    async fn launch_configuration(&self, n: &str) -> CloudResult<LaunchData> {
+        self.inner.launch_configuration(n).await
+    }
+    async fn terminating_hooks(&self, g: &str) -> CloudResult<Vec<LifecycleHook>> {
+        self.inner.terminating_hooks(g).await
+    }
+    async fn put_terminating_hook(&self, g: &str, h: &LifecycleHook) -> CloudResult<()> {
+        self.log.note(&self.who, format!("PutLifecycleHook {g}"));
+        self.inner.put_terminating_hook(g, h).await
+    }
+    async fn lifecycle_heartbeat(&self, a: &LifecycleAction) -> CloudResult<()> {
+        self.log.note(
+            &self.who,
+            format!("RecordLifecycleActionHeartbeat {}", a.instance_id),
+        );
+        self.inner.lifecycle_heartbeat(a).await
+    }
+    async fn complete_lifecycle_action(
+        &self,
+        a: &LifecycleAction,
+        r: LifecycleResult,
+    ) -> CloudResult<()> {
+        self.log.note(
+            &self.who,
+            format!("CompleteLifecycleAction {}", a.instance_id),
+        );
+        self.inner.complete_lifecycle_action(a, r).await
+    }
+    async fn eks_nodegroup(&self, c: &str, n: &str) -> CloudResult<EksNodegroup> {
+        self.inner.eks_nodegroup(c, n).await
+    }
+    async fn instance_types_for_requirements(
+        &self,
+        r: &InstanceRequirements,
+        image: Option<&str>,
+    ) -> CloudResult<Vec<String>> {
+        self.inner.instance_types_for_requirements(r, image).await
+    }
+}
