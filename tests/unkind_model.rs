@@ -15,6 +15,9 @@
 //!   DescribeAutoScalingInstances, DescribeLifecycleHooks) throttled, slowed, slow to
 //!   answer after it took effect, or answered from an older state;
 //! - our hook's heartbeat timeout changed;
+//! - (always) EKS's own hook beside ours on the hooked group, never completed: it
+//!   holds an instance in Terminating:Wait for seconds after our action is
+//!   completed, across restarts and leader changes that must not drain it again;
 //! - forged or replayed queue messages for instances in any state (in service,
 //!   Terminating:Wait, gone, in another group): EC2_INSTANCE_TERMINATING with the
 //!   right token, a wrong one or none, spot warnings and rebalance recommendations
@@ -46,6 +49,8 @@
 //!   reason that comes after the earlier ones finished starts a drain of its own,
 //!   so each reason counts, a replayed lifecycle message included (the same notice
 //!   again is no new reason: it joins its drain, or stays done after it);
+//! - once our hook's action for an instance is completed, nothing of its node is
+//!   asked to leave but for a reason given since (EKS's hook may hold it a while);
 //! - no node of an instance nobody asked to go (CA, the ASG, a notice, `drain NODE`;
 //!   a forged lifecycle message is no one asking) is cordoned, or has a pod evicted;
 //! - the desired capacity is lowered at most once per instance, and only for
@@ -59,7 +64,7 @@
 //! instance in service), and with `proceed` every node drained for a notice or
 //! `drain NODE` has lost its workload pod and its DaemonSet pods of before the drain.
 //!
-//! Cases: [`CASES`] (600, 88 s on a 2-core machine, debug build; `MODEL_CASES=N`
+//! Cases: [`CASES`] (600, 88 s on a 2-core machine, debug build, 111 s with EKS's hook and a Go build beside it; `MODEL_CASES=N`
 //! for more), 16 side by side, each in its own runtime (tests/support/model.rs). A failure prints its seed, case, ops and the
 //! line that replays it (`MODEL_SEED=S MODEL_CASE=I cargo test --test unkind_model
 //! any_refusal`), then the smallest failing sequence shrinking found: paste it into a
@@ -69,7 +74,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use ca_asg_provider::cloud::memory::{DesiredBy, MemoryGroup};
+use ca_asg_provider::cloud::memory::{DesiredBy, HookEvent, MemoryGroup};
 use ca_asg_provider::cloud::queue::MemoryQueue;
 use ca_asg_provider::interruption::consumer::Consumer;
 use ca_asg_provider::interruption::RebalanceAction;
@@ -98,6 +103,10 @@ const DEADLINE: Duration = Duration::from_secs(2);
 /// 200 ms for the answer of a terminate in flight when the Lease goes), and a new
 /// replica here is a fresh process that reads its groups first, not a warm standby.
 const HOOK_SECS: i32 = 4;
+/// EKS's own hook on the hooked group (a managed node group): nobody completes it, so
+/// it holds an instance this long after our action is completed (it starts with
+/// ours), under restarts and leader changes that must not drain the node again.
+const EKS_HOOK_SECS: i32 = 12;
 /// The DaemonSet pods' share of an interruption budget (the consumer's default).
 const SHARE: chrono::Duration = chrono::Duration::seconds(20);
 /// An instance id no group has (gone long ago).
@@ -311,6 +320,8 @@ struct Model {
     /// Per node: how many reasons to drain it were given (a notice, CA, the ASG,
     /// `drain NODE`, a replay of one of them).
     reasons: Vec<u32>,
+    /// Per node: when the last reason to drain it was given.
+    last_reason: Vec<Option<Instant>>,
     /// Per node: the earliest moment a delete at a deadline is documented there.
     deletes_from: Vec<Option<Instant>>,
     /// Per node: its workload pod and the DaemonSet pods it had at the start.
@@ -347,7 +358,9 @@ impl Model {
     async fn new(policy: DeadlinePolicy) -> Model {
         let w = world(
             vec![
-                MemoryGroup::new("web", 0, 6, 2, "m5.large").terminating_hook(HOOK, HOOK_SECS),
+                MemoryGroup::new("web", 0, 6, 2, "m5.large")
+                    .eks_managed("prod", "web", EKS_HOOK_SECS)
+                    .terminating_hook(HOOK, HOOK_SECS),
                 MemoryGroup::new("batch", 0, 6, 2, "m5.large"),
             ],
             settings(policy),
@@ -421,6 +434,7 @@ impl Model {
             asked: BTreeSet::new(),
             drain_only: BTreeSet::new(),
             reasons: vec![0; NODES],
+            last_reason: vec![None; NODES],
             deletes_from: vec![None; NODES],
             apps,
             daemonsets_at_start,
@@ -442,6 +456,7 @@ impl Model {
     /// reason, always `proceed`) a delete is documented a deadline from now.
     fn drain_reason(&mut self, i: usize, hook: bool) {
         self.reasons[i] += 1;
+        self.last_reason[i] = Some(Instant::now());
         if hook || self.policy == DeadlinePolicy::Proceed {
             self.deletes_from(i, Instant::now() + DEADLINE);
         }
@@ -692,6 +707,7 @@ impl Model {
                     if b.contains("LifecycleTransition") {
                         if let Some(i) = self.nodes.iter().position(|(_, iid, _)| b.contains(iid)) {
                             self.reasons[i] += 1;
+                            self.last_reason[i] = Some(Instant::now());
                         }
                     }
                     self.send(b).await
@@ -748,6 +764,7 @@ impl Model {
     }
 
     fn check(&self) {
+        self.check_no_drain_after_our_action();
         let cloud = &self.w.cloud;
         let chosen = |id: &str| self.ca_named.contains(id) || self.asg_chose.contains(id);
         for (_, i) in cloud.instances() {
@@ -770,9 +787,15 @@ impl Model {
             cloud.chosen_by_asg().is_empty(),
             "the ASG picked a victim after a desired-capacity write"
         );
+        // Ours only: EKS's hook on web times out by design.
+        let ours_timed_out: Vec<_> = cloud
+            .lifecycle_log()
+            .into_iter()
+            .filter(|e| matches!(e, HookEvent::TimedOut { hook, .. } if hook == HOOK))
+            .collect();
         assert_eq!(
-            cloud.hook_timeouts(),
-            Vec::<String>::new(),
+            ours_timed_out,
+            Vec::new(),
             "a held instance was not heartbeated until its drain ended"
         );
         // The desired capacity: lowered at most once per instance, only for CA's.
@@ -910,6 +933,36 @@ impl Model {
 
     /// The pods of `owner` on `node`, line by line from the audit (ms from the first
     /// line), then the node's drain record: what a failure about them needs.
+    /// Once our hook's action for an instance is completed, nothing of its node is
+    /// asked to leave again but for a reason given after that: another hook (EKS's)
+    /// may hold the instance for a while yet, and a restarted process or a new
+    /// leader must know the action is over (from the Node's record).
+    fn check_no_drain_after_our_action(&self) {
+        let audit = self.w.sim.audit();
+        let placed = self.pods.all();
+        for (iid, done) in self.w.cloud.completed_at() {
+            let Some(i) = self.index_of(&iid) else {
+                continue;
+            };
+            if self.last_reason[i].is_some_and(|r| r > done) {
+                continue;
+            }
+            let node = &self.nodes[i].0;
+            if let Some(e) = audit.iter().find(|e| {
+                e.kind == "Pod"
+                    && e.verb == "eviction-requested"
+                    && e.at > done
+                    && placed.get(&e.name).is_some_and(|p| &p.node == node)
+            }) {
+                panic!(
+                    "{} on {node} was asked to leave {:?} after our action for {iid} was completed, with no reason given since: the node was drained again",
+                    e.name,
+                    e.at.duration_since(done)
+                );
+            }
+        }
+    }
+
     fn history_of(
         &self,
         audit: &[ca_asg_provider::sim::store::AuditEntry],
