@@ -6,7 +6,9 @@
 //! scale-in (NodeGroupDeleteNodes over mTLS, as CA sends it) drained by the service in the
 //! cluster under the chart's ServiceAccount and RBAC, with the checks of the other
 //! scenarios (evictions only, the budget held, DaemonSet pods last, the ASG's capacity),
-//! then the other replica taking the Lease when the leader's pod is deleted.
+//! then the other replica taking the Lease when the leader's pod is deleted, and last
+//! `helm upgrade` in the middle of a drain held by a budget: a new pod takes the Lease,
+//! the drain resumes and the instance ends once.
 //!
 //! The service's pods run on the real node (kubelet + containerd); the ASG's instances are
 //! Nodes of the suite's fake kubelet (tests/e2e/kubelet.rs), following moto.
@@ -555,20 +557,7 @@ async fn chart_installed_runs_two_replicas_holds_the_lease_and_drains_a_ca_scale
     );
 
     report.step("CA connects over mTLS to the follower and reads the group");
-    let follower_ip = pod_ip(&ps[&follower]);
-    let tls = ClientTlsConfig::new()
-        .domain_name(SERVER_NAME)
-        .ca_certificate(Certificate::from_pem(&certs.ca))
-        .identity(Identity::from_pem(&certs.client.0, &certs.client.1));
-    let channel = Endpoint::from_shared(format!("https://{follower_ip}:8086"))
-        .unwrap()
-        .tls_config(tls)
-        .unwrap()
-        .connect_timeout(Duration::from_secs(5))
-        .connect()
-        .await
-        .unwrap_or_else(|e| panic!("connect to {follower}'s gRPC port: {e:?}"));
-    let mut ca = CloudProviderClient::new(channel);
+    let mut ca = connect_ca(&certs, &follower, &ps[&follower]).await;
     ca.refresh(proto::RefreshRequest {}).await.expect("Refresh");
     let groups = ca
         .node_groups(proto::NodeGroupsRequest {})
@@ -757,8 +746,222 @@ async fn chart_installed_runs_two_replicas_holds_the_lease_and_drains_a_ca_scale
         Some(follower.as_str()),
         "the Lease stays with the replica that took it over"
     );
+    upgrade_keeps_the_lease_and_the_drain(Upgrade {
+        report: &report,
+        admin: &admin,
+        cp: &cp,
+        ca: &mut ca,
+        certs: &certs,
+        kubelet: &kubelet,
+        pods: &pods,
+        leases: &leases,
+        node: &node,
+        helm: &helm,
+        chart,
+        ended_before: victims.len() as i32,
+    })
+    .await;
     report.step("done");
     drop(node);
+}
+
+/// CA's client over mTLS to `pod`'s gRPC port, as CA connects.
+async fn connect_ca(
+    certs: &install::Certs,
+    name: &str,
+    pod: &Pod,
+) -> CloudProviderClient<tonic::transport::Channel> {
+    let tls = ClientTlsConfig::new()
+        .domain_name(SERVER_NAME)
+        .ca_certificate(Certificate::from_pem(&certs.ca))
+        .identity(Identity::from_pem(&certs.client.0, &certs.client.1));
+    let channel = Endpoint::from_shared(format!("https://{}:8086", pod_ip(pod)))
+        .unwrap()
+        .tls_config(tls)
+        .unwrap()
+        .connect_timeout(Duration::from_secs(5))
+        .connect()
+        .await
+        .unwrap_or_else(|e| panic!("connect to {name}'s gRPC port: {e:?}"));
+    CloudProviderClient::new(channel)
+}
+
+/// What the upgrade step works with.
+struct Upgrade<'a> {
+    report: &'a Report,
+    admin: &'a kube::Client,
+    cp: &'a ControlPlane,
+    ca: &'a mut CloudProviderClient<tonic::transport::Channel>,
+    certs: &'a install::Certs,
+    kubelet: &'a FakeKubelet,
+    pods: &'a Api<Pod>,
+    leases: &'a Api<Lease>,
+    node: &'a RealNode,
+    helm: &'a install::Helm,
+    chart: &'a str,
+    /// Instances the scenario ended before this step.
+    ended_before: i32,
+}
+
+/// `helm upgrade` in the middle of a drain (issue 40, 2): CA scales in a node whose
+/// pod has a budget that allows nothing, so the drain waits; the release is upgraded
+/// (a changed value, so the Deployment rolls both pods: no earlier chart version has
+/// been released to upgrade from); the Lease passes to a new pod, the drain is not
+/// lost (the Node's record), the budget holds through the roll, and once it lets go
+/// the new leader ends the instance, the desired capacity one lower, once.
+async fn upgrade_keeps_the_lease_and_the_drain(u: Upgrade<'_>) {
+    let report = u.report;
+    report.step("upgrade: a pod with a budget that allows nothing on a live node");
+    let before: std::collections::BTreeSet<String> =
+        service_pods(u.pods).await.into_keys().collect();
+    let ended = u.kubelet.instances_ended();
+    let (gnode, giid) = u
+        .kubelet
+        .nodes()
+        .into_iter()
+        .find(|(_, i)| !ended.contains(i))
+        .expect("a live node");
+    create(
+        u.admin,
+        Some("shop"),
+        json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "guarded", "labels": {"app": "guarded"}},
+            "spec": {"nodeName": gnode, "terminationGracePeriodSeconds": 30,
+                "containers": [{"name": "main", "image": "e2e/app:1",
+                    "resources": {"requests": {"cpu": "100m", "memory": "64Mi"}},
+                    "lifecycle": {"preStop": {"exec": {"command": ["sleep", "1"]}}}}]}
+        }),
+    )
+    .await;
+    create(
+        u.admin,
+        Some("shop"),
+        json!({
+            "apiVersion": "policy/v1", "kind": "PodDisruptionBudget", "metadata": {"name": "guarded"},
+            "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": "guarded"}}}
+        }),
+    )
+    .await;
+    until("the guarded pod Ready", 60, || {
+        let admin = u.admin.clone();
+        async move { ready_pods(&admin).await.contains_key("shop/guarded") }
+    })
+    .await;
+
+    report.step("upgrade: CA scales that node in; the budget holds the drain");
+    let mut req = tonic::Request::new(proto::NodeGroupDeleteNodesRequest {
+        id: GROUP.into(),
+        nodes: vec![proto::ExternalGrpcNode {
+            provider_id: format!("aws:///us-east-1a/{giid}"),
+            name: gnode.clone(),
+            labels: [("kubernetes.io/hostname".to_string(), gnode.clone())].into(),
+            ..Default::default()
+        }],
+    });
+    req.set_timeout(Duration::from_secs(5));
+    u.ca.node_group_delete_nodes(req)
+        .await
+        .unwrap_or_else(|e| panic!("NodeGroupDeleteNodes: {e}"));
+    let refused = |cp: &ControlPlane| {
+        cp.audit()
+            .iter()
+            .filter(|e| {
+                e.user.username == SERVICE_ACCOUNT_USER
+                    && e.is("create", "pods", "eviction")
+                    && e.code() == 429
+                    && e.target() == "shop/guarded"
+            })
+            .count()
+    };
+    let end = Instant::now() + Duration::from_secs(60);
+    while refused(u.cp) == 0 {
+        assert!(
+            Instant::now() < end,
+            "the budget never refused the drain's eviction of shop/guarded within 60 s:\n{}",
+            diagnose(u.pods, u.node).await
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+
+    report.step("upgrade: helm upgrade rolls both pods mid-drain");
+    let out = u
+        .helm
+        .run(&[
+            "upgrade",
+            RELEASE,
+            u.chart,
+            "--namespace",
+            NS,
+            "--reuse-values",
+            "--set-string",
+            "podAnnotations.e2e-rollout=1",
+        ])
+        .unwrap_or_else(|e| panic!("{e:#}"));
+    eprintln!("e2e: helm upgrade:\n{out}");
+    let end = Instant::now() + Duration::from_secs(180);
+    let holder = loop {
+        let ps = service_pods(u.pods).await;
+        let rolled =
+            ps.len() == 2 && ps.values().all(ready) && ps.keys().all(|p| !before.contains(p));
+        let holder = lease_holder(u.leases).await;
+        if rolled && holder.as_ref().is_some_and(|h| ps.contains_key(h)) {
+            break holder.unwrap();
+        }
+        assert!(
+            Instant::now() < end,
+            "the upgrade did not end with two new Ready pods, one holding the Lease, within 180 s (holder {holder:?}):\n{}",
+            diagnose(u.pods, u.node).await
+        );
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
+    eprintln!("e2e: after the upgrade, {holder} holds the Lease");
+    assert!(
+        !u.kubelet.instances_ended().contains(&giid),
+        "the instance ended while its pod's budget allowed nothing"
+    );
+    assert!(
+        ready_pods(u.admin).await.contains_key("shop/guarded"),
+        "the guarded pod left through the upgrade"
+    );
+
+    report.step("upgrade: the budget lets go; the new leader ends the instance");
+    let pdbs: Api<k8s_openapi::api::policy::v1::PodDisruptionBudget> =
+        Api::namespaced(u.admin.clone(), "shop");
+    pdbs.delete("guarded", &DeleteParams::default())
+        .await
+        .unwrap_or_else(|e| panic!("delete the guarded budget: {e}"));
+    let end = Instant::now() + Duration::from_secs(120);
+    while !u.kubelet.instances_ended().contains(&giid) {
+        assert!(
+            Instant::now() < end,
+            "the instance {giid} did not end within 120 s after the budget let go:\n{}",
+            diagnose(u.pods, u.node).await
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    report.step("check: evictions only; CA, on a new pod, reads the target one lower");
+    checks::evictions_only_as(
+        SERVICE_ACCOUNT_USER,
+        &u.cp.audit(),
+        &u.kubelet.stops(),
+        std::slice::from_ref(&gnode),
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    let ps = service_pods(u.pods).await;
+    let mut ca = connect_ca(u.certs, &holder, &ps[&holder]).await;
+    ca.refresh(proto::RefreshRequest {}).await.expect("Refresh");
+    let target = ca
+        .node_group_target_size(proto::NodeGroupTargetSizeRequest { id: GROUP.into() })
+        .await
+        .expect("NodeGroupTargetSize")
+        .into_inner()
+        .target_size;
+    assert_eq!(
+        target,
+        NODES - u.ended_before - 1,
+        "the target size CA reads after the upgrade's drain"
+    );
 }
 
 /// The DER bytes of every certificate of a PEM text.
