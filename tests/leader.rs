@@ -292,28 +292,7 @@ async fn a_late_answered_renewal_then_a_partition_never_leaves_two_leaders() {
             }
         });
     }
-    let api: kube::Api<k8s_openapi::api::coordination::v1::Lease> =
-        kube::Api::namespaced(sim.client(), "kube-system");
-    let renewed = || async {
-        api.get("ca-asg-provider")
-            .await
-            .unwrap()
-            .spec
-            .unwrap()
-            .renew_time
-            .map(|t| t.0)
-    };
-    // The next renewal lands at once; its answer comes back 1.8 s later.
-    sim.slow_answers("update", "leases", Duration::from_millis(1800));
-    let before = renewed().await;
-    let mut landed = before;
-    while landed == before {
-        tokio::time::sleep(Duration::from_millis(20)).await;
-        landed = renewed().await;
-    }
-    // Right after it landed, replica a is cut off: nothing of its reaches the server.
-    sim.cut("replica-a", true);
-    sim.slow_answers("update", "leases", Duration::ZERO);
+    late_answered_renewal_then_cut(&sim, "replica-a").await;
     eventually("b takes over", 20, || *b.borrow()).await;
     tokio::time::sleep(Duration::from_secs(3)).await;
     let flips = flips.lock().clone();
@@ -439,27 +418,7 @@ async fn two_replicas_never_act_at_once_judged_by_their_own_actions() {
 
     // The leader's next renewal lands at once and is answered 1.8 s later; right
     // after it landed, the leader is cut off from the API server.
-    let api: kube::Api<k8s_openapi::api::coordination::v1::Lease> =
-        kube::Api::namespaced(w.sim.client(), "kube-system");
-    let renewed = || async {
-        api.get("ca-asg-provider")
-            .await
-            .unwrap()
-            .spec
-            .unwrap()
-            .renew_time
-            .map(|t| t.0)
-    };
-    w.sim
-        .slow_answers("update", "leases", Duration::from_millis(1800));
-    let before = renewed().await;
-    let mut landed = before;
-    while landed == before {
-        tokio::time::sleep(Duration::from_millis(20)).await;
-        landed = renewed().await;
-    }
-    w.sim.cut(leader.who, true);
-    w.sim.slow_answers("update", "leases", Duration::ZERO);
+    late_answered_renewal_then_cut(&w.sim, leader.who).await;
     eventually("the follower takes over", 20, || *follower.leads.borrow()).await;
     eventually("the new leader heartbeats the held instances", 10, || {
         aws.all()
@@ -509,4 +468,30 @@ async fn two_replicas_never_act_at_once_judged_by_their_own_actions() {
         }
         r.engine.shutdown();
     }
+}
+
+/// The next renewal of the Lease `ca-asg-provider` lands at once and is answered 1.8 s
+/// later (inside a 3 s Lease's 2 s renew deadline); right after it landed, `who` is cut
+/// off from the API server: nothing of its reaches it any more.
+async fn late_answered_renewal_then_cut(sim: &SimCluster, who: &str) {
+    let api: kube::Api<k8s_openapi::api::coordination::v1::Lease> =
+        kube::Api::namespaced(sim.client(), "kube-system");
+    let renewed = || async {
+        api.get("ca-asg-provider")
+            .await
+            .unwrap()
+            .spec
+            .unwrap()
+            .renew_time
+            .map(|t| t.0)
+    };
+    sim.slow_answers("update", "leases", Duration::from_millis(1800));
+    let before = renewed().await;
+    let mut landed = before;
+    while landed == before {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        landed = renewed().await;
+    }
+    sim.cut(who, true);
+    sim.slow_answers("update", "leases", Duration::ZERO);
 }
