@@ -765,6 +765,41 @@ async fn chart_installed_runs_two_replicas_holds_the_lease_and_drains_a_ca_scale
     drop(node);
 }
 
+/// The image is reproducible (issue 40, 1; docs/image.md): built twice from the same
+/// binary and the same pinned packages, the two OCI archives are the same bytes, so
+/// their manifest digests are the same.
+#[tokio::test]
+async fn the_image_built_twice_from_the_same_binary_is_the_same_bytes() {
+    let what = "the image is reproducible";
+    if std::env::var_os("E2E_SERVICE_IMAGE").is_some() {
+        return skip_or_fail(what, "E2E_SERVICE_IMAGE gives a prebuilt image");
+    }
+    if real_node::available().is_none() {
+        return skip_or_fail(
+            what,
+            "no real node here (the image tier runs with it: scripts/e2e/node-deps.sh)",
+        );
+    }
+    let work = tempfile::Builder::new()
+        .prefix("ca-asg-e2e-image-")
+        .tempdir()
+        .unwrap();
+    let mut built = Vec::new();
+    for n in ["first", "second"] {
+        let dir = work.path().join(n);
+        std::fs::create_dir_all(&dir).unwrap();
+        let (path, _) = install::service_image(&dir).unwrap_or_else(|e| panic!("{e:#}"));
+        built.push(std::fs::read(&path).unwrap());
+    }
+    assert!(!built[0].is_empty());
+    assert!(
+        built[0] == built[1],
+        "two builds from the same binary differ ({} and {} bytes)",
+        built[0].len(),
+        built[1].len()
+    );
+}
+
 /// CA's client over mTLS to `pod`'s gRPC port, as CA connects.
 async fn connect_ca(
     certs: &install::Certs,
