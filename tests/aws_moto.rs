@@ -770,3 +770,53 @@ async fn check_config_explains_eks_hooks_on_managed_node_groups_and_fails_on_a_s
         "{text}"
     );
 }
+
+/// Issue 47: a group's warm pool is read from DescribeAutoScalingGroups'
+/// WarmPoolConfiguration (state, sizes, reuse on scale-in); a group without one has
+/// none.
+#[tokio::test]
+async fn a_groups_warm_pool_is_read_from_its_description() {
+    let e = env().await;
+    launch_template(&e, "lt", "m5.large", None).await;
+    group(&e, "pooled", "lt", 0, &[]).await;
+    group(&e, "plain", "lt", 0, &[]).await;
+    e.asg
+        .put_warm_pool()
+        .auto_scaling_group_name("pooled")
+        .min_size(2)
+        .max_group_prepared_capacity(6)
+        .pool_state(aws_sdk_autoscaling::types::WarmPoolState::Hibernated)
+        .instance_reuse_policy(
+            aws_sdk_autoscaling::types::InstanceReusePolicy::builder()
+                .reuse_on_scale_in(true)
+                .build(),
+        )
+        .send()
+        .await
+        .unwrap();
+    let gs = e
+        .cloud
+        .describe_groups(&GroupSelector {
+            names: vec!["pooled".into(), "plain".into()],
+            tag_sets: vec![],
+        })
+        .await
+        .unwrap();
+    let pool = |name: &str| {
+        gs.iter()
+            .find(|g| g.name == name)
+            .unwrap()
+            .warm_pool
+            .clone()
+    };
+    assert_eq!(
+        pool("pooled"),
+        Some(ca_asg_provider::cloud::WarmPool {
+            min_size: 2,
+            max_prepared: Some(6),
+            pool_state: "Hibernated".into(),
+            reuse_on_scale_in: true,
+        })
+    );
+    assert_eq!(pool("plain"), None);
+}

@@ -758,3 +758,39 @@ async fn check_config_requests_say_who_is_calling() {
     );
     assert!(sent.iter().all(|(agent, _)| *agent == want), "{sent:#?}");
 }
+
+/// Issue 47: a group's warm pool is shown; reuse on scale-in is a problem (this
+/// version does not drain an instance going back to the pool), a pool without it is
+/// not.
+#[test]
+fn check_config_shows_a_warm_pool_and_fails_on_reuse_on_scale_in() {
+    use ca_asg_provider::cloud::WarmPool;
+    use ca_asg_provider::commands::check::warm_pool_findings;
+    assert_eq!(warm_pool_findings("web", None), (None, Vec::new()));
+    let mut pool = WarmPool {
+        min_size: 2,
+        max_prepared: None,
+        pool_state: "Stopped".into(),
+        reuse_on_scale_in: false,
+    };
+    let (line, problems) = warm_pool_findings("web", Some(&pool));
+    assert_eq!(
+        line.as_deref(),
+        Some("warm pool: Stopped, min 2, max prepared the group's max size, reuse on scale-in no")
+    );
+    assert!(problems.is_empty(), "{problems:?}");
+    pool.reuse_on_scale_in = true;
+    pool.max_prepared = Some(5);
+    let (line, problems) = warm_pool_findings("web", Some(&pool));
+    assert!(line
+        .unwrap()
+        .ends_with("max prepared 5, reuse on scale-in yes"));
+    assert_eq!(problems.len(), 1);
+    assert!(
+        problems[0].starts_with("group web: its warm pool reuses instances on scale-in")
+            && problems[0].contains("Warmed:Pending:Wait")
+            && problems[0].contains("ReuseOnScaleIn=false"),
+        "{}",
+        problems[0]
+    );
+}

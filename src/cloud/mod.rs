@@ -46,6 +46,23 @@ pub struct AsgSnapshot {
     pub instances: Vec<AsgInstance>,
     /// Lifecycle hooks on `autoscaling:EC2_INSTANCE_TERMINATING`, when known.
     pub terminating_hooks: Vec<LifecycleHook>,
+    /// The group's warm pool (DescribeAutoScalingGroups' WarmPoolConfiguration).
+    pub warm_pool: Option<WarmPool>,
+}
+
+/// An ASG's warm pool as AWS configures it. Its instances are not the group's: they
+/// count toward no desired capacity until they leave the pool.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WarmPool {
+    /// MinSize: instances kept in the pool at least.
+    pub min_size: i32,
+    /// MaxGroupPreparedCapacity; `None`: the group's max size (AWS's -1 or unset).
+    pub max_prepared: Option<i32>,
+    /// PoolState as AWS names it: `Stopped`, `Running` or `Hibernated`.
+    pub pool_state: String,
+    /// InstanceReusePolicy.ReuseOnScaleIn: a scale-in returns instances to the pool
+    /// instead of ending them.
+    pub reuse_on_scale_in: bool,
 }
 
 impl AsgSnapshot {

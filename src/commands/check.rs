@@ -288,6 +288,11 @@ pub async fn report_in(
         for note in hook_notes(&g.asg.name, &g.asg.tags, &g.hooks, &scale_in.hook_name) {
             println!("    note: {note}");
         }
+        let (pool, pool_problems) = warm_pool_findings(&g.asg.name, g.asg.warm_pool.as_ref());
+        if let Some(line) = pool {
+            println!("    {line}");
+        }
+        problems.extend(pool_problems);
         problems.extend(hook_problems(
             &g.asg.name,
             &g.asg.tags,
@@ -451,6 +456,36 @@ pub fn hook_notes(
         .filter(|h| hooks::owner(&h.name, ours, tags) == HookOwner::Eks)
         .map(|_| hooks::eks_hook_explained(group, tags, ours, with_ours))
         .collect()
+}
+
+/// What `check-config` says of a group's warm pool: the line it prints, and the
+/// problems. Reuse on scale-in is one: an instance the ASG returns to the pool waits
+/// for the EC2_INSTANCE_TERMINATING hook in `Warmed:Pending:Wait`, which this version
+/// does not drain, so it stops with its pods on it. Pure.
+pub fn warm_pool_findings(
+    group: &str,
+    pool: Option<&crate::cloud::WarmPool>,
+) -> (Option<String>, Vec<String>) {
+    let Some(p) = pool else {
+        return (None, Vec::new());
+    };
+    let max = match p.max_prepared {
+        Some(m) => m.to_string(),
+        None => "the group's max size".to_string(),
+    };
+    let line = format!(
+        "warm pool: {}, min {}, max prepared {max}, reuse on scale-in {}",
+        p.pool_state,
+        p.min_size,
+        if p.reuse_on_scale_in { "yes" } else { "no" }
+    );
+    let mut problems = Vec::new();
+    if p.reuse_on_scale_in {
+        problems.push(format!(
+            "group {group}: its warm pool reuses instances on scale-in (InstanceReusePolicy ReuseOnScaleIn): an instance the ASG sends back to the pool waits for the termination hook in Warmed:Pending:Wait, which this version does not drain, so it stops with its pods on it; turn reuse off (aws autoscaling put-warm-pool --auto-scaling-group-name {group} --instance-reuse-policy ReuseOnScaleIn=false) until warm pools are supported (docs/limits.md)"
+        ));
+    }
+    (Some(line), problems)
 }
 
 /// Node labels that name a zone: a topology spread over any of them is zonal.

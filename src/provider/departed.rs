@@ -105,6 +105,7 @@ mod tests {
                         tags: Default::default(),
                         launch: Default::default(),
                         terminating_hooks: Vec::new(),
+                        warm_pool: None,
                     },
                     min: 0,
                     max: 10,

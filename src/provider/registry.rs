@@ -162,6 +162,7 @@ mod tests {
                 })
                 .collect(),
             terminating_hooks: vec![],
+            warm_pool: None,
         }
     }
 

@@ -248,6 +248,18 @@ pub(super) fn snapshot_of(g: &asg::types::AutoScalingGroup) -> Option<AsgSnapsho
             })
             .collect(),
         terminating_hooks: Vec::new(),
+        warm_pool: g.warm_pool_configuration().map(|w| WarmPool {
+            min_size: w.min_size().unwrap_or(0).max(0),
+            max_prepared: w.max_group_prepared_capacity().filter(|m| *m >= 0),
+            pool_state: w
+                .pool_state()
+                .map(|p| p.as_str().chars().take(32).collect())
+                .unwrap_or_else(|| "Stopped".to_string()),
+            reuse_on_scale_in: w
+                .instance_reuse_policy()
+                .and_then(|r| r.reuse_on_scale_in())
+                .unwrap_or(false),
+        }),
     })
 }
 

@@ -16,7 +16,7 @@ use super::{
     AsgInstance, AsgSnapshot, BlockVolume, Cloud, CloudError, CloudResult, EksNodegroup,
     GroupSelector, InstanceLocation, InstanceRequirements, InstanceTypeInfo, LaunchData,
     LaunchFailure, LaunchHistory, LaunchSpec, LaunchTemplateRef, LifecycleAction, LifecycleHook,
-    LifecycleResult, LifecycleState,
+    LifecycleResult, LifecycleState, WarmPool,
 };
 
 /// The region the in-memory cloud's zones (`us-east-1a`..) are in.
@@ -45,6 +45,8 @@ pub struct MemoryGroup {
     /// The launch template version the ASG names (`$Default`, `$Latest`, a number);
     /// None names none, which AWS reads as `$Default`.
     pub launch_template_version: Option<String>,
+    /// The group's warm pool configuration (its instances are not played).
+    pub warm_pool: Option<WarmPool>,
 }
 
 impl MemoryGroup {
@@ -65,7 +67,14 @@ impl MemoryGroup {
             terminating_hooks: Vec::new(),
             requirements: None,
             launch_template_version: None,
+            warm_pool: None,
         }
+    }
+
+    /// A warm pool beside the group, as PutWarmPool configures one.
+    pub fn warm_pool(mut self, pool: WarmPool) -> Self {
+        self.warm_pool = Some(pool);
+        self
     }
 
     /// The launch template version the ASG names (`$Latest`, `3`, ...).
@@ -910,6 +919,7 @@ impl MemoryCloud {
             },
             instances: g.instances.iter().map(to_asg_instance).collect(),
             terminating_hooks: Vec::new(),
+            warm_pool: g.spec.warm_pool.clone(),
         }
     }
 }

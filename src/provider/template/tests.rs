@@ -25,6 +25,7 @@ fn asg(tags: &[(&str, &str)]) -> AsgSnapshot {
             instance_type: None,
         }],
         terminating_hooks: vec![],
+        warm_pool: None,
     }
 }
 
