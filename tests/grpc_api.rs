@@ -222,6 +222,48 @@ async fn node_group_for_node_maps_provider_ids_and_bare_ids() {
     assert!(missing.message().contains("node"));
 }
 
+/// Issue 47: an instance in its group's warm pool is not the group's: its Node (a
+/// stopped instance keeps it) maps to no group, as CA's own AWS provider answers, also
+/// after the background lookup finds it in `Warmed:Stopped` (before, the lookup mapped
+/// it back to the group, so CA counted a stopped node as the group's). Here the
+/// process starts after the instance went to the pool; one that saw it leave maps it
+/// to its former group for ten minutes first (provider::departed: CA's cached
+/// instance list still names it).
+#[tokio::test]
+async fn a_node_whose_instance_is_in_the_warm_pool_maps_to_no_group() {
+    let cloud = MemoryCloud::new(groups(), fast());
+    let pooled = cloud
+        .instances()
+        .into_iter()
+        .filter(|(g, _)| g == "web")
+        .map(|(_, i)| i)
+        .next()
+        .unwrap();
+    assert!(cloud.send_to_warm_pool(&pooled.id, "Warmed:Stopped"));
+    let mut h = start_with(cloud, discovery(), true).await;
+    let pid = pooled.provider_id();
+    let before = h
+        .cloud
+        .calls()
+        .get("locate_instances")
+        .copied()
+        .unwrap_or(0);
+    assert_eq!(group_of(&mut h, &pid).await, "", "not in the group's list");
+    let cloud = h.cloud.clone();
+    eventually("the background lookup ran", || {
+        let n = cloud.calls().get("locate_instances").copied().unwrap_or(0);
+        async move { n > before }
+    })
+    .await;
+    // The lookup's answer is applied right after the call returns.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(
+        group_of(&mut h, &pid).await,
+        "",
+        "an instance in the warm pool was mapped to its group"
+    );
+}
+
 #[tokio::test]
 async fn a_fresh_instance_maps_to_its_group_before_the_next_refresh() {
     let mut settings = discovery();

@@ -247,6 +247,11 @@ impl LifecycleState {
         !self.is_leaving() && !self.is_standby()
     }
 
+    /// In the group's warm pool (`Warmed:*`): not the group's instance.
+    pub fn in_warm_pool(&self) -> bool {
+        matches!(self, Self::Other(s) if s.starts_with("Warmed:"))
+    }
+
     /// Terminating, Terminating:Wait, Terminating:Proceed or Terminated.
     pub fn is_terminating(&self) -> bool {
         matches!(

@@ -669,6 +669,13 @@ impl Provider {
                     let mut any = false;
                     let mut ov = self.overlay.lock();
                     for loc in found {
+                        // An instance in the warm pool is not the group's: its Node
+                        // (a stopped instance keeps it) maps to no group, as CA's
+                        // own AWS provider answers.
+                        if loc.state.in_warm_pool() {
+                            tracing::debug!(instance = %loc.instance_id, group = %loc.group, state = loc.state.as_str(), "instance in the warm pool: mapped to no group");
+                            continue;
+                        }
                         if reg.group(&loc.group).is_some() {
                             tracing::info!(instance = %loc.instance_id, group = %loc.group, "new instance mapped to its group");
                             ov.located.insert(loc.instance_id, (loc.group, now()));

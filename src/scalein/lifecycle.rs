@@ -321,7 +321,10 @@ pub async fn scan(engine: &Arc<Engine>, provider: &Arc<Provider>) -> usize {
 /// the pool waits for the termination hook in `Warmed:Pending:Wait`, which this
 /// version does not drain (check-config counts it a problem). Said once per group.
 fn warn_warm_pool_reuse(engine: &Engine, g: &crate::provider::Group) {
-    if g.asg.warm_pool.as_ref().is_some_and(|p| p.reuse_on_scale_in)
+    if g.asg
+        .warm_pool
+        .as_ref()
+        .is_some_and(|p| p.reuse_on_scale_in)
         && engine.note_once("warm pool reuse", g.asg.name.clone())
     {
         tracing::warn!(group = %g.asg.name, "the group's warm pool reuses instances on scale-in: an instance the ASG sends back to the pool is not drained by this version and stops with its pods; turn ReuseOnScaleIn off (docs/limits.md)");

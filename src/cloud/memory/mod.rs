@@ -255,6 +255,10 @@ struct MemAsg {
     zone_cursor: usize,
     /// No replacement is launched before this (the health check after a reclaim).
     launches_held_until: Option<Instant>,
+    /// Instances in the group's warm pool, in their `Warmed:*` state: not the
+    /// group's (DescribeAutoScalingGroups leaves them out), still answered by
+    /// DescribeAutoScalingInstances.
+    pool: Vec<MemInstance>,
 }
 
 #[derive(Default)]
@@ -328,6 +332,7 @@ impl MemoryCloud {
                         failures: Vec::new(),
                         last_launch_unix: None,
                         zone_cursor: 0,
+                        pool: Vec::new(),
                     },
                 );
             }
@@ -380,6 +385,27 @@ impl MemoryCloud {
         }
     }
 
+    /// Sends an instance to its group's warm pool, as a scale-in with ReuseOnScaleIn
+    /// does once the hooks let it go: it leaves the group's instances and its desired
+    /// capacity (one lower) and waits in the pool in `state` (`Warmed:Stopped`, ...),
+    /// where DescribeAutoScalingInstances still finds it. False: no such instance.
+    pub fn send_to_warm_pool(&self, instance_id: &str, state: &str) -> bool {
+        let mut st = self.state.lock();
+        for g in st.groups.values_mut() {
+            if let Some(at) = g.instances.iter().position(|i| i.id == instance_id) {
+                let mut i = g.instances.remove(at);
+                i.state = LifecycleState::parse(state);
+                i.enters_wait = None;
+                i.waits.clear();
+                i.since = Instant::now();
+                g.pool.push(i);
+                g.desired = (g.desired - 1).max(0);
+                return true;
+            }
+        }
+        false
+    }
+
     /// Puts a terminating hook on a running group, as an operator does by hand with
     /// PutLifecycleHook: instances that end from now on wait for it.
     pub fn add_hook(&self, group: &str, hook: LifecycleHook) {
@@ -413,6 +439,7 @@ impl MemoryCloud {
                 failures: Vec::new(),
                 last_launch_unix: None,
                 zone_cursor: 0,
+                pool: Vec::new(),
             },
         );
         let now = Instant::now();
@@ -1076,7 +1103,7 @@ impl Cloud for MemoryCloud {
             let stale = Self::stale_view(&mut st);
             let mut out = Vec::new();
             for g in stale.as_ref().unwrap_or(&st.groups).values() {
-                for i in &g.instances {
+                for i in g.instances.iter().chain(&g.pool) {
                     if ids.contains(&i.id) {
                         out.push(InstanceLocation {
                             instance_id: i.id.clone(),
