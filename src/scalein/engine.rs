@@ -346,14 +346,7 @@ impl Engine {
             return Ok(stopped);
         };
         let closes = self
-            .nodes
-            .cached(&node)
-            .and_then(|n| {
-                n.metadata
-                    .annotations
-                    .as_ref()
-                    .and_then(record::DrainRecord::from_annotations)
-            })
+            .cached_record(&node)
             .is_some_and(|mut r| r.instance_left());
         if !(stopped || closes) {
             return Ok(false);
@@ -412,18 +405,18 @@ impl Engine {
         let done = self
             .nodes
             .node_for_instance(instance_id)
-            .and_then(|n| self.nodes.cached(&n))
-            .and_then(|n| {
-                n.metadata
-                    .annotations
-                    .as_ref()
-                    .and_then(record::DrainRecord::from_annotations)
-            })
+            .and_then(|n| self.cached_record(&n))
             .is_some_and(|r| r.lifecycle_completed(chrono::Utc::now()));
         if done {
             self.note_action_done(instance_id);
         }
         done
+    }
+
+    /// The drain record on the Node `node` as the cache has it.
+    fn cached_record(&self, node: &str) -> Option<record::DrainRecord> {
+        let n = self.nodes.cached(node)?;
+        record::DrainRecord::from_annotations(n.metadata.annotations.as_ref()?)
     }
 
     /// Forgets the ended actions of instances `keep` says no longer exist.

@@ -262,10 +262,11 @@ pub async fn scan(engine: &Arc<Engine>, provider: &Arc<Provider>) -> usize {
         // (EKS's on a managed node group): it is not held by ours, nor a new one.
         // What this process completed it remembers; what an earlier process or
         // another replica completed, the Node's record says.
+        // (A drain running for it already read its record: no Node is looked up.)
         let waiting = snap.instances.iter().filter(|i| {
             i.state == LifecycleState::TerminatingWait
                 && !engine.action_done(&i.id)
-                && !engine.action_done_on_node(&i.id)
+                && (engine.is_draining(&i.id) || !engine.action_done_on_node(&i.id))
         });
         let (held, found): (Vec<&crate::cloud::AsgInstance>, Vec<_>) =
             waiting.partition(|i| engine.holds_hook(&i.id) && engine.is_draining(&i.id));
