@@ -514,7 +514,7 @@ fn lifecycle_note(iid: &str) -> String {
 /// Node's record says the action was completed: no drain starts, no pod is evicted
 /// again, nothing is heartbeated or completed a second time.
 #[tokio::test]
-async fn a_new_process_does_not_drain_again_an_instance_only_eks_still_holds() {
+async fn a_restarted_service_does_not_drain_again_an_instance_only_eks_still_holds() {
     let w = world(
         vec![managed(3, Some(30), 60)],
         fast_settings(),
