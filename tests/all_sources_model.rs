@@ -2,7 +2,8 @@
 //! instances: CA's scale-in (through the hook and direct), the ASG ending instances
 //! itself, spot warnings, rebalance recommendations (drain), scheduled retirements,
 //! `drain NODE`, duplicates, restarts, leadership moving to a new replica, AWS
-//! throttling heartbeats and completions. The service runs as it does in production:
+//! throttling heartbeats and completions, with two drain slots (`maxConcurrentDrains`)
+//! that the guarded node's drain fills half of. The service runs as it does in production:
 //! the lifecycle loop, the queue consumer, the gRPC server CA calls. A hook's timeout
 //! is 3 s, so an instance left without heartbeats shows. After every step:
 //!
@@ -28,7 +29,7 @@
 //!
 //! Cases: [`CASES`] (800; `MODEL_CASES=N` for more or fewer), 16 side by side, each
 //! in its own runtime (support::model); 800 took 101 s on a 2-core machine (debug
-//! build; the four model tests together 252 s). A failure prints its seed and case and the
+//! build; the four model tests together 252 s), 112 s with two drain slots. A failure prints its seed and case and the
 //! line that replays it, `MODEL_SEED=S MODEL_CASE=I cargo test --test
 //! all_sources_model every_source`, then the smallest failing sequence shrinking
 //! found; paste that into a `#[test]` calling `run(&[...])` to keep it.
@@ -100,6 +101,17 @@ fn op() -> impl Strategy<Value = Op> {
     ]
 }
 
+/// The drain settings of every replica: two drain slots. Once the guarded node is
+/// asked to go, its drain (its budget allows nothing) holds one for the rest of the
+/// case and the three other nodes' drains, from every source, queue for the other:
+/// full slots under every op (issue 39).
+fn settings() -> ca_asg_provider::scalein::ScaleInSettings {
+    ca_asg_provider::scalein::ScaleInSettings {
+        max_concurrent_drains: 2,
+        ..fast_settings()
+    }
+}
+
 /// One replica of the service: its engine, lifecycle loop, consumer and Lease.
 struct Replica {
     loop_task: tokio::task::JoinHandle<()>,
@@ -144,7 +156,7 @@ impl Model {
                     .terminating_hook(HOOK, HOOK_TIMEOUT_SECS),
                 MemoryGroup::new("batch", 0, 6, 2, "m5.large"),
             ],
-            fast_settings(),
+            settings(),
             Duration::from_millis(20),
         )
         .await;
@@ -236,7 +248,7 @@ impl Model {
     /// consumer of a fresh process, over the same cluster and AWS.
     async fn new_replica(&mut self) {
         let (provider, engine, ca) =
-            service(&self.w.sim, &self.w.cloud, &self.w.groups, fast_settings()).await;
+            service(&self.w.sim, &self.w.cloud, &self.w.groups, settings()).await;
         self.w.provider = provider;
         self.w.engine = engine;
         self.w.ca = ca;
