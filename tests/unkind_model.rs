@@ -49,8 +49,6 @@
 //!   reason that comes after the earlier ones finished starts a drain of its own,
 //!   so each reason counts, a replayed lifecycle message included (the same notice
 //!   again is no new reason: it joins its drain, or stays done after it);
-//! - once our hook's action for an instance is completed, nothing of its node is
-//!   asked to leave but for a reason given since (EKS's hook may hold it a while);
 //! - no node of an instance nobody asked to go (CA, the ASG, a notice, `drain NODE`;
 //!   a forged lifecycle message is no one asking) is cordoned, or has a pod evicted;
 //! - the desired capacity is lowered at most once per instance, and only for
@@ -320,8 +318,6 @@ struct Model {
     /// Per node: how many reasons to drain it were given (a notice, CA, the ASG,
     /// `drain NODE`, a replay of one of them).
     reasons: Vec<u32>,
-    /// Per node: when the last reason to drain it was given.
-    last_reason: Vec<Option<Instant>>,
     /// Per node: the earliest moment a delete at a deadline is documented there.
     deletes_from: Vec<Option<Instant>>,
     /// Per node: its workload pod and the DaemonSet pods it had at the start.
@@ -434,7 +430,6 @@ impl Model {
             asked: BTreeSet::new(),
             drain_only: BTreeSet::new(),
             reasons: vec![0; NODES],
-            last_reason: vec![None; NODES],
             deletes_from: vec![None; NODES],
             apps,
             daemonsets_at_start,
@@ -456,7 +451,6 @@ impl Model {
     /// reason, always `proceed`) a delete is documented a deadline from now.
     fn drain_reason(&mut self, i: usize, hook: bool) {
         self.reasons[i] += 1;
-        self.last_reason[i] = Some(Instant::now());
         if hook || self.policy == DeadlinePolicy::Proceed {
             self.deletes_from(i, Instant::now() + DEADLINE);
         }
@@ -531,7 +525,10 @@ impl Model {
             Forged::NoToken => lifecycle_message(group, &iid, None),
             Forged::OtherGroup => lifecycle_message(other, &iid, None),
             Forged::SpotGone | Forged::RebalanceGone => {
-                if self.nodes.get(i).is_some() && self.in_service(&iid) {
+                // Gone means gone: an instance still held in Terminating:Wait (EKS's
+                // hook keeps it after ours) gets real notices, which drain it.
+                let exists = self.w.cloud.instances().iter().any(|(_, x)| x.id == iid);
+                if self.nodes.get(i).is_some() && exists {
                     return None;
                 }
                 if matches!(kind, Forged::SpotGone) {
@@ -707,7 +704,6 @@ impl Model {
                     if b.contains("LifecycleTransition") {
                         if let Some(i) = self.nodes.iter().position(|(_, iid, _)| b.contains(iid)) {
                             self.reasons[i] += 1;
-                            self.last_reason[i] = Some(Instant::now());
                         }
                     }
                     self.send(b).await
@@ -764,7 +760,6 @@ impl Model {
     }
 
     fn check(&self) {
-        self.check_no_drain_after_our_action();
         let cloud = &self.w.cloud;
         let chosen = |id: &str| self.ca_named.contains(id) || self.asg_chose.contains(id);
         for (_, i) in cloud.instances() {
@@ -933,36 +928,6 @@ impl Model {
 
     /// The pods of `owner` on `node`, line by line from the audit (ms from the first
     /// line), then the node's drain record: what a failure about them needs.
-    /// Once our hook's action for an instance is completed, nothing of its node is
-    /// asked to leave again but for a reason given after that: another hook (EKS's)
-    /// may hold the instance for a while yet, and a restarted process or a new
-    /// leader must know the action is over (from the Node's record).
-    fn check_no_drain_after_our_action(&self) {
-        let audit = self.w.sim.audit();
-        let placed = self.pods.all();
-        for (iid, done) in self.w.cloud.completed_at() {
-            let Some(i) = self.index_of(&iid) else {
-                continue;
-            };
-            if self.last_reason[i].is_some_and(|r| r > done) {
-                continue;
-            }
-            let node = &self.nodes[i].0;
-            if let Some(e) = audit.iter().find(|e| {
-                e.kind == "Pod"
-                    && e.verb == "eviction-requested"
-                    && e.at > done
-                    && placed.get(&e.name).is_some_and(|p| &p.node == node)
-            }) {
-                panic!(
-                    "{} on {node} was asked to leave {:?} after our action for {iid} was completed, with no reason given since: the node was drained again",
-                    e.name,
-                    e.at.duration_since(done)
-                );
-            }
-        }
-    }
-
     fn history_of(
         &self,
         audit: &[ca_asg_provider::sim::store::AuditEntry],
