@@ -192,7 +192,7 @@ impl DrainReason {
     /// whose end AWS forces by then: it is a new one.
     fn repeats(&self, done: &DrainReason) -> bool {
         if let Why::Lifecycle { .. } = self.why {
-            if self.at >= after(done.at, LIFECYCLE_ACTION_LIMIT) {
+            if !same_action_possible(done.at, self.at) {
                 return false;
             }
         }
@@ -202,6 +202,12 @@ impl DrainReason {
 
 /// The longest AWS keeps a lifecycle action, whatever its heartbeats (48 hours).
 pub const LIFECYCLE_ACTION_LIMIT: Duration = Duration::from_secs(48 * 3600);
+
+/// Whether a hold seen at `at` can still be the lifecycle action whose reason
+/// arrived at `arrived`: less than [`LIFECYCLE_ACTION_LIMIT`] later.
+fn same_action_possible(arrived: DateTime<Utc>, at: DateTime<Utc>) -> bool {
+    at < after(arrived, LIFECYCLE_ACTION_LIMIT)
+}
 
 /// Every reason a node was asked to go for.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
@@ -467,9 +473,7 @@ impl DrainRecord {
     /// its return, or its next action would be taken for this one.)
     pub fn lifecycle_completed(&self, now: DateTime<Utc>) -> bool {
         self.reasons.iter().any(|r| {
-            r.done
-                && matches!(r.why, Why::Lifecycle { .. })
-                && now < after(r.at, LIFECYCLE_ACTION_LIMIT)
+            r.done && matches!(r.why, Why::Lifecycle { .. }) && same_action_possible(r.at, now)
         })
     }
 
