@@ -470,3 +470,52 @@ async fn instance_requirements_are_read_and_looked_up_with_the_amis_architecture
     assert_eq!(r.accelerator_count().unwrap().min(), Some(1));
     assert_eq!(r.excluded_instance_types(), ["g3*"]);
 }
+
+/// DescribeWarmPool, which moto answers with no instances: every page is read (the
+/// token of one asks for the next), each instance with its `Warmed:*` state.
+#[tokio::test]
+async fn a_warm_pools_instances_are_read_page_by_page() {
+    use aws_sdk_autoscaling::operation::describe_warm_pool::DescribeWarmPoolOutput;
+    use aws_sdk_autoscaling::types::{Instance, LifecycleState as AwsState};
+    let instance = |id: &str, state: &str| {
+        Instance::builder()
+            .instance_id(id)
+            .availability_zone("us-east-1a")
+            .lifecycle_state(AwsState::from(state))
+            .instance_type("m5.large")
+            .health_status("Healthy")
+            .protected_from_scale_in(false)
+            .build()
+    };
+    let first = mock!(Client::describe_warm_pool)
+        .match_requests(|r| r.auto_scaling_group_name() == Some("web") && r.next_token().is_none())
+        .then_output(move || {
+            DescribeWarmPoolOutput::builder()
+                .instances(instance("i-0one", "Warmed:Pending:Wait"))
+                .next_token("page-2")
+                .build()
+        });
+    let second = mock!(Client::describe_warm_pool)
+        .match_requests(|r| r.next_token() == Some("page-2") && r.max_records() == Some(50))
+        .then_output(move || {
+            DescribeWarmPoolOutput::builder()
+                .instances(instance("i-0two", "Warmed:Stopped"))
+                .build()
+        });
+    let c = cloud(&[&first, &second]);
+    let got = c.warm_pool_instances("web").await.unwrap();
+    let seen: Vec<(String, String)> = got
+        .iter()
+        .map(|i| (i.id.clone(), i.state.as_str().to_string()))
+        .collect();
+    assert_eq!(
+        seen,
+        vec![
+            ("i-0one".to_string(), "Warmed:Pending:Wait".to_string()),
+            ("i-0two".to_string(), "Warmed:Stopped".to_string())
+        ]
+    );
+    assert!(got[0].state.is_pool_bound_wait());
+    assert_eq!(got[1].instance_type.as_deref(), Some("m5.large"));
+    assert_eq!((first.num_calls(), second.num_calls()), (1, 1));
+}

@@ -819,4 +819,6 @@ async fn a_groups_warm_pool_is_read_from_its_description() {
         })
     );
     assert_eq!(pool("plain"), None);
+    // DescribeWarmPool as the lifecycle scan sends it: moto keeps no pool instances.
+    assert_eq!(e.cloud.warm_pool_instances("pooled").await.unwrap(), vec![]);
 }

@@ -759,38 +759,46 @@ async fn check_config_requests_say_who_is_calling() {
     assert!(sent.iter().all(|(agent, _)| *agent == want), "{sent:#?}");
 }
 
-/// Issue 47: a group's warm pool is shown; reuse on scale-in is a problem (this
-/// version does not drain an instance going back to the pool), a pool without it is
-/// not.
+/// Issue 47: a group's warm pool is shown; reuse on scale-in is drained through our
+/// hook, and is a problem only on a group without it (nothing drains an instance
+/// going back to the pool there); a pool without reuse is none.
 #[test]
-fn check_config_shows_a_warm_pool_and_fails_on_reuse_on_scale_in() {
+fn check_config_shows_a_warm_pool_and_fails_on_reuse_on_scale_in_without_our_hook() {
     use ca_asg_provider::cloud::WarmPool;
     use ca_asg_provider::commands::check::warm_pool_findings;
-    assert_eq!(warm_pool_findings("web", None), (None, Vec::new()));
+    assert_eq!(warm_pool_findings("web", None, false), (None, Vec::new()));
     let mut pool = WarmPool {
         min_size: 2,
         max_prepared: None,
         pool_state: "Stopped".into(),
         reuse_on_scale_in: false,
     };
-    let (line, problems) = warm_pool_findings("web", Some(&pool));
-    assert_eq!(
-        line.as_deref(),
-        Some("warm pool: Stopped, min 2, max prepared the group's max size, reuse on scale-in no")
-    );
-    assert!(problems.is_empty(), "{problems:?}");
+    for hooked in [false, true] {
+        let (line, problems) = warm_pool_findings("web", Some(&pool), hooked);
+        assert_eq!(
+            line.as_deref(),
+            Some("warm pool: Stopped, min 2, max prepared the group's max size, reuse on scale-in no")
+        );
+        assert!(problems.is_empty(), "{problems:?}");
+    }
     pool.reuse_on_scale_in = true;
     pool.max_prepared = Some(5);
-    let (line, problems) = warm_pool_findings("web", Some(&pool));
+    let (line, problems) = warm_pool_findings("web", Some(&pool), false);
     assert!(line
         .unwrap()
         .ends_with("max prepared 5, reuse on scale-in yes"));
     assert_eq!(problems.len(), 1);
     assert!(
         problems[0].starts_with("group web: its warm pool reuses instances on scale-in")
+            && problems[0].contains("no EC2_INSTANCE_TERMINATING hook of ours")
             && problems[0].contains("Warmed:Pending:Wait")
             && problems[0].contains("ReuseOnScaleIn=false"),
         "{}",
         problems[0]
     );
+    let (line, problems) = warm_pool_findings("web", Some(&pool), true);
+    assert!(problems.is_empty(), "{problems:?}");
+    assert!(line
+        .unwrap()
+        .contains("reuse on scale-in yes (drained through our hook"));
 }

@@ -47,6 +47,9 @@ impl Cloud for Instrumented {
     async fn locate_instances(&self, ids: &[String]) -> CloudResult<Vec<InstanceLocation>> {
         counted!("DescribeAutoScalingInstances", self.0.locate_instances(ids))
     }
+    async fn warm_pool_instances(&self, g: &str) -> CloudResult<Vec<AsgInstance>> {
+        counted!("DescribeWarmPool", self.0.warm_pool_instances(g))
+    }
     async fn set_desired_capacity(&self, g: &str, d: i32) -> CloudResult<()> {
         counted!("SetDesiredCapacity", self.0.set_desired_capacity(g, d))
     }

@@ -252,6 +252,27 @@ impl LifecycleState {
         matches!(self, Self::Other(s) if s.starts_with("Warmed:"))
     }
 
+    /// Held by lifecycle hooks on its way into the warm pool (`Warmed:Pending:Wait`):
+    /// a scale-in that returns the instance to the pool, where our
+    /// EC2_INSTANCE_TERMINATING hook waits, or a new instance warming up, where only
+    /// launch hooks do.
+    pub fn is_pool_bound_wait(&self) -> bool {
+        matches!(self, Self::Other(s) if s == "Warmed:Pending:Wait")
+    }
+
+    /// Held by lifecycle hooks while the pool ends one of its instances
+    /// (`Warmed:Terminating:Wait`): only terminating hooks wait there.
+    pub fn is_pool_ending_wait(&self) -> bool {
+        matches!(self, Self::Other(s) if s == "Warmed:Terminating:Wait")
+    }
+
+    /// On its way into the pool, short of the hooks' wait (`Warmed:Pending`) or held
+    /// there (`Warmed:Pending:Wait`): an action of our hook may still be to come or
+    /// be pending.
+    pub fn is_pool_bound(&self) -> bool {
+        matches!(self, Self::Other(s) if s == "Warmed:Pending" || s == "Warmed:Pending:Wait")
+    }
+
     /// Terminating, Terminating:Wait, Terminating:Proceed or Terminated.
     pub fn is_terminating(&self) -> bool {
         matches!(
@@ -384,6 +405,10 @@ pub trait Cloud: Send + Sync + 'static {
 
     /// SetDesiredCapacity (HonorCooldown false).
     async fn set_desired_capacity(&self, group: &str, desired: i32) -> CloudResult<()>;
+
+    /// The instances in one group's warm pool, in their `Warmed:*` states
+    /// (DescribeWarmPool, every page). A group without a pool has none.
+    async fn warm_pool_instances(&self, group: &str) -> CloudResult<Vec<AsgInstance>>;
 
     /// TerminateInstanceInAutoScalingGroup.
     async fn terminate_instance(

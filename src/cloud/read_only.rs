@@ -34,6 +34,9 @@ impl Cloud for ReadOnly {
     async fn locate_instances(&self, ids: &[String]) -> CloudResult<Vec<InstanceLocation>> {
         self.0.locate_instances(ids).await
     }
+    async fn warm_pool_instances(&self, g: &str) -> CloudResult<Vec<AsgInstance>> {
+        self.0.warm_pool_instances(g).await
+    }
     async fn set_desired_capacity(&self, g: &str, d: i32) -> CloudResult<()> {
         refused("SetDesiredCapacity", format!("group {g}, desired {d}"))
     }

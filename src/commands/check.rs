@@ -288,7 +288,9 @@ pub async fn report_in(
         for note in hook_notes(&g.asg.name, &g.asg.tags, &g.hooks, &scale_in.hook_name) {
             println!("    note: {note}");
         }
-        let (pool, pool_problems) = warm_pool_findings(&g.asg.name, g.asg.warm_pool.as_ref());
+        let hooked = scale_in.create_hook || g.hooks.iter().any(|h| h.name == scale_in.hook_name);
+        let (pool, pool_problems) =
+            warm_pool_findings(&g.asg.name, g.asg.warm_pool.as_ref(), hooked);
         if let Some(line) = pool {
             println!("    {line}");
         }
@@ -459,12 +461,15 @@ pub fn hook_notes(
 }
 
 /// What `check-config` says of a group's warm pool: the line it prints, and the
-/// problems. Reuse on scale-in is one: an instance the ASG returns to the pool waits
-/// for the EC2_INSTANCE_TERMINATING hook in `Warmed:Pending:Wait`, which this version
-/// does not drain, so it stops with its pods on it. Pure.
+/// problems. An instance the ASG returns to the pool (reuse on scale-in) waits for
+/// the EC2_INSTANCE_TERMINATING hooks in `Warmed:Pending:Wait`: with our hook on the
+/// group (`hooked`: there, or created by `serve`) it is drained there and its Node
+/// handed back when it leaves the pool; without it nothing drains it, and it stops
+/// with its pods on it, which is a problem. Pure.
 pub fn warm_pool_findings(
     group: &str,
     pool: Option<&crate::cloud::WarmPool>,
+    hooked: bool,
 ) -> (Option<String>, Vec<String>) {
     let Some(p) = pool else {
         return (None, Vec::new());
@@ -473,16 +478,19 @@ pub fn warm_pool_findings(
         Some(m) => m.to_string(),
         None => "the group's max size".to_string(),
     };
+    let reuse = match (p.reuse_on_scale_in, hooked) {
+        (false, _) => "no",
+        (true, true) => "yes (drained through our hook in Warmed:Pending:Wait; the node is handed back when the instance leaves the pool)",
+        (true, false) => "yes",
+    };
     let line = format!(
-        "warm pool: {}, min {}, max prepared {max}, reuse on scale-in {}",
-        p.pool_state,
-        p.min_size,
-        if p.reuse_on_scale_in { "yes" } else { "no" }
+        "warm pool: {}, min {}, max prepared {max}, reuse on scale-in {reuse}",
+        p.pool_state, p.min_size,
     );
     let mut problems = Vec::new();
-    if p.reuse_on_scale_in {
+    if p.reuse_on_scale_in && !hooked {
         problems.push(format!(
-            "group {group}: its warm pool reuses instances on scale-in (InstanceReusePolicy ReuseOnScaleIn): an instance the ASG sends back to the pool waits for the termination hook in Warmed:Pending:Wait, which this version does not drain, so it stops with its pods on it; turn reuse off (aws autoscaling put-warm-pool --auto-scaling-group-name {group} --instance-reuse-policy ReuseOnScaleIn=false) until warm pools are supported (docs/limits.md)"
+            "group {group}: its warm pool reuses instances on scale-in (InstanceReusePolicy ReuseOnScaleIn) and the group has no EC2_INSTANCE_TERMINATING hook of ours: an instance the ASG sends back to the pool waits in Warmed:Pending:Wait with nothing to drain it, and stops with its pods on it; add our hook (scaleIn.createLifecycleHook: true, or aws autoscaling put-lifecycle-hook) or turn reuse off (aws autoscaling put-warm-pool --auto-scaling-group-name {group} --instance-reuse-policy ReuseOnScaleIn=false) (docs/node-groups.md)"
         ));
     }
     (Some(line), problems)

@@ -451,6 +451,7 @@ pub fn resolve(file: FileConfig, flags: &Overrides, source: &str) -> Result<Conf
         node_critical: d.node_critical.clone(),
         budget_watch: d.budget_watch,
         shared_pod_watch_from: si.shared_pod_watch_from.unwrap_or(d.shared_pod_watch_from),
+        warm_pool_settle: d.warm_pool_settle,
     };
     match plan::NodeCritical::parse(si.node_critical_daemon_sets.as_deref().unwrap_or_default()) {
         Ok(nc) => scale_in.node_critical = nc,

@@ -440,7 +440,24 @@ impl Consumer {
             .time()
             .is_none_or(|t| (Utc::now() - t).to_std().unwrap_or_default() < SETTLE);
         match state {
-            Some(LifecycleState::TerminatingWait) => Ok(None),
+            // Terminating:Wait, or a hold of the warm pool's: on the way back into it
+            // (a scale-in under ReuseOnScaleIn, Destination WarmPool), or ending one
+            // of its instances. The message names the terminating transition, so a
+            // pool-bound wait here is our terminating hook's, not a launch hook's.
+            Some(s)
+                if s == LifecycleState::TerminatingWait
+                    || s.is_pool_bound_wait()
+                    || s.is_pool_ending_wait() =>
+            {
+                Ok(None)
+            }
+            Some(s) if s.as_str() == "Warmed:Pending" => {
+                self.engine.expect_hold(SETTLE);
+                Err(format!(
+                    "instance {} is on its way into the warm pool in AWS's reads, not held yet; the scan looks every second meanwhile",
+                    action.instance_id
+                ))
+            }
             Some(s @ (LifecycleState::Terminating | LifecycleState::InService))
                 if fresh || s == LifecycleState::Terminating =>
             {

@@ -393,6 +393,11 @@ impl Engine {
         self.book.end_turn(instance_id).await
     }
 
+    /// The instance's Node, as the engine's cache of Nodes has it.
+    pub fn node_for_instance(&self, instance_id: &str) -> Option<String> {
+        self.nodes.node_for_instance(instance_id)
+    }
+
     /// Whether our hook's lifecycle action for `instance_id` is known to be over.
     pub fn action_done(&self, instance_id: &str) -> bool {
         self.book.action_done(instance_id)

@@ -66,6 +66,10 @@ pub enum Reason {
     InterruptionBudgetMissed,
     /// A rebalance recommendation: cordoned only.
     RebalanceCordoned,
+    /// The drained instance rests in its group's warm pool (ReuseOnScaleIn).
+    ReturnedToWarmPool,
+    /// The instance left the warm pool for its group: the node is handed back.
+    BackFromWarmPool,
 }
 
 impl Reason {
@@ -92,6 +96,8 @@ impl Reason {
             Reason::InterruptionDrained => "InterruptionDrained",
             Reason::InterruptionBudgetMissed => "InterruptionBudgetMissed",
             Reason::RebalanceCordoned => "RebalanceCordoned",
+            Reason::ReturnedToWarmPool => "ReturnedToWarmPool",
+            Reason::BackFromWarmPool => "BackFromWarmPool",
         }
     }
 

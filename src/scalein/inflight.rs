@@ -89,6 +89,7 @@ pub(crate) fn joined(
 ) -> Option<DrainRecord> {
     let mut record = DrainRecord {
         reasons: running.reasons.clone(),
+        ..DrainRecord::default()
     };
     let mut changed = false;
     for r in &new.reasons {

@@ -69,6 +69,8 @@ pub fn heartbeats(
                         LifecycleState::InService,
                         LifecycleState::Terminating,
                         LifecycleState::TerminatingWait,
+                        LifecycleState::parse("Warmed:Pending"),
+                        LifecycleState::parse("Warmed:Pending:Wait"),
                     ];
                     if !in_state(&engine, &action.instance_id, &may_still_wait).await {
                         Metrics::outcome(&metrics().heartbeats, "stopped");
@@ -241,6 +243,12 @@ pub async fn scan(engine: &Arc<Engine>, provider: &Arc<Provider>) -> usize {
         names: hooked,
         tag_sets: Vec::new(),
     };
+    // What the Nodes say decides which holds are new: our action completed by an
+    // earlier process (the record), a Node for a pool-bound wait. A fresh process
+    // reads them first, or it would take a finished action for a new one and drain
+    // the node again (bounded: a Node list that never comes leaves the scan to AWS's
+    // word, as before).
+    engine.nodes.ready(Duration::from_secs(30)).await;
     let fresh = match engine.cloud.describe_groups(&selector).await {
         Ok(f) => f,
         Err(e) => {
@@ -248,13 +256,24 @@ pub async fn scan(engine: &Arc<Engine>, provider: &Arc<Provider>) -> usize {
             return 0;
         }
     };
-    // Ended actions are remembered only while AWS still shows their instance.
-    engine.forget_actions_done(|id| fresh.iter().any(|s| s.instances.iter().any(|i| i.id == id)));
+    let pools = warm_pools(engine, &fresh).await;
+    // Ended actions are remembered only while AWS still shows their instance on
+    // its way out (in the group, or in its warm pool): one back in service (reused
+    // from the pool) has no finished action of ours any more, and its next hold is
+    // a new one.
+    engine.forget_actions_done(|id| {
+        fresh
+            .iter()
+            .flat_map(|s| s.instances.iter())
+            .chain(pools.values().flatten())
+            .any(|i| i.id == id && i.state != LifecycleState::InService && !i.state.is_pending())
+    });
     let mut started = 0;
     for snap in &fresh {
         let Some(g) = reg.group(&snap.name) else {
             continue;
         };
+        let pool = pools.get(&snap.name).map(Vec::as_slice).unwrap_or_default();
         // An instance our hook holds is heartbeated and drained whatever else drains
         // it already (a rebalance or retirement drain, the drain command): the
         // lifecycle reason joins that drain.
@@ -263,8 +282,8 @@ pub async fn scan(engine: &Arc<Engine>, provider: &Arc<Provider>) -> usize {
         // What this process completed it remembers; what an earlier process or
         // another replica completed, the Node's record says.
         // (A drain running for it already read its record: no Node is looked up.)
-        let waiting = snap.instances.iter().filter(|i| {
-            i.state == LifecycleState::TerminatingWait
+        let waiting = snap.instances.iter().chain(pool).filter(|i| {
+            held_by_terminating_hooks(engine, i)
                 && !engine.action_done(&i.id)
                 && (engine.is_draining(&i.id) || !engine.action_done_on_node(&i.id))
         });
@@ -318,9 +337,41 @@ pub async fn scan(engine: &Arc<Engine>, provider: &Arc<Provider>) -> usize {
     started
 }
 
-/// A warm pool that reuses instances on scale-in: an instance the ASG sends back to
-/// the pool waits for the termination hook in `Warmed:Pending:Wait`, which this
-/// version does not drain (check-config counts it a problem). Said once per group.
+/// The instances of each hooked group's warm pool (DescribeWarmPool), for the
+/// groups that have one: our EC2_INSTANCE_TERMINATING hook holds an instance the
+/// ASG sends back to the pool (`Warmed:Pending:Wait`) and one the pool ends
+/// (`Warmed:Terminating:Wait`), and neither is in the group's own list. A group
+/// whose pool cannot be read now is left to the next poll.
+async fn warm_pools(
+    engine: &Engine,
+    fresh: &[crate::cloud::AsgSnapshot],
+) -> std::collections::BTreeMap<String, Vec<crate::cloud::AsgInstance>> {
+    let mut pools = std::collections::BTreeMap::new();
+    for snap in fresh.iter().filter(|s| s.warm_pool.is_some()) {
+        match engine.cloud.warm_pool_instances(&snap.name).await {
+            Ok(instances) => {
+                pools.insert(snap.name.clone(), instances);
+            }
+            Err(e) => {
+                tracing::warn!(group = %snap.name, error = %e, "lifecycle scan: cannot read the group's warm pool; next poll retries");
+            }
+        }
+    }
+    pools
+}
+
+/// Where our EC2_INSTANCE_TERMINATING hook may hold an instance: `Terminating:Wait`,
+/// `Warmed:Terminating:Wait` (the pool ends it), and `Warmed:Pending:Wait` for an
+/// instance with a Node (a scale-in returning it to the pool; a new instance warming
+/// up waits there too, for launch hooks only, and has no Node).
+fn held_by_terminating_hooks(engine: &Engine, i: &crate::cloud::AsgInstance) -> bool {
+    i.state == LifecycleState::TerminatingWait
+        || i.state.is_pool_ending_wait()
+        || (i.state.is_pool_bound_wait() && engine.nodes.node_for_instance(&i.id).is_some())
+}
+
+/// A warm pool that reuses instances on scale-in: said once per group, with what
+/// this service does about it.
 fn warn_warm_pool_reuse(engine: &Engine, g: &crate::provider::Group) {
     if g.asg
         .warm_pool
@@ -328,7 +379,12 @@ fn warn_warm_pool_reuse(engine: &Engine, g: &crate::provider::Group) {
         .is_some_and(|p| p.reuse_on_scale_in)
         && engine.note_once("warm pool reuse", g.asg.name.clone())
     {
-        tracing::warn!(group = %g.asg.name, "the group's warm pool reuses instances on scale-in: an instance the ASG sends back to the pool is not drained by this version and stops with its pods; turn ReuseOnScaleIn off (docs/limits.md)");
+        let note = if engine.our_hook(g).is_some() {
+            "the group's warm pool reuses instances on scale-in: an instance going back to the pool is drained through our hook in Warmed:Pending:Wait, and its Node is handed back when it leaves the pool (docs/node-groups.md)"
+        } else {
+            "the group's warm pool reuses instances on scale-in, and the group has no EC2_INSTANCE_TERMINATING hook of ours: an instance the ASG sends back to the pool is not drained and stops with its pods; add the hook (docs/node-groups.md)"
+        };
+        tracing::warn!(group = %g.asg.name, "{note}");
     }
 }
 
@@ -468,6 +524,7 @@ pub fn spawn_loop(engine: Arc<Engine>, provider: Arc<Provider>) -> tokio::task::
                 // Lifecycle actions first: they expire; marked direct drains wait.
                 scan(&engine, &provider).await;
                 resume(&engine, &provider).await;
+                super::warm_pool::follow(&engine, &provider).await;
             } else if was_leader {
                 tracing::warn!(
                     drains = engine.in_progress(),

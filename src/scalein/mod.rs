@@ -21,6 +21,7 @@
 //! - [`plan`], [`record`]: the pure decisions (which pod in which tier; what the
 //!   reasons on a Node mean together);
 //! - [`lifecycle`]: find instances in `Terminating:Wait`, heartbeat, resume;
+//!   [`warm_pool`]: hand a node back when its instance leaves the warm pool;
 //!   [`leader`]: the Lease; [`scale_in`]: DeleteNodes; [`marks_sync`]: CA's target
 //!   counts draining nodes;
 //! - [`events`], [`ratelimit`], [`user_agent`], [`nodes`], [`hooks`],
@@ -53,6 +54,7 @@ pub mod terminate;
 pub mod user_agent;
 pub mod volumes;
 pub mod wait;
+pub mod warm_pool;
 
 pub use engine::{kube_client, DrainStats, Engine};
 pub(crate) use jitter::random_fraction;

@@ -213,6 +213,11 @@ fn same_action_possible(arrived: DateTime<Utc>, at: DateTime<Utc>) -> bool {
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DrainRecord {
     pub reasons: Vec<DrainReason>,
+    /// When the instance was first seen resting in its group's warm pool after our
+    /// hook's action was completed ([`super::warm_pool`]): the node is handed back
+    /// when the instance leaves the pool for the group again.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub in_warm_pool_since: Option<DateTime<Utc>>,
 }
 
 /// What [`DrainRecord::join`] did to the drain.
@@ -337,11 +342,13 @@ impl DrainRecord {
         };
         Some(Self {
             reasons: vec![DrainReason::new(why, at)],
+            in_warm_pool_since: None,
         })
     }
 
     /// The record with what was read back bounded (see [`Self::read`]).
     fn bounded(mut self, now: DateTime<Utc>) -> Self {
+        self.in_warm_pool_since = self.in_warm_pool_since.map(|t| t.min(now));
         for r in &mut self.reasons {
             r.at = r.at.min(now);
             if let Why::Notice {

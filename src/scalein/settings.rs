@@ -94,6 +94,10 @@ pub struct ScaleInSettings {
     /// From this many drains at once they share one watch of every pod instead of
     /// one watch of its node's pods each (0: never).
     pub shared_pod_watch_from: usize,
+    /// How long a drained instance rests in its warm pool, as this replica saw it,
+    /// before a read showing it back in the group hands its Node back
+    /// ([`super::warm_pool::SETTLED`]; shorter only in tests).
+    pub warm_pool_settle: Duration,
 }
 
 impl Default for ScaleInSettings {
@@ -132,6 +136,7 @@ impl Default for ScaleInSettings {
             // drains at once save twenty requests for that list: a storm, not an
             // everyday scale-in of a few nodes.
             shared_pod_watch_from: 10,
+            warm_pool_settle: super::warm_pool::SETTLED,
         }
     }
 }

@@ -85,8 +85,13 @@ async fn end_once(
                 // after TerminateInstanceInAutoScalingGroup) the instance has not
                 // reached Terminating:Wait yet, and the action is still to come.
                 Err(CloudError::Rejected { message, .. }) if message.contains("No active Lifecycle Action") => {
-                    // In service, or terminating but not yet held by the hook.
-                    let before_the_action = [LifecycleState::InService, LifecycleState::Terminating];
+                    // In service, or terminating (or on its way into the warm pool) but
+                    // not yet held by the hook.
+                    let before_the_action = [
+                        LifecycleState::InService,
+                        LifecycleState::Terminating,
+                        LifecycleState::parse("Warmed:Pending"),
+                    ];
                     if lifecycle::in_state(engine, instance_id, &before_the_action).await {
                         Err(CloudError::Transient {
                             operation: "CompleteLifecycleAction".into(),
@@ -137,9 +142,11 @@ async fn direct_once(
 ) -> Result<String, CloudError> {
     let ids = [instance_id.to_string()];
     let state = engine.cloud.locate_instances(&ids).await?;
+    // Gone, ending, or sent back to the warm pool by a termination that went out
+    // before (a pool that reuses instances on scale-in keeps them): nothing to end.
     let already = match state.first() {
         None => true,
-        Some(loc) => loc.state.is_terminating(),
+        Some(loc) => loc.state.is_terminating() || loc.state.in_warm_pool(),
     };
     if !already {
         tracing::info!(

@@ -557,6 +557,9 @@ impl SimCluster {
     fn sync_nodes(&self, cloud: &crate::cloud::memory::MemoryCloud) {
         use crate::cloud::LifecycleState;
         let instances = cloud.instances();
+        // An instance in a warm pool still exists (stopped, or running): its Node
+        // stays, as the cloud's node controller keeps the Node of a stopped instance.
+        let pooled = cloud.pooled();
         let existing = self.list_shared::<k8s_openapi::api::core::v1::Node>();
         // Sets, not scans: this runs every 100 ms over thousands of nodes in a storm.
         let known: std::collections::HashSet<&str> = existing
@@ -565,6 +568,7 @@ impl SimCluster {
             .collect();
         let alive: std::collections::HashSet<&str> = instances
             .iter()
+            .chain(&pooled)
             .filter(|(_, i)| i.state != LifecycleState::Terminated)
             .map(|(_, i)| i.id.as_str())
             .collect();

@@ -116,6 +116,7 @@ pub struct Metrics {
     pub evictions: Family<OutcomeLabels, Counter>,
     pub deadlines: Family<StageLabels, Counter>,
     pub heartbeats: Family<OutcomeLabels, Counter>,
+    pub warm_pool_returns: Family<OutcomeLabels, Counter>,
     pub leader: Gauge,
     pub drains_without_node: Counter,
     pub lifecycle_waiting: Gauge,
@@ -216,6 +217,7 @@ impl Metrics {
             evictions: Family::default(),
             deadlines: Family::default(),
             heartbeats: Family::default(),
+            warm_pool_returns: Family::default(),
             leader: Gauge::default(),
             drains_without_node: Counter::default(),
             lifecycle_waiting: Gauge::default(),
@@ -353,6 +355,11 @@ impl Metrics {
             "lifecycle_heartbeats",
             "Lifecycle hook heartbeats by outcome (ok, error, stopped)",
             m.heartbeats.clone(),
+        );
+        r.register(
+            "warm_pool_returns",
+            "Drained nodes whose instance went back to its group's warm pool, by step (in_pool: seen resting in the pool; handed_back: left the pool for the group, cordon and marks taken off; error: the Node could not be written, retried next poll)",
+            m.warm_pool_returns.clone(),
         );
         r.register(
             "leader",

@@ -112,6 +112,9 @@ impl Cloud for Logged {
     async fn locate_instances(&self, ids: &[String]) -> CloudResult<Vec<InstanceLocation>> {
         self.inner.locate_instances(ids).await
     }
+    async fn warm_pool_instances(&self, g: &str) -> CloudResult<Vec<AsgInstance>> {
+        self.inner.warm_pool_instances(g).await
+    }
     async fn set_desired_capacity(&self, g: &str, d: i32) -> CloudResult<()> {
         self.log
             .note(&self.who, format!("SetDesiredCapacity {g} {d}"));

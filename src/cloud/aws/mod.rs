@@ -107,6 +107,9 @@ pub struct AwsCloud {
 const NAME_BATCH: usize = 100;
 /// DescribeAutoScalingInstances takes at most 50 ids.
 const INSTANCE_BATCH: usize = 50;
+/// The most pages of one warm pool read: 10,000 instances, past any pool a group
+/// can have (its max size bounds it); a token that never ends stops here.
+const WARM_POOL_PAGES: usize = 200;
 const TERMINATING: &str = "autoscaling:EC2_INSTANCE_TERMINATING";
 
 impl AwsCloud {
@@ -350,6 +353,41 @@ impl Cloud for AwsCloud {
             }
         }
         Ok(out)
+    }
+
+    async fn warm_pool_instances(&self, group: &str) -> CloudResult<Vec<AsgInstance>> {
+        let mut out = Vec::new();
+        let mut token: Option<String> = None;
+        for _ in 0..WARM_POOL_PAGES {
+            let r = self
+                .asg
+                .describe_warm_pool()
+                .auto_scaling_group_name(group)
+                .max_records(INSTANCE_BATCH as i32)
+                .set_next_token(token.clone())
+                .send()
+                .await;
+            let page = self.done("DescribeWarmPool", r)?;
+            out.extend(page.instances().iter().filter_map(|i| {
+                Some(AsgInstance {
+                    id: i.instance_id()?.to_string(),
+                    zone: i.availability_zone().unwrap_or("").to_string(),
+                    state: LifecycleState::parse(i.lifecycle_state()?.as_str()),
+                    instance_type: i.instance_type().map(str::to_string),
+                })
+            }));
+            match page.next_token() {
+                Some(t) if !t.is_empty() => token = Some(t.to_string()),
+                _ => return Ok(out),
+            }
+        }
+        Err(CloudError::Transient {
+            operation: "DescribeWarmPool".into(),
+            message: format!(
+                "the warm pool of group {group} has more than {} pages of {INSTANCE_BATCH} instances; read stops there",
+                WARM_POOL_PAGES
+            ),
+        })
     }
 
     async fn set_desired_capacity(&self, group: &str, desired: i32) -> CloudResult<()> {

@@ -664,6 +664,21 @@ impl MemoryCloud {
         st.groups.get(group).map(|g| g.desired)
     }
 
+    /// Every instance in a warm pool at "now": (group, instance). They still exist
+    /// (a stopped instance is kept), so their Nodes stay.
+    pub fn pooled(&self) -> Vec<(String, AsgInstance)> {
+        let mut st = self.state.lock();
+        self.settle(&mut st);
+        st.groups
+            .values()
+            .flat_map(|g| {
+                g.pool
+                    .iter()
+                    .map(move |i| (g.spec.name.clone(), to_asg_instance(i)))
+            })
+            .collect()
+    }
+
     /// Every instance of every group at "now": (group, instance).
     pub fn instances(&self) -> Vec<(String, AsgInstance)> {
         let mut st = self.state.lock();
@@ -698,6 +713,12 @@ impl MemoryCloud {
         };
         let mut ended = Vec::new();
         let hooks = g.spec.terminating_hooks.clone();
+        let reuse = g
+            .spec
+            .warm_pool
+            .as_ref()
+            .filter(|p| p.reuse_on_scale_in)
+            .map(|p| p.pool_state.clone());
         for inst in g.instances.iter_mut().rev() {
             if ended.len() as i32 >= by {
                 break;
@@ -705,9 +726,21 @@ impl MemoryCloud {
             if !inst.state.fills_a_slot() {
                 continue;
             }
-            begin_termination(inst, &hooks, now, self.timing.hook_delay);
+            match &reuse {
+                // ReuseOnScaleIn: the instance goes back to the pool, through the
+                // terminating hooks' wait in Warmed:Pending:Wait.
+                Some(_) => begin_pool_return(inst, &hooks, now, self.timing.hook_delay),
+                None => begin_termination(inst, &hooks, now, self.timing.hook_delay),
+            }
             ended.push(inst.id.clone());
         }
+        // Out of the group's list: from now on DescribeWarmPool lists them.
+        let (to_pool, stay): (Vec<MemInstance>, Vec<MemInstance>) =
+            std::mem::take(&mut g.instances)
+                .into_iter()
+                .partition(|i| i.state.in_warm_pool());
+        g.instances = stay;
+        g.pool.extend(to_pool);
         st.desired_log.push(change);
         Ok(ended)
     }
@@ -849,6 +882,40 @@ impl MemoryCloud {
                 !(i.state == LifecycleState::Terminated
                     && now.duration_since(i.since) >= Duration::from_millis(1))
             });
+            let pool_state = resting_pool_state(&g.spec);
+            for inst in &mut g.pool {
+                if inst.enters_wait.is_some_and(|at| now >= at) {
+                    inst.enters_wait = None;
+                    inst.state = LifecycleState::parse(POOL_BOUND_WAIT);
+                    for w in &mut inst.waits {
+                        w.deadline = Some(now + w.timeout);
+                    }
+                    inst.since = now;
+                }
+                if !is_hook_wait(&inst.state) {
+                    continue;
+                }
+                let (over, left): (Vec<Wait>, Vec<Wait>) = std::mem::take(&mut inst.waits)
+                    .into_iter()
+                    .partition(|w| w.deadline.is_some_and(|d| now >= d));
+                inst.waits = left;
+                let mut abandon = false;
+                for w in over {
+                    timed_out.push(inst.id.clone());
+                    abandon |= w.abandon_by_default;
+                    log.push(HookEvent::TimedOut {
+                        instance: inst.id.clone(),
+                        hook: w.hook,
+                    });
+                }
+                if abandon {
+                    drop_waits(inst, &mut log);
+                }
+                if inst.waits.is_empty() {
+                    release_from_pool_wait(inst, &pool_state, abandon, now, &mut log);
+                }
+            }
+            g.pool.retain(|i| i.state.as_str() != "Warmed:Terminated");
             st.hook_timeouts.extend(timed_out);
             st.log.extend(log);
             self.reconcile_group(st, &name, now);
@@ -873,6 +940,22 @@ impl MemoryCloud {
         }
         let mut next = st.next_instance;
         let g = st.groups.get_mut(name).expect("group present");
+        // A warm pool's prepared instances fill the group first: the same instance
+        // (id, zone) leaves the pool and launches into the group.
+        let mut missing = missing;
+        while missing > 0 {
+            let Some(at) = g.pool.iter().position(|i| is_resting_in_pool(&i.state)) else {
+                break;
+            };
+            let mut i = g.pool.remove(at);
+            i.state = LifecycleState::Pending;
+            i.since = now;
+            g.instances.push(i);
+            missing -= 1;
+        }
+        if missing == 0 {
+            return;
+        }
         if let Some(code) = g.fail_launches.clone() {
             // One failed activity a minute while nothing changes; a rise of desired
             // capacity starts a launch activity of its own at once, which fails too.
@@ -980,6 +1063,77 @@ fn begin_termination(
     } else {
         inst.state = LifecycleState::Terminating;
         inst.enters_wait = Some(now + hook_delay);
+    }
+}
+
+/// Where a scale-in under ReuseOnScaleIn holds an instance for the terminating hooks.
+const POOL_BOUND_WAIT: &str = "Warmed:Pending:Wait";
+
+/// Starts returning an instance to the warm pool: with terminating hooks it waits
+/// (after `hook_delay`) in `Warmed:Pending:Wait` for every one of them, as AWS holds
+/// it there with Origin AutoScalingGroup and Destination WarmPool; with none it goes
+/// through `Warmed:Pending` and rests in the pool at the next settle.
+fn begin_pool_return(
+    inst: &mut MemInstance,
+    hooks: &[LifecycleHook],
+    now: Instant,
+    hook_delay: Duration,
+) {
+    begin_termination(inst, hooks, now, hook_delay);
+    inst.state = match inst.state {
+        LifecycleState::TerminatingWait => LifecycleState::parse(POOL_BOUND_WAIT),
+        _ if inst.waits.is_empty() => LifecycleState::parse(POOL_BOUND_WAIT),
+        _ => LifecycleState::parse("Warmed:Pending"),
+    };
+}
+
+/// Held by lifecycle hooks: Terminating:Wait, or one of the pool's waits.
+fn is_hook_wait(state: &LifecycleState) -> bool {
+    *state == LifecycleState::TerminatingWait
+        || state.is_pool_bound_wait()
+        || state.is_pool_ending_wait()
+}
+
+/// Resting in the pool, ready to leave it for the group: `Warmed:Stopped`,
+/// `Warmed:Running` or `Warmed:Hibernated`.
+fn is_resting_in_pool(state: &LifecycleState) -> bool {
+    matches!(
+        state.as_str(),
+        "Warmed:Stopped" | "Warmed:Running" | "Warmed:Hibernated"
+    )
+}
+
+/// The state the group's pool keeps its instances in (`Warmed:Stopped` by default).
+fn resting_pool_state(spec: &MemoryGroup) -> String {
+    let state = spec
+        .warm_pool
+        .as_ref()
+        .map(|p| p.pool_state.as_str())
+        .unwrap_or("Stopped");
+    format!("Warmed:{state}")
+}
+
+/// No hook holds a pool instance any more: one on its way into the pool rests
+/// there (`Warmed:Stopped`, ...), unless an ABANDON ended it; one the pool was
+/// ending is gone (`Warmed:Terminated`, dropped from the pool).
+fn release_from_pool_wait(
+    inst: &mut MemInstance,
+    pool_state: &str,
+    abandon: bool,
+    now: Instant,
+    log: &mut Vec<HookEvent>,
+) {
+    inst.since = now;
+    if inst.state.is_pool_bound_wait() && !abandon {
+        inst.state = LifecycleState::parse(pool_state);
+        log.push(HookEvent::Proceeded {
+            instance: inst.id.clone(),
+        });
+    } else {
+        inst.state = LifecycleState::parse("Warmed:Terminated");
+        log.push(HookEvent::Terminated {
+            instance: inst.id.clone(),
+        });
     }
 }
 
@@ -1115,6 +1269,21 @@ impl Cloud for MemoryCloud {
                 }
             }
             Ok(out)
+        })
+        .await
+    }
+
+    async fn warm_pool_instances(&self, group: &str) -> CloudResult<Vec<AsgInstance>> {
+        self.effect(|| -> CloudResult<Vec<AsgInstance>> {
+            let mut st = self.state.lock();
+            self.begin_call(&mut st, "warm_pool_instances")?;
+            let stale = Self::stale_view(&mut st);
+            let g = stale
+                .as_ref()
+                .unwrap_or(&st.groups)
+                .get(group)
+                .ok_or_else(|| not_found("group", group))?;
+            Ok(g.pool.iter().map(to_asg_instance).collect())
         })
         .await
     }
@@ -1330,7 +1499,8 @@ impl Cloud for MemoryCloud {
             let wait = g
                 .instances
                 .iter_mut()
-                .find(|i| i.id == action.instance_id && i.state == LifecycleState::TerminatingWait)
+                .chain(g.pool.iter_mut())
+                .find(|i| i.id == action.instance_id && is_hook_wait(&i.state))
                 .and_then(|i| i.waits.iter_mut().find(|w| w.hook == action.hook))
                 .ok_or_else(|| rejected_no_action(action))?;
             if let Some(e) = wrong_token(action, wait, check) {
@@ -1369,12 +1539,14 @@ impl Cloud for MemoryCloud {
             {
                 return Err(not_found("lifecycle hook", &action.hook));
             }
+            let pool_state = resting_pool_state(&g.spec);
             let inst = g
                 .instances
                 .iter_mut()
+                .chain(g.pool.iter_mut())
                 .find(|i| {
                     i.id == action.instance_id
-                        && i.state == LifecycleState::TerminatingWait
+                        && is_hook_wait(&i.state)
                         && i.waits.iter().any(|w| w.hook == action.hook)
                 })
                 .ok_or_else(|| rejected_no_action(action))?;
@@ -1397,11 +1569,19 @@ impl Cloud for MemoryCloud {
                 hook: action.hook.clone(),
                 result,
             }];
-            if result == LifecycleResult::Abandon {
+            let abandon = result == LifecycleResult::Abandon;
+            if abandon {
                 drop_waits(inst, &mut log);
             }
             if inst.waits.is_empty() {
-                proceed(inst, now, &mut log);
+                if inst.state == LifecycleState::TerminatingWait {
+                    proceed(inst, now, &mut log);
+                } else {
+                    release_from_pool_wait(inst, &pool_state, abandon, now, &mut log);
+                }
+            }
+            if let Some(g) = st.groups.get_mut(&action.group) {
+                g.pool.retain(|i| i.state.as_str() != "Warmed:Terminated");
             }
             st.log.extend(log);
             st.completed_actions.push((action.clone(), result));

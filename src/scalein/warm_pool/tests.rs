@@ -1,0 +1,164 @@
+use chrono::TimeZone;
+
+use super::*;
+use crate::scalein::record::{DrainReason, Why};
+
+fn now() -> DateTime<Utc> {
+    Utc.with_ymd_and_hms(2026, 11, 25, 12, 0, 0).unwrap()
+}
+
+fn ago(secs: i64) -> DateTime<Utc> {
+    now() - chrono::Duration::seconds(secs)
+}
+
+/// Every state AWS names (the pool's twelve included), and one it does not.
+fn states() -> Vec<LifecycleState> {
+    [
+        "Pending",
+        "Pending:Wait",
+        "Pending:Proceed",
+        "Quarantined",
+        "InService",
+        "Terminating",
+        "Terminating:Wait",
+        "Terminating:Proceed",
+        "Terminated",
+        "Detaching",
+        "Detached",
+        "EnteringStandby",
+        "Standby",
+        "Warmed:Pending",
+        "Warmed:Pending:Wait",
+        "Warmed:Pending:Proceed",
+        "Warmed:Terminating",
+        "Warmed:Terminating:Wait",
+        "Warmed:Terminating:Proceed",
+        "Warmed:Terminated",
+        "Warmed:Stopped",
+        "Warmed:Running",
+        "Warmed:Hibernated",
+        "Something:New",
+    ]
+    .into_iter()
+    .map(LifecycleState::parse)
+    .collect()
+}
+
+fn lifecycle(at: DateTime<Utc>, done: bool) -> DrainReason {
+    DrainReason {
+        why: Why::Lifecycle {
+            hook: "ours".into(),
+        },
+        at,
+        done,
+    }
+}
+
+fn record(reasons: Vec<DrainReason>, in_pool: Option<DateTime<Utc>>) -> DrainRecord {
+    DrainRecord {
+        reasons,
+        in_warm_pool_since: in_pool,
+    }
+}
+
+fn steps(r: &DrainRecord) -> Vec<(String, Step)> {
+    let mut out: Vec<(String, Step)> = states()
+        .iter()
+        .map(|s| (s.as_str().to_string(), step(r, Some(s), now(), SETTLED)))
+        .collect();
+    out.push(("unknown to AWS".into(), step(r, None, now(), SETTLED)));
+    out
+}
+
+fn only(r: &DrainRecord, want: Step, states: &[&str]) {
+    for (state, got) in steps(r) {
+        let expected = if states.contains(&state.as_str()) {
+            want
+        } else {
+            Step::Nothing
+        };
+        assert_eq!(got, expected, "state {state}, record {r:?}");
+    }
+}
+
+#[test]
+fn a_completed_action_is_noted_only_once_the_instance_rests_in_the_pool() {
+    let r = record(vec![lifecycle(ago(120), true)], None);
+    only(
+        &r,
+        Step::InPool,
+        &[
+            "Warmed:Pending:Proceed",
+            "Warmed:Stopped",
+            "Warmed:Running",
+            "Warmed:Hibernated",
+        ],
+    );
+}
+
+#[test]
+fn the_node_is_handed_back_only_from_the_groups_own_states_once_settled() {
+    let r = record(vec![lifecycle(ago(600), true)], Some(ago(31)));
+    only(
+        &r,
+        Step::HandBack,
+        &["Pending", "Pending:Wait", "Pending:Proceed", "InService"],
+    );
+    // The rest is counted from when this service saw the instance in the pool.
+    let fresh = record(vec![lifecycle(ago(600), true)], Some(ago(29)));
+    only(&fresh, Step::HandBack, &[]);
+    // A rest older than any lifecycle action still hands back: the pool can keep
+    // an instance for days.
+    let old = record(
+        vec![lifecycle(ago(5 * 24 * 3600), true)],
+        Some(ago(4 * 24 * 3600)),
+    );
+    only(
+        &old,
+        Step::HandBack,
+        &["Pending", "Pending:Wait", "Pending:Proceed", "InService"],
+    );
+}
+
+#[test]
+fn nothing_while_a_reason_drains() {
+    // A new scale-in (or a notice) joined: its drain decides, not the pool.
+    for in_pool in [None, Some(ago(600))] {
+        let r = record(
+            vec![lifecycle(ago(900), true), lifecycle(ago(10), false)],
+            in_pool,
+        );
+        only(&r, Step::InPool, &[]);
+        let notice = DrainReason::new(
+            Why::Notice {
+                notice: "spot_interruption".into(),
+                ends_at: None,
+                daemonset_share_secs: 0,
+            },
+            ago(5),
+        );
+        let r = record(vec![lifecycle(ago(900), true), notice], in_pool);
+        only(&r, Step::HandBack, &[]);
+    }
+}
+
+#[test]
+fn nothing_for_a_drain_that_was_not_our_hooks() {
+    // CA's direct scale-in and the drain command end no lifecycle action: their
+    // instance never went to the pool through our hook.
+    for why in [Why::ScaleIn, Why::DrainCommand, Why::Rebalance] {
+        let r = record(
+            vec![DrainReason {
+                why,
+                at: ago(120),
+                done: true,
+            }],
+            None,
+        );
+        only(&r, Step::InPool, &[]);
+    }
+    // Our hook's action from past its longest life is not the one that sent the
+    // instance to the pool now.
+    let r = record(vec![lifecycle(ago(49 * 3600), true)], None);
+    only(&r, Step::InPool, &[]);
+}

@@ -1,0 +1,316 @@
+//! Warm pools that reuse instances on scale-in (issue 47): an instance the ASG sends
+//! back to the pool is held by our hook in `Warmed:Pending:Wait`, drained as any
+//! other scale-in (workloads first, DaemonSet pods last, our action completed once),
+//! rests in the pool with its Node, and when it leaves the pool for the group its
+//! Node is handed back with none of this service's cordon, taint or record.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use ca_asg_provider::cloud::memory::MemoryGroup;
+use ca_asg_provider::cloud::queue::MemoryQueue;
+use ca_asg_provider::cloud::{LifecycleState, WarmPool};
+use ca_asg_provider::interruption::consumer::Handled;
+use ca_asg_provider::interruption::RebalanceAction;
+use ca_asg_provider::proto;
+use ca_asg_provider::scalein::{self, cordon, record};
+use k8s_openapi::api::core::v1::Node;
+
+mod support;
+use support::eventually;
+use support::notices::eventbridge;
+use support::queue::{consumer, handle_next};
+use support::world::*;
+
+const HOOK: &str = "ca-asg-provider-drain";
+
+fn pooled_group(pool_state: &str) -> MemoryGroup {
+    MemoryGroup::new("web", 0, 3, 1, "m5.large")
+        .terminating_hook(HOOK, 300)
+        .warm_pool(WarmPool {
+            min_size: 0,
+            max_prepared: None,
+            pool_state: pool_state.into(),
+            reuse_on_scale_in: true,
+        })
+}
+
+fn settings() -> scalein::ScaleInSettings {
+    scalein::ScaleInSettings {
+        warm_pool_settle: Duration::from_millis(300),
+        ..fast_settings()
+    }
+}
+
+fn state_of(w: &World, iid: &str) -> Option<LifecycleState> {
+    w.cloud
+        .instances()
+        .into_iter()
+        .chain(w.cloud.pooled())
+        .find(|(_, i)| i.id == iid)
+        .map(|(_, i)| i.state)
+}
+
+fn node(w: &World, name: &str) -> serde_json::Value {
+    w.sim.get::<Node>("", name).expect("the Node stays")
+}
+
+/// Nothing of this service on the Node: schedulable, no taint of ours or CA's,
+/// no drain annotation, no load-balancer exclusion.
+fn clean(n: &serde_json::Value) -> bool {
+    let taints = n["spec"]["taints"].as_array().cloned().unwrap_or_default();
+    let annotations = n["metadata"]["annotations"]
+        .as_object()
+        .cloned()
+        .unwrap_or_default();
+    n["spec"]["unschedulable"].as_bool() != Some(true)
+        && !taints
+            .iter()
+            .any(|t| t["key"] == cordon::TAINT_KEY || t["key"] == cordon::CA_TO_BE_DELETED_TAINT)
+        && !annotations
+            .keys()
+            .any(|k| k.starts_with("ca-asg-provider.io/"))
+        && n["metadata"]["labels"][cordon::LB_EXCLUDE_LABEL].is_null()
+}
+
+#[tokio::test]
+async fn a_scale_in_into_the_warm_pool_is_drained_and_the_reused_node_comes_back_clean() {
+    let mut w = world(
+        vec![pooled_group("Stopped")],
+        settings(),
+        Duration::from_millis(50),
+    )
+    .await;
+    let lifecycle = scalein::lifecycle::spawn_loop(w.engine.clone(), w.provider.clone());
+    let (node_name, iid) = node_with_fluentd_and_app(&w, 1.0).await;
+
+    // A scale-in policy lowers the group: ReuseOnScaleIn sends the instance back to
+    // the pool, held by our hook in Warmed:Pending:Wait (out of the group's list).
+    assert_eq!(
+        w.cloud.external_scale_in("web", 1).unwrap(),
+        vec![iid.clone()]
+    );
+    assert_eq!(state_of(&w, &iid).unwrap().as_str(), "Warmed:Pending:Wait");
+
+    let victim = iid.clone();
+    eventually(
+        "our action completed and the instance rests in the pool",
+        20,
+        || state_of(&w, &victim).is_some_and(|s| s.as_str() == "Warmed:Stopped"),
+    )
+    .await;
+    let done: Vec<_> = w
+        .cloud
+        .completed_actions()
+        .into_iter()
+        .filter(|(a, _)| a.instance_id == iid)
+        .collect();
+    assert_eq!(done.len(), 1, "completed once: {done:?}");
+    assert_eq!(done[0].0.hook, HOOK);
+    assert!(w.cloud.hook_timeouts().is_empty(), "the hook timed out");
+    // Drained as any scale-in: the app gone before the log shipper is asked to go.
+    let a = w.sim.audit();
+    let app_gone = audit_index(&a, "removed", "Pod", "app").expect("app removed");
+    let ds_start = audit_index(&a, "deletion-started", "Pod", "fluentd").expect("fluentd evicted");
+    assert!(app_gone < ds_start, "{app_gone} {ds_start}");
+
+    // At rest in the pool the Node stays cordoned, and says so.
+    let n = node_name.clone();
+    eventually("the pool rest noted on the Node", 10, || {
+        let node = node(&w, &n);
+        let rec = node["metadata"]["annotations"][record::ANNOTATION]
+            .as_str()
+            .unwrap_or("")
+            .to_string();
+        rec.contains("in_warm_pool_since") && node["spec"]["unschedulable"] == true
+    })
+    .await;
+    eventually("Event ReturnedToWarmPool", 10, || {
+        events(&w.sim)
+            .iter()
+            .any(|(r, n)| r == "ReturnedToWarmPool" && n.contains(&iid))
+    })
+    .await;
+    // The pool's instance is not the group's: CA's view (after its Refresh) has none.
+    w.provider.refresh_now().await.unwrap();
+    assert_eq!(target(&mut w, "web").await, 0);
+    let listed =
+        w.ca.node_group_nodes(proto::NodeGroupNodesRequest { id: "web".into() })
+            .await
+            .unwrap()
+            .into_inner()
+            .instances;
+    assert!(listed.is_empty(), "{listed:?}");
+
+    // CA scales the group up: the ASG takes the instance from the pool (same id).
+    w.ca.node_group_increase_size(proto::NodeGroupIncreaseSizeRequest {
+        id: "web".into(),
+        delta: 1,
+    })
+    .await
+    .unwrap();
+    let back = iid.clone();
+    eventually("the instance back in service in the group", 10, || {
+        state_of(&w, &back) == Some(LifecycleState::InService)
+    })
+    .await;
+    let n = node_name.clone();
+    eventually("the reused node handed back clean", 10, || {
+        clean(&node(&w, &n))
+    })
+    .await;
+    eventually("Event BackFromWarmPool", 10, || {
+        events(&w.sim)
+            .iter()
+            .any(|(r, n)| r == "BackFromWarmPool" && n.contains(&iid))
+    })
+    .await;
+    lifecycle.abort();
+    assert_eq!(target(&mut w, "web").await, 1);
+    assert_eq!(
+        w.cloud
+            .completed_actions()
+            .iter()
+            .filter(|(a, _)| a.instance_id == iid)
+            .count(),
+        1,
+        "nothing completed again"
+    );
+}
+
+/// The next scale-in of a reused instance is a new action, drained and completed
+/// again: the record that would have said "already completed" left with the
+/// hand-back.
+#[tokio::test]
+async fn a_reused_instance_scaled_in_again_is_drained_again() {
+    let mut w = world(
+        vec![pooled_group("Running")],
+        settings(),
+        Duration::from_millis(50),
+    )
+    .await;
+    let lifecycle = scalein::lifecycle::spawn_loop(w.engine.clone(), w.provider.clone());
+    let (node_name, iid) = node_with_fluentd_and_app(&w, 0.2).await;
+    for round in 1..=2usize {
+        w.cloud.external_scale_in("web", 1).unwrap();
+        let victim = iid.clone();
+        eventually("resting in the pool", 20, || {
+            state_of(&w, &victim).is_some_and(|s| s.as_str() == "Warmed:Running")
+        })
+        .await;
+        assert_eq!(
+            w.cloud
+                .completed_actions()
+                .iter()
+                .filter(|(a, _)| a.instance_id == iid)
+                .count(),
+            round,
+            "round {round}: our action completed once per scale-in"
+        );
+        let n = node_name.clone();
+        eventually("the pool rest noted", 10, || {
+            node(&w, &n)["metadata"]["annotations"][record::ANNOTATION]
+                .as_str()
+                .is_some_and(|r| r.contains("in_warm_pool_since"))
+        })
+        .await;
+        w.ca.node_group_increase_size(proto::NodeGroupIncreaseSizeRequest {
+            id: "web".into(),
+            delta: 1,
+        })
+        .await
+        .unwrap();
+        let n = node_name.clone();
+        eventually("handed back", 10, || clean(&node(&w, &n))).await;
+        assert_eq!(target(&mut w, "web").await, 1, "round {round}");
+    }
+    lifecycle.abort();
+    assert!(w.cloud.hook_timeouts().is_empty(), "a hook timed out");
+    // Each round drained the node: its log shipper (put back by its DaemonSet on
+    // the node handed back) asked to leave once per round.
+    let shipper_evictions = w
+        .sim
+        .audit()
+        .iter()
+        .filter(|a| {
+            a.verb == "deletion-started" && a.kind == "Pod" && a.name.starts_with("fluentd")
+        })
+        .count();
+    assert_eq!(shipper_evictions, 2, "{:?}", events(&w.sim));
+}
+
+/// Queue mode: the hook's EventBridge message for a return to the pool (Origin
+/// AutoScalingGroup, Destination WarmPool) names the terminating transition; the
+/// instance waits in Warmed:Pending:Wait, not Terminating:Wait, and is drained.
+#[tokio::test]
+async fn a_lifecycle_message_for_a_return_to_the_pool_is_drained() {
+    let w = world(
+        vec![pooled_group("Stopped")],
+        settings(),
+        Duration::from_millis(50),
+    )
+    .await;
+    let (_node, iid) = node_with_fluentd_and_app(&w, 0.2).await;
+    w.cloud.external_scale_in("web", 1).unwrap();
+    let q = Arc::new(MemoryQueue::default());
+    let c = consumer(&w, &q, RebalanceAction::Cordon);
+    q.send(&eventbridge(
+        "EC2 Instance-terminate Lifecycle Action",
+        "aws.autoscaling",
+        serde_json::json!({
+            "LifecycleActionToken": "87654321-4321-4321-4321-210987654321",
+            "AutoScalingGroupName": "web",
+            "LifecycleHookName": HOOK,
+            "EC2InstanceId": iid,
+            "LifecycleTransition": "autoscaling:EC2_INSTANCE_TERMINATING",
+            "Origin": "AutoScalingGroup",
+            "Destination": "WarmPool",
+        }),
+    ));
+    assert_eq!(
+        handle_next(&c, &q).await,
+        Handled::Done(vec!["lifecycle_drain"])
+    );
+    let victim = iid.clone();
+    eventually("drained and completed into the pool", 20, || {
+        state_of(&w, &victim).is_some_and(|s| s.as_str() == "Warmed:Stopped")
+    })
+    .await;
+    assert!(w.cloud.hook_timeouts().is_empty());
+    assert_eq!(
+        w.cloud
+            .completed_actions()
+            .iter()
+            .filter(|(a, _)| a.instance_id == iid && a.hook == HOOK)
+            .count(),
+        1
+    );
+}
+
+/// A new instance warming up waits in Warmed:Pending:Wait too, for launch hooks:
+/// it has no Node, and nothing of ours is heartbeated or completed for it.
+#[tokio::test]
+async fn an_instance_warming_up_without_a_node_is_not_taken_for_a_scale_in() {
+    let w = world(
+        vec![pooled_group("Stopped")],
+        settings(),
+        Duration::from_millis(50),
+    )
+    .await;
+    let (_node, iid) = nodes_of(&w, "web").remove(0);
+    // The instance goes back to the pool held by our hook, and its Node is gone
+    // (deleted by hand): nothing tells a scale-in from a warm-up.
+    w.cloud.external_scale_in("web", 1).unwrap();
+    let nodes: kube::Api<Node> = kube::Api::all(w.sim.client());
+    let name = ca_asg_provider::sim::node_name(&iid);
+    let _ = nodes.delete(&name, &Default::default()).await;
+    eventually("the Node gone from the engine's cache", 10, || {
+        w.engine.node_for_instance(&iid).is_none()
+    })
+    .await;
+    for _ in 0..3 {
+        assert_eq!(scalein::lifecycle::scan(&w.engine, &w.provider).await, 0);
+    }
+    assert!(w.cloud.heartbeats().iter().all(|a| a.instance_id != iid));
+    assert!(w.cloud.completed_actions().is_empty());
+}
