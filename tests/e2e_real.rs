@@ -70,6 +70,165 @@ async fn asg_ends_an_instance_and_the_service_restarts_mid_drain() {
     rig.ends_keeping_promises(&victims, 3, 0, true).await;
 }
 
+/// Warm pools (issue 47): the ASG scales in by one into its warm pool
+/// (ReuseOnScaleIn); our hook holds the instance in Warmed:Pending:Wait and the service
+/// drains it keeping every promise (evictions only, the budget, DaemonSet pods last,
+/// the action completed once, nothing terminated), while CA's target reads one lower.
+/// CA then scales up: the ASG takes the same instance from the pool, and its Node,
+/// which stayed cordoned in the pool, is handed back with no cordon or taint: the real
+/// scheduler places a new pod on it. The hand-back waits 2 s of rest in the pool here
+/// (`warm_pool_settle`; 30 s as shipped).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn asg_scales_in_into_its_warm_pool_and_the_reused_node_comes_back() {
+    use ca_asg_provider::cloud::{LifecycleState, WarmPool};
+    use ca_asg_provider::proto;
+    use k8s_openapi::api::core::v1::{Node, Pod};
+
+    let Some(bin) = binaries("asg_scales_in_into_its_warm_pool_and_the_reused_node_comes_back")
+    else {
+        return;
+    };
+    let _one_at_a_time = SERIAL.lock().await;
+    let setup = rig::Setup {
+        desired: 4,
+        hooked: true,
+        real: None,
+        workloads: rig::Workloads::Budgeted,
+    };
+    let more = rig::More {
+        warm_pool: Some(WarmPool {
+            min_size: 0,
+            max_prepared: None,
+            pool_state: "Stopped".into(),
+            reuse_on_scale_in: true,
+        }),
+        settings: ca_asg_provider::scalein::ScaleInSettings {
+            warm_pool_settle: std::time::Duration::from_secs(2),
+            ..rig::settings()
+        },
+        ..rig::More::default()
+    };
+    let mut rig =
+        Rig::start_more("ASG scale-in into the warm pool, reused", &bin, setup, more).await;
+    rig.run_lifecycle_loop();
+    rig.report
+        .scale_in_begins("the ASG scales in by one into its warm pool");
+    let ended = rig.cloud.external_scale_in("web", 1).unwrap();
+    assert_eq!(ended.len(), 1);
+    let iid = ended[0].clone();
+    let node = kubelet::node_name(&iid);
+    let victims = vec![(node.clone(), iid.clone())];
+    let resting = |cloud: &ca_asg_provider::cloud::memory::MemoryCloud, iid: &str| {
+        cloud
+            .pooled()
+            .iter()
+            .any(|(_, i)| i.id == iid && i.state.as_str() == "Warmed:Stopped")
+    };
+    rig.report
+        .step("wait for the drain to complete our action: the instance rests in the pool");
+    until("the instance to rest in the warm pool", 120, || {
+        let cloud = rig.cloud.clone();
+        let iid = iid.clone();
+        async move { resting(&cloud, &iid) }
+    })
+    .await;
+    let began = (*rig.report.scale_in_began.lock()).expect("the scale-in began");
+    *rig.report.scale_in_secs.lock() = Some(began.elapsed().as_secs_f64());
+    // Every promise of a scale-in, but the instance is kept: no termination, the
+    // desired capacity (and CA's target) one lower, no hook timed out.
+    rig.check_promises(&victims, 3, 0).await;
+    rig.hooks_completed_once(std::slice::from_ref(&iid));
+    let nodes: kube::Api<Node> = kube::Api::all(rig.admin.clone());
+    rig.report
+        .step("check: the Node stays, cordoned, while its instance rests in the pool");
+    let n = nodes
+        .get(&node)
+        .await
+        .expect("the Node of a pooled instance stays");
+    assert!(
+        checks::handed_back(&n).is_err(),
+        "a node in the pool must stay cordoned"
+    );
+
+    rig.report
+        .step("CA scales up by one: the ASG takes the instance back from the pool");
+    rig.ca
+        .node_group_increase_size(proto::NodeGroupIncreaseSizeRequest {
+            id: "web".into(),
+            delta: 1,
+        })
+        .await
+        .expect("IncreaseSize");
+    until("the same instance in service in the group", 60, || {
+        let cloud = rig.cloud.clone();
+        let iid = iid.clone();
+        async move {
+            cloud
+                .instances()
+                .iter()
+                .any(|(_, i)| i.id == iid && i.state == LifecycleState::InService)
+        }
+    })
+    .await;
+    rig.report.step("wait for the Node to be handed back");
+    until("the reused Node handed back", 60, || {
+        let nodes = nodes.clone();
+        let node = node.clone();
+        async move {
+            nodes
+                .get(&node)
+                .await
+                .is_ok_and(|n| checks::handed_back(&n).is_ok())
+        }
+    })
+    .await;
+    let n = nodes.get(&node).await.unwrap();
+    let marks: Vec<&String> = n
+        .metadata
+        .annotations
+        .iter()
+        .flatten()
+        .map(|(k, _)| k)
+        .filter(|k| k.starts_with("ca-asg-provider.io/"))
+        .collect();
+    assert!(marks.is_empty(), "marks left on the reused Node: {marks:?}");
+    assert_eq!(rig.ca_target().await, 4, "the target size CA reads");
+
+    rig.report
+        .step("the real scheduler places a new pod on the reused node");
+    let pods: kube::Api<Pod> = kube::Api::namespaced(rig.admin.clone(), "shop");
+    let pod: Pod = serde_json::from_value(serde_json::json!({
+        "metadata": {"name": "after-the-pool"},
+        "spec": {
+            "nodeSelector": {"kubernetes.io/hostname": node},
+            "containers": [{"name": "c", "image": "busybox", "command": ["sleep", "3600"]}],
+        },
+    }))
+    .unwrap();
+    pods.create(&Default::default(), &pod)
+        .await
+        .expect("create the pod");
+    until("the new pod bound to the reused node", 60, || {
+        let pods = pods.clone();
+        let node = node.clone();
+        async move {
+            pods.get("after-the-pool")
+                .await
+                .is_ok_and(|p| p.spec.and_then(|s| s.node_name).as_deref() == Some(node.as_str()))
+        }
+    })
+    .await;
+    assert_eq!(
+        rig.cloud
+            .completed_actions()
+            .iter()
+            .filter(|(a, _)| a.instance_id == iid)
+            .count(),
+        1,
+        "nothing completed again"
+    );
+}
+
 /// The checks can fail on the real system: CA's own drain with its default
 /// `--daemonset-eviction-for-occupied-nodes=true` evicts the log shipper together with
 /// the workload, and the DaemonSet-last check says so.

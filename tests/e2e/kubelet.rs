@@ -124,7 +124,10 @@ impl FakeKubelet {
             real_ended: tx,
         };
         tokio::spawn(k.clone().follow_cloud(move || {
-            let instances = cloud.instances();
+            // An instance in a warm pool still exists: its Node stays (a stopped
+            // instance's too, as the cloud's node controller keeps it).
+            let mut instances = cloud.instances();
+            instances.extend(cloud.pooled());
             async move { Some(instances) }
         }));
         tokio::spawn(k.clone().run_pods());

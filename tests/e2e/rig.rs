@@ -159,6 +159,8 @@ pub struct More {
     pub ca_rbac: bool,
     /// The report's driver column.
     pub driver: String,
+    /// A warm pool beside the group.
+    pub warm_pool: Option<ca_asg_provider::cloud::WarmPool>,
 }
 
 impl Default for More {
@@ -169,6 +171,7 @@ impl Default for More {
             settings: settings(),
             ca_rbac: false,
             driver: BY_HAND.to_string(),
+            warm_pool: None,
         }
     }
 }
@@ -628,6 +631,9 @@ impl Rig {
         }
         if hooked {
             group = group.terminating_hook(HOOK, 300);
+        }
+        if let Some(pool) = more.warm_pool.clone() {
+            group = group.warm_pool(pool);
         }
         let cloud = MemoryCloud::new(vec![group], timing());
         let real_iid: std::collections::BTreeSet<String> = match real {
