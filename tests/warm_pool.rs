@@ -287,10 +287,11 @@ async fn a_lifecycle_message_for_a_return_to_the_pool_is_drained() {
     );
 }
 
-/// A new instance warming up waits in Warmed:Pending:Wait too, for launch hooks:
-/// it has no Node, and nothing of ours is heartbeated or completed for it.
+/// A scale-in returning an instance whose Node is gone (never registered, or
+/// deleted): nothing to drain, our action is completed at once instead of holding the
+/// instance for the hook's whole timeout.
 #[tokio::test]
-async fn an_instance_warming_up_without_a_node_is_not_taken_for_a_scale_in() {
+async fn a_pool_bound_instance_without_a_node_has_our_action_completed_at_once() {
     let w = world(
         vec![pooled_group("Stopped")],
         settings(),
@@ -298,19 +299,105 @@ async fn an_instance_warming_up_without_a_node_is_not_taken_for_a_scale_in() {
     )
     .await;
     let (_node, iid) = nodes_of(&w, "web").remove(0);
-    // The instance goes back to the pool held by our hook, and its Node is gone
-    // (deleted by hand): nothing tells a scale-in from a warm-up.
-    w.cloud.external_scale_in("web", 1).unwrap();
     let nodes: kube::Api<Node> = kube::Api::all(w.sim.client());
     let name = ca_asg_provider::sim::node_name(&iid);
+    w.cloud.external_scale_in("web", 1).unwrap();
     let _ = nodes.delete(&name, &Default::default()).await;
     eventually("the Node gone from the engine's cache", 10, || {
         w.engine.node_for_instance(&iid).is_none()
     })
     .await;
+    let lifecycle = scalein::lifecycle::spawn_loop(w.engine.clone(), w.provider.clone());
+    let victim = iid.clone();
+    eventually(
+        "our action completed, the instance at rest in the pool",
+        10,
+        || state_of(&w, &victim).is_some_and(|s| s.as_str() == "Warmed:Stopped"),
+    )
+    .await;
+    lifecycle.abort();
+    assert!(w.cloud.hook_timeouts().is_empty());
+    assert_eq!(
+        w.cloud
+            .completed_actions()
+            .iter()
+            .filter(|(a, _)| a.instance_id == iid && a.hook == HOOK)
+            .count(),
+        1
+    );
+}
+
+/// A new instance warming up waits in Warmed:Pending:Wait too, for launch hooks only,
+/// and has no Node: one heartbeat finds no action of ours there, and the scans that
+/// follow neither drain it nor ask again (for 30 s).
+#[tokio::test]
+async fn an_instance_warming_up_is_not_taken_for_a_scale_in() {
+    let w = world(
+        vec![pooled_group("Stopped")],
+        settings(),
+        Duration::from_millis(50),
+    )
+    .await;
+    let warming = w.cloud.warm_up("web", "bootstrap-launch", 60).unwrap();
+    assert_eq!(
+        state_of(&w, &warming).unwrap().as_str(),
+        "Warmed:Pending:Wait"
+    );
     for _ in 0..3 {
         assert_eq!(scalein::lifecycle::scan(&w.engine, &w.provider).await, 0);
     }
-    assert!(w.cloud.heartbeats().iter().all(|a| a.instance_id != iid));
+    assert_eq!(
+        w.cloud.calls().get("lifecycle_heartbeat").copied(),
+        Some(1),
+        "one probe, then believed"
+    );
+    assert!(w.cloud.heartbeats().is_empty());
     assert!(w.cloud.completed_actions().is_empty());
+    assert!(!w.engine.is_draining(&warming));
+}
+
+/// An instance's bootstrap that joins the cluster while it warms in the pool leaves
+/// a Node that goes NotReady when the instance stops there: said once, on the Node,
+/// in the log and in a metric, and nothing is drained for it.
+#[tokio::test]
+async fn a_node_registered_by_an_instance_warming_in_the_pool_is_reported_once() {
+    let w = world(
+        vec![pooled_group("Stopped")],
+        settings(),
+        Duration::from_millis(50),
+    )
+    .await;
+    let warming = w.cloud.warm_up("web", "bootstrap-launch", 0).unwrap();
+    let zone = "us-east-1a";
+    let name = ca_asg_provider::sim::node_name(&warming);
+    w.sim
+        .create(&ca_asg_provider::sim::fixtures::node(
+            &name,
+            &format!("aws:///{zone}/{warming}"),
+            &[("topology.kubernetes.io/zone", zone)],
+        ))
+        .unwrap();
+    let id = warming.clone();
+    eventually("the engine sees the Node", 10, || {
+        w.engine.node_for_instance(&id).is_some()
+            && state_of(&w, &id).is_some_and(|s| s.as_str() == "Warmed:Stopped")
+    })
+    .await;
+    for _ in 0..3 {
+        assert_eq!(scalein::lifecycle::scan(&w.engine, &w.provider).await, 0);
+    }
+    eventually("the warning Event", 10, || {
+        events(&w.sim)
+            .iter()
+            .any(|(r, n)| r == "RegisteredWhileWarming" && n.contains(&warming))
+    })
+    .await;
+    let said = events(&w.sim)
+        .iter()
+        .filter(|(r, _)| r == "RegisteredWhileWarming")
+        .count();
+    assert_eq!(said, 1, "said once");
+    assert!(!w.engine.is_draining(&warming));
+    let node = node(&w, &name);
+    assert!(node["spec"]["unschedulable"] != true, "nothing cordoned");
 }

@@ -94,6 +94,9 @@ pub struct Engine {
     scan_wake: tokio::sync::Notify,
     /// The background loops' turns, for `/healthz`.
     pub liveness: Arc<crate::telemetry::liveness::Liveness>,
+    /// Instances in `Warmed:Pending:Wait` whose hold was found not to be a pending
+    /// action of ours, and when ([`super::warm_pool::pool_holds`]).
+    pub(crate) warm_ups: Mutex<std::collections::HashMap<String, std::time::Instant>>,
 }
 
 impl Engine {
@@ -146,6 +149,7 @@ impl Engine {
             scan_soon: Mutex::new(None),
             scan_wake: tokio::sync::Notify::new(),
             liveness,
+            warm_ups: Mutex::default(),
         })
     }
 
@@ -419,9 +423,15 @@ impl Engine {
     }
 
     /// The drain record on the Node `node` as the cache has it.
-    fn cached_record(&self, node: &str) -> Option<record::DrainRecord> {
+    pub(crate) fn cached_record(&self, node: &str) -> Option<record::DrainRecord> {
         let n = self.nodes.cached(node)?;
         record::DrainRecord::from_annotations(n.metadata.annotations.as_ref()?)
+    }
+
+    /// Forgets what this process remembers of the instance's finished action (our
+    /// hook holds it with a new one).
+    pub(crate) fn forget_action_done(&self, instance_id: &str) {
+        self.book.forget_actions_done(|id| id != instance_id);
     }
 
     /// Forgets the ended actions of instances `keep` says no longer exist.

@@ -70,6 +70,9 @@ pub enum Reason {
     ReturnedToWarmPool,
     /// The instance left the warm pool for its group: the node is handed back.
     BackFromWarmPool,
+    /// An instance in the warm pool has a Node this service never drained: its
+    /// bootstrap joined the cluster while warming.
+    RegisteredWhileWarming,
 }
 
 impl Reason {
@@ -98,6 +101,7 @@ impl Reason {
             Reason::RebalanceCordoned => "RebalanceCordoned",
             Reason::ReturnedToWarmPool => "ReturnedToWarmPool",
             Reason::BackFromWarmPool => "BackFromWarmPool",
+            Reason::RegisteredWhileWarming => "RegisteredWhileWarming",
         }
     }
 
@@ -114,6 +118,7 @@ impl Reason {
                 | Reason::PodNotWaitedFor
                 | Reason::DaemonSetEvictedEarly
                 | Reason::InterruptionBudgetMissed
+                | Reason::RegisteredWhileWarming
         )
     }
 }

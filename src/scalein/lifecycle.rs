@@ -47,6 +47,9 @@ pub fn heartbeats(
         let mut every = pace(current);
         let mut limit = global_limit(current);
         let mut backoff = HeartbeatBackoff::new(every);
+        // The action's own clock: AWS counts the timeout from the last heartbeat it
+        // took (or from the hold, before the first).
+        let mut last_ok = found;
         let mut follows = true;
         loop {
             if found.elapsed() >= limit {
@@ -59,6 +62,7 @@ pub fn heartbeats(
                     engine.stats.heartbeats.fetch_add(1, Ordering::Relaxed);
                     Metrics::outcome(&metrics().heartbeats, "ok");
                     tracing::debug!(instance = %action.instance_id, hook = %action.hook, "lifecycle heartbeat recorded");
+                    last_ok = Instant::now();
                     backoff.ok()
                 }
                 Err(CloudError::Rejected { code, message, .. }) if code == "ValidationError" => {
@@ -98,7 +102,9 @@ pub fn heartbeats(
                             });
                         }
                     }
-                    backoff.failed()
+                    // Failures in a row back off, but never past the time the
+                    // action has left: the next try comes before the timeout runs out.
+                    within_timeout(backoff.failed(), last_ok, current, Instant::now())
                 }
             };
             let sleep = tokio::time::sleep(next);
@@ -124,6 +130,19 @@ pub fn heartbeats(
             }
         }
     })
+}
+
+/// A retry's wait, cut so the try lands while the action still has a fifth of its
+/// timeout left counted from the last heartbeat AWS took (never under 100 ms): a
+/// run of throttled heartbeats backs off without letting the hook run out.
+pub fn within_timeout(
+    wait: Duration,
+    last_ok: Instant,
+    timeout: Duration,
+    now: Instant,
+) -> Duration {
+    let left = (last_ok + timeout.mul_f64(0.8)).saturating_duration_since(now);
+    wait.min(left).max(Duration::from_millis(100))
 }
 
 /// When the next heartbeat goes, apart from the heartbeat itself so it is tested
@@ -274,6 +293,7 @@ pub async fn scan(engine: &Arc<Engine>, provider: &Arc<Provider>) -> usize {
             continue;
         };
         let pool = pools.get(&snap.name).map(Vec::as_slice).unwrap_or_default();
+        super::warm_pool::registered_while_warming(engine, &snap.name, pool).await;
         // An instance our hook holds is heartbeated and drained whatever else drains
         // it already (a rebalance or retirement drain, the drain command): the
         // lifecycle reason joins that drain.
@@ -282,8 +302,14 @@ pub async fn scan(engine: &Arc<Engine>, provider: &Arc<Provider>) -> usize {
         // What this process completed it remembers; what an earlier process or
         // another replica completed, the Node's record says.
         // (A drain running for it already read its record: no Node is looked up.)
+        // A hold on the way into the warm pool is ours when AWS says so
+        // (warm_pool::pool_holds); the others as before.
+        let ours_in_pool = super::warm_pool::pool_holds(engine, g, pool).await;
         let waiting = snap.instances.iter().chain(pool).filter(|i| {
-            held_by_terminating_hooks(engine, i)
+            if i.state.is_pool_bound_wait() {
+                return ours_in_pool.contains(&i.id) || engine.is_draining(&i.id);
+            }
+            (i.state == LifecycleState::TerminatingWait || i.state.is_pool_ending_wait())
                 && !engine.action_done(&i.id)
                 && (engine.is_draining(&i.id) || !engine.action_done_on_node(&i.id))
         });
@@ -350,6 +376,7 @@ async fn warm_pools(
     for snap in fresh.iter().filter(|s| s.warm_pool.is_some()) {
         match engine.cloud.warm_pool_instances(&snap.name).await {
             Ok(instances) => {
+                super::warm_pool::count_states(&snap.name, &instances);
                 pools.insert(snap.name.clone(), instances);
             }
             Err(e) => {
@@ -358,16 +385,6 @@ async fn warm_pools(
         }
     }
     pools
-}
-
-/// Where our EC2_INSTANCE_TERMINATING hook may hold an instance: `Terminating:Wait`,
-/// `Warmed:Terminating:Wait` (the pool ends it), and `Warmed:Pending:Wait` for an
-/// instance with a Node (a scale-in returning it to the pool; a new instance warming
-/// up waits there too, for launch hooks only, and has no Node).
-fn held_by_terminating_hooks(engine: &Engine, i: &crate::cloud::AsgInstance) -> bool {
-    i.state == LifecycleState::TerminatingWait
-        || i.state.is_pool_ending_wait()
-        || (i.state.is_pool_bound_wait() && engine.nodes.node_for_instance(&i.id).is_some())
 }
 
 /// A warm pool that reuses instances on scale-in: said once per group, with what
@@ -554,6 +571,40 @@ pub fn spawn_loop(engine: Arc<Engine>, provider: Arc<Provider>) -> tokio::task::
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_run_of_failures_retries_before_the_timeout_runs_out() {
+        let timeout = Duration::from_secs(300);
+        let now = Instant::now();
+        let secs = Duration::from_secs;
+        // Fresh: the backoff's own wait.
+        assert_eq!(within_timeout(secs(50), now, timeout, now), secs(50));
+        // 230 s since AWS took the last heartbeat: 10 s left to the 240 s mark.
+        assert_eq!(
+            within_timeout(secs(100), now, timeout, now + secs(230)),
+            secs(10)
+        );
+        // Past the mark: retry soon (100 ms), never a long wait.
+        assert_eq!(
+            within_timeout(secs(100), now, timeout, now + secs(290)),
+            Duration::from_millis(100)
+        );
+        // A run of failures from 90 s after the last success: every try lands by
+        // the 240 s mark, then one every 100 ms.
+        let mut b = HeartbeatBackoff::new(timeout / 3);
+        let mut at = now + secs(90);
+        let mark = now + timeout.mul_f64(0.8);
+        for _ in 0..10 {
+            let w = within_timeout(b.failed(), now, timeout, at);
+            if at + Duration::from_millis(100) <= mark {
+                assert!(at + w <= mark, "{:?} past the mark", (at + w) - mark);
+            } else {
+                assert_eq!(w, Duration::from_millis(100));
+            }
+            at += w;
+        }
+        assert!(at >= mark, "ten failures in a row reach the mark");
+    }
 
     #[test]
     fn heartbeats_spread_back_off_and_stay_inside_the_timeout() {

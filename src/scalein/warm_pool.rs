@@ -13,9 +13,10 @@
 //! - our hook's action is completed and AWS shows the instance resting in the pool:
 //!   the record notes when ([`DrainRecord::in_warm_pool_since`]), Event
 //!   `ReturnedToWarmPool`;
-//! - the record says it rested in the pool and AWS shows it in the group again
-//!   (Pending on its way, or InService): cordon, taint, marks and labels this
-//!   service put on come off ([`super::cordon::uncordon`]), Event `BackFromWarmPool`.
+//! - AWS shows it in the group again (Pending on its way, or InService) after our
+//!   hook's action let it go (a rest in the pool seen or not: it can come back
+//!   between two polls): cordon, taint, marks and labels this service put on come
+//!   off ([`super::cordon::uncordon`]), Event `BackFromWarmPool`.
 //!   The record goes with them, so the instance's next scale-in is a new action
 //!   and not taken for the finished one.
 
@@ -49,11 +50,18 @@ pub enum Step {
 }
 
 /// The step for a Node with `record`, whose instance AWS shows in `state` (`None`:
-/// AWS does not know it). Nothing while any reason still drains; a pool rest is
-/// noted only after our hook's action was completed (a node handed back must have
-/// been drained for the pool, never one a read showed in the group before its
-/// scale-in); the hand-back only from the group's own states (Pending on the way in,
-/// InService), never from a state this code does not know.
+/// AWS does not know it). Nothing while a reason other than our hook's still
+/// drains. A pool rest is noted only after our hook's action was completed. The
+/// hand-back comes only from the group's own states (Pending on the way in,
+/// InService), never from a state this code does not know, and only for a node our
+/// hook's action let go: an instance whose terminating action is over never serves
+/// the group again unless the warm pool gave it back, and one back in the group has
+/// no such action pending, whatever the record says (the completion's note on the
+/// Node can be lost to a refused write or a crash). It comes once the instance
+/// rested `settle` in the pool as seen here, or, when no rest was seen (taken back
+/// between two polls, or while no replica led), `settle` after that action's hold
+/// arrived: a read that old cannot be one from before the scale-in, so a lagging
+/// read never uncordons a node on its way out.
 pub fn step(
     record: &DrainRecord,
     state: Option<&LifecycleState>,
@@ -63,26 +71,213 @@ pub fn step(
     let Some(state) = state else {
         return Step::Nothing;
     };
-    if record.drain_began().is_some() {
-        return Step::Nothing;
-    }
-    match record.in_warm_pool_since {
-        None if record.lifecycle_completed(now) && resting_in_pool(state) => Step::InPool,
-        Some(since)
-            if (*state == LifecycleState::InService || state.is_pending())
-                && now >= after(since, settle) =>
-        {
-            Step::HandBack
+    let back_in_group = *state == LifecycleState::InService || state.is_pending();
+    let mut let_go_at = None;
+    for r in &record.reasons {
+        match (&r.why, r.done) {
+            (super::record::Why::Lifecycle { .. }, done) if done || back_in_group => {
+                let_go_at = let_go_at.max(Some(r.at));
+            }
+            (super::record::Why::Lifecycle { .. }, _) => return Step::Nothing,
+            (why, false) if why.drains() => return Step::Nothing,
+            _ => {}
         }
+    }
+    match (record.in_warm_pool_since, let_go_at) {
+        (Some(since), _) if back_in_group && now >= after(since, settle) => Step::HandBack,
+        (None, Some(at)) if back_in_group && now >= after(at, settle) => Step::HandBack,
+        (None, _) if record.lifecycle_completed(now) && resting_in_pool(state) => Step::InPool,
         _ => Step::Nothing,
     }
 }
 
 /// In the pool past our hook: `Warmed:Pending:Proceed`, `Warmed:Stopped`,
 /// `Warmed:Running`, `Warmed:Hibernated`; not on its way in (`Warmed:Pending`,
-/// `Warmed:Pending:Wait`, another hook may still hold it) and not being ended.
+/// `Warmed:Pending:Wait`, another hook may still hold it; `Warmed:Pending:Retained`)
+/// and not being ended.
 fn resting_in_pool(state: &LifecycleState) -> bool {
-    state.in_warm_pool() && !state.is_pool_bound() && !state.as_str().contains("Terminat")
+    matches!(
+        state.as_str(),
+        "Warmed:Pending:Proceed" | "Warmed:Stopped" | "Warmed:Running" | "Warmed:Hibernated"
+    )
+}
+
+/// How long a hold in `Warmed:Pending:Wait` found not to be ours is believed
+/// before it is asked again, while the instance stays in that wait.
+pub const WARM_UP_RECHECK: Duration = Duration::from_secs(30);
+
+/// Of the group's pool instances in `Warmed:Pending:Wait`, those whose hold is a
+/// pending action of our hook: each a scale-in returning the instance to the pool,
+/// to drain. Neither the group's list nor the memory of finished actions can tell:
+/// a new instance warming up waits there too (for launch hooks only, with no action
+/// of ours), an instance whose action we completed may wait there on another hook,
+/// and an instance back from the pool can be sent there again before any read
+/// showed it in service (its Node still saying our last action was completed). One
+/// RecordLifecycleActionHeartbeat asks AWS: accepted, the action is ours and
+/// pending (and the heartbeat was due anyway): whatever this process or the Node
+/// remembers of an earlier action of the instance is dropped so the drain runs;
+/// refused, it is not asked again for [`WARM_UP_RECHECK`] while it waits there.
+/// Instances this process drains are not asked.
+pub async fn pool_holds(
+    engine: &Engine,
+    group: &crate::provider::Group,
+    pool: &[crate::cloud::AsgInstance],
+) -> std::collections::BTreeSet<String> {
+    let mut ours = std::collections::BTreeSet::new();
+    let Some(hook) = engine.our_hook(group) else {
+        return ours;
+    };
+    let now = std::time::Instant::now();
+    engine.warm_ups.lock().retain(|id, at| {
+        pool.iter()
+            .any(|i| &i.id == id && i.state.is_pool_bound_wait())
+            && now.duration_since(*at) < WARM_UP_RECHECK
+    });
+    for inst in pool {
+        if !inst.state.is_pool_bound_wait()
+            || engine.is_draining(&inst.id)
+            || engine.warm_ups.lock().contains_key(&inst.id)
+        {
+            continue;
+        }
+        let action = crate::cloud::LifecycleAction {
+            group: group.asg.name.clone(),
+            hook: hook.name.clone(),
+            instance_id: inst.id.clone(),
+            token: None,
+        };
+        match engine.cloud.lifecycle_heartbeat(&action).await {
+            Ok(()) => {
+                if forget_earlier_action(engine, &inst.id).await {
+                    ours.insert(inst.id.clone());
+                }
+            }
+            Err(crate::cloud::CloudError::Rejected { code, .. }) if code == "ValidationError" => {
+                tracing::debug!(instance = %inst.id, group = %group.asg.name, "Warmed:Pending:Wait with no pending action of our hook (warming up, or another hook holds it)");
+                engine.warm_ups.lock().insert(inst.id.clone(), now);
+            }
+            Err(e) => {
+                tracing::warn!(instance = %inst.id, group = %group.asg.name, error = %e, "cannot tell whether our hook holds a pool instance; next poll asks again");
+            }
+        }
+    }
+    ours
+}
+
+/// Every `Warmed:*` state AWS names, so a state the pool left reads 0.
+pub const POOL_STATES: [&str; 12] = [
+    "Warmed:Pending",
+    "Warmed:Pending:Wait",
+    "Warmed:Pending:Proceed",
+    "Warmed:Terminating",
+    "Warmed:Terminating:Wait",
+    "Warmed:Terminating:Proceed",
+    "Warmed:Terminated",
+    "Warmed:Stopped",
+    "Warmed:Running",
+    "Warmed:Hibernated",
+    "Warmed:Pending:Retained",
+    "Warmed:Terminating:Retained",
+];
+
+/// `warm_pool_instances{node_group,state}` from one read of the group's pool: each
+/// state AWS names (0 when none), and any other the read showed.
+pub fn count_states(group: &str, pool: &[crate::cloud::AsgInstance]) {
+    let mut counts: BTreeMap<&str, i64> = POOL_STATES.iter().map(|s| (*s, 0)).collect();
+    for i in pool {
+        *counts.entry(i.state.as_str()).or_default() += 1;
+    }
+    for (state, n) in counts {
+        metrics()
+            .warm_pool_instances
+            .get_or_create(&crate::telemetry::metrics::PoolStateLabels {
+                node_group: group.to_string(),
+                state: state.to_string(),
+            })
+            .set(n);
+    }
+}
+
+/// Instances resting or warming in the pool (not on their way in from a scale-in)
+/// whose Node carries no drain of this service: their bootstrap joined the cluster
+/// while warming. The Node goes NotReady when the instance stops, and counts in CA's
+/// unready nodes. Said once per instance and process: a warning Event on the Node,
+/// a log line, `warm_pool_registered_while_warming_total{node_group}`.
+pub async fn registered_while_warming(
+    engine: &Engine,
+    group: &str,
+    pool: &[crate::cloud::AsgInstance],
+) {
+    for inst in pool {
+        if inst.state.is_pool_bound_wait() || inst.state.as_str().contains("Terminat") {
+            continue;
+        }
+        let Some(node) = engine.nodes.node_for_instance(&inst.id) else {
+            continue;
+        };
+        if engine.cached_record(&node).is_some()
+            || !engine.note_once("registered while warming", inst.id.clone())
+        {
+            continue;
+        }
+        metrics()
+            .warm_pool_registered
+            .get_or_create(&crate::telemetry::metrics::GroupLabels {
+                node_group: group.to_string(),
+            })
+            .inc();
+        let note = format!(
+            "instance {} is in group {group}'s warm pool ({}) and registered this Node while warming: its user data joined the cluster before the instance entered service; keep the bootstrap from joining in the pool (docs/node-groups.md)",
+            inst.id,
+            inst.state.as_str()
+        );
+        tracing::warn!(node, instance = %inst.id, group, "{note}");
+        engine
+            .events
+            .node(&node, Reason::RegisteredWhileWarming, note)
+            .await;
+    }
+}
+
+/// Our hook holds the instance with a new action: what this process remembers of
+/// an earlier one is dropped, and so is a finished lifecycle reason (and a pool
+/// rest) on its Node, which would otherwise make the new hold a repeat of the old
+/// and drain nothing. The cordon stays: the node is leaving again. False when the
+/// Node could not be written (the next poll tries again).
+async fn forget_earlier_action(engine: &Engine, iid: &str) -> bool {
+    engine.forget_action_done(iid);
+    let Some(node) = engine.nodes.node_for_instance(iid) else {
+        return true;
+    };
+    let now = Utc::now();
+    let stale = |r: &DrainRecord| r.lifecycle_completed(now) || r.in_warm_pool_since.is_some();
+    if !engine.cached_record(&node).is_some_and(|r| stale(&r)) {
+        return true;
+    }
+    let written = super::cordon::update_record(engine, &node, |r| {
+        if !stale(r) {
+            return false;
+        }
+        r.reasons
+            .retain(|x| !(x.done && matches!(x.why, super::record::Why::Lifecycle { .. })));
+        r.in_warm_pool_since = None;
+        true
+    })
+    .await;
+    match written {
+        Ok(_) => {
+            tracing::info!(
+                node,
+                instance = iid,
+                "a new scale-in into the warm pool: the Node's record of the last one is closed"
+            );
+            true
+        }
+        Err(e) => {
+            tracing::warn!(node, instance = iid, error = %e, "cannot close the Node's record of the last scale-in into the pool; next poll retries");
+            false
+        }
+    }
 }
 
 /// One pass over the Nodes whose drain finished for a group with a warm pool (and
@@ -101,8 +296,13 @@ pub async fn follow(engine: &Arc<Engine>, provider: &Arc<Provider>) -> usize {
         .into_iter()
         .filter_map(|m| {
             let iid = m.instance?;
+            let ours = m
+                .record
+                .reasons
+                .iter()
+                .any(|r| matches!(r.why, super::record::Why::Lifecycle { .. }));
             let pooled = m.record.in_warm_pool_since.is_some()
-                || (m.record.lifecycle_completed(now)
+                || (ours
                     && reg
                         .group(&m.group)
                         .is_some_and(|g| g.asg.warm_pool.is_some()));

@@ -90,6 +90,13 @@ pub struct GroupLabels {
     pub node_group: String,
 }
 
+/// A group's warm pool instances in one lifecycle state.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct PoolStateLabels {
+    pub node_group: String,
+    pub state: String,
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct BuildLabels {
     pub version: String,
@@ -117,6 +124,8 @@ pub struct Metrics {
     pub deadlines: Family<StageLabels, Counter>,
     pub heartbeats: Family<OutcomeLabels, Counter>,
     pub warm_pool_returns: Family<OutcomeLabels, Counter>,
+    pub warm_pool_registered: Family<GroupLabels, Counter>,
+    pub warm_pool_instances: Family<PoolStateLabels, Gauge>,
     pub leader: Gauge,
     pub drains_without_node: Counter,
     pub lifecycle_waiting: Gauge,
@@ -218,6 +227,8 @@ impl Metrics {
             deadlines: Family::default(),
             heartbeats: Family::default(),
             warm_pool_returns: Family::default(),
+            warm_pool_registered: Family::default(),
+            warm_pool_instances: Family::default(),
             leader: Gauge::default(),
             drains_without_node: Counter::default(),
             lifecycle_waiting: Gauge::default(),
@@ -360,6 +371,16 @@ impl Metrics {
             "warm_pool_returns",
             "Drained nodes whose instance went back to its group's warm pool, by step (in_pool: seen resting in the pool; handed_back: left the pool for the group, cordon and marks taken off; error: the Node could not be written, retried next poll)",
             m.warm_pool_returns.clone(),
+        );
+        r.register(
+            "warm_pool_instances",
+            "Instances in each hooked group's warm pool by lifecycle state (Warmed:Pending:Wait, Warmed:Stopped, ...), as the lifecycle scan last read them (DescribeWarmPool)",
+            m.warm_pool_instances.clone(),
+        );
+        r.register(
+            "warm_pool_registered_while_warming",
+            "Instances found in a group's warm pool with a Node this service never drained: their bootstrap joined the cluster while warming (the Node goes NotReady when the instance stops in the pool)",
+            m.warm_pool_registered.clone(),
         );
         r.register(
             "leader",

@@ -406,6 +406,39 @@ impl MemoryCloud {
         false
     }
 
+    /// Launches a new instance into the group's warm pool, as AWS warms one up: it
+    /// waits in `Warmed:Pending:Wait` for a launch hook named `launch_hook` (no
+    /// terminating hook holds it) for `secs`, then rests in the pool. Returns its id.
+    pub fn warm_up(&self, group: &str, launch_hook: &str, secs: u64) -> Option<String> {
+        let mut st = self.state.lock();
+        let id = format!("i-{:017x}", st.next_instance + 1);
+        let g = st.groups.get_mut(group)?;
+        let now = Instant::now();
+        let zone = g
+            .spec
+            .zones
+            .first()
+            .cloned()
+            .unwrap_or_else(|| "us-east-1a".into());
+        g.pool.push(MemInstance {
+            id: id.clone(),
+            zone,
+            state: LifecycleState::parse(POOL_BOUND_WAIT),
+            instance_type: g.spec.instance_type.clone(),
+            since: now,
+            waits: vec![Wait {
+                hook: launch_hook.to_string(),
+                token: next_token(),
+                timeout: Duration::from_secs(secs),
+                deadline: Some(now + Duration::from_secs(secs)),
+                abandon_by_default: false,
+            }],
+            enters_wait: None,
+        });
+        st.next_instance += 1;
+        Some(id)
+    }
+
     /// Puts a terminating hook on a running group, as an operator does by hand with
     /// PutLifecycleHook: instances that end from now on wait for it.
     pub fn add_hook(&self, group: &str, hook: LifecycleHook) {

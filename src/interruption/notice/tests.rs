@@ -234,3 +234,71 @@ mod any_body {
         }
     }
 }
+
+/// Every shape a warm pool's lifecycle transitions take (issue 47), through
+/// EventBridge, the hook's own notification and SNS: the terminating transition is a
+/// hold whatever its Origin and Destination (back into the pool: Destination
+/// WarmPool; the pool ending an instance: Origin WarmPool, Destination EC2), and
+/// the consumer asks AWS where the instance waits; every launching transition
+/// (warming up into the pool, leaving the pool for the group) is nothing.
+#[test]
+fn warm_pool_transitions_in_every_shape() {
+    let with = |transition: &str, origin: &str, destination: &str| {
+        LIFECYCLE_DETAIL
+            .replace("EC2_INSTANCE_TERMINATING", transition)
+            .replace(
+                r#""Origin":"AutoScalingGroup","Destination":"EC2""#,
+                &format!(r#""Origin":"{origin}","Destination":"{destination}""#),
+            )
+    };
+    let holds = [
+        ("AutoScalingGroup", "WarmPool"),
+        ("WarmPool", "EC2"),
+        ("AutoScalingGroup", "EC2"),
+    ];
+    for (origin, destination) in holds {
+        let detail = with("EC2_INSTANCE_TERMINATING", origin, destination);
+        let own = detail.replace(
+            r#"{"LifecycleActionToken""#,
+            r#"{"Service":"AWS Auto Scaling","Time":"2026-11-23T10:00:05Z","LifecycleActionToken""#,
+        );
+        let sns = serde_json::json!({"Type": "Notification", "MessageId": "m", "Message": own})
+            .to_string();
+        for body in [
+            eb(
+                "EC2 Instance-terminate Lifecycle Action",
+                "aws.autoscaling",
+                &detail,
+            ),
+            own.clone(),
+            sns,
+        ] {
+            let n = parse(&body).unwrap_or_else(|e| panic!("{origin} -> {destination}: {e}"));
+            assert!(
+                matches!(n, Notice::LifecycleTerminate { ref action, .. } if *action == expected_action()),
+                "{origin} -> {destination}: {n:?}"
+            );
+        }
+    }
+    let launches = [
+        ("EC2", "WarmPool"),
+        ("WarmPool", "AutoScalingGroup"),
+        ("EC2", "AutoScalingGroup"),
+    ];
+    for (origin, destination) in launches {
+        let detail = with("EC2_INSTANCE_LAUNCHING", origin, destination);
+        for body in [
+            eb(
+                "EC2 Instance-launch Lifecycle Action",
+                "aws.autoscaling",
+                &detail,
+            ),
+            detail.clone(),
+        ] {
+            assert!(
+                matches!(parse(&body).unwrap(), Notice::Nothing(_)),
+                "{origin} -> {destination}"
+            );
+        }
+    }
+}

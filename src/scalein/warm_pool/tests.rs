@@ -11,7 +11,8 @@ fn ago(secs: i64) -> DateTime<Utc> {
     now() - chrono::Duration::seconds(secs)
 }
 
-/// Every state AWS names (the pool's twelve included), and one it does not.
+/// Every state AWS names (the pool's twelve included, as the SDK lists them), and
+/// one it does not.
 fn states() -> Vec<LifecycleState> {
     [
         "Pending",
@@ -34,6 +35,8 @@ fn states() -> Vec<LifecycleState> {
         "Warmed:Terminating:Wait",
         "Warmed:Terminating:Proceed",
         "Warmed:Terminated",
+        "Warmed:Pending:Retained",
+        "Warmed:Terminating:Retained",
         "Warmed:Stopped",
         "Warmed:Running",
         "Warmed:Hibernated",
@@ -81,9 +84,11 @@ fn only(r: &DrainRecord, want: Step, states: &[&str]) {
     }
 }
 
+const BACK_IN_GROUP: [&str; 4] = ["Pending", "Pending:Wait", "Pending:Proceed", "InService"];
+
 #[test]
 fn a_completed_action_is_noted_only_once_the_instance_rests_in_the_pool() {
-    let r = record(vec![lifecycle(ago(120), true)], None);
+    let r = record(vec![lifecycle(ago(20), true)], None);
     only(
         &r,
         Step::InPool,
@@ -93,6 +98,46 @@ fn a_completed_action_is_noted_only_once_the_instance_rests_in_the_pool() {
             "Warmed:Running",
             "Warmed:Hibernated",
         ],
+    );
+}
+
+/// Taken back from the pool before any poll saw it rest (a running pool gives an
+/// instance back within seconds; no replica may have led meanwhile): handed back
+/// all the same, once a read can no longer be one from before the scale-in.
+#[test]
+fn a_node_taken_back_before_its_rest_was_seen_is_handed_back_once_settled() {
+    let r = record(vec![lifecycle(ago(31), true)], None);
+    for (state, got) in steps(&r) {
+        let want = if BACK_IN_GROUP.contains(&state.as_str()) {
+            Step::HandBack
+        } else if [
+            "Warmed:Pending:Proceed",
+            "Warmed:Stopped",
+            "Warmed:Running",
+            "Warmed:Hibernated",
+        ]
+        .contains(&state.as_str())
+        {
+            Step::InPool
+        } else {
+            Step::Nothing
+        };
+        assert_eq!(got, want, "state {state}");
+    }
+    // A read right after the hold arrived may be one from before the scale-in.
+    let fresh = record(vec![lifecycle(ago(29), true)], None);
+    for state in BACK_IN_GROUP {
+        assert_eq!(
+            step(&fresh, Some(&LifecycleState::parse(state)), now(), SETTLED),
+            Step::Nothing,
+            "{state}"
+        );
+    }
+    // Long after, too: the pool can keep an instance for days.
+    let old = record(vec![lifecycle(ago(9 * 24 * 3600), true)], None);
+    assert_eq!(
+        step(&old, Some(&LifecycleState::InService), now(), SETTLED),
+        Step::HandBack
     );
 }
 
@@ -122,13 +167,19 @@ fn the_node_is_handed_back_only_from_the_groups_own_states_once_settled() {
 
 #[test]
 fn nothing_while_a_reason_drains() {
-    // A new scale-in (or a notice) joined: its drain decides, not the pool.
+    // Our hook holds the instance again (a new scale-in), anywhere but back in the
+    // group: its drain decides, not the pool.
     for in_pool in [None, Some(ago(600))] {
         let r = record(
             vec![lifecycle(ago(900), true), lifecycle(ago(10), false)],
             in_pool,
         );
-        only(&r, Step::InPool, &[]);
+        for (state, got) in steps(&r) {
+            if !BACK_IN_GROUP.contains(&state.as_str()) {
+                assert_eq!(got, Step::Nothing, "state {state}");
+            }
+        }
+        // Another reason (a notice) drains: nothing anywhere.
         let notice = DrainReason::new(
             Why::Notice {
                 notice: "spot_interruption".into(),
@@ -158,7 +209,20 @@ fn nothing_for_a_drain_that_was_not_our_hooks() {
         only(&r, Step::InPool, &[]);
     }
     // Our hook's action from past its longest life is not the one that sent the
-    // instance to the pool now.
+    // instance to the pool now: no rest is noted for it (a node back in the group
+    // is still handed back).
     let r = record(vec![lifecycle(ago(49 * 3600), true)], None);
-    only(&r, Step::InPool, &[]);
+    only(&r, Step::HandBack, &BACK_IN_GROUP);
+}
+
+/// Our action was completed but its note on the Node was lost (a refused write, a
+/// crash right after CompleteLifecycleAction): the record still says our hook holds
+/// the instance. Back in the group, no terminating action is pending, whatever the
+/// record says: the node is handed back all the same, once settled.
+#[test]
+fn a_lost_note_of_the_completion_does_not_keep_a_reused_node_cordoned() {
+    let r = record(vec![lifecycle(ago(31), false)], None);
+    only(&r, Step::HandBack, &BACK_IN_GROUP);
+    let fresh = record(vec![lifecycle(ago(29), false)], None);
+    only(&fresh, Step::HandBack, &[]);
 }
