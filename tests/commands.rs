@@ -802,3 +802,51 @@ fn check_config_shows_a_warm_pool_and_fails_on_reuse_on_scale_in_without_our_hoo
         .unwrap()
         .contains("reuse on scale-in yes (drained through our hook"));
 }
+
+/// Issue 47: check-config names a Node registered by an instance still in a warm
+/// pool (its bootstrap joined while warming), and not one this service drained on
+/// its way into the pool, nor a Node of an instance in service.
+#[test]
+fn check_config_names_a_node_registered_while_warming() {
+    use ca_asg_provider::cloud::{AsgInstance, LifecycleState};
+    use ca_asg_provider::commands::check::registered_while_warming;
+    let inst = |id: &str, state: &str| AsgInstance {
+        id: id.into(),
+        zone: "us-east-1a".into(),
+        state: LifecycleState::parse(state),
+        instance_type: None,
+    };
+    let pools = vec![(
+        "web".to_string(),
+        vec![
+            inst("i-0warm", "Warmed:Stopped"),
+            inst("i-0back", "Warmed:Running"),
+        ],
+    )];
+    let nodes = vec![
+        (
+            "ip-warm".to_string(),
+            "aws:///us-east-1a/i-0warm".to_string(),
+            false,
+        ),
+        (
+            "ip-back".to_string(),
+            "aws:///us-east-1a/i-0back".to_string(),
+            true,
+        ),
+        (
+            "ip-live".to_string(),
+            "aws:///us-east-1a/i-0live".to_string(),
+            false,
+        ),
+        ("ip-odd".to_string(), "kind://x".to_string(), false),
+    ];
+    let said = registered_while_warming(&pools, &nodes);
+    assert_eq!(said.len(), 1, "{said:?}");
+    assert!(
+        said[0].starts_with("group web: instance i-0warm is in the warm pool (Warmed:Stopped) and registered Node ip-warm while warming"),
+        "{}",
+        said[0]
+    );
+    assert!(registered_while_warming(&[], &nodes).is_empty());
+}

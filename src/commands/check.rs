@@ -61,7 +61,7 @@ pub async fn run(args: ConfigArgs) -> ExitCode {
         return ExitCode::from(2);
     }
     let cloud = crate::cloud::aws::connect(&cfg.aws_settings()).await;
-    let provider = Provider::new(cloud, cfg.provider.clone());
+    let provider = Provider::new(cloud.clone(), cfg.provider.clone());
     // With queue mode, lifecycle actions arrive through the queue within a receive
     // wait; the slow safety-net poll is not what a hook's timeout must outlast.
     let mut scale_in = cfg.scale_in.clone();
@@ -84,13 +84,16 @@ pub async fn run(args: ConfigArgs) -> ExitCode {
         match crate::scalein::kube_client().await {
             Ok(client) => {
                 let zonal_ok = zonal_report(client.clone(), &provider).await.is_some();
+                let pool_ok = pool_report(client.clone(), cloud.as_ref(), &provider)
+                    .await
+                    .is_some();
                 let ns = cfg
                     .scale_in
                     .lease_namespace
                     .clone()
                     .or_else(|| std::env::var("POD_NAMESPACE").ok())
                     .unwrap_or_else(|| "kube-system".into());
-                kube_report(client, &ns, &cfg.scale_in.lease_name).await && zonal_ok
+                kube_report(client, &ns, &cfg.scale_in.lease_name).await && zonal_ok && pool_ok
             }
             Err(e) => {
                 println!(
@@ -632,6 +635,122 @@ pub fn zonal_warnings(groups: &[(String, Vec<String>)], usage: &ZonalUse) -> Vec
         ));
     }
     out
+}
+
+/// Nodes registered by instances in a warm pool that this service never drained:
+/// each (group, instance, its `Warmed:*` state, Node) says a bootstrap joined the
+/// cluster while the instance warmed (the Node goes NotReady when the instance
+/// stops there, and counts in CA's unready nodes). `nodes`: (name, providerID,
+/// carries a drain record of this service). Pure.
+pub fn registered_while_warming(
+    pools: &[(String, Vec<crate::cloud::AsgInstance>)],
+    nodes: &[(String, String, bool)],
+) -> Vec<String> {
+    let mut out = Vec::new();
+    for (name, provider_id, drained) in nodes {
+        if *drained {
+            continue;
+        }
+        let Some(iid) = crate::provider::provider_id::instance_id(provider_id) else {
+            continue;
+        };
+        for (group, pool) in pools {
+            if let Some(i) = pool.iter().find(|i| i.id == iid) {
+                out.push(format!(
+                    "group {group}: instance {iid} is in the warm pool ({}) and registered Node {name} while warming: keep its bootstrap from joining the cluster in the pool (docs/node-groups.md)",
+                    i.state.as_str()
+                ));
+            }
+        }
+    }
+    out
+}
+
+/// Reads each pool (DescribeWarmPool) of the groups that have one and the Nodes,
+/// and prints the Nodes registered while warming as warnings; returns them. None:
+/// a read failed (nothing is said to be fine that was not read).
+pub async fn pool_report(
+    client: kube::Client,
+    cloud: &dyn crate::cloud::Cloud,
+    provider: &Provider,
+) -> Option<Vec<String>> {
+    use k8s_openapi::api::core::v1::Node;
+    use kube::api::{Api, ListParams};
+    let reg = provider.registry();
+    let mut pools = Vec::new();
+    for g in reg.groups.iter().filter(|g| g.asg.warm_pool.is_some()) {
+        match cloud.warm_pool_instances(&g.asg.name).await {
+            Ok(instances) => pools.push((g.asg.name.clone(), instances)),
+            Err(e) => {
+                println!(
+                    "
+warm pools: NOT checked, DescribeWarmPool of {} failed: {e}",
+                    g.asg.name
+                );
+                return None;
+            }
+        }
+    }
+    if pools.iter().all(|(_, p)| p.is_empty()) {
+        return Some(Vec::new());
+    }
+    let client = named(client, CHECK_CONFIG);
+    let nodes: Api<Node> = Api::all(client);
+    let list = match tokio::time::timeout(
+        std::time::Duration::from_secs(20),
+        nodes.list(&ListParams::default()),
+    )
+    .await
+    {
+        Ok(Ok(l)) => l.items,
+        Ok(Err(e)) => {
+            println!(
+                "
+warm pools: NOT checked, listing Nodes failed: {e}"
+            );
+            return None;
+        }
+        Err(_) => {
+            println!(
+                "
+warm pools: NOT checked, no Node list within 20 s"
+            );
+            return None;
+        }
+    };
+    let nodes: Vec<(String, String, bool)> = list
+        .iter()
+        .filter_map(|n| {
+            let drained = n
+                .metadata
+                .annotations
+                .as_ref()
+                .is_some_and(|a| a.contains_key(crate::scalein::record::ANNOTATION));
+            Some((
+                n.metadata.name.clone()?,
+                n.spec.as_ref()?.provider_id.clone()?,
+                drained,
+            ))
+        })
+        .collect();
+    let warnings = registered_while_warming(&pools, &nodes);
+    let instances: usize = pools.iter().map(|(_, p)| p.len()).sum();
+    if warnings.is_empty() {
+        println!(
+            "
+warm pools: no Node registered by an instance in a pool ({instances} instance(s) read)"
+        );
+    } else {
+        println!(
+            "
+warnings ({}):",
+            warnings.len()
+        );
+        for w in &warnings {
+            println!("  - {w}");
+        }
+    }
+    Some(warnings)
 }
 
 /// Reads the pods (and the claims they use, at most 500) and prints the zonal
