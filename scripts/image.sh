@@ -149,8 +149,11 @@ command -v skopeo >/dev/null || missing+=(skopeo)
 if [ ${#missing[@]} -gt 0 ]; then
     [ "$(id -u)" = 0 ] || die "needs ${missing[*]} (Debian: apt-get install ${missing[*]})"
     echo "== image: installing ${missing[*]} from Debian's packages" >&2
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >&2 ||
-        { apt-get update -qq >&2 && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" >&2; }
+    # Two builds at once (the e2e tests run side by side) share dpkg's lock: the
+    # second waits for it instead of failing.
+    apt=(apt-get -o DPkg::Lock::Timeout=600)
+    DEBIAN_FRONTEND=noninteractive "${apt[@]}" install -y -qq --no-install-recommends "${missing[@]}" >&2 ||
+        { "${apt[@]}" update -qq >&2 && DEBIAN_FRONTEND=noninteractive "${apt[@]}" install -y -qq --no-install-recommends "${missing[@]}" >&2; }
 fi
 [ "$(id -u)" = 0 ] || die "run as root (umoci unpacks the root with its owners; no daemon is used)"
 

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # What a real node of the end-to-end suite needs on this machine: Debian's containerd,
-# runc, CNI plugins (bridge, host-local, loopback) and busybox-static, installed when
-# missing (as root: the machines of this project run as root); then the node's images
+# runc, CNI plugins (bridge, host-local, loopback) and busybox-static, and the image
+# tools scripts/image.sh uses (umoci, skopeo: here, once, and not by two tests that
+# build images at the same time), installed when missing (as root: the machines of this project run as root); then the node's images
 # (scripts/e2e/images.py: a static pause and a busybox image, no registry) built into the
 # cache. Prints the images directory. Exits non-zero, saying why, when it cannot.
 set -euo pipefail
@@ -12,6 +13,8 @@ missing=()
 command -v containerd >/dev/null || missing+=(containerd)
 command -v runc >/dev/null || missing+=(runc)
 [ -x /usr/lib/cni/bridge ] || missing+=(containernetworking-plugins)
+command -v umoci >/dev/null || missing+=(umoci)
+command -v skopeo >/dev/null || missing+=(skopeo)
 [ -x /bin/busybox ] && /bin/busybox --list >/dev/null 2>&1 || missing+=(busybox-static)
 command -v ip >/dev/null || missing+=(iproute2)
 if [ ${#missing[@]} -gt 0 ]; then
@@ -21,8 +24,9 @@ if [ ${#missing[@]} -gt 0 ]; then
     fi
     echo "== e2e: installing ${missing[*]} from Debian's packages" >&2
     export DEBIAN_FRONTEND=noninteractive
-    apt-get update -qq >&2
-    apt-get install -y -qq --no-install-recommends "${missing[@]}" >&2
+    # Another apt-get (an image build's) may hold dpkg's lock: wait for it.
+    apt-get -o DPkg::Lock::Timeout=600 update -qq >&2
+    apt-get -o DPkg::Lock::Timeout=600 install -y -qq --no-install-recommends "${missing[@]}" >&2
 fi
 
 images="$(e2e_cache)/images"
