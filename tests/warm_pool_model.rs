@@ -1,6 +1,7 @@
 //! Model-based test (proptest) of warm pools that reuse instances on scale-in (issue
 //! 47): the ASG sends instances back to the pool and CA takes them out again between
-//! any two steps, beside spot warnings, new workload pods, restarts of the service,
+//! any two steps (CA also lowering its target while capacity is on its way), beside
+//! spot warnings, new workload pods, restarts of the service,
 //! AWS throttling heartbeats and completions, and the API server refusing Node writes.
 //! The service runs as it does in production: the lifecycle loop, the queue consumer,
 //! the gRPC server CA calls. Our hook's timeout is 3 s, so an instance left without
@@ -56,6 +57,9 @@ enum Op {
     /// CA's IncreaseSize by one: the ASG takes a rested instance from the pool (or
     /// launches one).
     TakeBack,
+    /// CA's DecreaseTargetSize by one: allowed only while capacity is unfulfilled
+    /// (an instance still on its way in, from the pool or launched).
+    Decrease,
     /// A new workload pod on the node of the i-th instance in service, if it takes
     /// pods (not cordoned).
     Deploy(usize),
@@ -74,6 +78,7 @@ fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
         3 => Just(Op::ScaleIn),
         3 => Just(Op::TakeBack),
+        1 => Just(Op::Decrease),
         2 => (0..NODES).prop_map(Op::Deploy),
         1 => (0..NODES).prop_map(Op::Spot),
         1 => Just(Op::Restart),
@@ -172,6 +177,18 @@ impl Model {
                         })
                         .await;
                 }
+            }
+            Op::Decrease => {
+                // Refused (nothing unfulfilled) or done: the target check after the
+                // step says whether the answer was exact.
+                let _ = self
+                    .w
+                    .ca
+                    .node_group_decrease_target_size(proto::NodeGroupDecreaseTargetSizeRequest {
+                        id: "web".into(),
+                        delta: -1,
+                    })
+                    .await;
             }
             Op::Deploy(i) => {
                 let live = self.in_service();

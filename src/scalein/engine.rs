@@ -95,8 +95,8 @@ pub struct Engine {
     /// The background loops' turns, for `/healthz`.
     pub liveness: Arc<crate::telemetry::liveness::Liveness>,
     /// Instances in `Warmed:Pending:Wait` whose hold was found not to be a pending
-    /// action of ours, and when ([`super::warm_pool::pool_holds`]).
-    pub(crate) warm_ups: Mutex<std::collections::HashMap<String, std::time::Instant>>,
+    /// action of ours: their group, and when ([`super::warm_pool::pool_holds`]).
+    pub(crate) warm_ups: Mutex<std::collections::HashMap<String, (String, std::time::Instant)>>,
 }
 
 impl Engine {

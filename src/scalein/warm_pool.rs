@@ -128,10 +128,15 @@ pub async fn pool_holds(
         return ours;
     };
     let now = std::time::Instant::now();
-    engine.warm_ups.lock().retain(|id, at| {
-        pool.iter()
-            .any(|i| &i.id == id && i.state.is_pool_bound_wait())
-            && now.duration_since(*at) < WARM_UP_RECHECK
+    let name = &group.asg.name;
+    // This group's entries last while their instance waits there, for at most
+    // the recheck; the other groups' are theirs to keep.
+    engine.warm_ups.lock().retain(|id, (g, at)| {
+        g != name
+            || (pool
+                .iter()
+                .any(|i| &i.id == id && i.state.is_pool_bound_wait())
+                && now.duration_since(*at) < WARM_UP_RECHECK)
     });
     for inst in pool {
         if !inst.state.is_pool_bound_wait()
@@ -154,7 +159,10 @@ pub async fn pool_holds(
             }
             Err(crate::cloud::CloudError::Rejected { code, .. }) if code == "ValidationError" => {
                 tracing::debug!(instance = %inst.id, group = %group.asg.name, "Warmed:Pending:Wait with no pending action of our hook (warming up, or another hook holds it)");
-                engine.warm_ups.lock().insert(inst.id.clone(), now);
+                engine
+                    .warm_ups
+                    .lock()
+                    .insert(inst.id.clone(), (name.clone(), now));
             }
             Err(e) => {
                 tracing::warn!(instance = %inst.id, group = %group.asg.name, error = %e, "cannot tell whether our hook holds a pool instance; next poll asks again");

@@ -870,33 +870,13 @@ impl MemoryCloud {
                             .iter()
                             .any(|w| w.deadline.is_some_and(|d| now >= d)) =>
                     {
-                        let (over, left): (Vec<Wait>, Vec<Wait>) = std::mem::take(&mut inst.waits)
-                            .into_iter()
-                            .partition(|w| w.deadline.is_some_and(|d| now >= d));
-                        inst.waits = left;
-                        let mut abandon = false;
-                        for w in over {
-                            timed_out.push(inst.id.clone());
-                            abandon |= w.abandon_by_default;
-                            log.push(HookEvent::TimedOut {
-                                instance: inst.id.clone(),
-                                hook: w.hook,
-                            });
-                        }
-                        if abandon {
-                            drop_waits(inst, &mut log);
-                        }
+                        expire_waits(inst, now, &mut timed_out, &mut log);
                         if inst.waits.is_empty() {
                             proceed(inst, now, &mut log);
                         }
                     }
                     LifecycleState::Terminating if inst.enters_wait.is_some_and(|at| now >= at) => {
-                        inst.enters_wait = None;
-                        inst.state = LifecycleState::TerminatingWait;
-                        for w in &mut inst.waits {
-                            w.deadline = Some(now + w.timeout);
-                        }
-                        inst.since = now;
+                        enter_wait(inst, LifecycleState::TerminatingWait, now);
                     }
                     LifecycleState::Terminating | LifecycleState::TerminatingProceed
                         if inst.enters_wait.is_none()
@@ -918,32 +898,12 @@ impl MemoryCloud {
             let pool_state = resting_pool_state(&g.spec);
             for inst in &mut g.pool {
                 if inst.enters_wait.is_some_and(|at| now >= at) {
-                    inst.enters_wait = None;
-                    inst.state = LifecycleState::parse(POOL_BOUND_WAIT);
-                    for w in &mut inst.waits {
-                        w.deadline = Some(now + w.timeout);
-                    }
-                    inst.since = now;
+                    enter_wait(inst, LifecycleState::parse(POOL_BOUND_WAIT), now);
                 }
                 if !is_hook_wait(&inst.state) {
                     continue;
                 }
-                let (over, left): (Vec<Wait>, Vec<Wait>) = std::mem::take(&mut inst.waits)
-                    .into_iter()
-                    .partition(|w| w.deadline.is_some_and(|d| now >= d));
-                inst.waits = left;
-                let mut abandon = false;
-                for w in over {
-                    timed_out.push(inst.id.clone());
-                    abandon |= w.abandon_by_default;
-                    log.push(HookEvent::TimedOut {
-                        instance: inst.id.clone(),
-                        hook: w.hook,
-                    });
-                }
-                if abandon {
-                    drop_waits(inst, &mut log);
-                }
+                let abandon = expire_waits(inst, now, &mut timed_out, &mut log);
                 if inst.waits.is_empty() {
                     release_from_pool_wait(inst, &pool_state, abandon, now, &mut log);
                 }
@@ -1168,6 +1128,44 @@ fn release_from_pool_wait(
             instance: inst.id.clone(),
         });
     }
+}
+
+/// The instance reaches its hooks' wait (`state`): each hook's timeout runs from now.
+fn enter_wait(inst: &mut MemInstance, state: LifecycleState, now: Instant) {
+    inst.enters_wait = None;
+    inst.state = state;
+    for w in &mut inst.waits {
+        w.deadline = Some(now + w.timeout);
+    }
+    inst.since = now;
+}
+
+/// The hooks whose timeout passed with no heartbeat or completion: their default
+/// result applies (logged as timed out); an ABANDON among them ends the others'
+/// actions too. Returns whether one was ABANDON.
+fn expire_waits(
+    inst: &mut MemInstance,
+    now: Instant,
+    timed_out: &mut Vec<String>,
+    log: &mut Vec<HookEvent>,
+) -> bool {
+    let (over, left): (Vec<Wait>, Vec<Wait>) = std::mem::take(&mut inst.waits)
+        .into_iter()
+        .partition(|w| w.deadline.is_some_and(|d| now >= d));
+    inst.waits = left;
+    let mut abandon = false;
+    for w in over {
+        timed_out.push(inst.id.clone());
+        abandon |= w.abandon_by_default;
+        log.push(HookEvent::TimedOut {
+            instance: inst.id.clone(),
+            hook: w.hook,
+        });
+    }
+    if abandon {
+        drop_waits(inst, log);
+    }
+    abandon
 }
 
 /// A fresh LifecycleActionToken (UUID-shaped, as AWS's).

@@ -11,7 +11,7 @@ fn ago(secs: i64) -> DateTime<Utc> {
     now() - chrono::Duration::seconds(secs)
 }
 
-/// Every state AWS names (the pool's twelve included, as the SDK lists them), and
+/// Every state AWS names (the pool's twelve, as the SDK lists them, included), and
 /// one it does not.
 fn states() -> Vec<LifecycleState> {
     [
@@ -28,21 +28,10 @@ fn states() -> Vec<LifecycleState> {
         "Detached",
         "EnteringStandby",
         "Standby",
-        "Warmed:Pending",
-        "Warmed:Pending:Wait",
-        "Warmed:Pending:Proceed",
-        "Warmed:Terminating",
-        "Warmed:Terminating:Wait",
-        "Warmed:Terminating:Proceed",
-        "Warmed:Terminated",
-        "Warmed:Pending:Retained",
-        "Warmed:Terminating:Retained",
-        "Warmed:Stopped",
-        "Warmed:Running",
-        "Warmed:Hibernated",
         "Something:New",
     ]
     .into_iter()
+    .chain(POOL_STATES)
     .map(LifecycleState::parse)
     .collect()
 }
