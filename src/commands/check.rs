@@ -637,6 +637,30 @@ pub fn zonal_warnings(groups: &[(String, Vec<String>)], usage: &ZonalUse) -> Vec
     out
 }
 
+/// Every object of `api`, listed within 20 s. None when the list fails or does not
+/// come, after a line saying `section` was NOT checked (naming the `kind`).
+async fn list_within<K>(api: &kube::Api<K>, section: &str, kind: &str) -> Option<Vec<K>>
+where
+    K: kube::Resource + Clone + serde::de::DeserializeOwned + std::fmt::Debug,
+{
+    match tokio::time::timeout(
+        std::time::Duration::from_secs(20),
+        api.list(&kube::api::ListParams::default()),
+    )
+    .await
+    {
+        Ok(Ok(l)) => Some(l.items),
+        Ok(Err(e)) => {
+            println!("\n{section}: NOT checked, listing {kind}s failed: {e}");
+            None
+        }
+        Err(_) => {
+            println!("\n{section}: NOT checked, no {kind} list within 20 s");
+            None
+        }
+    }
+}
+
 /// Nodes registered by instances in a warm pool that this service never drained:
 /// each (group, instance, its `Warmed:*` state, Node) says a bootstrap joined the
 /// cluster while the instance warmed (the Node goes NotReady when the instance
@@ -675,7 +699,7 @@ pub async fn pool_report(
     provider: &Provider,
 ) -> Option<Vec<String>> {
     use k8s_openapi::api::core::v1::Node;
-    use kube::api::{Api, ListParams};
+    use kube::api::Api;
     let reg = provider.registry();
     let mut pools = Vec::new();
     for g in reg.groups.iter().filter(|g| g.asg.warm_pool.is_some()) {
@@ -696,28 +720,7 @@ warm pools: NOT checked, DescribeWarmPool of {} failed: {e}",
     }
     let client = named(client, CHECK_CONFIG);
     let nodes: Api<Node> = Api::all(client);
-    let list = match tokio::time::timeout(
-        std::time::Duration::from_secs(20),
-        nodes.list(&ListParams::default()),
-    )
-    .await
-    {
-        Ok(Ok(l)) => l.items,
-        Ok(Err(e)) => {
-            println!(
-                "
-warm pools: NOT checked, listing Nodes failed: {e}"
-            );
-            return None;
-        }
-        Err(_) => {
-            println!(
-                "
-warm pools: NOT checked, no Node list within 20 s"
-            );
-            return None;
-        }
-    };
+    let list = list_within(&nodes, "warm pools", "Node").await?;
     let nodes: Vec<(String, String, bool)> = list
         .iter()
         .filter_map(|n| {
@@ -760,25 +763,10 @@ warnings ({}):",
 pub async fn zonal_report(client: kube::Client, provider: &Provider) -> Option<Vec<String>> {
     let client = named(client, CHECK_CONFIG);
     use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
-    use kube::api::{Api, ListParams};
+    use kube::api::Api;
     const MAX_CLAIMS: usize = 500;
     let pods: Api<Pod> = Api::all(client.clone());
-    let list = match tokio::time::timeout(
-        std::time::Duration::from_secs(20),
-        pods.list(&ListParams::default()),
-    )
-    .await
-    {
-        Ok(Ok(l)) => l.items,
-        Ok(Err(e)) => {
-            println!("\nzonal groups: NOT checked, listing pods failed: {e}");
-            return None;
-        }
-        Err(_) => {
-            println!("\nzonal groups: NOT checked, no pod list within 20 s");
-            return None;
-        }
-    };
+    let list = list_within(&pods, "zonal groups", "pod").await?;
     let mut wanted: Vec<(String, String)> = list.iter().flat_map(pod_claims).collect();
     wanted.sort();
     wanted.dedup();
