@@ -9,6 +9,12 @@
 #                                  then the compatibility table (Markdown) on stdout
 #   scripts/e2e.sh -- FILTER       only the scenarios whose test name contains FILTER
 #                                  (a CA profile: -- ca_1_36::; the real-CA tier: -- real_ca)
+#   scripts/e2e.sh storm N[,N...]  the drain storm (tests/e2e_storm.rs) of N nodes on the
+#                                  real control plane, ended by the service and then by
+#                                  `kubectl drain` per node; figures side by side on stdout
+#                                  and as JSON lines in target/storm.jsonl (not in .ci/run)
+#   scripts/e2e.sh watch N[,N...]  the service's memory with N Nodes (and a pod on each)
+#                                  watched through the real API server
 #
 # Every scenario where cluster-autoscaler decides runs once per CA profile (1.31, 1.34,
 # 1.36, master), driven by the suite's client playing that version. With
@@ -22,6 +28,25 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . scripts/e2e/versions.sh
+
+# The storm and the watch are measurements, not scenarios: run alone, on the newest
+# Kubernetes, one control plane at a time.
+if [ "${1:-}" = storm ] || [ "${1:-}" = watch ]; then
+    what="$1" sizes="${2:?usage: scripts/e2e.sh $1 N[,N...]}"
+    cargo test --locked --test e2e_storm --no-run
+    bins="$(scripts/e2e/build.sh "$K8S_DEFAULT" | tail -n 2)"
+    etcd_dir="$(echo "$bins" | head -n 1)"
+    k8s_dir="$(echo "$bins" | tail -n 1)"
+    if [ "$what" = storm ]; then
+        var=E2E_STORM test=drain_storm_on_the_real_api_server
+    else
+        var=E2E_STORM_WATCH test=service_memory_with_thousands_of_nodes_watched
+    fi
+    mkdir -p target
+    exec env E2E_K8S_BIN="$k8s_dir" E2E_ETCD="$etcd_dir/etcd" E2E_K8S_VERSION="$K8S_DEFAULT" \
+        E2E_REQUIRED=1 "$var=$sizes" E2E_STORM_JSON="${E2E_STORM_JSON:-$PWD/target/storm.jsonl}" \
+        cargo test --locked --test e2e_storm "$test" -- --nocapture --test-threads=1
+fi
 
 matrix=0
 filter=()

@@ -6,6 +6,7 @@
 //! temporary directory.
 #![allow(dead_code)] // shared by the e2e test crates, each using a part
 
+use std::collections::BTreeMap;
 use std::fs;
 use std::io::Write;
 use std::net::TcpListener;
@@ -49,18 +50,24 @@ pub enum Who {
     Kubelet,
     /// The service, as the ServiceAccount the shipped RBAC binds.
     Service,
+    /// Another drainer run beside the service for comparison (`kubectl drain` in the
+    /// storm): system:masters, under a name of its own so the audit log tells its
+    /// requests apart.
+    Drainer,
 }
 
 pub const SERVICE_USER: &str = "system:serviceaccount:kube-system:cluster-autoscaler";
 pub const KUBELET_USER: &str = "e2e:fake-kubelet";
+pub const DRAINER_USER: &str = "e2e:drainer";
 
 impl Who {
-    const ALL: [Who; 5] = [
+    const ALL: [Who; 6] = [
         Who::Admin,
         Who::ControllerManager,
         Who::Scheduler,
         Who::Kubelet,
         Who::Service,
+        Who::Drainer,
     ];
 
     fn token(self) -> String {
@@ -74,22 +81,29 @@ impl Who {
             Who::Scheduler => "system:kube-scheduler",
             Who::Kubelet => KUBELET_USER,
             Who::Service => SERVICE_USER,
+            Who::Drainer => DRAINER_USER,
         }
     }
 
     fn groups(self) -> &'static str {
         match self {
-            Who::Admin | Who::ControllerManager | Who::Kubelet => "system:masters",
+            Who::Admin | Who::ControllerManager | Who::Kubelet | Who::Drainer => "system:masters",
             Who::Scheduler => "system:authenticated",
             Who::Service => "system:serviceaccounts,system:serviceaccounts:kube-system",
         }
     }
 }
 
-/// One audit event, as kube-apiserver writes it (JSON lines, `ResponseComplete` stage).
+/// One audit event, as kube-apiserver writes it (JSON lines; `ResponseComplete`, and
+/// `ResponseStarted` for a watch as it opens).
 #[derive(Debug, Clone, Deserialize)]
 #[serde(rename_all = "camelCase")]
 pub struct AuditEvent {
+    #[serde(default)]
+    pub stage: String,
+    /// When the stage was reached (RFC 3339, microseconds).
+    #[serde(default)]
+    pub stage_timestamp: Option<chrono::DateTime<chrono::Utc>>,
     pub verb: String,
     pub user: AuditUser,
     #[serde(default)]
@@ -152,10 +166,15 @@ pub fn free_port() -> u16 {
         .expect("a free port on 127.0.0.1")
 }
 
+/// Every request of the service and of a drainer compared with it (what the storm
+/// counts), and everyone's writes of pods, evictions, Nodes and budgets (what the
+/// checks read).
 const AUDIT_POLICY: &str = r#"apiVersion: audit.k8s.io/v1
 kind: Policy
 omitStages: ["RequestReceived"]
 rules:
+  - level: Metadata
+    users: ["system:serviceaccount:kube-system:cluster-autoscaler", "e2e:drainer"]
   - level: Metadata
     verbs: ["create", "update", "patch", "delete", "deletecollection"]
     resources:
@@ -430,6 +449,22 @@ impl ControlPlane {
             .collect()
     }
 
+    /// CPU seconds (user + system) each component has used so far, read from /proc.
+    pub fn cpu_seconds(&self) -> BTreeMap<&'static str, f64> {
+        self.procs
+            .iter()
+            .filter_map(|(name, child)| Some((*name, proc_cpu_seconds(child.id())?)))
+            .collect()
+    }
+
+    /// Peak resident memory (VmHWM, bytes) of each component, read from /proc.
+    pub fn peak_rss(&self) -> BTreeMap<&'static str, u64> {
+        self.procs
+            .iter()
+            .filter_map(|(name, child)| Some((*name, proc_peak_rss(child.id())?)))
+            .collect()
+    }
+
     /// Any component that died: the suite cannot trust a run after that.
     pub fn check_alive(&mut self) -> anyhow::Result<()> {
         match self.exited() {
@@ -461,6 +496,30 @@ impl Drop for ControlPlane {
 /// killed or timed-out test run leaves no etcd, API server or kubelet behind; the
 /// normal end still stops them in order). Linux's parent-death signal, sent when the
 /// thread that spawned the process ends: the test's runtime thread.
+/// Clock ticks per second of /proc's CPU times (`getconf CLK_TCK`: 100 on Linux).
+const CLK_TCK: f64 = 100.0;
+
+/// utime + stime of a process or thread from its `stat` file, in seconds.
+pub fn stat_cpu_seconds(stat: &str) -> Option<f64> {
+    // The command name is in parentheses and may hold spaces: count fields after it.
+    let rest = &stat[stat.rfind(')')? + 2..];
+    let f: Vec<&str> = rest.split_whitespace().collect();
+    // After the name: state(0) ... utime(11) stime(12).
+    let ticks: u64 = f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?;
+    Some(ticks as f64 / CLK_TCK)
+}
+
+fn proc_cpu_seconds(pid: u32) -> Option<f64> {
+    stat_cpu_seconds(&fs::read_to_string(format!("/proc/{pid}/stat")).ok()?)
+}
+
+pub fn proc_peak_rss(pid: u32) -> Option<u64> {
+    let status = fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb * 1024)
+}
+
 pub fn dies_with_the_test(mut cmd: Command) -> Command {
     use std::os::unix::process::CommandExt;
     // SAFETY: between fork and exec only prctl, which is async-signal-safe, runs.

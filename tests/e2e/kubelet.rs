@@ -69,6 +69,8 @@ pub struct FakeKubelet {
     /// sent here (the machine powers off) before its Node is deleted.
     real: Arc<BTreeSet<String>>,
     real_ended: tokio::sync::mpsc::UnboundedSender<String>,
+    /// Its two loops, stopped by [`FakeKubelet::stop`].
+    loops: Arc<Mutex<Vec<tokio::task::AbortHandle>>>,
 }
 
 pub fn node_name(instance_id: &str) -> String {
@@ -122,15 +124,19 @@ impl FakeKubelet {
             state: Arc::default(),
             real: Arc::new(real),
             real_ended: tx,
+            loops: Arc::default(),
         };
-        tokio::spawn(k.clone().follow_cloud(move || {
+        let follow = tokio::spawn(k.clone().follow_cloud(move || {
             // An instance in a warm pool still exists: its Node stays (a stopped
             // instance's too, as the cloud's node controller keeps it).
             let mut instances = cloud.instances();
             instances.extend(cloud.pooled());
             async move { Some(instances) }
         }));
-        tokio::spawn(k.clone().run_pods());
+        let pods = tokio::spawn(k.clone().run_pods());
+        k.loops
+            .lock()
+            .extend([follow.abort_handle(), pods.abort_handle()]);
         (k, rx)
     }
 
@@ -148,10 +154,22 @@ impl FakeKubelet {
             state: Arc::default(),
             real: Arc::new(BTreeSet::new()),
             real_ended: tx,
+            loops: Arc::default(),
         };
-        tokio::spawn(k.clone().follow_cloud(instances));
-        tokio::spawn(k.clone().run_pods());
+        let follow = tokio::spawn(k.clone().follow_cloud(instances));
+        let pods = tokio::spawn(k.clone().run_pods());
+        k.loops
+            .lock()
+            .extend([follow.abort_handle(), pods.abort_handle()]);
         k
+    }
+
+    /// Stops following the cloud and the API server (before its control plane goes,
+    /// when a test runs more than one).
+    pub fn stop(&self) {
+        for l in self.loops.lock().drain(..) {
+            l.abort();
+        }
     }
 
     pub fn stops(&self) -> Vec<PodStop> {

@@ -1,0 +1,766 @@
+//! A drain storm on the real control plane (issue 44): N nodes played by the fake
+//! kubelet, each running two app pods (Deployments of `set_size` replicas, each under a
+//! budget of `maxUnavailable: 1`) and one DaemonSet pod that tolerates everything, all
+//! ended in the same instant. The service ends half of them through its hook (the ASG
+//! scales in) and half through CA's NodeGroupDeleteNodes, one node per call and
+//! `ca_parallelism` calls at once, each node cordoned first as CA >= 1.34 does. The same
+//! storm can be ended by `kubectl drain` per node instead (a drain-then-terminate script),
+//! on a control plane of its own, for the figures side by side.
+//!
+//! Everything is measured from outside the drainer: requests by verb and resource from
+//! the API server's audit log, watches opened, requests rejected by priority and fairness
+//! (429s, and the server's own counter), the CPU seconds of kube-apiserver, etcd and the
+//! controllers, the drainer's CPU and memory, and the time from the decision to the last
+//! instance's end against the floor the pods, the budgets and `apiQps` set.
+#![allow(dead_code)] // shared by the e2e test crates, each using a part
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use ca_asg_provider::cloud::memory::{MemoryCloud, MemoryGroup};
+use ca_asg_provider::cloud::Cloud as _;
+use ca_asg_provider::config::ListenAddr;
+use ca_asg_provider::proto::{self, cloud_provider_client::CloudProviderClient};
+use ca_asg_provider::scalein::{self, ScaleInSettings};
+use chrono::{DateTime, Utc};
+use kube::api::{Patch, PatchParams};
+use kube::Api;
+use serde::Serialize;
+use serde_json::json;
+
+use super::checks;
+use super::control_plane::{AuditEvent, Binaries, ControlPlane, Who, DRAINER_USER, SERVICE_USER};
+use super::kubelet::{Ending, FakeKubelet, PodStop};
+use super::rig::{apply_shipped_rbac, create, until, HOOK};
+use super::support::world::timing;
+
+/// The storm's shape.
+#[derive(Debug, Clone, Serialize)]
+pub struct Shape {
+    pub nodes: usize,
+    /// Replicas of each app Deployment; its budget allows one unavailable.
+    pub set_size: usize,
+    pub app_prestop_s: u32,
+    pub daemonset_prestop_s: u32,
+    /// CA's NodeGroupDeleteNodes calls at once (`--max-scale-down-parallelism`, 10).
+    pub ca_parallelism: usize,
+    /// `kubectl drain` processes at once in the anchor.
+    pub kubectl_parallelism: usize,
+}
+
+impl Shape {
+    pub fn new(nodes: usize) -> Self {
+        Shape {
+            nodes,
+            set_size: 4,
+            app_prestop_s: 2,
+            daemonset_prestop_s: 1,
+            ca_parallelism: 10,
+            kubectl_parallelism: 10,
+        }
+    }
+
+    pub fn apps(&self) -> usize {
+        (2 * self.nodes).div_ceil(self.set_size)
+    }
+
+    pub fn app_pods(&self) -> usize {
+        self.apps() * self.set_size
+    }
+
+    /// Nodes of a second group, added once the storm's pods run, that take the evicted
+    /// app pods (20 app pods each, of 40 that fit).
+    pub fn spare(&self) -> usize {
+        self.app_pods().div_ceil(20).max(self.set_size)
+    }
+
+    /// Enough for any N these machines hold: setup plus the storm.
+    fn limit(&self) -> u64 {
+        300 + 3 * self.nodes as u64
+    }
+}
+
+/// Who ends the storm.
+#[derive(Debug, Clone)]
+pub enum Drainer {
+    /// This service, as it ships: its ServiceAccount and RBAC, `apiQps` 50 / burst 100,
+    /// leader election on; half the nodes through the hook, half through DeleteNodes.
+    Service,
+    /// `kubectl drain --ignore-daemonsets` per node (this binary), then
+    /// TerminateInstanceInAutoScalingGroup with a decrement.
+    KubectlDrain(PathBuf),
+}
+
+impl Drainer {
+    pub fn name(&self) -> String {
+        match self {
+            Drainer::Service => "ca-asg-provider".into(),
+            Drainer::KubectlDrain(_) => "kubectl drain".into(),
+        }
+    }
+}
+
+/// The drainer's own CPU and memory, read by whoever runs it.
+pub trait Gauge: Send + Sync {
+    /// CPU seconds so far.
+    fn cpu_seconds(&self) -> f64;
+    /// Peak memory so far (bytes), and what it is.
+    fn peak_memory(&self) -> (u64, &'static str);
+    /// Forget the peak: the next reading is the peak from now on.
+    fn reset_peak(&self);
+}
+
+/// What one storm measured.
+#[derive(Debug, Clone, Serialize)]
+pub struct Figures {
+    pub drainer: String,
+    pub k8s_version: String,
+    pub nodes: usize,
+    pub app_pods: usize,
+    pub daemonset_pods: usize,
+    /// From the decision to the last instance's end.
+    pub all_ended_s: f64,
+    /// What no drainer can beat: the slowest of the node's own pods (app preStop then
+    /// DaemonSet preStop), `apiQps` for the requests every drainer needs, and each
+    /// budget's chain as the control plane brought replacements (`chain_floor_s`).
+    pub floor_s: f64,
+    pub node_floor_s: f64,
+    pub pacing_floor_s: f64,
+    /// Per budget: the time from each eviction to its replacement's Ready, summed over
+    /// all but the last, plus the last pod's preStop and the DaemonSet preStop; the
+    /// longest budget.
+    pub chain_floor_s: f64,
+    pub ratio: f64,
+    /// The drainer's requests (audit log), in all and per drained node.
+    pub requests: usize,
+    pub requests_per_node: f64,
+    /// Pods per node (app and DaemonSet): the issue's yardstick for requests per node.
+    pub pods_per_node: f64,
+    pub requests_by_kind: BTreeMap<String, usize>,
+    pub watches_opened: usize,
+    /// The drainer's requests answered 429: by a budget (eviction refused) and by
+    /// priority and fairness (any other 429).
+    pub refused_by_budget: usize,
+    pub rejected_429_other: usize,
+    /// The API server's own counter of requests priority and fairness rejected, all
+    /// clients, during the storm.
+    pub apf_rejected: f64,
+    /// Seconds requests spent queued by priority and fairness, all clients.
+    pub apf_queued_s: f64,
+    pub apiserver_cpu_s: f64,
+    pub etcd_cpu_s: f64,
+    pub controllers_cpu_s: f64,
+    pub apiserver_peak_rss_mb: f64,
+    pub drainer_cpu_s: f64,
+    pub drainer_peak_mb: f64,
+    pub drainer_memory_is: String,
+    /// Checks, read from outside.
+    pub fewest_ready_margin: i64,
+    pub daemonset_pods_ended_with_instance: usize,
+    pub workload_pods_ended_with_instance: usize,
+    pub hook_timeouts: usize,
+    pub lifecycle_actions_completed: usize,
+    pub terminate_calls: u64,
+}
+
+/// Runs one storm of `shape` ended by `drainer` on a control plane of its own.
+/// `gauge` reads the drainer's CPU and memory (the service's threads and heap, or
+/// kubectl's processes); `service_rt` is the runtime the service runs on.
+pub async fn run(
+    bin: &Binaries,
+    shape: &Shape,
+    drainer: &Drainer,
+    service_rt: &tokio::runtime::Handle,
+    gauge: &dyn Gauge,
+    step: &(dyn Fn(&str) + Sync),
+) -> Figures {
+    let n = shape.nodes;
+    step("start the control plane");
+    let mut cp = ControlPlane::start(bin)
+        .await
+        .unwrap_or_else(|e| panic!("{e:#}"));
+    let admin = cp.client(Who::Admin).await.unwrap();
+    apply_shipped_rbac(&admin).await;
+
+    step("register a Ready Node per instance");
+    let mut web = MemoryGroup::new("web", 0, n as i32, n as i32, "m5.xlarge");
+    if matches!(drainer, Drainer::Service) {
+        web = web.terminating_hook(HOOK, 300);
+    }
+    let cloud = MemoryCloud::new(vec![web], timing());
+    let kubelet = FakeKubelet::start(cp.client(Who::Kubelet).await.unwrap(), cloud.clone());
+    nodes_ready(&kubelet, n, shape.limit()).await;
+
+    step("run the workloads");
+    workloads(&admin, &mut cp, shape).await;
+    let want = shape.app_pods() + n;
+    until("every app and DaemonSet pod Ready", shape.limit(), || {
+        let a = admin.clone();
+        async move { super::rig::ready_pods(&a).await.len() >= want }
+    })
+    .await;
+
+    step("add the spare nodes that take the evicted pods");
+    let spare = shape.spare();
+    cloud.add_group(MemoryGroup::new(
+        "spare",
+        0,
+        spare as i32,
+        spare as i32,
+        "m5.xlarge",
+    ));
+    nodes_ready(&kubelet, n + spare, shape.limit()).await;
+    let web_nodes: Vec<(String, String)> = kubelet
+        .nodes()
+        .into_iter()
+        .filter(|(_, iid)| {
+            cloud
+                .instances()
+                .iter()
+                .any(|(g, i)| g == "web" && &i.id == iid)
+        })
+        .collect();
+    assert_eq!(web_nodes.len(), n, "web's Nodes");
+
+    step("start the drainer");
+    let service = match drainer {
+        Drainer::Service => Some(start_service(&cp, &cloud, service_rt).await),
+        Drainer::KubectlDrain(_) => None,
+    };
+
+    step("the storm: every node ended at once");
+    let cpu0 = cp.cpu_seconds();
+    let apf0 = apf_counters(&admin).await;
+    let audit0 = cp.audit().len();
+    let drainer_cpu0 = gauge.cpu_seconds();
+    gauge.reset_peak();
+    let asked = Utc::now();
+    let t0 = Instant::now();
+    let mut kubectl_peak_rss = 0;
+    match (drainer, &service) {
+        (Drainer::Service, Some(svc)) => {
+            let chosen = cloud
+                .external_scale_in("web", (n / 2) as i32)
+                .expect("the ASG scales in");
+            let rest: Vec<(String, String)> = web_nodes
+                .iter()
+                .filter(|(_, iid)| !chosen.contains(iid))
+                .cloned()
+                .collect();
+            ca_deletes(&admin, svc, &rest, shape.ca_parallelism).await;
+        }
+        (Drainer::KubectlDrain(kubectl), _) => {
+            kubectl_peak_rss =
+                kubectl_drains(&cp, &cloud, kubectl, &web_nodes, shape.kubectl_parallelism).await;
+        }
+        (Drainer::Service, None) => unreachable!(),
+    }
+    step("wait for every instance to end");
+    let iids: Vec<String> = web_nodes.iter().map(|(_, i)| i.clone()).collect();
+    until("every instance of the storm to end", shape.limit(), || {
+        let k = kubelet.clone();
+        let want = iids.clone();
+        async move {
+            let ended = k.instances_ended();
+            want.iter().all(|i| ended.contains(i))
+        }
+    })
+    .await;
+    let all_ended_s = t0.elapsed().as_secs_f64();
+    let drainer_cpu_s = gauge.cpu_seconds() - drainer_cpu0;
+    let (peak, memory_is) = match drainer {
+        Drainer::Service => gauge.peak_memory(),
+        Drainer::KubectlDrain(_) => (kubectl_peak_rss, "RSS of the largest kubectl process"),
+    };
+    let cpu1 = cp.cpu_seconds();
+    let apf1 = apf_counters(&admin).await;
+    let rss = cp.peak_rss();
+    if let Some(svc) = service {
+        svc.stop(service_rt);
+    }
+    kubelet.stop();
+
+    step("read the audit log");
+    let audit: Vec<AuditEvent> = cp.audit().into_iter().skip(audit0).collect();
+    let user = match drainer {
+        Drainer::Service => SERVICE_USER,
+        Drainer::KubectlDrain(_) => DRAINER_USER,
+    };
+    let mine: Vec<&AuditEvent> = audit.iter().filter(|e| e.user.username == user).collect();
+    let done: Vec<&&AuditEvent> = mine
+        .iter()
+        .filter(|e| e.stage == "ResponseComplete")
+        .collect();
+    let mut by_kind: BTreeMap<String, usize> = BTreeMap::new();
+    for e in &done {
+        *by_kind.entry(kind(e)).or_default() += 1;
+    }
+    let watches_opened = mine
+        .iter()
+        .filter(|e| e.verb == "watch" && e.stage == "ResponseStarted")
+        .count();
+    let refused_by_budget = done
+        .iter()
+        .filter(|e| e.code() == 429 && e.is("create", "pods", "eviction"))
+        .count();
+    let rejected_429_other = done
+        .iter()
+        .filter(|e| e.code() == 429 && !e.is("create", "pods", "eviction"))
+        .count();
+
+    step("check the promises");
+    let stops = kubelet.stops();
+    let node_names: BTreeSet<String> = web_nodes.iter().map(|(n, _)| n.clone()).collect();
+    let on_storm = |s: &&PodStop| node_names.contains(&s.node) && s.started < asked;
+    let daemonset_with_instance = stops
+        .iter()
+        .filter(on_storm)
+        .filter(|s| s.daemonset && s.how == Ending::WithInstance)
+        .count();
+    let workload_with_instance = stops
+        .iter()
+        .filter(on_storm)
+        .filter(|s| !s.daemonset && s.how == Ending::WithInstance)
+        .count();
+    let readies = kubelet.readies();
+    let fewest_ready_margin = (0..shape.apps())
+        .map(|k| {
+            let fewest =
+                checks::fewest_ready(&readies, &stops, &format!("shop/app-{k}-"), shape.set_size);
+            fewest as i64 - (shape.set_size as i64 - 1)
+        })
+        .min()
+        .unwrap_or(0);
+
+    let floors = floors(shape, &audit, user, &readies, asked);
+    let calls = cloud.calls();
+    let figures = Figures {
+        drainer: drainer.name(),
+        k8s_version: bin.version.clone(),
+        nodes: n,
+        app_pods: shape.app_pods(),
+        daemonset_pods: n,
+        all_ended_s,
+        floor_s: floors.floor,
+        node_floor_s: floors.node,
+        pacing_floor_s: floors.pacing,
+        chain_floor_s: floors.chain,
+        ratio: all_ended_s / floors.floor,
+        requests: done.len(),
+        requests_per_node: done.len() as f64 / n as f64,
+        pods_per_node: (shape.app_pods() + n) as f64 / n as f64,
+        requests_by_kind: by_kind,
+        watches_opened,
+        refused_by_budget,
+        rejected_429_other,
+        apf_rejected: apf1.rejected - apf0.rejected,
+        apf_queued_s: apf1.queued_s - apf0.queued_s,
+        apiserver_cpu_s: delta(&cpu0, &cpu1, "kube-apiserver"),
+        etcd_cpu_s: delta(&cpu0, &cpu1, "etcd"),
+        controllers_cpu_s: delta(&cpu0, &cpu1, "kube-controller-manager")
+            + delta(&cpu0, &cpu1, "kube-scheduler"),
+        apiserver_peak_rss_mb: rss.get("kube-apiserver").copied().unwrap_or(0) as f64 / 1e6,
+        drainer_cpu_s,
+        drainer_peak_mb: peak as f64 / 1e6,
+        drainer_memory_is: memory_is.into(),
+        fewest_ready_margin,
+        daemonset_pods_ended_with_instance: daemonset_with_instance,
+        workload_pods_ended_with_instance: workload_with_instance,
+        hook_timeouts: cloud.hook_timeouts().len(),
+        lifecycle_actions_completed: cloud.completed_actions().len(),
+        terminate_calls: calls.get("terminate_instance").copied().unwrap_or(0),
+    };
+    if matches!(drainer, Drainer::Service) {
+        step("check: evictions only, none twice, DaemonSet pods last");
+        let names: Vec<String> = node_names.iter().cloned().collect();
+        checks::evictions_only(&audit, &stops, &names).unwrap_or_else(|e| panic!("{e}"));
+        checks::daemonset_last(&stops, &names, asked).unwrap_or_else(|e| panic!("{e}"));
+        step("check: each instance ended once, no hook timed out");
+        let ended = kubelet.instances_ended();
+        let done = cloud.completed_actions();
+        for (_, iid) in &web_nodes {
+            let times = ended.iter().filter(|i| *i == iid).count();
+            assert_eq!(times, 1, "{iid} ended {times} times");
+            let k = done.iter().filter(|(a, _)| &a.instance_id == iid).count();
+            assert!(k <= 1, "lifecycle actions completed for {iid}: {k}");
+        }
+        assert!(
+            figures.terminate_calls as usize <= n - n / 2,
+            "TerminateInstanceInAutoScalingGroup calls: {calls:?} for {} nodes CA named",
+            n - n / 2
+        );
+        assert_eq!(figures.hook_timeouts, 0, "a held hook timed out");
+        assert_eq!(
+            figures.rejected_429_other, 0,
+            "priority and fairness rejected the service"
+        );
+        assert!(figures.fewest_ready_margin >= 0, "a budget was broken");
+    }
+    cp.check_alive()
+        .unwrap_or_else(|e| panic!("a control plane component died: {e}"));
+    figures
+}
+
+/// The Deployments (each behind its budget) and the DaemonSet of the storm.
+async fn workloads(admin: &kube::Client, cp: &mut ControlPlane, shape: &Shape) {
+    for ns in ["shop", "logging"] {
+        create(
+            admin,
+            None,
+            json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}),
+        )
+        .await;
+        cp.wait_default_service_account(ns).await.unwrap();
+    }
+    let container = |prestop: u32| {
+        json!([{"name": "main", "image": "e2e/app:1",
+            "resources": {"requests": {"cpu": "100m", "memory": "64Mi"}},
+            "lifecycle": {"preStop": {"exec": {"command": ["sleep", prestop.to_string()]}}}}])
+    };
+    for k in 0..shape.apps() {
+        let name = format!("app-{k}");
+        create(
+            admin,
+            Some("shop"),
+            json!({
+                "apiVersion": "apps/v1", "kind": "Deployment",
+                "metadata": {"name": name},
+                "spec": {"replicas": shape.set_size, "selector": {"matchLabels": {"app": name}},
+                    "template": {"metadata": {"labels": {"app": name}}, "spec": {
+                        "terminationGracePeriodSeconds": 30,
+                        "containers": container(shape.app_prestop_s)}}}
+            }),
+        )
+        .await;
+        create(
+            admin,
+            Some("shop"),
+            json!({
+                "apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
+                "metadata": {"name": name},
+                "spec": {"maxUnavailable": 1, "selector": {"matchLabels": {"app": name}}}
+            }),
+        )
+        .await;
+    }
+    create(
+        admin,
+        Some("logging"),
+        json!({
+            "apiVersion": "apps/v1", "kind": "DaemonSet",
+            "metadata": {"name": "fluent-bit"},
+            "spec": {"selector": {"matchLabels": {"app": "fluent-bit"}},
+                "template": {"metadata": {"labels": {"app": "fluent-bit"}}, "spec": {
+                    "terminationGracePeriodSeconds": 30,
+                    "tolerations": [{"operator": "Exists"}],
+                    "containers": container(shape.daemonset_prestop_s)}}}
+        }),
+    )
+    .await;
+}
+
+async fn nodes_ready(kubelet: &FakeKubelet, want: usize, secs: u64) {
+    until(&format!("{want} Ready Nodes"), secs, || {
+        let k = kubelet.clone();
+        async move { k.nodes().len() >= want }
+    })
+    .await;
+}
+
+/// The service on its own runtime: its ServiceAccount's client, leader election on,
+/// the lifecycle loop, gRPC on a Unix socket.
+pub struct RunningService {
+    pub engine: Arc<scalein::Engine>,
+    pub addr: ListenAddr,
+    lifecycle: tokio::task::JoinHandle<()>,
+}
+
+impl RunningService {
+    fn stop(self, rt: &tokio::runtime::Handle) {
+        let _guard = rt.enter();
+        self.lifecycle.abort();
+        self.engine.abort_all();
+        self.engine.shutdown();
+    }
+}
+
+/// The service as it ships (apiQps 50, burst 100, maxConcurrentDrains and every other
+/// setting at its default, leader election on), over `cloud`.
+pub fn shipped_settings() -> ScaleInSettings {
+    ScaleInSettings {
+        leader_election: true,
+        lease_namespace: Some("kube-system".into()),
+        ..ScaleInSettings::default()
+    }
+}
+
+async fn start_service(
+    cp: &ControlPlane,
+    cloud: &MemoryCloud,
+    rt: &tokio::runtime::Handle,
+) -> RunningService {
+    let kubeconfig = cp.kubeconfig(Who::Service).unwrap();
+    let cloud = cloud.clone();
+    rt.spawn(async move {
+        let kc = kube::config::Kubeconfig::read_from(&kubeconfig).unwrap();
+        let mut cfg =
+            kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
+                .await
+                .unwrap();
+        cfg.default_retry = false;
+        let client = kube::Client::try_from(cfg).unwrap();
+        let (provider, engine, _ca, addr, _counts) =
+            super::rig::serve(client, &cloud, shipped_settings()).await;
+        engine.elect_leader();
+        let leads = Arc::downgrade(&engine);
+        provider.spawn_keep_fresh(move || leads.upgrade().is_some_and(|e| e.is_leader()));
+        until("the service to lead", 60, || {
+            let e = engine.clone();
+            async move { e.is_leader() }
+        })
+        .await;
+        let lifecycle = scalein::lifecycle::spawn_loop(engine.clone(), provider);
+        RunningService {
+            engine,
+            addr,
+            lifecycle,
+        }
+    })
+    .await
+    .expect("the service starts")
+}
+
+/// CA >= 1.34 scaling `nodes` down: each node tainted ToBeDeletedByClusterAutoscaler,
+/// then one NodeGroupDeleteNodes per node under CA's 5 s deadline, `parallelism` at once.
+async fn ca_deletes(
+    admin: &kube::Client,
+    svc: &RunningService,
+    nodes: &[(String, String)],
+    parallelism: usize,
+) {
+    use futures::StreamExt;
+    let ListenAddr::Unix(path) = &svc.addr else {
+        panic!("the service serves on a socket")
+    };
+    let ca = CloudProviderClient::new(
+        ca_asg_provider::grpc::connect_unix(path)
+            .await
+            .expect("connect to the service"),
+    );
+    let api: Api<k8s_openapi::api::core::v1::Node> = Api::all(admin.clone());
+    futures::stream::iter(nodes.iter().cloned())
+        .for_each_concurrent(parallelism, |(name, iid)| {
+            let mut ca = ca.clone();
+            let api = api.clone();
+            async move {
+                let taint = json!({"spec": {"taints": [{"key": "ToBeDeletedByClusterAutoscaler",
+                    "value": Utc::now().timestamp().to_string(), "effect": "NoSchedule"}]}});
+                api.patch(&name, &PatchParams::default(), &Patch::Merge(taint))
+                    .await
+                    .unwrap_or_else(|e| panic!("CA's taint on {name}: {e}"));
+                let req = proto::NodeGroupDeleteNodesRequest {
+                    id: "web".into(),
+                    nodes: vec![proto::ExternalGrpcNode {
+                        provider_id: format!("aws:///us-east-1a/{iid}"),
+                        name: name.clone(),
+                        labels: [("kubernetes.io/hostname".to_string(), name.clone())].into(),
+                        ..Default::default()
+                    }],
+                };
+                let mut r = tonic::Request::new(req);
+                r.set_timeout(Duration::from_secs(5));
+                ca.node_group_delete_nodes(r)
+                    .await
+                    .unwrap_or_else(|e| panic!("NodeGroupDeleteNodes {name}: {e}"));
+            }
+        })
+        .await;
+}
+
+/// A drain-then-terminate script: `kubectl drain --ignore-daemonsets` per node,
+/// `parallelism` at once, then TerminateInstanceInAutoScalingGroup with a decrement.
+/// Returns the largest peak RSS of a kubectl process (read from /proc while it ran).
+async fn kubectl_drains(
+    cp: &ControlPlane,
+    cloud: &MemoryCloud,
+    kubectl: &std::path::Path,
+    nodes: &[(String, String)],
+    parallelism: usize,
+) -> u64 {
+    use futures::StreamExt;
+    let kubeconfig = cp.kubeconfig(Who::Drainer).unwrap();
+    let peak = std::sync::atomic::AtomicU64::new(0);
+    futures::stream::iter(nodes.iter().cloned())
+        .for_each_concurrent(parallelism, |(name, iid)| {
+            let kubeconfig = kubeconfig.clone();
+            let cloud = cloud.clone();
+            let peak = &peak;
+            async move {
+                let mut child = tokio::process::Command::new(kubectl)
+                    .arg(format!("--kubeconfig={}", kubeconfig.display()))
+                    .args([
+                        "drain",
+                        &name,
+                        "--ignore-daemonsets",
+                        "--delete-emptydir-data",
+                    ])
+                    .arg("--timeout=600s")
+                    .stdout(std::process::Stdio::null())
+                    .stderr(std::process::Stdio::piped())
+                    .spawn()
+                    .unwrap_or_else(|e| panic!("run {}: {e}", kubectl.display()));
+                let pid = child.id().expect("kubectl's pid");
+                let status = loop {
+                    if let Some(rss) = super::control_plane::proc_peak_rss(pid) {
+                        peak.fetch_max(rss, std::sync::atomic::Ordering::Relaxed);
+                    }
+                    match tokio::time::timeout(Duration::from_millis(50), child.wait()).await {
+                        Ok(status) => break status.expect("kubectl's exit"),
+                        Err(_) => continue,
+                    }
+                };
+                let mut err = String::new();
+                if let Some(mut e) = child.stderr.take() {
+                    use tokio::io::AsyncReadExt;
+                    let _ = e.read_to_string(&mut err).await;
+                }
+                assert!(status.success(), "kubectl drain {name}: {err}");
+                cloud
+                    .terminate_instance(&iid, true)
+                    .await
+                    .expect("TerminateInstanceInAutoScalingGroup");
+            }
+        })
+        .await;
+    peak.into_inner()
+}
+
+fn kind(e: &AuditEvent) -> String {
+    let r = e.object_ref.clone().unwrap_or_default();
+    let resource = if r.subresource.is_empty() {
+        r.resource
+    } else {
+        format!("{}/{}", r.resource, r.subresource)
+    };
+    format!("{} {resource}", e.verb)
+}
+
+fn delta(a: &BTreeMap<&str, f64>, b: &BTreeMap<&str, f64>, name: &str) -> f64 {
+    b.get(name).copied().unwrap_or(0.0) - a.get(name).copied().unwrap_or(0.0)
+}
+
+struct Floors {
+    floor: f64,
+    node: f64,
+    pacing: f64,
+    chain: f64,
+}
+
+/// The storm's floor (see [`Figures::floor_s`]).
+fn floors(
+    shape: &Shape,
+    audit: &[AuditEvent],
+    user: &str,
+    readies: &[(String, DateTime<Utc>)],
+    asked: DateTime<Utc>,
+) -> Floors {
+    let settings = shipped_settings();
+    let node = (shape.app_prestop_s + shape.daemonset_prestop_s) as f64;
+    // One eviction per pod and one cordon per node, beyond the burst, at apiQps.
+    let necessary = (shape.app_pods() + 2 * shape.nodes) as f64;
+    let pacing = (necessary - settings.api_burst as f64).max(0.0) / settings.api_qps
+        + shape.daemonset_prestop_s as f64;
+    let mut chain: f64 = 0.0;
+    for k in 0..shape.apps() {
+        let prefix = format!("app-{k}-");
+        let mut evictions: Vec<DateTime<Utc>> = audit
+            .iter()
+            .filter(|e| {
+                e.user.username == user
+                    && e.stage == "ResponseComplete"
+                    && e.is("create", "pods", "eviction")
+                    && e.code() == 201
+                    && e.object_ref
+                        .as_ref()
+                        .is_some_and(|r| r.name.starts_with(&prefix))
+            })
+            .filter_map(|e| e.stage_timestamp)
+            .collect();
+        evictions.sort();
+        let mut replaced: Vec<DateTime<Utc>> = readies
+            .iter()
+            .filter(|(p, t)| p.starts_with(&format!("shop/{prefix}")) && *t > asked)
+            .map(|(_, t)| *t)
+            .collect();
+        replaced.sort();
+        let waits: f64 = evictions
+            .iter()
+            .zip(&replaced)
+            .take(evictions.len().saturating_sub(1))
+            .map(|(e, r)| (*r - *e).num_milliseconds().max(0) as f64 / 1000.0)
+            .sum();
+        chain = chain.max(waits + node);
+    }
+    Floors {
+        floor: node.max(pacing).max(chain),
+        node,
+        pacing,
+        chain,
+    }
+}
+
+struct Apf {
+    rejected: f64,
+    queued_s: f64,
+}
+
+/// Priority and fairness, as the API server counts it (`/metrics`): requests rejected,
+/// and the seconds requests waited in its queues.
+async fn apf_counters(admin: &kube::Client) -> Apf {
+    let req = http::Request::get("/metrics").body(Vec::new()).unwrap();
+    let text = admin.request_text(req).await.unwrap_or_default();
+    let sum = |metric: &str| -> f64 {
+        text.lines()
+            .filter(|l| {
+                l.starts_with(metric)
+                    && (l.len() == metric.len() || l[metric.len()..].starts_with(['{', ' ']))
+            })
+            .filter_map(|l| l.rsplit(' ').next()?.parse::<f64>().ok())
+            .sum()
+    };
+    Apf {
+        rejected: sum("apiserver_flowcontrol_rejected_requests_total"),
+        queued_s: sum("apiserver_flowcontrol_request_wait_duration_seconds_sum"),
+    }
+}
+
+/// The figures as Markdown rows, one per storm.
+pub fn table(rows: &[Figures]) -> String {
+    let mut s = String::from(
+        "| drainer | N | ended | floor | ratio | requests/node | watches | 429 (budget / APF) | kube-apiserver CPU | etcd CPU | drainer CPU | drainer memory | DaemonSet pods ended with the instance |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
+    );
+    for f in rows {
+        s.push_str(&format!(
+            "| {} | {} | {:.1} s | {:.1} s | {:.2} | {:.1} | {} | {} / {} | {:.1} s | {:.1} s | {:.1} s | {:.0} MB ({}) | {} of {} |\n",
+            f.drainer,
+            f.nodes,
+            f.all_ended_s,
+            f.floor_s,
+            f.ratio,
+            f.requests_per_node,
+            f.watches_opened,
+            f.refused_by_budget,
+            f.rejected_429_other,
+            f.apiserver_cpu_s,
+            f.etcd_cpu_s,
+            f.drainer_cpu_s,
+            f.drainer_peak_mb,
+            f.drainer_memory_is,
+            f.daemonset_pods_ended_with_instance,
+            f.daemonset_pods,
+        ));
+    }
+    s
+}
