@@ -112,6 +112,9 @@ pub struct AuditEvent {
     pub object_ref: Option<ObjectRef>,
     #[serde(default)]
     pub response_status: Option<ResponseStatus>,
+    /// The request's body, where the policy logs it (a budget's status).
+    #[serde(default)]
+    pub request_object: Option<serde_json::Value>,
 }
 
 #[derive(Debug, Clone, Deserialize)]
@@ -175,6 +178,11 @@ omitStages: ["RequestReceived"]
 rules:
   - level: Metadata
     users: ["system:serviceaccount:kube-system:cluster-autoscaler", "e2e:drainer"]
+  - level: Request
+    verbs: ["update", "patch"]
+    resources:
+      - group: "policy"
+        resources: ["poddisruptionbudgets/status"]
   - level: Metadata
     verbs: ["create", "update", "patch", "delete", "deletecollection"]
     resources:
@@ -492,10 +500,6 @@ impl Drop for ControlPlane {
     }
 }
 
-/// A command whose process the kernel kills when the test that started it dies (a
-/// killed or timed-out test run leaves no etcd, API server or kubelet behind; the
-/// normal end still stops them in order). Linux's parent-death signal, sent when the
-/// thread that spawned the process ends: the test's runtime thread.
 /// Clock ticks per second of /proc's CPU times (`getconf CLK_TCK`: 100 on Linux).
 const CLK_TCK: f64 = 100.0;
 
@@ -520,6 +524,10 @@ pub fn proc_peak_rss(pid: u32) -> Option<u64> {
     Some(kb * 1024)
 }
 
+/// A command whose process the kernel kills when the test that started it dies (a
+/// killed or timed-out test run leaves no etcd, API server or kubelet behind; the
+/// normal end still stops them in order). Linux's parent-death signal, sent when the
+/// thread that spawned the process ends: the test's runtime thread.
 pub fn dies_with_the_test(mut cmd: Command) -> Command {
     use std::os::unix::process::CommandExt;
     // SAFETY: between fork and exec only prctl, which is async-signal-safe, runs.

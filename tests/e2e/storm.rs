@@ -122,15 +122,23 @@ pub struct Figures {
     pub daemonset_pods: usize,
     /// From the decision to the last instance's end.
     pub all_ended_s: f64,
+    /// The last end among the instances the ASG chose (the hook's half; 0 if none),
+    /// and among the others (CA's DeleteNodes, or kubectl's).
+    pub hook_half_last_end_s: f64,
+    pub other_last_end_s: f64,
+    /// The drainer's first and last eviction the API server accepted, from the decision.
+    pub first_eviction_s: f64,
+    pub last_eviction_s: f64,
     /// What no drainer can beat: the slowest of the node's own pods (app preStop then
     /// DaemonSet preStop), `apiQps` for the requests every drainer needs, and each
-    /// budget's chain as the control plane brought replacements (`chain_floor_s`).
+    /// budget's chain as the disruption controller let it go (`chain_floor_s`).
     pub floor_s: f64,
     pub node_floor_s: f64,
     pub pacing_floor_s: f64,
-    /// Per budget: the time from each eviction to its replacement's Ready, summed over
-    /// all but the last, plus the last pod's preStop and the DaemonSet preStop; the
-    /// longest budget.
+    /// Per budget: the time from each of the drainer's evictions to the disruption
+    /// controller's next status of the budget that allows one (what the Eviction API
+    /// reads), summed over all but the last, plus the last pod's preStop and the
+    /// DaemonSet preStop; the longest budget.
     pub chain_floor_s: f64,
     pub ratio: f64,
     /// The drainer's requests (audit log), in all and per drained node.
@@ -239,9 +247,10 @@ pub async fn run(
     let asked = Utc::now();
     let t0 = Instant::now();
     let mut kubectl_peak_rss = 0;
+    let mut chosen = Vec::new();
     match (drainer, &service) {
         (Drainer::Service, Some(svc)) => {
-            let chosen = cloud
+            chosen = cloud
                 .external_scale_in("web", (n / 2) as i32)
                 .expect("the ASG scales in");
             let rest: Vec<(String, String)> = web_nodes
@@ -259,15 +268,22 @@ pub async fn run(
     }
     step("wait for every instance to end");
     let iids: Vec<String> = web_nodes.iter().map(|(_, i)| i.clone()).collect();
-    until("every instance of the storm to end", shape.limit(), || {
-        let k = kubelet.clone();
-        let want = iids.clone();
-        async move {
-            let ended = k.instances_ended();
-            want.iter().all(|i| ended.contains(i))
+    let mut ended_at: BTreeMap<String, f64> = BTreeMap::new();
+    while ended_at.len() < iids.len() {
+        assert!(
+            t0.elapsed() < Duration::from_secs(shape.limit()),
+            "only {} of {n} instances ended in {} s",
+            ended_at.len(),
+            shape.limit()
+        );
+        let ended = kubelet.instances_ended();
+        for i in iids.iter().filter(|i| ended.contains(i)) {
+            ended_at
+                .entry(i.clone())
+                .or_insert_with(|| t0.elapsed().as_secs_f64());
         }
-    })
-    .await;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
     let all_ended_s = t0.elapsed().as_secs_f64();
     let drainer_cpu_s = gauge.cpu_seconds() - drainer_cpu0;
     let (peak, memory_is) = match drainer {
@@ -334,7 +350,22 @@ pub async fn run(
         .min()
         .unwrap_or(0);
 
-    let floors = floors(shape, &audit, user, &readies, asked);
+    let floors = floors(shape, &audit, user);
+    let last = |hooked: bool| {
+        ended_at
+            .iter()
+            .filter(|(i, _)| chosen.contains(i) == hooked)
+            .map(|(_, t)| *t)
+            .fold(0.0, f64::max)
+    };
+    let since = |t: Option<DateTime<Utc>>| {
+        t.map_or(0.0, |t| (t - asked).num_milliseconds() as f64 / 1000.0)
+    };
+    let evictions: Vec<DateTime<Utc>> = done
+        .iter()
+        .filter(|e| e.is("create", "pods", "eviction") && e.code() == 201)
+        .filter_map(|e| e.stage_timestamp)
+        .collect();
     let calls = cloud.calls();
     let figures = Figures {
         drainer: drainer.name(),
@@ -343,6 +374,10 @@ pub async fn run(
         app_pods: shape.app_pods(),
         daemonset_pods: n,
         all_ended_s,
+        hook_half_last_end_s: last(true),
+        other_last_end_s: last(false),
+        first_eviction_s: since(evictions.iter().min().copied()),
+        last_eviction_s: since(evictions.iter().max().copied()),
         floor_s: floors.floor,
         node_floor_s: floors.node,
         pacing_floor_s: floors.pacing,
@@ -659,13 +694,7 @@ struct Floors {
 }
 
 /// The storm's floor (see [`Figures::floor_s`]).
-fn floors(
-    shape: &Shape,
-    audit: &[AuditEvent],
-    user: &str,
-    readies: &[(String, DateTime<Utc>)],
-    asked: DateTime<Utc>,
-) -> Floors {
+fn floors(shape: &Shape, audit: &[AuditEvent], user: &str) -> Floors {
     let settings = shipped_settings();
     let node = (shape.app_prestop_s + shape.daemonset_prestop_s) as f64;
     // One eviction per pod and one cordon per node, beyond the burst, at apiQps.
@@ -689,17 +718,27 @@ fn floors(
             .filter_map(|e| e.stage_timestamp)
             .collect();
         evictions.sort();
-        let mut replaced: Vec<DateTime<Utc>> = readies
+        // When the disruption controller's status of the budget next allowed one
+        // (the Eviction API reads that status: no drainer can go sooner).
+        let allows: Vec<DateTime<Utc>> = audit
             .iter()
-            .filter(|(p, t)| p.starts_with(&format!("shop/{prefix}")) && *t > asked)
-            .map(|(_, t)| *t)
+            .filter(|e| {
+                e.stage == "ResponseComplete"
+                    && e.is("update", "poddisruptionbudgets", "status")
+                    && e.object_ref
+                        .as_ref()
+                        .is_some_and(|r| r.name == format!("app-{k}"))
+                    && e.request_object.as_ref().is_some_and(|o| {
+                        o["status"]["disruptionsAllowed"].as_i64().unwrap_or(0) >= 1
+                    })
+            })
+            .filter_map(|e| e.stage_timestamp)
             .collect();
-        replaced.sort();
         let waits: f64 = evictions
             .iter()
-            .zip(&replaced)
             .take(evictions.len().saturating_sub(1))
-            .map(|(e, r)| (*r - *e).num_milliseconds().max(0) as f64 / 1000.0)
+            .filter_map(|e| allows.iter().find(|a| *a > e).map(|a| *a - *e))
+            .map(|w| w.num_milliseconds().max(0) as f64 / 1000.0)
             .sum();
         chain = chain.max(waits + node);
     }
