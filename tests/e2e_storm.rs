@@ -315,15 +315,9 @@ async fn service_memory_with_thousands_of_nodes_watched() {
         let kubeconfig = cp.kubeconfig(Who::Service).unwrap();
         let svc = rt
             .spawn(async move {
-                let kc = kube::config::Kubeconfig::read_from(&kubeconfig).unwrap();
-                let mut cfg = kube::Config::from_custom_kubeconfig(
-                    kc,
-                    &kube::config::KubeConfigOptions::default(),
-                )
-                .await
-                .unwrap();
-                cfg.default_retry = false;
-                let client = kube::Client::try_from(cfg).unwrap();
+                let client = control_plane::client_from(&kubeconfig)
+                    .await
+                    .expect("the service's client");
                 let (_provider, engine, _ca, _addr, _counts) =
                     rig::serve(client, &cloud, storm::shipped_settings()).await;
                 engine.elect_leader();

@@ -371,16 +371,7 @@ impl ControlPlane {
 
     /// A kube client as `who`, over the API server's own serving certificate.
     pub async fn client(&self, who: Who) -> anyhow::Result<kube::Client> {
-        let path = self.kubeconfig(who)?;
-        let kc = kube::config::Kubeconfig::read_from(&path)?;
-        let mut cfg =
-            kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
-                .await?;
-        // As the service builds its own client (`scalein::kube_client`): no retries of
-        // 429s inside the client, or a budget's refusal of an eviction is retried
-        // there for minutes and the drain never sees it (nor its deadline).
-        cfg.default_retry = false;
-        Ok(kube::Client::try_from(cfg)?)
+        client_from(&self.kubeconfig(who)?).await
     }
 
     fn start_controllers(&mut self, bin: &Binaries) -> anyhow::Result<()> {
@@ -498,6 +489,20 @@ impl Drop for ControlPlane {
             ));
         }
     }
+}
+
+/// A kube client from a kubeconfig of [`ControlPlane::kubeconfig`], built on the
+/// runtime that calls it (its connections live there).
+pub async fn client_from(path: &Path) -> anyhow::Result<kube::Client> {
+    let kc = kube::config::Kubeconfig::read_from(path)?;
+    let mut cfg =
+        kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
+            .await?;
+    // As the service builds its own client (`scalein::kube_client`): no retries of
+    // 429s inside the client, or a budget's refusal of an eviction is retried there
+    // for minutes and the drain never sees it (nor its deadline).
+    cfg.default_retry = false;
+    Ok(kube::Client::try_from(cfg)?)
 }
 
 /// Clock ticks per second of /proc's CPU times (`getconf CLK_TCK`: 100 on Linux).

@@ -369,45 +369,60 @@ pub async fn create(admin: &kube::Client, ns: Option<&str>, v: serde_json::Value
 /// preStop, behind a budget of `maxUnavailable: 1`; and a log shipper DaemonSet that
 /// tolerates every taint (as fluent-bit, kube-proxy and the VPC CNI do), 1 s preStop.
 pub async fn workloads(admin: &kube::Client, cp: &mut ControlPlane) {
-    create(
-        admin,
-        None,
-        json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "shop"}}),
-    )
-    .await;
-    create(
-        admin,
-        None,
-        json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": "logging"}}),
-    )
-    .await;
-    cp.wait_default_service_account("shop").await.unwrap();
-    cp.wait_default_service_account("logging").await.unwrap();
-    let container = |prestop: u32| {
-        json!([{"name": "main", "image": "e2e/app:1",
-            "resources": {"requests": {"cpu": "100m", "memory": "64Mi"}},
-            "lifecycle": {"preStop": {"exec": {"command": ["sleep", prestop.to_string()]}}}}])
-    };
+    namespaces(admin, cp, &["shop", "logging"]).await;
     create(admin, Some("shop"), json!({
         "apiVersion": "apps/v1", "kind": "Deployment",
         "metadata": {"name": "app"},
         "spec": {"replicas": APP_REPLICAS, "selector": {"matchLabels": {"app": "app"}},
             "template": {"metadata": {"labels": {"app": "app"}}, "spec": {
                 "terminationGracePeriodSeconds": 30,
-                "containers": container(2),
+                "containers": containers(2),
                 "affinity": {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
                     {"labelSelector": {"matchLabels": {"app": "app"}}, "topologyKey": "kubernetes.io/hostname"}]}}}}}
     })).await;
+    budget(admin, "app").await;
+    log_shipper(admin, 1).await;
+}
+
+/// Namespaces, each once its `default` ServiceAccount exists (pods are refused before).
+pub async fn namespaces(admin: &kube::Client, cp: &mut ControlPlane, names: &[&str]) {
+    for ns in names {
+        create(
+            admin,
+            None,
+            json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}),
+        )
+        .await;
+    }
+    for ns in names {
+        cp.wait_default_service_account(ns).await.unwrap();
+    }
+}
+
+/// The fake kubelet's container: 100m CPU, 64Mi, a preStop of `prestop` seconds.
+pub fn containers(prestop: u32) -> serde_json::Value {
+    json!([{"name": "main", "image": "e2e/app:1",
+        "resources": {"requests": {"cpu": "100m", "memory": "64Mi"}},
+        "lifecycle": {"preStop": {"exec": {"command": ["sleep", prestop.to_string()]}}}}])
+}
+
+/// A budget of `maxUnavailable: 1` over the pods labelled `app: <app>` in `shop`.
+pub async fn budget(admin: &kube::Client, app: &str) {
     create(
         admin,
         Some("shop"),
         json!({
             "apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
-            "metadata": {"name": "app"},
-            "spec": {"maxUnavailable": 1, "selector": {"matchLabels": {"app": "app"}}}
+            "metadata": {"name": app},
+            "spec": {"maxUnavailable": 1, "selector": {"matchLabels": {"app": app}}}
         }),
     )
     .await;
+}
+
+/// The log shipper DaemonSet `logging/fluent-bit`: tolerates every taint (as
+/// fluent-bit, kube-proxy and the VPC CNI do), a preStop of `prestop` seconds.
+pub async fn log_shipper(admin: &kube::Client, prestop: u32) {
     create(
         admin,
         Some("logging"),
@@ -418,7 +433,7 @@ pub async fn workloads(admin: &kube::Client, cp: &mut ControlPlane) {
                 "template": {"metadata": {"labels": {"app": "fluent-bit"}}, "spec": {
                     "terminationGracePeriodSeconds": 30,
                     "tolerations": [{"operator": "Exists"}],
-                    "containers": container(1)}}}
+                    "containers": containers(prestop)}}}
         }),
     )
     .await;
@@ -435,15 +450,7 @@ pub async fn logging_workloads(
     port: u16,
     shared: &std::path::Path,
 ) {
-    for ns in ["shop", "logging"] {
-        create(
-            admin,
-            None,
-            json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}),
-        )
-        .await;
-        cp.wait_default_service_account(ns).await.unwrap();
-    }
+    namespaces(admin, cp, &["shop", "logging"]).await;
     // This run's app only: the host's /var/log may hold other runs' logs.
     let app_name = format!(
         "app-{:x}",

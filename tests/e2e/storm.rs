@@ -33,7 +33,9 @@ use serde_json::json;
 use super::checks;
 use super::control_plane::{AuditEvent, Binaries, ControlPlane, Who, DRAINER_USER, SERVICE_USER};
 use super::kubelet::{Ending, FakeKubelet, PodStop};
-use super::rig::{apply_shipped_rbac, create, until, HOOK};
+use super::rig::{
+    apply_shipped_rbac, budget, containers, create, log_shipper, namespaces, until, HOOK,
+};
 use super::support::world::timing;
 
 /// The storm's shape.
@@ -440,20 +442,7 @@ pub async fn run(
 
 /// The Deployments (each behind its budget) and the DaemonSet of the storm.
 async fn workloads(admin: &kube::Client, cp: &mut ControlPlane, shape: &Shape) {
-    for ns in ["shop", "logging"] {
-        create(
-            admin,
-            None,
-            json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}),
-        )
-        .await;
-        cp.wait_default_service_account(ns).await.unwrap();
-    }
-    let container = |prestop: u32| {
-        json!([{"name": "main", "image": "e2e/app:1",
-            "resources": {"requests": {"cpu": "100m", "memory": "64Mi"}},
-            "lifecycle": {"preStop": {"exec": {"command": ["sleep", prestop.to_string()]}}}}])
-    };
+    namespaces(admin, cp, &["shop", "logging"]).await;
     for k in 0..shape.apps() {
         let name = format!("app-{k}");
         create(
@@ -465,35 +454,13 @@ async fn workloads(admin: &kube::Client, cp: &mut ControlPlane, shape: &Shape) {
                 "spec": {"replicas": shape.set_size, "selector": {"matchLabels": {"app": name}},
                     "template": {"metadata": {"labels": {"app": name}}, "spec": {
                         "terminationGracePeriodSeconds": 30,
-                        "containers": container(shape.app_prestop_s)}}}
+                        "containers": containers(shape.app_prestop_s)}}}
             }),
         )
         .await;
-        create(
-            admin,
-            Some("shop"),
-            json!({
-                "apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
-                "metadata": {"name": name},
-                "spec": {"maxUnavailable": 1, "selector": {"matchLabels": {"app": name}}}
-            }),
-        )
-        .await;
+        budget(admin, &name).await;
     }
-    create(
-        admin,
-        Some("logging"),
-        json!({
-            "apiVersion": "apps/v1", "kind": "DaemonSet",
-            "metadata": {"name": "fluent-bit"},
-            "spec": {"selector": {"matchLabels": {"app": "fluent-bit"}},
-                "template": {"metadata": {"labels": {"app": "fluent-bit"}}, "spec": {
-                    "terminationGracePeriodSeconds": 30,
-                    "tolerations": [{"operator": "Exists"}],
-                    "containers": container(shape.daemonset_prestop_s)}}}
-        }),
-    )
-    .await;
+    log_shipper(admin, shape.daemonset_prestop_s).await;
 }
 
 async fn nodes_ready(kubelet: &FakeKubelet, want: usize, secs: u64) {
@@ -539,13 +506,9 @@ async fn start_service(
     let kubeconfig = cp.kubeconfig(Who::Service).unwrap();
     let cloud = cloud.clone();
     rt.spawn(async move {
-        let kc = kube::config::Kubeconfig::read_from(&kubeconfig).unwrap();
-        let mut cfg =
-            kube::Config::from_custom_kubeconfig(kc, &kube::config::KubeConfigOptions::default())
-                .await
-                .unwrap();
-        cfg.default_retry = false;
-        let client = kube::Client::try_from(cfg).unwrap();
+        let client = super::control_plane::client_from(&kubeconfig)
+            .await
+            .expect("the service's client");
         let (provider, engine, _ca, addr, _counts) =
             super::rig::serve(client, &cloud, shipped_settings()).await;
         engine.elect_leader();
