@@ -2,7 +2,8 @@
 //! instances: CA's scale-in (through the hook and direct), the ASG ending instances
 //! itself, spot warnings, rebalance recommendations (drain), scheduled retirements,
 //! `drain NODE`, duplicates, restarts, leadership moving to a new replica, AWS
-//! throttling heartbeats and completions, with two drain slots (`maxConcurrentDrains`)
+//! throttling heartbeats and completions, an operator deleting our hook by hand and
+//! adding it back while the service runs, with two drain slots (`maxConcurrentDrains`)
 //! that the guarded node's drain fills half of. The service runs as it does in production:
 //! the lifecycle loop, the queue consumer, the gRPC server CA calls. A hook's timeout
 //! is 3 s, so an instance left without heartbeats shows. After every step:
@@ -40,6 +41,7 @@ use std::time::Duration;
 
 use ca_asg_provider::cloud::memory::MemoryGroup;
 use ca_asg_provider::cloud::queue::MemoryQueue;
+use ca_asg_provider::cloud::{LifecycleHook, LifecycleState};
 use ca_asg_provider::interruption::consumer::{Consumer, Handled};
 use ca_asg_provider::interruption::RebalanceAction;
 use ca_asg_provider::proto;
@@ -82,6 +84,12 @@ enum Op {
     LeaderChange,
     /// AWS throttles the next heartbeats and completions.
     Throttle,
+    /// An operator deletes our hook from web by hand (skipped while AWS holds or ends
+    /// one of web's instances: AWS would let it go on, undrained, whoever drains it).
+    HookRemoved,
+    /// An operator adds our hook to web by hand, as the quickstart says, while the
+    /// service runs with a picture of web without it (issue 39, item 4).
+    HookAdded,
     Wait,
 }
 
@@ -97,6 +105,8 @@ fn op() -> impl Strategy<Value = Op> {
         Just(Op::Restart),
         Just(Op::LeaderChange),
         Just(Op::Throttle),
+        Just(Op::HookRemoved),
+        Just(Op::HookAdded),
         Just(Op::Wait),
     ]
 }
@@ -138,6 +148,8 @@ struct Model {
     pods: Vec<(String, String)>,
     /// The guarded pod's budget (maxUnavailable 0 of 1), as its pod history shows it.
     guarded: BudgetFloor,
+    /// Whether web has our hook now (HookRemoved, HookAdded).
+    hooked: bool,
 }
 
 /// Leadership over the engine (set before its loop starts), and the loop.
@@ -218,6 +230,7 @@ impl Model {
             given: BTreeMap::new(),
             pods,
             guarded,
+            hooked: true,
         }
     }
 
@@ -341,6 +354,11 @@ impl Model {
                 }
             }
             Op::AsgEnds => {
+                // Without our hook AWS ends the instance at once: no drain, nothing
+                // of the service's to check.
+                if !self.hooked {
+                    return;
+                }
                 let live_web = self
                     .nodes
                     .iter()
@@ -423,6 +441,33 @@ impl Model {
             Op::Throttle => {
                 self.w.cloud.throttle("lifecycle_heartbeat", 2);
                 self.w.cloud.throttle("complete_lifecycle_action", 1);
+            }
+            Op::HookRemoved => {
+                let busy = self
+                    .w
+                    .cloud
+                    .instances()
+                    .iter()
+                    .any(|(g, i)| g == "web" && i.state != LifecycleState::InService);
+                if !self.hooked || busy {
+                    return;
+                }
+                self.w.cloud.delete_hook("web");
+                self.hooked = false;
+            }
+            Op::HookAdded => {
+                if self.hooked {
+                    return;
+                }
+                self.w.cloud.add_hook(
+                    "web",
+                    LifecycleHook {
+                        name: HOOK.into(),
+                        heartbeat_timeout_secs: HOOK_TIMEOUT_SECS,
+                        default_result: "ABANDON".into(),
+                    },
+                );
+                self.hooked = true;
             }
             Op::Wait => tokio::time::sleep(Duration::from_millis(300)).await,
         }
@@ -678,6 +723,36 @@ fn the_issues_interactions_keep_every_promise() {
         Op::DrainCommand(2),
         Op::CaScaleIn(2),
         Op::Restart,
+        Op::Wait,
+    ]);
+}
+
+/// Issue 39, item 4, as ops of the model: our hook deleted and added back by hand
+/// while the service runs, a restart in between giving the service a picture of web
+/// without it; then the ASG ends an instance and CA scales one in, each drained under
+/// the hook.
+#[test]
+fn a_hook_added_by_hand_while_running_is_used() {
+    run(&[
+        Op::HookRemoved,
+        Op::Restart,
+        Op::HookAdded,
+        Op::AsgEnds,
+        Op::CaScaleIn(0),
+        Op::Wait,
+    ]);
+}
+
+/// A CA scale-in begun in direct mode while our hook is gone, the hook added back by
+/// hand during that drain: the instance the drain then ends is held by the hook.
+#[test]
+fn a_hook_added_during_a_direct_drain_is_completed() {
+    run(&[
+        Op::HookRemoved,
+        Op::LeaderChange,
+        Op::CaScaleIn(0),
+        Op::HookAdded,
+        Op::CaScaleIn(GUARDED),
         Op::Wait,
     ]);
 }

@@ -155,6 +155,7 @@ async fn direct_once(
             "terminating instance with decrement"
         );
         engine.cloud.terminate_instance(instance_id, true).await?;
+        learn_a_hook_added_since(engine, group).await;
     }
     if let Some(p) = &engine.provider {
         if already {
@@ -170,4 +171,24 @@ async fn direct_once(
     } else {
         format!("terminated instance {instance_id} in {group} (desired capacity decremented)")
     })
+}
+
+/// Direct mode ends an instance of a group the service knows without our hook. If an
+/// operator has added our hook since (the quickstart has them add it by hand), AWS now
+/// holds the instance in Terminating:Wait under it. The group's hooks are read at once,
+/// so the lifecycle scan takes the group from its next poll and completes the action
+/// of the drained node, instead of the hook waiting until a refresh learns of it (a
+/// refresh interval plus 10 s: longer than a 30 s hook). A failed read changes
+/// nothing; the next refresh finds the hook, as before.
+async fn learn_a_hook_added_since(engine: &Engine, group: &str) {
+    let Some(p) = &engine.provider else { return };
+    let Some(g) = p.registry().group(group).cloned() else {
+        return;
+    };
+    if engine.our_hook(&g).is_some() {
+        return;
+    }
+    if let Err(e) = engine.with_current_hooks(&g).await {
+        tracing::debug!(group, error = %e, "could not read the group's hooks after ending an instance; the next refresh will");
+    }
 }
