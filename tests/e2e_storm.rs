@@ -150,8 +150,8 @@ impl Gauge for ServiceGauge {
             .filter_map(|s| control_plane::stat_cpu_seconds(&s))
             .sum()
     }
-    fn peak_memory(&self) -> (u64, &'static str) {
-        (heap::peak().max(0) as u64, "live heap, peak")
+    fn peak_memory(&self) -> Option<(u64, &'static str)> {
+        Some((heap::peak().max(0) as u64, "live heap, peak"))
     }
     fn reset_peak(&self) {
         heap::reset_peak();
@@ -178,10 +178,10 @@ impl Gauge for ChildrenGauge {
         let t = |v: libc::timeval| v.tv_sec as f64 + v.tv_usec as f64 / 1e6;
         t(u.ru_utime) + t(u.ru_stime)
     }
-    fn peak_memory(&self) -> (u64, &'static str) {
-        // getrusage's maxrss would also hold the control planes already waited for;
-        // the storm reads each kubectl's own peak from /proc instead.
-        (0, "read by the storm")
+    /// getrusage's maxrss would also hold the control planes already waited for: the
+    /// storm reads each kubectl's own peak from /proc while it runs instead.
+    fn peak_memory(&self) -> Option<(u64, &'static str)> {
+        None
     }
     fn reset_peak(&self) {}
 }
@@ -197,6 +197,16 @@ fn sizes(var: &str) -> Option<Vec<usize>> {
         })
         .collect();
     Some(sizes)
+}
+
+/// The sizes `var` asks for and the control plane's binaries, or `None` (the test says
+/// it was skipped) when either is not there.
+fn asked_for(test: &str, var: &str) -> Option<(Vec<usize>, control_plane::Binaries)> {
+    let Some(sizes) = sizes(var) else {
+        eprintln!("{test}: skipped (set {var}=N[,N...]; scripts/e2e.sh storm|watch N)");
+        return None;
+    };
+    Some((sizes, binaries(test)?))
 }
 
 fn kubectl() -> Option<PathBuf> {
@@ -226,13 +236,7 @@ fn record(rows: &[Figures]) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn drain_storm_on_the_real_api_server() {
-    let Some(sizes) = sizes("E2E_STORM") else {
-        eprintln!(
-            "drain_storm_on_the_real_api_server: skipped (set E2E_STORM=N; scripts/e2e.sh storm N)"
-        );
-        return;
-    };
-    let Some(bin) = binaries("drain_storm_on_the_real_api_server") else {
+    let Some((sizes, bin)) = asked_for("drain_storm_on_the_real_api_server", "E2E_STORM") else {
         return;
     };
     let _one_at_a_time = SERIAL.lock().await;
@@ -278,16 +282,14 @@ async fn drain_storm_on_the_real_api_server() {
 
 /// `E2E_STORM_WATCH` Nodes, each with one pod bound to it, created on the real API
 /// server; then the service as it ships over them. Its heap (live, and peak while its
-/// caches filled) once its Node and pod caches hold them all.
+/// cache filled) once its Node cache holds them all (its pod watch starts with the first
+/// drains).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn service_memory_with_thousands_of_nodes_watched() {
-    let Some(sizes) = sizes("E2E_STORM_WATCH") else {
-        eprintln!(
-            "service_memory_with_thousands_of_nodes_watched: skipped (set E2E_STORM_WATCH=N)"
-        );
-        return;
-    };
-    let Some(bin) = binaries("service_memory_with_thousands_of_nodes_watched") else {
+    let Some((sizes, bin)) = asked_for(
+        "service_memory_with_thousands_of_nodes_watched",
+        "E2E_STORM_WATCH",
+    ) else {
         return;
     };
     let _one_at_a_time = SERIAL.lock().await;

@@ -108,8 +108,9 @@ impl Drainer {
 pub trait Gauge: Send + Sync {
     /// CPU seconds so far.
     fn cpu_seconds(&self) -> f64;
-    /// Peak memory so far (bytes), and what it is.
-    fn peak_memory(&self) -> (u64, &'static str);
+    /// Peak memory so far (bytes), and what it is; `None` when the storm reads it
+    /// itself (kubectl's processes, from /proc while each runs).
+    fn peak_memory(&self) -> Option<(u64, &'static str)>;
     /// Forget the peak: the next reading is the peak from now on.
     fn reset_peak(&self);
 }
@@ -288,10 +289,9 @@ pub async fn run(
     }
     let all_ended_s = t0.elapsed().as_secs_f64();
     let drainer_cpu_s = gauge.cpu_seconds() - drainer_cpu0;
-    let (peak, memory_is) = match drainer {
-        Drainer::Service => gauge.peak_memory(),
-        Drainer::KubectlDrain(_) => (kubectl_peak_rss, "RSS of the largest kubectl process"),
-    };
+    let (peak, memory_is) = gauge
+        .peak_memory()
+        .unwrap_or((kubectl_peak_rss, "RSS of the largest kubectl process"));
     let cpu1 = cp.cpu_seconds();
     let apf1 = apf_counters(&admin).await;
     let rss = cp.peak_rss();
