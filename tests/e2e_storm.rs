@@ -36,6 +36,7 @@ use std::io::Write as _;
 use std::path::PathBuf;
 use std::time::Duration;
 
+use ca_asg_provider::commands::loadgen::process::ProcWatch;
 use control_plane::{ControlPlane, Who};
 use rig::{binaries, until, SERIAL};
 use storm::{Drainer, Figures, Gauge, Shape};
@@ -146,8 +147,9 @@ impl Gauge for ServiceGauge {
                 std::fs::read_to_string(t.path().join("comm"))
                     .is_ok_and(|c| c.trim() == SERVICE_THREAD)
             })
-            .filter_map(|t| std::fs::read_to_string(t.path().join("stat")).ok())
-            .filter_map(|s| control_plane::stat_cpu_seconds(&s))
+            .filter_map(|t| t.file_name().to_str()?.parse::<u32>().ok())
+            .filter_map(|tid| ProcWatch::thread(tid).sample().ok())
+            .map(|s| s.cpu_seconds)
             .sum()
     }
     fn peak_memory(&self) -> Option<(u64, &'static str)> {

@@ -15,6 +15,7 @@ use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use anyhow::{bail, Context};
+use ca_asg_provider::commands::loadgen::process::{ProcSample, ProcWatch};
 use serde::Deserialize;
 
 /// Where the upstream binaries are: `E2E_K8S_BIN` (kube-apiserver, kube-controller-manager,
@@ -452,7 +453,7 @@ impl ControlPlane {
     pub fn cpu_seconds(&self) -> BTreeMap<&'static str, f64> {
         self.procs
             .iter()
-            .filter_map(|(name, child)| Some((*name, proc_cpu_seconds(child.id())?)))
+            .filter_map(|(name, child)| Some((*name, sample(child.id())?.cpu_seconds)))
             .collect()
     }
 
@@ -460,7 +461,7 @@ impl ControlPlane {
     pub fn peak_rss(&self) -> BTreeMap<&'static str, u64> {
         self.procs
             .iter()
-            .filter_map(|(name, child)| Some((*name, proc_peak_rss(child.id())?)))
+            .filter_map(|(name, child)| Some((*name, sample(child.id())?.peak_rss_bytes)))
             .collect()
     }
 
@@ -505,28 +506,14 @@ pub async fn client_from(path: &Path) -> anyhow::Result<kube::Client> {
     Ok(kube::Client::try_from(cfg)?)
 }
 
-/// Clock ticks per second of /proc's CPU times (`getconf CLK_TCK`: 100 on Linux).
-const CLK_TCK: f64 = 100.0;
-
-/// utime + stime of a process or thread from its `stat` file, in seconds.
-pub fn stat_cpu_seconds(stat: &str) -> Option<f64> {
-    // The command name is in parentheses and may hold spaces: count fields after it.
-    let rest = &stat[stat.rfind(')')? + 2..];
-    let f: Vec<&str> = rest.split_whitespace().collect();
-    // After the name: state(0) ... utime(11) stime(12).
-    let ticks: u64 = f.get(11)?.parse::<u64>().ok()? + f.get(12)?.parse::<u64>().ok()?;
-    Some(ticks as f64 / CLK_TCK)
+/// A process's CPU times and memory, as `loadgen` reads them.
+fn sample(pid: u32) -> Option<ProcSample> {
+    ProcWatch::new(pid).sample().ok()
 }
 
-fn proc_cpu_seconds(pid: u32) -> Option<f64> {
-    stat_cpu_seconds(&fs::read_to_string(format!("/proc/{pid}/stat")).ok()?)
-}
-
+/// Peak resident memory (VmHWM, bytes) of a process.
 pub fn proc_peak_rss(pid: u32) -> Option<u64> {
-    let status = fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
-    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
-    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kb * 1024)
+    sample(pid).map(|s| s.peak_rss_bytes)
 }
 
 /// A command whose process the kernel kills when the test that started it dies (a

@@ -252,7 +252,12 @@ pub async fn run(
     let mut kubectl_peak_rss = 0;
     let mut chosen = Vec::new();
     match (drainer, &service) {
-        (Drainer::Service, Some(svc)) => {
+        (Drainer::KubectlDrain(kubectl), _) => {
+            kubectl_peak_rss =
+                kubectl_drains(&cp, &cloud, kubectl, &web_nodes, shape.kubectl_parallelism).await;
+        }
+        (Drainer::Service, svc) => {
+            let svc = svc.as_ref().expect("the service was started");
             chosen = cloud
                 .external_scale_in("web", (n / 2) as i32)
                 .expect("the ASG scales in");
@@ -263,11 +268,6 @@ pub async fn run(
                 .collect();
             ca_deletes(&admin, svc, &rest, shape.ca_parallelism).await;
         }
-        (Drainer::KubectlDrain(kubectl), _) => {
-            kubectl_peak_rss =
-                kubectl_drains(&cp, &cloud, kubectl, &web_nodes, shape.kubectl_parallelism).await;
-        }
-        (Drainer::Service, None) => unreachable!(),
     }
     step("wait for every instance to end");
     let iids: Vec<String> = web_nodes.iter().map(|(_, i)| i.clone()).collect();
@@ -287,7 +287,7 @@ pub async fn run(
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    let all_ended_s = t0.elapsed().as_secs_f64();
+    let all_ended_s = ended_at.values().copied().fold(0.0, f64::max);
     let drainer_cpu_s = gauge.cpu_seconds() - drainer_cpu0;
     let (peak, memory_is) = gauge
         .peak_memory()

@@ -10,7 +10,7 @@ pub mod drain_floor;
 pub mod drain_overhead;
 pub mod drain_storm;
 mod floor;
-mod process;
+pub mod process;
 mod rig;
 pub mod stats;
 

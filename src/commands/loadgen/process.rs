@@ -45,6 +45,14 @@ impl ProcWatch {
         }
     }
 
+    /// One thread of this process (`/proc/self/task/TID`): its own CPU times.
+    pub fn thread(tid: u32) -> Self {
+        Self {
+            dir: PathBuf::from(format!("/proc/self/task/{tid}")),
+            ..Self::new(0)
+        }
+    }
+
     pub fn sample(&self) -> std::io::Result<ProcSample> {
         let stat = std::fs::read_to_string(self.dir.join("stat"))?;
         let status = std::fs::read_to_string(self.dir.join("status"))?;
