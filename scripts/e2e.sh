@@ -22,6 +22,9 @@
 # official images) the same scenarios also run with each real binary as the driver
 # (tests/e2e/real_ca_scenarios.rs); without it that tier prints one line saying it was
 # skipped and why; E2E_REAL_CA_SCENARIO=TEXT runs only the scenarios whose name holds TEXT.
+# The same binaries, made into images at test time, run in the chart's bundled pod
+# (tests/e2e_install.rs), and with E2E_CA_CHART=DIR (CA's own chart cluster-autoscaler)
+# in CA's pod beside the provider as a sidecar.
 #
 # A failure names the scenario, the driver (CA profile or binary), the Kubernetes version
 # and the step. Exits non-zero if any scenario failed.

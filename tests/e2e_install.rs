@@ -39,6 +39,8 @@ mod control_plane;
 mod install;
 #[path = "e2e/kubelet.rs"]
 mod kubelet;
+#[path = "e2e/real_ca.rs"]
+mod real_ca;
 #[path = "e2e/real_node.rs"]
 mod real_node;
 #[path = "e2e/rig.rs"]
@@ -83,9 +85,16 @@ fn pod_ip(p: &Pod) -> String {
 
 /// The service's pods, Ready or not, by name.
 async fn service_pods(pods: &Api<Pod>) -> BTreeMap<String, Pod> {
-    let lp = ListParams::default().labels(&format!(
-        "app.kubernetes.io/name=ca-asg-provider,app.kubernetes.io/instance={RELEASE}"
-    ));
+    labelled(
+        pods,
+        &format!("app.kubernetes.io/name=ca-asg-provider,app.kubernetes.io/instance={RELEASE}"),
+    )
+    .await
+}
+
+/// Pods that the label selector names, Ready or not, by name.
+async fn labelled(pods: &Api<Pod>, selector: &str) -> BTreeMap<String, Pod> {
+    let lp = ListParams::default().labels(selector);
     pods.list(&lp)
         .await
         .map(|l| {
@@ -112,7 +121,9 @@ async fn lease_holder(leases: &Api<Lease>) -> Option<String> {
 /// What the pods and the real node said, for a failure message.
 async fn diagnose(pods: &Api<Pod>, node: &RealNode) -> String {
     let mut out = String::new();
-    for (name, p) in service_pods(pods).await {
+    // The chart's pods, and in sidecar mode CA's chart's.
+    let selector = "app.kubernetes.io/name in (ca-asg-provider, cluster-autoscaler)";
+    for (name, p) in labelled(pods, selector).await {
         let status = p.status.clone().unwrap_or_default();
         out += &format!(
             "pod {name}: phase {:?}, conditions {:?}, containers {:?}\n",
@@ -142,12 +153,17 @@ async fn diagnose(pods: &Api<Pod>, node: &RealNode) -> String {
             .flatten()
         {
             let path = e.path();
-            if path.display().to_string().starts_with(&dir) {
-                let log =
-                    std::fs::read_to_string(path.join("ca-asg-provider/0.log")).unwrap_or_default();
+            if !path.display().to_string().starts_with(&dir) {
+                continue;
+            }
+            // Each container's (the provider's; in bundled mode CA's too).
+            for container in ["ca-asg-provider", "cluster-autoscaler"] {
+                let Ok(log) = std::fs::read_to_string(path.join(container).join("0.log")) else {
+                    continue;
+                };
                 let lines: Vec<&str> = log.lines().collect();
                 out += &format!(
-                    "--- log of {name}:\n{}\n",
+                    "--- log of {name}/{container}:\n{}\n",
                     lines[lines.len().saturating_sub(15)..].join("\n")
                 );
             }
@@ -159,208 +175,30 @@ async fn diagnose(pods: &Api<Pod>, node: &RealNode) -> String {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn chart_installed_runs_two_replicas_holds_the_lease_and_drains_a_ca_scale_in() {
     let scenario = "chart install: standalone, two replicas, CA scale-in drained in the cluster";
-    let Some(bin) = binaries(scenario) else {
+    let Some((bin, images, helm_bin)) = install_needs(scenario) else {
         return;
     };
-    let Some(images) = real_node::available() else {
-        return skip_or_fail(scenario, "no real node here (root, containerd, runc, CNI plugins and E2E_IMAGES are needed: scripts/e2e/node-deps.sh)");
-    };
-    let Some(helm_bin) = install::helm_binary() else {
-        return skip_or_fail(
-            scenario,
-            "no helm (.venv/bin/helm from scripts/test.sh, or E2E_HELM)",
-        );
-    };
     let _one_at_a_time = SERIAL.lock().await;
-    let report = Report {
-        scenario: scenario.to_string(),
-        driver: "the chart's pods; CA's calls by the suite's client over mTLS".to_string(),
-        version: bin.version.clone(),
-        step: parking_lot::Mutex::new(String::new()),
-        scale_in_secs: parking_lot::Mutex::new(None),
-        scale_in_began: parking_lot::Mutex::new(None),
-        scale_in_asked: parking_lot::Mutex::new(None),
-        began: Instant::now(),
-        extra: Default::default(),
-    };
-    let work = tempfile::Builder::new()
-        .prefix("ca-asg-e2e-install-")
-        .tempdir()
-        .unwrap();
+    let report = install_report(
+        scenario,
+        "the chart's pods; CA's calls by the suite's client over mTLS",
+        &bin,
+    );
+    let Site {
+        work,
+        image_ref,
+        mut cp,
+        admin,
+        route: _route,
+        node,
+        moto,
+        asg,
+        kubelet,
+        helm,
+        chart,
+    } = Site::start(&report, &bin, &images, helm_bin).await;
 
-    report.step("build the service's image (scripts/image.sh)");
-    let (image, image_ref) =
-        install::service_image(work.path()).unwrap_or_else(|e| panic!("{e:#}"));
-
-    report.step("start the control plane");
-    let mut cp = ControlPlane::start(&bin)
-        .await
-        .unwrap_or_else(|e| panic!("{e:#}"));
-    let admin = cp.client(Who::Admin).await.unwrap();
-
-    report.step("route the kubernetes Service's IP to the API server (kube-proxy's part)");
-    let _route = install::ServiceRoute::start(&cp.url)
-        .await
-        .unwrap_or_else(|e| panic!("{e:#}"));
-
-    report.step("start a real node for the service's pods, import the image");
-    let node = RealNode::start(
-        &cp,
-        &bin.k8s.join("kubelet"),
-        &images,
-        SYSTEM_NODE,
-        "aws:///us-east-1a/i-0e2e00000000system",
-        "e2e.ca-asg-provider.io/role=system",
-    )
-    .await
-    .unwrap_or_else(|e| panic!("{e:#}"));
-    let imported = node
-        .import_image(&image)
-        .unwrap_or_else(|e| panic!("ctr images import {}: {e:#}", image.display()));
-    eprintln!("e2e: ctr imported: {}", imported.trim());
-    let node_ip = Api::<Node>::all(admin.clone())
-        .get(SYSTEM_NODE)
-        .await
-        .unwrap()
-        .status
-        .and_then(|s| s.addresses)
-        .unwrap_or_default()
-        .into_iter()
-        .find(|a| a.type_ == "InternalIP")
-        .map(|a| a.address)
-        .expect("the real node's InternalIP");
-
-    report.step("start moto on the node's IP, with the ASG");
-    let moto = install::Moto::start(&node_ip).unwrap_or_else(|e| panic!("{e:#}"));
-    let sdk = moto.sdk_config().await;
-    let asg = aws_sdk_autoscaling::Client::new(&sdk);
-    let ec2 = aws_sdk_ec2::Client::new(&sdk);
-    ec2.create_launch_template()
-        .launch_template_name("web")
-        .launch_template_data(
-            aws_sdk_ec2::types::RequestLaunchTemplateData::builder()
-                .image_id("ami-12c6146b")
-                .instance_type(aws_sdk_ec2::types::InstanceType::M5Large)
-                .build(),
-        )
-        .send()
-        .await
-        .unwrap();
-    let tag = |k: &str| {
-        aws_sdk_autoscaling::types::Tag::builder()
-            .resource_id(GROUP)
-            .resource_type("auto-scaling-group")
-            .key(k)
-            .value("owned")
-            .propagate_at_launch(true)
-            .build()
-    };
-    asg.create_auto_scaling_group()
-        .auto_scaling_group_name(GROUP)
-        .min_size(0)
-        .max_size(8)
-        .desired_capacity(NODES)
-        .availability_zones("us-east-1a")
-        .launch_template(
-            aws_sdk_autoscaling::types::LaunchTemplateSpecification::builder()
-                .launch_template_name("web")
-                .version("$Default")
-                .build(),
-        )
-        .tags(tag("k8s.io/cluster-autoscaler/enabled"))
-        .tags(tag(&format!("k8s.io/cluster-autoscaler/{CLUSTER}")))
-        .send()
-        .await
-        .unwrap();
-
-    report.step("register a Ready Node per instance of the ASG (the fake kubelet)");
-    let cloud = std::sync::Arc::new(AwsCloud::from_sdk_config(&sdk));
-    let kubelet = FakeKubelet::start_following(cp.client(Who::Kubelet).await.unwrap(), move || {
-        let cloud = cloud.clone();
-        async move {
-            let selector = GroupSelector {
-                names: vec![GROUP.to_string()],
-                tag_sets: vec![],
-            };
-            let groups = cloud.describe_groups(&selector).await.ok()?;
-            Some(
-                groups
-                    .into_iter()
-                    .flat_map(|g| {
-                        let name = g.name.clone();
-                        g.instances.into_iter().map(move |i| (name.clone(), i))
-                    })
-                    .collect(),
-            )
-        }
-    });
-    until("a Node per instance", 60, || {
-        let k = kubelet.clone();
-        async move { k.nodes().len() == NODES as usize }
-    })
-    .await;
-
-    report.step("the app (3 replicas, a budget of 1) and a log shipper on the ASG's nodes");
-    for ns in ["shop", "logging"] {
-        create(
-            &admin,
-            None,
-            json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}),
-        )
-        .await;
-        cp.wait_default_service_account(ns).await.unwrap();
-    }
-    let on_group = json!({"e2e.ca-asg-provider.io/group": GROUP});
-    let container = |prestop: u32| {
-        json!([{"name": "main", "image": "e2e/app:1",
-            "resources": {"requests": {"cpu": "100m", "memory": "64Mi"}},
-            "lifecycle": {"preStop": {"exec": {"command": ["sleep", prestop.to_string()]}}}}])
-    };
-    create(&admin, Some("shop"), json!({
-        "apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "app"},
-        "spec": {"replicas": APP_REPLICAS, "selector": {"matchLabels": {"app": "app"}},
-            "template": {"metadata": {"labels": {"app": "app"}}, "spec": {
-                "nodeSelector": on_group, "terminationGracePeriodSeconds": 30,
-                "containers": container(2),
-                "affinity": {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
-                    {"labelSelector": {"matchLabels": {"app": "app"}}, "topologyKey": "kubernetes.io/hostname"}]}}}}}
-    })).await;
-    create(
-        &admin,
-        Some("shop"),
-        json!({
-            "apiVersion": "policy/v1", "kind": "PodDisruptionBudget", "metadata": {"name": "app"},
-            "spec": {"maxUnavailable": 1, "selector": {"matchLabels": {"app": "app"}}}
-        }),
-    )
-    .await;
-    create(
-        &admin,
-        Some("logging"),
-        json!({
-            "apiVersion": "apps/v1", "kind": "DaemonSet", "metadata": {"name": "fluent-bit"},
-            "spec": {"selector": {"matchLabels": {"app": "fluent-bit"}},
-                "template": {"metadata": {"labels": {"app": "fluent-bit"}}, "spec": {
-                    "nodeSelector": on_group, "terminationGracePeriodSeconds": 30,
-                    "tolerations": [{"operator": "Exists"}], "containers": container(1)}}}
-        }),
-    )
-    .await;
-    until("the app's pods Ready", 60, || {
-        let admin = admin.clone();
-        async move {
-            ready_pods(&admin)
-                .await
-                .keys()
-                .filter(|p| p.starts_with("shop/app-"))
-                .count()
-                == APP_REPLICAS
-        }
-    })
-    .await;
-
-    report
-        .step("the Secrets the chart leaves to the user: mTLS certificates; the root CA ConfigMap");
+    report.step("the Secrets the chart leaves to the user: mTLS certificates");
     let certs = install::Certs::new(SERVER_NAME).unwrap();
     let secrets: Api<Secret> = Api::namespaced(admin.clone(), NS);
     for (name, (crt, key)) in [
@@ -373,55 +211,6 @@ async fn chart_installed_runs_two_replicas_holds_the_lease_and_drains_a_ca_scale
         }))
         .unwrap();
         secrets.create(&PostParams::default(), &s).await.unwrap();
-    }
-    // The root CA publisher's ConfigMap (kube-controller-manager's, not run by the suite):
-    // the pods' ServiceAccount token volume projects it.
-    let api_ca = std::fs::read_to_string(cp.kubeconfig(Who::Admin).unwrap())
-        .unwrap()
-        .lines()
-        .find_map(|l| {
-            l.trim()
-                .strip_prefix("certificate-authority-data: ")
-                .map(str::to_string)
-        })
-        .expect("the admin kubeconfig's CA");
-    let api_ca = {
-        use base64::Engine as _;
-        String::from_utf8(
-            base64::engine::general_purpose::STANDARD
-                .decode(api_ca)
-                .unwrap(),
-        )
-        .unwrap()
-    };
-    let cm: ConfigMap = serde_json::from_value(json!({
-        "metadata": {"name": "kube-root-ca.crt"}, "data": {"ca.crt": api_ca}
-    }))
-    .unwrap();
-    Api::<ConfigMap>::namespaced(admin.clone(), NS)
-        .create(&PostParams::default(), &cm)
-        .await
-        .unwrap();
-
-    report.step("the in-cluster address of the API server answers, over its certificate");
-    {
-        let mut cfg = kube::Config::new(
-            format!("https://{}:443", install::SERVICE_IP)
-                .parse()
-                .unwrap(),
-        );
-        cfg.root_cert = Some(pem_ders(&api_ca));
-        let client = kube::Client::try_from(cfg).unwrap();
-        let req = http::Request::get("/readyz").body(Vec::new()).unwrap();
-        if let Err(e) = client.request_text(req).await {
-            let mut chain = format!("{e}");
-            let mut src = std::error::Error::source(&e);
-            while let Some(s) = src {
-                chain += &format!(": {s}");
-                src = s.source();
-            }
-            panic!("GET https://{}:443/readyz: {chain}", install::SERVICE_IP);
-        }
     }
 
     report.step("helm install (standalone, two replicas)");
@@ -446,12 +235,6 @@ async fn chart_installed_runs_two_replicas_holds_the_lease_and_drains_a_ca_scale
     });
     let values_file = work.path().join("values.yaml");
     std::fs::write(&values_file, values.to_string()).unwrap();
-    let helm = install::Helm {
-        bin: helm_bin,
-        kubeconfig: cp.kubeconfig(Who::Admin).unwrap(),
-        home: work.path().join("helm"),
-    };
-    let chart = concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/chart");
     let values_arg = values_file.display().to_string();
     let out = helm
         .run(&[
@@ -763,6 +546,874 @@ async fn chart_installed_runs_two_replicas_holds_the_lease_and_drains_a_ca_scale
     .await;
     report.step("done");
     drop(node);
+}
+
+/// What every install scenario needs here: the control plane's binaries, a real node's
+/// images and helm; `None` after saying which is missing (a failure under
+/// `E2E_REQUIRED=1`).
+fn install_needs(
+    scenario: &str,
+) -> Option<(
+    control_plane::Binaries,
+    std::path::PathBuf,
+    std::path::PathBuf,
+)> {
+    let bin = binaries(scenario)?;
+    let Some(images) = real_node::available() else {
+        skip_or_fail(scenario, "no real node here (root, containerd, runc, CNI plugins and E2E_IMAGES are needed: scripts/e2e/node-deps.sh)");
+        return None;
+    };
+    let Some(helm_bin) = install::helm_binary() else {
+        skip_or_fail(
+            scenario,
+            "no helm (.venv/bin/helm from scripts/test.sh, or E2E_HELM)",
+        );
+        return None;
+    };
+    Some((bin, images, helm_bin))
+}
+
+/// The real-CA tier's binaries (`E2E_CA_BINS`); `None` after the one line that says
+/// the tier was skipped and why.
+fn real_cas(scenario: &str) -> Option<Vec<real_ca::CaBinary>> {
+    match real_ca::binaries_from_env() {
+        Ok(cas) if !cas.is_empty() => Some(cas),
+        Ok(_) => {
+            eprintln!("{scenario}: real-CA tier skipped (no binaries)");
+            None
+        }
+        Err(why) => {
+            eprintln!("{scenario}: real-CA tier skipped ({why})");
+            None
+        }
+    }
+}
+
+/// A site for one CA version: its report, the [`Site`], and CA's image made from the
+/// binary and imported into the node (its reference returned).
+async fn ca_site(
+    scenario: &str,
+    driver: &str,
+    bin: &control_plane::Binaries,
+    images: &std::path::Path,
+    helm_bin: std::path::PathBuf,
+    ca: &real_ca::CaBinary,
+) -> (Report, Site, String) {
+    let report = install_report(
+        &format!("{scenario} (CA {})", ca.version),
+        &format!("real cluster-autoscaler {} {driver}", ca.version),
+        bin,
+    );
+    let site = Site::start(&report, bin, images, helm_bin).await;
+    report.step("CA's image from its binary (umoci), imported into the node");
+    let (ca_image, ca_ref) = install::ca_image(&ca.path, &ca.version, site.work.path())
+        .unwrap_or_else(|e| panic!("{e:#}"));
+    site.node
+        .import_image(&ca_image)
+        .unwrap_or_else(|e| panic!("ctr images import {}: {e:#}", ca_image.display()));
+    (report, site, ca_ref)
+}
+
+/// The end of a real-CA install: no error answered to CA (the provider's own counts in
+/// `pod`), no container of `pod` restarted (its sidecar included).
+async fn no_errors_no_restarts(site: &Site, pods: &Api<Pod>, pod: &Pod) {
+    let (_, text) = install::http_get(&format!("{}:8087", pod_ip(pod)), "/metrics")
+        .await
+        .unwrap_or_else(|e| panic!("scrape the provider: {e:#}"));
+    checks::provider_errors(&[text], &[]).unwrap_or_else(|e| panic!("{e}"));
+    let now = pods
+        .get(&pod.metadata.name.clone().unwrap_or_default())
+        .await
+        .unwrap();
+    let status = now.status.unwrap_or_default();
+    for c in status
+        .container_statuses
+        .into_iter()
+        .flatten()
+        .chain(status.init_container_statuses.into_iter().flatten())
+    {
+        assert_eq!(c.restart_count, 0, "container {} restarted", c.name);
+    }
+    // The fake kubelet's loops end with this site, before the next CA version's.
+    site.kubelet.stop();
+}
+
+/// The report of an install scenario, named for the suite's Kubernetes version.
+fn install_report(scenario: &str, driver: &str, bin: &control_plane::Binaries) -> Report {
+    Report {
+        scenario: scenario.to_string(),
+        driver: driver.to_string(),
+        version: bin.version.clone(),
+        step: parking_lot::Mutex::new(String::new()),
+        scale_in_secs: parking_lot::Mutex::new(None),
+        scale_in_began: parking_lot::Mutex::new(None),
+        scale_in_asked: parking_lot::Mutex::new(None),
+        began: Instant::now(),
+        extra: Default::default(),
+    }
+}
+
+/// What every install scenario stands on: the service's image imported into a real
+/// node's containerd, the control plane with the `kubernetes` Service's route and the
+/// root CA ConfigMap, moto on the node's IP with the ASG `web` of [`NODES`] instances
+/// (the fake kubelet's Nodes), and on them the app (a budget of 1) and a log shipper.
+struct Site {
+    work: tempfile::TempDir,
+    image_ref: String,
+    cp: ControlPlane,
+    admin: kube::Client,
+    route: install::ServiceRoute,
+    node: RealNode,
+    moto: install::Moto,
+    asg: aws_sdk_autoscaling::Client,
+    kubelet: FakeKubelet,
+    helm: install::Helm,
+    chart: &'static str,
+}
+
+impl Site {
+    async fn start(
+        report: &Report,
+        bin: &control_plane::Binaries,
+        images: &std::path::Path,
+        helm_bin: std::path::PathBuf,
+    ) -> Site {
+        let work = tempfile::Builder::new()
+            .prefix("ca-asg-e2e-install-")
+            .tempdir()
+            .unwrap();
+
+        report.step("build the service's image (scripts/image.sh)");
+        let (image, image_ref) =
+            install::service_image(work.path()).unwrap_or_else(|e| panic!("{e:#}"));
+
+        report.step("start the control plane");
+        let mut cp = ControlPlane::start(bin)
+            .await
+            .unwrap_or_else(|e| panic!("{e:#}"));
+        let admin = cp.client(Who::Admin).await.unwrap();
+
+        report.step("route the kubernetes Service's IP to the API server (kube-proxy's part)");
+        let route = install::ServiceRoute::start(&cp.url)
+            .await
+            .unwrap_or_else(|e| panic!("{e:#}"));
+
+        report.step("start a real node for the service's pods, import the image");
+        let node = RealNode::start(
+            &cp,
+            &bin.k8s.join("kubelet"),
+            images,
+            SYSTEM_NODE,
+            "aws:///us-east-1a/i-0e2e00000000system",
+            "e2e.ca-asg-provider.io/role=system",
+        )
+        .await
+        .unwrap_or_else(|e| panic!("{e:#}"));
+        let imported = node
+            .import_image(&image)
+            .unwrap_or_else(|e| panic!("ctr images import {}: {e:#}", image.display()));
+        eprintln!("e2e: ctr imported: {}", imported.trim());
+        let node_ip = Api::<Node>::all(admin.clone())
+            .get(SYSTEM_NODE)
+            .await
+            .unwrap()
+            .status
+            .and_then(|s| s.addresses)
+            .unwrap_or_default()
+            .into_iter()
+            .find(|a| a.type_ == "InternalIP")
+            .map(|a| a.address)
+            .expect("the real node's InternalIP");
+
+        report.step("start moto on the node's IP, with the ASG");
+        let moto = install::Moto::start(&node_ip).unwrap_or_else(|e| panic!("{e:#}"));
+        let sdk = moto.sdk_config().await;
+        let asg = aws_sdk_autoscaling::Client::new(&sdk);
+        let ec2 = aws_sdk_ec2::Client::new(&sdk);
+        ec2.create_launch_template()
+            .launch_template_name("web")
+            .launch_template_data(
+                aws_sdk_ec2::types::RequestLaunchTemplateData::builder()
+                    .image_id("ami-12c6146b")
+                    .instance_type(aws_sdk_ec2::types::InstanceType::M5Large)
+                    .build(),
+            )
+            .send()
+            .await
+            .unwrap();
+        let tag = |k: &str| {
+            aws_sdk_autoscaling::types::Tag::builder()
+                .resource_id(GROUP)
+                .resource_type("auto-scaling-group")
+                .key(k)
+                .value("owned")
+                .propagate_at_launch(true)
+                .build()
+        };
+        asg.create_auto_scaling_group()
+            .auto_scaling_group_name(GROUP)
+            .min_size(0)
+            .max_size(8)
+            .desired_capacity(NODES)
+            .availability_zones("us-east-1a")
+            .launch_template(
+                aws_sdk_autoscaling::types::LaunchTemplateSpecification::builder()
+                    .launch_template_name("web")
+                    .version("$Default")
+                    .build(),
+            )
+            .tags(tag("k8s.io/cluster-autoscaler/enabled"))
+            .tags(tag(&format!("k8s.io/cluster-autoscaler/{CLUSTER}")))
+            .send()
+            .await
+            .unwrap();
+
+        report.step("register a Ready Node per instance of the ASG (the fake kubelet)");
+        let cloud = std::sync::Arc::new(AwsCloud::from_sdk_config(&sdk));
+        let kubelet =
+            FakeKubelet::start_following(cp.client(Who::Kubelet).await.unwrap(), move || {
+                let cloud = cloud.clone();
+                async move {
+                    let selector = GroupSelector {
+                        names: vec![GROUP.to_string()],
+                        tag_sets: vec![],
+                    };
+                    let groups = cloud.describe_groups(&selector).await.ok()?;
+                    Some(
+                        groups
+                            .into_iter()
+                            .flat_map(|g| {
+                                let name = g.name.clone();
+                                g.instances.into_iter().map(move |i| (name.clone(), i))
+                            })
+                            .collect(),
+                    )
+                }
+            });
+        until("a Node per instance", 60, || {
+            let k = kubelet.clone();
+            async move { k.nodes().len() == NODES as usize }
+        })
+        .await;
+
+        report.step("the app (3 replicas, a budget of 1) and a log shipper on the ASG's nodes");
+        for ns in ["shop", "logging"] {
+            create(
+                &admin,
+                None,
+                json!({"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}}),
+            )
+            .await;
+            cp.wait_default_service_account(ns).await.unwrap();
+        }
+        let on_group = json!({"e2e.ca-asg-provider.io/group": GROUP});
+        let container = |prestop: u32| {
+            json!([{"name": "main", "image": "e2e/app:1",
+                "resources": {"requests": {"cpu": "100m", "memory": "64Mi"}},
+                "lifecycle": {"preStop": {"exec": {"command": ["sleep", prestop.to_string()]}}}}])
+        };
+        create(&admin, Some("shop"), json!({
+            "apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": "app"},
+            "spec": {"replicas": APP_REPLICAS, "selector": {"matchLabels": {"app": "app"}},
+                "template": {"metadata": {"labels": {"app": "app"}}, "spec": {
+                    "nodeSelector": on_group, "terminationGracePeriodSeconds": 30,
+                    "containers": container(2),
+                    "affinity": {"podAntiAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": [
+                        {"labelSelector": {"matchLabels": {"app": "app"}}, "topologyKey": "kubernetes.io/hostname"}]}}}}}
+        })).await;
+        create(
+            &admin,
+            Some("shop"),
+            json!({
+                "apiVersion": "policy/v1", "kind": "PodDisruptionBudget", "metadata": {"name": "app"},
+                "spec": {"maxUnavailable": 1, "selector": {"matchLabels": {"app": "app"}}}
+            }),
+        )
+        .await;
+        create(
+            &admin,
+            Some("logging"),
+            json!({
+                "apiVersion": "apps/v1", "kind": "DaemonSet", "metadata": {"name": "fluent-bit"},
+                "spec": {"selector": {"matchLabels": {"app": "fluent-bit"}},
+                    "template": {"metadata": {"labels": {"app": "fluent-bit"}}, "spec": {
+                        "nodeSelector": on_group, "terminationGracePeriodSeconds": 30,
+                        "tolerations": [{"operator": "Exists"}], "containers": container(1)}}}
+            }),
+        )
+        .await;
+        until("the app's pods Ready", 60, || {
+            let admin = admin.clone();
+            async move {
+                ready_pods(&admin)
+                    .await
+                    .keys()
+                    .filter(|p| p.starts_with("shop/app-"))
+                    .count()
+                    == APP_REPLICAS
+            }
+        })
+        .await;
+
+        report.step("the root CA ConfigMap (the root CA publisher's part)");
+        // The root CA publisher's ConfigMap (kube-controller-manager's, not run by the suite):
+        // the pods' ServiceAccount token volume projects it.
+        let api_ca = std::fs::read_to_string(cp.kubeconfig(Who::Admin).unwrap())
+            .unwrap()
+            .lines()
+            .find_map(|l| {
+                l.trim()
+                    .strip_prefix("certificate-authority-data: ")
+                    .map(str::to_string)
+            })
+            .expect("the admin kubeconfig's CA");
+        let api_ca = {
+            use base64::Engine as _;
+            String::from_utf8(
+                base64::engine::general_purpose::STANDARD
+                    .decode(api_ca)
+                    .unwrap(),
+            )
+            .unwrap()
+        };
+        let cm: ConfigMap = serde_json::from_value(json!({
+            "metadata": {"name": "kube-root-ca.crt"}, "data": {"ca.crt": api_ca}
+        }))
+        .unwrap();
+        Api::<ConfigMap>::namespaced(admin.clone(), NS)
+            .create(&PostParams::default(), &cm)
+            .await
+            .unwrap();
+
+        report.step("the in-cluster address of the API server answers, over its certificate");
+        {
+            let mut cfg = kube::Config::new(
+                format!("https://{}:443", install::SERVICE_IP)
+                    .parse()
+                    .unwrap(),
+            );
+            cfg.root_cert = Some(pem_ders(&api_ca));
+            let client = kube::Client::try_from(cfg).unwrap();
+            let req = http::Request::get("/readyz").body(Vec::new()).unwrap();
+            if let Err(e) = client.request_text(req).await {
+                let mut chain = format!("{e}");
+                let mut src = std::error::Error::source(&e);
+                while let Some(s) = src {
+                    chain += &format!(": {s}");
+                    src = s.source();
+                }
+                panic!("GET https://{}:443/readyz: {chain}", install::SERVICE_IP);
+            }
+        }
+
+        let helm = install::Helm {
+            bin: helm_bin,
+            kubeconfig: cp.kubeconfig(Who::Admin).unwrap(),
+            home: work.path().join("helm"),
+        };
+        Site {
+            work,
+            image_ref,
+            cp,
+            admin,
+            route,
+            node,
+            moto,
+            asg,
+            kubelet,
+            helm,
+            chart: concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/chart"),
+        }
+    }
+}
+
+/// Bundled mode with real cluster-autoscaler in the pod (issue 45, 2 and 4), for each
+/// binary of `E2E_CA_BINS` (skipped without: no registry serves CA). First installed as
+/// chart 0.1.0 wired it (`transport: tcp`, 127.0.0.1:8086): CA's loop reaches the
+/// provider and CA scales the group up for a pending pod. Then `helm upgrade` with the
+/// same values, which takes the new default transport: the pod rolls; the new one has
+/// no gRPC port, one emptyDir that both containers mount at socketDir, and CA's
+/// cloud-config names the socket; CA's loop reaches the provider through it and scales
+/// up again. Counted from both sides: the provider's gRPC counts and CA's own metrics.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn bundled_with_real_ca_scales_up_over_tcp_then_over_the_socket_after_upgrade() {
+    let scenario = "chart install: bundled with real CA, TCP, then helm upgrade to the socket";
+    let Some((bin, images, helm_bin)) = install_needs(scenario) else {
+        return;
+    };
+    let Some(cas) = real_cas(scenario) else {
+        return;
+    };
+    for ca in &cas {
+        bundled_with(scenario, &bin, &images, helm_bin.clone(), ca).await;
+    }
+}
+
+/// The chart's default number of pods (values.yaml `replicas`), bundled mode included.
+const CHART_REPLICAS: usize = 2;
+
+/// The release's pods once [`CHART_REPLICAS`] of them are Ready and none is one of
+/// `not` (the pods a roll replaces), then the one whose cluster-autoscaler holds CA's
+/// Lease (its holder identity is the pod's host name, in some versions followed by an
+/// underscore and a UUID): the
+/// pod whose CA runs the loop and calls its own provider.
+async fn bundled_pods(pods: &Api<Pod>, node: &RealNode, not: &[String]) -> (Pod, Vec<String>) {
+    let leases: Api<Lease> = Api::namespaced(pods.clone().into_client(), NS);
+    let end = Instant::now() + Duration::from_secs(180);
+    loop {
+        let ps = service_pods(pods).await;
+        let fresh =
+            ps.len() == CHART_REPLICAS && ps.iter().all(|(n, p)| ready(p) && !not.contains(n));
+        let holder = leases
+            .get_opt("cluster-autoscaler")
+            .await
+            .ok()
+            .flatten()
+            .and_then(|l| l.spec)
+            .and_then(|s| s.holder_identity)
+            .unwrap_or_default();
+        if fresh {
+            if let Some((_, p)) = ps
+                .iter()
+                .find(|(n, _)| holder == **n || holder.starts_with(&format!("{n}_")))
+            {
+                return (p.clone(), ps.keys().cloned().collect());
+            }
+        }
+        if Instant::now() > end {
+            panic!(
+                "not {CHART_REPLICAS} new bundled pods Ready with one CA holding its Lease within 180 s (holder {holder:?}):\n{}",
+                diagnose(pods, node).await
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+}
+
+/// Sums a counter of a Prometheus text over the series whose labels hold `labels`.
+fn counter(text: &str, name: &str, labels: &[&str]) -> f64 {
+    text.lines()
+        .filter(|l| l.starts_with(name) && l[name.len()..].starts_with(['{', ' ']))
+        .filter(|l| labels.iter().all(|want| l.contains(want)))
+        .filter_map(|l| l.rsplit_once(' ')?.1.trim().parse::<f64>().ok())
+        .sum()
+}
+
+/// Waits until both sides of the pod count CA's loop: the provider answered CA's
+/// NodeGroups (its own counts, port 8087) and CA's main loop ran (CA's metrics, 8085).
+async fn ca_reaches_the_provider(pods: &Api<Pod>, node: &RealNode, pod: &Pod) {
+    let ip = pod_ip(pod);
+    let end = Instant::now() + Duration::from_secs(120);
+    loop {
+        let provider = install::http_get(&format!("{ip}:8087"), "/metrics").await;
+        let ca = install::http_get(&format!("{ip}:8085"), "/metrics").await;
+        if let (Ok((200, provider)), Ok((200, ca))) = (&provider, &ca) {
+            let answered = counter(
+                provider,
+                "ca_asg_provider_grpc_requests_total",
+                &["method=\"NodeGroups\"", "code=\"Ok\""],
+            );
+            let loops = counter(
+                ca,
+                "cluster_autoscaler_function_duration_seconds_count",
+                &["function=\"main\""],
+            );
+            if answered > 0.0 && loops > 0.0 {
+                return;
+            }
+        }
+        if Instant::now() > end {
+            panic!(
+                "CA's loop did not reach the provider within 120 s (provider: {:?}, CA: {:?}):\n{}",
+                provider.map(|(c, _)| c),
+                ca.map(|(c, _)| c),
+                diagnose(pods, node).await
+            );
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+    }
+}
+
+/// The app grows to `replicas` (one pod per node): real CA must add the node.
+async fn ca_scales_up_to(site: &Site, pods: &Api<Pod>, pod: &Pod, replicas: usize) {
+    let deployments: Api<k8s_openapi::api::apps::v1::Deployment> =
+        Api::namespaced(site.admin.clone(), "shop");
+    deployments
+        .patch(
+            "app",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(json!({"spec": {"replicas": replicas}})),
+        )
+        .await
+        .expect("scale the app");
+    let end = Instant::now() + Duration::from_secs(180);
+    loop {
+        let on = ready_pods(&site.admin)
+            .await
+            .keys()
+            .filter(|p| p.starts_with("shop/app-"))
+            .count();
+        if on == replicas && site.kubelet.nodes().len() == replicas {
+            break;
+        }
+        if Instant::now() > end {
+            panic!(
+                "CA did not bring the app to {replicas} Ready pods on {replicas} Nodes within 180 s ({on} Ready, {} Nodes):\n{}",
+                site.kubelet.nodes().len(),
+                diagnose(pods, &site.node).await
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    let (_, ca) = install::http_get(&format!("{}:8085", pod_ip(pod)), "/metrics")
+        .await
+        .unwrap_or_else(|e| panic!("scrape CA's metrics: {e:#}"));
+    let up = counter(&ca, "cluster_autoscaler_scaled_up_nodes_total", &[]);
+    assert!(
+        up >= 1.0,
+        "CA's own metrics count {up} nodes scaled up by this pod's CA"
+    );
+    let g = site
+        .asg
+        .describe_auto_scaling_groups()
+        .auto_scaling_group_names(GROUP)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(
+        g.auto_scaling_groups()[0].desired_capacity(),
+        Some(replicas as i32),
+        "the ASG's desired capacity after CA's scale-up"
+    );
+}
+
+async fn bundled_with(
+    scenario: &str,
+    bin: &control_plane::Binaries,
+    images: &std::path::Path,
+    helm_bin: std::path::PathBuf,
+    ca: &real_ca::CaBinary,
+) {
+    let _one_at_a_time = SERIAL.lock().await;
+    let (report, site, ca_ref) =
+        ca_site(scenario, "in the chart's pod", bin, images, helm_bin, ca).await;
+
+    let (repo, tag) = site.image_ref.rsplit_once(':').unwrap();
+    let (ca_repo, ca_tag) = ca_ref.rsplit_once(':').unwrap();
+    let values = |transport: Option<&str>| {
+        let mut v = json!({
+            "mode": "bundled",
+            "image": {"repository": repo, "tag": tag, "pullPolicy": "Never"},
+            "clusterAutoscaler": {
+                "image": {"repository": ca_repo, "tag": ca_tag, "pullPolicy": "Never"},
+                // The scenario's node count stays its own: CA only scales up here
+                // (--scale-down-enabled is deprecated from 1.36).
+                "flags": {"scale-down-unneeded-time": "1h", "scan-interval": "5s"},
+            },
+            "nodeSelector": {"kubernetes.io/hostname": SYSTEM_NODE},
+            "extraEnv": [
+                {"name": "AWS_ACCESS_KEY_ID", "value": "test"},
+                {"name": "AWS_SECRET_ACCESS_KEY", "value": "test"},
+            ],
+            "readinessProbe": {"periodSeconds": 2},
+            "config": {
+                "refreshInterval": "10s",
+                "autoDiscovery": [{"tags": ["k8s.io/cluster-autoscaler/enabled", format!("k8s.io/cluster-autoscaler/{CLUSTER}")]}],
+                "aws": {"region": "us-east-1", "endpoint": site.moto.url},
+            },
+        });
+        if let Some(t) = transport {
+            v["transport"] = json!(t);
+        }
+        let file = site
+            .work
+            .path()
+            .join(format!("values-{}.yaml", t_or(transport)));
+        std::fs::write(&file, v.to_string()).unwrap();
+        file.display().to_string()
+    };
+    fn t_or(t: Option<&str>) -> &str {
+        t.unwrap_or("default")
+    }
+    let pods: Api<Pod> = Api::namespaced(site.admin.clone(), NS);
+
+    report.step("helm install, bundled, transport tcp (chart 0.1.0's wiring)");
+    let out = site
+        .helm
+        .run(&[
+            "install",
+            RELEASE,
+            site.chart,
+            "--namespace",
+            NS,
+            "--values",
+            &values(Some("tcp")),
+        ])
+        .unwrap_or_else(|e| panic!("{e:#}"));
+    eprintln!("e2e: helm install:\n{out}");
+    let (first, first_pods) = bundled_pods(&pods, &site.node, &[]).await;
+    let grpc_port = |p: &Pod| {
+        p.spec
+            .iter()
+            .flat_map(|s| &s.containers)
+            .flat_map(|c| c.ports.iter().flatten())
+            .any(|port| port.container_port == 8086)
+    };
+    let cloud_config = || async {
+        let config: ConfigMap = Api::namespaced(site.admin.clone(), NS)
+            .get("cluster-autoscaler-cloud-config")
+            .await
+            .unwrap();
+        config
+            .data
+            .unwrap_or_default()
+            .into_values()
+            .collect::<String>()
+    };
+    let tcp = cloud_config().await;
+    assert!(
+        tcp.contains("127.0.0.1:8086"),
+        "transport tcp: CA's cloud-config names the provider's loopback port:\n{tcp}"
+    );
+
+    report.step("tcp: CA's loop reaches the provider");
+    ca_reaches_the_provider(&pods, &site.node, &first).await;
+    report.step("tcp: a pending app pod; CA scales the group up through the provider");
+    ca_scales_up_to(&site, &pods, &first, NODES as usize + 1).await;
+
+    report.step("helm upgrade with the same values: the new default transport, unix");
+    let out = site
+        .helm
+        .run(&[
+            "upgrade",
+            RELEASE,
+            site.chart,
+            "--namespace",
+            NS,
+            "--values",
+            &values(None),
+        ])
+        .unwrap_or_else(|e| panic!("{e:#}"));
+    eprintln!("e2e: helm upgrade:\n{out}");
+    let (second, _) = bundled_pods(&pods, &site.node, &first_pods).await;
+
+    report.step("unix: no gRPC port; one emptyDir at socketDir in both containers");
+    assert!(
+        !grpc_port(&second),
+        "transport unix: a gRPC port is still on the pod"
+    );
+    let spec = second.spec.clone().unwrap_or_default();
+    let socket_volume = spec
+        .volumes
+        .iter()
+        .flatten()
+        .find(|v| v.name == "grpc-socket")
+        .expect("the grpc-socket volume");
+    assert!(
+        socket_volume.empty_dir.is_some(),
+        "the socket's volume is an emptyDir"
+    );
+    for c in &spec.containers {
+        assert!(
+            c.volume_mounts
+                .iter()
+                .flatten()
+                .any(|m| m.name == "grpc-socket" && m.mount_path == "/var/run/ca-asg-provider"),
+            "container {} mounts the socket directory",
+            c.name
+        );
+    }
+    let unix = cloud_config().await;
+    assert!(
+        unix.contains("unix:///var/run/ca-asg-provider/grpc.sock"),
+        "CA's cloud-config names the socket:\n{unix}"
+    );
+
+    report.step("unix: helm test (check-config in the cluster)");
+    let out = site
+        .helm
+        .run(&["test", RELEASE, "--namespace", NS])
+        .unwrap_or_else(|e| panic!("{e:#}"));
+    assert!(
+        out.contains("Succeeded"),
+        "helm test did not report the check-config pod Succeeded:\n{out}"
+    );
+
+    report.step("unix: CA's loop reaches the provider through the socket");
+    ca_reaches_the_provider(&pods, &site.node, &second).await;
+    report.step("unix: another pending app pod; CA scales up through the socket");
+    ca_scales_up_to(&site, &pods, &second, NODES as usize + 2).await;
+
+    report.step("check: no error answered to CA; no container restarted");
+    no_errors_no_restarts(&site, &pods, &second).await;
+    report.step("done");
+}
+
+/// Where CA's own Helm chart is (`E2E_CA_CHART`: the directory of chart
+/// `cluster-autoscaler`, e.g. `helm pull autoscaler/cluster-autoscaler --version 9.59.0
+/// --untar`): no registry this suite reaches serves it.
+const CA_CHART_ENV: &str = "E2E_CA_CHART";
+
+/// Sidecar mode as docs/helm.md installs it (issue 45, 4): this chart in sidecar mode,
+/// then CA's own chart with `deploy/chart/examples/cluster-autoscaler-values.yaml`,
+/// changed only where the example says to override it (the cluster's name, CA's and
+/// the provider's images) and where the suite differs from EKS (moto's credentials, the
+/// node to run on, CA's scan and unneeded times). The provider runs as a native sidecar
+/// in CA's pod, on the socket both mount; CA's loop reaches it and scales the group up
+/// for a pending pod. For each binary of `E2E_CA_BINS`; skipped without it or without
+/// `E2E_CA_CHART`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sidecar_in_cas_own_chart_scales_up_over_the_socket() {
+    let scenario = "chart install: sidecar in CA's own chart, over the Unix socket";
+    let Some((bin, images, helm_bin)) = install_needs(scenario) else {
+        return;
+    };
+    let Some(cas) = real_cas(scenario) else {
+        return;
+    };
+    let Some(ca_chart) = std::env::var_os(CA_CHART_ENV).map(std::path::PathBuf::from) else {
+        return eprintln!(
+            "{scenario}: skipped ({CA_CHART_ENV} is not set: the directory of CA's chart cluster-autoscaler)"
+        );
+    };
+    assert!(
+        ca_chart.join("Chart.yaml").is_file(),
+        "{CA_CHART_ENV}={}: no Chart.yaml there",
+        ca_chart.display()
+    );
+    for ca in &cas {
+        sidecar_with(scenario, &bin, &images, helm_bin.clone(), ca, &ca_chart).await;
+    }
+}
+
+async fn sidecar_with(
+    scenario: &str,
+    bin: &control_plane::Binaries,
+    images: &std::path::Path,
+    helm_bin: std::path::PathBuf,
+    ca: &real_ca::CaBinary,
+    ca_chart: &std::path::Path,
+) {
+    let _one_at_a_time = SERIAL.lock().await;
+    let (report, site, ca_ref) =
+        ca_site(scenario, "from CA's chart", bin, images, helm_bin, ca).await;
+
+    report.step("helm install of this chart, sidecar mode (docs/helm.md)");
+    let ours = json!({
+        "mode": "sidecar",
+        "clusterName": CLUSTER,
+        "config": {"refreshInterval": "10s", "aws": {"region": "us-east-1", "endpoint": site.moto.url}},
+    });
+    let ours_file = site.work.path().join("values-sidecar.yaml");
+    std::fs::write(&ours_file, ours.to_string()).unwrap();
+    let out = site
+        .helm
+        .run(&[
+            "install",
+            RELEASE,
+            site.chart,
+            "--namespace",
+            NS,
+            "--values",
+            &ours_file.display().to_string(),
+        ])
+        .unwrap_or_else(|e| panic!("{e:#}"));
+    eprintln!("e2e: helm install (sidecar):\n{out}");
+
+    report.step("helm install of CA's chart with the example values");
+    let example = concat!(
+        env!("CARGO_MANIFEST_DIR"),
+        "/deploy/chart/examples/cluster-autoscaler-values.yaml"
+    );
+    let mut theirs: serde_json::Value =
+        serde_saphyr::from_str(&std::fs::read_to_string(example).unwrap())
+            .unwrap_or_else(|e| panic!("{example}: {e}"));
+    let (ca_repo, ca_tag) = ca_ref.rsplit_once(':').unwrap();
+    // What the example says to override (--set in its header).
+    theirs["autoDiscovery"]["clusterName"] = json!(CLUSTER);
+    theirs["image"] = json!({"repository": ca_repo, "tag": ca_tag, "pullPolicy": "Never"});
+    let sidecar = &mut theirs["initContainers"][0];
+    sidecar["image"] = json!(site.image_ref);
+    // Where the suite is not EKS: images imported, not pulled; moto's credentials
+    // instead of the ServiceAccount's role; the one real node.
+    sidecar["imagePullPolicy"] = json!("Never");
+    for (k, v) in [
+        ("AWS_ACCESS_KEY_ID", "test"),
+        ("AWS_SECRET_ACCESS_KEY", "test"),
+    ] {
+        sidecar["env"]
+            .as_array_mut()
+            .expect("the example's sidecar env")
+            .push(json!({"name": k, "value": v}));
+    }
+    theirs["nodeSelector"] = json!({"kubernetes.io/hostname": SYSTEM_NODE});
+    // The scenario's node count stays its own: CA only scales up here.
+    theirs["extraArgs"]["scan-interval"] = json!("5s");
+    theirs["extraArgs"]["scale-down-unneeded-time"] = json!("1h");
+    let theirs_file = site.work.path().join("values-cluster-autoscaler.yaml");
+    std::fs::write(&theirs_file, theirs.to_string()).unwrap();
+    let out = site
+        .helm
+        .run(&[
+            "install",
+            "cluster-autoscaler",
+            &ca_chart.display().to_string(),
+            "--namespace",
+            NS,
+            "--values",
+            &theirs_file.display().to_string(),
+        ])
+        .unwrap_or_else(|e| panic!("{e:#}"));
+    eprintln!("e2e: helm install (CA's chart):\n{out}");
+
+    report.step("CA's pod Ready: the provider a sidecar, no gRPC port, the socket shared");
+    let pods: Api<Pod> = Api::namespaced(site.admin.clone(), NS);
+    let ca_pods = "app.kubernetes.io/name=cluster-autoscaler";
+    let end = Instant::now() + Duration::from_secs(180);
+    let pod = loop {
+        let ps = labelled(&pods, ca_pods).await;
+        if let Some(p) = ps.values().find(|p| ready(p)) {
+            break p.clone();
+        }
+        if Instant::now() > end {
+            panic!(
+                "CA's pod was not Ready within 180 s:\n{}",
+                diagnose(&pods, &site.node).await
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
+    let spec = pod.spec.clone().unwrap_or_default();
+    let all: Vec<_> = spec
+        .containers
+        .iter()
+        .chain(spec.init_containers.iter().flatten())
+        .collect();
+    assert!(
+        !all.iter()
+            .flat_map(|c| c.ports.iter().flatten())
+            .any(|p| p.container_port == 8086),
+        "a gRPC port is on CA's pod"
+    );
+    for c in &all {
+        assert!(
+            c.volume_mounts
+                .iter()
+                .flatten()
+                .any(|m| m.mount_path == "/var/run/ca-asg-provider"),
+            "container {} does not mount the socket directory",
+            c.name
+        );
+    }
+
+    report.step("CA's loop reaches the provider through the socket");
+    ca_reaches_the_provider(&pods, &site.node, &pod).await;
+    report.step("a pending app pod; CA scales the group up through the provider");
+    ca_scales_up_to(&site, &pods, &pod, NODES as usize + 1).await;
+
+    report.step("check: no error answered to CA; no container restarted");
+    no_errors_no_restarts(&site, &pods, &pod).await;
+    report.step("done");
 }
 
 /// The image is reproducible (issue 40, 1; docs/image.md): built twice from the same

@@ -258,3 +258,62 @@ pub async fn http_get(addr: &str, path: &str) -> anyhow::Result<(u16, String)> {
         .unwrap_or(0);
     Ok((status, body.to_string()))
 }
+
+/// An OCI archive of cluster-autoscaler made from one of the real-CA tier's binaries
+/// (`E2E_CA_BINS`, copied out of the official images or built outside the tree: no
+/// registry serves CA), laid out as the official image is: the static binary at
+/// `/cluster-autoscaler`, working directory `/` (the chart runs `./cluster-autoscaler`),
+/// user 65532. Named `e2e.local/cluster-autoscaler:v<version>`. Needs umoci and skopeo
+/// (scripts/image.sh installs them) and root.
+pub fn ca_image(binary: &Path, version: &str, out_dir: &Path) -> anyhow::Result<(PathBuf, String)> {
+    let reference = format!("e2e.local/cluster-autoscaler:v{version}");
+    let work = out_dir.join("ca-image");
+    let _ = std::fs::remove_dir_all(&work);
+    std::fs::create_dir_all(&work)?;
+    let layout = work.join("oci").display().to_string();
+    let image = format!("{layout}:ca");
+    let bundle = work.join("bundle");
+    run(Command::new("umoci").args(["init", "--layout", &layout]))?;
+    run(Command::new("umoci").args(["new", "--image", &image]))?;
+    run(Command::new("umoci")
+        .args(["unpack", "--image", &image])
+        .arg(&bundle))?;
+    run(Command::new("install")
+        .args(["-m", "0755", "-o", "0", "-g", "0"])
+        .arg(binary)
+        .arg(bundle.join("rootfs/cluster-autoscaler")))?;
+    run(Command::new("umoci")
+        .args(["repack", "--image", &image])
+        .arg(&bundle))?;
+    run(Command::new("umoci").args([
+        "config",
+        "--image",
+        &image,
+        "--os",
+        "linux",
+        "--architecture",
+        "amd64",
+        "--config.user",
+        "65532:65532",
+        "--config.workingdir",
+        "/",
+        "--config.cmd",
+        "/cluster-autoscaler",
+    ]))?;
+    // skopeo names the image (index.json's ref.name, which `ctr images import` uses).
+    let named = work.join("named");
+    run(Command::new("skopeo").args([
+        "copy",
+        "--quiet",
+        &format!("oci:{image}"),
+        &format!("oci:{}:{reference}", named.display()),
+    ]))?;
+    let out = out_dir.join("cluster-autoscaler.oci.tar");
+    run(Command::new("tar")
+        .arg("-C")
+        .arg(&named)
+        .arg("-cf")
+        .arg(&out)
+        .args(["oci-layout", "index.json", "blobs"]))?;
+    Ok((out, reference))
+}
