@@ -417,6 +417,45 @@ async fn a_deleted_hook_does_not_end_an_instance_undrained() {
     assert_eq!(w.cloud.calls().get("terminate_instance"), Some(&1));
 }
 
+/// The hook deleted while AWS's reads still show it (DescribeLifecycleHooks is
+/// eventually consistent): CA's DeleteNodes takes the hooked path and terminates, and
+/// nothing holds the instance. The service cannot tell this from AWS's answers. What it
+/// can do: not keep a drain in flight, and a drain slot taken, for an action that will
+/// never come. Before, the completion's "hook not found" was retried forever (5 s,
+/// 10 s, 20 s ... 60 s), and the heartbeats too, while the instance was long gone
+/// (all_sources_model, `[AwsStale(3), HookRemoved, CaScaleIn(0)]`).
+#[tokio::test]
+async fn a_hook_deleted_behind_a_stale_read_leaves_no_drain_in_flight() {
+    let mut w = world(hooked(1, 300), fast_settings(), Duration::from_millis(50)).await;
+    let (node, iid) = nodes_of(&w, "web").remove(0);
+    w.sim
+        .create(&fixtures::pod("shop", "app", &node, "app", 0.1))
+        .unwrap();
+    pods_ready(&w, 1).await;
+    // Every read of the scale-in (the group, its hooks, the instance) answers from
+    // before the deletion.
+    w.cloud.stale_reads(20);
+    w.cloud.delete_hook("web");
+    delete_nodes(&mut w, "web", &[(node.clone(), iid.clone())]).await;
+    assert_eq!(
+        w.cloud.calls().get("terminate_instance"),
+        Some(&1),
+        "the stale answer showed the hook: the hooked path terminates first"
+    );
+    w.cloud.stale_reads(0);
+    assert_eq!(
+        tokio::time::timeout(Duration::from_secs(10), w.engine.wait_for(&iid))
+            .await
+            .expect("the drain still in flight 10 s after AWS ended the instance"),
+        Some(Outcome::Ended)
+    );
+    assert!(!w.engine.is_draining(&iid));
+    assert!(
+        !w.engine.holds_hook(&iid),
+        "heartbeats go on for an action that is gone"
+    );
+}
+
 /// `createLifecycleHook` puts the hook once, not on every poll until the hook list is
 /// re-read (30 minutes by default).
 #[tokio::test]

@@ -65,7 +65,8 @@ pub fn heartbeats(
                     last_ok = Instant::now();
                     backoff.ok()
                 }
-                Err(CloudError::Rejected { code, message, .. }) if code == "ValidationError" => {
+                Err(e) if no_action(&e).is_some() => {
+                    let message = no_action(&e).unwrap_or_default();
                     // No action now. Right after TerminateInstanceInAutoScalingGroup the
                     // instance may not have reached Terminating:Wait yet: only an
                     // instance past the hook (or gone) ends the heartbeats.
@@ -179,6 +180,22 @@ impl HeartbeatBackoff {
             .min(self.every);
         self.failures = self.failures.saturating_add(1);
         ceiling.mul_f64(0.5 + 0.5 * super::random_fraction())
+    }
+}
+
+/// What AWS's answer to a heartbeat or a completion says when it holds no lifecycle
+/// action under our hook for the instance: a ValidationError ("No active Lifecycle
+/// Action found ...") or the hook (or its group) not found, deleted by hand while the
+/// instance was held or just before. `None`: any other failure, which is retried.
+/// Whether the action is still to come is the instance's state's to say.
+pub(crate) fn no_action(e: &CloudError) -> Option<&str> {
+    match e {
+        CloudError::Rejected { code, message, .. } if code == "ValidationError" => Some(message),
+        CloudError::Rejected { message, .. } if message.contains("No active Lifecycle Action") => {
+            Some(message)
+        }
+        CloudError::NotFound { name, .. } => Some(name),
+        _ => None,
     }
 }
 
@@ -578,6 +595,36 @@ pub fn spawn_loop(engine: Arc<Engine>, provider: Arc<Provider>) -> tokio::task::
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn no_action_is_a_validation_error_or_a_hook_gone_and_nothing_else() {
+        let rejected = |code: &str, message: &str| CloudError::Rejected {
+            operation: "CompleteLifecycleAction".into(),
+            code: code.into(),
+            message: message.into(),
+        };
+        let none = "No active Lifecycle Action found with instance ID i-1";
+        assert_eq!(no_action(&rejected("ValidationError", none)), Some(none));
+        assert_eq!(no_action(&rejected("Other", none)), Some(none));
+        let gone = CloudError::NotFound {
+            what: "lifecycle hook",
+            name: "ca-asg-provider-drain".into(),
+        };
+        assert_eq!(no_action(&gone), Some("ca-asg-provider-drain"));
+        assert_eq!(no_action(&rejected("AccessDenied", "not allowed")), None);
+        for retried in [
+            CloudError::Throttled {
+                operation: "x".into(),
+                message: "Rate exceeded".into(),
+            },
+            CloudError::Transient {
+                operation: "x".into(),
+                message: "HTTP 500".into(),
+            },
+        ] {
+            assert_eq!(no_action(&retried), None, "{retried}");
+        }
+    }
 
     #[test]
     fn a_run_of_failures_retries_before_the_timeout_runs_out() {

@@ -80,11 +80,13 @@ async fn end_once(
                     "completed lifecycle action CONTINUE for {instance_id} (hook {}, group {group})",
                     action.hook
                 )),
-                // No action pending: a previous run completed it or the hook timed
-                // out, and the instance is on its way out; or (a fast drain right
-                // after TerminateInstanceInAutoScalingGroup) the instance has not
-                // reached Terminating:Wait yet, and the action is still to come.
-                Err(CloudError::Rejected { message, .. }) if message.contains("No active Lifecycle Action") => {
+                // No action pending: a previous run completed it, the hook timed
+                // out or was deleted by hand (AWS then holds nothing under it), and
+                // the instance is on its way out; or (a fast drain right after
+                // TerminateInstanceInAutoScalingGroup) the instance has not reached
+                // Terminating:Wait yet, and the action is still to come.
+                Err(e) if lifecycle::no_action(&e).is_some() => {
+                    let message = lifecycle::no_action(&e).unwrap_or_default();
                     // In service, or terminating (or on its way into the warm pool) but
                     // not yet held by the hook.
                     let before_the_action = [
