@@ -65,8 +65,11 @@ pub fn heartbeats(
                     last_ok = Instant::now();
                     backoff.ok()
                 }
-                Err(e) if no_action(&e).is_some() => {
-                    let message = no_action(&e).unwrap_or_default();
+                Err(e)
+                    if no_action(&e).is_some()
+                        || matches!(&e, CloudError::Rejected { code, .. } if code == "ValidationError") =>
+                {
+                    let message = e.to_string();
                     // No action now. Right after TerminateInstanceInAutoScalingGroup the
                     // instance may not have reached Terminating:Wait yet: only an
                     // instance past the hook (or gone) ends the heartbeats.
@@ -184,13 +187,12 @@ impl HeartbeatBackoff {
 }
 
 /// What AWS's answer to a heartbeat or a completion says when it holds no lifecycle
-/// action under our hook for the instance: a ValidationError ("No active Lifecycle
-/// Action found ...") or the hook (or its group) not found, deleted by hand while the
-/// instance was held or just before. `None`: any other failure, which is retried.
-/// Whether the action is still to come is the instance's state's to say.
+/// action under our hook for the instance: "No active Lifecycle Action found ...", or
+/// the hook (or its group) not found, deleted by hand while the instance was held or
+/// just before. `None`: any other failure, which is retried. Whether the action is
+/// still to come is the instance's state's to say.
 pub(crate) fn no_action(e: &CloudError) -> Option<&str> {
     match e {
-        CloudError::Rejected { code, message, .. } if code == "ValidationError" => Some(message),
         CloudError::Rejected { message, .. } if message.contains("No active Lifecycle Action") => {
             Some(message)
         }
@@ -597,7 +599,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn no_action_is_a_validation_error_or_a_hook_gone_and_nothing_else() {
+    fn no_action_is_no_active_action_or_a_hook_gone_and_nothing_else() {
         let rejected = |code: &str, message: &str| CloudError::Rejected {
             operation: "CompleteLifecycleAction".into(),
             code: code.into(),
@@ -606,6 +608,11 @@ mod tests {
         let none = "No active Lifecycle Action found with instance ID i-1";
         assert_eq!(no_action(&rejected("ValidationError", none)), Some(none));
         assert_eq!(no_action(&rejected("Other", none)), Some(none));
+        // Another refusal of a completion is not taken for "nothing to complete".
+        assert_eq!(
+            no_action(&rejected("ValidationError", "Invalid token")),
+            None
+        );
         let gone = CloudError::NotFound {
             what: "lifecycle hook",
             name: "ca-asg-provider-drain".into(),
