@@ -15,6 +15,9 @@
 #                                  and as JSON lines in target/storm.jsonl (not in .ci/run)
 #   scripts/e2e.sh watch N[,N...]  the service's memory with N Nodes (and a pod on each)
 #                                  watched through the real API server
+#   E2E_STORM_DRAINING=K scripts/e2e.sh storm N
+#                                  only K of the N nodes end (the cluster stays N): the
+#                                  service's memory against the number of draining nodes
 #
 # Every scenario where cluster-autoscaler decides runs once per CA profile (1.31, 1.34,
 # 1.36, master), driven by the suite's client playing that version. With

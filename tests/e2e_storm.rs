@@ -7,6 +7,9 @@
 //!   `kubectl` on the PATH, or `E2E_STORM_KUBECTL=path`) the same storm ended by
 //!   `kubectl drain` per node on a control plane of its own. Prints the figures side by
 //!   side (Markdown) and appends them as JSON lines to `E2E_STORM_JSON` when set.
+//! - `E2E_STORM_DRAINING=K`: only K of each storm's N nodes end (half through the
+//!   hook, half through CA's DeleteNodes; the others stay with their pods): the
+//!   service's memory with the cluster fixed and the number of draining nodes varied.
 //! - `E2E_STORM_WATCH=5000`: that many Nodes (each with a pod bound to it) on the real
 //!   API server, the service started over them as it ships, and its heap once its
 //!   caches hold them all.
@@ -260,15 +263,27 @@ async fn drain_storm_on_the_real_api_server() {
         eprintln!("storm: real CA's own drain as an anchor is not built yet: not run");
     }
     let mut rows = Vec::new();
+    // E2E_STORM_DRAINING=K: only K of each size's nodes end (the cluster stays N).
+    let draining: Option<usize> = std::env::var("E2E_STORM_DRAINING").ok().map(|v| {
+        v.trim()
+            .parse()
+            .expect("E2E_STORM_DRAINING: a number of nodes")
+    });
     for n in sizes {
-        let shape = Shape::new(n);
+        let shape = Shape::new(n).draining(draining.unwrap_or(n));
         for d in &drainers {
             let name = d.name();
             let gauge: Box<dyn Gauge> = match d {
                 Drainer::Service => Box::new(ServiceGauge),
                 Drainer::KubectlDrain(_) => Box::new(ChildrenGauge),
             };
-            let step = |s: &str| eprintln!("storm N={n} ({name}, Kubernetes {}): {s}", bin.version);
+            let k = shape.draining;
+            let step = |s: &str| {
+                eprintln!(
+                    "storm N={n}, {k} ending ({name}, Kubernetes {}): {s}",
+                    bin.version
+                )
+            };
             let f = storm::run(&bin, &shape, d, rt.handle(), gauge.as_ref(), &step).await;
             eprintln!(
                 "storm N={n} ({name}): {}",

@@ -42,6 +42,9 @@ use super::support::world::timing;
 #[derive(Debug, Clone, Serialize)]
 pub struct Shape {
     pub nodes: usize,
+    /// How many of the nodes end in the storm (the first ones; the others stay with
+    /// their pods): the service's memory with the cluster fixed and the drains varied.
+    pub draining: usize,
     /// Replicas of each app Deployment; its budget allows one unavailable.
     pub set_size: usize,
     pub app_prestop_s: u32,
@@ -56,11 +59,20 @@ impl Shape {
     pub fn new(nodes: usize) -> Self {
         Shape {
             nodes,
+            draining: nodes,
             set_size: 4,
             app_prestop_s: 2,
             daemonset_prestop_s: 1,
             ca_parallelism: 10,
             kubectl_parallelism: 10,
+        }
+    }
+
+    /// [`Shape::new`] with only `draining` of the nodes ending (at most all of them).
+    pub fn draining(self, draining: usize) -> Self {
+        Shape {
+            draining: draining.min(self.nodes),
+            ..self
         }
     }
 
@@ -121,7 +133,11 @@ pub struct Figures {
     pub drainer: String,
     pub k8s_version: String,
     pub nodes: usize,
+    /// The nodes ended in the storm (of `nodes`).
+    pub draining: usize,
+    /// The cluster's app pods.
     pub app_pods: usize,
+    /// The DaemonSet pods on the ending nodes (one each).
     pub daemonset_pods: usize,
     /// From the decision to the last instance's end.
     pub all_ended_s: f64,
@@ -251,31 +267,41 @@ pub async fn run(
     let t0 = Instant::now();
     let mut kubectl_peak_rss = 0;
     let mut chosen = Vec::new();
-    match (drainer, &service) {
+    let k = shape.draining;
+    let ending: Vec<(String, String)> = match (drainer, &service) {
         (Drainer::KubectlDrain(kubectl), _) => {
+            let ending = web_nodes[..k].to_vec();
             kubectl_peak_rss =
-                kubectl_drains(&cp, &cloud, kubectl, &web_nodes, shape.kubectl_parallelism).await;
+                kubectl_drains(&cp, &cloud, kubectl, &ending, shape.kubectl_parallelism).await;
+            ending
         }
         (Drainer::Service, svc) => {
             let svc = svc.as_ref().expect("the service was started");
             chosen = cloud
-                .external_scale_in("web", (n / 2) as i32)
+                .external_scale_in("web", (k / 2) as i32)
                 .expect("the ASG scales in");
             let rest: Vec<(String, String)> = web_nodes
                 .iter()
                 .filter(|(_, iid)| !chosen.contains(iid))
+                .take(k - k / 2)
                 .cloned()
                 .collect();
             ca_deletes(&admin, svc, &rest, shape.ca_parallelism).await;
+            web_nodes
+                .iter()
+                .filter(|(_, iid)| chosen.contains(iid) || rest.iter().any(|(_, r)| r == iid))
+                .cloned()
+                .collect()
         }
-    }
+    };
+    assert_eq!(ending.len(), k, "the nodes ending in the storm");
     step("wait for every instance to end");
-    let iids: Vec<String> = web_nodes.iter().map(|(_, i)| i.clone()).collect();
+    let iids: Vec<String> = ending.iter().map(|(_, i)| i.clone()).collect();
     let mut ended_at: BTreeMap<String, f64> = BTreeMap::new();
     while ended_at.len() < iids.len() {
         assert!(
             t0.elapsed() < Duration::from_secs(shape.limit()),
-            "only {} of {n} instances ended in {} s",
+            "only {} of {k} instances ended in {} s",
             ended_at.len(),
             shape.limit()
         );
@@ -330,7 +356,7 @@ pub async fn run(
 
     step("check the promises");
     let stops = kubelet.stops();
-    let node_names: BTreeSet<String> = web_nodes.iter().map(|(n, _)| n.clone()).collect();
+    let node_names: BTreeSet<String> = ending.iter().map(|(n, _)| n.clone()).collect();
     let on_storm = |s: &&PodStop| node_names.contains(&s.node) && s.started < asked;
     let daemonset_with_instance = stops
         .iter()
@@ -373,8 +399,9 @@ pub async fn run(
         drainer: drainer.name(),
         k8s_version: bin.version.clone(),
         nodes: n,
+        draining: k,
         app_pods: shape.app_pods(),
-        daemonset_pods: n,
+        daemonset_pods: k,
         all_ended_s,
         hook_half_last_end_s: last(true),
         other_last_end_s: last(false),
@@ -386,7 +413,7 @@ pub async fn run(
         chain_floor_s: floors.chain,
         ratio: all_ended_s / floors.floor,
         requests: done.len(),
-        requests_per_node: done.len() as f64 / n as f64,
+        requests_per_node: done.len() as f64 / k as f64,
         pods_per_node: (shape.app_pods() + n) as f64 / n as f64,
         requests_by_kind: by_kind,
         watches_opened,
@@ -419,14 +446,15 @@ pub async fn run(
         let done = cloud.completed_actions();
         for (_, iid) in &web_nodes {
             let times = ended.iter().filter(|i| *i == iid).count();
-            assert_eq!(times, 1, "{iid} ended {times} times");
+            let want = usize::from(iids.contains(iid));
+            assert_eq!(times, want, "{iid} ended {times} times");
             let k = done.iter().filter(|(a, _)| &a.instance_id == iid).count();
             assert!(k <= 1, "lifecycle actions completed for {iid}: {k}");
         }
         assert!(
-            figures.terminate_calls as usize <= n - n / 2,
+            figures.terminate_calls as usize <= k - k / 2,
             "TerminateInstanceInAutoScalingGroup calls: {calls:?} for {} nodes CA named",
-            n - n / 2
+            k - k / 2
         );
         assert_eq!(figures.hook_timeouts, 0, "a held hook timed out");
         assert_eq!(
@@ -660,8 +688,9 @@ struct Floors {
 fn floors(shape: &Shape, audit: &[AuditEvent], user: &str) -> Floors {
     let settings = shipped_settings();
     let node = (shape.app_prestop_s + shape.daemonset_prestop_s) as f64;
-    // One eviction per pod and one cordon per node, beyond the burst, at apiQps.
-    let necessary = (shape.app_pods() + 2 * shape.nodes) as f64;
+    // One eviction per pod and one cordon per node, beyond the burst, at apiQps: the
+    // draining nodes' (two app pods and a DaemonSet pod each).
+    let necessary = (4 * shape.draining) as f64;
     let pacing = (necessary - settings.api_burst as f64).max(0.0) / settings.api_qps
         + shape.daemonset_prestop_s as f64;
     let mut chain: f64 = 0.0;
@@ -741,13 +770,14 @@ async fn apf_counters(admin: &kube::Client) -> Apf {
 /// The figures as Markdown rows, one per storm.
 pub fn table(rows: &[Figures]) -> String {
     let mut s = String::from(
-        "| drainer | N | ended | floor | ratio | requests/node | watches | 429 (budget / APF) | kube-apiserver CPU | etcd CPU | drainer CPU | drainer memory | DaemonSet pods ended with the instance |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
+        "| drainer | N (ending) | ended | floor | ratio | requests/node | watches | 429 (budget / APF) | kube-apiserver CPU | etcd CPU | drainer CPU | drainer memory | DaemonSet pods ended with the instance |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
     );
     for f in rows {
         s.push_str(&format!(
-            "| {} | {} | {:.1} s | {:.1} s | {:.2} | {:.1} | {} | {} / {} | {:.1} s | {:.1} s | {:.1} s | {:.0} MB ({}) | {} of {} |\n",
+            "| {} | {} ({}) | {:.1} s | {:.1} s | {:.2} | {:.1} | {} | {} / {} | {:.1} s | {:.1} s | {:.1} s | {:.0} MB ({}) | {} of {} |\n",
             f.drainer,
             f.nodes,
+            f.draining,
             f.all_ended_s,
             f.floor_s,
             f.ratio,
