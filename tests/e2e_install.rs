@@ -10,6 +10,12 @@
 //! `helm upgrade` in the middle of a drain held by a budget: a new pod takes the Lease,
 //! the drain resumes and the instance ends once.
 //!
+//! With real cluster-autoscaler (`E2E_CA_BINS`, each binary made into an image at test
+//! time, issue 45): bundled mode installed over TCP and upgraded to the Unix socket, CA
+//! scaling a group up through the provider before and after; and, with CA's own chart
+//! (`E2E_CA_CHART`), sidecar mode installed from the example values, over the socket.
+//! Without them those scenarios say they were skipped.
+//!
 //! The service's pods run on the real node (kubelet + containerd); the ASG's instances are
 //! Nodes of the suite's fake kubelet (tests/e2e/kubelet.rs), following moto.
 //! Needs root, containerd, runc, the CNI plugins, `E2E_IMAGES` (scripts/e2e/node-deps.sh),
