@@ -185,10 +185,10 @@ async fn chart_installed_runs_two_replicas_holds_the_lease_and_drains_a_ca_scale
         return;
     };
     let _one_at_a_time = SERIAL.lock().await;
-    let report = install_report(
+    let report = Report::new(
         scenario,
         "the chart's pods; CA's calls by the suite's client over mTLS",
-        &bin,
+        &bin.version,
     );
     let Site {
         work,
@@ -605,10 +605,10 @@ async fn ca_site(
     helm_bin: std::path::PathBuf,
     ca: &real_ca::CaBinary,
 ) -> (Report, Site, String) {
-    let report = install_report(
+    let report = Report::new(
         &format!("{scenario} (CA {})", ca.version),
         &format!("real cluster-autoscaler {} {driver}", ca.version),
-        bin,
+        &bin.version,
     );
     let site = Site::start(&report, bin, images, helm_bin).await;
     report.step("CA's image from its binary (umoci), imported into the node");
@@ -642,21 +642,6 @@ async fn no_errors_no_restarts(site: &Site, pods: &Api<Pod>, pod: &Pod) {
     }
     // The fake kubelet's loops end with this site, before the next CA version's.
     site.kubelet.stop();
-}
-
-/// The report of an install scenario, named for the suite's Kubernetes version.
-fn install_report(scenario: &str, driver: &str, bin: &control_plane::Binaries) -> Report {
-    Report {
-        scenario: scenario.to_string(),
-        driver: driver.to_string(),
-        version: bin.version.clone(),
-        step: parking_lot::Mutex::new(String::new()),
-        scale_in_secs: parking_lot::Mutex::new(None),
-        scale_in_began: parking_lot::Mutex::new(None),
-        scale_in_asked: parking_lot::Mutex::new(None),
-        began: Instant::now(),
-        extra: Default::default(),
-    }
 }
 
 /// What every install scenario stands on: the service's image imported into a real

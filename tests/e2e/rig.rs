@@ -50,6 +50,21 @@ pub struct Report {
 }
 
 impl Report {
+    /// A scenario's report, begun now, on Kubernetes `version`, `driver` making CA's calls.
+    pub fn new(scenario: &str, driver: &str, version: &str) -> Report {
+        Report {
+            scenario: scenario.to_string(),
+            driver: driver.to_string(),
+            version: version.to_string(),
+            step: parking_lot::Mutex::new(String::new()),
+            scale_in_secs: parking_lot::Mutex::new(None),
+            scale_in_began: parking_lot::Mutex::new(None),
+            scale_in_asked: parking_lot::Mutex::new(None),
+            began: Instant::now(),
+            extra: Default::default(),
+        }
+    }
+
     /// The scale-in is asked for now: the time to the instance's end counts from here.
     pub fn scale_in_begins(&self, s: &str) {
         self.step(s);
@@ -605,17 +620,7 @@ impl Rig {
             real,
             workloads: what,
         } = setup;
-        let report = Report {
-            scenario: scenario.to_string(),
-            driver: more.driver.clone(),
-            version: bin.version.clone(),
-            step: parking_lot::Mutex::new(String::new()),
-            scale_in_secs: parking_lot::Mutex::new(None),
-            scale_in_began: parking_lot::Mutex::new(None),
-            scale_in_asked: parking_lot::Mutex::new(None),
-            began: Instant::now(),
-            extra: Default::default(),
-        };
+        let report = Report::new(scenario, &more.driver, &bin.version);
         let _ = tracing_subscriber::fmt()
             .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
             .with_test_writer()
