@@ -981,13 +981,9 @@ async fn bundled_pods(pods: &Api<Pod>, node: &RealNode, not: &[String]) -> (Pod,
     }
 }
 
-/// Sums a counter of a Prometheus text over the series whose labels hold `labels`.
-fn counter(text: &str, name: &str, labels: &[&str]) -> f64 {
-    text.lines()
-        .filter(|l| l.starts_with(name) && l[name.len()..].starts_with(['{', ' ']))
-        .filter(|l| labels.iter().all(|want| l.contains(want)))
-        .filter_map(|l| l.rsplit_once(' ')?.1.trim().parse::<f64>().ok())
-        .sum()
+/// Sums the samples of `name` in a Prometheus text that carry every `labels` pair.
+fn counter(text: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
+    real_ca::samples(text, name, labels).into_iter().sum()
 }
 
 /// Waits until both sides of the pod count CA's loop: the provider answered CA's
@@ -1002,12 +998,12 @@ async fn ca_reaches_the_provider(pods: &Api<Pod>, node: &RealNode, pod: &Pod) {
             let answered = counter(
                 provider,
                 "ca_asg_provider_grpc_requests_total",
-                &["method=\"NodeGroups\"", "code=\"Ok\""],
+                &[("method", "NodeGroups"), ("code", "Ok")],
             );
             let loops = counter(
                 ca,
                 "cluster_autoscaler_function_duration_seconds_count",
-                &["function=\"main\""],
+                &[("function", "main")],
             );
             if answered > 0.0 && loops > 0.0 {
                 return;

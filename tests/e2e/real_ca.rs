@@ -876,7 +876,7 @@ fn http_get(addr: SocketAddr, path: &str) -> anyhow::Result<String> {
 }
 
 /// Samples of `name` in Prometheus text format carrying every `want` label pair.
-fn samples(text: &str, name: &str, want: &[(&str, &str)]) -> Vec<f64> {
+pub fn samples(text: &str, name: &str, want: &[(&str, &str)]) -> Vec<f64> {
     text.lines()
         .filter(|l| !l.starts_with('#'))
         .filter_map(|l| {
