@@ -208,7 +208,9 @@ impl Model {
                     self.held.insert(victim.clone());
                     let body = serde_json::json!({
                         "Origin": "AutoScalingGroup", "Destination": "EC2",
-                        "Service": "AWS Auto Scaling", "Time": "2026-11-23T10:00:00Z",
+                        "Service": "AWS Auto Scaling",
+                        // Stamped when sent, as AWS does (a Duplicate replays it).
+                        "Time": chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
                         "AccountId": "123456789012",
                         "LifecycleTransition": "autoscaling:EC2_INSTANCE_TERMINATING",
                         "RequestId": "r", "AutoScalingGroupName": "web",

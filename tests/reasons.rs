@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use ca_asg_provider::cloud::memory::MemoryGroup;
 use ca_asg_provider::cloud::queue::MemoryQueue;
+use ca_asg_provider::cloud::LifecycleHook;
 use ca_asg_provider::interruption::consumer::Handled;
 use ca_asg_provider::interruption::RebalanceAction;
 use ca_asg_provider::scalein::{self, record, Outcome, ScaleInSettings};
@@ -1107,13 +1108,76 @@ async fn a_stop_notice_is_not_undone_by_the_next_poll() {
     w.engine.shutdown();
 }
 
+/// AWS's reads lag its notification (the instance still in service, our hook not
+/// in the list yet): the action itself answers a heartbeat, so the message is taken
+/// at once, with no redelivery and no scan (every five minutes here), and the hold
+/// is heartbeated, drained and completed. Before, the message waited for the scan,
+/// which does not look at a group whose hook it has not seen: the hook timed out.
+#[tokio::test]
+async fn a_lifecycle_message_is_taken_on_the_actions_word_when_aws_reads_lag() {
+    let s = ScaleInSettings {
+        lifecycle_poll_interval: Duration::from_secs(300),
+        hook_heartbeat_timeout: Duration::from_secs(4),
+        ..fast_settings()
+    };
+    let w = world(hooked(2, 4), s, Duration::from_millis(50)).await;
+    let (node, iid) = nodes_of(&w, "web").pop().unwrap();
+    w.sim
+        .create(&fixtures::pod("shop", "app", &node, "app", 0.1))
+        .unwrap();
+    pods_ready(&w, 1).await;
+    let lifecycle = scalein::lifecycle::spawn_loop(w.engine.clone(), w.provider.clone());
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    // The hook was away when this process last read the group, and is back (an
+    // operator added it by hand); AWS's next reads still answer from before: no
+    // hook, the instance in service.
+    w.cloud.delete_hook("web");
+    w.provider.note_hooks("web", Vec::new());
+    w.cloud.stale_reads(3);
+    w.cloud.add_hook(
+        "web",
+        LifecycleHook {
+            name: HOOK.into(),
+            heartbeat_timeout_secs: 4,
+            default_result: "ABANDON".into(),
+        },
+    );
+    assert_eq!(
+        w.cloud.external_scale_in("web", 1).unwrap(),
+        vec![iid.clone()]
+    );
+    let q = Arc::new(MemoryQueue::default());
+    let c = consumer(&w, &q, RebalanceAction::Cordon);
+    q.send(&lifecycle_note(&iid, HOOK));
+    let out = handle_next(&c, &q).await;
+    assert!(matches!(out, Handled::Done(_)), "{out:?}");
+    eventually("the lifecycle action is completed", 15, || {
+        w.cloud
+            .completed_actions()
+            .iter()
+            .any(|(a, _)| a.instance_id == iid && a.hook == HOOK)
+    })
+    .await;
+    assert!(w.cloud.hook_timeouts().is_empty(), "the hook ran out");
+    assert!(
+        w.sim
+            .audit()
+            .iter()
+            .any(|e| e.verb == "evicted" && e.name == "app"),
+        "the app was drained"
+    );
+    lifecycle.abort();
+    w.engine.shutdown();
+}
+
 /// Issue 39 (suspected item, proven): in queue mode the lifecycle scan is a safety
 /// net every five minutes. AWS's lifecycle message arrives while its own reads still
 /// show the instance in service (they lag the notification). Before, the message
 /// was dropped as a replay, and the hook (here 4 s) ran out with nothing drained:
 /// the ASG ended the instance under its pods. Now the message is left for
 /// redelivery and the scan looks every second for a minute: the hold is found,
-/// heartbeated, drained and completed.
+/// heartbeated, drained and completed. (The action itself is asked first, with a
+/// heartbeat: throttled here, so only the scan can find the hold.)
 #[tokio::test]
 async fn a_lifecycle_message_read_before_aws_shows_the_hold_is_not_lost() {
     let s = ScaleInSettings {
@@ -1136,6 +1200,7 @@ async fn a_lifecycle_message_read_before_aws_shows_the_hold_is_not_lost() {
     );
     let q = Arc::new(MemoryQueue::default());
     let c = consumer(&w, &q, RebalanceAction::Cordon);
+    w.cloud.throttle("lifecycle_heartbeat", 1);
     q.send(&lifecycle_note(&iid, HOOK));
     assert!(
         matches!(handle_next(&c, &q).await, Handled::Retry(_)),

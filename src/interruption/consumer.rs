@@ -19,6 +19,7 @@ use crate::cloud::queue::{Queue, QueueMessage};
 use crate::cloud::{CloudError, LifecycleState};
 use crate::provider::Provider;
 use crate::scalein::events::Reason;
+use crate::scalein::lifecycle::{self, Hold};
 use crate::scalein::record::{DrainReason, Why};
 use crate::scalein::{cordon, DrainRequest, Engine, Mode, Source, Start};
 use crate::telemetry::metrics::{metrics, KindLabels, KindOutcomeLabels, ReasonLabels};
@@ -309,67 +310,7 @@ impl Consumer {
                 });
                 Ok(self.started(n, &instance_id, start, label))
             }
-            Action::LifecycleDrain(mut action) => {
-                let Some(g) = self.provider.registry().group(&action.group).cloned() else {
-                    return Ok("unmanaged");
-                };
-                // A message is no proof that anyone is ending the instance (a replay,
-                // a forgery): as the scan does, only an instance AWS shows in
-                // Terminating:Wait in that group is drained, nothing else cordoned.
-                if let Some(outcome) = self.not_held(n, &action).await? {
-                    return Ok(outcome);
-                }
-                // Our action completed already (by this process, or, as the Node's
-                // record says, an earlier one or another replica): AWS shows
-                // Terminating:Wait while another hook (EKS's) holds on.
-                if self.engine.action_done(&action.instance_id)
-                    || self.engine.action_done_on_node(&action.instance_id)
-                {
-                    tracing::info!(instance = %action.instance_id, "lifecycle message for an action of ours already completed; another hook holds the instance");
-                    return Ok("duplicate");
-                }
-                // The hook as AWS has it now: its heartbeat timeout is the one the
-                // hold follows (the provider's list may be half an hour old).
-                let g = self.engine.with_current_hooks(&g).await.map_err(|e| {
-                    format!(
-                        "cannot read the lifecycle hook of group {}: {e}",
-                        action.group
-                    )
-                })?;
-                let Mode::Lifecycle {
-                    heartbeat_timeout, ..
-                } = self.engine.mode_for(&g, &action.instance_id)
-                else {
-                    tracing::warn!(instance = %action.instance_id, group = %action.group, "lifecycle message for a group that no longer carries our hook; dropped");
-                    return Ok("not_held");
-                };
-                if !self.first_time("lifecycle", &action.instance_id) {
-                    return Ok("duplicate");
-                }
-                action.hook = self.engine.settings().hook_name.clone();
-                // The message's token is not AWS's word (a forged or corrupted message
-                // carries any token, and AWS refuses a wrong one: every heartbeat would
-                // fail and the hook's timeout end the instance undrained). AWS takes
-                // the instance id alone, as the scan sends it.
-                action.token = None;
-                let instance_id = action.instance_id.clone();
-                let mode = Mode::Lifecycle {
-                    action,
-                    heartbeat_timeout,
-                };
-                // AWS holds the instance (the scan is the safety net); the hook's
-                // reason joins any drain already running there, and is heartbeated.
-                let start = self.engine.start(DrainRequest {
-                    instance_id: instance_id.clone(),
-                    group: g.asg.name.clone(),
-                    node_name: None,
-                    reasons: vec![crate::scalein::ca_reason(&mode)],
-                    mode,
-                    source: Source::Asg,
-                    noticed: n.time().map(|t| (n.kind(), t)),
-                });
-                Ok(self.started(n, &instance_id, start, label))
-            }
+            Action::LifecycleDrain(action) => self.lifecycle_drain(n, action, label).await,
             Action::Cordon { instance_id } => {
                 let Some(group) = self.managed(&instance_id).await? else {
                     return Ok("unmanaged");
@@ -403,6 +344,110 @@ impl Consumer {
                 }
             }
         }
+    }
+
+    /// A lifecycle message of our hook: the instance is drained, and held with
+    /// heartbeats, when AWS holds it under our hook now.
+    async fn lifecycle_drain(
+        &self,
+        n: &Notice,
+        mut action: crate::cloud::LifecycleAction,
+        label: &'static str,
+    ) -> Result<&'static str, String> {
+        let Some(g) = self.provider.registry().group(&action.group).cloned() else {
+            return Ok("unmanaged");
+        };
+        // A message is no proof that anyone is ending the instance (a replay, a
+        // forgery): as the scan does, only an instance AWS shows in Terminating:Wait
+        // in that group is drained, nothing else cordoned. AWS's reads lag its
+        // holds: where they say no, the action itself is asked.
+        let mut hold = None;
+        if let Some(no) = self.not_held(n, &action).await.transpose() {
+            hold =
+                Some(lifecycle::ask_hold(&self.engine, &action.group, &action.instance_id).await);
+            if hold != Some(Hold::Held) {
+                return no;
+            }
+            tracing::info!(instance = %action.instance_id, group = %action.group, "AWS's reads do not show the instance held yet, but our hook's action is there (a heartbeat was taken)");
+        }
+        // Our action completed already (by this process, or, as the Node's record
+        // says, an earlier one or another replica): AWS shows Terminating:Wait while
+        // another hook (EKS's) holds on.
+        if self.engine.action_done(&action.instance_id)
+            || self.engine.action_done_on_node(&action.instance_id)
+        {
+            tracing::info!(instance = %action.instance_id, "lifecycle message for an action of ours already completed; another hook holds the instance");
+            return Ok("duplicate");
+        }
+        let Some((g, heartbeat_timeout)) = self.held_by_our_hook(g, &action, hold).await? else {
+            tracing::warn!(instance = %action.instance_id, group = %action.group, "lifecycle message for a group that no longer carries our hook; dropped");
+            return Ok("not_held");
+        };
+        if !self.first_time("lifecycle", &action.instance_id) {
+            return Ok("duplicate");
+        }
+        action.hook = self.engine.settings().hook_name.clone();
+        // The message's token is not AWS's word (a forged or corrupted message
+        // carries any token, and AWS refuses a wrong one: every heartbeat would fail
+        // and the hook's timeout end the instance undrained). AWS takes the instance
+        // id alone, as the scan sends it.
+        action.token = None;
+        let instance_id = action.instance_id.clone();
+        let mode = Mode::Lifecycle {
+            action,
+            heartbeat_timeout,
+        };
+        // AWS holds the instance (the scan is the safety net); the hook's reason
+        // joins any drain already running there, and is heartbeated.
+        let start = self.engine.start(DrainRequest {
+            instance_id: instance_id.clone(),
+            group: g.asg.name.clone(),
+            node_name: None,
+            reasons: vec![crate::scalein::ca_reason(&mode)],
+            mode,
+            source: Source::Asg,
+            noticed: n.time().map(|t| (n.kind(), t)),
+        });
+        Ok(self.started(n, &instance_id, start, label))
+    }
+
+    /// The group with our hook as AWS has it now, and the heartbeat timeout the hold
+    /// follows (the provider's list may be half an hour old). AWS notified our hook
+    /// and holds the instance, yet its hook list may not show the hook (just added by
+    /// hand; the list is eventually consistent): then the action decides (`hold`,
+    /// asked already, or asked now). `None`: our hook holds nothing there.
+    async fn held_by_our_hook(
+        &self,
+        g: crate::provider::Group,
+        action: &crate::cloud::LifecycleAction,
+        hold: Option<Hold>,
+    ) -> Result<Option<(crate::provider::Group, std::time::Duration)>, String> {
+        let mut g = self.engine.with_current_hooks(&g).await.map_err(|e| {
+            format!(
+                "cannot read the lifecycle hook of group {}: {e}",
+                action.group
+            )
+        })?;
+        if self.engine.our_hook(&g).is_none() {
+            let hold = match hold {
+                Some(h) => h,
+                None => lifecycle::ask_hold(&self.engine, &action.group, &action.instance_id).await,
+            };
+            // Unknown (AWS throttled): held, as AWS shows the instance waiting. A
+            // hook left to time out ends the instance undrained; a drain of an
+            // instance AWS ends anyway costs nothing.
+            if hold == Hold::NotHeld || self.engine.settings().dry_run {
+                return Ok(None);
+            }
+            tracing::warn!(instance = %action.instance_id, group = %action.group, ?hold, "our hook holds the instance though AWS's hook list does not show it yet (just added?); held at the shortest timeout until the list does");
+            g = lifecycle::with_hook_behind_its_list(&self.engine, &g);
+        }
+        Ok(match self.engine.mode_for(&g, &action.instance_id) {
+            Mode::Lifecycle {
+                heartbeat_timeout, ..
+            } => Some((g, heartbeat_timeout)),
+            _ => None,
+        })
     }
 
     /// Whether AWS shows the action's instance held by our hook now: in

@@ -201,6 +201,73 @@ pub(crate) fn no_action(e: &CloudError) -> Option<&str> {
     }
 }
 
+/// What AWS says, asked directly, of our hook's hold on an instance.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Hold {
+    /// A heartbeat for our hook's action was taken: our hook holds the instance now.
+    Held,
+    /// No action of our hook holds the instance: not yet in Terminating:Wait, past
+    /// it, held by another tool's hook only, or our hook is gone.
+    NotHeld,
+    /// AWS could not be asked (throttled, unreachable), or a dry run, which writes
+    /// nothing and so cannot ask.
+    Unknown,
+}
+
+/// Asks AWS whether our hook holds the instance, with a heartbeat: the action
+/// itself answers, where AWS's reads (instance states, the hook list) are eventually
+/// consistent and may lag a hold or a hook just added. A heartbeat taken only
+/// restarts the hook's timeout of an action that is ours, which a hold starts with
+/// anyway.
+pub async fn ask_hold(engine: &Engine, group: &str, instance_id: &str) -> Hold {
+    if engine.settings.dry_run {
+        return Hold::Unknown;
+    }
+    let probe = LifecycleAction {
+        group: group.to_string(),
+        hook: engine.settings.hook_name.clone(),
+        instance_id: instance_id.to_string(),
+        token: None,
+    };
+    match engine.cloud.lifecycle_heartbeat(&probe).await {
+        Ok(()) => {
+            engine.stats.heartbeats.fetch_add(1, Ordering::Relaxed);
+            Metrics::outcome(&metrics().heartbeats, "ok");
+            Hold::Held
+        }
+        Err(e) if no_action(&e).is_some() => Hold::NotHeld,
+        Err(e) => {
+            tracing::warn!(instance = %instance_id, group, error = %e, "cannot ask AWS whether our hook holds the instance");
+            Hold::Unknown
+        }
+    }
+}
+
+/// AWS's shortest heartbeat timeout for a lifecycle hook.
+pub const AWS_MIN_HEARTBEAT_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The group with our hook added, for a hold AWS's hook list does not show yet (an
+/// operator just added the hook; the list is eventually consistent): the hook's
+/// timeout unknown, the hold follows the shortest it can be, AWS's minimum or the
+/// configured `hookHeartbeatTimeout` when shorter. The provider is told, so the scan
+/// looks at the group again and corrects the timeout once the list shows the hook.
+pub fn with_hook_behind_its_list(
+    engine: &Engine,
+    group: &crate::provider::Group,
+) -> crate::provider::Group {
+    let timeout = AWS_MIN_HEARTBEAT_TIMEOUT.min(engine.settings.hook_heartbeat_timeout);
+    let mut held = group.clone();
+    held.hooks.push(LifecycleHook {
+        name: engine.settings.hook_name.clone(),
+        heartbeat_timeout_secs: timeout.as_secs().max(1) as i32,
+        default_result: "ABANDON".into(),
+    });
+    if let Some(p) = &engine.provider {
+        p.note_hooks(&held.asg.name, held.hooks.clone());
+    }
+    held
+}
+
 /// Whether AWS shows the instance in one of `states` now. An unknown answer (AWS
 /// cannot be asked) says yes: callers use it to keep trying, which is safe, instead
 /// of giving up early, which is not.
