@@ -52,7 +52,7 @@ use proptest::prelude::*;
 
 mod support;
 use support::budget_floor::BudgetFloor;
-use support::notices::eventbridge;
+use support::notices::{eventbridge, lifecycle};
 use support::queue::{consumer, handle_all};
 use support::world::*;
 
@@ -392,18 +392,8 @@ impl Model {
                 }
                 for victim in self.w.cloud.external_scale_in("web", 1).unwrap() {
                     self.asg_chose.insert(victim.clone());
-                    let body = serde_json::json!({
-                        "Origin": "AutoScalingGroup", "Destination": "EC2",
-                        "Service": "AWS Auto Scaling",
-                        // Stamped when sent, as AWS does (a Duplicate replays it).
-                        "Time": chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
-                        "AccountId": "123456789012",
-                        "LifecycleTransition": "autoscaling:EC2_INSTANCE_TERMINATING",
-                        "RequestId": "r", "AutoScalingGroupName": "web",
-                        "LifecycleHookName": HOOK,
-                        "EC2InstanceId": victim, "LifecycleActionToken": format!("tok-{victim}"),
-                    })
-                    .to_string();
+                    let token = format!("tok-{victim}");
+                    let body = lifecycle("web", &victim, HOOK, Some(&token));
                     self.send(body).await;
                 }
             }

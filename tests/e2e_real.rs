@@ -344,16 +344,13 @@ async fn queue_mode_a_rebalance_cordon_then_the_hook() {
         rig.cloud.external_scale_in("web", 1).unwrap(),
         vec![iid.clone()]
     );
-    let body = serde_json::json!({
-        "Origin": "AutoScalingGroup", "Destination": "EC2",
-        "Service": "AWS Auto Scaling", "Time": chrono::Utc::now().to_rfc3339(),
-        "AccountId": "123456789012",
-        "LifecycleTransition": "autoscaling:EC2_INSTANCE_TERMINATING",
-        "RequestId": "e2e", "AutoScalingGroupName": "web",
-        "LifecycleHookName": rig::HOOK,
-        "EC2InstanceId": iid, "LifecycleActionToken": format!("tok-{iid}"),
-    });
-    queue.send(&body.to_string());
+    let token = format!("tok-{iid}");
+    queue.send(&support::notices::lifecycle(
+        "web",
+        &iid,
+        rig::HOOK,
+        Some(&token),
+    ));
     support::queue::handle_next(&consumer, &queue).await;
     let victims = vec![(node.clone(), iid.clone())];
     rig.ends_keeping_promises(&victims, 3, 0, true).await;

@@ -15,7 +15,7 @@ use k8s_openapi::api::core::v1::Node;
 
 mod support;
 use support::eventually;
-use support::notices::{eventbridge, spot, spot_at};
+use support::notices::{eventbridge, lifecycle_at, spot, spot_at};
 use support::queue::{consumer, handle_next, running};
 use support::world::*;
 
@@ -241,16 +241,8 @@ async fn the_asgs_lifecycle_notification_drains_and_completes_by_instance_id() {
     let q = Arc::new(MemoryQueue::default());
     let c = consumer(&w, &q, RebalanceAction::Cordon);
     let iid = w.cloud.external_scale_in("web", 1).unwrap().remove(0);
-    let note = |hook: &str| {
-        serde_json::json!({
-            "Origin": "AutoScalingGroup", "Destination": "EC2", "Service": "AWS Auto Scaling",
-            "Time": "2026-11-23T10:00:05.123Z", "AccountId": "123456789012",
-            "LifecycleTransition": "autoscaling:EC2_INSTANCE_TERMINATING", "RequestId": "r",
-            "AutoScalingGroupName": "web", "LifecycleHookName": hook,
-            "EC2InstanceId": iid, "LifecycleActionToken": "tok-1234",
-        })
-        .to_string()
-    };
+    let at = chrono::DateTime::parse_from_rfc3339("2026-11-23T10:00:05.123Z").unwrap();
+    let note = |hook: &str| lifecycle_at("web", &iid, hook, Some("tok-1234"), at.into());
     // Another tool's hook: its action is not ours to complete.
     q.send(&note("nth-hook"));
     assert_eq!(handle_next(&c, &q).await, Handled::Done(vec!["ignored"]));

@@ -33,7 +33,7 @@ use ca_asg_provider::scalein;
 use proptest::prelude::*;
 
 mod support;
-use support::notices::eventbridge;
+use support::notices::{eventbridge, lifecycle};
 use support::queue::{consumer, handle_all};
 use support::world::*;
 
@@ -206,18 +206,9 @@ impl Model {
                 // The ASG picks its own victim (the newest); that one is held.
                 for victim in self.w.cloud.external_scale_in("web", 1).unwrap() {
                     self.held.insert(victim.clone());
-                    let body = serde_json::json!({
-                        "Origin": "AutoScalingGroup", "Destination": "EC2",
-                        "Service": "AWS Auto Scaling",
-                        // Stamped when sent, as AWS does (a Duplicate replays it).
-                        "Time": chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
-                        "AccountId": "123456789012",
-                        "LifecycleTransition": "autoscaling:EC2_INSTANCE_TERMINATING",
-                        "RequestId": "r", "AutoScalingGroupName": "web",
-                        "LifecycleHookName": "ca-asg-provider-drain",
-                        "EC2InstanceId": victim, "LifecycleActionToken": format!("tok-{victim}"),
-                    })
-                    .to_string();
+                    let token = format!("tok-{victim}");
+                    // Stamped when sent, as AWS does (a Duplicate replays it).
+                    let body = lifecycle("web", &victim, "ca-asg-provider-drain", Some(&token));
                     self.send(body).await;
                 }
             }

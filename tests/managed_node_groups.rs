@@ -492,14 +492,7 @@ async fn direct_mode_drains_first_and_eks_finds_nothing_to_evict() {
 
 /// The ASG's lifecycle notification for `iid` under our hook, as EventBridge sends it.
 fn lifecycle_note(iid: &str) -> String {
-    serde_json::json!({
-        "Origin": "AutoScalingGroup", "Destination": "EC2", "Service": "AWS Auto Scaling",
-        "Time": chrono::Utc::now().to_rfc3339(), "AccountId": "123456789012",
-        "LifecycleTransition": "autoscaling:EC2_INSTANCE_TERMINATING", "RequestId": "r",
-        "AutoScalingGroupName": GROUP, "LifecycleHookName": HOOK,
-        "EC2InstanceId": iid, "LifecycleActionToken": "tok-1",
-    })
-    .to_string()
+    support::notices::lifecycle(GROUP, iid, HOOK, Some("tok-1"))
 }
 
 /// Issue 39 (suspected item, proven): our hook's action is completed and EKS's hook

@@ -741,14 +741,7 @@ fn lifecycle_note(iid: &str, hook: &str) -> String {
 
 /// [`lifecycle_note`] sent at `at`.
 fn lifecycle_note_at(iid: &str, hook: &str, at: chrono::DateTime<chrono::Utc>) -> String {
-    serde_json::json!({
-        "Origin": "AutoScalingGroup", "Destination": "EC2", "Service": "AWS Auto Scaling",
-        "Time": at.to_rfc3339(), "AccountId": "123456789012",
-        "LifecycleTransition": "autoscaling:EC2_INSTANCE_TERMINATING", "RequestId": "r",
-        "AutoScalingGroupName": "web", "LifecycleHookName": hook,
-        "EC2InstanceId": iid, "LifecycleActionToken": "tok-1",
-    })
-    .to_string()
+    support::notices::lifecycle_at("web", iid, hook, Some("tok-1"), at)
 }
 
 /// The hook's heartbeat timeout is now `secs` (the provider's list, re-read every
@@ -1108,16 +1101,15 @@ async fn a_stop_notice_is_not_undone_by_the_next_poll() {
     w.engine.shutdown();
 }
 
-/// AWS's reads lag its notification (the instance still in service, our hook not
-/// in the list yet): the action itself answers a heartbeat, so the message is taken
-/// at once, with no redelivery and no scan (every five minutes here), and the hold
-/// is heartbeated, drained and completed. Before, the message waited for the scan,
-/// which does not look at a group whose hook it has not seen: the hook timed out.
-#[tokio::test]
-async fn a_lifecycle_message_is_taken_on_the_actions_word_when_aws_reads_lag() {
+/// One web node of `hooked(2, 4)` running the pod `app`, the lifecycle loop scanning
+/// every five minutes (queue mode: the scan is only a safety net), its first scan
+/// done; the node's instance, and the loop.
+async fn one_app_queue_mode(
+    hook_heartbeat_timeout: Duration,
+) -> (World, String, tokio::task::JoinHandle<()>) {
     let s = ScaleInSettings {
         lifecycle_poll_interval: Duration::from_secs(300),
-        hook_heartbeat_timeout: Duration::from_secs(4),
+        hook_heartbeat_timeout,
         ..fast_settings()
     };
     let w = world(hooked(2, 4), s, Duration::from_millis(50)).await;
@@ -1128,6 +1120,36 @@ async fn a_lifecycle_message_is_taken_on_the_actions_word_when_aws_reads_lag() {
     pods_ready(&w, 1).await;
     let lifecycle = scalein::lifecycle::spawn_loop(w.engine.clone(), w.provider.clone());
     tokio::time::sleep(Duration::from_millis(500)).await;
+    (w, iid, lifecycle)
+}
+
+/// Our hook's action for `iid` completes, no hook ran out, and `app` was evicted.
+async fn drained_and_completed(w: &World, iid: &str) {
+    eventually("the lifecycle action is completed", 15, || {
+        w.cloud
+            .completed_actions()
+            .iter()
+            .any(|(a, _)| a.instance_id == iid && a.hook == HOOK)
+    })
+    .await;
+    assert!(w.cloud.hook_timeouts().is_empty(), "the hook ran out");
+    assert!(
+        w.sim
+            .audit()
+            .iter()
+            .any(|e| e.verb == "evicted" && e.name == "app"),
+        "the app was drained"
+    );
+}
+
+/// AWS's reads lag its notification (the instance still in service, our hook not
+/// in the list yet): the action itself answers a heartbeat, so the message is taken
+/// at once, with no redelivery and no scan (every five minutes here), and the hold
+/// is heartbeated, drained and completed. Before, the message waited for the scan,
+/// which does not look at a group whose hook it has not seen: the hook timed out.
+#[tokio::test]
+async fn a_lifecycle_message_is_taken_on_the_actions_word_when_aws_reads_lag() {
+    let (w, iid, lifecycle) = one_app_queue_mode(Duration::from_secs(4)).await;
     // The hook was away when this process last read the group, and is back (an
     // operator added it by hand); AWS's next reads still answer from before: no
     // hook, the instance in service.
@@ -1151,21 +1173,7 @@ async fn a_lifecycle_message_is_taken_on_the_actions_word_when_aws_reads_lag() {
     q.send(&lifecycle_note(&iid, HOOK));
     let out = handle_next(&c, &q).await;
     assert!(matches!(out, Handled::Done(_)), "{out:?}");
-    eventually("the lifecycle action is completed", 15, || {
-        w.cloud
-            .completed_actions()
-            .iter()
-            .any(|(a, _)| a.instance_id == iid && a.hook == HOOK)
-    })
-    .await;
-    assert!(w.cloud.hook_timeouts().is_empty(), "the hook ran out");
-    assert!(
-        w.sim
-            .audit()
-            .iter()
-            .any(|e| e.verb == "evicted" && e.name == "app"),
-        "the app was drained"
-    );
+    drained_and_completed(&w, &iid).await;
     lifecycle.abort();
     w.engine.shutdown();
 }
@@ -1180,19 +1188,8 @@ async fn a_lifecycle_message_is_taken_on_the_actions_word_when_aws_reads_lag() {
 /// heartbeat: throttled here, so only the scan can find the hold.)
 #[tokio::test]
 async fn a_lifecycle_message_read_before_aws_shows_the_hold_is_not_lost() {
-    let s = ScaleInSettings {
-        lifecycle_poll_interval: Duration::from_secs(300),
-        ..fast_settings()
-    };
-    let w = world(hooked(2, 4), s, Duration::from_millis(50)).await;
-    let (node, iid) = nodes_of(&w, "web").pop().unwrap();
-    w.sim
-        .create(&fixtures::pod("shop", "app", &node, "app", 0.1))
-        .unwrap();
-    pods_ready(&w, 1).await;
-    let lifecycle = scalein::lifecycle::spawn_loop(w.engine.clone(), w.provider.clone());
-    // The loop's first scan, before anything is held.
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    let (w, iid, lifecycle) =
+        one_app_queue_mode(ScaleInSettings::default().hook_heartbeat_timeout).await;
     w.cloud.stale_reads(1);
     assert_eq!(
         w.cloud.external_scale_in("web", 1).unwrap(),
@@ -1206,21 +1203,7 @@ async fn a_lifecycle_message_read_before_aws_shows_the_hold_is_not_lost() {
         matches!(handle_next(&c, &q).await, Handled::Retry(_)),
         "dropped while AWS's read lagged"
     );
-    eventually("the lifecycle action is completed", 15, || {
-        w.cloud
-            .completed_actions()
-            .iter()
-            .any(|(a, _)| a.instance_id == iid && a.hook == HOOK)
-    })
-    .await;
-    assert!(w.cloud.hook_timeouts().is_empty(), "the hook ran out");
-    assert!(
-        w.sim
-            .audit()
-            .iter()
-            .any(|e| e.verb == "evicted" && e.name == "app"),
-        "the app was drained"
-    );
+    drained_and_completed(&w, &iid).await;
     // Redelivered: the hold is known, nothing starts again.
     q.redeliver();
     let again = handle_all(&c, &q).await;

@@ -335,19 +335,12 @@ fn settings(policy: DeadlinePolicy) -> ScaleInSettings {
     }
 }
 
+/// The ASG's notification as the model has always sent it: stamped days ago, so a
+/// message whose instance AWS's reads do not show held is a replay (dropped), never
+/// a hold on its way.
 fn lifecycle_message(group: &str, iid: &str, token: Option<&str>) -> String {
-    let mut v = serde_json::json!({
-        "Origin": "AutoScalingGroup", "Destination": "EC2",
-        "Service": "AWS Auto Scaling", "Time": "2026-11-23T10:00:00Z",
-        "AccountId": "123456789012",
-        "LifecycleTransition": "autoscaling:EC2_INSTANCE_TERMINATING",
-        "RequestId": "r", "AutoScalingGroupName": group,
-        "LifecycleHookName": HOOK, "EC2InstanceId": iid,
-    });
-    if let Some(t) = token {
-        v["LifecycleActionToken"] = t.into();
-    }
-    v.to_string()
+    let at = chrono::DateTime::parse_from_rfc3339("2026-11-23T10:00:00Z").unwrap();
+    support::notices::lifecycle_at(group, iid, HOOK, token, at.into())
 }
 
 impl Model {

@@ -40,3 +40,31 @@ pub fn rebalance(iid: &str) -> String {
         serde_json::json!({"instance-id": iid}),
     )
 }
+
+/// The ASG's EC2_INSTANCE_TERMINATING notification for `iid` of `group` under
+/// `hook`, as the hook's notification target gets it, sent at `at`; without
+/// `LifecycleActionToken` when `token` is `None` (a forged or cut message).
+pub fn lifecycle_at(
+    group: &str,
+    iid: &str,
+    hook: &str,
+    token: Option<&str>,
+    at: chrono::DateTime<chrono::Utc>,
+) -> String {
+    let mut v = serde_json::json!({
+        "Origin": "AutoScalingGroup", "Destination": "EC2", "Service": "AWS Auto Scaling",
+        "Time": at.to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
+        "AccountId": "123456789012",
+        "LifecycleTransition": "autoscaling:EC2_INSTANCE_TERMINATING", "RequestId": "r",
+        "AutoScalingGroupName": group, "LifecycleHookName": hook, "EC2InstanceId": iid,
+    });
+    if let Some(t) = token {
+        v["LifecycleActionToken"] = t.into();
+    }
+    v.to_string()
+}
+
+/// [`lifecycle_at`] sent now, as AWS stamps it.
+pub fn lifecycle(group: &str, iid: &str, hook: &str, token: Option<&str>) -> String {
+    lifecycle_at(group, iid, hook, token, chrono::Utc::now())
+}
