@@ -191,17 +191,22 @@ async fn scale_up(bin: &CaBinary, k8s: &Binaries) {
         k.nodes().len() == 5
     })
     .await;
-    rig::until("5 app pods Ready", 60, || {
-        let admin = rig.admin.clone();
-        async move {
-            rig::ready_pods(&admin)
-                .await
-                .keys()
-                .filter(|p| p.starts_with("shop/app-"))
-                .count()
-                == 5
-        }
-    })
+    rig::until_or_say(
+        "5 app pods Ready",
+        60,
+        || {
+            let admin = rig.admin.clone();
+            async move {
+                rig::ready_pods(&admin)
+                    .await
+                    .keys()
+                    .filter(|p| p.starts_with("shop/app-"))
+                    .count()
+                    == 5
+            }
+        },
+        || rig::pod_states(&rig.admin, "shop/app-"),
+    )
     .await;
     *rig.report.scale_in_secs.lock() = Some(started.elapsed().as_secs_f64());
     rig.report

@@ -561,10 +561,22 @@ pub async fn ready_pods(admin: &kube::Client) -> BTreeMap<String, String> {
         .collect()
 }
 
-pub async fn until<F, Fut>(what: &str, secs: u64, mut f: F)
+pub async fn until<F, Fut>(what: &str, secs: u64, f: F)
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = bool>,
+{
+    until_or_say(what, secs, f, || async { String::new() }).await
+}
+
+/// [`until`], and on a timeout what `say` finds then (the state that was waited on),
+/// in the panic's message.
+pub async fn until_or_say<F, Fut, S, SFut>(what: &str, secs: u64, mut f: F, say: S)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+    S: FnOnce() -> SFut,
+    SFut: std::future::Future<Output = String>,
 {
     let end = Instant::now() + Duration::from_secs(secs);
     while Instant::now() < end {
@@ -573,7 +585,63 @@ where
         }
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    panic!("timed out after {secs} s waiting for {what}");
+    let state = say().await;
+    panic!(
+        "timed out after {secs} s waiting for {what}{}{state}",
+        if state.is_empty() { "" } else { "; then: " }
+    );
+}
+
+/// Each pod whose `namespace/name` starts with `prefix`, in a line: its node, phase,
+/// conditions that are not True and its containers' waiting reasons, so a wait for
+/// pods that times out says why they were not Ready.
+pub async fn pod_states(admin: &kube::Client, prefix: &str) -> String {
+    let pods: Api<Pod> = Api::all(admin.clone());
+    let Ok(list) = pods.list(&Default::default()).await else {
+        return "the pod list was refused".into();
+    };
+    let mut out = Vec::new();
+    for p in list.items {
+        let name = format!(
+            "{}/{}",
+            p.metadata.namespace.clone().unwrap_or_default(),
+            p.metadata.name.clone().unwrap_or_default()
+        );
+        if !name.starts_with(prefix) {
+            continue;
+        }
+        let node = p.spec.as_ref().and_then(|s| s.node_name.clone());
+        let status = p.status.unwrap_or_default();
+        let not_true: Vec<String> = status
+            .conditions
+            .iter()
+            .flatten()
+            .filter(|c| c.status != "True")
+            .map(|c| {
+                format!(
+                    "{}={} ({})",
+                    c.type_,
+                    c.status,
+                    c.reason.clone().unwrap_or_default()
+                )
+            })
+            .collect();
+        let waiting: Vec<String> = status
+            .container_statuses
+            .iter()
+            .flatten()
+            .filter_map(|c| c.state.as_ref()?.waiting.as_ref()?.reason.clone())
+            .collect();
+        out.push(format!(
+            "{name} on {} phase {} deleting {} not-true [{}] waiting [{}]",
+            node.as_deref().unwrap_or("(unscheduled)"),
+            status.phase.unwrap_or_default(),
+            p.metadata.deletion_timestamp.is_some(),
+            not_true.join(", "),
+            waiting.join(", "),
+        ));
+    }
+    out.join("\n  ")
 }
 
 /// What a scenario's cluster runs.
