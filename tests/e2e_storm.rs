@@ -7,6 +7,10 @@
 //!   `kubectl` on the PATH, or `E2E_STORM_KUBECTL=path`) the same storm ended by
 //!   `kubectl drain` per node on a control plane of its own. Prints the figures side by
 //!   side (Markdown) and appends them as JSON lines to `E2E_STORM_JSON` when set.
+//! - `E2E_STORM_DRAINERS=service,queue,kubectl`: which drainers run (default: service
+//!   and kubectl); `queue` is the service in queue mode, told of the ASG's half by the
+//!   ASG's notification per instance on the interruption queue, its lifecycle poll
+//!   slowed to the 5-minute safety net, as `serve` runs with a queue.
 //! - `E2E_STORM_DRAINING=K`: only K of each storm's N nodes end (half through the
 //!   hook, half through CA's DeleteNodes; the others stay with their pods): the
 //!   service's memory with the cluster fixed and the number of draining nodes varied.
@@ -42,7 +46,7 @@ use std::time::Duration;
 use ca_asg_provider::commands::loadgen::process::ProcWatch;
 use control_plane::{ControlPlane, Who};
 use rig::{binaries, until, SERIAL};
-use storm::{Drainer, Figures, Gauge, Shape};
+use storm::{Drainer, Figures, Gauge, Intake, Shape};
 
 /// Heap accounting by the kind of thread that allocated: each block carries a one-byte
 /// tag in a header before it, so a block freed on another thread is still taken off
@@ -246,12 +250,16 @@ async fn drain_storm_on_the_real_api_server() {
     };
     let _one_at_a_time = SERIAL.lock().await;
     let rt = service_runtime();
-    // E2E_STORM_DRAINERS=service (or kubectl): only that one.
+    // E2E_STORM_DRAINERS=service,queue,kubectl: those (default: service and kubectl;
+    // `queue` is the service in queue mode, the ASG's notifications on the queue).
     let only = std::env::var("E2E_STORM_DRAINERS").unwrap_or_default();
     let wanted = |d: &str| only.is_empty() || only.split(',').any(|o| o.trim() == d);
     let mut drainers = Vec::new();
     if wanted("service") {
-        drainers.push(Drainer::Service);
+        drainers.push(Drainer::Service(Intake::Poll));
+    }
+    if only.split(',').any(|o| o.trim() == "queue") {
+        drainers.push(Drainer::Service(Intake::Queue));
     }
     if wanted("kubectl") {
         match kubectl() {
@@ -274,7 +282,7 @@ async fn drain_storm_on_the_real_api_server() {
         for d in &drainers {
             let name = d.name();
             let gauge: Box<dyn Gauge> = match d {
-                Drainer::Service => Box::new(ServiceGauge),
+                Drainer::Service(_) => Box::new(ServiceGauge),
                 Drainer::KubectlDrain(_) => Box::new(ChildrenGauge),
             };
             let k = shape.draining;

@@ -20,8 +20,11 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ca_asg_provider::cloud::memory::{MemoryCloud, MemoryGroup};
+use ca_asg_provider::cloud::queue::{MemoryQueue, Queue};
 use ca_asg_provider::cloud::Cloud as _;
 use ca_asg_provider::config::ListenAddr;
+use ca_asg_provider::interruption::consumer::Consumer;
+use ca_asg_provider::interruption::InterruptionSettings;
 use ca_asg_provider::proto::{self, cloud_provider_client::CloudProviderClient};
 use ca_asg_provider::scalein::{self, ScaleInSettings};
 use chrono::{DateTime, Utc};
@@ -96,12 +99,22 @@ impl Shape {
     }
 }
 
+/// How the service learns of the instances the ASG ends through its hook.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Intake {
+    /// The lifecycle poll, every `lifecycleHookPollInterval` (5 s).
+    Poll,
+    /// Queue mode: the ASG's notification per instance on the interruption queue,
+    /// consumed as `serve` consumes it; the poll slowed to the safety net's 5 min.
+    Queue,
+}
+
 /// Who ends the storm.
 #[derive(Debug, Clone)]
 pub enum Drainer {
     /// This service, as it ships: its ServiceAccount and RBAC, `apiQps` 50 / burst 100,
     /// leader election on; half the nodes through the hook, half through DeleteNodes.
-    Service,
+    Service(Intake),
     /// `kubectl drain --ignore-daemonsets` per node (this binary), then
     /// TerminateInstanceInAutoScalingGroup with a decrement.
     KubectlDrain(PathBuf),
@@ -110,7 +123,8 @@ pub enum Drainer {
 impl Drainer {
     pub fn name(&self) -> String {
         match self {
-            Drainer::Service => "ca-asg-provider".into(),
+            Drainer::Service(Intake::Poll) => "ca-asg-provider".into(),
+            Drainer::Service(Intake::Queue) => "ca-asg-provider (queue)".into(),
             Drainer::KubectlDrain(_) => "kubectl drain".into(),
         }
     }
@@ -213,7 +227,7 @@ pub async fn run(
 
     step("register a Ready Node per instance");
     let mut web = MemoryGroup::new("web", 0, n as i32, n as i32, "m5.xlarge");
-    if matches!(drainer, Drainer::Service) {
+    if matches!(drainer, Drainer::Service(_)) {
         web = web.terminating_hook(HOOK, 300);
     }
     let cloud = MemoryCloud::new(vec![web], timing());
@@ -253,7 +267,7 @@ pub async fn run(
 
     step("start the drainer");
     let service = match drainer {
-        Drainer::Service => Some(start_service(&cp, &cloud, service_rt).await),
+        Drainer::Service(intake) => Some(start_service(&cp, &cloud, *intake, service_rt).await),
         Drainer::KubectlDrain(_) => None,
     };
 
@@ -275,11 +289,22 @@ pub async fn run(
                 kubectl_drains(&cp, &cloud, kubectl, &ending, shape.kubectl_parallelism).await;
             ending
         }
-        (Drainer::Service, svc) => {
+        (Drainer::Service(_), svc) => {
             let svc = svc.as_ref().expect("the service was started");
             chosen = cloud
                 .external_scale_in("web", (k / 2) as i32)
                 .expect("the ASG scales in");
+            if let Some(q) = &svc.queue {
+                for iid in &chosen {
+                    let token = cloud.action_token(iid, HOOK);
+                    q.send(&super::support::notices::lifecycle(
+                        "web",
+                        iid,
+                        HOOK,
+                        token.as_deref(),
+                    ));
+                }
+            }
             let rest: Vec<(String, String)> = web_nodes
                 .iter()
                 .filter(|(_, iid)| !chosen.contains(iid))
@@ -329,7 +354,7 @@ pub async fn run(
     step("read the audit log");
     let audit: Vec<AuditEvent> = cp.audit().into_iter().skip(audit0).collect();
     let user = match drainer {
-        Drainer::Service => SERVICE_USER,
+        Drainer::Service(_) => SERVICE_USER,
         Drainer::KubectlDrain(_) => DRAINER_USER,
     };
     let mine: Vec<&AuditEvent> = audit.iter().filter(|e| e.user.username == user).collect();
@@ -436,7 +461,7 @@ pub async fn run(
         lifecycle_actions_completed: cloud.completed_actions().len(),
         terminate_calls: calls.get("terminate_instance").copied().unwrap_or(0),
     };
-    if matches!(drainer, Drainer::Service) {
+    if matches!(drainer, Drainer::Service(_)) {
         step("check: evictions only, none twice, DaemonSet pods last");
         let names: Vec<String> = node_names.iter().cloned().collect();
         checks::evictions_only(&audit, &stops, &names).unwrap_or_else(|e| panic!("{e}"));
@@ -504,13 +529,19 @@ async fn nodes_ready(kubelet: &FakeKubelet, want: usize, secs: u64) {
 pub struct RunningService {
     pub engine: Arc<scalein::Engine>,
     pub addr: ListenAddr,
+    /// The interruption queue, in queue mode.
+    pub queue: Option<Arc<MemoryQueue>>,
     lifecycle: tokio::task::JoinHandle<()>,
+    consumer: Option<tokio::task::JoinHandle<()>>,
 }
 
 impl RunningService {
     fn stop(self, rt: &tokio::runtime::Handle) {
         let _guard = rt.enter();
         self.lifecycle.abort();
+        if let Some(c) = self.consumer {
+            c.abort();
+        }
         self.engine.abort_all();
         self.engine.shutdown();
     }
@@ -529,6 +560,7 @@ pub fn shipped_settings() -> ScaleInSettings {
 async fn start_service(
     cp: &ControlPlane,
     cloud: &MemoryCloud,
+    intake: Intake,
     rt: &tokio::runtime::Handle,
 ) -> RunningService {
     let kubeconfig = cp.kubeconfig(Who::Service).unwrap();
@@ -537,8 +569,14 @@ async fn start_service(
         let client = super::control_plane::client_from(&kubeconfig)
             .await
             .expect("the service's client");
+        let interruption = InterruptionSettings::default();
+        let mut settings = shipped_settings();
+        if intake == Intake::Queue {
+            // As the configuration slows it in queue mode.
+            settings.lifecycle_poll_interval = interruption.safety_net_poll;
+        }
         let (provider, engine, _ca, addr, _counts) =
-            super::rig::serve(client, &cloud, shipped_settings()).await;
+            super::rig::serve(client, &cloud, settings).await;
         engine.elect_leader();
         let leads = Arc::downgrade(&engine);
         provider.spawn_keep_fresh(move || leads.upgrade().is_some_and(|e| e.is_leader()));
@@ -547,11 +585,26 @@ async fn start_service(
             async move { e.is_leader() }
         })
         .await;
+        let (queue, consumer) = match intake {
+            Intake::Poll => (None, None),
+            Intake::Queue => {
+                let queue = Arc::new(MemoryQueue::default());
+                let consumer = Consumer::new(
+                    engine.clone(),
+                    provider.clone(),
+                    queue.clone() as Arc<dyn Queue>,
+                    interruption,
+                );
+                (Some(queue), Some(consumer.spawn()))
+            }
+        };
         let lifecycle = scalein::lifecycle::spawn_loop(engine.clone(), provider);
         RunningService {
             engine,
             addr,
+            queue,
             lifecycle,
+            consumer,
         }
     })
     .await
