@@ -11,6 +11,8 @@
 //!   and kubectl); `queue` is the service in queue mode, told of the ASG's half by the
 //!   ASG's notification per instance on the interruption queue, its lifecycle poll
 //!   slowed to the 5-minute safety net, as `serve` runs with a queue.
+//! - `E2E_STORM_API_QPS=Q`: the service's `apiQps` (burst 2Q) instead of the shipped
+//!   50 (and the pacing floor at that rate): what the shipped limit costs.
 //! - `E2E_STORM_DRAINING=K`: only K of each storm's N nodes end (half through the
 //!   hook, half through CA's DeleteNodes; the others stay with their pods): the
 //!   service's memory with the cluster fixed and the number of draining nodes varied.
@@ -277,8 +279,17 @@ async fn drain_storm_on_the_real_api_server() {
             .parse()
             .expect("E2E_STORM_DRAINING: a number of nodes")
     });
+    // E2E_STORM_API_QPS=Q: the service's apiQps (burst 2Q) instead of the shipped 50.
+    let api_qps: Option<f64> = std::env::var("E2E_STORM_API_QPS").ok().map(|v| {
+        v.trim()
+            .parse()
+            .expect("E2E_STORM_API_QPS: requests per second")
+    });
     for n in sizes {
-        let shape = Shape::new(n).draining(draining.unwrap_or(n));
+        let mut shape = Shape::new(n).draining(draining.unwrap_or(n));
+        if let Some(q) = api_qps {
+            shape = shape.api_qps(q);
+        }
         for d in &drainers {
             let name = d.name();
             let gauge: Box<dyn Gauge> = match d {

@@ -56,6 +56,9 @@ pub struct Shape {
     pub ca_parallelism: usize,
     /// `kubectl drain` processes at once in the anchor.
     pub kubectl_parallelism: usize,
+    /// The service's `apiQps` and `apiBurst` (as it ships: 50 and 100).
+    pub api_qps: f64,
+    pub api_burst: u32,
 }
 
 impl Shape {
@@ -68,6 +71,27 @@ impl Shape {
             daemonset_prestop_s: 1,
             ca_parallelism: 10,
             kubectl_parallelism: 10,
+            api_qps: shipped_settings().api_qps,
+            api_burst: shipped_settings().api_burst,
+        }
+    }
+
+    /// [`Shape::new`] with the service's API rate set to `qps`, its burst twice that
+    /// (the shipped ratio).
+    pub fn api_qps(self, qps: f64) -> Self {
+        Shape {
+            api_qps: qps,
+            api_burst: (2.0 * qps).round() as u32,
+            ..self
+        }
+    }
+
+    /// The service's settings in this storm: as it ships, at this API rate.
+    pub fn settings(&self) -> ScaleInSettings {
+        ScaleInSettings {
+            api_qps: self.api_qps,
+            api_burst: self.api_burst,
+            ..shipped_settings()
         }
     }
 
@@ -147,6 +171,12 @@ pub struct Figures {
     pub drainer: String,
     pub k8s_version: String,
     pub nodes: usize,
+    /// The service's `apiQps` (the pacing floor's rate).
+    pub api_qps: f64,
+    /// The time the drainer's own requests take at `apiQps` past its burst: the end
+    /// can come no sooner while every request waits for the service's bucket (0 for
+    /// kubectl, which has no such bucket here).
+    pub own_requests_paced_s: f64,
     /// The nodes ended in the storm (of `nodes`).
     pub draining: usize,
     /// The cluster's app pods.
@@ -267,7 +297,9 @@ pub async fn run(
 
     step("start the drainer");
     let service = match drainer {
-        Drainer::Service(intake) => Some(start_service(&cp, &cloud, *intake, service_rt).await),
+        Drainer::Service(intake) => {
+            Some(start_service(&cp, &cloud, *intake, shape.settings(), service_rt).await)
+        }
         Drainer::KubectlDrain(_) => None,
     };
 
@@ -424,6 +456,13 @@ pub async fn run(
         drainer: drainer.name(),
         k8s_version: bin.version.clone(),
         nodes: n,
+        api_qps: shape.api_qps,
+        own_requests_paced_s: match drainer {
+            Drainer::Service(_) => {
+                (done.len() as f64 - f64::from(shape.api_burst)).max(0.0) / shape.api_qps
+            }
+            Drainer::KubectlDrain(_) => 0.0,
+        },
         draining: k,
         app_pods: shape.app_pods(),
         daemonset_pods: k,
@@ -561,6 +600,7 @@ async fn start_service(
     cp: &ControlPlane,
     cloud: &MemoryCloud,
     intake: Intake,
+    mut settings: ScaleInSettings,
     rt: &tokio::runtime::Handle,
 ) -> RunningService {
     let kubeconfig = cp.kubeconfig(Who::Service).unwrap();
@@ -570,7 +610,6 @@ async fn start_service(
             .await
             .expect("the service's client");
         let interruption = InterruptionSettings::default();
-        let mut settings = shipped_settings();
         if intake == Intake::Queue {
             // As the configuration slows it in queue mode.
             settings.lifecycle_poll_interval = interruption.safety_net_poll;
@@ -739,7 +778,7 @@ struct Floors {
 
 /// The storm's floor (see [`Figures::floor_s`]).
 fn floors(shape: &Shape, audit: &[AuditEvent], user: &str) -> Floors {
-    let settings = shipped_settings();
+    let settings = shape.settings();
     let node = (shape.app_prestop_s + shape.daemonset_prestop_s) as f64;
     // One eviction per pod and one cordon per node, beyond the burst, at apiQps: the
     // draining nodes' (two app pods and a DaemonSet pod each).
@@ -823,17 +862,19 @@ async fn apf_counters(admin: &kube::Client) -> Apf {
 /// The figures as Markdown rows, one per storm.
 pub fn table(rows: &[Figures]) -> String {
     let mut s = String::from(
-        "| drainer | N (ending) | ended | floor | ratio | requests/node | watches | 429 (budget / APF) | kube-apiserver CPU | etcd CPU | drainer CPU | drainer memory | DaemonSet pods ended with the instance |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
+        "| drainer | N (ending) | ended | floor | ratio | own requests at apiQps | requests/node | watches | 429 (budget / APF) | kube-apiserver CPU | etcd CPU | drainer CPU | drainer memory | DaemonSet pods ended with the instance |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
     );
     for f in rows {
         s.push_str(&format!(
-            "| {} | {} ({}) | {:.1} s | {:.1} s | {:.2} | {:.1} | {} | {} / {} | {:.1} s | {:.1} s | {:.1} s | {:.0} MB ({}) | {} of {} |\n",
+            "| {} | {} ({}) | {:.1} s | {:.1} s | {:.2} | {:.1} s ({:.0}/s) | {:.1} | {} | {} / {} | {:.1} s | {:.1} s | {:.1} s | {:.0} MB ({}) | {} of {} |\n",
             f.drainer,
             f.nodes,
             f.draining,
             f.all_ended_s,
             f.floor_s,
             f.ratio,
+            f.own_requests_paced_s,
+            f.api_qps,
             f.requests_per_node,
             f.watches_opened,
             f.refused_by_budget,
