@@ -49,6 +49,15 @@ fn record_on(w: &World, node: &str) -> Option<record::DrainRecord> {
     record::DrainRecord::from_annotations(&a)
 }
 
+/// The ASG scales web in by one itself and picks `iid` (the newest), which our hook
+/// then holds.
+fn asg_ends(w: &World, iid: &str) {
+    assert_eq!(
+        w.cloud.external_scale_in("web", 1).unwrap(),
+        vec![iid.to_string()]
+    );
+}
+
 fn hooked(desired: i32, timeout_secs: i32) -> Vec<MemoryGroup> {
     vec![MemoryGroup::new("web", 0, 3, desired, "m5.large").terminating_hook(HOOK, timeout_secs)]
 }
@@ -78,10 +87,7 @@ async fn a_hook_drain_after_an_old_rebalance_cordon_keeps_the_pdb() {
         .await
         .unwrap();
     let lifecycle = scalein::lifecycle::spawn_loop(w.engine.clone(), w.provider.clone());
-    assert_eq!(
-        w.cloud.external_scale_in("web", 1).unwrap(),
-        vec![iid.clone()]
-    );
+    asg_ends(&w, &iid);
     eventually("the PDB refuses the eviction", 10, || blocked(&w)).await;
     tokio::time::sleep(Duration::from_millis(800)).await;
     assert!(
@@ -132,10 +138,7 @@ async fn a_pod_that_landed_during_a_rebalance_cordon_is_drained_by_the_hook() {
     pods_ready(&w, 1).await;
 
     let lifecycle = scalein::lifecycle::spawn_loop(w.engine.clone(), w.provider.clone());
-    assert_eq!(
-        w.cloud.external_scale_in("web", 1).unwrap(),
-        vec![iid.clone()]
-    );
+    asg_ends(&w, &iid);
     eventually(
         "the hook's drain evicts the pod: the PDB refuses",
         10,
@@ -184,10 +187,7 @@ async fn a_hook_on_an_instance_another_drain_holds_is_heartbeated_and_completed(
     eventually("the PDB refuses the eviction", 10, || blocked(&w)).await;
 
     let lifecycle = scalein::lifecycle::spawn_loop(w.engine.clone(), w.provider.clone());
-    assert_eq!(
-        w.cloud.external_scale_in("web", 1).unwrap(),
-        vec![iid.clone()]
-    );
+    asg_ends(&w, &iid);
     eventually("the hook is heartbeated", 10, || {
         w.cloud.heartbeats().iter().any(|a| a.instance_id == iid)
     })
@@ -771,10 +771,7 @@ async fn a_lifecycle_action_from_the_queue_heartbeats_at_the_hooks_current_timeo
     let (node, iid) = nodes_of(&w, "web").remove(0);
     guarded_app(&w, &node, "app").await;
     set_hook_timeout(&w, 3).await;
-    assert_eq!(
-        w.cloud.external_scale_in("web", 1).unwrap(),
-        vec![iid.clone()]
-    );
+    asg_ends(&w, &iid);
     let q = Arc::new(MemoryQueue::default());
     let c = consumer(&w, &q, RebalanceAction::Cordon);
     q.send(&lifecycle_note(&iid, HOOK));
@@ -803,10 +800,7 @@ async fn a_changed_hook_timeout_reschedules_the_heartbeats_of_a_held_instance() 
     let (node, iid) = nodes_of(&w, "web").remove(0);
     guarded_app(&w, &node, "app").await;
     let lifecycle = scalein::lifecycle::spawn_loop(w.engine.clone(), w.provider.clone());
-    assert_eq!(
-        w.cloud.external_scale_in("web", 1).unwrap(),
-        vec![iid.clone()]
-    );
+    asg_ends(&w, &iid);
     eventually("the PDB refuses the eviction", 10, || blocked(&w)).await;
     let beats = || {
         w.cloud
@@ -1164,10 +1158,7 @@ async fn a_lifecycle_message_is_taken_on_the_actions_word_when_aws_reads_lag() {
             default_result: "ABANDON".into(),
         },
     );
-    assert_eq!(
-        w.cloud.external_scale_in("web", 1).unwrap(),
-        vec![iid.clone()]
-    );
+    asg_ends(&w, &iid);
     let q = Arc::new(MemoryQueue::default());
     let c = consumer(&w, &q, RebalanceAction::Cordon);
     q.send(&lifecycle_note(&iid, HOOK));
@@ -1191,10 +1182,7 @@ async fn a_lifecycle_message_read_before_aws_shows_the_hold_is_not_lost() {
     let (w, iid, lifecycle) =
         one_app_queue_mode(ScaleInSettings::default().hook_heartbeat_timeout).await;
     w.cloud.stale_reads(1);
-    assert_eq!(
-        w.cloud.external_scale_in("web", 1).unwrap(),
-        vec![iid.clone()]
-    );
+    asg_ends(&w, &iid);
     let q = Arc::new(MemoryQueue::default());
     let c = consumer(&w, &q, RebalanceAction::Cordon);
     w.cloud.throttle("lifecycle_heartbeat", 1);
