@@ -59,8 +59,7 @@ pub fn heartbeats(
             }
             let next = match engine.cloud.lifecycle_heartbeat(&action).await {
                 Ok(()) => {
-                    engine.stats.heartbeats.fetch_add(1, Ordering::Relaxed);
-                    Metrics::outcome(&metrics().heartbeats, "ok");
+                    heartbeat_taken(&engine);
                     tracing::debug!(instance = %action.instance_id, hook = %action.hook, "lifecycle heartbeat recorded");
                     last_ok = Instant::now();
                     backoff.ok()
@@ -231,8 +230,7 @@ pub async fn ask_hold(engine: &Engine, group: &str, instance_id: &str) -> Hold {
     };
     match engine.cloud.lifecycle_heartbeat(&probe).await {
         Ok(()) => {
-            engine.stats.heartbeats.fetch_add(1, Ordering::Relaxed);
-            Metrics::outcome(&metrics().heartbeats, "ok");
+            heartbeat_taken(engine);
             Hold::Held
         }
         Err(e) if no_action(&e).is_some() => Hold::NotHeld,
@@ -243,8 +241,15 @@ pub async fn ask_hold(engine: &Engine, group: &str, instance_id: &str) -> Hold {
     }
 }
 
-/// AWS's shortest heartbeat timeout for a lifecycle hook.
+/// Counts a heartbeat AWS took, whoever sent it (the hold's loop, or a probe).
+fn heartbeat_taken(engine: &Engine) {
+    engine.stats.heartbeats.fetch_add(1, Ordering::Relaxed);
+    Metrics::outcome(&metrics().heartbeats, "ok");
+}
+
+/// AWS's shortest and longest heartbeat timeouts for a lifecycle hook.
 pub const AWS_MIN_HEARTBEAT_TIMEOUT: Duration = Duration::from_secs(30);
+pub const AWS_MAX_HEARTBEAT_TIMEOUT: Duration = Duration::from_secs(7200);
 
 /// The group with our hook added, for a hold AWS's hook list does not show yet (an
 /// operator just added the hook; the list is eventually consistent): the hook's
@@ -330,8 +335,8 @@ pub async fn scan(engine: &Arc<Engine>, provider: &Arc<Provider>) -> usize {
                 heartbeat_timeout_secs: engine
                     .settings
                     .hook_heartbeat_timeout
-                    .as_secs()
-                    .clamp(30, 7200) as i32,
+                    .clamp(AWS_MIN_HEARTBEAT_TIMEOUT, AWS_MAX_HEARTBEAT_TIMEOUT)
+                    .as_secs() as i32,
                 default_result: "CONTINUE".into(),
             };
             match engine.cloud.put_terminating_hook(&g.asg.name, &hook).await {
