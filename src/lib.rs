@@ -1,6 +1,7 @@
 //! ca-asg-provider: a cluster-autoscaler externalgrpc cloud provider for EC2 Auto
 //! Scaling Groups with a DaemonSet-last, PDB-safe scale-in drain.
 
+pub mod clock;
 pub mod cloud;
 pub mod commands;
 pub mod config;

@@ -172,7 +172,7 @@ fn lead(w: &World) -> Replica {
 
 impl Model {
     async fn new() -> Model {
-        let w = world(
+        let w = world_in_process(
             vec![
                 MemoryGroup::new("web", 0, 6, 2, "m5.large")
                     .terminating_hook(HOOK, HOOK_TIMEOUT_SECS),
@@ -334,7 +334,8 @@ impl Model {
                     return;
                 }
                 self.give(&iid, "interruption notice");
-                let start = (chrono::Utc::now() + chrono::Duration::hours(2)).to_rfc2822();
+                let start =
+                    (ca_asg_provider::clock::utc_now() + chrono::Duration::hours(2)).to_rfc2822();
                 let body = eventbridge(
                     "AWS Health Event",
                     "aws.health",
@@ -693,13 +694,9 @@ impl Model {
     }
 }
 
-fn run(ops: &[Op]) {
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
-    rt.block_on(async {
+fn run(ops: &[Op]) -> Vec<String> {
+    support::model::on_paused_clock(async {
+        let start = ca_asg_provider::clock::now();
         let mut m = Model::new().await;
         m.check();
         for op in ops {
@@ -714,7 +711,8 @@ fn run(ops: &[Op]) {
             e.shutdown();
         }
         m.w.engine.shutdown();
-    });
+        support::model::transcript(&m.w.sim, &m.w.cloud, start)
+    })
 }
 
 /// Cases per run (`MODEL_CASES` overrides; see support::model for the seed, replay
@@ -732,12 +730,17 @@ fn every_source_on_the_same_nodes_keeps_every_promise() {
         |ops| run(&ops),
     );
 }
-/// The interactions of the issue, in one run: a rebalance drain held by a PDB, the
-/// ASG ending the same instance through the hook, CA's scale-in and a spot warning on
-/// the same node, a leader change and a restart in between.
+
+/// A case on the paused clock takes the same steps at the same instants on every
+/// run (issue 39): the interactions of the issue, run three times, give the same
+/// transcript (support::model::transcript).
 #[test]
-fn the_issues_interactions_keep_every_promise() {
-    run(&[
+fn a_case_replays_exactly() {
+    support::model::assert_replays_exactly(3, || run(&the_issues_interactions()));
+}
+
+fn the_issues_interactions() -> Vec<Op> {
+    vec![
         Op::Rebalance(GUARDED),
         Op::AsgEnds,
         Op::CaScaleIn(0),
@@ -748,7 +751,15 @@ fn the_issues_interactions_keep_every_promise() {
         Op::CaScaleIn(2),
         Op::Restart,
         Op::Wait,
-    ]);
+    ]
+}
+
+/// The interactions of the issue, in one run: a rebalance drain held by a PDB, the
+/// ASG ending the same instance through the hook, CA's scale-in and a spot warning on
+/// the same node, a leader change and a restart in between.
+#[test]
+fn the_issues_interactions_keep_every_promise() {
+    run(&the_issues_interactions());
 }
 
 /// Issue 39, item 4, as ops of the model: our hook deleted and added back by hand

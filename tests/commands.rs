@@ -2,7 +2,9 @@
 
 use std::process::ExitCode;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use ca_asg_provider::clock::Instant;
 
 use ca_asg_provider::cloud::memory::{MemoryCloud, MemoryGroup, MemoryTiming};
 use ca_asg_provider::cloud::GroupSelector;

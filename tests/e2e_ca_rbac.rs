@@ -25,7 +25,9 @@ mod control_plane;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 use std::process::Command;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use ca_asg_provider::clock::Instant;
 
 use anyhow::{bail, Context};
 use k8s_openapi::api::authorization::v1::{

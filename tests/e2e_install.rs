@@ -23,7 +23,9 @@
 //! `E2E_HELM`) and moto.
 
 use std::collections::BTreeMap;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use ca_asg_provider::clock::Instant;
 
 use ca_asg_provider::cloud::aws::AwsCloud;
 use ca_asg_provider::cloud::{Cloud, GroupSelector};

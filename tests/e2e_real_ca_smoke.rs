@@ -14,7 +14,9 @@ mod real_ca;
 
 use std::net::SocketAddr;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use ca_asg_provider::clock::Instant;
 
 use ca_asg_provider::cloud::memory::{MemoryCloud, MemoryGroup, MemoryTiming};
 use ca_asg_provider::cloud::GroupSelector;

@@ -336,7 +336,7 @@ async fn service_memory_with_thousands_of_nodes_watched() {
             .unwrap_or_else(|e| panic!("{e:#}"));
         let admin = cp.client(Who::Admin).await.unwrap();
         rig::apply_shipped_rbac(&admin).await;
-        let t = std::time::Instant::now();
+        let t = ca_asg_provider::clock::Instant::now();
         populate(&admin, &mut cp, n).await;
         eprintln!(
             "watch N={n}: {n} Nodes and {n} pods created in {:.0} s",

@@ -10,6 +10,7 @@ use std::path::{Path, PathBuf};
 const LAYERS: &[(&str, u8)] = &[
     ("proto", 0),
     ("duration", 0),
+    ("clock", 0),
     ("telemetry", 0),
     ("cloud", 1),
     ("provider", 2),

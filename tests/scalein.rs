@@ -1,7 +1,9 @@
 //! The scale-in drain end to end: CA's DeleteNodes over gRPC (or the ASG itself),
 //! the memory cloud, and the in-memory API server over HTTP.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use ca_asg_provider::clock::Instant;
 
 use ca_asg_provider::cloud::memory::MemoryGroup;
 use ca_asg_provider::cloud::{Cloud, LifecycleResult};

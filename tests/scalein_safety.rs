@@ -3,7 +3,9 @@
 //! heartbeated from the moment it is found, fail-closed node lookup, and only our own
 //! lifecycle hook completed. Real engine, memory cloud, in-memory API server.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use ca_asg_provider::clock::Instant;
 
 use ca_asg_provider::cloud::memory::MemoryGroup;
 use ca_asg_provider::cloud::{Cloud, LifecycleResult, LifecycleState};

@@ -678,7 +678,7 @@ async fn every_waiter_for_a_drain_pass_cache_wakes_when_the_first_list_arrives()
         },
         |p: Arc<Pass>| async move {
             p.attachments()
-                .ready(std::time::Instant::now() + Duration::from_secs(3600))
+                .ready(ca_asg_provider::clock::now() + Duration::from_secs(3600))
                 .await
         },
     )

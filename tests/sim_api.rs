@@ -1,7 +1,9 @@
 //! The in-memory API server through a real kube::Client over HTTP.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use ca_asg_provider::clock::Instant;
 
 use ca_asg_provider::sim::{fixtures, SimCluster, SimOptions};
 use futures::StreamExt;

@@ -70,7 +70,9 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use ca_asg_provider::clock::Instant;
 
 use ca_asg_provider::cloud::memory::{DesiredBy, HookEvent, MemoryGroup};
 use ca_asg_provider::cloud::queue::MemoryQueue;
@@ -345,7 +347,7 @@ fn lifecycle_message(group: &str, iid: &str, token: Option<&str>) -> String {
 
 impl Model {
     async fn new(policy: DeadlinePolicy) -> Model {
-        let w = world(
+        let w = world_in_process(
             vec![
                 MemoryGroup::new("web", 0, 6, 2, "m5.large")
                     .eks_managed("prod", "web", EKS_HOOK_SECS)
@@ -578,7 +580,7 @@ impl Model {
             }
             Op::SpotLate(i, tenths) => {
                 let iid = self.nodes[*i].1.clone();
-                let now = chrono::Utc::now();
+                let now = ca_asg_provider::clock::utc_now();
                 let warned = now - chrono::Duration::seconds(100)
                     + chrono::Duration::milliseconds(100 * *tenths as i64);
                 let body = support::notices::spot_at(&iid, warned);
@@ -592,7 +594,7 @@ impl Model {
                         .unwrap();
                 let forced = sent + chrono::Duration::seconds(120) - SHARE;
                 let at = Instant::now()
-                    + (forced - chrono::Utc::now())
+                    + (forced - ca_asg_provider::clock::utc_now())
                         .to_std()
                         .unwrap_or(Duration::ZERO);
                 if self.in_service(&iid) {
@@ -606,7 +608,8 @@ impl Model {
             }
             Op::Retirement(i) => {
                 let iid = self.nodes[*i].1.clone();
-                let start = (chrono::Utc::now() + chrono::Duration::hours(2)).to_rfc2822();
+                let start =
+                    (ca_asg_provider::clock::utc_now() + chrono::Duration::hours(2)).to_rfc2822();
                 let body = eventbridge(
                     "AWS Health Event",
                     "aws.health",
@@ -943,8 +946,8 @@ impl Model {
             })
             .collect();
         if let Some(f) = first {
-            let utc =
-                chrono::Utc::now() - chrono::Duration::from_std(f.elapsed()).unwrap_or_default();
+            let utc = ca_asg_provider::clock::utc_now()
+                - chrono::Duration::from_std(f.elapsed()).unwrap_or_default();
             out.insert(
                 0,
                 format!(
@@ -1069,18 +1072,15 @@ impl Model {
     }
 }
 
-fn run(proceed: bool, ops: &[Op]) {
+fn run(proceed: bool, ops: &[Op]) -> Vec<String> {
     run_then(proceed, ops, |_| {})
 }
 
-/// [`run`], then `then` on the settled model.
-fn run_then(proceed: bool, ops: &[Op], then: impl FnOnce(&Model)) {
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
-    rt.block_on(async {
+/// [`run`], then `then` on the settled model; the case's transcript
+/// (support::model::transcript).
+fn run_then(proceed: bool, ops: &[Op], then: impl FnOnce(&Model)) -> Vec<String> {
+    support::model::on_paused_clock(async {
+        let start = ca_asg_provider::clock::now();
         let policy = if proceed {
             DeadlinePolicy::Proceed
         } else {
@@ -1100,7 +1100,8 @@ fn run_then(proceed: bool, ops: &[Op], then: impl FnOnce(&Model)) {
             e.shutdown();
         }
         m.w.engine.shutdown();
-    });
+        support::model::transcript(&m.w.sim, &m.w.cloud, start)
+    })
 }
 
 /// Cases per run (`MODEL_CASES` overrides; see tests/support/model.rs).
@@ -1118,6 +1119,35 @@ fn any_refusal_stale_answer_or_forgery_keeps_every_promise() {
         (any::<bool>(), prop::collection::vec(op(), 1..12)),
         |(proceed, ops)| run(proceed, &ops),
     );
+}
+
+/// A case on the paused clock takes the same steps at the same instants on every
+/// run (issue 39), through refused writes, slow and late answers, AWS throttling,
+/// stale reads, a forged message, a lease lost while ending an instance and a
+/// restart: three runs, one transcript (support::model::transcript).
+#[test]
+fn a_case_replays_exactly() {
+    support::model::assert_replays_exactly(3, || {
+        run(
+            true,
+            &[
+                Op::Spot(0),
+                Op::Refuse(Write::Evict, 2, Refusal::TooManyRequests),
+                Op::AsgEnds,
+                Op::ApiSlow(150),
+                Op::WatchLag(120),
+                Op::AwsThrottle(AwsCall::Heartbeat, 2),
+                Op::CaScaleIn(2),
+                Op::AwsStale(3),
+                Op::Forge(Forged::WrongToken, 1),
+                Op::LeaseLostMidEnd,
+                Op::AwsSlowAnswers(300),
+                Op::Restart,
+                Op::Heal,
+                Op::Wait,
+            ],
+        )
+    });
 }
 
 /// A forged lifecycle message with a wrong token for an instance the ASG holds: AWS

@@ -118,7 +118,7 @@ impl Model {
                 pool_state: pool_state.into(),
                 reuse_on_scale_in: true,
             });
-        let w = world(vec![group], settings(), Duration::from_millis(20)).await;
+        let w = world_in_process(vec![group], settings(), Duration::from_millis(20)).await;
         let pods = PodLog::watch(&w.sim);
         w.sim
             .create(&fixtures::daemonset("logging", "fluentd", 0.1, false))
@@ -387,13 +387,9 @@ impl Model {
     }
 }
 
-fn run(pool_state: &str, ops: &[Op]) {
-    let rt = tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap();
-    rt.block_on(async {
+fn run(pool_state: &str, ops: &[Op]) -> Vec<String> {
+    support::model::on_paused_clock(async {
+        let start = ca_asg_provider::clock::now();
         let mut m = Model::new(pool_state).await;
         m.check().await;
         for op in ops {
@@ -402,7 +398,7 @@ fn run(pool_state: &str, ops: &[Op]) {
         }
         // A drain our hook holds retries a failed run after 5 s, doubling: refused
         // Node writes in a row can put its next try tens of seconds off.
-        let bound = std::time::Instant::now() + SETTLE;
+        let bound = ca_asg_provider::clock::Instant::now() + SETTLE;
         loop {
             m.check().await;
             let left = m.unfinished();
@@ -410,14 +406,15 @@ fn run(pool_state: &str, ops: &[Op]) {
                 break;
             }
             assert!(
-                std::time::Instant::now() < bound,
+                ca_asg_provider::clock::Instant::now() < bound,
                 "not finished {SETTLE:?} after the last step: {left:?}"
             );
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
         m.lifecycle.abort();
         m.w.engine.shutdown();
-    });
+        support::model::transcript(&m.w.sim, &m.w.cloud, start)
+    })
 }
 
 /// How long the drains may take to finish after the last step: a held drain's

@@ -28,7 +28,7 @@ fn outcome<T>(r: &CloudResult<T>) -> &'static str {
 
 macro_rules! counted {
     ($op:literal, $call:expr) => {{
-        let started = std::time::Instant::now();
+        let started = crate::clock::Instant::now();
         let r = $call.await;
         metrics().aws_duration($op, started.elapsed());
         record($op, &r);

@@ -3,7 +3,9 @@
 //! minute.
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use crate::clock::Instant;
 
 use anyhow::Context;
 use prost::Message;

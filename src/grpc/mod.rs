@@ -14,6 +14,7 @@ use crate::telemetry::metrics::{metrics, Metrics};
 
 pub mod deadline;
 pub mod door;
+pub mod in_process;
 pub mod listen;
 pub mod metered;
 pub mod options;
@@ -113,17 +114,7 @@ pub async fn serve_counted(
     limits: ConnectionLimits,
     counts: &'static Metrics,
 ) -> anyhow::Result<()> {
-    let (reporter, health) = tonic_health::server::health_reporter();
-    reporter
-        .set_serving::<CloudProviderServer<CloudProviderService>>()
-        .await;
-    let router = transport()
-        .add_service(health)
-        .add_service(metered::Metered::new(
-            CloudProviderServer::new(CloudProviderService::new(provider))
-                .max_decoding_message_size(MAX_REQUEST_BYTES),
-            counts,
-        ));
+    let router = router(provider, counts).await;
     match (listener.into(), tls) {
         (Listener::Tcp(l), None) => {
             router
@@ -147,6 +138,25 @@ pub async fn serve_counted(
         ),
     }
     Ok(())
+}
+
+/// The services a server offers: health, and the CloudProvider service over
+/// `provider`, metered into `counts`.
+async fn router(
+    provider: Arc<Provider>,
+    counts: &'static Metrics,
+) -> tonic::transport::server::Router {
+    let (reporter, health) = tonic_health::server::health_reporter();
+    reporter
+        .set_serving::<CloudProviderServer<CloudProviderService>>()
+        .await;
+    transport()
+        .add_service(health)
+        .add_service(metered::Metered::new(
+            CloudProviderServer::new(CloudProviderService::new(provider))
+                .max_decoding_message_size(MAX_REQUEST_BYTES),
+            counts,
+        ))
 }
 
 /// TLS over the door's connections: each handshake runs in its own task (with the

@@ -3,9 +3,11 @@
 //! notice seen again within [`REMEMBER`] (a duplicate delivery, a redelivery after a
 //! restart) starts nothing new.
 
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use crate::clock::Instant;
 
 use backon::{ExponentialBuilder, Retryable};
 use chrono::Utc;
@@ -46,7 +48,7 @@ pub struct Consumer {
     queue: Arc<dyn Queue>,
     settings: InterruptionSettings,
     /// (action, instance) -> when it was handled.
-    recent: Mutex<HashMap<(&'static str, String), Instant>>,
+    recent: Mutex<BTreeMap<(&'static str, String), Instant>>,
 }
 
 /// What became of one message.
@@ -72,7 +74,7 @@ impl Consumer {
             provider,
             queue,
             settings,
-            recent: Mutex::new(HashMap::new()),
+            recent: Mutex::new(BTreeMap::new()),
         })
     }
 
@@ -111,13 +113,13 @@ impl Consumer {
                 }
                 let receive = || this.queue.receive(this.settings.batch, this.settings.wait);
                 let batch = receive
-                    .retry(
+                    .retry(crate::clock::jittered(
                         ExponentialBuilder::default()
                             .with_min_delay(Duration::from_secs(1))
                             .with_max_delay(Duration::from_secs(30))
-                            .with_max_times(3)
-                            .with_jitter(),
-                    )
+                            .with_max_times(3),
+                        "queue receive",
+                    ))
                     .sleep(tokio::time::sleep)
                     .notify(|e: &CloudError, retry_in| {
                         tracing::warn!(error = %e, ?retry_in, "cannot receive from the interruption queue; retrying");
@@ -193,7 +195,7 @@ impl Consumer {
         m_.queue_messages.get_or_create(&KindLabels { kind }).inc();
         let hook = self.engine.settings().hook_name.clone();
         let mut outcomes = Vec::new();
-        for action in decide(&n, &self.settings, &hook, Utc::now()) {
+        for action in decide(&n, &self.settings, &hook, crate::clock::utc_now()) {
             match self.act(&n, action).await {
                 Ok(outcome) => {
                     m_.queue_handled
@@ -282,7 +284,7 @@ impl Consumer {
                         ends_at,
                         daemonset_share_secs: self.settings.daemonset_share.as_secs(),
                     },
-                    Utc::now(),
+                    crate::clock::utc_now(),
                 );
                 // Recorded on the Node before the message is deleted: a restart or a
                 // new leader finds the reason with its budget there, even while the
@@ -323,7 +325,7 @@ impl Consumer {
                     metrics().dry_run("cordon");
                     return Ok(label);
                 }
-                let reason = DrainReason::new(Why::Rebalance, Utc::now());
+                let reason = DrainReason::new(Why::Rebalance, crate::clock::utc_now());
                 match self.record(&instance_id, &group, reason).await {
                     Ok(Some((node, _))) => {
                         self.engine
@@ -483,7 +485,7 @@ impl Consumer {
             .map(|l| l.state);
         let fresh = n
             .time()
-            .is_none_or(|t| (Utc::now() - t).to_std().unwrap_or_default() < SETTLE);
+            .is_none_or(|t| (crate::clock::utc_now() - t).to_std().unwrap_or_default() < SETTLE);
         match state {
             // Terminating:Wait, or a hold of the warm pool's: on the way back into it
             // (a scale-in under ReuseOnScaleIn, Destination WarmPool), or ending one
@@ -588,7 +590,7 @@ impl Consumer {
             Start::Refused => return "recorded",
         }
         if let Some(at) = n.time() {
-            let lag = (Utc::now() - at).to_std().unwrap_or_default();
+            let lag = (crate::clock::utc_now() - at).to_std().unwrap_or_default();
             metrics()
                 .notice_to_drain
                 .get_or_create(&KindLabels { kind })

@@ -308,7 +308,7 @@ mod tests {
             time: None,
         };
         assert_eq!(
-            decide(&n, &s, "ours", Utc::now()),
+            decide(&n, &s, "ours", crate::clock::utc_now()),
             vec![Action::Drain {
                 instance_id: "i-1".into(),
                 ends_at: None

@@ -15,9 +15,9 @@
 use std::future::Future;
 use std::time::Duration;
 
+use crate::clock::Instant;
 use parking_lot::Mutex;
 use tokio::task::JoinHandle;
-use tokio::time::Instant;
 
 use super::ProviderError;
 

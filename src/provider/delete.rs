@@ -11,7 +11,7 @@
 //! minimum size counts every call before it), and records every removal side by
 //! side. Each call still gets its own answer, within its own deadline.
 
-use std::collections::HashSet;
+use std::collections::BTreeSet;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
@@ -78,7 +78,7 @@ impl Provider {
         nodes: &[NodeRef],
         bound: Duration,
     ) -> Result<(), ProviderError> {
-        let deadline = tokio::time::Instant::now() + bound;
+        let deadline = crate::clock::Instant::now() + bound;
         let mut started = self.join_delete_batch(id, nodes.to_vec());
         let tasks = match tokio::time::timeout_at(deadline, &mut started).await {
             Ok(Ok(started)) => started?,
@@ -217,7 +217,7 @@ impl Provider {
         // and any past the count this batch gives up.
         let slots = (target - live).max(0);
         let mut unfulfilled = slots;
-        let mut taken: HashSet<String> = HashSet::new();
+        let mut taken: BTreeSet<String> = BTreeSet::new();
         let mut removed = 0i32;
         let mut planned: Vec<Planned<'_>> = Vec::new();
         // A caller that gave up while the group was read was told nothing started.
@@ -353,13 +353,13 @@ impl Provider {
         reg: &Registry,
         g: &'g Group,
         nodes: &[NodeRef],
-        taken: &HashSet<String>,
+        taken: &BTreeSet<String>,
         slots: i32,
     ) -> Result<(ToRemove<'g>, i32), ProviderError> {
         let id = g.asg.name.as_str();
         let mut real = Vec::new();
         let mut placeholders = 0i32;
-        let mut seen = HashSet::new();
+        let mut seen = BTreeSet::new();
         let ov = self.overlay.lock();
         for n in nodes {
             let pid = if n.provider_id.is_empty() {

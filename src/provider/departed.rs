@@ -13,8 +13,10 @@
 //! 1.36.1). Answered with its former group, the instance counts as unregistered, then as
 //! long unregistered, which is what it is.
 
-use std::collections::HashMap;
-use std::time::{Duration, Instant};
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use crate::clock::Instant;
 
 use super::Registry;
 
@@ -29,7 +31,7 @@ pub const MAX: usize = 50_000;
 #[derive(Debug, Default)]
 pub struct Departed {
     /// Instance id -> (its former group, when it was first missed).
-    by_id: HashMap<String, (String, Instant)>,
+    by_id: BTreeMap<String, (String, Instant)>,
 }
 
 impl Departed {

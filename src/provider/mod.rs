@@ -7,10 +7,12 @@
 //! changes this service made since the snapshot. Only Refresh, the size changes and
 //! the first template of a group reach AWS.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, UNIX_EPOCH};
+
+use crate::clock::Instant;
 
 use async_trait::async_trait;
 use parking_lot::{Mutex, RwLock};
@@ -93,14 +95,14 @@ impl ProviderError {
 #[derive(Debug, Clone)]
 pub struct ProviderSettings {
     pub selector: GroupSelector,
-    pub static_bounds: HashMap<String, Bounds>,
+    pub static_bounds: std::collections::HashMap<String, Bounds>,
     pub refresh_interval: Duration,
     /// How long the Refresh RPC waits for AWS before answering from the last state
     /// (CA gives each call 5 s).
     pub refresh_wait: Duration,
     pub region: String,
     /// `*` applies to every group, a group name to that group (merged over `*`).
-    pub templates: HashMap<String, TemplateOverrides>,
+    pub templates: std::collections::HashMap<String, TemplateOverrides>,
     /// Launch failures older than this do not mark placeholders.
     pub launch_failure_window: Duration,
     /// How often lifecycle hooks are re-read per group.
@@ -125,11 +127,11 @@ impl Default for ProviderSettings {
     fn default() -> Self {
         Self {
             selector: GroupSelector::default(),
-            static_bounds: HashMap::new(),
+            static_bounds: std::collections::HashMap::new(),
             refresh_interval: Duration::from_secs(60),
             refresh_wait: Duration::from_secs(4),
             region: "us-east-1".into(),
-            templates: HashMap::new(),
+            templates: std::collections::HashMap::new(),
             launch_failure_window: Duration::from_secs(15 * 60),
             hook_refresh_interval: Duration::from_secs(30 * 60),
             lookup_interval: Duration::from_secs(1),
@@ -241,27 +243,27 @@ impl ScaleIn for TerminateNow {
 #[derive(Debug, Default)]
 struct Overlay {
     /// Target sizes written to AWS since the snapshot.
-    target: HashMap<String, i32>,
+    target: BTreeMap<String, i32>,
     /// This service's recent writes of desired capacity per group and what each
     /// replaced, kept past the snapshot: a read that shows a replaced capacity is
     /// older than the write and is read again ([`written`]).
-    written: HashMap<String, written::Written>,
+    written: BTreeMap<String, written::Written>,
     /// Instances this service ended (or is ending), until AWS shows them terminating.
-    deleting: HashSet<String>,
+    deleting: BTreeSet<String>,
     /// Unix time of the last size increase per group.
-    last_increase: HashMap<String, i64>,
+    last_increase: BTreeMap<String, i64>,
     /// Instances found by background lookup: instance id -> group.
-    located: HashMap<String, (String, Instant)>,
+    located: BTreeMap<String, (String, Instant)>,
     /// Direct-mode drains not yet terminated: instance id -> entry. Each lowers CA's
     /// target of its group by one (AWS's desired capacity still counts the instance)
     /// and shows the instance as deleting.
-    deferred: HashMap<String, Deferred>,
+    deferred: BTreeMap<String, Deferred>,
     /// The direct-mode drain marks on Nodes, as last read from the cluster; `None`
     /// until read once (see [`Provider::expect_drain_marks`]).
     direct_marks: Option<DrainMarks>,
     /// Groups whose launch failure below the minimum was logged, with the failure's
     /// start: told once per failure, not every CA loop.
-    told_below_min: HashMap<String, i64>,
+    told_below_min: BTreeMap<String, i64>,
     /// Instances that left their group's snapshot, by group, for a while (see
     /// [`departed`]): CA's cached instance lists still name them.
     departed: departed::Departed,
@@ -271,11 +273,11 @@ struct Overlay {
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct DrainMarks {
     /// Instances whose Node carries a direct-mode drain mark.
-    pub marked: HashSet<String>,
+    pub marked: BTreeSet<String>,
     /// Instances whose Node exists without one (a drain there was abandoned or
     /// never started). An instance with no Node at all is in neither set: its Node
     /// goes away after the instance ended, before a snapshot may show that.
-    pub unmarked: HashSet<String>,
+    pub unmarked: BTreeSet<String>,
 }
 
 /// One pending direct-mode drain.
@@ -321,15 +323,15 @@ pub struct Provider {
     writes: AtomicU64,
     /// Per group, the count of [`Self::writes`] when a size change last read it again
     /// from AWS: a refresh whose read began before that keeps the newer group.
-    reread_at: Mutex<HashMap<String, u64>>,
+    reread_at: Mutex<BTreeMap<String, u64>>,
     /// Option-tagged groups already warned about a CA without MaxNodeStartupTime.
-    told_startup_time: Mutex<HashSet<String>>,
+    told_startup_time: Mutex<BTreeSet<String>>,
     /// The unusable autoscaling-options tags last logged per group.
-    told_option_tags: Mutex<HashMap<String, Vec<String>>>,
+    told_option_tags: Mutex<BTreeMap<String, Vec<String>>>,
     /// DeleteNodes calls waiting, per group, for the batch that records them
     /// ([`delete`]): calls that arrive while another holds the size lock are recorded
     /// together, with one read of the group, instead of one after another.
-    delete_batches: Mutex<HashMap<String, Vec<delete::DeleteCall>>>,
+    delete_batches: Mutex<BTreeMap<String, Vec<delete::DeleteCall>>>,
     pub stats: ProviderStats,
 }
 
@@ -355,9 +357,9 @@ impl Provider {
             scale_in: RwLock::new(scale_in),
             writes: AtomicU64::new(0),
             reread_at: Mutex::default(),
-            told_startup_time: Mutex::new(HashSet::new()),
-            told_option_tags: Mutex::new(HashMap::new()),
-            delete_batches: Mutex::new(HashMap::new()),
+            told_startup_time: Mutex::new(BTreeSet::new()),
+            told_option_tags: Mutex::new(BTreeMap::new()),
+            delete_batches: Mutex::new(BTreeMap::new()),
             stats: ProviderStats::default(),
         })
     }
@@ -1082,7 +1084,7 @@ pub fn last_increase(remembered: Option<i64>, newest_launch: Option<i64>) -> i64
 }
 
 pub(crate) fn unix_now() -> i64 {
-    SystemTime::now()
+    crate::clock::system_now()
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_secs() as i64)
         .unwrap_or(0)

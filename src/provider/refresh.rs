@@ -2,10 +2,12 @@
 //! keep serving the last good state when AWS fails, and look up unknown instances in
 //! the background so a node that just joined maps to its group by CA's next loop.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use crate::clock::Instant;
 
 use backon::{ExponentialBuilder, Retryable};
 use futures::stream::{self, StreamExt};
@@ -41,8 +43,8 @@ struct RefreshInner {
     last_error: Option<String>,
     /// Set when something (a found instance, a write) makes the snapshot stale.
     force: bool,
-    hooks: HashMap<String, (Instant, Vec<LifecycleHook>)>,
-    missing_static_reported: HashSet<String>,
+    hooks: BTreeMap<String, (Instant, Vec<LifecycleHook>)>,
+    missing_static_reported: BTreeSet<String>,
     /// Refreshes failed in a row, and when the next may read AWS.
     failures: u32,
     retry_at: Option<Instant>,
@@ -64,8 +66,8 @@ pub(crate) fn failure_backoff(failures: u32, interval: Duration) -> Duration {
 
 #[derive(Default)]
 pub(crate) struct LookupQueue {
-    pending: HashSet<String>,
-    tried: HashMap<String, Instant>,
+    pending: BTreeSet<String>,
+    tried: BTreeMap<String, Instant>,
 }
 
 impl Provider {
@@ -428,7 +430,7 @@ impl Provider {
     }
 
     fn report_missing_static(&self, asgs: &[AsgSnapshot]) {
-        let found: HashSet<&str> = asgs.iter().map(|a| a.name.as_str()).collect();
+        let found: BTreeSet<&str> = asgs.iter().map(|a| a.name.as_str()).collect();
         let mut inner = self.refresh.inner.lock();
         for name in &self.settings.selector.names {
             if !found.contains(name.as_str()) && inner.missing_static_reported.insert(name.clone())
@@ -440,11 +442,11 @@ impl Provider {
 
     /// Terminating hooks per group: taken from the describe when the backend fills
     /// them, else read per group once and again every `hook_refresh_interval`.
-    async fn hooks_for(&self, asgs: &[AsgSnapshot]) -> HashMap<String, Vec<LifecycleHook>> {
+    async fn hooks_for(&self, asgs: &[AsgSnapshot]) -> BTreeMap<String, Vec<LifecycleHook>> {
         /// How old a group's hook list may be while one of its instances waits in
         /// Terminating:Wait.
         const HELD_HOOKS_REREAD: Duration = Duration::from_secs(10);
-        let mut out = HashMap::new();
+        let mut out = BTreeMap::new();
         let mut to_read = Vec::new();
         {
             let inner = self.refresh.inner.lock();
@@ -483,13 +485,13 @@ impl Provider {
                 // at once, a few times, before the last known list stands in.
                 let read = || self.cloud.terminating_hooks(&name);
                 let r = read
-                    .retry(
+                    .retry(crate::clock::jittered(
                         ExponentialBuilder::default()
                             .with_min_delay(Duration::from_millis(100))
                             .with_max_delay(Duration::from_secs(1))
-                            .with_max_times(4)
-                            .with_jitter(),
-                    )
+                            .with_max_times(4),
+                        &format!("hooks of {name}"),
+                    ))
                     .sleep(tokio::time::sleep)
                     .when(|e: &crate::cloud::CloudError| e.is_retryable())
                     .await;
@@ -520,7 +522,7 @@ impl Provider {
     async fn failures_for(
         &self,
         asgs: &[AsgSnapshot],
-    ) -> HashMap<String, crate::cloud::LaunchHistory> {
+    ) -> BTreeMap<String, crate::cloud::LaunchHistory> {
         let short: Vec<String> = asgs
             .iter()
             .filter(|a| a.desired_capacity > a.instances_filling_slots())
@@ -566,11 +568,13 @@ impl Provider {
     /// again every refresh interval until one is found.
     pub fn spawn_initial_refresh(self: &Arc<Self>) -> tokio::task::JoinHandle<()> {
         let mut this = self.clone();
-        let policy = ExponentialBuilder::default()
-            .with_min_delay(Duration::from_secs(1))
-            .with_max_delay(Duration::from_secs(30))
-            .without_max_times()
-            .with_jitter();
+        let policy = crate::clock::jittered(
+            ExponentialBuilder::default()
+                .with_min_delay(Duration::from_secs(1))
+                .with_max_delay(Duration::from_secs(30))
+                .without_max_times(),
+            "initial refresh",
+        );
         tokio::spawn(async move {
             let first = || async {
                 if this.is_loaded() {
@@ -653,7 +657,7 @@ impl Provider {
     async fn run_lookups(&self) {
         let ids: Vec<String> = {
             let mut q = self.lookups.lock();
-            let ids: Vec<String> = q.pending.drain().collect();
+            let ids: Vec<String> = std::mem::take(&mut q.pending).into_iter().collect();
             let t = now();
             for id in &ids {
                 q.tried.insert(id.clone(), t);

@@ -14,7 +14,9 @@
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use crate::clock::Instant;
 
 use bytes::Bytes;
 use futures::future::{BoxFuture, FutureExt, Shared};

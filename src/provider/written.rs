@@ -15,7 +15,9 @@
 //! set that same capacity. A read that shows the write itself, or a capacity none of our
 //! recent writes replaced, is taken at once. Pure: the clock is the caller's.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use crate::clock::Instant;
 
 /// How long after a write a read showing what it replaced is taken as stale.
 pub const SETTLE: Duration = Duration::from_secs(60);

@@ -7,7 +7,7 @@
 //! storm of drains behind one budget opens one watch, not one per pod; and none at all
 //! while the drain pass already watches every pod (its changes are matched here).
 
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 use std::sync::{Arc, Weak};
 
 use futures::StreamExt;
@@ -25,7 +25,7 @@ use super::wait::PodWatch;
 /// (namespace, label selector) -> the watch of its pods, while anyone waits on it.
 pub struct BudgetWatches {
     client: kube::Client,
-    open: Mutex<HashMap<(String, String), Weak<Shared>>>,
+    open: Mutex<BTreeMap<(String, String), Weak<Shared>>>,
 }
 
 struct Shared {
@@ -58,7 +58,7 @@ impl BudgetWatches {
     pub fn new(client: kube::Client) -> Self {
         Self {
             client,
-            open: Mutex::new(HashMap::new()),
+            open: Mutex::new(BTreeMap::new()),
         }
     }
 
@@ -203,7 +203,7 @@ impl BudgetView {
 /// drain pass, so it holds only the budgets its drains met.
 #[derive(Default)]
 pub struct Claims {
-    taken: Mutex<HashMap<(String, String), Taken>>,
+    taken: Mutex<BTreeMap<(String, String), Taken>>,
 }
 
 #[derive(Debug, Default)]

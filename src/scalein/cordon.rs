@@ -100,7 +100,9 @@ pub async fn cordon_via(
             .or_else(|| record.first_at())
             .map(|t| t.to_rfc3339())
             .or_else(|| annotations.get(STARTED_ANNOTATION).cloned())
-            .unwrap_or_else(|| k8s_openapi::jiff::Timestamp::now().to_string());
+            .unwrap_or_else(|| {
+                crate::clock::utc_now().to_rfc3339_opts(chrono::SecondsFormat::AutoSi, true)
+            });
         let mut taints = spec.taints.clone().unwrap_or_default();
         if !taints.iter().any(|t| t.key == TAINT_KEY) {
             taints.push(our_taint());

@@ -2,9 +2,11 @@
 //! volumes, then end the instance. Deadlines count from the drain's recorded start, so
 //! a resumed drain keeps its original deadlines.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use crate::clock::Instant;
 
 use backon::{ExponentialBuilder, Retryable};
 use futures::future::join_all;
@@ -138,7 +140,7 @@ async fn run_inner(engine: &Arc<Engine>, req: &DrainRequest, run: u64) -> Outcom
         interruption_timing(engine, n, ends).await;
     }
     if let (Some((kind, at)), Outcome::Ended | Outcome::Drained) = (req.noticed, &outcome) {
-        let took = (chrono::Utc::now() - at).to_std().unwrap_or_default();
+        let took = (crate::clock::utc_now() - at).to_std().unwrap_or_default();
         metrics()
             .notice_to_end
             .get_or_create(&KindLabels { kind })
@@ -236,7 +238,7 @@ async fn interruption_timing(engine: &Engine, node: &str, ends: chrono::DateTime
 /// Converts a wall-clock time to the monotonic clock (past times are now).
 fn instant_of(t: chrono::DateTime<chrono::Utc>) -> Instant {
     let now = Instant::now();
-    match (t - chrono::Utc::now()).to_std() {
+    match (t - crate::clock::utc_now()).to_std() {
         Ok(ahead) => now
             .checked_add(ahead.min(Duration::from_secs(365 * 86400)))
             .unwrap_or(now),
@@ -338,7 +340,7 @@ fn started_ts(record: &DrainRecord) -> Timestamp {
         .drain_began()
         .and_then(|t| t.timestamp_nanos_opt())
         .and_then(|n| Timestamp::from_nanosecond(i128::from(n)).ok())
-        .unwrap_or_else(Timestamp::now)
+        .unwrap_or_else(crate::clock::timestamp_now)
 }
 
 /// How long a drain resumed past its workload deadline still waits for the first
@@ -412,7 +414,12 @@ impl<'a> NodeDrain<'a> {
     /// How long the drain waits before it asks this pod to leave: until a
     /// replacement of it reads as one in every process ([`plan::wait_before_evicting`]).
     fn wait_before_evicting(&self, p: &Pod) -> Duration {
-        plan::wait_before_evicting(p, drain_taint(), self.started, Timestamp::now())
+        plan::wait_before_evicting(
+            p,
+            drain_taint(),
+            self.started,
+            crate::clock::timestamp_now(),
+        )
     }
 
     /// Whether the drain stops waiting for this listed pod, and why.
@@ -420,7 +427,7 @@ impl<'a> NodeDrain<'a> {
         plan::not_waited_for(
             p,
             self.node_ready(),
-            Timestamp::now(),
+            crate::clock::timestamp_now(),
             self.engine.settings.stuck_after,
         )
     }
@@ -755,7 +762,7 @@ async fn end_remaining_workloads(d: &NodeDrain<'_>, pods: &mut NodePods) -> Resu
     }
     // Until the last of their grace periods ends: a pod already terminating by its
     // deletionTimestamp, not its spec (deleted with a longer grace, it runs on).
-    let grace = plan::grace_left(&left, Timestamp::now());
+    let grace = plan::grace_left(&left, crate::clock::timestamp_now());
     let pods_ref: &NodePods = pods;
     let deletes = join_all(
         left.iter()
@@ -864,7 +871,7 @@ async fn delete_until_accepted(
             // Gone, or another pod of the same name (the uid precondition failed).
             Err(kube::Error::Api(e)) if e.code == 404 || e.code == 409 => return (r, Ok(false)),
             Err(e) => {
-                let wait = backoff.mul_f64(0.5 + 0.5 * super::random_fraction());
+                let wait = backoff.mul_f64(0.5 + 0.5 * super::random_fraction(&r.to_string()));
                 if Instant::now() + wait >= give_up {
                     return (r, Err(e.to_string()));
                 }
@@ -925,8 +932,8 @@ async fn phase(
 ) -> Result<(), usize> {
     let engine = d.engine;
     let node = d.node;
-    let mut evicted_uids: HashSet<String> = HashSet::new();
-    let mut told: HashSet<String> = HashSet::new();
+    let mut evicted_uids: BTreeSet<String> = BTreeSet::new();
+    let mut told: BTreeSet<String> = BTreeSet::new();
     loop {
         let mut skipped: Vec<(plan::PodRef, &'static str)> = Vec::new();
         let listed = pods.pods();
@@ -997,7 +1004,7 @@ async fn phase(
                 .node(node, Reason::EvictingDoNotDisrupt, format!("evicting pods that asked not to be disrupted ({}): the instance is ending anyway, so they go last among workloads", names.join(", ")))
                 .await;
         }
-        let waits: HashMap<String, Duration> = current
+        let waits: BTreeMap<String, Duration> = current
             .iter()
             .map(|p| (plan::pod_ref(p).uid, d.wait_before_evicting(p)))
             .collect();

@@ -89,14 +89,14 @@ pub struct Engine {
     pub stats: DrainStats,
     /// Until when the lifecycle scan runs every [`lifecycle::SOON`] instead of its
     /// poll interval: a hold AWS announced and does not show yet.
-    scan_soon: Mutex<Option<tokio::time::Instant>>,
+    scan_soon: Mutex<Option<crate::clock::Instant>>,
     /// Wakes the lifecycle loop when `scan_soon` is set.
     scan_wake: tokio::sync::Notify,
     /// The background loops' turns, for `/healthz`.
     pub liveness: Arc<crate::telemetry::liveness::Liveness>,
     /// Instances in `Warmed:Pending:Wait` whose hold was found not to be a pending
     /// action of ours: their group, and when ([`super::warm_pool::pool_holds`]).
-    pub(crate) warm_ups: Mutex<std::collections::HashMap<String, (String, std::time::Instant)>>,
+    pub(crate) warm_ups: Mutex<std::collections::BTreeMap<String, (String, crate::clock::Instant)>>,
 }
 
 impl Engine {
@@ -364,7 +364,7 @@ impl Engine {
     /// [`lifecycle::SOON`] for `within` instead of waiting out its poll interval
     /// (five minutes in queue mode, longer than a short hook's timeout).
     pub fn expect_hold(&self, within: Duration) {
-        let until = tokio::time::Instant::now() + within;
+        let until = crate::clock::Instant::now() + within;
         let mut soon = self.scan_soon.lock();
         *soon = Some(soon.map_or(until, |s| s.max(until)));
         drop(soon);
@@ -375,7 +375,7 @@ impl Engine {
     pub(crate) fn next_scan_in(&self) -> Duration {
         let poll = self.settings.lifecycle_poll_interval;
         match *self.scan_soon.lock() {
-            Some(until) if tokio::time::Instant::now() < until => poll.min(lifecycle::SOON),
+            Some(until) if crate::clock::Instant::now() < until => poll.min(lifecycle::SOON),
             _ => poll,
         }
     }
@@ -415,7 +415,7 @@ impl Engine {
             .nodes
             .node_for_instance(instance_id)
             .and_then(|n| self.cached_record(&n))
-            .is_some_and(|r| r.lifecycle_completed(chrono::Utc::now()));
+            .is_some_and(|r| r.lifecycle_completed(crate::clock::utc_now()));
         if done {
             self.note_action_done(instance_id);
         }
@@ -562,12 +562,15 @@ async fn drain_task(engine: Arc<Engine>, req: DrainRequest, run: u64) -> Outcome
     // when its lifecycle loop next wakes (a scan stuck on a slow AWS call would leave
     // them evicting, deleting at deadlines and uncordoning beside the new leader,
     // which resumes them).
+    // The lost Lease first: a drain that would take a step at the very instant the
+    // Lease is lost does not.
     let outcome = tokio::select! {
-        outcome = drain_while_held(&engine, &req, run) => outcome,
+        biased;
         () = leader::lost(lost_lease) => {
             tracing::warn!(instance = %req.instance_id, "this replica lost the Lease: the drain stops where it is; the new leader resumes it");
             Outcome::Failed("this replica lost the Lease; the new leader resumes the drain".into())
         }
+        outcome = drain_while_held(&engine, &req, run) => outcome,
     };
     count(&engine, &outcome);
     outcome

@@ -2,7 +2,9 @@
 //! PodDisruptionBudget does not allow it yet: wait and retry, never delete around it.
 
 use std::sync::atomic::Ordering;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use crate::clock::Instant;
 
 use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
@@ -45,7 +47,7 @@ pub enum Attempt {
 /// server again. Requests run to their answer even when the drain that sent them
 /// stops, so what they did is known. Entries are forgotten after 15 minutes.
 #[derive(Default)]
-pub struct Ledger(parking_lot::Mutex<std::collections::HashMap<String, Sent>>);
+pub struct Ledger(parking_lot::Mutex<std::collections::BTreeMap<String, Sent>>);
 
 struct Sent {
     at: Instant,
@@ -89,7 +91,7 @@ impl Ledger {
             Some(s) => s.answer.subscribe(),
             None => return Earlier::Nothing,
         };
-        let answer = tokio::time::timeout_at(deadline.into(), rx.wait_for(|a| a.is_some())).await;
+        let answer = tokio::time::timeout_at(deadline, rx.wait_for(|a| a.is_some())).await;
         match answer {
             Ok(Ok(a)) if *a == Some(true) => Earlier::Accepted,
             Ok(_) => Earlier::Nothing,
@@ -285,7 +287,7 @@ async fn hold(
         return Held::Try(None);
     }
     let retry = engine.settings.eviction_retry;
-    let mut give_up = Instant::now() + jitter(retry);
+    let mut give_up = Instant::now() + jitter(retry, pod);
     let mut counted = false;
     loop {
         let Some(pass) = engine.passes.current() else {
@@ -309,7 +311,7 @@ async fn hold(
         // A try of ours at this status waits for its answer (in a storm, for its API
         // token): the answer moves the status, no timer needs to.
         if pending {
-            give_up = give_up.max(now + jitter(retry));
+            give_up = give_up.max(now + jitter(retry, pod));
         } else if now >= give_up {
             engine
                 .stats
@@ -334,11 +336,12 @@ async fn hold(
         let tell_at = if *told { deadline } else { since + tell_after };
         let wake = give_up.min(deadline).min(tell_at);
         tokio::select! {
-            _ = tokio::time::sleep_until(wake.into()) => {}
+            biased;
+            _ = tokio::time::sleep_until(wake) => {}
             changed = changes.changed() => match changed {
-                Ok(()) => give_up = Instant::now() + jitter(retry),
+                Ok(()) => give_up = Instant::now() + jitter(retry, pod),
                 // Nobody ticks any more (the pass ended): only the timer is left.
-                Err(_) => tokio::time::sleep_until(wake.into()).await,
+                Err(_) => tokio::time::sleep_until(wake).await,
             },
         }
         if !still_there() {
@@ -473,16 +476,17 @@ pub async fn until_accepted(
         if now >= deadline {
             return false;
         }
-        let timer = tokio::time::sleep(jitter(backoff).min(deadline - now));
+        let timer = tokio::time::sleep(jitter(backoff, pod).min(deadline - now));
         match budget_waits.as_mut().filter(|_| early) {
             Some(waits) => {
                 tokio::select! {
+                    biased;
                     _ = timer => {}
                     _ = super::budgets::any_changed(waits) => {
                         // Many drains may wait on one budget whose status says nothing:
                         // spread their tries over a moment so the one it allows is not
                         // lost in a herd.
-                        let spread = jitter(Duration::from_millis(150));
+                        let spread = jitter(Duration::from_millis(150), pod);
                         tokio::time::sleep(spread.min(deadline.saturating_duration_since(Instant::now()))).await;
                     }
                 }
@@ -494,8 +498,8 @@ pub async fn until_accepted(
 
 /// 0.8x to 1.2x, from a random source per call, so many drains blocked by the same
 /// budget do not retry in lockstep.
-fn jitter(d: Duration) -> Duration {
-    d.mul_f64(0.8 + 0.4 * super::random_fraction())
+fn jitter(d: Duration, pod: &PodRef) -> Duration {
+    d.mul_f64(0.8 + 0.4 * super::random_fraction(&pod.to_string()))
 }
 
 #[cfg(test)]
@@ -554,7 +558,13 @@ mod tests {
     #[test]
     fn jitter_spreads_and_stays_within_a_fifth() {
         let d = Duration::from_secs(5);
-        let samples: Vec<Duration> = (0..200).map(|_| jitter(d)).collect();
+        let pod = PodRef {
+            namespace: "shop".into(),
+            name: "web-0".into(),
+            uid: "u".into(),
+            labels: Default::default(),
+        };
+        let samples: Vec<Duration> = (0..200).map(|_| jitter(d, &pod)).collect();
         assert!(samples
             .iter()
             .all(|s| *s >= d.mul_f64(0.8) && *s <= d.mul_f64(1.2)));

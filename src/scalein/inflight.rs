@@ -4,9 +4,11 @@
 //! whose direct-mode end is in flight, and what was said once. Every map is
 //! bounded; nothing here does I/O.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use crate::clock::Instant;
 
 use parking_lot::Mutex;
 use tokio::sync::{watch, OwnedMutexGuard, OwnedSemaphorePermit};
@@ -32,9 +34,9 @@ struct Inflight {
 #[derive(Default)]
 struct Slots {
     /// The newest run of each instance's drain ([`Book::start`] counts the runs).
-    newest: HashMap<String, u64>,
+    newest: BTreeMap<String, u64>,
     /// The slot each drain holds, and the run that holds it.
-    held: HashMap<String, (u64, OwnedSemaphorePermit)>,
+    held: BTreeMap<String, (u64, OwnedSemaphorePermit)>,
 }
 
 /// The heartbeats of one lifecycle action, and the hook's heartbeat timeout they
@@ -58,24 +60,24 @@ pub(crate) enum HoldChange {
 /// What the engine keeps track of.
 #[derive(Default)]
 pub(crate) struct Book {
-    drains: Mutex<HashMap<String, Inflight>>,
+    drains: Mutex<BTreeMap<String, Inflight>>,
     /// The number of the next drain run started.
     runs: std::sync::atomic::AtomicU64,
     slots: Mutex<Slots>,
     /// Heartbeats of the lifecycle actions our hook holds, by instance: they follow
     /// the hook, not the drain (a drain restarted for a new reason, or failed and
     /// retrying, keeps them).
-    holds: Mutex<HashMap<String, Hold>>,
+    holds: Mutex<BTreeMap<String, Hold>>,
     /// Instances whose lifecycle action of our hook this replica completed (or found
     /// complete). AWS keeps such an instance in Terminating:Wait while another hook
     /// (EKS's `Terminate-LC-Hook` on a managed node group) still holds it; the scan
     /// must not take it for a new action and drain it again.
-    actions_done: Mutex<HashMap<String, Instant>>,
+    actions_done: Mutex<BTreeMap<String, Instant>>,
     /// One direct-mode end per instance at a time (see [`Book::end_turn`]).
-    ends: Mutex<HashMap<String, Arc<tokio::sync::Mutex<()>>>>,
+    ends: Mutex<BTreeMap<String, Arc<tokio::sync::Mutex<()>>>>,
     /// (kind, key) pairs already said once: another tool's terminating hook, a dry
     /// run's drain or hook.
-    noted: Mutex<HashSet<(&'static str, String)>>,
+    noted: Mutex<BTreeSet<(&'static str, String)>>,
 }
 
 /// The reasons of a running drain with a new request's joined, when they change its
@@ -214,7 +216,7 @@ impl Book {
 
     /// Stops every drain and every heartbeat where they are.
     pub(crate) fn stop_all(&self) {
-        for (_, f) in self.drains.lock().drain() {
+        for (_, f) in std::mem::take(&mut *self.drains.lock()) {
             f.handle.abort();
         }
         *self.slots.lock() = Slots::default();
@@ -323,7 +325,7 @@ impl Book {
 }
 
 /// Records a drain task, forgetting finished ones once [`FINISHED_KEPT`] are known.
-fn track(drains: &mut HashMap<String, Inflight>, req: DrainRequest, handle: JoinHandle<Outcome>) {
+fn track(drains: &mut BTreeMap<String, Inflight>, req: DrainRequest, handle: JoinHandle<Outcome>) {
     if drains.len() >= FINISHED_KEPT {
         drains.retain(|_, f| !f.handle.is_finished());
     }
@@ -337,7 +339,7 @@ mod tests {
     use crate::scalein::{DeadlinePolicy, Mode, Source};
 
     fn req(reasons: Vec<Why>) -> DrainRequest {
-        let at = chrono::Utc::now();
+        let at = crate::clock::utc_now();
         DrainRequest {
             instance_id: "i-1".into(),
             group: "web".into(),

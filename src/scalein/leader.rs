@@ -63,13 +63,13 @@ pub enum Decision {
 #[derive(Debug, Default, Clone)]
 pub struct Observed {
     seen: Option<(String, Option<Timestamp>)>,
-    since: Option<std::time::Instant>,
+    since: Option<crate::clock::Instant>,
 }
 
 impl Observed {
     /// Notes the lease as read now. Returns how long its record has stood unchanged.
     pub fn note(&mut self, spec: Option<&LeaseSpec>) -> Duration {
-        let now = std::time::Instant::now();
+        let now = crate::clock::Instant::now();
         let record = spec.map(|s| {
             (
                 s.holder_identity.clone().unwrap_or_default(),
@@ -106,7 +106,7 @@ pub fn decide(spec: Option<&LeaseSpec>, me: &str, unchanged_for: Duration) -> De
 }
 
 fn spec_for(me: &str, s: &LeaseSettings, old: Option<&LeaseSpec>, acquire: bool) -> LeaseSpec {
-    let now = MicroTime(Timestamp::now());
+    let now = MicroTime(crate::clock::timestamp_now());
     let old = old.cloned().unwrap_or_default();
     LeaseSpec {
         holder_identity: Some(me.to_string()),
@@ -251,9 +251,9 @@ pub fn spawn(
     let quiet = (s.retry_every() * 4).max(std::time::Duration::from_secs(60));
     tokio::spawn(async move {
         let api: Api<Lease> = Api::namespaced(client, &s.namespace);
-        let mut last_renewed: Option<tokio::time::Instant> = None;
+        let mut last_renewed: Option<crate::clock::Instant> = None;
         let mut observed = Observed::default();
-        let mut last_logged: Option<(String, tokio::time::Instant)> = None;
+        let mut last_logged: Option<(String, crate::clock::Instant)> = None;
         loop {
             liveness.beat(NAME, quiet);
             if *stop.borrow() {
@@ -269,19 +269,23 @@ pub fn spawn(
             // A renewal counts from when it was sent, not from its answer: the others
             // may see the record change as early as that, and a slow answer must not
             // stretch this replica's belief that it still leads past their takeover.
-            let sent = tokio::time::Instant::now();
+            let sent = crate::clock::Instant::now();
             let attempt = tokio::time::timeout(renew_deadline(&s), round(&api, &s, &mut observed));
             tokio::pin!(attempt);
             // Leadership ends at the last renewal's send time plus the renew deadline,
             // whatever this round is still waiting for: the others may take over from
             // then on.
             let answer = loop {
+                // Branches in a fixed order (here and below): the deadline first, so
+                // an answer arriving at the deadline's very instant still finds this
+                // replica stepped down, and a case on a paused clock replays.
                 tokio::select! {
-                    r = &mut attempt => break r,
+                    biased;
                     _ = until(leads_until(&tx, last_renewed, &s)) => {
                         step_down(&tx, &s, "no renewal succeeded within the renew deadline; a renewal is still in flight");
                         last_renewed = None;
                     }
+                    r = &mut attempt => break r,
                 }
             };
             let result = match answer {
@@ -311,7 +315,7 @@ pub fn spawn(
                         .is_some_and(|(w, at)| *w == why && at.elapsed() < Duration::from_secs(60));
                     if !repeat {
                         tracing::error!(lease = %s.name, "leader election failing: {why}");
-                        last_logged = Some((why.clone(), tokio::time::Instant::now()));
+                        last_logged = Some((why.clone(), crate::clock::Instant::now()));
                     }
                     liveness.trouble(NAME, Some(format!("leader election failing: {why}")));
                     // Still ours only while no renewal could have been missed by the
@@ -333,14 +337,15 @@ pub fn spawn(
                 return;
             }
             tokio::select! {
-                _ = tokio::time::sleep(s.retry_every()) => {}
-                _ = stop.changed() => {}
+                biased;
                 _ = until(leads_until(&tx, last_renewed, &s)) => {
                     // The last renewal was answered so late that its deadline passes
                     // before the next round: stop acting now, then try again.
                     step_down(&tx, &s, "the renew deadline of the last renewal passed before the next round");
                     last_renewed = None;
                 }
+                _ = stop.changed() => {}
+                _ = tokio::time::sleep(s.retry_every()) => {}
             }
         }
     });
@@ -351,16 +356,16 @@ pub fn spawn(
 /// successful renewal plus the renew deadline. `None` when it does not lead.
 fn leads_until(
     tx: &watch::Sender<bool>,
-    last_renewed: Option<tokio::time::Instant>,
+    last_renewed: Option<crate::clock::Instant>,
     s: &LeaseSettings,
-) -> Option<tokio::time::Instant> {
+) -> Option<crate::clock::Instant> {
     last_renewed
         .filter(|_| *tx.borrow())
         .map(|t| t + renew_deadline(s))
 }
 
 /// Sleeps until `at`; never without one.
-async fn until(at: Option<tokio::time::Instant>) {
+async fn until(at: Option<crate::clock::Instant>) {
     match at {
         Some(at) => tokio::time::sleep_until(at).await,
         None => std::future::pending().await,
@@ -384,7 +389,7 @@ mod tests {
             holder_identity: Some(holder.into()),
             lease_duration_seconds: Some(duration),
             renew_time: Some(MicroTime(
-                Timestamp::now() - SignedDuration::from_secs(renewed_secs_ago),
+                crate::clock::timestamp_now() - SignedDuration::from_secs(renewed_secs_ago),
             )),
             ..Default::default()
         }
@@ -428,7 +433,7 @@ mod tests {
         // but once the record stands still for a lease duration it is taken over.
         let ahead = LeaseSpec {
             renew_time: Some(MicroTime(
-                Timestamp::now() + SignedDuration::from_secs(3600),
+                crate::clock::timestamp_now() + SignedDuration::from_secs(3600),
             )),
             ..spec("b", 0, 1)
         };
@@ -440,7 +445,7 @@ mod tests {
         // A renewal seen restarts the count.
         let renewed = LeaseSpec {
             renew_time: Some(MicroTime(
-                Timestamp::now() + SignedDuration::from_secs(3601),
+                crate::clock::timestamp_now() + SignedDuration::from_secs(3601),
             )),
             ..ahead
         };

@@ -5,7 +5,9 @@
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use crate::clock::Instant;
 
 use crate::cloud::{CloudError, GroupSelector, LifecycleAction, LifecycleHook, LifecycleState};
 use crate::provider::Provider;
@@ -46,7 +48,7 @@ pub fn heartbeats(
         let mut current = *timeout.borrow_and_update();
         let mut every = pace(current);
         let mut limit = global_limit(current);
-        let mut backoff = HeartbeatBackoff::new(every);
+        let mut backoff = HeartbeatBackoff::new(every, &action.instance_id);
         // The action's own clock: AWS counts the timeout from the last heartbeat it
         // took (or from the hold, before the first).
         let mut last_ok = found;
@@ -116,6 +118,7 @@ pub fn heartbeats(
                 continue;
             }
             tokio::select! {
+                biased;
                 _ = sleep => {}
                 changed = timeout.changed() => match changed {
                     Ok(()) => {
@@ -124,7 +127,7 @@ pub fn heartbeats(
                             current = now;
                             every = pace(now);
                             limit = global_limit(now);
-                            backoff = HeartbeatBackoff::new(every);
+                            backoff = HeartbeatBackoff::new(every, &action.instance_id);
                         }
                     }
                     // The hold is being dropped (which aborts this task).
@@ -160,17 +163,24 @@ pub fn within_timeout(
 pub struct HeartbeatBackoff {
     every: Duration,
     pub failures: u32,
+    /// Whose heartbeats (the instance): the key of its jitter (crate::clock).
+    of: String,
 }
 
 impl HeartbeatBackoff {
-    pub fn new(every: Duration) -> Self {
-        Self { every, failures: 0 }
+    pub fn new(every: Duration, of: &str) -> Self {
+        Self {
+            every,
+            failures: 0,
+            of: of.to_string(),
+        }
     }
 
     /// After a success: a third of the timeout, less up to a tenth of it.
     pub fn ok(&mut self) -> Duration {
         self.failures = 0;
-        self.every.mul_f64(1.0 - 0.1 * super::random_fraction())
+        self.every
+            .mul_f64(1.0 - 0.1 * super::random_fraction(&self.of))
     }
 
     /// After a failure: from a quarter of the interval, doubling per failure, with
@@ -181,7 +191,7 @@ impl HeartbeatBackoff {
             .saturating_mul(1u32 << self.failures.min(8))
             .min(self.every);
         self.failures = self.failures.saturating_add(1);
-        ceiling.mul_f64(0.5 + 0.5 * super::random_fraction())
+        ceiling.mul_f64(0.5 + 0.5 * super::random_fraction(&self.of))
     }
 }
 
@@ -652,12 +662,14 @@ pub fn spawn_loop(engine: Arc<Engine>, provider: Arc<Provider>) -> tokio::task::
             match leadership.as_mut() {
                 Some(rx) => {
                     tokio::select! {
+                        biased;
                         _ = poll => {}
                         _ = engine.scan_asked() => {}
                         changed = rx.changed() => if changed.is_err() { leadership = None },
                     }
                 }
                 None => tokio::select! {
+                    biased;
                     _ = poll => {}
                     _ = engine.scan_asked() => {}
                 },
@@ -729,7 +741,7 @@ mod tests {
         // A run of failures from 90 s after the last success: every try lands by
         // the 240 s mark, then within the timeout, halving what is left: a bounded
         // number of tries, not a tight loop.
-        let mut b = HeartbeatBackoff::new(timeout / 3);
+        let mut b = HeartbeatBackoff::new(timeout / 3, "i-1");
         let mut at = now + secs(90);
         let mark = now + timeout.mul_f64(0.8);
         let end = now + timeout;
@@ -752,7 +764,7 @@ mod tests {
         let every = Duration::from_secs(100);
         let mut firsts = std::collections::BTreeSet::new();
         for _ in 0..50 {
-            let mut b = HeartbeatBackoff::new(every);
+            let mut b = HeartbeatBackoff::new(every, "i-1");
             let ok = b.ok();
             assert!(ok <= every && ok >= every.mul_f64(0.9), "{ok:?}");
             firsts.insert(ok.as_millis());

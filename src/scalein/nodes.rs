@@ -237,8 +237,10 @@ pub struct DrainMark {
     pub record: DrainRecord,
 }
 
+/// In the Nodes' name order (the cache's own order is a hash's): drains resume in
+/// the same order on every start.
 fn marked_for_drain(store: &Store<Node>) -> Vec<DrainMark> {
-    store
+    let mut marks: Vec<DrainMark> = store
         .state()
         .iter()
         .filter_map(|n| {
@@ -251,5 +253,7 @@ fn marked_for_drain(store: &Store<Node>) -> Vec<DrainMark> {
                 record: DrainRecord::from_annotations(a)?,
             })
         })
-        .collect()
+        .collect();
+    marks.sort_by(|a, b| a.node.cmp(&b.node));
+    marks
 }

@@ -11,8 +11,8 @@
 //! the second once instead of the first per node; a lone drain in a big cluster does
 //! not pay for every pod.
 
+use crate::clock::Instant;
 use std::sync::{Arc, OnceLock, Weak};
-use std::time::Instant;
 
 use futures::StreamExt;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
@@ -90,7 +90,7 @@ pub struct Pass {
 /// changes a budget's status thousands of times, and a try waits only on its own.
 #[derive(Default)]
 struct Ticks {
-    senders: Mutex<std::collections::HashMap<(String, String), watch::Sender<u64>>>,
+    senders: Mutex<std::collections::BTreeMap<(String, String), watch::Sender<u64>>>,
 }
 
 impl Ticks {
@@ -185,12 +185,16 @@ impl Pass {
         namespace: &str,
         labels: &std::collections::BTreeMap<String, String>,
     ) -> Vec<(Arc<PodDisruptionBudget>, kube::core::Selector)> {
-        self.budgets()
+        let mut picking: Vec<_> = self
+            .budgets()
             .state()
             .into_iter()
             .filter(|b| b.metadata.namespace.as_deref() == Some(namespace))
             .filter_map(|b| super::budgets::selector_picking(&b, labels).map(|sel| (b, sel)))
-            .collect()
+            .collect();
+        // In name order, not the cache's hash order: the same budget first every time.
+        picking.sort_by(|(a, _), (b, _)| a.metadata.name.cmp(&b.metadata.name));
+        picking
     }
 
     /// Asks the cached status of the budget that selects the pod (`namespace`,
@@ -321,7 +325,7 @@ where
     /// may wait at once.
     pub async fn ready(&self, deadline: Instant) -> bool {
         let mut listed = self.listed.clone();
-        tokio::time::timeout_at(deadline.into(), listed.wait_for(|l| *l))
+        tokio::time::timeout_at(deadline, listed.wait_for(|l| *l))
             .await
             .is_ok_and(|r| r.is_ok())
     }

@@ -127,7 +127,7 @@ pub fn classify(pod: &Pod) -> Disposition {
 
 /// [`classify`] with the configured node-critical DaemonSets, at the clock's time.
 pub fn classify_with(pod: &Pod, node_critical: &NodeCritical) -> Disposition {
-    classify_at(pod, node_critical, Timestamp::now())
+    classify_at(pod, node_critical, crate::clock::timestamp_now())
 }
 
 /// [`classify_with`] at `now` (a `karpenter.sh/do-not-disrupt` duration ends).
@@ -186,7 +186,7 @@ pub fn is_daemonset_pod(pod: &Pod) -> bool {
 /// `safe-to-evict: "false"` (CA) or `karpenter.sh/do-not-disrupt: "true"`, or a
 /// do-not-disrupt duration still running, at the clock's time.
 pub fn asks_not_to_be_disrupted(pod: &Pod) -> bool {
-    asks_not_to_be_disrupted_at(pod, Timestamp::now())
+    asks_not_to_be_disrupted_at(pod, crate::clock::timestamp_now())
 }
 
 /// Longest `karpenter.sh/do-not-disrupt` duration read; a longer one reads as `true`.

@@ -288,7 +288,7 @@ impl DrainRecord {
     pub fn from_annotations(
         annotations: &std::collections::BTreeMap<String, String>,
     ) -> Option<Self> {
-        Self::read(annotations, Utc::now())
+        Self::read(annotations, crate::clock::utc_now())
     }
 
     /// [`Self::from_annotations`] at `now` (the only time it needs): a reason never

@@ -123,7 +123,7 @@ pub(crate) fn merge(
 
 /// The reason CA's scale-in brings in `mode`.
 pub fn ca_reason(mode: &Mode) -> record::DrainReason {
-    record::DrainReason::new(reason_of_mode(mode), chrono::Utc::now())
+    record::DrainReason::new(reason_of_mode(mode), crate::clock::utc_now())
 }
 
 /// What a drain in `mode` is asked for: our hook's action, CA's direct scale-in, or

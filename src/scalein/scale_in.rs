@@ -139,7 +139,7 @@ async fn mark_for_drain(
                 None => return Ok(None),
             },
         };
-        let reason = record::DrainReason::new(record::Why::ScaleIn, chrono::Utc::now());
+        let reason = record::DrainReason::new(record::Why::ScaleIn, crate::clock::utc_now());
         match cordon::cordon_via(
             engine,
             &engine.answer_client,

@@ -23,7 +23,7 @@ pub async fn finish(
     node: Option<&str>,
 ) -> Result<String, String> {
     let summary = (|| end_once(engine, mode, group, instance_id))
-        .retry(retry_policy())
+        .retry(retry_policy(instance_id))
         .sleep(tokio::time::sleep)
         .when(CloudError::is_retryable)
         .notify(|e, retry_in| {
@@ -48,12 +48,12 @@ pub async fn finish(
 /// Six attempts in all, 0.5 s doubling to 10 s with jitter: about 30 s of AWS
 /// throttling or 5xx before the drain reports the failure (the hook's heartbeat keeps
 /// the instance held meanwhile).
-fn retry_policy() -> ExponentialBuilder {
-    ExponentialBuilder::default()
+fn retry_policy(instance_id: &str) -> ExponentialBuilder {
+    let policy = ExponentialBuilder::default()
         .with_min_delay(Duration::from_millis(500))
         .with_max_delay(Duration::from_secs(10))
-        .with_max_times(ATTEMPTS as usize - 1)
-        .with_jitter()
+        .with_max_times(ATTEMPTS as usize - 1);
+    crate::clock::jittered(policy, &format!("ending {instance_id}"))
 }
 
 /// One attempt at ending the instance.

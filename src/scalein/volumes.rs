@@ -1,8 +1,8 @@
 //! Stage 3: wait (bounded) until the node's VolumeAttachments are gone, so EBS
 //! volumes detach cleanly before the instance ends and the next pod can attach them.
 
-use std::collections::HashSet;
-use std::time::Instant;
+use crate::clock::Instant;
+use std::collections::BTreeSet;
 
 use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
 
@@ -18,14 +18,15 @@ pub async fn wait_detached(
     engine: &Engine,
     node: &str,
     deadline: Instant,
-    staying: &HashSet<String>,
+    staying: &BTreeSet<String>,
 ) -> Vec<String> {
     // The pass's watch of every attachment: a storm lists them once, not per node.
     let pass = engine.passes.join();
     let feed = pass.attachments();
     let mut changes = feed.changes();
     let on_node = || -> Vec<String> {
-        feed.state()
+        let mut left: Vec<String> = feed
+            .state()
             .iter()
             .filter(|va| va.spec.node_name == node)
             .filter(|va| {
@@ -36,7 +37,9 @@ pub async fn wait_detached(
                     .is_none_or(|pv| !staying.contains(pv))
             })
             .filter_map(|va| va.metadata.name.clone())
-            .collect()
+            .collect();
+        left.sort();
+        left
     };
     if !feed.ready(deadline).await {
         tracing::debug!(
@@ -50,7 +53,7 @@ pub async fn wait_detached(
         if left.is_empty() {
             return left;
         }
-        match tokio::time::timeout_at(deadline.into(), changes.changed()).await {
+        match tokio::time::timeout_at(deadline, changes.changed()).await {
             Ok(Ok(())) => {}
             Ok(Err(_)) | Err(_) => return on_node(),
         }
@@ -59,8 +62,8 @@ pub async fn wait_detached(
 
 /// The persistent volumes of these pods (their claims' bound volumes). A claim that
 /// cannot be read is left out, so its attachment is waited for (bounded).
-pub async fn volumes_of(engine: &Engine, pods: &[Pod]) -> HashSet<String> {
-    let mut out = HashSet::new();
+pub async fn volumes_of(engine: &Engine, pods: &[Pod]) -> BTreeSet<String> {
+    let mut out = BTreeSet::new();
     for p in pods {
         let ns = p.metadata.namespace.as_deref().unwrap_or("default");
         let claims = p

@@ -4,9 +4,9 @@
 //! on PodDisruptionBudgets). A drain sees its node through [`NodePods`] either way.
 //! The watch re-lists by itself after an API-server restart.
 
-use std::collections::HashMap;
+use crate::clock::Instant;
+use std::collections::BTreeMap;
 use std::sync::{Arc, LazyLock};
-use std::time::Instant;
 
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::Pod;
@@ -38,16 +38,16 @@ impl Drop for PodWatch {
 #[derive(Default)]
 struct Index {
     /// node -> uid -> pod. Pods not yet bound to a node are not kept.
-    by_node: HashMap<String, HashMap<String, Pod>>,
+    by_node: BTreeMap<String, BTreeMap<String, Pod>>,
     /// uid -> its node, to find a pod whose delete event comes.
-    node_of: HashMap<String, String>,
+    node_of: BTreeMap<String, String>,
     /// Buffer for a (re-)list in progress.
     relist: Option<Vec<Pod>>,
     synced: bool,
     /// The drains' wake-ups, per node.
-    nodes: HashMap<String, watch::Sender<u64>>,
+    nodes: BTreeMap<String, watch::Sender<u64>>,
     /// The budget waits' wake-ups: (namespace, selector) -> its matcher and sender.
-    selectors: HashMap<(String, String), (Selector, watch::Sender<u64>)>,
+    selectors: BTreeMap<(String, String), (Selector, watch::Sender<u64>)>,
 }
 
 fn uid(p: &Pod) -> String {
@@ -220,7 +220,7 @@ impl PodWatch {
     }
 }
 
-static NO_PODS: LazyLock<HashMap<String, Pod>> = LazyLock::new(HashMap::new);
+static NO_PODS: LazyLock<BTreeMap<String, Pod>> = LazyLock::new(BTreeMap::new);
 
 /// The live set of pods on one node.
 pub struct NodePods {
@@ -235,7 +235,7 @@ impl NodePods {
         PodWatch::of_node(client, node).node(node)
     }
 
-    fn with<R>(&self, f: impl FnOnce(&HashMap<String, Pod>, bool) -> R) -> R {
+    fn with<R>(&self, f: impl FnOnce(&BTreeMap<String, Pod>, bool) -> R) -> R {
         let ix = self.watch.index.lock();
         f(ix.by_node.get(&self.node).unwrap_or(&NO_PODS), ix.synced)
     }
@@ -255,7 +255,7 @@ impl NodePods {
             if self.with(|_, synced| synced) {
                 return true;
             }
-            match tokio::time::timeout_at(deadline.into(), self.changed.changed()).await {
+            match tokio::time::timeout_at(deadline, self.changed.changed()).await {
                 Ok(Ok(())) => continue,
                 Ok(Err(_)) | Err(_) => return self.with(|_, synced| synced),
             }
@@ -273,7 +273,7 @@ impl NodePods {
         done: impl Fn(&Pod) -> bool,
     ) -> bool {
         let all =
-            |pods: &HashMap<String, Pod>, _| uids.iter().all(|u| pods.get(u).is_none_or(&done));
+            |pods: &BTreeMap<String, Pod>, _| uids.iter().all(|u| pods.get(u).is_none_or(&done));
         loop {
             if self.with(all) {
                 return true;
@@ -283,9 +283,9 @@ impl NodePods {
                 return false;
             }
             let tick = (now + RECHECK).min(deadline);
-            if let Ok(Err(_)) = tokio::time::timeout_at(tick.into(), self.changed.changed()).await {
+            if let Ok(Err(_)) = tokio::time::timeout_at(tick, self.changed.changed()).await {
                 // The watch is gone: nothing will wake us but the clock.
-                tokio::time::sleep_until(tick.into()).await;
+                tokio::time::sleep_until(tick).await;
             }
         }
     }
@@ -297,7 +297,7 @@ impl NodePods {
 
     /// Waits for the next change of the pod set (or the deadline).
     pub async fn next_change(&mut self, deadline: Instant) {
-        let _ = tokio::time::timeout_at(deadline.into(), self.changed.changed()).await;
+        let _ = tokio::time::timeout_at(deadline, self.changed.changed()).await;
     }
 }
 

@@ -127,7 +127,7 @@ pub async fn pool_holds(
     let Some(hook) = engine.our_hook(group) else {
         return ours;
     };
-    let now = std::time::Instant::now();
+    let now = crate::clock::Instant::now();
     let name = &group.asg.name;
     // This group's entries last while their instance waits there, for at most
     // the recheck; the other groups' are theirs to keep.
@@ -257,7 +257,7 @@ async fn forget_earlier_action(engine: &Engine, iid: &str) -> bool {
     let Some(node) = engine.nodes.node_for_instance(iid) else {
         return true;
     };
-    let now = Utc::now();
+    let now = crate::clock::utc_now();
     let stale = |r: &DrainRecord| r.lifecycle_completed(now) || r.in_warm_pool_since.is_some();
     if !engine.cached_record(&node).is_some_and(|r| stale(&r)) {
         return true;
@@ -296,7 +296,7 @@ pub async fn follow(engine: &Arc<Engine>, provider: &Arc<Provider>) -> usize {
     if engine.settings.dry_run {
         return 0;
     }
-    let now = Utc::now();
+    let now = crate::clock::utc_now();
     let reg = provider.registry();
     let marks: Vec<(String, String, DrainRecord)> = engine
         .nodes

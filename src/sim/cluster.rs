@@ -2,7 +2,7 @@
 //! delay, terminating pods go away after their preStop time), a scheduler, and the
 //! ReplicaSet and DaemonSet controllers, all driven by store changes, not polling.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -100,7 +100,7 @@ fn unschedulable_taint() -> &'static Value {
 /// The node a new pod goes to: Ready, schedulable, taints tolerated, nodeSelector
 /// matched; the least loaded.
 pub fn pick_node(nodes_list: &[Value], pods_list: &[Value], spec: &Value) -> Option<String> {
-    let mut load = HashMap::new();
+    let mut load = BTreeMap::new();
     for p in pods_list.iter().filter(|p| !terminating(p)) {
         *load
             .entry(s(p, &["spec", "nodeName"]).to_string())
@@ -113,7 +113,7 @@ pub fn pick_node(nodes_list: &[Value], pods_list: &[Value], spec: &Value) -> Opt
 /// thousands of pods in a storm, and recounting per pod was quadratic.
 fn pick_node_loaded<'a>(
     nodes_list: impl Iterator<Item = &'a Value>,
-    load: &HashMap<String, usize>,
+    load: &BTreeMap<String, usize>,
     spec: &Value,
 ) -> Option<String> {
     let selector = spec["nodeSelector"].as_object();
@@ -211,35 +211,35 @@ pub fn spawn(store: Arc<Store>, opts: SimOptions) -> tokio::task::JoinHandle<()>
 struct Controllers {
     opts: SimOptions,
     /// Pods (by UID) whose Ready or termination timer is set.
-    ready_timers: HashSet<String>,
-    gone_timers: HashSet<String>,
+    ready_timers: BTreeSet<String>,
+    gone_timers: BTreeSet<String>,
     /// Live (not terminating, not finished) pods per controller UID.
-    live: HashMap<String, i64>,
+    live: BTreeMap<String, i64>,
     /// Every pod object (terminating and finished ones too, until removed) per
     /// controller UID and node: the DaemonSet controller puts a pod back on a node
     /// only once the one there is gone, as the real one does without `maxSurge`.
-    held_on_node: HashMap<String, HashMap<String, i64>>,
+    held_on_node: BTreeMap<String, BTreeMap<String, i64>>,
     /// Pods per node, not counting terminating ones (the scheduler's spreading).
-    load: HashMap<String, usize>,
+    load: BTreeMap<String, usize>,
     /// Every pod bound to a node, for the pod GC when the node goes.
-    bound: HashMap<String, HashSet<(String, String)>>,
+    bound: BTreeMap<String, BTreeSet<(String, String)>>,
     /// Pods waiting for a node.
-    pending: HashSet<(String, String)>,
+    pending: BTreeSet<(String, String)>,
     /// ReplicaSets by UID, to find the ones whose pods changed.
-    replicasets: HashMap<String, (String, String)>,
+    replicasets: BTreeMap<String, (String, String)>,
     /// What changed since the last pass, so each controller looks only at that: the
     /// ReplicaSets whose pods changed (all of them after a ReplicaSet change), the
     /// nodes a DaemonSet pod or the Node itself changed on (all of them after a
     /// DaemonSet change), and whether a pod waits for the scheduler. A pass over every
     /// set and node per change made the fake, not the drain, the cost of a storm.
-    rs_dirty: HashSet<String>,
+    rs_dirty: BTreeSet<String>,
     all_rs_dirty: bool,
-    ds_nodes_dirty: HashSet<String>,
+    ds_nodes_dirty: BTreeSet<String>,
     all_ds_dirty: bool,
     sched_dirty: bool,
     /// The disruption controller's work: the budgets (namespace, name) whose pods,
     /// ReplicaSets or spec changed, so their status is written again.
-    budgets_dirty: HashSet<(String, String)>,
+    budgets_dirty: BTreeSet<(String, String)>,
     all_budgets_dirty: bool,
 }
 
@@ -276,20 +276,20 @@ impl Controllers {
     fn new(opts: SimOptions) -> Self {
         Self {
             opts,
-            ready_timers: HashSet::new(),
-            gone_timers: HashSet::new(),
-            live: HashMap::new(),
-            held_on_node: HashMap::new(),
-            load: HashMap::new(),
-            bound: HashMap::new(),
-            pending: HashSet::new(),
-            replicasets: HashMap::new(),
-            rs_dirty: HashSet::new(),
+            ready_timers: BTreeSet::new(),
+            gone_timers: BTreeSet::new(),
+            live: BTreeMap::new(),
+            held_on_node: BTreeMap::new(),
+            load: BTreeMap::new(),
+            bound: BTreeMap::new(),
+            pending: BTreeSet::new(),
+            replicasets: BTreeMap::new(),
+            rs_dirty: BTreeSet::new(),
             all_rs_dirty: true,
-            ds_nodes_dirty: HashSet::new(),
+            ds_nodes_dirty: BTreeSet::new(),
             all_ds_dirty: true,
             sched_dirty: true,
-            budgets_dirty: HashSet::new(),
+            budgets_dirty: BTreeSet::new(),
             all_budgets_dirty: true,
         }
     }
@@ -575,7 +575,7 @@ impl Controllers {
         // Listed when a pod is first placed in this pass, not on every pass.
         let mut nodes_now: Option<Vec<Arc<Value>>> = None;
         // This pass's placements, on top of the folded load (copied only if used).
-        let mut load: Option<HashMap<String, usize>> = None;
+        let mut load: Option<BTreeMap<String, usize>> = None;
         if sched {
             let mut waiting: Vec<(String, String)> = self.pending.iter().cloned().collect();
             waiting.sort();
@@ -672,11 +672,13 @@ impl Controllers {
         if budget_work {
             // The disruption controller, after the others: a status describes the pods
             // as this pass left them (its writes come back as changes, like theirs).
-            let mut by_ns: HashMap<String, Vec<String>> = HashMap::new();
+            let mut by_ns: BTreeMap<String, Vec<String>> = BTreeMap::new();
             let dirty: Vec<(String, String)> = if self.all_budgets_dirty {
                 eviction::budget_names(inner, None)
             } else {
-                self.budgets_dirty.drain().collect()
+                std::mem::take(&mut self.budgets_dirty)
+                    .into_iter()
+                    .collect()
             };
             for (ns, name) in dirty {
                 by_ns.entry(ns).or_default().push(name);

@@ -57,7 +57,7 @@ pub fn budget(
         })
         .collect();
     // Each controller's UID read once, not once per matching pod.
-    let scale_of: std::collections::HashMap<&str, i64> = controllers
+    let scale_of: std::collections::BTreeMap<&str, i64> = controllers
         .iter()
         .map(|c| {
             (
@@ -109,7 +109,7 @@ pub fn status(
     // healthy any more; once it terminates (or is gone, or two minutes passed) the
     // controller forgets it.
     let listed = pdb["status"]["disruptedPods"].as_object();
-    let now = chrono::Utc::now();
+    let now = crate::clock::utc_now();
     let mut disrupted = serde_json::Map::new();
     let mut unhealthy = 0;
     for p in pods.iter().map(Borrow::borrow) {
@@ -264,7 +264,7 @@ fn verdict(pdb: &Value, pod_ready: bool) -> Result<bool, ApiError> {
 fn charge(inner: &mut Inner, ns: &str, pdb: &Value, pod: &str) {
     let pdb_res = resource("policy", "poddisruptionbudgets").expect("pdbs");
     let name = pdb["metadata"]["name"].as_str().unwrap_or("");
-    let stamp = chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
+    let stamp = crate::clock::utc_now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
     let _ = inner.update(pdb_res, ns, name, "status", |o| {
         let mut n = o.clone();
         let left = n["status"]["disruptionsAllowed"].as_i64().unwrap_or(0) - 1;

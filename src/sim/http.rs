@@ -1,7 +1,7 @@
 //! The HTTP face of the in-memory API server: the URL forms, verbs and content types
 //! kube-rs uses, with Status errors that name what was wrong.
 
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::Duration;
@@ -125,7 +125,7 @@ pub(crate) fn merge(target: &mut Value, patch: &Value) {
 fn verb_and_resource(
     method: &Method,
     t: &Target,
-    q: &HashMap<String, String>,
+    q: &BTreeMap<String, String>,
 ) -> (&'static str, String) {
     let watching = q.get("watch").is_some_and(|w| w == "true" || w == "1");
     let verb = match (method, &t.name, watching) {
@@ -150,7 +150,7 @@ pub async fn handle(
     method: Method,
     uri: Uri,
     headers: HeaderMap,
-    Query(q): Query<HashMap<String, String>>,
+    Query(q): Query<BTreeMap<String, String>>,
     body: Bytes,
 ) -> Response {
     // A request behind a slow admission webhook ([`super::SimCluster::slow_requests`])
@@ -188,7 +188,7 @@ async fn serve_request(
     method: Method,
     uri: Uri,
     headers: HeaderMap,
-    q: HashMap<String, String>,
+    q: BTreeMap<String, String>,
     body: Bytes,
 ) -> Response {
     let path = uri.path().to_string();
@@ -392,7 +392,7 @@ fn access_review(ctx: &Ctx, mut review: Value) -> Value {
     review
 }
 
-fn selectors(q: &HashMap<String, String>) -> Result<(LabelSelector, FieldSelector), ApiError> {
+fn selectors(q: &BTreeMap<String, String>) -> Result<(LabelSelector, FieldSelector), ApiError> {
     let ls = LabelSelector::parse(q.get("labelSelector").map(String::as_str).unwrap_or(""))
         .map_err(|m| ApiError::new(400, "BadRequest", m))?;
     let fs = FieldSelector::parse(q.get("fieldSelector").map(String::as_str).unwrap_or(""))
@@ -400,7 +400,7 @@ fn selectors(q: &HashMap<String, String>) -> Result<(LabelSelector, FieldSelecto
     Ok((ls, fs))
 }
 
-fn list(ctx: &Ctx, t: &Target, q: &HashMap<String, String>) -> Result<Value, ApiError> {
+fn list(ctx: &Ctx, t: &Target, q: &BTreeMap<String, String>) -> Result<Value, ApiError> {
     let (ls, fs) = selectors(q)?;
     let (items, rv) = {
         let inner = ctx.store.lock();
@@ -505,7 +505,7 @@ fn patch(
     })
 }
 
-async fn watch_stream(ctx: Arc<Ctx>, t: Target, q: HashMap<String, String>) -> Response {
+async fn watch_stream(ctx: Arc<Ctx>, t: Target, q: BTreeMap<String, String>) -> Response {
     let (ls, fs) = match selectors(&q) {
         Ok(s) => s,
         Err(e) => return error(e),
@@ -571,9 +571,10 @@ async fn watch_stream(ctx: Arc<Ctx>, t: Target, q: HashMap<String, String>) -> R
             }
         }
         let (ref mut sub, last_rv) = rx;
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(timeout);
+        let deadline = crate::clock::Instant::now() + Duration::from_secs(timeout);
         loop {
             tokio::select! {
+                biased;
                 _ = tokio::time::sleep_until(deadline) => return,
                 changed = epoch.changed() => {
                     if changed.is_err() || *epoch.borrow() != start_epoch { return; }

@@ -55,7 +55,7 @@ pub const WRITES_KEPT: usize = 50_000;
 /// when, for tests that judge which replica acted when.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct WriteSeen {
-    pub at: std::time::Instant,
+    pub at: crate::clock::Instant,
     /// The bearer token's identity; empty without one.
     pub user: String,
     pub verb: String,
@@ -91,7 +91,7 @@ impl RequestStats {
                 writes.pop_front();
             }
             writes.push_back(WriteSeen {
-                at: std::time::Instant::now(),
+                at: crate::clock::Instant::now(),
                 user: user.unwrap_or_default().to_string(),
                 verb: verb.to_string(),
                 resource: res.to_string(),
@@ -179,6 +179,10 @@ pub struct SimCluster {
     addr: SocketAddr,
     epoch: tokio::sync::watch::Sender<u64>,
     server: Mutex<Option<tokio::task::JoinHandle<()>>>,
+    /// The same server without a socket, for clients built in process
+    /// ([`SimCluster::start_in_process`]); `None` while the server is down.
+    door: Arc<Mutex<Option<axum::Router>>>,
+    in_process: bool,
     actors: tokio::task::JoinHandle<()>,
     grants: Arc<Mutex<Option<Vec<Grant>>>>,
     faults: Arc<Mutex<Faults>>,
@@ -192,23 +196,23 @@ pub struct Faults {
     pub denied: Vec<(String, String)>,
     /// (verb, resource[/subresource]) -> how many more requests get APF's 429
     /// (reason TooManyRequests, no PodDisruptionBudget cause, Retry-After).
-    pub throttled: std::collections::HashMap<(String, String), u32>,
+    pub throttled: std::collections::BTreeMap<(String, String), u32>,
     /// (verb, resource[/subresource]) -> how many more requests are refused, and
     /// with which status ([`Refusal`]), before the request is looked at.
-    pub refused: std::collections::HashMap<(String, String), (u32, Refusal)>,
+    pub refused: std::collections::BTreeMap<(String, String), (u32, Refusal)>,
     /// How long every request waits before it is handled (an overloaded server).
     pub latency: Duration,
     /// How late every watch event arrives (a watch cache behind etcd).
     pub watch_lag: Duration,
     /// (verb, resource[/subresource]) -> how long such requests wait besides (a slow
     /// admission webhook on them).
-    pub slow_requests: std::collections::HashMap<(String, String), Duration>,
+    pub slow_requests: std::collections::BTreeMap<(String, String), Duration>,
     /// (verb, resource[/subresource]) -> how long such requests' answers wait after
     /// the request took effect (the write landed; its answer is slow to come back).
-    pub slow_answers: std::collections::HashMap<(String, String), Duration>,
+    pub slow_answers: std::collections::BTreeMap<(String, String), Duration>,
     /// Clients (bearer token users) cut off from the server: their requests never
     /// reach it and are never answered (a network partition of one replica).
-    pub cut: std::collections::HashSet<String>,
+    pub cut: std::collections::BTreeSet<String>,
 }
 
 /// How a refused request is answered ([`SimCluster::refuse`]), as a real API server
@@ -236,13 +240,30 @@ impl Refusal {
     }
 }
 
-async fn serve(listener: tokio::net::TcpListener, ctx: Arc<http::Ctx>) {
-    let app = axum::Router::new().fallback(http::handle).with_state(ctx);
+fn router(ctx: Arc<http::Ctx>) -> axum::Router {
+    axum::Router::new().fallback(http::handle).with_state(ctx)
+}
+
+async fn serve(listener: tokio::net::TcpListener, app: axum::Router) {
     let _ = axum::serve(listener, app).await;
 }
 
 impl SimCluster {
     pub async fn start(opts: SimOptions) -> anyhow::Result<SimCluster> {
+        Self::start_with(opts, false).await
+    }
+
+    /// [`SimCluster::start`] whose clients ([`SimCluster::client`],
+    /// [`SimCluster::client_as`]) reach the server in process, without a socket: a
+    /// request is handled on the caller's runtime and nothing waits on the kernel, so
+    /// on tokio's paused clock a case's time moves only when every task waits (issue
+    /// 39: model tests that replay exactly). The server still listens on
+    /// [`SimCluster::url`] for anything else.
+    pub async fn start_in_process(opts: SimOptions) -> anyhow::Result<SimCluster> {
+        Self::start_with(opts, true).await
+    }
+
+    async fn start_with(opts: SimOptions, in_process: bool) -> anyhow::Result<SimCluster> {
         let store = Arc::new(Store::new());
         let stats = Arc::new(RequestStats::default());
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await?;
@@ -257,7 +278,9 @@ impl SimCluster {
             grants: grants.clone(),
             faults: faults.clone(),
         });
-        let server = tokio::spawn(serve(listener, ctx));
+        let app = router(ctx);
+        let door = Arc::new(Mutex::new(Some(app.clone())));
+        let server = tokio::spawn(serve(listener, app));
         let actors = cluster::spawn(store.clone(), opts);
         Ok(SimCluster {
             store,
@@ -265,10 +288,17 @@ impl SimCluster {
             addr,
             epoch,
             server: Mutex::new(Some(server)),
+            door,
+            in_process,
             actors,
             grants,
             faults,
         })
+    }
+
+    /// Whether its clients reach it in process ([`SimCluster::start_in_process`]).
+    pub fn in_process(&self) -> bool {
+        self.in_process
     }
 
     pub fn url(&self) -> String {
@@ -421,16 +451,51 @@ impl SimCluster {
         Ok(())
     }
 
-    /// A kube::Client over real HTTP to this server.
+    /// A kube::Client over real HTTP to this server (in process after
+    /// [`SimCluster::start_in_process`]).
     pub fn client(&self) -> kube::Client {
+        if self.in_process {
+            return self.client_in_process(None);
+        }
         self.client_with(|_| {})
     }
 
     /// A client whose requests are recorded under `user` (sent as its bearer token), so
     /// a test can compare what that identity used with an RBAC role.
     pub fn client_as(&self, user: &str) -> kube::Client {
+        if self.in_process {
+            return self.client_in_process(Some(user));
+        }
         let user = user.to_string();
         self.client_with(move |cfg| cfg.auth_info.token = Some(user.into()))
+    }
+
+    /// A client whose requests go to the router as they are, with `user`'s bearer
+    /// token; refused as a closed port is while the server is down.
+    fn client_in_process(&self, user: Option<&str>) -> kube::Client {
+        use tower::ServiceExt;
+        let door = self.door.clone();
+        let bearer = user.map(|u| {
+            axum::http::HeaderValue::from_str(&format!("Bearer {u}")).expect("a user is a header")
+        });
+        let service = tower::service_fn(move |mut req: axum::http::Request<kube::client::Body>| {
+            if let Some(b) = &bearer {
+                req.headers_mut()
+                    .insert(axum::http::header::AUTHORIZATION, b.clone());
+            }
+            let app = door.lock().clone();
+            async move {
+                let Some(app) = app else {
+                    return Err(std::io::Error::new(
+                        std::io::ErrorKind::ConnectionRefused,
+                        "the in-memory API server is down",
+                    ));
+                };
+                let answer = app.oneshot(req).await;
+                Ok(answer.unwrap_or_else(|never| match never {}))
+            }
+        });
+        kube::Client::new(service, "default")
     }
 
     fn client_with(&self, f: impl FnOnce(&mut kube::Config)) -> kube::Client {
@@ -523,6 +588,7 @@ impl SimCluster {
         if let Some(h) = self.server.lock().take() {
             h.abort();
         }
+        *self.door.lock() = None;
         self.epoch.send_modify(|e| *e += 1);
         back.await;
         let listener = tokio::net::TcpListener::bind(self.addr).await?;
@@ -533,7 +599,9 @@ impl SimCluster {
             grants: self.grants.clone(),
             faults: self.faults.clone(),
         });
-        *self.server.lock() = Some(tokio::spawn(serve(listener, ctx)));
+        let app = router(ctx);
+        *self.door.lock() = Some(app.clone());
+        *self.server.lock() = Some(tokio::spawn(serve(listener, app)));
         Ok(())
     }
 
@@ -562,11 +630,11 @@ impl SimCluster {
         let pooled = cloud.pooled();
         let existing = self.list_shared::<k8s_openapi::api::core::v1::Node>();
         // Sets, not scans: this runs every 100 ms over thousands of nodes in a storm.
-        let known: std::collections::HashSet<&str> = existing
+        let known: std::collections::BTreeSet<&str> = existing
             .iter()
             .filter_map(|n| n["metadata"]["name"].as_str())
             .collect();
-        let alive: std::collections::HashSet<&str> = instances
+        let alive: std::collections::BTreeSet<&str> = instances
             .iter()
             .chain(&pooled)
             .filter(|(_, i)| i.state != LifecycleState::Terminated)

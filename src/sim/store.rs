@@ -1,9 +1,9 @@
 //! The object store of the in-memory API server: JSON objects by resource, one
 //! global resourceVersion, a bounded history for watch resumption, an audit log.
 
-use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use crate::clock::Instant;
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::sync::Arc;
-use std::time::Instant;
 
 use parking_lot::Mutex;
 use serde_json::{json, Value};
@@ -221,11 +221,11 @@ pub(crate) type Resume = (Vec<Arc<Change>>, broadcast::Receiver<Arc<Change>>);
 type Objects = BTreeMap<String, BTreeMap<String, Arc<Value>>>;
 
 /// Pod names by (namespace, label key, label value).
-type LabelIndex = HashMap<(String, String, String), BTreeSet<String>>;
+type LabelIndex = BTreeMap<(String, String, String), BTreeSet<String>>;
 
 pub(crate) struct Inner {
     /// By (API group, plural).
-    objects: HashMap<(&'static str, &'static str), Objects>,
+    objects: BTreeMap<(&'static str, &'static str), Objects>,
     /// Pods by label, for PodDisruptionBudget selectors: an eviction checks the
     /// budget's pods, not every pod of the namespace.
     pod_labels: LabelIndex,
@@ -250,14 +250,18 @@ fn whole_seconds(t: k8s_openapi::jiff::Timestamp) -> String {
 }
 
 fn rfc3339_in(secs: i64) -> String {
-    let t = k8s_openapi::jiff::Timestamp::now()
+    let t = k8s_openapi::jiff::Timestamp::from_second(crate::clock::utc_now().timestamp())
+        .unwrap_or(k8s_openapi::jiff::Timestamp::MIN)
         .checked_add(k8s_openapi::jiff::SignedDuration::from_secs(secs))
         .unwrap_or(k8s_openapi::jiff::Timestamp::MAX);
     whole_seconds(t)
 }
 
 fn now_rfc3339() -> String {
-    whole_seconds(k8s_openapi::jiff::Timestamp::now())
+    whole_seconds(
+        k8s_openapi::jiff::Timestamp::from_second(crate::clock::utc_now().timestamp())
+            .unwrap_or(k8s_openapi::jiff::Timestamp::MIN),
+    )
 }
 
 impl Inner {
@@ -615,8 +619,8 @@ impl Store {
         let (tx, _) = broadcast::channel(65_536);
         Self {
             inner: Mutex::new(Inner {
-                objects: HashMap::new(),
-                pod_labels: HashMap::new(),
+                objects: BTreeMap::new(),
+                pod_labels: BTreeMap::new(),
                 rv: 1,
                 uid: 0,
                 history: VecDeque::new(),

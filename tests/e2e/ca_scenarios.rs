@@ -7,7 +7,9 @@
 #![allow(dead_code)] // shared by the e2e test crates, each using a part
 
 use std::collections::BTreeSet;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use ca_asg_provider::clock::Instant;
 
 use ca_asg_provider::scalein::settings::DeadlinePolicy;
 use k8s_openapi::api::core::v1::Node;

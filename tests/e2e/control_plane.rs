@@ -12,7 +12,9 @@ use std::io::Write;
 use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use ca_asg_provider::clock::Instant;
 
 use anyhow::{bail, Context};
 use ca_asg_provider::commands::loadgen::process::{ProcSample, ProcWatch};

@@ -23,7 +23,9 @@ use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use ca_asg_provider::clock::Instant;
 
 use anyhow::{anyhow, bail, Context};
 use ca_asg_provider::config::ListenAddr;

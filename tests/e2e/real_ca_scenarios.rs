@@ -10,7 +10,9 @@
 #![allow(dead_code)] // shared by the e2e test crates, each using a part
 
 use std::collections::BTreeSet;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use ca_asg_provider::clock::Instant;
 
 use k8s_openapi::api::core::v1::Node;
 use kube::api::{Patch, PatchParams};

@@ -5,7 +5,9 @@
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use ca_asg_provider::clock::Instant;
 
 use ca_asg_provider::cloud::memory::{MemoryCloud, MemoryGroup};
 use ca_asg_provider::cloud::GroupSelector;

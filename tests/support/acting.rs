@@ -3,8 +3,8 @@
 //! in-memory API server under its identity, merged into one action log, so a test of
 //! leadership judges the replicas by what they did rather than by what they believed.
 
+use ca_asg_provider::clock::Instant;
 use std::sync::Arc;
-use std::time::Instant;
 
 use async_trait::async_trait;
 use ca_asg_provider::cloud::*;

@@ -8,7 +8,9 @@
 
 use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use ca_asg_provider::clock::Instant;
 
 use ca_asg_provider::cloud::memory::{MemoryCloud, EKS_TERMINATE_HOOK};
 use ca_asg_provider::cloud::{Cloud, LifecycleAction, LifecycleResult, LifecycleState};

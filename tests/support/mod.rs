@@ -10,7 +10,9 @@ pub mod queue;
 pub mod rbac;
 pub mod world;
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use ca_asg_provider::clock::Instant;
 
 /// Waits until `f` holds, polling every 20 ms; fails the test after `secs`.
 pub async fn eventually<F: FnMut() -> bool>(what: &str, secs: u64, mut f: F) {

@@ -8,6 +8,8 @@
 //! - `MODEL_SEED=S`: the seed of the sequences (a fresh one otherwise, always printed).
 //! - `MODEL_CASE=I`: only case I of that seed (replays one failure).
 //! - `MODEL_AT_ONCE=K`: cases side by side (default 16; a case mostly waits).
+//! - `MODEL_REPLAY_CHECK=1`: run every case twice and fail where what it did (its
+//!   transcript) differs: proof that a case depends on its seed alone.
 //! - `MODEL_SHRINK=R`: at most R runs spent shrinking a failure (default 40; 0: none),
 //!   and at most `MODEL_SHRINK_SECS` seconds (default 180).
 //!
@@ -15,25 +17,24 @@
 //! sequence as proptest does (drop and simplify ops while it still fails) and prints
 //! the smallest failing sequence found.
 //!
-//! Which models replay exactly (issue 39). `accounting_model` and `ca_loop_model`
-//! drive the provider over the memory cloud on tokio's paused clock: time moves only
-//! when every task waits, so a seed replays the same on any machine under any load.
-//! The drain models (`interruption_model`, `all_sources_model`, `unkind_model`) do
-//! not, yet: the drain's deadlines are wall-clock facts written to Nodes (chrono),
-//! the memory cloud and the in-memory API server keep std's `Instant`, and the
-//! engine talks to the API server over real HTTP, where a paused clock would jump
-//! while a socket is read. Replaying them exactly needs a clock seam through the
-//! drain, the record, the memory cloud and the in-memory API server, and an
-//! in-process transport for kube-rs (a tower service in front of the server's
-//! router) instead of a socket; a simulator such as turmoil would replace the same
-//! socket. Until then their assertions leave margins that no scheduling within a case
-//! crosses, and every sequence that failed once is kept as a fixed test
-//! (`interruption_model::a_stopping_notice_an_asg_end_and_a_spot_warning_twice_evict_once`).
+//! Every model replays exactly (issue 39): a seed and a case give the same steps at
+//! the same instants on any machine, under any load (docs/models.md says how).
+//! `accounting_model` and `ca_loop_model` drive the provider over the memory cloud on
+//! tokio's paused clock; the drain models (`interruption_model`, `all_sources_model`,
+//! `unkind_model`, `warm_pool_model`) run each case with [`on_paused_clock`] in a
+//! [`super::world::world_in_process`]: the in-memory API server and the gRPC server
+//! reached without a socket, wall time simulated from the paused clock, the service's
+//! jitter drawn per pod or instance from a fixed sequence, and tokio's own RNG seeded.
+//! Each returns its [`transcript`], and `MODEL_REPLAY_CHECK=1` runs every case twice
+//! and fails where the two differ. Every sequence that failed once is still kept as a
+//! fixed test (`interruption_model::a_stopping_notice_an_asg_end_and_a_spot_warning_twice_evict_once`).
 
 use std::fmt::Debug;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use ca_asg_provider::clock::Instant;
 
 use parking_lot::Mutex;
 use proptest::strategy::{Strategy, ValueTree};
@@ -53,12 +54,35 @@ fn message(p: &(dyn std::any::Any + Send)) -> String {
 /// Runs `case` over `default_cases` (or `MODEL_CASES`) op sequences from `ops`,
 /// `MODEL_AT_ONCE` side by side; panics with the seed, the case, its sequence, the
 /// smallest failing sequence found and the replay line when one fails.
-pub fn run<S, F>(name: &str, default_cases: u32, ops: S, case: F)
+pub fn run<S, F, T>(name: &str, default_cases: u32, ops: S, case: F)
 where
     S: Strategy,
     S::Value: Debug + Clone + Send + Sync,
-    F: Fn(S::Value) + Sync,
+    F: Fn(S::Value) -> T + Sync,
+    T: PartialEq + Debug,
 {
+    let twice: bool = env::<u8>("MODEL_REPLAY_CHECK").is_some_and(|v| v > 0);
+    // With MODEL_REPLAY_CHECK=1 every case runs twice and what it returns (a
+    // transcript) must be the same: a check that the seed is all a case depends on.
+    let case = |v: S::Value| {
+        let out = case(v.clone());
+        if twice {
+            let again = case(v);
+            if again != out {
+                let (a, b) = (format!("{out:#?}"), format!("{again:#?}"));
+                let line = a
+                    .lines()
+                    .zip(b.lines())
+                    .position(|(x, y)| x != y)
+                    .unwrap_or(0);
+                panic!(
+                    "the case did not replay exactly: first difference at line {line}:\n  {:?}\n  {:?}",
+                    a.lines().nth(line),
+                    b.lines().nth(line)
+                );
+            }
+        }
+    };
     let cases: usize = env("MODEL_CASES").unwrap_or(default_cases) as usize;
     let seed: u64 = env("MODEL_SEED").unwrap_or_else(|| {
         let t = std::time::SystemTime::now()
@@ -141,8 +165,18 @@ where
     };
     let first = values[i].clone();
     eprintln!(
-        "model {name}: case {i} failed: {why}\n  ops: {first:?}\n  replay: MODEL_SEED={seed} MODEL_CASE={i} cargo test --test {name}\n  shrinking ({shrink_runs} runs at most)..."
+        "model {name}: case {i} failed: {why}\n  ops: {first:?}\n  replay: MODEL_SEED={seed} MODEL_CASE={i} cargo test --test {name}"
     );
+    // Run once more, alone: on the paused clock a failure must fail the same way.
+    let again = catch_unwind(AssertUnwindSafe(|| case(first.clone())))
+        .err()
+        .map(|p| message(&*p));
+    let replayed = match &again {
+        Some(w) if *w == why => "fails the same way when run again".to_string(),
+        Some(w) => format!("fails differently when run again: {w}"),
+        None => "PASSED when run again: the case depends on more than its seed".to_string(),
+    };
+    eprintln!("model {name}: case {i} {replayed}\n  shrinking ({shrink_runs} runs at most)...");
     // Shrinking as proptest does: simplify while it fails, step back when it passes.
     let mut tree = trees.swap_remove(i);
     let mut smallest = first.clone();
@@ -168,7 +202,7 @@ where
         }
     }
     panic!(
-        "model {name}: case {i} of seed {seed} failed: {why}\n  ops: {first:?}\n  smallest failing ops after {runs} shrink run(s): {smallest:?}\n    failing with: {smallest_why}\n  replay: MODEL_SEED={seed} MODEL_CASE={i} cargo test --test {name}"
+        "model {name}: case {i} of seed {seed} failed: {why}\n  ops: {first:?}\n  {replayed}\n  smallest failing ops after {runs} shrink run(s): {smallest:?}\n    failing with: {smallest_why}\n  replay: MODEL_SEED={seed} MODEL_CASE={i} cargo test --test {name}"
     );
 }
 
@@ -181,7 +215,7 @@ pub const SETTLE_BOUND: Duration = Duration::from_secs(20);
 /// empty, checking the invariants (`check`) on the way; fails naming what was left
 /// after [`SETTLE_BOUND`].
 pub async fn settle(mut check: impl FnMut(), mut unfinished: impl FnMut() -> Vec<String>) {
-    let bound = Instant::now() + SETTLE_BOUND;
+    let bound = ca_asg_provider::clock::now() + SETTLE_BOUND;
     loop {
         check();
         let left = unfinished();
@@ -189,9 +223,112 @@ pub async fn settle(mut check: impl FnMut(), mut unfinished: impl FnMut() -> Vec
             return;
         }
         assert!(
-            Instant::now() < bound,
+            ca_asg_provider::clock::now() < bound,
             "not finished {SETTLE_BOUND:?} after the last step: {left:?}"
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// The wall time every case on the paused clock starts at: a fixed instant, so the
+/// whole seconds a deadline or a `deletionTimestamp` is cut to fall alike on every
+/// replay.
+pub const WALL_START: &str = "2026-01-05T08:00:00Z";
+
+/// Runs `case` on its own current-thread runtime with tokio's clock paused and the
+/// service's wall clock simulated from [`WALL_START`] (ca_asg_provider::clock): time
+/// moves only when every task of the case waits, by exactly what the next timer
+/// needs, so a case takes the same steps at the same times on any machine, under any
+/// load. Whatever the case reaches must be in process (`world_in_process`): a socket
+/// or a thread the runtime does not drive would let the clock jump while it works.
+pub fn on_paused_clock<F: std::future::Future>(case: F) -> F::Output {
+    let mut builder = tokio::runtime::Builder::new_current_thread();
+    builder.enable_all().start_paused(true);
+    // tokio's own chance (which receiver of a watch channel wakes first, which ready
+    // branch of a select! goes) from a fixed seed (.cargo/config.toml).
+    #[cfg(tokio_unstable)]
+    builder.rng_seed(tokio::runtime::RngSeed::from_bytes(
+        b"ca-asg-provider model case",
+    ));
+    let rt = builder.build().unwrap();
+    rt.block_on(async {
+        let start = chrono::DateTime::parse_from_rfc3339(WALL_START)
+            .expect("WALL_START is RFC 3339")
+            .with_timezone(&chrono::Utc);
+        let _wall = ca_asg_provider::clock::simulate_wall_clock(start);
+        case.await
+    })
+}
+
+/// What a case did, to compare two runs of it: every line of the API server's audit
+/// and every write that reached it (who sent it), each with its time since `start`
+/// on the case's clock, and the count of each AWS call. Two runs of one sequence on
+/// the paused clock give the same transcript, line for line (issue 39).
+pub fn transcript(
+    sim: &ca_asg_provider::sim::SimCluster,
+    cloud: &ca_asg_provider::cloud::memory::MemoryCloud,
+    start: ca_asg_provider::clock::Instant,
+) -> Vec<String> {
+    let ms = |at: ca_asg_provider::clock::Instant| at.saturating_duration_since(start).as_millis();
+    // An Event's name ends in kube-runtime's stamp of the system clock: its object's
+    // name is what the Event is of.
+    let named = |kind: &str, name: String| match (kind, name.rsplit_once('.')) {
+        ("Event", Some((of, _stamp))) => format!("{of}.*"),
+        _ => name,
+    };
+    let audit = sim.audit().into_iter().map(|e| {
+        let name = named(e.kind, e.name);
+        format!(
+            "{:>7} ms audit {} {} {}/{}",
+            ms(e.at),
+            e.verb,
+            e.kind,
+            e.namespace,
+            name
+        )
+    });
+    let writes = sim.requests().writes().into_iter().map(|w| {
+        format!(
+            "{:>7} ms write {} {} by {:?}",
+            ms(w.at),
+            w.verb,
+            w.resource,
+            w.user
+        )
+    });
+    let calls = cloud
+        .calls()
+        .into_iter()
+        .map(|(call, n)| format!("aws {call} x{n}"));
+    audit.chain(writes).chain(calls).collect()
+}
+
+/// Runs `case` (returning its [`transcript`]) `times` times and fails naming the
+/// first line where two runs differ.
+pub fn assert_replays_exactly(times: usize, case: impl Fn() -> Vec<String>) {
+    #[cfg(not(tokio_unstable))]
+    panic!("built without --cfg tokio_unstable (.cargo/config.toml; a RUSTFLAGS of your own replaces it): tokio's RNG is not seeded and a case cannot replay exactly");
+    let first = case();
+    assert!(!first.is_empty(), "a case that did nothing proves nothing");
+    for run in 2..=times {
+        if std::env::var_os("MODEL_TRANSCRIPT").is_some() {
+            eprintln!("=== run {run}");
+        }
+        let again = case();
+        if let Some(i) = (0..first.len().max(again.len())).find(|&i| first.get(i) != again.get(i)) {
+            if std::env::var_os("MODEL_TRANSCRIPT").is_some() {
+                eprintln!(
+                    "run 1:\n{}\nrun {run}:\n{}",
+                    first.join("\n"),
+                    again.join("\n")
+                );
+            }
+            panic!(
+                "run {run} differs from run 1 at line {i} of {}:\n  run 1:   {:?}\n  run {run}: {:?}",
+                first.len(),
+                first.get(i),
+                again.get(i)
+            );
+        }
     }
 }

@@ -5,7 +5,9 @@
 use std::net::TcpListener;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use ca_asg_provider::clock::Instant;
 
 pub struct MotoServer {
     child: Child,

@@ -8,7 +8,7 @@ pub fn eventbridge(detail_type: &str, source: &str, detail: serde_json::Value) -
         "detail-type": detail_type,
         "source": source,
         "account": "123456789012",
-        "time": chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
+        "time": ca_asg_provider::clock::utc_now().to_rfc3339_opts(chrono::SecondsFormat::Secs, true),
         "region": "us-east-1",
         "resources": [],
         "detail": detail,
@@ -66,5 +66,5 @@ pub fn lifecycle_at(
 
 /// [`lifecycle_at`] sent now, as AWS stamps it.
 pub fn lifecycle(group: &str, iid: &str, hook: &str, token: Option<&str>) -> String {
-    lifecycle_at(group, iid, hook, token, chrono::Utc::now())
+    lifecycle_at(group, iid, hook, token, ca_asg_provider::clock::utc_now())
 }

@@ -62,7 +62,8 @@ pub async fn service_with(
     refresh_interval: Duration,
 ) -> (Arc<Provider>, Arc<Engine>, CloudProviderClient<Channel>) {
     let client = sim.client_as(super::rbac::ENGINE_USER);
-    service_on(client, cloud, groups, s, refresh_interval).await
+    let cloud = Arc::new(cloud.clone());
+    service_over_door(client, cloud, groups, s, refresh_interval, sim.in_process()).await
 }
 
 /// The service over any API server (`client` as the identity it runs as): the
@@ -85,6 +86,19 @@ pub async fn service_over(
     s: ScaleInSettings,
     refresh_interval: Duration,
 ) -> (Arc<Provider>, Arc<Engine>, CloudProviderClient<Channel>) {
+    service_over_door(client, cloud, groups, s, refresh_interval, false).await
+}
+
+/// [`service_over`], CA reaching it in process (`in_process`: for a case on tokio's
+/// paused clock, where nothing may wait on a socket) or over TCP.
+async fn service_over_door(
+    client: kube::Client,
+    cloud: Arc<dyn ca_asg_provider::cloud::Cloud>,
+    groups: &[String],
+    s: ScaleInSettings,
+    refresh_interval: Duration,
+    in_process: bool,
+) -> (Arc<Provider>, Arc<Engine>, CloudProviderClient<Channel>) {
     let settings = ProviderSettings {
         selector: GroupSelector {
             names: groups.to_vec(),
@@ -97,7 +111,14 @@ pub async fn service_over(
     provider.refresh_now().await.unwrap();
     let engine = Engine::new(client, cloud, Some(provider.clone()), s);
     provider.set_scale_in(Arc::new(DrainScaleIn(engine.clone())));
-    let ca = serve_ca(&provider).await;
+    let ca = if in_process {
+        let channel = ca_asg_provider::grpc::in_process::serve(provider.clone())
+            .await
+            .unwrap();
+        CloudProviderClient::new(channel)
+    } else {
+        serve_ca(&provider).await
+    };
     eventually("the drain marks on Nodes are read", 10, || {
         provider.drain_state_known()
     })
@@ -143,11 +164,48 @@ pub async fn world_timed(
     refresh_interval: Duration,
     cloud_timing: MemoryTiming,
 ) -> World {
+    world_built(
+        groups,
+        s,
+        ready_delay,
+        refresh_interval,
+        cloud_timing,
+        false,
+    )
+    .await
+}
+
+/// [`world`] whose API server and gRPC server are reached in process: for a case
+/// on tokio's paused clock (support::model::on_paused_clock), where a socket's wait
+/// would let the clock jump (issue 39).
+pub async fn world_in_process(
+    groups: Vec<MemoryGroup>,
+    s: ScaleInSettings,
+    ready_delay: Duration,
+) -> World {
+    let refresh = Duration::from_millis(100);
+    world_built(groups, s, ready_delay, refresh, timing(), true).await
+}
+
+async fn world_built(
+    groups: Vec<MemoryGroup>,
+    s: ScaleInSettings,
+    ready_delay: Duration,
+    refresh_interval: Duration,
+    cloud_timing: MemoryTiming,
+    in_process: bool,
+) -> World {
     let _ = tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
         .with_test_writer()
         .try_init();
-    let sim = Arc::new(SimCluster::start(SimOptions { ready_delay }).await.unwrap());
+    let opts = SimOptions { ready_delay };
+    let sim = if in_process {
+        SimCluster::start_in_process(opts).await
+    } else {
+        SimCluster::start(opts).await
+    };
+    let sim = Arc::new(sim.unwrap());
     let names: Vec<String> = groups.iter().map(|g| g.name.clone()).collect();
     let cloud = MemoryCloud::new(groups, cloud_timing);
     sim.follow_cloud(cloud.clone());

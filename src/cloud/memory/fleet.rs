@@ -69,7 +69,7 @@ mod tests {
         assert!(f.iter().all(|g| g.desired == 14 || g.desired == 15));
         assert!(f.iter().all(|g| g.max_size >= g.desired));
         assert_eq!(f[0].name, "ng-000");
-        let names: std::collections::HashSet<_> =
+        let names: std::collections::BTreeSet<_> =
             fleet(1000, 0).into_iter().map(|g| g.name).collect();
         assert_eq!(names.len(), 1000);
     }

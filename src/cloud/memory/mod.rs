@@ -5,9 +5,11 @@
 //! timeout passed take their default result), so no background task is needed and a
 //! test sees the same sequence every run. Launch failures can be injected per group.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::sync::Arc;
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, UNIX_EPOCH};
+
+use crate::clock::Instant;
 
 use async_trait::async_trait;
 use parking_lot::Mutex;
@@ -18,6 +20,11 @@ use super::{
     LaunchFailure, LaunchHistory, LaunchSpec, LaunchTemplateRef, LifecycleAction, LifecycleHook,
     LifecycleResult, LifecycleState, WarmPool,
 };
+
+/// How long a stale read ([`MemoryCloud::stale_reads`]) can lag AWS's truth at most:
+/// AWS's describe calls converge within seconds; the provider's own guard against
+/// them (`provider::written::SETTLE`) spans a minute.
+pub const STALE_FOR: Duration = Duration::from_secs(30);
 
 /// The region the in-memory cloud's zones (`us-east-1a`..) are in.
 pub const REGION: &str = "us-east-1";
@@ -273,9 +280,9 @@ struct State {
     /// At each heartbeat and completion: the instance and how long its hook had left.
     hook_slack: Vec<(String, Duration)>,
     /// Operations that fail once with a throttle, for error-path tests.
-    throttle_next: HashMap<String, u32>,
+    throttle_next: BTreeMap<String, u32>,
     /// Operations refused with an error code (AccessDenied, ...) this many times.
-    refuse_next: HashMap<String, (String, u32)>,
+    refuse_next: BTreeMap<String, (String, u32)>,
     /// EKS managed node groups by (cluster, node group), as DescribeNodegroup
     /// answers them; absent ones are NotFound.
     eks: BTreeMap<(String, String), EksNodegroup>,
@@ -288,9 +295,9 @@ struct State {
     log: Vec<HookEvent>,
     /// Every change of a desired capacity, in order.
     desired_log: Vec<DesiredChange>,
-    /// Reads answered from an older state ([`MemoryCloud::stale_reads`]): that state
-    /// and how many more reads get it.
-    stale: Option<(BTreeMap<String, MemAsg>, u32)>,
+    /// Reads answered from an older state ([`MemoryCloud::stale_reads`]): that state,
+    /// how many more reads get it, and until when at most.
+    stale: Option<(BTreeMap<String, MemAsg>, u32, Instant)>,
     /// Heartbeats and completions that carry a token must carry the action's.
     check_tokens: bool,
 }
@@ -524,16 +531,22 @@ impl MemoryCloud {
     /// The next `reads` reads (DescribeAutoScalingGroups, DescribeAutoScalingInstances,
     /// DescribeLifecycleHooks) answer the state as it is now, whatever happens
     /// meanwhile: AWS's eventual consistency, a read served from a lagging replica.
-    /// Zero: fresh answers again.
+    /// For at most [`STALE_FOR`]: AWS's replicas converge within seconds, not
+    /// minutes. Zero: fresh answers again.
     pub fn stale_reads(&self, reads: u32) {
         let mut st = self.state.lock();
         self.settle(&mut st);
-        st.stale = (reads > 0).then(|| (st.groups.clone(), reads));
+        let until = Instant::now() + STALE_FOR;
+        st.stale = (reads > 0).then(|| (st.groups.clone(), reads, until));
     }
 
     /// The older state a read answers from, if it is to be stale (counts the read).
     fn stale_view(st: &mut State) -> Option<BTreeMap<String, MemAsg>> {
-        let (groups, left) = st.stale.as_mut()?;
+        let (groups, left, until) = st.stale.as_mut()?;
+        if Instant::now() >= *until {
+            st.stale = None;
+            return None;
+        }
         let view = groups.clone();
         *left -= 1;
         if *left == 0 {
@@ -1223,7 +1236,7 @@ fn not_found(what: &'static str, name: &str) -> CloudError {
 }
 
 fn now_unix() -> i64 {
-    SystemTime::now()
+    crate::clock::system_now()
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_secs() as i64)
         .unwrap_or(0)

@@ -1,7 +1,9 @@
 //! The calls cluster-autoscaler makes, in the order and mix of one of its loops.
 
 use std::collections::HashMap;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use crate::clock::Instant;
 
 use prost::Message as _;
 use tonic::transport::Channel;

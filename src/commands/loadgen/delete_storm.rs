@@ -15,7 +15,9 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use crate::clock::Instant;
 
 use k8s_openapi::api::core::v1::Node;
 use serde::Serialize;

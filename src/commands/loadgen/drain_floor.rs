@@ -10,7 +10,9 @@
 //! before the drain waited on budgets (a fixed 5 s retry, a 15 s poll).
 
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use crate::clock::Instant;
 
 use k8s_openapi::api::core::v1::{Node, Pod};
 use serde::Serialize;

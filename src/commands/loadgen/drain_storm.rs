@@ -8,7 +8,9 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use crate::clock::Instant;
 
 use k8s_openapi::api::core::v1::{Node, Pod};
 use serde::Serialize;

@@ -20,7 +20,9 @@ use std::net::SocketAddr;
 use crate::config::ListenAddr;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use crate::clock::Instant;
 
 use anyhow::Context;
 use serde::Serialize;
