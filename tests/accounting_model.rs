@@ -35,6 +35,8 @@ use ca_asg_provider::provider::{
 use parking_lot::Mutex;
 use proptest::prelude::*;
 
+mod support;
+
 const DIRECT: &str = "direct";
 const HOOKED: &str = "hooked";
 const HOOK: &str = "ca-asg-provider-drain";
@@ -520,12 +522,7 @@ async fn replica(cloud: &MemoryCloud, marks: &Marks) -> Arc<Provider> {
 /// every task waits (AWS's latency, the backoffs), so a case replays exactly whatever
 /// the machine's load.
 fn run(ops: &[Op]) {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .start_paused(true)
-        .build()
-        .unwrap();
-    rt.block_on(async {
+    support::model::on_paused_clock(async {
         let mut w = World::new().await;
         w.check(&[]);
         for (i, op) in ops.iter().enumerate() {

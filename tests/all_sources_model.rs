@@ -28,9 +28,10 @@
 //! flight but that one's, no fenced replica still drains; a guarded instance held by
 //! our hook is still held one heartbeat timeout later (heartbeated, not let go).
 //!
-//! Cases: [`CASES`] (800; `MODEL_CASES=N` for more or fewer), 16 side by side, each
-//! in its own runtime (support::model); 800 took 101 s on a 2-core machine (debug
-//! build; the four model tests together 252 s), 112 s with two drain slots. A failure prints its seed and case and the
+//! Cases: [`CASES`] (2,000; `MODEL_CASES=N` for more or fewer), 16 side by side, each
+//! on its own paused clock (support::model; a case replays exactly, docs/models.md);
+//! 800 took 18.5 s on a 2-core machine (debug build; 101 s before the paused clock),
+//! 3,000 run twice each (`MODEL_REPLAY_CHECK=1`) 160 s. A failure prints its seed and case and the
 //! line that replays it, `MODEL_SEED=S MODEL_CASE=I cargo test --test
 //! all_sources_model every_source`, then the smallest failing sequence shrinking
 //! found; paste that into a `#[test]` calling `run(&[...])` to keep it.
@@ -717,7 +718,7 @@ fn run(ops: &[Op]) -> Vec<String> {
 
 /// Cases per run (`MODEL_CASES` overrides; see support::model for the seed, replay
 /// and shrinking knobs).
-const CASES: u32 = 800;
+const CASES: u32 = 2000;
 
 /// Every source of drains on the same nodes, `CASES` sequences of up to 8 ops
 /// (`MODEL_CASES`, `MODEL_SEED`, `MODEL_CASE` to replay one: see support::model).

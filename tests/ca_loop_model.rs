@@ -41,6 +41,8 @@ use ca_asg_provider::provider::{
 };
 use k8s_pb::api::core::v1::Node;
 use proptest::prelude::*;
+
+mod support;
 use prost::Message;
 
 const PLAIN: &str = "plain";
@@ -506,17 +508,12 @@ async fn in_time<T>(
 }
 
 fn run(ops: &[Op]) {
-    let rt = tokio::runtime::Builder::new_current_thread()
-        .enable_all()
-        .start_paused(true)
-        .build()
-        .unwrap();
     // RUST_LOG=ca_asg_provider=debug shows what the provider did in a failing case.
     let _ = tracing_subscriber::fmt()
         .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
         .with_test_writer()
         .try_init();
-    rt.block_on(async {
+    support::model::on_paused_clock(async {
         let mut w = World::new().await;
         w.check(&[]);
         for (i, op) in ops.iter().enumerate() {

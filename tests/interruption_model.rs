@@ -16,8 +16,9 @@
 //! every node a spot warning or retirement drained has lost its workload and
 //! DaemonSet pods (unless a stopping notice stopped the drain), no drain in flight.
 //!
-//! Cases: [`CASES`] (1000, 50 s on a 2-core machine, debug build;
-//! `MODEL_CASES=N`), 16 side by side (support::model). A
+//! Cases: [`CASES`] (2,000; 1,000 take 20 s on a 2-core machine, debug build, 50 s
+//! before the paused clock; `MODEL_CASES=N`), 16 side by side, each on its own paused
+//! clock (support::model; a case replays exactly, docs/models.md). A
 //! failure prints its seed, case and replay line (`MODEL_SEED=S MODEL_CASE=I cargo
 //! test --test interruption_model queue_mode`) and the smallest failing sequence.
 
@@ -370,7 +371,7 @@ fn run(ops: &[Op]) -> Vec<String> {
 
 /// Cases per run (`MODEL_CASES` overrides; see support::model for the seed, replay
 /// and shrinking knobs).
-const CASES: u32 = 1000;
+const CASES: u32 = 2000;
 
 /// Queue mode, `CASES` sequences of up to 9 ops (`MODEL_CASES`, `MODEL_SEED`,
 /// `MODEL_CASE` to replay one: see support::model).

@@ -62,8 +62,9 @@
 //! instance in service), and with `proceed` every node drained for a notice or
 //! `drain NODE` has lost its workload pod and its DaemonSet pods of before the drain.
 //!
-//! Cases: [`CASES`] (600, 88 s on a 2-core machine, debug build, 111 s with EKS's hook and a Go build beside it; `MODEL_CASES=N`
-//! for more), 16 side by side, each in its own runtime (tests/support/model.rs). A failure prints its seed, case, ops and the
+//! Cases: [`CASES`] (1,200; 600 take 35 s on a 2-core machine, debug build, 88 s before
+//! the paused clock; `MODEL_CASES=N` for more), 16 side by side, each on its own paused
+//! clock (tests/support/model.rs; a case replays exactly, docs/models.md). A failure prints its seed, case, ops and the
 //! line that replays it (`MODEL_SEED=S MODEL_CASE=I cargo test --test unkind_model
 //! any_refusal`), then the smallest failing sequence shrinking found: paste it into a
 //! `#[test]` calling `run(proceed, &[...])` to keep it.
@@ -1105,7 +1106,7 @@ fn run_then(proceed: bool, ops: &[Op], then: impl FnOnce(&Model)) -> Vec<String>
 }
 
 /// Cases per run (`MODEL_CASES` overrides; see tests/support/model.rs).
-const CASES: u32 = 600;
+const CASES: u32 = 1200;
 
 /// Refusals, stale answers, forged messages, lost leases and deadlines between the
 /// steps of every source of drains, `CASES` sequences of up to 11 ops, each under

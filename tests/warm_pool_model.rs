@@ -19,7 +19,8 @@
 //! on it unless a spot warning still cordons it (a node back from the pool is handed
 //! back, whatever happened on its way).
 //!
-//! Cases: [`CASES`] (`MODEL_CASES=N`), 16 side by side (support::model). A failure
+//! Cases: [`CASES`] (`MODEL_CASES=N`), 16 side by side, each on its own paused clock
+//! (support::model; a case replays exactly, docs/models.md). A failure
 //! prints its seed, case, smallest failing sequence and the replay line.
 
 use std::collections::BTreeSet;
@@ -422,7 +423,7 @@ fn run(pool_state: &str, ops: &[Op]) -> Vec<String> {
 const SETTLE: Duration = Duration::from_secs(90);
 
 /// Cases per run (`MODEL_CASES` overrides; see support::model).
-const CASES: u32 = 120;
+const CASES: u32 = 300;
 
 #[test]
 fn pool_returns_and_reuse_between_any_two_steps_keep_every_promise() {
