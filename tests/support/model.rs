@@ -10,6 +10,8 @@
 //! - `MODEL_AT_ONCE=K`: cases side by side (default 16; a case mostly waits).
 //! - `MODEL_REPLAY_CHECK=1`: run every case twice and fail where what it did (its
 //!   transcript) differs: proof that a case depends on its seed alone.
+//! - `MODEL_TRANSCRIPT=1`: [`assert_replays_exactly`] prints both transcripts whole
+//!   when two runs differ.
 //! - `MODEL_SHRINK=R`: at most R runs spent shrinking a failure (default 40; 0: none),
 //!   and at most `MODEL_SHRINK_SECS` seconds (default 180).
 //!
