@@ -871,7 +871,8 @@ async fn delete_until_accepted(
             // Gone, or another pod of the same name (the uid precondition failed).
             Err(kube::Error::Api(e)) if e.code == 404 || e.code == 409 => return (r, Ok(false)),
             Err(e) => {
-                let wait = backoff.mul_f64(0.5 + 0.5 * super::random_fraction(&r.to_string()));
+                let wait =
+                    backoff.mul_f64(0.5 + 0.5 * crate::clock::random_fraction(&r.to_string()));
                 if Instant::now() + wait >= give_up {
                     return (r, Err(e.to_string()));
                 }

@@ -499,7 +499,7 @@ pub async fn until_accepted(
 /// 0.8x to 1.2x, from a random source per call, so many drains blocked by the same
 /// budget do not retry in lockstep.
 fn jitter(d: Duration, pod: &PodRef) -> Duration {
-    d.mul_f64(0.8 + 0.4 * super::random_fraction(&pod.to_string()))
+    d.mul_f64(0.8 + 0.4 * crate::clock::random_fraction(&pod.to_string()))
 }
 
 #[cfg(test)]

@@ -180,7 +180,7 @@ impl HeartbeatBackoff {
     pub fn ok(&mut self) -> Duration {
         self.failures = 0;
         self.every
-            .mul_f64(1.0 - 0.1 * super::random_fraction(&self.of))
+            .mul_f64(1.0 - 0.1 * crate::clock::random_fraction(&self.of))
     }
 
     /// After a failure: from a quarter of the interval, doubling per failure, with
@@ -191,7 +191,7 @@ impl HeartbeatBackoff {
             .saturating_mul(1u32 << self.failures.min(8))
             .min(self.every);
         self.failures = self.failures.saturating_add(1);
-        ceiling.mul_f64(0.5 + 0.5 * super::random_fraction(&self.of))
+        ceiling.mul_f64(0.5 + 0.5 * crate::clock::random_fraction(&self.of))
     }
 }
 

@@ -37,7 +37,6 @@ pub mod evict;
 pub mod hooks;
 pub mod inflight;
 pub mod intercept;
-mod jitter;
 pub mod leader;
 pub mod lifecycle;
 pub mod marks_sync;
@@ -57,7 +56,6 @@ pub mod wait;
 pub mod warm_pool;
 
 pub use engine::{kube_client, DrainStats, Engine};
-pub(crate) use jitter::random_fraction;
 pub use request::{ca_reason, reason_of_mode, DrainRequest, Mode, Outcome, Source, Start};
 pub use scale_in::DrainScaleIn;
 pub use settings::{DaemonSetPolicy, DeadlinePolicy, ModeChoice, ScaleInSettings};

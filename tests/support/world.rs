@@ -24,6 +24,9 @@ pub struct World {
     pub groups: Vec<String>,
 }
 
+/// The provider's refresh interval in a world unless a test gives its own.
+pub const REFRESH: Duration = Duration::from_millis(100);
+
 pub fn fast_settings() -> ScaleInSettings {
     ScaleInSettings {
         eviction_retry: Duration::from_millis(100),
@@ -50,7 +53,7 @@ pub async fn service(
     groups: &[String],
     s: ScaleInSettings,
 ) -> (Arc<Provider>, Arc<Engine>, CloudProviderClient<Channel>) {
-    service_with(sim, cloud, groups, s, Duration::from_millis(100)).await
+    service_with(sim, cloud, groups, s, REFRESH).await
 }
 
 /// [`service`] with the provider's refresh interval given.
@@ -143,7 +146,7 @@ pub async fn serve_ca(provider: &Arc<Provider>) -> CloudProviderClient<Channel> 
 }
 
 pub async fn world(groups: Vec<MemoryGroup>, s: ScaleInSettings, ready_delay: Duration) -> World {
-    world_with(groups, s, ready_delay, Duration::from_millis(100)).await
+    world_with(groups, s, ready_delay, REFRESH).await
 }
 
 /// [`world`] with the provider's refresh interval given.
@@ -183,8 +186,7 @@ pub async fn world_in_process(
     s: ScaleInSettings,
     ready_delay: Duration,
 ) -> World {
-    let refresh = Duration::from_millis(100);
-    world_built(groups, s, ready_delay, refresh, timing(), true).await
+    world_built(groups, s, ready_delay, REFRESH, timing(), true).await
 }
 
 async fn world_built(
