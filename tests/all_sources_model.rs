@@ -52,6 +52,7 @@ use k8s_openapi::api::core::v1::{Node, Pod};
 use proptest::prelude::*;
 
 mod support;
+use support::acting::Processes;
 use support::budget_floor::BudgetFloor;
 use support::notices::{eventbridge, lifecycle};
 use support::queue::{consumer, handle_all};
@@ -161,6 +162,9 @@ struct Model {
     guarded: BudgetFloor,
     /// Whether web has our hook now (HookRemoved, HookAdded).
     hooked: bool,
+    /// Every process that ran, each its own identity: who acted, in a failure.
+    procs: Processes,
+    origin: ca_asg_provider::clock::Instant,
 }
 
 /// Leadership over the engine (set before its loop starts), and the loop.
@@ -173,7 +177,8 @@ fn lead(w: &World) -> Replica {
 
 impl Model {
     async fn new() -> Model {
-        let w = world_in_process(
+        let origin = ca_asg_provider::clock::now();
+        let mut w = world_in_process(
             vec![
                 MemoryGroup::new("web", 0, 6, 2, "m5.large")
                     .terminating_hook(HOOK, HOOK_TIMEOUT_SECS),
@@ -224,6 +229,11 @@ impl Model {
                 (format!("app-{i}"), ds)
             })
             .collect();
+        // The service is replica-1, named on the API server and in AWS's log.
+        w.engine.shutdown();
+        let mut procs = Processes::default();
+        let (who, view) = procs.next(&w.cloud);
+        (w.provider, w.engine, w.ca) = replica(&w.sim, &who, view, &w.groups, settings()).await;
         let q = Arc::new(MemoryQueue::default());
         let c = consumer(&w, &q, RebalanceAction::Drain);
         let replica = lead(&w);
@@ -242,6 +252,8 @@ impl Model {
             pods,
             guarded,
             hooked: true,
+            procs,
+            origin,
         }
     }
 
@@ -284,8 +296,9 @@ impl Model {
     /// A new replica takes over: the provider, engine, gRPC server, loop and
     /// consumer of a fresh process, over the same cluster and AWS.
     async fn new_replica(&mut self) {
+        let (who, view) = self.procs.next(&self.w.cloud);
         let (provider, engine, ca) =
-            service(&self.w.sim, &self.w.cloud, &self.w.groups, settings()).await;
+            replica(&self.w.sim, &who, view, &self.w.groups, settings()).await;
         self.w.provider = provider;
         self.w.engine = engine;
         self.w.ca = ca;
@@ -508,43 +521,65 @@ impl Model {
             .filter(|(_, i)| i.state.is_terminating())
             .map(|(_, i)| i.id)
             .collect();
+        let who = |subject: &str| self.procs.who_touched(&self.w.sim, subject, self.origin);
         for id in &ended {
             assert!(
                 self.ca_named.contains(id) || self.asg_chose.contains(id),
-                "{id} is ending, chosen by neither CA nor the ASG"
+                "{id} is ending, chosen by neither CA nor the ASG: {:#?}",
+                who(id)
             );
         }
         for (a, _) in self.w.cloud.completed_actions() {
             assert!(
                 self.ca_named.contains(&a.instance_id) || self.asg_chose.contains(&a.instance_id),
-                "completed the action of {}, which nobody chose",
-                a.instance_id
+                "completed the action of {}, which nobody chose: {:#?}",
+                a.instance_id,
+                who(&a.instance_id)
             );
         }
         assert!(
             self.w.cloud.chosen_by_asg().is_empty(),
             "the ASG picked a victim after a desired-capacity write"
         );
-        assert_eq!(
-            self.w.cloud.hook_timeouts(),
-            Vec::<String>::new(),
-            "a held instance was not heartbeated until its drain ended"
+        let timeouts = self.w.cloud.hook_timeouts();
+        assert!(
+            timeouts.is_empty(),
+            "a held instance was not heartbeated until its drain ended: {timeouts:?}; what was done to it: {:#?}",
+            timeouts.iter().map(|t| who(t)).collect::<Vec<_>>()
         );
         let audit = self.w.sim.audit();
-        support::world::assert_no_pod_evicted_twice(&audit);
+        let mut evicted = BTreeSet::new();
+        for e in audit.iter().filter(|e| e.kind == "Pod") {
+            match e.verb.as_str() {
+                "eviction-requested" => assert!(
+                    !evicted.contains(&e.name),
+                    "{} was evicted twice: {:#?}",
+                    e.name,
+                    who(&e.name)
+                ),
+                "evicted" => {
+                    evicted.insert(e.name.clone());
+                }
+                _ => {}
+            }
+        }
         let mut seen = BTreeSet::new();
         for e in audit
             .iter()
             .filter(|e| e.kind == "Pod" && e.verb == "deletion-started")
         {
-            assert!(seen.insert(e.name.clone()), "{} was deleted twice", e.name);
+            assert!(
+                seen.insert(e.name.clone()),
+                "{} was deleted twice: {:#?}",
+                e.name,
+                who(&e.name)
+            );
             if e.name.starts_with("app-") {
                 assert!(
-                    audit
-                        .iter()
-                        .any(|a| a.verb == "evicted" && a.name == e.name),
-                    "{} was deleted, not evicted: around its PodDisruptionBudget",
-                    e.name
+                    evicted.contains(&e.name),
+                    "{} was deleted, not evicted: around its PodDisruptionBudget: {:#?}",
+                    e.name,
+                    who(&e.name)
                 );
             }
         }

@@ -86,6 +86,8 @@ pub struct Engine {
     leadership: std::sync::OnceLock<tokio::sync::watch::Receiver<bool>>,
     /// Tells the leader-election task to release the lease and stop.
     step_down: tokio::sync::watch::Sender<bool>,
+    /// Set by [`Self::step_down`]: this replica acts no more, whatever the Lease says.
+    stepping_down: std::sync::atomic::AtomicBool,
     pub stats: DrainStats,
     /// Until when the lifecycle scan runs every [`lifecycle::SOON`] instead of its
     /// poll interval: a hold AWS announced and does not show yet.
@@ -113,6 +115,7 @@ impl Engine {
         // Every request, watches and Events included, as client-go's own limiter
         // does: the rate holds however many drains run.
         // Each request says who sends it (the audit log's userAgent).
+        let client = super::intercept::answered_within(client, super::intercept::ANSWER_WITHIN);
         let lease_client = user_agent::named(client.clone(), user_agent::LEASE);
         let client = user_agent::named(client, user_agent::DRAIN);
         let pod_event_client =
@@ -145,6 +148,7 @@ impl Engine {
             book: Book::default(),
             leadership: std::sync::OnceLock::new(),
             step_down: tokio::sync::watch::channel(false).0,
+            stepping_down: std::sync::atomic::AtomicBool::new(false),
             stats: DrainStats::default(),
             scan_soon: Mutex::new(None),
             scan_wake: tokio::sync::Notify::new(),
@@ -192,38 +196,55 @@ impl Engine {
             })
             .unwrap_or_else(|| "kube-system".into());
         tracing::info!(lease = %self.settings.lease_name, %namespace, %identity, "leader election: the drain loop runs on the Lease holder");
-        self.follow_leadership(leader::spawn(
+        self.lead_as(leader::LeaseSettings {
+            name: self.settings.lease_name.clone(),
+            namespace,
+            identity,
+            duration: self.settings.lease_duration,
+        });
+    }
+
+    /// Runs the election for the Lease `lease` names and follows it; [`Self::step_down`]
+    /// ends it. Returns the election's task (a test aborts it to play a process that
+    /// died).
+    pub fn lead_as(&self, lease: leader::LeaseSettings) -> tokio::task::JoinHandle<()> {
+        let (leads, task) = leader::spawn_task(
             self.liveness.clone(),
             self.lease_client.clone(),
-            leader::LeaseSettings {
-                name: self.settings.lease_name.clone(),
-                namespace,
-                identity,
-                duration: self.settings.lease_duration,
-            },
+            lease,
             self.step_down.subscribe(),
-        ));
+        );
+        self.follow_leadership(leads);
+        task
     }
 
     /// On shutdown: stop leading and release the Lease so another replica takes over
     /// at once (bounded; without an answer the Lease expires by itself).
+    ///
+    /// In this order: this replica stops acting (no new drain starts, every running
+    /// one stops where it is), then the election releases the Lease. Released first,
+    /// the Lease could be taken over while this replica's drains still evict and
+    /// heartbeat, for as long as the release's answer takes (leadership_model found
+    /// it with Lease writes answered late).
     pub async fn step_down(&self) {
+        self.stepping_down
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+        self.abort_all();
         self.step_down.send_replace(true);
         if let Some(mut rx) = self.leadership() {
+            // The election's task ends once the release is answered (or failed).
             let _ = tokio::time::timeout(Duration::from_secs(3), async {
-                while *rx.borrow_and_update() {
-                    if rx.changed().await.is_err() {
-                        break;
-                    }
-                }
+                while rx.changed().await.is_ok() {}
             })
             .await;
         }
     }
 
-    /// Whether this replica may drain: always, unless leader election says otherwise.
+    /// Whether this replica may drain: always, unless leader election says otherwise
+    /// or it is stepping down.
     pub fn is_leader(&self) -> bool {
-        self.leadership.get().is_none_or(|rx| *rx.borrow())
+        !self.stepping_down.load(std::sync::atomic::Ordering::SeqCst)
+            && self.leadership.get().is_none_or(|rx| *rx.borrow())
     }
 
     /// The plan settings of [`record::DrainRecord::plan`].

@@ -244,12 +244,23 @@ pub fn spawn(
     liveness: std::sync::Arc<crate::telemetry::liveness::Liveness>,
     client: kube::Client,
     s: LeaseSettings,
-    mut stop: watch::Receiver<bool>,
+    stop: watch::Receiver<bool>,
 ) -> watch::Receiver<bool> {
+    spawn_task(liveness, client, s, stop).0
+}
+
+/// [`spawn`], with the election's task: a test aborts it to play a process that
+/// died, without releasing the Lease.
+pub fn spawn_task(
+    liveness: std::sync::Arc<crate::telemetry::liveness::Liveness>,
+    client: kube::Client,
+    s: LeaseSettings,
+    mut stop: watch::Receiver<bool>,
+) -> (watch::Receiver<bool>, tokio::task::JoinHandle<()>) {
     const NAME: &str = "leader election";
     let (tx, rx) = watch::channel(false);
     let quiet = (s.retry_every() * 4).max(std::time::Duration::from_secs(60));
-    tokio::spawn(async move {
+    let task = tokio::spawn(async move {
         let api: Api<Lease> = Api::namespaced(client, &s.namespace);
         let mut last_renewed: Option<crate::clock::Instant> = None;
         let mut observed = Observed::default();
@@ -259,11 +270,14 @@ pub fn spawn(
             if *stop.borrow() {
                 liveness.done(NAME);
                 liveness.trouble(NAME, None);
+                // Stop acting before the release can land: from then on another
+                // replica may take over, however late the release's answer comes.
+                let _ = tx.send(false);
                 if let Err(e) = release(&api, &s).await {
                     tracing::warn!(lease = %s.name, error = %explain(&e, &s), "could not release the lease; it expires by itself");
                 }
-                // Only now: whoever waits for `false` knows the release is done.
-                let _ = tx.send(false);
+                // The task ends here, closing the channel: whoever waits for that
+                // knows the release is done.
                 return;
             }
             // A renewal counts from when it was sent, not from its answer: the others
@@ -349,7 +363,7 @@ pub fn spawn(
             }
         }
     });
-    rx
+    (rx, task)
 }
 
 /// Until when this replica may act as the leader: the send time of its last

@@ -222,6 +222,41 @@ async fn serve_request(
         .and_then(|v| v.to_str().ok());
     ctx.stats
         .count(user, user_agent, verb, t.res.group, &res_label);
+    let arrived = crate::clock::Instant::now();
+    let name = t.name.clone().unwrap_or_default();
+    let response = answer(
+        &ctx, &method, &path, &headers, t, verb, &res_label, user, q, body,
+    )
+    .await;
+    if matches!(verb, "create" | "update" | "patch" | "delete") {
+        ctx.stats.wrote(super::WriteSeen {
+            at: arrived,
+            user: user.unwrap_or_default().to_string(),
+            verb: verb.to_string(),
+            resource: res_label,
+            name,
+            status: response.status().as_u16(),
+        });
+    }
+    response
+}
+
+/// A request that reached the server, answered: latency and refusals first, then the
+/// store.
+#[allow(clippy::too_many_arguments)]
+async fn answer(
+    ctx: &Arc<Ctx>,
+    method: &Method,
+    path: &str,
+    headers: &HeaderMap,
+    t: Target,
+    verb: &'static str,
+    res_label: &str,
+    user: Option<&str>,
+    q: BTreeMap<String, String>,
+    body: Bytes,
+) -> Response {
+    let res_label = res_label.to_string();
     let latency = {
         let f = ctx.faults.lock();
         f.latency
@@ -308,7 +343,7 @@ async fn serve_request(
     if t.res.plural == "selfsubjectaccessreviews" {
         return match (verb, parse_body(&body)) {
             ("create", Ok(review)) => {
-                json_response(StatusCode::CREATED, &access_review(&ctx, review))
+                json_response(StatusCode::CREATED, &access_review(ctx, review))
             }
             (_, Err(e)) => error(e),
             _ => error(ApiError::new(
@@ -319,11 +354,11 @@ async fn serve_request(
         };
     }
     let result = match verb {
-        "watch" => return watch_stream(ctx, t, q).await,
+        "watch" => return watch_stream(ctx.clone(), t, q).await,
         // Writes answer the stored object itself; reads and Statuses are built here.
-        "list" => list(&ctx, &t, &q).map(Arc::new),
-        "get" => get(&ctx, &t).map(Arc::new),
-        "create" => create(&ctx, &t, &ns, &body),
+        "list" => list(ctx, &t, &q).map(Arc::new),
+        "get" => get(ctx, &t).map(Arc::new),
+        "create" => create(ctx, &t, &ns, &body),
         "update" => parse_body(&body).and_then(|obj| {
             let name = t.name.clone().unwrap_or_default();
             ctx.store.lock().update(t.res, &ns, &name, "update", |old| {
@@ -340,7 +375,7 @@ async fn serve_request(
                 Ok(new)
             })
         }),
-        "patch" => patch(&ctx, &t, &ns, &headers, &body),
+        "patch" => patch(ctx, &t, &ns, headers, &body),
         "delete" => parse_body(&body).and_then(|opts| {
             let grace = q
                 .get("gracePeriodSeconds")

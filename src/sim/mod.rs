@@ -51,8 +51,9 @@ pub struct RequestStats {
 /// How many of the latest writes [`RequestStats::writes`] keeps.
 pub const WRITES_KEPT: usize = 50_000;
 
-/// A write (create, update, patch, delete) that reached the server: who sent it and
-/// when, for tests that judge which replica acted when.
+/// A write (create, update, patch, delete) that reached the server: who sent it,
+/// when it arrived, what it was of and how it was answered, for tests that judge
+/// which replica acted when (and which one held the Lease then).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct WriteSeen {
     pub at: crate::clock::Instant,
@@ -61,6 +62,10 @@ pub struct WriteSeen {
     pub verb: String,
     /// `resource` or `resource/subresource` (`pods/eviction`).
     pub resource: String,
+    /// The object's name; empty for a write to a collection (a create).
+    pub name: String,
+    /// The HTTP status the server answered with (the effect is in when it is 2xx).
+    pub status: u16,
 }
 
 /// One (verb, API group, resource[/subresource]) an identity used.
@@ -85,18 +90,6 @@ impl RequestStats {
             .lock()
             .entry((verb.to_string(), res.to_string()))
             .or_default() += 1;
-        if matches!(verb, "create" | "update" | "patch" | "delete") {
-            let mut writes = self.writes.lock();
-            if writes.len() >= WRITES_KEPT {
-                writes.pop_front();
-            }
-            writes.push_back(WriteSeen {
-                at: crate::clock::Instant::now(),
-                user: user.unwrap_or_default().to_string(),
-                verb: verb.to_string(),
-                resource: res.to_string(),
-            });
-        }
         if let Some(user) = user {
             let used = RbacUse {
                 verb: verb.to_string(),
@@ -116,6 +109,15 @@ impl RequestStats {
         }
     }
 
+    /// Keeps a write once it is answered (`w.at` is when it arrived).
+    pub(crate) fn wrote(&self, w: WriteSeen) {
+        let mut writes = self.writes.lock();
+        if writes.len() >= WRITES_KEPT {
+            writes.pop_front();
+        }
+        writes.push_back(w);
+    }
+
     /// Every (User-Agent, use) of the identity `user` so far; an empty agent is a
     /// request sent without the header.
     pub fn agents_of(&self, user: &str) -> Vec<(String, RbacUse)> {
@@ -126,8 +128,8 @@ impl RequestStats {
             .unwrap_or_default()
     }
 
-    /// The writes that reached the server so far, in order (the latest
-    /// [`WRITES_KEPT`]).
+    /// The writes that reached the server so far, in the order they were answered
+    /// (the latest [`WRITES_KEPT`]).
     pub fn writes(&self) -> Vec<WriteSeen> {
         self.writes.lock().iter().cloned().collect()
     }

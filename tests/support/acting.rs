@@ -7,6 +7,7 @@ use ca_asg_provider::clock::Instant;
 use std::sync::Arc;
 
 use async_trait::async_trait;
+use ca_asg_provider::cloud::memory::MemoryCloud;
 use ca_asg_provider::cloud::*;
 use ca_asg_provider::sim::SimCluster;
 use parking_lot::Mutex;
@@ -60,7 +61,9 @@ pub fn actions(sim: &SimCluster, aws: &AwsActs, replicas: &[&str]) -> Vec<Act> {
         .map(|w| Act {
             at: w.at,
             who: w.user,
-            what: format!("{} {}", w.verb, w.resource),
+            what: format!("{} {} {}", w.verb, w.resource, w.name)
+                .trim_end()
+                .to_string(),
         })
         .collect();
     acts.extend(aws.all());
@@ -93,6 +96,114 @@ pub fn assert_one_actor_at_a_time(acts: &[Act], handovers: usize) {
         turns.len(),
         turns.iter().map(|a| show(a)).collect::<Vec<_>>()
     );
+}
+
+/// Who held the Lease `lease` from when, as the API server saw it: every write to it
+/// that was answered 2xx (a renewal, a takeover, a release), by whom, in order.
+pub fn lease_writes(sim: &SimCluster, lease: &str) -> Vec<(Instant, String)> {
+    let mut w: Vec<(Instant, String)> = sim
+        .requests()
+        .writes()
+        .into_iter()
+        .filter(|w| w.resource == "leases" && (w.name == lease || w.verb == "create"))
+        .filter(|w| (200..300).contains(&w.status))
+        .map(|w| (w.at, w.user))
+        .collect();
+    w.sort_by_key(|(at, _)| *at);
+    w
+}
+
+/// Fails when a replica acted while the Lease was not its own: the last write to the
+/// Lease at or before the action (`lease`, from [`lease_writes`]) was another
+/// replica's, or there was none. Judged from what the replicas did, not what they
+/// believed; the message names the replica, the action, its time since `origin` and
+/// the Lease's holder then. `answering_ca` says which actions were part of
+/// answering a CA call to that replica, which every replica does, leading or not.
+pub fn assert_acts_while_holding(
+    acts: &[Act],
+    lease: &[(Instant, String)],
+    origin: Instant,
+    answering_ca: impl Fn(&Act) -> bool,
+) {
+    let since = |at: Instant| at.saturating_duration_since(origin);
+    for a in acts.iter().filter(|a| !answering_ca(a)) {
+        let holder = lease.iter().rev().find(|(at, _)| *at <= a.at);
+        match holder {
+            Some((_, who)) if *who == a.who => {}
+            Some((at, who)) => panic!(
+                "{} acted while {who} held the Lease (its write at {:?}): {} at {:?}; the Lease's writes: {:?}",
+                a.who,
+                since(*at),
+                a.what,
+                since(a.at),
+                lease
+                    .iter()
+                    .map(|(at, who)| format!("{who} at {:?}", since(*at)))
+                    .collect::<Vec<_>>()
+            ),
+            None => panic!(
+                "{} acted before anyone held the Lease: {} at {:?}",
+                a.who,
+                a.what,
+                since(a.at)
+            ),
+        }
+    }
+}
+
+/// The replicas that sent an eviction of `pod` (namespace aside) and when, for an
+/// invariant's message: who acted.
+pub fn who_evicted(sim: &SimCluster, pod: &str, origin: Instant) -> Vec<String> {
+    sim.requests()
+        .writes()
+        .into_iter()
+        .filter(|w| w.resource == "pods/eviction" && w.name == pod)
+        .map(|w| {
+            format!(
+                "{} at {:?} ({})",
+                w.user,
+                w.at.saturating_duration_since(origin),
+                w.status
+            )
+        })
+        .collect()
+}
+
+/// The processes a model starts one after another, each named (`replica-1`, then
+/// `replica-2`, ...) and running as that identity on the API server with its view of
+/// AWS logged under that name: so an invariant's failure can say which one acted.
+#[derive(Debug, Default)]
+pub struct Processes {
+    pub aws: AwsActs,
+    names: Vec<String>,
+}
+
+impl Processes {
+    /// The next process's name, and its view of `cloud`.
+    pub fn next(&mut self, cloud: &MemoryCloud) -> (String, Arc<dyn Cloud>) {
+        let who = format!("replica-{}", self.names.len() + 1);
+        self.names.push(who.clone());
+        let view = self.aws.cloud(&who, Arc::new(cloud.clone()));
+        (who, view)
+    }
+
+    /// What any process did to `subject` (an instance id, a pod or Node name), with
+    /// who and when since `origin`: for an invariant's message.
+    pub fn who_touched(&self, sim: &SimCluster, subject: &str, origin: Instant) -> Vec<String> {
+        let names: Vec<&str> = self.names.iter().map(String::as_str).collect();
+        actions(sim, &self.aws, &names)
+            .into_iter()
+            .filter(|a| a.what.split(' ').any(|w| w == subject))
+            .map(|a| {
+                format!(
+                    "{} at {:?}: {}",
+                    a.who,
+                    a.at.saturating_duration_since(origin),
+                    a.what
+                )
+            })
+            .collect()
+    }
 }
 
 struct Logged {

@@ -216,8 +216,19 @@ pub const SETTLE_BOUND: Duration = Duration::from_secs(20);
 /// Progress: polls `unfinished` (what has not finished that can, named) until it is
 /// empty, checking the invariants (`check`) on the way; fails naming what was left
 /// after [`SETTLE_BOUND`].
-pub async fn settle(mut check: impl FnMut(), mut unfinished: impl FnMut() -> Vec<String>) {
-    let bound = ca_asg_provider::clock::now() + SETTLE_BOUND;
+pub async fn settle(check: impl FnMut(), unfinished: impl FnMut() -> Vec<String>) {
+    settle_within(SETTLE_BOUND, check, unfinished).await
+}
+
+/// [`settle`] within `bound` (a model whose faults leave requests unanswered until
+/// the service's own bound on an answer, `scalein::intercept::ANSWER_WITHIN`).
+pub async fn settle_within(
+    bound: Duration,
+    mut check: impl FnMut(),
+    mut unfinished: impl FnMut() -> Vec<String>,
+) {
+    let within = bound;
+    let bound = ca_asg_provider::clock::now() + within;
     loop {
         check();
         let left = unfinished();
@@ -226,7 +237,7 @@ pub async fn settle(mut check: impl FnMut(), mut unfinished: impl FnMut() -> Vec
         }
         assert!(
             ca_asg_provider::clock::now() < bound,
-            "not finished {SETTLE_BOUND:?} after the last step: {left:?}"
+            "not finished {within:?} after the last step: {left:?}"
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }

@@ -92,6 +92,28 @@ pub async fn service_over(
     service_over_door(client, cloud, groups, s, refresh_interval, false).await
 }
 
+/// A replica of the service that runs as its own identity `who` on the API server
+/// and sees AWS through `cloud` (a [`super::acting::AwsActs`] view, so its writes are
+/// logged as its own), CA reaching it in process when the API server is reached so:
+/// for tests that name the replica that acted.
+pub async fn replica(
+    sim: &Arc<SimCluster>,
+    who: &str,
+    cloud: Arc<dyn ca_asg_provider::cloud::Cloud>,
+    groups: &[String],
+    s: ScaleInSettings,
+) -> (Arc<Provider>, Arc<Engine>, CloudProviderClient<Channel>) {
+    service_over_door(
+        sim.client_as(who),
+        cloud,
+        groups,
+        s,
+        REFRESH,
+        sim.in_process(),
+    )
+    .await
+}
+
 /// [`service_over`], CA reaching it in process (`in_process`: for a case on tokio's
 /// paused clock, where nothing may wait on a socket) or over TCP.
 async fn service_over_door(
