@@ -844,3 +844,42 @@ fn a_hook_added_while_aws_reads_lag_holds_what_it_holds() {
         Op::AsgEnds,
     ]);
 }
+
+/// An invariant's failure names the process that acted (issue 39): after CA's
+/// scale-in of a batch node (direct) and a restart, the eviction of its app and the
+/// instance's end are each found under the identity of the process that did them.
+#[test]
+fn the_process_that_acted_is_named() {
+    support::model::on_paused_clock(async {
+        let mut m = Model::new().await;
+        let batch = 2;
+        let (_, iid, _) = m.nodes[batch].clone();
+        m.step(&Op::CaScaleIn(batch)).await;
+        m.step(&Op::Restart).await;
+        m.settle().await;
+        let app = format!("app-{batch}");
+        let evicted = m.procs.who_touched(&m.w.sim, &app, m.origin);
+        assert!(
+            evicted.iter().any(|a| a.starts_with("replica-")
+                && a.ends_with(&format!("create pods/eviction {app}"))),
+            "{evicted:#?}"
+        );
+        let ended = m.procs.who_touched(&m.w.sim, &iid, m.origin);
+        assert!(
+            ended.iter().any(|a| a.starts_with("replica-")
+                && a.ends_with(&format!("TerminateInstanceInAutoScalingGroup {iid}"))),
+            "{ended:#?}"
+        );
+        let names: BTreeSet<&str> = evicted
+            .iter()
+            .chain(&ended)
+            .filter_map(|a| a.split(' ').next())
+            .collect();
+        assert!(
+            names.iter().all(|n| *n == "replica-1" || *n == "replica-2"),
+            "{names:?}"
+        );
+        m.replica.loop_task.abort();
+        m.w.engine.shutdown();
+    });
+}

@@ -34,6 +34,7 @@ use ca_asg_provider::scalein;
 use proptest::prelude::*;
 
 mod support;
+use support::acting::Processes;
 use support::notices::{eventbridge, lifecycle};
 use support::queue::{consumer, handle_all};
 use support::world::*;
@@ -88,11 +89,15 @@ struct Model {
     stopped: BTreeSet<String>,
     /// Per node: its workload pod and its DaemonSet pod.
     pods: Vec<(String, String)>,
+    /// Every process that ran, each its own identity: who acted, in a failure.
+    procs: Processes,
+    origin: ca_asg_provider::clock::Instant,
 }
 
 impl Model {
     async fn new() -> Model {
-        let w = world_in_process(
+        let origin = ca_asg_provider::clock::now();
+        let mut w = world_in_process(
             vec![MemoryGroup::new("web", 0, 6, NODES as i32, "m5.large")
                 .terminating_hook("ca-asg-provider-drain", 300)],
             fast_settings(),
@@ -121,6 +126,12 @@ impl Model {
                 (format!("app-{i}"), ds)
             })
             .collect();
+        // The service is replica-1, named on the API server and in AWS's log.
+        w.engine.shutdown();
+        let mut procs = Processes::default();
+        let (who, view) = procs.next(&w.cloud);
+        (w.provider, w.engine, w.ca) =
+            replica(&w.sim, &who, view, &w.groups, fast_settings()).await;
         let q = Arc::new(MemoryQueue::default());
         let c = consumer(&w, &q, RebalanceAction::Cordon);
         let loop_task = scalein::lifecycle::spawn_loop(w.engine.clone(), w.provider.clone());
@@ -135,6 +146,8 @@ impl Model {
             drained: BTreeSet::new(),
             stopped: BTreeSet::new(),
             pods,
+            procs,
+            origin,
         }
     }
 
@@ -231,8 +244,9 @@ impl Model {
                 self.loop_task.abort();
                 self.w.engine.abort_all();
                 self.w.engine.shutdown();
+                let (who, view) = self.procs.next(&self.w.cloud);
                 let (provider, engine, ca) =
-                    service(&self.w.sim, &self.w.cloud, &self.w.groups, fast_settings()).await;
+                    replica(&self.w.sim, &who, view, &self.w.groups, fast_settings()).await;
                 self.w.provider = provider;
                 self.w.engine = engine;
                 self.w.ca = ca;
@@ -252,21 +266,28 @@ impl Model {
         let calls = self.w.cloud.calls();
         assert_eq!(calls.get("terminate_instance"), None, "{calls:?}");
         assert_eq!(calls.get("set_desired_capacity"), None, "{calls:?}");
+        let who = |subject: &str| self.procs.who_touched(&self.w.sim, subject, self.origin);
         for (a, _) in self.w.cloud.completed_actions() {
             assert!(
                 self.held.contains(&a.instance_id),
-                "completed the action of {}, which the ASG did not choose",
-                a.instance_id
+                "completed the action of {}, which the ASG did not choose: {:#?}",
+                a.instance_id,
+                who(&a.instance_id)
             );
         }
         let audit = self.w.sim.audit();
-        support::world::assert_no_pod_evicted_twice(&audit);
+        support::world::assert_no_pod_evicted_twice_naming(&audit, who);
         let mut seen = BTreeSet::new();
         for e in audit
             .iter()
             .filter(|e| e.kind == "Pod" && e.verb == "deletion-started")
         {
-            assert!(seen.insert(e.name.clone()), "{} was deleted twice", e.name);
+            assert!(
+                seen.insert(e.name.clone()),
+                "{} was deleted twice: {:#?}",
+                e.name,
+                who(&e.name)
+            );
         }
         assert_eq!(
             self.q.pending(),
@@ -284,7 +305,8 @@ impl Model {
                 let app_gone = at("removed", app);
                 assert!(
                     app_gone.is_some_and(|g| g < ds_leaves),
-                    "{ds} started leaving (audit {ds_leaves}) while {app} was there ({app_gone:?})"
+                    "{ds} started leaving (audit {ds_leaves}) while {app} was there ({app_gone:?}): {:#?}",
+                    who(ds)
                 );
             }
         }

@@ -87,6 +87,7 @@ use k8s_openapi::api::core::v1::{Node, Pod};
 use proptest::prelude::*;
 
 mod support;
+use support::acting::Processes;
 use support::notices::eventbridge;
 use support::pods::PodLog;
 use support::queue::{consumer, handle_all};
@@ -327,6 +328,9 @@ struct Model {
     apps: Vec<String>,
     daemonsets_at_start: Vec<Vec<String>>,
     pods: PodLog,
+    /// Every process that ran, each its own identity: who acted, in a failure.
+    procs: Processes,
+    origin: Instant,
 }
 
 fn settings(policy: DeadlinePolicy) -> ScaleInSettings {
@@ -348,7 +352,8 @@ fn lifecycle_message(group: &str, iid: &str, token: Option<&str>) -> String {
 
 impl Model {
     async fn new(policy: DeadlinePolicy) -> Model {
-        let w = world_in_process(
+        let origin = ca_asg_provider::clock::now();
+        let mut w = world_in_process(
             vec![
                 MemoryGroup::new("web", 0, 6, 2, "m5.large")
                     .eks_managed("prod", "web", EKS_HOOK_SECS)
@@ -408,6 +413,12 @@ impl Model {
                     .collect()
             })
             .collect();
+        // The service is replica-1, named on the API server and in AWS's log.
+        w.engine.shutdown();
+        let mut procs = Processes::default();
+        let (who, view) = procs.next(&w.cloud);
+        (w.provider, w.engine, w.ca) =
+            replica(&w.sim, &who, view, &w.groups, settings(policy)).await;
         let q = Arc::new(MemoryQueue::default());
         let c = consumer(&w, &q, RebalanceAction::Drain);
         let replica = lead(&w);
@@ -430,6 +441,8 @@ impl Model {
             apps,
             daemonsets_at_start,
             pods,
+            procs,
+            origin,
         }
     }
 
@@ -478,9 +491,11 @@ impl Model {
         // The test's process start reads the groups once and unwraps it: a throttle
         // pending for that read is spent on nothing here.
         self.w.cloud.throttle("describe_groups", 0);
-        let (provider, engine, ca) = service(
+        let (who, view) = self.procs.next(&self.w.cloud);
+        let (provider, engine, ca) = replica(
             &self.w.sim,
-            &self.w.cloud,
+            &who,
+            view,
             &self.w.groups,
             settings(self.policy),
         )
@@ -759,20 +774,23 @@ impl Model {
     fn check(&self) {
         let cloud = &self.w.cloud;
         let chosen = |id: &str| self.ca_named.contains(id) || self.asg_chose.contains(id);
+        let who = |subject: &str| self.procs.who_touched(&self.w.sim, subject, self.origin);
         for (_, i) in cloud.instances() {
             if i.state.is_terminating() {
                 assert!(
                     chosen(&i.id),
-                    "{} is ending, chosen by neither CA nor the ASG",
-                    i.id
+                    "{} is ending, chosen by neither CA nor the ASG: {:#?}",
+                    i.id,
+                    who(&i.id)
                 );
             }
         }
         for (a, _) in cloud.completed_actions() {
             assert!(
                 chosen(&a.instance_id),
-                "completed the action of {}, which nobody chose",
-                a.instance_id
+                "completed the action of {}, which nobody chose: {:#?}",
+                a.instance_id,
+                who(&a.instance_id)
             );
         }
         assert!(
@@ -785,10 +803,16 @@ impl Model {
             .into_iter()
             .filter(|e| matches!(e, HookEvent::TimedOut { hook, .. } if hook == HOOK))
             .collect();
-        assert_eq!(
-            ours_timed_out,
-            Vec::new(),
-            "a held instance was not heartbeated until its drain ended"
+        assert!(
+            ours_timed_out.is_empty(),
+            "a held instance was not heartbeated until its drain ended: {ours_timed_out:?}; what each process did to it: {:#?}",
+            ours_timed_out
+                .iter()
+                .map(|e| match e {
+                    HookEvent::TimedOut { instance, .. } => who(instance),
+                    _ => Vec::new(),
+                })
+                .collect::<Vec<_>>()
         );
         // The desired capacity: lowered at most once per instance, only for CA's.
         let mut lowered: BTreeMap<String, u32> = BTreeMap::new();
@@ -798,7 +822,8 @@ impl Model {
                 DesiredBy::Terminate { instance } => {
                     assert!(
                         self.ca_named.contains(&instance),
-                        "the desired capacity was lowered for {instance}, which CA did not name"
+                        "the desired capacity was lowered for {instance}, which CA did not name: {:#?}",
+                        who(&instance)
                     );
                     let n = lowered.entry(instance.clone()).or_default();
                     *n += 1;
@@ -831,7 +856,6 @@ impl Model {
         }
 
         let audit = self.w.sim.audit();
-        support::world::assert_no_pod_evicted_twice(&audit);
         let placed = self.pods.all();
         let node_of = |name: &str| -> Option<usize> {
             let p = placed.get(name)?;
@@ -848,6 +872,11 @@ impl Model {
                     evicted.insert(name);
                 }
                 "eviction-requested" => {
+                    assert!(
+                        !evicted.contains(name),
+                        "{name} was evicted twice: {:#?}",
+                        who(name)
+                    );
                     if let Some(p) = placed.get(name).filter(|p| p.is_daemonset()) {
                         let pods = ds_asked
                             .entry((p.owner.clone(), p.node.clone()))
@@ -866,22 +895,28 @@ impl Model {
                     if let Some(i) = node_of(name) {
                         assert!(
                             self.asked.contains(&self.nodes[i].1),
-                            "{name} was evicted from {}, which nobody asked to go",
-                            self.nodes[i].0
+                            "{name} was evicted from {}, which nobody asked to go: {:#?}",
+                            self.nodes[i].0,
+                            who(name)
                         );
                     }
                 }
                 "deletion-started" => {
-                    assert!(started.insert(name), "{name} was deleted twice");
+                    assert!(
+                        started.insert(name),
+                        "{name} was deleted twice: {:#?}",
+                        who(name)
+                    );
                     let Some(i) = node_of(name) else { continue };
                     let is_app = self.apps.iter().any(|a| a == name);
                     if is_app && !evicted.contains(name) {
                         let from = self.deletes_from[i];
                         assert!(
                             from.is_some_and(|f| e.at + Duration::from_millis(20) >= f),
-                            "{name} was deleted, not evicted, on {}, before any deadline the docs promise a delete at ({:?} early)",
+                            "{name} was deleted, not evicted, on {}, before any deadline the docs promise a delete at ({:?} early): {:#?}",
                             self.nodes[i].0,
-                            from.map(|f| f.saturating_duration_since(e.at))
+                            from.map(|f| f.saturating_duration_since(e.at)),
+                            who(name)
                         );
                     }
                     if placed.get(name).is_some_and(|p| p.is_daemonset()) {
@@ -889,8 +924,9 @@ impl Model {
                         let app = &self.apps[i];
                         assert!(
                             removed.contains_key(app.as_str()),
-                            "{name} started leaving {} (audit {k}) while {app} was there",
-                            self.nodes[i].0
+                            "{name} started leaving {} (audit {k}) while {app} was there: {:#?}",
+                            self.nodes[i].0,
+                            who(name)
                         );
                     }
                 }

@@ -429,11 +429,25 @@ pub async fn pods_ready(w: &World, n: usize) {
 /// further request for that pod is a second eviction (a real API server answers it 200
 /// for a terminating pod, and nothing else shows).
 pub fn assert_no_pod_evicted_twice(audit: &[sim::AuditEntry]) {
+    assert_no_pod_evicted_twice_naming(audit, |_| Vec::new())
+}
+
+/// [`assert_no_pod_evicted_twice`], the failure naming what `who` says was done to
+/// the pod, and by which process (support::acting::Processes::who_touched).
+pub fn assert_no_pod_evicted_twice_naming(
+    audit: &[sim::AuditEntry],
+    who: impl Fn(&str) -> Vec<String>,
+) {
     let mut evicted = std::collections::BTreeSet::new();
     for e in audit.iter().filter(|e| e.kind == "Pod") {
         match e.verb.as_str() {
             "eviction-requested" => {
-                assert!(!evicted.contains(&e.name), "{} was evicted twice", e.name)
+                assert!(
+                    !evicted.contains(&e.name),
+                    "{} was evicted twice: {:#?}",
+                    e.name,
+                    who(&e.name)
+                )
             }
             "evicted" => {
                 evicted.insert(e.name.clone());
