@@ -47,13 +47,15 @@ use ca_asg_provider::interruption::consumer::{Consumer, Handled};
 use ca_asg_provider::interruption::RebalanceAction;
 use ca_asg_provider::proto;
 use ca_asg_provider::scalein::{self, record, DrainRequest, Mode, Source};
-use ca_asg_provider::sim::fixtures;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use proptest::prelude::*;
 
 mod support;
 use support::acting::Processes;
 use support::budget_floor::BudgetFloor;
+use support::invariants::{
+    apps_under_fluentd, assert_daemonsets_last, assert_workloads_evicted_once,
+};
 use support::notices::{eventbridge, lifecycle};
 use support::queue::{consumer, handle_all};
 use support::world::*;
@@ -198,37 +200,9 @@ impl Model {
                 .map(|(n, i)| (n, i, "batch")),
         );
         assert_eq!(nodes.len(), NODES);
-        w.sim
-            .create(&fixtures::daemonset("logging", "fluentd", 0.1, false))
-            .unwrap();
-        for (i, (node, _, _)) in nodes.iter().enumerate() {
-            let app = if i == GUARDED { "guarded" } else { "app" };
-            w.sim
-                .create(&fixtures::pod("shop", &format!("app-{i}"), node, app, 0.2))
-                .unwrap();
-        }
-        w.sim.create(&fixtures::pdb("shop", "guarded", 0)).unwrap();
-        pods_ready(&w, 2 * NODES).await;
+        let on: Vec<&str> = nodes.iter().map(|(n, _, _)| n.as_str()).collect();
+        let pods = apps_under_fluentd(&w, &on, GUARDED).await;
         let guarded = BudgetFloor::watch(&w.sim, "guarded", 1);
-        let listed = w.sim.list::<Pod>();
-        let pods = nodes
-            .iter()
-            .enumerate()
-            .map(|(i, (node, _, _))| {
-                let ds = listed
-                    .iter()
-                    .find(|p| {
-                        p["spec"]["nodeName"] == node.as_str()
-                            && p["metadata"]["name"]
-                                .as_str()
-                                .is_some_and(|n| n.starts_with("fluentd"))
-                    })
-                    .and_then(|p| p["metadata"]["name"].as_str())
-                    .expect("fluentd on every node")
-                    .to_string();
-                (format!("app-{i}"), ds)
-            })
-            .collect();
         // The service is replica-1, named on the API server and in AWS's log.
         w.engine.shutdown();
         let mut procs = Processes::default();
@@ -548,63 +522,16 @@ impl Model {
             timeouts.iter().map(|t| who(t)).collect::<Vec<_>>()
         );
         let audit = self.w.sim.audit();
-        let mut evicted = BTreeSet::new();
-        for e in audit.iter().filter(|e| e.kind == "Pod") {
-            match e.verb.as_str() {
-                "eviction-requested" => assert!(
-                    !evicted.contains(&e.name),
-                    "{} was evicted twice: {:#?}",
-                    e.name,
-                    who(&e.name)
-                ),
-                "evicted" => {
-                    evicted.insert(e.name.clone());
-                }
-                _ => {}
-            }
-        }
-        let mut seen = BTreeSet::new();
-        for e in audit
-            .iter()
-            .filter(|e| e.kind == "Pod" && e.verb == "deletion-started")
-        {
-            assert!(
-                seen.insert(e.name.clone()),
-                "{} was deleted twice: {:#?}",
-                e.name,
-                who(&e.name)
-            );
-            if e.name.starts_with("app-") {
-                assert!(
-                    evicted.contains(&e.name),
-                    "{} was deleted, not evicted: around its PodDisruptionBudget: {:#?}",
-                    e.name,
-                    who(&e.name)
-                );
-            }
-        }
+        let left = assert_workloads_evicted_once(&audit, who);
+        assert_daemonsets_last(&audit, &self.pods, who);
         // From outside: the guarded app never had fewer Ready pods than its budget
         // requires, whatever ended them (an eviction, an instance ended under them).
         self.guarded.assert_held();
         assert!(
-            !seen.contains(&format!("app-{GUARDED}")),
+            !left.contains(&format!("app-{GUARDED}")),
             "the pod whose budget allows nothing left"
         );
         assert_eq!(self.q.pending(), 0, "a handled message was left");
-        let at = |verb: &str, name: &str| {
-            audit
-                .iter()
-                .position(|e| e.kind == "Pod" && e.verb == verb && e.name == name)
-        };
-        for (app, ds) in &self.pods {
-            if let Some(ds_leaves) = at("deletion-started", ds) {
-                let app_gone = at("removed", app);
-                assert!(
-                    app_gone.is_some_and(|g| g < ds_leaves),
-                    "{ds} started leaving (audit {ds_leaves}) while {app} was there ({app_gone:?})"
-                );
-            }
-        }
     }
 
     /// No reason is lost: every Node still there carries every reason it was given.

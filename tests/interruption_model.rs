@@ -295,21 +295,7 @@ impl Model {
             "a handled message was left in the queue"
         );
         // DaemonSet-last on every node (no budget in this model is ever spent).
-        let at = |verb: &str, name: &str| {
-            audit
-                .iter()
-                .position(|e| e.kind == "Pod" && e.verb == verb && e.name == name)
-        };
-        for (app, ds) in &self.pods {
-            if let Some(ds_leaves) = at("deletion-started", ds) {
-                let app_gone = at("removed", app);
-                assert!(
-                    app_gone.is_some_and(|g| g < ds_leaves),
-                    "{ds} started leaving (audit {ds_leaves}) while {app} was there ({app_gone:?}): {:#?}",
-                    who(ds)
-                );
-            }
-        }
+        support::invariants::assert_daemonsets_last(&audit, &self.pods, who);
     }
 }
 

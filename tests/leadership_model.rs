@@ -44,17 +44,16 @@ use ca_asg_provider::proto::cloud_provider_client::CloudProviderClient;
 use ca_asg_provider::provider::Provider;
 use ca_asg_provider::scalein::leader::LeaseSettings;
 use ca_asg_provider::scalein::{self, Engine};
-use ca_asg_provider::sim::fixtures;
-use k8s_openapi::api::core::v1::Pod;
 use proptest::prelude::*;
 use tokio::sync::watch;
 use tonic::transport::Channel;
 
 mod support;
-use support::acting::{
-    actions, assert_acts_while_holding, lease_writes, who_evicted, Act, AwsActs,
-};
+use support::acting::{actions, assert_acts_while_holding, lease_writes, Act, AwsActs};
 use support::budget_floor::BudgetFloor;
+use support::invariants::{
+    apps_under_fluentd, assert_daemonsets_last, assert_workloads_evicted_once,
+};
 use support::world::*;
 
 const HOOK: &str = "ca-asg-provider-drain";
@@ -222,37 +221,9 @@ impl Model {
                 .map(|(n, i)| (n, i, "batch")),
         );
         assert_eq!(nodes.len(), NODES);
-        w.sim
-            .create(&fixtures::daemonset("logging", "fluentd", 0.1, false))
-            .unwrap();
-        for (i, (node, _, _)) in nodes.iter().enumerate() {
-            let app = if i == GUARDED { "guarded" } else { "app" };
-            w.sim
-                .create(&fixtures::pod("shop", &format!("app-{i}"), node, app, 0.2))
-                .unwrap();
-        }
-        w.sim.create(&fixtures::pdb("shop", "guarded", 0)).unwrap();
-        pods_ready(&w, 2 * NODES).await;
+        let on: Vec<&str> = nodes.iter().map(|(n, _, _)| n.as_str()).collect();
+        let pods = apps_under_fluentd(&w, &on, GUARDED).await;
         let guarded = BudgetFloor::watch(&w.sim, "guarded", 1);
-        let listed = w.sim.list::<Pod>();
-        let pods = nodes
-            .iter()
-            .enumerate()
-            .map(|(i, (node, _, _))| {
-                let ds = listed
-                    .iter()
-                    .find(|p| {
-                        p["spec"]["nodeName"] == node.as_str()
-                            && p["metadata"]["name"]
-                                .as_str()
-                                .is_some_and(|n| n.starts_with("fluentd"))
-                    })
-                    .and_then(|p| p["metadata"]["name"].as_str())
-                    .expect("fluentd on every node")
-                    .to_string();
-                (format!("app-{i}"), ds)
-            })
-            .collect();
         let aws = AwsActs::default();
         let mut replicas = Vec::new();
         for slot in 0..REPLICAS {
@@ -409,16 +380,26 @@ impl Model {
         let acts = actions(&self.w.sim, &self.aws, &names);
         let lease = lease_writes(&self.w.sim, LEASE);
         assert_acts_while_holding(&acts, &lease, self.start, |a| self.answering_ca(a));
+        let who = |subject: &str| -> Vec<String> {
+            acts.iter()
+                .filter(|a| a.what.split(' ').any(|w| w == subject))
+                .map(|a| {
+                    format!(
+                        "{} at {:?}: {}",
+                        a.who,
+                        a.at.saturating_duration_since(self.start),
+                        a.what
+                    )
+                })
+                .collect()
+        };
         for (_, i) in self.w.cloud.instances() {
             if i.state.is_terminating() {
                 assert!(
                     self.ca_named.contains(&i.id) || self.asg_chose.contains(&i.id),
-                    "{} is ending, chosen by neither CA nor the ASG; ended by {:?}",
+                    "{} is ending, chosen by neither CA nor the ASG: {:#?}",
                     i.id,
-                    acts.iter()
-                        .filter(|a| a.what.contains(&i.id))
-                        .map(|a| format!("{} {}", a.who, a.what))
-                        .collect::<Vec<_>>()
+                    who(&i.id)
                 );
             }
         }
@@ -437,54 +418,15 @@ impl Model {
                 .collect::<Vec<_>>()
         );
         let audit = self.w.sim.audit();
-        let mut evicted = BTreeSet::new();
-        for e in audit.iter().filter(|e| e.kind == "Pod") {
-            match e.verb.as_str() {
-                "eviction-requested" => assert!(
-                    !evicted.contains(&e.name),
-                    "{} was evicted twice, by {:?}",
-                    e.name,
-                    who_evicted(&self.w.sim, &e.name, self.start)
-                ),
-                "evicted" => {
-                    evicted.insert(e.name.clone());
-                }
-                _ => {}
-            }
-        }
-        let mut seen = BTreeSet::new();
-        for e in audit
-            .iter()
-            .filter(|e| e.kind == "Pod" && e.verb == "deletion-started")
-        {
-            assert!(seen.insert(e.name.clone()), "{} was deleted twice", e.name);
-            if e.name.starts_with("app-") {
-                assert!(
-                    evicted.contains(&e.name),
-                    "{} was deleted, not evicted: around its PodDisruptionBudget",
-                    e.name
-                );
-            }
-        }
+        let left = assert_workloads_evicted_once(&audit, who);
+        assert_daemonsets_last(&audit, &self.pods, who);
+        // From outside: the guarded app never had fewer Ready pods than its budget
+        // requires, whatever ended them (an eviction, an instance ended under them).
         self.guarded.assert_held();
         assert!(
-            !seen.contains(&format!("app-{GUARDED}")),
+            !left.contains(&format!("app-{GUARDED}")),
             "the pod whose budget allows nothing left"
         );
-        let at = |verb: &str, name: &str| {
-            audit
-                .iter()
-                .position(|e| e.kind == "Pod" && e.verb == verb && e.name == name)
-        };
-        for (app, ds) in &self.pods {
-            if let Some(ds_leaves) = at("deletion-started", ds) {
-                let app_gone = at("removed", app);
-                assert!(
-                    app_gone.is_some_and(|g| g < ds_leaves),
-                    "{ds} started leaving (audit {ds_leaves}) while {app} was there ({app_gone:?})"
-                );
-            }
-        }
     }
 
     /// What has not finished that can, named; empty once everything did.
