@@ -29,13 +29,14 @@ def mentions(text, prefix):
     """(name, label names) of every metric a text names."""
     out = []
     # grep -E alternations: prefix_(a|b\{x="y"|c)
-    for group in re.findall(prefix + r"_\(([^)]*)\)", text):
+    # A prefix inside another identifier (`the_process_that_...`) names no metric.
+    for group in re.findall(r"(?<![\w])" + prefix + r"_\(([^)]*)\)", text):
         for alt in group.split("|"):
             alt = alt.replace("\\", "")
             m = re.match(r"(\w+)(\{[^}]*)?", alt)
             if m:
                 out.append((f"{prefix}_{m.group(1)}", re.findall(r"(\w+)\s*(?:=~|!~|!=|=|,|$)", (m.group(2) or "{")[1:])))
-    for name, labels in re.findall(prefix + r"_((?:\w|\{[\w,]+\}(?=\w))+)(\{[^}`]*\}?)?", text):
+    for name, labels in re.findall(r"(?<![\w])" + prefix + r"_((?:\w|\{[\w,]+\}(?=\w))+)(\{[^}`]*\}?)?", text):
         names = [name]
         while any("{" in n for n in names):  # brace lists: a_{b,c}_d -> a_b_d, a_c_d
             n = next(n for n in names if "{" in n)
@@ -72,6 +73,7 @@ def self_test(prefix):
                                    f"{prefix}_node_group_target_size"], got
     got = mentions("grep -E '^ca_asg_provider_(node_groups|grpc_requests_total\\{method=\"Refresh\"|leader)'", prefix)
     assert (f"{prefix}_grpc_requests_total", ["method"]) in got and (f"{prefix}_leader", []) in got, got
+    assert mentions("`all_sources_model::the_process_that_acted_is_named`", "process") == [], "inside a word"
     got = mentions('`ca_asg_provider_drains_finished_total{outcome="failed"}` and `ca_asg_provider_x{stage}`', prefix)
     assert got == [(f"{prefix}_drains_finished_total", ["outcome"]), (f"{prefix}_x", ["stage"])], got
 
