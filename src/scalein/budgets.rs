@@ -111,8 +111,9 @@ impl BudgetWatches {
         let cfg = watcher::Config::default().labels(selector);
         let (tx, changes) = watch::channel(0u64);
         let what = format!("{namespace}/{selector}");
+        let backoff = super::watch_backoff::for_watch(&format!("budget pods {what}"));
         let task = tokio::spawn(async move {
-            let stream = watcher::watcher(api, cfg).default_backoff();
+            let stream = watcher::watcher(api, cfg).backoff(backoff);
             futures::pin_mut!(stream);
             while let Some(ev) = stream.next().await {
                 match ev {

@@ -54,6 +54,7 @@ pub mod user_agent;
 pub mod volumes;
 pub mod wait;
 pub mod warm_pool;
+pub mod watch_backoff;
 
 pub use engine::{kube_client, DrainStats, Engine};
 pub use request::{ca_reason, reason_of_mode, DrainRequest, Mode, Outcome, Source, Start};

@@ -97,7 +97,7 @@ impl NodeIndex {
         let (tx, changed) = watch::channel(0u64);
         let api: Api<Node> = Api::all(client);
         let stream = reflector::reflector(writer, watcher(api, watcher::Config::default()))
-            .default_backoff()
+            .backoff(super::watch_backoff::for_watch("nodes"))
             .touched_objects();
         let task = tokio::spawn(async move {
             futures::pin_mut!(stream);

@@ -294,7 +294,7 @@ where
         // The raw events (not touched_objects), so the end of the first list ticks
         // too: a wait for "none left" can answer at once.
         let stream = reflector::reflector(writer, watcher(api, watcher::Config::default()))
-            .default_backoff();
+            .backoff(super::watch_backoff::for_watch("poddisruptionbudgets"));
         let task = tokio::spawn(async move {
             futures::pin_mut!(stream);
             while let Some(ev) = stream.next().await {

@@ -171,8 +171,9 @@ impl PodWatch {
     fn start(api: Api<Pod>, cfg: watcher::Config, what: String) -> Arc<Self> {
         let index = Arc::new(Mutex::new(Index::default()));
         let ix = index.clone();
+        let backoff = super::watch_backoff::for_watch(&format!("pods {what}"));
         let task = tokio::spawn(async move {
-            let stream = watcher::watcher(api, cfg).default_backoff();
+            let stream = watcher::watcher(api, cfg).backoff(backoff);
             futures::pin_mut!(stream);
             while let Some(ev) = stream.next().await {
                 match ev {
