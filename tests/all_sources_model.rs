@@ -810,3 +810,19 @@ fn the_process_that_acted_is_named() {
         m.w.engine.shutdown();
     });
 }
+
+/// Our hook added back by hand while AWS's reads lag, during a direct drain (`drain
+/// NODE`, then CA's scale-in of the same node): the hook list read after the end still
+/// shows no hook, and the hold AWS put on the instance under it timed out (CI,
+/// `MODEL_SEED=1795752213509750204 MODEL_CASE=445`). The end now asks the action
+/// itself and completes it.
+#[test]
+fn a_hook_added_while_reads_lag_during_a_direct_drain_is_completed_at_its_end() {
+    run(&[
+        Op::HookRemoved,
+        Op::DrainCommand(0),
+        Op::AwsStale(4),
+        Op::HookAdded,
+        Op::CaScaleIn(0),
+    ]);
+}

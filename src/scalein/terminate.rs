@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use backon::{ExponentialBuilder, Retryable};
 
-use crate::cloud::{CloudError, LifecycleResult, LifecycleState};
+use crate::cloud::{CloudError, LifecycleAction, LifecycleResult, LifecycleState};
 
 use super::events::Reason;
 use super::{lifecycle, Engine, Mode};
@@ -157,7 +157,7 @@ async fn direct_once(
             "terminating instance with decrement"
         );
         engine.cloud.terminate_instance(instance_id, true).await?;
-        learn_a_hook_added_since(engine, group).await;
+        learn_a_hook_added_since(engine, group, instance_id).await;
     }
     if let Some(p) = &engine.provider {
         if already {
@@ -182,7 +182,13 @@ async fn direct_once(
 /// of the drained node, instead of the hook waiting until a refresh learns of it (a
 /// refresh interval plus 10 s: longer than a 30 s hook). A failed read changes
 /// nothing; the next refresh finds the hook, as before.
-async fn learn_a_hook_added_since(engine: &Engine, group: &str) {
+///
+/// AWS's hook list is eventually consistent: a hook added a moment ago may be missing
+/// from it still. So when the list still shows no hook of ours, the action itself is
+/// asked ([`lifecycle::ask_hold`]); if our hook holds the instance, its drain is over
+/// (this is its end) and the action is completed at once (all_sources_model found a
+/// hook added while AWS's reads lagged timing out after a direct drain's end).
+async fn learn_a_hook_added_since(engine: &Engine, group: &str, instance_id: &str) {
     let Some(p) = &engine.provider else { return };
     let Some(g) = p.registry().group(group).cloned() else {
         return;
@@ -190,7 +196,33 @@ async fn learn_a_hook_added_since(engine: &Engine, group: &str) {
     if engine.our_hook(&g).is_some() {
         return;
     }
-    if let Err(e) = engine.with_current_hooks(&g).await {
-        tracing::debug!(group, error = %e, "could not read the group's hooks after ending an instance; the next refresh will");
+    match engine.with_current_hooks(&g).await {
+        Ok(g) if engine.our_hook(&g).is_some() => return,
+        Ok(_) => {}
+        Err(e) => {
+            tracing::debug!(group, error = %e, "could not read the group's hooks after ending an instance; the next refresh will")
+        }
+    }
+    if lifecycle::ask_hold(engine, group, instance_id).await != lifecycle::Hold::Held {
+        return;
+    }
+    let action = LifecycleAction {
+        group: group.to_string(),
+        hook: engine.settings.hook_name.clone(),
+        instance_id: instance_id.to_string(),
+        token: None,
+    };
+    match engine
+        .cloud
+        .complete_lifecycle_action(&action, LifecycleResult::Continue)
+        .await
+    {
+        Ok(()) => {
+            engine.note_action_done(instance_id);
+            tracing::info!(group, instance = instance_id, hook = %action.hook, "our hook, added since the drain began, held the drained instance: completed CONTINUE");
+        }
+        Err(e) => {
+            tracing::warn!(group, instance = instance_id, error = %e, "our hook holds the drained instance and its completion failed; the lifecycle scan completes it")
+        }
     }
 }
