@@ -18,9 +18,14 @@
 #   E2E_STORM_DRAINING=K scripts/e2e.sh storm N
 #                                  only K of the N nodes end (the cluster stays N): the
 #                                  service's memory against the number of draining nodes
-#   E2E_STORM_DRAINERS=service,queue,kubectl
-#                                  which drainers end the storm (default: service and
-#                                  kubectl); queue: the service in queue mode
+#   E2E_STORM_DRAINERS=service,queue,kubectl,ca
+#                                  which drainers end the storm (default: service,
+#                                  kubectl, and ca when E2E_CA_BINS is set); queue: the
+#                                  service in queue mode; ca: the newest CA of
+#                                  E2E_CA_BINS deciding and draining by itself, every
+#                                  flag of its drain at its default
+#   E2E_STORM_CA_FLAGS="--max-drain-parallelism=10"
+#                                  flags added to that CA's
 #   E2E_STORM_API_QPS=Q            the service's apiQps (burst 2Q) instead of the shipped 50
 #
 # Every scenario where cluster-autoscaler decides runs once per CA profile (1.31, 1.34,

@@ -7,10 +7,14 @@
 //!   `kubectl` on the PATH, or `E2E_STORM_KUBECTL=path`) the same storm ended by
 //!   `kubectl drain` per node on a control plane of its own. Prints the figures side by
 //!   side (Markdown) and appends them as JSON lines to `E2E_STORM_JSON` when set.
-//! - `E2E_STORM_DRAINERS=service,queue,kubectl`: which drainers run (default: service
-//!   and kubectl); `queue` is the service in queue mode, told of the ASG's half by the
-//!   ASG's notification per instance on the interruption queue, its lifecycle poll
-//!   slowed to the 5-minute safety net, as `serve` runs with a queue.
+//! - `E2E_STORM_DRAINERS=service,queue,kubectl,ca`: which drainers run (default:
+//!   service, kubectl, and ca when `E2E_CA_BINS` is set); `queue` is the service in
+//!   queue mode, told of the ASG's half by the ASG's notification per instance on the
+//!   interruption queue, its lifecycle poll slowed to the 5-minute safety net, as
+//!   `serve` runs with a queue. `ca` is the newest cluster-autoscaler of `E2E_CA_BINS`
+//!   deciding and draining by itself with every flag of its drain at its default
+//!   (`storm::ca_flags`; `E2E_STORM_CA_FLAGS="--max-drain-parallelism=10"` adds some),
+//!   handing each drained node to the service, which ends the instance.
 //! - `E2E_STORM_API_QPS=Q`: the service's `apiQps` (burst 2Q) instead of the shipped
 //!   50 (and the pacing floor at that rate): what the shipped limit costs.
 //! - `E2E_STORM_DRAINING=K`: only K of each storm's N nodes end (half through the
@@ -34,6 +38,8 @@ mod checks;
 mod control_plane;
 #[path = "e2e/kubelet.rs"]
 mod kubelet;
+#[path = "e2e/real_ca.rs"]
+mod real_ca;
 #[path = "e2e/real_node.rs"]
 mod real_node;
 #[path = "e2e/rig.rs"]
@@ -269,8 +275,18 @@ async fn drain_storm_on_the_real_api_server() {
             None => eprintln!("storm: no kubectl on the PATH: the kubectl drain anchor is not run"),
         }
     }
-    if std::env::var_os("E2E_CA_BINS").is_some() {
-        eprintln!("storm: real CA's own drain as an anchor is not built yet: not run");
+    let ca_by_default = only.is_empty() && std::env::var_os(real_ca::ENV).is_some();
+    if ca_by_default || only.split(',').any(|o| o.trim() == "ca") {
+        match real_ca::binaries_from_env() {
+            Ok(bins) => {
+                let newest = bins
+                    .last()
+                    .expect("binaries_in returns at least one")
+                    .clone();
+                drainers.push(Drainer::RealCa(newest));
+            }
+            Err(why) => eprintln!("storm: real CA's own drain is not run: {why}"),
+        }
     }
     let mut rows = Vec::new();
     // E2E_STORM_DRAINING=K: only K of each size's nodes end (the cluster stays N).
@@ -294,7 +310,8 @@ async fn drain_storm_on_the_real_api_server() {
             let name = d.name();
             let gauge: Box<dyn Gauge> = match d {
                 Drainer::Service(_) => Box::new(ServiceGauge),
-                Drainer::KubectlDrain(_) => Box::new(ChildrenGauge),
+                // A real CA's gauge is its process's, which the storm reads itself.
+                Drainer::KubectlDrain(_) | Drainer::RealCa(_) => Box::new(ChildrenGauge),
             };
             let k = shape.draining;
             let step = |s: &str| {

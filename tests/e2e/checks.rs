@@ -98,12 +98,7 @@ pub fn daemonset_last(
                 lost.pod
             ));
         }
-        let Some(last_workload) = workloads.iter().map(|s| s.ended).max() else {
-            continue;
-        };
-        if let Some(early) = stops.iter().find(|s| {
-            &s.node == node && s.daemonset && s.how == Ending::Graceful && s.began < last_workload
-        }) {
+        if let Some((early, last_workload)) = daemonsets_stopped_early(stops, node, asked).first() {
             return Err(format!(
                 "{node}: DaemonSet pod {} began stopping at {} before the last workload pod exited at {}",
                 early.pod, early.began, last_workload
@@ -111,6 +106,31 @@ pub fn daemonset_last(
         }
     }
     Ok(())
+}
+
+/// The DaemonSet pods of `node` that began a graceful stop before the last workload pod
+/// that was there when the scale-in was asked for (`asked`) had exited, each with that
+/// pod's exit: a log shipper gone while the app still wrote.
+pub fn daemonsets_stopped_early<'a>(
+    stops: &'a [PodStop],
+    node: &str,
+    asked: DateTime<Utc>,
+) -> Vec<(&'a PodStop, DateTime<Utc>)> {
+    let Some(last_workload) = stops
+        .iter()
+        .filter(|s| s.node == node && !s.daemonset && s.started < asked)
+        .map(|s| s.ended)
+        .max()
+    else {
+        return Vec::new();
+    };
+    stops
+        .iter()
+        .filter(|s| {
+            s.node == node && s.daemonset && s.how == Ending::Graceful && s.began < last_workload
+        })
+        .map(|s| (s, last_workload))
+        .collect()
 }
 
 /// The fewest pods whose name starts with `prefix` that were Ready at once, from the first

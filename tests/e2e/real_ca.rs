@@ -266,10 +266,22 @@ impl RealCa {
         provider_addr: &ListenAddr,
         flags: &[String],
     ) -> anyhow::Result<RealCa> {
+        Self::start_as(bin, cp, Who::Service, provider_addr, flags)
+    }
+
+    /// [`RealCa::start`] as `who` on the API server (the drain storm runs CA under a
+    /// name of its own, so the audit log tells its requests from the service's).
+    pub fn start_as(
+        bin: &CaBinary,
+        cp: &ControlPlane,
+        who: Who,
+        provider_addr: &ListenAddr,
+        flags: &[String],
+    ) -> anyhow::Result<RealCa> {
         let label = bin.label();
         let kubeconfig = cp
-            .kubeconfig(Who::Service)
-            .with_context(|| format!("{label}: the ServiceAccount's kubeconfig"))?;
+            .kubeconfig(who)
+            .with_context(|| format!("{label}: the kubeconfig of {who:?}"))?;
         let admin_kubeconfig = cp
             .kubeconfig(Who::Admin)
             .with_context(|| format!("{label}: the admin kubeconfig"))?;

@@ -5,7 +5,9 @@
 //! scales in) and half through CA's NodeGroupDeleteNodes, one node per call and
 //! `ca_parallelism` calls at once, each node cordoned first as CA >= 1.34 does. The same
 //! storm can be ended by `kubectl drain` per node instead (a drain-then-terminate script),
-//! on a control plane of its own, for the figures side by side.
+//! or by a real cluster-autoscaler's own drain (CA evicts, then hands each drained node
+//! to the service's NodeGroupDeleteNodes), each on a control plane of its own, for the
+//! figures side by side.
 //!
 //! Everything is measured from outside the drainer: requests by verb and resource from
 //! the API server's audit log, watches opened, requests rejected by priority and fairness
@@ -38,6 +40,7 @@ use serde_json::json;
 use super::checks;
 use super::control_plane::{AuditEvent, Binaries, ControlPlane, Who, DRAINER_USER, SERVICE_USER};
 use super::kubelet::{Ending, FakeKubelet, PodStop};
+use super::real_ca::{CaBinary, RealCa, FIRST_LOOP_SECS};
 use super::rig::{
     apply_shipped_rbac, budget, containers, create, log_shipper, namespaces, until, HOOK,
 };
@@ -123,6 +126,15 @@ impl Shape {
     fn limit(&self) -> u64 {
         300 + 3 * self.nodes as u64
     }
+
+    /// The storm's bound for `drainer`: CA drains one occupied node at a time by default,
+    /// one every scan (10 s) or so, so its bound grows by a minute a node.
+    fn storm_limit(&self, drainer: &Drainer) -> u64 {
+        match drainer {
+            Drainer::RealCa(_) => 600 + 60 * self.draining as u64,
+            _ => self.limit(),
+        }
+    }
 }
 
 /// How the service learns of the instances the ASG ends through its hook.
@@ -144,6 +156,11 @@ pub enum Drainer {
     /// `kubectl drain --ignore-daemonsets` per node (this binary), then
     /// TerminateInstanceInAutoScalingGroup with a decrement.
     KubectlDrain(PathBuf),
+    /// A real cluster-autoscaler (this binary) deciding and draining by itself, every flag
+    /// of its drain at CA's default ([`ca_flags`]), under a name of its own on the API
+    /// server. It hands each node it has drained to the service's NodeGroupDeleteNodes,
+    /// which ends the instance (web has no hook here: CA is the only way in).
+    RealCa(CaBinary),
 }
 
 impl Drainer {
@@ -152,7 +169,45 @@ impl Drainer {
             Drainer::Service(Intake::Poll) => "ca-asg-provider".into(),
             Drainer::Service(Intake::Queue) => "ca-asg-provider (queue)".into(),
             Drainer::KubectlDrain(_) => "kubectl drain".into(),
+            Drainer::RealCa(bin) => format!("cluster-autoscaler {} (its own drain)", bin.version),
         }
+    }
+}
+
+/// CA's flags in the storm: every flag of its drain at CA's default
+/// (`--max-drain-parallelism` 1, `--max-scale-down-parallelism` 10,
+/// `--daemonset-eviction-for-occupied-nodes` true, `--max-graceful-termination-sec` 600,
+/// `--kube-client-qps` 5 / `--kube-client-burst` 10, `--scan-interval` 10 s); only the
+/// waits before a first scale-down are the harness's short ones
+/// (`--scale-down-unneeded-time` 5 s, `--scale-down-delay-after-add` 0 s), so that it
+/// decides within seconds of its start. `--v=4` as CA's chart runs it. `extra`
+/// (`E2E_STORM_CA_FLAGS`) comes last and wins.
+pub fn ca_flags(extra: &[String]) -> Vec<String> {
+    let mut f: Vec<String> = vec!["--scan-interval=10s".into(), "--v=4".into()];
+    f.extend(extra.iter().cloned());
+    f
+}
+
+/// CA's client-go rate limit at its defaults (`--kube-client-qps`, `--kube-client-burst`).
+const CA_CLIENT_QPS: f64 = 5.0;
+const CA_CLIENT_BURST: f64 = 10.0;
+
+/// A process's CPU and peak RSS from /proc (a real CA).
+pub struct ProcessGauge(pub u32);
+
+impl Gauge for ProcessGauge {
+    fn cpu_seconds(&self) -> f64 {
+        ca_asg_provider::commands::loadgen::process::ProcWatch::new(self.0)
+            .sample()
+            .map_or(0.0, |s| s.cpu_seconds)
+    }
+    fn peak_memory(&self) -> Option<(u64, &'static str)> {
+        let peak = super::control_plane::proc_peak_rss(self.0)?;
+        Some((peak, "peak RSS of the process"))
+    }
+    /// Linux resets VmHWM to the current RSS on `5` written to clear_refs.
+    fn reset_peak(&self) {
+        let _ = std::fs::write(format!("/proc/{}/clear_refs", self.0), "5");
     }
 }
 
@@ -232,6 +287,9 @@ pub struct Figures {
     /// Checks, read from outside.
     pub fewest_ready_margin: i64,
     pub daemonset_pods_ended_with_instance: usize,
+    /// DaemonSet pods of the ending nodes that began to stop before their node's last
+    /// workload pod had exited (a log shipper gone while the apps still wrote).
+    pub daemonset_pods_stopped_early: usize,
     pub workload_pods_ended_with_instance: usize,
     pub hook_timeouts: usize,
     pub lifecycle_actions_completed: usize,
@@ -259,6 +317,8 @@ pub async fn run(
 
     step("register a Ready Node per instance");
     let mut web = MemoryGroup::new("web", 0, n as i32, n as i32, "m5.xlarge");
+    // Only the service's storm has the ASG scale in through the hook; CA's drain and
+    // kubectl's are the only way in for theirs.
     if matches!(drainer, Drainer::Service(_)) {
         web = web.terminating_hook(HOOK, 300);
     }
@@ -277,9 +337,10 @@ pub async fn run(
 
     step("add the spare nodes that take the evicted pods");
     let spare = shape.spare();
+    // At its minimum size: a CA deciding by itself must not take the spare nodes away.
     cloud.add_group(MemoryGroup::new(
         "spare",
-        0,
+        spare as i32,
         spare as i32,
         spare as i32,
         "m5.xlarge",
@@ -302,7 +363,34 @@ pub async fn run(
         Drainer::Service(intake) => {
             Some(start_service(&cp, &cloud, *intake, shape.settings(), service_rt).await)
         }
+        // CA's provider: the service as it ships, ending what CA hands it.
+        Drainer::RealCa(_) => {
+            Some(start_service(&cp, &cloud, Intake::Poll, shape.settings(), service_rt).await)
+        }
         Drainer::KubectlDrain(_) => None,
+    };
+    let k = shape.draining;
+    let mut ca: Option<RealCa> = None;
+    if let (Drainer::RealCa(bin), Some(svc)) = (drainer, &service) {
+        let staying: Vec<String> = web_nodes[k..].iter().map(|(n, _)| n.clone()).collect();
+        scale_down_disabled(&admin, &staying).await;
+        let extra: Vec<String> = std::env::var("E2E_STORM_CA_FLAGS")
+            .unwrap_or_default()
+            .split_whitespace()
+            .map(str::to_string)
+            .collect();
+        let mut c = RealCa::start_as(bin, &cp, Who::Drainer, &svc.addr, &ca_flags(&extra))
+            .unwrap_or_else(|e| panic!("{e:#}"));
+        step(&format!("{} reaches its first loop", c.label()));
+        c.first_loop(FIRST_LOOP_SECS)
+            .await
+            .unwrap_or_else(|e| panic!("{e:#}"));
+        ca = Some(c);
+    }
+    let ca_gauge = ca.as_ref().and_then(RealCa::pid).map(ProcessGauge);
+    let gauge: &dyn Gauge = match &ca_gauge {
+        Some(g) => g,
+        None => gauge,
     };
 
     step("the storm: every node ended at once");
@@ -311,12 +399,18 @@ pub async fn run(
     let audit0 = cp.audit().len();
     let drainer_cpu0 = gauge.cpu_seconds();
     gauge.reset_peak();
+    if let Some(c) = ca.as_mut() {
+        // CA decides by itself, node by node: the storm's clock starts at its first
+        // decision, the first ToBeDeletedByClusterAutoscaler taint on a web node.
+        step("wait for CA's first decision");
+        first_ca_taint(&admin, c, &web_nodes[..k]).await;
+    }
     let asked = Utc::now();
     let t0 = Instant::now();
     let mut kubectl_peak_rss = 0;
     let mut chosen = Vec::new();
-    let k = shape.draining;
     let ending: Vec<(String, String)> = match (drainer, &service) {
+        (Drainer::RealCa(_), _) => web_nodes[..k].to_vec(),
         (Drainer::KubectlDrain(kubectl), _) => {
             let ending = web_nodes[..k].to_vec();
             kubectl_peak_rss =
@@ -357,13 +451,28 @@ pub async fn run(
     step("wait for every instance to end");
     let iids: Vec<String> = ending.iter().map(|(_, i)| i.clone()).collect();
     let mut ended_at: BTreeMap<String, f64> = BTreeMap::new();
+    let limit = shape.storm_limit(drainer);
+    let mut said = 0;
     while ended_at.len() < iids.len() {
-        assert!(
-            t0.elapsed() < Duration::from_secs(shape.limit()),
-            "only {} of {k} instances ended in {} s",
-            ended_at.len(),
-            shape.limit()
-        );
+        if let Some(c) = ca.as_mut() {
+            c.check_alive()
+                .unwrap_or_else(|e| panic!("during the storm: {e:#}"));
+            let minutes = t0.elapsed().as_secs() / 60;
+            if minutes > said {
+                said = minutes;
+                step(&format!("{} of {k} instances ended", ended_at.len()));
+            }
+        }
+        if t0.elapsed() >= Duration::from_secs(limit) {
+            let log = ca
+                .as_ref()
+                .map(|c| format!("\n{}", c.failure("its log at the end")))
+                .unwrap_or_default();
+            panic!(
+                "only {} of {k} instances ended in {limit} s{log}",
+                ended_at.len()
+            );
+        }
         let ended = kubelet.instances_ended();
         for i in iids.iter().filter(|i| ended.contains(i)) {
             ended_at
@@ -380,6 +489,9 @@ pub async fn run(
     let cpu1 = cp.cpu_seconds();
     let apf1 = apf_counters(&admin).await;
     let rss = cp.peak_rss();
+    if let Some(mut c) = ca.take() {
+        c.stop();
+    }
     if let Some(svc) = service {
         svc.stop(service_rt);
     }
@@ -389,7 +501,7 @@ pub async fn run(
     let audit: Vec<AuditEvent> = cp.audit().into_iter().skip(audit0).collect();
     let user = match drainer {
         Drainer::Service(_) => SERVICE_USER,
-        Drainer::KubectlDrain(_) => DRAINER_USER,
+        Drainer::KubectlDrain(_) | Drainer::RealCa(_) => DRAINER_USER,
     };
     let mine: Vec<&AuditEvent> = audit.iter().filter(|e| e.user.username == user).collect();
     let done: Vec<&&AuditEvent> = mine
@@ -422,6 +534,10 @@ pub async fn run(
         .filter(on_storm)
         .filter(|s| s.daemonset && s.how == Ending::WithInstance)
         .count();
+    let daemonset_early: usize = node_names
+        .iter()
+        .map(|node| checks::daemonsets_stopped_early(&stops, node, asked).len())
+        .sum();
     let workload_with_instance = stops
         .iter()
         .filter(on_storm)
@@ -458,11 +574,15 @@ pub async fn run(
         drainer: drainer.name(),
         k8s_version: bin.version.clone(),
         nodes: n,
-        api_qps: shape.api_qps,
+        api_qps: match drainer {
+            Drainer::RealCa(_) => CA_CLIENT_QPS,
+            _ => shape.api_qps,
+        },
         own_requests_paced_s: match drainer {
             Drainer::Service(_) => {
                 (done.len() as f64 - f64::from(shape.api_burst)).max(0.0) / shape.api_qps
             }
+            Drainer::RealCa(_) => (done.len() as f64 - CA_CLIENT_BURST).max(0.0) / CA_CLIENT_QPS,
             Drainer::KubectlDrain(_) => 0.0,
         },
         draining: k,
@@ -497,6 +617,7 @@ pub async fn run(
         drainer_memory_is: memory_is.into(),
         fewest_ready_margin,
         daemonset_pods_ended_with_instance: daemonset_with_instance,
+        daemonset_pods_stopped_early: daemonset_early,
         workload_pods_ended_with_instance: workload_with_instance,
         hook_timeouts: cloud.hook_timeouts().len(),
         lifecycle_actions_completed: cloud.completed_actions().len(),
@@ -529,9 +650,60 @@ pub async fn run(
         );
         assert!(figures.fewest_ready_margin >= 0, "a budget was broken");
     }
+    if matches!(drainer, Drainer::RealCa(_)) {
+        step("check: each instance CA chose ended once, no other ended");
+        let ended = kubelet.instances_ended();
+        for (_, iid) in &web_nodes {
+            let times = ended.iter().filter(|i| *i == iid).count();
+            let want = usize::from(iids.contains(iid));
+            assert_eq!(times, want, "{iid} ended {times} times");
+        }
+    }
     cp.check_alive()
         .unwrap_or_else(|e| panic!("a control plane component died: {e}"));
     figures
+}
+
+/// Nodes a CA deciding by itself must leave alone.
+async fn scale_down_disabled(admin: &kube::Client, nodes: &[String]) {
+    let api: Api<k8s_openapi::api::core::v1::Node> = Api::all(admin.clone());
+    for n in nodes {
+        let keep = json!({"metadata": {"annotations": {
+            "cluster-autoscaler.kubernetes.io/scale-down-disabled": "true"}}});
+        api.patch(n, &PatchParams::default(), &Patch::Merge(keep))
+            .await
+            .unwrap_or_else(|e| panic!("annotate {n}: {e}"));
+    }
+}
+
+/// Waits for CA's first ToBeDeletedByClusterAutoscaler taint on one of `nodes`, failing
+/// with CA's log when CA dies or has decided nothing in 5 minutes.
+async fn first_ca_taint(admin: &kube::Client, ca: &mut RealCa, nodes: &[(String, String)]) {
+    let api: Api<k8s_openapi::api::core::v1::Node> = Api::all(admin.clone());
+    let names: BTreeSet<&str> = nodes.iter().map(|(n, _)| n.as_str()).collect();
+    let end = Instant::now() + Duration::from_secs(300);
+    loop {
+        let listed = api.list(&Default::default()).await;
+        let tainted = listed.iter().flat_map(|l| &l.items).any(|node| {
+            names.contains(node.metadata.name.as_deref().unwrap_or_default())
+                && node
+                    .spec
+                    .as_ref()
+                    .and_then(|s| s.taints.as_ref())
+                    .is_some_and(|t| t.iter().any(|t| t.key == "ToBeDeletedByClusterAutoscaler"))
+        });
+        if tainted {
+            return;
+        }
+        ca.check_alive()
+            .unwrap_or_else(|e| panic!("before its first decision: {e:#}"));
+        assert!(
+            Instant::now() < end,
+            "{}",
+            ca.failure("no node of web tainted ToBeDeletedByClusterAutoscaler in 300 s")
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
 }
 
 /// The Deployments (each behind its budget) and the DaemonSet of the storm.
@@ -864,11 +1036,11 @@ async fn apf_counters(admin: &kube::Client) -> Apf {
 /// The figures as Markdown rows, one per storm.
 pub fn table(rows: &[Figures]) -> String {
     let mut s = String::from(
-        "| drainer | N (ending) | ended | floor | ratio | own requests at apiQps | requests/node | watches | 429 (budget / APF) | kube-apiserver CPU | etcd CPU | drainer CPU | drainer memory | DaemonSet pods ended with the instance |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
+        "| drainer | N (ending) | ended | floor | ratio | own requests at apiQps | requests/node | watches | 429 (budget / APF) | kube-apiserver CPU | etcd CPU | drainer CPU | drainer memory | DaemonSet pods ended with the instance | DaemonSet pods stopped before their node's workloads |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
     );
     for f in rows {
         s.push_str(&format!(
-            "| {} | {} ({}) | {:.1} s | {:.1} s | {:.2} | {:.1} s ({:.0}/s) | {:.1} | {} | {} / {} | {:.1} s | {:.1} s | {:.1} s | {:.0} MB ({}) | {} of {} |\n",
+            "| {} | {} ({}) | {:.1} s | {:.1} s | {:.2} | {:.1} s ({:.0}/s) | {:.1} | {} | {} / {} | {:.1} s | {:.1} s | {:.1} s | {:.0} MB ({}) | {} of {} | {} of {} |\n",
             f.drainer,
             f.nodes,
             f.draining,
@@ -887,6 +1059,8 @@ pub fn table(rows: &[Figures]) -> String {
             f.drainer_peak_mb,
             f.drainer_memory_is,
             f.daemonset_pods_ended_with_instance,
+            f.daemonset_pods,
+            f.daemonset_pods_stopped_early,
             f.daemonset_pods,
         ));
     }
