@@ -254,6 +254,13 @@ async fn the_checks_catch_a_drain_that_evicts_daemonset_pods_with_the_workload()
         "CA's default drain stopped the log shipper with the app; the check must see it: {:?}",
         rig.kubelet.stops()
     );
+    // The storm's count of log shippers stopped early sees it too.
+    let stops = rig.kubelet.stops();
+    let early = checks::daemonsets_stopped_early(&stops, &node, asked);
+    assert!(
+        !early.is_empty(),
+        "the log shipper of {node} stopped before its app: {stops:?}"
+    );
     eprintln!("e2e: as expected, {}", broken.unwrap_err());
 }
 
