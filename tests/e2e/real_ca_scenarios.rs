@@ -154,17 +154,7 @@ fn ca_log_clean(rig: &Rig, ca: &RealCa) {
 
 /// Nodes CA must leave alone: `cluster-autoscaler.kubernetes.io/scale-down-disabled`.
 async fn keep(rig: &Rig, nodes: &[String]) {
-    let api: Api<Node> = Api::all(rig.admin.clone());
-    for n in nodes {
-        api.patch(
-            n,
-            &PatchParams::default(),
-            &Patch::Merge(json!({"metadata": {"annotations": {
-                "cluster-autoscaler.kubernetes.io/scale-down-disabled": "true"}}})),
-        )
-        .await
-        .expect("annotate the node");
-    }
+    rig::scale_down_disabled(&rig.admin, nodes).await;
 }
 
 fn scaled_down(ca: &RealCa) -> f64 {

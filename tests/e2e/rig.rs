@@ -423,6 +423,23 @@ pub fn containers(prestop: u32) -> serde_json::Value {
         "lifecycle": {"preStop": {"exec": {"command": ["sleep", prestop.to_string()]}}}}])
 }
 
+/// Nodes a CA deciding by itself must leave alone:
+/// `cluster-autoscaler.kubernetes.io/scale-down-disabled`.
+pub async fn scale_down_disabled(admin: &kube::Client, nodes: &[String]) {
+    let api: kube::Api<k8s_openapi::api::core::v1::Node> = kube::Api::all(admin.clone());
+    for n in nodes {
+        let keep = json!({"metadata": {"annotations": {
+            "cluster-autoscaler.kubernetes.io/scale-down-disabled": "true"}}});
+        api.patch(
+            n,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(keep),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("annotate {n}: {e}"));
+    }
+}
+
 /// A budget of `maxUnavailable: 1` over the pods labelled `app: <app>` in `shop`.
 pub async fn budget(admin: &kube::Client, app: &str) {
     create(

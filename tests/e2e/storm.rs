@@ -373,7 +373,7 @@ pub async fn run(
     let mut ca: Option<RealCa> = None;
     if let (Drainer::RealCa(bin), Some(svc)) = (drainer, &service) {
         let staying: Vec<String> = web_nodes[k..].iter().map(|(n, _)| n.clone()).collect();
-        scale_down_disabled(&admin, &staying).await;
+        super::rig::scale_down_disabled(&admin, &staying).await;
         let extra: Vec<String> = std::env::var("E2E_STORM_CA_FLAGS")
             .unwrap_or_default()
             .split_whitespace()
@@ -662,18 +662,6 @@ pub async fn run(
     cp.check_alive()
         .unwrap_or_else(|e| panic!("a control plane component died: {e}"));
     figures
-}
-
-/// Nodes a CA deciding by itself must leave alone.
-async fn scale_down_disabled(admin: &kube::Client, nodes: &[String]) {
-    let api: Api<k8s_openapi::api::core::v1::Node> = Api::all(admin.clone());
-    for n in nodes {
-        let keep = json!({"metadata": {"annotations": {
-            "cluster-autoscaler.kubernetes.io/scale-down-disabled": "true"}}});
-        api.patch(n, &PatchParams::default(), &Patch::Merge(keep))
-            .await
-            .unwrap_or_else(|e| panic!("annotate {n}: {e}"));
-    }
 }
 
 /// Waits for CA's first ToBeDeletedByClusterAutoscaler taint on one of `nodes`, failing
