@@ -629,12 +629,9 @@ pub async fn run(
         checks::evictions_only(&audit, &stops, &names).unwrap_or_else(|e| panic!("{e}"));
         checks::daemonset_last(&stops, &names, asked).unwrap_or_else(|e| panic!("{e}"));
         step("check: each instance ended once, no hook timed out");
-        let ended = kubelet.instances_ended();
+        each_chosen_ended_once(&kubelet, &web_nodes, &iids);
         let done = cloud.completed_actions();
         for (_, iid) in &web_nodes {
-            let times = ended.iter().filter(|i| *i == iid).count();
-            let want = usize::from(iids.contains(iid));
-            assert_eq!(times, want, "{iid} ended {times} times");
             let k = done.iter().filter(|(a, _)| &a.instance_id == iid).count();
             assert!(k <= 1, "lifecycle actions completed for {iid}: {k}");
         }
@@ -652,16 +649,25 @@ pub async fn run(
     }
     if matches!(drainer, Drainer::RealCa(_)) {
         step("check: each instance CA chose ended once, no other ended");
-        let ended = kubelet.instances_ended();
-        for (_, iid) in &web_nodes {
-            let times = ended.iter().filter(|i| *i == iid).count();
-            let want = usize::from(iids.contains(iid));
-            assert_eq!(times, want, "{iid} ended {times} times");
-        }
+        each_chosen_ended_once(&kubelet, &web_nodes, &iids);
     }
     cp.check_alive()
         .unwrap_or_else(|e| panic!("a control plane component died: {e}"));
     figures
+}
+
+/// Each of web's instances in `chosen` ended exactly once, and no other ended.
+fn each_chosen_ended_once(
+    kubelet: &FakeKubelet,
+    web_nodes: &[(String, String)],
+    chosen: &[String],
+) {
+    let ended = kubelet.instances_ended();
+    for (_, iid) in web_nodes {
+        let times = ended.iter().filter(|i| *i == iid).count();
+        let want = usize::from(chosen.contains(iid));
+        assert_eq!(times, want, "{iid} ended {times} times");
+    }
 }
 
 /// Waits for CA's first ToBeDeletedByClusterAutoscaler taint on one of `nodes`, failing
