@@ -20,6 +20,9 @@
 //! - `E2E_STORM_DRAINING=K`: only K of each storm's N nodes end (half through the
 //!   hook, half through CA's DeleteNodes; the others stay with their pods): the
 //!   service's memory with the cluster fixed and the number of draining nodes varied.
+//! - `E2E_STORM_LIMIT_S=S`: each storm cut S seconds after the decision instead of at
+//!   its own bound (CA's: 600 s + 60 s per node). A storm cut, by either, still records
+//!   its figures (`cut: true`, the instances ended and when) before the test fails.
 //! - `E2E_STORM_WATCH=5000`: that many Nodes (each with a pod bound to it) on the real
 //!   API server, the service started over them as it ships, and its heap once its
 //!   caches hold them all.
@@ -301,10 +304,20 @@ async fn drain_storm_on_the_real_api_server() {
             .parse()
             .expect("E2E_STORM_API_QPS: requests per second")
     });
+    // E2E_STORM_LIMIT_S=S: each storm cut S seconds after the decision (its figures
+    // so far recorded, then the test fails) instead of at its own bound.
+    let limit_s: Option<u64> = std::env::var("E2E_STORM_LIMIT_S").ok().map(|v| {
+        v.trim()
+            .parse()
+            .expect("E2E_STORM_LIMIT_S: a number of seconds")
+    });
     for n in sizes {
         let mut shape = Shape::new(n).draining(draining.unwrap_or(n));
         if let Some(q) = api_qps {
             shape = shape.api_qps(q);
+        }
+        if let Some(s) = limit_s {
+            shape = shape.storm_limit_s(s);
         }
         for d in &drainers {
             let name = d.name();
@@ -326,7 +339,13 @@ async fn drain_storm_on_the_real_api_server() {
                 serde_json::to_string(&f).unwrap()
             );
             record(std::slice::from_ref(&f));
+            let cut = f.cut_why.clone();
             rows.push(f);
+            if let Some(why) = cut {
+                // What ran is on record (E2E_STORM_JSON) and on stdout before the failure.
+                println!("\n{}", storm::table(&rows));
+                panic!("storm N={n} ({name}) cut: {why}");
+            }
         }
     }
     println!("\n{}", storm::table(&rows));
