@@ -49,7 +49,7 @@ use tokio::sync::watch;
 use tonic::transport::Channel;
 
 mod support;
-use support::acting::{actions, assert_acts_while_holding, lease_writes, Act, AwsActs};
+use support::acting::{actions, assert_acts_while_holding, lease_writes, touching, Act, AwsActs};
 use support::budget_floor::BudgetFloor;
 use support::invariants::{
     apps_under_fluentd, assert_daemonsets_last, assert_workloads_evicted_once,
@@ -380,19 +380,7 @@ impl Model {
         let acts = actions(&self.w.sim, &self.aws, &names);
         let lease = lease_writes(&self.w.sim, LEASE);
         assert_acts_while_holding(&acts, &lease, self.start, |a| self.answering_ca(a));
-        let who = |subject: &str| -> Vec<String> {
-            acts.iter()
-                .filter(|a| a.what.split(' ').any(|w| w == subject))
-                .map(|a| {
-                    format!(
-                        "{} at {:?}: {}",
-                        a.who,
-                        a.at.saturating_duration_since(self.start),
-                        a.what
-                    )
-                })
-                .collect()
-        };
+        let who = |subject: &str| touching(&acts, subject, self.start);
         for (_, i) in self.w.cloud.instances() {
             if i.state.is_terminating() {
                 assert!(
@@ -409,12 +397,7 @@ impl Model {
             "a held instance was not heartbeated until its drain ended; heartbeats: {:?}",
             acts.iter()
                 .filter(|a| a.what.starts_with("RecordLifecycleActionHeartbeat"))
-                .map(|a| format!(
-                    "{} at {:?}: {}",
-                    a.who,
-                    a.at.saturating_duration_since(self.start),
-                    a.what
-                ))
+                .map(|a| a.since(self.start))
                 .collect::<Vec<_>>()
         );
         let audit = self.w.sim.audit();

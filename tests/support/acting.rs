@@ -20,6 +20,18 @@ pub struct Act {
     pub what: String,
 }
 
+impl Act {
+    /// "who at T: what", T since `origin`.
+    pub fn since(&self, origin: Instant) -> String {
+        format!(
+            "{} at {:?}: {}",
+            self.who,
+            self.at.saturating_duration_since(origin),
+            self.what
+        )
+    }
+}
+
 /// The AWS writes of every replica, in the order they were sent.
 #[derive(Debug, Default, Clone)]
 pub struct AwsActs(Arc<Mutex<Vec<Act>>>);
@@ -191,19 +203,17 @@ impl Processes {
     /// who and when since `origin`: for an invariant's message.
     pub fn who_touched(&self, sim: &SimCluster, subject: &str, origin: Instant) -> Vec<String> {
         let names: Vec<&str> = self.names.iter().map(String::as_str).collect();
-        actions(sim, &self.aws, &names)
-            .into_iter()
-            .filter(|a| a.what.split(' ').any(|w| w == subject))
-            .map(|a| {
-                format!(
-                    "{} at {:?}: {}",
-                    a.who,
-                    a.at.saturating_duration_since(origin),
-                    a.what
-                )
-            })
-            .collect()
+        touching(&actions(sim, &self.aws, &names), subject, origin)
     }
+}
+
+/// The acts of `acts` on `subject` (an instance id, a pod or Node name), each as
+/// [`Act::since`] says it: for an invariant's message.
+pub fn touching(acts: &[Act], subject: &str, origin: Instant) -> Vec<String> {
+    acts.iter()
+        .filter(|a| a.what.split(' ').any(|w| w == subject))
+        .map(|a| a.since(origin))
+        .collect()
 }
 
 struct Logged {
