@@ -6,7 +6,8 @@
 //! - no instance ends that CA or the ASG did not choose: the service never
 //!   terminates or resizes, and completes only lifecycle actions of held instances;
 //! - a notice seen twice, or redelivered after a restart, drains once: no pod is
-//!   evicted twice;
+//!   evicted twice, none deleted twice, and every workload pod that left was evicted
+//!   (none deleted around its budget);
 //! - DaemonSet pods leave last: on every node, no DaemonSet pod started leaving
 //!   while a workload pod was still there, unless the budget was spent;
 //! - every message is deleted once handled: nothing is left but what is in flight.
@@ -276,19 +277,7 @@ impl Model {
             );
         }
         let audit = self.w.sim.audit();
-        support::world::assert_no_pod_evicted_twice_naming(&audit, who);
-        let mut seen = BTreeSet::new();
-        for e in audit
-            .iter()
-            .filter(|e| e.kind == "Pod" && e.verb == "deletion-started")
-        {
-            assert!(
-                seen.insert(e.name.clone()),
-                "{} was deleted twice: {:#?}",
-                e.name,
-                who(&e.name)
-            );
-        }
+        support::invariants::assert_workloads_evicted_once(&audit, who);
         assert_eq!(
             self.q.pending(),
             0,
