@@ -178,34 +178,6 @@ impl Gauge for ServiceGauge {
     }
 }
 
-/// kubectl's processes, once they have exited (getrusage of waited-for children).
-struct ChildrenGauge;
-
-impl ChildrenGauge {
-    fn usage() -> libc::rusage {
-        // SAFETY: getrusage writes into the struct it is given.
-        unsafe {
-            let mut u: libc::rusage = std::mem::zeroed();
-            libc::getrusage(libc::RUSAGE_CHILDREN, &mut u);
-            u
-        }
-    }
-}
-
-impl Gauge for ChildrenGauge {
-    fn cpu_seconds(&self) -> f64 {
-        let u = Self::usage();
-        let t = |v: libc::timeval| v.tv_sec as f64 + v.tv_usec as f64 / 1e6;
-        t(u.ru_utime) + t(u.ru_stime)
-    }
-    /// getrusage's maxrss would also hold the control planes already waited for: the
-    /// storm reads each kubectl's own peak from /proc while it runs instead.
-    fn peak_memory(&self) -> Option<(u64, &'static str)> {
-        None
-    }
-    fn reset_peak(&self) {}
-}
-
 fn sizes(var: &str) -> Option<Vec<usize>> {
     let text = std::env::var(var).ok()?;
     let sizes: Vec<usize> = text
@@ -321,11 +293,6 @@ async fn drain_storm_on_the_real_api_server() {
         }
         for d in &drainers {
             let name = d.name();
-            let gauge: Box<dyn Gauge> = match d {
-                Drainer::Service(_) => Box::new(ServiceGauge),
-                // A real CA's gauge is its process's, which the storm reads itself.
-                Drainer::KubectlDrain(_) | Drainer::RealCa(_) => Box::new(ChildrenGauge),
-            };
             let k = shape.draining;
             let step = |s: &str| {
                 eprintln!(
@@ -333,7 +300,7 @@ async fn drain_storm_on_the_real_api_server() {
                     bin.version
                 )
             };
-            let f = storm::run(&bin, &shape, d, rt.handle(), gauge.as_ref(), &step).await;
+            let f = storm::run(&bin, &shape, d, rt.handle(), &ServiceGauge, &step).await;
             eprintln!(
                 "storm N={n} ({name}): {}",
                 serde_json::to_string(&f).unwrap()

@@ -227,6 +227,34 @@ impl Gauge for ProcessGauge {
     }
 }
 
+/// kubectl's processes, once they have exited (getrusage of waited-for children).
+pub struct ChildrenGauge;
+
+impl ChildrenGauge {
+    fn usage() -> libc::rusage {
+        // SAFETY: getrusage writes into the struct it is given.
+        unsafe {
+            let mut u: libc::rusage = std::mem::zeroed();
+            libc::getrusage(libc::RUSAGE_CHILDREN, &mut u);
+            u
+        }
+    }
+}
+
+impl Gauge for ChildrenGauge {
+    fn cpu_seconds(&self) -> f64 {
+        let u = Self::usage();
+        let t = |v: libc::timeval| v.tv_sec as f64 + v.tv_usec as f64 / 1e6;
+        t(u.ru_utime) + t(u.ru_stime)
+    }
+    /// getrusage's maxrss would also hold the control planes already waited for: the
+    /// storm reads each kubectl's own peak from /proc while it runs instead.
+    fn peak_memory(&self) -> Option<(u64, &'static str)> {
+        None
+    }
+    fn reset_peak(&self) {}
+}
+
 /// The drainer's own CPU and memory, read by whoever runs it.
 pub trait Gauge: Send + Sync {
     /// CPU seconds so far.
@@ -288,6 +316,11 @@ pub struct Figures {
     /// reads), summed over all but the last, plus the last pod's preStop and the
     /// DaemonSet preStop; the longest budget.
     pub chain_floor_s: f64,
+    /// On the budget whose chain sets `chain_floor_s`: the time from each status that
+    /// allowed its next eviction to the drainer's eviction, summed. What the drainer's
+    /// own reaction (its watch of the budget, its queue, its rate limit) adds to the
+    /// chain; the floor does not count it.
+    pub chain_reaction_s: f64,
     pub ratio: f64,
     /// The drainer's requests (audit log), in all and per instance ended (all of them
     /// unless the storm was cut).
@@ -326,14 +359,16 @@ pub struct Figures {
 }
 
 /// Runs one storm of `shape` ended by `drainer` on a control plane of its own.
-/// `gauge` reads the drainer's CPU and memory (the service's threads and heap, or
-/// kubectl's processes); `service_rt` is the runtime the service runs on.
+/// `service_rt` is the runtime the service runs on, and `service_gauge` reads its CPU
+/// and memory (its runtime's threads and heap, which only the test binary's allocator
+/// knows); the storm reads kubectl's ([`ChildrenGauge`]) and CA's ([`ProcessGauge`])
+/// itself.
 pub async fn run(
     bin: &Binaries,
     shape: &Shape,
     drainer: &Drainer,
     service_rt: &tokio::runtime::Handle,
-    gauge: &dyn Gauge,
+    service_gauge: &dyn Gauge,
     step: &(dyn Fn(&str) + Sync),
 ) -> Figures {
     let n = shape.nodes;
@@ -417,9 +452,11 @@ pub async fn run(
         ca = Some(c);
     }
     let ca_gauge = ca.as_ref().and_then(RealCa::pid).map(ProcessGauge);
-    let gauge: &dyn Gauge = match &ca_gauge {
-        Some(g) => g,
-        None => gauge,
+    let gauge: &dyn Gauge = match (drainer, &ca_gauge) {
+        (Drainer::Service(_), _) => service_gauge,
+        (Drainer::KubectlDrain(_), _) => &ChildrenGauge,
+        (Drainer::RealCa(_), Some(g)) => g,
+        (Drainer::RealCa(_), None) => panic!("cluster-autoscaler has no process id"),
     };
 
     step("the storm: every node ended at once");
@@ -640,6 +677,7 @@ pub async fn run(
         node_floor_s: floors.node,
         pacing_floor_s: floors.pacing,
         chain_floor_s: floors.chain,
+        chain_reaction_s: floors.reaction,
         ratio: all_ended_s / floors.floor,
         requests: done.len(),
         requests_per_node: done.len() as f64 / ended.max(1) as f64,
@@ -992,6 +1030,9 @@ struct Floors {
     node: f64,
     pacing: f64,
     chain: f64,
+    /// On the budget whose chain is `chain`: the drainer's reaction to each status
+    /// that allowed an eviction (see [`Figures::chain_reaction_s`]).
+    reaction: f64,
 }
 
 /// The storm's floor (see [`Figures::floor_s`]).
@@ -1004,6 +1045,7 @@ fn floors(shape: &Shape, audit: &[AuditEvent], user: &str) -> Floors {
     let pacing = (necessary - settings.api_burst as f64).max(0.0) / settings.api_qps
         + shape.daemonset_prestop_s as f64;
     let mut chain: f64 = 0.0;
+    let mut reaction: f64 = 0.0;
     for k in 0..shape.apps() {
         let prefix = format!("app-{k}-");
         let mut evictions: Vec<DateTime<Utc>> = audit
@@ -1036,19 +1078,30 @@ fn floors(shape: &Shape, audit: &[AuditEvent], user: &str) -> Floors {
             })
             .filter_map(|e| e.stage_timestamp)
             .collect();
+        let secs = |d: chrono::TimeDelta| d.num_milliseconds().max(0) as f64 / 1000.0;
         let waits: f64 = evictions
             .iter()
             .take(evictions.len().saturating_sub(1))
             .filter_map(|e| allows.iter().find(|a| *a > e).map(|a| *a - *e))
-            .map(|w| w.num_milliseconds().max(0) as f64 / 1000.0)
+            .map(secs)
             .sum();
-        chain = chain.max(waits + node);
+        // From each status that allowed the next eviction to that eviction.
+        let reacted: f64 = evictions
+            .windows(2)
+            .filter_map(|w| allows.iter().find(|a| **a > w[0]).map(|a| w[1] - *a))
+            .map(secs)
+            .sum();
+        if waits + node > chain {
+            chain = waits + node;
+            reaction = reacted;
+        }
     }
     Floors {
         floor: node.max(pacing).max(chain),
         node,
         pacing,
         chain,
+        reaction,
     }
 }
 
