@@ -27,6 +27,10 @@
 #   E2E_STORM_CA_FLAGS="--max-drain-parallelism=10"
 #                                  flags added to that CA's
 #   E2E_STORM_API_QPS=Q            the service's apiQps (burst 2Q) instead of the shipped 50
+#   E2E_STORM_LIMIT_S=S            each storm cut S s after the decision (default: a
+#                                  bound of its own; CA's 600 s + 60 s per node). A cut
+#                                  storm records what it measured ("cut": true, the
+#                                  instances ended and when), then fails
 #
 # Every scenario where cluster-autoscaler decides runs once per CA profile (1.31, 1.34,
 # 1.36, master), driven by the suite's client playing that version. With
