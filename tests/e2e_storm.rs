@@ -447,3 +447,19 @@ async fn populate(admin: &kube::Client, cp: &mut ControlPlane, n: usize) {
         })
         .await;
 }
+
+/// The CA row's pacing figure is at the rate CA ran with: its defaults, or the last
+/// `--kube-client-qps` / `--kube-client-burst` of `E2E_STORM_CA_FLAGS`.
+#[test]
+fn the_ca_row_is_paced_at_the_client_rate_ca_ran_with() {
+    assert_eq!(storm::ca_client_rate(&storm::ca_flags(&[])), (5.0, 10.0));
+    let flags = storm::ca_flags(&[
+        "--kube-client-qps=20".into(),
+        "--max-drain-parallelism=10".into(),
+        "--kube-client-qps=50".into(),
+        "--kube-client-burst=100".into(),
+    ]);
+    assert_eq!(storm::ca_client_rate(&flags), (50.0, 100.0));
+    let bad = storm::ca_flags(&["--kube-client-qps=fast".into()]);
+    assert_eq!(storm::ca_client_rate(&bad).0, 5.0);
+}

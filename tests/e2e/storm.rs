@@ -208,6 +208,22 @@ pub fn ca_flags(extra: &[String]) -> Vec<String> {
 const CA_CLIENT_QPS: f64 = 5.0;
 const CA_CLIENT_BURST: f64 = 10.0;
 
+/// CA's client-go rate (qps, burst) under `flags`: the last `--kube-client-qps=` and
+/// `--kube-client-burst=` given, else CA's defaults.
+pub fn ca_client_rate(flags: &[String]) -> (f64, f64) {
+    let last = |name: &str, default: f64| {
+        flags
+            .iter()
+            .rev()
+            .find_map(|f| f.strip_prefix(name)?.parse::<f64>().ok())
+            .unwrap_or(default)
+    };
+    (
+        last("--kube-client-qps=", CA_CLIENT_QPS),
+        last("--kube-client-burst=", CA_CLIENT_BURST),
+    )
+}
+
 /// A process's CPU and peak RSS from /proc (a real CA).
 pub struct ProcessGauge(pub u32);
 
@@ -435,6 +451,7 @@ pub async fn run(
     };
     let k = shape.draining;
     let mut ca: Option<RealCa> = None;
+    let mut ca_rate = (CA_CLIENT_QPS, CA_CLIENT_BURST);
     if let (Drainer::RealCa(bin), Some(svc)) = (drainer, &service) {
         let staying: Vec<String> = web_nodes[k..].iter().map(|(n, _)| n.clone()).collect();
         super::rig::scale_down_disabled(&admin, &staying).await;
@@ -443,7 +460,9 @@ pub async fn run(
             .split_whitespace()
             .map(str::to_string)
             .collect();
-        let mut c = RealCa::start_as(bin, &cp, Who::Drainer, &svc.addr, &ca_flags(&extra))
+        let flags = ca_flags(&extra);
+        ca_rate = ca_client_rate(&flags);
+        let mut c = RealCa::start_as(bin, &cp, Who::Drainer, &svc.addr, &flags)
             .unwrap_or_else(|e| panic!("{e:#}"));
         step(&format!("{} reaches its first loop", c.label()));
         c.first_loop(FIRST_LOOP_SECS)
@@ -651,14 +670,14 @@ pub async fn run(
         k8s_version: bin.version.clone(),
         nodes: n,
         api_qps: match drainer {
-            Drainer::RealCa(_) => CA_CLIENT_QPS,
+            Drainer::RealCa(_) => ca_rate.0,
             _ => shape.api_qps,
         },
         own_requests_paced_s: match drainer {
             Drainer::Service(_) => {
                 (done.len() as f64 - f64::from(shape.api_burst)).max(0.0) / shape.api_qps
             }
-            Drainer::RealCa(_) => (done.len() as f64 - CA_CLIENT_BURST).max(0.0) / CA_CLIENT_QPS,
+            Drainer::RealCa(_) => (done.len() as f64 - ca_rate.1).max(0.0) / ca_rate.0,
             Drainer::KubectlDrain(_) => 0.0,
         },
         draining: k,
