@@ -287,6 +287,7 @@ impl Provider {
             Self::apply_marks(&mut ov, &registry);
         }
         drop(_ops);
+        self.confirm_departed().await;
         self.forget_gone_templates(&registry);
         tracing::debug!(
             groups = registry.groups.len(),
@@ -321,6 +322,55 @@ impl Provider {
                 _ => g,
             })
             .collect()
+    }
+
+    /// Asks AWS where the instances went that left their group without being seen
+    /// ending ([`super::departed`]): still in an Auto Scaling group (its warm pool,
+    /// another group; DescribeAutoScalingInstances) they did not end, unless AWS shows
+    /// them ending there; in none, EC2 says whether they ended or run on detached
+    /// (DescribeInstances). Until AWS answered, they map to no group; a failed read
+    /// leaves them to the next refresh.
+    async fn confirm_departed(&self) {
+        let ids = self.overlay.lock().departed.to_confirm();
+        if ids.is_empty() {
+            return;
+        }
+        let located = match self.cloud.locate_instances(&ids).await {
+            Ok(l) => l,
+            Err(e) => {
+                tracing::warn!(error = %e, count = ids.len(), "cannot ask AWS where instances that left their group went; they map to no group until the next refresh asks again");
+                return;
+            }
+        };
+        let (mut ended, mut not_ended, mut in_no_group) = (Vec::new(), Vec::new(), Vec::new());
+        for id in ids {
+            match located.iter().find(|l| l.instance_id == id) {
+                Some(l) if l.state.is_terminating() => ended.push(id),
+                Some(l) => {
+                    tracing::debug!(instance = %id, group = %l.group, state = l.state.as_str(), "an instance that left its group's list is still in an Auto Scaling group (its warm pool?): it maps to no group");
+                    not_ended.push(id)
+                }
+                None => in_no_group.push(id),
+            }
+        }
+        if !in_no_group.is_empty() {
+            match self.cloud.ended_instances(&in_no_group).await {
+                Ok(gone) => {
+                    for id in in_no_group {
+                        if gone.contains(&id) {
+                            ended.push(id);
+                        } else {
+                            tracing::info!(instance = %id, "an instance left its group and still runs (detached): it maps to no group");
+                            not_ended.push(id);
+                        }
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, count = in_no_group.len(), "cannot ask EC2 whether instances that left their group ended; they map to no group until the next refresh asks again");
+                }
+            }
+        }
+        self.overlay.lock().departed.confirm(&ended, &not_ended);
     }
 
     /// Re-reads one group from AWS before a size change (the caller holds the write
