@@ -363,6 +363,92 @@ async fn a_restart_in_the_middle_of_a_lifecycle_drain_completes_exactly_once() {
     support::rbac::assert_rbac_covers(&w.sim);
 }
 
+/// Issue 59 (suspected item, proven): a hold's heartbeats retried a throttled run
+/// with a backoff counted from when this process found the hold, not from when AWS
+/// last took a heartbeat of it. After a restart (or a leader change) the action's
+/// clock had been running for a while: the backoff grew to a third of the timeout
+/// and spaced its tries past the hook's real timeout, and the ASG ended the instance
+/// undrained. Here AWS throttles every heartbeat from just after the first one of
+/// each hold until three seconds (a tenth of the hook's 30 s) before the holds' real
+/// timeouts, and the service restarts in between: every hold is heartbeated in time
+/// (until AWS took one, retries come a twelfth of the timeout apart at most).
+#[test]
+fn heartbeats_throttled_across_a_restart_keep_every_hold() {
+    support::model::on_paused_clock(async {
+        const HELD: usize = 4;
+        let hook = Duration::from_secs(30);
+        let s = ScaleInSettings {
+            workload_deadline: Duration::from_secs(600),
+            ..fast_settings()
+        };
+        let mut w = world_in_process(
+            vec![MemoryGroup::new("web", 0, 6, HELD as i32, "m5.large")
+                .terminating_hook("ca-asg-provider-drain", hook.as_secs() as i32)],
+            s.clone(),
+            Duration::from_millis(50),
+        )
+        .await;
+        // Every node's app is held by its budget: the drains wait, the hooks hold.
+        for (i, (node, _)) in nodes_of(&w, "web").iter().enumerate() {
+            w.sim
+                .create(&fixtures::pod(
+                    "shop",
+                    &format!("app-{i}"),
+                    node,
+                    "app",
+                    0.1,
+                ))
+                .unwrap();
+        }
+        w.sim.create(&fixtures::pdb("shop", "app", 0)).unwrap();
+        pods_ready(&w, HELD).await;
+        let lifecycle = scalein::lifecycle::spawn_loop(w.engine.clone(), w.provider.clone());
+        let ended = w.cloud.external_scale_in("web", HELD as i32).unwrap();
+        assert_eq!(ended.len(), HELD);
+        while w.cloud.heartbeats().len() < HELD {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        // The earliest any hold's timeout runs out: a timeout after its last
+        // heartbeat taken (no later than now).
+        let taken = Instant::now();
+        w.cloud.throttle("lifecycle_heartbeat", 1_000_000);
+        tokio::time::sleep(Duration::from_secs(15)).await;
+        // The process goes; a new one starts three seconds later.
+        lifecycle.abort();
+        w.engine.abort_all();
+        w.engine.shutdown();
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        let (provider, engine, ca) = service(&w.sim, &w.cloud, &w.groups, s).await;
+        w.provider = provider;
+        w.engine = engine;
+        w.ca = ca;
+        let lifecycle = scalein::lifecycle::spawn_loop(w.engine.clone(), w.provider.clone());
+        let before = w.cloud.heartbeats().len();
+        tokio::time::sleep_until(taken + hook - hook / 10).await;
+        w.cloud.heal();
+        tokio::time::sleep_until(taken + hook + Duration::from_secs(10)).await;
+        assert_eq!(
+            w.cloud.hook_timeouts(),
+            Vec::<String>::new(),
+            "a hold's timeout ran out with no heartbeat taken"
+        );
+        let beaten: std::collections::BTreeSet<String> = w.cloud.heartbeats()[before..]
+            .iter()
+            .map(|a| a.instance_id.clone())
+            .collect();
+        assert_eq!(
+            beaten.len(),
+            HELD,
+            "every hold heartbeated after the throttling"
+        );
+        for id in &ended {
+            assert!(w.engine.holds_hook(id), "{id} still held and heartbeated");
+        }
+        lifecycle.abort();
+        w.engine.shutdown();
+    });
+}
+
 async fn blocked_world(policy: DeadlinePolicy) -> (World, String, String) {
     let s = ScaleInSettings {
         workload_deadline: Duration::from_secs(1),
