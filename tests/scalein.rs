@@ -542,6 +542,115 @@ async fn deadline_abandon_keeps_a_cordon_that_was_not_the_scale_ins() {
     assert!(n["metadata"]["annotations"][scalein::cordon::STARTED_ANNOTATION].is_null());
 }
 
+/// What CA (>= 1.34) writes before DeleteNodes: its taint, and the cordon (one
+/// write, `taints.MarkToBeDeleted`), beside the node's own taint.
+async fn ca_marks(w: &World, node: &str) {
+    let nodes: kube::Api<Node> = kube::Api::all(w.sim.client());
+    nodes
+        .patch(
+            node,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(serde_json::json!({"spec": {
+                "unschedulable": true,
+                "taints": [
+                {"key": scalein::cordon::CA_TO_BE_DELETED_TAINT, "value": "1700000000", "effect": "NoSchedule"},
+                {"key": "dedicated", "value": "web", "effect": "NoSchedule"},
+            ]}})),
+        )
+        .await
+        .unwrap();
+}
+
+fn taint_keys(n: &Value) -> Vec<String> {
+    n["spec"]["taints"]
+        .as_array()
+        .map(|t| {
+            t.iter()
+                .filter_map(|t| t["key"].as_str().map(str::to_string))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Issue 59 (suspected item, proven): a node a person cordoned, which CA (>= 1.34)
+/// then chose for scale-down and tainted (its cordon was there already), was
+/// recorded as CA's cordon and uncordoned when the drain was abandoned. The service
+/// saw the cordon come without CA's taint: a person's, and it stays. Only the
+/// scale-in's own marks go; the Event says the node stays cordoned.
+#[tokio::test]
+async fn deadline_abandon_keeps_a_persons_cordon_that_ca_tainted_later() {
+    let (mut w, node, iid) = blocked_world(DeadlinePolicy::Abandon).await;
+    set_unschedulable(&w, &node, true).await;
+    eventually("the service saw the person's cordon", 10, || {
+        w.engine.cordon_seen(&node) == Some(scalein::nodes::CordonSeen::ByOther)
+    })
+    .await;
+    ca_marks(&w, &node).await;
+    delete_nodes(&mut w, "web", &[(node.clone(), iid.clone())]).await;
+    assert!(matches!(
+        w.engine.wait_for(&iid).await,
+        Some(Outcome::Abandoned(_))
+    ));
+    let n = w.sim.get::<Node>("", &node).unwrap();
+    assert_eq!(
+        n["spec"]["unschedulable"], true,
+        "the person's cordon stays"
+    );
+    assert_eq!(
+        taint_keys(&n),
+        vec!["dedicated"],
+        "the scale-in's taints go"
+    );
+    assert!(n["metadata"]["annotations"][scalein::cordon::STARTED_ANNOTATION].is_null());
+    let ev = events(&w.sim);
+    assert!(
+        ev.iter()
+            .any(|(r, m)| r == "DrainAbandoned" && m.contains("stays cordoned")),
+        "{ev:?}"
+    );
+}
+
+/// A service that first sees the node cordoned with CA's taint (it started after
+/// CA marked it) cannot tell whether a person cordoned the node before CA: it fails
+/// safe, the cordon stays on give-back and the Event says so. (CA's cordon it saw
+/// come, `deadline_abandon_gives_back_a_node_ca_cordoned`, is undone.)
+#[tokio::test]
+async fn deadline_abandon_keeps_a_cordon_it_cannot_tell_was_cas() {
+    let (w, node, iid) = blocked_world(DeadlinePolicy::Abandon).await;
+    ca_marks(&w, &node).await;
+    w.engine.shutdown();
+    let s = w.engine.settings().clone();
+    let (provider, engine, ca) = service(&w.sim, &w.cloud, &w.groups, s).await;
+    let mut w = World {
+        provider,
+        engine,
+        ca,
+        ..w
+    };
+    assert_eq!(
+        w.engine.cordon_seen(&node),
+        None,
+        "first seen with CA's taint"
+    );
+    delete_nodes(&mut w, "web", &[(node.clone(), iid.clone())]).await;
+    assert!(matches!(
+        w.engine.wait_for(&iid).await,
+        Some(Outcome::Abandoned(_))
+    ));
+    let n = w.sim.get::<Node>("", &node).unwrap();
+    assert_eq!(
+        n["spec"]["unschedulable"], true,
+        "left cordoned when unsure"
+    );
+    assert_eq!(taint_keys(&n), vec!["dedicated"]);
+    let ev = events(&w.sim);
+    assert!(
+        ev.iter()
+            .any(|(r, m)| r == "DrainAbandoned" && m.contains("stays cordoned")),
+        "{ev:?}"
+    );
+}
+
 async fn abandon_gives_the_node_back(ca_cordons: bool) {
     let (mut w, node, iid) = blocked_world(DeadlinePolicy::Abandon).await;
     // CA marks the node it is deleting before it calls DeleteNodes.
