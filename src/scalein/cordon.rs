@@ -365,7 +365,7 @@ mod tests {
     }
 
     fn seen(states: &[Node]) -> Option<CordonSeen> {
-        states.iter().fold(None, |s, n| CordonSeen::after(s, n))
+        states.iter().fold(None, CordonSeen::after)
     }
 
     /// Issue 59: whose cordon a drain starts from follows how the Node came to be
@@ -381,7 +381,7 @@ mod tests {
         let spec = |n: &Node| n.spec.clone().unwrap();
 
         assert_eq!(
-            cordon_owner(seen(&[free.clone()]), &spec(&free)),
+            cordon_owner(seen(std::slice::from_ref(&free)), &spec(&free)),
             Owner::Service
         );
         // CA's own cordon, seen come in one write with its taint (or the watch is
@@ -390,7 +390,7 @@ mod tests {
         assert_eq!(by_ca, Some(CordonSeen::ByCa));
         assert_eq!(cordon_owner(by_ca, &spec(&ca)), Owner::ClusterAutoscaler);
         assert_eq!(
-            cordon_owner(seen(&[free.clone()]), &spec(&ca)),
+            cordon_owner(seen(std::slice::from_ref(&free)), &spec(&ca)),
             Owner::ClusterAutoscaler
         );
         // A person's cordon, CA's taint after it.
