@@ -472,6 +472,12 @@ impl Engine {
         done
     }
 
+    /// How the Node came to be cordoned, as the engine's Node watch saw it
+    /// ([`nodes::CordonSeen`]): whose cordon a drain starts from.
+    pub fn cordon_seen(&self, node: &str) -> Option<nodes::CordonSeen> {
+        self.nodes.cordon_seen(node)
+    }
+
     /// The drain record on the Node `node` as the cache has it.
     pub(crate) fn cached_record(&self, node: &str) -> Option<record::DrainRecord> {
         let n = self.nodes.cached(node)?;

@@ -31,7 +31,12 @@ pub fn global_limit(heartbeat_timeout: Duration) -> Duration {
 /// third of the hook's timeout less a random tenth (so many held instances do not
 /// heartbeat in lockstep). After a failure (AWS throttling) it backs off with jitter
 /// from a twelfth of the timeout, doubling, never past a third, so a throttled storm
-/// spreads out and still lands inside the timeout. Stops when AWS says the action is
+/// spreads out and still lands inside the timeout. Until AWS has taken one of its
+/// heartbeats, the action's clock is not known (the hold began, or an earlier
+/// process or leader last heartbeated it, up to a timeout before it was found): the
+/// retries stay a twelfth of the timeout apart at most ([`HeartbeatBackoff`]), so a
+/// throttled run that ends before the hook's real timeout is followed by a heartbeat
+/// in time. Stops when AWS says the action is
 /// gone (ValidationError) and at the hook's global limit. Failures are counted; the
 /// first of a run is published as an Event on the Node in the background (the next
 /// try never waits on the API server). The hook's timeout comes through `timeout`:
@@ -50,7 +55,8 @@ pub fn heartbeats(
         let mut limit = global_limit(current);
         let mut backoff = HeartbeatBackoff::new(every, &action.instance_id);
         // The action's own clock: AWS counts the timeout from the last heartbeat it
-        // took (or from the hold, before the first).
+        // took (or from the hold, before the first). Before this task's first one
+        // is taken, `found` is only the latest it can be; the backoff knows.
         let mut last_ok = found;
         let mut follows = true;
         loop {
@@ -127,7 +133,7 @@ pub fn heartbeats(
                             current = now;
                             every = pace(now);
                             limit = global_limit(now);
-                            backoff = HeartbeatBackoff::new(every, &action.instance_id);
+                            backoff = backoff.repaced(every);
                         }
                     }
                     // The hold is being dropped (which aborts this task).
@@ -163,6 +169,8 @@ pub fn within_timeout(
 pub struct HeartbeatBackoff {
     every: Duration,
     pub failures: u32,
+    /// AWS took a heartbeat of these: the action's clock is known from then on.
+    taken: bool,
     /// Whose heartbeats (the instance): the key of its jitter (crate::clock).
     of: String,
 }
@@ -172,24 +180,38 @@ impl HeartbeatBackoff {
         Self {
             every,
             failures: 0,
+            taken: false,
             of: of.to_string(),
+        }
+    }
+
+    /// The same heartbeats at another interval (the hook's timeout changed): the
+    /// failures start again, what AWS took stays known.
+    pub fn repaced(self, every: Duration) -> Self {
+        Self {
+            every,
+            failures: 0,
+            ..self
         }
     }
 
     /// After a success: a third of the timeout, less up to a tenth of it.
     pub fn ok(&mut self) -> Duration {
         self.failures = 0;
+        self.taken = true;
         self.every
             .mul_f64(1.0 - 0.1 * crate::clock::random_fraction(&self.of))
     }
 
     /// After a failure: from a quarter of the interval, doubling per failure, with
-    /// full jitter over its upper half, capped at the interval.
+    /// full jitter over its upper half, capped at the interval. Before AWS took one
+    /// of these heartbeats it does not double: the action's clock started before it
+    /// was found (an earlier process or leader heartbeated it, or nobody did), and
+    /// its timeout may be near.
     pub fn failed(&mut self) -> Duration {
         let base = (self.every / 4).max(Duration::from_millis(100));
-        let ceiling = base
-            .saturating_mul(1u32 << self.failures.min(8))
-            .min(self.every);
+        let doublings = if self.taken { self.failures.min(8) } else { 0 };
+        let ceiling = base.saturating_mul(1u32 << doublings).min(self.every);
         self.failures = self.failures.saturating_add(1);
         ceiling.mul_f64(0.5 + 0.5 * crate::clock::random_fraction(&self.of))
     }
@@ -886,6 +908,7 @@ mod tests {
         // the 240 s mark, then within the timeout, halving what is left: a bounded
         // number of tries, not a tight loop.
         let mut b = HeartbeatBackoff::new(timeout / 3, "i-1");
+        b.ok();
         let mut at = now + secs(90);
         let mark = now + timeout.mul_f64(0.8);
         let end = now + timeout;
@@ -901,6 +924,31 @@ mod tests {
             at += w;
         }
         assert!(past_mark <= 12, "{past_mark} tries after the mark");
+    }
+
+    /// Issue 59: before AWS took a heartbeat of the hold, its timeout runs from a
+    /// moment before it was found (a restart, a new leader): failures never back
+    /// off past the first step, a twelfth of the timeout; once one is taken they
+    /// double as before, and a changed timeout keeps that known.
+    #[test]
+    fn until_a_heartbeat_is_taken_failures_are_retried_within_a_twelfth() {
+        let timeout = Duration::from_secs(300);
+        let every = timeout / 3;
+        let mut b = HeartbeatBackoff::new(every, "i-1");
+        for _ in 0..20 {
+            let d = b.failed();
+            assert!(d <= timeout / 12, "{d:?}");
+            assert!(d >= timeout / 24, "{d:?}");
+        }
+        b.ok();
+        let grown = (0..6).map(|_| b.failed()).max().unwrap();
+        assert!(
+            grown > timeout / 12,
+            "{grown:?}: backs off once the clock is known"
+        );
+        let mut b = b.repaced(every / 2);
+        let grown = (0..6).map(|_| b.failed()).max().unwrap();
+        assert!(grown > timeout / 24, "{grown:?}");
     }
 
     #[test]

@@ -335,7 +335,7 @@ async fn note_in_pool(
 async fn hand_back(engine: &Engine, node: &str, iid: &str, state: Option<&LifecycleState>) -> bool {
     let state = state.map(LifecycleState::as_str).unwrap_or("?");
     match super::cordon::uncordon(engine, node).await {
-        Ok(()) => {
+        Ok(given) => {
             Metrics::outcome(&metrics().warm_pool_returns, "handed_back");
             tracing::info!(node, instance = iid, state, "instance left the warm pool for its group: node handed back (uncordoned, marks removed)");
             engine
@@ -343,7 +343,7 @@ async fn hand_back(engine: &Engine, node: &str, iid: &str, state: Option<&Lifecy
                 .node(
                     node,
                     Reason::BackFromWarmPool,
-                    format!("instance {iid} left the warm pool for its group ({state}): this service's cordon, taint and drain record are removed"),
+                    format!("instance {iid} left the warm pool for its group ({state}): this service's cordon, taint and drain record are removed{}", given.note()),
                 )
                 .await;
             true
