@@ -386,23 +386,6 @@ async fn a_node_registered_by_an_instance_warming_in_the_pool_is_reported_once()
     assert!(node["spec"]["unschedulable"] != true, "nothing cordoned");
 }
 
-/// The group CA's NodeGroupForNode answers for an instance's Node ("" for none).
-async fn group_for(w: &mut World, iid: &str) -> String {
-    w.ca.node_group_for_node(proto::NodeGroupForNodeRequest {
-        node: Some(proto::ExternalGrpcNode {
-            provider_id: format!("aws:///us-east-1a/{iid}"),
-            name: ca_asg_provider::sim::node_name(iid),
-            ..Default::default()
-        }),
-    })
-    .await
-    .unwrap()
-    .into_inner()
-    .node_group
-    .map(|g| g.id)
-    .unwrap_or_default()
-}
-
 /// Scales "web" in by one into its pool and waits until the instance rests there
 /// and its Node says so (the record of our completed action kept on it).
 async fn rest_in_pool(w: &World, node_name: &str, iid: &str, state: &str) {
@@ -524,7 +507,7 @@ async fn only_an_instance_that_ended_maps_to_the_group_it_left() {
     let (pooled, detached, reclaimed) =
         (nodes[2].1.clone(), nodes[0].1.clone(), nodes[1].1.clone());
     for (_, iid) in &nodes {
-        assert_eq!(group_for(&mut w, iid).await, "web");
+        assert_eq!(group_for(&mut w.ca, iid).await, "web");
     }
     // The scale-in sends the newest instance back to the pool.
     rest_in_pool(&w, &nodes[2].0, &pooled, "Warmed:Stopped").await;
@@ -537,9 +520,9 @@ async fn only_an_instance_that_ended_maps_to_the_group_it_left() {
     })
     .await;
     w.provider.refresh_now().await.unwrap();
-    assert_eq!(group_for(&mut w, &pooled).await, "", "at rest in the pool");
-    assert_eq!(group_for(&mut w, &detached).await, "", "detached, running");
-    assert_eq!(group_for(&mut w, &reclaimed).await, "web", "ended");
+    assert_eq!(group_for(&mut w.ca, &pooled).await, "", "at rest in the pool");
+    assert_eq!(group_for(&mut w.ca, &detached).await, "", "detached, running");
+    assert_eq!(group_for(&mut w.ca, &reclaimed).await, "web", "ended");
     // The detached instance is no node of the group CA could delete.
     let e =
         w.ca.node_group_delete_nodes(delete_request(

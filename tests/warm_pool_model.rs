@@ -349,22 +349,7 @@ impl Model {
             );
         }
         for id in &pooled {
-            let group = self
-                .w
-                .ca
-                .node_group_for_node(proto::NodeGroupForNodeRequest {
-                    node: Some(proto::ExternalGrpcNode {
-                        provider_id: format!("aws:///us-east-1a/{id}"),
-                        name: ca_asg_provider::sim::node_name(id),
-                        ..Default::default()
-                    }),
-                })
-                .await
-                .unwrap()
-                .into_inner()
-                .node_group
-                .map(|g| g.id)
-                .unwrap_or_default();
+            let group = group_for(&mut self.w.ca, id).await;
             assert_eq!(
                 group, "",
                 "{id} is in the warm pool, and its Node maps to a group"

@@ -823,9 +823,6 @@ impl MemoryCloud {
         false
     }
 
-    /// EnterStandby, as AWS does it: the instance stays in the group, outside its
-    /// desired capacity, which is lowered by one with `decrement`; without it the ASG
-    /// launches a replacement.
     /// Detaches an instance from its group (DetachInstances): it leaves the group's
     /// instances at once and runs on outside any group; with `decrement` the desired
     /// capacity drops by one, else the group launches a replacement.
@@ -841,20 +838,16 @@ impl MemoryCloud {
         let name = name.clone();
         g.instances.retain(|i| i.id != instance_id);
         if decrement {
-            let from = g.desired;
-            g.desired -= 1;
-            st.desired_log.push(DesiredChange {
-                group: name.clone(),
-                from,
-                to: from - 1,
-                by: DesiredBy::External,
-            });
+            lower_by_hand(&mut st, &name);
         }
         st.detached.insert(instance_id.to_string());
         self.reconcile_group(&mut st, &name, now);
         Ok(())
     }
 
+    /// EnterStandby, as AWS does it: the instance stays in the group, outside its
+    /// desired capacity, which is lowered by one with `decrement`; without it the ASG
+    /// launches a replacement.
     pub fn enter_standby(&self, instance_id: &str, decrement: bool) -> CloudResult<()> {
         let mut st = self.state.lock();
         self.settle(&mut st);
@@ -880,14 +873,7 @@ impl MemoryCloud {
         inst.state = LifecycleState::Standby;
         inst.since = now;
         if decrement {
-            let from = g.desired;
-            g.desired -= 1;
-            st.desired_log.push(DesiredChange {
-                group: name.clone(),
-                from,
-                to: from - 1,
-                by: DesiredBy::External,
-            });
+            lower_by_hand(&mut st, &name);
         }
         self.reconcile_group(&mut st, &name, now);
         Ok(())
@@ -1136,6 +1122,22 @@ fn begin_termination(
         inst.state = LifecycleState::Terminating;
         inst.enters_wait = Some(now + hook_delay);
     }
+}
+
+/// A person's call (EnterStandby, DetachInstances with decrement) lowers the group's
+/// desired capacity by one, logged as done from outside.
+fn lower_by_hand(st: &mut State, group: &str) {
+    let Some(g) = st.groups.get_mut(group) else {
+        return;
+    };
+    let from = g.desired;
+    g.desired -= 1;
+    st.desired_log.push(DesiredChange {
+        group: group.to_string(),
+        from,
+        to: from - 1,
+        by: DesiredBy::External,
+    });
 }
 
 /// Where a scale-in under ReuseOnScaleIn holds an instance for the terminating hooks.
