@@ -1412,6 +1412,11 @@ def check_chart(base_docs, overlay_docs):
             fail(f"deploy/chart/README.md: {out.stderr.strip()}")
         else:
             print("ok   deploy/chart/README.md is current (scripts/chart_readme.py from values.yaml's comments)")
+        out = subprocess.run([sys.executable, str(ROOT / "tests/deploy/chart_readme_test.py")],
+                             capture_output=True, text=True)
+        print(out.stdout, end="")
+        if out.returncode != 0:
+            fail(f"tests/deploy/chart_readme_test.py: {out.stderr.strip()}")
 
         # Example values for CA's own chart.
         n_failed = failed
