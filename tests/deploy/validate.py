@@ -1188,6 +1188,24 @@ def mode_effect_errors(env, defaults, tmp):
     return errs, counted
 
 
+def home_url_errors():
+    """The project's address is written once, as Chart.yaml's home: any other mention of the
+    same repository, or of another `example` project URL, in deploy/ or docs/ is an error."""
+    home = yaml.safe_load((CHART / "Chart.yaml").read_text())["home"].rstrip("/")
+    repo = re.sub(r"^https?://", "", home)
+    project = re.compile(rf"{re.escape(repo)}|(?:github|gitlab)\.com/example\b", re.I)
+    errs = []
+    for path in sorted(p for d in ("deploy", "docs") for p in (ROOT / d).rglob("*") if p.is_file()):
+        try:
+            lines = path.read_text().splitlines()
+        except UnicodeDecodeError:
+            continue
+        for n, line in enumerate(lines, 1):
+            if project.search(line) and not (path == CHART / "Chart.yaml" and line.startswith("home:")):
+                errs.append(f"{path.relative_to(ROOT)}:{n}: the project's address outside Chart.yaml's home: {line.strip()[:120]}")
+    return errs
+
+
 def pod_containers(doc):
     """The containers (init containers included) of a Pod or of a workload's pod template."""
     spec = doc.get("spec") or {}
@@ -1404,6 +1422,12 @@ def check_chart(base_docs, overlay_docs):
                   + "; ".join(f"{m}: {t} tried, {t - r} change the render, {r} refused, {k} not changeable within the schema"
                               for m, (t, r, k) in counted.items())
                   + "); dryRun: true reaches every serve container or is refused")
+
+        errs = home_url_errors()
+        for e in errs:
+            fail(f"project home: {e}")
+        if not errs:
+            print("ok   the project's address is written once, in deploy/chart/Chart.yaml's home (none in deploy/ or docs/ besides)")
 
         # The chart README is generated from values.yaml's comments and must be current.
         out = subprocess.run([sys.executable, str(ROOT / "scripts/chart_readme.py"), "--check"],
