@@ -236,8 +236,11 @@ fn rbac_grants_exactly_what_check_config_checks() {
 fn shipped_configurations_are_valid() {
     use ca_asg_provider::config::{resolve, ConfigError, FileConfig, Overrides};
     // The files the overlays' configMapGenerators read, as they are.
-    let configs = ["deploy/base/config.yaml", "deploy/overlays/standalone/config.yaml"]
-        .map(|name| (name, std::fs::read_to_string(root().join(name)).unwrap()));
+    let configs = [
+        "deploy/base/config.yaml",
+        "deploy/overlays/standalone/config.yaml",
+    ]
+    .map(|name| (name, std::fs::read_to_string(root().join(name)).unwrap()));
     for (name, text) in configs {
         let file = FileConfig::parse(&text, name).unwrap_or_else(|e| panic!("{name}: {e}"));
         let has_tls = file.tls.is_some();
