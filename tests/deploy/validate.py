@@ -155,6 +155,85 @@ def find(docs, kind, name=None):
     return found[0] if len(found) == 1 else None
 
 
+PROVIDER_CONFIG = "ca-asg-provider-config"
+HASHED = re.compile(r"^" + re.escape(PROVIDER_CONFIG) + r"-[a-z0-9]{10}$")
+
+
+def find_provider_config(docs):
+    """The provider's ConfigMap of an overlay: deploy/base's configMapGenerator (hashed name)."""
+    found = [d for d in docs if d.get("kind") == "ConfigMap" and HASHED.match(d["metadata"]["name"])]
+    return found[0] if len(found) == 1 else None
+
+
+def config_refs(docs):
+    """The names of every ConfigMap the overlay's workloads mount as the provider's config."""
+    refs = []
+    for d in docs:
+        spec = ((d.get("spec") or {}).get("template") or {}).get("spec") or {}
+        for v in spec.get("volumes") or []:
+            name = (v.get("configMap") or {}).get("name", "")
+            if name.startswith(PROVIDER_CONFIG):
+                refs.append(name)
+    return refs
+
+
+def config_rollout_errors(overlay, tree=None, edit=True):
+    """Promise: a config change through an overlay is applied. The provider reads its file
+    once, so the ConfigMap must be renamed by every edit (kustomize's hash suffix) and the
+    pod template must name exactly that ConfigMap: `kubectl apply -k` then rolls the pods.
+    Renders `overlay` from a copy of deploy/ (`tree`, or ROOT/deploy), edits the config
+    file its ConfigMap is generated from and renders again."""
+    errs = []
+    with tempfile.TemporaryDirectory() as tmp:
+        deploy = pathlib.Path(tmp) / "deploy"
+        shutil.copytree(tree or ROOT / "deploy", deploy, ignore=shutil.ignore_patterns("chart", "dashboards"))
+        target = deploy / "overlays" / overlay
+
+        def one(docs, when):
+            cm = find_provider_config(docs)
+            if cm is None:
+                names = [d["metadata"]["name"] for d in docs if d.get("kind") == "ConfigMap"]
+                return None, [f"{when}: no one ConfigMap {PROVIDER_CONFIG}-<hash> (ConfigMaps: {names}); "
+                              f"an edit of the config would not roll the pods"]
+            name, refs = cm["metadata"]["name"], config_refs(docs)
+            if not refs or set(refs) != {name}:
+                return cm, [f"{when}: the pods mount {refs}, not the generated ConfigMap {name}"]
+            return cm, []
+
+        before, e = one(render(target), "as shipped")
+        errs += e
+        if before is None or not edit:
+            return errs
+        src = target / "config.yaml"
+        if not src.exists():
+            src = deploy / "base" / "config.yaml"
+        text = src.read_text()
+        if "refreshInterval: 60s" not in text:
+            return errs + [f"{src.relative_to(tmp)}: no `refreshInterval: 60s` to edit"]
+        src.write_text(text.replace("refreshInterval: 60s", "refreshInterval: 45s"))
+        after, e = one(render(target), "after an edit of the config")
+        errs += e
+        if after is not None:
+            if after["metadata"]["name"] == before["metadata"]["name"]:
+                errs.append(f"an edit of {src.relative_to(tmp)} left the ConfigMap's name "
+                            f"{before['metadata']['name']}: the pods would keep the old config")
+            if "refreshInterval: 45s" not in after["data"].get("config.yaml", ""):
+                errs.append(f"the ConfigMap is not generated from {src.relative_to(tmp)}")
+    return errs
+
+
+def config_rollout_selftest():
+    """The check must fail on an overlay whose ConfigMap keeps a fixed name."""
+    with tempfile.TemporaryDirectory() as tmp:
+        tree = pathlib.Path(tmp) / "deploy"
+        shutil.copytree(ROOT / "deploy", tree, ignore=shutil.ignore_patterns("chart", "dashboards"))
+        k = tree / "base" / "kustomization.yaml"
+        k.write_text(k.read_text() + "generatorOptions: {disableNameSuffixHash: true}\n")
+        if not config_rollout_errors("sidecar", tree):
+            return ["config_rollout_errors passed an overlay whose ConfigMap has no hash suffix"]
+    return []
+
+
 # ---------------------------------------------------------------- RBAC audit
 
 WRITE_VERBS = {"create", "update", "patch", "delete", "deletecollection"}
@@ -1342,8 +1421,8 @@ def check_chart(base_docs, overlay_docs):
     prefix, series = rust_metrics()
     anchors = runbook_anchors()
     base_rules = {d["kind"]: d["rules"] for d in base_docs if d["kind"] in ("ClusterRole", "Role")}
-    base_config = yaml.safe_load(find(base_docs, "ConfigMap", "ca-asg-provider")["data"]["config.yaml"])
-    overlay_config = yaml.safe_load(find(overlay_docs, "ConfigMap", "ca-asg-provider")["data"]["config.yaml"])
+    base_config = yaml.safe_load(find_provider_config(base_docs)["data"]["config.yaml"])
+    overlay_config = yaml.safe_load(find_provider_config(overlay_docs)["data"]["config.yaml"])
     ca_docs = render(ROOT / "deploy/cluster-autoscaler")
     ca_rules = {k: (find(ca_docs, k, "cluster-autoscaler") or {}).get("rules", []) for k in ("ClusterRole", "Role")}
 
@@ -1415,7 +1494,7 @@ def check_chart(base_docs, overlay_docs):
             # One source of truth: the default config is deploy/base's (sidecar) or the
             # standalone overlay's (standalone).
             if vf and vf.name in ("sidecar-values.yaml", "standalone-values.yaml", "bundled-values.yaml"):
-                want, src = ((base_config, "deploy/base/configmap.yaml") if values["mode"] != "standalone"
+                want, src = ((base_config, "deploy/base/config.yaml") if values["mode"] != "standalone"
                              else (overlay_config, "deploy/overlays/standalone"))
                 if cluster_neutral(cfg) != cluster_neutral(want):
                     fail(f"deploy/chart ({label}): provider config differs from {src}'s (the cluster name aside):\n"
@@ -1646,6 +1725,18 @@ def main():
     failed += len(errs)
     if not errs:
         print(f"ok   --{BALANCING}: docs/configuration.md table's {n} labels, each once, in {len(where)} places ({', '.join(where)})")
+    errs = config_rollout_selftest()
+    for e in errs:
+        print(f"FAIL validate.py: {e}")
+    failed += len(errs)
+    for overlay in sorted(k for k in rendered if k != "base"):
+        errs = config_rollout_errors(overlay)
+        for e in errs:
+            print(f"FAIL deploy/overlays/{overlay}: {e}")
+        failed += len(errs)
+        if not errs:
+            print(f"ok   deploy/overlays/{overlay}: the provider's ConfigMap carries a hash suffix, the pods mount exactly it, "
+                  f"and an edit of its config renames it (kubectl apply -k rolls the pods)")
     failed += check_chart(rendered["base"], rendered["standalone"])
     if failed:
         print(f"{failed} failure(s)")
