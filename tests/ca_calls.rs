@@ -8,10 +8,13 @@
 //! deadline, however slowly AWS answers, whatever the other calls wait for.
 
 use std::collections::BTreeSet;
+use std::sync::Arc;
 use std::time::Duration;
 
-use ca_asg_provider::cloud::memory::MemoryGroup;
+use ca_asg_provider::cloud::memory::{MemoryCloud, MemoryGroup};
+use ca_asg_provider::cloud::GroupSelector;
 use ca_asg_provider::proto;
+use ca_asg_provider::provider::{NodeRef, Provider, ProviderSettings};
 use ca_asg_provider::scalein::Outcome;
 
 mod support;
@@ -513,4 +516,143 @@ async fn a_template_slower_than_cas_deadline_is_answered_in_time_and_still_built
         reads <= 1,
         "{reads} reads of the launch template: a build that outlived its call was started again"
     );
+}
+
+/// A group of one instance whose two other slots failed to launch (desired capacity
+/// 3, two placeholders), read by a provider over the memory cloud alone. Returns the
+/// cloud, the provider and the placeholders as CA names them (name = providerID = id).
+async fn group_with_two_placeholders() -> (MemoryCloud, Arc<Provider>, Vec<NodeRef>) {
+    let cloud = MemoryCloud::new(vec![MemoryGroup::new("web", 0, 5, 1, "m5.large")], timing());
+    cloud.fail_launches("web", Some("InsufficientInstanceCapacity"));
+    let provider = Provider::new(
+        Arc::new(cloud.clone()),
+        ProviderSettings {
+            selector: GroupSelector {
+                names: vec!["web".into()],
+                tag_sets: vec![],
+            },
+            ..ProviderSettings::default()
+        },
+    );
+    provider.refresh_now().await.unwrap();
+    provider.increase_size("web", 2).await.unwrap();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    provider.refresh_now().await.unwrap();
+    let placeholders: Vec<NodeRef> = provider
+        .nodes("web")
+        .unwrap()
+        .into_iter()
+        .filter(|v| v.id.contains("i-placeholder-"))
+        .map(|v| NodeRef {
+            name: v.id.clone(),
+            provider_id: v.id,
+        })
+        .collect();
+    assert_eq!(placeholders.len(), 2, "{placeholders:?}");
+    assert_eq!(cloud.desired("web"), Some(3));
+    (cloud, provider, placeholders)
+}
+
+/// Whether a DeleteNodes answer tells CA that nothing of the call happened.
+fn says_nothing_changed(message: &str) -> bool {
+    message.contains("nothing was changed") || message.contains("no instance was removed")
+}
+
+/// Issue 59, 1: no size change lands after an answer that said nothing was changed.
+/// AWS at 2.5 s per request, a 4 s bound: the batch's read of the group takes 2.5 s,
+/// too little is left to give the placeholder up in time, and the call answers that
+/// nothing was changed. Before, the placeholders' SetDesiredCapacity was sent all the
+/// same: the call answered "no instance was removed" at 4 s and the desired capacity
+/// dropped from 3 to 2 at 5 s, leaving CA's picture of the group one too high.
+#[tokio::test(start_paused = true)]
+async fn a_placeholder_delete_that_says_nothing_changed_changes_no_size_after_its_answer() {
+    let (cloud, provider, placeholders) = group_with_two_placeholders().await;
+    let writes_before = cloud.calls().get("set_desired_capacity").copied();
+    cloud.slow(Duration::from_millis(2500));
+    let t0 = ca_asg_provider::clock::Instant::now();
+    let e = provider
+        .delete_nodes_within("web", &placeholders[..1], Duration::from_secs(4))
+        .await
+        .expect_err("AWS is too slow to give the placeholder up within 4 s")
+        .to_string();
+    assert!(t0.elapsed() <= Duration::from_secs(4), "answered late");
+    // Long enough for any write still under way to land.
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    if says_nothing_changed(&e) {
+        assert_eq!(
+            cloud.desired("web"),
+            Some(3),
+            "the desired capacity changed after the answer {e:?}"
+        );
+    }
+    assert!(
+        e.contains("DeleteNodes for node group \"web\"")
+            && e.contains("within 4s")
+            && e.contains("nothing was changed; retry"),
+        "{e}"
+    );
+    assert_eq!(
+        cloud.calls().get("set_desired_capacity").copied(),
+        writes_before,
+        "no SetDesiredCapacity was sent"
+    );
+    // CA retries once AWS answers again: the placeholder is given up then.
+    cloud.slow(Duration::ZERO);
+    provider
+        .delete_nodes_within("web", &placeholders[..1], Duration::from_secs(4))
+        .await
+        .unwrap();
+    assert_eq!(cloud.desired("web"), Some(2));
+}
+
+/// Issue 59, 1: a placeholder write that AWS answers only after the bound is told as
+/// sent and possibly landed, never as "no instance was removed". AWS takes 1 s per
+/// request, and from 1.5 s on 3 s more to answer: the read (answered at 1 s) leaves
+/// enough time to send the write, which lands at 2 s and is answered at 5 s, past the
+/// 4 s bound. Before, the call answered "no instance was removed" at 4 s.
+#[tokio::test(start_paused = true)]
+async fn a_placeholder_write_answered_past_the_bound_is_told_as_sent() {
+    let (cloud, provider, placeholders) = group_with_two_placeholders().await;
+    cloud.slow(Duration::from_secs(1));
+    let t0 = ca_asg_provider::clock::Instant::now();
+    let call = {
+        let (provider, ph) = (provider.clone(), placeholders[..1].to_vec());
+        tokio::spawn(async move {
+            provider
+                .delete_nodes_within("web", &ph, Duration::from_secs(4))
+                .await
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    cloud.slow_answers(Duration::from_secs(3));
+    let e = call
+        .await
+        .unwrap()
+        .expect_err("AWS answers the write after the bound")
+        .to_string();
+    assert!(t0.elapsed() <= Duration::from_secs(4), "answered late");
+    tokio::time::sleep(Duration::from_secs(10)).await;
+    assert_eq!(cloud.desired("web"), Some(2), "the write landed");
+    assert!(
+        !says_nothing_changed(&e),
+        "the call said nothing changed, and the desired capacity dropped: {e}"
+    );
+    assert!(
+        e.contains("SetDesiredCapacity 2 was sent") && e.contains("may still land"),
+        "{e}"
+    );
+}
+
+/// With AWS answering at once, a placeholder is given up as before: the desired
+/// capacity drops by one, nothing is terminated.
+#[tokio::test(start_paused = true)]
+async fn with_aws_fast_a_placeholder_is_given_up() {
+    let (cloud, provider, placeholders) = group_with_two_placeholders().await;
+    cloud.slow(Duration::from_millis(100));
+    provider
+        .delete_nodes_within("web", &placeholders[..1], Duration::from_secs(4))
+        .await
+        .unwrap();
+    assert_eq!(cloud.desired("web"), Some(2));
+    assert_eq!(cloud.calls().get("terminate_instance"), None);
 }

@@ -1,5 +1,6 @@
-//! The time a size change (IncreaseSize, DecreaseTargetSize) may spend before it must
-//! answer, and the point after which it no longer starts its write.
+//! The time a size change (IncreaseSize, DecreaseTargetSize, and DeleteNodes giving up
+//! placeholders) may spend before it must answer, and the point after which it no
+//! longer starts its write.
 //!
 //! CA gives each call a deadline (its cloud-config `grpc_timeout`). A change that
 //! answers after it reaches CA as DeadlineExceeded: CA counts the scale-up as failed
@@ -73,10 +74,21 @@ impl Bound {
     ) -> Result<T, ProviderError> {
         let t0 = Instant::now();
         let r = self.wait(work).await;
-        let took = t0.elapsed();
+        self.note_read(t0.elapsed());
+        r
+    }
+
+    /// Counts a read of AWS made for this call by someone else (a DeleteNodes batch
+    /// reads the group once for all its calls): the write's reserve covers it as it
+    /// covers [`Self::read`]'s own.
+    pub fn note_read(&self, took: Duration) {
         let mut slowest = self.slowest_read.lock();
         *slowest = (*slowest).max(took);
-        r
+    }
+
+    /// When the call must answer; `None`: no bound.
+    pub fn deadline(&self) -> Option<Instant> {
+        self.by.map(|(by, _)| by)
     }
 
     /// Waits for the size lock until the bound.
@@ -112,17 +124,24 @@ impl Bound {
         let stopped = |e: tokio::task::JoinError| {
             ProviderError::Unavailable(format!("the size write stopped: {e}"))
         };
-        let Some((by, bound)) = self.by else {
+        let Some((by, _)) = self.by else {
             return write.await.unwrap_or_else(|e| Err(stopped(e)));
         };
         match tokio::time::timeout_at(by, write).await {
             Ok(done) => done.unwrap_or_else(|e| Err(stopped(e))),
-            Err(_) => Err(ProviderError::Unavailable(format!(
-                "{} for node group {}: SetDesiredCapacity {desired} was sent to AWS, which did not answer within {bound:?} (what is left of cluster-autoscaler's deadline); it may still land, and the next Refresh shows the group's size",
-                self.what,
-                super::echo(&self.group)
-            ))),
+            Err(_) => Err(self.sent(desired)),
         }
+    }
+
+    /// The answer when the write was sent and AWS did not answer it within the bound:
+    /// it may have landed, or may still.
+    pub fn sent(&self, desired: i32) -> ProviderError {
+        let bound = self.by.map(|(_, b)| b).unwrap_or_default();
+        ProviderError::Unavailable(format!(
+            "{} for node group {}: SetDesiredCapacity {desired} was sent to AWS, which did not answer within {bound:?} (what is left of cluster-autoscaler's deadline); it may still land, and the next Refresh shows the group's size",
+            self.what,
+            super::echo(&self.group)
+        ))
     }
 
     fn late(&self) -> ProviderError {

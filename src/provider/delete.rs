@@ -10,28 +10,63 @@
 //! the group once, checks each call on its own (a bad node fails its call only; the
 //! minimum size counts every call before it), and records every removal side by
 //! side. Each call still gets its own answer, within its own deadline.
+//!
+//! What a call may be told keeps true, however late AWS answers:
+//! - a call learns what was started for it (its share) before any of it starts: the
+//!   share is handed over through the call's channel first and started only if the
+//!   hand-over went through, so a caller that gave up before has nothing started, and
+//!   one that gives up after finds its share as it leaves ([`receive`]);
+//! - placeholders are given up by one SetDesiredCapacity for the batch, under the rule
+//!   of the size changes ([`super::bound`]): each call carries its bound, the batch's
+//!   read of the group counts as the call's read, and a call without the write's
+//!   reserve left is answered that nothing was changed. A write AWS answers past a
+//!   call's bound is told as sent (it may land), never as "nothing removed";
+//! - the batch's real removals start only after that write has answered: it is an
+//!   absolute value computed from the target before them, and a termination with
+//!   decrement landing before it would be undone by it.
 
 use std::collections::BTreeSet;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures::future::BoxFuture;
+use futures::FutureExt;
 use tokio::sync::{oneshot, OwnedMutexGuard};
-use tokio::task::JoinHandle;
 
+use super::bound::Bound;
 use super::registry::Registry;
 use super::{
     echo, instances, provider_id, sizes, Group, NodeRef, Provider, ProviderError, Removal, ScaleIn,
 };
+use crate::clock::Instant;
 use crate::cloud::AsgInstance;
 
-/// The removals a call started: one task per instance, each recording its removal.
-type Removals = Vec<(String, JoinHandle<Result<(), ProviderError>>)>;
+/// The removals handed to a call: per instance, the answer of its removal's task.
+type Removals = Vec<(String, oneshot::Receiver<Result<(), ProviderError>>)>;
+
+/// What a call is handed, through its channel, before any of it starts.
+pub(super) enum Share {
+    /// Its removals (none: nothing of it was left to do), started once handed over.
+    Removals(Removals),
+    /// Its placeholders are in the batch's SetDesiredCapacity `desired`, sent once
+    /// every call of the write has its share; its removals follow on `then` once AWS
+    /// has answered the write (or the write's error does).
+    Write {
+        desired: i32,
+        then: oneshot::Receiver<Result<Share, ProviderError>>,
+    },
+}
+
+/// The channel a call's share is handed over through.
+type Hand = oneshot::Sender<Result<Share, ProviderError>>;
 
 /// One DeleteNodes call waiting in its group's batch.
 pub(super) struct DeleteCall {
     nodes: Vec<NodeRef>,
-    started: oneshot::Sender<Result<Removals, ProviderError>>,
+    /// When it must answer, and how much of that a write must find left.
+    bound: Arc<Bound>,
+    started: Hand,
 }
 
 /// Instances of the group to remove, each with the node name CA gave.
@@ -71,35 +106,41 @@ impl Provider {
     /// marked on its Node) side by side, each as a task of its own, and the drains
     /// run behind them. When the bound passes before the call's removals start, none
     /// is started; when it passes while they are being recorded, the call fails and
-    /// the recording finishes behind the answer, honoured like any other.
+    /// the recording finishes behind the answer, honoured like any other. Placeholders
+    /// are given up as a size change is made ([`super::bound`]): with too little of
+    /// the bound left for AWS to answer the write, nothing is changed; a write AWS
+    /// answers past the bound is told as sent, and it may land.
     pub async fn delete_nodes_within(
         self: &Arc<Self>,
         id: &str,
         nodes: &[NodeRef],
         bound: Duration,
     ) -> Result<(), ProviderError> {
-        let deadline = crate::clock::Instant::now() + bound;
-        let mut started = self.join_delete_batch(id, nodes.to_vec());
-        let tasks = match tokio::time::timeout_at(deadline, &mut started).await {
-            Ok(Ok(started)) => started?,
-            Ok(Err(_)) => {
-                return Err(ProviderError::Unavailable(format!(
-                    "DeleteNodes for node group {}: the service stopped before recording it; no instance was removed; retry",
-                    echo(id)
-                )))
-            }
-            Err(_) => {
-                // Leave the batch; removals it started in the meantime are still ours
-                // to report.
-                started.close();
-                match started.try_recv() {
-                    Ok(started) => started?,
-                    Err(_) => {
-                        return Err(ProviderError::Unavailable(format!(
-                            "DeleteNodes for node group {}: no answer from AWS or the Kubernetes API within {bound:?}; no instance was removed; retry",
-                            echo(id)
-                        )))
-                    }
+        let call = Arc::new(Bound::new("DeleteNodes", id, Some(bound)));
+        let deadline = call.deadline().unwrap_or_else(|| Instant::now() + bound);
+        let mut started = self.join_delete_batch(id, nodes.to_vec(), call.clone());
+        let share = receive(&mut started, deadline, || {
+            ProviderError::Unavailable(format!(
+                "DeleteNodes for node group {}: no answer from AWS or the Kubernetes API within {bound:?}; no instance was removed; retry",
+                echo(id)
+            ))
+        })
+        .await
+        .unwrap_or_else(|| {
+            Err(ProviderError::Unavailable(format!(
+                "DeleteNodes for node group {}: the service stopped before recording it; no instance was removed; retry",
+                echo(id)
+            )))
+        })?;
+        let tasks = match share {
+            Share::Removals(tasks) => tasks,
+            Share::Write { desired, mut then } => {
+                // Sent to AWS (or about to be): past the bound, or if the batch stopped,
+                // it may have landed.
+                match receive(&mut then, deadline, || call.sent(desired)).await {
+                    Some(Ok(Share::Removals(tasks))) => tasks,
+                    Some(Ok(Share::Write { .. })) | None => return Err(call.sent(desired)),
+                    Some(Err(e)) => return Err(e),
                 }
             }
         };
@@ -111,9 +152,9 @@ impl Provider {
                 Ok(Ok(Err(e))) => {
                     failed.get_or_insert(e);
                 }
-                Ok(Err(e)) => {
+                Ok(Err(_)) => {
                     failed.get_or_insert(ProviderError::Unavailable(format!(
-                        "removing instance {instance}: {e}"
+                        "removing instance {instance}: the removal stopped before it was recorded"
                     )));
                 }
                 Err(_) => late.push(instance),
@@ -139,12 +180,17 @@ impl Provider {
         self: &Arc<Self>,
         id: &str,
         nodes: Vec<NodeRef>,
-    ) -> oneshot::Receiver<Result<Removals, ProviderError>> {
+        bound: Arc<Bound>,
+    ) -> oneshot::Receiver<Result<Share, ProviderError>> {
         let (started, answer) = oneshot::channel();
         let first = {
             let mut batches = self.delete_batches.lock();
             let calls = batches.entry(id.to_string()).or_default();
-            calls.push(DeleteCall { nodes, started });
+            calls.push(DeleteCall {
+                nodes,
+                bound,
+                started,
+            });
             calls.len() == 1
         };
         if first {
@@ -182,7 +228,8 @@ impl Provider {
     /// A batch of DeleteNodes up to its removals: one read of the group, each call
     /// checked in arrival order, placeholders given up in one write, and one task per
     /// instance to remove (holding the size lock until the last one is done). Every
-    /// call is answered through its own channel.
+    /// call is answered through its own channel, and handed its share before any of
+    /// it starts.
     async fn start_removals(
         self: &Arc<Self>,
         id: &str,
@@ -190,10 +237,16 @@ impl Provider {
         ops: Arc<OwnedMutexGuard<()>>,
     ) {
         let scale_in = self.scale_in.read().clone();
+        let t0 = Instant::now();
         let read = match self.require_drain_state() {
             Ok(()) => self.read_group_and_hooks(id, scale_in.as_ref()).await,
             Err(e) => Err(e),
         };
+        // Each call's read, as a size change's own read counts for its write's reserve.
+        let took = t0.elapsed();
+        for c in &calls {
+            c.bound.note_read(took);
+        }
         let (reg, shared) = match read {
             Ok(x) => x,
             Err(e) => {
@@ -235,6 +288,15 @@ impl Provider {
                 let _ = call.started.send(Err(e));
                 continue;
             }
+            // Giving up placeholders is a size change: its write starts only with
+            // enough of the call's bound left for AWS to answer it (a dry run writes
+            // nothing).
+            if placeholders > 0 && !self.settings.dry_run {
+                if let Err(e) = call.bound.may_write() {
+                    let _ = call.started.send(Err(e));
+                    continue;
+                }
+            }
             unfulfilled -= placeholders;
             removed += count;
             taken.extend(real.iter().map(|(i, _)| i.id.clone()));
@@ -250,75 +312,127 @@ impl Provider {
             self.refuse_in_dry_run(g, target, planned).await;
             return;
         }
-        let placeholders: i32 = planned.iter().map(|p| p.placeholders).sum();
-        if placeholders > 0 {
+        let (writing, rest): (Vec<_>, Vec<_>) =
+            planned.into_iter().partition(|p| p.placeholders > 0);
+        // The calls whose placeholders AWS took, each with its real removals and the
+        // channel they go through.
+        let mut written: Vec<(ToRemove<'_>, Hand)> = Vec::new();
+        if !writing.is_empty() {
+            let placeholders: i32 = writing.iter().map(|p| p.placeholders).sum();
             let new = target - placeholders;
-            let written = match sizes::desired_for(id, new, deferred, g.asg.max_size) {
+            match sizes::desired_for(id, new, deferred, g.asg.max_size) {
                 Ok(desired) => {
-                    tracing::info!(
-                        group = id,
-                        from = target,
-                        to = new,
-                        desired,
-                        "removing {placeholders} placeholder(s)"
-                    );
-                    self.write_desired(id, desired).await
-                }
-                Err(e) => Err(e),
-            };
-            if let Err(e) = written {
-                // The calls that gave up placeholders fail whole, nothing of theirs
-                // started; the others go on.
-                let (failed, rest): (Vec<_>, Vec<_>) =
-                    planned.into_iter().partition(|p| p.placeholders > 0);
-                for p in failed {
-                    let _ = p.call.started.send(Err(e.clone()));
-                }
-                planned = rest;
-            }
-        }
-        for p in planned {
-            if p.call.started.is_closed() {
-                // Its caller has answered "no instance was removed": keep it true.
-                continue;
-            }
-            let mut tasks: Removals = Vec::with_capacity(p.real.len());
-            for (inst, node_name) in p.real {
-                self.writes.fetch_add(1, Ordering::AcqRel);
-                let name = (!node_name.is_empty() && node_name != inst.id).then_some(node_name);
-                let (me, group, scale_in, inst, id, ops) = (
-                    self.clone(),
-                    shared.clone(),
-                    scale_in.clone(),
-                    inst.clone(),
-                    id.to_string(),
-                    ops.clone(),
-                );
-                let instance = inst.id.clone();
-                tasks.push((
-                    instance,
-                    tokio::spawn(async move {
-                        let _ops = ops;
-                        let g = &*group;
-                        match scale_in.remove(g, &inst, name.as_deref()).await? {
-                            Removal::Decremented => {
-                                let mut ov = me.overlay.lock();
-                                let desired = Self::desired_of(&ov, g);
-                                Self::note_write(&mut ov, &id, Some(desired), desired - 1);
-                                ov.deleting.insert(inst.id.clone());
-                            }
-                            Removal::Deferred => {
-                                me.register_deferred(&inst.id, &id);
+                    // Each call of the write is handed its share before the write is
+                    // sent: from then on its caller, whenever it leaves, tells it as sent.
+                    let mut handed = Vec::with_capacity(writing.len());
+                    let mut left = false;
+                    for p in writing {
+                        let (then, share) = oneshot::channel();
+                        let share = Share::Write {
+                            desired,
+                            then: share,
+                        };
+                        if p.call.started.send(Ok(share)).is_ok() {
+                            handed.push((p.real, then));
+                        } else {
+                            left = true;
+                        }
+                    }
+                    let answer = if left {
+                        // A caller left between the check above and its hand-over: it
+                        // said nothing was removed, and the write counts its
+                        // placeholders. The write is not sent.
+                        Err(ProviderError::Unavailable(format!(
+                            "DeleteNodes for node group {}: a call recorded with this one gave up before the placeholders were written; nothing was changed; retry",
+                            echo(id)
+                        )))
+                    } else {
+                        tracing::info!(
+                            group = id,
+                            from = target,
+                            to = new,
+                            desired,
+                            "removing {placeholders} placeholder(s)"
+                        );
+                        self.write_desired(id, desired).await
+                    };
+                    match answer {
+                        Ok(()) => written = handed,
+                        // The calls that gave up placeholders fail whole, nothing of
+                        // theirs started; the others go on.
+                        Err(e) => {
+                            for (_, then) in handed {
+                                let _ = then.send(Err(e.clone()));
                             }
                         }
-                        Ok(())
-                    }),
-                ));
+                    }
+                }
+                Err(e) => {
+                    for p in writing {
+                        let _ = p.call.started.send(Err(e.clone()));
+                    }
+                }
             }
-            // A caller that leaves between the check above and this answer finds its
-            // removals in the channel as it closes it (delete_nodes_within).
-            let _ = p.call.started.send(Ok(tasks));
         }
+        // Every real removal starts only now, the placeholders' write answered: that
+        // absolute value, computed from the target before the removals, would undo a
+        // decrement landed before it. A caller that left meanwhile has none started.
+        let rest = rest.into_iter().map(|p| (p.real, p.call.started));
+        for (real, hand) in written.into_iter().chain(rest) {
+            let (tasks, work) = self.prepare_removals(real, &shared, &scale_in, id, &ops);
+            hand_over(hand, Share::Removals(tasks), work);
+        }
+    }
+
+    /// One call's removals, built but not started: the receivers its caller waits on,
+    /// and the work that answers each (started by [`hand_over`]).
+    fn prepare_removals(
+        self: &Arc<Self>,
+        real: ToRemove<'_>,
+        group: &Arc<Group>,
+        scale_in: &Arc<dyn ScaleIn>,
+        id: &str,
+        ops: &Arc<OwnedMutexGuard<()>>,
+    ) -> (Removals, Vec<BoxFuture<'static, ()>>) {
+        let mut tasks: Removals = Vec::with_capacity(real.len());
+        let mut work = Vec::with_capacity(real.len());
+        for (inst, node_name) in real {
+            let name = (!node_name.is_empty() && node_name != inst.id).then_some(node_name);
+            let (me, group, scale_in, inst, id, ops) = (
+                self.clone(),
+                group.clone(),
+                scale_in.clone(),
+                inst.clone(),
+                id.to_string(),
+                ops.clone(),
+            );
+            let (answer, answered) = oneshot::channel();
+            tasks.push((inst.id.clone(), answered));
+            work.push(
+                async move {
+                    let _ops = ops;
+                    me.writes.fetch_add(1, Ordering::AcqRel);
+                    let g = &*group;
+                    let done = match scale_in.remove(g, &inst, name.as_deref()).await {
+                        Ok(Removal::Decremented) => {
+                            let mut ov = me.overlay.lock();
+                            let desired = Self::desired_of(&ov, g);
+                            Self::note_write(&mut ov, &id, Some(desired), desired - 1);
+                            ov.deleting.insert(inst.id.clone());
+                            Ok(())
+                        }
+                        Ok(Removal::Deferred) => {
+                            me.register_deferred(&inst.id, &id);
+                            Ok(())
+                        }
+                        Err(e) => Err(e),
+                    };
+                    let _ = answer.send(done);
+                }
+                .boxed(),
+            );
+        }
+        (tasks, work)
     }
 
     /// The group read from AWS now, with the hooks the removals must use confirmed
@@ -467,5 +581,99 @@ impl Provider {
                 .started
                 .send(Err(self.dry_run_refusal("DeleteNodes", would.join("; "))));
         }
+    }
+}
+
+/// Hands `share` to its caller through `hand`, and only then starts `work`: a caller
+/// that gave up before has nothing started, one that gives up after finds its share
+/// as it leaves ([`receive`]).
+fn hand_over(hand: Hand, share: Share, work: Vec<BoxFuture<'static, ()>>) {
+    if hand.send(Ok(share)).is_err() {
+        tracing::debug!(
+            "DeleteNodes caller gave up before its removals were handed over; none started"
+        );
+        return;
+    }
+    for w in work {
+        tokio::spawn(w);
+    }
+}
+
+/// Waits until `deadline` for what the batch hands over through `rx`. Past it, leaves
+/// the channel and takes what was handed over before it left, or answers `late()`: a
+/// hand-over and a leave never cross ([`hand_over`]), so what the answer says was
+/// started is what was. `None`: the batch stopped without handing anything over.
+async fn receive<T>(
+    rx: &mut oneshot::Receiver<Result<T, ProviderError>>,
+    deadline: Instant,
+    late: impl FnOnce() -> ProviderError,
+) -> Option<Result<T, ProviderError>> {
+    match tokio::time::timeout_at(deadline, &mut *rx).await {
+        Ok(Ok(r)) => Some(r),
+        Ok(Err(_)) => None,
+        Err(_) => {
+            rx.close();
+            Some(rx.try_recv().unwrap_or_else(|_| Err(late())))
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicBool;
+
+    fn work(ran: &Arc<AtomicBool>) -> Vec<BoxFuture<'static, ()>> {
+        let ran = ran.clone();
+        vec![async move { ran.store(true, Ordering::SeqCst) }.boxed()]
+    }
+
+    fn late() -> ProviderError {
+        ProviderError::Unavailable("late; no instance was removed".into())
+    }
+
+    /// The race of issue 59, 1: the caller's deadline fires between the batch's check
+    /// and the hand-over. The caller has left: nothing of its share starts.
+    #[tokio::test(start_paused = true)]
+    async fn a_caller_that_left_before_the_hand_over_has_nothing_started() {
+        let ran = Arc::new(AtomicBool::new(false));
+        let (hand, mut rx) = oneshot::channel();
+        rx.close();
+        hand_over(hand, Share::Removals(Vec::new()), work(&ran));
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        assert!(
+            !ran.load(Ordering::SeqCst),
+            "work started for a caller gone"
+        );
+        assert!(rx.try_recv().is_err());
+    }
+
+    /// Handed over first, started after: a caller whose deadline has passed finds what
+    /// was started for it, and one that found nothing by its deadline had nothing
+    /// handed over (so nothing started).
+    #[tokio::test(start_paused = true)]
+    async fn a_caller_past_its_deadline_finds_what_was_handed_over() {
+        let ran = Arc::new(AtomicBool::new(false));
+        let (hand, mut rx) = oneshot::channel();
+        let deadline = Instant::now() + Duration::from_secs(4);
+        hand_over(hand, Share::Removals(Vec::new()), work(&ran));
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        let got = receive(&mut rx, deadline, late).await;
+        assert!(matches!(got, Some(Ok(Share::Removals(_)))));
+        assert!(ran.load(Ordering::SeqCst));
+
+        let (hand, mut rx) = oneshot::channel::<Result<Share, ProviderError>>();
+        let deadline = Instant::now() + Duration::from_secs(4);
+        let got = receive(&mut rx, deadline, late).await;
+        assert!(
+            matches!(&got, Some(Err(e)) if e.to_string().contains("no instance was removed")),
+            "{:?}",
+            got.map(|r| r.err())
+        );
+        assert!(hand.is_closed(), "the batch sees the caller gone");
+        let ran = Arc::new(AtomicBool::new(false));
+        hand_over(hand, Share::Removals(Vec::new()), work(&ran));
+        tokio::task::yield_now().await;
+        assert!(!ran.load(Ordering::SeqCst));
     }
 }
