@@ -12,6 +12,7 @@ use crate::proto::cloud_provider_server::CloudProviderServer;
 use crate::provider::Provider;
 use crate::telemetry::metrics::{metrics, Metrics};
 
+pub mod authority;
 pub mod deadline;
 pub mod door;
 pub mod in_process;
@@ -128,8 +129,13 @@ pub async fn serve_counted(
                 .await?
         }
         (Listener::Unix(l, _file), None) => {
+            // Clients on gRPC's C core send the socket's path as :authority, which h2
+            // refuses: on this socket only, such an authority becomes localhost
+            // (authority.rs says why that is safe).
+            use futures::StreamExt;
+            let incoming = door::incoming(l, limits).map(|c| c.map(authority::Rewritten::new));
             router
-                .serve_with_incoming_shutdown(door::incoming(l, limits), shutdown)
+                .serve_with_incoming_shutdown(incoming, shutdown)
                 .await?
         }
         (Listener::Unix(_, file), Some(_)) => anyhow::bail!(
