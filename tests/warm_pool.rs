@@ -520,8 +520,16 @@ async fn only_an_instance_that_ended_maps_to_the_group_it_left() {
     })
     .await;
     w.provider.refresh_now().await.unwrap();
-    assert_eq!(group_for(&mut w.ca, &pooled).await, "", "at rest in the pool");
-    assert_eq!(group_for(&mut w.ca, &detached).await, "", "detached, running");
+    assert_eq!(
+        group_for(&mut w.ca, &pooled).await,
+        "",
+        "at rest in the pool"
+    );
+    assert_eq!(
+        group_for(&mut w.ca, &detached).await,
+        "",
+        "detached, running"
+    );
     assert_eq!(group_for(&mut w.ca, &reclaimed).await, "web", "ended");
     // The detached instance is no node of the group CA could delete.
     let e =
