@@ -16,6 +16,8 @@ use ca_asg_provider::proto::cloud_provider_client::CloudProviderClient;
 use ca_asg_provider::proto::NodeGroupsRequest;
 use ca_asg_provider::provider::{Provider, ProviderSettings};
 
+mod support;
+
 async fn provider() -> Arc<Provider> {
     let cloud = MemoryCloud::new(
         vec![MemoryGroup::new("web", 0, 5, 2, "m5.large")],
@@ -327,42 +329,6 @@ async fn every_socket_path_the_configuration_accepts_is_served_and_the_first_it_
     assert!(!path.exists());
 }
 
-/// The project's Python (scripts/test.sh installs grpcio into .venv), if it has
-/// grpcio. Without it the test is skipped, saying why, except under CI, where it fails.
-fn python_with_grpcio() -> Option<PathBuf> {
-    let python = Path::new(env!("CARGO_MANIFEST_DIR")).join(".venv/bin/python");
-    let has = std::process::Command::new(&python)
-        .args(["-c", "import grpc"])
-        .output()
-        .is_ok_and(|o| o.status.success());
-    if has {
-        return Some(python);
-    }
-    let why = format!(
-        "{} has no grpcio (scripts/test.sh installs it)",
-        python.display()
-    );
-    if std::env::var("CI").is_ok_and(|v| !v.is_empty() && v != "false") {
-        panic!("{why}; under CI this test must run");
-    }
-    eprintln!("skipped: {why}");
-    None
-}
-
-/// A generic client on gRPC's C core (grpcio from PyPI): raw bytes in, raw bytes out,
-/// the channel's DEFAULT authority (for `unix://PATH`, grpcio sends the path
-/// percent-encoded, which the HTTP/2 server under tonic refuses by itself). Three
-/// NodeGroups calls on one channel (the later ones index the first's headers) and a
-/// GPULabel; prints each answer in hex, one a line.
-const GRPCIO_CLIENT: &str = r#"
-import sys, grpc
-service = "/clusterautoscaler.cloudprovider.v1.externalgrpc.CloudProvider/"
-with grpc.insecure_channel("unix://" + sys.argv[1]) as channel:
-    for method in ["NodeGroups", "NodeGroups", "NodeGroups", "GPULabel"]:
-        call = channel.unary_unary(service + method, request_serializer=None, response_deserializer=None)
-        print(call(b"", timeout=20).hex())
-"#;
-
 /// Issue 59: a client on gRPC's C core (grpcio; the C++, Ruby, PHP and C# stacks share
 /// it) reaches the service over the socket with its default authority, as grpc-go
 /// (CA) and tonic do. The socket is made as the chart's sidecar and bundled modes
@@ -371,8 +337,7 @@ with grpc.insecure_channel("unix://" + sys.argv[1]) as channel:
 /// emptyDir), the file 0660.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_on_grpcs_c_core_is_answered_over_the_socket_with_its_default_authority() {
-    use prost::Message as _;
-    let Some(python) = python_with_grpcio() else {
+    let Some(python) = support::grpcio::python() else {
         return;
     };
     let root = tempfile::tempdir().unwrap();
@@ -387,34 +352,12 @@ async fn a_client_on_grpcs_c_core_is_answered_over_the_socket_with_its_default_a
         .permissions()
         .mode();
     assert_eq!(mode & 0o777, 0o660);
-    let out = tokio::process::Command::new(&python)
-        .args(["-c", GRPCIO_CLIENT])
-        .arg(&path)
-        .output()
-        .await
-        .unwrap();
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(out.status.success(), "the grpcio client failed: {stderr}");
-    let answers: Vec<Vec<u8>> = String::from_utf8(out.stdout)
-        .unwrap()
-        .lines()
-        .map(|l| {
-            (0..l.len())
-                .step_by(2)
-                .map(|i| u8::from_str_radix(&l[i..i + 2], 16).unwrap())
-                .collect()
-        })
-        .collect();
-    assert_eq!(answers.len(), 4, "{answers:?}");
-    for a in &answers[..3] {
-        let groups = ca_asg_provider::proto::NodeGroupsResponse::decode(&a[..])
-            .unwrap()
-            .node_groups;
-        assert_eq!(groups.len(), 2, "{groups:?}");
+    // grpcio sends this target's path, percent-encoded, as its :authority.
+    let (groups, label) =
+        support::grpcio::ask(&python, &format!("unix://{}", path.display()), None).await;
+    for g in &groups {
+        assert_eq!(g.len(), 2, "{groups:?}");
     }
-    let label = ca_asg_provider::proto::GpuLabelResponse::decode(&answers[3][..])
-        .unwrap()
-        .label;
     assert_eq!(label, "k8s.amazonaws.com/accelerator");
     assert!(stop(&mut child).await.success());
     assert!(!path.exists());
