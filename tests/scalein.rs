@@ -582,7 +582,7 @@ async fn deadline_abandon_keeps_a_persons_cordon_that_ca_tainted_later() {
     let (mut w, node, iid) = blocked_world(DeadlinePolicy::Abandon).await;
     set_unschedulable(&w, &node, true).await;
     eventually("the service saw the person's cordon", 10, || {
-        w.engine.cordon_seen(&node) == Some(scalein::nodes::CordonSeen::ByOther)
+        w.engine.cordon_seen(&node) == Some(scalein::cordon::CordonSeen::ByOther)
     })
     .await;
     ca_marks(&w, &node).await;

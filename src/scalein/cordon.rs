@@ -165,14 +165,52 @@ enum Owner {
     Unknown,
 }
 
+/// How a Node came to be cordoned, as the watch saw it happen. Only a change seen
+/// tells who made it: cluster-autoscaler (>= 1.34) cordons the node it deletes in
+/// the same write as its `ToBeDeletedByClusterAutoscaler` taint; a person's
+/// `kubectl cordon` (or another tool's) comes without it. A Node first seen already
+/// cordoned with CA's taint has no entry: who cordoned it is not known.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CordonSeen {
+    /// Last seen schedulable.
+    Schedulable,
+    /// Seen go from schedulable to cordoned with CA's deletion taint: CA's cordon.
+    ByCa,
+    /// Seen cordoned without CA's deletion taint or this service's taint: someone
+    /// else's cordon (kept, whatever taint comes after).
+    ByOther,
+}
+
+impl CordonSeen {
+    /// What is known after seeing `n`, given what was known before.
+    pub fn after(before: Option<CordonSeen>, n: &Node) -> Option<CordonSeen> {
+        let spec = n.spec.as_ref();
+        if spec.and_then(|s| s.unschedulable) != Some(true) {
+            return Some(CordonSeen::Schedulable);
+        }
+        let tainted = |key: &str| {
+            spec.and_then(|s| s.taints.as_ref())
+                .is_some_and(|t| t.iter().any(|t| t.key == key))
+        };
+        if tainted(CA_TO_BE_DELETED_TAINT) {
+            // Cordoned in the same write as CA's taint, or kept as it was.
+            return match before {
+                Some(CordonSeen::Schedulable) => Some(CordonSeen::ByCa),
+                other => other,
+            };
+        }
+        if tainted(TAINT_KEY) {
+            // This service's own cordon (its record says so): nothing learned.
+            return before;
+        }
+        Some(CordonSeen::ByOther)
+    }
+}
+
 /// Whose cordon the Node in `spec` carries, from how the Node index saw it come
 /// (`seen`): the spec alone cannot tell a person's cordon that CA's taint joined
 /// later from CA's own.
-fn cordon_owner(
-    seen: Option<super::nodes::CordonSeen>,
-    spec: &k8s_openapi::api::core::v1::NodeSpec,
-) -> Owner {
-    use super::nodes::CordonSeen;
+fn cordon_owner(seen: Option<CordonSeen>, spec: &k8s_openapi::api::core::v1::NodeSpec) -> Owner {
     if spec.unschedulable != Some(true) {
         return Owner::Service;
     }
@@ -350,7 +388,7 @@ pub async fn uncordon(engine: &Engine, node: &str) -> Result<GivenBack, kube::Er
 
 #[cfg(test)]
 mod tests {
-    use super::super::nodes::CordonSeen;
+    use super::CordonSeen;
     use super::*;
 
     fn node(unschedulable: bool, taints: &[&str]) -> Node {

@@ -473,8 +473,8 @@ impl Engine {
     }
 
     /// How the Node came to be cordoned, as the engine's Node watch saw it
-    /// ([`nodes::CordonSeen`]): whose cordon a drain starts from.
-    pub fn cordon_seen(&self, node: &str) -> Option<nodes::CordonSeen> {
+    /// ([`super::cordon::CordonSeen`]): whose cordon a drain starts from.
+    pub fn cordon_seen(&self, node: &str) -> Option<super::cordon::CordonSeen> {
         self.nodes.cordon_seen(node)
     }
 

@@ -317,6 +317,38 @@ pub(crate) async fn holds_pending_action(
     }
 }
 
+/// Of the group's pool instances in `Warmed:Pending:Wait`, those whose hold is a
+/// pending action of our hook: each a scale-in returning the instance to the pool,
+/// to drain. Neither the group's list nor the memory of finished actions can tell:
+/// a new instance warming up waits there too (for launch hooks only, with no action
+/// of ours), an instance whose action we completed may wait there on another hook,
+/// and an instance back from the pool can be sent there again before any read
+/// showed it in service (its Node still saying our last action was completed). AWS
+/// is asked ([`holds_pending_action`]: a heartbeat, due anyway if
+/// the action is ours; a refusal believed for
+/// [`NOT_HELD_RECHECK`] while the instance waits there).
+/// Instances this process drains are not asked.
+pub async fn pool_holds(
+    engine: &Engine,
+    group: &crate::provider::Group,
+    pool: &[crate::cloud::AsgInstance],
+) -> std::collections::BTreeSet<String> {
+    let mut ours = std::collections::BTreeSet::new();
+    if engine.our_hook(group).is_none() {
+        return ours;
+    }
+    for inst in pool {
+        if !inst.state.is_pool_bound_wait() || engine.is_draining(&inst.id) {
+            continue;
+        }
+        let hold = holds_pending_action(engine, &group.asg.name, &inst.id, &inst.state).await;
+        if hold == Hold::Held {
+            ours.insert(inst.id.clone());
+        }
+    }
+    ours
+}
+
 /// Whether a hold AWS shows (the instance in `Terminating:Wait`, or the pool ending
 /// it) is a pending action of our hook, to drain and heartbeat. The memories of
 /// finished actions (this process's, for the actions it completed; the Node's record,
@@ -555,10 +587,10 @@ pub async fn scan(engine: &Arc<Engine>, provider: &Arc<Provider>) -> usize {
         // another replica completed, the Node's record says.
         // (A drain running for it already read its record: no Node is looked up.)
         // A hold on the way into the warm pool is ours when AWS says so
-        // (warm_pool::pool_holds); the others as before.
+        // (pool_holds); the others as before.
         // Whether a hold is ours AWS says, not a memory of finished actions
         // (ours_to_hold).
-        let ours_in_pool = super::warm_pool::pool_holds(engine, g, pool).await;
+        let ours_in_pool = pool_holds(engine, g, pool).await;
         let mut waiting = Vec::new();
         for i in snap.instances.iter().chain(pool) {
             let ours = if i.state.is_pool_bound_wait() {

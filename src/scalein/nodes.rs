@@ -13,7 +13,7 @@ use kube::runtime::{watcher, WatchStreamExt};
 use kube::Api;
 use tokio::sync::watch;
 
-use super::cordon::{CA_TO_BE_DELETED_TAINT, GROUP_ANNOTATION, STARTED_ANNOTATION, TAINT_KEY};
+use super::cordon::{CordonSeen, GROUP_ANNOTATION, STARTED_ANNOTATION};
 use super::record::DrainRecord;
 use crate::provider::{provider_id, DrainMarks};
 
@@ -31,48 +31,6 @@ pub struct NodeIndex {
     /// answered Unavailable. Only `readiness_task` waits on the store.
     ready: watch::Receiver<bool>,
     readiness_task: tokio::task::JoinHandle<()>,
-}
-
-/// How a Node came to be cordoned, as the watch saw it happen. Only a change seen
-/// tells who made it: cluster-autoscaler (>= 1.34) cordons the node it deletes in
-/// the same write as its `ToBeDeletedByClusterAutoscaler` taint; a person's
-/// `kubectl cordon` (or another tool's) comes without it. A Node first seen already
-/// cordoned with CA's taint has no entry: who cordoned it is not known.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum CordonSeen {
-    /// Last seen schedulable.
-    Schedulable,
-    /// Seen go from schedulable to cordoned with CA's deletion taint: CA's cordon.
-    ByCa,
-    /// Seen cordoned without CA's deletion taint or this service's taint: someone
-    /// else's cordon (kept, whatever taint comes after).
-    ByOther,
-}
-
-impl CordonSeen {
-    /// What is known after seeing `n`, given what was known before.
-    pub fn after(before: Option<CordonSeen>, n: &Node) -> Option<CordonSeen> {
-        let spec = n.spec.as_ref();
-        if spec.and_then(|s| s.unschedulable) != Some(true) {
-            return Some(CordonSeen::Schedulable);
-        }
-        let tainted = |key: &str| {
-            spec.and_then(|s| s.taints.as_ref())
-                .is_some_and(|t| t.iter().any(|t| t.key == key))
-        };
-        if tainted(CA_TO_BE_DELETED_TAINT) {
-            // Cordoned in the same write as CA's taint, or kept as it was.
-            return match before {
-                Some(CordonSeen::Schedulable) => Some(CordonSeen::ByCa),
-                other => other,
-            };
-        }
-        if tainted(TAINT_KEY) {
-            // This service's own cordon (its record says so): nothing learned.
-            return before;
-        }
-        Some(CordonSeen::ByOther)
-    }
 }
 
 fn instance_of(n: &Node) -> Option<&str> {

@@ -40,7 +40,7 @@ use super::Engine;
 /// pool.
 pub const SETTLED: Duration = Duration::from_secs(30);
 
-/// How long the loop looks every [`super::lifecycle::SOON`] for instances leaving a
+/// How long the loop looks every second (the lifecycle loop's `SOON`) for instances leaving a
 /// group's pool after CA raised the group's size (the pool fills the new capacity
 /// first): their Nodes are handed back by the poll after AWS shows them in the group,
 /// not a poll interval (in queue mode, the safety net's) later.
@@ -111,40 +111,6 @@ fn resting_in_pool(state: &LifecycleState) -> bool {
         state.as_str(),
         "Warmed:Pending:Proceed" | "Warmed:Stopped" | "Warmed:Running" | "Warmed:Hibernated"
     )
-}
-
-/// Of the group's pool instances in `Warmed:Pending:Wait`, those whose hold is a
-/// pending action of our hook: each a scale-in returning the instance to the pool,
-/// to drain. Neither the group's list nor the memory of finished actions can tell:
-/// a new instance warming up waits there too (for launch hooks only, with no action
-/// of ours), an instance whose action we completed may wait there on another hook,
-/// and an instance back from the pool can be sent there again before any read
-/// showed it in service (its Node still saying our last action was completed). AWS
-/// is asked ([`super::lifecycle::holds_pending_action`]: a heartbeat, due anyway if
-/// the action is ours; a refusal believed for
-/// [`super::lifecycle::NOT_HELD_RECHECK`] while the instance waits there).
-/// Instances this process drains are not asked.
-pub async fn pool_holds(
-    engine: &Engine,
-    group: &crate::provider::Group,
-    pool: &[crate::cloud::AsgInstance],
-) -> std::collections::BTreeSet<String> {
-    let mut ours = std::collections::BTreeSet::new();
-    if engine.our_hook(group).is_none() {
-        return ours;
-    }
-    for inst in pool {
-        if !inst.state.is_pool_bound_wait() || engine.is_draining(&inst.id) {
-            continue;
-        }
-        let hold =
-            super::lifecycle::holds_pending_action(engine, &group.asg.name, &inst.id, &inst.state)
-                .await;
-        if hold == super::lifecycle::Hold::Held {
-            ours.insert(inst.id.clone());
-        }
-    }
-    ours
 }
 
 /// Every `Warmed:*` state AWS names, so a state the pool left reads 0.
@@ -224,7 +190,7 @@ pub async fn registered_while_warming(
 
 /// CA raised `group`'s size: when Nodes of instances this service sent to the
 /// group's pool wait to be handed back, the loop looks every
-/// [`super::lifecycle::SOON`] for [`RETURN_WATCH`] ([`follow`] each time), so the
+/// second for [`RETURN_WATCH`] ([`follow`] each time), so the
 /// Node of an instance the pool gives back takes pods within about a second of AWS
 /// showing it in the group.
 pub fn capacity_added(engine: &Engine, group: &crate::provider::Group) {
