@@ -18,6 +18,7 @@ import yaml
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 CHART = ROOT / "deploy/chart"
 OUT = CHART / "README.md"
+SCHEMA = json.loads((CHART / "values.schema.json").read_text())
 KEY = re.compile(r"^(\s*)([A-Za-z0-9_.\-/\"*']+):(?:\s+(.*?))?\s*$")
 
 
@@ -29,8 +30,23 @@ def split_inline(rest):
     return (rest[: m.start()], m.group(1).strip()) if m else (rest, "")
 
 
-def rows(values_text, defaults):
-    out, stack, comment = [], [], []  # stack: (indent, key)
+def schema_props(schema, path):
+    """The property names values.schema.json allows under `path` (empty when open or unknown)."""
+    node = schema
+    for k in path:
+        node = (node.get("properties") or {}).get(k) if isinstance(node, dict) else None
+        if node is None:
+            return set()
+    return set((node or {}).get("properties") or {})
+
+
+def scan(values_text, schema):
+    """What the lines say: {path: doc} for every block key, with the comment block directly
+    above it (same indentation, no blank line or other line between) plus its inline comment,
+    and [(parent path, key, value text, inline comment)] for the keys written commented out
+    (`# key: value` at a map's child indentation, `key` a property the schema allows there
+    and the map does not set)."""
+    docs, commented, stack, comment = {}, [], [], []  # stack: (indent, key)
     for line in values_text.splitlines():
         stripped = line.strip()
         if not stripped:
@@ -38,9 +54,25 @@ def rows(values_text, defaults):
             continue
         indent = len(line) - len(line.lstrip())
         if stripped.startswith("#"):
+            body = stripped[1:]
+            text = body.strip()
+            m = KEY.match(body.lstrip()) if body.startswith(" ") else None
+            if m:
+                parents = [k for i, k in stack if i < indent]
+                child_indent = [i for i, _ in stack if i >= indent][:1]
+                key = m.group(2).strip("\"'")
+                if (child_indent == [indent] or (stack and stack[-1][0] < indent)) and \
+                        key in schema_props(SCHEMA, parents):
+                    value, inline = split_inline(m.group(3))
+                    commented.append((tuple(parents), key, value.strip(), inline))
+                    comment = []  # prose above a commented-out key describes no key below it
+                    continue
+            if text.startswith("- "):
+                comment = []  # a commented-out list item belongs to the list above it
+                continue
             if comment and comment[0][0] != indent:
                 comment = []
-            comment.append((indent, stripped.lstrip("#").strip()))
+            comment.append((indent, text))
             continue
         m = KEY.match(line)
         if not m or stripped.startswith("- "):
@@ -50,17 +82,34 @@ def rows(values_text, defaults):
             stack.pop()
         key = m.group(2).strip("\"'")
         stack.append((indent, key))
-        path = [k for _, k in stack]
         _, inline = split_inline(m.group(3))
         doc = " ".join(t for i, t in comment if i == indent)
         if inline:
             doc = f"{doc} {inline}".strip()
         comment = []
-        node = defaults
-        for k in path:
-            node = node.get(k) if isinstance(node, dict) else None
-        default = "" if isinstance(node, dict) and node else "`" + json.dumps(node, separators=(", ", ": ")) + "`"
-        out.append((".".join(path), default, doc))
+        docs[tuple(k for _, k in stack)] = doc
+    return docs, commented
+
+
+def rows(values_text, defaults, schema):
+    """One row per key of the parsed values (recursively, in file order), then per map the
+    keys it leaves commented out: (path tuple, default cell, description)."""
+    docs, commented = scan(values_text, schema)
+    out = []
+
+    def walk(node, path):
+        for key, value in node.items():
+            p = path + (key,)
+            default = "" if isinstance(value, dict) and value else \
+                "`" + json.dumps(value, separators=(", ", ": ")) + "`"
+            out.append((p, default, docs.get(p, "")))
+            if isinstance(value, dict):
+                walk(value, p)
+        for parent, key, value, inline in commented:
+            if parent == path and key not in node:
+                out.append((path + (key,), f"unset (`{value}`)", inline))
+
+    walk(defaults, ())
     return out
 
 
@@ -79,22 +128,28 @@ def render():
         "Modes and installation: the project's docs/helm.md; operations and the alerts' runbooks: docs/operations.md.",
         "",
         "```sh",
-        "helm install ca-asg-provider deploy/chart -n kube-system --set mode=bundled -f my-values.yaml",
+        "helm install ca-asg-provider deploy/chart -n kube-system -f my-values.yaml",
         "helm test ca-asg-provider -n kube-system",
         "```",
         "",
         "## Values",
         "",
         "Every key is checked by `values.schema.json`; a value that has no effect in the chosen",
-        "`mode` fails the render, and so do the placeholders: `my-values.yaml` sets",
-        "`config.autoDiscovery` to your cluster's tags and, in standalone and bundled mode,",
-        "`image.repository`.",
+        "`mode` fails the render, and so do the placeholders. `my-values.yaml` is",
+        "`examples/quickstart-values.yaml` filled in (docs/quickstart-eks.md, step 6): it sets",
+        "`mode: bundled`, `clusterName` (the tags of the groups to manage), `image.repository`",
+        "and `image.tag` (the image you pushed), `clusterAutoscaler.image.tag` and",
+        "`config.aws.region`.",
+        "",
+        "A Default of *unset (`value`)* is a key values.yaml leaves commented out: the chart does",
+        "not set it, and the value shown is the program's default under `config.scaleIn`, an",
+        "example elsewhere.",
         "",
         "| Key | Default | Description |",
         "|---|---|---|",
     ]
-    for key, default, doc in rows(text, yaml.safe_load(text)):
-        lines.append(f"| `{cell(key)}` | {cell(default)} | {cell(doc)} |")
+    for path, default, doc in rows(text, yaml.safe_load(text), SCHEMA):
+        lines.append(f"| `{cell('.'.join(path))}` | {cell(default)} | {cell(doc)} |")
     return "\n".join(lines) + "\n"
 
 

@@ -86,12 +86,16 @@ fetch_deb() { # url sha256
         echo "$file"; return
     fi
     echo "== image: downloading $url" >&2
-    curl -fsSL --retry 3 -o "$file.partial" "$url" || die "could not download $url (a superseded version: see DEBIAN_MIRROR in the header)"
-    if ! echo "$sum  $file.partial" | sha256sum -c --status; then
-        rm -f "$file.partial"
+    # A download of its own (two builds at once, as the tests run them, must not write
+    # into one file), moved into place whole.
+    local partial
+    partial="$(mktemp "$file.XXXXXX.partial")"
+    curl -fsSL --retry 3 -o "$partial" "$url" || { rm -f "$partial"; die "could not download $url (a superseded version: see DEBIAN_MIRROR in the header)"; }
+    if ! echo "$sum  $partial" | sha256sum -c --status; then
+        rm -f "$partial"
         die "$url: SHA-256 is not the pinned $sum"
     fi
-    mv "$file.partial" "$file"
+    mv "$partial" "$file"
     echo "$file"
 }
 

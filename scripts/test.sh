@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# Runs every test. Installs what the tests need when it is missing: moto, PyYAML and
-# kubernetes-validate in a local Python venv, helm into .venv/bin, and the end-to-end
-# suite's upstream Kubernetes parts (built from the Go module proxy, cached outside the
-# tree); kubectl (for kustomize) is expected. The tests start and stop their own servers.
+# Runs every test. Installs what the tests need when it is missing: moto, PyYAML,
+# kubernetes-validate and grpcio in a local Python venv, helm into .venv/bin, and the
+# end-to-end suite's upstream Kubernetes parts (built from the Go module proxy, cached
+# outside the tree); kubectl (for kustomize) is expected. The tests start and stop their own servers.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -13,6 +13,12 @@ if [ ! -x .venv/bin/moto_server ] || ! .venv/bin/python -c 'import kubernetes_va
     echo "== installing moto[server], kubernetes-validate, PyYAML into .venv"
     .venv/bin/pip install --quiet --disable-pip-version-check \
         'moto[server]>=5.0,<6' 'kubernetes-validate>=1.30' 'PyYAML>=6'
+fi
+# A second gRPC stack for the Unix socket's tests (tests/unix_socket.rs): gRPC's C
+# core, as grpcio, whose unix: targets send the socket's path as :authority.
+if ! .venv/bin/python -c 'import grpc' 2>/dev/null; then
+    echo "== installing grpcio into .venv"
+    .venv/bin/pip install --quiet --disable-pip-version-check 'grpcio>=1.85,<2'
 fi
 # The overlays need kustomize v4+ (kubectl 1.21+). Debian 12's kubernetes-client is
 # 1.20, whose built-in kustomize cannot render them, so there is no package to fall
@@ -75,11 +81,12 @@ export MOTO_SERVER="$PWD/.venv/bin/moto_server"
 
 echo "== deploy/: rendered overlays and Helm chart against the Kubernetes schemas (strict)"
 .venv/bin/python tests/deploy/validate.py
-echo "== docs: links and anchors, the offline command blocks as written, the metric names, the tests named as proof"
+echo "== docs: links and anchors, the offline command blocks as written, the metric names, the tests named as proof, no two docs contradicting each other"
 .venv/bin/python tests/docs/links.py
 .venv/bin/python tests/docs/commands.py
 .venv/bin/python tests/docs/metrics.py
 .venv/bin/python tests/docs/tests_named.py
+.venv/bin/python tests/docs/consistency.py
 
 # The end-to-end suite's upstream parts (etcd, kube-apiserver, kube-controller-manager,
 # kube-scheduler, kubelet), built from the Go module proxy into a cache outside the tree

@@ -363,6 +363,92 @@ async fn a_restart_in_the_middle_of_a_lifecycle_drain_completes_exactly_once() {
     support::rbac::assert_rbac_covers(&w.sim);
 }
 
+/// Issue 59 (suspected item, proven): a hold's heartbeats retried a throttled run
+/// with a backoff counted from when this process found the hold, not from when AWS
+/// last took a heartbeat of it. After a restart (or a leader change) the action's
+/// clock had been running for a while: the backoff grew to a third of the timeout
+/// and spaced its tries past the hook's real timeout, and the ASG ended the instance
+/// undrained. Here AWS throttles every heartbeat from just after the first one of
+/// each hold until three seconds (a tenth of the hook's 30 s) before the holds' real
+/// timeouts, and the service restarts in between: every hold is heartbeated in time
+/// (until AWS took one, retries come a twelfth of the timeout apart at most).
+#[test]
+fn heartbeats_throttled_across_a_restart_keep_every_hold() {
+    support::model::on_paused_clock(async {
+        const HELD: usize = 4;
+        let hook = Duration::from_secs(30);
+        let s = ScaleInSettings {
+            workload_deadline: Duration::from_secs(600),
+            ..fast_settings()
+        };
+        let mut w = world_in_process(
+            vec![MemoryGroup::new("web", 0, 6, HELD as i32, "m5.large")
+                .terminating_hook("ca-asg-provider-drain", hook.as_secs() as i32)],
+            s.clone(),
+            Duration::from_millis(50),
+        )
+        .await;
+        // Every node's app is held by its budget: the drains wait, the hooks hold.
+        for (i, (node, _)) in nodes_of(&w, "web").iter().enumerate() {
+            w.sim
+                .create(&fixtures::pod(
+                    "shop",
+                    &format!("app-{i}"),
+                    node,
+                    "app",
+                    0.1,
+                ))
+                .unwrap();
+        }
+        w.sim.create(&fixtures::pdb("shop", "app", 0)).unwrap();
+        pods_ready(&w, HELD).await;
+        let lifecycle = scalein::lifecycle::spawn_loop(w.engine.clone(), w.provider.clone());
+        let ended = w.cloud.external_scale_in("web", HELD as i32).unwrap();
+        assert_eq!(ended.len(), HELD);
+        while w.cloud.heartbeats().len() < HELD {
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        // The earliest any hold's timeout runs out: a timeout after its last
+        // heartbeat taken (no later than now).
+        let taken = Instant::now();
+        w.cloud.throttle("lifecycle_heartbeat", 1_000_000);
+        tokio::time::sleep(Duration::from_secs(15)).await;
+        // The process goes; a new one starts three seconds later.
+        lifecycle.abort();
+        w.engine.abort_all();
+        w.engine.shutdown();
+        tokio::time::sleep(Duration::from_secs(3)).await;
+        let (provider, engine, ca) = service(&w.sim, &w.cloud, &w.groups, s).await;
+        w.provider = provider;
+        w.engine = engine;
+        w.ca = ca;
+        let lifecycle = scalein::lifecycle::spawn_loop(w.engine.clone(), w.provider.clone());
+        let before = w.cloud.heartbeats().len();
+        tokio::time::sleep_until(taken + hook - hook / 10).await;
+        w.cloud.heal();
+        tokio::time::sleep_until(taken + hook + Duration::from_secs(10)).await;
+        assert_eq!(
+            w.cloud.hook_timeouts(),
+            Vec::<String>::new(),
+            "a hold's timeout ran out with no heartbeat taken"
+        );
+        let beaten: std::collections::BTreeSet<String> = w.cloud.heartbeats()[before..]
+            .iter()
+            .map(|a| a.instance_id.clone())
+            .collect();
+        assert_eq!(
+            beaten.len(),
+            HELD,
+            "every hold heartbeated after the throttling"
+        );
+        for id in &ended {
+            assert!(w.engine.holds_hook(id), "{id} still held and heartbeated");
+        }
+        lifecycle.abort();
+        w.engine.shutdown();
+    });
+}
+
 async fn blocked_world(policy: DeadlinePolicy) -> (World, String, String) {
     let s = ScaleInSettings {
         workload_deadline: Duration::from_secs(1),
@@ -454,6 +540,115 @@ async fn deadline_abandon_keeps_a_cordon_that_was_not_the_scale_ins() {
         "the person's cordon stays"
     );
     assert!(n["metadata"]["annotations"][scalein::cordon::STARTED_ANNOTATION].is_null());
+}
+
+/// What CA (>= 1.34) writes before DeleteNodes: its taint, and the cordon (one
+/// write, `taints.MarkToBeDeleted`), beside the node's own taint.
+async fn ca_marks(w: &World, node: &str) {
+    let nodes: kube::Api<Node> = kube::Api::all(w.sim.client());
+    nodes
+        .patch(
+            node,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(serde_json::json!({"spec": {
+                "unschedulable": true,
+                "taints": [
+                {"key": scalein::cordon::CA_TO_BE_DELETED_TAINT, "value": "1700000000", "effect": "NoSchedule"},
+                {"key": "dedicated", "value": "web", "effect": "NoSchedule"},
+            ]}})),
+        )
+        .await
+        .unwrap();
+}
+
+fn taint_keys(n: &Value) -> Vec<String> {
+    n["spec"]["taints"]
+        .as_array()
+        .map(|t| {
+            t.iter()
+                .filter_map(|t| t["key"].as_str().map(str::to_string))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Issue 59 (suspected item, proven): a node a person cordoned, which CA (>= 1.34)
+/// then chose for scale-down and tainted (its cordon was there already), was
+/// recorded as CA's cordon and uncordoned when the drain was abandoned. The service
+/// saw the cordon come without CA's taint: a person's, and it stays. Only the
+/// scale-in's own marks go; the Event says the node stays cordoned.
+#[tokio::test]
+async fn deadline_abandon_keeps_a_persons_cordon_that_ca_tainted_later() {
+    let (mut w, node, iid) = blocked_world(DeadlinePolicy::Abandon).await;
+    set_unschedulable(&w, &node, true).await;
+    eventually("the service saw the person's cordon", 10, || {
+        w.engine.cordon_seen(&node) == Some(scalein::nodes::CordonSeen::ByOther)
+    })
+    .await;
+    ca_marks(&w, &node).await;
+    delete_nodes(&mut w, "web", &[(node.clone(), iid.clone())]).await;
+    assert!(matches!(
+        w.engine.wait_for(&iid).await,
+        Some(Outcome::Abandoned(_))
+    ));
+    let n = w.sim.get::<Node>("", &node).unwrap();
+    assert_eq!(
+        n["spec"]["unschedulable"], true,
+        "the person's cordon stays"
+    );
+    assert_eq!(
+        taint_keys(&n),
+        vec!["dedicated"],
+        "the scale-in's taints go"
+    );
+    assert!(n["metadata"]["annotations"][scalein::cordon::STARTED_ANNOTATION].is_null());
+    let ev = events(&w.sim);
+    assert!(
+        ev.iter()
+            .any(|(r, m)| r == "DrainAbandoned" && m.contains("stays cordoned")),
+        "{ev:?}"
+    );
+}
+
+/// A service that first sees the node cordoned with CA's taint (it started after
+/// CA marked it) cannot tell whether a person cordoned the node before CA: it fails
+/// safe, the cordon stays on give-back and the Event says so. (CA's cordon it saw
+/// come, `deadline_abandon_gives_back_a_node_ca_cordoned`, is undone.)
+#[tokio::test]
+async fn deadline_abandon_keeps_a_cordon_it_cannot_tell_was_cas() {
+    let (w, node, iid) = blocked_world(DeadlinePolicy::Abandon).await;
+    ca_marks(&w, &node).await;
+    w.engine.shutdown();
+    let s = w.engine.settings().clone();
+    let (provider, engine, ca) = service(&w.sim, &w.cloud, &w.groups, s).await;
+    let mut w = World {
+        provider,
+        engine,
+        ca,
+        ..w
+    };
+    assert_eq!(
+        w.engine.cordon_seen(&node),
+        None,
+        "first seen with CA's taint"
+    );
+    delete_nodes(&mut w, "web", &[(node.clone(), iid.clone())]).await;
+    assert!(matches!(
+        w.engine.wait_for(&iid).await,
+        Some(Outcome::Abandoned(_))
+    ));
+    let n = w.sim.get::<Node>("", &node).unwrap();
+    assert_eq!(
+        n["spec"]["unschedulable"], true,
+        "left cordoned when unsure"
+    );
+    assert_eq!(taint_keys(&n), vec!["dedicated"]);
+    let ev = events(&w.sim);
+    assert!(
+        ev.iter()
+            .any(|(r, m)| r == "DrainAbandoned" && m.contains("stays cordoned")),
+        "{ev:?}"
+    );
 }
 
 async fn abandon_gives_the_node_back(ca_cordons: bool) {

@@ -19,6 +19,8 @@ use rcgen::{
 };
 use tonic::transport::{Certificate, Channel, ClientTlsConfig, Endpoint, Identity};
 
+mod support;
+
 struct Ca {
     issuer: CertifiedIssuer<'static, KeyPair>,
 }
@@ -102,22 +104,8 @@ fn reloads(outcome: &str) -> u64 {
         .unwrap_or(0)
 }
 
-#[tokio::test]
-async fn rotated_certificates_and_client_ca_apply_without_a_restart() {
-    let dir = tempfile::tempdir().unwrap();
-    let files = TlsFile {
-        cert: dir.path().join("tls.crt"),
-        key: dir.path().join("tls.key"),
-        client_ca: dir.path().join("ca.crt"),
-    };
-    let server_ca = Ca::new("server CA 1");
-    let client_ca = Ca::new("client CA 1");
-    let (cert, key) = server_ca.leaf(true);
-    put(&files.cert, &cert);
-    put(&files.key, &key);
-    put(&files.client_ca, &client_ca.pem());
-    let client = client_ca.leaf(false);
-
+/// A provider over one in-memory group, "web", found by its tag.
+async fn provider() -> Arc<Provider> {
     let cloud = MemoryCloud::new(
         vec![MemoryGroup::new("web", 0, 3, 1, "m5.large")
             .tag("k8s.io/cluster-autoscaler/enabled", "true")],
@@ -137,6 +125,26 @@ async fn rotated_certificates_and_client_ca_apply_without_a_restart() {
         },
     );
     provider.refresh_now().await.unwrap();
+    provider
+}
+
+#[tokio::test]
+async fn rotated_certificates_and_client_ca_apply_without_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let files = TlsFile {
+        cert: dir.path().join("tls.crt"),
+        key: dir.path().join("tls.key"),
+        client_ca: dir.path().join("ca.crt"),
+    };
+    let server_ca = Ca::new("server CA 1");
+    let client_ca = Ca::new("client CA 1");
+    let (cert, key) = server_ca.leaf(true);
+    put(&files.cert, &cert);
+    put(&files.key, &key);
+    put(&files.client_ca, &client_ca.pem());
+    let client = client_ca.leaf(false);
+
+    let provider = provider().await;
     let tls = Arc::new(ReloadingTls::with_recheck(&files, Duration::ZERO).unwrap());
     let (listener, addr) = ca_asg_provider::grpc::bind("127.0.0.1:0".parse().unwrap())
         .await
@@ -214,4 +222,47 @@ fn a_bad_set_at_start_names_the_file() {
     put(&files.client_ca, "no pem here");
     let e = ReloadingTls::load(&files).err().unwrap().to_string();
     assert!(e.contains("tls.clientCA"), "{e}");
+}
+
+/// Issue 59: a client on gRPC's C core (grpcio) is answered over mTLS, the transport
+/// of standalone mode (the chart's and the overlay's `listen: 0.0.0.0:8086` with `tls`),
+/// as grpc-go (CA) and tonic are.
+#[tokio::test]
+async fn a_client_on_grpcs_c_core_is_answered_over_mtls_as_in_standalone_mode() {
+    let Some(python) = support::grpcio::python() else {
+        return;
+    };
+    let dir = tempfile::tempdir().unwrap();
+    let files = TlsFile {
+        cert: dir.path().join("tls.crt"),
+        key: dir.path().join("tls.key"),
+        client_ca: dir.path().join("ca.crt"),
+    };
+    let server_ca = Ca::new("server CA");
+    let client_ca = Ca::new("client CA");
+    let (cert, key) = server_ca.leaf(true);
+    put(&files.cert, &cert);
+    put(&files.key, &key);
+    put(&files.client_ca, &client_ca.pem());
+    let (client_cert, client_key) = client_ca.leaf(false);
+    let trust = dir.path().join("client-trusts.crt");
+    let (ccert, ckey) = (dir.path().join("client.crt"), dir.path().join("client.key"));
+    put(&trust, &server_ca.pem());
+    put(&ccert, &client_cert);
+    put(&ckey, &client_key);
+    let tls = Arc::new(ReloadingTls::load(&files).unwrap());
+    let (listener, addr) = ca_asg_provider::grpc::bind("127.0.0.1:0".parse().unwrap())
+        .await
+        .unwrap();
+    tokio::spawn(ca_asg_provider::grpc::serve(
+        listener,
+        provider().await,
+        Some(tls),
+        std::future::pending(),
+    ));
+    let target = format!("localhost:{}", addr.port());
+    let (groups, label) =
+        support::grpcio::ask(&python, &target, Some([&trust, &ckey, &ccert])).await;
+    assert_eq!(groups, vec![vec!["web".to_string()]; 3]);
+    assert_eq!(label, "k8s.amazonaws.com/accelerator");
 }

@@ -16,6 +16,8 @@ use ca_asg_provider::proto::cloud_provider_client::CloudProviderClient;
 use ca_asg_provider::proto::NodeGroupsRequest;
 use ca_asg_provider::provider::{Provider, ProviderSettings};
 
+mod support;
+
 async fn provider() -> Arc<Provider> {
     let cloud = MemoryCloud::new(
         vec![MemoryGroup::new("web", 0, 5, 2, "m5.large")],
@@ -211,4 +213,152 @@ async fn a_client_without_the_sockets_user_or_group_is_refused() {
         .unwrap()
         .unwrap()
         .unwrap();
+}
+
+/// `serve --listen unix://PATH` with the real binary: the child, and its stderr.
+fn spawn_serve(listen: &str) -> std::process::Child {
+    std::process::Command::new(env!("CARGO_BIN_EXE_ca-asg-provider"))
+        .args(["serve", "--memory-cloud", "2:4", "--listen", listen])
+        .args(["--metrics-listen", "127.0.0.1:0"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap()
+}
+
+/// Waits until the socket answers NodeGroups (or the child exits, or 20 s pass).
+async fn wait_served(path: &Path, child: &mut std::process::Child) -> Vec<String> {
+    for _ in 0..400 {
+        if let Some(status) = child.try_wait().unwrap() {
+            let mut err = String::new();
+            std::io::Read::read_to_string(child.stderr.as_mut().unwrap(), &mut err).unwrap();
+            panic!(
+                "serve exited ({status}) before serving {}: {err}",
+                path.display()
+            );
+        }
+        if let Ok(channel) = grpc::connect_unix(path).await {
+            if let Ok(r) = CloudProviderClient::new(channel)
+                .node_groups(NodeGroupsRequest {})
+                .await
+            {
+                return r
+                    .into_inner()
+                    .node_groups
+                    .into_iter()
+                    .map(|g| g.id)
+                    .collect();
+            }
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("{} never answered", path.display());
+}
+
+/// SIGTERM, then the exit status within 20 s.
+async fn stop(child: &mut std::process::Child) -> std::process::ExitStatus {
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    for _ in 0..400 {
+        if let Some(s) = child.try_wait().unwrap() {
+            return s;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let _ = child.kill();
+    panic!("still running 20 s after SIGTERM");
+}
+
+/// A socket path of exactly `len` bytes under `base`: directories of at most 51
+/// bytes each ("/" and the name), then "/grpc.sock".
+fn path_of_len(base: &Path, len: usize) -> PathBuf {
+    let left = len - base.as_os_str().len() - "/grpc.sock".len();
+    let parts = left.div_ceil(51);
+    let mut dir = base.to_path_buf();
+    for i in 0..parts {
+        let part = left / parts + usize::from(i < left % parts);
+        dir = dir.join("d".repeat(part - 1));
+    }
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("grpc.sock");
+    assert_eq!(path.as_os_str().len(), len);
+    path
+}
+
+/// Issue 59: every socket path the configuration accepts (up to 107 bytes, the
+/// kernel's sun_path) is listened on by `serve`, with the file's mode and removal
+/// as for any path; the first it refuses, 108 bytes, is refused by the configuration
+/// check, naming the field and the path's length. (Until the fix, `serve` bound under
+/// a longer temporary name and failed to start from 101 bytes on.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_socket_path_the_configuration_accepts_is_served_and_the_first_it_refuses_is_named() {
+    let base = tempfile::tempdir().unwrap();
+    for len in [100, 101, 106, 107] {
+        let case = base.path().join(len.to_string());
+        std::fs::create_dir(&case).unwrap();
+        let path = path_of_len(&case, len);
+        let mut child = spawn_serve(&format!("unix://{}", path.display()));
+        let groups = wait_served(&path, &mut child).await;
+        assert_eq!(groups.len(), 2, "{len} bytes: {groups:?}");
+        let mode = std::fs::symlink_metadata(&path)
+            .unwrap()
+            .permissions()
+            .mode();
+        assert_eq!(mode & 0o777, 0o660, "{len} bytes");
+        assert_eq!(
+            std::fs::read_dir(path.parent().unwrap()).unwrap().count(),
+            1,
+            "{len} bytes: nothing but the socket beside it"
+        );
+        assert!(stop(&mut child).await.success(), "{len} bytes");
+        assert!(!path.exists(), "{len} bytes: removed at stop");
+    }
+    let case = base.path().join("108");
+    std::fs::create_dir(&case).unwrap();
+    let path = path_of_len(&case, 108);
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_ca-asg-provider"))
+        .args(["serve", "--memory-cloud", "2:4", "--listen"])
+        .arg(format!("unix://{}", path.display()))
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "refused at start: {err}");
+    assert!(
+        err.contains("listen:") && err.contains("108 bytes") && err.contains("at most 107"),
+        "{err}"
+    );
+    assert!(!path.exists());
+}
+
+/// Issue 59: a client on gRPC's C core (grpcio; the C++, Ruby, PHP and C# stacks share
+/// it) reaches the service over the socket with its default authority, as grpc-go
+/// (CA) and tonic do. The socket is made as the chart's sidecar and bundled modes
+/// (`transport: unix`, the default) and the sidecar overlay make it: `serve` with
+/// `listen: unix://<socketDir>/grpc.sock` in a directory anyone may write (an
+/// emptyDir), the file 0660.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_on_grpcs_c_core_is_answered_over_the_socket_with_its_default_authority() {
+    let Some(python) = support::grpcio::python() else {
+        return;
+    };
+    let root = tempfile::tempdir().unwrap();
+    let socket_dir = root.path().join("var/run/ca-asg-provider");
+    std::fs::create_dir_all(&socket_dir).unwrap();
+    std::fs::set_permissions(&socket_dir, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let path = socket_dir.join("grpc.sock");
+    let mut child = spawn_serve(&format!("unix://{}", path.display()));
+    wait_served(&path, &mut child).await;
+    let mode = std::fs::symlink_metadata(&path)
+        .unwrap()
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o777, 0o660);
+    // grpcio sends this target's path, percent-encoded, as its :authority.
+    let (groups, label) =
+        support::grpcio::ask(&python, &format!("unix://{}", path.display()), None).await;
+    for g in &groups {
+        assert_eq!(g.len(), 2, "{groups:?}");
+    }
+    assert_eq!(label, "k8s.amazonaws.com/accelerator");
+    assert!(stop(&mut child).await.success());
+    assert!(!path.exists());
 }

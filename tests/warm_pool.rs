@@ -25,7 +25,13 @@ use support::world::*;
 const HOOK: &str = "ca-asg-provider-drain";
 
 fn pooled_group(pool_state: &str) -> MemoryGroup {
-    MemoryGroup::new("web", 0, 3, 1, "m5.large")
+    pooled_group_of(1, pool_state)
+}
+
+/// Group "web" with `desired` instances, our hook, and a pool in `pool_state` that
+/// reuses instances.
+fn pooled_group_of(desired: i32, pool_state: &str) -> MemoryGroup {
+    MemoryGroup::new("web", 0, 3, desired, "m5.large")
         .terminating_hook(HOOK, 300)
         .warm_pool(WarmPool {
             min_size: 0,
@@ -378,4 +384,237 @@ async fn a_node_registered_by_an_instance_warming_in_the_pool_is_reported_once()
     assert!(!w.engine.is_draining(&warming));
     let node = node(&w, &name);
     assert!(node["spec"]["unschedulable"] != true, "nothing cordoned");
+}
+
+/// Scales "web" in by one into its pool and waits until the instance rests there
+/// and its Node says so (the record of our completed action kept on it).
+async fn rest_in_pool(w: &World, node_name: &str, iid: &str, state: &str) {
+    w.cloud.external_scale_in("web", 1).unwrap();
+    eventually("our action completed, at rest in the pool", 20, || {
+        resting(w, iid, state)
+    })
+    .await;
+    eventually("the pool rest noted on the Node", 10, || {
+        node(w, node_name)["metadata"]["annotations"][record::ANNOTATION]
+            .as_str()
+            .is_some_and(|r| r.contains("in_warm_pool_since"))
+    })
+    .await;
+}
+
+/// Issue 59 (3): an instance drained into the pool, then ended by the pool, is held by
+/// a new action of our hook in `Warmed:Terminating:Wait`. The memories of the earlier,
+/// finished action (this process's, the Node's record) are confirmed with AWS before
+/// they let the hold go by: our action is completed, not left to the hook's timeout.
+#[tokio::test]
+async fn a_reused_instance_the_pool_ends_later_has_our_new_action_completed() {
+    let w = pooled_world("Stopped").await;
+    let lifecycle = scalein::lifecycle::spawn_loop(w.engine.clone(), w.provider.clone());
+    let (node_name, iid) = node_with_fluentd_and_app(&w, 0.2).await;
+    rest_in_pool(&w, &node_name, &iid, "Warmed:Stopped").await;
+    assert_eq!(completions(&w, &iid), 1);
+    assert!(w.cloud.end_pool_instance(&iid), "the pool ends it");
+    let gone = iid.clone();
+    eventually(
+        "our second action completed and the instance gone (300 s hook)",
+        20,
+        || state_of(&w, &gone).is_none(),
+    )
+    .await;
+    lifecycle.abort();
+    assert_eq!(completions(&w, &iid), 2, "each action completed once");
+    assert!(w.cloud.hook_timeouts().is_empty(), "a hook timed out");
+}
+
+/// Issue 59 (3), queue mode: the hook's message for the pool's ending of that
+/// instance (a new token) is a new action, not a duplicate of the finished one.
+#[tokio::test]
+async fn a_lifecycle_message_for_the_pools_end_of_a_reused_instance_is_not_a_duplicate() {
+    let w = pooled_world("Stopped").await;
+    let lifecycle = scalein::lifecycle::spawn_loop(w.engine.clone(), w.provider.clone());
+    let (node_name, iid) = node_with_fluentd_and_app(&w, 0.2).await;
+    let q = Arc::new(MemoryQueue::default());
+    let c = consumer(&w, &q, RebalanceAction::Cordon);
+    let message = |token: &str, origin: &str, destination: &str| {
+        eventbridge(
+            "EC2 Instance-terminate Lifecycle Action",
+            "aws.autoscaling",
+            serde_json::json!({
+                "LifecycleActionToken": token,
+                "AutoScalingGroupName": "web",
+                "LifecycleHookName": HOOK,
+                "EC2InstanceId": iid,
+                "LifecycleTransition": "autoscaling:EC2_INSTANCE_TERMINATING",
+                "Origin": origin,
+                "Destination": destination,
+            }),
+        )
+    };
+    rest_in_pool(&w, &node_name, &iid, "Warmed:Stopped").await;
+    // The message of the scale-in into the pool, handled after its action ended.
+    q.send(&message(
+        "11111111-1111-1111-1111-111111111111",
+        "AutoScalingGroup",
+        "WarmPool",
+    ));
+    assert_ne!(
+        handle_next(&c, &q).await,
+        Handled::Done(vec!["lifecycle_drain"]),
+        "the finished action again"
+    );
+    lifecycle.abort();
+    assert!(w.cloud.end_pool_instance(&iid));
+    let waiting = iid.clone();
+    eventually("held in Warmed:Terminating:Wait", 10, || {
+        state_of(&w, &waiting).is_some_and(|s| s.as_str() == "Warmed:Terminating:Wait")
+    })
+    .await;
+    q.send(&message(
+        "22222222-2222-2222-2222-222222222222",
+        "WarmPool",
+        "EC2",
+    ));
+    assert_eq!(
+        handle_next(&c, &q).await,
+        Handled::Done(vec!["lifecycle_drain"])
+    );
+    let gone = iid.clone();
+    eventually("our second action completed", 20, || {
+        state_of(&w, &gone).is_none()
+    })
+    .await;
+    assert_eq!(completions(&w, &iid), 2);
+    assert!(w.cloud.hook_timeouts().is_empty());
+}
+
+/// Issue 59 (4): the Node of an instance resting in the pool maps to no group (CA
+/// would count it among the group's unready nodes while NodeGroupNodes leaves it
+/// out); nor does a detached instance's, still running outside the group (a
+/// DeleteNodes for it would end nothing). An instance that ended without a decrement
+/// still maps to its former group while CA's cached list names it.
+#[tokio::test]
+async fn only_an_instance_that_ended_maps_to_the_group_it_left() {
+    let mut w = world(
+        vec![pooled_group_of(3, "Stopped")],
+        settings(),
+        Duration::from_millis(50),
+    )
+    .await;
+    let lifecycle = scalein::lifecycle::spawn_loop(w.engine.clone(), w.provider.clone());
+    let nodes = nodes_of(&w, "web");
+    assert_eq!(nodes.len(), 3);
+    w.provider.refresh_now().await.unwrap();
+    let (pooled, detached, reclaimed) =
+        (nodes[2].1.clone(), nodes[0].1.clone(), nodes[1].1.clone());
+    for (_, iid) in &nodes {
+        assert_eq!(group_for(&mut w.ca, iid).await, "web");
+    }
+    // The scale-in sends the newest instance back to the pool.
+    rest_in_pool(&w, &nodes[2].0, &pooled, "Warmed:Stopped").await;
+    lifecycle.abort();
+    w.cloud.detach(&detached, true).unwrap();
+    w.cloud.reclaim(&reclaimed, Duration::from_secs(3600));
+    let ended = reclaimed.clone();
+    eventually("EC2 ended the reclaimed instance", 10, || {
+        !w.cloud.instances().iter().any(|(_, i)| i.id == ended)
+    })
+    .await;
+    w.provider.refresh_now().await.unwrap();
+    assert_eq!(
+        group_for(&mut w.ca, &pooled).await,
+        "",
+        "at rest in the pool"
+    );
+    assert_eq!(
+        group_for(&mut w.ca, &detached).await,
+        "",
+        "detached, running"
+    );
+    assert_eq!(group_for(&mut w.ca, &reclaimed).await, "web", "ended");
+    // The detached instance is no node of the group CA could delete.
+    let e =
+        w.ca.node_group_delete_nodes(delete_request(
+            "web",
+            &[(ca_asg_provider::sim::node_name(&detached), detached.clone())],
+        ))
+        .await
+        .unwrap_err();
+    assert!(e.message().contains("not in node group"), "{e:?}");
+}
+
+/// Issue 59: from CA's IncreaseSize that takes an instance back from the pool to a
+/// pod waiting for a node running on it, with the production settle (30 s after the
+/// hold) and a lifecycle poll of a minute (queue mode's safety net polls every 5),
+/// on a paused clock (virtual time, never the machine's). The scale-up comes 45 s
+/// after the instance was seen at rest, 15 s before the next poll: the Node is handed
+/// back at the first follow after AWS shows the instance in the group
+/// (Engine::follow_soon), not at the next poll nor 30 s after the rest was seen.
+#[test]
+fn a_node_back_from_the_pool_takes_a_waiting_pod_within_seconds_of_the_scale_up() {
+    use ca_asg_provider::clock::Instant;
+    let took = support::model::on_paused_clock(async {
+        let settings = scalein::ScaleInSettings {
+            warm_pool_settle: scalein::warm_pool::SETTLED,
+            lifecycle_poll_interval: Duration::from_secs(60),
+            ..settings()
+        };
+        let w = world_in_process(
+            vec![pooled_group("Stopped")],
+            settings,
+            Duration::from_millis(20),
+        )
+        .await;
+        let lifecycle = scalein::lifecycle::spawn_loop(w.engine.clone(), w.provider.clone());
+        let (node_name, iid) = nodes_of(&w, "web").remove(0);
+        w.cloud.external_scale_in("web", 1).unwrap();
+        let noted = |w: &World| {
+            resting(w, &iid, "Warmed:Stopped")
+                && node(w, &node_name)["metadata"]["annotations"][record::ANNOTATION]
+                    .as_str()
+                    .is_some_and(|r| r.contains("in_warm_pool_since"))
+        };
+        let bound = Instant::now() + Duration::from_secs(300);
+        while !noted(&w) {
+            assert!(Instant::now() < bound, "never came to rest in the pool");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        tokio::time::sleep(Duration::from_secs(44)).await;
+        w.sim
+            .create(&ca_asg_provider::sim::fixtures::replicaset(
+                "shop", "web", 1, 0.0,
+            ))
+            .unwrap();
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let running = |w: &World| {
+            w.sim
+                .list::<k8s_openapi::api::core::v1::Pod>()
+                .iter()
+                .any(|p| {
+                    p["spec"]["nodeName"] == node_name.as_str()
+                        && p["status"]["phase"] == "Running"
+                        && p["metadata"]["labels"]["app"] == "web"
+                })
+        };
+        assert!(!running(&w), "no node for the pod while the instance rests");
+        let t0 = Instant::now();
+        w.ca.clone()
+            .node_group_increase_size(proto::NodeGroupIncreaseSizeRequest {
+                id: "web".into(),
+                delta: 1,
+            })
+            .await
+            .unwrap();
+        let bound = t0 + Duration::from_secs(120);
+        while !running(&w) {
+            assert!(
+                Instant::now() < bound,
+                "the pod never ran on the node back from the pool"
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        lifecycle.abort();
+        t0.elapsed()
+    });
+    println!("scale-up to the pod running on the node back from the pool: {took:?} (virtual)");
+    assert!(took < Duration::from_secs(5), "{took:?}");
 }

@@ -7,14 +7,18 @@
 //! the gRPC server CA calls. Our hook's timeout is 3 s, so an instance left without
 //! heartbeats shows. After every step:
 //!
-//! - no hook of ours times out, and no instance ends (a scale-in here only ever
-//!   returns an instance to the pool; nobody terminates one);
+//! - no hook of ours times out, and no instance ends but those the pool ends (a
+//!   scale-in here only ever returns an instance to the pool; the pool ends one of
+//!   its resting instances, perhaps one reused before, which our hook holds in
+//!   `Warmed:Terminating:Wait` with a new action: issue 59);
 //! - no pod is evicted twice; DaemonSet pods leave a node only after every workload
 //!   pod placed there before them is gone;
 //! - CA's view (after a Refresh): no instance in the pool is listed as the group's,
-//!   and the target is the ASG's desired capacity.
+//!   no pool instance's Node maps to a group (NodeGroupForNode, as CA's loop asks it
+//!   for every Node), and the target is the ASG's desired capacity.
 //!
-//! At the end, progress: no drain runs, no instance waits in `Warmed:Pending:Wait`,
+//! At the end, progress: no drain runs, no instance waits in `Warmed:Pending:Wait`
+//! or `Warmed:Terminating:Wait`,
 //! and every instance in service in the group has a Node with nothing of this service
 //! on it unless a spot warning still cordons it (a node back from the pool is handed
 //! back, whatever happened on its way).
@@ -72,6 +76,9 @@ enum Op {
     Throttle,
     /// The API server refuses the next Node patch.
     RefuseNodeWrites,
+    /// The pool ends the i-th instance resting in it (the pool shrinks, an instance
+    /// refresh): our hook holds it in `Warmed:Terminating:Wait`.
+    PoolEnds(usize),
     Wait(u64),
 }
 
@@ -85,6 +92,7 @@ fn op() -> impl Strategy<Value = Op> {
         1 => Just(Op::Restart),
         1 => Just(Op::Throttle),
         1 => Just(Op::RefuseNodeWrites),
+        1 => (0..NODES).prop_map(Op::PoolEnds),
         2 => (1..15u64).prop_map(|t| Op::Wait(t * 100)),
     ]
 }
@@ -107,6 +115,8 @@ struct Model {
     deployed: usize,
     /// Instances a spot warning was given for.
     warned: BTreeSet<String>,
+    /// Instances the pool was told to end.
+    pool_ended: BTreeSet<String>,
 }
 
 impl Model {
@@ -145,6 +155,7 @@ impl Model {
             pods,
             apps,
             warned: BTreeSet::new(),
+            pool_ended: BTreeSet::new(),
         }
     }
 
@@ -241,6 +252,27 @@ impl Model {
             Op::RefuseNodeWrites => {
                 self.w.sim.refuse("patch", "nodes", 1, Refusal::Unavailable);
             }
+            Op::PoolEnds(i) => {
+                let mut resting: Vec<String> = self
+                    .w
+                    .cloud
+                    .pooled()
+                    .into_iter()
+                    .filter(|(_, p)| {
+                        matches!(
+                            p.state.as_str(),
+                            "Warmed:Stopped" | "Warmed:Running" | "Warmed:Hibernated"
+                        )
+                    })
+                    .map(|(_, p)| p.id)
+                    .collect();
+                resting.sort();
+                if let Some(iid) = resting.get(i % resting.len().max(1)).cloned() {
+                    if self.w.cloud.end_pool_instance(&iid) {
+                        self.pool_ended.insert(iid);
+                    }
+                }
+            }
             Op::Wait(ms) => tokio::time::sleep(Duration::from_millis(*ms)).await,
         }
     }
@@ -258,9 +290,12 @@ impl Model {
         );
         let ended: Vec<_> = log
             .iter()
-            .filter(|e| matches!(e, HookEvent::Terminated { .. }))
+            .filter(|e| matches!(e, HookEvent::Terminated { instance } if !self.pool_ended.contains(instance)))
             .collect();
-        assert!(ended.is_empty(), "an instance ended: {ended:?}");
+        assert!(
+            ended.is_empty(),
+            "an instance ended that the pool was not told to end: {ended:?}"
+        );
         assert_eq!(cloud.calls().get("terminate_instance"), None);
 
         let audit = self.w.sim.audit();
@@ -311,6 +346,13 @@ impl Model {
                 !pooled.iter().any(|p| i.id.ends_with(p.as_str())),
                 "{} is in the warm pool, listed as the group's node",
                 i.id
+            );
+        }
+        for id in &pooled {
+            let group = group_for(&mut self.w.ca, id).await;
+            assert_eq!(
+                group, "",
+                "{id} is in the warm pool, and its Node maps to a group"
             );
         }
         assert_eq!(
@@ -366,8 +408,8 @@ impl Model {
             }
         }
         for (_, i) in self.w.cloud.pooled() {
-            if i.state.is_pool_bound_wait() {
-                left.push(format!("{} held in Warmed:Pending:Wait", i.id));
+            if i.state.is_pool_bound_wait() || i.state.is_pool_ending_wait() {
+                left.push(format!("{} held in {}", i.id, i.state.as_str()));
             }
         }
         for (node, iid) in self.in_service() {
@@ -456,6 +498,27 @@ fn twice_into_the_pool_and_back_with_a_restart_and_refused_writes() {
             Op::Throttle,
             Op::TakeBack,
             Op::Wait(1000),
+        ],
+    );
+}
+
+/// Issue 59: an instance drained into the pool, reused, scaled in again, then ended
+/// by the pool, with a restart between: each action of our hook completed, none left
+/// to time out, and the pool's Nodes mapped to no group all along.
+#[test]
+fn a_reused_instance_the_pool_ends_after_a_restart_is_not_left_to_its_hook() {
+    run(
+        "Stopped",
+        &[
+            Op::ScaleIn,
+            Op::Wait(1200),
+            Op::TakeBack,
+            Op::Wait(800),
+            Op::ScaleIn,
+            Op::Wait(1200),
+            Op::Restart,
+            Op::PoolEnds(0),
+            Op::Wait(1400),
         ],
     );
 }

@@ -47,6 +47,9 @@ impl Cloud for Instrumented {
     async fn locate_instances(&self, ids: &[String]) -> CloudResult<Vec<InstanceLocation>> {
         counted!("DescribeAutoScalingInstances", self.0.locate_instances(ids))
     }
+    async fn ended_instances(&self, ids: &[String]) -> CloudResult<Vec<String>> {
+        counted!("DescribeInstances", self.0.ended_instances(ids))
+    }
     async fn warm_pool_instances(&self, g: &str) -> CloudResult<Vec<AsgInstance>> {
         counted!("DescribeWarmPool", self.0.warm_pool_instances(g))
     }

@@ -403,6 +403,12 @@ pub trait Cloud: Send + Sync + 'static {
     async fn locate_instances(&self, instance_ids: &[String])
         -> CloudResult<Vec<InstanceLocation>>;
 
+    /// Of `instance_ids`, those EC2 shows ending or ended (`shutting-down`,
+    /// `terminated`) or no longer knows (DescribeInstances filtered by id, batched):
+    /// what tells an instance that left its group by ending from one detached from
+    /// it or sent to a warm pool, which still runs or rests.
+    async fn ended_instances(&self, instance_ids: &[String]) -> CloudResult<Vec<String>>;
+
     /// SetDesiredCapacity (HonorCooldown false).
     async fn set_desired_capacity(&self, group: &str, desired: i32) -> CloudResult<()>;
 

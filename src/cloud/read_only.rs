@@ -34,6 +34,9 @@ impl Cloud for ReadOnly {
     async fn locate_instances(&self, ids: &[String]) -> CloudResult<Vec<InstanceLocation>> {
         self.0.locate_instances(ids).await
     }
+    async fn ended_instances(&self, ids: &[String]) -> CloudResult<Vec<String>> {
+        self.0.ended_instances(ids).await
+    }
     async fn warm_pool_instances(&self, g: &str) -> CloudResult<Vec<AsgInstance>> {
         self.0.warm_pool_instances(g).await
     }

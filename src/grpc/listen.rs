@@ -2,11 +2,15 @@
 //! the kubelet's device plugins and CSI drivers do): only the pod's own user and group
 //! may open it.
 //!
-//! The socket file is made safely: it is bound under a temporary name beside the
-//! final one, given mode 0660, then renamed into place, so no other user can reach
-//! it in between. A socket file left by a process that died is replaced; one a live
-//! server answers on is not, and neither is anything that is not a socket. The file
-//! is removed when the server stops, if it is still the one this process made.
+//! The socket file is made safely, at its own path and no other: bound, given mode
+//! 0660, and only then listened on. A Unix socket that is bound but not yet listening
+//! refuses every connection (ECONNREFUSED), so no other user can reach it while its
+//! mode is still the umask's; and `bind` creates the file or fails, so it never
+//! replaces one. No temporary, longer name is needed: every path of at most 107 bytes
+//! (the kernel's limit, which the configuration checks) can be listened on. A socket
+//! file left by a process that died is replaced; one a live server answers on is not,
+//! and neither is anything that is not a socket. The file is removed when the server
+//! stops, if it is still the one this process made.
 
 use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
@@ -16,6 +20,9 @@ use tokio::net::UnixListener;
 /// Who may open the socket: its owner and group, read and write (connecting needs
 /// write permission).
 pub const SOCKET_MODE: u32 = 0o660;
+
+/// Connections the kernel queues before the server accepts them (std's own default).
+const LISTEN_BACKLOG: i32 = 1024;
 
 /// A bound socket file: removed on drop if the file at its path is still this one.
 #[derive(Debug)]
@@ -67,37 +74,45 @@ pub async fn bind_unix(path: &Path) -> anyhow::Result<(UnixListener, SocketFile)
         ),
     }
     clear_stale(path).await?;
-    let temp = dir.join(format!(
-        ".{}.{}.tmp",
-        path.file_name()
-            .map(|n| n.to_string_lossy().into_owned())
-            .unwrap_or_default(),
-        std::process::id()
-    ));
-    let _ = std::fs::remove_file(&temp);
-    let listener = UnixListener::bind(&temp).map_err(|e| {
-        anyhow::anyhow!(
-            "cannot listen on {}: binding in {} failed ({e}); the directory must be writable by this user",
-            path.display(),
-            dir.display()
-        )
+    let addr = socket2::SockAddr::unix(path)
+        .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", path.display()))?;
+    let socket = socket2::Socket::new(socket2::Domain::UNIX, socket2::Type::STREAM, None)
+        .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", path.display()))?;
+    socket.bind(&addr).map_err(|e| {
+        if e.kind() == std::io::ErrorKind::AddrInUse {
+            anyhow::anyhow!(
+                "cannot listen on {}: a file appeared there while starting; not replacing it",
+                path.display()
+            )
+        } else {
+            anyhow::anyhow!(
+                "cannot listen on {}: binding in {} failed ({e}); the directory must be writable by this user",
+                path.display(),
+                dir.display()
+            )
+        }
     })?;
-    let placed = std::fs::set_permissions(&temp, std::fs::Permissions::from_mode(SOCKET_MODE))
-        .and_then(|()| std::fs::rename(&temp, path));
-    if let Err(e) = placed {
-        let _ = std::fs::remove_file(&temp);
-        anyhow::bail!("cannot listen on {}: {e}", path.display());
-    }
-    let m = std::fs::symlink_metadata(path)?;
-    Ok((
-        listener,
-        SocketFile {
-            path: path.to_path_buf(),
-            id: (m.dev(), m.ino()),
-        },
-    ))
+    // Bound, not listening: every connection is refused until listen() below, so the
+    // mode the umask gave the file for this moment lets nobody in.
+    let m = std::fs::symlink_metadata(path).map_err(|e| {
+        let _ = std::fs::remove_file(path);
+        anyhow::anyhow!("cannot listen on {}: {e}", path.display())
+    })?;
+    let file = SocketFile {
+        path: path.to_path_buf(),
+        id: (m.dev(), m.ino()),
+    };
+    // From here on, a failure removes the file again (SocketFile's drop).
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(SOCKET_MODE))
+        .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", path.display()))?;
+    socket
+        .listen(LISTEN_BACKLOG)
+        .and_then(|()| socket.set_nonblocking(true))
+        .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", path.display()))?;
+    let listener = UnixListener::from_std(std::os::unix::net::UnixListener::from(socket))
+        .map_err(|e| anyhow::anyhow!("cannot listen on {}: {e}", path.display()))?;
+    Ok((listener, file))
 }
-
 /// Removes a socket file no server answers on; refuses a live one and anything that
 /// is not a socket.
 async fn clear_stale(path: &Path) -> anyhow::Result<()> {

@@ -12,6 +12,7 @@ use crate::proto::cloud_provider_server::CloudProviderServer;
 use crate::provider::Provider;
 use crate::telemetry::metrics::{metrics, Metrics};
 
+pub mod authority;
 pub mod deadline;
 pub mod door;
 pub mod in_process;
@@ -129,7 +130,7 @@ pub async fn serve_counted(
         }
         (Listener::Unix(l, _file), None) => {
             router
-                .serve_with_incoming_shutdown(door::incoming(l, limits), shutdown)
+                .serve_with_incoming_shutdown(unix_incoming(l, limits), shutdown)
                 .await?
         }
         (Listener::Unix(_, file), Some(_)) => anyhow::bail!(
@@ -138,6 +139,21 @@ pub async fn serve_counted(
         ),
     }
     Ok(())
+}
+
+/// The Unix socket's connections, through the front door and the authority rewrite:
+/// clients on gRPC's C core send the socket's path as `:authority`, which h2 refuses;
+/// on the socket only, such an authority becomes `localhost` ([`authority`] says why
+/// that is safe). TCP connections never pass through it.
+pub fn unix_incoming(
+    listener: UnixListener,
+    limits: ConnectionLimits,
+) -> impl futures::Stream<
+    Item = std::io::Result<authority::Rewritten<door::LimitedStream<tokio::net::UnixStream>>>,
+> + Send
+       + 'static {
+    use futures::StreamExt;
+    door::incoming(listener, limits).map(|c| c.map(authority::Rewritten::new))
 }
 
 /// The services a server offers: health, and the CloudProvider service over

@@ -364,28 +364,80 @@ impl Consumer {
         // in that group is drained, nothing else cordoned. AWS's reads lag its
         // holds: where they say no, the action itself is asked.
         let mut hold = None;
-        if let Some(no) = self.not_held(n, &action).await.transpose() {
-            hold =
-                Some(lifecycle::ask_hold(&self.engine, &action.group, &action.instance_id).await);
-            if hold != Some(Hold::Held) {
-                return no;
+        let state = match self.not_held(n, &action).await {
+            Ok(Ok(state)) => Some(state),
+            no => {
+                hold = Some(
+                    lifecycle::ask_hold(&self.engine, &action.group, &action.instance_id).await,
+                );
+                if hold != Some(Hold::Held) {
+                    return no.map(|held| held.err().unwrap_or("not_held"));
+                }
+                None
             }
+        };
+        if hold == Some(Hold::Held) {
             tracing::info!(instance = %action.instance_id, group = %action.group, "AWS's reads do not show the instance held yet, but our hook's action is there (a heartbeat was taken)");
         }
-        // Our action completed already (by this process, or, as the Node's record
-        // says, an earlier one or another replica): AWS shows Terminating:Wait while
-        // another hook (EKS's) holds on.
-        if self.engine.action_done(&action.instance_id)
-            || self.engine.action_done_on_node(&action.instance_id)
-        {
-            tracing::info!(instance = %action.instance_id, "lifecycle message for an action of ours already completed; another hook holds the instance");
+        // Whether the hold is a pending action of our hook AWS says, as the scan asks
+        // it (lifecycle::ours_to_hold): the memories of finished actions can be older
+        // than this action (an instance that went back to its warm pool and is ended
+        // by it) or late (a process stopped before it noted its completion on the
+        // Node). A hold whose action of ours is over waits on another hook (EKS's).
+        // AWS cannot be asked: a hold not remembered as finished is drained (a hook
+        // left to time out ends the instance undrained); one remembered so is left
+        // for redelivery rather than dropped on a memory that may be stale.
+        let unanswered = || {
+            if lifecycle::remembers_done(&self.engine, &action.instance_id) {
+                Err(format!(
+                    "cannot ask AWS whether our hook holds instance {} with a new action (its last one was completed); left for redelivery",
+                    action.instance_id
+                ))
+            } else {
+                Ok(true)
+            }
+        };
+        let ours = match (hold, &state) {
+            (Some(Hold::Held), _) => {
+                if !lifecycle::forget_earlier_action(&self.engine, &action.instance_id).await {
+                    return Err(format!(
+                        "cannot close the Node's record of our hook's last action on instance {}; left for redelivery",
+                        action.instance_id
+                    ));
+                }
+                true
+            }
+            (_, Some(state)) => {
+                match lifecycle::ours_to_hold(
+                    &self.engine,
+                    &action.group,
+                    &action.instance_id,
+                    state,
+                )
+                .await
+                {
+                    Some(ours) => ours,
+                    None => unanswered()?,
+                }
+            }
+            (_, None) => unanswered()?,
+        };
+        if !ours {
+            tracing::info!(instance = %action.instance_id, "lifecycle message for a hold that is no pending action of our hook (ours completed already); another hook holds the instance");
             return Ok("duplicate");
         }
         let Some((g, heartbeat_timeout)) = self.held_by_our_hook(g, &action, hold).await? else {
             tracing::warn!(instance = %action.instance_id, group = %action.group, "lifecycle message for a group that no longer carries our hook; dropped");
             return Ok("not_held");
         };
-        if !self.first_time("lifecycle", &action.instance_id) {
+        // One action is one token: the same message again is a duplicate, a later
+        // action on the same instance (sent back to its warm pool, then ended by
+        // it) is not.
+        let seen = match &action.token {
+            Some(t) => format!("{}#{t}", action.instance_id),
+            None => action.instance_id.clone(),
+        };
+        if !self.first_time("lifecycle", &seen) {
             return Ok("duplicate");
         }
         action.hook = self.engine.settings().hook_name.clone();
@@ -453,8 +505,8 @@ impl Consumer {
     }
 
     /// Whether AWS shows the action's instance held by our hook now: in
-    /// Terminating:Wait, in the message's group. `Some(outcome)`: it is not, and the
-    /// message is dropped with that outcome. An error (AWS cannot be asked, or the
+    /// Terminating:Wait, in the message's group. `Ok(state)`: it is, in that wait;
+    /// `Err(outcome)`: it is not, and the message is dropped with that outcome. An error (AWS cannot be asked, or the
     /// instance is still on its way to Terminating:Wait) leaves it for redelivery.
     ///
     /// AWS's reads lag its notifications: a message sent within [`SETTLE`] for an
@@ -467,7 +519,7 @@ impl Consumer {
         &self,
         n: &Notice,
         action: &crate::cloud::LifecycleAction,
-    ) -> Result<Option<&'static str>, String> {
+    ) -> Result<Result<LifecycleState, &'static str>, String> {
         let found = self
             .engine
             .cloud
@@ -496,7 +548,7 @@ impl Consumer {
                     || s.is_pool_bound_wait()
                     || s.is_pool_ending_wait() =>
             {
-                Ok(None)
+                Ok(Ok(s))
             }
             Some(s) if s.as_str() == "Warmed:Pending" => {
                 self.engine.expect_hold(SETTLE);
@@ -516,7 +568,7 @@ impl Consumer {
             }
             other => {
                 tracing::warn!(instance = %action.instance_id, group = %action.group, state = ?other, "lifecycle message for an instance AWS does not hold in Terminating:Wait in that group (a replay, or not sent by AWS); dropped, nothing drained");
-                Ok(Some("not_held"))
+                Ok(Err("not_held"))
             }
         }
     }

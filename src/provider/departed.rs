@@ -12,6 +12,15 @@
 //! refused, and that error ends CA's whole loop, every loop (seen with CA 1.31.5 and
 //! 1.36.1). Answered with its former group, the instance counts as unregistered, then as
 //! long unregistered, which is what it is.
+//!
+//! Only an instance that ended is answered so. One that left for its group's warm pool
+//! (ReuseOnScaleIn: it rests there, stopped, with its NotReady Node) or was detached
+//! (it runs on, outside any group) belongs to no group, as CA's own AWS provider
+//! answers; mapped to its former group, its Node would count among the group's
+//! unready nodes, or be picked for a scale-in that ends nothing. Leaving the group's
+//! list tells none of that: an instance last seen ending (Terminating*, Terminated)
+//! ended; any other is asked of AWS before it is answered
+//! ([`Departed::to_confirm`], [`Departed::confirm`], done by the refresh).
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -28,33 +37,45 @@ pub const KEEP: Duration = Duration::from_secs(10 * 60);
 /// nodes at once stays bounded.
 pub const MAX: usize = 50_000;
 
+#[derive(Debug)]
+struct Left {
+    /// The group it left.
+    group: String,
+    /// When it was first missed.
+    at: Instant,
+    /// Known to have ended: last seen ending, or confirmed with AWS.
+    ended: bool,
+}
+
 #[derive(Debug, Default)]
 pub struct Departed {
-    /// Instance id -> (its former group, when it was first missed).
-    by_id: BTreeMap<String, (String, Instant)>,
+    by_id: BTreeMap<String, Left>,
 }
 
 impl Departed {
-    /// Notes every instance of `old` that `new` no longer holds in any group, forgets
-    /// those `new` holds again and those older than [`KEEP`].
+    /// Notes every instance of `old` that `new` no longer holds in any group (ended
+    /// when it was last seen ending, else to confirm), forgets those `new` holds again
+    /// and those older than [`KEEP`].
     pub fn note(&mut self, old: &Registry, new: &Registry, now: Instant) {
         for g in &old.groups {
             for i in &g.asg.instances {
                 if new.group_of_instance(&i.id).is_none() {
-                    self.by_id
-                        .entry(i.id.clone())
-                        .or_insert_with(|| (g.asg.name.clone(), now));
+                    self.by_id.entry(i.id.clone()).or_insert_with(|| Left {
+                        group: g.asg.name.clone(),
+                        at: now,
+                        ended: i.state.is_terminating(),
+                    });
                 }
             }
         }
-        self.by_id.retain(|id, (_, at)| {
-            new.group_of_instance(id).is_none() && now.saturating_duration_since(*at) < KEEP
+        self.by_id.retain(|id, left| {
+            new.group_of_instance(id).is_none() && now.saturating_duration_since(left.at) < KEEP
         });
         if self.by_id.len() > MAX {
             let mut ages: Vec<(Instant, String)> = self
                 .by_id
                 .iter()
-                .map(|(id, (_, at))| (*at, id.clone()))
+                .map(|(id, left)| (left.at, id.clone()))
                 .collect();
             ages.sort();
             let extra = self.by_id.len() - MAX;
@@ -64,9 +85,36 @@ impl Departed {
         }
     }
 
-    /// The group the instance left, if it left one within [`KEEP`].
+    /// The instances that left their group without being seen ending: to ask AWS
+    /// whether they ended, rest in a warm pool or run detached.
+    pub fn to_confirm(&self) -> Vec<String> {
+        self.by_id
+            .iter()
+            .filter(|(_, left)| !left.ended)
+            .map(|(id, _)| id.clone())
+            .collect()
+    }
+
+    /// What AWS said of instances [`Self::to_confirm`] named: `ended` ended, `not_ended`
+    /// did not (in a warm pool, in another group, detached and running) and are
+    /// forgotten. Those in neither stay to confirm.
+    pub fn confirm(&mut self, ended: &[String], not_ended: &[String]) {
+        for id in ended {
+            if let Some(left) = self.by_id.get_mut(id) {
+                left.ended = true;
+            }
+        }
+        for id in not_ended {
+            self.by_id.remove(id);
+        }
+    }
+
+    /// The group the instance left, if it ended within [`KEEP`].
     pub fn group_of(&self, instance_id: &str) -> Option<&str> {
-        self.by_id.get(instance_id).map(|(g, _)| g.as_str())
+        self.by_id
+            .get(instance_id)
+            .filter(|left| left.ended)
+            .map(|left| left.group.as_str())
     }
 
     pub fn len(&self) -> usize {
@@ -85,6 +133,10 @@ mod tests {
     use crate::provider::Group;
 
     fn registry(groups: &[(&str, &[&str])]) -> Registry {
+        registry_in(LifecycleState::InService, groups)
+    }
+
+    fn registry_in(state: LifecycleState, groups: &[(&str, &[&str])]) -> Registry {
         Registry::new(
             groups
                 .iter()
@@ -96,7 +148,7 @@ mod tests {
                             .map(|id| AsgInstance {
                                 id: id.to_string(),
                                 zone: "us-east-1a".into(),
-                                state: LifecycleState::InService,
+                                state: state.clone(),
                                 instance_type: None,
                             })
                             .collect(),
@@ -124,10 +176,14 @@ mod tests {
     fn an_instance_that_left_is_known_by_its_group_until_keep_passes() {
         let t0 = Instant::now();
         let mut d = Departed::default();
-        let before = registry(&[("web", &["i-1", "i-2"]), ("batch", &["i-3"])]);
+        let before = registry_in(
+            LifecycleState::Terminating,
+            &[("web", &["i-1", "i-2"]), ("batch", &["i-3"])],
+        );
         let after = registry(&[("web", &["i-2"]), ("batch", &["i-3"])]);
         d.note(&before, &after, t0);
-        assert_eq!(d.group_of("i-1"), Some("web"));
+        assert_eq!(d.group_of("i-1"), Some("web"), "last seen ending");
+        assert!(d.to_confirm().is_empty());
         assert_eq!(d.group_of("i-2"), None, "still in its group");
         assert_eq!(d.group_of("i-9"), None, "never seen");
         // Later snapshots without it keep its first time.
@@ -145,6 +201,7 @@ mod tests {
         let gone = registry(&[("web", &[]), ("batch", &[])]);
         let attached = registry(&[("web", &[]), ("batch", &["i-1"])]);
         d.note(&before, &gone, t0);
+        d.confirm(&["i-1".into()], &[]);
         assert_eq!(d.group_of("i-1"), Some("web"));
         d.note(&gone, &attached, t0);
         assert_eq!(d.group_of("i-1"), None);
@@ -158,11 +215,40 @@ mod tests {
         let empty = registry(&[("web", &[])]);
         for (n, chunk) in ids.chunks(1000).enumerate() {
             let refs: Vec<&str> = chunk.iter().map(String::as_str).collect();
-            let before = registry(&[("web", &refs)]);
+            let before = registry_in(LifecycleState::Terminated, &[("web", &refs)]);
             d.note(&before, &empty, t0 + Duration::from_millis(n as u64));
         }
         assert_eq!(d.len(), MAX);
         assert_eq!(d.group_of("i-0"), None, "the oldest went first");
         assert_eq!(d.group_of(&format!("i-{}", MAX + 2)), Some("web"));
+    }
+
+    /// An instance that left its group without being seen ending maps to no group
+    /// until AWS says it ended: one that went to the warm pool, or was detached,
+    /// never does (issue 59: a pool instance's NotReady Node counted in its group).
+    #[test]
+    fn an_instance_that_left_without_being_seen_ending_waits_for_aws() {
+        let t0 = Instant::now();
+        let mut d = Departed::default();
+        let before = registry(&[("web", &["i-pool", "i-gone", "i-detached", "i-ask"])]);
+        let after = registry(&[("web", &[])]);
+        d.note(&before, &after, t0);
+        for id in ["i-pool", "i-gone", "i-detached", "i-ask"] {
+            assert_eq!(d.group_of(id), None, "{id}: not confirmed yet");
+        }
+        assert_eq!(d.to_confirm().len(), 4);
+        d.confirm(&["i-gone".into()], &["i-pool".into(), "i-detached".into()]);
+        assert_eq!(d.group_of("i-gone"), Some("web"), "AWS says it ended");
+        assert_eq!(d.group_of("i-pool"), None);
+        assert_eq!(d.group_of("i-detached"), None);
+        assert_eq!(
+            d.to_confirm(),
+            vec!["i-ask".to_string()],
+            "left to ask again"
+        );
+        // A later snapshot does not bring back what AWS said did not end.
+        d.note(&after, &after, t0 + Duration::from_secs(1));
+        assert_eq!(d.group_of("i-pool"), None);
+        assert_eq!(d.len(), 2);
     }
 }

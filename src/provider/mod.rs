@@ -206,6 +206,13 @@ pub trait ScaleIn: Send + Sync + 'static {
         node_name: Option<&str>,
     ) -> Result<Removal, ProviderError>;
 
+    /// CA raised the group's size (the write landed). A group with a warm pool fills
+    /// the new capacity from its pool first: the drain hands back the Nodes of
+    /// instances it sent there as soon as AWS shows them in the group.
+    fn capacity_added(&self, group: &Group) {
+        let _ = group;
+    }
+
     /// What `remove` would do, for `serve --dry-run`: described (logged, evented),
     /// nothing changed.
     async fn preview(
@@ -913,6 +920,10 @@ impl Provider {
             .lock()
             .last_increase
             .insert(id.to_string(), unix_now());
+        if g.asg.warm_pool.is_some() {
+            let scale_in = self.scale_in.read().clone();
+            scale_in.capacity_added(g);
+        }
         // The next Refresh reads AWS, so the new instances show up by CA's next loop.
         self.invalidate();
         Ok(())

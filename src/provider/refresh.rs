@@ -287,6 +287,7 @@ impl Provider {
             Self::apply_marks(&mut ov, &registry);
         }
         drop(_ops);
+        self.confirm_departed().await;
         self.forget_gone_templates(&registry);
         tracing::debug!(
             groups = registry.groups.len(),
@@ -323,16 +324,64 @@ impl Provider {
             .collect()
     }
 
+    /// Asks AWS where the instances went that left their group without being seen
+    /// ending ([`super::departed`]): still in an Auto Scaling group (its warm pool,
+    /// another group; DescribeAutoScalingInstances) they did not end, unless AWS shows
+    /// them ending there; in none, EC2 says whether they ended or run on detached
+    /// (DescribeInstances). Until AWS answered, they map to no group; a failed read
+    /// leaves them to the next refresh.
+    async fn confirm_departed(&self) {
+        let ids = self.overlay.lock().departed.to_confirm();
+        if ids.is_empty() {
+            return;
+        }
+        let located = match self.cloud.locate_instances(&ids).await {
+            Ok(l) => l,
+            Err(e) => {
+                tracing::warn!(error = %e, count = ids.len(), "cannot ask AWS where instances that left their group went; they map to no group until the next refresh asks again");
+                return;
+            }
+        };
+        let (mut ended, mut not_ended, mut in_no_group) = (Vec::new(), Vec::new(), Vec::new());
+        for id in ids {
+            match located.iter().find(|l| l.instance_id == id) {
+                Some(l) if l.state.is_terminating() => ended.push(id),
+                Some(l) => {
+                    tracing::debug!(instance = %id, group = %l.group, state = l.state.as_str(), "an instance that left its group's list is still in an Auto Scaling group (its warm pool?): it maps to no group");
+                    not_ended.push(id)
+                }
+                None => in_no_group.push(id),
+            }
+        }
+        if !in_no_group.is_empty() {
+            match self.cloud.ended_instances(&in_no_group).await {
+                Ok(gone) => {
+                    for id in in_no_group {
+                        if gone.contains(&id) {
+                            ended.push(id);
+                        } else {
+                            tracing::info!(instance = %id, "an instance left its group and still runs (detached): it maps to no group");
+                            not_ended.push(id);
+                        }
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(error = %e, count = in_no_group.len(), "cannot ask EC2 whether instances that left their group ended; they map to no group until the next refresh asks again");
+                }
+            }
+        }
+        self.overlay.lock().departed.confirm(&ended, &not_ended);
+    }
+
     /// Re-reads one group from AWS before a size change (the caller holds the write
     /// lock), so the change is computed from AWS's desired capacity and instances now,
     /// not from a snapshot up to a refresh interval old: another replica may have
     /// ended or abandoned a drain since, and a desired capacity computed from the old
     /// numbers would be off by those drains. Returns the registry holding it.
     pub(crate) async fn reread_group(&self, id: &str) -> Result<Arc<Registry>, ProviderError> {
-        let reg = self.registry();
-        let old = reg
-            .group(id)
-            .ok_or_else(|| ProviderError::UnknownGroup(id.to_string()))?;
+        if self.registry().group(id).is_none() {
+            return Err(ProviderError::UnknownGroup(id.to_string()));
+        }
         // A full refresh reading AWS now must not replace this fresher group.
         let at = self.writes.fetch_add(1, Ordering::AcqRel) + 1;
         self.reread_at.lock().insert(id.to_string(), at);
@@ -348,28 +397,32 @@ impl Provider {
             .ok_or_else(|| ProviderError::UnknownGroup(id.to_string()))?;
         let (min, max, warnings) =
             effective_bounds(&asg, self.settings.static_bounds.get(id).copied());
-        let fresh = Group {
-            asg,
-            min,
-            max,
-            failures: old.failures.clone(),
-            last_launch_unix: old.last_launch_unix,
-            hooks: old.hooks.clone(),
-            warnings,
+        // Into the registry as it is now, not as it was before the read: what was
+        // learned while AWS answered (a hook noted, `note_hooks`) stays. Only what
+        // this read says of the group is replaced; its hooks and launch-failure
+        // history are the registry's.
+        let (old, registry) = {
+            let mut current = self.registry.write();
+            let groups = current
+                .groups
+                .iter()
+                .map(|g| {
+                    if g.asg.name == id {
+                        Group {
+                            asg: asg.clone(),
+                            min,
+                            max,
+                            warnings: warnings.clone(),
+                            ..g.clone()
+                        }
+                    } else {
+                        g.clone()
+                    }
+                })
+                .collect();
+            let registry = Arc::new(Registry::new(groups));
+            (std::mem::replace(&mut *current, registry.clone()), registry)
         };
-        let groups = reg
-            .groups
-            .iter()
-            .map(|g| {
-                if g.asg.name == id {
-                    fresh.clone()
-                } else {
-                    g.clone()
-                }
-            })
-            .collect();
-        let registry = Arc::new(Registry::new(groups));
-        let old = std::mem::replace(&mut *self.registry.write(), registry.clone());
         let mut ov = self.overlay.lock();
         ov.target.remove(id);
         Self::prune_deleting(&mut ov, &registry);
@@ -706,6 +759,94 @@ impl Provider {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::cloud::memory::{MemoryCloud, MemoryGroup, MemoryTiming};
+
+    fn hook(secs: i32) -> LifecycleHook {
+        LifecycleHook {
+            name: "ca-asg-provider-drain".into(),
+            heartbeat_timeout_secs: secs,
+            default_result: "ABANDON".into(),
+        }
+    }
+
+    async fn provider_over(cloud: &MemoryCloud) -> Arc<Provider> {
+        let p = Provider::new(
+            Arc::new(cloud.clone()),
+            super::super::ProviderSettings {
+                selector: crate::cloud::GroupSelector {
+                    names: vec!["web".into()],
+                    tag_sets: Vec::new(),
+                },
+                // Every refresh reads the hooks.
+                hook_refresh_interval: Duration::ZERO,
+                ..Default::default()
+            },
+        );
+        p.refresh_now().await.unwrap();
+        p
+    }
+
+    /// Issue 59 (suspected item, proven): a size change reads its group again from
+    /// AWS and built the registry from the copy it took before that read, so a hook
+    /// learned while AWS answered (`note_hooks`: the lifecycle scan creating it,
+    /// DeleteNodes confirming a changed one) was gone again until the next refresh:
+    /// the scan saw the group unhooked. What is learned during the read stays.
+    #[tokio::test(start_paused = true)]
+    async fn a_hook_noted_while_a_size_change_reads_its_group_stays() {
+        let cloud = MemoryCloud::new(
+            vec![MemoryGroup::new("web", 0, 5, 2, "m5.large")],
+            MemoryTiming::default(),
+        );
+        let p = provider_over(&cloud).await;
+        assert!(p.registry().group("web").unwrap().hooks.is_empty());
+        cloud.slow(Duration::from_secs(2));
+        let size = tokio::spawn({
+            let p = p.clone();
+            async move { p.increase_size("web", 1).await }
+        });
+        // The size change is reading the group.
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        assert!(!size.is_finished());
+        p.note_hooks("web", vec![hook(60)]);
+        assert_eq!(p.registry().group("web").unwrap().hooks, vec![hook(60)]);
+        size.await.unwrap().unwrap();
+        let reg = p.registry();
+        let g = reg.group("web").unwrap();
+        assert_eq!(g.hooks, vec![hook(60)], "the hook learned meanwhile stays");
+        assert_eq!(p.target_size("web").unwrap(), 3);
+    }
+
+    /// The other change of the registry, a full refresh, cannot land during that
+    /// read: it swaps its snapshot under the size lock the size change holds, and
+    /// keeps the group the size change read after it began. Pinned: the refresh that
+    /// ran meanwhile brings what it read (a hook added in AWS), and the size change's
+    /// write stands.
+    #[tokio::test(start_paused = true)]
+    async fn a_refresh_during_a_size_changes_read_keeps_both() {
+        let cloud = MemoryCloud::new(
+            vec![MemoryGroup::new("web", 0, 5, 2, "m5.large")],
+            MemoryTiming::default(),
+        );
+        let p = provider_over(&cloud).await;
+        cloud.add_hook("web", hook(90));
+        cloud.slow(Duration::from_secs(2));
+        let size = tokio::spawn({
+            let p = p.clone();
+            async move { p.increase_size("web", 1).await }
+        });
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        let refresh = tokio::spawn({
+            let p = p.clone();
+            async move { p.refresh_now().await }
+        });
+        size.await.unwrap().unwrap();
+        refresh.await.unwrap().unwrap();
+        let reg = p.registry();
+        let g = reg.group("web").unwrap();
+        assert_eq!(g.hooks, vec![hook(90)]);
+        assert_eq!(p.target_size("web").unwrap(), 3);
+        assert_eq!(cloud.desired("web"), Some(3));
+    }
 
     #[test]
     fn failure_backoff_doubles_up_to_the_refresh_interval() {

@@ -76,6 +76,7 @@ pub async fn cordon_via(
     group: &str,
 ) -> Result<Cordoned, kube::Error> {
     let limits = engine.limits();
+    let mut unsure = false;
     let marked = read_modify_write(engine, client, node, |current| {
         let annotations = current.metadata.annotations.clone().unwrap_or_default();
         let found = DrainRecord::from_annotations(&annotations);
@@ -119,8 +120,11 @@ pub async fn cordon_via(
             GROUP_ANNOTATION: group,
             RECORD_ANNOTATION: record.to_json(),
         });
-        if let Some(by) = cordon_owner(&spec) {
-            ann[CORDONED_BY_US] = json!(by);
+        match cordon_owner(engine.nodes.cordon_seen(node), &spec) {
+            Owner::Service => ann[CORDONED_BY_US] = json!("true"),
+            Owner::ClusterAutoscaler => ann[CORDONED_BY_US] = json!(CA_OWNER),
+            Owner::Other => {}
+            Owner::Unknown => unsure = true,
         }
         if !labels.contains_key(LB_EXCLUDE_LABEL) {
             ann[LB_LABEL_BY_US] = json!("true");
@@ -135,24 +139,55 @@ pub async fn cordon_via(
         Write::Patch(patch, Cordoned::Marked { record, resumed })
     })
     .await?;
+    if unsure {
+        tracing::warn!(node, "the node was already cordoned, with cluster-autoscaler's deletion taint, when this service first saw it: it cannot tell whether a person cordoned it before CA, so a give-back leaves it cordoned");
+    }
     Ok(marked.unwrap_or(Cordoned::NodeGone))
 }
 
-/// Who the cordon this drain starts from belongs to, when it is one a give-back must
-/// undo: this service's own (the Node was schedulable), or cluster-autoscaler's
-/// (>= 1.34 cordons with its `ToBeDeletedByClusterAutoscaler` taint before
-/// DeleteNodes, and its own cleanup uncordons with the taint). `None`: the Node was
-/// cordoned by someone else (a person, another tool), and stays cordoned.
-fn cordon_owner(spec: &k8s_openapi::api::core::v1::NodeSpec) -> Option<&'static str> {
+/// [`CORDONED_BY_US`]'s value for cluster-autoscaler's cordon.
+const CA_OWNER: &str = "cluster-autoscaler";
+
+/// Whose cordon a drain starts from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Owner {
+    /// None yet: this service cordons the node, and a give-back uncordons it.
+    Service,
+    /// cluster-autoscaler's (>= 1.34 cordons the node in the same write as its
+    /// `ToBeDeletedByClusterAutoscaler` taint before DeleteNodes; its own cleanup
+    /// undoes both): a give-back uncordons it.
+    ClusterAutoscaler,
+    /// Someone else's (a person, another tool): it stays.
+    Other,
+    /// Cordoned with CA's taint, but the Node was never seen without them: a person
+    /// may have cordoned it before CA tainted it. It stays (a cordon too many, said
+    /// in the log, rather than a person's cordon undone).
+    Unknown,
+}
+
+/// Whose cordon the Node in `spec` carries, from how the Node index saw it come
+/// (`seen`): the spec alone cannot tell a person's cordon that CA's taint joined
+/// later from CA's own.
+fn cordon_owner(
+    seen: Option<super::nodes::CordonSeen>,
+    spec: &k8s_openapi::api::core::v1::NodeSpec,
+) -> Owner {
+    use super::nodes::CordonSeen;
     if spec.unschedulable != Some(true) {
-        return Some("true");
+        return Owner::Service;
     }
     let ca_marked = spec
         .taints
         .iter()
         .flatten()
         .any(|t| t.key == CA_TO_BE_DELETED_TAINT);
-    ca_marked.then_some("cluster-autoscaler")
+    match (ca_marked, seen) {
+        (false, _) | (true, Some(CordonSeen::ByOther)) => Owner::Other,
+        // Last seen schedulable (the watch behind this read): cordoned in one
+        // write with CA's taint since.
+        (true, Some(CordonSeen::ByCa | CordonSeen::Schedulable)) => Owner::ClusterAutoscaler,
+        (true, None) => Owner::Unknown,
+    }
 }
 
 /// What a read-modify-write of a Node decided from the Node as read.
@@ -245,13 +280,39 @@ pub async fn update_record(
     Ok(updated.flatten())
 }
 
+/// What a give-back left.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GivenBack {
+    /// Uncordoned, or it was not cordoned.
+    Schedulable,
+    /// The cordon the drain found stays: not this service's, nor (as far as it could
+    /// tell) cluster-autoscaler's.
+    CordonKept,
+}
+
+impl GivenBack {
+    /// For the give-back's Event.
+    pub fn note(self) -> &'static str {
+        match self {
+            GivenBack::Schedulable => "",
+            GivenBack::CordonKept => "; it stays cordoned as it was before the drain (not this service's cordon, nor as far as it can tell cluster-autoscaler's: a person's or another tool's; uncordon it by hand if that cordon is not wanted)",
+        }
+    }
+}
+
 /// Gives the node back: removes our taint, CA's ToBeDeletedByClusterAutoscaler
 /// taint (CA asked for the removal that is now abandoned) and our marks, and
-/// uncordons / unlabels only when this service did those.
-pub async fn uncordon(engine: &Engine, node: &str) -> Result<(), kube::Error> {
-    read_modify_write(engine, &engine.client, node, |current| {
+/// uncordons / unlabels only when this service or CA did those.
+pub async fn uncordon(engine: &Engine, node: &str) -> Result<GivenBack, kube::Error> {
+    let given = read_modify_write(engine, &engine.client, node, |current| {
         let annotations = current.metadata.annotations.clone().unwrap_or_default();
         let spec = current.spec.clone().unwrap_or_default();
+        let kept = if spec.unschedulable == Some(true) && !annotations.contains_key(CORDONED_BY_US)
+        {
+            GivenBack::CordonKept
+        } else {
+            GivenBack::Schedulable
+        };
         let taints: Vec<Taint> = spec
             .taints
             .clone()
@@ -277,8 +338,79 @@ pub async fn uncordon(engine: &Engine, node: &str) -> Result<(), kube::Error> {
             },
             "spec": spec_patch,
         });
-        Write::Patch(patch, ())
+        Write::Patch(patch, kept)
     })
     .await?;
-    Ok(())
+    let given = given.unwrap_or(GivenBack::Schedulable);
+    if given == GivenBack::CordonKept {
+        tracing::info!(node, "given back; the cordon it had before the drain stays (not this service's, nor as far as it can tell cluster-autoscaler's)");
+    }
+    Ok(given)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::nodes::CordonSeen;
+    use super::*;
+
+    fn node(unschedulable: bool, taints: &[&str]) -> Node {
+        serde_json::from_value(json!({
+            "metadata": {"name": "n"},
+            "spec": {
+                "unschedulable": unschedulable,
+                "taints": taints.iter().map(|k| json!({"key": k, "effect": "NoSchedule"})).collect::<Vec<_>>(),
+            },
+        }))
+        .unwrap()
+    }
+
+    fn seen(states: &[Node]) -> Option<CordonSeen> {
+        states.iter().fold(None, CordonSeen::after)
+    }
+
+    /// Issue 59: whose cordon a drain starts from follows how the Node came to be
+    /// cordoned, not only what it shows: CA's taint joining a person's cordon leaves
+    /// it the person's, and a Node first seen cordoned with CA's taint is unknown
+    /// (kept on give-back).
+    #[test]
+    fn a_cordon_is_cas_only_when_seen_coming_with_its_taint() {
+        let free = node(false, &[]);
+        let person = node(true, &[]);
+        let ca = node(true, &[CA_TO_BE_DELETED_TAINT]);
+        let ours = node(true, &[TAINT_KEY]);
+        let spec = |n: &Node| n.spec.clone().unwrap();
+
+        assert_eq!(
+            cordon_owner(seen(std::slice::from_ref(&free)), &spec(&free)),
+            Owner::Service
+        );
+        // CA's own cordon, seen come in one write with its taint (or the watch is
+        // behind the read and last saw the node schedulable).
+        let by_ca = seen(&[free.clone(), ca.clone()]);
+        assert_eq!(by_ca, Some(CordonSeen::ByCa));
+        assert_eq!(cordon_owner(by_ca, &spec(&ca)), Owner::ClusterAutoscaler);
+        assert_eq!(
+            cordon_owner(seen(std::slice::from_ref(&free)), &spec(&ca)),
+            Owner::ClusterAutoscaler
+        );
+        // A person's cordon, CA's taint after it.
+        let by_person = seen(&[free.clone(), person.clone(), ca.clone()]);
+        assert_eq!(by_person, Some(CordonSeen::ByOther));
+        assert_eq!(cordon_owner(by_person, &spec(&ca)), Owner::Other);
+        // A cordon without CA's taint is never CA's.
+        assert_eq!(cordon_owner(None, &spec(&person)), Owner::Other);
+        // First seen cordoned with CA's taint: nobody can tell.
+        let first = seen(std::slice::from_ref(&ca));
+        assert_eq!(first, None);
+        assert_eq!(cordon_owner(first, &spec(&ca)), Owner::Unknown);
+        // This service's own cordon teaches nothing; uncordoned starts afresh.
+        assert_eq!(
+            seen(&[free.clone(), ours.clone()]),
+            Some(CordonSeen::Schedulable)
+        );
+        assert_eq!(
+            seen(&[person.clone(), ca.clone(), free.clone(), ca.clone()]),
+            Some(CordonSeen::ByCa)
+        );
+    }
 }

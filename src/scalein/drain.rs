@@ -282,6 +282,7 @@ impl Drop for AbortOnDrop {
 }
 
 async fn abandon(engine: &Engine, req: &DrainRequest, mode: &Mode, node: Option<&str>, why: &str) {
+    let mut given = cordon::GivenBack::Schedulable;
     let what = match mode {
         Mode::Direct => {
             if let Some(n) = node {
@@ -302,15 +303,21 @@ async fn abandon(engine: &Engine, req: &DrainRequest, mode: &Mode, node: Option<
                     }
                 };
                 if give_back {
-                    if let Err(e) = cordon::uncordon(engine, n).await {
-                        tracing::warn!(node = n, error = %e, "could not uncordon the abandoned node");
+                    match cordon::uncordon(engine, n).await {
+                        Ok(g) => given = g,
+                        Err(e) => {
+                            tracing::warn!(node = n, error = %e, "could not uncordon the abandoned node")
+                        }
                     }
                 }
             }
             if let Some(p) = &engine.provider {
                 p.deferred_cancelled(&req.instance_id);
             }
-            "the node is uncordoned and stays (unless another reason keeps it cordoned); the target size is restored"
+            match given {
+                cordon::GivenBack::Schedulable => "the node is uncordoned and stays (unless another reason keeps it cordoned); the target size is restored",
+                cordon::GivenBack::CordonKept => "the node stays and the target size is restored",
+            }
         }
         // Not reached: lifecycle deadlines always proceed (see DeadlinePolicy).
         Mode::Lifecycle { .. } => "heartbeats go on; the hook's timeout ends the instance",
@@ -327,7 +334,7 @@ async fn abandon(engine: &Engine, req: &DrainRequest, mode: &Mode, node: Option<
             .node(
                 n,
                 Reason::DrainAbandoned,
-                format!("drain abandoned: {why}; {what}"),
+                format!("drain abandoned: {why}; {what}{}", given.note()),
             )
             .await;
     }

@@ -94,11 +94,16 @@ pub struct Engine {
     scan_soon: Mutex<Option<crate::clock::Instant>>,
     /// Wakes the lifecycle loop when `scan_soon` is set.
     scan_wake: tokio::sync::Notify,
+    /// Until when the loop follows the Nodes resting in a warm pool every
+    /// [`lifecycle::SOON`] (and scans at its poll interval): CA raised a pooled group
+    /// ([`super::warm_pool::capacity_added`]).
+    follow_soon: Mutex<Option<crate::clock::Instant>>,
     /// The background loops' turns, for `/healthz`.
     pub liveness: Arc<crate::telemetry::liveness::Liveness>,
-    /// Instances in `Warmed:Pending:Wait` whose hold was found not to be a pending
-    /// action of ours: their group, and when ([`super::warm_pool::pool_holds`]).
-    pub(crate) warm_ups: Mutex<std::collections::BTreeMap<String, (String, crate::clock::Instant)>>,
+    /// Instances in a hook's wait that AWS said our hook holds no pending action
+    /// on: the wait they were in, and when AWS was asked
+    /// ([`super::lifecycle::not_held_lately`]).
+    pub(crate) not_held: Mutex<std::collections::BTreeMap<String, (String, crate::clock::Instant)>>,
 }
 
 impl Engine {
@@ -153,7 +158,8 @@ impl Engine {
             scan_soon: Mutex::new(None),
             scan_wake: tokio::sync::Notify::new(),
             liveness,
-            warm_ups: Mutex::default(),
+            not_held: Mutex::default(),
+            follow_soon: Mutex::default(),
         })
     }
 
@@ -392,12 +398,35 @@ impl Engine {
         self.scan_wake.notify_one();
     }
 
-    /// How long the lifecycle loop waits before its next scan.
+    /// The loop follows the Nodes resting in a warm pool every [`lifecycle::SOON`]
+    /// for `within` from now, scanning at its poll interval all the same.
+    pub fn follow_soon(&self, within: Duration) {
+        let until = crate::clock::Instant::now() + within;
+        let mut soon = self.follow_soon.lock();
+        *soon = Some(soon.map_or(until, |s| s.max(until)));
+        drop(soon);
+        self.scan_wake.notify_one();
+    }
+
+    /// Whether a hold AWS announced is expected now ([`Self::expect_hold`]): every
+    /// turn of the loop scans.
+    pub(crate) fn scanning_soon(&self) -> bool {
+        self.scan_soon
+            .lock()
+            .is_some_and(|until| crate::clock::Instant::now() < until)
+    }
+
+    /// How long the lifecycle loop waits before its next turn.
     pub(crate) fn next_scan_in(&self) -> Duration {
         let poll = self.settings.lifecycle_poll_interval;
-        match *self.scan_soon.lock() {
-            Some(until) if crate::clock::Instant::now() < until => poll.min(lifecycle::SOON),
-            _ => poll,
+        let following = self
+            .follow_soon
+            .lock()
+            .is_some_and(|until| crate::clock::Instant::now() < until);
+        if self.scanning_soon() || following {
+            poll.min(lifecycle::SOON)
+        } else {
+            poll
         }
     }
 
@@ -441,6 +470,12 @@ impl Engine {
             self.note_action_done(instance_id);
         }
         done
+    }
+
+    /// How the Node came to be cordoned, as the engine's Node watch saw it
+    /// ([`nodes::CordonSeen`]): whose cordon a drain starts from.
+    pub fn cordon_seen(&self, node: &str) -> Option<nodes::CordonSeen> {
+        self.nodes.cordon_seen(node)
     }
 
     /// The drain record on the Node `node` as the cache has it.

@@ -130,8 +130,14 @@ impl Book {
             // The slot the instance's drain holds passes to this run.
             let mut slots = self.slots.lock();
             if slots.newest.len() >= FINISHED_KEPT {
+                // Bounded by the drains that run: one still waiting for a slot holds
+                // none yet, and forgetting its run would make the slot it then takes
+                // look like a replaced run's (given back at once, the drain going on
+                // without one, beyond `maxConcurrentDrains`).
                 let Slots { newest, held } = &mut *slots;
-                newest.retain(|i, _| held.contains_key(i));
+                newest.retain(|i, _| {
+                    held.contains_key(i) || drains.get(i).is_some_and(|f| !f.handle.is_finished())
+                });
             }
             slots.newest.insert(req.instance_id.clone(), run);
             if let Some((holder, _)) = slots.held.get_mut(&req.instance_id) {
@@ -409,5 +415,79 @@ mod tests {
         assert!(book.actions_done.lock().len() <= FINISHED_KEPT);
         assert!(book.noted.lock().len() <= FINISHED_KEPT);
         assert!(book.action_done(&format!("i-{}", FINISHED_KEPT + 4)));
+    }
+
+    fn req_for(instance: &str) -> DrainRequest {
+        DrainRequest {
+            instance_id: instance.into(),
+            ..req(vec![Why::ScaleIn])
+        }
+    }
+
+    /// Starts a drain that runs until stopped; returns its run.
+    fn start_pending(book: &Book, instance: &str) -> u64 {
+        let run = std::cell::Cell::new(None);
+        book.start(req_for(instance), limits(), |_, _, r| {
+            run.set(Some(r));
+            tokio::spawn(std::future::pending::<Outcome>())
+        });
+        run.get().expect("a drain started")
+    }
+
+    /// What the drain does for its slot (drain::queue_for_slot): its own when it holds
+    /// one, else the next free one, kept in the book.
+    async fn take_slot(book: &Book, slots: &Arc<tokio::sync::Semaphore>, instance: &str, run: u64) {
+        if !book.has_slot(instance, run) {
+            let permit = slots.clone().acquire_owned().await.unwrap();
+            book.keep_slot(instance, run, permit);
+        }
+    }
+
+    /// Issue 59 (suspected item, proven): past FINISHED_KEPT runs the book forgot
+    /// every run that held no slot, also a drain's still waiting for one. The slot it
+    /// then took was taken for a replaced run's and given back at once: the drain went
+    /// on without one, and the next drain took the same slot, two running with
+    /// `maxConcurrentDrains` 1. A waiting drain keeps its place however many drains
+    /// came and went: at most `maxConcurrentDrains` run.
+    #[tokio::test(start_paused = true)]
+    async fn a_drain_waiting_for_a_slot_keeps_it_past_the_books_bound() {
+        let book = Book::default();
+        let slots = Arc::new(tokio::sync::Semaphore::new(1));
+        let a = start_pending(&book, "i-a");
+        take_slot(&book, &slots, "i-a", a).await;
+        // b waits for the only slot.
+        let b = start_pending(&book, "i-b");
+        assert!(!book.has_slot("i-b", b));
+        assert_eq!(slots.available_permits(), 0);
+        // Drains that ended before their slot (a Node gone, a cordon-only record,
+        // an instance that left): more than the book keeps.
+        for i in 0..FINISHED_KEPT + 10 {
+            let id = format!("i-gone-{i}");
+            start_pending(&book, &id);
+            book.stop(&id);
+        }
+        assert!(book.slots.lock().newest.len() <= FINISHED_KEPT);
+        // a ends: b takes the slot, and holds it.
+        book.give_back_slot("i-a", a);
+        take_slot(&book, &slots, "i-b", b).await;
+        assert!(book.has_slot("i-b", b), "b runs in its slot");
+        assert_eq!(
+            slots.available_permits(),
+            0,
+            "while b runs, no other drain has a slot"
+        );
+        let c = start_pending(&book, "i-c");
+        assert!(
+            tokio::time::timeout(
+                Duration::from_millis(10),
+                take_slot(&book, &slots, "i-c", c)
+            )
+            .await
+            .is_err(),
+            "c waits: one drain at a time"
+        );
+        book.give_back_slot("i-b", b);
+        take_slot(&book, &slots, "i-c", c).await;
+        assert!(book.has_slot("i-c", c));
     }
 }

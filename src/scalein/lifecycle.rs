@@ -31,7 +31,12 @@ pub fn global_limit(heartbeat_timeout: Duration) -> Duration {
 /// third of the hook's timeout less a random tenth (so many held instances do not
 /// heartbeat in lockstep). After a failure (AWS throttling) it backs off with jitter
 /// from a twelfth of the timeout, doubling, never past a third, so a throttled storm
-/// spreads out and still lands inside the timeout. Stops when AWS says the action is
+/// spreads out and still lands inside the timeout. Until AWS has taken one of its
+/// heartbeats, the action's clock is not known (the hold began, or an earlier
+/// process or leader last heartbeated it, up to a timeout before it was found): the
+/// retries stay a twelfth of the timeout apart at most ([`HeartbeatBackoff`]), so a
+/// throttled run that ends before the hook's real timeout is followed by a heartbeat
+/// in time. Stops when AWS says the action is
 /// gone (ValidationError) and at the hook's global limit. Failures are counted; the
 /// first of a run is published as an Event on the Node in the background (the next
 /// try never waits on the API server). The hook's timeout comes through `timeout`:
@@ -50,7 +55,8 @@ pub fn heartbeats(
         let mut limit = global_limit(current);
         let mut backoff = HeartbeatBackoff::new(every, &action.instance_id);
         // The action's own clock: AWS counts the timeout from the last heartbeat it
-        // took (or from the hold, before the first).
+        // took (or from the hold, before the first). Before this task's first one
+        // is taken, `found` is only the latest it can be; the backoff knows.
         let mut last_ok = found;
         let mut follows = true;
         loop {
@@ -127,7 +133,7 @@ pub fn heartbeats(
                             current = now;
                             every = pace(now);
                             limit = global_limit(now);
-                            backoff = HeartbeatBackoff::new(every, &action.instance_id);
+                            backoff = backoff.repaced(every);
                         }
                     }
                     // The hold is being dropped (which aborts this task).
@@ -163,6 +169,8 @@ pub fn within_timeout(
 pub struct HeartbeatBackoff {
     every: Duration,
     pub failures: u32,
+    /// AWS took a heartbeat of these: the action's clock is known from then on.
+    taken: bool,
     /// Whose heartbeats (the instance): the key of its jitter (crate::clock).
     of: String,
 }
@@ -172,24 +180,38 @@ impl HeartbeatBackoff {
         Self {
             every,
             failures: 0,
+            taken: false,
             of: of.to_string(),
+        }
+    }
+
+    /// The same heartbeats at another interval (the hook's timeout changed): the
+    /// failures start again, what AWS took stays known.
+    pub fn repaced(self, every: Duration) -> Self {
+        Self {
+            every,
+            failures: 0,
+            ..self
         }
     }
 
     /// After a success: a third of the timeout, less up to a tenth of it.
     pub fn ok(&mut self) -> Duration {
         self.failures = 0;
+        self.taken = true;
         self.every
             .mul_f64(1.0 - 0.1 * crate::clock::random_fraction(&self.of))
     }
 
     /// After a failure: from a quarter of the interval, doubling per failure, with
-    /// full jitter over its upper half, capped at the interval.
+    /// full jitter over its upper half, capped at the interval. Before AWS took one
+    /// of these heartbeats it does not double: the action's clock started before it
+    /// was found (an earlier process or leader heartbeated it, or nobody did), and
+    /// its timeout may be near.
     pub fn failed(&mut self) -> Duration {
         let base = (self.every / 4).max(Duration::from_millis(100));
-        let ceiling = base
-            .saturating_mul(1u32 << self.failures.min(8))
-            .min(self.every);
+        let doublings = if self.taken { self.failures.min(8) } else { 0 };
+        let ceiling = base.saturating_mul(1u32 << doublings).min(self.every);
         self.failures = self.failures.saturating_add(1);
         ceiling.mul_f64(0.5 + 0.5 * crate::clock::random_fraction(&self.of))
     }
@@ -247,6 +269,128 @@ pub async fn ask_hold(engine: &Engine, group: &str, instance_id: &str) -> Hold {
         Err(e) => {
             tracing::warn!(instance = %instance_id, group, error = %e, "cannot ask AWS whether our hook holds the instance");
             Hold::Unknown
+        }
+    }
+}
+
+/// How long AWS's word that our hook holds no pending action on an instance is
+/// believed, while the instance stays in the same wait, before AWS is asked again.
+pub const NOT_HELD_RECHECK: Duration = Duration::from_secs(30);
+
+/// Whether AWS said, less than [`NOT_HELD_RECHECK`] ago and with the instance in the
+/// same wait as now (`state`), that our hook holds no pending action on it. Answers
+/// older than that are forgotten here, so the memory stays as small as the waits.
+pub(crate) fn not_held_lately(engine: &Engine, instance_id: &str, state: &LifecycleState) -> bool {
+    let now = Instant::now();
+    let mut asked = engine.not_held.lock();
+    asked.retain(|_, (_, at)| now.saturating_duration_since(*at) < NOT_HELD_RECHECK);
+    asked
+        .get(instance_id)
+        .is_some_and(|(s, _)| s == state.as_str())
+}
+
+/// Whether our hook holds the instance, waiting in `state`, with a pending action, as
+/// AWS answers a heartbeat ([`ask_hold`]) unless it said no lately
+/// ([`not_held_lately`]). Held: whatever this process and the Node remember of an
+/// earlier action of the instance is dropped ([`forget_earlier_action`]), so the
+/// hold drains as the new action it is; `Unknown` when the Node could not be written
+/// (the next poll asks again).
+pub(crate) async fn holds_pending_action(
+    engine: &Engine,
+    group: &str,
+    instance_id: &str,
+    state: &LifecycleState,
+) -> Hold {
+    if not_held_lately(engine, instance_id, state) {
+        return Hold::NotHeld;
+    }
+    match ask_hold(engine, group, instance_id).await {
+        Hold::Held if forget_earlier_action(engine, instance_id).await => Hold::Held,
+        Hold::Held | Hold::Unknown => Hold::Unknown,
+        Hold::NotHeld => {
+            engine.not_held.lock().insert(
+                instance_id.to_string(),
+                (state.as_str().to_string(), Instant::now()),
+            );
+            Hold::NotHeld
+        }
+    }
+}
+
+/// Whether a hold AWS shows (the instance in `Terminating:Wait`, or the pool ending
+/// it) is a pending action of our hook, to drain and heartbeat. The memories of
+/// finished actions (this process's, for the actions it completed; the Node's record,
+/// for an earlier process's or another replica's) can be older than the action that
+/// holds the instance now: an instance that went back to its warm pool and is ended
+/// by the pool later, or one reused from the pool and sent out again between two
+/// polls, waits again with that memory still there. And they can be late: a process
+/// stopped between completing an action and writing so on the Node leaves a record
+/// that says nothing. So AWS decides ([`holds_pending_action`]): a hold is ours when a
+/// heartbeat for our hook is accepted. `None`: AWS could not be asked, and the caller
+/// falls back on the memory ([`remembers_done`]). A drain running here is not asked:
+/// it holds the action already, or completed it just now.
+pub(crate) async fn ours_to_hold(
+    engine: &Engine,
+    group: &str,
+    instance_id: &str,
+    state: &LifecycleState,
+) -> Option<bool> {
+    if engine.is_draining(instance_id) {
+        return Some(!engine.action_done(instance_id));
+    }
+    match holds_pending_action(engine, group, instance_id, state).await {
+        Hold::Held => Some(true),
+        Hold::NotHeld => Some(false),
+        Hold::Unknown => None,
+    }
+}
+
+/// Whether our hook's action on the instance is remembered as completed: by this
+/// process, or by the Node's record. What decides a hold only while AWS cannot be
+/// asked ([`ours_to_hold`]).
+pub(crate) fn remembers_done(engine: &Engine, instance_id: &str) -> bool {
+    engine.action_done(instance_id) || engine.action_done_on_node(instance_id)
+}
+
+/// Our hook holds the instance with a new action: what this process remembers of
+/// an earlier one is dropped, and so is a finished lifecycle reason (and a pool
+/// rest) on its Node, which would otherwise make the new hold a repeat of the old
+/// and drain nothing. The cordon stays: the node is leaving again. False when the
+/// Node could not be written (the next poll tries again).
+pub(crate) async fn forget_earlier_action(engine: &Engine, iid: &str) -> bool {
+    engine.forget_action_done(iid);
+    let Some(node) = engine.nodes.node_for_instance(iid) else {
+        return true;
+    };
+    let now = crate::clock::utc_now();
+    let stale = |r: &super::record::DrainRecord| {
+        r.lifecycle_completed(now) || r.in_warm_pool_since.is_some()
+    };
+    if !engine.cached_record(&node).is_some_and(|r| stale(&r)) {
+        return true;
+    }
+    let written = super::cordon::update_record(engine, &node, |r| {
+        if !stale(r) {
+            return false;
+        }
+        r.reasons
+            .retain(|x| !(x.done && matches!(x.why, super::record::Why::Lifecycle { .. })));
+        r.in_warm_pool_since = None;
+        true
+    })
+    .await;
+    match written {
+        Ok(_) => {
+            tracing::info!(
+                node,
+                instance = iid,
+                "a new action of our hook holds the instance: the Node's record of the last one is closed"
+            );
+            true
+        }
+        Err(e) => {
+            tracing::warn!(node, instance = iid, error = %e, "cannot close the Node's record of our hook's last action on the instance; next poll retries");
+            false
         }
     }
 }
@@ -412,17 +556,29 @@ pub async fn scan(engine: &Arc<Engine>, provider: &Arc<Provider>) -> usize {
         // (A drain running for it already read its record: no Node is looked up.)
         // A hold on the way into the warm pool is ours when AWS says so
         // (warm_pool::pool_holds); the others as before.
+        // Whether a hold is ours AWS says, not a memory of finished actions
+        // (ours_to_hold).
         let ours_in_pool = super::warm_pool::pool_holds(engine, g, pool).await;
-        let waiting = snap.instances.iter().chain(pool).filter(|i| {
-            if i.state.is_pool_bound_wait() {
-                return ours_in_pool.contains(&i.id) || engine.is_draining(&i.id);
+        let mut waiting = Vec::new();
+        for i in snap.instances.iter().chain(pool) {
+            let ours = if i.state.is_pool_bound_wait() {
+                ours_in_pool.contains(&i.id) || engine.is_draining(&i.id)
+            } else {
+                (i.state == LifecycleState::TerminatingWait || i.state.is_pool_ending_wait())
+                    && ours_to_hold(engine, &snap.name, &i.id, &i.state)
+                        .await
+                        // AWS cannot be asked: a remembered completion lets the hold
+                        // go by until it answers; anything else is held (a hook left
+                        // to time out ends the instance undrained).
+                        .unwrap_or_else(|| !remembers_done(engine, &i.id))
+            };
+            if ours {
+                waiting.push(i);
             }
-            (i.state == LifecycleState::TerminatingWait || i.state.is_pool_ending_wait())
-                && !engine.action_done(&i.id)
-                && (engine.is_draining(&i.id) || !engine.action_done_on_node(&i.id))
-        });
-        let (held, found): (Vec<&crate::cloud::AsgInstance>, Vec<_>) =
-            waiting.partition(|i| engine.holds_hook(&i.id) && engine.is_draining(&i.id));
+        }
+        let (held, found): (Vec<&crate::cloud::AsgInstance>, Vec<_>) = waiting
+            .into_iter()
+            .partition(|i| engine.holds_hook(&i.id) && engine.is_draining(&i.id));
         if found.is_empty() && held.is_empty() {
             continue;
         }
@@ -641,16 +797,26 @@ pub fn spawn_loop(engine: Arc<Engine>, provider: Arc<Provider>) -> tokio::task::
         // A turn scans the hooked groups and starts drains (they run in their own
         // tasks): minutes without one means a call that never returns.
         let quiet = (engine.settings.lifecycle_poll_interval * 4).max(Duration::from_secs(120));
+        // When the last scan ran: a turn sooner than the poll interval, only to follow
+        // Nodes resting in a warm pool (Engine::follow_soon), does not scan.
+        let mut scanned: Option<Instant> = None;
         loop {
             engine.liveness.beat("drain loop", quiet);
             let leader = engine.is_leader();
             metrics().leader.set(i64::from(leader));
             if leader {
-                // Lifecycle actions first: they expire; marked direct drains wait.
-                scan(&engine, &provider).await;
-                resume(&engine, &provider).await;
+                let due = scanned
+                    .is_none_or(|at| at.elapsed() >= engine.settings.lifecycle_poll_interval)
+                    || engine.scanning_soon();
+                if due {
+                    scanned = Some(Instant::now());
+                    // Lifecycle actions first: they expire; marked direct drains wait.
+                    scan(&engine, &provider).await;
+                    resume(&engine, &provider).await;
+                }
                 super::warm_pool::follow(&engine, &provider).await;
             } else if was_leader {
+                scanned = None;
                 tracing::warn!(
                     drains = engine.in_progress(),
                     "lost leadership: stopping drains where they are for the new leader"
@@ -742,6 +908,7 @@ mod tests {
         // the 240 s mark, then within the timeout, halving what is left: a bounded
         // number of tries, not a tight loop.
         let mut b = HeartbeatBackoff::new(timeout / 3, "i-1");
+        b.ok();
         let mut at = now + secs(90);
         let mark = now + timeout.mul_f64(0.8);
         let end = now + timeout;
@@ -757,6 +924,31 @@ mod tests {
             at += w;
         }
         assert!(past_mark <= 12, "{past_mark} tries after the mark");
+    }
+
+    /// Issue 59: before AWS took a heartbeat of the hold, its timeout runs from a
+    /// moment before it was found (a restart, a new leader): failures never back
+    /// off past the first step, a twelfth of the timeout; once one is taken they
+    /// double as before, and a changed timeout keeps that known.
+    #[test]
+    fn until_a_heartbeat_is_taken_failures_are_retried_within_a_twelfth() {
+        let timeout = Duration::from_secs(300);
+        let every = timeout / 3;
+        let mut b = HeartbeatBackoff::new(every, "i-1");
+        for _ in 0..20 {
+            let d = b.failed();
+            assert!(d <= timeout / 12, "{d:?}");
+            assert!(d >= timeout / 24, "{d:?}");
+        }
+        b.ok();
+        let grown = (0..6).map(|_| b.failed()).max().unwrap();
+        assert!(
+            grown > timeout / 12,
+            "{grown:?}: backs off once the clock is known"
+        );
+        let mut b = b.repaced(every / 2);
+        let grown = (0..6).map(|_| b.failed()).max().unwrap();
+        assert!(grown > timeout / 24, "{grown:?}");
     }
 
     #[test]

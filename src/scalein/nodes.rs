@@ -3,6 +3,8 @@
 //! size accounting follows. [`find_node`] asks the API server itself, for answers
 //! that must not come from a cache that may not have caught up.
 
+use std::collections::BTreeMap;
+
 use futures::StreamExt;
 use k8s_openapi::api::core::v1::{Node, Pod};
 use kube::api::ListParams;
@@ -11,12 +13,15 @@ use kube::runtime::{watcher, WatchStreamExt};
 use kube::Api;
 use tokio::sync::watch;
 
-use super::cordon::{GROUP_ANNOTATION, STARTED_ANNOTATION};
+use super::cordon::{CA_TO_BE_DELETED_TAINT, GROUP_ANNOTATION, STARTED_ANNOTATION, TAINT_KEY};
 use super::record::DrainRecord;
 use crate::provider::{provider_id, DrainMarks};
 
 pub struct NodeIndex {
     store: Store<Node>,
+    /// How each Node came to be cordoned, as this watch saw it happen
+    /// ([`CordonSeen`]): the one memory of a Node's past states.
+    cordons: std::sync::Arc<parking_lot::Mutex<BTreeMap<String, CordonSeen>>>,
     task: tokio::task::JoinHandle<()>,
     changed: watch::Receiver<u64>,
     /// True once the first list arrived. A watch, because the reflector's own
@@ -26,6 +31,48 @@ pub struct NodeIndex {
     /// answered Unavailable. Only `readiness_task` waits on the store.
     ready: watch::Receiver<bool>,
     readiness_task: tokio::task::JoinHandle<()>,
+}
+
+/// How a Node came to be cordoned, as the watch saw it happen. Only a change seen
+/// tells who made it: cluster-autoscaler (>= 1.34) cordons the node it deletes in
+/// the same write as its `ToBeDeletedByClusterAutoscaler` taint; a person's
+/// `kubectl cordon` (or another tool's) comes without it. A Node first seen already
+/// cordoned with CA's taint has no entry: who cordoned it is not known.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CordonSeen {
+    /// Last seen schedulable.
+    Schedulable,
+    /// Seen go from schedulable to cordoned with CA's deletion taint: CA's cordon.
+    ByCa,
+    /// Seen cordoned without CA's deletion taint or this service's taint: someone
+    /// else's cordon (kept, whatever taint comes after).
+    ByOther,
+}
+
+impl CordonSeen {
+    /// What is known after seeing `n`, given what was known before.
+    pub fn after(before: Option<CordonSeen>, n: &Node) -> Option<CordonSeen> {
+        let spec = n.spec.as_ref();
+        if spec.and_then(|s| s.unschedulable) != Some(true) {
+            return Some(CordonSeen::Schedulable);
+        }
+        let tainted = |key: &str| {
+            spec.and_then(|s| s.taints.as_ref())
+                .is_some_and(|t| t.iter().any(|t| t.key == key))
+        };
+        if tainted(CA_TO_BE_DELETED_TAINT) {
+            // Cordoned in the same write as CA's taint, or kept as it was.
+            return match before {
+                Some(CordonSeen::Schedulable) => Some(CordonSeen::ByCa),
+                other => other,
+            };
+        }
+        if tainted(TAINT_KEY) {
+            // This service's own cordon (its record says so): nothing learned.
+            return before;
+        }
+        Some(CordonSeen::ByOther)
+    }
 }
 
 fn instance_of(n: &Node) -> Option<&str> {
@@ -97,15 +144,40 @@ impl NodeIndex {
         let (tx, changed) = watch::channel(0u64);
         let api: Api<Node> = Api::all(client);
         let stream = reflector::reflector(writer, watcher(api, watcher::Config::default()))
-            .backoff(super::watch_backoff::for_watch("nodes"))
-            .touched_objects();
+            .backoff(super::watch_backoff::for_watch("nodes"));
+        let cordons: std::sync::Arc<parking_lot::Mutex<BTreeMap<String, CordonSeen>>> =
+            std::sync::Arc::default();
+        let seen = cordons.clone();
+        let listed = store.clone();
         let task = tokio::spawn(async move {
             futures::pin_mut!(stream);
             while let Some(item) = stream.next().await {
                 match item {
-                    Ok(_) => {
+                    Ok(watcher::Event::Apply(n) | watcher::Event::InitApply(n)) => {
+                        if let Some(name) = n.metadata.name.clone() {
+                            let mut seen = seen.lock();
+                            match CordonSeen::after(seen.get(&name).copied(), &n) {
+                                Some(now) => seen.insert(name, now),
+                                None => seen.remove(&name),
+                            };
+                        }
                         tx.send_modify(|g| *g += 1);
                     }
+                    Ok(watcher::Event::Delete(n)) => {
+                        if let Some(name) = &n.metadata.name {
+                            seen.lock().remove(name);
+                        }
+                        tx.send_modify(|g| *g += 1);
+                    }
+                    // A new list replaced the cache: Nodes deleted meanwhile go.
+                    Ok(watcher::Event::InitDone) => {
+                        seen.lock().retain(|name, _| {
+                            listed
+                                .get(&kube::runtime::reflector::ObjectRef::new(name))
+                                .is_some()
+                        });
+                    }
+                    Ok(watcher::Event::Init) => {}
                     Err(e) => tracing::debug!(error = %e, "node watch error; retrying"),
                 }
             }
@@ -119,6 +191,7 @@ impl NodeIndex {
         });
         Self {
             store,
+            cordons,
             task,
             changed,
             ready,
@@ -172,6 +245,12 @@ impl NodeIndex {
                     .and_then(|s| s.taints.as_ref())
                     .is_some_and(|t| t.iter().any(|t| t.key == key))
             })
+    }
+
+    /// How the Node came to be cordoned, as this watch saw it ([`CordonSeen`]);
+    /// `None`: first seen cordoned with CA's deletion taint, or never seen.
+    pub fn cordon_seen(&self, name: &str) -> Option<CordonSeen> {
+        self.cordons.lock().get(name).copied()
     }
 
     /// The Node as the cache has it (possibly behind the API server).

@@ -35,6 +35,10 @@ impl ScaleIn for DrainScaleIn {
         Ok(Some(engine.with_current_hooks(group).await?.hooks))
     }
 
+    fn capacity_added(&self, group: &Group) {
+        super::warm_pool::capacity_added(&self.0, group);
+    }
+
     async fn remove(
         &self,
         group: &Group,

@@ -34,10 +34,17 @@ use super::events::Reason;
 use super::record::{after, DrainRecord};
 use super::Engine;
 
-/// How long an instance rests in the pool, as this service saw it, before a read
-/// showing it in the group again hands its Node back. AWS's reads lag by seconds: a
-/// read that old cannot be one from before the scale-in that sent it to the pool.
+/// How long after our hook's hold on the way into the pool arrived a read showing
+/// the instance in the group again hands its Node back. AWS's reads lag by seconds: a
+/// read that much later cannot be one from before the scale-in that sent it to the
+/// pool.
 pub const SETTLED: Duration = Duration::from_secs(30);
+
+/// How long the loop looks every [`super::lifecycle::SOON`] for instances leaving a
+/// group's pool after CA raised the group's size (the pool fills the new capacity
+/// first): their Nodes are handed back by the poll after AWS shows them in the group,
+/// not a poll interval (in queue mode, the safety net's) later.
+pub const RETURN_WATCH: Duration = Duration::from_secs(90);
 
 /// What [`follow`] does with one Node.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -57,11 +64,11 @@ pub enum Step {
 /// hook's action let go: an instance whose terminating action is over never serves
 /// the group again unless the warm pool gave it back, and one back in the group has
 /// no such action pending, whatever the record says (the completion's note on the
-/// Node can be lost to a refused write or a crash). It comes once the instance
-/// rested `settle` in the pool as seen here, or, when no rest was seen (taken back
-/// between two polls, or while no replica led), `settle` after that action's hold
-/// arrived: a read that old cannot be one from before the scale-in, so a lagging
-/// read never uncordons a node on its way out.
+/// Node can be lost to a refused write or a crash). It comes `settle` after that
+/// action's hold arrived (a rest in the pool seen or not: taken back between two
+/// polls, or while no replica led): the scale-in came before the hold, so a read that
+/// much later cannot be one from before it, and a lagging read never uncordons a node
+/// on its way out. A scale-up minutes after the scale-in is handed back at once.
 pub fn step(
     record: &DrainRecord,
     state: Option<&LifecycleState>,
@@ -83,10 +90,14 @@ pub fn step(
             _ => {}
         }
     }
-    match (record.in_warm_pool_since, let_go_at) {
-        (Some(since), _) if back_in_group && now >= after(since, settle) => Step::HandBack,
-        (None, Some(at)) if back_in_group && now >= after(at, settle) => Step::HandBack,
-        (None, _) if record.lifecycle_completed(now) && resting_in_pool(state) => Step::InPool,
+    match let_go_at.or(record.in_warm_pool_since) {
+        Some(at) if back_in_group && now >= after(at, settle) => Step::HandBack,
+        _ if record.in_warm_pool_since.is_none()
+            && record.lifecycle_completed(now)
+            && resting_in_pool(state) =>
+        {
+            Step::InPool
+        }
         _ => Step::Nothing,
     }
 }
@@ -102,21 +113,16 @@ fn resting_in_pool(state: &LifecycleState) -> bool {
     )
 }
 
-/// How long a hold in `Warmed:Pending:Wait` found not to be ours is believed
-/// before it is asked again, while the instance stays in that wait.
-pub const WARM_UP_RECHECK: Duration = Duration::from_secs(30);
-
 /// Of the group's pool instances in `Warmed:Pending:Wait`, those whose hold is a
 /// pending action of our hook: each a scale-in returning the instance to the pool,
 /// to drain. Neither the group's list nor the memory of finished actions can tell:
 /// a new instance warming up waits there too (for launch hooks only, with no action
 /// of ours), an instance whose action we completed may wait there on another hook,
 /// and an instance back from the pool can be sent there again before any read
-/// showed it in service (its Node still saying our last action was completed). One
-/// RecordLifecycleActionHeartbeat asks AWS: accepted, the action is ours and
-/// pending (and the heartbeat was due anyway): whatever this process or the Node
-/// remembers of an earlier action of the instance is dropped so the drain runs;
-/// refused, it is not asked again for [`WARM_UP_RECHECK`] while it waits there.
+/// showed it in service (its Node still saying our last action was completed). AWS
+/// is asked ([`super::lifecycle::holds_pending_action`]: a heartbeat, due anyway if
+/// the action is ours; a refusal believed for
+/// [`super::lifecycle::NOT_HELD_RECHECK`] while the instance waits there).
 /// Instances this process drains are not asked.
 pub async fn pool_holds(
     engine: &Engine,
@@ -124,49 +130,18 @@ pub async fn pool_holds(
     pool: &[crate::cloud::AsgInstance],
 ) -> std::collections::BTreeSet<String> {
     let mut ours = std::collections::BTreeSet::new();
-    let Some(hook) = engine.our_hook(group) else {
+    if engine.our_hook(group).is_none() {
         return ours;
-    };
-    let now = crate::clock::Instant::now();
-    let name = &group.asg.name;
-    // This group's entries last while their instance waits there, for at most
-    // the recheck; the other groups' are theirs to keep.
-    engine.warm_ups.lock().retain(|id, (g, at)| {
-        g != name
-            || (pool
-                .iter()
-                .any(|i| &i.id == id && i.state.is_pool_bound_wait())
-                && now.duration_since(*at) < WARM_UP_RECHECK)
-    });
+    }
     for inst in pool {
-        if !inst.state.is_pool_bound_wait()
-            || engine.is_draining(&inst.id)
-            || engine.warm_ups.lock().contains_key(&inst.id)
-        {
+        if !inst.state.is_pool_bound_wait() || engine.is_draining(&inst.id) {
             continue;
         }
-        let action = crate::cloud::LifecycleAction {
-            group: group.asg.name.clone(),
-            hook: hook.name.clone(),
-            instance_id: inst.id.clone(),
-            token: None,
-        };
-        match engine.cloud.lifecycle_heartbeat(&action).await {
-            Ok(()) => {
-                if forget_earlier_action(engine, &inst.id).await {
-                    ours.insert(inst.id.clone());
-                }
-            }
-            Err(crate::cloud::CloudError::Rejected { code, .. }) if code == "ValidationError" => {
-                tracing::debug!(instance = %inst.id, group = %group.asg.name, "Warmed:Pending:Wait with no pending action of our hook (warming up, or another hook holds it)");
-                engine
-                    .warm_ups
-                    .lock()
-                    .insert(inst.id.clone(), (name.clone(), now));
-            }
-            Err(e) => {
-                tracing::warn!(instance = %inst.id, group = %group.asg.name, error = %e, "cannot tell whether our hook holds a pool instance; next poll asks again");
-            }
+        let hold =
+            super::lifecycle::holds_pending_action(engine, &group.asg.name, &inst.id, &inst.state)
+                .await;
+        if hold == super::lifecycle::Hold::Held {
+            ours.insert(inst.id.clone());
         }
     }
     ours
@@ -247,44 +222,20 @@ pub async fn registered_while_warming(
     }
 }
 
-/// Our hook holds the instance with a new action: what this process remembers of
-/// an earlier one is dropped, and so is a finished lifecycle reason (and a pool
-/// rest) on its Node, which would otherwise make the new hold a repeat of the old
-/// and drain nothing. The cordon stays: the node is leaving again. False when the
-/// Node could not be written (the next poll tries again).
-async fn forget_earlier_action(engine: &Engine, iid: &str) -> bool {
-    engine.forget_action_done(iid);
-    let Some(node) = engine.nodes.node_for_instance(iid) else {
-        return true;
-    };
-    let now = crate::clock::utc_now();
-    let stale = |r: &DrainRecord| r.lifecycle_completed(now) || r.in_warm_pool_since.is_some();
-    if !engine.cached_record(&node).is_some_and(|r| stale(&r)) {
-        return true;
-    }
-    let written = super::cordon::update_record(engine, &node, |r| {
-        if !stale(r) {
-            return false;
-        }
-        r.reasons
-            .retain(|x| !(x.done && matches!(x.why, super::record::Why::Lifecycle { .. })));
-        r.in_warm_pool_since = None;
-        true
-    })
-    .await;
-    match written {
-        Ok(_) => {
-            tracing::info!(
-                node,
-                instance = iid,
-                "a new scale-in into the warm pool: the Node's record of the last one is closed"
-            );
-            true
-        }
-        Err(e) => {
-            tracing::warn!(node, instance = iid, error = %e, "cannot close the Node's record of the last scale-in into the pool; next poll retries");
-            false
-        }
+/// CA raised `group`'s size: when Nodes of instances this service sent to the
+/// group's pool wait to be handed back, the loop looks every
+/// [`super::lifecycle::SOON`] for [`RETURN_WATCH`] ([`follow`] each time), so the
+/// Node of an instance the pool gives back takes pods within about a second of AWS
+/// showing it in the group.
+pub fn capacity_added(engine: &Engine, group: &crate::provider::Group) {
+    let waiting = engine
+        .nodes
+        .marked_for_drain()
+        .iter()
+        .any(|m| m.group == group.asg.name && m.record.in_warm_pool_since.is_some());
+    if waiting {
+        tracing::debug!(group = %group.asg.name, "size raised with Nodes resting in the warm pool: watching for their return");
+        engine.follow_soon(RETURN_WATCH);
     }
 }
 
@@ -384,7 +335,7 @@ async fn note_in_pool(
 async fn hand_back(engine: &Engine, node: &str, iid: &str, state: Option<&LifecycleState>) -> bool {
     let state = state.map(LifecycleState::as_str).unwrap_or("?");
     match super::cordon::uncordon(engine, node).await {
-        Ok(()) => {
+        Ok(given) => {
             Metrics::outcome(&metrics().warm_pool_returns, "handed_back");
             tracing::info!(node, instance = iid, state, "instance left the warm pool for its group: node handed back (uncordoned, marks removed)");
             engine
@@ -392,7 +343,7 @@ async fn hand_back(engine: &Engine, node: &str, iid: &str, state: Option<&Lifecy
                 .node(
                     node,
                     Reason::BackFromWarmPool,
-                    format!("instance {iid} left the warm pool for its group ({state}): this service's cordon, taint and drain record are removed"),
+                    format!("instance {iid} left the warm pool for its group ({state}): this service's cordon, taint and drain record are removed{}", given.note()),
                 )
                 .await;
             true

@@ -68,6 +68,7 @@ def check_cert_manager(doc):
 
 # monitoring.coreos.com/v1, the fields the chart uses (no schema for it offline).
 SERVICE_MONITOR = {"selector", "namespaceSelector", "endpoints", "jobLabel"}
+POD_MONITOR = {"selector", "namespaceSelector", "podMetricsEndpoints", "jobLabel"}
 SM_ENDPOINT = {"port", "path", "interval", "scrapeTimeout", "scheme", "relabelings", "metricRelabelings"}
 RULE_GROUP = {"name", "interval", "rules"}
 RULE = {"alert", "record", "expr", "for", "labels", "annotations"}
@@ -86,6 +87,16 @@ def check_monitoring(doc):
         for i, ep in enumerate(spec.get("endpoints") or []):
             errs += [f"spec.endpoints[{i}].{k}: unknown field" for k in ep if k not in SM_ENDPOINT]
             errs += [f"spec.endpoints[{i}].{k}: {ep[k]!r} is not a duration"
+                     for k in ("interval", "scrapeTimeout") if k in ep and not DURATION.match(str(ep[k]))]
+    elif kind == "PodMonitor":
+        errs += [f"spec.{k}: unknown field" for k in spec if k not in POD_MONITOR]
+        if not (spec.get("selector") or {}).get("matchLabels"):
+            errs.append("spec.selector.matchLabels is required")
+        if not spec.get("podMetricsEndpoints"):
+            errs.append("spec.podMetricsEndpoints must not be empty")
+        for i, ep in enumerate(spec.get("podMetricsEndpoints") or []):
+            errs += [f"spec.podMetricsEndpoints[{i}].{k}: unknown field" for k in ep if k not in SM_ENDPOINT]
+            errs += [f"spec.podMetricsEndpoints[{i}].{k}: {ep[k]!r} is not a duration"
                      for k in ("interval", "scrapeTimeout") if k in ep and not DURATION.match(str(ep[k]))]
     elif kind == "PrometheusRule":
         errs += [f"spec.{k}: unknown field" for k in spec if k != "groups"]
@@ -142,6 +153,85 @@ def render(target):
 def find(docs, kind, name=None):
     found = [d for d in docs if d.get("kind") == kind and (name is None or d["metadata"]["name"] == name)]
     return found[0] if len(found) == 1 else None
+
+
+PROVIDER_CONFIG = "ca-asg-provider-config"
+HASHED = re.compile(r"^" + re.escape(PROVIDER_CONFIG) + r"-[a-z0-9]{10}$")
+
+
+def find_provider_config(docs):
+    """The provider's ConfigMap of an overlay: deploy/base's configMapGenerator (hashed name)."""
+    found = [d for d in docs if d.get("kind") == "ConfigMap" and HASHED.match(d["metadata"]["name"])]
+    return found[0] if len(found) == 1 else None
+
+
+def config_refs(docs):
+    """The names of every ConfigMap the overlay's workloads mount as the provider's config."""
+    refs = []
+    for d in docs:
+        spec = ((d.get("spec") or {}).get("template") or {}).get("spec") or {}
+        for v in spec.get("volumes") or []:
+            name = (v.get("configMap") or {}).get("name", "")
+            if name.startswith(PROVIDER_CONFIG):
+                refs.append(name)
+    return refs
+
+
+def config_rollout_errors(overlay, tree=None, edit=True):
+    """Promise: a config change through an overlay is applied. The provider reads its file
+    once, so the ConfigMap must be renamed by every edit (kustomize's hash suffix) and the
+    pod template must name exactly that ConfigMap: `kubectl apply -k` then rolls the pods.
+    Renders `overlay` from a copy of deploy/ (`tree`, or ROOT/deploy), edits the config
+    file its ConfigMap is generated from and renders again."""
+    errs = []
+    with tempfile.TemporaryDirectory() as tmp:
+        deploy = pathlib.Path(tmp) / "deploy"
+        shutil.copytree(tree or ROOT / "deploy", deploy, ignore=shutil.ignore_patterns("chart", "dashboards"))
+        target = deploy / "overlays" / overlay
+
+        def one(docs, when):
+            cm = find_provider_config(docs)
+            if cm is None:
+                names = [d["metadata"]["name"] for d in docs if d.get("kind") == "ConfigMap"]
+                return None, [f"{when}: no one ConfigMap {PROVIDER_CONFIG}-<hash> (ConfigMaps: {names}); "
+                              f"an edit of the config would not roll the pods"]
+            name, refs = cm["metadata"]["name"], config_refs(docs)
+            if not refs or set(refs) != {name}:
+                return cm, [f"{when}: the pods mount {refs}, not the generated ConfigMap {name}"]
+            return cm, []
+
+        before, e = one(render(target), "as shipped")
+        errs += e
+        if before is None or not edit:
+            return errs
+        src = target / "config.yaml"
+        if not src.exists():
+            src = deploy / "base" / "config.yaml"
+        text = src.read_text()
+        if "refreshInterval: 60s" not in text:
+            return errs + [f"{src.relative_to(tmp)}: no `refreshInterval: 60s` to edit"]
+        src.write_text(text.replace("refreshInterval: 60s", "refreshInterval: 45s"))
+        after, e = one(render(target), "after an edit of the config")
+        errs += e
+        if after is not None:
+            if after["metadata"]["name"] == before["metadata"]["name"]:
+                errs.append(f"an edit of {src.relative_to(tmp)} left the ConfigMap's name "
+                            f"{before['metadata']['name']}: the pods would keep the old config")
+            if "refreshInterval: 45s" not in after["data"].get("config.yaml", ""):
+                errs.append(f"the ConfigMap is not generated from {src.relative_to(tmp)}")
+    return errs
+
+
+def config_rollout_selftest():
+    """The check must fail on an overlay whose ConfigMap keeps a fixed name."""
+    with tempfile.TemporaryDirectory() as tmp:
+        tree = pathlib.Path(tmp) / "deploy"
+        shutil.copytree(ROOT / "deploy", tree, ignore=shutil.ignore_patterns("chart", "dashboards"))
+        k = tree / "base" / "kustomization.yaml"
+        k.write_text(k.read_text() + "generatorOptions: {disableNameSuffixHash: true}\n")
+        if not config_rollout_errors("sidecar", tree):
+            return ["config_rollout_errors passed an overlay whose ConfigMap has no hash suffix"]
+    return []
 
 
 # ---------------------------------------------------------------- RBAC audit
@@ -1052,7 +1142,7 @@ NEGATIVE = {
 MODES = ("sidecar", "standalone", "bundled")
 # Values set on top of each mode's defaults before the effect check, so that the values
 # of optional objects (ServiceMonitor, PrometheusRule) have something to change.
-EFFECT_BASE = {"serviceMonitor": {"enabled": True}, "prometheusRule": {"enabled": True, "runbookBaseUrl": RUNBOOKS},
+EFFECT_BASE = {"serviceMonitor": {"enabled": True}, "podMonitor": {"enabled": True}, "prometheusRule": {"enabled": True, "runbookBaseUrl": RUNBOOKS},
                "grafanaDashboard": {"enabled": True}}
 # Files the chart carries as copies (Helm hides values.yaml from templates and reads no
 # file outside the chart; a symbolic link makes every helm command print a warning):
@@ -1188,6 +1278,118 @@ def mode_effect_errors(env, defaults, tmp):
     return errs, counted
 
 
+DRAINING_TAINT = re.search(r'TAINT_KEY: &str = "([^"]+)"', (ROOT / "src/scalein/cordon.rs").read_text()).group(1)
+
+
+def pod_scheduling_errors(env, tmp):
+    """The pod defaults docs/helm.md promises, rendered, and each value toggling what it
+    says: rollout strategy (never zero ready replicas), Linux nodeSelector, spread by node
+    and by zone, no toleration of the draining taint, avoidNodesLabelled's preferred
+    nodeAffinity (merged with affinity's), and the PodMonitor."""
+    errs = []
+    vf = pathlib.Path(tmp) / "scheduling-values.yaml"
+
+    def render(values):
+        vf.write_text(yaml.safe_dump(values))
+        out = helm("template", RELEASE, str(CHART), "-n", NAMESPACE, "-f", str(vf), env=env)
+        if out.returncode != 0:
+            errs.append(f"render of {values} fails: {out.stderr.strip()[:300]}")
+            return []
+        return [d for d in yaml.safe_load_all(out.stdout) if d]
+
+    def pod(docs):
+        dep = find(docs, "Deployment")
+        return dep, (dep or {}).get("spec", {}).get("template", {}).get("spec", {})
+
+    for mode in ("standalone", "bundled"):
+        base = merged(REQUIRED[mode], {"mode": mode})
+        docs = render(base)
+        dep, spec = pod(docs)
+        if not dep:
+            errs.append(f"{mode}: no Deployment")
+            continue
+        strategy = dep["spec"].get("strategy")
+        if strategy != {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 0, "maxSurge": 1}}:
+            errs.append(f"{mode}: default strategy {strategy}, want RollingUpdate maxUnavailable 0 maxSurge 1")
+        pdb = find(docs, "PodDisruptionBudget")
+        if dep["spec"]["replicas"] < 2 or not pdb or pdb["spec"].get("maxUnavailable") != 1:
+            errs.append(f"{mode}: default replicas {dep['spec']['replicas']} with PDB {pdb and pdb['spec']}: "
+                        f"a drain or an upgrade could leave no ready replica")
+        if spec.get("nodeSelector") != {"kubernetes.io/os": "linux"}:
+            errs.append(f"{mode}: default nodeSelector {spec.get('nodeSelector')}, want kubernetes.io/os: linux")
+        spread = {(c["topologyKey"], c["whenUnsatisfiable"], c["maxSkew"])
+                  for c in spec.get("topologySpreadConstraints") or [] if c.get("labelSelector")}
+        if spread != {("kubernetes.io/hostname", "ScheduleAnyway", 1), ("topology.kubernetes.io/zone", "ScheduleAnyway", 1)}:
+            errs.append(f"{mode}: default spread {spread}, want hostname and zone, ScheduleAnyway, maxSkew 1")
+        if any(t.get("key") in (DRAINING_TAINT, None) for t in spec.get("tolerations") or []):
+            errs.append(f"{mode}: the pod tolerates {DRAINING_TAINT} by default: it could land on a node being drained")
+        if spec.get("affinity") or find(docs, "PodMonitor"):
+            errs.append(f"{mode}: default renders an affinity or a PodMonitor: {spec.get('affinity')}")
+
+        # Each value does what it says.
+        _, spec = pod(render(merged(base, {"nodeSelector": None})))
+        if "nodeSelector" in spec:
+            errs.append(f"{mode}: nodeSelector: null still renders {spec['nodeSelector']}")
+        _, spec = pod(render(merged(base, {"nodeSelector": {"eks.amazonaws.com/nodegroup": "system"}})))
+        if spec.get("nodeSelector") != {"kubernetes.io/os": "linux", "eks.amazonaws.com/nodegroup": "system"}:
+            errs.append(f"{mode}: a system node group label is not added to the nodeSelector: {spec.get('nodeSelector')}")
+        own = {"maxSkew": 2, "topologyKey": "topology.kubernetes.io/zone", "whenUnsatisfiable": "DoNotSchedule"}
+        _, spec = pod(render(merged(base, {"topologySpreadConstraints": [own]})))
+        if [{k: c[k] for k in own} for c in spec.get("topologySpreadConstraints") or []] != [own]:
+            errs.append(f"{mode}: topologySpreadConstraints set does not replace the defaults: {spec.get('topologySpreadConstraints')}")
+        dep, _ = pod(render(merged(base, {"strategy": {"type": "Recreate", "rollingUpdate": None}})))
+        if (dep or {}).get("spec", {}).get("strategy") != {"type": "Recreate"}:
+            errs.append(f"{mode}: strategy Recreate renders {(dep or {}).get('spec', {}).get('strategy')}")
+        user_term = {"weight": 5, "preference": {"matchExpressions": [{"key": "disk", "operator": "In", "values": ["ssd"]}]}}
+        _, spec = pod(render(merged(base, {
+            "avoidNodesLabelled": {"eks.amazonaws.com/nodegroup": ["workers-a", "workers-b"], "spot": []},
+            "affinity": {"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [user_term]}}})))
+        got = ((spec.get("affinity") or {}).get("nodeAffinity") or {}).get("preferredDuringSchedulingIgnoredDuringExecution")
+        want = [user_term, {"weight": 100, "preference": {"matchExpressions": [
+            {"key": "eks.amazonaws.com/nodegroup", "operator": "NotIn", "values": ["workers-a", "workers-b"]},
+            {"key": "spot", "operator": "DoesNotExist"}]}}]
+        if got != want:
+            errs.append(f"{mode}: avoidNodesLabelled renders {got}, want {want}")
+        docs = render(merged(base, {"podMonitor": {"enabled": True}}))
+        pm = find(docs, "PodMonitor")
+        dep, _ = pod(docs)
+        ports = ["metrics"] + (["ca-metrics"] if mode == "bundled" else [])
+        pod_labels = ((dep or {}).get("spec", {}).get("template", {}).get("metadata", {}).get("labels") or {})
+        if not pm or [e["port"] for e in pm["spec"]["podMetricsEndpoints"]] != ports \
+                or not pm["spec"]["selector"]["matchLabels"].items() <= pod_labels.items():
+            errs.append(f"{mode}: podMonitor.enabled renders {pm and pm['spec']}, want ports {ports} selecting the pods {pod_labels}")
+        named = {p["name"] for c in pod_containers(dep or {}) for p in c.get("ports") or []}
+        if not set(ports) <= named:
+            errs.append(f"{mode}: PodMonitor ports {ports} are not all named container ports ({named})")
+    # Sidecar: the PodMonitor selects CA's pods by clusterAutoscaler.podLabels, on the port
+    # the example CA values name "metrics"; the pod values are CA's chart's (refused here).
+    pm = find(render(merged(REQUIRED["sidecar"], {"podMonitor": {"enabled": True}})), "PodMonitor")
+    example = yaml.safe_load((CHART / "examples/cluster-autoscaler-values.yaml").read_text())
+    example_ports = {p["name"] for c in example.get("initContainers") or [] for p in c.get("ports") or []}
+    if not pm or pm["spec"]["selector"]["matchLabels"] != yaml.safe_load((CHART / "values.yaml").read_text())[
+            "clusterAutoscaler"]["podLabels"] or "metrics" not in example_ports:
+        errs.append(f"sidecar: PodMonitor {pm and pm['spec']} does not select CA's pods on the example's metrics port ({example_ports})")
+    return errs
+
+
+def home_url_errors():
+    """The project's address is written once, as Chart.yaml's home: any other mention of the
+    same repository, or of another `example` project URL, in deploy/ or docs/ is an error."""
+    home = yaml.safe_load((CHART / "Chart.yaml").read_text())["home"].rstrip("/")
+    repo = re.sub(r"^https?://", "", home)
+    project = re.compile(rf"{re.escape(repo)}|(?:github|gitlab)\.com/example\b", re.I)
+    errs = []
+    for path in sorted(p for d in ("deploy", "docs") for p in (ROOT / d).rglob("*") if p.is_file()):
+        try:
+            lines = path.read_text().splitlines()
+        except UnicodeDecodeError:
+            continue
+        for n, line in enumerate(lines, 1):
+            if project.search(line) and not (path == CHART / "Chart.yaml" and line.startswith("home:")):
+                errs.append(f"{path.relative_to(ROOT)}:{n}: the project's address outside Chart.yaml's home: {line.strip()[:120]}")
+    return errs
+
+
 def pod_containers(doc):
     """The containers (init containers included) of a Pod or of a workload's pod template."""
     spec = doc.get("spec") or {}
@@ -1219,8 +1421,8 @@ def check_chart(base_docs, overlay_docs):
     prefix, series = rust_metrics()
     anchors = runbook_anchors()
     base_rules = {d["kind"]: d["rules"] for d in base_docs if d["kind"] in ("ClusterRole", "Role")}
-    base_config = yaml.safe_load(find(base_docs, "ConfigMap", "ca-asg-provider")["data"]["config.yaml"])
-    overlay_config = yaml.safe_load(find(overlay_docs, "ConfigMap", "ca-asg-provider")["data"]["config.yaml"])
+    base_config = yaml.safe_load(find_provider_config(base_docs)["data"]["config.yaml"])
+    overlay_config = yaml.safe_load(find_provider_config(overlay_docs)["data"]["config.yaml"])
     ca_docs = render(ROOT / "deploy/cluster-autoscaler")
     ca_rules = {k: (find(ca_docs, k, "cluster-autoscaler") or {}).get("rules", []) for k in ("ClusterRole", "Role")}
 
@@ -1265,6 +1467,7 @@ def check_chart(base_docs, overlay_docs):
                     fail(f"{name}: {e}")
                 if doc.get("kind") != "ClusterRole" and doc.get("kind") != "ClusterRoleBinding" \
                         and doc["metadata"].get("namespace") not in (NAMESPACE, values["serviceMonitor"]["namespace"],
+                                                                    values["podMonitor"]["namespace"],
                                                                     values["prometheusRule"]["namespace"],
                                                                     values["grafanaDashboard"]["namespace"]):
                     fail(f"{name}: metadata.namespace must be set (release namespace {NAMESPACE})")
@@ -1291,7 +1494,7 @@ def check_chart(base_docs, overlay_docs):
             # One source of truth: the default config is deploy/base's (sidecar) or the
             # standalone overlay's (standalone).
             if vf and vf.name in ("sidecar-values.yaml", "standalone-values.yaml", "bundled-values.yaml"):
-                want, src = ((base_config, "deploy/base/configmap.yaml") if values["mode"] != "standalone"
+                want, src = ((base_config, "deploy/base/config.yaml") if values["mode"] != "standalone"
                              else (overlay_config, "deploy/overlays/standalone"))
                 if cluster_neutral(cfg) != cluster_neutral(want):
                     fail(f"deploy/chart ({label}): provider config differs from {src}'s (the cluster name aside):\n"
@@ -1319,6 +1522,7 @@ def check_chart(base_docs, overlay_docs):
                     if kind in kinds:
                         fail(f"deploy/chart ({label}): sidecar mode must not render a {kind} (CA's chart owns the pod)")
             for want_kind, on in (("ServiceMonitor", values["serviceMonitor"]["enabled"]),
+                                  ("PodMonitor", values["podMonitor"]["enabled"]),
                                   ("PrometheusRule", values["prometheusRule"]["enabled"])):
                 if (want_kind in kinds) != bool(on):
                     fail(f"deploy/chart ({label}): {want_kind} rendered={want_kind in kinds}, enabled={on}")
@@ -1405,6 +1609,23 @@ def check_chart(base_docs, overlay_docs):
                               for m, (t, r, k) in counted.items())
                   + "); dryRun: true reaches every serve container or is refused")
 
+        errs = home_url_errors()
+        for e in errs:
+            fail(f"project home: {e}")
+        if not errs:
+            print("ok   the project's address is written once, in deploy/chart/Chart.yaml's home (none in deploy/ or docs/ besides)")
+
+        # The pod's scheduling and rollout defaults, and the values that change them.
+        with tempfile.TemporaryDirectory() as tmp:
+            errs = pod_scheduling_errors(env, tmp)
+        for e in errs:
+            fail(f"deploy/chart scheduling: {e}")
+        if not errs:
+            print("ok   deploy/chart: RollingUpdate maxUnavailable 0/maxSurge 1 with 2 replicas and the PDB, nodeSelector "
+                  "kubernetes.io/os: linux, spread by hostname and zone, no toleration of "
+                  f"{DRAINING_TAINT}; nodeSelector, topologySpreadConstraints, strategy, avoidNodesLabelled "
+                  "(merged with affinity) and podMonitor each render as documented (standalone, bundled, sidecar)")
+
         # The chart README is generated from values.yaml's comments and must be current.
         out = subprocess.run([sys.executable, str(ROOT / "scripts/chart_readme.py"), "--check"],
                              capture_output=True, text=True)
@@ -1412,6 +1633,11 @@ def check_chart(base_docs, overlay_docs):
             fail(f"deploy/chart/README.md: {out.stderr.strip()}")
         else:
             print("ok   deploy/chart/README.md is current (scripts/chart_readme.py from values.yaml's comments)")
+        out = subprocess.run([sys.executable, str(ROOT / "tests/deploy/chart_readme_test.py")],
+                             capture_output=True, text=True)
+        print(out.stdout, end="")
+        if out.returncode != 0:
+            fail(f"tests/deploy/chart_readme_test.py: {out.stderr.strip()}")
 
         # Example values for CA's own chart.
         n_failed = failed
@@ -1499,6 +1725,18 @@ def main():
     failed += len(errs)
     if not errs:
         print(f"ok   --{BALANCING}: docs/configuration.md table's {n} labels, each once, in {len(where)} places ({', '.join(where)})")
+    errs = config_rollout_selftest()
+    for e in errs:
+        print(f"FAIL validate.py: {e}")
+    failed += len(errs)
+    for overlay in sorted(k for k in rendered if k != "base"):
+        errs = config_rollout_errors(overlay)
+        for e in errs:
+            print(f"FAIL deploy/overlays/{overlay}: {e}")
+        failed += len(errs)
+        if not errs:
+            print(f"ok   deploy/overlays/{overlay}: the provider's ConfigMap carries a hash suffix, the pods mount exactly it, "
+                  f"and an edit of its config renames it (kubectl apply -k rolls the pods)")
     failed += check_chart(rendered["base"], rendered["standalone"])
     if failed:
         print(f"{failed} failure(s)")

@@ -233,6 +233,9 @@ impl Cloud for Logged {
     async fn locate_instances(&self, ids: &[String]) -> CloudResult<Vec<InstanceLocation>> {
         self.inner.locate_instances(ids).await
     }
+    async fn ended_instances(&self, ids: &[String]) -> CloudResult<Vec<String>> {
+        self.inner.ended_instances(ids).await
+    }
     async fn warm_pool_instances(&self, g: &str) -> CloudResult<Vec<AsgInstance>> {
         self.inner.warm_pool_instances(g).await
     }

@@ -2,6 +2,7 @@
 pub mod acting;
 pub mod budget_floor;
 pub mod eks;
+pub mod grpcio;
 pub mod invariants;
 pub mod model;
 pub mod moto;

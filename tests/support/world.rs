@@ -343,6 +343,24 @@ pub fn delete_request(
     req
 }
 
+/// The group CA's NodeGroupForNode answers for an instance's Node, as CA's loop asks
+/// it for every Node ("" for none).
+pub async fn group_for(ca: &mut CloudProviderClient<Channel>, iid: &str) -> String {
+    ca.node_group_for_node(proto::NodeGroupForNodeRequest {
+        node: Some(proto::ExternalGrpcNode {
+            provider_id: format!("aws:///us-east-1a/{iid}"),
+            name: sim::node_name(iid),
+            ..Default::default()
+        }),
+    })
+    .await
+    .unwrap()
+    .into_inner()
+    .node_group
+    .map(|g| g.id)
+    .unwrap_or_default()
+}
+
 pub async fn target(w: &mut World, group: &str) -> i32 {
     w.ca.node_group_target_size(proto::NodeGroupTargetSizeRequest { id: group.into() })
         .await

@@ -201,7 +201,8 @@ sidecar:
       extraVolumes, extraVolumeMounts, resources, securityContext,
       readinessProbe, livenessProbe, podSecurityContext, podAnnotations, podLabels, scrapeAnnotations,
       replicas, revisionHistoryLimit, terminationGracePeriodSeconds, priorityClassName, nodeSelector,
-      tolerations, affinity, topologySpreadConstraints, podDisruptionBudget, serviceAccount]
+      strategy, tolerations, affinity, avoidNodesLabelled, topologySpreadConstraints, podDisruptionBudget,
+      serviceAccount]
   - why: "it is standalone mode's (CA reaches the sidecar on 127.0.0.1, without a Service or TLS)"
     paths: [service, tls, clusterAutoscaler.cloudConfig.tlsMountPath]
   - why: {{ $caChart | quote }}

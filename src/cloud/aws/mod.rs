@@ -355,6 +355,51 @@ impl Cloud for AwsCloud {
         Ok(out)
     }
 
+    async fn ended_instances(&self, ids: &[String]) -> CloudResult<Vec<String>> {
+        // Filtered by id rather than named: an id EC2 no longer knows is left out of
+        // the answer instead of failing the whole call (InvalidInstanceID.NotFound).
+        let mut running = std::collections::BTreeSet::new();
+        for batch in ids.chunks(INSTANCE_BATCH) {
+            let mut token: Option<String> = None;
+            loop {
+                let r = self
+                    .ec2
+                    .describe_instances()
+                    .filters(
+                        ec2::types::Filter::builder()
+                            .name("instance-id")
+                            .set_values(Some(batch.to_vec()))
+                            .build(),
+                    )
+                    .set_next_token(token.clone())
+                    .send()
+                    .await;
+                let page = self.done("DescribeInstances", r)?;
+                for i in page.reservations().iter().flat_map(|r| r.instances()) {
+                    let ending = matches!(
+                        i.state().and_then(|s| s.name()),
+                        Some(
+                            ec2::types::InstanceStateName::ShuttingDown
+                                | ec2::types::InstanceStateName::Terminated
+                        )
+                    );
+                    if let (Some(id), false) = (i.instance_id(), ending) {
+                        running.insert(id.to_string());
+                    }
+                }
+                match page.next_token() {
+                    Some(t) if !t.is_empty() => token = Some(t.to_string()),
+                    _ => break,
+                }
+            }
+        }
+        Ok(ids
+            .iter()
+            .filter(|id| !running.contains(id.as_str()))
+            .cloned()
+            .collect())
+    }
+
     async fn warm_pool_instances(&self, group: &str) -> CloudResult<Vec<AsgInstance>> {
         let mut out = Vec::new();
         let mut token: Option<String> = None;

@@ -5,7 +5,7 @@
 //! timeout passed take their default result), so no background task is needed and a
 //! test sees the same sequence every run. Launch failures can be injected per group.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::{Duration, UNIX_EPOCH};
 
@@ -300,6 +300,9 @@ struct State {
     stale: Option<(BTreeMap<String, MemAsg>, u32, Instant)>,
     /// Heartbeats and completions that carry a token must carry the action's.
     check_tokens: bool,
+    /// Instances detached from their group ([`MemoryCloud::detach`]): in no group,
+    /// still running, as EC2 would show them.
+    detached: BTreeSet<String>,
 }
 
 /// In-memory Auto Scaling. Cheap to clone (shared state).
@@ -791,6 +794,57 @@ impl MemoryCloud {
         Ok(ended)
     }
 
+    /// The pool ends one of its instances resting there (the pool shrinks, an instance
+    /// refresh replaces it): with terminating hooks it waits (after `hook_delay`) in
+    /// `Warmed:Terminating:Wait` for every one of them, then is gone
+    /// (`Warmed:Terminated`); with none it goes at the next settle. False: no such
+    /// instance at rest in a pool.
+    pub fn end_pool_instance(&self, instance_id: &str) -> bool {
+        let mut st = self.state.lock();
+        self.settle(&mut st);
+        let now = Instant::now();
+        for g in st.groups.values_mut() {
+            let hooks = g.spec.terminating_hooks.clone();
+            let Some(inst) = g
+                .pool
+                .iter_mut()
+                .find(|i| i.id == instance_id && is_resting_in_pool(&i.state))
+            else {
+                continue;
+            };
+            begin_termination(inst, &hooks, now, self.timing.hook_delay);
+            inst.state = match inst.state {
+                LifecycleState::TerminatingWait => LifecycleState::parse(POOL_ENDING_WAIT),
+                _ if inst.waits.is_empty() => LifecycleState::parse(POOL_ENDING_WAIT),
+                _ => LifecycleState::parse(POOL_ENDING),
+            };
+            return true;
+        }
+        false
+    }
+
+    /// Detaches an instance from its group (DetachInstances): it leaves the group's
+    /// instances at once and runs on outside any group; with `decrement` the desired
+    /// capacity drops by one, else the group launches a replacement.
+    pub fn detach(&self, instance_id: &str, decrement: bool) -> CloudResult<()> {
+        let mut st = self.state.lock();
+        self.settle(&mut st);
+        let now = Instant::now();
+        let (name, g) = st
+            .groups
+            .iter_mut()
+            .find(|(_, g)| g.instances.iter().any(|i| i.id == instance_id))
+            .ok_or_else(|| not_found("instance", instance_id))?;
+        let name = name.clone();
+        g.instances.retain(|i| i.id != instance_id);
+        if decrement {
+            lower_by_hand(&mut st, &name);
+        }
+        st.detached.insert(instance_id.to_string());
+        self.reconcile_group(&mut st, &name, now);
+        Ok(())
+    }
+
     /// EnterStandby, as AWS does it: the instance stays in the group, outside its
     /// desired capacity, which is lowered by one with `decrement`; without it the ASG
     /// launches a replacement.
@@ -819,14 +873,7 @@ impl MemoryCloud {
         inst.state = LifecycleState::Standby;
         inst.since = now;
         if decrement {
-            let from = g.desired;
-            g.desired -= 1;
-            st.desired_log.push(DesiredChange {
-                group: name.clone(),
-                from,
-                to: from - 1,
-                by: DesiredBy::External,
-            });
+            lower_by_hand(&mut st, &name);
         }
         self.reconcile_group(&mut st, &name, now);
         Ok(())
@@ -911,7 +958,12 @@ impl MemoryCloud {
             let pool_state = resting_pool_state(&g.spec);
             for inst in &mut g.pool {
                 if inst.enters_wait.is_some_and(|at| now >= at) {
-                    enter_wait(inst, LifecycleState::parse(POOL_BOUND_WAIT), now);
+                    let wait = if inst.state.as_str() == POOL_ENDING {
+                        POOL_ENDING_WAIT
+                    } else {
+                        POOL_BOUND_WAIT
+                    };
+                    enter_wait(inst, LifecycleState::parse(wait), now);
                 }
                 if !is_hook_wait(&inst.state) {
                     continue;
@@ -1072,8 +1124,28 @@ fn begin_termination(
     }
 }
 
+/// A person's call (EnterStandby, DetachInstances with decrement) lowers the group's
+/// desired capacity by one, logged as done from outside.
+fn lower_by_hand(st: &mut State, group: &str) {
+    let Some(g) = st.groups.get_mut(group) else {
+        return;
+    };
+    let from = g.desired;
+    g.desired -= 1;
+    st.desired_log.push(DesiredChange {
+        group: group.to_string(),
+        from,
+        to: from - 1,
+        by: DesiredBy::External,
+    });
+}
+
 /// Where a scale-in under ReuseOnScaleIn holds an instance for the terminating hooks.
 const POOL_BOUND_WAIT: &str = "Warmed:Pending:Wait";
+/// Where the pool ends one of its instances, on its way to the hooks' wait and held
+/// there.
+const POOL_ENDING: &str = "Warmed:Terminating";
+const POOL_ENDING_WAIT: &str = "Warmed:Terminating:Wait";
 
 /// Starts returning an instance to the warm pool: with terminating hooks it waits
 /// (after `hook_delay`) in `Warmed:Pending:Wait` for every one of them, as AWS holds
@@ -1313,6 +1385,29 @@ impl Cloud for MemoryCloud {
                 }
             }
             Ok(out)
+        })
+        .await
+    }
+
+    async fn ended_instances(&self, ids: &[String]) -> CloudResult<Vec<String>> {
+        self.effect(|| -> CloudResult<Vec<String>> {
+            let mut st = self.state.lock();
+            self.begin_call(&mut st, "ended_instances")?;
+            // EC2 knows every instance of a group and its pool (ending once its
+            // hooks let it go) and every detached one; the rest ended.
+            let runs = |id: &str| {
+                st.detached.contains(id)
+                    || st.groups.values().any(|g| {
+                        g.instances.iter().chain(&g.pool).any(|i| {
+                            i.id == id
+                                && !matches!(
+                                    i.state,
+                                    LifecycleState::TerminatingProceed | LifecycleState::Terminated
+                                )
+                        })
+                    })
+            };
+            Ok(ids.iter().filter(|id| !runs(id)).cloned().collect())
         })
         .await
     }

@@ -287,7 +287,7 @@ pub async fn serve_file(file: &Path, listen: &ListenAddr) -> anyhow::Result<()> 
         }
         Listener::Unix(l, _file) => {
             router
-                .serve_with_incoming(crate::grpc::door::incoming(l, limits))
+                .serve_with_incoming(crate::grpc::unix_incoming(l, limits))
                 .await?
         }
     }
