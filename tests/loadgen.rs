@@ -236,3 +236,49 @@ fn a_delete_storm_answers_every_call_and_ends_exact() {
         assert_eq!(m["aws_requests"]["terminate_instance"], 20, "{m}");
     }
 }
+
+/// Issue 59, 1 and Build 4: `--delete-storm` with placeholder slots (failed launches)
+/// and AWS too slow for CA's deadline (500 ms a request against a 1 s deadline, of
+/// which the service keeps 800 ms: the batch's read leaves too little to write). Every
+/// call's answer is recorded; no size change lands after an answer that said nothing
+/// was changed (before the fix, the placeholders' write went out all the same and
+/// landed after its calls had answered "no instance was removed"). Counts only.
+#[test]
+fn a_delete_storm_with_placeholders_and_slow_aws_changes_no_size_after_an_answer() {
+    let (stdout, r) = loadgen(&[
+        "--delete-storm",
+        "4",
+        "--delete-placeholders",
+        "4",
+        "--aws-latency-ms",
+        "500",
+        "--delete-deadline-ms",
+        "1000",
+    ]);
+    assert!(
+        stdout.contains("size changes after an answer that said nothing was changed: 0"),
+        "{stdout}"
+    );
+    assert_eq!(r["placeholders"], 4);
+    for m in r["modes"].as_array().unwrap() {
+        assert_eq!(m["size_changes_after_nothing_changed"], 0, "{m}");
+        assert_eq!(m["failures"], 0, "{m}");
+        assert_eq!(m["calls"], 8, "{m}");
+        assert_eq!(m["placeholder_calls"], 4, "{m}");
+        // Too slow to write in time: no placeholder is given up, and the ASG keeps
+        // them (besides the 10 instances CA did not name and the nodes that stayed).
+        assert_eq!(m["placeholder_calls_ok"], 0, "{m}");
+        assert_eq!(m["desired_capacity"], m["expected"], "{m}");
+        let records = m["call_records"].as_array().unwrap();
+        assert_eq!(records.len(), 8, "{m}");
+        for c in records.iter().filter(|c| c["placeholder"] == true) {
+            assert_eq!(c["said"], "nothing changed", "{c}");
+            let answer = c["answer"].as_str().unwrap();
+            assert!(
+                answer.contains("nothing was changed")
+                    || answer.contains("no instance was removed"),
+                "{c}"
+            );
+        }
+    }
+}

@@ -12,6 +12,15 @@
 //! counter), the batches the calls were recorded in (one DescribeAutoScalingGroups per
 //! batch: nothing else reads the group while the calls run), and whether CA's target
 //! and the ASG's desired capacity end exact and every instance CA did not name stays.
+//!
+//! With `--delete-placeholders N` the group also has N slots whose launches failed
+//! (placeholders, as CA lists them), and one call per placeholder goes out among the
+//! nodes' calls, as CA gives up capacity that never came (`deleteCreatedNodesWithErrors`,
+//! `removeOldUnregisteredNodes`). AWS may then be slower than the deadline on purpose
+//! (issue 59, 1): every call's answer is recorded with the desired capacity when it
+//! came, and the run counts the size changes that landed although their call said
+//! nothing was changed (the goal is none). A call that failed is then not a failure by
+//! itself: CA retries it; one whose answer was untrue is.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -26,9 +35,9 @@ use tonic::transport::Endpoint;
 use super::stats::MethodSummary;
 use super::until;
 use crate::cloud::memory::{MemoryCloud, MemoryGroup};
-use crate::cloud::GroupSelector;
+use crate::cloud::{Cloud, GroupSelector};
 use crate::proto::{self, cloud_provider_client::CloudProviderClient};
-use crate::provider::{Provider, ProviderSettings};
+use crate::provider::{instances, Provider, ProviderSettings};
 use crate::scalein::{DrainScaleIn, Engine, Outcome, ScaleInSettings};
 use crate::sim::{SimCluster, SimOptions};
 
@@ -55,6 +64,8 @@ pub struct DeleteStormOptions {
     /// the shipped 50 and 100 by default).
     pub api_qps: f64,
     pub api_burst: u32,
+    /// Slots of the group whose launches failed (placeholders), one call each.
+    pub placeholders: usize,
 }
 
 impl DeleteStormOptions {
@@ -67,6 +78,7 @@ impl DeleteStormOptions {
             settle_limit: Duration::from_secs(600),
             api_qps: ScaleInSettings::default().api_qps,
             api_burst: ScaleInSettings::default().api_burst,
+            placeholders: 0,
         }
     }
 }
@@ -79,6 +91,7 @@ pub struct DeleteStormReport {
     pub deadline_ms: u64,
     pub api_qps: f64,
     pub api_burst: u32,
+    pub placeholders: usize,
     pub modes: Vec<ModeReport>,
 }
 
@@ -129,7 +142,9 @@ pub struct ModeReport {
     /// (CA never reads it so; shown, not checked).
     pub target_size_without_refresh: i32,
     /// The desired capacity the ASG must end with: the 10 instances CA did not name,
-    /// and the nodes of failed calls that stayed.
+    /// and the nodes of failed calls that stayed (and, with placeholders, the slots
+    /// whose call was not answered OK: then the least it may end with, less the calls
+    /// answered "may land").
     pub expected: i32,
     /// The ASG's desired capacity once every drain ended its instance.
     pub desired_capacity: Option<i32>,
@@ -140,6 +155,50 @@ pub struct ModeReport {
     /// Nodes whose call failed and whose instance stayed (counted in `expected`);
     /// the other failed calls' removals went on and ended their instance.
     pub failed_nodes_that_stayed: usize,
+    /// Calls that gave up a placeholder, and how many of them were answered OK.
+    pub placeholder_calls: usize,
+    pub placeholder_calls_ok: usize,
+    /// Calls answered that nothing was changed (every error but the two below), and
+    /// calls answered that their change was sent and may land, or goes on.
+    pub calls_said_nothing_changed: usize,
+    pub calls_said_may_land: usize,
+    /// Size changes that landed although their call was answered that nothing was
+    /// changed: a named instance that ended, and placeholders given up beyond the
+    /// calls answered OK or "may land". The goal is none.
+    pub size_changes_after_nothing_changed: usize,
+    /// Placeholder calls answered OK beyond the slots given up: the slot each named was
+    /// gone by the time it was recorded (not a failure; see `expected`).
+    pub placeholder_slots_already_gone: usize,
+    /// Every call: what it named, its answer, and the desired capacity then and after.
+    pub call_records: Vec<CallRecord>,
+}
+
+/// One call of the storm as CA saw it.
+#[derive(Debug, Serialize, Clone)]
+pub struct CallRecord {
+    /// The instance, or the placeholder, the call named.
+    pub node: String,
+    pub placeholder: bool,
+    /// From the first call sent to this answer.
+    pub answered_s: f64,
+    /// "OK", or the error's code and message.
+    pub answer: String,
+    /// What the answer told CA: "changed", "may land" or "nothing changed".
+    pub said: &'static str,
+    /// The ASG's desired capacity when the answer came.
+    pub desired_at_answer: Option<i32>,
+    /// Whether the desired capacity changed after the answer (by this call's change
+    /// or another's, the drains' included).
+    pub desired_changed_after: bool,
+}
+
+/// What an answer tells CA about its change.
+fn said(error: Option<&str>) -> &'static str {
+    match error {
+        None => "changed",
+        Some(e) if e.contains("may still land") || e.contains("it goes on") => "may land",
+        Some(_) => "nothing changed",
+    }
 }
 
 /// Both modes, one after the other, each on a fresh cloud and API server.
@@ -160,15 +219,35 @@ pub async fn run(o: &DeleteStormOptions) -> anyhow::Result<DeleteStormReport> {
         deadline_ms: o.deadline.as_millis() as u64,
         api_qps: o.api_qps,
         api_burst: o.api_burst,
+        placeholders: o.placeholders,
         modes,
     })
 }
 
-/// One call's answer: when it came, how long it took, the error if any.
+/// One call's answer: when it came, how long it took, the error if any, and the
+/// desired capacity then.
 struct Answer {
     at: Instant,
     took: Duration,
     error: Option<String>,
+    desired: Option<i32>,
+}
+
+/// One call of the storm: the instance (or placeholder) and its providerID.
+struct Victim {
+    id: String,
+    provider_id: String,
+    placeholder: bool,
+}
+
+impl Victim {
+    fn placeholder(id: String) -> Self {
+        Self {
+            provider_id: id.clone(),
+            id,
+            placeholder: true,
+        }
+    }
 }
 
 fn delta(after: &BTreeMap<String, u64>, before: &BTreeMap<String, u64>) -> BTreeMap<String, u64> {
@@ -187,8 +266,9 @@ fn per_node(requests: &BTreeMap<String, u64>, nodes: usize) -> f64 {
 async fn run_mode(o: &DeleteStormOptions, hooked: bool) -> anyhow::Result<ModeReport> {
     let mode = if hooked { "hooked" } else { "direct" };
     eprintln!(
-        "loadgen: delete storm, {mode}: {} one-node DeleteNodes, {} at once, AWS at {} ms",
+        "loadgen: delete storm, {mode}: {} one-node DeleteNodes and {} of a placeholder, {} at once, AWS at {} ms",
         o.nodes,
+        o.placeholders,
         o.parallelism,
         o.aws_latency.as_millis()
     );
@@ -200,7 +280,8 @@ async fn run_mode(o: &DeleteStormOptions, hooked: bool) -> anyhow::Result<ModeRe
         .await?,
     );
     let size = (o.nodes + KEPT) as i32;
-    let mut group = MemoryGroup::new(GROUP, 0, size, size, "m5.large");
+    let failed_slots = o.placeholders as i32;
+    let mut group = MemoryGroup::new(GROUP, 0, size + failed_slots, size, "m5.large");
     if hooked {
         group = group.terminating_hook(&ScaleInSettings::default().hook_name, 300);
     }
@@ -210,6 +291,11 @@ async fn run_mode(o: &DeleteStormOptions, hooked: bool) -> anyhow::Result<ModeRe
         sim.list::<Node>().len() == o.nodes + KEPT
     })
     .await?;
+    if failed_slots > 0 {
+        // Capacity asked for that never came: CA lists each slot as a placeholder.
+        cloud.fail_launches(GROUP, Some("InsufficientInstanceCapacity"));
+        Cloud::set_desired_capacity(&cloud, GROUP, size + failed_slots).await?;
+    }
 
     // The service as `serve` builds it: the provider with the drain behind DeleteNodes
     // (the shipped scale-in settings, apiQps as given), and the gRPC server on a free port.
@@ -272,7 +358,38 @@ async fn run_mode(o: &DeleteStormOptions, hooked: bool) -> anyhow::Result<ModeRe
         .iter()
         .map(|(id, _)| id.clone())
         .collect();
-    let victims: Vec<(String, String)> = instances[..o.nodes].to_vec();
+    // The placeholders, the highest slot first (a slot past the unfulfilled capacity
+    // is gone), spread among the nodes' calls, the first call a placeholder's.
+    let slot = |provider_id: &str| {
+        instances::placeholder_index(provider_id.rsplit('/').next().unwrap_or_default())
+    };
+    let mut placeholders: Vec<String> = provider
+        .nodes(GROUP)?
+        .into_iter()
+        .map(|v| v.id)
+        .filter(|id| slot(id).is_some())
+        .collect();
+    placeholders.sort_by_key(|id| std::cmp::Reverse(slot(id)));
+    anyhow::ensure!(
+        placeholders.len() == o.placeholders,
+        "{} placeholders listed, not {}",
+        placeholders.len(),
+        o.placeholders
+    );
+    let every = (o.nodes / o.placeholders.max(1)).max(1);
+    let mut victims: Vec<Victim> = Vec::with_capacity(o.nodes + o.placeholders);
+    let mut placeholders = placeholders.into_iter();
+    for (i, (id, provider_id)) in instances[..o.nodes].iter().enumerate() {
+        if i % every == 0 {
+            victims.extend(placeholders.next().map(Victim::placeholder));
+        }
+        victims.push(Victim {
+            id: id.clone(),
+            provider_id: provider_id.clone(),
+            placeholder: false,
+        });
+    }
+    victims.extend(placeholders.map(Victim::placeholder));
 
     cloud.slow(o.aws_latency);
     let before = cloud.calls();
@@ -280,17 +397,23 @@ async fn run_mode(o: &DeleteStormOptions, hooked: bool) -> anyhow::Result<ModeRe
     let started = Instant::now();
     let slots = Arc::new(tokio::sync::Semaphore::new(o.parallelism));
     let mut calls = Vec::with_capacity(victims.len());
-    for (id, provider_id) in &victims {
+    for v in &victims {
+        // CA names a placeholder by its id, as both name and providerID.
+        let name = if v.placeholder {
+            v.id.clone()
+        } else {
+            crate::sim::node_name(&v.id)
+        };
         let mut req = tonic::Request::new(proto::NodeGroupDeleteNodesRequest {
             id: GROUP.to_string(),
             nodes: vec![proto::ExternalGrpcNode {
-                provider_id: provider_id.clone(),
-                name: crate::sim::node_name(id),
+                provider_id: v.provider_id.clone(),
+                name,
                 ..Default::default()
             }],
         });
         req.set_timeout(o.deadline);
-        let (mut ca, slots) = (ca.clone(), slots.clone());
+        let (mut ca, slots, cloud) = (ca.clone(), slots.clone(), cloud.clone());
         calls.push(tokio::spawn(async move {
             let _slot = slots.acquire_owned().await.expect("never closed");
             let sent = Instant::now();
@@ -303,6 +426,7 @@ async fn run_mode(o: &DeleteStormOptions, hooked: bool) -> anyhow::Result<ModeRe
                 at: Instant::now(),
                 took: sent.elapsed(),
                 error,
+                desired: cloud.desired(GROUP),
             }
         }));
     }
@@ -313,8 +437,14 @@ async fn run_mode(o: &DeleteStormOptions, hooked: bool) -> anyhow::Result<ModeRe
     let last = answers.iter().map(|a| a.at).max().unwrap_or(started);
     let in_calls = delta(&cloud.calls(), &before);
     let api_requests_in_calls = sim.requests().total() - api_before;
-    let mut failures: Vec<String> = answers.iter().filter_map(|a| a.error.clone()).collect();
-    let failed_calls = failures.len();
+    let failed_calls = answers.iter().filter(|a| a.error.is_some()).count();
+    // With placeholders AWS may be slower than the deadline on purpose: a failed call
+    // is then a failure only if its answer was untrue (counted below).
+    let mut failures: Vec<String> = if o.placeholders == 0 {
+        answers.iter().filter_map(|a| a.error.clone()).collect()
+    } else {
+        Vec::new()
+    };
     let latencies: Vec<u32> = answers
         .iter()
         .map(|a| a.took.as_micros().min(u32::MAX as u128) as u32)
@@ -334,8 +464,9 @@ async fn run_mode(o: &DeleteStormOptions, hooked: bool) -> anyhow::Result<ModeRe
     let target_size = target(ca.clone()).await?;
     // With every call answered OK, CA's target is exact at once. (A call that failed
     // late may still be recording its removal, which then goes on: only the desired
-    // capacity, once everything settled, is checked against it.)
-    if failed_calls == 0 && target_size != KEPT as i32 {
+    // capacity, once everything settled, is checked against it. For placeholders, see
+    // below.)
+    if o.placeholders == 0 && failed_calls == 0 && target_size != KEPT as i32 {
         failures.push(format!(
             "CA's target is {target_size} after the calls, not {KEPT}"
         ));
@@ -345,7 +476,11 @@ async fn run_mode(o: &DeleteStormOptions, hooked: bool) -> anyhow::Result<ModeRe
     // call failed late once recorded.
     let settle_until = started + o.settle_limit;
     let mut settled = true;
-    for ((id, _), answer) in victims.iter().zip(&answers) {
+    for (v, answer) in victims.iter().zip(&answers) {
+        if v.placeholder {
+            continue;
+        }
+        let id = &v.id;
         let left = settle_until.saturating_duration_since(Instant::now());
         match tokio::time::timeout(left, engine.wait_for(id)).await {
             Ok(Some(Outcome::Ended)) => {}
@@ -395,24 +530,94 @@ async fn run_mode(o: &DeleteStormOptions, hooked: bool) -> anyhow::Result<ModeRe
         ));
     }
     // Every node whose call succeeded is gone; a node whose call failed may stay
-    // (CA takes its taint off and counts it again), and then the ASG keeps it.
+    // (CA takes its taint off and counts it again), and then the ASG keeps it. One
+    // whose call said nothing was removed must stay.
     let mut stayed = 0;
-    for ((id, _), answer) in victims.iter().zip(&answers) {
+    let mut untrue = 0;
+    for (v, answer) in victims.iter().zip(&answers) {
+        if v.placeholder {
+            continue;
+        }
+        let id = &v.id;
+        let told = said(answer.error.as_deref());
         match (answer.error.is_some(), in_service.contains(id)) {
             (false, true) => failures.push(format!(
                 "{id} is still in service although its DeleteNodes succeeded"
             )),
             (true, true) => stayed += 1,
+            (true, false) if told == "nothing changed" => {
+                untrue += 1;
+                failures.push(format!(
+                    "{id} ended although its DeleteNodes was answered {:?}",
+                    answer.error.as_deref().unwrap_or_default()
+                ));
+            }
             _ => {}
         }
     }
-    let expected = (KEPT + stayed) as i32;
+    // Placeholders: every ended node took one off the desired capacity; what else
+    // came off was given up, and may be only as much as the calls answered OK or
+    // "may land".
+    let (mut ph_calls, mut ph_ok, mut ph_may) = (0, 0, 0);
+    for (v, answer) in victims.iter().zip(&answers) {
+        if v.placeholder {
+            ph_calls += 1;
+            match said(answer.error.as_deref()) {
+                "changed" => ph_ok += 1,
+                "may land" => ph_may += 1,
+                _ => {}
+            }
+        }
+    }
     let desired_capacity = cloud.desired(GROUP);
-    if desired_capacity != Some(expected) {
+    let ended = (o.nodes - stayed) as i32;
+    let given_up =
+        (size + failed_slots - ended - desired_capacity.unwrap_or(size + failed_slots)).max(0);
+    let unannounced = (given_up - ph_ok - ph_may).max(0) as usize;
+    if unannounced > 0 {
         failures.push(format!(
-            "the ASG's desired capacity is {desired_capacity:?} once every drain ended, not {expected}"
+            "{given_up} placeholder(s) given up, and only {ph_ok} call(s) answered OK and {ph_may} \"may land\": {unannounced} size change(s) landed after an answer that said nothing was changed"
         ));
     }
+    untrue += unannounced;
+    // Without placeholders the desired capacity is exact. With them, a call may find
+    // the slot it names gone already (each call names one slot of the list taken
+    // before the storm, and a call for a lower slot that overtook it gave one up
+    // first): the provider answers OK with nothing left to give up. So the desired
+    // capacity may end above what the answers say, never below it (counted above)
+    // and never above where it started.
+    let expected = (KEPT + stayed) as i32 + failed_slots - ph_ok;
+    let highest = (KEPT + stayed) as i32 + failed_slots;
+    let within = match desired_capacity {
+        Some(d) if failed_slots == 0 => d == expected,
+        Some(d) => d <= highest,
+        None => false,
+    };
+    if !within {
+        failures.push(format!(
+            "the ASG's desired capacity is {desired_capacity:?} once every drain ended, not {}",
+            if failed_slots == 0 {
+                expected.to_string()
+            } else {
+                format!("at most {highest}")
+            }
+        ));
+    }
+    let slots_already_gone = (ph_ok - given_up).max(0) as usize;
+    let call_records: Vec<CallRecord> = victims
+        .iter()
+        .zip(&answers)
+        .map(|(v, a)| CallRecord {
+            node: v.id.clone(),
+            placeholder: v.placeholder,
+            answered_s: round2(a.at.duration_since(started).as_secs_f64()),
+            answer: a.error.clone().unwrap_or_else(|| "OK".into()),
+            said: said(a.error.as_deref()),
+            desired_at_answer: a.desired,
+            desired_changed_after: a.desired != desired_capacity,
+        })
+        .collect();
+    let said_count = |what: &str| call_records.iter().filter(|c| c.said == what).count();
 
     let _ = stop.send(());
     let _ = server.await;
@@ -451,6 +656,13 @@ async fn run_mode(o: &DeleteStormOptions, hooked: bool) -> anyhow::Result<ModeRe
         all_ended_s: round2(all_ended.as_secs_f64()),
         kept_instances_ended,
         failed_nodes_that_stayed: stayed,
+        placeholder_calls: ph_calls,
+        placeholder_calls_ok: ph_ok as usize,
+        calls_said_nothing_changed: said_count("nothing changed"),
+        calls_said_may_land: said_count("may land"),
+        size_changes_after_nothing_changed: untrue,
+        placeholder_slots_already_gone: slots_already_gone,
+        call_records,
     })
 }
 
@@ -461,8 +673,8 @@ fn round2(x: f64) -> f64 {
 /// The report as text.
 pub fn print(r: &DeleteStormReport) {
     println!(
-        "\nDeleteNodes storm: {} nodes, one call each, {} at once, {} ms deadline, AWS at {} ms per request, apiQps {} (burst {})\n",
-        r.nodes, r.parallelism, r.deadline_ms, r.aws_latency_ms, r.api_qps, r.api_burst
+        "\nDeleteNodes storm: {} nodes and {} placeholders, one call each, {} at once, {} ms deadline, AWS at {} ms per request, apiQps {} (burst {})\n",
+        r.nodes, r.placeholders, r.parallelism, r.deadline_ms, r.aws_latency_ms, r.api_qps, r.api_burst
     );
     println!(
         "{:<7} {:>6} {:>8} {:>9} {:>8} {:>8} {:>8} {:>8} {:>9} {:>10} {:>8} {:>8}",
@@ -518,11 +730,25 @@ pub fn print(r: &DeleteStormReport) {
             m.all_ended_s,
             ops(&m.aws_requests)
         );
+        if r.placeholders > 0 {
+            println!(
+                "{}: {} placeholder call(s), {} OK ({} of whose slots were gone already); of all calls {} answered that nothing was changed, {} that it may land; size changes after an answer that said nothing was changed: {}",
+                m.mode,
+                m.placeholder_calls,
+                m.placeholder_calls_ok,
+                m.placeholder_slots_already_gone,
+                m.calls_said_nothing_changed,
+                m.calls_said_may_land,
+                m.size_changes_after_nothing_changed
+            );
+        }
         for f in &m.first_failures {
             println!("  {} failure: {f}", m.mode);
         }
     }
-    if r.failures() == 0 {
+    if r.failures() == 0 && r.placeholders > 0 {
+        println!("\nno failure: every answer true (no size change after an answer that said nothing was changed), desired capacity within what the answers allow, no other instance ended");
+    } else if r.failures() == 0 {
         println!("\nno failure: every call answered OK, target and desired capacity exact, no other instance ended");
     }
 }

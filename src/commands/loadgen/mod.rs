@@ -93,6 +93,14 @@ pub struct LoadgenArgs {
     /// The delete storm's calls in flight at once (CA's --max-scale-down-parallelism).
     #[arg(long, default_value_t = 10, requires = "delete_storm")]
     pub delete_parallelism: usize,
+    /// The delete storm's group also has this many slots whose launches failed
+    /// (placeholders), each given up by a call of its own among the nodes' calls; the
+    /// run counts size changes that landed after an answer that said nothing changed.
+    #[arg(long, default_value_t = 0, requires = "delete_storm")]
+    pub delete_placeholders: usize,
+    /// The deadline each delete storm call carries (CA's grpc_timeout).
+    #[arg(long, default_value_t = 5000, requires = "delete_storm")]
+    pub delete_deadline_ms: u64,
     /// The storm's Kubernetes API rate limit (scaleIn.apiQps; also the delete
     /// storm's, burst twice it).
     #[arg(long, default_value_t = 50.0)]
@@ -469,6 +477,8 @@ pub async fn run(args: LoadgenArgs) -> anyhow::Result<()> {
         let mut o = delete_storm::DeleteStormOptions::new(nodes);
         o.aws_latency = Duration::from_millis(args.aws_latency_ms);
         o.parallelism = args.delete_parallelism;
+        o.placeholders = args.delete_placeholders;
+        o.deadline = Duration::from_millis(args.delete_deadline_ms);
         o.api_qps = args.storm_api_qps;
         o.api_burst = (args.storm_api_qps * 2.0) as u32;
         let report = delete_storm::run(&o).await?;
