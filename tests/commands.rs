@@ -320,7 +320,7 @@ fn check_config_explains_eks_managed_node_group_hooks_and_still_fails_on_a_secon
 
 #[tokio::test]
 async fn check_config_finds_missing_kubernetes_permissions() {
-    use ca_asg_provider::scalein::permissions::{check, REQUIRED};
+    use ca_asg_provider::scalein::kube::permissions::{check, REQUIRED};
     use ca_asg_provider::sim::Grant;
     let sim = SimCluster::start(SimOptions::default()).await.unwrap();
     let grant = |verbs: &[&str], group: &str, resources: &[&str]| Grant {

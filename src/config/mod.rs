@@ -15,7 +15,7 @@ use crate::duration::parse_duration;
 use crate::interruption::{InterruptionSettings, RebalanceAction};
 use crate::provider::template::TemplateOverrides;
 use crate::provider::{Bounds, ProviderSettings};
-use crate::scalein::{plan, DaemonSetPolicy, DeadlinePolicy, ModeChoice, ScaleInSettings};
+use crate::scalein::{decide::plan, DaemonSetPolicy, DeadlinePolicy, ModeChoice, ScaleInSettings};
 
 mod args;
 pub mod listen;
@@ -700,7 +700,7 @@ fn interruption_settings(
         f.daemon_set_share.as_ref(),
         d.daemonset_share,
         Duration::ZERO,
-        crate::scalein::record::MAX_DAEMONSET_SHARE,
+        crate::scalein::decide::record::MAX_DAEMONSET_SHARE,
     );
     let safety_net_poll = duration(
         "interruption.safetyNetPollInterval",

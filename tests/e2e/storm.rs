@@ -912,7 +912,7 @@ async fn start_service(
                 (Some(queue), Some(consumer.spawn()))
             }
         };
-        let lifecycle = scalein::lifecycle::spawn_loop(engine.clone(), provider);
+        let lifecycle = scalein::sources::hook_scan::spawn_loop(engine.clone(), provider);
         RunningService {
             engine,
             addr,

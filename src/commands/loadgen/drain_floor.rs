@@ -22,7 +22,7 @@ use crate::cloud::memory::{MemoryCloud, MemoryGroup};
 use crate::cloud::queue::{MemoryQueue, Queue};
 use crate::interruption::consumer::Consumer;
 use crate::interruption::InterruptionSettings;
-use crate::scalein::{lifecycle, ScaleInSettings};
+use crate::scalein::{sources::hook_scan, ScaleInSettings};
 use crate::sim::{fixtures, SimCluster, SimOptions};
 
 /// The replicas' preStop, the DaemonSet pod's, and a replacement's time to Ready.
@@ -146,7 +146,7 @@ async fn one(settings: ScaleInSettings, queue: bool) -> anyhow::Result<Duration>
     let (provider, engine) =
         super::rig::provider_and_engine(&sim, &cloud, &["web"], settings).await?;
     until("the Node cache", limit, || provider.drain_state_known()).await?;
-    let lifecycle_loop = lifecycle::spawn_loop(engine.clone(), provider.clone());
+    let lifecycle_loop = hook_scan::spawn_loop(engine.clone(), provider.clone());
     let q = Arc::new(MemoryQueue::default());
     let consumer = queue.then(|| {
         Consumer::new(

@@ -18,7 +18,7 @@ use serde::Serialize;
 use super::process::ProcWatch;
 use super::until;
 use crate::cloud::memory::{MemoryCloud, MemoryGroup};
-use crate::scalein::{lifecycle, ScaleInSettings};
+use crate::scalein::{sources::hook_scan, ScaleInSettings};
 use crate::sim::{fixtures, SimCluster, SimOptions};
 
 /// The storm's shape.
@@ -386,7 +386,7 @@ pub async fn run(o: &StormOptions) -> anyhow::Result<StormReport> {
         "only {} instances entered Terminating:Wait",
         ended.len()
     );
-    let lifecycle_loop = lifecycle::spawn_loop(engine.clone(), provider.clone());
+    let lifecycle_loop = hook_scan::spawn_loop(engine.clone(), provider.clone());
     let mut rate = Vec::new();
     let mut peak_rss = 0.0f64;
     let mut last = requests_before;

@@ -13,9 +13,9 @@ use kube::runtime::{watcher, WatchStreamExt};
 use kube::Api;
 use tokio::sync::watch;
 
-use super::cordon::{CordonSeen, GROUP_ANNOTATION, STARTED_ANNOTATION};
-use super::record::DrainRecord;
 use crate::provider::{provider_id, DrainMarks};
+use crate::scalein::decide::record::DrainRecord;
+use crate::scalein::decide::record::{CordonSeen, GROUP_ANNOTATION, STARTED_ANNOTATION};
 
 pub struct NodeIndex {
     store: Store<Node>,
@@ -102,7 +102,7 @@ impl NodeIndex {
         let (tx, changed) = watch::channel(0u64);
         let api: Api<Node> = Api::all(client);
         let stream = reflector::reflector(writer, watcher(api, watcher::Config::default()))
-            .backoff(super::watch_backoff::for_watch("nodes"));
+            .backoff(crate::scalein::kube::watch_backoff::for_watch("nodes"));
         let cordons: std::sync::Arc<parking_lot::Mutex<BTreeMap<String, CordonSeen>>> =
             std::sync::Arc::default();
         let seen = cordons.clone();
@@ -263,7 +263,7 @@ pub fn direct_marks(store: &Store<Node>) -> DrainMarks {
     marks
 }
 
-/// A drain recorded on a Node by [`super::cordon::cordon`].
+/// A drain recorded on a Node by [`crate::scalein::stages::cordon::cordon`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct DrainMark {
     pub node: String,

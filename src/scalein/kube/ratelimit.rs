@@ -29,7 +29,7 @@ pub fn limited_client(
     limiter: Arc<RateLimiter>,
     priority: Priority,
 ) -> kube::Client {
-    super::intercept::intercepted(client, move |req, client| {
+    crate::scalein::kube::intercept::intercepted(client, move |req, client| {
         let limiter = limiter.clone();
         Box::pin(async move {
             match priority {

@@ -1,6 +1,10 @@
 //! Stage 4: end the instance, exactly once: CompleteLifecycleAction CONTINUE in
 //! lifecycle mode, TerminateInstanceInAutoScalingGroup with decrement in direct mode.
 //! Both check first whether the work is already done (a resumed drain).
+//!
+//! This is the one room of the drain that ends an instance (`tests/layers.rs` checks
+//! it): the drain's last stage, and the two ends a source asks for before any drain
+//! ([`hand_to_hook`], [`end_without_node`]).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -9,10 +13,23 @@ use backon::{ExponentialBuilder, Retryable};
 
 use crate::cloud::{CloudError, LifecycleAction, LifecycleResult, LifecycleState};
 
-use super::events::Reason;
-use super::{lifecycle, Engine, Mode};
+use crate::scalein::kube::events::Reason;
+use crate::scalein::{Engine, Mode};
 
 const ATTEMPTS: u32 = 6;
+
+/// TerminateInstanceInAutoScalingGroup with decrement for an instance of a group our
+/// lifecycle hook holds: AWS then holds it in `Terminating:Wait` and the hold's drain
+/// (the lifecycle scan's, or the caller's) ends it with [`finish`].
+pub async fn hand_to_hook(engine: &Engine, instance_id: &str) -> Result<(), CloudError> {
+    engine.cloud.terminate_instance(instance_id, true).await
+}
+
+/// TerminateInstanceInAutoScalingGroup with decrement, at once, for an instance the API
+/// server says no Node is for: nothing can run on it, so there is nothing to drain.
+pub async fn end_without_node(engine: &Engine, instance_id: &str) -> Result<(), CloudError> {
+    engine.cloud.terminate_instance(instance_id, true).await
+}
 
 /// Ends the instance. Returns a human summary, or the last error.
 pub async fn finish(
@@ -85,8 +102,8 @@ async fn end_once(
                 // the instance is on its way out; or (a fast drain right after
                 // TerminateInstanceInAutoScalingGroup) the instance has not reached
                 // Terminating:Wait yet, and the action is still to come.
-                Err(e) if lifecycle::no_action(&e).is_some() => {
-                    let message = lifecycle::no_action(&e).unwrap_or_default();
+                Err(e) if crate::scalein::holds::no_action(&e).is_some() => {
+                    let message = crate::scalein::holds::no_action(&e).unwrap_or_default();
                     // In service, or terminating (or on its way into the warm pool) but
                     // not yet held by the hook.
                     let before_the_action = [
@@ -94,7 +111,7 @@ async fn end_once(
                         LifecycleState::Terminating,
                         LifecycleState::parse("Warmed:Pending"),
                     ];
-                    if lifecycle::in_state(engine, instance_id, &before_the_action).await {
+                    if crate::scalein::holds::in_state(engine, instance_id, &before_the_action).await {
                         Err(CloudError::Transient {
                             operation: "CompleteLifecycleAction".into(),
                             message: format!("instance {instance_id} has not reached Terminating:Wait yet"),
@@ -185,7 +202,7 @@ async fn direct_once(
 ///
 /// AWS's hook list is eventually consistent: a hook added a moment ago may be missing
 /// from it still. So when the list still shows no hook of ours, the action itself is
-/// asked ([`lifecycle::ask_hold`]); if our hook holds the instance, its drain is over
+/// asked ([`crate::scalein::holds::ask_hold`]); if our hook holds the instance, its drain is over
 /// (this is its end) and the action is completed at once (all_sources_model found a
 /// hook added while AWS's reads lagged timing out after a direct drain's end).
 async fn learn_a_hook_added_since(engine: &Engine, group: &str, instance_id: &str) {
@@ -203,7 +220,9 @@ async fn learn_a_hook_added_since(engine: &Engine, group: &str, instance_id: &st
             tracing::debug!(group, error = %e, "could not read the group's hooks after ending an instance; the next refresh will")
         }
     }
-    if lifecycle::ask_hold(engine, group, instance_id).await != lifecycle::Hold::Held {
+    if crate::scalein::holds::ask_hold(engine, group, instance_id).await
+        != crate::scalein::holds::Hold::Held
+    {
         return;
     }
     let action = LifecycleAction {

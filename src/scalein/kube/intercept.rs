@@ -1,5 +1,5 @@
 //! A kube client with a step before each request: the drains' rate limit
-//! ([`super::ratelimit`]), the dry run's guard ([`super::dry_run`]) and the bound on
+//! ([`crate::scalein::kube::ratelimit`]), the dry run's guard ([`crate::scalein::stages::preview`]) and the bound on
 //! an answer's wait ([`answered_within`]) all sit here, in front of the real client,
 //! so no code path can go around them.
 

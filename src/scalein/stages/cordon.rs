@@ -2,23 +2,19 @@
 //! CA, which strips its own ToBeDeletedByClusterAutoscaler taint) still sees that the
 //! node is leaving. Uncordon undoes only what this stage did.
 
-use std::sync::Arc;
-
-use k8s_openapi::api::core::v1::{Node, Taint};
-use kube::api::{Patch, PatchParams};
-use kube::Api;
+use k8s_openapi::api::core::v1::Taint;
 use serde_json::json;
 
 // The marks live with the record that reads them; re-exported where the Node is marked.
-pub use super::record::{
-    mark_rank, DIRECT_MARK, DRAIN_ONLY_MARK, INTERRUPTION_MARK, LIFECYCLE_MARK, MODE_ANNOTATION,
-    REBALANCE_MARK, STARTED_ANNOTATION,
+pub use crate::scalein::decide::record::{
+    mark_rank, CordonSeen, CA_TO_BE_DELETED_TAINT, DIRECT_MARK, DRAIN_ONLY_MARK, GROUP_ANNOTATION,
+    INTERRUPTION_MARK, LIFECYCLE_MARK, MODE_ANNOTATION, REBALANCE_MARK, STARTED_ANNOTATION,
+    TAINT_KEY,
 };
-use super::record::{DrainReason, DrainRecord, ANNOTATION as RECORD_ANNOTATION};
-use super::Engine;
+use crate::scalein::decide::record::{DrainReason, DrainRecord, ANNOTATION as RECORD_ANNOTATION};
+use crate::scalein::kube::node_record::{read_modify_write, Write};
+use crate::scalein::Engine;
 
-pub const TAINT_KEY: &str = "ca-asg-provider.io/draining";
-pub const GROUP_ANNOTATION: &str = "ca-asg-provider.io/drain-group";
 /// Set when this service (not someone before it) made the node unschedulable, or
 /// cluster-autoscaler did with its deletion taint (value `cluster-autoscaler`), and
 /// when this service added the LB-exclusion label, so an abandoned drain restores
@@ -26,11 +22,6 @@ pub const GROUP_ANNOTATION: &str = "ca-asg-provider.io/drain-group";
 const CORDONED_BY_US: &str = "ca-asg-provider.io/cordoned";
 const LB_LABEL_BY_US: &str = "ca-asg-provider.io/lb-excluded";
 pub const LB_EXCLUDE_LABEL: &str = "node.kubernetes.io/exclude-from-external-load-balancers";
-/// The taint cluster-autoscaler puts on a node it is deleting. A node handed back
-/// after an abandoned drain must not keep it, or it stays unschedulable.
-pub const CA_TO_BE_DELETED_TAINT: &str = "ToBeDeletedByClusterAutoscaler";
-
-const CONFLICT_RETRIES: usize = 8;
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Cordoned {
@@ -77,7 +68,7 @@ pub async fn cordon_via(
 ) -> Result<Cordoned, kube::Error> {
     let limits = engine.limits();
     let mut unsure = false;
-    let marked = read_modify_write(engine, client, node, |current| {
+    let marked = read_modify_write(&engine.nodes, client, node, |current| {
         let annotations = current.metadata.annotations.clone().unwrap_or_default();
         let found = DrainRecord::from_annotations(&annotations);
         let resumed = found.is_some();
@@ -165,48 +156,6 @@ enum Owner {
     Unknown,
 }
 
-/// How a Node came to be cordoned, as the watch saw it happen. Only a change seen
-/// tells who made it: cluster-autoscaler (>= 1.34) cordons the node it deletes in
-/// the same write as its `ToBeDeletedByClusterAutoscaler` taint; a person's
-/// `kubectl cordon` (or another tool's) comes without it. A Node first seen already
-/// cordoned with CA's taint has no entry: who cordoned it is not known.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum CordonSeen {
-    /// Last seen schedulable.
-    Schedulable,
-    /// Seen go from schedulable to cordoned with CA's deletion taint: CA's cordon.
-    ByCa,
-    /// Seen cordoned without CA's deletion taint or this service's taint: someone
-    /// else's cordon (kept, whatever taint comes after).
-    ByOther,
-}
-
-impl CordonSeen {
-    /// What is known after seeing `n`, given what was known before.
-    pub fn after(before: Option<CordonSeen>, n: &Node) -> Option<CordonSeen> {
-        let spec = n.spec.as_ref();
-        if spec.and_then(|s| s.unschedulable) != Some(true) {
-            return Some(CordonSeen::Schedulable);
-        }
-        let tainted = |key: &str| {
-            spec.and_then(|s| s.taints.as_ref())
-                .is_some_and(|t| t.iter().any(|t| t.key == key))
-        };
-        if tainted(CA_TO_BE_DELETED_TAINT) {
-            // Cordoned in the same write as CA's taint, or kept as it was.
-            return match before {
-                Some(CordonSeen::Schedulable) => Some(CordonSeen::ByCa),
-                other => other,
-            };
-        }
-        if tainted(TAINT_KEY) {
-            // This service's own cordon (its record says so): nothing learned.
-            return before;
-        }
-        Some(CordonSeen::ByOther)
-    }
-}
-
 /// Whose cordon the Node in `spec` carries, from how the Node index saw it come
 /// (`seen`): the spec alone cannot tell a person's cordon that CA's taint joined
 /// later from CA's own.
@@ -226,96 +175,6 @@ fn cordon_owner(seen: Option<CordonSeen>, spec: &k8s_openapi::api::core::v1::Nod
         (true, Some(CordonSeen::ByCa | CordonSeen::Schedulable)) => Owner::ClusterAutoscaler,
         (true, None) => Owner::Unknown,
     }
-}
-
-/// What a read-modify-write of a Node decided from the Node as read.
-enum Write<T> {
-    /// Nothing to write; the answer.
-    Keep(T),
-    /// Write this merge patch, then answer.
-    Patch(serde_json::Value, T),
-}
-
-/// Reads the Node, lets `decide` say what to write, and writes it as a merge patch
-/// carrying the Node's resourceVersion: a concurrent writer makes it a 409 and the
-/// Node is read again, so no taint, mark or reason someone else wrote meanwhile is
-/// lost. `Ok(None)`: there is no Node (or it went away). An error after
-/// [`CONFLICT_RETRIES`] conflicts: nothing is reported written that was not.
-async fn read_modify_write<T>(
-    engine: &Engine,
-    client: &kube::Client,
-    node: &str,
-    mut decide: impl FnMut(&Node) -> Write<T>,
-) -> Result<Option<T>, kube::Error> {
-    let api: Api<Node> = Api::all(client.clone());
-    // The first try starts from the Node cache: a patch is fenced by the
-    // resourceVersion it was decided on (a stale copy gets a 409 and the loop reads
-    // the Node), so a write that goes through was decided on the Node as it was. A
-    // decision to leave the Node alone is not trusted to the cache: it is read.
-    let mut cached = engine.nodes.cached(node);
-    for _ in 0..CONFLICT_RETRIES {
-        let from_cache = cached.is_some();
-        let current = match cached.take() {
-            Some(n) => n,
-            None => match api.get_opt(node).await? {
-                Some(n) => Arc::new(n),
-                None => return Ok(None),
-            },
-        };
-        let (mut patch, answer) = match decide(&current) {
-            Write::Keep(_) if from_cache => continue,
-            Write::Keep(answer) => return Ok(Some(answer)),
-            Write::Patch(patch, answer) => (patch, answer),
-        };
-        patch["metadata"]["resourceVersion"] = json!(current.metadata.resource_version);
-        match api
-            .patch(node, &PatchParams::default(), &Patch::Merge(&patch))
-            .await
-        {
-            Ok(_) => return Ok(Some(answer)),
-            Err(kube::Error::Api(s)) if s.code == 409 => continue,
-            Err(kube::Error::Api(s)) if s.code == 404 => return Ok(None),
-            Err(e) => return Err(e),
-        }
-    }
-    Err(kube::Error::Api(
-        kube::core::Status::failure(
-            &format!("node {node}: gave up after {CONFLICT_RETRIES} conflicting updates"),
-            "Conflict",
-        )
-        .with_code(409)
-        .boxed(),
-    ))
-}
-
-/// Rewrites the drain record on the Node (its drain finished: the reasons are done),
-/// keeping the cordon. `change` returns false to leave the Node as it is. `Ok(None)`:
-/// no Node, or no record on it.
-pub async fn update_record(
-    engine: &Engine,
-    node: &str,
-    change: impl Fn(&mut DrainRecord) -> bool,
-) -> Result<Option<DrainRecord>, kube::Error> {
-    let updated = read_modify_write(engine, &engine.client, node, |current| {
-        let annotations = current.metadata.annotations.clone().unwrap_or_default();
-        let Some(mut record) = DrainRecord::from_annotations(&annotations) else {
-            return Write::Keep(None);
-        };
-        if !change(&mut record) {
-            return Write::Keep(Some(record));
-        }
-        let patch = json!({
-            "metadata": {
-                "annotations": {
-                    MODE_ANNOTATION: record.mark(),
-                    RECORD_ANNOTATION: record.to_json(),
-                },
-            },
-        });
-        Write::Patch(patch, Some(record))
-    })
-    .await?;
-    Ok(updated.flatten())
 }
 
 /// What a give-back left.
@@ -342,7 +201,7 @@ impl GivenBack {
 /// taint (CA asked for the removal that is now abandoned) and our marks, and
 /// uncordons / unlabels only when this service or CA did those.
 pub async fn uncordon(engine: &Engine, node: &str) -> Result<GivenBack, kube::Error> {
-    let given = read_modify_write(engine, &engine.client, node, |current| {
+    let given = read_modify_write(&engine.nodes, &engine.client, node, |current| {
         let annotations = current.metadata.annotations.clone().unwrap_or_default();
         let spec = current.spec.clone().unwrap_or_default();
         let kept = if spec.unschedulable == Some(true) && !annotations.contains_key(CORDONED_BY_US)
@@ -388,8 +247,8 @@ pub async fn uncordon(engine: &Engine, node: &str) -> Result<GivenBack, kube::Er
 
 #[cfg(test)]
 mod tests {
-    use super::CordonSeen;
     use super::*;
+    use k8s_openapi::api::core::v1::Node;
 
     fn node(unschedulable: bool, taints: &[&str]) -> Node {
         serde_json::from_value(json!({

@@ -16,14 +16,14 @@ use kube::api::{DeleteParams, Preconditions};
 use kube::Api;
 use tracing::Instrument;
 
-use super::cordon::{self, Cordoned};
-use super::events::Reason;
-use super::plan::{self, Disposition, Tier};
-use super::record::{DrainRecord, End, Plan};
-use super::wait::NodePods;
-use super::{
-    evict, terminate, volumes, DaemonSetPolicy, DeadlinePolicy, DrainRequest, Engine, Mode,
-    Outcome, Source,
+use crate::scalein::decide::plan::{self, Disposition, Tier};
+use crate::scalein::decide::record::{DrainRecord, End, Plan};
+use crate::scalein::kube::events::Reason;
+use crate::scalein::kube::wait::NodePods;
+use crate::scalein::stages::cordon::{self, Cordoned};
+use crate::scalein::stages::{evict, terminate, volumes};
+use crate::scalein::{
+    DaemonSetPolicy, DeadlinePolicy, DrainRequest, Engine, Mode, Outcome, Source,
 };
 use crate::telemetry::metrics::{metrics, KindLabels, StageLabels};
 
@@ -191,11 +191,16 @@ async fn ending(engine: &Arc<Engine>, req: &DrainRequest, ends: &End) -> Mode {
 /// The reasons' drain finished: recorded, so a restart does not drain the node again
 /// (it stays cordoned until a new reason comes or someone uncordons it).
 async fn record_done(engine: &Engine, node: &str) {
-    let done = cordon::update_record(engine, node, |r| {
-        let before = r.clone();
-        r.mark_done();
-        *r != before
-    })
+    let done = crate::scalein::kube::node_record::update_record(
+        &engine.nodes,
+        &engine.client,
+        node,
+        |r| {
+            let before = r.clone();
+            r.mark_done();
+            *r != before
+        },
+    )
     .await;
     if let Err(e) = done {
         tracing::warn!(node, error = %e, "could not record that the drain finished; a restart drains the node again");
@@ -288,11 +293,16 @@ async fn abandon(engine: &Engine, req: &DrainRequest, mode: &Mode, node: Option<
             if let Some(n) = node {
                 // CA's scale-in goes back to CA; other reasons on the Node (a
                 // rebalance cordon) keep it cordoned.
-                let rest = cordon::update_record(engine, n, |r| {
-                    r.without_scale_in();
-                    r.mark_done();
-                    true
-                })
+                let rest = crate::scalein::kube::node_record::update_record(
+                    &engine.nodes,
+                    &engine.client,
+                    n,
+                    |r| {
+                        r.without_scale_in();
+                        r.mark_done();
+                        true
+                    },
+                )
                 .await;
                 let give_back = match rest {
                     Ok(Some(r)) => r.reasons.is_empty(),
@@ -569,7 +579,7 @@ async fn say_started(engine: &Engine, req: &DrainRequest, node: &str, record: &D
 /// deadline's policy decides. Returns the node's pods for the stages after it.
 async fn workloads(
     d: &NodeDrain<'_>,
-    pass: &Arc<crate::scalein::pass::Pass>,
+    pass: &Arc<crate::scalein::kube::pass::Pass>,
     plan: &Plan,
 ) -> Result<NodePods, Stop> {
     let (engine, node) = (d.engine, d.node);

@@ -1,7 +1,7 @@
 use chrono::TimeZone;
 
 use super::*;
-use crate::scalein::record::{DrainReason, Why};
+use crate::scalein::decide::record::{DrainReason, Why};
 
 fn now() -> DateTime<Utc> {
     Utc.with_ymd_and_hms(2026, 11, 25, 12, 0, 0).unwrap()

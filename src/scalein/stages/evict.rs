@@ -12,11 +12,11 @@ use kube::api::{DeleteParams, EvictParams, ListParams, Preconditions};
 use kube::core::Selector;
 use kube::Api;
 
-use super::budgets::{selector_picking, Settle};
-use super::events::Reason;
-use super::pass::Verdict;
-use super::plan::PodRef;
-use super::Engine;
+use crate::scalein::decide::plan::PodRef;
+use crate::scalein::kube::budgets::{selector_picking, Settle};
+use crate::scalein::kube::events::Reason;
+use crate::scalein::kube::pass::Verdict;
+use crate::scalein::Engine;
 use crate::telemetry::metrics::{metrics, Metrics};
 
 /// What one eviction attempt answered.
@@ -255,7 +255,7 @@ const TELL_HELD_AFTER: Duration = Duration::from_secs(5);
 /// What the wait before a try ended with.
 enum Held {
     /// Try now; the ticket counts the try against the budget's status, if known.
-    Try(Option<super::budgets::Ticket>),
+    Try(Option<crate::scalein::kube::budgets::Ticket>),
     /// Try now, although the budget's status allows none: it stood still for
     /// `evictionRetryInterval`.
     Anyway,
@@ -366,7 +366,7 @@ pub async fn until_accepted(
     // Once a budget refused and its status could not say when it allows again: the
     // watches of its pods, so the next try goes the moment a replacement is Ready
     // instead of at the next tick of the fixed retry.
-    let mut budget_waits: Option<Vec<super::budgets::BudgetWait>> = None;
+    let mut budget_waits: Option<Vec<crate::scalein::kube::budgets::BudgetWait>> = None;
     loop {
         if !still_there() {
             return true;
@@ -482,7 +482,7 @@ pub async fn until_accepted(
                 tokio::select! {
                     biased;
                     _ = timer => {}
-                    _ = super::budgets::any_changed(waits) => {
+                    _ = crate::scalein::kube::budgets::any_changed(waits) => {
                         // Many drains may wait on one budget whose status says nothing:
                         // spread their tries over a moment so the one it allows is not
                         // lost in a herd.

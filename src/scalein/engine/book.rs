@@ -14,9 +14,9 @@ use parking_lot::Mutex;
 use tokio::sync::{watch, OwnedMutexGuard, OwnedSemaphorePermit};
 use tokio::task::JoinHandle;
 
-use super::drain::AbortOnDrop;
-use super::record::{DrainRecord, Joined, Limits};
-use super::request::{merge, DrainRequest, Outcome, Start};
+use crate::scalein::decide::record::{DrainRecord, Joined, Limits};
+use crate::scalein::request::{merge, DrainRequest, Outcome, Start};
+use crate::scalein::stages::drain::AbortOnDrop;
 
 /// Finished drains (and the other facts kept here) are kept until this many are
 /// known.
@@ -341,7 +341,7 @@ fn track(drains: &mut BTreeMap<String, Inflight>, req: DrainRequest, handle: Joi
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::scalein::record::{DrainReason, Why};
+    use crate::scalein::decide::record::{DrainReason, Why};
     use crate::scalein::{DeadlinePolicy, Mode, Source};
 
     fn req(reasons: Vec<Why>) -> DrainRequest {

@@ -23,8 +23,8 @@ use kube::Api;
 use parking_lot::Mutex;
 use tokio::sync::watch;
 
-use super::budgets::{BudgetView, Claim, Claims};
-use super::wait::{NodePods, PodWatch};
+use crate::scalein::kube::budgets::{BudgetView, Claim, Claims};
+use crate::scalein::kube::wait::{NodePods, PodWatch};
 
 /// Begins and joins drain passes.
 pub struct Passes {
@@ -124,7 +124,7 @@ impl Ticks {
 /// What the cached status of the budget selecting a pod says of a try now.
 pub enum Verdict {
     /// Try (with the ticket that counts it, when the status was known).
-    Go(Option<super::budgets::Ticket>),
+    Go(Option<crate::scalein::kube::budgets::Ticket>),
     /// Wait for the budget's next change.
     Hold {
         budget: String,
@@ -190,7 +190,9 @@ impl Pass {
             .state()
             .into_iter()
             .filter(|b| b.metadata.namespace.as_deref() == Some(namespace))
-            .filter_map(|b| super::budgets::selector_picking(&b, labels).map(|sel| (b, sel)))
+            .filter_map(|b| {
+                crate::scalein::kube::budgets::selector_picking(&b, labels).map(|sel| (b, sel))
+            })
             .collect();
         // In name order, not the cache's hash order: the same budget first every time.
         picking.sort_by(|(a, _), (b, _)| a.metadata.name.cmp(&b.metadata.name));
@@ -294,7 +296,9 @@ where
         // The raw events (not touched_objects), so the end of the first list ticks
         // too: a wait for "none left" can answer at once.
         let stream = reflector::reflector(writer, watcher(api, watcher::Config::default()))
-            .backoff(super::watch_backoff::for_watch("poddisruptionbudgets"));
+            .backoff(crate::scalein::kube::watch_backoff::for_watch(
+                "poddisruptionbudgets",
+            ));
         let task = tokio::spawn(async move {
             futures::pin_mut!(stream);
             while let Some(ev) = stream.next().await {

@@ -5,10 +5,13 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 
-use super::request::ca_reason;
-use super::{cordon, dry_run, nodes, record, DrainRequest, Engine, Mode, Source};
 use crate::cloud::{AsgInstance, LifecycleHook};
 use crate::provider::{Group, ProviderError, Removal, ScaleIn};
+use crate::scalein::decide::record;
+use crate::scalein::kube::nodes;
+use crate::scalein::request::ca_reason;
+use crate::scalein::stages::{cordon, preview, terminate};
+use crate::scalein::{DrainRequest, Engine, Mode, Source};
 use crate::telemetry::metrics::metrics;
 
 /// DeleteNodes through the drain: returns within CA's call timeout, the drain runs
@@ -36,7 +39,7 @@ impl ScaleIn for DrainScaleIn {
     }
 
     fn capacity_added(&self, group: &Group) {
-        super::warm_pool::capacity_added(&self.0, group);
+        crate::scalein::sources::warm_pool::capacity_added(&self.0, group);
     }
 
     async fn remove(
@@ -54,7 +57,7 @@ impl ScaleIn for DrainScaleIn {
                 // The ASG holds the instance in Terminating:Wait while we drain; a
                 // follower leaves the drain to the leader's scan.
                 tracing::info!(group = %group.asg.name, instance = %instance.id, leader, "terminating with decrement; the lifecycle hook holds it for the drain");
-                engine.cloud.terminate_instance(&instance.id, true).await?;
+                terminate::hand_to_hook(engine, &instance.id).await?;
                 (Removal::Decremented, node_name.map(str::to_string))
             }
             _ => match mark_for_drain(engine, group, instance, node_name).await? {
@@ -63,7 +66,7 @@ impl ScaleIn for DrainScaleIn {
                     // The API server says no Node is this instance's: nothing runs
                     // on it, so it ends at once.
                     tracing::info!(group = %group.asg.name, instance = %instance.id, "no Node exists for this instance; terminating with decrement");
-                    engine.cloud.terminate_instance(&instance.id, true).await?;
+                    terminate::end_without_node(engine, &instance.id).await?;
                     metrics().drains_without_node.inc();
                     return Ok(Removal::Decremented);
                 }
@@ -96,7 +99,7 @@ impl ScaleIn for DrainScaleIn {
         node_name: Option<&str>,
     ) -> String {
         let engine = &self.0;
-        dry_run::describe(
+        preview::describe(
             engine,
             &DrainRequest {
                 instance_id: instance.id.clone(),
@@ -176,7 +179,7 @@ async fn option_tags_ignored(engine: &Engine, group: &Group, node: &str) {
         .events
         .node(
             node,
-            super::events::Reason::OptionTagsIgnored,
+            crate::scalein::kube::events::Reason::OptionTagsIgnored,
             format!(
                 "node group {}: cluster-autoscaler decided with its own defaults for {} autoscaling-options tag(s) it could not be given: {}",
                 group.asg.name,

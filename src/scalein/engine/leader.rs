@@ -225,7 +225,7 @@ pub fn explain(e: &kube::Error, s: &LeaseSettings) -> String {
 
 /// Resolves when this replica stops leading: at once when it does not lead now;
 /// never without leader election (`None`). A closed channel keeps its last word,
-/// as [`Engine::is_leader`](super::Engine::is_leader) reads it.
+/// as [`Engine::is_leader`](crate::scalein::Engine::is_leader) reads it.
 pub async fn lost(leadership: Option<watch::Receiver<bool>>) {
     let Some(mut rx) = leadership else {
         return std::future::pending().await;

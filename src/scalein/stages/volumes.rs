@@ -8,7 +8,7 @@ use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
 
 use kube::Api;
 
-use super::Engine;
+use crate::scalein::Engine;
 
 /// Waits until no VolumeAttachment names this node, or the deadline, leaving out the
 /// attachments of `staying` persistent volumes (those of pods that stay on the node:

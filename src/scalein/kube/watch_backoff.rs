@@ -3,7 +3,7 @@
 //! [`crate::clock::jittered`]. In production that is as random as kube-runtime's; in a
 //! model case on the paused clock each watch draws from its own fixed sequence, so a
 //! watch that failed (an initial list left unanswered past
-//! [`super::intercept::ANSWER_WITHIN`]) retries at the same instant on every replay.
+//! [`crate::scalein::kube::intercept::ANSWER_WITHIN`]) retries at the same instant on every replay.
 
 use std::time::Duration;
 

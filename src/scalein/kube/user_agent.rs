@@ -26,7 +26,7 @@ pub fn of(component: &str) -> String {
 pub fn named(client: kube::Client, component: &str) -> kube::Client {
     let value =
         HeaderValue::from_str(&of(component)).expect("a component name is a valid header value");
-    super::intercept::intercepted(client, move |mut req, client| {
+    crate::scalein::kube::intercept::intercepted(client, move |mut req, client| {
         req.headers_mut().insert(USER_AGENT, value.clone());
         Box::pin(async move { client.send(req).await })
     })

@@ -4,8 +4,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::nodes;
 use crate::provider::Provider;
+use crate::scalein::kube::nodes;
 
 /// Every Node change (and every few seconds, for refreshes that changed which
 /// instances are in service) hands the direct-mode drain marks to the provider.

@@ -9,16 +9,16 @@
 
 use kube::client::Body;
 
-use super::events::Reason;
-use super::intercept::Answer;
-use super::plan::{self, PodRef};
-use super::{DaemonSetPolicy, DrainRequest, Engine, Mode};
+use crate::scalein::decide::plan::{self, PodRef};
+use crate::scalein::kube::events::Reason;
+use crate::scalein::kube::intercept::Answer;
+use crate::scalein::{DaemonSetPolicy, DrainRequest, Engine, Mode};
 use crate::telemetry::metrics::metrics;
 
 /// A client that sends reads and Events to the API server and answers every other
 /// request itself with a 403 naming the dry run.
 pub fn read_only_client(client: kube::Client) -> kube::Client {
-    super::intercept::intercepted(client, guard)
+    crate::scalein::kube::intercept::intercepted(client, guard)
 }
 
 /// Reads, and the Events the dry run reports through (created, or patched as a
@@ -97,7 +97,7 @@ pub async fn describe(engine: &Engine, req: &DrainRequest) -> String {
         }
         Ok(Some(n)) => n,
     };
-    let text = match super::nodes::pods_on(&engine.client, &node).await {
+    let text = match crate::scalein::kube::nodes::pods_on(&engine.client, &node).await {
         Err(e) => format!(
             "dry run: cannot list the pods of node {node} ({e}): would not end instance {id}"
         ),

@@ -5,8 +5,8 @@ use kube::runtime::events::{Event, EventType, Recorder, Reporter};
 
 use std::sync::Arc;
 
-use super::plan::PodRef;
-use super::ratelimit::RateLimiter;
+use crate::scalein::decide::plan::PodRef;
+use crate::scalein::kube::ratelimit::RateLimiter;
 
 pub const REPORTER: &str = "ca-asg-provider";
 

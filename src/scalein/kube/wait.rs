@@ -171,7 +171,7 @@ impl PodWatch {
     fn start(api: Api<Pod>, cfg: watcher::Config, what: String) -> Arc<Self> {
         let index = Arc::new(Mutex::new(Index::default()));
         let ix = index.clone();
-        let backoff = super::watch_backoff::for_watch(&format!("pods {what}"));
+        let backoff = crate::scalein::kube::watch_backoff::for_watch(&format!("pods {what}"));
         let task = tokio::spawn(async move {
             let stream = watcher::watcher(api, cfg).backoff(backoff);
             futures::pin_mut!(stream);

@@ -20,7 +20,7 @@ use kube::Api;
 use parking_lot::Mutex;
 use tokio::sync::watch;
 
-use super::wait::PodWatch;
+use crate::scalein::kube::wait::PodWatch;
 
 /// (namespace, label selector) -> the watch of its pods, while anyone waits on it.
 pub struct BudgetWatches {
@@ -111,7 +111,8 @@ impl BudgetWatches {
         let cfg = watcher::Config::default().labels(selector);
         let (tx, changes) = watch::channel(0u64);
         let what = format!("{namespace}/{selector}");
-        let backoff = super::watch_backoff::for_watch(&format!("budget pods {what}"));
+        let backoff =
+            crate::scalein::kube::watch_backoff::for_watch(&format!("budget pods {what}"));
         let task = tokio::spawn(async move {
             let stream = watcher::watcher(api, cfg).backoff(backoff);
             futures::pin_mut!(stream);

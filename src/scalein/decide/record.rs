@@ -4,7 +4,7 @@
 //! A node can have several reasons to go at once: a rebalance recommendation cordons
 //! it, CA picks it for scale-in, the ASG ends it through the hook, a spot warning
 //! arrives, someone runs `drain NODE`. Each reason is kept with the time it arrived;
-//! the record lives on the Node ([`ANNOTATION`], written by [`super::cordon`]) so a
+//! the record lives on the Node ([`ANNOTATION`], written by [`crate::scalein::stages::cordon`]) so a
 //! restart or a new leader resumes every reason with its times and budgets.
 //!
 //! [`DrainRecord::join`] takes a reason in and says whether the drain's plan changed;
@@ -21,9 +21,10 @@
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
+use k8s_openapi::api::core::v1::Node;
 use serde::{Deserialize, Serialize};
 
-use super::DeadlinePolicy;
+use crate::scalein::DeadlinePolicy;
 
 /// The Node annotation that holds the record (JSON).
 pub const ANNOTATION: &str = "ca-asg-provider.io/drain-reasons";
@@ -33,7 +34,7 @@ pub const ANNOTATION: &str = "ca-asg-provider.io/drain-reasons";
 pub const STARTED_ANNOTATION: &str = "ca-asg-provider.io/drain-started-at";
 pub const MODE_ANNOTATION: &str = "ca-asg-provider.io/drain-mode";
 
-/// The mode of CA's scale-in of a group without our hook ([`super::Mode::Direct`]):
+/// The mode of CA's scale-in of a group without our hook ([`crate::scalein::Mode::Direct`]):
 /// the mark the size accounting and the resume after a restart follow.
 pub const DIRECT_MARK: &str = "direct";
 /// The mode of a drain our lifecycle hook holds the instance for.
@@ -42,7 +43,7 @@ pub const LIFECYCLE_MARK: &str = "lifecycle";
 pub const REBALANCE_MARK: &str = "rebalance";
 /// The mode of a drain an interruption notice started.
 pub const INTERRUPTION_MARK: &str = "interruption";
-/// The mode of `drain NODE` without `--terminate` ([`super::Mode::DrainOnly`]).
+/// The mode of `drain NODE` without `--terminate` ([`crate::scalein::Mode::DrainOnly`]).
 pub const DRAIN_ONLY_MARK: &str = "drain-only";
 
 /// The most a notice's budget gives the DaemonSet pods (`interruption.daemonSetShare`
@@ -214,7 +215,7 @@ fn same_action_possible(arrived: DateTime<Utc>, at: DateTime<Utc>) -> bool {
 pub struct DrainRecord {
     pub reasons: Vec<DrainReason>,
     /// When the instance was first seen resting in its group's warm pool after our
-    /// hook's action was completed ([`super::warm_pool`]): the node is handed back
+    /// hook's action was completed ([`crate::scalein::sources::warm_pool`]): the node is handed back
     /// when the instance leaves the pool for the group again.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub in_warm_pool_since: Option<DateTime<Utc>>,
@@ -582,6 +583,56 @@ impl DrainRecord {
             budget_ends,
             daemonset_share,
         }
+    }
+}
+
+/// This service's taint on a Node it drains.
+pub const TAINT_KEY: &str = "ca-asg-provider.io/draining";
+/// The group a drained Node's instance was in, written with the cordon.
+pub const GROUP_ANNOTATION: &str = "ca-asg-provider.io/drain-group";
+/// The taint cluster-autoscaler puts on a node it is deleting. A node handed back
+/// after an abandoned drain must not keep it, or it stays unschedulable.
+pub const CA_TO_BE_DELETED_TAINT: &str = "ToBeDeletedByClusterAutoscaler";
+
+/// How a Node came to be cordoned, as the watch saw it happen. Only a change seen
+/// tells who made it: cluster-autoscaler (>= 1.34) cordons the node it deletes in
+/// the same write as its `ToBeDeletedByClusterAutoscaler` taint; a person's
+/// `kubectl cordon` (or another tool's) comes without it. A Node first seen already
+/// cordoned with CA's taint has no entry: who cordoned it is not known.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CordonSeen {
+    /// Last seen schedulable.
+    Schedulable,
+    /// Seen go from schedulable to cordoned with CA's deletion taint: CA's cordon.
+    ByCa,
+    /// Seen cordoned without CA's deletion taint or this service's taint: someone
+    /// else's cordon (kept, whatever taint comes after).
+    ByOther,
+}
+
+impl CordonSeen {
+    /// What is known after seeing `n`, given what was known before.
+    pub fn after(before: Option<CordonSeen>, n: &Node) -> Option<CordonSeen> {
+        let spec = n.spec.as_ref();
+        if spec.and_then(|s| s.unschedulable) != Some(true) {
+            return Some(CordonSeen::Schedulable);
+        }
+        let tainted = |key: &str| {
+            spec.and_then(|s| s.taints.as_ref())
+                .is_some_and(|t| t.iter().any(|t| t.key == key))
+        };
+        if tainted(CA_TO_BE_DELETED_TAINT) {
+            // Cordoned in the same write as CA's taint, or kept as it was.
+            return match before {
+                Some(CordonSeen::Schedulable) => Some(CordonSeen::ByCa),
+                other => other,
+            };
+        }
+        if tainted(TAINT_KEY) {
+            // This service's own cordon (its record says so): nothing learned.
+            return before;
+        }
+        Some(CordonSeen::ByOther)
     }
 }
 

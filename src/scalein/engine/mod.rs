@@ -1,7 +1,7 @@
 //! The engine: runs drains (one per instance, at most `maxConcurrentDrains` at once,
 //! all sharing one API rate limit), holds lifecycle actions, follows the Lease, and
 //! answers what mode an instance of a group ends in. What it keeps track of lives in
-//! [`inflight`](super::inflight).
+//! [`inflight`](crate::scalein::engine::book).
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
@@ -9,12 +9,16 @@ use std::time::Duration;
 
 use parking_lot::Mutex;
 
-use super::inflight::{Book, HoldChange};
-use super::marks_sync::spawn_marks_sync;
-use super::{
-    budgets, drain, dry_run, events, evict, leader, lifecycle, nodes, pass, ratelimit, record,
-    user_agent, DrainRequest, Mode, ModeChoice, Outcome, ScaleInSettings, Start,
-};
+use crate::scalein::decide::record;
+use crate::scalein::engine::book::{Book, HoldChange};
+use crate::scalein::engine::marks_sync::spawn_marks_sync;
+use crate::scalein::kube::{budgets, events, nodes, pass, ratelimit, user_agent};
+use crate::scalein::stages::{drain, evict, preview};
+use crate::scalein::{DrainRequest, Mode, ModeChoice, Outcome, ScaleInSettings, Start};
+
+pub mod book;
+pub mod leader;
+pub mod marks_sync;
 use crate::cloud::{Cloud, LifecycleAction};
 use crate::provider::{Group, Provider, ProviderError};
 use crate::telemetry::metrics::{metrics, Metrics};
@@ -89,20 +93,20 @@ pub struct Engine {
     /// Set by [`Self::step_down`]: this replica acts no more, whatever the Lease says.
     stepping_down: std::sync::atomic::AtomicBool,
     pub stats: DrainStats,
-    /// Until when the lifecycle scan runs every [`lifecycle::SOON`] instead of its
+    /// Until when the lifecycle scan runs every [`crate::scalein::holds::SOON`] instead of its
     /// poll interval: a hold AWS announced and does not show yet.
     scan_soon: Mutex<Option<crate::clock::Instant>>,
     /// Wakes the lifecycle loop when `scan_soon` is set.
     scan_wake: tokio::sync::Notify,
     /// Until when the loop follows the Nodes resting in a warm pool every
-    /// [`lifecycle::SOON`] (and scans at its poll interval): CA raised a pooled group
-    /// ([`super::warm_pool::capacity_added`]).
+    /// [`crate::scalein::holds::SOON`] (and scans at its poll interval): CA raised a pooled group
+    /// ([`crate::scalein::sources::warm_pool::capacity_added`]).
     follow_soon: Mutex<Option<crate::clock::Instant>>,
     /// The background loops' turns, for `/healthz`.
     pub liveness: Arc<crate::telemetry::liveness::Liveness>,
     /// Instances in a hook's wait that AWS said our hook holds no pending action
     /// on: the wait they were in, and when AWS was asked
-    /// ([`super::lifecycle::not_held_lately`]).
+    /// ([`crate::scalein::holds::not_held_lately`]).
     pub(crate) not_held: Mutex<std::collections::BTreeMap<String, (String, crate::clock::Instant)>>,
 }
 
@@ -120,7 +124,10 @@ impl Engine {
         // Every request, watches and Events included, as client-go's own limiter
         // does: the rate holds however many drains run.
         // Each request says who sends it (the audit log's userAgent).
-        let client = super::intercept::answered_within(client, super::intercept::ANSWER_WITHIN);
+        let client = crate::scalein::kube::intercept::answered_within(
+            client,
+            crate::scalein::kube::intercept::ANSWER_WITHIN,
+        );
         let lease_client = user_agent::named(client.clone(), user_agent::LEASE);
         let client = user_agent::named(client, user_agent::DRAIN);
         let pod_event_client =
@@ -304,7 +311,7 @@ impl Engine {
             return;
         }
         let change = self.book.hold(&action.instance_id, timeout, |rx| {
-            lifecycle::heartbeats(self.clone(), action.clone(), rx)
+            crate::scalein::holds::heartbeats(self.clone(), action.clone(), rx)
         });
         if let HoldChange::Changed { was } = change {
             tracing::info!(instance = %action.instance_id, hook = %action.hook, ?was, now = ?timeout, "the hook's heartbeat timeout changed; heartbeats follow it");
@@ -351,7 +358,7 @@ impl Engine {
         let task_req = req.clone();
         let handle =
             tokio::spawn(
-                async move { Outcome::Observed(dry_run::describe(&this, &task_req).await) },
+                async move { Outcome::Observed(preview::describe(&this, &task_req).await) },
             );
         self.book.observe(req, handle);
         true
@@ -382,13 +389,16 @@ impl Engine {
         if !(stopped || closes) {
             return Ok(false);
         }
-        super::cordon::update_record(self, &node, |r| r.instance_left()).await?;
+        crate::scalein::kube::node_record::update_record(&self.nodes, &self.client, &node, |r| {
+            r.instance_left()
+        })
+        .await?;
         Ok(true)
     }
 
     /// A hold AWS announced (a lifecycle message) that its reads do not show yet
     /// (they lag the notification): the lifecycle scan runs every
-    /// [`lifecycle::SOON`] for `within` instead of waiting out its poll interval
+    /// [`crate::scalein::holds::SOON`] for `within` instead of waiting out its poll interval
     /// (five minutes in queue mode, longer than a short hook's timeout).
     pub fn expect_hold(&self, within: Duration) {
         let until = crate::clock::Instant::now() + within;
@@ -398,7 +408,7 @@ impl Engine {
         self.scan_wake.notify_one();
     }
 
-    /// The loop follows the Nodes resting in a warm pool every [`lifecycle::SOON`]
+    /// The loop follows the Nodes resting in a warm pool every [`crate::scalein::holds::SOON`]
     /// for `within` from now, scanning at its poll interval all the same.
     pub fn follow_soon(&self, within: Duration) {
         let until = crate::clock::Instant::now() + within;
@@ -424,7 +434,7 @@ impl Engine {
             .lock()
             .is_some_and(|until| crate::clock::Instant::now() < until);
         if self.scanning_soon() || following {
-            poll.min(lifecycle::SOON)
+            poll.min(crate::scalein::holds::SOON)
         } else {
             poll
         }
@@ -473,8 +483,8 @@ impl Engine {
     }
 
     /// How the Node came to be cordoned, as the engine's Node watch saw it
-    /// ([`super::cordon::CordonSeen`]): whose cordon a drain starts from.
-    pub fn cordon_seen(&self, node: &str) -> Option<super::cordon::CordonSeen> {
+    /// ([`crate::scalein::stages::cordon::CordonSeen`]): whose cordon a drain starts from.
+    pub fn cordon_seen(&self, node: &str) -> Option<crate::scalein::stages::cordon::CordonSeen> {
         self.nodes.cordon_seen(node)
     }
 

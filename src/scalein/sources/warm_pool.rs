@@ -16,7 +16,7 @@
 //! - AWS shows it in the group again (Pending on its way, or InService) after our
 //!   hook's action let it go (a rest in the pool seen or not: it can come back
 //!   between two polls): cordon, taint, marks and labels this service put on come
-//!   off ([`super::cordon::uncordon`]), Event `BackFromWarmPool`.
+//!   off ([`crate::scalein::stages::cordon::uncordon`]), Event `BackFromWarmPool`.
 //!   The record goes with them, so the instance's next scale-in is a new action
 //!   and not taken for the finished one.
 
@@ -30,15 +30,11 @@ use crate::cloud::LifecycleState;
 use crate::provider::Provider;
 use crate::telemetry::metrics::{metrics, Metrics};
 
-use super::events::Reason;
-use super::record::{after, DrainRecord};
-use super::Engine;
+use crate::scalein::decide::record::{after, DrainRecord};
+use crate::scalein::kube::events::Reason;
+use crate::scalein::Engine;
 
-/// How long after our hook's hold on the way into the pool arrived a read showing
-/// the instance in the group again hands its Node back. AWS's reads lag by seconds: a
-/// read that much later cannot be one from before the scale-in that sent it to the
-/// pool.
-pub const SETTLED: Duration = Duration::from_secs(30);
+pub use crate::scalein::settings::WARM_POOL_SETTLED as SETTLED;
 
 /// How long the loop looks every second (the lifecycle loop's `SOON`) for instances leaving a
 /// group's pool after CA raised the group's size (the pool fills the new capacity
@@ -82,10 +78,12 @@ pub fn step(
     let mut let_go_at = None;
     for r in &record.reasons {
         match (&r.why, r.done) {
-            (super::record::Why::Lifecycle { .. }, done) if done || back_in_group => {
+            (crate::scalein::decide::record::Why::Lifecycle { .. }, done)
+                if done || back_in_group =>
+            {
                 let_go_at = let_go_at.max(Some(r.at));
             }
-            (super::record::Why::Lifecycle { .. }, _) => return Step::Nothing,
+            (crate::scalein::decide::record::Why::Lifecycle { .. }, _) => return Step::Nothing,
             (why, false) if why.drains() => return Step::Nothing,
             _ => {}
         }
@@ -221,11 +219,10 @@ pub async fn follow(engine: &Arc<Engine>, provider: &Arc<Provider>) -> usize {
         .into_iter()
         .filter_map(|m| {
             let iid = m.instance?;
-            let ours = m
-                .record
-                .reasons
-                .iter()
-                .any(|r| matches!(r.why, super::record::Why::Lifecycle { .. }));
+            let ours =
+                m.record.reasons.iter().any(|r| {
+                    matches!(r.why, crate::scalein::decide::record::Why::Lifecycle { .. })
+                });
             let pooled = m.record.in_warm_pool_since.is_some()
                 || (ours
                     && reg
@@ -271,11 +268,16 @@ async fn note_in_pool(
     state: Option<&LifecycleState>,
     now: DateTime<Utc>,
 ) {
-    let written = super::cordon::update_record(engine, node, |r| {
-        let first = r.in_warm_pool_since.is_none();
-        r.in_warm_pool_since.get_or_insert(now);
-        first
-    })
+    let written = crate::scalein::kube::node_record::update_record(
+        &engine.nodes,
+        &engine.client,
+        node,
+        |r| {
+            let first = r.in_warm_pool_since.is_none();
+            r.in_warm_pool_since.get_or_insert(now);
+            first
+        },
+    )
     .await;
     match written {
         Ok(_) => {
@@ -300,7 +302,7 @@ async fn note_in_pool(
 
 async fn hand_back(engine: &Engine, node: &str, iid: &str, state: Option<&LifecycleState>) -> bool {
     let state = state.map(LifecycleState::as_str).unwrap_or("?");
-    match super::cordon::uncordon(engine, node).await {
+    match crate::scalein::stages::cordon::uncordon(engine, node).await {
         Ok(given) => {
             Metrics::outcome(&metrics().warm_pool_returns, "handed_back");
             tracing::info!(node, instance = iid, state, "instance left the warm pool for its group: node handed back (uncordoned, marks removed)");
