@@ -169,7 +169,7 @@ fn no_command_imports_another_command() {
                 .to_string()
         })
         .collect();
-    assert!(commands.len() >= 5, "commands found: {commands:?}");
+    assert!(commands.len() >= 4, "commands found: {commands:?}");
     let mut wrong = Vec::new();
     for cmd in &commands {
         let mut files = Vec::new();

@@ -457,6 +457,12 @@ impl Engine {
         self.book.end_turn(instance_id).await
     }
 
+    /// Per-pod Events queued and not yet published (the drain storm benchmark waits
+    /// for them to drain).
+    pub fn pod_events_pending(&self) -> usize {
+        self.events.pod_events_pending()
+    }
+
     /// The instance's Node, as the engine's cache of Nodes has it.
     pub fn node_for_instance(&self, instance_id: &str) -> Option<String> {
         self.nodes.node_for_instance(instance_id)

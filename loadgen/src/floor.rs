@@ -32,9 +32,9 @@ use serde::{Deserialize, Serialize};
 use tonic::codec::{Codec, DecodeBuf, Decoder, EncodeBuf, Encoder};
 use tonic::Status;
 
-use crate::config::ListenAddr;
-use crate::grpc::Listener;
-use crate::proto::cloud_provider_server::SERVICE_NAME;
+use ca_asg_provider::config::ListenAddr;
+use ca_asg_provider::grpc::Listener;
+use ca_asg_provider::proto::cloud_provider_server::SERVICE_NAME;
 
 /// One request of CA's loop, as the typed client encodes it, and the real server's
 /// answer: the response message's bytes or the status it answered with.
@@ -272,22 +272,22 @@ impl tonic::server::NamedService for FloorService {
 }
 
 /// Serves the answers in `file` on `listen` until the process is killed, with the
-/// real server's transport settings and front door (`crate::grpc`). No health
+/// real server's transport settings and front door (`ca_asg_provider::grpc`). No health
 /// service: loadgen waits for the floor with Refresh, which the floor answers.
 pub async fn serve_file(file: &Path, listen: &ListenAddr) -> anyhow::Result<()> {
     let table = Table::new(read(file)?);
-    let (listener, _) = crate::grpc::bind_listen(listen).await?;
-    let router = crate::grpc::transport().add_service(FloorService::new(table));
-    let limits = crate::grpc::ConnectionLimits::default();
+    let (listener, _) = ca_asg_provider::grpc::bind_listen(listen).await?;
+    let router = ca_asg_provider::grpc::transport().add_service(FloorService::new(table));
+    let limits = ca_asg_provider::grpc::ConnectionLimits::default();
     match listener {
         Listener::Tcp(l) => {
             router
-                .serve_with_incoming(crate::grpc::door::incoming(l, limits))
+                .serve_with_incoming(ca_asg_provider::grpc::door::incoming(l, limits))
                 .await?
         }
         Listener::Unix(l, _file) => {
             router
-                .serve_with_incoming(crate::grpc::unix_incoming(l, limits))
+                .serve_with_incoming(ca_asg_provider::grpc::unix_incoming(l, limits))
                 .await?
         }
     }

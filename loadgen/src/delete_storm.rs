@@ -26,7 +26,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::clock::Instant;
+use ca_asg_provider::clock::Instant;
 
 use k8s_openapi::api::core::v1::Node;
 use serde::Serialize;
@@ -34,12 +34,12 @@ use tonic::transport::Endpoint;
 
 use super::stats::MethodSummary;
 use super::until;
-use crate::cloud::memory::{MemoryCloud, MemoryGroup};
-use crate::cloud::{Cloud, GroupSelector};
-use crate::proto::{self, cloud_provider_client::CloudProviderClient};
-use crate::provider::{instances, Provider, ProviderSettings};
-use crate::scalein::{DrainScaleIn, Engine, Outcome, ScaleInSettings};
-use crate::sim::{SimCluster, SimOptions};
+use ca_asg_provider::cloud::memory::{MemoryCloud, MemoryGroup};
+use ca_asg_provider::cloud::{Cloud, GroupSelector};
+use ca_asg_provider::proto::{self, cloud_provider_client::CloudProviderClient};
+use ca_asg_provider::provider::{instances, Provider, ProviderSettings};
+use ca_asg_provider::scalein::{DrainScaleIn, Engine, Outcome, ScaleInSettings};
+use ca_asg_provider::sim::{SimCluster, SimOptions};
 
 const GROUP: &str = "storm";
 /// Instances CA does not name: they must all stay.
@@ -321,9 +321,9 @@ async fn run_mode(o: &DeleteStormOptions, hooked: bool) -> anyhow::Result<ModeRe
         },
     );
     provider.set_scale_in(Arc::new(DrainScaleIn(engine.clone())));
-    let (listener, addr) = crate::grpc::bind("127.0.0.1:0".parse()?).await?;
+    let (listener, addr) = ca_asg_provider::grpc::bind("127.0.0.1:0".parse()?).await?;
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let server = tokio::spawn(crate::grpc::serve(
+    let server = tokio::spawn(ca_asg_provider::grpc::serve(
         listener,
         provider.clone(),
         None,
@@ -402,7 +402,7 @@ async fn run_mode(o: &DeleteStormOptions, hooked: bool) -> anyhow::Result<ModeRe
         let name = if v.placeholder {
             v.id.clone()
         } else {
-            crate::sim::node_name(&v.id)
+            ca_asg_provider::sim::node_name(&v.id)
         };
         let mut req = tonic::Request::new(proto::NodeGroupDeleteNodesRequest {
             id: GROUP.to_string(),

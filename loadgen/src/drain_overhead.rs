@@ -6,16 +6,16 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::clock::Instant;
+use ca_asg_provider::clock::Instant;
 
 use k8s_openapi::api::core::v1::{Node, Pod};
 use serde::Serialize;
 
 use super::until;
-use crate::cloud::memory::{MemoryCloud, MemoryGroup};
-use crate::provider::NodeRef;
-use crate::scalein::{DrainScaleIn, ScaleInSettings};
-use crate::sim::{fixtures, node_name, SimCluster, SimOptions};
+use ca_asg_provider::cloud::memory::{MemoryCloud, MemoryGroup};
+use ca_asg_provider::provider::NodeRef;
+use ca_asg_provider::scalein::{DrainScaleIn, ScaleInSettings};
+use ca_asg_provider::sim::{fixtures, node_name, SimCluster, SimOptions};
 
 #[derive(Debug, Serialize, Clone)]
 pub struct Overhead {

@@ -3,15 +3,15 @@
 use std::collections::HashMap;
 use std::time::Duration;
 
-use crate::clock::Instant;
+use ca_asg_provider::clock::Instant;
 
 use prost::Message as _;
 use tonic::transport::Channel;
 
 use super::floor::{path_of, Recorded};
 use super::stats::Samples;
-use crate::proto::cloud_provider_client::CloudProviderClient;
-use crate::proto::{self, ExternalGrpcNode};
+use ca_asg_provider::proto::cloud_provider_client::CloudProviderClient;
+use ca_asg_provider::proto::{self, ExternalGrpcNode};
 
 pub type Client = CloudProviderClient<Channel>;
 
@@ -100,7 +100,9 @@ pub fn node_for(provider_id: &str, group: &str, n: usize) -> ExternalGrpcNode {
 
 /// CA's defaults for NodeGroupGetOptions, as CA sends them.
 fn defaults() -> proto::NodeGroupAutoscalingOptions {
-    crate::grpc::options::to_proto(&crate::provider::options::AutoscalingOptions::ca_defaults())
+    ca_asg_provider::grpc::options::to_proto(
+        &ca_asg_provider::provider::options::AutoscalingOptions::ca_defaults(),
+    )
 }
 
 /// The NodeGroupForNode request for a node of the fleet. Every loop builds it anew

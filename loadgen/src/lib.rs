@@ -1,8 +1,9 @@
-//! `ca-asg-provider loadgen`: acts like cluster-autoscaler against a server on the
-//! memory cloud seeded with N nodes in G groups, and reports per-RPC latency, RPC/s,
-//! loop time, and the server's CPU and memory read from /proc. With `--floor`, also
-//! the same loops against a server that only replays recorded answers (`floor`), so
-//! the report can tell this code's CPU from the gRPC transport's.
+//! `loadgen`: acts like cluster-autoscaler against a server on the memory cloud
+//! seeded with N nodes in G groups, and reports per-RPC latency, RPC/s, loop time, and
+//! the server's CPU and memory read from /proc. With `--floor`, also the same loops
+//! against a server that only replays recorded answers (`floor`), so the report can
+//! tell this code's CPU from the gRPC transport's. The test rig, out of the shipped
+//! binary: it uses the `ca_asg_provider` library's public API only.
 
 mod ca_loop;
 pub mod delete_storm;
@@ -10,28 +11,48 @@ pub mod drain_floor;
 pub mod drain_overhead;
 pub mod drain_storm;
 mod floor;
-pub mod process;
 mod rig;
 pub mod stats;
 
 use std::ffi::OsStr;
 use std::net::SocketAddr;
 
-use crate::config::ListenAddr;
+use ca_asg_provider::config::ListenAddr;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-use crate::clock::Instant;
+use ca_asg_provider::clock::Instant;
 
 use anyhow::Context;
 use serde::Serialize;
 use tonic::transport::{Channel, Endpoint};
 
+use ca_asg_provider::telemetry::process::{ProcSample, ProcWatch};
+use ca_asg_provider::telemetry::LogFormat;
 use ca_loop::Client;
 pub use ca_loop::{node_for, Fleet};
-use process::{ProcSample, ProcWatch};
 use stats::{MethodSummary, Samples};
+
+/// The `loadgen` command line.
+#[derive(Debug, clap::Parser)]
+#[command(
+    name = "loadgen",
+    version,
+    about = "Act like cluster-autoscaler against a ca-asg-provider server on a seeded memory \
+             cloud and report latency, RPC/s, CPU and memory"
+)]
+pub struct Cli {
+    /// Log format: human (default) or json.
+    #[arg(long, value_enum, default_value = "human")]
+    pub log_format: LogFormat,
+    /// Log level or filter (RUST_LOG wins when set). Warnings only by default: the
+    /// report is printed on stdout.
+    #[arg(long, default_value = "warn")]
+    pub log_level: String,
+    #[command(flatten)]
+    pub args: LoadgenArgs,
+}
 
 #[derive(Debug, clap::Args, Clone)]
 pub struct LoadgenArgs {
@@ -120,7 +141,8 @@ pub struct LoadgenArgs {
     #[arg(long, conflicts_with = "drain_storm")]
     pub floor: bool,
     /// Internal: serve as the floor, with the answers in this file (`--floor` starts
-    /// this program so).
+    /// this program so). (The real server is this program started as `loadgen serve
+    /// ...`: see `start_server`.)
     #[arg(long, hide = true, requires = "floor_listen")]
     pub serve_floor: Option<PathBuf>,
     /// Internal: the floor's listen address.
@@ -263,12 +285,18 @@ fn spawn_self<S: AsRef<OsStr>>(args: &[S], what: &str) -> anyhow::Result<Child> 
         .with_context(|| format!("starting {what}"))
 }
 
+/// The first argument that makes this program the server it measures (main.rs).
+pub const SERVE: &str = "serve";
+
+/// The server under measure: this program started as `loadgen serve ...`, which runs
+/// the library's own command line (`ca_asg_provider::commands`), the code
+/// `ca-asg-provider serve` runs (main.rs).
 fn start_server(args: &LoadgenArgs) -> anyhow::Result<ServerChild> {
     let addr = free_listen(args.socket, "server")?;
     let metrics = free_port()?;
     let child = spawn_self(
         &[
-            "serve",
+            SERVE,
             "--memory-cloud",
             &format!("{}:{}", args.groups, args.nodes),
             "--listen",
@@ -316,7 +344,6 @@ async fn start_floor(real: &mut Client, fleet: &Fleet, socket: bool) -> anyhow::
     let listen = addr.to_string();
     let child = spawn_self(
         &[
-            OsStr::new("loadgen"),
             OsStr::new("--serve-floor"),
             file.0.as_os_str(),
             OsStr::new("--floor-listen"),
@@ -413,7 +440,7 @@ async fn connect(addr: &ListenAddr) -> anyhow::Result<Channel> {
             .timeout(Duration::from_secs(5))
             .connect()
             .await?),
-        ListenAddr::Unix(path) => crate::grpc::connect_unix(path).await,
+        ListenAddr::Unix(path) => ca_asg_provider::grpc::connect_unix(path).await,
     }
 }
 
@@ -423,7 +450,11 @@ async fn wait_ready(addr: &ListenAddr) -> anyhow::Result<Channel> {
     loop {
         if let Ok(ch) = connect(addr).await {
             let mut ca = Client::new(ch.clone());
-            if ca.refresh(crate::proto::RefreshRequest {}).await.is_ok() {
+            if ca
+                .refresh(ca_asg_provider::proto::RefreshRequest {})
+                .await
+                .is_ok()
+            {
                 return Ok(ch);
             }
         }

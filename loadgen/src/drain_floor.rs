@@ -12,18 +12,18 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::clock::Instant;
+use ca_asg_provider::clock::Instant;
 
 use k8s_openapi::api::core::v1::{Node, Pod};
 use serde::Serialize;
 
 use super::until;
-use crate::cloud::memory::{MemoryCloud, MemoryGroup};
-use crate::cloud::queue::{MemoryQueue, Queue};
-use crate::interruption::consumer::Consumer;
-use crate::interruption::InterruptionSettings;
-use crate::scalein::{sources::hook_scan, ScaleInSettings};
-use crate::sim::{fixtures, SimCluster, SimOptions};
+use ca_asg_provider::cloud::memory::{MemoryCloud, MemoryGroup};
+use ca_asg_provider::cloud::queue::{MemoryQueue, Queue};
+use ca_asg_provider::interruption::consumer::Consumer;
+use ca_asg_provider::interruption::InterruptionSettings;
+use ca_asg_provider::scalein::{sources::hook_scan, ScaleInSettings};
+use ca_asg_provider::sim::{fixtures, SimCluster, SimOptions};
 
 /// The replicas' preStop, the DaemonSet pod's, and a replacement's time to Ready.
 const APP_PRESTOP: f64 = 2.0;
@@ -116,7 +116,7 @@ async fn one(settings: ScaleInSettings, queue: bool) -> anyhow::Result<Duration>
     let nodes: Vec<String> = cloud
         .instances()
         .into_iter()
-        .map(|(_, i)| crate::sim::node_name(&i.id))
+        .map(|(_, i)| ca_asg_provider::sim::node_name(&i.id))
         .collect();
     let (other, victim) = (nodes[0].clone(), nodes[1].clone());
     super::rig::set_unschedulable(&sim, &other, true).await?;

@@ -1,4 +1,5 @@
-//! CPU time and memory of the server process, read from /proc (Linux).
+//! CPU time and memory of a process, read from /proc (Linux): how the load generator
+//! (loadgen/) and the end-to-end tier measure the server.
 
 use std::path::PathBuf;
 

@@ -10,16 +10,16 @@ use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::clock::Instant;
+use ca_asg_provider::clock::Instant;
 
 use k8s_openapi::api::core::v1::{Node, Pod};
 use serde::Serialize;
 
-use super::process::ProcWatch;
 use super::until;
-use crate::cloud::memory::{MemoryCloud, MemoryGroup};
-use crate::scalein::{sources::hook_scan, ScaleInSettings};
-use crate::sim::{fixtures, SimCluster, SimOptions};
+use ca_asg_provider::cloud::memory::{MemoryCloud, MemoryGroup};
+use ca_asg_provider::scalein::{sources::hook_scan, ScaleInSettings};
+use ca_asg_provider::sim::{fixtures, SimCluster, SimOptions};
+use ca_asg_provider::telemetry::process::ProcWatch;
 
 /// The storm's shape.
 #[derive(Debug, Clone)]
@@ -189,15 +189,10 @@ fn spawn_ready_watch(
         }
         count
     };
-    let pods_res = crate::sim::store::resource("", "pods").expect("pods");
+    let pods_res = ca_asg_provider::sim::store::resource("", "pods").expect("pods");
     // Subscribed and counted under the store's lock: no change is missed or counted twice.
-    let (mut rx, mut count) = {
-        let inner = sim.store.lock();
-        (
-            sim.store.subscribe(),
-            count_all(&inner.list(pods_res, None)),
-        )
-    };
+    let (pods, mut rx) = sim.store.list_and_subscribe(pods_res, None);
+    let mut count = count_all(&pods);
     let store = sim.store.clone();
     tokio::spawn(async move {
         use tokio::sync::broadcast::error::RecvError;
@@ -205,9 +200,11 @@ fn spawn_ready_watch(
             let c = match rx.recv().await {
                 Ok(c) => c,
                 Err(RecvError::Lagged(_)) => {
-                    // Fell behind: recount (a dip in between may be missed).
-                    let inner = store.lock();
-                    count = count_all(&inner.list(pods_res, None));
+                    // Fell behind: recount, and follow the changes after the recount
+                    // (a dip in between may be missed).
+                    let (pods, fresh) = store.list_and_subscribe(pods_res, None);
+                    count = count_all(&pods);
+                    rx = fresh;
                     continue;
                 }
                 Err(RecvError::Closed) => return,
@@ -217,7 +214,7 @@ fn spawn_ready_watch(
             }
             // A Deleted change carries the object as it last was: it leaves the count.
             let (old, new) = match c.kind {
-                crate::sim::store::EventType::Deleted => (Some(&*c.object), None),
+                ca_asg_provider::sim::store::EventType::Deleted => (Some(&*c.object), None),
                 _ => (c.old.as_deref(), Some(&*c.object)),
             };
             let app_of_ready = |p: Option<&serde_json::Value>| p.filter(|p| ready(p)).and_then(app);
@@ -270,7 +267,7 @@ pub async fn run(o: &StormOptions) -> anyhow::Result<StormReport> {
         .instances()
         .into_iter()
         .filter(|(g, _)| g == "spare")
-        .map(|(_, i)| crate::sim::node_name(&i.id))
+        .map(|(_, i)| ca_asg_provider::sim::node_name(&i.id))
         .collect();
     // The workloads go to the storm's nodes: the spare ones take only what is evicted.
     for node in &spare {
@@ -334,7 +331,8 @@ pub async fn run(o: &StormOptions) -> anyhow::Result<StormReport> {
         .iter()
         .filter_map(|p| {
             let ds = p["metadata"]["ownerReferences"][0]["kind"] == "DaemonSet";
-            let prestop = p["metadata"]["annotations"][crate::sim::cluster::PRESTOP_ANNOTATION]
+            let prestop = p["metadata"]["annotations"]
+                [ca_asg_provider::sim::cluster::PRESTOP_ANNOTATION]
                 .as_str()
                 .and_then(|s| s.parse().ok())
                 .unwrap_or(0.0);
@@ -429,10 +427,10 @@ pub async fn run(o: &StormOptions) -> anyhow::Result<StormReport> {
         .collect();
     api_requests_by_kind.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
     let cpu_s = me.sample().map(|s| s.cpu_seconds).unwrap_or(0.0) - cpu_before;
-    let pod_events_queued_at_end = engine.events.pod_events_pending();
+    let pod_events_queued_at_end = engine.pod_events_pending();
     let flushing = Instant::now();
     until("the per-pod Events to be published", o.limit, || {
-        engine.events.pod_events_pending() == 0
+        engine.pod_events_pending() == 0
     })
     .await?;
     let pod_events_flushed_after_s = flushing.elapsed().as_secs_f64();
@@ -448,7 +446,7 @@ pub async fn run(o: &StormOptions) -> anyhow::Result<StormReport> {
         .completed_at()
         .into_iter()
         .filter(|(_, at)| *at >= started)
-        .map(|(id, at)| (crate::sim::node_name(&id), at))
+        .map(|(id, at)| (ca_asg_provider::sim::node_name(&id), at))
         .collect();
     let mut last_workload_gone: HashMap<String, usize> = HashMap::new();
     let mut first_ds_leaving: HashMap<String, usize> = HashMap::new();

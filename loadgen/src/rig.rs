@@ -6,11 +6,11 @@ use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Node;
 
-use crate::cloud::memory::{MemoryCloud, MemoryTiming};
-use crate::cloud::GroupSelector;
-use crate::provider::{Provider, ProviderSettings};
-use crate::scalein::{Engine, ScaleInSettings};
-use crate::sim::SimCluster;
+use ca_asg_provider::cloud::memory::{MemoryCloud, MemoryTiming};
+use ca_asg_provider::cloud::GroupSelector;
+use ca_asg_provider::provider::{Provider, ProviderSettings};
+use ca_asg_provider::scalein::{Engine, ScaleInSettings};
+use ca_asg_provider::sim::SimCluster;
 
 /// Launches and terminations in 50 ms, hooks that hold at once.
 pub fn timing() -> MemoryTiming {

@@ -1,15 +1,14 @@
-//! The load generator end to end: the real binary starts `serve --memory-cloud`, drives
-//! it like CA and writes its report. Asserts counts (RPCs per loop, AWS calls in a
+//! The load generator end to end: the `loadgen` binary starts the server (`serve
+//! --memory-cloud`), drives it like CA and writes its report. Asserts counts (RPCs per loop, AWS calls in a
 //! steady loop, drains ended), never times.
 
 use std::process::Command;
 
-/// Runs `loadgen ARGS --json FILE` with the real binary; its stdout and the report.
+/// Runs `loadgen ARGS --json FILE` with the built binary; its stdout and the report.
 fn loadgen(args: &[&str]) -> (String, serde_json::Value) {
     let dir = tempfile::tempdir().unwrap();
     let json = dir.path().join("report.json");
-    let out = Command::new(env!("CARGO_BIN_EXE_ca-asg-provider"))
-        .arg("loadgen")
+    let out = Command::new(env!("CARGO_BIN_EXE_loadgen"))
         .args(args)
         .arg("--json")
         .arg(&json)
@@ -110,7 +109,7 @@ fn loadgen_floor_replays_every_rpc_and_reports_the_ratio() {
 /// leave last on every node, and the API rate stays within apiQps plus the burst.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_small_drain_storm_keeps_every_invariant() {
-    use ca_asg_provider::commands::loadgen::drain_storm::{run, StormOptions};
+    use loadgen::drain_storm::{run, StormOptions};
     let mut o = StormOptions::new(4);
     o.pods_per_node = 3;
     o.set_size = 3;
@@ -145,7 +144,7 @@ async fn a_small_drain_storm_keeps_every_invariant() {
 /// others, each DaemonSet pod is asked to leave once and none put back is chased.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_drain_storm_with_daemonsets_that_come_back_chases_none_of_them() {
-    use ca_asg_provider::commands::loadgen::drain_storm::{run, StormOptions};
+    use loadgen::drain_storm::{run, StormOptions};
     let mut o = StormOptions::new(4);
     o.pods_per_node = 3;
     o.set_size = 3;
