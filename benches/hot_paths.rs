@@ -12,7 +12,7 @@ use ca_asg_provider::provider::options::{overlay_from_tags, AutoscalingOptions, 
 use ca_asg_provider::provider::template::encode::encode_node;
 use ca_asg_provider::provider::template::TemplateNode;
 use ca_asg_provider::provider::{NodeRef, Provider, ProviderSettings};
-use ca_asg_provider::scalein::plan::{full_plan, next_step, Phase};
+use ca_asg_provider::scalein::decide::plan::{full_plan, next_step, Phase};
 use ca_asg_provider::sim::fixtures;
 use criterion::{criterion_group, criterion_main, Criterion};
 use k8s_openapi::api::core::v1::Pod;

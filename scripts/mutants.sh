@@ -22,9 +22,9 @@ if ! cargo mutants --version >/dev/null 2>&1; then
 fi
 
 FILES=(
-    src/scalein/plan.rs
-    src/scalein/record.rs
-    src/scalein/budgets.rs
+    src/scalein/decide/plan.rs
+    src/scalein/decide/record.rs
+    src/scalein/kube/budgets.rs
     src/interruption/decide.rs
     src/provider/sizes.rs
 )

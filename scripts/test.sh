@@ -108,4 +108,5 @@ fi
 
 # One cargo invocation: the SDK's test-util feature (for aws-smithy-mocks) would
 # otherwise make a separate `cargo build` compile the SDK twice.
-cargo test --locked "$@"
+# The whole workspace: the product crate and the load generator (loadgen/).
+cargo test --workspace --locked "$@"

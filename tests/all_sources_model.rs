@@ -46,7 +46,7 @@ use ca_asg_provider::cloud::{LifecycleHook, LifecycleState};
 use ca_asg_provider::interruption::consumer::{Consumer, Handled};
 use ca_asg_provider::interruption::RebalanceAction;
 use ca_asg_provider::proto;
-use ca_asg_provider::scalein::{self, record, DrainRequest, Mode, Source};
+use ca_asg_provider::scalein::{self, decide::record, DrainRequest, Mode, Source};
 use k8s_openapi::api::core::v1::{Node, Pod};
 use proptest::prelude::*;
 
@@ -173,7 +173,7 @@ struct Model {
 fn lead(w: &World) -> Replica {
     let (lease, rx) = tokio::sync::watch::channel(true);
     w.engine.follow_leadership(rx);
-    let loop_task = scalein::lifecycle::spawn_loop(w.engine.clone(), w.provider.clone());
+    let loop_task = scalein::sources::hook_scan::spawn_loop(w.engine.clone(), w.provider.clone());
     Replica { loop_task, lease }
 }
 
@@ -395,7 +395,7 @@ impl Model {
                 // `drain NODE` is its own process: its first step (the cordon and the
                 // record) is done before a restart of the service can touch it.
                 let reason = scalein::ca_reason(&mode);
-                scalein::cordon::cordon(
+                scalein::stages::cordon::cordon(
                     &self.w.engine,
                     &node,
                     std::slice::from_ref(&reason),

@@ -320,7 +320,7 @@ fn check_config_explains_eks_managed_node_group_hooks_and_still_fails_on_a_secon
 
 #[tokio::test]
 async fn check_config_finds_missing_kubernetes_permissions() {
-    use ca_asg_provider::scalein::permissions::{check, REQUIRED};
+    use ca_asg_provider::scalein::kube::permissions::{check, REQUIRED};
     use ca_asg_provider::sim::Grant;
     let sim = SimCluster::start(SimOptions::default()).await.unwrap();
     let grant = |verbs: &[&str], group: &str, resources: &[&str]| Grant {
@@ -851,4 +851,30 @@ fn check_config_names_a_node_registered_while_warming() {
         said[0]
     );
     assert!(registered_while_warming(&[], &nodes).is_empty());
+}
+
+/// Issue 60, 3: the shipped binary keeps serve, check-config, drain and demo; the load
+/// generator is a binary of its own (loadgen/, `cargo run -p loadgen`), and
+/// `ca-asg-provider loadgen` is an unknown subcommand (clap's usage error, exit 2).
+#[test]
+fn the_shipped_binary_has_the_product_commands_and_not_the_test_rig() {
+    use clap::CommandFactory;
+    let cli = ca_asg_provider::commands::Cli::command();
+    let mut names: Vec<&str> = cli
+        .get_subcommands()
+        .map(|c| c.get_name())
+        .filter(|n| *n != "help")
+        .collect();
+    names.sort();
+    assert_eq!(names, ["check-config", "demo", "drain", "serve"]);
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_ca-asg-provider"))
+        .args(["loadgen", "--nodes", "10"])
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{stderr}");
+    assert!(
+        stderr.contains("unrecognized subcommand 'loadgen'"),
+        "{stderr}"
+    );
 }

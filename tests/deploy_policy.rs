@@ -200,7 +200,7 @@ fn rbac_check_rejects_what_the_role_does_not_grant() {
 
 #[test]
 fn rbac_grants_exactly_what_check_config_checks() {
-    use ca_asg_provider::scalein::permissions::REQUIRED;
+    use ca_asg_provider::scalein::kube::permissions::REQUIRED;
     let rules = support::rbac::role_rules(&root().join("deploy/base/rbac.yaml"), "ca-asg-provider");
     let granted: BTreeSet<(String, String, String)> = rules
         .iter()
@@ -226,7 +226,7 @@ fn rbac_grants_exactly_what_check_config_checks() {
         .collect();
     assert_eq!(
         granted, required,
-        "deploy/base/rbac.yaml and scalein::permissions::REQUIRED differ"
+        "deploy/base/rbac.yaml and scalein::kube::permissions::REQUIRED differ"
     );
 }
 

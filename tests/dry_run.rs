@@ -11,7 +11,8 @@ use ca_asg_provider::cloud::read_only::ReadOnly;
 use ca_asg_provider::cloud::{Cloud, GroupSelector};
 use ca_asg_provider::proto;
 use ca_asg_provider::provider::{Provider, ProviderSettings};
-use ca_asg_provider::scalein::{self, dry_run, DrainScaleIn, Engine, ScaleInSettings};
+use ca_asg_provider::scalein::stages::preview;
+use ca_asg_provider::scalein::{self, DrainScaleIn, Engine, ScaleInSettings};
 use ca_asg_provider::sim::{fixtures, SimCluster, SimOptions};
 use k8s_openapi::api::core::v1::{Node, Pod};
 
@@ -75,7 +76,7 @@ async fn a_dry_run_decides_everything_and_changes_nothing() {
     );
     provider.refresh_now().await.unwrap();
     let engine = Engine::new(
-        dry_run::read_only_client(sim.client_as(support::rbac::ENGINE_USER)),
+        preview::read_only_client(sim.client_as(support::rbac::ENGINE_USER)),
         guarded,
         Some(provider.clone()),
         ScaleInSettings {
@@ -87,7 +88,7 @@ async fn a_dry_run_decides_everything_and_changes_nothing() {
     );
     provider.set_scale_in(Arc::new(DrainScaleIn(engine.clone())));
     engine.elect_leader();
-    scalein::lifecycle::spawn_loop(engine.clone(), provider.clone());
+    scalein::sources::hook_scan::spawn_loop(engine.clone(), provider.clone());
     let mut ca = serve_ca(&provider).await;
     eventually("the drain marks on Nodes are read", 10, || {
         provider.drain_state_known()
@@ -193,7 +194,7 @@ async fn the_read_only_client_reads_and_watches_and_refuses_writes() {
     let sim = SimCluster::start(SimOptions::default()).await.unwrap();
     sim.create(&fixtures::pod("shop", "app", "n1", "app", 0.0))
         .unwrap();
-    let client = dry_run::read_only_client(sim.client());
+    let client = preview::read_only_client(sim.client());
     let pods: kube::Api<Pod> = kube::Api::namespaced(client.clone(), "shop");
     assert_eq!(pods.list(&Default::default()).await.unwrap().items.len(), 1);
     let e = pods

@@ -54,7 +54,7 @@ use std::io::Write as _;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use ca_asg_provider::commands::loadgen::process::ProcWatch;
+use ca_asg_provider::telemetry::process::ProcWatch;
 use control_plane::{ControlPlane, Who};
 use rig::{binaries, until, SERIAL};
 use storm::{Drainer, Figures, Gauge, Intake, Shape};

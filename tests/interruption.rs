@@ -150,7 +150,7 @@ async fn a_duplicate_and_a_restart_mid_drain_make_one_drain() {
     let c2 = consumer(&w, &q2, RebalanceAction::Cordon);
     // The new leader finds the drain recorded on the Node and goes on with it; the
     // redelivered message then starts nothing.
-    let resumed = scalein::lifecycle::spawn_loop(w.engine.clone(), w.provider.clone());
+    let resumed = scalein::sources::hook_scan::spawn_loop(w.engine.clone(), w.provider.clone());
     eventually("the drain is resumed from the Node's mark", 10, || {
         w.engine.is_draining(&iid)
     })
@@ -310,7 +310,7 @@ async fn one_lifecycle_scan_of_200_hooked_groups_is_one_batched_read() {
         .collect();
     let w = world(groups, fast_settings(), Duration::from_millis(50)).await;
     let before = w.cloud.calls();
-    scalein::lifecycle::scan(&w.engine, &w.provider).await;
+    scalein::sources::hook_scan::scan(&w.engine, &w.provider).await;
     let after = w.cloud.calls();
     let delta =
         |op: &str| after.get(op).copied().unwrap_or(0) - before.get(op).copied().unwrap_or(0);

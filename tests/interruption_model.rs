@@ -135,7 +135,8 @@ impl Model {
             replica(&w.sim, &who, view, &w.groups, fast_settings()).await;
         let q = Arc::new(MemoryQueue::default());
         let c = consumer(&w, &q, RebalanceAction::Cordon);
-        let loop_task = scalein::lifecycle::spawn_loop(w.engine.clone(), w.provider.clone());
+        let loop_task =
+            scalein::sources::hook_scan::spawn_loop(w.engine.clone(), w.provider.clone());
         Model {
             w,
             q,
@@ -251,9 +252,11 @@ impl Model {
                 self.w.provider = provider;
                 self.w.engine = engine;
                 self.w.ca = ca;
-                scalein::lifecycle::resume(&self.w.engine, &self.w.provider).await;
-                self.loop_task =
-                    scalein::lifecycle::spawn_loop(self.w.engine.clone(), self.w.provider.clone());
+                scalein::sources::hook_scan::resume(&self.w.engine, &self.w.provider).await;
+                self.loop_task = scalein::sources::hook_scan::spawn_loop(
+                    self.w.engine.clone(),
+                    self.w.provider.clone(),
+                );
                 self.c = consumer(&self.w, &self.q, RebalanceAction::Cordon);
                 if let Some(b) = self.last.clone() {
                     self.send(b).await;

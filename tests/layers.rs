@@ -169,7 +169,7 @@ fn no_command_imports_another_command() {
                 .to_string()
         })
         .collect();
-    assert!(commands.len() >= 5, "commands found: {commands:?}");
+    assert!(commands.len() >= 4, "commands found: {commands:?}");
     let mut wrong = Vec::new();
     for cmd in &commands {
         let mut files = Vec::new();
@@ -529,4 +529,165 @@ fn the_circle_checker_sees_a_circle_through_any_kind_of_path() {
     // Without the way back there is no circle.
     let files: Vec<_> = files.into_iter().filter(|f| f.0 != "g.rs").collect();
     assert!(circles(&sibling_edges(&files, &modules)).is_empty());
+}
+
+/// The rooms of `src/scalein` (issue 60), bottom to top, and what each may use of
+/// scalein besides itself and the shared vocabulary (`request`, `settings`, and what
+/// `scalein/mod.rs` re-exports): a room uses only the rooms listed for it.
+const SCALEIN_ROOMS: &[(&str, &[&str], &str)] = &[
+    ("decide", &[], "pure decisions: no await, no client"),
+    (
+        "kube",
+        &["decide"],
+        "Kubernetes access: knows no engine and no stage order",
+    ),
+    (
+        "holds",
+        &["decide", "kube"],
+        "the lifecycle actions our hook holds",
+    ),
+    (
+        "stages",
+        &["decide", "kube", "holds"],
+        "one node's drain, stage by stage",
+    ),
+    (
+        "engine",
+        &["decide", "kube", "holds", "stages"],
+        "who runs what and when",
+    ),
+    (
+        "sources",
+        &["decide", "kube", "holds", "stages", "engine"],
+        "outside signals to drain requests",
+    ),
+    ("request", &["decide"], "the vocabulary"),
+    ("settings", &["decide"], "the vocabulary"),
+];
+
+/// Rooms that still reach the whole `Engine` through scalein's face (each stage takes
+/// `&Engine` today): the debt a narrow stage context pays off. None may join.
+const ENGINE_REACHED_FROM: &[&str] = &["holds", "stages", "sources"];
+
+/// The code of a file before its `mod tests`, numbered as in the file.
+fn code_before_tests(f: &Path) -> Vec<(usize, String)> {
+    let mut out = Vec::new();
+    for (n, l) in code_lines(f) {
+        if l.trim_start().starts_with("mod tests") {
+            break;
+        }
+        out.push((n, l));
+    }
+    out
+}
+
+#[test]
+fn each_room_of_scalein_uses_only_the_rooms_below_it() {
+    let root = src();
+    let dir = root.join("scalein");
+    let mut files = Vec::new();
+    rust_files(&dir, &mut files);
+    let mut wrong = Vec::new();
+    let mut seen = BTreeMap::<&str, usize>::new();
+    for f in &files {
+        let rel = f.strip_prefix(&root).unwrap();
+        let module = module_of(rel);
+        if module == ["scalein"] {
+            continue;
+        }
+        let room = module[1].as_str();
+        let Some((room, allowed, rule)) = SCALEIN_ROOMS.iter().find(|(r, _, _)| *r == room) else {
+            wrong.push(format!(
+                "src/{}: room `{room}` has no rule in SCALEIN_ROOMS",
+                rel.display()
+            ));
+            continue;
+        };
+        *seen.entry(room).or_default() += 1;
+        let code = code_before_tests(f);
+        for (path, n) in named_paths(&module, &code) {
+            if path.len() < 2 || path[0] != "scalein" {
+                continue;
+            }
+            let to = path[1].as_str();
+            if to == *room || ["request", "settings"].contains(&to) {
+                continue;
+            }
+            if SCALEIN_ROOMS.iter().any(|(r, _, _)| *r == to) {
+                if !allowed.contains(&to) {
+                    wrong.push(format!(
+                        "src/{}:{n}: scalein::{room} ({rule}) uses scalein::{to}",
+                        rel.display()
+                    ));
+                }
+            } else if to == "Engine" && !ENGINE_REACHED_FROM.contains(room) {
+                wrong.push(format!(
+                    "src/{}:{n}: scalein::{room} ({rule}) reaches the whole Engine",
+                    rel.display()
+                ));
+            }
+        }
+        if *room == "decide" {
+            for (n, l) in &code {
+                for never in [".await", "kube::Client", "Api<", "Arc<Engine>", "&Engine"] {
+                    if l.contains(never) {
+                        wrong.push(format!(
+                            "src/{}:{n}: scalein::decide ({rule}) has `{never}`",
+                            rel.display()
+                        ));
+                    }
+                }
+            }
+        }
+    }
+    assert!(wrong.is_empty(), "rooms broken:\n{}", wrong.join("\n"));
+    for (r, _, _) in SCALEIN_ROOMS {
+        assert!(seen.contains_key(r), "no files found for scalein::{r}");
+    }
+}
+
+/// The calls that end an instance, and the files that may make them: the drain's
+/// last stage (which also serves the two ends a source asks for before a drain), and
+/// the provider's `TerminateNow`, its ScaleIn when no drain is configured (the
+/// provider is below scalein and cannot reach it). The fake cloud and the cloud's
+/// own code implement these calls and are not callers.
+const ENDS_AN_INSTANCE: &[&str] = &[".terminate_instance(", ".complete_lifecycle_action("];
+const MAY_END_AN_INSTANCE: &[&str] = &["scalein/stages/terminate.rs", "provider/mod.rs"];
+
+#[test]
+fn one_room_ends_an_instance() {
+    let root = src();
+    let mut files = Vec::new();
+    rust_files(&root, &mut files);
+    let mut wrong = Vec::new();
+    let mut found = BTreeMap::<String, usize>::new();
+    for f in &files {
+        let rel = f
+            .strip_prefix(&root)
+            .unwrap()
+            .to_string_lossy()
+            .into_owned();
+        if rel.starts_with("cloud/") || rel.starts_with("sim/") {
+            continue;
+        }
+        for (n, l) in code_before_tests(f) {
+            for call in ENDS_AN_INSTANCE {
+                if l.contains(call) {
+                    *found.entry(rel.clone()).or_default() += 1;
+                    if !MAY_END_AN_INSTANCE.contains(&rel.as_str()) {
+                        wrong.push(format!(
+                            "src/{rel}:{n}: `{}` outside the one room that ends an instance",
+                            call.trim_matches(|c| c == '.' || c == '(')
+                        ));
+                    }
+                }
+            }
+        }
+    }
+    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
+    // The check saw the calls where they are.
+    assert!(
+        found.contains_key("scalein/stages/terminate.rs"),
+        "{found:?}"
+    );
 }

@@ -11,7 +11,7 @@ use support::eventually;
 
 #[tokio::test]
 async fn one_lease_one_leader_and_takeover_after_expiry() {
-    use scalein::leader::{round, LeaseSettings, Observed};
+    use scalein::engine::leader::{round, LeaseSettings, Observed};
     let sim = SimCluster::start(SimOptions::default()).await.unwrap();
     let settings = |who: &str| LeaseSettings {
         name: "ca-asg-provider".into(),
@@ -49,10 +49,10 @@ async fn one_lease_one_leader_and_takeover_after_expiry() {
     assert_eq!(lease.lease_transitions, Some(1));
     // b shuts down and releases it: a takes over at once, without waiting for expiry.
     assert!(
-        !scalein::leader::release(&api, &a).await.unwrap(),
+        !scalein::engine::leader::release(&api, &a).await.unwrap(),
         "not a's to release"
     );
-    assert!(scalein::leader::release(&api, &b).await.unwrap());
+    assert!(scalein::engine::leader::release(&api, &b).await.unwrap());
     assert!(
         round(&api, &a, &mut seen_a).await.unwrap(),
         "a takes the released lease at once"
@@ -63,7 +63,7 @@ async fn one_lease_one_leader_and_takeover_after_expiry() {
 
 #[tokio::test]
 async fn two_replicas_elect_one_leader_and_a_stopping_leader_hands_over() {
-    use scalein::leader::{spawn, LeaseSettings};
+    use scalein::engine::leader::{spawn, LeaseSettings};
     let sim = SimCluster::start(SimOptions::default()).await.unwrap();
     // A long lease: a takeover within this test can only come from the release.
     let settings = |who: &str| LeaseSettings {
@@ -112,7 +112,7 @@ async fn two_replicas_elect_one_leader_and_a_stopping_leader_hands_over() {
 /// replica never believes it leads.
 #[tokio::test]
 async fn a_forbidden_lease_is_said_plainly_and_nobody_leads() {
-    use scalein::leader::{spawn, LeaseSettings};
+    use scalein::engine::leader::{spawn, LeaseSettings};
     let sim = SimCluster::start(SimOptions::default()).await.unwrap();
     sim.deny(&[
         ("get", "leases"),
@@ -210,7 +210,7 @@ async fn a_replica_that_loses_the_lease_stops_its_drains_while_its_loop_waits_on
     pods_ready(&w, 1).await;
     let (lease, rx) = tokio::sync::watch::channel(true);
     w.engine.follow_leadership(rx);
-    let lp = scalein::lifecycle::spawn_loop(w.engine.clone(), w.provider.clone());
+    let lp = scalein::sources::hook_scan::spawn_loop(w.engine.clone(), w.provider.clone());
     delete_nodes(&mut w, "batch", &[(node, iid.clone())]).await;
     let asked = |w: &World| {
         w.sim
@@ -250,7 +250,7 @@ async fn a_replica_that_loses_the_lease_stops_its_drains_while_its_loop_waits_on
 /// flags: the intervals in which each believed it led never overlap.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_late_answered_renewal_then_a_partition_never_leaves_two_leaders() {
-    use scalein::leader::{spawn, LeaseSettings};
+    use scalein::engine::leader::{spawn, LeaseSettings};
     use std::sync::Arc;
     use tokio::time::Instant;
     let sim = SimCluster::start(SimOptions::default()).await.unwrap();
@@ -327,7 +327,7 @@ async fn a_late_answered_renewal_then_a_partition_never_leaves_two_leaders() {
 async fn two_replicas_never_act_at_once_judged_by_their_own_actions() {
     use ca_asg_provider::cloud::memory::MemoryGroup;
     use ca_asg_provider::sim::fixtures;
-    use scalein::leader::{spawn, LeaseSettings};
+    use scalein::engine::leader::{spawn, LeaseSettings};
     use std::sync::Arc;
     use support::acting::{actions, assert_one_actor_at_a_time, AwsActs};
     use support::world::*;
@@ -383,7 +383,7 @@ async fn two_replicas_never_act_at_once_judged_by_their_own_actions() {
             stop_rx,
         );
         engine.follow_leadership(leads.clone());
-        let lp = scalein::lifecycle::spawn_loop(engine.clone(), provider.clone());
+        let lp = scalein::sources::hook_scan::spawn_loop(engine.clone(), provider.clone());
         replicas.push(Replica {
             who,
             engine,

@@ -1,6 +1,6 @@
 //! Model-based test (proptest) of leadership with the real Lease code: two replicas of
 //! the service, each its own identity on the API server and its own view of AWS,
-//! elect a leader through `scalein::leader` (a 3 s Lease: renew deadline 2 s, a round
+//! elect a leader through `scalein::engine::leader` (a 3 s Lease: renew deadline 2 s, a round
 //! every 600 ms) while CA scales in through either of them (through our hook on
 //! web, direct on batch) and the ASG ends web's instances itself. Between any two
 //! of those steps: every Lease write answered late (up to 1.8 s, inside the renew
@@ -42,7 +42,7 @@ use ca_asg_provider::clock::Instant;
 use ca_asg_provider::cloud::memory::MemoryGroup;
 use ca_asg_provider::proto::cloud_provider_client::CloudProviderClient;
 use ca_asg_provider::provider::Provider;
-use ca_asg_provider::scalein::leader::LeaseSettings;
+use ca_asg_provider::scalein::engine::leader::LeaseSettings;
 use ca_asg_provider::scalein::{self, Engine};
 use proptest::prelude::*;
 use tokio::sync::watch;
@@ -140,7 +140,7 @@ impl Replica {
         let leads = engine
             .leadership()
             .expect("the engine follows the election");
-        let lp = scalein::lifecycle::spawn_loop(engine.clone(), provider);
+        let lp = scalein::sources::hook_scan::spawn_loop(engine.clone(), provider);
         Replica {
             who,
             engine,
@@ -449,7 +449,7 @@ impl Model {
         self.step(&Op::SlowRenewal(0)).await;
         // A request sent into a partition is never answered: the service gives up on
         // it after ANSWER_WITHIN (60 s), and its drain goes on.
-        let bound = scalein::intercept::ANSWER_WITHIN + support::model::SETTLE_BOUND;
+        let bound = scalein::kube::intercept::ANSWER_WITHIN + support::model::SETTLE_BOUND;
         support::model::settle_within(bound, || self.check(), || self.unfinished()).await;
         let guarded = &self.nodes[GUARDED].1;
         if self
@@ -560,7 +560,7 @@ fn a_drain_begun_behind_a_partition_goes_on_once_it_heals() {
 
 /// A leader cut off mid-drain: its watches' first lists go unanswered until the
 /// service's bound on an answer, and then retry after kube-runtime's jittered
-/// backoff. That jitter is drawn per watch (`scalein::watch_backoff`), so the case
+/// backoff. That jitter is drawn per watch (`scalein::kube::watch_backoff`), so the case
 /// replays exactly; before, it was kube-runtime's own random draw, and
 /// `MODEL_REPLAY_CHECK=1` found this case taking another path on its second run.
 #[test]

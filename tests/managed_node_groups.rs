@@ -387,7 +387,7 @@ async fn cas_scale_in_in_lifecycle_mode_with_eks_draining_beside_it() {
         Duration::from_millis(300),
     )
     .await;
-    scalein::lifecycle::spawn_loop(w.engine.clone(), w.provider.clone());
+    scalein::sources::hook_scan::spawn_loop(w.engine.clone(), w.provider.clone());
     let s = scene(&w).await;
     let eks = EksDrainer::start(&w.sim, &w.cloud, GROUP, EKS_COMPLETES);
     delete_nodes(&mut w, GROUP, &[(s.node.clone(), s.iid.clone())]).await;
@@ -413,7 +413,7 @@ async fn an_asg_started_scale_in_with_both_hooks_and_eks_timing_out() {
         Duration::from_millis(300),
     )
     .await;
-    scalein::lifecycle::spawn_loop(w.engine.clone(), w.provider.clone());
+    scalein::sources::hook_scan::spawn_loop(w.engine.clone(), w.provider.clone());
     let s = scene(&w).await;
     let eks = EksDrainer::start(
         &w.sim,
@@ -482,7 +482,7 @@ async fn direct_mode_drains_first_and_eks_finds_nothing_to_evict() {
         Duration::from_millis(300),
     )
     .await;
-    scalein::lifecycle::spawn_loop(w.engine.clone(), w.provider.clone());
+    scalein::sources::hook_scan::spawn_loop(w.engine.clone(), w.provider.clone());
     let s = scene(&w).await;
     let eks = EksDrainer::start(&w.sim, &w.cloud, GROUP, EKS_COMPLETES);
     delete_nodes(&mut w, GROUP, &[(s.node.clone(), s.iid.clone())]).await;
@@ -527,7 +527,7 @@ async fn a_restarted_service_does_not_drain_again_an_instance_only_eks_still_hol
         Duration::from_millis(300),
     )
     .await;
-    let lifecycle = scalein::lifecycle::spawn_loop(w.engine.clone(), w.provider.clone());
+    let lifecycle = scalein::sources::hook_scan::spawn_loop(w.engine.clone(), w.provider.clone());
     let s = scene(&w).await;
     // A log shipper that tolerates every taint: the DaemonSet controller puts it
     // back on the cordoned node after each eviction.
@@ -587,7 +587,7 @@ async fn a_restarted_service_does_not_drain_again_an_instance_only_eks_still_hol
     let completes = || w.cloud.calls().get("complete_lifecycle_action").copied();
     let (heartbeats, completions) = (w.cloud.heartbeats().len(), completes());
     let (provider2, engine2, _ca2) = service(&w.sim, &w.cloud, &w.groups, fast_settings()).await;
-    let lifecycle2 = scalein::lifecycle::spawn_loop(engine2.clone(), provider2.clone());
+    let lifecycle2 = scalein::sources::hook_scan::spawn_loop(engine2.clone(), provider2.clone());
     // Ten scans and more.
     tokio::time::sleep(Duration::from_secs(3)).await;
     assert_eq!(

@@ -173,7 +173,7 @@ async fn check_config_on_the_quickstart_render_finds_the_clusters_groups() {
         panic!("docs/quickstart-eks.md step 7's sample output differs from check-config's: {e}\nsample:\n{}\nreal:\n{}", want.join("\n"), got.join("\n"));
     }
     assert!(doc.contains("\nno problems found\n"), "{doc}");
-    let n = ca_asg_provider::scalein::permissions::REQUIRED.len();
+    let n = ca_asg_provider::scalein::kube::permissions::REQUIRED.len();
     assert!(
         doc.contains(&format!("  all {n} permissions held")),
         "step 7's sample must say all {n} permissions held:\n{doc}"

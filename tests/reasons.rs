@@ -11,7 +11,7 @@ use ca_asg_provider::cloud::queue::MemoryQueue;
 use ca_asg_provider::cloud::LifecycleHook;
 use ca_asg_provider::interruption::consumer::Handled;
 use ca_asg_provider::interruption::RebalanceAction;
-use ca_asg_provider::scalein::{self, record, Outcome, ScaleInSettings};
+use ca_asg_provider::scalein::{self, decide::record, Outcome, ScaleInSettings};
 use ca_asg_provider::sim::fixtures;
 use k8s_openapi::api::core::v1::{Node, Pod, Toleration};
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
@@ -80,13 +80,13 @@ async fn a_hook_drain_after_an_old_rebalance_cordon_keeps_the_pdb() {
             &node,
             &kube::api::PatchParams::default(),
             &kube::api::Patch::Merge(serde_json::json!({"metadata": {"annotations": {
-                scalein::cordon::STARTED_ANNOTATION: an_hour_ago,
-                scalein::cordon::MODE_ANNOTATION: "rebalance",
+                scalein::stages::cordon::STARTED_ANNOTATION: an_hour_ago,
+                scalein::stages::cordon::MODE_ANNOTATION: "rebalance",
             }}})),
         )
         .await
         .unwrap();
-    let lifecycle = scalein::lifecycle::spawn_loop(w.engine.clone(), w.provider.clone());
+    let lifecycle = scalein::sources::hook_scan::spawn_loop(w.engine.clone(), w.provider.clone());
     asg_ends(&w, &iid);
     eventually("the PDB refuses the eviction", 10, || blocked(&w)).await;
     tokio::time::sleep(Duration::from_millis(800)).await;
@@ -137,7 +137,7 @@ async fn a_pod_that_landed_during_a_rebalance_cordon_is_drained_by_the_hook() {
     w.sim.create(&pod).unwrap();
     pods_ready(&w, 1).await;
 
-    let lifecycle = scalein::lifecycle::spawn_loop(w.engine.clone(), w.provider.clone());
+    let lifecycle = scalein::sources::hook_scan::spawn_loop(w.engine.clone(), w.provider.clone());
     asg_ends(&w, &iid);
     eventually(
         "the hook's drain evicts the pod: the PDB refuses",
@@ -186,7 +186,7 @@ async fn a_hook_on_an_instance_another_drain_holds_is_heartbeated_and_completed(
     assert_eq!(handle_next(&c, &q).await, Handled::Done(vec!["drain"]));
     eventually("the PDB refuses the eviction", 10, || blocked(&w)).await;
 
-    let lifecycle = scalein::lifecycle::spawn_loop(w.engine.clone(), w.provider.clone());
+    let lifecycle = scalein::sources::hook_scan::spawn_loop(w.engine.clone(), w.provider.clone());
     asg_ends(&w, &iid);
     eventually("the hook is heartbeated", 10, || {
         w.cloud.heartbeats().iter().any(|a| a.instance_id == iid)
@@ -262,7 +262,7 @@ async fn a_notice_is_on_the_node_before_its_message_goes_and_survives_a_restart(
     w.provider = provider;
     w.engine = engine;
     w.ca = ca;
-    let lifecycle = scalein::lifecycle::spawn_loop(w.engine.clone(), w.provider.clone());
+    let lifecycle = scalein::sources::hook_scan::spawn_loop(w.engine.clone(), w.provider.clone());
     eventually("the spot drain resumes and evicts the app", 20, || {
         !running(&w, "app")
     })
@@ -382,7 +382,7 @@ async fn a_finished_drain_is_not_drained_again() {
     let r = record_on(&w, &node).unwrap();
     assert!(r.reasons.iter().all(|r| r.done), "{r:?}");
     assert_eq!(
-        scalein::lifecycle::resume(&w.engine, &w.provider).await,
+        scalein::sources::hook_scan::resume(&w.engine, &w.provider).await,
         0,
         "nothing to resume"
     );
@@ -472,7 +472,7 @@ async fn a_created_hook_is_put_once() {
     )
     .await;
     for _ in 0..3 {
-        scalein::lifecycle::scan(&w.engine, &w.provider).await;
+        scalein::sources::hook_scan::scan(&w.engine, &w.provider).await;
         w.provider.refresh_now().await.unwrap();
     }
     assert_eq!(w.cloud.calls().get("put_terminating_hook"), Some(&1));
@@ -497,7 +497,7 @@ async fn a_replica_ca_does_not_call_keeps_its_picture_fresh_and_puts_its_hook_on
     )
     .await;
     for _ in 0..4 {
-        scalein::lifecycle::scan(&w.engine, &w.provider).await;
+        scalein::sources::hook_scan::scan(&w.engine, &w.provider).await;
     }
     assert_eq!(w.cloud.calls().get("put_terminating_hook"), Some(&1));
     // AWS changes (the ASG scales in by itself); nobody calls Refresh.
@@ -570,7 +570,7 @@ async fn a_daemonset_ca_evicted_early_is_reported_when_the_drain_reached_a_follo
     delete_nodes(&mut w, "web", &[(node.clone(), iid.clone())]).await;
     assert!(!w.engine.is_draining(&iid));
     let (provider, engine, _ca) = service(&w.sim, &w.cloud, &w.groups, fast_settings()).await;
-    let lifecycle = scalein::lifecycle::spawn_loop(engine.clone(), provider.clone());
+    let lifecycle = scalein::sources::hook_scan::spawn_loop(engine.clone(), provider.clone());
     eventually(
         "the leader says CA evicted the DaemonSet pod early",
         10,
@@ -719,7 +719,7 @@ async fn a_share_read_back_from_the_node_does_not_panic_the_drain() {
     // Resumed once the engine's Node cache has the record.
     let mut resumed = 0;
     for _ in 0..100 {
-        resumed = scalein::lifecycle::resume(&w.engine, &w.provider).await;
+        resumed = scalein::sources::hook_scan::resume(&w.engine, &w.provider).await;
         if resumed > 0 {
             break;
         }
@@ -799,7 +799,7 @@ async fn a_changed_hook_timeout_reschedules_the_heartbeats_of_a_held_instance() 
     let w = world(hooked(1, 300), fast_settings(), Duration::from_millis(50)).await;
     let (node, iid) = nodes_of(&w, "web").remove(0);
     guarded_app(&w, &node, "app").await;
-    let lifecycle = scalein::lifecycle::spawn_loop(w.engine.clone(), w.provider.clone());
+    let lifecycle = scalein::sources::hook_scan::spawn_loop(w.engine.clone(), w.provider.clone());
     asg_ends(&w, &iid);
     eventually("the PDB refuses the eviction", 10, || blocked(&w)).await;
     let beats = || {
@@ -1052,7 +1052,7 @@ async fn a_stop_notice_is_not_undone_by_the_next_poll() {
     .await;
     let (node, iid) = nodes_of(&w, "web").remove(0);
     guarded_app(&w, &node, "app").await;
-    let lifecycle = scalein::lifecycle::spawn_loop(w.engine.clone(), w.provider.clone());
+    let lifecycle = scalein::sources::hook_scan::spawn_loop(w.engine.clone(), w.provider.clone());
     let q = Arc::new(MemoryQueue::default());
     let c = consumer(&w, &q, RebalanceAction::Cordon);
     q.send(&spot(&iid));
@@ -1112,7 +1112,7 @@ async fn one_app_queue_mode(
         .create(&fixtures::pod("shop", "app", &node, "app", 0.1))
         .unwrap();
     pods_ready(&w, 1).await;
-    let lifecycle = scalein::lifecycle::spawn_loop(w.engine.clone(), w.provider.clone());
+    let lifecycle = scalein::sources::hook_scan::spawn_loop(w.engine.clone(), w.provider.clone());
     tokio::time::sleep(Duration::from_millis(500)).await;
     (w, iid, lifecycle)
 }

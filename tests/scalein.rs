@@ -256,7 +256,7 @@ async fn lifecycle_mode_heartbeats_and_completes_and_drains_asg_started_scale_in
             Instant::now() < end,
             "the lifecycle scan never picked up the ASG's own scale-in"
         );
-        scalein::lifecycle::scan(&w.engine, &w.provider).await;
+        scalein::sources::hook_scan::scan(&w.engine, &w.provider).await;
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     assert_eq!(
@@ -303,7 +303,10 @@ async fn a_restart_in_the_middle_of_a_direct_drain_finishes_exactly_once() {
     w.engine.abort_all();
     // A new process: it knows nothing but what AWS and the Node say.
     let (provider2, engine2, mut ca2) = service(&w.sim, &w.cloud, &w.groups, fast_settings()).await;
-    assert_eq!(scalein::lifecycle::resume(&engine2, &provider2).await, 1);
+    assert_eq!(
+        scalein::sources::hook_scan::resume(&engine2, &provider2).await,
+        1
+    );
     let t = ca2
         .node_group_target_size(proto::NodeGroupTargetSizeRequest { id: "web".into() })
         .await
@@ -318,7 +321,10 @@ async fn a_restart_in_the_middle_of_a_direct_drain_finishes_exactly_once() {
         "terminated exactly once"
     );
     // Nothing is left to resume.
-    assert_eq!(scalein::lifecycle::resume(&engine2, &provider2).await, 0);
+    assert_eq!(
+        scalein::sources::hook_scan::resume(&engine2, &provider2).await,
+        0
+    );
     support::rbac::assert_rbac_covers(&w.sim);
 }
 
@@ -351,7 +357,10 @@ async fn a_restart_in_the_middle_of_a_lifecycle_drain_completes_exactly_once() {
     .await;
     w.engine.abort_all();
     let (provider2, engine2, _ca2) = service(&w.sim, &w.cloud, &w.groups, fast_settings()).await;
-    assert_eq!(scalein::lifecycle::scan(&engine2, &provider2).await, 1);
+    assert_eq!(
+        scalein::sources::hook_scan::scan(&engine2, &provider2).await,
+        1
+    );
     assert_eq!(engine2.wait_for(&iid).await, Some(Outcome::Ended));
     assert_eq!(
         w.cloud.completed_actions().len(),
@@ -359,7 +368,10 @@ async fn a_restart_in_the_middle_of_a_lifecycle_drain_completes_exactly_once() {
         "completed exactly once"
     );
     assert_eq!(w.cloud.calls()["terminate_instance"], 1);
-    assert_eq!(scalein::lifecycle::scan(&engine2, &provider2).await, 0);
+    assert_eq!(
+        scalein::sources::hook_scan::scan(&engine2, &provider2).await,
+        0
+    );
     support::rbac::assert_rbac_covers(&w.sim);
 }
 
@@ -402,7 +414,8 @@ fn heartbeats_throttled_across_a_restart_keep_every_hold() {
         }
         w.sim.create(&fixtures::pdb("shop", "app", 0)).unwrap();
         pods_ready(&w, HELD).await;
-        let lifecycle = scalein::lifecycle::spawn_loop(w.engine.clone(), w.provider.clone());
+        let lifecycle =
+            scalein::sources::hook_scan::spawn_loop(w.engine.clone(), w.provider.clone());
         let ended = w.cloud.external_scale_in("web", HELD as i32).unwrap();
         assert_eq!(ended.len(), HELD);
         while w.cloud.heartbeats().len() < HELD {
@@ -422,7 +435,8 @@ fn heartbeats_throttled_across_a_restart_keep_every_hold() {
         w.provider = provider;
         w.engine = engine;
         w.ca = ca;
-        let lifecycle = scalein::lifecycle::spawn_loop(w.engine.clone(), w.provider.clone());
+        let lifecycle =
+            scalein::sources::hook_scan::spawn_loop(w.engine.clone(), w.provider.clone());
         let before = w.cloud.heartbeats().len();
         tokio::time::sleep_until(taken + hook - hook / 10).await;
         w.cloud.heal();
@@ -539,7 +553,7 @@ async fn deadline_abandon_keeps_a_cordon_that_was_not_the_scale_ins() {
         n["spec"]["unschedulable"], true,
         "the person's cordon stays"
     );
-    assert!(n["metadata"]["annotations"][scalein::cordon::STARTED_ANNOTATION].is_null());
+    assert!(n["metadata"]["annotations"][scalein::stages::cordon::STARTED_ANNOTATION].is_null());
 }
 
 /// What CA (>= 1.34) writes before DeleteNodes: its taint, and the cordon (one
@@ -553,7 +567,7 @@ async fn ca_marks(w: &World, node: &str) {
             &kube::api::Patch::Merge(serde_json::json!({"spec": {
                 "unschedulable": true,
                 "taints": [
-                {"key": scalein::cordon::CA_TO_BE_DELETED_TAINT, "value": "1700000000", "effect": "NoSchedule"},
+                {"key": scalein::stages::cordon::CA_TO_BE_DELETED_TAINT, "value": "1700000000", "effect": "NoSchedule"},
                 {"key": "dedicated", "value": "web", "effect": "NoSchedule"},
             ]}})),
         )
@@ -582,7 +596,7 @@ async fn deadline_abandon_keeps_a_persons_cordon_that_ca_tainted_later() {
     let (mut w, node, iid) = blocked_world(DeadlinePolicy::Abandon).await;
     set_unschedulable(&w, &node, true).await;
     eventually("the service saw the person's cordon", 10, || {
-        w.engine.cordon_seen(&node) == Some(scalein::cordon::CordonSeen::ByOther)
+        w.engine.cordon_seen(&node) == Some(scalein::stages::cordon::CordonSeen::ByOther)
     })
     .await;
     ca_marks(&w, &node).await;
@@ -601,7 +615,7 @@ async fn deadline_abandon_keeps_a_persons_cordon_that_ca_tainted_later() {
         vec!["dedicated"],
         "the scale-in's taints go"
     );
-    assert!(n["metadata"]["annotations"][scalein::cordon::STARTED_ANNOTATION].is_null());
+    assert!(n["metadata"]["annotations"][scalein::stages::cordon::STARTED_ANNOTATION].is_null());
     let ev = events(&w.sim);
     assert!(
         ev.iter()
@@ -662,7 +676,7 @@ async fn abandon_gives_the_node_back(ca_cordons: bool) {
             &kube::api::Patch::Merge(serde_json::json!({"spec": {
                 "unschedulable": if ca_cordons { Some(true) } else { None },
                 "taints": [
-                {"key": scalein::cordon::CA_TO_BE_DELETED_TAINT, "value": "1700000000", "effect": "NoSchedule"},
+                {"key": scalein::stages::cordon::CA_TO_BE_DELETED_TAINT, "value": "1700000000", "effect": "NoSchedule"},
                 {"key": "dedicated", "value": "web", "effect": "NoSchedule"},
             ]}})),
         )
@@ -690,7 +704,7 @@ async fn abandon_gives_the_node_back(ca_cordons: bool) {
         vec!["dedicated"],
         "our taint and CA's ToBeDeletedByClusterAutoscaler are gone, the node's own taint stays"
     );
-    assert!(n["metadata"]["annotations"][scalein::cordon::STARTED_ANNOTATION].is_null());
+    assert!(n["metadata"]["annotations"][scalein::stages::cordon::STARTED_ANNOTATION].is_null());
     assert_eq!(target(&mut w, "web").await, 1, "target restored");
     let ev = events(&w.sim);
     assert!(ev.iter().any(|(r, _)| r == "DrainAbandoned"), "{ev:?}");
@@ -787,11 +801,11 @@ async fn a_replica_that_does_not_lead_hands_delete_nodes_to_the_leader() {
     assert_eq!(w.cloud.calls().get("terminate_instance"), None);
     let marked = w.sim.get::<Node>("", &node).unwrap();
     assert!(
-        marked["metadata"]["annotations"][scalein::cordon::MODE_ANNOTATION] == "direct",
+        marked["metadata"]["annotations"][scalein::stages::cordon::MODE_ANNOTATION] == "direct",
         "the follower marks the node for the leader: {marked}"
     );
     // The leader's loop (w.engine has no election: it leads) drains and ends it.
-    scalein::lifecycle::spawn_loop(w.engine.clone(), w.provider.clone());
+    scalein::sources::hook_scan::spawn_loop(w.engine.clone(), w.provider.clone());
     eventually("the leader ends the instance", 20, || {
         w.cloud.calls().get("terminate_instance") == Some(&1)
     })
@@ -997,8 +1011,8 @@ async fn a_pod_that_runs_to_completion_is_waited_for_not_evicted() {
         .annotations
         .get_or_insert_with(Default::default)
         .insert(
-            scalein::plan::SAFE_TO_EVICT.into(),
-            scalein::plan::ON_COMPLETION.into(),
+            scalein::decide::plan::SAFE_TO_EVICT.into(),
+            scalein::decide::plan::ON_COMPLETION.into(),
         );
     w.sim.create(&job).unwrap();
     w.sim
@@ -1074,7 +1088,7 @@ async fn a_hook_added_by_hand_to_a_running_group_is_used_at_once() {
         Duration::from_millis(50),
     )
     .await;
-    let lifecycle = scalein::lifecycle::spawn_loop(w.engine.clone(), w.provider.clone());
+    let lifecycle = scalein::sources::hook_scan::spawn_loop(w.engine.clone(), w.provider.clone());
     let (node, iid) = node_with_fluentd_and_app(&w, 0.1).await;
     w.cloud.add_hook(
         "web",

@@ -10,7 +10,7 @@ use ca_asg_provider::clock::Instant;
 use ca_asg_provider::cloud::memory::MemoryGroup;
 use ca_asg_provider::cloud::{Cloud, LifecycleResult, LifecycleState};
 use ca_asg_provider::proto;
-use ca_asg_provider::scalein::{self, cordon, Outcome, ScaleInSettings};
+use ca_asg_provider::scalein::{self, stages::cordon, Outcome, ScaleInSettings};
 use ca_asg_provider::sim::fixtures;
 use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
@@ -150,7 +150,10 @@ async fn a_crash_right_after_delete_nodes_loses_no_drain() {
         .into_inner()
         .target_size;
     assert_eq!(t, 2, "the recorded drain counts against the target at once");
-    assert_eq!(scalein::lifecycle::resume(&engine2, &provider2).await, 1);
+    assert_eq!(
+        scalein::sources::hook_scan::resume(&engine2, &provider2).await,
+        1
+    );
     assert_eq!(engine2.wait_for(&iid).await, Some(Outcome::Ended));
     assert_eq!(w.cloud.calls()["terminate_instance"], 1);
     assert!(w
@@ -193,7 +196,7 @@ async fn two_hundred_waiting_instances_are_all_heartbeated_until_drained() {
             ))
             .unwrap();
     }
-    let _loop = scalein::lifecycle::spawn_loop(w.engine.clone(), w.provider.clone());
+    let _loop = scalein::sources::hook_scan::spawn_loop(w.engine.clone(), w.provider.clone());
     let ended = w.cloud.external_scale_in("fleet", N as i32).unwrap();
     assert_eq!(ended.len(), N);
     let end = Instant::now() + Duration::from_secs(180);
@@ -272,7 +275,7 @@ async fn a_drain_that_cannot_find_its_node_does_not_end_the_instance() {
     let end = Instant::now() + Duration::from_secs(10);
     while !w.engine.is_draining(&iid) {
         assert!(Instant::now() < end, "the scan never picked it up");
-        scalein::lifecycle::scan(&w.engine, &w.provider).await;
+        scalein::sources::hook_scan::scan(&w.engine, &w.provider).await;
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     tokio::time::sleep(Duration::from_millis(1500)).await;
@@ -441,7 +444,7 @@ async fn web_node_with_an_app(settings: ScaleInSettings) -> (World, String, Stri
 /// configured now.
 #[tokio::test]
 async fn a_hook_named_in_the_nodes_record_is_never_completed_unless_it_is_ours() {
-    use ca_asg_provider::scalein::{record, DrainRequest, Mode, Source};
+    use ca_asg_provider::scalein::{decide::record, DrainRequest, Mode, Source};
     let w = world(
         vec![MemoryGroup::new("web", 0, 5, 2, "m5.large")
             .terminating_hook("ca-asg-provider-drain", 300)

@@ -495,7 +495,7 @@ async fn a_drain_resumed_past_its_deadline_still_takes_the_daemonsets_last() {
     tokio::time::sleep(Duration::from_millis(1500)).await;
     let (provider2, engine2, _ca2) = service(&w.sim, &w.cloud, &w.groups, s).await;
     assert_eq!(
-        ca_asg_provider::scalein::lifecycle::resume(&engine2, &provider2).await,
+        ca_asg_provider::scalein::sources::hook_scan::resume(&engine2, &provider2).await,
         1
     );
     assert_eq!(engine2.wait_for(&iid).await, Some(Outcome::Ended));
@@ -622,7 +622,7 @@ async fn a_workload_bound_by_name_during_the_daemonset_phase_is_evicted_before_t
 /// was answered Unavailable from then on.
 #[tokio::test]
 async fn every_waiter_for_the_node_cache_wakes_when_the_first_list_arrives() {
-    use ca_asg_provider::scalein::nodes::NodeIndex;
+    use ca_asg_provider::scalein::kube::nodes::NodeIndex;
     // Each waits as long as the marks sync does: without a bound of its own.
     both_waiters_wake_after_an_outage(
         |client| Arc::new(NodeIndex::start(client)),
@@ -670,7 +670,7 @@ async fn both_waiters_wake_after_an_outage<C, F>(
 /// wakes when it arrives instead of sitting out its volume deadline.
 #[tokio::test]
 async fn every_waiter_for_a_drain_pass_cache_wakes_when_the_first_list_arrives() {
-    use ca_asg_provider::scalein::pass::{Pass, Passes};
+    use ca_asg_provider::scalein::kube::pass::{Pass, Passes};
     both_waiters_wake_after_an_outage(
         |client| {
             // The pass lives while its handles do: the Passes only point at it.
@@ -690,7 +690,7 @@ async fn every_waiter_for_a_drain_pass_cache_wakes_when_the_first_list_arrives()
 /// pod and not before (nor on nothing at all); the watch closes with its last waiter.
 #[tokio::test]
 async fn budget_watches_are_shared_wake_on_a_change_only_and_close_with_the_last_waiter() {
-    use ca_asg_provider::scalein::budgets::{any_changed, BudgetWatches};
+    use ca_asg_provider::scalein::kube::budgets::{any_changed, BudgetWatches};
     use k8s_openapi::apimachinery::pkg::apis::meta::v1::LabelSelector;
     let sim = sim::SimCluster::start(Default::default()).await.unwrap();
     let watches = BudgetWatches::new(sim.client());
@@ -916,7 +916,7 @@ async fn a_drain_restarted_after_its_eviction_does_not_evict_again() {
 /// MODEL_CASE=428: CaScaleIn(2), SpotLate(2, 3), ...: "app-2 was evicted twice").
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reason_past_its_deadline_joining_an_eviction_in_flight_does_not_evict_again() {
-    use ca_asg_provider::scalein::{record, DrainRequest, Mode, Source};
+    use ca_asg_provider::scalein::{decide::record, DrainRequest, Mode, Source};
     let mut w = world(
         vec![MemoryGroup::new("batch", 0, 3, 1, "m5.large")],
         settings(30),
@@ -1013,7 +1013,7 @@ async fn a_daemonset_pod_put_back_is_not_asked_to_leave_again_after_a_restart() 
     w.engine.shutdown();
     let (provider2, engine2, _ca2) = service(&w.sim, &w.cloud, &w.groups, settings(30)).await;
     assert_eq!(
-        ca_asg_provider::scalein::lifecycle::resume(&engine2, &provider2).await,
+        ca_asg_provider::scalein::sources::hook_scan::resume(&engine2, &provider2).await,
         1
     );
     assert_eq!(engine2.wait_for(&iid).await, Some(Outcome::Ended));

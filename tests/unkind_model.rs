@@ -80,7 +80,7 @@ use ca_asg_provider::cloud::queue::MemoryQueue;
 use ca_asg_provider::interruption::consumer::Consumer;
 use ca_asg_provider::interruption::RebalanceAction;
 use ca_asg_provider::scalein::{
-    self, record, DeadlinePolicy, DrainRequest, Mode, ScaleInSettings, Source,
+    self, decide::record, DeadlinePolicy, DrainRequest, Mode, ScaleInSettings, Source,
 };
 use ca_asg_provider::sim::{fixtures, Refusal};
 use k8s_openapi::api::core::v1::{Node, Pod};
@@ -296,7 +296,7 @@ struct Replica {
 fn lead(w: &World) -> Replica {
     let (lease, rx) = tokio::sync::watch::channel(true);
     w.engine.follow_leadership(rx);
-    let loop_task = scalein::lifecycle::spawn_loop(w.engine.clone(), w.provider.clone());
+    let loop_task = scalein::sources::hook_scan::spawn_loop(w.engine.clone(), w.provider.clone());
     Replica { loop_task, lease }
 }
 
@@ -685,7 +685,7 @@ impl Model {
                 // `drain NODE` is its own process: its first step (the cordon and the
                 // record) is done before anything else; refused, it exits non-zero.
                 let reason = scalein::ca_reason(&mode);
-                if scalein::cordon::cordon(
+                if scalein::stages::cordon::cordon(
                     &self.w.engine,
                     &node,
                     std::slice::from_ref(&reason),
@@ -948,9 +948,10 @@ impl Model {
                 continue;
             }
             if let Some(n) = self.w.sim.get::<Node>("", node) {
-                let tainted = n["spec"]["taints"]
-                    .as_array()
-                    .is_some_and(|t| t.iter().any(|t| t["key"] == scalein::cordon::TAINT_KEY));
+                let tainted = n["spec"]["taints"].as_array().is_some_and(|t| {
+                    t.iter()
+                        .any(|t| t["key"] == scalein::stages::cordon::TAINT_KEY)
+                });
                 assert!(
                     n["spec"]["unschedulable"] != true && !tainted,
                     "{node} is cordoned, and nobody asked {iid} to go"

@@ -13,7 +13,7 @@ use ca_asg_provider::cloud::{LifecycleState, WarmPool};
 use ca_asg_provider::interruption::consumer::Handled;
 use ca_asg_provider::interruption::RebalanceAction;
 use ca_asg_provider::proto;
-use ca_asg_provider::scalein::{self, cordon, record};
+use ca_asg_provider::scalein::{self, decide::record, stages::cordon};
 use k8s_openapi::api::core::v1::Node;
 
 mod support;
@@ -107,7 +107,7 @@ fn clean(n: &serde_json::Value) -> bool {
 #[tokio::test]
 async fn a_scale_in_into_the_warm_pool_is_drained_and_the_reused_node_comes_back_clean() {
     let mut w = pooled_world("Stopped").await;
-    let lifecycle = scalein::lifecycle::spawn_loop(w.engine.clone(), w.provider.clone());
+    let lifecycle = scalein::sources::hook_scan::spawn_loop(w.engine.clone(), w.provider.clone());
     let (node_name, iid) = node_with_fluentd_and_app(&w, 1.0).await;
 
     // A scale-in policy lowers the group: ReuseOnScaleIn sends the instance back to
@@ -202,7 +202,7 @@ async fn a_scale_in_into_the_warm_pool_is_drained_and_the_reused_node_comes_back
 #[tokio::test]
 async fn a_reused_instance_scaled_in_again_is_drained_again() {
     let mut w = pooled_world("Running").await;
-    let lifecycle = scalein::lifecycle::spawn_loop(w.engine.clone(), w.provider.clone());
+    let lifecycle = scalein::sources::hook_scan::spawn_loop(w.engine.clone(), w.provider.clone());
     let (node_name, iid) = node_with_fluentd_and_app(&w, 0.2).await;
     for round in 1..=2usize {
         w.cloud.external_scale_in("web", 1).unwrap();
@@ -299,7 +299,7 @@ async fn a_pool_bound_instance_without_a_node_has_our_action_completed_at_once()
         w.engine.node_for_instance(&iid).is_none()
     })
     .await;
-    let lifecycle = scalein::lifecycle::spawn_loop(w.engine.clone(), w.provider.clone());
+    let lifecycle = scalein::sources::hook_scan::spawn_loop(w.engine.clone(), w.provider.clone());
     let victim = iid.clone();
     eventually(
         "our action completed, the instance at rest in the pool",
@@ -334,7 +334,10 @@ async fn an_instance_warming_up_is_not_taken_for_a_scale_in() {
         "Warmed:Pending:Wait"
     );
     for _ in 0..3 {
-        assert_eq!(scalein::lifecycle::scan(&w.engine, &w.provider).await, 0);
+        assert_eq!(
+            scalein::sources::hook_scan::scan(&w.engine, &w.provider).await,
+            0
+        );
     }
     assert_eq!(
         w.cloud.calls().get("lifecycle_heartbeat").copied(),
@@ -368,7 +371,10 @@ async fn a_node_registered_by_an_instance_warming_in_the_pool_is_reported_once()
     })
     .await;
     for _ in 0..3 {
-        assert_eq!(scalein::lifecycle::scan(&w.engine, &w.provider).await, 0);
+        assert_eq!(
+            scalein::sources::hook_scan::scan(&w.engine, &w.provider).await,
+            0
+        );
     }
     eventually("the warning Event", 10, || {
         events(&w.sim)
@@ -409,7 +415,7 @@ async fn rest_in_pool(w: &World, node_name: &str, iid: &str, state: &str) {
 #[tokio::test]
 async fn a_reused_instance_the_pool_ends_later_has_our_new_action_completed() {
     let w = pooled_world("Stopped").await;
-    let lifecycle = scalein::lifecycle::spawn_loop(w.engine.clone(), w.provider.clone());
+    let lifecycle = scalein::sources::hook_scan::spawn_loop(w.engine.clone(), w.provider.clone());
     let (node_name, iid) = node_with_fluentd_and_app(&w, 0.2).await;
     rest_in_pool(&w, &node_name, &iid, "Warmed:Stopped").await;
     assert_eq!(completions(&w, &iid), 1);
@@ -431,7 +437,7 @@ async fn a_reused_instance_the_pool_ends_later_has_our_new_action_completed() {
 #[tokio::test]
 async fn a_lifecycle_message_for_the_pools_end_of_a_reused_instance_is_not_a_duplicate() {
     let w = pooled_world("Stopped").await;
-    let lifecycle = scalein::lifecycle::spawn_loop(w.engine.clone(), w.provider.clone());
+    let lifecycle = scalein::sources::hook_scan::spawn_loop(w.engine.clone(), w.provider.clone());
     let (node_name, iid) = node_with_fluentd_and_app(&w, 0.2).await;
     let q = Arc::new(MemoryQueue::default());
     let c = consumer(&w, &q, RebalanceAction::Cordon);
@@ -500,7 +506,7 @@ async fn only_an_instance_that_ended_maps_to_the_group_it_left() {
         Duration::from_millis(50),
     )
     .await;
-    let lifecycle = scalein::lifecycle::spawn_loop(w.engine.clone(), w.provider.clone());
+    let lifecycle = scalein::sources::hook_scan::spawn_loop(w.engine.clone(), w.provider.clone());
     let nodes = nodes_of(&w, "web");
     assert_eq!(nodes.len(), 3);
     w.provider.refresh_now().await.unwrap();
@@ -554,7 +560,7 @@ fn a_node_back_from_the_pool_takes_a_waiting_pod_within_seconds_of_the_scale_up(
     use ca_asg_provider::clock::Instant;
     let took = support::model::on_paused_clock(async {
         let settings = scalein::ScaleInSettings {
-            warm_pool_settle: scalein::warm_pool::SETTLED,
+            warm_pool_settle: scalein::sources::warm_pool::SETTLED,
             lifecycle_poll_interval: Duration::from_secs(60),
             ..settings()
         };
@@ -564,7 +570,8 @@ fn a_node_back_from_the_pool_takes_a_waiting_pod_within_seconds_of_the_scale_up(
             Duration::from_millis(20),
         )
         .await;
-        let lifecycle = scalein::lifecycle::spawn_loop(w.engine.clone(), w.provider.clone());
+        let lifecycle =
+            scalein::sources::hook_scan::spawn_loop(w.engine.clone(), w.provider.clone());
         let (node_name, iid) = nodes_of(&w, "web").remove(0);
         w.cloud.external_scale_in("web", 1).unwrap();
         let noted = |w: &World| {

@@ -38,7 +38,7 @@ use ca_asg_provider::cloud::{LifecycleState, WarmPool};
 use ca_asg_provider::interruption::consumer::Consumer;
 use ca_asg_provider::interruption::RebalanceAction;
 use ca_asg_provider::proto;
-use ca_asg_provider::scalein::{self, cordon};
+use ca_asg_provider::scalein::{self, stages::cordon};
 use ca_asg_provider::sim::{fixtures, Refusal};
 use k8s_openapi::api::core::v1::Node;
 use proptest::prelude::*;
@@ -145,7 +145,8 @@ impl Model {
         pods_ready(&w, 2 * NODES).await;
         let q = Arc::new(MemoryQueue::default());
         let c = consumer(&w, &q, RebalanceAction::Cordon);
-        let lifecycle = scalein::lifecycle::spawn_loop(w.engine.clone(), w.provider.clone());
+        let lifecycle =
+            scalein::sources::hook_scan::spawn_loop(w.engine.clone(), w.provider.clone());
         Model {
             deployed: apps.len(),
             w,
@@ -242,8 +243,10 @@ impl Model {
                 self.w.engine = engine;
                 self.w.ca = ca;
                 self.c = consumer(&self.w, &self.q, RebalanceAction::Cordon);
-                self.lifecycle =
-                    scalein::lifecycle::spawn_loop(self.w.engine.clone(), self.w.provider.clone());
+                self.lifecycle = scalein::sources::hook_scan::spawn_loop(
+                    self.w.engine.clone(),
+                    self.w.provider.clone(),
+                );
             }
             Op::Throttle => {
                 self.w.cloud.throttle("lifecycle_heartbeat", 2);
@@ -549,7 +552,7 @@ fn taken_back_from_a_running_pool_before_its_rest_was_seen() {
 /// Found by the model (seed 1795562455460356595, case 295): four heartbeats in a
 /// row throttled (two Throttle ops) backed off past the hook's 3 s timeout, and the
 /// held instance's hook ran out. A run of failures now retries before the timeout
-/// runs out (lifecycle::within_timeout).
+/// runs out (holds::within_timeout).
 #[test]
 fn heartbeats_throttled_four_times_in_a_row_keep_the_hold() {
     run(

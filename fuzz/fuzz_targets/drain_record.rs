@@ -5,7 +5,7 @@
 
 use std::collections::BTreeMap;
 
-use ca_asg_provider::scalein::record::{
+use ca_asg_provider::scalein::decide::record::{
     DrainRecord, ANNOTATION, MODE_ANNOTATION, STARTED_ANNOTATION,
 };
 use chrono::{TimeZone, Utc};

@@ -12,7 +12,7 @@ use prost::Message;
 use crate::config::ConfigArgs;
 use crate::provider::template;
 use crate::provider::Provider;
-use crate::scalein::user_agent::{named, CHECK_CONFIG};
+use crate::scalein::kube::user_agent::{named, CHECK_CONFIG};
 
 pub async fn run(args: ConfigArgs) -> ExitCode {
     let mut cfg = match args.load() {
@@ -118,7 +118,7 @@ pub async fn kube_report(client: kube::Client, lease_namespace: &str, lease_name
     let client = named(client, CHECK_CONFIG);
     let checked = match tokio::time::timeout(
         std::time::Duration::from_secs(20),
-        crate::scalein::permissions::check(client, lease_namespace, lease_name),
+        crate::scalein::kube::permissions::check(client, lease_namespace, lease_name),
     )
     .await
     {
@@ -414,7 +414,7 @@ pub fn hook_problems(
     ours: &str,
     poll: std::time::Duration,
 ) -> Vec<String> {
-    use crate::scalein::hooks::{self, HookOwner};
+    use crate::scalein::decide::hooks::{self, HookOwner};
     let mut out = Vec::new();
     for h in hooks {
         match hooks::owner(&h.name, ours, tags) {
@@ -454,7 +454,7 @@ pub fn hook_notes(
     hooks: &[crate::cloud::LifecycleHook],
     ours: &str,
 ) -> Vec<String> {
-    use crate::scalein::hooks::{self, HookOwner};
+    use crate::scalein::decide::hooks::{self, HookOwner};
     let with_ours = hooks.iter().any(|h| h.name == ours);
     hooks
         .iter()
@@ -721,21 +721,20 @@ warm pools: NOT checked, DescribeWarmPool of {} failed: {e}",
     let client = named(client, CHECK_CONFIG);
     let nodes: Api<Node> = Api::all(client);
     let list = list_within(&nodes, "warm pools", "Node").await?;
-    let nodes: Vec<(String, String, bool)> = list
-        .iter()
-        .filter_map(|n| {
-            let drained = n
-                .metadata
-                .annotations
-                .as_ref()
-                .is_some_and(|a| a.contains_key(crate::scalein::record::ANNOTATION));
-            Some((
-                n.metadata.name.clone()?,
-                n.spec.as_ref()?.provider_id.clone()?,
-                drained,
-            ))
-        })
-        .collect();
+    let nodes: Vec<(String, String, bool)> =
+        list.iter()
+            .filter_map(|n| {
+                let drained =
+                    n.metadata.annotations.as_ref().is_some_and(|a| {
+                        a.contains_key(crate::scalein::decide::record::ANNOTATION)
+                    });
+                Some((
+                    n.metadata.name.clone()?,
+                    n.spec.as_ref()?.provider_id.clone()?,
+                    drained,
+                ))
+            })
+            .collect();
     let warnings = registered_while_warming(&pools, &nodes);
     let instances: usize = pools.iter().map(|(_, p)| p.len()).sum();
     if warnings.is_empty() {

@@ -11,7 +11,9 @@ use clap::Args;
 
 use crate::config::ConfigArgs;
 use crate::provider::{provider_id, Provider};
-use crate::scalein::{self, plan, DaemonSetPolicy, DrainRequest, Engine, Mode, Outcome, Source};
+use crate::scalein::decide::plan;
+use crate::scalein::stages::terminate;
+use crate::scalein::{self, DaemonSetPolicy, DrainRequest, Engine, Mode, Outcome, Source};
 
 #[derive(Debug, Args, Clone)]
 pub struct DrainArgs {
@@ -40,7 +42,8 @@ pub async fn drain(
     cfg: &crate::config::Config,
     args: &DrainArgs,
 ) -> anyhow::Result<()> {
-    let client = crate::scalein::user_agent::named(client, crate::scalein::user_agent::DRAIN);
+    let client =
+        crate::scalein::kube::user_agent::named(client, crate::scalein::kube::user_agent::DRAIN);
     let nodes: Api<Node> = Api::all(client.clone());
     let node = nodes
         .get_opt(&args.node)
@@ -52,7 +55,7 @@ pub async fn drain(
         .and_then(|s| s.provider_id.as_deref())
         .and_then(provider_id::instance_id)
         .map(str::to_string);
-    let pods = crate::scalein::nodes::pods_on(&client, &args.node).await?;
+    let pods = crate::scalein::kube::nodes::pods_on(&client, &args.node).await?;
     let keep = cfg.scale_in.daemonsets == DaemonSetPolicy::Keep;
     println!(
         "plan for node {} (instance {}):",
@@ -102,9 +105,7 @@ pub async fn drain(
             if m == Mode::Direct {
                 p.register_deferred(iid.as_deref().unwrap_or_default(), &group);
             } else if let Mode::Lifecycle { .. } = &m {
-                p.cloud()
-                    .terminate_instance(iid.as_deref().unwrap_or_default(), true)
-                    .await?;
+                terminate::hand_to_hook(&engine, iid.as_deref().unwrap_or_default()).await?;
             }
             (m, group)
         }

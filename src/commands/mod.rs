@@ -5,7 +5,6 @@
 pub mod check;
 pub mod demo;
 pub mod drain;
-pub mod loadgen;
 pub mod serve;
 
 use std::process::ExitCode;
@@ -42,9 +41,6 @@ pub enum Command {
     CheckConfig(ConfigArgs),
     /// Drain one node with the scale-in engine (workloads first, DaemonSet pods last).
     Drain(drain::DrainArgs),
-    /// Act like cluster-autoscaler against a server on a seeded memory cloud and
-    /// report latency, RPC/s, CPU and memory.
-    Loadgen(loadgen::LoadgenArgs),
 }
 
 pub async fn run(cli: Cli) -> ExitCode {
@@ -56,10 +52,6 @@ pub async fn run(cli: Cli) -> ExitCode {
         Command::Serve(args) => {
             init_logging(cli.log_format, &cli.log_level);
             report(serve::run(args).await)
-        }
-        Command::Loadgen(args) => {
-            init_logging(cli.log_format, quiet_default(&cli.log_level));
-            report(loadgen::run(args).await)
         }
         Command::Drain(args) => {
             init_logging(cli.log_format, &cli.log_level);

@@ -74,7 +74,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
     if cfg.drain_enabled {
         let mut client = crate::scalein::kube_client().await?;
         if args.dry_run {
-            client = crate::scalein::dry_run::read_only_client(client);
+            client = crate::scalein::stages::preview::read_only_client(client);
         }
         let engine = crate::scalein::Engine::new(
             client,
@@ -90,7 +90,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         liveness = engine.liveness.clone();
         engine_for_shutdown = Some(engine.clone());
         start_queue(&cfg, &args, &engine, &provider).await;
-        crate::scalein::lifecycle::spawn_loop(engine, provider.clone());
+        crate::scalein::sources::hook_scan::spawn_loop(engine, provider.clone());
         tracing::info!(daemonsets = ?cfg.scale_in.daemonsets, mode = ?cfg.scale_in.mode, "scale-in drain enabled");
     } else {
         tracing::warn!(

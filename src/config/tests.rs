@@ -243,7 +243,7 @@ fn node_critical_daemonsets_are_selectors_and_a_bad_one_is_named() {
     .unwrap();
     assert_ne!(
         cfg.scale_in.node_critical,
-        crate::scalein::plan::NodeCritical::default()
+        crate::scalein::decide::plan::NodeCritical::default()
     );
     let p = problems(
         "scaleIn: {nodeCriticalDaemonSets: [\"k8s-app\"]}\n",

@@ -20,10 +20,10 @@ use super::InterruptionSettings;
 use crate::cloud::queue::{Queue, QueueMessage};
 use crate::cloud::{CloudError, LifecycleState};
 use crate::provider::Provider;
-use crate::scalein::events::Reason;
-use crate::scalein::lifecycle::{self, Hold};
-use crate::scalein::record::{DrainReason, Why};
-use crate::scalein::{cordon, DrainRequest, Engine, Mode, Source, Start};
+use crate::scalein::decide::record::{DrainReason, Why};
+use crate::scalein::holds::{self, Hold};
+use crate::scalein::kube::events::Reason;
+use crate::scalein::{stages::cordon, DrainRequest, Engine, Mode, Source, Start};
 use crate::telemetry::metrics::{metrics, KindLabels, KindOutcomeLabels, ReasonLabels};
 
 /// How long a handled notice is remembered against duplicates.
@@ -85,7 +85,7 @@ impl Consumer {
         tokio::spawn(async move {
             loop {
                 // Aborting this task drops the guard, which aborts the loop's task.
-                let mut inner = crate::scalein::drain::AbortOnDrop(this.run());
+                let mut inner = crate::scalein::stages::drain::AbortOnDrop(this.run());
                 let ended = (&mut inner.0).await;
                 drop(inner);
                 match ended {
@@ -367,9 +367,8 @@ impl Consumer {
         let state = match self.not_held(n, &action).await {
             Ok(Ok(state)) => Some(state),
             no => {
-                hold = Some(
-                    lifecycle::ask_hold(&self.engine, &action.group, &action.instance_id).await,
-                );
+                hold =
+                    Some(holds::ask_hold(&self.engine, &action.group, &action.instance_id).await);
                 if hold != Some(Hold::Held) {
                     return no.map(|held| held.err().unwrap_or("not_held"));
                 }
@@ -380,7 +379,7 @@ impl Consumer {
             tracing::info!(instance = %action.instance_id, group = %action.group, "AWS's reads do not show the instance held yet, but our hook's action is there (a heartbeat was taken)");
         }
         // Whether the hold is a pending action of our hook AWS says, as the scan asks
-        // it (lifecycle::ours_to_hold): the memories of finished actions can be older
+        // it (holds::ours_to_hold): the memories of finished actions can be older
         // than this action (an instance that went back to its warm pool and is ended
         // by it) or late (a process stopped before it noted its completion on the
         // Node). A hold whose action of ours is over waits on another hook (EKS's).
@@ -388,7 +387,7 @@ impl Consumer {
         // left to time out ends the instance undrained); one remembered so is left
         // for redelivery rather than dropped on a memory that may be stale.
         let unanswered = || {
-            if lifecycle::remembers_done(&self.engine, &action.instance_id) {
+            if holds::remembers_done(&self.engine, &action.instance_id) {
                 Err(format!(
                     "cannot ask AWS whether our hook holds instance {} with a new action (its last one was completed); left for redelivery",
                     action.instance_id
@@ -399,7 +398,7 @@ impl Consumer {
         };
         let ours = match (hold, &state) {
             (Some(Hold::Held), _) => {
-                if !lifecycle::forget_earlier_action(&self.engine, &action.instance_id).await {
+                if !holds::forget_earlier_action(&self.engine, &action.instance_id).await {
                     return Err(format!(
                         "cannot close the Node's record of our hook's last action on instance {}; left for redelivery",
                         action.instance_id
@@ -408,13 +407,8 @@ impl Consumer {
                 true
             }
             (_, Some(state)) => {
-                match lifecycle::ours_to_hold(
-                    &self.engine,
-                    &action.group,
-                    &action.instance_id,
-                    state,
-                )
-                .await
+                match holds::ours_to_hold(&self.engine, &action.group, &action.instance_id, state)
+                    .await
                 {
                     Some(ours) => ours,
                     None => unanswered()?,
@@ -485,7 +479,7 @@ impl Consumer {
         if self.engine.our_hook(&g).is_none() {
             let hold = match hold {
                 Some(h) => h,
-                None => lifecycle::ask_hold(&self.engine, &action.group, &action.instance_id).await,
+                None => holds::ask_hold(&self.engine, &action.group, &action.instance_id).await,
             };
             // Unknown (AWS throttled): held, as AWS shows the instance waiting. A
             // hook left to time out ends the instance undrained; a drain of an
@@ -494,7 +488,7 @@ impl Consumer {
                 return Ok(None);
             }
             tracing::warn!(instance = %action.instance_id, group = %action.group, ?hold, "our hook holds the instance though AWS's hook list does not show it yet (just added?); held at the shortest timeout until the list does");
-            g = lifecycle::with_hook_behind_its_list(&self.engine, &g);
+            g = holds::with_hook_behind_its_list(&self.engine, &g);
         }
         Ok(match self.engine.mode_for(&g, &action.instance_id) {
             Mode::Lifecycle {

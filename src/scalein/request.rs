@@ -4,8 +4,8 @@
 
 use std::time::Duration;
 
-use super::{cordon, record};
 use crate::cloud::LifecycleAction;
+use crate::scalein::decide::record;
 
 /// How the instance ends once the node is drained.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -25,8 +25,8 @@ impl Mode {
     pub fn as_str(&self) -> &'static str {
         match self {
             Mode::Lifecycle { .. } => "lifecycle",
-            Mode::Direct => cordon::DIRECT_MARK,
-            Mode::DrainOnly => cordon::DRAIN_ONLY_MARK,
+            Mode::Direct => record::DIRECT_MARK,
+            Mode::DrainOnly => record::DRAIN_ONLY_MARK,
         }
     }
 }

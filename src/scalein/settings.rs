@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use serde::Deserialize;
 
-use super::plan;
+use crate::scalein::decide::plan;
 
 /// Which scale-in mode a group uses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
@@ -96,7 +96,7 @@ pub struct ScaleInSettings {
     pub shared_pod_watch_from: usize,
     /// How long a drained instance rests in its warm pool, as this replica saw it,
     /// before a read showing it back in the group hands its Node back
-    /// ([`super::warm_pool::SETTLED`]; shorter only in tests).
+    /// ([`WARM_POOL_SETTLED`]; shorter only in tests).
     pub warm_pool_settle: Duration,
 }
 
@@ -136,7 +136,13 @@ impl Default for ScaleInSettings {
             // drains at once save twenty requests for that list: a storm, not an
             // everyday scale-in of a few nodes.
             shared_pod_watch_from: 10,
-            warm_pool_settle: super::warm_pool::SETTLED,
+            warm_pool_settle: WARM_POOL_SETTLED,
         }
     }
 }
+
+/// How long after our hook's hold on the way into the pool arrived a read showing
+/// the instance in the group again hands its Node back. AWS's reads lag by seconds: a
+/// read that much later cannot be one from before the scale-in that sent it to the
+/// pool.
+pub const WARM_POOL_SETTLED: Duration = Duration::from_secs(30);

@@ -639,6 +639,17 @@ impl Store {
         self.tx.subscribe()
     }
 
+    /// The objects of `res` now (in namespace `ns`, or in all), and a subscription to
+    /// every change after them: taken under one lock, so none is missed or seen twice.
+    pub fn list_and_subscribe(
+        &self,
+        res: &ResourceDef,
+        ns: Option<&str>,
+    ) -> (Vec<Arc<Value>>, broadcast::Receiver<Arc<Change>>) {
+        let inner = self.inner.lock();
+        (inner.list(res, ns), self.tx.subscribe())
+    }
+
     /// Changes after `rv` still in history, or `Err` when `rv` is too old (410 Gone).
     pub(crate) fn since(&self, rv: u64) -> Result<Resume, ApiError> {
         let inner = self.inner.lock();

@@ -4,6 +4,7 @@
 pub mod http;
 pub mod liveness;
 pub mod metrics;
+pub mod process;
 
 use std::io::IsTerminal;
 

@@ -267,10 +267,10 @@ def provider_writes():
     """ca-asg-provider's writes: those of scalein::permissions::REQUIRED (which the sim's
     RbacUse records tie to the requests the code makes), leases namespaced and the update
     limited to the provider's Lease."""
-    src = (ROOT / "src/scalein/permissions.rs").read_text()
+    src = (ROOT / "src/scalein/kube/permissions.rs").read_text()
     m = re.search(r"pub const REQUIRED: &\[Permission\] = &\[(.*?)\n\];", src, re.S)
     if not m:
-        raise SystemExit("validate.py: REQUIRED not found in src/scalein/permissions.rs")
+        raise SystemExit("validate.py: REQUIRED not found in src/scalein/kube/permissions.rs")
     perms = re.findall(r'p\(\s*"(\w+)",\s*"([\w.]*)",\s*"([\w/]+)"', m.group(1))
     if len(perms) != m.group(1).count("p("):
         raise SystemExit(f"validate.py: parsed {len(perms)} of {m.group(1).count('p(')} permissions in REQUIRED")
@@ -1278,7 +1278,7 @@ def mode_effect_errors(env, defaults, tmp):
     return errs, counted
 
 
-DRAINING_TAINT = re.search(r'TAINT_KEY: &str = "([^"]+)"', (ROOT / "src/scalein/cordon.rs").read_text()).group(1)
+DRAINING_TAINT = re.search(r'TAINT_KEY: &str = "([^"]+)"', (ROOT / "src/scalein/decide/record.rs").read_text()).group(1)
 
 
 def pod_scheduling_errors(env, tmp):

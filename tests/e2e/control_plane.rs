@@ -17,7 +17,7 @@ use std::time::Duration;
 use ca_asg_provider::clock::Instant;
 
 use anyhow::{bail, Context};
-use ca_asg_provider::commands::loadgen::process::{ProcSample, ProcWatch};
+use ca_asg_provider::telemetry::process::{ProcSample, ProcWatch};
 use serde::Deserialize;
 
 /// Where the upstream binaries are: `E2E_K8S_BIN` (kube-apiserver, kube-controller-manager,

@@ -834,7 +834,7 @@ impl Rig {
 
     /// The lifecycle loop the service runs (finds instances our hook holds).
     pub fn run_lifecycle_loop(&mut self) {
-        self.lifecycle = Some(scalein::lifecycle::spawn_loop(
+        self.lifecycle = Some(scalein::sources::hook_scan::spawn_loop(
             self.engine.clone(),
             self.provider.clone(),
         ));

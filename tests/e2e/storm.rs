@@ -229,7 +229,7 @@ pub struct ProcessGauge(pub u32);
 
 impl Gauge for ProcessGauge {
     fn cpu_seconds(&self) -> f64 {
-        ca_asg_provider::commands::loadgen::process::ProcWatch::new(self.0)
+        ca_asg_provider::telemetry::process::ProcWatch::new(self.0)
             .sample()
             .map_or(0.0, |s| s.cpu_seconds)
     }
@@ -912,7 +912,7 @@ async fn start_service(
                 (Some(queue), Some(consumer.spawn()))
             }
         };
-        let lifecycle = scalein::lifecycle::spawn_loop(engine.clone(), provider);
+        let lifecycle = scalein::sources::hook_scan::spawn_loop(engine.clone(), provider);
         RunningService {
             engine,
             addr,

@@ -12,6 +12,9 @@
 //!   transcript) differs: proof that a case depends on its seed alone.
 //! - `MODEL_TRANSCRIPT=1`: [`assert_replays_exactly`] prints both transcripts whole
 //!   when two runs differ.
+//! - `MODEL_TRANSCRIPT_DIR=D`: write every case's transcript to `D/<model>-<seed>-<case>.txt`,
+//!   so the transcripts of one seed before and after a change can be compared
+//!   (`diff -r`): a move that keeps behaviour keeps them byte for byte.
 //! - `MODEL_SHRINK=R`: at most R runs spent shrinking a failure (default 40; 0: none),
 //!   and at most `MODEL_SHRINK_SECS` seconds (default 180).
 //!
@@ -64,10 +67,29 @@ where
     T: PartialEq + Debug,
 {
     let twice: bool = env::<u8>("MODEL_REPLAY_CHECK").is_some_and(|v| v > 0);
+    let keep: Option<std::path::PathBuf> =
+        std::env::var_os("MODEL_TRANSCRIPT_DIR").map(std::path::PathBuf::from);
+    let cases: usize = env("MODEL_CASES").unwrap_or(default_cases) as usize;
+    let seed: u64 = env("MODEL_SEED").unwrap_or_else(|| {
+        let t = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map(|d| d.as_nanos() as u64)
+            .unwrap_or(0);
+        t ^ (u64::from(std::process::id()) << 32)
+    });
     // With MODEL_REPLAY_CHECK=1 every case runs twice and what it returns (a
     // transcript) must be the same: a check that the seed is all a case depends on.
-    let case = |v: S::Value| {
+    // With MODEL_TRANSCRIPT_DIR each case's transcript is kept for a later compare.
+    let case = |(i, v): (usize, S::Value)| {
         let out = case(v.clone());
+        if let Some(dir) = &keep {
+            let file = dir.join(format!("{name}-{seed}-{i}.txt"));
+            std::fs::create_dir_all(dir)
+                .and_then(|()| std::fs::write(&file, format!("{out:#?}\n")))
+                .unwrap_or_else(|e| {
+                    panic!("MODEL_TRANSCRIPT_DIR: writing {}: {e}", file.display())
+                });
+        }
         if twice {
             let again = case(v);
             if again != out {
@@ -85,14 +107,6 @@ where
             }
         }
     };
-    let cases: usize = env("MODEL_CASES").unwrap_or(default_cases) as usize;
-    let seed: u64 = env("MODEL_SEED").unwrap_or_else(|| {
-        let t = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map(|d| d.as_nanos() as u64)
-            .unwrap_or(0);
-        t ^ (u64::from(std::process::id()) << 32)
-    });
     let only: Option<usize> = env("MODEL_CASE");
     let at_once: usize = env("MODEL_AT_ONCE").unwrap_or(16).max(1);
     let shrink_runs: u32 = env("MODEL_SHRINK").unwrap_or(40);
@@ -136,7 +150,7 @@ where
                 let k = next.fetch_add(1, Ordering::Relaxed);
                 let Some(&i) = todo.get(k) else { return };
                 let t = Instant::now();
-                let out = catch_unwind(AssertUnwindSafe(|| case(values[i].clone())));
+                let out = catch_unwind(AssertUnwindSafe(|| case((i, values[i].clone()))));
                 let took = t.elapsed();
                 {
                     let mut sl = slowest.lock();
@@ -170,7 +184,7 @@ where
         "model {name}: case {i} failed: {why}\n  ops: {first:?}\n  replay: MODEL_SEED={seed} MODEL_CASE={i} cargo test --test {name}"
     );
     // Run once more, alone: on the paused clock a failure must fail the same way.
-    let again = catch_unwind(AssertUnwindSafe(|| case(first.clone())))
+    let again = catch_unwind(AssertUnwindSafe(|| case((i, first.clone()))))
         .err()
         .map(|p| message(&*p));
     let replayed = match &again {
@@ -189,7 +203,7 @@ where
         loop {
             runs += 1;
             let v = tree.current();
-            let fails = catch_unwind(AssertUnwindSafe(|| case(v.clone()))).err();
+            let fails = catch_unwind(AssertUnwindSafe(|| case((i, v.clone())))).err();
             let more = match fails {
                 Some(p) => {
                     smallest = v;
@@ -221,7 +235,7 @@ pub async fn settle(check: impl FnMut(), unfinished: impl FnMut() -> Vec<String>
 }
 
 /// [`settle`] within `bound` (a model whose faults leave requests unanswered until
-/// the service's own bound on an answer, `scalein::intercept::ANSWER_WITHIN`).
+/// the service's own bound on an answer, `scalein::kube::intercept::ANSWER_WITHIN`).
 pub async fn settle_within(
     bound: Duration,
     mut check: impl FnMut(),

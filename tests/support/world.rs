@@ -415,7 +415,7 @@ pub async fn put_drain_record(
     started: chrono::DateTime<chrono::Utc>,
     mode: &str,
 ) {
-    use ca_asg_provider::scalein::record;
+    use ca_asg_provider::scalein::decide::record;
     let nodes: kube::Api<Node> = kube::Api::all(w.sim.client());
     nodes
         .patch(

@@ -26,7 +26,7 @@ pub fn resolve(f: &InterruptionFile, problems: &mut Problems) -> InterruptionSet
         f.daemon_set_share.as_ref(),
         d.daemonset_share,
         Duration::ZERO,
-        crate::scalein::record::MAX_DAEMONSET_SHARE,
+        crate::scalein::decide::record::MAX_DAEMONSET_SHARE,
     );
     let safety_net_poll = duration(
         "interruption.safetyNetPollInterval",

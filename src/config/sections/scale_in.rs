@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use super::{bounded_duration, Problems};
 use crate::config::ScaleInFile;
-use crate::scalein::{plan, ScaleInSettings};
+use crate::scalein::{decide::plan, ScaleInSettings};
 
 /// The section's values: each key, else the default; each duration within its
 /// minimum; the node-critical DaemonSets' selectors parsed. Counts and names are

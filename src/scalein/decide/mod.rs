@@ -1,0 +1,10 @@
+//! Decisions: pure functions of what they are given (no await, no client, no clock of
+//! their own: `now` comes in as an argument). Tested exhaustively.
+//!
+//! - [`plan`]: which pod leaves in which tier, and what a pod's disposition is;
+//! - [`record`]: the drain record on a Node (the reasons, their phases, how two join);
+//! - [`hooks`]: what a group's lifecycle hooks mean for a drain (ours, foreign, direct mode).
+
+pub mod hooks;
+pub mod plan;
+pub mod record;

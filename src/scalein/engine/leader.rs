@@ -1,0 +1,508 @@
+//! Leader election over a `coordination.k8s.io/v1` Lease, so that with more than one
+//! replica the background work (the lifecycle scan and drains) runs in one place while
+//! every replica serves gRPC. A replica that is not the leader still answers
+//! DeleteNodes: it ends the instance through the hook or marks the Node, and the
+//! leader's loop drains it.
+//!
+//! Why not a crate. The two maintained ones were read against the rules below (2026-11):
+//! `kube-leader-election` says of itself that it has no fencing and that candidates
+//! compare timestamps (so it depends on the nodes' clocks agreeing), and it builds on an
+//! older kube than this crate's; `kube-lease-manager` also judges expiry from the lease's
+//! timestamps, with a configured tolerance for skew. The rules this service needs are
+//! client-go's: another holder's lease has expired when its record stood still for a
+//! whole lease duration *as this replica saw it* (no clock agreement needed), a leader
+//! steps down once no renewal succeeded within the renew deadline counted from when the
+//! renewal was *sent* (so it stops acting before anyone can take over), a write is a
+//! compare-and-swap on resourceVersion, the lease is released on shutdown, and a failing
+//! election is reported by `/readyz` with the RBAC to fix. Those rules and their tests
+//! (here and in tests/leader.rs) are the point; the code they need is short.
+
+use std::time::Duration;
+
+use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
+use k8s_openapi::jiff::Timestamp;
+use kube::api::{Api, PostParams};
+use tokio::sync::watch;
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct LeaseSettings {
+    pub name: String,
+    pub namespace: String,
+    /// Who we are in `holderIdentity` (the pod name).
+    pub identity: String,
+    /// How long a holder that stopped renewing keeps the lease.
+    pub duration: Duration,
+}
+
+impl LeaseSettings {
+    /// How often the holder renews, and others retry (client-go: every 2 s for a 15 s
+    /// lease); at most 2 s, so a released lease is taken over quickly.
+    pub fn retry_every(&self) -> Duration {
+        (self.duration / 5).clamp(Duration::from_millis(100), Duration::from_secs(2))
+    }
+}
+
+/// What to do with the lease as it is now. Pure.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Decision {
+    /// No lease object: create it, holding it.
+    Create,
+    /// Ours: renew it.
+    Renew,
+    /// Free or expired: take it over (one more transition).
+    Acquire,
+    /// Someone else holds it and renews it.
+    Follow { holder: String },
+}
+
+/// What the lease was last seen saying, and when (this replica's monotonic clock).
+/// Expiry is judged by local observation, as client-go does: another holder's lease
+/// has expired when its record has not changed for a whole lease duration as *we*
+/// saw it, whatever its renewTime says. Clocks of two nodes need not agree.
+#[derive(Debug, Default, Clone)]
+pub struct Observed {
+    seen: Option<(String, Option<Timestamp>)>,
+    since: Option<crate::clock::Instant>,
+}
+
+impl Observed {
+    /// Notes the lease as read now. Returns how long its record has stood unchanged.
+    pub fn note(&mut self, spec: Option<&LeaseSpec>) -> Duration {
+        let now = crate::clock::Instant::now();
+        let record = spec.map(|s| {
+            (
+                s.holder_identity.clone().unwrap_or_default(),
+                s.renew_time.as_ref().map(|t| t.0),
+            )
+        });
+        if record != self.seen || self.since.is_none() {
+            self.seen = record;
+            self.since = Some(now);
+        }
+        now.saturating_duration_since(self.since.unwrap_or(now))
+    }
+}
+
+/// What to do with the lease. Pure. `unchanged_for`: how long this replica has seen
+/// the lease's record stand still ([`Observed::note`]).
+pub fn decide(spec: Option<&LeaseSpec>, me: &str, unchanged_for: Duration) -> Decision {
+    let Some(spec) = spec else {
+        return Decision::Create;
+    };
+    let holder = spec.holder_identity.clone().unwrap_or_default();
+    if holder == me {
+        return Decision::Renew;
+    }
+    if holder.is_empty() {
+        return Decision::Acquire;
+    }
+    let duration = Duration::from_secs(spec.lease_duration_seconds.unwrap_or(15).max(1) as u64);
+    if unchanged_for < duration {
+        Decision::Follow { holder }
+    } else {
+        Decision::Acquire
+    }
+}
+
+fn spec_for(me: &str, s: &LeaseSettings, old: Option<&LeaseSpec>, acquire: bool) -> LeaseSpec {
+    let now = MicroTime(crate::clock::timestamp_now());
+    let old = old.cloned().unwrap_or_default();
+    LeaseSpec {
+        holder_identity: Some(me.to_string()),
+        lease_duration_seconds: Some(s.duration.as_secs().max(1) as i32),
+        acquire_time: if acquire {
+            Some(now.clone())
+        } else {
+            old.acquire_time.clone()
+        },
+        renew_time: Some(now),
+        lease_transitions: Some(
+            old.lease_transitions.unwrap_or(0)
+                + i32::from(acquire && old.holder_identity.is_some()),
+        ),
+        ..old
+    }
+}
+
+/// One round: read the lease and act on it. `Ok(true)` when we hold it afterwards.
+/// A conflict (someone else wrote first) is a lost round, not an error.
+pub async fn round(
+    api: &Api<Lease>,
+    s: &LeaseSettings,
+    observed: &mut Observed,
+) -> Result<bool, kube::Error> {
+    let current = api.get_opt(&s.name).await?;
+    let spec = current.as_ref().and_then(|l| l.spec.as_ref());
+    let unchanged_for = observed.note(spec);
+    let decision = decide(spec, &s.identity, unchanged_for);
+    let result = match (&decision, current) {
+        (Decision::Follow { .. }, _) => return Ok(false),
+        (Decision::Create, _) => {
+            let lease = Lease {
+                metadata: ObjectMeta {
+                    name: Some(s.name.clone()),
+                    namespace: Some(s.namespace.clone()),
+                    ..Default::default()
+                },
+                spec: Some(spec_for(&s.identity, s, None, true)),
+            };
+            api.create(&PostParams::default(), &lease).await.map(|_| ())
+        }
+        (Decision::Renew | Decision::Acquire, Some(mut lease)) => {
+            let acquire = decision == Decision::Acquire;
+            lease.spec = Some(spec_for(&s.identity, s, lease.spec.as_ref(), acquire));
+            // resourceVersion in the object makes this a compare-and-swap.
+            api.replace(&s.name, &PostParams::default(), &lease)
+                .await
+                .map(|_| ())
+        }
+        (_, None) => return Ok(false),
+    };
+    match result {
+        Ok(()) => {
+            if decision == Decision::Acquire || decision == Decision::Create {
+                tracing::info!(lease = %s.name, identity = %s.identity, "became the leader");
+            }
+            Ok(true)
+        }
+        Err(kube::Error::Api(e)) if e.code == 409 => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
+/// Gives the lease up if we hold it, so another replica takes over at once instead of
+/// after the lease expires. `Ok(true)` when it was ours and is released now.
+pub async fn release(api: &Api<Lease>, s: &LeaseSettings) -> Result<bool, kube::Error> {
+    let Some(mut lease) = api.get_opt(&s.name).await? else {
+        return Ok(false);
+    };
+    let Some(spec) = lease.spec.as_mut() else {
+        return Ok(false);
+    };
+    if spec.holder_identity.as_deref() != Some(s.identity.as_str()) {
+        return Ok(false);
+    }
+    spec.holder_identity = None;
+    spec.renew_time = None;
+    match api.replace(&s.name, &PostParams::default(), &lease).await {
+        Ok(_) => {
+            tracing::info!(lease = %s.name, identity = %s.identity, "released the lease");
+            Ok(true)
+        }
+        Err(kube::Error::Api(e)) if e.code == 409 => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
+/// A lease round that has not answered by then counts as failed: a renewal must end
+/// well inside the lease, or this replica could still act after another took over
+/// (client-go's RenewDeadline is 10 s of a 15 s lease).
+pub fn renew_deadline(s: &LeaseSettings) -> Duration {
+    (s.duration * 2 / 3).max(Duration::from_millis(100))
+}
+
+/// One short line for a failed round: a 403 names the RBAC to apply, other API
+/// errors their code and message (never the whole response).
+pub fn explain(e: &kube::Error, s: &LeaseSettings) -> String {
+    match e {
+        kube::Error::Api(st) if st.code == 403 => format!(
+            "the Lease {}/{} is forbidden to this service account (403): grant get/create/update on coordination.k8s.io leases in namespace {} (deploy/base/rbac.yaml's Role, applied in that namespace), or set leaseNamespace to where it is granted",
+            s.namespace, s.name, s.namespace
+        ),
+        kube::Error::Api(st) => {
+            let mut m = st.message.clone();
+            m.truncate(200);
+            format!("lease {}/{}: {} {}: {m}", s.namespace, s.name, st.code, st.reason)
+        }
+        other => {
+            let mut m = other.to_string();
+            m.truncate(200);
+            format!("lease {}/{}: {m}", s.namespace, s.name)
+        }
+    }
+}
+
+/// Resolves when this replica stops leading: at once when it does not lead now;
+/// never without leader election (`None`). A closed channel keeps its last word,
+/// as [`Engine::is_leader`](crate::scalein::Engine::is_leader) reads it.
+pub async fn lost(leadership: Option<watch::Receiver<bool>>) {
+    let Some(mut rx) = leadership else {
+        return std::future::pending().await;
+    };
+    if rx.wait_for(|leads| !*leads).await.is_err() && *rx.borrow() {
+        std::future::pending::<()>().await;
+    }
+}
+
+/// Keeps trying to hold the lease until `stop` turns true, then releases it. The
+/// receiver says whether we are the leader now. A leader that cannot renew within
+/// the renew deadline steps down before its lease could expire for the others, so
+/// two replicas never both believe they lead. A failing election is logged once a
+/// minute and reported by `/readyz` (through `liveness`'s troubles).
+pub fn spawn(
+    liveness: std::sync::Arc<crate::telemetry::liveness::Liveness>,
+    client: kube::Client,
+    s: LeaseSettings,
+    stop: watch::Receiver<bool>,
+) -> watch::Receiver<bool> {
+    spawn_task(liveness, client, s, stop).0
+}
+
+/// [`spawn`], with the election's task: a test aborts it to play a process that
+/// died, without releasing the Lease.
+pub fn spawn_task(
+    liveness: std::sync::Arc<crate::telemetry::liveness::Liveness>,
+    client: kube::Client,
+    s: LeaseSettings,
+    mut stop: watch::Receiver<bool>,
+) -> (watch::Receiver<bool>, tokio::task::JoinHandle<()>) {
+    const NAME: &str = "leader election";
+    let (tx, rx) = watch::channel(false);
+    let quiet = (s.retry_every() * 4).max(std::time::Duration::from_secs(60));
+    let task = tokio::spawn(async move {
+        let api: Api<Lease> = Api::namespaced(client, &s.namespace);
+        let mut last_renewed: Option<crate::clock::Instant> = None;
+        let mut observed = Observed::default();
+        let mut last_logged: Option<(String, crate::clock::Instant)> = None;
+        loop {
+            liveness.beat(NAME, quiet);
+            if *stop.borrow() {
+                liveness.done(NAME);
+                liveness.trouble(NAME, None);
+                // Stop acting before the release can land: from then on another
+                // replica may take over, however late the release's answer comes.
+                let _ = tx.send(false);
+                if let Err(e) = release(&api, &s).await {
+                    tracing::warn!(lease = %s.name, error = %explain(&e, &s), "could not release the lease; it expires by itself");
+                }
+                // The task ends here, closing the channel: whoever waits for that
+                // knows the release is done.
+                return;
+            }
+            // A renewal counts from when it was sent, not from its answer: the others
+            // may see the record change as early as that, and a slow answer must not
+            // stretch this replica's belief that it still leads past their takeover.
+            let sent = crate::clock::Instant::now();
+            let attempt = tokio::time::timeout(renew_deadline(&s), round(&api, &s, &mut observed));
+            tokio::pin!(attempt);
+            // Leadership ends at the last renewal's send time plus the renew deadline,
+            // whatever this round is still waiting for: the others may take over from
+            // then on.
+            let answer = loop {
+                // Branches in a fixed order (here and below): the deadline first, so
+                // an answer arriving at the deadline's very instant still finds this
+                // replica stepped down, and a case on a paused clock replays.
+                tokio::select! {
+                    biased;
+                    _ = until(leads_until(&tx, last_renewed, &s)) => {
+                        step_down(&tx, &s, "no renewal succeeded within the renew deadline; a renewal is still in flight");
+                        last_renewed = None;
+                    }
+                    r = &mut attempt => break r,
+                }
+            };
+            let result = match answer {
+                Ok(r) => r.map_err(|e| explain(&e, &s)),
+                Err(_) => Err(format!(
+                    "lease {}/{}: no answer within the renew deadline {:?}",
+                    s.namespace,
+                    s.name,
+                    renew_deadline(&s)
+                )),
+            };
+            let leading = match result {
+                Ok(held) => {
+                    liveness.trouble(NAME, None);
+                    last_logged = None;
+                    if held {
+                        last_renewed = Some(sent);
+                    }
+                    // Held, but answered so late that the renew deadline counted from the
+                    // request has passed: not ours to act on any more.
+                    held && sent.elapsed() < renew_deadline(&s)
+                }
+                Err(why) => {
+                    // Once a minute per distinct problem, not every round.
+                    let repeat = last_logged
+                        .as_ref()
+                        .is_some_and(|(w, at)| *w == why && at.elapsed() < Duration::from_secs(60));
+                    if !repeat {
+                        tracing::error!(lease = %s.name, "leader election failing: {why}");
+                        last_logged = Some((why.clone(), crate::clock::Instant::now()));
+                    }
+                    liveness.trouble(NAME, Some(format!("leader election failing: {why}")));
+                    // Still ours only while no renewal could have been missed by the
+                    // others: within the renew deadline of the last success.
+                    last_renewed.is_some_and(|t| t.elapsed() < renew_deadline(&s))
+                }
+            };
+            if !leading {
+                last_renewed = None;
+            }
+            if *tx.borrow() != leading {
+                if !leading {
+                    tracing::warn!(lease = %s.name, identity = %s.identity, "not the leader any more");
+                }
+                let _ = tx.send(leading);
+            }
+            if tx.is_closed() {
+                liveness.done(NAME);
+                return;
+            }
+            tokio::select! {
+                biased;
+                _ = until(leads_until(&tx, last_renewed, &s)) => {
+                    // The last renewal was answered so late that its deadline passes
+                    // before the next round: stop acting now, then try again.
+                    step_down(&tx, &s, "the renew deadline of the last renewal passed before the next round");
+                    last_renewed = None;
+                }
+                _ = stop.changed() => {}
+                _ = tokio::time::sleep(s.retry_every()) => {}
+            }
+        }
+    });
+    (rx, task)
+}
+
+/// Until when this replica may act as the leader: the send time of its last
+/// successful renewal plus the renew deadline. `None` when it does not lead.
+fn leads_until(
+    tx: &watch::Sender<bool>,
+    last_renewed: Option<crate::clock::Instant>,
+    s: &LeaseSettings,
+) -> Option<crate::clock::Instant> {
+    last_renewed
+        .filter(|_| *tx.borrow())
+        .map(|t| t + renew_deadline(s))
+}
+
+/// Sleeps until `at`; never without one.
+async fn until(at: Option<crate::clock::Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
+fn step_down(tx: &watch::Sender<bool>, s: &LeaseSettings, why: &str) {
+    if *tx.borrow() {
+        tracing::warn!(lease = %s.name, identity = %s.identity, "not the leader any more: {why}");
+        let _ = tx.send(false);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use k8s_openapi::jiff::SignedDuration;
+
+    fn spec(holder: &str, renewed_secs_ago: i64, duration: i32) -> LeaseSpec {
+        LeaseSpec {
+            holder_identity: Some(holder.into()),
+            lease_duration_seconds: Some(duration),
+            renew_time: Some(MicroTime(
+                crate::clock::timestamp_now() - SignedDuration::from_secs(renewed_secs_ago),
+            )),
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn decisions() {
+        let fresh = Duration::from_secs(3);
+        let stale = Duration::from_secs(16);
+        assert_eq!(decide(None, "a", fresh), Decision::Create);
+        assert_eq!(
+            decide(Some(&spec("a", 100, 15)), "a", fresh),
+            Decision::Renew
+        );
+        assert_eq!(
+            decide(Some(&spec("b", 3, 15)), "a", fresh),
+            Decision::Follow { holder: "b".into() }
+        );
+        assert_eq!(
+            decide(Some(&spec("b", 3, 15)), "a", stale),
+            Decision::Acquire
+        );
+        assert_eq!(
+            decide(Some(&spec("", 1, 15)), "a", fresh),
+            Decision::Acquire
+        );
+    }
+
+    #[test]
+    fn expiry_follows_what_this_replica_saw_not_the_holders_clock() {
+        // The holder's clock is an hour behind ours: its renewTime looks long expired,
+        // but the record keeps changing, so it is followed.
+        let mut o = Observed::default();
+        let behind = spec("b", 3600, 15);
+        let unchanged = o.note(Some(&behind));
+        assert_eq!(
+            decide(Some(&behind), "a", unchanged),
+            Decision::Follow { holder: "b".into() }
+        );
+        // The holder's clock is an hour ahead: its renewTime looks fresh for an hour,
+        // but once the record stands still for a lease duration it is taken over.
+        let ahead = LeaseSpec {
+            renew_time: Some(MicroTime(
+                crate::clock::timestamp_now() + SignedDuration::from_secs(3600),
+            )),
+            ..spec("b", 0, 1)
+        };
+        let mut o = Observed::default();
+        assert!(o.note(Some(&ahead)) < Duration::from_secs(1));
+        std::thread::sleep(Duration::from_millis(1100));
+        let unchanged = o.note(Some(&ahead));
+        assert_eq!(decide(Some(&ahead), "a", unchanged), Decision::Acquire);
+        // A renewal seen restarts the count.
+        let renewed = LeaseSpec {
+            renew_time: Some(MicroTime(
+                crate::clock::timestamp_now() + SignedDuration::from_secs(3601),
+            )),
+            ..ahead
+        };
+        assert!(o.note(Some(&renewed)) < Duration::from_secs(1));
+    }
+
+    #[test]
+    fn a_forbidden_lease_is_one_line_naming_the_rbac() {
+        let s = LeaseSettings {
+            name: "ca-asg-provider".into(),
+            namespace: "default".into(),
+            identity: "a".into(),
+            duration: Duration::from_secs(15),
+        };
+        let e = kube::Error::Api(
+            kube::core::Status::failure(&"x".repeat(5000), "Forbidden")
+                .with_code(403)
+                .boxed(),
+        );
+        let line = explain(&e, &s);
+        assert!(
+            line.contains("default/ca-asg-provider") && line.contains("403"),
+            "{line}"
+        );
+        assert!(line.len() < 400, "{}", line.len());
+        assert_eq!(renew_deadline(&s), Duration::from_secs(10));
+    }
+
+    #[test]
+    fn taking_over_counts_a_transition_and_renewing_does_not() {
+        let s = LeaseSettings {
+            name: "l".into(),
+            namespace: "kube-system".into(),
+            identity: "a".into(),
+            duration: Duration::from_secs(15),
+        };
+        let old = spec("b", 30, 15);
+        let taken = spec_for("a", &s, Some(&old), true);
+        assert_eq!(taken.lease_transitions, Some(1));
+        assert_eq!(taken.holder_identity.as_deref(), Some("a"));
+        let renewed = spec_for("a", &s, Some(&taken), false);
+        assert_eq!(renewed.lease_transitions, Some(1));
+        assert_eq!(renewed.acquire_time, taken.acquire_time);
+        assert_eq!(s.retry_every(), Duration::from_secs(2));
+    }
+}

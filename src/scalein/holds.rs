@@ -1,0 +1,640 @@
+//! The lifecycle actions our hook holds: keep them alive with heartbeats while their
+//! drains run, ask AWS whether our hook holds an instance (a heartbeat answers), and
+//! judge what this process and the Node remember of actions already finished against
+//! what AWS says. The scan that finds the holds is `sources::hook_scan`.
+
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::clock::Instant;
+
+use crate::cloud::{CloudError, LifecycleAction, LifecycleHook, LifecycleState};
+use crate::telemetry::metrics::{metrics, Metrics};
+
+use crate::scalein::kube::events::Reason;
+use crate::scalein::Engine;
+
+/// The scan's pace while a hold AWS announced is expected ([`Engine::expect_hold`]).
+pub const SOON: Duration = Duration::from_secs(1);
+
+/// AWS ends a lifecycle action after 100 heartbeat timeouts or 48 hours, whichever
+/// is smaller, however many heartbeats it got.
+pub fn global_limit(heartbeat_timeout: Duration) -> Duration {
+    (heartbeat_timeout * 100).min(Duration::from_secs(48 * 3600))
+}
+
+/// Keeps one lifecycle action alive until aborted: a RecordLifecycleActionHeartbeat
+/// at once (the instance may have waited a while before it was found), then every
+/// third of the hook's timeout less a random tenth (so many held instances do not
+/// heartbeat in lockstep). After a failure (AWS throttling) it backs off with jitter
+/// from a twelfth of the timeout, doubling, never past a third, so a throttled storm
+/// spreads out and still lands inside the timeout. Until AWS has taken one of its
+/// heartbeats, the action's clock is not known (the hold began, or an earlier
+/// process or leader last heartbeated it, up to a timeout before it was found): the
+/// retries stay a twelfth of the timeout apart at most ([`HeartbeatBackoff`]), so a
+/// throttled run that ends before the hook's real timeout is followed by a heartbeat
+/// in time. Stops when AWS says the action is
+/// gone (ValidationError) and at the hook's global limit. Failures are counted; the
+/// first of a run is published as an Event on the Node in the background (the next
+/// try never waits on the API server). The hook's timeout comes through `timeout`:
+/// when it changes, a heartbeat goes at once and the next ones at the new pace.
+pub fn heartbeats(
+    engine: Arc<Engine>,
+    action: LifecycleAction,
+    mut timeout: tokio::sync::watch::Receiver<Duration>,
+) -> tokio::task::JoinHandle<()> {
+    let pace = |t: Duration| (t / 3).max(Duration::from_millis(200));
+    tokio::spawn(async move {
+        let found = Instant::now();
+        let _waiting = GaugeGuard::new(&metrics().lifecycle_waiting);
+        let mut current = *timeout.borrow_and_update();
+        let mut every = pace(current);
+        let mut limit = global_limit(current);
+        let mut backoff = HeartbeatBackoff::new(every, &action.instance_id);
+        // The action's own clock: AWS counts the timeout from the last heartbeat it
+        // took (or from the hold, before the first). Before this task's first one
+        // is taken, `found` is only the latest it can be; the backoff knows.
+        let mut last_ok = found;
+        let mut follows = true;
+        loop {
+            if found.elapsed() >= limit {
+                Metrics::outcome(&metrics().heartbeats, "stopped");
+                tracing::warn!(instance = %action.instance_id, hook = %action.hook, limit = ?limit, "the lifecycle action reached its global limit; AWS ends it now whatever the heartbeats");
+                return;
+            }
+            let next = match engine.cloud.lifecycle_heartbeat(&action).await {
+                Ok(()) => {
+                    heartbeat_taken(&engine);
+                    tracing::debug!(instance = %action.instance_id, hook = %action.hook, "lifecycle heartbeat recorded");
+                    last_ok = Instant::now();
+                    backoff.ok()
+                }
+                Err(e)
+                    if no_action(&e).is_some()
+                        || matches!(&e, CloudError::Rejected { code, .. } if code == "ValidationError") =>
+                {
+                    let message = e.to_string();
+                    // No action now. Right after TerminateInstanceInAutoScalingGroup the
+                    // instance may not have reached Terminating:Wait yet: only an
+                    // instance past the hook (or gone) ends the heartbeats.
+                    let may_still_wait = [
+                        LifecycleState::InService,
+                        LifecycleState::Terminating,
+                        LifecycleState::TerminatingWait,
+                        LifecycleState::parse("Warmed:Pending"),
+                        LifecycleState::parse("Warmed:Pending:Wait"),
+                    ];
+                    if !in_state(&engine, &action.instance_id, &may_still_wait).await {
+                        Metrics::outcome(&metrics().heartbeats, "stopped");
+                        tracing::info!(instance = %action.instance_id, hook = %action.hook, %message, "no active lifecycle action any more; heartbeats stop");
+                        return;
+                    }
+                    tracing::debug!(instance = %action.instance_id, hook = %action.hook, "no lifecycle action yet; the instance has not reached Terminating:Wait");
+                    (every / 4).max(Duration::from_millis(100))
+                }
+                Err(e) => {
+                    Metrics::outcome(&metrics().heartbeats, "error");
+                    tracing::warn!(instance = %action.instance_id, hook = %action.hook, error = %e, "lifecycle heartbeat failed");
+                    if backoff.failures == 0 {
+                        if let Some(node) = engine.nodes.node_for_instance(&action.instance_id) {
+                            let engine = engine.clone();
+                            let note = format!(
+                                "lifecycle heartbeat for instance {} (hook {}) failed: {e}; retrying",
+                                action.instance_id, action.hook
+                            );
+                            tokio::spawn(async move {
+                                engine
+                                    .events
+                                    .node(&node, Reason::HeartbeatFailed, note)
+                                    .await;
+                            });
+                        }
+                    }
+                    // Failures in a row back off, but never past the time the
+                    // action has left: the next try comes before the timeout runs out.
+                    within_timeout(backoff.failed(), last_ok, current, Instant::now())
+                }
+            };
+            let sleep = tokio::time::sleep(next);
+            if !follows {
+                sleep.await;
+                continue;
+            }
+            tokio::select! {
+                biased;
+                _ = sleep => {}
+                changed = timeout.changed() => match changed {
+                    Ok(()) => {
+                        let now = *timeout.borrow_and_update();
+                        if now != current {
+                            current = now;
+                            every = pace(now);
+                            limit = global_limit(now);
+                            backoff = backoff.repaced(every);
+                        }
+                    }
+                    // The hold is being dropped (which aborts this task).
+                    Err(_) => follows = false,
+                },
+            }
+        }
+    })
+}
+
+/// A retry's wait, cut so the try lands while the action still has a fifth of its
+/// timeout left counted from the last heartbeat AWS took; past that mark, at most
+/// half of what is left before the timeout (never under 100 ms). A run of throttled
+/// heartbeats backs off without letting the hook run out, and without retrying in
+/// a tight loop near its end (a storm of held instances would throttle itself).
+pub fn within_timeout(
+    wait: Duration,
+    last_ok: Instant,
+    timeout: Duration,
+    now: Instant,
+) -> Duration {
+    let to_mark = (last_ok + timeout.mul_f64(0.8)).saturating_duration_since(now);
+    let cap = if to_mark.is_zero() {
+        (last_ok + timeout).saturating_duration_since(now) / 2
+    } else {
+        to_mark
+    };
+    wait.min(cap).max(Duration::from_millis(100))
+}
+
+/// When the next heartbeat goes, apart from the heartbeat itself so it is tested
+/// alone.
+pub struct HeartbeatBackoff {
+    every: Duration,
+    pub failures: u32,
+    /// AWS took a heartbeat of these: the action's clock is known from then on.
+    taken: bool,
+    /// Whose heartbeats (the instance): the key of its jitter (crate::clock).
+    of: String,
+}
+
+impl HeartbeatBackoff {
+    pub fn new(every: Duration, of: &str) -> Self {
+        Self {
+            every,
+            failures: 0,
+            taken: false,
+            of: of.to_string(),
+        }
+    }
+
+    /// The same heartbeats at another interval (the hook's timeout changed): the
+    /// failures start again, what AWS took stays known.
+    pub fn repaced(self, every: Duration) -> Self {
+        Self {
+            every,
+            failures: 0,
+            ..self
+        }
+    }
+
+    /// After a success: a third of the timeout, less up to a tenth of it.
+    pub fn ok(&mut self) -> Duration {
+        self.failures = 0;
+        self.taken = true;
+        self.every
+            .mul_f64(1.0 - 0.1 * crate::clock::random_fraction(&self.of))
+    }
+
+    /// After a failure: from a quarter of the interval, doubling per failure, with
+    /// full jitter over its upper half, capped at the interval. Before AWS took one
+    /// of these heartbeats it does not double: the action's clock started before it
+    /// was found (an earlier process or leader heartbeated it, or nobody did), and
+    /// its timeout may be near.
+    pub fn failed(&mut self) -> Duration {
+        let base = (self.every / 4).max(Duration::from_millis(100));
+        let doublings = if self.taken { self.failures.min(8) } else { 0 };
+        let ceiling = base.saturating_mul(1u32 << doublings).min(self.every);
+        self.failures = self.failures.saturating_add(1);
+        ceiling.mul_f64(0.5 + 0.5 * crate::clock::random_fraction(&self.of))
+    }
+}
+
+/// What AWS's answer to a heartbeat or a completion says when it holds no lifecycle
+/// action under our hook for the instance: "No active Lifecycle Action found ...", or
+/// the hook (or its group) not found, deleted by hand while the instance was held or
+/// just before. `None`: any other failure, which is retried. Whether the action is
+/// still to come is the instance's state's to say.
+pub(crate) fn no_action(e: &CloudError) -> Option<&str> {
+    match e {
+        CloudError::Rejected { message, .. } if message.contains("No active Lifecycle Action") => {
+            Some(message)
+        }
+        CloudError::NotFound { name, .. } => Some(name),
+        _ => None,
+    }
+}
+
+/// What AWS says, asked directly, of our hook's hold on an instance.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Hold {
+    /// A heartbeat for our hook's action was taken: our hook holds the instance now.
+    Held,
+    /// No action of our hook holds the instance: not yet in Terminating:Wait, past
+    /// it, held by another tool's hook only, or our hook is gone.
+    NotHeld,
+    /// AWS could not be asked (throttled, unreachable), or a dry run, which writes
+    /// nothing and so cannot ask.
+    Unknown,
+}
+
+/// Asks AWS whether our hook holds the instance, with a heartbeat: the action
+/// itself answers, where AWS's reads (instance states, the hook list) are eventually
+/// consistent and may lag a hold or a hook just added. A heartbeat taken only
+/// restarts the hook's timeout of an action that is ours, which a hold starts with
+/// anyway.
+pub async fn ask_hold(engine: &Engine, group: &str, instance_id: &str) -> Hold {
+    if engine.settings.dry_run {
+        return Hold::Unknown;
+    }
+    let probe = LifecycleAction {
+        group: group.to_string(),
+        hook: engine.settings.hook_name.clone(),
+        instance_id: instance_id.to_string(),
+        token: None,
+    };
+    match engine.cloud.lifecycle_heartbeat(&probe).await {
+        Ok(()) => {
+            heartbeat_taken(engine);
+            Hold::Held
+        }
+        Err(e) if no_action(&e).is_some() => Hold::NotHeld,
+        Err(e) => {
+            tracing::warn!(instance = %instance_id, group, error = %e, "cannot ask AWS whether our hook holds the instance");
+            Hold::Unknown
+        }
+    }
+}
+
+/// How long AWS's word that our hook holds no pending action on an instance is
+/// believed, while the instance stays in the same wait, before AWS is asked again.
+pub const NOT_HELD_RECHECK: Duration = Duration::from_secs(30);
+
+/// Whether AWS said, less than [`NOT_HELD_RECHECK`] ago and with the instance in the
+/// same wait as now (`state`), that our hook holds no pending action on it. Answers
+/// older than that are forgotten here, so the memory stays as small as the waits.
+pub(crate) fn not_held_lately(engine: &Engine, instance_id: &str, state: &LifecycleState) -> bool {
+    let now = Instant::now();
+    let mut asked = engine.not_held.lock();
+    asked.retain(|_, (_, at)| now.saturating_duration_since(*at) < NOT_HELD_RECHECK);
+    asked
+        .get(instance_id)
+        .is_some_and(|(s, _)| s == state.as_str())
+}
+
+/// Whether our hook holds the instance, waiting in `state`, with a pending action, as
+/// AWS answers a heartbeat ([`ask_hold`]) unless it said no lately
+/// ([`not_held_lately`]). Held: whatever this process and the Node remember of an
+/// earlier action of the instance is dropped ([`forget_earlier_action`]), so the
+/// hold drains as the new action it is; `Unknown` when the Node could not be written
+/// (the next poll asks again).
+pub(crate) async fn holds_pending_action(
+    engine: &Engine,
+    group: &str,
+    instance_id: &str,
+    state: &LifecycleState,
+) -> Hold {
+    if not_held_lately(engine, instance_id, state) {
+        return Hold::NotHeld;
+    }
+    match ask_hold(engine, group, instance_id).await {
+        Hold::Held if forget_earlier_action(engine, instance_id).await => Hold::Held,
+        Hold::Held | Hold::Unknown => Hold::Unknown,
+        Hold::NotHeld => {
+            engine.not_held.lock().insert(
+                instance_id.to_string(),
+                (state.as_str().to_string(), Instant::now()),
+            );
+            Hold::NotHeld
+        }
+    }
+}
+
+/// Of the group's pool instances in `Warmed:Pending:Wait`, those whose hold is a
+/// pending action of our hook: each a scale-in returning the instance to the pool,
+/// to drain. Neither the group's list nor the memory of finished actions can tell:
+/// a new instance warming up waits there too (for launch hooks only, with no action
+/// of ours), an instance whose action we completed may wait there on another hook,
+/// and an instance back from the pool can be sent there again before any read
+/// showed it in service (its Node still saying our last action was completed). AWS
+/// is asked ([`holds_pending_action`]: a heartbeat, due anyway if
+/// the action is ours; a refusal believed for
+/// [`NOT_HELD_RECHECK`] while the instance waits there).
+/// Instances this process drains are not asked.
+pub async fn pool_holds(
+    engine: &Engine,
+    group: &crate::provider::Group,
+    pool: &[crate::cloud::AsgInstance],
+) -> std::collections::BTreeSet<String> {
+    let mut ours = std::collections::BTreeSet::new();
+    if engine.our_hook(group).is_none() {
+        return ours;
+    }
+    for inst in pool {
+        if !inst.state.is_pool_bound_wait() || engine.is_draining(&inst.id) {
+            continue;
+        }
+        let hold = holds_pending_action(engine, &group.asg.name, &inst.id, &inst.state).await;
+        if hold == Hold::Held {
+            ours.insert(inst.id.clone());
+        }
+    }
+    ours
+}
+
+/// Whether a hold AWS shows (the instance in `Terminating:Wait`, or the pool ending
+/// it) is a pending action of our hook, to drain and heartbeat. The memories of
+/// finished actions (this process's, for the actions it completed; the Node's record,
+/// for an earlier process's or another replica's) can be older than the action that
+/// holds the instance now: an instance that went back to its warm pool and is ended
+/// by the pool later, or one reused from the pool and sent out again between two
+/// polls, waits again with that memory still there. And they can be late: a process
+/// stopped between completing an action and writing so on the Node leaves a record
+/// that says nothing. So AWS decides ([`holds_pending_action`]): a hold is ours when a
+/// heartbeat for our hook is accepted. `None`: AWS could not be asked, and the caller
+/// falls back on the memory ([`remembers_done`]). A drain running here is not asked:
+/// it holds the action already, or completed it just now.
+pub(crate) async fn ours_to_hold(
+    engine: &Engine,
+    group: &str,
+    instance_id: &str,
+    state: &LifecycleState,
+) -> Option<bool> {
+    if engine.is_draining(instance_id) {
+        return Some(!engine.action_done(instance_id));
+    }
+    match holds_pending_action(engine, group, instance_id, state).await {
+        Hold::Held => Some(true),
+        Hold::NotHeld => Some(false),
+        Hold::Unknown => None,
+    }
+}
+
+/// Whether our hook's action on the instance is remembered as completed: by this
+/// process, or by the Node's record. What decides a hold only while AWS cannot be
+/// asked ([`ours_to_hold`]).
+pub(crate) fn remembers_done(engine: &Engine, instance_id: &str) -> bool {
+    engine.action_done(instance_id) || engine.action_done_on_node(instance_id)
+}
+
+/// Our hook holds the instance with a new action: what this process remembers of
+/// an earlier one is dropped, and so is a finished lifecycle reason (and a pool
+/// rest) on its Node, which would otherwise make the new hold a repeat of the old
+/// and drain nothing. The cordon stays: the node is leaving again. False when the
+/// Node could not be written (the next poll tries again).
+pub(crate) async fn forget_earlier_action(engine: &Engine, iid: &str) -> bool {
+    engine.forget_action_done(iid);
+    let Some(node) = engine.nodes.node_for_instance(iid) else {
+        return true;
+    };
+    let now = crate::clock::utc_now();
+    let stale = |r: &crate::scalein::decide::record::DrainRecord| {
+        r.lifecycle_completed(now) || r.in_warm_pool_since.is_some()
+    };
+    if !engine.cached_record(&node).is_some_and(|r| stale(&r)) {
+        return true;
+    }
+    let written = crate::scalein::kube::node_record::update_record(
+        &engine.nodes,
+        &engine.client,
+        &node,
+        |r| {
+            if !stale(r) {
+                return false;
+            }
+            r.reasons.retain(|x| {
+                !(x.done && matches!(x.why, crate::scalein::decide::record::Why::Lifecycle { .. }))
+            });
+            r.in_warm_pool_since = None;
+            true
+        },
+    )
+    .await;
+    match written {
+        Ok(_) => {
+            tracing::info!(
+                node,
+                instance = iid,
+                "a new action of our hook holds the instance: the Node's record of the last one is closed"
+            );
+            true
+        }
+        Err(e) => {
+            tracing::warn!(node, instance = iid, error = %e, "cannot close the Node's record of our hook's last action on the instance; next poll retries");
+            false
+        }
+    }
+}
+
+/// Counts a heartbeat AWS took, whoever sent it (the hold's loop, or a probe).
+fn heartbeat_taken(engine: &Engine) {
+    engine.stats.heartbeats.fetch_add(1, Ordering::Relaxed);
+    Metrics::outcome(&metrics().heartbeats, "ok");
+}
+
+/// AWS's shortest and longest heartbeat timeouts for a lifecycle hook.
+pub const AWS_MIN_HEARTBEAT_TIMEOUT: Duration = Duration::from_secs(30);
+pub const AWS_MAX_HEARTBEAT_TIMEOUT: Duration = Duration::from_secs(7200);
+
+/// The group with our hook added, for a hold AWS's hook list does not show yet (an
+/// operator just added the hook; the list is eventually consistent): the hook's
+/// timeout unknown, the hold follows the shortest it can be, AWS's minimum or the
+/// configured `hookHeartbeatTimeout` when shorter. The provider is told, so the scan
+/// looks at the group again and corrects the timeout once the list shows the hook.
+pub fn with_hook_behind_its_list(
+    engine: &Engine,
+    group: &crate::provider::Group,
+) -> crate::provider::Group {
+    let timeout = AWS_MIN_HEARTBEAT_TIMEOUT.min(engine.settings.hook_heartbeat_timeout);
+    let mut held = group.clone();
+    held.hooks.push(LifecycleHook {
+        name: engine.settings.hook_name.clone(),
+        heartbeat_timeout_secs: timeout.as_secs().max(1) as i32,
+        default_result: "ABANDON".into(),
+    });
+    if let Some(p) = &engine.provider {
+        p.note_hooks(&held.asg.name, held.hooks.clone());
+    }
+    held
+}
+
+/// Whether AWS shows the instance in one of `states` now. An unknown answer (AWS
+/// cannot be asked) says yes: callers use it to keep trying, which is safe, instead
+/// of giving up early, which is not.
+pub(crate) async fn in_state(
+    engine: &Engine,
+    instance_id: &str,
+    states: &[LifecycleState],
+) -> bool {
+    match engine
+        .cloud
+        .locate_instances(&[instance_id.to_string()])
+        .await
+    {
+        Ok(found) => found.first().is_some_and(|l| states.contains(&l.state)),
+        Err(_) => true,
+    }
+}
+
+/// Counts a gauge up for as long as it lives.
+struct GaugeGuard(prometheus_client::metrics::gauge::Gauge);
+
+impl GaugeGuard {
+    fn new(g: &prometheus_client::metrics::gauge::Gauge) -> Self {
+        g.inc();
+        Self(g.clone())
+    }
+}
+
+impl Drop for GaugeGuard {
+    fn drop(&mut self) {
+        self.0.dec();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn no_action_is_no_active_action_or_a_hook_gone_and_nothing_else() {
+        let rejected = |code: &str, message: &str| CloudError::Rejected {
+            operation: "CompleteLifecycleAction".into(),
+            code: code.into(),
+            message: message.into(),
+        };
+        let none = "No active Lifecycle Action found with instance ID i-1";
+        assert_eq!(no_action(&rejected("ValidationError", none)), Some(none));
+        assert_eq!(no_action(&rejected("Other", none)), Some(none));
+        // Another refusal of a completion is not taken for "nothing to complete".
+        assert_eq!(
+            no_action(&rejected("ValidationError", "Invalid token")),
+            None
+        );
+        let gone = CloudError::NotFound {
+            what: "lifecycle hook",
+            name: "ca-asg-provider-drain".into(),
+        };
+        assert_eq!(no_action(&gone), Some("ca-asg-provider-drain"));
+        assert_eq!(no_action(&rejected("AccessDenied", "not allowed")), None);
+        for retried in [
+            CloudError::Throttled {
+                operation: "x".into(),
+                message: "Rate exceeded".into(),
+            },
+            CloudError::Transient {
+                operation: "x".into(),
+                message: "HTTP 500".into(),
+            },
+        ] {
+            assert_eq!(no_action(&retried), None, "{retried}");
+        }
+    }
+
+    #[test]
+    fn a_run_of_failures_retries_before_the_timeout_runs_out() {
+        let timeout = Duration::from_secs(300);
+        let now = Instant::now();
+        let secs = Duration::from_secs;
+        // Fresh: the backoff's own wait.
+        assert_eq!(within_timeout(secs(50), now, timeout, now), secs(50));
+        // 230 s since AWS took the last heartbeat: 10 s left to the 240 s mark.
+        assert_eq!(
+            within_timeout(secs(100), now, timeout, now + secs(230)),
+            secs(10)
+        );
+        // Past the mark: half of what is left, never a long wait.
+        assert_eq!(
+            within_timeout(secs(100), now, timeout, now + secs(290)),
+            secs(5)
+        );
+        assert_eq!(
+            within_timeout(secs(100), now, timeout, now + secs(300)),
+            Duration::from_millis(100)
+        );
+        // A run of failures from 90 s after the last success: every try lands by
+        // the 240 s mark, then within the timeout, halving what is left: a bounded
+        // number of tries, not a tight loop.
+        let mut b = HeartbeatBackoff::new(timeout / 3, "i-1");
+        b.ok();
+        let mut at = now + secs(90);
+        let mark = now + timeout.mul_f64(0.8);
+        let end = now + timeout;
+        let mut past_mark = 0;
+        while at + Duration::from_millis(200) < end {
+            let w = within_timeout(b.failed(), now, timeout, at);
+            if at + Duration::from_millis(100) <= mark {
+                assert!(at + w <= mark, "{:?} past the mark", (at + w) - mark);
+            } else {
+                assert!(at + w <= end, "{:?} past the timeout", (at + w) - end);
+                past_mark += 1;
+            }
+            at += w;
+        }
+        assert!(past_mark <= 12, "{past_mark} tries after the mark");
+    }
+
+    /// Issue 59: before AWS took a heartbeat of the hold, its timeout runs from a
+    /// moment before it was found (a restart, a new leader): failures never back
+    /// off past the first step, a twelfth of the timeout; once one is taken they
+    /// double as before, and a changed timeout keeps that known.
+    #[test]
+    fn until_a_heartbeat_is_taken_failures_are_retried_within_a_twelfth() {
+        let timeout = Duration::from_secs(300);
+        let every = timeout / 3;
+        let mut b = HeartbeatBackoff::new(every, "i-1");
+        for _ in 0..20 {
+            let d = b.failed();
+            assert!(d <= timeout / 12, "{d:?}");
+            assert!(d >= timeout / 24, "{d:?}");
+        }
+        b.ok();
+        let grown = (0..6).map(|_| b.failed()).max().unwrap();
+        assert!(
+            grown > timeout / 12,
+            "{grown:?}: backs off once the clock is known"
+        );
+        let mut b = b.repaced(every / 2);
+        let grown = (0..6).map(|_| b.failed()).max().unwrap();
+        assert!(grown > timeout / 24, "{grown:?}");
+    }
+
+    #[test]
+    fn heartbeats_spread_back_off_and_stay_inside_the_timeout() {
+        let every = Duration::from_secs(100);
+        let mut firsts = std::collections::BTreeSet::new();
+        for _ in 0..50 {
+            let mut b = HeartbeatBackoff::new(every, "i-1");
+            let ok = b.ok();
+            assert!(ok <= every && ok >= every.mul_f64(0.9), "{ok:?}");
+            firsts.insert(ok.as_millis());
+            let mut last = Duration::ZERO;
+            let mut ceilings = Vec::new();
+            for n in 0..12 {
+                let d = b.failed();
+                assert!(d <= every, "never past a third of the timeout: {d:?}");
+                assert!(d >= Duration::from_millis(50), "{d:?}");
+                ceilings.push(d);
+                if n > 6 {
+                    assert!(d >= every / 2, "capped near the interval: {d:?}");
+                }
+                last = d;
+            }
+            assert!(ceilings[0] <= every / 4);
+            assert!(last > ceilings[0]);
+            assert_eq!(b.failures, 12);
+            b.ok();
+            assert_eq!(b.failures, 0, "a success resets the backoff");
+        }
+        assert!(
+            firsts.len() > 40,
+            "50 instances do not heartbeat in lockstep: {}",
+            firsts.len()
+        );
+    }
+}

@@ -1,0 +1,404 @@
+//! The lifecycle scan: find instances held in `Terminating:Wait` (whoever started the
+//! termination) and start their drains, and resume drains after a restart from what AWS and
+//! the Nodes say.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::clock::Instant;
+use crate::cloud::{GroupSelector, LifecycleHook, LifecycleState};
+use crate::provider::Provider;
+use crate::scalein::decide::record::End;
+use crate::scalein::holds::{
+    ours_to_hold, pool_holds, remembers_done, AWS_MAX_HEARTBEAT_TIMEOUT, AWS_MIN_HEARTBEAT_TIMEOUT,
+};
+use crate::scalein::{DrainRequest, Engine, Mode, ModeChoice, Source};
+use crate::telemetry::metrics::metrics;
+
+/// One pass: create missing hooks (when configured), read the lifecycle state of
+/// the groups that carry our hook now (not the provider's snapshot, which may be a
+/// refresh interval old), and start a drain (and with it the heartbeats) for every
+/// instance in Terminating:Wait that is not draining yet; the heartbeats of those
+/// held already follow the hook's current timeout. Returns how many started.
+pub async fn scan(engine: &Arc<Engine>, provider: &Arc<Provider>) -> usize {
+    let reg = provider.registry();
+    let mut hooked = Vec::new();
+    for g in &reg.groups {
+        warn_warm_pool_reuse(engine, g);
+        if engine.our_hook(g).is_some() {
+            hooked.push(g.asg.name.clone());
+            continue;
+        }
+        warn_foreign_hooks(engine, g);
+        if engine.settings.create_hook && engine.settings.mode == ModeChoice::Auto {
+            if engine.settings.dry_run {
+                if engine.note_once("dry-run hook", g.asg.name.clone()) {
+                    crate::telemetry::metrics::metrics().dry_run("CreateLifecycleHook");
+                    tracing::info!(group = %g.asg.name, hook = %engine.settings.hook_name, "dry run: would create the EC2_INSTANCE_TERMINATING lifecycle hook");
+                }
+                continue;
+            }
+            let hook = LifecycleHook {
+                name: engine.settings.hook_name.clone(),
+                heartbeat_timeout_secs: engine
+                    .settings
+                    .hook_heartbeat_timeout
+                    .clamp(AWS_MIN_HEARTBEAT_TIMEOUT, AWS_MAX_HEARTBEAT_TIMEOUT)
+                    .as_secs() as i32,
+                default_result: "CONTINUE".into(),
+            };
+            match engine.cloud.put_terminating_hook(&g.asg.name, &hook).await {
+                Ok(()) => {
+                    tracing::info!(group = %g.asg.name, hook = %hook.name, "created EC2_INSTANCE_TERMINATING lifecycle hook");
+                    // Known at once: the next poll does not put it again.
+                    let mut hooks = g.hooks.clone();
+                    hooks.push(hook);
+                    provider.note_hooks(&g.asg.name, hooks);
+                }
+                Err(e) => {
+                    tracing::warn!(group = %g.asg.name, error = %e, "could not create the lifecycle hook")
+                }
+            }
+        }
+    }
+    if hooked.is_empty() {
+        return 0;
+    }
+    let selector = GroupSelector {
+        names: hooked,
+        tag_sets: Vec::new(),
+    };
+    // What the Nodes say decides which holds are new: our action completed by an
+    // earlier process (the record), a Node for a pool-bound wait. A fresh process
+    // reads them first, or it would take a finished action for a new one and drain
+    // the node again (bounded: a Node list that never comes leaves the scan to AWS's
+    // word, as before).
+    engine.nodes.ready(Duration::from_secs(30)).await;
+    let fresh = match engine.cloud.describe_groups(&selector).await {
+        Ok(f) => f,
+        Err(e) => {
+            tracing::warn!(error = %e, "lifecycle scan: cannot read the hooked groups; next poll retries");
+            return 0;
+        }
+    };
+    let pools = warm_pools(engine, &fresh).await;
+    // Ended actions are remembered only while AWS still shows their instance on
+    // its way out (in the group, or in its warm pool): one back in service (reused
+    // from the pool) has no finished action of ours any more, and its next hold is
+    // a new one.
+    engine.forget_actions_done(|id| {
+        fresh
+            .iter()
+            .flat_map(|s| s.instances.iter())
+            .chain(pools.values().flatten())
+            .any(|i| i.id == id && i.state != LifecycleState::InService && !i.state.is_pending())
+    });
+    let mut started = 0;
+    for snap in &fresh {
+        let Some(g) = reg.group(&snap.name) else {
+            continue;
+        };
+        let pool = pools.get(&snap.name).map(Vec::as_slice).unwrap_or_default();
+        crate::scalein::sources::warm_pool::registered_while_warming(engine, &snap.name, pool)
+            .await;
+        // An instance our hook holds is heartbeated and drained whatever else drains
+        // it already (a rebalance or retirement drain, the drain command): the
+        // lifecycle reason joins that drain.
+        // An instance whose action of our hook is over may wait on another hook
+        // (EKS's on a managed node group): it is not held by ours, nor a new one.
+        // What this process completed it remembers; what an earlier process or
+        // another replica completed, the Node's record says.
+        // (A drain running for it already read its record: no Node is looked up.)
+        // A hold on the way into the warm pool is ours when AWS says so
+        // (pool_holds); the others as before.
+        // Whether a hold is ours AWS says, not a memory of finished actions
+        // (ours_to_hold).
+        let ours_in_pool = pool_holds(engine, g, pool).await;
+        let mut waiting = Vec::new();
+        for i in snap.instances.iter().chain(pool) {
+            let ours = if i.state.is_pool_bound_wait() {
+                ours_in_pool.contains(&i.id) || engine.is_draining(&i.id)
+            } else {
+                (i.state == LifecycleState::TerminatingWait || i.state.is_pool_ending_wait())
+                    && ours_to_hold(engine, &snap.name, &i.id, &i.state)
+                        .await
+                        // AWS cannot be asked: a remembered completion lets the hold
+                        // go by until it answers; anything else is held (a hook left
+                        // to time out ends the instance undrained).
+                        .unwrap_or_else(|| !remembers_done(engine, &i.id))
+            };
+            if ours {
+                waiting.push(i);
+            }
+        }
+        let (held, found): (Vec<&crate::cloud::AsgInstance>, Vec<_>) = waiting
+            .into_iter()
+            .partition(|i| engine.holds_hook(&i.id) && engine.is_draining(&i.id));
+        if found.is_empty() && held.is_empty() {
+            continue;
+        }
+        // The hook as AWS has it now (a changed heartbeat timeout counts at once):
+        // one read per group with something held.
+        let (g, fresh) = match engine.with_current_hooks(g).await {
+            Ok(fresh) => (fresh, true),
+            Err(e) => {
+                tracing::warn!(group = %g.asg.name, error = %e, "lifecycle scan: using the known hook list");
+                (g.clone(), false)
+            }
+        };
+        // Held already: only the heartbeat timeout is corrected, should the hook's
+        // have changed since the hold started (never from the known list).
+        for inst in held.into_iter().filter(|_| fresh) {
+            if let Mode::Lifecycle {
+                action,
+                heartbeat_timeout,
+            } = engine.mode_for(&g, &inst.id)
+            {
+                engine.hold(&action, heartbeat_timeout);
+            }
+        }
+        for inst in found {
+            let mode = engine.mode_for(&g, &inst.id);
+            if !matches!(mode, Mode::Lifecycle { .. }) {
+                continue;
+            }
+            let reasons = vec![crate::scalein::ca_reason(&mode)];
+            if engine
+                .start(DrainRequest {
+                    instance_id: inst.id.clone(),
+                    group: g.asg.name.clone(),
+                    node_name: None,
+                    mode,
+                    source: Source::Asg,
+                    reasons,
+                    noticed: None,
+                })
+                .acted()
+            {
+                started += 1;
+            }
+        }
+    }
+    started
+}
+
+/// The instances of each hooked group's warm pool (DescribeWarmPool), for the
+/// groups that have one: our EC2_INSTANCE_TERMINATING hook holds an instance the
+/// ASG sends back to the pool (`Warmed:Pending:Wait`) and one the pool ends
+/// (`Warmed:Terminating:Wait`), and neither is in the group's own list. A group
+/// whose pool cannot be read now is left to the next poll.
+async fn warm_pools(
+    engine: &Engine,
+    fresh: &[crate::cloud::AsgSnapshot],
+) -> std::collections::BTreeMap<String, Vec<crate::cloud::AsgInstance>> {
+    let mut pools = std::collections::BTreeMap::new();
+    for snap in fresh.iter().filter(|s| s.warm_pool.is_some()) {
+        match engine.cloud.warm_pool_instances(&snap.name).await {
+            Ok(instances) => {
+                crate::scalein::sources::warm_pool::count_states(&snap.name, &instances);
+                pools.insert(snap.name.clone(), instances);
+            }
+            Err(e) => {
+                tracing::warn!(group = %snap.name, error = %e, "lifecycle scan: cannot read the group's warm pool; next poll retries");
+            }
+        }
+    }
+    pools
+}
+
+/// A warm pool that reuses instances on scale-in: said once per group, with what
+/// this service does about it.
+fn warn_warm_pool_reuse(engine: &Engine, g: &crate::provider::Group) {
+    if g.asg
+        .warm_pool
+        .as_ref()
+        .is_some_and(|p| p.reuse_on_scale_in)
+        && engine.note_once("warm pool reuse", g.asg.name.clone())
+    {
+        let note = if engine.our_hook(g).is_some() {
+            "the group's warm pool reuses instances on scale-in: an instance going back to the pool is drained through our hook in Warmed:Pending:Wait, and its Node is handed back when it leaves the pool (docs/node-groups.md)"
+        } else {
+            "the group's warm pool reuses instances on scale-in, and the group has no EC2_INSTANCE_TERMINATING hook of ours: an instance the ASG sends back to the pool is not drained and stops with its pods; add the hook (docs/node-groups.md)"
+        };
+        tracing::warn!(group = %g.asg.name, "{note}");
+    }
+}
+
+/// Another EC2_INSTANCE_TERMINATING hook on a group (NTH's, another tool's) means
+/// two drainers completing each other's actions: say so once per group and hook.
+/// EKS's own hook on a managed node group is no such drainer: say what it does, once.
+fn warn_foreign_hooks(engine: &Engine, g: &crate::provider::Group) {
+    for h in &g.hooks {
+        let Some((warning, note)) = crate::scalein::decide::hooks::direct_mode_note(
+            &g.asg.name,
+            &h.name,
+            &engine.settings.hook_name,
+            &g.asg.tags,
+        ) else {
+            continue;
+        };
+        if !engine.note_foreign_hook(&g.asg.name, &h.name) {
+            continue;
+        }
+        if warning {
+            tracing::warn!(group = %g.asg.name, hook = %h.name, ours = %engine.settings.hook_name, "{note}");
+        } else {
+            tracing::info!(group = %g.asg.name, hook = %h.name, ours = %engine.settings.hook_name, "{note}");
+        }
+    }
+}
+
+/// Resumes the drains recorded on Nodes (after a restart, or started by another
+/// replica) with every reason, time and budget they carry. Those our hook holds are
+/// found by [`scan`] from AWS; finished and cordon-only records drain nothing.
+/// Returns how many resumed.
+pub async fn resume(engine: &Arc<Engine>, provider: &Arc<Provider>) -> usize {
+    engine.nodes.ready(Duration::from_secs(30)).await;
+    let limits = engine.limits();
+    let mut n = 0;
+    let mut direct: Vec<(
+        String,
+        String,
+        Vec<crate::scalein::decide::record::DrainReason>,
+    )> = Vec::new();
+    for mark in engine.nodes.marked_for_drain() {
+        let Some(iid) = mark.instance else { continue };
+        if engine.is_draining(&iid) {
+            continue;
+        }
+        let plan = mark.record.plan(limits);
+        if !plan.drains {
+            continue;
+        }
+        match plan.ends {
+            // The scan finds it held in Terminating:Wait and joins every reason.
+            End::Lifecycle { .. } => {}
+            End::Terminate => direct.push((mark.node, iid, mark.record.reasons)),
+            // An interruption or the drain command: AWS ends the instance, or
+            // nobody does; the record's budget goes on.
+            End::Leave => {
+                let node = mark.node;
+                if engine
+                    .start(DrainRequest {
+                        instance_id: iid.clone(),
+                        group: mark.group,
+                        node_name: Some(node.clone()),
+                        mode: Mode::DrainOnly,
+                        source: Source::Resume,
+                        reasons: mark.record.reasons,
+                        noticed: None,
+                    })
+                    .acted()
+                {
+                    tracing::info!(node = %node, instance = %iid, "resuming a drain recorded on the Node");
+                    n += 1;
+                }
+            }
+        }
+    }
+    if direct.is_empty() {
+        return n;
+    }
+    let reg = provider.registry();
+    // AWS, not the snapshot, says whether the instance is still there to end.
+    let ids: Vec<String> = direct.iter().map(|(_, i, _)| i.clone()).collect();
+    let live = match engine.cloud.locate_instances(&ids).await {
+        Ok(found) => found,
+        Err(e) => {
+            tracing::warn!(error = %e, "cannot check marked instances; resume later");
+            return n;
+        }
+    };
+    for (node, iid, reasons) in direct {
+        let Some(loc) = live.iter().find(|l| l.instance_id == iid) else {
+            continue;
+        };
+        if loc.state.is_terminating() {
+            continue;
+        }
+        let Some(g) = reg.group(&loc.group) else {
+            tracing::warn!(node = %node, instance = %iid, "node marked for drain but its instance is in no managed group");
+            continue;
+        };
+        if !engine.settings.dry_run {
+            provider.register_deferred(&iid, &g.asg.name);
+        }
+        if engine
+            .start(DrainRequest {
+                instance_id: iid.clone(),
+                group: g.asg.name.clone(),
+                node_name: Some(node.clone()),
+                mode: Mode::Direct,
+                source: Source::Resume,
+                reasons,
+                noticed: None,
+            })
+            .acted()
+        {
+            tracing::info!(node = %node, instance = %iid, "resuming drain after restart");
+            n += 1;
+        }
+    }
+    n
+}
+
+/// The background loop. While this replica leads (always, without leader election):
+/// resume drains recorded on Nodes (after a restart, or marked by another replica) and
+/// scan AWS for instances in Terminating:Wait, every poll interval. A replica that
+/// stops leading stops its drains where they are; the new leader resumes them.
+pub fn spawn_loop(engine: Arc<Engine>, provider: Arc<Provider>) -> tokio::task::JoinHandle<()> {
+    tokio::spawn(async move {
+        while !provider.is_loaded() {
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        let mut leadership = engine.leadership();
+        let mut was_leader = false;
+        // A turn scans the hooked groups and starts drains (they run in their own
+        // tasks): minutes without one means a call that never returns.
+        let quiet = (engine.settings.lifecycle_poll_interval * 4).max(Duration::from_secs(120));
+        // When the last scan ran: a turn sooner than the poll interval, only to follow
+        // Nodes resting in a warm pool (Engine::follow_soon), does not scan.
+        let mut scanned: Option<Instant> = None;
+        loop {
+            engine.liveness.beat("drain loop", quiet);
+            let leader = engine.is_leader();
+            metrics().leader.set(i64::from(leader));
+            if leader {
+                let due = scanned
+                    .is_none_or(|at| at.elapsed() >= engine.settings.lifecycle_poll_interval)
+                    || engine.scanning_soon();
+                if due {
+                    scanned = Some(Instant::now());
+                    // Lifecycle actions first: they expire; marked direct drains wait.
+                    scan(&engine, &provider).await;
+                    resume(&engine, &provider).await;
+                }
+                crate::scalein::sources::warm_pool::follow(&engine, &provider).await;
+            } else if was_leader {
+                scanned = None;
+                tracing::warn!(
+                    drains = engine.in_progress(),
+                    "lost leadership: stopping drains where they are for the new leader"
+                );
+                engine.abort_all();
+            }
+            was_leader = leader;
+            let poll = tokio::time::sleep(engine.next_scan_in());
+            match leadership.as_mut() {
+                Some(rx) => {
+                    tokio::select! {
+                        biased;
+                        _ = poll => {}
+                        _ = engine.scan_asked() => {}
+                        changed = rx.changed() => if changed.is_err() { leadership = None },
+                    }
+                }
+                None => tokio::select! {
+                    biased;
+                    _ = poll => {}
+                    _ = engine.scan_asked() => {}
+                },
+            }
+        }
+    })
+}

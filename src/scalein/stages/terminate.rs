@@ -1,0 +1,247 @@
+//! Stage 4: end the instance, exactly once: CompleteLifecycleAction CONTINUE in
+//! lifecycle mode, TerminateInstanceInAutoScalingGroup with decrement in direct mode.
+//! Both check first whether the work is already done (a resumed drain).
+//!
+//! This is the one room of the drain that ends an instance (`tests/layers.rs` checks
+//! it): the drain's last stage, and the two ends a source asks for before any drain
+//! ([`hand_to_hook`], [`end_without_node`]).
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use backon::{ExponentialBuilder, Retryable};
+
+use crate::cloud::{CloudError, LifecycleAction, LifecycleResult, LifecycleState};
+
+use crate::scalein::kube::events::Reason;
+use crate::scalein::{Engine, Mode};
+
+const ATTEMPTS: u32 = 6;
+
+/// TerminateInstanceInAutoScalingGroup with decrement for an instance of a group our
+/// lifecycle hook holds: AWS then holds it in `Terminating:Wait` and the hold's drain
+/// (the lifecycle scan's, or the caller's) ends it with [`finish`].
+pub async fn hand_to_hook(engine: &Engine, instance_id: &str) -> Result<(), CloudError> {
+    engine.cloud.terminate_instance(instance_id, true).await
+}
+
+/// TerminateInstanceInAutoScalingGroup with decrement, at once, for an instance the API
+/// server says no Node is for: nothing can run on it, so there is nothing to drain.
+pub async fn end_without_node(engine: &Engine, instance_id: &str) -> Result<(), CloudError> {
+    engine.cloud.terminate_instance(instance_id, true).await
+}
+
+/// Ends the instance. Returns a human summary, or the last error.
+pub async fn finish(
+    engine: &Arc<Engine>,
+    mode: &Mode,
+    group: &str,
+    instance_id: &str,
+    node: Option<&str>,
+) -> Result<String, String> {
+    let summary = (|| end_once(engine, mode, group, instance_id))
+        .retry(retry_policy(instance_id))
+        .sleep(tokio::time::sleep)
+        .when(CloudError::is_retryable)
+        .notify(|e, retry_in| {
+            tracing::warn!(instance = instance_id, group, error = %e, ?retry_in, "ending the instance failed; retrying");
+        })
+        .await
+        .map_err(|e| e.to_string())?;
+    if let Mode::Lifecycle { .. } = mode {
+        // Another hook (EKS's) may hold the instance in Terminating:Wait a while yet.
+        engine.note_action_done(instance_id);
+    }
+    if let (Some(node), false) = (node, matches!(mode, Mode::DrainOnly)) {
+        let reason = match mode {
+            Mode::Lifecycle { .. } => Reason::LifecycleCompleted,
+            _ => Reason::InstanceTerminated,
+        };
+        engine.events.node(node, reason, summary.clone()).await;
+    }
+    Ok(summary)
+}
+
+/// Six attempts in all, 0.5 s doubling to 10 s with jitter: about 30 s of AWS
+/// throttling or 5xx before the drain reports the failure (the hook's heartbeat keeps
+/// the instance held meanwhile).
+fn retry_policy(instance_id: &str) -> ExponentialBuilder {
+    let policy = ExponentialBuilder::default()
+        .with_min_delay(Duration::from_millis(500))
+        .with_max_delay(Duration::from_secs(10))
+        .with_max_times(ATTEMPTS as usize - 1);
+    crate::clock::jittered(policy, &format!("ending {instance_id}"))
+}
+
+/// One attempt at ending the instance.
+async fn end_once(
+    engine: &Arc<Engine>,
+    mode: &Mode,
+    group: &str,
+    instance_id: &str,
+) -> Result<String, CloudError> {
+    // Fenced: only the leader ends an instance or completes an action (a replica
+    // that lost the lease mid-drain leaves it to the new leader, which resumes it).
+    if !engine.is_leader() && !matches!(mode, Mode::DrainOnly) {
+        return Err(CloudError::Rejected {
+            operation: "end the instance".into(),
+            code: "NotLeader".into(),
+            message: format!("this replica no longer leads; the leader ends {instance_id}"),
+        });
+    }
+    match mode {
+        Mode::DrainOnly => Ok("drained; the instance is left running (drain only)".into()),
+        Mode::Lifecycle { action, .. } => {
+            match engine.cloud.complete_lifecycle_action(action, LifecycleResult::Continue).await {
+                Ok(()) => Ok(format!(
+                    "completed lifecycle action CONTINUE for {instance_id} (hook {}, group {group})",
+                    action.hook
+                )),
+                // No action pending: a previous run completed it, the hook timed
+                // out or was deleted by hand (AWS then holds nothing under it), and
+                // the instance is on its way out; or (a fast drain right after
+                // TerminateInstanceInAutoScalingGroup) the instance has not reached
+                // Terminating:Wait yet, and the action is still to come.
+                Err(e) if crate::scalein::holds::no_action(&e).is_some() => {
+                    let message = crate::scalein::holds::no_action(&e).unwrap_or_default();
+                    // In service, or terminating (or on its way into the warm pool) but
+                    // not yet held by the hook.
+                    let before_the_action = [
+                        LifecycleState::InService,
+                        LifecycleState::Terminating,
+                        LifecycleState::parse("Warmed:Pending"),
+                    ];
+                    if crate::scalein::holds::in_state(engine, instance_id, &before_the_action).await {
+                        Err(CloudError::Transient {
+                            operation: "CompleteLifecycleAction".into(),
+                            message: format!("instance {instance_id} has not reached Terminating:Wait yet"),
+                        })
+                    } else {
+                        Ok(format!("lifecycle action for {instance_id} was already complete ({message})"))
+                    }
+                }
+                Err(e) => Err(e),
+            }
+        }
+        Mode::Direct => direct(engine, group, instance_id).await,
+    }
+}
+
+/// Direct mode's end, run to its end whatever happens to the drain: once
+/// TerminateInstanceInAutoScalingGroup is sent the decrement may be done, so the
+/// call and its note to the provider go on in their own task when the drain is
+/// stopped (a lost Lease, a joining reason). One end per instance at a time: a
+/// resumed drain waits for the one in flight before it reads the instance's state,
+/// or it would take the instance for one ended elsewhere and give up its slot a
+/// second time.
+async fn direct(
+    engine: &Arc<Engine>,
+    group: &str,
+    instance_id: &str,
+) -> Result<String, CloudError> {
+    let turn = engine.end_turn(instance_id).await;
+    let (engine, group, id) = (engine.clone(), group.to_string(), instance_id.to_string());
+    tokio::spawn(async move {
+        let _turn = turn;
+        direct_once(&engine, &group, &id).await
+    })
+    .await
+    .unwrap_or_else(|e| {
+        Err(CloudError::Transient {
+            operation: "TerminateInstanceInAutoScalingGroup".into(),
+            message: format!("the termination's task ended early: {e}"),
+        })
+    })
+}
+
+async fn direct_once(
+    engine: &Engine,
+    group: &str,
+    instance_id: &str,
+) -> Result<String, CloudError> {
+    let ids = [instance_id.to_string()];
+    let state = engine.cloud.locate_instances(&ids).await?;
+    // Gone, ending, or sent back to the warm pool by a termination that went out
+    // before (a pool that reuses instances on scale-in keeps them): nothing to end.
+    let already = match state.first() {
+        None => true,
+        Some(loc) => loc.state.is_terminating() || loc.state.in_warm_pool(),
+    };
+    if !already {
+        tracing::info!(
+            group,
+            instance = instance_id,
+            "terminating instance with decrement"
+        );
+        engine.cloud.terminate_instance(instance_id, true).await?;
+        learn_a_hook_added_since(engine, group, instance_id).await;
+    }
+    if let Some(p) = &engine.provider {
+        if already {
+            // Ended by someone else (EC2 reclaiming a spot instance): no decrement
+            // happened; its slot is given up only while nothing refilled it.
+            p.deferred_ended_elsewhere(instance_id).await;
+        } else {
+            p.deferred_terminated(instance_id);
+        }
+    }
+    Ok(if already {
+        format!("instance {instance_id} was already terminating")
+    } else {
+        format!("terminated instance {instance_id} in {group} (desired capacity decremented)")
+    })
+}
+
+/// Direct mode ends an instance of a group the service knows without our hook. If an
+/// operator has added our hook since (the quickstart has them add it by hand), AWS now
+/// holds the instance in Terminating:Wait under it. The group's hooks are read at once,
+/// so the lifecycle scan takes the group from its next poll and completes the action
+/// of the drained node, instead of the hook waiting until a refresh learns of it (a
+/// refresh interval plus 10 s: longer than a 30 s hook). A failed read changes
+/// nothing; the next refresh finds the hook, as before.
+///
+/// AWS's hook list is eventually consistent: a hook added a moment ago may be missing
+/// from it still. So when the list still shows no hook of ours, the action itself is
+/// asked ([`crate::scalein::holds::ask_hold`]); if our hook holds the instance, its drain is over
+/// (this is its end) and the action is completed at once (all_sources_model found a
+/// hook added while AWS's reads lagged timing out after a direct drain's end).
+async fn learn_a_hook_added_since(engine: &Engine, group: &str, instance_id: &str) {
+    let Some(p) = &engine.provider else { return };
+    let Some(g) = p.registry().group(group).cloned() else {
+        return;
+    };
+    if engine.our_hook(&g).is_some() {
+        return;
+    }
+    match engine.with_current_hooks(&g).await {
+        Ok(g) if engine.our_hook(&g).is_some() => return,
+        Ok(_) => {}
+        Err(e) => {
+            tracing::debug!(group, error = %e, "could not read the group's hooks after ending an instance; the next refresh will")
+        }
+    }
+    if crate::scalein::holds::ask_hold(engine, group, instance_id).await
+        != crate::scalein::holds::Hold::Held
+    {
+        return;
+    }
+    let action = LifecycleAction {
+        group: group.to_string(),
+        hook: engine.settings.hook_name.clone(),
+        instance_id: instance_id.to_string(),
+        token: None,
+    };
+    match engine
+        .cloud
+        .complete_lifecycle_action(&action, LifecycleResult::Continue)
+        .await
+    {
+        Ok(()) => {
+            engine.note_action_done(instance_id);
+            tracing::info!(group, instance = instance_id, hook = %action.hook, "our hook, added since the drain began, held the drained instance: completed CONTINUE");
+        }
+        Err(e) => {
+            tracing::warn!(group, instance = instance_id, error = %e, "our hook holds the drained instance and its completion failed; the lifecycle scan completes it")
+        }
+    }
+}
