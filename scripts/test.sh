@@ -81,12 +81,13 @@ export MOTO_SERVER="$PWD/.venv/bin/moto_server"
 
 echo "== deploy/: rendered overlays and Helm chart against the Kubernetes schemas (strict)"
 .venv/bin/python tests/deploy/validate.py
-echo "== docs: links and anchors, the offline command blocks as written, the metric names, the tests named as proof, no two docs contradicting each other"
+echo "== docs: links and anchors, the offline command blocks as written, the metric names, the tests named as proof, no two docs contradicting each other, the architecture's paths, walks and rooms"
 .venv/bin/python tests/docs/links.py
 .venv/bin/python tests/docs/commands.py
 .venv/bin/python tests/docs/metrics.py
 .venv/bin/python tests/docs/tests_named.py
 .venv/bin/python tests/docs/consistency.py
+.venv/bin/python tests/docs/architecture.py
 
 # The end-to-end suite's upstream parts (etcd, kube-apiserver, kube-controller-manager,
 # kube-scheduler, kubelet), built from the Go module proxy into a cache outside the tree
