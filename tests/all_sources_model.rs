@@ -396,7 +396,7 @@ impl Model {
                 // record) is done before a restart of the service can touch it.
                 let reason = scalein::ca_reason(&mode);
                 scalein::stages::cordon::cordon(
-                    &self.w.engine,
+                    &self.w.engine.stage(),
                     &node,
                     std::slice::from_ref(&reason),
                     group,

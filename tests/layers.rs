@@ -563,11 +563,19 @@ const SCALEIN_ROOMS: &[(&str, &[&str], &str)] = &[
     ),
     ("request", &["decide"], "the vocabulary"),
     ("settings", &["decide"], "the vocabulary"),
+    ("stats", &[], "the vocabulary"),
 ];
 
-/// Rooms that still reach the whole `Engine` through scalein's face (each stage takes
-/// `&Engine` today): the debt a narrow stage context pays off. None may join.
-const ENGINE_REACHED_FROM: &[&str] = &["holds", "stages", "sources"];
+/// Files that still reach the whole `Engine` through scalein's face (paths under
+/// `src/scalein/`; a folder ends in `/`): the debt a narrow context pays off, one file
+/// at a time (cordon, evict and volumes work through `stages::Stage`). None may join.
+const ENGINE_REACHED_FROM: &[&str] = &[
+    "holds.rs",
+    "stages/drain.rs",
+    "stages/terminate.rs",
+    "stages/preview.rs",
+    "sources/",
+];
 
 /// The code of a file before its `mod tests`, numbered as in the file.
 fn code_before_tests(f: &Path) -> Vec<(usize, String)> {
@@ -610,7 +618,7 @@ fn each_room_of_scalein_uses_only_the_rooms_below_it() {
                 continue;
             }
             let to = path[1].as_str();
-            if to == *room || ["request", "settings"].contains(&to) {
+            if to == *room || ["request", "settings", "stats"].contains(&to) {
                 continue;
             }
             if SCALEIN_ROOMS.iter().any(|(r, _, _)| *r == to) {
@@ -620,7 +628,13 @@ fn each_room_of_scalein_uses_only_the_rooms_below_it() {
                         rel.display()
                     ));
                 }
-            } else if to == "Engine" && !ENGINE_REACHED_FROM.contains(room) {
+            } else if to == "Engine"
+                && *room != "engine"
+                && !ENGINE_REACHED_FROM.iter().any(|p| {
+                    rel.starts_with(Path::new("scalein").join(p))
+                        || rel == Path::new("scalein").join(p)
+                })
+            {
                 wrong.push(format!(
                     "src/{}:{n}: scalein::{room} ({rule}) reaches the whole Engine",
                     rel.display()

@@ -686,7 +686,7 @@ impl Model {
                 // record) is done before anything else; refused, it exits non-zero.
                 let reason = scalein::ca_reason(&mode);
                 if scalein::stages::cordon::cordon(
-                    &self.w.engine,
+                    &self.w.engine.stage(),
                     &node,
                     std::slice::from_ref(&reason),
                     group,

@@ -590,7 +590,7 @@ impl Consumer {
         if self.engine.settings().dry_run {
             return Ok(Some((node, true)));
         }
-        match cordon::cordon(&self.engine, &node, &[reason], group).await {
+        match cordon::cordon(&self.engine.stage(), &node, &[reason], group).await {
             Ok(cordon::Cordoned::Marked { record, .. }) => {
                 let drains = record.drain_began().is_some();
                 Ok(Some((node, drains)))

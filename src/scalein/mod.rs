@@ -21,7 +21,7 @@
 //!   leadership);
 //! - [`sources`]: turn an outside signal into a drain request (CA's DeleteNodes, the
 //!   lifecycle scan, the warm pool);
-//! - [`request`], [`settings`]: the vocabulary every room shares.
+//! - [`request`], [`settings`], [`stats`]: the vocabulary every room shares.
 
 pub mod decide;
 pub mod engine;
@@ -31,6 +31,7 @@ pub mod request;
 pub mod settings;
 pub mod sources;
 pub mod stages;
+pub mod stats;
 
 pub use engine::{kube_client, DrainStats, Engine};
 pub use request::{ca_reason, reason_of_mode, DrainRequest, Mode, Outcome, Source, Start};

@@ -3,7 +3,7 @@
 //! answers what mode an instance of a group ends in. What it keeps track of lives in
 //! [`inflight`](crate::scalein::engine::book).
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -13,8 +13,10 @@ use crate::scalein::decide::record;
 use crate::scalein::engine::book::{Book, HoldChange};
 use crate::scalein::engine::marks_sync::spawn_marks_sync;
 use crate::scalein::kube::{budgets, events, nodes, pass, ratelimit, user_agent};
-use crate::scalein::stages::{drain, evict, preview};
+use crate::scalein::stages::{drain, evict, preview, Stage};
 use crate::scalein::{DrainRequest, Mode, ModeChoice, Outcome, ScaleInSettings, Start};
+
+pub use crate::scalein::stats::DrainStats;
 
 pub mod book;
 pub mod leader;
@@ -35,25 +37,6 @@ pub async fn kube_client() -> anyhow::Result<kube::Client> {
     cfg.default_retry = false;
     kube::Client::try_from(cfg)
         .map_err(|e| anyhow::anyhow!("cannot build the Kubernetes client: {e}"))
-}
-
-/// Counters for metrics and tests.
-#[derive(Debug, Default)]
-pub struct DrainStats {
-    pub started: AtomicU64,
-    pub ended: AtomicU64,
-    pub abandoned: AtomicU64,
-    pub failed: AtomicU64,
-    pub deadlines_hit: AtomicU64,
-    pub evictions_ok: AtomicU64,
-    pub evictions_pdb_blocked: AtomicU64,
-    /// Tries held back because the budget's cached status allowed none (no request).
-    pub evictions_held: AtomicU64,
-    /// Tries sent although the budget's cached status allowed none: it had not
-    /// changed for `evictionRetryInterval` (a stopped disruption controller).
-    pub evictions_forced: AtomicU64,
-    pub evictions_error: AtomicU64,
-    pub heartbeats: AtomicU64,
 }
 
 /// Between a failed drain and its retry while our hook holds the instance.
@@ -262,9 +245,21 @@ impl Engine {
 
     /// The plan settings of [`record::DrainRecord::plan`].
     pub fn limits(&self) -> record::Limits {
-        record::Limits {
-            workload_deadline: self.settings.workload_deadline,
-            workload_policy: self.settings.workload_deadline_policy,
+        self.stage().limits()
+    }
+
+    /// What a stage of a drain may reach ([`Stage`]): the pieces that work on one
+    /// node, not the engine, its book of drains or its slots.
+    pub fn stage(&self) -> Stage<'_> {
+        Stage {
+            client: &self.client,
+            settings: &self.settings,
+            nodes: &self.nodes,
+            passes: &self.passes,
+            evictions: &self.evictions,
+            budgets: &self.budgets,
+            events: &self.events,
+            stats: &self.stats,
         }
     }
 

@@ -148,7 +148,7 @@ async fn mark_for_drain(
         };
         let reason = record::DrainReason::new(record::Why::ScaleIn, crate::clock::utc_now());
         match cordon::cordon_via(
-            engine,
+            &engine.stage(),
             &engine.answer_client,
             &node,
             std::slice::from_ref(&reason),

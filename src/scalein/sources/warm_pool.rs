@@ -302,7 +302,7 @@ async fn note_in_pool(
 
 async fn hand_back(engine: &Engine, node: &str, iid: &str, state: Option<&LifecycleState>) -> bool {
     let state = state.map(LifecycleState::as_str).unwrap_or("?");
-    match crate::scalein::stages::cordon::uncordon(engine, node).await {
+    match crate::scalein::stages::cordon::uncordon(&engine.stage(), node).await {
         Ok(given) => {
             Metrics::outcome(&metrics().warm_pool_returns, "handed_back");
             tracing::info!(node, instance = iid, state, "instance left the warm pool for its group: node handed back (uncordoned, marks removed)");

@@ -13,7 +13,7 @@ pub use crate::scalein::decide::record::{
 };
 use crate::scalein::decide::record::{DrainReason, DrainRecord, ANNOTATION as RECORD_ANNOTATION};
 use crate::scalein::kube::node_record::{read_modify_write, Write};
-use crate::scalein::Engine;
+use crate::scalein::stages::Stage;
 
 /// Set when this service (not someone before it) made the node unschedulable, or
 /// cluster-autoscaler did with its deletion taint (value `cluster-autoscaler`), and
@@ -49,26 +49,26 @@ fn our_taint() -> Taint {
 /// there (none: a resumed drain follows what the Node says). Idempotent. Written with
 /// optimistic concurrency, so two reasons arriving at once both land.
 pub async fn cordon(
-    engine: &Engine,
+    stage: &Stage<'_>,
     node: &str,
     reasons: &[DrainReason],
     group: &str,
 ) -> Result<Cordoned, kube::Error> {
-    cordon_via(engine, &engine.client, node, reasons, group).await
+    cordon_via(stage, &stage.client, node, reasons, group).await
 }
 
 /// [`cordon`] through `client`: DeleteNodes marks its Node through the engine's
 /// answer client, ahead of the drains in the API rate limit, since CA waits for it.
 pub async fn cordon_via(
-    engine: &Engine,
+    stage: &Stage<'_>,
     client: &kube::Client,
     node: &str,
     reasons: &[DrainReason],
     group: &str,
 ) -> Result<Cordoned, kube::Error> {
-    let limits = engine.limits();
+    let limits = stage.limits();
     let mut unsure = false;
-    let marked = read_modify_write(&engine.nodes, client, node, |current| {
+    let marked = read_modify_write(&stage.nodes, client, node, |current| {
         let annotations = current.metadata.annotations.clone().unwrap_or_default();
         let found = DrainRecord::from_annotations(&annotations);
         let resumed = found.is_some();
@@ -111,7 +111,7 @@ pub async fn cordon_via(
             GROUP_ANNOTATION: group,
             RECORD_ANNOTATION: record.to_json(),
         });
-        match cordon_owner(engine.nodes.cordon_seen(node), &spec) {
+        match cordon_owner(stage.nodes.cordon_seen(node), &spec) {
             Owner::Service => ann[CORDONED_BY_US] = json!("true"),
             Owner::ClusterAutoscaler => ann[CORDONED_BY_US] = json!(CA_OWNER),
             Owner::Other => {}
@@ -200,8 +200,8 @@ impl GivenBack {
 /// Gives the node back: removes our taint, CA's ToBeDeletedByClusterAutoscaler
 /// taint (CA asked for the removal that is now abandoned) and our marks, and
 /// uncordons / unlabels only when this service or CA did those.
-pub async fn uncordon(engine: &Engine, node: &str) -> Result<GivenBack, kube::Error> {
-    let given = read_modify_write(&engine.nodes, &engine.client, node, |current| {
+pub async fn uncordon(stage: &Stage<'_>, node: &str) -> Result<GivenBack, kube::Error> {
+    let given = read_modify_write(&stage.nodes, &stage.client, node, |current| {
         let annotations = current.metadata.annotations.clone().unwrap_or_default();
         let spec = current.spec.clone().unwrap_or_default();
         let kept = if spec.unschedulable == Some(true) && !annotations.contains_key(CORDONED_BY_US)

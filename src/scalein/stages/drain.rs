@@ -313,7 +313,7 @@ async fn abandon(engine: &Engine, req: &DrainRequest, mode: &Mode, node: Option<
                     }
                 };
                 if give_back {
-                    match cordon::uncordon(engine, n).await {
+                    match cordon::uncordon(&engine.stage(), n).await {
                         Ok(g) => given = g,
                         Err(e) => {
                             tracing::warn!(node = n, error = %e, "could not uncordon the abandoned node")
@@ -498,7 +498,7 @@ async fn mark(
     node: &str,
 ) -> Result<Option<(DrainRecord, Plan)>, Stop> {
     let _stage = metrics().stage("cordon");
-    match cordon::cordon(engine, node, &req.reasons, &req.group).await {
+    match cordon::cordon(&engine.stage(), node, &req.reasons, &req.group).await {
         Ok(Cordoned::NodeGone) => {
             tracing::info!(node, "the Node object is gone; nothing to drain");
             Ok(None)
@@ -659,10 +659,15 @@ async fn volumes_detach(d: &NodeDrain<'_>, pods: &NodePods) {
             )
         })
         .collect();
-    let staying = volumes::volumes_of(engine, &staying).await;
+    let staying = volumes::volumes_of(&engine.stage(), &staying).await;
     let volume_deadline = engine.settings.volume_deadline;
-    let left =
-        volumes::wait_detached(engine, node, Instant::now() + volume_deadline, &staying).await;
+    let left = volumes::wait_detached(
+        &engine.stage(),
+        node,
+        Instant::now() + volume_deadline,
+        &staying,
+    )
+    .await;
     if left.is_empty() {
         engine
             .events
@@ -1032,7 +1037,7 @@ async fn phase(
             let wait = waits.get(&uid).copied().unwrap_or_default();
             async move {
                 tokio::time::sleep(wait).await;
-                evict::until_accepted(engine, node, p, d.why, deadline, move || {
+                evict::until_accepted(&engine.stage(), node, p, d.why, deadline, move || {
                     pods_ref.contains(&uid)
                 })
                 .await

@@ -16,7 +16,7 @@ use crate::scalein::decide::plan::PodRef;
 use crate::scalein::kube::budgets::{selector_picking, Settle};
 use crate::scalein::kube::events::Reason;
 use crate::scalein::kube::pass::Verdict;
-use crate::scalein::Engine;
+use crate::scalein::stages::Stage;
 use crate::telemetry::metrics::{metrics, Metrics};
 
 /// What one eviction attempt answered.
@@ -140,8 +140,8 @@ pub fn classify_429(status: &kube::core::Status) -> Attempt {
 
 /// One eviction request, rate-limited, for exactly the pod the drain saw (its UID
 /// is a precondition).
-pub async fn attempt(engine: &Engine, pod: &PodRef) -> Attempt {
-    let api: Api<Pod> = Api::namespaced(engine.client.clone(), &pod.namespace);
+pub async fn attempt(stage: &Stage<'_>, pod: &PodRef) -> Attempt {
+    let api: Api<Pod> = Api::namespaced(stage.client.clone(), &pod.namespace);
     let params = EvictParams {
         delete_options: Some(DeleteParams {
             preconditions: Some(Preconditions {
@@ -154,7 +154,7 @@ pub async fn attempt(engine: &Engine, pod: &PodRef) -> Attempt {
     };
     // Sent from its own task: a drain stopped meanwhile (a new reason restarts it)
     // does not lose the answer, and the ledger tells the next run.
-    let ledger = engine.evictions.clone();
+    let ledger = stage.evictions.clone();
     let (name, uid) = (pod.name.clone(), pod.uid.clone());
     ledger.sending(&uid);
     let sent = tokio::spawn(async move {
@@ -168,7 +168,7 @@ pub async fn attempt(engine: &Engine, pod: &PodRef) -> Attempt {
     };
     let outcome = match answer {
         Ok(_) => {
-            engine.stats.evictions_ok.fetch_add(1, Ordering::Relaxed);
+            stage.stats.evictions_ok.fetch_add(1, Ordering::Relaxed);
             Attempt::Evicted
         }
         Err(kube::Error::Api(s)) if s.code == 404 || s.code == 409 => Attempt::Gone,
@@ -176,7 +176,7 @@ pub async fn attempt(engine: &Engine, pod: &PodRef) -> Attempt {
         Err(kube::Error::Api(s))
             if s.code == 500 && s.message.contains("more than one PodDisruptionBudget") =>
         {
-            Attempt::OverlappingBudgets(budgets_selecting(engine, pod).await)
+            Attempt::OverlappingBudgets(budgets_selecting(stage, pod).await)
         }
         Err(e) => Attempt::Error(e.to_string()),
     };
@@ -184,7 +184,7 @@ pub async fn attempt(engine: &Engine, pod: &PodRef) -> Attempt {
         Attempt::Evicted => "ok",
         Attempt::Gone => "gone",
         Attempt::Blocked(_) => {
-            engine
+            stage
                 .stats
                 .evictions_pdb_blocked
                 .fetch_add(1, Ordering::Relaxed);
@@ -192,11 +192,11 @@ pub async fn attempt(engine: &Engine, pod: &PodRef) -> Attempt {
         }
         Attempt::Throttled(_) => "throttled",
         Attempt::OverlappingBudgets(_) => {
-            engine.stats.evictions_error.fetch_add(1, Ordering::Relaxed);
+            stage.stats.evictions_error.fetch_add(1, Ordering::Relaxed);
             "overlapping_pdbs"
         }
         Attempt::Error(_) => {
-            engine.stats.evictions_error.fetch_add(1, Ordering::Relaxed);
+            stage.stats.evictions_error.fetch_add(1, Ordering::Relaxed);
             "error"
         }
     };
@@ -205,8 +205,8 @@ pub async fn attempt(engine: &Engine, pod: &PodRef) -> Attempt {
 }
 
 /// The PodDisruptionBudgets of the pod's namespace whose selector matches it.
-async fn budgets_selecting(engine: &Engine, pod: &PodRef) -> Vec<String> {
-    selecting(engine, pod)
+async fn budgets_selecting(stage: &Stage<'_>, pod: &PodRef) -> Vec<String> {
+    selecting(stage, pod)
         .await
         .into_iter()
         .map(|(name, _)| name)
@@ -216,9 +216,9 @@ async fn budgets_selecting(engine: &Engine, pod: &PodRef) -> Vec<String> {
 /// The budgets selecting the pod, with their selectors. From the drain pass's watch
 /// of every budget (one list per pass, not one per refused pod); a list if that
 /// watch has no answer yet.
-async fn selecting(engine: &Engine, pod: &PodRef) -> Vec<(String, Selector)> {
+async fn selecting(stage: &Stage<'_>, pod: &PodRef) -> Vec<(String, Selector)> {
     let name = |b: &PodDisruptionBudget| b.metadata.name.clone().unwrap_or_default();
-    let pass = engine.passes.join();
+    let pass = stage.passes.join();
     if pass
         .budgets()
         .ready(Instant::now() + BUDGET_LIST_WAIT)
@@ -230,7 +230,7 @@ async fn selecting(engine: &Engine, pod: &PodRef) -> Vec<(String, Selector)> {
             .map(|(b, sel)| (name(&b), sel))
             .collect();
     }
-    let api: Api<PodDisruptionBudget> = Api::namespaced(engine.client.clone(), &pod.namespace);
+    let api: Api<PodDisruptionBudget> = Api::namespaced(stage.client.clone(), &pod.namespace);
     match api.list(&ListParams::default()).await {
         Ok(l) => l
             .items
@@ -276,21 +276,21 @@ enum Held {
 /// that lets a storm's evictions through one by one is no news, one that holds a
 /// drain is.
 async fn hold(
-    engine: &Engine,
+    stage: &Stage<'_>,
     node: &str,
     pod: &PodRef,
     deadline: Instant,
     (told, held_since): (&mut bool, &mut Option<Instant>),
     still_there: &impl Fn() -> bool,
 ) -> Held {
-    if !engine.settings.budget_watch {
+    if !stage.settings.budget_watch {
         return Held::Try(None);
     }
-    let retry = engine.settings.eviction_retry;
+    let retry = stage.settings.eviction_retry;
     let mut give_up = Instant::now() + jitter(retry, pod);
     let mut counted = false;
     loop {
-        let Some(pass) = engine.passes.current() else {
+        let Some(pass) = stage.passes.current() else {
             return Held::Try(None);
         };
         let (budget, allowed, pending, mut changes) =
@@ -313,21 +313,18 @@ async fn hold(
         if pending {
             give_up = give_up.max(now + jitter(retry, pod));
         } else if now >= give_up {
-            engine
-                .stats
-                .evictions_forced
-                .fetch_add(1, Ordering::Relaxed);
+            stage.stats.evictions_forced.fetch_add(1, Ordering::Relaxed);
             return Held::Anyway;
         }
         if !counted {
             Metrics::outcome(&metrics().evictions, "held_by_budget");
-            engine.stats.evictions_held.fetch_add(1, Ordering::Relaxed);
+            stage.stats.evictions_held.fetch_add(1, Ordering::Relaxed);
             counted = true;
         }
         let since = *held_since.get_or_insert(now);
         let tell_after = retry.min(TELL_HELD_AFTER);
         if !*told && now >= since + tell_after {
-            engine
+            stage
                 .events
                 .node_about_pod(node, Reason::EvictionBlocked, format!("eviction of {pod} waits on PodDisruptionBudget {budget}: its status allows {} disruption(s) now and they are taken; trying when it allows one", allowed.max(0)), pod)
                 .await;
@@ -353,7 +350,7 @@ async fn hold(
 /// Evicts one pod, retrying refusals until accepted, gone, or the deadline. Publishes
 /// one Event the first time a PDB blocks it. Returns whether it was accepted or gone.
 pub async fn until_accepted(
-    engine: &Engine,
+    stage: &Stage<'_>,
     node: &str,
     pod: &PodRef,
     why: &str,
@@ -362,7 +359,7 @@ pub async fn until_accepted(
 ) -> bool {
     let mut told = false;
     let mut held_since = None;
-    let mut backoff = engine.settings.eviction_retry;
+    let mut backoff = stage.settings.eviction_retry;
     // Once a budget refused and its status could not say when it allows again: the
     // watches of its pods, so the next try goes the moment a replacement is Ready
     // instead of at the next tick of the fixed retry.
@@ -374,13 +371,13 @@ pub async fn until_accepted(
         // Sent already by this process (a run of this drain before a restart): its
         // answer stands. One still in flight at the deadline leaves the pod to the
         // deadline's policy, never to a second eviction.
-        match engine.evictions.earlier(&pod.uid, deadline).await {
+        match stage.evictions.earlier(&pod.uid, deadline).await {
             Earlier::Accepted => return true,
             Earlier::Unanswered => return false,
             Earlier::Nothing => {}
         }
         let tell = (&mut told, &mut held_since);
-        let (ticket, anyway) = match hold(engine, node, pod, deadline, tell, &still_there).await {
+        let (ticket, anyway) = match hold(stage, node, pod, deadline, tell, &still_there).await {
             Held::Try(ticket) => (ticket, false),
             Held::Anyway => (None, true),
             Held::Gone => return true,
@@ -389,7 +386,7 @@ pub async fn until_accepted(
         // The budget's status is known: after a refusal the next wait is on it (in
         // `hold`, which tries again at least every `evictionRetryInterval`).
         let status_known = ticket.is_some() || anyway;
-        let outcome = attempt(engine, pod).await;
+        let outcome = attempt(stage, pod).await;
         if let Some(t) = ticket {
             t.settle(match outcome {
                 Attempt::Evicted => Settle::Used,
@@ -402,7 +399,7 @@ pub async fn until_accepted(
         let mut early = false;
         match outcome {
             Attempt::Evicted => {
-                engine
+                stage
                     .events
                     .pod(
                         pod,
@@ -416,26 +413,26 @@ pub async fn until_accepted(
             Attempt::Gone => return true,
             Attempt::Blocked(why) => {
                 if !told {
-                    engine
+                    stage
                         .events
                         .node_about_pod(node, Reason::EvictionBlocked, format!("eviction of {pod} blocked by a PodDisruptionBudget: {why}; retrying when the budget allows, at the latest every {backoff:?}"), pod)
                         .await;
                     told = true;
                 }
-                backoff = engine.settings.eviction_retry;
+                backoff = stage.settings.eviction_retry;
                 if status_known {
                     if Instant::now() >= deadline {
                         return false;
                     }
                     continue;
                 }
-                if budget_waits.is_none() && engine.settings.budget_watch {
-                    let every_pod = engine.passes.shared_pods();
-                    let waits = selecting(engine, pod)
+                if budget_waits.is_none() && stage.settings.budget_watch {
+                    let every_pod = stage.passes.shared_pods();
+                    let waits = selecting(stage, pod)
                         .await
                         .iter()
                         .map(|(_, sel)| {
-                            engine
+                            stage
                                 .budgets
                                 .subscribe(&pod.namespace, sel, every_pod.clone())
                         })
@@ -455,7 +452,7 @@ pub async fn until_accepted(
                     } else {
                         format!("PodDisruptionBudgets {}", names.join(", "))
                     };
-                    engine
+                    stage
                         .events
                         .node_about_pod(node, Reason::EvictionBlocked, format!("eviction of {pod} refused: {which} select it, and the Eviction API accepts at most one; fix the overlapping budgets; retrying"), pod)
                         .await;
@@ -463,13 +460,13 @@ pub async fn until_accepted(
                 }
                 backoff = (backoff * 2)
                     .min(Duration::from_secs(30))
-                    .max(engine.settings.eviction_retry);
+                    .max(stage.settings.eviction_retry);
             }
             Attempt::Error(e) => {
                 tracing::warn!(node, pod = %pod, error = %e, "eviction failed; retrying");
                 backoff = (backoff * 2)
                     .min(Duration::from_secs(30))
-                    .max(engine.settings.eviction_retry);
+                    .max(stage.settings.eviction_retry);
             }
         }
         let now = Instant::now();

@@ -6,6 +6,11 @@
 //! - [`volumes`]: wait for VolumeAttachments to detach;
 //! - [`terminate`]: CompleteLifecycleAction or TerminateInstanceInAutoScalingGroup;
 //! - [`preview`]: what a drain would do (dry run), changing nothing.
+//!
+//! A stage works on one node through a [`Stage`]: the client, the settings, the Node
+//! index, what drains running together share, the Events and the counters, never the
+//! engine itself, its book of drains or its slots (cordon, evict and volumes do;
+//! the drain's list, terminate and preview still take the engine).
 
 pub mod cordon;
 pub mod drain;
@@ -13,3 +18,36 @@ pub mod evict;
 pub mod preview;
 pub mod terminate;
 pub mod volumes;
+
+use crate::scalein::decide::record;
+use crate::scalein::kube::budgets::BudgetWatches;
+use crate::scalein::kube::events::Events;
+use crate::scalein::kube::nodes::NodeIndex;
+use crate::scalein::kube::pass::Passes;
+use crate::scalein::stats::DrainStats;
+use crate::scalein::ScaleInSettings;
+
+/// What a stage may reach.
+pub struct Stage<'a> {
+    pub client: &'a kube::Client,
+    pub settings: &'a ScaleInSettings,
+    pub nodes: &'a NodeIndex,
+    /// What drains running together read once for all of them.
+    pub passes: &'a Passes,
+    /// Evictions this process asked for, so a restarted drain does not ask again.
+    pub evictions: &'a std::sync::Arc<evict::Ledger>,
+    /// Watches of the pods of budgets that refused an eviction.
+    pub budgets: &'a BudgetWatches,
+    pub events: &'a Events,
+    pub stats: &'a DrainStats,
+}
+
+impl Stage<'_> {
+    /// The workload deadline and its policy, as the drain record keeps them.
+    pub fn limits(&self) -> record::Limits {
+        record::Limits {
+            workload_deadline: self.settings.workload_deadline,
+            workload_policy: self.settings.workload_deadline_policy,
+        }
+    }
+}

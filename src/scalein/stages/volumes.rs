@@ -8,20 +8,20 @@ use k8s_openapi::api::core::v1::{PersistentVolumeClaim, Pod};
 
 use kube::Api;
 
-use crate::scalein::Engine;
+use crate::scalein::stages::Stage;
 
 /// Waits until no VolumeAttachment names this node, or the deadline, leaving out the
 /// attachments of `staying` persistent volumes (those of pods that stay on the node:
 /// stuck, on a dead kubelet, kept DaemonSets; nothing will unmount them). Returns
 /// the attachments still there (empty = all detached).
 pub async fn wait_detached(
-    engine: &Engine,
+    stage: &Stage<'_>,
     node: &str,
     deadline: Instant,
     staying: &BTreeSet<String>,
 ) -> Vec<String> {
     // The pass's watch of every attachment: a storm lists them once, not per node.
-    let pass = engine.passes.join();
+    let pass = stage.passes.join();
     let feed = pass.attachments();
     let mut changes = feed.changes();
     let on_node = || -> Vec<String> {
@@ -62,7 +62,7 @@ pub async fn wait_detached(
 
 /// The persistent volumes of these pods (their claims' bound volumes). A claim that
 /// cannot be read is left out, so its attachment is waited for (bounded).
-pub async fn volumes_of(engine: &Engine, pods: &[Pod]) -> BTreeSet<String> {
+pub async fn volumes_of(stage: &Stage<'_>, pods: &[Pod]) -> BTreeSet<String> {
     let mut out = BTreeSet::new();
     for p in pods {
         let ns = p.metadata.namespace.as_deref().unwrap_or("default");
@@ -73,7 +73,7 @@ pub async fn volumes_of(engine: &Engine, pods: &[Pod]) -> BTreeSet<String> {
             .filter_map(|v| v.persistent_volume_claim.as_ref())
             .map(|c| c.claim_name.clone());
         for claim in claims {
-            let api: Api<PersistentVolumeClaim> = Api::namespaced(engine.client.clone(), ns);
+            let api: Api<PersistentVolumeClaim> = Api::namespaced(stage.client.clone(), ns);
             match api.get_opt(&claim).await {
                 Ok(Some(pvc)) => {
                     if let Some(pv) = pvc.spec.and_then(|s| s.volume_name) {
