@@ -20,10 +20,9 @@ use super::InterruptionSettings;
 use crate::cloud::queue::{Queue, QueueMessage};
 use crate::cloud::{CloudError, LifecycleState};
 use crate::provider::Provider;
-use crate::scalein::decide::record::{DrainReason, Why};
-use crate::scalein::holds::{self, Hold};
-use crate::scalein::kube::events::Reason;
-use crate::scalein::{stages::cordon, DrainRequest, Engine, Mode, Source, Start};
+use crate::scalein::{
+    self, AbortOnDrop, DrainReason, DrainRequest, Engine, Hold, Mode, Reason, Source, Start, Why,
+};
 use crate::telemetry::metrics::{metrics, KindLabels, KindOutcomeLabels, ReasonLabels};
 
 /// How long a handled notice is remembered against duplicates.
@@ -85,7 +84,7 @@ impl Consumer {
         tokio::spawn(async move {
             loop {
                 // Aborting this task drops the guard, which aborts the loop's task.
-                let mut inner = crate::scalein::stages::drain::AbortOnDrop(this.run());
+                let mut inner = AbortOnDrop(this.run());
                 let ended = (&mut inner.0).await;
                 drop(inner);
                 match ended {
@@ -368,7 +367,7 @@ impl Consumer {
             Ok(Ok(state)) => Some(state),
             no => {
                 hold =
-                    Some(holds::ask_hold(&self.engine, &action.group, &action.instance_id).await);
+                    Some(scalein::ask_hold(&self.engine, &action.group, &action.instance_id).await);
                 if hold != Some(Hold::Held) {
                     return no.map(|held| held.err().unwrap_or("not_held"));
                 }
@@ -379,7 +378,7 @@ impl Consumer {
             tracing::info!(instance = %action.instance_id, group = %action.group, "AWS's reads do not show the instance held yet, but our hook's action is there (a heartbeat was taken)");
         }
         // Whether the hold is a pending action of our hook AWS says, as the scan asks
-        // it (holds::ours_to_hold): the memories of finished actions can be older
+        // it (scalein::ours_to_hold): the memories of finished actions can be older
         // than this action (an instance that went back to its warm pool and is ended
         // by it) or late (a process stopped before it noted its completion on the
         // Node). A hold whose action of ours is over waits on another hook (EKS's).
@@ -387,7 +386,7 @@ impl Consumer {
         // left to time out ends the instance undrained); one remembered so is left
         // for redelivery rather than dropped on a memory that may be stale.
         let unanswered = || {
-            if holds::remembers_done(&self.engine, &action.instance_id) {
+            if scalein::remembers_done(&self.engine, &action.instance_id) {
                 Err(format!(
                     "cannot ask AWS whether our hook holds instance {} with a new action (its last one was completed); left for redelivery",
                     action.instance_id
@@ -398,7 +397,7 @@ impl Consumer {
         };
         let ours = match (hold, &state) {
             (Some(Hold::Held), _) => {
-                if !holds::forget_earlier_action(&self.engine, &action.instance_id).await {
+                if !scalein::forget_earlier_action(&self.engine, &action.instance_id).await {
                     return Err(format!(
                         "cannot close the Node's record of our hook's last action on instance {}; left for redelivery",
                         action.instance_id
@@ -407,7 +406,7 @@ impl Consumer {
                 true
             }
             (_, Some(state)) => {
-                match holds::ours_to_hold(&self.engine, &action.group, &action.instance_id, state)
+                match scalein::ours_to_hold(&self.engine, &action.group, &action.instance_id, state)
                     .await
                 {
                     Some(ours) => ours,
@@ -479,7 +478,7 @@ impl Consumer {
         if self.engine.our_hook(&g).is_none() {
             let hold = match hold {
                 Some(h) => h,
-                None => holds::ask_hold(&self.engine, &action.group, &action.instance_id).await,
+                None => scalein::ask_hold(&self.engine, &action.group, &action.instance_id).await,
             };
             // Unknown (AWS throttled): held, as AWS shows the instance waiting. A
             // hook left to time out ends the instance undrained; a drain of an
@@ -488,7 +487,7 @@ impl Consumer {
                 return Ok(None);
             }
             tracing::warn!(instance = %action.instance_id, group = %action.group, ?hold, "our hook holds the instance though AWS's hook list does not show it yet (just added?); held at the shortest timeout until the list does");
-            g = holds::with_hook_behind_its_list(&self.engine, &g);
+            g = scalein::with_hook_behind_its_list(&self.engine, &g);
         }
         Ok(match self.engine.mode_for(&g, &action.instance_id) {
             Mode::Lifecycle {
@@ -590,12 +589,12 @@ impl Consumer {
         if self.engine.settings().dry_run {
             return Ok(Some((node, true)));
         }
-        match cordon::cordon(&self.engine.stage(), &node, &[reason], group).await {
-            Ok(cordon::Cordoned::Marked { record, .. }) => {
+        match scalein::cordon(&self.engine.stage(), &node, &[reason], group).await {
+            Ok(scalein::Cordoned::Marked { record, .. }) => {
                 let drains = record.drain_began().is_some();
                 Ok(Some((node, drains)))
             }
-            Ok(cordon::Cordoned::NodeGone) => Ok(None),
+            Ok(scalein::Cordoned::NodeGone) => Ok(None),
             Err(e) => Err(format!("cannot record the notice on node {node}: {e}")),
         }
     }

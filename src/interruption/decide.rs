@@ -8,7 +8,7 @@ use chrono::{DateTime, Utc};
 use super::notice::Notice;
 use super::{InterruptionSettings, RebalanceAction};
 use crate::cloud::LifecycleAction;
-use crate::scalein::decide::record::after;
+use crate::scalein::after;
 
 /// A spot instance is reclaimed this long after the warning.
 pub const SPOT_WARNING: Duration = Duration::from_secs(120);
