@@ -2,12 +2,13 @@
 //! termination) and start their drains, and resume drains after a restart from what AWS and
 //! the Nodes say.
 
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 use crate::clock::Instant;
-use crate::cloud::{GroupSelector, LifecycleHook, LifecycleState};
-use crate::provider::Provider;
+use crate::cloud::{AsgInstance, AsgSnapshot, GroupSelector, LifecycleHook, LifecycleState};
+use crate::provider::{Group, Provider};
 use crate::scalein::decide::record::End;
 use crate::scalein::holds::{
     ours_to_hold, pool_holds, remembers_done, AWS_MAX_HEARTBEAT_TIMEOUT, AWS_MIN_HEARTBEAT_TIMEOUT,
@@ -22,8 +23,29 @@ use crate::telemetry::metrics::metrics;
 /// held already follow the hook's current timeout. Returns how many started.
 pub async fn scan(engine: &Arc<Engine>, provider: &Arc<Provider>) -> usize {
     let reg = provider.registry();
+    let hooked = hook_every_group(engine, provider, &reg.groups).await;
+    if hooked.is_empty() {
+        return 0;
+    }
+    let Some((fresh, pools)) = read_hooked_groups(engine, hooked).await else {
+        return 0;
+    };
+    let mut started = 0;
+    for snap in &fresh {
+        let Some(g) = reg.group(&snap.name) else {
+            continue;
+        };
+        let pool = pools.get(&snap.name).map(Vec::as_slice).unwrap_or_default();
+        started += scan_group(engine, g, snap, pool).await;
+    }
+    started
+}
+
+/// The names of the groups our hook is on, after creating it where it is missing
+/// (when configured; a dry run says what it would create).
+async fn hook_every_group(engine: &Engine, provider: &Provider, groups: &[Group]) -> Vec<String> {
     let mut hooked = Vec::new();
-    for g in &reg.groups {
+    for g in groups {
         warn_warm_pool_reuse(engine, g);
         if engine.our_hook(g).is_some() {
             hooked.push(g.asg.name.clone());
@@ -31,39 +53,51 @@ pub async fn scan(engine: &Arc<Engine>, provider: &Arc<Provider>) -> usize {
         }
         warn_foreign_hooks(engine, g);
         if engine.settings.create_hook && engine.settings.mode == ModeChoice::Auto {
-            if engine.settings.dry_run {
-                if engine.note_once("dry-run hook", g.asg.name.clone()) {
-                    crate::telemetry::metrics::metrics().dry_run("CreateLifecycleHook");
-                    tracing::info!(group = %g.asg.name, hook = %engine.settings.hook_name, "dry run: would create the EC2_INSTANCE_TERMINATING lifecycle hook");
-                }
-                continue;
-            }
-            let hook = LifecycleHook {
-                name: engine.settings.hook_name.clone(),
-                heartbeat_timeout_secs: engine
-                    .settings
-                    .hook_heartbeat_timeout
-                    .clamp(AWS_MIN_HEARTBEAT_TIMEOUT, AWS_MAX_HEARTBEAT_TIMEOUT)
-                    .as_secs() as i32,
-                default_result: "CONTINUE".into(),
-            };
-            match engine.cloud.put_terminating_hook(&g.asg.name, &hook).await {
-                Ok(()) => {
-                    tracing::info!(group = %g.asg.name, hook = %hook.name, "created EC2_INSTANCE_TERMINATING lifecycle hook");
-                    // Known at once: the next poll does not put it again.
-                    let mut hooks = g.hooks.clone();
-                    hooks.push(hook);
-                    provider.note_hooks(&g.asg.name, hooks);
-                }
-                Err(e) => {
-                    tracing::warn!(group = %g.asg.name, error = %e, "could not create the lifecycle hook")
-                }
-            }
+            create_hook(engine, provider, g).await;
         }
     }
-    if hooked.is_empty() {
-        return 0;
+    hooked
+}
+
+/// Puts our EC2_INSTANCE_TERMINATING hook on `g` (its timeout within AWS's bounds),
+/// and tells the provider at once, so the next poll does not put it again.
+async fn create_hook(engine: &Engine, provider: &Provider, g: &Group) {
+    if engine.settings.dry_run {
+        if engine.note_once("dry-run hook", g.asg.name.clone()) {
+            crate::telemetry::metrics::metrics().dry_run("CreateLifecycleHook");
+            tracing::info!(group = %g.asg.name, hook = %engine.settings.hook_name, "dry run: would create the EC2_INSTANCE_TERMINATING lifecycle hook");
+        }
+        return;
     }
+    let hook = LifecycleHook {
+        name: engine.settings.hook_name.clone(),
+        heartbeat_timeout_secs: engine
+            .settings
+            .hook_heartbeat_timeout
+            .clamp(AWS_MIN_HEARTBEAT_TIMEOUT, AWS_MAX_HEARTBEAT_TIMEOUT)
+            .as_secs() as i32,
+        default_result: "CONTINUE".into(),
+    };
+    match engine.cloud.put_terminating_hook(&g.asg.name, &hook).await {
+        Ok(()) => {
+            tracing::info!(group = %g.asg.name, hook = %hook.name, "created EC2_INSTANCE_TERMINATING lifecycle hook");
+            let mut hooks = g.hooks.clone();
+            hooks.push(hook);
+            provider.note_hooks(&g.asg.name, hooks);
+        }
+        Err(e) => {
+            tracing::warn!(group = %g.asg.name, error = %e, "could not create the lifecycle hook")
+        }
+    }
+}
+
+/// The hooked groups as AWS shows them now, and their warm pools; the finished
+/// actions of instances no longer on their way out forgotten. `None`: the groups
+/// cannot be read (the next poll retries).
+async fn read_hooked_groups(
+    engine: &Engine,
+    hooked: Vec<String>,
+) -> Option<(Vec<AsgSnapshot>, BTreeMap<String, Vec<AsgInstance>>)> {
     let selector = GroupSelector {
         names: hooked,
         tag_sets: Vec::new(),
@@ -78,7 +112,7 @@ pub async fn scan(engine: &Arc<Engine>, provider: &Arc<Provider>) -> usize {
         Ok(f) => f,
         Err(e) => {
             tracing::warn!(error = %e, "lifecycle scan: cannot read the hooked groups; next poll retries");
-            return 0;
+            return None;
         }
     };
     let pools = warm_pools(engine, &fresh).await;
@@ -93,90 +127,110 @@ pub async fn scan(engine: &Arc<Engine>, provider: &Arc<Provider>) -> usize {
             .chain(pools.values().flatten())
             .any(|i| i.id == id && i.state != LifecycleState::InService && !i.state.is_pending())
     });
+    Some((fresh, pools))
+}
+
+/// One hooked group: the Nodes that came back from its warm pool while warming are
+/// handed back; of the instances our hook holds, those held already follow the
+/// hook's current timeout and the others start their drains. Returns how many started.
+async fn scan_group(
+    engine: &Arc<Engine>,
+    g: &Group,
+    snap: &AsgSnapshot,
+    pool: &[AsgInstance],
+) -> usize {
+    crate::scalein::sources::warm_pool::registered_while_warming(engine, &snap.name, pool).await;
+    let waiting = held_by_our_hook(engine, g, snap, pool).await;
+    let (held, found): (Vec<&AsgInstance>, Vec<_>) = waiting
+        .into_iter()
+        .partition(|i| engine.holds_hook(&i.id) && engine.is_draining(&i.id));
+    if found.is_empty() && held.is_empty() {
+        return 0;
+    }
+    // The hook as AWS has it now (a changed heartbeat timeout counts at once):
+    // one read per group with something held.
+    let (g, fresh) = match engine.with_current_hooks(g).await {
+        Ok(fresh) => (fresh, true),
+        Err(e) => {
+            tracing::warn!(group = %g.asg.name, error = %e, "lifecycle scan: using the known hook list");
+            (g.clone(), false)
+        }
+    };
+    // Held already: only the heartbeat timeout is corrected, should the hook's
+    // have changed since the hold started (never from the known list).
+    for inst in held.into_iter().filter(|_| fresh) {
+        if let Mode::Lifecycle {
+            action,
+            heartbeat_timeout,
+        } = engine.mode_for(&g, &inst.id)
+        {
+            engine.hold(&action, heartbeat_timeout);
+        }
+    }
+    start_drains(engine, &g, found)
+}
+
+/// The instances of the group and its pool that our hook holds.
+///
+/// An instance our hook holds is heartbeated and drained whatever else drains it
+/// already (a rebalance or retirement drain, the drain command): the lifecycle reason
+/// joins that drain. An instance whose action of our hook is over may wait on another
+/// hook (EKS's on a managed node group): it is not held by ours, nor a new one. What
+/// this process completed it remembers; what an earlier process or another replica
+/// completed, the Node's record says. (A drain running for it already read its
+/// record: no Node is looked up.) A hold on the way into the warm pool is ours when
+/// AWS says so ([`pool_holds`]); whether any other hold is ours AWS says, not a memory
+/// of finished actions ([`ours_to_hold`]).
+async fn held_by_our_hook<'a>(
+    engine: &Engine,
+    g: &Group,
+    snap: &'a AsgSnapshot,
+    pool: &'a [AsgInstance],
+) -> Vec<&'a AsgInstance> {
+    let ours_in_pool = pool_holds(engine, g, pool).await;
+    let mut waiting = Vec::new();
+    for i in snap.instances.iter().chain(pool) {
+        let ours = if i.state.is_pool_bound_wait() {
+            ours_in_pool.contains(&i.id) || engine.is_draining(&i.id)
+        } else {
+            (i.state == LifecycleState::TerminatingWait || i.state.is_pool_ending_wait())
+                && ours_to_hold(engine, &snap.name, &i.id, &i.state)
+                    .await
+                    // AWS cannot be asked: a remembered completion lets the hold
+                    // go by until it answers; anything else is held (a hook left
+                    // to time out ends the instance undrained).
+                    .unwrap_or_else(|| !remembers_done(engine, &i.id))
+        };
+        if ours {
+            waiting.push(i);
+        }
+    }
+    waiting
+}
+
+/// Starts the drain of each newly found hold (in lifecycle mode). Returns how many
+/// started.
+fn start_drains(engine: &Arc<Engine>, g: &Group, found: Vec<&AsgInstance>) -> usize {
     let mut started = 0;
-    for snap in &fresh {
-        let Some(g) = reg.group(&snap.name) else {
-            continue;
-        };
-        let pool = pools.get(&snap.name).map(Vec::as_slice).unwrap_or_default();
-        crate::scalein::sources::warm_pool::registered_while_warming(engine, &snap.name, pool)
-            .await;
-        // An instance our hook holds is heartbeated and drained whatever else drains
-        // it already (a rebalance or retirement drain, the drain command): the
-        // lifecycle reason joins that drain.
-        // An instance whose action of our hook is over may wait on another hook
-        // (EKS's on a managed node group): it is not held by ours, nor a new one.
-        // What this process completed it remembers; what an earlier process or
-        // another replica completed, the Node's record says.
-        // (A drain running for it already read its record: no Node is looked up.)
-        // A hold on the way into the warm pool is ours when AWS says so
-        // (pool_holds); the others as before.
-        // Whether a hold is ours AWS says, not a memory of finished actions
-        // (ours_to_hold).
-        let ours_in_pool = pool_holds(engine, g, pool).await;
-        let mut waiting = Vec::new();
-        for i in snap.instances.iter().chain(pool) {
-            let ours = if i.state.is_pool_bound_wait() {
-                ours_in_pool.contains(&i.id) || engine.is_draining(&i.id)
-            } else {
-                (i.state == LifecycleState::TerminatingWait || i.state.is_pool_ending_wait())
-                    && ours_to_hold(engine, &snap.name, &i.id, &i.state)
-                        .await
-                        // AWS cannot be asked: a remembered completion lets the hold
-                        // go by until it answers; anything else is held (a hook left
-                        // to time out ends the instance undrained).
-                        .unwrap_or_else(|| !remembers_done(engine, &i.id))
-            };
-            if ours {
-                waiting.push(i);
-            }
-        }
-        let (held, found): (Vec<&crate::cloud::AsgInstance>, Vec<_>) = waiting
-            .into_iter()
-            .partition(|i| engine.holds_hook(&i.id) && engine.is_draining(&i.id));
-        if found.is_empty() && held.is_empty() {
+    for inst in found {
+        let mode = engine.mode_for(g, &inst.id);
+        if !matches!(mode, Mode::Lifecycle { .. }) {
             continue;
         }
-        // The hook as AWS has it now (a changed heartbeat timeout counts at once):
-        // one read per group with something held.
-        let (g, fresh) = match engine.with_current_hooks(g).await {
-            Ok(fresh) => (fresh, true),
-            Err(e) => {
-                tracing::warn!(group = %g.asg.name, error = %e, "lifecycle scan: using the known hook list");
-                (g.clone(), false)
-            }
-        };
-        // Held already: only the heartbeat timeout is corrected, should the hook's
-        // have changed since the hold started (never from the known list).
-        for inst in held.into_iter().filter(|_| fresh) {
-            if let Mode::Lifecycle {
-                action,
-                heartbeat_timeout,
-            } = engine.mode_for(&g, &inst.id)
-            {
-                engine.hold(&action, heartbeat_timeout);
-            }
-        }
-        for inst in found {
-            let mode = engine.mode_for(&g, &inst.id);
-            if !matches!(mode, Mode::Lifecycle { .. }) {
-                continue;
-            }
-            let reasons = vec![crate::scalein::ca_reason(&mode)];
-            if engine
-                .start(DrainRequest {
-                    instance_id: inst.id.clone(),
-                    group: g.asg.name.clone(),
-                    node_name: None,
-                    mode,
-                    source: Source::Asg,
-                    reasons,
-                    noticed: None,
-                })
-                .acted()
-            {
-                started += 1;
-            }
+        let reasons = vec![crate::scalein::ca_reason(&mode)];
+        if engine
+            .start(DrainRequest {
+                instance_id: inst.id.clone(),
+                group: g.asg.name.clone(),
+                node_name: None,
+                mode,
+                source: Source::Asg,
+                reasons,
+                noticed: None,
+            })
+            .acted()
+        {
+            started += 1;
         }
     }
     started
@@ -190,8 +244,8 @@ pub async fn scan(engine: &Arc<Engine>, provider: &Arc<Provider>) -> usize {
 async fn warm_pools(
     engine: &Engine,
     fresh: &[crate::cloud::AsgSnapshot],
-) -> std::collections::BTreeMap<String, Vec<crate::cloud::AsgInstance>> {
-    let mut pools = std::collections::BTreeMap::new();
+) -> BTreeMap<String, Vec<AsgInstance>> {
+    let mut pools = BTreeMap::new();
     for snap in fresh.iter().filter(|s| s.warm_pool.is_some()) {
         match engine.cloud.warm_pool_instances(&snap.name).await {
             Ok(instances) => {
@@ -208,7 +262,7 @@ async fn warm_pools(
 
 /// A warm pool that reuses instances on scale-in: said once per group, with what
 /// this service does about it.
-fn warn_warm_pool_reuse(engine: &Engine, g: &crate::provider::Group) {
+fn warn_warm_pool_reuse(engine: &Engine, g: &Group) {
     if g.asg
         .warm_pool
         .as_ref()
@@ -227,7 +281,7 @@ fn warn_warm_pool_reuse(engine: &Engine, g: &crate::provider::Group) {
 /// Another EC2_INSTANCE_TERMINATING hook on a group (NTH's, another tool's) means
 /// two drainers completing each other's actions: say so once per group and hook.
 /// EKS's own hook on a managed node group is no such drainer: say what it does, once.
-fn warn_foreign_hooks(engine: &Engine, g: &crate::provider::Group) {
+fn warn_foreign_hooks(engine: &Engine, g: &Group) {
     for h in &g.hooks {
         let Some((warning, note)) = crate::scalein::decide::hooks::direct_mode_note(
             &g.asg.name,
