@@ -853,7 +853,7 @@ fn check_config_names_a_node_registered_while_warming() {
     assert!(registered_while_warming(&[], &nodes).is_empty());
 }
 
-/// Issue 60, 3: the shipped binary keeps serve, check-config, drain and demo; the load
+/// Issue 60, 3: the shipped binary keeps serve, check-config, drain, status and demo; the load
 /// generator is a binary of its own (loadgen/, `cargo run -p loadgen`), and
 /// `ca-asg-provider loadgen` is an unknown subcommand (clap's usage error, exit 2).
 #[test]
@@ -866,7 +866,7 @@ fn the_shipped_binary_has_the_product_commands_and_not_the_test_rig() {
         .filter(|n| *n != "help")
         .collect();
     names.sort();
-    assert_eq!(names, ["check-config", "demo", "drain", "serve"]);
+    assert_eq!(names, ["check-config", "demo", "drain", "serve", "status"]);
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_ca-asg-provider"))
         .args(["loadgen", "--nodes", "10"])
         .output()
@@ -876,5 +876,114 @@ fn the_shipped_binary_has_the_product_commands_and_not_the_test_rig() {
     assert!(
         stderr.contains("unrecognized subcommand 'loadgen'"),
         "{stderr}"
+    );
+}
+
+/// Issue 62: `status` lists the drains in progress from the Node records and the
+/// cluster, over the API server: the table and the JSON name the node, its group,
+/// reasons, phase, elapsed time, the pod a budget blocks and the deadline; a Node
+/// without a record is not listed. Read-only: it only gets and lists, and the
+/// service's ClusterRole (deploy/base/rbac.yaml) grants all it used. An API server
+/// it cannot reach is a plain error.
+#[tokio::test]
+async fn status_lists_the_drains_in_progress_read_only() {
+    use ca_asg_provider::commands::status::{self, Output};
+    use ca_asg_provider::scalein::decide::record::{self, DrainReason, DrainRecord, Limits, Why};
+    use ca_asg_provider::scalein::DeadlinePolicy;
+    let sim = SimCluster::start(SimOptions {
+        ready_delay: Duration::from_millis(30),
+    })
+    .await
+    .unwrap();
+    let started: chrono::DateTime<chrono::Utc> = "2026-11-27T07:00:00Z".parse().unwrap();
+    let now = started + chrono::Duration::seconds(95);
+    let rec = DrainRecord {
+        reasons: vec![DrainReason::new(Why::ScaleIn, started)],
+        in_warm_pool_since: None,
+    };
+    let mut n1 = fixtures::node("n1", "aws:///us-east-1a/i-0abc", &[]);
+    n1.metadata.annotations = Some(
+        [
+            (record::ANNOTATION.to_string(), rec.to_json()),
+            (record::GROUP_ANNOTATION.to_string(), "web".to_string()),
+        ]
+        .into(),
+    );
+    sim.create(&n1).unwrap();
+    sim.create(&fixtures::node("n2", "aws:///us-east-1a/i-0def", &[]))
+        .unwrap();
+    sim.create(&fixtures::pod("shop", "app", "n1", "app", 0.2))
+        .unwrap();
+    sim.create(&fixtures::pod("shop", "other", "n2", "app", 0.2))
+        .unwrap();
+    sim.create(&fixtures::pdb("shop", "app", 0)).unwrap();
+    let user = "system:serviceaccount:kube-system:status-reader";
+    let limits = Limits {
+        workload_deadline: Duration::from_secs(600),
+        workload_policy: DeadlinePolicy::Abandon,
+    };
+    let table = status::report(sim.client_as(user), limits, Output::Table, now)
+        .await
+        .unwrap();
+    let lines: Vec<&str> = table.lines().collect();
+    assert_eq!(lines.len(), 2, "{table}");
+    assert!(
+        lines[0].starts_with("NODE ") && lines[0].contains("PHASE"),
+        "{table}"
+    );
+    for want in [
+        "n1",
+        "web",
+        "CA scale-in",
+        "workloads",
+        "1m35s",
+        "shop/app (shop/app-pdb)",
+        "2026-11-27T07:10:00Z",
+        "abandon",
+    ] {
+        assert!(lines[1].contains(want), "{want} missing: {table}");
+    }
+    let json = status::report(sim.client_as(user), limits, Output::Json, now)
+        .await
+        .unwrap();
+    let v: serde_json::Value = serde_json::from_str(&json).unwrap();
+    assert_eq!(
+        v,
+        serde_json::json!([{
+            "node": "n1",
+            "group": "web",
+            "reasons": ["CA scale-in"],
+            "phase": "workloads",
+            "started": "2026-11-27T07:00:00Z",
+            "elapsed_seconds": 95,
+            "blocked_by": [{"pod": "shop/app", "budgets": ["shop/app-pdb"]}],
+            "deadline": "2026-11-27T07:10:00Z",
+            "deadline_policy": "abandon",
+            "instance_ends_at": null,
+            "unreadable": null,
+        }])
+    );
+    let used = sim.requests().used_by(user);
+    assert!(!used.is_empty());
+    assert!(
+        used.iter().all(|u| u.verb == "get" || u.verb == "list"),
+        "status only reads: {used:?}"
+    );
+    let rules = support::rbac::role_rules(
+        &std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/base/rbac.yaml"),
+        "ca-asg-provider",
+    );
+    let gaps = support::rbac::missing(&rules, &used);
+    assert!(gaps.is_empty(), "the service's role lacks {gaps:?}");
+    // No API server there (a closed local port): a plain error, no table.
+    let closed =
+        kube::Client::try_from(kube::Config::new("http://127.0.0.1:9".parse().unwrap())).unwrap();
+    let e = status::report(closed, limits, Output::Table, now)
+        .await
+        .unwrap_err();
+    assert!(
+        e.to_string()
+            .starts_with("cannot read the cluster from the Kubernetes API server"),
+        "{e}"
     );
 }

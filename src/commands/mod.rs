@@ -6,6 +6,7 @@ pub mod check;
 pub mod demo;
 pub mod drain;
 pub mod serve;
+pub mod status;
 
 use std::process::ExitCode;
 
@@ -41,6 +42,9 @@ pub enum Command {
     CheckConfig(ConfigArgs),
     /// Drain one node with the scale-in engine (workloads first, DaemonSet pods last).
     Drain(drain::DrainArgs),
+    /// List the drains in progress (read-only): node, group, reasons, phase, elapsed,
+    /// what blocks it, its deadline.
+    Status(status::StatusArgs),
 }
 
 pub async fn run(cli: Cli) -> ExitCode {
@@ -60,6 +64,10 @@ pub async fn run(cli: Cli) -> ExitCode {
         Command::CheckConfig(args) => {
             init_logging(cli.log_format, quiet_default(&cli.log_level));
             check::run(args).await
+        }
+        Command::Status(args) => {
+            init_logging(cli.log_format, quiet_default(&cli.log_level));
+            status::run(args).await
         }
     }
 }

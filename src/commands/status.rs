@@ -1,0 +1,675 @@
+//! `ca-asg-provider status [-o table|json]`: the drains in progress, read from the
+//! Nodes' drain records and the cluster. Read-only: it lists Nodes, the Pods on each
+//! draining Node and the PodDisruptionBudgets, and writes nothing (get/list only,
+//! which the service's own ClusterRole grants).
+//!
+//! Each Node's record is read with the drain's own reader
+//! ([`DrainRecord::read`]); a Node without one is not listed, and a record that does
+//! not read is listed as unreadable, naming its annotation. The deadline is the one
+//! the drain computes from the record and the scale-in settings of the configuration
+//! given (`--config`, as `serve` takes it; the defaults without one).
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use clap::Args;
+use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use kube::api::{Api, ListParams};
+use serde::Serialize;
+
+use crate::config::ConfigArgs;
+use crate::scalein::decide::plan::{self, Disposition, NodeCritical};
+use crate::scalein::decide::record::{self, DrainRecord, Limits};
+use crate::scalein::kube::budgets;
+
+/// What `status` prints.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Output {
+    /// A table with a header, one drain a line.
+    Table,
+    /// A JSON array of objects, one per drain (fields in docs/operations.md).
+    Json,
+}
+
+#[derive(Debug, Args, Clone)]
+pub struct StatusArgs {
+    /// Output format.
+    #[arg(short = 'o', long = "output", value_enum, default_value = "table")]
+    pub output: Output,
+    /// The service's configuration file, for the workload deadline and its policy
+    /// (the defaults without one).
+    #[arg(long, short = 'c', env = "CA_ASG_PROVIDER_CONFIG")]
+    pub config: Option<PathBuf>,
+}
+
+/// Where a drain is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Phase {
+    /// Pods that are not DaemonSet pods are still on the node.
+    Workloads,
+    /// Only DaemonSet pods are left.
+    Daemonsets,
+    /// No pod left to drain: the instance is being ended (or left, as the reasons say).
+    Drained,
+    /// Every reason's drain is finished (or was given up); the record stays on the Node.
+    Finished,
+    /// Cordoned for a rebalance recommendation, nothing drains.
+    Cordoned,
+    /// The record does not read (see `unreadable`).
+    Unreadable,
+}
+
+impl Phase {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Phase::Workloads => "workloads",
+            Phase::Daemonsets => "daemonsets",
+            Phase::Drained => "drained",
+            Phase::Finished => "finished",
+            Phase::Cordoned => "cordoned",
+            Phase::Unreadable => "unreadable record",
+        }
+    }
+}
+
+/// A pod that keeps the drain in its workload phase, and the budgets that allow no
+/// disruption of it now.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Blocker {
+    /// `namespace/name`.
+    pub pod: String,
+    /// `namespace/name` of each PodDisruptionBudget that selects the pod and allows
+    /// no disruption (`disruptionsAllowed` 0, or no status for its current spec).
+    pub budgets: Vec<String>,
+}
+
+/// One drain, as printed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Row {
+    pub node: String,
+    /// The group written with the cordon, when there is one.
+    pub group: Option<String>,
+    /// The reasons not done, by the names Events use (`CA scale-in`, ...); every
+    /// reason when none is left.
+    pub reasons: Vec<String>,
+    pub phase: Phase,
+    /// When the drain began (the first reason's arrival when nothing drains).
+    pub started: Option<DateTime<Utc>>,
+    /// Seconds since `started`.
+    pub elapsed_seconds: Option<u64>,
+    pub blocked_by: Vec<Blocker>,
+    /// When the workload phase stops waiting; none when nothing drains.
+    pub deadline: Option<DateTime<Utc>>,
+    /// What happens then: `proceed` or `abandon`.
+    pub deadline_policy: Option<&'static str>,
+    /// When AWS ends the instance whatever the drain does (an interruption notice).
+    pub instance_ends_at: Option<DateTime<Utc>>,
+    /// The annotation that does not read, for an unreadable record.
+    pub unreadable: Option<&'static str>,
+}
+
+/// The drains on `nodes`, at `now`, with the pods on those nodes and the cluster's
+/// budgets. Pure: no I/O, no clock. Sorted by node name.
+pub fn rows(
+    nodes: &[Node],
+    pods: &[Pod],
+    pdbs: &[PodDisruptionBudget],
+    limits: Limits,
+    now: DateTime<Utc>,
+) -> Vec<Row> {
+    let mut out: Vec<Row> = nodes
+        .iter()
+        .filter_map(|n| row(n, pods, pdbs, limits, now))
+        .collect();
+    out.sort_by(|a, b| a.node.cmp(&b.node));
+    out
+}
+
+fn row(
+    node: &Node,
+    pods: &[Pod],
+    pdbs: &[PodDisruptionBudget],
+    limits: Limits,
+    now: DateTime<Utc>,
+) -> Option<Row> {
+    let empty = BTreeMap::new();
+    let annotations = node.metadata.annotations.as_ref().unwrap_or(&empty);
+    let name = node.metadata.name.clone().unwrap_or_default();
+    let group = annotations.get(record::GROUP_ANNOTATION).cloned();
+    // The record alone, through the one reader: `None` when the JSON does not read
+    // (the reader would fall back to the older annotations; status says so instead).
+    if let Some(json) = annotations.get(record::ANNOTATION) {
+        let alone = BTreeMap::from([(record::ANNOTATION.to_string(), json.clone())]);
+        if DrainRecord::read(&alone, now).is_none() {
+            return Some(Row {
+                node: name,
+                group,
+                reasons: Vec::new(),
+                phase: Phase::Unreadable,
+                started: None,
+                elapsed_seconds: None,
+                blocked_by: Vec::new(),
+                deadline: None,
+                deadline_policy: None,
+                instance_ends_at: None,
+                unreadable: Some(record::ANNOTATION),
+            });
+        }
+    }
+    let rec = DrainRecord::read(annotations, now)?;
+    let p = rec.plan(limits);
+    let active: Vec<String> = rec
+        .reasons
+        .iter()
+        .filter(|r| !r.done)
+        .map(|r| r.why.label().to_string())
+        .collect();
+    let reasons = if active.is_empty() {
+        rec.reasons
+            .iter()
+            .map(|r| r.why.label().to_string())
+            .collect()
+    } else {
+        active
+    };
+    let stamp = to_timestamp(now);
+    let on_node: Vec<&Pod> = pods
+        .iter()
+        .filter(|pod| pod.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(&name))
+        .collect();
+    let mut workloads = Vec::new();
+    let mut daemonsets = 0;
+    for pod in &on_node {
+        match plan::classify_at(pod, &NodeCritical::default(), stamp) {
+            Disposition::Evict(t) | Disposition::Wait(t) if t.is_daemonset() => daemonsets += 1,
+            Disposition::Evict(_) | Disposition::Wait(_) => workloads.push(*pod),
+            Disposition::Skip(_) => {}
+        }
+    }
+    let phase = if !p.drains {
+        if rec.reasons.iter().any(|r| r.why.drains()) {
+            Phase::Finished
+        } else {
+            Phase::Cordoned
+        }
+    } else if !workloads.is_empty() {
+        Phase::Workloads
+    } else if daemonsets > 0 {
+        Phase::Daemonsets
+    } else {
+        Phase::Drained
+    };
+    let blocked_by = if p.drains {
+        let mut b: Vec<Blocker> = workloads
+            .iter()
+            .map(|pod| Blocker {
+                pod: plan::pod_ref(pod).to_string(),
+                budgets: blocking_budgets(pod, pdbs),
+            })
+            .collect();
+        b.sort_by(|x, y| x.pod.cmp(&y.pod));
+        b
+    } else {
+        Vec::new()
+    };
+    let started = rec.drain_began().or_else(|| rec.first_at());
+    Some(Row {
+        node: name,
+        group,
+        reasons,
+        phase,
+        started,
+        elapsed_seconds: started.map(|s| (now - s).num_seconds().max(0) as u64),
+        blocked_by,
+        deadline: p.workload_deadline,
+        deadline_policy: p.workload_deadline.map(|_| p.on_deadline.as_str()),
+        instance_ends_at: p.budget_ends,
+        unreadable: None,
+    })
+}
+
+/// The budgets in the pod's namespace that select it and allow no disruption now.
+fn blocking_budgets(pod: &Pod, pdbs: &[PodDisruptionBudget]) -> Vec<String> {
+    let empty = BTreeMap::new();
+    let labels = pod.metadata.labels.as_ref().unwrap_or(&empty);
+    let ns = pod.metadata.namespace.as_deref().unwrap_or_default();
+    let mut out: Vec<String> = pdbs
+        .iter()
+        .filter(|b| b.metadata.namespace.as_deref().unwrap_or_default() == ns)
+        .filter(|b| budgets::selector_picking(b, labels).is_some())
+        .filter(|b| budgets::allowance(b).is_none_or(|a| a <= 0))
+        .map(|b| format!("{ns}/{}", b.metadata.name.as_deref().unwrap_or_default()))
+        .collect();
+    out.sort();
+    out
+}
+
+fn to_timestamp(t: DateTime<Utc>) -> k8s_openapi::jiff::Timestamp {
+    k8s_openapi::jiff::Timestamp::from_second(t.timestamp())
+        .unwrap_or(k8s_openapi::jiff::Timestamp::MAX)
+}
+
+/// The rows as a table with a header, or the sentence that says there is no drain.
+pub fn table(rows: &[Row]) -> String {
+    if rows.is_empty() {
+        return "no drains in progress\n".to_string();
+    }
+    let header = [
+        "NODE",
+        "GROUP",
+        "REASONS",
+        "PHASE",
+        "ELAPSED",
+        "BLOCKED BY",
+        "DEADLINE",
+        "POLICY",
+    ];
+    let lines: Vec<[String; 8]> = rows
+        .iter()
+        .map(|r| {
+            let phase = match r.unreadable {
+                Some(a) => format!("{} ({a})", r.phase.as_str()),
+                None => r.phase.as_str().to_string(),
+            };
+            [
+                r.node.clone(),
+                dash(r.group.clone()),
+                dash((!r.reasons.is_empty()).then(|| r.reasons.join(", "))),
+                phase,
+                dash(
+                    r.elapsed_seconds
+                        .map(|s| crate::duration::format_duration(Duration::from_secs(s))),
+                ),
+                dash((!r.blocked_by.is_empty()).then(|| blockers(&r.blocked_by))),
+                dash(
+                    r.deadline
+                        .map(|d| d.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)),
+                ),
+                dash(r.deadline_policy.map(str::to_string)),
+            ]
+        })
+        .collect();
+    let mut widths = header.map(str::len);
+    for l in &lines {
+        for (w, c) in widths.iter_mut().zip(l) {
+            *w = (*w).max(c.chars().count());
+        }
+    }
+    let mut out = String::new();
+    let mut push = |cells: &[String]| {
+        let last = cells.len() - 1;
+        for (i, c) in cells.iter().enumerate() {
+            if i == last {
+                out.push_str(c);
+            } else {
+                out.push_str(&format!("{c:<w$}  ", w = widths[i]));
+            }
+        }
+        out.push('\n');
+    };
+    push(&header.map(str::to_string));
+    for l in &lines {
+        push(l);
+    }
+    out
+}
+
+fn dash(v: Option<String>) -> String {
+    v.unwrap_or_else(|| "-".to_string())
+}
+
+/// `ns/pod (budget, budget); ns/pod`.
+fn blockers(b: &[Blocker]) -> String {
+    b.iter()
+        .map(|b| {
+            if b.budgets.is_empty() {
+                b.pod.clone()
+            } else {
+                format!("{} ({})", b.pod, b.budgets.join(", "))
+            }
+        })
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+/// The rows as a JSON array (an empty array when there is no drain).
+pub fn json(rows: &[Row]) -> String {
+    let mut s = serde_json::to_string_pretty(rows).expect("status rows serialize");
+    s.push('\n');
+    s
+}
+
+/// Reads the cluster through `client` and renders the drains at `now`. Lists only:
+/// the Nodes, the Pods on each draining Node, and the budgets when a pod is left.
+pub async fn report(
+    client: kube::Client,
+    limits: Limits,
+    output: Output,
+    now: DateTime<Utc>,
+) -> anyhow::Result<String> {
+    let reach = |e: kube::Error| {
+        anyhow::anyhow!("cannot read the cluster from the Kubernetes API server: {e}")
+    };
+    let nodes = Api::<Node>::all(client.clone())
+        .list(&ListParams::default())
+        .await
+        .map_err(reach)?
+        .items;
+    let mut pods = Vec::new();
+    for n in nodes.iter().filter(|n| {
+        n.metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| DrainRecord::read(a, now))
+            .is_some_and(|r| r.drain_began().is_some())
+    }) {
+        let name = n.metadata.name.as_deref().unwrap_or_default();
+        pods.extend(
+            crate::scalein::kube::nodes::pods_on(&client, name)
+                .await
+                .map_err(reach)?,
+        );
+    }
+    let pdbs = if pods.is_empty() {
+        Vec::new()
+    } else {
+        Api::<PodDisruptionBudget>::all(client)
+            .list(&ListParams::default())
+            .await
+            .map_err(reach)?
+            .items
+    };
+    let rows = rows(&nodes, &pods, &pdbs, limits, now);
+    Ok(match output {
+        Output::Table => table(&rows),
+        Output::Json => json(&rows),
+    })
+}
+
+/// Exit 0 with the drains listed (also when there are none), 1 when the cluster
+/// cannot be read, 2 when the configuration is invalid.
+pub async fn run(args: StatusArgs) -> ExitCode {
+    let cfg = match (ConfigArgs {
+        config: args.config.clone(),
+        ..Default::default()
+    })
+    .load()
+    {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let limits = Limits {
+        workload_deadline: cfg.scale_in.workload_deadline,
+        workload_policy: cfg.scale_in.workload_deadline_policy,
+    };
+    let client = match crate::scalein::kube_client().await {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let client = crate::scalein::kube::user_agent::named(client, "status");
+    match report(client, limits, args.output, crate::clock::utc_now()).await {
+        Ok(text) => {
+            print!("{text}");
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::scalein::decide::record::{DrainReason, Why};
+    use crate::scalein::DeadlinePolicy;
+    use k8s_openapi::api::policy::v1::{PodDisruptionBudgetSpec, PodDisruptionBudgetStatus};
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, OwnerReference};
+    use kube::api::ObjectMeta;
+
+    fn at(s: &str) -> DateTime<Utc> {
+        s.parse().unwrap()
+    }
+
+    const NOW: &str = "2026-11-27T07:10:00Z";
+
+    fn limits() -> Limits {
+        Limits {
+            workload_deadline: Duration::from_secs(600),
+            workload_policy: DeadlinePolicy::Abandon,
+        }
+    }
+
+    fn map(kv: &[(&str, &str)]) -> BTreeMap<String, String> {
+        kv.iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    fn node(name: &str, annotations: &[(&str, &str)]) -> Node {
+        Node {
+            metadata: ObjectMeta {
+                name: Some(name.into()),
+                annotations: Some(map(annotations)),
+                ..Default::default()
+            },
+            ..Default::default()
+        }
+    }
+
+    fn recorded(name: &str, group: &str, rec: &DrainRecord) -> Node {
+        node(
+            name,
+            &[
+                (record::ANNOTATION, &rec.to_json()),
+                (record::GROUP_ANNOTATION, group),
+            ],
+        )
+    }
+
+    fn pod(ns: &str, name: &str, node: &str, app: &str, daemonset: bool) -> Pod {
+        Pod {
+            metadata: ObjectMeta {
+                name: Some(name.into()),
+                namespace: Some(ns.into()),
+                labels: Some(map(&[("app", app)])),
+                owner_references: daemonset.then(|| {
+                    vec![OwnerReference {
+                        kind: "DaemonSet".into(),
+                        name: app.into(),
+                        controller: Some(true),
+                        ..Default::default()
+                    }]
+                }),
+                ..Default::default()
+            },
+            spec: Some(k8s_openapi::api::core::v1::PodSpec {
+                node_name: Some(node.into()),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }
+    }
+
+    fn pdb(ns: &str, name: &str, app: &str, allowed: i32) -> PodDisruptionBudget {
+        PodDisruptionBudget {
+            metadata: ObjectMeta {
+                name: Some(name.into()),
+                namespace: Some(ns.into()),
+                generation: Some(1),
+                ..Default::default()
+            },
+            spec: Some(PodDisruptionBudgetSpec {
+                selector: Some(LabelSelector {
+                    match_labels: Some(map(&[("app", app)])),
+                    ..Default::default()
+                }),
+                ..Default::default()
+            }),
+            status: Some(PodDisruptionBudgetStatus {
+                disruptions_allowed: allowed,
+                observed_generation: Some(1),
+                ..Default::default()
+            }),
+        }
+    }
+
+    /// A drain of CA's scale-in mid-workloads: the workload pod still there and the
+    /// budget that allows it no disruption are named (not the budget that allows one,
+    /// not one of another namespace, not the DaemonSet pod); elapsed counts from the
+    /// record's start to the `now` given; the deadline is the plan's.
+    #[test]
+    fn a_drain_mid_workloads_names_the_pods_and_the_budgets_that_block_it() {
+        let rec = DrainRecord {
+            reasons: vec![DrainReason::new(Why::ScaleIn, at("2026-11-27T07:05:30Z"))],
+            in_warm_pool_since: None,
+        };
+        let nodes = [recorded("n1", "web", &rec), node("n2", &[])];
+        let pods = [
+            pod("shop", "app-1", "n1", "app", false),
+            pod("shop", "cart-1", "n1", "cart", false),
+            pod("logging", "fluentd-x", "n1", "fluentd", true),
+            pod("shop", "app-2", "n2", "app", false),
+        ];
+        let pdbs = [
+            pdb("shop", "app-pdb", "app", 0),
+            pdb("shop", "cart-pdb", "cart", 1),
+            pdb("other", "app-pdb", "app", 0),
+        ];
+        let rows = rows(&nodes, &pods, &pdbs, limits(), at(NOW));
+        assert_eq!(rows.len(), 1, "a Node without a record is not listed");
+        let r = &rows[0];
+        assert_eq!(r.node, "n1");
+        assert_eq!(r.group.as_deref(), Some("web"));
+        assert_eq!(r.reasons, ["CA scale-in"]);
+        assert_eq!(r.phase, Phase::Workloads);
+        assert_eq!(r.elapsed_seconds, Some(270));
+        assert_eq!(
+            r.blocked_by,
+            [
+                Blocker {
+                    pod: "shop/app-1".into(),
+                    budgets: vec!["shop/app-pdb".into()],
+                },
+                Blocker {
+                    pod: "shop/cart-1".into(),
+                    budgets: vec![],
+                },
+            ]
+        );
+        assert_eq!(r.deadline, Some(at("2026-11-27T07:15:30Z")));
+        assert_eq!(r.deadline_policy, Some("abandon"));
+        assert_eq!(r.unreadable, None);
+        let t = table(&rows);
+        let lines: Vec<&str> = t.lines().collect();
+        assert!(
+            lines[0].starts_with("NODE") && lines[0].contains("BLOCKED BY"),
+            "{t}"
+        );
+        assert!(
+            lines[1].contains("n1")
+                && lines[1].contains("web")
+                && lines[1].contains("workloads")
+                && lines[1].contains("4m30s")
+                && lines[1].contains("shop/app-1 (shop/app-pdb); shop/cart-1")
+                && lines[1].contains("2026-11-27T07:15:30Z")
+                && lines[1].ends_with("abandon"),
+            "{t}"
+        );
+        // Only the workloads gone: the DaemonSet phase, nothing blocks.
+        let rows2 = super::rows(&nodes, &pods[2..3], &pdbs, limits(), at(NOW));
+        assert_eq!(rows2[0].phase, Phase::Daemonsets);
+        assert!(rows2[0].blocked_by.is_empty());
+        let rows3 = super::rows(&nodes, &[], &pdbs, limits(), at(NOW));
+        assert_eq!(rows3[0].phase, Phase::Drained);
+    }
+
+    #[test]
+    fn no_drains_says_so_and_json_is_an_empty_array() {
+        let nodes = [node("n1", &[]), node("n2", &[("other", "x")])];
+        let rows = rows(&nodes, &[], &[], limits(), at(NOW));
+        assert!(rows.is_empty());
+        assert_eq!(table(&rows), "no drains in progress\n");
+        assert_eq!(json(&rows).trim(), "[]");
+    }
+
+    /// Fail closed: a record that does not read is listed, naming the annotation,
+    /// and is never taken for the older annotations' drain or left out.
+    #[test]
+    fn an_unreadable_record_is_listed_naming_the_annotation() {
+        let nodes = [node(
+            "n1",
+            &[
+                (record::ANNOTATION, "{not json"),
+                (record::STARTED_ANNOTATION, "2026-11-27T07:00:00Z"),
+                (record::GROUP_ANNOTATION, "web"),
+            ],
+        )];
+        let rows = rows(&nodes, &[], &[], limits(), at(NOW));
+        assert_eq!(rows.len(), 1);
+        assert_eq!(rows[0].phase, Phase::Unreadable);
+        assert_eq!(rows[0].unreadable, Some(record::ANNOTATION));
+        assert_eq!(rows[0].group.as_deref(), Some("web"));
+        let t = table(&rows);
+        assert!(
+            t.contains("unreadable record (ca-asg-provider.io/drain-reasons)"),
+            "{t}"
+        );
+        let v: serde_json::Value = serde_json::from_str(&json(&rows)).unwrap();
+        assert_eq!(v[0]["phase"], "unreadable");
+        assert_eq!(v[0]["unreadable"], record::ANNOTATION);
+    }
+
+    /// A finished record (every reason done) is listed as finished, with its reasons,
+    /// no deadline and nothing blocking, whatever pods came back to the node.
+    #[test]
+    fn a_finished_record_has_no_deadline_and_nothing_blocks_it() {
+        let mut rec = DrainRecord {
+            reasons: vec![DrainReason::new(
+                Why::Lifecycle { hook: "h".into() },
+                at("2026-11-27T06:00:00Z"),
+            )],
+            in_warm_pool_since: None,
+        };
+        rec.mark_done();
+        let nodes = [recorded("n1", "web", &rec)];
+        let pods = [pod("shop", "app-1", "n1", "app", false)];
+        let pdbs = [pdb("shop", "app-pdb", "app", 0)];
+        let rows = rows(&nodes, &pods, &pdbs, limits(), at(NOW));
+        let r = &rows[0];
+        assert_eq!(r.phase, Phase::Finished);
+        assert_eq!(r.reasons, ["lifecycle hook"]);
+        assert_eq!(r.elapsed_seconds, Some(70 * 60));
+        assert!(r.blocked_by.is_empty());
+        assert_eq!((r.deadline, r.deadline_policy), (None, None));
+        let v: serde_json::Value = serde_json::from_str(&json(&rows)).unwrap();
+        assert_eq!(v[0]["phase"], "finished");
+        assert_eq!(v[0]["deadline"], serde_json::Value::Null);
+        // A rebalance cordon alone drains nothing.
+        let cordon = DrainRecord {
+            reasons: vec![DrainReason::new(Why::Rebalance, at("2026-11-27T07:00:00Z"))],
+            in_warm_pool_since: None,
+        };
+        let rows = super::rows(
+            &[recorded("n2", "web", &cordon)],
+            &pods,
+            &pdbs,
+            limits(),
+            at(NOW),
+        );
+        assert_eq!(rows[0].phase, Phase::Cordoned);
+        assert!(rows[0].blocked_by.is_empty());
+    }
+}
