@@ -417,7 +417,8 @@ pub async fn run(args: StatusArgs) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    let client = crate::scalein::kube::user_agent::named(client, "status");
+    let client =
+        crate::scalein::kube::user_agent::named(client, crate::scalein::kube::user_agent::STATUS);
     match report(client, limits, args.output, crate::clock::utc_now()).await {
         Ok(text) => {
             print!("{text}");

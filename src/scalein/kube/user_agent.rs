@@ -11,6 +11,8 @@ pub const DRAIN: &str = "drain";
 pub const LEASE: &str = "lease";
 /// `check-config`: SelfSubjectAccessReviews and its reads.
 pub const CHECK_CONFIG: &str = "check-config";
+/// `status`: its reads of Nodes, pods and budgets.
+pub const STATUS: &str = "status";
 
 /// `ca-asg-provider/<version> (<component>)`.
 pub fn of(component: &str) -> String {

@@ -54,7 +54,7 @@ pub async fn cordon(
     reasons: &[DrainReason],
     group: &str,
 ) -> Result<Cordoned, kube::Error> {
-    cordon_via(stage, &stage.client, node, reasons, group).await
+    cordon_via(stage, stage.client, node, reasons, group).await
 }
 
 /// [`cordon`] through `client`: DeleteNodes marks its Node through the engine's
@@ -68,7 +68,7 @@ pub async fn cordon_via(
 ) -> Result<Cordoned, kube::Error> {
     let limits = stage.limits();
     let mut unsure = false;
-    let marked = read_modify_write(&stage.nodes, client, node, |current| {
+    let marked = read_modify_write(stage.nodes, client, node, |current| {
         let annotations = current.metadata.annotations.clone().unwrap_or_default();
         let found = DrainRecord::from_annotations(&annotations);
         let resumed = found.is_some();
@@ -201,7 +201,7 @@ impl GivenBack {
 /// taint (CA asked for the removal that is now abandoned) and our marks, and
 /// uncordons / unlabels only when this service or CA did those.
 pub async fn uncordon(stage: &Stage<'_>, node: &str) -> Result<GivenBack, kube::Error> {
-    let given = read_modify_write(&stage.nodes, &stage.client, node, |current| {
+    let given = read_modify_write(stage.nodes, stage.client, node, |current| {
         let annotations = current.metadata.annotations.clone().unwrap_or_default();
         let spec = current.spec.clone().unwrap_or_default();
         let kept = if spec.unschedulable == Some(true) && !annotations.contains_key(CORDONED_BY_US)
