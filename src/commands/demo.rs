@@ -151,11 +151,19 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
                     .into_inner()
                     .node_group_autoscaling_options
                     .unwrap_or_default();
+                // The same time in both of the protocol's fields (CA before 1.33 reads
+                // the first, a meta.v1 Duration in ns; later ones the second).
+                let unneeded = o
+                    .scale_down_unneeded_duration
+                    .map(|d| Duration::from_secs(d.seconds.max(0) as u64))
+                    .or_else(|| {
+                        o.scale_down_unneeded_time
+                            .map(|d| Duration::from_nanos(d.duration.max(0) as u64))
+                    });
                 println!(
-                    "   {id}: scaleDownUtilizationThreshold {}  scaleDownUnneededTime {:?} (meta ns) / {:?} (google)",
+                    "   {id}: scale-down utilization threshold {}, unneeded time {}",
                     o.scale_down_utilization_threshold,
-                    o.scale_down_unneeded_time.map(|d| d.duration),
-                    o.scale_down_unneeded_duration.map(|d| d.seconds),
+                    unneeded.map_or_else(|| "CA's default".to_string(), crate::duration::format_duration),
                 );
             }
             Err(s) if s.code() == tonic::Code::Unimplemented => {
@@ -177,9 +185,15 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
     .await?;
     show_target(&mut ca, "demo-general").await?;
     let deadline = Instant::now() + Duration::from_secs(30);
+    let mut shown = String::new();
     loop {
         ca.refresh(proto::RefreshRequest {}).await?;
-        let (running, creating, _) = show_nodes(&mut ca, "demo-general").await?;
+        // Each state of the group once, as it changes.
+        let (line, (running, creating, _)) = nodes_line(&mut ca, "demo-general").await?;
+        if line != shown {
+            println!("{line}");
+            shown = line;
+        }
         if (running == 4 && creating == 0) || Instant::now() > deadline {
             break;
         }
@@ -235,7 +249,7 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
     show_target(&mut ca, "demo-general").await?;
     show_nodes(&mut ca, "demo-general").await?;
     let outcome = engine.wait_for(&victim_id).await;
-    println!("   drain outcome: {outcome:?}");
+    println!("   the drain {}", told(outcome.as_ref()));
     println!("   timeline on {node_name} (from the API server's log):");
     let audit = sim.audit();
     let t0 = audit
@@ -291,7 +305,12 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
             .into_inner()
             .node_group
             .unwrap_or_default();
-        println!("   {pid:<45} -> {:?}", g.id);
+        let group = if g.id.is_empty() {
+            "no node group (not an instance of a managed group)"
+        } else {
+            g.id.as_str()
+        };
+        println!("   {pid:<45} -> {group}");
     }
 
     step("A launch that fails: demo-arm has no capacity (placeholders carry the error)");
@@ -321,7 +340,7 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
         .await
     {
         Ok(_) => println!("   unexpectedly accepted"),
-        Err(s) => println!("   {:?}: {}", s.code(), s.message()),
+        Err(s) => println!("   refused with gRPC status {:?}: {}", s.code(), s.message()),
     }
 
     let _ = stop_tx.send(());
@@ -330,7 +349,24 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
         "\n== demo finished in {:.1}s",
         started.elapsed().as_secs_f64()
     );
+    println!("   What you saw: CA's calls answered by the real gRPC server; the node drained");
+    println!("   with its DaemonSet pods last and its PodDisruptionBudget honoured, then ended.");
+    println!("   Next: run it against your cluster (docs/quickstart-eks.md), or see what each");
+    println!("   setting does (docs/configuration.md).");
     Ok(())
+}
+
+/// How a drain ended, as a sentence.
+fn told(outcome: Option<&crate::scalein::Outcome>) -> String {
+    use crate::scalein::Outcome;
+    match outcome {
+        Some(Outcome::Ended) => "ended: every pod left, then the instance was terminated".into(),
+        Some(Outcome::Drained) => "finished: the node is drained".into(),
+        Some(Outcome::Abandoned(why)) => format!("was abandoned: {why}"),
+        Some(Outcome::Failed(why)) => format!("failed: {why}"),
+        Some(Outcome::Observed(what)) => format!("was described (dry run): {what}"),
+        None => "ended without an answer (the engine stopped)".into(),
+    }
 }
 
 fn ready_pods(sim: &SimCluster) -> usize {
@@ -358,6 +394,13 @@ async fn show_target(ca: &mut Client, id: &str) -> anyhow::Result<()> {
 }
 
 async fn show_nodes(ca: &mut Client, id: &str) -> anyhow::Result<(usize, usize, usize)> {
+    let (line, counts) = nodes_line(ca, id).await?;
+    println!("{line}");
+    Ok(counts)
+}
+
+/// The group's instances in one line, and how many run, are created, are deleted.
+async fn nodes_line(ca: &mut Client, id: &str) -> anyhow::Result<(String, (usize, usize, usize))> {
     let list = ca
         .node_group_nodes(proto::NodeGroupNodesRequest { id: id.into() })
         .await?
@@ -393,7 +436,7 @@ async fn show_nodes(ca: &mut Client, id: &str) -> anyhow::Result<(usize, usize, 
             _ => line.push(format!("{short}={label}")),
         }
     }
-    println!(
+    let line = format!(
         "   {id}: {}",
         if line.is_empty() {
             "(no instances)".to_string()
@@ -401,5 +444,5 @@ async fn show_nodes(ca: &mut Client, id: &str) -> anyhow::Result<(usize, usize, 
             line.join("  ")
         }
     );
-    Ok((r, c, d))
+    Ok((line, (r, c, d)))
 }
