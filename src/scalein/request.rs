@@ -44,6 +44,30 @@ pub enum Source {
     Interruption,
 }
 
+impl Source {
+    /// Who asked, in words (Events and logs an operator reads).
+    pub fn said(&self) -> &'static str {
+        match self {
+            Source::ClusterAutoscaler => "cluster-autoscaler",
+            Source::Asg => "the Auto Scaling group",
+            Source::Resume => "a drain resumed after a restart",
+            Source::Cli => "the drain command",
+            Source::Interruption => "an EC2 interruption notice",
+        }
+    }
+
+    /// Why the node is drained, for the Events on its pods.
+    pub fn why(&self) -> &'static str {
+        match self {
+            Source::ClusterAutoscaler => "scale-in by cluster-autoscaler",
+            Source::Asg => "the Auto Scaling Group is ending the instance (scaling policy, rebalancing, instance refresh or a person); held by a lifecycle hook",
+            Source::Resume => "a scale-in resumed after a restart",
+            Source::Cli => "the drain command",
+            Source::Interruption => "an EC2 interruption notice (spot interruption, rebalance recommendation or scheduled maintenance)",
+        }
+    }
+}
+
 #[derive(Debug, Clone)]
 pub struct DrainRequest {
     pub instance_id: String,

@@ -397,13 +397,7 @@ impl<'a> NodeDrain<'a> {
             budget: plan
                 .budget_ends
                 .map(|e| (instant_of(e), plan.daemonset_share)),
-            why: match req.source {
-                Source::ClusterAutoscaler => "scale-in by cluster-autoscaler",
-                Source::Asg => "the Auto Scaling Group is ending the instance (scaling policy, rebalancing, instance refresh or a person); held by a lifecycle hook",
-                Source::Resume => "a scale-in resumed after a restart",
-                Source::Cli => "the drain command",
-                Source::Interruption => "an EC2 interruption notice (spot interruption, rebalance recommendation or scheduled maintenance)",
-            },
+            why: req.source.why(),
             source: req.source,
         }
     }
@@ -557,16 +551,15 @@ async fn say_started(engine: &Engine, req: &DrainRequest, node: &str, record: &D
         .map(|r| format!("{} since {}", r.why.label(), r.at.format("%H:%M:%S")))
         .collect();
     let note = format!(
-        "draining node for instance {} of group {} ({}; asked by {:?}{}); workloads first, DaemonSet pods {}",
+        "draining node for instance {}{} ({}; asked by {}); workloads first, DaemonSet pods {}",
         req.instance_id,
-        req.group,
-        reasons.join(", "),
-        req.source,
-        if req.source == Source::Resume {
-            ", resumed after a restart"
+        if req.group.is_empty() {
+            String::new()
         } else {
-            ""
+            format!(" of group {}", req.group)
         },
+        reasons.join(", "),
+        req.source.said(),
         match engine.settings.daemonsets {
             DaemonSetPolicy::EvictLast => "last",
             DaemonSetPolicy::Keep => "kept",
