@@ -163,7 +163,10 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
                 println!(
                     "   {id}: scale-down utilization threshold {}, unneeded time {}",
                     o.scale_down_utilization_threshold,
-                    unneeded.map_or_else(|| "CA's default".to_string(), crate::duration::format_duration),
+                    unneeded.map_or_else(
+                        || "CA's default".to_string(),
+                        crate::duration::format_duration
+                    ),
                 );
             }
             Err(s) if s.code() == tonic::Code::Unimplemented => {
@@ -340,7 +343,11 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
         .await
     {
         Ok(_) => println!("   unexpectedly accepted"),
-        Err(s) => println!("   refused with gRPC status {:?}: {}", s.code(), s.message()),
+        Err(s) => println!(
+            "   refused with gRPC status {:?}: {}",
+            s.code(),
+            s.message()
+        ),
     }
 
     let _ = stop_tx.send(());
