@@ -22,29 +22,15 @@ import sys
 import tempfile
 from pathlib import Path
 
+from links import lines_outside_code as page_lines  # one reader of a page outside its code blocks
+
 ROOT = Path(__file__).resolve().parents[2]
 
-FENCE = re.compile(r"^\s{0,3}(```|~~~)")
 PATH = re.compile(r"(?<![\w/.])src/[A-Za-z0-9_./-]*[A-Za-z0-9_/]")
 FUNCTION = re.compile(r"`(?:[A-Za-z_]\w*::)*([A-Za-z_]\w*)\(\)`")
 STEP = re.compile(r"^(\d+)\.\s+(.*)$")
 LAYER = re.compile(r'\(\s*"(\w+)"\s*,\s*(\d+)\s*\)')
 ROW = re.compile(r"^\|\s*(\d+)\s*\|([^|]*)\|")
-
-
-def page_lines(path):
-    """(line number, line) outside fenced code blocks."""
-    fence = None
-    for n, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
-        m = FENCE.match(line)
-        if m:
-            if fence is None:
-                fence = m.group(1)
-            elif line.strip().startswith(fence):
-                fence = None
-            continue
-        if fence is None:
-            yield n, line
 
 
 def walk_steps(lines):
