@@ -830,12 +830,7 @@ impl MemoryCloud {
         let mut st = self.state.lock();
         self.settle(&mut st);
         let now = Instant::now();
-        let (name, g) = st
-            .groups
-            .iter_mut()
-            .find(|(_, g)| g.instances.iter().any(|i| i.id == instance_id))
-            .ok_or_else(|| not_found("instance", instance_id))?;
-        let name = name.clone();
+        let (name, g) = group_holding(&mut st, instance_id)?;
         g.instances.retain(|i| i.id != instance_id);
         if decrement {
             lower_by_hand(&mut st, &name);
@@ -852,12 +847,7 @@ impl MemoryCloud {
         let mut st = self.state.lock();
         self.settle(&mut st);
         let now = Instant::now();
-        let (name, g) = st
-            .groups
-            .iter_mut()
-            .find(|(_, g)| g.instances.iter().any(|i| i.id == instance_id))
-            .ok_or_else(|| not_found("instance", instance_id))?;
-        let name = name.clone();
+        let (name, g) = group_holding(&mut st, instance_id)?;
         let inst = g
             .instances
             .iter_mut()
@@ -1126,6 +1116,18 @@ fn begin_termination(
 
 /// A person's call (EnterStandby, DetachInstances with decrement) lowers the group's
 /// desired capacity by one, logged as done from outside.
+/// The name and the group whose instances hold `instance_id`; NotFound otherwise.
+fn group_holding<'a>(
+    st: &'a mut State,
+    instance_id: &str,
+) -> CloudResult<(String, &'a mut MemAsg)> {
+    st.groups
+        .iter_mut()
+        .find(|(_, g)| g.instances.iter().any(|i| i.id == instance_id))
+        .map(|(name, g)| (name.clone(), g))
+        .ok_or_else(|| not_found("instance", instance_id))
+}
+
 fn lower_by_hand(st: &mut State, group: &str) {
     let Some(g) = st.groups.get_mut(group) else {
         return;
