@@ -288,3 +288,32 @@ fn helm_values_configurations_load() {
     }
     assert!(seen >= 1, "no values file with a config section");
 }
+
+/// Issue 62: the tag writes (the record of the hook this service created, and its
+/// removal at uninstall) may change that one tag only, never the discovery tags the
+/// write statement's condition trusts.
+#[test]
+fn tag_writes_are_limited_to_the_hook_record() {
+    use ca_asg_provider::cloud::HOOK_RECORD_TAG;
+    let p = policy();
+    let mut seen = BTreeSet::new();
+    for s in p["Statement"].as_array().unwrap() {
+        for a in actions_of(s) {
+            if !matches!(
+                a.as_str(),
+                "autoscaling:CreateOrUpdateTags" | "autoscaling:DeleteTags"
+            ) {
+                continue;
+            }
+            let keys = &s["Condition"]["ForAllValues:StringEquals"]["aws:TagKeys"];
+            assert_eq!(
+                keys,
+                &serde_json::json!([HOOK_RECORD_TAG]),
+                "{a} must be limited to the tag key {HOOK_RECORD_TAG}: {}",
+                s["Condition"]
+            );
+            seen.insert(a);
+        }
+    }
+    assert_eq!(seen.len(), 2, "{seen:?}");
+}

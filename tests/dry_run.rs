@@ -169,6 +169,7 @@ async fn a_dry_run_decides_everything_and_changes_nothing() {
     for write in [
         "set_desired_capacity",
         "put_terminating_hook",
+        "tag_group",
         "lifecycle_heartbeat",
         "complete_lifecycle_action",
     ] {

@@ -478,6 +478,15 @@ async fn a_created_hook_is_put_once() {
     assert_eq!(w.cloud.calls().get("put_terminating_hook"), Some(&1));
     let reg = w.provider.registry();
     assert!(w.engine.our_hook(reg.group("web").unwrap()).is_some());
+    // Issue 62: the group records that this service created the hook (what
+    // `remove-hooks` removes at uninstall), once, with the hook.
+    assert_eq!(w.cloud.calls().get("tag_group"), Some(&1));
+    let web = reg.group("web").unwrap();
+    assert!(
+        ca_asg_provider::cloud::hook_recorded(&web.asg.tags, "ca-asg-provider-drain"),
+        "{:?}",
+        web.asg.tags
+    );
 }
 
 /// Issue 39, 6: the replica that leads the drains may not be the one CA calls, so no

@@ -80,6 +80,15 @@ impl Cloud for Instrumented {
     async fn put_terminating_hook(&self, g: &str, h: &LifecycleHook) -> CloudResult<()> {
         counted!("PutLifecycleHook", self.0.put_terminating_hook(g, h))
     }
+    async fn delete_terminating_hook(&self, g: &str, h: &str) -> CloudResult<()> {
+        counted!("DeleteLifecycleHook", self.0.delete_terminating_hook(g, h))
+    }
+    async fn tag_group(&self, g: &str, k: &str, v: &str) -> CloudResult<()> {
+        counted!("CreateOrUpdateTags", self.0.tag_group(g, k, v))
+    }
+    async fn untag_group(&self, g: &str, k: &str) -> CloudResult<()> {
+        counted!("DeleteTags", self.0.untag_group(g, k))
+    }
     async fn lifecycle_heartbeat(&self, a: &LifecycleAction) -> CloudResult<()> {
         counted!(
             "RecordLifecycleActionHeartbeat",

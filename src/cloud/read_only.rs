@@ -64,6 +64,15 @@ impl Cloud for ReadOnly {
     async fn put_terminating_hook(&self, g: &str, h: &LifecycleHook) -> CloudResult<()> {
         refused("PutLifecycleHook", format!("group {g}, hook {}", h.name))
     }
+    async fn delete_terminating_hook(&self, g: &str, h: &str) -> CloudResult<()> {
+        refused("DeleteLifecycleHook", format!("group {g}, hook {h}"))
+    }
+    async fn tag_group(&self, g: &str, k: &str, v: &str) -> CloudResult<()> {
+        refused("CreateOrUpdateTags", format!("group {g}, tag {k}={v}"))
+    }
+    async fn untag_group(&self, g: &str, k: &str) -> CloudResult<()> {
+        refused("DeleteTags", format!("group {g}, tag {k}"))
+    }
     async fn lifecycle_heartbeat(&self, a: &LifecycleAction) -> CloudResult<()> {
         refused(
             "RecordLifecycleActionHeartbeat",

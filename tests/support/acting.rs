@@ -267,6 +267,18 @@ impl Cloud for Logged {
         self.log.note(&self.who, format!("PutLifecycleHook {g}"));
         self.inner.put_terminating_hook(g, h).await
     }
+    async fn delete_terminating_hook(&self, g: &str, h: &str) -> CloudResult<()> {
+        self.log.note(&self.who, format!("DeleteLifecycleHook {g}"));
+        self.inner.delete_terminating_hook(g, h).await
+    }
+    async fn tag_group(&self, g: &str, k: &str, v: &str) -> CloudResult<()> {
+        self.log.note(&self.who, format!("CreateOrUpdateTags {g}"));
+        self.inner.tag_group(g, k, v).await
+    }
+    async fn untag_group(&self, g: &str, k: &str) -> CloudResult<()> {
+        self.log.note(&self.who, format!("DeleteTags {g}"));
+        self.inner.untag_group(g, k).await
+    }
     async fn lifecycle_heartbeat(&self, a: &LifecycleAction) -> CloudResult<()> {
         self.log.note(
             &self.who,

@@ -608,6 +608,42 @@ impl Cloud for AwsCloud {
         self.done("PutLifecycleHook", r).map(|_| ())
     }
 
+    async fn delete_terminating_hook(&self, group: &str, hook: &str) -> CloudResult<()> {
+        tracing::info!(group, hook, "DeleteLifecycleHook");
+        let r = self
+            .asg
+            .delete_lifecycle_hook()
+            .auto_scaling_group_name(group)
+            .lifecycle_hook_name(hook)
+            .send()
+            .await;
+        self.done("DeleteLifecycleHook", r).map(|_| ())
+    }
+
+    async fn tag_group(&self, group: &str, key: &str, value: &str) -> CloudResult<()> {
+        tracing::info!(group, key, value, "CreateOrUpdateTags");
+        let tag = asg::types::Tag::builder()
+            .resource_id(group)
+            .resource_type("auto-scaling-group")
+            .key(key)
+            .value(value)
+            .propagate_at_launch(false)
+            .build();
+        let r = self.asg.create_or_update_tags().tags(tag).send().await;
+        self.done("CreateOrUpdateTags", r).map(|_| ())
+    }
+
+    async fn untag_group(&self, group: &str, key: &str) -> CloudResult<()> {
+        tracing::info!(group, key, "DeleteTags");
+        let tag = asg::types::Tag::builder()
+            .resource_id(group)
+            .resource_type("auto-scaling-group")
+            .key(key)
+            .build();
+        let r = self.asg.delete_tags().tags(tag).send().await;
+        self.done("DeleteTags", r).map(|_| ())
+    }
+
     async fn lifecycle_heartbeat(&self, a: &LifecycleAction) -> CloudResult<()> {
         let r = self
             .asg

@@ -1621,6 +1621,76 @@ impl Cloud for MemoryCloud {
         .await
     }
 
+    async fn delete_terminating_hook(&self, group: &str, hook: &str) -> CloudResult<()> {
+        self.effect(|| -> CloudResult<()> {
+            let mut st = self.state.lock();
+            self.begin_call(&mut st, "delete_terminating_hook")?;
+            let g = st
+                .groups
+                .get_mut(group)
+                .ok_or_else(|| not_found("group", group))?;
+            g.spec.terminating_hooks.retain(|h| h.name != hook);
+            // As AWS does: the deleted hook's outstanding actions end with CONTINUE.
+            let now = Instant::now();
+            let pool_state = resting_pool_state(&g.spec);
+            let mut log = Vec::new();
+            for inst in g.instances.iter_mut().chain(g.pool.iter_mut()) {
+                let before = inst.waits.len();
+                inst.waits.retain(|w| w.hook != hook);
+                if inst.waits.len() == before {
+                    continue;
+                }
+                log.push(HookEvent::Completed {
+                    instance: inst.id.clone(),
+                    hook: hook.to_string(),
+                    result: LifecycleResult::Continue,
+                });
+                if !inst.waits.is_empty() {
+                    continue;
+                }
+                if inst.state == LifecycleState::TerminatingWait {
+                    proceed(inst, now, &mut log);
+                } else if inst.state == LifecycleState::Terminating {
+                    inst.enters_wait = None;
+                } else if is_hook_wait(&inst.state) {
+                    release_from_pool_wait(inst, &pool_state, false, now, &mut log);
+                }
+            }
+            g.pool.retain(|i| i.state.as_str() != "Warmed:Terminated");
+            st.log.extend(log);
+            Ok(())
+        })
+        .await
+    }
+
+    async fn tag_group(&self, group: &str, key: &str, value: &str) -> CloudResult<()> {
+        self.effect(|| -> CloudResult<()> {
+            let mut st = self.state.lock();
+            self.begin_call(&mut st, "tag_group")?;
+            let g = st
+                .groups
+                .get_mut(group)
+                .ok_or_else(|| not_found("group", group))?;
+            g.spec.tags.insert(key.to_string(), value.to_string());
+            Ok(())
+        })
+        .await
+    }
+
+    async fn untag_group(&self, group: &str, key: &str) -> CloudResult<()> {
+        self.effect(|| -> CloudResult<()> {
+            let mut st = self.state.lock();
+            self.begin_call(&mut st, "untag_group")?;
+            let g = st
+                .groups
+                .get_mut(group)
+                .ok_or_else(|| not_found("group", group))?;
+            g.spec.tags.remove(key);
+            Ok(())
+        })
+        .await
+    }
+
     async fn lifecycle_heartbeat(&self, action: &LifecycleAction) -> CloudResult<()> {
         self.effect(|| -> CloudResult<()> {
             let mut st = self.state.lock();

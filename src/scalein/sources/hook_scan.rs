@@ -7,7 +7,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::clock::Instant;
-use crate::cloud::{AsgInstance, AsgSnapshot, GroupSelector, LifecycleHook, LifecycleState};
+use crate::cloud::{
+    AsgInstance, AsgSnapshot, GroupSelector, LifecycleHook, LifecycleState, HOOK_RECORD_TAG,
+};
 use crate::provider::{Group, Provider};
 use crate::scalein::decide::record::End;
 use crate::scalein::holds::{
@@ -78,6 +80,17 @@ async fn create_hook(engine: &Engine, provider: &Provider, g: &Group) {
             .as_secs() as i32,
         default_result: "CONTINUE".into(),
     };
+    // The record first: a hook this service puts always carries it, so the
+    // `remove-hooks` command at uninstall can tell it from one it did not create.
+    // Without it (an IAM policy that predates the record), the hook is still put: the
+    // drains it protects matter more, and `remove-hooks` then lists it as unmarked.
+    if let Err(e) = engine
+        .cloud
+        .tag_group(&g.asg.name, HOOK_RECORD_TAG, &hook.name)
+        .await
+    {
+        tracing::warn!(group = %g.asg.name, hook = %hook.name, tag = HOOK_RECORD_TAG, error = %e, "could not record on the group that this service created its lifecycle hook; `ca-asg-provider remove-hooks` will not remove it without --include-unmarked (check that the IAM policy allows autoscaling:CreateOrUpdateTags)");
+    }
     match engine.cloud.put_terminating_hook(&g.asg.name, &hook).await {
         Ok(()) => {
             tracing::info!(group = %g.asg.name, hook = %hook.name, "created EC2_INSTANCE_TERMINATING lifecycle hook");
