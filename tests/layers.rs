@@ -561,6 +561,11 @@ const SCALEIN_ROOMS: &[(&str, &[&str], &str)] = &[
         &["decide", "kube", "holds", "stages", "engine"],
         "outside signals to drain requests",
     ),
+    (
+        "remove_hooks",
+        &[],
+        "uninstall: removes the hooks this service created; knows no engine",
+    ),
     ("request", &["decide"], "the vocabulary"),
     ("settings", &["decide"], "the vocabulary"),
     ("stats", &[], "the vocabulary"),

@@ -5,6 +5,7 @@
 pub mod check;
 pub mod demo;
 pub mod drain;
+pub mod remove_hooks;
 pub mod serve;
 pub mod status;
 
@@ -45,6 +46,9 @@ pub enum Command {
     /// List the drains in progress (read-only): node, group, reasons, phase, elapsed,
     /// what blocks it, its deadline.
     Status(status::StatusArgs),
+    /// Remove the lifecycle hooks this service created (at uninstall), so that no
+    /// instance waits for a hook nobody answers.
+    RemoveHooks(remove_hooks::RemoveHooksArgs),
 }
 
 pub async fn run(cli: Cli) -> ExitCode {
@@ -64,6 +68,10 @@ pub async fn run(cli: Cli) -> ExitCode {
         Command::CheckConfig(args) => {
             init_logging(cli.log_format, quiet_default(&cli.log_level));
             check::run(args).await
+        }
+        Command::RemoveHooks(args) => {
+            init_logging(cli.log_format, quiet_default(&cli.log_level));
+            remove_hooks::run(args).await
         }
         Command::Status(args) => {
             init_logging(cli.log_format, quiet_default(&cli.log_level));

@@ -27,6 +27,7 @@ pub mod decide;
 pub mod engine;
 pub mod holds;
 pub mod kube;
+pub mod remove_hooks;
 pub mod request;
 pub mod settings;
 pub mod sources;
