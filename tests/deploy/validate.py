@@ -150,8 +150,14 @@ def render(target):
     return [d for d in yaml.safe_load_all(out.stdout) if d]
 
 
+def is_hook(doc):
+    return "helm.sh/hook" in ((doc.get("metadata") or {}).get("annotations") or {})
+
+
 def find(docs, kind, name=None):
-    found = [d for d in docs if d.get("kind") == kind and (name is None or d["metadata"]["name"] == name)]
+    """The one release object (not a Helm hook's) of this kind and name."""
+    found = [d for d in docs if d.get("kind") == kind and (name is None or d["metadata"]["name"] == name)
+             and not is_hook(d)]
     return found[0] if len(found) == 1 else None
 
 
@@ -1021,6 +1027,60 @@ def test_hook_errors(docs):
     return errs
 
 
+def uninstall_hook_errors(docs, values):
+    """`helm uninstall` runs `remove-hooks` (issue 62) after the release's objects are gone,
+    in the provider's image, under the provider's ServiceAccount name with its annotations
+    (the same IAM role), on the provider's config without what only serving needs, bounded
+    in time, and leaves nothing behind when it succeeds; uninstall.removeHooks: false, or
+    sidecar mode (no image here), renders none."""
+    hooks = [d for d in docs if ((d["metadata"].get("annotations") or {}).get("helm.sh/hook")) == "post-delete"]
+    want = values["mode"] != "sidecar" and values["uninstall"]["removeHooks"]
+    if not want:
+        return [f"renders post-delete hooks {[d['kind'] for d in hooks]} with removeHooks off or in sidecar mode"] if hooks else []
+    errs = []
+    for d in hooks:
+        policy = d["metadata"]["annotations"].get("helm.sh/hook-delete-policy", "")
+        if "hook-succeeded" not in policy:
+            errs.append(f"{d['kind']}/{d['metadata']['name']}: hook-delete-policy {policy!r} keeps it after success")
+    jobs = [d for d in hooks if d["kind"] == "Job"]
+    dep = find(docs, "Deployment")
+    if len(jobs) != 1 or not dep:
+        return errs + [f"expected one post-delete Job beside the Deployment, found {len(jobs)}"]
+    job, dpod = jobs[0], dep["spec"]["template"]["spec"]
+    pod, serve = job["spec"]["template"]["spec"], next(c for c in dpod["containers"] if "serve" in (c.get("args") or []))
+    c = pod["containers"][0]
+    args = c.get("args") or []
+    if args[:1] != ["remove-hooks"] or c["image"] != serve["image"] or "--timeout" not in args:
+        errs.append(f"runs {args} in {c['image']}: want remove-hooks --timeout ... in {serve['image']}")
+    if not job["spec"].get("activeDeadlineSeconds") or job["spec"].get("backoffLimit", 6) > 2:
+        errs.append(f"activeDeadlineSeconds {job['spec'].get('activeDeadlineSeconds')}, backoffLimit "
+                    f"{job['spec'].get('backoffLimit')}: want a deadline and at most 2 retries")
+    if pod.get("serviceAccountName") != dpod.get("serviceAccountName"):
+        errs.append(f"ServiceAccount {pod.get('serviceAccountName')} is not the provider's {dpod.get('serviceAccountName')}")
+    if values["serviceAccount"]["create"]:
+        sa = [d for d in hooks if d["kind"] == "ServiceAccount" and d["metadata"]["name"] == dpod.get("serviceAccountName")]
+        released = find(docs, "ServiceAccount", dpod.get("serviceAccountName"))
+        ann = lambda d: {k: v for k, v in ((d or {}).get("metadata", {}).get("annotations") or {}).items()
+                         if not k.startswith("helm.sh/")}
+        if len(sa) != 1 or ann(sa[0]) != ann(released):
+            errs.append(f"no hook ServiceAccount named as the provider's with its annotations {ann(released)}: "
+                        f"the release's is gone at post-delete")
+    cm_name = next((v["configMap"]["name"] for v in pod.get("volumes") or [] if "configMap" in v), None)
+    cm = next((d for d in hooks if d["kind"] == "ConfigMap" and d["metadata"]["name"] == cm_name), None)
+    path = args[args.index("--config") + 1] if "--config" in args else ""
+    key = path.rsplit("/", 1)[-1]
+    if not cm or key not in (cm.get("data") or {}):
+        errs.append(f"--config {path} is not in a post-delete ConfigMap ({cm_name})")
+    else:
+        cfg = provider_config(docs, values) or {}
+        want_cfg = {k: v for k, v in cfg.items() if k not in ("listen", "metricsListen", "tls")}
+        if yaml.safe_load(cm["data"][key]) != want_cfg:
+            errs.append(f"config {yaml.safe_load(cm['data'][key])} is not the provider's without listen and tls {want_cfg}")
+    if job["metadata"]["labels"].items() >= dep["spec"]["selector"]["matchLabels"].items():
+        errs.append("carries the Deployment's selector labels")
+    return errs
+
+
 def provider_config_name(docs):
     cms = [d for d in docs if d.get("kind") == "ConfigMap" and "config.yaml" in (d.get("data") or {})]
     return cms[0]["metadata"]["name"] if len(cms) == 1 else None
@@ -1514,6 +1574,8 @@ def check_chart(base_docs, overlay_docs):
                 fail(f"deploy/chart ({label}): dashboard: {e}")
             if "symbolic link" in lint.stderr + out.stderr:
                 fail(f"deploy/chart ({label}): helm warns of a symbolic link: {(lint.stderr + out.stderr).strip()[:300]}")
+            for e in uninstall_hook_errors(docs, values):
+                fail(f"deploy/chart ({label}): uninstall: {e}")
             if values["mode"] != "sidecar":
                 for e in test_hook_errors(docs):
                     fail(f"deploy/chart ({label}): helm test: {e}")

@@ -202,7 +202,7 @@ sidecar:
       readinessProbe, livenessProbe, podSecurityContext, podAnnotations, podLabels, scrapeAnnotations,
       replicas, revisionHistoryLimit, terminationGracePeriodSeconds, priorityClassName, nodeSelector,
       strategy, tolerations, affinity, avoidNodesLabelled, topologySpreadConstraints, podDisruptionBudget,
-      serviceAccount]
+      serviceAccount, uninstall]
   - why: "it is standalone mode's (CA reaches the sidecar on 127.0.0.1, without a Service or TLS)"
     paths: [service, tls, clusterAutoscaler.cloudConfig.tlsMountPath]
   - why: {{ $caChart | quote }}
