@@ -1081,6 +1081,36 @@ def uninstall_hook_errors(docs, values):
     return errs
 
 
+def overlay_remove_hooks_errors(docs):
+    """deploy/remove-hooks-job.jq (docs/helm.md, Uninstall) turns the overlay's Deployment
+    into a valid Job that runs remove-hooks with the serving container's image and
+    --config, under the same ServiceAccount and volumes, with a deadline."""
+    deps = [d for d in docs if d["kind"] == "Deployment"
+            and any(c["name"] == "ca-asg-provider" for c in pod_containers(d))]
+    if len(deps) != 1:
+        return [f"expected one Deployment with a ca-asg-provider container, found {len(deps)}"]
+    dep = deps[0]
+    out = subprocess.run(["jq", "-f", str(ROOT / "deploy/remove-hooks-job.jq")], input=json.dumps(dep),
+                         capture_output=True, text=True)
+    if out.returncode != 0:
+        return [f"jq -f deploy/remove-hooks-job.jq fails: {out.stderr.strip()[:300]}"]
+    job = json.loads(out.stdout)
+    job["metadata"]["namespace"] = NAMESPACE
+    errs = check_object(job)
+    pod, dpod = job["spec"]["template"]["spec"], dep["spec"]["template"]["spec"]
+    serve = next(c for c in dpod["containers"] if c["name"] == "ca-asg-provider")
+    c = pod["containers"][0]
+    conf = lambda a: a[a.index("--config") + 1] if "--config" in a else None
+    if c["args"][:1] != ["remove-hooks"] or conf(c["args"]) != conf(serve["args"]) or c["image"] != serve["image"]:
+        errs.append(f"runs {c['args']} in {c['image']}: want remove-hooks --config {conf(serve['args'])} in {serve['image']}")
+    if pod.get("serviceAccountName") != dpod.get("serviceAccountName") or pod.get("volumes") != dpod.get("volumes") \
+            or c.get("volumeMounts") != serve.get("volumeMounts"):
+        errs.append("not the Deployment's ServiceAccount, volumes and mounts")
+    if not job["spec"].get("activeDeadlineSeconds") or pod.get("restartPolicy") != "Never":
+        errs.append("no deadline, or restarts")
+    return errs
+
+
 def provider_config_name(docs):
     cms = [d for d in docs if d.get("kind") == "ConfigMap" and "config.yaml" in (d.get("data") or {})]
     return cms[0]["metadata"]["name"] if len(cms) == 1 else None
@@ -1799,6 +1829,14 @@ def main():
         if not errs:
             print(f"ok   deploy/overlays/{overlay}: the provider's ConfigMap carries a hash suffix, the pods mount exactly it, "
                   f"and an edit of its config renames it (kubectl apply -k rolls the pods)")
+    for overlay in sorted(k for k in rendered if k != "base"):
+        errs = overlay_remove_hooks_errors(rendered[overlay])
+        for e in errs:
+            print(f"FAIL deploy/overlays/{overlay}: deploy/remove-hooks-job.jq: {e}")
+        failed += len(errs)
+        if not errs:
+            print(f"ok   deploy/overlays/{overlay}: deploy/remove-hooks-job.jq makes a valid Job running remove-hooks "
+                  f"as the provider runs (image, config, ServiceAccount, mounts)")
     failed += check_chart(rendered["base"], rendered["standalone"])
     if failed:
         print(f"{failed} failure(s)")
