@@ -853,7 +853,8 @@ fn check_config_names_a_node_registered_while_warming() {
     assert!(registered_while_warming(&[], &nodes).is_empty());
 }
 
-/// Issue 60, 3: the shipped binary keeps serve, check-config, drain, status and demo; the load
+/// Issue 60, 3: the shipped binary keeps serve, check-config, drain, status, remove-hooks
+/// (issue 62) and demo; the load
 /// generator is a binary of its own (loadgen/, `cargo run -p loadgen`), and
 /// `ca-asg-provider loadgen` is an unknown subcommand (clap's usage error, exit 2).
 #[test]
@@ -866,7 +867,17 @@ fn the_shipped_binary_has_the_product_commands_and_not_the_test_rig() {
         .filter(|n| *n != "help")
         .collect();
     names.sort();
-    assert_eq!(names, ["check-config", "demo", "drain", "serve", "status"]);
+    assert_eq!(
+        names,
+        [
+            "check-config",
+            "demo",
+            "drain",
+            "remove-hooks",
+            "serve",
+            "status"
+        ]
+    );
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_ca-asg-provider"))
         .args(["loadgen", "--nodes", "10"])
         .output()

@@ -294,7 +294,7 @@ fn helm_values_configurations_load() {
 /// write statement's condition trusts.
 #[test]
 fn tag_writes_are_limited_to_the_hook_record() {
-    use ca_asg_provider::cloud::HOOK_RECORD_TAG;
+    use ca_asg_provider::scalein::decide::hooks::HOOK_RECORD_TAG;
     let p = policy();
     let mut seen = BTreeSet::new();
     for s in p["Statement"].as_array().unwrap() {

@@ -563,7 +563,7 @@ const SCALEIN_ROOMS: &[(&str, &[&str], &str)] = &[
     ),
     (
         "remove_hooks",
-        &[],
+        &["decide"],
         "uninstall: removes the hooks this service created; knows no engine",
     ),
     ("request", &["decide"], "the vocabulary"),

@@ -483,7 +483,10 @@ async fn a_created_hook_is_put_once() {
     assert_eq!(w.cloud.calls().get("tag_group"), Some(&1));
     let web = reg.group("web").unwrap();
     assert!(
-        ca_asg_provider::cloud::hook_recorded(&web.asg.tags, "ca-asg-provider-drain"),
+        ca_asg_provider::scalein::decide::hooks::hook_recorded(
+            &web.asg.tags,
+            "ca-asg-provider-drain"
+        ),
         "{:?}",
         web.asg.tags
     );

@@ -13,9 +13,8 @@ use aws_sdk_autoscaling as asg;
 use aws_sdk_ec2 as ec2;
 use ca_asg_provider::cloud::aws::AwsCloud;
 use ca_asg_provider::cloud::memory::{MemoryCloud, MemoryGroup, MemoryTiming};
-use ca_asg_provider::cloud::{
-    Cloud, GroupSelector, LifecycleHook, LifecycleState, TagFilter, HOOK_RECORD_TAG,
-};
+use ca_asg_provider::cloud::{Cloud, GroupSelector, LifecycleHook, LifecycleState, TagFilter};
+use ca_asg_provider::scalein::decide::hooks::HOOK_RECORD_TAG;
 use ca_asg_provider::scalein::remove_hooks::{remove_hooks, Outcome, RemoveOptions};
 
 const OURS: &str = "ca-asg-provider-drain";

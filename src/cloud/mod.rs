@@ -298,19 +298,6 @@ pub struct LifecycleHook {
     pub default_result: String,
 }
 
-/// The group tag that records which lifecycle hook this service created on the group:
-/// its value is the hook's name. The record is a tag, not the hook's
-/// NotificationMetadata, because moto (the AWS the tests run against) drops
-/// NotificationMetadata; the tag is read with the group, at no extra call.
-pub const HOOK_RECORD_TAG: &str = "ca-asg-provider.io/lifecycle-hook";
-
-/// Whether the group's record says this service created the hook named `hook`: the
-/// record's value is exactly that name. Anything else (no record, another name, a
-/// value AWS would not hold) is not a record: such a hook is not known to be ours.
-pub fn hook_recorded(tags: &BTreeMap<String, String>, hook: &str) -> bool {
-    !hook.is_empty() && hook.len() <= 255 && tags.get(HOOK_RECORD_TAG).is_some_and(|v| v == hook)
-}
-
 /// A scaling activity that failed to launch capacity (for placeholders).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LaunchFailure {

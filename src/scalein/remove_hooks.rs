@@ -2,50 +2,15 @@
 //! nothing holds an instance once the service is gone (issue 62). A hook is ours when
 //! it has the configured name AND the group's record says this service created it
 //! ([`HOOK_RECORD_TAG`]); one with our name but no record (an earlier version's, or
-//! made by hand) is kept unless asked for; any other hook is never touched.
+//! made by hand) is kept unless asked for; any other hook is never touched (the
+//! decision: [`which_to_remove`]).
 //! AWS completes the outstanding actions of a deleted terminating hook with CONTINUE:
 //! instances it held go on terminating.
 
 use std::collections::BTreeMap;
 
-use crate::cloud::{
-    hook_recorded, Cloud, CloudError, GroupSelector, LifecycleHook, HOOK_RECORD_TAG,
-};
-
-/// What to do with one group's hooks: the pure decision.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum Removal {
-    /// No hook with our name. `stale_record`: the group still carries our record,
-    /// which is removed (a later hook of that name made by hand is not ours).
-    Nothing { stale_record: bool },
-    /// Our hook is deleted (and its record). `marked`: the record says we created
-    /// it; otherwise `--include-unmarked` asked for it.
-    Remove { marked: bool },
-    /// A hook with our name but no record: kept, and said how to remove it.
-    KeepUnmarked,
-}
-
-/// Which of the group's hooks go: only the one named `name`, and only when the group's
-/// record says this service created it, or `include_unmarked` asks for one without a
-/// record. Hooks of other names are never in the answer.
-pub fn which_to_remove(
-    hooks: &[LifecycleHook],
-    tags: &BTreeMap<String, String>,
-    name: &str,
-    include_unmarked: bool,
-) -> Removal {
-    let marked = hook_recorded(tags, name);
-    if !hooks.iter().any(|h| h.name == name) {
-        return Removal::Nothing {
-            stale_record: marked,
-        };
-    }
-    if marked || include_unmarked {
-        Removal::Remove { marked }
-    } else {
-        Removal::KeepUnmarked
-    }
-}
+use crate::cloud::{Cloud, CloudError, GroupSelector};
+use crate::scalein::decide::hooks::{which_to_remove, Removal, HOOK_RECORD_TAG};
 
 /// How `remove-hooks` runs.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -251,88 +216,4 @@ async fn one_group(
         }
     };
     report(outcome, others)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn hook(name: &str) -> LifecycleHook {
-        LifecycleHook {
-            name: name.into(),
-            heartbeat_timeout_secs: 600,
-            default_result: "CONTINUE".into(),
-        }
-    }
-
-    /// Every combination of: our hook there or not, another hook there or not, the
-    /// record (ours, naming another hook, empty, absent), include_unmarked. Only a hook
-    /// of our name is ever removed, and only with our record or when asked.
-    #[test]
-    fn only_our_named_hook_goes_and_only_with_the_record_or_when_asked() {
-        const NAME: &str = "ca-asg-provider-drain";
-        let records: [Option<&str>; 4] = [Some(NAME), Some("other-hook"), Some(""), None];
-        for ours_there in [false, true] {
-            for other_there in [false, true] {
-                for record in records {
-                    for include in [false, true] {
-                        let mut hooks = Vec::new();
-                        if other_there {
-                            hooks.push(hook("Terminate-LC-Hook"));
-                        }
-                        if ours_there {
-                            hooks.push(hook(NAME));
-                        }
-                        let tags: BTreeMap<String, String> = record
-                            .map(|v| (HOOK_RECORD_TAG.to_string(), v.to_string()))
-                            .into_iter()
-                            .collect();
-                        let marked = record == Some(NAME);
-                        let got = which_to_remove(&hooks, &tags, NAME, include);
-                        let want = match (ours_there, marked, include) {
-                            (false, _, _) => Removal::Nothing {
-                                stale_record: marked,
-                            },
-                            (true, true, _) => Removal::Remove { marked: true },
-                            (true, false, true) => Removal::Remove { marked: false },
-                            (true, false, false) => Removal::KeepUnmarked,
-                        };
-                        assert_eq!(
-                            got, want,
-                            "ours {ours_there}, other {other_there}, record {record:?}, include {include}"
-                        );
-                    }
-                }
-            }
-        }
-    }
-
-    /// A hook of another name is never removed, whatever the record says (even a
-    /// record naming it) and whatever is asked.
-    #[test]
-    fn a_foreign_hook_is_never_removed() {
-        let hooks = [hook("Terminate-LC-Hook")];
-        for record in ["Terminate-LC-Hook", "ca-asg-provider-drain"] {
-            let tags = BTreeMap::from([(HOOK_RECORD_TAG.to_string(), record.to_string())]);
-            for include in [false, true] {
-                assert!(matches!(
-                    which_to_remove(&hooks, &tags, "ca-asg-provider-drain", include),
-                    Removal::Nothing { .. }
-                ));
-            }
-        }
-    }
-
-    /// The record is bounded: an empty name or one longer than AWS's hook names is
-    /// never recorded, so never taken as ours.
-    #[test]
-    fn the_record_fails_closed() {
-        let long = "x".repeat(300);
-        let tags = BTreeMap::from([(HOOK_RECORD_TAG.to_string(), long.clone())]);
-        assert!(!hook_recorded(&tags, &long));
-        let empty = BTreeMap::from([(HOOK_RECORD_TAG.to_string(), String::new())]);
-        assert!(!hook_recorded(&empty, ""));
-        let case = BTreeMap::from([(HOOK_RECORD_TAG.to_string(), "Drain".to_string())]);
-        assert!(!hook_recorded(&case, "drain"));
-    }
 }

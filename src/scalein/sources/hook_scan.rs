@@ -7,10 +7,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::clock::Instant;
-use crate::cloud::{
-    AsgInstance, AsgSnapshot, GroupSelector, LifecycleHook, LifecycleState, HOOK_RECORD_TAG,
-};
+use crate::cloud::{AsgInstance, AsgSnapshot, GroupSelector, LifecycleHook, LifecycleState};
 use crate::provider::{Group, Provider};
+use crate::scalein::decide::hooks::HOOK_RECORD_TAG;
 use crate::scalein::decide::record::End;
 use crate::scalein::holds::{
     ours_to_hold, pool_holds, remembers_done, AWS_MAX_HEARTBEAT_TIMEOUT, AWS_MIN_HEARTBEAT_TIMEOUT,
