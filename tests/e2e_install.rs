@@ -556,6 +556,223 @@ async fn chart_installed_runs_two_replicas_holds_the_lease_and_drains_a_ca_scale
     drop(node);
 }
 
+/// `helm uninstall` leaves nothing holding instances (issue 62, 3): the chart installed
+/// in standalone mode with `createLifecycleHook: true` puts its hook (and its record) on
+/// the group; a hook made by hand sits beside it. `helm uninstall` runs the chart's
+/// post-delete Job (`remove-hooks`, under a ServiceAccount of the provider's name, on
+/// the provider's config), which succeeds: the group has no hook of ours and no record,
+/// the hand-made hook is untouched, the Job, its ServiceAccount and ConfigMap are gone,
+/// and a scale-in of the group is not held (the instance ends; no Terminating:Wait).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn helm_uninstall_removes_the_hook_the_service_created_and_only_it() {
+    use ca_asg_provider::cloud::{LifecycleHook, LifecycleState};
+    let scenario = "chart uninstall: the post-delete Job removes the service's hook";
+    let Some((bin, images, helm_bin)) = install_needs(scenario) else {
+        return;
+    };
+    let _one_at_a_time = SERIAL.lock().await;
+    let report = Report::new(
+        scenario,
+        "the chart's pods and its post-delete Job",
+        &bin.version,
+    );
+    let site = Site::start(&report, &bin, &images, helm_bin).await;
+    let (admin, node, helm, moto) = (&site.admin, &site.node, &site.helm, &site.moto);
+    let cloud = AwsCloud::from_sdk_config(&moto.sdk_config().await);
+
+    report.step("the server certificate Secret standalone mode mounts");
+    let certs = install::Certs::new(SERVER_NAME).unwrap();
+    let s: Secret = serde_json::from_value(json!({
+        "metadata": {"name": "ca-asg-provider-server-tls"}, "type": "kubernetes.io/tls",
+        "stringData": {"tls.crt": certs.server.0, "tls.key": certs.server.1, "ca.crt": certs.ca}
+    }))
+    .unwrap();
+    Api::<Secret>::namespaced(admin.clone(), NS)
+        .create(&PostParams::default(), &s)
+        .await
+        .unwrap();
+
+    report.step("a hook made by hand on the group (never ours to remove)");
+    let by_hand = LifecycleHook {
+        name: "by-hand".into(),
+        heartbeat_timeout_secs: 600,
+        default_result: "CONTINUE".into(),
+    };
+    cloud.put_terminating_hook(GROUP, &by_hand).await.unwrap();
+
+    report.step("helm install (standalone, one replica, createLifecycleHook)");
+    let (repo, tag) = site.image_ref.rsplit_once(':').unwrap();
+    let values = json!({
+        "mode": "standalone",
+        "replicas": 1,
+        "image": {"repository": repo, "tag": tag, "pullPolicy": "Never"},
+        "nodeSelector": {"kubernetes.io/hostname": SYSTEM_NODE},
+        "tls": {"certManager": {"enabled": false}, "serverSecretName": "ca-asg-provider-server-tls"},
+        "extraEnv": [
+            {"name": "AWS_ACCESS_KEY_ID", "value": "test"},
+            {"name": "AWS_SECRET_ACCESS_KEY", "value": "test"},
+        ],
+        "readinessProbe": {"periodSeconds": 2},
+        "uninstall": {"timeoutSeconds": 60},
+        "config": {
+            "refreshInterval": "10s",
+            "autoDiscovery": [{"tags": ["k8s.io/cluster-autoscaler/enabled", format!("k8s.io/cluster-autoscaler/{CLUSTER}")]}],
+            "aws": {"region": "us-east-1", "endpoint": moto.url},
+            "scaleIn": {"createLifecycleHook": true, "lifecyclePollInterval": "2s"},
+        },
+    });
+    let values_file = site.work.path().join("values.yaml");
+    std::fs::write(&values_file, values.to_string()).unwrap();
+    let values_arg = values_file.display().to_string();
+    helm.run(&[
+        "install",
+        RELEASE,
+        site.chart,
+        "--namespace",
+        NS,
+        "--values",
+        &values_arg,
+    ])
+    .unwrap_or_else(|e| panic!("{e:#}"));
+    let pods: Api<Pod> = Api::namespaced(admin.clone(), NS);
+
+    report.step("the service puts its hook on the group, with its record");
+    let end = Instant::now() + Duration::from_secs(120);
+    loop {
+        let names = hooks_of(&cloud).await;
+        if names.contains(&"ca-asg-provider-drain".to_string()) && record(&cloud).await.is_some() {
+            break;
+        }
+        if Instant::now() > end {
+            panic!(
+                "no hook of the service on the group within 120 s (hooks {names:?}):\n{}",
+                diagnose(&pods, node).await
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    assert_eq!(
+        record(&cloud).await.as_deref(),
+        Some("ca-asg-provider-drain")
+    );
+
+    report.step("helm uninstall: the post-delete Job removes the hook");
+    let started = Instant::now();
+    let out = match helm.run(&["uninstall", RELEASE, "--namespace", NS, "--timeout", "3m"]) {
+        Ok(out) => out,
+        Err(e) => panic!(
+            "helm uninstall failed: {e:#}\n{}",
+            diagnose(&pods, node).await
+        ),
+    };
+    eprintln!(
+        "e2e: helm uninstall ({:.1} s):\n{out}",
+        started.elapsed().as_secs_f64()
+    );
+    let job_log = std::fs::read_dir("/var/log/pods")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .find(|e| {
+            e.file_name()
+                .to_string_lossy()
+                .starts_with(&format!("{NS}_{RELEASE}-remove-hooks-"))
+        })
+        .and_then(|e| std::fs::read_to_string(e.path().join("remove-hooks/0.log")).ok())
+        .unwrap_or_default();
+    eprintln!("e2e: remove-hooks said:\n{job_log}");
+
+    report.step("check: no hook of ours, no record, the hand-made hook untouched");
+    assert_eq!(hooks_of(&cloud).await, ["by-hand"]);
+    assert_eq!(record(&cloud).await, None);
+
+    report.step("check: the Job, its ServiceAccount and ConfigMap are gone");
+    let jobs: Api<k8s_openapi::api::batch::v1::Job> = Api::namespaced(admin.clone(), NS);
+    let sas: Api<k8s_openapi::api::core::v1::ServiceAccount> = Api::namespaced(admin.clone(), NS);
+    let cms: Api<ConfigMap> = Api::namespaced(admin.clone(), NS);
+    let name = format!("{RELEASE}-remove-hooks");
+    until("the hook objects deleted", 60, || {
+        let (jobs, sas, cms, name) = (jobs.clone(), sas.clone(), cms.clone(), name.clone());
+        async move {
+            jobs.get_opt(&name).await.unwrap().is_none()
+                && cms.get_opt(&name).await.unwrap().is_none()
+                && sas.get_opt(RELEASE).await.unwrap().is_none()
+        }
+    })
+    .await;
+    assert!(
+        service_pods(&pods).await.is_empty(),
+        "a service pod is left"
+    );
+
+    report.step("check: a scale-in of the group is not held");
+    let id = cloud
+        .describe_groups(&GroupSelector {
+            names: vec![GROUP.into()],
+            tag_sets: vec![],
+        })
+        .await
+        .unwrap()
+        .remove(0)
+        .instances
+        .remove(0)
+        .id;
+    site.asg
+        .terminate_instance_in_auto_scaling_group()
+        .instance_id(&id)
+        .should_decrement_desired_capacity(true)
+        .send()
+        .await
+        .unwrap();
+    let end = Instant::now() + Duration::from_secs(30);
+    loop {
+        let held = cloud
+            .locate_instances(std::slice::from_ref(&id))
+            .await
+            .unwrap()
+            .into_iter()
+            .any(|l| l.state == LifecycleState::TerminatingWait);
+        assert!(!held, "{id} waits in Terminating:Wait after the uninstall");
+        if site.kubelet.instances_ended().contains(&id) {
+            break;
+        }
+        assert!(
+            Instant::now() < end,
+            "{id} did not end within 30 s of its termination"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    report.step("done");
+}
+
+/// The group's terminating hooks, by name.
+async fn hooks_of(cloud: &AwsCloud) -> Vec<String> {
+    let mut names: Vec<String> = cloud
+        .terminating_hooks(GROUP)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|h| h.name)
+        .collect();
+    names.sort();
+    names
+}
+
+/// The group's record of the hook the service created, if any.
+async fn record(cloud: &AwsCloud) -> Option<String> {
+    cloud
+        .describe_groups(&GroupSelector {
+            names: vec![GROUP.into()],
+            tag_sets: vec![],
+        })
+        .await
+        .unwrap()
+        .remove(0)
+        .tags
+        .get(ca_asg_provider::scalein::decide::hooks::HOOK_RECORD_TAG)
+        .cloned()
+}
+
 /// What every install scenario needs here: the control plane's binaries, a real node's
 /// images and helm; `None` after saying which is missing (a failure under
 /// `E2E_REQUIRED=1`).

@@ -1,7 +1,7 @@
 //! A real Kubernetes control plane on 127.0.0.1: etcd, kube-apiserver (RBAC, one static
 //! token per client, an audit log of the writes the checks read), kube-controller-manager
-//! (ReplicaSet, Deployment, DaemonSet, disruption, garbage-collector, pod GC and
-//! ServiceAccount controllers) and kube-scheduler, built from the Go module proxy by
+//! (ReplicaSet, Deployment, DaemonSet, disruption, garbage-collector, pod GC,
+//! ServiceAccount and Job controllers) and kube-scheduler, built from the Go module proxy by
 //! `scripts/e2e/build.sh`. Every process is ours: killed by PID on drop, its files in a
 //! temporary directory.
 #![allow(dead_code)] // shared by the e2e test crates, each using a part
@@ -384,7 +384,7 @@ impl ControlPlane {
             &bin.k8s.join("kube-controller-manager"),
             &[
                 format!("--kubeconfig={}", kcm.display()),
-                "--controllers=replicaset-controller,deployment-controller,daemonset-controller,disruption-controller,garbage-collector-controller,pod-garbage-collector-controller,serviceaccount-controller".into(),
+                "--controllers=replicaset-controller,deployment-controller,daemonset-controller,disruption-controller,garbage-collector-controller,pod-garbage-collector-controller,serviceaccount-controller,job-controller".into(),
                 "--leader-elect=false".into(),
                 "--use-service-account-credentials=false".into(),
                 format!("--secure-port={}", free_port()),
