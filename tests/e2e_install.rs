@@ -745,6 +745,135 @@ async fn helm_uninstall_removes_the_hook_the_service_created_and_only_it() {
     report.step("done");
 }
 
+/// When the uninstall Job cannot do its work (here AWS does not answer: the config's
+/// endpoint is a closed port), `helm uninstall` says the post-delete hook failed, and the
+/// Job stays, its log saying in one plain sentence what failed and what to check
+/// (docs/helm.md, Uninstall); its ServiceAccount and ConfigMap are deleted and the release
+/// is gone, so nothing blocks a later install.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn helm_uninstall_whose_job_fails_says_why_and_keeps_the_job_to_read() {
+    let scenario = "chart uninstall: the post-delete Job fails and says why";
+    let Some((bin, images, helm_bin)) = install_needs(scenario) else {
+        return;
+    };
+    let _one_at_a_time = SERIAL.lock().await;
+    let report = Report::new(scenario, "the chart's post-delete Job", &bin.version);
+    let site = Site::start(&report, &bin, &images, helm_bin).await;
+    let (admin, helm) = (&site.admin, &site.helm);
+
+    report.step("helm install with an AWS endpoint nobody answers on");
+    let certs = install::Certs::new(SERVER_NAME).unwrap();
+    let s: Secret = serde_json::from_value(json!({
+        "metadata": {"name": "ca-asg-provider-server-tls"}, "type": "kubernetes.io/tls",
+        "stringData": {"tls.crt": certs.server.0, "tls.key": certs.server.1, "ca.crt": certs.ca}
+    }))
+    .unwrap();
+    Api::<Secret>::namespaced(admin.clone(), NS)
+        .create(&PostParams::default(), &s)
+        .await
+        .unwrap();
+    let dead = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = l.local_addr().unwrap().port();
+        drop(l);
+        let host = site.moto.url.rsplit_once(':').unwrap().0.to_string();
+        format!("{host}:{port}")
+    };
+    let (repo, tag) = site.image_ref.rsplit_once(':').unwrap();
+    let values = json!({
+        "mode": "standalone",
+        "replicas": 1,
+        "image": {"repository": repo, "tag": tag, "pullPolicy": "Never"},
+        "nodeSelector": {"kubernetes.io/hostname": SYSTEM_NODE},
+        "tls": {"certManager": {"enabled": false}, "serverSecretName": "ca-asg-provider-server-tls"},
+        "extraEnv": [
+            {"name": "AWS_ACCESS_KEY_ID", "value": "test"},
+            {"name": "AWS_SECRET_ACCESS_KEY", "value": "test"},
+        ],
+        "uninstall": {"timeoutSeconds": 20},
+        "config": {
+            "autoDiscovery": [{"tags": ["k8s.io/cluster-autoscaler/enabled", format!("k8s.io/cluster-autoscaler/{CLUSTER}")]}],
+            "aws": {"region": "us-east-1", "endpoint": dead, "maxAttempts": 1},
+        },
+    });
+    let values_file = site.work.path().join("values.yaml");
+    std::fs::write(&values_file, values.to_string()).unwrap();
+    let values_arg = values_file.display().to_string();
+    helm.run(&[
+        "install",
+        RELEASE,
+        site.chart,
+        "--namespace",
+        NS,
+        "--values",
+        &values_arg,
+    ])
+    .unwrap_or_else(|e| panic!("{e:#}"));
+
+    report.step("helm uninstall: the post-delete Job fails, and helm says so");
+    let started = Instant::now();
+    let out = helm.run(&["uninstall", RELEASE, "--namespace", NS, "--timeout", "3m"]);
+    eprintln!(
+        "e2e: helm uninstall ({:.1} s): {out:#?}",
+        started.elapsed().as_secs_f64()
+    );
+    let err = format!(
+        "{:#}",
+        out.expect_err("helm uninstall succeeded with a failing Job")
+    );
+    assert!(err.contains("remove-hooks"), "{err}");
+
+    report.step("check: the Job is kept, and its log says what failed and what to check");
+    let jobs: Api<k8s_openapi::api::batch::v1::Job> = Api::namespaced(admin.clone(), NS);
+    let name = format!("{RELEASE}-remove-hooks");
+    let job = jobs
+        .get_opt(&name)
+        .await
+        .unwrap()
+        .expect("the failed Job is kept");
+    let failed = job
+        .status
+        .and_then(|s| s.conditions)
+        .unwrap_or_default()
+        .iter()
+        .any(|c| c.type_ == "Failed" && c.status == "True");
+    assert!(failed, "the Job is not Failed");
+    let logs: Vec<String> = std::fs::read_dir("/var/log/pods")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter(|e| {
+            e.file_name()
+                .to_string_lossy()
+                .starts_with(&format!("{NS}_{name}-"))
+        })
+        .filter_map(|e| std::fs::read_to_string(e.path().join("remove-hooks/0.log")).ok())
+        .collect();
+    eprintln!("e2e: remove-hooks said:\n{}", logs.join("\n--\n"));
+    assert!(
+        logs.iter().any(|l| l.contains(
+            "FAILED: AWS did not answer DescribeAutoScalingGroups while listing the configured Auto Scaling Groups: check the region, the endpoint and the network"
+        )),
+        "{logs:?}"
+    );
+    assert!(
+        logs.iter().all(|l| !l.contains("DispatchFailure")),
+        "{logs:?}"
+    );
+    report.step(
+        "check: only the Job is left (not its ServiceAccount or ConfigMap); the release is gone",
+    );
+    let sas: Api<k8s_openapi::api::core::v1::ServiceAccount> = Api::namespaced(admin.clone(), NS);
+    let cms: Api<ConfigMap> = Api::namespaced(admin.clone(), NS);
+    // helm 4 deletes the hook objects that succeeded (hook-succeeded) even when a later
+    // one fails: only the failed Job is left, which blocks no later install.
+    assert!(sas.get_opt(RELEASE).await.unwrap().is_none());
+    assert!(cms.get_opt(&name).await.unwrap().is_none());
+    let status = helm.run(&["status", RELEASE, "--namespace", NS]);
+    assert!(status.is_err(), "the release is still there: {status:?}");
+    report.step("done");
+}
+
 /// The group's terminating hooks, by name.
 async fn hooks_of(cloud: &AwsCloud) -> Vec<String> {
     let mut names: Vec<String> = cloud
