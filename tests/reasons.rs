@@ -1211,3 +1211,113 @@ async fn a_lifecycle_message_read_before_aws_shows_the_hold_is_not_lost() {
     lifecycle.abort();
     w.engine.shutdown();
 }
+
+/// Writes on `node` the record an earlier process leaves when it completed our hook's
+/// action five minutes ago, and waits until the engine's Node cache has it.
+async fn record_a_finished_action(w: &World, node: &str) {
+    use kube::api::{Api, Patch, PatchParams};
+    let mut finished = record::DrainReason::new(
+        record::Why::Lifecycle { hook: HOOK.into() },
+        chrono::Utc::now() - chrono::Duration::minutes(5),
+    );
+    finished.done = true;
+    let rec = record::DrainRecord {
+        reasons: vec![finished],
+        in_warm_pool_since: None,
+    };
+    let nodes: Api<Node> = Api::all(w.sim.client());
+    let patch = serde_json::json!({"metadata": {"annotations": {
+        record::ANNOTATION: rec.to_json(),
+        record::GROUP_ANNOTATION: "web",
+    }}});
+    nodes
+        .patch(node, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .unwrap();
+    eventually("the engine's Node cache has the record", 10, || {
+        w.engine.cached_record(node).is_some()
+    })
+    .await;
+}
+
+/// The drain a restarted process resumes for our hook's hold on `iid`, from what
+/// the Node says (no reason of its own).
+async fn resume_lifecycle_drain(w: &World, node: &str, iid: &str) {
+    let action = ca_asg_provider::cloud::LifecycleAction {
+        group: "web".into(),
+        hook: HOOK.into(),
+        instance_id: iid.to_string(),
+        token: None,
+    };
+    w.engine.start(scalein::DrainRequest {
+        instance_id: iid.to_string(),
+        group: "web".into(),
+        node_name: Some(node.to_string()),
+        mode: scalein::Mode::Lifecycle {
+            action,
+            heartbeat_timeout: Duration::from_secs(30),
+        },
+        source: scalein::Source::Resume,
+        reasons: Vec::new(),
+        noticed: None,
+    });
+    w.engine.wait_for(iid).await;
+}
+
+/// Issue 60: a drain that finds, on the Node's record alone, our hook's action on the
+/// instance completed before (an earlier process wrote it) asks AWS before it lets
+/// the hold go. Here the record is older than the action that holds the instance now:
+/// AWS takes the heartbeat, so the stale record is closed and nothing remembers the
+/// action as finished (before, the drain believed the record and taught it to the
+/// process's memory, which then alone decided the hold while AWS could not be asked);
+/// the lifecycle scan drains the hold as the new action it is and completes it.
+#[tokio::test]
+async fn a_recorded_finished_action_is_confirmed_with_aws_before_the_hold_goes() {
+    let w = world(hooked(1, 30), fast_settings(), Duration::from_millis(50)).await;
+    let (node, iid) = node_with_fluentd_and_app(&w, 0.1).await;
+    record_a_finished_action(&w, &node).await;
+    asg_ends(&w, &iid);
+    resume_lifecycle_drain(&w, &node, &iid).await;
+    assert!(
+        !w.engine.action_done(&iid),
+        "a record AWS contradicts is not taken for a finished action"
+    );
+    assert!(
+        !record_on(&w, &node).is_some_and(|r| r.lifecycle_completed(chrono::Utc::now())),
+        "the stale record of the finished action is closed"
+    );
+    assert!(
+        w.cloud.completed_actions().is_empty(),
+        "nothing was completed on the record's word"
+    );
+    let lifecycle = scalein::sources::hook_scan::spawn_loop(w.engine.clone(), w.provider.clone());
+    eventually("the new action is drained and completed", 20, || {
+        !w.cloud.completed_actions().is_empty()
+    })
+    .await;
+    assert!(
+        w.sim.get::<Pod>("shop", "app").is_none(),
+        "the app was drained before the action was completed"
+    );
+    lifecycle.abort();
+    w.engine.shutdown();
+}
+
+/// The other side of the same rule: the record's finished action is confirmed (AWS
+/// refuses the heartbeat: no action of ours holds the instance, another hook does), so
+/// the hold is let go and remembered as finished, and nothing is drained or completed.
+#[tokio::test]
+async fn a_recorded_finished_action_aws_confirms_lets_the_hold_go_undrained() {
+    let w = world(hooked(1, 30), fast_settings(), Duration::from_millis(50)).await;
+    let (node, iid) = node_with_fluentd_and_app(&w, 0.1).await;
+    record_a_finished_action(&w, &node).await;
+    resume_lifecycle_drain(&w, &node, &iid).await;
+    assert!(w.engine.action_done(&iid), "AWS confirmed the record");
+    assert!(!w.engine.is_draining(&iid));
+    assert!(
+        w.sim.get::<Pod>("shop", "app").is_some(),
+        "nothing was drained"
+    );
+    assert!(w.cloud.completed_actions().is_empty());
+    w.engine.shutdown();
+}

@@ -368,6 +368,28 @@ pub(crate) async fn hold_verdict(
     story.verdict(aws)
 }
 
+/// A drain found, from the Node's record alone, that our hook's action on the
+/// instance was completed before (by a process since restarted, or another replica):
+/// whose the hold is now, by the same rule ([`HoldStory::verdict`]), AWS asked first.
+/// The record can be older than the action that holds the instance now; a hold let
+/// go on its word alone would be left to the hook's timeout, undrained.
+pub(crate) async fn confirm_finished_on_node(
+    engine: &Engine,
+    group: &str,
+    instance_id: &str,
+) -> Verdict {
+    let story = HoldStory {
+        draining_here: false,
+        finished_here: false,
+        finished_on_node: true,
+    };
+    let aws = match ask_hold(engine, group, instance_id).await {
+        Hold::Held if !forget_earlier_action(engine, instance_id).await => Hold::Unknown,
+        aws => aws,
+    };
+    story.verdict(aws)
+}
+
 /// Our hook holds the instance with a new action: what this process remembers of
 /// an earlier one is dropped, and so is a finished lifecycle reason (and a pool
 /// rest) on its Node, which would otherwise make the new hold a repeat of the old

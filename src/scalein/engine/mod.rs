@@ -490,7 +490,7 @@ impl Engine {
     }
 
     /// The drain record on the Node `node` as the cache has it.
-    pub(crate) fn cached_record(&self, node: &str) -> Option<record::DrainRecord> {
+    pub fn cached_record(&self, node: &str) -> Option<record::DrainRecord> {
         let n = self.nodes.cached(node)?;
         record::DrainRecord::from_annotations(n.metadata.annotations.as_ref()?)
     }
