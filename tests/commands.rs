@@ -987,3 +987,67 @@ async fn status_lists_the_drains_in_progress_read_only() {
         "{e}"
     );
 }
+
+/// Issue 62: a pod that stays unready says why where the operator looks, in its own
+/// Events (`kubectl describe pod` shows those whose object has the pod's uid), through
+/// the service's own RBAC; and says so once it is ready again. (When it tells, and how
+/// often, is the teller's, tested without I/O in `telemetry::readiness`.)
+#[tokio::test]
+async fn an_unready_service_names_the_cause_in_its_pods_events() {
+    use ca_asg_provider::telemetry::http::Status;
+    use ca_asg_provider::telemetry::liveness::Liveness;
+    use ca_asg_provider::telemetry::readiness::{self, Teller};
+    use k8s_openapi::api::core::v1::ObjectReference;
+
+    struct Answer(parking_lot::Mutex<Result<(), String>>);
+    impl Status for Answer {
+        fn readiness(&self) -> Result<(), String> {
+            self.0.lock().clone()
+        }
+    }
+    let sim = SimCluster::start(SimOptions {
+        ready_delay: Duration::from_millis(30),
+    })
+    .await
+    .unwrap();
+    let why = "no node group found: no Auto Scaling Group is tagged k8s.io/cluster-autoscaler/prod";
+    let answer = Arc::new(Answer(parking_lot::Mutex::new(Err(why.into()))));
+    let pod = ObjectReference {
+        api_version: Some("v1".into()),
+        kind: Some("Pod".into()),
+        name: Some("ca-asg-provider-7d9f-abcde".into()),
+        namespace: Some("kube-system".into()),
+        uid: Some("5f0e-uid".into()),
+        ..Default::default()
+    };
+    let task = readiness::spawn(
+        sim.client_as(support::rbac::ENGINE_USER),
+        pod,
+        answer.clone(),
+        Arc::new(Liveness::default()),
+        Teller::new(Duration::ZERO, Duration::from_secs(3600)),
+        Duration::from_millis(20),
+    );
+    let told = |reason: &str| {
+        sim.list::<k8s_openapi::api::events::v1::Event>()
+            .into_iter()
+            .filter(|e| e["reason"] == reason)
+            .collect::<Vec<_>>()
+    };
+    support::eventually("the NotReady Event", 10, || !told("NotReady").is_empty()).await;
+    let e = &told("NotReady")[0];
+    assert_eq!(e["type"], "Warning");
+    assert_eq!(e["note"], format!("not ready: {why}"));
+    assert_eq!(e["regarding"]["kind"], "Pod");
+    assert_eq!(e["regarding"]["namespace"], "kube-system");
+    assert_eq!(e["regarding"]["uid"], "5f0e-uid");
+    assert_eq!(e["metadata"]["namespace"], "kube-system");
+    *answer.0.lock() = Ok(());
+    support::eventually("the Ready Event", 10, || !told("Ready").is_empty()).await;
+    assert_eq!(
+        told("NotReady").len(),
+        1,
+        "told once while the cause lasted"
+    );
+    task.abort();
+}

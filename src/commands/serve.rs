@@ -106,6 +106,19 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         }),
         crate::config::ListenAddr::Tcp(_) => provider.clone(),
     };
+    // An unready pod says why in its own Events (needs the drain's Kubernetes client).
+    if let (Some(engine), Some(pod)) =
+        (&engine_for_shutdown, crate::telemetry::readiness::own_pod())
+    {
+        crate::telemetry::readiness::spawn(
+            engine.client.clone(),
+            pod,
+            status.clone(),
+            liveness.clone(),
+            crate::telemetry::readiness::Teller::default(),
+            crate::telemetry::readiness::LOOK_EVERY,
+        );
+    }
     tokio::spawn(crate::telemetry::http::serve(
         mlistener,
         status,
