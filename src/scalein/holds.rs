@@ -261,20 +261,13 @@ pub async fn ask_hold(engine: &Engine, group: &str, instance_id: &str) -> Hold {
     }
 }
 
-/// How long AWS's word that our hook holds no pending action on an instance is
-/// believed, while the instance stays in the same wait, before AWS is asked again.
-pub const NOT_HELD_RECHECK: Duration = Duration::from_secs(30);
+pub use crate::scalein::decide::story::NOT_HELD_RECHECK;
 
 /// Whether AWS said, less than [`NOT_HELD_RECHECK`] ago and with the instance in the
-/// same wait as now (`state`), that our hook holds no pending action on it. Answers
-/// older than that are forgotten here, so the memory stays as small as the waits.
+/// same wait as now (`state`), that our hook holds no pending action on it
+/// ([`crate::scalein::decide::story::ActionMemories::not_held_lately`]).
 pub(crate) fn not_held_lately(engine: &Engine, instance_id: &str, state: &LifecycleState) -> bool {
-    let now = Instant::now();
-    let mut asked = engine.not_held.lock();
-    asked.retain(|_, (_, at)| now.saturating_duration_since(*at) < NOT_HELD_RECHECK);
-    asked
-        .get(instance_id)
-        .is_some_and(|(s, _)| s == state.as_str())
+    engine.book.not_held_lately(instance_id, state.as_str())
 }
 
 /// Whether our hook holds the instance, waiting in `state`, with a pending action, as
@@ -296,10 +289,7 @@ pub(crate) async fn holds_pending_action(
         Hold::Held if forget_earlier_action(engine, instance_id).await => Hold::Held,
         Hold::Held | Hold::Unknown => Hold::Unknown,
         Hold::NotHeld => {
-            engine.not_held.lock().insert(
-                instance_id.to_string(),
-                (state.as_str().to_string(), Instant::now()),
-            );
+            engine.book.aws_said_not_held(instance_id, state.as_str());
             Hold::NotHeld
         }
     }
