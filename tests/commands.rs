@@ -987,3 +987,261 @@ async fn status_lists_the_drains_in_progress_read_only() {
         "{e}"
     );
 }
+
+/// Issue 62: `undrain NODE` gives a node back after an interrupted `drain`, in one
+/// command: it refuses while the record says the drain may still run (nothing
+/// changes), and once nobody runs it removes exactly the service's marks (its taint,
+/// the record, its own cordon) and nothing else: an operator's cordon, CA's taint and
+/// foreign taints stay. Through the service's own ClusterRole (get and patch Nodes).
+#[tokio::test]
+async fn undrain_gives_back_an_interrupted_drain_and_only_the_services_marks() {
+    use ca_asg_provider::commands::undrain::{self, Undone};
+    use ca_asg_provider::scalein::decide::record::{
+        self, DrainReason, DrainRecord, Limits, Why, TAINT_KEY,
+    };
+    use ca_asg_provider::scalein::decide::undo::{Running, Window};
+    use ca_asg_provider::scalein::stages::cordon::GivenBack;
+    use ca_asg_provider::scalein::DeadlinePolicy;
+    use k8s_openapi::api::core::v1::Taint;
+    let sim = SimCluster::start(SimOptions {
+        ready_delay: Duration::from_millis(30),
+    })
+    .await
+    .unwrap();
+    let foreign = Taint {
+        key: "example.com/gpu".into(),
+        value: Some("true".into()),
+        effect: "NoSchedule".into(),
+        time_added: None,
+    };
+    let mut n1 = fixtures::node("n1", "aws:///us-east-1a/i-0abc", &[]);
+    n1.spec.as_mut().unwrap().taints = Some(vec![foreign.clone()]);
+    sim.create(&n1).unwrap();
+    sim.create(&fixtures::pod("shop", "app", "n1", "app", 0.2))
+        .unwrap();
+    sim.create(&fixtures::pdb("shop", "app", 0)).unwrap();
+    let end = Instant::now() + Duration::from_secs(10);
+    while sim.list::<Pod>().is_empty() {
+        assert!(Instant::now() < end);
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // A `drain n1` that the budget blocks, interrupted once it has marked the node.
+    let cfg = ConfigArgs {
+        region: Some("us-east-1".into()),
+        ..Default::default()
+    }
+    .load()
+    .unwrap();
+    let args = DrainArgs {
+        node: "n1".into(),
+        dry_run: false,
+        terminate: false,
+        config: ConfigArgs::default(),
+    };
+    let client = sim.client();
+    let drain =
+        tokio::spawn(
+            async move { ca_asg_provider::commands::drain::drain(client, &cfg, &args).await },
+        );
+    let end = Instant::now() + Duration::from_secs(10);
+    let tainted = |n: &serde_json::Value| {
+        n["spec"]["taints"]
+            .as_array()
+            .is_some_and(|t| t.iter().any(|t| t["key"] == TAINT_KEY))
+    };
+    while !tainted(&sim.get::<Node>("", "n1").unwrap()) {
+        assert!(Instant::now() < end, "the drain marks the node");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    drain.abort();
+    let _ = drain.await;
+    let window = Window {
+        limits: Limits {
+            workload_deadline: Duration::from_secs(600),
+            workload_policy: DeadlinePolicy::Abandon,
+        },
+        after_deadline: Duration::from_secs(240),
+    };
+    let user = "system:serviceaccount:kube-system:undrain";
+    let client = sim.client_as(user);
+    let now = ca_asg_provider::clock::utc_now();
+    // While its deadline is ahead the drain may still run (the service resumes it):
+    // refused, the node as it was, exit 3.
+    let before = sim.get::<Node>("", "n1").unwrap();
+    let refused = undrain::undrain(&client, "n1", window, false, now)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        matches!(&refused, Undone::Refused(Running::Drain { reasons, .. }) if reasons == &["drain command"]),
+        "{refused:?}"
+    );
+    let (text, code) = refused.say("n1");
+    assert_eq!(code, ExitCode::from(undrain::REFUSED));
+    assert!(
+        text.contains("a drain may still run") && text.contains("--force"),
+        "{text}"
+    );
+    assert_eq!(
+        sim.get::<Node>("", "n1").unwrap()["metadata"]["resourceVersion"],
+        before["metadata"]["resourceVersion"],
+        "a refusal writes nothing"
+    );
+    // Past the deadline nobody runs it: given back in one command.
+    let later = now + chrono::Duration::minutes(11);
+    let done = undrain::undrain(&client, "n1", window, false, later)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        done,
+        Undone::GivenBack {
+            given: GivenBack::Schedulable,
+            ca_taint: false
+        }
+    );
+    let n = sim.get::<Node>("", "n1").unwrap();
+    assert_ne!(n["spec"]["unschedulable"], true, "{n}");
+    assert_eq!(
+        n["spec"]["taints"],
+        serde_json::json!([{"key": "example.com/gpu", "value": "true", "effect": "NoSchedule"}]),
+        "only our taint went"
+    );
+    let annotations = n["metadata"]["annotations"]
+        .as_object()
+        .cloned()
+        .unwrap_or_default();
+    assert!(
+        annotations
+            .keys()
+            .all(|k| !k.starts_with("ca-asg-provider.io/")),
+        "{annotations:?}"
+    );
+    assert!(n["metadata"]["labels"]
+        .get("node.kubernetes.io/exclude-from-external-load-balancers")
+        .is_none());
+    // Again: nothing of ours left.
+    let again = undrain::undrain(&client, "n1", window, false, later)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(again, Undone::NothingToDo);
+    assert_eq!(again.say("n1").1, ExitCode::SUCCESS);
+
+    // An operator's cordon with CA's taint, our taint and a finished record: the
+    // marks go, the cordon and CA's taint stay, and the answer says so.
+    let mut rec = DrainRecord {
+        reasons: vec![DrainReason::new(Why::ScaleIn, now)],
+        in_warm_pool_since: None,
+    };
+    rec.mark_done();
+    let mut n2 = fixtures::node("n2", "aws:///us-east-1a/i-0def", &[]);
+    let spec = n2.spec.as_mut().unwrap();
+    spec.unschedulable = Some(true);
+    spec.taints = Some(vec![
+        foreign.clone(),
+        Taint {
+            key: TAINT_KEY.into(),
+            value: Some("true".into()),
+            effect: "NoSchedule".into(),
+            time_added: None,
+        },
+        Taint {
+            key: record::CA_TO_BE_DELETED_TAINT.into(),
+            value: Some("1700000000".into()),
+            effect: "NoSchedule".into(),
+            time_added: None,
+        },
+    ]);
+    n2.metadata.annotations = Some(
+        [
+            (record::ANNOTATION.to_string(), rec.to_json()),
+            (record::GROUP_ANNOTATION.to_string(), "web".to_string()),
+            ("team".to_string(), "payments".to_string()),
+        ]
+        .into(),
+    );
+    sim.create(&n2).unwrap();
+    let done = undrain::undrain(&client, "n2", window, false, now)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        done,
+        Undone::GivenBack {
+            given: GivenBack::CordonKept,
+            ca_taint: true
+        }
+    );
+    let (text, code) = done.say("n2");
+    assert_eq!(code, ExitCode::SUCCESS);
+    assert!(
+        text.contains("stays cordoned") && text.contains("kubectl uncordon n2"),
+        "{text}"
+    );
+    let n = sim.get::<Node>("", "n2").unwrap();
+    assert_eq!(
+        n["spec"]["unschedulable"], true,
+        "the operator's cordon stays"
+    );
+    let keys: Vec<&str> = n["spec"]["taints"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["key"].as_str().unwrap())
+        .collect();
+    assert_eq!(keys, ["example.com/gpu", record::CA_TO_BE_DELETED_TAINT]);
+    let annotations = n["metadata"]["annotations"].as_object().unwrap();
+    assert_eq!(annotations.len(), 1, "{annotations:?}");
+    assert_eq!(annotations["team"], "payments");
+
+    // A node held by our hook is refused whatever the time; --force gives it back.
+    let held = DrainRecord {
+        reasons: vec![DrainReason::new(
+            Why::Lifecycle {
+                hook: "ca-asg-provider-drain".into(),
+            },
+            now,
+        )],
+        in_warm_pool_since: None,
+    };
+    let mut n3 = fixtures::node("n3", "aws:///us-east-1a/i-0fed", &[]);
+    n3.metadata.annotations = Some([(record::ANNOTATION.to_string(), held.to_json())].into());
+    sim.create(&n3).unwrap();
+    let r = undrain::undrain(&client, "n3", window, false, later)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(matches!(r, Undone::Refused(Running::Held { .. })), "{r:?}");
+    assert!(r.say("n3").0.contains("Terminating:Wait"));
+    let forced = undrain::undrain(&client, "n3", window, true, later)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(matches!(forced, Undone::GivenBack { .. }), "{forced:?}");
+    assert!(
+        sim.get::<Node>("", "n3").unwrap()["metadata"]["annotations"]
+            .get(record::ANNOTATION)
+            .is_none()
+    );
+    // No such node.
+    assert_eq!(
+        undrain::undrain(&client, "gone", window, false, now)
+            .await
+            .unwrap(),
+        None
+    );
+    // Only get and patch on Nodes, which the service's own ClusterRole grants.
+    let used = sim.requests().used_by(user);
+    assert!(
+        used.iter()
+            .all(|u| u.resource == "nodes" && (u.verb == "get" || u.verb == "patch")),
+        "{used:?}"
+    );
+    let rules = support::rbac::role_rules(
+        &std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/base/rbac.yaml"),
+        "ca-asg-provider",
+    );
+    let gaps = support::rbac::missing(&rules, &used);
+    assert!(gaps.is_empty(), "the service's role lacks {gaps:?}");
+}

@@ -7,6 +7,7 @@ pub mod demo;
 pub mod drain;
 pub mod serve;
 pub mod status;
+pub mod undrain;
 
 use std::process::ExitCode;
 
@@ -45,6 +46,9 @@ pub enum Command {
     /// List the drains in progress (read-only): node, group, reasons, phase, elapsed,
     /// what blocks it, its deadline.
     Status(status::StatusArgs),
+    /// Give a node back after an abandoned or interrupted drain: remove this service's
+    /// taint, drain record and own cordon, only when no drain runs for it.
+    Undrain(undrain::UndrainArgs),
 }
 
 pub async fn run(cli: Cli) -> ExitCode {
@@ -68,6 +72,10 @@ pub async fn run(cli: Cli) -> ExitCode {
         Command::Status(args) => {
             init_logging(cli.log_format, quiet_default(&cli.log_level));
             status::run(args).await
+        }
+        Command::Undrain(args) => {
+            init_logging(cli.log_format, quiet_default(&cli.log_level));
+            undrain::run(args).await
         }
     }
 }

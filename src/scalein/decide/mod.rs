@@ -3,8 +3,10 @@
 //!
 //! - [`plan`]: which pod leaves in which tier, and what a pod's disposition is;
 //! - [`record`]: the drain record on a Node (the reasons, their phases, how two join);
+//! - [`undo`]: whether a person may give a node back (no drain runs for it);
 //! - [`hooks`]: what a group's lifecycle hooks mean for a drain (ours, foreign, direct mode).
 
 pub mod hooks;
 pub mod plan;
 pub mod record;
+pub mod undo;
