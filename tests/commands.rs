@@ -1245,3 +1245,95 @@ async fn undrain_gives_back_an_interrupted_drain_and_only_the_services_marks() {
     let gaps = support::rbac::missing(&rules, &used);
     assert!(gaps.is_empty(), "the service's role lacks {gaps:?}");
 }
+
+/// Issue 62: `drain NODE` says where it stands: a line per phase (cordoned, evicting
+/// N pods, the DaemonSet pods, done), and while a budget blocks it, every few
+/// seconds, the pod still there and the budget that blocks it; no internal text.
+/// On tokio's paused clock, against the in-process API server.
+#[tokio::test(start_paused = true)]
+async fn drain_command_says_each_phase_and_what_blocks_it() {
+    use ca_asg_provider::commands::drain::{drain_saying, BLOCKERS_EVERY};
+    use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+    let sim = SimCluster::start_in_process(SimOptions {
+        ready_delay: Duration::from_millis(30),
+    })
+    .await
+    .unwrap();
+    sim.create(&fixtures::node("n1", "aws:///us-east-1a/i-0abc", &[]))
+        .unwrap();
+    sim.create(&fixtures::daemonset("logging", "fluentd", 5.0, false))
+        .unwrap();
+    sim.create(&fixtures::pod("shop", "app", "n1", "app", 0.2))
+        .unwrap();
+    sim.create(&fixtures::pdb("shop", "app", 0)).unwrap();
+    while sim.list::<Pod>().len() < 2 {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let cfg = ConfigArgs {
+        region: Some("us-east-1".into()),
+        ..Default::default()
+    }
+    .load()
+    .unwrap();
+    let args = DrainArgs {
+        node: "n1".into(),
+        dry_run: false,
+        terminate: false,
+        config: ConfigArgs::default(),
+    };
+    let lines = Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+    let sink = lines.clone();
+    let client = sim.client();
+    let drain = tokio::spawn(async move {
+        drain_saying(
+            client,
+            &cfg,
+            &args,
+            Arc::new(move |l: &str| sink.lock().unwrap().push(l.to_string())),
+        )
+        .await
+    });
+    let waiting = |lines: &[String]| {
+        lines
+            .iter()
+            .filter(|l| l.starts_with("waiting for"))
+            .count()
+    };
+    while waiting(&lines.lock().unwrap()) == 0 {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // Blocked for three more rounds, then the budget goes.
+    tokio::time::sleep(BLOCKERS_EVERY * 3).await;
+    let blocked = waiting(&lines.lock().unwrap());
+    assert!((3..=5).contains(&blocked), "{:?}", lines.lock().unwrap());
+    assert!(sim.remove::<PodDisruptionBudget>("shop", "app-pdb"));
+    drain.await.unwrap().unwrap();
+    let lines = lines.lock().unwrap().clone();
+    let text = lines.join("\n");
+    let mut at = 0;
+    for want in [
+        "plan for node n1 (instance i-0abc):",
+        "draining n1: workloads first, DaemonSet pods last; the instance keeps running",
+        "cordoned n1: nothing new is scheduled there",
+        "evicting 1 pod (DaemonSet pods last)",
+        "waiting for 1 pod: shop/app (PodDisruptionBudget shop/app-pdb allows no disruption now)",
+        "workload pods gone; evicting the DaemonSet pods",
+        "done: node drained; it stays cordoned",
+    ] {
+        let i = lines[at..]
+            .iter()
+            .position(|l| l.starts_with(want))
+            .unwrap_or_else(|| panic!("{want:?} not after line {at}:\n{text}"));
+        at += i + 1;
+    }
+    for phase in ["cordoned n1", "evicting 1 pod", "workload pods gone"] {
+        assert_eq!(
+            lines.iter().filter(|l| l.starts_with(phase)).count(),
+            1,
+            "{phase} once:\n{text}"
+        );
+    }
+    for internal in ["of group  (", "Cli", "Some(", "None", "{ ", "DrainOnly"] {
+        assert!(!text.contains(internal), "{internal:?} in:\n{text}");
+    }
+}
