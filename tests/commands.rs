@@ -422,6 +422,9 @@ fn a_missing_region_refuses_to_start_and_says_where_to_set_it() {
         text.contains("no AWS region") && text.contains("aws.region"),
         "{text}"
     );
+    // The SDK's own warnings (its region providers that found nothing) stay quiet at
+    // check-config's default log level: the answer is the report (issue 62).
+    assert!(!text.contains("aws_config"), "{text}");
     let (code, text) = run(
         &[
             "serve",
@@ -434,10 +437,30 @@ fn a_missing_region_refuses_to_start_and_says_where_to_set_it() {
     );
     assert_ne!(code, Some(0), "{text}");
     assert!(text.contains("no AWS region"), "{text}");
-    // The region is used; AWS (a closed port) does not answer: an AWS problem, exit 1.
+    // The region is used; AWS (a closed port) does not answer: an AWS problem, exit 1,
+    // said as one sentence of what to check, not the SDK's Debug text (issue 62).
     let (code, text) = run(&["check-config"], Some("eu-west-1"));
     assert!(text.contains("region:           eu-west-1"), "{text}");
     assert_eq!(code, Some(1), "{text}");
+    assert!(
+        text.contains("AWS: FAILED to read Auto Scaling Groups: AWS DescribeAutoScalingGroups could not send the request: ")
+            && text.contains("check the region (aws.region, --region, AWS_REGION)"),
+        "{text}"
+    );
+    for debug in ["DispatchFailure", "ConnectorError", "Some(", "source:"] {
+        assert!(!text.contains(debug), "{debug:?} in:\n{text}");
+    }
+    // A region AWS cannot have is refused before any call, naming one it can (issue 62).
+    let (code, text) = run(&["check-config"], Some("eu-wset-1"));
+    assert_eq!(code, Some(2), "{text}");
+    assert!(
+        text.contains("region \"eu-wset-1\" is not an AWS region (expected like eu-west-1)"),
+        "{text}"
+    );
+    assert!(
+        !text.contains("node groups found"),
+        "no call was made:\n{text}"
+    );
 }
 
 /// Without credentials, `check-config` says it is a credentials problem and what to
@@ -853,7 +876,7 @@ fn check_config_names_a_node_registered_while_warming() {
     assert!(registered_while_warming(&[], &nodes).is_empty());
 }
 
-/// Issue 60, 3: the shipped binary keeps serve, check-config, drain, status and demo; the load
+/// Issue 60, 3: the shipped binary keeps serve, check-config, drain, status, undrain and demo; the load
 /// generator is a binary of its own (loadgen/, `cargo run -p loadgen`), and
 /// `ca-asg-provider loadgen` is an unknown subcommand (clap's usage error, exit 2).
 #[test]
@@ -866,7 +889,17 @@ fn the_shipped_binary_has_the_product_commands_and_not_the_test_rig() {
         .filter(|n| *n != "help")
         .collect();
     names.sort();
-    assert_eq!(names, ["check-config", "demo", "drain", "serve", "status"]);
+    assert_eq!(
+        names,
+        [
+            "check-config",
+            "demo",
+            "drain",
+            "serve",
+            "status",
+            "undrain"
+        ]
+    );
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_ca-asg-provider"))
         .args(["loadgen", "--nodes", "10"])
         .output()
@@ -1336,4 +1369,65 @@ async fn drain_command_says_each_phase_and_what_blocks_it() {
     for internal in ["of group  (", "Cli", "Some(", "None", "{ ", "DrainOnly"] {
         assert!(!text.contains(internal), "{internal:?} in:\n{text}");
     }
+}
+
+/// Issue 62: every subcommand's `--help` states its exit codes, and each takes only
+/// the flags it uses: `--listen`, `--metrics-listen` and `--insecure` are `serve`'s
+/// alone (check-config and drain refuse them), under their old names.
+#[test]
+fn every_subcommand_states_its_exit_codes_and_takes_only_its_flags() {
+    use ca_asg_provider::commands::{Cli, Command};
+    use clap::{CommandFactory, Parser};
+    let mut cli = Cli::command();
+    let names: Vec<String> = cli
+        .get_subcommands()
+        .map(|c| c.get_name().to_string())
+        .collect();
+    assert!(names.len() >= 6, "{names:?}");
+    for name in &names {
+        let help = cli
+            .find_subcommand_mut(name)
+            .unwrap()
+            .render_long_help()
+            .to_string();
+        assert!(help.contains("Exit codes: 0 "), "{name} --help:\n{help}");
+    }
+    let parse = |args: &[&str]| {
+        Cli::try_parse_from(std::iter::once("ca-asg-provider").chain(args.iter().copied()))
+    };
+    for flag in [
+        &["--listen", "0.0.0.0:1"][..],
+        &["--metrics-listen", "0.0.0.0:2"],
+        &["--insecure"],
+    ] {
+        for cmd in [&["check-config"][..], &["drain", "n1"], &["undrain", "n1"]] {
+            let args: Vec<&str> = cmd.iter().chain(flag).copied().collect();
+            let e = parse(&args).unwrap_err();
+            assert_eq!(
+                e.kind(),
+                clap::error::ErrorKind::UnknownArgument,
+                "{args:?}"
+            );
+        }
+    }
+    let serve = parse(&[
+        "serve",
+        "--listen",
+        "0.0.0.0:1",
+        "--metrics-listen",
+        "0.0.0.0:2",
+        "--insecure",
+        "--region",
+        "eu-west-1",
+    ])
+    .unwrap();
+    let Command::Serve(s) = serve.command else {
+        panic!("serve")
+    };
+    assert_eq!(s.serve.listen.as_deref(), Some("0.0.0.0:1"));
+    assert_eq!(s.serve.metrics_listen.as_deref(), Some("0.0.0.0:2"));
+    assert!(s.serve.insecure);
+    let c = s.config.load_serving(&s.serve).unwrap();
+    assert_eq!(c.listen.to_string(), "0.0.0.0:1");
+    assert!(parse(&["check-config", "--region", "eu-west-1"]).is_ok());
 }
