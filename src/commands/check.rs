@@ -169,9 +169,10 @@ Kubernetes permissions (SelfSubjectAccessReview):"
         true
     } else {
         println!(
-            "  missing {} of {}: apply deploy/base/rbac.yaml (ClusterRole and Role ca-asg-provider) to this ServiceAccount",
+            "  missing {} of {}: bind the ClusterRole and Role ca-asg-provider to this ServiceAccount: {}",
             missing.len(),
-            checked.len()
+            checked.len(),
+            crate::scalein::kube::permissions::HOW_TO_GRANT
         );
         false
     }
