@@ -1351,7 +1351,7 @@ async fn drain_command_says_each_phase_and_what_blocks_it() {
         "evicting 1 pod (DaemonSet pods last)",
         "waiting for 1 pod: shop/app (PodDisruptionBudget shop/app-pdb allows no disruption now)",
         "workload pods gone; evicting the DaemonSet pods",
-        "done: node drained; it stays cordoned",
+        "done: node drained; it stays cordoned (`ca-asg-provider undrain n1` gives it back)",
     ] {
         let i = lines[at..]
             .iter()

@@ -178,7 +178,10 @@ pub async fn drain_saying(
     match outcome {
         Some(Outcome::Ended) if lifecycle => say("done: node drained; the lifecycle hook's action was completed and AWS ends the instance"),
         Some(Outcome::Ended) => say("done: node drained and its instance terminated"),
-        Some(Outcome::Drained) => say("done: node drained; it stays cordoned (`ca-asg-provider undrain NODE` gives it back)"),
+        Some(Outcome::Drained) => say(&format!(
+            "done: node drained; it stays cordoned (`ca-asg-provider undrain {}` gives it back)",
+            args.node
+        )),
         Some(Outcome::Abandoned(why)) => anyhow::bail!("drain abandoned: {why}"),
         Some(Outcome::Failed(why)) => anyhow::bail!("drain failed: {why}"),
         Some(Outcome::Observed(what)) => say(&what),
