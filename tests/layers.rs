@@ -561,6 +561,11 @@ const SCALEIN_ROOMS: &[(&str, &[&str], &str)] = &[
         &["decide", "kube", "holds", "stages", "engine"],
         "outside signals to drain requests",
     ),
+    (
+        "progress",
+        &["decide", "kube"],
+        "where a drain stands, read back from its Node: pure",
+    ),
     ("request", &["decide"], "the vocabulary"),
     ("settings", &["decide"], "the vocabulary"),
     ("stats", &[], "the vocabulary"),

@@ -8,13 +8,15 @@ use clap::Args;
 
 use crate::cloud::memory::{fleet, MemoryCloud, MemoryTiming};
 use crate::cloud::Cloud;
-use crate::config::ConfigArgs;
+use crate::config::{ConfigArgs, ServeFlags};
 use crate::provider::Provider;
 
 #[derive(Debug, Args, Clone)]
 pub struct ServeArgs {
     #[command(flatten)]
     pub config: ConfigArgs,
+    #[command(flatten)]
+    pub serve: ServeFlags,
     /// Serve the built-in in-memory cloud seeded with GROUPS:NODES instead of AWS (for
     /// load tests; scale-in then terminates at once, there is no cluster to drain).
     #[arg(long, value_name = "GROUPS:NODES")]
@@ -28,7 +30,7 @@ pub struct ServeArgs {
 }
 
 pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
-    let mut cfg = args.config.load()?;
+    let mut cfg = args.config.load_serving(&args.serve)?;
     let cloud = match &args.memory_cloud {
         Some(shape) => {
             let (groups, nodes) = fleet::parse_shape(shape).map_err(anyhow::Error::msg)?;

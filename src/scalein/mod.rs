@@ -27,6 +27,7 @@ pub mod decide;
 pub mod engine;
 pub mod holds;
 pub mod kube;
+pub mod progress;
 pub mod request;
 pub mod settings;
 pub mod sources;

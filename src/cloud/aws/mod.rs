@@ -16,6 +16,7 @@ use parking_lot::Mutex;
 use super::*;
 
 mod convert;
+pub mod region;
 pub mod sqs;
 use convert::*;
 pub use convert::{classify, credentials_failure, credentials_hint, failure_code, HttpStatus};
