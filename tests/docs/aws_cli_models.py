@@ -76,7 +76,7 @@ CUSTOM_OPTIONS = {
 FENCE = re.compile(r"^\s{0,3}(```|~~~)\s*(\w*)")
 HEREDOC = re.compile(r"<<-?\s*(['\"]?)(\w+)\1")
 # A command word: at the start, after an operator or `$(`, or after a keyword.
-COMMAND_START = re.compile(r"(?:^|[|;&(!{]|\$\(|\b(?:if|then|else|elif|do|while|until)\s)\s*aws\s")
+COMMAND_START = re.compile(r"(?:^|[|;&(!{]|\$\(|\b(?:if|then|else|elif|do|while|until)\s)\s*aws\s", re.M)
 
 
 def fenced_commands(path):
