@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# Runs every test. Installs what the tests need when it is missing: moto, PyYAML,
-# kubernetes-validate and grpcio in a local Python venv, helm into .venv/bin, and the
+# Runs every test. Installs what the tests need when it is missing: moto, botocore (pinned),
+# PyYAML, kubernetes-validate and grpcio in a local Python venv, helm into .venv/bin, and the
 # end-to-end suite's upstream Kubernetes parts (built from the Go module proxy, cached
-# outside the tree); kubectl (for kustomize) is expected. The tests start and stop their own servers.
+# outside the tree); kubectl (for kustomize) and jq are expected. The tests start and stop their own servers.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
