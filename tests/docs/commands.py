@@ -21,7 +21,10 @@ repository's deploy/ (so files the commands write stay out of the tree), with
     to run twice fails. Before every command that uses `$POLICY_ARN` or `$ROLE_ARN`,
     in both runs, the variable must hold an IAM ARN of the stand-in's account (not
     empty, not unset), and the second run must leave as many policies, roles, add-ons,
-    associations and repositories as the first;
+    associations and repositories as the first. Between the runs deploy/iam-policy.json
+    gains a statement and each policy the page made reaches the five versions IAM keeps
+    at most: after the second run each policy's default version must be the changed
+    document (a second run applies a changed policy, deleting old versions to do so);
   - `helm template`, `helm lint`, `kubectl kustomize` run, and so do `helm install` and
     `helm upgrade [--install]`, as `helm template` with the same arguments: that is
     what "renders as written" means here; `sed`, `mkdir`, `cp` and `cat > FILE <<EOF`
@@ -316,6 +319,8 @@ def run_file(md, scratch, check_object, ca_chart, quiet=False):
     for attempt in ((1, 2) if accounts else (1,)):
         label = f" (run {attempt} of 2)" if accounts else ""
         (outdir / "arns").unlink(missing_ok=True)
+        if attempt == 2:
+            between_runs(scratch)
         p = subprocess.run(["bash", "-c", "\n".join(script)], cwd=scratch, env=env,
                            capture_output=True, text=True)
         reached = [int(x) for x in re.findall(r"^>>> (\d+)$", p.stderr, re.M)]
@@ -348,6 +353,8 @@ def run_file(md, scratch, check_object, ca_chart, quiet=False):
             if not quiet:
                 print(f"ok   {rel}{label}: {ran} account step(s) against the stand-in, "
                       f"{len(state['calls'])} aws/eksctl call(s) so far, ARN variables checked {len(arns)} time(s)")
+    if len(counts) == 2:
+        errs += [f"{rel} (run 2 of 2): {e}" for e in policy_update_errors(scratch)]
     if len(counts) == 2 and counts[0] != counts[1]:
         errs.append(f"{rel}: a second run changed what the account holds: {counts[0]} after the first, "
                     f"{counts[1]} after the second")
@@ -396,10 +403,47 @@ def self_test():
     assert output_errors(f"image: registry.k8s.io/autoscaling/cluster-autoscaler:v1.{LIVE['K8S_MINOR']}.0\n", lambda d: []) == []
 
 
+SECOND_RUN_SID = "StandinSecondRun"
+
+
+def between_runs(scratch):
+    """What changed before the page is run again: deploy/iam-policy.json gained a
+    statement (the second run must apply it), and every policy the first run made has
+    the five versions IAM keeps at most (as after four earlier updates), so a second run
+    that adds a version without deleting an old one meets LimitExceeded."""
+    policy = scratch / "deploy/iam-policy.json"
+    if policy.exists():
+        doc = json.loads(policy.read_text())
+        doc["Statement"].append({"Sid": SECOND_RUN_SID, "Effect": "Allow", "Action": "sts:GetCallerIdentity",
+                                 "Resource": "*"})
+        policy.write_text(json.dumps(doc, indent=2))
+    path = scratch / ".standin.json"
+    state = json.loads(path.read_text())
+    for pol in state["policies"].values():
+        while len(pol["versions"]) < 5:
+            pol["versions"].insert(0, {"id": f"v{pol['next']}", "default": False, "doc": "{}"})
+            pol["next"] += 1
+    path.write_text(json.dumps(state))
+
+
+def policy_update_errors(scratch):
+    """Every policy the page made holds, as its default version, the document of the
+    second run (with the statement between_runs added)."""
+    state = json.loads((scratch / ".standin.json").read_text())
+    errs = []
+    for arn, pol in state["policies"].items():
+        default = next(v for v in pol["versions"] if v["default"])
+        sids = [st.get("Sid") for st in json.loads(default["doc"]).get("Statement", [])]
+        if SECOND_RUN_SID not in sids:
+            errs.append(f"the policy {arn}'s default version {default['id']} is not the changed "
+                        f"deploy/iam-policy.json: a second run does not apply a changed policy")
+    return errs
+
+
 def standin_self_test(check_object):
     """The account steps run twice: a create that is not get-or-create fails the second
     run, an empty POLICY_ARN where a command uses it fails, the get-or-create passes."""
-    head = "```sh\nexport CLUSTER=demo\ncat > p.json <<EOF\n{\"Version\": \"2012-10-17\", \"Statement\": []}\nEOF\n"
+    head = "```sh\nexport CLUSTER=demo\ncp deploy/iam-policy.json p.json\n"
     role = ('aws iam get-role --role-name "r-$CLUSTER" >/dev/null 2>&1 ||\n'
             '  aws iam create-role --role-name "r-$CLUSTER" --assume-role-policy-document file://p.json\n'
             'aws iam attach-role-policy --role-name "r-$CLUSTER" --policy-arn "$POLICY_ARN"\n```\n')
@@ -410,16 +454,36 @@ def standin_self_test(check_object):
         "looked up, never created": ('POLICY_ARN=$(aws iam list-policies --scope Local \\\n'
                                      '  --query "Policies[?PolicyName==\'p-$CLUSTER\'].Arn" --output text)\n',
                                      "(run 1 of 2): $POLICY_ARN is ''", ""),
+        "created, never updated": ('POLICY_ARN=$(aws iam list-policies --scope Local \\\n'
+                                   '  --query "Policies[?PolicyName==\'p-$CLUSTER\'].Arn" --output text)\n'
+                                   'if [ -z "$POLICY_ARN" ]; then\n'
+                                   '  POLICY_ARN=$(aws iam create-policy --policy-name "p-$CLUSTER" --policy-document file://p.json \\\n'
+                                   '    --query Policy.Arn --output text)\nfi\n',
+                                   "(run 2 of 2): the policy", "does not apply a changed policy"),
+        "updated, never pruned": ('POLICY_ARN=$(aws iam list-policies --scope Local \\\n'
+                                  '  --query "Policies[?PolicyName==\'p-$CLUSTER\'].Arn" --output text)\n'
+                                  'if [ -z "$POLICY_ARN" ]; then\n'
+                                  '  POLICY_ARN=$(aws iam create-policy --policy-name "p-$CLUSTER" --policy-document file://p.json \\\n'
+                                  '    --query Policy.Arn --output text)\nelse\n'
+                                  '  aws iam create-policy-version --policy-arn "$POLICY_ARN" --policy-document file://p.json --set-as-default\n'
+                                  'fi\n', "(run 2 of 2): exit 254", "LimitExceeded"),
         "get or create": ('POLICY_ARN=$(aws iam list-policies --scope Local \\\n'
                           '  --query "Policies[?PolicyName==\'p-$CLUSTER\'].Arn" --output text)\n'
                           'if [ -z "$POLICY_ARN" ]; then\n'
                           '  POLICY_ARN=$(aws iam create-policy --policy-name "p-$CLUSTER" --policy-document file://p.json \\\n'
-                          '    --query Policy.Arn --output text)\nfi\n', None, None),
+                          '    --query Policy.Arn --output text)\nelse\n'
+                          '  for v in $(aws iam list-policy-versions --policy-arn "$POLICY_ARN" \\\n'
+                          '      --query \'Versions[?!IsDefaultVersion].VersionId\' --output text); do\n'
+                          '    aws iam delete-policy-version --policy-arn "$POLICY_ARN" --version-id "$v"\n'
+                          '  done\n'
+                          '  aws iam create-policy-version --policy-arn "$POLICY_ARN" --policy-document file://p.json --set-as-default\n'
+                          'fi\n', None, None),
     }
     for name, (steps, want, why) in cases.items():
         with tempfile.TemporaryDirectory() as tmp:
             scratch = pathlib.Path(tmp)
             (scratch / "deploy").mkdir()
+            (scratch / "deploy/iam-policy.json").write_text('{"Version": "2012-10-17", "Statement": []}')
             md = scratch / "selftest.md"
             md.write_text(head + steps + role)
             errs, _, _ = run_file(md, scratch, check_object, None, quiet=True)
