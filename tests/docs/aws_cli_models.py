@@ -30,9 +30,8 @@ import re
 import shlex
 import sys
 
-import botocore
-import botocore.session
-from botocore import xform_name
+# botocore is imported where it is used: tests/docs/aws_standin.py, run once per `aws`
+# call, imports this module for its option parsing only.
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
@@ -194,12 +193,15 @@ def split_options(args):
 
 class Models:
     def __init__(self):
+        import botocore.session
+        self.version = botocore.__version__
         self.session = botocore.session.get_session()
         self.services = set(self.session.get_available_services())
         self._ops = {}
 
     def operations(self, service):
         """{cli operation name: botocore OperationModel} of a service."""
+        from botocore import xform_name
         if service not in self._ops:
             model = self.session.get_service_model(service)
             self._ops[service] = {xform_name(op, "-"): model.operation_model(op) for op in model.operation_names}
@@ -207,6 +209,7 @@ class Models:
 
     def waiters(self, service):
         """{cli waiter name: waiter's operation name}."""
+        from botocore import xform_name
         try:
             wm = self.session.get_waiter_model(service)
         except Exception:  # a service without waiters
@@ -216,6 +219,7 @@ class Models:
 
 def option_names(op):
     """The options a model operation takes: each input member, and `--no-X` for booleans."""
+    from botocore import xform_name
     names = set()
     shape = op.input_shape
     for member, mshape in (shape.members.items() if shape else []):
@@ -242,7 +246,7 @@ def check(args, models):
         return []
     service = CLI_SERVICE_NAMES.get(cli_service, cli_service)
     if service not in models.services:
-        return [f"`aws {cli_service}`: no such service in botocore {botocore.__version__}'s models"]
+        return [f"`aws {cli_service}`: no such service in botocore {models.version}'s models"]
     if operation == "wait":
         waiters = models.waiters(service)
         if len(words) < 3 or words[2] not in waiters:
@@ -253,7 +257,7 @@ def check(args, models):
     else:
         ops = models.operations(service)
         if operation not in ops:
-            return [f"`aws {cli_service} {operation}`: no such operation in botocore {botocore.__version__}'s "
+            return [f"`aws {cli_service} {operation}`: no such operation in botocore {models.version}'s "
                     f"{service} model"]
         op = ops[operation]
         shown = f"aws {cli_service} {operation}"
@@ -338,7 +342,7 @@ def main():
         for e in errs:
             print(f"  {e}")
         return 1
-    print(f"ok   {total} aws command(s) in the docs exist in botocore {botocore.__version__}'s models "
+    print(f"ok   {total} aws command(s) in the docs exist in botocore {models.version}'s models "
           f"({', '.join(per_file)})")
     return 0
 

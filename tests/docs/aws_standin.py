@@ -12,7 +12,8 @@ checked against botocore's model of the operation as the CLI does before it call
 least one character, an unreadable `file://`: exit 252), and a policy document must be
 JSON. `--query` is applied with JMESPath (botocore's) and `--output text` printed as the
 CLI prints it. Operations it does not know fail (exit 2): commands.py runs only the
-commands whose operations are in OPERATIONS.
+commands whose operations are in OPERATIONS. The models' part it needs is read once, by
+commands.py (model_cache), into the file $AWS_STANDIN_MODELS: botocore is not loaded per call.
 
 Usage: aws_standin.py aws ARGS... | aws_standin.py eksctl ARGS..."""
 
@@ -25,8 +26,7 @@ import sys
 import jmespath
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
-from aws_cli_models import GLOBAL_OPTIONS, Models, split_options  # noqa: E402
-from botocore import xform_name  # noqa: E402
+from aws_cli_models import GLOBAL_OPTIONS, split_options  # noqa: E402
 
 ACCOUNT = "210987654321"
 # What the stand-in holds before the page runs: an existing cluster-autoscaler release's
@@ -248,11 +248,28 @@ def text(value):
     raise SystemExit(f"aws stand-in: --output text of {value!r} is not implemented")
 
 
+def model_cache():
+    """For each operation of OPERATIONS, from botocore's models: its name, and for each
+    option the input member (its name with a capital: IAM's `RoleName`, EKS's
+    `clusterName`), the member's type and least length, and the required members."""
+    from aws_cli_models import Models
+    from botocore import xform_name
+    models, out = Models(), {}
+    for service, op in sorted(OPERATIONS):
+        model = models.operations(service)[op]
+        out[f"{service} {op}"] = {
+            "name": model.name,
+            "options": {"--" + xform_name(m, "-"): [m[:1].upper() + m[1:], sh.type_name, sh.metadata.get("min", 0)]
+                        for m, sh in model.input_shape.members.items()},
+            "required": [m[:1].upper() + m[1:] for m in model.input_shape.required_members],
+        }
+    return out
+
+
 def params(models, service, op_name, opts):
     """The operation's input from the options, checked as the CLI checks it (exit 252)."""
-    op = models.operations(service)[op_name]
-    # Keyed by the member's name with a capital (IAM's `RoleName`, EKS's `clusterName`).
-    members = {"--" + xform_name(m, "-"): (m[:1].upper() + m[1:], s) for m, s in op.input_shape.members.items()}
+    op = models[f"{service} {op_name}"]
+    members = op["options"]
     out, unknown = {}, []
     for name, value in opts:
         if name in GLOBAL_OPTIONS:
@@ -261,8 +278,8 @@ def params(models, service, op_name, opts):
         if name not in members and not neg:
             unknown.append(name)
             continue
-        member, shape = members["--" + name[5:]] if neg else members[name]
-        if shape.type_name == "boolean":
+        member, type_name, least = members["--" + name[5:]] if neg else members[name]
+        if type_name == "boolean":
             out[member] = not neg
             continue
         if value is None:
@@ -272,17 +289,17 @@ def params(models, service, op_name, opts):
                 value = pathlib.Path(value[len("file://"):]).read_text()
             except OSError as e:
                 fail(252, f"\nError parsing parameter '{name}': Unable to load paramfile {value}: {e}\n")
-        if shape.type_name == "string" and len(value) < shape.metadata.get("min", 0):
+        if type_name == "string" and len(value) < least:
             fail(252, f"\nParameter validation failed:\nInvalid length for parameter {member}, value: {len(value)}, "
-                      f"valid min length: {shape.metadata['min']}\n")
-        out[member] = [value] if shape.type_name == "list" else value
+                      f"valid min length: {least}\n")
+        out[member] = [value] if type_name == "list" else value
     if unknown:
         fail(252, f"\naws: error: Unknown options: {', '.join(unknown)}\n")
-    missing = [m for m in op.input_shape.required_members if m[:1].upper() + m[1:] not in out]
+    missing = [m for m in op["required"] if m not in out]
     if missing:
         fail(252, "\naws: error: the following arguments are required: "
-                  + ", ".join("--" + xform_name(m, "-") for m in missing) + "\n")
-    return op.name, out
+                  + ", ".join(o for o, (m, _, _) in members.items() if m in missing) + "\n")
+    return op["name"], out
 
 
 def fail(code, message):
@@ -311,7 +328,8 @@ def main(argv):
             fail(2, f"aws stand-in: `aws {service} {op}` is not implemented\n")
         o = dict(opts)
         region = o.get("--region") or os.environ.get("AWS_REGION") or "us-east-1"
-        op_name, p = params(Models(), service, op, opts)
+        models = json.loads(pathlib.Path(os.environ["AWS_STANDIN_MODELS"]).read_text())
+        op_name, p = params(models, service, op, opts)
         try:
             result = call(state, service, op, p, region)
         except AwsError as e:

@@ -83,6 +83,7 @@ LIVE = {
 # Account steps (commands run against the stand-in) each file must run, per run.
 MIN_ACCOUNT_STEPS = {"docs/quickstart-eks.md": 8, "docs/helm.md": 4}
 ARN_VARS = ("POLICY_ARN", "ROLE_ARN")
+STANDIN_MODELS = None  # aws_standin.model_cache(), as JSON
 ARN = re.compile(rf"^arn:aws:iam::{aws_standin.ACCOUNT}:(policy|role)/[\w+=,.@-]+$")
 
 # Renders each file must run (helm template/lint, kubectl kustomize).
@@ -310,9 +311,14 @@ def run_file(md, scratch, check_object, ca_chart, quiet=False):
         (bindir / tool).write_text(f'#!/bin/sh\nexec {shlex.quote(sys.executable)} '
                                    f'{shlex.quote(str(pathlib.Path(aws_standin.__file__).resolve()))} {tool} "$@"\n')
         (bindir / tool).chmod(0o755)
+    global STANDIN_MODELS
+    if STANDIN_MODELS is None:  # botocore's models, read once
+        STANDIN_MODELS = json.dumps(aws_standin.model_cache())
+    (scratch / ".standin-models.json").write_text(STANDIN_MODELS)
     env = dict(os.environ, PATH=f"{bindir}:{ROOT / '.venv/bin'}:{os.environ['PATH']}", HOME=str(scratch),
-               AWS_STANDIN_STATE=str(scratch / ".standin.json"))
-    for k in [k for k in env if k.startswith("AWS_") and k != "AWS_STANDIN_STATE"]:
+               AWS_STANDIN_STATE=str(scratch / ".standin.json"),
+               AWS_STANDIN_MODELS=str(scratch / ".standin-models.json"))
+    for k in [k for k in env if k.startswith("AWS_") and not k.startswith("AWS_STANDIN_")]:
         del env[k]  # the reader's own AWS settings are not the page's
     accounts = sum(1 for _, kind, _, _ in plan if kind == "account")
     errs, renders, counts = [], 0, []
