@@ -1427,12 +1427,14 @@ def pod_scheduling_errors(env, tmp):
 
 def home_url_errors():
     """The project's address is written once, as Chart.yaml's home: any other mention of the
-    same repository, or of another `example` project URL, in deploy/ or docs/ is an error."""
+    same repository, or of another `example` project URL, in deploy/, docs/, README.md or
+    CHANGELOG.md is an error."""
     home = yaml.safe_load((CHART / "Chart.yaml").read_text())["home"].rstrip("/")
     repo = re.sub(r"^https?://", "", home)
     project = re.compile(rf"{re.escape(repo)}|(?:github|gitlab)\.com/example\b", re.I)
     errs = []
-    for path in sorted(p for d in ("deploy", "docs") for p in (ROOT / d).rglob("*") if p.is_file()):
+    for path in sorted(p for d in ("deploy", "docs") for p in (ROOT / d).rglob("*") if p.is_file()) + [
+            ROOT / "README.md", ROOT / "CHANGELOG.md"]:
         try:
             lines = path.read_text().splitlines()
         except UnicodeDecodeError:
@@ -1666,7 +1668,7 @@ def check_chart(base_docs, overlay_docs):
         for e in errs:
             fail(f"project home: {e}")
         if not errs:
-            print("ok   the project's address is written once, in deploy/chart/Chart.yaml's home (none in deploy/ or docs/ besides)")
+            print("ok   the project's address is written once, in deploy/chart/Chart.yaml's home (none in deploy/, docs/, README.md or CHANGELOG.md besides)")
 
         errs = chart_config_rollout_selftest(env) + chart_config_rollout_errors(env)
         for e in errs:
