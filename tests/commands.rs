@@ -409,7 +409,23 @@ fn a_missing_region_refuses_to_start_and_says_where_to_set_it() {
         if let Some(r) = region {
             cmd.env("AWS_REGION", r);
         }
-        let out = cmd.output().unwrap();
+        // A command that should have refused to start but serves instead is stopped
+        // (a guard against hanging the suite, not an assertion on time): it reads as
+        // no exit code.
+        let mut child = cmd
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let since = std::time::Instant::now();
+        while child.try_wait().unwrap().is_none() {
+            if since.elapsed() > std::time::Duration::from_secs(120) {
+                let _ = child.kill();
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        let out = child.wait_with_output().unwrap();
         (
             out.status.code(),
             String::from_utf8_lossy(&out.stdout).to_string()
@@ -460,6 +476,22 @@ fn a_missing_region_refuses_to_start_and_says_where_to_set_it() {
     assert!(
         !text.contains("node groups found"),
         "no call was made:\n{text}"
+    );
+    // serve refuses it at start the same way, before it listens or calls AWS.
+    let (code, text) = run(
+        &[
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--metrics-listen",
+            "127.0.0.1:0",
+        ],
+        Some("eu-wset-1"),
+    );
+    assert_ne!(code, Some(0), "{text}");
+    assert!(
+        text.contains("region \"eu-wset-1\" is not an AWS region (expected like eu-west-1)"),
+        "{text}"
     );
 }
 

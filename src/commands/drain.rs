@@ -96,7 +96,7 @@ pub async fn drain_saying(
         return Ok(());
     }
     let mut cfg = cfg.clone();
-    let region = crate::cloud::aws::resolve_region(&cfg.aws_settings())
+    let region = crate::cloud::aws::resolve_known_region(&cfg.aws_settings())
         .await
         .map_err(|e| anyhow::anyhow!("{e}"))?;
     cfg.set_region(region);

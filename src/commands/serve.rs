@@ -51,7 +51,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         }
         None => {
             cfg.require_groups()?;
-            let region = crate::cloud::aws::resolve_region(&cfg.aws_settings())
+            let region = crate::cloud::aws::resolve_known_region(&cfg.aws_settings())
                 .await
                 .map_err(|e| anyhow::anyhow!("{e}"))?;
             cfg.set_region(region);

@@ -62,6 +62,15 @@ pub async fn resolve_region(s: &AwsSettings) -> Result<String, String> {
         })
 }
 
+/// The region as [`resolve_region`] finds it, checked against AWS's partitions before
+/// any call ([`region::partition_of`]): a region AWS cannot have is a host name that
+/// does not resolve, and the first call's error would name only DNS.
+pub async fn resolve_known_region(s: &AwsSettings) -> Result<String, String> {
+    let r = resolve_region(s).await?;
+    region::partition_of(&r)?;
+    Ok(r)
+}
+
 /// The AWS backend with every call counted in the metrics (what the commands use).
 pub async fn connect(settings: &AwsSettings) -> Arc<dyn Cloud> {
     let aws: Arc<dyn Cloud> = Arc::new(AwsCloud::new(settings).await);
