@@ -111,10 +111,16 @@ where
 /// An error and what lies under it, as words (`a: b: c`), never Debug text: each
 /// level's message once (the SDK's wrappers repeat what they wrap).
 pub fn chain(e: &(dyn std::error::Error + 'static)) -> String {
+    chain_of(e, |text| text.to_string())
+}
+
+/// [`chain`] with each error's text put through `say` first (a part it makes empty,
+/// or one an earlier part already says, is left out).
+fn chain_of(e: &(dyn std::error::Error + 'static), say: impl Fn(&str) -> String) -> String {
     let mut parts: Vec<String> = Vec::new();
     let mut next: Option<&(dyn std::error::Error + 'static)> = Some(e);
     while let Some(err) = next {
-        let text = err.to_string();
+        let text = say(&err.to_string());
         if !text.is_empty() && !parts.iter().any(|p| p.contains(&text)) {
             parts.push(text);
         }
@@ -139,21 +145,13 @@ pub fn credentials_failure(e: &(dyn std::error::Error + 'static)) -> Option<Stri
         let found = err.downcast_ref::<CredentialsError>().is_some()
             || err.to_string().starts_with("identity resolver timed out");
         if found {
-            let mut parts: Vec<String> = Vec::new();
-            let mut c = Some(err);
-            while let Some(x) = c {
-                // The default chain lists every provider it tried on further lines;
-                // the first line says what matters (the log has the rest).
-                let t = x.to_string();
+            // The default chain lists every provider it tried on further lines; the
+            // first line says what matters (the log has the rest).
+            let mut msg = chain_of(err, |t| {
                 let t = t.lines().next().unwrap_or("").trim();
                 let t = t.strip_suffix("Attempted:").unwrap_or(t).trim_end();
-                let t = t.strip_suffix('.').unwrap_or(t).to_string();
-                if !t.is_empty() && !parts.iter().any(|p| p.contains(&t)) {
-                    parts.push(t);
-                }
-                c = x.source();
-            }
-            let mut msg = parts.join(": ");
+                t.strip_suffix('.').unwrap_or(t).to_string()
+            });
             if msg.len() > CREDENTIALS_MESSAGE_MAX {
                 let cut = (0..=CREDENTIALS_MESSAGE_MAX)
                     .rev()
