@@ -1321,3 +1321,51 @@ async fn a_recorded_finished_action_aws_confirms_lets_the_hold_go_undrained() {
     assert!(w.cloud.completed_actions().is_empty());
     w.engine.shutdown();
 }
+
+/// A direct-mode drain's TerminateInstanceInAutoScalingGroup (with decrement) in flight
+/// and an IncreaseSize of the same group at the same time: an absolute
+/// SetDesiredCapacity computed while the decrement is in flight (the drained instance's
+/// slot still counted) would write back the slot AWS just gave up, and the ASG would
+/// launch one instance more than CA asked for. The size change is written after the
+/// decrement is answered and noted, so AWS's desired capacity, and CA's target as the
+/// provider keeps it before any refresh, are what CA asked.
+#[tokio::test]
+async fn an_increase_during_a_direct_termination_adds_exactly_what_ca_asked() {
+    let mut w = world(
+        vec![MemoryGroup::new("web", 0, 6, 3, "m5.large")],
+        fast_settings(),
+        Duration::from_millis(50),
+    )
+    .await;
+    let (node, iid) = nodes_of(&w, "web").remove(0);
+    assert_eq!(target(&mut w, "web").await, 3);
+    w.cloud.slow_answers(Duration::from_secs(2));
+    delete_nodes(&mut w, "web", &[(node, iid.clone())]).await;
+    eventually("AWS took the termination", 10, || {
+        w.cloud.desired("web") == Some(2)
+    })
+    .await;
+    assert!(w.engine.is_draining(&iid), "its answer is still on its way");
+    // CA's target is 2 now (3 less the node it deleted); it asks for one more.
+    w.ca.node_group_increase_size(ca_asg_provider::proto::NodeGroupIncreaseSizeRequest {
+        id: "web".into(),
+        delta: 1,
+    })
+    .await
+    .unwrap();
+    assert_eq!(w.engine.wait_for(&iid).await, Some(Outcome::Ended));
+    w.cloud.slow_answers(Duration::ZERO);
+    assert_eq!(
+        target(&mut w, "web").await,
+        3,
+        "CA's target as the provider keeps it, before any refresh"
+    );
+    w.provider.refresh_now().await.unwrap();
+    assert_eq!(
+        w.cloud.desired("web"),
+        Some(3),
+        "AWS's desired capacity is CA's target: 2 left + 1 asked"
+    );
+    assert_eq!(target(&mut w, "web").await, 3);
+    w.engine.shutdown();
+}
