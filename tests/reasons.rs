@@ -1322,6 +1322,8 @@ async fn a_recorded_finished_action_aws_confirms_lets_the_hold_go_undrained() {
     w.engine.shutdown();
 }
 
+const SLOW_ANSWER_SECS: u64 = 2;
+
 /// A direct-mode drain's TerminateInstanceInAutoScalingGroup (with decrement) in flight
 /// and an IncreaseSize of the same group at the same time: an absolute
 /// SetDesiredCapacity computed while the decrement is in flight (the drained instance's
@@ -1339,8 +1341,13 @@ async fn an_increase_during_a_direct_termination_adds_exactly_what_ca_asked() {
     .await;
     let (node, iid) = nodes_of(&w, "web").remove(0);
     assert_eq!(target(&mut w, "web").await, 3);
-    w.cloud.slow_answers(Duration::from_secs(2));
+    guarded_app(&w, &node, "app").await;
     delete_nodes(&mut w, "web", &[(node, iid.clone())]).await;
+    eventually("the PDB holds the drain", 10, || blocked(&w)).await;
+    // AWS's answer to the termination comes back slower than a size change's reads
+    // of the group wait for a write of this service to show.
+    w.cloud.slow_answers(Duration::from_secs(SLOW_ANSWER_SECS));
+    assert!(w.sim.remove::<PodDisruptionBudget>("shop", "app-pdb"));
     eventually("AWS took the termination", 10, || {
         w.cloud.desired("web") == Some(2)
     })
