@@ -1,24 +1,33 @@
 #!/usr/bin/env bash
-# Runs every test. Installs what the tests need when it is missing: moto, PyYAML,
-# kubernetes-validate and grpcio in a local Python venv, helm into .venv/bin, and the
+# Runs every test. Installs what the tests need when it is missing: moto, botocore (pinned),
+# PyYAML, kubernetes-validate and grpcio in a local Python venv, helm into .venv/bin, and the
 # end-to-end suite's upstream Kubernetes parts (built from the Go module proxy, cached
-# outside the tree); kubectl (for kustomize) is expected. The tests start and stop their own servers.
+# outside the tree); kubectl (for kustomize) and jq are expected. The tests start and stop their own servers.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 if [ ! -x .venv/bin/python ]; then
     python3 -m venv .venv
 fi
-if [ ! -x .venv/bin/moto_server ] || ! .venv/bin/python -c 'import kubernetes_validate, yaml' 2>/dev/null; then
-    echo "== installing moto[server], kubernetes-validate, PyYAML into .venv"
+# botocore is pinned: its service models are what tests/docs/aws_cli_models.py checks the
+# docs' `aws` commands against (the AWS CLI v2 is built on them); moto needs it too.
+BOTOCORE='botocore==1.44.8'
+if [ ! -x .venv/bin/moto_server ] || ! .venv/bin/python -c 'import kubernetes_validate, yaml' 2>/dev/null \
+    || [ "$(.venv/bin/python -c 'import botocore; print(botocore.__version__)' 2>/dev/null)" != "${BOTOCORE#botocore==}" ]; then
+    echo "== installing moto[server], $BOTOCORE, kubernetes-validate, PyYAML into .venv"
     .venv/bin/pip install --quiet --disable-pip-version-check \
-        'moto[server]>=5.0,<6' 'kubernetes-validate>=1.30' 'PyYAML>=6'
+        'moto[server]>=5.0,<6' "$BOTOCORE" "boto3==${BOTOCORE#botocore==}" 'kubernetes-validate>=1.30' 'PyYAML>=6'
 fi
 # A second gRPC stack for the Unix socket's tests (tests/unix_socket.rs): gRPC's C
 # core, as grpcio, whose unix: targets send the socket's path as :authority.
 if ! .venv/bin/python -c 'import grpc' 2>/dev/null; then
     echo "== installing grpcio into .venv"
     .venv/bin/pip install --quiet --disable-pip-version-check 'grpcio>=1.85,<2'
+fi
+# tests/docs/commands.py runs the quickstart's `jq` as written (it writes the IAM policy).
+if ! command -v jq >/dev/null; then
+    echo "error: jq is needed by tests/docs/commands.py (Debian: apt-get install jq)" >&2
+    exit 1
 fi
 # The overlays need kustomize v4+ (kubectl 1.21+). Debian 12's kubernetes-client is
 # 1.20, whose built-in kustomize cannot render them, so there is no package to fall
@@ -81,9 +90,10 @@ export MOTO_SERVER="$PWD/.venv/bin/moto_server"
 
 echo "== deploy/: rendered overlays and Helm chart against the Kubernetes schemas (strict)"
 .venv/bin/python tests/deploy/validate.py
-echo "== docs: links and anchors, the offline command blocks as written, the metric names, the tests named as proof, no two docs contradicting each other, the architecture's paths, walks and rooms"
+echo "== docs: links and anchors, the offline command blocks as written (the account steps twice, against a stand-in), the aws commands against botocore's models, the metric names, the tests named as proof, no two docs contradicting each other, the architecture's paths, walks and rooms"
 .venv/bin/python tests/docs/links.py
 .venv/bin/python tests/docs/commands.py
+.venv/bin/python tests/docs/aws_cli_models.py
 .venv/bin/python tests/docs/metrics.py
 .venv/bin/python tests/docs/tests_named.py
 .venv/bin/python tests/docs/consistency.py

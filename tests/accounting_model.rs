@@ -84,6 +84,9 @@ enum Op {
     /// Delete up to `n` running nodes, chosen by `pick`.
     Delete(usize, usize, u64),
     DeletePlaceholders(usize),
+    /// Two DeleteNodes calls at once naming the same placeholder (a call CA gave up
+    /// on and sent again while the first was still recorded): one slot is given up.
+    DeletePlaceholderTwice(usize),
     /// CA's scale-down: up to `n` running nodes, one DeleteNodes call each, all at
     /// once (CA's `--max-scale-down-parallelism`), with the next `times` calls of an
     /// AWS operation throttled while they run.
@@ -113,6 +116,7 @@ fn op() -> impl Strategy<Value = Op> {
         2 => (g.clone(), 1..3i32).prop_map(|(g, d)| Op::Decrease(g, d)),
         4 => (g.clone(), 1..4usize, any::<u64>()).prop_map(|(g, n, p)| Op::Delete(g, n, p)),
         1 => g.clone().prop_map(Op::DeletePlaceholders),
+        1 => g.clone().prop_map(Op::DeletePlaceholderTwice),
         4 => (
             g.clone(),
             1..6usize,
@@ -376,6 +380,31 @@ impl World {
                     *self.target.get_mut(g).unwrap() -= (placeholders.len() as i32).min(owed);
                 }
             }
+            Op::DeletePlaceholderTwice(g) => {
+                let g = GROUPS[*g];
+                let Some(first) = self
+                    .ca()
+                    .nodes(g)
+                    .unwrap()
+                    .into_iter()
+                    .find(|v| v.id.contains("i-placeholder-"))
+                else {
+                    return;
+                };
+                let node = NodeRef {
+                    name: first.id.clone(),
+                    provider_id: first.id,
+                };
+                let owed = self.owed(g);
+                let ca = self.ca().clone();
+                let (a, b) = futures::join!(
+                    ca.delete_nodes(g, std::slice::from_ref(&node)),
+                    ca.delete_nodes(g, std::slice::from_ref(&node))
+                );
+                if a.is_ok() || b.is_ok() {
+                    *self.target.get_mut(g).unwrap() -= owed.min(1);
+                }
+            }
             Op::Complete(pick) => {
                 let pending = self.pending();
                 if pending.is_empty() {
@@ -543,6 +572,16 @@ proptest! {
     fn size_accounting_holds_under_any_sequence(ops in prop::collection::vec(op(), 1..40)) {
         run(&ops);
     }
+}
+
+/// Two calls of one batch naming the same placeholder give up one slot, not two.
+#[test]
+fn a_placeholder_named_twice_in_one_batch_gives_up_one_slot() {
+    run(&[
+        Op::FailLaunches(0, true),
+        Op::Increase(0, 2),
+        Op::DeletePlaceholderTwice(0),
+    ]);
 }
 
 /// The sequence the issue reproduced: desired 4, two direct drains pending, +1.

@@ -134,6 +134,8 @@ async fn check_config_with_no_group_fails_naming_the_tags_region_and_account() {
         "problems (1):",
         "no node group found: no Auto Scaling Group is tagged k8s.io/cluster-autoscaler/enabled and k8s.io/cluster-autoscaler/prd in region us-east-1, account 210987654321 (from AWS_ROLE_ARN)",
         "the chart's clusterName",
+        // Issue 62: the cluster tags it did see on groups with the enabled tag.
+        "Did you mean: the groups tagged k8s.io/cluster-autoscaler/enabled here carry the cluster tags k8s.io/cluster-autoscaler/prod (1 group)",
     ] {
         assert!(text.contains(want), "{want:?} not in:\n{text}");
     }
@@ -263,5 +265,68 @@ async fn a_refused_describe_nodegroup_fails_check_config() {
             .any(|l| l.contains("DescribeNodegroup prod/ml was refused")
                 && l.contains("AccessDenied")),
         "{problems:?}"
+    );
+}
+
+/// Issue 62: when nothing matched, the problem names the cluster tags seen on the
+/// groups that carry the enabled tag ("did you mean"), or says none carries it; the
+/// node-template tags and the enabled tag itself are not cluster tags.
+#[tokio::test]
+async fn nothing_found_lists_the_cluster_tags_seen_on_enabled_groups() {
+    use ca_asg_provider::commands::check::{cluster_tags_seen, cluster_tags_sentence, report_in};
+    let cloud = MemoryCloud::new(
+        vec![
+            MemoryGroup::new("a", 0, 5, 0, "m5.large")
+                .tag(ENABLED, "true")
+                .tag("k8s.io/cluster-autoscaler/prod", "owned")
+                .tag("k8s.io/cluster-autoscaler/node-template/label/x", "y"),
+            MemoryGroup::new("b", 0, 5, 0, "m5.large")
+                .tag(ENABLED, "true")
+                .tag("k8s.io/cluster-autoscaler/prod", "owned"),
+            MemoryGroup::new("c", 0, 5, 0, "m5.large")
+                .tag(ENABLED, "true")
+                .tag("k8s.io/cluster-autoscaler/staging", "owned"),
+            MemoryGroup::new("d", 0, 5, 0, "m5.large")
+                .tag("k8s.io/cluster-autoscaler/dev", "owned"),
+        ],
+        quick(),
+    );
+    let p = Provider::new(
+        Arc::new(cloud),
+        ProviderSettings {
+            selector: discovery("prd"),
+            ..ProviderSettings::default()
+        },
+    );
+    assert_eq!(
+        report_in(&p, &Default::default(), &LookedIn::default()).await,
+        ExitCode::FAILURE
+    );
+    let groups = p
+        .cloud()
+        .describe_groups(&GroupSelector {
+            names: vec![],
+            tag_sets: vec![vec![TagFilter {
+                key: ENABLED.into(),
+                value: None,
+            }]],
+        })
+        .await
+        .unwrap();
+    let seen = cluster_tags_seen(&groups);
+    assert_eq!(
+        seen,
+        [
+            ("k8s.io/cluster-autoscaler/prod".to_string(), 2),
+            ("k8s.io/cluster-autoscaler/staging".to_string(), 1)
+        ]
+    );
+    assert_eq!(
+        cluster_tags_sentence(groups.len(), &seen),
+        "Did you mean: the groups tagged k8s.io/cluster-autoscaler/enabled here carry the cluster tags k8s.io/cluster-autoscaler/prod (2 groups), k8s.io/cluster-autoscaler/staging (1 group)"
+    );
+    assert_eq!(
+        cluster_tags_sentence(0, &[]),
+        "No Auto Scaling Group in this region carries k8s.io/cluster-autoscaler/enabled"
     );
 }

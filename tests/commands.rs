@@ -409,7 +409,23 @@ fn a_missing_region_refuses_to_start_and_says_where_to_set_it() {
         if let Some(r) = region {
             cmd.env("AWS_REGION", r);
         }
-        let out = cmd.output().unwrap();
+        // A command that should have refused to start but serves instead is stopped
+        // (a guard against hanging the suite, not an assertion on time): it reads as
+        // no exit code.
+        let mut child = cmd
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        let since = std::time::Instant::now();
+        while child.try_wait().unwrap().is_none() {
+            if since.elapsed() > std::time::Duration::from_secs(120) {
+                let _ = child.kill();
+                break;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        let out = child.wait_with_output().unwrap();
         (
             out.status.code(),
             String::from_utf8_lossy(&out.stdout).to_string()
@@ -422,6 +438,9 @@ fn a_missing_region_refuses_to_start_and_says_where_to_set_it() {
         text.contains("no AWS region") && text.contains("aws.region"),
         "{text}"
     );
+    // The SDK's own warnings (its region providers that found nothing) stay quiet at
+    // check-config's default log level: the answer is the report (issue 62).
+    assert!(!text.contains("aws_config"), "{text}");
     let (code, text) = run(
         &[
             "serve",
@@ -434,10 +453,46 @@ fn a_missing_region_refuses_to_start_and_says_where_to_set_it() {
     );
     assert_ne!(code, Some(0), "{text}");
     assert!(text.contains("no AWS region"), "{text}");
-    // The region is used; AWS (a closed port) does not answer: an AWS problem, exit 1.
+    // The region is used; AWS (a closed port) does not answer: an AWS problem, exit 1,
+    // said as one sentence of what to check, not the SDK's Debug text (issue 62).
     let (code, text) = run(&["check-config"], Some("eu-west-1"));
     assert!(text.contains("region:           eu-west-1"), "{text}");
     assert_eq!(code, Some(1), "{text}");
+    assert!(
+        text.contains("AWS: FAILED to read Auto Scaling Groups: AWS DescribeAutoScalingGroups could not send the request: ")
+            && text.contains("check the region (aws.region, --region, AWS_REGION)"),
+        "{text}"
+    );
+    for debug in ["DispatchFailure", "ConnectorError", "Some(", "source:"] {
+        assert!(!text.contains(debug), "{debug:?} in:\n{text}");
+    }
+    // A region AWS cannot have is refused before any call, naming one it can (issue 62).
+    let (code, text) = run(&["check-config"], Some("eu-wset-1"));
+    assert_eq!(code, Some(2), "{text}");
+    assert!(
+        text.contains("region \"eu-wset-1\" is not an AWS region (expected like eu-west-1)"),
+        "{text}"
+    );
+    assert!(
+        !text.contains("node groups found"),
+        "no call was made:\n{text}"
+    );
+    // serve refuses it at start the same way, before it listens or calls AWS.
+    let (code, text) = run(
+        &[
+            "serve",
+            "--listen",
+            "127.0.0.1:0",
+            "--metrics-listen",
+            "127.0.0.1:0",
+        ],
+        Some("eu-wset-1"),
+    );
+    assert_ne!(code, Some(0), "{text}");
+    assert!(
+        text.contains("region \"eu-wset-1\" is not an AWS region (expected like eu-west-1)"),
+        "{text}"
+    );
 }
 
 /// Without credentials, `check-config` says it is a credentials problem and what to
@@ -853,8 +908,8 @@ fn check_config_names_a_node_registered_while_warming() {
     assert!(registered_while_warming(&[], &nodes).is_empty());
 }
 
-/// Issue 60, 3: the shipped binary keeps serve, check-config, drain, status, remove-hooks
-/// (issue 62) and demo; the load
+/// Issue 60, 3: the shipped binary keeps serve, check-config, drain, status, undrain,
+/// remove-hooks (issue 62) and demo; the load
 /// generator is a binary of its own (loadgen/, `cargo run -p loadgen`), and
 /// `ca-asg-provider loadgen` is an unknown subcommand (clap's usage error, exit 2).
 #[test]
@@ -875,7 +930,8 @@ fn the_shipped_binary_has_the_product_commands_and_not_the_test_rig() {
             "drain",
             "remove-hooks",
             "serve",
-            "status"
+            "status",
+            "undrain"
         ]
     );
     let out = std::process::Command::new(env!("CARGO_BIN_EXE_ca-asg-provider"))
@@ -997,4 +1053,479 @@ async fn status_lists_the_drains_in_progress_read_only() {
             .starts_with("cannot read the cluster from the Kubernetes API server"),
         "{e}"
     );
+}
+
+/// Issue 62: `undrain NODE` gives a node back after an interrupted `drain`, in one
+/// command: it refuses while the record says the drain may still run (nothing
+/// changes), and once nobody runs it removes exactly the service's marks (its taint,
+/// the record, its own cordon) and nothing else: an operator's cordon, CA's taint and
+/// foreign taints stay. Through the service's own ClusterRole (get and patch Nodes).
+#[tokio::test]
+async fn undrain_gives_back_an_interrupted_drain_and_only_the_services_marks() {
+    use ca_asg_provider::commands::undrain::{self, Undone};
+    use ca_asg_provider::scalein::decide::record::{
+        self, DrainReason, DrainRecord, Limits, Why, TAINT_KEY,
+    };
+    use ca_asg_provider::scalein::decide::undo::{Running, Window};
+    use ca_asg_provider::scalein::stages::cordon::GivenBack;
+    use ca_asg_provider::scalein::DeadlinePolicy;
+    use k8s_openapi::api::core::v1::Taint;
+    let sim = SimCluster::start(SimOptions {
+        ready_delay: Duration::from_millis(30),
+    })
+    .await
+    .unwrap();
+    let foreign = Taint {
+        key: "example.com/gpu".into(),
+        value: Some("true".into()),
+        effect: "NoSchedule".into(),
+        time_added: None,
+    };
+    let mut n1 = fixtures::node("n1", "aws:///us-east-1a/i-0abc", &[]);
+    n1.spec.as_mut().unwrap().taints = Some(vec![foreign.clone()]);
+    sim.create(&n1).unwrap();
+    sim.create(&fixtures::pod("shop", "app", "n1", "app", 0.2))
+        .unwrap();
+    sim.create(&fixtures::pdb("shop", "app", 0)).unwrap();
+    let end = Instant::now() + Duration::from_secs(10);
+    while sim.list::<Pod>().is_empty() {
+        assert!(Instant::now() < end);
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // A `drain n1` that the budget blocks, interrupted once it has marked the node.
+    let cfg = ConfigArgs {
+        region: Some("us-east-1".into()),
+        ..Default::default()
+    }
+    .load()
+    .unwrap();
+    let args = DrainArgs {
+        node: "n1".into(),
+        dry_run: false,
+        terminate: false,
+        config: ConfigArgs::default(),
+    };
+    let client = sim.client();
+    let drain =
+        tokio::spawn(
+            async move { ca_asg_provider::commands::drain::drain(client, &cfg, &args).await },
+        );
+    let end = Instant::now() + Duration::from_secs(10);
+    let tainted = |n: &serde_json::Value| {
+        n["spec"]["taints"]
+            .as_array()
+            .is_some_and(|t| t.iter().any(|t| t["key"] == TAINT_KEY))
+    };
+    while !tainted(&sim.get::<Node>("", "n1").unwrap()) {
+        assert!(Instant::now() < end, "the drain marks the node");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    drain.abort();
+    let _ = drain.await;
+    let window = Window {
+        limits: Limits {
+            workload_deadline: Duration::from_secs(600),
+            workload_policy: DeadlinePolicy::Abandon,
+        },
+        after_deadline: Duration::from_secs(240),
+    };
+    let user = "system:serviceaccount:kube-system:undrain";
+    let client = sim.client_as(user);
+    let now = ca_asg_provider::clock::utc_now();
+    // While its deadline is ahead the drain may still run (the service resumes it):
+    // refused, the node as it was, exit 3.
+    let before = sim.get::<Node>("", "n1").unwrap();
+    let refused = undrain::undrain(&client, "n1", window, false, now)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(
+        matches!(&refused, Undone::Refused(Running::Drain { reasons, .. }) if reasons == &["drain command"]),
+        "{refused:?}"
+    );
+    let (text, code) = refused.say("n1");
+    assert_eq!(code, ExitCode::from(undrain::REFUSED));
+    assert!(
+        text.contains("a drain may still run") && text.contains("--force"),
+        "{text}"
+    );
+    assert_eq!(
+        sim.get::<Node>("", "n1").unwrap()["metadata"]["resourceVersion"],
+        before["metadata"]["resourceVersion"],
+        "a refusal writes nothing"
+    );
+    // Past the deadline nobody runs it: given back in one command.
+    let later = now + chrono::Duration::minutes(11);
+    let done = undrain::undrain(&client, "n1", window, false, later)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        done,
+        Undone::GivenBack {
+            given: GivenBack::Schedulable,
+            ca_taint: false
+        }
+    );
+    let n = sim.get::<Node>("", "n1").unwrap();
+    assert_ne!(n["spec"]["unschedulable"], true, "{n}");
+    assert_eq!(
+        n["spec"]["taints"],
+        serde_json::json!([{"key": "example.com/gpu", "value": "true", "effect": "NoSchedule"}]),
+        "only our taint went"
+    );
+    let annotations = n["metadata"]["annotations"]
+        .as_object()
+        .cloned()
+        .unwrap_or_default();
+    assert!(
+        annotations
+            .keys()
+            .all(|k| !k.starts_with("ca-asg-provider.io/")),
+        "{annotations:?}"
+    );
+    assert!(n["metadata"]["labels"]
+        .get("node.kubernetes.io/exclude-from-external-load-balancers")
+        .is_none());
+    // Again: nothing of ours left.
+    let again = undrain::undrain(&client, "n1", window, false, later)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(again, Undone::NothingToDo);
+    assert_eq!(again.say("n1").1, ExitCode::SUCCESS);
+
+    // An operator's cordon with CA's taint, our taint and a finished record: the
+    // marks go, the cordon and CA's taint stay, and the answer says so.
+    let mut rec = DrainRecord {
+        reasons: vec![DrainReason::new(Why::ScaleIn, now)],
+        in_warm_pool_since: None,
+    };
+    rec.mark_done();
+    let mut n2 = fixtures::node("n2", "aws:///us-east-1a/i-0def", &[]);
+    let spec = n2.spec.as_mut().unwrap();
+    spec.unschedulable = Some(true);
+    spec.taints = Some(vec![
+        foreign.clone(),
+        Taint {
+            key: TAINT_KEY.into(),
+            value: Some("true".into()),
+            effect: "NoSchedule".into(),
+            time_added: None,
+        },
+        Taint {
+            key: record::CA_TO_BE_DELETED_TAINT.into(),
+            value: Some("1700000000".into()),
+            effect: "NoSchedule".into(),
+            time_added: None,
+        },
+    ]);
+    n2.metadata.annotations = Some(
+        [
+            (record::ANNOTATION.to_string(), rec.to_json()),
+            (record::GROUP_ANNOTATION.to_string(), "web".to_string()),
+            ("team".to_string(), "payments".to_string()),
+        ]
+        .into(),
+    );
+    sim.create(&n2).unwrap();
+    let done = undrain::undrain(&client, "n2", window, false, now)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(
+        done,
+        Undone::GivenBack {
+            given: GivenBack::CordonKept,
+            ca_taint: true
+        }
+    );
+    let (text, code) = done.say("n2");
+    assert_eq!(code, ExitCode::SUCCESS);
+    assert!(
+        text.contains("stays cordoned") && text.contains("kubectl uncordon n2"),
+        "{text}"
+    );
+    let n = sim.get::<Node>("", "n2").unwrap();
+    assert_eq!(
+        n["spec"]["unschedulable"], true,
+        "the operator's cordon stays"
+    );
+    let keys: Vec<&str> = n["spec"]["taints"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t["key"].as_str().unwrap())
+        .collect();
+    assert_eq!(keys, ["example.com/gpu", record::CA_TO_BE_DELETED_TAINT]);
+    let annotations = n["metadata"]["annotations"].as_object().unwrap();
+    assert_eq!(annotations.len(), 1, "{annotations:?}");
+    assert_eq!(annotations["team"], "payments");
+
+    // A node held by our hook is refused whatever the time; --force gives it back.
+    let held = DrainRecord {
+        reasons: vec![DrainReason::new(
+            Why::Lifecycle {
+                hook: "ca-asg-provider-drain".into(),
+            },
+            now,
+        )],
+        in_warm_pool_since: None,
+    };
+    let mut n3 = fixtures::node("n3", "aws:///us-east-1a/i-0fed", &[]);
+    n3.metadata.annotations = Some([(record::ANNOTATION.to_string(), held.to_json())].into());
+    sim.create(&n3).unwrap();
+    let r = undrain::undrain(&client, "n3", window, false, later)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(matches!(r, Undone::Refused(Running::Held { .. })), "{r:?}");
+    assert!(r.say("n3").0.contains("Terminating:Wait"));
+    let forced = undrain::undrain(&client, "n3", window, true, later)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(matches!(forced, Undone::GivenBack { .. }), "{forced:?}");
+    assert!(
+        sim.get::<Node>("", "n3").unwrap()["metadata"]["annotations"]
+            .get(record::ANNOTATION)
+            .is_none()
+    );
+    // No such node.
+    assert_eq!(
+        undrain::undrain(&client, "gone", window, false, now)
+            .await
+            .unwrap(),
+        None
+    );
+    // Only get and patch on Nodes, which the service's own ClusterRole grants.
+    let used = sim.requests().used_by(user);
+    assert!(
+        used.iter()
+            .all(|u| u.resource == "nodes" && (u.verb == "get" || u.verb == "patch")),
+        "{used:?}"
+    );
+    let rules = support::rbac::role_rules(
+        &std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/base/rbac.yaml"),
+        "ca-asg-provider",
+    );
+    let gaps = support::rbac::missing(&rules, &used);
+    assert!(gaps.is_empty(), "the service's role lacks {gaps:?}");
+}
+
+/// Issue 62: `drain NODE` says where it stands: a line per phase (cordoned, evicting
+/// N pods, the DaemonSet pods, done), and while a budget blocks it, every few
+/// seconds, the pod still there and the budget that blocks it; no internal text.
+/// On tokio's paused clock, against the in-process API server.
+#[tokio::test(start_paused = true)]
+async fn drain_command_says_each_phase_and_what_blocks_it() {
+    use ca_asg_provider::commands::drain::{drain_saying, BLOCKERS_EVERY};
+    use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+    let sim = SimCluster::start_in_process(SimOptions {
+        ready_delay: Duration::from_millis(30),
+    })
+    .await
+    .unwrap();
+    sim.create(&fixtures::node("n1", "aws:///us-east-1a/i-0abc", &[]))
+        .unwrap();
+    sim.create(&fixtures::daemonset("logging", "fluentd", 5.0, false))
+        .unwrap();
+    sim.create(&fixtures::pod("shop", "app", "n1", "app", 0.2))
+        .unwrap();
+    sim.create(&fixtures::pdb("shop", "app", 0)).unwrap();
+    while sim.list::<Pod>().len() < 2 {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let cfg = ConfigArgs {
+        region: Some("us-east-1".into()),
+        ..Default::default()
+    }
+    .load()
+    .unwrap();
+    let args = DrainArgs {
+        node: "n1".into(),
+        dry_run: false,
+        terminate: false,
+        config: ConfigArgs::default(),
+    };
+    let lines = Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+    let sink = lines.clone();
+    let client = sim.client();
+    let drain = tokio::spawn(async move {
+        drain_saying(
+            client,
+            &cfg,
+            &args,
+            Arc::new(move |l: &str| sink.lock().unwrap().push(l.to_string())),
+        )
+        .await
+    });
+    let waiting = |lines: &[String]| {
+        lines
+            .iter()
+            .filter(|l| l.starts_with("waiting for"))
+            .count()
+    };
+    while waiting(&lines.lock().unwrap()) == 0 {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // Blocked for three more rounds, then the budget goes.
+    tokio::time::sleep(BLOCKERS_EVERY * 3).await;
+    let blocked = waiting(&lines.lock().unwrap());
+    assert!((3..=5).contains(&blocked), "{:?}", lines.lock().unwrap());
+    assert!(sim.remove::<PodDisruptionBudget>("shop", "app-pdb"));
+    drain.await.unwrap().unwrap();
+    let lines = lines.lock().unwrap().clone();
+    let text = lines.join("\n");
+    let mut at = 0;
+    for want in [
+        "plan for node n1 (instance i-0abc):",
+        "draining n1: workloads first, DaemonSet pods last; the instance keeps running",
+        "cordoned n1: nothing new is scheduled there",
+        "evicting 1 pod (DaemonSet pods last)",
+        "waiting for 1 pod: shop/app (PodDisruptionBudget shop/app-pdb allows no disruption now)",
+        "workload pods gone; evicting the DaemonSet pods",
+        "done: node drained; it stays cordoned (`ca-asg-provider undrain n1` gives it back)",
+    ] {
+        let i = lines[at..]
+            .iter()
+            .position(|l| l.starts_with(want))
+            .unwrap_or_else(|| panic!("{want:?} not after line {at}:\n{text}"));
+        at += i + 1;
+    }
+    for phase in ["cordoned n1", "evicting 1 pod", "workload pods gone"] {
+        assert_eq!(
+            lines.iter().filter(|l| l.starts_with(phase)).count(),
+            1,
+            "{phase} once:\n{text}"
+        );
+    }
+    for internal in ["of group  (", "Cli", "Some(", "None", "{ ", "DrainOnly"] {
+        assert!(!text.contains(internal), "{internal:?} in:\n{text}");
+    }
+}
+
+/// Issue 62: every subcommand's `--help` states its exit codes, and each takes only
+/// the flags it uses: `--listen`, `--metrics-listen` and `--insecure` are `serve`'s
+/// alone (check-config and drain refuse them), under their old names.
+#[test]
+fn every_subcommand_states_its_exit_codes_and_takes_only_its_flags() {
+    use ca_asg_provider::commands::{Cli, Command};
+    use clap::{CommandFactory, Parser};
+    let mut cli = Cli::command();
+    let names: Vec<String> = cli
+        .get_subcommands()
+        .map(|c| c.get_name().to_string())
+        .collect();
+    assert!(names.len() >= 6, "{names:?}");
+    for name in &names {
+        let help = cli
+            .find_subcommand_mut(name)
+            .unwrap()
+            .render_long_help()
+            .to_string();
+        assert!(help.contains("Exit codes: 0 "), "{name} --help:\n{help}");
+    }
+    let parse = |args: &[&str]| {
+        Cli::try_parse_from(std::iter::once("ca-asg-provider").chain(args.iter().copied()))
+    };
+    for flag in [
+        &["--listen", "0.0.0.0:1"][..],
+        &["--metrics-listen", "0.0.0.0:2"],
+        &["--insecure"],
+    ] {
+        for cmd in [&["check-config"][..], &["drain", "n1"], &["undrain", "n1"]] {
+            let args: Vec<&str> = cmd.iter().chain(flag).copied().collect();
+            let e = parse(&args).unwrap_err();
+            assert_eq!(
+                e.kind(),
+                clap::error::ErrorKind::UnknownArgument,
+                "{args:?}"
+            );
+        }
+    }
+    let serve = parse(&[
+        "serve",
+        "--listen",
+        "0.0.0.0:1",
+        "--metrics-listen",
+        "0.0.0.0:2",
+        "--insecure",
+        "--region",
+        "eu-west-1",
+    ])
+    .unwrap();
+    let Command::Serve(s) = serve.command else {
+        panic!("serve")
+    };
+    assert_eq!(s.serve.listen.as_deref(), Some("0.0.0.0:1"));
+    assert_eq!(s.serve.metrics_listen.as_deref(), Some("0.0.0.0:2"));
+    assert!(s.serve.insecure);
+    let c = s.config.load_serving(&s.serve).unwrap();
+    assert_eq!(c.listen.to_string(), "0.0.0.0:1");
+    assert!(parse(&["check-config", "--region", "eu-west-1"]).is_ok());
+}
+
+/// Issue 62: a pod that stays unready says why where the operator looks, in its own
+/// Events (`kubectl describe pod` shows those whose object has the pod's uid), through
+/// the service's own RBAC; and says so once it is ready again. (When it tells, and how
+/// often, is the teller's, tested without I/O in `telemetry::readiness`.)
+#[tokio::test]
+async fn an_unready_service_names_the_cause_in_its_pods_events() {
+    use ca_asg_provider::telemetry::http::Status;
+    use ca_asg_provider::telemetry::liveness::Liveness;
+    use ca_asg_provider::telemetry::readiness::{self, Teller};
+    use k8s_openapi::api::core::v1::ObjectReference;
+
+    struct Answer(parking_lot::Mutex<Result<(), String>>);
+    impl Status for Answer {
+        fn readiness(&self) -> Result<(), String> {
+            self.0.lock().clone()
+        }
+    }
+    let sim = SimCluster::start(SimOptions {
+        ready_delay: Duration::from_millis(30),
+    })
+    .await
+    .unwrap();
+    let why = "no node group found: no Auto Scaling Group is tagged k8s.io/cluster-autoscaler/prod";
+    let answer = Arc::new(Answer(parking_lot::Mutex::new(Err(why.into()))));
+    let pod = ObjectReference {
+        api_version: Some("v1".into()),
+        kind: Some("Pod".into()),
+        name: Some("ca-asg-provider-7d9f-abcde".into()),
+        namespace: Some("kube-system".into()),
+        uid: Some("5f0e-uid".into()),
+        ..Default::default()
+    };
+    let task = readiness::spawn(
+        sim.client_as(support::rbac::ENGINE_USER),
+        pod,
+        answer.clone(),
+        Arc::new(Liveness::default()),
+        Teller::new(Duration::ZERO, Duration::from_secs(3600)),
+        Duration::from_millis(20),
+    );
+    let told = |reason: &str| {
+        sim.list::<k8s_openapi::api::events::v1::Event>()
+            .into_iter()
+            .filter(|e| e["reason"] == reason)
+            .collect::<Vec<_>>()
+    };
+    support::eventually("the NotReady Event", 10, || !told("NotReady").is_empty()).await;
+    let e = &told("NotReady")[0];
+    assert_eq!(e["type"], "Warning");
+    assert_eq!(e["note"], format!("not ready: {why}"));
+    assert_eq!(e["regarding"]["kind"], "Pod");
+    assert_eq!(e["regarding"]["namespace"], "kube-system");
+    assert_eq!(e["regarding"]["uid"], "5f0e-uid");
+    assert_eq!(e["metadata"]["namespace"], "kube-system");
+    *answer.0.lock() = Ok(());
+    support::eventually("the Ready Event", 10, || !told("Ready").is_empty()).await;
+    assert_eq!(
+        told("NotReady").len(),
+        1,
+        "told once while the cause lasted"
+    );
+    task.abort();
 }

@@ -566,6 +566,11 @@ const SCALEIN_ROOMS: &[(&str, &[&str], &str)] = &[
         &["decide"],
         "uninstall: removes the hooks this service created; knows no engine",
     ),
+    (
+        "progress",
+        &["decide", "kube"],
+        "where a drain stands, read back from its Node: pure",
+    ),
     ("request", &["decide"], "the vocabulary"),
     ("settings", &["decide"], "the vocabulary"),
     ("stats", &[], "the vocabulary"),

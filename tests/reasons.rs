@@ -1223,3 +1223,168 @@ async fn a_lifecycle_message_read_before_aws_shows_the_hold_is_not_lost() {
     lifecycle.abort();
     w.engine.shutdown();
 }
+
+/// Writes on `node` the record an earlier process leaves when it completed our hook's
+/// action five minutes ago, and waits until the engine's Node cache has it.
+async fn record_a_finished_action(w: &World, node: &str) {
+    use kube::api::{Api, Patch, PatchParams};
+    let mut finished = record::DrainReason::new(
+        record::Why::Lifecycle { hook: HOOK.into() },
+        chrono::Utc::now() - chrono::Duration::minutes(5),
+    );
+    finished.done = true;
+    let rec = record::DrainRecord {
+        reasons: vec![finished],
+        in_warm_pool_since: None,
+    };
+    let nodes: Api<Node> = Api::all(w.sim.client());
+    let patch = serde_json::json!({"metadata": {"annotations": {
+        record::ANNOTATION: rec.to_json(),
+        record::GROUP_ANNOTATION: "web",
+    }}});
+    nodes
+        .patch(node, &PatchParams::default(), &Patch::Merge(&patch))
+        .await
+        .unwrap();
+    eventually("the engine's Node cache has the record", 10, || {
+        w.engine.cached_record(node).is_some()
+    })
+    .await;
+}
+
+/// The drain a restarted process resumes for our hook's hold on `iid`, from what
+/// the Node says (no reason of its own).
+async fn resume_lifecycle_drain(w: &World, node: &str, iid: &str) {
+    let action = ca_asg_provider::cloud::LifecycleAction {
+        group: "web".into(),
+        hook: HOOK.into(),
+        instance_id: iid.to_string(),
+        token: None,
+    };
+    w.engine.start(scalein::DrainRequest {
+        instance_id: iid.to_string(),
+        group: "web".into(),
+        node_name: Some(node.to_string()),
+        mode: scalein::Mode::Lifecycle {
+            action,
+            heartbeat_timeout: Duration::from_secs(30),
+        },
+        source: scalein::Source::Resume,
+        reasons: Vec::new(),
+        noticed: None,
+    });
+    w.engine.wait_for(iid).await;
+}
+
+/// Issue 60: a drain that finds, on the Node's record alone, our hook's action on the
+/// instance completed before (an earlier process wrote it) asks AWS before it lets
+/// the hold go. Here the record is older than the action that holds the instance now:
+/// AWS takes the heartbeat, so the stale record is closed and nothing remembers the
+/// action as finished (before, the drain believed the record and taught it to the
+/// process's memory, which then alone decided the hold while AWS could not be asked);
+/// the lifecycle scan drains the hold as the new action it is and completes it.
+#[tokio::test]
+async fn a_recorded_finished_action_is_confirmed_with_aws_before_the_hold_goes() {
+    let w = world(hooked(1, 30), fast_settings(), Duration::from_millis(50)).await;
+    let (node, iid) = node_with_fluentd_and_app(&w, 0.1).await;
+    record_a_finished_action(&w, &node).await;
+    asg_ends(&w, &iid);
+    resume_lifecycle_drain(&w, &node, &iid).await;
+    assert!(
+        !w.engine.action_done(&iid),
+        "a record AWS contradicts is not taken for a finished action"
+    );
+    assert!(
+        !record_on(&w, &node).is_some_and(|r| r.lifecycle_completed(chrono::Utc::now())),
+        "the stale record of the finished action is closed"
+    );
+    assert!(
+        w.cloud.completed_actions().is_empty(),
+        "nothing was completed on the record's word"
+    );
+    let lifecycle = scalein::sources::hook_scan::spawn_loop(w.engine.clone(), w.provider.clone());
+    eventually("the new action is drained and completed", 20, || {
+        !w.cloud.completed_actions().is_empty()
+    })
+    .await;
+    assert!(
+        w.sim.get::<Pod>("shop", "app").is_none(),
+        "the app was drained before the action was completed"
+    );
+    lifecycle.abort();
+    w.engine.shutdown();
+}
+
+/// The other side of the same rule: the record's finished action is confirmed (AWS
+/// refuses the heartbeat: no action of ours holds the instance, another hook does), so
+/// the hold is let go and remembered as finished, and nothing is drained or completed.
+#[tokio::test]
+async fn a_recorded_finished_action_aws_confirms_lets_the_hold_go_undrained() {
+    let w = world(hooked(1, 30), fast_settings(), Duration::from_millis(50)).await;
+    let (node, iid) = node_with_fluentd_and_app(&w, 0.1).await;
+    record_a_finished_action(&w, &node).await;
+    resume_lifecycle_drain(&w, &node, &iid).await;
+    assert!(w.engine.action_done(&iid), "AWS confirmed the record");
+    assert!(!w.engine.is_draining(&iid));
+    assert!(
+        w.sim.get::<Pod>("shop", "app").is_some(),
+        "nothing was drained"
+    );
+    assert!(w.cloud.completed_actions().is_empty());
+    w.engine.shutdown();
+}
+
+const SLOW_ANSWER_SECS: u64 = 2;
+
+/// A direct-mode drain's TerminateInstanceInAutoScalingGroup (with decrement) in flight
+/// and an IncreaseSize of the same group at the same time: an absolute
+/// SetDesiredCapacity computed while the decrement is in flight (the drained instance's
+/// slot still counted) would write back the slot AWS just gave up, and the ASG would
+/// launch one instance more than CA asked for. The size change is written after the
+/// decrement is answered and noted, so AWS's desired capacity, and CA's target as the
+/// provider keeps it before any refresh, are what CA asked.
+#[tokio::test]
+async fn an_increase_during_a_direct_termination_adds_exactly_what_ca_asked() {
+    let mut w = world(
+        vec![MemoryGroup::new("web", 0, 6, 3, "m5.large")],
+        fast_settings(),
+        Duration::from_millis(50),
+    )
+    .await;
+    let (node, iid) = nodes_of(&w, "web").remove(0);
+    assert_eq!(target(&mut w, "web").await, 3);
+    guarded_app(&w, &node, "app").await;
+    delete_nodes(&mut w, "web", &[(node, iid.clone())]).await;
+    eventually("the PDB holds the drain", 10, || blocked(&w)).await;
+    // AWS's answer to the termination comes back slower than a size change's reads
+    // of the group wait for a write of this service to show.
+    w.cloud.slow_answers(Duration::from_secs(SLOW_ANSWER_SECS));
+    assert!(w.sim.remove::<PodDisruptionBudget>("shop", "app-pdb"));
+    eventually("AWS took the termination", 10, || {
+        w.cloud.desired("web") == Some(2)
+    })
+    .await;
+    assert!(w.engine.is_draining(&iid), "its answer is still on its way");
+    // CA's target is 2 now (3 less the node it deleted); it asks for one more.
+    w.ca.node_group_increase_size(ca_asg_provider::proto::NodeGroupIncreaseSizeRequest {
+        id: "web".into(),
+        delta: 1,
+    })
+    .await
+    .unwrap();
+    assert_eq!(w.engine.wait_for(&iid).await, Some(Outcome::Ended));
+    w.cloud.slow_answers(Duration::ZERO);
+    assert_eq!(
+        target(&mut w, "web").await,
+        3,
+        "CA's target as the provider keeps it, before any refresh"
+    );
+    w.provider.refresh_now().await.unwrap();
+    assert_eq!(
+        w.cloud.desired("web"),
+        Some(3),
+        "AWS's desired capacity is CA's target: 2 left + 1 asked"
+    );
+    assert_eq!(target(&mut w, "web").await, 3);
+    w.engine.shutdown();
+}

@@ -35,6 +35,12 @@ pub async fn run(args: ConfigArgs) -> ExitCode {
     if let Some(e) = &cfg.aws_endpoint {
         println!("  aws endpoint:     {e}");
     }
+    // Before any call: a region AWS cannot have is a host name that does not resolve,
+    // and the answer would name only DNS.
+    if let Err(e) = crate::cloud::aws::region::partition_of(&cfg.region) {
+        println!("region: INVALID\n  {e}");
+        return ExitCode::from(2);
+    }
     println!(
         "  refresh interval: {}",
         crate::duration::format_duration(cfg.provider.refresh_interval)
@@ -163,11 +169,45 @@ Kubernetes permissions (SelfSubjectAccessReview):"
         true
     } else {
         println!(
-            "  missing {} of {}: apply deploy/base/rbac.yaml (ClusterRole and Role ca-asg-provider) to this ServiceAccount",
+            "  missing {} of {}: bind the ClusterRole and Role ca-asg-provider to this ServiceAccount: {}",
             missing.len(),
-            checked.len()
+            checked.len(),
+            crate::scalein::kube::permissions::HOW_TO_GRANT
         );
         false
+    }
+}
+
+/// An AWS failure as one sentence: the operation, what AWS (or the way to it) said,
+/// and what to check. The one place check-config renders an AWS error.
+pub fn aws_sentence(e: &crate::cloud::CloudError) -> String {
+    use crate::cloud::CloudError;
+    match e {
+        CloudError::Throttled { operation, message } => format!(
+            "AWS throttled {operation} ({message}); this passes: run check-config again, and if it persists, look for what else calls AWS in this account and region"
+        ),
+        CloudError::Transient { operation, message } if message.starts_with("could not send") => format!(
+            "AWS {operation} {message}; check the region (aws.region, --region, AWS_REGION), that this machine reaches AWS's endpoint for it (DNS, a proxy, a VPC endpoint), and aws.endpoint if one is set"
+        ),
+        CloudError::Transient { operation, message } => format!(
+            "AWS {operation} failed for a moment ({message}); run check-config again"
+        ),
+        CloudError::Credentials { .. } => e.to_string(),
+        CloudError::NotFound { .. } => format!("{e}; check the name and the region"),
+        CloudError::Rejected {
+            operation,
+            code,
+            message,
+        } if code.contains("AccessDenied") || code == "UnauthorizedOperation" => format!(
+            "AWS refused {operation} ({code}: {message}); check the IAM policy of the role the service runs as (deploy/iam-policy.json grants every call it makes)"
+        ),
+        CloudError::Rejected {
+            operation,
+            code,
+            message,
+        } => format!(
+            "AWS refused {operation} ({code}: {message}); check the configuration values the call was made with"
+        ),
     }
 }
 
@@ -220,6 +260,85 @@ pub fn nothing_found(selector: &crate::cloud::GroupSelector, looked_in: &LookedI
     )
 }
 
+/// The tag every discovery set of CA's names first.
+pub const ENABLED_TAG: &str = "k8s.io/cluster-autoscaler/enabled";
+const CLUSTER_TAG_PREFIX: &str = "k8s.io/cluster-autoscaler/";
+
+/// The cluster tags (`k8s.io/cluster-autoscaler/<cluster>`) on `groups`, each with
+/// how many groups carry it, sorted by tag. Pure.
+pub fn cluster_tags_seen(groups: &[crate::cloud::AsgSnapshot]) -> Vec<(String, usize)> {
+    let mut seen: std::collections::BTreeMap<String, usize> = Default::default();
+    for g in groups {
+        for key in g.tags.keys() {
+            let Some(cluster) = key.strip_prefix(CLUSTER_TAG_PREFIX) else {
+                continue;
+            };
+            if key != ENABLED_TAG && !cluster.is_empty() && !cluster.contains('/') {
+                *seen.entry(key.clone()).or_default() += 1;
+            }
+        }
+    }
+    seen.into_iter().collect()
+}
+
+/// The "did you mean" of a discovery that found nothing: the cluster tags on the
+/// groups that carry the enabled tag, in words. Pure.
+pub fn cluster_tags_sentence(enabled: usize, seen: &[(String, usize)]) -> String {
+    let groups = |n: usize| {
+        if n == 1 {
+            "1 group".to_string()
+        } else {
+            format!("{n} groups")
+        }
+    };
+    if enabled == 0 {
+        return format!("No Auto Scaling Group in this region carries {ENABLED_TAG}");
+    }
+    if seen.is_empty() {
+        return format!(
+            "Did you mean: {} carry {ENABLED_TAG}, with no cluster tag ({CLUSTER_TAG_PREFIX}<cluster>)",
+            groups(enabled)
+        );
+    }
+    let each: Vec<String> = seen
+        .iter()
+        .map(|(tag, n)| format!("{tag} ({})", groups(*n)))
+        .collect();
+    format!(
+        "Did you mean: the groups tagged {ENABLED_TAG} here carry the cluster tags {}",
+        each.join(", ")
+    )
+}
+
+/// When discovery looked for the enabled tag and found nothing: one more read (the
+/// groups with the enabled tag alone) to say which cluster tags exist. `None` when
+/// discovery does not use the enabled tag, or the read fails (the problem stands
+/// without it).
+async fn did_you_mean(provider: &Provider) -> Option<String> {
+    use crate::cloud::{GroupSelector, TagFilter};
+    let uses_enabled = provider
+        .settings()
+        .selector
+        .tag_sets
+        .iter()
+        .any(|set| set.iter().any(|t| t.key == ENABLED_TAG));
+    if !uses_enabled {
+        return None;
+    }
+    let selector = GroupSelector {
+        names: vec![],
+        tag_sets: vec![vec![TagFilter {
+            key: ENABLED_TAG.into(),
+            value: None,
+        }]],
+    };
+    let groups = provider.cloud().describe_groups(&selector).await.ok()?;
+    Some(cluster_tags_sentence(
+        groups.len(),
+        &cluster_tags_seen(&groups),
+    ))
+}
+
 /// Reads AWS through `provider` and prints what it found; shared with tests.
 pub async fn report(
     provider: &std::sync::Arc<Provider>,
@@ -236,13 +355,22 @@ pub async fn report_in(
 ) -> ExitCode {
     let mut problems: Vec<String> = Vec::new();
     if let Err(e) = provider.refresh_now().await {
-        println!("AWS: FAILED to read Auto Scaling Groups: {e}");
+        let said = match &e {
+            crate::provider::ProviderError::Cloud(c) => aws_sentence(c),
+            other => other.to_string(),
+        };
+        println!("AWS: FAILED to read Auto Scaling Groups: {said}");
         return ExitCode::FAILURE;
     }
     let reg = provider.registry();
     println!("\nnode groups found: {}", reg.groups.len());
     if reg.groups.is_empty() {
-        problems.push(nothing_found(&provider.settings().selector, looked_in));
+        let mut problem = nothing_found(&provider.settings().selector, looked_in);
+        if let Some(hint) = did_you_mean(provider).await {
+            problem.push_str(". ");
+            problem.push_str(&hint);
+        }
+        problems.push(problem);
     }
     for name in &provider.settings().selector.names {
         if reg.group(name).is_none() {
@@ -387,7 +515,7 @@ pub async fn queue_report(
             true
         }
         Err(e) => {
-            println!("  NOT reachable: {e}");
+            println!("  NOT reachable: {}", aws_sentence(&e));
             false
         }
     };
@@ -708,8 +836,9 @@ pub async fn pool_report(
             Err(e) => {
                 println!(
                     "
-warm pools: NOT checked, DescribeWarmPool of {} failed: {e}",
-                    g.asg.name
+warm pools: NOT checked, reading the warm pool of {} failed: {}",
+                    g.asg.name,
+                    aws_sentence(&e)
                 );
                 return None;
             }

@@ -8,6 +8,7 @@ pub mod drain;
 pub mod remove_hooks;
 pub mod serve;
 pub mod status;
+pub mod undrain;
 
 use std::process::ExitCode;
 
@@ -36,19 +37,41 @@ pub struct Cli {
 #[derive(Debug, Subcommand)]
 pub enum Command {
     /// Serve the externalgrpc CloudProvider API for cluster-autoscaler.
+    #[command(
+        after_help = "Exit codes: 0 stopped cleanly (SIGTERM or SIGINT); 1 it could not start \
+(an invalid configuration, no region, an address it cannot listen on) or stopped on an error."
+    )]
     Serve(serve::ServeArgs),
     /// Run the real server on an in-memory cloud and drive it like cluster-autoscaler.
+    #[command(after_help = "Exit codes: 0 the demo ran through; 1 a step of it failed.")]
     Demo(demo::DemoArgs),
     /// Load and validate the configuration, read AWS, and print what was found.
+    #[command(
+        after_help = "Exit codes: 0 all is well; 1 an AWS, group, queue or Kubernetes \
+permission problem (finding no group is one); 2 the configuration is invalid (a region \
+that is not an AWS region, or none set)."
+    )]
     CheckConfig(ConfigArgs),
     /// Drain one node with the scale-in engine (workloads first, DaemonSet pods last).
+    #[command(
+        after_help = "Exit codes: 0 drained (with --terminate: and its instance ended), or \
+the plan printed (--dry-run); 1 the node is not found, the configuration is invalid, or the \
+drain was abandoned at its deadline or failed (the node is given back when abandoned)."
+    )]
     Drain(drain::DrainArgs),
     /// List the drains in progress (read-only): node, group, reasons, phase, elapsed,
     /// what blocks it, its deadline.
+    #[command(
+        after_help = "Exit codes: 0 listed (also when nothing drains); 1 the cluster \
+cannot be read; 2 the configuration is invalid."
+    )]
     Status(status::StatusArgs),
     /// Remove the lifecycle hooks this service created (at uninstall), so that no
     /// instance waits for a hook nobody answers.
     RemoveHooks(remove_hooks::RemoveHooksArgs),
+    /// Give a node back after an abandoned or interrupted drain: remove this service's
+    /// taint, drain record and own cordon, only when no drain runs for it.
+    Undrain(undrain::UndrainArgs),
 }
 
 pub async fn run(cli: Cli) -> ExitCode {
@@ -66,7 +89,14 @@ pub async fn run(cli: Cli) -> ExitCode {
             report(drain::run(args).await)
         }
         Command::CheckConfig(args) => {
-            init_logging(cli.log_format, quiet_default(&cli.log_level));
+            // Its answer is the report: the AWS SDK's own warnings (a region or
+            // credentials provider that found nothing) would come before it and say
+            // less; the report says what is wrong.
+            let level = match cli.log_level.as_str() {
+                "info" => "warn,aws=error",
+                other => other,
+            };
+            init_logging(cli.log_format, level);
             check::run(args).await
         }
         Command::RemoveHooks(args) => {
@@ -76,6 +106,10 @@ pub async fn run(cli: Cli) -> ExitCode {
         Command::Status(args) => {
             init_logging(cli.log_format, quiet_default(&cli.log_level));
             status::run(args).await
+        }
+        Command::Undrain(args) => {
+            init_logging(cli.log_format, quiet_default(&cli.log_level));
+            undrain::run(args).await
         }
     }
 }

@@ -8,13 +8,15 @@ use clap::Args;
 
 use crate::cloud::memory::{fleet, MemoryCloud, MemoryTiming};
 use crate::cloud::Cloud;
-use crate::config::ConfigArgs;
+use crate::config::{ConfigArgs, ServeFlags};
 use crate::provider::Provider;
 
 #[derive(Debug, Args, Clone)]
 pub struct ServeArgs {
     #[command(flatten)]
     pub config: ConfigArgs,
+    #[command(flatten)]
+    pub serve: ServeFlags,
     /// Serve the built-in in-memory cloud seeded with GROUPS:NODES instead of AWS (for
     /// load tests; scale-in then terminates at once, there is no cluster to drain).
     #[arg(long, value_name = "GROUPS:NODES")]
@@ -28,7 +30,7 @@ pub struct ServeArgs {
 }
 
 pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
-    let mut cfg = args.config.load()?;
+    let mut cfg = args.config.load_serving(&args.serve)?;
     let cloud = match &args.memory_cloud {
         Some(shape) => {
             let (groups, nodes) = fleet::parse_shape(shape).map_err(anyhow::Error::msg)?;
@@ -49,7 +51,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         }
         None => {
             cfg.require_groups()?;
-            let region = crate::cloud::aws::resolve_region(&cfg.aws_settings())
+            let region = crate::cloud::aws::resolve_known_region(&cfg.aws_settings())
                 .await
                 .map_err(|e| anyhow::anyhow!("{e}"))?;
             cfg.set_region(region);
@@ -106,6 +108,19 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         }),
         crate::config::ListenAddr::Tcp(_) => provider.clone(),
     };
+    // An unready pod says why in its own Events (needs the drain's Kubernetes client).
+    if let (Some(engine), Some(pod)) =
+        (&engine_for_shutdown, crate::telemetry::readiness::own_pod())
+    {
+        crate::telemetry::readiness::spawn(
+            engine.client.clone(),
+            pod,
+            status.clone(),
+            liveness.clone(),
+            crate::telemetry::readiness::Teller::default(),
+            crate::telemetry::readiness::LOOK_EVERY,
+        );
+    }
     tokio::spawn(crate::telemetry::http::serve(
         mlistener,
         status,

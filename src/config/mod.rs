@@ -24,7 +24,7 @@ use std::time::Duration;
 mod args;
 pub mod listen;
 mod sections;
-pub use args::ConfigArgs;
+pub use args::{ConfigArgs, ServeFlags};
 pub use listen::ListenAddr;
 pub use sections::groups::{parse_discovery_flag, parse_nodes_flag, parse_tag_terms};
 pub use sections::templates::{check_vm_memory_overhead_percent, parse_taint};

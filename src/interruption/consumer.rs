@@ -21,7 +21,8 @@ use crate::cloud::queue::{Queue, QueueMessage};
 use crate::cloud::{CloudError, LifecycleState};
 use crate::provider::Provider;
 use crate::scalein::{
-    self, AbortOnDrop, DrainReason, DrainRequest, Engine, Hold, Mode, Reason, Source, Start, Why,
+    self, AbortOnDrop, DrainReason, DrainRequest, Engine, Hold, Mode, Reason, Source, Start,
+    Verdict, Why,
 };
 use crate::telemetry::metrics::{metrics, KindLabels, KindOutcomeLabels, ReasonLabels};
 
@@ -377,47 +378,38 @@ impl Consumer {
         if hold == Some(Hold::Held) {
             tracing::info!(instance = %action.instance_id, group = %action.group, "AWS's reads do not show the instance held yet, but our hook's action is there (a heartbeat was taken)");
         }
-        // Whether the hold is a pending action of our hook AWS says, as the scan asks
-        // it (scalein::ours_to_hold): the memories of finished actions can be older
-        // than this action (an instance that went back to its warm pool and is ended
-        // by it) or late (a process stopped before it noted its completion on the
-        // Node). A hold whose action of ours is over waits on another hook (EKS's).
-        // AWS cannot be asked: a hold not remembered as finished is drained (a hook
-        // left to time out ends the instance undrained); one remembered so is left
-        // for redelivery rather than dropped on a memory that may be stale.
-        let unanswered = || {
-            if scalein::remembers_done(&self.engine, &action.instance_id) {
-                Err(format!(
-                    "cannot ask AWS whether our hook holds instance {} with a new action (its last one was completed); left for redelivery",
-                    action.instance_id
-                ))
-            } else {
-                Ok(true)
-            }
-        };
-        let ours = match (hold, &state) {
-            (Some(Hold::Held), _) => {
+        // Whose the hold is, by the rule every source uses (scalein::hold_verdict): AWS
+        // says, and the memories of finished actions count only while it cannot be
+        // asked. Cannot tell: left for redelivery rather than drained or dropped on a
+        // memory that may be stale. Not ours: our action is over and another hook
+        // (EKS's) holds the instance.
+        let verdict = match &state {
+            // AWS's reads do not show the hold, but the heartbeat was taken: ours.
+            None => {
                 if !scalein::forget_earlier_action(&self.engine, &action.instance_id).await {
                     return Err(format!(
                         "cannot close the Node's record of our hook's last action on instance {}; left for redelivery",
                         action.instance_id
                     ));
                 }
-                true
+                Verdict::Ours
             }
-            (_, Some(state)) => {
-                match scalein::ours_to_hold(&self.engine, &action.group, &action.instance_id, state)
-                    .await
-                {
-                    Some(ours) => ours,
-                    None => unanswered()?,
-                }
+            Some(state) => {
+                scalein::hold_verdict(&self.engine, &action.group, &action.instance_id, state).await
             }
-            (_, None) => unanswered()?,
         };
-        if !ours {
-            tracing::info!(instance = %action.instance_id, "lifecycle message for a hold that is no pending action of our hook (ours completed already); another hook holds the instance");
-            return Ok("duplicate");
+        match verdict {
+            Verdict::Ours => {}
+            Verdict::NotOurs => {
+                tracing::info!(instance = %action.instance_id, "lifecycle message for a hold that is no pending action of our hook (ours completed already); another hook holds the instance");
+                return Ok("duplicate");
+            }
+            Verdict::AskAgain => {
+                return Err(format!(
+                    "cannot ask AWS whether our hook holds instance {} with a new action (its last one was completed); left for redelivery",
+                    action.instance_id
+                ))
+            }
         }
         let Some((g, heartbeat_timeout)) = self.held_by_our_hook(g, &action, hold).await? else {
             tracing::warn!(instance = %action.instance_id, group = %action.group, "lifecycle message for a group that no longer carries our hook; dropped");

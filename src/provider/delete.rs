@@ -282,7 +282,8 @@ impl Provider {
                     continue;
                 }
             };
-            let placeholders = placeholders.min(unfulfilled);
+            let named = placeholders;
+            let placeholders = (named.len() as i32).min(unfulfilled);
             let count = placeholders + real.len() as i32;
             if let Err(e) = sizes::check_delete(id, target - removed, g.min, count) {
                 let _ = call.started.send(Err(e));
@@ -300,6 +301,7 @@ impl Provider {
             unfulfilled -= placeholders;
             removed += count;
             taken.extend(real.iter().map(|(i, _)| i.id.clone()));
+            taken.extend(named);
             planned.push(Planned {
                 call,
                 real,
@@ -460,7 +462,7 @@ impl Provider {
     }
 
     /// One call's nodes checked against the group: the instances to remove (with
-    /// their node names) and how many placeholders it names. Instances already on
+    /// their node names) and the placeholders it names. Instances already on
     /// their way out, or taken by an earlier call of the batch, are skipped.
     fn plan_call<'g>(
         &self,
@@ -469,10 +471,10 @@ impl Provider {
         nodes: &[NodeRef],
         taken: &BTreeSet<String>,
         slots: i32,
-    ) -> Result<(ToRemove<'g>, i32), ProviderError> {
+    ) -> Result<(ToRemove<'g>, Vec<String>), ProviderError> {
         let id = g.asg.name.as_str();
         let mut real = Vec::new();
-        let mut placeholders = 0i32;
+        let mut placeholders = Vec::new();
         let mut seen = BTreeSet::new();
         let ov = self.overlay.lock();
         for n in nodes {
@@ -493,7 +495,11 @@ impl Provider {
             }
             if instances::placeholder_group(iid).as_deref() == Some(id) {
                 match instances::placeholder_index(iid) {
-                    Some(n) if n < slots as usize => placeholders += 1,
+                    // A placeholder an earlier call of the batch named is given up
+                    // once: its slot is that call's.
+                    Some(n) if n < slots as usize && !taken.contains(iid) => {
+                        placeholders.push(iid.to_string())
+                    }
                     // CA asks for a slot it saw in an older list (it gave up another
                     // placeholder meanwhile, as a long-unregistered node): the slot is
                     // gone, there is nothing to give up.

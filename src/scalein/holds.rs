@@ -230,18 +230,8 @@ pub(crate) fn no_action(e: &CloudError) -> Option<&str> {
     }
 }
 
-/// What AWS says, asked directly, of our hook's hold on an instance.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Hold {
-    /// A heartbeat for our hook's action was taken: our hook holds the instance now.
-    Held,
-    /// No action of our hook holds the instance: not yet in Terminating:Wait, past
-    /// it, held by another tool's hook only, or our hook is gone.
-    NotHeld,
-    /// AWS could not be asked (throttled, unreachable), or a dry run, which writes
-    /// nothing and so cannot ask.
-    Unknown,
-}
+pub use crate::scalein::decide::story::Hold;
+use crate::scalein::decide::story::{HoldStory, Verdict};
 
 /// Asks AWS whether our hook holds the instance, with a heartbeat: the action
 /// itself answers, where AWS's reads (instance states, the hook list) are eventually
@@ -271,20 +261,13 @@ pub async fn ask_hold(engine: &Engine, group: &str, instance_id: &str) -> Hold {
     }
 }
 
-/// How long AWS's word that our hook holds no pending action on an instance is
-/// believed, while the instance stays in the same wait, before AWS is asked again.
-pub const NOT_HELD_RECHECK: Duration = Duration::from_secs(30);
+pub use crate::scalein::decide::story::NOT_HELD_RECHECK;
 
 /// Whether AWS said, less than [`NOT_HELD_RECHECK`] ago and with the instance in the
-/// same wait as now (`state`), that our hook holds no pending action on it. Answers
-/// older than that are forgotten here, so the memory stays as small as the waits.
+/// same wait as now (`state`), that our hook holds no pending action on it
+/// ([`crate::scalein::decide::story::ActionMemories::not_held_lately`]).
 pub(crate) fn not_held_lately(engine: &Engine, instance_id: &str, state: &LifecycleState) -> bool {
-    let now = Instant::now();
-    let mut asked = engine.not_held.lock();
-    asked.retain(|_, (_, at)| now.saturating_duration_since(*at) < NOT_HELD_RECHECK);
-    asked
-        .get(instance_id)
-        .is_some_and(|(s, _)| s == state.as_str())
+    engine.book.not_held_lately(instance_id, state.as_str())
 }
 
 /// Whether our hook holds the instance, waiting in `state`, with a pending action, as
@@ -306,10 +289,7 @@ pub(crate) async fn holds_pending_action(
         Hold::Held if forget_earlier_action(engine, instance_id).await => Hold::Held,
         Hold::Held | Hold::Unknown => Hold::Unknown,
         Hold::NotHeld => {
-            engine.not_held.lock().insert(
-                instance_id.to_string(),
-                (state.as_str().to_string(), Instant::now()),
-            );
+            engine.book.aws_said_not_held(instance_id, state.as_str());
             Hold::NotHeld
         }
     }
@@ -347,39 +327,57 @@ pub async fn pool_holds(
     ours
 }
 
-/// Whether a hold AWS shows (the instance in `Terminating:Wait`, or the pool ending
-/// it) is a pending action of our hook, to drain and heartbeat. The memories of
-/// finished actions (this process's, for the actions it completed; the Node's record,
-/// for an earlier process's or another replica's) can be older than the action that
-/// holds the instance now: an instance that went back to its warm pool and is ended
-/// by the pool later, or one reused from the pool and sent out again between two
-/// polls, waits again with that memory still there. And they can be late: a process
-/// stopped between completing an action and writing so on the Node leaves a record
-/// that says nothing. So AWS decides ([`holds_pending_action`]): a hold is ours when a
-/// heartbeat for our hook is accepted. `None`: AWS could not be asked, and the caller
-/// falls back on the memory ([`remembers_done`]). A drain running here is not asked:
-/// it holds the action already, or completed it just now.
-pub(crate) async fn ours_to_hold(
+/// Whose a hold AWS shows is (the instance in `Terminating:Wait`, or the pool ending
+/// it): a pending action of our hook, to drain and heartbeat, or not; by the one rule
+/// every source uses ([`HoldStory::verdict`]). The memories of finished actions (this
+/// process's, for the actions it completed; the Node's record, for an earlier
+/// process's or another replica's) can be older than the action that holds the
+/// instance now, or late, so AWS decides ([`holds_pending_action`]: a hold is ours
+/// when a heartbeat for our hook is accepted); the memories count only while AWS
+/// cannot be asked. A drain running here is not asked: it holds the action already,
+/// or completed it just now.
+pub(crate) async fn hold_verdict(
     engine: &Engine,
     group: &str,
     instance_id: &str,
     state: &LifecycleState,
-) -> Option<bool> {
-    if engine.is_draining(instance_id) {
-        return Some(!engine.action_done(instance_id));
+) -> Verdict {
+    let mut story = HoldStory {
+        draining_here: engine.is_draining(instance_id),
+        finished_here: engine.action_done(instance_id),
+        finished_on_node: false,
+    };
+    if !story.asks_aws() {
+        return story.verdict(Hold::Unknown);
     }
-    match holds_pending_action(engine, group, instance_id, state).await {
-        Hold::Held => Some(true),
-        Hold::NotHeld => Some(false),
-        Hold::Unknown => None,
+    let aws = holds_pending_action(engine, group, instance_id, state).await;
+    if aws == Hold::Unknown && !story.finished_here {
+        // Read only when it counts: reading it teaches this process the Node's word.
+        story.finished_on_node = engine.action_done_on_node(instance_id);
     }
+    story.verdict(aws)
 }
 
-/// Whether our hook's action on the instance is remembered as completed: by this
-/// process, or by the Node's record. What decides a hold only while AWS cannot be
-/// asked ([`ours_to_hold`]).
-pub(crate) fn remembers_done(engine: &Engine, instance_id: &str) -> bool {
-    engine.action_done(instance_id) || engine.action_done_on_node(instance_id)
+/// A drain found, from the Node's record alone, that our hook's action on the
+/// instance was completed before (by a process since restarted, or another replica):
+/// whose the hold is now, by the same rule ([`HoldStory::verdict`]), AWS asked first.
+/// The record can be older than the action that holds the instance now; a hold let
+/// go on its word alone would be left to the hook's timeout, undrained.
+pub(crate) async fn confirm_finished_on_node(
+    engine: &Engine,
+    group: &str,
+    instance_id: &str,
+) -> Verdict {
+    let story = HoldStory {
+        draining_here: false,
+        finished_here: false,
+        finished_on_node: true,
+    };
+    let aws = match ask_hold(engine, group, instance_id).await {
+        Hold::Held if !forget_earlier_action(engine, instance_id).await => Hold::Unknown,
+        aws => aws,
+    };
+    story.verdict(aws)
 }
 
 /// Our hook holds the instance with a new action: what this process remembers of

@@ -28,6 +28,7 @@ pub mod engine;
 pub mod holds;
 pub mod kube;
 pub mod remove_hooks;
+pub mod progress;
 pub mod request;
 pub mod settings;
 pub mod sources;
@@ -42,8 +43,9 @@ pub use sources::ca::DrainScaleIn;
 // What the fourth source, the interruption queue's consumer one layer up, uses of
 // the rooms: it reaches scalein only through this face (tests/layers.rs).
 pub use decide::record::{after, DrainReason, Why};
+pub use decide::story::Verdict;
 pub use holds::{ask_hold, with_hook_behind_its_list, Hold};
-pub(crate) use holds::{forget_earlier_action, ours_to_hold, remembers_done};
+pub(crate) use holds::{forget_earlier_action, hold_verdict};
 pub use kube::events::Reason;
 pub use stages::cordon::{cordon, Cordoned};
 pub(crate) use stages::drain::AbortOnDrop;

@@ -67,12 +67,15 @@ pub async fn bind(addr: SocketAddr) -> anyhow::Result<(tokio::net::TcpListener, 
 }
 
 /// Ready once the service can answer CA and no background loop reports trouble (a
-/// replica that cannot take part in leader election says so here).
-fn ready_handler(State(s): State<Arc<dyn Status>>, liveness: &Liveness) -> (StatusCode, String) {
-    match s
-        .readiness()
+/// replica that cannot take part in leader election says so here): `/readyz`'s answer,
+/// and what the pod's readiness Events tell ([`super::readiness`]).
+pub fn readiness(s: &dyn Status, liveness: &Liveness) -> Result<(), String> {
+    s.readiness()
         .and_then(|()| liveness.troubles().map_or(Ok(()), Err))
-    {
+}
+
+fn ready_handler(State(s): State<Arc<dyn Status>>, liveness: &Liveness) -> (StatusCode, String) {
+    match readiness(&*s, liveness) {
         Ok(()) => (StatusCode::OK, "ready\n".into()),
         Err(why) => (
             StatusCode::SERVICE_UNAVAILABLE,

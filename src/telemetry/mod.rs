@@ -5,6 +5,7 @@ pub mod http;
 pub mod liveness;
 pub mod metrics;
 pub mod process;
+pub mod readiness;
 
 use std::io::IsTerminal;
 

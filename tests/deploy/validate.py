@@ -1371,6 +1371,59 @@ def mode_effect_errors(env, defaults, tmp):
 DRAINING_TAINT = re.search(r'TAINT_KEY: &str = "([^"]+)"', (ROOT / "src/scalein/decide/record.rs").read_text()).group(1)
 
 
+def chart_config_rollout_errors(env, chart=CHART):
+    """Promise: a config change through the chart is applied. The provider reads its file
+    once, at start, so where the chart owns the pod (standalone, bundled) an upgrade that
+    changes `config` must change the pod template (its checksum/config annotation), and
+    `helm upgrade` then rolls the pods; in sidecar mode the pod is CA's chart's, so the
+    NOTES `helm upgrade` prints say to restart CA's pods."""
+    errs = []
+    with tempfile.TemporaryDirectory() as tmp:
+        vf = pathlib.Path(tmp) / "v.yaml"
+
+        def render(values, *cmd):
+            vf.write_text(yaml.safe_dump(values))
+            out = helm(*(cmd or ("template",)), RELEASE, str(chart), "-n", NAMESPACE, "-f", str(vf), env=env)
+            if out.returncode != 0:
+                errs.append(f"render of {values} fails: {out.stderr.strip()[:300]}")
+            return out.stdout
+
+        for mode in ("standalone", "bundled"):
+            base = merged(REQUIRED[mode], {"mode": mode})
+            templates = []
+            for values in (base, merged(base, {"config": {"refreshInterval": "45s"}})):
+                docs = [d for d in yaml.safe_load_all(render(values)) if d]
+                dep = find(docs, "Deployment")
+                templates.append((dep or {}).get("spec", {}).get("template"))
+            if None in templates:
+                errs.append(f"{mode}: no Deployment rendered")
+            elif templates[0] == templates[1]:
+                errs.append(f"{mode}: a change of config.refreshInterval leaves the pod template as it was: "
+                            f"helm upgrade would keep the pods on the old config")
+        notes = render(merged(REQUIRED["sidecar"], {"mode": "sidecar"}), "install", "--dry-run=client")
+        notes = notes.split("NOTES:", 1)[-1] if "NOTES:" in notes else ""
+        if "rollout restart" not in notes:
+            errs.append("sidecar: NOTES.txt does not say to restart CA's pods after a change of config")
+    return errs
+
+
+def chart_config_rollout_selftest(env):
+    """The check must fail on a chart whose pods carry no checksum of the config."""
+    with tempfile.TemporaryDirectory() as tmp:
+        chart = pathlib.Path(tmp) / "chart"
+        shutil.copytree(CHART, chart)
+        dep = chart / "templates/deployment.yaml"
+        text = dep.read_text()
+        line = next((l for l in text.splitlines(keepends=True) if "checksum/config:" in l), None)
+        if line is None:
+            return ["chart_config_rollout_selftest: templates/deployment.yaml has no checksum/config line to remove"]
+        dep.write_text(text.replace(line, ""))
+        errs = chart_config_rollout_errors(env, chart)
+        if not any("leaves the pod template as it was" in e for e in errs):
+            return [f"chart_config_rollout_errors passed a chart without checksum/config ({errs})"]
+    return []
+
+
 def pod_scheduling_errors(env, tmp):
     """The pod defaults docs/helm.md promises, rendered, and each value toggling what it
     says: rollout strategy (never zero ready replicas), Linux nodeSelector, spread by node
@@ -1464,12 +1517,14 @@ def pod_scheduling_errors(env, tmp):
 
 def home_url_errors():
     """The project's address is written once, as Chart.yaml's home: any other mention of the
-    same repository, or of another `example` project URL, in deploy/ or docs/ is an error."""
+    same repository, or of another `example` project URL, in deploy/, docs/, README.md or
+    CHANGELOG.md is an error."""
     home = yaml.safe_load((CHART / "Chart.yaml").read_text())["home"].rstrip("/")
     repo = re.sub(r"^https?://", "", home)
     project = re.compile(rf"{re.escape(repo)}|(?:github|gitlab)\.com/example\b", re.I)
     errs = []
-    for path in sorted(p for d in ("deploy", "docs") for p in (ROOT / d).rglob("*") if p.is_file()):
+    for path in sorted(p for d in ("deploy", "docs") for p in (ROOT / d).rglob("*") if p.is_file()) + [
+            ROOT / "README.md", ROOT / "CHANGELOG.md"]:
         try:
             lines = path.read_text().splitlines()
         except UnicodeDecodeError:
@@ -1705,7 +1760,14 @@ def check_chart(base_docs, overlay_docs):
         for e in errs:
             fail(f"project home: {e}")
         if not errs:
-            print("ok   the project's address is written once, in deploy/chart/Chart.yaml's home (none in deploy/ or docs/ besides)")
+            print("ok   the project's address is written once, in deploy/chart/Chart.yaml's home (none in deploy/, docs/, README.md or CHANGELOG.md besides)")
+
+        errs = chart_config_rollout_selftest(env) + chart_config_rollout_errors(env)
+        for e in errs:
+            fail(f"deploy/chart config rollout: {e}")
+        if not errs:
+            print("ok   deploy/chart: a change of config changes the pod template (standalone, bundled: helm upgrade "
+                  "rolls the pods); sidecar mode's NOTES say to restart CA's pods; a chart without the checksum fails")
 
         # The pod's scheduling and rollout defaults, and the values that change them.
         with tempfile.TemporaryDirectory() as tmp:

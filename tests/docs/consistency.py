@@ -15,6 +15,11 @@
 3. Tool versions: the helm major version scripts/test.sh installs (and .venv/bin/helm
    runs, when present). Every "Helm N" in README.md and docs/ of another major must say
    in its sentence that it is untested.
+4. Whether the project has a home: deploy/chart/Chart.yaml's `home` is the one place its
+   address is written (tests/deploy/validate.py fails on the address anywhere else). While
+   it is a placeholder (an `example` address, which Chart.yaml's comment says), the
+   quickstart (docs/quickstart-eks.md) must say plainly that the project has no public
+   home yet; once it is a real address, no document may say so.
 
 Self-tested: each check must fail on a known-bad text. Exit 1 listing every
 contradiction, 0 when none."""
@@ -50,6 +55,31 @@ def sentences(text):
         flat = " ".join(para.split())
         out += [s for s in re.split(r"(?<=[.;])\s+(?=[A-Z`(\[])", flat) if s]
     return out
+
+
+NO_HOME = re.compile(r"project has no public home yet", re.I)
+HOME_DOCS = ["README.md", "docs/quickstart-eks.md", "deploy/chart/README.md"]
+
+
+# ------------------------------------------------------------ 4. the project's home
+
+def home_is_placeholder(chart_yaml):
+    """Whether Chart.yaml's home is a placeholder address (an `example` host or owner)."""
+    home = yaml.safe_load(chart_yaml).get("home") or ""
+    return bool(re.search(r"(^|[/.])example([/.]|$)", re.sub(r"^https?://", "", home))) or not home
+
+
+def home_errors(placeholder, docs):
+    """docs: {name: text}. The quickstart says there is no home exactly while there is none."""
+    errs = []
+    says = {name for name, text in docs.items() if NO_HOME.search(" ".join(text.split()))}
+    if placeholder and "docs/quickstart-eks.md" not in says:
+        errs.append("deploy/chart/Chart.yaml's home is a placeholder, and docs/quickstart-eks.md does not say "
+                    "plainly that the project has no public home yet")
+    if not placeholder:
+        errs += [f"{name} says the project has no public home, but deploy/chart/Chart.yaml's home is a real "
+                 "address" for name in sorted(says)]
+    return errs
 
 
 # ------------------------------------------------------------ 1. default transport
@@ -208,12 +238,19 @@ def selftest():
                                     installed, False)),
         ("nothing installed", install_errors("t", "Nothing is installed on a cluster by the tests.", installed, False)),
         ("helm", helm_version_errors("t", "You need kubectl, Helm 3, and jq.", 4)),
+        ("home unsaid", home_errors(home_is_placeholder("home: https://github.com/example/x\n"),
+                                    {"docs/quickstart-eks.md": "Clone the repository `home` names."})),
+        ("home said wrongly", home_errors(home_is_placeholder("home: https://github.com/acme/x\n"),
+                                          {"docs/quickstart-eks.md": "The project has no public\nhome yet."})),
     ]
     good = [
         transport_errors("t", "`127.0.0.1:8086` with the chart's `transport: tcp` in sidecar mode.", facts),
         transport_errors("t", "The socket (sidecar and bundled modes, `transport: unix`, the default).", facts),
         install_errors("t", "The Kustomize overlays are not installed by any test.", installed, False),
         helm_version_errors("t", "Helm 4 (Helm 3 also reads it, untested).", 4),
+        home_errors(home_is_placeholder("home: https://example.com/x\n"),
+                    {"docs/quickstart-eks.md": "**The project has no public\nhome yet**: ..."}),
+        home_errors(home_is_placeholder("home: https://github.com/acme/x\n"), {"docs/quickstart-eks.md": "Clone it."}),
     ]
     errs = [f"self-test: the {what} check passed a known-bad text" for what, e in bad if not e]
     errs += [f"self-test: a good text failed: {e}" for e in good if e]
@@ -240,6 +277,8 @@ def main():
     if major is not None:
         for p in [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md")), CHART / "README.md"]:
             errs += helm_version_errors(str(p.relative_to(ROOT)), p.read_text(), major)
+    placeholder = home_is_placeholder((CHART / "Chart.yaml").read_text())
+    errs += home_errors(placeholder, {d: (ROOT / d).read_text() for d in HOME_DOCS})
     if errs:
         print("\n".join(f"FAIL {e}" for e in errs))
         return 1
@@ -247,7 +286,8 @@ def main():
     ci = ", ".join(f"{m} ({'every run' if any(c for _, c in v) else 'only with E2E_CA_BINS'})"
                    for m, v in sorted(installed.items()))
     print(f"ok   the docs agree on the modes' default transport ({defaults}), on what the tests install "
-          f"({ci}; overlays: {'installed' if overlays else 'rendered only'}) and on helm {major}")
+          f"({ci}; overlays: {'installed' if overlays else 'rendered only'}), on helm {major} and on the project's "
+          f"home ({'a placeholder, which the quickstart says' if placeholder else 'set'})")
     return 0
 
 

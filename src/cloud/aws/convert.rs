@@ -85,17 +85,48 @@ where
         },
         SdkError::DispatchFailure(d) => CloudError::Transient {
             operation,
-            message: format!("could not send the request: {d:?}"),
+            message: match d
+                .as_connector_error()
+                .map(|c| chain(c))
+                .or_else(|| std::error::Error::source(e).map(chain))
+            {
+                Some(why) => format!("could not send the request: {why}"),
+                None => "could not send the request".to_string(),
+            },
         },
-        SdkError::ResponseError(r) => CloudError::Transient {
+        SdkError::ResponseError(_) => CloudError::Transient {
             operation,
-            message: format!("unreadable response: {r:?}"),
+            message: match std::error::Error::source(e).map(chain) {
+                Some(why) => format!("unreadable response: {why}"),
+                None => "unreadable response".to_string(),
+            },
         },
         other => CloudError::Transient {
             operation,
             message: format!("{other}"),
         },
     }
+}
+
+/// An error and what lies under it, as words (`a: b: c`), never Debug text: each
+/// level's message once (the SDK's wrappers repeat what they wrap).
+pub fn chain(e: &(dyn std::error::Error + 'static)) -> String {
+    chain_of(e, |text| text.to_string())
+}
+
+/// [`chain`] with each error's text put through `say` first (a part it makes empty,
+/// or one an earlier part already says, is left out).
+fn chain_of(e: &(dyn std::error::Error + 'static), say: impl Fn(&str) -> String) -> String {
+    let mut parts: Vec<String> = Vec::new();
+    let mut next: Option<&(dyn std::error::Error + 'static)> = Some(e);
+    while let Some(err) = next {
+        let text = say(&err.to_string());
+        if !text.is_empty() && !parts.iter().any(|p| p.contains(&text)) {
+            parts.push(text);
+        }
+        next = err.source();
+    }
+    parts.join(": ")
 }
 
 /// Longest credentials message kept: the chain under an STS error can be long.
@@ -114,21 +145,13 @@ pub fn credentials_failure(e: &(dyn std::error::Error + 'static)) -> Option<Stri
         let found = err.downcast_ref::<CredentialsError>().is_some()
             || err.to_string().starts_with("identity resolver timed out");
         if found {
-            let mut parts: Vec<String> = Vec::new();
-            let mut c = Some(err);
-            while let Some(x) = c {
-                // The default chain lists every provider it tried on further lines;
-                // the first line says what matters (the log has the rest).
-                let t = x.to_string();
+            // The default chain lists every provider it tried on further lines; the
+            // first line says what matters (the log has the rest).
+            let mut msg = chain_of(err, |t| {
                 let t = t.lines().next().unwrap_or("").trim();
                 let t = t.strip_suffix("Attempted:").unwrap_or(t).trim_end();
-                let t = t.strip_suffix('.').unwrap_or(t).to_string();
-                if !t.is_empty() && !parts.iter().any(|p| p.contains(&t)) {
-                    parts.push(t);
-                }
-                c = x.source();
-            }
-            let mut msg = parts.join(": ");
+                t.strip_suffix('.').unwrap_or(t).to_string()
+            });
             if msg.len() > CREDENTIALS_MESSAGE_MAX {
                 let cut = (0..=CREDENTIALS_MESSAGE_MAX)
                     .rev()
@@ -548,6 +571,25 @@ mod tests {
             other => panic!("{other:?}"),
         }
         assert!(!c.is_retryable());
+    }
+
+    /// Issue 62: a request that cannot be sent (a host name that does not resolve) is
+    /// said in words, the chain of what failed, never the SDK's Debug text.
+    #[test]
+    fn a_dispatch_failure_is_said_in_words_not_debug_text() {
+        let e = dispatch(std::io::Error::other(
+            "dns error: failed to lookup address information: Name or service not known",
+        ));
+        let c = classify("DescribeAutoScalingGroups", &e);
+        let text = c.to_string();
+        assert!(
+            text.contains("could not send the request")
+                && text.contains("failed to lookup address information"),
+            "{text}"
+        );
+        for debug in ["DispatchFailure", "ConnectorError", "{", "Some("] {
+            assert!(!text.contains(debug), "{debug:?} in {text}");
+        }
     }
 
     #[test]

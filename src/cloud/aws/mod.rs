@@ -16,6 +16,7 @@ use parking_lot::Mutex;
 use super::*;
 
 mod convert;
+pub mod region;
 pub mod sqs;
 use convert::*;
 pub use convert::{classify, credentials_failure, credentials_hint, failure_code, HttpStatus};
@@ -59,6 +60,15 @@ pub async fn resolve_region(s: &AwsSettings) -> Result<String, String> {
         .ok_or_else(|| {
             "no AWS region: set aws.region in the config (or --region, or the AWS_REGION environment variable); neither was given, no AWS profile names one and the instance metadata service did not answer".to_string()
         })
+}
+
+/// The region as [`resolve_region`] finds it, checked against AWS's partitions before
+/// any call ([`region::partition_of`]): a region AWS cannot have is a host name that
+/// does not resolve, and the first call's error would name only DNS.
+pub async fn resolve_known_region(s: &AwsSettings) -> Result<String, String> {
+    let r = resolve_region(s).await?;
+    region::partition_of(&r)?;
+    Ok(r)
 }
 
 /// The AWS backend with every call counted in the metrics (what the commands use).

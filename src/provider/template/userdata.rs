@@ -1362,9 +1362,10 @@ mod tests {
             let p = i - 1;
             doc.push_str(&format!("a{i}: &a{i} [*a{p}, *a{p}, *a{p}, *a{p}, *a{p}, *a{p}, *a{p}, *a{p}, *a{p}, *a{p}]\n"));
         }
-        let started = crate::clock::Instant::now();
+        // Expanded, the last alias is 10^12 nodes: a parser that expanded it would
+        // not return (the test would hang, not fail on a clock); what it returns is
+        // bounded.
         let f = parse(&doc);
-        assert!(started.elapsed() < std::time::Duration::from_secs(5));
         check_bounded(&f);
     }
 

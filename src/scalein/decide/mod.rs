@@ -3,8 +3,13 @@
 //!
 //! - [`plan`]: which pod leaves in which tier, and what a pod's disposition is;
 //! - [`record`]: the drain record on a Node (the reasons, their phases, how two join);
-//! - [`hooks`]: what a group's lifecycle hooks mean for a drain (ours, foreign, direct mode).
+//! - [`undo`]: whether a person may give a node back (no drain runs for it);
+//! - [`hooks`]: what a group's lifecycle hooks mean for a drain (ours, foreign, direct mode);
+//! - [`story`]: whose a hold is (ours, not ours, ask again), from what is remembered of
+//!   the instance and what AWS answers: the one rule every source uses.
 
 pub mod hooks;
 pub mod plan;
 pub mod record;
+pub mod story;
+pub mod undo;

@@ -15,6 +15,7 @@ use tokio::sync::{watch, OwnedMutexGuard, OwnedSemaphorePermit};
 use tokio::task::JoinHandle;
 
 use crate::scalein::decide::record::{DrainRecord, Joined, Limits};
+use crate::scalein::decide::story::{ActionMemories, NOT_HELD_RECHECK};
 use crate::scalein::request::{merge, DrainRequest, Outcome, Start};
 use crate::scalein::stages::drain::AbortOnDrop;
 
@@ -68,16 +69,31 @@ pub(crate) struct Book {
     /// the hook, not the drain (a drain restarted for a new reason, or failed and
     /// retrying, keeps them).
     holds: Mutex<BTreeMap<String, Hold>>,
-    /// Instances whose lifecycle action of our hook this replica completed (or found
-    /// complete). AWS keeps such an instance in Terminating:Wait while another hook
-    /// (EKS's `Terminate-LC-Hook` on a managed node group) still holds it; the scan
-    /// must not take it for a new action and drain it again.
-    actions_done: Mutex<BTreeMap<String, Instant>>,
+    /// What this replica remembers of our hook's actions, one record per instance
+    /// ([`ActionMemories`]): the actions it completed (or found complete; AWS keeps such
+    /// an instance in Terminating:Wait while another hook, EKS's `Terminate-LC-Hook` on
+    /// a managed node group, still holds it, and the scan must not take it for a new
+    /// action and drain it again while AWS cannot be asked), and AWS's recent answers
+    /// that our hook holds no action on it.
+    memories: Memories,
     /// One direct-mode end per instance at a time (see [`Book::end_turn`]).
     ends: Mutex<BTreeMap<String, Arc<tokio::sync::Mutex<()>>>>,
     /// (kind, key) pairs already said once: another tool's terminating hook, a dry
     /// run's drain or hook.
     noted: Mutex<BTreeSet<(&'static str, String)>>,
+}
+
+/// The book's [`ActionMemories`], bounded by [`FINISHED_KEPT`] finished actions and
+/// [`NOT_HELD_RECHECK`].
+struct Memories(Mutex<ActionMemories>);
+
+impl Default for Memories {
+    fn default() -> Self {
+        Self(Mutex::new(ActionMemories::new(
+            FINISHED_KEPT,
+            NOT_HELD_RECHECK,
+        )))
+    }
 }
 
 /// The reasons of a running drain with a new request's joined, when they change its
@@ -281,28 +297,38 @@ impl Book {
 
     /// Our hook's lifecycle action for `instance_id` is over.
     pub(crate) fn note_action_done(&self, instance_id: &str) {
-        let mut done = self.actions_done.lock();
-        // Bounded: the scan forgets instances AWS no longer shows; past the bound
-        // the oldest go (at worst one more drain that finds the action complete).
-        if done.len() >= FINISHED_KEPT {
-            if let Some(oldest) = done
-                .iter()
-                .min_by_key(|(_, at)| **at)
-                .map(|(k, _)| k.clone())
-            {
-                done.remove(&oldest);
-            }
-        }
-        done.insert(instance_id.to_string(), Instant::now());
+        self.memories.0.lock().finished(instance_id, Instant::now());
     }
 
     pub(crate) fn action_done(&self, instance_id: &str) -> bool {
-        self.actions_done.lock().contains_key(instance_id)
+        self.memories.0.lock().is_finished(instance_id)
     }
 
     /// Forgets the ended actions of instances `keep` says no longer exist.
     pub(crate) fn forget_actions_done(&self, keep: impl Fn(&str) -> bool) {
-        self.actions_done.lock().retain(|id, _| keep(id));
+        self.memories.0.lock().keep_finished(keep);
+    }
+
+    /// Forgets the instance's ended action (our hook holds it with a new one).
+    pub(crate) fn forget_action_done(&self, instance_id: &str) {
+        self.memories.0.lock().forget_finished(instance_id);
+    }
+
+    /// AWS said just now that no action of our hook holds the instance, waiting in
+    /// `state`.
+    pub(crate) fn aws_said_not_held(&self, instance_id: &str, state: &str) {
+        self.memories
+            .0
+            .lock()
+            .aws_said_not_held(instance_id, state, Instant::now());
+    }
+
+    /// Whether AWS said so lately, with the instance in the same wait.
+    pub(crate) fn not_held_lately(&self, instance_id: &str, state: &str) -> bool {
+        self.memories
+            .0
+            .lock()
+            .not_held_lately(instance_id, state, Instant::now())
     }
 
     /// The instance's turn to be ended: held while its termination and the note of
@@ -412,7 +438,7 @@ mod tests {
             book.note_action_done(&format!("i-{i}"));
             book.note_once("k", format!("{i}"));
         }
-        assert!(book.actions_done.lock().len() <= FINISHED_KEPT);
+        assert!(book.memories.0.lock().len() <= FINISHED_KEPT);
         assert!(book.noted.lock().len() <= FINISHED_KEPT);
         assert!(book.action_done(&format!("i-{}", FINISHED_KEPT + 4)));
     }

@@ -207,8 +207,11 @@ pub fn renew_deadline(s: &LeaseSettings) -> Duration {
 pub fn explain(e: &kube::Error, s: &LeaseSettings) -> String {
     match e {
         kube::Error::Api(st) if st.code == 403 => format!(
-            "the Lease {}/{} is forbidden to this service account (403): grant get/create/update on coordination.k8s.io leases in namespace {} (deploy/base/rbac.yaml's Role, applied in that namespace), or set leaseNamespace to where it is granted",
-            s.namespace, s.name, s.namespace
+            "the Lease {}/{} is forbidden to this service account (403): grant get/create/update on coordination.k8s.io leases in namespace {} (the Role ca-asg-provider there: {}), or set leaseNamespace to where it is granted",
+            s.namespace,
+            s.name,
+            s.namespace,
+            crate::scalein::kube::permissions::HOW_TO_GRANT
         ),
         kube::Error::Api(st) => {
             let mut m = st.message.clone();
@@ -482,6 +485,11 @@ mod tests {
         let line = explain(&e, &s);
         assert!(
             line.contains("default/ca-asg-provider") && line.contains("403"),
+            "{line}"
+        );
+        // Issue 62: both ways the Role comes, the chart's and the overlays'.
+        assert!(
+            line.contains("rbac.create: true") && line.contains("deploy/base/rbac.yaml"),
             "{line}"
         );
         assert!(line.len() < 400, "{}", line.len());

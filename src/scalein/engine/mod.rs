@@ -87,10 +87,6 @@ pub struct Engine {
     follow_soon: Mutex<Option<crate::clock::Instant>>,
     /// The background loops' turns, for `/healthz`.
     pub liveness: Arc<crate::telemetry::liveness::Liveness>,
-    /// Instances in a hook's wait that AWS said our hook holds no pending action
-    /// on: the wait they were in, and when AWS was asked
-    /// ([`crate::scalein::holds::not_held_lately`]).
-    pub(crate) not_held: Mutex<std::collections::BTreeMap<String, (String, crate::clock::Instant)>>,
 }
 
 impl Engine {
@@ -148,7 +144,6 @@ impl Engine {
             scan_soon: Mutex::new(None),
             scan_wake: tokio::sync::Notify::new(),
             liveness,
-            not_held: Mutex::default(),
             follow_soon: Mutex::default(),
         })
     }
@@ -490,7 +485,7 @@ impl Engine {
     }
 
     /// The drain record on the Node `node` as the cache has it.
-    pub(crate) fn cached_record(&self, node: &str) -> Option<record::DrainRecord> {
+    pub fn cached_record(&self, node: &str) -> Option<record::DrainRecord> {
         let n = self.nodes.cached(node)?;
         record::DrainRecord::from_annotations(n.metadata.annotations.as_ref()?)
     }
@@ -498,7 +493,7 @@ impl Engine {
     /// Forgets what this process remembers of the instance's finished action (our
     /// hook holds it with a new one).
     pub(crate) fn forget_action_done(&self, instance_id: &str) {
-        self.book.forget_actions_done(|id| id != instance_id);
+        self.book.forget_action_done(instance_id);
     }
 
     /// Forgets the ended actions of instances `keep` says no longer exist.

@@ -33,14 +33,24 @@ pub async fn read_modify_write<T>(
     nodes: &NodeIndex,
     client: &kube::Client,
     node: &str,
-    mut decide: impl FnMut(&Node) -> Write<T>,
+    decide: impl FnMut(&Node) -> Write<T>,
 ) -> Result<Option<T>, kube::Error> {
-    let api: Api<Node> = Api::all(client.clone());
     // The first try starts from the Node cache: a patch is fenced by the
     // resourceVersion it was decided on (a stale copy gets a 409 and the loop reads
     // the Node), so a write that goes through was decided on the Node as it was. A
     // decision to leave the Node alone is not trusted to the cache: it is read.
-    let mut cached = nodes.cached(node);
+    read_modify_write_from(nodes.cached(node), client, node, decide).await
+}
+
+/// [`read_modify_write`] starting from `cached` (`None`: from a read), for a command
+/// that keeps no Node cache.
+pub async fn read_modify_write_from<T>(
+    mut cached: Option<Arc<Node>>,
+    client: &kube::Client,
+    node: &str,
+    mut decide: impl FnMut(&Node) -> Write<T>,
+) -> Result<Option<T>, kube::Error> {
+    let api: Api<Node> = Api::all(client.clone());
     for _ in 0..CONFLICT_RETRIES {
         let from_cache = cached.is_some();
         let current = match cached.take() {

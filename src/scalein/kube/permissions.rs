@@ -8,6 +8,10 @@ use k8s_openapi::api::authorization::v1::{
 };
 use kube::api::{Api, PostParams};
 
+/// How the service's ClusterRole and Role come, both ways it is installed: what a
+/// hint about a missing permission names.
+pub const HOW_TO_GRANT: &str = "with Helm the chart creates them (rbac.create: true, the default); with the overlays apply deploy/base/rbac.yaml";
+
 /// One permission: verb, API group, resource (or `resource/subresource`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub struct Permission {

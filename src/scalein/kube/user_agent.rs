@@ -13,6 +13,8 @@ pub const LEASE: &str = "lease";
 pub const CHECK_CONFIG: &str = "check-config";
 /// `status`: its reads of Nodes, pods and budgets.
 pub const STATUS: &str = "status";
+/// `undrain`: its read and patch of one Node.
+pub const UNDRAIN: &str = "undrain";
 
 /// `ca-asg-provider/<version> (<component>)`.
 pub fn of(component: &str) -> String {

@@ -11,8 +11,9 @@ use crate::cloud::{AsgInstance, AsgSnapshot, GroupSelector, LifecycleHook, Lifec
 use crate::provider::{Group, Provider};
 use crate::scalein::decide::hooks::HOOK_RECORD_TAG;
 use crate::scalein::decide::record::End;
+use crate::scalein::decide::story::Verdict;
 use crate::scalein::holds::{
-    ours_to_hold, pool_holds, remembers_done, AWS_MAX_HEARTBEAT_TIMEOUT, AWS_MIN_HEARTBEAT_TIMEOUT,
+    hold_verdict, pool_holds, AWS_MAX_HEARTBEAT_TIMEOUT, AWS_MIN_HEARTBEAT_TIMEOUT,
 };
 use crate::scalein::{DrainRequest, Engine, Mode, ModeChoice, Source};
 use crate::telemetry::metrics::metrics;
@@ -192,7 +193,7 @@ async fn scan_group(
 /// completed, the Node's record says. (A drain running for it already read its
 /// record: no Node is looked up.) A hold on the way into the warm pool is ours when
 /// AWS says so ([`pool_holds`]); whether any other hold is ours AWS says, not a memory
-/// of finished actions ([`ours_to_hold`]).
+/// of finished actions ([`hold_verdict`]).
 async fn held_by_our_hook<'a>(
     engine: &Engine,
     g: &Group,
@@ -206,12 +207,9 @@ async fn held_by_our_hook<'a>(
             ours_in_pool.contains(&i.id) || engine.is_draining(&i.id)
         } else {
             (i.state == LifecycleState::TerminatingWait || i.state.is_pool_ending_wait())
-                && ours_to_hold(engine, &snap.name, &i.id, &i.state)
-                    .await
-                    // AWS cannot be asked: a remembered completion lets the hold
-                    // go by until it answers; anything else is held (a hook left
-                    // to time out ends the instance undrained).
-                    .unwrap_or_else(|| !remembers_done(engine, &i.id))
+                // Cannot tell (AWS unanswered, a completion remembered): the hold
+                // goes by until AWS answers, at the next poll.
+                && hold_verdict(engine, &snap.name, &i.id, &i.state).await == Verdict::Ours
         };
         if ours {
             waiting.push(i);

@@ -197,44 +197,94 @@ impl GivenBack {
     }
 }
 
-/// Gives the node back: removes our taint, CA's ToBeDeletedByClusterAutoscaler
-/// taint (CA asked for the removal that is now abandoned) and our marks, and
-/// uncordons / unlabels only when this service or CA did those.
+/// Whose marks a give-back removes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GiveBackOf {
+    /// The service's abandoned drain: its marks, and cluster-autoscaler's taint and
+    /// cordon too (CA asked for the removal that is now abandoned).
+    Drain,
+    /// A person's `undrain`: only this service's marks (its taint, its record, its
+    /// own cordon and LB-exclusion label); CA's taint and cordon are CA's.
+    ServiceOnly,
+}
+
+/// The merge patch that gives `current` back, and what it leaves. Pure. Removes our
+/// taint and marks (and, for [`GiveBackOf::Drain`], CA's ToBeDeletedByClusterAutoscaler
+/// taint), and uncordons / unlabels only when this service (or, for a drain's
+/// give-back, CA) did those. Every other taint, label and annotation stays.
+pub fn give_back_patch(
+    current: &k8s_openapi::api::core::v1::Node,
+    of: GiveBackOf,
+) -> (serde_json::Value, GivenBack) {
+    let annotations = current.metadata.annotations.clone().unwrap_or_default();
+    let spec = current.spec.clone().unwrap_or_default();
+    let uncordon = match (annotations.get(CORDONED_BY_US).map(String::as_str), of) {
+        (None, _) => false,
+        (Some(CA_OWNER), GiveBackOf::ServiceOnly) => false,
+        (Some(_), _) => true,
+    };
+    let kept = if spec.unschedulable == Some(true) && !uncordon {
+        GivenBack::CordonKept
+    } else {
+        GivenBack::Schedulable
+    };
+    let taints: Vec<Taint> = spec
+        .taints
+        .clone()
+        .unwrap_or_default()
+        .into_iter()
+        .filter(|t| {
+            t.key != TAINT_KEY && (of == GiveBackOf::ServiceOnly || t.key != CA_TO_BE_DELETED_TAINT)
+        })
+        .collect();
+    let mut spec_patch = json!({ "taints": taints });
+    if uncordon {
+        spec_patch["unschedulable"] = json!(false);
+    }
+    let mut labels = json!({});
+    if annotations.contains_key(LB_LABEL_BY_US) {
+        labels[LB_EXCLUDE_LABEL] = serde_json::Value::Null;
+    }
+    let patch = json!({
+        "metadata": {
+            "annotations": {
+                STARTED_ANNOTATION: null, MODE_ANNOTATION: null, GROUP_ANNOTATION: null,
+                RECORD_ANNOTATION: null, CORDONED_BY_US: null, LB_LABEL_BY_US: null,
+            },
+            "labels": labels,
+        },
+        "spec": spec_patch,
+    });
+    (patch, kept)
+}
+
+/// Whether `current` carries any mark of this service (its taint, or an annotation
+/// or label a drain wrote): what `undrain` has to give back.
+pub fn has_marks(current: &k8s_openapi::api::core::v1::Node) -> bool {
+    let annotations = current.metadata.annotations.clone().unwrap_or_default();
+    let tainted = current
+        .spec
+        .as_ref()
+        .and_then(|s| s.taints.as_ref())
+        .is_some_and(|t| t.iter().any(|t| t.key == TAINT_KEY));
+    tainted
+        || [
+            STARTED_ANNOTATION,
+            MODE_ANNOTATION,
+            GROUP_ANNOTATION,
+            RECORD_ANNOTATION,
+            CORDONED_BY_US,
+            LB_LABEL_BY_US,
+        ]
+        .iter()
+        .any(|k| annotations.contains_key(*k))
+}
+
+/// Gives the node back after an abandoned drain ([`give_back_patch`] of
+/// [`GiveBackOf::Drain`]).
 pub async fn uncordon(stage: &Stage<'_>, node: &str) -> Result<GivenBack, kube::Error> {
     let given = read_modify_write(stage.nodes, stage.client, node, |current| {
-        let annotations = current.metadata.annotations.clone().unwrap_or_default();
-        let spec = current.spec.clone().unwrap_or_default();
-        let kept = if spec.unschedulable == Some(true) && !annotations.contains_key(CORDONED_BY_US)
-        {
-            GivenBack::CordonKept
-        } else {
-            GivenBack::Schedulable
-        };
-        let taints: Vec<Taint> = spec
-            .taints
-            .clone()
-            .unwrap_or_default()
-            .into_iter()
-            .filter(|t| t.key != TAINT_KEY && t.key != CA_TO_BE_DELETED_TAINT)
-            .collect();
-        let mut spec_patch = json!({ "taints": taints });
-        if annotations.contains_key(CORDONED_BY_US) {
-            spec_patch["unschedulable"] = json!(false);
-        }
-        let mut labels = json!({});
-        if annotations.contains_key(LB_LABEL_BY_US) {
-            labels[LB_EXCLUDE_LABEL] = serde_json::Value::Null;
-        }
-        let patch = json!({
-            "metadata": {
-                "annotations": {
-                    STARTED_ANNOTATION: null, MODE_ANNOTATION: null, GROUP_ANNOTATION: null,
-                    RECORD_ANNOTATION: null, CORDONED_BY_US: null, LB_LABEL_BY_US: null,
-                },
-                "labels": labels,
-            },
-            "spec": spec_patch,
-        });
+        let (patch, kept) = give_back_patch(current, GiveBackOf::Drain);
         Write::Patch(patch, kept)
     })
     .await?;

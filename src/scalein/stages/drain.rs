@@ -18,6 +18,7 @@ use tracing::Instrument;
 
 use crate::scalein::decide::plan::{self, Disposition, Tier};
 use crate::scalein::decide::record::{DrainRecord, End, Plan};
+use crate::scalein::decide::story::Verdict;
 use crate::scalein::kube::events::Reason;
 use crate::scalein::kube::wait::NodePods;
 use crate::scalein::stages::cordon::{self, Cordoned};
@@ -26,6 +27,24 @@ use crate::scalein::{
     DaemonSetPolicy, DeadlinePolicy, DrainRequest, Engine, Mode, Outcome, Source,
 };
 use crate::telemetry::metrics::{metrics, KindLabels, StageLabels};
+
+/// The Node's record says our hook's action on the instance was completed before (by
+/// a process that has since restarted, or another replica), so there is nothing to
+/// drain or complete. AWS confirms before the hold is let go: not ours, another hook
+/// (EKS's) holds the instance; ours after all (the record is older than this action,
+/// now closed) or AWS unanswered, the hold is left to the lifecycle scan, which asks
+/// AWS again and drains it as the new action it is.
+async fn let_go_of_a_finished_action(engine: &Engine, req: &DrainRequest) {
+    let verdict =
+        crate::scalein::holds::confirm_finished_on_node(engine, &req.group, &req.instance_id).await;
+    if verdict == Verdict::NotOurs {
+        tracing::info!("our lifecycle action for this instance was completed before (the Node's record says so, AWS agrees); nothing to drain or complete");
+        engine.note_action_done(&req.instance_id);
+    } else {
+        tracing::warn!(verdict = ?verdict, "the Node's record says our lifecycle action for this instance was completed before, but AWS does not confirm it; left to the lifecycle scan");
+    }
+    engine.release(&req.instance_id);
+}
 
 /// Why the pod phases stopped early.
 enum Stop {
@@ -72,12 +91,7 @@ async fn run_inner(engine: &Arc<Engine>, req: &DrainRequest, run: u64) -> Outcom
             if !plan.drains {
                 // Every reason is done or cordon-only (a resume found nothing to do).
                 if let End::Lifecycle { .. } = plan.ends {
-                    // Our hook's action was completed before (by a process that
-                    // has since restarted, or another replica): another hook
-                    // (EKS's) holds the instance now, not ours.
-                    tracing::info!("our lifecycle action for this instance was completed before (the Node's record says so); nothing to drain or complete");
-                    engine.note_action_done(&req.instance_id);
-                    engine.release(&req.instance_id);
+                    let_go_of_a_finished_action(engine, req).await;
                 }
                 return Outcome::Drained;
             }

@@ -1,0 +1,177 @@
+//! `ca-asg-provider undrain NODE`: gives a node back after an abandoned or interrupted
+//! drain. It removes exactly this service's marks (the `ca-asg-provider.io/draining`
+//! taint, the drain record's annotations, the LB-exclusion label when the drain added
+//! it, and the cordon only when the record says this service made it), and only when
+//! no drain runs for the node ([`crate::scalein::decide::undo`]). An operator's
+//! cordon, cluster-autoscaler's taint and every other taint stay.
+//!
+//! Its own subcommand, not `drain --undo`: it takes none of `drain`'s flags (no AWS,
+//! no `--terminate`), needs only `get` and `patch` on Nodes, and has its own exit
+//! codes.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use chrono::{DateTime, Utc};
+use clap::Args;
+
+use crate::config::ConfigArgs;
+use crate::scalein::decide::record::{Limits, CA_TO_BE_DELETED_TAINT};
+use crate::scalein::decide::undo::{self, Running, Undo, Window};
+use crate::scalein::kube::node_record::{read_modify_write_from, Write};
+use crate::scalein::stages::cordon::{give_back_patch, has_marks, GiveBackOf, GivenBack};
+
+/// Exit code: a drain runs (or may) for the node; nothing changed.
+pub const REFUSED: u8 = 3;
+
+#[derive(Debug, Args, Clone)]
+#[command(
+    after_help = "Exit codes: 0 given back (or nothing of this service's was on the node); \
+1 the node is not found or the cluster cannot be read or written; 2 the configuration is invalid; \
+3 refused: a drain runs (or may) for the node, nothing changed."
+)]
+pub struct UndrainArgs {
+    /// The Node to give back.
+    pub node: String,
+    /// Give it back even while the record says a drain runs for it (the service is
+    /// stopped, or the `drain` command was interrupted).
+    #[arg(long)]
+    pub force: bool,
+    /// The service's configuration file, for the deadlines that bound how long a
+    /// drain may still run (the defaults without one).
+    #[arg(long, short = 'c', env = "CA_ASG_PROVIDER_CONFIG")]
+    pub config: Option<PathBuf>,
+}
+
+/// What `undrain` did.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Undone {
+    /// The marks are gone; the node's cordon as the patch left it.
+    GivenBack {
+        given: GivenBack,
+        /// Cluster-autoscaler's deletion taint is on the node (and stays).
+        ca_taint: bool,
+    },
+    /// Nothing of this service's was on the node.
+    NothingToDo,
+    /// A drain runs (or may): nothing changed.
+    Refused(Running),
+}
+
+impl Undone {
+    /// The answer printed, and the exit code.
+    pub fn say(&self, node: &str) -> (String, ExitCode) {
+        match self {
+            Undone::NothingToDo => (
+                format!("node {node} carries no mark of ca-asg-provider: nothing to give back"),
+                ExitCode::SUCCESS,
+            ),
+            Undone::Refused(r) => (r.sentence(node), ExitCode::from(REFUSED)),
+            Undone::GivenBack { given, ca_taint } => {
+                let mut s = format!("node {node} given back: the ca-asg-provider.io/draining taint and the drain record are removed");
+                match given {
+                    GivenBack::Schedulable => s.push_str("; it is schedulable"),
+                    GivenBack::CordonKept => s.push_str(&format!(
+                        "; it stays cordoned, as that cordon is not this service's (an operator's, another tool's or cluster-autoscaler's): `kubectl uncordon {node}` if it is not wanted"
+                    )),
+                }
+                if *ca_taint {
+                    s.push_str(&format!(
+                        "; cluster-autoscaler's {CA_TO_BE_DELETED_TAINT} taint stays (CA removes it when it gives up the scale-down; `kubectl taint node {node} {CA_TO_BE_DELETED_TAINT}-` if CA is gone)"
+                    ));
+                }
+                (s, ExitCode::SUCCESS)
+            }
+        }
+    }
+}
+
+/// Gives `node` back through `client`, deciding at `now` (and again on every read a
+/// conflicting write makes it take). `Ok(None)`: there is no such Node.
+pub async fn undrain(
+    client: &kube::Client,
+    node: &str,
+    window: Window,
+    force: bool,
+    now: DateTime<Utc>,
+) -> Result<Option<Undone>, kube::Error> {
+    read_modify_write_from(None, client, node, |current| {
+        if !has_marks(current) {
+            return Write::Keep(Undone::NothingToDo);
+        }
+        let annotations = current.metadata.annotations.clone().unwrap_or_default();
+        if let (Undo::Refuse(running), false) = (undo::decide(&annotations, window, now), force) {
+            return Write::Keep(Undone::Refused(running));
+        }
+        let (patch, given) = give_back_patch(current, GiveBackOf::ServiceOnly);
+        let ca_taint = current
+            .spec
+            .as_ref()
+            .and_then(|s| s.taints.as_ref())
+            .is_some_and(|t| t.iter().any(|t| t.key == CA_TO_BE_DELETED_TAINT));
+        Write::Patch(patch, Undone::GivenBack { given, ca_taint })
+    })
+    .await
+}
+
+pub async fn run(args: UndrainArgs) -> ExitCode {
+    let cfg = match (ConfigArgs {
+        config: args.config.clone(),
+        ..Default::default()
+    })
+    .load()
+    {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("error: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    let s = &cfg.scale_in;
+    let window = Window {
+        limits: Limits {
+            workload_deadline: s.workload_deadline,
+            workload_policy: s.workload_deadline_policy,
+        },
+        after_deadline: s.daemonset_deadline + s.volume_deadline,
+    };
+    let client = match crate::scalein::kube_client().await {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("error: {e:#}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let client =
+        crate::scalein::kube::user_agent::named(client, crate::scalein::kube::user_agent::UNDRAIN);
+    match undrain(
+        &client,
+        &args.node,
+        window,
+        args.force,
+        crate::clock::utc_now(),
+    )
+    .await
+    {
+        Ok(Some(done)) => {
+            let (text, code) = done.say(&args.node);
+            if code == ExitCode::SUCCESS {
+                println!("{text}");
+            } else {
+                eprintln!("{text}");
+            }
+            code
+        }
+        Ok(None) => {
+            eprintln!("error: node {} not found", args.node);
+            ExitCode::FAILURE
+        }
+        Err(e) => {
+            eprintln!(
+                "error: cannot give node {} back through the Kubernetes API server: {e}",
+                args.node
+            );
+            ExitCode::FAILURE
+        }
+    }
+}

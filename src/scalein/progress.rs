@@ -1,0 +1,354 @@
+//! Where a drain stands, read from the Node's drain record and the cluster: its
+//! phase, the pods that keep it and the budgets that block each. Pure: no I/O, no
+//! clock (`now` comes in). What `status` lists for every drain and what `drain NODE`
+//! prints while it runs ([`Narrator`]) are both this.
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+use serde::Serialize;
+
+use crate::clock::Instant;
+use crate::scalein::decide::plan::{self, Disposition, NodeCritical};
+use crate::scalein::decide::record::{self, DrainRecord, Limits};
+use crate::scalein::kube::budgets;
+
+/// Where a drain is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum Phase {
+    /// Pods that are not DaemonSet pods are still on the node.
+    Workloads,
+    /// Only DaemonSet pods are left.
+    Daemonsets,
+    /// No pod left to drain: the instance is being ended (or left, as the reasons say).
+    Drained,
+    /// Every reason's drain is finished (or was given up); the record stays on the Node.
+    Finished,
+    /// Cordoned for a rebalance recommendation, nothing drains.
+    Cordoned,
+    /// The record does not read (see `unreadable`).
+    Unreadable,
+}
+
+impl Phase {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Phase::Workloads => "workloads",
+            Phase::Daemonsets => "daemonsets",
+            Phase::Drained => "drained",
+            Phase::Finished => "finished",
+            Phase::Cordoned => "cordoned",
+            Phase::Unreadable => "unreadable record",
+        }
+    }
+}
+
+/// A pod that keeps the drain in its workload phase, and the budgets that allow no
+/// disruption of it now.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Blocker {
+    /// `namespace/name`.
+    pub pod: String,
+    /// `namespace/name` of each PodDisruptionBudget that selects the pod and allows
+    /// no disruption (`disruptionsAllowed` 0, or no status for its current spec).
+    pub budgets: Vec<String>,
+}
+
+/// One drain, as printed.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Row {
+    pub node: String,
+    /// The group written with the cordon, when there is one.
+    pub group: Option<String>,
+    /// The reasons not done, by the names Events use (`CA scale-in`, ...); every
+    /// reason when none is left.
+    pub reasons: Vec<String>,
+    pub phase: Phase,
+    /// When the drain began (the first reason's arrival when nothing drains).
+    pub started: Option<DateTime<Utc>>,
+    /// Seconds since `started`.
+    pub elapsed_seconds: Option<u64>,
+    pub blocked_by: Vec<Blocker>,
+    /// When the workload phase stops waiting; none when nothing drains.
+    pub deadline: Option<DateTime<Utc>>,
+    /// What happens then: `proceed` or `abandon`.
+    pub deadline_policy: Option<&'static str>,
+    /// When AWS ends the instance whatever the drain does (an interruption notice).
+    pub instance_ends_at: Option<DateTime<Utc>>,
+    /// The annotation that does not read, for an unreadable record.
+    pub unreadable: Option<&'static str>,
+}
+
+/// The drains on `nodes`, at `now`, with the pods on those nodes and the cluster's
+/// budgets. Pure: no I/O, no clock. Sorted by node name.
+pub fn rows(
+    nodes: &[Node],
+    pods: &[Pod],
+    pdbs: &[PodDisruptionBudget],
+    limits: Limits,
+    now: DateTime<Utc>,
+) -> Vec<Row> {
+    let mut out: Vec<Row> = nodes
+        .iter()
+        .filter_map(|n| row(n, pods, pdbs, limits, now))
+        .collect();
+    out.sort_by(|a, b| a.node.cmp(&b.node));
+    out
+}
+
+/// One Node's drain at `now` ([`rows`]); `None` when it carries no record.
+pub fn row(
+    node: &Node,
+    pods: &[Pod],
+    pdbs: &[PodDisruptionBudget],
+    limits: Limits,
+    now: DateTime<Utc>,
+) -> Option<Row> {
+    let empty = BTreeMap::new();
+    let annotations = node.metadata.annotations.as_ref().unwrap_or(&empty);
+    let name = node.metadata.name.clone().unwrap_or_default();
+    let group = annotations.get(record::GROUP_ANNOTATION).cloned();
+    // The record alone, through the one reader: `None` when the JSON does not read
+    // (the reader would fall back to the older annotations; status says so instead).
+    if let Some(json) = annotations.get(record::ANNOTATION) {
+        let alone = BTreeMap::from([(record::ANNOTATION.to_string(), json.clone())]);
+        if DrainRecord::read(&alone, now).is_none() {
+            return Some(Row {
+                node: name,
+                group,
+                reasons: Vec::new(),
+                phase: Phase::Unreadable,
+                started: None,
+                elapsed_seconds: None,
+                blocked_by: Vec::new(),
+                deadline: None,
+                deadline_policy: None,
+                instance_ends_at: None,
+                unreadable: Some(record::ANNOTATION),
+            });
+        }
+    }
+    let rec = DrainRecord::read(annotations, now)?;
+    let p = rec.plan(limits);
+    let active: Vec<String> = rec
+        .reasons
+        .iter()
+        .filter(|r| !r.done)
+        .map(|r| r.why.label().to_string())
+        .collect();
+    let reasons = if active.is_empty() {
+        rec.reasons
+            .iter()
+            .map(|r| r.why.label().to_string())
+            .collect()
+    } else {
+        active
+    };
+    let stamp = to_timestamp(now);
+    let on_node: Vec<&Pod> = pods
+        .iter()
+        .filter(|pod| pod.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(&name))
+        .collect();
+    let mut workloads = Vec::new();
+    let mut daemonsets = 0;
+    for pod in &on_node {
+        match plan::classify_at(pod, &NodeCritical::default(), stamp) {
+            Disposition::Evict(t) | Disposition::Wait(t) if t.is_daemonset() => daemonsets += 1,
+            Disposition::Evict(_) | Disposition::Wait(_) => workloads.push(*pod),
+            Disposition::Skip(_) => {}
+        }
+    }
+    let phase = if !p.drains {
+        if rec.reasons.iter().any(|r| r.why.drains()) {
+            Phase::Finished
+        } else {
+            Phase::Cordoned
+        }
+    } else if !workloads.is_empty() {
+        Phase::Workloads
+    } else if daemonsets > 0 {
+        Phase::Daemonsets
+    } else {
+        Phase::Drained
+    };
+    let blocked_by = if p.drains {
+        let mut b: Vec<Blocker> = workloads
+            .iter()
+            .map(|pod| Blocker {
+                pod: plan::pod_ref(pod).to_string(),
+                budgets: blocking_budgets(pod, pdbs),
+            })
+            .collect();
+        b.sort_by(|x, y| x.pod.cmp(&y.pod));
+        b
+    } else {
+        Vec::new()
+    };
+    let started = rec.drain_began().or_else(|| rec.first_at());
+    Some(Row {
+        node: name,
+        group,
+        reasons,
+        phase,
+        started,
+        elapsed_seconds: started.map(|s| (now - s).num_seconds().max(0) as u64),
+        blocked_by,
+        deadline: p.workload_deadline,
+        deadline_policy: p.workload_deadline.map(|_| p.on_deadline.as_str()),
+        instance_ends_at: p.budget_ends,
+        unreadable: None,
+    })
+}
+
+/// The budgets in the pod's namespace that select it and allow no disruption now.
+fn blocking_budgets(pod: &Pod, pdbs: &[PodDisruptionBudget]) -> Vec<String> {
+    let empty = BTreeMap::new();
+    let labels = pod.metadata.labels.as_ref().unwrap_or(&empty);
+    let ns = pod.metadata.namespace.as_deref().unwrap_or_default();
+    let mut out: Vec<String> = pdbs
+        .iter()
+        .filter(|b| b.metadata.namespace.as_deref().unwrap_or_default() == ns)
+        .filter(|b| budgets::selector_picking(b, labels).is_some())
+        .filter(|b| budgets::allowance(b).is_none_or(|a| a <= 0))
+        .map(|b| format!("{ns}/{}", b.metadata.name.as_deref().unwrap_or_default()))
+        .collect();
+    out.sort();
+    out
+}
+
+fn to_timestamp(t: DateTime<Utc>) -> k8s_openapi::jiff::Timestamp {
+    k8s_openapi::jiff::Timestamp::from_second(t.timestamp())
+        .unwrap_or(k8s_openapi::jiff::Timestamp::MAX)
+}
+
+/// What [`Narrator`] said last.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Said {
+    Phase(Phase),
+    Volumes,
+}
+
+/// What `drain NODE` prints while its drain runs, from what it reads every few
+/// seconds: a line when the drain enters a phase (cordoned, evicting N pods, the
+/// DaemonSet pods, waiting for volumes), and while pods keep it in the workload
+/// phase, every `every`, the pods still there and the budgets that block each.
+/// Pure: the reads and the time come in.
+#[derive(Debug)]
+pub struct Narrator {
+    node: String,
+    every: Duration,
+    cordoned: bool,
+    said: Option<Said>,
+    /// When the pods that block it were last named (or the workload phase began).
+    blockers_at: Option<Instant>,
+}
+
+impl Narrator {
+    pub fn new(node: &str, every: Duration) -> Self {
+        Self {
+            node: node.to_string(),
+            every,
+            cordoned: false,
+            said: None,
+            blockers_at: None,
+        }
+    }
+
+    /// The lines to print for the drain as `row` shows it at `now` (`None`: no record
+    /// on the Node yet), with `volumes` VolumeAttachments still naming the node.
+    pub fn observe(&mut self, row: Option<&Row>, volumes: usize, now: Instant) -> Vec<String> {
+        let mut out = Vec::new();
+        let Some(row) = row else { return out };
+        if !self.cordoned {
+            self.cordoned = true;
+            out.push(format!(
+                "cordoned {}: nothing new is scheduled there",
+                self.node
+            ));
+        }
+        let said = match row.phase {
+            Phase::Workloads => Said::Phase(Phase::Workloads),
+            Phase::Drained if volumes > 0 => Said::Volumes,
+            p => Said::Phase(p),
+        };
+        if self.said != Some(said) {
+            let line = match said {
+                Said::Phase(Phase::Workloads) => {
+                    self.blockers_at = Some(now);
+                    Some(format!(
+                        "evicting {} (DaemonSet pods last)",
+                        pods(row.blocked_by.len())
+                    ))
+                }
+                Said::Phase(Phase::Daemonsets) => {
+                    Some("workload pods gone; evicting the DaemonSet pods".to_string())
+                }
+                Said::Volumes => Some(format!(
+                    "pods gone; waiting for {} to detach",
+                    plural(volumes, "volume attachment")
+                )),
+                Said::Phase(Phase::Drained) if self.said == Some(Said::Volumes) => {
+                    Some("volumes detached".to_string())
+                }
+                Said::Phase(Phase::Drained) => Some("pods gone".to_string()),
+                Said::Phase(Phase::Unreadable) => Some(format!(
+                    "the drain record on {} does not read ({})",
+                    self.node,
+                    record::ANNOTATION
+                )),
+                Said::Phase(Phase::Finished | Phase::Cordoned) => None,
+            };
+            out.extend(line);
+            self.said = Some(said);
+            return out;
+        }
+        if said == Said::Phase(Phase::Workloads) && !row.blocked_by.is_empty() {
+            let due = self.blockers_at.is_none_or(|t| now >= t + self.every);
+            if due {
+                self.blockers_at = Some(now);
+                out.push(blocked_line(&row.blocked_by));
+            }
+        }
+        out
+    }
+}
+
+/// `waiting for 2 pods: shop/app (PodDisruptionBudget shop/app-pdb allows no
+/// disruption now); shop/cart`.
+pub fn blocked_line(blockers: &[Blocker]) -> String {
+    let each: Vec<String> = blockers
+        .iter()
+        .map(|b| match b.budgets.len() {
+            0 => b.pod.clone(),
+            1 => format!(
+                "{} (PodDisruptionBudget {} allows no disruption now)",
+                b.pod, b.budgets[0]
+            ),
+            _ => format!(
+                "{} (PodDisruptionBudgets {} allow no disruption now)",
+                b.pod,
+                b.budgets.join(", ")
+            ),
+        })
+        .collect();
+    format!("waiting for {}: {}", pods(blockers.len()), each.join("; "))
+}
+
+fn pods(n: usize) -> String {
+    plural(n, "pod")
+}
+
+fn plural(n: usize, what: &str) -> String {
+    if n == 1 {
+        format!("1 {what}")
+    } else {
+        format!("{n} {what}s")
+    }
+}
+
+#[cfg(test)]
+mod tests;
