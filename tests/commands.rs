@@ -1434,7 +1434,12 @@ fn every_subcommand_states_its_exit_codes_and_takes_only_its_flags() {
         &["--metrics-listen", "0.0.0.0:2"],
         &["--insecure"],
     ] {
-        for cmd in [&["check-config"][..], &["drain", "n1"], &["undrain", "n1"]] {
+        for cmd in [
+            &["check-config"][..],
+            &["drain", "n1"],
+            &["undrain", "n1"],
+            &["remove-hooks"],
+        ] {
             let args: Vec<&str> = cmd.iter().chain(flag).copied().collect();
             let e = parse(&args).unwrap_err();
             assert_eq!(

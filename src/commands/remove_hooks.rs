@@ -17,10 +17,9 @@ service created it. A hook of that name without the record is kept and printed w
 command that removes it (--include-unmarked removes it too); hooks of other names are never \
 touched. AWS continues the instances a deleted hook held. Running it again is harmless.
 
-Exit codes:
-  0  every hook of ours is removed (or there was none; kept unmarked hooks are listed)
-  1  some group failed, or AWS could not be read, or the timeout passed (each says why)
-  2  the configuration is invalid";
+Exit codes: 0 every hook of ours is removed (or there was none; kept unmarked hooks are \
+listed); 1 some group failed, or AWS could not be read, or the timeout passed (each says \
+why); 2 the configuration is invalid.";
 
 #[derive(Debug, Args, Clone)]
 #[command(after_help = AFTER_HELP)]
