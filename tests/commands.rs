@@ -477,6 +477,13 @@ fn a_missing_region_refuses_to_start_and_says_where_to_set_it() {
         !text.contains("node groups found"),
         "no call was made:\n{text}"
     );
+    // remove-hooks (uninstall) refuses it the same way, before any call.
+    let (code, text) = run(&["remove-hooks"], Some("eu-wset-1"));
+    assert_eq!(code, Some(2), "{text}");
+    assert!(
+        text.contains("region \"eu-wset-1\" is not an AWS region (expected like eu-west-1)"),
+        "{text}"
+    );
     // serve refuses it at start the same way, before it listens or calls AWS.
     let (code, text) = run(
         &[

@@ -46,10 +46,12 @@ pub async fn run(args: RemoveHooksArgs) -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    match crate::cloud::aws::resolve_region(&cfg.aws_settings()).await {
+    // A region AWS cannot have is refused before any call, as check-config, serve and
+    // drain refuse it.
+    match crate::cloud::aws::resolve_known_region(&cfg.aws_settings()).await {
         Ok(r) => cfg.set_region(r),
         Err(e) => {
-            println!("region: MISSING\n  {e}");
+            println!("region: {e}");
             return ExitCode::from(2);
         }
     }
