@@ -285,13 +285,21 @@ pub(crate) async fn holds_pending_action(
     if not_held_lately(engine, instance_id, state) {
         return Hold::NotHeld;
     }
+    let aws = ask_hold_as_new(engine, group, instance_id).await;
+    if aws == Hold::NotHeld {
+        engine.book.aws_said_not_held(instance_id, state.as_str());
+    }
+    aws
+}
+
+/// AWS asked whether our hook holds the instance ([`ask_hold`]); held, what this
+/// process and the Node remember of an earlier action is dropped first
+/// ([`forget_earlier_action`]), so the hold drains as the new action it is, and a Node
+/// that could not be written makes the answer `Unknown` (asked again later).
+async fn ask_hold_as_new(engine: &Engine, group: &str, instance_id: &str) -> Hold {
     match ask_hold(engine, group, instance_id).await {
-        Hold::Held if forget_earlier_action(engine, instance_id).await => Hold::Held,
-        Hold::Held | Hold::Unknown => Hold::Unknown,
-        Hold::NotHeld => {
-            engine.book.aws_said_not_held(instance_id, state.as_str());
-            Hold::NotHeld
-        }
+        Hold::Held if !forget_earlier_action(engine, instance_id).await => Hold::Unknown,
+        aws => aws,
     }
 }
 
@@ -373,11 +381,7 @@ pub(crate) async fn confirm_finished_on_node(
         finished_here: false,
         finished_on_node: true,
     };
-    let aws = match ask_hold(engine, group, instance_id).await {
-        Hold::Held if !forget_earlier_action(engine, instance_id).await => Hold::Unknown,
-        aws => aws,
-    };
-    story.verdict(aws)
+    story.verdict(ask_hold_as_new(engine, group, instance_id).await)
 }
 
 /// Our hook holds the instance with a new action: what this process remembers of
