@@ -195,10 +195,7 @@ pub async fn run(args: StatusArgs) -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    let limits = Limits {
-        workload_deadline: cfg.scale_in.workload_deadline,
-        workload_policy: cfg.scale_in.workload_deadline_policy,
-    };
+    let limits = cfg.scale_in.limits();
     let client = match crate::scalein::kube_client().await {
         Ok(c) => c,
         Err(e) => {

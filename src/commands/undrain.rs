@@ -16,7 +16,7 @@ use chrono::{DateTime, Utc};
 use clap::Args;
 
 use crate::config::ConfigArgs;
-use crate::scalein::decide::record::{Limits, CA_TO_BE_DELETED_TAINT};
+use crate::scalein::decide::record::CA_TO_BE_DELETED_TAINT;
 use crate::scalein::decide::undo::{self, Running, Undo, Window};
 use crate::scalein::kube::node_record::{read_modify_write_from, Write};
 use crate::scalein::stages::cordon::{give_back_patch, has_marks, GiveBackOf, GivenBack};
@@ -129,10 +129,7 @@ pub async fn run(args: UndrainArgs) -> ExitCode {
     };
     let s = &cfg.scale_in;
     let window = Window {
-        limits: Limits {
-            workload_deadline: s.workload_deadline,
-            workload_policy: s.workload_deadline_policy,
-        },
+        limits: s.limits(),
         after_deadline: s.daemonset_deadline + s.volume_deadline,
     };
     let client = match crate::scalein::kube_client().await {

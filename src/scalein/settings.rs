@@ -100,6 +100,16 @@ pub struct ScaleInSettings {
     pub warm_pool_settle: Duration,
 }
 
+impl ScaleInSettings {
+    /// The workload deadline and its policy, as the drain record keeps them.
+    pub fn limits(&self) -> crate::scalein::decide::record::Limits {
+        crate::scalein::decide::record::Limits {
+            workload_deadline: self.workload_deadline,
+            workload_policy: self.workload_deadline_policy,
+        }
+    }
+}
+
 impl Default for ScaleInSettings {
     fn default() -> Self {
         Self {

@@ -45,9 +45,6 @@ pub struct Stage<'a> {
 impl Stage<'_> {
     /// The workload deadline and its policy, as the drain record keeps them.
     pub fn limits(&self) -> record::Limits {
-        record::Limits {
-            workload_deadline: self.settings.workload_deadline,
-            workload_policy: self.settings.workload_deadline_policy,
-        }
+        self.settings.limits()
     }
 }
