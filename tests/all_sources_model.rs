@@ -487,6 +487,7 @@ impl Model {
     }
 
     fn check(&self) {
+        support::invariants::assert_stories_hold(&self.w.engine);
         let ended: Vec<String> = self
             .w
             .cloud

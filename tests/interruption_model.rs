@@ -267,6 +267,7 @@ impl Model {
     }
 
     fn check(&self) {
+        support::invariants::assert_stories_hold(&self.w.engine);
         let calls = self.w.cloud.calls();
         assert_eq!(calls.get("terminate_instance"), None, "{calls:?}");
         assert_eq!(calls.get("set_desired_capacity"), None, "{calls:?}");

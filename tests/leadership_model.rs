@@ -376,6 +376,9 @@ impl Model {
     }
 
     fn check(&self) {
+        for r in &self.replicas {
+            support::invariants::assert_stories_hold(&r.engine);
+        }
         let names: Vec<&str> = self.ever.iter().map(String::as_str).collect();
         let acts = actions(&self.w.sim, &self.aws, &names);
         let lease = lease_writes(&self.w.sim, LEASE);

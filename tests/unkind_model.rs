@@ -772,6 +772,7 @@ impl Model {
     }
 
     fn check(&self) {
+        support::invariants::assert_stories_hold(&self.w.engine);
         let cloud = &self.w.cloud;
         let chosen = |id: &str| self.ca_named.contains(id) || self.asg_chose.contains(id);
         let who = |subject: &str| self.procs.who_touched(&self.w.sim, subject, self.origin);

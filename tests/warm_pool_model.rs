@@ -281,6 +281,7 @@ impl Model {
     }
 
     async fn check(&mut self) {
+        support::invariants::assert_stories_hold(&self.w.engine);
         let cloud = &self.w.cloud;
         let log = cloud.lifecycle_log();
         let timed_out: Vec<_> = log

@@ -109,3 +109,31 @@ pub fn assert_daemonsets_last(
         }
     }
 }
+
+/// The engine's one record of each instance holds together after every step: no
+/// story with a fault ([`InstanceStory::faults`]: a slot held by no running drain, or
+/// by a replaced run; reasons kept for no drain), and no more drains in a slot than
+/// `maxConcurrentDrains`. Fails naming the instance and its story.
+///
+/// [`InstanceStory::faults`]: ca_asg_provider::scalein::decide::story::InstanceStory::faults
+pub fn assert_stories_hold(engine: &ca_asg_provider::scalein::Engine) {
+    let stories = engine.stories();
+    for (id, story) in &stories {
+        let faults = story.faults();
+        assert!(
+            faults.is_empty(),
+            "the engine's record of {id} does not hold together: {faults:?}; {story:#?}"
+        );
+    }
+    let in_slots: Vec<&String> = stories
+        .iter()
+        .filter(|(_, s)| s.slot_run.is_some())
+        .map(|(id, _)| id)
+        .collect();
+    let max = engine.settings().max_concurrent_drains.max(1);
+    assert!(
+        in_slots.len() <= max,
+        "{} drains hold a slot, maxConcurrentDrains is {max}: {in_slots:?}",
+        in_slots.len()
+    );
+}

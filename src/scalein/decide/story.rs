@@ -230,6 +230,11 @@ impl ActionMemories {
             .is_some_and(|m| m.not_held_lately(state, now, recheck))
     }
 
+    /// The instances that have a memory.
+    pub fn instances(&self) -> impl Iterator<Item = &String> {
+        self.by_instance.keys()
+    }
+
     /// How many instances have a memory.
     pub fn len(&self) -> usize {
         self.by_instance.len()
@@ -240,9 +245,92 @@ impl ActionMemories {
     }
 }
 
+/// What the engine holds of one instance, read at once from its one record (the
+/// engine's book): the drain that runs for it, the slot that drain runs in, the
+/// heartbeats of our hook's action, its turn to be ended, and what it remembers of our
+/// hook's actions on it. [`InstanceStory::faults`] says which of these disagree.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct InstanceStory {
+    /// A drain of the instance runs (or waits for a slot) in this process.
+    pub draining: bool,
+    /// The running drain's reasons, as joined so far.
+    pub reasons: Vec<crate::scalein::decide::record::Why>,
+    /// The newest run of its drain, while that run runs or holds a slot.
+    pub run: Option<u64>,
+    /// The run that holds a `maxConcurrentDrains` slot for it.
+    pub slot_run: Option<u64>,
+    /// Our hook's action on it is heartbeated, at this timeout.
+    pub heartbeat_timeout: Option<Duration>,
+    /// Its termination (and the note of it) runs now.
+    pub ending: bool,
+    /// What this process remembers of our hook's actions on it.
+    pub action: ActionMemory,
+}
+
+impl InstanceStory {
+    /// What in the story cannot be: a slot held for a run that is not the drain's
+    /// newest, or by no running drain (a slot lost to `maxConcurrentDrains`); reasons
+    /// kept for no drain. Empty when the story holds together.
+    pub fn faults(&self) -> Vec<&'static str> {
+        let mut faults = Vec::new();
+        if let Some(holder) = self.slot_run {
+            if Some(holder) != self.run {
+                faults.push("a slot is held by a run that is not the drain's newest");
+            }
+            if !self.draining {
+                faults.push("a slot is held while no drain of the instance runs");
+            }
+        }
+        if !self.reasons.is_empty() && !self.draining {
+            faults.push("reasons are kept for a drain that does not run");
+        }
+        faults
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Each fault is named, alone, and a story without them has none.
+    #[test]
+    fn a_story_names_what_in_it_cannot_be() {
+        let running = InstanceStory {
+            draining: true,
+            reasons: vec![crate::scalein::decide::record::Why::ScaleIn],
+            run: Some(7),
+            slot_run: Some(7),
+            ..InstanceStory::default()
+        };
+        assert!(running.faults().is_empty());
+        assert!(InstanceStory::default().faults().is_empty());
+        let replaced = InstanceStory {
+            slot_run: Some(6),
+            ..running.clone()
+        };
+        assert_eq!(
+            replaced.faults(),
+            ["a slot is held by a run that is not the drain's newest"]
+        );
+        let over = InstanceStory {
+            draining: false,
+            reasons: Vec::new(),
+            ..running.clone()
+        };
+        assert_eq!(
+            over.faults(),
+            ["a slot is held while no drain of the instance runs"]
+        );
+        let stale = InstanceStory {
+            draining: false,
+            slot_run: None,
+            ..running
+        };
+        assert_eq!(
+            stale.faults(),
+            ["reasons are kept for a drain that does not run"]
+        );
+    }
 
     fn every_story() -> impl Iterator<Item = HoldStory> {
         (0..8u8).map(|b| HoldStory {

@@ -1,8 +1,11 @@
-//! The engine's bookkeeping: which drain runs for each instance (a new reason joins
-//! the one that runs, a duplicate changes nothing), which lifecycle actions this
-//! replica heartbeats and at what timeout, which of our hook's actions are over,
-//! whose direct-mode end is in flight, and what was said once. Every map is
-//! bounded; nothing here does I/O.
+//! The engine's bookkeeping, one record per instance ([`Entry`]): the drain that runs
+//! for it (a new reason joins the one that runs, a duplicate changes nothing), the
+//! `maxConcurrentDrains` slot that drain runs in, the heartbeats of our hook's action
+//! on it and the timeout they follow, its turn to be ended, and what this replica
+//! remembers of our hook's actions on it ([`ActionMemories`]), all under one lock, so
+//! no two of them can disagree about an instance. [`Book::story`] reads the record as
+//! one [`InstanceStory`]. Also what was said once. Every map is bounded; nothing here
+//! does I/O.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -15,7 +18,7 @@ use tokio::sync::{watch, OwnedMutexGuard, OwnedSemaphorePermit};
 use tokio::task::JoinHandle;
 
 use crate::scalein::decide::record::{DrainRecord, Joined, Limits};
-use crate::scalein::decide::story::{ActionMemories, NOT_HELD_RECHECK};
+use crate::scalein::decide::story::{ActionMemories, InstanceStory, NOT_HELD_RECHECK};
 use crate::scalein::request::{merge, DrainRequest, Outcome, Start};
 use crate::scalein::stages::drain::AbortOnDrop;
 
@@ -29,15 +32,10 @@ struct Inflight {
     req: DrainRequest,
 }
 
-/// The `maxConcurrentDrains` slots of drains, kept here and not in the drain tasks:
-/// a drain restarted for a new reason (a spot warning joining) goes on in the slot
-/// it had instead of queueing behind drains that budgets block.
-#[derive(Default)]
-struct Slots {
-    /// The newest run of each instance's drain ([`Book::start`] counts the runs).
-    newest: BTreeMap<String, u64>,
-    /// The slot each drain holds, and the run that holds it.
-    held: BTreeMap<String, (u64, OwnedSemaphorePermit)>,
+impl Inflight {
+    fn runs(&self) -> bool {
+        !self.handle.is_finished()
+    }
 }
 
 /// The heartbeats of one lifecycle action, and the hook's heartbeat timeout they
@@ -45,6 +43,117 @@ struct Slots {
 struct Hold {
     task: AbortOnDrop,
     timeout: watch::Sender<Duration>,
+}
+
+impl Hold {
+    fn runs(&self) -> bool {
+        !self.task.0.is_finished()
+    }
+}
+
+/// What the engine holds of one instance.
+#[derive(Default)]
+struct Entry {
+    /// Its drain task (or a dry run's description of one), running or finished.
+    drain: Option<Inflight>,
+    /// The newest run of its drain ([`Book::start`] counts the runs).
+    newest_run: Option<u64>,
+    /// The `maxConcurrentDrains` slot its drain holds, and the run that holds it.
+    /// Kept here and not in the drain task: a drain restarted for a new reason (a spot
+    /// warning joining) goes on in the slot it had instead of queueing behind drains
+    /// that budgets block.
+    slot: Option<(u64, OwnedSemaphorePermit)>,
+    /// Heartbeats of our hook's action on it: they follow the hook, not the drain (a
+    /// drain restarted for a new reason, or failed and retrying, keeps them).
+    hold: Option<Hold>,
+    /// Its turn to be ended (see [`Book::end_turn`]).
+    end: Option<Arc<tokio::sync::Mutex<()>>>,
+}
+
+impl Entry {
+    fn draining(&self) -> bool {
+        self.drain.as_ref().is_some_and(Inflight::runs)
+    }
+
+    fn heartbeats(&self) -> bool {
+        self.hold.as_ref().is_some_and(Hold::runs)
+    }
+
+    fn ending(&self) -> bool {
+        self.end.as_ref().is_some_and(|t| Arc::strong_count(t) > 1)
+    }
+
+    /// Lets go of what is over: a finished drain, the run of a drain that neither
+    /// runs nor holds a slot, finished heartbeats, a turn nobody takes. True when
+    /// nothing is left.
+    fn forget_what_is_over(&mut self) -> bool {
+        if !self.draining() {
+            self.drain = None;
+            if self.slot.is_none() {
+                // A drain still waiting for a slot keeps its run, or the slot it then
+                // takes would look like a replaced run's (given back at once, the drain
+                // going on without one, beyond `maxConcurrentDrains`).
+                self.newest_run = None;
+            }
+        }
+        if !self.heartbeats() {
+            self.hold = None;
+        }
+        if !self.ending() {
+            self.end = None;
+        }
+        self.drain.is_none()
+            && self.newest_run.is_none()
+            && self.slot.is_none()
+            && self.hold.is_none()
+            && self.end.is_none()
+    }
+}
+
+/// Every instance's [`Entry`] and [`ActionMemories`], under one lock.
+struct Ledger {
+    entries: BTreeMap<String, Entry>,
+    /// What this replica remembers of our hook's actions: the actions it completed (or
+    /// found complete; AWS keeps such an instance in Terminating:Wait while another
+    /// hook, EKS's `Terminate-LC-Hook` on a managed node group, still holds it, and the
+    /// scan must not take it for a new action and drain it again while AWS cannot be
+    /// asked), and AWS's recent answers that our hook holds no action on it. Bounded by
+    /// [`FINISHED_KEPT`] finished actions and [`NOT_HELD_RECHECK`].
+    memories: ActionMemories,
+}
+
+impl Default for Ledger {
+    fn default() -> Self {
+        Self {
+            entries: BTreeMap::new(),
+            memories: ActionMemories::new(FINISHED_KEPT, NOT_HELD_RECHECK),
+        }
+    }
+}
+
+impl Ledger {
+    /// The instance's entry, made when there is none. Past [`FINISHED_KEPT`] entries,
+    /// what is over is forgotten first: the ledger stays as large as what runs.
+    fn entry(&mut self, instance_id: &str) -> &mut Entry {
+        if !self.entries.contains_key(instance_id) && self.entries.len() >= FINISHED_KEPT {
+            self.entries.retain(|_, e| !e.forget_what_is_over());
+        }
+        self.entries.entry(instance_id.to_string()).or_default()
+    }
+
+    /// Drops the instance's entry once nothing of it is left.
+    fn tidy(&mut self, instance_id: &str) {
+        if let Some(e) = self.entries.get(instance_id) {
+            let empty = e.drain.is_none()
+                && e.newest_run.is_none()
+                && e.slot.is_none()
+                && e.hold.is_none()
+                && e.end.is_none();
+            if empty {
+                self.entries.remove(instance_id);
+            }
+        }
+    }
 }
 
 /// What [`Book::hold`] did.
@@ -61,39 +170,12 @@ pub(crate) enum HoldChange {
 /// What the engine keeps track of.
 #[derive(Default)]
 pub(crate) struct Book {
-    drains: Mutex<BTreeMap<String, Inflight>>,
+    ledger: Mutex<Ledger>,
     /// The number of the next drain run started.
     runs: std::sync::atomic::AtomicU64,
-    slots: Mutex<Slots>,
-    /// Heartbeats of the lifecycle actions our hook holds, by instance: they follow
-    /// the hook, not the drain (a drain restarted for a new reason, or failed and
-    /// retrying, keeps them).
-    holds: Mutex<BTreeMap<String, Hold>>,
-    /// What this replica remembers of our hook's actions, one record per instance
-    /// ([`ActionMemories`]): the actions it completed (or found complete; AWS keeps such
-    /// an instance in Terminating:Wait while another hook, EKS's `Terminate-LC-Hook` on
-    /// a managed node group, still holds it, and the scan must not take it for a new
-    /// action and drain it again while AWS cannot be asked), and AWS's recent answers
-    /// that our hook holds no action on it.
-    memories: Memories,
-    /// One direct-mode end per instance at a time (see [`Book::end_turn`]).
-    ends: Mutex<BTreeMap<String, Arc<tokio::sync::Mutex<()>>>>,
     /// (kind, key) pairs already said once: another tool's terminating hook, a dry
     /// run's drain or hook.
     noted: Mutex<BTreeSet<(&'static str, String)>>,
-}
-
-/// The book's [`ActionMemories`], bounded by [`FINISHED_KEPT`] finished actions and
-/// [`NOT_HELD_RECHECK`].
-struct Memories(Mutex<ActionMemories>);
-
-impl Default for Memories {
-    fn default() -> Self {
-        Self(Mutex::new(ActionMemories::new(
-            FINISHED_KEPT,
-            NOT_HELD_RECHECK,
-        )))
-    }
 }
 
 /// The reasons of a running drain with a new request's joined, when they change its
@@ -128,11 +210,12 @@ impl Book {
         limits: Limits,
         spawn: impl FnOnce(DrainRequest, Start, u64) -> JoinHandle<Outcome>,
     ) -> Start {
-        let mut drains = self.drains.lock();
-        let (req, how) = match drains.remove(&req.instance_id) {
-            Some(running) if !running.handle.is_finished() => {
+        let mut ledger = self.ledger.lock();
+        let entry = ledger.entry(&req.instance_id);
+        let (req, how) = match entry.drain.take() {
+            Some(running) if running.runs() => {
                 let Some(record) = joined(&running.req, &req, limits) else {
-                    drains.insert(req.instance_id.clone(), running);
+                    entry.drain = Some(running);
                     return Start::Unchanged;
                 };
                 running.handle.abort();
@@ -142,107 +225,115 @@ impl Book {
             _ => (req, Start::Started),
         };
         let run = self.runs.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        {
-            // The slot the instance's drain holds passes to this run.
-            let mut slots = self.slots.lock();
-            if slots.newest.len() >= FINISHED_KEPT {
-                // Bounded by the drains that run: one still waiting for a slot holds
-                // none yet, and forgetting its run would make the slot it then takes
-                // look like a replaced run's (given back at once, the drain going on
-                // without one, beyond `maxConcurrentDrains`).
-                let Slots { newest, held } = &mut *slots;
-                newest.retain(|i, _| {
-                    held.contains_key(i) || drains.get(i).is_some_and(|f| !f.handle.is_finished())
-                });
-            }
-            slots.newest.insert(req.instance_id.clone(), run);
-            if let Some((holder, _)) = slots.held.get_mut(&req.instance_id) {
-                *holder = run;
-            }
+        // The slot the instance's drain holds passes to this run.
+        entry.newest_run = Some(run);
+        if let Some((holder, _)) = &mut entry.slot {
+            *holder = run;
         }
         let handle = spawn(req.clone(), how, run);
-        track(&mut drains, req, handle);
+        entry.drain = Some(Inflight { handle, req });
         how
     }
 
     /// Whether drain run `run` of the instance holds a slot (its own, or the one of
     /// the run it replaced).
     pub(crate) fn has_slot(&self, instance_id: &str, run: u64) -> bool {
-        self.slots
+        self.ledger
             .lock()
-            .held
+            .entries
             .get(instance_id)
+            .and_then(|e| e.slot.as_ref())
             .is_some_and(|(holder, _)| *holder == run)
     }
 
     /// Keeps the slot drain run `run` took; a run that was replaced meanwhile gives
     /// it back at once (dropped).
     pub(crate) fn keep_slot(&self, instance_id: &str, run: u64, slot: OwnedSemaphorePermit) {
-        let mut slots = self.slots.lock();
-        if slots.newest.get(instance_id) == Some(&run) {
-            slots.held.insert(instance_id.to_string(), (run, slot));
+        let mut ledger = self.ledger.lock();
+        if let Some(e) = ledger.entries.get_mut(instance_id) {
+            if e.newest_run == Some(run) {
+                e.slot = Some((run, slot));
+            }
         }
     }
 
     /// Drain run `run` is over: its slot goes back, unless a newer run took it over.
     pub(crate) fn give_back_slot(&self, instance_id: &str, run: u64) {
-        let mut slots = self.slots.lock();
-        if slots
-            .held
-            .get(instance_id)
-            .is_some_and(|(holder, _)| *holder == run)
-        {
-            slots.held.remove(instance_id);
-            slots.newest.remove(instance_id);
+        let mut ledger = self.ledger.lock();
+        let Some(e) = ledger.entries.get_mut(instance_id) else {
+            return;
+        };
+        if e.slot.as_ref().is_some_and(|(holder, _)| *holder == run) {
+            e.slot = None;
+            e.newest_run = None;
         }
+        ledger.tidy(instance_id);
     }
 
     /// Keeps a dry run's description task like a drain (for `wait_for`).
     pub(crate) fn observe(&self, req: DrainRequest, handle: JoinHandle<Outcome>) {
-        track(&mut self.drains.lock(), req, handle);
+        let mut ledger = self.ledger.lock();
+        let id = req.instance_id.clone();
+        ledger.entry(&id).drain = Some(Inflight { handle, req });
     }
 
     /// Drains asked for and not finished: running, or cordoned and waiting for a slot.
     pub(crate) fn running(&self) -> usize {
-        self.drains
+        self.ledger
             .lock()
+            .entries
             .values()
-            .filter(|f| !f.handle.is_finished())
+            .filter(|e| e.draining())
             .count()
     }
 
     pub(crate) fn is_running(&self, instance_id: &str) -> bool {
-        self.drains
+        self.ledger
             .lock()
+            .entries
             .get(instance_id)
-            .is_some_and(|f| !f.handle.is_finished())
+            .is_some_and(Entry::draining)
     }
 
     /// The instance's drain task, no longer tracked (to wait for its outcome).
     pub(crate) fn take(&self, instance_id: &str) -> Option<JoinHandle<Outcome>> {
-        self.drains.lock().remove(instance_id).map(|f| f.handle)
+        let mut ledger = self.ledger.lock();
+        let drain = ledger.entries.get_mut(instance_id)?.drain.take();
+        ledger.tidy(instance_id);
+        drain.map(|f| f.handle)
     }
 
     /// Stops the instance's drain and its heartbeats. True when a drain ran.
     pub(crate) fn stop(&self, instance_id: &str) -> bool {
-        self.release(instance_id);
-        self.slots.lock().held.remove(instance_id);
-        match self.drains.lock().remove(instance_id) {
-            Some(f) if !f.handle.is_finished() => {
+        let mut ledger = self.ledger.lock();
+        let Some(e) = ledger.entries.get_mut(instance_id) else {
+            return false;
+        };
+        e.hold = None;
+        e.slot = None;
+        let ran = match e.drain.take() {
+            Some(f) if f.runs() => {
                 f.handle.abort();
                 true
             }
             _ => false,
-        }
+        };
+        ledger.tidy(instance_id);
+        ran
     }
 
     /// Stops every drain and every heartbeat where they are.
     pub(crate) fn stop_all(&self) {
-        for (_, f) in std::mem::take(&mut *self.drains.lock()) {
-            f.handle.abort();
+        let mut ledger = self.ledger.lock();
+        for e in ledger.entries.values_mut() {
+            if let Some(f) = e.drain.take() {
+                f.handle.abort();
+            }
+            e.newest_run = None;
+            e.slot = None;
+            e.hold = None;
         }
-        *self.slots.lock() = Slots::default();
-        self.holds.lock().clear();
+        ledger.entries.retain(|_, e| e.end.is_some());
     }
 
     /// Starts the heartbeats of the instance's lifecycle action (through `spawn`,
@@ -254,8 +345,9 @@ impl Book {
         timeout: Duration,
         spawn: impl FnOnce(watch::Receiver<Duration>) -> JoinHandle<()>,
     ) -> HoldChange {
-        let mut holds = self.holds.lock();
-        if let Some(h) = holds.get(instance_id).filter(|h| !h.task.0.is_finished()) {
+        let mut ledger = self.ledger.lock();
+        let entry = ledger.entry(instance_id);
+        if let Some(h) = entry.hold.as_ref().filter(|h| h.runs()) {
             let mut was = timeout;
             let changed = h.timeout.send_if_modified(|t| {
                 was = std::mem::replace(t, timeout);
@@ -267,81 +359,103 @@ impl Book {
                 HoldChange::Same
             };
         }
-        if holds.len() >= FINISHED_KEPT {
-            holds.retain(|_, h| !h.task.0.is_finished());
-        }
         let (tx, rx) = watch::channel(timeout);
-        holds.insert(
-            instance_id.to_string(),
-            Hold {
-                task: AbortOnDrop(spawn(rx)),
-                timeout: tx,
-            },
-        );
+        entry.hold = Some(Hold {
+            task: AbortOnDrop(spawn(rx)),
+            timeout: tx,
+        });
         HoldChange::Started
     }
 
     /// The heartbeat timeout a held instance is heartbeated at, if it is held.
     pub(crate) fn held_timeout(&self, instance_id: &str) -> Option<Duration> {
-        self.holds
+        self.ledger
             .lock()
+            .entries
             .get(instance_id)
-            .filter(|h| !h.task.0.is_finished())
+            .and_then(|e| e.hold.as_ref())
+            .filter(|h| h.runs())
             .map(|h| *h.timeout.borrow())
     }
 
     /// Stops the heartbeats of the instance's action.
     pub(crate) fn release(&self, instance_id: &str) {
-        self.holds.lock().remove(instance_id);
+        let mut ledger = self.ledger.lock();
+        if let Some(e) = ledger.entries.get_mut(instance_id) {
+            e.hold = None;
+            ledger.tidy(instance_id);
+        }
     }
 
     /// Our hook's lifecycle action for `instance_id` is over.
     pub(crate) fn note_action_done(&self, instance_id: &str) {
-        self.memories.0.lock().finished(instance_id, Instant::now());
+        self.ledger
+            .lock()
+            .memories
+            .finished(instance_id, Instant::now());
     }
 
     pub(crate) fn action_done(&self, instance_id: &str) -> bool {
-        self.memories.0.lock().is_finished(instance_id)
+        self.ledger.lock().memories.is_finished(instance_id)
     }
 
     /// Forgets the ended actions of instances `keep` says no longer exist.
     pub(crate) fn forget_actions_done(&self, keep: impl Fn(&str) -> bool) {
-        self.memories.0.lock().keep_finished(keep);
+        self.ledger.lock().memories.keep_finished(keep);
     }
 
     /// Forgets the instance's ended action (our hook holds it with a new one).
     pub(crate) fn forget_action_done(&self, instance_id: &str) {
-        self.memories.0.lock().forget_finished(instance_id);
+        self.ledger.lock().memories.forget_finished(instance_id);
     }
 
     /// AWS said just now that no action of our hook holds the instance, waiting in
     /// `state`.
     pub(crate) fn aws_said_not_held(&self, instance_id: &str, state: &str) {
-        self.memories
-            .0
+        self.ledger
             .lock()
+            .memories
             .aws_said_not_held(instance_id, state, Instant::now());
     }
 
     /// Whether AWS said so lately, with the instance in the same wait.
     pub(crate) fn not_held_lately(&self, instance_id: &str, state: &str) -> bool {
-        self.memories
-            .0
+        self.ledger
             .lock()
+            .memories
             .not_held_lately(instance_id, state, Instant::now())
     }
 
     /// The instance's turn to be ended: held while its termination and the note of
     /// it run, so a second drain of the instance waits for them.
     pub(crate) async fn end_turn(&self, instance_id: &str) -> OwnedMutexGuard<()> {
-        let turn = {
-            let mut ends = self.ends.lock();
-            if ends.len() >= FINISHED_KEPT {
-                ends.retain(|_, t| Arc::strong_count(t) > 1);
-            }
-            ends.entry(instance_id.to_string()).or_default().clone()
-        };
+        let turn = self
+            .ledger
+            .lock()
+            .entry(instance_id)
+            .end
+            .get_or_insert_with(Default::default)
+            .clone();
         turn.lock_owned().await
+    }
+
+    /// What the book holds of the instance, read at once.
+    pub(crate) fn story(&self, instance_id: &str) -> InstanceStory {
+        let ledger = self.ledger.lock();
+        story_of(&ledger, instance_id)
+    }
+
+    /// What the book holds of every instance it knows, read at once.
+    pub(crate) fn stories(&self) -> BTreeMap<String, InstanceStory> {
+        let ledger = self.ledger.lock();
+        let ids: BTreeSet<&String> = ledger
+            .entries
+            .keys()
+            .chain(ledger.memories.instances())
+            .collect();
+        ids.into_iter()
+            .map(|id| (id.clone(), story_of(&ledger, id)))
+            .collect()
     }
 
     /// True the first time `(kind, key)` is noted.
@@ -356,12 +470,24 @@ impl Book {
     }
 }
 
-/// Records a drain task, forgetting finished ones once [`FINISHED_KEPT`] are known.
-fn track(drains: &mut BTreeMap<String, Inflight>, req: DrainRequest, handle: JoinHandle<Outcome>) {
-    if drains.len() >= FINISHED_KEPT {
-        drains.retain(|_, f| !f.handle.is_finished());
+fn story_of(ledger: &Ledger, instance_id: &str) -> InstanceStory {
+    let entry = ledger.entries.get(instance_id);
+    InstanceStory {
+        draining: entry.is_some_and(Entry::draining),
+        reasons: entry
+            .and_then(|e| e.drain.as_ref())
+            .filter(|f| f.runs())
+            .map(|f| f.req.reasons.iter().map(|r| r.why.clone()).collect())
+            .unwrap_or_default(),
+        run: entry.and_then(|e| e.newest_run),
+        slot_run: entry.and_then(|e| e.slot.as_ref()).map(|(run, _)| *run),
+        heartbeat_timeout: entry
+            .and_then(|e| e.hold.as_ref())
+            .filter(|h| h.runs())
+            .map(|h| *h.timeout.borrow()),
+        ending: entry.is_some_and(Entry::ending),
+        action: ledger.memories.of(instance_id).cloned().unwrap_or_default(),
     }
-    drains.insert(req.instance_id.clone(), Inflight { handle, req });
 }
 
 #[cfg(test)]
@@ -438,9 +564,72 @@ mod tests {
             book.note_action_done(&format!("i-{i}"));
             book.note_once("k", format!("{i}"));
         }
-        assert!(book.memories.0.lock().len() <= FINISHED_KEPT);
+        assert!(book.ledger.lock().memories.len() <= FINISHED_KEPT);
         assert!(book.noted.lock().len() <= FINISHED_KEPT);
         assert!(book.action_done(&format!("i-{}", FINISHED_KEPT + 4)));
+    }
+
+    /// The one record reads as one story through a drain's life: started, in its
+    /// slot with its hook heartbeated, replaced by a run with a new reason (the slot
+    /// passes to it), over (the slot goes back), the action remembered done, stopped.
+    #[tokio::test(start_paused = true)]
+    async fn the_record_tells_one_story_through_a_drains_life() {
+        let book = Book::default();
+        let slots = Arc::new(tokio::sync::Semaphore::new(1));
+        assert_eq!(book.story("i-a"), InstanceStory::default());
+        let first = start_pending(&book, "i-a");
+        take_slot(&book, &slots, "i-a", first).await;
+        book.hold("i-a", Duration::from_secs(300), |_| {
+            tokio::spawn(std::future::pending::<()>())
+        });
+        let story = book.story("i-a");
+        assert!(story.draining);
+        assert_eq!((story.run, story.slot_run), (Some(first), Some(first)));
+        assert_eq!(story.heartbeat_timeout, Some(Duration::from_secs(300)));
+        assert_eq!(story.reasons, [Why::ScaleIn]);
+        assert!(story.faults().is_empty(), "{story:?}");
+
+        let hook = Why::Lifecycle {
+            hook: "ca-asg-provider-drain".into(),
+        };
+        let mut second = None;
+        let how = book.start(
+            DrainRequest {
+                instance_id: "i-a".into(),
+                ..req(vec![hook.clone()])
+            },
+            limits(),
+            |_, _, r| {
+                second = Some(r);
+                tokio::spawn(std::future::pending::<Outcome>())
+            },
+        );
+        assert_eq!(how, Start::Joined);
+        let second = second.expect("a new run");
+        let story = book.story("i-a");
+        assert_eq!((story.run, story.slot_run), (Some(second), Some(second)));
+        assert_eq!(story.reasons, [Why::ScaleIn, hook]);
+        assert!(story.faults().is_empty(), "{story:?}");
+        // The replaced run's end gives nothing back.
+        book.give_back_slot("i-a", first);
+        assert_eq!(book.story("i-a").slot_run, Some(second));
+
+        book.note_action_done("i-a");
+        book.give_back_slot("i-a", second);
+        assert!(book.stop("i-a"));
+        let story = book.story("i-a");
+        assert_eq!(
+            (story.draining, story.slot_run, story.heartbeat_timeout),
+            (false, None, None)
+        );
+        assert!(story.action.finished_at.is_some());
+        assert!(story.reasons.is_empty());
+        assert_eq!(slots.available_permits(), 1);
+        assert_eq!(
+            book.stories().keys().collect::<Vec<_>>(),
+            ["i-a"],
+            "the remembered action keeps the instance's story"
+        );
     }
 
     fn req_for(instance: &str) -> DrainRequest {
@@ -492,7 +681,7 @@ mod tests {
             start_pending(&book, &id);
             book.stop(&id);
         }
-        assert!(book.slots.lock().newest.len() <= FINISHED_KEPT);
+        assert!(book.ledger.lock().entries.len() <= FINISHED_KEPT);
         // a ends: b takes the slot, and holds it.
         book.give_back_slot("i-a", a);
         take_slot(&book, &slots, "i-b", b).await;

@@ -458,6 +458,18 @@ impl Engine {
         self.nodes.node_for_instance(instance_id)
     }
 
+    /// What the engine holds of the instance, read at once from its one record.
+    pub fn story(&self, instance_id: &str) -> crate::scalein::decide::story::InstanceStory {
+        self.book.story(instance_id)
+    }
+
+    /// What the engine holds of every instance it knows, read at once.
+    pub fn stories(
+        &self,
+    ) -> std::collections::BTreeMap<String, crate::scalein::decide::story::InstanceStory> {
+        self.book.stories()
+    }
+
     /// Whether our hook's lifecycle action for `instance_id` is known to be over.
     pub fn action_done(&self, instance_id: &str) -> bool {
         self.book.action_done(instance_id)
