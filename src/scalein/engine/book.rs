@@ -705,4 +705,161 @@ mod tests {
         take_slot(&book, &slots, "i-c", c).await;
         assert!(book.has_slot("i-c", c));
     }
+
+    /// One step of the book's model: what the engine and its drains do to the book.
+    #[derive(Debug, Clone)]
+    enum Step {
+        /// A source asks for a drain (a hook's reason changes the plan of one that runs).
+        Start(u8, bool),
+        /// The drain's newest run queues for a slot and takes one if one is free.
+        TakeSlot(u8),
+        /// The drain's newest run ends: its slot goes back, then its task ends.
+        Finish(u8),
+        /// A replaced run's end (its task was aborted) gives back what it held.
+        FinishReplaced(u8),
+        Hold(u8, bool),
+        Release(u8),
+        Done(u8),
+        Stop(u8),
+        StopAll,
+    }
+
+    fn step() -> impl proptest::strategy::Strategy<Value = Step> {
+        use proptest::prelude::*;
+        let i = 0..4u8;
+        prop_oneof![
+            (i.clone(), any::<bool>()).prop_map(|(i, h)| Step::Start(i, h)),
+            i.clone().prop_map(Step::TakeSlot),
+            i.clone().prop_map(Step::Finish),
+            i.clone().prop_map(Step::FinishReplaced),
+            (i.clone(), any::<bool>()).prop_map(|(i, t)| Step::Hold(i, t)),
+            i.clone().prop_map(Step::Release),
+            i.clone().prop_map(Step::Done),
+            i.prop_map(Step::Stop),
+            Just(Step::StopAll),
+        ]
+    }
+
+    const SLOTS: usize = 2;
+
+    proptest::proptest! {
+        #![proptest_config(proptest::prelude::ProptestConfig {
+            cases: 500,
+            failure_persistence: None,
+            ..Default::default()
+        })]
+
+        /// After every step, in any order, the one record holds together: no story
+        /// has a fault (a slot held by no running drain or by a replaced run; reasons
+        /// for no drain), the slots the record holds are exactly the permits taken
+        /// (none lost, none kept twice), at most one drain runs per instance, and a
+        /// stopped instance has neither a drain, a slot nor heartbeats.
+        #[test]
+        fn the_books_record_holds_together_after_every_step(
+            steps in proptest::collection::vec(step(), 1..40)
+        ) {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .start_paused(true)
+                .build()
+                .unwrap();
+            rt.block_on(async {
+                let book = Book::default();
+                let slots = Arc::new(tokio::sync::Semaphore::new(SLOTS));
+                // Each run's task ends when its sender is dropped.
+                let mut ends: BTreeMap<u64, tokio::sync::oneshot::Sender<()>> = BTreeMap::new();
+                let mut replaced: Vec<(String, u64)> = Vec::new();
+                let id = |i: u8| format!("i-{i}");
+                for st in &steps {
+                    match st {
+                        Step::Start(i, hook) => {
+                            let why = if *hook {
+                                Why::Lifecycle { hook: "h".into() }
+                            } else {
+                                Why::ScaleIn
+                            };
+                            let before = book.story(&id(*i)).run;
+                            let mut started = None;
+                            book.start(
+                                DrainRequest { instance_id: id(*i), ..req(vec![why]) },
+                                limits(),
+                                |_, _, run| {
+                                    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+                                    started = Some((run, tx));
+                                    tokio::spawn(async move {
+                                        let _ = rx.await;
+                                        Outcome::Drained
+                                    })
+                                },
+                            );
+                            if let Some((run, tx)) = started {
+                                ends.insert(run, tx);
+                                if let Some(old) = before.filter(|_| book.story(&id(*i)).run != before) {
+                                    replaced.push((id(*i), old));
+                                }
+                            }
+                        }
+                        Step::TakeSlot(i) => {
+                            let story = book.story(&id(*i));
+                            if let (true, Some(run)) = (story.draining, story.run) {
+                                if !book.has_slot(&id(*i), run) {
+                                    if let Ok(permit) = slots.clone().try_acquire_owned() {
+                                        book.keep_slot(&id(*i), run, permit);
+                                    }
+                                }
+                            }
+                        }
+                        Step::Finish(i) => {
+                            if let Some(run) = book.story(&id(*i)).run {
+                                book.give_back_slot(&id(*i), run);
+                                ends.remove(&run);
+                            }
+                        }
+                        Step::FinishReplaced(i) => {
+                            if let Some(pos) = replaced.iter().position(|(r, _)| *r == id(*i)) {
+                                let (r, run) = replaced.remove(pos);
+                                book.give_back_slot(&r, run);
+                            }
+                        }
+                        Step::Hold(i, longer) => {
+                            let t = Duration::from_secs(if *longer { 600 } else { 300 });
+                            book.hold(&id(*i), t, |_| tokio::spawn(std::future::pending::<()>()));
+                        }
+                        Step::Release(i) => book.release(&id(*i)),
+                        Step::Done(i) => book.note_action_done(&id(*i)),
+                        Step::Stop(i) => {
+                            book.stop(&id(*i));
+                            tokio::task::yield_now().await;
+                            let story = book.story(&id(*i));
+                            proptest::prop_assert!(
+                                !story.draining && story.slot_run.is_none() && story.heartbeat_timeout.is_none(),
+                                "after stop: {story:?}"
+                            );
+                        }
+                        Step::StopAll => book.stop_all(),
+                    }
+                    // Let ended and aborted tasks finish.
+                    for _ in 0..3 {
+                        tokio::task::yield_now().await;
+                    }
+                    let stories = book.stories();
+                    for (i, story) in &stories {
+                        proptest::prop_assert!(story.faults().is_empty(), "{i}: {story:?} after {st:?}");
+                    }
+                    let held = stories.values().filter(|s| s.slot_run.is_some()).count();
+                    proptest::prop_assert_eq!(
+                        held,
+                        SLOTS - slots.available_permits(),
+                        "the record's slots are the permits taken, after {:?}",
+                        st
+                    );
+                    proptest::prop_assert_eq!(
+                        book.running(),
+                        stories.values().filter(|s| s.draining).count()
+                    );
+                }
+                Ok::<(), proptest::test_runner::TestCaseError>(())
+            })?;
+        }
+    }
 }
