@@ -167,6 +167,21 @@ impl Provider {
         }
     }
 
+    /// The groups with the hook lists learned since `since` (`note_hooks`, or a read
+    /// of this refresh): a list noted after this refresh read the hooks is newer than
+    /// what the refresh is about to swap in.
+    fn with_hooks_noted_since(&self, mut groups: Vec<Group>, since: Instant) -> Vec<Group> {
+        let inner = self.refresh.inner.lock();
+        for g in &mut groups {
+            if let Some((at, hooks)) = inner.hooks.get(&g.asg.name) {
+                if *at > since {
+                    g.hooks = hooks.clone();
+                }
+            }
+        }
+        groups
+    }
+
     /// Keeps the snapshot fresh without CA: every refresh interval, while `acting`
     /// says so (the replica leads the drains), the node groups are read again unless
     /// CA's Refresh already did. A replica CA does not talk to (bundled or standalone
@@ -233,6 +248,7 @@ impl Provider {
         let mut asgs = self.cloud.describe_groups(&self.settings.selector).await?;
         self.read_again_if_older_than_our_writes(&mut asgs).await?;
         self.report_missing_static(&asgs);
+        let hooks_from = now();
         let hooks = self.hooks_for(&asgs).await;
         let failures = self.failures_for(&asgs).await;
         let groups: Vec<Group> = asgs
@@ -258,6 +274,7 @@ impl Provider {
             .collect();
         // Apply under the write lock so no size change interleaves with the swap.
         let _ops = self.ops.lock().await;
+        let groups = self.with_hooks_noted_since(groups, hooks_from);
         let registry = Arc::new(Registry::new(
             self.keep_groups_read_again_since(groups, writes_before),
         ));
@@ -530,6 +547,7 @@ impl Provider {
                 }
             }
         }
+        let read_from = now();
         let read: Vec<(String, Result<Vec<LifecycleHook>, _>)> = stream::iter(to_read)
             .map(|name| async move {
                 // DescribeAutoScalingGroups carries no hooks: a group whose hooks
@@ -556,6 +574,15 @@ impl Provider {
         let mut inner = self.refresh.inner.lock();
         for (name, r) in read {
             match r {
+                // Learned while AWS answered (`note_hooks`): newer than this read.
+                Ok(_)
+                    if inner
+                        .hooks
+                        .get(&name)
+                        .is_some_and(|(at, _)| *at > read_from) =>
+                {
+                    out.insert(name.clone(), inner.hooks[&name].1.clone());
+                }
                 Ok(h) => {
                     inner.hooks.insert(name.clone(), (now(), h.clone()));
                     out.insert(name, h);
@@ -814,6 +841,43 @@ mod tests {
         let g = reg.group("web").unwrap();
         assert_eq!(g.hooks, vec![hook(60)], "the hook learned meanwhile stays");
         assert_eq!(p.target_size("web").unwrap(), 3);
+    }
+
+    /// A hook learned while a full refresh reads AWS (`note_hooks`: the lifecycle
+    /// scan creating our hook, whose read of it lags) stays: the refresh's swap, built
+    /// from hooks read before the note, and its store of that older read, do not put
+    /// the group back to unhooked until the next refresh.
+    #[tokio::test(start_paused = true)]
+    async fn a_hook_noted_while_a_refresh_reads_aws_stays() {
+        let cloud = MemoryCloud::new(
+            vec![MemoryGroup::new("web", 0, 5, 2, "m5.large")],
+            MemoryTiming::default(),
+        );
+        let p = provider_over(&cloud).await;
+        assert!(p.registry().group("web").unwrap().hooks.is_empty());
+        // AWS acts on each read at once and answers 2 s later: a hook created while
+        // a read's answer is on its way is not in that answer.
+        cloud.slow_answers(Duration::from_secs(2));
+        for noted_at in [Duration::from_millis(500), Duration::from_millis(2500)] {
+            // The first hook is created while the groups are read (the hooks' read,
+            // later, sees it), the second while the hooks are read (that read does
+            // not).
+            let refresh = tokio::spawn({
+                let p = p.clone();
+                async move { p.refresh_now().await }
+            });
+            tokio::time::sleep(noted_at).await;
+            assert!(!refresh.is_finished());
+            let h = hook(60 + noted_at.as_secs() as i32);
+            cloud.add_hook("web", h.clone());
+            p.note_hooks("web", vec![h.clone()]);
+            refresh.await.unwrap().unwrap();
+            assert_eq!(
+                p.registry().group("web").unwrap().hooks,
+                vec![h],
+                "the hook noted {noted_at:?} into the refresh stays"
+            );
+        }
     }
 
     /// The other change of the registry, a full refresh, cannot land during that
