@@ -19,8 +19,14 @@ QS_SAID=""
 # What a script undoes on its way out (it redefines this).
 qs_cleanup() { :; }
 # A failure names the script and the step it stopped in, once.
-trap 'rc=$?; qs_cleanup; if [ "$rc" -ne 0 ] && [ -z "$QS_SAID" ]; then
-  printf "%s: FAILED at step \"%s\" (exit %s)\n" "$QS_SCRIPT" "$QS_STEP" "$rc" >&2; fi' EXIT
+qs_exit() {
+    local rc=$?
+    qs_cleanup
+    if [ "$rc" -ne 0 ] && [ -z "$QS_SAID" ]; then
+        printf '%s: FAILED at step "%s" (exit %s)\n' "$QS_SCRIPT" "$QS_STEP" "$rc" >&2
+    fi
+}
+trap qs_exit EXIT
 
 # step NAME: what the script does next, printed.
 step() {
@@ -71,7 +77,8 @@ kc() {
 deployment() {
     local d
     d=$(kc get deployment -o name \
-        -l "app.kubernetes.io/name=ca-asg-provider,app.kubernetes.io/instance=$RELEASE")
+        -l "app.kubernetes.io/name=ca-asg-provider,app.kubernetes.io/instance=$RELEASE") ||
+        fail "kubectl cannot list the Deployments in $NAMESPACE (is kubectl pointed at the cluster?)"
     [ -n "$d" ] || fail "no Deployment of release $RELEASE in namespace $NAMESPACE (installed with install.sh? in sidecar mode the Deployment is cluster-autoscaler's)"
     [ "$(printf '%s\n' "$d" | wc -l)" -eq 1 ] || fail "several Deployments of release $RELEASE: $d"
     printf '%s\n' "${d#*/}"
