@@ -876,9 +876,10 @@ async fn helm_uninstall_whose_job_fails_says_why_and_keeps_the_job_to_read() {
 
 /// The quickstart's scripts (deploy/quickstart/, docs/quickstart-eks.md includes their
 /// text; issue 61, 2) run as written, with kubectl and helm from PATH and the cluster from
-/// KUBECONFIG, on the real control plane with moto for AWS: `install.sh` (standalone, two
-/// replicas; the image by IMAGE_REPOSITORY and IMAGE_TAG) twice, the second run changing
-/// no pod; `verify.sh` (rollout, both replicas Ready, the Lease held, helm test,
+/// KUBECONFIG, on the real control plane with moto for AWS: `install.sh` with AWS out of
+/// reach (it fails at its timeout, showing the pods' NotReady Events), then (standalone,
+/// two replicas; the image by IMAGE_REPOSITORY and IMAGE_TAG) twice over that failed
+/// release, the second run changing no pod; `verify.sh` (rollout, both replicas Ready, the Lease held, helm test,
 /// check-config in the pod through `kubectl exec`); `scale-in.sh` of an occupied node
 /// (`drain NODE --terminate` in a pod of the release), after which the instance has
 /// ended, the group is one smaller, the Node is gone, every workload pod was evicted (none
@@ -948,7 +949,37 @@ async fn quickstart_scripts_install_verify_scale_in_upgrade_and_uninstall() {
         ("TIMEOUT", "3m".to_string()),
     ];
 
-    report.step("install.sh");
+    report
+        .step("install.sh with AWS out of reach: it times out and shows the pods' NotReady Events");
+    let dead = {
+        let host = site.moto.url.rsplit_once(':').unwrap().0.to_string();
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let port = l.local_addr().unwrap().port();
+        drop(l);
+        format!("{host}:{port}")
+    };
+    let mut unreachable = values.clone();
+    unreachable["config"]["aws"] =
+        json!({"region": "us-east-1", "endpoint": dead, "maxAttempts": 1});
+    let unreachable_file = site.work.path().join("unreachable-values.yaml");
+    std::fs::write(&unreachable_file, unreachable.to_string()).unwrap();
+    let mut timing_out = chart.clone();
+    timing_out[1].1 = unreachable_file.display().to_string();
+    timing_out[4].1 = "50s".to_string();
+    let (ok, out) = scripts.output("install.sh", &timing_out, &[]).await;
+    assert!(!ok, "install.sh succeeded with AWS out of reach:\n{out}");
+    for line in [
+        "install.sh: FAILED at step \"helm upgrade --install",
+        "NotReady",
+        "Warning Events of pod ca-asg-provider-",
+    ] {
+        assert!(
+            out.contains(line),
+            "install.sh's timeout did not say {line:?}:\n{out}"
+        );
+    }
+
+    report.step("install.sh (over the release that failed)");
     scripts.run("install.sh", &chart, &[], &pods, node).await;
     let installed: Vec<String> = service_pods(&pods).await.into_keys().collect();
     assert_eq!(
@@ -1183,6 +1214,21 @@ impl Scripts {
         pods: &Api<Pod>,
         node: &RealNode,
     ) -> String {
+        let (ok, text) = self.output(name, env, args).await;
+        if !ok {
+            let lines: Vec<&str> = text.lines().collect();
+            panic!(
+                "deploy/quickstart/{name} failed:\n{}\n{}",
+                lines[lines.len().saturating_sub(30)..].join("\n"),
+                diagnose(pods, node).await
+            );
+        }
+        text
+    }
+
+    /// Runs one script with `env` and `args`: whether it exited 0, and its output
+    /// (stdout then stderr).
+    async fn output(&self, name: &str, env: &[(&str, String)], args: &[&str]) -> (bool, String) {
         let script = concat!(env!("CARGO_MANIFEST_DIR"), "/deploy/quickstart/").to_string() + name;
         let started = Instant::now();
         let out = tokio::process::Command::new(&script)
@@ -1204,16 +1250,7 @@ impl Scripts {
             started.elapsed().as_secs_f64(),
             out.status
         );
-        if !out.status.success() {
-            let lines: Vec<&str> = text.lines().collect();
-            panic!(
-                "deploy/quickstart/{name} failed ({}):\n{}\n{}",
-                out.status,
-                lines[lines.len().saturating_sub(30)..].join("\n"),
-                diagnose(pods, node).await
-            );
-        }
-        text
+        (out.status.success(), text)
     }
 }
 
