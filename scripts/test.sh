@@ -90,8 +90,9 @@ export MOTO_SERVER="$PWD/.venv/bin/moto_server"
 
 echo "== deploy/: rendered overlays and Helm chart against the Kubernetes schemas (strict)"
 .venv/bin/python tests/deploy/validate.py
-echo "== docs: links and anchors, the offline command blocks as written (the account steps twice, against a stand-in), the aws commands against botocore's models, the metric names, the tests named as proof, no two docs contradicting each other, the architecture's paths, walks and rooms"
+echo "== docs: links and anchors, the scripts the docs show as their files hold them, the offline command blocks as written (the account steps twice, against a stand-in), the aws commands against botocore's models, the metric names, the tests named as proof, no two docs contradicting each other, the architecture's paths, walks and rooms"
 .venv/bin/python tests/docs/links.py
+.venv/bin/python tests/docs/includes.py
 .venv/bin/python tests/docs/commands.py
 .venv/bin/python tests/docs/aws_cli_models.py
 .venv/bin/python tests/docs/metrics.py

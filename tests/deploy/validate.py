@@ -1200,6 +1200,15 @@ NEGATIVE = {
     "replicas > 1 without leader election (standalone)": ("mode: standalone\nconfig:\n  scaleIn: {leaderElection: false}\n", "with config.scaleIn.leaderElection false"),
     "replicas > 1 without leader election (bundled)": ("mode: bundled\nreplicas: 3\nconfig:\n  scaleIn: {leaderElection: false}\n", "replicas 3 with config.scaleIn.leaderElection false"),
     "standalone without cert-manager or a Secret": ("mode: standalone\ntls:\n  certManager: {enabled: false}\n", "tls.serverSecretName is required"),
+    # Rollouts and drains that could never move (issue 61, 4).
+    "a rollout strategy with maxUnavailable and maxSurge both 0": (
+        "strategy:\n  rollingUpdate: {maxUnavailable: 0, maxSurge: 0}\n", "values don't meet the specifications of the schema"),
+    "maxSurge 0 over the default maxUnavailable 0": (
+        "strategy:\n  rollingUpdate: {maxSurge: '0%'}\n", "values don't meet the specifications of the schema"),
+    "a budget that allows no eviction (minAvailable = replicas)": (
+        "mode: standalone\npodDisruptionBudget: {minAvailable: 2}\n", "podDisruptionBudget.minAvailable 2 with replicas 2 allows no eviction"),
+    "a budget that allows no eviction (maxUnavailable 0)": (
+        "mode: bundled\npodDisruptionBudget: {maxUnavailable: 0}\n", "podDisruptionBudget.maxUnavailable 0 allows no eviction"),
     # No install that can only fail later: values.yaml's placeholders are refused,
     # naming the value to set.
     "no cluster name (the bare defaults)": ("{}\n", "clusterName is required"),

@@ -32,6 +32,9 @@ repository's deploy/ (so files the commands write stay out of the tree), with
   - everything else needs AWS, a registry or a cluster (`aws`, `eksctl`, `docker`,
     `kubectl apply`, `helm repo add`, `helm test`, ...) and is skipped; a skipped
     command that writes a file (`> FILE`) leaves an empty FILE behind, as a stand-in;
+  - a block that shows a file of the repository (after `<!-- include: PATH -->`, checked
+    by tests/docs/includes.py: the quickstart's scripts, which need a cluster and which
+    tests/e2e_install.rs runs) is not run;
   - a chart from a Helm repository (`autoscaler/cluster-autoscaler`) is not here
     offline: those commands are skipped, unless CA_CHART names a local copy of CA's
     chart (e.g. CA_CHART=/tmp/cluster-autoscaler), which then stands in for it.
@@ -63,6 +66,7 @@ import yaml
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
 import aws_cli_models  # noqa: E402
 import aws_standin  # noqa: E402
+import includes  # noqa: E402
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 
@@ -279,7 +283,14 @@ def run_file(md, scratch, check_object, ca_chart, quiet=False):
     outdir.mkdir(exist_ok=True)
     script = ["set -euo pipefail"]
     plan, skipped = [], []
+    # The blocks that show a file of the repository (tests/docs/includes.py checks them):
+    # the quickstart's scripts need a cluster and are run by tests/e2e_install.rs instead.
+    shown = {open_ + 1: path for _, path, open_, _ in includes.includes(md.read_text(encoding="utf-8").split("\n"))
+             if open_ is not None}
     for start, lines in blocks(md):
+        if start in shown:
+            skipped.append(f"{rel}:{start}: {shown[start]}, shown as it is (tests/e2e_install.rs runs it)")
+            continue
         for n, text in commands(lines):
             kind, why, run = classify(text)
             if kind == "render" and any(c in run for c in REMOTE_CHARTS):

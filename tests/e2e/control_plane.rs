@@ -322,6 +322,9 @@ impl ControlPlane {
             "--audit-log-mode=blocking".into(),
             "--endpoint-reconciler-type=none".into(),
             "--enable-priority-and-fairness=true".into(),
+            // A real node's kubelet (real_node.rs) by its InternalIP, as on EKS, for `kubectl
+            // exec` and `logs`: the Nodes' hostnames resolve nowhere.
+            "--kubelet-preferred-address-types=InternalIP,Hostname".into(),
         ];
         self.spawn("kube-apiserver", &bin.k8s.join("kube-apiserver"), &args)?;
         self.url = format!("https://127.0.0.1:{port}");

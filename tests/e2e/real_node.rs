@@ -33,6 +33,15 @@ pub fn available() -> Option<PathBuf> {
     ok.then_some(images)
 }
 
+/// This machine's address on its default route: the address a kubelet without
+/// `--node-ip` reports as the Node's InternalIP (found without sending a packet).
+fn node_ip() -> anyhow::Result<std::net::IpAddr> {
+    let s = std::net::UdpSocket::bind("0.0.0.0:0")?;
+    s.connect("8.8.8.8:53")
+        .context("no default route: the node has no address pods reach")?;
+    Ok(s.local_addr()?.ip())
+}
+
 fn which(cmd: &str) -> bool {
     Command::new("sh")
         .args(["-c", &format!("command -v {cmd}")])
@@ -258,6 +267,10 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
         labels: &str,
     ) -> anyhow::Result<()> {
         let (port, healthz) = (free_port(), free_port());
+        // The kubelet serves on the node's own IP (the InternalIP it reports, set with
+        // --node-ip) rather than 127.0.0.1, so that the API server reaches it for `kubectl
+        // exec` and `kubectl logs` as on a real cluster (the quickstart's scripts use both).
+        let ip = node_ip()?;
         fs::write(
             self.p("kubelet.yaml"),
             format!(
@@ -268,7 +281,7 @@ failSwapOn: false
 failCgroupV1: false
 containerRuntimeEndpoint: unix://{sock}
 readOnlyPort: 0
-address: 127.0.0.1
+address: {ip}
 port: {port}
 healthzBindAddress: 127.0.0.1
 healthzPort: {healthz}
@@ -298,6 +311,7 @@ authorization:
             .arg(format!("--config={}", self.p("kubelet.yaml").display()))
             .arg(format!("--kubeconfig={}", kubeconfig.display()))
             .arg(format!("--hostname-override={}", self.name))
+            .arg(format!("--node-ip={ip}"))
             .arg(format!("--root-dir={}", self.p("kubelet").display()))
             .arg(format!("--cert-dir={}", self.p("kubelet-pki").display()))
             .arg(format!("--node-labels={labels}"))

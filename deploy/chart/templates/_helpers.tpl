@@ -132,6 +132,16 @@ tls.mountPath where config does not set them.
 {{- if and (ne .Values.mode "sidecar") (gt (int .Values.replicas) 1) (eq (toString $scaleIn.leaderElection) "false") -}}
 {{- fail (printf "replicas %d with config.scaleIn.leaderElection false: every replica would run the drain loop; set replicas to 1 or turn leader election on" (int .Values.replicas)) -}}
 {{- end -}}
+{{- $pdb := .Values.podDisruptionBudget -}}
+{{- if and (ne .Values.mode "sidecar") $pdb.enabled -}}
+{{- $replicas := int .Values.replicas -}}
+{{- if and (hasKey $pdb "minAvailable") (not (kindIs "string" $pdb.minAvailable)) (ge (int $pdb.minAvailable) $replicas) (gt $replicas 0) -}}
+{{- fail (printf "podDisruptionBudget.minAvailable %d with replicas %d allows no eviction: no node a replica runs on could ever be drained (by CA's scale-in, this service or kubectl drain); set replicas above it, or use maxUnavailable: 1" (int $pdb.minAvailable) $replicas) -}}
+{{- end -}}
+{{- if and (not (hasKey $pdb "minAvailable")) (hasKey $pdb "maxUnavailable") (not (kindIs "string" $pdb.maxUnavailable)) (eq (int $pdb.maxUnavailable) 0) -}}
+{{- fail "podDisruptionBudget.maxUnavailable 0 allows no eviction: no node a replica runs on could ever be drained (by CA's scale-in, this service or kubectl drain); use 1 with replicas 2 or more (the default)" -}}
+{{- end -}}
+{{- end -}}
 {{- if and (eq .Values.mode "standalone") (not .Values.tls.certManager.enabled) (not .Values.tls.serverSecretName) -}}
 {{- fail "tls.serverSecretName is required in standalone mode when tls.certManager.enabled is false" -}}
 {{- end -}}

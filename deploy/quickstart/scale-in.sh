@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# One scale-in end to end, as an operator can run it on a real cluster: the service's
+# own drain of one node (`ca-asg-provider drain NODE --terminate`, run in a pod of the
+# release, under its ServiceAccount and IAM role), which cordons the node, evicts the
+# workload pods first (through the Eviction API: PodDisruptionBudgets hold), the DaemonSet
+# pods last, then ends the instance as CA's scale-in does (the lifecycle hook's action
+# completed when the group has the service's hook, else the instance terminated and its
+# group's desired capacity lowered by one); then waits until the Node is gone.
+#
+# Inputs (environment):
+#   NODE       required: the Node to scale in (a node of a group the service manages)
+#   CONFIG     the config file in the pod (default /etc/ca-asg-provider/config/config.yaml)
+#   NAMESPACE, RELEASE, TIMEOUT: see lib.sh (kube-system, ca-asg-provider, 5m: how long
+#              the Node may take to go once its instance ended)
+# Leaves behind: the node's pods rescheduled elsewhere, its instance ended, its group one
+# instance smaller. The drain prints a line per phase, and every 10 s the pods and
+# budgets that keep it waiting. Safe to run again: a Node already gone is said so, exit 0.
+set -euo pipefail
+. "$(dirname "$0")/lib.sh"
+need NODE
+CONFIG=${CONFIG:-/etc/ca-asg-provider/config/config.yaml}
+
+step "the node $NODE"
+if ! kubectl get node "$NODE" >/dev/null 2>&1; then
+    say "node $NODE is not in the cluster (gone already): nothing to do"
+    step "done"
+    exit 0
+fi
+say "instance: $(kubectl get node "$NODE" -o jsonpath='{.spec.providerID}')"
+kubectl get pods --all-namespaces --field-selector "spec.nodeName=$NODE" \
+    -o custom-columns=NAMESPACE:.metadata.namespace,POD:.metadata.name,OWNER:.metadata.ownerReferences[0].kind
+
+step "drain $NODE and end its instance (ca-asg-provider drain --terminate, in the release's pod)"
+DEPLOY=$(deployment)
+kc exec "deployment/$DEPLOY" -c ca-asg-provider -- \
+    ca-asg-provider drain "$NODE" --terminate -c "$CONFIG"
+
+step "wait until the Node $NODE is gone (up to $TIMEOUT)"
+start=$SECONDS
+limit=$(seconds "$TIMEOUT")
+while kubectl get node "$NODE" >/dev/null 2>&1; do
+    [ $((SECONDS - start)) -lt "$limit" ] ||
+        fail "node $NODE is still there $TIMEOUT after its instance ended (the cloud's node controller deletes it; kubectl describe node $NODE)"
+    say "$((SECONDS - start)) s: node $NODE still there"
+    sleep 5
+done
+say "$((SECONDS - start)) s: node $NODE is gone"
+
+step "done: $NODE drained, its instance ended and its Node gone"
