@@ -194,9 +194,11 @@ for a in "${arch_list[@]}"; do
     fi
     # Paths that would end up in the binary (panic locations, aws-lc's C asserts) are
     # the same wherever the checkout and cargo's home are.
-    remap="\"--remap-path-prefix=$PWD=/build/ca-asg-provider\", \"--remap-path-prefix=$cargo_home=/cargo\""
+    # The target dir (inside the checkout, the more specific prefix) both first and last,
+    # so it wins whether the compiler takes the first or the last matching mapping.
+    remap="\"--remap-path-prefix=$target_dir=/build/target\", \"--remap-path-prefix=$PWD=/build/ca-asg-provider\", \"--remap-path-prefix=$cargo_home=/cargo\", \"--remap-path-prefix=$target_dir=/build/target\""
     env "${cross_env[@]}" CARGO_TARGET_DIR="$target_dir" \
-        "CFLAGS_${t//-/_}=-ffile-prefix-map=$PWD=/build/ca-asg-provider -ffile-prefix-map=$cargo_home=/cargo" \
+        "CFLAGS_${t//-/_}=-ffile-prefix-map=$target_dir=/build/target -ffile-prefix-map=$PWD=/build/ca-asg-provider -ffile-prefix-map=$cargo_home=/cargo -ffile-prefix-map=$target_dir=/build/target" \
         cargo build --locked --profile "$profile" --bin ca-asg-provider --target "$t" \
         --config "build.rustflags=[$remap]" >&2 || die "cargo build for $t failed"
     dir="$profile"; [ "$profile" = dev ] && dir=debug
