@@ -265,10 +265,17 @@ rm -rf "$out/chart"
 mkdir -p "$out/chart"
 cp -r deploy/chart "$chart_dir"
 # The published chart runs the published image, pinned by the index's digest.
-python3 - "$chart_dir/values.yaml" "$repo" "$index_digest" <<'PY' || die "could not pin the chart's image"
+python3 - "$chart_dir/values.yaml" "$repo" "$index_digest" "$chart_dir/Chart.yaml" "$tag" <<'PY' || die "could not pin the chart's image"
 import re, sys
-path, repo, digest = sys.argv[1:]
+path, repo, digest, chart, tag = sys.argv[1:]
 text = open(path).read()
+# The placeholder's comment, and Artifact Hub's list of the chart's images, name it too.
+text = text.replace("  # A placeholder: in standalone and bundled mode the chart refuses to render until this\n"
+                    "  # names the repository you pushed the image to.\n",
+                    "  # The release's image, pinned below to its multi-arch index (scripts/release.sh).\n")
+meta = open(chart).read()
+meta = re.sub(r"(?m)^(\s+image: )\S+/ca-asg-provider:\S+$", lambda m: f"{m.group(1)}{repo}:{tag}@{digest}", meta)
+open(chart, "w").write(meta)
 new, n1 = re.subn(r'(?m)^(image:\n(?:  .*\n|\s*#.*\n)*?  repository: ).*$', lambda m: m.group(1) + repo, text, count=1)
 new, n2 = re.subn(r'(?m)^(image:\n(?:  .*\n|\s*#.*\n)*?  digest: ).*$', lambda m: m.group(1) + '"' + digest + '"', new, count=1)
 if (n1, n2) != (1, 1):
