@@ -9,8 +9,8 @@
 #   scripts/image.sh                               the release binary (built if missing)
 #   scripts/image.sh --binary target/debug/ca-asg-provider --ref e2e.local/ca-asg-provider:ci
 #   scripts/image.sh --arch arm64 --binary target/aarch64-unknown-linux-gnu/release/ca-asg-provider
-#   scripts/image.sh --rootfs DIR                  only the runtime files, into DIR
-#                                                  (what deploy/Dockerfile copies)
+#   scripts/image.sh --packages --arch arm64       only list the pinned Debian packages (name,
+#                                                  version, arch, .deb SHA-256, URL; for the SBOM)
 # Options:
 #   --binary PATH   the binary to put in (default: target/release/ca-asg-provider, built
 #                   with `cargo build --release --locked` when missing)
@@ -49,14 +49,14 @@ binary=''
 arch=''
 ref=''
 out=''
-rootfs_only=''
+packages_only=''
 while [ $# -gt 0 ]; do
     case "$1" in
         --binary) binary="$2"; shift ;;
         --arch) arch="$2"; shift ;;
         --ref) ref="$2"; shift ;;
         --out) out="$2"; shift ;;
-        --rootfs) rootfs_only="$2"; shift ;;
+        --packages) packages_only=1 ;;
         *) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//' >&2; exit 2 ;;
     esac
     shift
@@ -99,15 +99,29 @@ fetch_deb() { # url sha256
     echo "$file"
 }
 
+# The pinned packages of $arch: name, version, architecture, SHA-256, URL, one a line.
+pinned_packages() {
+    local sum_libc="LIBC6_SHA256_$arch" sum_gcc="LIBGCC_SHA256_$arch" sum_base="GCCBASE_SHA256_$arch"
+    echo "libc6 $LIBC6_VERSION $arch ${!sum_libc} $DEBIAN_MIRROR/pool/main/g/glibc/libc6_${LIBC6_VERSION}_$arch.deb"
+    echo "libgcc-s1 $LIBGCC_VERSION $arch ${!sum_gcc} $DEBIAN_MIRROR/pool/main/g/gcc-12/libgcc-s1_${LIBGCC_VERSION}_$arch.deb"
+    echo "gcc-12-base $LIBGCC_VERSION $arch ${!sum_base} $DEBIAN_MIRROR/pool/main/g/gcc-12/gcc-12-base_${LIBGCC_VERSION}_$arch.deb"
+    echo "ca-certificates $CACERTS_VERSION all $CACERTS_SHA256 $DEBIAN_SECURITY_MIRROR/pool/updates/main/c/ca-certificates/ca-certificates_${CACERTS_VERSION}_all.deb"
+}
+
 # The runtime files on a minimal root, in DIR (owned by root, the nonroot home by 65532).
 build_rootfs() { # dir
-    local root="$1" tmp sum_libc sum_gcc sum_base libc gcc base cacerts
+    local root="$1" tmp libc gcc base cacerts pins
     command -v dpkg-deb >/dev/null || die "dpkg-deb is needed (Debian's dpkg)"
-    sum_libc="LIBC6_SHA256_$arch"; sum_gcc="LIBGCC_SHA256_$arch"; sum_base="GCCBASE_SHA256_$arch"
-    libc="$(fetch_deb "$DEBIAN_MIRROR/pool/main/g/glibc/libc6_${LIBC6_VERSION}_$arch.deb" "${!sum_libc}")"
-    gcc="$(fetch_deb "$DEBIAN_MIRROR/pool/main/g/gcc-12/libgcc-s1_${LIBGCC_VERSION}_$arch.deb" "${!sum_gcc}")"
-    base="$(fetch_deb "$DEBIAN_MIRROR/pool/main/g/gcc-12/gcc-12-base_${LIBGCC_VERSION}_$arch.deb" "${!sum_base}")"
-    cacerts="$(fetch_deb "$DEBIAN_SECURITY_MIRROR/pool/updates/main/c/ca-certificates/ca-certificates_${CACERTS_VERSION}_all.deb" "$CACERTS_SHA256")"
+    pins="$(pinned_packages)"
+    pin() { echo "$pins" | awk -v n="$1" '$1 == n { print $5, $4 }'; }
+    # shellcheck disable=SC2046 # url and sum, two words
+    libc="$(fetch_deb $(pin libc6))"
+    # shellcheck disable=SC2046
+    gcc="$(fetch_deb $(pin libgcc-s1))"
+    # shellcheck disable=SC2046
+    base="$(fetch_deb $(pin gcc-12-base))"
+    # shellcheck disable=SC2046
+    cacerts="$(fetch_deb $(pin ca-certificates))"
     tmp="$(mktemp -d)"
     for d in "$libc" "$gcc" "$base" "$cacerts"; do
         dpkg-deb -x "$d" "$tmp/$(basename "$d" .deb)"
@@ -142,8 +156,8 @@ build_rootfs() { # dir
     rm -rf "$tmp"
 }
 
-if [ -n "$rootfs_only" ]; then
-    build_rootfs "$rootfs_only"
+if [ -n "$packages_only" ]; then
+    pinned_packages
     exit 0
 fi
 
@@ -210,7 +224,7 @@ stamp
 umoci repack --refresh-bundle --image "$layout:$tag" --history.created "$created" \
     --history.created_by "scripts/image.sh: /usr/local/bin/ca-asg-provider" "$work/bundle"
 
-# The same user, entrypoint, command and ports as deploy/Dockerfile.
+# User 65532, the entrypoint, command and ports (docs/image.md).
 cfg=(--image "$layout:$tag" --no-history --created "$created" --architecture "$arch" --os linux
     --config.user 65532:65532 --config.workingdir /home/nonroot
     --config.env PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin

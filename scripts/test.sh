@@ -99,6 +99,8 @@ echo "== docs: links and anchors, the scripts the docs show as their files hold 
 .venv/bin/python tests/docs/tests_named.py
 .venv/bin/python tests/docs/consistency.py
 .venv/bin/python tests/docs/architecture.py
+echo "== release: the crate's SBOM (scripts/sbom.py) against Cargo.lock"
+.venv/bin/python tests/release/sbom_test.py
 
 # The end-to-end suite's upstream parts (etcd, kube-apiserver, kube-controller-manager,
 # kube-scheduler, kubelet), built from the Go module proxy into a cache outside the tree
@@ -113,7 +115,9 @@ if [ "${E2E:-1}" != 0 ]; then
     # A real node (tests/e2e_logs.rs, tests/e2e_install.rs): Debian's containerd, runc
     # and CNI plugins, and locally built images. tests/e2e_install.rs also builds the
     # service's image from the debug binary with scripts/image.sh (which installs
-    # Debian's umoci and skopeo when missing) and installs the chart with .venv/bin/helm.
+    # Debian's umoci and skopeo when missing) and installs the chart with .venv/bin/helm;
+    # its release scenario runs scripts/release.sh (crane and cosign built with go into
+    # ~/.cache/ca-asg-provider/release, Debian's arm64 cross gcc installed when missing).
     E2E_IMAGES="$(scripts/e2e/node-deps.sh)"
     export E2E_ETCD E2E_K8S_BIN E2E_IMAGES E2E_K8S_VERSION="$K8S_DEFAULT" E2E_REQUIRED=1
 fi

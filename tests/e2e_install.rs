@@ -51,6 +51,8 @@ mod kubelet;
 mod real_ca;
 #[path = "e2e/real_node.rs"]
 mod real_node;
+#[path = "e2e/release.rs"]
+mod release;
 #[path = "e2e/rig.rs"]
 mod rig;
 
@@ -1412,14 +1414,27 @@ impl Site {
         images: &std::path::Path,
         helm_bin: std::path::PathBuf,
     ) -> Site {
+        Site::start_with(report, bin, images, helm_bin, true).await
+    }
+
+    /// With `build_image` false, no image of the service is built or imported (`image_ref`
+    /// is empty): the scenario brings its own (the release's, pulled from a registry).
+    async fn start_with(
+        report: &Report,
+        bin: &control_plane::Binaries,
+        images: &std::path::Path,
+        helm_bin: std::path::PathBuf,
+        build_image: bool,
+    ) -> Site {
         let work = tempfile::Builder::new()
             .prefix("ca-asg-e2e-install-")
             .tempdir()
             .unwrap();
 
-        report.step("build the service's image (scripts/image.sh)");
-        let (image, image_ref) =
-            install::service_image(work.path()).unwrap_or_else(|e| panic!("{e:#}"));
+        let built = build_image.then(|| {
+            report.step("build the service's image (scripts/image.sh)");
+            install::service_image(work.path()).unwrap_or_else(|e| panic!("{e:#}"))
+        });
 
         report.step("start the control plane");
         let mut cp = ControlPlane::start(bin)
@@ -1432,7 +1447,7 @@ impl Site {
             .await
             .unwrap_or_else(|e| panic!("{e:#}"));
 
-        report.step("start a real node for the service's pods, import the image");
+        report.step("start a real node for the service's pods");
         let node = RealNode::start(
             &cp,
             &bin.k8s.join("kubelet"),
@@ -1443,10 +1458,17 @@ impl Site {
         )
         .await
         .unwrap_or_else(|e| panic!("{e:#}"));
-        let imported = node
-            .import_image(&image)
-            .unwrap_or_else(|e| panic!("ctr images import {}: {e:#}", image.display()));
-        eprintln!("e2e: ctr imported: {}", imported.trim());
+        let image_ref = match built {
+            Some((image, image_ref)) => {
+                report.step("import the service's image into the node");
+                let imported = node
+                    .import_image(&image)
+                    .unwrap_or_else(|e| panic!("ctr images import {}: {e:#}", image.display()));
+                eprintln!("e2e: ctr imported: {}", imported.trim());
+                image_ref
+            }
+            None => String::new(),
+        };
         let node_ip = Api::<Node>::all(admin.clone())
             .get(SYSTEM_NODE)
             .await
@@ -2395,4 +2417,369 @@ fn pem_ders(pem: &str) -> Vec<Vec<u8>> {
                 .unwrap()
         })
         .collect()
+}
+
+/// The release pipeline, run for real (issue 61, 1; docs/release.md): `scripts/release.sh`
+/// builds the images (amd64 from the debug binary the suite built, arm64 cross-compiled
+/// with the dev profile: CI's cheaper run of the same script), pushes them, the index, the
+/// SBOMs and the chart to a registry on loopback, and signs with a key made here. Then:
+/// cosign verifies the index's signature with that key and refuses another key; the
+/// image's SBOM is attached, signed, and names the binary's SHA-256, the Debian packages
+/// and the crates; the chart is installed from the registry by digest, the real node's
+/// containerd pulls the image by the index's digest, and a CA scale-in is drained (the
+/// instance ends after its pods are evicted).
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn release_pushed_signed_then_installed_by_digest_drains_a_ca_scale_in() {
+    let scenario = "release: scripts/release.sh to a registry, verified, installed by digest";
+    let Some((bin, images, helm_bin)) = install_needs(scenario) else {
+        return;
+    };
+    if std::process::Command::new("go")
+        .arg("version")
+        .output()
+        .is_err()
+    {
+        return skip_or_fail(
+            scenario,
+            "no go (scripts/release.sh builds crane and cosign with it)",
+        );
+    }
+    let _one_at_a_time = SERIAL.lock().await;
+    let report = Report::new(
+        scenario,
+        "the chart and image from the registry; CA's calls by the suite's client over mTLS",
+        &bin.version,
+    );
+    let work = tempfile::Builder::new()
+        .prefix("ca-asg-e2e-release-")
+        .tempdir()
+        .unwrap();
+
+    report.step("crane and cosign (scripts/release.sh --tools)");
+    let tools = release::Tools::build().unwrap_or_else(|e| panic!("{e:#}"));
+    report.step("a registry on loopback (crane registry serve)");
+    let registry = release::Registry::start(&tools.crane, &work.path().join("registry.log"))
+        .await
+        .unwrap_or_else(|e| panic!("{e:#}"));
+    report.step("the release's cosign key pair, and another");
+    let (key, public) = tools
+        .key_pair(work.path(), "release")
+        .unwrap_or_else(|e| panic!("{e:#}"));
+    let (_, other) = tools
+        .key_pair(work.path(), "other")
+        .unwrap_or_else(|e| panic!("{e:#}"));
+
+    report.step("scripts/release.sh to the registry");
+    let arches = std::env::var("E2E_RELEASE_ARCHES").unwrap_or_else(|_| "amd64,arm64".into());
+    let prefix = format!("{}/e2e", registry.host);
+    let result = release::run_release(
+        &[
+            "--registry",
+            &prefix,
+            "--plain-http",
+            "--key",
+            &key.display().to_string(),
+            "--allow-dirty",
+            "--profile",
+            "dev",
+            "--arch",
+            &arches,
+            "--binary",
+            &format!("amd64={}", env!("CARGO_BIN_EXE_ca-asg-provider")),
+        ],
+        &work.path().join("result.json"),
+    )
+    .unwrap_or_else(|e| panic!("{e:#}"));
+    eprintln!("e2e: release result: {result:#}");
+    let text = |v: &serde_json::Value| v.as_str().expect("a string in the result").to_string();
+    let repo = text(&result["image"]["repository"]);
+    let index = text(&result["image"]["ref"]);
+    let index_digest = text(&result["image"]["digest"]);
+    assert_eq!(repo, format!("{prefix}/ca-asg-provider"));
+    let platforms = result["platforms"].as_object().expect("platforms");
+    assert_eq!(
+        platforms.keys().cloned().collect::<Vec<_>>().join(","),
+        arches,
+        "one image per architecture asked for"
+    );
+
+    report.step("the index lists each architecture's image by digest");
+    let manifest: serde_json::Value =
+        serde_json::from_str(&tools_crane(&tools, &["manifest", "--insecure", &index])).unwrap();
+    for (arch, p) in platforms {
+        let digest = text(&p["digest"]);
+        assert!(
+            manifest["manifests"].as_array().unwrap().iter().any(|m| {
+                m["digest"] == digest.as_str() && m["platform"]["architecture"] == arch.as_str()
+            }),
+            "the index has no {arch} image {digest}:\n{manifest:#}"
+        );
+    }
+
+    report.step("cosign verifies the index's signature with the release's key");
+    let http = ["--allow-http-registry", "--allow-insecure-registry"];
+    let verify = |key: &std::path::Path, what: &str| {
+        let key = key.display().to_string();
+        let mut args = vec!["verify", "--key", key.as_str(), "--insecure-ignore-tlog"];
+        args.extend(http);
+        args.push(what);
+        tools.cosign(&args)
+    };
+    let verified = verify(&public, &index).unwrap_or_else(|e| panic!("{e:#}"));
+    assert!(
+        verified.contains(&index_digest),
+        "cosign verify's claims do not name {index_digest}:\n{verified}"
+    );
+    report.step("and refuses it with another key");
+    let refused = verify(&other, &index);
+    assert!(
+        refused.is_err(),
+        "cosign verify accepted another key's check: {refused:?}"
+    );
+
+    report.step("each image's SBOM is attached, signed by the release's key");
+    for (arch, p) in platforms {
+        let image = text(&p["ref"]);
+        let public = public.display().to_string();
+        let mut args = vec![
+            "verify-attestation",
+            "--key",
+            public.as_str(),
+            "--insecure-ignore-tlog",
+            "--type",
+            "spdxjson",
+        ];
+        args.extend(http);
+        args.push(&image);
+        let out = tools.cosign(&args).unwrap_or_else(|e| panic!("{e:#}"));
+        let statements = release::statements(&out).unwrap_or_else(|e| panic!("{e:#}"));
+        assert_eq!(statements.len(), 1, "one SBOM attestation on {image}");
+        let sbom = &statements[0]["predicate"];
+        let packages = sbom["packages"].as_array().expect("SPDX packages");
+        let named = |n: &str| packages.iter().any(|p| p["name"] == n);
+        for n in [
+            "libc6",
+            "libgcc-s1",
+            "ca-certificates",
+            "ca-asg-provider",
+            "tokio",
+        ] {
+            assert!(named(n), "{arch}'s SBOM does not name {n}");
+        }
+        let binary_sum = text(&p["binary_sha256"]);
+        assert!(
+            packages.iter().any(|p| {
+                p["name"] == "/usr/local/bin/ca-asg-provider"
+                    && format!(
+                        "sha256:{}",
+                        p["checksums"][0]["checksumValue"].as_str().unwrap_or("")
+                    ) == binary_sum
+            }),
+            "{arch}'s SBOM does not carry the binary's {binary_sum}"
+        );
+        assert_eq!(
+            statements[0]["subject"][0]["digest"]["sha256"],
+            text(&p["digest"]).trim_start_matches("sha256:"),
+            "the attestation is about the {arch} image"
+        );
+    }
+
+    let Site {
+        work: _site_work,
+        image_ref: _,
+        cp,
+        admin,
+        route: _route,
+        node,
+        moto,
+        asg: _asg,
+        kubelet,
+        helm,
+        chart: _,
+    } = Site::start_with(&report, &bin, &images, helm_bin, false).await;
+    report.step("the node's containerd may pull from the loopback registry (hosts.toml)");
+    node.trust_registry(&registry.host)
+        .unwrap_or_else(|e| panic!("{e:#}"));
+
+    report.step("the Secrets the chart leaves to the user: mTLS certificates");
+    let certs = install::Certs::new(SERVER_NAME).unwrap();
+    let secrets: Api<Secret> = Api::namespaced(admin.clone(), NS);
+    for (name, (crt, key)) in [
+        ("ca-asg-provider-server-tls", &certs.server),
+        ("cluster-autoscaler-grpc-client-tls", &certs.client),
+    ] {
+        let s: Secret = serde_json::from_value(json!({
+            "metadata": {"name": name}, "type": "kubernetes.io/tls",
+            "stringData": {"tls.crt": crt, "tls.key": key, "ca.crt": certs.ca}
+        }))
+        .unwrap();
+        secrets.create(&PostParams::default(), &s).await.unwrap();
+    }
+
+    report.step("helm install of the chart from the registry, by digest");
+    let values = json!({
+        "mode": "standalone",
+        "replicas": 1,
+        "image": {"repository": repo, "digest": index_digest},
+        "nodeSelector": {"kubernetes.io/hostname": SYSTEM_NODE},
+        "tls": {"certManager": {"enabled": false}, "serverSecretName": "ca-asg-provider-server-tls"},
+        "extraEnv": [
+            {"name": "AWS_ACCESS_KEY_ID", "value": "test"},
+            {"name": "AWS_SECRET_ACCESS_KEY", "value": "test"},
+        ],
+        "readinessProbe": {"periodSeconds": 2},
+        "config": {
+            "refreshInterval": "10s",
+            "autoDiscovery": [{"tags": ["k8s.io/cluster-autoscaler/enabled", format!("k8s.io/cluster-autoscaler/{CLUSTER}")]}],
+            "aws": {"region": "us-east-1", "endpoint": moto.url},
+            "scaleIn": {"daemonSets": "evict-last", "workloadDeadline": "10m", "workloadDeadlinePolicy": "abandon"},
+        },
+    });
+    let values_file = work.path().join("values.yaml");
+    std::fs::write(&values_file, values.to_string()).unwrap();
+    let chart = &result["chart"];
+    let out = install_released_chart(
+        &helm,
+        &text(&chart["repository"]),
+        &text(&chart["digest"]),
+        &values_file,
+    )
+    .unwrap_or_else(|e| panic!("{e:#}"));
+    eprintln!("e2e: helm install:\n{out}");
+
+    report.step("the pod runs the image containerd pulled by the index's digest");
+    let pods: Api<Pod> = Api::namespaced(admin.clone(), NS);
+    let end = Instant::now() + Duration::from_secs(180);
+    let pod = loop {
+        let ps = service_pods(&pods).await;
+        if let Some(p) = ps.values().find(|p| ready(p)) {
+            break p.clone();
+        }
+        if Instant::now() > end {
+            panic!(
+                "the service's pod was not Ready within 180 s:\n{}\n--- containerd:\n{}",
+                diagnose(&pods, &node).await,
+                node.log_tail("containerd")
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    };
+    let spec_image = pod.spec.as_ref().unwrap().containers[0]
+        .image
+        .clone()
+        .unwrap_or_default();
+    assert!(
+        spec_image.starts_with(&repo) && spec_image.ends_with(&format!("@{index_digest}")),
+        "the pod's image {spec_image} is not the release's {repo}@{index_digest}"
+    );
+    let status = pod.status.clone().unwrap_or_default();
+    let container = &status.container_statuses.unwrap_or_default()[0];
+    assert!(
+        container.image_id.ends_with(&index_digest),
+        "the image containerd ran is {}, not the index {index_digest}",
+        container.image_id
+    );
+
+    report.step("CA: NodeGroupDeleteNodes of an occupied node, drained by the release");
+    let pod_name = pod.metadata.name.clone().unwrap_or_default();
+    let mut ca = connect_ca(&certs, &pod_name, &pod).await;
+    ca.refresh(proto::RefreshRequest {}).await.expect("Refresh");
+    let on: std::collections::BTreeSet<String> = ready_pods(&admin)
+        .await
+        .into_iter()
+        .filter(|(p, _)| p.starts_with("shop/app-"))
+        .map(|(_, n)| n)
+        .collect();
+    let victims: Vec<(String, String)> = kubelet
+        .nodes()
+        .into_iter()
+        .filter(|(n, _)| on.contains(n))
+        .take(1)
+        .collect();
+    assert_eq!(victims.len(), 1, "a node running an app pod");
+    report.scale_in_begins("CA: NodeGroupDeleteNodes of an occupied node");
+    let mut req = tonic::Request::new(proto::NodeGroupDeleteNodesRequest {
+        id: GROUP.into(),
+        nodes: victims
+            .iter()
+            .map(|(name, iid)| proto::ExternalGrpcNode {
+                provider_id: format!("aws:///us-east-1a/{iid}"),
+                name: name.clone(),
+                labels: [("kubernetes.io/hostname".to_string(), name.clone())].into(),
+                ..Default::default()
+            })
+            .collect(),
+    });
+    req.set_timeout(Duration::from_secs(5));
+    ca.node_group_delete_nodes(req)
+        .await
+        .unwrap_or_else(|e| panic!("NodeGroupDeleteNodes: {e}"));
+    let started = Instant::now();
+    let end = started + Duration::from_secs(180);
+    loop {
+        let ended = kubelet.instances_ended();
+        if victims.iter().all(|(_, i)| ended.contains(i)) {
+            break;
+        }
+        if Instant::now() > end {
+            panic!(
+                "the instance {victims:?} did not end within 180 s (ended: {ended:?}):\n{}",
+                diagnose(&pods, &node).await
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    *report.scale_in_secs.lock() = Some(started.elapsed().as_secs_f64());
+    report.step("check: the app pod was evicted by the chart's ServiceAccount before the end");
+    let drained: Vec<String> = victims.iter().map(|(n, _)| n.clone()).collect();
+    let evicted = checks::evictions_only_as(
+        SERVICE_ACCOUNT_USER,
+        &cp.audit(),
+        &kubelet.stops(),
+        &drained,
+    )
+    .unwrap_or_else(|e| panic!("{e}"));
+    assert!(
+        evicted >= 1,
+        "the chart's ServiceAccount evicted {evicted} pods; the app pod at least"
+    );
+    report.step("done");
+    drop(node);
+    drop(registry);
+}
+
+/// `crane ARGS`'s stdout (panics with crane's words when it fails).
+fn tools_crane(tools: &release::Tools, args: &[&str]) -> String {
+    let out = std::process::Command::new(&tools.crane)
+        .args(args)
+        .output()
+        .unwrap_or_else(|e| panic!("run crane: {e}"));
+    assert!(
+        out.status.success(),
+        "crane {args:?}: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// The install step of the release scenario, in one place: the chart `repository`
+/// (`oci://...`) pulled by its `digest` from the loopback registry.
+fn install_released_chart(
+    helm: &install::Helm,
+    repository: &str,
+    digest: &str,
+    values: &std::path::Path,
+) -> anyhow::Result<String> {
+    let chart = format!("{repository}@{digest}");
+    let values = values.display().to_string();
+    helm.run(&[
+        "install",
+        RELEASE,
+        &chart,
+        "--plain-http",
+        "--namespace",
+        NS,
+        "--values",
+        &values,
+    ])
 }

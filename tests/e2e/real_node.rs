@@ -195,6 +195,8 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
   [plugins."io.containerd.grpc.v1.cri".cni]
     bin_dir = "/usr/lib/cni"
     conf_dir = "{d}/cni"
+  [plugins."io.containerd.grpc.v1.cri".registry]
+    config_path = "{d}/certs.d"
 "#
             ),
         )?;
@@ -250,6 +252,21 @@ disabled_plugins = ["io.containerd.snapshotter.v1.btrfs", "io.containerd.snapsho
     /// containerd, as `ctr -n k8s.io images import` does; returns what ctr printed.
     pub fn import_image(&self, archive: &Path) -> anyhow::Result<String> {
         self.ctr(&["images", "import", &archive.display().to_string()])
+    }
+
+    /// Lets the node's containerd pull from `host` (`127.0.0.1:PORT`, a registry the test
+    /// started on loopback) over plain HTTP: its `hosts.toml` in the registry config
+    /// directory, which containerd reads at each pull.
+    pub fn trust_registry(&self, host: &str) -> anyhow::Result<()> {
+        let dir = self.p("certs.d").join(host);
+        fs::create_dir_all(&dir)?;
+        fs::write(
+            dir.join("hosts.toml"),
+            format!(
+                "server = \"http://{host}\"\n\n[host.\"http://{host}\"]\n  capabilities = [\"pull\", \"resolve\"]\n"
+            ),
+        )?;
+        Ok(())
     }
 
     fn import(&self, images: &Path) -> anyhow::Result<()> {
