@@ -942,7 +942,7 @@ async fn quickstart_scripts_install_verify_scale_in_upgrade_and_uninstall() {
     let values_file = site.work.path().join("my-values.yaml");
     std::fs::write(&values_file, values.to_string()).unwrap();
     let (repo, tag) = site.image_ref.rsplit_once(':').unwrap();
-    let scripts = Scripts::new(&site, &helm_bin);
+    let scripts = Scripts::new(site.work.path(), &site.helm);
     let chart = [
         ("CHART", site.chart.to_string()),
         ("VALUES", values_file.display().to_string()),
@@ -1182,13 +1182,15 @@ struct Scripts {
 }
 
 impl Scripts {
-    fn new(site: &Site, helm_bin: &std::path::Path) -> Scripts {
-        let bin = site.work.path().join("bin");
+    /// In `work` (a `bin/` of its own there, for `helm`), with `helm`'s kubeconfig and
+    /// state.
+    fn new(work: &std::path::Path, helm: &install::Helm) -> Scripts {
+        let bin = work.join("bin");
         std::fs::create_dir_all(&bin).unwrap();
-        std::os::unix::fs::symlink(helm_bin, bin.join("helm")).unwrap();
-        let home = &site.helm.home;
+        std::os::unix::fs::symlink(&helm.bin, bin.join("helm")).unwrap();
+        let home = &helm.home;
         let env = [
-            ("KUBECONFIG", site.helm.kubeconfig.display().to_string()),
+            ("KUBECONFIG", helm.kubeconfig.display().to_string()),
             ("HELM_CACHE_HOME", home.join("cache").display().to_string()),
             (
                 "HELM_CONFIG_HOME",
@@ -2638,14 +2640,13 @@ async fn release_pushed_signed_then_installed_by_digest_drains_a_ca_scale_in() {
     let values_file = work.path().join("values.yaml");
     std::fs::write(&values_file, values.to_string()).unwrap();
     let chart = &result["chart"];
-    let out = install_released_chart(
-        &helm,
+    install_released_chart(
+        &Scripts::new(work.path(), &helm),
         &text(&chart["repository"]),
         &text(&chart["digest"]),
         &values_file,
     )
-    .unwrap_or_else(|e| panic!("{e:#}"));
-    eprintln!("e2e: helm install:\n{out}");
+    .await;
 
     report.step("the pod runs the image containerd pulled by the index's digest");
     let pods: Api<Pod> = Api::namespaced(admin.clone(), NS);
@@ -2762,24 +2763,30 @@ fn tools_crane(tools: &release::Tools, args: &[&str]) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
-/// The install step of the release scenario, in one place: the chart `repository`
-/// (`oci://...`) pulled by its `digest` from the loopback registry.
-fn install_released_chart(
-    helm: &install::Helm,
+/// The install step of the release scenario: the quickstart's own `install.sh` (as
+/// docs/quickstart-eks.md shows it), with the chart `repository` (`oci://...`) pinned
+/// by its `digest` on the loopback registry, which speaks plain HTTP.
+async fn install_released_chart(
+    scripts: &Scripts,
     repository: &str,
     digest: &str,
     values: &std::path::Path,
-) -> anyhow::Result<String> {
-    let chart = format!("{repository}@{digest}");
-    let values = values.display().to_string();
-    helm.run(&[
-        "install",
-        RELEASE,
-        &chart,
-        "--plain-http",
-        "--namespace",
-        NS,
-        "--values",
-        &values,
-    ])
+) {
+    let (ok, out) = scripts
+        .output(
+            "install.sh",
+            &[
+                ("CHART", format!("{repository}@{digest}")),
+                ("VALUES", values.display().to_string()),
+                ("NAMESPACE", NS.to_string()),
+                ("RELEASE", RELEASE.to_string()),
+                ("TIMEOUT", "3m".to_string()),
+            ],
+            &["--plain-http"],
+        )
+        .await;
+    assert!(
+        ok,
+        "deploy/quickstart/install.sh of the released chart failed:\n{out}"
+    );
 }
