@@ -102,6 +102,11 @@ impl Entry {
         if !self.ending() {
             self.end = None;
         }
+        self.is_empty()
+    }
+
+    /// Nothing of the instance is held any more.
+    fn is_empty(&self) -> bool {
         self.drain.is_none()
             && self.newest_run.is_none()
             && self.slot.is_none()
@@ -143,15 +148,8 @@ impl Ledger {
 
     /// Drops the instance's entry once nothing of it is left.
     fn tidy(&mut self, instance_id: &str) {
-        if let Some(e) = self.entries.get(instance_id) {
-            let empty = e.drain.is_none()
-                && e.newest_run.is_none()
-                && e.slot.is_none()
-                && e.hold.is_none()
-                && e.end.is_none();
-            if empty {
-                self.entries.remove(instance_id);
-            }
+        if self.entries.get(instance_id).is_some_and(Entry::is_empty) {
+            self.entries.remove(instance_id);
         }
     }
 }
