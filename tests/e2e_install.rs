@@ -365,54 +365,14 @@ async fn chart_installed_runs_two_replicas_holds_the_lease_and_drains_a_ca_scale
     );
 
     report.step("CA: NodeGroupDeleteNodes of two occupied nodes (direct mode)");
-    let on: std::collections::BTreeSet<String> = ready_pods(&admin)
-        .await
-        .into_iter()
-        .filter(|(p, _)| p.starts_with("shop/app-"))
-        .map(|(_, n)| n)
-        .collect();
-    let victims: Vec<(String, String)> = kubelet
-        .nodes()
-        .into_iter()
-        .filter(|(n, _)| on.contains(n))
-        .take(2)
-        .collect();
-    assert_eq!(victims.len(), 2, "two nodes running an app pod");
-    report.scale_in_begins("CA: NodeGroupDeleteNodes of two occupied nodes (direct mode)");
-    let mut req = tonic::Request::new(proto::NodeGroupDeleteNodesRequest {
-        id: GROUP.into(),
-        nodes: victims
-            .iter()
-            .map(|(name, iid)| proto::ExternalGrpcNode {
-                provider_id: format!("aws:///us-east-1a/{iid}"),
-                name: name.clone(),
-                labels: [("kubernetes.io/hostname".to_string(), name.clone())].into(),
-                ..Default::default()
-            })
-            .collect(),
-    });
-    req.set_timeout(Duration::from_secs(5));
-    ca.node_group_delete_nodes(req)
-        .await
-        .unwrap_or_else(|e| panic!("NodeGroupDeleteNodes: {e}"));
-
-    report.step("wait for the instances to end (the leader's drain)");
-    let started = Instant::now();
-    let end = started + Duration::from_secs(180);
-    loop {
-        let ended = kubelet.instances_ended();
-        if victims.iter().all(|(_, i)| ended.contains(i)) {
-            break;
-        }
-        if Instant::now() > end {
-            panic!(
-                "the instances {victims:?} did not end within 180 s (ended: {ended:?}):\n{}",
-                diagnose(&pods, &node).await
-            );
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-    *report.scale_in_secs.lock() = Some(started.elapsed().as_secs_f64());
+    let victims = ca_scales_in_occupied_nodes(
+        &report,
+        "CA: NodeGroupDeleteNodes of two occupied nodes (direct mode)",
+        (&admin, &kubelet, &mut ca),
+        2,
+        (&pods, &node),
+    )
+    .await;
 
     let audit = cp.audit();
     let stops = kubelet.stops();
@@ -2685,52 +2645,14 @@ async fn release_pushed_signed_then_installed_by_digest_drains_a_ca_scale_in() {
     let pod_name = pod.metadata.name.clone().unwrap_or_default();
     let mut ca = connect_ca(&certs, &pod_name, &pod).await;
     ca.refresh(proto::RefreshRequest {}).await.expect("Refresh");
-    let on: std::collections::BTreeSet<String> = ready_pods(&admin)
-        .await
-        .into_iter()
-        .filter(|(p, _)| p.starts_with("shop/app-"))
-        .map(|(_, n)| n)
-        .collect();
-    let victims: Vec<(String, String)> = kubelet
-        .nodes()
-        .into_iter()
-        .filter(|(n, _)| on.contains(n))
-        .take(1)
-        .collect();
-    assert_eq!(victims.len(), 1, "a node running an app pod");
-    report.scale_in_begins("CA: NodeGroupDeleteNodes of an occupied node");
-    let mut req = tonic::Request::new(proto::NodeGroupDeleteNodesRequest {
-        id: GROUP.into(),
-        nodes: victims
-            .iter()
-            .map(|(name, iid)| proto::ExternalGrpcNode {
-                provider_id: format!("aws:///us-east-1a/{iid}"),
-                name: name.clone(),
-                labels: [("kubernetes.io/hostname".to_string(), name.clone())].into(),
-                ..Default::default()
-            })
-            .collect(),
-    });
-    req.set_timeout(Duration::from_secs(5));
-    ca.node_group_delete_nodes(req)
-        .await
-        .unwrap_or_else(|e| panic!("NodeGroupDeleteNodes: {e}"));
-    let started = Instant::now();
-    let end = started + Duration::from_secs(180);
-    loop {
-        let ended = kubelet.instances_ended();
-        if victims.iter().all(|(_, i)| ended.contains(i)) {
-            break;
-        }
-        if Instant::now() > end {
-            panic!(
-                "the instance {victims:?} did not end within 180 s (ended: {ended:?}):\n{}",
-                diagnose(&pods, &node).await
-            );
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-    *report.scale_in_secs.lock() = Some(started.elapsed().as_secs_f64());
+    let victims = ca_scales_in_occupied_nodes(
+        &report,
+        "CA: NodeGroupDeleteNodes of an occupied node",
+        (&admin, &kubelet, &mut ca),
+        1,
+        (&pods, &node),
+    )
+    .await;
     report.step("check: the app pod was evicted by the chart's ServiceAccount before the end");
     let drained: Vec<String> = victims.iter().map(|(n, _)| n.clone()).collect();
     let evicted = checks::evictions_only_as(
@@ -2747,6 +2669,72 @@ async fn release_pushed_signed_then_installed_by_digest_drains_a_ca_scale_in() {
     report.step("done");
     drop(node);
     drop(registry);
+}
+
+/// CA's scale-in of `count` nodes that run an app pod: NodeGroupDeleteNodes as CA sends
+/// it (node name, providerID, hostname label, CA's 5 s deadline), then the wait, up to
+/// 180 s, until their instances ended (timed in the report). The victims, (node,
+/// instance); a failure shows the pods and the node.
+async fn ca_scales_in_occupied_nodes(
+    report: &Report,
+    what: &str,
+    (admin, kubelet, ca): (
+        &kube::Client,
+        &FakeKubelet,
+        &mut CloudProviderClient<tonic::transport::Channel>,
+    ),
+    count: usize,
+    (pods, node): (&Api<Pod>, &RealNode),
+) -> Vec<(String, String)> {
+    let on: std::collections::BTreeSet<String> = ready_pods(admin)
+        .await
+        .into_iter()
+        .filter(|(p, _)| p.starts_with("shop/app-"))
+        .map(|(_, n)| n)
+        .collect();
+    let victims: Vec<(String, String)> = kubelet
+        .nodes()
+        .into_iter()
+        .filter(|(n, _)| on.contains(n))
+        .take(count)
+        .collect();
+    assert_eq!(victims.len(), count, "{count} node(s) running an app pod");
+    report.scale_in_begins(what);
+    let mut req = tonic::Request::new(proto::NodeGroupDeleteNodesRequest {
+        id: GROUP.into(),
+        nodes: victims
+            .iter()
+            .map(|(name, iid)| proto::ExternalGrpcNode {
+                provider_id: format!("aws:///us-east-1a/{iid}"),
+                name: name.clone(),
+                labels: [("kubernetes.io/hostname".to_string(), name.clone())].into(),
+                ..Default::default()
+            })
+            .collect(),
+    });
+    req.set_timeout(Duration::from_secs(5));
+    ca.node_group_delete_nodes(req)
+        .await
+        .unwrap_or_else(|e| panic!("NodeGroupDeleteNodes: {e}"));
+
+    report.step("wait for the instances to end (the leader's drain)");
+    let started = Instant::now();
+    let end = started + Duration::from_secs(180);
+    loop {
+        let ended = kubelet.instances_ended();
+        if victims.iter().all(|(_, i)| ended.contains(i)) {
+            break;
+        }
+        if Instant::now() > end {
+            panic!(
+                "the instances {victims:?} did not end within 180 s (ended: {ended:?}):\n{}",
+                diagnose(pods, node).await
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    *report.scale_in_secs.lock() = Some(started.elapsed().as_secs_f64());
+    victims
 }
 
 /// `crane ARGS`'s stdout (panics with crane's words when it fails).

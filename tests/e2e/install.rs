@@ -24,7 +24,9 @@ use super::control_plane::dies_with_the_test;
 /// (its first address); the API server's serving certificate names it.
 pub const SERVICE_IP: &str = "10.96.0.1";
 
-fn run(cmd: &mut Command) -> anyhow::Result<String> {
+/// `cmd`'s stdout; a failure names the command, its arguments and exit, and shows what it
+/// printed.
+pub fn run(cmd: &mut Command) -> anyhow::Result<String> {
     let out = cmd
         .output()
         .with_context(|| format!("run {:?}", cmd.get_program()))?;

@@ -10,25 +10,9 @@ use std::time::Duration;
 use anyhow::{bail, Context};
 
 use super::control_plane::{dies_with_the_test, free_port};
+use super::install::run;
 
 const ROOT: &str = env!("CARGO_MANIFEST_DIR");
-
-fn run(cmd: &mut Command) -> anyhow::Result<String> {
-    let out = cmd
-        .output()
-        .with_context(|| format!("run {:?}", cmd.get_program()))?;
-    if !out.status.success() {
-        bail!(
-            "{:?} {:?} failed ({}):\n{}{}",
-            cmd.get_program(),
-            cmd.get_args().collect::<Vec<_>>(),
-            out.status,
-            String::from_utf8_lossy(&out.stdout),
-            String::from_utf8_lossy(&out.stderr)
-        );
-    }
-    Ok(String::from_utf8_lossy(&out.stdout).into_owned())
-}
 
 /// crane and cosign, as `scripts/release.sh --tools` builds them (cached outside the tree).
 pub struct Tools {
