@@ -1541,3 +1541,220 @@ async fn an_unready_service_names_the_cause_in_its_pods_events() {
     );
     task.abort();
 }
+
+/// Runs `drain NODE` (drain only) in the background, its lines collected.
+fn drain_command_in_background(
+    client: kube::Client,
+    node: &str,
+) -> (
+    tokio::task::JoinHandle<anyhow::Result<()>>,
+    Arc<std::sync::Mutex<Vec<String>>>,
+) {
+    let cfg = ConfigArgs {
+        region: Some("us-east-1".into()),
+        ..Default::default()
+    }
+    .load()
+    .unwrap();
+    let args = DrainArgs {
+        node: node.into(),
+        dry_run: false,
+        terminate: false,
+        config: ConfigArgs::default(),
+    };
+    let lines = Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+    let sink = lines.clone();
+    let task = tokio::spawn(async move {
+        ca_asg_provider::commands::drain::drain_saying(
+            client,
+            &cfg,
+            &args,
+            Arc::new(move |l: &str| sink.lock().unwrap().push(l.to_string())),
+        )
+        .await
+    });
+    (task, lines)
+}
+
+/// How many times the API server evicted each pod.
+fn evictions(sim: &SimCluster) -> std::collections::BTreeMap<String, usize> {
+    let mut n = std::collections::BTreeMap::new();
+    for a in sim.audit().iter().filter(|a| a.verb == "evicted") {
+        *n.entry(format!("{}/{}", a.namespace, a.name)).or_insert(0) += 1;
+    }
+    n
+}
+
+/// `drain NODE` beside a running service (the quickstart's scale-in found two engines
+/// draining one node: the command's, and the Lease holder's resume of the drain the
+/// command recorded, a DaemonSet pod evicted twice). The command reads the Lease, sees
+/// a replica renew it, records the drain on the Node for that leader and follows it:
+/// one engine drains, each pod is evicted once, the command ends when the record says
+/// the drain is finished.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_drain_command_hands_its_drain_to_the_services_leader() {
+    use ca_asg_provider::cloud::memory::MemoryGroup;
+    use ca_asg_provider::scalein::engine::leader::LeaseSettings;
+    use ca_asg_provider::scalein::sources::hook_scan;
+    use support::world::*;
+    let w = world(
+        vec![MemoryGroup::new("web", 0, 3, 1, "m5.large")],
+        fast_settings(),
+        Duration::from_millis(30),
+    )
+    .await;
+    let (node, _) = nodes_of(&w, "web").remove(0);
+    fluentd_and_an_app_on_each(&w, &[(node.clone(), String::new())], 0.2, 0.2);
+    pods_ready(&w, 2).await;
+    // The service: one replica, leading by the Lease the command's config names.
+    w.engine.lead_as(LeaseSettings {
+        name: "ca-asg-provider".into(),
+        namespace: "kube-system".into(),
+        identity: "replica-a".into(),
+        duration: Duration::from_secs(3),
+    });
+    let lp = hook_scan::spawn_loop(w.engine.clone(), w.provider.clone());
+    support::eventually("replica-a leads", 10, || w.engine.is_leader()).await;
+
+    let (drain, lines) = drain_command_in_background(w.sim.client(), &node);
+    tokio::time::timeout(Duration::from_secs(30), drain)
+        .await
+        .expect("the command ends once the leader's drain is finished")
+        .unwrap()
+        .unwrap();
+    let text = lines.lock().unwrap().join("\n");
+    for want in [
+        "the service's leader replica-a runs the drain (recorded for it on",
+        "evicting 1 pod (DaemonSet pods last)",
+        "done: node drained; it stays cordoned",
+    ] {
+        assert!(text.contains(want), "{want:?} not said:\n{text}");
+    }
+    assert_eq!(
+        w.engine
+            .stats
+            .started
+            .load(std::sync::atomic::Ordering::Relaxed),
+        1,
+        "the leader ran the drain"
+    );
+    let evicted = evictions(&w.sim);
+    assert_eq!(
+        evicted
+            .keys()
+            .map(|k| k.split('-').next().unwrap())
+            .collect::<Vec<_>>(),
+        ["logging/fluentd", "shop/app"],
+        "{evicted:?}"
+    );
+    assert!(
+        evicted.values().all(|&n| n == 1),
+        "evicted twice: {evicted:?}"
+    );
+    lp.abort();
+    w.engine.shutdown();
+}
+
+/// With no replica renewing the Lease (its holder gone), the command takes it after a
+/// lease duration and drains itself; a replica that starts meanwhile follows and does
+/// not resume the drain beside it. Released at the end, the Lease goes to the replica,
+/// which finds the drain finished and starts nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_drain_command_holds_the_lease_while_it_drains_when_nobody_leads() {
+    use ca_asg_provider::cloud::memory::MemoryGroup;
+    use ca_asg_provider::scalein::engine::leader::LeaseSettings;
+    use ca_asg_provider::scalein::sources::hook_scan;
+    use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
+    use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+    use support::world::*;
+    let w = world(
+        vec![MemoryGroup::new("web", 0, 3, 1, "m5.large")],
+        fast_settings(),
+        Duration::from_millis(30),
+    )
+    .await;
+    let (node, _) = nodes_of(&w, "web").remove(0);
+    fluentd_and_an_app_on_each(&w, &[(node.clone(), String::new())], 0.2, 0.2);
+    w.sim.create(&fixtures::pdb("shop", "app", 0)).unwrap();
+    pods_ready(&w, 2).await;
+    // A Lease whose holder died: nobody renews it.
+    w.sim
+        .create(&Lease {
+            metadata: ObjectMeta {
+                name: Some("ca-asg-provider".into()),
+                namespace: Some("kube-system".into()),
+                ..Default::default()
+            },
+            spec: Some(LeaseSpec {
+                holder_identity: Some("replica-gone".into()),
+                lease_duration_seconds: Some(1),
+                ..Default::default()
+            }),
+        })
+        .unwrap();
+    let (drain, lines) = drain_command_in_background(w.sim.client(), &node);
+    let holder = |w: &World| {
+        w.sim
+            .get::<Lease>("kube-system", "ca-asg-provider")
+            .unwrap()["spec"]["holderIdentity"]
+            .as_str()
+            .unwrap_or_default()
+            .to_string()
+    };
+    support::eventually("the command takes the Lease", 10, || {
+        holder(&w).starts_with("drain-command-")
+    })
+    .await;
+    support::eventually("the budget holds the command's drain", 10, || {
+        w.sim.audit().iter().any(|a| a.verb == "eviction-denied")
+    })
+    .await;
+    // A replica starts while the command drains.
+    w.engine.lead_as(LeaseSettings {
+        name: "ca-asg-provider".into(),
+        namespace: "kube-system".into(),
+        identity: "replica-b".into(),
+        duration: Duration::from_secs(1),
+    });
+    let lp = hook_scan::spawn_loop(w.engine.clone(), w.provider.clone());
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert!(
+        !w.engine.is_leader(),
+        "the replica follows while the command holds the Lease"
+    );
+    assert!(w.sim.remove::<PodDisruptionBudget>("shop", "app-pdb"));
+    tokio::time::timeout(Duration::from_secs(30), drain)
+        .await
+        .expect("the command ends")
+        .unwrap()
+        .unwrap();
+    let text = lines.lock().unwrap().join("\n");
+    for want in [
+        "reading the Lease kube-system/ca-asg-provider for up to",
+        "done: node drained; it stays cordoned",
+    ] {
+        assert!(text.contains(want), "{want:?} not said:\n{text}");
+    }
+    support::eventually("the released Lease goes to the replica", 10, || {
+        w.engine.is_leader()
+    })
+    .await;
+    // Two of the replica's polls as leader: the drain on the Node is finished.
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    assert_eq!(
+        w.engine
+            .stats
+            .started
+            .load(std::sync::atomic::Ordering::Relaxed),
+        0,
+        "the replica resumed the command's drain"
+    );
+    let evicted = evictions(&w.sim);
+    assert_eq!(evicted.len(), 2, "{evicted:?}");
+    assert!(
+        evicted.values().all(|&n| n == 1),
+        "evicted twice: {evicted:?}"
+    );
+    lp.abort();
+    w.engine.shutdown();
+}

@@ -16,9 +16,11 @@ use crate::config::ConfigArgs;
 use crate::provider::{provider_id, Provider};
 use crate::scalein::decide::plan;
 use crate::scalein::decide::record::Limits;
+use crate::scalein::engine::leader::{self, Claim, LeaseSettings};
 use crate::scalein::progress::{self, Narrator, Phase};
-use crate::scalein::stages::terminate;
+use crate::scalein::stages::{cordon, terminate};
 use crate::scalein::{self, DaemonSetPolicy, DrainRequest, Engine, Mode, Outcome, Source};
+use k8s_openapi::api::coordination::v1::Lease;
 
 #[derive(Debug, Args, Clone)]
 pub struct DrainArgs {
@@ -65,8 +67,9 @@ pub async fn drain_saying(
     args: &DrainArgs,
     say: Say,
 ) -> anyhow::Result<()> {
-    let client =
-        crate::scalein::kube::user_agent::named(client, crate::scalein::kube::user_agent::DRAIN);
+    use crate::scalein::kube::user_agent;
+    let lease_client = user_agent::named(client.clone(), user_agent::LEASE);
+    let client = user_agent::named(client, user_agent::DRAIN);
     let nodes: Api<Node> = Api::all(client.clone());
     let node = nodes
         .get_opt(&args.node)
@@ -102,7 +105,7 @@ pub async fn drain_saying(
     cfg.set_region(region);
     let cfg = &cfg;
     let cloud = crate::cloud::aws::connect(&cfg.aws_settings()).await;
-    let (mode, group, provider) = if args.terminate {
+    let (group, provider) = if args.terminate {
         let iid = iid.clone().ok_or_else(|| {
             anyhow::anyhow!(
                 "node {} has no AWS providerID; cannot --terminate",
@@ -115,9 +118,9 @@ pub async fn drain_saying(
         let g = reg
             .group_of_instance(&iid)
             .ok_or_else(|| anyhow::anyhow!("instance {iid} is in no managed node group"))?;
-        (Mode::Direct, g.asg.name.clone(), Some(provider.clone()))
+        (g.asg.name.clone(), Some(provider.clone()))
     } else {
-        (Mode::DrainOnly, String::new(), None::<Arc<Provider>>)
+        (String::new(), None::<Arc<Provider>>)
     };
     let engine = Engine::new(
         client.clone(),
@@ -125,69 +128,282 @@ pub async fn drain_saying(
         provider.clone(),
         cfg.scale_in.clone(),
     );
-    let (mode, group) = match (&provider, mode) {
-        (Some(p), Mode::Direct) => {
+    let mode = match &provider {
+        Some(p) => {
             let reg = p.registry();
             let g = reg.group(&group).expect("group found above");
-            let m = engine.mode_for(g, iid.as_deref().unwrap_or_default());
-            if m == Mode::Direct {
-                p.register_deferred(iid.as_deref().unwrap_or_default(), &group);
-            } else if let Mode::Lifecycle { .. } = &m {
-                terminate::hand_to_hook(&engine, iid.as_deref().unwrap_or_default()).await?;
-            }
-            (m, group)
+            engine.mode_for(g, iid.as_deref().unwrap_or_default())
         }
-        (_, m) => (m, group),
+        None => Mode::DrainOnly,
     };
-    let id = iid.clone().unwrap_or_else(|| args.node.clone());
-    say(&match &mode {
-        Mode::DrainOnly => format!(
-            "draining {}: workloads first, DaemonSet pods last; the instance keeps running and the node stays cordoned",
-            args.node
-        ),
-        Mode::Direct => format!(
-            "draining {}: workloads first, DaemonSet pods last; then instance {id} is terminated and group {group}'s desired capacity lowered by one",
-            args.node
-        ),
-        Mode::Lifecycle { .. } => format!(
-            "draining {}: workloads first, DaemonSet pods last; then the lifecycle hook's action for instance {id} in group {group} is completed and AWS ends it",
-            args.node
-        ),
-    });
-    let reasons = vec![scalein::ca_reason(&mode)];
-    let lifecycle = matches!(mode, Mode::Lifecycle { .. });
-    let limits = engine.limits();
-    engine.start(DrainRequest {
-        instance_id: id.clone(),
+    let target = Target {
+        node: args.node.clone(),
+        id: iid.clone().unwrap_or_else(|| args.node.clone()),
         group,
-        node_name: Some(args.node.clone()),
         mode,
+    };
+    say(&target.intent());
+    // Before anything changes: who drains. One engine per node, never two.
+    let outcome = match who_drains(&lease_client, cfg, &say).await? {
+        Who::Leader(holder) => {
+            let result = hand_to_leader(&engine, &client, &target, &holder, &say).await;
+            engine.shutdown();
+            result?
+        }
+        Who::Here(lease) => {
+            drain_here(&engine, &client, provider.as_ref(), &target, lease, &say).await?
+        }
+    };
+    say(&outcome);
+    Ok(())
+}
+
+/// The node, its instance and how it ends, as the command resolved them.
+struct Target {
+    node: String,
+    /// The instance, or the node's name when it has no AWS providerID.
+    id: String,
+    group: String,
+    mode: Mode,
+}
+
+impl Target {
+    /// What the command is about to do, in a line.
+    fn intent(&self) -> String {
+        let Target {
+            node,
+            id,
+            group,
+            mode,
+        } = self;
+        match mode {
+            Mode::DrainOnly => format!(
+                "draining {node}: workloads first, DaemonSet pods last; the instance keeps running and the node stays cordoned"
+            ),
+            Mode::Direct => format!(
+                "draining {node}: workloads first, DaemonSet pods last; then instance {id} is terminated and group {group}'s desired capacity lowered by one"
+            ),
+            Mode::Lifecycle { .. } => format!(
+                "draining {node}: workloads first, DaemonSet pods last; then the lifecycle hook's action for instance {id} in group {group} is completed and AWS ends it"
+            ),
+        }
+    }
+
+    /// The last line of a drain that ended well.
+    fn done(&self, ended: bool) -> String {
+        match (&self.mode, ended) {
+            (Mode::Lifecycle { .. }, _) => "done: node drained; the lifecycle hook's action was completed and AWS ends the instance".into(),
+            (Mode::Direct, _) => "done: node drained and its instance terminated".into(),
+            (Mode::DrainOnly, false) => format!(
+                "done: node drained; it stays cordoned (`ca-asg-provider undrain {}` gives it back)",
+                self.node
+            ),
+            (Mode::DrainOnly, true) => format!("done: node {} is gone", self.node),
+        }
+    }
+}
+
+/// Who runs the drain.
+enum Who {
+    /// This command, holding the Lease when leader election is on.
+    Here(Option<LeaseSettings>),
+    /// The service's leader, which renews the Lease.
+    Leader(String),
+}
+
+/// Reads the Lease the service's replicas elect their leader with. A replica that
+/// renews it drains the node: the command records the drain on the Node for it,
+/// as a replica that does not lead does with CA's DeleteNodes. Nobody renewing it,
+/// the command takes it for the length of its drain, so a replica that starts
+/// meanwhile does not resume the drain beside it. A Lease that cannot be read
+/// stops the command before anything changes.
+async fn who_drains(
+    client: &kube::Client,
+    cfg: &crate::config::Config,
+    say: &Say,
+) -> anyhow::Result<Who> {
+    if !cfg.scale_in.leader_election {
+        say("leader election is off in this configuration: a service running on it would resume this drain beside the command; stop it first");
+        return Ok(Who::Here(None));
+    }
+    let host = std::env::var("HOSTNAME")
+        .ok()
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "local".into());
+    let lease = leader::lease_for(
+        &cfg.scale_in,
+        format!("drain-command-{host}-{}", std::process::id()),
+    );
+    let api: Api<Lease> = Api::namespaced(client.clone(), &lease.namespace);
+    let watching = || {
+        say(&format!(
+            "reading the Lease {}/{} for up to {:?}: a replica of the service that renews it runs the drain; if none does, this command takes it",
+            lease.namespace, lease.name, lease.duration
+        ))
+    };
+    match leader::claim_for_command(&api, &lease, watching).await {
+        Ok(Claim::Ours) => Ok(Who::Here(Some(lease))),
+        Ok(Claim::Leader(holder)) => Ok(Who::Leader(holder)),
+        Err(e) => anyhow::bail!(
+            "cannot tell whether the service is draining: {}; nothing was changed",
+            leader::explain(&e, &lease)
+        ),
+    }
+}
+
+/// The drain run by this command's engine, holding the Lease while it runs (when
+/// given). Returns the last line to say.
+async fn drain_here(
+    engine: &Arc<Engine>,
+    client: &kube::Client,
+    provider: Option<&Arc<Provider>>,
+    target: &Target,
+    lease: Option<LeaseSettings>,
+    say: &Say,
+) -> anyhow::Result<String> {
+    if let Some(lease) = lease {
+        engine.lead_as(lease.clone());
+        let mut leads = engine.leadership().expect("just elected");
+        if !matches!(
+            tokio::time::timeout(lease.duration, leads.wait_for(|l| *l)).await,
+            Ok(Ok(_))
+        ) {
+            engine.step_down().await;
+            anyhow::bail!(
+                "could not keep the Lease {}/{} to drain; nothing was changed",
+                lease.namespace,
+                lease.name
+            );
+        }
+    }
+    let result = run_here(engine, client, provider, target, say).await;
+    // Stops leading and gives the Lease back (no-op without one).
+    engine.step_down().await;
+    result
+}
+
+async fn run_here(
+    engine: &Arc<Engine>,
+    client: &kube::Client,
+    provider: Option<&Arc<Provider>>,
+    target: &Target,
+    say: &Say,
+) -> anyhow::Result<String> {
+    match (&target.mode, provider) {
+        (Mode::Direct, Some(p)) => p.register_deferred(&target.id, &target.group),
+        (Mode::Lifecycle { .. }, _) => terminate::hand_to_hook(engine, &target.id).await?,
+        _ => {}
+    }
+    engine.start(DrainRequest {
+        instance_id: target.id.clone(),
+        group: target.group.clone(),
+        node_name: Some(target.node.clone()),
+        mode: target.mode.clone(),
         source: Source::Cli,
-        reasons,
+        reasons: vec![scalein::ca_reason(&target.mode)],
         noticed: None,
     });
     let watch = tokio::spawn(narrate(
         client.clone(),
-        args.node.clone(),
-        limits,
+        target.node.clone(),
+        engine.limits(),
         say.clone(),
     ));
-    let outcome = engine.wait_for(&id).await;
+    let outcome = engine.wait_for(&target.id).await;
     watch.abort();
     tokio::time::sleep(Duration::from_millis(50)).await;
     match outcome {
-        Some(Outcome::Ended) if lifecycle => say("done: node drained; the lifecycle hook's action was completed and AWS ends the instance"),
-        Some(Outcome::Ended) => say("done: node drained and its instance terminated"),
-        Some(Outcome::Drained) => say(&format!(
-            "done: node drained; it stays cordoned (`ca-asg-provider undrain {}` gives it back)",
-            args.node
-        )),
+        Some(Outcome::Ended) => Ok(target.done(true)),
+        Some(Outcome::Drained) => Ok(target.done(false)),
         Some(Outcome::Abandoned(why)) => anyhow::bail!("drain abandoned: {why}"),
         Some(Outcome::Failed(why)) => anyhow::bail!("drain failed: {why}"),
-        Some(Outcome::Observed(what)) => say(&what),
+        Some(Outcome::Observed(what)) => Ok(what),
         None => anyhow::bail!("the drain stopped before it ended (its task went away)"),
     }
-    Ok(())
+}
+
+/// The service's leader runs the drain: it is recorded where the leader finds it
+/// (our hook's hold in AWS, or the record on the Node, as a replica that does not
+/// lead answers DeleteNodes), and followed from here until it ends.
+async fn hand_to_leader(
+    engine: &Arc<Engine>,
+    client: &kube::Client,
+    target: &Target,
+    holder: &str,
+    say: &Say,
+) -> anyhow::Result<String> {
+    match &target.mode {
+        Mode::Lifecycle { .. } => terminate::hand_to_hook(engine, &target.id).await?,
+        mode => {
+            let reasons = vec![scalein::ca_reason(mode)];
+            match cordon::cordon_via(
+                &engine.stage(),
+                client,
+                &target.node,
+                &reasons,
+                &target.group,
+            )
+            .await?
+            {
+                cordon::Cordoned::Marked { .. } => {}
+                cordon::Cordoned::NodeGone => anyhow::bail!("node {:?} not found", target.node),
+            }
+        }
+    }
+    say(&format!(
+        "the service's leader {holder} runs the drain (recorded for it on {}); following it here: Ctrl-C stops following, not the drain",
+        target.node
+    ));
+    follow(engine, client, target, say).await
+}
+
+/// Reads the drain the leader runs back every [`PROGRESS_POLL`], saying where it
+/// stands, until it ends: the record finished, the Node gone, or (terminated
+/// directly) the instance ending in AWS. A record that leaves the Node before that
+/// was given up (its deadline, or `undrain`).
+async fn follow(
+    engine: &Arc<Engine>,
+    client: &kube::Client,
+    target: &Target,
+    say: &Say,
+) -> anyhow::Result<String> {
+    let mut watch = Watch::new(client.clone(), target.node.clone(), engine.limits());
+    let mut tick = tokio::time::interval(PROGRESS_POLL);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut recorded = false;
+    loop {
+        tick.tick().await;
+        let phase = match watch.look(say).await {
+            Some(Seen::Gone) => return Ok(target.done(true)),
+            Some(Seen::Row(phase)) => phase,
+            None => continue,
+        };
+        match phase {
+            Some(Phase::Finished) => return Ok(target.done(false)),
+            Some(_) => recorded = true,
+            None if recorded => anyhow::bail!(
+                "the drain was given up: its record left node {} (its deadline passed, or `undrain`); `kubectl describe node {}` shows the Events",
+                target.node,
+                target.node
+            ),
+            None => {}
+        }
+        if recorded && target.mode == Mode::Direct && instance_ends(engine, &target.id).await {
+            return Ok(target.done(true));
+        }
+    }
+}
+
+/// Whether AWS shows the instance ending, ended or gone from its group. `false` when
+/// AWS cannot be asked (the next round asks again).
+async fn instance_ends(engine: &Engine, id: &str) -> bool {
+    match engine.cloud.locate_instances(&[id.to_string()]).await {
+        Ok(found) => found
+            .iter()
+            .find(|l| l.instance_id == id)
+            .is_none_or(|l| l.state.is_terminating()),
+        Err(_) => false,
+    }
 }
 
 /// Reads the drain of `node` back every [`PROGRESS_POLL`] and says where it stands
@@ -195,21 +411,56 @@ pub async fn drain_saying(
 /// that fails says nothing (the next one tries again): the drain itself is not
 /// affected.
 async fn narrate(client: kube::Client, node: String, limits: Limits, say: Say) {
-    let nodes: Api<Node> = Api::all(client.clone());
-    let attachments: Api<VolumeAttachment> = Api::all(client.clone());
-    let mut narrator = Narrator::new(&node, BLOCKERS_EVERY);
+    let mut watch = Watch::new(client, node, limits);
     let mut tick = tokio::time::interval(PROGRESS_POLL);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
         tick.tick().await;
-        let Ok(Some(n)) = nodes.get_opt(&node).await else {
-            continue;
+        watch.look(&say).await;
+    }
+}
+
+/// What one look at the node found.
+enum Seen {
+    /// The Node object is gone.
+    Gone,
+    /// The drain's phase as its record says, `None` without a record.
+    Row(Option<Phase>),
+}
+
+/// The node's drain, read back and narrated.
+struct Watch {
+    client: kube::Client,
+    node: String,
+    limits: Limits,
+    narrator: Narrator,
+}
+
+impl Watch {
+    fn new(client: kube::Client, node: String, limits: Limits) -> Self {
+        let narrator = Narrator::new(&node, BLOCKERS_EVERY);
+        Watch {
+            client,
+            node,
+            limits,
+            narrator,
+        }
+    }
+
+    /// Reads the node, its pods and (while pods keep the drain) their namespaces'
+    /// budgets, and says what changed. `None` when a read failed.
+    async fn look(&mut self, say: &Say) -> Option<Seen> {
+        let (client, node) = (&self.client, self.node.as_str());
+        let nodes: Api<Node> = Api::all(client.clone());
+        let n = match nodes.get_opt(node).await.ok()? {
+            Some(n) => n,
+            None => return Some(Seen::Gone),
         };
-        let Ok(pods) = crate::scalein::kube::nodes::pods_on(&client, &node).await else {
-            continue;
-        };
+        let pods = crate::scalein::kube::nodes::pods_on(client, node)
+            .await
+            .ok()?;
         let now = crate::clock::utc_now();
-        let mut row = progress::row(&n, &pods, &[], limits, now);
+        let mut row = progress::row(&n, &pods, &[], self.limits, now);
         // The budgets of the namespaces whose pods keep it, only while any do.
         if let Some(r) = row.as_ref().filter(|r| !r.blocked_by.is_empty()) {
             let mut namespaces: Vec<&str> = r
@@ -226,21 +477,25 @@ async fn narrate(client: kube::Client, node: String, limits: Limits, say: Say) {
                     pdbs.extend(list.items);
                 }
             }
-            row = progress::row(&n, &pods, &pdbs, limits, now);
+            row = progress::row(&n, &pods, &pdbs, self.limits, now);
         }
         let volumes = match row.as_ref().map(|r| r.phase) {
-            Some(Phase::Drained) => match attachments.list(&ListParams::default()).await {
-                Ok(list) => list
-                    .items
+            Some(Phase::Drained) => {
+                let attachments: Api<VolumeAttachment> = Api::all(client.clone());
+                let list = attachments.list(&ListParams::default()).await.ok()?;
+                list.items
                     .iter()
                     .filter(|va| va.spec.node_name == node)
-                    .count(),
-                Err(_) => continue,
-            },
+                    .count()
+            }
             _ => 0,
         };
-        for line in narrator.observe(row.as_ref(), volumes, crate::clock::Instant::now()) {
+        for line in self
+            .narrator
+            .observe(row.as_ref(), volumes, crate::clock::Instant::now())
+        {
             say(&line);
         }
+        Some(Seen::Row(row.map(|r| r.phase)))
     }
 }

@@ -64,6 +64,8 @@ pub enum Decision {
 pub struct Observed {
     seen: Option<(String, Option<Timestamp>)>,
     since: Option<crate::clock::Instant>,
+    /// Whether the record changed after the first read: its holder is alive.
+    changed: bool,
 }
 
 impl Observed {
@@ -77,10 +79,122 @@ impl Observed {
             )
         });
         if record != self.seen || self.since.is_none() {
+            self.changed |= self.since.is_some();
             self.seen = record;
             self.since = Some(now);
         }
         now.saturating_duration_since(self.since.unwrap_or(now))
+    }
+}
+
+impl Observed {
+    /// Whether the record changed between two reads: someone writes it.
+    pub fn changed(&self) -> bool {
+        self.changed
+    }
+}
+
+/// What `ca-asg-provider drain NODE` does about the Lease. The command is not a replica:
+/// it must never drain beside one, and never keep a starting replica from leading.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CommandTurn {
+    /// Nobody leads: take the Lease and drain here.
+    Take,
+    /// A replica leads (it renewed the Lease while the command watched): record the
+    /// drain on the Node for it, and follow.
+    HandTo(String),
+    /// Not known yet: read again.
+    Watch,
+}
+
+/// [`CommandTurn`] for the Lease as read now. Pure. `unchanged_for` and `changed`
+/// are [`Observed`]'s. A holder is alive only when seen renewing (timestamps are other
+/// clocks'); a Lease released or standing still is taken only after a whole lease
+/// duration as the command saw it, so a replica that is starting takes it first.
+pub fn command_turn(
+    spec: Option<&LeaseSpec>,
+    me: &str,
+    unchanged_for: Duration,
+    changed: bool,
+) -> CommandTurn {
+    let Some(spec) = spec else {
+        return CommandTurn::Take;
+    };
+    let holder = spec.holder_identity.clone().unwrap_or_default();
+    if holder == me {
+        return CommandTurn::Take;
+    }
+    if !holder.is_empty() && changed {
+        return CommandTurn::HandTo(holder);
+    }
+    let duration = Duration::from_secs(spec.lease_duration_seconds.unwrap_or(15).max(1) as u64);
+    if unchanged_for >= duration {
+        CommandTurn::Take
+    } else {
+        CommandTurn::Watch
+    }
+}
+
+/// Who drains for the drain command ([`claim_for_command`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Claim {
+    /// The command holds the Lease (renew it with an election under the same identity).
+    Ours,
+    /// This replica leads and renews the Lease.
+    Leader(String),
+}
+
+/// Reads the Lease until it is clear who drains: the command itself, holding the
+/// Lease, or the replica that renews it. At most about a lease duration plus a round
+/// when nobody renews it. `watching` is called once, when the answer is not there at
+/// the first read. An error of the API server is returned: nothing was written.
+pub async fn claim_for_command(
+    api: &Api<Lease>,
+    s: &LeaseSettings,
+    watching: impl FnOnce(),
+) -> Result<Claim, kube::Error> {
+    let mut observed = Observed::default();
+    let mut watching = Some(watching);
+    loop {
+        let current = api.get_opt(&s.name).await?;
+        let spec = current.as_ref().and_then(|l| l.spec.as_ref());
+        let unchanged_for = observed.note(spec);
+        match command_turn(spec, &s.identity, unchanged_for, observed.changed()) {
+            CommandTurn::HandTo(holder) => return Ok(Claim::Leader(holder)),
+            CommandTurn::Take => {
+                // The round reads again and writes by compare-and-swap; one that loses
+                // to a replica writing first is read again.
+                if round(api, s, &mut observed).await? {
+                    return Ok(Claim::Ours);
+                }
+            }
+            CommandTurn::Watch => {
+                if let Some(say) = watching.take() {
+                    say();
+                }
+            }
+        }
+        tokio::time::sleep(s.retry_every()).await;
+    }
+}
+
+/// The Lease of `settings` held as `identity`. Its namespace: `leaseNamespace`, else
+/// the pod's (`POD_NAMESPACE`), else kube-system.
+pub fn lease_for(settings: &crate::scalein::ScaleInSettings, identity: String) -> LeaseSettings {
+    let namespace = settings
+        .lease_namespace
+        .clone()
+        .or_else(|| {
+            std::env::var("POD_NAMESPACE")
+                .ok()
+                .filter(|s| !s.is_empty())
+        })
+        .unwrap_or_else(|| "kube-system".into());
+    LeaseSettings {
+        name: settings.lease_name.clone(),
+        namespace,
+        identity,
+        duration: settings.lease_duration,
     }
 }
 
@@ -410,6 +524,80 @@ mod tests {
             )),
             ..Default::default()
         }
+    }
+
+    /// The drain command's turn over every shape of the Lease: it hands its drain only
+    /// to a holder seen renewing, takes the Lease only when missing, its own, or
+    /// standing still (held or released) for a whole lease duration as it saw it, and
+    /// otherwise reads again. A timestamp alone (another clock's) decides nothing.
+    #[test]
+    fn the_drain_command_hands_over_only_to_a_holder_seen_renewing() {
+        use CommandTurn::*;
+        let d = Duration::from_secs(15);
+        let released = LeaseSpec {
+            lease_duration_seconds: Some(15),
+            ..Default::default()
+        };
+        for holder in [None, Some("replica-a"), Some("drain-command-h-1"), Some("")] {
+            for renewed_ago in [0, 5, 100] {
+                for unchanged in [
+                    Duration::ZERO,
+                    d / 2,
+                    d - Duration::from_millis(1),
+                    d,
+                    d * 4,
+                ] {
+                    for changed in [false, true] {
+                        let sp = match holder {
+                            None => released.clone(),
+                            Some(h) => spec(h, renewed_ago, 15),
+                        };
+                        let turn = command_turn(Some(&sp), "drain-command-h-1", unchanged, changed);
+                        let live = changed && holder.is_some_and(|h| !h.is_empty());
+                        let want = match holder {
+                            Some("drain-command-h-1") => Take,
+                            _ if live => HandTo(holder.unwrap().to_string()),
+                            _ if unchanged >= d => Take,
+                            _ => Watch,
+                        };
+                        assert_eq!(turn, want, "{holder:?} renewed {renewed_ago}s ago, unchanged {unchanged:?}, changed {changed}");
+                    }
+                }
+            }
+        }
+        assert_eq!(
+            command_turn(None, "me", Duration::ZERO, false),
+            Take,
+            "no Lease: nobody leads"
+        );
+        // The Lease's own duration counts, not the command's.
+        assert_eq!(
+            command_turn(Some(&spec("replica-a", 0, 60)), "me", d, false),
+            Watch
+        );
+    }
+
+    /// `Observed::changed` is false until the record differs from the first read.
+    #[test]
+    fn a_record_is_changed_only_after_a_second_read_differs() {
+        let mut o = Observed::default();
+        let a = spec("replica-a", 0, 15);
+        o.note(Some(&a));
+        assert!(!o.changed());
+        o.note(Some(&a));
+        assert!(!o.changed());
+        // Renewed: a renewTime 7 s later than the first read's.
+        let mut b = a.clone();
+        b.renew_time = a
+            .renew_time
+            .as_ref()
+            .map(|t| MicroTime(t.0 + SignedDuration::from_secs(7)));
+        o.note(Some(&b));
+        assert!(o.changed());
+        let mut o = Observed::default();
+        o.note(None);
+        o.note(Some(&a));
+        assert!(o.changed(), "a Lease created since the first read");
     }
 
     #[test]

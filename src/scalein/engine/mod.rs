@@ -176,23 +176,9 @@ impl Engine {
             .filter(|s| !s.is_empty())
             .or_else(|| std::env::var("HOSTNAME").ok().filter(|s| !s.is_empty()))
             .unwrap_or_else(|| format!("ca-asg-provider-{}", std::process::id()));
-        let namespace = self
-            .settings
-            .lease_namespace
-            .clone()
-            .or_else(|| {
-                std::env::var("POD_NAMESPACE")
-                    .ok()
-                    .filter(|s| !s.is_empty())
-            })
-            .unwrap_or_else(|| "kube-system".into());
-        tracing::info!(lease = %self.settings.lease_name, %namespace, %identity, "leader election: the drain loop runs on the Lease holder");
-        self.lead_as(leader::LeaseSettings {
-            name: self.settings.lease_name.clone(),
-            namespace,
-            identity,
-            duration: self.settings.lease_duration,
-        });
+        let lease = leader::lease_for(&self.settings, identity);
+        tracing::info!(lease = %lease.name, namespace = %lease.namespace, identity = %lease.identity, "leader election: the drain loop runs on the Lease holder");
+        self.lead_as(lease);
     }
 
     /// Runs the election for the Lease `lease` names and follows it; [`Self::step_down`]
