@@ -420,7 +420,7 @@ impl Provider {
                             let mut ov = me.overlay.lock();
                             let desired = Self::desired_of(&ov, g);
                             Self::note_write(&mut ov, &id, Some(desired), desired - 1);
-                            ov.deleting.insert(inst.id.clone());
+                            ov.known.note_ending(&inst.id);
                             Ok(())
                         }
                         Ok(Removal::Deferred) => {
@@ -535,7 +535,7 @@ impl Provider {
                 // Gone from the group already (CA's cached list still names it, as an
                 // unregistered node): nothing to end, and no slot to give up (the ASG
                 // relaunches it, or its placeholder goes through this call later).
-                None if ov.departed.group_of(iid) == Some(id) => {
+                None if ov.known.group_left(iid) == Some(id) => {
                     tracing::debug!(
                         group = id,
                         instance = iid,
@@ -546,7 +546,7 @@ impl Provider {
                     let owner = reg
                         .group_of_instance(iid)
                         .map(|o| o.asg.name.clone())
-                        .or_else(|| ov.located.get(iid).map(|(g, _)| g.clone()));
+                        .or_else(|| ov.known.located(iid).map(str::to_string));
                     return Err(ProviderError::InvalidArgument(match owner {
                         Some(o) => format!(
                             "node {} (instance {iid}) belongs to node group {o}, not {id}",

@@ -21,8 +21,8 @@ use crate::cloud::{AsgInstance, Cloud, CloudError, GroupSelector, LaunchFailure,
 
 pub mod bound;
 mod delete;
-pub mod departed;
 pub mod instances;
+pub mod known;
 pub mod options;
 pub mod provider_id;
 pub mod refresh;
@@ -255,25 +255,18 @@ struct Overlay {
     /// replaced, kept past the snapshot: a read that shows a replaced capacity is
     /// older than the write and is read again ([`written`]).
     written: BTreeMap<String, written::Written>,
-    /// Instances this service ended (or is ending), until AWS shows them terminating.
-    deleting: BTreeSet<String>,
     /// Unix time of the last size increase per group.
     last_increase: BTreeMap<String, i64>,
-    /// Instances found by background lookup: instance id -> group.
-    located: BTreeMap<String, (String, Instant)>,
-    /// Direct-mode drains not yet terminated: instance id -> entry. Each lowers CA's
-    /// target of its group by one (AWS's desired capacity still counts the instance)
-    /// and shows the instance as deleting.
-    deferred: BTreeMap<String, Deferred>,
+    /// What is known of each instance beyond the snapshot, one record per instance:
+    /// ended by us, a direct-mode drain pending, located by a lookup, left its group
+    /// ([`known`]).
+    known: known::Known,
     /// The direct-mode drain marks on Nodes, as last read from the cluster; `None`
     /// until read once (see [`Provider::expect_drain_marks`]).
     direct_marks: Option<DrainMarks>,
     /// Groups whose launch failure below the minimum was logged, with the failure's
     /// start: told once per failure, not every CA loop.
     told_below_min: BTreeMap<String, i64>,
-    /// Instances that left their group's snapshot, by group, for a while (see
-    /// [`departed`]): CA's cached instance lists still name them.
-    departed: departed::Departed,
 }
 
 /// What the Nodes say about direct-mode drains, by instance id.
@@ -287,18 +280,7 @@ pub struct DrainMarks {
     pub unmarked: BTreeSet<String>,
 }
 
-/// One pending direct-mode drain.
-#[derive(Debug, Clone)]
-struct Deferred {
-    group: String,
-    /// Seen as a mark on its Node. An unconfirmed entry (registered by DeleteNodes,
-    /// mark not read back yet) is kept until confirmed or [`UNCONFIRMED_TTL`] passes.
-    confirmed: bool,
-    since: Instant,
-}
-
-/// How long a drain registered here may wait to be seen as a Node mark.
-const UNCONFIRMED_TTL: Duration = Duration::from_secs(120);
+use known::{Deferred, UNCONFIRMED_TTL};
 
 /// Counters for metrics and tests.
 #[derive(Debug, Default)]
@@ -501,13 +483,13 @@ impl Provider {
         }
         {
             let ov = self.overlay.lock();
-            if let Some((name, _)) = ov.located.get(id) {
+            if let Some(name) = ov.known.located(id) {
                 return reg.group(name).map(GroupInfo::from);
             }
             // An instance that left its group (ended without a decrement) while CA's
             // cached instance list still names it: its former group, so CA counts it
             // as unregistered rather than the group as one node short.
-            if let Some(name) = ov.departed.group_of(id) {
+            if let Some(name) = ov.known.group_left(id) {
                 return reg.group(name).map(GroupInfo::from);
             }
         }
@@ -540,10 +522,7 @@ impl Provider {
     /// Direct-mode drains of the group not terminated yet: instances that AWS's
     /// desired capacity still counts but CA's target does not.
     fn deferred_in(ov: &Overlay, g: &Group) -> i32 {
-        ov.deferred
-            .values()
-            .filter(|d| d.group == g.asg.name)
-            .count() as i32
+        ov.known.deferred_in(&g.asg.name) as i32
     }
 
     /// CA's target: AWS's desired capacity less the drains that will end with a
@@ -555,7 +534,7 @@ impl Provider {
     }
 
     fn is_deleting(ov: &Overlay, instance_id: &str) -> bool {
-        ov.deleting.contains(instance_id) || ov.deferred.contains_key(instance_id)
+        ov.known.is_deleting(instance_id)
     }
 
     /// Instances that stay: not leaving in AWS and not being ended by us. Counted
@@ -626,17 +605,16 @@ impl Provider {
             (!inst.state.is_terminating()).then(|| g.asg.name.clone())
         };
         let Some(marks) = ov.direct_marks.take() else {
-            ov.deferred.retain(|id, _| live(id).is_some());
+            ov.known.keep_deferred(|id, _| live(id).is_some());
             return;
         };
         for id in &marks.marked {
-            if ov.deleting.contains(id) {
+            if ov.known.is_ending(id) {
                 continue;
             }
             if let Some(group) = live(id) {
-                ov.deferred
-                    .entry(id.clone())
-                    .or_insert_with(|| Deferred {
+                ov.known
+                    .defer(id, || Deferred {
                         group,
                         confirmed: true,
                         since: now(),
@@ -644,7 +622,7 @@ impl Provider {
                     .confirmed = true;
             }
         }
-        ov.deferred.retain(|id, d| {
+        ov.known.keep_deferred(|id, d| {
             live(id).is_some()
                 && if d.confirmed {
                     !marks.unmarked.contains(id)
@@ -663,13 +641,11 @@ impl Provider {
             .direct_marks
             .as_ref()
             .is_some_and(|m| m.marked.contains(instance_id));
-        ov.deferred
-            .entry(instance_id.to_string())
-            .or_insert_with(|| Deferred {
-                group: group.to_string(),
-                confirmed,
-                since: now(),
-            });
+        ov.known.defer(instance_id, || Deferred {
+            group: group.to_string(),
+            confirmed,
+            since: now(),
+        });
     }
 
     /// A direct-mode drain terminated its instance with decrement: AWS's desired
@@ -678,14 +654,14 @@ impl Provider {
     pub fn deferred_terminated(&self, instance_id: &str) {
         let reg = self.registry();
         let mut ov = self.overlay.lock();
-        let Some(d) = ov.deferred.remove(instance_id) else {
+        let Some(d) = ov.known.take_deferred(instance_id) else {
             return;
         };
         if let Some(g) = reg.group(&d.group) {
             let desired = Self::desired_of(&ov, g);
             Self::note_write(&mut ov, &d.group, Some(desired), desired - 1);
         }
-        ov.deleting.insert(instance_id.to_string());
+        ov.known.note_ending(instance_id);
         drop(ov);
         self.writes.fetch_add(1, Ordering::AcqRel);
         self.invalidate();
@@ -702,8 +678,8 @@ impl Provider {
         let Some(group) = self
             .overlay
             .lock()
-            .deferred
-            .get(instance_id)
+            .known
+            .deferred(instance_id)
             .map(|d| d.group.clone())
         else {
             return false;
@@ -711,8 +687,8 @@ impl Provider {
         let _ops = self.ops.lock().await;
         {
             let mut ov = self.overlay.lock();
-            ov.deferred.remove(instance_id);
-            ov.deleting.insert(instance_id.to_string());
+            ov.known.take_deferred(instance_id);
+            ov.known.note_ending(instance_id);
         }
         self.invalidate();
         let (reg, idx) = match self.fresh_group(&group).await {
@@ -742,7 +718,7 @@ impl Provider {
     /// A direct-mode drain was abandoned: the node stays, so CA's target counts it
     /// again (CA's deletion of it failed).
     pub fn deferred_cancelled(&self, instance_id: &str) {
-        self.overlay.lock().deferred.remove(instance_id);
+        self.overlay.lock().known.take_deferred(instance_id);
     }
 
     pub fn nodes(&self, id: &str) -> Result<Vec<InstanceView>, ProviderError> {

@@ -292,14 +292,14 @@ impl Provider {
                 ov.target.clear();
             }
             Self::prune_deleting(&mut ov, &registry);
-            ov.departed.note(&old, &registry, now());
+            ov.known.note_departures(&old, &registry, now());
             // A located instance this read should have shown but did not has left
             // (terminated, detached): forgotten after a grace for AWS's eventual
             // consistency, so the map stays as small as the instances still on their
             // way into a snapshot.
-            ov.located.retain(|id, (_, at)| {
+            ov.known.keep_located(|id, at| {
                 registry.group_of_instance(id).is_none()
-                    && (*at > read_at || at.elapsed() < LOCATED_GRACE)
+                    && (at > read_at || at.elapsed() < LOCATED_GRACE)
             });
             Self::apply_marks(&mut ov, &registry);
         }
@@ -342,13 +342,13 @@ impl Provider {
     }
 
     /// Asks AWS where the instances went that left their group without being seen
-    /// ending ([`super::departed`]): still in an Auto Scaling group (its warm pool,
+    /// ending ([`super::known`]): still in an Auto Scaling group (its warm pool,
     /// another group; DescribeAutoScalingInstances) they did not end, unless AWS shows
     /// them ending there; in none, EC2 says whether they ended or run on detached
     /// (DescribeInstances). Until AWS answered, they map to no group; a failed read
     /// leaves them to the next refresh.
     async fn confirm_departed(&self) {
-        let ids = self.overlay.lock().departed.to_confirm();
+        let ids = self.overlay.lock().known.to_confirm();
         if ids.is_empty() {
             return;
         }
@@ -387,7 +387,10 @@ impl Provider {
                 }
             }
         }
-        self.overlay.lock().departed.confirm(&ended, &not_ended);
+        self.overlay
+            .lock()
+            .known
+            .confirm_departures(&ended, &not_ended);
     }
 
     /// Re-reads one group from AWS before a size change (the caller holds the write
@@ -443,7 +446,7 @@ impl Provider {
         let mut ov = self.overlay.lock();
         ov.target.remove(id);
         Self::prune_deleting(&mut ov, &registry);
-        ov.departed.note(&old, &registry, now());
+        ov.known.note_departures(&old, &registry, now());
         Self::apply_marks(&mut ov, &registry);
         Ok(registry)
     }
@@ -491,7 +494,7 @@ impl Provider {
 
     /// Instances we ended stop being tracked once AWS shows them terminating or gone.
     fn prune_deleting(ov: &mut super::Overlay, registry: &Registry) {
-        ov.deleting.retain(|id| {
+        ov.known.keep_ending(|id| {
             registry
                 .group_of_instance(id)
                 .and_then(|g| g.asg.instances.iter().find(|i| &i.id == id))
@@ -762,7 +765,7 @@ impl Provider {
                         }
                         if reg.group(&loc.group).is_some() {
                             tracing::info!(instance = %loc.instance_id, group = %loc.group, "new instance mapped to its group");
-                            ov.located.insert(loc.instance_id, (loc.group, now()));
+                            ov.known.locate(&loc.instance_id, loc.group, now());
                             any = true;
                         }
                     }
