@@ -583,7 +583,6 @@ const ENGINE_REACHED_FROM: &[&str] = &[
     "holds.rs",
     "stages/drain.rs",
     "stages/terminate.rs",
-    "stages/preview.rs",
     "sources/",
 ];
 

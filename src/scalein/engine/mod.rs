@@ -332,10 +332,9 @@ impl Engine {
         }
         let this = self.clone();
         let task_req = req.clone();
-        let handle =
-            tokio::spawn(
-                async move { Outcome::Observed(preview::describe(&this, &task_req).await) },
-            );
+        let handle = tokio::spawn(async move {
+            Outcome::Observed(preview::describe(&this.stage(), &task_req).await)
+        });
         self.book.observe(req, handle);
         true
     }
@@ -605,12 +604,7 @@ impl Engine {
         instance_id: &str,
         name: Option<&str>,
     ) -> Result<Option<String>, kube::Error> {
-        if name.is_none() {
-            if let Some(n) = self.nodes.node_for_instance(instance_id) {
-                return Ok(Some(n));
-            }
-        }
-        nodes::find_node(&self.client, instance_id, name).await
+        self.stage().find_node(instance_id, name).await
     }
 }
 

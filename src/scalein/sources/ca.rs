@@ -100,7 +100,7 @@ impl ScaleIn for DrainScaleIn {
     ) -> String {
         let engine = &self.0;
         preview::describe(
-            engine,
+            &engine.stage(),
             &DrainRequest {
                 instance_id: instance.id.clone(),
                 group: group.asg.name.clone(),

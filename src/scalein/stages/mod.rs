@@ -47,4 +47,19 @@ impl Stage<'_> {
     pub fn limits(&self) -> record::Limits {
         self.settings.limits()
     }
+
+    /// The Node of an instance: the name given (checked with the API server), else
+    /// the Node index's answer, else the API server's by providerID.
+    pub async fn find_node(
+        &self,
+        instance_id: &str,
+        name: Option<&str>,
+    ) -> Result<Option<String>, kube::Error> {
+        if name.is_none() {
+            if let Some(n) = self.nodes.node_for_instance(instance_id) {
+                return Ok(Some(n));
+            }
+        }
+        crate::scalein::kube::nodes::find_node(self.client, instance_id, name).await
+    }
 }

@@ -12,7 +12,8 @@ use kube::client::Body;
 use crate::scalein::decide::plan::{self, PodRef};
 use crate::scalein::kube::events::Reason;
 use crate::scalein::kube::intercept::Answer;
-use crate::scalein::{DaemonSetPolicy, DrainRequest, Engine, Mode};
+use crate::scalein::stages::Stage;
+use crate::scalein::{DaemonSetPolicy, DrainRequest, Mode};
 use crate::telemetry::metrics::metrics;
 
 /// A client that sends reads and Events to the API server and answers every other
@@ -72,7 +73,7 @@ fn guard(req: http::Request<Body>, client: kube::Client) -> Answer {
 
 /// What the drain of `req` would do, from what the cluster shows now. Publishes it
 /// as a `DryRunDrain` Event on the Node (when there is one) and logs it.
-pub async fn describe(engine: &Engine, req: &DrainRequest) -> String {
+pub async fn describe(stage: &Stage<'_>, req: &DrainRequest) -> String {
     metrics().dry_run("drain");
     let end = match &req.mode {
         Mode::Lifecycle { action, .. } => {
@@ -82,7 +83,7 @@ pub async fn describe(engine: &Engine, req: &DrainRequest) -> String {
         Mode::DrainOnly => "leave the instance running".into(),
     };
     let id = &req.instance_id;
-    let node = match engine.find_node(id, req.node_name.as_deref()).await {
+    let node = match stage.find_node(id, req.node_name.as_deref()).await {
         Err(e) => {
             let text = format!(
                 "dry run: cannot tell whether instance {id} has a Node ({e}): would not end it"
@@ -97,17 +98,17 @@ pub async fn describe(engine: &Engine, req: &DrainRequest) -> String {
         }
         Ok(Some(n)) => n,
     };
-    let text = match crate::scalein::kube::nodes::pods_on(&engine.client, &node).await {
+    let text = match crate::scalein::kube::nodes::pods_on(stage.client, &node).await {
         Err(e) => format!(
             "dry run: cannot list the pods of node {node} ({e}): would not end instance {id}"
         ),
         Ok(list) => {
-            let evict_ds = engine.settings.daemonsets == DaemonSetPolicy::EvictLast;
+            let evict_ds = stage.settings.daemonsets == DaemonSetPolicy::EvictLast;
             summary(&node, req, &plan::full_plan(&list, evict_ds), &end)
         }
     };
     tracing::info!(node = %node, instance = %id, group = %req.group, "{text}");
-    engine
+    stage
         .events
         .node(&node, Reason::DryRunDrain, text.clone())
         .await;
