@@ -1542,20 +1542,32 @@ async fn an_unready_service_names_the_cause_in_its_pods_events() {
     task.abort();
 }
 
+/// The lines a command said.
+type Said = Arc<std::sync::Mutex<Vec<String>>>;
+
 /// Runs `drain NODE` (drain only) in the background, its lines collected.
 fn drain_command_in_background(
     client: kube::Client,
     node: &str,
-) -> (
-    tokio::task::JoinHandle<anyhow::Result<()>>,
-    Arc<std::sync::Mutex<Vec<String>>>,
-) {
-    let cfg = ConfigArgs {
+) -> (tokio::task::JoinHandle<anyhow::Result<()>>, Said) {
+    drain_command_with_lease(client, node, None)
+}
+
+/// [`drain_command_in_background`], the config's lease duration given.
+fn drain_command_with_lease(
+    client: kube::Client,
+    node: &str,
+    lease: Option<Duration>,
+) -> (tokio::task::JoinHandle<anyhow::Result<()>>, Said) {
+    let mut cfg = ConfigArgs {
         region: Some("us-east-1".into()),
         ..Default::default()
     }
     .load()
     .unwrap();
+    if let Some(d) = lease {
+        cfg.scale_in.lease_duration = d;
+    }
     let args = DrainArgs {
         node: node.into(),
         dry_run: false,
@@ -1756,5 +1768,70 @@ async fn the_drain_command_holds_the_lease_while_it_drains_when_nobody_leads() {
         "evicted twice: {evicted:?}"
     );
     lp.abort();
+    w.engine.shutdown();
+}
+
+/// Two drain commands at once and no service: the second waits while the first holds
+/// the Lease (a command drains only its own node, so it is never handed a drain), and
+/// drains once the first gave the Lease back: never two engines at once, each node
+/// drained by one, each pod evicted once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_drain_command_waits_for_the_first_one_lease_at_a_time() {
+    use ca_asg_provider::cloud::memory::MemoryGroup;
+    use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+    use support::world::*;
+    let w = world(
+        vec![MemoryGroup::new("web", 0, 3, 2, "m5.large")],
+        fast_settings(),
+        Duration::from_millis(30),
+    )
+    .await;
+    let nodes = nodes_of(&w, "web");
+    fluentd_and_an_app_on_each(&w, &nodes, 0.2, 0.2);
+    w.sim.create(&fixtures::pdb("shop", "app", 0)).unwrap();
+    pods_ready(&w, 4).await;
+    let lease = Some(Duration::from_secs(2));
+    let (first, said_first) = drain_command_with_lease(w.sim.client(), &nodes[0].0, lease);
+    support::eventually("the budget holds the first command's drain", 10, || {
+        w.sim.audit().iter().any(|a| a.verb == "eviction-denied")
+    })
+    .await;
+    let (second, said_second) = drain_command_with_lease(w.sim.client(), &nodes[1].0, lease);
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let cordoned = |n: &str| w.sim.get::<Node>("", n).unwrap()["spec"]["unschedulable"] == true;
+    assert!(
+        !cordoned(&nodes[1].0),
+        "the second command changed its node while the first held the Lease:\n{}",
+        said_second.lock().unwrap().join("\n")
+    );
+    assert!(
+        said_second
+            .lock()
+            .unwrap()
+            .iter()
+            .any(|l| l.contains("another drain command: waiting for it")),
+        "{:?}",
+        said_second.lock().unwrap()
+    );
+    assert!(w.sim.remove::<PodDisruptionBudget>("shop", "app-pdb"));
+    for (task, said) in [(first, &said_first), (second, &said_second)] {
+        tokio::time::timeout(Duration::from_secs(30), task)
+            .await
+            .expect("each command ends")
+            .unwrap()
+            .unwrap();
+        let text = said.lock().unwrap().join("\n");
+        assert!(
+            text.contains("done: node drained; it stays cordoned"),
+            "{text}"
+        );
+    }
+    assert!(cordoned(&nodes[0].0) && cordoned(&nodes[1].0));
+    let evicted = evictions(&w.sim);
+    assert_eq!(evicted.len(), 4, "{evicted:?}");
+    assert!(
+        evicted.values().all(|&n| n == 1),
+        "evicted twice: {evicted:?}"
+    );
     w.engine.shutdown();
 }

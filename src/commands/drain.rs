@@ -203,6 +203,9 @@ impl Target {
     }
 }
 
+/// This process's drain commands so far: each holds the Lease as itself.
+static RUNS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
 /// Who runs the drain.
 enum Who {
     /// This command, holding the Lease when leader election is on.
@@ -232,12 +235,22 @@ async fn who_drains(
         .unwrap_or_else(|| "local".into());
     let lease = leader::lease_for(
         &cfg.scale_in,
-        format!("drain-command-{host}-{}", std::process::id()),
+        format!(
+            "{}{host}-{}-{}",
+            leader::COMMAND_HOLDER_PREFIX,
+            std::process::id(),
+            RUNS.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+        ),
     );
     let api: Api<Lease> = Api::namespaced(client.clone(), &lease.namespace);
-    let watching = || {
+    let watching = |holder: &str| {
+        let now = if holder.starts_with(leader::COMMAND_HOLDER_PREFIX) {
+            format!(" (held by {holder}, another drain command: waiting for it)")
+        } else {
+            String::new()
+        };
         say(&format!(
-            "reading the Lease {}/{} for up to {:?}: a replica of the service that renews it runs the drain; if none does, this command takes it",
+            "reading the Lease {}/{} for up to {:?}{now}: a replica of the service that renews it runs the drain; if none does, this command takes it",
             lease.namespace, lease.name, lease.duration
         ))
     };

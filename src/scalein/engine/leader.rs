@@ -107,10 +107,15 @@ pub enum CommandTurn {
     Watch,
 }
 
+/// How the drain command's holder identity begins: another command holding the Lease
+/// drains its own node only, so it is waited for, never handed a drain.
+pub const COMMAND_HOLDER_PREFIX: &str = "drain-command-";
+
 /// [`CommandTurn`] for the Lease as read now. Pure. `unchanged_for` and `changed`
 /// are [`Observed`]'s. A holder is alive only when seen renewing (timestamps are other
 /// clocks'); a Lease released or standing still is taken only after a whole lease
 /// duration as the command saw it, so a replica that is starting takes it first.
+/// Another drain command renewing it is waited for: it drains only its own node.
 pub fn command_turn(
     spec: Option<&LeaseSpec>,
     me: &str,
@@ -125,6 +130,9 @@ pub fn command_turn(
         return CommandTurn::Take;
     }
     if !holder.is_empty() && changed {
+        if holder.starts_with(COMMAND_HOLDER_PREFIX) {
+            return CommandTurn::Watch;
+        }
         return CommandTurn::HandTo(holder);
     }
     let duration = Duration::from_secs(spec.lease_duration_seconds.unwrap_or(15).max(1) as u64);
@@ -145,13 +153,14 @@ pub enum Claim {
 }
 
 /// Reads the Lease until it is clear who drains: the command itself, holding the
-/// Lease, or the replica that renews it. At most about a lease duration plus a round
-/// when nobody renews it. `watching` is called once, when the answer is not there at
-/// the first read. An error of the API server is returned: nothing was written.
+/// Lease, or the replica that renews it. About a lease duration plus a round at most
+/// when nobody renews it; as long as another drain command does. `watching` is
+/// called once, with the holder then, when the answer is not there at the first
+/// read. An error of the API server is returned: nothing was written.
 pub async fn claim_for_command(
     api: &Api<Lease>,
     s: &LeaseSettings,
-    watching: impl FnOnce(),
+    watching: impl FnOnce(&str),
 ) -> Result<Claim, kube::Error> {
     let mut observed = Observed::default();
     let mut watching = Some(watching);
@@ -170,7 +179,9 @@ pub async fn claim_for_command(
             }
             CommandTurn::Watch => {
                 if let Some(say) = watching.take() {
-                    say();
+                    say(spec
+                        .and_then(|s| s.holder_identity.as_deref())
+                        .unwrap_or_default());
                 }
             }
         }
@@ -538,7 +549,13 @@ mod tests {
             lease_duration_seconds: Some(15),
             ..Default::default()
         };
-        for holder in [None, Some("replica-a"), Some("drain-command-h-1"), Some("")] {
+        for holder in [
+            None,
+            Some("replica-a"),
+            Some("drain-command-h-1"),
+            Some("drain-command-other-7"),
+            Some(""),
+        ] {
             for renewed_ago in [0, 5, 100] {
                 for unchanged in [
                     Duration::ZERO,
@@ -556,6 +573,7 @@ mod tests {
                         let live = changed && holder.is_some_and(|h| !h.is_empty());
                         let want = match holder {
                             Some("drain-command-h-1") => Take,
+                            Some(h) if h.starts_with(COMMAND_HOLDER_PREFIX) && live => Watch,
                             _ if live => HandTo(holder.unwrap().to_string()),
                             _ if unchanged >= d => Take,
                             _ => Watch,
