@@ -960,115 +960,174 @@ async fn phase(
     which: plan::Phase,
     deadline: Instant,
 ) -> Result<(), usize> {
-    let engine = d.engine;
-    let node = d.node;
-    let mut evicted_uids: BTreeSet<String> = BTreeSet::new();
+    let mut evicted: BTreeSet<String> = BTreeSet::new();
     let mut told: BTreeSet<String> = BTreeSet::new();
     loop {
-        let mut skipped: Vec<(plan::PodRef, &'static str)> = Vec::new();
-        let listed = pods.pods();
-        let current: Vec<Pod> = listed
-            .into_iter()
-            .filter(|p| {
-                let r = plan::pod_ref(p);
-                let in_phase = match plan::classify_with(p, &engine.settings.node_critical) {
-                    Disposition::Evict(t) | Disposition::Wait(t) => which.takes(t),
-                    Disposition::Skip(_) => {
-                        // A finished pod a finalizer keeps: say once why it stays.
-                        let held = p.metadata.deletion_timestamp.is_some()
-                            && p.metadata.finalizers.as_ref().is_some_and(|f| !f.is_empty());
-                        if held && which == plan::Phase::Workloads && told.insert(r.uid.clone()) {
-                            if let Some(why) = d.not_waited_for(p) {
-                                skipped.push((r.clone(), why));
-                            }
-                        }
-                        false
-                    }
-                };
-                if !in_phase {
-                    return true;
-                }
-                if !evicted_uids.contains(&r.uid)
-                    && plan::is_replacement(p, drain_taint(), d.started)
-                {
-                    if told.insert(r.uid.clone()) {
-                        skipped.push((r.clone(), "it arrived after the drain began and tolerates the drain taint; it ends with the instance"));
-                    }
-                    return false;
-                }
-                if let Some(why) = d.not_waited_for(p) {
-                    if told.insert(r.uid.clone()) {
-                        skipped.push((r.clone(), why));
-                    }
-                    return false;
-                }
-                true
-            })
-            .collect();
-        for (pod, why) in skipped {
-            engine
-                .events
-                .node_about_pod(node, Reason::PodNotWaitedFor, format!("{pod}: {why}"), &pod)
-                .await;
-        }
-        let step = plan::next_step_with(&current, which, &engine.settings.node_critical);
+        let (current, skipped) = pods_of_phase(d, pods, which, &evicted, &mut told);
+        say_not_waited_for(d, skipped).await;
+        let step = plan::next_step_with(&current, which, &d.engine.settings.node_critical);
         let Some(tier) = step.tier else { return Ok(()) };
-        if tier == Tier::OnCompletion {
-            let new: Vec<String> = step
-                .wait
-                .iter()
-                .filter(|p| told.insert(format!("completion:{}", p.uid)))
-                .map(|p| p.to_string())
-                .collect();
-            if !new.is_empty() {
-                engine
-                    .events
-                    .node(node, Reason::WaitingForCompletion, format!("waiting for pods that run to completion (cluster-autoscaler.kubernetes.io/safe-to-evict: on-completion) to finish: {}; nothing is evicted, and the workload deadline's policy applies if they are still running then", new.join(", ")))
-                    .await;
+        say_tier(d, tier, &step, &mut told).await;
+        let accepted = evict_tier(d, pods, &step, &current, deadline).await;
+        evicted.extend(step.evict.iter().map(|p| p.uid.clone()));
+        tier_gone(d, pods, &step, &accepted, deadline).await?;
+    }
+}
+
+/// The pods on the node this phase still waits for, and (once per pod, `told`
+/// remembers) the pods it will not wait for, with why: finished pods a finalizer
+/// keeps, replacements that tolerate the drain taint, and pods `not_waited_for`
+/// names.
+fn pods_of_phase(
+    d: &NodeDrain<'_>,
+    pods: &NodePods,
+    which: plan::Phase,
+    evicted: &BTreeSet<String>,
+    told: &mut BTreeSet<String>,
+) -> (Vec<Pod>, Vec<(plan::PodRef, &'static str)>) {
+    let mut skipped: Vec<(plan::PodRef, &'static str)> = Vec::new();
+    let current: Vec<Pod> = pods
+        .pods()
+        .into_iter()
+        .filter(|p| {
+            let r = plan::pod_ref(p);
+            let in_phase = match plan::classify_with(p, &d.engine.settings.node_critical) {
+                Disposition::Evict(t) | Disposition::Wait(t) => which.takes(t),
+                Disposition::Skip(_) => {
+                    // A finished pod a finalizer keeps: say once why it stays.
+                    let held = p.metadata.deletion_timestamp.is_some()
+                        && p.metadata.finalizers.as_ref().is_some_and(|f| !f.is_empty());
+                    if held && which == plan::Phase::Workloads && told.insert(r.uid.clone()) {
+                        if let Some(why) = d.not_waited_for(p) {
+                            skipped.push((r.clone(), why));
+                        }
+                    }
+                    false
+                }
+            };
+            if !in_phase {
+                return true;
             }
-        }
-        if tier == Tier::DoNotDisrupt && !step.evict.is_empty() {
-            let names: Vec<String> = step.evict.iter().map(|p| p.to_string()).collect();
+            if !evicted.contains(&r.uid) && plan::is_replacement(p, drain_taint(), d.started) {
+                if told.insert(r.uid.clone()) {
+                    skipped.push((r.clone(), "it arrived after the drain began and tolerates the drain taint; it ends with the instance"));
+                }
+                return false;
+            }
+            if let Some(why) = d.not_waited_for(p) {
+                if told.insert(r.uid.clone()) {
+                    skipped.push((r.clone(), why));
+                }
+                return false;
+            }
+            true
+        })
+        .collect();
+    (current, skipped)
+}
+
+/// One `PodNotWaitedFor` Event per pod the phase will not wait for.
+async fn say_not_waited_for(d: &NodeDrain<'_>, skipped: Vec<(plan::PodRef, &'static str)>) {
+    for (pod, why) in skipped {
+        d.engine
+            .events
+            .node_about_pod(
+                d.node,
+                Reason::PodNotWaitedFor,
+                format!("{pod}: {why}"),
+                &pod,
+            )
+            .await;
+    }
+}
+
+/// The Events of a tier that waits instead of evicting (pods that run to completion,
+/// each said once) or evicts pods that asked not to be disrupted.
+async fn say_tier(d: &NodeDrain<'_>, tier: Tier, step: &plan::Step, told: &mut BTreeSet<String>) {
+    let (engine, node) = (d.engine, d.node);
+    if tier == Tier::OnCompletion {
+        let new: Vec<String> = step
+            .wait
+            .iter()
+            .filter(|p| told.insert(format!("completion:{}", p.uid)))
+            .map(|p| p.to_string())
+            .collect();
+        if !new.is_empty() {
             engine
                 .events
-                .node(node, Reason::EvictingDoNotDisrupt, format!("evicting pods that asked not to be disrupted ({}): the instance is ending anyway, so they go last among workloads", names.join(", ")))
+                .node(node, Reason::WaitingForCompletion, format!("waiting for pods that run to completion (cluster-autoscaler.kubernetes.io/safe-to-evict: on-completion) to finish: {}; nothing is evicted, and the workload deadline's policy applies if they are still running then", new.join(", ")))
                 .await;
         }
-        let waits: BTreeMap<String, Duration> = current
-            .iter()
-            .map(|p| (plan::pod_ref(p).uid, d.wait_before_evicting(p)))
-            .collect();
-        let pods_ref: &NodePods = pods;
-        let accepted = join_all(step.evict.iter().map(|p| {
-            let uid = p.uid.clone();
-            let wait = waits.get(&uid).copied().unwrap_or_default();
-            async move {
-                tokio::time::sleep(wait).await;
-                evict::until_accepted(&engine.stage(), node, p, d.why, deadline, move || {
-                    pods_ref.contains(&uid)
-                })
-                .await
-            }
-        }))
-        .await;
-        evicted_uids.extend(step.evict.iter().map(|p| p.uid.clone()));
-        let uids: Vec<String> = step
-            .evict
-            .iter()
-            .chain(step.wait.iter())
-            .map(|p| p.uid.clone())
-            .collect();
-        let gone = accepted.iter().all(|a| *a)
-            && pods
-                .wait_gone(&uids, deadline, |p| d.not_waited_for(p).is_some())
-                .await;
-        if !gone {
-            let left = uids
-                .iter()
-                .filter(|u| pods.get(u).is_some_and(|p| d.not_waited_for(&p).is_none()))
-                .count();
-            return Err(left);
-        }
-        tracing::debug!(node, tier = tier.as_str(), count = uids.len(), "tier gone");
     }
+    if tier == Tier::DoNotDisrupt && !step.evict.is_empty() {
+        let names: Vec<String> = step.evict.iter().map(|p| p.to_string()).collect();
+        engine
+            .events
+            .node(node, Reason::EvictingDoNotDisrupt, format!("evicting pods that asked not to be disrupted ({}): the instance is ending anyway, so they go last among workloads", names.join(", ")))
+            .await;
+    }
+}
+
+/// Evicts the tier's pods at once, each after its own wait (`wait_before_evicting`),
+/// each until the API server accepts or the deadline; one answer per pod, in order.
+async fn evict_tier(
+    d: &NodeDrain<'_>,
+    pods: &NodePods,
+    step: &plan::Step,
+    current: &[Pod],
+    deadline: Instant,
+) -> Vec<bool> {
+    let (engine, node) = (d.engine, d.node);
+    let waits: BTreeMap<String, Duration> = current
+        .iter()
+        .map(|p| (plan::pod_ref(p).uid, d.wait_before_evicting(p)))
+        .collect();
+    join_all(step.evict.iter().map(|p| {
+        let uid = p.uid.clone();
+        let wait = waits.get(&uid).copied().unwrap_or_default();
+        async move {
+            tokio::time::sleep(wait).await;
+            evict::until_accepted(&engine.stage(), node, p, d.why, deadline, move || {
+                pods.contains(&uid)
+            })
+            .await
+        }
+    }))
+    .await
+}
+
+/// Waits until the tier's pods (evicted and waited for) are gone. `Err(n)`: the
+/// deadline passed, or an eviction was never accepted, with `n` of them left that the
+/// drain waits for.
+async fn tier_gone(
+    d: &NodeDrain<'_>,
+    pods: &mut NodePods,
+    step: &plan::Step,
+    accepted: &[bool],
+    deadline: Instant,
+) -> Result<(), usize> {
+    let uids: Vec<String> = step
+        .evict
+        .iter()
+        .chain(step.wait.iter())
+        .map(|p| p.uid.clone())
+        .collect();
+    let gone = accepted.iter().all(|a| *a)
+        && pods
+            .wait_gone(&uids, deadline, |p| d.not_waited_for(p).is_some())
+            .await;
+    if !gone {
+        let left = uids
+            .iter()
+            .filter(|u| pods.get(u).is_some_and(|p| d.not_waited_for(&p).is_none()))
+            .count();
+        return Err(left);
+    }
+    tracing::debug!(
+        node = d.node,
+        tier = step.tier.map(Tier::as_str),
+        count = uids.len(),
+        "tier gone"
+    );
+    Ok(())
 }
