@@ -357,13 +357,7 @@ pub async fn until_accepted(
     deadline: Instant,
     still_there: impl Fn() -> bool,
 ) -> bool {
-    let mut told = false;
-    let mut held_since = None;
-    let mut backoff = stage.settings.eviction_retry;
-    // Once a budget refused and its status could not say when it allows again: the
-    // watches of its pods, so the next try goes the moment a replacement is Ready
-    // instead of at the next tick of the fixed retry.
-    let mut budget_waits: Option<Vec<crate::scalein::kube::budgets::BudgetWait>> = None;
+    let mut tries = Tries::new(stage);
     loop {
         if !still_there() {
             return true;
@@ -376,7 +370,7 @@ pub async fn until_accepted(
             Earlier::Unanswered => return false,
             Earlier::Nothing => {}
         }
-        let tell = (&mut told, &mut held_since);
+        let tell = (&mut tries.told, &mut tries.held_since);
         let (ticket, anyway) = match hold(stage, node, pod, deadline, tell, &still_there).await {
             Held::Try(ticket) => (ticket, false),
             Held::Anyway => (None, true),
@@ -396,85 +390,147 @@ pub async fn until_accepted(
         }
         // Whether a change of the budget's pods may bring the next try forward (only
         // a budget's refusal: an APF 429 keeps its Retry-After).
-        let mut early = false;
-        match outcome {
+        let early = match outcome {
             Attempt::Evicted => {
-                stage
-                    .events
-                    .pod(
-                        pod,
-                        node,
-                        Reason::PodEvicted,
-                        format!("evicted by ca-asg-provider: node {node} is being drained ({why})"),
-                    )
-                    .await;
+                say_evicted(stage, node, pod, why).await;
                 return true;
             }
             Attempt::Gone => return true,
             Attempt::Blocked(why) => {
-                if !told {
-                    stage
-                        .events
-                        .node_about_pod(node, Reason::EvictionBlocked, format!("eviction of {pod} blocked by a PodDisruptionBudget: {why}; retrying when the budget allows, at the latest every {backoff:?}"), pod)
-                        .await;
-                    told = true;
-                }
-                backoff = stage.settings.eviction_retry;
+                tries.blocked(node, pod, &why).await;
                 if status_known {
                     if Instant::now() >= deadline {
                         return false;
                     }
                     continue;
                 }
-                if budget_waits.is_none() && stage.settings.budget_watch {
-                    let every_pod = stage.passes.shared_pods();
-                    let waits = selecting(stage, pod)
-                        .await
-                        .iter()
-                        .map(|(_, sel)| {
-                            stage
-                                .budgets
-                                .subscribe(&pod.namespace, sel, every_pod.clone())
-                        })
-                        .collect();
-                    budget_waits = Some(waits);
-                }
-                early = true;
+                tries.watch_budgets(pod).await;
+                true
             }
             Attempt::Throttled(after) => {
                 tracing::debug!(node, pod = %pod, retry_after = ?after, "eviction throttled by the API server (not a PodDisruptionBudget)");
-                backoff = after;
+                tries.backoff = after;
+                false
             }
             Attempt::OverlappingBudgets(names) => {
-                if !told {
-                    let which = if names.is_empty() {
-                        "more than one PodDisruptionBudget".to_string()
-                    } else {
-                        format!("PodDisruptionBudgets {}", names.join(", "))
-                    };
-                    stage
-                        .events
-                        .node_about_pod(node, Reason::EvictionBlocked, format!("eviction of {pod} refused: {which} select it, and the Eviction API accepts at most one; fix the overlapping budgets; retrying"), pod)
-                        .await;
-                    told = true;
-                }
-                backoff = (backoff * 2)
-                    .min(Duration::from_secs(30))
-                    .max(stage.settings.eviction_retry);
+                tries.overlapping(node, pod, &names).await;
+                false
             }
             Attempt::Error(e) => {
                 tracing::warn!(node, pod = %pod, error = %e, "eviction failed; retrying");
-                backoff = (backoff * 2)
-                    .min(Duration::from_secs(30))
-                    .max(stage.settings.eviction_retry);
+                tries.back_off();
+                false
             }
+        };
+        if !tries.wait_next(pod, deadline, early).await {
+            return false;
         }
+    }
+}
+
+/// The `PodEvicted` Event on the pod: who evicted it and why.
+async fn say_evicted(stage: &Stage<'_>, node: &str, pod: &PodRef, why: &str) {
+    stage
+        .events
+        .pod(
+            pod,
+            node,
+            Reason::PodEvicted,
+            format!("evicted by ca-asg-provider: node {node} is being drained ({why})"),
+        )
+        .await;
+}
+
+/// What the tries of one pod's eviction carry from one to the next.
+struct Tries<'s, 'a> {
+    stage: &'s Stage<'a>,
+    /// The refusal was said (one Event per pod).
+    told: bool,
+    /// Since when a budget's status has held the pod back ([`hold`]).
+    held_since: Option<Instant>,
+    /// How long until the next try.
+    backoff: Duration,
+    /// Once a budget refused and its status could not say when it allows again: the
+    /// watches of its pods, so the next try goes the moment a replacement is Ready
+    /// instead of at the next tick of the fixed retry.
+    budget_waits: Option<Vec<crate::scalein::kube::budgets::BudgetWait>>,
+}
+
+impl<'s, 'a> Tries<'s, 'a> {
+    fn new(stage: &'s Stage<'a>) -> Self {
+        Tries {
+            stage,
+            told: false,
+            held_since: None,
+            backoff: stage.settings.eviction_retry,
+            budget_waits: None,
+        }
+    }
+
+    /// A budget refused: said once, and the next try at the fixed retry.
+    async fn blocked(&mut self, node: &str, pod: &PodRef, why: &str) {
+        let backoff = self.backoff;
+        if !self.told {
+            self.stage
+                .events
+                .node_about_pod(node, Reason::EvictionBlocked, format!("eviction of {pod} blocked by a PodDisruptionBudget: {why}; retrying when the budget allows, at the latest every {backoff:?}"), pod)
+                .await;
+            self.told = true;
+        }
+        self.backoff = self.stage.settings.eviction_retry;
+    }
+
+    /// Watches the pods of the budgets that select `pod` (once).
+    async fn watch_budgets(&mut self, pod: &PodRef) {
+        let stage = self.stage;
+        if self.budget_waits.is_none() && stage.settings.budget_watch {
+            let every_pod = stage.passes.shared_pods();
+            let waits = selecting(stage, pod)
+                .await
+                .iter()
+                .map(|(_, sel)| {
+                    stage
+                        .budgets
+                        .subscribe(&pod.namespace, sel, every_pod.clone())
+                })
+                .collect();
+            self.budget_waits = Some(waits);
+        }
+    }
+
+    /// More than one budget selects the pod: said once, and tried again backing off.
+    async fn overlapping(&mut self, node: &str, pod: &PodRef, names: &[String]) {
+        if !self.told {
+            let which = if names.is_empty() {
+                "more than one PodDisruptionBudget".to_string()
+            } else {
+                format!("PodDisruptionBudgets {}", names.join(", "))
+            };
+            self.stage
+                .events
+                .node_about_pod(node, Reason::EvictionBlocked, format!("eviction of {pod} refused: {which} select it, and the Eviction API accepts at most one; fix the overlapping budgets; retrying"), pod)
+                .await;
+            self.told = true;
+        }
+        self.back_off();
+    }
+
+    /// Doubles the wait, from the fixed retry up to 30 s.
+    fn back_off(&mut self) {
+        self.backoff = (self.backoff * 2)
+            .min(Duration::from_secs(30))
+            .max(self.stage.settings.eviction_retry);
+    }
+
+    /// Waits for the next try: the backoff (jittered), cut short by a change of the
+    /// watched budgets' pods when `early`. `false`: the deadline has passed.
+    async fn wait_next(&mut self, pod: &PodRef, deadline: Instant, early: bool) -> bool {
         let now = Instant::now();
         if now >= deadline {
             return false;
         }
-        let timer = tokio::time::sleep(jitter(backoff, pod).min(deadline - now));
-        match budget_waits.as_mut().filter(|_| early) {
+        let timer = tokio::time::sleep(jitter(self.backoff, pod).min(deadline - now));
+        match self.budget_waits.as_mut().filter(|_| early) {
             Some(waits) => {
                 tokio::select! {
                     biased;
@@ -490,6 +546,7 @@ pub async fn until_accepted(
             }
             None => timer.await,
         }
+        true
     }
 }
 
