@@ -237,17 +237,7 @@ impl Provider {
         ops: Arc<OwnedMutexGuard<()>>,
     ) {
         let scale_in = self.scale_in.read().clone();
-        let t0 = Instant::now();
-        let read = match self.require_drain_state() {
-            Ok(()) => self.read_group_and_hooks(id, scale_in.as_ref()).await,
-            Err(e) => Err(e),
-        };
-        // Each call's read, as a size change's own read counts for its write's reserve.
-        let took = t0.elapsed();
-        for c in &calls {
-            c.bound.note_read(took);
-        }
-        let (reg, shared) = match read {
+        let (reg, shared) = match self.read_batch(id, &calls, scale_in.as_ref()).await {
             Ok(x) => x,
             Err(e) => {
                 for c in calls {
@@ -265,6 +255,58 @@ impl Provider {
                 Self::deferred_in(&ov, g),
             )
         };
+        let planned = self.plan_batch(&reg, g, calls, target, live);
+        if self.settings.dry_run {
+            self.refuse_in_dry_run(g, target, planned).await;
+            return;
+        }
+        let (writing, rest): (Vec<_>, Vec<_>) =
+            planned.into_iter().partition(|p| p.placeholders > 0);
+        let written = self.write_placeholders(g, target, deferred, writing).await;
+        // Every real removal starts only now, the placeholders' write answered: that
+        // absolute value, computed from the target before the removals, would undo a
+        // decrement landed before it. A caller that left meanwhile has none started.
+        let rest = rest.into_iter().map(|p| (p.real, p.call.started));
+        for (real, hand) in written.into_iter().chain(rest) {
+            let (tasks, work) = self.prepare_removals(real, &shared, &scale_in, id, &ops);
+            hand_over(hand, Share::Removals(tasks), work);
+        }
+    }
+
+    /// The batch's one read of the group with its hooks confirmed beside it, counted
+    /// in each call's bound.
+    async fn read_batch(
+        &self,
+        id: &str,
+        calls: &[DeleteCall],
+        scale_in: &dyn ScaleIn,
+    ) -> Result<(Arc<Registry>, Arc<Group>), ProviderError> {
+        let t0 = Instant::now();
+        let read = match self.require_drain_state() {
+            Ok(()) => self.read_group_and_hooks(id, scale_in).await,
+            Err(e) => Err(e),
+        };
+        // Each call's read, as a size change's own read counts for its write's reserve.
+        let took = t0.elapsed();
+        for c in calls {
+            c.bound.note_read(took);
+        }
+        read
+    }
+
+    /// Each call checked in arrival order against the group and what the calls
+    /// before it took: its nodes in the group, the group kept at its minimum, its
+    /// placeholders within the unfulfilled capacity, a size change only with enough of
+    /// its bound left. A call refused is told; a caller that gave up is left out.
+    fn plan_batch<'g>(
+        &self,
+        reg: &Registry,
+        g: &'g Group,
+        calls: Vec<DeleteCall>,
+        target: i32,
+        live: i32,
+    ) -> Vec<Planned<'g>> {
+        let id = g.asg.name.as_str();
         // Placeholders beyond the unfulfilled capacity are already gone: a slot whose
         // number is past it now (filled by a launch, or given up by an earlier call),
         // and any past the count this batch gives up.
@@ -272,10 +314,10 @@ impl Provider {
         let mut unfulfilled = slots;
         let mut taken: BTreeSet<String> = BTreeSet::new();
         let mut removed = 0i32;
-        let mut planned: Vec<Planned<'_>> = Vec::new();
+        let mut planned: Vec<Planned<'g>> = Vec::new();
         // A caller that gave up while the group was read was told nothing started.
         for call in calls.into_iter().filter(|c| !c.started.is_closed()) {
-            let (real, placeholders) = match self.plan_call(&reg, g, &call.nodes, &taken, slots) {
+            let (real, placeholders) = match self.plan_call(reg, g, &call.nodes, &taken, slots) {
                 Ok(p) => p,
                 Err(e) => {
                     let _ = call.started.send(Err(e));
@@ -310,79 +352,77 @@ impl Provider {
         }
         // Nothing is started for a caller that gave up meanwhile (see below).
         planned.retain(|p| !p.call.started.is_closed());
-        if self.settings.dry_run {
-            self.refuse_in_dry_run(g, target, planned).await;
-            return;
+        planned
+    }
+
+    /// The placeholders the calls give up, in one SetDesiredCapacity. Returns the calls
+    /// whose write AWS took, each with its real removals and the channel they go
+    /// through; the others are told why and start nothing.
+    async fn write_placeholders<'g>(
+        &self,
+        g: &Group,
+        target: i32,
+        deferred: i32,
+        writing: Vec<Planned<'g>>,
+    ) -> Vec<(ToRemove<'g>, Hand)> {
+        let id = g.asg.name.as_str();
+        if writing.is_empty() {
+            return Vec::new();
         }
-        let (writing, rest): (Vec<_>, Vec<_>) =
-            planned.into_iter().partition(|p| p.placeholders > 0);
-        // The calls whose placeholders AWS took, each with its real removals and the
-        // channel they go through.
-        let mut written: Vec<(ToRemove<'_>, Hand)> = Vec::new();
-        if !writing.is_empty() {
-            let placeholders: i32 = writing.iter().map(|p| p.placeholders).sum();
-            let new = target - placeholders;
-            match sizes::desired_for(id, new, deferred, g.asg.max_size) {
-                Ok(desired) => {
-                    // Each call of the write is handed its share before the write is
-                    // sent: from then on its caller, whenever it leaves, tells it as sent.
-                    let mut handed = Vec::with_capacity(writing.len());
-                    let mut left = false;
-                    for p in writing {
-                        let (then, share) = oneshot::channel();
-                        let share = Share::Write {
-                            desired,
-                            then: share,
-                        };
-                        if p.call.started.send(Ok(share)).is_ok() {
-                            handed.push((p.real, then));
-                        } else {
-                            left = true;
-                        }
-                    }
-                    let answer = if left {
-                        // A caller left between the check above and its hand-over: it
-                        // said nothing was removed, and the write counts its
-                        // placeholders. The write is not sent.
-                        Err(ProviderError::Unavailable(format!(
-                            "DeleteNodes for node group {}: a call recorded with this one gave up before the placeholders were written; nothing was changed; retry",
-                            echo(id)
-                        )))
-                    } else {
-                        tracing::info!(
-                            group = id,
-                            from = target,
-                            to = new,
-                            desired,
-                            "removing {placeholders} placeholder(s)"
-                        );
-                        self.write_desired(id, desired).await
-                    };
-                    match answer {
-                        Ok(()) => written = handed,
-                        // The calls that gave up placeholders fail whole, nothing of
-                        // theirs started; the others go on.
-                        Err(e) => {
-                            for (_, then) in handed {
-                                let _ = then.send(Err(e.clone()));
-                            }
-                        }
-                    }
+        let placeholders: i32 = writing.iter().map(|p| p.placeholders).sum();
+        let new = target - placeholders;
+        let desired = match sizes::desired_for(id, new, deferred, g.asg.max_size) {
+            Ok(desired) => desired,
+            Err(e) => {
+                for p in writing {
+                    let _ = p.call.started.send(Err(e.clone()));
                 }
-                Err(e) => {
-                    for p in writing {
-                        let _ = p.call.started.send(Err(e.clone()));
-                    }
-                }
+                return Vec::new();
+            }
+        };
+        // Each call of the write is handed its share before the write is sent: from
+        // then on its caller, whenever it leaves, tells it as sent.
+        let mut handed = Vec::with_capacity(writing.len());
+        let mut left = false;
+        for p in writing {
+            let (then, share) = oneshot::channel();
+            let share = Share::Write {
+                desired,
+                then: share,
+            };
+            if p.call.started.send(Ok(share)).is_ok() {
+                handed.push((p.real, then));
+            } else {
+                left = true;
             }
         }
-        // Every real removal starts only now, the placeholders' write answered: that
-        // absolute value, computed from the target before the removals, would undo a
-        // decrement landed before it. A caller that left meanwhile has none started.
-        let rest = rest.into_iter().map(|p| (p.real, p.call.started));
-        for (real, hand) in written.into_iter().chain(rest) {
-            let (tasks, work) = self.prepare_removals(real, &shared, &scale_in, id, &ops);
-            hand_over(hand, Share::Removals(tasks), work);
+        let answer = if left {
+            // A caller left between the check above and its hand-over: it said nothing
+            // was removed, and the write counts its placeholders. The write is not sent.
+            Err(ProviderError::Unavailable(format!(
+                "DeleteNodes for node group {}: a call recorded with this one gave up before the placeholders were written; nothing was changed; retry",
+                echo(id)
+            )))
+        } else {
+            tracing::info!(
+                group = id,
+                from = target,
+                to = new,
+                desired,
+                "removing {placeholders} placeholder(s)"
+            );
+            self.write_desired(id, desired).await
+        };
+        match answer {
+            Ok(()) => handed,
+            // The calls that gave up placeholders fail whole, nothing of theirs
+            // started; the others go on.
+            Err(e) => {
+                for (_, then) in handed {
+                    let _ = then.send(Err(e.clone()));
+                }
+                Vec::new()
+            }
         }
     }
 
