@@ -332,16 +332,27 @@ impl FakeKubelet {
     async fn run_pods(self) {
         let pods: Api<Pod> = Api::all(self.client.clone());
         let mut stream = watcher(pods, watcher::Config::default()).boxed();
+        // A run of failures is said once, and its end with how many there were: a
+        // kubelet that outlives its control plane (a scenario that does not stop it)
+        // would otherwise print a line every 200 ms until the test binary ends.
+        let mut failing = 0u64;
         while let Some(ev) = stream.next().await {
             let list = match ev {
                 Ok(watcher::Event::Apply(p)) | Ok(watcher::Event::InitApply(p)) => vec![p],
                 Ok(_) => continue,
                 Err(e) => {
-                    eprintln!("fake kubelet: pod watch: {e}");
+                    if failing == 0 {
+                        eprintln!("fake kubelet: pod watch: {e} (retrying every 200 ms; said once)");
+                    }
+                    failing += 1;
                     tokio::time::sleep(Duration::from_millis(200)).await;
                     continue;
                 }
             };
+            if failing > 0 {
+                eprintln!("fake kubelet: pod watch back after {failing} failed tries");
+                failing = 0;
+            }
             for p in list {
                 self.on_pod(p);
             }
