@@ -304,7 +304,9 @@ async fn run_here(
 ) -> anyhow::Result<String> {
     match (&target.mode, provider) {
         (Mode::Direct, Some(p)) => p.register_deferred(&target.id, &target.group),
-        (Mode::Lifecycle { .. }, _) => terminate::hand_to_hook(engine, &target.id).await?,
+        (Mode::Lifecycle { .. }, _) => {
+            terminate::hand_to_hook(engine.cloud.as_ref(), &target.id).await?
+        }
         _ => {}
     }
     engine.start(DrainRequest {
@@ -346,7 +348,9 @@ async fn hand_to_leader(
     say: &Say,
 ) -> anyhow::Result<String> {
     match &target.mode {
-        Mode::Lifecycle { .. } => terminate::hand_to_hook(engine, &target.id).await?,
+        Mode::Lifecycle { .. } => {
+            terminate::hand_to_hook(engine.cloud.as_ref(), &target.id).await?
+        }
         mode => {
             let reasons = vec![scalein::ca_reason(mode)];
             match cordon::cordon_via(

@@ -85,7 +85,8 @@ pub fn heartbeats(
                         LifecycleState::parse("Warmed:Pending"),
                         LifecycleState::parse("Warmed:Pending:Wait"),
                     ];
-                    if !in_state(&engine, &action.instance_id, &may_still_wait).await {
+                    if !in_state(engine.cloud.as_ref(), &action.instance_id, &may_still_wait).await
+                    {
                         Metrics::outcome(&metrics().heartbeats, "stopped");
                         tracing::info!(instance = %action.instance_id, hook = %action.hook, %message, "no active lifecycle action any more; heartbeats stop");
                         return;
@@ -469,15 +470,11 @@ pub fn with_hook_behind_its_list(
 /// cannot be asked) says yes: callers use it to keep trying, which is safe, instead
 /// of giving up early, which is not.
 pub(crate) async fn in_state(
-    engine: &Engine,
+    cloud: &dyn crate::cloud::Cloud,
     instance_id: &str,
     states: &[LifecycleState],
 ) -> bool {
-    match engine
-        .cloud
-        .locate_instances(&[instance_id.to_string()])
-        .await
-    {
+    match cloud.locate_instances(&[instance_id.to_string()]).await {
         Ok(found) => found.first().is_some_and(|l| states.contains(&l.state)),
         Err(_) => true,
     }

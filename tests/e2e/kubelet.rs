@@ -342,7 +342,9 @@ impl FakeKubelet {
                 Ok(_) => continue,
                 Err(e) => {
                     if failing == 0 {
-                        eprintln!("fake kubelet: pod watch: {e} (retrying every 200 ms; said once)");
+                        eprintln!(
+                            "fake kubelet: pod watch: {e} (retrying every 200 ms; said once)"
+                        );
                     }
                     failing += 1;
                     tokio::time::sleep(Duration::from_millis(200)).await;

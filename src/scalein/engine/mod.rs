@@ -13,7 +13,7 @@ use crate::scalein::decide::record;
 use crate::scalein::engine::book::{Book, HoldChange};
 use crate::scalein::engine::marks_sync::spawn_marks_sync;
 use crate::scalein::kube::{budgets, events, nodes, pass, ratelimit, user_agent};
-use crate::scalein::stages::{drain, evict, preview, Stage};
+use crate::scalein::stages::{drain, evict, preview, terminate, Stage};
 use crate::scalein::{DrainRequest, Mode, ModeChoice, Outcome, ScaleInSettings, Start};
 
 pub use crate::scalein::stats::DrainStats;
@@ -605,6 +605,45 @@ impl Engine {
         name: Option<&str>,
     ) -> Result<Option<String>, kube::Error> {
         self.stage().find_node(instance_id, name).await
+    }
+}
+
+impl Engine {
+    /// What the last stage may reach of this engine ([`terminate::Ending`]).
+    pub fn ending(self: &Arc<Self>) -> terminate::Ending {
+        terminate::Ending {
+            cloud: self.cloud.clone(),
+            provider: self.provider.clone(),
+            hook_name: self.settings.hook_name.clone(),
+            port: self.clone(),
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl terminate::EndPort for Engine {
+    fn may_end(&self) -> bool {
+        self.is_leader()
+    }
+
+    async fn turn(&self, instance_id: &str) -> tokio::sync::OwnedMutexGuard<()> {
+        self.end_turn(instance_id).await
+    }
+
+    fn action_done(&self, instance_id: &str) {
+        self.note_action_done(instance_id);
+    }
+
+    async fn ask_hold(&self, group: &str, instance_id: &str) -> crate::scalein::holds::Hold {
+        crate::scalein::holds::ask_hold(self, group, instance_id).await
+    }
+
+    async fn hooks_now(&self, group: &Group) -> Result<Group, ProviderError> {
+        self.with_current_hooks(group).await
+    }
+
+    async fn say(&self, node: &str, reason: events::Reason, text: String) {
+        self.events.node(node, reason, text).await;
     }
 }
 

@@ -57,7 +57,7 @@ impl ScaleIn for DrainScaleIn {
                 // The ASG holds the instance in Terminating:Wait while we drain; a
                 // follower leaves the drain to the leader's scan.
                 tracing::info!(group = %group.asg.name, instance = %instance.id, leader, "terminating with decrement; the lifecycle hook holds it for the drain");
-                terminate::hand_to_hook(engine, &instance.id).await?;
+                terminate::hand_to_hook(engine.cloud.as_ref(), &instance.id).await?;
                 (Removal::Decremented, node_name.map(str::to_string))
             }
             _ => match mark_for_drain(engine, group, instance, node_name).await? {
@@ -66,7 +66,7 @@ impl ScaleIn for DrainScaleIn {
                     // The API server says no Node is this instance's: nothing runs
                     // on it, so it ends at once.
                     tracing::info!(group = %group.asg.name, instance = %instance.id, "no Node exists for this instance; terminating with decrement");
-                    terminate::end_without_node(engine, &instance.id).await?;
+                    terminate::end_without_node(engine.cloud.as_ref(), &instance.id).await?;
                     metrics().drains_without_node.inc();
                     return Ok(Removal::Decremented);
                 }

@@ -101,8 +101,14 @@ async fn run_inner(engine: &Arc<Engine>, req: &DrainRequest, run: u64) -> Outcom
     };
     let outcome = match drained {
         Ok(_) => {
-            match terminate::finish(engine, &mode, &req.group, &req.instance_id, node.as_deref())
-                .await
+            match terminate::finish(
+                &engine.ending(),
+                &mode,
+                &req.group,
+                &req.instance_id,
+                node.as_deref(),
+            )
+            .await
             {
                 Ok(_) if mode == Mode::DrainOnly => {
                     if let Some(n) = &node {

@@ -9,37 +9,78 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use async_trait::async_trait;
 use backon::{ExponentialBuilder, Retryable};
+use tokio::sync::OwnedMutexGuard;
 
-use crate::cloud::{CloudError, LifecycleAction, LifecycleResult, LifecycleState};
-
+use crate::cloud::{Cloud, CloudError, LifecycleAction, LifecycleResult, LifecycleState};
+use crate::provider::{Group, Provider, ProviderError};
+use crate::scalein::holds::Hold;
 use crate::scalein::kube::events::Reason;
-use crate::scalein::{Engine, Mode};
+use crate::scalein::Mode;
 
 const ATTEMPTS: u32 = 6;
+
+/// What ending an instance needs of whoever runs the drain (the engine), and no more:
+/// the fence, the instance's turn to be ended, the note that our action on it is
+/// finished, AWS asked whether our hook holds it, the group's hooks as AWS has them
+/// now, and the Node's Event.
+#[async_trait]
+pub trait EndPort: Send + Sync {
+    /// Whether this replica may end an instance now (it leads).
+    fn may_end(&self) -> bool;
+    /// The instance's turn to be ended, held while its termination and the note of it
+    /// run: a second drain of the instance waits for them.
+    async fn turn(&self, instance_id: &str) -> OwnedMutexGuard<()>;
+    /// Our hook's lifecycle action on the instance is finished.
+    fn action_done(&self, instance_id: &str);
+    /// Whether our hook holds the instance, as AWS answers a heartbeat.
+    async fn ask_hold(&self, group: &str, instance_id: &str) -> Hold;
+    /// The group with its terminating hooks as AWS has them now.
+    async fn hooks_now(&self, group: &Group) -> Result<Group, ProviderError>;
+    /// An Event on the Node.
+    async fn say(&self, node: &str, reason: Reason, text: String);
+}
+
+/// What the last stage may reach: AWS, the provider's accounting of what CA asked,
+/// our hook's name, and the engine through [`EndPort`] only.
+#[derive(Clone)]
+pub struct Ending {
+    pub cloud: Arc<dyn Cloud>,
+    pub provider: Option<Arc<Provider>>,
+    /// `hookName`: our EC2_INSTANCE_TERMINATING hook.
+    pub hook_name: String,
+    pub port: Arc<dyn EndPort>,
+}
+
+impl Ending {
+    fn our_hook<'g>(&self, group: &'g Group) -> Option<&'g crate::cloud::LifecycleHook> {
+        group.hooks.iter().find(|h| h.name == self.hook_name)
+    }
+}
 
 /// TerminateInstanceInAutoScalingGroup with decrement for an instance of a group our
 /// lifecycle hook holds: AWS then holds it in `Terminating:Wait` and the hold's drain
 /// (the lifecycle scan's, or the caller's) ends it with [`finish`].
-pub async fn hand_to_hook(engine: &Engine, instance_id: &str) -> Result<(), CloudError> {
-    engine.cloud.terminate_instance(instance_id, true).await
+pub async fn hand_to_hook(cloud: &dyn Cloud, instance_id: &str) -> Result<(), CloudError> {
+    cloud.terminate_instance(instance_id, true).await
 }
 
 /// TerminateInstanceInAutoScalingGroup with decrement, at once, for an instance the API
 /// server says no Node is for: nothing can run on it, so there is nothing to drain.
-pub async fn end_without_node(engine: &Engine, instance_id: &str) -> Result<(), CloudError> {
-    engine.cloud.terminate_instance(instance_id, true).await
+pub async fn end_without_node(cloud: &dyn Cloud, instance_id: &str) -> Result<(), CloudError> {
+    cloud.terminate_instance(instance_id, true).await
 }
 
 /// Ends the instance. Returns a human summary, or the last error.
 pub async fn finish(
-    engine: &Arc<Engine>,
+    end: &Ending,
     mode: &Mode,
     group: &str,
     instance_id: &str,
     node: Option<&str>,
 ) -> Result<String, String> {
-    let summary = (|| end_once(engine, mode, group, instance_id))
+    let summary = (|| end_once(end, mode, group, instance_id))
         .retry(retry_policy(instance_id))
         .sleep(tokio::time::sleep)
         .when(CloudError::is_retryable)
@@ -50,14 +91,14 @@ pub async fn finish(
         .map_err(|e| e.to_string())?;
     if let Mode::Lifecycle { .. } = mode {
         // Another hook (EKS's) may hold the instance in Terminating:Wait a while yet.
-        engine.note_action_done(instance_id);
+        end.port.action_done(instance_id);
     }
     if let (Some(node), false) = (node, matches!(mode, Mode::DrainOnly)) {
         let reason = match mode {
             Mode::Lifecycle { .. } => Reason::LifecycleCompleted,
             _ => Reason::InstanceTerminated,
         };
-        engine.events.node(node, reason, summary.clone()).await;
+        end.port.say(node, reason, summary.clone()).await;
     }
     Ok(summary)
 }
@@ -75,14 +116,14 @@ fn retry_policy(instance_id: &str) -> ExponentialBuilder {
 
 /// One attempt at ending the instance.
 async fn end_once(
-    engine: &Arc<Engine>,
+    end: &Ending,
     mode: &Mode,
     group: &str,
     instance_id: &str,
 ) -> Result<String, CloudError> {
     // Fenced: only the leader ends an instance or completes an action (a replica
     // that lost the lease mid-drain leaves it to the new leader, which resumes it).
-    if !engine.is_leader() && !matches!(mode, Mode::DrainOnly) {
+    if !end.port.may_end() && !matches!(mode, Mode::DrainOnly) {
         return Err(CloudError::Rejected {
             operation: "end the instance".into(),
             code: "NotLeader".into(),
@@ -92,7 +133,7 @@ async fn end_once(
     match mode {
         Mode::DrainOnly => Ok("drained; the instance is left running (drain only)".into()),
         Mode::Lifecycle { action, .. } => {
-            match engine.cloud.complete_lifecycle_action(action, LifecycleResult::Continue).await {
+            match end.cloud.complete_lifecycle_action(action, LifecycleResult::Continue).await {
                 Ok(()) => Ok(format!(
                     "completed lifecycle action CONTINUE for {instance_id} (hook {}, group {group})",
                     action.hook
@@ -111,7 +152,7 @@ async fn end_once(
                         LifecycleState::Terminating,
                         LifecycleState::parse("Warmed:Pending"),
                     ];
-                    if crate::scalein::holds::in_state(engine, instance_id, &before_the_action).await {
+                    if crate::scalein::holds::in_state(end.cloud.as_ref(), instance_id, &before_the_action).await {
                         Err(CloudError::Transient {
                             operation: "CompleteLifecycleAction".into(),
                             message: format!("instance {instance_id} has not reached Terminating:Wait yet"),
@@ -123,7 +164,7 @@ async fn end_once(
                 Err(e) => Err(e),
             }
         }
-        Mode::Direct => direct(engine, group, instance_id).await,
+        Mode::Direct => direct(end, group, instance_id).await,
     }
 }
 
@@ -134,16 +175,12 @@ async fn end_once(
 /// resumed drain waits for the one in flight before it reads the instance's state,
 /// or it would take the instance for one ended elsewhere and give up its slot a
 /// second time.
-async fn direct(
-    engine: &Arc<Engine>,
-    group: &str,
-    instance_id: &str,
-) -> Result<String, CloudError> {
-    let turn = engine.end_turn(instance_id).await;
-    let (engine, group, id) = (engine.clone(), group.to_string(), instance_id.to_string());
+async fn direct(end: &Ending, group: &str, instance_id: &str) -> Result<String, CloudError> {
+    let turn = end.port.turn(instance_id).await;
+    let (end, group, id) = (end.clone(), group.to_string(), instance_id.to_string());
     tokio::spawn(async move {
         let _turn = turn;
-        direct_once(&engine, &group, &id).await
+        direct_once(&end, &group, &id).await
     })
     .await
     .unwrap_or_else(|e| {
@@ -154,13 +191,9 @@ async fn direct(
     })
 }
 
-async fn direct_once(
-    engine: &Engine,
-    group: &str,
-    instance_id: &str,
-) -> Result<String, CloudError> {
+async fn direct_once(end: &Ending, group: &str, instance_id: &str) -> Result<String, CloudError> {
     let ids = [instance_id.to_string()];
-    let state = engine.cloud.locate_instances(&ids).await?;
+    let state = end.cloud.locate_instances(&ids).await?;
     // Gone, ending, or sent back to the warm pool by a termination that went out
     // before (a pool that reuses instances on scale-in keeps them): nothing to end.
     let already = match state.first() {
@@ -173,10 +206,10 @@ async fn direct_once(
             instance = instance_id,
             "terminating instance with decrement"
         );
-        engine.cloud.terminate_instance(instance_id, true).await?;
-        learn_a_hook_added_since(engine, group, instance_id).await;
+        end.cloud.terminate_instance(instance_id, true).await?;
+        learn_a_hook_added_since(end, group, instance_id).await;
     }
-    if let Some(p) = &engine.provider {
+    if let Some(p) = &end.provider {
         if already {
             // Ended by someone else (EC2 reclaiming a spot instance): no decrement
             // happened; its slot is given up only while nothing refilled it.
@@ -205,39 +238,37 @@ async fn direct_once(
 /// asked ([`crate::scalein::holds::ask_hold`]); if our hook holds the instance, its drain is over
 /// (this is its end) and the action is completed at once (all_sources_model found a
 /// hook added while AWS's reads lagged timing out after a direct drain's end).
-async fn learn_a_hook_added_since(engine: &Engine, group: &str, instance_id: &str) {
-    let Some(p) = &engine.provider else { return };
+async fn learn_a_hook_added_since(end: &Ending, group: &str, instance_id: &str) {
+    let Some(p) = &end.provider else { return };
     let Some(g) = p.registry().group(group).cloned() else {
         return;
     };
-    if engine.our_hook(&g).is_some() {
+    if end.our_hook(&g).is_some() {
         return;
     }
-    match engine.with_current_hooks(&g).await {
-        Ok(g) if engine.our_hook(&g).is_some() => return,
+    match end.port.hooks_now(&g).await {
+        Ok(g) if end.our_hook(&g).is_some() => return,
         Ok(_) => {}
         Err(e) => {
             tracing::debug!(group, error = %e, "could not read the group's hooks after ending an instance; the next refresh will")
         }
     }
-    if crate::scalein::holds::ask_hold(engine, group, instance_id).await
-        != crate::scalein::holds::Hold::Held
-    {
+    if end.port.ask_hold(group, instance_id).await != Hold::Held {
         return;
     }
     let action = LifecycleAction {
         group: group.to_string(),
-        hook: engine.settings.hook_name.clone(),
+        hook: end.hook_name.clone(),
         instance_id: instance_id.to_string(),
         token: None,
     };
-    match engine
+    match end
         .cloud
         .complete_lifecycle_action(&action, LifecycleResult::Continue)
         .await
     {
         Ok(()) => {
-            engine.note_action_done(instance_id);
+            end.port.action_done(instance_id);
             tracing::info!(group, instance = instance_id, hook = %action.hook, "our hook, added since the drain began, held the drained instance: completed CONTINUE");
         }
         Err(e) => {
