@@ -497,7 +497,7 @@ impl Provider {
         ov.known.keep_ending(|id| {
             registry
                 .group_of_instance(id)
-                .and_then(|g| g.asg.instances.iter().find(|i| &i.id == id))
+                .and_then(|g| g.asg.instances.iter().find(|i| i.id == id))
                 .is_some_and(|i| !i.state.is_terminating())
         });
     }
