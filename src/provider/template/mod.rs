@@ -219,251 +219,35 @@ fn put_taint(taints: &mut Vec<Taint>, t: Taint) {
     taints.push(t);
 }
 
-/// Builds the template node of one group.
+/// Builds the template node of one group, in steps: what the node has (the instance
+/// type, or the requirements' minimums), the labels every node carries, the kubelet's
+/// flags from the user data, the OS, the ASG's tags, the EKS node group's own labels,
+/// taints and resources, the operator's overrides (each later source wins), then the
+/// pods it takes and its capacity and allocatable.
 pub fn build_template(inputs: &TemplateInputs<'_>) -> Result<TemplateNode, TemplateError> {
-    let g = inputs.group;
-    let it = inputs.instance_type;
-    let req = inputs.requirements;
-    let vcpus = req
-        .map(|r| r.vcpu_min)
-        .filter(|v| *v > 0)
-        .unwrap_or(it.vcpus);
-    let memory_mib = req
-        .map(|r| r.memory_mib_min)
-        .filter(|v| *v > 0)
-        .unwrap_or(it.memory_mib);
-    // Only the GPUs the requirements guarantee: the first matching type may have some
-    // that another qualifying type lacks (requirements only ever ask for NVIDIA ones).
-    let (gpus, gpu_maker) = match req {
-        Some(r) => (r.nvidia_gpus_min.unwrap_or(0), Some("nvidia")),
-        None => (it.gpus, it.gpu_manufacturer.as_deref()),
-    };
-    if vcpus <= 0 || memory_mib <= 0 {
-        return Err(TemplateError::Invalid {
-            group: g.name.clone(),
-            message: format!(
-                "instance type {} has no usable capacity (vcpus {vcpus}, memory {memory_mib} MiB)",
-                it.name
-            ),
-        });
-    }
-    let mut warnings = Vec::new();
-    let mut user_data_warnings = Vec::new();
-    let mut labels = BTreeMap::new();
-    let mut taints: Vec<Taint> = Vec::new();
-    let name = format!("template-node-for-{}", g.name);
-    let arch = if it.architecture.is_empty() {
+    let size = Size::of(inputs)?;
+    let name = format!("template-node-for-{}", inputs.group.name);
+    let arch = if inputs.instance_type.architecture.is_empty() {
         "amd64"
     } else {
-        it.architecture.as_str()
+        inputs.instance_type.architecture.as_str()
     };
-    for (k, v) in [
-        ("kubernetes.io/arch", arch),
-        ("beta.kubernetes.io/arch", arch),
-        ("kubernetes.io/hostname", name.as_str()),
-        ("node.kubernetes.io/instance-type", it.name.as_str()),
-        ("beta.kubernetes.io/instance-type", it.name.as_str()),
-        ("topology.kubernetes.io/region", inputs.region),
-        ("failure-domain.beta.kubernetes.io/region", inputs.region),
-    ] {
-        labels.insert(k.to_string(), v.to_string());
-    }
-    if let Some(zone) = pick_zone(g) {
-        labels.insert("topology.kubernetes.io/zone".into(), zone.clone());
-        // The EBS CSI driver's topology key: without it, a pending pod with a zonal
-        // EBS volume never matches a group at zero (in-tree AWS sets it too).
-        labels.insert("topology.ebs.csi.aws.com/zone".into(), zone.clone());
-        labels.insert("failure-domain.beta.kubernetes.io/zone".into(), zone);
-    }
-    if let Some(gpu) = it.gpu_type.as_ref().filter(|_| gpus > 0) {
-        labels.insert(GPU_LABEL.into(), gpu.clone());
-    }
-    if let Some(ng) = g.tags.get("eks:nodegroup-name") {
-        labels.insert(EKS_NODEGROUP_LABEL.into(), ng.clone());
-    }
-    // Kubelet flags in the launch template's user data.
-    let mut max_pods = None;
-    let mut reservations = allocatable::Reservations::default();
-    let mut pods_per_core = None;
-    let mut use_max_pods = None;
-    let mut windows_user_data = false;
-    let mut bottlerocket = inputs
-        .eks
-        .and_then(|e| e.ami_type.as_deref())
-        .is_some_and(|a| a.starts_with("BOTTLEROCKET"));
-    if let Some(ud) = &inputs.launch.user_data {
-        let flags = userdata::parse(ud);
-        bottlerocket |= flags.bottlerocket;
-        windows_user_data = flags.windows;
-        labels.extend(flags.labels);
-        for t in flags.taints {
-            put_taint(&mut taints, t);
-        }
-        max_pods = flags.max_pods;
-        reservations = flags.reservations;
-        pods_per_core = flags.pods_per_core;
-        use_max_pods = flags.use_max_pods;
-        user_data_warnings.extend(
-            flags
-                .warnings
-                .into_iter()
-                .map(|w| format!("group {}: {w}", g.name)),
-        );
-        warnings.extend(user_data_warnings.iter().cloned());
-    }
-    let ami_type = inputs.eks.and_then(|e| e.ami_type.as_deref());
-    let os = node_os(ami_type, windows_user_data);
-    labels.insert(OS_LABEL.into(), os.label().into());
-    labels.insert("beta.kubernetes.io/os".into(), os.label().into());
-    if let Some(build) = windows_build(ami_type).filter(|_| os == NodeOs::Windows) {
-        labels.insert(WINDOWS_BUILD_LABEL.into(), build.into());
-    }
-    // ASG tags.
-    let mut extra: BTreeMap<String, String> = BTreeMap::new();
-    for (k, v) in &g.tags {
-        if let Some(l) = k.strip_prefix(TAG_LABEL) {
-            if !l.is_empty() {
-                labels.insert(l.to_string(), v.clone());
-            }
-        } else if let Some(key) = k.strip_prefix(TAG_TAINT) {
-            match userdata::parse_taint(&format!("{key}={v}")) {
-                Ok(t) if !key.is_empty() => put_taint(&mut taints, t),
-                Ok(_) => {}
-                Err(_) => warnings.push(format!("group {}: tag {k}={v:?} is not value:Effect (NoSchedule, PreferNoSchedule, NoExecute); skipped", g.name)),
-            }
-        } else if let Some(r) = k.strip_prefix(TAG_RESOURCE) {
-            if valid_quantity(v) {
-                extra.insert(r.to_string(), v.trim().to_string());
-            } else {
-                warnings.push(format!(
-                    "group {}: tag {k}={v:?} is not a quantity; skipped",
-                    g.name
-                ));
-            }
-        }
-    }
-    // EKS managed node group: what EKS puts on its nodes wins over ASG tags, as in
-    // in-tree AWS (EKS does not copy ASG tags to nodes); its resource tags win too.
-    if let Some(eks) = inputs.eks {
-        if let Some(name) = &eks.name {
-            labels.insert(EKS_NODEGROUP_LABEL.into(), name.clone());
-        }
-        if let Some(ct) = &eks.capacity_type {
-            labels.insert(EKS_CAPACITY_TYPE_LABEL.into(), ct.clone());
-        }
-        labels.extend(eks.labels.clone());
-        for t in &eks.taints {
-            put_taint(&mut taints, t.clone());
-        }
-        for (k, v) in &eks.tags {
-            if let Some(r) = k.strip_prefix(TAG_RESOURCE) {
-                if valid_quantity(v) {
-                    extra.insert(r.to_string(), v.trim().to_string());
-                } else {
-                    warnings.push(format!(
-                        "group {}: EKS node group tag {k}={v:?} is not a quantity; skipped",
-                        g.name
-                    ));
-                }
-            }
-        }
-    }
-    // Operator overrides last.
-    let o = inputs.overrides;
-    labels.extend(o.labels.clone());
-    for t in &o.taints {
-        match userdata::parse_taint(t) {
-            Ok(t) => put_taint(&mut taints, t),
-            Err(e) => warnings.push(format!("group {}: config template taint: {e}", g.name)),
-        }
-    }
-    for (k, v) in &o.resources {
-        if valid_quantity(v) {
-            extra.insert(k.clone(), v.trim().to_string());
-        } else {
-            warnings.push(format!(
-                "group {}: config template resource {k}={v:?} is not a quantity; skipped",
-                g.name
-            ));
-        }
-    }
-    let eni_max_pods = match os {
-        NodeOs::Windows => windows_max_pods(it.ipv4_per_eni.unwrap_or(0)),
-        NodeOs::Linux => {
-            allocatable::eni_max_pods(it.max_enis.unwrap_or(0), it.ipv4_per_eni.unwrap_or(0))
-        }
-    };
-    // AL2's bootstrap.sh --use-max-pods false leaves kubelet at its own default; its
-    // kube-reserved memory is still computed from the ENI number.
-    let unset_max_pods = if use_max_pods == Some(false) {
-        if let Some(eni) = eni_max_pods {
-            reservations.kube_reserved.memory_mib = reservations
-                .kube_reserved
-                .memory_mib
-                .or(Some(allocatable::kube_reserved_memory_mib(eni)));
-        }
-        None
-    } else {
-        eni_max_pods
-    };
-    let mut max_pods = o
-        .max_pods
-        .or(max_pods)
-        .or(unset_max_pods)
-        .unwrap_or(DEFAULT_MAX_PODS);
-    // kubelet: pods-per-core x cores, when lower than max pods.
-    if let Some(ppc) = pods_per_core.filter(|_| o.max_pods.is_none()) {
-        max_pods = max_pods.min(ppc.saturating_mul(vcpus)).max(1);
-    }
-    let ephemeral_gib = ephemeral_volume_gib(&inputs.launch.volumes, bottlerocket)
-        .or_else(|| inputs.eks.and_then(|e| e.disk_size_gib).filter(|v| *v > 0))
-        .unwrap_or(DEFAULT_EPHEMERAL_GIB);
-    // What the node will report as memory capacity, not the nominal size: the VM
-    // and kernel keep a share a pod can never have.
-    let overhead = o
-        .vm_memory_overhead_percent
-        .unwrap_or(allocatable::DEFAULT_VM_MEMORY_OVERHEAD_PERCENT);
-    let memory_capacity_mib = allocatable::memory_capacity_mib(memory_mib, arch, overhead);
-    let alloc = allocatable::allocatable_with(
-        vcpus,
-        memory_capacity_mib,
-        max_pods,
-        ephemeral_gib,
-        &reservations,
-    );
-
-    let mut capacity = BTreeMap::new();
-    capacity.insert("cpu".to_string(), vcpus.to_string());
-    capacity.insert("memory".to_string(), format!("{memory_capacity_mib}Mi"));
-    capacity.insert("pods".to_string(), max_pods.to_string());
-    capacity.insert(
-        "ephemeral-storage".to_string(),
-        format!("{ephemeral_gib}Gi"),
-    );
-    if gpus > 0 {
-        match gpu_maker.and_then(gpu_resource_name) {
-            Some(resource) => {
-                capacity.insert(resource.to_string(), gpus.to_string());
-            }
-            None => warnings.push(format!(
-                "group {}: instance type {} has {gpus} GPU(s) by maker {:?}, which has no known device-plugin resource; the template offers none (add a node-template/resources/ tag to name it)",
-                g.name,
-                it.name,
-                gpu_maker.unwrap_or("unknown")
-            )),
-        }
-    }
-    let mut allocatable = capacity.clone();
-    allocatable.insert("cpu".into(), format!("{}m", alloc.cpu_millis));
-    allocatable.insert("memory".into(), format!("{}Mi", alloc.memory_mib));
-    allocatable.insert(
-        "ephemeral-storage".into(),
-        format!("{}Mi", alloc.ephemeral_mib),
-    );
-    for (k, v) in extra {
-        capacity.insert(k.clone(), v.clone());
-        allocatable.insert(k, v);
-    }
+    let mut d = Draft::default();
+    d.well_known_labels(inputs, &name, arch, size.gpus);
+    let mut kubelet = d.user_data(inputs);
+    let os = d.os(inputs, kubelet.windows);
+    d.asg_tags(inputs.group);
+    d.eks(inputs);
+    d.overrides(inputs);
+    let max_pods = max_pods(inputs, &mut kubelet, os, size.vcpus);
+    let (capacity, allocatable) = d.resources(inputs, &size, arch, max_pods, &kubelet);
+    let Draft {
+        labels,
+        mut taints,
+        warnings,
+        user_data_warnings,
+        ..
+    } = d;
     taints.sort();
     Ok(TemplateNode {
         name,
@@ -474,6 +258,335 @@ pub fn build_template(inputs: &TemplateInputs<'_>) -> Result<TemplateNode, Templ
         warnings,
         user_data_warnings,
     })
+}
+
+/// What the template node has: the instance type's, or the requirements' minimums.
+struct Size<'a> {
+    vcpus: i64,
+    memory_mib: i64,
+    gpus: i64,
+    gpu_maker: Option<&'a str>,
+}
+
+impl<'a> Size<'a> {
+    fn of(inputs: &TemplateInputs<'a>) -> Result<Self, TemplateError> {
+        let (g, it, req) = (inputs.group, inputs.instance_type, inputs.requirements);
+        let vcpus = req
+            .map(|r| r.vcpu_min)
+            .filter(|v| *v > 0)
+            .unwrap_or(it.vcpus);
+        let memory_mib = req
+            .map(|r| r.memory_mib_min)
+            .filter(|v| *v > 0)
+            .unwrap_or(it.memory_mib);
+        // Only the GPUs the requirements guarantee: the first matching type may have some
+        // that another qualifying type lacks (requirements only ever ask for NVIDIA ones).
+        let (gpus, gpu_maker) = match req {
+            Some(r) => (r.nvidia_gpus_min.unwrap_or(0), Some("nvidia")),
+            None => (it.gpus, it.gpu_manufacturer.as_deref()),
+        };
+        if vcpus <= 0 || memory_mib <= 0 {
+            return Err(TemplateError::Invalid {
+                group: g.name.clone(),
+                message: format!(
+                    "instance type {} has no usable capacity (vcpus {vcpus}, memory {memory_mib} MiB)",
+                    it.name
+                ),
+            });
+        }
+        Ok(Size {
+            vcpus,
+            memory_mib,
+            gpus,
+            gpu_maker,
+        })
+    }
+}
+
+/// The kubelet's flags the user data sets, and what it says of the OS.
+#[derive(Default)]
+struct Kubelet {
+    max_pods: Option<i64>,
+    reservations: allocatable::Reservations,
+    pods_per_core: Option<i64>,
+    use_max_pods: Option<bool>,
+    windows: bool,
+    bottlerocket: bool,
+}
+
+/// The template node as its sources add to it, in order.
+#[derive(Default)]
+struct Draft {
+    labels: BTreeMap<String, String>,
+    taints: Vec<Taint>,
+    /// Extended resources (`node-template/resources/...`), in capacity and allocatable.
+    extra: BTreeMap<String, String>,
+    warnings: Vec<String>,
+    user_data_warnings: Vec<String>,
+}
+
+impl Draft {
+    /// The labels every node of the group carries: architecture, host name, instance
+    /// type, region and zone, GPU type, EKS node group name.
+    fn well_known_labels(
+        &mut self,
+        inputs: &TemplateInputs<'_>,
+        name: &str,
+        arch: &str,
+        gpus: i64,
+    ) {
+        let (g, it) = (inputs.group, inputs.instance_type);
+        for (k, v) in [
+            ("kubernetes.io/arch", arch),
+            ("beta.kubernetes.io/arch", arch),
+            ("kubernetes.io/hostname", name),
+            ("node.kubernetes.io/instance-type", it.name.as_str()),
+            ("beta.kubernetes.io/instance-type", it.name.as_str()),
+            ("topology.kubernetes.io/region", inputs.region),
+            ("failure-domain.beta.kubernetes.io/region", inputs.region),
+        ] {
+            self.labels.insert(k.to_string(), v.to_string());
+        }
+        if let Some(zone) = pick_zone(g) {
+            self.labels
+                .insert("topology.kubernetes.io/zone".into(), zone.clone());
+            // The EBS CSI driver's topology key: without it, a pending pod with a zonal
+            // EBS volume never matches a group at zero (in-tree AWS sets it too).
+            self.labels
+                .insert("topology.ebs.csi.aws.com/zone".into(), zone.clone());
+            self.labels
+                .insert("failure-domain.beta.kubernetes.io/zone".into(), zone);
+        }
+        if let Some(gpu) = it.gpu_type.as_ref().filter(|_| gpus > 0) {
+            self.labels.insert(GPU_LABEL.into(), gpu.clone());
+        }
+        if let Some(ng) = g.tags.get("eks:nodegroup-name") {
+            self.labels.insert(EKS_NODEGROUP_LABEL.into(), ng.clone());
+        }
+    }
+
+    /// Kubelet flags in the launch template's user data: labels, taints, max pods,
+    /// reservations; what it cannot use is warned of.
+    fn user_data(&mut self, inputs: &TemplateInputs<'_>) -> Kubelet {
+        let mut k = Kubelet {
+            bottlerocket: inputs
+                .eks
+                .and_then(|e| e.ami_type.as_deref())
+                .is_some_and(|a| a.starts_with("BOTTLEROCKET")),
+            ..Kubelet::default()
+        };
+        if let Some(ud) = &inputs.launch.user_data {
+            let flags = userdata::parse(ud);
+            k.bottlerocket |= flags.bottlerocket;
+            k.windows = flags.windows;
+            self.labels.extend(flags.labels);
+            for t in flags.taints {
+                put_taint(&mut self.taints, t);
+            }
+            k.max_pods = flags.max_pods;
+            k.reservations = flags.reservations;
+            k.pods_per_core = flags.pods_per_core;
+            k.use_max_pods = flags.use_max_pods;
+            self.user_data_warnings.extend(
+                flags
+                    .warnings
+                    .into_iter()
+                    .map(|w| format!("group {}: {w}", inputs.group.name)),
+            );
+            self.warnings
+                .extend(self.user_data_warnings.iter().cloned());
+        }
+        k
+    }
+
+    /// The OS labels (and a Windows node's build).
+    fn os(&mut self, inputs: &TemplateInputs<'_>, windows_user_data: bool) -> NodeOs {
+        let ami_type = inputs.eks.and_then(|e| e.ami_type.as_deref());
+        let os = node_os(ami_type, windows_user_data);
+        self.labels.insert(OS_LABEL.into(), os.label().into());
+        self.labels
+            .insert("beta.kubernetes.io/os".into(), os.label().into());
+        if let Some(build) = windows_build(ami_type).filter(|_| os == NodeOs::Windows) {
+            self.labels.insert(WINDOWS_BUILD_LABEL.into(), build.into());
+        }
+        os
+    }
+
+    /// The ASG's `node-template` tags: labels, taints and resources.
+    fn asg_tags(&mut self, g: &AsgSnapshot) {
+        for (k, v) in &g.tags {
+            if let Some(l) = k.strip_prefix(TAG_LABEL) {
+                if !l.is_empty() {
+                    self.labels.insert(l.to_string(), v.clone());
+                }
+            } else if let Some(key) = k.strip_prefix(TAG_TAINT) {
+                match userdata::parse_taint(&format!("{key}={v}")) {
+                    Ok(t) if !key.is_empty() => put_taint(&mut self.taints, t),
+                    Ok(_) => {}
+                    Err(_) => self.warnings.push(format!("group {}: tag {k}={v:?} is not value:Effect (NoSchedule, PreferNoSchedule, NoExecute); skipped", g.name)),
+                }
+            } else if let Some(r) = k.strip_prefix(TAG_RESOURCE) {
+                if valid_quantity(v) {
+                    self.extra.insert(r.to_string(), v.trim().to_string());
+                } else {
+                    self.warnings.push(format!(
+                        "group {}: tag {k}={v:?} is not a quantity; skipped",
+                        g.name
+                    ));
+                }
+            }
+        }
+    }
+
+    /// EKS managed node group: what EKS puts on its nodes wins over ASG tags, as in
+    /// in-tree AWS (EKS does not copy ASG tags to nodes); its resource tags win too.
+    fn eks(&mut self, inputs: &TemplateInputs<'_>) {
+        let Some(eks) = inputs.eks else { return };
+        if let Some(name) = &eks.name {
+            self.labels.insert(EKS_NODEGROUP_LABEL.into(), name.clone());
+        }
+        if let Some(ct) = &eks.capacity_type {
+            self.labels
+                .insert(EKS_CAPACITY_TYPE_LABEL.into(), ct.clone());
+        }
+        self.labels.extend(eks.labels.clone());
+        for t in &eks.taints {
+            put_taint(&mut self.taints, t.clone());
+        }
+        for (k, v) in &eks.tags {
+            if let Some(r) = k.strip_prefix(TAG_RESOURCE) {
+                if valid_quantity(v) {
+                    self.extra.insert(r.to_string(), v.trim().to_string());
+                } else {
+                    self.warnings.push(format!(
+                        "group {}: EKS node group tag {k}={v:?} is not a quantity; skipped",
+                        inputs.group.name
+                    ));
+                }
+            }
+        }
+    }
+
+    /// The operator's overrides, last.
+    fn overrides(&mut self, inputs: &TemplateInputs<'_>) {
+        let (o, g) = (inputs.overrides, inputs.group);
+        self.labels.extend(o.labels.clone());
+        for t in &o.taints {
+            match userdata::parse_taint(t) {
+                Ok(t) => put_taint(&mut self.taints, t),
+                Err(e) => self
+                    .warnings
+                    .push(format!("group {}: config template taint: {e}", g.name)),
+            }
+        }
+        for (k, v) in &o.resources {
+            if valid_quantity(v) {
+                self.extra.insert(k.clone(), v.trim().to_string());
+            } else {
+                self.warnings.push(format!(
+                    "group {}: config template resource {k}={v:?} is not a quantity; skipped",
+                    g.name
+                ));
+            }
+        }
+    }
+
+    /// Capacity and allocatable: CPU, the memory the node will report, pods, ephemeral
+    /// storage, GPUs by their device plugin's resource, and the extended resources.
+    fn resources(
+        &mut self,
+        inputs: &TemplateInputs<'_>,
+        size: &Size<'_>,
+        arch: &str,
+        max_pods: i64,
+        kubelet: &Kubelet,
+    ) -> (BTreeMap<String, String>, BTreeMap<String, String>) {
+        let (g, it, o) = (inputs.group, inputs.instance_type, inputs.overrides);
+        let vcpus = size.vcpus;
+        let ephemeral_gib = ephemeral_volume_gib(&inputs.launch.volumes, kubelet.bottlerocket)
+            .or_else(|| inputs.eks.and_then(|e| e.disk_size_gib).filter(|v| *v > 0))
+            .unwrap_or(DEFAULT_EPHEMERAL_GIB);
+        // What the node will report as memory capacity, not the nominal size: the VM
+        // and kernel keep a share a pod can never have.
+        let overhead = o
+            .vm_memory_overhead_percent
+            .unwrap_or(allocatable::DEFAULT_VM_MEMORY_OVERHEAD_PERCENT);
+        let memory_capacity_mib = allocatable::memory_capacity_mib(size.memory_mib, arch, overhead);
+        let alloc = allocatable::allocatable_with(
+            vcpus,
+            memory_capacity_mib,
+            max_pods,
+            ephemeral_gib,
+            &kubelet.reservations,
+        );
+        let mut capacity = BTreeMap::new();
+        capacity.insert("cpu".to_string(), vcpus.to_string());
+        capacity.insert("memory".to_string(), format!("{memory_capacity_mib}Mi"));
+        capacity.insert("pods".to_string(), max_pods.to_string());
+        capacity.insert(
+            "ephemeral-storage".to_string(),
+            format!("{ephemeral_gib}Gi"),
+        );
+        let gpus = size.gpus;
+        if gpus > 0 {
+            match size.gpu_maker.and_then(gpu_resource_name) {
+                Some(resource) => {
+                    capacity.insert(resource.to_string(), gpus.to_string());
+                }
+                None => self.warnings.push(format!(
+                    "group {}: instance type {} has {gpus} GPU(s) by maker {:?}, which has no known device-plugin resource; the template offers none (add a node-template/resources/ tag to name it)",
+                    g.name,
+                    it.name,
+                    size.gpu_maker.unwrap_or("unknown")
+                )),
+            }
+        }
+        let mut allocatable = capacity.clone();
+        allocatable.insert("cpu".into(), format!("{}m", alloc.cpu_millis));
+        allocatable.insert("memory".into(), format!("{}Mi", alloc.memory_mib));
+        allocatable.insert(
+            "ephemeral-storage".into(),
+            format!("{}Mi", alloc.ephemeral_mib),
+        );
+        for (k, v) in std::mem::take(&mut self.extra) {
+            capacity.insert(k.clone(), v.clone());
+            allocatable.insert(k, v);
+        }
+        (capacity, allocatable)
+    }
+}
+
+/// The pods the node takes: the operator's override, else the user data's, else the
+/// ENI limit (unless bootstrap is told not to use it), else the default; capped by
+/// pods-per-core times the cores. AL2's bootstrap.sh `--use-max-pods false` leaves
+/// kubelet at its own default, its kube-reserved memory still computed from the ENIs.
+fn max_pods(inputs: &TemplateInputs<'_>, kubelet: &mut Kubelet, os: NodeOs, vcpus: i64) -> i64 {
+    let (it, o) = (inputs.instance_type, inputs.overrides);
+    let eni_max_pods = match os {
+        NodeOs::Windows => windows_max_pods(it.ipv4_per_eni.unwrap_or(0)),
+        NodeOs::Linux => {
+            allocatable::eni_max_pods(it.max_enis.unwrap_or(0), it.ipv4_per_eni.unwrap_or(0))
+        }
+    };
+    let unset_max_pods = if kubelet.use_max_pods == Some(false) {
+        if let Some(eni) = eni_max_pods {
+            let memory = &mut kubelet.reservations.kube_reserved.memory_mib;
+            *memory = memory.or(Some(allocatable::kube_reserved_memory_mib(eni)));
+        }
+        None
+    } else {
+        eni_max_pods
+    };
+    let mut max_pods = o
+        .max_pods
+        .or(kubelet.max_pods)
+        .or(unset_max_pods)
+        .unwrap_or(DEFAULT_MAX_PODS);
+    // kubelet: pods-per-core x cores, when lower than max pods.
+    if let Some(ppc) = kubelet.pods_per_core.filter(|_| o.max_pods.is_none()) {
+        max_pods = max_pods.min(ppc.saturating_mul(vcpus)).max(1);
+    }
+    max_pods
 }
 
 #[cfg(test)]
