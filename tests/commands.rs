@@ -1835,3 +1835,117 @@ async fn a_second_drain_command_waits_for_the_first_one_lease_at_a_time() {
     );
     w.engine.shutdown();
 }
+
+/// `drain NODE --terminate` beside a leading replica ends the instance as CA's
+/// scale-in does, run by the leader: with our hook on the group the command hands
+/// the instance to it (terminate with decrement; AWS holds it) and the leader's scan
+/// drains it and completes the action; without, the command records CA's scale-in
+/// on the Node and the leader's resume drains it and terminates with decrement.
+/// Either way one engine drains, each pod is evicted once, the group is one smaller,
+/// and the command follows to the end. Through the memory cloud, which holds an
+/// instance in Terminating:Wait as AWS does (moto does not).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn drain_terminate_beside_the_leader_ends_the_instance_through_the_leader() {
+    use ca_asg_provider::cloud::memory::MemoryGroup;
+    use ca_asg_provider::scalein::engine::leader::LeaseSettings;
+    use ca_asg_provider::scalein::sources::hook_scan;
+    use support::world::*;
+    const HOOK: &str = "ca-asg-provider-drain";
+    for hooked in [true, false] {
+        let group = MemoryGroup::new("web", 0, 3, 2, "m5.large");
+        let group = if hooked {
+            group.terminating_hook(HOOK, 60)
+        } else {
+            group
+        };
+        let w = world(vec![group], fast_settings(), Duration::from_millis(30)).await;
+        let (node, iid) = nodes_of(&w, "web").remove(0);
+        fluentd_and_an_app_on_each(&w, &[(node.clone(), iid.clone())], 0.2, 0.2);
+        pods_ready(&w, 2).await;
+        w.engine.lead_as(LeaseSettings {
+            name: "ca-asg-provider".into(),
+            namespace: "kube-system".into(),
+            identity: "replica-a".into(),
+            duration: Duration::from_secs(3),
+        });
+        let lp = hook_scan::spawn_loop(w.engine.clone(), w.provider.clone());
+        support::eventually("replica-a leads", 10, || w.engine.is_leader()).await;
+
+        let mut cfg = ConfigArgs {
+            region: Some("us-east-1".into()),
+            ..Default::default()
+        }
+        .load()
+        .unwrap();
+        cfg.provider.selector = GroupSelector {
+            names: vec!["web".into()],
+            tag_sets: vec![],
+        };
+        let args = DrainArgs {
+            node: node.clone(),
+            dry_run: false,
+            terminate: true,
+            config: ConfigArgs::default(),
+        };
+        let lines = Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+        let sink = lines.clone();
+        let cloud: Arc<dyn ca_asg_provider::cloud::Cloud> = Arc::new(w.cloud.clone());
+        tokio::time::timeout(
+            Duration::from_secs(60),
+            ca_asg_provider::commands::drain::drain_in(
+                w.sim.client(),
+                Some(cloud),
+                &cfg,
+                &args,
+                Arc::new(move |l: &str| sink.lock().unwrap().push(l.to_string())),
+            ),
+        )
+        .await
+        .unwrap_or_else(|_| panic!("hooked {hooked}: the command ends"))
+        .unwrap();
+        let text = lines.lock().unwrap().join("\n");
+        let (intent, done) = if hooked {
+            (
+                "then the lifecycle hook's action for instance",
+                "done: node drained; the lifecycle hook's action was completed",
+            )
+        } else {
+            (
+                "is terminated and group web's desired capacity lowered by one",
+                "done: node drained and its instance terminated",
+            )
+        };
+        for want in [
+            intent,
+            "the service's leader replica-a runs the drain",
+            done,
+        ] {
+            assert!(
+                text.contains(want),
+                "hooked {hooked}: {want:?} not said:\n{text}"
+            );
+        }
+        support::eventually("the instance ends", 10, || !in_service(&w.cloud, &iid)).await;
+        assert_eq!(
+            w.cloud.desired("web"),
+            Some(1),
+            "hooked {hooked}: one smaller"
+        );
+        assert_eq!(
+            w.engine
+                .stats
+                .started
+                .load(std::sync::atomic::Ordering::Relaxed),
+            1,
+            "hooked {hooked}: the leader ran the one drain"
+        );
+        let evicted = evictions(&w.sim);
+        assert_eq!(evicted.len(), 2, "hooked {hooked}: {evicted:?}");
+        assert!(
+            evicted.values().all(|&n| n == 1),
+            "hooked {hooked}: evicted twice: {evicted:?}"
+        );
+        lp.abort();
+        w.engine.shutdown();
+    }
+}

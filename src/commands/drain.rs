@@ -67,6 +67,18 @@ pub async fn drain_saying(
     args: &DrainArgs,
     say: Say,
 ) -> anyhow::Result<()> {
+    drain_in(client, None, cfg, args, say).await
+}
+
+/// [`drain_saying`] through `cloud` (a test's memory cloud), or AWS as the
+/// configuration says when `None`.
+pub async fn drain_in(
+    client: kube::Client,
+    cloud: Option<Arc<dyn crate::cloud::Cloud>>,
+    cfg: &crate::config::Config,
+    args: &DrainArgs,
+    say: Say,
+) -> anyhow::Result<()> {
     use crate::scalein::kube::user_agent;
     let lease_client = user_agent::named(client.clone(), user_agent::LEASE);
     let client = user_agent::named(client, user_agent::DRAIN);
@@ -99,12 +111,17 @@ pub async fn drain_saying(
         return Ok(());
     }
     let mut cfg = cfg.clone();
-    let region = crate::cloud::aws::resolve_known_region(&cfg.aws_settings())
-        .await
-        .map_err(|e| anyhow::anyhow!("{e}"))?;
-    cfg.set_region(region);
+    let cloud = match cloud {
+        Some(cloud) => cloud,
+        None => {
+            let region = crate::cloud::aws::resolve_known_region(&cfg.aws_settings())
+                .await
+                .map_err(|e| anyhow::anyhow!("{e}"))?;
+            cfg.set_region(region);
+            crate::cloud::aws::connect(&cfg.aws_settings()).await
+        }
+    };
     let cfg = &cfg;
-    let cloud = crate::cloud::aws::connect(&cfg.aws_settings()).await;
     let (group, provider) = if args.terminate {
         let iid = iid.clone().ok_or_else(|| {
             anyhow::anyhow!(
