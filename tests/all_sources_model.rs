@@ -180,16 +180,17 @@ fn lead(w: &World) -> Replica {
 impl Model {
     async fn new() -> Model {
         let origin = ca_asg_provider::clock::now();
-        let mut w = world_in_process(
-            vec![
+        let mut w = World::builder()
+            .group(
                 MemoryGroup::new("web", 0, 6, 2, "m5.large")
                     .terminating_hook(HOOK, HOOK_TIMEOUT_SECS),
-                MemoryGroup::new("batch", 0, 6, 2, "m5.large"),
-            ],
-            settings(),
-            Duration::from_millis(20),
-        )
-        .await;
+            )
+            .group(MemoryGroup::new("batch", 0, 6, 2, "m5.large"))
+            .settings(settings())
+            .ready_delay(Duration::from_millis(20))
+            .in_process()
+            .build()
+            .await;
         let mut nodes: Vec<(String, String, &'static str)> = nodes_of(&w, "web")
             .into_iter()
             .map(|(n, i)| (n, i, "web"))

@@ -26,12 +26,12 @@ async fn the_next_eviction_goes_when_the_replacement_is_ready_not_at_the_retry_t
         eviction_retry: Duration::from_secs(60),
         ..fast_settings()
     };
-    let mut w = world(
-        vec![MemoryGroup::new("web", 0, 4, 3, "m5.large")],
-        settings,
-        Duration::from_millis(200),
-    )
-    .await;
+    let mut w = World::builder()
+        .group(MemoryGroup::new("web", 0, 4, 3, "m5.large"))
+        .settings(settings)
+        .ready_delay(Duration::from_millis(200))
+        .build()
+        .await;
     let web = nodes_of(&w, "web");
     let (node, iid) = web[0].clone();
     // Both replicas on `node`: the others are cordoned while they are placed.
@@ -125,12 +125,12 @@ async fn four_drains_at_once(shared_from: usize) -> (u64, u64) {
         shared_pod_watch_from: shared_from,
         ..fast_settings()
     };
-    let mut w = world(
-        vec![MemoryGroup::new("web", 0, 6, 6, "m5.large")],
-        settings,
-        Duration::from_millis(100),
-    )
-    .await;
+    let mut w = World::builder()
+        .group(MemoryGroup::new("web", 0, 6, 6, "m5.large"))
+        .settings(settings)
+        .ready_delay(Duration::from_millis(100))
+        .build()
+        .await;
     let web = nodes_of(&w, "web");
     let drained: Vec<(String, String)> = web[..4].to_vec();
     fluentd_and_an_app_on_each(&w, &drained, 0.2, 0.5);
@@ -234,12 +234,12 @@ async fn a_drain_waiting_for_a_slot_has_its_node_cordoned_already() {
         max_concurrent_drains: 1,
         ..fast_settings()
     };
-    let mut w = world(
-        vec![MemoryGroup::new("web", 0, 4, 3, "m5.large")],
-        settings,
-        Duration::from_millis(100),
-    )
-    .await;
+    let mut w = World::builder()
+        .group(MemoryGroup::new("web", 0, 4, 3, "m5.large"))
+        .settings(settings)
+        .ready_delay(Duration::from_millis(100))
+        .build()
+        .await;
     let web = nodes_of(&w, "web");
     // On each of the two nodes to go, a pod whose budget allows nothing: whichever
     // drain takes the slot keeps it.
@@ -302,12 +302,12 @@ async fn guarded_pod_with_a_slow_sibling(
     settings: ScaleInSettings,
     ready_after_ms: u64,
 ) -> (World, String, String) {
-    let w = world(
-        vec![MemoryGroup::new("web", 0, 3, 2, "m5.large")],
-        settings,
-        Duration::from_millis(100),
-    )
-    .await;
+    let w = World::builder()
+        .group(MemoryGroup::new("web", 0, 3, 2, "m5.large"))
+        .settings(settings)
+        .ready_delay(Duration::from_millis(100))
+        .build()
+        .await;
     let web = nodes_of(&w, "web");
     let (node, iid) = web[0].clone();
     w.sim.create(&fixtures::pdb("shop", "web", 1)).unwrap();

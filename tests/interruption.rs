@@ -21,12 +21,10 @@ use support::world::*;
 
 #[tokio::test]
 async fn a_spot_warning_drains_workloads_first_and_daemonsets_last_within_two_minutes() {
-    let w = world(
-        vec![MemoryGroup::new("web", 0, 3, 1, "m5.large")],
-        fast_settings(),
-        Duration::from_millis(50),
-    )
-    .await;
+    let w = World::builder()
+        .group(MemoryGroup::new("web", 0, 3, 1, "m5.large"))
+        .build()
+        .await;
     let (node, iid) = node_with_fluentd_and_app(&w, 2.0).await;
     let q = Arc::new(MemoryQueue::default());
     let c = consumer(&w, &q, RebalanceAction::Cordon);
@@ -82,12 +80,10 @@ async fn a_spot_warning_drains_workloads_first_and_daemonsets_last_within_two_mi
 
 #[tokio::test]
 async fn a_rebalance_recommendation_cordons_only() {
-    let w = world(
-        vec![MemoryGroup::new("web", 0, 3, 1, "m5.large")],
-        fast_settings(),
-        Duration::from_millis(50),
-    )
-    .await;
+    let w = World::builder()
+        .group(MemoryGroup::new("web", 0, 3, 1, "m5.large"))
+        .build()
+        .await;
     let (node, iid) = node_with_fluentd_and_app(&w, 0.1).await;
     let q = Arc::new(MemoryQueue::default());
     let c = consumer(&w, &q, RebalanceAction::Cordon);
@@ -121,12 +117,10 @@ async fn a_rebalance_recommendation_cordons_only() {
 
 #[tokio::test]
 async fn a_duplicate_and_a_restart_mid_drain_make_one_drain() {
-    let mut w = world(
-        vec![MemoryGroup::new("web", 0, 3, 1, "m5.large")],
-        fast_settings(),
-        Duration::from_millis(50),
-    )
-    .await;
+    let mut w = World::builder()
+        .group(MemoryGroup::new("web", 0, 3, 1, "m5.large"))
+        .build()
+        .await;
     let (node, iid) = node_with_fluentd_and_app(&w, 3.0).await;
     let q = Arc::new(MemoryQueue::default());
     let loop_task = consumer(&w, &q, RebalanceAction::Cordon).spawn();
@@ -183,12 +177,10 @@ async fn a_duplicate_and_a_restart_mid_drain_make_one_drain() {
 
 #[tokio::test]
 async fn poison_and_test_messages_are_deleted_and_counted_never_retried() {
-    let w = world(
-        vec![MemoryGroup::new("web", 0, 3, 1, "m5.large")],
-        fast_settings(),
-        Duration::from_millis(50),
-    )
-    .await;
+    let w = World::builder()
+        .group(MemoryGroup::new("web", 0, 3, 1, "m5.large"))
+        .build()
+        .await;
     let q = Arc::new(MemoryQueue::default());
     let c = consumer(&w, &q, RebalanceAction::Cordon);
     let dropped_before = dropped_count("malformed");
@@ -231,13 +223,13 @@ fn dropped_count(reason: &str) -> u64 {
 /// reasons::a_lifecycle_message_with_a_wrong_token_does_not_cost_the_hook).
 #[tokio::test]
 async fn the_asgs_lifecycle_notification_drains_and_completes_by_instance_id() {
-    let w = world(
-        vec![MemoryGroup::new("web", 0, 3, 2, "m5.large")
-            .terminating_hook("ca-asg-provider-drain", 300)],
-        fast_settings(),
-        Duration::from_millis(50),
-    )
-    .await;
+    let w = World::builder()
+        .group(
+            MemoryGroup::new("web", 0, 3, 2, "m5.large")
+                .terminating_hook("ca-asg-provider-drain", 300),
+        )
+        .build()
+        .await;
     let q = Arc::new(MemoryQueue::default());
     let c = consumer(&w, &q, RebalanceAction::Cordon);
     let iid = w.cloud.external_scale_in("web", 1).unwrap().remove(0);
@@ -261,12 +253,10 @@ async fn the_asgs_lifecycle_notification_drains_and_completes_by_instance_id() {
 
 #[tokio::test]
 async fn an_instance_that_stopped_stops_its_drain() {
-    let w = world(
-        vec![MemoryGroup::new("web", 0, 3, 1, "m5.large")],
-        fast_settings(),
-        Duration::from_millis(50),
-    )
-    .await;
+    let w = World::builder()
+        .group(MemoryGroup::new("web", 0, 3, 1, "m5.large"))
+        .build()
+        .await;
     let (node, iid) = nodes_of(&w, "web").remove(0);
     // A PDB that allows nothing: the drain waits on it.
     w.sim.create(&fixtures::pdb("shop", "app", 0)).unwrap();
@@ -308,7 +298,7 @@ async fn one_lifecycle_scan_of_200_hooked_groups_is_one_batched_read() {
                 .terminating_hook("ca-asg-provider-drain", 300)
         })
         .collect();
-    let w = world(groups, fast_settings(), Duration::from_millis(50)).await;
+    let w = World::builder().groups(groups).build().await;
     let before = w.cloud.calls();
     scalein::sources::hook_scan::scan(&w.engine, &w.provider).await;
     let after = w.cloud.calls();
@@ -331,12 +321,10 @@ async fn one_lifecycle_scan_of_200_hooked_groups_is_one_batched_read() {
 
 #[tokio::test]
 async fn a_scheduled_retirement_drains_before_its_start_time() {
-    let w = world(
-        vec![MemoryGroup::new("web", 0, 3, 1, "m5.large")],
-        fast_settings(),
-        Duration::from_millis(50),
-    )
-    .await;
+    let w = World::builder()
+        .group(MemoryGroup::new("web", 0, 3, 1, "m5.large"))
+        .build()
+        .await;
     let (_node, iid) = node_with_fluentd_and_app(&w, 0.5).await;
     let q = Arc::new(MemoryQueue::default());
     let c = consumer(&w, &q, RebalanceAction::Cordon);
@@ -374,12 +362,11 @@ async fn only_a_spent_budget_overrides_a_pdb() {
         workload_deadline: Duration::from_secs(2),
         ..fast_settings()
     };
-    let w = world(
-        vec![MemoryGroup::new("web", 0, 3, 2, "m5.large")],
-        settings,
-        Duration::from_millis(50),
-    )
-    .await;
+    let w = World::builder()
+        .group(MemoryGroup::new("web", 0, 3, 2, "m5.large"))
+        .settings(settings)
+        .build()
+        .await;
     let web = nodes_of(&w, "web");
     let ((spot_node, spot_iid), (far_node, far_iid)) = (web[0].clone(), web[1].clone());
     w.sim.create(&fixtures::pdb("shop", "app", 0)).unwrap();
@@ -422,12 +409,10 @@ async fn only_a_spent_budget_overrides_a_pdb() {
 /// warning sent meanwhile is handled once SQS answers, and its drain runs as usual.
 #[tokio::test]
 async fn a_refused_receive_backs_off_and_the_notice_is_still_handled() {
-    let w = world(
-        vec![MemoryGroup::new("web", 0, 3, 1, "m5.large")],
-        fast_settings(),
-        Duration::from_millis(50),
-    )
-    .await;
+    let w = World::builder()
+        .group(MemoryGroup::new("web", 0, 3, 1, "m5.large"))
+        .build()
+        .await;
     let (_node, iid) = node_with_fluentd_and_app(&w, 0.1).await;
     let q = Arc::new(MemoryQueue::default());
     q.refuse_receives(2);
@@ -451,12 +436,10 @@ async fn a_refused_receive_backs_off_and_the_notice_is_still_handled() {
 /// the log shipper is not asked to leave a second time.
 #[tokio::test]
 async fn the_same_notice_after_its_drain_finished_does_not_drain_again() {
-    let w = world(
-        vec![MemoryGroup::new("web", 0, 3, 1, "m5.large")],
-        fast_settings(),
-        Duration::from_millis(50),
-    )
-    .await;
+    let w = World::builder()
+        .group(MemoryGroup::new("web", 0, 3, 1, "m5.large"))
+        .build()
+        .await;
     let (node, iid) = nodes_of(&w, "web").remove(0);
     w.sim
         .create(&fixtures::log_shipper_tolerating_drain(0.0))

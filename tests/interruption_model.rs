@@ -98,13 +98,15 @@ struct Model {
 impl Model {
     async fn new() -> Model {
         let origin = ca_asg_provider::clock::now();
-        let mut w = world_in_process(
-            vec![MemoryGroup::new("web", 0, 6, NODES as i32, "m5.large")
-                .terminating_hook("ca-asg-provider-drain", 300)],
-            fast_settings(),
-            Duration::from_millis(20),
-        )
-        .await;
+        let mut w = World::builder()
+            .group(
+                MemoryGroup::new("web", 0, 6, NODES as i32, "m5.large")
+                    .terminating_hook("ca-asg-provider-drain", 300),
+            )
+            .ready_delay(Duration::from_millis(20))
+            .in_process()
+            .build()
+            .await;
         let nodes = nodes_of(&w, "web");
         fluentd_and_an_app_on_each(&w, &nodes, 0.1, 0.3);
         pods_ready(&w, 2 * NODES).await;

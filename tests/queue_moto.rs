@@ -110,12 +110,10 @@ async fn events_through_eventbridge_reach_the_drain_through_sqs() {
         );
     }
 
-    let w = world(
-        vec![MemoryGroup::new("web", 0, 3, 2, "m5.large")],
-        fast_settings(),
-        Duration::from_millis(50),
-    )
-    .await;
+    let w = World::builder()
+        .group(MemoryGroup::new("web", 0, 3, 2, "m5.large"))
+        .build()
+        .await;
     let web = nodes_of(&w, "web");
     let ((node, iid), other) = (web[0].clone(), web[1].clone());
     w.sim

@@ -20,12 +20,10 @@ use support::world::*;
 
 #[tokio::test]
 async fn daemonset_pods_leave_only_after_the_workload_is_gone() {
-    let mut w = world(
-        vec![MemoryGroup::new("web", 0, 3, 1, "m5.large")],
-        fast_settings(),
-        Duration::from_millis(50),
-    )
-    .await;
+    let mut w = World::builder()
+        .group(MemoryGroup::new("web", 0, 3, 1, "m5.large"))
+        .build()
+        .await;
     let (node, iid) = node_with_fluentd_and_app(&w, 2.0).await;
     delete_nodes(&mut w, "web", &[(node.clone(), iid.clone())]).await;
     // From the moment the call returns: target one lower, instance deleting.
@@ -101,16 +99,15 @@ async fn daemonset_pods_leave_only_after_the_workload_is_gone() {
 /// both run under one ServiceAccount in sidecar and bundled mode.
 #[tokio::test]
 async fn the_services_requests_say_who_is_calling() {
-    let mut w = world(
-        vec![MemoryGroup::new("web", 0, 3, 1, "m5.large")],
-        ScaleInSettings {
+    let mut w = World::builder()
+        .group(MemoryGroup::new("web", 0, 3, 1, "m5.large"))
+        .settings(ScaleInSettings {
             leader_election: true,
             lease_namespace: Some("kube-system".into()),
             ..fast_settings()
-        },
-        Duration::from_millis(50),
-    )
-    .await;
+        })
+        .build()
+        .await;
     w.engine.elect_leader();
     eventually("the engine leads", 10, || {
         w.engine.leadership().is_some_and(|rx| *rx.borrow())
@@ -136,15 +133,12 @@ async fn the_services_requests_say_who_is_calling() {
 
 #[tokio::test]
 async fn two_nodes_drained_at_once_never_leave_zero_ready_replicas() {
-    let mut w = world(
-        vec![
-            MemoryGroup::new("web", 0, 3, 2, "m5.large"),
-            MemoryGroup::new("spare", 0, 3, 0, "m5.large"),
-        ],
-        fast_settings(),
-        Duration::from_millis(300),
-    )
-    .await;
+    let mut w = World::builder()
+        .group(MemoryGroup::new("web", 0, 3, 2, "m5.large"))
+        .group(MemoryGroup::new("spare", 0, 3, 0, "m5.large"))
+        .ready_delay(Duration::from_millis(300))
+        .build()
+        .await;
     w.sim
         .create(&fixtures::replicaset("shop", "api", 2, 0.2))
         .unwrap();
@@ -191,13 +185,13 @@ async fn two_nodes_drained_at_once_never_leave_zero_ready_replicas() {
 
 #[tokio::test]
 async fn lifecycle_mode_heartbeats_and_completes_and_drains_asg_started_scale_ins() {
-    let mut w = world(
-        vec![MemoryGroup::new("web", 0, 3, 2, "m5.large")
-            .terminating_hook("ca-asg-provider-drain", 1)],
-        fast_settings(),
-        Duration::from_millis(50),
-    )
-    .await;
+    let mut w = World::builder()
+        .group(
+            MemoryGroup::new("web", 0, 3, 2, "m5.large")
+                .terminating_hook("ca-asg-provider-drain", 1),
+        )
+        .build()
+        .await;
     let nodes = nodes_of(&w, "web");
     let (node, iid) = nodes[0].clone();
     w.sim
@@ -275,12 +269,10 @@ async fn lifecycle_mode_heartbeats_and_completes_and_drains_asg_started_scale_in
 
 #[tokio::test]
 async fn a_restart_in_the_middle_of_a_direct_drain_finishes_exactly_once() {
-    let mut w = world(
-        vec![MemoryGroup::new("web", 0, 3, 2, "m5.large")],
-        fast_settings(),
-        Duration::from_millis(50),
-    )
-    .await;
+    let mut w = World::builder()
+        .group(MemoryGroup::new("web", 0, 3, 2, "m5.large"))
+        .build()
+        .await;
     let (node, iid) = nodes_of(&w, "web").remove(0);
     w.sim
         .create(&fixtures::pod("shop", "app", &node, "app", 1.5))
@@ -330,13 +322,13 @@ async fn a_restart_in_the_middle_of_a_direct_drain_finishes_exactly_once() {
 
 #[tokio::test]
 async fn a_restart_in_the_middle_of_a_lifecycle_drain_completes_exactly_once() {
-    let mut w = world(
-        vec![MemoryGroup::new("web", 0, 3, 2, "m5.large")
-            .terminating_hook("ca-asg-provider-drain", 30)],
-        fast_settings(),
-        Duration::from_millis(50),
-    )
-    .await;
+    let mut w = World::builder()
+        .group(
+            MemoryGroup::new("web", 0, 3, 2, "m5.large")
+                .terminating_hook("ca-asg-provider-drain", 30),
+        )
+        .build()
+        .await;
     let (node, iid) = nodes_of(&w, "web").remove(0);
     w.sim
         .create(&fixtures::pod("shop", "app", &node, "app", 1.5))
@@ -393,13 +385,15 @@ fn heartbeats_throttled_across_a_restart_keep_every_hold() {
             workload_deadline: Duration::from_secs(600),
             ..fast_settings()
         };
-        let mut w = world_in_process(
-            vec![MemoryGroup::new("web", 0, 6, HELD as i32, "m5.large")
-                .terminating_hook("ca-asg-provider-drain", hook.as_secs() as i32)],
-            s.clone(),
-            Duration::from_millis(50),
-        )
-        .await;
+        let mut w = World::builder()
+            .group(
+                MemoryGroup::new("web", 0, 6, HELD as i32, "m5.large")
+                    .terminating_hook("ca-asg-provider-drain", hook.as_secs() as i32),
+            )
+            .settings(s.clone())
+            .in_process()
+            .build()
+            .await;
         // Every node's app is held by its budget: the drains wait, the hooks hold.
         for (i, (node, _)) in nodes_of(&w, "web").iter().enumerate() {
             w.sim
@@ -469,12 +463,11 @@ async fn blocked_world(policy: DeadlinePolicy) -> (World, String, String) {
         workload_deadline_policy: policy,
         ..fast_settings()
     };
-    let w = world(
-        vec![MemoryGroup::new("web", 0, 3, 1, "m5.large")],
-        s,
-        Duration::from_millis(50),
-    )
-    .await;
+    let w = World::builder()
+        .group(MemoryGroup::new("web", 0, 3, 1, "m5.large"))
+        .settings(s)
+        .build()
+        .await;
     let (node, iid) = nodes_of(&w, "web").remove(0);
     // A single replica under minAvailable 1: its budget never allows an eviction.
     w.sim
@@ -713,15 +706,11 @@ async fn abandon_gives_the_node_back(ca_cordons: bool) {
 
 #[tokio::test]
 async fn fifty_nodes_drain_concurrently_within_budgets() {
-    let mut w = world(
-        vec![
-            MemoryGroup::new("big", 0, 60, 50, "m5.large"),
-            MemoryGroup::new("spare", 0, 20, 10, "m5.large"),
-        ],
-        fast_settings(),
-        Duration::from_millis(50),
-    )
-    .await;
+    let mut w = World::builder()
+        .group(MemoryGroup::new("big", 0, 60, 50, "m5.large"))
+        .group(MemoryGroup::new("spare", 0, 20, 10, "m5.large"))
+        .build()
+        .await;
     let big = nodes_of(&w, "big");
     // Pin 50 replicas to the big nodes first: spare nodes are cordoned until the drain.
     for (n, _) in nodes_of(&w, "spare") {
@@ -772,12 +761,10 @@ async fn fifty_nodes_drain_concurrently_within_budgets() {
 
 #[tokio::test]
 async fn a_replica_that_does_not_lead_hands_delete_nodes_to_the_leader() {
-    let w = world(
-        vec![MemoryGroup::new("web", 0, 3, 2, "m5.large")],
-        fast_settings(),
-        Duration::from_millis(50),
-    )
-    .await;
+    let w = World::builder()
+        .group(MemoryGroup::new("web", 0, 3, 2, "m5.large"))
+        .build()
+        .await;
     // A second replica, not the leader, gets CA's call.
     let (_provider2, engine2, mut ca2) =
         service(&w.sim, &w.cloud, &w.groups, fast_settings()).await;
@@ -825,12 +812,10 @@ async fn a_replica_that_does_not_lead_hands_delete_nodes_to_the_leader() {
 
 #[tokio::test]
 async fn an_api_server_restart_in_the_middle_of_a_drain_loses_nothing() {
-    let mut w = world(
-        vec![MemoryGroup::new("web", 0, 3, 1, "m5.large")],
-        fast_settings(),
-        Duration::from_millis(50),
-    )
-    .await;
+    let mut w = World::builder()
+        .group(MemoryGroup::new("web", 0, 3, 1, "m5.large"))
+        .build()
+        .await;
     let (node, iid) = node_with_fluentd_and_app(&w, 0.5).await;
     delete_nodes(&mut w, "web", &[(node.clone(), iid.clone())]).await;
     eventually("the app's eviction", 10, || {
@@ -879,16 +864,15 @@ async fn an_api_server_restart_in_the_middle_of_a_drain_loses_nothing() {
 /// side by side, the call answers inside CA's deadline, and every drain still ends.
 #[tokio::test]
 async fn delete_nodes_answers_within_cas_deadline_when_aws_and_the_api_are_slow() {
-    let mut w = world(
-        vec![
+    let mut w = World::builder()
+        .group(
             MemoryGroup::new("web", 0, 4, 4, "m5.large")
                 .terminating_hook("ca-asg-provider-drain", 30),
-            MemoryGroup::new("batch", 0, 4, 4, "m5.large"),
-        ],
-        fast_settings(),
-        Duration::from_millis(20),
-    )
-    .await;
+        )
+        .group(MemoryGroup::new("batch", 0, 4, 4, "m5.large"))
+        .ready_delay(Duration::from_millis(20))
+        .build()
+        .await;
     let web = nodes_of(&w, "web");
     let batch = nodes_of(&w, "batch");
     assert_eq!((web.len(), batch.len()), (4, 4));
@@ -923,12 +907,12 @@ async fn drain_an_unready_pod(policy: Option<&str>) -> (World, Option<Outcome>) 
         workload_deadline_policy: DeadlinePolicy::Abandon,
         ..fast_settings()
     };
-    let mut w = world(
-        vec![MemoryGroup::new("web", 0, 3, 2, "m5.large")],
-        s,
-        Duration::from_millis(20),
-    )
-    .await;
+    let mut w = World::builder()
+        .group(MemoryGroup::new("web", 0, 3, 2, "m5.large"))
+        .settings(s)
+        .ready_delay(Duration::from_millis(20))
+        .build()
+        .await;
     let nodes = nodes_of(&w, "web");
     for (pod, (node, _)) in ["crash-a", "crash-b"].iter().zip(&nodes) {
         w.sim
@@ -996,12 +980,10 @@ async fn an_unready_pod_leaves_when_its_budget_always_allows_unhealthy_evictions
 /// the instance ends.
 #[tokio::test]
 async fn a_pod_that_runs_to_completion_is_waited_for_not_evicted() {
-    let mut w = world(
-        vec![MemoryGroup::new("web", 0, 3, 1, "m5.large")],
-        fast_settings(),
-        Duration::from_millis(50),
-    )
-    .await;
+    let mut w = World::builder()
+        .group(MemoryGroup::new("web", 0, 3, 1, "m5.large"))
+        .build()
+        .await;
     let (node, iid) = nodes_of(&w, "web").remove(0);
     w.sim
         .create(&fixtures::daemonset("logging", "fluentd", 0.05, false))
@@ -1082,12 +1064,10 @@ async fn a_pod_that_runs_to_completion_is_waited_for_not_evicted() {
 /// read again within seconds.
 #[tokio::test]
 async fn a_hook_added_by_hand_to_a_running_group_is_used_at_once() {
-    let w = world(
-        vec![MemoryGroup::new("web", 0, 3, 1, "m5.large")],
-        fast_settings(),
-        Duration::from_millis(50),
-    )
-    .await;
+    let w = World::builder()
+        .group(MemoryGroup::new("web", 0, 3, 1, "m5.large"))
+        .build()
+        .await;
     let lifecycle = scalein::sources::hook_scan::spawn_loop(w.engine.clone(), w.provider.clone());
     let (node, iid) = node_with_fluentd_and_app(&w, 0.1).await;
     w.cloud.add_hook(

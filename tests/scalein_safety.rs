@@ -39,15 +39,14 @@ fn live(w: &World, group: &str) -> usize {
 /// drains are held by a PodDisruptionBudget, then IncreaseSize(+1).
 #[tokio::test]
 async fn growing_a_group_while_direct_drains_run_ends_no_instance_of_the_asgs_choosing() {
-    let mut w = world(
-        vec![MemoryGroup::new("web", 0, 10, 4, "m5.large")],
-        ScaleInSettings {
+    let mut w = World::builder()
+        .group(MemoryGroup::new("web", 0, 10, 4, "m5.large"))
+        .settings(ScaleInSettings {
             workload_deadline: Duration::from_secs(30),
             ..fast_settings()
-        },
-        Duration::from_millis(50),
-    )
-    .await;
+        })
+        .build()
+        .await;
     let victims: Vec<(String, String)> = nodes_of(&w, "web").into_iter().take(2).collect();
     for (i, (node, _)) in victims.iter().enumerate() {
         w.sim
@@ -125,15 +124,14 @@ async fn growing_a_group_while_direct_drains_run_ends_no_instance_of_the_asgs_ch
 /// process counts it against the target before anything else happens.
 #[tokio::test]
 async fn a_crash_right_after_delete_nodes_loses_no_drain() {
-    let mut w = world(
-        vec![MemoryGroup::new("web", 0, 5, 3, "m5.large")],
-        ScaleInSettings {
+    let mut w = World::builder()
+        .group(MemoryGroup::new("web", 0, 5, 3, "m5.large"))
+        .settings(ScaleInSettings {
             max_concurrent_drains: 1,
             ..fast_settings()
-        },
-        Duration::from_millis(50),
-    )
-    .await;
+        })
+        .build()
+        .await;
     let (node, iid) = nodes_of(&w, "web").remove(0);
     w.sim
         .create(&fixtures::pod("shop", "app", &node, "app", 0.2))
@@ -171,19 +169,21 @@ async fn a_crash_right_after_delete_nodes_loses_no_drain() {
 #[tokio::test]
 async fn two_hundred_waiting_instances_are_all_heartbeated_until_drained() {
     const N: usize = 200;
-    let w = world_with(
-        vec![MemoryGroup::new("fleet", 0, N as i32, N as i32, "m5.large")
-            .terminating_hook("ca-asg-provider-drain", 1)],
-        ScaleInSettings {
+    let w = World::builder()
+        .group(
+            MemoryGroup::new("fleet", 0, N as i32, N as i32, "m5.large")
+                .terminating_hook("ca-asg-provider-drain", 1),
+        )
+        .settings(ScaleInSettings {
             max_concurrent_drains: 10,
             api_qps: 400.0,
             api_burst: 400,
             ..fast_settings()
-        },
-        Duration::from_millis(20),
-        Duration::from_secs(60),
-    )
-    .await;
+        })
+        .ready_delay(Duration::from_millis(20))
+        .refresh_interval(Duration::from_secs(60))
+        .build()
+        .await;
     let nodes = nodes_of(&w, "fleet");
     for (node, _) in &nodes {
         w.sim
@@ -243,13 +243,14 @@ async fn two_hundred_waiting_instances_are_all_heartbeated_until_drained() {
 /// terminates; it keeps the hook alive and drains once the API server answers.
 #[tokio::test]
 async fn a_drain_that_cannot_find_its_node_does_not_end_the_instance() {
-    let w = world(
-        vec![MemoryGroup::new("web", 0, 5, 1, "m5.large")
-            .terminating_hook("ca-asg-provider-drain", 1)],
-        fast_settings(),
-        Duration::from_millis(20),
-    )
-    .await;
+    let w = World::builder()
+        .group(
+            MemoryGroup::new("web", 0, 5, 1, "m5.large")
+                .terminating_hook("ca-asg-provider-drain", 1),
+        )
+        .ready_delay(Duration::from_millis(20))
+        .build()
+        .await;
     let sim = w.sim.clone();
     let outage = tokio::spawn(async move { sim.outage(Duration::from_secs(3)).await });
     tokio::time::sleep(Duration::from_millis(100)).await;
@@ -300,12 +301,11 @@ async fn a_drain_that_cannot_find_its_node_does_not_end_the_instance() {
 /// by this service; without our own hook the group drains in direct mode.
 #[tokio::test]
 async fn another_tools_hook_is_never_completed() {
-    let mut w = world(
-        vec![MemoryGroup::new("web", 0, 5, 2, "m5.large").terminating_hook("nth-hook", 30)],
-        fast_settings(),
-        Duration::from_millis(20),
-    )
-    .await;
+    let mut w = World::builder()
+        .group(MemoryGroup::new("web", 0, 5, 2, "m5.large").terminating_hook("nth-hook", 30))
+        .ready_delay(Duration::from_millis(20))
+        .build()
+        .await;
     let (node, iid) = nodes_of(&w, "web").remove(0);
     delete_nodes(&mut w, "web", &[(node, iid.clone())]).await;
     assert_eq!(w.engine.wait_for(&iid).await, Some(Outcome::Ended));
@@ -327,18 +327,19 @@ async fn another_tools_hook_is_never_completed() {
 /// times out.
 #[tokio::test]
 async fn a_drain_faster_than_the_hook_still_completes_the_action() {
-    let w = world_timed(
-        vec![MemoryGroup::new("web", 0, 3, 2, "m5.large")
-            .terminating_hook("ca-asg-provider-drain", 2)],
-        fast_settings(),
-        Duration::from_millis(20),
-        Duration::from_millis(100),
-        ca_asg_provider::cloud::memory::MemoryTiming {
+    let w = World::builder()
+        .group(
+            MemoryGroup::new("web", 0, 3, 2, "m5.large")
+                .terminating_hook("ca-asg-provider-drain", 2),
+        )
+        .ready_delay(Duration::from_millis(20))
+        .refresh_interval(Duration::from_millis(100))
+        .timing(ca_asg_provider::cloud::memory::MemoryTiming {
             hook_delay: Duration::from_millis(700),
             ..timing()
-        },
-    )
-    .await;
+        })
+        .build()
+        .await;
     let mut w = w;
     let (node, iid) = nodes_of(&w, "web").remove(0);
     delete_nodes(&mut w, "web", &[(node, iid.clone())]).await;
@@ -422,12 +423,12 @@ async fn a_pod_list_refused_for_a_while_holds_the_drain_until_answered() {
 
 /// A world with two web instances, and an app pod running on the first one's Node.
 async fn web_node_with_an_app(settings: ScaleInSettings) -> (World, String, String) {
-    let w = world(
-        vec![MemoryGroup::new("web", 0, 3, 2, "m5.large")],
-        settings,
-        Duration::from_millis(20),
-    )
-    .await;
+    let w = World::builder()
+        .group(MemoryGroup::new("web", 0, 3, 2, "m5.large"))
+        .settings(settings)
+        .ready_delay(Duration::from_millis(20))
+        .build()
+        .await;
     let (node, iid) = nodes_of(&w, "web").remove(0);
     w.sim
         .create(&fixtures::pod("shop", "app", &node, "app", 0.1))
@@ -445,14 +446,15 @@ async fn web_node_with_an_app(settings: ScaleInSettings) -> (World, String, Stri
 #[tokio::test]
 async fn a_hook_named_in_the_nodes_record_is_never_completed_unless_it_is_ours() {
     use ca_asg_provider::scalein::{decide::record, DrainRequest, Mode, Source};
-    let w = world(
-        vec![MemoryGroup::new("web", 0, 5, 2, "m5.large")
-            .terminating_hook("ca-asg-provider-drain", 300)
-            .terminating_hook("nth-hook", 300)],
-        fast_settings(),
-        Duration::from_millis(20),
-    )
-    .await;
+    let w = World::builder()
+        .group(
+            MemoryGroup::new("web", 0, 5, 2, "m5.large")
+                .terminating_hook("ca-asg-provider-drain", 300)
+                .terminating_hook("nth-hook", 300),
+        )
+        .ready_delay(Duration::from_millis(20))
+        .build()
+        .await;
     // The ASG ends an instance: both hooks hold it in Terminating:Wait.
     let before = nodes_of(&w, "web");
     let iid = w.cloud.external_scale_in("web", 1).unwrap().remove(0);

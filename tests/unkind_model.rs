@@ -353,17 +353,18 @@ fn lifecycle_message(group: &str, iid: &str, token: Option<&str>) -> String {
 impl Model {
     async fn new(policy: DeadlinePolicy) -> Model {
         let origin = ca_asg_provider::clock::now();
-        let mut w = world_in_process(
-            vec![
+        let mut w = World::builder()
+            .group(
                 MemoryGroup::new("web", 0, 6, 2, "m5.large")
                     .eks_managed("prod", "web", EKS_HOOK_SECS)
                     .terminating_hook(HOOK, HOOK_SECS),
-                MemoryGroup::new("batch", 0, 6, 2, "m5.large"),
-            ],
-            settings(policy),
-            Duration::from_millis(20),
-        )
-        .await;
+            )
+            .group(MemoryGroup::new("batch", 0, 6, 2, "m5.large"))
+            .settings(settings(policy))
+            .ready_delay(Duration::from_millis(20))
+            .in_process()
+            .build()
+            .await;
         w.cloud.check_tokens(true);
         let mut nodes: Vec<(String, String, &'static str)> = nodes_of(&w, "web")
             .into_iter()

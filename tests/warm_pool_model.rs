@@ -129,7 +129,13 @@ impl Model {
                 pool_state: pool_state.into(),
                 reuse_on_scale_in: true,
             });
-        let w = world_in_process(vec![group], settings(), Duration::from_millis(20)).await;
+        let w = World::builder()
+            .group(group)
+            .settings(settings())
+            .ready_delay(Duration::from_millis(20))
+            .in_process()
+            .build()
+            .await;
         let pods = PodLog::watch(&w.sim);
         w.sim
             .create(&fixtures::daemonset("logging", "fluentd", 0.1, false))
