@@ -87,13 +87,7 @@ impl ServiceBuilder {
 
     /// The groups found by a tag key (auto-discovery), instead of by name.
     pub fn tagged(mut self, key: &str) -> Self {
-        self.selector = GroupSelector {
-            names: vec![],
-            tag_sets: vec![vec![TagFilter {
-                key: key.into(),
-                value: None,
-            }]],
-        };
+        self.selector = tagged(key);
         self
     }
 
@@ -174,6 +168,18 @@ impl TcpDoor {
     pub async fn close(self) {
         let _ = self.stop.send(());
         let _ = self.server.await;
+    }
+}
+
+/// Auto-discovery by one tag key, whatever its value (as
+/// `k8s.io/cluster-autoscaler/enabled` is used).
+pub fn tagged(key: &str) -> GroupSelector {
+    GroupSelector {
+        names: vec![],
+        tag_sets: vec![vec![TagFilter {
+            key: key.into(),
+            value: None,
+        }]],
     }
 }
 

@@ -191,15 +191,7 @@ impl Model {
             .in_process()
             .build()
             .await;
-        let mut nodes: Vec<(String, String, &'static str)> = nodes_of(&w, "web")
-            .into_iter()
-            .map(|(n, i)| (n, i, "web"))
-            .collect();
-        nodes.extend(
-            nodes_of(&w, "batch")
-                .into_iter()
-                .map(|(n, i)| (n, i, "batch")),
-        );
+        let nodes = nodes_of_groups(&w, &["web", "batch"]);
         assert_eq!(nodes.len(), NODES);
         let on: Vec<&str> = nodes.iter().map(|(n, _, _)| n.as_str()).collect();
         let pods = apps_under_fluentd(&w, &on, GUARDED).await;

@@ -718,36 +718,24 @@ async fn check_config_explains_eks_hooks_on_managed_node_groups_and_fails_on_a_s
             format!("aws:\n  region: us-east-1\nnodeGroups:\n  - name: {group}\n"),
         )
         .unwrap();
-        let out = std::process::Command::new(env!("CARGO_BIN_EXE_ca-asg-provider"))
-            .args(["check-config", "--aws-endpoint", &e._moto.url, "--config"])
-            .arg(&path)
-            .env("AWS_ACCESS_KEY_ID", "test")
-            .env("AWS_SECRET_ACCESS_KEY", "test")
-            .env("AWS_EC2_METADATA_DISABLED", "true")
-            .env("AWS_CONFIG_FILE", dir.path().join("none"))
-            .env("AWS_SHARED_CREDENTIALS_FILE", dir.path().join("none"))
-            .env("HOME", dir.path())
-            .env_remove("KUBECONFIG")
-            .env_remove("KUBERNETES_SERVICE_HOST")
-            .output()
-            .unwrap();
-        let text = String::from_utf8_lossy(&out.stdout).to_string()
-            + &String::from_utf8_lossy(&out.stderr);
-        println!("== {group}\n{text}");
-        (out.status.code(), text)
+        support::moto::said(
+            &mut support::moto::offline("check-config", &e._moto.url, &path, dir.path()),
+            group,
+        )
     };
     let (code, text) = check("eks-ng");
     assert_eq!(code, Some(0), "{text}");
-    for s in [
-        "scale-in: lifecycle hook ca-asg-provider-drain",
-        "EKS's own hook (managed node group ng-1 of cluster prod)",
-        "waits for every hook",
-        "Eviction API",
-        "does not evict DaemonSet pods",
-        "no problems found",
-    ] {
-        assert!(text.contains(s), "{s:?} not in:\n{text}");
-    }
+    support::assert_says(
+        &text,
+        &[
+            "scale-in: lifecycle hook ca-asg-provider-drain",
+            "EKS's own hook (managed node group ng-1 of cluster prod)",
+            "waits for every hook",
+            "Eviction API",
+            "does not evict DaemonSet pods",
+            "no problems found",
+        ],
+    );
     assert!(
         !text.contains("another EC2_INSTANCE_TERMINATING hook"),
         "{text}"

@@ -223,10 +223,7 @@ async fn calls_recorded_together_are_answered_each_on_its_own() {
 /// call answers Unavailable in time, never DeadlineExceeded, and starts nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_call_answers_within_the_deadline_ca_sent() {
-    let mut w = World::builder()
-        .group(MemoryGroup::new("web", 0, 5, 3, "m5.large"))
-        .build()
-        .await;
+    let mut w = World::builder().web(5, 3).build().await;
     let victim = nodes_of(&w, "web").remove(0);
     w.cloud.slow(Duration::from_secs(3));
     let mut req = delete_request("web", std::slice::from_ref(&victim));
@@ -246,10 +243,7 @@ async fn a_call_answers_within_the_deadline_ca_sent() {
 /// the group backed off) while the change lands in AWS behind its back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn size_changes_answer_within_the_deadline_ca_sent_and_change_nothing_late() {
-    let mut w = World::builder()
-        .group(MemoryGroup::new("web", 0, 8, 3, "m5.large"))
-        .build()
-        .await;
+    let mut w = World::builder().web(8, 3).build().await;
     w.cloud.slow(Duration::from_secs(3));
     let mut up = tonic::Request::new(proto::NodeGroupIncreaseSizeRequest {
         id: "web".into(),
@@ -298,10 +292,7 @@ async fn size_changes_answer_within_the_deadline_ca_sent_and_change_nothing_late
 /// not refused whole for its size.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_batched_delete_larger_than_4_mib_is_read() {
-    let mut w = World::builder()
-        .group(MemoryGroup::new("web", 0, 5, 2, "m5.large"))
-        .build()
-        .await;
+    let mut w = World::builder().web(5, 2).build().await;
     let labels: std::collections::HashMap<String, String> = (0..40)
         .map(|i| (format!("example.com/label-{i}"), "v".repeat(40)))
         .collect();
@@ -365,10 +356,7 @@ async fn refresh(w: &mut World) {
 /// an error that ends CA's whole loop when fixNodeGroupSize asks (1.31 to 1.36).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_standby_instance_fills_no_slot_of_the_desired_capacity() {
-    let mut w = World::builder()
-        .group(MemoryGroup::new("web", 0, 5, 3, "m5.large"))
-        .build()
-        .await;
+    let mut w = World::builder().web(5, 3).build().await;
     let (_, standby) = nodes_of(&w, "web").remove(0);
     w.cloud
         .fail_launches("web", Some("InsufficientInstanceCapacity"));
@@ -411,10 +399,7 @@ async fn a_standby_instance_fills_no_slot_of_the_desired_capacity() {
 /// own choosing. Nothing is touched; the other nodes of the group are deleted as usual.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn deleting_a_standby_instance_is_refused_and_ends_nothing() {
-    let mut w = World::builder()
-        .group(MemoryGroup::new("web", 0, 5, 3, "m5.large"))
-        .build()
-        .await;
+    let mut w = World::builder().web(5, 3).build().await;
     let nodes = nodes_of(&w, "web");
     w.cloud.enter_standby(&nodes[0].1, true).unwrap();
     assert_eq!(w.cloud.desired("web"), Some(2));
@@ -444,7 +429,7 @@ async fn deleting_a_standby_instance_is_refused_and_ends_nothing() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_template_slower_than_cas_deadline_is_answered_in_time_and_still_built() {
     let mut w = World::builder()
-        .group(MemoryGroup::new("web", 0, 5, 2, "m5.large"))
+        .web(5, 2)
         .group(MemoryGroup::new("batch", 0, 5, 0, "m5.large"))
         .build()
         .await;

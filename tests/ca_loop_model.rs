@@ -187,17 +187,7 @@ fn seen(bytes: &[u8]) -> Seen {
             // is one chosen among the group's zones by where its instances are now.
             .filter(|(k, _)| k != "kubernetes.io/hostname" && !k.ends_with("/zone"))
             .collect(),
-        taints: spec
-            .taints
-            .into_iter()
-            .map(|t| {
-                (
-                    t.key.unwrap_or_default(),
-                    t.value.unwrap_or_default(),
-                    t.effect.unwrap_or_default(),
-                )
-            })
-            .collect(),
+        taints: support::templates::taint_triples(spec.taints).collect(),
         capacity: status
             .capacity
             .into_iter()

@@ -518,27 +518,7 @@ fn check_config_without_credentials_says_what_to_check() {
     let run = |env: &[(&str, String)]| {
         let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_ca-asg-provider"));
         cmd.args(["check-config", "--config"]).arg(&cfg);
-        for k in [
-            "AWS_ACCESS_KEY_ID",
-            "AWS_SECRET_ACCESS_KEY",
-            "AWS_SESSION_TOKEN",
-            "AWS_PROFILE",
-            "AWS_ROLE_ARN",
-            "AWS_WEB_IDENTITY_TOKEN_FILE",
-            "AWS_CONTAINER_CREDENTIALS_FULL_URI",
-            "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI",
-            "AWS_CONTAINER_AUTHORIZATION_TOKEN",
-            "AWS_CONTAINER_AUTHORIZATION_TOKEN_FILE",
-        ] {
-            cmd.env_remove(k);
-        }
-        cmd.env("HOME", dir.path())
-            .env("AWS_CONFIG_FILE", dir.path().join("no-config"))
-            .env(
-                "AWS_SHARED_CREDENTIALS_FILE",
-                dir.path().join("no-credentials"),
-            )
-            .env("AWS_EC2_METADATA_DISABLED", "true");
+        support::process::without_credentials(&mut cmd, dir.path());
         for (k, v) in env {
             cmd.env(k, v);
         }

@@ -5,7 +5,6 @@
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use ca_asg_provider::cloud::memory::MemoryGroup;
 use ca_asg_provider::scalein::{Outcome, ScaleInSettings};
 use ca_asg_provider::sim::fixtures;
 use k8s_openapi::api::core::v1::{Node, Pod};
@@ -27,7 +26,7 @@ async fn the_next_eviction_goes_when_the_replacement_is_ready_not_at_the_retry_t
         ..fast_settings()
     };
     let mut w = World::builder()
-        .group(MemoryGroup::new("web", 0, 4, 3, "m5.large"))
+        .web(4, 3)
         .settings(settings)
         .ready_delay(Duration::from_millis(200))
         .build()
@@ -126,7 +125,7 @@ async fn four_drains_at_once(shared_from: usize) -> (u64, u64) {
         ..fast_settings()
     };
     let mut w = World::builder()
-        .group(MemoryGroup::new("web", 0, 6, 6, "m5.large"))
+        .web(6, 6)
         .settings(settings)
         .ready_delay(Duration::from_millis(100))
         .build()
@@ -235,7 +234,7 @@ async fn a_drain_waiting_for_a_slot_has_its_node_cordoned_already() {
         ..fast_settings()
     };
     let mut w = World::builder()
-        .group(MemoryGroup::new("web", 0, 4, 3, "m5.large"))
+        .web(4, 3)
         .settings(settings)
         .ready_delay(Duration::from_millis(100))
         .build()
@@ -303,7 +302,7 @@ async fn guarded_pod_with_a_slow_sibling(
     ready_after_ms: u64,
 ) -> (World, String, String) {
     let w = World::builder()
-        .group(MemoryGroup::new("web", 0, 3, 2, "m5.large"))
+        .web(3, 2)
         .settings(settings)
         .ready_delay(Duration::from_millis(100))
         .build()

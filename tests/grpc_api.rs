@@ -7,7 +7,7 @@ use std::time::Duration;
 use ca_asg_provider::clock::Instant;
 
 use ca_asg_provider::cloud::memory::{MemoryCloud, MemoryGroup, MemoryTiming};
-use ca_asg_provider::cloud::{Cloud, GroupSelector, TagFilter};
+use ca_asg_provider::cloud::{Cloud, GroupSelector};
 use ca_asg_provider::proto::cloud_provider_client::CloudProviderClient;
 use ca_asg_provider::proto::{self, instance_status::InstanceState};
 use ca_asg_provider::provider::{Bounds, Provider, ProviderSettings};
@@ -41,13 +41,7 @@ fn groups() -> Vec<MemoryGroup> {
 
 fn discovery() -> ProviderSettings {
     ProviderSettings {
-        selector: GroupSelector {
-            names: vec![],
-            tag_sets: vec![vec![TagFilter {
-                key: "k8s.io/cluster-autoscaler/enabled".into(),
-                value: None,
-            }]],
-        },
+        selector: ca_asg_provider::world::tagged("k8s.io/cluster-autoscaler/enabled"),
         refresh_interval: Duration::from_millis(50),
         lookup_interval: Duration::from_millis(20),
         ..ProviderSettings::default()

@@ -21,10 +21,7 @@ use support::world::*;
 
 #[tokio::test]
 async fn a_spot_warning_drains_workloads_first_and_daemonsets_last_within_two_minutes() {
-    let w = World::builder()
-        .group(MemoryGroup::new("web", 0, 3, 1, "m5.large"))
-        .build()
-        .await;
+    let w = World::builder().web(3, 1).build().await;
     let (node, iid) = node_with_fluentd_and_app(&w, 2.0).await;
     let q = Arc::new(MemoryQueue::default());
     let c = consumer(&w, &q, RebalanceAction::Cordon);
@@ -80,10 +77,7 @@ async fn a_spot_warning_drains_workloads_first_and_daemonsets_last_within_two_mi
 
 #[tokio::test]
 async fn a_rebalance_recommendation_cordons_only() {
-    let w = World::builder()
-        .group(MemoryGroup::new("web", 0, 3, 1, "m5.large"))
-        .build()
-        .await;
+    let w = World::builder().web(3, 1).build().await;
     let (node, iid) = node_with_fluentd_and_app(&w, 0.1).await;
     let q = Arc::new(MemoryQueue::default());
     let c = consumer(&w, &q, RebalanceAction::Cordon);
@@ -117,10 +111,7 @@ async fn a_rebalance_recommendation_cordons_only() {
 
 #[tokio::test]
 async fn a_duplicate_and_a_restart_mid_drain_make_one_drain() {
-    let mut w = World::builder()
-        .group(MemoryGroup::new("web", 0, 3, 1, "m5.large"))
-        .build()
-        .await;
+    let mut w = World::builder().web(3, 1).build().await;
     let (node, iid) = node_with_fluentd_and_app(&w, 3.0).await;
     let q = Arc::new(MemoryQueue::default());
     let loop_task = consumer(&w, &q, RebalanceAction::Cordon).spawn();
@@ -177,10 +168,7 @@ async fn a_duplicate_and_a_restart_mid_drain_make_one_drain() {
 
 #[tokio::test]
 async fn poison_and_test_messages_are_deleted_and_counted_never_retried() {
-    let w = World::builder()
-        .group(MemoryGroup::new("web", 0, 3, 1, "m5.large"))
-        .build()
-        .await;
+    let w = World::builder().web(3, 1).build().await;
     let q = Arc::new(MemoryQueue::default());
     let c = consumer(&w, &q, RebalanceAction::Cordon);
     let dropped_before = dropped_count("malformed");
@@ -223,13 +211,7 @@ fn dropped_count(reason: &str) -> u64 {
 /// reasons::a_lifecycle_message_with_a_wrong_token_does_not_cost_the_hook).
 #[tokio::test]
 async fn the_asgs_lifecycle_notification_drains_and_completes_by_instance_id() {
-    let w = World::builder()
-        .group(
-            MemoryGroup::new("web", 0, 3, 2, "m5.large")
-                .terminating_hook("ca-asg-provider-drain", 300),
-        )
-        .build()
-        .await;
+    let w = World::builder().web_hooked(3, 2, 300).build().await;
     let q = Arc::new(MemoryQueue::default());
     let c = consumer(&w, &q, RebalanceAction::Cordon);
     let iid = w.cloud.external_scale_in("web", 1).unwrap().remove(0);
@@ -253,10 +235,7 @@ async fn the_asgs_lifecycle_notification_drains_and_completes_by_instance_id() {
 
 #[tokio::test]
 async fn an_instance_that_stopped_stops_its_drain() {
-    let w = World::builder()
-        .group(MemoryGroup::new("web", 0, 3, 1, "m5.large"))
-        .build()
-        .await;
+    let w = World::builder().web(3, 1).build().await;
     let (node, iid) = nodes_of(&w, "web").remove(0);
     // A PDB that allows nothing: the drain waits on it.
     w.sim.create(&fixtures::pdb("shop", "app", 0)).unwrap();
@@ -321,10 +300,7 @@ async fn one_lifecycle_scan_of_200_hooked_groups_is_one_batched_read() {
 
 #[tokio::test]
 async fn a_scheduled_retirement_drains_before_its_start_time() {
-    let w = World::builder()
-        .group(MemoryGroup::new("web", 0, 3, 1, "m5.large"))
-        .build()
-        .await;
+    let w = World::builder().web(3, 1).build().await;
     let (_node, iid) = node_with_fluentd_and_app(&w, 0.5).await;
     let q = Arc::new(MemoryQueue::default());
     let c = consumer(&w, &q, RebalanceAction::Cordon);
@@ -362,11 +338,7 @@ async fn only_a_spent_budget_overrides_a_pdb() {
         workload_deadline: Duration::from_secs(2),
         ..fast_settings()
     };
-    let w = World::builder()
-        .group(MemoryGroup::new("web", 0, 3, 2, "m5.large"))
-        .settings(settings)
-        .build()
-        .await;
+    let w = World::builder().web(3, 2).settings(settings).build().await;
     let web = nodes_of(&w, "web");
     let ((spot_node, spot_iid), (far_node, far_iid)) = (web[0].clone(), web[1].clone());
     w.sim.create(&fixtures::pdb("shop", "app", 0)).unwrap();
@@ -409,10 +381,7 @@ async fn only_a_spent_budget_overrides_a_pdb() {
 /// warning sent meanwhile is handled once SQS answers, and its drain runs as usual.
 #[tokio::test]
 async fn a_refused_receive_backs_off_and_the_notice_is_still_handled() {
-    let w = World::builder()
-        .group(MemoryGroup::new("web", 0, 3, 1, "m5.large"))
-        .build()
-        .await;
+    let w = World::builder().web(3, 1).build().await;
     let (_node, iid) = node_with_fluentd_and_app(&w, 0.1).await;
     let q = Arc::new(MemoryQueue::default());
     q.refuse_receives(2);
@@ -436,10 +405,7 @@ async fn a_refused_receive_backs_off_and_the_notice_is_still_handled() {
 /// the log shipper is not asked to leave a second time.
 #[tokio::test]
 async fn the_same_notice_after_its_drain_finished_does_not_drain_again() {
-    let w = World::builder()
-        .group(MemoryGroup::new("web", 0, 3, 1, "m5.large"))
-        .build()
-        .await;
+    let w = World::builder().web(3, 1).build().await;
     let (node, iid) = nodes_of(&w, "web").remove(0);
     w.sim
         .create(&fixtures::log_shipper_tolerating_drain(0.0))

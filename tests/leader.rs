@@ -154,14 +154,10 @@ async fn a_forbidden_lease_is_said_plainly_and_nobody_leads() {
 /// message, whoever calls it (not only the loop checks).
 #[tokio::test]
 async fn a_follower_starts_no_drain_and_deletes_no_message() {
-    use ca_asg_provider::cloud::memory::MemoryGroup;
     use ca_asg_provider::cloud::queue::{MemoryQueue, Queue};
     use ca_asg_provider::interruption::consumer::{Consumer, Handled};
     use support::world::*;
-    let w = World::builder()
-        .group(MemoryGroup::new("web", 0, 3, 1, "m5.large"))
-        .build()
-        .await;
+    let w = World::builder().web(3, 1).build().await;
     let (_node, iid) = nodes_of(&w, "web").remove(0);
     let (_lead, follower) = tokio::sync::watch::channel(false);
     w.engine.follow_leadership(follower);
@@ -191,10 +187,7 @@ async fn a_replica_that_loses_the_lease_stops_its_drains_while_its_loop_waits_on
     use ca_asg_provider::sim::fixtures;
     use support::world::*;
     let mut w = World::builder()
-        .group(
-            MemoryGroup::new("web", 0, 3, 1, "m5.large")
-                .terminating_hook("ca-asg-provider-drain", 60),
-        )
+        .web_hooked(3, 1, 60)
         .group(MemoryGroup::new("batch", 0, 3, 1, "m5.large"))
         .ready_delay(Duration::from_millis(20))
         .build()

@@ -9,7 +9,6 @@ use std::time::Duration;
 use aws_sdk_cloudformation as cfn;
 use aws_sdk_eventbridge as eventbridge;
 use ca_asg_provider::cloud::aws::sqs::SqsQueue;
-use ca_asg_provider::cloud::memory::MemoryGroup;
 use ca_asg_provider::cloud::queue::Queue;
 use ca_asg_provider::interruption::consumer::Consumer;
 use ca_asg_provider::interruption::InterruptionSettings;
@@ -110,10 +109,7 @@ async fn events_through_eventbridge_reach_the_drain_through_sqs() {
         );
     }
 
-    let w = World::builder()
-        .group(MemoryGroup::new("web", 0, 3, 2, "m5.large"))
-        .build()
-        .await;
+    let w = World::builder().web(3, 2).build().await;
     let web = nodes_of(&w, "web");
     let ((node, iid), other) = (web[0].clone(), web[1].clone());
     w.sim

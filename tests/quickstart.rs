@@ -126,18 +126,8 @@ async fn check_config_on_the_quickstart_render_finds_the_clusters_groups() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("config.yaml");
     std::fs::write(&path, &config).unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_ca-asg-provider"))
-        .args(["check-config", "--aws-endpoint", &moto.url, "--config"])
-        .arg(&path)
-        .env("AWS_ACCESS_KEY_ID", "test")
-        .env("AWS_SECRET_ACCESS_KEY", "test")
-        .env("AWS_EC2_METADATA_DISABLED", "true")
-        .env("AWS_CONFIG_FILE", dir.path().join("none"))
-        .env("AWS_SHARED_CREDENTIALS_FILE", dir.path().join("none"))
-        .env("HOME", dir.path())
-        // Outside a cluster: the permissions are reported as not checked.
-        .env_remove("KUBECONFIG")
-        .env_remove("KUBERNETES_SERVICE_HOST")
+    // Outside a cluster: the permissions are reported as not checked.
+    let out = support::moto::offline("check-config", &moto.url, &path, dir.path())
         .output()
         .unwrap();
     let text =

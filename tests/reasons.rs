@@ -222,7 +222,7 @@ async fn a_notice_is_on_the_node_before_its_message_goes_and_survives_a_restart(
         ..fast_settings()
     };
     let mut w = World::builder()
-        .group(MemoryGroup::new("web", 0, 3, 2, "m5.large"))
+        .web(3, 2)
         .settings(one_at_a_time)
         .build()
         .await;
@@ -286,10 +286,7 @@ async fn a_notice_is_on_the_node_before_its_message_goes_and_survives_a_restart(
 /// before EC2 takes the instance.
 #[tokio::test]
 async fn a_notice_for_an_instance_already_draining_brings_its_budget() {
-    let w = World::builder()
-        .group(MemoryGroup::new("web", 0, 3, 1, "m5.large"))
-        .build()
-        .await;
+    let w = World::builder().web(3, 1).build().await;
     let (node, iid) = nodes_of(&w, "web").remove(0);
     guarded_app(&w, &node, "app").await;
     let q = Arc::new(MemoryQueue::default());
@@ -324,7 +321,7 @@ async fn a_spot_warning_joining_a_drain_keeps_its_slot() {
         ..fast_settings()
     };
     let w = World::builder()
-        .group(MemoryGroup::new("web", 0, 3, 2, "m5.large"))
+        .web(3, 2)
         .settings(one_at_a_time)
         .build()
         .await;
@@ -363,10 +360,7 @@ async fn a_spot_warning_joining_a_drain_keeps_its_slot() {
 /// drain the node again every poll (Events, a cluster-wide VolumeAttachment list).
 #[tokio::test]
 async fn a_finished_drain_is_not_drained_again() {
-    let w = World::builder()
-        .group(MemoryGroup::new("web", 0, 3, 1, "m5.large"))
-        .build()
-        .await;
+    let w = World::builder().web(3, 1).build().await;
     let (node, iid) = node_with_fluentd_and_app(&w, 0.1).await;
     let q = Arc::new(MemoryQueue::default());
     let c = consumer(&w, &q, RebalanceAction::Cordon);
@@ -459,11 +453,7 @@ async fn a_created_hook_is_put_once() {
         create_hook: true,
         ..fast_settings()
     };
-    let w = World::builder()
-        .group(MemoryGroup::new("web", 0, 3, 1, "m5.large"))
-        .settings(settings)
-        .build()
-        .await;
+    let w = World::builder().web(3, 1).settings(settings).build().await;
     for _ in 0..3 {
         scalein::sources::hook_scan::scan(&w.engine, &w.provider).await;
         w.provider.refresh_now().await.unwrap();
@@ -495,11 +485,7 @@ async fn a_replica_ca_does_not_call_keeps_its_picture_fresh_and_puts_its_hook_on
         create_hook: true,
         ..fast_settings()
     };
-    let w = World::builder()
-        .group(MemoryGroup::new("web", 0, 3, 2, "m5.large"))
-        .settings(settings)
-        .build()
-        .await;
+    let w = World::builder().web(3, 2).settings(settings).build().await;
     for _ in 0..4 {
         scalein::sources::hook_scan::scan(&w.engine, &w.provider).await;
     }
@@ -527,10 +513,7 @@ async fn a_replica_ca_does_not_call_keeps_its_picture_fresh_and_puts_its_hook_on
 /// so (CA's taint on the Node tells a CA scale-in whichever replica CA asked).
 #[tokio::test]
 async fn a_daemonset_ca_evicted_early_is_reported_when_the_drain_reached_a_follower() {
-    let mut w = World::builder()
-        .group(MemoryGroup::new("web", 0, 3, 1, "m5.large"))
-        .build()
-        .await;
+    let mut w = World::builder().web(3, 1).build().await;
     let (node, iid) = nodes_of(&w, "web").remove(0);
     w.sim
         .create(&fixtures::daemonset("logging", "fluentd", 5.0, false))
@@ -595,10 +578,7 @@ async fn a_daemonset_ca_evicted_early_is_reported_when_the_drain_reached_a_follo
 #[tokio::test]
 async fn a_spot_instance_ec2_reclaims_mid_drain_is_not_replaced_behind_cas_back() {
     for (replace_after, gives_up) in [(Duration::from_secs(4), true), (Duration::ZERO, false)] {
-        let mut w = World::builder()
-            .group(MemoryGroup::new("web", 0, 3, 2, "m5.large"))
-            .build()
-            .await;
+        let mut w = World::builder().web(3, 2).build().await;
         let (node, iid) = nodes_of(&w, "web")[1].clone();
         guarded_app(&w, &node, "app").await;
         delete_nodes(&mut w, "web", &[(node.clone(), iid.clone())]).await;
@@ -665,10 +645,7 @@ async fn max_size(w: &mut World, group: &str) -> i32 {
 /// for an increase that would be refused (and back the group off for minutes).
 #[tokio::test]
 async fn the_max_ca_is_told_leaves_out_slots_drains_still_hold() {
-    let mut w = World::builder()
-        .group(MemoryGroup::new("web", 0, 3, 3, "m5.large"))
-        .build()
-        .await;
+    let mut w = World::builder().web(3, 3).build().await;
     assert_eq!(max_size(&mut w, "web").await, 3);
     let (node, iid) = nodes_of(&w, "web").remove(0);
     guarded_app(&w, &node, "app").await;
@@ -700,10 +677,7 @@ async fn the_max_ca_is_told_leaves_out_slots_drains_still_hold() {
 /// where it is read, and the resumed drain ends.
 #[tokio::test]
 async fn a_share_read_back_from_the_node_does_not_panic_the_drain() {
-    let w = World::builder()
-        .group(MemoryGroup::new("web", 0, 3, 1, "m5.large"))
-        .build()
-        .await;
+    let w = World::builder().web(3, 1).build().await;
     let (node, iid) = node_with_fluentd_and_app(&w, 0.1).await;
     let now = chrono::Utc::now();
     let spent = (now - chrono::Duration::seconds(10)).to_rfc3339();
@@ -920,10 +894,7 @@ async fn a_scheduled_change_moved_earlier_is_not_taken_for_a_duplicate() {
 /// cordon and marks for the leader to resume.
 #[tokio::test]
 async fn a_replica_that_loses_the_lease_stops_its_drains_at_once() {
-    let mut w = World::builder()
-        .group(MemoryGroup::new("web", 0, 3, 2, "m5.large"))
-        .build()
-        .await;
+    let mut w = World::builder().web(3, 2).build().await;
     let (node, iid) = nodes_of(&w, "web")[1].clone();
     guarded_app(&w, &node, "app").await;
     let (lease, leads) = tokio::sync::watch::channel(true);
@@ -955,10 +926,7 @@ async fn a_replica_that_loses_the_lease_stops_its_drains_at_once() {
 /// slot again: the reclaimed instance's, which the ASG then never replaced.
 #[tokio::test]
 async fn a_drain_stopped_mid_termination_lowers_the_desired_capacity_once() {
-    let mut w = World::builder()
-        .group(MemoryGroup::new("web", 0, 4, 3, "m5.large"))
-        .build()
-        .await;
+    let mut w = World::builder().web(4, 3).build().await;
     let web = nodes_of(&w, "web");
     let ((node, iid), (_, reclaimed)) = (web[0].clone(), web[1].clone());
     w.cloud.slow_answers(Duration::from_secs(2));
@@ -1036,10 +1004,7 @@ fn state_change(iid: &str, state: &str) -> String {
 /// scale-in and our hook stay active: record::tests::a_stopped_instance_closes_only_the_reasons_that_leave_it_to_aws).
 #[tokio::test]
 async fn a_stop_notice_is_not_undone_by_the_next_poll() {
-    let w = World::builder()
-        .group(MemoryGroup::new("web", 0, 3, 2, "m5.large"))
-        .build()
-        .await;
+    let w = World::builder().web(3, 2).build().await;
     let (node, iid) = nodes_of(&w, "web").remove(0);
     guarded_app(&w, &node, "app").await;
     let lifecycle = scalein::sources::hook_scan::spawn_loop(w.engine.clone(), w.provider.clone());
@@ -1327,10 +1292,7 @@ const SLOW_ANSWER_SECS: u64 = 2;
 /// provider keeps it before any refresh, are what CA asked.
 #[tokio::test]
 async fn an_increase_during_a_direct_termination_adds_exactly_what_ca_asked() {
-    let mut w = World::builder()
-        .group(MemoryGroup::new("web", 0, 6, 3, "m5.large"))
-        .build()
-        .await;
+    let mut w = World::builder().web(6, 3).build().await;
     let (node, iid) = nodes_of(&w, "web").remove(0);
     assert_eq!(target(&mut w, "web").await, 3);
     guarded_app(&w, &node, "app").await;

@@ -326,35 +326,19 @@ async fn the_binary_removes_our_hooks_over_moto_and_a_second_run_has_nothing_to_
     )
     .unwrap();
     let remove = |extra: &[&str]| {
-        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_ca-asg-provider"));
-        cmd.args(["remove-hooks", "--aws-endpoint", &moto.url, "--config"])
-            .arg(&config)
-            .args(extra)
-            .env("AWS_ACCESS_KEY_ID", "test")
-            .env("AWS_SECRET_ACCESS_KEY", "test")
-            .env("AWS_EC2_METADATA_DISABLED", "true")
-            .env("AWS_CONFIG_FILE", dir.path().join("none"))
-            .env("AWS_SHARED_CREDENTIALS_FILE", dir.path().join("none"))
-            .env("HOME", dir.path())
-            .env_remove("AWS_ROLE_ARN")
-            .env_remove("AWS_WEB_IDENTITY_TOKEN_FILE");
-        let out = cmd.output().unwrap();
-        let text = String::from_utf8_lossy(&out.stdout).to_string()
-            + &String::from_utf8_lossy(&out.stderr);
-        println!("== remove-hooks {extra:?}\n{text}");
-        (out.status.code(), text)
+        let mut cmd = support::moto::offline("remove-hooks", &moto.url, &config, dir.path());
+        cmd.args(extra);
+        support::moto::said(&mut cmd, &format!("remove-hooks {extra:?}"))
     };
 
     let (code, text) = remove(&[]);
     assert_eq!(code, Some(0), "{text}");
-    for want in [
+    support::assert_says(&text, &[
         "web: removed hook ca-asg-provider-drain (created by this service)",
         "[other hooks left alone: by-hand]",
         "old: kept hook ca-asg-provider-drain",
         "aws autoscaling delete-lifecycle-hook --region us-east-1 --auto-scaling-group-name old --lifecycle-hook-name ca-asg-provider-drain",
-    ] {
-        assert!(text.contains(want), "{want:?} not in:\n{text}");
-    }
+    ]);
     assert!(!text.contains("{ "), "Debug text in:\n{text}");
     assert_eq!(hook_names(&cloud, "web").await, ["by-hand"]);
     assert_eq!(hook_names(&cloud, "old").await, [OURS]);

@@ -20,10 +20,7 @@ use support::world::*;
 
 #[tokio::test]
 async fn daemonset_pods_leave_only_after_the_workload_is_gone() {
-    let mut w = World::builder()
-        .group(MemoryGroup::new("web", 0, 3, 1, "m5.large"))
-        .build()
-        .await;
+    let mut w = World::builder().web(3, 1).build().await;
     let (node, iid) = node_with_fluentd_and_app(&w, 2.0).await;
     delete_nodes(&mut w, "web", &[(node.clone(), iid.clone())]).await;
     // From the moment the call returns: target one lower, instance deleting.
@@ -100,7 +97,7 @@ async fn daemonset_pods_leave_only_after_the_workload_is_gone() {
 #[tokio::test]
 async fn the_services_requests_say_who_is_calling() {
     let mut w = World::builder()
-        .group(MemoryGroup::new("web", 0, 3, 1, "m5.large"))
+        .web(3, 1)
         .settings(ScaleInSettings {
             leader_election: true,
             lease_namespace: Some("kube-system".into()),
@@ -134,7 +131,7 @@ async fn the_services_requests_say_who_is_calling() {
 #[tokio::test]
 async fn two_nodes_drained_at_once_never_leave_zero_ready_replicas() {
     let mut w = World::builder()
-        .group(MemoryGroup::new("web", 0, 3, 2, "m5.large"))
+        .web(3, 2)
         .group(MemoryGroup::new("spare", 0, 3, 0, "m5.large"))
         .ready_delay(Duration::from_millis(300))
         .build()
@@ -185,13 +182,7 @@ async fn two_nodes_drained_at_once_never_leave_zero_ready_replicas() {
 
 #[tokio::test]
 async fn lifecycle_mode_heartbeats_and_completes_and_drains_asg_started_scale_ins() {
-    let mut w = World::builder()
-        .group(
-            MemoryGroup::new("web", 0, 3, 2, "m5.large")
-                .terminating_hook("ca-asg-provider-drain", 1),
-        )
-        .build()
-        .await;
+    let mut w = World::builder().web_hooked(3, 2, 1).build().await;
     let nodes = nodes_of(&w, "web");
     let (node, iid) = nodes[0].clone();
     w.sim
@@ -269,10 +260,7 @@ async fn lifecycle_mode_heartbeats_and_completes_and_drains_asg_started_scale_in
 
 #[tokio::test]
 async fn a_restart_in_the_middle_of_a_direct_drain_finishes_exactly_once() {
-    let mut w = World::builder()
-        .group(MemoryGroup::new("web", 0, 3, 2, "m5.large"))
-        .build()
-        .await;
+    let mut w = World::builder().web(3, 2).build().await;
     let (node, iid) = nodes_of(&w, "web").remove(0);
     w.sim
         .create(&fixtures::pod("shop", "app", &node, "app", 1.5))
@@ -322,13 +310,7 @@ async fn a_restart_in_the_middle_of_a_direct_drain_finishes_exactly_once() {
 
 #[tokio::test]
 async fn a_restart_in_the_middle_of_a_lifecycle_drain_completes_exactly_once() {
-    let mut w = World::builder()
-        .group(
-            MemoryGroup::new("web", 0, 3, 2, "m5.large")
-                .terminating_hook("ca-asg-provider-drain", 30),
-        )
-        .build()
-        .await;
+    let mut w = World::builder().web_hooked(3, 2, 30).build().await;
     let (node, iid) = nodes_of(&w, "web").remove(0);
     w.sim
         .create(&fixtures::pod("shop", "app", &node, "app", 1.5))
@@ -463,11 +445,7 @@ async fn blocked_world(policy: DeadlinePolicy) -> (World, String, String) {
         workload_deadline_policy: policy,
         ..fast_settings()
     };
-    let w = World::builder()
-        .group(MemoryGroup::new("web", 0, 3, 1, "m5.large"))
-        .settings(s)
-        .build()
-        .await;
+    let w = World::builder().web(3, 1).settings(s).build().await;
     let (node, iid) = nodes_of(&w, "web").remove(0);
     // A single replica under minAvailable 1: its budget never allows an eviction.
     w.sim
@@ -761,10 +739,7 @@ async fn fifty_nodes_drain_concurrently_within_budgets() {
 
 #[tokio::test]
 async fn a_replica_that_does_not_lead_hands_delete_nodes_to_the_leader() {
-    let w = World::builder()
-        .group(MemoryGroup::new("web", 0, 3, 2, "m5.large"))
-        .build()
-        .await;
+    let w = World::builder().web(3, 2).build().await;
     // A second replica, not the leader, gets CA's call.
     let (_provider2, engine2, mut ca2) =
         service(&w.sim, &w.cloud, &w.groups, fast_settings()).await;
@@ -812,10 +787,7 @@ async fn a_replica_that_does_not_lead_hands_delete_nodes_to_the_leader() {
 
 #[tokio::test]
 async fn an_api_server_restart_in_the_middle_of_a_drain_loses_nothing() {
-    let mut w = World::builder()
-        .group(MemoryGroup::new("web", 0, 3, 1, "m5.large"))
-        .build()
-        .await;
+    let mut w = World::builder().web(3, 1).build().await;
     let (node, iid) = node_with_fluentd_and_app(&w, 0.5).await;
     delete_nodes(&mut w, "web", &[(node.clone(), iid.clone())]).await;
     eventually("the app's eviction", 10, || {
@@ -865,10 +837,7 @@ async fn an_api_server_restart_in_the_middle_of_a_drain_loses_nothing() {
 #[tokio::test]
 async fn delete_nodes_answers_within_cas_deadline_when_aws_and_the_api_are_slow() {
     let mut w = World::builder()
-        .group(
-            MemoryGroup::new("web", 0, 4, 4, "m5.large")
-                .terminating_hook("ca-asg-provider-drain", 30),
-        )
+        .web_hooked(4, 4, 30)
         .group(MemoryGroup::new("batch", 0, 4, 4, "m5.large"))
         .ready_delay(Duration::from_millis(20))
         .build()
@@ -908,7 +877,7 @@ async fn drain_an_unready_pod(policy: Option<&str>) -> (World, Option<Outcome>) 
         ..fast_settings()
     };
     let mut w = World::builder()
-        .group(MemoryGroup::new("web", 0, 3, 2, "m5.large"))
+        .web(3, 2)
         .settings(s)
         .ready_delay(Duration::from_millis(20))
         .build()
@@ -980,10 +949,7 @@ async fn an_unready_pod_leaves_when_its_budget_always_allows_unhealthy_evictions
 /// the instance ends.
 #[tokio::test]
 async fn a_pod_that_runs_to_completion_is_waited_for_not_evicted() {
-    let mut w = World::builder()
-        .group(MemoryGroup::new("web", 0, 3, 1, "m5.large"))
-        .build()
-        .await;
+    let mut w = World::builder().web(3, 1).build().await;
     let (node, iid) = nodes_of(&w, "web").remove(0);
     w.sim
         .create(&fixtures::daemonset("logging", "fluentd", 0.05, false))
@@ -1064,10 +1030,7 @@ async fn a_pod_that_runs_to_completion_is_waited_for_not_evicted() {
 /// read again within seconds.
 #[tokio::test]
 async fn a_hook_added_by_hand_to_a_running_group_is_used_at_once() {
-    let w = World::builder()
-        .group(MemoryGroup::new("web", 0, 3, 1, "m5.large"))
-        .build()
-        .await;
+    let w = World::builder().web(3, 1).build().await;
     let lifecycle = scalein::sources::hook_scan::spawn_loop(w.engine.clone(), w.provider.clone());
     let (node, iid) = node_with_fluentd_and_app(&w, 0.1).await;
     w.cloud.add_hook(

@@ -40,7 +40,7 @@ fn live(w: &World, group: &str) -> usize {
 #[tokio::test]
 async fn growing_a_group_while_direct_drains_run_ends_no_instance_of_the_asgs_choosing() {
     let mut w = World::builder()
-        .group(MemoryGroup::new("web", 0, 10, 4, "m5.large"))
+        .web(10, 4)
         .settings(ScaleInSettings {
             workload_deadline: Duration::from_secs(30),
             ..fast_settings()
@@ -125,7 +125,7 @@ async fn growing_a_group_while_direct_drains_run_ends_no_instance_of_the_asgs_ch
 #[tokio::test]
 async fn a_crash_right_after_delete_nodes_loses_no_drain() {
     let mut w = World::builder()
-        .group(MemoryGroup::new("web", 0, 5, 3, "m5.large"))
+        .web(5, 3)
         .settings(ScaleInSettings {
             max_concurrent_drains: 1,
             ..fast_settings()
@@ -244,10 +244,7 @@ async fn two_hundred_waiting_instances_are_all_heartbeated_until_drained() {
 #[tokio::test]
 async fn a_drain_that_cannot_find_its_node_does_not_end_the_instance() {
     let w = World::builder()
-        .group(
-            MemoryGroup::new("web", 0, 5, 1, "m5.large")
-                .terminating_hook("ca-asg-provider-drain", 1),
-        )
+        .web_hooked(5, 1, 1)
         .ready_delay(Duration::from_millis(20))
         .build()
         .await;
@@ -328,10 +325,7 @@ async fn another_tools_hook_is_never_completed() {
 #[tokio::test]
 async fn a_drain_faster_than_the_hook_still_completes_the_action() {
     let w = World::builder()
-        .group(
-            MemoryGroup::new("web", 0, 3, 2, "m5.large")
-                .terminating_hook("ca-asg-provider-drain", 2),
-        )
+        .web_hooked(3, 2, 2)
         .ready_delay(Duration::from_millis(20))
         .refresh_interval(Duration::from_millis(100))
         .timing(ca_asg_provider::cloud::memory::MemoryTiming {
@@ -424,7 +418,7 @@ async fn a_pod_list_refused_for_a_while_holds_the_drain_until_answered() {
 /// A world with two web instances, and an app pod running on the first one's Node.
 async fn web_node_with_an_app(settings: ScaleInSettings) -> (World, String, String) {
     let w = World::builder()
-        .group(MemoryGroup::new("web", 0, 3, 2, "m5.large"))
+        .web(3, 2)
         .settings(settings)
         .ready_delay(Duration::from_millis(20))
         .build()

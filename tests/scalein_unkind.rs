@@ -41,7 +41,7 @@ fn first(audit: &[sim::AuditEntry], verb: &str, prefix: &str) -> usize {
 #[tokio::test]
 async fn a_replacement_that_tolerates_the_drain_taint_is_not_chased() {
     let mut w = World::builder()
-        .group(MemoryGroup::new("web", 0, 3, 1, "m5.large"))
+        .web(3, 1)
         .settings(settings(20))
         .ready_delay(Duration::from_millis(20))
         .build()
@@ -86,7 +86,7 @@ async fn a_replacement_that_tolerates_the_drain_taint_is_not_chased() {
 #[tokio::test]
 async fn a_dead_kubelet_does_not_hold_the_drain_to_its_deadline() {
     let mut w = World::builder()
-        .group(MemoryGroup::new("web", 0, 3, 1, "m5.large"))
+        .web(3, 1)
         .settings(settings(30))
         .ready_delay(Duration::from_millis(20))
         .build()
@@ -115,7 +115,7 @@ async fn a_dead_kubelet_does_not_hold_the_drain_to_its_deadline() {
 #[tokio::test]
 async fn stuck_and_finalizer_held_pods_do_not_hold_the_drain() {
     let mut w = World::builder()
-        .group(MemoryGroup::new("web", 0, 3, 1, "m5.large"))
+        .web(3, 1)
         .settings(settings(30))
         .ready_delay(Duration::from_millis(20))
         .build()
@@ -156,7 +156,7 @@ async fn stuck_and_finalizer_held_pods_do_not_hold_the_drain() {
 #[tokio::test]
 async fn proceed_ends_the_workloads_before_the_daemonset_pods() {
     let mut w = World::builder()
-        .group(MemoryGroup::new("web", 0, 3, 1, "m5.large"))
+        .web(3, 1)
         .settings(ScaleInSettings {
             workload_deadline_policy: DeadlinePolicy::Proceed,
             ..settings(1)
@@ -189,7 +189,7 @@ async fn proceed_ends_the_workloads_before_the_daemonset_pods() {
 #[tokio::test]
 async fn a_refused_delete_at_a_proceed_deadline_keeps_the_daemonset_pods() {
     let mut w = World::builder()
-        .group(MemoryGroup::new("web", 0, 3, 1, "m5.large"))
+        .web(3, 1)
         .settings(ScaleInSettings {
             workload_deadline_policy: DeadlinePolicy::Proceed,
             ..settings(1)
@@ -246,10 +246,7 @@ async fn a_refused_delete_at_a_proceed_deadline_keeps_the_daemonset_pods() {
 #[tokio::test]
 async fn a_lifecycle_deadline_proceeds_whatever_the_policy() {
     let mut w = World::builder()
-        .group(
-            MemoryGroup::new("web", 0, 3, 1, "m5.large")
-                .terminating_hook("ca-asg-provider-drain", 30),
-        )
+        .web_hooked(3, 1, 30)
         .settings(ScaleInSettings {
             workload_deadline_policy: DeadlinePolicy::Abandon,
             ..settings(1)
@@ -274,7 +271,7 @@ async fn a_lifecycle_deadline_proceeds_whatever_the_policy() {
 #[tokio::test]
 async fn throttled_evictions_are_not_budget_blocks_and_overlapping_budgets_are_named() {
     let mut w = World::builder()
-        .group(MemoryGroup::new("web", 0, 3, 2, "m5.large"))
+        .web(3, 2)
         .settings(settings(30))
         .ready_delay(Duration::from_millis(20))
         .build()
@@ -322,7 +319,7 @@ async fn throttled_evictions_are_not_budget_blocks_and_overlapping_budgets_are_n
 #[tokio::test]
 async fn node_critical_daemonsets_leave_after_the_volumes() {
     let mut w = World::builder()
-        .group(MemoryGroup::new("web", 0, 3, 1, "m5.large"))
+        .web(3, 1)
         .settings(ScaleInSettings {
             volume_deadline: Duration::from_secs(20),
             ..settings(30)
@@ -366,7 +363,7 @@ async fn node_critical_daemonsets_leave_after_the_volumes() {
 #[tokio::test]
 async fn daemonset_pods_ca_evicted_early_are_reported() {
     let mut w = World::builder()
-        .group(MemoryGroup::new("web", 0, 3, 1, "m5.large"))
+        .web(3, 1)
         .settings(settings(30))
         .ready_delay(Duration::from_millis(20))
         .build()
@@ -418,7 +415,7 @@ async fn the_volume_wait_leaves_out_volumes_of_pods_that_stay() {
         PersistentVolumeClaim, PersistentVolumeClaimSpec, PersistentVolumeClaimVolumeSource, Volume,
     };
     let mut w = World::builder()
-        .group(MemoryGroup::new("web", 0, 3, 1, "m5.large"))
+        .web(3, 1)
         .settings(ScaleInSettings {
             volume_deadline: Duration::from_secs(60),
             ..settings(30)
@@ -483,7 +480,7 @@ async fn a_drain_resumed_past_its_deadline_still_takes_the_daemonsets_last() {
         ..settings(1)
     };
     let mut w = World::builder()
-        .group(MemoryGroup::new("web", 0, 3, 1, "m5.large"))
+        .web(3, 1)
         .settings(s.clone())
         .ready_delay(Duration::from_millis(20))
         .build()
@@ -518,7 +515,7 @@ async fn at_the_deadline_a_pod_deleted_with_a_longer_grace_keeps_the_daemonsets_
         ..settings(1)
     };
     let mut w = World::builder()
-        .group(MemoryGroup::new("web", 0, 3, 1, "m5.large"))
+        .web(3, 1)
         .settings(s)
         .ready_delay(Duration::from_millis(20))
         .build()
@@ -569,7 +566,7 @@ async fn at_the_deadline_a_pod_deleted_with_a_longer_grace_keeps_the_daemonsets_
 #[tokio::test]
 async fn a_workload_bound_by_name_during_the_daemonset_phase_is_evicted_before_the_rest() {
     let mut w = World::builder()
-        .group(MemoryGroup::new("web", 0, 3, 1, "m5.large"))
+        .web(3, 1)
         .settings(settings(30))
         .ready_delay(Duration::from_millis(20))
         .build()
@@ -760,7 +757,7 @@ async fn budget_watches_are_shared_wake_on_a_change_only_and_close_with_the_last
 #[tokio::test]
 async fn daemonsets_that_tolerate_everything_leave_once_last_and_after_the_volumes() {
     let mut w = World::builder()
-        .group(MemoryGroup::new("web", 0, 3, 1, "m5.large"))
+        .web(3, 1)
         .settings(ScaleInSettings {
             volume_deadline: Duration::from_secs(20),
             ..settings(30)
@@ -840,7 +837,7 @@ async fn a_drain_restarted_after_its_eviction_does_not_evict_again() {
     use ca_asg_provider::scalein::{self, DrainRequest, Mode, Source};
     for (lag, webhook) in [(600, 0), (0, 600)] {
         let mut w = // Every drain sees its pods through the pass's one watch.
-World::builder().group(MemoryGroup::new("web", 0, 3, 2, "m5.large")).settings(ScaleInSettings {
+World::builder().web(3, 2).settings(ScaleInSettings {
                 shared_pod_watch_from: 1,
                 ..settings(30)
             }).ready_delay(Duration::from_millis(20)).build()
@@ -974,7 +971,7 @@ async fn a_reason_past_its_deadline_joining_an_eviction_in_flight_does_not_evict
 #[tokio::test]
 async fn a_daemonset_pod_put_back_is_not_asked_to_leave_again_after_a_restart() {
     let mut w = World::builder()
-        .group(MemoryGroup::new("web", 0, 3, 1, "m5.large"))
+        .web(3, 1)
         .settings(settings(30))
         .ready_delay(Duration::from_millis(20))
         .build()

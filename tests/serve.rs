@@ -9,6 +9,9 @@ use std::time::Duration;
 
 use ca_asg_provider::clock::Instant;
 
+#[path = "support/process.rs"]
+mod process;
+
 fn http_get(addr: SocketAddr, path: &str) -> (u16, String) {
     let mut s = TcpStream::connect(addr).unwrap();
     write!(
@@ -207,25 +210,8 @@ async fn serve_on_a_socket_is_ready_through_it_and_removes_it_on_sigterm() {
 /// credentials anywhere the SDK's default chain looks, and no instance metadata service
 /// (nothing leaves loopback).
 fn without_credentials(cmd: &mut Command, home: &std::path::Path) {
-    for k in [
-        "AWS_ACCESS_KEY_ID",
-        "AWS_SECRET_ACCESS_KEY",
-        "AWS_SESSION_TOKEN",
-        "AWS_PROFILE",
-        "AWS_ROLE_ARN",
-        "AWS_WEB_IDENTITY_TOKEN_FILE",
-        "AWS_CONTAINER_CREDENTIALS_FULL_URI",
-        "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI",
-        "AWS_CONTAINER_AUTHORIZATION_TOKEN",
-        "AWS_CONTAINER_AUTHORIZATION_TOKEN_FILE",
-    ] {
-        cmd.env_remove(k);
-    }
-    cmd.env("HOME", home)
-        .env("AWS_CONFIG_FILE", home.join("no-config"))
-        .env("AWS_SHARED_CREDENTIALS_FILE", home.join("no-credentials"))
-        .env("AWS_EC2_METADATA_DISABLED", "true")
-        .env("POD_NAMESPACE", "kube-system");
+    process::without_credentials(cmd, home);
+    cmd.env("POD_NAMESPACE", "kube-system");
 }
 
 /// A pod without AWS credentials never becomes ready, and `/readyz` says why in plain

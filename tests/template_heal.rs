@@ -18,6 +18,9 @@ use ca_asg_provider::telemetry::metrics::{metrics, TemplatePartLabels};
 use k8s_pb::api::core::v1::Node;
 use prost::Message;
 
+#[path = "support/templates.rs"]
+mod templates;
+
 fn quick() -> MemoryTiming {
     MemoryTiming {
         launch_delay: Duration::ZERO,
@@ -39,20 +42,7 @@ async fn provider_with(
     let names = groups.iter().map(|g| g.name.clone()).collect();
     let cloud = MemoryCloud::new(groups, quick());
     before(&cloud);
-    let p = Provider::new(
-        Arc::new(cloud.clone()),
-        ProviderSettings {
-            selector: GroupSelector {
-                names,
-                tag_sets: vec![],
-            },
-            ..ProviderSettings::default()
-        },
-    );
-    let clock = ManualClock::new();
-    p.set_template_clock(Arc::new(clock.clone()));
-    p.refresh_now().await.unwrap();
-    p.templates_prefetched().await;
+    let (p, clock) = templates::provider_on_manual_clock(Arc::new(cloud.clone()), names).await;
     (cloud, p, clock)
 }
 
@@ -71,19 +61,7 @@ async fn template(p: &Provider, group: &str) -> Seen {
     let bytes = p.template_node(group).await.unwrap();
     let node = Node::decode(bytes.as_ref()).unwrap();
     let labels = node.metadata.unwrap().labels;
-    let taints = node
-        .spec
-        .unwrap()
-        .taints
-        .into_iter()
-        .map(|t| {
-            (
-                t.key.unwrap_or_default(),
-                t.value.unwrap_or_default(),
-                t.effect.unwrap_or_default(),
-            )
-        })
-        .collect();
+    let taints = templates::taint_triples(node.spec.unwrap().taints).collect();
     Seen { labels, taints }
 }
 

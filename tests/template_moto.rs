@@ -62,20 +62,11 @@ async fn setup(
         .send()
         .await
         .unwrap();
-    let p = Provider::new(
+    let (p, clock) = support::templates::provider_on_manual_clock(
         Arc::new(AwsCloud::from_sdk_config(&cfg)),
-        ProviderSettings {
-            selector: GroupSelector {
-                names: vec![lt.into()],
-                tag_sets: vec![],
-            },
-            ..ProviderSettings::default()
-        },
-    );
-    let clock = ManualClock::new();
-    p.set_template_clock(Arc::new(clock.clone()));
-    p.refresh_now().await.unwrap();
-    p.templates_prefetched().await;
+        vec![lt.into()],
+    )
+    .await;
     (ec2c, p, clock)
 }
 

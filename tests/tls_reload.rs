@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ca_asg_provider::cloud::memory::{MemoryCloud, MemoryGroup, MemoryTiming};
-use ca_asg_provider::cloud::{GroupSelector, TagFilter};
+
 use ca_asg_provider::config::TlsFile;
 use ca_asg_provider::grpc::ReloadingTls;
 use ca_asg_provider::proto;
@@ -114,13 +114,7 @@ async fn provider() -> Arc<Provider> {
     let provider = Provider::new(
         Arc::new(cloud),
         ProviderSettings {
-            selector: GroupSelector {
-                names: vec![],
-                tag_sets: vec![vec![TagFilter {
-                    key: "k8s.io/cluster-autoscaler/enabled".into(),
-                    value: None,
-                }]],
-            },
+            selector: ca_asg_provider::world::tagged("k8s.io/cluster-autoscaler/enabled"),
             ..ProviderSettings::default()
         },
     );

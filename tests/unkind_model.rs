@@ -366,15 +366,7 @@ impl Model {
             .build()
             .await;
         w.cloud.check_tokens(true);
-        let mut nodes: Vec<(String, String, &'static str)> = nodes_of(&w, "web")
-            .into_iter()
-            .map(|(n, i)| (n, i, "web"))
-            .collect();
-        nodes.extend(
-            nodes_of(&w, "batch")
-                .into_iter()
-                .map(|(n, i)| (n, i, "batch")),
-        );
+        let nodes = nodes_of_groups(&w, &["web", "batch"]);
         assert_eq!(nodes.len(), NODES);
         w.sim
             .create(&fixtures::daemonset("logging", "fluentd", 0.1, false))

@@ -23,6 +23,12 @@ pub fn quick_timing() -> MemoryTiming {
     }
 }
 
+/// The usual group of the tests and benchmarks: `web`, from 0 to `max` m5.large
+/// instances, `desired` of them wanted.
+pub fn web_group(max: i32, desired: i32) -> MemoryGroup {
+    MemoryGroup::new("web", 0, max, desired, "m5.large")
+}
+
 /// Waits until `f` holds, polling every 20 ms (on [`crate::clock`]'s time, so a
 /// paused clock moves it); an error naming `what` after `limit`.
 pub async fn until(what: &str, limit: Duration, mut f: impl FnMut() -> bool) -> anyhow::Result<()> {

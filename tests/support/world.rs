@@ -8,6 +8,7 @@ use ca_asg_provider::cloud::memory::{MemoryCloud, MemoryGroup, MemoryTiming};
 use ca_asg_provider::proto::{self, cloud_provider_client::CloudProviderClient};
 use ca_asg_provider::provider::Provider;
 use ca_asg_provider::scalein::{Engine, ScaleInSettings};
+pub use ca_asg_provider::sim::world::web_group;
 use ca_asg_provider::sim::world::{Ground, GroundBuilder};
 use ca_asg_provider::sim::{self, fixtures, SimCluster};
 use ca_asg_provider::world::ServiceBuilder;
@@ -170,6 +171,17 @@ impl WorldBuilder {
         self
     }
 
+    /// The group `web` ([`web_group`]).
+    pub fn web(self, max: i32, desired: i32) -> Self {
+        self.group(web_group(max, desired))
+    }
+
+    /// The group `web` with our terminating hook (`ca-asg-provider-drain`, its
+    /// heartbeat timeout `timeout_secs`).
+    pub fn web_hooked(self, max: i32, desired: i32, timeout_secs: i32) -> Self {
+        self.group(web_group(max, desired).terminating_hook("ca-asg-provider-drain", timeout_secs))
+    }
+
     pub fn settings(mut self, s: ScaleInSettings) -> Self {
         self.settings = s;
         self
@@ -223,6 +235,15 @@ impl WorldBuilder {
 
 pub fn nodes_of(w: &World, group: &str) -> Vec<(String, String)> {
     nodes_of_cloud(&w.cloud, group)
+}
+
+/// The (Node name, instance id, group) of every instance of `groups` not on its way
+/// out, group by group.
+pub fn nodes_of_groups(w: &World, groups: &[&'static str]) -> Vec<(String, String, &'static str)> {
+    groups
+        .iter()
+        .flat_map(|g| nodes_of(w, g).into_iter().map(|(n, i)| (n, i, *g)))
+        .collect()
 }
 
 /// The (Node name, instance id) of every instance of `group` not on its way out.
