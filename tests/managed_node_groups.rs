@@ -180,6 +180,16 @@ struct Scene {
     desired: i32,
 }
 
+/// The managed group with three instances (our hook's timeout `ours`, EKS's
+/// `eks_timeout_secs`), pods Ready 300 ms after binding.
+async fn managed_world(ours: Option<i32>, eks_timeout_secs: i32) -> World {
+    World::builder()
+        .group(managed(3, ours, eks_timeout_secs))
+        .ready_delay(Duration::from_millis(300))
+        .build()
+        .await
+}
+
 async fn scene(w: &World) -> Scene {
     let nodes = nodes_of(w, GROUP);
     // The ASG ends the newest instance itself: the same one in every test.
@@ -381,11 +391,7 @@ async fn ended_as_promised(w: &World, s: &Scene, eks: &EksDrainer, ours: Option<
 
 #[tokio::test]
 async fn cas_scale_in_in_lifecycle_mode_with_eks_draining_beside_it() {
-    let mut w = World::builder()
-        .group(managed(3, Some(30), 30))
-        .ready_delay(Duration::from_millis(300))
-        .build()
-        .await;
+    let mut w = managed_world(Some(30), 30).await;
     scalein::sources::hook_scan::spawn_loop(w.engine.clone(), w.provider.clone());
     let s = scene(&w).await;
     let eks = EksDrainer::start(&w.sim, &w.cloud, GROUP, EKS_COMPLETES);
@@ -406,11 +412,7 @@ async fn an_asg_started_scale_in_with_both_hooks_and_eks_timing_out() {
     // was completed (our drain takes about 1.5 s), so the instance waits in
     // Terminating:Wait on EKS's hook alone for seconds, under the service's scans
     // (every 200 ms). Before the fix each scan took it for a new action of ours.
-    let mut w = World::builder()
-        .group(managed(3, Some(30), 6))
-        .ready_delay(Duration::from_millis(300))
-        .build()
-        .await;
+    let mut w = managed_world(Some(30), 6).await;
     scalein::sources::hook_scan::spawn_loop(w.engine.clone(), w.provider.clone());
     let s = scene(&w).await;
     let eks = EksDrainer::start(
@@ -474,11 +476,7 @@ async fn an_asg_started_scale_in_with_both_hooks_and_eks_timing_out() {
 
 #[tokio::test]
 async fn direct_mode_drains_first_and_eks_finds_nothing_to_evict() {
-    let mut w = World::builder()
-        .group(managed(3, None, 30))
-        .ready_delay(Duration::from_millis(300))
-        .build()
-        .await;
+    let mut w = managed_world(None, 30).await;
     scalein::sources::hook_scan::spawn_loop(w.engine.clone(), w.provider.clone());
     let s = scene(&w).await;
     let eks = EksDrainer::start(&w.sim, &w.cloud, GROUP, EKS_COMPLETES);
@@ -518,11 +516,7 @@ fn lifecycle_note(iid: &str) -> String {
 /// again, nothing is heartbeated or completed a second time.
 #[tokio::test]
 async fn a_restarted_service_does_not_drain_again_an_instance_only_eks_still_holds() {
-    let w = World::builder()
-        .group(managed(3, Some(30), 60))
-        .ready_delay(Duration::from_millis(300))
-        .build()
-        .await;
+    let w = managed_world(Some(30), 60).await;
     let lifecycle = scalein::sources::hook_scan::spawn_loop(w.engine.clone(), w.provider.clone());
     let s = scene(&w).await;
     // A log shipper that tolerates every taint: the DaemonSet controller puts it

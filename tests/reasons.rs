@@ -58,6 +58,19 @@ fn asg_ends(w: &World, iid: &str) {
     );
 }
 
+/// A world with one hooked instance (our hook's timeout `timeout_secs`) whose node
+/// runs the app `app` under a budget that allows nothing: the world, the node and
+/// its instance.
+async fn guarded_on_a_hooked_node(timeout_secs: i32) -> (World, String, String) {
+    let w = World::builder()
+        .groups(hooked(1, timeout_secs))
+        .build()
+        .await;
+    let (node, iid) = nodes_of(&w, "web").remove(0);
+    guarded_app(&w, &node, "app").await;
+    (w, node, iid)
+}
+
 fn hooked(desired: i32, timeout_secs: i32) -> Vec<MemoryGroup> {
     vec![MemoryGroup::new("web", 0, 3, desired, "m5.large").terminating_hook(HOOK, timeout_secs)]
 }
@@ -67,9 +80,7 @@ fn hooked(desired: i32, timeout_secs: i32) -> Vec<MemoryGroup> {
 /// the PDB's 429s are waited out, the pod is never deleted around them.
 #[tokio::test]
 async fn a_hook_drain_after_an_old_rebalance_cordon_keeps_the_pdb() {
-    let w = World::builder().groups(hooked(1, 300)).build().await;
-    let (node, iid) = nodes_of(&w, "web").remove(0);
-    guarded_app(&w, &node, "app").await;
+    let (w, node, iid) = guarded_on_a_hooked_node(300).await;
     // The cordon as a rebalance recommendation left it, an hour ago (the marks every
     // version writes: start time and mode).
     set_unschedulable(&w, &node, true).await;
@@ -177,9 +188,7 @@ async fn a_pod_that_landed_during_a_rebalance_cordon_is_drained_by_the_hook() {
 /// running.
 #[tokio::test]
 async fn a_hook_on_an_instance_another_drain_holds_is_heartbeated_and_completed() {
-    let w = World::builder().groups(hooked(1, 3)).build().await;
-    let (node, iid) = nodes_of(&w, "web").remove(0);
-    guarded_app(&w, &node, "app").await;
+    let (w, _, iid) = guarded_on_a_hooked_node(3).await;
     let q = Arc::new(MemoryQueue::default());
     let c = consumer(&w, &q, RebalanceAction::Drain);
     q.send(&rebalance(&iid));
@@ -387,9 +396,7 @@ async fn a_finished_drain_is_not_drained_again() {
 /// DeleteNodes finds the hook gone and drains the node first (direct mode).
 #[tokio::test]
 async fn a_deleted_hook_does_not_end_an_instance_undrained() {
-    let mut w = World::builder().groups(hooked(1, 300)).build().await;
-    let (node, iid) = nodes_of(&w, "web").remove(0);
-    guarded_app(&w, &node, "app").await;
+    let (mut w, node, iid) = guarded_on_a_hooked_node(300).await;
     w.cloud.delete_hook("web");
     delete_nodes(&mut w, "web", &[(node.clone(), iid.clone())]).await;
     eventually("the PDB refuses the eviction", 10, || blocked(&w)).await;
@@ -737,9 +744,7 @@ async fn set_hook_timeout(w: &World, secs: i32) {
 /// several timeouts and the ASG never ends the instance undrained.
 #[tokio::test]
 async fn a_lifecycle_action_from_the_queue_heartbeats_at_the_hooks_current_timeout() {
-    let w = World::builder().groups(hooked(1, 300)).build().await;
-    let (node, iid) = nodes_of(&w, "web").remove(0);
-    guarded_app(&w, &node, "app").await;
+    let (w, _, iid) = guarded_on_a_hooked_node(300).await;
     set_hook_timeout(&w, 3).await;
     asg_ends(&w, &iid);
     let q = Arc::new(MemoryQueue::default());
@@ -766,9 +771,7 @@ async fn a_lifecycle_action_from_the_queue_heartbeats_at_the_hooks_current_timeo
 /// the next scan corrects the hold and the heartbeats follow the new pace at once.
 #[tokio::test]
 async fn a_changed_hook_timeout_reschedules_the_heartbeats_of_a_held_instance() {
-    let w = World::builder().groups(hooked(1, 300)).build().await;
-    let (node, iid) = nodes_of(&w, "web").remove(0);
-    guarded_app(&w, &node, "app").await;
+    let (w, _, iid) = guarded_on_a_hooked_node(300).await;
     let lifecycle = scalein::sources::hook_scan::spawn_loop(w.engine.clone(), w.provider.clone());
     asg_ends(&w, &iid);
     eventually("the PDB refuses the eviction", 10, || blocked(&w)).await;
@@ -806,9 +809,7 @@ async fn a_changed_hook_timeout_reschedules_the_heartbeats_of_a_held_instance() 
 /// nothing either.
 #[tokio::test]
 async fn a_lifecycle_message_for_an_instance_nobody_ends_is_dropped() {
-    let w = World::builder().groups(hooked(1, 300)).build().await;
-    let (node, iid) = nodes_of(&w, "web").remove(0);
-    guarded_app(&w, &node, "app").await;
+    let (w, node, iid) = guarded_on_a_hooked_node(300).await;
     let q = Arc::new(MemoryQueue::default());
     let c = consumer(&w, &q, RebalanceAction::Cordon);
     q.send(&lifecycle_note(&iid, HOOK));
@@ -838,9 +839,7 @@ async fn a_lifecycle_message_for_an_instance_nobody_ends_is_dropped() {
 /// at the earlier start; the same message again is still a duplicate.
 #[tokio::test]
 async fn a_scheduled_change_moved_earlier_is_not_taken_for_a_duplicate() {
-    let w = World::builder().groups(hooked(1, 300)).build().await;
-    let (node, iid) = nodes_of(&w, "web").remove(0);
-    guarded_app(&w, &node, "app").await;
+    let (w, node, iid) = guarded_on_a_hooked_node(300).await;
     let q = Arc::new(MemoryQueue::default());
     let c = consumer(&w, &q, RebalanceAction::Cordon);
     let retirement = |start: chrono::DateTime<chrono::Utc>| {

@@ -256,15 +256,7 @@ async fn aws_backend_records_and_removes_over_moto() {
     ec2_template(&sdk).await;
     moto_group(&sdk, "web", &[(ENABLED, "true"), (CLUSTER, "owned")]).await;
     let cloud = AwsCloud::from_sdk_config(&sdk);
-    cloud.tag_group("web", HOOK_RECORD_TAG, OURS).await.unwrap();
-    cloud
-        .put_terminating_hook("web", &hook(OURS))
-        .await
-        .unwrap();
-    cloud
-        .put_terminating_hook("web", &hook("by-hand"))
-        .await
-        .unwrap();
+    ours_and_one_by_hand_on_web(&cloud).await;
     let g = cloud.describe_groups(&discovery()).await.unwrap().remove(0);
     assert_eq!(g.tags.get(HOOK_RECORD_TAG).map(String::as_str), Some(OURS));
     assert_eq!(hook_names(&cloud, "web").await, ["by-hand", OURS]);
@@ -274,6 +266,20 @@ async fn aws_backend_records_and_removes_over_moto() {
     assert!(!g.tags.contains_key(HOOK_RECORD_TAG), "{:?}", g.tags);
     assert_eq!(g.tags.get(ENABLED).map(String::as_str), Some("true"));
     assert_eq!(hook_names(&cloud, "web").await, ["by-hand"]);
+}
+
+/// On group `web`: our hook, recorded as ours in the group's tag, and one put there
+/// by hand.
+async fn ours_and_one_by_hand_on_web(cloud: &AwsCloud) {
+    cloud.tag_group("web", HOOK_RECORD_TAG, OURS).await.unwrap();
+    cloud
+        .put_terminating_hook("web", &hook(OURS))
+        .await
+        .unwrap();
+    cloud
+        .put_terminating_hook("web", &hook("by-hand"))
+        .await
+        .unwrap();
 }
 
 async fn ec2_template(sdk: &aws_config::SdkConfig) {
@@ -304,15 +310,7 @@ async fn the_binary_removes_our_hooks_over_moto_and_a_second_run_has_nothing_to_
     moto_group(&sdk, "web", &tags).await;
     moto_group(&sdk, "old", &tags).await;
     let cloud = AwsCloud::from_sdk_config(&sdk);
-    cloud.tag_group("web", HOOK_RECORD_TAG, OURS).await.unwrap();
-    cloud
-        .put_terminating_hook("web", &hook(OURS))
-        .await
-        .unwrap();
-    cloud
-        .put_terminating_hook("web", &hook("by-hand"))
-        .await
-        .unwrap();
+    ours_and_one_by_hand_on_web(&cloud).await;
     cloud
         .put_terminating_hook("old", &hook(OURS))
         .await

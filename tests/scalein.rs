@@ -91,6 +91,30 @@ async fn daemonset_pods_leave_only_after_the_workload_is_gone() {
     support::rbac::assert_rbac_covers(&w.sim);
 }
 
+/// An app pod (preStop 1.5 s) on the first node of `web`, Ready; CA's DeleteNodes
+/// for that node; back once the drain has evicted the app. The node and its instance.
+async fn app_evicted_by_a_drain(w: &mut World) -> (String, String) {
+    let (node, iid) = nodes_of(w, "web").remove(0);
+    w.sim
+        .create(&fixtures::pod("shop", "app", &node, "app", 1.5))
+        .unwrap();
+    eventually("app ready", 10, || {
+        w.sim
+            .get::<Pod>("shop", "app")
+            .is_some_and(|p| p["status"]["conditions"][0]["status"] == "True")
+    })
+    .await;
+    delete_nodes(w, "web", &[(node.clone(), iid.clone())]).await;
+    eventually("the drain evicted the app", 10, || {
+        w.sim
+            .audit()
+            .iter()
+            .any(|a| a.verb == "deletion-started" && a.name == "app")
+    })
+    .await;
+    (node, iid)
+}
+
 /// In the API server's audit log the service's requests are its own (`userAgent`
 /// `ca-asg-provider/<version> (drain)` / `(lease)`), not cluster-autoscaler's, though
 /// both run under one ServiceAccount in sidecar and bundled mode.
@@ -261,24 +285,7 @@ async fn lifecycle_mode_heartbeats_and_completes_and_drains_asg_started_scale_in
 #[tokio::test]
 async fn a_restart_in_the_middle_of_a_direct_drain_finishes_exactly_once() {
     let mut w = World::builder().web(3, 2).build().await;
-    let (node, iid) = nodes_of(&w, "web").remove(0);
-    w.sim
-        .create(&fixtures::pod("shop", "app", &node, "app", 1.5))
-        .unwrap();
-    eventually("app ready", 10, || {
-        w.sim
-            .get::<Pod>("shop", "app")
-            .is_some_and(|p| p["status"]["conditions"][0]["status"] == "True")
-    })
-    .await;
-    delete_nodes(&mut w, "web", &[(node.clone(), iid.clone())]).await;
-    eventually("the drain evicted the app", 10, || {
-        w.sim
-            .audit()
-            .iter()
-            .any(|a| a.verb == "deletion-started" && a.name == "app")
-    })
-    .await;
+    let (_, iid) = app_evicted_by_a_drain(&mut w).await;
     // The service dies.
     w.engine.abort_all();
     // A new process: it knows nothing but what AWS and the Node say.
@@ -311,24 +318,7 @@ async fn a_restart_in_the_middle_of_a_direct_drain_finishes_exactly_once() {
 #[tokio::test]
 async fn a_restart_in_the_middle_of_a_lifecycle_drain_completes_exactly_once() {
     let mut w = World::builder().web_hooked(3, 2, 30).build().await;
-    let (node, iid) = nodes_of(&w, "web").remove(0);
-    w.sim
-        .create(&fixtures::pod("shop", "app", &node, "app", 1.5))
-        .unwrap();
-    eventually("app ready", 10, || {
-        w.sim
-            .get::<Pod>("shop", "app")
-            .is_some_and(|p| p["status"]["conditions"][0]["status"] == "True")
-    })
-    .await;
-    delete_nodes(&mut w, "web", &[(node.clone(), iid.clone())]).await;
-    eventually("the drain evicted the app", 10, || {
-        w.sim
-            .audit()
-            .iter()
-            .any(|a| a.verb == "deletion-started" && a.name == "app")
-    })
-    .await;
+    let (_, iid) = app_evicted_by_a_drain(&mut w).await;
     w.engine.abort_all();
     let (provider2, engine2, _ca2) = service(&w.sim, &w.cloud, &w.groups, fast_settings()).await;
     assert_eq!(

@@ -18,6 +18,17 @@ mod support;
 use support::eventually;
 use support::world::*;
 
+/// Group `web` (at most 3, `desired` of them) under the drain settings `s`, pods
+/// Ready 20 ms after binding.
+async fn web_world(desired: i32, s: ScaleInSettings) -> World {
+    World::builder()
+        .web(3, desired)
+        .settings(s)
+        .ready_delay(Duration::from_millis(20))
+        .build()
+        .await
+}
+
 fn settings(deadline_secs: u64) -> ScaleInSettings {
     ScaleInSettings {
         workload_deadline: Duration::from_secs(deadline_secs),
@@ -40,12 +51,7 @@ fn first(audit: &[sim::AuditEntry], verb: &str, prefix: &str) -> usize {
 /// which kube-scheduler puts back on the cordoned node, is not chased.
 #[tokio::test]
 async fn a_replacement_that_tolerates_the_drain_taint_is_not_chased() {
-    let mut w = World::builder()
-        .web(3, 1)
-        .settings(settings(20))
-        .ready_delay(Duration::from_millis(20))
-        .build()
-        .await;
+    let mut w = web_world(1, settings(20)).await;
     let (node, iid) = nodes_of(&w, "web").remove(0);
     let mut rs = fixtures::replicaset("shop", "tolerant", 1, 0.05);
     rs.spec
@@ -85,12 +91,7 @@ async fn a_replacement_that_tolerates_the_drain_taint_is_not_chased() {
 /// shipper only after the workload.
 #[tokio::test]
 async fn a_dead_kubelet_does_not_hold_the_drain_to_its_deadline() {
-    let mut w = World::builder()
-        .web(3, 1)
-        .settings(settings(30))
-        .ready_delay(Duration::from_millis(20))
-        .build()
-        .await;
+    let mut w = web_world(1, settings(30)).await;
     let (node, iid) = node_with_fluentd_and_app(&w, 0.1).await;
     w.sim.stop_kubelet(&node).unwrap();
     delete_nodes(&mut w, "web", &[(node.clone(), iid.clone())]).await;
@@ -114,12 +115,7 @@ async fn a_dead_kubelet_does_not_hold_the_drain_to_its_deadline() {
 /// and a finished pod held by a finalizer do not hold the drain.
 #[tokio::test]
 async fn stuck_and_finalizer_held_pods_do_not_hold_the_drain() {
-    let mut w = World::builder()
-        .web(3, 1)
-        .settings(settings(30))
-        .ready_delay(Duration::from_millis(20))
-        .build()
-        .await;
+    let mut w = web_world(1, settings(30)).await;
     let (node, iid) = nodes_of(&w, "web").remove(0);
     let mut wedged = fixtures::pod("shop", "wedged", &node, "wedged", 0.0);
     wedged
@@ -155,15 +151,14 @@ async fn stuck_and_finalizer_held_pods_do_not_hold_the_drain() {
 /// ended with its own grace period first; only then does the log shipper go.
 #[tokio::test]
 async fn proceed_ends_the_workloads_before_the_daemonset_pods() {
-    let mut w = World::builder()
-        .web(3, 1)
-        .settings(ScaleInSettings {
+    let mut w = web_world(
+        1,
+        ScaleInSettings {
             workload_deadline_policy: DeadlinePolicy::Proceed,
             ..settings(1)
-        })
-        .ready_delay(Duration::from_millis(20))
-        .build()
-        .await;
+        },
+    )
+    .await;
     let (node, iid) = node_with_fluentd_and_app(&w, 0.5).await;
     w.sim.create(&fixtures::pdb("shop", "app", 0)).unwrap();
     delete_nodes(&mut w, "web", &[(node, iid.clone())]).await;
@@ -188,15 +183,14 @@ async fn proceed_ends_the_workloads_before_the_daemonset_pods() {
 /// pod goes first, then fluentd.
 #[tokio::test]
 async fn a_refused_delete_at_a_proceed_deadline_keeps_the_daemonset_pods() {
-    let mut w = World::builder()
-        .web(3, 1)
-        .settings(ScaleInSettings {
+    let mut w = web_world(
+        1,
+        ScaleInSettings {
             workload_deadline_policy: DeadlinePolicy::Proceed,
             ..settings(1)
-        })
-        .ready_delay(Duration::from_millis(20))
-        .build()
-        .await;
+        },
+    )
+    .await;
     let (node, iid) = nodes_of(&w, "web").remove(0);
     w.sim
         .create(&fixtures::daemonset("logging", "fluentd", 0.2, false))
@@ -270,12 +264,7 @@ async fn a_lifecycle_deadline_proceeds_whatever_the_policy() {
 /// Two budgets over one pod make the Eviction API answer 500: the Event names both.
 #[tokio::test]
 async fn throttled_evictions_are_not_budget_blocks_and_overlapping_budgets_are_named() {
-    let mut w = World::builder()
-        .web(3, 2)
-        .settings(settings(30))
-        .ready_delay(Duration::from_millis(20))
-        .build()
-        .await;
+    let mut w = web_world(2, settings(30)).await;
     let nodes = nodes_of(&w, "web");
     let (n1, i1) = nodes[0].clone();
     w.sim
@@ -318,15 +307,14 @@ async fn throttled_evictions_are_not_budget_blocks_and_overlapping_budgets_are_n
 /// pods) leave after the volumes have detached; the log shipper before them.
 #[tokio::test]
 async fn node_critical_daemonsets_leave_after_the_volumes() {
-    let mut w = World::builder()
-        .web(3, 1)
-        .settings(ScaleInSettings {
+    let mut w = web_world(
+        1,
+        ScaleInSettings {
             volume_deadline: Duration::from_secs(20),
             ..settings(30)
-        })
-        .ready_delay(Duration::from_millis(20))
-        .build()
-        .await;
+        },
+    )
+    .await;
     let (node, iid) = node_with_fluentd_and_app(&w, 0.1).await;
     let mut csi = fixtures::daemonset("kube-system", "ebs-csi-node", 0.05, false);
     csi.spec
@@ -362,12 +350,7 @@ async fn node_critical_daemonsets_leave_after_the_volumes() {
 /// shipper with the workloads before DeleteNodes; the drain says so, and how to fix it.
 #[tokio::test]
 async fn daemonset_pods_ca_evicted_early_are_reported() {
-    let mut w = World::builder()
-        .web(3, 1)
-        .settings(settings(30))
-        .ready_delay(Duration::from_millis(20))
-        .build()
-        .await;
+    let mut w = web_world(1, settings(30)).await;
     let mut ds = fixtures::daemonset("logging", "fluentd", 2.0, false);
     ds.spec
         .as_mut()
@@ -414,15 +397,14 @@ async fn the_volume_wait_leaves_out_volumes_of_pods_that_stay() {
     use k8s_openapi::api::core::v1::{
         PersistentVolumeClaim, PersistentVolumeClaimSpec, PersistentVolumeClaimVolumeSource, Volume,
     };
-    let mut w = World::builder()
-        .web(3, 1)
-        .settings(ScaleInSettings {
+    let mut w = web_world(
+        1,
+        ScaleInSettings {
             volume_deadline: Duration::from_secs(60),
             ..settings(30)
-        })
-        .ready_delay(Duration::from_millis(20))
-        .build()
-        .await;
+        },
+    )
+    .await;
     let (node, iid) = nodes_of(&w, "web").remove(0);
     let mut db = fixtures::pod("shop", "db", &node, "db", 0.0);
     db.spec.as_mut().unwrap().volumes = Some(vec![Volume {
@@ -479,12 +461,7 @@ async fn a_drain_resumed_past_its_deadline_still_takes_the_daemonsets_last() {
         workload_deadline_policy: DeadlinePolicy::Proceed,
         ..settings(1)
     };
-    let mut w = World::builder()
-        .web(3, 1)
-        .settings(s.clone())
-        .ready_delay(Duration::from_millis(20))
-        .build()
-        .await;
+    let mut w = web_world(1, s.clone()).await;
     let (node, iid) = node_with_fluentd_and_app(&w, 0.2).await;
     w.sim.create(&fixtures::pdb("shop", "app", 0)).unwrap();
     delete_nodes(&mut w, "web", &[(node, iid.clone())]).await;
@@ -514,12 +491,7 @@ async fn at_the_deadline_a_pod_deleted_with_a_longer_grace_keeps_the_daemonsets_
         workload_deadline_policy: DeadlinePolicy::Proceed,
         ..settings(1)
     };
-    let mut w = World::builder()
-        .web(3, 1)
-        .settings(s)
-        .ready_delay(Duration::from_millis(20))
-        .build()
-        .await;
+    let mut w = web_world(1, s).await;
     let (node, iid) = nodes_of(&w, "web").remove(0);
     w.sim
         .create(&fixtures::daemonset("logging", "fluentd", 0.2, false))
@@ -565,12 +537,7 @@ async fn at_the_deadline_a_pod_deleted_with_a_longer_grace_keeps_the_daemonsets_
 /// goes first, before any DaemonSet pod that is still running.
 #[tokio::test]
 async fn a_workload_bound_by_name_during_the_daemonset_phase_is_evicted_before_the_rest() {
-    let mut w = World::builder()
-        .web(3, 1)
-        .settings(settings(30))
-        .ready_delay(Duration::from_millis(20))
-        .build()
-        .await;
+    let mut w = web_world(1, settings(30)).await;
     let (node, iid) = nodes_of(&w, "web").remove(0);
     // A log shipper slow to stop, and a node-critical DaemonSet (kube-proxy's kind),
     // which goes last of all.
@@ -756,15 +723,14 @@ async fn budget_watches_are_shared_wake_on_a_change_only_and_close_with_the_last
 /// later than the drain's start.
 #[tokio::test]
 async fn daemonsets_that_tolerate_everything_leave_once_last_and_after_the_volumes() {
-    let mut w = World::builder()
-        .web(3, 1)
-        .settings(ScaleInSettings {
+    let mut w = web_world(
+        1,
+        ScaleInSettings {
             volume_deadline: Duration::from_secs(20),
             ..settings(30)
-        })
-        .ready_delay(Duration::from_millis(20))
-        .build()
-        .await;
+        },
+    )
+    .await;
     let (node, iid) = node_with_fluentd_and_app(&w, 0.1).await;
     for ds in [
         fixtures::log_shipper_tolerating_drain(0.0),
@@ -836,11 +802,14 @@ async fn daemonsets_that_tolerate_everything_leave_once_last_and_after_the_volum
 async fn a_drain_restarted_after_its_eviction_does_not_evict_again() {
     use ca_asg_provider::scalein::{self, DrainRequest, Mode, Source};
     for (lag, webhook) in [(600, 0), (0, 600)] {
-        let mut w = // Every drain sees its pods through the pass's one watch.
-World::builder().web(3, 2).settings(ScaleInSettings {
+        // Every drain sees its pods through the pass's one watch.
+        let mut w = web_world(
+            2,
+            ScaleInSettings {
                 shared_pod_watch_from: 1,
                 ..settings(30)
-            }).ready_delay(Duration::from_millis(20)).build()
+            },
+        )
         .await;
         let nodes = nodes_of(&w, "web");
         let (node, iid) = nodes[0].clone();
@@ -970,12 +939,7 @@ async fn a_reason_past_its_deadline_joining_an_eviction_in_flight_does_not_evict
 /// put back as the first process did, and the log shipper is asked to leave once.
 #[tokio::test]
 async fn a_daemonset_pod_put_back_is_not_asked_to_leave_again_after_a_restart() {
-    let mut w = World::builder()
-        .web(3, 1)
-        .settings(settings(30))
-        .ready_delay(Duration::from_millis(20))
-        .build()
-        .await;
+    let mut w = web_world(1, settings(30)).await;
     let (node, iid) = nodes_of(&w, "web").remove(0);
     // fluentd flushes for 3 s: the DaemonSet phase still waits for it when the
     // process dies.

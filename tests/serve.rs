@@ -116,12 +116,7 @@ async fn serve_logs_json_gets_ready_answers_health_and_stops_on_sigterm() {
     // The client stays connected, as CA's does: shutdown must still be prompt.
     let _connected = health;
 
-    let kill = Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(kill.success());
-    let end = Instant::now() + Duration::from_secs(20);
+    let end = sigterm(&child);
     let status = loop {
         if let Some(s) = child.try_wait().unwrap() {
             break s;
@@ -189,12 +184,7 @@ async fn serve_on_a_socket_is_ready_through_it_and_removes_it_on_sigterm() {
     );
     std::fs::rename(&moved, &sock).unwrap();
     assert_eq!(http_get(metrics, "/readyz").0, 200);
-    let kill = Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(kill.success());
-    let end = Instant::now() + Duration::from_secs(20);
+    let end = sigterm(&child);
     let status = loop {
         if let Some(s) = child.try_wait().unwrap() {
             break s;
@@ -204,6 +194,17 @@ async fn serve_on_a_socket_is_ready_through_it_and_removes_it_on_sigterm() {
     };
     assert!(status.success(), "exit status {status}");
     assert!(!sock.exists(), "the socket file is removed at exit");
+}
+
+/// Sends SIGTERM to `child`, as the kubelet stops a pod; the time by which it must
+/// have exited (20 s on).
+fn sigterm(child: &std::process::Child) -> Instant {
+    let kill = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(kill.success());
+    Instant::now() + Duration::from_secs(20)
 }
 
 /// The environment of a pod that neither IRSA nor EKS Pod Identity reached: no
