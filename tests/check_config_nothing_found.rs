@@ -8,7 +8,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use aws_sdk_autoscaling as asg;
-use aws_sdk_ec2 as ec2;
 use ca_asg_provider::cloud::memory::{MemoryCloud, MemoryGroup, MemoryTiming};
 use ca_asg_provider::cloud::{GroupSelector, TagFilter};
 use ca_asg_provider::commands::check::{account_of_role_arn, nothing_found, LookedIn};
@@ -50,18 +49,7 @@ fn quick() -> MemoryTiming {
 async fn check_config_with_no_group_fails_naming_the_tags_region_and_account() {
     let moto = support::moto::MotoServer::start();
     let sdk = moto.sdk_config().await;
-    let ec2c = ec2::Client::new(&sdk);
-    ec2c.create_launch_template()
-        .launch_template_name("lt")
-        .launch_template_data(
-            ec2::types::RequestLaunchTemplateData::builder()
-                .image_id("ami-12c6146b")
-                .instance_type(ec2::types::InstanceType::M5Large)
-                .build(),
-        )
-        .send()
-        .await
-        .unwrap();
+    support::moto::launch_template_lt(&sdk).await;
     let tag = |k: &str, v: &str| {
         asg::types::Tag::builder()
             .resource_id("prod-web")

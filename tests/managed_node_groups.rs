@@ -65,14 +65,6 @@ fn quick() -> MemoryTiming {
     }
 }
 
-fn state_of(cloud: &MemoryCloud, id: &str) -> Option<LifecycleState> {
-    cloud
-        .instances()
-        .into_iter()
-        .find(|(_, i)| i.id == id)
-        .map(|(_, i)| i.state)
-}
-
 #[tokio::test]
 async fn an_instance_waits_for_every_hook_and_goes_on_after_the_last() {
     let cloud = MemoryCloud::new(vec![managed(2, Some(300), 300)], quick());

@@ -10,7 +10,6 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use aws_sdk_autoscaling as asg;
-use aws_sdk_ec2 as ec2;
 use ca_asg_provider::cloud::aws::AwsCloud;
 use ca_asg_provider::cloud::memory::{MemoryCloud, MemoryGroup, MemoryTiming};
 use ca_asg_provider::cloud::{Cloud, GroupSelector, LifecycleHook, LifecycleState, TagFilter};
@@ -81,13 +80,7 @@ async fn hook_names(cloud: &dyn Cloud, group: &str) -> Vec<String> {
     names
 }
 
-fn state_of(cloud: &MemoryCloud, id: &str) -> Option<LifecycleState> {
-    cloud
-        .instances()
-        .into_iter()
-        .find(|(_, i)| i.id == id)
-        .map(|(_, i)| i.state)
-}
+use support::world::state_of;
 
 /// Our recorded hook goes, with its record, and the instance it held in
 /// Terminating:Wait goes on terminating (AWS's CONTINUE): a scale-in is no longer
@@ -253,7 +246,7 @@ async fn moto_group(sdk: &aws_config::SdkConfig, name: &str, tags: &[(&str, &str
 async fn aws_backend_records_and_removes_over_moto() {
     let moto = support::moto::MotoServer::start();
     let sdk = moto.sdk_config().await;
-    ec2_template(&sdk).await;
+    support::moto::launch_template_lt(&sdk).await;
     moto_group(&sdk, "web", &[(ENABLED, "true"), (CLUSTER, "owned")]).await;
     let cloud = AwsCloud::from_sdk_config(&sdk);
     ours_and_one_by_hand_on_web(&cloud).await;
@@ -282,21 +275,6 @@ async fn ours_and_one_by_hand_on_web(cloud: &AwsCloud) {
         .unwrap();
 }
 
-async fn ec2_template(sdk: &aws_config::SdkConfig) {
-    ec2::Client::new(sdk)
-        .create_launch_template()
-        .launch_template_name("lt")
-        .launch_template_data(
-            ec2::types::RequestLaunchTemplateData::builder()
-                .image_id("ami-12c6146b")
-                .instance_type(ec2::types::InstanceType::M5Large)
-                .build(),
-        )
-        .send()
-        .await
-        .unwrap();
-}
-
 /// The shipped binary as the chart's uninstall Job runs it: exit 0 with one line per
 /// group, our hook gone, the unmarked one kept with the aws command that removes it,
 /// the foreign one untouched; a terminated instance then ends at once; a second run
@@ -305,7 +283,7 @@ async fn ec2_template(sdk: &aws_config::SdkConfig) {
 async fn the_binary_removes_our_hooks_over_moto_and_a_second_run_has_nothing_to_do() {
     let moto = support::moto::MotoServer::start();
     let sdk = moto.sdk_config().await;
-    ec2_template(&sdk).await;
+    support::moto::launch_template_lt(&sdk).await;
     let tags = [(ENABLED, "true"), (CLUSTER, "owned")];
     moto_group(&sdk, "web", &tags).await;
     moto_group(&sdk, "old", &tags).await;

@@ -294,12 +294,7 @@ async fn a_restart_in_the_middle_of_a_direct_drain_finishes_exactly_once() {
         scalein::sources::hook_scan::resume(&engine2, &provider2).await,
         1
     );
-    let t = ca2
-        .node_group_target_size(proto::NodeGroupTargetSizeRequest { id: "web".into() })
-        .await
-        .unwrap()
-        .into_inner()
-        .target_size;
+    let t = target_of(&mut ca2, "web").await;
     assert_eq!(t, 1, "the resumed drain counts against the target");
     assert_eq!(engine2.wait_for(&iid).await, Some(Outcome::Ended));
     assert_eq!(

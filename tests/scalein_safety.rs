@@ -19,14 +19,6 @@ mod support;
 use support::eventually;
 use support::world::*;
 
-fn state_of(w: &World, iid: &str) -> Option<LifecycleState> {
-    w.cloud
-        .instances()
-        .into_iter()
-        .find(|(_, i)| i.id == iid)
-        .map(|(_, i)| i.state)
-}
-
 fn live(w: &World, group: &str) -> usize {
     w.cloud
         .instances()
@@ -98,7 +90,7 @@ async fn growing_a_group_while_direct_drains_run_ends_no_instance_of_the_asgs_ch
     );
     assert!(w.cloud.chosen_by_asg().is_empty());
     for (_, iid) in &victims {
-        assert_eq!(state_of(&w, iid), Some(LifecycleState::InService));
+        assert_eq!(state_of(&w.cloud, iid), Some(LifecycleState::InService));
     }
 
     // The budget allows the evictions now; both drains end with a decrement.
@@ -141,12 +133,7 @@ async fn a_crash_right_after_delete_nodes_loses_no_drain() {
     w.engine.abort_all();
     w.engine.shutdown();
     let (provider2, engine2, mut ca2) = service(&w.sim, &w.cloud, &w.groups, fast_settings()).await;
-    let t = ca2
-        .node_group_target_size(proto::NodeGroupTargetSizeRequest { id: "web".into() })
-        .await
-        .unwrap()
-        .into_inner()
-        .target_size;
+    let t = target_of(&mut ca2, "web").await;
     assert_eq!(t, 2, "the recorded drain counts against the target at once");
     assert_eq!(
         scalein::sources::hook_scan::resume(&engine2, &provider2).await,
@@ -282,7 +269,10 @@ async fn a_drain_that_cannot_find_its_node_does_not_end_the_instance() {
         w.cloud.completed_actions().is_empty(),
         "completed without knowing whether the instance had a Node"
     );
-    assert_eq!(state_of(&w, &iid), Some(LifecycleState::TerminatingWait));
+    assert_eq!(
+        state_of(&w.cloud, &iid),
+        Some(LifecycleState::TerminatingWait)
+    );
     assert!(w.cloud.hook_timeouts().is_empty(), "heartbeats kept it");
     outage.await.unwrap().unwrap();
     assert_eq!(w.engine.wait_for(&iid).await, Some(Outcome::Ended));
@@ -312,7 +302,10 @@ async fn another_tools_hook_is_never_completed() {
         w.cloud.completed_actions()
     );
     // Terminated with decrement; NTH's hook holds it for NTH.
-    assert_eq!(state_of(&w, &iid), Some(LifecycleState::TerminatingWait));
+    assert_eq!(
+        state_of(&w.cloud, &iid),
+        Some(LifecycleState::TerminatingWait)
+    );
     assert_eq!(w.cloud.desired("web"), Some(1));
     assert_eq!(target(&mut w, "web").await, 1);
 }
@@ -337,7 +330,7 @@ async fn a_drain_faster_than_the_hook_still_completes_the_action() {
     let mut w = w;
     let (node, iid) = nodes_of(&w, "web").remove(0);
     delete_nodes(&mut w, "web", &[(node, iid.clone())]).await;
-    assert_eq!(state_of(&w, &iid), Some(LifecycleState::Terminating));
+    assert_eq!(state_of(&w.cloud, &iid), Some(LifecycleState::Terminating));
     assert_eq!(w.engine.wait_for(&iid).await, Some(Outcome::Ended));
     let done = w.cloud.completed_actions();
     assert_eq!(done.len(), 1, "{done:?}");
@@ -371,7 +364,7 @@ async fn a_pod_list_refused_for_good_fails_the_drain_closed() {
         matches!(&outcome, Some(Outcome::Failed(why)) if why.contains("could not list the pods")),
         "{outcome:?}"
     );
-    assert_eq!(state_of(&w, &iid), Some(LifecycleState::InService));
+    assert_eq!(state_of(&w.cloud, &iid), Some(LifecycleState::InService));
     assert_eq!(w.cloud.calls().get("terminate_instance"), None);
     assert!(
         !w.sim
@@ -457,7 +450,7 @@ async fn a_hook_named_in_the_nodes_record_is_never_completed_unless_it_is_ours()
         .find(|(_, i)| *i == iid)
         .expect("the ended instance's Node");
     eventually("the instance held by both hooks", 10, || {
-        state_of(&w, &iid) == Some(LifecycleState::TerminatingWait)
+        state_of(&w.cloud, &iid) == Some(LifecycleState::TerminatingWait)
     })
     .await;
     let now = chrono::Utc::now();

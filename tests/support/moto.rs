@@ -76,6 +76,22 @@ impl Drop for MotoServer {
     }
 }
 
+/// Launch template `lt` (an m5.large) in moto, for the groups a test creates.
+pub async fn launch_template_lt(sdk: &aws_config::SdkConfig) {
+    aws_sdk_ec2::Client::new(sdk)
+        .create_launch_template()
+        .launch_template_name("lt")
+        .launch_template_data(
+            aws_sdk_ec2::types::RequestLaunchTemplateData::builder()
+                .image_id("ami-12c6146b")
+                .instance_type(aws_sdk_ec2::types::InstanceType::M5Large)
+                .build(),
+        )
+        .send()
+        .await
+        .unwrap();
+}
+
 /// `ca-asg-provider <command> --aws-endpoint <aws_endpoint> --config <config>` run as
 /// an operator runs it against moto, outside any cluster: the static test keys, no
 /// AWS config or credentials file, no IRSA variables, no kubeconfig, `home` as HOME.

@@ -334,7 +334,12 @@ pub async fn group_for(ca: &mut CloudProviderClient<Channel>, iid: &str) -> Stri
 }
 
 pub async fn target(w: &mut World, group: &str) -> i32 {
-    w.ca.node_group_target_size(proto::NodeGroupTargetSizeRequest { id: group.into() })
+    target_of(&mut w.ca, group).await
+}
+
+/// The target size CA's NodeGroupTargetSize answers for `group` through `ca`.
+pub async fn target_of(ca: &mut CloudProviderClient<Channel>, group: &str) -> i32 {
+    ca.node_group_target_size(proto::NodeGroupTargetSizeRequest { id: group.into() })
         .await
         .unwrap()
         .into_inner()
@@ -431,6 +436,15 @@ pub fn assert_no_pod_evicted_twice_naming(
             _ => {}
         }
     }
+}
+
+/// The lifecycle state of an instance of the cloud's groups (`None`: not in one).
+pub fn state_of(cloud: &MemoryCloud, id: &str) -> Option<ca_asg_provider::cloud::LifecycleState> {
+    cloud
+        .instances()
+        .into_iter()
+        .find(|(_, i)| i.id == id)
+        .map(|(_, i)| i.state)
 }
 
 /// Whether the instance is in the cloud and not on its way out.
