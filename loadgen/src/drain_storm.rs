@@ -368,7 +368,7 @@ pub async fn run(o: &StormOptions) -> anyhow::Result<StormReport> {
     // PDBs, from every change: the fewest Ready pods each ReplicaSet ever had.
     let min_ready: Arc<parking_lot::Mutex<BTreeMap<String, i32>>> =
         Arc::new(parking_lot::Mutex::new(replicas_of.clone()));
-    let sampler = spawn_ready_watch(&sim, min_ready.clone());
+    let sampler = spawn_ready_watch(sim, min_ready.clone());
 
     let cpu_before = me.sample().map(|s| s.cpu_seconds).unwrap_or(0.0);
     let requests_before = sim.requests().total();
