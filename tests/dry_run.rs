@@ -18,7 +18,7 @@ use k8s_openapi::api::core::v1::{Node, Pod};
 
 mod support;
 use support::eventually;
-use support::world::{fast_settings, nodes_of_cloud, serve_ca, timing};
+use support::world::{delete_nodes_message, fast_settings, nodes_of_cloud, serve_ca, timing};
 
 fn dry_run_events(sim: &SimCluster, node: &str) -> Vec<String> {
     sim.list::<k8s_openapi::api::events::v1::Event>()
@@ -115,14 +115,7 @@ async fn a_dry_run_decides_everything_and_changes_nothing() {
 
     // CA's scale-down of the node with the app: the whole drain, in order.
     let down = ca
-        .node_group_delete_nodes(proto::NodeGroupDeleteNodesRequest {
-            id: "web".into(),
-            nodes: vec![proto::ExternalGrpcNode {
-                provider_id: format!("aws:///us-east-1a/{iid}"),
-                name: node.clone(),
-                ..Default::default()
-            }],
-        })
+        .node_group_delete_nodes(delete_nodes_message("web", &[(node.clone(), iid.clone())]))
         .await
         .unwrap_err();
     assert_eq!(down.code(), tonic::Code::FailedPrecondition);

@@ -734,16 +734,9 @@ async fn a_replica_that_does_not_lead_hands_delete_nodes_to_the_leader() {
     w.sim
         .create(&fixtures::pod("shop", "app", &node, "app", 0.3))
         .unwrap();
-    ca2.node_group_delete_nodes(proto::NodeGroupDeleteNodesRequest {
-        id: "web".into(),
-        nodes: vec![proto::ExternalGrpcNode {
-            provider_id: format!("aws:///us-east-1a/{iid}"),
-            name: node.clone(),
-            ..Default::default()
-        }],
-    })
-    .await
-    .unwrap();
+    ca2.node_group_delete_nodes(delete_nodes_message("web", &[(node.clone(), iid.clone())]))
+        .await
+        .unwrap();
     assert_eq!(engine2.in_progress(), 0, "the follower does not drain");
     assert_eq!(w.cloud.calls().get("terminate_instance"), None);
     let marked = w.sim.get::<Node>("", &node).unwrap();

@@ -300,7 +300,17 @@ pub fn delete_request(
     group: &str,
     nodes: &[(String, String)],
 ) -> tonic::Request<proto::NodeGroupDeleteNodesRequest> {
-    let mut req = tonic::Request::new(proto::NodeGroupDeleteNodesRequest {
+    let mut req = tonic::Request::new(delete_nodes_message(group, nodes));
+    req.set_timeout(Duration::from_secs(5));
+    req
+}
+
+/// CA's DeleteNodes message for these (node, instance) pairs, without a deadline.
+pub fn delete_nodes_message(
+    group: &str,
+    nodes: &[(String, String)],
+) -> proto::NodeGroupDeleteNodesRequest {
+    proto::NodeGroupDeleteNodesRequest {
         id: group.into(),
         nodes: nodes
             .iter()
@@ -310,9 +320,7 @@ pub fn delete_request(
                 ..Default::default()
             })
             .collect(),
-    });
-    req.set_timeout(Duration::from_secs(5));
-    req
+    }
 }
 
 /// The group CA's NodeGroupForNode answers for an instance's Node, as CA's loop asks
