@@ -35,7 +35,7 @@ fn provider_at_5000() -> (Arc<Provider>, Vec<NodeRef>) {
             .collect();
         let cloud: Arc<dyn Cloud> = Arc::new(cloud);
         let settings = ProviderSettings {
-            selector: ca_asg_provider::world::tagged("k8s.io/cluster-autoscaler/enabled"),
+            selector: ca_asg_provider::world::tagged(&["k8s.io/cluster-autoscaler/enabled"]),
             ..ProviderSettings::default()
         };
         let p = Provider::new(cloud, settings);

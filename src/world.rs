@@ -87,7 +87,7 @@ impl ServiceBuilder {
 
     /// The groups found by a tag key (auto-discovery), instead of by name.
     pub fn tagged(mut self, key: &str) -> Self {
-        self.selector = tagged(key);
+        self.selector = tagged(&[key]);
         self
     }
 
@@ -171,15 +171,18 @@ impl TcpDoor {
     }
 }
 
-/// Auto-discovery by one tag key, whatever its value (as
-/// `k8s.io/cluster-autoscaler/enabled` is used).
-pub fn tagged(key: &str) -> GroupSelector {
+/// Auto-discovery of the groups that carry every tag key of `keys`, whatever its
+/// value (as `k8s.io/cluster-autoscaler/enabled` and the cluster's tag are used).
+pub fn tagged(keys: &[&str]) -> GroupSelector {
     GroupSelector {
         names: vec![],
-        tag_sets: vec![vec![TagFilter {
-            key: key.into(),
-            value: None,
-        }]],
+        tag_sets: vec![keys
+            .iter()
+            .map(|k| TagFilter {
+                key: k.to_string(),
+                value: None,
+            })
+            .collect()],
     }
 }
 

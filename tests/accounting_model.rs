@@ -155,11 +155,7 @@ impl World {
                 MemoryGroup::new(DIRECT, 1, 12, 4, "m5.large"),
                 MemoryGroup::new(HOOKED, 1, 12, 4, "m5.large").terminating_hook(HOOK, 3600),
             ],
-            MemoryTiming {
-                launch_delay: Duration::ZERO,
-                terminate_delay: Duration::ZERO,
-                hook_delay: Duration::ZERO,
-            },
+            ca_asg_provider::sim::world::instant_timing(),
         );
         let marks: Marks = Arc::default();
         let a = replica(&cloud, &marks).await;

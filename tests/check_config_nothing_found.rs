@@ -19,27 +19,11 @@ mod support;
 const ENABLED: &str = "k8s.io/cluster-autoscaler/enabled";
 
 fn discovery(cluster: &str) -> GroupSelector {
-    GroupSelector {
-        names: vec![],
-        tag_sets: vec![vec![
-            TagFilter {
-                key: ENABLED.into(),
-                value: None,
-            },
-            TagFilter {
-                key: format!("k8s.io/cluster-autoscaler/{cluster}"),
-                value: None,
-            },
-        ]],
-    }
+    ca_asg_provider::world::tagged(&[ENABLED, &format!("k8s.io/cluster-autoscaler/{cluster}")])
 }
 
 fn quick() -> MemoryTiming {
-    MemoryTiming {
-        launch_delay: Duration::ZERO,
-        terminate_delay: Duration::ZERO,
-        hook_delay: Duration::ZERO,
-    }
+    ca_asg_provider::sim::world::instant_timing()
 }
 
 /// The real binary against moto, as the `helm test` Pod runs it: a typo'd cluster name

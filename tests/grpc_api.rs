@@ -41,7 +41,7 @@ fn groups() -> Vec<MemoryGroup> {
 
 fn discovery() -> ProviderSettings {
     ProviderSettings {
-        selector: ca_asg_provider::world::tagged("k8s.io/cluster-autoscaler/enabled"),
+        selector: ca_asg_provider::world::tagged(&["k8s.io/cluster-autoscaler/enabled"]),
         refresh_interval: Duration::from_millis(50),
         lookup_interval: Duration::from_millis(20),
         ..ProviderSettings::default()

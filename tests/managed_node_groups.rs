@@ -58,11 +58,7 @@ fn action(hook: &str, id: &str) -> LifecycleAction {
 }
 
 fn quick() -> MemoryTiming {
-    MemoryTiming {
-        launch_delay: Duration::ZERO,
-        terminate_delay: Duration::ZERO,
-        hook_delay: Duration::ZERO,
-    }
+    ca_asg_provider::sim::world::instant_timing()
 }
 
 #[tokio::test]

@@ -12,7 +12,7 @@ use std::time::Duration;
 use aws_sdk_autoscaling as asg;
 use ca_asg_provider::cloud::aws::AwsCloud;
 use ca_asg_provider::cloud::memory::{MemoryCloud, MemoryGroup, MemoryTiming};
-use ca_asg_provider::cloud::{Cloud, GroupSelector, LifecycleHook, LifecycleState, TagFilter};
+use ca_asg_provider::cloud::{Cloud, GroupSelector, LifecycleHook, LifecycleState};
 use ca_asg_provider::scalein::decide::hooks::HOOK_RECORD_TAG;
 use ca_asg_provider::scalein::remove_hooks::{remove_hooks, Outcome, RemoveOptions};
 
@@ -29,19 +29,7 @@ fn hook(name: &str) -> LifecycleHook {
 }
 
 fn discovery() -> GroupSelector {
-    GroupSelector {
-        names: vec![],
-        tag_sets: vec![vec![
-            TagFilter {
-                key: ENABLED.into(),
-                value: None,
-            },
-            TagFilter {
-                key: CLUSTER.into(),
-                value: None,
-            },
-        ]],
-    }
+    ca_asg_provider::world::tagged(&[ENABLED, CLUSTER])
 }
 
 fn opts(include_unmarked: bool, dry_run: bool) -> RemoveOptions {

@@ -22,11 +22,7 @@ use prost::Message;
 mod templates;
 
 fn quick() -> MemoryTiming {
-    MemoryTiming {
-        launch_delay: Duration::ZERO,
-        terminate_delay: Duration::ZERO,
-        hook_delay: Duration::ZERO,
-    }
+    ca_asg_provider::sim::world::instant_timing()
 }
 
 /// A provider over `groups` with a hand-moved template clock, loaded once.

@@ -114,7 +114,7 @@ async fn provider() -> Arc<Provider> {
     let provider = Provider::new(
         Arc::new(cloud),
         ProviderSettings {
-            selector: ca_asg_provider::world::tagged("k8s.io/cluster-autoscaler/enabled"),
+            selector: ca_asg_provider::world::tagged(&["k8s.io/cluster-autoscaler/enabled"]),
             ..ProviderSettings::default()
         },
     );

@@ -23,6 +23,16 @@ pub fn quick_timing() -> MemoryTiming {
     }
 }
 
+/// Launches, terminations and hooks at once: for cases that step the cloud
+/// themselves.
+pub fn instant_timing() -> MemoryTiming {
+    MemoryTiming {
+        launch_delay: Duration::ZERO,
+        terminate_delay: Duration::ZERO,
+        hook_delay: Duration::ZERO,
+    }
+}
+
 /// The usual group of the tests and benchmarks: `web`, from 0 to `max` m5.large
 /// instances, `desired` of them wanted.
 pub fn web_group(max: i32, desired: i32) -> MemoryGroup {
