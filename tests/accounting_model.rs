@@ -356,17 +356,7 @@ impl World {
             }
             Op::DeletePlaceholders(g) => {
                 let g = GROUPS[*g];
-                let placeholders: Vec<NodeRef> = self
-                    .ca()
-                    .nodes(g)
-                    .unwrap()
-                    .into_iter()
-                    .filter(|v| v.id.contains("i-placeholder-"))
-                    .map(|v| NodeRef {
-                        name: v.id.clone(),
-                        provider_id: v.id,
-                    })
-                    .collect();
+                let placeholders = support::world::placeholders(self.ca(), g);
                 // Placeholders stand for capacity not launched yet; a placeholder
                 // whose instance launched since CA's listing is gone already.
                 let owed = self.owed(g);

@@ -505,16 +505,7 @@ async fn group_with_two_placeholders() -> (MemoryCloud, Arc<Provider>, Vec<NodeR
     provider.increase_size("web", 2).await.unwrap();
     tokio::time::sleep(Duration::from_secs(1)).await;
     provider.refresh_now().await.unwrap();
-    let placeholders: Vec<NodeRef> = provider
-        .nodes("web")
-        .unwrap()
-        .into_iter()
-        .filter(|v| v.id.contains("i-placeholder-"))
-        .map(|v| NodeRef {
-            name: v.id.clone(),
-            provider_id: v.id,
-        })
-        .collect();
+    let placeholders = placeholders(&provider, "web");
     assert_eq!(placeholders.len(), 2, "{placeholders:?}");
     assert_eq!(cloud.desired("web"), Some(3));
     (cloud, provider, placeholders)

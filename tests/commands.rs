@@ -380,14 +380,10 @@ async fn check_config_finds_missing_kubernetes_permissions() {
 /// say where to set it; given through AWS_REGION, it is used.
 #[test]
 fn a_missing_region_refuses_to_start_and_says_where_to_set_it() {
-    let dir = tempfile::tempdir().unwrap();
-    let cfg = dir.path().join("config.yaml");
-    std::fs::write(
-        &cfg,
-        // A closed local port: nothing leaves this machine, and the call fails fast.
+    // A closed local port: nothing leaves this machine, and the call fails fast.
+    let (dir, cfg) = support::process::config_file(
         "nodeGroups: [{name: web}]\naws: {endpoint: \"http://127.0.0.1:9\", maxAttempts: 1}\n",
-    )
-    .unwrap();
+    );
     let run = |args: &[&str], region: Option<&str>| {
         let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_ca-asg-provider"));
         cmd.args(args)
@@ -507,14 +503,8 @@ fn a_missing_region_refuses_to_start_and_says_where_to_set_it() {
 /// neither), and exits 1; not a long "transient" error chain.
 #[test]
 fn check_config_without_credentials_says_what_to_check() {
-    let dir = tempfile::tempdir().unwrap();
-    let cfg = dir.path().join("config.yaml");
-    std::fs::write(
-        &cfg,
-        // A closed local port: nothing leaves this machine.
-        "nodeGroups: [{name: web}]\naws: {region: eu-west-1, endpoint: \"http://127.0.0.1:9\", maxAttempts: 1}\nscaleIn: {enabled: false}\n",
-    )
-    .unwrap();
+    // A closed local port: nothing leaves this machine.
+    let (dir, cfg) = support::process::config_file("nodeGroups: [{name: web}]\naws: {region: eu-west-1, endpoint: \"http://127.0.0.1:9\", maxAttempts: 1}\nscaleIn: {enabled: false}\n");
     let run = |env: &[(&str, String)]| {
         let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_ca-asg-provider"));
         cmd.args(["check-config", "--config"]).arg(&cfg);

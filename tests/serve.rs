@@ -220,14 +220,8 @@ fn without_credentials(cmd: &mut Command, home: &std::path::Path) {
 /// a "transient" failure chain.
 #[test]
 fn readyz_names_missing_credentials() {
-    let dir = tempfile::tempdir().unwrap();
-    let cfg = dir.path().join("config.yaml");
-    std::fs::write(
-        &cfg,
-        // A closed local port: credentials are resolved before any request is sent.
-        "nodeGroups: [{name: web}]\naws: {region: eu-west-1, endpoint: \"http://127.0.0.1:9\", maxAttempts: 1}\nscaleIn: {enabled: false}\n",
-    )
-    .unwrap();
+    // A closed local port: credentials are resolved before any request is sent.
+    let (dir, cfg) = process::config_file("nodeGroups: [{name: web}]\naws: {region: eu-west-1, endpoint: \"http://127.0.0.1:9\", maxAttempts: 1}\nscaleIn: {enabled: false}\n");
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_ca-asg-provider"));
     cmd.args(["serve", "--config"])
         .arg(&cfg)

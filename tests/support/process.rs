@@ -3,6 +3,15 @@
 use std::path::Path;
 use std::process::Command;
 
+/// A temporary directory (gone when dropped) holding `config.yaml` with `yaml`, and
+/// that file's path.
+pub fn config_file(yaml: &str) -> (tempfile::TempDir, std::path::PathBuf) {
+    let dir = tempfile::tempdir().unwrap();
+    let cfg = dir.path().join("config.yaml");
+    std::fs::write(&cfg, yaml).unwrap();
+    (dir, cfg)
+}
+
 /// The environment of a process that no credentials reached (a pod neither IRSA nor
 /// EKS Pod Identity reached): none anywhere the SDK's default chain looks, `home` as
 /// HOME, and no instance metadata service (nothing leaves loopback).

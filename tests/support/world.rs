@@ -455,6 +455,21 @@ pub fn state_of(cloud: &MemoryCloud, id: &str) -> Option<ca_asg_provider::cloud:
         .map(|(_, i)| i.state)
 }
 
+/// The placeholders the provider lists in `group` (capacity asked for and not
+/// launched), as CA names them back in DeleteNodes.
+pub fn placeholders(provider: &Provider, group: &str) -> Vec<ca_asg_provider::provider::NodeRef> {
+    provider
+        .nodes(group)
+        .unwrap()
+        .into_iter()
+        .filter(|v| v.id.contains("i-placeholder-"))
+        .map(|v| ca_asg_provider::provider::NodeRef {
+            name: v.id.clone(),
+            provider_id: v.id,
+        })
+        .collect()
+}
+
 /// Whether the instance is in the cloud and not on its way out.
 pub fn in_service(cloud: &MemoryCloud, id: &str) -> bool {
     cloud
