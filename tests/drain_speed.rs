@@ -69,12 +69,7 @@ async fn the_next_eviction_goes_when_the_replacement_is_ready_not_at_the_retry_t
     })
     .await;
     assert_eq!(w.engine.wait_for(&iid).await, Some(Outcome::Ended));
-    let blocked = w
-        .sim
-        .audit()
-        .iter()
-        .filter(|a| a.verb == "evicted" && a.name.starts_with("web"))
-        .count();
+    let blocked = evictions_of(&w, "web");
     assert_eq!(blocked, 2, "each replica evicted once");
 }
 

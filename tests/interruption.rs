@@ -16,15 +16,14 @@ use k8s_openapi::api::core::v1::Node;
 mod support;
 use support::eventually;
 use support::notices::{eventbridge, lifecycle_at, spot, spot_at};
-use support::queue::{consumer, handle_next, running};
+use support::queue::{consumer, handle_next, queue_and_consumer, running};
 use support::world::*;
 
 #[tokio::test]
 async fn a_spot_warning_drains_workloads_first_and_daemonsets_last_within_two_minutes() {
     let w = World::builder().web(3, 1).build().await;
     let (node, iid) = node_with_fluentd_and_app(&w, 2.0).await;
-    let q = Arc::new(MemoryQueue::default());
-    let c = consumer(&w, &q, RebalanceAction::Cordon);
+    let (q, c) = queue_and_consumer(&w, RebalanceAction::Cordon);
     q.send(&spot(&iid));
     assert_eq!(handle_next(&c, &q).await, Handled::Done(vec!["drain"]));
     assert_eq!(q.pending(), 0, "deleted once handled");
@@ -79,8 +78,7 @@ async fn a_spot_warning_drains_workloads_first_and_daemonsets_last_within_two_mi
 async fn a_rebalance_recommendation_cordons_only() {
     let w = World::builder().web(3, 1).build().await;
     let (node, iid) = node_with_fluentd_and_app(&w, 0.1).await;
-    let q = Arc::new(MemoryQueue::default());
-    let c = consumer(&w, &q, RebalanceAction::Cordon);
+    let (q, c) = queue_and_consumer(&w, RebalanceAction::Cordon);
     q.send(&eventbridge(
         "EC2 Instance Rebalance Recommendation",
         "aws.ec2",
@@ -169,8 +167,7 @@ async fn a_duplicate_and_a_restart_mid_drain_make_one_drain() {
 #[tokio::test]
 async fn poison_and_test_messages_are_deleted_and_counted_never_retried() {
     let w = World::builder().web(3, 1).build().await;
-    let q = Arc::new(MemoryQueue::default());
-    let c = consumer(&w, &q, RebalanceAction::Cordon);
+    let (q, c) = queue_and_consumer(&w, RebalanceAction::Cordon);
     let dropped_before = dropped_count("malformed");
     q.send("{\"detail-type\": \"EC2 Spot Instance Interruption Warning\", \"detail\": {}}");
     assert_eq!(handle_next(&c, &q).await, Handled::Dropped("malformed"));
@@ -212,8 +209,7 @@ fn dropped_count(reason: &str) -> u64 {
 #[tokio::test]
 async fn the_asgs_lifecycle_notification_drains_and_completes_by_instance_id() {
     let w = World::builder().web_hooked(3, 2, 300).build().await;
-    let q = Arc::new(MemoryQueue::default());
-    let c = consumer(&w, &q, RebalanceAction::Cordon);
+    let (q, c) = queue_and_consumer(&w, RebalanceAction::Cordon);
     let iid = w.cloud.external_scale_in("web", 1).unwrap().remove(0);
     let at = chrono::DateTime::parse_from_rfc3339("2026-11-23T10:00:05.123Z").unwrap();
     let note = |hook: &str| lifecycle_at("web", &iid, hook, Some("tok-1234"), at.into());
@@ -243,8 +239,7 @@ async fn an_instance_that_stopped_stops_its_drain() {
         .create(&fixtures::pod("shop", "app", &node, "app", 0.1))
         .unwrap();
     pods_ready(&w, 1).await;
-    let q = Arc::new(MemoryQueue::default());
-    let c = consumer(&w, &q, RebalanceAction::Cordon);
+    let (q, c) = queue_and_consumer(&w, RebalanceAction::Cordon);
     q.send(&spot(&iid));
     assert_eq!(handle_next(&c, &q).await, Handled::Done(vec!["drain"]));
     eventually("the eviction is refused by the PDB", 10, || {
@@ -302,8 +297,7 @@ async fn one_lifecycle_scan_of_200_hooked_groups_is_one_batched_read() {
 async fn a_scheduled_retirement_drains_before_its_start_time() {
     let w = World::builder().web(3, 1).build().await;
     let (_node, iid) = node_with_fluentd_and_app(&w, 0.5).await;
-    let q = Arc::new(MemoryQueue::default());
-    let c = consumer(&w, &q, RebalanceAction::Cordon);
+    let (q, c) = queue_and_consumer(&w, RebalanceAction::Cordon);
     let start = (chrono::Utc::now() + chrono::Duration::minutes(10)).to_rfc2822();
     q.send(&eventbridge(
         "AWS Health Event",
@@ -349,8 +343,7 @@ async fn only_a_spent_budget_overrides_a_pdb() {
         .create(&fixtures::pod("shop", "app-far", &far_node, "app", 0.1))
         .unwrap();
     pods_ready(&w, 2).await;
-    let q = Arc::new(MemoryQueue::default());
-    let c = consumer(&w, &q, RebalanceAction::Cordon);
+    let (q, c) = queue_and_consumer(&w, RebalanceAction::Cordon);
 
     q.send(&spot_at(
         &spot_iid,

@@ -3,11 +3,9 @@
 //! API server over HTTP and the memory cloud, through the consumer and the lifecycle
 //! loop the service runs.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use ca_asg_provider::cloud::memory::MemoryGroup;
-use ca_asg_provider::cloud::queue::MemoryQueue;
 use ca_asg_provider::cloud::LifecycleHook;
 use ca_asg_provider::interruption::consumer::Handled;
 use ca_asg_provider::interruption::RebalanceAction;
@@ -19,7 +17,7 @@ use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 mod support;
 use support::eventually;
 use support::notices::{rebalance, spot, spot_at};
-use support::queue::{consumer, handle_all, handle_next, running};
+use support::queue::{handle_all, handle_next, queue_and_consumer, running};
 use support::world::*;
 
 const HOOK: &str = "ca-asg-provider-drain";
@@ -115,12 +113,7 @@ async fn a_hook_drain_after_an_old_rebalance_cordon_keeps_the_pdb() {
     })
     .await;
     lifecycle.abort();
-    let evicted = w
-        .sim
-        .audit()
-        .iter()
-        .filter(|a| a.verb == "evicted" && a.name.starts_with("app"))
-        .count();
+    let evicted = evictions_of(&w, "app");
     assert_eq!(evicted, 1, "evicted through the Eviction API, not deleted");
     assert!(w.cloud.hook_timeouts().is_empty());
 }
@@ -134,8 +127,7 @@ async fn a_hook_drain_after_an_old_rebalance_cordon_keeps_the_pdb() {
 async fn a_pod_that_landed_during_a_rebalance_cordon_is_drained_by_the_hook() {
     let w = World::builder().groups(hooked(1, 300)).build().await;
     let (node, iid) = nodes_of(&w, "web").remove(0);
-    let q = Arc::new(MemoryQueue::default());
-    let c = consumer(&w, &q, RebalanceAction::Cordon);
+    let (q, c) = queue_and_consumer(&w, RebalanceAction::Cordon);
     q.send(&rebalance(&iid));
     assert_eq!(handle_next(&c, &q).await, Handled::Done(vec!["cordon"]));
     // After the cordon: a pod that tolerates every taint lands on the node.
@@ -172,12 +164,7 @@ async fn a_pod_that_landed_during_a_rebalance_cordon_is_drained_by_the_hook() {
     .await;
     lifecycle.abort();
     assert!(!running(&w, "app"));
-    let evicted = w
-        .sim
-        .audit()
-        .iter()
-        .filter(|a| a.verb == "evicted" && a.name.starts_with("app"))
-        .count();
+    let evicted = evictions_of(&w, "app");
     assert_eq!(evicted, 1);
     assert!(w.cloud.hook_timeouts().is_empty());
 }
@@ -189,8 +176,7 @@ async fn a_pod_that_landed_during_a_rebalance_cordon_is_drained_by_the_hook() {
 #[tokio::test]
 async fn a_hook_on_an_instance_another_drain_holds_is_heartbeated_and_completed() {
     let (w, _, iid) = guarded_on_a_hooked_node(3).await;
-    let q = Arc::new(MemoryQueue::default());
-    let c = consumer(&w, &q, RebalanceAction::Drain);
+    let (q, c) = queue_and_consumer(&w, RebalanceAction::Drain);
     q.send(&rebalance(&iid));
     assert_eq!(handle_next(&c, &q).await, Handled::Done(vec!["drain"]));
     eventually("the PDB refuses the eviction", 10, || blocked(&w)).await;
@@ -241,8 +227,7 @@ async fn a_notice_is_on_the_node_before_its_message_goes_and_survives_a_restart(
     w.sim
         .create(&fixtures::pod("shop", "app", &node, "app", 0.1))
         .unwrap();
-    let q = Arc::new(MemoryQueue::default());
-    let c = consumer(&w, &q, RebalanceAction::Drain);
+    let (q, c) = queue_and_consumer(&w, RebalanceAction::Drain);
     q.send(&rebalance(&busy));
     assert_eq!(handle_next(&c, &q).await, Handled::Done(vec!["drain"]));
     eventually("the first drain holds the only slot", 10, || blocked(&w)).await;
@@ -298,8 +283,7 @@ async fn a_notice_for_an_instance_already_draining_brings_its_budget() {
     let w = World::builder().web(3, 1).build().await;
     let (node, iid) = nodes_of(&w, "web").remove(0);
     guarded_app(&w, &node, "app").await;
-    let q = Arc::new(MemoryQueue::default());
-    let c = consumer(&w, &q, RebalanceAction::Drain);
+    let (q, c) = queue_and_consumer(&w, RebalanceAction::Drain);
     q.send(&rebalance(&iid));
     assert_eq!(handle_next(&c, &q).await, Handled::Done(vec!["drain"]));
     eventually("the PDB refuses the eviction", 10, || blocked(&w)).await;
@@ -338,8 +322,7 @@ async fn a_spot_warning_joining_a_drain_keeps_its_slot() {
     let ((node_a, a), (node_b, b)) = (web[0].clone(), web[1].clone());
     guarded_app(&w, &node_a, "app").await;
     guarded_app(&w, &node_b, "other").await;
-    let q = Arc::new(MemoryQueue::default());
-    let c = consumer(&w, &q, RebalanceAction::Drain);
+    let (q, c) = queue_and_consumer(&w, RebalanceAction::Drain);
     q.send(&rebalance(&a));
     assert_eq!(handle_next(&c, &q).await, Handled::Done(vec!["drain"]));
     eventually("a's drain holds the only slot, blocked", 10, || blocked(&w)).await;
@@ -371,8 +354,7 @@ async fn a_spot_warning_joining_a_drain_keeps_its_slot() {
 async fn a_finished_drain_is_not_drained_again() {
     let w = World::builder().web(3, 1).build().await;
     let (node, iid) = node_with_fluentd_and_app(&w, 0.1).await;
-    let q = Arc::new(MemoryQueue::default());
-    let c = consumer(&w, &q, RebalanceAction::Cordon);
+    let (q, c) = queue_and_consumer(&w, RebalanceAction::Cordon);
     q.send(&spot(&iid));
     assert_eq!(handle_next(&c, &q).await, Handled::Done(vec!["drain"]));
     assert_eq!(w.engine.wait_for(&iid).await, Some(Outcome::Drained));
@@ -747,8 +729,7 @@ async fn a_lifecycle_action_from_the_queue_heartbeats_at_the_hooks_current_timeo
     let (w, _, iid) = guarded_on_a_hooked_node(300).await;
     set_hook_timeout(&w, 3).await;
     asg_ends(&w, &iid);
-    let q = Arc::new(MemoryQueue::default());
-    let c = consumer(&w, &q, RebalanceAction::Cordon);
+    let (q, c) = queue_and_consumer(&w, RebalanceAction::Cordon);
     q.send(&lifecycle_note(&iid, HOOK));
     assert_eq!(
         handle_next(&c, &q).await,
@@ -810,8 +791,7 @@ async fn a_changed_hook_timeout_reschedules_the_heartbeats_of_a_held_instance() 
 #[tokio::test]
 async fn a_lifecycle_message_for_an_instance_nobody_ends_is_dropped() {
     let (w, node, iid) = guarded_on_a_hooked_node(300).await;
-    let q = Arc::new(MemoryQueue::default());
-    let c = consumer(&w, &q, RebalanceAction::Cordon);
+    let (q, c) = queue_and_consumer(&w, RebalanceAction::Cordon);
     q.send(&lifecycle_note(&iid, HOOK));
     assert!(matches!(handle_next(&c, &q).await, Handled::Retry(_)));
     assert!(!w.engine.is_draining(&iid));
@@ -840,8 +820,7 @@ async fn a_lifecycle_message_for_an_instance_nobody_ends_is_dropped() {
 #[tokio::test]
 async fn a_scheduled_change_moved_earlier_is_not_taken_for_a_duplicate() {
     let (w, node, iid) = guarded_on_a_hooked_node(300).await;
-    let q = Arc::new(MemoryQueue::default());
-    let c = consumer(&w, &q, RebalanceAction::Cordon);
+    let (q, c) = queue_and_consumer(&w, RebalanceAction::Cordon);
     let retirement = |start: chrono::DateTime<chrono::Utc>| {
         support::notices::eventbridge(
             "AWS Health Event",
@@ -968,8 +947,7 @@ async fn a_lifecycle_message_with_a_wrong_token_does_not_cost_the_hook() {
     let (node, iid) = nodes_of(&w, "web").remove(0);
     guarded_app(&w, &node, "app").await;
     w.cloud.external_scale_in("web", 1).unwrap();
-    let q = Arc::new(MemoryQueue::default());
-    let c = consumer(&w, &q, RebalanceAction::Cordon);
+    let (q, c) = queue_and_consumer(&w, RebalanceAction::Cordon);
     q.send(&lifecycle_note(&iid, HOOK));
     assert_eq!(
         handle_next(&c, &q).await,
@@ -1007,8 +985,7 @@ async fn a_stop_notice_is_not_undone_by_the_next_poll() {
     let (node, iid) = nodes_of(&w, "web").remove(0);
     guarded_app(&w, &node, "app").await;
     let lifecycle = scalein::sources::hook_scan::spawn_loop(w.engine.clone(), w.provider.clone());
-    let q = Arc::new(MemoryQueue::default());
-    let c = consumer(&w, &q, RebalanceAction::Cordon);
+    let (q, c) = queue_and_consumer(&w, RebalanceAction::Cordon);
     q.send(&spot(&iid));
     assert_eq!(handle_next(&c, &q).await, Handled::Done(vec!["drain"]));
     eventually("the PDB holds the drain", 10, || blocked(&w)).await;
@@ -1117,8 +1094,7 @@ async fn a_lifecycle_message_is_taken_on_the_actions_word_when_aws_reads_lag() {
         },
     );
     asg_ends(&w, &iid);
-    let q = Arc::new(MemoryQueue::default());
-    let c = consumer(&w, &q, RebalanceAction::Cordon);
+    let (q, c) = queue_and_consumer(&w, RebalanceAction::Cordon);
     q.send(&lifecycle_note(&iid, HOOK));
     let out = handle_next(&c, &q).await;
     assert!(matches!(out, Handled::Done(_)), "{out:?}");
@@ -1141,8 +1117,7 @@ async fn a_lifecycle_message_read_before_aws_shows_the_hold_is_not_lost() {
         one_app_queue_mode(ScaleInSettings::default().hook_heartbeat_timeout).await;
     w.cloud.stale_reads(1);
     asg_ends(&w, &iid);
-    let q = Arc::new(MemoryQueue::default());
-    let c = consumer(&w, &q, RebalanceAction::Cordon);
+    let (q, c) = queue_and_consumer(&w, RebalanceAction::Cordon);
     w.cloud.throttle("lifecycle_heartbeat", 1);
     q.send(&lifecycle_note(&iid, HOOK));
     assert!(

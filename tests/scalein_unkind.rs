@@ -71,12 +71,7 @@ async fn a_replacement_that_tolerates_the_drain_taint_is_not_chased() {
     pods_ready(&w, 1).await;
     delete_nodes(&mut w, "web", &[(node.clone(), iid.clone())]).await;
     assert_eq!(w.engine.wait_for(&iid).await, Some(Outcome::Ended));
-    let evicted = w
-        .sim
-        .audit()
-        .iter()
-        .filter(|a| a.verb == "evicted" && a.name.starts_with("tolerant"))
-        .count();
+    let evicted = evictions_of(&w, "tolerant");
     assert_eq!(evicted, 1, "evicted once, the replacement not chased");
     let ev = reasons(&w);
     assert!(

@@ -360,6 +360,15 @@ pub async fn set_unschedulable(w: &World, node: &str, on: bool) {
         .unwrap();
 }
 
+/// How many pods whose name starts with `prefix` the API server evicted.
+pub fn evictions_of(w: &World, prefix: &str) -> usize {
+    w.sim
+        .audit()
+        .iter()
+        .filter(|a| a.verb == "evicted" && a.name.starts_with(prefix))
+        .count()
+}
+
 pub fn audit_index(
     audit: &[sim::AuditEntry],
     verb: &str,
