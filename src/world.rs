@@ -81,7 +81,7 @@ impl ServiceBuilder {
 
     /// The groups, by name (replaces those of [`ServiceBuilder::on`]).
     pub fn groups<S: AsRef<str>>(mut self, names: &[S]) -> Self {
-        self.selector.names = names.iter().map(|n| n.as_ref().to_string()).collect();
+        self.selector = named(names);
         self
     }
 
@@ -168,6 +168,14 @@ impl TcpDoor {
     pub async fn close(self) {
         let _ = self.stop.send(());
         let _ = self.server.await;
+    }
+}
+
+/// The groups named `names` (a static list), no discovery.
+pub fn named<S: AsRef<str>>(names: &[S]) -> GroupSelector {
+    GroupSelector {
+        names: names.iter().map(|n| n.as_ref().to_string()).collect(),
+        tag_sets: vec![],
     }
 }
 

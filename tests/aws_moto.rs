@@ -112,10 +112,7 @@ async fn describes_groups_by_name_with_instances_tags_and_launch_template() {
     launch_template(&e, "lt-web", "m5.large", Some(USER_DATA)).await;
     group(&e, "web", "lt-web", 2, &[("team", "web")]).await;
     group(&e, "other", "lt-web", 0, &[]).await;
-    let sel = GroupSelector {
-        names: vec!["web".into(), "missing".into()],
-        tag_sets: vec![],
-    };
+    let sel = ca_asg_provider::world::named(&["web", "missing"]);
     let gs = e.cloud.describe_groups(&sel).await.unwrap();
     assert_eq!(gs.len(), 1);
     let g = &gs[0];
@@ -279,10 +276,7 @@ async fn desired_capacity_terminate_with_decrement_and_locate() {
     launch_template(&e, "lt", "m5.large", None).await;
     group(&e, "web", "lt", 1, &[]).await;
     e.cloud.set_desired_capacity("web", 3).await.unwrap();
-    let sel = GroupSelector {
-        names: vec!["web".into()],
-        tag_sets: vec![],
-    };
+    let sel = ca_asg_provider::world::named(&["web"]);
     let g = e.cloud.describe_groups(&sel).await.unwrap().remove(0);
     assert_eq!(g.desired_capacity, 3);
     assert_eq!(g.instances.len(), 3);
@@ -367,10 +361,7 @@ async fn launch_configuration_and_lifecycle_hooks() {
     assert_eq!(d.user_data.as_deref(), Some(USER_DATA));
     let g = e
         .cloud
-        .describe_groups(&GroupSelector {
-            names: vec!["legacy".into()],
-            tag_sets: vec![],
-        })
+        .describe_groups(&ca_asg_provider::world::named(&["legacy"]))
         .await
         .unwrap()
         .remove(0);
@@ -784,10 +775,7 @@ async fn a_groups_warm_pool_is_read_from_its_description() {
         .unwrap();
     let gs = e
         .cloud
-        .describe_groups(&GroupSelector {
-            names: vec!["pooled".into(), "plain".into()],
-            tag_sets: vec![],
-        })
+        .describe_groups(&ca_asg_provider::world::named(&["pooled", "plain"]))
         .await
         .unwrap();
     let pool = |name: &str| {

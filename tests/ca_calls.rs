@@ -12,7 +12,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ca_asg_provider::cloud::memory::{MemoryCloud, MemoryGroup};
-use ca_asg_provider::cloud::GroupSelector;
 use ca_asg_provider::proto;
 use ca_asg_provider::provider::{NodeRef, Provider, ProviderSettings};
 use ca_asg_provider::scalein::Outcome;
@@ -494,10 +493,7 @@ async fn group_with_two_placeholders() -> (MemoryCloud, Arc<Provider>, Vec<NodeR
     let provider = Provider::new(
         Arc::new(cloud.clone()),
         ProviderSettings {
-            selector: GroupSelector {
-                names: vec!["web".into()],
-                tag_sets: vec![],
-            },
+            selector: ca_asg_provider::world::named(&["web"]),
             ..ProviderSettings::default()
         },
     );

@@ -198,10 +198,7 @@ async fn a_refused_describe_nodegroup_fails_check_config() {
     let p = Provider::new(
         Arc::new(cloud.clone()),
         ProviderSettings {
-            selector: GroupSelector {
-                names: vec!["eks-ml".into()],
-                tag_sets: vec![],
-            },
+            selector: ca_asg_provider::world::named(&["eks-ml"]),
             ..ProviderSettings::default()
         },
     );

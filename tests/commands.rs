@@ -7,7 +7,6 @@ use std::time::Duration;
 use ca_asg_provider::clock::Instant;
 
 use ca_asg_provider::cloud::memory::{MemoryCloud, MemoryGroup, MemoryTiming};
-use ca_asg_provider::cloud::GroupSelector;
 use ca_asg_provider::commands::drain::DrainArgs;
 use ca_asg_provider::config::ConfigArgs;
 use ca_asg_provider::provider::{Bounds, Provider, ProviderSettings};
@@ -27,10 +26,7 @@ async fn check_config_reports_groups_and_problems() {
         MemoryTiming::default(),
     );
     let ok = ProviderSettings {
-        selector: GroupSelector {
-            names: vec!["web".into()],
-            tag_sets: vec![],
-        },
+        selector: ca_asg_provider::world::named(&["web"]),
         ..ProviderSettings::default()
     };
     let p = Provider::new(Arc::new(cloud.clone()), ok);
@@ -40,10 +36,7 @@ async fn check_config_reports_groups_and_problems() {
     );
     // A missing group and bounds outside the ASG's are problems: exit 1.
     let mut bad = ProviderSettings {
-        selector: GroupSelector {
-            names: vec!["web".into(), "gone".into()],
-            tag_sets: vec![],
-        },
+        selector: ca_asg_provider::world::named(&["web", "gone"]),
         ..ProviderSettings::default()
     };
     bad.static_bounds.insert(
@@ -727,10 +720,7 @@ async fn check_config_warns_of_a_multi_zone_group_under_zonal_spread() {
     let p = Provider::new(
         Arc::new(cloud),
         ProviderSettings {
-            selector: GroupSelector {
-                names: vec!["multi".into(), "single".into()],
-                tag_sets: vec![],
-            },
+            selector: ca_asg_provider::world::named(&["multi", "single"]),
             ..ProviderSettings::default()
         },
     );

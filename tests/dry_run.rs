@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use ca_asg_provider::cloud::memory::MemoryGroup;
 use ca_asg_provider::cloud::read_only::ReadOnly;
-use ca_asg_provider::cloud::{Cloud, GroupSelector};
+use ca_asg_provider::cloud::Cloud;
 use ca_asg_provider::proto;
 use ca_asg_provider::provider::{Provider, ProviderSettings};
 use ca_asg_provider::scalein::stages::preview;
@@ -65,10 +65,7 @@ async fn a_dry_run_decides_everything_and_changes_nothing() {
     let provider = Provider::new(
         guarded.clone(),
         ProviderSettings {
-            selector: GroupSelector {
-                names: vec!["web".into(), "api".into()],
-                tag_sets: vec![],
-            },
+            selector: ca_asg_provider::world::named(&["web", "api"]),
             refresh_interval: Duration::from_millis(100),
             dry_run: true,
             ..ProviderSettings::default()

@@ -7,7 +7,7 @@ use std::time::Duration;
 use ca_asg_provider::clock::Instant;
 
 use ca_asg_provider::cloud::memory::{MemoryCloud, MemoryGroup, MemoryTiming};
-use ca_asg_provider::cloud::{Cloud, GroupSelector};
+use ca_asg_provider::cloud::Cloud;
 use ca_asg_provider::proto::cloud_provider_client::CloudProviderClient;
 use ca_asg_provider::proto::{self, instance_status::InstanceState};
 use ca_asg_provider::provider::{Bounds, Provider, ProviderSettings};
@@ -181,10 +181,7 @@ async fn node_groups_lists_discovered_groups_only() {
 #[tokio::test]
 async fn static_bounds_are_kept_inside_the_asg() {
     let mut settings = discovery();
-    settings.selector = GroupSelector {
-        names: vec!["web".into(), "missing".into()],
-        tag_sets: vec![],
-    };
+    settings.selector = ca_asg_provider::world::named(&["web", "missing"]);
     settings.static_bounds.insert(
         "web".into(),
         Bounds {

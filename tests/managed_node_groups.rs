@@ -65,10 +65,7 @@ fn quick() -> MemoryTiming {
 async fn an_instance_waits_for_every_hook_and_goes_on_after_the_last() {
     let cloud = MemoryCloud::new(vec![managed(2, Some(300), 300)], quick());
     let snap = &cloud
-        .describe_groups(&ca_asg_provider::cloud::GroupSelector {
-            names: vec![GROUP.into()],
-            tag_sets: vec![],
-        })
+        .describe_groups(&ca_asg_provider::world::named(&[GROUP]))
         .await
         .unwrap()[0];
     // As AWS: DescribeAutoScalingGroups carries no hooks; DescribeLifecycleHooks

@@ -310,10 +310,7 @@ async fn the_binary_removes_our_hooks_over_moto_and_a_second_run_has_nothing_to_
     // A scale-in of the group: the instance ends, no hook of ours waits for it.
     let client = asg::Client::new(&sdk);
     let id = cloud
-        .describe_groups(&GroupSelector {
-            names: vec!["web".into()],
-            tag_sets: vec![],
-        })
+        .describe_groups(&ca_asg_provider::world::named(&["web"]))
         .await
         .unwrap()
         .remove(0)

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ca_asg_provider::cloud::memory::{MemoryCloud, MemoryGroup, MemoryTiming};
-use ca_asg_provider::cloud::{EksNodegroup, GroupSelector, Taint};
+use ca_asg_provider::cloud::{EksNodegroup, Taint};
 use ca_asg_provider::provider::templates::{
     ManualClock, Part, EKS_NODEGROUP_TTL, FLOATING_LAUNCH_TTL, INSTANCE_TYPE_TTL, PINNED_LAUNCH_TTL,
 };
@@ -296,10 +296,7 @@ async fn check_config_counts_a_template_built_from_incomplete_data_as_a_problem(
     let p2 = Provider::new(
         Arc::new(cloud.clone()),
         ProviderSettings {
-            selector: GroupSelector {
-                names: vec![g.into()],
-                tag_sets: vec![],
-            },
+            selector: ca_asg_provider::world::named(&[g]),
             ..ProviderSettings::default()
         },
     );

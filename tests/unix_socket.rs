@@ -9,7 +9,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ca_asg_provider::cloud::memory::{MemoryCloud, MemoryGroup, MemoryTiming};
-use ca_asg_provider::cloud::GroupSelector;
 use ca_asg_provider::config::ListenAddr;
 use ca_asg_provider::grpc;
 use ca_asg_provider::proto::cloud_provider_client::CloudProviderClient;
@@ -26,10 +25,7 @@ async fn provider() -> Arc<Provider> {
     let p = Provider::new(
         Arc::new(cloud),
         ProviderSettings {
-            selector: GroupSelector {
-                names: vec!["web".into()],
-                tag_sets: vec![],
-            },
+            selector: ca_asg_provider::world::named(&["web"]),
             ..ProviderSettings::default()
         },
     );
