@@ -171,6 +171,23 @@ impl TcpDoor {
     }
 }
 
+/// The provider alone (no drain behind DeleteNodes) over the groups of `cloud` that
+/// `selector` picks, `serve`'s other settings, refreshed once.
+pub async fn provider(
+    cloud: Arc<dyn Cloud>,
+    selector: GroupSelector,
+) -> anyhow::Result<Arc<Provider>> {
+    let provider = Provider::new(
+        cloud,
+        ProviderSettings {
+            selector,
+            ..ProviderSettings::default()
+        },
+    );
+    provider.refresh_now().await?;
+    Ok(provider)
+}
+
 /// The groups named `names` (a static list), no discovery.
 pub fn named<S: AsRef<str>>(names: &[S]) -> GroupSelector {
     GroupSelector {

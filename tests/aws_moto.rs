@@ -488,14 +488,12 @@ async fn aws_budget_at_250_groups_and_20_instance_types() {
         .await;
     }
     let counter = e.cloud.calls();
-    let p = Provider::new(
+    let p = ca_asg_provider::world::provider(
         Arc::new(e.cloud),
-        ProviderSettings {
-            selector: discovery(&[("k8s.io/cluster-autoscaler/enabled", None)]),
-            ..ProviderSettings::default()
-        },
-    );
-    p.refresh_now().await.unwrap();
+        discovery(&[("k8s.io/cluster-autoscaler/enabled", None)]),
+    )
+    .await
+    .unwrap();
     p.templates_prefetched().await;
     assert_eq!(p.node_groups().len(), 250);
     let first = counter.snapshot();
@@ -600,14 +598,12 @@ async fn eks_managed_node_group_templates_carry_capacity_type_labels_taints_and_
     )
     .await;
     let counter = e.cloud.calls();
-    let p = Provider::new(
+    let p = ca_asg_provider::world::provider(
         Arc::new(e.cloud),
-        ProviderSettings {
-            selector: discovery(&[("k8s.io/cluster-autoscaler/enabled", None)]),
-            ..ProviderSettings::default()
-        },
-    );
-    p.refresh_now().await.unwrap();
+        discovery(&[("k8s.io/cluster-autoscaler/enabled", None)]),
+    )
+    .await
+    .unwrap();
     let bytes = p.template_node("eks-spot-ng-1234").await.unwrap();
     let node = <k8s_pb::api::core::v1::Node as prost::Message>::decode(bytes.as_ref()).unwrap();
     let labels = node.metadata.unwrap().labels;

@@ -13,7 +13,7 @@ use std::time::Duration;
 
 use ca_asg_provider::cloud::memory::{MemoryCloud, MemoryGroup};
 use ca_asg_provider::proto;
-use ca_asg_provider::provider::{NodeRef, Provider, ProviderSettings};
+use ca_asg_provider::provider::{NodeRef, Provider};
 use ca_asg_provider::scalein::Outcome;
 
 mod support;
@@ -490,14 +490,12 @@ async fn a_template_slower_than_cas_deadline_is_answered_in_time_and_still_built
 async fn group_with_two_placeholders() -> (MemoryCloud, Arc<Provider>, Vec<NodeRef>) {
     let cloud = MemoryCloud::new(vec![MemoryGroup::new("web", 0, 5, 1, "m5.large")], timing());
     cloud.fail_launches("web", Some("InsufficientInstanceCapacity"));
-    let provider = Provider::new(
+    let provider = ca_asg_provider::world::provider(
         Arc::new(cloud.clone()),
-        ProviderSettings {
-            selector: ca_asg_provider::world::named(&["web"]),
-            ..ProviderSettings::default()
-        },
-    );
-    provider.refresh_now().await.unwrap();
+        ca_asg_provider::world::named(&["web"]),
+    )
+    .await
+    .unwrap();
     provider.increase_size("web", 2).await.unwrap();
     tokio::time::sleep(Duration::from_secs(1)).await;
     provider.refresh_now().await.unwrap();

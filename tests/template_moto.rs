@@ -257,14 +257,12 @@ async fn a_throttled_describe_nodegroup_through_the_sdk_heals_on_the_next_refres
             )
             .build(),
     );
-    let p = Provider::new(
+    let p = ca_asg_provider::world::provider(
         Arc::new(AwsCloud::from_clients(asgc, ec2c, eks)),
-        ProviderSettings {
-            selector: ca_asg_provider::world::named(&["eks-ng"]),
-            ..ProviderSettings::default()
-        },
-    );
-    p.refresh_now().await.unwrap();
+        ca_asg_provider::world::named(&["eks-ng"]),
+    )
+    .await
+    .unwrap();
     p.templates_prefetched().await;
     let node = |b: bytes::Bytes| Node::decode(b.as_ref()).unwrap();
     let first = node(p.template_node("eks-ng").await.unwrap());

@@ -13,7 +13,7 @@ use ca_asg_provider::config::ListenAddr;
 use ca_asg_provider::grpc;
 use ca_asg_provider::proto::cloud_provider_client::CloudProviderClient;
 use ca_asg_provider::proto::NodeGroupsRequest;
-use ca_asg_provider::provider::{Provider, ProviderSettings};
+use ca_asg_provider::provider::Provider;
 
 mod support;
 
@@ -22,14 +22,10 @@ async fn provider() -> Arc<Provider> {
         vec![MemoryGroup::new("web", 0, 5, 2, "m5.large")],
         MemoryTiming::default(),
     );
-    let p = Provider::new(
-        Arc::new(cloud),
-        ProviderSettings {
-            selector: ca_asg_provider::world::named(&["web"]),
-            ..ProviderSettings::default()
-        },
-    );
-    p.refresh_now().await.unwrap();
+    let p =
+        ca_asg_provider::world::provider(Arc::new(cloud), ca_asg_provider::world::named(&["web"]))
+            .await
+            .unwrap();
     p
 }
 
