@@ -37,10 +37,8 @@ async fn the_next_eviction_goes_when_the_replacement_is_ready_not_at_the_retry_t
     for (other, _) in &web[1..] {
         set_unschedulable(&w, other, true).await;
     }
-    w.sim.create(&fixtures::pdb("shop", "web", 1)).unwrap();
-    w.sim
-        .create(&fixtures::replicaset("shop", "web", 2, 0.1))
-        .unwrap();
+    w.put(&fixtures::pdb("shop", "web", 1));
+    w.put(&fixtures::replicaset("shop", "web", 2, 0.1));
     pods_ready(&w, 2).await;
     let on_node = |w: &World| {
         w.sim
@@ -239,10 +237,8 @@ async fn a_drain_waiting_for_a_slot_has_its_node_cordoned_already() {
     // drain takes the slot keeps it.
     for (i, (node, _)) in web[..2].iter().enumerate() {
         let app = format!("held-{i}");
-        w.sim.create(&fixtures::pdb("shop", &app, 0)).unwrap();
-        w.sim
-            .create(&fixtures::pod("shop", &app, node, &app, 0.1))
-            .unwrap();
+        w.put(&fixtures::pdb("shop", &app, 0));
+        w.put(&fixtures::pod("shop", &app, node, &app, 0.1));
     }
     pods_ready(&w, 2).await;
     delete_nodes(&mut w, "web", &web[..2]).await;
@@ -265,9 +261,7 @@ async fn a_drain_waiting_for_a_slot_has_its_node_cordoned_already() {
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert_eq!(started(&w), 1, "the other drain waits for the slot");
     // New pods go to the node that stays.
-    w.sim
-        .create(&fixtures::replicaset("shop", "later", 3, 0.1))
-        .unwrap();
+    w.put(&fixtures::replicaset("shop", "later", 3, 0.1));
     pods_ready(&w, 5).await;
     for p in w.sim.list::<Pod>() {
         if p["metadata"]["name"].as_str().unwrap().starts_with("later") {
@@ -304,17 +298,15 @@ async fn guarded_pod_with_a_slow_sibling(
         .await;
     let web = nodes_of(&w, "web");
     let (node, iid) = web[0].clone();
-    w.sim.create(&fixtures::pdb("shop", "web", 1)).unwrap();
+    w.put(&fixtures::pdb("shop", "web", 1));
     let mut slow = fixtures::pod("shop", "web-b", &web[1].0, "web", 0.1);
     slow.metadata.annotations.get_or_insert_default().insert(
         ca_asg_provider::sim::cluster::READY_AFTER_ANNOTATION.into(),
         ready_after_ms.to_string(),
     );
-    w.sim
-        .create(&fixtures::pod("shop", "web-a", &node, "web", 0.1))
-        .unwrap();
+    w.put(&fixtures::pod("shop", "web-a", &node, "web", 0.1));
     pods_ready(&w, 1).await;
-    w.sim.create(&slow).unwrap();
+    w.put(&slow);
     eventually(
         "the budget's status counts both and allows none",
         10,

@@ -234,10 +234,8 @@ async fn an_instance_that_stopped_stops_its_drain() {
     let w = World::builder().web(3, 1).build().await;
     let (node, iid) = nodes_of(&w, "web").remove(0);
     // A PDB that allows nothing: the drain waits on it.
-    w.sim.create(&fixtures::pdb("shop", "app", 0)).unwrap();
-    w.sim
-        .create(&fixtures::pod("shop", "app", &node, "app", 0.1))
-        .unwrap();
+    w.put(&fixtures::pdb("shop", "app", 0));
+    w.put(&fixtures::pod("shop", "app", &node, "app", 0.1));
     pods_ready(&w, 1).await;
     let (q, c) = queue_and_consumer(&w, RebalanceAction::Cordon);
     q.send(&spot(&iid));
@@ -335,13 +333,9 @@ async fn only_a_spent_budget_overrides_a_pdb() {
     let w = World::builder().web(3, 2).settings(settings).build().await;
     let web = nodes_of(&w, "web");
     let ((spot_node, spot_iid), (far_node, far_iid)) = (web[0].clone(), web[1].clone());
-    w.sim.create(&fixtures::pdb("shop", "app", 0)).unwrap();
-    w.sim
-        .create(&fixtures::pod("shop", "app-spot", &spot_node, "app", 0.1))
-        .unwrap();
-    w.sim
-        .create(&fixtures::pod("shop", "app-far", &far_node, "app", 0.1))
-        .unwrap();
+    w.put(&fixtures::pdb("shop", "app", 0));
+    w.put(&fixtures::pod("shop", "app-spot", &spot_node, "app", 0.1));
+    w.put(&fixtures::pod("shop", "app-far", &far_node, "app", 0.1));
     pods_ready(&w, 2).await;
     let (q, c) = queue_and_consumer(&w, RebalanceAction::Cordon);
 
@@ -400,12 +394,8 @@ async fn a_refused_receive_backs_off_and_the_notice_is_still_handled() {
 async fn the_same_notice_after_its_drain_finished_does_not_drain_again() {
     let w = World::builder().web(3, 1).build().await;
     let (node, iid) = nodes_of(&w, "web").remove(0);
-    w.sim
-        .create(&fixtures::log_shipper_tolerating_drain(0.0))
-        .unwrap();
-    w.sim
-        .create(&fixtures::pod("shop", "app", &node, "app", 0.1))
-        .unwrap();
+    w.put(&fixtures::log_shipper_tolerating_drain(0.0));
+    w.put(&fixtures::pod("shop", "app", &node, "app", 0.1));
     pods_ready(&w, 2).await;
     let q = Arc::new(MemoryQueue::default());
     let warning = spot(&iid);

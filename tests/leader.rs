@@ -193,10 +193,8 @@ async fn a_replica_that_loses_the_lease_stops_its_drains_while_its_loop_waits_on
         .build()
         .await;
     let (node, iid) = nodes_of(&w, "batch").remove(0);
-    w.sim
-        .create(&fixtures::pod("shop", "guarded", &node, "guarded", 0.1))
-        .unwrap();
-    w.sim.create(&fixtures::pdb("shop", "guarded", 0)).unwrap();
+    w.put(&fixtures::pod("shop", "guarded", &node, "guarded", 0.1));
+    w.put(&fixtures::pdb("shop", "guarded", 0));
     pods_ready(&w, 1).await;
     let (lease, rx) = tokio::sync::watch::channel(true);
     w.engine.follow_leadership(rx);
@@ -333,10 +331,8 @@ async fn two_replicas_never_act_at_once_judged_by_their_own_actions() {
     w.engine.shutdown();
     for (i, (node, _)) in nodes_of(&w, "web").iter().enumerate() {
         let name = format!("guarded-{i}");
-        w.sim.create(&fixtures::pdb("shop", &name, 0)).unwrap();
-        w.sim
-            .create(&fixtures::pod("shop", &name, node, &name, 0.1))
-            .unwrap();
+        w.put(&fixtures::pdb("shop", &name, 0));
+        w.put(&fixtures::pod("shop", &name, node, &name, 0.1));
     }
     pods_ready(&w, 3).await;
 

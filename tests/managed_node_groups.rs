@@ -179,18 +179,12 @@ async fn scene(w: &World) -> Scene {
     let nodes = nodes_of(w, GROUP);
     // The ASG ends the newest instance itself: the same one in every test.
     let (node, iid) = nodes.last().cloned().unwrap();
-    w.sim
-        .create(&fixtures::replicaset("shop", "api", 6, 0.3))
-        .unwrap();
-    w.sim.create(&fixtures::pdb("shop", "api", 1)).unwrap();
+    w.put(&fixtures::replicaset("shop", "api", 6, 0.3));
+    w.put(&fixtures::pdb("shop", "api", 1));
     // Placed first, by least load: two on each node.
     pods_ready(w, 6).await;
-    w.sim
-        .create(&fixtures::daemonset("logging", "fluentd", 0.3, false))
-        .unwrap();
-    w.sim
-        .create(&fixtures::pod("shop", "app", &node, "app", 1.0))
-        .unwrap();
+    w.put(&fixtures::daemonset("logging", "fluentd", 0.3, false));
+    w.put(&fixtures::pod("shop", "app", &node, "app", 1.0));
     pods_ready(w, 6 + nodes.len() + 1).await;
     let on_node: Vec<serde_json::Value> = w
         .sim
@@ -507,9 +501,7 @@ async fn a_restarted_service_does_not_drain_again_an_instance_only_eks_still_hol
     // A log shipper that tolerates every taint: the DaemonSet controller puts it
     // back on the cordoned node after each eviction.
     let nodes = nodes_of(&w, GROUP).len();
-    w.sim
-        .create(&fixtures::daemonset("logging", "shipper", 0.2, true))
-        .unwrap();
+    w.put(&fixtures::daemonset("logging", "shipper", 0.2, true));
     pods_ready(&w, 6 + 2 * nodes + 1).await;
     let _eks = EksDrainer::start(
         &w.sim,

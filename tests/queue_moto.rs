@@ -112,16 +112,12 @@ async fn events_through_eventbridge_reach_the_drain_through_sqs() {
     let w = World::builder().web(3, 2).build().await;
     let web = nodes_of(&w, "web");
     let ((node, iid), other) = (web[0].clone(), web[1].clone());
-    w.sim
-        .create(&ca_asg_provider::sim::fixtures::daemonset(
-            "logging", "fluentd", 0.2, false,
-        ))
-        .unwrap();
-    w.sim
-        .create(&ca_asg_provider::sim::fixtures::pod(
-            "shop", "app", &node, "app", 1.0,
-        ))
-        .unwrap();
+    w.put(&ca_asg_provider::sim::fixtures::daemonset(
+        "logging", "fluentd", 0.2, false,
+    ));
+    w.put(&ca_asg_provider::sim::fixtures::pod(
+        "shop", "app", &node, "app", 1.0,
+    ));
     pods_ready(&w, 3).await;
     let sqs = aws_sdk_sqs::Client::new(&cfg);
     let queue = Arc::new(SqsQueue::from_client(sqs.clone(), &url));

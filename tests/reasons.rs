@@ -28,10 +28,8 @@ fn blocked(w: &World) -> bool {
 
 /// An app pod on `node` behind a PodDisruptionBudget that allows no disruption.
 async fn guarded_app(w: &World, node: &str, name: &str) {
-    w.sim.create(&fixtures::pdb("shop", name, 0)).unwrap();
-    w.sim
-        .create(&fixtures::pod("shop", name, node, name, 0.1))
-        .unwrap();
+    w.put(&fixtures::pdb("shop", name, 0));
+    w.put(&fixtures::pod("shop", name, node, name, 0.1));
     eventually("the app is Ready", 10, || {
         w.sim.list::<Pod>().iter().any(|p| {
             p["metadata"]["name"] == name && p["status"]["conditions"][0]["status"] == "True"
@@ -131,13 +129,13 @@ async fn a_pod_that_landed_during_a_rebalance_cordon_is_drained_by_the_hook() {
     q.send(&rebalance(&iid));
     assert_eq!(handle_next(&c, &q).await, Handled::Done(vec!["cordon"]));
     // After the cordon: a pod that tolerates every taint lands on the node.
-    w.sim.create(&fixtures::pdb("shop", "app", 0)).unwrap();
+    w.put(&fixtures::pdb("shop", "app", 0));
     let mut pod = fixtures::pod("shop", "app", &node, "app", 0.1);
     pod.spec.as_mut().unwrap().tolerations = Some(vec![Toleration {
         operator: Some("Exists".into()),
         ..Default::default()
     }]);
-    w.sim.create(&pod).unwrap();
+    w.put(&pod);
     pods_ready(&w, 1).await;
 
     let lifecycle = scalein::sources::hook_scan::spawn_loop(w.engine.clone(), w.provider.clone());
@@ -224,9 +222,7 @@ async fn a_notice_is_on_the_node_before_its_message_goes_and_survives_a_restart(
     let web = nodes_of(&w, "web");
     let ((busy_node, busy), (node, iid)) = (web[0].clone(), web[1].clone());
     guarded_app(&w, &busy_node, "held").await;
-    w.sim
-        .create(&fixtures::pod("shop", "app", &node, "app", 0.1))
-        .unwrap();
+    w.put(&fixtures::pod("shop", "app", &node, "app", 0.1));
     let (q, c) = queue_and_consumer(&w, RebalanceAction::Drain);
     q.send(&rebalance(&busy));
     assert_eq!(handle_next(&c, &q).await, Handled::Done(vec!["drain"]));
@@ -406,9 +402,7 @@ async fn a_deleted_hook_does_not_end_an_instance_undrained() {
 async fn a_hook_deleted_behind_a_stale_read_leaves_no_drain_in_flight() {
     let mut w = World::builder().groups(hooked(1, 300)).build().await;
     let (node, iid) = nodes_of(&w, "web").remove(0);
-    w.sim
-        .create(&fixtures::pod("shop", "app", &node, "app", 0.1))
-        .unwrap();
+    w.put(&fixtures::pod("shop", "app", &node, "app", 0.1));
     pods_ready(&w, 1).await;
     // Every read of the scale-in (the group, its hooks, the instance) answers from
     // before the deletion.
@@ -504,12 +498,8 @@ async fn a_replica_ca_does_not_call_keeps_its_picture_fresh_and_puts_its_hook_on
 async fn a_daemonset_ca_evicted_early_is_reported_when_the_drain_reached_a_follower() {
     let mut w = World::builder().web(3, 1).build().await;
     let (node, iid) = nodes_of(&w, "web").remove(0);
-    w.sim
-        .create(&fixtures::daemonset("logging", "fluentd", 5.0, false))
-        .unwrap();
-    w.sim
-        .create(&fixtures::pod("shop", "app", &node, "app", 0.3))
-        .unwrap();
+    w.put(&fixtures::daemonset("logging", "fluentd", 5.0, false));
+    w.put(&fixtures::pod("shop", "app", &node, "app", 0.3));
     pods_ready(&w, 2).await;
     // What CA does before DeleteNodes: its taint, and (with the flag left at true) the
     // DaemonSet pod evicted with the workloads.
@@ -1043,9 +1033,7 @@ async fn one_app_queue_mode(
         .build()
         .await;
     let (node, iid) = nodes_of(&w, "web").pop().unwrap();
-    w.sim
-        .create(&fixtures::pod("shop", "app", &node, "app", 0.1))
-        .unwrap();
+    w.put(&fixtures::pod("shop", "app", &node, "app", 0.1));
     pods_ready(&w, 1).await;
     let lifecycle = scalein::sources::hook_scan::spawn_loop(w.engine.clone(), w.provider.clone());
     tokio::time::sleep(Duration::from_millis(500)).await;

@@ -95,9 +95,7 @@ async fn daemonset_pods_leave_only_after_the_workload_is_gone() {
 /// for that node; back once the drain has evicted the app. The node and its instance.
 async fn app_evicted_by_a_drain(w: &mut World) -> (String, String) {
     let (node, iid) = nodes_of(w, "web").remove(0);
-    w.sim
-        .create(&fixtures::pod("shop", "app", &node, "app", 1.5))
-        .unwrap();
+    w.put(&fixtures::pod("shop", "app", &node, "app", 1.5));
     eventually("app ready", 10, || {
         w.sim
             .get::<Pod>("shop", "app")
@@ -160,10 +158,8 @@ async fn two_nodes_drained_at_once_never_leave_zero_ready_replicas() {
         .ready_delay(Duration::from_millis(300))
         .build()
         .await;
-    w.sim
-        .create(&fixtures::replicaset("shop", "api", 2, 0.2))
-        .unwrap();
-    w.sim.create(&fixtures::pdb("shop", "api", 1)).unwrap();
+    w.put(&fixtures::replicaset("shop", "api", 2, 0.2));
+    w.put(&fixtures::pdb("shop", "api", 1));
     let on_web: Vec<(String, String)> = nodes_of(&w, "web");
     eventually("one ready replica on each web node", 10, || {
         let pods = w.sim.list::<Pod>();
@@ -209,9 +205,7 @@ async fn lifecycle_mode_heartbeats_and_completes_and_drains_asg_started_scale_in
     let mut w = World::builder().web_hooked(3, 2, 1).build().await;
     let nodes = nodes_of(&w, "web");
     let (node, iid) = nodes[0].clone();
-    w.sim
-        .create(&fixtures::pod("shop", "slow", &node, "slow", 2.5))
-        .unwrap();
+    w.put(&fixtures::pod("shop", "slow", &node, "slow", 2.5));
     eventually("slow pod ready", 10, || {
         w.sim
             .get::<Pod>("shop", "slow")
@@ -254,9 +248,7 @@ async fn lifecycle_mode_heartbeats_and_completes_and_drains_asg_started_scale_in
 
     // A scale-in CA did not start: the ASG's own policy ends the other instance.
     let (node2, iid2) = nodes[1].clone();
-    w.sim
-        .create(&fixtures::pod("shop", "other", &node2, "other", 0.2))
-        .unwrap();
+    w.put(&fixtures::pod("shop", "other", &node2, "other", 0.2));
     let ended = w.cloud.external_scale_in("web", 1).unwrap();
     assert_eq!(ended, vec![iid2.clone()]);
     let end = Instant::now() + Duration::from_secs(10);
@@ -363,17 +355,15 @@ fn heartbeats_throttled_across_a_restart_keep_every_hold() {
             .await;
         // Every node's app is held by its budget: the drains wait, the hooks hold.
         for (i, (node, _)) in nodes_of(&w, "web").iter().enumerate() {
-            w.sim
-                .create(&fixtures::pod(
-                    "shop",
-                    &format!("app-{i}"),
-                    node,
-                    "app",
-                    0.1,
-                ))
-                .unwrap();
+            w.put(&fixtures::pod(
+                "shop",
+                &format!("app-{i}"),
+                node,
+                "app",
+                0.1,
+            ));
         }
-        w.sim.create(&fixtures::pdb("shop", "app", 0)).unwrap();
+        w.put(&fixtures::pdb("shop", "app", 0));
         pods_ready(&w, HELD).await;
         let lifecycle =
             scalein::sources::hook_scan::spawn_loop(w.engine.clone(), w.provider.clone());
@@ -433,14 +423,12 @@ async fn blocked_world(policy: DeadlinePolicy) -> (World, String, String) {
     let w = World::builder().web(3, 1).settings(s).build().await;
     let (node, iid) = nodes_of(&w, "web").remove(0);
     // A single replica under minAvailable 1: its budget never allows an eviction.
-    w.sim
-        .create(&fixtures::pod("shop", "solo", &node, "solo", 0.0))
-        .unwrap();
+    w.put(&fixtures::pod("shop", "solo", &node, "solo", 0.0));
     let mut pdb = fixtures::pdb("shop", "solo", 0);
     let spec = pdb.spec.as_mut().unwrap();
     spec.max_unavailable = None;
     spec.min_available = Some(k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::Int(1));
-    w.sim.create(&pdb).unwrap();
+    w.put(&pdb);
     eventually("solo ready", 10, || {
         w.sim
             .get::<Pod>("shop", "solo")
@@ -679,13 +667,9 @@ async fn fifty_nodes_drain_concurrently_within_budgets() {
     for (n, _) in nodes_of(&w, "spare") {
         set_unschedulable(&w, &n, true).await;
     }
-    w.sim
-        .create(&fixtures::replicaset("shop", "api", 50, 0.05))
-        .unwrap();
-    w.sim.create(&fixtures::pdb("shop", "api", 5)).unwrap();
-    w.sim
-        .create(&fixtures::daemonset("logging", "fluentd", 0.05, false))
-        .unwrap();
+    w.put(&fixtures::replicaset("shop", "api", 50, 0.05));
+    w.put(&fixtures::pdb("shop", "api", 5));
+    w.put(&fixtures::daemonset("logging", "fluentd", 0.05, false));
     eventually("50 ready replicas", 20, || {
         w.sim
             .list::<Pod>()
@@ -731,9 +715,7 @@ async fn a_replica_that_does_not_lead_hands_delete_nodes_to_the_leader() {
     let (_lead_tx, lead_rx) = tokio::sync::watch::channel(false);
     engine2.follow_leadership(lead_rx);
     let (node, iid) = nodes_of(&w, "web").remove(0);
-    w.sim
-        .create(&fixtures::pod("shop", "app", &node, "app", 0.3))
-        .unwrap();
+    w.put(&fixtures::pod("shop", "app", &node, "app", 0.3));
     ca2.node_group_delete_nodes(delete_nodes_message("web", &[(node.clone(), iid.clone())]))
         .await
         .unwrap();
@@ -862,16 +844,14 @@ async fn drain_an_unready_pod(policy: Option<&str>) -> (World, Option<Outcome>) 
         .await;
     let nodes = nodes_of(&w, "web");
     for (pod, (node, _)) in ["crash-a", "crash-b"].iter().zip(&nodes) {
-        w.sim
-            .create(&fixtures::pod("shop", pod, node, "crash", 0.0))
-            .unwrap();
+        w.put(&fixtures::pod("shop", pod, node, "crash", 0.0));
     }
     let mut pdb = fixtures::pdb("shop", "crash", 0);
     let spec = pdb.spec.as_mut().unwrap();
     spec.max_unavailable = None;
     spec.min_available = Some(k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::Int(2));
     spec.unhealthy_pod_eviction_policy = policy.map(str::to_string);
-    w.sim.create(&pdb).unwrap();
+    w.put(&pdb);
     pods_ready(&w, 2).await;
     w.sim.set_ready("shop", "crash-a", false).unwrap();
     eventually("the budget's status counts one healthy pod", 10, || {
@@ -929,9 +909,7 @@ async fn an_unready_pod_leaves_when_its_budget_always_allows_unhealthy_evictions
 async fn a_pod_that_runs_to_completion_is_waited_for_not_evicted() {
     let mut w = World::builder().web(3, 1).build().await;
     let (node, iid) = nodes_of(&w, "web").remove(0);
-    w.sim
-        .create(&fixtures::daemonset("logging", "fluentd", 0.05, false))
-        .unwrap();
+    w.put(&fixtures::daemonset("logging", "fluentd", 0.05, false));
     let mut job = fixtures::pod("batch", "job", &node, "job", 0.0);
     job.metadata
         .annotations
@@ -940,10 +918,8 @@ async fn a_pod_that_runs_to_completion_is_waited_for_not_evicted() {
             scalein::decide::plan::SAFE_TO_EVICT.into(),
             scalein::decide::plan::ON_COMPLETION.into(),
         );
-    w.sim.create(&job).unwrap();
-    w.sim
-        .create(&fixtures::pod("shop", "app", &node, "app", 0.1))
-        .unwrap();
+    w.put(&job);
+    w.put(&fixtures::pod("shop", "app", &node, "app", 0.1));
     eventually("the pods ready", 10, || {
         ["job", "app"].iter().all(|n| {
             w.sim.list::<Pod>().iter().any(|p| {

@@ -41,17 +41,15 @@ async fn growing_a_group_while_direct_drains_run_ends_no_instance_of_the_asgs_ch
         .await;
     let victims: Vec<(String, String)> = nodes_of(&w, "web").into_iter().take(2).collect();
     for (i, (node, _)) in victims.iter().enumerate() {
-        w.sim
-            .create(&fixtures::pod(
-                "shop",
-                &format!("held-{i}"),
-                node,
-                "held",
-                0.0,
-            ))
-            .unwrap();
+        w.put(&fixtures::pod(
+            "shop",
+            &format!("held-{i}"),
+            node,
+            "held",
+            0.0,
+        ));
     }
-    w.sim.create(&fixtures::pdb("shop", "held", 0)).unwrap();
+    w.put(&fixtures::pdb("shop", "held", 0));
     pods_ready(&w, 2).await;
 
     delete_nodes(&mut w, "web", &victims).await;
@@ -125,9 +123,7 @@ async fn a_crash_right_after_delete_nodes_loses_no_drain() {
         .build()
         .await;
     let (node, iid) = nodes_of(&w, "web").remove(0);
-    w.sim
-        .create(&fixtures::pod("shop", "app", &node, "app", 0.2))
-        .unwrap();
+    w.put(&fixtures::pod("shop", "app", &node, "app", 0.2));
     delete_nodes(&mut w, "web", &[(node.clone(), iid.clone())]).await;
     // kill -9: the drain task goes before it did anything of its own.
     w.engine.abort_all();
@@ -173,15 +169,13 @@ async fn two_hundred_waiting_instances_are_all_heartbeated_until_drained() {
         .await;
     let nodes = nodes_of(&w, "fleet");
     for (node, _) in &nodes {
-        w.sim
-            .create(&fixtures::pod(
-                "shop",
-                &format!("app-{node}"),
-                node,
-                "app",
-                0.3,
-            ))
-            .unwrap();
+        w.put(&fixtures::pod(
+            "shop",
+            &format!("app-{node}"),
+            node,
+            "app",
+            0.3,
+        ));
     }
     let _loop = scalein::sources::hook_scan::spawn_loop(w.engine.clone(), w.provider.clone());
     let ended = w.cloud.external_scale_in("fleet", N as i32).unwrap();
@@ -250,9 +244,7 @@ async fn a_drain_that_cannot_find_its_node_does_not_end_the_instance() {
         .into_iter()
         .find(|(_, i)| !before.contains(i))
         .expect("the new instance");
-    w.sim
-        .create(&fixtures::pod("shop", "late", &node, "late", 0.1))
-        .unwrap();
+    w.put(&fixtures::pod("shop", "late", &node, "late", 0.1));
     assert_eq!(
         w.cloud.external_scale_in("web", 1).unwrap(),
         vec![iid.clone()]
@@ -417,9 +409,7 @@ async fn web_node_with_an_app(settings: ScaleInSettings) -> (World, String, Stri
         .build()
         .await;
     let (node, iid) = nodes_of(&w, "web").remove(0);
-    w.sim
-        .create(&fixtures::pod("shop", "app", &node, "app", 0.1))
-        .unwrap();
+    w.put(&fixtures::pod("shop", "app", &node, "app", 0.1));
     pods_ready(&w, 1).await;
     (w, node, iid)
 }

@@ -67,7 +67,7 @@ async fn a_replacement_that_tolerates_the_drain_taint_is_not_chased() {
         operator: Some("Exists".into()),
         ..Default::default()
     }]);
-    w.sim.create(&rs).unwrap();
+    w.put(&rs);
     pods_ready(&w, 1).await;
     delete_nodes(&mut w, "web", &[(node.clone(), iid.clone())]).await;
     assert_eq!(w.engine.wait_for(&iid).await, Some(Outcome::Ended));
@@ -123,10 +123,10 @@ async fn stuck_and_finalizer_held_pods_do_not_hold_the_drain() {
         .as_mut()
         .unwrap()
         .termination_grace_period_seconds = Some(1);
-    w.sim.create(&wedged).unwrap();
+    w.put(&wedged);
     let mut held = fixtures::pod("shop", "held", &node, "held", 0.0);
     held.metadata.finalizers = Some(vec!["example.com/keep".into()]);
-    w.sim.create(&held).unwrap();
+    w.put(&held);
     pods_ready(&w, 2).await;
     delete_nodes(&mut w, "web", &[(node.clone(), iid.clone())]).await;
     assert_eq!(w.engine.wait_for(&iid).await, Some(Outcome::Ended));
@@ -155,7 +155,7 @@ async fn proceed_ends_the_workloads_before_the_daemonset_pods() {
     )
     .await;
     let (node, iid) = node_with_fluentd_and_app(&w, 0.5).await;
-    w.sim.create(&fixtures::pdb("shop", "app", 0)).unwrap();
+    w.put(&fixtures::pdb("shop", "app", 0));
     delete_nodes(&mut w, "web", &[(node, iid.clone())]).await;
     assert_eq!(w.engine.wait_for(&iid).await, Some(Outcome::Ended));
     let a = w.sim.audit();
@@ -187,15 +187,13 @@ async fn a_refused_delete_at_a_proceed_deadline_keeps_the_daemonset_pods() {
     )
     .await;
     let (node, iid) = nodes_of(&w, "web").remove(0);
-    w.sim
-        .create(&fixtures::daemonset("logging", "fluentd", 0.2, false))
-        .unwrap();
+    w.put(&fixtures::daemonset("logging", "fluentd", 0.2, false));
     // A short grace period: a drain that stops waiting for it after grace + 5 s does
     // so within the test.
     let mut app = fixtures::pod("shop", "app", &node, "app", 0.2);
     app.spec.as_mut().unwrap().termination_grace_period_seconds = Some(1);
-    w.sim.create(&app).unwrap();
-    w.sim.create(&fixtures::pdb("shop", "app", 0)).unwrap();
+    w.put(&app);
+    w.put(&fixtures::pdb("shop", "app", 0));
     pods_ready(&w, 2).await;
     w.sim.deny(&[("delete", "pods")]);
     delete_nodes(&mut w, "web", &[(node, iid.clone())]).await;
@@ -244,7 +242,7 @@ async fn a_lifecycle_deadline_proceeds_whatever_the_policy() {
         .build()
         .await;
     let (node, iid) = node_with_fluentd_and_app(&w, 0.2).await;
-    w.sim.create(&fixtures::pdb("shop", "app", 0)).unwrap();
+    w.put(&fixtures::pdb("shop", "app", 0));
     delete_nodes(&mut w, "web", &[(node, iid.clone())]).await;
     assert_eq!(w.engine.wait_for(&iid).await, Some(Outcome::Ended));
     let done = w.cloud.completed_actions();
@@ -262,9 +260,7 @@ async fn throttled_evictions_are_not_budget_blocks_and_overlapping_budgets_are_n
     let mut w = web_world(2, settings(30)).await;
     let nodes = nodes_of(&w, "web");
     let (n1, i1) = nodes[0].clone();
-    w.sim
-        .create(&fixtures::pod("shop", "busy", &n1, "busy", 0.0))
-        .unwrap();
+    w.put(&fixtures::pod("shop", "busy", &n1, "busy", 0.0));
     pods_ready(&w, 1).await;
     w.sim.throttle("create", "pods/eviction", 2);
     delete_nodes(&mut w, "web", &[(n1, i1.clone())]).await;
@@ -276,13 +272,11 @@ async fn throttled_evictions_are_not_budget_blocks_and_overlapping_budgets_are_n
     );
 
     let (n2, i2) = nodes[1].clone();
-    w.sim
-        .create(&fixtures::pod("shop", "double", &n2, "double", 0.0))
-        .unwrap();
+    w.put(&fixtures::pod("shop", "double", &n2, "double", 0.0));
     let mut second = fixtures::pdb("shop", "double", 1);
     second.metadata.name = Some("double-again".into());
-    w.sim.create(&fixtures::pdb("shop", "double", 1)).unwrap();
-    w.sim.create(&second).unwrap();
+    w.put(&fixtures::pdb("shop", "double", 1));
+    w.put(&second);
     pods_ready(&w, 1).await;
     delete_nodes(&mut w, "web", &[(n2, i2.clone())]).await;
     eventually("an Event naming both budgets", 10, || {
@@ -320,11 +314,9 @@ async fn node_critical_daemonsets_leave_after_the_volumes() {
         .as_mut()
         .unwrap()
         .priority_class_name = Some("system-node-critical".into());
-    w.sim.create(&csi).unwrap();
+    w.put(&csi);
     pods_ready(&w, 3).await;
-    w.sim
-        .create(&fixtures::volume_attachment("csi-vol", &node, "pv-1"))
-        .unwrap();
+    w.put(&fixtures::volume_attachment("csi-vol", &node, "pv-1"));
     delete_nodes(&mut w, "web", &[(node, iid.clone())]).await;
     eventually("fluentd evicted", 10, || {
         audit_index(&w.sim.audit(), "evicted", "Pod", "fluentd").is_some()
@@ -355,7 +347,7 @@ async fn daemonset_pods_ca_evicted_early_are_reported() {
         .as_mut()
         .unwrap()
         .termination_grace_period_seconds = Some(30);
-    w.sim.create(&ds).unwrap();
+    w.put(&ds);
     let (node, iid) = nodes_of(&w, "web").remove(0);
     pods_ready(&w, 1).await;
     // What CA does before DeleteNodes with the flag left at its default.
@@ -410,26 +402,22 @@ async fn the_volume_wait_leaves_out_volumes_of_pods_that_stay() {
         }),
         ..Default::default()
     }]);
-    w.sim.create(&db).unwrap();
-    w.sim
-        .create(&PersistentVolumeClaim {
-            metadata: ObjectMeta {
-                name: Some("db-data".into()),
-                namespace: Some("shop".into()),
-                ..Default::default()
-            },
-            spec: Some(PersistentVolumeClaimSpec {
-                volume_name: Some("pv-db".into()),
-                ..Default::default()
-            }),
-            status: None,
-        })
-        .unwrap();
+    w.put(&db);
+    w.put(&PersistentVolumeClaim {
+        metadata: ObjectMeta {
+            name: Some("db-data".into()),
+            namespace: Some("shop".into()),
+            ..Default::default()
+        },
+        spec: Some(PersistentVolumeClaimSpec {
+            volume_name: Some("pv-db".into()),
+            ..Default::default()
+        }),
+        status: None,
+    });
     pods_ready(&w, 1).await;
     for (name, pv) in [("va-db", "pv-db"), ("va-other", "pv-other")] {
-        w.sim
-            .create(&fixtures::volume_attachment(name, &node, pv))
-            .unwrap();
+        w.put(&fixtures::volume_attachment(name, &node, pv));
     }
     w.sim.stop_kubelet(&node).unwrap();
     delete_nodes(&mut w, "web", &[(node, iid.clone())]).await;
@@ -458,7 +446,7 @@ async fn a_drain_resumed_past_its_deadline_still_takes_the_daemonsets_last() {
     };
     let mut w = web_world(1, s.clone()).await;
     let (node, iid) = node_with_fluentd_and_app(&w, 0.2).await;
-    w.sim.create(&fixtures::pdb("shop", "app", 0)).unwrap();
+    w.put(&fixtures::pdb("shop", "app", 0));
     delete_nodes(&mut w, "web", &[(node, iid.clone())]).await;
     // The service dies at once and comes back after the deadline has passed.
     w.engine.abort_all();
@@ -488,25 +476,19 @@ async fn at_the_deadline_a_pod_deleted_with_a_longer_grace_keeps_the_daemonsets_
     };
     let mut w = web_world(1, s).await;
     let (node, iid) = nodes_of(&w, "web").remove(0);
-    w.sim
-        .create(&fixtures::daemonset("logging", "fluentd", 0.2, false))
-        .unwrap();
+    w.put(&fixtures::daemonset("logging", "fluentd", 0.2, false));
     let short_grace = |mut p: Pod| {
         p.spec.as_mut().unwrap().termination_grace_period_seconds = Some(1);
         p
     };
     // `app` behind a budget that allows nothing: the deadline comes.
-    w.sim
-        .create(&short_grace(fixtures::pod(
-            "shop", "app", &node, "app", 0.0,
-        )))
-        .unwrap();
-    w.sim.create(&fixtures::pdb("shop", "app", 0)).unwrap();
-    w.sim
-        .create(&short_grace(fixtures::pod(
-            "shop", "slow", &node, "slow", 12.0,
-        )))
-        .unwrap();
+    w.put(&short_grace(fixtures::pod(
+        "shop", "app", &node, "app", 0.0,
+    )));
+    w.put(&fixtures::pdb("shop", "app", 0));
+    w.put(&short_grace(fixtures::pod(
+        "shop", "slow", &node, "slow", 12.0,
+    )));
     pods_ready(&w, 3).await;
     let pods: kube::Api<Pod> = kube::Api::namespaced(w.sim.client(), "shop");
     let longer = kube::api::DeleteParams {
@@ -536,21 +518,15 @@ async fn a_workload_bound_by_name_during_the_daemonset_phase_is_evicted_before_t
     let (node, iid) = nodes_of(&w, "web").remove(0);
     // A log shipper slow to stop, and a node-critical DaemonSet (kube-proxy's kind),
     // which goes last of all.
-    w.sim
-        .create(&fixtures::daemonset("logging", "fluentd", 3.0, false))
-        .unwrap();
-    w.sim
-        .create(&fixtures::daemonset_tolerating(
-            "kube-system",
-            "kube-proxy",
-            0.1,
-            &[],
-            Some("system-node-critical"),
-        ))
-        .unwrap();
-    w.sim
-        .create(&fixtures::pod("shop", "app", &node, "app", 0.0))
-        .unwrap();
+    w.put(&fixtures::daemonset("logging", "fluentd", 3.0, false));
+    w.put(&fixtures::daemonset_tolerating(
+        "kube-system",
+        "kube-proxy",
+        0.1,
+        &[],
+        Some("system-node-critical"),
+    ));
+    w.put(&fixtures::pod("shop", "app", &node, "app", 0.0));
     pods_ready(&w, 3).await;
     delete_nodes(&mut w, "web", &[(node.clone(), iid.clone())]).await;
     eventually("the DaemonSet phase under way", 10, || {
@@ -558,9 +534,7 @@ async fn a_workload_bound_by_name_during_the_daemonset_phase_is_evicted_before_t
     })
     .await;
     // Bound by name: no scheduler, no cordon in its way.
-    w.sim
-        .create(&fixtures::pod("shop", "late", &node, "late", 0.0))
-        .unwrap();
+    w.put(&fixtures::pod("shop", "late", &node, "late", 0.0));
     assert_eq!(w.engine.wait_for(&iid).await, Some(Outcome::Ended));
     let a = w.sim.audit();
     let late_asked = audit_index(&a, "eviction-requested", "Pod", "late");
@@ -733,12 +707,10 @@ async fn daemonsets_that_tolerate_everything_leave_once_last_and_after_the_volum
         fixtures::aws_node(0.0),
         fixtures::csi_node(0.0),
     ] {
-        w.sim.create(&ds).unwrap();
+        w.put(&ds);
     }
     pods_ready(&w, 6).await;
-    w.sim
-        .create(&fixtures::volume_attachment("csi-vol", &node, "pv-1"))
-        .unwrap();
+    w.put(&fixtures::volume_attachment("csi-vol", &node, "pv-1"));
     let into_second = chrono::Utc::now().timestamp_subsec_millis() as u64;
     tokio::time::sleep(Duration::from_millis(1020 - into_second)).await;
     delete_nodes(&mut w, "web", &[(node.clone(), iid.clone())]).await;
@@ -808,18 +780,14 @@ async fn a_drain_restarted_after_its_eviction_does_not_evict_again() {
         .await;
         let nodes = nodes_of(&w, "web");
         let (node, iid) = nodes[0].clone();
-        w.sim
-            .create(&fixtures::pod("shop", "app", &node, "app", 1.0))
-            .unwrap();
+        w.put(&fixtures::pod("shop", "app", &node, "app", 1.0));
         pods_ready(&w, 1).await;
         if lag > 0 {
             // Another drain, held by a budget that allows nothing, keeps the pass and
             // its watch alive across the restart.
             let (held_node, held_iid) = nodes[1].clone();
-            w.sim
-                .create(&fixtures::pod("shop", "held", &held_node, "held", 0.1))
-                .unwrap();
-            w.sim.create(&fixtures::pdb("shop", "held", 0)).unwrap();
+            w.put(&fixtures::pod("shop", "held", &held_node, "held", 0.1));
+            w.put(&fixtures::pdb("shop", "held", 0));
             pods_ready(&w, 2).await;
             delete_nodes(&mut w, "web", &[(held_node, held_iid)]).await;
             eventually("the held pod refused", 10, || {
@@ -883,9 +851,7 @@ async fn a_reason_past_its_deadline_joining_an_eviction_in_flight_does_not_evict
         .build()
         .await;
     let (node, iid) = nodes_of(&w, "batch").remove(0);
-    w.sim
-        .create(&fixtures::pod("shop", "app", &node, "app", 1.0))
-        .unwrap();
+    w.put(&fixtures::pod("shop", "app", &node, "app", 1.0));
     pods_ready(&w, 1).await;
     w.sim
         .slow_requests("create", "pods/eviction", Duration::from_millis(800));
@@ -938,15 +904,9 @@ async fn a_daemonset_pod_put_back_is_not_asked_to_leave_again_after_a_restart() 
     let (node, iid) = nodes_of(&w, "web").remove(0);
     // fluentd flushes for 3 s: the DaemonSet phase still waits for it when the
     // process dies.
-    w.sim
-        .create(&fixtures::daemonset("logging", "fluentd", 3.0, false))
-        .unwrap();
-    w.sim
-        .create(&fixtures::log_shipper_tolerating_drain(0.0))
-        .unwrap();
-    w.sim
-        .create(&fixtures::pod("shop", "app", &node, "app", 0.05))
-        .unwrap();
+    w.put(&fixtures::daemonset("logging", "fluentd", 3.0, false));
+    w.put(&fixtures::log_shipper_tolerating_drain(0.0));
+    w.put(&fixtures::pod("shop", "app", &node, "app", 0.05));
     pods_ready(&w, 3).await;
     // The drain begins at the top of a second: a log shipper evicted at once would be
     // put back within it.

@@ -368,13 +368,9 @@ impl Model {
         w.cloud.check_tokens(true);
         let nodes = nodes_of_groups(&w, &["web", "batch"]);
         assert_eq!(nodes.len(), NODES);
-        w.sim
-            .create(&fixtures::daemonset("logging", "fluentd", 0.1, false))
-            .unwrap();
-        w.sim.create(&fixtures::kube_proxy(0.05)).unwrap();
-        w.sim
-            .create(&fixtures::log_shipper_tolerating_drain(0.1))
-            .unwrap();
+        w.put(&fixtures::daemonset("logging", "fluentd", 0.1, false));
+        w.put(&fixtures::kube_proxy(0.05));
+        w.put(&fixtures::log_shipper_tolerating_drain(0.1));
         let mut apps = Vec::new();
         for (i, (node, _, group)) in nodes.iter().enumerate() {
             let app = if GUARDED.contains(&i) {
@@ -383,15 +379,11 @@ impl Model {
                 "app".to_string()
             };
             let name = format!("app-{i}");
-            w.sim
-                .create(&fixtures::pod("shop", &name, node, &app, 0.2))
-                .unwrap();
+            w.put(&fixtures::pod("shop", &name, node, &app, 0.2));
             apps.push(name);
         }
         for g in ["web", "batch"] {
-            w.sim
-                .create(&fixtures::pdb("shop", &format!("guarded-{g}"), 0))
-                .unwrap();
+            w.put(&fixtures::pdb("shop", &format!("guarded-{g}"), 0));
         }
         pods_ready(&w, 4 * NODES).await;
         let pods = PodLog::watch(&w.sim);

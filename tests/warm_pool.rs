@@ -354,13 +354,11 @@ async fn a_node_registered_by_an_instance_warming_in_the_pool_is_reported_once()
     let warming = w.cloud.warm_up("web", "bootstrap-launch", 0).unwrap();
     let zone = "us-east-1a";
     let name = ca_asg_provider::sim::node_name(&warming);
-    w.sim
-        .create(&ca_asg_provider::sim::fixtures::node(
-            &name,
-            &format!("aws:///{zone}/{warming}"),
-            &[("topology.kubernetes.io/zone", zone)],
-        ))
-        .unwrap();
+    w.put(&ca_asg_provider::sim::fixtures::node(
+        &name,
+        &format!("aws:///{zone}/{warming}"),
+        &[("topology.kubernetes.io/zone", zone)],
+    ));
     let id = warming.clone();
     eventually("the engine sees the Node", 10, || {
         w.engine.node_for_instance(&id).is_some() && resting(&w, &id, "Warmed:Stopped")
@@ -582,11 +580,9 @@ fn a_node_back_from_the_pool_takes_a_waiting_pod_within_seconds_of_the_scale_up(
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
         tokio::time::sleep(Duration::from_secs(44)).await;
-        w.sim
-            .create(&ca_asg_provider::sim::fixtures::replicaset(
-                "shop", "web", 1, 0.0,
-            ))
-            .unwrap();
+        w.put(&ca_asg_provider::sim::fixtures::replicaset(
+            "shop", "web", 1, 0.0,
+        ));
         tokio::time::sleep(Duration::from_secs(1)).await;
         let running = |w: &World| {
             w.sim

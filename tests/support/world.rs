@@ -26,6 +26,14 @@ pub struct World {
     pub groups: Vec<String>,
 }
 
+impl World {
+    /// Creates `obj` on the API server, as `kubectl create` does; the test fails if
+    /// it is refused.
+    pub fn put<K: serde::Serialize + k8s_openapi::Resource>(&self, obj: &K) {
+        self.sim.create(obj).unwrap();
+    }
+}
+
 /// The provider's refresh interval in a world unless a test gives its own.
 pub const REFRESH: Duration = Duration::from_millis(100);
 
