@@ -17,12 +17,19 @@ use tonic::transport::Channel;
 
 use super::eventually;
 
+/// A drain test's world: the ground ([`Ground`]) and the service on it.
 pub struct World {
+    /// The in-memory API server, a Node per instance.
     pub sim: Arc<SimCluster>,
+    /// AWS: the groups and their instances.
     pub cloud: MemoryCloud,
+    /// The provider CA talks to.
     pub provider: Arc<Provider>,
+    /// The drain behind DeleteNodes.
     pub engine: Arc<Engine>,
+    /// CA's gRPC client to the provider.
     pub ca: CloudProviderClient<Channel>,
+    /// The groups' names, in the order given.
     pub groups: Vec<String>,
 }
 
