@@ -33,7 +33,7 @@ fn quick() -> MemoryTiming {
 async fn check_config_with_no_group_fails_naming_the_tags_region_and_account() {
     let moto = support::moto::MotoServer::start();
     let sdk = moto.sdk_config().await;
-    support::moto::launch_template_lt(&sdk).await;
+    support::moto::launch_template(&sdk, "lt").await;
     let tag = |k: &str, v: &str| {
         asg::types::Tag::builder()
             .resource_id("prod-web")

@@ -9,12 +9,9 @@
 use std::process::Command;
 
 use aws_sdk_autoscaling as asg;
-use aws_sdk_ec2 as ec2;
 
 mod support;
 use support::moto::MotoServer;
-
-const AMI: &str = "ami-12c6146b";
 
 fn root() -> std::path::PathBuf {
     std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -83,18 +80,7 @@ async fn check_config_on_the_quickstart_render_finds_the_clusters_groups() {
         ))
         .load()
         .await;
-    let ec2c = ec2::Client::new(&sdk);
-    ec2c.create_launch_template()
-        .launch_template_name("workers")
-        .launch_template_data(
-            ec2::types::RequestLaunchTemplateData::builder()
-                .image_id(AMI)
-                .instance_type(ec2::types::InstanceType::M5Large)
-                .build(),
-        )
-        .send()
-        .await
-        .unwrap();
+    support::moto::launch_template(&sdk, "workers").await;
     let tag = |k: &str| {
         asg::types::Tag::builder()
             .resource_id(format!("{CLUSTER}-workers"))

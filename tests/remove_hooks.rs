@@ -234,7 +234,7 @@ async fn moto_group(sdk: &aws_config::SdkConfig, name: &str, tags: &[(&str, &str
 async fn aws_backend_records_and_removes_over_moto() {
     let moto = support::moto::MotoServer::start();
     let sdk = moto.sdk_config().await;
-    support::moto::launch_template_lt(&sdk).await;
+    support::moto::launch_template(&sdk, "lt").await;
     moto_group(&sdk, "web", &[(ENABLED, "true"), (CLUSTER, "owned")]).await;
     let cloud = AwsCloud::from_sdk_config(&sdk);
     ours_and_one_by_hand_on_web(&cloud).await;
@@ -271,7 +271,7 @@ async fn ours_and_one_by_hand_on_web(cloud: &AwsCloud) {
 async fn the_binary_removes_our_hooks_over_moto_and_a_second_run_has_nothing_to_do() {
     let moto = support::moto::MotoServer::start();
     let sdk = moto.sdk_config().await;
-    support::moto::launch_template_lt(&sdk).await;
+    support::moto::launch_template(&sdk, "lt").await;
     let tags = [(ENABLED, "true"), (CLUSTER, "owned")];
     moto_group(&sdk, "web", &tags).await;
     moto_group(&sdk, "old", &tags).await;

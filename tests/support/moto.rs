@@ -76,11 +76,11 @@ impl Drop for MotoServer {
     }
 }
 
-/// Launch template `lt` (an m5.large) in moto, for the groups a test creates.
-pub async fn launch_template_lt(sdk: &aws_config::SdkConfig) {
+/// Launch template `name` (an m5.large) in moto, for the groups a test creates.
+pub async fn launch_template(sdk: &aws_config::SdkConfig, name: &str) {
     aws_sdk_ec2::Client::new(sdk)
         .create_launch_template()
-        .launch_template_name("lt")
+        .launch_template_name(name)
         .launch_template_data(
             aws_sdk_ec2::types::RequestLaunchTemplateData::builder()
                 .image_id("ami-12c6146b")
