@@ -7,7 +7,7 @@ use std::hint::black_box;
 use std::sync::Arc;
 
 use ca_asg_provider::cloud::memory::{MemoryCloud, MemoryTiming};
-use ca_asg_provider::cloud::{Cloud, GroupSelector, TagFilter, Taint};
+use ca_asg_provider::cloud::{Cloud, Taint};
 use ca_asg_provider::provider::options::{overlay_from_tags, AutoscalingOptions, TAG_PREFIX};
 use ca_asg_provider::provider::template::encode::encode_node;
 use ca_asg_provider::provider::template::TemplateNode;
@@ -35,13 +35,7 @@ fn provider_at_5000() -> (Arc<Provider>, Vec<NodeRef>) {
             .collect();
         let cloud: Arc<dyn Cloud> = Arc::new(cloud);
         let settings = ProviderSettings {
-            selector: GroupSelector {
-                names: vec![],
-                tag_sets: vec![vec![TagFilter {
-                    key: "k8s.io/cluster-autoscaler/enabled".into(),
-                    value: None,
-                }]],
-            },
+            selector: ca_asg_provider::world::tagged(&["k8s.io/cluster-autoscaler/enabled"]),
             ..ProviderSettings::default()
         };
         let p = Provider::new(cloud, settings);

@@ -12,6 +12,7 @@ pub mod provider;
 pub mod scalein;
 pub mod sim;
 pub mod telemetry;
+pub mod world;
 
 /// Code generated from proto/externalgrpc.proto.
 pub mod proto {

@@ -155,11 +155,7 @@ impl World {
                 MemoryGroup::new(DIRECT, 1, 12, 4, "m5.large"),
                 MemoryGroup::new(HOOKED, 1, 12, 4, "m5.large").terminating_hook(HOOK, 3600),
             ],
-            MemoryTiming {
-                launch_delay: Duration::ZERO,
-                terminate_delay: Duration::ZERO,
-                hook_delay: Duration::ZERO,
-            },
+            ca_asg_provider::sim::world::instant_timing(),
         );
         let marks: Marks = Arc::default();
         let a = replica(&cloud, &marks).await;
@@ -360,17 +356,7 @@ impl World {
             }
             Op::DeletePlaceholders(g) => {
                 let g = GROUPS[*g];
-                let placeholders: Vec<NodeRef> = self
-                    .ca()
-                    .nodes(g)
-                    .unwrap()
-                    .into_iter()
-                    .filter(|v| v.id.contains("i-placeholder-"))
-                    .map(|v| NodeRef {
-                        name: v.id.clone(),
-                        provider_id: v.id,
-                    })
-                    .collect();
+                let placeholders = support::world::placeholders(self.ca(), g);
                 // Placeholders stand for capacity not launched yet; a placeholder
                 // whose instance launched since CA's listing is gone already.
                 let owed = self.owed(g);

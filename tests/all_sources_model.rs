@@ -180,25 +180,18 @@ fn lead(w: &World) -> Replica {
 impl Model {
     async fn new() -> Model {
         let origin = ca_asg_provider::clock::now();
-        let mut w = world_in_process(
-            vec![
+        let mut w = World::builder()
+            .group(
                 MemoryGroup::new("web", 0, 6, 2, "m5.large")
                     .terminating_hook(HOOK, HOOK_TIMEOUT_SECS),
-                MemoryGroup::new("batch", 0, 6, 2, "m5.large"),
-            ],
-            settings(),
-            Duration::from_millis(20),
-        )
-        .await;
-        let mut nodes: Vec<(String, String, &'static str)> = nodes_of(&w, "web")
-            .into_iter()
-            .map(|(n, i)| (n, i, "web"))
-            .collect();
-        nodes.extend(
-            nodes_of(&w, "batch")
-                .into_iter()
-                .map(|(n, i)| (n, i, "batch")),
-        );
+            )
+            .group(MemoryGroup::new("batch", 0, 6, 2, "m5.large"))
+            .settings(settings())
+            .ready_delay(Duration::from_millis(20))
+            .in_process()
+            .build()
+            .await;
+        let nodes = nodes_of_groups(&w, &["web", "batch"]);
         assert_eq!(nodes.len(), NODES);
         let on: Vec<&str> = nodes.iter().map(|(n, _, _)| n.as_str()).collect();
         let pods = apps_under_fluentd(&w, &on, GUARDED).await;

@@ -16,7 +16,7 @@ use aws_sdk_autoscaling::Client;
 use aws_smithy_mocks::{mock, mock_client, Rule, RuleMode};
 use aws_smithy_types::error::ErrorMetadata;
 use ca_asg_provider::cloud::aws::AwsCloud;
-use ca_asg_provider::cloud::{Cloud, CloudError, GroupSelector, LifecycleAction, LifecycleResult};
+use ca_asg_provider::cloud::{Cloud, CloudError, LifecycleAction, LifecycleResult};
 
 fn cloud(rules: &[&Rule]) -> AwsCloud {
     let asg_client: Client = mock_client!(aws_sdk_autoscaling, RuleMode::MatchAny, rules);
@@ -159,10 +159,7 @@ async fn throttles_and_server_errors_are_classified() {
         )
     });
     let c = cloud(&[&throttle]);
-    let sel = GroupSelector {
-        names: vec!["web".into()],
-        tag_sets: vec![],
-    };
+    let sel = ca_asg_provider::world::named(&["web"]);
     let e = c.describe_groups(&sel).await.unwrap_err();
     assert!(matches!(e, CloudError::Throttled { .. }), "{e:?}");
     assert!(e.is_retryable());
@@ -247,10 +244,7 @@ async fn a_call_without_credentials_is_a_credentials_error_not_a_transient_one()
             .build(),
     );
     let c = cloud_with_ec2(asg_client, ec2_client);
-    let sel = GroupSelector {
-        names: vec!["web".into()],
-        tag_sets: vec![],
-    };
+    let sel = ca_asg_provider::world::named(&["web"]);
     let e = c.describe_groups(&sel).await.unwrap_err();
     assert!(matches!(e, CloudError::Credentials { .. }), "{e:?}");
     assert!(!e.is_retryable());
@@ -318,10 +312,7 @@ async fn mixed_instances_overrides_are_read_in_order() {
     });
     let c = cloud(&[&rule]);
     let g = c
-        .describe_groups(&GroupSelector {
-            names: vec!["mixed".into()],
-            tag_sets: vec![],
-        })
+        .describe_groups(&ca_asg_provider::world::named(&["mixed"]))
         .await
         .unwrap()
         .remove(0);
@@ -431,10 +422,7 @@ async fn instance_requirements_are_read_and_looked_up_with_the_amis_architecture
         mock_client!(aws_sdk_ec2, RuleMode::MatchAny, [&images, &types]);
     let c = cloud_with_ec2(asg_client, ec2_client);
     let g = c
-        .describe_groups(&GroupSelector {
-            names: vec!["abs".into()],
-            tag_sets: vec![],
-        })
+        .describe_groups(&ca_asg_provider::world::named(&["abs"]))
         .await
         .unwrap()
         .remove(0);

@@ -112,10 +112,7 @@ async fn describes_groups_by_name_with_instances_tags_and_launch_template() {
     launch_template(&e, "lt-web", "m5.large", Some(USER_DATA)).await;
     group(&e, "web", "lt-web", 2, &[("team", "web")]).await;
     group(&e, "other", "lt-web", 0, &[]).await;
-    let sel = GroupSelector {
-        names: vec!["web".into(), "missing".into()],
-        tag_sets: vec![],
-    };
+    let sel = ca_asg_provider::world::named(&["web", "missing"]);
     let gs = e.cloud.describe_groups(&sel).await.unwrap();
     assert_eq!(gs.len(), 1);
     let g = &gs[0];
@@ -279,10 +276,7 @@ async fn desired_capacity_terminate_with_decrement_and_locate() {
     launch_template(&e, "lt", "m5.large", None).await;
     group(&e, "web", "lt", 1, &[]).await;
     e.cloud.set_desired_capacity("web", 3).await.unwrap();
-    let sel = GroupSelector {
-        names: vec!["web".into()],
-        tag_sets: vec![],
-    };
+    let sel = ca_asg_provider::world::named(&["web"]);
     let g = e.cloud.describe_groups(&sel).await.unwrap().remove(0);
     assert_eq!(g.desired_capacity, 3);
     assert_eq!(g.instances.len(), 3);
@@ -367,10 +361,7 @@ async fn launch_configuration_and_lifecycle_hooks() {
     assert_eq!(d.user_data.as_deref(), Some(USER_DATA));
     let g = e
         .cloud
-        .describe_groups(&GroupSelector {
-            names: vec!["legacy".into()],
-            tag_sets: vec![],
-        })
+        .describe_groups(&ca_asg_provider::world::named(&["legacy"]))
         .await
         .unwrap()
         .remove(0);
@@ -497,14 +488,12 @@ async fn aws_budget_at_250_groups_and_20_instance_types() {
         .await;
     }
     let counter = e.cloud.calls();
-    let p = Provider::new(
+    let p = ca_asg_provider::world::provider(
         Arc::new(e.cloud),
-        ProviderSettings {
-            selector: discovery(&[("k8s.io/cluster-autoscaler/enabled", None)]),
-            ..ProviderSettings::default()
-        },
-    );
-    p.refresh_now().await.unwrap();
+        discovery(&[("k8s.io/cluster-autoscaler/enabled", None)]),
+    )
+    .await
+    .unwrap();
     p.templates_prefetched().await;
     assert_eq!(p.node_groups().len(), 250);
     let first = counter.snapshot();
@@ -609,14 +598,12 @@ async fn eks_managed_node_group_templates_carry_capacity_type_labels_taints_and_
     )
     .await;
     let counter = e.cloud.calls();
-    let p = Provider::new(
+    let p = ca_asg_provider::world::provider(
         Arc::new(e.cloud),
-        ProviderSettings {
-            selector: discovery(&[("k8s.io/cluster-autoscaler/enabled", None)]),
-            ..ProviderSettings::default()
-        },
-    );
-    p.refresh_now().await.unwrap();
+        discovery(&[("k8s.io/cluster-autoscaler/enabled", None)]),
+    )
+    .await
+    .unwrap();
     let bytes = p.template_node("eks-spot-ng-1234").await.unwrap();
     let node = <k8s_pb::api::core::v1::Node as prost::Message>::decode(bytes.as_ref()).unwrap();
     let labels = node.metadata.unwrap().labels;
@@ -718,36 +705,24 @@ async fn check_config_explains_eks_hooks_on_managed_node_groups_and_fails_on_a_s
             format!("aws:\n  region: us-east-1\nnodeGroups:\n  - name: {group}\n"),
         )
         .unwrap();
-        let out = std::process::Command::new(env!("CARGO_BIN_EXE_ca-asg-provider"))
-            .args(["check-config", "--aws-endpoint", &e._moto.url, "--config"])
-            .arg(&path)
-            .env("AWS_ACCESS_KEY_ID", "test")
-            .env("AWS_SECRET_ACCESS_KEY", "test")
-            .env("AWS_EC2_METADATA_DISABLED", "true")
-            .env("AWS_CONFIG_FILE", dir.path().join("none"))
-            .env("AWS_SHARED_CREDENTIALS_FILE", dir.path().join("none"))
-            .env("HOME", dir.path())
-            .env_remove("KUBECONFIG")
-            .env_remove("KUBERNETES_SERVICE_HOST")
-            .output()
-            .unwrap();
-        let text = String::from_utf8_lossy(&out.stdout).to_string()
-            + &String::from_utf8_lossy(&out.stderr);
-        println!("== {group}\n{text}");
-        (out.status.code(), text)
+        support::moto::said(
+            &mut support::moto::offline("check-config", &e._moto.url, &path, dir.path()),
+            group,
+        )
     };
     let (code, text) = check("eks-ng");
     assert_eq!(code, Some(0), "{text}");
-    for s in [
-        "scale-in: lifecycle hook ca-asg-provider-drain",
-        "EKS's own hook (managed node group ng-1 of cluster prod)",
-        "waits for every hook",
-        "Eviction API",
-        "does not evict DaemonSet pods",
-        "no problems found",
-    ] {
-        assert!(text.contains(s), "{s:?} not in:\n{text}");
-    }
+    support::assert_says(
+        &text,
+        &[
+            "scale-in: lifecycle hook ca-asg-provider-drain",
+            "EKS's own hook (managed node group ng-1 of cluster prod)",
+            "waits for every hook",
+            "Eviction API",
+            "does not evict DaemonSet pods",
+            "no problems found",
+        ],
+    );
     assert!(
         !text.contains("another EC2_INSTANCE_TERMINATING hook"),
         "{text}"
@@ -796,10 +771,7 @@ async fn a_groups_warm_pool_is_read_from_its_description() {
         .unwrap();
     let gs = e
         .cloud
-        .describe_groups(&GroupSelector {
-            names: vec!["pooled".into(), "plain".into()],
-            tag_sets: vec![],
-        })
+        .describe_groups(&ca_asg_provider::world::named(&["pooled", "plain"]))
         .await
         .unwrap();
     let pool = |name: &str| {

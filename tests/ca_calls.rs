@@ -12,9 +12,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ca_asg_provider::cloud::memory::{MemoryCloud, MemoryGroup};
-use ca_asg_provider::cloud::GroupSelector;
 use ca_asg_provider::proto;
-use ca_asg_provider::provider::{NodeRef, Provider, ProviderSettings};
+use ca_asg_provider::provider::{NodeRef, Provider};
 use ca_asg_provider::scalein::Outcome;
 
 mod support;
@@ -75,7 +74,7 @@ async fn ten_at_once_with_aws_at(per_request: Duration, hooked: bool) {
     if hooked {
         group = group.terminating_hook("ca-asg-provider-drain", 300);
     }
-    let mut w = world(vec![group], fast_settings(), Duration::from_millis(50)).await;
+    let mut w = World::builder().group(group).build().await;
     let victims: Vec<(String, String)> = nodes_of(&w, "web").into_iter().take(10).collect();
     let kept: BTreeSet<String> = nodes_of(&w, "web")
         .into_iter()
@@ -143,7 +142,7 @@ async fn ten_one_node_deletions_at_once_all_succeed_with_aws_at_500ms_hooked() {
 async fn fifty_one_node_deletions_at_once_all_succeed_with_aws_at_500ms() {
     let group = MemoryGroup::new("web", 0, 80, 60, "m5.large")
         .terminating_hook("ca-asg-provider-drain", 300);
-    let mut w = world(vec![group], fast_settings(), Duration::from_millis(50)).await;
+    let mut w = World::builder().group(group).build().await;
     let victims: Vec<(String, String)> = nodes_of(&w, "web").into_iter().take(50).collect();
     w.cloud.slow(Duration::from_millis(500));
     let failed = delete_like_ca(&w, "web", &victims, 50).await;
@@ -165,15 +164,11 @@ async fn fifty_one_node_deletions_at_once_all_succeed_with_aws_at_500ms() {
 /// minimum fail while the ones before them go through.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn calls_recorded_together_are_answered_each_on_its_own() {
-    let mut w = world(
-        vec![
-            MemoryGroup::new("web", 7, 12, 10, "m5.large"),
-            MemoryGroup::new("other", 0, 3, 1, "m5.large"),
-        ],
-        fast_settings(),
-        Duration::from_millis(50),
-    )
-    .await;
+    let mut w = World::builder()
+        .group(MemoryGroup::new("web", 7, 12, 10, "m5.large"))
+        .group(MemoryGroup::new("other", 0, 3, 1, "m5.large"))
+        .build()
+        .await;
     let web = nodes_of(&w, "web");
     let stranger = nodes_of(&w, "other").remove(0);
     // Hold the size lock with a slow call so the rest queue into one batch.
@@ -227,12 +222,7 @@ async fn calls_recorded_together_are_answered_each_on_its_own() {
 /// call answers Unavailable in time, never DeadlineExceeded, and starts nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_call_answers_within_the_deadline_ca_sent() {
-    let mut w = world(
-        vec![MemoryGroup::new("web", 0, 5, 3, "m5.large")],
-        fast_settings(),
-        Duration::from_millis(50),
-    )
-    .await;
+    let mut w = World::builder().web(5, 3).build().await;
     let victim = nodes_of(&w, "web").remove(0);
     w.cloud.slow(Duration::from_secs(3));
     let mut req = delete_request("web", std::slice::from_ref(&victim));
@@ -252,12 +242,7 @@ async fn a_call_answers_within_the_deadline_ca_sent() {
 /// the group backed off) while the change lands in AWS behind its back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn size_changes_answer_within_the_deadline_ca_sent_and_change_nothing_late() {
-    let mut w = world(
-        vec![MemoryGroup::new("web", 0, 8, 3, "m5.large")],
-        fast_settings(),
-        Duration::from_millis(50),
-    )
-    .await;
+    let mut w = World::builder().web(8, 3).build().await;
     w.cloud.slow(Duration::from_secs(3));
     let mut up = tonic::Request::new(proto::NodeGroupIncreaseSizeRequest {
         id: "web".into(),
@@ -306,12 +291,7 @@ async fn size_changes_answer_within_the_deadline_ca_sent_and_change_nothing_late
 /// not refused whole for its size.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_batched_delete_larger_than_4_mib_is_read() {
-    let mut w = world(
-        vec![MemoryGroup::new("web", 0, 5, 2, "m5.large")],
-        fast_settings(),
-        Duration::from_millis(50),
-    )
-    .await;
+    let mut w = World::builder().web(5, 2).build().await;
     let labels: std::collections::HashMap<String, String> = (0..40)
         .map(|i| (format!("example.com/label-{i}"), "v".repeat(40)))
         .collect();
@@ -375,12 +355,7 @@ async fn refresh(w: &mut World) {
 /// an error that ends CA's whole loop when fixNodeGroupSize asks (1.31 to 1.36).
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_standby_instance_fills_no_slot_of_the_desired_capacity() {
-    let mut w = world(
-        vec![MemoryGroup::new("web", 0, 5, 3, "m5.large")],
-        fast_settings(),
-        Duration::from_millis(50),
-    )
-    .await;
+    let mut w = World::builder().web(5, 3).build().await;
     let (_, standby) = nodes_of(&w, "web").remove(0);
     w.cloud
         .fail_launches("web", Some("InsufficientInstanceCapacity"));
@@ -423,12 +398,7 @@ async fn a_standby_instance_fills_no_slot_of_the_desired_capacity() {
 /// own choosing. Nothing is touched; the other nodes of the group are deleted as usual.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn deleting_a_standby_instance_is_refused_and_ends_nothing() {
-    let mut w = world(
-        vec![MemoryGroup::new("web", 0, 5, 3, "m5.large")],
-        fast_settings(),
-        Duration::from_millis(50),
-    )
-    .await;
+    let mut w = World::builder().web(5, 3).build().await;
     let nodes = nodes_of(&w, "web");
     w.cloud.enter_standby(&nodes[0].1, true).unwrap();
     assert_eq!(w.cloud.desired("web"), Some(2));
@@ -457,15 +427,11 @@ async fn deleting_a_standby_instance_is_refused_and_ends_nothing() {
 /// cancelled its own build.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_template_slower_than_cas_deadline_is_answered_in_time_and_still_built() {
-    let mut w = world(
-        vec![
-            MemoryGroup::new("web", 0, 5, 2, "m5.large"),
-            MemoryGroup::new("batch", 0, 5, 0, "m5.large"),
-        ],
-        fast_settings(),
-        Duration::from_millis(50),
-    )
-    .await;
+    let mut w = World::builder()
+        .web(5, 2)
+        .group(MemoryGroup::new("batch", 0, 5, 0, "m5.large"))
+        .build()
+        .await;
     // The empty group moves to a launch template version and instance type never
     // read: its template must be built again from AWS.
     w.cloud
@@ -524,30 +490,16 @@ async fn a_template_slower_than_cas_deadline_is_answered_in_time_and_still_built
 async fn group_with_two_placeholders() -> (MemoryCloud, Arc<Provider>, Vec<NodeRef>) {
     let cloud = MemoryCloud::new(vec![MemoryGroup::new("web", 0, 5, 1, "m5.large")], timing());
     cloud.fail_launches("web", Some("InsufficientInstanceCapacity"));
-    let provider = Provider::new(
+    let provider = ca_asg_provider::world::provider(
         Arc::new(cloud.clone()),
-        ProviderSettings {
-            selector: GroupSelector {
-                names: vec!["web".into()],
-                tag_sets: vec![],
-            },
-            ..ProviderSettings::default()
-        },
-    );
-    provider.refresh_now().await.unwrap();
+        ca_asg_provider::world::named(&["web"]),
+    )
+    .await
+    .unwrap();
     provider.increase_size("web", 2).await.unwrap();
     tokio::time::sleep(Duration::from_secs(1)).await;
     provider.refresh_now().await.unwrap();
-    let placeholders: Vec<NodeRef> = provider
-        .nodes("web")
-        .unwrap()
-        .into_iter()
-        .filter(|v| v.id.contains("i-placeholder-"))
-        .map(|v| NodeRef {
-            name: v.id.clone(),
-            provider_id: v.id,
-        })
-        .collect();
+    let placeholders = placeholders(&provider, "web");
     assert_eq!(placeholders.len(), 2, "{placeholders:?}");
     assert_eq!(cloud.desired("web"), Some(3));
     (cloud, provider, placeholders)

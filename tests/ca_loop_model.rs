@@ -33,7 +33,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
-use ca_asg_provider::cloud::memory::{MemoryCloud, MemoryGroup, MemoryTiming};
+use ca_asg_provider::cloud::memory::{MemoryCloud, MemoryGroup};
 use ca_asg_provider::cloud::{EksNodegroup, GroupSelector, Taint};
 use ca_asg_provider::provider::templates::ManualClock;
 use ca_asg_provider::provider::{
@@ -135,11 +135,7 @@ fn cloud() -> MemoryCloud {
             MemoryGroup::new(PLAIN, 1, 12, 3, "m5.large").launch_template_version("$Default"),
             MemoryGroup::new(EKS, 0, 12, 2, "m5.large").eks_managed("prod", "ng-1", 300),
         ],
-        MemoryTiming {
-            launch_delay: Duration::ZERO,
-            terminate_delay: Duration::ZERO,
-            hook_delay: Duration::ZERO,
-        },
+        ca_asg_provider::sim::world::instant_timing(),
     );
     cloud.set_eks_nodegroup("prod", "ng-1", Some(eks_nodegroup(0)));
     cloud
@@ -187,17 +183,7 @@ fn seen(bytes: &[u8]) -> Seen {
             // is one chosen among the group's zones by where its instances are now.
             .filter(|(k, _)| k != "kubernetes.io/hostname" && !k.ends_with("/zone"))
             .collect(),
-        taints: spec
-            .taints
-            .into_iter()
-            .map(|t| {
-                (
-                    t.key.unwrap_or_default(),
-                    t.value.unwrap_or_default(),
-                    t.effect.unwrap_or_default(),
-                )
-            })
-            .collect(),
+        taints: support::templates::taint_triples(spec.taints).collect(),
         capacity: status
             .capacity
             .into_iter()

@@ -8,7 +8,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use aws_sdk_autoscaling as asg;
-use aws_sdk_ec2 as ec2;
 use ca_asg_provider::cloud::memory::{MemoryCloud, MemoryGroup, MemoryTiming};
 use ca_asg_provider::cloud::{GroupSelector, TagFilter};
 use ca_asg_provider::commands::check::{account_of_role_arn, nothing_found, LookedIn};
@@ -20,27 +19,11 @@ mod support;
 const ENABLED: &str = "k8s.io/cluster-autoscaler/enabled";
 
 fn discovery(cluster: &str) -> GroupSelector {
-    GroupSelector {
-        names: vec![],
-        tag_sets: vec![vec![
-            TagFilter {
-                key: ENABLED.into(),
-                value: None,
-            },
-            TagFilter {
-                key: format!("k8s.io/cluster-autoscaler/{cluster}"),
-                value: None,
-            },
-        ]],
-    }
+    ca_asg_provider::world::tagged(&[ENABLED, &format!("k8s.io/cluster-autoscaler/{cluster}")])
 }
 
 fn quick() -> MemoryTiming {
-    MemoryTiming {
-        launch_delay: Duration::ZERO,
-        terminate_delay: Duration::ZERO,
-        hook_delay: Duration::ZERO,
-    }
+    ca_asg_provider::sim::world::instant_timing()
 }
 
 /// The real binary against moto, as the `helm test` Pod runs it: a typo'd cluster name
@@ -50,18 +33,7 @@ fn quick() -> MemoryTiming {
 async fn check_config_with_no_group_fails_naming_the_tags_region_and_account() {
     let moto = support::moto::MotoServer::start();
     let sdk = moto.sdk_config().await;
-    let ec2c = ec2::Client::new(&sdk);
-    ec2c.create_launch_template()
-        .launch_template_name("lt")
-        .launch_template_data(
-            ec2::types::RequestLaunchTemplateData::builder()
-                .image_id("ami-12c6146b")
-                .instance_type(ec2::types::InstanceType::M5Large)
-                .build(),
-        )
-        .send()
-        .await
-        .unwrap();
+    support::moto::launch_template(&sdk, "lt").await;
     let tag = |k: &str, v: &str| {
         asg::types::Tag::builder()
             .resource_id("prod-web")
@@ -100,28 +72,12 @@ async fn check_config_with_no_group_fails_naming_the_tags_region_and_account() {
             ),
         )
         .unwrap();
-        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_ca-asg-provider"));
-        cmd.args(["check-config", "--aws-endpoint", &moto.url, "--config"])
-            .arg(&path)
-            .env("AWS_ACCESS_KEY_ID", "test")
-            .env("AWS_SECRET_ACCESS_KEY", "test")
-            .env("AWS_EC2_METADATA_DISABLED", "true")
-            .env("AWS_CONFIG_FILE", dir.path().join("none"))
-            .env("AWS_SHARED_CREDENTIALS_FILE", dir.path().join("none"))
-            .env("HOME", dir.path())
-            .env_remove("AWS_ROLE_ARN")
-            .env_remove("AWS_WEB_IDENTITY_TOKEN_FILE")
-            .env_remove("KUBECONFIG")
-            .env_remove("KUBERNETES_SERVICE_HOST");
+        let mut cmd = support::moto::offline("check-config", &moto.url, &path, dir.path());
         if let Some(arn) = role_arn {
             // IRSA's variable; the static keys above still come first in the chain.
             cmd.env("AWS_ROLE_ARN", arn);
         }
-        let out = cmd.output().unwrap();
-        let text = String::from_utf8_lossy(&out.stdout).to_string()
-            + &String::from_utf8_lossy(&out.stderr);
-        println!("== {cluster}\n{text}");
-        (out.status.code(), text)
+        support::moto::said(&mut cmd, cluster)
     };
 
     let (code, text) = check(
@@ -129,16 +85,14 @@ async fn check_config_with_no_group_fails_naming_the_tags_region_and_account() {
         Some("arn:aws:iam::210987654321:role/ca-asg-provider"),
     );
     assert_eq!(code, Some(1), "{text}");
-    for want in [
+    support::assert_says(&text, &[
         "node groups found: 0",
         "problems (1):",
         "no node group found: no Auto Scaling Group is tagged k8s.io/cluster-autoscaler/enabled and k8s.io/cluster-autoscaler/prd in region us-east-1, account 210987654321 (from AWS_ROLE_ARN)",
         "the chart's clusterName",
         // Issue 62: the cluster tags it did see on groups with the enabled tag.
         "Did you mean: the groups tagged k8s.io/cluster-autoscaler/enabled here carry the cluster tags k8s.io/cluster-autoscaler/prod (1 group)",
-    ] {
-        assert!(text.contains(want), "{want:?} not in:\n{text}");
-    }
+    ]);
     assert!(!text.contains("no problems found"), "{text}");
 
     let (code, text) = check("prd", None);
@@ -244,10 +198,7 @@ async fn a_refused_describe_nodegroup_fails_check_config() {
     let p = Provider::new(
         Arc::new(cloud.clone()),
         ProviderSettings {
-            selector: GroupSelector {
-                names: vec!["eks-ml".into()],
-                tag_sets: vec![],
-            },
+            selector: ca_asg_provider::world::named(&["eks-ml"]),
             ..ProviderSettings::default()
         },
     );

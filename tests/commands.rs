@@ -7,7 +7,6 @@ use std::time::Duration;
 use ca_asg_provider::clock::Instant;
 
 use ca_asg_provider::cloud::memory::{MemoryCloud, MemoryGroup, MemoryTiming};
-use ca_asg_provider::cloud::GroupSelector;
 use ca_asg_provider::commands::drain::DrainArgs;
 use ca_asg_provider::config::ConfigArgs;
 use ca_asg_provider::provider::{Bounds, Provider, ProviderSettings};
@@ -27,10 +26,7 @@ async fn check_config_reports_groups_and_problems() {
         MemoryTiming::default(),
     );
     let ok = ProviderSettings {
-        selector: GroupSelector {
-            names: vec!["web".into()],
-            tag_sets: vec![],
-        },
+        selector: ca_asg_provider::world::named(&["web"]),
         ..ProviderSettings::default()
     };
     let p = Provider::new(Arc::new(cloud.clone()), ok);
@@ -40,10 +36,7 @@ async fn check_config_reports_groups_and_problems() {
     );
     // A missing group and bounds outside the ASG's are problems: exit 1.
     let mut bad = ProviderSettings {
-        selector: GroupSelector {
-            names: vec!["web".into(), "gone".into()],
-            tag_sets: vec![],
-        },
+        selector: ca_asg_provider::world::named(&["web", "gone"]),
         ..ProviderSettings::default()
     };
     bad.static_bounds.insert(
@@ -380,14 +373,10 @@ async fn check_config_finds_missing_kubernetes_permissions() {
 /// say where to set it; given through AWS_REGION, it is used.
 #[test]
 fn a_missing_region_refuses_to_start_and_says_where_to_set_it() {
-    let dir = tempfile::tempdir().unwrap();
-    let cfg = dir.path().join("config.yaml");
-    std::fs::write(
-        &cfg,
-        // A closed local port: nothing leaves this machine, and the call fails fast.
+    // A closed local port: nothing leaves this machine, and the call fails fast.
+    let (dir, cfg) = support::process::config_file(
         "nodeGroups: [{name: web}]\naws: {endpoint: \"http://127.0.0.1:9\", maxAttempts: 1}\n",
-    )
-    .unwrap();
+    );
     let run = |args: &[&str], region: Option<&str>| {
         let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_ca-asg-provider"));
         cmd.args(args)
@@ -507,38 +496,12 @@ fn a_missing_region_refuses_to_start_and_says_where_to_set_it() {
 /// neither), and exits 1; not a long "transient" error chain.
 #[test]
 fn check_config_without_credentials_says_what_to_check() {
-    let dir = tempfile::tempdir().unwrap();
-    let cfg = dir.path().join("config.yaml");
-    std::fs::write(
-        &cfg,
-        // A closed local port: nothing leaves this machine.
-        "nodeGroups: [{name: web}]\naws: {region: eu-west-1, endpoint: \"http://127.0.0.1:9\", maxAttempts: 1}\nscaleIn: {enabled: false}\n",
-    )
-    .unwrap();
+    // A closed local port: nothing leaves this machine.
+    let (dir, cfg) = support::process::config_file("nodeGroups: [{name: web}]\naws: {region: eu-west-1, endpoint: \"http://127.0.0.1:9\", maxAttempts: 1}\nscaleIn: {enabled: false}\n");
     let run = |env: &[(&str, String)]| {
         let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_ca-asg-provider"));
         cmd.args(["check-config", "--config"]).arg(&cfg);
-        for k in [
-            "AWS_ACCESS_KEY_ID",
-            "AWS_SECRET_ACCESS_KEY",
-            "AWS_SESSION_TOKEN",
-            "AWS_PROFILE",
-            "AWS_ROLE_ARN",
-            "AWS_WEB_IDENTITY_TOKEN_FILE",
-            "AWS_CONTAINER_CREDENTIALS_FULL_URI",
-            "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI",
-            "AWS_CONTAINER_AUTHORIZATION_TOKEN",
-            "AWS_CONTAINER_AUTHORIZATION_TOKEN_FILE",
-        ] {
-            cmd.env_remove(k);
-        }
-        cmd.env("HOME", dir.path())
-            .env("AWS_CONFIG_FILE", dir.path().join("no-config"))
-            .env(
-                "AWS_SHARED_CREDENTIALS_FILE",
-                dir.path().join("no-credentials"),
-            )
-            .env("AWS_EC2_METADATA_DISABLED", "true");
+        support::process::without_credentials(&mut cmd, dir.path());
         for (k, v) in env {
             cmd.env(k, v);
         }
@@ -757,10 +720,7 @@ async fn check_config_warns_of_a_multi_zone_group_under_zonal_spread() {
     let p = Provider::new(
         Arc::new(cloud),
         ProviderSettings {
-            selector: GroupSelector {
-                names: vec!["multi".into(), "single".into()],
-                tag_sets: vec![],
-            },
+            selector: ca_asg_provider::world::named(&["multi", "single"]),
             ..ProviderSettings::default()
         },
     );

@@ -7,7 +7,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ca_asg_provider::cloud::memory::{MemoryCloud, MemoryGroup, MemoryTiming};
-use ca_asg_provider::cloud::GroupSelector;
 use ca_asg_provider::proto;
 use ca_asg_provider::proto::cloud_provider_client::CloudProviderClient;
 use ca_asg_provider::provider::options::OptionsWithoutStartupTime;
@@ -127,10 +126,7 @@ async fn server_with(
         MemoryTiming::default(),
     );
     let settings = ProviderSettings {
-        selector: GroupSelector {
-            names: vec!["gpu".into(), "plain".into(), "mixed".into()],
-            tag_sets: vec![],
-        },
+        selector: ca_asg_provider::world::named(&["gpu", "plain", "mixed"]),
         options_without_startup_time: policy,
         ..ProviderSettings::default()
     };

@@ -5,7 +5,6 @@
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use ca_asg_provider::cloud::memory::MemoryGroup;
 use ca_asg_provider::scalein::{Outcome, ScaleInSettings};
 use ca_asg_provider::sim::fixtures;
 use k8s_openapi::api::core::v1::{Node, Pod};
@@ -26,22 +25,20 @@ async fn the_next_eviction_goes_when_the_replacement_is_ready_not_at_the_retry_t
         eviction_retry: Duration::from_secs(60),
         ..fast_settings()
     };
-    let mut w = world(
-        vec![MemoryGroup::new("web", 0, 4, 3, "m5.large")],
-        settings,
-        Duration::from_millis(200),
-    )
-    .await;
+    let mut w = World::builder()
+        .web(4, 3)
+        .settings(settings)
+        .ready_delay(Duration::from_millis(200))
+        .build()
+        .await;
     let web = nodes_of(&w, "web");
     let (node, iid) = web[0].clone();
     // Both replicas on `node`: the others are cordoned while they are placed.
     for (other, _) in &web[1..] {
         set_unschedulable(&w, other, true).await;
     }
-    w.sim.create(&fixtures::pdb("shop", "web", 1)).unwrap();
-    w.sim
-        .create(&fixtures::replicaset("shop", "web", 2, 0.1))
-        .unwrap();
+    w.put(&fixtures::pdb("shop", "web", 1));
+    w.put(&fixtures::replicaset("shop", "web", 2, 0.1));
     pods_ready(&w, 2).await;
     let on_node = |w: &World| {
         w.sim
@@ -70,12 +67,7 @@ async fn the_next_eviction_goes_when_the_replacement_is_ready_not_at_the_retry_t
     })
     .await;
     assert_eq!(w.engine.wait_for(&iid).await, Some(Outcome::Ended));
-    let blocked = w
-        .sim
-        .audit()
-        .iter()
-        .filter(|a| a.verb == "evicted" && a.name.starts_with("web"))
-        .count();
+    let blocked = evictions_of(&w, "web");
     assert_eq!(blocked, 2, "each replica evicted once");
 }
 
@@ -125,12 +117,12 @@ async fn four_drains_at_once(shared_from: usize) -> (u64, u64) {
         shared_pod_watch_from: shared_from,
         ..fast_settings()
     };
-    let mut w = world(
-        vec![MemoryGroup::new("web", 0, 6, 6, "m5.large")],
-        settings,
-        Duration::from_millis(100),
-    )
-    .await;
+    let mut w = World::builder()
+        .web(6, 6)
+        .settings(settings)
+        .ready_delay(Duration::from_millis(100))
+        .build()
+        .await;
     let web = nodes_of(&w, "web");
     let drained: Vec<(String, String)> = web[..4].to_vec();
     fluentd_and_an_app_on_each(&w, &drained, 0.2, 0.5);
@@ -234,21 +226,19 @@ async fn a_drain_waiting_for_a_slot_has_its_node_cordoned_already() {
         max_concurrent_drains: 1,
         ..fast_settings()
     };
-    let mut w = world(
-        vec![MemoryGroup::new("web", 0, 4, 3, "m5.large")],
-        settings,
-        Duration::from_millis(100),
-    )
-    .await;
+    let mut w = World::builder()
+        .web(4, 3)
+        .settings(settings)
+        .ready_delay(Duration::from_millis(100))
+        .build()
+        .await;
     let web = nodes_of(&w, "web");
     // On each of the two nodes to go, a pod whose budget allows nothing: whichever
     // drain takes the slot keeps it.
     for (i, (node, _)) in web[..2].iter().enumerate() {
         let app = format!("held-{i}");
-        w.sim.create(&fixtures::pdb("shop", &app, 0)).unwrap();
-        w.sim
-            .create(&fixtures::pod("shop", &app, node, &app, 0.1))
-            .unwrap();
+        w.put(&fixtures::pdb("shop", &app, 0));
+        w.put(&fixtures::pod("shop", &app, node, &app, 0.1));
     }
     pods_ready(&w, 2).await;
     delete_nodes(&mut w, "web", &web[..2]).await;
@@ -271,9 +261,7 @@ async fn a_drain_waiting_for_a_slot_has_its_node_cordoned_already() {
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert_eq!(started(&w), 1, "the other drain waits for the slot");
     // New pods go to the node that stays.
-    w.sim
-        .create(&fixtures::replicaset("shop", "later", 3, 0.1))
-        .unwrap();
+    w.put(&fixtures::replicaset("shop", "later", 3, 0.1));
     pods_ready(&w, 5).await;
     for p in w.sim.list::<Pod>() {
         if p["metadata"]["name"].as_str().unwrap().starts_with("later") {
@@ -302,25 +290,23 @@ async fn guarded_pod_with_a_slow_sibling(
     settings: ScaleInSettings,
     ready_after_ms: u64,
 ) -> (World, String, String) {
-    let w = world(
-        vec![MemoryGroup::new("web", 0, 3, 2, "m5.large")],
-        settings,
-        Duration::from_millis(100),
-    )
-    .await;
+    let w = World::builder()
+        .web(3, 2)
+        .settings(settings)
+        .ready_delay(Duration::from_millis(100))
+        .build()
+        .await;
     let web = nodes_of(&w, "web");
     let (node, iid) = web[0].clone();
-    w.sim.create(&fixtures::pdb("shop", "web", 1)).unwrap();
+    w.put(&fixtures::pdb("shop", "web", 1));
     let mut slow = fixtures::pod("shop", "web-b", &web[1].0, "web", 0.1);
     slow.metadata.annotations.get_or_insert_default().insert(
         ca_asg_provider::sim::cluster::READY_AFTER_ANNOTATION.into(),
         ready_after_ms.to_string(),
     );
-    w.sim
-        .create(&fixtures::pod("shop", "web-a", &node, "web", 0.1))
-        .unwrap();
+    w.put(&fixtures::pod("shop", "web-a", &node, "web", 0.1));
     pods_ready(&w, 1).await;
-    w.sim.create(&slow).unwrap();
+    w.put(&slow);
     eventually(
         "the budget's status counts both and allows none",
         10,

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use ca_asg_provider::cloud::memory::MemoryGroup;
 use ca_asg_provider::cloud::read_only::ReadOnly;
-use ca_asg_provider::cloud::{Cloud, GroupSelector};
+use ca_asg_provider::cloud::Cloud;
 use ca_asg_provider::proto;
 use ca_asg_provider::provider::{Provider, ProviderSettings};
 use ca_asg_provider::scalein::stages::preview;
@@ -18,7 +18,7 @@ use k8s_openapi::api::core::v1::{Node, Pod};
 
 mod support;
 use support::eventually;
-use support::world::{fast_settings, nodes_of_cloud, serve_ca, timing};
+use support::world::{delete_nodes_message, fast_settings, nodes_of_cloud, serve_ca, timing};
 
 fn dry_run_events(sim: &SimCluster, node: &str) -> Vec<String> {
     sim.list::<k8s_openapi::api::events::v1::Event>()
@@ -65,10 +65,7 @@ async fn a_dry_run_decides_everything_and_changes_nothing() {
     let provider = Provider::new(
         guarded.clone(),
         ProviderSettings {
-            selector: GroupSelector {
-                names: vec!["web".into(), "api".into()],
-                tag_sets: vec![],
-            },
+            selector: ca_asg_provider::world::named(&["web", "api"]),
             refresh_interval: Duration::from_millis(100),
             dry_run: true,
             ..ProviderSettings::default()
@@ -115,14 +112,7 @@ async fn a_dry_run_decides_everything_and_changes_nothing() {
 
     // CA's scale-down of the node with the app: the whole drain, in order.
     let down = ca
-        .node_group_delete_nodes(proto::NodeGroupDeleteNodesRequest {
-            id: "web".into(),
-            nodes: vec![proto::ExternalGrpcNode {
-                provider_id: format!("aws:///us-east-1a/{iid}"),
-                name: node.clone(),
-                ..Default::default()
-            }],
-        })
+        .node_group_delete_nodes(delete_nodes_message("web", &[(node.clone(), iid.clone())]))
         .await
         .unwrap_err();
     assert_eq!(down.code(), tonic::Code::FailedPrecondition);

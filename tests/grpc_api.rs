@@ -7,7 +7,7 @@ use std::time::Duration;
 use ca_asg_provider::clock::Instant;
 
 use ca_asg_provider::cloud::memory::{MemoryCloud, MemoryGroup, MemoryTiming};
-use ca_asg_provider::cloud::{Cloud, GroupSelector, TagFilter};
+use ca_asg_provider::cloud::Cloud;
 use ca_asg_provider::proto::cloud_provider_client::CloudProviderClient;
 use ca_asg_provider::proto::{self, instance_status::InstanceState};
 use ca_asg_provider::provider::{Bounds, Provider, ProviderSettings};
@@ -41,13 +41,7 @@ fn groups() -> Vec<MemoryGroup> {
 
 fn discovery() -> ProviderSettings {
     ProviderSettings {
-        selector: GroupSelector {
-            names: vec![],
-            tag_sets: vec![vec![TagFilter {
-                key: "k8s.io/cluster-autoscaler/enabled".into(),
-                value: None,
-            }]],
-        },
+        selector: ca_asg_provider::world::tagged(&["k8s.io/cluster-autoscaler/enabled"]),
         refresh_interval: Duration::from_millis(50),
         lookup_interval: Duration::from_millis(20),
         ..ProviderSettings::default()
@@ -89,6 +83,28 @@ async fn start() -> Harness {
 
 /// A node as CA sends it for an instance NodeGroupNodes listed (clusterstate's fake
 /// node): name and providerID are both `aws:///zone/i-...`.
+/// The gRPC server over a provider of [`groups`] on a free port, at most 4
+/// connections open at once, each closed after `first_byte_timeout` without a byte.
+async fn served_with_a_cap_of_4(first_byte_timeout: Duration) -> std::net::SocketAddr {
+    let provider = Provider::new(Arc::new(MemoryCloud::new(groups(), fast())), discovery());
+    provider.refresh_now().await.unwrap();
+    let (listener, addr) = ca_asg_provider::grpc::bind("127.0.0.1:0".parse().unwrap())
+        .await
+        .unwrap();
+    let limits = ca_asg_provider::grpc::ConnectionLimits {
+        max_connections: 4,
+        first_byte_timeout,
+    };
+    tokio::spawn(ca_asg_provider::grpc::serve_with(
+        listener,
+        provider,
+        None,
+        std::future::pending(),
+        limits,
+    ));
+    addr
+}
+
 fn node(pid: &str) -> proto::ExternalGrpcNode {
     proto::ExternalGrpcNode {
         provider_id: pid.into(),
@@ -165,10 +181,7 @@ async fn node_groups_lists_discovered_groups_only() {
 #[tokio::test]
 async fn static_bounds_are_kept_inside_the_asg() {
     let mut settings = discovery();
-    settings.selector = GroupSelector {
-        names: vec!["web".into(), "missing".into()],
-        tag_sets: vec![],
-    };
+    settings.selector = ca_asg_provider::world::named(&["web", "missing"]);
     settings.static_bounds.insert(
         "web".into(),
         Bounds {
@@ -799,22 +812,7 @@ async fn huge_and_hostile_values_are_echoed_capped_and_escaped() {
 #[tokio::test]
 async fn silent_connections_are_closed_and_capped_without_starving_ca() {
     use tokio::io::AsyncReadExt;
-    let provider = Provider::new(Arc::new(MemoryCloud::new(groups(), fast())), discovery());
-    provider.refresh_now().await.unwrap();
-    let (listener, addr) = ca_asg_provider::grpc::bind("127.0.0.1:0".parse().unwrap())
-        .await
-        .unwrap();
-    let limits = ca_asg_provider::grpc::ConnectionLimits {
-        max_connections: 4,
-        first_byte_timeout: Duration::from_millis(300),
-    };
-    tokio::spawn(ca_asg_provider::grpc::serve_with(
-        listener,
-        provider.clone(),
-        None,
-        std::future::pending(),
-        limits,
-    ));
+    let addr = served_with_a_cap_of_4(Duration::from_millis(300)).await;
     // Ten silent connections: more than the server takes at once.
     let mut silent = Vec::new();
     for _ in 0..10 {
@@ -1577,23 +1575,8 @@ async fn placeholders_of_any_legal_asg_name_map_to_their_group_and_can_be_delete
 #[tokio::test]
 async fn a_fresh_client_is_served_while_the_cap_is_full_of_idle_connections() {
     use tokio::io::AsyncReadExt;
-    let provider = Provider::new(Arc::new(MemoryCloud::new(groups(), fast())), discovery());
-    provider.refresh_now().await.unwrap();
-    let (listener, addr) = ca_asg_provider::grpc::bind("127.0.0.1:0".parse().unwrap())
-        .await
-        .unwrap();
-    let limits = ca_asg_provider::grpc::ConnectionLimits {
-        max_connections: 4,
-        // Far longer than the test: only making room may close them.
-        first_byte_timeout: Duration::from_secs(600),
-    };
-    tokio::spawn(ca_asg_provider::grpc::serve_with(
-        listener,
-        provider.clone(),
-        None,
-        std::future::pending(),
-        limits,
-    ));
+    // Far longer than the test: only making room may close them.
+    let addr = served_with_a_cap_of_4(Duration::from_secs(600)).await;
     let url = format!("http://{addr}");
     // CA, connected and speaking.
     let mut ca = CloudProviderClient::connect(url.clone()).await.unwrap();

@@ -16,20 +16,14 @@ use k8s_openapi::api::core::v1::Node;
 mod support;
 use support::eventually;
 use support::notices::{eventbridge, lifecycle_at, spot, spot_at};
-use support::queue::{consumer, handle_next, running};
+use support::queue::{consumer, handle_next, queue_and_consumer, running};
 use support::world::*;
 
 #[tokio::test]
 async fn a_spot_warning_drains_workloads_first_and_daemonsets_last_within_two_minutes() {
-    let w = world(
-        vec![MemoryGroup::new("web", 0, 3, 1, "m5.large")],
-        fast_settings(),
-        Duration::from_millis(50),
-    )
-    .await;
+    let w = World::builder().web(3, 1).build().await;
     let (node, iid) = node_with_fluentd_and_app(&w, 2.0).await;
-    let q = Arc::new(MemoryQueue::default());
-    let c = consumer(&w, &q, RebalanceAction::Cordon);
+    let (q, c) = queue_and_consumer(&w, RebalanceAction::Cordon);
     q.send(&spot(&iid));
     assert_eq!(handle_next(&c, &q).await, Handled::Done(vec!["drain"]));
     assert_eq!(q.pending(), 0, "deleted once handled");
@@ -82,15 +76,9 @@ async fn a_spot_warning_drains_workloads_first_and_daemonsets_last_within_two_mi
 
 #[tokio::test]
 async fn a_rebalance_recommendation_cordons_only() {
-    let w = world(
-        vec![MemoryGroup::new("web", 0, 3, 1, "m5.large")],
-        fast_settings(),
-        Duration::from_millis(50),
-    )
-    .await;
+    let w = World::builder().web(3, 1).build().await;
     let (node, iid) = node_with_fluentd_and_app(&w, 0.1).await;
-    let q = Arc::new(MemoryQueue::default());
-    let c = consumer(&w, &q, RebalanceAction::Cordon);
+    let (q, c) = queue_and_consumer(&w, RebalanceAction::Cordon);
     q.send(&eventbridge(
         "EC2 Instance Rebalance Recommendation",
         "aws.ec2",
@@ -121,12 +109,7 @@ async fn a_rebalance_recommendation_cordons_only() {
 
 #[tokio::test]
 async fn a_duplicate_and_a_restart_mid_drain_make_one_drain() {
-    let mut w = world(
-        vec![MemoryGroup::new("web", 0, 3, 1, "m5.large")],
-        fast_settings(),
-        Duration::from_millis(50),
-    )
-    .await;
+    let mut w = World::builder().web(3, 1).build().await;
     let (node, iid) = node_with_fluentd_and_app(&w, 3.0).await;
     let q = Arc::new(MemoryQueue::default());
     let loop_task = consumer(&w, &q, RebalanceAction::Cordon).spawn();
@@ -183,14 +166,8 @@ async fn a_duplicate_and_a_restart_mid_drain_make_one_drain() {
 
 #[tokio::test]
 async fn poison_and_test_messages_are_deleted_and_counted_never_retried() {
-    let w = world(
-        vec![MemoryGroup::new("web", 0, 3, 1, "m5.large")],
-        fast_settings(),
-        Duration::from_millis(50),
-    )
-    .await;
-    let q = Arc::new(MemoryQueue::default());
-    let c = consumer(&w, &q, RebalanceAction::Cordon);
+    let w = World::builder().web(3, 1).build().await;
+    let (q, c) = queue_and_consumer(&w, RebalanceAction::Cordon);
     let dropped_before = dropped_count("malformed");
     q.send("{\"detail-type\": \"EC2 Spot Instance Interruption Warning\", \"detail\": {}}");
     assert_eq!(handle_next(&c, &q).await, Handled::Dropped("malformed"));
@@ -231,15 +208,8 @@ fn dropped_count(reason: &str) -> u64 {
 /// reasons::a_lifecycle_message_with_a_wrong_token_does_not_cost_the_hook).
 #[tokio::test]
 async fn the_asgs_lifecycle_notification_drains_and_completes_by_instance_id() {
-    let w = world(
-        vec![MemoryGroup::new("web", 0, 3, 2, "m5.large")
-            .terminating_hook("ca-asg-provider-drain", 300)],
-        fast_settings(),
-        Duration::from_millis(50),
-    )
-    .await;
-    let q = Arc::new(MemoryQueue::default());
-    let c = consumer(&w, &q, RebalanceAction::Cordon);
+    let w = World::builder().web_hooked(3, 2, 300).build().await;
+    let (q, c) = queue_and_consumer(&w, RebalanceAction::Cordon);
     let iid = w.cloud.external_scale_in("web", 1).unwrap().remove(0);
     let at = chrono::DateTime::parse_from_rfc3339("2026-11-23T10:00:05.123Z").unwrap();
     let note = |hook: &str| lifecycle_at("web", &iid, hook, Some("tok-1234"), at.into());
@@ -261,21 +231,13 @@ async fn the_asgs_lifecycle_notification_drains_and_completes_by_instance_id() {
 
 #[tokio::test]
 async fn an_instance_that_stopped_stops_its_drain() {
-    let w = world(
-        vec![MemoryGroup::new("web", 0, 3, 1, "m5.large")],
-        fast_settings(),
-        Duration::from_millis(50),
-    )
-    .await;
+    let w = World::builder().web(3, 1).build().await;
     let (node, iid) = nodes_of(&w, "web").remove(0);
     // A PDB that allows nothing: the drain waits on it.
-    w.sim.create(&fixtures::pdb("shop", "app", 0)).unwrap();
-    w.sim
-        .create(&fixtures::pod("shop", "app", &node, "app", 0.1))
-        .unwrap();
+    w.put(&fixtures::pdb("shop", "app", 0));
+    w.put(&fixtures::pod("shop", "app", &node, "app", 0.1));
     pods_ready(&w, 1).await;
-    let q = Arc::new(MemoryQueue::default());
-    let c = consumer(&w, &q, RebalanceAction::Cordon);
+    let (q, c) = queue_and_consumer(&w, RebalanceAction::Cordon);
     q.send(&spot(&iid));
     assert_eq!(handle_next(&c, &q).await, Handled::Done(vec!["drain"]));
     eventually("the eviction is refused by the PDB", 10, || {
@@ -308,7 +270,7 @@ async fn one_lifecycle_scan_of_200_hooked_groups_is_one_batched_read() {
                 .terminating_hook("ca-asg-provider-drain", 300)
         })
         .collect();
-    let w = world(groups, fast_settings(), Duration::from_millis(50)).await;
+    let w = World::builder().groups(groups).build().await;
     let before = w.cloud.calls();
     scalein::sources::hook_scan::scan(&w.engine, &w.provider).await;
     let after = w.cloud.calls();
@@ -331,15 +293,9 @@ async fn one_lifecycle_scan_of_200_hooked_groups_is_one_batched_read() {
 
 #[tokio::test]
 async fn a_scheduled_retirement_drains_before_its_start_time() {
-    let w = world(
-        vec![MemoryGroup::new("web", 0, 3, 1, "m5.large")],
-        fast_settings(),
-        Duration::from_millis(50),
-    )
-    .await;
+    let w = World::builder().web(3, 1).build().await;
     let (_node, iid) = node_with_fluentd_and_app(&w, 0.5).await;
-    let q = Arc::new(MemoryQueue::default());
-    let c = consumer(&w, &q, RebalanceAction::Cordon);
+    let (q, c) = queue_and_consumer(&w, RebalanceAction::Cordon);
     let start = (chrono::Utc::now() + chrono::Duration::minutes(10)).to_rfc2822();
     q.send(&eventbridge(
         "AWS Health Event",
@@ -374,24 +330,14 @@ async fn only_a_spent_budget_overrides_a_pdb() {
         workload_deadline: Duration::from_secs(2),
         ..fast_settings()
     };
-    let w = world(
-        vec![MemoryGroup::new("web", 0, 3, 2, "m5.large")],
-        settings,
-        Duration::from_millis(50),
-    )
-    .await;
+    let w = World::builder().web(3, 2).settings(settings).build().await;
     let web = nodes_of(&w, "web");
     let ((spot_node, spot_iid), (far_node, far_iid)) = (web[0].clone(), web[1].clone());
-    w.sim.create(&fixtures::pdb("shop", "app", 0)).unwrap();
-    w.sim
-        .create(&fixtures::pod("shop", "app-spot", &spot_node, "app", 0.1))
-        .unwrap();
-    w.sim
-        .create(&fixtures::pod("shop", "app-far", &far_node, "app", 0.1))
-        .unwrap();
+    w.put(&fixtures::pdb("shop", "app", 0));
+    w.put(&fixtures::pod("shop", "app-spot", &spot_node, "app", 0.1));
+    w.put(&fixtures::pod("shop", "app-far", &far_node, "app", 0.1));
     pods_ready(&w, 2).await;
-    let q = Arc::new(MemoryQueue::default());
-    let c = consumer(&w, &q, RebalanceAction::Cordon);
+    let (q, c) = queue_and_consumer(&w, RebalanceAction::Cordon);
 
     q.send(&spot_at(
         &spot_iid,
@@ -422,12 +368,7 @@ async fn only_a_spent_budget_overrides_a_pdb() {
 /// warning sent meanwhile is handled once SQS answers, and its drain runs as usual.
 #[tokio::test]
 async fn a_refused_receive_backs_off_and_the_notice_is_still_handled() {
-    let w = world(
-        vec![MemoryGroup::new("web", 0, 3, 1, "m5.large")],
-        fast_settings(),
-        Duration::from_millis(50),
-    )
-    .await;
+    let w = World::builder().web(3, 1).build().await;
     let (_node, iid) = node_with_fluentd_and_app(&w, 0.1).await;
     let q = Arc::new(MemoryQueue::default());
     q.refuse_receives(2);
@@ -451,19 +392,10 @@ async fn a_refused_receive_backs_off_and_the_notice_is_still_handled() {
 /// the log shipper is not asked to leave a second time.
 #[tokio::test]
 async fn the_same_notice_after_its_drain_finished_does_not_drain_again() {
-    let w = world(
-        vec![MemoryGroup::new("web", 0, 3, 1, "m5.large")],
-        fast_settings(),
-        Duration::from_millis(50),
-    )
-    .await;
+    let w = World::builder().web(3, 1).build().await;
     let (node, iid) = nodes_of(&w, "web").remove(0);
-    w.sim
-        .create(&fixtures::log_shipper_tolerating_drain(0.0))
-        .unwrap();
-    w.sim
-        .create(&fixtures::pod("shop", "app", &node, "app", 0.1))
-        .unwrap();
+    w.put(&fixtures::log_shipper_tolerating_drain(0.0));
+    w.put(&fixtures::pod("shop", "app", &node, "app", 0.1));
     pods_ready(&w, 2).await;
     let q = Arc::new(MemoryQueue::default());
     let warning = spot(&iid);

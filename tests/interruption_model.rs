@@ -98,35 +98,20 @@ struct Model {
 impl Model {
     async fn new() -> Model {
         let origin = ca_asg_provider::clock::now();
-        let mut w = world_in_process(
-            vec![MemoryGroup::new("web", 0, 6, NODES as i32, "m5.large")
-                .terminating_hook("ca-asg-provider-drain", 300)],
-            fast_settings(),
-            Duration::from_millis(20),
-        )
-        .await;
+        let mut w = World::builder()
+            .group(
+                MemoryGroup::new("web", 0, 6, NODES as i32, "m5.large")
+                    .terminating_hook("ca-asg-provider-drain", 300),
+            )
+            .ready_delay(Duration::from_millis(20))
+            .in_process()
+            .build()
+            .await;
         let nodes = nodes_of(&w, "web");
         fluentd_and_an_app_on_each(&w, &nodes, 0.1, 0.3);
         pods_ready(&w, 2 * NODES).await;
-        let listed = w.sim.list::<k8s_openapi::api::core::v1::Pod>();
-        let pods = nodes
-            .iter()
-            .enumerate()
-            .map(|(i, (node, _))| {
-                let ds = listed
-                    .iter()
-                    .find(|p| {
-                        p["spec"]["nodeName"] == node.as_str()
-                            && p["metadata"]["name"]
-                                .as_str()
-                                .is_some_and(|n| n.starts_with("fluentd"))
-                    })
-                    .and_then(|p| p["metadata"]["name"].as_str())
-                    .expect("fluentd on every node")
-                    .to_string();
-                (format!("app-{i}"), ds)
-            })
-            .collect();
+        let on: Vec<&str> = nodes.iter().map(|(n, _)| n.as_str()).collect();
+        let pods = support::invariants::app_and_fluentd_on_each(&w, &on);
         // The service is replica-1, named on the API server and in AWS's log.
         w.engine.shutdown();
         let mut procs = Processes::default();

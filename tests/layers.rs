@@ -19,7 +19,8 @@ const LAYERS: &[(&str, u8)] = &[
     ("interruption", 4),
     ("config", 5),
     ("grpc", 6),
-    ("commands", 7),
+    ("world", 7),
+    ("commands", 8),
 ];
 
 /// Uses the ranks allow that are still wrong: (from, to, why).

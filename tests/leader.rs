@@ -154,16 +154,10 @@ async fn a_forbidden_lease_is_said_plainly_and_nobody_leads() {
 /// message, whoever calls it (not only the loop checks).
 #[tokio::test]
 async fn a_follower_starts_no_drain_and_deletes_no_message() {
-    use ca_asg_provider::cloud::memory::MemoryGroup;
     use ca_asg_provider::cloud::queue::{MemoryQueue, Queue};
     use ca_asg_provider::interruption::consumer::{Consumer, Handled};
     use support::world::*;
-    let w = world(
-        vec![MemoryGroup::new("web", 0, 3, 1, "m5.large")],
-        fast_settings(),
-        Duration::from_millis(50),
-    )
-    .await;
+    let w = World::builder().web(3, 1).build().await;
     let (_node, iid) = nodes_of(&w, "web").remove(0);
     let (_lead, follower) = tokio::sync::watch::channel(false);
     w.engine.follow_leadership(follower);
@@ -192,21 +186,15 @@ async fn a_replica_that_loses_the_lease_stops_its_drains_while_its_loop_waits_on
     use ca_asg_provider::cloud::memory::MemoryGroup;
     use ca_asg_provider::sim::fixtures;
     use support::world::*;
-    let mut w = world(
-        vec![
-            MemoryGroup::new("web", 0, 3, 1, "m5.large")
-                .terminating_hook("ca-asg-provider-drain", 60),
-            MemoryGroup::new("batch", 0, 3, 1, "m5.large"),
-        ],
-        fast_settings(),
-        Duration::from_millis(20),
-    )
-    .await;
+    let mut w = World::builder()
+        .web_hooked(3, 1, 60)
+        .group(MemoryGroup::new("batch", 0, 3, 1, "m5.large"))
+        .ready_delay(Duration::from_millis(20))
+        .build()
+        .await;
     let (node, iid) = nodes_of(&w, "batch").remove(0);
-    w.sim
-        .create(&fixtures::pod("shop", "guarded", &node, "guarded", 0.1))
-        .unwrap();
-    w.sim.create(&fixtures::pdb("shop", "guarded", 0)).unwrap();
+    w.put(&fixtures::pod("shop", "guarded", &node, "guarded", 0.1));
+    w.put(&fixtures::pdb("shop", "guarded", 0));
     pods_ready(&w, 1).await;
     let (lease, rx) = tokio::sync::watch::channel(true);
     w.engine.follow_leadership(rx);
@@ -332,22 +320,19 @@ async fn two_replicas_never_act_at_once_judged_by_their_own_actions() {
     use support::acting::{actions, assert_one_actor_at_a_time, AwsActs};
     use support::world::*;
     const HOOK: &str = "ca-asg-provider-drain";
-    let w = world(
-        // A 3 s hook: heartbeats every second, so a replica acting past its
-        // leadership shows in the log, and a slow hand-over would cost the hook.
-        vec![MemoryGroup::new("web", 0, 4, 3, "m5.large").terminating_hook(HOOK, 3)],
-        fast_settings(),
-        Duration::from_millis(20),
-    )
-    .await;
+    // A 3 s hook: heartbeats every second, so a replica acting past its
+    // leadership shows in the log, and a slow hand-over would cost the hook.
+    let w = World::builder()
+        .group(MemoryGroup::new("web", 0, 4, 3, "m5.large").terminating_hook(HOOK, 3))
+        .ready_delay(Duration::from_millis(20))
+        .build()
+        .await;
     // The world's own process takes no part.
     w.engine.shutdown();
     for (i, (node, _)) in nodes_of(&w, "web").iter().enumerate() {
         let name = format!("guarded-{i}");
-        w.sim.create(&fixtures::pdb("shop", &name, 0)).unwrap();
-        w.sim
-            .create(&fixtures::pod("shop", &name, node, &name, 0.1))
-            .unwrap();
+        w.put(&fixtures::pdb("shop", &name, 0));
+        w.put(&fixtures::pod("shop", &name, node, &name, 0.1));
     }
     pods_ready(&w, 3).await;
 

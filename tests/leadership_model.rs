@@ -199,27 +199,20 @@ fn name(slot: usize, generation: usize) -> String {
 impl Model {
     async fn new() -> Model {
         let start = ca_asg_provider::clock::now();
-        let w = world_in_process(
-            vec![
+        let w = World::builder()
+            .group(
                 MemoryGroup::new("web", 0, 6, 3, "m5.large")
                     .terminating_hook(HOOK, HOOK_TIMEOUT_SECS),
-                MemoryGroup::new("batch", 0, 6, 2, "m5.large"),
-            ],
-            settings(),
-            Duration::from_millis(20),
-        )
-        .await;
+            )
+            .group(MemoryGroup::new("batch", 0, 6, 2, "m5.large"))
+            .settings(settings())
+            .ready_delay(Duration::from_millis(20))
+            .in_process()
+            .build()
+            .await;
         // The world's own process takes no part: the replicas are the service.
         w.engine.shutdown();
-        let mut nodes: Vec<(String, String, &'static str)> = nodes_of(&w, "web")
-            .into_iter()
-            .map(|(n, i)| (n, i, "web"))
-            .collect();
-        nodes.extend(
-            nodes_of(&w, "batch")
-                .into_iter()
-                .map(|(n, i)| (n, i, "batch")),
-        );
+        let nodes = nodes_of_groups(&w, &["web", "batch"]);
         assert_eq!(nodes.len(), NODES);
         let on: Vec<&str> = nodes.iter().map(|(n, _, _)| n.as_str()).collect();
         let pods = apps_under_fluentd(&w, &on, GUARDED).await;

@@ -58,29 +58,14 @@ fn action(hook: &str, id: &str) -> LifecycleAction {
 }
 
 fn quick() -> MemoryTiming {
-    MemoryTiming {
-        launch_delay: Duration::ZERO,
-        terminate_delay: Duration::ZERO,
-        hook_delay: Duration::ZERO,
-    }
-}
-
-fn state_of(cloud: &MemoryCloud, id: &str) -> Option<LifecycleState> {
-    cloud
-        .instances()
-        .into_iter()
-        .find(|(_, i)| i.id == id)
-        .map(|(_, i)| i.state)
+    ca_asg_provider::sim::world::instant_timing()
 }
 
 #[tokio::test]
 async fn an_instance_waits_for_every_hook_and_goes_on_after_the_last() {
     let cloud = MemoryCloud::new(vec![managed(2, Some(300), 300)], quick());
     let snap = &cloud
-        .describe_groups(&ca_asg_provider::cloud::GroupSelector {
-            names: vec![GROUP.into()],
-            tag_sets: vec![],
-        })
+        .describe_groups(&ca_asg_provider::world::named(&[GROUP]))
         .await
         .unwrap()[0];
     // As AWS: DescribeAutoScalingGroups carries no hooks; DescribeLifecycleHooks
@@ -180,22 +165,26 @@ struct Scene {
     desired: i32,
 }
 
+/// The managed group with three instances (our hook's timeout `ours`, EKS's
+/// `eks_timeout_secs`), pods Ready 300 ms after binding.
+async fn managed_world(ours: Option<i32>, eks_timeout_secs: i32) -> World {
+    World::builder()
+        .group(managed(3, ours, eks_timeout_secs))
+        .ready_delay(Duration::from_millis(300))
+        .build()
+        .await
+}
+
 async fn scene(w: &World) -> Scene {
     let nodes = nodes_of(w, GROUP);
     // The ASG ends the newest instance itself: the same one in every test.
     let (node, iid) = nodes.last().cloned().unwrap();
-    w.sim
-        .create(&fixtures::replicaset("shop", "api", 6, 0.3))
-        .unwrap();
-    w.sim.create(&fixtures::pdb("shop", "api", 1)).unwrap();
+    w.put(&fixtures::replicaset("shop", "api", 6, 0.3));
+    w.put(&fixtures::pdb("shop", "api", 1));
     // Placed first, by least load: two on each node.
     pods_ready(w, 6).await;
-    w.sim
-        .create(&fixtures::daemonset("logging", "fluentd", 0.3, false))
-        .unwrap();
-    w.sim
-        .create(&fixtures::pod("shop", "app", &node, "app", 1.0))
-        .unwrap();
+    w.put(&fixtures::daemonset("logging", "fluentd", 0.3, false));
+    w.put(&fixtures::pod("shop", "app", &node, "app", 1.0));
     pods_ready(w, 6 + nodes.len() + 1).await;
     let on_node: Vec<serde_json::Value> = w
         .sim
@@ -381,12 +370,7 @@ async fn ended_as_promised(w: &World, s: &Scene, eks: &EksDrainer, ours: Option<
 
 #[tokio::test]
 async fn cas_scale_in_in_lifecycle_mode_with_eks_draining_beside_it() {
-    let mut w = world(
-        vec![managed(3, Some(30), 30)],
-        fast_settings(),
-        Duration::from_millis(300),
-    )
-    .await;
+    let mut w = managed_world(Some(30), 30).await;
     scalein::sources::hook_scan::spawn_loop(w.engine.clone(), w.provider.clone());
     let s = scene(&w).await;
     let eks = EksDrainer::start(&w.sim, &w.cloud, GROUP, EKS_COMPLETES);
@@ -407,12 +391,7 @@ async fn an_asg_started_scale_in_with_both_hooks_and_eks_timing_out() {
     // was completed (our drain takes about 1.5 s), so the instance waits in
     // Terminating:Wait on EKS's hook alone for seconds, under the service's scans
     // (every 200 ms). Before the fix each scan took it for a new action of ours.
-    let mut w = world(
-        vec![managed(3, Some(30), 6)],
-        fast_settings(),
-        Duration::from_millis(300),
-    )
-    .await;
+    let mut w = managed_world(Some(30), 6).await;
     scalein::sources::hook_scan::spawn_loop(w.engine.clone(), w.provider.clone());
     let s = scene(&w).await;
     let eks = EksDrainer::start(
@@ -476,12 +455,7 @@ async fn an_asg_started_scale_in_with_both_hooks_and_eks_timing_out() {
 
 #[tokio::test]
 async fn direct_mode_drains_first_and_eks_finds_nothing_to_evict() {
-    let mut w = world(
-        vec![managed(3, None, 30)],
-        fast_settings(),
-        Duration::from_millis(300),
-    )
-    .await;
+    let mut w = managed_world(None, 30).await;
     scalein::sources::hook_scan::spawn_loop(w.engine.clone(), w.provider.clone());
     let s = scene(&w).await;
     let eks = EksDrainer::start(&w.sim, &w.cloud, GROUP, EKS_COMPLETES);
@@ -521,20 +495,13 @@ fn lifecycle_note(iid: &str) -> String {
 /// again, nothing is heartbeated or completed a second time.
 #[tokio::test]
 async fn a_restarted_service_does_not_drain_again_an_instance_only_eks_still_holds() {
-    let w = world(
-        vec![managed(3, Some(30), 60)],
-        fast_settings(),
-        Duration::from_millis(300),
-    )
-    .await;
+    let w = managed_world(Some(30), 60).await;
     let lifecycle = scalein::sources::hook_scan::spawn_loop(w.engine.clone(), w.provider.clone());
     let s = scene(&w).await;
     // A log shipper that tolerates every taint: the DaemonSet controller puts it
     // back on the cordoned node after each eviction.
     let nodes = nodes_of(&w, GROUP).len();
-    w.sim
-        .create(&fixtures::daemonset("logging", "shipper", 0.2, true))
-        .unwrap();
+    w.put(&fixtures::daemonset("logging", "shipper", 0.2, true));
     pods_ready(&w, 6 + 2 * nodes + 1).await;
     let _eks = EksDrainer::start(
         &w.sim,

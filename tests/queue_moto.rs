@@ -9,7 +9,6 @@ use std::time::Duration;
 use aws_sdk_cloudformation as cfn;
 use aws_sdk_eventbridge as eventbridge;
 use ca_asg_provider::cloud::aws::sqs::SqsQueue;
-use ca_asg_provider::cloud::memory::MemoryGroup;
 use ca_asg_provider::cloud::queue::Queue;
 use ca_asg_provider::interruption::consumer::Consumer;
 use ca_asg_provider::interruption::InterruptionSettings;
@@ -110,24 +109,15 @@ async fn events_through_eventbridge_reach_the_drain_through_sqs() {
         );
     }
 
-    let w = world(
-        vec![MemoryGroup::new("web", 0, 3, 2, "m5.large")],
-        fast_settings(),
-        Duration::from_millis(50),
-    )
-    .await;
+    let w = World::builder().web(3, 2).build().await;
     let web = nodes_of(&w, "web");
     let ((node, iid), other) = (web[0].clone(), web[1].clone());
-    w.sim
-        .create(&ca_asg_provider::sim::fixtures::daemonset(
-            "logging", "fluentd", 0.2, false,
-        ))
-        .unwrap();
-    w.sim
-        .create(&ca_asg_provider::sim::fixtures::pod(
-            "shop", "app", &node, "app", 1.0,
-        ))
-        .unwrap();
+    w.put(&ca_asg_provider::sim::fixtures::daemonset(
+        "logging", "fluentd", 0.2, false,
+    ));
+    w.put(&ca_asg_provider::sim::fixtures::pod(
+        "shop", "app", &node, "app", 1.0,
+    ));
     pods_ready(&w, 3).await;
     let sqs = aws_sdk_sqs::Client::new(&cfg);
     let queue = Arc::new(SqsQueue::from_client(sqs.clone(), &url));

@@ -9,12 +9,9 @@
 use std::process::Command;
 
 use aws_sdk_autoscaling as asg;
-use aws_sdk_ec2 as ec2;
 
 mod support;
 use support::moto::MotoServer;
-
-const AMI: &str = "ami-12c6146b";
 
 fn root() -> std::path::PathBuf {
     std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
@@ -83,18 +80,7 @@ async fn check_config_on_the_quickstart_render_finds_the_clusters_groups() {
         ))
         .load()
         .await;
-    let ec2c = ec2::Client::new(&sdk);
-    ec2c.create_launch_template()
-        .launch_template_name("workers")
-        .launch_template_data(
-            ec2::types::RequestLaunchTemplateData::builder()
-                .image_id(AMI)
-                .instance_type(ec2::types::InstanceType::M5Large)
-                .build(),
-        )
-        .send()
-        .await
-        .unwrap();
+    support::moto::launch_template(&sdk, "workers").await;
     let tag = |k: &str| {
         asg::types::Tag::builder()
             .resource_id(format!("{CLUSTER}-workers"))
@@ -126,18 +112,8 @@ async fn check_config_on_the_quickstart_render_finds_the_clusters_groups() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("config.yaml");
     std::fs::write(&path, &config).unwrap();
-    let out = Command::new(env!("CARGO_BIN_EXE_ca-asg-provider"))
-        .args(["check-config", "--aws-endpoint", &moto.url, "--config"])
-        .arg(&path)
-        .env("AWS_ACCESS_KEY_ID", "test")
-        .env("AWS_SECRET_ACCESS_KEY", "test")
-        .env("AWS_EC2_METADATA_DISABLED", "true")
-        .env("AWS_CONFIG_FILE", dir.path().join("none"))
-        .env("AWS_SHARED_CREDENTIALS_FILE", dir.path().join("none"))
-        .env("HOME", dir.path())
-        // Outside a cluster: the permissions are reported as not checked.
-        .env_remove("KUBECONFIG")
-        .env_remove("KUBERNETES_SERVICE_HOST")
+    // Outside a cluster: the permissions are reported as not checked.
+    let out = support::moto::offline("check-config", &moto.url, &path, dir.path())
         .output()
         .unwrap();
     let text =

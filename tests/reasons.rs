@@ -3,11 +3,9 @@
 //! API server over HTTP and the memory cloud, through the consumer and the lifecycle
 //! loop the service runs.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use ca_asg_provider::cloud::memory::MemoryGroup;
-use ca_asg_provider::cloud::queue::MemoryQueue;
 use ca_asg_provider::cloud::LifecycleHook;
 use ca_asg_provider::interruption::consumer::Handled;
 use ca_asg_provider::interruption::RebalanceAction;
@@ -19,7 +17,7 @@ use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 mod support;
 use support::eventually;
 use support::notices::{rebalance, spot, spot_at};
-use support::queue::{consumer, handle_all, handle_next, running};
+use support::queue::{handle_all, handle_next, queue_and_consumer, running};
 use support::world::*;
 
 const HOOK: &str = "ca-asg-provider-drain";
@@ -30,10 +28,8 @@ fn blocked(w: &World) -> bool {
 
 /// An app pod on `node` behind a PodDisruptionBudget that allows no disruption.
 async fn guarded_app(w: &World, node: &str, name: &str) {
-    w.sim.create(&fixtures::pdb("shop", name, 0)).unwrap();
-    w.sim
-        .create(&fixtures::pod("shop", name, node, name, 0.1))
-        .unwrap();
+    w.put(&fixtures::pdb("shop", name, 0));
+    w.put(&fixtures::pod("shop", name, node, name, 0.1));
     eventually("the app is Ready", 10, || {
         w.sim.list::<Pod>().iter().any(|p| {
             p["metadata"]["name"] == name && p["status"]["conditions"][0]["status"] == "True"
@@ -58,6 +54,19 @@ fn asg_ends(w: &World, iid: &str) {
     );
 }
 
+/// A world with one hooked instance (our hook's timeout `timeout_secs`) whose node
+/// runs the app `app` under a budget that allows nothing: the world, the node and
+/// its instance.
+async fn guarded_on_a_hooked_node(timeout_secs: i32) -> (World, String, String) {
+    let w = World::builder()
+        .groups(hooked(1, timeout_secs))
+        .build()
+        .await;
+    let (node, iid) = nodes_of(&w, "web").remove(0);
+    guarded_app(&w, &node, "app").await;
+    (w, node, iid)
+}
+
 fn hooked(desired: i32, timeout_secs: i32) -> Vec<MemoryGroup> {
     vec![MemoryGroup::new("web", 0, 3, desired, "m5.large").terminating_hook(HOOK, timeout_secs)]
 }
@@ -67,9 +76,7 @@ fn hooked(desired: i32, timeout_secs: i32) -> Vec<MemoryGroup> {
 /// the PDB's 429s are waited out, the pod is never deleted around them.
 #[tokio::test]
 async fn a_hook_drain_after_an_old_rebalance_cordon_keeps_the_pdb() {
-    let w = world(hooked(1, 300), fast_settings(), Duration::from_millis(50)).await;
-    let (node, iid) = nodes_of(&w, "web").remove(0);
-    guarded_app(&w, &node, "app").await;
+    let (w, node, iid) = guarded_on_a_hooked_node(300).await;
     // The cordon as a rebalance recommendation left it, an hour ago (the marks every
     // version writes: start time and mode).
     set_unschedulable(&w, &node, true).await;
@@ -104,12 +111,7 @@ async fn a_hook_drain_after_an_old_rebalance_cordon_keeps_the_pdb() {
     })
     .await;
     lifecycle.abort();
-    let evicted = w
-        .sim
-        .audit()
-        .iter()
-        .filter(|a| a.verb == "evicted" && a.name.starts_with("app"))
-        .count();
+    let evicted = evictions_of(&w, "app");
     assert_eq!(evicted, 1, "evicted through the Eviction API, not deleted");
     assert!(w.cloud.hook_timeouts().is_empty());
 }
@@ -121,20 +123,19 @@ async fn a_hook_drain_after_an_old_rebalance_cordon_keeps_the_pdb() {
 /// through its PDB, and the action is completed only once it is gone.
 #[tokio::test]
 async fn a_pod_that_landed_during_a_rebalance_cordon_is_drained_by_the_hook() {
-    let w = world(hooked(1, 300), fast_settings(), Duration::from_millis(50)).await;
+    let w = World::builder().groups(hooked(1, 300)).build().await;
     let (node, iid) = nodes_of(&w, "web").remove(0);
-    let q = Arc::new(MemoryQueue::default());
-    let c = consumer(&w, &q, RebalanceAction::Cordon);
+    let (q, c) = queue_and_consumer(&w, RebalanceAction::Cordon);
     q.send(&rebalance(&iid));
     assert_eq!(handle_next(&c, &q).await, Handled::Done(vec!["cordon"]));
     // After the cordon: a pod that tolerates every taint lands on the node.
-    w.sim.create(&fixtures::pdb("shop", "app", 0)).unwrap();
+    w.put(&fixtures::pdb("shop", "app", 0));
     let mut pod = fixtures::pod("shop", "app", &node, "app", 0.1);
     pod.spec.as_mut().unwrap().tolerations = Some(vec![Toleration {
         operator: Some("Exists".into()),
         ..Default::default()
     }]);
-    w.sim.create(&pod).unwrap();
+    w.put(&pod);
     pods_ready(&w, 1).await;
 
     let lifecycle = scalein::sources::hook_scan::spawn_loop(w.engine.clone(), w.provider.clone());
@@ -161,12 +162,7 @@ async fn a_pod_that_landed_during_a_rebalance_cordon_is_drained_by_the_hook() {
     .await;
     lifecycle.abort();
     assert!(!running(&w, "app"));
-    let evicted = w
-        .sim
-        .audit()
-        .iter()
-        .filter(|a| a.verb == "evicted" && a.name.starts_with("app"))
-        .count();
+    let evicted = evictions_of(&w, "app");
     assert_eq!(evicted, 1);
     assert!(w.cloud.hook_timeouts().is_empty());
 }
@@ -177,11 +173,8 @@ async fn a_pod_that_landed_during_a_rebalance_cordon_is_drained_by_the_hook() {
 /// running.
 #[tokio::test]
 async fn a_hook_on_an_instance_another_drain_holds_is_heartbeated_and_completed() {
-    let w = world(hooked(1, 3), fast_settings(), Duration::from_millis(50)).await;
-    let (node, iid) = nodes_of(&w, "web").remove(0);
-    guarded_app(&w, &node, "app").await;
-    let q = Arc::new(MemoryQueue::default());
-    let c = consumer(&w, &q, RebalanceAction::Drain);
+    let (w, _, iid) = guarded_on_a_hooked_node(3).await;
+    let (q, c) = queue_and_consumer(&w, RebalanceAction::Drain);
     q.send(&rebalance(&iid));
     assert_eq!(handle_next(&c, &q).await, Handled::Done(vec!["drain"]));
     eventually("the PDB refuses the eviction", 10, || blocked(&w)).await;
@@ -221,20 +214,16 @@ async fn a_notice_is_on_the_node_before_its_message_goes_and_survives_a_restart(
         max_concurrent_drains: 1,
         ..fast_settings()
     };
-    let mut w = world(
-        vec![MemoryGroup::new("web", 0, 3, 2, "m5.large")],
-        one_at_a_time,
-        Duration::from_millis(50),
-    )
-    .await;
+    let mut w = World::builder()
+        .web(3, 2)
+        .settings(one_at_a_time)
+        .build()
+        .await;
     let web = nodes_of(&w, "web");
     let ((busy_node, busy), (node, iid)) = (web[0].clone(), web[1].clone());
     guarded_app(&w, &busy_node, "held").await;
-    w.sim
-        .create(&fixtures::pod("shop", "app", &node, "app", 0.1))
-        .unwrap();
-    let q = Arc::new(MemoryQueue::default());
-    let c = consumer(&w, &q, RebalanceAction::Drain);
+    w.put(&fixtures::pod("shop", "app", &node, "app", 0.1));
+    let (q, c) = queue_and_consumer(&w, RebalanceAction::Drain);
     q.send(&rebalance(&busy));
     assert_eq!(handle_next(&c, &q).await, Handled::Done(vec!["drain"]));
     eventually("the first drain holds the only slot", 10, || blocked(&w)).await;
@@ -287,16 +276,10 @@ async fn a_notice_is_on_the_node_before_its_message_goes_and_survives_a_restart(
 /// before EC2 takes the instance.
 #[tokio::test]
 async fn a_notice_for_an_instance_already_draining_brings_its_budget() {
-    let w = world(
-        vec![MemoryGroup::new("web", 0, 3, 1, "m5.large")],
-        fast_settings(),
-        Duration::from_millis(50),
-    )
-    .await;
+    let w = World::builder().web(3, 1).build().await;
     let (node, iid) = nodes_of(&w, "web").remove(0);
     guarded_app(&w, &node, "app").await;
-    let q = Arc::new(MemoryQueue::default());
-    let c = consumer(&w, &q, RebalanceAction::Drain);
+    let (q, c) = queue_and_consumer(&w, RebalanceAction::Drain);
     q.send(&rebalance(&iid));
     assert_eq!(handle_next(&c, &q).await, Handled::Done(vec!["drain"]));
     eventually("the PDB refuses the eviction", 10, || blocked(&w)).await;
@@ -326,18 +309,16 @@ async fn a_spot_warning_joining_a_drain_keeps_its_slot() {
         workload_deadline_policy: scalein::DeadlinePolicy::Proceed,
         ..fast_settings()
     };
-    let w = world(
-        vec![MemoryGroup::new("web", 0, 3, 2, "m5.large")],
-        one_at_a_time,
-        Duration::from_millis(50),
-    )
-    .await;
+    let w = World::builder()
+        .web(3, 2)
+        .settings(one_at_a_time)
+        .build()
+        .await;
     let web = nodes_of(&w, "web");
     let ((node_a, a), (node_b, b)) = (web[0].clone(), web[1].clone());
     guarded_app(&w, &node_a, "app").await;
     guarded_app(&w, &node_b, "other").await;
-    let q = Arc::new(MemoryQueue::default());
-    let c = consumer(&w, &q, RebalanceAction::Drain);
+    let (q, c) = queue_and_consumer(&w, RebalanceAction::Drain);
     q.send(&rebalance(&a));
     assert_eq!(handle_next(&c, &q).await, Handled::Done(vec!["drain"]));
     eventually("a's drain holds the only slot, blocked", 10, || blocked(&w)).await;
@@ -367,15 +348,9 @@ async fn a_spot_warning_joining_a_drain_keeps_its_slot() {
 /// drain the node again every poll (Events, a cluster-wide VolumeAttachment list).
 #[tokio::test]
 async fn a_finished_drain_is_not_drained_again() {
-    let w = world(
-        vec![MemoryGroup::new("web", 0, 3, 1, "m5.large")],
-        fast_settings(),
-        Duration::from_millis(50),
-    )
-    .await;
+    let w = World::builder().web(3, 1).build().await;
     let (node, iid) = node_with_fluentd_and_app(&w, 0.1).await;
-    let q = Arc::new(MemoryQueue::default());
-    let c = consumer(&w, &q, RebalanceAction::Cordon);
+    let (q, c) = queue_and_consumer(&w, RebalanceAction::Cordon);
     q.send(&spot(&iid));
     assert_eq!(handle_next(&c, &q).await, Handled::Done(vec!["drain"]));
     assert_eq!(w.engine.wait_for(&iid).await, Some(Outcome::Drained));
@@ -399,9 +374,7 @@ async fn a_finished_drain_is_not_drained_again() {
 /// DeleteNodes finds the hook gone and drains the node first (direct mode).
 #[tokio::test]
 async fn a_deleted_hook_does_not_end_an_instance_undrained() {
-    let mut w = world(hooked(1, 300), fast_settings(), Duration::from_millis(50)).await;
-    let (node, iid) = nodes_of(&w, "web").remove(0);
-    guarded_app(&w, &node, "app").await;
+    let (mut w, node, iid) = guarded_on_a_hooked_node(300).await;
     w.cloud.delete_hook("web");
     delete_nodes(&mut w, "web", &[(node.clone(), iid.clone())]).await;
     eventually("the PDB refuses the eviction", 10, || blocked(&w)).await;
@@ -427,11 +400,9 @@ async fn a_deleted_hook_does_not_end_an_instance_undrained() {
 /// (all_sources_model, `[AwsStale(3), HookRemoved, CaScaleIn(0)]`).
 #[tokio::test]
 async fn a_hook_deleted_behind_a_stale_read_leaves_no_drain_in_flight() {
-    let mut w = world(hooked(1, 300), fast_settings(), Duration::from_millis(50)).await;
+    let mut w = World::builder().groups(hooked(1, 300)).build().await;
     let (node, iid) = nodes_of(&w, "web").remove(0);
-    w.sim
-        .create(&fixtures::pod("shop", "app", &node, "app", 0.1))
-        .unwrap();
+    w.put(&fixtures::pod("shop", "app", &node, "app", 0.1));
     pods_ready(&w, 1).await;
     // Every read of the scale-in (the group, its hooks, the instance) answers from
     // before the deletion.
@@ -465,12 +436,7 @@ async fn a_created_hook_is_put_once() {
         create_hook: true,
         ..fast_settings()
     };
-    let w = world(
-        vec![MemoryGroup::new("web", 0, 3, 1, "m5.large")],
-        settings,
-        Duration::from_millis(50),
-    )
-    .await;
+    let w = World::builder().web(3, 1).settings(settings).build().await;
     for _ in 0..3 {
         scalein::sources::hook_scan::scan(&w.engine, &w.provider).await;
         w.provider.refresh_now().await.unwrap();
@@ -502,12 +468,7 @@ async fn a_replica_ca_does_not_call_keeps_its_picture_fresh_and_puts_its_hook_on
         create_hook: true,
         ..fast_settings()
     };
-    let w = world(
-        vec![MemoryGroup::new("web", 0, 3, 2, "m5.large")],
-        settings,
-        Duration::from_millis(50),
-    )
-    .await;
+    let w = World::builder().web(3, 2).settings(settings).build().await;
     for _ in 0..4 {
         scalein::sources::hook_scan::scan(&w.engine, &w.provider).await;
     }
@@ -535,19 +496,10 @@ async fn a_replica_ca_does_not_call_keeps_its_picture_fresh_and_puts_its_hook_on
 /// so (CA's taint on the Node tells a CA scale-in whichever replica CA asked).
 #[tokio::test]
 async fn a_daemonset_ca_evicted_early_is_reported_when_the_drain_reached_a_follower() {
-    let mut w = world(
-        vec![MemoryGroup::new("web", 0, 3, 1, "m5.large")],
-        fast_settings(),
-        Duration::from_millis(50),
-    )
-    .await;
+    let mut w = World::builder().web(3, 1).build().await;
     let (node, iid) = nodes_of(&w, "web").remove(0);
-    w.sim
-        .create(&fixtures::daemonset("logging", "fluentd", 5.0, false))
-        .unwrap();
-    w.sim
-        .create(&fixtures::pod("shop", "app", &node, "app", 0.3))
-        .unwrap();
+    w.put(&fixtures::daemonset("logging", "fluentd", 5.0, false));
+    w.put(&fixtures::pod("shop", "app", &node, "app", 0.3));
     pods_ready(&w, 2).await;
     // What CA does before DeleteNodes: its taint, and (with the flag left at true) the
     // DaemonSet pod evicted with the workloads.
@@ -605,12 +557,7 @@ async fn a_daemonset_ca_evicted_early_is_reported_when_the_drain_reached_a_follo
 #[tokio::test]
 async fn a_spot_instance_ec2_reclaims_mid_drain_is_not_replaced_behind_cas_back() {
     for (replace_after, gives_up) in [(Duration::from_secs(4), true), (Duration::ZERO, false)] {
-        let mut w = world(
-            vec![MemoryGroup::new("web", 0, 3, 2, "m5.large")],
-            fast_settings(),
-            Duration::from_millis(50),
-        )
-        .await;
+        let mut w = World::builder().web(3, 2).build().await;
         let (node, iid) = nodes_of(&w, "web")[1].clone();
         guarded_app(&w, &node, "app").await;
         delete_nodes(&mut w, "web", &[(node.clone(), iid.clone())]).await;
@@ -677,12 +624,7 @@ async fn max_size(w: &mut World, group: &str) -> i32 {
 /// for an increase that would be refused (and back the group off for minutes).
 #[tokio::test]
 async fn the_max_ca_is_told_leaves_out_slots_drains_still_hold() {
-    let mut w = world(
-        vec![MemoryGroup::new("web", 0, 3, 3, "m5.large")],
-        fast_settings(),
-        Duration::from_millis(50),
-    )
-    .await;
+    let mut w = World::builder().web(3, 3).build().await;
     assert_eq!(max_size(&mut w, "web").await, 3);
     let (node, iid) = nodes_of(&w, "web").remove(0);
     guarded_app(&w, &node, "app").await;
@@ -714,12 +656,7 @@ async fn the_max_ca_is_told_leaves_out_slots_drains_still_hold() {
 /// where it is read, and the resumed drain ends.
 #[tokio::test]
 async fn a_share_read_back_from_the_node_does_not_panic_the_drain() {
-    let w = world(
-        vec![MemoryGroup::new("web", 0, 3, 1, "m5.large")],
-        fast_settings(),
-        Duration::from_millis(50),
-    )
-    .await;
+    let w = World::builder().web(3, 1).build().await;
     let (node, iid) = node_with_fluentd_and_app(&w, 0.1).await;
     let now = chrono::Utc::now();
     let spent = (now - chrono::Duration::seconds(10)).to_rfc3339();
@@ -779,13 +716,10 @@ async fn set_hook_timeout(w: &World, secs: i32) {
 /// several timeouts and the ASG never ends the instance undrained.
 #[tokio::test]
 async fn a_lifecycle_action_from_the_queue_heartbeats_at_the_hooks_current_timeout() {
-    let w = world(hooked(1, 300), fast_settings(), Duration::from_millis(50)).await;
-    let (node, iid) = nodes_of(&w, "web").remove(0);
-    guarded_app(&w, &node, "app").await;
+    let (w, _, iid) = guarded_on_a_hooked_node(300).await;
     set_hook_timeout(&w, 3).await;
     asg_ends(&w, &iid);
-    let q = Arc::new(MemoryQueue::default());
-    let c = consumer(&w, &q, RebalanceAction::Cordon);
+    let (q, c) = queue_and_consumer(&w, RebalanceAction::Cordon);
     q.send(&lifecycle_note(&iid, HOOK));
     assert_eq!(
         handle_next(&c, &q).await,
@@ -808,9 +742,7 @@ async fn a_lifecycle_action_from_the_queue_heartbeats_at_the_hooks_current_timeo
 /// the next scan corrects the hold and the heartbeats follow the new pace at once.
 #[tokio::test]
 async fn a_changed_hook_timeout_reschedules_the_heartbeats_of_a_held_instance() {
-    let w = world(hooked(1, 300), fast_settings(), Duration::from_millis(50)).await;
-    let (node, iid) = nodes_of(&w, "web").remove(0);
-    guarded_app(&w, &node, "app").await;
+    let (w, _, iid) = guarded_on_a_hooked_node(300).await;
     let lifecycle = scalein::sources::hook_scan::spawn_loop(w.engine.clone(), w.provider.clone());
     asg_ends(&w, &iid);
     eventually("the PDB refuses the eviction", 10, || blocked(&w)).await;
@@ -848,11 +780,8 @@ async fn a_changed_hook_timeout_reschedules_the_heartbeats_of_a_held_instance() 
 /// nothing either.
 #[tokio::test]
 async fn a_lifecycle_message_for_an_instance_nobody_ends_is_dropped() {
-    let w = world(hooked(1, 300), fast_settings(), Duration::from_millis(50)).await;
-    let (node, iid) = nodes_of(&w, "web").remove(0);
-    guarded_app(&w, &node, "app").await;
-    let q = Arc::new(MemoryQueue::default());
-    let c = consumer(&w, &q, RebalanceAction::Cordon);
+    let (w, node, iid) = guarded_on_a_hooked_node(300).await;
+    let (q, c) = queue_and_consumer(&w, RebalanceAction::Cordon);
     q.send(&lifecycle_note(&iid, HOOK));
     assert!(matches!(handle_next(&c, &q).await, Handled::Retry(_)));
     assert!(!w.engine.is_draining(&iid));
@@ -880,11 +809,8 @@ async fn a_lifecycle_message_for_an_instance_nobody_ends_is_dropped() {
 /// at the earlier start; the same message again is still a duplicate.
 #[tokio::test]
 async fn a_scheduled_change_moved_earlier_is_not_taken_for_a_duplicate() {
-    let w = world(hooked(1, 300), fast_settings(), Duration::from_millis(50)).await;
-    let (node, iid) = nodes_of(&w, "web").remove(0);
-    guarded_app(&w, &node, "app").await;
-    let q = Arc::new(MemoryQueue::default());
-    let c = consumer(&w, &q, RebalanceAction::Cordon);
+    let (w, node, iid) = guarded_on_a_hooked_node(300).await;
+    let (q, c) = queue_and_consumer(&w, RebalanceAction::Cordon);
     let retirement = |start: chrono::DateTime<chrono::Utc>| {
         support::notices::eventbridge(
             "AWS Health Event",
@@ -936,12 +862,7 @@ async fn a_scheduled_change_moved_earlier_is_not_taken_for_a_duplicate() {
 /// cordon and marks for the leader to resume.
 #[tokio::test]
 async fn a_replica_that_loses_the_lease_stops_its_drains_at_once() {
-    let mut w = world(
-        vec![MemoryGroup::new("web", 0, 3, 2, "m5.large")],
-        fast_settings(),
-        Duration::from_millis(50),
-    )
-    .await;
+    let mut w = World::builder().web(3, 2).build().await;
     let (node, iid) = nodes_of(&w, "web")[1].clone();
     guarded_app(&w, &node, "app").await;
     let (lease, leads) = tokio::sync::watch::channel(true);
@@ -973,12 +894,7 @@ async fn a_replica_that_loses_the_lease_stops_its_drains_at_once() {
 /// slot again: the reclaimed instance's, which the ASG then never replaced.
 #[tokio::test]
 async fn a_drain_stopped_mid_termination_lowers_the_desired_capacity_once() {
-    let mut w = world(
-        vec![MemoryGroup::new("web", 0, 4, 3, "m5.large")],
-        fast_settings(),
-        Duration::from_millis(50),
-    )
-    .await;
+    let mut w = World::builder().web(4, 3).build().await;
     let web = nodes_of(&w, "web");
     let ((node, iid), (_, reclaimed)) = (web[0].clone(), web[1].clone());
     w.cloud.slow_answers(Duration::from_secs(2));
@@ -1016,13 +932,12 @@ async fn a_drain_stopped_mid_termination_lowers_the_desired_capacity_once() {
 /// ended the instance with its budget-held pod still running.
 #[tokio::test]
 async fn a_lifecycle_message_with_a_wrong_token_does_not_cost_the_hook() {
-    let w = world(hooked(1, 3), fast_settings(), Duration::from_millis(50)).await;
+    let w = World::builder().groups(hooked(1, 3)).build().await;
     w.cloud.check_tokens(true);
     let (node, iid) = nodes_of(&w, "web").remove(0);
     guarded_app(&w, &node, "app").await;
     w.cloud.external_scale_in("web", 1).unwrap();
-    let q = Arc::new(MemoryQueue::default());
-    let c = consumer(&w, &q, RebalanceAction::Cordon);
+    let (q, c) = queue_and_consumer(&w, RebalanceAction::Cordon);
     q.send(&lifecycle_note(&iid, HOOK));
     assert_eq!(
         handle_next(&c, &q).await,
@@ -1056,17 +971,11 @@ fn state_change(iid: &str, state: &str) -> String {
 /// scale-in and our hook stay active: record::tests::a_stopped_instance_closes_only_the_reasons_that_leave_it_to_aws).
 #[tokio::test]
 async fn a_stop_notice_is_not_undone_by_the_next_poll() {
-    let w = world(
-        vec![MemoryGroup::new("web", 0, 3, 2, "m5.large")],
-        fast_settings(),
-        Duration::from_millis(50),
-    )
-    .await;
+    let w = World::builder().web(3, 2).build().await;
     let (node, iid) = nodes_of(&w, "web").remove(0);
     guarded_app(&w, &node, "app").await;
     let lifecycle = scalein::sources::hook_scan::spawn_loop(w.engine.clone(), w.provider.clone());
-    let q = Arc::new(MemoryQueue::default());
-    let c = consumer(&w, &q, RebalanceAction::Cordon);
+    let (q, c) = queue_and_consumer(&w, RebalanceAction::Cordon);
     q.send(&spot(&iid));
     assert_eq!(handle_next(&c, &q).await, Handled::Done(vec!["drain"]));
     eventually("the PDB holds the drain", 10, || blocked(&w)).await;
@@ -1118,11 +1027,13 @@ async fn one_app_queue_mode(
         hook_heartbeat_timeout,
         ..fast_settings()
     };
-    let w = world(hooked(2, 4), s, Duration::from_millis(50)).await;
+    let w = World::builder()
+        .groups(hooked(2, 4))
+        .settings(s)
+        .build()
+        .await;
     let (node, iid) = nodes_of(&w, "web").pop().unwrap();
-    w.sim
-        .create(&fixtures::pod("shop", "app", &node, "app", 0.1))
-        .unwrap();
+    w.put(&fixtures::pod("shop", "app", &node, "app", 0.1));
     pods_ready(&w, 1).await;
     let lifecycle = scalein::sources::hook_scan::spawn_loop(w.engine.clone(), w.provider.clone());
     tokio::time::sleep(Duration::from_millis(500)).await;
@@ -1171,8 +1082,7 @@ async fn a_lifecycle_message_is_taken_on_the_actions_word_when_aws_reads_lag() {
         },
     );
     asg_ends(&w, &iid);
-    let q = Arc::new(MemoryQueue::default());
-    let c = consumer(&w, &q, RebalanceAction::Cordon);
+    let (q, c) = queue_and_consumer(&w, RebalanceAction::Cordon);
     q.send(&lifecycle_note(&iid, HOOK));
     let out = handle_next(&c, &q).await;
     assert!(matches!(out, Handled::Done(_)), "{out:?}");
@@ -1195,8 +1105,7 @@ async fn a_lifecycle_message_read_before_aws_shows_the_hold_is_not_lost() {
         one_app_queue_mode(ScaleInSettings::default().hook_heartbeat_timeout).await;
     w.cloud.stale_reads(1);
     asg_ends(&w, &iid);
-    let q = Arc::new(MemoryQueue::default());
-    let c = consumer(&w, &q, RebalanceAction::Cordon);
+    let (q, c) = queue_and_consumer(&w, RebalanceAction::Cordon);
     w.cloud.throttle("lifecycle_heartbeat", 1);
     q.send(&lifecycle_note(&iid, HOOK));
     assert!(
@@ -1285,7 +1194,7 @@ async fn resume_lifecycle_drain(w: &World, node: &str, iid: &str) {
 /// the lifecycle scan drains the hold as the new action it is and completes it.
 #[tokio::test]
 async fn a_recorded_finished_action_is_confirmed_with_aws_before_the_hold_goes() {
-    let w = world(hooked(1, 30), fast_settings(), Duration::from_millis(50)).await;
+    let w = World::builder().groups(hooked(1, 30)).build().await;
     let (node, iid) = node_with_fluentd_and_app(&w, 0.1).await;
     record_a_finished_action(&w, &node).await;
     asg_ends(&w, &iid);
@@ -1320,7 +1229,7 @@ async fn a_recorded_finished_action_is_confirmed_with_aws_before_the_hold_goes()
 /// the hold is let go and remembered as finished, and nothing is drained or completed.
 #[tokio::test]
 async fn a_recorded_finished_action_aws_confirms_lets_the_hold_go_undrained() {
-    let w = world(hooked(1, 30), fast_settings(), Duration::from_millis(50)).await;
+    let w = World::builder().groups(hooked(1, 30)).build().await;
     let (node, iid) = node_with_fluentd_and_app(&w, 0.1).await;
     record_a_finished_action(&w, &node).await;
     resume_lifecycle_drain(&w, &node, &iid).await;
@@ -1345,12 +1254,7 @@ const SLOW_ANSWER_SECS: u64 = 2;
 /// provider keeps it before any refresh, are what CA asked.
 #[tokio::test]
 async fn an_increase_during_a_direct_termination_adds_exactly_what_ca_asked() {
-    let mut w = world(
-        vec![MemoryGroup::new("web", 0, 6, 3, "m5.large")],
-        fast_settings(),
-        Duration::from_millis(50),
-    )
-    .await;
+    let mut w = World::builder().web(6, 3).build().await;
     let (node, iid) = nodes_of(&w, "web").remove(0);
     assert_eq!(target(&mut w, "web").await, 3);
     guarded_app(&w, &node, "app").await;

@@ -10,10 +10,9 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 use aws_sdk_autoscaling as asg;
-use aws_sdk_ec2 as ec2;
 use ca_asg_provider::cloud::aws::AwsCloud;
 use ca_asg_provider::cloud::memory::{MemoryCloud, MemoryGroup, MemoryTiming};
-use ca_asg_provider::cloud::{Cloud, GroupSelector, LifecycleHook, LifecycleState, TagFilter};
+use ca_asg_provider::cloud::{Cloud, GroupSelector, LifecycleHook, LifecycleState};
 use ca_asg_provider::scalein::decide::hooks::HOOK_RECORD_TAG;
 use ca_asg_provider::scalein::remove_hooks::{remove_hooks, Outcome, RemoveOptions};
 
@@ -30,19 +29,7 @@ fn hook(name: &str) -> LifecycleHook {
 }
 
 fn discovery() -> GroupSelector {
-    GroupSelector {
-        names: vec![],
-        tag_sets: vec![vec![
-            TagFilter {
-                key: ENABLED.into(),
-                value: None,
-            },
-            TagFilter {
-                key: CLUSTER.into(),
-                value: None,
-            },
-        ]],
-    }
+    ca_asg_provider::world::tagged(&[ENABLED, CLUSTER])
 }
 
 fn opts(include_unmarked: bool, dry_run: bool) -> RemoveOptions {
@@ -81,13 +68,7 @@ async fn hook_names(cloud: &dyn Cloud, group: &str) -> Vec<String> {
     names
 }
 
-fn state_of(cloud: &MemoryCloud, id: &str) -> Option<LifecycleState> {
-    cloud
-        .instances()
-        .into_iter()
-        .find(|(_, i)| i.id == id)
-        .map(|(_, i)| i.state)
-}
+use support::world::state_of;
 
 /// Our recorded hook goes, with its record, and the instance it held in
 /// Terminating:Wait goes on terminating (AWS's CONTINUE): a scale-in is no longer
@@ -253,18 +234,10 @@ async fn moto_group(sdk: &aws_config::SdkConfig, name: &str, tags: &[(&str, &str
 async fn aws_backend_records_and_removes_over_moto() {
     let moto = support::moto::MotoServer::start();
     let sdk = moto.sdk_config().await;
-    ec2_template(&sdk).await;
+    support::moto::launch_template(&sdk, "lt").await;
     moto_group(&sdk, "web", &[(ENABLED, "true"), (CLUSTER, "owned")]).await;
     let cloud = AwsCloud::from_sdk_config(&sdk);
-    cloud.tag_group("web", HOOK_RECORD_TAG, OURS).await.unwrap();
-    cloud
-        .put_terminating_hook("web", &hook(OURS))
-        .await
-        .unwrap();
-    cloud
-        .put_terminating_hook("web", &hook("by-hand"))
-        .await
-        .unwrap();
+    ours_and_one_by_hand_on_web(&cloud).await;
     let g = cloud.describe_groups(&discovery()).await.unwrap().remove(0);
     assert_eq!(g.tags.get(HOOK_RECORD_TAG).map(String::as_str), Some(OURS));
     assert_eq!(hook_names(&cloud, "web").await, ["by-hand", OURS]);
@@ -276,17 +249,16 @@ async fn aws_backend_records_and_removes_over_moto() {
     assert_eq!(hook_names(&cloud, "web").await, ["by-hand"]);
 }
 
-async fn ec2_template(sdk: &aws_config::SdkConfig) {
-    ec2::Client::new(sdk)
-        .create_launch_template()
-        .launch_template_name("lt")
-        .launch_template_data(
-            ec2::types::RequestLaunchTemplateData::builder()
-                .image_id("ami-12c6146b")
-                .instance_type(ec2::types::InstanceType::M5Large)
-                .build(),
-        )
-        .send()
+/// On group `web`: our hook, recorded as ours in the group's tag, and one put there
+/// by hand.
+async fn ours_and_one_by_hand_on_web(cloud: &AwsCloud) {
+    cloud.tag_group("web", HOOK_RECORD_TAG, OURS).await.unwrap();
+    cloud
+        .put_terminating_hook("web", &hook(OURS))
+        .await
+        .unwrap();
+    cloud
+        .put_terminating_hook("web", &hook("by-hand"))
         .await
         .unwrap();
 }
@@ -299,20 +271,12 @@ async fn ec2_template(sdk: &aws_config::SdkConfig) {
 async fn the_binary_removes_our_hooks_over_moto_and_a_second_run_has_nothing_to_do() {
     let moto = support::moto::MotoServer::start();
     let sdk = moto.sdk_config().await;
-    ec2_template(&sdk).await;
+    support::moto::launch_template(&sdk, "lt").await;
     let tags = [(ENABLED, "true"), (CLUSTER, "owned")];
     moto_group(&sdk, "web", &tags).await;
     moto_group(&sdk, "old", &tags).await;
     let cloud = AwsCloud::from_sdk_config(&sdk);
-    cloud.tag_group("web", HOOK_RECORD_TAG, OURS).await.unwrap();
-    cloud
-        .put_terminating_hook("web", &hook(OURS))
-        .await
-        .unwrap();
-    cloud
-        .put_terminating_hook("web", &hook("by-hand"))
-        .await
-        .unwrap();
+    ours_and_one_by_hand_on_web(&cloud).await;
     cloud
         .put_terminating_hook("old", &hook(OURS))
         .await
@@ -326,35 +290,19 @@ async fn the_binary_removes_our_hooks_over_moto_and_a_second_run_has_nothing_to_
     )
     .unwrap();
     let remove = |extra: &[&str]| {
-        let mut cmd = std::process::Command::new(env!("CARGO_BIN_EXE_ca-asg-provider"));
-        cmd.args(["remove-hooks", "--aws-endpoint", &moto.url, "--config"])
-            .arg(&config)
-            .args(extra)
-            .env("AWS_ACCESS_KEY_ID", "test")
-            .env("AWS_SECRET_ACCESS_KEY", "test")
-            .env("AWS_EC2_METADATA_DISABLED", "true")
-            .env("AWS_CONFIG_FILE", dir.path().join("none"))
-            .env("AWS_SHARED_CREDENTIALS_FILE", dir.path().join("none"))
-            .env("HOME", dir.path())
-            .env_remove("AWS_ROLE_ARN")
-            .env_remove("AWS_WEB_IDENTITY_TOKEN_FILE");
-        let out = cmd.output().unwrap();
-        let text = String::from_utf8_lossy(&out.stdout).to_string()
-            + &String::from_utf8_lossy(&out.stderr);
-        println!("== remove-hooks {extra:?}\n{text}");
-        (out.status.code(), text)
+        let mut cmd = support::moto::offline("remove-hooks", &moto.url, &config, dir.path());
+        cmd.args(extra);
+        support::moto::said(&mut cmd, &format!("remove-hooks {extra:?}"))
     };
 
     let (code, text) = remove(&[]);
     assert_eq!(code, Some(0), "{text}");
-    for want in [
+    support::assert_says(&text, &[
         "web: removed hook ca-asg-provider-drain (created by this service)",
         "[other hooks left alone: by-hand]",
         "old: kept hook ca-asg-provider-drain",
         "aws autoscaling delete-lifecycle-hook --region us-east-1 --auto-scaling-group-name old --lifecycle-hook-name ca-asg-provider-drain",
-    ] {
-        assert!(text.contains(want), "{want:?} not in:\n{text}");
-    }
+    ]);
     assert!(!text.contains("{ "), "Debug text in:\n{text}");
     assert_eq!(hook_names(&cloud, "web").await, ["by-hand"]);
     assert_eq!(hook_names(&cloud, "old").await, [OURS]);
@@ -362,10 +310,7 @@ async fn the_binary_removes_our_hooks_over_moto_and_a_second_run_has_nothing_to_
     // A scale-in of the group: the instance ends, no hook of ours waits for it.
     let client = asg::Client::new(&sdk);
     let id = cloud
-        .describe_groups(&GroupSelector {
-            names: vec!["web".into()],
-            tag_sets: vec![],
-        })
+        .describe_groups(&ca_asg_provider::world::named(&["web"]))
         .await
         .unwrap()
         .remove(0)

@@ -20,12 +20,7 @@ use support::world::*;
 
 #[tokio::test]
 async fn daemonset_pods_leave_only_after_the_workload_is_gone() {
-    let mut w = world(
-        vec![MemoryGroup::new("web", 0, 3, 1, "m5.large")],
-        fast_settings(),
-        Duration::from_millis(50),
-    )
-    .await;
+    let mut w = World::builder().web(3, 1).build().await;
     let (node, iid) = node_with_fluentd_and_app(&w, 2.0).await;
     delete_nodes(&mut w, "web", &[(node.clone(), iid.clone())]).await;
     // From the moment the call returns: target one lower, instance deleting.
@@ -96,21 +91,42 @@ async fn daemonset_pods_leave_only_after_the_workload_is_gone() {
     support::rbac::assert_rbac_covers(&w.sim);
 }
 
+/// An app pod (preStop 1.5 s) on the first node of `web`, Ready; CA's DeleteNodes
+/// for that node; back once the drain has evicted the app. The node and its instance.
+async fn app_evicted_by_a_drain(w: &mut World) -> (String, String) {
+    let (node, iid) = nodes_of(w, "web").remove(0);
+    w.put(&fixtures::pod("shop", "app", &node, "app", 1.5));
+    eventually("app ready", 10, || {
+        w.sim
+            .get::<Pod>("shop", "app")
+            .is_some_and(|p| p["status"]["conditions"][0]["status"] == "True")
+    })
+    .await;
+    delete_nodes(w, "web", &[(node.clone(), iid.clone())]).await;
+    eventually("the drain evicted the app", 10, || {
+        w.sim
+            .audit()
+            .iter()
+            .any(|a| a.verb == "deletion-started" && a.name == "app")
+    })
+    .await;
+    (node, iid)
+}
+
 /// In the API server's audit log the service's requests are its own (`userAgent`
 /// `ca-asg-provider/<version> (drain)` / `(lease)`), not cluster-autoscaler's, though
 /// both run under one ServiceAccount in sidecar and bundled mode.
 #[tokio::test]
 async fn the_services_requests_say_who_is_calling() {
-    let mut w = world(
-        vec![MemoryGroup::new("web", 0, 3, 1, "m5.large")],
-        ScaleInSettings {
+    let mut w = World::builder()
+        .web(3, 1)
+        .settings(ScaleInSettings {
             leader_election: true,
             lease_namespace: Some("kube-system".into()),
             ..fast_settings()
-        },
-        Duration::from_millis(50),
-    )
-    .await;
+        })
+        .build()
+        .await;
     w.engine.elect_leader();
     eventually("the engine leads", 10, || {
         w.engine.leadership().is_some_and(|rx| *rx.borrow())
@@ -136,19 +152,14 @@ async fn the_services_requests_say_who_is_calling() {
 
 #[tokio::test]
 async fn two_nodes_drained_at_once_never_leave_zero_ready_replicas() {
-    let mut w = world(
-        vec![
-            MemoryGroup::new("web", 0, 3, 2, "m5.large"),
-            MemoryGroup::new("spare", 0, 3, 0, "m5.large"),
-        ],
-        fast_settings(),
-        Duration::from_millis(300),
-    )
-    .await;
-    w.sim
-        .create(&fixtures::replicaset("shop", "api", 2, 0.2))
-        .unwrap();
-    w.sim.create(&fixtures::pdb("shop", "api", 1)).unwrap();
+    let mut w = World::builder()
+        .web(3, 2)
+        .group(MemoryGroup::new("spare", 0, 3, 0, "m5.large"))
+        .ready_delay(Duration::from_millis(300))
+        .build()
+        .await;
+    w.put(&fixtures::replicaset("shop", "api", 2, 0.2));
+    w.put(&fixtures::pdb("shop", "api", 1));
     let on_web: Vec<(String, String)> = nodes_of(&w, "web");
     eventually("one ready replica on each web node", 10, || {
         let pods = w.sim.list::<Pod>();
@@ -191,18 +202,10 @@ async fn two_nodes_drained_at_once_never_leave_zero_ready_replicas() {
 
 #[tokio::test]
 async fn lifecycle_mode_heartbeats_and_completes_and_drains_asg_started_scale_ins() {
-    let mut w = world(
-        vec![MemoryGroup::new("web", 0, 3, 2, "m5.large")
-            .terminating_hook("ca-asg-provider-drain", 1)],
-        fast_settings(),
-        Duration::from_millis(50),
-    )
-    .await;
+    let mut w = World::builder().web_hooked(3, 2, 1).build().await;
     let nodes = nodes_of(&w, "web");
     let (node, iid) = nodes[0].clone();
-    w.sim
-        .create(&fixtures::pod("shop", "slow", &node, "slow", 2.5))
-        .unwrap();
+    w.put(&fixtures::pod("shop", "slow", &node, "slow", 2.5));
     eventually("slow pod ready", 10, || {
         w.sim
             .get::<Pod>("shop", "slow")
@@ -245,9 +248,7 @@ async fn lifecycle_mode_heartbeats_and_completes_and_drains_asg_started_scale_in
 
     // A scale-in CA did not start: the ASG's own policy ends the other instance.
     let (node2, iid2) = nodes[1].clone();
-    w.sim
-        .create(&fixtures::pod("shop", "other", &node2, "other", 0.2))
-        .unwrap();
+    w.put(&fixtures::pod("shop", "other", &node2, "other", 0.2));
     let ended = w.cloud.external_scale_in("web", 1).unwrap();
     assert_eq!(ended, vec![iid2.clone()]);
     let end = Instant::now() + Duration::from_secs(10);
@@ -275,30 +276,8 @@ async fn lifecycle_mode_heartbeats_and_completes_and_drains_asg_started_scale_in
 
 #[tokio::test]
 async fn a_restart_in_the_middle_of_a_direct_drain_finishes_exactly_once() {
-    let mut w = world(
-        vec![MemoryGroup::new("web", 0, 3, 2, "m5.large")],
-        fast_settings(),
-        Duration::from_millis(50),
-    )
-    .await;
-    let (node, iid) = nodes_of(&w, "web").remove(0);
-    w.sim
-        .create(&fixtures::pod("shop", "app", &node, "app", 1.5))
-        .unwrap();
-    eventually("app ready", 10, || {
-        w.sim
-            .get::<Pod>("shop", "app")
-            .is_some_and(|p| p["status"]["conditions"][0]["status"] == "True")
-    })
-    .await;
-    delete_nodes(&mut w, "web", &[(node.clone(), iid.clone())]).await;
-    eventually("the drain evicted the app", 10, || {
-        w.sim
-            .audit()
-            .iter()
-            .any(|a| a.verb == "deletion-started" && a.name == "app")
-    })
-    .await;
+    let mut w = World::builder().web(3, 2).build().await;
+    let (_, iid) = app_evicted_by_a_drain(&mut w).await;
     // The service dies.
     w.engine.abort_all();
     // A new process: it knows nothing but what AWS and the Node say.
@@ -307,12 +286,7 @@ async fn a_restart_in_the_middle_of_a_direct_drain_finishes_exactly_once() {
         scalein::sources::hook_scan::resume(&engine2, &provider2).await,
         1
     );
-    let t = ca2
-        .node_group_target_size(proto::NodeGroupTargetSizeRequest { id: "web".into() })
-        .await
-        .unwrap()
-        .into_inner()
-        .target_size;
+    let t = target_of(&mut ca2, "web").await;
     assert_eq!(t, 1, "the resumed drain counts against the target");
     assert_eq!(engine2.wait_for(&iid).await, Some(Outcome::Ended));
     assert_eq!(
@@ -330,31 +304,8 @@ async fn a_restart_in_the_middle_of_a_direct_drain_finishes_exactly_once() {
 
 #[tokio::test]
 async fn a_restart_in_the_middle_of_a_lifecycle_drain_completes_exactly_once() {
-    let mut w = world(
-        vec![MemoryGroup::new("web", 0, 3, 2, "m5.large")
-            .terminating_hook("ca-asg-provider-drain", 30)],
-        fast_settings(),
-        Duration::from_millis(50),
-    )
-    .await;
-    let (node, iid) = nodes_of(&w, "web").remove(0);
-    w.sim
-        .create(&fixtures::pod("shop", "app", &node, "app", 1.5))
-        .unwrap();
-    eventually("app ready", 10, || {
-        w.sim
-            .get::<Pod>("shop", "app")
-            .is_some_and(|p| p["status"]["conditions"][0]["status"] == "True")
-    })
-    .await;
-    delete_nodes(&mut w, "web", &[(node.clone(), iid.clone())]).await;
-    eventually("the drain evicted the app", 10, || {
-        w.sim
-            .audit()
-            .iter()
-            .any(|a| a.verb == "deletion-started" && a.name == "app")
-    })
-    .await;
+    let mut w = World::builder().web_hooked(3, 2, 30).build().await;
+    let (_, iid) = app_evicted_by_a_drain(&mut w).await;
     w.engine.abort_all();
     let (provider2, engine2, _ca2) = service(&w.sim, &w.cloud, &w.groups, fast_settings()).await;
     assert_eq!(
@@ -393,26 +344,26 @@ fn heartbeats_throttled_across_a_restart_keep_every_hold() {
             workload_deadline: Duration::from_secs(600),
             ..fast_settings()
         };
-        let mut w = world_in_process(
-            vec![MemoryGroup::new("web", 0, 6, HELD as i32, "m5.large")
-                .terminating_hook("ca-asg-provider-drain", hook.as_secs() as i32)],
-            s.clone(),
-            Duration::from_millis(50),
-        )
-        .await;
+        let mut w = World::builder()
+            .group(
+                MemoryGroup::new("web", 0, 6, HELD as i32, "m5.large")
+                    .terminating_hook("ca-asg-provider-drain", hook.as_secs() as i32),
+            )
+            .settings(s.clone())
+            .in_process()
+            .build()
+            .await;
         // Every node's app is held by its budget: the drains wait, the hooks hold.
         for (i, (node, _)) in nodes_of(&w, "web").iter().enumerate() {
-            w.sim
-                .create(&fixtures::pod(
-                    "shop",
-                    &format!("app-{i}"),
-                    node,
-                    "app",
-                    0.1,
-                ))
-                .unwrap();
+            w.put(&fixtures::pod(
+                "shop",
+                &format!("app-{i}"),
+                node,
+                "app",
+                0.1,
+            ));
         }
-        w.sim.create(&fixtures::pdb("shop", "app", 0)).unwrap();
+        w.put(&fixtures::pdb("shop", "app", 0));
         pods_ready(&w, HELD).await;
         let lifecycle =
             scalein::sources::hook_scan::spawn_loop(w.engine.clone(), w.provider.clone());
@@ -469,22 +420,15 @@ async fn blocked_world(policy: DeadlinePolicy) -> (World, String, String) {
         workload_deadline_policy: policy,
         ..fast_settings()
     };
-    let w = world(
-        vec![MemoryGroup::new("web", 0, 3, 1, "m5.large")],
-        s,
-        Duration::from_millis(50),
-    )
-    .await;
+    let w = World::builder().web(3, 1).settings(s).build().await;
     let (node, iid) = nodes_of(&w, "web").remove(0);
     // A single replica under minAvailable 1: its budget never allows an eviction.
-    w.sim
-        .create(&fixtures::pod("shop", "solo", &node, "solo", 0.0))
-        .unwrap();
+    w.put(&fixtures::pod("shop", "solo", &node, "solo", 0.0));
     let mut pdb = fixtures::pdb("shop", "solo", 0);
     let spec = pdb.spec.as_mut().unwrap();
     spec.max_unavailable = None;
     spec.min_available = Some(k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::Int(1));
-    w.sim.create(&pdb).unwrap();
+    w.put(&pdb);
     eventually("solo ready", 10, || {
         w.sim
             .get::<Pod>("shop", "solo")
@@ -713,27 +657,19 @@ async fn abandon_gives_the_node_back(ca_cordons: bool) {
 
 #[tokio::test]
 async fn fifty_nodes_drain_concurrently_within_budgets() {
-    let mut w = world(
-        vec![
-            MemoryGroup::new("big", 0, 60, 50, "m5.large"),
-            MemoryGroup::new("spare", 0, 20, 10, "m5.large"),
-        ],
-        fast_settings(),
-        Duration::from_millis(50),
-    )
-    .await;
+    let mut w = World::builder()
+        .group(MemoryGroup::new("big", 0, 60, 50, "m5.large"))
+        .group(MemoryGroup::new("spare", 0, 20, 10, "m5.large"))
+        .build()
+        .await;
     let big = nodes_of(&w, "big");
     // Pin 50 replicas to the big nodes first: spare nodes are cordoned until the drain.
     for (n, _) in nodes_of(&w, "spare") {
         set_unschedulable(&w, &n, true).await;
     }
-    w.sim
-        .create(&fixtures::replicaset("shop", "api", 50, 0.05))
-        .unwrap();
-    w.sim.create(&fixtures::pdb("shop", "api", 5)).unwrap();
-    w.sim
-        .create(&fixtures::daemonset("logging", "fluentd", 0.05, false))
-        .unwrap();
+    w.put(&fixtures::replicaset("shop", "api", 50, 0.05));
+    w.put(&fixtures::pdb("shop", "api", 5));
+    w.put(&fixtures::daemonset("logging", "fluentd", 0.05, false));
     eventually("50 ready replicas", 20, || {
         w.sim
             .list::<Pod>()
@@ -772,31 +708,17 @@ async fn fifty_nodes_drain_concurrently_within_budgets() {
 
 #[tokio::test]
 async fn a_replica_that_does_not_lead_hands_delete_nodes_to_the_leader() {
-    let w = world(
-        vec![MemoryGroup::new("web", 0, 3, 2, "m5.large")],
-        fast_settings(),
-        Duration::from_millis(50),
-    )
-    .await;
+    let w = World::builder().web(3, 2).build().await;
     // A second replica, not the leader, gets CA's call.
     let (_provider2, engine2, mut ca2) =
         service(&w.sim, &w.cloud, &w.groups, fast_settings()).await;
     let (_lead_tx, lead_rx) = tokio::sync::watch::channel(false);
     engine2.follow_leadership(lead_rx);
     let (node, iid) = nodes_of(&w, "web").remove(0);
-    w.sim
-        .create(&fixtures::pod("shop", "app", &node, "app", 0.3))
+    w.put(&fixtures::pod("shop", "app", &node, "app", 0.3));
+    ca2.node_group_delete_nodes(delete_nodes_message("web", &[(node.clone(), iid.clone())]))
+        .await
         .unwrap();
-    ca2.node_group_delete_nodes(proto::NodeGroupDeleteNodesRequest {
-        id: "web".into(),
-        nodes: vec![proto::ExternalGrpcNode {
-            provider_id: format!("aws:///us-east-1a/{iid}"),
-            name: node.clone(),
-            ..Default::default()
-        }],
-    })
-    .await
-    .unwrap();
     assert_eq!(engine2.in_progress(), 0, "the follower does not drain");
     assert_eq!(w.cloud.calls().get("terminate_instance"), None);
     let marked = w.sim.get::<Node>("", &node).unwrap();
@@ -825,12 +747,7 @@ async fn a_replica_that_does_not_lead_hands_delete_nodes_to_the_leader() {
 
 #[tokio::test]
 async fn an_api_server_restart_in_the_middle_of_a_drain_loses_nothing() {
-    let mut w = world(
-        vec![MemoryGroup::new("web", 0, 3, 1, "m5.large")],
-        fast_settings(),
-        Duration::from_millis(50),
-    )
-    .await;
+    let mut w = World::builder().web(3, 1).build().await;
     let (node, iid) = node_with_fluentd_and_app(&w, 0.5).await;
     delete_nodes(&mut w, "web", &[(node.clone(), iid.clone())]).await;
     eventually("the app's eviction", 10, || {
@@ -879,16 +796,12 @@ async fn an_api_server_restart_in_the_middle_of_a_drain_loses_nothing() {
 /// side by side, the call answers inside CA's deadline, and every drain still ends.
 #[tokio::test]
 async fn delete_nodes_answers_within_cas_deadline_when_aws_and_the_api_are_slow() {
-    let mut w = world(
-        vec![
-            MemoryGroup::new("web", 0, 4, 4, "m5.large")
-                .terminating_hook("ca-asg-provider-drain", 30),
-            MemoryGroup::new("batch", 0, 4, 4, "m5.large"),
-        ],
-        fast_settings(),
-        Duration::from_millis(20),
-    )
-    .await;
+    let mut w = World::builder()
+        .web_hooked(4, 4, 30)
+        .group(MemoryGroup::new("batch", 0, 4, 4, "m5.large"))
+        .ready_delay(Duration::from_millis(20))
+        .build()
+        .await;
     let web = nodes_of(&w, "web");
     let batch = nodes_of(&w, "batch");
     assert_eq!((web.len(), batch.len()), (4, 4));
@@ -923,24 +836,22 @@ async fn drain_an_unready_pod(policy: Option<&str>) -> (World, Option<Outcome>) 
         workload_deadline_policy: DeadlinePolicy::Abandon,
         ..fast_settings()
     };
-    let mut w = world(
-        vec![MemoryGroup::new("web", 0, 3, 2, "m5.large")],
-        s,
-        Duration::from_millis(20),
-    )
-    .await;
+    let mut w = World::builder()
+        .web(3, 2)
+        .settings(s)
+        .ready_delay(Duration::from_millis(20))
+        .build()
+        .await;
     let nodes = nodes_of(&w, "web");
     for (pod, (node, _)) in ["crash-a", "crash-b"].iter().zip(&nodes) {
-        w.sim
-            .create(&fixtures::pod("shop", pod, node, "crash", 0.0))
-            .unwrap();
+        w.put(&fixtures::pod("shop", pod, node, "crash", 0.0));
     }
     let mut pdb = fixtures::pdb("shop", "crash", 0);
     let spec = pdb.spec.as_mut().unwrap();
     spec.max_unavailable = None;
     spec.min_available = Some(k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::Int(2));
     spec.unhealthy_pod_eviction_policy = policy.map(str::to_string);
-    w.sim.create(&pdb).unwrap();
+    w.put(&pdb);
     pods_ready(&w, 2).await;
     w.sim.set_ready("shop", "crash-a", false).unwrap();
     eventually("the budget's status counts one healthy pod", 10, || {
@@ -996,16 +907,9 @@ async fn an_unready_pod_leaves_when_its_budget_always_allows_unhealthy_evictions
 /// the instance ends.
 #[tokio::test]
 async fn a_pod_that_runs_to_completion_is_waited_for_not_evicted() {
-    let mut w = world(
-        vec![MemoryGroup::new("web", 0, 3, 1, "m5.large")],
-        fast_settings(),
-        Duration::from_millis(50),
-    )
-    .await;
+    let mut w = World::builder().web(3, 1).build().await;
     let (node, iid) = nodes_of(&w, "web").remove(0);
-    w.sim
-        .create(&fixtures::daemonset("logging", "fluentd", 0.05, false))
-        .unwrap();
+    w.put(&fixtures::daemonset("logging", "fluentd", 0.05, false));
     let mut job = fixtures::pod("batch", "job", &node, "job", 0.0);
     job.metadata
         .annotations
@@ -1014,10 +918,8 @@ async fn a_pod_that_runs_to_completion_is_waited_for_not_evicted() {
             scalein::decide::plan::SAFE_TO_EVICT.into(),
             scalein::decide::plan::ON_COMPLETION.into(),
         );
-    w.sim.create(&job).unwrap();
-    w.sim
-        .create(&fixtures::pod("shop", "app", &node, "app", 0.1))
-        .unwrap();
+    w.put(&job);
+    w.put(&fixtures::pod("shop", "app", &node, "app", 0.1));
     eventually("the pods ready", 10, || {
         ["job", "app"].iter().all(|n| {
             w.sim.list::<Pod>().iter().any(|p| {
@@ -1082,12 +984,7 @@ async fn a_pod_that_runs_to_completion_is_waited_for_not_evicted() {
 /// read again within seconds.
 #[tokio::test]
 async fn a_hook_added_by_hand_to_a_running_group_is_used_at_once() {
-    let w = world(
-        vec![MemoryGroup::new("web", 0, 3, 1, "m5.large")],
-        fast_settings(),
-        Duration::from_millis(50),
-    )
-    .await;
+    let w = World::builder().web(3, 1).build().await;
     let lifecycle = scalein::sources::hook_scan::spawn_loop(w.engine.clone(), w.provider.clone());
     let (node, iid) = node_with_fluentd_and_app(&w, 0.1).await;
     w.cloud.add_hook(

@@ -19,14 +19,6 @@ mod support;
 use support::eventually;
 use support::world::*;
 
-fn state_of(w: &World, iid: &str) -> Option<LifecycleState> {
-    w.cloud
-        .instances()
-        .into_iter()
-        .find(|(_, i)| i.id == iid)
-        .map(|(_, i)| i.state)
-}
-
 fn live(w: &World, group: &str) -> usize {
     w.cloud
         .instances()
@@ -39,28 +31,25 @@ fn live(w: &World, group: &str) -> usize {
 /// drains are held by a PodDisruptionBudget, then IncreaseSize(+1).
 #[tokio::test]
 async fn growing_a_group_while_direct_drains_run_ends_no_instance_of_the_asgs_choosing() {
-    let mut w = world(
-        vec![MemoryGroup::new("web", 0, 10, 4, "m5.large")],
-        ScaleInSettings {
+    let mut w = World::builder()
+        .web(10, 4)
+        .settings(ScaleInSettings {
             workload_deadline: Duration::from_secs(30),
             ..fast_settings()
-        },
-        Duration::from_millis(50),
-    )
-    .await;
+        })
+        .build()
+        .await;
     let victims: Vec<(String, String)> = nodes_of(&w, "web").into_iter().take(2).collect();
     for (i, (node, _)) in victims.iter().enumerate() {
-        w.sim
-            .create(&fixtures::pod(
-                "shop",
-                &format!("held-{i}"),
-                node,
-                "held",
-                0.0,
-            ))
-            .unwrap();
+        w.put(&fixtures::pod(
+            "shop",
+            &format!("held-{i}"),
+            node,
+            "held",
+            0.0,
+        ));
     }
-    w.sim.create(&fixtures::pdb("shop", "held", 0)).unwrap();
+    w.put(&fixtures::pdb("shop", "held", 0));
     pods_ready(&w, 2).await;
 
     delete_nodes(&mut w, "web", &victims).await;
@@ -99,7 +88,7 @@ async fn growing_a_group_while_direct_drains_run_ends_no_instance_of_the_asgs_ch
     );
     assert!(w.cloud.chosen_by_asg().is_empty());
     for (_, iid) in &victims {
-        assert_eq!(state_of(&w, iid), Some(LifecycleState::InService));
+        assert_eq!(state_of(&w.cloud, iid), Some(LifecycleState::InService));
     }
 
     // The budget allows the evictions now; both drains end with a decrement.
@@ -125,30 +114,22 @@ async fn growing_a_group_while_direct_drains_run_ends_no_instance_of_the_asgs_ch
 /// process counts it against the target before anything else happens.
 #[tokio::test]
 async fn a_crash_right_after_delete_nodes_loses_no_drain() {
-    let mut w = world(
-        vec![MemoryGroup::new("web", 0, 5, 3, "m5.large")],
-        ScaleInSettings {
+    let mut w = World::builder()
+        .web(5, 3)
+        .settings(ScaleInSettings {
             max_concurrent_drains: 1,
             ..fast_settings()
-        },
-        Duration::from_millis(50),
-    )
-    .await;
+        })
+        .build()
+        .await;
     let (node, iid) = nodes_of(&w, "web").remove(0);
-    w.sim
-        .create(&fixtures::pod("shop", "app", &node, "app", 0.2))
-        .unwrap();
+    w.put(&fixtures::pod("shop", "app", &node, "app", 0.2));
     delete_nodes(&mut w, "web", &[(node.clone(), iid.clone())]).await;
     // kill -9: the drain task goes before it did anything of its own.
     w.engine.abort_all();
     w.engine.shutdown();
     let (provider2, engine2, mut ca2) = service(&w.sim, &w.cloud, &w.groups, fast_settings()).await;
-    let t = ca2
-        .node_group_target_size(proto::NodeGroupTargetSizeRequest { id: "web".into() })
-        .await
-        .unwrap()
-        .into_inner()
-        .target_size;
+    let t = target_of(&mut ca2, "web").await;
     assert_eq!(t, 2, "the recorded drain counts against the target at once");
     assert_eq!(
         scalein::sources::hook_scan::resume(&engine2, &provider2).await,
@@ -171,30 +152,30 @@ async fn a_crash_right_after_delete_nodes_loses_no_drain() {
 #[tokio::test]
 async fn two_hundred_waiting_instances_are_all_heartbeated_until_drained() {
     const N: usize = 200;
-    let w = world_with(
-        vec![MemoryGroup::new("fleet", 0, N as i32, N as i32, "m5.large")
-            .terminating_hook("ca-asg-provider-drain", 1)],
-        ScaleInSettings {
+    let w = World::builder()
+        .group(
+            MemoryGroup::new("fleet", 0, N as i32, N as i32, "m5.large")
+                .terminating_hook("ca-asg-provider-drain", 1),
+        )
+        .settings(ScaleInSettings {
             max_concurrent_drains: 10,
             api_qps: 400.0,
             api_burst: 400,
             ..fast_settings()
-        },
-        Duration::from_millis(20),
-        Duration::from_secs(60),
-    )
-    .await;
+        })
+        .ready_delay(Duration::from_millis(20))
+        .refresh_interval(Duration::from_secs(60))
+        .build()
+        .await;
     let nodes = nodes_of(&w, "fleet");
     for (node, _) in &nodes {
-        w.sim
-            .create(&fixtures::pod(
-                "shop",
-                &format!("app-{node}"),
-                node,
-                "app",
-                0.3,
-            ))
-            .unwrap();
+        w.put(&fixtures::pod(
+            "shop",
+            &format!("app-{node}"),
+            node,
+            "app",
+            0.3,
+        ));
     }
     let _loop = scalein::sources::hook_scan::spawn_loop(w.engine.clone(), w.provider.clone());
     let ended = w.cloud.external_scale_in("fleet", N as i32).unwrap();
@@ -243,13 +224,11 @@ async fn two_hundred_waiting_instances_are_all_heartbeated_until_drained() {
 /// terminates; it keeps the hook alive and drains once the API server answers.
 #[tokio::test]
 async fn a_drain_that_cannot_find_its_node_does_not_end_the_instance() {
-    let w = world(
-        vec![MemoryGroup::new("web", 0, 5, 1, "m5.large")
-            .terminating_hook("ca-asg-provider-drain", 1)],
-        fast_settings(),
-        Duration::from_millis(20),
-    )
-    .await;
+    let w = World::builder()
+        .web_hooked(5, 1, 1)
+        .ready_delay(Duration::from_millis(20))
+        .build()
+        .await;
     let sim = w.sim.clone();
     let outage = tokio::spawn(async move { sim.outage(Duration::from_secs(3)).await });
     tokio::time::sleep(Duration::from_millis(100)).await;
@@ -265,9 +244,7 @@ async fn a_drain_that_cannot_find_its_node_does_not_end_the_instance() {
         .into_iter()
         .find(|(_, i)| !before.contains(i))
         .expect("the new instance");
-    w.sim
-        .create(&fixtures::pod("shop", "late", &node, "late", 0.1))
-        .unwrap();
+    w.put(&fixtures::pod("shop", "late", &node, "late", 0.1));
     assert_eq!(
         w.cloud.external_scale_in("web", 1).unwrap(),
         vec![iid.clone()]
@@ -284,7 +261,10 @@ async fn a_drain_that_cannot_find_its_node_does_not_end_the_instance() {
         w.cloud.completed_actions().is_empty(),
         "completed without knowing whether the instance had a Node"
     );
-    assert_eq!(state_of(&w, &iid), Some(LifecycleState::TerminatingWait));
+    assert_eq!(
+        state_of(&w.cloud, &iid),
+        Some(LifecycleState::TerminatingWait)
+    );
     assert!(w.cloud.hook_timeouts().is_empty(), "heartbeats kept it");
     outage.await.unwrap().unwrap();
     assert_eq!(w.engine.wait_for(&iid).await, Some(Outcome::Ended));
@@ -300,12 +280,11 @@ async fn a_drain_that_cannot_find_its_node_does_not_end_the_instance() {
 /// by this service; without our own hook the group drains in direct mode.
 #[tokio::test]
 async fn another_tools_hook_is_never_completed() {
-    let mut w = world(
-        vec![MemoryGroup::new("web", 0, 5, 2, "m5.large").terminating_hook("nth-hook", 30)],
-        fast_settings(),
-        Duration::from_millis(20),
-    )
-    .await;
+    let mut w = World::builder()
+        .group(MemoryGroup::new("web", 0, 5, 2, "m5.large").terminating_hook("nth-hook", 30))
+        .ready_delay(Duration::from_millis(20))
+        .build()
+        .await;
     let (node, iid) = nodes_of(&w, "web").remove(0);
     delete_nodes(&mut w, "web", &[(node, iid.clone())]).await;
     assert_eq!(w.engine.wait_for(&iid).await, Some(Outcome::Ended));
@@ -315,7 +294,10 @@ async fn another_tools_hook_is_never_completed() {
         w.cloud.completed_actions()
     );
     // Terminated with decrement; NTH's hook holds it for NTH.
-    assert_eq!(state_of(&w, &iid), Some(LifecycleState::TerminatingWait));
+    assert_eq!(
+        state_of(&w.cloud, &iid),
+        Some(LifecycleState::TerminatingWait)
+    );
     assert_eq!(w.cloud.desired("web"), Some(1));
     assert_eq!(target(&mut w, "web").await, 1);
 }
@@ -327,22 +309,20 @@ async fn another_tools_hook_is_never_completed() {
 /// times out.
 #[tokio::test]
 async fn a_drain_faster_than_the_hook_still_completes_the_action() {
-    let w = world_timed(
-        vec![MemoryGroup::new("web", 0, 3, 2, "m5.large")
-            .terminating_hook("ca-asg-provider-drain", 2)],
-        fast_settings(),
-        Duration::from_millis(20),
-        Duration::from_millis(100),
-        ca_asg_provider::cloud::memory::MemoryTiming {
+    let w = World::builder()
+        .web_hooked(3, 2, 2)
+        .ready_delay(Duration::from_millis(20))
+        .refresh_interval(Duration::from_millis(100))
+        .timing(ca_asg_provider::cloud::memory::MemoryTiming {
             hook_delay: Duration::from_millis(700),
             ..timing()
-        },
-    )
-    .await;
+        })
+        .build()
+        .await;
     let mut w = w;
     let (node, iid) = nodes_of(&w, "web").remove(0);
     delete_nodes(&mut w, "web", &[(node, iid.clone())]).await;
-    assert_eq!(state_of(&w, &iid), Some(LifecycleState::Terminating));
+    assert_eq!(state_of(&w.cloud, &iid), Some(LifecycleState::Terminating));
     assert_eq!(w.engine.wait_for(&iid).await, Some(Outcome::Ended));
     let done = w.cloud.completed_actions();
     assert_eq!(done.len(), 1, "{done:?}");
@@ -376,7 +356,7 @@ async fn a_pod_list_refused_for_good_fails_the_drain_closed() {
         matches!(&outcome, Some(Outcome::Failed(why)) if why.contains("could not list the pods")),
         "{outcome:?}"
     );
-    assert_eq!(state_of(&w, &iid), Some(LifecycleState::InService));
+    assert_eq!(state_of(&w.cloud, &iid), Some(LifecycleState::InService));
     assert_eq!(w.cloud.calls().get("terminate_instance"), None);
     assert!(
         !w.sim
@@ -422,16 +402,14 @@ async fn a_pod_list_refused_for_a_while_holds_the_drain_until_answered() {
 
 /// A world with two web instances, and an app pod running on the first one's Node.
 async fn web_node_with_an_app(settings: ScaleInSettings) -> (World, String, String) {
-    let w = world(
-        vec![MemoryGroup::new("web", 0, 3, 2, "m5.large")],
-        settings,
-        Duration::from_millis(20),
-    )
-    .await;
+    let w = World::builder()
+        .web(3, 2)
+        .settings(settings)
+        .ready_delay(Duration::from_millis(20))
+        .build()
+        .await;
     let (node, iid) = nodes_of(&w, "web").remove(0);
-    w.sim
-        .create(&fixtures::pod("shop", "app", &node, "app", 0.1))
-        .unwrap();
+    w.put(&fixtures::pod("shop", "app", &node, "app", 0.1));
     pods_ready(&w, 1).await;
     (w, node, iid)
 }
@@ -445,14 +423,15 @@ async fn web_node_with_an_app(settings: ScaleInSettings) -> (World, String, Stri
 #[tokio::test]
 async fn a_hook_named_in_the_nodes_record_is_never_completed_unless_it_is_ours() {
     use ca_asg_provider::scalein::{decide::record, DrainRequest, Mode, Source};
-    let w = world(
-        vec![MemoryGroup::new("web", 0, 5, 2, "m5.large")
-            .terminating_hook("ca-asg-provider-drain", 300)
-            .terminating_hook("nth-hook", 300)],
-        fast_settings(),
-        Duration::from_millis(20),
-    )
-    .await;
+    let w = World::builder()
+        .group(
+            MemoryGroup::new("web", 0, 5, 2, "m5.large")
+                .terminating_hook("ca-asg-provider-drain", 300)
+                .terminating_hook("nth-hook", 300),
+        )
+        .ready_delay(Duration::from_millis(20))
+        .build()
+        .await;
     // The ASG ends an instance: both hooks hold it in Terminating:Wait.
     let before = nodes_of(&w, "web");
     let iid = w.cloud.external_scale_in("web", 1).unwrap().remove(0);
@@ -461,7 +440,7 @@ async fn a_hook_named_in_the_nodes_record_is_never_completed_unless_it_is_ours()
         .find(|(_, i)| *i == iid)
         .expect("the ended instance's Node");
     eventually("the instance held by both hooks", 10, || {
-        state_of(&w, &iid) == Some(LifecycleState::TerminatingWait)
+        state_of(&w.cloud, &iid) == Some(LifecycleState::TerminatingWait)
     })
     .await;
     let now = chrono::Utc::now();

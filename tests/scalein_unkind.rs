@@ -18,6 +18,17 @@ mod support;
 use support::eventually;
 use support::world::*;
 
+/// Group `web` (at most 3, `desired` of them) under the drain settings `s`, pods
+/// Ready 20 ms after binding.
+async fn web_world(desired: i32, s: ScaleInSettings) -> World {
+    World::builder()
+        .web(3, desired)
+        .settings(s)
+        .ready_delay(Duration::from_millis(20))
+        .build()
+        .await
+}
+
 fn settings(deadline_secs: u64) -> ScaleInSettings {
     ScaleInSettings {
         workload_deadline: Duration::from_secs(deadline_secs),
@@ -40,12 +51,7 @@ fn first(audit: &[sim::AuditEntry], verb: &str, prefix: &str) -> usize {
 /// which kube-scheduler puts back on the cordoned node, is not chased.
 #[tokio::test]
 async fn a_replacement_that_tolerates_the_drain_taint_is_not_chased() {
-    let mut w = world(
-        vec![MemoryGroup::new("web", 0, 3, 1, "m5.large")],
-        settings(20),
-        Duration::from_millis(20),
-    )
-    .await;
+    let mut w = web_world(1, settings(20)).await;
     let (node, iid) = nodes_of(&w, "web").remove(0);
     let mut rs = fixtures::replicaset("shop", "tolerant", 1, 0.05);
     rs.spec
@@ -61,16 +67,11 @@ async fn a_replacement_that_tolerates_the_drain_taint_is_not_chased() {
         operator: Some("Exists".into()),
         ..Default::default()
     }]);
-    w.sim.create(&rs).unwrap();
+    w.put(&rs);
     pods_ready(&w, 1).await;
     delete_nodes(&mut w, "web", &[(node.clone(), iid.clone())]).await;
     assert_eq!(w.engine.wait_for(&iid).await, Some(Outcome::Ended));
-    let evicted = w
-        .sim
-        .audit()
-        .iter()
-        .filter(|a| a.verb == "evicted" && a.name.starts_with("tolerant"))
-        .count();
+    let evicted = evictions_of(&w, "tolerant");
     assert_eq!(evicted, 1, "evicted once, the replacement not chased");
     let ev = reasons(&w);
     assert!(
@@ -85,12 +86,7 @@ async fn a_replacement_that_tolerates_the_drain_taint_is_not_chased() {
 /// shipper only after the workload.
 #[tokio::test]
 async fn a_dead_kubelet_does_not_hold_the_drain_to_its_deadline() {
-    let mut w = world(
-        vec![MemoryGroup::new("web", 0, 3, 1, "m5.large")],
-        settings(30),
-        Duration::from_millis(20),
-    )
-    .await;
+    let mut w = web_world(1, settings(30)).await;
     let (node, iid) = node_with_fluentd_and_app(&w, 0.1).await;
     w.sim.stop_kubelet(&node).unwrap();
     delete_nodes(&mut w, "web", &[(node.clone(), iid.clone())]).await;
@@ -114,12 +110,7 @@ async fn a_dead_kubelet_does_not_hold_the_drain_to_its_deadline() {
 /// and a finished pod held by a finalizer do not hold the drain.
 #[tokio::test]
 async fn stuck_and_finalizer_held_pods_do_not_hold_the_drain() {
-    let mut w = world(
-        vec![MemoryGroup::new("web", 0, 3, 1, "m5.large")],
-        settings(30),
-        Duration::from_millis(20),
-    )
-    .await;
+    let mut w = web_world(1, settings(30)).await;
     let (node, iid) = nodes_of(&w, "web").remove(0);
     let mut wedged = fixtures::pod("shop", "wedged", &node, "wedged", 0.0);
     wedged
@@ -132,10 +123,10 @@ async fn stuck_and_finalizer_held_pods_do_not_hold_the_drain() {
         .as_mut()
         .unwrap()
         .termination_grace_period_seconds = Some(1);
-    w.sim.create(&wedged).unwrap();
+    w.put(&wedged);
     let mut held = fixtures::pod("shop", "held", &node, "held", 0.0);
     held.metadata.finalizers = Some(vec!["example.com/keep".into()]);
-    w.sim.create(&held).unwrap();
+    w.put(&held);
     pods_ready(&w, 2).await;
     delete_nodes(&mut w, "web", &[(node.clone(), iid.clone())]).await;
     assert_eq!(w.engine.wait_for(&iid).await, Some(Outcome::Ended));
@@ -155,17 +146,16 @@ async fn stuck_and_finalizer_held_pods_do_not_hold_the_drain() {
 /// ended with its own grace period first; only then does the log shipper go.
 #[tokio::test]
 async fn proceed_ends_the_workloads_before_the_daemonset_pods() {
-    let mut w = world(
-        vec![MemoryGroup::new("web", 0, 3, 1, "m5.large")],
+    let mut w = web_world(
+        1,
         ScaleInSettings {
             workload_deadline_policy: DeadlinePolicy::Proceed,
             ..settings(1)
         },
-        Duration::from_millis(20),
     )
     .await;
     let (node, iid) = node_with_fluentd_and_app(&w, 0.5).await;
-    w.sim.create(&fixtures::pdb("shop", "app", 0)).unwrap();
+    w.put(&fixtures::pdb("shop", "app", 0));
     delete_nodes(&mut w, "web", &[(node, iid.clone())]).await;
     assert_eq!(w.engine.wait_for(&iid).await, Some(Outcome::Ended));
     let a = w.sim.audit();
@@ -188,25 +178,22 @@ async fn proceed_ends_the_workloads_before_the_daemonset_pods() {
 /// pod goes first, then fluentd.
 #[tokio::test]
 async fn a_refused_delete_at_a_proceed_deadline_keeps_the_daemonset_pods() {
-    let mut w = world(
-        vec![MemoryGroup::new("web", 0, 3, 1, "m5.large")],
+    let mut w = web_world(
+        1,
         ScaleInSettings {
             workload_deadline_policy: DeadlinePolicy::Proceed,
             ..settings(1)
         },
-        Duration::from_millis(20),
     )
     .await;
     let (node, iid) = nodes_of(&w, "web").remove(0);
-    w.sim
-        .create(&fixtures::daemonset("logging", "fluentd", 0.2, false))
-        .unwrap();
+    w.put(&fixtures::daemonset("logging", "fluentd", 0.2, false));
     // A short grace period: a drain that stops waiting for it after grace + 5 s does
     // so within the test.
     let mut app = fixtures::pod("shop", "app", &node, "app", 0.2);
     app.spec.as_mut().unwrap().termination_grace_period_seconds = Some(1);
-    w.sim.create(&app).unwrap();
-    w.sim.create(&fixtures::pdb("shop", "app", 0)).unwrap();
+    w.put(&app);
+    w.put(&fixtures::pdb("shop", "app", 0));
     pods_ready(&w, 2).await;
     w.sim.deny(&[("delete", "pods")]);
     delete_nodes(&mut w, "web", &[(node, iid.clone())]).await;
@@ -245,18 +232,17 @@ async fn a_refused_delete_at_a_proceed_deadline_keeps_the_daemonset_pods() {
 /// instead of leaving fluentd to die with the instance when the hook times out.
 #[tokio::test]
 async fn a_lifecycle_deadline_proceeds_whatever_the_policy() {
-    let mut w = world(
-        vec![MemoryGroup::new("web", 0, 3, 1, "m5.large")
-            .terminating_hook("ca-asg-provider-drain", 30)],
-        ScaleInSettings {
+    let mut w = World::builder()
+        .web_hooked(3, 1, 30)
+        .settings(ScaleInSettings {
             workload_deadline_policy: DeadlinePolicy::Abandon,
             ..settings(1)
-        },
-        Duration::from_millis(20),
-    )
-    .await;
+        })
+        .ready_delay(Duration::from_millis(20))
+        .build()
+        .await;
     let (node, iid) = node_with_fluentd_and_app(&w, 0.2).await;
-    w.sim.create(&fixtures::pdb("shop", "app", 0)).unwrap();
+    w.put(&fixtures::pdb("shop", "app", 0));
     delete_nodes(&mut w, "web", &[(node, iid.clone())]).await;
     assert_eq!(w.engine.wait_for(&iid).await, Some(Outcome::Ended));
     let done = w.cloud.completed_actions();
@@ -271,17 +257,10 @@ async fn a_lifecycle_deadline_proceeds_whatever_the_policy() {
 /// Two budgets over one pod make the Eviction API answer 500: the Event names both.
 #[tokio::test]
 async fn throttled_evictions_are_not_budget_blocks_and_overlapping_budgets_are_named() {
-    let mut w = world(
-        vec![MemoryGroup::new("web", 0, 3, 2, "m5.large")],
-        settings(30),
-        Duration::from_millis(20),
-    )
-    .await;
+    let mut w = web_world(2, settings(30)).await;
     let nodes = nodes_of(&w, "web");
     let (n1, i1) = nodes[0].clone();
-    w.sim
-        .create(&fixtures::pod("shop", "busy", &n1, "busy", 0.0))
-        .unwrap();
+    w.put(&fixtures::pod("shop", "busy", &n1, "busy", 0.0));
     pods_ready(&w, 1).await;
     w.sim.throttle("create", "pods/eviction", 2);
     delete_nodes(&mut w, "web", &[(n1, i1.clone())]).await;
@@ -293,13 +272,11 @@ async fn throttled_evictions_are_not_budget_blocks_and_overlapping_budgets_are_n
     );
 
     let (n2, i2) = nodes[1].clone();
-    w.sim
-        .create(&fixtures::pod("shop", "double", &n2, "double", 0.0))
-        .unwrap();
+    w.put(&fixtures::pod("shop", "double", &n2, "double", 0.0));
     let mut second = fixtures::pdb("shop", "double", 1);
     second.metadata.name = Some("double-again".into());
-    w.sim.create(&fixtures::pdb("shop", "double", 1)).unwrap();
-    w.sim.create(&second).unwrap();
+    w.put(&fixtures::pdb("shop", "double", 1));
+    w.put(&second);
     pods_ready(&w, 1).await;
     delete_nodes(&mut w, "web", &[(n2, i2.clone())]).await;
     eventually("an Event naming both budgets", 10, || {
@@ -319,13 +296,12 @@ async fn throttled_evictions_are_not_budget_blocks_and_overlapping_budgets_are_n
 /// pods) leave after the volumes have detached; the log shipper before them.
 #[tokio::test]
 async fn node_critical_daemonsets_leave_after_the_volumes() {
-    let mut w = world(
-        vec![MemoryGroup::new("web", 0, 3, 1, "m5.large")],
+    let mut w = web_world(
+        1,
         ScaleInSettings {
             volume_deadline: Duration::from_secs(20),
             ..settings(30)
         },
-        Duration::from_millis(20),
     )
     .await;
     let (node, iid) = node_with_fluentd_and_app(&w, 0.1).await;
@@ -338,11 +314,9 @@ async fn node_critical_daemonsets_leave_after_the_volumes() {
         .as_mut()
         .unwrap()
         .priority_class_name = Some("system-node-critical".into());
-    w.sim.create(&csi).unwrap();
+    w.put(&csi);
     pods_ready(&w, 3).await;
-    w.sim
-        .create(&fixtures::volume_attachment("csi-vol", &node, "pv-1"))
-        .unwrap();
+    w.put(&fixtures::volume_attachment("csi-vol", &node, "pv-1"));
     delete_nodes(&mut w, "web", &[(node, iid.clone())]).await;
     eventually("fluentd evicted", 10, || {
         audit_index(&w.sim.audit(), "evicted", "Pod", "fluentd").is_some()
@@ -363,12 +337,7 @@ async fn node_critical_daemonsets_leave_after_the_volumes() {
 /// shipper with the workloads before DeleteNodes; the drain says so, and how to fix it.
 #[tokio::test]
 async fn daemonset_pods_ca_evicted_early_are_reported() {
-    let mut w = world(
-        vec![MemoryGroup::new("web", 0, 3, 1, "m5.large")],
-        settings(30),
-        Duration::from_millis(20),
-    )
-    .await;
+    let mut w = web_world(1, settings(30)).await;
     let mut ds = fixtures::daemonset("logging", "fluentd", 2.0, false);
     ds.spec
         .as_mut()
@@ -378,7 +347,7 @@ async fn daemonset_pods_ca_evicted_early_are_reported() {
         .as_mut()
         .unwrap()
         .termination_grace_period_seconds = Some(30);
-    w.sim.create(&ds).unwrap();
+    w.put(&ds);
     let (node, iid) = nodes_of(&w, "web").remove(0);
     pods_ready(&w, 1).await;
     // What CA does before DeleteNodes with the flag left at its default.
@@ -415,13 +384,12 @@ async fn the_volume_wait_leaves_out_volumes_of_pods_that_stay() {
     use k8s_openapi::api::core::v1::{
         PersistentVolumeClaim, PersistentVolumeClaimSpec, PersistentVolumeClaimVolumeSource, Volume,
     };
-    let mut w = world(
-        vec![MemoryGroup::new("web", 0, 3, 1, "m5.large")],
+    let mut w = web_world(
+        1,
         ScaleInSettings {
             volume_deadline: Duration::from_secs(60),
             ..settings(30)
         },
-        Duration::from_millis(20),
     )
     .await;
     let (node, iid) = nodes_of(&w, "web").remove(0);
@@ -434,26 +402,22 @@ async fn the_volume_wait_leaves_out_volumes_of_pods_that_stay() {
         }),
         ..Default::default()
     }]);
-    w.sim.create(&db).unwrap();
-    w.sim
-        .create(&PersistentVolumeClaim {
-            metadata: ObjectMeta {
-                name: Some("db-data".into()),
-                namespace: Some("shop".into()),
-                ..Default::default()
-            },
-            spec: Some(PersistentVolumeClaimSpec {
-                volume_name: Some("pv-db".into()),
-                ..Default::default()
-            }),
-            status: None,
-        })
-        .unwrap();
+    w.put(&db);
+    w.put(&PersistentVolumeClaim {
+        metadata: ObjectMeta {
+            name: Some("db-data".into()),
+            namespace: Some("shop".into()),
+            ..Default::default()
+        },
+        spec: Some(PersistentVolumeClaimSpec {
+            volume_name: Some("pv-db".into()),
+            ..Default::default()
+        }),
+        status: None,
+    });
     pods_ready(&w, 1).await;
     for (name, pv) in [("va-db", "pv-db"), ("va-other", "pv-other")] {
-        w.sim
-            .create(&fixtures::volume_attachment(name, &node, pv))
-            .unwrap();
+        w.put(&fixtures::volume_attachment(name, &node, pv));
     }
     w.sim.stop_kubelet(&node).unwrap();
     delete_nodes(&mut w, "web", &[(node, iid.clone())]).await;
@@ -480,14 +444,9 @@ async fn a_drain_resumed_past_its_deadline_still_takes_the_daemonsets_last() {
         workload_deadline_policy: DeadlinePolicy::Proceed,
         ..settings(1)
     };
-    let mut w = world(
-        vec![MemoryGroup::new("web", 0, 3, 1, "m5.large")],
-        s.clone(),
-        Duration::from_millis(20),
-    )
-    .await;
+    let mut w = web_world(1, s.clone()).await;
     let (node, iid) = node_with_fluentd_and_app(&w, 0.2).await;
-    w.sim.create(&fixtures::pdb("shop", "app", 0)).unwrap();
+    w.put(&fixtures::pdb("shop", "app", 0));
     delete_nodes(&mut w, "web", &[(node, iid.clone())]).await;
     // The service dies at once and comes back after the deadline has passed.
     w.engine.abort_all();
@@ -515,32 +474,21 @@ async fn at_the_deadline_a_pod_deleted_with_a_longer_grace_keeps_the_daemonsets_
         workload_deadline_policy: DeadlinePolicy::Proceed,
         ..settings(1)
     };
-    let mut w = world(
-        vec![MemoryGroup::new("web", 0, 3, 1, "m5.large")],
-        s,
-        Duration::from_millis(20),
-    )
-    .await;
+    let mut w = web_world(1, s).await;
     let (node, iid) = nodes_of(&w, "web").remove(0);
-    w.sim
-        .create(&fixtures::daemonset("logging", "fluentd", 0.2, false))
-        .unwrap();
+    w.put(&fixtures::daemonset("logging", "fluentd", 0.2, false));
     let short_grace = |mut p: Pod| {
         p.spec.as_mut().unwrap().termination_grace_period_seconds = Some(1);
         p
     };
     // `app` behind a budget that allows nothing: the deadline comes.
-    w.sim
-        .create(&short_grace(fixtures::pod(
-            "shop", "app", &node, "app", 0.0,
-        )))
-        .unwrap();
-    w.sim.create(&fixtures::pdb("shop", "app", 0)).unwrap();
-    w.sim
-        .create(&short_grace(fixtures::pod(
-            "shop", "slow", &node, "slow", 12.0,
-        )))
-        .unwrap();
+    w.put(&short_grace(fixtures::pod(
+        "shop", "app", &node, "app", 0.0,
+    )));
+    w.put(&fixtures::pdb("shop", "app", 0));
+    w.put(&short_grace(fixtures::pod(
+        "shop", "slow", &node, "slow", 12.0,
+    )));
     pods_ready(&w, 3).await;
     let pods: kube::Api<Pod> = kube::Api::namespaced(w.sim.client(), "shop");
     let longer = kube::api::DeleteParams {
@@ -566,30 +514,19 @@ async fn at_the_deadline_a_pod_deleted_with_a_longer_grace_keeps_the_daemonsets_
 /// goes first, before any DaemonSet pod that is still running.
 #[tokio::test]
 async fn a_workload_bound_by_name_during_the_daemonset_phase_is_evicted_before_the_rest() {
-    let mut w = world(
-        vec![MemoryGroup::new("web", 0, 3, 1, "m5.large")],
-        settings(30),
-        Duration::from_millis(20),
-    )
-    .await;
+    let mut w = web_world(1, settings(30)).await;
     let (node, iid) = nodes_of(&w, "web").remove(0);
     // A log shipper slow to stop, and a node-critical DaemonSet (kube-proxy's kind),
     // which goes last of all.
-    w.sim
-        .create(&fixtures::daemonset("logging", "fluentd", 3.0, false))
-        .unwrap();
-    w.sim
-        .create(&fixtures::daemonset_tolerating(
-            "kube-system",
-            "kube-proxy",
-            0.1,
-            &[],
-            Some("system-node-critical"),
-        ))
-        .unwrap();
-    w.sim
-        .create(&fixtures::pod("shop", "app", &node, "app", 0.0))
-        .unwrap();
+    w.put(&fixtures::daemonset("logging", "fluentd", 3.0, false));
+    w.put(&fixtures::daemonset_tolerating(
+        "kube-system",
+        "kube-proxy",
+        0.1,
+        &[],
+        Some("system-node-critical"),
+    ));
+    w.put(&fixtures::pod("shop", "app", &node, "app", 0.0));
     pods_ready(&w, 3).await;
     delete_nodes(&mut w, "web", &[(node.clone(), iid.clone())]).await;
     eventually("the DaemonSet phase under way", 10, || {
@@ -597,9 +534,7 @@ async fn a_workload_bound_by_name_during_the_daemonset_phase_is_evicted_before_t
     })
     .await;
     // Bound by name: no scheduler, no cordon in its way.
-    w.sim
-        .create(&fixtures::pod("shop", "late", &node, "late", 0.0))
-        .unwrap();
+    w.put(&fixtures::pod("shop", "late", &node, "late", 0.0));
     assert_eq!(w.engine.wait_for(&iid).await, Some(Outcome::Ended));
     let a = w.sim.audit();
     let late_asked = audit_index(&a, "eviction-requested", "Pod", "late");
@@ -757,13 +692,12 @@ async fn budget_watches_are_shared_wake_on_a_change_only_and_close_with_the_last
 /// later than the drain's start.
 #[tokio::test]
 async fn daemonsets_that_tolerate_everything_leave_once_last_and_after_the_volumes() {
-    let mut w = world(
-        vec![MemoryGroup::new("web", 0, 3, 1, "m5.large")],
+    let mut w = web_world(
+        1,
         ScaleInSettings {
             volume_deadline: Duration::from_secs(20),
             ..settings(30)
         },
-        Duration::from_millis(20),
     )
     .await;
     let (node, iid) = node_with_fluentd_and_app(&w, 0.1).await;
@@ -773,12 +707,10 @@ async fn daemonsets_that_tolerate_everything_leave_once_last_and_after_the_volum
         fixtures::aws_node(0.0),
         fixtures::csi_node(0.0),
     ] {
-        w.sim.create(&ds).unwrap();
+        w.put(&ds);
     }
     pods_ready(&w, 6).await;
-    w.sim
-        .create(&fixtures::volume_attachment("csi-vol", &node, "pv-1"))
-        .unwrap();
+    w.put(&fixtures::volume_attachment("csi-vol", &node, "pv-1"));
     let into_second = chrono::Utc::now().timestamp_subsec_millis() as u64;
     tokio::time::sleep(Duration::from_millis(1020 - into_second)).await;
     delete_nodes(&mut w, "web", &[(node.clone(), iid.clone())]).await;
@@ -837,30 +769,25 @@ async fn daemonsets_that_tolerate_everything_leave_once_last_and_after_the_volum
 async fn a_drain_restarted_after_its_eviction_does_not_evict_again() {
     use ca_asg_provider::scalein::{self, DrainRequest, Mode, Source};
     for (lag, webhook) in [(600, 0), (0, 600)] {
-        let mut w = world(
-            vec![MemoryGroup::new("web", 0, 3, 2, "m5.large")],
+        // Every drain sees its pods through the pass's one watch.
+        let mut w = web_world(
+            2,
             ScaleInSettings {
-                // Every drain sees its pods through the pass's one watch.
                 shared_pod_watch_from: 1,
                 ..settings(30)
             },
-            Duration::from_millis(20),
         )
         .await;
         let nodes = nodes_of(&w, "web");
         let (node, iid) = nodes[0].clone();
-        w.sim
-            .create(&fixtures::pod("shop", "app", &node, "app", 1.0))
-            .unwrap();
+        w.put(&fixtures::pod("shop", "app", &node, "app", 1.0));
         pods_ready(&w, 1).await;
         if lag > 0 {
             // Another drain, held by a budget that allows nothing, keeps the pass and
             // its watch alive across the restart.
             let (held_node, held_iid) = nodes[1].clone();
-            w.sim
-                .create(&fixtures::pod("shop", "held", &held_node, "held", 0.1))
-                .unwrap();
-            w.sim.create(&fixtures::pdb("shop", "held", 0)).unwrap();
+            w.put(&fixtures::pod("shop", "held", &held_node, "held", 0.1));
+            w.put(&fixtures::pdb("shop", "held", 0));
             pods_ready(&w, 2).await;
             delete_nodes(&mut w, "web", &[(held_node, held_iid)]).await;
             eventually("the held pod refused", 10, || {
@@ -917,16 +844,14 @@ async fn a_drain_restarted_after_its_eviction_does_not_evict_again() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reason_past_its_deadline_joining_an_eviction_in_flight_does_not_evict_again() {
     use ca_asg_provider::scalein::{decide::record, DrainRequest, Mode, Source};
-    let mut w = world(
-        vec![MemoryGroup::new("batch", 0, 3, 1, "m5.large")],
-        settings(30),
-        Duration::from_millis(20),
-    )
-    .await;
+    let mut w = World::builder()
+        .group(MemoryGroup::new("batch", 0, 3, 1, "m5.large"))
+        .settings(settings(30))
+        .ready_delay(Duration::from_millis(20))
+        .build()
+        .await;
     let (node, iid) = nodes_of(&w, "batch").remove(0);
-    w.sim
-        .create(&fixtures::pod("shop", "app", &node, "app", 1.0))
-        .unwrap();
+    w.put(&fixtures::pod("shop", "app", &node, "app", 1.0));
     pods_ready(&w, 1).await;
     w.sim
         .slow_requests("create", "pods/eviction", Duration::from_millis(800));
@@ -975,24 +900,13 @@ async fn a_reason_past_its_deadline_joining_an_eviction_in_flight_does_not_evict
 /// put back as the first process did, and the log shipper is asked to leave once.
 #[tokio::test]
 async fn a_daemonset_pod_put_back_is_not_asked_to_leave_again_after_a_restart() {
-    let mut w = world(
-        vec![MemoryGroup::new("web", 0, 3, 1, "m5.large")],
-        settings(30),
-        Duration::from_millis(20),
-    )
-    .await;
+    let mut w = web_world(1, settings(30)).await;
     let (node, iid) = nodes_of(&w, "web").remove(0);
     // fluentd flushes for 3 s: the DaemonSet phase still waits for it when the
     // process dies.
-    w.sim
-        .create(&fixtures::daemonset("logging", "fluentd", 3.0, false))
-        .unwrap();
-    w.sim
-        .create(&fixtures::log_shipper_tolerating_drain(0.0))
-        .unwrap();
-    w.sim
-        .create(&fixtures::pod("shop", "app", &node, "app", 0.05))
-        .unwrap();
+    w.put(&fixtures::daemonset("logging", "fluentd", 3.0, false));
+    w.put(&fixtures::log_shipper_tolerating_drain(0.0));
+    w.put(&fixtures::pod("shop", "app", &node, "app", 0.05));
     pods_ready(&w, 3).await;
     // The drain begins at the top of a second: a log shipper evicted at once would be
     // put back within it.

@@ -9,6 +9,9 @@ use std::time::Duration;
 
 use ca_asg_provider::clock::Instant;
 
+#[path = "support/process.rs"]
+mod process;
+
 fn http_get(addr: SocketAddr, path: &str) -> (u16, String) {
     let mut s = TcpStream::connect(addr).unwrap();
     write!(
@@ -113,12 +116,7 @@ async fn serve_logs_json_gets_ready_answers_health_and_stops_on_sigterm() {
     // The client stays connected, as CA's does: shutdown must still be prompt.
     let _connected = health;
 
-    let kill = Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(kill.success());
-    let end = Instant::now() + Duration::from_secs(20);
+    let end = sigterm(&child);
     let status = loop {
         if let Some(s) = child.try_wait().unwrap() {
             break s;
@@ -186,12 +184,7 @@ async fn serve_on_a_socket_is_ready_through_it_and_removes_it_on_sigterm() {
     );
     std::fs::rename(&moved, &sock).unwrap();
     assert_eq!(http_get(metrics, "/readyz").0, 200);
-    let kill = Command::new("kill")
-        .args(["-TERM", &child.id().to_string()])
-        .status()
-        .unwrap();
-    assert!(kill.success());
-    let end = Instant::now() + Duration::from_secs(20);
+    let end = sigterm(&child);
     let status = loop {
         if let Some(s) = child.try_wait().unwrap() {
             break s;
@@ -203,29 +196,23 @@ async fn serve_on_a_socket_is_ready_through_it_and_removes_it_on_sigterm() {
     assert!(!sock.exists(), "the socket file is removed at exit");
 }
 
+/// Sends SIGTERM to `child`, as the kubelet stops a pod; the time by which it must
+/// have exited (20 s on).
+fn sigterm(child: &std::process::Child) -> Instant {
+    let kill = Command::new("kill")
+        .args(["-TERM", &child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(kill.success());
+    Instant::now() + Duration::from_secs(20)
+}
+
 /// The environment of a pod that neither IRSA nor EKS Pod Identity reached: no
 /// credentials anywhere the SDK's default chain looks, and no instance metadata service
 /// (nothing leaves loopback).
 fn without_credentials(cmd: &mut Command, home: &std::path::Path) {
-    for k in [
-        "AWS_ACCESS_KEY_ID",
-        "AWS_SECRET_ACCESS_KEY",
-        "AWS_SESSION_TOKEN",
-        "AWS_PROFILE",
-        "AWS_ROLE_ARN",
-        "AWS_WEB_IDENTITY_TOKEN_FILE",
-        "AWS_CONTAINER_CREDENTIALS_FULL_URI",
-        "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI",
-        "AWS_CONTAINER_AUTHORIZATION_TOKEN",
-        "AWS_CONTAINER_AUTHORIZATION_TOKEN_FILE",
-    ] {
-        cmd.env_remove(k);
-    }
-    cmd.env("HOME", home)
-        .env("AWS_CONFIG_FILE", home.join("no-config"))
-        .env("AWS_SHARED_CREDENTIALS_FILE", home.join("no-credentials"))
-        .env("AWS_EC2_METADATA_DISABLED", "true")
-        .env("POD_NAMESPACE", "kube-system");
+    process::without_credentials(cmd, home);
+    cmd.env("POD_NAMESPACE", "kube-system");
 }
 
 /// A pod without AWS credentials never becomes ready, and `/readyz` says why in plain
@@ -233,14 +220,8 @@ fn without_credentials(cmd: &mut Command, home: &std::path::Path) {
 /// a "transient" failure chain.
 #[test]
 fn readyz_names_missing_credentials() {
-    let dir = tempfile::tempdir().unwrap();
-    let cfg = dir.path().join("config.yaml");
-    std::fs::write(
-        &cfg,
-        // A closed local port: credentials are resolved before any request is sent.
-        "nodeGroups: [{name: web}]\naws: {region: eu-west-1, endpoint: \"http://127.0.0.1:9\", maxAttempts: 1}\nscaleIn: {enabled: false}\n",
-    )
-    .unwrap();
+    // A closed local port: credentials are resolved before any request is sent.
+    let (dir, cfg) = process::config_file("nodeGroups: [{name: web}]\naws: {region: eu-west-1, endpoint: \"http://127.0.0.1:9\", maxAttempts: 1}\nscaleIn: {enabled: false}\n");
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_ca-asg-provider"));
     cmd.args(["serve", "--config"])
         .arg(&cfg)

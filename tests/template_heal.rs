@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ca_asg_provider::cloud::memory::{MemoryCloud, MemoryGroup, MemoryTiming};
-use ca_asg_provider::cloud::{EksNodegroup, GroupSelector, Taint};
+use ca_asg_provider::cloud::{EksNodegroup, Taint};
 use ca_asg_provider::provider::templates::{
     ManualClock, Part, EKS_NODEGROUP_TTL, FLOATING_LAUNCH_TTL, INSTANCE_TYPE_TTL, PINNED_LAUNCH_TTL,
 };
@@ -18,12 +18,11 @@ use ca_asg_provider::telemetry::metrics::{metrics, TemplatePartLabels};
 use k8s_pb::api::core::v1::Node;
 use prost::Message;
 
+#[path = "support/templates.rs"]
+mod templates;
+
 fn quick() -> MemoryTiming {
-    MemoryTiming {
-        launch_delay: Duration::ZERO,
-        terminate_delay: Duration::ZERO,
-        hook_delay: Duration::ZERO,
-    }
+    ca_asg_provider::sim::world::instant_timing()
 }
 
 /// A provider over `groups` with a hand-moved template clock, loaded once.
@@ -39,20 +38,7 @@ async fn provider_with(
     let names = groups.iter().map(|g| g.name.clone()).collect();
     let cloud = MemoryCloud::new(groups, quick());
     before(&cloud);
-    let p = Provider::new(
-        Arc::new(cloud.clone()),
-        ProviderSettings {
-            selector: GroupSelector {
-                names,
-                tag_sets: vec![],
-            },
-            ..ProviderSettings::default()
-        },
-    );
-    let clock = ManualClock::new();
-    p.set_template_clock(Arc::new(clock.clone()));
-    p.refresh_now().await.unwrap();
-    p.templates_prefetched().await;
+    let (p, clock) = templates::provider_on_manual_clock(Arc::new(cloud.clone()), names).await;
     (cloud, p, clock)
 }
 
@@ -71,19 +57,7 @@ async fn template(p: &Provider, group: &str) -> Seen {
     let bytes = p.template_node(group).await.unwrap();
     let node = Node::decode(bytes.as_ref()).unwrap();
     let labels = node.metadata.unwrap().labels;
-    let taints = node
-        .spec
-        .unwrap()
-        .taints
-        .into_iter()
-        .map(|t| {
-            (
-                t.key.unwrap_or_default(),
-                t.value.unwrap_or_default(),
-                t.effect.unwrap_or_default(),
-            )
-        })
-        .collect();
+    let taints = templates::taint_triples(node.spec.unwrap().taints).collect();
     Seen { labels, taints }
 }
 
@@ -322,10 +296,7 @@ async fn check_config_counts_a_template_built_from_incomplete_data_as_a_problem(
     let p2 = Provider::new(
         Arc::new(cloud.clone()),
         ProviderSettings {
-            selector: GroupSelector {
-                names: vec![g.into()],
-                tag_sets: vec![],
-            },
+            selector: ca_asg_provider::world::named(&[g]),
             ..ProviderSettings::default()
         },
     );

@@ -11,7 +11,6 @@ use aws_sdk_autoscaling as asg;
 use aws_sdk_ec2 as ec2;
 use base64::Engine as _;
 use ca_asg_provider::cloud::aws::AwsCloud;
-use ca_asg_provider::cloud::GroupSelector;
 use ca_asg_provider::provider::templates::{ManualClock, FLOATING_LAUNCH_TTL};
 use ca_asg_provider::provider::{Provider, ProviderSettings};
 use k8s_pb::api::core::v1::Node;
@@ -62,20 +61,11 @@ async fn setup(
         .send()
         .await
         .unwrap();
-    let p = Provider::new(
+    let (p, clock) = support::templates::provider_on_manual_clock(
         Arc::new(AwsCloud::from_sdk_config(&cfg)),
-        ProviderSettings {
-            selector: GroupSelector {
-                names: vec![lt.into()],
-                tag_sets: vec![],
-            },
-            ..ProviderSettings::default()
-        },
-    );
-    let clock = ManualClock::new();
-    p.set_template_clock(Arc::new(clock.clone()));
-    p.refresh_now().await.unwrap();
-    p.templates_prefetched().await;
+        vec![lt.into()],
+    )
+    .await;
     (ec2c, p, clock)
 }
 
@@ -154,10 +144,7 @@ async fn a_new_latest_version_reaches_the_template_and_a_pinned_one_stays() {
     let pinned = Provider::new(
         Arc::new(AwsCloud::from_sdk_config(&cfg)),
         ProviderSettings {
-            selector: GroupSelector {
-                names: vec!["pinned".into()],
-                tag_sets: vec![],
-            },
+            selector: ca_asg_provider::world::named(&["pinned"]),
             ..ProviderSettings::default()
         },
     );
@@ -270,17 +257,12 @@ async fn a_throttled_describe_nodegroup_through_the_sdk_heals_on_the_next_refres
             )
             .build(),
     );
-    let p = Provider::new(
+    let p = ca_asg_provider::world::provider(
         Arc::new(AwsCloud::from_clients(asgc, ec2c, eks)),
-        ProviderSettings {
-            selector: GroupSelector {
-                names: vec!["eks-ng".into()],
-                tag_sets: vec![],
-            },
-            ..ProviderSettings::default()
-        },
-    );
-    p.refresh_now().await.unwrap();
+        ca_asg_provider::world::named(&["eks-ng"]),
+    )
+    .await
+    .unwrap();
     p.templates_prefetched().await;
     let node = |b: bytes::Bytes| Node::decode(b.as_ref()).unwrap();
     let first = node(p.template_node("eks-ng").await.unwrap());

@@ -7,12 +7,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ca_asg_provider::cloud::memory::{MemoryCloud, MemoryGroup, MemoryTiming};
-use ca_asg_provider::cloud::{GroupSelector, TagFilter};
+
 use ca_asg_provider::config::TlsFile;
 use ca_asg_provider::grpc::ReloadingTls;
 use ca_asg_provider::proto;
 use ca_asg_provider::proto::cloud_provider_client::CloudProviderClient;
-use ca_asg_provider::provider::{Provider, ProviderSettings};
+use ca_asg_provider::provider::Provider;
 use rcgen::{
     BasicConstraints, CertificateParams, CertifiedIssuer, DnType, ExtendedKeyUsagePurpose, IsCa,
     KeyPair,
@@ -111,20 +111,12 @@ async fn provider() -> Arc<Provider> {
             .tag("k8s.io/cluster-autoscaler/enabled", "true")],
         MemoryTiming::default(),
     );
-    let provider = Provider::new(
+    let provider = ca_asg_provider::world::provider(
         Arc::new(cloud),
-        ProviderSettings {
-            selector: GroupSelector {
-                names: vec![],
-                tag_sets: vec![vec![TagFilter {
-                    key: "k8s.io/cluster-autoscaler/enabled".into(),
-                    value: None,
-                }]],
-            },
-            ..ProviderSettings::default()
-        },
-    );
-    provider.refresh_now().await.unwrap();
+        ca_asg_provider::world::tagged(&["k8s.io/cluster-autoscaler/enabled"]),
+    )
+    .await
+    .unwrap();
     provider
 }
 

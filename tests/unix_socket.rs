@@ -9,12 +9,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ca_asg_provider::cloud::memory::{MemoryCloud, MemoryGroup, MemoryTiming};
-use ca_asg_provider::cloud::GroupSelector;
 use ca_asg_provider::config::ListenAddr;
 use ca_asg_provider::grpc;
 use ca_asg_provider::proto::cloud_provider_client::CloudProviderClient;
 use ca_asg_provider::proto::NodeGroupsRequest;
-use ca_asg_provider::provider::{Provider, ProviderSettings};
+use ca_asg_provider::provider::Provider;
 
 mod support;
 
@@ -23,17 +22,10 @@ async fn provider() -> Arc<Provider> {
         vec![MemoryGroup::new("web", 0, 5, 2, "m5.large")],
         MemoryTiming::default(),
     );
-    let p = Provider::new(
-        Arc::new(cloud),
-        ProviderSettings {
-            selector: GroupSelector {
-                names: vec!["web".into()],
-                tag_sets: vec![],
-            },
-            ..ProviderSettings::default()
-        },
-    );
-    p.refresh_now().await.unwrap();
+    let p =
+        ca_asg_provider::world::provider(Arc::new(cloud), ca_asg_provider::world::named(&["web"]))
+            .await
+            .unwrap();
     p
 }
 

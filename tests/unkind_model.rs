@@ -353,35 +353,24 @@ fn lifecycle_message(group: &str, iid: &str, token: Option<&str>) -> String {
 impl Model {
     async fn new(policy: DeadlinePolicy) -> Model {
         let origin = ca_asg_provider::clock::now();
-        let mut w = world_in_process(
-            vec![
+        let mut w = World::builder()
+            .group(
                 MemoryGroup::new("web", 0, 6, 2, "m5.large")
                     .eks_managed("prod", "web", EKS_HOOK_SECS)
                     .terminating_hook(HOOK, HOOK_SECS),
-                MemoryGroup::new("batch", 0, 6, 2, "m5.large"),
-            ],
-            settings(policy),
-            Duration::from_millis(20),
-        )
-        .await;
+            )
+            .group(MemoryGroup::new("batch", 0, 6, 2, "m5.large"))
+            .settings(settings(policy))
+            .ready_delay(Duration::from_millis(20))
+            .in_process()
+            .build()
+            .await;
         w.cloud.check_tokens(true);
-        let mut nodes: Vec<(String, String, &'static str)> = nodes_of(&w, "web")
-            .into_iter()
-            .map(|(n, i)| (n, i, "web"))
-            .collect();
-        nodes.extend(
-            nodes_of(&w, "batch")
-                .into_iter()
-                .map(|(n, i)| (n, i, "batch")),
-        );
+        let nodes = nodes_of_groups(&w, &["web", "batch"]);
         assert_eq!(nodes.len(), NODES);
-        w.sim
-            .create(&fixtures::daemonset("logging", "fluentd", 0.1, false))
-            .unwrap();
-        w.sim.create(&fixtures::kube_proxy(0.05)).unwrap();
-        w.sim
-            .create(&fixtures::log_shipper_tolerating_drain(0.1))
-            .unwrap();
+        w.put(&fixtures::daemonset("logging", "fluentd", 0.1, false));
+        w.put(&fixtures::kube_proxy(0.05));
+        w.put(&fixtures::log_shipper_tolerating_drain(0.1));
         let mut apps = Vec::new();
         for (i, (node, _, group)) in nodes.iter().enumerate() {
             let app = if GUARDED.contains(&i) {
@@ -390,15 +379,11 @@ impl Model {
                 "app".to_string()
             };
             let name = format!("app-{i}");
-            w.sim
-                .create(&fixtures::pod("shop", &name, node, &app, 0.2))
-                .unwrap();
+            w.put(&fixtures::pod("shop", &name, node, &app, 0.2));
             apps.push(name);
         }
         for g in ["web", "batch"] {
-            w.sim
-                .create(&fixtures::pdb("shop", &format!("guarded-{g}"), 0))
-                .unwrap();
+            w.put(&fixtures::pdb("shop", &format!("guarded-{g}"), 0));
         }
         pods_ready(&w, 4 * NODES).await;
         let pods = PodLog::watch(&w.sim);

@@ -59,12 +59,11 @@ fn state_of(w: &World, iid: &str) -> Option<LifecycleState> {
 
 /// A world of one group "web" whose warm pool (in `pool_state`) reuses instances.
 async fn pooled_world(pool_state: &str) -> World {
-    world(
-        vec![pooled_group(pool_state)],
-        settings(),
-        Duration::from_millis(50),
-    )
-    .await
+    World::builder()
+        .group(pooled_group(pool_state))
+        .settings(settings())
+        .build()
+        .await
 }
 
 /// How many lifecycle actions of the instance were completed (the group has our
@@ -319,15 +318,12 @@ async fn a_pool_bound_instance_without_a_node_has_our_action_completed_at_once()
 async fn an_instance_warming_up_is_not_taken_for_a_scale_in() {
     // Beside a hooked group without a pool, scanned first: its (empty) pool read
     // must not forget what was learnt of the other group's.
-    let w = world(
-        vec![
-            pooled_group("Stopped"),
-            MemoryGroup::new("plain", 0, 3, 1, "m5.large").terminating_hook(HOOK, 300),
-        ],
-        settings(),
-        Duration::from_millis(50),
-    )
-    .await;
+    let w = World::builder()
+        .group(pooled_group("Stopped"))
+        .group(MemoryGroup::new("plain", 0, 3, 1, "m5.large").terminating_hook(HOOK, 300))
+        .settings(settings())
+        .build()
+        .await;
     let warming = w.cloud.warm_up("web", "bootstrap-launch", 60).unwrap();
     assert_eq!(
         state_of(&w, &warming).unwrap().as_str(),
@@ -358,13 +354,11 @@ async fn a_node_registered_by_an_instance_warming_in_the_pool_is_reported_once()
     let warming = w.cloud.warm_up("web", "bootstrap-launch", 0).unwrap();
     let zone = "us-east-1a";
     let name = ca_asg_provider::sim::node_name(&warming);
-    w.sim
-        .create(&ca_asg_provider::sim::fixtures::node(
-            &name,
-            &format!("aws:///{zone}/{warming}"),
-            &[("topology.kubernetes.io/zone", zone)],
-        ))
-        .unwrap();
+    w.put(&ca_asg_provider::sim::fixtures::node(
+        &name,
+        &format!("aws:///{zone}/{warming}"),
+        &[("topology.kubernetes.io/zone", zone)],
+    ));
     let id = warming.clone();
     eventually("the engine sees the Node", 10, || {
         w.engine.node_for_instance(&id).is_some() && resting(&w, &id, "Warmed:Stopped")
@@ -500,12 +494,11 @@ async fn a_lifecycle_message_for_the_pools_end_of_a_reused_instance_is_not_a_dup
 /// still maps to its former group while CA's cached list names it.
 #[tokio::test]
 async fn only_an_instance_that_ended_maps_to_the_group_it_left() {
-    let mut w = world(
-        vec![pooled_group_of(3, "Stopped")],
-        settings(),
-        Duration::from_millis(50),
-    )
-    .await;
+    let mut w = World::builder()
+        .group(pooled_group_of(3, "Stopped"))
+        .settings(settings())
+        .build()
+        .await;
     let lifecycle = scalein::sources::hook_scan::spawn_loop(w.engine.clone(), w.provider.clone());
     let nodes = nodes_of(&w, "web");
     assert_eq!(nodes.len(), 3);
@@ -564,12 +557,13 @@ fn a_node_back_from_the_pool_takes_a_waiting_pod_within_seconds_of_the_scale_up(
             lifecycle_poll_interval: Duration::from_secs(60),
             ..settings()
         };
-        let w = world_in_process(
-            vec![pooled_group("Stopped")],
-            settings,
-            Duration::from_millis(20),
-        )
-        .await;
+        let w = World::builder()
+            .group(pooled_group("Stopped"))
+            .settings(settings)
+            .ready_delay(Duration::from_millis(20))
+            .in_process()
+            .build()
+            .await;
         let lifecycle =
             scalein::sources::hook_scan::spawn_loop(w.engine.clone(), w.provider.clone());
         let (node_name, iid) = nodes_of(&w, "web").remove(0);
@@ -586,11 +580,9 @@ fn a_node_back_from_the_pool_takes_a_waiting_pod_within_seconds_of_the_scale_up(
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
         tokio::time::sleep(Duration::from_secs(44)).await;
-        w.sim
-            .create(&ca_asg_provider::sim::fixtures::replicaset(
-                "shop", "web", 1, 0.0,
-            ))
-            .unwrap();
+        w.put(&ca_asg_provider::sim::fixtures::replicaset(
+            "shop", "web", 1, 0.0,
+        ));
         tokio::time::sleep(Duration::from_secs(1)).await;
         let running = |w: &World| {
             w.sim

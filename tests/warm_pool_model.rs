@@ -129,17 +129,19 @@ impl Model {
                 pool_state: pool_state.into(),
                 reuse_on_scale_in: true,
             });
-        let w = world_in_process(vec![group], settings(), Duration::from_millis(20)).await;
+        let w = World::builder()
+            .group(group)
+            .settings(settings())
+            .ready_delay(Duration::from_millis(20))
+            .in_process()
+            .build()
+            .await;
         let pods = PodLog::watch(&w.sim);
-        w.sim
-            .create(&fixtures::daemonset("logging", "fluentd", 0.1, false))
-            .unwrap();
+        w.put(&fixtures::daemonset("logging", "fluentd", 0.1, false));
         let mut apps = BTreeSet::new();
         for (i, (node, _)) in nodes_of(&w, "web").iter().enumerate() {
             let name = format!("app-{i}");
-            w.sim
-                .create(&fixtures::pod("shop", &name, node, "app", 0.2))
-                .unwrap();
+            w.put(&fixtures::pod("shop", &name, node, "app", 0.2));
             apps.insert(name);
         }
         pods_ready(&w, 2 * NODES).await;

@@ -28,18 +28,16 @@ use std::time::Duration;
 
 use ca_asg_provider::clock::Instant;
 
-use k8s_openapi::api::core::v1::Node;
 use serde::Serialize;
-use tonic::transport::Endpoint;
 
 use super::stats::MethodSummary;
-use super::until;
-use ca_asg_provider::cloud::memory::{MemoryCloud, MemoryGroup};
-use ca_asg_provider::cloud::{Cloud, GroupSelector};
+use ca_asg_provider::cloud::memory::MemoryGroup;
+use ca_asg_provider::cloud::Cloud;
 use ca_asg_provider::proto::{self, cloud_provider_client::CloudProviderClient};
-use ca_asg_provider::provider::{instances, Provider, ProviderSettings};
-use ca_asg_provider::scalein::{DrainScaleIn, Engine, Outcome, ScaleInSettings};
-use ca_asg_provider::sim::{SimCluster, SimOptions};
+use ca_asg_provider::provider::instances;
+use ca_asg_provider::scalein::{Outcome, ScaleInSettings};
+use ca_asg_provider::sim::world::Ground;
+use ca_asg_provider::world::{Service, ServiceBuilder};
 
 const GROUP: &str = "storm";
 /// Instances CA does not name: they must all stay.
@@ -273,24 +271,18 @@ async fn run_mode(o: &DeleteStormOptions, hooked: bool) -> anyhow::Result<ModeRe
         o.aws_latency.as_millis()
     );
     let setup_limit = Duration::from_secs(120);
-    let sim = Arc::new(
-        SimCluster::start(SimOptions {
-            ready_delay: Duration::from_millis(100),
-        })
-        .await?,
-    );
     let size = (o.nodes + KEPT) as i32;
     let failed_slots = o.placeholders as i32;
     let mut group = MemoryGroup::new(GROUP, 0, size + failed_slots, size, "m5.large");
     if hooked {
         group = group.terminating_hook(&ScaleInSettings::default().hook_name, 300);
     }
-    let cloud = MemoryCloud::new(vec![group], super::rig::timing());
-    sim.follow_cloud(cloud.clone());
-    until("a Node per instance", setup_limit, || {
-        sim.list::<Node>().len() == o.nodes + KEPT
-    })
-    .await?;
+    let Ground { sim, cloud, .. } = Ground::builder()
+        .group(group)
+        .ready_delay(Duration::from_millis(100))
+        .nodes_within(Some(setup_limit))
+        .build()
+        .await?;
     if failed_slots > 0 {
         // Capacity asked for that never came: CA lists each slot as a placeholder.
         cloud.fail_launches(GROUP, Some("InsufficientInstanceCapacity"));
@@ -299,47 +291,19 @@ async fn run_mode(o: &DeleteStormOptions, hooked: bool) -> anyhow::Result<ModeRe
 
     // The service as `serve` builds it: the provider with the drain behind DeleteNodes
     // (the shipped scale-in settings, apiQps as given), and the gRPC server on a free port.
-    let provider = Provider::new(
-        Arc::new(cloud.clone()),
-        ProviderSettings {
-            selector: GroupSelector {
-                names: vec![GROUP.to_string()],
-                tag_sets: vec![],
-            },
-            ..ProviderSettings::default()
-        },
-    );
-    provider.refresh_now().await?;
-    let engine = Engine::new(
-        sim.client(),
-        Arc::new(cloud.clone()),
-        Some(provider.clone()),
-        ScaleInSettings {
+    let service = ServiceBuilder::over(sim.client(), Arc::new(cloud.clone()))
+        .groups(&[GROUP])
+        .scale_in(ScaleInSettings {
             api_qps: o.api_qps,
             api_burst: o.api_burst,
             ..ScaleInSettings::default()
-        },
-    );
-    provider.set_scale_in(Arc::new(DrainScaleIn(engine.clone())));
-    let (listener, addr) = ca_asg_provider::grpc::bind("127.0.0.1:0".parse()?).await?;
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let server = tokio::spawn(ca_asg_provider::grpc::serve(
-        listener,
-        provider.clone(),
-        None,
-        async move {
-            let _ = stopped.await;
-        },
-    ));
-    let channel = Endpoint::from_shared(format!("http://{addr}"))?
-        .tcp_nodelay(true)
-        .connect()
+        })
+        .build()
         .await?;
-    let ca = CloudProviderClient::new(channel);
-    until("the drain marks on Nodes", setup_limit, || {
-        provider.drain_state_known()
-    })
-    .await?;
+    let door = service.ca_over_tcp().await?;
+    let ca = door.ca.clone();
+    service.drain_marks_read(setup_limit).await?;
+    let Service { provider, engine } = service;
 
     let mut instances: Vec<(String, String)> = cloud
         .instances()
@@ -619,8 +583,7 @@ async fn run_mode(o: &DeleteStormOptions, hooked: bool) -> anyhow::Result<ModeRe
         .collect();
     let said_count = |what: &str| call_records.iter().filter(|c| c.said == what).count();
 
-    let _ = stop.send(());
-    let _ = server.await;
+    door.close().await;
     engine.shutdown();
     // The Events queued behind the drains (published with spare API tokens) keep
     // going to the API server after this: it stays up until the process ends.

@@ -14,16 +14,18 @@ use std::time::Duration;
 
 use ca_asg_provider::clock::Instant;
 
-use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::core::v1::Pod;
 use serde::Serialize;
 
 use super::until;
-use ca_asg_provider::cloud::memory::{MemoryCloud, MemoryGroup};
+use ca_asg_provider::cloud::memory::MemoryGroup;
 use ca_asg_provider::cloud::queue::{MemoryQueue, Queue};
 use ca_asg_provider::interruption::consumer::Consumer;
 use ca_asg_provider::interruption::InterruptionSettings;
 use ca_asg_provider::scalein::{sources::hook_scan, ScaleInSettings};
-use ca_asg_provider::sim::{fixtures, SimCluster, SimOptions};
+use ca_asg_provider::sim::fixtures;
+use ca_asg_provider::sim::world::Ground;
+use ca_asg_provider::world::{Service, ServiceBuilder};
 
 /// The replicas' preStop, the DaemonSet pod's, and a replacement's time to Ready.
 const APP_PRESTOP: f64 = 2.0;
@@ -96,21 +98,13 @@ pub async fn run(runs: usize) -> anyhow::Result<FloorReport> {
 /// One drain: the time from the ASG holding the instance to the completed action.
 async fn one(settings: ScaleInSettings, queue: bool) -> anyhow::Result<Duration> {
     let limit = Duration::from_secs(120);
-    let sim = Arc::new(
-        SimCluster::start(SimOptions {
-            ready_delay: READY_DELAY,
-        })
-        .await?,
-    );
-    let cloud = MemoryCloud::new(
-        vec![MemoryGroup::new("web", 0, 3, 2, "m5.large").terminating_hook(HOOK, 120)],
-        super::rig::timing(),
-    );
-    sim.follow_cloud(cloud.clone());
-    until("a Node per instance", limit, || {
-        sim.list::<Node>().len() == 2
-    })
-    .await?;
+    let ground = Ground::builder()
+        .group(MemoryGroup::new("web", 0, 3, 2, "m5.large").terminating_hook(HOOK, 120))
+        .ready_delay(READY_DELAY)
+        .nodes_within(Some(limit))
+        .build()
+        .await?;
+    let (sim, cloud) = (&ground.sim, &ground.cloud);
     // The ASG ends its newest instance: the replicas go there, the other takes the
     // replacements.
     let nodes: Vec<String> = cloud
@@ -119,20 +113,13 @@ async fn one(settings: ScaleInSettings, queue: bool) -> anyhow::Result<Duration>
         .map(|(_, i)| ca_asg_provider::sim::node_name(&i.id))
         .collect();
     let (other, victim) = (nodes[0].clone(), nodes[1].clone());
-    super::rig::set_unschedulable(&sim, &other, true).await?;
+    ground.set_unschedulable(&other, true).await?;
     sim.create(&fixtures::daemonset(
         "logging", "fluentd", DS_PRESTOP, false,
     ))?;
     sim.create(&fixtures::replicaset("shop", "app", 2, APP_PRESTOP))?;
     sim.create(&fixtures::pdb("shop", "app", 1))?;
-    until("the pods Ready", limit, || {
-        sim.list::<Pod>()
-            .iter()
-            .filter(|p| p["status"]["conditions"][0]["status"] == "True")
-            .count()
-            == 4
-    })
-    .await?;
+    until("the pods Ready", limit, || ground.ready_pods() == 4).await?;
     anyhow::ensure!(
         sim.list::<Pod>()
             .iter()
@@ -142,10 +129,14 @@ async fn one(settings: ScaleInSettings, queue: bool) -> anyhow::Result<Duration>
             == 2,
         "both replicas on the node that ends"
     );
-    super::rig::set_unschedulable(&sim, &other, false).await?;
-    let (provider, engine) =
-        super::rig::provider_and_engine(&sim, &cloud, &["web"], settings).await?;
-    until("the Node cache", limit, || provider.drain_state_known()).await?;
+    ground.set_unschedulable(&other, false).await?;
+    let service = ServiceBuilder::on(&ground)
+        .scale_in(settings)
+        .drain_behind_delete(false)
+        .build()
+        .await?;
+    service.drain_marks_read(limit).await?;
+    let Service { provider, engine } = service;
     let lifecycle_loop = hook_scan::spawn_loop(engine.clone(), provider.clone());
     let q = Arc::new(MemoryQueue::default());
     let consumer = queue.then(|| {

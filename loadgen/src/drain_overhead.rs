@@ -3,19 +3,19 @@
 //! engine posts right after the terminate call returns, so this is an upper bound).
 
 use std::collections::HashMap;
-use std::sync::Arc;
 use std::time::Duration;
 
 use ca_asg_provider::clock::Instant;
 
-use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::core::v1::Pod;
 use serde::Serialize;
 
 use super::until;
-use ca_asg_provider::cloud::memory::{MemoryCloud, MemoryGroup};
+use ca_asg_provider::cloud::memory::MemoryGroup;
 use ca_asg_provider::provider::NodeRef;
-use ca_asg_provider::scalein::{DrainScaleIn, ScaleInSettings};
-use ca_asg_provider::sim::{fixtures, node_name, SimCluster, SimOptions};
+use ca_asg_provider::scalein::ScaleInSettings;
+use ca_asg_provider::sim::world::{self, Ground};
+use ca_asg_provider::world::{Service, ServiceBuilder};
 
 #[derive(Debug, Serialize, Clone)]
 pub struct Overhead {
@@ -29,60 +29,34 @@ pub struct Overhead {
 /// Drains `nodes` nodes at once (each with a workload pod and a DaemonSet pod) and
 /// measures, per node, last pod removed -> InstanceTerminated.
 pub async fn measure(nodes: usize) -> anyhow::Result<Overhead> {
-    let sim = Arc::new(
-        SimCluster::start(SimOptions {
-            ready_delay: Duration::from_millis(50),
-        })
-        .await?,
-    );
-    let timing = super::rig::timing();
-    let cloud = MemoryCloud::new(
-        vec![MemoryGroup::new(
+    let ground = Ground::builder()
+        .group(MemoryGroup::new(
             "drain",
             0,
             nodes as i32,
             nodes as i32,
             "m5.large",
-        )],
-        timing,
-    );
-    sim.follow_cloud(cloud.clone());
-    until("a Node per instance", Duration::from_secs(30), || {
-        sim.list::<Node>().len() == nodes
-    })
-    .await?;
-    let settings = ScaleInSettings {
-        api_qps: 200.0,
-        api_burst: 200,
-        ..ScaleInSettings::default()
-    };
-    let (provider, engine) =
-        super::rig::provider_and_engine(&sim, &cloud, &["drain"], settings).await?;
-    provider.set_scale_in(Arc::new(DrainScaleIn(engine.clone())));
+        ))
+        .ready_delay(Duration::from_millis(50))
+        .nodes_within(Some(Duration::from_secs(30)))
+        .build()
+        .await?;
+    let Service { provider, engine } = ServiceBuilder::on(&ground)
+        .scale_in(ScaleInSettings {
+            api_qps: 200.0,
+            api_burst: 200,
+            ..ScaleInSettings::default()
+        })
+        .build()
+        .await?;
 
-    sim.create(&fixtures::daemonset("logging", "agent", 0.1, false))?;
-    let instances: Vec<(String, String)> = cloud
-        .instances()
-        .into_iter()
-        .map(|(_, i)| (node_name(&i.id), i.id))
-        .collect();
-    for (i, (node, _)) in instances.iter().enumerate() {
-        sim.create(&fixtures::pod(
-            "shop",
-            &format!("app-{i}"),
-            node,
-            "app",
-            0.3,
-        ))?;
-    }
+    let instances = ground.nodes_of("drain");
+    world::daemonset_and_an_app_on_each(&ground.sim, "agent", 0.1, &instances, 0.3)?;
     until("every pod ready", Duration::from_secs(30), || {
-        sim.list::<Pod>()
-            .iter()
-            .filter(|p| p["status"]["conditions"][0]["status"] == "True")
-            .count()
-            == 2 * nodes
+        ground.ready_pods() == 2 * nodes
     })
     .await?;
+    let sim = &ground.sim;
     let pods_on: HashMap<String, String> = sim
         .list::<Pod>()
         .iter()

@@ -12,14 +12,16 @@ use std::time::Duration;
 
 use ca_asg_provider::clock::Instant;
 
-use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::core::v1::Pod;
 use serde::Serialize;
 
 use super::until;
-use ca_asg_provider::cloud::memory::{MemoryCloud, MemoryGroup};
+use ca_asg_provider::cloud::memory::MemoryGroup;
 use ca_asg_provider::scalein::{sources::hook_scan, ScaleInSettings};
-use ca_asg_provider::sim::{fixtures, SimCluster, SimOptions};
+use ca_asg_provider::sim::world::Ground;
+use ca_asg_provider::sim::{fixtures, SimCluster};
 use ca_asg_provider::telemetry::process::ProcWatch;
+use ca_asg_provider::world::{Service, ServiceBuilder};
 
 /// The storm's shape.
 #[derive(Debug, Clone)]
@@ -235,34 +237,25 @@ fn spawn_ready_watch(
 
 pub async fn run(o: &StormOptions) -> anyhow::Result<StormReport> {
     let me = ProcWatch::new(std::process::id());
-    let sim = Arc::new(
-        SimCluster::start(SimOptions {
-            ready_delay: READY_DELAY,
-        })
-        .await?,
-    );
-    let timing = super::rig::timing();
     let n = o.nodes as i32;
-    let cloud = MemoryCloud::new(
-        vec![
+    let ground = Ground::builder()
+        .group(
             MemoryGroup::new("storm", 0, n, n, "m5.large")
                 .terminating_hook("ca-asg-provider-drain", o.hook_timeout_secs),
-            MemoryGroup::new(
-                "spare",
-                0,
-                o.spare_nodes as i32,
-                o.spare_nodes as i32,
-                "m5.large",
-            ),
-        ],
-        timing,
-    );
-    sim.follow_cloud(cloud.clone());
+        )
+        .group(MemoryGroup::new(
+            "spare",
+            0,
+            o.spare_nodes as i32,
+            o.spare_nodes as i32,
+            "m5.large",
+        ))
+        .ready_delay(READY_DELAY)
+        .nodes_within(Some(o.limit))
+        .build()
+        .await?;
+    let (sim, cloud) = (&ground.sim, &ground.cloud);
     let total_nodes = o.nodes + o.spare_nodes;
-    until("a Node per instance", o.limit, || {
-        sim.list::<Node>().len() == total_nodes
-    })
-    .await?;
     let spare: Vec<String> = cloud
         .instances()
         .into_iter()
@@ -271,7 +264,7 @@ pub async fn run(o: &StormOptions) -> anyhow::Result<StormReport> {
         .collect();
     // The workloads go to the storm's nodes: the spare ones take only what is evicted.
     for node in &spare {
-        super::rig::set_unschedulable(&sim, node, true).await?;
+        ground.set_unschedulable(node, true).await?;
     }
     sim.create(&fixtures::daemonset("logging", "log-shipper", 0.5, false))?;
     sim.create(&fixtures::daemonset(
@@ -318,7 +311,7 @@ pub async fn run(o: &StormOptions) -> anyhow::Result<StormReport> {
     })
     .await?;
     for node in &spare {
-        super::rig::set_unschedulable(&sim, node, false).await?;
+        ground.set_unschedulable(node, false).await?;
     }
     let critical_at_start: std::collections::HashSet<String> = sim
         .list::<Pod>()
@@ -358,8 +351,11 @@ pub async fn run(o: &StormOptions) -> anyhow::Result<StormReport> {
     // A restart's window: from the provider's start until it takes size changes (the
     // groups read from AWS and the drain marks from the first Node list).
     let starting = Instant::now();
-    let (provider, engine) =
-        super::rig::provider_and_engine(&sim, &cloud, &["storm", "spare"], settings).await?;
+    let Service { provider, engine } = ServiceBuilder::on(&ground)
+        .scale_in(settings)
+        .drain_behind_delete(false)
+        .build()
+        .await?;
     while !provider.drain_state_known() {
         anyhow::ensure!(
             starting.elapsed() < o.limit,
@@ -372,7 +368,7 @@ pub async fn run(o: &StormOptions) -> anyhow::Result<StormReport> {
     // PDBs, from every change: the fewest Ready pods each ReplicaSet ever had.
     let min_ready: Arc<parking_lot::Mutex<BTreeMap<String, i32>>> =
         Arc::new(parking_lot::Mutex::new(replicas_of.clone()));
-    let sampler = spawn_ready_watch(&sim, min_ready.clone());
+    let sampler = spawn_ready_watch(sim, min_ready.clone());
 
     let cpu_before = me.sample().map(|s| s.cpu_seconds).unwrap_or(0.0);
     let requests_before = sim.requests().total();

@@ -11,13 +11,14 @@ pub mod drain_floor;
 pub mod drain_overhead;
 pub mod drain_storm;
 mod floor;
-mod rig;
 pub mod stats;
 
 use std::ffi::OsStr;
 use std::net::SocketAddr;
 
 use ca_asg_provider::config::ListenAddr;
+/// Waits until a condition holds (the drain benchmarks' setup and measures).
+use ca_asg_provider::sim::world::until;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
@@ -229,16 +230,6 @@ impl Summary {
             max: round(v.iter().copied().fold(f64::NEG_INFINITY, f64::max)),
         }
     }
-}
-
-/// Waits until `f` holds, polling every 20 ms; an error naming `what` after `limit`.
-async fn until(what: &str, limit: Duration, mut f: impl FnMut() -> bool) -> anyhow::Result<()> {
-    let end = Instant::now() + limit;
-    while !f() {
-        anyhow::ensure!(Instant::now() < end, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    Ok(())
 }
 
 /// A server child process (the real server or the floor), killed when dropped.

@@ -2,7 +2,6 @@
 //! gRPC the way cluster-autoscaler drives it. Finishes by itself in well under a
 //! minute.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use crate::clock::Instant;
@@ -11,13 +10,14 @@ use anyhow::Context;
 use prost::Message;
 use tonic::transport::Channel;
 
-use crate::cloud::memory::{MemoryCloud, MemoryGroup, MemoryTiming};
+use crate::cloud::memory::{MemoryGroup, MemoryTiming};
 use crate::proto::cloud_provider_client::CloudProviderClient;
 use crate::proto::{self, instance_status::InstanceState};
 use crate::provider::options::AutoscalingOptions;
-use crate::provider::{Provider, ProviderSettings};
-use crate::scalein::{DrainScaleIn, Engine, ScaleInSettings};
-use crate::sim::{fixtures, SimCluster, SimOptions};
+use crate::scalein::ScaleInSettings;
+use crate::sim::world::Ground;
+use crate::sim::{fixtures, SimCluster};
+use crate::world::{Service, ServiceBuilder};
 
 #[derive(Debug, clap::Args, Clone)]
 pub struct DemoArgs {
@@ -58,51 +58,39 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
         launch_delay: Duration::from_secs_f64(args.launch_seconds.clamp(0.1, 20.0)),
         ..MemoryTiming::default()
     };
-    let cloud = MemoryCloud::new(demo_groups(), timing);
-    let settings = ProviderSettings {
-        selector: crate::cloud::GroupSelector {
-            names: vec![],
-            tag_sets: vec![vec![crate::cloud::TagFilter {
-                key: "k8s.io/cluster-autoscaler/enabled".into(),
-                value: None,
-            }]],
-        },
-        refresh_interval: Duration::from_millis(500),
-        ..ProviderSettings::default()
-    };
-    let provider = Provider::new(Arc::new(cloud.clone()), settings);
-    provider.start_background();
-    // The in-memory API server: a Node registers for every running instance.
-    let sim = Arc::new(SimCluster::start(SimOptions::default()).await?);
-    sim.follow_cloud(cloud.clone());
-    let drain_settings = ScaleInSettings {
-        eviction_retry: Duration::from_millis(500),
-        volume_deadline: Duration::from_secs(1),
-        ..ScaleInSettings::default()
-    };
-    let engine = Engine::new(
-        sim.client(),
-        Arc::new(cloud.clone()),
-        Some(provider.clone()),
-        drain_settings,
-    );
-    provider.set_scale_in(Arc::new(DrainScaleIn(engine.clone())));
-    let (listener, addr) = crate::grpc::bind("127.0.0.1:0".parse()?).await?;
-    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let server = tokio::spawn(crate::grpc::serve(
-        listener,
-        provider.clone(),
-        None,
-        async {
-            let _ = stop_rx.await;
-        },
-    ));
+    // The in-memory API server and cloud: a Node registers for every running instance.
+    let ground = Ground::builder()
+        .groups(demo_groups())
+        .timing(timing)
+        .nodes_within(None)
+        .build()
+        .await?;
+    let (sim, cloud) = (ground.sim.clone(), ground.cloud.clone());
+    let service = ServiceBuilder::on(&ground)
+        .tagged("k8s.io/cluster-autoscaler/enabled")
+        .refresh_interval(Duration::from_millis(500))
+        .background(true)
+        .scale_in(ScaleInSettings {
+            eviction_retry: Duration::from_millis(500),
+            volume_deadline: Duration::from_secs(1),
+            ..ScaleInSettings::default()
+        })
+        .build()
+        .await?;
+    let door = service
+        .ca_over_tcp()
+        .await
+        .context("connecting to the demo server")?;
+    // The provider stays with its server and background loop until the end.
+    let Service {
+        provider: _provider,
+        engine,
+    } = service;
+    let addr = door.addr;
     println!("== ca-asg-provider demo: the real gRPC server on an in-memory cloud, at {addr}");
     println!("   (cluster-autoscaler would run with --cloud-provider=externalgrpc and address: {addr})\n");
 
-    let mut ca = CloudProviderClient::connect(format!("http://{addr}"))
-        .await
-        .context("connecting to the demo server")?;
+    let mut ca = door.ca.clone();
 
     step("Refresh, then NodeGroups (groups found by tag k8s.io/cluster-autoscaler/enabled)");
     ca.refresh(proto::RefreshRequest {}).await?;
@@ -350,8 +338,7 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
         ),
     }
 
-    let _ = stop_tx.send(());
-    let _ = server.await;
+    door.close().await;
     println!(
         "\n== demo finished in {:.1}s",
         started.elapsed().as_secs_f64()

@@ -18,6 +18,7 @@ pub mod http;
 pub mod preconditions;
 pub mod selectors;
 pub mod store;
+pub mod world;
 
 pub use store::AuditEntry;
 use store::{resource_of_kind, ApiError, Store};

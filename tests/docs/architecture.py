@@ -135,7 +135,7 @@ SEEDED = [
     ("folder", "`src/cloud/`", "`src/cloud.rs/`", "src/cloud.rs/ is not a folder"),
     ("function", "`node_group_delete_nodes()`", "`node_group_delete_node()`", "no `fn node_group_delete_node` in"),
     ("step file", "in `src/provider/delete.rs` joins", "joins", "a step names one src/*.rs file"),
-    ("rank", "| 7 | `src/commands/`", "| 6 | `src/commands/`", "`commands` is rank 6 here, 7 in tests/layers.rs"),
+    ("rank", "| 8 | `src/commands/`", "| 6 | `src/commands/`", "`commands` is rank 6 here, 8 in tests/layers.rs"),
     ("row", "| 3 | `src/sim/`", "| 3 | the simulator", "layer `sim` (rank 3 in tests/layers.rs) has no row"),
     ("room", "`src/scalein/kube/`", "`src/scalein/kube`", "src/scalein/kube/ is not described"),
 ]

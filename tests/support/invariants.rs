@@ -29,6 +29,11 @@ pub async fn apps_under_fluentd(
     }
     w.sim.create(&fixtures::pdb("shop", "guarded", 0)).unwrap();
     pods_ready(w, 2 * nodes.len()).await;
+    app_and_fluentd_on_each(w, nodes)
+}
+
+/// For each of `nodes`, its app pod `app-{i}` and the fluentd pod on it.
+pub fn app_and_fluentd_on_each(w: &World, nodes: &[&str]) -> Vec<(String, String)> {
     let listed = w.sim.list::<Pod>();
     nodes
         .iter()

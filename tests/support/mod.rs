@@ -8,8 +8,10 @@ pub mod model;
 pub mod moto;
 pub mod notices;
 pub mod pods;
+pub mod process;
 pub mod queue;
 pub mod rbac;
+pub mod templates;
 pub mod world;
 
 use std::time::Duration;
@@ -26,4 +28,12 @@ pub async fn eventually<F: FnMut() -> bool>(what: &str, secs: u64, mut f: F) {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     panic!("timed out waiting for {what}");
+}
+
+/// Asserts that `text` (what a command said) holds each of `wants`, naming the one
+/// it lacks.
+pub fn assert_says(text: &str, wants: &[&str]) {
+    for want in wants {
+        assert!(text.contains(want), "{want:?} not in:\n{text}");
+    }
 }

@@ -27,7 +27,7 @@
 //! `accounting_model` and `ca_loop_model` drive the provider over the memory cloud on
 //! tokio's paused clock; the drain models (`interruption_model`, `all_sources_model`,
 //! `unkind_model`, `warm_pool_model`) run each case with [`on_paused_clock`] in a
-//! [`super::world::world_in_process`]: the in-memory API server and the gRPC server
+//! [`super::world::WorldBuilder::in_process`]: the in-memory API server and the gRPC server
 //! reached without a socket, wall time simulated from the paused clock, the service's
 //! jitter drawn per pod or instance from a fixed sequence, and tokio's own RNG seeded.
 //! Each returns its [`transcript`], and `MODEL_REPLAY_CHECK=1` runs every case twice
@@ -266,7 +266,7 @@ pub const WALL_START: &str = "2026-01-05T08:00:00Z";
 /// service's wall clock simulated from [`WALL_START`] (ca_asg_provider::clock): time
 /// moves only when every task of the case waits, by exactly what the next timer
 /// needs, so a case takes the same steps at the same times on any machine, under any
-/// load. Whatever the case reaches must be in process (`world_in_process`): a socket
+/// load. Whatever the case reaches must be in process (`WorldBuilder::in_process`): a socket
 /// or a thread the runtime does not drive would let the clock jump while it works.
 pub fn on_paused_clock<F: std::future::Future>(case: F) -> F::Output {
     let mut builder = tokio::runtime::Builder::new_current_thread();

@@ -75,3 +75,54 @@ impl Drop for MotoServer {
         let _ = self.child.wait();
     }
 }
+
+/// Launch template `name` (an m5.large) in moto, for the groups a test creates.
+pub async fn launch_template(sdk: &aws_config::SdkConfig, name: &str) {
+    aws_sdk_ec2::Client::new(sdk)
+        .create_launch_template()
+        .launch_template_name(name)
+        .launch_template_data(
+            aws_sdk_ec2::types::RequestLaunchTemplateData::builder()
+                .image_id("ami-12c6146b")
+                .instance_type(aws_sdk_ec2::types::InstanceType::M5Large)
+                .build(),
+        )
+        .send()
+        .await
+        .unwrap();
+}
+
+/// `ca-asg-provider <command> --aws-endpoint <aws_endpoint> --config <config>` run as
+/// an operator runs it against moto, outside any cluster: the static test keys, no
+/// AWS config or credentials file, no IRSA variables, no kubeconfig, `home` as HOME.
+pub fn offline(
+    command: &str,
+    aws_endpoint: &str,
+    config: &std::path::Path,
+    home: &std::path::Path,
+) -> Command {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_ca-asg-provider"));
+    cmd.args([command, "--aws-endpoint", aws_endpoint, "--config"])
+        .arg(config)
+        .env("AWS_ACCESS_KEY_ID", "test")
+        .env("AWS_SECRET_ACCESS_KEY", "test")
+        .env("AWS_EC2_METADATA_DISABLED", "true")
+        .env("AWS_CONFIG_FILE", home.join("none"))
+        .env("AWS_SHARED_CREDENTIALS_FILE", home.join("none"))
+        .env("HOME", home)
+        .env_remove("AWS_ROLE_ARN")
+        .env_remove("AWS_WEB_IDENTITY_TOKEN_FILE")
+        .env_remove("KUBECONFIG")
+        .env_remove("KUBERNETES_SERVICE_HOST");
+    cmd
+}
+
+/// Runs `cmd` and prints what it said under `label`: its exit code, and its stdout
+/// then its stderr.
+pub fn said(cmd: &mut Command, label: &str) -> (Option<i32>, String) {
+    let out = cmd.output().unwrap();
+    let text =
+        String::from_utf8_lossy(&out.stdout).to_string() + &String::from_utf8_lossy(&out.stderr);
+    println!("== {label}\n{text}");
+    (out.status.code(), text)
+}

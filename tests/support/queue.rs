@@ -24,6 +24,16 @@ pub fn consumer(w: &World, queue: &Arc<MemoryQueue>, rebalance: RebalanceAction)
     )
 }
 
+/// A queue and the world's consumer on it ([`consumer`]).
+pub fn queue_and_consumer(
+    w: &World,
+    rebalance: RebalanceAction,
+) -> (Arc<MemoryQueue>, Arc<Consumer>) {
+    let q = Arc::new(MemoryQueue::default());
+    let c = consumer(w, &q, rebalance);
+    (q, c)
+}
+
 /// Receives the one waiting message and handles it.
 pub async fn handle_next(c: &Consumer, q: &MemoryQueue) -> Handled {
     let mut got = q.receive(1, Duration::from_millis(10)).await.unwrap();

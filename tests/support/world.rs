@@ -5,23 +5,40 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ca_asg_provider::cloud::memory::{MemoryCloud, MemoryGroup, MemoryTiming};
-use ca_asg_provider::cloud::GroupSelector;
 use ca_asg_provider::proto::{self, cloud_provider_client::CloudProviderClient};
-use ca_asg_provider::provider::{Provider, ProviderSettings};
-use ca_asg_provider::scalein::{DrainScaleIn, Engine, ScaleInSettings};
-use ca_asg_provider::sim::{self, fixtures, SimCluster, SimOptions};
-use k8s_openapi::api::core::v1::{Node, Pod};
+use ca_asg_provider::provider::Provider;
+use ca_asg_provider::scalein::{Engine, ScaleInSettings};
+pub use ca_asg_provider::sim::world::web_group;
+use ca_asg_provider::sim::world::{Ground, GroundBuilder};
+use ca_asg_provider::sim::{self, fixtures, SimCluster};
+use ca_asg_provider::world::ServiceBuilder;
+use k8s_openapi::api::core::v1::Node;
 use tonic::transport::Channel;
 
 use super::eventually;
 
+/// A drain test's world: the ground ([`Ground`]) and the service on it.
 pub struct World {
+    /// The in-memory API server, a Node per instance.
     pub sim: Arc<SimCluster>,
+    /// AWS: the groups and their instances.
     pub cloud: MemoryCloud,
+    /// The provider CA talks to.
     pub provider: Arc<Provider>,
+    /// The drain behind DeleteNodes.
     pub engine: Arc<Engine>,
+    /// CA's gRPC client to the provider.
     pub ca: CloudProviderClient<Channel>,
+    /// The groups' names, in the order given.
     pub groups: Vec<String>,
+}
+
+impl World {
+    /// Creates `obj` on the API server, as `kubectl create` does; the test fails if
+    /// it is refused.
+    pub fn put<K: serde::Serialize + k8s_openapi::Resource>(&self, obj: &K) {
+        self.sim.create(obj).unwrap();
+    }
 }
 
 /// The provider's refresh interval in a world unless a test gives its own.
@@ -38,12 +55,9 @@ pub fn fast_settings() -> ScaleInSettings {
     }
 }
 
+/// Launches and terminations in 50 ms, hooks that hold at once.
 pub fn timing() -> MemoryTiming {
-    MemoryTiming {
-        launch_delay: Duration::from_millis(50),
-        terminate_delay: Duration::from_millis(50),
-        hook_delay: Duration::ZERO,
-    }
+    sim::world::quick_timing()
 }
 
 /// Provider + engine + gRPC server over an existing cloud and sim (a fresh process).
@@ -69,19 +83,9 @@ pub async fn service_with(
     service_over_door(client, cloud, groups, s, refresh_interval, sim.in_process()).await
 }
 
-/// The service over any API server (`client` as the identity it runs as): the
-/// in-memory one, or the real control plane of the end-to-end suite.
-pub async fn service_on(
-    client: kube::Client,
-    cloud: &MemoryCloud,
-    groups: &[String],
-    s: ScaleInSettings,
-    refresh_interval: Duration,
-) -> (Arc<Provider>, Arc<Engine>, CloudProviderClient<Channel>) {
-    service_over(client, Arc::new(cloud.clone()), groups, s, refresh_interval).await
-}
-
-/// [`service_on`] over any cloud (a replica's logged view of the shared one, say).
+/// The service over any API server (`client` as the identity it runs as) and any
+/// cloud (a replica's logged view of the shared one, say): the in-memory one, or the
+/// real control plane of the end-to-end suite.
 pub async fn service_over(
     client: kube::Client,
     cloud: Arc<dyn ca_asg_provider::cloud::Cloud>,
@@ -114,8 +118,8 @@ pub async fn replica(
     .await
 }
 
-/// [`service_over`], CA reaching it in process (`in_process`: for a case on tokio's
-/// paused clock, where nothing may wait on a socket) or over TCP.
+/// The service of `crate::world`, CA reaching it in process (`in_process`: for a
+/// case on tokio's paused clock, where nothing may wait on a socket) or over TCP.
 async fn service_over_door(
     client: kube::Client,
     cloud: Arc<dyn ca_asg_provider::cloud::Cloud>,
@@ -124,128 +128,123 @@ async fn service_over_door(
     refresh_interval: Duration,
     in_process: bool,
 ) -> (Arc<Provider>, Arc<Engine>, CloudProviderClient<Channel>) {
-    let settings = ProviderSettings {
-        selector: GroupSelector {
-            names: groups.to_vec(),
-            tag_sets: vec![],
-        },
-        refresh_interval,
-        ..ProviderSettings::default()
-    };
-    let provider = Provider::new(cloud.clone(), settings);
-    provider.refresh_now().await.unwrap();
-    let engine = Engine::new(client, cloud, Some(provider.clone()), s);
-    provider.set_scale_in(Arc::new(DrainScaleIn(engine.clone())));
+    let service = ServiceBuilder::over(client, cloud)
+        .groups(groups)
+        .refresh_interval(refresh_interval)
+        .scale_in(s)
+        .build()
+        .await
+        .unwrap();
     let ca = if in_process {
-        let channel = ca_asg_provider::grpc::in_process::serve(provider.clone())
-            .await
-            .unwrap();
-        CloudProviderClient::new(channel)
+        service.ca_in_process().await.unwrap()
     } else {
-        serve_ca(&provider).await
+        service.ca_over_tcp().await.unwrap().ca
     };
     eventually("the drain marks on Nodes are read", 10, || {
-        provider.drain_state_known()
+        service.provider.drain_state_known()
     })
     .await;
-    (provider, engine, ca)
+    (service.provider, service.engine, ca)
 }
 
 /// The gRPC server over `provider` on a free port, and a client as CA.
 pub async fn serve_ca(provider: &Arc<Provider>) -> CloudProviderClient<Channel> {
-    let (l, addr) = ca_asg_provider::grpc::bind("127.0.0.1:0".parse().unwrap())
-        .await
-        .unwrap();
-    tokio::spawn(ca_asg_provider::grpc::serve(
-        l,
-        provider.clone(),
-        None,
-        std::future::pending(),
-    ));
-    CloudProviderClient::connect(format!("http://{addr}"))
-        .await
-        .unwrap()
+    ca_asg_provider::world::tcp_door(provider).await.unwrap().ca
 }
 
-pub async fn world(groups: Vec<MemoryGroup>, s: ScaleInSettings, ready_delay: Duration) -> World {
-    world_with(groups, s, ready_delay, REFRESH).await
-}
-
-/// [`world`] with the provider's refresh interval given.
-pub async fn world_with(
-    groups: Vec<MemoryGroup>,
-    s: ScaleInSettings,
-    ready_delay: Duration,
+/// What [`World::builder`] starts, by options: the groups, the drain's settings, the
+/// API server's readiness delay, the provider's refresh interval, the cloud's
+/// timing, and how CA and the engine reach their servers.
+pub struct WorldBuilder {
+    ground: GroundBuilder,
+    settings: ScaleInSettings,
     refresh_interval: Duration,
-) -> World {
-    world_timed(groups, s, ready_delay, refresh_interval, timing()).await
 }
 
-/// [`world_with`] with the memory cloud's timing given.
-pub async fn world_timed(
-    groups: Vec<MemoryGroup>,
-    s: ScaleInSettings,
-    ready_delay: Duration,
-    refresh_interval: Duration,
-    cloud_timing: MemoryTiming,
-) -> World {
-    world_built(
-        groups,
-        s,
-        ready_delay,
-        refresh_interval,
-        cloud_timing,
-        false,
-    )
-    .await
+impl World {
+    /// No groups yet, [`fast_settings`], pods Ready 50 ms after binding, [`REFRESH`],
+    /// [`timing`], everything reached over sockets.
+    pub fn builder() -> WorldBuilder {
+        WorldBuilder {
+            ground: Ground::builder()
+                .timing(timing())
+                .ready_delay(Duration::from_millis(50)),
+            settings: fast_settings(),
+            refresh_interval: REFRESH,
+        }
+    }
 }
 
-/// [`world`] whose API server and gRPC server are reached in process: for a case
-/// on tokio's paused clock (support::model::on_paused_clock), where a socket's wait
-/// would let the clock jump (issue 39).
-pub async fn world_in_process(
-    groups: Vec<MemoryGroup>,
-    s: ScaleInSettings,
-    ready_delay: Duration,
-) -> World {
-    world_built(groups, s, ready_delay, REFRESH, timing(), true).await
-}
+impl WorldBuilder {
+    pub fn group(mut self, g: MemoryGroup) -> Self {
+        self.ground = self.ground.group(g);
+        self
+    }
 
-async fn world_built(
-    groups: Vec<MemoryGroup>,
-    s: ScaleInSettings,
-    ready_delay: Duration,
-    refresh_interval: Duration,
-    cloud_timing: MemoryTiming,
-    in_process: bool,
-) -> World {
-    let _ = tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
-        .with_test_writer()
-        .try_init();
-    let opts = SimOptions { ready_delay };
-    let sim = if in_process {
-        SimCluster::start_in_process(opts).await
-    } else {
-        SimCluster::start(opts).await
-    };
-    let sim = Arc::new(sim.unwrap());
-    let names: Vec<String> = groups.iter().map(|g| g.name.clone()).collect();
-    let cloud = MemoryCloud::new(groups, cloud_timing);
-    sim.follow_cloud(cloud.clone());
-    let want: usize = cloud.instances().len();
-    eventually("a Node per instance", 10, || {
-        sim.list::<Node>().len() == want
-    })
-    .await;
-    let (provider, engine, ca) = service_with(&sim, &cloud, &names, s, refresh_interval).await;
-    World {
-        sim,
-        cloud,
-        provider,
-        engine,
-        ca,
-        groups: names,
+    pub fn groups(mut self, gs: impl IntoIterator<Item = MemoryGroup>) -> Self {
+        self.ground = self.ground.groups(gs);
+        self
+    }
+
+    /// The group `web` ([`web_group`]).
+    pub fn web(self, max: i32, desired: i32) -> Self {
+        self.group(web_group(max, desired))
+    }
+
+    /// The group `web` with our terminating hook (`ca-asg-provider-drain`, its
+    /// heartbeat timeout `timeout_secs`).
+    pub fn web_hooked(self, max: i32, desired: i32, timeout_secs: i32) -> Self {
+        self.group(web_group(max, desired).terminating_hook("ca-asg-provider-drain", timeout_secs))
+    }
+
+    pub fn settings(mut self, s: ScaleInSettings) -> Self {
+        self.settings = s;
+        self
+    }
+
+    /// From a pod's binding to Ready.
+    pub fn ready_delay(mut self, d: Duration) -> Self {
+        self.ground = self.ground.ready_delay(d);
+        self
+    }
+
+    pub fn refresh_interval(mut self, d: Duration) -> Self {
+        self.refresh_interval = d;
+        self
+    }
+
+    /// The memory cloud's timing.
+    pub fn timing(mut self, t: MemoryTiming) -> Self {
+        self.ground = self.ground.timing(t);
+        self
+    }
+
+    /// The API server and the gRPC server reached in process: for a case on tokio's
+    /// paused clock (support::model::on_paused_clock), where a socket's wait would let
+    /// the clock jump (issue 39).
+    pub fn in_process(mut self) -> Self {
+        self.ground = self.ground.in_process(true);
+        self
+    }
+
+    /// The ground (a Node per instance), then the service on it as the engine's
+    /// identity.
+    pub async fn build(self) -> World {
+        let _ = tracing_subscriber::fmt()
+            .with_env_filter(tracing_subscriber::EnvFilter::from_default_env())
+            .with_test_writer()
+            .try_init();
+        let Ground { sim, cloud, groups } = self.ground.build().await.unwrap();
+        let (provider, engine, ca) =
+            service_with(&sim, &cloud, &groups, self.settings, self.refresh_interval).await;
+        World {
+            sim,
+            cloud,
+            provider,
+            engine,
+            ca,
+            groups,
+        }
     }
 }
 
@@ -253,14 +252,18 @@ pub fn nodes_of(w: &World, group: &str) -> Vec<(String, String)> {
     nodes_of_cloud(&w.cloud, group)
 }
 
+/// The (Node name, instance id, group) of every instance of `groups` not on its way
+/// out, group by group.
+pub fn nodes_of_groups(w: &World, groups: &[&'static str]) -> Vec<(String, String, &'static str)> {
+    groups
+        .iter()
+        .flat_map(|g| nodes_of(w, g).into_iter().map(|(n, i)| (n, i, *g)))
+        .collect()
+}
+
 /// The (Node name, instance id) of every instance of `group` not on its way out.
 pub fn nodes_of_cloud(cloud: &MemoryCloud, group: &str) -> Vec<(String, String)> {
-    cloud
-        .instances()
-        .into_iter()
-        .filter(|(g, i)| g == group && !i.state.is_terminating())
-        .map(|(_, i)| (sim::node_name(&i.id), i.id))
-        .collect()
+    ca_asg_provider::sim::world::nodes_of(cloud, group)
 }
 
 /// The one node of group "web" with a fluentd-like DaemonSet pod and an app pod whose
@@ -274,12 +277,7 @@ pub async fn node_with_fluentd_and_app(w: &World, prestop: f64) -> (String, Stri
         .create(&fixtures::pod("shop", "app", &node, "app", prestop))
         .unwrap();
     eventually("fluentd and app running", 10, || {
-        w.sim
-            .list::<Pod>()
-            .iter()
-            .filter(|p| p["status"]["conditions"][0]["status"] == "True")
-            .count()
-            == 2
+        sim::world::ready_pods(&w.sim) == 2
     })
     .await;
     (node, iid)
@@ -294,25 +292,14 @@ pub fn fluentd_and_an_app_on_each(
     fluentd_prestop: f64,
     app_prestop: f64,
 ) {
-    w.sim
-        .create(&fixtures::daemonset(
-            "logging",
-            "fluentd",
-            fluentd_prestop,
-            false,
-        ))
-        .unwrap();
-    for (i, (node, _)) in nodes.iter().enumerate() {
-        w.sim
-            .create(&fixtures::pod(
-                "shop",
-                &format!("app-{i}"),
-                node,
-                "app",
-                app_prestop,
-            ))
-            .unwrap();
-    }
+    sim::world::daemonset_and_an_app_on_each(
+        &w.sim,
+        "fluentd",
+        fluentd_prestop,
+        nodes,
+        app_prestop,
+    )
+    .unwrap();
 }
 
 /// CA's DeleteNodes, sent as CA sends it: with a 5 s deadline (`grpc-timeout`), so a
@@ -328,7 +315,17 @@ pub fn delete_request(
     group: &str,
     nodes: &[(String, String)],
 ) -> tonic::Request<proto::NodeGroupDeleteNodesRequest> {
-    let mut req = tonic::Request::new(proto::NodeGroupDeleteNodesRequest {
+    let mut req = tonic::Request::new(delete_nodes_message(group, nodes));
+    req.set_timeout(Duration::from_secs(5));
+    req
+}
+
+/// CA's DeleteNodes message for these (node, instance) pairs, without a deadline.
+pub fn delete_nodes_message(
+    group: &str,
+    nodes: &[(String, String)],
+) -> proto::NodeGroupDeleteNodesRequest {
+    proto::NodeGroupDeleteNodesRequest {
         id: group.into(),
         nodes: nodes
             .iter()
@@ -338,9 +335,7 @@ pub fn delete_request(
                 ..Default::default()
             })
             .collect(),
-    });
-    req.set_timeout(Duration::from_secs(5));
-    req
+    }
 }
 
 /// The group CA's NodeGroupForNode answers for an instance's Node, as CA's loop asks
@@ -362,7 +357,12 @@ pub async fn group_for(ca: &mut CloudProviderClient<Channel>, iid: &str) -> Stri
 }
 
 pub async fn target(w: &mut World, group: &str) -> i32 {
-    w.ca.node_group_target_size(proto::NodeGroupTargetSizeRequest { id: group.into() })
+    target_of(&mut w.ca, group).await
+}
+
+/// The target size CA's NodeGroupTargetSize answers for `group` through `ca`.
+pub async fn target_of(ca: &mut CloudProviderClient<Channel>, group: &str) -> i32 {
+    ca.node_group_target_size(proto::NodeGroupTargetSizeRequest { id: group.into() })
         .await
         .unwrap()
         .into_inner()
@@ -370,15 +370,18 @@ pub async fn target(w: &mut World, group: &str) -> i32 {
 }
 
 pub async fn set_unschedulable(w: &World, node: &str, on: bool) {
-    let nodes: kube::Api<Node> = kube::Api::all(w.sim.client());
-    nodes
-        .patch(
-            node,
-            &kube::api::PatchParams::default(),
-            &kube::api::Patch::Merge(serde_json::json!({"spec": {"unschedulable": on}})),
-        )
+    sim::world::set_unschedulable(&w.sim, node, on)
         .await
         .unwrap();
+}
+
+/// How many pods whose name starts with `prefix` the API server evicted.
+pub fn evictions_of(w: &World, prefix: &str) -> usize {
+    w.sim
+        .audit()
+        .iter()
+        .filter(|a| a.verb == "evicted" && a.name.starts_with(prefix))
+        .count()
 }
 
 pub fn audit_index(
@@ -432,15 +435,7 @@ pub async fn put_drain_record(
 }
 
 pub async fn pods_ready(w: &World, n: usize) {
-    eventually("pods ready", 10, || {
-        w.sim
-            .list::<Pod>()
-            .iter()
-            .filter(|p| p["status"]["conditions"][0]["status"] == "True")
-            .count()
-            >= n
-    })
-    .await;
+    eventually("pods ready", 10, || sim::world::ready_pods(&w.sim) >= n).await;
 }
 
 /// Every eviction request the API server got, per pod: once one was let through, any
@@ -473,6 +468,30 @@ pub fn assert_no_pod_evicted_twice_naming(
             _ => {}
         }
     }
+}
+
+/// The lifecycle state of an instance of the cloud's groups (`None`: not in one).
+pub fn state_of(cloud: &MemoryCloud, id: &str) -> Option<ca_asg_provider::cloud::LifecycleState> {
+    cloud
+        .instances()
+        .into_iter()
+        .find(|(_, i)| i.id == id)
+        .map(|(_, i)| i.state)
+}
+
+/// The placeholders the provider lists in `group` (capacity asked for and not
+/// launched), as CA names them back in DeleteNodes.
+pub fn placeholders(provider: &Provider, group: &str) -> Vec<ca_asg_provider::provider::NodeRef> {
+    provider
+        .nodes(group)
+        .unwrap()
+        .into_iter()
+        .filter(|v| v.id.contains("i-placeholder-"))
+        .map(|v| ca_asg_provider::provider::NodeRef {
+            name: v.id.clone(),
+            provider_id: v.id,
+        })
+        .collect()
 }
 
 /// Whether the instance is in the cloud and not on its way out.
