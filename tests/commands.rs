@@ -1565,16 +1565,14 @@ fn evictions(sim: &SimCluster) -> std::collections::BTreeMap<String, usize> {
 /// the drain is finished.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_drain_command_hands_its_drain_to_the_services_leader() {
-    use ca_asg_provider::cloud::memory::MemoryGroup;
     use ca_asg_provider::scalein::engine::leader::LeaseSettings;
     use ca_asg_provider::scalein::sources::hook_scan;
     use support::world::*;
-    let w = world(
-        vec![MemoryGroup::new("web", 0, 3, 1, "m5.large")],
-        fast_settings(),
-        Duration::from_millis(30),
-    )
-    .await;
+    let w = World::builder()
+        .web(3, 1)
+        .ready_delay(Duration::from_millis(30))
+        .build()
+        .await;
     let (node, _) = nodes_of(&w, "web").remove(0);
     fluentd_and_an_app_on_each(&w, &[(node.clone(), String::new())], 0.2, 0.2);
     pods_ready(&w, 2).await;
@@ -1633,18 +1631,16 @@ async fn the_drain_command_hands_its_drain_to_the_services_leader() {
 /// which finds the drain finished and starts nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_drain_command_holds_the_lease_while_it_drains_when_nobody_leads() {
-    use ca_asg_provider::cloud::memory::MemoryGroup;
     use ca_asg_provider::scalein::engine::leader::LeaseSettings;
     use ca_asg_provider::scalein::sources::hook_scan;
     use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
     use k8s_openapi::api::policy::v1::PodDisruptionBudget;
     use support::world::*;
-    let w = world(
-        vec![MemoryGroup::new("web", 0, 3, 1, "m5.large")],
-        fast_settings(),
-        Duration::from_millis(30),
-    )
-    .await;
+    let w = World::builder()
+        .web(3, 1)
+        .ready_delay(Duration::from_millis(30))
+        .build()
+        .await;
     let (node, _) = nodes_of(&w, "web").remove(0);
     fluentd_and_an_app_on_each(&w, &[(node.clone(), String::new())], 0.2, 0.2);
     w.sim.create(&fixtures::pdb("shop", "app", 0)).unwrap();
@@ -1737,15 +1733,13 @@ async fn the_drain_command_holds_the_lease_while_it_drains_when_nobody_leads() {
 /// drained by one, each pod evicted once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_second_drain_command_waits_for_the_first_one_lease_at_a_time() {
-    use ca_asg_provider::cloud::memory::MemoryGroup;
     use k8s_openapi::api::policy::v1::PodDisruptionBudget;
     use support::world::*;
-    let w = world(
-        vec![MemoryGroup::new("web", 0, 3, 2, "m5.large")],
-        fast_settings(),
-        Duration::from_millis(30),
-    )
-    .await;
+    let w = World::builder()
+        .web(3, 2)
+        .ready_delay(Duration::from_millis(30))
+        .build()
+        .await;
     let nodes = nodes_of(&w, "web");
     fluentd_and_an_app_on_each(&w, &nodes, 0.2, 0.2);
     w.sim.create(&fixtures::pdb("shop", "app", 0)).unwrap();
@@ -1806,19 +1800,17 @@ async fn a_second_drain_command_waits_for_the_first_one_lease_at_a_time() {
 /// instance in Terminating:Wait as AWS does (moto does not).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn drain_terminate_beside_the_leader_ends_the_instance_through_the_leader() {
-    use ca_asg_provider::cloud::memory::MemoryGroup;
     use ca_asg_provider::scalein::engine::leader::LeaseSettings;
     use ca_asg_provider::scalein::sources::hook_scan;
     use support::world::*;
-    const HOOK: &str = "ca-asg-provider-drain";
     for hooked in [true, false] {
-        let group = MemoryGroup::new("web", 0, 3, 2, "m5.large");
-        let group = if hooked {
-            group.terminating_hook(HOOK, 60)
+        let w = World::builder().ready_delay(Duration::from_millis(30));
+        let w = if hooked {
+            w.web_hooked(3, 2, 60)
         } else {
-            group
+            w.web(3, 2)
         };
-        let w = world(vec![group], fast_settings(), Duration::from_millis(30)).await;
+        let w = w.build().await;
         let (node, iid) = nodes_of(&w, "web").remove(0);
         fluentd_and_an_app_on_each(&w, &[(node.clone(), iid.clone())], 0.2, 0.2);
         pods_ready(&w, 2).await;
@@ -1837,10 +1829,7 @@ async fn drain_terminate_beside_the_leader_ends_the_instance_through_the_leader(
         }
         .load()
         .unwrap();
-        cfg.provider.selector = GroupSelector {
-            names: vec!["web".into()],
-            tag_sets: vec![],
-        };
+        cfg.provider.selector = ca_asg_provider::world::named(&["web"]);
         let args = DrainArgs {
             node: node.clone(),
             dry_run: false,
