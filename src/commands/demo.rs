@@ -91,7 +91,31 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
     println!("   (cluster-autoscaler would run with --cloud-provider=externalgrpc and address: {addr})\n");
 
     let mut ca = door.ca.clone();
+    let ca = &mut ca;
+    scene_groups(ca).await?;
+    scene_template(ca).await?;
+    scene_options(ca).await?;
+    scene_scale_up(ca).await?;
+    let victim = scene_workloads(ca, &sim).await?;
+    scene_delete(ca, &sim, &engine, &victim).await?;
+    scene_group_for_node(ca, &victim.0).await?;
+    scene_failed_launch(ca, &cloud).await?;
+    scene_refused(ca).await?;
 
+    door.close().await;
+    println!(
+        "\n== demo finished in {:.1}s",
+        started.elapsed().as_secs_f64()
+    );
+    println!("   What you saw: CA's calls answered by the real gRPC server; the node drained");
+    println!("   with its DaemonSet pods last and its PodDisruptionBudget honoured, then ended.");
+    println!("   Next: run it against your cluster (docs/quickstart-eks.md), or see what each");
+    println!("   setting does (docs/configuration.md).");
+    Ok(())
+}
+
+/// CA refreshes and lists the groups the tag finds.
+async fn scene_groups(ca: &mut Client) -> anyhow::Result<()> {
     step("Refresh, then NodeGroups (groups found by tag k8s.io/cluster-autoscaler/enabled)");
     ca.refresh(proto::RefreshRequest {}).await?;
     let groups = ca
@@ -105,7 +129,11 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
             g.id, g.min_size, g.max_size, g.debug
         );
     }
+    Ok(())
+}
 
+/// The scale-from-zero template of the GPU group, in both of the protocol's fields.
+async fn scene_template(ca: &mut Client) -> anyhow::Result<()> {
     step("NodeGroupTemplateNodeInfo demo-gpu (scale-from-zero template)");
     let t = ca
         .node_group_template_node_info(proto::NodeGroupTemplateNodeInfoRequest {
@@ -120,7 +148,11 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
         t.node_info == t.node_bytes
     );
     print!("{}", crate::provider::template::describe(&node));
+    Ok(())
+}
 
+/// The groups' autoscaling options: CA's defaults, and one group's tag.
+async fn scene_options(ca: &mut Client) -> anyhow::Result<()> {
     step(
         "NodeGroupGetOptions: demo-general has no option tags, demo-gpu sets scaleDownUnneededTime",
     );
@@ -166,21 +198,25 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
             Err(s) => return Err(anyhow::anyhow!("NodeGroupGetOptions {id}: {s}")),
         }
     }
+    Ok(())
+}
 
+/// CA grows a group by two; the instances launch and register.
+async fn scene_scale_up(ca: &mut Client) -> anyhow::Result<()> {
     step("NodeGroupIncreaseSize demo-general +2, then watch instances launch");
-    show_target(&mut ca, "demo-general").await?;
+    show_target(ca, "demo-general").await?;
     ca.node_group_increase_size(proto::NodeGroupIncreaseSizeRequest {
         id: "demo-general".into(),
         delta: 2,
     })
     .await?;
-    show_target(&mut ca, "demo-general").await?;
+    show_target(ca, "demo-general").await?;
     let deadline = Instant::now() + Duration::from_secs(30);
     let mut shown = String::new();
     loop {
         ca.refresh(proto::RefreshRequest {}).await?;
         // Each state of the group once, as it changes.
-        let (line, (running, creating, _)) = nodes_line(&mut ca, "demo-general").await?;
+        let (line, (running, creating, _)) = nodes_line(ca, "demo-general").await?;
         if line != shown {
             println!("{line}");
             shown = line;
@@ -190,7 +226,14 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
         }
         tokio::time::sleep(Duration::from_millis(700)).await;
     }
+    Ok(())
+}
 
+/// A web app with its budget and a log shipper on the new nodes; returns the node CA will remove (its providerID, instance and Node name).
+async fn scene_workloads(
+    ca: &mut Client,
+    sim: &SimCluster,
+) -> anyhow::Result<(String, String, String)> {
     step("Workloads on the new nodes: a web app (preStop 1.5 s), a PDB, a fluentd DaemonSet");
     sim.create(&fixtures::replicaset("shop", "web", 4, 1.5))?;
     sim.create(&fixtures::pdb("shop", "web", 1))?;
@@ -220,15 +263,24 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
             );
         }
     }
+    Ok((victim, victim_id, node_name))
+}
 
+/// CA's DeleteNodes of that node: answered at once, the drain behind it, told as the API server saw it.
+async fn scene_delete(
+    ca: &mut Client,
+    sim: &SimCluster,
+    engine: &crate::scalein::Engine,
+    (victim, victim_id, node_name): &(String, String, String),
+) -> anyhow::Result<()> {
     step("NodeGroupDeleteNodes demo-general: one node (returns at once; the drain runs behind it)");
     println!("   deleting {victim} (node {node_name})");
     let called = Instant::now();
     ca.node_group_delete_nodes(proto::NodeGroupDeleteNodesRequest {
         id: "demo-general".into(),
         nodes: vec![proto::ExternalGrpcNode {
-            provider_id: victim.clone(),
-            name: node_name.clone(),
+            provider_id: victim.to_string(),
+            name: node_name.to_string(),
             ..Default::default()
         }],
     })
@@ -237,22 +289,22 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
         "   DeleteNodes answered in {:.0} ms",
         called.elapsed().as_secs_f64() * 1000.0
     );
-    show_target(&mut ca, "demo-general").await?;
-    show_nodes(&mut ca, "demo-general").await?;
-    let outcome = engine.wait_for(&victim_id).await;
+    show_target(ca, "demo-general").await?;
+    show_nodes(ca, "demo-general").await?;
+    let outcome = engine.wait_for(victim_id).await;
     println!("   the drain {}", told(outcome.as_ref()));
     println!("   timeline on {node_name} (from the API server's log):");
     let audit = sim.audit();
     let t0 = audit
         .iter()
-        .find(|a| a.kind == "Node" && a.name == node_name && a.verb == "patch")
+        .find(|a| a.kind == "Node" && a.name == *node_name && a.verb == "patch")
         .map(|a| a.at)
         .unwrap_or_else(Instant::now);
     for a in audit.iter().filter(|a| a.at >= t0) {
         let pod =
             a.kind == "Pod" && matches!(a.verb.as_str(), "evicted" | "eviction-denied" | "removed");
         let node = a.kind == "Node"
-            && a.name == node_name
+            && a.name == *node_name
             && matches!(a.verb.as_str(), "removed" | "patch");
         if pod || node {
             println!(
@@ -276,12 +328,16 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
         }
     }
     ca.refresh(proto::RefreshRequest {}).await?;
-    show_target(&mut ca, "demo-general").await?;
-    show_nodes(&mut ca, "demo-general").await?;
+    show_target(ca, "demo-general").await?;
+    show_nodes(ca, "demo-general").await?;
+    Ok(())
+}
 
+/// Which group a managed node, an unknown instance and a non-AWS node belong to.
+async fn scene_group_for_node(ca: &mut Client, victim: &str) -> anyhow::Result<()> {
     step("NodeGroupForNode for a managed node, an unknown instance and a non-AWS node");
     for pid in [
-        victim.as_str(),
+        victim,
         "aws:///us-east-1a/i-0000000000000dead",
         "gce://p/z/n",
     ] {
@@ -303,7 +359,14 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
         };
         println!("   {pid:<45} -> {group}");
     }
+    Ok(())
+}
 
+/// A launch that fails: the placeholders carry the error and CA gives the capacity back.
+async fn scene_failed_launch(
+    ca: &mut Client,
+    cloud: &crate::cloud::memory::MemoryCloud,
+) -> anyhow::Result<()> {
     step("A launch that fails: demo-arm has no capacity (placeholders carry the error)");
     cloud.fail_launches("demo-arm", Some("InsufficientInstanceCapacity"));
     ca.node_group_increase_size(proto::NodeGroupIncreaseSizeRequest {
@@ -313,15 +376,19 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
     .await?;
     tokio::time::sleep(Duration::from_millis(600)).await;
     ca.refresh(proto::RefreshRequest {}).await?;
-    show_nodes(&mut ca, "demo-arm").await?;
+    show_nodes(ca, "demo-arm").await?;
     ca.node_group_decrease_target_size(proto::NodeGroupDecreaseTargetSizeRequest {
         id: "demo-arm".into(),
         delta: -1,
     })
     .await?;
     println!("   CA gives the capacity back with DecreaseTargetSize -1:");
-    show_target(&mut ca, "demo-arm").await?;
+    show_target(ca, "demo-arm").await?;
+    Ok(())
+}
 
+/// An error CA would see.
+async fn scene_refused(ca: &mut Client) -> anyhow::Result<()> {
     step("An error CA would see: increase past maxSize");
     match ca
         .node_group_increase_size(proto::NodeGroupIncreaseSizeRequest {
@@ -337,16 +404,6 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
             s.message()
         ),
     }
-
-    door.close().await;
-    println!(
-        "\n== demo finished in {:.1}s",
-        started.elapsed().as_secs_f64()
-    );
-    println!("   What you saw: CA's calls answered by the real gRPC server; the node drained");
-    println!("   with its DaemonSet pods last and its PodDisruptionBudget honoured, then ended.");
-    println!("   Next: run it against your cluster (docs/quickstart-eks.md), or see what each");
-    println!("   setting does (docs/configuration.md).");
     Ok(())
 }
 
