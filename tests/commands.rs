@@ -1557,6 +1557,56 @@ fn evictions(sim: &SimCluster) -> std::collections::BTreeMap<String, usize> {
     n
 }
 
+/// Fails unless each of `n` pods was evicted exactly once.
+fn assert_each_evicted_once(sim: &SimCluster, n: usize, case: &str) {
+    let evicted = evictions(sim);
+    assert_eq!(evicted.len(), n, "{case}: {evicted:?}");
+    assert!(
+        evicted.values().all(|&n| n == 1),
+        "{case}: evicted twice: {evicted:?}"
+    );
+}
+
+/// Fails unless the command said each of `wants`, naming what it said instead.
+fn assert_said(said: &Said, wants: &[&str], case: &str) {
+    let text = said.lock().unwrap().join("\n");
+    for want in wants {
+        assert!(text.contains(want), "{case}: {want:?} not said:\n{text}");
+    }
+}
+
+/// How many drains the world's engine started.
+fn drains_started(w: &support::world::World) -> u64 {
+    w.engine
+        .stats
+        .started
+        .load(std::sync::atomic::Ordering::Relaxed)
+}
+
+/// The world's service as a replica `who` electing itself by the Lease the command's
+/// config names (`lease` long), with its background loop; returns the loop.
+fn replica_electing(
+    w: &support::world::World,
+    who: &str,
+    lease: Duration,
+) -> tokio::task::JoinHandle<()> {
+    use ca_asg_provider::scalein::engine::leader::LeaseSettings;
+    w.engine.lead_as(LeaseSettings {
+        name: "ca-asg-provider".into(),
+        namespace: "kube-system".into(),
+        identity: who.into(),
+        duration: lease,
+    });
+    ca_asg_provider::scalein::sources::hook_scan::spawn_loop(w.engine.clone(), w.provider.clone())
+}
+
+/// The world's service leading as `replica-a` (3 s Lease), its loop running.
+async fn leading_replica(w: &support::world::World) -> tokio::task::JoinHandle<()> {
+    let lp = replica_electing(w, "replica-a", Duration::from_secs(3));
+    support::eventually("replica-a leads", 10, || w.engine.is_leader()).await;
+    lp
+}
+
 /// `drain NODE` beside a running service (the quickstart's scale-in found two engines
 /// draining one node: the command's, and the Lease holder's resume of the drain the
 /// command recorded, a DaemonSet pod evicted twice). The command reads the Lease, sees
@@ -1565,8 +1615,6 @@ fn evictions(sim: &SimCluster) -> std::collections::BTreeMap<String, usize> {
 /// the drain is finished.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_drain_command_hands_its_drain_to_the_services_leader() {
-    use ca_asg_provider::scalein::engine::leader::LeaseSettings;
-    use ca_asg_provider::scalein::sources::hook_scan;
     use support::world::*;
     let w = World::builder()
         .web(3, 1)
@@ -1577,14 +1625,7 @@ async fn the_drain_command_hands_its_drain_to_the_services_leader() {
     fluentd_and_an_app_on_each(&w, &[(node.clone(), String::new())], 0.2, 0.2);
     pods_ready(&w, 2).await;
     // The service: one replica, leading by the Lease the command's config names.
-    w.engine.lead_as(LeaseSettings {
-        name: "ca-asg-provider".into(),
-        namespace: "kube-system".into(),
-        identity: "replica-a".into(),
-        duration: Duration::from_secs(3),
-    });
-    let lp = hook_scan::spawn_loop(w.engine.clone(), w.provider.clone());
-    support::eventually("replica-a leads", 10, || w.engine.is_leader()).await;
+    let lp = leading_replica(&w).await;
 
     let (drain, lines) = drain_command_in_background(w.sim.client(), &node);
     tokio::time::timeout(Duration::from_secs(30), drain)
@@ -1592,35 +1633,17 @@ async fn the_drain_command_hands_its_drain_to_the_services_leader() {
         .expect("the command ends once the leader's drain is finished")
         .unwrap()
         .unwrap();
-    let text = lines.lock().unwrap().join("\n");
-    for want in [
-        "the service's leader replica-a runs the drain (recorded for it on",
-        "evicting 1 pod (DaemonSet pods last)",
-        "done: node drained; it stays cordoned",
-    ] {
-        assert!(text.contains(want), "{want:?} not said:\n{text}");
-    }
-    assert_eq!(
-        w.engine
-            .stats
-            .started
-            .load(std::sync::atomic::Ordering::Relaxed),
-        1,
-        "the leader ran the drain"
+    assert_said(
+        &lines,
+        &[
+            "the service's leader replica-a runs the drain (recorded for it on",
+            "evicting 1 pod (DaemonSet pods last)",
+            "done: node drained; it stays cordoned",
+        ],
+        "a leader",
     );
-    let evicted = evictions(&w.sim);
-    assert_eq!(
-        evicted
-            .keys()
-            .map(|k| k.split('-').next().unwrap())
-            .collect::<Vec<_>>(),
-        ["logging/fluentd", "shop/app"],
-        "{evicted:?}"
-    );
-    assert!(
-        evicted.values().all(|&n| n == 1),
-        "evicted twice: {evicted:?}"
-    );
+    assert_eq!(drains_started(&w), 1, "the leader ran the drain");
+    assert_each_evicted_once(&w.sim, 2, "a leader");
     lp.abort();
     w.engine.shutdown();
 }
@@ -1631,8 +1654,6 @@ async fn the_drain_command_hands_its_drain_to_the_services_leader() {
 /// which finds the drain finished and starts nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_drain_command_holds_the_lease_while_it_drains_when_nobody_leads() {
-    use ca_asg_provider::scalein::engine::leader::LeaseSettings;
-    use ca_asg_provider::scalein::sources::hook_scan;
     use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
     use k8s_openapi::api::policy::v1::PodDisruptionBudget;
     use support::world::*;
@@ -1678,13 +1699,7 @@ async fn the_drain_command_holds_the_lease_while_it_drains_when_nobody_leads() {
     })
     .await;
     // A replica starts while the command drains.
-    w.engine.lead_as(LeaseSettings {
-        name: "ca-asg-provider".into(),
-        namespace: "kube-system".into(),
-        identity: "replica-b".into(),
-        duration: Duration::from_secs(1),
-    });
-    let lp = hook_scan::spawn_loop(w.engine.clone(), w.provider.clone());
+    let lp = replica_electing(&w, "replica-b", Duration::from_secs(1));
     tokio::time::sleep(Duration::from_secs(3)).await;
     assert!(
         !w.engine.is_leader(),
@@ -1696,13 +1711,14 @@ async fn the_drain_command_holds_the_lease_while_it_drains_when_nobody_leads() {
         .expect("the command ends")
         .unwrap()
         .unwrap();
-    let text = lines.lock().unwrap().join("\n");
-    for want in [
-        "reading the Lease kube-system/ca-asg-provider for up to",
-        "done: node drained; it stays cordoned",
-    ] {
-        assert!(text.contains(want), "{want:?} not said:\n{text}");
-    }
+    assert_said(
+        &lines,
+        &[
+            "reading the Lease kube-system/ca-asg-provider for up to",
+            "done: node drained; it stays cordoned",
+        ],
+        "nobody leads",
+    );
     support::eventually("the released Lease goes to the replica", 10, || {
         w.engine.is_leader()
     })
@@ -1710,19 +1726,11 @@ async fn the_drain_command_holds_the_lease_while_it_drains_when_nobody_leads() {
     // Two of the replica's polls as leader: the drain on the Node is finished.
     tokio::time::sleep(Duration::from_millis(600)).await;
     assert_eq!(
-        w.engine
-            .stats
-            .started
-            .load(std::sync::atomic::Ordering::Relaxed),
+        drains_started(&w),
         0,
         "the replica resumed the command's drain"
     );
-    let evicted = evictions(&w.sim);
-    assert_eq!(evicted.len(), 2, "{evicted:?}");
-    assert!(
-        evicted.values().all(|&n| n == 1),
-        "evicted twice: {evicted:?}"
-    );
+    assert_each_evicted_once(&w.sim, 2, "nobody leads");
     lp.abort();
     w.engine.shutdown();
 }
@@ -1781,12 +1789,7 @@ async fn a_second_drain_command_waits_for_the_first_one_lease_at_a_time() {
         );
     }
     assert!(cordoned(&nodes[0].0) && cordoned(&nodes[1].0));
-    let evicted = evictions(&w.sim);
-    assert_eq!(evicted.len(), 4, "{evicted:?}");
-    assert!(
-        evicted.values().all(|&n| n == 1),
-        "evicted twice: {evicted:?}"
-    );
+    assert_each_evicted_once(&w.sim, 4, "two commands");
     w.engine.shutdown();
 }
 
@@ -1800,8 +1803,6 @@ async fn a_second_drain_command_waits_for_the_first_one_lease_at_a_time() {
 /// instance in Terminating:Wait as AWS does (moto does not).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn drain_terminate_beside_the_leader_ends_the_instance_through_the_leader() {
-    use ca_asg_provider::scalein::engine::leader::LeaseSettings;
-    use ca_asg_provider::scalein::sources::hook_scan;
     use support::world::*;
     for hooked in [true, false] {
         let w = World::builder().ready_delay(Duration::from_millis(30));
@@ -1814,14 +1815,7 @@ async fn drain_terminate_beside_the_leader_ends_the_instance_through_the_leader(
         let (node, iid) = nodes_of(&w, "web").remove(0);
         fluentd_and_an_app_on_each(&w, &[(node.clone(), iid.clone())], 0.2, 0.2);
         pods_ready(&w, 2).await;
-        w.engine.lead_as(LeaseSettings {
-            name: "ca-asg-provider".into(),
-            namespace: "kube-system".into(),
-            identity: "replica-a".into(),
-            duration: Duration::from_secs(3),
-        });
-        let lp = hook_scan::spawn_loop(w.engine.clone(), w.provider.clone());
-        support::eventually("replica-a leads", 10, || w.engine.is_leader()).await;
+        let lp = leading_replica(&w).await;
 
         let mut cfg = ConfigArgs {
             region: Some("us-east-1".into()),
@@ -1852,7 +1846,7 @@ async fn drain_terminate_beside_the_leader_ends_the_instance_through_the_leader(
         .await
         .unwrap_or_else(|_| panic!("hooked {hooked}: the command ends"))
         .unwrap();
-        let text = lines.lock().unwrap().join("\n");
+        let case = format!("hooked {hooked}");
         let (intent, done) = if hooked {
             (
                 "then the lifecycle hook's action for instance",
@@ -1864,16 +1858,8 @@ async fn drain_terminate_beside_the_leader_ends_the_instance_through_the_leader(
                 "done: node drained and its instance terminated",
             )
         };
-        for want in [
-            intent,
-            "the service's leader replica-a runs the drain",
-            done,
-        ] {
-            assert!(
-                text.contains(want),
-                "hooked {hooked}: {want:?} not said:\n{text}"
-            );
-        }
+        let leader = "the service's leader replica-a runs the drain";
+        assert_said(&lines, &[intent, leader, done], &case);
         support::eventually("the instance ends", 10, || !in_service(&w.cloud, &iid)).await;
         assert_eq!(
             w.cloud.desired("web"),
@@ -1881,19 +1867,11 @@ async fn drain_terminate_beside_the_leader_ends_the_instance_through_the_leader(
             "hooked {hooked}: one smaller"
         );
         assert_eq!(
-            w.engine
-                .stats
-                .started
-                .load(std::sync::atomic::Ordering::Relaxed),
+            drains_started(&w),
             1,
-            "hooked {hooked}: the leader ran the one drain"
+            "{case}: the leader ran the one drain"
         );
-        let evicted = evictions(&w.sim);
-        assert_eq!(evicted.len(), 2, "hooked {hooked}: {evicted:?}");
-        assert!(
-            evicted.values().all(|&n| n == 1),
-            "hooked {hooked}: evicted twice: {evicted:?}"
-        );
+        assert_each_evicted_once(&w.sim, 2, &case);
         lp.abort();
         w.engine.shutdown();
     }
