@@ -1876,3 +1876,72 @@ async fn drain_terminate_beside_the_leader_ends_the_instance_through_the_leader(
         w.engine.shutdown();
     }
 }
+
+/// The leader the command handed its drain to dies mid-drain (its process gone, the
+/// Lease left standing): the command says once that no replica leads and the drain
+/// waits, recorded on the Node; when a replica takes the Lease over, it says so, and
+/// the new leader resumes the drain to its end.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_followed_drain_says_when_no_replica_leads_and_when_one_does_again() {
+    use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+    use support::world::*;
+    let w = World::builder()
+        .web(3, 1)
+        .ready_delay(Duration::from_millis(30))
+        .build()
+        .await;
+    let (node, _) = nodes_of(&w, "web").remove(0);
+    fluentd_and_an_app_on_each(&w, &[(node.clone(), String::new())], 0.2, 0.2);
+    w.sim.create(&fixtures::pdb("shop", "app", 0)).unwrap();
+    pods_ready(&w, 2).await;
+    // replica-a leads, and dies without releasing the Lease.
+    let (first, election) = {
+        use ca_asg_provider::scalein::engine::leader::LeaseSettings;
+        let (provider, engine, _ca) = service(&w.sim, &w.cloud, &w.groups, fast_settings()).await;
+        let election = engine.lead_as(LeaseSettings {
+            name: "ca-asg-provider".into(),
+            namespace: "kube-system".into(),
+            identity: "replica-a".into(),
+            duration: Duration::from_secs(2),
+        });
+        let lp = ca_asg_provider::scalein::sources::hook_scan::spawn_loop(engine.clone(), provider);
+        support::eventually("replica-a leads", 10, || engine.is_leader()).await;
+        ((engine, lp), election)
+    };
+    let (drain, lines) = drain_command_in_background(w.sim.client(), &node);
+    let said = |what: &str| lines.lock().unwrap().iter().any(|l| l.contains(what));
+    support::eventually("the command hands its drain to replica-a", 10, || {
+        said("the service's leader replica-a runs the drain")
+    })
+    .await;
+    support::eventually("replica-a's drain is held by the budget", 10, || {
+        w.sim.audit().iter().any(|a| a.verb == "eviction-denied")
+    })
+    .await;
+    election.abort();
+    first.1.abort();
+    first.0.shutdown();
+    support::eventually("the command says nobody leads", 10, || {
+        said("no replica of the service renews the Lease kube-system/ca-asg-provider now")
+    })
+    .await;
+    // replica-b starts, takes the Lease over and resumes the recorded drain.
+    let lp = replica_electing(&w, "replica-b", Duration::from_secs(2));
+    assert!(w.sim.remove::<PodDisruptionBudget>("shop", "app-pdb"));
+    tokio::time::timeout(Duration::from_secs(30), drain)
+        .await
+        .expect("the command ends once replica-b's drain is finished")
+        .unwrap()
+        .unwrap();
+    assert_said(
+        &lines,
+        &[
+            "replica-b leads again: the drain goes on",
+            "done: node drained; it stays cordoned",
+        ],
+        "a leader gone",
+    );
+    assert_eq!(drains_started(&w), 1, "replica-b resumed the drain");
+    lp.abort();
+    w.engine.shutdown();
+}

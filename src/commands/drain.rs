@@ -162,8 +162,12 @@ pub async fn drain_in(
     say(&target.intent());
     // Before anything changes: who drains. One engine per node, never two.
     let outcome = match who_drains(&lease_client, cfg, &say).await? {
-        Who::Leader(holder) => {
-            let result = hand_to_leader(&engine, &client, &target, &holder, &say).await;
+        Who::Leader(holder, lease) => {
+            let lease = (
+                Api::namespaced(lease_client.clone(), &lease.namespace),
+                lease,
+            );
+            let result = hand_to_leader(&engine, &client, &target, &holder, &lease, &say).await;
             engine.shutdown();
             result?
         }
@@ -227,8 +231,8 @@ static RUNS: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0)
 enum Who {
     /// This command, holding the Lease when leader election is on.
     Here(Option<LeaseSettings>),
-    /// The service's leader, which renews the Lease.
-    Leader(String),
+    /// The service's leader, which renews the Lease (the Lease as the command reads it).
+    Leader(String, LeaseSettings),
 }
 
 /// Reads the Lease the service's replicas elect their leader with. A replica that
@@ -273,7 +277,7 @@ async fn who_drains(
     };
     match leader::claim_for_command(&api, &lease, watching).await {
         Ok(Claim::Ours) => Ok(Who::Here(Some(lease))),
-        Ok(Claim::Leader(holder)) => Ok(Who::Leader(holder)),
+        Ok(Claim::Leader(holder)) => Ok(Who::Leader(holder, lease)),
         Err(e) => anyhow::bail!(
             "cannot tell whether the service is draining: {}; nothing was changed",
             leader::explain(&e, &lease)
@@ -362,6 +366,7 @@ async fn hand_to_leader(
     client: &kube::Client,
     target: &Target,
     holder: &str,
+    lease: &(Api<Lease>, LeaseSettings),
     say: &Say,
 ) -> anyhow::Result<String> {
     match &target.mode {
@@ -388,25 +393,52 @@ async fn hand_to_leader(
         "the service's leader {holder} runs the drain (recorded for it on {}); following it here: Ctrl-C stops following, not the drain",
         target.node
     ));
-    follow(engine, client, target, say).await
+    follow(engine, client, target, lease, say).await
 }
 
 /// Reads the drain the leader runs back every [`PROGRESS_POLL`], saying where it
 /// stands, until it ends: the record finished, the Node gone, or (terminated
 /// directly) the instance ending in AWS. A record that leaves the Node before that
-/// was given up (its deadline, or `undrain`).
+/// was given up (its deadline, or `undrain`). When no replica renews the Lease any
+/// more, that is said once (the drain waits, recorded, for a replica to lead), and
+/// again when one does.
 async fn follow(
     engine: &Arc<Engine>,
     client: &kube::Client,
     target: &Target,
+    (lease_api, lease): &(Api<Lease>, LeaseSettings),
     say: &Say,
 ) -> anyhow::Result<String> {
     let mut watch = Watch::new(client.clone(), target.node.clone(), engine.limits());
     let mut tick = tokio::time::interval(PROGRESS_POLL);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut recorded = false;
+    let mut observed = leader::Observed::default();
+    let mut unled = false;
     loop {
         tick.tick().await;
+        if let Ok(current) = lease_api.get_opt(&lease.name).await {
+            let spec = current.as_ref().and_then(|l| l.spec.as_ref());
+            let unchanged_for = observed.note(spec);
+            let nobody = matches!(
+                leader::decide(spec, &lease.identity, unchanged_for),
+                leader::Decision::Acquire | leader::Decision::Create
+            );
+            if nobody != unled {
+                unled = nobody;
+                say(&if nobody {
+                    format!(
+                        "no replica of the service renews the Lease {}/{} now: the drain waits, recorded on {}, for one to lead",
+                        lease.namespace, lease.name, target.node
+                    )
+                } else {
+                    let holder = spec
+                        .and_then(|s| s.holder_identity.as_deref())
+                        .unwrap_or_default();
+                    format!("{holder} leads again: the drain goes on")
+                });
+            }
+        }
         let phase = match watch.look(say).await {
             Some(Seen::Gone) => return Ok(target.done(true)),
             Some(Seen::Row(phase)) => phase,
