@@ -2,7 +2,6 @@
 //! The binary comes from $MOTO_SERVER, else ./.venv/bin/moto_server, else PATH
 //! (scripts/test.sh installs it into .venv). No moto: the test fails, it is not skipped.
 
-use std::net::TcpListener;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
@@ -27,22 +26,41 @@ fn binary() -> PathBuf {
 
 impl MotoServer {
     pub fn start() -> MotoServer {
-        let port = TcpListener::bind("127.0.0.1:0")
-            .unwrap()
-            .local_addr()
-            .unwrap()
-            .port();
+        // moto binds a port of its own choosing (`-p 0`) and says which: a port picked
+        // here and handed over could be taken by another test's moto in between, and
+        // then this test would talk to that one until it went away (seen in CI: a
+        // connection refused at a test's first call).
         let bin = binary();
-        let child = Command::new(&bin)
-            .args(["-H", "127.0.0.1", "-p", &port.to_string()])
+        let mut child = Command::new(&bin)
+            .args(["-H", "127.0.0.1", "-p", "0"])
             .stdout(Stdio::null())
-            .stderr(Stdio::null())
+            .stderr(Stdio::piped())
             .spawn()
             .unwrap_or_else(|e| panic!("cannot start moto ({}): {e}; run scripts/test.sh, which installs moto[server] into .venv", bin.display()));
-        let server = MotoServer {
+        let stderr = child.stderr.take().expect("piped");
+        let (tx, rx) = std::sync::mpsc::channel();
+        // Reads moto's log to its end (a full pipe would stall it), sending the port.
+        std::thread::spawn(move || {
+            use std::io::BufRead;
+            for line in std::io::BufReader::new(stderr).lines() {
+                let Ok(line) = line else { break };
+                if let Some(port) = line
+                    .split("http://127.0.0.1:")
+                    .nth(1)
+                    .and_then(|rest| rest.trim().parse::<u16>().ok())
+                {
+                    let _ = tx.send(port);
+                }
+            }
+        });
+        let mut server = MotoServer {
             child,
-            url: format!("http://127.0.0.1:{port}"),
+            url: String::new(),
         };
+        let port = rx
+            .recv_timeout(Duration::from_secs(30))
+            .expect("moto said no port within 30 s");
+        server.url = format!("http://127.0.0.1:{port}");
         let end = Instant::now() + Duration::from_secs(30);
         while std::net::TcpStream::connect(("127.0.0.1", port)).is_err() {
             assert!(
