@@ -239,7 +239,7 @@ async fn scene_workloads(
     sim.create(&fixtures::pdb("shop", "web", 1))?;
     sim.create(&fixtures::daemonset("logging", "fluentd", 0.5, false))?;
     let deadline = Instant::now() + Duration::from_secs(20);
-    while Instant::now() < deadline && ready_pods(&sim) < 4 + 4 {
+    while Instant::now() < deadline && ready_pods(sim) < 4 + 4 {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let nodes = ca
