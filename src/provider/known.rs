@@ -90,8 +90,6 @@ impl Record {
 #[derive(Debug, Default)]
 pub struct Known {
     by_id: BTreeMap<String, Record>,
-    /// How many records hold a departure (bounded by [`MAX`]).
-    departed: usize,
     /// How many records hold a pending drain, by group: CA's target of every group is
     /// read each CA loop, without a walk over every record.
     deferred_by_group: BTreeMap<String, usize>,
@@ -110,20 +108,12 @@ impl Known {
         mut keep: impl FnMut(&str, &Record) -> bool,
         mut clear: impl FnMut(&mut Record),
     ) {
-        let mut departed = self.departed;
         self.by_id.retain(|id, r| {
             if has(r) && !keep(id, r) {
-                if r.left.is_some() {
-                    departed -= 1;
-                }
                 clear(r);
-                if r.left.is_some() {
-                    departed += 1;
-                }
             }
             !r.is_empty()
         });
-        self.departed = departed;
     }
 
     fn tidy(&mut self, id: &str) {
@@ -258,7 +248,6 @@ impl Known {
                             at: now,
                             ended: i.state.is_terminating(),
                         });
-                        self.departed += 1;
                     }
                 }
             }
@@ -273,14 +262,15 @@ impl Known {
             },
             |r| r.left = None,
         );
-        if self.departed > MAX {
+        let departed = self.departed();
+        if departed > MAX {
             let mut ages: Vec<(Instant, String)> = self
                 .by_id
                 .iter()
                 .filter_map(|(id, r)| r.left.as_ref().map(|l| (l.at, id.clone())))
                 .collect();
             ages.sort();
-            let extra = self.departed - MAX;
+            let extra = departed - MAX;
             let oldest: std::collections::BTreeSet<String> =
                 ages.into_iter().take(extra).map(|(_, id)| id).collect();
             self.retain_fact(
@@ -312,9 +302,7 @@ impl Known {
         }
         for id in not_ended {
             if let Some(r) = self.by_id.get_mut(id) {
-                if r.left.take().is_some() {
-                    self.departed -= 1;
-                }
+                r.left = None;
             }
             self.tidy(id);
         }
@@ -331,7 +319,7 @@ impl Known {
 
     /// How many departures are remembered.
     pub fn departed(&self) -> usize {
-        self.departed
+        self.by_id.values().filter(|r| r.left.is_some()).count()
     }
 }
 
