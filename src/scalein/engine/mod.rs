@@ -10,6 +10,7 @@ use std::time::Duration;
 use parking_lot::Mutex;
 
 use crate::scalein::decide::record;
+use crate::scalein::decide::story::Verdict;
 use crate::scalein::engine::book::{Book, HoldChange};
 use crate::scalein::engine::marks_sync::spawn_marks_sync;
 use crate::scalein::kube::{budgets, events, nodes, pass, ratelimit, user_agent};
@@ -620,6 +621,65 @@ impl Engine {
     }
 }
 
+impl Engine {
+    /// What the stage list's runner may reach of this engine ([`drain::Runner`]).
+    fn runner(self: &Arc<Self>) -> drain::Runner<'_> {
+        drain::Runner {
+            stage: self.stage(),
+            ending: self.ending(),
+            port: self,
+        }
+    }
+}
+
+/// The runner's way into the engine: its slots, its book's holds and memories.
+#[async_trait::async_trait]
+impl drain::DrainPort for Arc<Engine> {
+    fn has_slot(&self, instance_id: &str, run: u64) -> bool {
+        self.book.has_slot(instance_id, run)
+    }
+
+    async fn take_slot(&self, instance_id: &str, run: u64) -> bool {
+        let Ok(permit) = self.slots.clone().acquire_owned().await else {
+            return false;
+        };
+        self.book.keep_slot(instance_id, run, permit);
+        true
+    }
+
+    fn give_back_slot(&self, instance_id: &str, run: u64) {
+        self.book.give_back_slot(instance_id, run);
+    }
+
+    fn drains_at_once(&self) -> usize {
+        Engine::drains_at_once(self)
+    }
+
+    fn hold(&self, action: &LifecycleAction, timeout: Duration) {
+        Engine::hold(self, action, timeout);
+    }
+
+    fn held_timeout(&self, instance_id: &str) -> Option<Duration> {
+        Engine::held_timeout(self, instance_id)
+    }
+
+    fn release(&self, instance_id: &str) {
+        Engine::release(self, instance_id);
+    }
+
+    async fn hook_timeout_now(&self, group: &str) -> Option<Duration> {
+        Engine::hook_timeout_now(self, group).await
+    }
+
+    async fn confirm_finished(&self, group: &str, instance_id: &str) -> Verdict {
+        crate::scalein::holds::confirm_finished_on_node(self, group, instance_id).await
+    }
+
+    fn action_done(&self, instance_id: &str) {
+        self.note_action_done(instance_id);
+    }
+}
+
 #[async_trait::async_trait]
 impl terminate::EndPort for Engine {
     fn may_end(&self) -> bool {
@@ -676,7 +736,7 @@ async fn drain_task(engine: Arc<Engine>, req: DrainRequest, run: u64) -> Outcome
 async fn drain_while_held(engine: &Arc<Engine>, req: &DrainRequest, run: u64) -> Outcome {
     let mut retry = HELD_RETRY;
     loop {
-        let outcome = drain::run(engine, req, run).await;
+        let outcome = drain::run(&engine.runner(), req, run).await;
         match &outcome {
             Outcome::Failed(why) if engine.holds_hook(&req.instance_id) => {
                 tracing::warn!(instance = %req.instance_id, error = %why, ?retry, "drain failed while our hook holds the instance; retrying");

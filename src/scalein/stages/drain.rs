@@ -16,17 +16,57 @@ use kube::api::{DeleteParams, Preconditions};
 use kube::Api;
 use tracing::Instrument;
 
+use crate::cloud::LifecycleAction;
 use crate::scalein::decide::plan::{self, Disposition, Tier};
 use crate::scalein::decide::record::{DrainRecord, End, Plan};
 use crate::scalein::decide::story::Verdict;
 use crate::scalein::kube::events::Reason;
 use crate::scalein::kube::wait::NodePods;
 use crate::scalein::stages::cordon::{self, Cordoned};
+use crate::scalein::stages::Stage;
 use crate::scalein::stages::{evict, terminate, volumes};
-use crate::scalein::{
-    DaemonSetPolicy, DeadlinePolicy, DrainRequest, Engine, Mode, Outcome, Source,
-};
+use crate::scalein::{DaemonSetPolicy, DeadlinePolicy, DrainRequest, Mode, Outcome, Source};
 use crate::telemetry::metrics::{metrics, KindLabels, StageLabels};
+
+/// What the stage list's runner needs of the engine, besides what a stage reaches:
+/// the `maxConcurrentDrains` slots, our hook's hold on the instance (its heartbeats
+/// and their timeout), what is remembered of our actions, and how many drains run.
+/// The engine implements it; the runner never reaches the engine or its book.
+#[async_trait::async_trait]
+pub trait DrainPort: Send + Sync {
+    /// Whether this run of the instance's drain already holds a slot (a run it
+    /// replaced for a new reason kept it).
+    fn has_slot(&self, instance_id: &str, run: u64) -> bool;
+    /// Waits for a slot and keeps it for this run. False: no slot can be had (the
+    /// engine is going away); the drain goes on without one.
+    async fn take_slot(&self, instance_id: &str, run: u64) -> bool;
+    /// The run ended: its slot goes back, unless a newer run took it over.
+    fn give_back_slot(&self, instance_id: &str, run: u64);
+    /// Drains asked for and not finished (what the pod lists are sized for).
+    fn drains_at_once(&self) -> usize;
+    /// Heartbeats our hook's action at `timeout` (a second call corrects it).
+    fn hold(&self, action: &LifecycleAction, timeout: Duration);
+    /// The timeout the instance's hold is heartbeated at, if it is held.
+    fn held_timeout(&self, instance_id: &str) -> Option<Duration>;
+    /// Stops the heartbeats: the action was completed, or is not ours.
+    fn release(&self, instance_id: &str);
+    /// Our hook's heartbeat timeout on the group as AWS has it now.
+    async fn hook_timeout_now(&self, group: &str) -> Option<Duration>;
+    /// Whose the hold is, the Node's record saying our action was completed
+    /// before: AWS asked first.
+    async fn confirm_finished(&self, group: &str, instance_id: &str) -> Verdict;
+    /// Our hook's action on the instance is over.
+    fn action_done(&self, instance_id: &str);
+}
+
+/// What the stage list's runner reaches: what a stage reaches ([`Stage`]), what the
+/// last stage reaches ([`terminate::Ending`]), and the engine through [`DrainPort`]
+/// only.
+pub struct Runner<'a> {
+    pub stage: Stage<'a>,
+    pub ending: terminate::Ending,
+    pub port: &'a dyn DrainPort,
+}
 
 /// The Node's record says our hook's action on the instance was completed before (by
 /// a process that has since restarted, or another replica), so there is nothing to
@@ -34,16 +74,15 @@ use crate::telemetry::metrics::{metrics, KindLabels, StageLabels};
 /// (EKS's) holds the instance; ours after all (the record is older than this action,
 /// now closed) or AWS unanswered, the hold is left to the lifecycle scan, which asks
 /// AWS again and drains it as the new action it is.
-async fn let_go_of_a_finished_action(engine: &Engine, req: &DrainRequest) {
-    let verdict =
-        crate::scalein::holds::confirm_finished_on_node(engine, &req.group, &req.instance_id).await;
+async fn let_go_of_a_finished_action(r: &Runner<'_>, req: &DrainRequest) {
+    let verdict = r.port.confirm_finished(&req.group, &req.instance_id).await;
     if verdict == Verdict::NotOurs {
         tracing::info!("our lifecycle action for this instance was completed before (the Node's record says so, AWS agrees); nothing to drain or complete");
-        engine.note_action_done(&req.instance_id);
+        r.port.action_done(&req.instance_id);
     } else {
         tracing::warn!(verdict = ?verdict, "the Node's record says our lifecycle action for this instance was completed before, but AWS does not confirm it; left to the lifecycle scan");
     }
-    engine.release(&req.instance_id);
+    r.port.release(&req.instance_id);
 }
 
 /// Why the pod phases stopped early.
@@ -54,7 +93,7 @@ enum Stop {
 
 /// `run`: which run of the instance's drain this is (its slot follows it across a
 /// restart for a new reason).
-pub async fn run(engine: &Arc<Engine>, req: &DrainRequest, run: u64) -> Outcome {
+pub async fn run(r: &Runner<'_>, req: &DrainRequest, run: u64) -> Outcome {
     let span = tracing::info_span!(
         "drain",
         instance = %req.instance_id,
@@ -63,11 +102,11 @@ pub async fn run(engine: &Arc<Engine>, req: &DrainRequest, run: u64) -> Outcome 
         source = ?req.source,
         node = tracing::field::Empty,
     );
-    run_inner(engine, req, run).instrument(span).await
+    run_inner(r, req, run).instrument(span).await
 }
 
-async fn run_inner(engine: &Arc<Engine>, req: &DrainRequest, run: u64) -> Outcome {
-    let node = match locate_node(engine, req).await {
+async fn run_inner(r: &Runner<'_>, req: &DrainRequest, run: u64) -> Outcome {
+    let node = match locate_node(r, req).await {
         Ok(n) => n,
         Err(why) => return Outcome::Failed(why),
     };
@@ -75,7 +114,7 @@ async fn run_inner(engine: &Arc<Engine>, req: &DrainRequest, run: u64) -> Outcom
         tracing::Span::current().record("node", n.as_str());
     }
     let drained = match &node {
-        Some(n) => drain_node(engine, req, n, run).await,
+        Some(n) => drain_node(r, req, n, run).await,
         None => {
             tracing::info!(
                 "the API server has no Node for this instance (never registered or already gone); nothing to drain"
@@ -91,18 +130,18 @@ async fn run_inner(engine: &Arc<Engine>, req: &DrainRequest, run: u64) -> Outcom
             if !plan.drains {
                 // Every reason is done or cordon-only (a resume found nothing to do).
                 if let End::Lifecycle { .. } = plan.ends {
-                    let_go_of_a_finished_action(engine, req).await;
+                    let_go_of_a_finished_action(r, req).await;
                 }
                 return Outcome::Drained;
             }
-            (ending(engine, req, &plan.ends).await, plan.budget_ends)
+            (ending(r, req, &plan.ends).await, plan.budget_ends)
         }
         _ => (req.mode.clone(), None),
     };
     let outcome = match drained {
         Ok(_) => {
             match terminate::finish(
-                &engine.ending(),
+                &r.ending,
                 &mode,
                 &req.group,
                 &req.instance_id,
@@ -112,24 +151,24 @@ async fn run_inner(engine: &Arc<Engine>, req: &DrainRequest, run: u64) -> Outcom
             {
                 Ok(_) if mode == Mode::DrainOnly => {
                     if let Some(n) = &node {
-                        record_done(engine, n).await;
+                        record_done(r, n).await;
                     }
                     Outcome::Drained
                 }
                 Ok(_) => {
                     if matches!(mode, Mode::Lifecycle { .. }) {
-                        engine.release(&req.instance_id);
+                        r.port.release(&req.instance_id);
                         // On the Node, for a restart or a new leader: AWS keeps
                         // showing Terminating:Wait while another hook holds on.
                         if let Some(n) = &node {
-                            record_done(engine, n).await;
+                            record_done(r, n).await;
                         }
                     }
                     Outcome::Ended
                 }
                 Err(e) => {
                     if let Some(n) = &node {
-                        engine
+                        r.stage
                             .events
                             .node(
                                 n,
@@ -143,12 +182,12 @@ async fn run_inner(engine: &Arc<Engine>, req: &DrainRequest, run: u64) -> Outcom
             }
         }
         Err(Stop::Abandon(why)) => {
-            abandon(engine, req, &mode, node.as_deref(), &why).await;
+            abandon(r, req, &mode, node.as_deref(), &why).await;
             Outcome::Abandoned(why)
         }
         Err(Stop::Fail(why)) => {
             if let Some(n) = &node {
-                engine
+                r.stage
                     .events
                     .node(n, Reason::DrainFailed, why.clone())
                     .await;
@@ -157,7 +196,7 @@ async fn run_inner(engine: &Arc<Engine>, req: &DrainRequest, run: u64) -> Outcom
         }
     };
     if let (Some(ends), Some(n)) = (budget, &node) {
-        interruption_timing(engine, n, ends).await;
+        interruption_timing(r, n, ends).await;
     }
     if let (Some((kind, at)), Outcome::Ended | Outcome::Drained) = (req.noticed, &outcome) {
         let took = (crate::clock::utc_now() - at).to_std().unwrap_or_default();
@@ -175,11 +214,11 @@ async fn run_inner(engine: &Arc<Engine>, req: &DrainRequest, run: u64) -> Outcom
 /// termination, or nothing. The hook named in the record is read back from the Node
 /// (a hand edit, a forged annotation, a `hookName` since changed): it is never the
 /// name of the action completed, so another tool's action is never completed.
-async fn ending(engine: &Arc<Engine>, req: &DrainRequest, ends: &End) -> Mode {
+async fn ending(r: &Runner<'_>, req: &DrainRequest, ends: &End) -> Mode {
     match ends {
         End::Lifecycle { .. } if matches!(req.mode, Mode::Lifecycle { .. }) => req.mode.clone(),
         End::Lifecycle { hook } => {
-            let ours = &engine.settings.hook_name;
+            let ours = &r.stage.settings.hook_name;
             if !hook.is_empty() && hook != ours {
                 tracing::warn!(instance = %req.instance_id, recorded = %hook, ours = %ours, "the Node's drain record names a hook that is not ours; only our own hook's action is completed");
             }
@@ -191,13 +230,14 @@ async fn ending(engine: &Arc<Engine>, req: &DrainRequest, ends: &End) -> Mode {
             };
             // AWS's word now; else what the hold already follows; else the
             // configured value.
-            let heartbeat_timeout = match engine.hook_timeout_now(&req.group).await {
+            let heartbeat_timeout = match r.port.hook_timeout_now(&req.group).await {
                 Some(t) => t,
-                None => engine
+                None => r
+                    .port
                     .held_timeout(&req.instance_id)
-                    .unwrap_or(engine.settings.hook_heartbeat_timeout),
+                    .unwrap_or(r.stage.settings.hook_heartbeat_timeout),
             };
-            engine.hold(&action, heartbeat_timeout);
+            r.port.hold(&action, heartbeat_timeout);
             Mode::Lifecycle {
                 action,
                 heartbeat_timeout,
@@ -210,10 +250,10 @@ async fn ending(engine: &Arc<Engine>, req: &DrainRequest, ends: &End) -> Mode {
 
 /// The reasons' drain finished: recorded, so a restart does not drain the node again
 /// (it stays cordoned until a new reason comes or someone uncordons it).
-async fn record_done(engine: &Engine, node: &str) {
+async fn record_done(r: &Runner<'_>, node: &str) {
     let done = crate::scalein::kube::node_record::update_record(
-        &engine.nodes,
-        &engine.client,
+        r.stage.nodes,
+        r.stage.client,
         node,
         |r| {
             let before = r.clone();
@@ -228,12 +268,12 @@ async fn record_done(engine: &Engine, node: &str) {
 }
 
 /// How an interruption drain stood against the time AWS ends the instance.
-async fn interruption_timing(engine: &Engine, node: &str, ends: chrono::DateTime<chrono::Utc>) {
+async fn interruption_timing(r: &Runner<'_>, node: &str, ends: chrono::DateTime<chrono::Utc>) {
     let now = Instant::now();
     let ends_at = instant_of(ends);
     if now <= ends_at {
         let left = ends_at - now;
-        engine
+        r.stage
             .events
             .node(
                 node,
@@ -246,7 +286,7 @@ async fn interruption_timing(engine: &Engine, node: &str, ends: chrono::DateTime
             .await;
     } else {
         metrics().interruption_budget_missed.inc();
-        engine
+        r.stage
             .events
             .node(
                 node,
@@ -275,13 +315,13 @@ fn instant_of(t: chrono::DateTime<chrono::Utc>) -> Instant {
 /// server's word that there is none. While the cache is not synced or the API server
 /// cannot be asked (down, RBAC), it retries until the workload deadline and then
 /// fails without ending the instance.
-async fn locate_node(engine: &Engine, req: &DrainRequest) -> Result<Option<String>, String> {
-    let give_up = Instant::now() + engine.settings.workload_deadline;
+async fn locate_node(r: &Runner<'_>, req: &DrainRequest) -> Result<Option<String>, String> {
+    let give_up = Instant::now() + r.stage.settings.workload_deadline;
     let policy = ExponentialBuilder::default()
         .with_min_delay(Duration::from_millis(200))
         .with_max_delay(Duration::from_secs(15))
         .without_max_times();
-    (|| engine.find_node(&req.instance_id, req.node_name.as_deref()))
+    (|| r.stage.find_node(&req.instance_id, req.node_name.as_deref()))
         .retry(policy)
         .sleep(tokio::time::sleep)
         // Another try only if it can start before the deadline.
@@ -306,7 +346,7 @@ impl Drop for AbortOnDrop {
     }
 }
 
-async fn abandon(engine: &Engine, req: &DrainRequest, mode: &Mode, node: Option<&str>, why: &str) {
+async fn abandon(r: &Runner<'_>, req: &DrainRequest, mode: &Mode, node: Option<&str>, why: &str) {
     let mut given = cordon::GivenBack::Schedulable;
     let what = match mode {
         Mode::Direct => {
@@ -314,8 +354,8 @@ async fn abandon(engine: &Engine, req: &DrainRequest, mode: &Mode, node: Option<
                 // CA's scale-in goes back to CA; other reasons on the Node (a
                 // rebalance cordon) keep it cordoned.
                 let rest = crate::scalein::kube::node_record::update_record(
-                    &engine.nodes,
-                    &engine.client,
+                    r.stage.nodes,
+                    r.stage.client,
                     n,
                     |r| {
                         r.without_scale_in();
@@ -333,7 +373,7 @@ async fn abandon(engine: &Engine, req: &DrainRequest, mode: &Mode, node: Option<
                     }
                 };
                 if give_back {
-                    match cordon::uncordon(&engine.stage(), n).await {
+                    match cordon::uncordon(&r.stage, n).await {
                         Ok(g) => given = g,
                         Err(e) => {
                             tracing::warn!(node = n, error = %e, "could not uncordon the abandoned node")
@@ -341,7 +381,7 @@ async fn abandon(engine: &Engine, req: &DrainRequest, mode: &Mode, node: Option<
                     }
                 }
             }
-            if let Some(p) = &engine.provider {
+            if let Some(p) = &r.ending.provider {
                 p.deferred_cancelled(&req.instance_id);
             }
             match given {
@@ -353,13 +393,13 @@ async fn abandon(engine: &Engine, req: &DrainRequest, mode: &Mode, node: Option<
         Mode::Lifecycle { .. } => "heartbeats go on; the hook's timeout ends the instance",
         Mode::DrainOnly => {
             if let Some(n) = node {
-                record_done(engine, n).await;
+                record_done(r, n).await;
             }
             "the node stays cordoned"
         }
     };
     if let Some(n) = node {
-        engine
+        r.stage
             .events
             .node(
                 n,
@@ -386,7 +426,7 @@ const LIST_GRACE: Duration = Duration::from_secs(30);
 
 /// A drain's node stage: what [`phase`] needs besides the pods.
 struct NodeDrain<'a> {
-    engine: &'a Engine,
+    r: &'a Runner<'a>,
     node: &'a str,
     started: Timestamp,
     /// Lifecycle mode: the ASG ends the instance whatever the hook's result, so a
@@ -403,14 +443,14 @@ struct NodeDrain<'a> {
 
 impl<'a> NodeDrain<'a> {
     fn new(
-        engine: &'a Engine,
+        r: &'a Runner<'a>,
         req: &DrainRequest,
         node: &'a str,
         record: &DrainRecord,
         plan: &Plan,
     ) -> Self {
         NodeDrain {
-            engine,
+            r,
             node,
             started: started_ts(record),
             lifecycle: matches!(plan.ends, End::Lifecycle { .. }),
@@ -439,7 +479,7 @@ impl<'a> NodeDrain<'a> {
     }
 
     fn node_ready(&self) -> bool {
-        self.engine.nodes.is_node_ready(self.node)
+        self.r.stage.nodes.is_node_ready(self.node)
     }
 
     /// How long the drain waits before it asks this pod to leave: until a
@@ -459,7 +499,7 @@ impl<'a> NodeDrain<'a> {
             p,
             self.node_ready(),
             crate::clock::timestamp_now(),
-            self.engine.settings.stuck_after,
+            self.r.stage.settings.stuck_after,
         )
     }
 }
@@ -473,24 +513,24 @@ const BUDGETS_BEFORE_FIRST_EVICTION: Duration = Duration::from_secs(2);
 /// pods. `Ok(None)`: the Node is gone. A plan that drains nothing (every reason done
 /// or cordon-only) ends once the node is marked.
 async fn drain_node(
-    engine: &Engine,
+    r: &Runner<'_>,
     req: &DrainRequest,
     node: &str,
     run: u64,
 ) -> Result<Option<Plan>, Stop> {
-    let Some((record, plan)) = mark(engine, req, node).await? else {
+    let Some((record, plan)) = mark(r, req, node).await? else {
         return Ok(None);
     };
     if !plan.drains {
         return Ok(Some(plan));
     }
-    let _slot = queue_for_slot(engine, &req.instance_id, run).await;
-    say_started(engine, req, node, &record).await;
-    let d = NodeDrain::new(engine, req, node, &record, &plan);
+    let _slot = queue_for_slot(r, &req.instance_id, run).await;
+    say_started(r, req, node, &record).await;
+    let d = NodeDrain::new(r, req, node, &record, &plan);
     // Held to the end of the drain: the caches this drain shares with the others.
-    let pass = engine.passes.join();
+    let pass = r.stage.passes.join();
     let mut pods = workloads(&d, &pass, &plan).await?;
-    let daemonsets_last = engine.settings.daemonsets == DaemonSetPolicy::EvictLast;
+    let daemonsets_last = r.stage.settings.daemonsets == DaemonSetPolicy::EvictLast;
     if daemonsets_last {
         let _stage = metrics().stage("daemonsets");
         daemonset_phase(&d, &mut pods, plan::Phase::DaemonSets).await?;
@@ -507,18 +547,18 @@ async fn drain_node(
 /// Stage 1: cordon and mark the node with every reason; what they plan together.
 /// `None`: the Node is gone.
 async fn mark(
-    engine: &Engine,
+    r: &Runner<'_>,
     req: &DrainRequest,
     node: &str,
 ) -> Result<Option<(DrainRecord, Plan)>, Stop> {
     let _stage = metrics().stage("cordon");
-    match cordon::cordon(&engine.stage(), node, &req.reasons, &req.group).await {
+    match cordon::cordon(&r.stage, node, &req.reasons, &req.group).await {
         Ok(Cordoned::NodeGone) => {
             tracing::info!(node, "the Node object is gone; nothing to drain");
             Ok(None)
         }
         Ok(Cordoned::Marked { record, .. }) => {
-            let plan = record.plan(engine.limits());
+            let plan = record.plan(r.stage.limits());
             Ok(Some((record, plan)))
         }
         Err(e) => Err(Stop::Fail(format!("could not cordon node {node}: {e}"))),
@@ -533,37 +573,35 @@ async fn mark(
 /// The slot is kept in the engine's book, not in this task: a drain restarted for a
 /// new reason (a spot warning joining a running drain) goes on in the slot the run
 /// it replaced had, instead of queueing behind drains that budgets block.
-async fn queue_for_slot<'e>(engine: &'e Engine, instance: &str, run: u64) -> Option<Slot<'e>> {
+async fn queue_for_slot<'e>(r: &'e Runner<'e>, instance: &str, run: u64) -> Option<Slot<'e>> {
     let slot = Slot {
-        engine,
+        port: r.port,
         instance: instance.to_string(),
         run,
     };
-    if engine.book.has_slot(instance, run) {
+    if r.port.has_slot(instance, run) {
         return Some(slot);
     }
     let _queued = metrics().stage("queued");
-    let permit = engine.slots.clone().acquire_owned().await.ok()?;
-    engine.book.keep_slot(instance, run, permit);
-    Some(slot)
+    r.port.take_slot(instance, run).await.then_some(slot)
 }
 
 /// A drain run's hold on its slot: given back when the run ends, unless a newer
 /// run of the same instance's drain took it over.
 struct Slot<'e> {
-    engine: &'e Engine,
+    port: &'e dyn DrainPort,
     instance: String,
     run: u64,
 }
 
 impl Drop for Slot<'_> {
     fn drop(&mut self) {
-        self.engine.book.give_back_slot(&self.instance, self.run);
+        self.port.give_back_slot(&self.instance, self.run);
     }
 }
 
 /// The node's `DrainStarted` Event: every reason, who asked, the DaemonSet policy.
-async fn say_started(engine: &Engine, req: &DrainRequest, node: &str, record: &DrainRecord) {
+async fn say_started(r: &Runner<'_>, req: &DrainRequest, node: &str, record: &DrainRecord) {
     let reasons: Vec<String> = record
         .reasons
         .iter()
@@ -580,12 +618,12 @@ async fn say_started(engine: &Engine, req: &DrainRequest, node: &str, record: &D
         },
         reasons.join(", "),
         req.source.said(),
-        match engine.settings.daemonsets {
+        match r.stage.settings.daemonsets {
             DaemonSetPolicy::EvictLast => "last",
             DaemonSetPolicy::Keep => "kept",
         }
     );
-    engine.events.node(node, Reason::DrainStarted, note).await;
+    r.stage.events.node(node, Reason::DrainStarted, note).await;
 }
 
 /// Stage 3: every workload pod leaves (tiered, through the Eviction API), or the
@@ -595,9 +633,9 @@ async fn workloads(
     pass: &Arc<crate::scalein::kube::pass::Pass>,
     plan: &Plan,
 ) -> Result<NodePods, Stop> {
-    let (engine, node) = (d.engine, d.node);
+    let (r, node) = (d.r, d.node);
     let _stage = metrics().stage("workloads");
-    let mut pods = pass.pods_of(node, engine.drains_at_once());
+    let mut pods = pass.pods_of(node, r.port.drains_at_once());
     // The budgets' cache lists while the pods do, so the first evictions already
     // know what each budget allows (waited for briefly below; without it the API
     // server's 429s say the same, only dearer).
@@ -624,13 +662,17 @@ async fn workloads(
     // CA's scale-in, whichever replica CA asked (a follower's drain reaches the
     // leader as a resumed or held one): CA's own taint on the Node says so.
     let fresh = d.source == Source::ClusterAutoscaler;
-    if fresh || engine.nodes.has_taint(node, cordon::CA_TO_BE_DELETED_TAINT) {
+    if fresh
+        || r.stage
+            .nodes
+            .has_taint(node, cordon::CA_TO_BE_DELETED_TAINT)
+    {
         warn_daemonsets_evicted_early(d, &pods, fresh).await;
     }
 
     match phase(d, &mut pods, plan::Phase::Workloads, workload_deadline).await {
         Ok(()) => {
-            engine
+            r.stage
                 .events
                 .node(
                     node,
@@ -641,10 +683,10 @@ async fn workloads(
         }
         Err(left) => {
             deadline(
-                engine,
+                r,
                 node,
                 "workloads",
-                engine.settings.workload_deadline,
+                r.stage.settings.workload_deadline,
                 plan.on_deadline,
                 left,
             )
@@ -659,30 +701,25 @@ async fn workloads(
 /// on the node (node-critical DaemonSet pods); past the volume deadline the drain
 /// goes on and says so.
 async fn volumes_detach(d: &NodeDrain<'_>, pods: &NodePods) {
-    let (engine, node) = (d.engine, d.node);
+    let (r, node) = (d.r, d.node);
     let _stage = metrics().stage("volumes");
     let staying: Vec<Pod> = pods
         .pods()
         .into_iter()
         .filter(|p| {
             !matches!(
-                plan::classify_with(p, &engine.settings.node_critical),
+                plan::classify_with(p, &r.stage.settings.node_critical),
                 Disposition::Evict(Tier::CriticalDaemonSet)
                     | Disposition::Wait(Tier::CriticalDaemonSet)
             )
         })
         .collect();
-    let staying = volumes::volumes_of(&engine.stage(), &staying).await;
-    let volume_deadline = engine.settings.volume_deadline;
-    let left = volumes::wait_detached(
-        &engine.stage(),
-        node,
-        Instant::now() + volume_deadline,
-        &staying,
-    )
-    .await;
+    let staying = volumes::volumes_of(&r.stage, &staying).await;
+    let volume_deadline = r.stage.settings.volume_deadline;
+    let left =
+        volumes::wait_detached(&r.stage, node, Instant::now() + volume_deadline, &staying).await;
     if left.is_empty() {
-        engine
+        r.stage
             .events
             .node(
                 node,
@@ -691,8 +728,8 @@ async fn volumes_detach(d: &NodeDrain<'_>, pods: &NodePods) {
             )
             .await;
     } else {
-        engine
-            .events
+        r
+            .stage.events
             .node(node, Reason::DeadlineHit, format!("volume detach deadline {:?} passed with {} attachment(s) left ({}); proceeding", volume_deadline, left.len(), left.join(", ")))
             .await;
     }
@@ -703,7 +740,7 @@ async fn daemonset_phase(
     pods: &mut NodePods,
     which: plan::Phase,
 ) -> Result<(), Stop> {
-    let s = &d.engine.settings;
+    let s = &d.r.stage.settings;
     let (what, done) = match which {
         plan::Phase::CriticalDaemonSets => (
             "node-critical DaemonSet pods",
@@ -717,7 +754,7 @@ async fn daemonset_phase(
     }
     match phase(d, pods, which, ds_deadline).await {
         Ok(()) => {
-            d.engine
+            d.r.stage
                 .events
                 .node(d.node, Reason::DaemonSetsGone, done.into())
                 .await;
@@ -725,7 +762,7 @@ async fn daemonset_phase(
         }
         Err(left) => {
             deadline(
-                d.engine,
+                d.r,
                 d.node,
                 what,
                 s.daemonset_deadline,
@@ -751,7 +788,7 @@ async fn warn_daemonsets_evicted_early(d: &NodeDrain<'_>, pods: &NodePods, fresh
     // one may have (its own DaemonSet phase): then only while workload pods are still
     // there is it CA's doing.
     let workloads_left = listed.iter().any(|p| {
-        matches!(plan::classify_with(p, &d.engine.settings.node_critical), Disposition::Evict(t) | Disposition::Wait(t) if !t.is_daemonset())
+        matches!(plan::classify_with(p, &d.r.stage.settings.node_critical), Disposition::Evict(t) | Disposition::Wait(t) if !t.is_daemonset())
     });
     if early.is_empty() || !(fresh || workloads_left) {
         return;
@@ -759,8 +796,8 @@ async fn warn_daemonsets_evicted_early(d: &NodeDrain<'_>, pods: &NodePods, fresh
     metrics()
         .daemonset_pods_evicted_early
         .inc_by(early.len() as u64);
-    d.engine
-        .events
+    d.r
+        .stage.events
         .node(
             d.node,
             Reason::DaemonSetEvictedEarly,
@@ -787,7 +824,7 @@ async fn end_remaining_workloads(d: &NodeDrain<'_>, pods: &mut NodePods) -> Resu
         .pods()
         .into_iter()
         .filter(|p| {
-            matches!(plan::classify_with(p, &d.engine.settings.node_critical), Disposition::Evict(t) | Disposition::Wait(t) if !t.is_daemonset())
+            matches!(plan::classify_with(p, &d.r.stage.settings.node_critical), Disposition::Evict(t) | Disposition::Wait(t) if !t.is_daemonset())
                 && !plan::is_replacement(p, drain_taint(), d.started)
                 && d.not_waited_for(p).is_none()
         })
@@ -818,8 +855,8 @@ async fn end_remaining_workloads(d: &NodeDrain<'_>, pods: &mut NodePods) -> Resu
     // no related object would fold into the deadline's own Event series, note unseen.
     if let Some(first) = deleted.first() {
         let names: Vec<String> = deleted.iter().map(|r| r.to_string()).collect();
-        d.engine
-            .events
+        d.r
+            .stage.events
             .node_about_pod(
                 d.node,
                 Reason::DeadlineHit,
@@ -870,7 +907,7 @@ async fn delete_until_accepted(
 ) -> (plan::PodRef, Result<bool, String>) {
     let r = plan::pod_ref(p);
     tokio::time::sleep(d.wait_before_evicting(p)).await;
-    let api: Api<Pod> = Api::namespaced(d.engine.client.clone(), &r.namespace);
+    let api: Api<Pod> = Api::namespaced(d.r.stage.client.clone(), &r.namespace);
     let params = DeleteParams {
         preconditions: Some(Preconditions {
             uid: Some(r.uid.clone()),
@@ -889,8 +926,8 @@ async fn delete_until_accepted(
         }
         match api.delete(&r.name, &params).await {
             Ok(_) => {
-                d.engine
-                    .events
+                d.r
+                    .stage.events
                     .pod(
                         &r,
                         d.node,
@@ -921,14 +958,14 @@ async fn delete_until_accepted(
 
 /// A phase deadline passed with `left` pods still there: apply the policy, loudly.
 async fn deadline(
-    engine: &Engine,
+    r: &Runner<'_>,
     node: &str,
     what: &str,
     limit: Duration,
     policy: DeadlinePolicy,
     left: usize,
 ) -> Result<(), Stop> {
-    engine
+    r.stage
         .stats
         .deadlines_hit
         .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
@@ -942,7 +979,7 @@ async fn deadline(
         "{what} deadline {limit:?} passed with {left} pod(s) still on the node; policy {}",
         policy.as_str()
     );
-    engine
+    r.stage
         .events
         .node(node, Reason::DeadlineHit, note.clone())
         .await;
@@ -971,7 +1008,7 @@ async fn phase(
     loop {
         let (current, skipped) = pods_of_phase(d, pods, which, &evicted, &mut told);
         say_not_waited_for(d, skipped).await;
-        let step = plan::next_step_with(&current, which, &d.engine.settings.node_critical);
+        let step = plan::next_step_with(&current, which, &d.r.stage.settings.node_critical);
         let Some(tier) = step.tier else { return Ok(()) };
         say_tier(d, tier, &step, &mut told).await;
         let accepted = evict_tier(d, pods, &step, &current, deadline).await;
@@ -997,7 +1034,7 @@ fn pods_of_phase(
         .into_iter()
         .filter(|p| {
             let r = plan::pod_ref(p);
-            let in_phase = match plan::classify_with(p, &d.engine.settings.node_critical) {
+            let in_phase = match plan::classify_with(p, &d.r.stage.settings.node_critical) {
                 Disposition::Evict(t) | Disposition::Wait(t) => which.takes(t),
                 Disposition::Skip(_) => {
                     // A finished pod a finalizer keeps: say once why it stays.
@@ -1035,7 +1072,7 @@ fn pods_of_phase(
 /// One `PodNotWaitedFor` Event per pod the phase will not wait for.
 async fn say_not_waited_for(d: &NodeDrain<'_>, skipped: Vec<(plan::PodRef, &'static str)>) {
     for (pod, why) in skipped {
-        d.engine
+        d.r.stage
             .events
             .node_about_pod(
                 d.node,
@@ -1050,7 +1087,7 @@ async fn say_not_waited_for(d: &NodeDrain<'_>, skipped: Vec<(plan::PodRef, &'sta
 /// The Events of a tier that waits instead of evicting (pods that run to completion,
 /// each said once) or evicts pods that asked not to be disrupted.
 async fn say_tier(d: &NodeDrain<'_>, tier: Tier, step: &plan::Step, told: &mut BTreeSet<String>) {
-    let (engine, node) = (d.engine, d.node);
+    let (r, node) = (d.r, d.node);
     if tier == Tier::OnCompletion {
         let new: Vec<String> = step
             .wait
@@ -1059,16 +1096,16 @@ async fn say_tier(d: &NodeDrain<'_>, tier: Tier, step: &plan::Step, told: &mut B
             .map(|p| p.to_string())
             .collect();
         if !new.is_empty() {
-            engine
-                .events
+            r
+                .stage.events
                 .node(node, Reason::WaitingForCompletion, format!("waiting for pods that run to completion (cluster-autoscaler.kubernetes.io/safe-to-evict: on-completion) to finish: {}; nothing is evicted, and the workload deadline's policy applies if they are still running then", new.join(", ")))
                 .await;
         }
     }
     if tier == Tier::DoNotDisrupt && !step.evict.is_empty() {
         let names: Vec<String> = step.evict.iter().map(|p| p.to_string()).collect();
-        engine
-            .events
+        r
+            .stage.events
             .node(node, Reason::EvictingDoNotDisrupt, format!("evicting pods that asked not to be disrupted ({}): the instance is ending anyway, so they go last among workloads", names.join(", ")))
             .await;
     }
@@ -1083,7 +1120,7 @@ async fn evict_tier(
     current: &[Pod],
     deadline: Instant,
 ) -> Vec<bool> {
-    let (engine, node) = (d.engine, d.node);
+    let (r, node) = (d.r, d.node);
     let waits: BTreeMap<String, Duration> = current
         .iter()
         .map(|p| (plan::pod_ref(p).uid, d.wait_before_evicting(p)))
@@ -1093,7 +1130,7 @@ async fn evict_tier(
         let wait = waits.get(&uid).copied().unwrap_or_default();
         async move {
             tokio::time::sleep(wait).await;
-            evict::until_accepted(&engine.stage(), node, p, d.why, deadline, move || {
+            evict::until_accepted(&r.stage, node, p, d.why, deadline, move || {
                 pods.contains(&uid)
             })
             .await

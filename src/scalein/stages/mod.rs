@@ -9,8 +9,10 @@
 //!
 //! A stage works on one node through a [`Stage`]: the client, the settings, the Node
 //! index, what drains running together share, the Events and the counters, never the
-//! engine itself, its book of drains or its slots (cordon, evict and volumes do;
-//! the drain's list, terminate and preview still take the engine).
+//! engine itself, its book of drains or its slots. The last stage adds AWS and the
+//! provider's accounting ([`terminate::Ending`]); the list's runner adds the slots and
+//! our hook's hold ([`drain::Runner`]). Of the engine each sees one small trait
+//! ([`terminate::EndPort`], [`drain::DrainPort`]).
 
 pub mod cordon;
 pub mod drain;
