@@ -545,7 +545,7 @@ const SCALEIN_ROOMS: &[(&str, &[&str], &str)] = &[
     (
         "holds",
         &["decide", "kube"],
-        "the lifecycle actions our hook holds",
+        "AWS's word on lifecycle actions: heartbeat pacing, refusals, states; no engine",
     ),
     (
         "stages",
@@ -581,7 +581,7 @@ const SCALEIN_ROOMS: &[(&str, &[&str], &str)] = &[
 /// `src/scalein/`; a folder ends in `/`): the debt a narrow context pays off, one file
 /// at a time (every stage works through `stages::Stage`, the last one and the list's
 /// runner also through a port of their own). None may join.
-const ENGINE_REACHED_FROM: &[&str] = &["holds.rs", "sources/"];
+const ENGINE_REACHED_FROM: &[&str] = &["sources/"];
 
 /// The code of a file before its `mod tests`, numbered as in the file.
 fn code_before_tests(f: &Path) -> Vec<(usize, String)> {

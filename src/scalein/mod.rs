@@ -44,8 +44,9 @@ pub use sources::ca::DrainScaleIn;
 // the rooms: it reaches scalein only through this face (tests/layers.rs).
 pub use decide::record::{after, DrainReason, Why};
 pub use decide::story::Verdict;
-pub use holds::{ask_hold, with_hook_behind_its_list, Hold};
-pub(crate) use holds::{forget_earlier_action, hold_verdict};
+pub use engine::keeper::{ask_hold, with_hook_behind_its_list};
+pub(crate) use engine::keeper::{forget_earlier_action, hold_verdict};
+pub use holds::Hold;
 pub use kube::events::Reason;
 pub use stages::cordon::{cordon, Cordoned};
 pub(crate) use stages::drain::AbortOnDrop;

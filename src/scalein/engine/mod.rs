@@ -20,6 +20,7 @@ use crate::scalein::{DrainRequest, Mode, ModeChoice, Outcome, ScaleInSettings, S
 pub use crate::scalein::stats::DrainStats;
 
 pub mod book;
+pub mod keeper;
 pub mod leader;
 pub mod marks_sync;
 use crate::cloud::{Cloud, LifecycleAction};
@@ -288,7 +289,7 @@ impl Engine {
             return;
         }
         let change = self.book.hold(&action.instance_id, timeout, |rx| {
-            crate::scalein::holds::heartbeats(self.clone(), action.clone(), rx)
+            keeper::heartbeats(self.clone(), action.clone(), rx)
         });
         if let HoldChange::Changed { was } = change {
             tracing::info!(instance = %action.instance_id, hook = %action.hook, ?was, now = ?timeout, "the hook's heartbeat timeout changed; heartbeats follow it");
@@ -672,7 +673,7 @@ impl drain::DrainPort for Arc<Engine> {
     }
 
     async fn confirm_finished(&self, group: &str, instance_id: &str) -> Verdict {
-        crate::scalein::holds::confirm_finished_on_node(self, group, instance_id).await
+        keeper::confirm_finished_on_node(self, group, instance_id).await
     }
 
     fn action_done(&self, instance_id: &str) {
@@ -695,7 +696,7 @@ impl terminate::EndPort for Engine {
     }
 
     async fn ask_hold(&self, group: &str, instance_id: &str) -> crate::scalein::holds::Hold {
-        crate::scalein::holds::ask_hold(self, group, instance_id).await
+        keeper::ask_hold(self, group, instance_id).await
     }
 
     async fn hooks_now(&self, group: &Group) -> Result<Group, ProviderError> {

@@ -12,9 +12,8 @@ use crate::provider::{Group, Provider};
 use crate::scalein::decide::hooks::HOOK_RECORD_TAG;
 use crate::scalein::decide::record::End;
 use crate::scalein::decide::story::Verdict;
-use crate::scalein::holds::{
-    hold_verdict, pool_holds, AWS_MAX_HEARTBEAT_TIMEOUT, AWS_MIN_HEARTBEAT_TIMEOUT,
-};
+use crate::scalein::engine::keeper::{hold_verdict, pool_holds};
+use crate::scalein::holds::{AWS_MAX_HEARTBEAT_TIMEOUT, AWS_MIN_HEARTBEAT_TIMEOUT};
 use crate::scalein::{DrainRequest, Engine, Mode, ModeChoice, Source};
 use crate::telemetry::metrics::metrics;
 

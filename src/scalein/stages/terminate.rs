@@ -235,7 +235,7 @@ async fn direct_once(end: &Ending, group: &str, instance_id: &str) -> Result<Str
 ///
 /// AWS's hook list is eventually consistent: a hook added a moment ago may be missing
 /// from it still. So when the list still shows no hook of ours, the action itself is
-/// asked ([`crate::scalein::holds::ask_hold`]); if our hook holds the instance, its drain is over
+/// asked ([`crate::scalein::engine::keeper::ask_hold`]); if our hook holds the instance, its drain is over
 /// (this is its end) and the action is completed at once (all_sources_model found a
 /// hook added while AWS's reads lagged timing out after a direct drain's end).
 async fn learn_a_hook_added_since(end: &Ending, group: &str, instance_id: &str) {
