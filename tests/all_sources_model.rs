@@ -56,7 +56,8 @@ use support::budget_floor::BudgetFloor;
 use support::invariants::{
     apps_under_fluentd, assert_daemonsets_last, assert_workloads_evicted_once,
 };
-use support::notices::{eventbridge, lifecycle};
+use support::model::{fence, lead, web_and_batch, Replica};
+use support::notices::lifecycle;
 use support::queue::{consumer, handle_all};
 use support::world::*;
 
@@ -136,12 +137,6 @@ fn settings() -> ca_asg_provider::scalein::ScaleInSettings {
     }
 }
 
-/// One replica of the service: its engine, lifecycle loop, consumer and Lease.
-struct Replica {
-    loop_task: tokio::task::JoinHandle<()>,
-    lease: tokio::sync::watch::Sender<bool>,
-}
-
 struct Model {
     w: World,
     q: Arc<MemoryQueue>,
@@ -169,28 +164,12 @@ struct Model {
     origin: ca_asg_provider::clock::Instant,
 }
 
-/// Leadership over the engine (set before its loop starts), and the loop.
-fn lead(w: &World) -> Replica {
-    let (lease, rx) = tokio::sync::watch::channel(true);
-    w.engine.follow_leadership(rx);
-    let loop_task = scalein::sources::hook_scan::spawn_loop(w.engine.clone(), w.provider.clone());
-    Replica { loop_task, lease }
-}
-
 impl Model {
     async fn new() -> Model {
         let origin = ca_asg_provider::clock::now();
-        let mut w = World::builder()
-            .group(
-                MemoryGroup::new("web", 0, 6, 2, "m5.large")
-                    .terminating_hook(HOOK, HOOK_TIMEOUT_SECS),
-            )
-            .group(MemoryGroup::new("batch", 0, 6, 2, "m5.large"))
-            .settings(settings())
-            .ready_delay(Duration::from_millis(20))
-            .in_process()
-            .build()
-            .await;
+        let web =
+            MemoryGroup::new("web", 0, 6, 2, "m5.large").terminating_hook(HOOK, HOOK_TIMEOUT_SECS);
+        let mut w = web_and_batch(web, settings()).build().await;
         let nodes = nodes_of_groups(&w, &["web", "batch"]);
         assert_eq!(nodes.len(), NODES);
         let on: Vec<&str> = nodes.iter().map(|(n, _, _)| n.as_str()).collect();
@@ -291,11 +270,7 @@ impl Model {
                     return;
                 }
                 self.give(&iid, "interruption notice");
-                let body = eventbridge(
-                    "EC2 Spot Instance Interruption Warning",
-                    "aws.ec2",
-                    serde_json::json!({"instance-id": iid, "instance-action": "terminate"}),
-                );
+                let body = support::notices::spot(&iid);
                 self.send(body).await
             }
             Op::Rebalance(_) => {
@@ -303,11 +278,7 @@ impl Model {
                     return;
                 }
                 self.give(&iid, "interruption notice");
-                let body = eventbridge(
-                    "EC2 Instance Rebalance Recommendation",
-                    "aws.ec2",
-                    serde_json::json!({"instance-id": iid}),
-                );
+                let body = support::notices::rebalance(&iid);
                 self.send(body).await
             }
             Op::Retirement(_) => {
@@ -315,17 +286,7 @@ impl Model {
                     return;
                 }
                 self.give(&iid, "interruption notice");
-                let start =
-                    (ca_asg_provider::clock::utc_now() + chrono::Duration::hours(2)).to_rfc2822();
-                let body = eventbridge(
-                    "AWS Health Event",
-                    "aws.health",
-                    serde_json::json!({
-                        "service": "EC2", "eventTypeCode": "AWS_EC2_INSTANCE_RETIREMENT_SCHEDULED",
-                        "eventTypeCategory": "scheduledChange", "startTime": start,
-                        "affectedEntities": [{"entityValue": iid}],
-                    }),
-                );
+                let body = support::notices::retirement(&iid);
                 self.send(body).await
             }
             Op::CaScaleIn(_) => {
@@ -364,12 +325,7 @@ impl Model {
                 if !self.hooked {
                     return;
                 }
-                let live_web = self
-                    .nodes
-                    .iter()
-                    .filter(|(_, i, g)| *g == "web" && self.in_service(i))
-                    .count();
-                if live_web < 2 {
+                if support::model::live_in(&self.w, &self.nodes, "web") < 2 {
                     return;
                 }
                 for victim in self.w.cloud.external_scale_in("web", 1).unwrap() {
@@ -425,14 +381,7 @@ impl Model {
                 self.replica.lease.send_replace(false);
                 tokio::time::sleep(Duration::from_millis(50)).await;
                 let old_engine = self.w.engine.clone();
-                let old = std::mem::replace(
-                    &mut self.replica,
-                    Replica {
-                        loop_task: tokio::spawn(async {}),
-                        lease: tokio::sync::watch::channel(false).0,
-                    },
-                );
-                self.fenced.push((old, old_engine));
+                fence(&mut self.replica, &mut self.fenced, old_engine);
                 self.new_replica().await;
             }
             Op::AwsStale(reads) => self.w.cloud.stale_reads(*reads),
@@ -613,14 +562,7 @@ impl Model {
                 "{in_flight} drain(s) in flight, {guarded} of them the guarded node's"
             ));
         }
-        for (_, e) in &self.fenced {
-            if e.in_progress() > 0 {
-                left.push(format!(
-                    "a fenced replica still runs {} drain(s)",
-                    e.in_progress()
-                ));
-            }
-        }
+        left.extend(support::model::fenced_running(&self.fenced));
         left
     }
 
@@ -655,19 +597,10 @@ fn run(ops: &[Op]) -> Vec<String> {
     support::model::on_paused_clock(async {
         let start = ca_asg_provider::clock::now();
         let mut m = Model::new().await;
-        m.check();
-        for op in ops {
-            m.step(op).await;
-            m.check();
-        }
+        support::model::play(&mut m, ops, Model::step, Model::check).await;
         m.settle().await;
         m.check_reasons_kept();
-        m.replica.loop_task.abort();
-        for (r, e) in &m.fenced {
-            r.loop_task.abort();
-            e.shutdown();
-        }
-        m.w.engine.shutdown();
+        support::model::stop(&m.w, &m.replica, &m.fenced);
         support::model::transcript(&m.w.sim, &m.w.cloud, start)
     })
 }

@@ -93,6 +93,44 @@ async fn group(e: &Env, name: &str, lt: &str, desired: i32, tags: &[(&str, &str)
     req.send().await.unwrap();
 }
 
+/// A provider over `cloud`'s groups tagged `k8s.io/cluster-autoscaler/enabled`.
+async fn autoscaler_enabled(cloud: AwsCloud) -> Arc<Provider> {
+    ca_asg_provider::world::provider(
+        Arc::new(cloud),
+        discovery(&[("k8s.io/cluster-autoscaler/enabled", None)]),
+    )
+    .await
+    .unwrap()
+}
+
+/// EKS cluster `prod` in subnet-1.
+async fn cluster_prod(eks: &aws_sdk_eks::Client) {
+    eks.create_cluster()
+        .name("prod")
+        .role_arn("arn:aws:iam::123456789012:role/eks")
+        .resources_vpc_config(
+            aws_sdk_eks::types::VpcConfigRequest::builder()
+                .subnet_ids("subnet-1")
+                .build(),
+        )
+        .send()
+        .await
+        .unwrap();
+}
+
+/// The request that creates managed node group `name` of cluster `prod` (subnet-1);
+/// the caller may add to it, then sends it.
+fn nodegroup_of_prod(
+    eks: &aws_sdk_eks::Client,
+    name: &str,
+) -> aws_sdk_eks::operation::create_nodegroup::builders::CreateNodegroupFluentBuilder {
+    eks.create_nodegroup()
+        .cluster_name("prod")
+        .nodegroup_name(name)
+        .node_role("arn:aws:iam::123456789012:role/node")
+        .subnets("subnet-1")
+}
+
 fn discovery(terms: &[(&str, Option<&str>)]) -> GroupSelector {
     GroupSelector {
         names: vec![],
@@ -488,12 +526,7 @@ async fn aws_budget_at_250_groups_and_20_instance_types() {
         .await;
     }
     let counter = e.cloud.calls();
-    let p = ca_asg_provider::world::provider(
-        Arc::new(e.cloud),
-        discovery(&[("k8s.io/cluster-autoscaler/enabled", None)]),
-    )
-    .await
-    .unwrap();
+    let p = autoscaler_enabled(e.cloud).await;
     p.templates_prefetched().await;
     assert_eq!(p.node_groups().len(), 250);
     let first = counter.snapshot();
@@ -543,22 +576,8 @@ async fn eks_managed_node_group_templates_carry_capacity_type_labels_taints_and_
     let e = env().await;
     let cfg = e._moto.sdk_config().await;
     let eks = aws_sdk_eks::Client::new(&cfg);
-    eks.create_cluster()
-        .name("prod")
-        .role_arn("arn:aws:iam::123456789012:role/eks")
-        .resources_vpc_config(
-            aws_sdk_eks::types::VpcConfigRequest::builder()
-                .subnet_ids("subnet-1")
-                .build(),
-        )
-        .send()
-        .await
-        .unwrap();
-    eks.create_nodegroup()
-        .cluster_name("prod")
-        .nodegroup_name("spot-ng")
-        .node_role("arn:aws:iam::123456789012:role/node")
-        .subnets("subnet-1")
+    cluster_prod(&eks).await;
+    nodegroup_of_prod(&eks, "spot-ng")
         .capacity_type(aws_sdk_eks::types::CapacityTypes::Spot)
         .disk_size(60)
         .labels("team", "ml")
@@ -598,12 +617,7 @@ async fn eks_managed_node_group_templates_carry_capacity_type_labels_taints_and_
     )
     .await;
     let counter = e.cloud.calls();
-    let p = ca_asg_provider::world::provider(
-        Arc::new(e.cloud),
-        discovery(&[("k8s.io/cluster-autoscaler/enabled", None)]),
-    )
-    .await
-    .unwrap();
+    let p = autoscaler_enabled(e.cloud).await;
     let bytes = p.template_node("eks-spot-ng-1234").await.unwrap();
     let node = <k8s_pb::api::core::v1::Node as prost::Message>::decode(bytes.as_ref()).unwrap();
     let labels = node.metadata.unwrap().labels;
@@ -643,25 +657,8 @@ async fn check_config_explains_eks_hooks_on_managed_node_groups_and_fails_on_a_s
     // The managed node group exists: a template built without its DescribeNodegroup
     // answer is a problem of its own (docs/node-groups.md).
     let eks = aws_sdk_eks::Client::new(&e._moto.sdk_config().await);
-    eks.create_cluster()
-        .name("prod")
-        .role_arn("arn:aws:iam::123456789012:role/eks")
-        .resources_vpc_config(
-            aws_sdk_eks::types::VpcConfigRequest::builder()
-                .subnet_ids("subnet-1")
-                .build(),
-        )
-        .send()
-        .await
-        .unwrap();
-    eks.create_nodegroup()
-        .cluster_name("prod")
-        .nodegroup_name("ng-1")
-        .node_role("arn:aws:iam::123456789012:role/node")
-        .subnets("subnet-1")
-        .send()
-        .await
-        .unwrap();
+    cluster_prod(&eks).await;
+    nodegroup_of_prod(&eks, "ng-1").send().await.unwrap();
     launch_template(&e, "lt", "m5.large", None).await;
     let eks_tags = [
         ("eks:nodegroup-name", "ng-1"),

@@ -84,28 +84,12 @@ async fn drain_command_dry_run_changes_nothing_and_drain_leaves_the_node_cordone
     })
     .await
     .unwrap();
-    sim.create(&fixtures::node("n1", "aws:///us-east-1a/i-0abc", &[]))
-        .unwrap();
-    sim.create(&fixtures::daemonset("logging", "fluentd", 0.1, false))
-        .unwrap();
-    sim.create(&fixtures::pod("shop", "app", "n1", "app", 0.2))
-        .unwrap();
-    let end = Instant::now() + Duration::from_secs(10);
-    while sim.list::<Pod>().len() < 2 {
-        assert!(Instant::now() < end);
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    let cfg = ConfigArgs {
-        region: Some("us-east-1".into()),
-        ..Default::default()
-    }
-    .load()
-    .unwrap();
+    n1_with_fluentd_and_an_app(&sim, 0.1);
+    support::eventually("both pods", 10, || sim.list::<Pod>().len() >= 2).await;
+    let cfg = drain_config();
     let mut args = DrainArgs {
-        node: "n1".into(),
         dry_run: true,
-        terminate: false,
-        config: ConfigArgs::default(),
+        ..drain_args("n1")
     };
     ca_asg_provider::commands::drain::drain(sim.client(), &cfg, &args)
         .await
@@ -166,18 +150,8 @@ async fn the_drain_waits_for_volume_attachments_to_detach() {
         tokio::time::sleep(Duration::from_millis(400)).await;
         s2.remove::<VolumeAttachment>("", "csi-1");
     });
-    let cfg = ConfigArgs {
-        region: Some("us-east-1".into()),
-        ..Default::default()
-    }
-    .load()
-    .unwrap();
-    let args = DrainArgs {
-        node: "n1".into(),
-        dry_run: false,
-        terminate: false,
-        config: ConfigArgs::default(),
-    };
+    let cfg = drain_config();
+    let args = drain_args("n1");
     ca_asg_provider::commands::drain::drain(sim.client(), &cfg, &args)
         .await
         .unwrap();
@@ -430,16 +404,15 @@ fn a_missing_region_refuses_to_start_and_says_where_to_set_it() {
     // The SDK's own warnings (its region providers that found nothing) stay quiet at
     // check-config's default log level: the answer is the report (issue 62).
     assert!(!text.contains("aws_config"), "{text}");
-    let (code, text) = run(
-        &[
-            "serve",
-            "--listen",
-            "127.0.0.1:0",
-            "--metrics-listen",
-            "127.0.0.1:0",
-        ],
-        None,
-    );
+    // serve on ports of its own choosing (it must refuse before it listens).
+    let serve = [
+        "serve",
+        "--listen",
+        "127.0.0.1:0",
+        "--metrics-listen",
+        "127.0.0.1:0",
+    ];
+    let (code, text) = run(&serve, None);
     assert_ne!(code, Some(0), "{text}");
     assert!(text.contains("no AWS region"), "{text}");
     // The region is used; AWS (a closed port) does not answer: an AWS problem, exit 1,
@@ -474,16 +447,7 @@ fn a_missing_region_refuses_to_start_and_says_where_to_set_it() {
         "{text}"
     );
     // serve refuses it at start the same way, before it listens or calls AWS.
-    let (code, text) = run(
-        &[
-            "serve",
-            "--listen",
-            "127.0.0.1:0",
-            "--metrics-listen",
-            "127.0.0.1:0",
-        ],
-        Some("eu-wset-1"),
-    );
+    let (code, text) = run(&serve, Some("eu-wset-1"));
     assert_ne!(code, Some(0), "{text}");
     assert!(
         text.contains("region \"eu-wset-1\" is not an AWS region (expected like eu-west-1)"),
@@ -543,50 +507,52 @@ fn check_config_without_credentials_says_what_to_check() {
     );
 }
 
-fn spread_pod(ns: &str, name: &str, key: &str, when: &str) -> Pod {
-    use k8s_openapi::api::core::v1::{PodSpec, TopologySpreadConstraint};
+/// Pod `ns/name` of one container, the rest of its spec as `set` sets it.
+fn pod_with(
+    ns: &str,
+    name: &str,
+    set: impl FnOnce(&mut k8s_openapi::api::core::v1::PodSpec),
+) -> Pod {
+    let mut spec = k8s_openapi::api::core::v1::PodSpec {
+        containers: vec![Default::default()],
+        ..Default::default()
+    };
+    set(&mut spec);
     Pod {
         metadata: ObjectMeta {
             namespace: Some(ns.into()),
             name: Some(name.into()),
             ..Default::default()
         },
-        spec: Some(PodSpec {
-            containers: vec![Default::default()],
-            topology_spread_constraints: Some(vec![TopologySpreadConstraint {
-                max_skew: 1,
-                topology_key: key.into(),
-                when_unsatisfiable: when.into(),
-                ..Default::default()
-            }]),
-            ..Default::default()
-        }),
+        spec: Some(spec),
         ..Default::default()
     }
 }
 
+fn spread_pod(ns: &str, name: &str, key: &str, when: &str) -> Pod {
+    use k8s_openapi::api::core::v1::TopologySpreadConstraint;
+    let spread = TopologySpreadConstraint {
+        max_skew: 1,
+        topology_key: key.into(),
+        when_unsatisfiable: when.into(),
+        ..Default::default()
+    };
+    pod_with(ns, name, |s| {
+        s.topology_spread_constraints = Some(vec![spread])
+    })
+}
+
 fn claim_pod(ns: &str, name: &str, claim: &str) -> Pod {
-    use k8s_openapi::api::core::v1::{PersistentVolumeClaimVolumeSource, PodSpec, Volume};
-    Pod {
-        metadata: ObjectMeta {
-            namespace: Some(ns.into()),
-            name: Some(name.into()),
-            ..Default::default()
-        },
-        spec: Some(PodSpec {
-            containers: vec![Default::default()],
-            volumes: Some(vec![Volume {
-                name: "data".into(),
-                persistent_volume_claim: Some(PersistentVolumeClaimVolumeSource {
-                    claim_name: claim.into(),
-                    read_only: None,
-                }),
-                ..Default::default()
-            }]),
-            ..Default::default()
+    use k8s_openapi::api::core::v1::{PersistentVolumeClaimVolumeSource, Volume};
+    let volume = Volume {
+        name: "data".into(),
+        persistent_volume_claim: Some(PersistentVolumeClaimVolumeSource {
+            claim_name: claim.into(),
+            read_only: None,
         }),
         ..Default::default()
-    }
+    };
+    pod_with(ns, name, |s| s.volumes = Some(vec![volume]))
 }
 
 fn claim(
@@ -1054,24 +1020,10 @@ async fn undrain_gives_back_an_interrupted_drain_and_only_the_services_marks() {
     sim.create(&fixtures::pod("shop", "app", "n1", "app", 0.2))
         .unwrap();
     sim.create(&fixtures::pdb("shop", "app", 0)).unwrap();
-    let end = Instant::now() + Duration::from_secs(10);
-    while sim.list::<Pod>().is_empty() {
-        assert!(Instant::now() < end);
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    support::eventually("the app pod", 10, || !sim.list::<Pod>().is_empty()).await;
     // A `drain n1` that the budget blocks, interrupted once it has marked the node.
-    let cfg = ConfigArgs {
-        region: Some("us-east-1".into()),
-        ..Default::default()
-    }
-    .load()
-    .unwrap();
-    let args = DrainArgs {
-        node: "n1".into(),
-        dry_run: false,
-        terminate: false,
-        config: ConfigArgs::default(),
-    };
+    let cfg = drain_config();
+    let args = drain_args("n1");
     let client = sim.client();
     let drain =
         tokio::spawn(
@@ -1293,28 +1245,13 @@ async fn drain_command_says_each_phase_and_what_blocks_it() {
     })
     .await
     .unwrap();
-    sim.create(&fixtures::node("n1", "aws:///us-east-1a/i-0abc", &[]))
-        .unwrap();
-    sim.create(&fixtures::daemonset("logging", "fluentd", 5.0, false))
-        .unwrap();
-    sim.create(&fixtures::pod("shop", "app", "n1", "app", 0.2))
-        .unwrap();
+    n1_with_fluentd_and_an_app(&sim, 5.0);
     sim.create(&fixtures::pdb("shop", "app", 0)).unwrap();
     while sim.list::<Pod>().len() < 2 {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    let cfg = ConfigArgs {
-        region: Some("us-east-1".into()),
-        ..Default::default()
-    }
-    .load()
-    .unwrap();
-    let args = DrainArgs {
-        node: "n1".into(),
-        dry_run: false,
-        terminate: false,
-        config: ConfigArgs::default(),
-    };
+    let cfg = drain_config();
+    let args = drain_args("n1");
     let lines = Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
     let sink = lines.clone();
     let client = sim.client();
@@ -1502,6 +1439,41 @@ async fn an_unready_service_names_the_cause_in_its_pods_events() {
     task.abort();
 }
 
+/// Node n1 with a fluentd DaemonSet (its preStop `fluentd_prestop` seconds) and an app pod on it.
+fn n1_with_fluentd_and_an_app(sim: &SimCluster, fluentd_prestop: f64) {
+    sim.create(&fixtures::node("n1", "aws:///us-east-1a/i-0abc", &[]))
+        .unwrap();
+    sim.create(&fixtures::daemonset(
+        "logging",
+        "fluentd",
+        fluentd_prestop,
+        false,
+    ))
+    .unwrap();
+    sim.create(&fixtures::pod("shop", "app", "n1", "app", 0.2))
+        .unwrap();
+}
+
+/// The config the drain command loads here: the region set, the rest defaults.
+fn drain_config() -> ca_asg_provider::config::Config {
+    ConfigArgs {
+        region: Some("us-east-1".into()),
+        ..Default::default()
+    }
+    .load()
+    .unwrap()
+}
+
+/// `drain NODE`: drain only, not a dry run, the default config.
+fn drain_args(node: &str) -> DrainArgs {
+    DrainArgs {
+        node: node.into(),
+        dry_run: false,
+        terminate: false,
+        config: ConfigArgs::default(),
+    }
+}
+
 /// The lines a command said.
 type Said = Arc<std::sync::Mutex<Vec<String>>>;
 
@@ -1519,21 +1491,11 @@ fn drain_command_with_lease(
     node: &str,
     lease: Option<Duration>,
 ) -> (tokio::task::JoinHandle<anyhow::Result<()>>, Said) {
-    let mut cfg = ConfigArgs {
-        region: Some("us-east-1".into()),
-        ..Default::default()
-    }
-    .load()
-    .unwrap();
+    let mut cfg = drain_config();
     if let Some(d) = lease {
         cfg.scale_in.lease_duration = d;
     }
-    let args = DrainArgs {
-        node: node.into(),
-        dry_run: false,
-        terminate: false,
-        config: ConfigArgs::default(),
-    };
+    let args = drain_args(node);
     let lines = Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
     let sink = lines.clone();
     let task = tokio::spawn(async move {
@@ -1600,6 +1562,42 @@ fn replica_electing(
     ca_asg_provider::scalein::sources::hook_scan::spawn_loop(w.engine.clone(), w.provider.clone())
 }
 
+/// A world of one node in group web (at most 3) with fluentd and an app on it, both
+/// ready; with `budget`, a PodDisruptionBudget that lets no app pod go (a drain waits
+/// on it until the test removes it). Returns the world and the node's name.
+async fn one_node_guarded(budget: bool) -> (support::world::World, String) {
+    use support::world::*;
+    let w = World::builder()
+        .web(3, 1)
+        .ready_delay(Duration::from_millis(30))
+        .build()
+        .await;
+    let (node, _) = nodes_of(&w, "web").remove(0);
+    fluentd_and_an_app_on_each(&w, &[(node.clone(), String::new())], 0.2, 0.2);
+    if budget {
+        w.sim.create(&fixtures::pdb("shop", "app", 0)).unwrap();
+    }
+    pods_ready(&w, 2).await;
+    (w, node)
+}
+
+/// Waits (10 s at most) until the API server denied an eviction: a budget holds a drain.
+async fn budget_holds(sim: &SimCluster, what: &str) {
+    support::eventually(what, 10, || {
+        sim.audit().iter().any(|a| a.verb == "eviction-denied")
+    })
+    .await;
+}
+
+/// Waits (30 s at most) for a drain command's task, which must end well.
+async fn command_ends(task: tokio::task::JoinHandle<anyhow::Result<()>>, what: &str) {
+    tokio::time::timeout(Duration::from_secs(30), task)
+        .await
+        .expect(what)
+        .unwrap()
+        .unwrap();
+}
+
 /// The world's service leading as `replica-a` (3 s Lease), its loop running.
 async fn leading_replica(w: &support::world::World) -> tokio::task::JoinHandle<()> {
     let lp = replica_electing(w, "replica-a", Duration::from_secs(3));
@@ -1615,24 +1613,16 @@ async fn leading_replica(w: &support::world::World) -> tokio::task::JoinHandle<(
 /// the drain is finished.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_drain_command_hands_its_drain_to_the_services_leader() {
-    use support::world::*;
-    let w = World::builder()
-        .web(3, 1)
-        .ready_delay(Duration::from_millis(30))
-        .build()
-        .await;
-    let (node, _) = nodes_of(&w, "web").remove(0);
-    fluentd_and_an_app_on_each(&w, &[(node.clone(), String::new())], 0.2, 0.2);
-    pods_ready(&w, 2).await;
+    let (w, node) = one_node_guarded(false).await;
     // The service: one replica, leading by the Lease the command's config names.
     let lp = leading_replica(&w).await;
 
     let (drain, lines) = drain_command_in_background(w.sim.client(), &node);
-    tokio::time::timeout(Duration::from_secs(30), drain)
-        .await
-        .expect("the command ends once the leader's drain is finished")
-        .unwrap()
-        .unwrap();
+    command_ends(
+        drain,
+        "the command ends once the leader's drain is finished",
+    )
+    .await;
     assert_said(
         &lines,
         &[
@@ -1657,15 +1647,7 @@ async fn the_drain_command_holds_the_lease_while_it_drains_when_nobody_leads() {
     use k8s_openapi::api::coordination::v1::{Lease, LeaseSpec};
     use k8s_openapi::api::policy::v1::PodDisruptionBudget;
     use support::world::*;
-    let w = World::builder()
-        .web(3, 1)
-        .ready_delay(Duration::from_millis(30))
-        .build()
-        .await;
-    let (node, _) = nodes_of(&w, "web").remove(0);
-    fluentd_and_an_app_on_each(&w, &[(node.clone(), String::new())], 0.2, 0.2);
-    w.sim.create(&fixtures::pdb("shop", "app", 0)).unwrap();
-    pods_ready(&w, 2).await;
+    let (w, node) = one_node_guarded(true).await;
     // A Lease whose holder died: nobody renews it.
     w.sim
         .create(&Lease {
@@ -1694,10 +1676,7 @@ async fn the_drain_command_holds_the_lease_while_it_drains_when_nobody_leads() {
         holder(&w).starts_with("drain-command-")
     })
     .await;
-    support::eventually("the budget holds the command's drain", 10, || {
-        w.sim.audit().iter().any(|a| a.verb == "eviction-denied")
-    })
-    .await;
+    budget_holds(&w.sim, "the budget holds the command's drain").await;
     // A replica starts while the command drains.
     let lp = replica_electing(&w, "replica-b", Duration::from_secs(1));
     tokio::time::sleep(Duration::from_secs(3)).await;
@@ -1706,11 +1685,7 @@ async fn the_drain_command_holds_the_lease_while_it_drains_when_nobody_leads() {
         "the replica follows while the command holds the Lease"
     );
     assert!(w.sim.remove::<PodDisruptionBudget>("shop", "app-pdb"));
-    tokio::time::timeout(Duration::from_secs(30), drain)
-        .await
-        .expect("the command ends")
-        .unwrap()
-        .unwrap();
+    command_ends(drain, "the command ends").await;
     assert_said(
         &lines,
         &[
@@ -1754,10 +1729,7 @@ async fn a_second_drain_command_waits_for_the_first_one_lease_at_a_time() {
     pods_ready(&w, 4).await;
     let lease = Some(Duration::from_secs(2));
     let (first, said_first) = drain_command_with_lease(w.sim.client(), &nodes[0].0, lease);
-    support::eventually("the budget holds the first command's drain", 10, || {
-        w.sim.audit().iter().any(|a| a.verb == "eviction-denied")
-    })
-    .await;
+    budget_holds(&w.sim, "the budget holds the first command's drain").await;
     let (second, said_second) = drain_command_with_lease(w.sim.client(), &nodes[1].0, lease);
     tokio::time::sleep(Duration::from_secs(4)).await;
     let cordoned = |n: &str| w.sim.get::<Node>("", n).unwrap()["spec"]["unschedulable"] == true;
@@ -1777,11 +1749,7 @@ async fn a_second_drain_command_waits_for_the_first_one_lease_at_a_time() {
     );
     assert!(w.sim.remove::<PodDisruptionBudget>("shop", "app-pdb"));
     for (task, said) in [(first, &said_first), (second, &said_second)] {
-        tokio::time::timeout(Duration::from_secs(30), task)
-            .await
-            .expect("each command ends")
-            .unwrap()
-            .unwrap();
+        command_ends(task, "each command ends").await;
         let text = said.lock().unwrap().join("\n");
         assert!(
             text.contains("done: node drained; it stays cordoned"),
@@ -1817,18 +1785,11 @@ async fn drain_terminate_beside_the_leader_ends_the_instance_through_the_leader(
         pods_ready(&w, 2).await;
         let lp = leading_replica(&w).await;
 
-        let mut cfg = ConfigArgs {
-            region: Some("us-east-1".into()),
-            ..Default::default()
-        }
-        .load()
-        .unwrap();
+        let mut cfg = drain_config();
         cfg.provider.selector = ca_asg_provider::world::named(&["web"]);
         let args = DrainArgs {
-            node: node.clone(),
-            dry_run: false,
             terminate: true,
-            config: ConfigArgs::default(),
+            ..drain_args(&node)
         };
         let lines = Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
         let sink = lines.clone();
@@ -1885,15 +1846,7 @@ async fn drain_terminate_beside_the_leader_ends_the_instance_through_the_leader(
 async fn a_followed_drain_says_when_no_replica_leads_and_when_one_does_again() {
     use k8s_openapi::api::policy::v1::PodDisruptionBudget;
     use support::world::*;
-    let w = World::builder()
-        .web(3, 1)
-        .ready_delay(Duration::from_millis(30))
-        .build()
-        .await;
-    let (node, _) = nodes_of(&w, "web").remove(0);
-    fluentd_and_an_app_on_each(&w, &[(node.clone(), String::new())], 0.2, 0.2);
-    w.sim.create(&fixtures::pdb("shop", "app", 0)).unwrap();
-    pods_ready(&w, 2).await;
+    let (w, node) = one_node_guarded(true).await;
     // replica-a leads, and dies without releasing the Lease.
     let (first, election) = {
         use ca_asg_provider::scalein::engine::leader::LeaseSettings;
@@ -1914,10 +1867,7 @@ async fn a_followed_drain_says_when_no_replica_leads_and_when_one_does_again() {
         said("the service's leader replica-a runs the drain")
     })
     .await;
-    support::eventually("replica-a's drain is held by the budget", 10, || {
-        w.sim.audit().iter().any(|a| a.verb == "eviction-denied")
-    })
-    .await;
+    budget_holds(&w.sim, "replica-a's drain is held by the budget").await;
     election.abort();
     first.1.abort();
     first.0.shutdown();
@@ -1928,11 +1878,7 @@ async fn a_followed_drain_says_when_no_replica_leads_and_when_one_does_again() {
     // replica-b starts, takes the Lease over and resumes the recorded drain.
     let lp = replica_electing(&w, "replica-b", Duration::from_secs(2));
     assert!(w.sim.remove::<PodDisruptionBudget>("shop", "app-pdb"));
-    tokio::time::timeout(Duration::from_secs(30), drain)
-        .await
-        .expect("the command ends once replica-b's drain is finished")
-        .unwrap()
-        .unwrap();
+    command_ends(drain, "the command ends once replica-b's drain is finished").await;
     assert_said(
         &lines,
         &[

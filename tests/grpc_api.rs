@@ -129,6 +129,54 @@ async fn instances(h: &mut Harness, id: &str) -> Vec<proto::Instance> {
         .instances
 }
 
+/// CA's client.
+type Ca = CloudProviderClient<Channel>;
+
+/// CA's IncreaseSize of group `id` by `delta`.
+async fn increase(ca: &mut Ca, id: &str, delta: i32) -> Result<(), tonic::Status> {
+    let r = proto::NodeGroupIncreaseSizeRequest {
+        id: id.into(),
+        delta,
+    };
+    ca.node_group_increase_size(r).await.map(|_| ())
+}
+
+/// CA's DecreaseTargetSize of group `id` by `delta` (negative to decrease).
+async fn decrease(ca: &mut Ca, id: &str, delta: i32) -> Result<(), tonic::Status> {
+    let r = proto::NodeGroupDecreaseTargetSizeRequest {
+        id: id.into(),
+        delta,
+    };
+    ca.node_group_decrease_target_size(r).await.map(|_| ())
+}
+
+/// CA's DeleteNodes of `nodes` from `group`; a refusal as its message.
+async fn delete(
+    h: &mut Harness,
+    group: &str,
+    nodes: Vec<proto::ExternalGrpcNode>,
+) -> Result<(), String> {
+    h.ca.node_group_delete_nodes(proto::NodeGroupDeleteNodesRequest {
+        id: group.into(),
+        nodes,
+    })
+    .await
+    .map(|_| ())
+    .map_err(|e| e.message().to_string())
+}
+
+/// Group `id` as CA's NodeGroups lists it.
+async fn group_listed(h: &mut Harness, id: &str) -> proto::NodeGroup {
+    h.ca.node_groups(proto::NodeGroupsRequest {})
+        .await
+        .unwrap()
+        .into_inner()
+        .node_groups
+        .into_iter()
+        .find(|g| g.id == id)
+        .unwrap()
+}
+
 fn state(i: &proto::Instance) -> InstanceState {
     InstanceState::try_from(i.status.as_ref().unwrap().instance_state).unwrap()
 }
@@ -354,34 +402,16 @@ async fn unknown_and_empty_group_ids_are_errors() {
             .unwrap_err();
     assert_eq!(e.code(), Code::InvalidArgument);
     assert!(e.message().contains("id"));
-    let e =
-        h.ca.node_group_increase_size(proto::NodeGroupIncreaseSizeRequest {
-            id: "unmanaged".into(),
-            delta: 1,
-        })
-        .await
-        .unwrap_err();
+    let e = increase(&mut h.ca, "unmanaged", 1).await.unwrap_err();
     assert_eq!(e.code(), Code::NotFound);
 }
 
 #[tokio::test]
 async fn increase_size_validates_and_sets_desired_capacity() {
     let mut h = start().await;
-    let e =
-        h.ca.node_group_increase_size(proto::NodeGroupIncreaseSizeRequest {
-            id: "web".into(),
-            delta: 0,
-        })
-        .await
-        .unwrap_err();
+    let e = increase(&mut h.ca, "web", 0).await.unwrap_err();
     assert_eq!(e.code(), Code::InvalidArgument);
-    let e =
-        h.ca.node_group_increase_size(proto::NodeGroupIncreaseSizeRequest {
-            id: "web".into(),
-            delta: 4,
-        })
-        .await
-        .unwrap_err();
+    let e = increase(&mut h.ca, "web", 4).await.unwrap_err();
     assert_eq!(e.code(), Code::InvalidArgument);
     assert!(
         e.message().contains("2 + delta 4 = 6 > maxSize 5"),
@@ -393,12 +423,7 @@ async fn increase_size_validates_and_sets_desired_capacity() {
         None,
         "nothing written on a rejected call"
     );
-    h.ca.node_group_increase_size(proto::NodeGroupIncreaseSizeRequest {
-        id: "web".into(),
-        delta: 3,
-    })
-    .await
-    .unwrap();
+    increase(&mut h.ca, "web", 3).await.unwrap();
     assert_eq!(target(&mut h, "web").await, 5);
     let inst = instances(&mut h, "web").await;
     assert_eq!(
@@ -421,35 +446,13 @@ async fn decrease_target_size_removes_only_unfulfilled_capacity() {
     let mut h = start().await;
     h.cloud
         .fail_launches("gpu", Some("InsufficientInstanceCapacity"));
-    h.ca.node_group_increase_size(proto::NodeGroupIncreaseSizeRequest {
-        id: "gpu".into(),
-        delta: 2,
-    })
-    .await
-    .unwrap();
-    let e =
-        h.ca.node_group_decrease_target_size(proto::NodeGroupDecreaseTargetSizeRequest {
-            id: "web".into(),
-            delta: -1,
-        })
-        .await
-        .unwrap_err();
+    increase(&mut h.ca, "gpu", 2).await.unwrap();
+    let e = decrease(&mut h.ca, "web", -1).await.unwrap_err();
     assert_eq!(e.code(), Code::FailedPrecondition);
     assert!(e.message().contains("existing"), "{}", e.message());
-    let e =
-        h.ca.node_group_decrease_target_size(proto::NodeGroupDecreaseTargetSizeRequest {
-            id: "gpu".into(),
-            delta: 1,
-        })
-        .await
-        .unwrap_err();
+    let e = decrease(&mut h.ca, "gpu", 1).await.unwrap_err();
     assert_eq!(e.code(), Code::InvalidArgument);
-    h.ca.node_group_decrease_target_size(proto::NodeGroupDecreaseTargetSizeRequest {
-        id: "gpu".into(),
-        delta: -2,
-    })
-    .await
-    .unwrap();
+    decrease(&mut h.ca, "gpu", -2).await.unwrap();
     assert_eq!(target(&mut h, "gpu").await, 0);
 }
 
@@ -458,12 +461,7 @@ async fn failed_launches_show_as_placeholders_with_out_of_resources() {
     let mut h = start().await;
     h.cloud
         .fail_launches("gpu", Some("InsufficientInstanceCapacity"));
-    h.ca.node_group_increase_size(proto::NodeGroupIncreaseSizeRequest {
-        id: "gpu".into(),
-        delta: 2,
-    })
-    .await
-    .unwrap();
+    increase(&mut h.ca, "gpu", 2).await.unwrap();
     tokio::time::sleep(Duration::from_millis(80)).await;
     h.ca.refresh(proto::RefreshRequest {}).await.unwrap();
     let inst = instances(&mut h, "gpu").await;
@@ -523,12 +521,7 @@ async fn after_failover_an_older_failure_is_not_attached_to_a_fresh_scale_up() {
     let cloud = MemoryCloud::new(groups(), fast());
     let mut a = start_with(cloud.clone(), discovery(), true).await;
     cloud.fail_launches("gpu", Some("InsufficientInstanceCapacity"));
-    a.ca.node_group_increase_size(proto::NodeGroupIncreaseSizeRequest {
-        id: "gpu".into(),
-        delta: 1,
-    })
-    .await
-    .unwrap();
+    increase(&mut a.ca, "gpu", 1).await.unwrap();
     // Let the ASG try (and fail), then let 30 s go by.
     assert_eq!(instances(&mut a, "gpu").await.len(), 1);
     cloud.age_activities("gpu", 30);
@@ -544,12 +537,7 @@ async fn after_failover_an_older_failure_is_not_attached_to_a_fresh_scale_up() {
     // The capacity is back: the fresh launch activity does not fail (the memory cloud,
     // like AWS, records a failed activity for every new launch while launches fail).
     cloud.fail_launches("gpu", None);
-    a.ca.node_group_increase_size(proto::NodeGroupIncreaseSizeRequest {
-        id: "gpu".into(),
-        delta: 1,
-    })
-    .await
-    .unwrap();
+    increase(&mut a.ca, "gpu", 1).await.unwrap();
     drop(a);
     let mut c = start_with(cloud.clone(), discovery(), true).await;
     let after = instances(&mut c, "gpu").await;
@@ -568,12 +556,7 @@ async fn after_failover_an_older_failure_is_not_attached_to_a_fresh_scale_up() {
 #[tokio::test]
 async fn placeholders_without_a_failure_carry_no_error() {
     let mut h = start().await;
-    h.ca.node_group_increase_size(proto::NodeGroupIncreaseSizeRequest {
-        id: "gpu".into(),
-        delta: 1,
-    })
-    .await
-    .unwrap();
+    increase(&mut h.ca, "gpu", 1).await.unwrap();
     let inst = instances(&mut h, "gpu").await;
     assert_eq!(inst.len(), 1);
     assert!(inst[0].status.as_ref().unwrap().error_info.is_none());
@@ -634,12 +617,7 @@ async fn delete_nodes_validates_everything_before_touching_anything() {
 #[tokio::test]
 async fn delete_nodes_terminates_with_decrement_and_is_idempotent() {
     let mut h = start().await;
-    h.ca.node_group_increase_size(proto::NodeGroupIncreaseSizeRequest {
-        id: "web".into(),
-        delta: 1,
-    })
-    .await
-    .unwrap();
+    increase(&mut h.ca, "web", 1).await.unwrap();
     h.ca.refresh(proto::RefreshRequest {}).await.unwrap();
     let web: Vec<String> = instances(&mut h, "web")
         .await
@@ -995,20 +973,10 @@ async fn ca_clean_up_of_a_half_failed_scale_up_never_aborts_its_loop() {
         .map(|i| i.id)
         .collect();
     assert_eq!(registered.len(), 2);
-    h.ca.node_group_increase_size(proto::NodeGroupIncreaseSizeRequest {
-        id: "web".into(),
-        delta: 1,
-    })
-    .await
-    .unwrap();
+    increase(&mut h.ca, "web", 1).await.unwrap();
     h.cloud
         .fail_launches("web", Some("InsufficientInstanceCapacity"));
-    h.ca.node_group_increase_size(proto::NodeGroupIncreaseSizeRequest {
-        id: "web".into(),
-        delta: 2,
-    })
-    .await
-    .unwrap();
+    increase(&mut h.ca, "web", 2).await.unwrap();
     h.provider.refresh_now().await.unwrap();
     let pending: Vec<String> = h
         .cloud
@@ -1028,12 +996,9 @@ async fn ca_clean_up_of_a_half_failed_scale_up_never_aborts_its_loop() {
         .expect("CA sees an incorrect size: two placeholders carry errors");
     assert_eq!(delta, -3, "registered 2, target 5");
     // The answer CA's loop depends on: success, removing only what never launched.
-    h.ca.node_group_decrease_target_size(proto::NodeGroupDecreaseTargetSizeRequest {
-        id: "web".into(),
-        delta,
-    })
-    .await
-    .expect("DecreaseTargetSize from fixNodeGroupSize must not fail when capacity is unfulfilled");
+    decrease(&mut h.ca, "web", delta).await.expect(
+        "DecreaseTargetSize from fixNodeGroupSize must not fail when capacity is unfulfilled",
+    );
     assert_eq!(target(&mut h, "web").await, 3);
     assert_eq!(h.cloud.desired("web"), Some(3));
     let live: Vec<String> = h
@@ -1053,13 +1018,7 @@ async fn ca_clean_up_of_a_half_failed_scale_up_never_aborts_its_loop() {
     );
     // And with nothing unfulfilled left, asking again is refused, naming the numbers
     // (CA then deletes the unregistered instance through DeleteNodes).
-    let e =
-        h.ca.node_group_decrease_target_size(proto::NodeGroupDecreaseTargetSizeRequest {
-            id: "web".into(),
-            delta: -1,
-        })
-        .await
-        .unwrap_err();
+    let e = decrease(&mut h.ca, "web", -1).await.unwrap_err();
     assert_eq!(e.code(), Code::FailedPrecondition);
     assert!(
         e.message().contains("3 existing instances"),
@@ -1293,16 +1252,7 @@ async fn ca_loop(
                 .unwrap();
             assert_eq!(g.id, group, "CA must find the group of {u}");
         }
-        let min =
-            h.ca.node_groups(proto::NodeGroupsRequest {})
-                .await
-                .unwrap()
-                .into_inner()
-                .node_groups
-                .into_iter()
-                .find(|g| g.id == group)
-                .unwrap()
-                .min_size;
+        let min = group_listed(h, group).await.min_size;
         let size = target(h, group).await;
         if size - min <= 0 {
             logged.push(format!(
@@ -1315,52 +1265,25 @@ async fn ca_loop(
                 .take((size - min) as usize)
                 .map(|u| ca_fake_node(u))
                 .collect();
-            match h
-                .ca
-                .node_group_delete_nodes(proto::NodeGroupDeleteNodesRequest {
-                    id: group.into(),
-                    nodes,
-                })
-                .await
-            {
-                Ok(_) => logged.push(format!(
-                    "Removing unregistered nodes for node group {group}"
-                )),
-                Err(e) => logged.push(format!(
-                    "Failed to remove unregistered nodes: {}",
-                    e.message()
-                )),
-            }
+            logged.push(match delete(h, group, nodes).await {
+                Ok(()) => format!("Removing unregistered nodes for node group {group}"),
+                Err(e) => format!("Failed to remove unregistered nodes: {e}"),
+            });
         }
     }
     if !errored.is_empty() {
         let nodes = errored.iter().map(|u| ca_fake_node(u)).collect();
-        match h
-            .ca
-            .node_group_delete_nodes(proto::NodeGroupDeleteNodesRequest {
-                id: group.into(),
-                nodes,
-            })
-            .await
-        {
-            Ok(_) => logged.push(format!(
-                "Deleting from {group} node group because of create errors"
-            )),
-            Err(e) => logged.push(format!(
-                "Error while trying to delete nodes from {group}: {}",
-                e.message()
-            )),
-        }
+        logged.push(match delete(h, group, nodes).await {
+            Ok(()) => format!("Deleting from {group} node group because of create errors"),
+            Err(e) => format!("Error while trying to delete nodes from {group}: {e}"),
+        });
     }
     if let Some((current, expected)) = lasting_incorrect {
         let delta = current - expected;
         if delta < 0 {
-            h.ca.node_group_decrease_target_size(proto::NodeGroupDecreaseTargetSizeRequest {
-                id: group.into(),
-                delta,
-            })
-            .await
-            .map_err(|e| format!("Failed to fix node group sizes: {}", e.message()))?;
+            decrease(&mut h.ca, group, delta)
+                .await
+                .map_err(|e| format!("Failed to fix node group sizes: {}", e.message()))?;
             logged.push(format!("Decreasing size of {group} delta={delta}"));
         }
     }
@@ -1420,24 +1343,10 @@ async fn a_group_held_at_its_asg_min_with_failing_relaunches_never_stops_cas_loo
         "the ASG keeps its minimum"
     );
     // Other groups still scale in the same loop.
-    h.ca.node_group_increase_size(proto::NodeGroupIncreaseSizeRequest {
-        id: "web".into(),
-        delta: 1,
-    })
-    .await
-    .unwrap();
+    increase(&mut h.ca, "web", 1).await.unwrap();
 
     // The failure is still told: the debug string and a gauge name it.
-    let debug =
-        h.ca.node_groups(proto::NodeGroupsRequest {})
-            .await
-            .unwrap()
-            .into_inner()
-            .node_groups
-            .into_iter()
-            .find(|g| g.id == "floor")
-            .unwrap()
-            .debug;
+    let debug = group_listed(&mut h, "floor").await.debug;
     assert!(
         debug.contains("InsufficientInstanceCapacity") && debug.contains("below MinSize"),
         "{debug}"
@@ -1462,12 +1371,7 @@ async fn a_group_held_at_its_asg_min_with_failing_relaunches_never_stops_cas_loo
     // Capacity CA asks for above the minimum still carries the error, so CA backs
     // off this group and its clean-up (DeleteNodes of the errored placeholder, then
     // fixNodeGroupSize) succeeds.
-    h.ca.node_group_increase_size(proto::NodeGroupIncreaseSizeRequest {
-        id: "floor".into(),
-        delta: 1,
-    })
-    .await
-    .unwrap();
+    increase(&mut h.ca, "floor", 1).await.unwrap();
     let listed = instances(&mut h, "floor").await;
     let errored: Vec<&proto::Instance> = listed
         .iter()
@@ -1524,12 +1428,7 @@ async fn placeholders_of_any_legal_asg_name_map_to_their_group_and_can_be_delete
     for name in names {
         h.cloud
             .fail_launches(name, Some("InsufficientInstanceCapacity"));
-        h.ca.node_group_increase_size(proto::NodeGroupIncreaseSizeRequest {
-            id: name.into(),
-            delta: 2,
-        })
-        .await
-        .unwrap();
+        increase(&mut h.ca, name, 2).await.unwrap();
         let listed = instances(&mut h, name).await;
         assert_eq!(listed.len(), 2, "{name}");
         for i in &listed {

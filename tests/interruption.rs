@@ -347,16 +347,8 @@ async fn only_a_spent_budget_overrides_a_pdb() {
     assert_eq!(w.engine.wait_for(&spot_iid).await, Some(Outcome::Drained));
     assert!(!running(&w, "app-spot"), "the spent budget went on");
 
-    let start = (chrono::Utc::now() + chrono::Duration::days(3)).to_rfc2822();
-    q.send(&eventbridge(
-        "AWS Health Event",
-        "aws.health",
-        serde_json::json!({
-            "service": "EC2", "eventTypeCode": "AWS_EC2_INSTANCE_RETIREMENT_SCHEDULED",
-            "eventTypeCategory": "scheduledChange", "startTime": start,
-            "affectedEntities": [{"entityValue": far_iid}],
-        }),
-    ));
+    let start = chrono::Utc::now() + chrono::Duration::days(3);
+    q.send(&support::notices::retirement_at(&far_iid, start));
     assert_eq!(handle_next(&c, &q).await, Handled::Done(vec!["drain"]));
     let out = w.engine.wait_for(&far_iid).await;
     assert!(matches!(out, Some(Outcome::Abandoned(_))), "{out:?}");

@@ -155,34 +155,16 @@ impl Model {
         match op {
             Op::Spot(i) => {
                 self.drained.insert(iid(i));
-                let body = eventbridge(
-                    "EC2 Spot Instance Interruption Warning",
-                    "aws.ec2",
-                    serde_json::json!({"instance-id": iid(i), "instance-action": "terminate"}),
-                );
+                let body = support::notices::spot(&iid(i));
                 self.send(body).await
             }
             Op::Rebalance(i) => {
-                let body = eventbridge(
-                    "EC2 Instance Rebalance Recommendation",
-                    "aws.ec2",
-                    serde_json::json!({"instance-id": iid(i)}),
-                );
+                let body = support::notices::rebalance(&iid(i));
                 self.send(body).await
             }
             Op::Retirement(i) => {
                 self.drained.insert(iid(i));
-                let start =
-                    (ca_asg_provider::clock::utc_now() + chrono::Duration::hours(2)).to_rfc2822();
-                let body = eventbridge(
-                    "AWS Health Event",
-                    "aws.health",
-                    serde_json::json!({
-                        "service": "EC2", "eventTypeCode": "AWS_EC2_INSTANCE_RETIREMENT_SCHEDULED",
-                        "eventTypeCategory": "scheduledChange", "startTime": start,
-                        "affectedEntities": [{"entityValue": iid(i)}],
-                    }),
-                );
+                let body = support::notices::retirement(&iid(i));
                 self.send(body).await
             }
             Op::Stopping(i) => {
@@ -343,11 +325,7 @@ fn run(ops: &[Op]) -> Vec<String> {
     support::model::on_paused_clock(async {
         let start = ca_asg_provider::clock::now();
         let mut m = Model::new().await;
-        m.check();
-        for op in ops {
-            m.step(op).await;
-            m.check();
-        }
+        support::model::play(&mut m, ops, Model::step, Model::check).await;
         m.settle().await;
         m.loop_task.abort();
         m.w.engine.shutdown();

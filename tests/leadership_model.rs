@@ -54,6 +54,7 @@ use support::budget_floor::BudgetFloor;
 use support::invariants::{
     apps_under_fluentd, assert_daemonsets_last, assert_workloads_evicted_once,
 };
+use support::model::web_and_batch;
 use support::world::*;
 
 const HOOK: &str = "ca-asg-provider-drain";
@@ -199,17 +200,9 @@ fn name(slot: usize, generation: usize) -> String {
 impl Model {
     async fn new() -> Model {
         let start = ca_asg_provider::clock::now();
-        let w = World::builder()
-            .group(
-                MemoryGroup::new("web", 0, 6, 3, "m5.large")
-                    .terminating_hook(HOOK, HOOK_TIMEOUT_SECS),
-            )
-            .group(MemoryGroup::new("batch", 0, 6, 2, "m5.large"))
-            .settings(settings())
-            .ready_delay(Duration::from_millis(20))
-            .in_process()
-            .build()
-            .await;
+        let web =
+            MemoryGroup::new("web", 0, 6, 3, "m5.large").terminating_hook(HOOK, HOOK_TIMEOUT_SECS);
+        let w = web_and_batch(web, settings()).build().await;
         // The world's own process takes no part: the replicas are the service.
         w.engine.shutdown();
         let nodes = nodes_of_groups(&w, &["web", "batch"]);
@@ -284,12 +277,7 @@ impl Model {
                 }
             }
             Op::AsgEnds => {
-                let live_web = self
-                    .nodes
-                    .iter()
-                    .filter(|(_, i, g)| *g == "web" && self.in_service(i))
-                    .count();
-                if live_web < 2 {
+                if support::model::live_in(&self.w, &self.nodes, "web") < 2 {
                     return;
                 }
                 for victim in self.w.cloud.external_scale_in("web", 1).unwrap() {
@@ -472,11 +460,7 @@ impl Model {
 fn run(ops: &[Op]) -> Vec<String> {
     support::model::on_paused_clock(async {
         let mut m = Model::new().await;
-        m.check();
-        for op in ops {
-            m.step(op).await;
-            m.check();
-        }
+        support::model::play(&mut m, ops, Model::step, Model::check).await;
         m.settle().await;
         for r in &m.replicas {
             r.kill();

@@ -47,6 +47,21 @@ fn record_on(w: &World, node: &str) -> Option<record::DrainRecord> {
 
 /// The ASG scales web in by one itself and picks `iid` (the newest), which our hook
 /// then holds.
+/// The reasons of a drain record, by label, in order.
+fn labels(r: &record::DrainRecord) -> Vec<&'static str> {
+    r.reasons.iter().map(|r| r.why.label()).collect()
+}
+
+/// Lifts the guarded app's budget and waits (20 s at most) for a lifecycle action to
+/// be completed.
+async fn lift_budget_until_completed(w: &World) {
+    assert!(w.sim.remove::<PodDisruptionBudget>("shop", "app-pdb"));
+    eventually("the lifecycle action is completed", 20, || {
+        !w.cloud.completed_actions().is_empty()
+    })
+    .await;
+}
+
 fn asg_ends(w: &World, iid: &str) {
     assert_eq!(
         w.cloud.external_scale_in("web", 1).unwrap(),
@@ -102,14 +117,9 @@ async fn a_hook_drain_after_an_old_rebalance_cordon_keeps_the_pdb() {
         "the hook's drain waits on the PDB; its deadline counts from its own arrival"
     );
     let r = record_on(&w, &node).expect("the drain is recorded on the Node");
-    let kinds: Vec<&str> = r.reasons.iter().map(|r| r.why.label()).collect();
-    assert_eq!(kinds, ["rebalance cordon", "lifecycle hook"]);
+    assert_eq!(labels(&r), ["rebalance cordon", "lifecycle hook"]);
     // The budget allows it now: evicted, then the action completed.
-    assert!(w.sim.remove::<PodDisruptionBudget>("shop", "app-pdb"));
-    eventually("the lifecycle action is completed", 20, || {
-        !w.cloud.completed_actions().is_empty()
-    })
-    .await;
+    lift_budget_until_completed(&w).await;
     lifecycle.abort();
     let evicted = evictions_of(&w, "app");
     assert_eq!(evicted, 1, "evicted through the Eviction API, not deleted");
@@ -152,14 +162,9 @@ async fn a_pod_that_landed_during_a_rebalance_cordon_is_drained_by_the_hook() {
         "not completed with the pod running"
     );
     let r = record_on(&w, &node).expect("recorded on the Node");
-    let kinds: Vec<&str> = r.reasons.iter().map(|r| r.why.label()).collect();
-    assert_eq!(kinds, ["rebalance cordon", "lifecycle hook"]);
+    assert_eq!(labels(&r), ["rebalance cordon", "lifecycle hook"]);
 
-    assert!(w.sim.remove::<PodDisruptionBudget>("shop", "app-pdb"));
-    eventually("the lifecycle action is completed", 20, || {
-        !w.cloud.completed_actions().is_empty()
-    })
-    .await;
+    lift_budget_until_completed(&w).await;
     lifecycle.abort();
     assert!(!running(&w, "app"));
     let evicted = evictions_of(&w, "app");
@@ -763,11 +768,7 @@ async fn a_changed_hook_timeout_reschedules_the_heartbeats_of_a_held_instance() 
         "the hook never timed out"
     );
     assert!(running(&w, "app"));
-    assert!(w.sim.remove::<PodDisruptionBudget>("shop", "app-pdb"));
-    eventually("the lifecycle action is completed", 20, || {
-        !w.cloud.completed_actions().is_empty()
-    })
-    .await;
+    lift_budget_until_completed(&w).await;
     lifecycle.abort();
     assert!(w.cloud.hook_timeouts().is_empty());
 }
@@ -811,17 +812,7 @@ async fn a_lifecycle_message_for_an_instance_nobody_ends_is_dropped() {
 async fn a_scheduled_change_moved_earlier_is_not_taken_for_a_duplicate() {
     let (w, node, iid) = guarded_on_a_hooked_node(300).await;
     let (q, c) = queue_and_consumer(&w, RebalanceAction::Cordon);
-    let retirement = |start: chrono::DateTime<chrono::Utc>| {
-        support::notices::eventbridge(
-            "AWS Health Event",
-            "aws.health",
-            serde_json::json!({
-                "service": "EC2", "eventTypeCode": "AWS_EC2_INSTANCE_RETIREMENT_SCHEDULED",
-                "eventTypeCategory": "scheduledChange", "startTime": start.to_rfc2822(),
-                "affectedEntities": [{"entityValue": iid}],
-            }),
-        )
-    };
+    let retirement = |start| support::notices::retirement_at(&iid, start);
     let ends = |w: &World| {
         record_on(w, &node).and_then(|r| {
             r.reasons.iter().find_map(|r| match &r.why {

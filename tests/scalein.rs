@@ -481,18 +481,24 @@ async fn deadline_abandon_gives_back_a_node_ca_cordoned() {
     abandon_gives_the_node_back(true).await;
 }
 
+/// CA deletes web's `node` (`iid`), whose drain the budget blocks, and the drain is
+/// abandoned at its deadline: the Node as it was left.
+async fn abandoned(w: &mut World, node: &str, iid: &str) -> serde_json::Value {
+    delete_nodes(w, "web", &[(node.to_string(), iid.to_string())]).await;
+    assert!(matches!(
+        w.engine.wait_for(iid).await,
+        Some(Outcome::Abandoned(_))
+    ));
+    w.sim.get::<Node>("", node).unwrap()
+}
+
 /// A node a person cordoned before CA chose it (no CA taint with the cordon) stays
 /// cordoned when the drain is abandoned: only the scale-in's own marks go.
 #[tokio::test]
 async fn deadline_abandon_keeps_a_cordon_that_was_not_the_scale_ins() {
     let (mut w, node, iid) = blocked_world(DeadlinePolicy::Abandon).await;
     set_unschedulable(&w, &node, true).await;
-    delete_nodes(&mut w, "web", &[(node.clone(), iid.clone())]).await;
-    assert!(matches!(
-        w.engine.wait_for(&iid).await,
-        Some(Outcome::Abandoned(_))
-    ));
-    let n = w.sim.get::<Node>("", &node).unwrap();
+    let n = abandoned(&mut w, &node, &iid).await;
     assert_eq!(
         n["spec"]["unschedulable"], true,
         "the person's cordon stays"
@@ -544,12 +550,7 @@ async fn deadline_abandon_keeps_a_persons_cordon_that_ca_tainted_later() {
     })
     .await;
     ca_marks(&w, &node).await;
-    delete_nodes(&mut w, "web", &[(node.clone(), iid.clone())]).await;
-    assert!(matches!(
-        w.engine.wait_for(&iid).await,
-        Some(Outcome::Abandoned(_))
-    ));
-    let n = w.sim.get::<Node>("", &node).unwrap();
+    let n = abandoned(&mut w, &node, &iid).await;
     assert_eq!(
         n["spec"]["unschedulable"], true,
         "the person's cordon stays"
@@ -590,12 +591,7 @@ async fn deadline_abandon_keeps_a_cordon_it_cannot_tell_was_cas() {
         None,
         "first seen with CA's taint"
     );
-    delete_nodes(&mut w, "web", &[(node.clone(), iid.clone())]).await;
-    assert!(matches!(
-        w.engine.wait_for(&iid).await,
-        Some(Outcome::Abandoned(_))
-    ));
-    let n = w.sim.get::<Node>("", &node).unwrap();
+    let n = abandoned(&mut w, &node, &iid).await;
     assert_eq!(
         n["spec"]["unschedulable"], true,
         "left cordoned when unsure"

@@ -292,26 +292,32 @@ async fn throttled_evictions_are_not_budget_blocks_and_overlapping_budgets_are_n
     support::rbac::assert_rbac_covers(&w.sim);
 }
 
+/// [`settings`] with 30 s for the drain, a volume waited for up to 20 s.
+fn waiting_20s_for_volumes() -> ScaleInSettings {
+    ScaleInSettings {
+        volume_deadline: Duration::from_secs(20),
+        ..settings(30)
+    }
+}
+
+/// How many times the drain asked pod `name` to leave.
+fn times_asked(audit: &[ca_asg_provider::sim::AuditEntry], name: &str) -> usize {
+    audit
+        .iter()
+        .filter(|e| e.verb == "eviction-requested" && e.name == name)
+        .count()
+}
+
 /// Item 8: kube-proxy, the CNI and CSI node plugins (system-node-critical DaemonSet
 /// pods) leave after the volumes have detached; the log shipper before them.
 #[tokio::test]
 async fn node_critical_daemonsets_leave_after_the_volumes() {
-    let mut w = web_world(
-        1,
-        ScaleInSettings {
-            volume_deadline: Duration::from_secs(20),
-            ..settings(30)
-        },
-    )
-    .await;
+    let mut w = web_world(1, waiting_20s_for_volumes()).await;
     let (node, iid) = node_with_fluentd_and_app(&w, 0.1).await;
     let mut csi = fixtures::daemonset("kube-system", "ebs-csi-node", 0.05, false);
     csi.spec
         .as_mut()
-        .unwrap()
-        .template
-        .spec
-        .as_mut()
+        .and_then(|s| s.template.spec.as_mut())
         .unwrap()
         .priority_class_name = Some("system-node-critical".into());
     w.put(&csi);
@@ -341,10 +347,7 @@ async fn daemonset_pods_ca_evicted_early_are_reported() {
     let mut ds = fixtures::daemonset("logging", "fluentd", 2.0, false);
     ds.spec
         .as_mut()
-        .unwrap()
-        .template
-        .spec
-        .as_mut()
+        .and_then(|s| s.template.spec.as_mut())
         .unwrap()
         .termination_grace_period_seconds = Some(30);
     w.put(&ds);
@@ -692,14 +695,7 @@ async fn budget_watches_are_shared_wake_on_a_change_only_and_close_with_the_last
 /// later than the drain's start.
 #[tokio::test]
 async fn daemonsets_that_tolerate_everything_leave_once_last_and_after_the_volumes() {
-    let mut w = web_world(
-        1,
-        ScaleInSettings {
-            volume_deadline: Duration::from_secs(20),
-            ..settings(30)
-        },
-    )
-    .await;
+    let mut w = web_world(1, waiting_20s_for_volumes()).await;
     let (node, iid) = node_with_fluentd_and_app(&w, 0.1).await;
     for ds in [
         fixtures::log_shipper_tolerating_drain(0.0),
@@ -821,10 +817,7 @@ async fn a_drain_restarted_after_its_eviction_does_not_evict_again() {
         });
         assert_eq!(w.engine.wait_for(&iid).await, Some(Outcome::Ended));
         let a = w.sim.audit();
-        let asked = a
-            .iter()
-            .filter(|e| e.verb == "eviction-requested" && e.name == "app")
-            .count();
+        let asked = times_asked(&a, "app");
         assert_eq!(
             asked, 1,
             "watch lag {lag} ms, webhook {webhook} ms: the app was asked to leave {asked} times"
@@ -880,10 +873,7 @@ async fn a_reason_past_its_deadline_joining_an_eviction_in_flight_does_not_evict
     });
     assert_eq!(w.engine.wait_for(&iid).await, Some(Outcome::Ended));
     let a = w.sim.audit();
-    let asked = a
-        .iter()
-        .filter(|e| e.verb == "eviction-requested" && e.name == "app")
-        .count();
+    let asked = times_asked(&a, "app");
     assert_eq!(asked, 1, "the app was asked to leave {asked} times: {a:?}");
     support::world::assert_no_pod_evicted_twice(&a);
     w.sim.heal();

@@ -41,6 +41,18 @@ fn api_err(e: kube::Error) -> (u16, String) {
     }
 }
 
+/// Merges `spec` into Node `name`'s spec (a merge patch), which must succeed.
+async fn merge_spec(nodes: &Api<Node>, name: &str, spec: serde_json::Value) {
+    nodes
+        .patch(
+            name,
+            &PatchParams::default(),
+            &Patch::Merge(json!({ "spec": spec })),
+        )
+        .await
+        .unwrap();
+}
+
 #[tokio::test]
 async fn crud_and_status_errors() {
     let s = sim().await;
@@ -149,14 +161,7 @@ async fn patches_cordon_and_taint_a_node() {
         .create(&PostParams::default(), &fixtures::node("n1", "p", &[]))
         .await
         .unwrap();
-    nodes
-        .patch(
-            "n1",
-            &PatchParams::default(),
-            &Patch::Merge(json!({"spec": {"unschedulable": true}})),
-        )
-        .await
-        .unwrap();
+    merge_spec(&nodes, "n1", json!({"unschedulable": true})).await;
     let ops: json_patch::Patch = serde_json::from_value(json!([{"op": "add", "path": "/spec/taints", "value": [{"key": "k", "effect": "NoSchedule"}]}])).unwrap();
     nodes
         .patch("n1", &PatchParams::default(), &Patch::<()>::Json(ops))
@@ -288,14 +293,7 @@ async fn eviction_respects_the_pdb_and_the_replicaset_replaces_the_pod() {
     let names = pod_names(&pods).await;
     // Cordon n1 so the replacement lands elsewhere.
     let nodes: Api<Node> = Api::all(s.client());
-    nodes
-        .patch(
-            "n1",
-            &PatchParams::default(),
-            &Patch::Merge(json!({"spec": {"unschedulable": true}})),
-        )
-        .await
-        .unwrap();
+    merge_spec(&nodes, "n1", json!({"unschedulable": true})).await;
     pods.evict(&names[0], &EvictParams::default())
         .await
         .unwrap();
@@ -448,10 +446,13 @@ async fn daemonset_pods_follow_nodes_and_taints() {
     .await;
     // Taint n1 with something fluentd does not tolerate, evict its pod: not recreated.
     let nodes: Api<Node> = Api::all(s.client());
-    nodes
-        .patch("n1", &PatchParams::default(), &Patch::Merge(json!({"spec": {"unschedulable": true, "taints": [{"key": "drain", "effect": "NoSchedule"}]}})))
-        .await
-        .unwrap();
+    let taints = json!([{"key": "drain", "effect": "NoSchedule"}]);
+    merge_spec(
+        &nodes,
+        "n1",
+        json!({"unschedulable": true, "taints": taints}),
+    )
+    .await;
     let pods: Api<Pod> = Api::namespaced(s.client(), "logging");
     let victim = s
         .list::<Pod>()
@@ -501,10 +502,14 @@ async fn a_daemonset_that_tolerates_everything_comes_back_once_its_pod_is_gone()
     };
     eventually("kube-proxy on n1", || here(&s).len() == 1).await;
     let nodes: Api<Node> = Api::all(s.client());
-    nodes
-        .patch("n1", &PatchParams::default(), &Patch::Merge(json!({"spec": {"unschedulable": true, "taints": [{"key": "ca-asg-provider.io/draining", "value": "true", "effect": "NoSchedule"}]}})))
-        .await
-        .unwrap();
+    let taints =
+        json!([{"key": "ca-asg-provider.io/draining", "value": "true", "effect": "NoSchedule"}]);
+    merge_spec(
+        &nodes,
+        "n1",
+        json!({"unschedulable": true, "taints": taints}),
+    )
+    .await;
     let first = here(&s).remove(0).0;
     let pods: Api<Pod> = Api::namespaced(s.client(), "kube-system");
     pods.evict(&first, &EvictParams::default()).await.unwrap();

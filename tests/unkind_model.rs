@@ -88,7 +88,7 @@ use proptest::prelude::*;
 
 mod support;
 use support::acting::Processes;
-use support::notices::eventbridge;
+use support::model::{fence, lead, web_and_batch, Replica};
 use support::pods::PodLog;
 use support::queue::{consumer, handle_all};
 use support::world::*;
@@ -287,19 +287,6 @@ fn op() -> impl Strategy<Value = Op> {
     ]
 }
 
-/// One replica of the service: its drain loop and its Lease.
-struct Replica {
-    loop_task: tokio::task::JoinHandle<()>,
-    lease: tokio::sync::watch::Sender<bool>,
-}
-
-fn lead(w: &World) -> Replica {
-    let (lease, rx) = tokio::sync::watch::channel(true);
-    w.engine.follow_leadership(rx);
-    let loop_task = scalein::sources::hook_scan::spawn_loop(w.engine.clone(), w.provider.clone());
-    Replica { loop_task, lease }
-}
-
 struct Model {
     w: World,
     policy: DeadlinePolicy,
@@ -353,18 +340,10 @@ fn lifecycle_message(group: &str, iid: &str, token: Option<&str>) -> String {
 impl Model {
     async fn new(policy: DeadlinePolicy) -> Model {
         let origin = ca_asg_provider::clock::now();
-        let mut w = World::builder()
-            .group(
-                MemoryGroup::new("web", 0, 6, 2, "m5.large")
-                    .eks_managed("prod", "web", EKS_HOOK_SECS)
-                    .terminating_hook(HOOK, HOOK_SECS),
-            )
-            .group(MemoryGroup::new("batch", 0, 6, 2, "m5.large"))
-            .settings(settings(policy))
-            .ready_delay(Duration::from_millis(20))
-            .in_process()
-            .build()
-            .await;
+        let web = MemoryGroup::new("web", 0, 6, 2, "m5.large")
+            .eks_managed("prod", "web", EKS_HOOK_SECS)
+            .terminating_hook(HOOK, HOOK_SECS);
+        let mut w = web_and_batch(web, settings(policy)).build().await;
         w.cloud.check_tokens(true);
         let nodes = nodes_of_groups(&w, &["web", "batch"]);
         assert_eq!(nodes.len(), NODES);
@@ -551,14 +530,7 @@ impl Model {
         self.w.cloud.slow_answers(Duration::ZERO);
         tokio::time::sleep(Duration::from_millis(50)).await;
         let old_engine = self.w.engine.clone();
-        let old = std::mem::replace(
-            &mut self.replica,
-            Replica {
-                loop_task: tokio::spawn(async {}),
-                lease: tokio::sync::watch::channel(false).0,
-            },
-        );
-        self.fenced.push((old, old_engine));
+        fence(&mut self.replica, &mut self.fenced, old_engine);
         self.new_replica().await;
     }
 
@@ -609,17 +581,7 @@ impl Model {
             }
             Op::Retirement(i) => {
                 let iid = self.nodes[*i].1.clone();
-                let start =
-                    (ca_asg_provider::clock::utc_now() + chrono::Duration::hours(2)).to_rfc2822();
-                let body = eventbridge(
-                    "AWS Health Event",
-                    "aws.health",
-                    serde_json::json!({
-                        "service": "EC2", "eventTypeCode": "AWS_EC2_INSTANCE_RETIREMENT_SCHEDULED",
-                        "eventTypeCategory": "scheduledChange", "startTime": start,
-                        "affectedEntities": [{"entityValue": iid}],
-                    }),
-                );
+                let body = support::notices::retirement(&iid);
                 self.notice(*i, body).await
             }
             Op::CaScaleIn(i) => {
@@ -640,12 +602,7 @@ impl Model {
                 }
             }
             Op::AsgEnds => {
-                let live_web = self
-                    .nodes
-                    .iter()
-                    .filter(|(_, i, g)| *g == "web" && self.in_service(i))
-                    .count();
-                if live_web < 2 {
+                if support::model::live_in(&self.w, &self.nodes, "web") < 2 {
                     return;
                 }
                 for victim in self.w.cloud.external_scale_in("web", 1).unwrap() {
@@ -1004,14 +961,7 @@ impl Model {
         if running > 0 {
             left.push(format!("{running} drain(s) in flight"));
         }
-        for (_, e) in &self.fenced {
-            if e.in_progress() > 0 {
-                left.push(format!(
-                    "a fenced replica still runs {} drain(s)",
-                    e.in_progress()
-                ));
-            }
-        }
+        left.extend(support::model::fenced_running(&self.fenced));
         let instances = self.w.cloud.instances();
         let state = |id: &str| {
             instances
@@ -1111,19 +1061,10 @@ fn run_then(proceed: bool, ops: &[Op], then: impl FnOnce(&Model)) -> Vec<String>
             DeadlinePolicy::Abandon
         };
         let mut m = Model::new(policy).await;
-        m.check();
-        for op in ops {
-            m.step(op).await;
-            m.check();
-        }
+        support::model::play(&mut m, ops, Model::step, Model::check).await;
         m.settle().await;
         then(&m);
-        m.replica.loop_task.abort();
-        for (r, e) in &m.fenced {
-            r.loop_task.abort();
-            e.shutdown();
-        }
-        m.w.engine.shutdown();
+        support::model::stop(&m.w, &m.replica, &m.fenced);
         support::model::transcript(&m.w.sim, &m.w.cloud, start)
     })
 }

@@ -457,10 +457,7 @@ impl Provider {
                     let g = &*group;
                     let done = match scale_in.remove(g, &inst, name.as_deref()).await {
                         Ok(Removal::Decremented) => {
-                            let mut ov = me.overlay.lock();
-                            let desired = Self::desired_of(&ov, g);
-                            Self::note_write(&mut ov, &id, Some(desired), desired - 1);
-                            ov.known.note_ending(&inst.id);
+                            Self::note_decrement(&mut me.overlay.lock(), &id, Some(g), &inst.id);
                             Ok(())
                         }
                         Ok(Removal::Deferred) => {

@@ -657,11 +657,7 @@ impl Provider {
         let Some(d) = ov.known.take_deferred(instance_id) else {
             return;
         };
-        if let Some(g) = reg.group(&d.group) {
-            let desired = Self::desired_of(&ov, g);
-            Self::note_write(&mut ov, &d.group, Some(desired), desired - 1);
-        }
-        ov.known.note_ending(instance_id);
+        Self::note_decrement(&mut ov, &d.group, reg.group(&d.group), instance_id);
         drop(ov);
         self.writes.fetch_add(1, Ordering::AcqRel);
         self.invalidate();
@@ -1025,6 +1021,18 @@ impl Provider {
         let before = reg.group(id).map(|g| Self::desired_of(&ov, g));
         Self::note_write(&mut ov, id, before, desired);
         Ok(())
+    }
+
+    /// The one place that notes an instance of group `id` ended with decrement (a
+    /// removal here, or a direct-mode drain's termination): AWS's desired capacity as
+    /// this service knows it went down by one (when the group is still known), and the
+    /// instance is ending.
+    fn note_decrement(ov: &mut Overlay, id: &str, group: Option<&Group>, instance_id: &str) {
+        if let Some(g) = group {
+            let desired = Self::desired_of(ov, g);
+            Self::note_write(ov, id, Some(desired), desired - 1);
+        }
+        ov.known.note_ending(instance_id);
     }
 
     /// Remembers a desired capacity AWS took from us (a write, or a termination with

@@ -40,6 +40,11 @@ use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use ca_asg_provider::clock::Instant;
+use ca_asg_provider::cloud::memory::MemoryGroup;
+use ca_asg_provider::scalein::{self, Engine, ScaleInSettings};
+use std::sync::Arc;
+
+use super::world::{World, WorldBuilder};
 
 use parking_lot::Mutex;
 use proptest::strategy::{Strategy, ValueTree};
@@ -285,6 +290,83 @@ pub fn on_paused_clock<F: std::future::Future>(case: F) -> F::Output {
         let _wall = ca_asg_provider::clock::simulate_wall_clock(start);
         case.await
     })
+}
+
+/// Steps a drain model through `ops`: its invariants (`check`) before the first step
+/// and after each one.
+pub async fn play<M, O>(m: &mut M, ops: &[O], step: impl AsyncFn(&mut M, &O), check: impl Fn(&M)) {
+    check(m);
+    for op in ops {
+        step(m, op).await;
+        check(m);
+    }
+}
+
+/// One replica of the service in a drain model whose leadership is a watch the model
+/// holds (not the Lease): its drain loop and its lease.
+pub struct Replica {
+    pub loop_task: tokio::task::JoinHandle<()>,
+    pub lease: tokio::sync::watch::Sender<bool>,
+}
+
+/// The world's engine leads (by a watch set before its loop starts) and its loop runs.
+pub fn lead(w: &World) -> Replica {
+    let (lease, rx) = tokio::sync::watch::channel(true);
+    w.engine.follow_leadership(rx);
+    let loop_task = scalein::sources::hook_scan::spawn_loop(w.engine.clone(), w.provider.clone());
+    Replica { loop_task, lease }
+}
+
+/// The leader `replica`, its lease already gone, joins `fenced` (alive, stopped where
+/// it was) with its `engine`; `replica` holds nothing until a new one leads.
+pub fn fence(replica: &mut Replica, fenced: &mut Vec<(Replica, Arc<Engine>)>, engine: Arc<Engine>) {
+    let old = std::mem::replace(
+        replica,
+        Replica {
+            loop_task: tokio::spawn(async {}),
+            lease: tokio::sync::watch::channel(false).0,
+        },
+    );
+    fenced.push((old, engine));
+}
+
+/// What the fenced replicas still run: each one's drains, named (none may).
+pub fn fenced_running(fenced: &[(Replica, Arc<Engine>)]) -> Vec<String> {
+    fenced
+        .iter()
+        .filter(|(_, e)| e.in_progress() > 0)
+        .map(|(_, e)| format!("a fenced replica still runs {} drain(s)", e.in_progress()))
+        .collect()
+}
+
+/// Ends a case's replicas: the leader's loop, each fenced one's loop and engine, then
+/// the world's engine.
+pub fn stop(w: &World, leader: &Replica, fenced: &[(Replica, Arc<Engine>)]) {
+    leader.loop_task.abort();
+    for (r, e) in fenced {
+        r.loop_task.abort();
+        e.shutdown();
+    }
+    w.engine.shutdown();
+}
+
+/// How many of a model's `nodes` (node, instance, group) of `group` are in service.
+pub fn live_in(w: &World, nodes: &[(String, String, &'static str)], group: &str) -> usize {
+    nodes
+        .iter()
+        .filter(|(_, i, g)| *g == group && super::world::in_service(&w.cloud, i))
+        .count()
+}
+
+/// The drain models' world: `web` (our hook on it), batch (two instances, no hook),
+/// `settings`, pods Ready 20 ms after binding, everything in process.
+pub fn web_and_batch(web: MemoryGroup, settings: ScaleInSettings) -> WorldBuilder {
+    World::builder()
+        .group(web)
+        .group(MemoryGroup::new("batch", 0, 6, 2, "m5.large"))
+        .settings(settings)
+        .ready_delay(Duration::from_millis(20))
+        .in_process()
 }
 
 /// What a case did, to compare two runs of it: every line of the API server's audit

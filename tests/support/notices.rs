@@ -41,6 +41,27 @@ pub fn rebalance(iid: &str) -> String {
     )
 }
 
+/// An AWS Health scheduled retirement of `iid`, starting at `start`, sent now.
+pub fn retirement_at(iid: &str, start: chrono::DateTime<chrono::Utc>) -> String {
+    eventbridge(
+        "AWS Health Event",
+        "aws.health",
+        serde_json::json!({
+            "service": "EC2", "eventTypeCode": "AWS_EC2_INSTANCE_RETIREMENT_SCHEDULED",
+            "eventTypeCategory": "scheduledChange", "startTime": start.to_rfc2822(),
+            "affectedEntities": [{"entityValue": iid}],
+        }),
+    )
+}
+
+/// [`retirement_at`] two hours from now.
+pub fn retirement(iid: &str) -> String {
+    retirement_at(
+        iid,
+        ca_asg_provider::clock::utc_now() + chrono::Duration::hours(2),
+    )
+}
+
 /// The ASG's EC2_INSTANCE_TERMINATING notification for `iid` of `group` under
 /// `hook`, as the hook's notification target gets it, sent at `at`; without
 /// `LifecycleActionToken` when `token` is `None` (a forged or cut message).

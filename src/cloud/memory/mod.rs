@@ -268,6 +268,44 @@ struct MemAsg {
     pool: Vec<MemInstance>,
 }
 
+impl MemAsg {
+    /// A group as created: its desired capacity as given, nothing launched yet.
+    fn new(spec: MemoryGroup) -> MemAsg {
+        MemAsg {
+            desired: spec.desired,
+            spec,
+            instances: Vec::new(),
+            fail_launches: None,
+            launches_held_until: None,
+            failures: Vec::new(),
+            last_launch_unix: None,
+            zone_cursor: 0,
+            pool: Vec::new(),
+        }
+    }
+}
+
+/// Group `group` to change, or AWS's not-found.
+fn group_mut<'a>(st: &'a mut State, group: &str) -> CloudResult<&'a mut MemAsg> {
+    st.groups
+        .get_mut(group)
+        .ok_or_else(|| not_found("group", group))
+}
+
+/// Group `group` as a read sees it: from the stale view while one lasts
+/// ([`MemoryCloud::stale_reads`]), else as it is; or AWS's not-found.
+fn seen_group<'a>(
+    stale: &'a Option<BTreeMap<String, MemAsg>>,
+    groups: &'a BTreeMap<String, MemAsg>,
+    group: &str,
+) -> CloudResult<&'a MemAsg> {
+    stale
+        .as_ref()
+        .unwrap_or(groups)
+        .get(group)
+        .ok_or_else(|| not_found("group", group))
+}
+
 #[derive(Default)]
 struct State {
     groups: BTreeMap<String, MemAsg>,
@@ -330,21 +368,7 @@ impl MemoryCloud {
         {
             let mut st = cloud.state.lock();
             for g in groups {
-                let desired = g.desired;
-                st.groups.insert(
-                    g.name.clone(),
-                    MemAsg {
-                        spec: g,
-                        desired,
-                        instances: Vec::new(),
-                        fail_launches: None,
-                        launches_held_until: None,
-                        failures: Vec::new(),
-                        last_launch_unix: None,
-                        zone_cursor: 0,
-                        pool: Vec::new(),
-                    },
-                );
+                st.groups.insert(g.name.clone(), MemAsg::new(g));
             }
             // Instances that exist from the start are already InService.
             let now = Instant::now();
@@ -470,21 +494,7 @@ impl MemoryCloud {
     pub fn add_group(&self, g: MemoryGroup) {
         let mut st = self.state.lock();
         let name = g.name.clone();
-        let desired = g.desired;
-        st.groups.insert(
-            name.clone(),
-            MemAsg {
-                spec: g,
-                desired,
-                instances: Vec::new(),
-                fail_launches: None,
-                launches_held_until: None,
-                failures: Vec::new(),
-                last_launch_unix: None,
-                zone_cursor: 0,
-                pool: Vec::new(),
-            },
-        );
+        st.groups.insert(name.clone(), MemAsg::new(g));
         let now = Instant::now();
         let past = now.checked_sub(self.timing.launch_delay).unwrap_or(now);
         self.reconcile_group(&mut st, &name, past);
@@ -748,10 +758,7 @@ impl MemoryCloud {
         let mut st = self.state.lock();
         self.settle(&mut st);
         let now = Instant::now();
-        let g = st
-            .groups
-            .get_mut(group)
-            .ok_or_else(|| not_found("group", group))?;
+        let g = group_mut(&mut st, group)?;
         let from = g.desired;
         g.desired = (g.desired - by).max(g.spec.min_size);
         let change = DesiredChange {
@@ -1419,11 +1426,7 @@ impl Cloud for MemoryCloud {
             let mut st = self.state.lock();
             self.begin_call(&mut st, "warm_pool_instances")?;
             let stale = Self::stale_view(&mut st);
-            let g = stale
-                .as_ref()
-                .unwrap_or(&st.groups)
-                .get(group)
-                .ok_or_else(|| not_found("group", group))?;
+            let g = seen_group(&stale, &st.groups, group)?;
             Ok(g.pool.iter().map(to_asg_instance).collect())
         })
         .await
@@ -1433,10 +1436,7 @@ impl Cloud for MemoryCloud {
         self.effect(|| -> CloudResult<()> {
             let mut st = self.state.lock();
             self.begin_call(&mut st, "set_desired_capacity")?;
-            let g = st
-                .groups
-                .get_mut(group)
-                .ok_or_else(|| not_found("group", group))?;
+            let g = group_mut(&mut st, group)?;
             if desired < g.spec.min_size || desired > g.spec.max_size {
                 return Err(CloudError::Rejected {
                     operation: "SetDesiredCapacity".into(),
@@ -1597,11 +1597,7 @@ impl Cloud for MemoryCloud {
             let mut st = self.state.lock();
             self.begin_call(&mut st, "terminating_hooks")?;
             let stale = Self::stale_view(&mut st);
-            let g = stale
-                .as_ref()
-                .unwrap_or(&st.groups)
-                .get(group)
-                .ok_or_else(|| not_found("group", group))?;
+            let g = seen_group(&stale, &st.groups, group)?;
             Ok(g.spec.terminating_hooks.clone())
         })
         .await
@@ -1611,10 +1607,7 @@ impl Cloud for MemoryCloud {
         self.effect(|| -> CloudResult<()> {
             let mut st = self.state.lock();
             self.begin_call(&mut st, "put_terminating_hook")?;
-            let g = st
-                .groups
-                .get_mut(group)
-                .ok_or_else(|| not_found("group", group))?;
+            let g = group_mut(&mut st, group)?;
             put_hook(&mut g.spec.terminating_hooks, hook.clone());
             Ok(())
         })
@@ -1625,10 +1618,7 @@ impl Cloud for MemoryCloud {
         self.effect(|| -> CloudResult<()> {
             let mut st = self.state.lock();
             self.begin_call(&mut st, "delete_terminating_hook")?;
-            let g = st
-                .groups
-                .get_mut(group)
-                .ok_or_else(|| not_found("group", group))?;
+            let g = group_mut(&mut st, group)?;
             g.spec.terminating_hooks.retain(|h| h.name != hook);
             // As AWS does: the deleted hook's outstanding actions end with CONTINUE.
             let now = Instant::now();
@@ -1667,10 +1657,7 @@ impl Cloud for MemoryCloud {
         self.effect(|| -> CloudResult<()> {
             let mut st = self.state.lock();
             self.begin_call(&mut st, "tag_group")?;
-            let g = st
-                .groups
-                .get_mut(group)
-                .ok_or_else(|| not_found("group", group))?;
+            let g = group_mut(&mut st, group)?;
             g.spec.tags.insert(key.to_string(), value.to_string());
             Ok(())
         })
@@ -1681,10 +1668,7 @@ impl Cloud for MemoryCloud {
         self.effect(|| -> CloudResult<()> {
             let mut st = self.state.lock();
             self.begin_call(&mut st, "untag_group")?;
-            let g = st
-                .groups
-                .get_mut(group)
-                .ok_or_else(|| not_found("group", group))?;
+            let g = group_mut(&mut st, group)?;
             g.spec.tags.remove(key);
             Ok(())
         })

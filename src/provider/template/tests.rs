@@ -60,15 +60,14 @@ fn build(
     .unwrap()
 }
 
+/// [`build`] for the group of [`asg`] without tags, no overrides.
+fn plain(launch: &LaunchData, it: &InstanceTypeInfo, eks: Option<&EksNodegroup>) -> TemplateNode {
+    build(&asg(&[]), launch, it, eks, &TemplateOverrides::default())
+}
+
 #[test]
 fn standard_labels_capacity_and_allocatable() {
-    let n = build(
-        &asg(&[]),
-        &LaunchData::default(),
-        &m5_large(),
-        None,
-        &TemplateOverrides::default(),
-    );
+    let n = plain(&LaunchData::default(), &m5_large(), None);
     let l = |k: &str| n.labels.get(k).map(String::as_str);
     assert_eq!(l("kubernetes.io/arch"), Some("amd64"));
     assert_eq!(l("kubernetes.io/os"), Some("linux"));
@@ -101,13 +100,7 @@ fn gpu_types_get_the_accelerator_label_and_gpu_capacity() {
         architecture: "amd64".into(),
         ..Default::default()
     };
-    let n = build(
-        &asg(&[]),
-        &LaunchData::default(),
-        &it,
-        None,
-        &TemplateOverrides::default(),
-    );
+    let n = plain(&LaunchData::default(), &it, None);
     assert_eq!(n.labels[GPU_LABEL], "nvidia-tesla-t4");
     assert!(
         n.warnings
@@ -121,13 +114,7 @@ fn gpu_types_get_the_accelerator_label_and_gpu_capacity() {
         gpu_manufacturer: Some("NVIDIA".into()),
         ..it
     };
-    let n = build(
-        &asg(&[]),
-        &LaunchData::default(),
-        &it,
-        None,
-        &TemplateOverrides::default(),
-    );
+    let n = plain(&LaunchData::default(), &it, None);
     assert_eq!(n.capacity["nvidia.com/gpu"], "1");
     assert_eq!(n.allocatable["nvidia.com/gpu"], "1");
     assert_eq!(
@@ -272,53 +259,41 @@ fn bottlerocket_templates_count_the_data_volume() {
         volumes: volumes.clone(),
         ..Default::default()
     };
-    let n = build(
-        &asg(&[]),
-        &toml,
-        &m5_large(),
-        None,
-        &TemplateOverrides::default(),
-    );
-    assert_eq!(n.capacity["ephemeral-storage"], "120Gi");
-    // Known from the EKS node group's AMI type, without user data.
-    let eks = EksNodegroup {
-        ami_type: Some("BOTTLEROCKET_ARM_64".into()),
-        ..Default::default()
-    };
-    let plain = LaunchData {
+    let no_user_data = LaunchData {
         volumes,
         ..Default::default()
     };
-    let n = build(
-        &asg(&[]),
-        &plain,
-        &m5_large(),
-        Some(&eks),
-        &TemplateOverrides::default(),
-    );
-    assert_eq!(n.capacity["ephemeral-storage"], "120Gi");
-    // Not Bottlerocket: the root volume.
-    let n = build(
-        &asg(&[]),
-        &plain,
-        &m5_large(),
-        None,
-        &TemplateOverrides::default(),
-    );
-    assert_eq!(n.capacity["ephemeral-storage"], "4Gi");
-    // A managed node group without a launch template: its disk size.
-    let eks = EksNodegroup {
+    let bottlerocket_ami = EksNodegroup {
+        ami_type: Some("BOTTLEROCKET_ARM_64".into()),
+        ..Default::default()
+    };
+    let disk_80 = EksNodegroup {
         disk_size_gib: Some(80),
         ..Default::default()
     };
-    let n = build(
-        &asg(&[]),
-        &LaunchData::default(),
-        &m5_large(),
-        Some(&eks),
-        &TemplateOverrides::default(),
-    );
-    assert_eq!(n.capacity["ephemeral-storage"], "80Gi");
+    let cases: [(&str, &LaunchData, Option<&EksNodegroup>, &str); 4] = [
+        ("Bottlerocket's TOML user data", &toml, None, "120Gi"),
+        // Known from the EKS node group's AMI type, without user data.
+        (
+            "the AMI type",
+            &no_user_data,
+            Some(&bottlerocket_ami),
+            "120Gi",
+        ),
+        // Not Bottlerocket: the root volume.
+        ("not Bottlerocket", &no_user_data, None, "4Gi"),
+        // A managed node group without a launch template: its disk size.
+        (
+            "a disk size",
+            &LaunchData::default(),
+            Some(&disk_80),
+            "80Gi",
+        ),
+    ];
+    for (case, launch, eks, want) in cases {
+        let n = plain(launch, &m5_large(), eks);
+        assert_eq!(n.capacity["ephemeral-storage"], want, "{case}");
+    }
 }
 
 #[test]
@@ -407,13 +382,7 @@ fn arm_and_empty_types() {
         architecture: "arm64".into(),
         ..Default::default()
     };
-    let n = build(
-        &asg(&[]),
-        &LaunchData::default(),
-        &it,
-        None,
-        &TemplateOverrides::default(),
-    );
+    let n = plain(&LaunchData::default(), &it, None);
     assert_eq!(n.labels["kubernetes.io/arch"], "arm64");
     let bad = InstanceTypeInfo {
         name: "x".into(),
@@ -468,13 +437,7 @@ fn amd_and_habana_gpus_get_their_own_resource_names() {
             architecture: "amd64".into(),
             ..Default::default()
         };
-        let n = build(
-            &asg(&[]),
-            &LaunchData::default(),
-            &it,
-            None,
-            &TemplateOverrides::default(),
-        );
+        let n = plain(&LaunchData::default(), &it, None);
         assert_eq!(
             n.capacity.get(resource).map(String::as_str),
             Some("2"),
@@ -553,13 +516,7 @@ fn windows_groups_template_windows_nodes() {
         user_data: Some(WINDOWS_USER_DATA.into()),
         ..Default::default()
     };
-    let n = build(
-        &asg(&[]),
-        &launch,
-        &m5_large(),
-        None,
-        &TemplateOverrides::default(),
-    );
+    let n = plain(&launch, &m5_large(), None);
     assert_eq!(n.labels[OS_LABEL], "windows");
     assert_eq!(n.labels["beta.kubernetes.io/os"], "windows");
     assert_eq!(n.labels["team"], "win", "-KubeletExtraArgs is read");
@@ -575,13 +532,7 @@ fn windows_groups_template_windows_nodes() {
         ami_type: Some("WINDOWS_CORE_2022_x86_64".into()),
         ..Default::default()
     };
-    let n = build(
-        &asg(&[]),
-        &LaunchData::default(),
-        &m5_large(),
-        Some(&eks),
-        &TemplateOverrides::default(),
-    );
+    let n = plain(&LaunchData::default(), &m5_large(), Some(&eks));
     assert_eq!(n.labels[OS_LABEL], "windows");
     assert_eq!(n.labels[WINDOWS_BUILD_LABEL], "10.0.20348");
     // A Linux AMI type wins over user data that merely mentions PowerShell.
@@ -589,13 +540,7 @@ fn windows_groups_template_windows_nodes() {
         ami_type: Some("AL2023_x86_64_STANDARD".into()),
         ..Default::default()
     };
-    let n = build(
-        &asg(&[]),
-        &launch,
-        &m5_large(),
-        Some(&eks),
-        &TemplateOverrides::default(),
-    );
+    let n = plain(&launch, &m5_large(), Some(&eks));
     assert_eq!(n.labels[OS_LABEL], "linux");
     assert_eq!(n.capacity["pods"], "29");
 }
@@ -636,13 +581,7 @@ fn with_user_data(ud: &str) -> TemplateNode {
         user_data: Some(ud.into()),
         ..Default::default()
     };
-    build(
-        &asg(&[]),
-        &launch,
-        &m5_large(),
-        None,
-        &TemplateOverrides::default(),
-    )
+    plain(&launch, &m5_large(), None)
 }
 
 #[test]
