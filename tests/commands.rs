@@ -1891,3 +1891,76 @@ async fn a_followed_drain_says_when_no_replica_leads_and_when_one_does_again() {
     lp.abort();
     w.engine.shutdown();
 }
+
+/// `drain NODE` following the leader's drain relays the leader's warnings on the node
+/// (before, it said phases only), and a drain the leader gave up at its deadline ends
+/// the command with an error, as the command's own drain does (before, the finished
+/// record read as "done: node drained"). A warning already on the node before the
+/// command is not relayed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_followed_drain_relays_the_leaders_warnings_and_fails_when_it_gives_up() {
+    use ca_asg_provider::scalein::{DeadlinePolicy, ScaleInSettings};
+    use support::world::*;
+    let w = World::builder()
+        .web(3, 1)
+        .ready_delay(Duration::from_millis(30))
+        .settings(ScaleInSettings {
+            workload_deadline: Duration::from_secs(2),
+            workload_deadline_policy: DeadlinePolicy::Abandon,
+            ..fast_settings()
+        })
+        .build()
+        .await;
+    let (node, _) = nodes_of(&w, "web").remove(0);
+    fluentd_and_an_app_on_each(&w, &[(node.clone(), String::new())], 0.2, 0.2);
+    w.sim.create(&fixtures::pdb("shop", "app", 0)).unwrap();
+    pods_ready(&w, 2).await;
+    // An earlier warning of the service on the node, from before the command.
+    w.sim
+        .create(&k8s_openapi::api::events::v1::Event {
+            metadata: ObjectMeta {
+                name: Some(format!("{node}.earlier")),
+                namespace: Some("default".into()),
+                ..Default::default()
+            },
+            type_: Some("Warning".into()),
+            reason: Some("DrainFailed".into()),
+            note: Some("an earlier drain failed".into()),
+            reporting_controller: Some("ca-asg-provider".into()),
+            regarding: Some(k8s_openapi::api::core::v1::ObjectReference {
+                kind: Some("Node".into()),
+                name: Some(node.clone()),
+                ..Default::default()
+            }),
+            ..Default::default()
+        })
+        .unwrap();
+    let lp = leading_replica(&w).await;
+
+    let (drain, lines) = drain_command_in_background(w.sim.client(), &node);
+    let result = tokio::time::timeout(Duration::from_secs(30), drain)
+        .await
+        .expect("the command ends")
+        .unwrap();
+    let err = result
+        .expect_err("a drain given up is not done")
+        .to_string();
+    assert!(
+        err.contains("the service's leader gave the drain up: drain abandoned"),
+        "{err}"
+    );
+    assert_said(
+        &lines,
+        &[
+            "the service's leader replica-a runs the drain",
+            "warning: DeadlineHit: workloads deadline 2s passed with 1 pod(s) still on the node; policy abandon",
+            "warning: DrainAbandoned: drain abandoned:",
+        ],
+        "given up",
+    );
+    let said = lines.lock().unwrap().join("\n");
+    assert!(!said.contains("an earlier drain failed"), "{said}");
+    assert!(!said.contains("done: node drained"), "{said}");
+    lp.abort();
+    w.engine.shutdown();
+}

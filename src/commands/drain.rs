@@ -5,6 +5,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::events::v1::Event as EventV1;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use k8s_openapi::api::storage::v1::VolumeAttachment;
 use kube::api::ListParams;
@@ -17,7 +18,7 @@ use crate::provider::{provider_id, Provider};
 use crate::scalein::decide::plan;
 use crate::scalein::decide::record::Limits;
 use crate::scalein::engine::leader::{self, Claim, LeaseSettings};
-use crate::scalein::progress::{self, Narrator, Phase};
+use crate::scalein::progress::{self, Narrator, Phase, Warnings};
 use crate::scalein::stages::{cordon, terminate};
 use crate::scalein::{self, DaemonSetPolicy, DrainRequest, Engine, Mode, Outcome, Source};
 use k8s_openapi::api::coordination::v1::Lease;
@@ -160,6 +161,9 @@ pub async fn drain_in(
         mode,
     };
     say(&target.intent());
+    // What the node already shows is primed before anything changes: only the
+    // warnings of this drain are relayed.
+    let watch = Watch::start(client.clone(), target.node.clone(), engine.limits()).await;
     // Before anything changes: who drains. One engine per node, never two.
     let outcome = match who_drains(&lease_client, cfg, &say).await? {
         Who::Leader(holder, lease) => {
@@ -167,12 +171,13 @@ pub async fn drain_in(
                 Api::namespaced(lease_client.clone(), &lease.namespace),
                 lease,
             );
-            let result = hand_to_leader(&engine, &client, &target, &holder, &lease, &say).await;
+            let result =
+                hand_to_leader(&engine, &client, &target, &holder, &lease, watch, &say).await;
             engine.shutdown();
             result?
         }
         Who::Here(lease) => {
-            drain_here(&engine, &client, provider.as_ref(), &target, lease, &say).await?
+            drain_here(&engine, provider.as_ref(), &target, lease, watch, &say).await?
         }
     };
     say(&outcome);
@@ -289,10 +294,10 @@ async fn who_drains(
 /// given). Returns the last line to say.
 async fn drain_here(
     engine: &Arc<Engine>,
-    client: &kube::Client,
     provider: Option<&Arc<Provider>>,
     target: &Target,
     lease: Option<LeaseSettings>,
+    watch: Watch,
     say: &Say,
 ) -> anyhow::Result<String> {
     if let Some(lease) = lease {
@@ -310,7 +315,7 @@ async fn drain_here(
             );
         }
     }
-    let result = run_here(engine, client, provider, target, say).await;
+    let result = run_here(engine, provider, target, watch, say).await;
     // Stops leading and gives the Lease back (no-op without one).
     engine.step_down().await;
     result
@@ -318,9 +323,9 @@ async fn drain_here(
 
 async fn run_here(
     engine: &Arc<Engine>,
-    client: &kube::Client,
     provider: Option<&Arc<Provider>>,
     target: &Target,
+    watch: Watch,
     say: &Say,
 ) -> anyhow::Result<String> {
     match (&target.mode, provider) {
@@ -339,14 +344,9 @@ async fn run_here(
         reasons: vec![scalein::ca_reason(&target.mode)],
         noticed: None,
     });
-    let watch = tokio::spawn(narrate(
-        client.clone(),
-        target.node.clone(),
-        engine.limits(),
-        say.clone(),
-    ));
+    let narrating = tokio::spawn(narrate(watch, say.clone()));
     let outcome = engine.wait_for(&target.id).await;
-    watch.abort();
+    narrating.abort();
     tokio::time::sleep(Duration::from_millis(50)).await;
     match outcome {
         Some(Outcome::Ended) => Ok(target.done(true)),
@@ -367,6 +367,7 @@ async fn hand_to_leader(
     target: &Target,
     holder: &str,
     lease: &(Api<Lease>, LeaseSettings),
+    watch: Watch,
     say: &Say,
 ) -> anyhow::Result<String> {
     match &target.mode {
@@ -393,7 +394,7 @@ async fn hand_to_leader(
         "the service's leader {holder} runs the drain (recorded for it on {}); following it here: Ctrl-C stops following, not the drain",
         target.node
     ));
-    follow(engine, client, target, lease, say).await
+    follow(engine, target, lease, watch, say).await
 }
 
 /// Reads the drain the leader runs back every [`PROGRESS_POLL`], saying where it
@@ -404,12 +405,11 @@ async fn hand_to_leader(
 /// again when one does.
 async fn follow(
     engine: &Arc<Engine>,
-    client: &kube::Client,
     target: &Target,
     (lease_api, lease): &(Api<Lease>, LeaseSettings),
+    mut watch: Watch,
     say: &Say,
 ) -> anyhow::Result<String> {
-    let mut watch = Watch::new(client.clone(), target.node.clone(), engine.limits());
     let mut tick = tokio::time::interval(PROGRESS_POLL);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut recorded = false;
@@ -445,11 +445,21 @@ async fn follow(
             None => continue,
         };
         match phase {
-            Some(Phase::Finished) => return Ok(target.done(false)),
+            Some(Phase::Finished) => {
+                // The leader says it gave the drain up in an Event, written after the
+                // record (and queued behind the drains in a storm): one more look.
+                tokio::time::sleep(PROGRESS_POLL).await;
+                watch.relay_warnings(say).await;
+                if let Some(why) = watch.abandoned() {
+                    anyhow::bail!("the service's leader gave the drain up: {why}");
+                }
+                return Ok(target.done(false));
+            }
             Some(_) => recorded = true,
             None if recorded => anyhow::bail!(
-                "the drain was given up: its record left node {} (its deadline passed, or `undrain`); `kubectl describe node {}` shows the Events",
+                "the drain was given up: its record left node {} (its deadline passed, or `undrain`){}; `kubectl describe node {}` shows the Events",
                 target.node,
+                watch.abandoned().map(|why| format!(": {why}")).unwrap_or_default(),
                 target.node
             ),
             None => {}
@@ -476,8 +486,7 @@ async fn instance_ends(engine: &Engine, id: &str) -> bool {
 /// ([`Narrator`]): a line per phase, and while pods keep it, which and why. A read
 /// that fails says nothing (the next one tries again): the drain itself is not
 /// affected.
-async fn narrate(client: kube::Client, node: String, limits: Limits, say: Say) {
-    let mut watch = Watch::new(client, node, limits);
+async fn narrate(mut watch: Watch, say: Say) {
     let mut tick = tokio::time::interval(PROGRESS_POLL);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     loop {
@@ -500,16 +509,25 @@ struct Watch {
     node: String,
     limits: Limits,
     narrator: Narrator,
+    /// The service's warnings on the node, relayed; `None` when the node's Events
+    /// could not be read at the start (what was there before cannot be told apart).
+    warnings: Option<Warnings>,
 }
 
 impl Watch {
-    fn new(client: kube::Client, node: String, limits: Limits) -> Self {
+    /// Begins watching the node: its Events as they are now are primed, so only
+    /// the warnings of this drain are relayed.
+    async fn start(client: kube::Client, node: String, limits: Limits) -> Self {
         let narrator = Narrator::new(&node, BLOCKERS_EVERY);
+        let warnings = node_events(&client, &node)
+            .await
+            .map(|events| Warnings::primed(&node, &events));
         Watch {
             client,
             node,
             limits,
             narrator,
+            warnings,
         }
     }
 
@@ -562,6 +580,44 @@ impl Watch {
         {
             say(&line);
         }
+        self.relay_warnings(say).await;
         Some(Seen::Row(row.map(|r| r.phase)))
     }
+
+    /// Why the drain was given up, when the service said so in a warning relayed.
+    fn abandoned(&self) -> Option<String> {
+        self.warnings.as_ref()?.abandoned().map(str::to_string)
+    }
+
+    /// Says the service's warnings on the node not said yet. A read that fails says
+    /// nothing (the next look reads again).
+    async fn relay_warnings(&mut self, say: &Say) {
+        let Some(warnings) = self.warnings.as_mut() else {
+            return;
+        };
+        if let Some(events) = node_events(&self.client, &self.node).await {
+            for line in warnings.observe(&events) {
+                say(&line);
+            }
+        }
+    }
 }
+
+/// The Events about `node` (a Node's Events live in the default namespace), at most
+/// [`NODE_EVENTS_READ`]. `None` when they cannot be read (RBAC, the API server).
+async fn node_events(client: &kube::Client, node: &str) -> Option<Vec<EventV1>> {
+    let api: Api<EventV1> = Api::namespaced(client.clone(), "default");
+    let params = ListParams::default()
+        .fields(&format!("regarding.name={node}"))
+        .limit(NODE_EVENTS_READ);
+    match api.list(&params).await {
+        Ok(list) => Some(list.items),
+        Err(e) => {
+            tracing::debug!(node, error = %e, "cannot read the node's Events; its warnings are not relayed");
+            None
+        }
+    }
+}
+
+/// How many of a node's Events one look reads.
+const NODE_EVENTS_READ: u32 = 500;

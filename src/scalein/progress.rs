@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::events::v1::Event as EventV1;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use serde::Serialize;
 
@@ -314,6 +315,135 @@ impl Narrator {
             }
         }
         out
+    }
+}
+
+/// The service's Warning Events on the node that `drain NODE` relays as it follows
+/// the drain, wherever the drain runs (the service's leader, or the command's own
+/// engine): a deadline hit, a drain failed or abandoned, a heartbeat refused, pods not
+/// waited for. Each Event once, and again when it recurs (its series counts up).
+/// `EvictionBlocked` is not relayed: [`Narrator`] names the pods and budgets that
+/// keep the drain. What was on the node before the command began is primed, never
+/// relayed, by the Events' own identity and count, not their times (another
+/// machine's clock). Pure: the Events come in.
+#[derive(Debug, Default)]
+pub struct Warnings {
+    node: String,
+    /// Each relayed (or primed) Event's uid, and its count then.
+    seen: BTreeMap<String, i32>,
+    /// The note of the last `DrainAbandoned` relayed: the drain was given up.
+    abandoned: Option<String>,
+}
+
+/// One of the service's warnings on the node, as relayed.
+#[derive(Debug)]
+struct Warning {
+    uid: String,
+    count: i32,
+    reason: String,
+    note: String,
+    line: String,
+}
+
+/// Events relayed at most per look: a flood says how many were left out.
+pub const WARNINGS_PER_LOOK: usize = 20;
+
+impl Warnings {
+    /// Nothing of `events` (the node's, as they stand before the drain) is relayed.
+    pub fn primed(node: &str, events: &[EventV1]) -> Self {
+        let mut w = Self {
+            node: node.to_string(),
+            ..Self::default()
+        };
+        for said in w.ours(events) {
+            w.seen.insert(said.uid, said.count);
+        }
+        w
+    }
+
+    /// Why the drain was given up, when a `DrainAbandoned` was relayed.
+    pub fn abandoned(&self) -> Option<&str> {
+        self.abandoned.as_deref()
+    }
+
+    /// The lines for the Warnings among `events` not relayed yet, or recurred.
+    pub fn observe(&mut self, events: &[EventV1]) -> Vec<String> {
+        let mut fresh = Vec::new();
+        for said in self.ours(events) {
+            if self.seen.get(&said.uid).is_some_and(|&c| c >= said.count) {
+                continue;
+            }
+            self.seen.insert(said.uid, said.count);
+            if said.reason == "DrainAbandoned" {
+                self.abandoned = Some(said.note);
+            }
+            fresh.push(said.line);
+        }
+        let left = fresh.len().saturating_sub(WARNINGS_PER_LOOK);
+        fresh.truncate(WARNINGS_PER_LOOK);
+        if left > 0 {
+            fresh.push(format!(
+                "(and {left} more warning(s): `kubectl describe node {}`)",
+                self.node
+            ));
+        }
+        fresh
+    }
+
+    /// This service's Warning Events on the node, but the blocked evictions, in the
+    /// order the service said them.
+    fn ours(&self, events: &[EventV1]) -> Vec<Warning> {
+        let mut out: Vec<(Option<k8s_openapi::jiff::Timestamp>, Warning)> = events
+            .iter()
+            .filter(|e| self.relays(e))
+            .filter_map(|e| {
+                let uid = e.metadata.uid.clone()?;
+                let count = e
+                    .series
+                    .as_ref()
+                    .map(|s| s.count)
+                    .or(e.deprecated_count)
+                    .unwrap_or(1)
+                    .max(1);
+                // In the order the service said them (its own clock, for the order
+                // of the lines only).
+                let at = e
+                    .series
+                    .as_ref()
+                    .map(|s| s.last_observed_time.0)
+                    .or_else(|| e.event_time.as_ref().map(|t| t.0));
+                let reason = e.reason.as_deref().unwrap_or("Warning");
+                let note = e.note.as_deref().unwrap_or_default();
+                let times = if count > 1 {
+                    format!(" ({count} times)")
+                } else {
+                    String::new()
+                };
+                let line = format!("warning: {reason}{times}: {note}");
+                Some((
+                    at,
+                    Warning {
+                        uid,
+                        count,
+                        reason: reason.to_string(),
+                        note: note.to_string(),
+                        line,
+                    },
+                ))
+            })
+            .collect();
+        out.sort_by(|a, b| (a.0, &a.1.uid).cmp(&(b.0, &b.1.uid)));
+        out.into_iter().map(|(_, w)| w).collect()
+    }
+
+    /// A Warning of this service's about the node, not a blocked eviction.
+    fn relays(&self, e: &EventV1) -> bool {
+        e.type_.as_deref() == Some("Warning")
+            && e.reporting_controller.as_deref() == Some(crate::scalein::kube::events::REPORTER)
+            && e.reason.as_deref() != Some("EvictionBlocked")
+            && e.regarding.as_ref().is_some_and(|r| {
+                r.kind.as_deref() == Some("Node") && r.name.as_deref() == Some(self.node.as_str())
+            })
     }
 }
 

@@ -88,3 +88,125 @@ fn a_quick_drain_says_cordoned_then_pods_gone() {
         ["cordoned n1: nothing new is scheduled there", "pods gone"]
     );
 }
+
+/// An Event as the service's recorder writes it about node `node`.
+fn event(uid: &str, node: &str, kind: &str, reason: &str, count: Option<i32>) -> EventV1 {
+    use k8s_openapi::api::core::v1::ObjectReference;
+    use k8s_openapi::api::events::v1::EventSeries;
+    use k8s_openapi::apimachinery::pkg::apis::meta::v1::{MicroTime, ObjectMeta};
+    let at = |s: i64| MicroTime(k8s_openapi::jiff::Timestamp::from_second(s).unwrap());
+    EventV1 {
+        metadata: ObjectMeta {
+            uid: Some(uid.into()),
+            ..Default::default()
+        },
+        type_: Some(kind.into()),
+        reason: Some(reason.into()),
+        note: Some(format!("{reason} of {uid}")),
+        reporting_controller: Some(crate::scalein::kube::events::REPORTER.into()),
+        regarding: Some(ObjectReference {
+            kind: Some("Node".into()),
+            name: Some(node.into()),
+            ..Default::default()
+        }),
+        event_time: Some(at(1_000)),
+        series: count.map(|count| EventSeries {
+            count,
+            last_observed_time: at(1_000 + i64::from(count)),
+        }),
+        ..Default::default()
+    }
+}
+
+/// `drain NODE` relays the service's warnings on the node: each once, again when it
+/// recurs, never what was there before the command began, never another node's, a
+/// Normal Event, another controller's or a blocked eviction (the narrator names
+/// those pods already).
+#[test]
+fn the_services_warnings_on_the_node_are_relayed_once_and_when_they_recur() {
+    let before = event("u-old", "n1", "Warning", "DrainFailed", None);
+    let mut w = Warnings::primed("n1", std::slice::from_ref(&before));
+    let mut old_again = before.clone();
+    assert!(
+        w.observe(std::slice::from_ref(&before)).is_empty(),
+        "primed"
+    );
+
+    let deadline = event("u-1", "n1", "Warning", "DeadlineHit", None);
+    let mut other = event("u-2", "n1", "Warning", "DrainFailed", None);
+    other.reporting_controller = Some("kubelet".into());
+    let said = w.observe(&[
+        before.clone(),
+        deadline.clone(),
+        other,
+        event("u-3", "n2", "Warning", "DrainFailed", None),
+        event("u-4", "n1", "Normal", "DrainStarted", None),
+        event("u-5", "n1", "Warning", "EvictionBlocked", None),
+    ]);
+    assert_eq!(said, vec!["warning: DeadlineHit: DeadlineHit of u-1"]);
+    assert!(
+        w.observe(std::slice::from_ref(&deadline)).is_empty(),
+        "said once"
+    );
+
+    // The old one recurring is news; so is the new one's series counting up.
+    old_again.series = event("u-old", "n1", "Warning", "DrainFailed", Some(2)).series;
+    let failed_again = event("u-1", "n1", "Warning", "DeadlineHit", Some(3));
+    assert_eq!(
+        w.observe(&[old_again.clone(), failed_again.clone()]),
+        vec![
+            "warning: DrainFailed (2 times): DrainFailed of u-old",
+            "warning: DeadlineHit (3 times): DeadlineHit of u-1",
+        ],
+        "in the order the service said them"
+    );
+    assert!(w.observe(&[old_again, failed_again]).is_empty());
+
+    // A drain given up: said, and remembered as why; one that was there before the
+    // command is not.
+    assert_eq!(w.abandoned(), None);
+    let primed_abandon = event("u-a0", "n1", "Warning", "DrainAbandoned", None);
+    let mut fresh = Warnings::primed("n1", std::slice::from_ref(&primed_abandon));
+    assert!(fresh
+        .observe(std::slice::from_ref(&primed_abandon))
+        .is_empty());
+    assert_eq!(fresh.abandoned(), None, "an earlier drain's");
+    let given_up = event("u-a1", "n1", "Warning", "DrainAbandoned", None);
+    assert_eq!(
+        fresh.observe(&[primed_abandon, given_up]),
+        vec!["warning: DrainAbandoned: DrainAbandoned of u-a1"]
+    );
+    assert_eq!(fresh.abandoned(), Some("DrainAbandoned of u-a1"));
+
+    // A pod's kind of object with the node's name is not the node.
+    let mut pod = event("u-6", "n1", "Warning", "DrainFailed", None);
+    pod.regarding.as_mut().unwrap().kind = Some("Pod".into());
+    assert!(w.observe(&[pod]).is_empty());
+    // Without a uid nothing can be told apart: not relayed.
+    let mut anonymous = event("u-7", "n1", "Warning", "DrainFailed", None);
+    anonymous.metadata.uid = None;
+    assert!(w.observe(&[anonymous]).is_empty());
+}
+
+/// A flood of warnings says a bounded number of lines and how many it left out.
+#[test]
+fn a_flood_of_warnings_is_bounded() {
+    let mut w = Warnings::primed("n1", &[]);
+    let many: Vec<EventV1> = (0..WARNINGS_PER_LOOK + 5)
+        .map(|i| {
+            event(
+                &format!("u-{i:03}"),
+                "n1",
+                "Warning",
+                "PodNotWaitedFor",
+                None,
+            )
+        })
+        .collect();
+    let said = w.observe(&many);
+    assert_eq!(said.len(), WARNINGS_PER_LOOK + 1);
+    assert_eq!(
+        said.last().unwrap(),
+        "(and 5 more warning(s): `kubectl describe node n1`)"
+    );
+}
