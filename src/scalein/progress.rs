@@ -335,6 +335,14 @@ pub struct Warnings {
     abandoned: Option<String>,
 }
 
+/// `s` without control characters (a terminal's escapes), at most `max` characters.
+fn printable(s: &str, max: usize) -> String {
+    s.chars()
+        .map(|c| if c.is_control() { ' ' } else { c })
+        .take(max)
+        .collect()
+}
+
 /// One of the service's warnings on the node, as relayed.
 #[derive(Debug)]
 struct Warning {
@@ -412,8 +420,9 @@ impl Warnings {
                     .as_ref()
                     .map(|s| s.last_observed_time.0)
                     .or_else(|| e.event_time.as_ref().map(|t| t.0));
-                let reason = e.reason.as_deref().unwrap_or("Warning");
-                let note = e.note.as_deref().unwrap_or_default();
+                // Anyone who may write Events may write these: printable only, bounded.
+                let reason = printable(e.reason.as_deref().unwrap_or("Warning"), 128);
+                let note = printable(e.note.as_deref().unwrap_or_default(), 1024);
                 let times = if count > 1 {
                     format!(" ({count} times)")
                 } else {
@@ -425,8 +434,8 @@ impl Warnings {
                     Warning {
                         uid,
                         count,
-                        reason: reason.to_string(),
-                        note: note.to_string(),
+                        reason,
+                        note,
                         line,
                     },
                 ))

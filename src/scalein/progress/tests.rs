@@ -210,3 +210,52 @@ fn a_flood_of_warnings_is_bounded() {
         "(and 5 more warning(s): `kubectl describe node n1`)"
     );
 }
+
+/// Any text, often with control characters (a terminal's escapes among them).
+fn text() -> impl proptest::strategy::Strategy<Value = String> {
+    use proptest::prelude::*;
+    prop_oneof![
+        any::<String>(),
+        proptest::collection::vec(proptest::char::range('\0', '\u{a0}'), 0..300)
+            .prop_map(String::from_iter),
+    ]
+}
+
+proptest::proptest! {
+    #![proptest_config(proptest::prelude::ProptestConfig {
+        cases: 256,
+        failure_persistence: None,
+        // The same cases on every run: a failure replays.
+        rng_seed: proptest::test_runner::RngSeed::Fixed(62),
+        ..Default::default()
+    })]
+
+    /// Events are anyone's to write: whatever their reason and note, relaying them
+    /// never panics, prints no control character (a terminal's escapes) and stays
+    /// bounded per line and per look.
+    #[test]
+    fn relayed_warnings_are_printable_and_bounded(
+        notes in proptest::collection::vec(
+            (text(), text(), 1i32..5),
+            0..40,
+        ),
+    ) {
+        let mut w = Warnings::primed("n1", &[]);
+        let events: Vec<EventV1> = notes
+            .iter()
+            .enumerate()
+            .map(|(i, (reason, note, count))| {
+                let mut e = event(&format!("u-{i}"), "n1", "Warning", "DrainFailed", Some(*count));
+                e.reason = Some(reason.clone());
+                e.note = Some(note.repeat(3));
+                e
+            })
+            .collect();
+        let said = w.observe(&events);
+        proptest::prop_assert!(said.len() <= WARNINGS_PER_LOOK + 1);
+        for line in &said {
+            proptest::prop_assert!(!line.chars().any(char::is_control), "{line:?}");
+            proptest::prop_assert!(line.chars().count() <= 128 + 1024 + 40, "{}", line.len());
+        }
+    }
+}
