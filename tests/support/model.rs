@@ -246,11 +246,24 @@ pub async fn settle_within(
     mut check: impl FnMut(),
     mut unfinished: impl FnMut() -> Vec<String>,
 ) {
-    let within = bound;
+    settle_polling(bound, Duration::from_millis(50), async || {
+        check();
+        unfinished()
+    })
+    .await
+}
+
+/// The settle loop itself: every `poll`, `round` (the invariants checked, whatever
+/// the model does between polls) names what has not finished that can, until nothing
+/// is left; fails naming what was left after `within`.
+pub async fn settle_polling(
+    within: Duration,
+    poll: Duration,
+    mut round: impl AsyncFnMut() -> Vec<String>,
+) {
     let bound = ca_asg_provider::clock::now() + within;
     loop {
-        check();
-        let left = unfinished();
+        let left = round().await;
         if left.is_empty() {
             return;
         }
@@ -258,7 +271,28 @@ pub async fn settle_within(
             ca_asg_provider::clock::now() < bound,
             "not finished {within:?} after the last step: {left:?}"
         );
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        tokio::time::sleep(poll).await;
+    }
+}
+
+/// The guarded instance's drain waits on a budget that allows nothing: if our `hook`
+/// holds `instance` once the case settled, waits `past` (more than one hook timeout),
+/// checks the invariants and fails unless the hook still holds it, heartbeated.
+pub async fn still_held_past_timeout(
+    w: &World,
+    instance: &str,
+    hook: &str,
+    past: Duration,
+    check: impl FnOnce(),
+) {
+    let held = || w.cloud.pending_hooks(instance).iter().any(|h| h == hook);
+    if held() {
+        tokio::time::sleep(past).await;
+        check();
+        assert!(
+            held(),
+            "the guarded instance, held while its budget allows nothing, was let go"
+        );
     }
 }
 
