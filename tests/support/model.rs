@@ -329,10 +329,48 @@ pub fn on_paused_clock<F: std::future::Future>(case: F) -> F::Output {
 /// Steps a drain model through `ops`: its invariants (`check`) before the first step
 /// and after each one.
 pub async fn play<M, O>(m: &mut M, ops: &[O], step: impl AsyncFn(&mut M, &O), check: impl Fn(&M)) {
-    check(m);
-    for op in ops {
+    play_judged_by_history(m, ops, step, |m, _| check(m)).await
+}
+
+/// [`play`] for a model whose invariants are judged against the ops so far (the
+/// provider's models: CA's target follows from what it asked): `check` is given
+/// none before the first step, then every op up to the one just taken.
+pub async fn play_judged_by_history<M, O>(
+    m: &mut M,
+    ops: &[O],
+    step: impl AsyncFn(&mut M, &O),
+    check: impl Fn(&M, &[O]),
+) {
+    check(m, &[]);
+    for (i, op) in ops.iter().enumerate() {
         step(m, op).await;
-        check(m);
+        check(m, &ops[..=i]);
+    }
+}
+
+/// The provider's settings in the provider's models (`accounting_model`,
+/// `ca_loop_model`): the named `groups`, refreshed only when the model asks.
+pub fn provider_settings(groups: &[&str]) -> ca_asg_provider::provider::ProviderSettings {
+    ca_asg_provider::provider::ProviderSettings {
+        selector: ca_asg_provider::cloud::GroupSelector {
+            names: groups.iter().map(|g| g.to_string()).collect(),
+            tag_sets: vec![],
+        },
+        refresh_interval: Duration::ZERO,
+        // Reads that predate a replica's own write are read again at once: the
+        // model's stale reads are counted, not timed.
+        stale_reread_wait: Duration::from_millis(1),
+        ..Default::default()
+    }
+}
+
+/// The proptest config of the models proptest runs itself (`accounting_model`,
+/// `ca_loop_model`): `cases` cases, no failure file written into the tree.
+pub fn proptest_cases(cases: u32) -> proptest::test_runner::Config {
+    Config {
+        cases,
+        failure_persistence: None,
+        ..Config::default()
     }
 }
 
