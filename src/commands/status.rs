@@ -183,12 +183,7 @@ pub async fn report(
 /// Exit 0 with the drains listed (also when there are none), 1 when the cluster
 /// cannot be read, 2 when the configuration is invalid.
 pub async fn run(args: StatusArgs) -> ExitCode {
-    let cfg = match (ConfigArgs {
-        config: args.config.clone(),
-        ..Default::default()
-    })
-    .load()
-    {
+    let cfg = match ConfigArgs::load_file(args.config.as_ref()) {
         Ok(c) => c,
         Err(e) => {
             eprintln!("error: {e}");

@@ -115,12 +115,7 @@ pub async fn undrain(
 }
 
 pub async fn run(args: UndrainArgs) -> ExitCode {
-    let cfg = match (ConfigArgs {
-        config: args.config.clone(),
-        ..Default::default()
-    })
-    .load()
-    {
+    let cfg = match ConfigArgs::load_file(args.config.as_ref()) {
         Ok(c) => c,
         Err(e) => {
             eprintln!("error: {e}");
