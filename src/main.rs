@@ -6,15 +6,9 @@ use clap::Parser;
 
 fn main() -> ExitCode {
     let cli = ca_asg_provider::commands::Cli::parse();
-    let rt = match tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-    {
+    let rt = match ca_asg_provider::commands::runtime() {
         Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("error: cannot start the async runtime: {e}");
-            return ExitCode::FAILURE;
-        }
+        Err(code) => return code,
     };
     rt.block_on(ca_asg_provider::commands::run(cli))
 }

@@ -21,16 +21,14 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
-use std::time::Duration;
 
 use async_trait::async_trait;
 use ca_asg_provider::cloud::memory::{MemoryCloud, MemoryGroup, MemoryTiming};
 use ca_asg_provider::cloud::{
-    AsgInstance, Cloud, GroupSelector, LifecycleAction, LifecycleResult, LifecycleState,
+    AsgInstance, Cloud, LifecycleAction, LifecycleResult, LifecycleState,
 };
 use ca_asg_provider::provider::{
-    DrainMarks, Group, InstanceState, NodeRef, Provider, ProviderError, ProviderSettings, Removal,
-    ScaleIn,
+    DrainMarks, Group, NodeRef, Provider, ProviderError, Removal, ScaleIn,
 };
 use parking_lot::Mutex;
 use proptest::prelude::*;
@@ -234,17 +232,6 @@ impl World {
         out
     }
 
-    /// The group's running instances, as CA lists them (`aws:///zone/i-...`).
-    fn running(&self, g: &str) -> Vec<String> {
-        self.ca()
-            .nodes(g)
-            .unwrap()
-            .into_iter()
-            .filter(|v| v.state == InstanceState::Running)
-            .map(|v| v.id)
-            .collect()
-    }
-
     async fn step(&mut self, op: &Op) {
         match op {
             Op::Increase(g, d) => {
@@ -277,29 +264,13 @@ impl World {
             }
             Op::Delete(g, n, pick) => {
                 let g = GROUPS[*g];
-                let running: Vec<String> = self
-                    .ca()
-                    .nodes(g)
-                    .unwrap()
-                    .into_iter()
-                    .filter(|v| v.state == InstanceState::Running)
-                    .map(|v| v.id)
-                    .collect();
+                let running = support::world::running(self.ca(), g);
                 if running.is_empty() {
                     return;
                 }
-                let start = (*pick as usize) % running.len();
-                let chosen: Vec<NodeRef> = running
+                let chosen: Vec<NodeRef> = support::world::pick(&running, *n, *pick)
                     .iter()
-                    .cycle()
-                    .skip(start)
-                    .take((*n).min(running.len()))
-                    // CA's shape for the instances it lists: name and providerID
-                    // both `aws:///zone/i-...`.
-                    .map(|pid| NodeRef {
-                        provider_id: pid.clone(),
-                        name: pid.clone(),
-                    })
+                    .map(|pid| support::world::ca_node(pid))
                     .collect();
                 if self.ca().delete_nodes(g, &chosen).await.is_ok() {
                     *self.target.get_mut(g).unwrap() -= chosen.len() as i32;
@@ -312,28 +283,18 @@ impl World {
                 throttle,
             } => {
                 let g = GROUPS[*g];
-                let running = self.running(g);
+                let running = support::world::running(self.ca(), g);
                 if running.is_empty() {
                     return;
                 }
-                let start = (*pick as usize) % running.len();
-                let chosen: Vec<String> = running
-                    .iter()
-                    .cycle()
-                    .skip(start)
-                    .take((*n).min(running.len()))
-                    .cloned()
-                    .collect();
+                let chosen = support::world::pick(&running, *n, *pick);
                 if let Some((op, times)) = throttle {
                     self.cloud.throttle(THROTTLED[*op], *times);
                 }
                 let ca = self.ca().clone();
                 let answers = futures::future::join_all(chosen.iter().map(|pid| {
                     let ca = ca.clone();
-                    let node = NodeRef {
-                        provider_id: pid.clone(),
-                        name: pid.clone(),
-                    };
+                    let node = support::world::ca_node(pid);
                     async move { ca.delete_nodes(g, &[node]).await }
                 }))
                 .await;
@@ -512,17 +473,7 @@ impl World {
 async fn replica(cloud: &MemoryCloud, marks: &Marks) -> Arc<Provider> {
     let p = Provider::new(
         Arc::new(cloud.clone()),
-        ProviderSettings {
-            selector: GroupSelector {
-                names: GROUPS.iter().map(|g| g.to_string()).collect(),
-                tag_sets: vec![],
-            },
-            refresh_interval: Duration::ZERO,
-            // Reads that predate a replica's own write are read again at once:
-            // the model's stale reads are counted, not timed.
-            stale_reread_wait: Duration::from_millis(1),
-            ..ProviderSettings::default()
-        },
+        support::model::provider_settings(&GROUPS),
     );
     p.set_scale_in(Arc::new(ModelScaleIn {
         cloud: cloud.clone(),
@@ -539,20 +490,12 @@ async fn replica(cloud: &MemoryCloud, marks: &Marks) -> Arc<Provider> {
 fn run(ops: &[Op]) {
     support::model::on_paused_clock(async {
         let mut w = World::new().await;
-        w.check(&[]);
-        for (i, op) in ops.iter().enumerate() {
-            w.step(op).await;
-            w.check(&ops[..=i]);
-        }
+        support::model::play_judged_by_history(&mut w, ops, World::step, World::check).await;
     });
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig {
-        cases: 3000,
-        failure_persistence: None,
-        ..ProptestConfig::default()
-    })]
+    #![proptest_config(support::model::proptest_cases(3000))]
 
     #[test]
     fn size_accounting_holds_under_any_sequence(ops in prop::collection::vec(op(), 1..40)) {

@@ -572,24 +572,10 @@ impl Model {
     /// heartbeat timeout: the hook must still hold it, heartbeated.
     async fn settle(&self) {
         support::model::settle(|| self.check(), || self.unfinished()).await;
-        let held = self
-            .w
-            .cloud
-            .pending_hooks(&self.nodes[GUARDED].1)
-            .iter()
-            .any(|h| h == HOOK);
-        if held {
-            tokio::time::sleep(Duration::from_millis(HOOK_TIMEOUT_SECS as u64 * 1000 + 500)).await;
-            self.check();
-            assert!(
-                self.w
-                    .cloud
-                    .pending_hooks(&self.nodes[GUARDED].1)
-                    .iter()
-                    .any(|h| h == HOOK),
-                "the guarded instance, held while its budget allows nothing, was let go"
-            );
-        }
+        let past = Duration::from_millis(HOOK_TIMEOUT_SECS as u64 * 1000 + 500);
+        let guarded = &self.nodes[GUARDED].1;
+        support::model::still_held_past_timeout(&self.w, guarded, HOOK, past, || self.check())
+            .await;
     }
 }
 

@@ -39,6 +39,45 @@ fn cloud_with_ec2(asg_client: Client, ec2_client: aws_sdk_ec2::Client) -> AwsClo
     AwsCloud::from_clients(asg_client, ec2_client, eks_client)
 }
 
+/// DescribeAutoScalingGroups' answer: one group `name` (0 to 5, none desired) with a
+/// mixed instances policy on launch template `lt-1` (at `version`) and `overrides`.
+fn mixed_group(
+    name: &str,
+    version: Option<&str>,
+    overrides: Vec<asg::types::LaunchTemplateOverrides>,
+) -> DescribeAutoScalingGroupsOutput {
+    let template = asg::types::LaunchTemplate::builder()
+        .launch_template_specification(
+            asg::types::LaunchTemplateSpecification::builder()
+                .launch_template_id("lt-1")
+                .set_version(version.map(str::to_string))
+                .build(),
+        )
+        .set_overrides(Some(overrides))
+        .build();
+    let policy = asg::types::MixedInstancesPolicy::builder()
+        .launch_template(template)
+        .build();
+    DescribeAutoScalingGroupsOutput::builder()
+        .auto_scaling_groups(
+            asg::types::AutoScalingGroup::builder()
+                .auto_scaling_group_name(name)
+                .min_size(0)
+                .max_size(5)
+                .desired_capacity(0)
+                .mixed_instances_policy(policy)
+                .build(),
+        )
+        .build()
+}
+
+/// A mixed instances policy's override of an instance type.
+fn of_type(instance_type: &str) -> asg::types::LaunchTemplateOverrides {
+    asg::types::LaunchTemplateOverrides::builder()
+        .instance_type(instance_type)
+        .build()
+}
+
 fn action(token: Option<&str>) -> LifecycleAction {
     LifecycleAction {
         group: "web".into(),
@@ -277,38 +316,11 @@ async fn a_call_without_credentials_is_a_credentials_error_not_a_transient_one()
 #[tokio::test]
 async fn mixed_instances_overrides_are_read_in_order() {
     let rule = mock!(Client::describe_auto_scaling_groups).then_output(|| {
-        let lt = asg::types::LaunchTemplateSpecification::builder()
-            .launch_template_id("lt-1")
-            .version("3")
-            .build();
-        let policy = asg::types::MixedInstancesPolicy::builder()
-            .launch_template(
-                asg::types::LaunchTemplate::builder()
-                    .launch_template_specification(lt)
-                    .overrides(
-                        asg::types::LaunchTemplateOverrides::builder()
-                            .instance_type("m5.xlarge")
-                            .build(),
-                    )
-                    .overrides(
-                        asg::types::LaunchTemplateOverrides::builder()
-                            .instance_type("m5a.xlarge")
-                            .build(),
-                    )
-                    .build(),
-            )
-            .build();
-        DescribeAutoScalingGroupsOutput::builder()
-            .auto_scaling_groups(
-                asg::types::AutoScalingGroup::builder()
-                    .auto_scaling_group_name("mixed")
-                    .min_size(0)
-                    .max_size(5)
-                    .desired_capacity(0)
-                    .mixed_instances_policy(policy)
-                    .build(),
-            )
-            .build()
+        mixed_group(
+            "mixed",
+            Some("3"),
+            vec![of_type("m5.xlarge"), of_type("m5a.xlarge")],
+        )
     });
     let c = cloud(&[&rule]);
     let g = c
@@ -356,33 +368,10 @@ async fn instance_requirements_are_read_and_looked_up_with_the_amis_architecture
             )
             .excluded_instance_types("g3*")
             .build();
-        let policy = asg::types::MixedInstancesPolicy::builder()
-            .launch_template(
-                asg::types::LaunchTemplate::builder()
-                    .launch_template_specification(
-                        asg::types::LaunchTemplateSpecification::builder()
-                            .launch_template_id("lt-1")
-                            .build(),
-                    )
-                    .overrides(
-                        asg::types::LaunchTemplateOverrides::builder()
-                            .instance_requirements(requirements)
-                            .build(),
-                    )
-                    .build(),
-            )
+        let with_requirements = asg::types::LaunchTemplateOverrides::builder()
+            .instance_requirements(requirements)
             .build();
-        DescribeAutoScalingGroupsOutput::builder()
-            .auto_scaling_groups(
-                asg::types::AutoScalingGroup::builder()
-                    .auto_scaling_group_name("abs")
-                    .min_size(0)
-                    .max_size(5)
-                    .desired_capacity(0)
-                    .mixed_instances_policy(policy)
-                    .build(),
-            )
-            .build()
+        mixed_group("abs", None, vec![with_requirements])
     });
     let images = mock!(aws_sdk_ec2::Client::describe_images)
         .match_requests(|r| r.image_ids() == ["ami-arm"])

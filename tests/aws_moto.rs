@@ -62,35 +62,9 @@ async fn launch_template(e: &Env, name: &str, itype: &str, user_data: Option<&st
         .unwrap();
 }
 
-fn tag(group: &str, k: &str, v: &str) -> asg::types::Tag {
-    asg::types::Tag::builder()
-        .resource_id(group)
-        .resource_type("auto-scaling-group")
-        .key(k)
-        .value(v)
-        .propagate_at_launch(true)
-        .build()
-}
-
 async fn group(e: &Env, name: &str, lt: &str, desired: i32, tags: &[(&str, &str)]) {
-    let mut req = e
-        .asg
-        .create_auto_scaling_group()
-        .auto_scaling_group_name(name)
-        .min_size(0)
-        .max_size(10)
-        .desired_capacity(desired)
-        .availability_zones("us-east-1a")
-        .launch_template(
-            asg::types::LaunchTemplateSpecification::builder()
-                .launch_template_name(lt)
-                .version("$Default")
-                .build(),
-        );
-    for (k, v) in tags {
-        req = req.tags(tag(name, k, v));
-    }
-    req.send().await.unwrap();
+    let req = support::moto::group_on(&e.asg, name, lt, "$Default").desired_capacity(desired);
+    support::moto::tagged(req, name, tags).send().await.unwrap();
 }
 
 /// A provider over `cloud`'s groups tagged `k8s.io/cluster-autoscaler/enabled`.

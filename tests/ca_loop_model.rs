@@ -34,11 +34,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ca_asg_provider::cloud::memory::{MemoryCloud, MemoryGroup};
-use ca_asg_provider::cloud::{EksNodegroup, GroupSelector, Taint};
+use ca_asg_provider::cloud::{EksNodegroup, Taint};
 use ca_asg_provider::provider::templates::ManualClock;
-use ca_asg_provider::provider::{
-    InstanceState, NodeRef, Provider, ProviderError, ProviderSettings,
-};
+use ca_asg_provider::provider::{Provider, ProviderError};
 use k8s_pb::api::core::v1::Node;
 use proptest::prelude::*;
 
@@ -144,17 +142,7 @@ fn cloud() -> MemoryCloud {
 async fn provider(cloud: &MemoryCloud, clock: &ManualClock) -> Arc<Provider> {
     let p = Provider::new(
         Arc::new(cloud.clone()),
-        ProviderSettings {
-            selector: GroupSelector {
-                names: GROUPS.iter().map(|g| g.to_string()).collect(),
-                tag_sets: vec![],
-            },
-            refresh_interval: Duration::ZERO,
-            // Reads that predate a replica's own write are read again at once:
-            // the model's stale reads are counted, not timed.
-            stale_reread_wait: Duration::from_millis(1),
-            ..ProviderSettings::default()
-        },
+        support::model::provider_settings(&GROUPS),
     );
     p.set_template_clock(Arc::new(clock.clone()));
     p.refresh_now().await.unwrap();
@@ -245,16 +233,6 @@ impl World {
             .is_none_or(|(_, i)| i.state.is_terminating())
     }
 
-    fn running(&self, g: &str) -> Vec<String> {
-        self.ca
-            .nodes(g)
-            .unwrap()
-            .into_iter()
-            .filter(|v| v.state == InstanceState::Running)
-            .map(|v| v.id)
-            .collect()
-    }
-
     async fn step(&mut self, op: &Op) {
         match op {
             Op::Increase(g, d) => {
@@ -306,25 +284,15 @@ impl World {
             }
             Op::DeleteAtOnce(g, n, pick, up) => {
                 let g = GROUPS[*g];
-                let running = self.running(g);
+                let running = support::world::running(&self.ca, g);
                 if running.is_empty() {
                     return;
                 }
-                let start = (*pick as usize) % running.len();
-                let chosen: Vec<String> = running
-                    .iter()
-                    .cycle()
-                    .skip(start)
-                    .take((*n).min(running.len()))
-                    .cloned()
-                    .collect();
+                let chosen = support::world::pick(&running, *n, *pick);
                 let ca = self.ca.clone();
                 let deletions = futures::future::join_all(chosen.iter().map(|pid| {
                     let ca = ca.clone();
-                    let node = NodeRef {
-                        provider_id: pid.clone(),
-                        name: pid.clone(),
-                    };
+                    let node = support::world::ca_node(pid);
                     async move {
                         in_time("DeleteNodes", ca.delete_nodes_within(g, &[node], bound())).await
                     }
@@ -501,22 +469,14 @@ fn run(ops: &[Op]) {
         .try_init();
     support::model::on_paused_clock(async {
         let mut w = World::new().await;
-        w.check(&[]);
-        for (i, op) in ops.iter().enumerate() {
-            w.step(op).await;
-            w.check(&ops[..=i]);
-        }
+        support::model::play_judged_by_history(&mut w, ops, World::step, World::check).await;
         w.settle().await;
         w.check(ops);
     });
 }
 
 proptest! {
-    #![proptest_config(ProptestConfig {
-        cases: 2000,
-        failure_persistence: None,
-        ..ProptestConfig::default()
-    })]
+    #![proptest_config(support::model::proptest_cases(2000))]
 
     #[test]
     fn ca_loop_keeps_sizes_exact_and_templates_heal(ops in prop::collection::vec(op(), 1..30)) {

@@ -34,30 +34,13 @@ async fn check_config_with_no_group_fails_naming_the_tags_region_and_account() {
     let moto = support::moto::MotoServer::start();
     let sdk = moto.sdk_config().await;
     support::moto::launch_template(&sdk, "lt").await;
-    let tag = |k: &str, v: &str| {
-        asg::types::Tag::builder()
-            .resource_id("prod-web")
-            .resource_type("auto-scaling-group")
-            .key(k)
-            .value(v)
-            .propagate_at_launch(true)
-            .build()
-    };
-    asg::Client::new(&sdk)
-        .create_auto_scaling_group()
-        .auto_scaling_group_name("prod-web")
-        .min_size(0)
-        .max_size(5)
-        .desired_capacity(0)
-        .availability_zones("us-east-1a")
-        .launch_template(
-            asg::types::LaunchTemplateSpecification::builder()
-                .launch_template_name("lt")
-                .version("$Default")
-                .build(),
-        )
-        .tags(tag(ENABLED, "true"))
-        .tags(tag("k8s.io/cluster-autoscaler/prod", "owned"))
+    let req =
+        support::moto::group_on(&asg::Client::new(&sdk), "prod-web", "lt", "$Default").max_size(5);
+    let tags = [
+        (ENABLED, "true"),
+        ("k8s.io/cluster-autoscaler/prod", "owned"),
+    ];
+    support::moto::tagged(req, "prod-web", &tags)
         .send()
         .await
         .unwrap();

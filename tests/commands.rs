@@ -328,10 +328,7 @@ async fn check_config_finds_missing_kubernetes_permissions() {
         .await
     );
     // With the ClusterRole deploy/ ships, nothing is missing.
-    sim.grant(support::rbac::role_rules(
-        &std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/base/rbac.yaml"),
-        "ca-asg-provider",
-    ));
+    sim.grant(support::rbac::service_role());
     assert!(
         ca_asg_provider::commands::check::kube_report(
             sim.client(),
@@ -969,12 +966,7 @@ async fn status_lists_the_drains_in_progress_read_only() {
         used.iter().all(|u| u.verb == "get" || u.verb == "list"),
         "status only reads: {used:?}"
     );
-    let rules = support::rbac::role_rules(
-        &std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/base/rbac.yaml"),
-        "ca-asg-provider",
-    );
-    let gaps = support::rbac::missing(&rules, &used);
-    assert!(gaps.is_empty(), "the service's role lacks {gaps:?}");
+    support::rbac::assert_service_role_grants(&used);
     // No API server there (a closed local port): a plain error, no table.
     let closed =
         kube::Client::try_from(kube::Config::new("http://127.0.0.1:9".parse().unwrap())).unwrap();
@@ -986,6 +978,20 @@ async fn status_lists_the_drains_in_progress_read_only() {
             .starts_with("cannot read the cluster from the Kubernetes API server"),
         "{e}"
     );
+}
+
+/// `undrain` of a `node` the API server has: what it did (or refused).
+async fn undrain_found(
+    client: &kube::Client,
+    node: &str,
+    window: ca_asg_provider::scalein::decide::undo::Window,
+    force: bool,
+    at: chrono::DateTime<chrono::Utc>,
+) -> ca_asg_provider::commands::undrain::Undone {
+    ca_asg_provider::commands::undrain::undrain(client, node, window, force, at)
+        .await
+        .unwrap()
+        .unwrap_or_else(|| panic!("no Node {node}"))
 }
 
 /// Issue 62: `undrain NODE` gives a node back after an interrupted `drain`, in one
@@ -1054,10 +1060,7 @@ async fn undrain_gives_back_an_interrupted_drain_and_only_the_services_marks() {
     // While its deadline is ahead the drain may still run (the service resumes it):
     // refused, the node as it was, exit 3.
     let before = sim.get::<Node>("", "n1").unwrap();
-    let refused = undrain::undrain(&client, "n1", window, false, now)
-        .await
-        .unwrap()
-        .unwrap();
+    let refused = undrain_found(&client, "n1", window, false, now).await;
     assert!(
         matches!(&refused, Undone::Refused(Running::Drain { reasons, .. }) if reasons == &["drain command"]),
         "{refused:?}"
@@ -1075,10 +1078,7 @@ async fn undrain_gives_back_an_interrupted_drain_and_only_the_services_marks() {
     );
     // Past the deadline nobody runs it: given back in one command.
     let later = now + chrono::Duration::minutes(11);
-    let done = undrain::undrain(&client, "n1", window, false, later)
-        .await
-        .unwrap()
-        .unwrap();
+    let done = undrain_found(&client, "n1", window, false, later).await;
     assert_eq!(
         done,
         Undone::GivenBack {
@@ -1107,10 +1107,7 @@ async fn undrain_gives_back_an_interrupted_drain_and_only_the_services_marks() {
         .get("node.kubernetes.io/exclude-from-external-load-balancers")
         .is_none());
     // Again: nothing of ours left.
-    let again = undrain::undrain(&client, "n1", window, false, later)
-        .await
-        .unwrap()
-        .unwrap();
+    let again = undrain_found(&client, "n1", window, false, later).await;
     assert_eq!(again, Undone::NothingToDo);
     assert_eq!(again.say("n1").1, ExitCode::SUCCESS);
 
@@ -1148,10 +1145,7 @@ async fn undrain_gives_back_an_interrupted_drain_and_only_the_services_marks() {
         .into(),
     );
     sim.create(&n2).unwrap();
-    let done = undrain::undrain(&client, "n2", window, false, now)
-        .await
-        .unwrap()
-        .unwrap();
+    let done = undrain_found(&client, "n2", window, false, now).await;
     assert_eq!(
         done,
         Undone::GivenBack {
@@ -1194,16 +1188,10 @@ async fn undrain_gives_back_an_interrupted_drain_and_only_the_services_marks() {
     let mut n3 = fixtures::node("n3", "aws:///us-east-1a/i-0fed", &[]);
     n3.metadata.annotations = Some([(record::ANNOTATION.to_string(), held.to_json())].into());
     sim.create(&n3).unwrap();
-    let r = undrain::undrain(&client, "n3", window, false, later)
-        .await
-        .unwrap()
-        .unwrap();
+    let r = undrain_found(&client, "n3", window, false, later).await;
     assert!(matches!(r, Undone::Refused(Running::Held { .. })), "{r:?}");
     assert!(r.say("n3").0.contains("Terminating:Wait"));
-    let forced = undrain::undrain(&client, "n3", window, true, later)
-        .await
-        .unwrap()
-        .unwrap();
+    let forced = undrain_found(&client, "n3", window, true, later).await;
     assert!(matches!(forced, Undone::GivenBack { .. }), "{forced:?}");
     assert!(
         sim.get::<Node>("", "n3").unwrap()["metadata"]["annotations"]
@@ -1224,12 +1212,7 @@ async fn undrain_gives_back_an_interrupted_drain_and_only_the_services_marks() {
             .all(|u| u.resource == "nodes" && (u.verb == "get" || u.verb == "patch")),
         "{used:?}"
     );
-    let rules = support::rbac::role_rules(
-        &std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/base/rbac.yaml"),
-        "ca-asg-provider",
-    );
-    let gaps = support::rbac::missing(&rules, &used);
-    assert!(gaps.is_empty(), "the service's role lacks {gaps:?}");
+    support::rbac::assert_service_role_grants(&used);
 }
 
 /// Issue 62: `drain NODE` says where it stands: a line per phase (cordoned, evicting

@@ -177,7 +177,7 @@ fn iam_write_actions_are_limited_to_managed_groups() {
 
 #[test]
 fn rbac_check_rejects_what_the_role_does_not_grant() {
-    let rules = support::rbac::role_rules(&root().join("deploy/base/rbac.yaml"), "ca-asg-provider");
+    let rules = support::rbac::service_role();
     let u = |verb: &str, group: &str, resource: &str| RbacUse {
         verb: verb.into(),
         group: group.into(),
@@ -201,7 +201,7 @@ fn rbac_check_rejects_what_the_role_does_not_grant() {
 #[test]
 fn rbac_grants_exactly_what_check_config_checks() {
     use ca_asg_provider::scalein::kube::permissions::REQUIRED;
-    let rules = support::rbac::role_rules(&root().join("deploy/base/rbac.yaml"), "ca-asg-provider");
+    let rules = support::rbac::service_role();
     let granted: BTreeSet<(String, String, String)> = rules
         .iter()
         .flat_map(|r| {

@@ -435,25 +435,10 @@ impl Model {
         // it after ANSWER_WITHIN (60 s), and its drain goes on.
         let bound = scalein::kube::intercept::ANSWER_WITHIN + support::model::SETTLE_BOUND;
         support::model::settle_within(bound, || self.check(), || self.unfinished()).await;
+        let past = Duration::from_secs(HOOK_TIMEOUT_SECS as u64 + 1);
         let guarded = &self.nodes[GUARDED].1;
-        if self
-            .w
-            .cloud
-            .pending_hooks(guarded)
-            .iter()
-            .any(|h| h == HOOK)
-        {
-            tokio::time::sleep(Duration::from_secs(HOOK_TIMEOUT_SECS as u64 + 1)).await;
-            self.check();
-            assert!(
-                self.w
-                    .cloud
-                    .pending_hooks(guarded)
-                    .iter()
-                    .any(|h| h == HOOK),
-                "the guarded instance, held while its budget allows nothing, was let go"
-            );
-        }
+        support::model::still_held_past_timeout(&self.w, guarded, HOOK, past, || self.check())
+            .await;
     }
 }
 

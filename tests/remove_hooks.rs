@@ -200,31 +200,10 @@ async fn a_refused_delete_fails_that_group_in_plain_words() {
 // ---- through the real binary, against moto ----
 
 async fn moto_group(sdk: &aws_config::SdkConfig, name: &str, tags: &[(&str, &str)]) {
-    let mut req = asg::Client::new(sdk)
-        .create_auto_scaling_group()
-        .auto_scaling_group_name(name)
-        .min_size(0)
+    let req = support::moto::group_on(&asg::Client::new(sdk), name, "lt", "$Default")
         .max_size(5)
-        .desired_capacity(1)
-        .availability_zones("us-east-1a")
-        .launch_template(
-            asg::types::LaunchTemplateSpecification::builder()
-                .launch_template_name("lt")
-                .version("$Default")
-                .build(),
-        );
-    for (k, v) in tags {
-        req = req.tags(
-            asg::types::Tag::builder()
-                .resource_id(name)
-                .resource_type("auto-scaling-group")
-                .key(*k)
-                .value(*v)
-                .propagate_at_launch(true)
-                .build(),
-        );
-    }
-    req.send().await.unwrap();
+        .desired_capacity(1);
+    support::moto::tagged(req, name, tags).send().await.unwrap();
 }
 
 /// The AWS backend's three new calls against moto: the record is a group tag that

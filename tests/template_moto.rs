@@ -41,7 +41,10 @@ async fn setup(
     let ec2c = ec2::Client::new(&cfg);
     let asgc = asg::Client::new(&cfg);
     first_version(&ec2c, lt).await;
-    group_on(&asgc, lt, lt, version).send().await.unwrap();
+    support::moto::group_on(&asgc, lt, lt, version)
+        .send()
+        .await
+        .unwrap();
     let (p, clock) = support::templates::provider_on_manual_clock(
         Arc::new(AwsCloud::from_sdk_config(&cfg)),
         vec![lt.into()],
@@ -58,28 +61,6 @@ async fn first_version(ec2c: &ec2::Client, lt: &str) {
         .send()
         .await
         .unwrap();
-}
-
-/// The request that creates ASG `name` (0 to 10, none desired, in us-east-1a) on
-/// launch template `lt` at `version`; the caller may add to it, then sends it.
-fn group_on(
-    asgc: &asg::Client,
-    name: &str,
-    lt: &str,
-    version: &str,
-) -> asg::operation::create_auto_scaling_group::builders::CreateAutoScalingGroupFluentBuilder {
-    asgc.create_auto_scaling_group()
-        .auto_scaling_group_name(name)
-        .min_size(0)
-        .max_size(10)
-        .desired_capacity(0)
-        .availability_zones("us-east-1a")
-        .launch_template(
-            asg::types::LaunchTemplateSpecification::builder()
-                .launch_template_name(lt)
-                .version(version)
-                .build(),
-        )
 }
 
 async fn seen(p: &Provider, g: &str) -> (String, String) {
@@ -138,7 +119,7 @@ async fn a_new_latest_version_reaches_the_template_and_a_pinned_one_stays() {
     let moto = MotoServer::start();
     let (ec2c, latest, clock) = setup(&moto, "lt-latest", "$Latest").await;
     let cfg = moto.sdk_config().await;
-    group_on(&asg::Client::new(&cfg), "pinned", "lt-latest", "1")
+    support::moto::group_on(&asg::Client::new(&cfg), "pinned", "lt-latest", "1")
         .send()
         .await
         .unwrap();
@@ -180,18 +161,9 @@ async fn a_throttled_describe_nodegroup_through_the_sdk_heals_on_the_next_refres
     let ec2c = ec2::Client::new(&cfg);
     let asgc = asg::Client::new(&cfg);
     first_version(&ec2c, "lt-eks").await;
-    let tag = |k: &str, v: &str| {
-        asg::types::Tag::builder()
-            .resource_id("eks-ng")
-            .resource_type("auto-scaling-group")
-            .key(k)
-            .value(v)
-            .propagate_at_launch(true)
-            .build()
-    };
-    group_on(&asgc, "eks-ng", "lt-eks", "$Default")
-        .tags(tag("eks:cluster-name", "prod"))
-        .tags(tag("eks:nodegroup-name", "ng-1"))
+    let eks = [("eks:cluster-name", "prod"), ("eks:nodegroup-name", "ng-1")];
+    let req = support::moto::group_on(&asgc, "eks-ng", "lt-eks", "$Default");
+    support::moto::tagged(req, "eks-ng", &eks)
         .send()
         .await
         .unwrap();

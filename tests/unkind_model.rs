@@ -1027,22 +1027,14 @@ impl Model {
     /// way).
     async fn settle(&self) {
         self.heal();
-        let bound = Instant::now() + support::model::SETTLE_BOUND;
-        loop {
+        let poll = Duration::from_millis(50);
+        support::model::settle_polling(support::model::SETTLE_BOUND, poll, async || {
             self.check();
             self.q.redeliver();
             self.drain_queue().await;
-            let left = self.unfinished();
-            if left.is_empty() {
-                return;
-            }
-            assert!(
-                Instant::now() < bound,
-                "not finished {:?} after the last step: {left:?}",
-                support::model::SETTLE_BOUND
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+            self.unfinished()
+        })
+        .await
     }
 }
 

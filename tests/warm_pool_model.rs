@@ -447,19 +447,11 @@ fn run(pool_state: &str, ops: &[Op]) -> Vec<String> {
         }
         // A drain our hook holds retries a failed run after 5 s, doubling: refused
         // Node writes in a row can put its next try tens of seconds off.
-        let bound = ca_asg_provider::clock::Instant::now() + SETTLE;
-        loop {
+        support::model::settle_polling(SETTLE, Duration::from_millis(100), async || {
             m.check().await;
-            let left = m.unfinished();
-            if left.is_empty() {
-                break;
-            }
-            assert!(
-                ca_asg_provider::clock::Instant::now() < bound,
-                "not finished {SETTLE:?} after the last step: {left:?}"
-            );
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+            m.unfinished()
+        })
+        .await;
         m.lifecycle.abort();
         m.w.engine.shutdown();
         support::model::transcript(&m.w.sim, &m.w.cloud, start)

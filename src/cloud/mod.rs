@@ -33,6 +33,16 @@ pub struct TagFilter {
     pub value: Option<String>,
 }
 
+/// The term as CA's syntax writes it: `key` or `key=value`.
+impl fmt::Display for TagFilter {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.value {
+            Some(v) => write!(f, "{}={v}", self.key),
+            None => f.write_str(&self.key),
+        }
+    }
+}
+
 /// An ASG as read on refresh.
 #[derive(Debug, Clone, PartialEq)]
 pub struct AsgSnapshot {

@@ -53,13 +53,7 @@ pub async fn run(args: ConfigArgs) -> ExitCode {
         println!("  static group:     {n}");
     }
     for set in &cfg.provider.selector.tag_sets {
-        let terms: Vec<String> = set
-            .iter()
-            .map(|t| match &t.value {
-                Some(v) => format!("{}={v}", t.key),
-                None => t.key.clone(),
-            })
-            .collect();
+        let terms: Vec<String> = set.iter().map(|t| t.to_string()).collect();
         println!("  discovery:        asg:tag={}", terms.join(","));
     }
     if let Err(e) = cfg.require_groups() {

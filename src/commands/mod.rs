@@ -74,6 +74,18 @@ cannot be read; 2 the configuration is invalid."
     Undrain(undrain::UndrainArgs),
 }
 
+/// The multi-threaded runtime a binary runs its command on (`ca-asg-provider`,
+/// `loadgen`); when it cannot start, the error is said and the exit code given.
+pub fn runtime() -> Result<tokio::runtime::Runtime, ExitCode> {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| {
+            eprintln!("error: cannot start the async runtime: {e}");
+            ExitCode::FAILURE
+        })
+}
+
 pub async fn run(cli: Cli) -> ExitCode {
     match cli.command {
         Command::Demo(args) => {

@@ -21,6 +21,7 @@ use kube::api::{Api, ListParams};
 
 use crate::config::ConfigArgs;
 use crate::scalein::decide::record::{DrainRecord, Limits};
+use crate::scalein::kube::user_agent;
 pub use crate::scalein::progress::{rows, Blocker, Phase, Row};
 
 /// What `status` prints.
@@ -183,12 +184,7 @@ pub async fn report(
 /// Exit 0 with the drains listed (also when there are none), 1 when the cluster
 /// cannot be read, 2 when the configuration is invalid.
 pub async fn run(args: StatusArgs) -> ExitCode {
-    let cfg = match (ConfigArgs {
-        config: args.config.clone(),
-        ..Default::default()
-    })
-    .load()
-    {
+    let cfg = match ConfigArgs::load_file(args.config.as_ref()) {
         Ok(c) => c,
         Err(e) => {
             eprintln!("error: {e}");
@@ -196,15 +192,13 @@ pub async fn run(args: StatusArgs) -> ExitCode {
         }
     };
     let limits = cfg.scale_in.limits();
-    let client = match crate::scalein::kube_client().await {
+    let client = match user_agent::client_for(user_agent::STATUS).await {
         Ok(c) => c,
         Err(e) => {
             eprintln!("error: {e:#}");
             return ExitCode::FAILURE;
         }
     };
-    let client =
-        crate::scalein::kube::user_agent::named(client, crate::scalein::kube::user_agent::STATUS);
     match report(client, limits, args.output, crate::clock::utc_now()).await {
         Ok(text) => {
             print!("{text}");

@@ -19,6 +19,7 @@ use crate::config::ConfigArgs;
 use crate::scalein::decide::record::CA_TO_BE_DELETED_TAINT;
 use crate::scalein::decide::undo::{self, Running, Undo, Window};
 use crate::scalein::kube::node_record::{read_modify_write_from, Write};
+use crate::scalein::kube::user_agent;
 use crate::scalein::stages::cordon::{give_back_patch, has_marks, GiveBackOf, GivenBack};
 
 /// Exit code: a drain runs (or may) for the node; nothing changed.
@@ -115,12 +116,7 @@ pub async fn undrain(
 }
 
 pub async fn run(args: UndrainArgs) -> ExitCode {
-    let cfg = match (ConfigArgs {
-        config: args.config.clone(),
-        ..Default::default()
-    })
-    .load()
-    {
+    let cfg = match ConfigArgs::load_file(args.config.as_ref()) {
         Ok(c) => c,
         Err(e) => {
             eprintln!("error: {e}");
@@ -132,15 +128,13 @@ pub async fn run(args: UndrainArgs) -> ExitCode {
         limits: s.limits(),
         after_deadline: s.daemonset_deadline + s.volume_deadline,
     };
-    let client = match crate::scalein::kube_client().await {
+    let client = match user_agent::client_for(user_agent::UNDRAIN).await {
         Ok(c) => c,
         Err(e) => {
             eprintln!("error: {e:#}");
             return ExitCode::FAILURE;
         }
     };
-    let client =
-        crate::scalein::kube::user_agent::named(client, crate::scalein::kube::user_agent::UNDRAIN);
     match undrain(
         &client,
         &args.node,

@@ -65,6 +65,16 @@ impl ConfigArgs {
         self.load_serving(&ServeFlags::default())
     }
 
+    /// The configuration in `file` (else the defaults and the environment), for a
+    /// command whose only configuration flag is `--config` (`status`, `undrain`).
+    pub fn load_file(file: Option<&PathBuf>) -> Result<Config, ConfigError> {
+        ConfigArgs {
+            config: file.cloned(),
+            ..Default::default()
+        }
+        .load()
+    }
+
     /// The configuration with `serve`'s own flags.
     pub fn load_serving(&self, serve: &ServeFlags) -> Result<Config, ConfigError> {
         super::load(self.config.as_ref(), &self.overrides(serve))

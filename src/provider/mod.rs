@@ -170,6 +170,19 @@ pub struct NodeRef {
     pub name: String,
 }
 
+/// A size change begun ([`Provider::begin_size_change`]): the size lock held, the
+/// group as AWS answers it now (at `idx` of `reg`), and its sizes as this service
+/// counts them: CA's target, the instances that fill a slot, the ones ending that
+/// still count in AWS's desired capacity.
+struct SizeChange {
+    ops: tokio::sync::OwnedMutexGuard<()>,
+    reg: Arc<Registry>,
+    idx: usize,
+    target: i32,
+    live: i32,
+    deferred: i32,
+}
+
 /// How a removal was accounted for in AWS.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Removal {
@@ -864,12 +877,9 @@ impl Provider {
         bound: Option<Duration>,
     ) -> Result<(), ProviderError> {
         let bound = bound::Bound::new("IncreaseSize", id, bound);
-        let (ops, reg, idx) = self.begin_size_change(&bound, id).await?;
-        let g = &reg.groups[idx];
-        let (target, deferred) = {
-            let ov = self.overlay.lock();
-            (Self::target_of(&ov, g), Self::deferred_in(&ov, g))
-        };
+        let change = self.begin_size_change(&bound, id).await?;
+        let g = &change.reg.groups[change.idx];
+        let (target, deferred) = (change.target, change.deferred);
         let new = sizes::check_increase(id, target, g.max, delta)?;
         let desired = sizes::desired_for(id, new, deferred, g.asg.max_size)?;
         if self.settings.dry_run {
@@ -886,8 +896,8 @@ impl Provider {
             draining = deferred,
             "increasing desired capacity"
         );
-        bound.may_write()?;
-        self.write_desired_within(&bound, ops, id, desired).await?;
+        self.write_desired_within(&bound, change.ops, id, desired)
+            .await?;
         self.overlay
             .lock()
             .last_increase
@@ -902,17 +912,33 @@ impl Provider {
     }
 
     /// What every size change does first, each wait within `bound`: the size lock, the
-    /// drains' state known, the group read again from AWS. Returns the lock held and
-    /// the registry with the group at `idx`.
+    /// drains' state known, the group read again from AWS, and its sizes as this
+    /// service counts them.
     async fn begin_size_change(
         &self,
         bound: &bound::Bound,
         id: &str,
-    ) -> Result<(tokio::sync::OwnedMutexGuard<()>, Arc<Registry>, usize), ProviderError> {
+    ) -> Result<SizeChange, ProviderError> {
         let ops = bound.lock(&self.ops).await?;
         self.require_drain_state()?;
         let (reg, idx) = bound.read(self.fresh_group(id)).await?;
-        Ok((ops, reg, idx))
+        let (target, live, deferred) = {
+            let ov = self.overlay.lock();
+            let g = &reg.groups[idx];
+            (
+                Self::target_of(&ov, g),
+                Self::live_count(&ov, g),
+                Self::deferred_in(&ov, g),
+            )
+        };
+        Ok(SizeChange {
+            ops,
+            reg,
+            idx,
+            target,
+            live,
+            deferred,
+        })
     }
 
     pub async fn decrease_target_size(
@@ -931,16 +957,9 @@ impl Provider {
         bound: Option<Duration>,
     ) -> Result<(), ProviderError> {
         let bound = bound::Bound::new("DecreaseTargetSize", id, bound);
-        let (ops, reg, idx) = self.begin_size_change(&bound, id).await?;
-        let g = &reg.groups[idx];
-        let (target, live, deferred) = {
-            let ov = self.overlay.lock();
-            (
-                Self::target_of(&ov, g),
-                Self::live_count(&ov, g),
-                Self::deferred_in(&ov, g),
-            )
-        };
+        let change = self.begin_size_change(&bound, id).await?;
+        let g = &change.reg.groups[change.idx];
+        let (target, live, deferred) = (change.target, change.live, change.deferred);
         let dec = sizes::check_decrease(id, target, live, g.asg.min_size, delta)?;
         let new = dec.new;
         let desired = sizes::desired_for(id, new, deferred, g.asg.max_size)?;
@@ -974,8 +993,8 @@ impl Provider {
                 "decreasing desired capacity (unfulfilled only)"
             );
         }
-        bound.may_write()?;
-        self.write_desired_within(&bound, ops, id, desired).await?;
+        self.write_desired_within(&bound, change.ops, id, desired)
+            .await?;
         self.invalidate();
         Ok(())
     }
@@ -984,6 +1003,7 @@ impl Provider {
     /// AWS answers, so that no later size change reads the group before the write has
     /// landed or failed; the call waits for it within `bound` ([`bound::Bound::write`]).
     /// The write is noted when AWS answers, whether or not the call is still there.
+    /// Nothing is written when too little of `bound` is left ([`bound::Bound::may_write`]).
     async fn write_desired_within(
         self: &Arc<Self>,
         bound: &bound::Bound,
@@ -991,6 +1011,7 @@ impl Provider {
         id: &str,
         desired: i32,
     ) -> Result<(), ProviderError> {
+        bound.may_write()?;
         let (me, group) = (self.clone(), id.to_string());
         let write = tokio::spawn(async move {
             let _ops = ops;

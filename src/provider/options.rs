@@ -132,81 +132,45 @@ pub fn overlay_from_tags(
             continue;
         };
         let v = v.trim();
-        let ratio = |warnings: &mut Vec<String>| match v.parse::<f64>() {
-            Ok(x) if (0.0..=1.0).contains(&x) => Some(x),
-            _ => {
-                warnings.push(format!(
-                    "tag {k}={v:?}: expected a number between 0 and 1; default kept"
-                ));
-                None
-            }
+        // Each tag sets its option, or says in one warning why it does not.
+        let ratio = || match v.parse::<f64>() {
+            Ok(x) if (0.0..=1.0).contains(&x) => Ok(x),
+            _ => Err(format!(
+                "tag {k}={v:?}: expected a number between 0 and 1; default kept"
+            )),
         };
-        let dur = |warnings: &mut Vec<String>| match parse_duration(v) {
-            Ok(d) => Some(d),
-            Err(e) => {
-                warnings.push(format!("tag {k}={v:?}: {e}; default kept"));
-                None
-            }
+        let dur = || parse_duration(v).map_err(|e| format!("tag {k}={v:?}: {e}; default kept"));
+        let boolean = || match v.to_ascii_lowercase().as_str() {
+            "true" => Ok(true),
+            "false" => Ok(false),
+            _ => Err(format!(
+                "tag {k}={v:?}: expected true or false; default kept"
+            )),
         };
-        let boolean = |warnings: &mut Vec<String>| match v.to_ascii_lowercase().as_str() {
-            "true" => Some(true),
-            "false" => Some(false),
-            _ => {
-                warnings.push(format!(
-                    "tag {k}={v:?}: expected true or false; default kept"
-                ));
-                None
-            }
-        };
-        match name.to_ascii_lowercase().as_str() {
+        let set: Result<(), String> = match name.to_ascii_lowercase().as_str() {
             "scaledownutilizationthreshold" => {
-                if let Some(x) = ratio(&mut warnings) {
-                    o.scale_down_utilization_threshold = x;
-                    applied += 1;
-                }
+                ratio().map(|x| o.scale_down_utilization_threshold = x)
             }
             "scaledowngpuutilizationthreshold" => {
-                if let Some(x) = ratio(&mut warnings) {
-                    o.scale_down_gpu_utilization_threshold = x;
-                    applied += 1;
-                }
+                ratio().map(|x| o.scale_down_gpu_utilization_threshold = x)
             }
-            "scaledownunneededtime" => {
-                if let Some(d) = dur(&mut warnings) {
-                    o.scale_down_unneeded_time = Some(d);
-                    applied += 1;
-                }
-            }
-            "scaledownunreadytime" => {
-                if let Some(d) = dur(&mut warnings) {
-                    o.scale_down_unready_time = Some(d);
-                    applied += 1;
-                }
-            }
-            "maxnodeprovisiontime" => {
-                if let Some(d) = dur(&mut warnings) {
-                    o.max_node_provision_time = Some(d);
-                    applied += 1;
-                }
-            }
-            "maxnodestartuptime" | "allownonatomicscaleuptomax" => warnings.push(format!(
+            "scaledownunneededtime" => dur().map(|d| o.scale_down_unneeded_time = Some(d)),
+            "scaledownunreadytime" => dur().map(|d| o.scale_down_unready_time = Some(d)),
+            "maxnodeprovisiontime" => dur().map(|d| o.max_node_provision_time = Some(d)),
+            "maxnodestartuptime" | "allownonatomicscaleuptomax" => Err(format!(
                 "tag {k}: no effect: no cluster-autoscaler version carries {name:?} over externalgrpc (CA 1.35+ reads MaxNodeStartupTime as 0 for every group that answers GetOptions)"
             )),
             "ignoredaemonsetsutilization" => {
-                if let Some(b) = boolean(&mut warnings) {
-                    o.ignore_daemonsets_utilization = b;
-                    applied += 1;
-                }
+                boolean().map(|b| o.ignore_daemonsets_utilization = b)
             }
-            "zeroormaxnodescaling" => {
-                if let Some(b) = boolean(&mut warnings) {
-                    o.zero_or_max_node_scaling = b;
-                    applied += 1;
-                }
-            }
-            _ => warnings.push(format!(
+            "zeroormaxnodescaling" => boolean().map(|b| o.zero_or_max_node_scaling = b),
+            _ => Err(format!(
                 "tag {k}: unknown autoscaling option {name:?}; ignored"
             )),
+        };
+        match set {
+            Ok(()) => applied += 1,
+            Err(w) => warnings.push(w),
         }
     }
     Overlay {

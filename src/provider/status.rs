@@ -18,13 +18,7 @@ pub fn looked_for(selector: &crate::cloud::GroupSelector) -> String {
         parts.push(format!("named {}", selector.names.join(" or ")));
     }
     for set in &selector.tag_sets {
-        let terms: Vec<String> = set
-            .iter()
-            .map(|t| match &t.value {
-                Some(v) => format!("{}={v}", t.key),
-                None => t.key.clone(),
-            })
-            .collect();
+        let terms: Vec<String> = set.iter().map(|t| t.to_string()).collect();
         parts.push(format!("tagged {}", terms.join(" and ")));
     }
     if parts.is_empty() {

@@ -246,11 +246,24 @@ pub async fn settle_within(
     mut check: impl FnMut(),
     mut unfinished: impl FnMut() -> Vec<String>,
 ) {
-    let within = bound;
+    settle_polling(bound, Duration::from_millis(50), async || {
+        check();
+        unfinished()
+    })
+    .await
+}
+
+/// The settle loop itself: every `poll`, `round` (the invariants checked, whatever
+/// the model does between polls) names what has not finished that can, until nothing
+/// is left; fails naming what was left after `within`.
+pub async fn settle_polling(
+    within: Duration,
+    poll: Duration,
+    mut round: impl AsyncFnMut() -> Vec<String>,
+) {
     let bound = ca_asg_provider::clock::now() + within;
     loop {
-        check();
-        let left = unfinished();
+        let left = round().await;
         if left.is_empty() {
             return;
         }
@@ -258,7 +271,28 @@ pub async fn settle_within(
             ca_asg_provider::clock::now() < bound,
             "not finished {within:?} after the last step: {left:?}"
         );
-        tokio::time::sleep(Duration::from_millis(50)).await;
+        tokio::time::sleep(poll).await;
+    }
+}
+
+/// The guarded instance's drain waits on a budget that allows nothing: if our `hook`
+/// holds `instance` once the case settled, waits `past` (more than one hook timeout),
+/// checks the invariants and fails unless the hook still holds it, heartbeated.
+pub async fn still_held_past_timeout(
+    w: &World,
+    instance: &str,
+    hook: &str,
+    past: Duration,
+    check: impl FnOnce(),
+) {
+    let held = || w.cloud.pending_hooks(instance).iter().any(|h| h == hook);
+    if held() {
+        tokio::time::sleep(past).await;
+        check();
+        assert!(
+            held(),
+            "the guarded instance, held while its budget allows nothing, was let go"
+        );
     }
 }
 
@@ -295,10 +329,48 @@ pub fn on_paused_clock<F: std::future::Future>(case: F) -> F::Output {
 /// Steps a drain model through `ops`: its invariants (`check`) before the first step
 /// and after each one.
 pub async fn play<M, O>(m: &mut M, ops: &[O], step: impl AsyncFn(&mut M, &O), check: impl Fn(&M)) {
-    check(m);
-    for op in ops {
+    play_judged_by_history(m, ops, step, |m, _| check(m)).await
+}
+
+/// [`play`] for a model whose invariants are judged against the ops so far (the
+/// provider's models: CA's target follows from what it asked): `check` is given
+/// none before the first step, then every op up to the one just taken.
+pub async fn play_judged_by_history<M, O>(
+    m: &mut M,
+    ops: &[O],
+    step: impl AsyncFn(&mut M, &O),
+    check: impl Fn(&M, &[O]),
+) {
+    check(m, &[]);
+    for (i, op) in ops.iter().enumerate() {
         step(m, op).await;
-        check(m);
+        check(m, &ops[..=i]);
+    }
+}
+
+/// The provider's settings in the provider's models (`accounting_model`,
+/// `ca_loop_model`): the named `groups`, refreshed only when the model asks.
+pub fn provider_settings(groups: &[&str]) -> ca_asg_provider::provider::ProviderSettings {
+    ca_asg_provider::provider::ProviderSettings {
+        selector: ca_asg_provider::cloud::GroupSelector {
+            names: groups.iter().map(|g| g.to_string()).collect(),
+            tag_sets: vec![],
+        },
+        refresh_interval: Duration::ZERO,
+        // Reads that predate a replica's own write are read again at once: the
+        // model's stale reads are counted, not timed.
+        stale_reread_wait: Duration::from_millis(1),
+        ..Default::default()
+    }
+}
+
+/// The proptest config of the models proptest runs itself (`accounting_model`,
+/// `ca_loop_model`): `cases` cases, no failure file written into the tree.
+pub fn proptest_cases(cases: u32) -> proptest::test_runner::Config {
+    Config {
+        cases,
+        failure_persistence: None,
+        ..Config::default()
     }
 }
 

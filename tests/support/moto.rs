@@ -110,6 +110,48 @@ pub async fn launch_template(sdk: &aws_config::SdkConfig, name: &str) {
         .unwrap();
 }
 
+/// The request that creates an ASG.
+pub type CreateGroup =
+    aws_sdk_autoscaling::operation::create_auto_scaling_group::builders::CreateAutoScalingGroupFluentBuilder;
+
+/// The request that creates ASG `name` (0 to 10, none desired, in us-east-1a) on
+/// launch template `lt` at `version`; the caller may add to it, then sends it.
+pub fn group_on(
+    asgc: &aws_sdk_autoscaling::Client,
+    name: &str,
+    lt: &str,
+    version: &str,
+) -> CreateGroup {
+    asgc.create_auto_scaling_group()
+        .auto_scaling_group_name(name)
+        .min_size(0)
+        .max_size(10)
+        .desired_capacity(0)
+        .availability_zones("us-east-1a")
+        .launch_template(
+            aws_sdk_autoscaling::types::LaunchTemplateSpecification::builder()
+                .launch_template_name(lt)
+                .version(version)
+                .build(),
+        )
+}
+
+/// `req` (creating ASG `group`) with `tags`, each propagated at launch.
+pub fn tagged(mut req: CreateGroup, group: &str, tags: &[(&str, &str)]) -> CreateGroup {
+    for (k, v) in tags {
+        req = req.tags(
+            aws_sdk_autoscaling::types::Tag::builder()
+                .resource_id(group)
+                .resource_type("auto-scaling-group")
+                .key(*k)
+                .value(*v)
+                .propagate_at_launch(true)
+                .build(),
+        );
+    }
+    req
+}
+
 /// `ca-asg-provider <command> --aws-endpoint <aws_endpoint> --config <config>` run as
 /// an operator runs it against moto, outside any cluster: the static test keys, no
 /// AWS config or credentials file, no IRSA variables, no kubeconfig, `home` as HOME.

@@ -44,6 +44,20 @@ pub fn role_rules(file: &Path, name: &str) -> Vec<Grant> {
     rules
 }
 
+/// The service's own ClusterRole, as deploy/base/rbac.yaml ships it.
+pub fn service_role() -> Vec<Grant> {
+    role_rules(
+        &Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/base/rbac.yaml"),
+        "ca-asg-provider",
+    )
+}
+
+/// Fails naming what `used` needs that the service's own role does not grant.
+pub fn assert_service_role_grants(used: &[RbacUse]) {
+    let gaps = missing(&service_role(), used);
+    assert!(gaps.is_empty(), "the service's role lacks {gaps:?}");
+}
+
 /// What `used` needs that `rules` do not grant.
 pub fn missing(rules: &[Grant], used: &[RbacUse]) -> Vec<RbacUse> {
     used.iter()
@@ -58,10 +72,7 @@ pub fn missing(rules: &[Grant], used: &[RbacUse]) -> Vec<RbacUse> {
 
 /// Fails when the engine used a verb/resource that deploy/base/rbac.yaml does not grant.
 pub fn assert_rbac_covers(sim: &SimCluster) {
-    let rules = role_rules(
-        &Path::new(env!("CARGO_MANIFEST_DIR")).join("deploy/base/rbac.yaml"),
-        "ca-asg-provider",
-    );
+    let rules = service_role();
     let used = sim.requests().used_by(ENGINE_USER);
     assert!(
         !used.is_empty(),

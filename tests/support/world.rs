@@ -494,6 +494,43 @@ pub fn placeholders(provider: &Provider, group: &str) -> Vec<ca_asg_provider::pr
         .collect()
 }
 
+/// The instances the provider lists as running in `group`, as CA names them
+/// (`aws:///zone/i-...`).
+pub fn running(provider: &Provider, group: &str) -> Vec<String> {
+    provider
+        .nodes(group)
+        .unwrap()
+        .into_iter()
+        .filter(|v| v.state == ca_asg_provider::provider::InstanceState::Running)
+        .map(|v| v.id)
+        .collect()
+}
+
+/// What a model's CA names for removal: `n` of `running` (all at most), in order from
+/// the `pick`-th on, wrapping round; none of none.
+pub fn pick(running: &[String], n: usize, pick: u64) -> Vec<String> {
+    if running.is_empty() {
+        return Vec::new();
+    }
+    let start = (pick as usize) % running.len();
+    running
+        .iter()
+        .cycle()
+        .skip(start)
+        .take(n.min(running.len()))
+        .cloned()
+        .collect()
+}
+
+/// CA's shape for an instance it lists: name and providerID both `id`
+/// (`aws:///zone/i-...`).
+pub fn ca_node(id: &str) -> ca_asg_provider::provider::NodeRef {
+    ca_asg_provider::provider::NodeRef {
+        provider_id: id.to_string(),
+        name: id.to_string(),
+    }
+}
+
 /// Whether the instance is in the cloud and not on its way out.
 pub fn in_service(cloud: &MemoryCloud, id: &str) -> bool {
     cloud

@@ -12,7 +12,7 @@ use std::time::{Duration, UNIX_EPOCH};
 use crate::clock::Instant;
 
 use async_trait::async_trait;
-use parking_lot::Mutex;
+use parking_lot::{Mutex, MutexGuard};
 
 use super::{
     AsgInstance, AsgSnapshot, BlockVolume, Cloud, CloudError, CloudResult, EksNodegroup,
@@ -547,8 +547,7 @@ impl MemoryCloud {
     /// For at most [`STALE_FOR`]: AWS's replicas converge within seconds, not
     /// minutes. Zero: fresh answers again.
     pub fn stale_reads(&self, reads: u32) {
-        let mut st = self.state.lock();
-        self.settle(&mut st);
+        let mut st = self.settled();
         let until = Instant::now() + STALE_FOR;
         st.stale = (reads > 0).then(|| (st.groups.clone(), reads, until));
     }
@@ -589,15 +588,21 @@ impl MemoryCloud {
 
     /// The LifecycleActionToken of the hook's action on the instance, while it waits.
     pub fn action_token(&self, instance_id: &str, hook: &str) -> Option<String> {
-        let mut st = self.state.lock();
-        self.settle(&mut st);
-        st.groups
+        self.waits_on(instance_id)
+            .into_iter()
+            .find(|w| w.hook == hook)
+            .map(|w| w.token)
+    }
+
+    /// The hooks' actions that hold the instance now, in the group's order.
+    fn waits_on(&self, instance_id: &str) -> Vec<Wait> {
+        self.settled()
+            .groups
             .values()
             .flat_map(|g| &g.instances)
             .filter(|i| i.id == instance_id)
-            .flat_map(|i| &i.waits)
-            .find(|w| w.hook == hook)
-            .map(|w| w.token.clone())
+            .flat_map(|i| i.waits.iter().cloned())
+            .collect()
     }
 
     /// Every change of a desired capacity so far, in order, with what made it.
@@ -690,64 +695,49 @@ impl MemoryCloud {
 
     /// What happened to lifecycle actions and instances on their way out, in order.
     pub fn lifecycle_log(&self) -> Vec<HookEvent> {
-        let mut st = self.state.lock();
-        self.settle(&mut st);
-        st.log.clone()
+        self.settled().log.clone()
     }
 
     /// The hooks whose actions hold the instance now (in Terminating:Wait, or on its
     /// way there), in the group's order.
     pub fn pending_hooks(&self, instance_id: &str) -> Vec<String> {
-        let mut st = self.state.lock();
-        self.settle(&mut st);
-        st.groups
-            .values()
-            .flat_map(|g| &g.instances)
-            .filter(|i| i.id == instance_id)
-            .flat_map(|i| i.waits.iter().map(|w| w.hook.clone()))
+        self.waits_on(instance_id)
+            .into_iter()
+            .map(|w| w.hook)
             .collect()
     }
 
     /// Instances whose lifecycle hook timed out without completion, in order (one
     /// entry per hook that timed out).
     pub fn hook_timeouts(&self) -> Vec<String> {
-        let mut st = self.state.lock();
-        self.settle(&mut st);
-        st.hook_timeouts.clone()
+        self.settled().hook_timeouts.clone()
     }
 
     /// Desired capacity of a group now.
     pub fn desired(&self, group: &str) -> Option<i32> {
-        let mut st = self.state.lock();
-        self.settle(&mut st);
-        st.groups.get(group).map(|g| g.desired)
+        self.settled().groups.get(group).map(|g| g.desired)
     }
 
     /// Every instance in a warm pool at "now": (group, instance). They still exist
     /// (a stopped instance is kept), so their Nodes stay.
     pub fn pooled(&self) -> Vec<(String, AsgInstance)> {
-        let mut st = self.state.lock();
-        self.settle(&mut st);
-        st.groups
-            .values()
-            .flat_map(|g| {
-                g.pool
-                    .iter()
-                    .map(move |i| (g.spec.name.clone(), to_asg_instance(i)))
-            })
-            .collect()
+        self.listed(|g| &g.pool)
     }
 
     /// Every instance of every group at "now": (group, instance).
     pub fn instances(&self) -> Vec<(String, AsgInstance)> {
-        let mut st = self.state.lock();
-        self.settle(&mut st);
-        st.groups
+        self.listed(|g| &g.instances)
+    }
+
+    /// What `of` lists in every group at "now": (group, instance).
+    fn listed(&self, of: impl Fn(&MemAsg) -> &Vec<MemInstance>) -> Vec<(String, AsgInstance)> {
+        self.settled()
+            .groups
             .values()
             .flat_map(|g| {
-                g.instances
+                of(g)
                     .iter()
-                    .map(move |i| (g.spec.name.clone(), to_asg_instance(i)))
+                    .map(|i| (g.spec.name.clone(), to_asg_instance(i)))
             })
             .collect()
     }
@@ -755,8 +745,7 @@ impl MemoryCloud {
     /// Scale-in that does not come from CA (a scaling policy, a person): lowers desired
     /// capacity and lets the ASG pick the newest instances to end. Returns their ids.
     pub fn external_scale_in(&self, group: &str, by: i32) -> CloudResult<Vec<String>> {
-        let mut st = self.state.lock();
-        self.settle(&mut st);
+        let mut st = self.settled();
         let now = Instant::now();
         let g = group_mut(&mut st, group)?;
         let from = g.desired;
@@ -807,8 +796,7 @@ impl MemoryCloud {
     /// (`Warmed:Terminated`); with none it goes at the next settle. False: no such
     /// instance at rest in a pool.
     pub fn end_pool_instance(&self, instance_id: &str) -> bool {
-        let mut st = self.state.lock();
-        self.settle(&mut st);
+        let mut st = self.settled();
         let now = Instant::now();
         for g in st.groups.values_mut() {
             let hooks = g.spec.terminating_hooks.clone();
@@ -834,8 +822,7 @@ impl MemoryCloud {
     /// instances at once and runs on outside any group; with `decrement` the desired
     /// capacity drops by one, else the group launches a replacement.
     pub fn detach(&self, instance_id: &str, decrement: bool) -> CloudResult<()> {
-        let mut st = self.state.lock();
-        self.settle(&mut st);
+        let mut st = self.settled();
         let now = Instant::now();
         let (name, g) = group_holding(&mut st, instance_id)?;
         g.instances.retain(|i| i.id != instance_id);
@@ -851,8 +838,7 @@ impl MemoryCloud {
     /// desired capacity, which is lowered by one with `decrement`; without it the ASG
     /// launches a replacement.
     pub fn enter_standby(&self, instance_id: &str, decrement: bool) -> CloudResult<()> {
-        let mut st = self.state.lock();
-        self.settle(&mut st);
+        let mut st = self.settled();
         let now = Instant::now();
         let (name, g) = group_holding(&mut st, instance_id)?;
         let inst = g
@@ -876,7 +862,18 @@ impl MemoryCloud {
         Ok(())
     }
 
-    fn begin_call(&self, st: &mut State, op: &str) -> CloudResult<()> {
+    /// The state as it is now: locked, with what time has done since applied
+    /// ([`Self::settle`]).
+    fn settled(&self) -> MutexGuard<'_, State> {
+        let mut st = self.state.lock();
+        self.settle(&mut st);
+        st
+    }
+
+    /// The state for one AWS call `op`: counted, refused or throttled as the test
+    /// asked ([`Self::refuse`], [`Self::throttle`]), else locked and settled.
+    fn call(&self, op: &str) -> CloudResult<MutexGuard<'_, State>> {
+        let mut st = self.state.lock();
         *st.calls.entry(op.to_string()).or_default() += 1;
         if let Some((code, n)) = st.refuse_next.get_mut(op) {
             if *n > 0 {
@@ -897,8 +894,8 @@ impl MemoryCloud {
                 });
             }
         }
-        self.settle(st);
-        Ok(())
+        self.settle(&mut st);
+        Ok(st)
     }
 
     /// Advances every instance to where it should be now.
@@ -1343,8 +1340,7 @@ fn matches_selector(g: &MemAsg, sel: &GroupSelector) -> bool {
 impl Cloud for MemoryCloud {
     async fn describe_groups(&self, selector: &GroupSelector) -> CloudResult<Vec<AsgSnapshot>> {
         self.effect(|| -> CloudResult<Vec<AsgSnapshot>> {
-            let mut st = self.state.lock();
-            self.begin_call(&mut st, "describe_groups")?;
+            let mut st = self.call("describe_groups")?;
             let stale = Self::stale_view(&mut st);
             Ok(stale
                 .as_ref()
@@ -1361,8 +1357,7 @@ impl Cloud for MemoryCloud {
 
     async fn launch_history(&self, group: &str) -> CloudResult<LaunchHistory> {
         self.effect(|| -> CloudResult<LaunchHistory> {
-            let mut st = self.state.lock();
-            self.begin_call(&mut st, "launch_failures")?;
+            let st = self.call("launch_failures")?;
             let g = st
                 .groups
                 .get(group)
@@ -1377,8 +1372,7 @@ impl Cloud for MemoryCloud {
 
     async fn locate_instances(&self, ids: &[String]) -> CloudResult<Vec<InstanceLocation>> {
         self.effect(|| -> CloudResult<Vec<InstanceLocation>> {
-            let mut st = self.state.lock();
-            self.begin_call(&mut st, "locate_instances")?;
+            let mut st = self.call("locate_instances")?;
             let stale = Self::stale_view(&mut st);
             let mut out = Vec::new();
             for g in stale.as_ref().unwrap_or(&st.groups).values() {
@@ -1400,8 +1394,7 @@ impl Cloud for MemoryCloud {
 
     async fn ended_instances(&self, ids: &[String]) -> CloudResult<Vec<String>> {
         self.effect(|| -> CloudResult<Vec<String>> {
-            let mut st = self.state.lock();
-            self.begin_call(&mut st, "ended_instances")?;
+            let st = self.call("ended_instances")?;
             // EC2 knows every instance of a group and its pool (ending once its
             // hooks let it go) and every detached one; the rest ended.
             let runs = |id: &str| {
@@ -1423,8 +1416,7 @@ impl Cloud for MemoryCloud {
 
     async fn warm_pool_instances(&self, group: &str) -> CloudResult<Vec<AsgInstance>> {
         self.effect(|| -> CloudResult<Vec<AsgInstance>> {
-            let mut st = self.state.lock();
-            self.begin_call(&mut st, "warm_pool_instances")?;
+            let mut st = self.call("warm_pool_instances")?;
             let stale = Self::stale_view(&mut st);
             let g = seen_group(&stale, &st.groups, group)?;
             Ok(g.pool.iter().map(to_asg_instance).collect())
@@ -1434,8 +1426,7 @@ impl Cloud for MemoryCloud {
 
     async fn set_desired_capacity(&self, group: &str, desired: i32) -> CloudResult<()> {
         self.effect(|| -> CloudResult<()> {
-            let mut st = self.state.lock();
-            self.begin_call(&mut st, "set_desired_capacity")?;
+            let mut st = self.call("set_desired_capacity")?;
             let g = group_mut(&mut st, group)?;
             if desired < g.spec.min_size || desired > g.spec.max_size {
                 return Err(CloudError::Rejected {
@@ -1495,8 +1486,7 @@ impl Cloud for MemoryCloud {
 
     async fn terminate_instance(&self, instance_id: &str, decrement: bool) -> CloudResult<()> {
         self.effect(|| -> CloudResult<()> {
-            let mut st = self.state.lock();
-            self.begin_call(&mut st, "terminate_instance")?;
+            let mut st = self.call("terminate_instance")?;
             let now = Instant::now();
             let group = st
                 .groups
@@ -1545,8 +1535,7 @@ impl Cloud for MemoryCloud {
 
     async fn instance_types(&self, names: &[String]) -> CloudResult<Vec<InstanceTypeInfo>> {
         self.effect(|| -> CloudResult<Vec<InstanceTypeInfo>> {
-            let mut st = self.state.lock();
-            self.begin_call(&mut st, "instance_types")?;
+            let _counted = self.call("instance_types")?;
             Ok(names
                 .iter()
                 .filter_map(|n| self.instance_types.get(n).cloned())
@@ -1557,8 +1546,7 @@ impl Cloud for MemoryCloud {
 
     async fn launch_template(&self, template: &LaunchTemplateRef) -> CloudResult<LaunchData> {
         self.effect(|| -> CloudResult<LaunchData> {
-            let mut st = self.state.lock();
-            self.begin_call(&mut st, "launch_template")?;
+            let st = self.call("launch_template")?;
             let name = template.name.clone().unwrap_or_default();
             let g = st
                 .groups
@@ -1585,8 +1573,7 @@ impl Cloud for MemoryCloud {
 
     async fn launch_configuration(&self, name: &str) -> CloudResult<LaunchData> {
         self.effect(|| -> CloudResult<LaunchData> {
-            let mut st = self.state.lock();
-            self.begin_call(&mut st, "launch_configuration")?;
+            let _counted = self.call("launch_configuration")?;
             Err(not_found("launch configuration", name))
         })
         .await
@@ -1594,8 +1581,7 @@ impl Cloud for MemoryCloud {
 
     async fn terminating_hooks(&self, group: &str) -> CloudResult<Vec<LifecycleHook>> {
         self.effect(|| -> CloudResult<Vec<LifecycleHook>> {
-            let mut st = self.state.lock();
-            self.begin_call(&mut st, "terminating_hooks")?;
+            let mut st = self.call("terminating_hooks")?;
             let stale = Self::stale_view(&mut st);
             let g = seen_group(&stale, &st.groups, group)?;
             Ok(g.spec.terminating_hooks.clone())
@@ -1605,8 +1591,7 @@ impl Cloud for MemoryCloud {
 
     async fn put_terminating_hook(&self, group: &str, hook: &LifecycleHook) -> CloudResult<()> {
         self.effect(|| -> CloudResult<()> {
-            let mut st = self.state.lock();
-            self.begin_call(&mut st, "put_terminating_hook")?;
+            let mut st = self.call("put_terminating_hook")?;
             let g = group_mut(&mut st, group)?;
             put_hook(&mut g.spec.terminating_hooks, hook.clone());
             Ok(())
@@ -1616,8 +1601,7 @@ impl Cloud for MemoryCloud {
 
     async fn delete_terminating_hook(&self, group: &str, hook: &str) -> CloudResult<()> {
         self.effect(|| -> CloudResult<()> {
-            let mut st = self.state.lock();
-            self.begin_call(&mut st, "delete_terminating_hook")?;
+            let mut st = self.call("delete_terminating_hook")?;
             let g = group_mut(&mut st, group)?;
             g.spec.terminating_hooks.retain(|h| h.name != hook);
             // As AWS does: the deleted hook's outstanding actions end with CONTINUE.
@@ -1655,8 +1639,7 @@ impl Cloud for MemoryCloud {
 
     async fn tag_group(&self, group: &str, key: &str, value: &str) -> CloudResult<()> {
         self.effect(|| -> CloudResult<()> {
-            let mut st = self.state.lock();
-            self.begin_call(&mut st, "tag_group")?;
+            let mut st = self.call("tag_group")?;
             let g = group_mut(&mut st, group)?;
             g.spec.tags.insert(key.to_string(), value.to_string());
             Ok(())
@@ -1666,8 +1649,7 @@ impl Cloud for MemoryCloud {
 
     async fn untag_group(&self, group: &str, key: &str) -> CloudResult<()> {
         self.effect(|| -> CloudResult<()> {
-            let mut st = self.state.lock();
-            self.begin_call(&mut st, "untag_group")?;
+            let mut st = self.call("untag_group")?;
             let g = group_mut(&mut st, group)?;
             g.spec.tags.remove(key);
             Ok(())
@@ -1677,8 +1659,7 @@ impl Cloud for MemoryCloud {
 
     async fn lifecycle_heartbeat(&self, action: &LifecycleAction) -> CloudResult<()> {
         self.effect(|| -> CloudResult<()> {
-            let mut st = self.state.lock();
-            self.begin_call(&mut st, "lifecycle_heartbeat")?;
+            let mut st = self.call("lifecycle_heartbeat")?;
             let check = st.check_tokens;
             let g = st
                 .groups
@@ -1719,8 +1700,7 @@ impl Cloud for MemoryCloud {
         result: LifecycleResult,
     ) -> CloudResult<()> {
         self.effect(|| -> CloudResult<()> {
-            let mut st = self.state.lock();
-            self.begin_call(&mut st, "complete_lifecycle_action")?;
+            let mut st = self.call("complete_lifecycle_action")?;
             let check = st.check_tokens;
             let g = st
                 .groups
@@ -1792,8 +1772,7 @@ impl Cloud for MemoryCloud {
 
     async fn eks_nodegroup(&self, cluster: &str, nodegroup: &str) -> CloudResult<EksNodegroup> {
         self.effect(|| -> CloudResult<EksNodegroup> {
-            let mut st = self.state.lock();
-            self.begin_call(&mut st, "eks_nodegroup")?;
+            let st = self.call("eks_nodegroup")?;
             st.eks
                 .get(&(cluster.to_string(), nodegroup.to_string()))
                 .cloned()
@@ -1808,8 +1787,7 @@ impl Cloud for MemoryCloud {
         _image_id: Option<&str>,
     ) -> CloudResult<Vec<String>> {
         self.effect(|| -> CloudResult<Vec<String>> {
-            let mut st = self.state.lock();
-            self.begin_call(&mut st, "instance_types_for_requirements")?;
+            let _counted = self.call("instance_types_for_requirements")?;
             let mut fits: Vec<&InstanceTypeInfo> = self
                 .instance_types
                 .values()
