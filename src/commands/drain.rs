@@ -83,83 +83,24 @@ pub async fn drain_in(
     use crate::scalein::kube::user_agent;
     let lease_client = user_agent::named(client.clone(), user_agent::LEASE);
     let client = user_agent::named(client, user_agent::DRAIN);
-    let nodes: Api<Node> = Api::all(client.clone());
-    let node = nodes
-        .get_opt(&args.node)
-        .await?
-        .ok_or_else(|| anyhow::anyhow!("node {:?} not found", args.node))?;
-    let iid = node
-        .spec
-        .as_ref()
-        .and_then(|s| s.provider_id.as_deref())
-        .and_then(provider_id::instance_id)
-        .map(str::to_string);
-    let pods = crate::scalein::kube::nodes::pods_on(&client, &args.node).await?;
-    let keep = cfg.scale_in.daemonsets == DaemonSetPolicy::Keep;
-    say(&format!(
-        "plan for node {} (instance {}):",
-        args.node,
-        iid.as_deref().unwrap_or("unknown")
-    ));
-    for (p, r) in plan::full_plan(&pods, !keep) {
-        match r {
-            Ok(t) => say(&format!("  {:<20} {p}", t.as_str())),
-            Err(why) => say(&format!("  {:<20} {p}  ({why})", "skip")),
-        }
-    }
+    let iid = say_plan(&client, cfg, &args.node, &say).await?;
     if args.dry_run {
         say("dry run: nothing changed");
         return Ok(());
     }
-    let mut cfg = cfg.clone();
-    let cloud = match cloud {
-        Some(cloud) => cloud,
-        None => {
-            let region = crate::cloud::aws::resolve_known_region(&cfg.aws_settings())
-                .await
-                .map_err(|e| anyhow::anyhow!("{e}"))?;
-            cfg.set_region(region);
-            crate::cloud::aws::connect(&cfg.aws_settings()).await
-        }
-    };
+    let (cloud, cfg) = connect(cloud, cfg).await?;
     let cfg = &cfg;
-    let (group, provider) = if args.terminate {
-        let iid = iid.clone().ok_or_else(|| {
-            anyhow::anyhow!(
-                "node {} has no AWS providerID; cannot --terminate",
-                args.node
-            )
-        })?;
-        let provider = Provider::new(cloud.clone(), cfg.provider.clone());
-        provider.refresh_now().await?;
-        let reg = provider.registry();
-        let g = reg
-            .group_of_instance(&iid)
-            .ok_or_else(|| anyhow::anyhow!("instance {iid} is in no managed node group"))?;
-        (g.asg.name.clone(), Some(provider.clone()))
-    } else {
-        (String::new(), None::<Arc<Provider>>)
+    let provider = match args.terminate {
+        true => Some(provider_for(&cloud, cfg, &args.node, iid.as_deref()).await?),
+        false => None,
     };
     let engine = Engine::new(
         client.clone(),
         cloud,
-        provider.clone(),
+        provider.as_ref().map(|(p, _)| p.clone()),
         cfg.scale_in.clone(),
     );
-    let mode = match &provider {
-        Some(p) => {
-            let reg = p.registry();
-            let g = reg.group(&group).expect("group found above");
-            engine.mode_for(g, iid.as_deref().unwrap_or_default())
-        }
-        None => Mode::DrainOnly,
-    };
-    let target = Target {
-        node: args.node.clone(),
-        id: iid.clone().unwrap_or_else(|| args.node.clone()),
-        group,
-        mode,
-    };
+    let target = Target::resolve(&engine, &args.node, iid, provider.as_ref());
     say(&target.intent());
     // What the node already shows is primed before anything changes: only the
     // warnings of this drain are relayed.
@@ -177,11 +118,87 @@ pub async fn drain_in(
             result?
         }
         Who::Here(lease) => {
-            drain_here(&engine, provider.as_ref(), &target, lease, watch, &say).await?
+            let provider = provider.as_ref().map(|(p, _)| p);
+            drain_here(&engine, provider, &target, lease, watch, &say).await?
         }
     };
     say(&outcome);
     Ok(())
+}
+
+/// Reads the node and its pods and says the plan: which pod goes in which phase, and
+/// which stay. Returns the node's instance (from its AWS providerID).
+async fn say_plan(
+    client: &kube::Client,
+    cfg: &crate::config::Config,
+    node: &str,
+    say: &Say,
+) -> anyhow::Result<Option<String>> {
+    let nodes: Api<Node> = Api::all(client.clone());
+    let n = nodes
+        .get_opt(node)
+        .await?
+        .ok_or_else(|| anyhow::anyhow!("node {node:?} not found"))?;
+    let iid = n
+        .spec
+        .as_ref()
+        .and_then(|s| s.provider_id.as_deref())
+        .and_then(provider_id::instance_id)
+        .map(str::to_string);
+    let pods = crate::scalein::kube::nodes::pods_on(client, node).await?;
+    let keep = cfg.scale_in.daemonsets == DaemonSetPolicy::Keep;
+    say(&format!(
+        "plan for node {node} (instance {}):",
+        iid.as_deref().unwrap_or("unknown")
+    ));
+    for (p, r) in plan::full_plan(&pods, !keep) {
+        match r {
+            Ok(t) => say(&format!("  {:<20} {p}", t.as_str())),
+            Err(why) => say(&format!("  {:<20} {p}  ({why})", "skip")),
+        }
+    }
+    Ok(iid)
+}
+
+/// The cloud given (a test's), or AWS in the region the configuration resolves to
+/// (the configuration then names it).
+async fn connect(
+    cloud: Option<Arc<dyn crate::cloud::Cloud>>,
+    cfg: &crate::config::Config,
+) -> anyhow::Result<(Arc<dyn crate::cloud::Cloud>, crate::config::Config)> {
+    let mut cfg = cfg.clone();
+    let cloud = match cloud {
+        Some(cloud) => cloud,
+        None => {
+            let region = crate::cloud::aws::resolve_known_region(&cfg.aws_settings())
+                .await
+                .map_err(|e| anyhow::anyhow!("{e}"))?;
+            cfg.set_region(region);
+            crate::cloud::aws::connect(&cfg.aws_settings()).await
+        }
+    };
+    Ok((cloud, cfg))
+}
+
+/// `--terminate`: the provider, refreshed, and the managed group the instance is in.
+async fn provider_for(
+    cloud: &Arc<dyn crate::cloud::Cloud>,
+    cfg: &crate::config::Config,
+    node: &str,
+    iid: Option<&str>,
+) -> anyhow::Result<(Arc<Provider>, String)> {
+    let iid = iid
+        .ok_or_else(|| anyhow::anyhow!("node {node} has no AWS providerID; cannot --terminate"))?;
+    let provider = Provider::new(cloud.clone(), cfg.provider.clone());
+    provider.refresh_now().await?;
+    let group = provider
+        .registry()
+        .group_of_instance(iid)
+        .ok_or_else(|| anyhow::anyhow!("instance {iid} is in no managed node group"))?
+        .asg
+        .name
+        .clone();
+    Ok((provider, group))
 }
 
 /// The node, its instance and how it ends, as the command resolved them.
@@ -194,6 +211,31 @@ struct Target {
 }
 
 impl Target {
+    /// The node's drain as the command runs it: with `--terminate` (a provider and
+    /// the instance's group) ended as DeleteNodes would end it, else drain only.
+    fn resolve(
+        engine: &Engine,
+        node: &str,
+        iid: Option<String>,
+        provider: Option<&(Arc<Provider>, String)>,
+    ) -> Self {
+        let (group, mode) = match provider {
+            Some((p, group)) => {
+                let reg = p.registry();
+                let g = reg.group(group).expect("group found by provider_for");
+                let mode = engine.mode_for(g, iid.as_deref().unwrap_or_default());
+                (group.clone(), mode)
+            }
+            None => (String::new(), Mode::DrainOnly),
+        };
+        Target {
+            node: node.to_string(),
+            id: iid.unwrap_or_else(|| node.to_string()),
+            group,
+            mode,
+        }
+    }
+
     /// What the command is about to do, in a line.
     fn intent(&self) -> String {
         let Target {
