@@ -381,41 +381,38 @@ impl ControlPlane {
     }
 
     fn start_controllers(&mut self, bin: &Binaries) -> anyhow::Result<()> {
-        let kcm = self.kubeconfig(Who::ControllerManager)?;
+        let mut kcm = self.controller_args(Who::ControllerManager, "kcm-certs")?;
+        kcm.extend([
+            "--controllers=replicaset-controller,deployment-controller,daemonset-controller,disruption-controller,garbage-collector-controller,pod-garbage-collector-controller,serviceaccount-controller,job-controller".into(),
+            "--use-service-account-credentials=false".into(),
+            "--kube-api-qps=100".into(),
+            "--kube-api-burst=200".into(),
+        ]);
         self.spawn(
             "kube-controller-manager",
             &bin.k8s.join("kube-controller-manager"),
-            &[
-                format!("--kubeconfig={}", kcm.display()),
-                "--controllers=replicaset-controller,deployment-controller,daemonset-controller,disruption-controller,garbage-collector-controller,pod-garbage-collector-controller,serviceaccount-controller,job-controller".into(),
-                "--leader-elect=false".into(),
-                "--use-service-account-credentials=false".into(),
-                format!("--secure-port={}", free_port()),
-                "--bind-address=127.0.0.1".into(),
-                format!("--cert-dir={}", self.path("kcm-certs").display()),
-                format!("--authentication-kubeconfig={}", kcm.display()),
-                format!("--authorization-kubeconfig={}", kcm.display()),
-                "--authentication-skip-lookup=true".into(),
-                "--kube-api-qps=100".into(),
-                "--kube-api-burst=200".into(),
-            ],
+            &kcm,
         )?;
-        let sched = self.kubeconfig(Who::Scheduler)?;
-        self.spawn(
-            "kube-scheduler",
-            &bin.k8s.join("kube-scheduler"),
-            &[
-                format!("--kubeconfig={}", sched.display()),
-                "--leader-elect=false".into(),
-                format!("--secure-port={}", free_port()),
-                "--bind-address=127.0.0.1".into(),
-                format!("--cert-dir={}", self.path("scheduler-certs").display()),
-                format!("--authentication-kubeconfig={}", sched.display()),
-                format!("--authorization-kubeconfig={}", sched.display()),
-                "--authentication-skip-lookup=true".into(),
-            ],
-        )?;
+        let sched = self.controller_args(Who::Scheduler, "scheduler-certs")?;
+        self.spawn("kube-scheduler", &bin.k8s.join("kube-scheduler"), &sched)?;
         Ok(())
+    }
+
+    /// What kube-controller-manager and kube-scheduler are both started with: `who`'s
+    /// kubeconfig (for the API, authentication and authorization), no leader election, a
+    /// secure port of their own on loopback with certificates in `certs`.
+    fn controller_args(&self, who: Who, certs: &str) -> anyhow::Result<Vec<String>> {
+        let kubeconfig = self.kubeconfig(who)?.display().to_string();
+        Ok(vec![
+            format!("--kubeconfig={kubeconfig}"),
+            "--leader-elect=false".into(),
+            format!("--secure-port={}", free_port()),
+            "--bind-address=127.0.0.1".into(),
+            format!("--cert-dir={}", self.path(certs).display()),
+            format!("--authentication-kubeconfig={kubeconfig}"),
+            format!("--authorization-kubeconfig={kubeconfig}"),
+            "--authentication-skip-lookup=true".into(),
+        ])
     }
 
     /// Waits for the ServiceAccount controller to create `default` in `ns` (pods are
