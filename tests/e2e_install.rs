@@ -364,15 +364,10 @@ fn helm_test_succeeds(helm: &install::Helm) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn chart_installed_runs_two_replicas_holds_the_lease_and_drains_a_ca_scale_in() {
     let scenario = "chart install: standalone, two replicas, CA scale-in drained in the cluster";
-    let Some((bin, images, helm_bin)) = install_needs(scenario) else {
+    let driver = "the chart's pods; CA's calls by the suite's client over mTLS";
+    let Some((_one_at_a_time, report, site)) = install_scenario(scenario, driver).await else {
         return;
     };
-    let _one_at_a_time = SERIAL.lock().await;
-    let report = Report::new(
-        scenario,
-        "the chart's pods; CA's calls by the suite's client over mTLS",
-        &bin.version,
-    );
     let Site {
         work,
         image_ref,
@@ -385,7 +380,7 @@ async fn chart_installed_runs_two_replicas_holds_the_lease_and_drains_a_ca_scale
         kubelet,
         helm,
         chart,
-    } = Site::start(&report, &bin, &images, helm_bin).await;
+    } = site;
 
     report.step("the Secrets the chart leaves to the user: mTLS certificates");
     let certs = mtls_secrets(&admin, true).await;
@@ -607,16 +602,10 @@ async fn chart_installed_runs_two_replicas_holds_the_lease_and_drains_a_ca_scale
 async fn helm_uninstall_removes_the_hook_the_service_created_and_only_it() {
     use ca_asg_provider::cloud::{LifecycleHook, LifecycleState};
     let scenario = "chart uninstall: the post-delete Job removes the service's hook";
-    let Some((bin, images, helm_bin)) = install_needs(scenario) else {
+    let driver = "the chart's pods and its post-delete Job";
+    let Some((_one_at_a_time, report, site)) = install_scenario(scenario, driver).await else {
         return;
     };
-    let _one_at_a_time = SERIAL.lock().await;
-    let report = Report::new(
-        scenario,
-        "the chart's pods and its post-delete Job",
-        &bin.version,
-    );
-    let site = Site::start(&report, &bin, &images, helm_bin).await;
     let (admin, node, helm, moto) = (&site.admin, &site.node, &site.helm, &site.moto);
     let cloud = AwsCloud::from_sdk_config(&moto.sdk_config().await);
 
@@ -748,12 +737,10 @@ async fn helm_uninstall_removes_the_hook_the_service_created_and_only_it() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn helm_uninstall_whose_job_fails_says_why_and_keeps_the_job_to_read() {
     let scenario = "chart uninstall: the post-delete Job fails and says why";
-    let Some((bin, images, helm_bin)) = install_needs(scenario) else {
+    let driver = "the chart's post-delete Job";
+    let Some((_one_at_a_time, report, site)) = install_scenario(scenario, driver).await else {
         return;
     };
-    let _one_at_a_time = SERIAL.lock().await;
-    let report = Report::new(scenario, "the chart's post-delete Job", &bin.version);
-    let site = Site::start(&report, &bin, &images, helm_bin).await;
     let (admin, helm) = (&site.admin, &site.helm);
 
     report.step("helm install with an AWS endpoint nobody answers on");
@@ -841,17 +828,10 @@ async fn helm_uninstall_whose_job_fails_says_why_and_keeps_the_job_to_read() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn quickstart_scripts_install_verify_scale_in_upgrade_and_uninstall() {
     let scenario = "quickstart scripts: install, verify, scale-in, upgrade, uninstall";
-    let Some((bin, images, helm_bin)) = install_needs(scenario) else {
+    let driver = "deploy/quickstart/*.sh (kubectl and helm)";
+    let Some((_one_at_a_time, report, site)) = install_scenario(scenario, driver).await else {
         return;
     };
-    let _one_at_a_time = SERIAL.lock().await;
-    let report = Report::new(
-        scenario,
-        "deploy/quickstart/*.sh (kubectl and helm)",
-        &bin.version,
-    );
-    let began = Instant::now();
-    let site = Site::start(&report, &bin, &images, helm_bin.clone()).await;
     let (admin, node) = (&site.admin, &site.node);
     let cloud = AwsCloud::from_sdk_config(&site.moto.sdk_config().await);
     let pods: Api<Pod> = Api::namespaced(admin.clone(), NS);
@@ -1053,7 +1033,7 @@ async fn quickstart_scripts_install_verify_scale_in_upgrade_and_uninstall() {
     assert!(out.contains("uninstalled already"), "{out}");
     eprintln!(
         "e2e: the quickstart's scripts, site included, in {:.0} s",
-        began.elapsed().as_secs_f64()
+        report.began.elapsed().as_secs_f64()
     );
     report.step("done");
 }
@@ -1194,6 +1174,20 @@ fn install_needs(
         return None;
     };
     Some((bin, images, helm_bin))
+}
+
+/// An install scenario's start: what it needs (`None` after saying what is missing),
+/// then, one scenario at a time (the guard returned), its report (`driver` making CA's
+/// calls) and its [`Site`].
+async fn install_scenario(
+    scenario: &str,
+    driver: &str,
+) -> Option<(tokio::sync::MutexGuard<'static, ()>, Report, Site)> {
+    let (bin, images, helm_bin) = install_needs(scenario)?;
+    let one_at_a_time = SERIAL.lock().await;
+    let report = Report::new(scenario, driver, &bin.version);
+    let site = Site::start(&report, &bin, &images, helm_bin).await;
+    Some((one_at_a_time, report, site))
 }
 
 /// The real-CA tier's binaries (`E2E_CA_BINS`); `None` after the one line that says
