@@ -1453,16 +1453,8 @@ impl Site {
             }),
         )
         .await;
-        until("the app's pods Ready", 60, || {
-            let admin = admin.clone();
-            async move {
-                ready_pods(&admin)
-                    .await
-                    .keys()
-                    .filter(|p| p.starts_with("shop/app-"))
-                    .count()
-                    == APP_REPLICAS
-            }
+        until("the app's pods Ready", 60, || async {
+            rig::app_ready(&admin).await == APP_REPLICAS
         })
         .await;
 
@@ -1637,11 +1629,7 @@ async fn ca_reaches_the_provider(pods: &Api<Pod>, node: &RealNode, pod: &Pod) {
 async fn ca_scales_up_to(site: &Site, pods: &Api<Pod>, pod: &Pod, replicas: usize) {
     rig::scale_app(&site.admin, replicas).await;
     wait_or_diagnose(pods, &site.node, 180, 500, async || {
-        let on = ready_pods(&site.admin)
-            .await
-            .keys()
-            .filter(|p| p.starts_with("shop/app-"))
-            .count();
+        let on = rig::app_ready(&site.admin).await;
         if on == replicas && site.kubelet.nodes().len() == replicas {
             return Ok(());
         }

@@ -13,7 +13,6 @@ use ca_asg_provider::clock::Instant;
 
 use ca_asg_provider::scalein::settings::DeadlinePolicy;
 use k8s_openapi::api::core::v1::Node;
-use kube::api::{Patch, PatchParams};
 use kube::Api;
 use serde_json::json;
 
@@ -78,6 +77,20 @@ async fn ca_starts(rig: &Rig, profile: &'static CaProfile) -> SuiteCa {
     ca
 }
 
+/// CA's loop stopped, then [`ca_saw_no_errors`] and the service's own counts of what it
+/// answered ([`Rig::no_provider_errors`]).
+fn ca_and_service_saw_no_errors(rig: &Rig, ca: &SuiteCa) {
+    ca_stops_having_seen_no_error(rig, ca);
+    rig.report.step("check: no error answered to CA's calls");
+    rig.no_provider_errors(&[]);
+}
+
+/// CA's loop stopped, then [`ca_saw_no_errors`].
+fn ca_stops_having_seen_no_error(rig: &Rig, ca: &SuiteCa) {
+    ca.stop_loop();
+    ca_saw_no_errors(rig, ca);
+}
+
 /// No call of the client was answered with an error other than Unimplemented.
 fn ca_saw_no_errors(rig: &Rig, ca: &SuiteCa) {
     rig.report
@@ -122,16 +135,7 @@ pub async fn scale_up_from_pending_pods(profile: &'static CaProfile) {
     let ca = ca_starts(&rig, profile).await;
     rig.report
         .step("the app grows to 5 replicas: two pods find no node (one per node)");
-    let deployments: Api<k8s_openapi::api::apps::v1::Deployment> =
-        Api::namespaced(rig.admin.clone(), "shop");
-    deployments
-        .patch(
-            "app",
-            &PatchParams::default(),
-            &Patch::Merge(json!({"spec": {"replicas": 5}})),
-        )
-        .await
-        .expect("scale the app");
+    rig::scale_app(&rig.admin, 5).await;
     until("the scheduler to find two pods unschedulable", 60, || {
         let ca = ca.clone();
         async move { ca.unschedulable_pods().await.map(|p| p.len()) == Ok(2) }
@@ -150,15 +154,7 @@ pub async fn scale_up_from_pending_pods(profile: &'static CaProfile) {
     until("5 Nodes and 5 app pods Ready", 90, || {
         let admin = rig.admin.clone();
         let k = rig.kubelet.clone();
-        async move {
-            k.nodes().len() == 5
-                && rig::ready_pods(&admin)
-                    .await
-                    .keys()
-                    .filter(|p| p.starts_with("shop/app-"))
-                    .count()
-                    == 5
-        }
+        async move { k.nodes().len() == 5 && rig::app_ready(&admin).await == 5 }
     })
     .await;
     *rig.report.scale_in_secs.lock() = Some(started.elapsed().as_secs_f64());
@@ -173,10 +169,7 @@ pub async fn scale_up_from_pending_pods(profile: &'static CaProfile) {
     rig.report
         .step("check: CA's pods are scheduled: none unschedulable");
     assert_eq!(ca.unschedulable_pods().await, Ok(vec![]));
-    ca.stop_loop();
-    ca_saw_no_errors(&rig, &ca);
-    rig.report.step("check: no error answered to CA's calls");
-    rig.no_provider_errors(&[]);
+    ca_and_service_saw_no_errors(&rig, &ca);
 }
 
 /// CA scales in two occupied nodes, with (`hooked`) or without our lifecycle hook: both
@@ -211,8 +204,7 @@ pub async fn ca_scale_in_of_occupied_nodes(profile: &'static CaProfile, hooked: 
         );
     }
     rig.ends_keeping_promises(&victims, 3, 2, hooked).await;
-    ca.stop_loop();
-    ca_saw_no_errors(&rig, &ca);
+    ca_stops_having_seen_no_error(&rig, &ca);
 }
 
 /// CA run with `--node-deletion-batcher-interval`: the nodes of a scale-down go in
@@ -247,8 +239,7 @@ pub async fn ca_scale_in_batched(profile: &'static CaProfile) {
     );
     assert_eq!(rig.ca_target().await, 3, "the batch's decrease at once");
     rig.ends_keeping_promises(&victims, 3, 2, false).await;
-    ca.stop_loop();
-    ca_saw_no_errors(&rig, &ca);
+    ca_stops_having_seen_no_error(&rig, &ca);
 }
 
 /// A group held at its MinSize loses an instance and the ASG's relaunch fails for
@@ -437,10 +428,7 @@ pub async fn a_group_at_min_whose_relaunch_fails(profile: &'static CaProfile) {
     assert_eq!(target, 3, "CA's target after its clean-up");
     assert_eq!(rig.kubelet.instances_ended(), vec![dead.clone()]);
     assert_eq!(live(&rig), before, "the live instances");
-    ca.stop_loop();
-    ca_saw_no_errors(&rig, &ca);
-    rig.report.step("check: no error answered to CA's calls");
-    rig.no_provider_errors(&[]);
+    ca_and_service_saw_no_errors(&rig, &ca);
 }
 
 /// The group has two option tags, one malformed: NodeGroupGetOptions must never answer
@@ -497,8 +485,7 @@ pub async fn option_tags_with_one_malformed(profile: &'static CaProfile) {
         .scale_in_begins("CA scales down an occupied node of the group with the malformed tag");
     ca_deletes(&rig, &ca, &victims).await;
     rig.ends_keeping_promises(&victims, 3, 1, false).await;
-    ca.stop_loop();
-    ca_saw_no_errors(&rig, &ca);
+    ca_stops_having_seen_no_error(&rig, &ca);
 }
 
 /// CA marks a node (CA >= 1.34: cordon and taint; older: taint) and deletes it; a pod
@@ -552,16 +539,12 @@ pub async fn a_drain_abandoned_after_cas_cordon(profile: &'static CaProfile) {
         }),
     )
     .await;
-    until("the pinned pod Ready on the node", 60, || {
-        let admin = rig.admin.clone();
-        let node = node.clone();
-        async move {
-            rig::ready_pods(&admin)
-                .await
-                .iter()
-                .any(|(p, n)| p.starts_with("shop/pinned-") && *n == node)
-        }
-    })
+    rig::until_ready_on(
+        &rig.admin,
+        "shop/pinned-",
+        &node,
+        "the pinned pod Ready on the node",
+    )
     .await;
     rig.report.scale_in_begins(&format!(
         "CA {} marks the node ({}) and deletes it",
@@ -625,10 +608,7 @@ pub async fn a_drain_abandoned_after_cas_cordon(profile: &'static CaProfile) {
     assert!(ds.is_empty(), "DaemonSet pods stopped: {ds:?}");
     checks::evictions_only(&rig.cp.audit(), &stops, std::slice::from_ref(&node))
         .unwrap_or_else(|e| panic!("{e}"));
-    ca.stop_loop();
-    ca_saw_no_errors(&rig, &ca);
-    rig.report.step("check: no error answered to CA's calls");
-    rig.no_provider_errors(&[]);
+    ca_and_service_saw_no_errors(&rig, &ca);
 }
 
 /// CA deletes an occupied node and is restarted while the service drains it: the new
@@ -671,8 +651,7 @@ pub async fn ca_restarted_mid_drain(profile: &'static CaProfile) {
     again.start().await.unwrap_or_else(|e| panic!("{e}"));
     again.keep_looping();
     rig.ends_keeping_promises(&victims, 3, 1, false).await;
-    again.stop_loop();
-    ca_saw_no_errors(&rig, &again);
+    ca_stops_having_seen_no_error(&rig, &again);
 }
 
 /// Every Event in the cluster (reason, object, message), for a failure message.

@@ -597,6 +597,27 @@ pub async fn scale_app(admin: &kube::Client, replicas: usize) {
         .expect("scale the app");
 }
 
+/// How many of the app's pods (`shop/app-*`) are Ready.
+pub async fn app_ready(admin: &kube::Client) -> usize {
+    ready_pods(admin)
+        .await
+        .keys()
+        .filter(|p| p.starts_with("shop/app-"))
+        .count()
+}
+
+/// Waits up to 60 s for `what`: a Ready pod whose `namespace/name` starts with `prefix`
+/// on `node`.
+pub async fn until_ready_on(admin: &kube::Client, prefix: &str, node: &str, what: &str) {
+    until(what, 60, || async {
+        ready_pods(admin)
+            .await
+            .iter()
+            .any(|(p, n)| p.starts_with(prefix) && n == node)
+    })
+    .await
+}
+
 pub async fn ready_pods(admin: &kube::Client) -> BTreeMap<String, String> {
     let pods: Api<Pod> = Api::all(admin.clone());
     pods.list(&Default::default())
