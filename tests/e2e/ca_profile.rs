@@ -190,64 +190,36 @@ const SOURCES_1_35_UP: [Source; 11] = [
     ),
 ];
 
-pub static CA_1_31: CaProfile = CaProfile {
-    name: "1.31",
-    release: "1.31.5",
-    tag: "cluster-autoscaler-1.31.5",
-    version: (31, 5),
-    cordons: false,
-    template: TemplateRead::Field1,
-    durations: Durations::Meta,
-    dra_watches: false,
-    max_scale_down_parallelism: 10,
-    grpc_timeout: Duration::from_secs(5),
-    sources: &SOURCES_1_31,
-};
+pub static CA_1_31: CaProfile = CaProfile::of(
+    ("1.31", "1.31.5", "cluster-autoscaler-1.31.5"),
+    (31, 5),
+    &SOURCES_1_31,
+);
 
-pub static CA_1_34: CaProfile = CaProfile {
-    name: "1.34",
-    release: "1.34.5",
-    tag: "cluster-autoscaler-1.34.5",
-    version: (34, 5),
-    cordons: true,
-    template: TemplateRead::PreferBytes,
-    durations: Durations::Both,
-    dra_watches: false,
-    max_scale_down_parallelism: 10,
-    grpc_timeout: Duration::from_secs(5),
-    sources: &SOURCES_1_34,
-};
+pub static CA_1_34: CaProfile = CaProfile::of(
+    ("1.34", "1.34.5", "cluster-autoscaler-1.34.5"),
+    (34, 5),
+    &SOURCES_1_34,
+);
 
-pub static CA_1_36: CaProfile = CaProfile {
-    name: "1.36",
-    release: "1.36.1",
-    tag: "cluster-autoscaler-1.36.1",
-    version: (36, 1),
-    cordons: true,
-    template: TemplateRead::BytesOnly,
-    durations: Durations::Google,
-    dra_watches: true,
-    max_scale_down_parallelism: 10,
-    grpc_timeout: Duration::from_secs(5),
-    sources: &SOURCES_1_35_UP,
-};
+pub static CA_1_36: CaProfile = CaProfile::of(
+    ("1.36", "1.36.1", "cluster-autoscaler-1.36.1"),
+    (36, 1),
+    &SOURCES_1_35_UP,
+);
 
 /// Master of 2026-08-22: CA's core moved to sigs.k8s.io/cluster-autoscaler (the same
 /// behaviours as 1.36.1 in the same files there); the externalgrpc provider and its proto
 /// stay in kubernetes/autoscaler, unchanged since 1.35.
-pub static CA_MASTER: CaProfile = CaProfile {
-    name: "master",
-    release: "master (55c37cd5eb55, 2026-08-22)",
-    tag: "55c37cd5eb550756c5ccc5a89e9068d77797e575",
-    version: (37, 0),
-    cordons: true,
-    template: TemplateRead::BytesOnly,
-    durations: Durations::Google,
-    dra_watches: true,
-    max_scale_down_parallelism: 10,
-    grpc_timeout: Duration::from_secs(5),
-    sources: &SOURCES_1_35_UP,
-};
+pub static CA_MASTER: CaProfile = CaProfile::of(
+    (
+        "master",
+        "master (55c37cd5eb55, 2026-08-22)",
+        "55c37cd5eb550756c5ccc5a89e9068d77797e575",
+    ),
+    (37, 0),
+    &SOURCES_1_35_UP,
+);
 
 /// Every profile, oldest first.
 pub static ALL: [&CaProfile; 4] = [&CA_1_31, &CA_1_34, &CA_1_36, &CA_MASTER];
@@ -265,11 +237,26 @@ impl CaProfile {
             34 => &CA_1_34,
             _ => &CA_1_36,
         };
+        CaProfile::of(
+            (base.name, base.release, base.tag),
+            (minor, patch),
+            base.sources,
+        )
+    }
+
+    /// The profile of release `1.minor.patch` (`version`), named by `(name, release, tag)`
+    /// and cited by `sources`: what it does follows from its version alone.
+    const fn of(
+        (name, release, tag): (&'static str, &'static str, &'static str),
+        version: (u32, u32),
+        sources: &'static [Source],
+    ) -> CaProfile {
+        let (minor, patch) = version;
         CaProfile {
-            name: base.name,
-            release: base.release,
-            tag: base.tag,
-            version: (minor, patch),
+            name,
+            release,
+            tag,
+            version,
             cordons: minor >= 34,
             template: match (minor, patch) {
                 (..=33, _) | (34, 0..=1) => TemplateRead::Field1,
@@ -284,7 +271,7 @@ impl CaProfile {
             dra_watches: minor >= 35,
             max_scale_down_parallelism: 10,
             grpc_timeout: Duration::from_secs(5),
-            sources: base.sources,
+            sources,
         }
     }
 
