@@ -59,7 +59,10 @@ mod rig;
 use control_plane::{ControlPlane, Who};
 use kubelet::FakeKubelet;
 use real_node::RealNode;
-use rig::{binaries, create, ready_pods, until, Report, APP_MIN_READY, APP_REPLICAS, SERIAL};
+use rig::{
+    binaries, create, is_ready as ready, ready_pods, until, Report, APP_MIN_READY, APP_REPLICAS,
+    SERIAL,
+};
 
 const NS: &str = "kube-system";
 const RELEASE: &str = "ca-asg-provider";
@@ -76,14 +79,6 @@ fn skip_or_fail(what: &str, why: &str) {
         panic!("{what}: {why}");
     }
     eprintln!("{what}: skipped ({why})");
-}
-
-fn ready(p: &Pod) -> bool {
-    p.metadata.deletion_timestamp.is_none()
-        && p.status
-            .as_ref()
-            .and_then(|s| s.conditions.as_ref())
-            .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
 }
 
 fn pod_ip(p: &Pod) -> String {

@@ -16,7 +16,7 @@ use ca_asg_provider::proto::{self, cloud_provider_client::CloudProviderClient};
 use ca_asg_provider::provider::{Provider, ProviderSettings};
 use ca_asg_provider::scalein::{self, DrainScaleIn, Engine, ScaleInSettings};
 use ca_asg_provider::telemetry::metrics::Metrics;
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{Pod, PodCondition};
 use kube::api::{DynamicObject, PostParams};
 use kube::discovery::ApiResource;
 use kube::Api;
@@ -597,6 +597,20 @@ pub async fn scale_app(admin: &kube::Client, replicas: usize) {
         .expect("scale the app");
 }
 
+/// Whether pod `p` is not being deleted and has a condition that `holds`.
+pub fn live_with(p: &Pod, holds: impl Fn(&PodCondition) -> bool) -> bool {
+    p.metadata.deletion_timestamp.is_none()
+        && p.status
+            .as_ref()
+            .and_then(|s| s.conditions.as_ref())
+            .is_some_and(|c| c.iter().any(holds))
+}
+
+/// Whether pod `p` is Ready (and not being deleted).
+pub fn is_ready(p: &Pod) -> bool {
+    live_with(p, |c| c.type_ == "Ready" && c.status == "True")
+}
+
 /// How many of the app's pods (`shop/app-*`) are Ready.
 pub async fn app_ready(admin: &kube::Client) -> usize {
     ready_pods(admin)
@@ -625,13 +639,7 @@ pub async fn ready_pods(admin: &kube::Client) -> BTreeMap<String, String> {
         .unwrap()
         .items
         .into_iter()
-        .filter(|p| {
-            p.metadata.deletion_timestamp.is_none()
-                && p.status
-                    .as_ref()
-                    .and_then(|s| s.conditions.as_ref())
-                    .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
-        })
+        .filter(is_ready)
         .map(|p| {
             (
                 format!(
