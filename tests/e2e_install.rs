@@ -225,14 +225,26 @@ async fn mtls_secrets(admin: &kube::Client, client: bool) -> install::Certs {
     certs
 }
 
-/// The values of a standalone install on the real node with AWS at `aws_endpoint` (the
-/// server Secret of [`mtls_secrets`], moto's keys, fast probes and refreshes, the ASGs
-/// found by the cluster's tags), `more` merged over them (RFC 7386: a null removes).
+/// The values of a standalone install ([`chart_values`]) serving gRPC over the server
+/// Secret of [`mtls_secrets`], `more` merged over them.
 fn standalone_values(aws_endpoint: &str, more: serde_json::Value) -> serde_json::Value {
+    let mut values = chart_values(
+        aws_endpoint,
+        json!({
+            "mode": "standalone",
+            "tls": {"certManager": {"enabled": false}, "serverSecretName": "ca-asg-provider-server-tls"},
+        }),
+    );
+    merge(&mut values, more);
+    values
+}
+
+/// The values of an install on the real node with AWS at `aws_endpoint` (moto's keys,
+/// fast probes and refreshes, the ASGs found by the cluster's tags), `more` merged over
+/// them (RFC 7386: a null removes).
+fn chart_values(aws_endpoint: &str, more: serde_json::Value) -> serde_json::Value {
     let mut values = json!({
-        "mode": "standalone",
         "nodeSelector": {"kubernetes.io/hostname": SYSTEM_NODE},
-        "tls": {"certManager": {"enabled": false}, "serverSecretName": "ca-asg-provider-server-tls"},
         "extraEnv": [
             {"name": "AWS_ACCESS_KEY_ID", "value": "test"},
             {"name": "AWS_SECRET_ACCESS_KEY", "value": "test"},
@@ -685,17 +697,7 @@ async fn helm_uninstall_removes_the_hook_the_service_created_and_only_it() {
     );
 
     report.step("check: a scale-in of the group is not held");
-    let id = cloud
-        .describe_groups(&GroupSelector {
-            names: vec![GROUP.into()],
-            tag_sets: vec![],
-        })
-        .await
-        .unwrap()
-        .remove(0)
-        .instances
-        .remove(0)
-        .id;
+    let id = described(&cloud).await.instances.remove(0).id;
     site.asg
         .terminate_instance_in_auto_scaling_group()
         .instance_id(&id)
@@ -1133,6 +1135,15 @@ async fn hooks_of(cloud: &AwsCloud) -> Vec<String> {
 
 /// The group's record of the hook the service created, if any.
 async fn record(cloud: &AwsCloud) -> Option<String> {
+    described(cloud)
+        .await
+        .tags
+        .get(ca_asg_provider::scalein::decide::hooks::HOOK_RECORD_TAG)
+        .cloned()
+}
+
+/// The group [`GROUP`] as the service's cloud describes it.
+async fn described(cloud: &AwsCloud) -> ca_asg_provider::cloud::AsgSnapshot {
     cloud
         .describe_groups(&GroupSelector {
             names: vec![GROUP.into()],
@@ -1141,9 +1152,6 @@ async fn record(cloud: &AwsCloud) -> Option<String> {
         .await
         .unwrap()
         .remove(0)
-        .tags
-        .get(ca_asg_provider::scalein::decide::hooks::HOOK_RECORD_TAG)
-        .cloned()
 }
 
 /// What every install scenario needs here: the control plane's binaries, a real node's
@@ -1661,27 +1669,19 @@ async fn bundled_with(
         ca_site(scenario, "in the chart's pod", bin, images, helm_bin, ca).await;
 
     let values = |transport: Option<&str>| {
-        let mut v = json!({
-            "mode": "bundled",
-            "image": image_values(&site.image_ref),
-            "clusterAutoscaler": {
-                "image": image_values(&ca_ref),
-                // The scenario's node count stays its own: CA only scales up here
-                // (--scale-down-enabled is deprecated from 1.36).
-                "flags": {"scale-down-unneeded-time": "1h", "scan-interval": "5s"},
-            },
-            "nodeSelector": {"kubernetes.io/hostname": SYSTEM_NODE},
-            "extraEnv": [
-                {"name": "AWS_ACCESS_KEY_ID", "value": "test"},
-                {"name": "AWS_SECRET_ACCESS_KEY", "value": "test"},
-            ],
-            "readinessProbe": {"periodSeconds": 2},
-            "config": {
-                "refreshInterval": "10s",
-                "autoDiscovery": [{"tags": ["k8s.io/cluster-autoscaler/enabled", format!("k8s.io/cluster-autoscaler/{CLUSTER}")]}],
-                "aws": {"region": "us-east-1", "endpoint": site.moto.url},
-            },
-        });
+        let mut v = chart_values(
+            &site.moto.url,
+            json!({
+                "mode": "bundled",
+                "image": image_values(&site.image_ref),
+                "clusterAutoscaler": {
+                    "image": image_values(&ca_ref),
+                    // The scenario's node count stays its own: CA only scales up here
+                    // (--scale-down-enabled is deprecated from 1.36).
+                    "flags": {"scale-down-unneeded-time": "1h", "scan-interval": "5s"},
+                },
+            }),
+        );
         if let Some(t) = transport {
             v["transport"] = json!(t);
         }
