@@ -60,6 +60,7 @@ pub struct CaProfile {
     pub max_scale_down_parallelism: usize,
     /// cloud-config `grpc_timeout`'s default: every call carries it as its deadline.
     pub grpc_timeout: Duration,
+    /// Where the release has what the client does its own way, beside [`COMMON`].
     pub sources: &'static [Source],
 }
 
@@ -70,6 +71,13 @@ const fn src(behaviour: &'static str, file: &'static str, function: &'static str
         function,
     }
 }
+
+/// From 1.34: cordon with the taint.
+const CORDONS: Source = src(
+    "--cordon-node-before-terminating defaults to true: cordon with the taint",
+    "config/flags/flags.go",
+    "flag cordon-node-before-terminating",
+);
 
 /// Where every version 1.31 to master keeps what the client does the same way.
 const COMMON: [Source; 7] = [
@@ -110,14 +118,8 @@ const COMMON: [Source; 7] = [
     ),
 ];
 
-const SOURCES_1_31: [Source; 10] = [
-    COMMON[0],
-    COMMON[1],
-    COMMON[2],
-    COMMON[3],
-    COMMON[4],
-    COMMON[5],
-    COMMON[6],
+/// Beside [`COMMON`], where 1.31 to 1.33 have what the client does their way.
+const SOURCES_1_31: [Source; 3] = [
     src(
         "--cordon-node-before-terminating defaults to false: taint only",
         "main.go",
@@ -135,19 +137,9 @@ const SOURCES_1_31: [Source; 10] = [
     ),
 ];
 
-const SOURCES_1_34: [Source; 10] = [
-    COMMON[0],
-    COMMON[1],
-    COMMON[2],
-    COMMON[3],
-    COMMON[4],
-    COMMON[5],
-    COMMON[6],
-    src(
-        "--cordon-node-before-terminating defaults to true: cordon with the taint",
-        "config/flags/flags.go",
-        "flag cordon-node-before-terminating",
-    ),
+/// Beside [`COMMON`], where 1.34 has what the client does its way.
+const SOURCES_1_34: [Source; 3] = [
+    CORDONS,
     src(
         "the template read from nodeBytes when set, else field 1 (from 1.34.2)",
         "cloudprovider/externalgrpc/externalgrpc_node_group.go",
@@ -160,19 +152,9 @@ const SOURCES_1_34: [Source; 10] = [
     ),
 ];
 
-const SOURCES_1_35_UP: [Source; 11] = [
-    COMMON[0],
-    COMMON[1],
-    COMMON[2],
-    COMMON[3],
-    COMMON[4],
-    COMMON[5],
-    COMMON[6],
-    src(
-        "--cordon-node-before-terminating defaults to true: cordon with the taint",
-        "config/flags/flags.go",
-        "flag cordon-node-before-terminating",
-    ),
+/// Beside [`COMMON`], where 1.35 and later have what the client does their way.
+const SOURCES_1_35_UP: [Source; 4] = [
+    CORDONS,
     src(
         "the template read from nodeBytes only",
         "cloudprovider/externalgrpc/externalgrpc_node_group.go",
@@ -280,10 +262,12 @@ impl CaProfile {
         format!("suite client as CA {}", self.name)
     }
 
-    /// The profile's sources, one per line, for a failure message or the docs.
+    /// The profile's sources ([`COMMON`]'s, then its own), one per line, for a failure
+    /// message or the docs.
     pub fn cite(&self) -> String {
-        self.sources
+        COMMON
             .iter()
+            .chain(self.sources)
             .map(|s| {
                 format!(
                     "  {}: {} ({} at {})",
