@@ -22,6 +22,22 @@ use super::control_plane::Who;
 use super::driver::{CleanUpMemory, Deletion, SuiteCa};
 use super::rig::{self, binaries, until, More, Rig, Setup, Workloads, SERIAL};
 
+/// A scenario's start, one at a time (the guard returned): its rig ([`rig_for`]; `None`
+/// after saying what is missing), then the suite's client as CA of `profile`
+/// ([`ca_starts`]).
+async fn ca_scenario(
+    scenario: &str,
+    profile: &'static CaProfile,
+    desired: i32,
+    hooked: bool,
+    more: More,
+) -> Option<(tokio::sync::MutexGuard<'static, ()>, Rig, SuiteCa)> {
+    let one_at_a_time = SERIAL.lock().await;
+    let rig = rig_for(scenario, profile, desired, hooked, more).await?;
+    let ca = ca_starts(&rig, profile).await;
+    Some((one_at_a_time, rig, ca))
+}
+
 /// The rig of a scenario under `profile`: both shipped RBACs, the report naming the
 /// profile, `desired` instances of "web".
 async fn rig_for(
@@ -120,8 +136,7 @@ async fn ca_deletes(rig: &Rig, ca: &SuiteCa, nodes: &[(String, String)]) {
 }
 
 pub async fn scale_up_from_pending_pods(profile: &'static CaProfile) {
-    let _one_at_a_time = SERIAL.lock().await;
-    let Some(mut rig) = rig_for(
+    let Some((_one_at_a_time, mut rig, ca)) = ca_scenario(
         "scale-up from pending pods",
         profile,
         3,
@@ -132,7 +147,6 @@ pub async fn scale_up_from_pending_pods(profile: &'static CaProfile) {
     else {
         return;
     };
-    let ca = ca_starts(&rig, profile).await;
     rig.report
         .step("the app grows to 5 replicas: two pods find no node (one per node)");
     rig::scale_app(&rig.admin, 5).await;
@@ -212,12 +226,11 @@ pub async fn ca_scale_in_of_occupied_nodes(profile: &'static CaProfile, hooked: 
 /// answered OK within CA's deadline, CA's target drops by two at once, and each node
 /// is drained keeping the promises.
 pub async fn ca_scale_in_batched(profile: &'static CaProfile) {
-    let _one_at_a_time = SERIAL.lock().await;
-    let Some(mut rig) = rig_for("CA scale-in, batched", profile, 5, false, More::default()).await
+    let Some((_one_at_a_time, mut rig, ca)) =
+        ca_scenario("CA scale-in, batched", profile, 5, false, More::default()).await
     else {
         return;
     };
-    let ca = ca_starts(&rig, profile).await;
     let victims: Vec<(String, String)> = rig.occupied().await.into_iter().take(2).collect();
     assert_eq!(victims.len(), 2, "two occupied nodes");
     rig.report.scale_in_begins(&format!(
@@ -247,12 +260,11 @@ pub async fn ca_scale_in_batched(profile: &'static CaProfile) {
 /// (no error ends them), CA deletes only placeholders that carry the out-of-resources
 /// error, is never asked to take the group below its min, and no live instance ends.
 pub async fn a_group_at_min_whose_relaunch_fails(profile: &'static CaProfile) {
-    let _one_at_a_time = SERIAL.lock().await;
     let more = More {
         min: 3,
         ..More::default()
     };
-    let Some(rig) = rig_for(
+    let Some((_one_at_a_time, rig, ca)) = ca_scenario(
         "a group at MinSize whose relaunch fails",
         profile,
         3,
@@ -263,7 +275,6 @@ pub async fn a_group_at_min_whose_relaunch_fails(profile: &'static CaProfile) {
     else {
         return;
     };
-    let ca = ca_starts(&rig, profile).await;
     let mut memory = CleanUpMemory::default();
     let mut asked_all = Vec::new();
     // CA's cache of the group's instances holds the three live ones when one dies:
@@ -276,18 +287,7 @@ pub async fn a_group_at_min_whose_relaunch_fails(profile: &'static CaProfile) {
     )
     .await;
     asked_all.extend(asked);
-    rig.report
-        .step("launches fail for capacity; an instance of the group dies (no decrement)");
-    rig.cloud
-        .fail_launches("web", Some("InsufficientInstanceCapacity"));
-    let (dead_node, dead) = rig.occupied().await.remove(0);
-    {
-        use ca_asg_provider::cloud::Cloud as _;
-        rig.cloud
-            .terminate_instance(&dead, false)
-            .await
-            .expect("the instance dies");
-    }
+    let (dead_node, dead) = rig.an_instance_dies_relaunches_failing().await;
     until("the dead instance's Node to go", 30, || {
         let k = rig.kubelet.clone();
         let n = dead_node.clone();
@@ -437,7 +437,6 @@ pub async fn a_group_at_min_whose_relaunch_fails(profile: &'static CaProfile) {
 /// good tag's value in its own Duration fields; CA >= 1.35 gets Unimplemented (the
 /// service's default for a CA without MaxNodeStartupTime on the wire) and keeps its own.
 pub async fn option_tags_with_one_malformed(profile: &'static CaProfile) {
-    let _one_at_a_time = SERIAL.lock().await;
     let prefix = "k8s.io/cluster-autoscaler/node-template/autoscaling-options/";
     let more = More {
         tags: vec![
@@ -449,10 +448,11 @@ pub async fn option_tags_with_one_malformed(profile: &'static CaProfile) {
         ],
         ..More::default()
     };
-    let Some(mut rig) = rig_for("option tags, one malformed", profile, 4, false, more).await else {
+    let Some((_one_at_a_time, mut rig, ca)) =
+        ca_scenario("option tags, one malformed", profile, 4, false, more).await
+    else {
         return;
     };
-    let ca = ca_starts(&rig, profile).await;
     rig.report.step(&format!(
         "NodeGroupGetOptions as CA {} sends it ({:?} Durations): no error but Unimplemented",
         profile.name, profile.durations
@@ -494,7 +494,6 @@ pub async fn option_tags_with_one_malformed(profile: &'static CaProfile) {
 /// service's taint or CA's, the instance running, CA's target counting it again, no
 /// DaemonSet pod asked to leave.
 pub async fn a_drain_abandoned_after_cas_cordon(profile: &'static CaProfile) {
-    let _one_at_a_time = SERIAL.lock().await;
     let mut settings = rig::settings();
     settings.workload_deadline = Duration::from_secs(5);
     settings.workload_deadline_policy = DeadlinePolicy::Abandon;
@@ -502,7 +501,7 @@ pub async fn a_drain_abandoned_after_cas_cordon(profile: &'static CaProfile) {
         settings,
         ..More::default()
     };
-    let Some(mut rig) = rig_for(
+    let Some((_one_at_a_time, mut rig, ca)) = ca_scenario(
         "a drain abandoned after CA's cordon",
         profile,
         4,
@@ -513,7 +512,6 @@ pub async fn a_drain_abandoned_after_cas_cordon(profile: &'static CaProfile) {
     else {
         return;
     };
-    let ca = ca_starts(&rig, profile).await;
     let (node, iid) = rig.occupied().await.remove(0);
     rig.report
         .step("a pod on the node whose budget allows no eviction (minAvailable 1 of 1)");
@@ -615,12 +613,11 @@ pub async fn a_drain_abandoned_after_cas_cordon(profile: &'static CaProfile) {
 /// CA's start-up clean-up removes its taint (and, >= 1.34, its cordon) from the node; the
 /// drain still finishes DaemonSet-last and ends the instance once.
 pub async fn ca_restarted_mid_drain(profile: &'static CaProfile) {
-    let _one_at_a_time = SERIAL.lock().await;
-    let Some(mut rig) = rig_for("CA restarted mid-drain", profile, 4, false, More::default()).await
+    let Some((_one_at_a_time, mut rig, ca)) =
+        ca_scenario("CA restarted mid-drain", profile, 4, false, More::default()).await
     else {
         return;
     };
-    let ca = ca_starts(&rig, profile).await;
     let victims: Vec<(String, String)> = rig.occupied().await.into_iter().take(1).collect();
     let (node, _) = victims[0].clone();
     rig.report

@@ -271,18 +271,7 @@ async fn at_min_relaunch_fails(bin: &CaBinary, k8s: &Binaries) {
     };
     let rig = rig_for(SCENARIOS[3], bin, k8s, 3, false, more).await;
     let mut ca = ca_starts(&rig, bin, &[]).await;
-    rig.report
-        .step("launches fail for capacity; an instance of the group dies (no decrement)");
-    rig.cloud
-        .fail_launches("web", Some("InsufficientInstanceCapacity"));
-    let (_, dead) = rig.occupied().await.remove(0);
-    {
-        use ca_asg_provider::cloud::Cloud as _;
-        rig.cloud
-            .terminate_instance(&dead, false)
-            .await
-            .expect("the instance dies");
-    }
+    let (_, dead) = rig.an_instance_dies_relaunches_failing().await;
     let live: BTreeSet<String> = rig
         .kubelet
         .nodes()

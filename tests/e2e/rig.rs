@@ -941,6 +941,22 @@ impl Rig {
         occupied(&self.admin, &self.kubelet).await
     }
 
+    /// Launches of `web` fail for capacity, then an occupied instance dies (the group's
+    /// desired capacity not decremented): its (node, instance).
+    pub async fn an_instance_dies_relaunches_failing(&self) -> (String, String) {
+        use ca_asg_provider::cloud::Cloud as _;
+        self.report
+            .step("launches fail for capacity; an instance of the group dies (no decrement)");
+        self.cloud
+            .fail_launches("web", Some("InsufficientInstanceCapacity"));
+        let (node, dead) = self.occupied().await.remove(0);
+        self.cloud
+            .terminate_instance(&dead, false)
+            .await
+            .expect("the instance dies");
+        (node, dead)
+    }
+
     /// CA's NodeGroupDeleteNodes, as CA sends it ([`ca_deletes`]).
     pub async fn ca_deletes(&mut self, nodes: &[(String, String)]) {
         ca_deletes(&mut self.ca, nodes).await
