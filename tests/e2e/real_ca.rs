@@ -473,6 +473,26 @@ impl RealCa {
         }
     }
 
+    /// CA's log has no provider error and no refusal of the API server (a failure shows
+    /// them, with the log).
+    pub fn assert_log_clean(&self) {
+        let errors = self.provider_errors();
+        assert!(
+            errors.is_empty(),
+            "{}",
+            self.failure(&format!("provider calls failed:\n{}", errors.join("\n")))
+        );
+        let denied = self.forbidden();
+        assert!(
+            denied.is_empty(),
+            "{}",
+            self.failure(&format!(
+                "the API server refused CA:\n{}",
+                denied.join("\n")
+            ))
+        );
+    }
+
     /// `Err` with the log's tail if the current process has exited.
     pub fn check_alive(&mut self) -> anyhow::Result<()> {
         let exited = match self.child.as_mut() {

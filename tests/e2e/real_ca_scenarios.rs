@@ -114,21 +114,7 @@ async fn ca_starts(rig: &Rig, bin: &CaBinary, extra: &[String]) -> RealCa {
 fn ca_log_clean(rig: &Rig, ca: &RealCa) {
     rig.report
         .step("check: CA's log has no provider error and no refusal of the API server");
-    let errors = ca.provider_errors();
-    assert!(
-        errors.is_empty(),
-        "{}",
-        ca.failure(&format!("provider calls failed:\n{}", errors.join("\n")))
-    );
-    let denied = ca.forbidden();
-    assert!(
-        denied.is_empty(),
-        "{}",
-        ca.failure(&format!(
-            "the API server refused CA:\n{}",
-            denied.join("\n")
-        ))
-    );
+    ca.assert_log_clean();
 }
 
 /// Nodes CA must leave alone: `cluster-autoscaler.kubernetes.io/scale-down-disabled`.
