@@ -196,6 +196,16 @@ rules:
   - level: None
 "#;
 
+/// How [`ControlPlane::wait_for`] waits: up to `secs`, every `pause_ms`; the logs it
+/// shows when a component exits, and what it says at the deadline.
+struct Waiting {
+    secs: u64,
+    pause_ms: u64,
+    dead_logs: [&'static str; 2],
+    late: String,
+    late_log: &'static str,
+}
+
 impl ControlPlane {
     /// Starts etcd, the API server, the controller manager and the scheduler, and waits
     /// until the API server answers `/readyz` and the default ServiceAccount exists.
@@ -328,31 +338,51 @@ impl ControlPlane {
         ];
         self.spawn("kube-apiserver", &bin.k8s.join("kube-apiserver"), &args)?;
         self.url = format!("https://127.0.0.1:{port}");
-        let deadline = Instant::now() + Duration::from_secs(90);
+        let ready = async |cp: &mut ControlPlane| {
+            let Ok(ca) = fs::read(certs.join("apiserver.crt")) else {
+                return Ok(false);
+            };
+            cp.ca_pem = ca;
+            let Ok(client) = cp.client(Who::Admin).await else {
+                return Ok(false);
+            };
+            let req = http::Request::get("/readyz").body(Vec::new())?;
+            Ok(client.request_text(req).await.is_ok())
+        };
+        let waiting = Waiting {
+            secs: 90,
+            pause_ms: 200,
+            dead_logs: ["etcd", "kube-apiserver"],
+            late: "kube-apiserver not ready in 90 s".into(),
+            late_log: "kube-apiserver",
+        };
+        self.wait_for(waiting, ready).await
+    }
+
+    /// Waits until `ready` answers true, polling: an error as soon as a component exited
+    /// (with the tails of `dead_logs`), or at the deadline (`late`, with `late_log`'s).
+    async fn wait_for(
+        &mut self,
+        w: Waiting,
+        mut ready: impl AsyncFnMut(&mut ControlPlane) -> anyhow::Result<bool>,
+    ) -> anyhow::Result<()> {
+        let deadline = Instant::now() + Duration::from_secs(w.secs);
         loop {
             if let Some(dead) = self.exited() {
+                let [a, b] = w.dead_logs;
                 bail!(
-                    "{dead}\n--- etcd:\n{}\n--- kube-apiserver:\n{}",
-                    self.log_tail("etcd"),
-                    self.log_tail("kube-apiserver")
+                    "{dead}\n--- {a}:\n{}\n--- {b}:\n{}",
+                    self.log_tail(a),
+                    self.log_tail(b)
                 );
             }
-            if let Ok(ca) = fs::read(certs.join("apiserver.crt")) {
-                self.ca_pem = ca;
-                if let Ok(client) = self.client(Who::Admin).await {
-                    let req = http::Request::get("/readyz").body(Vec::new())?;
-                    if client.request_text(req).await.is_ok() {
-                        return Ok(());
-                    }
-                }
+            if ready(self).await? {
+                return Ok(());
             }
             if Instant::now() > deadline {
-                bail!(
-                    "kube-apiserver not ready in 90 s:\n{}",
-                    self.log_tail("kube-apiserver")
-                );
+                bail!("{}:\n{}", w.late, self.log_tail(w.late_log));
             }
-            tokio::time::sleep(Duration::from_millis(200)).await;
+            tokio::time::sleep(Duration::from_millis(w.pause_ms)).await;
         }
     }
 
@@ -421,26 +451,17 @@ impl ControlPlane {
         let client = self.client(Who::Admin).await?;
         let sas: kube::Api<k8s_openapi::api::core::v1::ServiceAccount> =
             kube::Api::namespaced(client, ns);
-        let deadline = Instant::now() + Duration::from_secs(60);
-        loop {
-            if let Some(dead) = self.exited() {
-                bail!(
-                    "{dead}\n--- kube-controller-manager:\n{}\n--- kube-scheduler:\n{}",
-                    self.log_tail("kube-controller-manager"),
-                    self.log_tail("kube-scheduler")
-                );
-            }
-            if sas.get_opt("default").await?.is_some() {
-                return Ok(());
-            }
-            if Instant::now() > deadline {
-                bail!(
-                    "no default ServiceAccount in {ns} after 60 s:\n{}",
-                    self.log_tail("kube-controller-manager")
-                );
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        let waiting = Waiting {
+            secs: 60,
+            pause_ms: 100,
+            dead_logs: ["kube-controller-manager", "kube-scheduler"],
+            late: format!("no default ServiceAccount in {ns} after 60 s"),
+            late_log: "kube-controller-manager",
+        };
+        self.wait_for(waiting, async |_| {
+            Ok(sas.get_opt("default").await?.is_some())
+        })
+        .await
     }
 
     /// Every audit event written so far.
