@@ -556,3 +556,34 @@ pub fn dies_with_the_test(mut cmd: Command) -> Command {
     }
     cmd
 }
+
+/// Creates one RBAC object (ClusterRole, ClusterRoleBinding, Role or RoleBinding) from its
+/// manifest `v` as `admin`: a namespaced one in its namespace (kube-system when it names
+/// none).
+pub async fn create_rbac(admin: &kube::Client, v: &serde_json::Value) -> anyhow::Result<()> {
+    use kube::api::{Api, DynamicObject, PostParams};
+    let kind = v["kind"].as_str().unwrap_or_default();
+    if !["ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"].contains(&kind) {
+        bail!(
+            "not a role or binding: {}/{}",
+            v["kind"],
+            v["metadata"]["name"]
+        );
+    }
+    let ar = kube::discovery::ApiResource {
+        group: "rbac.authorization.k8s.io".into(),
+        version: "v1".into(),
+        api_version: "rbac.authorization.k8s.io/v1".into(),
+        kind: kind.to_string(),
+        plural: format!("{}s", kind.to_lowercase()),
+    };
+    let ns = v["metadata"]["namespace"].as_str().unwrap_or("kube-system");
+    let obj: DynamicObject = serde_json::from_value(v.clone())?;
+    let api: Api<DynamicObject> = if kind.starts_with("Cluster") {
+        Api::all_with(admin.clone(), &ar)
+    } else {
+        Api::namespaced_with(admin.clone(), ns, &ar)
+    };
+    api.create(&PostParams::default(), &obj).await?;
+    Ok(())
+}

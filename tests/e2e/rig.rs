@@ -294,24 +294,7 @@ async fn apply_rbac(admin: &kube::Client, text: &str, origin: &str) {
             continue;
         }
         let kind = v["kind"].as_str().expect("kind").to_string();
-        let ar = ApiResource {
-            group: "rbac.authorization.k8s.io".into(),
-            version: "v1".into(),
-            api_version: "rbac.authorization.k8s.io/v1".into(),
-            kind: kind.clone(),
-            plural: format!("{}s", kind.to_lowercase()),
-        };
-        let ns = v["metadata"]["namespace"]
-            .as_str()
-            .unwrap_or("kube-system")
-            .to_string();
-        let obj: DynamicObject = serde_json::from_value(v).expect("an RBAC object");
-        let api: Api<DynamicObject> = if kind.starts_with("Cluster") {
-            Api::all_with(admin.clone(), &ar)
-        } else {
-            Api::namespaced_with(admin.clone(), &ns, &ar)
-        };
-        api.create(&PostParams::default(), &obj)
+        super::control_plane::create_rbac(admin, &v)
             .await
             .unwrap_or_else(|e| panic!("apply {kind} from {origin}: {e}"));
     }
