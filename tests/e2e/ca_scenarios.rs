@@ -437,17 +437,7 @@ pub async fn a_group_at_min_whose_relaunch_fails(profile: &'static CaProfile) {
 /// good tag's value in its own Duration fields; CA >= 1.35 gets Unimplemented (the
 /// service's default for a CA without MaxNodeStartupTime on the wire) and keeps its own.
 pub async fn option_tags_with_one_malformed(profile: &'static CaProfile) {
-    let prefix = "k8s.io/cluster-autoscaler/node-template/autoscaling-options/";
-    let more = More {
-        tags: vec![
-            (format!("{prefix}scaledownunneededtime"), "5m".into()),
-            (
-                format!("{prefix}scaledownutilizationthreshold"),
-                "lots".into(),
-            ),
-        ],
-        ..More::default()
-    };
+    let more = More::option_tags_one_malformed("5m");
     let Some((_one_at_a_time, mut rig, ca)) =
         ca_scenario("option tags, one malformed", profile, 4, false, more).await
     else {

@@ -210,15 +210,7 @@ impl ControlPlane {
     /// Starts etcd, the API server, the controller manager and the scheduler, and waits
     /// until the API server answers `/readyz` and the default ServiceAccount exists.
     pub async fn start(bin: &Binaries) -> anyhow::Result<ControlPlane> {
-        let dir = tempfile::Builder::new().prefix("ca-asg-e2e-").tempdir()?;
-        let mut cp = ControlPlane {
-            dir,
-            procs: Vec::new(),
-            url: String::new(),
-            ca_pem: Vec::new(),
-        };
-        cp.start_etcd(bin)?;
-        cp.start_apiserver(bin).await?;
+        let mut cp = ControlPlane::start_api_server(bin).await?;
         cp.start_controllers(bin)?;
         cp.wait_default_service_account("default").await?;
         Ok(cp)

@@ -320,17 +320,7 @@ fn no_failed_scale_down(ca: &RealCa) {
 /// The malformed tag beside a good one: CA (whatever it reads of the options) scales an
 /// occupied node of the group in; the drain keeps every promise.
 async fn option_tags(bin: &CaBinary, k8s: &Binaries) {
-    let prefix = "k8s.io/cluster-autoscaler/node-template/autoscaling-options/";
-    let more = More {
-        tags: vec![
-            (format!("{prefix}scaledownunneededtime"), "6s".into()),
-            (
-                format!("{prefix}scaledownutilizationthreshold"),
-                "lots".into(),
-            ),
-        ],
-        ..More::default()
-    };
+    let more = More::option_tags_one_malformed("6s");
     let mut rig = rig_for(SCENARIOS[4], bin, k8s, 4, false, more).await;
     let occupied = rig.occupied().await;
     keep_the_others(&rig, &occupied).await;

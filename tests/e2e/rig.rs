@@ -193,6 +193,24 @@ impl Default for More {
     }
 }
 
+impl More {
+    /// The group's autoscaling-option tags: scale-down-unneeded-time `unneeded`, and a
+    /// malformed utilization threshold beside it.
+    pub fn option_tags_one_malformed(unneeded: &str) -> More {
+        let prefix = "k8s.io/cluster-autoscaler/node-template/autoscaling-options/";
+        More {
+            tags: vec![
+                (format!("{prefix}scaledownunneededtime"), unneeded.into()),
+                (
+                    format!("{prefix}scaledownutilizationthreshold"),
+                    "lots".into(),
+                ),
+            ],
+            ..More::default()
+        }
+    }
+}
+
 /// The service as it runs in a cluster over `cloud`: its drain engine as the
 /// ServiceAccount, gRPC on a Unix socket of its own (the sidecar's transport; a
 /// restarted service gets a new one) with its own answer counts, and a client as CA.
