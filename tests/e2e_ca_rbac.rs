@@ -33,7 +33,6 @@ use anyhow::{bail, Context};
 use k8s_openapi::api::authorization::v1::{
     ResourceAttributes, SubjectAccessReview, SubjectAccessReviewSpec,
 };
-use k8s_openapi::api::rbac::v1::{ClusterRole, ClusterRoleBinding, Role, RoleBinding};
 use kube::api::{Api, PostParams};
 use serde_json::Value;
 
@@ -268,45 +267,11 @@ fn helm_bundled(release: &str, sets: &[&str], home: &Path) -> anyhow::Result<Str
 
 /// Creates the documents (roles and bindings) as they were rendered.
 async fn apply(admin: &kube::Client, docs: &[Value]) -> anyhow::Result<()> {
-    let pp = PostParams::default();
     for d in docs {
-        let ns = d["metadata"]["namespace"]
-            .as_str()
-            .unwrap_or("kube-system")
-            .to_string();
         let what = format!("{}/{}", d["kind"], d["metadata"]["name"]);
-        match d["kind"].as_str() {
-            Some("ClusterRole") => {
-                let o: ClusterRole = serde_json::from_value(d.clone())?;
-                Api::<ClusterRole>::all(admin.clone())
-                    .create(&pp, &o)
-                    .await
-                    .map(drop)
-            }
-            Some("ClusterRoleBinding") => {
-                let o: ClusterRoleBinding = serde_json::from_value(d.clone())?;
-                Api::<ClusterRoleBinding>::all(admin.clone())
-                    .create(&pp, &o)
-                    .await
-                    .map(drop)
-            }
-            Some("Role") => {
-                let o: Role = serde_json::from_value(d.clone())?;
-                Api::<Role>::namespaced(admin.clone(), &ns)
-                    .create(&pp, &o)
-                    .await
-                    .map(drop)
-            }
-            Some("RoleBinding") => {
-                let o: RoleBinding = serde_json::from_value(d.clone())?;
-                Api::<RoleBinding>::namespaced(admin.clone(), &ns)
-                    .create(&pp, &o)
-                    .await
-                    .map(drop)
-            }
-            _ => bail!("not a role or binding: {what}"),
-        }
-        .with_context(|| format!("create {what}"))?;
+        control_plane::create_rbac(admin, d)
+            .await
+            .with_context(|| format!("create {what}"))?;
     }
     Ok(())
 }

@@ -59,7 +59,10 @@ mod rig;
 use control_plane::{ControlPlane, Who};
 use kubelet::FakeKubelet;
 use real_node::RealNode;
-use rig::{binaries, create, ready_pods, until, Report, APP_MIN_READY, APP_REPLICAS, SERIAL};
+use rig::{
+    binaries, create, is_ready as ready, ready_pods, until, Report, APP_MIN_READY, APP_REPLICAS,
+    SERIAL,
+};
 
 const NS: &str = "kube-system";
 const RELEASE: &str = "ca-asg-provider";
@@ -76,14 +79,6 @@ fn skip_or_fail(what: &str, why: &str) {
         panic!("{what}: {why}");
     }
     eprintln!("{what}: skipped ({why})");
-}
-
-fn ready(p: &Pod) -> bool {
-    p.metadata.deletion_timestamp.is_none()
-        && p.status
-            .as_ref()
-            .and_then(|s| s.conditions.as_ref())
-            .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
 }
 
 fn pod_ip(p: &Pod) -> String {
@@ -128,7 +123,8 @@ async fn lease_holder(leases: &Api<Lease>) -> Option<String> {
         .filter(|h| !h.is_empty())
 }
 
-/// What the pods and the real node said, for a failure message.
+/// What the pods and the real node (its kubelet and containerd) said, for a failure
+/// message.
 async fn diagnose(pods: &Api<Pod>, node: &RealNode) -> String {
     let mut out = String::new();
     // The chart's pods, and in sidecar mode CA's chart's.
@@ -179,21 +175,206 @@ async fn diagnose(pods: &Api<Pod>, node: &RealNode) -> String {
             }
         }
     }
-    out + &format!("--- kubelet:\n{}", node.log_tail("kubelet"))
+    out + &format!(
+        "--- kubelet:\n{}\n--- containerd:\n{}",
+        node.log_tail("kubelet"),
+        node.log_tail("containerd")
+    )
+}
+
+/// Waits up to `secs` (polling every `pause_ms`) until `probe` answers `Ok`; on a
+/// timeout fails with its last `Err` (what was waited for, and what was seen), then what
+/// the pods and the real node said.
+async fn wait_or_diagnose<T>(
+    pods: &Api<Pod>,
+    node: &RealNode,
+    secs: u64,
+    pause_ms: u64,
+    mut probe: impl AsyncFnMut() -> Result<T, String>,
+) -> T {
+    let end = Instant::now() + Duration::from_secs(secs);
+    loop {
+        let why = match probe().await {
+            Ok(t) => return t,
+            Err(why) => why,
+        };
+        if Instant::now() > end {
+            panic!("{why}:\n{}", diagnose(pods, node).await);
+        }
+        tokio::time::sleep(Duration::from_millis(pause_ms)).await;
+    }
+}
+
+/// The Secrets the chart leaves to the user: standalone mode's server certificate and,
+/// with `client`, CA's client certificate (mTLS), from new certificates (returned).
+async fn mtls_secrets(admin: &kube::Client, client: bool) -> install::Certs {
+    let certs = install::Certs::new(SERVER_NAME).unwrap();
+    let secrets: Api<Secret> = Api::namespaced(admin.clone(), NS);
+    let mut made = vec![("ca-asg-provider-server-tls", &certs.server)];
+    if client {
+        made.push(("cluster-autoscaler-grpc-client-tls", &certs.client));
+    }
+    for (name, (crt, key)) in made {
+        let s: Secret = serde_json::from_value(json!({
+            "metadata": {"name": name}, "type": "kubernetes.io/tls",
+            "stringData": {"tls.crt": crt, "tls.key": key, "ca.crt": certs.ca}
+        }))
+        .unwrap();
+        secrets.create(&PostParams::default(), &s).await.unwrap();
+    }
+    certs
+}
+
+/// The values of a standalone install ([`chart_values`]) serving gRPC over the server
+/// Secret of [`mtls_secrets`], `more` merged over them.
+fn standalone_values(aws_endpoint: &str, more: serde_json::Value) -> serde_json::Value {
+    let mut values = chart_values(
+        aws_endpoint,
+        json!({
+            "mode": "standalone",
+            "tls": {"certManager": {"enabled": false}, "serverSecretName": "ca-asg-provider-server-tls"},
+        }),
+    );
+    merge(&mut values, more);
+    values
+}
+
+/// The values of an install on the real node with AWS at `aws_endpoint` (moto's keys,
+/// fast probes and refreshes, the ASGs found by the cluster's tags), `more` merged over
+/// them (RFC 7386: a null removes).
+fn chart_values(aws_endpoint: &str, more: serde_json::Value) -> serde_json::Value {
+    let mut values = json!({
+        "nodeSelector": {"kubernetes.io/hostname": SYSTEM_NODE},
+        "extraEnv": [
+            {"name": "AWS_ACCESS_KEY_ID", "value": "test"},
+            {"name": "AWS_SECRET_ACCESS_KEY", "value": "test"},
+        ],
+        "readinessProbe": {"periodSeconds": 2},
+        "config": {
+            "refreshInterval": "10s",
+            "autoDiscovery": [{"tags": ["k8s.io/cluster-autoscaler/enabled", format!("k8s.io/cluster-autoscaler/{CLUSTER}")]}],
+            "aws": {"region": "us-east-1", "endpoint": aws_endpoint},
+        },
+    });
+    merge(&mut values, more);
+    values
+}
+
+/// `patch` merged over `v` as a JSON merge patch (RFC 7386).
+fn merge(v: &mut serde_json::Value, patch: serde_json::Value) {
+    let serde_json::Value::Object(patch) = patch else {
+        *v = patch;
+        return;
+    };
+    if !v.is_object() {
+        *v = json!({});
+    }
+    let obj = v.as_object_mut().unwrap();
+    for (k, p) in patch {
+        if p.is_null() {
+            obj.remove(&k);
+        } else {
+            merge(obj.entry(k).or_insert(serde_json::Value::Null), p);
+        }
+    }
+}
+
+/// The scale-in settings of the scenarios that drain: DaemonSet pods evicted last, a
+/// workload deadline that never comes in a scenario.
+fn evict_last() -> serde_json::Value {
+    json!({"daemonSets": "evict-last", "workloadDeadline": "10m", "workloadDeadlinePolicy": "abandon"})
+}
+
+/// The image values of the service's image `image_ref` (`repository:tag`), imported
+/// into the node (never pulled).
+fn image_values(image_ref: &str) -> serde_json::Value {
+    let (repo, tag) = image_ref.rsplit_once(':').unwrap();
+    json!({"repository": repo, "tag": tag, "pullPolicy": "Never"})
+}
+
+/// `values` written to `name` in `dir`; the file's path.
+fn values_file(dir: &std::path::Path, name: &str, values: &serde_json::Value) -> String {
+    let file = dir.join(name);
+    std::fs::write(&file, values.to_string()).unwrap();
+    file.display().to_string()
+}
+
+/// `helm VERB RELEASE CHART --namespace kube-system --values FILE` (install or upgrade);
+/// what helm said.
+fn helm_values(helm: &install::Helm, verb: &str, release: &str, chart: &str, file: &str) -> String {
+    let out = helm
+        .run(&[verb, release, chart, "--namespace", NS, "--values", file])
+        .unwrap_or_else(|e| panic!("{e:#}"));
+    eprintln!("e2e: helm {verb} {release}:\n{out}");
+    out
+}
+
+/// The logs of container `container` of each pod (on the real node) whose directory
+/// under /var/log/pods starts with `prefix` (`NAMESPACE_NAME`): the API server cannot
+/// reach this kubelet's port, which listens on 127.0.0.1.
+fn node_logs(prefix: &str, container: &str) -> Vec<String> {
+    std::fs::read_dir("/var/log/pods")
+        .into_iter()
+        .flatten()
+        .flatten()
+        .filter(|e| e.file_name().to_string_lossy().starts_with(prefix))
+        .filter_map(|e| std::fs::read_to_string(e.path().join(container).join("0.log")).ok())
+        .collect()
+}
+
+/// An AWS endpoint on moto's host that nobody answers on (a port bound, then let go).
+fn dead_endpoint(moto: &install::Moto) -> String {
+    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = l.local_addr().unwrap().port();
+    drop(l);
+    let host = moto.url.rsplit_once(':').unwrap().0.to_string();
+    format!("{host}:{port}")
+}
+
+/// The ASG [`GROUP`] as moto describes it.
+async fn web_group(
+    asg: &aws_sdk_autoscaling::Client,
+) -> aws_sdk_autoscaling::types::AutoScalingGroup {
+    asg.describe_auto_scaling_groups()
+        .auto_scaling_group_names(GROUP)
+        .send()
+        .await
+        .unwrap()
+        .auto_scaling_groups()[0]
+        .clone()
+}
+
+/// The provider's metrics text of pod `name` (port 8087); a failure names the pod.
+async fn metrics_of(name: &str, pod: &Pod) -> (u16, String) {
+    let addr = format!("{}:8087", pod_ip(pod));
+    install::http_get(&addr, "/metrics")
+        .await
+        .unwrap_or_else(|e| panic!("scrape {name} at {addr}: {e:#}"))
+}
+
+/// `helm test` of the release (check-config in the cluster) reports its pod Succeeded.
+fn helm_test_succeeds(helm: &install::Helm) {
+    let out = helm
+        .run(&["test", RELEASE, "--namespace", NS])
+        .unwrap_or_else(|e| panic!("{e:#}"));
+    let check_log = node_logs(&format!("{NS}_{RELEASE}-check-config_"), "check-config");
+    eprintln!(
+        "e2e: helm test:\n{out}\ncheck-config said:\n{}",
+        check_log.join("\n--\n")
+    );
+    assert!(
+        out.contains("Succeeded"),
+        "helm test did not report the check-config pod Succeeded:\n{out}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn chart_installed_runs_two_replicas_holds_the_lease_and_drains_a_ca_scale_in() {
     let scenario = "chart install: standalone, two replicas, CA scale-in drained in the cluster";
-    let Some((bin, images, helm_bin)) = install_needs(scenario) else {
+    let driver = "the chart's pods; CA's calls by the suite's client over mTLS";
+    let Some((_one_at_a_time, report, site)) = install_scenario(scenario, driver).await else {
         return;
     };
-    let _one_at_a_time = SERIAL.lock().await;
-    let report = Report::new(
-        scenario,
-        "the chart's pods; CA's calls by the suite's client over mTLS",
-        &bin.version,
-    );
     let Site {
         work,
         image_ref,
@@ -206,76 +387,29 @@ async fn chart_installed_runs_two_replicas_holds_the_lease_and_drains_a_ca_scale
         kubelet,
         helm,
         chart,
-    } = Site::start(&report, &bin, &images, helm_bin).await;
+    } = site;
 
     report.step("the Secrets the chart leaves to the user: mTLS certificates");
-    let certs = install::Certs::new(SERVER_NAME).unwrap();
-    let secrets: Api<Secret> = Api::namespaced(admin.clone(), NS);
-    for (name, (crt, key)) in [
-        ("ca-asg-provider-server-tls", &certs.server),
-        ("cluster-autoscaler-grpc-client-tls", &certs.client),
-    ] {
-        let s: Secret = serde_json::from_value(json!({
-            "metadata": {"name": name}, "type": "kubernetes.io/tls",
-            "stringData": {"tls.crt": crt, "tls.key": key, "ca.crt": certs.ca}
-        }))
-        .unwrap();
-        secrets.create(&PostParams::default(), &s).await.unwrap();
-    }
+    let certs = mtls_secrets(&admin, true).await;
 
     report.step("helm install (standalone, two replicas)");
-    let (repo, tag) = image_ref.rsplit_once(':').unwrap();
-    let values = json!({
-        "mode": "standalone",
-        "replicas": 2,
-        "image": {"repository": repo, "tag": tag, "pullPolicy": "Never"},
-        "nodeSelector": {"kubernetes.io/hostname": SYSTEM_NODE},
-        "tls": {"certManager": {"enabled": false}, "serverSecretName": "ca-asg-provider-server-tls"},
-        "extraEnv": [
-            {"name": "AWS_ACCESS_KEY_ID", "value": "test"},
-            {"name": "AWS_SECRET_ACCESS_KEY", "value": "test"},
-        ],
-        "readinessProbe": {"periodSeconds": 2},
-        "config": {
-            "refreshInterval": "10s",
-            "autoDiscovery": [{"tags": ["k8s.io/cluster-autoscaler/enabled", format!("k8s.io/cluster-autoscaler/{CLUSTER}")]}],
-            "aws": {"region": "us-east-1", "endpoint": moto.url},
-            "scaleIn": {"daemonSets": "evict-last", "workloadDeadline": "10m", "workloadDeadlinePolicy": "abandon"},
-        },
-    });
-    let values_file = work.path().join("values.yaml");
-    std::fs::write(&values_file, values.to_string()).unwrap();
-    let values_arg = values_file.display().to_string();
-    let out = helm
-        .run(&[
-            "install",
-            RELEASE,
-            chart,
-            "--namespace",
-            NS,
-            "--values",
-            &values_arg,
-        ])
-        .unwrap_or_else(|e| panic!("{e:#}"));
-    eprintln!("e2e: helm install:\n{out}");
+    let values = standalone_values(
+        &moto.url,
+        json!({"replicas": 2, "image": image_values(&image_ref), "config": {"scaleIn": evict_last()}}),
+    );
+    let file = values_file(work.path(), "values.yaml", &values);
+    helm_values(&helm, "install", RELEASE, chart, &file);
 
     report.step("both pods scheduled on the real node and Ready through their probes");
     let pods: Api<Pod> = Api::namespaced(admin.clone(), NS);
-    let end = Instant::now() + Duration::from_secs(120);
-    loop {
+    let ps = wait_or_diagnose(&pods, &node, 120, 500, async || {
         let ps = service_pods(&pods).await;
         if ps.len() == 2 && ps.values().all(ready) {
-            break;
+            return Ok(ps);
         }
-        if Instant::now() > end {
-            panic!(
-                "the service's two pods were not Ready within 120 s:\n{}",
-                diagnose(&pods, &node).await
-            );
-        }
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
-    let ps = service_pods(&pods).await;
+        Err("the service's two pods were not Ready within 120 s".to_string())
+    })
+    .await;
     for p in ps.values() {
         assert_eq!(
             p.spec.as_ref().and_then(|s| s.node_name.as_deref()),
@@ -286,19 +420,12 @@ async fn chart_installed_runs_two_replicas_holds_the_lease_and_drains_a_ca_scale
 
     report.step("one replica holds the Lease");
     let leases: Api<Lease> = Api::namespaced(admin.clone(), NS);
-    let end = Instant::now() + Duration::from_secs(60);
-    let leader = loop {
-        if let Some(h) = lease_holder(&leases).await {
-            break h;
-        }
-        if Instant::now() > end {
-            panic!(
-                "no replica holds the Lease ca-asg-provider after 60 s:\n{}",
-                diagnose(&pods, &node).await
-            );
-        }
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    };
+    let leader = wait_or_diagnose(&pods, &node, 60, 500, async || {
+        lease_holder(&leases)
+            .await
+            .ok_or_else(|| "no replica holds the Lease ca-asg-provider after 60 s".to_string())
+    })
+    .await;
     assert!(
         ps.contains_key(&leader),
         "the Lease's holder {leader} is not one of the pods {:?}",
@@ -314,10 +441,7 @@ async fn chart_installed_runs_two_replicas_holds_the_lease_and_drains_a_ca_scale
     report.step("the metrics port answers on both pods");
     let mut scraped = Vec::new();
     for (name, p) in &ps {
-        let addr = format!("{}:8087", pod_ip(p));
-        let (status, body) = install::http_get(&addr, "/metrics")
-            .await
-            .unwrap_or_else(|e| panic!("scrape {name} at {addr}: {e:#}"));
+        let (status, body) = metrics_of(name, p).await;
         assert_eq!(status, 200, "GET /metrics of {name}");
         assert!(
             body.contains("ca_asg_provider_"),
@@ -327,27 +451,9 @@ async fn chart_installed_runs_two_replicas_holds_the_lease_and_drains_a_ca_scale
     }
 
     report.step("helm test (check-config in the cluster)");
-    let out = helm
-        .run(&["test", RELEASE, "--namespace", NS])
-        .unwrap_or_else(|e| panic!("{e:#}"));
     // helm's --logs goes through the API server to the kubelet, whose port listens on
     // 127.0.0.1 here: the log is read on the node instead.
-    let check_log = std::fs::read_dir("/var/log/pods")
-        .into_iter()
-        .flatten()
-        .flatten()
-        .find(|e| {
-            e.file_name()
-                .to_string_lossy()
-                .starts_with(&format!("{NS}_{RELEASE}-check-config_"))
-        })
-        .and_then(|e| std::fs::read_to_string(e.path().join("check-config/0.log")).ok())
-        .unwrap_or_default();
-    eprintln!("e2e: helm test:\n{out}\ncheck-config said:\n{check_log}");
-    assert!(
-        out.contains("Succeeded"),
-        "helm test did not report the check-config pod Succeeded:\n{out}"
-    );
+    helm_test_succeeds(&helm);
 
     report.step("CA connects over mTLS to the follower and reads the group");
     let mut ca = connect_ca(&certs, &follower, &ps[&follower]).await;
@@ -394,13 +500,7 @@ async fn chart_installed_runs_two_replicas_holds_the_lease_and_drains_a_ca_scale
     let asked = report.scale_in_asked.lock().expect("asked");
     checks::daemonset_last(&stops, &drained, asked).unwrap_or_else(|e| panic!("{e}"));
     report.step("check: the ASG's desired capacity and CA's target are 3, the others live");
-    let g = asg
-        .describe_auto_scaling_groups()
-        .auto_scaling_group_names(GROUP)
-        .send()
-        .await
-        .unwrap();
-    let g = &g.auto_scaling_groups()[0];
+    let g = web_group(&asg).await;
     assert_eq!(
         g.desired_capacity(),
         Some(NODES - 2),
@@ -420,23 +520,13 @@ async fn chart_installed_runs_two_replicas_holds_the_lease_and_drains_a_ca_scale
         victims.iter().all(|(_, i)| !live.contains(&i.as_str())),
         "a drained instance is still in the ASG: {live:?}"
     );
-    ca.refresh(proto::RefreshRequest {}).await.expect("Refresh");
-    let target = ca
-        .node_group_target_size(proto::NodeGroupTargetSizeRequest { id: GROUP.into() })
-        .await
-        .expect("NodeGroupTargetSize")
-        .into_inner()
-        .target_size;
+    let target = rig::ca_target(&mut ca).await;
     assert_eq!(target, NODES - 2, "the target size CA reads");
 
     report.step("check: no error answered to CA's calls (both pods' own counts, scraped)");
     let mut texts = Vec::new();
     for (name, p) in service_pods(&pods).await {
-        let addr = format!("{}:8087", pod_ip(&p));
-        let (_, body) = install::http_get(&addr, "/metrics")
-            .await
-            .unwrap_or_else(|e| panic!("scrape {name}: {e:#}"));
-        texts.push(body);
+        texts.push(metrics_of(&name, &p).await.1);
     }
     checks::provider_errors(&texts, &[]).unwrap_or_else(|e| panic!("{e}"));
     cp.check_alive()
@@ -464,36 +554,26 @@ async fn chart_installed_runs_two_replicas_holds_the_lease_and_drains_a_ca_scale
     pods.delete(&leader, &DeleteParams::default())
         .await
         .unwrap_or_else(|e| panic!("delete {leader}: {e}"));
-    let end = Instant::now() + Duration::from_secs(90);
-    loop {
+    wait_or_diagnose(&pods, &node, 90, 500, async || {
         let holder = lease_holder(&leases).await;
         if holder.as_deref() == Some(follower.as_str()) {
-            break;
+            return Ok(());
         }
-        if Instant::now() > end {
-            panic!(
-                "after {leader} was deleted the Lease is held by {holder:?}, not {follower}:\n{}",
-                diagnose(&pods, &node).await
-            );
-        }
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
+        Err(format!(
+            "after {leader} was deleted the Lease is held by {holder:?}, not {follower}"
+        ))
+    })
+    .await;
     report.step("the Deployment's replacement pod becomes Ready beside the new leader");
     cordon(false).await;
-    let end = Instant::now() + Duration::from_secs(120);
-    loop {
+    wait_or_diagnose(&pods, &node, 120, 500, async || {
         let ps = service_pods(&pods).await;
         if ps.len() == 2 && ps.values().all(ready) && !ps.contains_key(&leader) {
-            break;
+            return Ok(());
         }
-        if Instant::now() > end {
-            panic!(
-                "no Ready replacement for {leader} within 120 s:\n{}",
-                diagnose(&pods, &node).await
-            );
-        }
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
+        Err(format!("no Ready replacement for {leader} within 120 s"))
+    })
+    .await;
     assert_eq!(
         lease_holder(&leases).await.as_deref(),
         Some(follower.as_str()),
@@ -529,30 +609,15 @@ async fn chart_installed_runs_two_replicas_holds_the_lease_and_drains_a_ca_scale
 async fn helm_uninstall_removes_the_hook_the_service_created_and_only_it() {
     use ca_asg_provider::cloud::{LifecycleHook, LifecycleState};
     let scenario = "chart uninstall: the post-delete Job removes the service's hook";
-    let Some((bin, images, helm_bin)) = install_needs(scenario) else {
+    let driver = "the chart's pods and its post-delete Job";
+    let Some((_one_at_a_time, report, site)) = install_scenario(scenario, driver).await else {
         return;
     };
-    let _one_at_a_time = SERIAL.lock().await;
-    let report = Report::new(
-        scenario,
-        "the chart's pods and its post-delete Job",
-        &bin.version,
-    );
-    let site = Site::start(&report, &bin, &images, helm_bin).await;
     let (admin, node, helm, moto) = (&site.admin, &site.node, &site.helm, &site.moto);
     let cloud = AwsCloud::from_sdk_config(&moto.sdk_config().await);
 
     report.step("the server certificate Secret standalone mode mounts");
-    let certs = install::Certs::new(SERVER_NAME).unwrap();
-    let s: Secret = serde_json::from_value(json!({
-        "metadata": {"name": "ca-asg-provider-server-tls"}, "type": "kubernetes.io/tls",
-        "stringData": {"tls.crt": certs.server.0, "tls.key": certs.server.1, "ca.crt": certs.ca}
-    }))
-    .unwrap();
-    Api::<Secret>::namespaced(admin.clone(), NS)
-        .create(&PostParams::default(), &s)
-        .await
-        .unwrap();
+    mtls_secrets(admin, false).await;
 
     report.step("a hook made by hand on the group (never ours to remove)");
     let by_hand = LifecycleHook {
@@ -563,56 +628,30 @@ async fn helm_uninstall_removes_the_hook_the_service_created_and_only_it() {
     cloud.put_terminating_hook(GROUP, &by_hand).await.unwrap();
 
     report.step("helm install (standalone, one replica, createLifecycleHook)");
-    let (repo, tag) = site.image_ref.rsplit_once(':').unwrap();
-    let values = json!({
-        "mode": "standalone",
-        "replicas": 1,
-        "image": {"repository": repo, "tag": tag, "pullPolicy": "Never"},
-        "nodeSelector": {"kubernetes.io/hostname": SYSTEM_NODE},
-        "tls": {"certManager": {"enabled": false}, "serverSecretName": "ca-asg-provider-server-tls"},
-        "extraEnv": [
-            {"name": "AWS_ACCESS_KEY_ID", "value": "test"},
-            {"name": "AWS_SECRET_ACCESS_KEY", "value": "test"},
-        ],
-        "readinessProbe": {"periodSeconds": 2},
-        "uninstall": {"timeoutSeconds": 60},
-        "config": {
-            "refreshInterval": "10s",
-            "autoDiscovery": [{"tags": ["k8s.io/cluster-autoscaler/enabled", format!("k8s.io/cluster-autoscaler/{CLUSTER}")]}],
-            "aws": {"region": "us-east-1", "endpoint": moto.url},
-            "scaleIn": {"createLifecycleHook": true, "lifecyclePollInterval": "2s"},
-        },
-    });
-    let values_file = site.work.path().join("values.yaml");
-    std::fs::write(&values_file, values.to_string()).unwrap();
-    let values_arg = values_file.display().to_string();
-    helm.run(&[
-        "install",
-        RELEASE,
-        site.chart,
-        "--namespace",
-        NS,
-        "--values",
-        &values_arg,
-    ])
-    .unwrap_or_else(|e| panic!("{e:#}"));
+    let values = standalone_values(
+        &moto.url,
+        json!({
+            "replicas": 1,
+            "image": image_values(&site.image_ref),
+            "uninstall": {"timeoutSeconds": 60},
+            "config": {"scaleIn": {"createLifecycleHook": true, "lifecyclePollInterval": "2s"}},
+        }),
+    );
+    let file = values_file(site.work.path(), "values.yaml", &values);
+    helm_values(helm, "install", RELEASE, site.chart, &file);
     let pods: Api<Pod> = Api::namespaced(admin.clone(), NS);
 
     report.step("the service puts its hook on the group, with its record");
-    let end = Instant::now() + Duration::from_secs(120);
-    loop {
+    wait_or_diagnose(&pods, node, 120, 500, async || {
         let names = hooks_of(&cloud).await;
         if names.contains(&"ca-asg-provider-drain".to_string()) && record(&cloud).await.is_some() {
-            break;
+            return Ok(());
         }
-        if Instant::now() > end {
-            panic!(
-                "no hook of the service on the group within 120 s (hooks {names:?}):\n{}",
-                diagnose(&pods, node).await
-            );
-        }
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
+        Err(format!(
+            "no hook of the service on the group within 120 s (hooks {names:?})"
+        ))
+    })
+    .await;
     assert_eq!(
         record(&cloud).await.as_deref(),
         Some("ca-asg-provider-drain")
@@ -631,18 +670,8 @@ async fn helm_uninstall_removes_the_hook_the_service_created_and_only_it() {
         "e2e: helm uninstall ({:.1} s):\n{out}",
         started.elapsed().as_secs_f64()
     );
-    let job_log = std::fs::read_dir("/var/log/pods")
-        .into_iter()
-        .flatten()
-        .flatten()
-        .find(|e| {
-            e.file_name()
-                .to_string_lossy()
-                .starts_with(&format!("{NS}_{RELEASE}-remove-hooks-"))
-        })
-        .and_then(|e| std::fs::read_to_string(e.path().join("remove-hooks/0.log")).ok())
-        .unwrap_or_default();
-    eprintln!("e2e: remove-hooks said:\n{job_log}");
+    let job_logs = node_logs(&format!("{NS}_{RELEASE}-remove-hooks-"), "remove-hooks");
+    eprintln!("e2e: remove-hooks said:\n{}", job_logs.join("\n--\n"));
 
     report.step("check: no hook of ours, no record, the hand-made hook untouched");
     assert_eq!(hooks_of(&cloud).await, ["by-hand"]);
@@ -668,17 +697,7 @@ async fn helm_uninstall_removes_the_hook_the_service_created_and_only_it() {
     );
 
     report.step("check: a scale-in of the group is not held");
-    let id = cloud
-        .describe_groups(&GroupSelector {
-            names: vec![GROUP.into()],
-            tag_sets: vec![],
-        })
-        .await
-        .unwrap()
-        .remove(0)
-        .instances
-        .remove(0)
-        .id;
+    let id = described(&cloud).await.instances.remove(0).id;
     site.asg
         .terminate_instance_in_auto_scaling_group()
         .instance_id(&id)
@@ -715,62 +734,26 @@ async fn helm_uninstall_removes_the_hook_the_service_created_and_only_it() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn helm_uninstall_whose_job_fails_says_why_and_keeps_the_job_to_read() {
     let scenario = "chart uninstall: the post-delete Job fails and says why";
-    let Some((bin, images, helm_bin)) = install_needs(scenario) else {
+    let driver = "the chart's post-delete Job";
+    let Some((_one_at_a_time, report, site)) = install_scenario(scenario, driver).await else {
         return;
     };
-    let _one_at_a_time = SERIAL.lock().await;
-    let report = Report::new(scenario, "the chart's post-delete Job", &bin.version);
-    let site = Site::start(&report, &bin, &images, helm_bin).await;
     let (admin, helm) = (&site.admin, &site.helm);
 
     report.step("helm install with an AWS endpoint nobody answers on");
-    let certs = install::Certs::new(SERVER_NAME).unwrap();
-    let s: Secret = serde_json::from_value(json!({
-        "metadata": {"name": "ca-asg-provider-server-tls"}, "type": "kubernetes.io/tls",
-        "stringData": {"tls.crt": certs.server.0, "tls.key": certs.server.1, "ca.crt": certs.ca}
-    }))
-    .unwrap();
-    Api::<Secret>::namespaced(admin.clone(), NS)
-        .create(&PostParams::default(), &s)
-        .await
-        .unwrap();
-    let dead = {
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let port = l.local_addr().unwrap().port();
-        drop(l);
-        let host = site.moto.url.rsplit_once(':').unwrap().0.to_string();
-        format!("{host}:{port}")
-    };
-    let (repo, tag) = site.image_ref.rsplit_once(':').unwrap();
-    let values = json!({
-        "mode": "standalone",
-        "replicas": 1,
-        "image": {"repository": repo, "tag": tag, "pullPolicy": "Never"},
-        "nodeSelector": {"kubernetes.io/hostname": SYSTEM_NODE},
-        "tls": {"certManager": {"enabled": false}, "serverSecretName": "ca-asg-provider-server-tls"},
-        "extraEnv": [
-            {"name": "AWS_ACCESS_KEY_ID", "value": "test"},
-            {"name": "AWS_SECRET_ACCESS_KEY", "value": "test"},
-        ],
-        "uninstall": {"timeoutSeconds": 20},
-        "config": {
-            "autoDiscovery": [{"tags": ["k8s.io/cluster-autoscaler/enabled", format!("k8s.io/cluster-autoscaler/{CLUSTER}")]}],
-            "aws": {"region": "us-east-1", "endpoint": dead, "maxAttempts": 1},
-        },
-    });
-    let values_file = site.work.path().join("values.yaml");
-    std::fs::write(&values_file, values.to_string()).unwrap();
-    let values_arg = values_file.display().to_string();
-    helm.run(&[
-        "install",
-        RELEASE,
-        site.chart,
-        "--namespace",
-        NS,
-        "--values",
-        &values_arg,
-    ])
-    .unwrap_or_else(|e| panic!("{e:#}"));
+    mtls_secrets(admin, false).await;
+    let values = standalone_values(
+        &dead_endpoint(&site.moto),
+        json!({
+            "replicas": 1,
+            "image": image_values(&site.image_ref),
+            "readinessProbe": null,
+            "uninstall": {"timeoutSeconds": 20},
+            "config": {"refreshInterval": null, "aws": {"maxAttempts": 1}},
+        }),
+    );
+    let file = values_file(site.work.path(), "values.yaml", &values);
+    helm_values(helm, "install", RELEASE, site.chart, &file);
 
     report.step("helm uninstall: the post-delete Job fails, and helm says so");
     let started = Instant::now();
@@ -800,17 +783,7 @@ async fn helm_uninstall_whose_job_fails_says_why_and_keeps_the_job_to_read() {
         .iter()
         .any(|c| c.type_ == "Failed" && c.status == "True");
     assert!(failed, "the Job is not Failed");
-    let logs: Vec<String> = std::fs::read_dir("/var/log/pods")
-        .into_iter()
-        .flatten()
-        .flatten()
-        .filter(|e| {
-            e.file_name()
-                .to_string_lossy()
-                .starts_with(&format!("{NS}_{name}-"))
-        })
-        .filter_map(|e| std::fs::read_to_string(e.path().join("remove-hooks/0.log")).ok())
-        .collect();
+    let logs = node_logs(&format!("{NS}_{name}-"), "remove-hooks");
     eprintln!("e2e: remove-hooks said:\n{}", logs.join("\n--\n"));
     assert!(
         logs.iter().any(|l| l.contains(
@@ -852,60 +825,33 @@ async fn helm_uninstall_whose_job_fails_says_why_and_keeps_the_job_to_read() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn quickstart_scripts_install_verify_scale_in_upgrade_and_uninstall() {
     let scenario = "quickstart scripts: install, verify, scale-in, upgrade, uninstall";
-    let Some((bin, images, helm_bin)) = install_needs(scenario) else {
+    let driver = "deploy/quickstart/*.sh (kubectl and helm)";
+    let Some((_one_at_a_time, report, site)) = install_scenario(scenario, driver).await else {
         return;
     };
-    let _one_at_a_time = SERIAL.lock().await;
-    let report = Report::new(
-        scenario,
-        "deploy/quickstart/*.sh (kubectl and helm)",
-        &bin.version,
-    );
-    let began = Instant::now();
-    let site = Site::start(&report, &bin, &images, helm_bin.clone()).await;
     let (admin, node) = (&site.admin, &site.node);
     let cloud = AwsCloud::from_sdk_config(&site.moto.sdk_config().await);
     let pods: Api<Pod> = Api::namespaced(admin.clone(), NS);
 
     report.step("the server certificate Secret standalone mode mounts (the operator's)");
-    let certs = install::Certs::new(SERVER_NAME).unwrap();
-    let s: Secret = serde_json::from_value(json!({
-        "metadata": {"name": "ca-asg-provider-server-tls"}, "type": "kubernetes.io/tls",
-        "stringData": {"tls.crt": certs.server.0, "tls.key": certs.server.1, "ca.crt": certs.ca}
-    }))
-    .unwrap();
-    Api::<Secret>::namespaced(admin.clone(), NS)
-        .create(&PostParams::default(), &s)
-        .await
-        .unwrap();
+    mtls_secrets(admin, false).await;
 
     report.step("the operator's values file (standalone, two replicas, AWS at moto)");
-    let values = json!({
-        "mode": "standalone",
-        "replicas": 2,
-        "image": {"repository": "placeholder.invalid/overridden-by-IMAGE_REPOSITORY", "pullPolicy": "Never"},
-        "nodeSelector": {"kubernetes.io/hostname": SYSTEM_NODE},
-        "tls": {"certManager": {"enabled": false}, "serverSecretName": "ca-asg-provider-server-tls"},
-        "extraEnv": [
-            {"name": "AWS_ACCESS_KEY_ID", "value": "test"},
-            {"name": "AWS_SECRET_ACCESS_KEY", "value": "test"},
-        ],
-        "readinessProbe": {"periodSeconds": 2},
-        "uninstall": {"timeoutSeconds": 60},
-        "config": {
-            "refreshInterval": "10s",
-            "autoDiscovery": [{"tags": ["k8s.io/cluster-autoscaler/enabled", format!("k8s.io/cluster-autoscaler/{CLUSTER}")]}],
-            "aws": {"region": "us-east-1", "endpoint": site.moto.url},
-            "scaleIn": {"daemonSets": "evict-last", "workloadDeadline": "10m", "workloadDeadlinePolicy": "abandon"},
-        },
-    });
-    let values_file = site.work.path().join("my-values.yaml");
-    std::fs::write(&values_file, values.to_string()).unwrap();
+    let values = standalone_values(
+        &site.moto.url,
+        json!({
+            "replicas": 2,
+            "image": {"repository": "placeholder.invalid/overridden-by-IMAGE_REPOSITORY", "pullPolicy": "Never"},
+            "uninstall": {"timeoutSeconds": 60},
+            "config": {"scaleIn": evict_last()},
+        }),
+    );
+    let file = values_file(site.work.path(), "my-values.yaml", &values);
     let (repo, tag) = site.image_ref.rsplit_once(':').unwrap();
     let scripts = Scripts::new(site.work.path(), &site.helm);
     let chart = [
         ("CHART", site.chart.to_string()),
-        ("VALUES", values_file.display().to_string()),
+        ("VALUES", file),
         ("IMAGE_REPOSITORY", repo.to_string()),
         ("IMAGE_TAG", tag.to_string()),
         ("TIMEOUT", "3m".to_string()),
@@ -913,20 +859,13 @@ async fn quickstart_scripts_install_verify_scale_in_upgrade_and_uninstall() {
 
     report
         .step("install.sh with AWS out of reach: it times out and shows the pods' NotReady Events");
-    let dead = {
-        let host = site.moto.url.rsplit_once(':').unwrap().0.to_string();
-        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-        let port = l.local_addr().unwrap().port();
-        drop(l);
-        format!("{host}:{port}")
-    };
     let mut unreachable = values.clone();
-    unreachable["config"]["aws"] =
-        json!({"region": "us-east-1", "endpoint": dead, "maxAttempts": 1});
-    let unreachable_file = site.work.path().join("unreachable-values.yaml");
-    std::fs::write(&unreachable_file, unreachable.to_string()).unwrap();
+    merge(
+        &mut unreachable,
+        json!({"config": {"aws": {"endpoint": dead_endpoint(&site.moto), "maxAttempts": 1}}}),
+    );
     let mut timing_out = chart.clone();
-    timing_out[1].1 = unreachable_file.display().to_string();
+    timing_out[1].1 = values_file(site.work.path(), "unreachable-values.yaml", &unreachable);
     timing_out[4].1 = "50s".to_string();
     let (ok, out) = scripts.output("install.sh", &timing_out, &[]).await;
     assert!(!ok, "install.sh succeeded with AWS out of reach:\n{out}");
@@ -973,17 +912,10 @@ async fn quickstart_scripts_install_verify_scale_in_upgrade_and_uninstall() {
     );
 
     report.step("scale-in.sh of a node running an app pod");
-    let on: std::collections::BTreeSet<String> = ready_pods(admin)
+    let (victim, iid) = rig::occupied(admin, &site.kubelet)
         .await
         .into_iter()
-        .filter(|(p, _)| p.starts_with("shop/app-"))
-        .map(|(_, n)| n)
-        .collect();
-    let (victim, iid) = site
-        .kubelet
-        .nodes()
-        .into_iter()
-        .find(|(n, _)| on.contains(n))
+        .next()
         .expect("a node running an app pod");
     report.scale_in_begins("scale-in.sh (drain NODE --terminate in the pod)");
     let started = Instant::now();
@@ -1006,15 +938,8 @@ async fn quickstart_scripts_install_verify_scale_in_upgrade_and_uninstall() {
         site.kubelet.instances_ended().contains(&iid),
         "{iid} did not end"
     );
-    let g = site
-        .asg
-        .describe_auto_scaling_groups()
-        .auto_scaling_group_names(GROUP)
-        .send()
-        .await
-        .unwrap();
     assert_eq!(
-        g.auto_scaling_groups()[0].desired_capacity(),
+        web_group(&site.asg).await.desired_capacity(),
         Some(NODES - 1),
         "the group's desired capacity after one scale-in"
     );
@@ -1105,7 +1030,7 @@ async fn quickstart_scripts_install_verify_scale_in_upgrade_and_uninstall() {
     assert!(out.contains("uninstalled already"), "{out}");
     eprintln!(
         "e2e: the quickstart's scripts, site included, in {:.0} s",
-        began.elapsed().as_secs_f64()
+        report.began.elapsed().as_secs_f64()
     );
     report.step("done");
 }
@@ -1210,6 +1135,15 @@ async fn hooks_of(cloud: &AwsCloud) -> Vec<String> {
 
 /// The group's record of the hook the service created, if any.
 async fn record(cloud: &AwsCloud) -> Option<String> {
+    described(cloud)
+        .await
+        .tags
+        .get(ca_asg_provider::scalein::decide::hooks::HOOK_RECORD_TAG)
+        .cloned()
+}
+
+/// The group [`GROUP`] as the service's cloud describes it.
+async fn described(cloud: &AwsCloud) -> ca_asg_provider::cloud::AsgSnapshot {
     cloud
         .describe_groups(&GroupSelector {
             names: vec![GROUP.into()],
@@ -1218,9 +1152,6 @@ async fn record(cloud: &AwsCloud) -> Option<String> {
         .await
         .unwrap()
         .remove(0)
-        .tags
-        .get(ca_asg_provider::scalein::decide::hooks::HOOK_RECORD_TAG)
-        .cloned()
 }
 
 /// What every install scenario needs here: the control plane's binaries, a real node's
@@ -1246,6 +1177,20 @@ fn install_needs(
         return None;
     };
     Some((bin, images, helm_bin))
+}
+
+/// An install scenario's start: what it needs (`None` after saying what is missing),
+/// then, one scenario at a time (the guard returned), its report (`driver` making CA's
+/// calls) and its [`Site`].
+async fn install_scenario(
+    scenario: &str,
+    driver: &str,
+) -> Option<(tokio::sync::MutexGuard<'static, ()>, Report, Site)> {
+    let (bin, images, helm_bin) = install_needs(scenario)?;
+    let one_at_a_time = SERIAL.lock().await;
+    let report = Report::new(scenario, driver, &bin.version);
+    let site = Site::start(&report, &bin, &images, helm_bin).await;
+    Some((one_at_a_time, report, site))
 }
 
 /// The real-CA tier's binaries (`E2E_CA_BINS`); `None` after the one line that says
@@ -1409,18 +1354,7 @@ impl Site {
         let moto = install::Moto::start(&node_ip).unwrap_or_else(|e| panic!("{e:#}"));
         let sdk = moto.sdk_config().await;
         let asg = aws_sdk_autoscaling::Client::new(&sdk);
-        let ec2 = aws_sdk_ec2::Client::new(&sdk);
-        ec2.create_launch_template()
-            .launch_template_name("web")
-            .launch_template_data(
-                aws_sdk_ec2::types::RequestLaunchTemplateData::builder()
-                    .image_id("ami-12c6146b")
-                    .instance_type(aws_sdk_ec2::types::InstanceType::M5Large)
-                    .build(),
-            )
-            .send()
-            .await
-            .unwrap();
+        support::moto::launch_template(&sdk, "web").await;
         let tag = |k: &str| {
             aws_sdk_autoscaling::types::Tag::builder()
                 .resource_id(GROUP)
@@ -1522,16 +1456,8 @@ impl Site {
             }),
         )
         .await;
-        until("the app's pods Ready", 60, || {
-            let admin = admin.clone();
-            async move {
-                ready_pods(&admin)
-                    .await
-                    .keys()
-                    .filter(|p| p.starts_with("shop/app-"))
-                    .count()
-                    == APP_REPLICAS
-            }
+        until("the app's pods Ready", 60, || async {
+            rig::app_ready(&admin).await == APP_REPLICAS
         })
         .await;
 
@@ -1639,8 +1565,7 @@ const CHART_REPLICAS: usize = 2;
 /// pod whose CA runs the loop and calls its own provider.
 async fn bundled_pods(pods: &Api<Pod>, node: &RealNode, not: &[String]) -> (Pod, Vec<String>) {
     let leases: Api<Lease> = Api::namespaced(pods.clone().into_client(), NS);
-    let end = Instant::now() + Duration::from_secs(180);
-    loop {
+    wait_or_diagnose(pods, node, 180, 500, async || {
         let ps = service_pods(pods).await;
         let fresh =
             ps.len() == CHART_REPLICAS && ps.iter().all(|(n, p)| ready(p) && !not.contains(n));
@@ -1657,17 +1582,14 @@ async fn bundled_pods(pods: &Api<Pod>, node: &RealNode, not: &[String]) -> (Pod,
                 .iter()
                 .find(|(n, _)| holder == **n || holder.starts_with(&format!("{n}_")))
             {
-                return (p.clone(), ps.keys().cloned().collect());
+                return Ok((p.clone(), ps.keys().cloned().collect()));
             }
         }
-        if Instant::now() > end {
-            panic!(
-                "not {CHART_REPLICAS} new bundled pods Ready with one CA holding its Lease within 180 s (holder {holder:?}):\n{}",
-                diagnose(pods, node).await
-            );
-        }
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
+        Err(format!(
+            "not {CHART_REPLICAS} new bundled pods Ready with one CA holding its Lease within 180 s (holder {holder:?})"
+        ))
+    })
+    .await
 }
 
 /// Sums the samples of `name` in a Prometheus text that carry every `labels` pair.
@@ -1679,8 +1601,7 @@ fn counter(text: &str, name: &str, labels: &[(&str, &str)]) -> f64 {
 /// NodeGroups (its own counts, port 8087) and CA's main loop ran (CA's metrics, 8085).
 async fn ca_reaches_the_provider(pods: &Api<Pod>, node: &RealNode, pod: &Pod) {
     let ip = pod_ip(pod);
-    let end = Instant::now() + Duration::from_secs(120);
-    loop {
+    wait_or_diagnose(pods, node, 120, 1000, async || {
         let provider = install::http_get(&format!("{ip}:8087"), "/metrics").await;
         let ca = install::http_get(&format!("{ip}:8085"), "/metrics").await;
         if let (Ok((200, provider)), Ok((200, ca))) = (&provider, &ca) {
@@ -1695,52 +1616,32 @@ async fn ca_reaches_the_provider(pods: &Api<Pod>, node: &RealNode, pod: &Pod) {
                 &[("function", "main")],
             );
             if answered > 0.0 && loops > 0.0 {
-                return;
+                return Ok(());
             }
         }
-        if Instant::now() > end {
-            panic!(
-                "CA's loop did not reach the provider within 120 s (provider: {:?}, CA: {:?}):\n{}",
-                provider.map(|(c, _)| c),
-                ca.map(|(c, _)| c),
-                diagnose(pods, node).await
-            );
-        }
-        tokio::time::sleep(Duration::from_secs(1)).await;
-    }
+        Err(format!(
+            "CA's loop did not reach the provider within 120 s (provider: {:?}, CA: {:?})",
+            provider.map(|(c, _)| c),
+            ca.map(|(c, _)| c),
+        ))
+    })
+    .await
 }
 
 /// The app grows to `replicas` (one pod per node): real CA must add the node.
 async fn ca_scales_up_to(site: &Site, pods: &Api<Pod>, pod: &Pod, replicas: usize) {
-    let deployments: Api<k8s_openapi::api::apps::v1::Deployment> =
-        Api::namespaced(site.admin.clone(), "shop");
-    deployments
-        .patch(
-            "app",
-            &kube::api::PatchParams::default(),
-            &kube::api::Patch::Merge(json!({"spec": {"replicas": replicas}})),
-        )
-        .await
-        .expect("scale the app");
-    let end = Instant::now() + Duration::from_secs(180);
-    loop {
-        let on = ready_pods(&site.admin)
-            .await
-            .keys()
-            .filter(|p| p.starts_with("shop/app-"))
-            .count();
+    rig::scale_app(&site.admin, replicas).await;
+    wait_or_diagnose(pods, &site.node, 180, 500, async || {
+        let on = rig::app_ready(&site.admin).await;
         if on == replicas && site.kubelet.nodes().len() == replicas {
-            break;
+            return Ok(());
         }
-        if Instant::now() > end {
-            panic!(
-                "CA did not bring the app to {replicas} Ready pods on {replicas} Nodes within 180 s ({on} Ready, {} Nodes):\n{}",
-                site.kubelet.nodes().len(),
-                diagnose(pods, &site.node).await
-            );
-        }
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
+        Err(format!(
+            "CA did not bring the app to {replicas} Ready pods on {replicas} Nodes within 180 s ({on} Ready, {} Nodes)",
+            site.kubelet.nodes().len(),
+        ))
+    })
+    .await;
     let (_, ca) = install::http_get(&format!("{}:8085", pod_ip(pod)), "/metrics")
         .await
         .unwrap_or_else(|e| panic!("scrape CA's metrics: {e:#}"));
@@ -1749,15 +1650,8 @@ async fn ca_scales_up_to(site: &Site, pods: &Api<Pod>, pod: &Pod, replicas: usiz
         up >= 1.0,
         "CA's own metrics count {up} nodes scaled up by this pod's CA"
     );
-    let g = site
-        .asg
-        .describe_auto_scaling_groups()
-        .auto_scaling_group_names(GROUP)
-        .send()
-        .await
-        .unwrap();
     assert_eq!(
-        g.auto_scaling_groups()[0].desired_capacity(),
+        web_group(&site.asg).await.desired_capacity(),
         Some(replicas as i32),
         "the ASG's desired capacity after CA's scale-up"
     );
@@ -1774,59 +1668,31 @@ async fn bundled_with(
     let (report, site, ca_ref) =
         ca_site(scenario, "in the chart's pod", bin, images, helm_bin, ca).await;
 
-    let (repo, tag) = site.image_ref.rsplit_once(':').unwrap();
-    let (ca_repo, ca_tag) = ca_ref.rsplit_once(':').unwrap();
     let values = |transport: Option<&str>| {
-        let mut v = json!({
-            "mode": "bundled",
-            "image": {"repository": repo, "tag": tag, "pullPolicy": "Never"},
-            "clusterAutoscaler": {
-                "image": {"repository": ca_repo, "tag": ca_tag, "pullPolicy": "Never"},
-                // The scenario's node count stays its own: CA only scales up here
-                // (--scale-down-enabled is deprecated from 1.36).
-                "flags": {"scale-down-unneeded-time": "1h", "scan-interval": "5s"},
-            },
-            "nodeSelector": {"kubernetes.io/hostname": SYSTEM_NODE},
-            "extraEnv": [
-                {"name": "AWS_ACCESS_KEY_ID", "value": "test"},
-                {"name": "AWS_SECRET_ACCESS_KEY", "value": "test"},
-            ],
-            "readinessProbe": {"periodSeconds": 2},
-            "config": {
-                "refreshInterval": "10s",
-                "autoDiscovery": [{"tags": ["k8s.io/cluster-autoscaler/enabled", format!("k8s.io/cluster-autoscaler/{CLUSTER}")]}],
-                "aws": {"region": "us-east-1", "endpoint": site.moto.url},
-            },
-        });
+        let mut v = chart_values(
+            &site.moto.url,
+            json!({
+                "mode": "bundled",
+                "image": image_values(&site.image_ref),
+                "clusterAutoscaler": {
+                    "image": image_values(&ca_ref),
+                    // The scenario's node count stays its own: CA only scales up here
+                    // (--scale-down-enabled is deprecated from 1.36).
+                    "flags": {"scale-down-unneeded-time": "1h", "scan-interval": "5s"},
+                },
+            }),
+        );
         if let Some(t) = transport {
             v["transport"] = json!(t);
         }
-        let file = site
-            .work
-            .path()
-            .join(format!("values-{}.yaml", t_or(transport)));
-        std::fs::write(&file, v.to_string()).unwrap();
-        file.display().to_string()
+        let name = format!("values-{}.yaml", transport.unwrap_or("default"));
+        values_file(site.work.path(), &name, &v)
     };
-    fn t_or(t: Option<&str>) -> &str {
-        t.unwrap_or("default")
-    }
     let pods: Api<Pod> = Api::namespaced(site.admin.clone(), NS);
 
     report.step("helm install, bundled, transport tcp (chart 0.1.0's wiring)");
-    let out = site
-        .helm
-        .run(&[
-            "install",
-            RELEASE,
-            site.chart,
-            "--namespace",
-            NS,
-            "--values",
-            &values(Some("tcp")),
-        ])
-        .unwrap_or_else(|e| panic!("{e:#}"));
-    eprintln!("e2e: helm install:\n{out}");
+    let file = values(Some("tcp"));
+    helm_values(&site.helm, "install", RELEASE, site.chart, &file);
     let (first, first_pods) = bundled_pods(&pods, &site.node, &[]).await;
     let grpc_port = |p: &Pod| {
         p.spec
@@ -1858,19 +1724,7 @@ async fn bundled_with(
     ca_scales_up_to(&site, &pods, &first, NODES as usize + 1).await;
 
     report.step("helm upgrade with the same values: the new default transport, unix");
-    let out = site
-        .helm
-        .run(&[
-            "upgrade",
-            RELEASE,
-            site.chart,
-            "--namespace",
-            NS,
-            "--values",
-            &values(None),
-        ])
-        .unwrap_or_else(|e| panic!("{e:#}"));
-    eprintln!("e2e: helm upgrade:\n{out}");
+    helm_values(&site.helm, "upgrade", RELEASE, site.chart, &values(None));
     let (second, _) = bundled_pods(&pods, &site.node, &first_pods).await;
 
     report.step("unix: no gRPC port; one emptyDir at socketDir in both containers");
@@ -1906,14 +1760,7 @@ async fn bundled_with(
     );
 
     report.step("unix: helm test (check-config in the cluster)");
-    let out = site
-        .helm
-        .run(&["test", RELEASE, "--namespace", NS])
-        .unwrap_or_else(|e| panic!("{e:#}"));
-    assert!(
-        out.contains("Succeeded"),
-        "helm test did not report the check-config pod Succeeded:\n{out}"
-    );
+    helm_test_succeeds(&site.helm);
 
     report.step("unix: CA's loop reaches the provider through the socket");
     ca_reaches_the_provider(&pods, &site.node, &second).await;
@@ -1980,21 +1827,8 @@ async fn sidecar_with(
         "clusterName": CLUSTER,
         "config": {"refreshInterval": "10s", "aws": {"region": "us-east-1", "endpoint": site.moto.url}},
     });
-    let ours_file = site.work.path().join("values-sidecar.yaml");
-    std::fs::write(&ours_file, ours.to_string()).unwrap();
-    let out = site
-        .helm
-        .run(&[
-            "install",
-            RELEASE,
-            site.chart,
-            "--namespace",
-            NS,
-            "--values",
-            &ours_file.display().to_string(),
-        ])
-        .unwrap_or_else(|e| panic!("{e:#}"));
-    eprintln!("e2e: helm install (sidecar):\n{out}");
+    let ours_file = values_file(site.work.path(), "values-sidecar.yaml", &ours);
+    helm_values(&site.helm, "install", RELEASE, site.chart, &ours_file);
 
     report.step("helm install of CA's chart with the example values");
     let example = concat!(
@@ -2004,10 +1838,9 @@ async fn sidecar_with(
     let mut theirs: serde_json::Value =
         serde_saphyr::from_str(&std::fs::read_to_string(example).unwrap())
             .unwrap_or_else(|e| panic!("{example}: {e}"));
-    let (ca_repo, ca_tag) = ca_ref.rsplit_once(':').unwrap();
     // What the example says to override (--set in its header).
     theirs["autoDiscovery"]["clusterName"] = json!(CLUSTER);
-    theirs["image"] = json!({"repository": ca_repo, "tag": ca_tag, "pullPolicy": "Never"});
+    theirs["image"] = image_values(&ca_ref);
     let sidecar = &mut theirs["initContainers"][0];
     sidecar["image"] = json!(site.image_ref);
     // Where the suite is not EKS: images imported, not pulled; moto's credentials
@@ -2026,39 +1859,26 @@ async fn sidecar_with(
     // The scenario's node count stays its own: CA only scales up here.
     theirs["extraArgs"]["scan-interval"] = json!("5s");
     theirs["extraArgs"]["scale-down-unneeded-time"] = json!("1h");
-    let theirs_file = site.work.path().join("values-cluster-autoscaler.yaml");
-    std::fs::write(&theirs_file, theirs.to_string()).unwrap();
-    let out = site
-        .helm
-        .run(&[
-            "install",
-            "cluster-autoscaler",
-            &ca_chart.display().to_string(),
-            "--namespace",
-            NS,
-            "--values",
-            &theirs_file.display().to_string(),
-        ])
-        .unwrap_or_else(|e| panic!("{e:#}"));
-    eprintln!("e2e: helm install (CA's chart):\n{out}");
+    let theirs_file = values_file(site.work.path(), "values-cluster-autoscaler.yaml", &theirs);
+    helm_values(
+        &site.helm,
+        "install",
+        "cluster-autoscaler",
+        &ca_chart.display().to_string(),
+        &theirs_file,
+    );
 
     report.step("CA's pod Ready: the provider a sidecar, no gRPC port, the socket shared");
     let pods: Api<Pod> = Api::namespaced(site.admin.clone(), NS);
     let ca_pods = "app.kubernetes.io/name=cluster-autoscaler";
-    let end = Instant::now() + Duration::from_secs(180);
-    let pod = loop {
+    let pod = wait_or_diagnose(&pods, &site.node, 180, 500, async || {
         let ps = labelled(&pods, ca_pods).await;
-        if let Some(p) = ps.values().find(|p| ready(p)) {
-            break p.clone();
-        }
-        if Instant::now() > end {
-            panic!(
-                "CA's pod was not Ready within 180 s:\n{}",
-                diagnose(&pods, &site.node).await
-            );
-        }
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    };
+        ps.values()
+            .find(|p| ready(p))
+            .cloned()
+            .ok_or_else(|| "CA's pod was not Ready within 180 s".to_string())
+    })
+    .await;
     let spec = pod.spec.clone().unwrap_or_default();
     let all: Vec<_> = spec
         .containers
@@ -2212,19 +2032,7 @@ async fn upgrade_keeps_the_lease_and_the_drain(u: Upgrade<'_>) {
     .await;
 
     report.step("upgrade: CA scales that node in; the budget holds the drain");
-    let mut req = tonic::Request::new(proto::NodeGroupDeleteNodesRequest {
-        id: GROUP.into(),
-        nodes: vec![proto::ExternalGrpcNode {
-            provider_id: format!("aws:///us-east-1a/{giid}"),
-            name: gnode.clone(),
-            labels: [("kubernetes.io/hostname".to_string(), gnode.clone())].into(),
-            ..Default::default()
-        }],
-    });
-    req.set_timeout(Duration::from_secs(5));
-    u.ca.node_group_delete_nodes(req)
-        .await
-        .unwrap_or_else(|e| panic!("NodeGroupDeleteNodes: {e}"));
+    rig::ca_deletes(u.ca, &[(gnode.clone(), giid.clone())]).await;
     let refused = |cp: &ControlPlane| {
         cp.audit()
             .iter()
@@ -2236,15 +2044,13 @@ async fn upgrade_keeps_the_lease_and_the_drain(u: Upgrade<'_>) {
             })
             .count()
     };
-    let end = Instant::now() + Duration::from_secs(60);
-    while refused(u.cp) == 0 {
-        assert!(
-            Instant::now() < end,
-            "the budget never refused the drain's eviction of shop/guarded within 60 s:\n{}",
-            diagnose(u.pods, u.node).await
-        );
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    }
+    wait_or_diagnose(u.pods, u.node, 60, 500, async || match refused(u.cp) {
+        0 => Err(
+            "the budget never refused the drain's eviction of shop/guarded within 60 s".to_string(),
+        ),
+        _ => Ok(()),
+    })
+    .await;
 
     report.step("upgrade: helm upgrade rolls both pods mid-drain");
     let out = u
@@ -2261,22 +2067,19 @@ async fn upgrade_keeps_the_lease_and_the_drain(u: Upgrade<'_>) {
         ])
         .unwrap_or_else(|e| panic!("{e:#}"));
     eprintln!("e2e: helm upgrade:\n{out}");
-    let end = Instant::now() + Duration::from_secs(180);
-    let holder = loop {
+    let holder = wait_or_diagnose(u.pods, u.node, 180, 500, async || {
         let ps = service_pods(u.pods).await;
         let rolled =
             ps.len() == 2 && ps.values().all(ready) && ps.keys().all(|p| !before.contains(p));
         let holder = lease_holder(u.leases).await;
-        if rolled && holder.as_ref().is_some_and(|h| ps.contains_key(h)) {
-            break holder.unwrap();
+        match holder {
+            Some(h) if rolled && ps.contains_key(&h) => Ok(h),
+            _ => Err(format!(
+                "the upgrade did not end with two new Ready pods, one holding the Lease, within 180 s (holder {holder:?})"
+            )),
         }
-        assert!(
-            Instant::now() < end,
-            "the upgrade did not end with two new Ready pods, one holding the Lease, within 180 s (holder {holder:?}):\n{}",
-            diagnose(u.pods, u.node).await
-        );
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    };
+    })
+    .await;
     eprintln!("e2e: after the upgrade, {holder} holds the Lease");
     assert!(
         !u.kubelet.instances_ended().contains(&giid),
@@ -2293,15 +2096,15 @@ async fn upgrade_keeps_the_lease_and_the_drain(u: Upgrade<'_>) {
     pdbs.delete("guarded", &DeleteParams::default())
         .await
         .unwrap_or_else(|e| panic!("delete the guarded budget: {e}"));
-    let end = Instant::now() + Duration::from_secs(120);
-    while !u.kubelet.instances_ended().contains(&giid) {
-        assert!(
-            Instant::now() < end,
-            "the instance {giid} did not end within 120 s after the budget let go:\n{}",
-            diagnose(u.pods, u.node).await
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    wait_or_diagnose(u.pods, u.node, 120, 200, async || {
+        match u.kubelet.instances_ended().contains(&giid) {
+            true => Ok(()),
+            false => Err(format!(
+                "the instance {giid} did not end within 120 s after the budget let go"
+            )),
+        }
+    })
+    .await;
     report.step("check: evictions only; CA, on a new pod, reads the target one lower");
     checks::evictions_only_as(
         SERVICE_ACCOUNT_USER,
@@ -2312,13 +2115,7 @@ async fn upgrade_keeps_the_lease_and_the_drain(u: Upgrade<'_>) {
     .unwrap_or_else(|e| panic!("{e}"));
     let ps = service_pods(u.pods).await;
     let mut ca = connect_ca(u.certs, &holder, &ps[&holder]).await;
-    ca.refresh(proto::RefreshRequest {}).await.expect("Refresh");
-    let target = ca
-        .node_group_target_size(proto::NodeGroupTargetSizeRequest { id: GROUP.into() })
-        .await
-        .expect("NodeGroupTargetSize")
-        .into_inner()
-        .target_size;
+    let target = rig::ca_target(&mut ca).await;
     assert_eq!(
         target,
         NODES - u.ended_before - 1,
@@ -2526,67 +2323,37 @@ async fn release_pushed_signed_then_installed_by_digest_drains_a_ca_scale_in() {
         .unwrap_or_else(|e| panic!("{e:#}"));
 
     report.step("the Secrets the chart leaves to the user: mTLS certificates");
-    let certs = install::Certs::new(SERVER_NAME).unwrap();
-    let secrets: Api<Secret> = Api::namespaced(admin.clone(), NS);
-    for (name, (crt, key)) in [
-        ("ca-asg-provider-server-tls", &certs.server),
-        ("cluster-autoscaler-grpc-client-tls", &certs.client),
-    ] {
-        let s: Secret = serde_json::from_value(json!({
-            "metadata": {"name": name}, "type": "kubernetes.io/tls",
-            "stringData": {"tls.crt": crt, "tls.key": key, "ca.crt": certs.ca}
-        }))
-        .unwrap();
-        secrets.create(&PostParams::default(), &s).await.unwrap();
-    }
+    let certs = mtls_secrets(&admin, true).await;
 
     report.step("helm install of the chart from the registry, by digest");
-    let values = json!({
-        "mode": "standalone",
-        "replicas": 1,
-        "image": {"repository": repo, "digest": index_digest},
-        "nodeSelector": {"kubernetes.io/hostname": SYSTEM_NODE},
-        "tls": {"certManager": {"enabled": false}, "serverSecretName": "ca-asg-provider-server-tls"},
-        "extraEnv": [
-            {"name": "AWS_ACCESS_KEY_ID", "value": "test"},
-            {"name": "AWS_SECRET_ACCESS_KEY", "value": "test"},
-        ],
-        "readinessProbe": {"periodSeconds": 2},
-        "config": {
-            "refreshInterval": "10s",
-            "autoDiscovery": [{"tags": ["k8s.io/cluster-autoscaler/enabled", format!("k8s.io/cluster-autoscaler/{CLUSTER}")]}],
-            "aws": {"region": "us-east-1", "endpoint": moto.url},
-            "scaleIn": {"daemonSets": "evict-last", "workloadDeadline": "10m", "workloadDeadlinePolicy": "abandon"},
-        },
-    });
-    let values_file = work.path().join("values.yaml");
-    std::fs::write(&values_file, values.to_string()).unwrap();
+    let values = standalone_values(
+        &moto.url,
+        json!({
+            "replicas": 1,
+            "image": {"repository": repo, "digest": index_digest},
+            "config": {"scaleIn": evict_last()},
+        }),
+    );
+    let file = values_file(work.path(), "values.yaml", &values);
     let chart = &result["chart"];
     install_released_chart(
         &Scripts::new(work.path(), &helm),
         &text(&chart["repository"]),
         &text(&chart["digest"]),
-        &values_file,
+        std::path::Path::new(&file),
     )
     .await;
 
     report.step("the pod runs the image containerd pulled by the index's digest");
     let pods: Api<Pod> = Api::namespaced(admin.clone(), NS);
-    let end = Instant::now() + Duration::from_secs(180);
-    let pod = loop {
+    let pod = wait_or_diagnose(&pods, &node, 180, 500, async || {
         let ps = service_pods(&pods).await;
-        if let Some(p) = ps.values().find(|p| ready(p)) {
-            break p.clone();
-        }
-        if Instant::now() > end {
-            panic!(
-                "the service's pod was not Ready within 180 s:\n{}\n--- containerd:\n{}",
-                diagnose(&pods, &node).await,
-                node.log_tail("containerd")
-            );
-        }
-        tokio::time::sleep(Duration::from_millis(500)).await;
-    };
+        ps.values()
+            .find(|p| ready(p))
+            .cloned()
+            .ok_or_else(|| "the service's pod was not Ready within 180 s".to_string())
+    })
+    .await;
     let spec_image = pod.spec.as_ref().unwrap().containers[0]
         .image
         .clone()
@@ -2648,53 +2415,27 @@ async fn ca_scales_in_occupied_nodes(
     count: usize,
     (pods, node): (&Api<Pod>, &RealNode),
 ) -> Vec<(String, String)> {
-    let on: std::collections::BTreeSet<String> = ready_pods(admin)
+    let victims: Vec<(String, String)> = rig::occupied(admin, kubelet)
         .await
         .into_iter()
-        .filter(|(p, _)| p.starts_with("shop/app-"))
-        .map(|(_, n)| n)
-        .collect();
-    let victims: Vec<(String, String)> = kubelet
-        .nodes()
-        .into_iter()
-        .filter(|(n, _)| on.contains(n))
         .take(count)
         .collect();
     assert_eq!(victims.len(), count, "{count} node(s) running an app pod");
     report.scale_in_begins(what);
-    let mut req = tonic::Request::new(proto::NodeGroupDeleteNodesRequest {
-        id: GROUP.into(),
-        nodes: victims
-            .iter()
-            .map(|(name, iid)| proto::ExternalGrpcNode {
-                provider_id: format!("aws:///us-east-1a/{iid}"),
-                name: name.clone(),
-                labels: [("kubernetes.io/hostname".to_string(), name.clone())].into(),
-                ..Default::default()
-            })
-            .collect(),
-    });
-    req.set_timeout(Duration::from_secs(5));
-    ca.node_group_delete_nodes(req)
-        .await
-        .unwrap_or_else(|e| panic!("NodeGroupDeleteNodes: {e}"));
+    rig::ca_deletes(ca, &victims).await;
 
     report.step("wait for the instances to end (the leader's drain)");
     let started = Instant::now();
-    let end = started + Duration::from_secs(180);
-    loop {
+    wait_or_diagnose(pods, node, 180, 200, async || {
         let ended = kubelet.instances_ended();
         if victims.iter().all(|(_, i)| ended.contains(i)) {
-            break;
+            return Ok(());
         }
-        if Instant::now() > end {
-            panic!(
-                "the instances {victims:?} did not end within 180 s (ended: {ended:?}):\n{}",
-                diagnose(pods, node).await
-            );
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+        Err(format!(
+            "the instances {victims:?} did not end within 180 s (ended: {ended:?})"
+        ))
+    })
+    .await;
     *report.scale_in_secs.lock() = Some(started.elapsed().as_secs_f64());
     victims
 }

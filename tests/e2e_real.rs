@@ -333,16 +333,12 @@ async fn queue_mode_a_rebalance_cordon_then_the_hook() {
         }),
     )
     .await;
-    until("the agent Ready on the node", 60, || {
-        let admin = rig.admin.clone();
-        let node = node.clone();
-        async move {
-            rig::ready_pods(&admin)
-                .await
-                .iter()
-                .any(|(p, n)| p.starts_with("shop/agent-") && *n == node)
-        }
-    })
+    rig::until_ready_on(
+        &rig.admin,
+        "shop/agent-",
+        &node,
+        "the agent Ready on the node",
+    )
     .await;
 
     rig.report

@@ -60,6 +60,7 @@ pub struct CaProfile {
     pub max_scale_down_parallelism: usize,
     /// cloud-config `grpc_timeout`'s default: every call carries it as its deadline.
     pub grpc_timeout: Duration,
+    /// Where the release has what the client does its own way, beside [`COMMON`].
     pub sources: &'static [Source],
 }
 
@@ -70,6 +71,13 @@ const fn src(behaviour: &'static str, file: &'static str, function: &'static str
         function,
     }
 }
+
+/// From 1.34: cordon with the taint.
+const CORDONS: Source = src(
+    "--cordon-node-before-terminating defaults to true: cordon with the taint",
+    "config/flags/flags.go",
+    "flag cordon-node-before-terminating",
+);
 
 /// Where every version 1.31 to master keeps what the client does the same way.
 const COMMON: [Source; 7] = [
@@ -110,14 +118,8 @@ const COMMON: [Source; 7] = [
     ),
 ];
 
-const SOURCES_1_31: [Source; 10] = [
-    COMMON[0],
-    COMMON[1],
-    COMMON[2],
-    COMMON[3],
-    COMMON[4],
-    COMMON[5],
-    COMMON[6],
+/// Beside [`COMMON`], where 1.31 to 1.33 have what the client does their way.
+const SOURCES_1_31: [Source; 3] = [
     src(
         "--cordon-node-before-terminating defaults to false: taint only",
         "main.go",
@@ -135,19 +137,9 @@ const SOURCES_1_31: [Source; 10] = [
     ),
 ];
 
-const SOURCES_1_34: [Source; 10] = [
-    COMMON[0],
-    COMMON[1],
-    COMMON[2],
-    COMMON[3],
-    COMMON[4],
-    COMMON[5],
-    COMMON[6],
-    src(
-        "--cordon-node-before-terminating defaults to true: cordon with the taint",
-        "config/flags/flags.go",
-        "flag cordon-node-before-terminating",
-    ),
+/// Beside [`COMMON`], where 1.34 has what the client does its way.
+const SOURCES_1_34: [Source; 3] = [
+    CORDONS,
     src(
         "the template read from nodeBytes when set, else field 1 (from 1.34.2)",
         "cloudprovider/externalgrpc/externalgrpc_node_group.go",
@@ -160,19 +152,9 @@ const SOURCES_1_34: [Source; 10] = [
     ),
 ];
 
-const SOURCES_1_35_UP: [Source; 11] = [
-    COMMON[0],
-    COMMON[1],
-    COMMON[2],
-    COMMON[3],
-    COMMON[4],
-    COMMON[5],
-    COMMON[6],
-    src(
-        "--cordon-node-before-terminating defaults to true: cordon with the taint",
-        "config/flags/flags.go",
-        "flag cordon-node-before-terminating",
-    ),
+/// Beside [`COMMON`], where 1.35 and later have what the client does their way.
+const SOURCES_1_35_UP: [Source; 4] = [
+    CORDONS,
     src(
         "the template read from nodeBytes only",
         "cloudprovider/externalgrpc/externalgrpc_node_group.go",
@@ -190,64 +172,36 @@ const SOURCES_1_35_UP: [Source; 11] = [
     ),
 ];
 
-pub static CA_1_31: CaProfile = CaProfile {
-    name: "1.31",
-    release: "1.31.5",
-    tag: "cluster-autoscaler-1.31.5",
-    version: (31, 5),
-    cordons: false,
-    template: TemplateRead::Field1,
-    durations: Durations::Meta,
-    dra_watches: false,
-    max_scale_down_parallelism: 10,
-    grpc_timeout: Duration::from_secs(5),
-    sources: &SOURCES_1_31,
-};
+pub static CA_1_31: CaProfile = CaProfile::of(
+    ("1.31", "1.31.5", "cluster-autoscaler-1.31.5"),
+    (31, 5),
+    &SOURCES_1_31,
+);
 
-pub static CA_1_34: CaProfile = CaProfile {
-    name: "1.34",
-    release: "1.34.5",
-    tag: "cluster-autoscaler-1.34.5",
-    version: (34, 5),
-    cordons: true,
-    template: TemplateRead::PreferBytes,
-    durations: Durations::Both,
-    dra_watches: false,
-    max_scale_down_parallelism: 10,
-    grpc_timeout: Duration::from_secs(5),
-    sources: &SOURCES_1_34,
-};
+pub static CA_1_34: CaProfile = CaProfile::of(
+    ("1.34", "1.34.5", "cluster-autoscaler-1.34.5"),
+    (34, 5),
+    &SOURCES_1_34,
+);
 
-pub static CA_1_36: CaProfile = CaProfile {
-    name: "1.36",
-    release: "1.36.1",
-    tag: "cluster-autoscaler-1.36.1",
-    version: (36, 1),
-    cordons: true,
-    template: TemplateRead::BytesOnly,
-    durations: Durations::Google,
-    dra_watches: true,
-    max_scale_down_parallelism: 10,
-    grpc_timeout: Duration::from_secs(5),
-    sources: &SOURCES_1_35_UP,
-};
+pub static CA_1_36: CaProfile = CaProfile::of(
+    ("1.36", "1.36.1", "cluster-autoscaler-1.36.1"),
+    (36, 1),
+    &SOURCES_1_35_UP,
+);
 
 /// Master of 2026-08-22: CA's core moved to sigs.k8s.io/cluster-autoscaler (the same
 /// behaviours as 1.36.1 in the same files there); the externalgrpc provider and its proto
 /// stay in kubernetes/autoscaler, unchanged since 1.35.
-pub static CA_MASTER: CaProfile = CaProfile {
-    name: "master",
-    release: "master (55c37cd5eb55, 2026-08-22)",
-    tag: "55c37cd5eb550756c5ccc5a89e9068d77797e575",
-    version: (37, 0),
-    cordons: true,
-    template: TemplateRead::BytesOnly,
-    durations: Durations::Google,
-    dra_watches: true,
-    max_scale_down_parallelism: 10,
-    grpc_timeout: Duration::from_secs(5),
-    sources: &SOURCES_1_35_UP,
-};
+pub static CA_MASTER: CaProfile = CaProfile::of(
+    (
+        "master",
+        "master (55c37cd5eb55, 2026-08-22)",
+        "55c37cd5eb550756c5ccc5a89e9068d77797e575",
+    ),
+    (37, 0),
+    &SOURCES_1_35_UP,
+);
 
 /// Every profile, oldest first.
 pub static ALL: [&CaProfile; 4] = [&CA_1_31, &CA_1_34, &CA_1_36, &CA_MASTER];
@@ -265,11 +219,26 @@ impl CaProfile {
             34 => &CA_1_34,
             _ => &CA_1_36,
         };
+        CaProfile::of(
+            (base.name, base.release, base.tag),
+            (minor, patch),
+            base.sources,
+        )
+    }
+
+    /// The profile of release `1.minor.patch` (`version`), named by `(name, release, tag)`
+    /// and cited by `sources`: what it does follows from its version alone.
+    const fn of(
+        (name, release, tag): (&'static str, &'static str, &'static str),
+        version: (u32, u32),
+        sources: &'static [Source],
+    ) -> CaProfile {
+        let (minor, patch) = version;
         CaProfile {
-            name: base.name,
-            release: base.release,
-            tag: base.tag,
-            version: (minor, patch),
+            name,
+            release,
+            tag,
+            version,
             cordons: minor >= 34,
             template: match (minor, patch) {
                 (..=33, _) | (34, 0..=1) => TemplateRead::Field1,
@@ -284,7 +253,7 @@ impl CaProfile {
             dra_watches: minor >= 35,
             max_scale_down_parallelism: 10,
             grpc_timeout: Duration::from_secs(5),
-            sources: base.sources,
+            sources,
         }
     }
 
@@ -293,10 +262,12 @@ impl CaProfile {
         format!("suite client as CA {}", self.name)
     }
 
-    /// The profile's sources, one per line, for a failure message or the docs.
+    /// The profile's sources ([`COMMON`]'s, then its own), one per line, for a failure
+    /// message or the docs.
     pub fn cite(&self) -> String {
-        self.sources
+        COMMON
             .iter()
+            .chain(self.sources)
             .map(|s| {
                 format!(
                     "  {}: {} ({} at {})",

@@ -13,7 +13,6 @@ use ca_asg_provider::clock::Instant;
 
 use ca_asg_provider::scalein::settings::DeadlinePolicy;
 use k8s_openapi::api::core::v1::Node;
-use kube::api::{Patch, PatchParams};
 use kube::Api;
 use serde_json::json;
 
@@ -22,6 +21,22 @@ use super::checks;
 use super::control_plane::Who;
 use super::driver::{CleanUpMemory, Deletion, SuiteCa};
 use super::rig::{self, binaries, until, More, Rig, Setup, Workloads, SERIAL};
+
+/// A scenario's start, one at a time (the guard returned): its rig ([`rig_for`]; `None`
+/// after saying what is missing), then the suite's client as CA of `profile`
+/// ([`ca_starts`]).
+async fn ca_scenario(
+    scenario: &str,
+    profile: &'static CaProfile,
+    desired: i32,
+    hooked: bool,
+    more: More,
+) -> Option<(tokio::sync::MutexGuard<'static, ()>, Rig, SuiteCa)> {
+    let one_at_a_time = SERIAL.lock().await;
+    let rig = rig_for(scenario, profile, desired, hooked, more).await?;
+    let ca = ca_starts(&rig, profile).await;
+    Some((one_at_a_time, rig, ca))
+}
 
 /// The rig of a scenario under `profile`: both shipped RBACs, the report naming the
 /// profile, `desired` instances of "web".
@@ -78,6 +93,20 @@ async fn ca_starts(rig: &Rig, profile: &'static CaProfile) -> SuiteCa {
     ca
 }
 
+/// CA's loop stopped, then [`ca_saw_no_errors`] and the service's own counts of what it
+/// answered ([`Rig::no_provider_errors`]).
+fn ca_and_service_saw_no_errors(rig: &Rig, ca: &SuiteCa) {
+    ca_stops_having_seen_no_error(rig, ca);
+    rig.report.step("check: no error answered to CA's calls");
+    rig.no_provider_errors(&[]);
+}
+
+/// CA's loop stopped, then [`ca_saw_no_errors`].
+fn ca_stops_having_seen_no_error(rig: &Rig, ca: &SuiteCa) {
+    ca.stop_loop();
+    ca_saw_no_errors(rig, ca);
+}
+
 /// No call of the client was answered with an error other than Unimplemented.
 fn ca_saw_no_errors(rig: &Rig, ca: &SuiteCa) {
     rig.report
@@ -107,8 +136,7 @@ async fn ca_deletes(rig: &Rig, ca: &SuiteCa, nodes: &[(String, String)]) {
 }
 
 pub async fn scale_up_from_pending_pods(profile: &'static CaProfile) {
-    let _one_at_a_time = SERIAL.lock().await;
-    let Some(mut rig) = rig_for(
+    let Some((_one_at_a_time, mut rig, ca)) = ca_scenario(
         "scale-up from pending pods",
         profile,
         3,
@@ -119,19 +147,9 @@ pub async fn scale_up_from_pending_pods(profile: &'static CaProfile) {
     else {
         return;
     };
-    let ca = ca_starts(&rig, profile).await;
     rig.report
         .step("the app grows to 5 replicas: two pods find no node (one per node)");
-    let deployments: Api<k8s_openapi::api::apps::v1::Deployment> =
-        Api::namespaced(rig.admin.clone(), "shop");
-    deployments
-        .patch(
-            "app",
-            &PatchParams::default(),
-            &Patch::Merge(json!({"spec": {"replicas": 5}})),
-        )
-        .await
-        .expect("scale the app");
+    rig::scale_app(&rig.admin, 5).await;
     until("the scheduler to find two pods unschedulable", 60, || {
         let ca = ca.clone();
         async move { ca.unschedulable_pods().await.map(|p| p.len()) == Ok(2) }
@@ -150,15 +168,7 @@ pub async fn scale_up_from_pending_pods(profile: &'static CaProfile) {
     until("5 Nodes and 5 app pods Ready", 90, || {
         let admin = rig.admin.clone();
         let k = rig.kubelet.clone();
-        async move {
-            k.nodes().len() == 5
-                && rig::ready_pods(&admin)
-                    .await
-                    .keys()
-                    .filter(|p| p.starts_with("shop/app-"))
-                    .count()
-                    == 5
-        }
+        async move { k.nodes().len() == 5 && rig::app_ready(&admin).await == 5 }
     })
     .await;
     *rig.report.scale_in_secs.lock() = Some(started.elapsed().as_secs_f64());
@@ -173,10 +183,7 @@ pub async fn scale_up_from_pending_pods(profile: &'static CaProfile) {
     rig.report
         .step("check: CA's pods are scheduled: none unschedulable");
     assert_eq!(ca.unschedulable_pods().await, Ok(vec![]));
-    ca.stop_loop();
-    ca_saw_no_errors(&rig, &ca);
-    rig.report.step("check: no error answered to CA's calls");
-    rig.no_provider_errors(&[]);
+    ca_and_service_saw_no_errors(&rig, &ca);
 }
 
 /// CA scales in two occupied nodes, with (`hooked`) or without our lifecycle hook: both
@@ -211,8 +218,7 @@ pub async fn ca_scale_in_of_occupied_nodes(profile: &'static CaProfile, hooked: 
         );
     }
     rig.ends_keeping_promises(&victims, 3, 2, hooked).await;
-    ca.stop_loop();
-    ca_saw_no_errors(&rig, &ca);
+    ca_stops_having_seen_no_error(&rig, &ca);
 }
 
 /// CA run with `--node-deletion-batcher-interval`: the nodes of a scale-down go in
@@ -220,12 +226,11 @@ pub async fn ca_scale_in_of_occupied_nodes(profile: &'static CaProfile, hooked: 
 /// answered OK within CA's deadline, CA's target drops by two at once, and each node
 /// is drained keeping the promises.
 pub async fn ca_scale_in_batched(profile: &'static CaProfile) {
-    let _one_at_a_time = SERIAL.lock().await;
-    let Some(mut rig) = rig_for("CA scale-in, batched", profile, 5, false, More::default()).await
+    let Some((_one_at_a_time, mut rig, ca)) =
+        ca_scenario("CA scale-in, batched", profile, 5, false, More::default()).await
     else {
         return;
     };
-    let ca = ca_starts(&rig, profile).await;
     let victims: Vec<(String, String)> = rig.occupied().await.into_iter().take(2).collect();
     assert_eq!(victims.len(), 2, "two occupied nodes");
     rig.report.scale_in_begins(&format!(
@@ -247,8 +252,7 @@ pub async fn ca_scale_in_batched(profile: &'static CaProfile) {
     );
     assert_eq!(rig.ca_target().await, 3, "the batch's decrease at once");
     rig.ends_keeping_promises(&victims, 3, 2, false).await;
-    ca.stop_loop();
-    ca_saw_no_errors(&rig, &ca);
+    ca_stops_having_seen_no_error(&rig, &ca);
 }
 
 /// A group held at its MinSize loses an instance and the ASG's relaunch fails for
@@ -256,12 +260,11 @@ pub async fn ca_scale_in_batched(profile: &'static CaProfile) {
 /// (no error ends them), CA deletes only placeholders that carry the out-of-resources
 /// error, is never asked to take the group below its min, and no live instance ends.
 pub async fn a_group_at_min_whose_relaunch_fails(profile: &'static CaProfile) {
-    let _one_at_a_time = SERIAL.lock().await;
     let more = More {
         min: 3,
         ..More::default()
     };
-    let Some(rig) = rig_for(
+    let Some((_one_at_a_time, rig, ca)) = ca_scenario(
         "a group at MinSize whose relaunch fails",
         profile,
         3,
@@ -272,7 +275,6 @@ pub async fn a_group_at_min_whose_relaunch_fails(profile: &'static CaProfile) {
     else {
         return;
     };
-    let ca = ca_starts(&rig, profile).await;
     let mut memory = CleanUpMemory::default();
     let mut asked_all = Vec::new();
     // CA's cache of the group's instances holds the three live ones when one dies:
@@ -285,18 +287,7 @@ pub async fn a_group_at_min_whose_relaunch_fails(profile: &'static CaProfile) {
     )
     .await;
     asked_all.extend(asked);
-    rig.report
-        .step("launches fail for capacity; an instance of the group dies (no decrement)");
-    rig.cloud
-        .fail_launches("web", Some("InsufficientInstanceCapacity"));
-    let (dead_node, dead) = rig.occupied().await.remove(0);
-    {
-        use ca_asg_provider::cloud::Cloud as _;
-        rig.cloud
-            .terminate_instance(&dead, false)
-            .await
-            .expect("the instance dies");
-    }
+    let (dead_node, dead) = rig.an_instance_dies_relaunches_failing().await;
     until("the dead instance's Node to go", 30, || {
         let k = rig.kubelet.clone();
         let n = dead_node.clone();
@@ -437,10 +428,7 @@ pub async fn a_group_at_min_whose_relaunch_fails(profile: &'static CaProfile) {
     assert_eq!(target, 3, "CA's target after its clean-up");
     assert_eq!(rig.kubelet.instances_ended(), vec![dead.clone()]);
     assert_eq!(live(&rig), before, "the live instances");
-    ca.stop_loop();
-    ca_saw_no_errors(&rig, &ca);
-    rig.report.step("check: no error answered to CA's calls");
-    rig.no_provider_errors(&[]);
+    ca_and_service_saw_no_errors(&rig, &ca);
 }
 
 /// The group has two option tags, one malformed: NodeGroupGetOptions must never answer
@@ -449,22 +437,12 @@ pub async fn a_group_at_min_whose_relaunch_fails(profile: &'static CaProfile) {
 /// good tag's value in its own Duration fields; CA >= 1.35 gets Unimplemented (the
 /// service's default for a CA without MaxNodeStartupTime on the wire) and keeps its own.
 pub async fn option_tags_with_one_malformed(profile: &'static CaProfile) {
-    let _one_at_a_time = SERIAL.lock().await;
-    let prefix = "k8s.io/cluster-autoscaler/node-template/autoscaling-options/";
-    let more = More {
-        tags: vec![
-            (format!("{prefix}scaledownunneededtime"), "5m".into()),
-            (
-                format!("{prefix}scaledownutilizationthreshold"),
-                "lots".into(),
-            ),
-        ],
-        ..More::default()
-    };
-    let Some(mut rig) = rig_for("option tags, one malformed", profile, 4, false, more).await else {
+    let more = More::option_tags_one_malformed("5m");
+    let Some((_one_at_a_time, mut rig, ca)) =
+        ca_scenario("option tags, one malformed", profile, 4, false, more).await
+    else {
         return;
     };
-    let ca = ca_starts(&rig, profile).await;
     rig.report.step(&format!(
         "NodeGroupGetOptions as CA {} sends it ({:?} Durations): no error but Unimplemented",
         profile.name, profile.durations
@@ -497,8 +475,7 @@ pub async fn option_tags_with_one_malformed(profile: &'static CaProfile) {
         .scale_in_begins("CA scales down an occupied node of the group with the malformed tag");
     ca_deletes(&rig, &ca, &victims).await;
     rig.ends_keeping_promises(&victims, 3, 1, false).await;
-    ca.stop_loop();
-    ca_saw_no_errors(&rig, &ca);
+    ca_stops_having_seen_no_error(&rig, &ca);
 }
 
 /// CA marks a node (CA >= 1.34: cordon and taint; older: taint) and deletes it; a pod
@@ -507,7 +484,6 @@ pub async fn option_tags_with_one_malformed(profile: &'static CaProfile) {
 /// service's taint or CA's, the instance running, CA's target counting it again, no
 /// DaemonSet pod asked to leave.
 pub async fn a_drain_abandoned_after_cas_cordon(profile: &'static CaProfile) {
-    let _one_at_a_time = SERIAL.lock().await;
     let mut settings = rig::settings();
     settings.workload_deadline = Duration::from_secs(5);
     settings.workload_deadline_policy = DeadlinePolicy::Abandon;
@@ -515,7 +491,7 @@ pub async fn a_drain_abandoned_after_cas_cordon(profile: &'static CaProfile) {
         settings,
         ..More::default()
     };
-    let Some(mut rig) = rig_for(
+    let Some((_one_at_a_time, mut rig, ca)) = ca_scenario(
         "a drain abandoned after CA's cordon",
         profile,
         4,
@@ -526,7 +502,6 @@ pub async fn a_drain_abandoned_after_cas_cordon(profile: &'static CaProfile) {
     else {
         return;
     };
-    let ca = ca_starts(&rig, profile).await;
     let (node, iid) = rig.occupied().await.remove(0);
     rig.report
         .step("a pod on the node whose budget allows no eviction (minAvailable 1 of 1)");
@@ -552,16 +527,12 @@ pub async fn a_drain_abandoned_after_cas_cordon(profile: &'static CaProfile) {
         }),
     )
     .await;
-    until("the pinned pod Ready on the node", 60, || {
-        let admin = rig.admin.clone();
-        let node = node.clone();
-        async move {
-            rig::ready_pods(&admin)
-                .await
-                .iter()
-                .any(|(p, n)| p.starts_with("shop/pinned-") && *n == node)
-        }
-    })
+    rig::until_ready_on(
+        &rig.admin,
+        "shop/pinned-",
+        &node,
+        "the pinned pod Ready on the node",
+    )
     .await;
     rig.report.scale_in_begins(&format!(
         "CA {} marks the node ({}) and deletes it",
@@ -625,22 +596,18 @@ pub async fn a_drain_abandoned_after_cas_cordon(profile: &'static CaProfile) {
     assert!(ds.is_empty(), "DaemonSet pods stopped: {ds:?}");
     checks::evictions_only(&rig.cp.audit(), &stops, std::slice::from_ref(&node))
         .unwrap_or_else(|e| panic!("{e}"));
-    ca.stop_loop();
-    ca_saw_no_errors(&rig, &ca);
-    rig.report.step("check: no error answered to CA's calls");
-    rig.no_provider_errors(&[]);
+    ca_and_service_saw_no_errors(&rig, &ca);
 }
 
 /// CA deletes an occupied node and is restarted while the service drains it: the new
 /// CA's start-up clean-up removes its taint (and, >= 1.34, its cordon) from the node; the
 /// drain still finishes DaemonSet-last and ends the instance once.
 pub async fn ca_restarted_mid_drain(profile: &'static CaProfile) {
-    let _one_at_a_time = SERIAL.lock().await;
-    let Some(mut rig) = rig_for("CA restarted mid-drain", profile, 4, false, More::default()).await
+    let Some((_one_at_a_time, mut rig, ca)) =
+        ca_scenario("CA restarted mid-drain", profile, 4, false, More::default()).await
     else {
         return;
     };
-    let ca = ca_starts(&rig, profile).await;
     let victims: Vec<(String, String)> = rig.occupied().await.into_iter().take(1).collect();
     let (node, _) = victims[0].clone();
     rig.report
@@ -671,8 +638,7 @@ pub async fn ca_restarted_mid_drain(profile: &'static CaProfile) {
     again.start().await.unwrap_or_else(|e| panic!("{e}"));
     again.keep_looping();
     rig.ends_keeping_promises(&victims, 3, 1, false).await;
-    again.stop_loop();
-    ca_saw_no_errors(&rig, &again);
+    ca_stops_having_seen_no_error(&rig, &again);
 }
 
 /// Every Event in the cluster (reason, object, message), for a failure message.

@@ -196,19 +196,21 @@ rules:
   - level: None
 "#;
 
+/// How [`ControlPlane::wait_for`] waits: up to `secs`, every `pause_ms`; the logs it
+/// shows when a component exits, and what it says at the deadline.
+struct Waiting {
+    secs: u64,
+    pause_ms: u64,
+    dead_logs: [&'static str; 2],
+    late: String,
+    late_log: &'static str,
+}
+
 impl ControlPlane {
     /// Starts etcd, the API server, the controller manager and the scheduler, and waits
     /// until the API server answers `/readyz` and the default ServiceAccount exists.
     pub async fn start(bin: &Binaries) -> anyhow::Result<ControlPlane> {
-        let dir = tempfile::Builder::new().prefix("ca-asg-e2e-").tempdir()?;
-        let mut cp = ControlPlane {
-            dir,
-            procs: Vec::new(),
-            url: String::new(),
-            ca_pem: Vec::new(),
-        };
-        cp.start_etcd(bin)?;
-        cp.start_apiserver(bin).await?;
+        let mut cp = ControlPlane::start_api_server(bin).await?;
         cp.start_controllers(bin)?;
         cp.wait_default_service_account("default").await?;
         Ok(cp)
@@ -328,31 +330,51 @@ impl ControlPlane {
         ];
         self.spawn("kube-apiserver", &bin.k8s.join("kube-apiserver"), &args)?;
         self.url = format!("https://127.0.0.1:{port}");
-        let deadline = Instant::now() + Duration::from_secs(90);
+        let ready = async |cp: &mut ControlPlane| {
+            let Ok(ca) = fs::read(certs.join("apiserver.crt")) else {
+                return Ok(false);
+            };
+            cp.ca_pem = ca;
+            let Ok(client) = cp.client(Who::Admin).await else {
+                return Ok(false);
+            };
+            let req = http::Request::get("/readyz").body(Vec::new())?;
+            Ok(client.request_text(req).await.is_ok())
+        };
+        let waiting = Waiting {
+            secs: 90,
+            pause_ms: 200,
+            dead_logs: ["etcd", "kube-apiserver"],
+            late: "kube-apiserver not ready in 90 s".into(),
+            late_log: "kube-apiserver",
+        };
+        self.wait_for(waiting, ready).await
+    }
+
+    /// Waits until `ready` answers true, polling: an error as soon as a component exited
+    /// (with the tails of `dead_logs`), or at the deadline (`late`, with `late_log`'s).
+    async fn wait_for(
+        &mut self,
+        w: Waiting,
+        mut ready: impl AsyncFnMut(&mut ControlPlane) -> anyhow::Result<bool>,
+    ) -> anyhow::Result<()> {
+        let deadline = Instant::now() + Duration::from_secs(w.secs);
         loop {
             if let Some(dead) = self.exited() {
+                let [a, b] = w.dead_logs;
                 bail!(
-                    "{dead}\n--- etcd:\n{}\n--- kube-apiserver:\n{}",
-                    self.log_tail("etcd"),
-                    self.log_tail("kube-apiserver")
+                    "{dead}\n--- {a}:\n{}\n--- {b}:\n{}",
+                    self.log_tail(a),
+                    self.log_tail(b)
                 );
             }
-            if let Ok(ca) = fs::read(certs.join("apiserver.crt")) {
-                self.ca_pem = ca;
-                if let Ok(client) = self.client(Who::Admin).await {
-                    let req = http::Request::get("/readyz").body(Vec::new())?;
-                    if client.request_text(req).await.is_ok() {
-                        return Ok(());
-                    }
-                }
+            if ready(self).await? {
+                return Ok(());
             }
             if Instant::now() > deadline {
-                bail!(
-                    "kube-apiserver not ready in 90 s:\n{}",
-                    self.log_tail("kube-apiserver")
-                );
+                bail!("{}:\n{}", w.late, self.log_tail(w.late_log));
             }
-            tokio::time::sleep(Duration::from_millis(200)).await;
+            tokio::time::sleep(Duration::from_millis(w.pause_ms)).await;
         }
     }
 
@@ -381,41 +403,38 @@ impl ControlPlane {
     }
 
     fn start_controllers(&mut self, bin: &Binaries) -> anyhow::Result<()> {
-        let kcm = self.kubeconfig(Who::ControllerManager)?;
+        let mut kcm = self.controller_args(Who::ControllerManager, "kcm-certs")?;
+        kcm.extend([
+            "--controllers=replicaset-controller,deployment-controller,daemonset-controller,disruption-controller,garbage-collector-controller,pod-garbage-collector-controller,serviceaccount-controller,job-controller".into(),
+            "--use-service-account-credentials=false".into(),
+            "--kube-api-qps=100".into(),
+            "--kube-api-burst=200".into(),
+        ]);
         self.spawn(
             "kube-controller-manager",
             &bin.k8s.join("kube-controller-manager"),
-            &[
-                format!("--kubeconfig={}", kcm.display()),
-                "--controllers=replicaset-controller,deployment-controller,daemonset-controller,disruption-controller,garbage-collector-controller,pod-garbage-collector-controller,serviceaccount-controller,job-controller".into(),
-                "--leader-elect=false".into(),
-                "--use-service-account-credentials=false".into(),
-                format!("--secure-port={}", free_port()),
-                "--bind-address=127.0.0.1".into(),
-                format!("--cert-dir={}", self.path("kcm-certs").display()),
-                format!("--authentication-kubeconfig={}", kcm.display()),
-                format!("--authorization-kubeconfig={}", kcm.display()),
-                "--authentication-skip-lookup=true".into(),
-                "--kube-api-qps=100".into(),
-                "--kube-api-burst=200".into(),
-            ],
+            &kcm,
         )?;
-        let sched = self.kubeconfig(Who::Scheduler)?;
-        self.spawn(
-            "kube-scheduler",
-            &bin.k8s.join("kube-scheduler"),
-            &[
-                format!("--kubeconfig={}", sched.display()),
-                "--leader-elect=false".into(),
-                format!("--secure-port={}", free_port()),
-                "--bind-address=127.0.0.1".into(),
-                format!("--cert-dir={}", self.path("scheduler-certs").display()),
-                format!("--authentication-kubeconfig={}", sched.display()),
-                format!("--authorization-kubeconfig={}", sched.display()),
-                "--authentication-skip-lookup=true".into(),
-            ],
-        )?;
+        let sched = self.controller_args(Who::Scheduler, "scheduler-certs")?;
+        self.spawn("kube-scheduler", &bin.k8s.join("kube-scheduler"), &sched)?;
         Ok(())
+    }
+
+    /// What kube-controller-manager and kube-scheduler are both started with: `who`'s
+    /// kubeconfig (for the API, authentication and authorization), no leader election, a
+    /// secure port of their own on loopback with certificates in `certs`.
+    fn controller_args(&self, who: Who, certs: &str) -> anyhow::Result<Vec<String>> {
+        let kubeconfig = self.kubeconfig(who)?.display().to_string();
+        Ok(vec![
+            format!("--kubeconfig={kubeconfig}"),
+            "--leader-elect=false".into(),
+            format!("--secure-port={}", free_port()),
+            "--bind-address=127.0.0.1".into(),
+            format!("--cert-dir={}", self.path(certs).display()),
+            format!("--authentication-kubeconfig={kubeconfig}"),
+            format!("--authorization-kubeconfig={kubeconfig}"),
+            "--authentication-skip-lookup=true".into(),
+        ])
     }
 
     /// Waits for the ServiceAccount controller to create `default` in `ns` (pods are
@@ -424,26 +443,17 @@ impl ControlPlane {
         let client = self.client(Who::Admin).await?;
         let sas: kube::Api<k8s_openapi::api::core::v1::ServiceAccount> =
             kube::Api::namespaced(client, ns);
-        let deadline = Instant::now() + Duration::from_secs(60);
-        loop {
-            if let Some(dead) = self.exited() {
-                bail!(
-                    "{dead}\n--- kube-controller-manager:\n{}\n--- kube-scheduler:\n{}",
-                    self.log_tail("kube-controller-manager"),
-                    self.log_tail("kube-scheduler")
-                );
-            }
-            if sas.get_opt("default").await?.is_some() {
-                return Ok(());
-            }
-            if Instant::now() > deadline {
-                bail!(
-                    "no default ServiceAccount in {ns} after 60 s:\n{}",
-                    self.log_tail("kube-controller-manager")
-                );
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
+        let waiting = Waiting {
+            secs: 60,
+            pause_ms: 100,
+            dead_logs: ["kube-controller-manager", "kube-scheduler"],
+            late: format!("no default ServiceAccount in {ns} after 60 s"),
+            late_log: "kube-controller-manager",
+        };
+        self.wait_for(waiting, async |_| {
+            Ok(sas.get_opt("default").await?.is_some())
+        })
+        .await
     }
 
     /// Every audit event written so far.
@@ -537,4 +547,35 @@ pub fn dies_with_the_test(mut cmd: Command) -> Command {
         });
     }
     cmd
+}
+
+/// Creates one RBAC object (ClusterRole, ClusterRoleBinding, Role or RoleBinding) from its
+/// manifest `v` as `admin`: a namespaced one in its namespace (kube-system when it names
+/// none).
+pub async fn create_rbac(admin: &kube::Client, v: &serde_json::Value) -> anyhow::Result<()> {
+    use kube::api::{Api, DynamicObject, PostParams};
+    let kind = v["kind"].as_str().unwrap_or_default();
+    if !["ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding"].contains(&kind) {
+        bail!(
+            "not a role or binding: {}/{}",
+            v["kind"],
+            v["metadata"]["name"]
+        );
+    }
+    let ar = kube::discovery::ApiResource {
+        group: "rbac.authorization.k8s.io".into(),
+        version: "v1".into(),
+        api_version: "rbac.authorization.k8s.io/v1".into(),
+        kind: kind.to_string(),
+        plural: format!("{}s", kind.to_lowercase()),
+    };
+    let ns = v["metadata"]["namespace"].as_str().unwrap_or("kube-system");
+    let obj: DynamicObject = serde_json::from_value(v.clone())?;
+    let api: Api<DynamicObject> = if kind.starts_with("Cluster") {
+        Api::all_with(admin.clone(), &ar)
+    } else {
+        Api::namespaced_with(admin.clone(), ns, &ar)
+    };
+    api.create(&PostParams::default(), &obj).await?;
+    Ok(())
 }

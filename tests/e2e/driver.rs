@@ -702,17 +702,11 @@ impl SuiteCa {
             .items
             .into_iter()
             .filter(|p| {
-                p.metadata.deletion_timestamp.is_none()
-                    && p.status
-                        .as_ref()
-                        .and_then(|s| s.conditions.as_ref())
-                        .is_some_and(|c| {
-                            c.iter().any(|c| {
-                                c.type_ == "PodScheduled"
-                                    && c.status == "False"
-                                    && c.reason.as_deref() == Some("Unschedulable")
-                            })
-                        })
+                super::rig::live_with(p, |c| {
+                    c.type_ == "PodScheduled"
+                        && c.status == "False"
+                        && c.reason.as_deref() == Some("Unschedulable")
+                })
             })
             .map(|p| {
                 format!(

@@ -453,6 +453,46 @@ impl RealCa {
             .count()
     }
 
+    /// Waits up to `secs` for `f`, failing with CA's log when CA dies or time runs out.
+    pub async fn wait(&mut self, what: &str, secs: u64, mut f: impl FnMut(&RealCa) -> bool) {
+        let end = Instant::now() + Duration::from_secs(secs);
+        loop {
+            if f(self) {
+                return;
+            }
+            if let Err(e) = self.check_alive() {
+                panic!("waiting for {what}: {e:#}");
+            }
+            if Instant::now() > end {
+                panic!(
+                    "{}",
+                    self.failure(&format!("timed out after {secs} s waiting for {what}"))
+                );
+            }
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    /// CA's log has no provider error and no refusal of the API server (a failure shows
+    /// them, with the log).
+    pub fn assert_log_clean(&self) {
+        let errors = self.provider_errors();
+        assert!(
+            errors.is_empty(),
+            "{}",
+            self.failure(&format!("provider calls failed:\n{}", errors.join("\n")))
+        );
+        let denied = self.forbidden();
+        assert!(
+            denied.is_empty(),
+            "{}",
+            self.failure(&format!(
+                "the API server refused CA:\n{}",
+                denied.join("\n")
+            ))
+        );
+    }
+
     /// `Err` with the log's tail if the current process has exited.
     pub fn check_alive(&mut self) -> anyhow::Result<()> {
         let exited = match self.child.as_mut() {

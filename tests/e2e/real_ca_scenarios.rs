@@ -15,7 +15,6 @@ use std::time::Duration;
 use ca_asg_provider::clock::Instant;
 
 use k8s_openapi::api::core::v1::Node;
-use kube::api::{Patch, PatchParams};
 use kube::Api;
 use serde_json::json;
 
@@ -111,50 +110,58 @@ async fn ca_starts(rig: &Rig, bin: &CaBinary, extra: &[String]) -> RealCa {
     ca
 }
 
-/// Waits up to `secs` for `f`, failing with CA's log when CA dies or time runs out.
-async fn wait(ca: &mut RealCa, what: &str, secs: u64, mut f: impl FnMut(&RealCa) -> bool) {
-    let end = Instant::now() + Duration::from_secs(secs);
-    loop {
-        if f(ca) {
-            return;
-        }
-        if let Err(e) = ca.check_alive() {
-            panic!("waiting for {what}: {e:#}");
-        }
-        if Instant::now() > end {
-            panic!(
-                "{}",
-                ca.failure(&format!("timed out after {secs} s waiting for {what}"))
-            );
-        }
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
-}
-
 /// CA's log has no provider error and no refusal of the API server.
 fn ca_log_clean(rig: &Rig, ca: &RealCa) {
     rig.report
         .step("check: CA's log has no provider error and no refusal of the API server");
-    let errors = ca.provider_errors();
-    assert!(
-        errors.is_empty(),
-        "{}",
-        ca.failure(&format!("provider calls failed:\n{}", errors.join("\n")))
-    );
-    let denied = ca.forbidden();
-    assert!(
-        denied.is_empty(),
-        "{}",
-        ca.failure(&format!(
-            "the API server refused CA:\n{}",
-            denied.join("\n")
-        ))
-    );
+    ca.assert_log_clean();
 }
 
 /// Nodes CA must leave alone: `cluster-autoscaler.kubernetes.io/scale-down-disabled`.
-async fn keep(rig: &Rig, nodes: &[String]) {
-    rig::scale_down_disabled(&rig.admin, nodes).await;
+/// The nodes that are none of `occupied` (no app pod on them), kept from CA's scale-down
+/// by its scale-down-disabled annotation: their names.
+async fn keep_the_others(rig: &Rig, occupied: &[(String, String)]) -> Vec<String> {
+    let others: Vec<String> = rig
+        .kubelet
+        .nodes()
+        .into_keys()
+        .filter(|n| !occupied.iter().any(|(o, _)| o == n))
+        .collect();
+    rig::scale_down_disabled(&rig.admin, &others).await;
+    others
+}
+
+/// CA scales web in to 3 (within 240 s), then the instances of `occupied` end until
+/// `enough` of them have (`what`, within 120 s): the nodes of `occupied` whose instances
+/// ended.
+async fn ca_scales_in_to_3(
+    ca: &mut RealCa,
+    rig: &Rig,
+    occupied: Vec<(String, String)>,
+    what: &str,
+    enough: impl Fn(usize) -> bool,
+) -> Vec<(String, String)> {
+    let cloud = rig.cloud.clone();
+    ca.wait("CA to scale web in to 3", 240, |_| {
+        cloud.desired("web") == Some(3)
+    })
+    .await;
+    let k = rig.kubelet.clone();
+    let ids: BTreeSet<String> = occupied.iter().map(|(_, i)| i.clone()).collect();
+    ca.wait(what, 120, |_| {
+        enough(
+            k.instances_ended()
+                .iter()
+                .filter(|i| ids.contains(*i))
+                .count(),
+        )
+    })
+    .await;
+    let ended: BTreeSet<String> = rig.kubelet.instances_ended().into_iter().collect();
+    occupied
+        .into_iter()
+        .filter(|(_, i)| ended.contains(i))
+        .collect()
 }
 
 fn scaled_down(ca: &RealCa) -> f64 {
@@ -167,35 +174,17 @@ async fn scale_up(bin: &CaBinary, k8s: &Binaries) {
     let mut ca = ca_starts(&rig, bin, &[]).await;
     rig.report
         .scale_in_begins("the app grows to 5 replicas: two pods find no node; CA must scale up");
-    let deployments: Api<k8s_openapi::api::apps::v1::Deployment> =
-        Api::namespaced(rig.admin.clone(), "shop");
-    deployments
-        .patch(
-            "app",
-            &PatchParams::default(),
-            &Patch::Merge(json!({"spec": {"replicas": 5}})),
-        )
-        .await
-        .expect("scale the app");
+    rig::scale_app(&rig.admin, 5).await;
     let started = Instant::now();
     let k = rig.kubelet.clone();
-    wait(&mut ca, "CA to add two Ready Nodes", 120, |_| {
-        k.nodes().len() == 5
-    })
-    .await;
+    ca.wait("CA to add two Ready Nodes", 120, |_| k.nodes().len() == 5)
+        .await;
     rig::until_or_say(
         "5 app pods Ready",
         60,
         || {
             let admin = rig.admin.clone();
-            async move {
-                rig::ready_pods(&admin)
-                    .await
-                    .keys()
-                    .filter(|p| p.starts_with("shop/app-"))
-                    .count()
-                    == 5
-            }
+            async move { rig::app_ready(&admin).await == 5 }
         },
         || rig::pod_states(&rig.admin, "shop/app-"),
     )
@@ -230,48 +219,27 @@ async fn scale_in(bin: &CaBinary, k8s: &Binaries, hooked: bool) {
         rig.run_lifecycle_loop();
     }
     let occupied: Vec<(String, String)> = rig.occupied().await;
-    let empty: Vec<String> = rig
-        .kubelet
-        .nodes()
-        .into_keys()
-        .filter(|n| !occupied.iter().any(|(o, _)| o == n))
-        .collect();
-    assert_eq!(empty.len(), 2, "two nodes without an app pod");
     rig.report
         .step("the two nodes without an app pod are kept (scale-down-disabled)");
-    keep(&rig, &empty).await;
+    let empty = keep_the_others(&rig, &occupied).await;
+    assert_eq!(empty.len(), 2, "two nodes without an app pod");
     rig.report
         .scale_in_begins("CA finds two occupied nodes unneeded and scales them in");
     let mut ca = ca_starts(&rig, bin, &[]).await;
-    let cloud = rig.cloud.clone();
-    wait(&mut ca, "CA to scale web in to 3", 240, |_| {
-        cloud.desired("web") == Some(3)
-    })
+    let victims = ca_scales_in_to_3(
+        &mut ca,
+        &rig,
+        occupied,
+        "two occupied instances to end",
+        |n| n == 2,
+    )
     .await;
-    let k = rig.kubelet.clone();
-    let first: BTreeSet<String> = occupied.iter().map(|(_, i)| i.clone()).collect();
-    wait(&mut ca, "two occupied instances to end", 120, |_| {
-        k.instances_ended()
-            .iter()
-            .filter(|i| first.contains(*i))
-            .count()
-            == 2
-    })
-    .await;
-    let ended: BTreeSet<String> = rig.kubelet.instances_ended().into_iter().collect();
-    let victims: Vec<(String, String)> = occupied
-        .into_iter()
-        .filter(|(_, i)| ended.contains(i))
-        .collect();
     rig.ends_keeping_promises(&victims, 3, 2, hooked).await;
     rig.report
         .step("check: CA's metrics count two nodes scaled down, none failed");
-    wait(
-        &mut ca,
-        "CA's scaled_down_nodes_total to reach 2",
-        30,
-        |ca| scaled_down(ca) >= 2.0,
-    )
+    ca.wait("CA's scaled_down_nodes_total to reach 2", 30, |ca| {
+        scaled_down(ca) >= 2.0
+    })
     .await;
     no_failed_scale_down(&ca);
     ca_log_clean(&rig, &ca);
@@ -289,18 +257,7 @@ async fn at_min_relaunch_fails(bin: &CaBinary, k8s: &Binaries) {
     };
     let rig = rig_for(SCENARIOS[3], bin, k8s, 3, false, more).await;
     let mut ca = ca_starts(&rig, bin, &[]).await;
-    rig.report
-        .step("launches fail for capacity; an instance of the group dies (no decrement)");
-    rig.cloud
-        .fail_launches("web", Some("InsufficientInstanceCapacity"));
-    let (_, dead) = rig.occupied().await.remove(0);
-    {
-        use ca_asg_provider::cloud::Cloud as _;
-        rig.cloud
-            .terminate_instance(&dead, false)
-            .await
-            .expect("the instance dies");
-    }
+    let (_, dead) = rig.an_instance_dies_relaunches_failing().await;
     let live: BTreeSet<String> = rig
         .kubelet
         .nodes()
@@ -309,12 +266,12 @@ async fn at_min_relaunch_fails(bin: &CaBinary, k8s: &Binaries) {
         .collect();
     rig.report
         .step("CA sees the pending app pod, scales up, the launch fails: CA backs off");
-    wait(&mut ca, "CA to call NodeGroupIncreaseSize", 120, |ca| {
+    ca.wait("CA to call NodeGroupIncreaseSize", 120, |ca| {
         ca.rpc_calls("NodeGroupIncreaseSize") >= 1
     })
     .await;
     let loops = main_loops(&ca);
-    wait(&mut ca, "ten more of CA's loops", 120, |ca| {
+    ca.wait("ten more of CA's loops", 120, |ca| {
         main_loops(ca) >= loops + 10
     })
     .await;
@@ -363,45 +320,21 @@ fn no_failed_scale_down(ca: &RealCa) {
 /// The malformed tag beside a good one: CA (whatever it reads of the options) scales an
 /// occupied node of the group in; the drain keeps every promise.
 async fn option_tags(bin: &CaBinary, k8s: &Binaries) {
-    let prefix = "k8s.io/cluster-autoscaler/node-template/autoscaling-options/";
-    let more = More {
-        tags: vec![
-            (format!("{prefix}scaledownunneededtime"), "6s".into()),
-            (
-                format!("{prefix}scaledownutilizationthreshold"),
-                "lots".into(),
-            ),
-        ],
-        ..More::default()
-    };
+    let more = More::option_tags_one_malformed("6s");
     let mut rig = rig_for(SCENARIOS[4], bin, k8s, 4, false, more).await;
     let occupied = rig.occupied().await;
-    let empty: Vec<String> = rig
-        .kubelet
-        .nodes()
-        .into_keys()
-        .filter(|n| !occupied.iter().any(|(o, _)| o == n))
-        .collect();
-    keep(&rig, &empty).await;
+    keep_the_others(&rig, &occupied).await;
     rig.report
         .scale_in_begins("CA scales in an occupied node of the group with the malformed tag");
     let mut ca = ca_starts(&rig, bin, &[]).await;
-    let cloud = rig.cloud.clone();
-    wait(&mut ca, "CA to scale web in to 3", 240, |_| {
-        cloud.desired("web") == Some(3)
-    })
+    let victims = ca_scales_in_to_3(
+        &mut ca,
+        &rig,
+        occupied,
+        "an occupied instance to end",
+        |n| n >= 1,
+    )
     .await;
-    let k = rig.kubelet.clone();
-    let ids: BTreeSet<String> = occupied.iter().map(|(_, i)| i.clone()).collect();
-    wait(&mut ca, "an occupied instance to end", 120, |_| {
-        k.instances_ended().iter().any(|i| ids.contains(i))
-    })
-    .await;
-    let ended: BTreeSet<String> = rig.kubelet.instances_ended().into_iter().collect();
-    let victims: Vec<(String, String)> = occupied
-        .into_iter()
-        .filter(|(_, i)| ended.contains(i))
-        .collect();
     rig.ends_keeping_promises(&victims, 3, 1, false).await;
     assert!(
         ca.rpc_calls("NodeGroupGetOptions") >= 1,
@@ -419,13 +352,7 @@ async fn option_tags(bin: &CaBinary, k8s: &Binaries) {
 async fn restarted_mid_drain(bin: &CaBinary, k8s: &Binaries) {
     let mut rig = rig_for(SCENARIOS[5], bin, k8s, 4, false, More::default()).await;
     let occupied = rig.occupied().await;
-    let empty: Vec<String> = rig
-        .kubelet
-        .nodes()
-        .into_keys()
-        .filter(|n| !occupied.iter().any(|(o, _)| o == n))
-        .collect();
-    keep(&rig, &empty).await;
+    keep_the_others(&rig, &occupied).await;
     rig.report.scale_in_begins("CA scales in an occupied node");
     let mut ca = ca_starts(&rig, bin, &[]).await;
     rig.report
@@ -481,7 +408,7 @@ async fn restarted_mid_drain(bin: &CaBinary, k8s: &Binaries) {
         .map(|(_, i)| i.clone())
         .expect("the victim is an occupied node");
     let k = rig.kubelet.clone();
-    wait(&mut ca, "the victim's instance to end", 120, |_| {
+    ca.wait("the victim's instance to end", 120, |_| {
         k.instances_ended().contains(&iid)
     })
     .await;

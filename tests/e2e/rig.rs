@@ -16,7 +16,7 @@ use ca_asg_provider::proto::{self, cloud_provider_client::CloudProviderClient};
 use ca_asg_provider::provider::{Provider, ProviderSettings};
 use ca_asg_provider::scalein::{self, DrainScaleIn, Engine, ScaleInSettings};
 use ca_asg_provider::telemetry::metrics::Metrics;
-use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::core::v1::{Pod, PodCondition};
 use kube::api::{DynamicObject, PostParams};
 use kube::discovery::ApiResource;
 use kube::Api;
@@ -193,6 +193,24 @@ impl Default for More {
     }
 }
 
+impl More {
+    /// The group's autoscaling-option tags: scale-down-unneeded-time `unneeded`, and a
+    /// malformed utilization threshold beside it.
+    pub fn option_tags_one_malformed(unneeded: &str) -> More {
+        let prefix = "k8s.io/cluster-autoscaler/node-template/autoscaling-options/";
+        More {
+            tags: vec![
+                (format!("{prefix}scaledownunneededtime"), unneeded.into()),
+                (
+                    format!("{prefix}scaledownutilizationthreshold"),
+                    "lots".into(),
+                ),
+            ],
+            ..More::default()
+        }
+    }
+}
+
 /// The service as it runs in a cluster over `cloud`: its drain engine as the
 /// ServiceAccount, gRPC on a Unix socket of its own (the sidecar's transport; a
 /// restarted service gets a new one) with its own answer counts, and a client as CA.
@@ -279,35 +297,24 @@ pub async fn apply_ca_rbac(admin: &kube::Client) {
         ),
         Err(_) => std::fs::read_to_string(format!("{dir}/rbac.yaml")).expect("its rbac.yaml"),
     };
+    apply_rbac(admin, &text, "deploy/cluster-autoscaler").await;
+}
+
+/// Each RBAC object of the YAML documents in `text` (from `origin`), created as admin:
+/// a cluster-wide kind as it is, another in its namespace (kube-system when it names none).
+async fn apply_rbac(admin: &kube::Client, text: &str, origin: &str) {
     for doc in text.split("\n---") {
         let v: serde_json::Value = match serde_saphyr::from_str(doc) {
             Ok(v) => v,
-            Err(e) => panic!("deploy/cluster-autoscaler: {e}"),
+            Err(e) => panic!("{origin}: {e}"),
         };
         if v.is_null() {
             continue;
         }
         let kind = v["kind"].as_str().expect("kind").to_string();
-        let ar = ApiResource {
-            group: "rbac.authorization.k8s.io".into(),
-            version: "v1".into(),
-            api_version: "rbac.authorization.k8s.io/v1".into(),
-            kind: kind.clone(),
-            plural: format!("{}s", kind.to_lowercase()),
-        };
-        let ns = v["metadata"]["namespace"]
-            .as_str()
-            .unwrap_or("kube-system")
-            .to_string();
-        let obj: DynamicObject = serde_json::from_value(v).expect("an RBAC object");
-        let api: Api<DynamicObject> = if kind.starts_with("Cluster") {
-            Api::all_with(admin.clone(), &ar)
-        } else {
-            Api::namespaced_with(admin.clone(), &ns, &ar)
-        };
-        api.create(&PostParams::default(), &obj)
+        super::control_plane::create_rbac(admin, &v)
             .await
-            .unwrap_or_else(|e| panic!("apply {kind} from deploy/cluster-autoscaler: {e}"));
+            .unwrap_or_else(|e| panic!("apply {kind} from {origin}: {e}"));
     }
 }
 
@@ -327,32 +334,7 @@ pub async fn apply_shipped_rbac(admin: &kube::Client) {
         "/deploy/base/rbac.yaml"
     ))
     .expect("deploy/base/rbac.yaml");
-    for doc in text.split("\n---") {
-        let v: serde_json::Value = match serde_saphyr::from_str(doc) {
-            Ok(v) => v,
-            Err(e) => panic!("deploy/base/rbac.yaml: {e}"),
-        };
-        if v.is_null() {
-            continue;
-        }
-        let kind = v["kind"].as_str().expect("kind").to_string();
-        let ar = ApiResource {
-            group: "rbac.authorization.k8s.io".into(),
-            version: "v1".into(),
-            api_version: "rbac.authorization.k8s.io/v1".into(),
-            kind: kind.clone(),
-            plural: format!("{}s", kind.to_lowercase()),
-        };
-        let obj: DynamicObject = serde_json::from_value(v).expect("an RBAC object");
-        let api: Api<DynamicObject> = if kind.starts_with("Cluster") {
-            Api::all_with(admin.clone(), &ar)
-        } else {
-            Api::namespaced_with(admin.clone(), "kube-system", &ar)
-        };
-        api.create(&PostParams::default(), &obj)
-            .await
-            .unwrap_or_else(|e| panic!("apply {kind} from deploy/base/rbac.yaml: {e}"));
-    }
+    apply_rbac(admin, &text, "deploy/base/rbac.yaml").await;
 }
 
 pub async fn create(admin: &kube::Client, ns: Option<&str>, v: serde_json::Value) {
@@ -553,6 +535,104 @@ while :; do sleep 5 & wait $!; ship; done
     })).await;
 }
 
+/// The nodes of `kubelet` running a Ready app pod (`shop/app-*`), (node, instance): the
+/// ones a scale-in of an occupied node picks.
+pub async fn occupied(admin: &kube::Client, kubelet: &FakeKubelet) -> Vec<(String, String)> {
+    let on: std::collections::BTreeSet<String> = ready_pods(admin)
+        .await
+        .into_iter()
+        .filter(|(p, _)| p.starts_with("shop/app-"))
+        .map(|(_, n)| n)
+        .collect();
+    kubelet
+        .nodes()
+        .into_iter()
+        .filter(|(n, _)| on.contains(n))
+        .collect()
+}
+
+/// CA's NodeGroupDeleteNodes of `nodes` (node, instance) in group `web`, as CA sends it
+/// (node name, providerID, hostname label), under CA's 5 s gRPC deadline.
+pub async fn ca_deletes(ca: &mut CloudProviderClient<Channel>, nodes: &[(String, String)]) {
+    let req = proto::NodeGroupDeleteNodesRequest {
+        id: "web".into(),
+        nodes: nodes
+            .iter()
+            .map(|(name, iid)| proto::ExternalGrpcNode {
+                provider_id: format!("aws:///us-east-1a/{iid}"),
+                name: name.clone(),
+                labels: [("kubernetes.io/hostname".to_string(), name.clone())].into(),
+                ..Default::default()
+            })
+            .collect(),
+    };
+    let mut r = tonic::Request::new(req);
+    r.set_timeout(Duration::from_secs(5));
+    ca.node_group_delete_nodes(r)
+        .await
+        .unwrap_or_else(|e| panic!("NodeGroupDeleteNodes: {e}"));
+}
+
+/// Group `web`'s NodeGroupTargetSize after a Refresh, as CA reads it at the start of
+/// each loop.
+pub async fn ca_target(ca: &mut CloudProviderClient<Channel>) -> i32 {
+    ca.refresh(proto::RefreshRequest {}).await.expect("Refresh");
+    ca.node_group_target_size(proto::NodeGroupTargetSizeRequest { id: "web".into() })
+        .await
+        .expect("NodeGroupTargetSize")
+        .into_inner()
+        .target_size
+}
+
+/// The app (`shop/app`) scaled to `replicas`.
+pub async fn scale_app(admin: &kube::Client, replicas: usize) {
+    let deployments: Api<k8s_openapi::api::apps::v1::Deployment> =
+        Api::namespaced(admin.clone(), "shop");
+    deployments
+        .patch(
+            "app",
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(json!({"spec": {"replicas": replicas}})),
+        )
+        .await
+        .expect("scale the app");
+}
+
+/// Whether pod `p` is not being deleted and has a condition that `holds`.
+pub fn live_with(p: &Pod, holds: impl Fn(&PodCondition) -> bool) -> bool {
+    p.metadata.deletion_timestamp.is_none()
+        && p.status
+            .as_ref()
+            .and_then(|s| s.conditions.as_ref())
+            .is_some_and(|c| c.iter().any(holds))
+}
+
+/// Whether pod `p` is Ready (and not being deleted).
+pub fn is_ready(p: &Pod) -> bool {
+    live_with(p, |c| c.type_ == "Ready" && c.status == "True")
+}
+
+/// How many of the app's pods (`shop/app-*`) are Ready.
+pub async fn app_ready(admin: &kube::Client) -> usize {
+    ready_pods(admin)
+        .await
+        .keys()
+        .filter(|p| p.starts_with("shop/app-"))
+        .count()
+}
+
+/// Waits up to 60 s for `what`: a Ready pod whose `namespace/name` starts with `prefix`
+/// on `node`.
+pub async fn until_ready_on(admin: &kube::Client, prefix: &str, node: &str, what: &str) {
+    until(what, 60, || async {
+        ready_pods(admin)
+            .await
+            .iter()
+            .any(|(p, n)| p.starts_with(prefix) && n == node)
+    })
+    .await
+}
+
 pub async fn ready_pods(admin: &kube::Client) -> BTreeMap<String, String> {
     let pods: Api<Pod> = Api::all(admin.clone());
     pods.list(&Default::default())
@@ -560,13 +640,7 @@ pub async fn ready_pods(admin: &kube::Client) -> BTreeMap<String, String> {
         .unwrap()
         .items
         .into_iter()
-        .filter(|p| {
-            p.metadata.deletion_timestamp.is_none()
-                && p.status
-                    .as_ref()
-                    .and_then(|s| s.conditions.as_ref())
-                    .is_some_and(|c| c.iter().any(|c| c.type_ == "Ready" && c.status == "True"))
-        })
+        .filter(is_ready)
         .map(|p| {
             (
                 format!(
@@ -865,54 +939,33 @@ impl Rig {
 
     /// The nodes running an app pod (the ones a scale-in of an occupied node picks).
     pub async fn occupied(&self) -> Vec<(String, String)> {
-        let on: std::collections::BTreeSet<String> = ready_pods(&self.admin)
-            .await
-            .into_iter()
-            .filter(|(p, _)| p.starts_with("shop/app-"))
-            .map(|(_, n)| n)
-            .collect();
-        self.kubelet
-            .nodes()
-            .into_iter()
-            .filter(|(n, _)| on.contains(n))
-            .collect()
+        occupied(&self.admin, &self.kubelet).await
     }
 
-    /// CA's NodeGroupDeleteNodes, as CA sends it (node name, providerID, labels), under
-    /// CA's 5 s gRPC deadline.
+    /// Launches of `web` fail for capacity, then an occupied instance dies (the group's
+    /// desired capacity not decremented): its (node, instance).
+    pub async fn an_instance_dies_relaunches_failing(&self) -> (String, String) {
+        use ca_asg_provider::cloud::Cloud as _;
+        self.report
+            .step("launches fail for capacity; an instance of the group dies (no decrement)");
+        self.cloud
+            .fail_launches("web", Some("InsufficientInstanceCapacity"));
+        let (node, dead) = self.occupied().await.remove(0);
+        self.cloud
+            .terminate_instance(&dead, false)
+            .await
+            .expect("the instance dies");
+        (node, dead)
+    }
+
+    /// CA's NodeGroupDeleteNodes, as CA sends it ([`ca_deletes`]).
     pub async fn ca_deletes(&mut self, nodes: &[(String, String)]) {
-        let req = proto::NodeGroupDeleteNodesRequest {
-            id: "web".into(),
-            nodes: nodes
-                .iter()
-                .map(|(name, iid)| proto::ExternalGrpcNode {
-                    provider_id: format!("aws:///us-east-1a/{iid}"),
-                    name: name.clone(),
-                    labels: [("kubernetes.io/hostname".to_string(), name.clone())].into(),
-                    ..Default::default()
-                })
-                .collect(),
-        };
-        let mut r = tonic::Request::new(req);
-        r.set_timeout(Duration::from_secs(5));
-        self.ca
-            .node_group_delete_nodes(r)
-            .await
-            .unwrap_or_else(|e| panic!("NodeGroupDeleteNodes: {e}"));
+        ca_deletes(&mut self.ca, nodes).await
     }
 
-    /// NodeGroupTargetSize after a Refresh, as CA reads it at the start of each loop.
+    /// NodeGroupTargetSize after a Refresh ([`ca_target`]).
     pub async fn ca_target(&mut self) -> i32 {
-        self.ca
-            .refresh(proto::RefreshRequest {})
-            .await
-            .expect("Refresh");
-        self.ca
-            .node_group_target_size(proto::NodeGroupTargetSizeRequest { id: "web".into() })
-            .await
-            .unwrap()
-            .into_inner()
-            .target_size
+        ca_target(&mut self.ca).await
     }
 
     pub async fn wait_ended(&self, iids: &[String], secs: u64) {
