@@ -164,8 +164,33 @@ pub struct ControlPlane {
     ca_pem: Vec<u8>,
 }
 
-/// A free port on 127.0.0.1 (bound, then released for the process that takes it).
+/// A free port on 127.0.0.1 (bound, then released for the process that takes it),
+/// below the kernel's ephemeral range and the NodePorts: a port from that range, once
+/// released, can be taken as the source port of any outgoing connection (the suite's
+/// own clients make many) before etcd or the API server binds it (CI here: etcd's
+/// "bind: address already in use" at "start the control plane"). Ports are handed
+/// out in turn from a start of this process's own, each checked free when handed
+/// out; without such a range (an unusual `ip_local_port_range`) the kernel picks.
 pub fn free_port() -> u16 {
+    static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let low = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+        .ok()
+        .and_then(|r| r.split_whitespace().next()?.parse::<u32>().ok())
+        .unwrap_or(0);
+    // Below NodePorts (30000 and up), which kube-proxy may hold open too.
+    const FROM: u32 = 10_000;
+    let to = low.min(30_000);
+    if to > FROM + 1_000 {
+        let span = to - FROM;
+        let start = std::process::id().wrapping_mul(7_919) % span;
+        for _ in 0..span {
+            let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+            let port = FROM + (start + n) % span;
+            if TcpListener::bind(("127.0.0.1", port as u16)).is_ok() {
+                return port as u16;
+            }
+        }
+    }
     TcpListener::bind("127.0.0.1:0")
         .and_then(|l| l.local_addr())
         .map(|a| a.port())
