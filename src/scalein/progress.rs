@@ -16,6 +16,7 @@ use crate::clock::Instant;
 use crate::scalein::decide::plan::{self, Disposition, NodeCritical};
 use crate::scalein::decide::record::{self, DrainRecord, Limits};
 use crate::scalein::kube::budgets;
+use crate::scalein::kube::events::{Reason, REPORTER};
 
 /// Where a drain is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
@@ -350,7 +351,18 @@ struct Warning {
     count: i32,
     reason: String,
     note: String,
-    line: String,
+}
+
+impl Warning {
+    /// `warning: DeadlineHit (3 times): …`.
+    fn line(&self) -> String {
+        let times = if self.count > 1 {
+            format!(" ({} times)", self.count)
+        } else {
+            String::new()
+        };
+        format!("warning: {}{times}: {}", self.reason, self.note)
+    }
 }
 
 /// Events relayed at most per look: a flood says how many were left out.
@@ -381,11 +393,11 @@ impl Warnings {
             if self.seen.get(&said.uid).is_some_and(|&c| c >= said.count) {
                 continue;
             }
-            self.seen.insert(said.uid, said.count);
-            if said.reason == "DrainAbandoned" {
+            self.seen.insert(said.uid.clone(), said.count);
+            fresh.push(said.line());
+            if said.reason == Reason::DrainAbandoned.as_str() {
                 self.abandoned = Some(said.note);
             }
-            fresh.push(said.line);
         }
         let left = fresh.len().saturating_sub(WARNINGS_PER_LOOK);
         fresh.truncate(WARNINGS_PER_LOOK);
@@ -423,12 +435,6 @@ impl Warnings {
                 // Anyone who may write Events may write these: printable only, bounded.
                 let reason = printable(e.reason.as_deref().unwrap_or("Warning"), 128);
                 let note = printable(e.note.as_deref().unwrap_or_default(), 1024);
-                let times = if count > 1 {
-                    format!(" ({count} times)")
-                } else {
-                    String::new()
-                };
-                let line = format!("warning: {reason}{times}: {note}");
                 Some((
                     at,
                     Warning {
@@ -436,7 +442,6 @@ impl Warnings {
                         count,
                         reason,
                         note,
-                        line,
                     },
                 ))
             })
@@ -448,8 +453,8 @@ impl Warnings {
     /// A Warning of this service's about the node, not a blocked eviction.
     fn relays(&self, e: &EventV1) -> bool {
         e.type_.as_deref() == Some("Warning")
-            && e.reporting_controller.as_deref() == Some(crate::scalein::kube::events::REPORTER)
-            && e.reason.as_deref() != Some("EvictionBlocked")
+            && e.reporting_controller.as_deref() == Some(REPORTER)
+            && e.reason.as_deref() != Some(Reason::EvictionBlocked.as_str())
             && e.regarding.as_ref().is_some_and(|r| {
                 r.kind.as_deref() == Some("Node") && r.name.as_deref() == Some(self.node.as_str())
             })

@@ -675,10 +675,6 @@ impl drain::DrainPort for Arc<Engine> {
     async fn confirm_finished(&self, group: &str, instance_id: &str) -> Verdict {
         keeper::confirm_finished_on_node(self, group, instance_id).await
     }
-
-    fn action_done(&self, instance_id: &str) {
-        self.note_action_done(instance_id);
-    }
 }
 
 #[async_trait::async_trait]

@@ -55,8 +55,6 @@ pub trait DrainPort: Send + Sync {
     /// Whose the hold is, the Node's record saying our action was completed
     /// before: AWS asked first.
     async fn confirm_finished(&self, group: &str, instance_id: &str) -> Verdict;
-    /// Our hook's action on the instance is over.
-    fn action_done(&self, instance_id: &str);
 }
 
 /// What the stage list's runner reaches: what a stage reaches ([`Stage`]), what the
@@ -78,7 +76,7 @@ async fn let_go_of_a_finished_action(r: &Runner<'_>, req: &DrainRequest) {
     let verdict = r.port.confirm_finished(&req.group, &req.instance_id).await;
     if verdict == Verdict::NotOurs {
         tracing::info!("our lifecycle action for this instance was completed before (the Node's record says so, AWS agrees); nothing to drain or complete");
-        r.port.action_done(&req.instance_id);
+        r.ending.port.action_done(&req.instance_id);
     } else {
         tracing::warn!(verdict = ?verdict, "the Node's record says our lifecycle action for this instance was completed before, but AWS does not confirm it; left to the lifecycle scan");
     }
