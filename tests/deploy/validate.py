@@ -1081,33 +1081,156 @@ def uninstall_hook_errors(docs, values):
     return errs
 
 
-def overlay_remove_hooks_errors(docs):
-    """deploy/remove-hooks-job.jq (docs/helm.md, Uninstall) turns the overlay's Deployment
-    into a valid Job that runs remove-hooks with the serving container's image and
-    --config, under the same ServiceAccount and volumes, with a deadline."""
-    deps = [d for d in docs if d["kind"] == "Deployment"
-            and any(c["name"] == "ca-asg-provider" for c in pod_containers(d))]
-    if len(deps) != 1:
-        return [f"expected one Deployment with a ca-asg-provider container, found {len(deps)}"]
-    dep = deps[0]
-    out = subprocess.run(["jq", "-f", str(ROOT / "deploy/remove-hooks-job.jq")], input=json.dumps(dep),
-                         capture_output=True, text=True)
+REMOVE_HOOKS_JQ = ROOT / "deploy/remove-hooks-job.jq"
+PROVIDER = "ca-asg-provider"
+
+
+def remove_hooks_jq(doc):
+    """deploy/remove-hooks-job.jq run on one object, as docs/helm.md pipes it."""
+    return subprocess.run(["jq", "-f", str(REMOVE_HOOKS_JQ)], input=json.dumps(doc), capture_output=True, text=True)
+
+
+def config_arg(args):
+    """The value of --config in a command line, `--config PATH` or `--config=PATH` (the last given)."""
+    found = [args[i + 1] if a == "--config" else a[len("--config="):] for i, a in enumerate(args)
+             if (a == "--config" and i + 1 < len(args)) or a.startswith("--config=")]
+    return found[-1] if found else None
+
+
+def remove_hooks_job_errors(dep):
+    """deploy/remove-hooks-job.jq (docs/helm.md, Uninstall) turns a Deployment the provider
+    runs in (in `containers`, or in `initContainers` as a native sidecar) into a valid Job
+    that runs remove-hooks and nothing else, with the provider's image, --config, env,
+    securityContext and mounts, under the same ServiceAccount and volumes, with a deadline."""
+    serve = next((c for c in pod_containers(dep) if c["name"] == PROVIDER), None)
+    if serve is None:
+        return [f"the Deployment has no {PROVIDER} container"]
+    out = remove_hooks_jq(dep)
     if out.returncode != 0:
         return [f"jq -f deploy/remove-hooks-job.jq fails: {out.stderr.strip()[:300]}"]
+    if not out.stdout.strip():
+        return ["jq -f deploy/remove-hooks-job.jq printed nothing and exited 0: no Job, no hook removed"]
     job = json.loads(out.stdout)
     job["metadata"]["namespace"] = NAMESPACE
     errs = check_object(job)
     pod, dpod = job["spec"]["template"]["spec"], dep["spec"]["template"]["spec"]
-    serve = next(c for c in dpod["containers"] if c["name"] == "ca-asg-provider")
+    if [c.get("name") for c in pod.get("containers", [])] != ["remove-hooks"] or pod.get("initContainers"):
+        return errs + [f"the Job's pod runs {[c.get('name') for c in pod_containers(job)]}, want only remove-hooks "
+                       f"(not CA's container, no init containers)"]
     c = pod["containers"][0]
-    conf = lambda a: a[a.index("--config") + 1] if "--config" in a else None
-    if c["args"][:1] != ["remove-hooks"] or conf(c["args"]) != conf(serve["args"]) or c["image"] != serve["image"]:
-        errs.append(f"runs {c['args']} in {c['image']}: want remove-hooks --config {conf(serve['args'])} in {serve['image']}")
+    args, want = c.get("args") or [], config_arg(serve.get("args") or [])
+    if args[:1] != ["remove-hooks"] or config_arg(args) != want or c.get("image") != serve.get("image"):
+        errs.append(f"runs {args} in {c.get('image')}: want remove-hooks --config {want} in {serve.get('image')}")
     if pod.get("serviceAccountName") != dpod.get("serviceAccountName") or pod.get("volumes") != dpod.get("volumes") \
             or c.get("volumeMounts") != serve.get("volumeMounts"):
         errs.append("not the Deployment's ServiceAccount, volumes and mounts")
+    for key in ("env", "envFrom", "securityContext"):
+        if c.get(key) != serve.get(key):
+            errs.append(f"{key} is not the provider's: {c.get(key)} != {serve.get(key)}")
     if not job["spec"].get("activeDeadlineSeconds") or pod.get("restartPolicy") != "Never":
         errs.append("no deadline, or restarts")
+    return errs
+
+
+def overlay_remove_hooks_errors(docs):
+    """remove_hooks_job_errors on the overlay's Deployment (the provider in `containers`)."""
+    deps = [d for d in docs if d["kind"] == "Deployment"
+            and any(c["name"] == PROVIDER for c in pod_containers(d))]
+    if len(deps) != 1:
+        return [f"expected one Deployment with a {PROVIDER} container, found {len(deps)}"]
+    return remove_hooks_job_errors(deps[0])
+
+
+SIDECAR_EXAMPLE = CHART / "examples/cluster-autoscaler-values.yaml"
+
+
+def ca_chart_sidecar_deployment(ex):
+    """The Deployment CA's chart (9.59.0) renders from the example values for sidecar mode,
+    the parts the uninstall reads: CA's container in `containers` (extraVolumeMounts, the
+    values' containerSecurityContext), the values' initContainers (the provider, a native
+    sidecar) as they are, the pod's securityContext, extraVolumes as the pod's volumes, and
+    rbac.serviceAccount.name as its ServiceAccount."""
+    name = ex.get("fullnameOverride") or "cluster-autoscaler"
+    labels = {"app.kubernetes.io/name": ex.get("nameOverride") or "cluster-autoscaler",
+              "app.kubernetes.io/instance": "cluster-autoscaler"}
+    flags = [f"--{k.split('_')[0]}={str(v).lower() if isinstance(v, bool) else v}"
+             for k, v in (ex.get("extraArgs") or {}).items()]
+    ca = {"name": ex.get("nameOverride") or "cluster-autoscaler",
+          "image": "registry.k8s.io/autoscaling/cluster-autoscaler:v1.34.5",
+          "command": ["./cluster-autoscaler", f"--cloud-provider={ex['cloudProvider']}", "--namespace=kube-system",
+                      *flags, "--logtostderr=true", "--stderrthreshold=info", "--v=4"],
+          "ports": [{"containerPort": 8085}],
+          "livenessProbe": {"httpGet": {"path": "/health-check", "port": 8085}},
+          "resources": ex.get("resources") or {},
+          "securityContext": ex.get("containerSecurityContext") or {},
+          "volumeMounts": ex.get("extraVolumeMounts") or []}
+    return {"apiVersion": "apps/v1", "kind": "Deployment",
+            "metadata": {"name": name, "namespace": NAMESPACE, "labels": labels},
+            "spec": {"replicas": 1, "selector": {"matchLabels": labels},
+                     "template": {"metadata": {"labels": labels},
+                                  "spec": {"priorityClassName": "system-cluster-critical", "dnsPolicy": "ClusterFirst",
+                                           "initContainers": copy.deepcopy(ex.get("initContainers") or []),
+                                           "containers": [ca],
+                                           "serviceAccountName": ex["rbac"]["serviceAccount"]["name"],
+                                           "securityContext": ex.get("securityContext") or {},
+                                           "volumes": ex.get("extraVolumes") or []}}}}
+
+
+def sidecar_remove_hooks_errors():
+    """The chart's sidecar mode (issue 69, 5): on CA's Deployment as CA's chart renders it
+    from the example values, the jq program makes the Job from the provider in
+    initContainers: remove-hooks with its image, --config (also as --config=PATH) and
+    mounts, under CA's ServiceAccount, with the values' volumes."""
+    ex = yaml.safe_load(SIDECAR_EXAMPLE.read_text())
+    side = next((c for c in ex.get("initContainers") or [] if c.get("name") == PROVIDER), None)
+    if side is None:
+        return [f"no {PROVIDER} in initContainers"]
+    dep = ca_chart_sidecar_deployment(ex)
+    errs = [f"the Deployment built from the values: {e}" for e in check_object(dep)]
+    errs += remove_hooks_job_errors(dep)
+    if errs:
+        return errs
+    # Against the values themselves, not only the Deployment built from them.
+    job = json.loads(remove_hooks_jq(dep).stdout)
+    pod = job["spec"]["template"]["spec"]
+    c = pod["containers"][0]
+    want = ["remove-hooks", "--config", config_arg(side["args"]), "--timeout", "2m"]
+    if c["image"] != side["image"] or c["args"] != want:
+        errs.append(f"runs {c['args']} in {c['image']}: want {want} in {side['image']} (the values' initContainers)")
+    if c.get("volumeMounts") != side["volumeMounts"] or pod.get("volumes") != ex["extraVolumes"]:
+        errs.append("not the sidecar's volumeMounts and the values' extraVolumes")
+    if pod.get("serviceAccountName") != ex["rbac"]["serviceAccount"]["name"]:
+        errs.append(f"ServiceAccount {pod.get('serviceAccountName')}: want rbac.serviceAccount.name "
+                    f"{ex['rbac']['serviceAccount']['name']} (the provider's IAM role)")
+    # The --config=PATH form is read as --config PATH.
+    eq = copy.deepcopy(dep)
+    p = next(c for c in eq["spec"]["template"]["spec"]["initContainers"] if c["name"] == PROVIDER)
+    p["args"] = ["serve", f"--config={config_arg(side['args'])}"]
+    errs += [f"with --config=PATH: {e}" for e in remove_hooks_job_errors(eq)]
+    return errs
+
+
+def remove_hooks_refusal_errors():
+    """No provider in either list, or a provider without --config: jq exits non-zero with a
+    message naming what it looked for and where, and prints no Job."""
+    ex = yaml.safe_load(SIDECAR_EXAMPLE.read_text())
+    errs = []
+    no_provider = ca_chart_sidecar_deployment(ex)
+    no_provider["spec"]["template"]["spec"]["initContainers"] = [
+        c for c in no_provider["spec"]["template"]["spec"]["initContainers"] if c["name"] != PROVIDER]
+    no_config = ca_chart_sidecar_deployment(ex)
+    for c in no_config["spec"]["template"]["spec"]["initContainers"]:
+        if c["name"] == PROVIDER:
+            c["args"] = ["serve", "--log-format", "json"]
+    for what, dep, words in (
+            ("CA's Deployment without the provider", no_provider, [PROVIDER, "containers", "initContainers"]),
+            ("the provider without --config", no_config, [PROVIDER, "--config"])):
+        out = remove_hooks_jq(dep)
+        if out.returncode == 0 or out.stdout.strip():
+            errs.append(f"{what}: jq exited {out.returncode} and printed {out.stdout.strip()[:100]!r}: "
+                        f"want non-zero, no Job, and a message")
+        elif not all(w in out.stderr for w in words):
+            errs.append(f"{what}: jq's message {out.stderr.strip()[:300]!r} does not name {words}")
     return errs
 
 
@@ -1908,6 +2031,21 @@ def main():
         if not errs:
             print(f"ok   deploy/overlays/{overlay}: deploy/remove-hooks-job.jq makes a valid Job running remove-hooks "
                   f"as the provider runs (image, config, ServiceAccount, mounts)")
+    errs = sidecar_remove_hooks_errors()
+    for e in errs:
+        print(f"FAIL {SIDECAR_EXAMPLE.relative_to(ROOT)}: deploy/remove-hooks-job.jq: {e}")
+    failed += len(errs)
+    if not errs:
+        print(f"ok   {SIDECAR_EXAMPLE.relative_to(ROOT)}: deploy/remove-hooks-job.jq on CA's Deployment (the provider a native "
+              f"sidecar in initContainers) makes a valid Job running only remove-hooks as the provider runs (image, "
+              f"config, also --config=PATH, ServiceAccount, volumes, mounts)")
+    errs = remove_hooks_refusal_errors()
+    for e in errs:
+        print(f"FAIL deploy/remove-hooks-job.jq: {e}")
+    failed += len(errs)
+    if not errs:
+        print("ok   deploy/remove-hooks-job.jq: no ca-asg-provider in containers or initContainers, or one without "
+              "--config: exits non-zero, prints no Job, and says what it looked for")
     failed += check_chart(rendered["base"], rendered["standalone"])
     if failed:
         print(f"{failed} failure(s)")
