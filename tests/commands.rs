@@ -896,7 +896,7 @@ async fn status_lists_the_drains_in_progress_read_only() {
     let now = started + chrono::Duration::seconds(95);
     let rec = DrainRecord {
         reasons: vec![DrainReason::new(Why::ScaleIn, started)],
-        in_warm_pool_since: None,
+        ..Default::default()
     };
     let mut n1 = fixtures::node("n1", "aws:///us-east-1a/i-0abc", &[]);
     n1.metadata.annotations = Some(
@@ -958,6 +958,7 @@ async fn status_lists_the_drains_in_progress_read_only() {
             "deadline_policy": "abandon",
             "instance_ends_at": null,
             "unreadable": null,
+            "ended": null,
         }])
     );
     let used = sim.requests().used_by(user);
@@ -1115,7 +1116,7 @@ async fn undrain_gives_back_an_interrupted_drain_and_only_the_services_marks() {
     // marks go, the cordon and CA's taint stay, and the answer says so.
     let mut rec = DrainRecord {
         reasons: vec![DrainReason::new(Why::ScaleIn, now)],
-        in_warm_pool_since: None,
+        ..Default::default()
     };
     rec.mark_done();
     let mut n2 = fixtures::node("n2", "aws:///us-east-1a/i-0def", &[]);
@@ -1183,7 +1184,7 @@ async fn undrain_gives_back_an_interrupted_drain_and_only_the_services_marks() {
             },
             now,
         )],
-        in_warm_pool_since: None,
+        ..Default::default()
     };
     let mut n3 = fixtures::node("n3", "aws:///us-east-1a/i-0fed", &[]);
     n3.metadata.annotations = Some([(record::ANNOTATION.to_string(), held.to_json())].into());
@@ -1944,6 +1945,202 @@ async fn a_followed_drain_relays_the_leaders_warnings_and_fails_when_it_gives_up
     let said = lines.lock().unwrap().join("\n");
     assert!(!said.contains("an earlier drain failed"), "{said}");
     assert!(!said.contains("done: node drained"), "{said}");
+    lp.abort();
+    w.engine.shutdown();
+}
+
+/// Puts `record` on the Node as the service writes it (the annotation alone).
+async fn put_record(
+    w: &support::world::World,
+    node: &str,
+    record: &ca_asg_provider::scalein::decide::record::DrainRecord,
+) {
+    use ca_asg_provider::scalein::decide::record::ANNOTATION;
+    let nodes: kube::Api<Node> = kube::Api::all(w.sim.client());
+    let patch = serde_json::json!({"metadata": {"annotations": {ANNOTATION: record.to_json()}}});
+    nodes
+        .patch(
+            node,
+            &kube::api::PatchParams::default(),
+            &kube::api::Patch::Merge(&patch),
+        )
+        .await
+        .unwrap();
+}
+
+/// `drain --terminate` for a group without our hook, following the leader.
+fn terminate_command_in_background(
+    w: &support::world::World,
+    node: &str,
+) -> (tokio::task::JoinHandle<anyhow::Result<()>>, Said) {
+    let mut cfg = drain_config();
+    cfg.provider.selector = ca_asg_provider::world::named(&["web"]);
+    let args = DrainArgs {
+        terminate: true,
+        ..drain_args(node)
+    };
+    let lines = Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+    let sink = lines.clone();
+    let cloud: Arc<dyn ca_asg_provider::cloud::Cloud> = Arc::new(w.cloud.clone());
+    let client = w.sim.client();
+    let task = tokio::spawn(async move {
+        ca_asg_provider::commands::drain::drain_in(
+            client,
+            Some(cloud),
+            &cfg,
+            &args,
+            Arc::new(move |l: &str| sink.lock().unwrap().push(l.to_string())),
+        )
+        .await
+    });
+    (task, lines)
+}
+
+/// Issue 69, defect 1: the leader gives a direct-mode drain up on a node that also
+/// carries a rebalance cordon. It keeps the cordon's reason, so the record reads
+/// "cordoned", not "finished": the follower waited for ever (after printing the
+/// `DrainAbandoned` warning). The record now says how the drain it followed ended.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_followed_terminate_given_up_beside_a_rebalance_cordon_ends_the_command() {
+    use ca_asg_provider::scalein::decide::record::{DrainReason, DrainRecord, Why};
+    use ca_asg_provider::scalein::{DeadlinePolicy, ScaleInSettings};
+    use support::world::*;
+    let w = World::builder()
+        .web(3, 1)
+        .ready_delay(Duration::from_millis(30))
+        .settings(ScaleInSettings {
+            workload_deadline: Duration::from_secs(2),
+            workload_deadline_policy: DeadlinePolicy::Abandon,
+            ..fast_settings()
+        })
+        .build()
+        .await;
+    let (node, iid) = nodes_of(&w, "web").remove(0);
+    fluentd_and_an_app_on_each(&w, &[(node.clone(), iid.clone())], 0.2, 0.2);
+    w.sim.create(&fixtures::pdb("shop", "app", 0)).unwrap();
+    pods_ready(&w, 2).await;
+    let cordon = DrainRecord {
+        reasons: vec![DrainReason::new(
+            Why::Rebalance,
+            ca_asg_provider::clock::utc_now(),
+        )],
+        ..DrainRecord::default()
+    };
+    put_record(&w, &node, &cordon).await;
+    let lp = leading_replica(&w).await;
+
+    let (drain, lines) = terminate_command_in_background(&w, &node);
+    let err = tokio::time::timeout(Duration::from_secs(30), drain)
+        .await
+        .expect("the command ends (before: it waited for ever)")
+        .unwrap()
+        .expect_err("a drain given up is not done")
+        .to_string();
+    assert!(
+        err.contains("the service's leader gave the drain up: drain abandoned"),
+        "{err}"
+    );
+    let said = lines.lock().unwrap().join("\n");
+    assert!(!said.contains("done:"), "{said}");
+    assert!(in_service(&w.cloud, &iid), "the instance stays");
+    lp.abort();
+    w.engine.shutdown();
+}
+
+/// Issue 69, defect 2: `drain --terminate` on a group with our hook, the Node still
+/// carrying an earlier drain's finished record (here as an older version wrote it,
+/// unnumbered). The command said "done" within 2 s, before any pod left, reading the
+/// old record as this drain's end. It now follows the drain the hand-over joins, and
+/// ends only when the leader's drain of it ended.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_followed_terminate_through_the_hook_is_not_done_by_an_earlier_finished_record() {
+    use ca_asg_provider::scalein::decide::record::{DrainReason, DrainRecord, Why};
+    use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+    use support::world::*;
+    let w = World::builder()
+        .web_hooked(3, 2, 60)
+        .ready_delay(Duration::from_millis(30))
+        .build()
+        .await;
+    let (node, iid) = nodes_of(&w, "web").remove(0);
+    fluentd_and_an_app_on_each(&w, &[(node.clone(), iid.clone())], 0.2, 0.2);
+    w.sim.create(&fixtures::pdb("shop", "app", 0)).unwrap();
+    pods_ready(&w, 2).await;
+    let mut earlier = DrainReason::new(Why::DrainCommand, ca_asg_provider::clock::utc_now());
+    earlier.done = true;
+    let finished = DrainRecord {
+        reasons: vec![earlier],
+        ..DrainRecord::default()
+    };
+    assert!(!finished.to_json().contains("\"drain\""), "unnumbered");
+    put_record(&w, &node, &finished).await;
+    let lp = leading_replica(&w).await;
+
+    let (drain, lines) = terminate_command_in_background(&w, &node);
+    budget_holds(&w.sim, "the leader's drain is held by the budget").await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let said = lines.lock().unwrap().join("\n");
+    assert!(
+        !drain.is_finished(),
+        "the command must follow the drain the budget holds: {said}"
+    );
+    assert!(!said.contains("done:"), "{said}");
+    assert!(w.sim.remove::<PodDisruptionBudget>("shop", "app-pdb"));
+    command_ends(drain, "the command ends once the leader's drain ended").await;
+    assert_said(
+        &lines,
+        &[
+            "the service's leader replica-a runs the drain",
+            "done: node drained; the lifecycle hook's action was completed",
+        ],
+        "through the hook",
+    );
+    lp.abort();
+    w.engine.shutdown();
+}
+
+/// Issue 69, defect 3: a drain the leader gave up, its `DrainAbandoned` Event never
+/// written (Events refused here; in a storm they lag behind the drains): the command
+/// said "done" and exited 0, since only the Event told. The record now says how the
+/// drain ended, in the update that ended it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_followed_drain_given_up_fails_the_command_without_the_leaders_event() {
+    use ca_asg_provider::scalein::{DeadlinePolicy, ScaleInSettings};
+    use support::world::*;
+    let w = World::builder()
+        .web(3, 1)
+        .ready_delay(Duration::from_millis(30))
+        .settings(ScaleInSettings {
+            workload_deadline: Duration::from_secs(2),
+            workload_deadline_policy: DeadlinePolicy::Abandon,
+            ..fast_settings()
+        })
+        .build()
+        .await;
+    let (node, _) = nodes_of(&w, "web").remove(0);
+    fluentd_and_an_app_on_each(&w, &[(node.clone(), String::new())], 0.2, 0.2);
+    w.sim.create(&fixtures::pdb("shop", "app", 0)).unwrap();
+    pods_ready(&w, 2).await;
+    w.sim.deny(&[("create", "events")]);
+    let lp = leading_replica(&w).await;
+
+    let (drain, lines) = drain_command_in_background(w.sim.client(), &node);
+    let err = tokio::time::timeout(Duration::from_secs(30), drain)
+        .await
+        .expect("the command ends")
+        .unwrap()
+        .expect_err("a drain given up is not done")
+        .to_string();
+    assert!(
+        err.contains("the service's leader gave the drain up: drain abandoned"),
+        "{err}"
+    );
+    let said = lines.lock().unwrap().join("\n");
+    assert!(
+        !said.contains("warning: DrainAbandoned"),
+        "no Event: {said}"
+    );
+    assert!(!said.contains("done:"), "{said}");
     lp.abort();
     w.engine.shutdown();
 }

@@ -1135,7 +1135,7 @@ async fn record_a_finished_action(w: &World, node: &str) {
     finished.done = true;
     let rec = record::DrainRecord {
         reasons: vec![finished],
-        in_warm_pool_since: None,
+        ..Default::default()
     };
     let nodes: Api<Node> = Api::all(w.sim.client());
     let patch = serde_json::json!({"metadata": {"annotations": {

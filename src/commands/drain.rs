@@ -16,9 +16,9 @@ use clap::Args;
 use crate::config::ConfigArgs;
 use crate::provider::{provider_id, Provider};
 use crate::scalein::decide::plan;
-use crate::scalein::decide::record::Limits;
+use crate::scalein::decide::record::{DrainRecord, How, Limits};
 use crate::scalein::engine::leader::{self, Claim, LeaseSettings};
-use crate::scalein::progress::{self, Narrator, Phase, Warnings};
+use crate::scalein::progress::{self, Followed, Narrator, Phase, Warnings};
 use crate::scalein::stages::{cordon, terminate};
 use crate::scalein::{self, DaemonSetPolicy, DrainRequest, Engine, Mode, Outcome, Source};
 use k8s_openapi::api::coordination::v1::Lease;
@@ -257,6 +257,37 @@ impl Target {
         }
     }
 
+    /// The last line of a drain the leader ran, from how its record says it ended:
+    /// an error for one that did not finish.
+    fn ended(&self, how: &How) -> anyhow::Result<String> {
+        let said = |why: &str| progress::printable(why, crate::scalein::decide::record::MAX_WHY);
+        match (how, &self.mode) {
+            (How::Drained, Mode::DrainOnly) => Ok(self.done(false)),
+            (How::Drained, _) => Ok(format!(
+                "done: node {} drained; the service's leader left the instance to run or to AWS (no reason on the node ended it)",
+                self.node
+            )),
+            (How::Ending, Mode::DrainOnly) => Ok(format!(
+                "done: node {} drained, and another reason on it had the service hand its instance to its end",
+                self.node
+            )),
+            (How::Ending, _) => Ok(self.done(true)),
+            (How::InstanceLeft, _) => anyhow::bail!(
+                "the drain did not finish: AWS stopped or ended instance {} first",
+                self.id
+            ),
+            (How::Abandoned { why }, _) => anyhow::bail!(
+                "the service's leader gave the drain up: drain abandoned: {}",
+                said(why)
+            ),
+            (How::Failed { why }, _) => anyhow::bail!(
+                "the service's leader could not finish the drain: {}; the drain stays recorded on node {} and a restarted service resumes it",
+                said(why),
+                self.node
+            ),
+        }
+    }
+
     /// The last line of a drain that ended well.
     fn done(&self, ended: bool) -> String {
         match (&self.mode, ended) {
@@ -412,9 +443,21 @@ async fn hand_to_leader(
     watch: Watch,
     say: &Say,
 ) -> anyhow::Result<String> {
-    match &target.mode {
+    // Which drain to follow: the one this hand-over joins, by its number.
+    let drain = match &target.mode {
         Mode::Lifecycle { .. } => {
-            terminate::hand_to_hook(engine.cloud.as_ref(), &target.id).await?
+            // The leader records the drain when its scan finds our hook's hold: the
+            // drain it then runs is the one running now, or the next.
+            let nodes: Api<Node> = Api::all(client.clone());
+            let node = nodes
+                .get_opt(&target.node)
+                .await?
+                .ok_or_else(|| anyhow::anyhow!("node {:?} not found", target.node))?;
+            let annotations = node.metadata.annotations.unwrap_or_default();
+            let drain =
+                DrainRecord::drain_joined(DrainRecord::from_annotations(&annotations).as_ref());
+            terminate::hand_to_hook(engine.cloud.as_ref(), &target.id).await?;
+            drain
         }
         mode => {
             let reasons = vec![scalein::ca_reason(mode)];
@@ -427,65 +470,147 @@ async fn hand_to_leader(
             )
             .await?
             {
-                cordon::Cordoned::Marked { .. } => {}
+                cordon::Cordoned::Marked { record, .. } => {
+                    (record.drain != 0).then_some(record.drain)
+                }
                 cordon::Cordoned::NodeGone => anyhow::bail!("node {:?} not found", target.node),
             }
         }
-    }
+    };
     say(&format!(
         "the service's leader {holder} runs the drain (recorded for it on {}); following it here: Ctrl-C stops following, not the drain",
         target.node
     ));
-    follow(engine, target, lease, watch, say).await
+    match drain {
+        Some(drain) => follow(engine, target, drain, lease, watch, say).await,
+        None => follow_unnumbered(engine, target, lease, watch, say).await,
+    }
 }
 
-/// Reads the drain the leader runs back every [`PROGRESS_POLL`], saying where it
-/// stands, until it ends: the record finished, the Node gone, or (terminated
-/// directly) the instance ending in AWS. A record that leaves the Node before that
-/// was given up (its deadline, or `undrain`). When no replica renews the Lease any
-/// more, that is said once (the drain waits, recorded, for a replica to lead), and
-/// again when one does.
+/// Says once when no replica renews the Lease any more (the drain waits, recorded,
+/// for a replica to lead), and again when one does.
+struct Leading {
+    observed: leader::Observed,
+    unled: bool,
+}
+
+impl Leading {
+    fn new() -> Self {
+        Leading {
+            observed: leader::Observed::default(),
+            unled: false,
+        }
+    }
+
+    async fn look(
+        &mut self,
+        (lease_api, lease): &(Api<Lease>, LeaseSettings),
+        node: &str,
+        say: &Say,
+    ) {
+        let Ok(current) = lease_api.get_opt(&lease.name).await else {
+            return;
+        };
+        let spec = current.as_ref().and_then(|l| l.spec.as_ref());
+        let unchanged_for = self.observed.note(spec);
+        let nobody = matches!(
+            leader::decide(spec, &lease.identity, unchanged_for),
+            leader::Decision::Acquire | leader::Decision::Create
+        );
+        if nobody != self.unled {
+            self.unled = nobody;
+            say(&if nobody {
+                format!(
+                    "no replica of the service renews the Lease {}/{} now: the drain waits, recorded on {node}, for one to lead",
+                    lease.namespace, lease.name
+                )
+            } else {
+                let holder = spec
+                    .and_then(|s| s.holder_identity.as_deref())
+                    .unwrap_or_default();
+                format!("{holder} leads again: the drain goes on")
+            });
+        }
+    }
+}
+
+/// Reads drain number `drain`, which the leader runs, back every [`PROGRESS_POLL`],
+/// saying where it stands, until it ends: the Node's record says how
+/// ([`progress::followed`]), the Node is gone, or (terminated directly, the record's
+/// last word not written) AWS shows the instance ending. Events are relayed for
+/// people; nothing is decided from them.
 async fn follow(
     engine: &Arc<Engine>,
     target: &Target,
-    (lease_api, lease): &(Api<Lease>, LeaseSettings),
+    drain: u64,
+    lease: &(Api<Lease>, LeaseSettings),
+    mut watch: Watch,
+    say: &Say,
+) -> anyhow::Result<String> {
+    let mut tick = tokio::time::interval(PROGRESS_POLL);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut leading = Leading::new();
+    let mut seen = false;
+    loop {
+        tick.tick().await;
+        leading.look(lease, &target.node, say).await;
+        let record = match watch.look(say).await {
+            Some(Seen::Gone) => return Ok(target.done(true)),
+            Some(Seen::Row(_, record)) => record,
+            None => continue,
+        };
+        match progress::followed(record.as_ref(), drain, seen) {
+            Followed::NotYet => {}
+            Followed::Runs => seen = true,
+            Followed::Ended(how) => {
+                // The leader's last Events come after the record: relayed once more.
+                watch.relay_warnings(say).await;
+                return target.ended(&how);
+            }
+            Followed::GivenBack => anyhow::bail!(
+                "the drain was given up: its record left node {} (its deadline passed with policy abandon, or `undrain`){}; `kubectl describe node {}` shows the Events",
+                target.node,
+                watch.abandoned().map(|why| format!(": {why}")).unwrap_or_default(),
+                target.node
+            ),
+            Followed::Stopped => anyhow::bail!(
+                "the drain on node {} no longer runs and its record does not say how it ended (a service of an older version, or its reasons closed by hand); `kubectl describe node {}` shows the Events",
+                target.node, target.node
+            ),
+            Followed::Passed(now) => anyhow::bail!(
+                "the drain this command handed over (number {drain} on node {}) ended unseen and drain number {now} followed it; `kubectl describe node {}` shows the Events",
+                target.node, target.node
+            ),
+        }
+        if seen && target.mode == Mode::Direct && instance_ends(engine, &target.id).await {
+            return Ok(target.done(true));
+        }
+    }
+}
+
+/// [`follow`] for a drain an older version recorded (unnumbered): its end is read
+/// from the record's shape and the leader's `DrainAbandoned` Event, as that version
+/// wrote them.
+async fn follow_unnumbered(
+    engine: &Arc<Engine>,
+    target: &Target,
+    lease: &(Api<Lease>, LeaseSettings),
     mut watch: Watch,
     say: &Say,
 ) -> anyhow::Result<String> {
     let mut tick = tokio::time::interval(PROGRESS_POLL);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let mut recorded = false;
-    let mut observed = leader::Observed::default();
-    let mut unled = false;
+    let mut leading = Leading::new();
     loop {
         tick.tick().await;
-        if let Ok(current) = lease_api.get_opt(&lease.name).await {
-            let spec = current.as_ref().and_then(|l| l.spec.as_ref());
-            let unchanged_for = observed.note(spec);
-            let nobody = matches!(
-                leader::decide(spec, &lease.identity, unchanged_for),
-                leader::Decision::Acquire | leader::Decision::Create
-            );
-            if nobody != unled {
-                unled = nobody;
-                say(&if nobody {
-                    format!(
-                        "no replica of the service renews the Lease {}/{} now: the drain waits, recorded on {}, for one to lead",
-                        lease.namespace, lease.name, target.node
-                    )
-                } else {
-                    let holder = spec
-                        .and_then(|s| s.holder_identity.as_deref())
-                        .unwrap_or_default();
-                    format!("{holder} leads again: the drain goes on")
-                });
-            }
-        }
+        leading.look(lease, &target.node, say).await;
         let phase = match watch.look(say).await {
             Some(Seen::Gone) => return Ok(target.done(true)),
-            Some(Seen::Row(phase)) => phase,
+            Some(Seen::Row(phase, _)) => phase,
             None => continue,
         };
+
         match phase {
             Some(Phase::Finished) => {
                 // The leader says it gave the drain up in an Event, written after the
@@ -541,8 +666,8 @@ async fn narrate(mut watch: Watch, say: Say) {
 enum Seen {
     /// The Node object is gone.
     Gone,
-    /// The drain's phase as its record says, `None` without a record.
-    Row(Option<Phase>),
+    /// The drain's phase as its record says, and the record; `None` without one.
+    Row(Option<Phase>, Option<DrainRecord>),
 }
 
 /// The node's drain, read back and narrated.
@@ -586,6 +711,11 @@ impl Watch {
             .await
             .ok()?;
         let now = crate::clock::utc_now();
+        let record = n
+            .metadata
+            .annotations
+            .as_ref()
+            .and_then(|a| DrainRecord::read(a, now));
         let mut row = progress::row(&n, &pods, &[], self.limits, now);
         // The budgets of the namespaces whose pods keep it, only while any do.
         if let Some(r) = row.as_ref().filter(|r| !r.blocked_by.is_empty()) {
@@ -623,7 +753,7 @@ impl Watch {
             say(&line);
         }
         self.relay_warnings(say).await;
-        Some(Seen::Row(row.map(|r| r.phase)))
+        Some(Seen::Row(row.map(|r| r.phase), record))
     }
 
     /// Why the drain was given up, when the service said so in a warning relayed.

@@ -62,9 +62,10 @@ pub fn table(rows: &[Row]) -> String {
     let lines: Vec<[String; 8]> = rows
         .iter()
         .map(|r| {
-            let phase = match r.unreadable {
-                Some(a) => format!("{} ({a})", r.phase.as_str()),
-                None => r.phase.as_str().to_string(),
+            let phase = match (r.unreadable, &r.ended) {
+                (Some(a), _) => format!("{} ({a})", r.phase.as_str()),
+                (None, Some(how)) => format!("{} ({how})", r.phase.as_str()),
+                (None, None) => r.phase.as_str().to_string(),
             };
             [
                 r.node.clone(),
@@ -318,7 +319,7 @@ mod tests {
     fn a_drain_mid_workloads_names_the_pods_and_the_budgets_that_block_it() {
         let rec = DrainRecord {
             reasons: vec![DrainReason::new(Why::ScaleIn, at("2026-11-27T07:05:30Z"))],
-            in_warm_pool_since: None,
+            ..DrainRecord::default()
         };
         let nodes = [recorded("n1", "web", &rec), node("n2", &[])];
         let pods = [
@@ -425,7 +426,7 @@ mod tests {
                 Why::Lifecycle { hook: "h".into() },
                 at("2026-11-27T06:00:00Z"),
             )],
-            in_warm_pool_since: None,
+            ..DrainRecord::default()
         };
         rec.mark_done();
         let nodes = [recorded("n1", "web", &rec)];
@@ -444,7 +445,7 @@ mod tests {
         // A rebalance cordon alone drains nothing.
         let cordon = DrainRecord {
             reasons: vec![DrainReason::new(Why::Rebalance, at("2026-11-27T07:00:00Z"))],
-            in_warm_pool_since: None,
+            ..DrainRecord::default()
         };
         let rows = super::rows(
             &[recorded("n2", "web", &cordon)],

@@ -14,7 +14,7 @@ use serde::Serialize;
 
 use crate::clock::Instant;
 use crate::scalein::decide::plan::{self, Disposition, NodeCritical};
-use crate::scalein::decide::record::{self, DrainRecord, Limits};
+use crate::scalein::decide::record::{self, DrainRecord, How, Limits};
 use crate::scalein::kube::budgets;
 use crate::scalein::kube::events::{Reason, REPORTER};
 
@@ -46,6 +46,49 @@ impl Phase {
             Phase::Cordoned => "cordoned",
             Phase::Unreadable => "unreadable record",
         }
+    }
+}
+
+/// What a follower of one drain (`drain NODE` beside the service's leader) reads
+/// from the Node's record: decided from the record alone, never from an Event.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Followed {
+    /// Not recorded yet: the leader has not taken it up (our hook's hold waits for
+    /// its scan).
+    NotYet,
+    /// It runs.
+    Runs,
+    /// It ended, as the service that ran it wrote.
+    Ended(How),
+    /// The record left the Node (or began again from one) after the drain was
+    /// seen: given back, at its deadline with policy `abandon` or by `undrain`.
+    GivenBack,
+    /// The record shows the drain no longer running and says nothing of how it
+    /// ended (an older version finished it, or its reasons were closed by hand).
+    Stopped,
+    /// A later drain (this number) runs or ran, and this one's end was not seen.
+    Passed(u64),
+}
+
+/// Where drain number `drain` stands by `record` (none on the Node), `seen`: the
+/// follower saw it recorded before.
+pub fn followed(record: Option<&DrainRecord>, drain: u64, seen: bool) -> Followed {
+    let Some(r) = record else {
+        return if seen {
+            Followed::GivenBack
+        } else {
+            Followed::NotYet
+        };
+    };
+    if let Some(e) = r.end_of(drain) {
+        return Followed::Ended(e.how.clone());
+    }
+    match r.drain.cmp(&drain) {
+        std::cmp::Ordering::Greater => Followed::Passed(r.drain),
+        std::cmp::Ordering::Less if seen => Followed::GivenBack,
+        std::cmp::Ordering::Less => Followed::NotYet,
+        std::cmp::Ordering::Equal if r.drain_began().is_some() => Followed::Runs,
+        std::cmp::Ordering::Equal => Followed::Stopped,
     }
 }
 
@@ -83,6 +126,8 @@ pub struct Row {
     pub instance_ends_at: Option<DateTime<Utc>>,
     /// The annotation that does not read, for an unreadable record.
     pub unreadable: Option<&'static str>,
+    /// How the record's drain ended, as the service wrote it (`abandoned: ...`).
+    pub ended: Option<String>,
 }
 
 /// The drains on `nodes`, at `now`, with the pods on those nodes and the cluster's
@@ -131,6 +176,7 @@ pub fn row(
                 deadline_policy: None,
                 instance_ends_at: None,
                 unreadable: Some(record::ANNOTATION),
+                ended: None,
             });
         }
     }
@@ -203,6 +249,9 @@ pub fn row(
         deadline_policy: p.workload_deadline.map(|_| p.on_deadline.as_str()),
         instance_ends_at: p.budget_ends,
         unreadable: None,
+        ended: rec
+            .end_of(rec.drain)
+            .map(|e| printable(&e.how.summary(), record::MAX_WHY)),
     })
 }
 
@@ -337,11 +386,29 @@ pub struct Warnings {
 }
 
 /// `s` without control characters (a terminal's escapes), at most `max` characters.
-fn printable(s: &str, max: usize) -> String {
+/// `s` as a terminal may show it, at most `max` characters: control characters (a
+/// terminal's escapes) and Unicode's invisible format characters (bidirectional
+/// overrides and isolates, zero-width marks, which can make a line read as another)
+/// become spaces.
+pub fn printable(s: &str, max: usize) -> String {
     s.chars()
-        .map(|c| if c.is_control() { ' ' } else { c })
+        .map(|c| {
+            if c.is_control() || is_format(c) {
+                ' '
+            } else {
+                c
+            }
+        })
         .take(max)
         .collect()
+}
+
+/// Unicode's format characters (general category Cf) that change how a line reads.
+fn is_format(c: char) -> bool {
+    matches!(c,
+        '\u{00AD}' | '\u{061C}' | '\u{180E}' | '\u{200B}'..='\u{200F}' | '\u{202A}'..='\u{202E}'
+        | '\u{2060}'..='\u{2064}' | '\u{2066}'..='\u{206F}' | '\u{FEFF}' | '\u{FFF9}'..='\u{FFFB}'
+        | '\u{E0001}' | '\u{E0020}'..='\u{E007F}')
 }
 
 /// One of the service's warnings on the node, as relayed.

@@ -214,11 +214,106 @@ fn same_action_possible(arrived: DateTime<Utc>, at: DateTime<Utc>) -> bool {
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct DrainRecord {
     pub reasons: Vec<DrainReason>,
+    /// Which drain of the node the reasons drive: one more each time a reason that
+    /// drains joins a record on which nothing drained ([`Self::join`]); 1 for the
+    /// first. 0: a record an older version wrote, which numbered no drain. A follower
+    /// (`drain NODE` beside the service's leader) follows one number and reads its
+    /// end from [`Self::ended`], never from an Event.
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub drain: u64,
+    /// How the drain numbered [`Ended::drain`] ended, written in the same update
+    /// that ended it. Unreadable (a newer version's word) reads as none.
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "lenient_ended"
+    )]
+    pub ended: Option<Ended>,
     /// When the instance was first seen resting in its group's warm pool after our
     /// hook's action was completed ([`crate::scalein::sources::warm_pool`]): the node is handed back
     /// when the instance leaves the pool for the group again.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub in_warm_pool_since: Option<DateTime<Utc>>,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
+}
+
+/// How one drain ended, as the service that ran it wrote it on the Node.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Ended {
+    /// The drain it is the end of ([`DrainRecord::drain`]).
+    pub drain: u64,
+    #[serde(flatten)]
+    pub how: How,
+    pub at: DateTime<Utc>,
+}
+
+/// The ways a drain ends.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "how", rename_all = "kebab-case")]
+pub enum How {
+    /// Its pods are gone; the instance is left running (the drain command) or to
+    /// AWS (a notice).
+    Drained,
+    /// Its pods are gone and the instance was handed to its end: our hook's action
+    /// completed, or the instance terminated (CA's direct scale-in).
+    Ending,
+    /// AWS stopped or ended the instance before the drain finished.
+    InstanceLeft,
+    /// Given up at its deadline (policy `abandon`).
+    Abandoned { why: String },
+    /// It could not go on (the instance could not be ended, the node not read); the
+    /// record stays and a restarted service resumes it.
+    Failed { why: String },
+}
+
+/// The most of a notice's kind read back from a Node that is kept.
+pub const MAX_NOTICE: usize = 64;
+
+/// The most of a `why` read back from a Node that is kept (anyone who may patch
+/// Nodes may write it).
+pub const MAX_WHY: usize = 1024;
+
+impl How {
+    /// The drain's pods are gone (whatever became of the instance).
+    pub fn drained(&self) -> bool {
+        matches!(self, How::Drained | How::Ending)
+    }
+
+    /// In a few words, for `status` (`abandoned: ...`).
+    pub fn summary(&self) -> String {
+        match self {
+            How::Drained => "drained".into(),
+            How::Ending => "drained, instance handed to its end".into(),
+            How::InstanceLeft => "the instance stopped or ended first".into(),
+            How::Abandoned { why } => format!("abandoned: {why}"),
+            How::Failed { why } => format!("failed: {why}"),
+        }
+    }
+
+    fn bounded(self) -> Self {
+        let cut = |why: String| why.chars().take(MAX_WHY).collect::<String>();
+        match self {
+            How::Abandoned { why } => How::Abandoned { why: cut(why) },
+            How::Failed { why } => How::Failed { why: cut(why) },
+            other => other,
+        }
+    }
+}
+
+/// Reads [`DrainRecord::ended`]: a value this version cannot read (a newer version's
+/// end) is none, so the rest of the record still reads.
+fn lenient_ended<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Ended>, D::Error> {
+    let value = Option::<serde_json::Value>::deserialize(d)?;
+    Ok(value.and_then(|v| match serde_json::from_value::<Ended>(v) {
+        Ok(e) => Some(e),
+        Err(e) => {
+            tracing::warn!(annotation = ANNOTATION, error = %e, "unreadable drain end in a Node's record (a newer version?); read as none");
+            None
+        }
+    }))
 }
 
 /// What [`DrainRecord::join`] did to the drain.
@@ -343,21 +438,30 @@ impl DrainRecord {
         };
         Some(Self {
             reasons: vec![DrainReason::new(why, at)],
-            in_warm_pool_since: None,
+            ..Self::default()
         })
     }
 
     /// The record with what was read back bounded (see [`Self::read`]).
     fn bounded(mut self, now: DateTime<Utc>) -> Self {
         self.in_warm_pool_since = self.in_warm_pool_since.map(|t| t.min(now));
+        self.ended = self.ended.map(|e| Ended {
+            how: e.how.bounded(),
+            at: e.at.min(now),
+            ..e
+        });
         for r in &mut self.reasons {
             r.at = r.at.min(now);
             if let Why::Notice {
+                notice,
                 daemonset_share_secs,
                 ..
             } = &mut r.why
             {
                 *daemonset_share_secs = (*daemonset_share_secs).min(MAX_DAEMONSET_SHARE.as_secs());
+                if notice.chars().count() > MAX_NOTICE {
+                    *notice = notice.chars().take(MAX_NOTICE).collect();
+                }
             }
         }
         self
@@ -427,7 +531,13 @@ impl DrainRecord {
             }
             None => self.reasons.push(new),
         }
-        if self.plan(limits) == before {
+        let now = self.plan(limits);
+        // A drain begins where none ran: the next number, past any end recorded.
+        if now.drains && !before.drains {
+            let last = self.ended.as_ref().map_or(0, |e| e.drain);
+            self.drain = self.drain.max(last) + 1;
+        }
+        if now == before {
             Joined::Same
         } else {
             Joined::Changed
@@ -443,18 +553,61 @@ impl DrainRecord {
         }
     }
 
+    /// The drain ended `how`, at `at`: every reason's drain is done
+    /// ([`Self::mark_done`]) and the end is written for the drain's followers.
+    pub fn end(&mut self, how: How, at: DateTime<Utc>) {
+        self.mark_done();
+        self.note_end(how, at);
+    }
+
+    /// Writes how the running drain ended without marking its reasons done: CA's
+    /// direct scale-in terminated the instance (its reason stays until AWS shows the
+    /// instance gone), or a drain failed (a restart resumes it).
+    pub fn note_end(&mut self, how: How, at: DateTime<Utc>) {
+        self.ended = Some(Ended {
+            drain: self.drain,
+            how,
+            at,
+        });
+    }
+
+    /// The number of the drain a reason that drains, joining `record` now, drives:
+    /// the running drain's, else the next one's ([`Self::join`] numbers it). `None`:
+    /// the running drain is unnumbered (an older version wrote it), so only the
+    /// older signs can tell its end.
+    pub fn drain_joined(record: Option<&DrainRecord>) -> Option<u64> {
+        let Some(r) = record else {
+            return Some(1);
+        };
+        if r.drain_began().is_some() {
+            return (r.drain != 0).then_some(r.drain);
+        }
+        let last = r.ended.as_ref().map_or(0, |e| e.drain);
+        Some(r.drain.max(last) + 1)
+    }
+
+    /// How drain number `drain` ended, when the record says.
+    pub fn end_of(&self, drain: u64) -> Option<&Ended> {
+        self.ended.as_ref().filter(|e| e.drain == drain)
+    }
+
     /// The instance stopped or ended: the reasons that only drain it and leave it
     /// to AWS (a notice, the drain command) have nothing left to protect and are
     /// done. CA's scale-in and our hook stay: how the instance ends is still theirs
     /// (AWS's state says whether anything is left to do). True when anything
     /// changed.
-    pub fn instance_left(&mut self) -> bool {
+    /// A drain that stops for it ended [`How::InstanceLeft`], at `at`.
+    pub fn instance_left(&mut self, at: DateTime<Utc>) -> bool {
+        let drained = self.drain_began().is_some();
         let mut changed = false;
         for r in &mut self.reasons {
             if !r.done && matches!(r.why, Why::Notice { .. } | Why::DrainCommand) {
                 r.done = true;
                 changed = true;
             }
+        }
+        if changed && drained && self.drain_began().is_none() {
+            self.note_end(How::InstanceLeft, at);
         }
         changed
     }

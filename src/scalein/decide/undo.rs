@@ -45,6 +45,12 @@ pub enum Running {
     Held { hook: String },
     /// Our hook's lifecycle action was completed at `at`: AWS is ending the instance.
     Ending { at: DateTime<Utc> },
+    /// An interruption notice says AWS ends (or acts on) the instance at `ends_at`,
+    /// still ahead: a node given back now would take pods that end with it.
+    Reclaimed {
+        notice: String,
+        ends_at: DateTime<Utc>,
+    },
     /// The instance rests in its group's warm pool since `since`: the service gives
     /// the node back itself when the instance returns.
     WarmPool { since: DateTime<Utc> },
@@ -104,6 +110,26 @@ pub fn decide(annotations: &BTreeMap<String, String>, window: Window, now: DateT
             return Undo::Refuse(Running::Drain { reasons, until });
         }
     }
+    // A notice's end is a fact about the instance, not a drain: its drain finished
+    // (or given up), the instance still ends then.
+    let reclaimed = rec
+        .reasons
+        .iter()
+        .filter_map(|r| match &r.why {
+            Why::Notice {
+                notice,
+                ends_at: Some(e),
+                ..
+            } if now < *e => Some((e, notice)),
+            _ => None,
+        })
+        .min_by_key(|(e, _)| **e);
+    if let Some((ends_at, notice)) = reclaimed {
+        return Undo::Refuse(Running::Reclaimed {
+            notice: notice.clone(),
+            ends_at: *ends_at,
+        });
+    }
     Undo::GiveBack
 }
 
@@ -123,6 +149,10 @@ impl Running {
             Running::Ending { at } => format!(
                 "node {node} is not given back: its instance was handed to AWS to end (the lifecycle hook's drain from {}); wait for the Node to go, or {force}",
                 at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+            ),
+            Running::Reclaimed { notice, ends_at } => format!(
+                "node {node} is not given back: an interruption notice ({notice}) says AWS ends or acts on its instance at {}; pods scheduled there now would end with it; wait for the Node to go, or {force}",
+                ends_at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
             ),
             Running::WarmPool { since } => format!(
                 "node {node} is not given back: its instance rests in its group's warm pool (since {}) and the service gives the node back itself when the instance returns; {force}",

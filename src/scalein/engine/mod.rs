@@ -362,12 +362,12 @@ impl Engine {
         };
         let closes = self
             .cached_record(&node)
-            .is_some_and(|mut r| r.instance_left());
+            .is_some_and(|mut r| r.instance_left(crate::clock::utc_now()));
         if !(stopped || closes) {
             return Ok(false);
         }
         crate::scalein::kube::node_record::update_record(&self.nodes, &self.client, &node, |r| {
-            r.instance_left()
+            r.instance_left(crate::clock::utc_now())
         })
         .await?;
         Ok(true)

@@ -22,6 +22,7 @@ fn row(phase: Phase, blocked: &[(&str, &[&str])]) -> Row {
         deadline_policy: None,
         instance_ends_at: None,
         unreadable: None,
+        ended: None,
     }
 }
 
@@ -218,6 +219,19 @@ fn text() -> impl proptest::strategy::Strategy<Value = String> {
         any::<String>(),
         proptest::collection::vec(proptest::char::range('\0', '\u{a0}'), 0..300)
             .prop_map(String::from_iter),
+        // Right-to-left overrides, isolates and zero-width marks among letters.
+        proptest::collection::vec(
+            prop_oneof![
+                proptest::char::range('a', 'z'),
+                proptest::char::range('\u{200B}', '\u{200F}'),
+                proptest::char::range('\u{202A}', '\u{202E}'),
+                proptest::char::range('\u{2066}', '\u{2069}'),
+                Just('\u{FEFF}'),
+                Just('\u{061C}'),
+            ],
+            0..300
+        )
+        .prop_map(String::from_iter),
     ]
 }
 
@@ -255,7 +269,80 @@ proptest::proptest! {
         proptest::prop_assert!(said.len() <= WARNINGS_PER_LOOK + 1);
         for line in &said {
             proptest::prop_assert!(!line.chars().any(char::is_control), "{line:?}");
+            // Issue 69: nor a format character that makes a line read as another.
+            proptest::prop_assert!(!line.chars().any(is_format), "{line:?}");
             proptest::prop_assert!(line.chars().count() <= 128 + 1024 + 40, "{}", line.len());
         }
+    }
+}
+
+/// Issue 69: what a follower decides, from the record alone, for every shape the
+/// record can have: not recorded yet, running, ended (each way), given back (gone, or
+/// numbered from the start again), passed by a later drain, stopped without an end.
+#[test]
+fn a_follower_decides_from_the_record_alone() {
+    use crate::scalein::decide::record::{DrainReason, Why};
+    let t: DateTime<Utc> = "2026-11-27T07:00:00Z".parse().unwrap();
+    let l = Limits {
+        workload_deadline: Duration::from_secs(600),
+        workload_policy: crate::scalein::DeadlinePolicy::Abandon,
+    };
+    let running = |n: u64| {
+        let mut r = DrainRecord::default();
+        r.join(DrainReason::new(Why::DrainCommand, t), l);
+        r.drain = n;
+        r
+    };
+    let ended = |n: u64, how: How| {
+        let mut r = running(n);
+        r.end(how, t);
+        r
+    };
+    let abandoned = How::Abandoned { why: "w".into() };
+    let cases: Vec<(Option<DrainRecord>, u64, bool, Followed)> = vec![
+        (None, 1, false, Followed::NotYet),
+        (None, 1, true, Followed::GivenBack),
+        (Some(running(1)), 1, false, Followed::Runs),
+        (Some(running(1)), 1, true, Followed::Runs),
+        (Some(running(1)), 2, false, Followed::NotYet),
+        (Some(running(1)), 2, true, Followed::GivenBack),
+        (Some(running(3)), 2, true, Followed::Passed(3)),
+        (
+            Some(ended(2, How::Drained)),
+            2,
+            true,
+            Followed::Ended(How::Drained),
+        ),
+        (
+            Some(ended(2, How::Ending)),
+            2,
+            false,
+            Followed::Ended(How::Ending),
+        ),
+        (
+            Some(ended(2, abandoned.clone())),
+            2,
+            true,
+            Followed::Ended(abandoned.clone()),
+        ),
+        (Some(ended(1, How::Drained)), 2, false, Followed::NotYet),
+        (Some(ended(3, How::Drained)), 2, true, Followed::Passed(3)),
+        (
+            Some({
+                let mut r = running(2);
+                r.mark_done();
+                r
+            }),
+            2,
+            true,
+            Followed::Stopped,
+        ),
+    ];
+    for (record, drain, seen, want) in cases {
+        assert_eq!(
+            followed(record.as_ref(), drain, seen),
+            want,
+            "{record:?} following {drain}, seen {seen}"
+        );
     }
 }

@@ -18,7 +18,7 @@ use tracing::Instrument;
 
 use crate::cloud::LifecycleAction;
 use crate::scalein::decide::plan::{self, Disposition, Tier};
-use crate::scalein::decide::record::{DrainRecord, End, Plan};
+use crate::scalein::decide::record::{DrainRecord, End, How, Plan};
 use crate::scalein::decide::story::Verdict;
 use crate::scalein::kube::events::Reason;
 use crate::scalein::kube::wait::NodePods;
@@ -149,31 +149,29 @@ async fn run_inner(r: &Runner<'_>, req: &DrainRequest, run: u64) -> Outcome {
             {
                 Ok(_) if mode == Mode::DrainOnly => {
                     if let Some(n) = &node {
-                        record_done(r, n).await;
+                        record_end(r, n, How::Drained, Done::Mark).await;
                     }
                     Outcome::Drained
                 }
                 Ok(_) => {
-                    if matches!(mode, Mode::Lifecycle { .. }) {
-                        r.port.release(&req.instance_id);
-                        // On the Node, for a restart or a new leader: AWS keeps
-                        // showing Terminating:Wait while another hook holds on.
-                        if let Some(n) = &node {
-                            record_done(r, n).await;
+                    if let Some(n) = &node {
+                        if matches!(mode, Mode::Lifecycle { .. }) {
+                            r.port.release(&req.instance_id);
+                            // On the Node, for a restart or a new leader: AWS keeps
+                            // showing Terminating:Wait while another hook holds on.
+                            record_end(r, n, How::Ending, Done::Mark).await;
+                        } else {
+                            // CA's scale-in stays until AWS shows the instance gone
+                            // (the accounting follows it); its followers read the end.
+                            record_end(r, n, How::Ending, Done::Keep).await;
                         }
                     }
                     Outcome::Ended
                 }
                 Err(e) => {
+                    let why = format!("could not end instance {}: {e}", req.instance_id);
                     if let Some(n) = &node {
-                        r.stage
-                            .events
-                            .node(
-                                n,
-                                Reason::DrainFailed,
-                                format!("could not end instance {}: {e}", req.instance_id),
-                            )
-                            .await;
+                        failed(r, &mode, n, &why).await;
                     }
                     Outcome::Failed(e)
                 }
@@ -185,10 +183,7 @@ async fn run_inner(r: &Runner<'_>, req: &DrainRequest, run: u64) -> Outcome {
         }
         Err(Stop::Fail(why)) => {
             if let Some(n) = &node {
-                r.stage
-                    .events
-                    .node(n, Reason::DrainFailed, why.clone())
-                    .await;
+                failed(r, &mode, n, &why).await;
             }
             Outcome::Failed(why)
         }
@@ -246,22 +241,52 @@ async fn ending(r: &Runner<'_>, req: &DrainRequest, ends: &End) -> Mode {
     }
 }
 
-/// The reasons' drain finished: recorded, so a restart does not drain the node again
-/// (it stays cordoned until a new reason comes or someone uncordons it).
-async fn record_done(r: &Runner<'_>, node: &str) {
-    let done = crate::scalein::kube::node_record::update_record(
+/// Whether a drain's end marks its reasons done.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Done {
+    /// Done: a restart does not drain the node again (it stays cordoned until a new
+    /// reason comes or someone uncordons it).
+    Mark,
+    /// The reasons stay as they are; only the end is written (for the followers).
+    Keep,
+}
+
+/// The drain ended `how`: written on the Node in one update, with its reasons done
+/// or kept ([`Done`]).
+async fn record_end(r: &Runner<'_>, node: &str, how: How, done: Done) {
+    let at = crate::clock::utc_now();
+    let written = crate::scalein::kube::node_record::update_record(
         r.stage.nodes,
         r.stage.client,
         node,
         |r| {
             let before = r.clone();
-            r.mark_done();
+            match done {
+                Done::Mark => r.end(how.clone(), at),
+                Done::Keep => r.note_end(how.clone(), at),
+            }
             *r != before
         },
     )
     .await;
-    if let Err(e) = done {
-        tracing::warn!(node, error = %e, "could not record that the drain finished; a restart drains the node again");
+    if let Err(e) = written {
+        tracing::warn!(node, error = %e, "could not record how the drain ended; a restart may drain the node again");
+    }
+}
+
+/// The drain could not go on: an Event for people and, unless our hook holds the
+/// instance (the engine tries that drain again), the end on the Node for its
+/// followers. The reasons stay: a restarted service resumes the drain.
+async fn failed(r: &Runner<'_>, mode: &Mode, node: &str, why: &str) {
+    r.stage
+        .events
+        .node(node, Reason::DrainFailed, why.to_string())
+        .await;
+    if !matches!(mode, Mode::Lifecycle { .. }) {
+        let how = How::Failed {
+            why: why.to_string(),
+        };
+        record_end(r, node, how, Done::Keep).await;
     }
 }
 
@@ -351,13 +376,14 @@ async fn abandon(r: &Runner<'_>, req: &DrainRequest, mode: &Mode, node: Option<&
             if let Some(n) = node {
                 // CA's scale-in goes back to CA; other reasons on the Node (a
                 // rebalance cordon) keep it cordoned.
+                let at = crate::clock::utc_now();
                 let rest = crate::scalein::kube::node_record::update_record(
                     r.stage.nodes,
                     r.stage.client,
                     n,
                     |r| {
                         r.without_scale_in();
-                        r.mark_done();
+                        r.end(abandoned(why), at);
                         true
                     },
                 )
@@ -391,7 +417,7 @@ async fn abandon(r: &Runner<'_>, req: &DrainRequest, mode: &Mode, node: Option<&
         Mode::Lifecycle { .. } => "heartbeats go on; the hook's timeout ends the instance",
         Mode::DrainOnly => {
             if let Some(n) = node {
-                record_done(r, n).await;
+                record_end(r, n, abandoned(why), Done::Mark).await;
             }
             "the node stays cordoned"
         }
@@ -405,6 +431,12 @@ async fn abandon(r: &Runner<'_>, req: &DrainRequest, mode: &Mode, node: Option<&
                 format!("drain abandoned: {why}; {what}{}", given.note()),
             )
             .await;
+    }
+}
+
+fn abandoned(why: &str) -> How {
+    How::Abandoned {
+        why: why.to_string(),
     }
 }
 

@@ -736,15 +736,18 @@ fn a_stopped_instance_closes_only_the_reasons_that_leave_it_to_aws() {
     let l = limits(DeadlinePolicy::Proceed);
     for why in kinds() {
         let mut r = record(&[(why.clone(), 0)], l);
-        let changed = r.instance_left();
+        let changed = r.instance_left(at(60));
         let leaves = matches!(why, Why::Notice { .. } | Why::DrainCommand);
         assert_eq!(changed, leaves, "{why:?}");
         let still = !matches!(why, Why::Rebalance) && !leaves;
         assert_eq!(r.plan(l).drains, still, "{why:?}");
-        assert!(!r.instance_left(), "{why:?}: a second stop changes nothing");
+        assert!(
+            !r.instance_left(at(60)),
+            "{why:?}: a second stop changes nothing"
+        );
     }
     let mut r = record(&[(spot(2 * MIN), 0), (Why::ScaleIn, 30)], l);
-    assert!(r.instance_left());
+    assert!(r.instance_left(at(60)));
     assert!(r.plan(l).drains);
     assert_eq!(r.plan(l).ends, End::Terminate);
     assert_eq!(
@@ -752,4 +755,109 @@ fn a_stopped_instance_closes_only_the_reasons_that_leave_it_to_aws() {
         Some(at(30)),
         "CA's scale-in from its own arrival"
     );
+}
+
+/// Issue 69: each drain of a node has a number, and its end is written with it. A
+/// reason that drains, joining a record on which nothing drains, begins the next
+/// drain; reasons joining a running drain keep its number; an end is the running
+/// drain's; a record an older version wrote (unnumbered, no end) reads as drain 0.
+#[test]
+fn each_drain_has_a_number_and_its_end_is_written_with_it() {
+    let l = limits(DeadlinePolicy::Abandon);
+    let mut r = DrainRecord::default();
+    assert_eq!(DrainRecord::drain_joined(None), Some(1));
+    r.join(DrainReason::new(Why::Rebalance, at(0)), l);
+    assert_eq!(r.drain, 0, "a cordon is no drain");
+    assert_eq!(DrainRecord::drain_joined(Some(&r)), Some(1));
+    r.join(DrainReason::new(Why::DrainCommand, at(10)), l);
+    assert_eq!(r.drain, 1);
+    assert_eq!(
+        DrainRecord::drain_joined(Some(&r)),
+        Some(1),
+        "joins the running one"
+    );
+    r.join(DrainReason::new(spot(30 * MIN), at(20)), l);
+    assert_eq!(
+        r.drain, 1,
+        "a reason joining a running drain keeps its number"
+    );
+    r.end(How::Drained, at(60));
+    assert_eq!(r.end_of(1).map(|e| &e.how), Some(&How::Drained));
+    assert_eq!(r.end_of(2), None);
+    assert!(!r.plan(l).drains);
+    assert_eq!(DrainRecord::drain_joined(Some(&r)), Some(2));
+    // The same notice again is no news and begins nothing.
+    r.join(DrainReason::new(spot(30 * MIN), at(70)), l);
+    assert_eq!(r.drain, 1);
+    r.join(DrainReason::new(Why::ScaleIn, at(80)), l);
+    assert_eq!(r.drain, 2, "the next drain");
+    assert_eq!(
+        r.end_of(1).map(|e| &e.how),
+        Some(&How::Drained),
+        "kept until it ends"
+    );
+    r.without_scale_in();
+    r.end(
+        How::Abandoned {
+            why: "deadline".into(),
+        },
+        at(90),
+    );
+    assert_eq!(r.end_of(1), None);
+    assert!(matches!(
+        r.end_of(2).map(|e| &e.how),
+        Some(How::Abandoned { .. })
+    ));
+    // Read back as written.
+    let json = r.to_json();
+    let back =
+        DrainRecord::read(&BTreeMap::from([(ANNOTATION.to_string(), json)]), at(100)).unwrap();
+    assert_eq!(back, r);
+    // An end noted without closing the reasons (CA's direct scale-in terminated).
+    let mut d = record(&[(Why::ScaleIn, 0)], l);
+    d.note_end(How::Ending, at(30));
+    assert!(d.plan(l).drains && d.has_scale_in());
+    assert_eq!(d.end_of(1).map(|e| &e.how), Some(&How::Ending));
+    // A stopped instance ends a drain that leaves it to AWS.
+    let mut n = record(&[(spot(2 * MIN), 0)], l);
+    assert!(n.instance_left(at(30)));
+    assert_eq!(n.end_of(1).map(|e| &e.how), Some(&How::InstanceLeft));
+    // An older version's record: unnumbered, its running drain followed the old way.
+    let old = r#"{"reasons":[{"kind":"drain-command","at":"2026-11-23T10:00:00Z"}]}"#;
+    let old = DrainRecord::read(
+        &BTreeMap::from([(ANNOTATION.to_string(), old.to_string())]),
+        at(100),
+    )
+    .unwrap();
+    assert_eq!((old.drain, old.ended.clone()), (0, None));
+    assert_eq!(DrainRecord::drain_joined(Some(&old)), None);
+}
+
+/// An end read back from a Node is parsed once and bounded: one this version cannot
+/// read (a newer version's) is none and the reasons still read; a long `why` or
+/// notice kind is cut; an end dated in the future is now.
+#[test]
+fn an_end_read_back_is_bounded_and_an_unknown_one_is_none() {
+    let read =
+        |json: String| DrainRecord::read(&BTreeMap::from([(ANNOTATION.to_string(), json)]), at(0));
+    let unknown = r#"{"reasons":[{"kind":"drain-command","at":"2026-11-23T10:00:00Z"}],"drain":3,"ended":{"drain":3,"how":"vanished","at":"2026-11-23T10:00:00Z"}}"#;
+    let r = read(unknown.to_string()).expect("the reasons still read");
+    assert_eq!((r.drain, r.ended), (3, None));
+    let long = "x".repeat(5 * MAX_WHY);
+    let json = serde_json::json!({
+        "reasons": [{"kind": "notice", "notice": "y".repeat(1000), "at": "2026-11-23T10:00:00Z"}],
+        "drain": 2,
+        "ended": {"drain": 2, "how": "failed", "why": long, "at": "2099-01-01T00:00:00Z"},
+    });
+    let r = read(json.to_string()).unwrap();
+    let e = r.ended.unwrap();
+    assert_eq!(e.at, at(0));
+    match e.how {
+        How::Failed { why } => assert_eq!(why.chars().count(), MAX_WHY),
+        other => panic!("{other:?}"),
+    }
+    match &r.reasons[0].why {
+        Why::Notice { notice, .. } => assert_eq!(notice.chars().count(), MAX_NOTICE),
+        other => panic!("{other:?}"),
+    }
 }

@@ -30,7 +30,7 @@ fn one(why: Why, done: bool) -> DrainRecord {
     r.done = done;
     DrainRecord {
         reasons: vec![r],
-        in_warm_pool_since: None,
+        ..DrainRecord::default()
     }
 }
 
@@ -235,6 +235,10 @@ fn every_refusal_says_what_to_wait_for_and_how_to_force() {
         Running::Held { hook: "h".into() },
         Running::Ending { at: minutes(0) },
         Running::WarmPool { since: minutes(0) },
+        Running::Reclaimed {
+            notice: "spot_interruption".into(),
+            ends_at: minutes(2),
+        },
         Running::Unreadable,
     ] {
         let s = r.sentence("n1");
@@ -251,4 +255,57 @@ fn every_refusal_says_what_to_wait_for_and_how_to_force() {
     }
     .sentence("n1")
     .contains("by 2026-11-27T07:10:00Z"));
+}
+
+/// Issue 69, defect 4: once a spot warning's drain finished, its reason reads done,
+/// and `undrain` gave the node back although AWS reclaims the instance within the
+/// two-minute warning: the scheduler then put pods on it. A notice whose end is
+/// ahead is refused whether its drain runs, finished or was given up; once the end
+/// passed (a scheduled reboot, the instance still in service) it is given back.
+#[test]
+fn a_node_whose_instance_a_notice_ends_is_refused_until_that_end() {
+    let spot = Why::Notice {
+        notice: "spot_interruption".into(),
+        ends_at: Some(minutes(2)),
+        daemonset_share_secs: 30,
+    };
+    let rebalance = Why::Notice {
+        notice: "rebalance_recommendation".into(),
+        ends_at: None,
+        daemonset_share_secs: 0,
+    };
+    for policy in [DeadlinePolicy::Proceed, DeadlinePolicy::Abandon] {
+        let done = annotations(&one(spot.clone(), true));
+        assert_eq!(
+            decide(&done, window(policy), minutes(1)),
+            Undo::Refuse(Running::Reclaimed {
+                notice: "spot_interruption".into(),
+                ends_at: minutes(2),
+            }),
+            "{policy:?}: a finished spot drain, the reclaim ahead"
+        );
+        assert_eq!(
+            decide(&done, window(policy), minutes(2)),
+            Undo::GiveBack,
+            "{policy:?}: the notice's end passed"
+        );
+        // A notice without an end (a rebalance drain that finished) ends nothing.
+        assert_eq!(
+            decide(
+                &annotations(&one(rebalance.clone(), true)),
+                window(policy),
+                minutes(1)
+            ),
+            Undo::GiveBack
+        );
+        // Beside a finished drain of another kind, the earliest end is named.
+        let mut rec = one(Why::DrainCommand, true);
+        let mut notice = DrainReason::new(spot.clone(), at(START));
+        notice.done = true;
+        rec.reasons.push(notice);
+        assert!(matches!(
+            decide(&annotations(&rec), window(policy), minutes(1)),
+            Undo::Refuse(Running::Reclaimed { .. })
+        ));
+    }
 }

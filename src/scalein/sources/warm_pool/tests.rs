@@ -50,6 +50,7 @@ fn record(reasons: Vec<DrainReason>, in_pool: Option<DateTime<Utc>>) -> DrainRec
     DrainRecord {
         reasons,
         in_warm_pool_since: in_pool,
+        ..DrainRecord::default()
     }
 }
 
