@@ -617,3 +617,101 @@ fn a_node_back_from_the_pool_takes_a_waiting_pod_within_seconds_of_the_scale_up(
     println!("scale-up to the pod running on the node back from the pool: {took:?} (virtual)");
     assert!(took < Duration::from_secs(5), "{took:?}");
 }
+
+/// Issue 69 (suspected, proven): the warm pool's hand-back is decided from a snapshot
+/// of the Node's record and then written. A reason recorded between the two (here a
+/// rebalance recommendation's cordon; CA's scale-in or a notice alike) was erased with
+/// the marks and the node uncordoned: the give-back patched unconditionally (shown
+/// below with `uncordon`). It now gives back only while the record is the one it
+/// decided from.
+#[tokio::test]
+async fn a_hand_back_decided_before_a_new_reason_keeps_the_node() {
+    use record::{DrainReason, DrainRecord, Why};
+    let w = World::builder()
+        .group(pooled_group_of(2, "Stopped"))
+        .settings(settings())
+        .build()
+        .await;
+    let stage = w.engine.stage();
+    let nodes: Vec<String> = nodes_of(&w, "web").into_iter().map(|(n, _)| n).collect();
+    assert_eq!(nodes.len(), 2);
+    async fn mark(
+        stage: &scalein::stages::Stage<'_>,
+        name: &str,
+        rec: &DrainRecord,
+    ) -> cordon::Cordoned {
+        cordon::cordon(stage, name, &rec.reasons, "web")
+            .await
+            .unwrap()
+    }
+    let now = ca_asg_provider::clock::utc_now() - chrono::Duration::minutes(5);
+    let mut done = DrainReason::new(Why::Lifecycle { hook: HOOK.into() }, now);
+    done.done = true;
+    for (i, old_call) in [false, true].into_iter().enumerate() {
+        let name = &nodes[i];
+        // The record the hand-back is decided from: our action done, resting.
+        let decided_on = match mark(
+            &stage,
+            name,
+            &DrainRecord {
+                reasons: vec![done.clone()],
+                ..Default::default()
+            },
+        )
+        .await
+        {
+            cordon::Cordoned::Marked { record, .. } => record,
+            cordon::Cordoned::NodeGone => panic!("the Node is there"),
+        };
+        // Meanwhile a rebalance recommendation cordons it: its reason is recorded.
+        mark(
+            &stage,
+            name,
+            &DrainRecord {
+                reasons: vec![DrainReason::new(
+                    Why::Rebalance,
+                    ca_asg_provider::clock::utc_now(),
+                )],
+                ..Default::default()
+            },
+        )
+        .await;
+        let n = node(&w, name);
+        let ann = n["metadata"]["annotations"][record::ANNOTATION]
+            .as_str()
+            .unwrap()
+            .to_string();
+        assert!(ann.contains("rebalance"), "{ann}");
+        if old_call {
+            // What the hand-back did before: the reason and the cordon are gone.
+            cordon::uncordon(&stage, name).await.unwrap();
+            assert!(
+                clean(&node(&w, name)),
+                "the unconditional give-back erased the cordon's reason"
+            );
+        } else {
+            let given = cordon::uncordon_if(&stage, name, &decided_on)
+                .await
+                .unwrap();
+            assert_eq!(given, None, "a reason recorded since keeps the node");
+            let n = node(&w, name);
+            assert_eq!(n["spec"]["unschedulable"].as_bool(), Some(true));
+            assert_eq!(
+                n["metadata"]["annotations"][record::ANNOTATION].as_str(),
+                Some(ann.as_str()),
+                "the record as it was"
+            );
+            // Decided from the record as it is now, it goes back.
+            let now_rec = DrainRecord::from_annotations(
+                &serde_json::from_value(n["metadata"]["annotations"].clone()).unwrap(),
+            )
+            .unwrap();
+            assert!(cordon::uncordon_if(&stage, name, &now_rec)
+                .await
+                .unwrap()
+                .is_some());
+            assert!(clean(&node(&w, name)));
+        }
+    }
+    w.engine.shutdown();
+}

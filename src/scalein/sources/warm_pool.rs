@@ -252,7 +252,7 @@ pub async fn follow(engine: &Arc<Engine>, provider: &Arc<Provider>) -> usize {
             Step::Nothing => {}
             Step::InPool => note_in_pool(engine, &node, &iid, state, now).await,
             Step::HandBack => {
-                if hand_back(engine, &node, &iid, state).await {
+                if hand_back(engine, &node, &iid, state, &record).await {
                     handed_back += 1;
                 }
             }
@@ -300,10 +300,22 @@ async fn note_in_pool(
     }
 }
 
-async fn hand_back(engine: &Engine, node: &str, iid: &str, state: Option<&LifecycleState>) -> bool {
+/// Gives the node back, only while its record is the one the hand-back was decided
+/// from: a reason recorded meanwhile (the instance leaving again) keeps it.
+async fn hand_back(
+    engine: &Engine,
+    node: &str,
+    iid: &str,
+    state: Option<&LifecycleState>,
+    decided_on: &DrainRecord,
+) -> bool {
     let state = state.map(LifecycleState::as_str).unwrap_or("?");
-    match crate::scalein::stages::cordon::uncordon(&engine.stage(), node).await {
-        Ok(given) => {
+    match crate::scalein::stages::cordon::uncordon_if(&engine.stage(), node, decided_on).await {
+        Ok(None) => {
+            tracing::info!(node, instance = iid, state, "warm pool: the Node's drain record changed since the hand-back was decided; not handed back (the next poll decides again)");
+            false
+        }
+        Ok(Some(given)) => {
             Metrics::outcome(&metrics().warm_pool_returns, "handed_back");
             tracing::info!(node, instance = iid, state, "instance left the warm pool for its group: node handed back (uncordoned, marks removed)");
             engine

@@ -295,6 +295,27 @@ pub async fn uncordon(stage: &Stage<'_>, node: &str) -> Result<GivenBack, kube::
     Ok(given)
 }
 
+/// [`uncordon`], only while the Node's record is still `decided_on`, the record the
+/// give-back was decided from: a reason recorded since (CA's scale-in, a notice, a
+/// lifecycle hold) keeps the node and its marks. `Ok(None)`: not given back (the
+/// record changed, or there is no Node).
+pub async fn uncordon_if(
+    stage: &Stage<'_>,
+    node: &str,
+    decided_on: &DrainRecord,
+) -> Result<Option<GivenBack>, kube::Error> {
+    let given = read_modify_write(stage.nodes, stage.client, node, |current| {
+        let annotations = current.metadata.annotations.clone().unwrap_or_default();
+        if DrainRecord::from_annotations(&annotations).as_ref() != Some(decided_on) {
+            return Write::Keep(None);
+        }
+        let (patch, kept) = give_back_patch(current, GiveBackOf::Drain);
+        Write::Patch(patch, Some(kept))
+    })
+    .await?;
+    Ok(given.flatten())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
