@@ -463,6 +463,38 @@ async fn a_created_hook_is_put_once() {
     );
 }
 
+/// Issue 69 (suspected, proven): the group's record that this service created its
+/// hook was written before PutLifecycleHook and left when that call failed, so a
+/// hook of the same name put later by hand was taken for ours and removed at
+/// uninstall. A hook that was not created leaves no record; the next poll records and
+/// puts it.
+#[tokio::test]
+async fn a_hook_that_could_not_be_put_leaves_no_record() {
+    use ca_asg_provider::scalein::decide::hooks::hook_recorded;
+    let settings = ScaleInSettings {
+        create_hook: true,
+        ..fast_settings()
+    };
+    let w = World::builder().web(3, 1).settings(settings).build().await;
+    let recorded = async || {
+        use ca_asg_provider::cloud::Cloud;
+        let web = ca_asg_provider::cloud::GroupSelector {
+            names: vec!["web".into()],
+            tag_sets: Vec::new(),
+        };
+        let groups = w.cloud.describe_groups(&web).await.unwrap();
+        hook_recorded(&groups[0].tags, "ca-asg-provider-drain")
+    };
+    w.cloud.refuse("put_terminating_hook", "AccessDenied", 1);
+    scalein::sources::hook_scan::scan(&w.engine, &w.provider).await;
+    assert_eq!(w.cloud.calls().get("put_terminating_hook"), Some(&1));
+    assert!(!recorded().await, "no hook, no record of one");
+    w.provider.refresh_now().await.unwrap();
+    scalein::sources::hook_scan::scan(&w.engine, &w.provider).await;
+    assert_eq!(w.cloud.calls().get("put_terminating_hook"), Some(&2));
+    assert!(recorded().await, "put the second time, and recorded");
+}
+
 /// Issue 39, 6: the replica that leads the drains may not be the one CA calls, so no
 /// Refresh reaches it. A hook it creates is known at once (not put again on every
 /// poll: 16 times in 75 s before), and its picture of AWS is read again on its own

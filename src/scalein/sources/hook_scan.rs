@@ -83,13 +83,17 @@ async fn create_hook(engine: &Engine, provider: &Provider, g: &Group) {
     // `remove-hooks` command at uninstall can tell it from one it did not create.
     // Without it (an IAM policy that predates the record), the hook is still put: the
     // drains it protects matter more, and `remove-hooks` then lists it as unmarked.
-    if let Err(e) = engine
+    let recorded = match engine
         .cloud
         .tag_group(&g.asg.name, HOOK_RECORD_TAG, &hook.name)
         .await
     {
-        tracing::warn!(group = %g.asg.name, hook = %hook.name, tag = HOOK_RECORD_TAG, error = %e, "could not record on the group that this service created its lifecycle hook; `ca-asg-provider remove-hooks` will not remove it without --include-unmarked (check that the IAM policy allows autoscaling:CreateOrUpdateTags)");
-    }
+        Ok(()) => true,
+        Err(e) => {
+            tracing::warn!(group = %g.asg.name, hook = %hook.name, tag = HOOK_RECORD_TAG, error = %e, "could not record on the group that this service created its lifecycle hook; `ca-asg-provider remove-hooks` will not remove it without --include-unmarked (check that the IAM policy allows autoscaling:CreateOrUpdateTags)");
+            false
+        }
+    };
     match engine.cloud.put_terminating_hook(&g.asg.name, &hook).await {
         Ok(()) => {
             tracing::info!(group = %g.asg.name, hook = %hook.name, "created EC2_INSTANCE_TERMINATING lifecycle hook");
@@ -98,7 +102,15 @@ async fn create_hook(engine: &Engine, provider: &Provider, g: &Group) {
             provider.note_hooks(&g.asg.name, hooks);
         }
         Err(e) => {
-            tracing::warn!(group = %g.asg.name, error = %e, "could not create the lifecycle hook")
+            tracing::warn!(group = %g.asg.name, error = %e, "could not create the lifecycle hook");
+            // No hook of ours: no record of one either, or a hook of the same name put
+            // later by someone else would be taken for ours and removed at uninstall.
+            // (The next poll records and puts again.)
+            if recorded {
+                if let Err(e) = engine.cloud.untag_group(&g.asg.name, HOOK_RECORD_TAG).await {
+                    tracing::warn!(group = %g.asg.name, tag = HOOK_RECORD_TAG, error = %e, "could not remove the record of a lifecycle hook that was not created; the next poll tries again");
+                }
+            }
         }
     }
 }
