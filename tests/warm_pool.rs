@@ -715,3 +715,55 @@ async fn a_hand_back_decided_before_a_new_reason_keeps_the_node() {
     }
     w.engine.shutdown();
 }
+
+/// Issue 69 (suspected): `drain NODE --terminate` on a group whose warm pool takes
+/// instances back said "AWS ends the instance", where AWS may return it to the pool
+/// instead. It now says both, before and after.
+#[tokio::test]
+async fn drain_terminate_into_a_reusing_warm_pool_says_the_pool_may_take_the_instance_back() {
+    let w = pooled_world("Stopped").await;
+    let (node_name, iid) = node_with_fluentd_and_app(&w, 0.2).await;
+    let mut cfg = ca_asg_provider::config::ConfigArgs {
+        region: Some("us-east-1".into()),
+        ..Default::default()
+    }
+    .load()
+    .unwrap();
+    cfg.provider.selector = ca_asg_provider::world::named(&["web"]);
+    cfg.scale_in = scalein::ScaleInSettings {
+        leader_election: true,
+        ..settings()
+    };
+    let args = ca_asg_provider::commands::drain::DrainArgs {
+        node: node_name.clone(),
+        dry_run: false,
+        terminate: true,
+        config: ca_asg_provider::config::ConfigArgs::default(),
+    };
+    let lines = Arc::new(std::sync::Mutex::new(Vec::<String>::new()));
+    let sink = lines.clone();
+    let cloud: Arc<dyn ca_asg_provider::cloud::Cloud> = Arc::new(w.cloud.clone());
+    tokio::time::timeout(
+        Duration::from_secs(60),
+        ca_asg_provider::commands::drain::drain_in(
+            w.sim.client(),
+            Some(cloud),
+            &cfg,
+            &args,
+            Arc::new(move |l: &str| sink.lock().unwrap().push(l.to_string())),
+        ),
+    )
+    .await
+    .expect("the command ends")
+    .unwrap();
+    let said = lines.lock().unwrap().join("\n");
+    assert!(
+        said.contains("is completed and AWS ends it or, as the group's warm pool reuses instances on scale-in, returns it to the pool"),
+        "{said}"
+    );
+    assert!(
+        said.contains("done: node drained; the lifecycle hook's action was completed and AWS ends the instance or returns it to the group's warm pool"),
+        "{said}"
+    );
+    w.engine.shutdown();
+}

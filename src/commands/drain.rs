@@ -208,6 +208,9 @@ struct Target {
     id: String,
     group: String,
     mode: Mode,
+    /// The group's warm pool takes instances back on scale-in: our hook's completed
+    /// action may return the instance to the pool instead of ending it.
+    to_pool: bool,
 }
 
 impl Target {
@@ -219,20 +222,26 @@ impl Target {
         iid: Option<String>,
         provider: Option<&(Arc<Provider>, String)>,
     ) -> Self {
-        let (group, mode) = match provider {
+        let (group, mode, to_pool) = match provider {
             Some((p, group)) => {
                 let reg = p.registry();
                 let g = reg.group(group).expect("group found by provider_for");
                 let mode = engine.mode_for(g, iid.as_deref().unwrap_or_default());
-                (group.clone(), mode)
+                let to_pool = g
+                    .asg
+                    .warm_pool
+                    .as_ref()
+                    .is_some_and(|w| w.reuse_on_scale_in);
+                (group.clone(), mode, to_pool)
             }
-            None => (String::new(), Mode::DrainOnly),
+            None => (String::new(), Mode::DrainOnly, false),
         };
         Target {
             node: node.to_string(),
             id: iid.unwrap_or_else(|| node.to_string()),
             group,
             mode,
+            to_pool,
         }
     }
 
@@ -243,7 +252,12 @@ impl Target {
             id,
             group,
             mode,
+            to_pool,
         } = self;
+        let aws_ends = match to_pool {
+            true => "AWS ends it or, as the group's warm pool reuses instances on scale-in, returns it to the pool (the node is then given back when the instance leaves the pool)",
+            false => "AWS ends it",
+        };
         match mode {
             Mode::DrainOnly => format!(
                 "draining {node}: workloads first, DaemonSet pods last; the instance keeps running and the node stays cordoned"
@@ -252,7 +266,7 @@ impl Target {
                 "draining {node}: workloads first, DaemonSet pods last; then instance {id} is terminated and group {group}'s desired capacity lowered by one"
             ),
             Mode::Lifecycle { .. } => format!(
-                "draining {node}: workloads first, DaemonSet pods last; then the lifecycle hook's action for instance {id} in group {group} is completed and AWS ends it"
+                "draining {node}: workloads first, DaemonSet pods last; then the lifecycle hook's action for instance {id} in group {group} is completed and {aws_ends}"
             ),
         }
     }
@@ -291,6 +305,7 @@ impl Target {
     /// The last line of a drain that ended well.
     fn done(&self, ended: bool) -> String {
         match (&self.mode, ended) {
+            (Mode::Lifecycle { .. }, _) if self.to_pool => "done: node drained; the lifecycle hook's action was completed and AWS ends the instance or returns it to the group's warm pool".into(),
             (Mode::Lifecycle { .. }, _) => "done: node drained; the lifecycle hook's action was completed and AWS ends the instance".into(),
             (Mode::Direct, _) => "done: node drained and its instance terminated".into(),
             (Mode::DrainOnly, false) => format!(
