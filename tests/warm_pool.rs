@@ -765,5 +765,9 @@ async fn drain_terminate_into_a_reusing_warm_pool_says_the_pool_may_take_the_ins
         said.contains("done: node drained; the lifecycle hook's action was completed and AWS ends the instance or returns it to the group's warm pool"),
         "{said}"
     );
+    assert!(
+        !in_service(&w.cloud, &iid),
+        "the instance left the group, ended or back in the pool"
+    );
     w.engine.shutdown();
 }
