@@ -180,7 +180,11 @@ impl AsgInstance {
 }
 
 /// ASG instance lifecycle states
-/// (<https://docs.aws.amazon.com/autoscaling/ec2/userguide/ec2-auto-scaling-lifecycle.html>).
+/// (<https://docs.aws.amazon.com/autoscaling/ec2/userguide/ec2-auto-scaling-lifecycle.html>),
+/// the warm pool's (`Warmed:*`,
+/// <https://docs.aws.amazon.com/autoscaling/ec2/userguide/warm-pool-instance-lifecycle.html>)
+/// among them: every state AWS names is a variant, compared by variant, never by
+/// spelling. [`Self::parse`] and [`Self::as_str`] are the one place each is spelled.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub enum LifecycleState {
     Pending,
@@ -195,44 +199,121 @@ pub enum LifecycleState {
     Detached,
     EnteringStandby,
     Standby,
-    /// Warm pool and any state this code does not know.
+    /// On its way into the warm pool (a new instance warming up, or a scale-in under
+    /// ReuseOnScaleIn), short of the hooks' wait.
+    WarmedPending,
+    /// Held there by lifecycle hooks: launch hooks for a new instance, terminating
+    /// hooks (ours) for one a scale-in returns to the pool.
+    WarmedPendingWait,
+    WarmedPendingProceed,
+    WarmedPendingRetained,
+    /// The pool ends one of its instances, short of the terminating hooks' wait.
+    WarmedTerminating,
+    /// Held there by terminating hooks (ours).
+    WarmedTerminatingWait,
+    WarmedTerminatingProceed,
+    WarmedTerminatingRetained,
+    WarmedTerminated,
+    /// Resting in the pool, in the pool's state.
+    WarmedStopped,
+    WarmedRunning,
+    WarmedHibernated,
+    /// A state this code does not know (a newer AWS), as AWS spelled it.
     Other(String),
 }
 
+/// Every state [`LifecycleState`] names, with AWS's spelling: the one table both
+/// ways of the conversion read.
+const SPELLED: [(LifecycleState, &str); 24] = [
+    (LifecycleState::Pending, "Pending"),
+    (LifecycleState::PendingWait, "Pending:Wait"),
+    (LifecycleState::PendingProceed, "Pending:Proceed"),
+    (LifecycleState::InService, "InService"),
+    (LifecycleState::Terminating, "Terminating"),
+    (LifecycleState::TerminatingWait, "Terminating:Wait"),
+    (LifecycleState::TerminatingProceed, "Terminating:Proceed"),
+    (LifecycleState::Terminated, "Terminated"),
+    (LifecycleState::Detaching, "Detaching"),
+    (LifecycleState::Detached, "Detached"),
+    (LifecycleState::EnteringStandby, "EnteringStandby"),
+    (LifecycleState::Standby, "Standby"),
+    (LifecycleState::WarmedPending, "Warmed:Pending"),
+    (LifecycleState::WarmedPendingWait, "Warmed:Pending:Wait"),
+    (
+        LifecycleState::WarmedPendingProceed,
+        "Warmed:Pending:Proceed",
+    ),
+    (
+        LifecycleState::WarmedPendingRetained,
+        "Warmed:Pending:Retained",
+    ),
+    (LifecycleState::WarmedTerminating, "Warmed:Terminating"),
+    (
+        LifecycleState::WarmedTerminatingWait,
+        "Warmed:Terminating:Wait",
+    ),
+    (
+        LifecycleState::WarmedTerminatingProceed,
+        "Warmed:Terminating:Proceed",
+    ),
+    (
+        LifecycleState::WarmedTerminatingRetained,
+        "Warmed:Terminating:Retained",
+    ),
+    (LifecycleState::WarmedTerminated, "Warmed:Terminated"),
+    (LifecycleState::WarmedStopped, "Warmed:Stopped"),
+    (LifecycleState::WarmedRunning, "Warmed:Running"),
+    (LifecycleState::WarmedHibernated, "Warmed:Hibernated"),
+];
+
 impl LifecycleState {
+    /// Every state AWS names (not [`Self::Other`]).
+    pub fn all() -> impl Iterator<Item = LifecycleState> {
+        SPELLED.iter().map(|(s, _)| s.clone())
+    }
+
+    /// The warm pool's states (`Warmed:*`).
+    pub fn pool_states() -> impl Iterator<Item = LifecycleState> {
+        Self::all().filter(Self::in_warm_pool)
+    }
+
+    /// Where an instance is before our EC2_INSTANCE_TERMINATING hook holds it: in
+    /// service (TerminateInstanceInAutoScalingGroup was just called; AWS's reads lag),
+    /// terminating, on its way into the warm pool, or the pool ending it. Our hook's
+    /// action is still to come there: a "no action" answer is not a finished action.
+    pub const BEFORE_OUR_HOLD: [LifecycleState; 4] = [
+        LifecycleState::InService,
+        LifecycleState::Terminating,
+        LifecycleState::WarmedPending,
+        LifecycleState::WarmedTerminating,
+    ];
+
+    /// Where our EC2_INSTANCE_TERMINATING hook holds an instance (every other
+    /// terminating hook too): a "no action" answer there means our action is gone
+    /// (completed before, timed out, its hook deleted), or AWS's lifecycle API lags
+    /// its reads of the state.
+    pub const OUR_HOLD: [LifecycleState; 3] = [
+        LifecycleState::TerminatingWait,
+        LifecycleState::WarmedPendingWait,
+        LifecycleState::WarmedTerminatingWait,
+    ];
+
     pub fn parse(s: &str) -> Self {
-        match s {
-            "Pending" => Self::Pending,
-            "Pending:Wait" => Self::PendingWait,
-            "Pending:Proceed" => Self::PendingProceed,
-            "InService" => Self::InService,
-            "Terminating" => Self::Terminating,
-            "Terminating:Wait" => Self::TerminatingWait,
-            "Terminating:Proceed" => Self::TerminatingProceed,
-            "Terminated" => Self::Terminated,
-            "Detaching" => Self::Detaching,
-            "Detached" => Self::Detached,
-            "EnteringStandby" => Self::EnteringStandby,
-            "Standby" => Self::Standby,
-            other => Self::Other(other.to_string()),
-        }
+        SPELLED
+            .iter()
+            .find(|(_, spelled)| *spelled == s)
+            .map(|(state, _)| state.clone())
+            .unwrap_or_else(|| Self::Other(s.to_string()))
     }
 
     pub fn as_str(&self) -> &str {
         match self {
-            Self::Pending => "Pending",
-            Self::PendingWait => "Pending:Wait",
-            Self::PendingProceed => "Pending:Proceed",
-            Self::InService => "InService",
-            Self::Terminating => "Terminating",
-            Self::TerminatingWait => "Terminating:Wait",
-            Self::TerminatingProceed => "Terminating:Proceed",
-            Self::Terminated => "Terminated",
-            Self::Detaching => "Detaching",
-            Self::Detached => "Detached",
-            Self::EnteringStandby => "EnteringStandby",
-            Self::Standby => "Standby",
             Self::Other(s) => s,
+            known => SPELLED
+                .iter()
+                .find(|(state, _)| state == known)
+                .map(|(_, spelled)| *spelled)
+                .expect("every named state is spelled in SPELLED"),
         }
     }
 
@@ -257,9 +338,38 @@ impl LifecycleState {
         !self.is_leaving() && !self.is_standby()
     }
 
-    /// In the group's warm pool (`Warmed:*`): not the group's instance.
+    /// In the group's warm pool (`Warmed:*`): not the group's instance. A state this
+    /// code does not know is read by its spelling (a newer pool state).
     pub fn in_warm_pool(&self) -> bool {
-        matches!(self, Self::Other(s) if s.starts_with("Warmed:"))
+        match self {
+            Self::WarmedPending
+            | Self::WarmedPendingWait
+            | Self::WarmedPendingProceed
+            | Self::WarmedPendingRetained
+            | Self::WarmedTerminating
+            | Self::WarmedTerminatingWait
+            | Self::WarmedTerminatingProceed
+            | Self::WarmedTerminatingRetained
+            | Self::WarmedTerminated
+            | Self::WarmedStopped
+            | Self::WarmedRunning
+            | Self::WarmedHibernated => true,
+            Self::Other(s) => s.starts_with("Warmed:"),
+            _ => false,
+        }
+    }
+
+    /// Resting in the pool past every hook: `Warmed:Pending:Proceed` and the pool's
+    /// states (`Warmed:Stopped`, `Warmed:Running`, `Warmed:Hibernated`); not on its
+    /// way in (another hook may still hold it), retained, or being ended.
+    pub fn is_resting_in_pool(&self) -> bool {
+        matches!(
+            self,
+            Self::WarmedPendingProceed
+                | Self::WarmedStopped
+                | Self::WarmedRunning
+                | Self::WarmedHibernated
+        )
     }
 
     /// Held by lifecycle hooks on its way into the warm pool (`Warmed:Pending:Wait`):
@@ -267,20 +377,20 @@ impl LifecycleState {
     /// EC2_INSTANCE_TERMINATING hook waits, or a new instance warming up, where only
     /// launch hooks do.
     pub fn is_pool_bound_wait(&self) -> bool {
-        matches!(self, Self::Other(s) if s == "Warmed:Pending:Wait")
+        *self == Self::WarmedPendingWait
     }
 
     /// Held by lifecycle hooks while the pool ends one of its instances
     /// (`Warmed:Terminating:Wait`): only terminating hooks wait there.
     pub fn is_pool_ending_wait(&self) -> bool {
-        matches!(self, Self::Other(s) if s == "Warmed:Terminating:Wait")
+        *self == Self::WarmedTerminatingWait
     }
 
     /// On its way into the pool, short of the hooks' wait (`Warmed:Pending`) or held
     /// there (`Warmed:Pending:Wait`): an action of our hook may still be to come or
     /// be pending.
     pub fn is_pool_bound(&self) -> bool {
-        matches!(self, Self::Other(s) if s == "Warmed:Pending" || s == "Warmed:Pending:Wait")
+        matches!(self, Self::WarmedPending | Self::WarmedPendingWait)
     }
 
     /// Terminating, Terminating:Wait, Terminating:Proceed or Terminated.
@@ -570,6 +680,74 @@ pub struct Taint {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Issue 70: every state AWS names is a variant, spelled once: each reads back as
+    /// itself, a pool state is `Warmed:*` and nothing else is, a state this code does
+    /// not know stays as AWS spelled it (and a `Warmed:` one of a newer AWS is still
+    /// the pool's).
+    #[test]
+    fn every_lifecycle_state_is_a_variant_spelled_once() {
+        let all: Vec<LifecycleState> = LifecycleState::all().collect();
+        assert_eq!(all.len(), 24);
+        for s in &all {
+            assert_eq!(&LifecycleState::parse(s.as_str()), s);
+            assert!(!matches!(s, LifecycleState::Other(_)));
+            assert_eq!(s.in_warm_pool(), s.as_str().starts_with("Warmed:"), "{s:?}");
+        }
+        let spellings: std::collections::BTreeSet<&str> = all.iter().map(|s| s.as_str()).collect();
+        assert_eq!(spellings.len(), all.len(), "each spelled once");
+        assert_eq!(LifecycleState::pool_states().count(), 12);
+        let new = LifecycleState::parse("Warmed:Something:New");
+        assert_eq!(new.as_str(), "Warmed:Something:New");
+        assert!(new.in_warm_pool() && !new.is_resting_in_pool());
+        assert!(!LifecycleState::parse("Something").in_warm_pool());
+    }
+
+    /// Issue 70: "which states come before our hook's hold" was two unnamed lists, in
+    /// the completion (`stages/terminate.rs`) and the heartbeats (`engine/keeper.rs`),
+    /// and they disagreed. As they stood at ee40c0a: the heartbeats' list also held
+    /// Terminating:Wait and Warmed:Pending:Wait (the hold itself: a heartbeat answered
+    /// "no action" there goes on, since AWS's lifecycle API may lag its reads and
+    /// stopping early lets the hook's timeout end the instance undrained; the
+    /// completion takes "no action" there as done before), and neither held the pool
+    /// ending one of its instances (Warmed:Terminating, before our terminating hook
+    /// holds it at Warmed:Terminating:Wait), so a completion there was taken as done
+    /// and the heartbeats stopped before the action came. Now one named set before the
+    /// hold, one for the hold: every wait where a terminating hook holds an instance is
+    /// in the hold, every state that leads to one is before it, and nothing else.
+    #[test]
+    fn the_states_before_and_at_our_hold_are_named_once() {
+        use LifecycleState::*;
+        let before = LifecycleState::BEFORE_OUR_HOLD;
+        let hold = LifecycleState::OUR_HOLD;
+        let old_completion = [InService, Terminating, WarmedPending];
+        let old_heartbeats = [
+            InService,
+            Terminating,
+            TerminatingWait,
+            WarmedPending,
+            WarmedPendingWait,
+        ];
+        for s in LifecycleState::all() {
+            let was = (old_completion.contains(&s), old_heartbeats.contains(&s));
+            let now = (
+                before.contains(&s),
+                before.contains(&s) || hold.contains(&s),
+            );
+            let differs = was != now;
+            // What changed: the pool's ending, before and at the hold.
+            assert_eq!(
+                differs,
+                matches!(s, WarmedTerminating | WarmedTerminatingWait),
+                "{s:?}: was {was:?}, now {now:?}"
+            );
+            // The hold is exactly where terminating hooks wait.
+            let waits =
+                matches!(s, TerminatingWait) || s.is_pool_bound_wait() || s.is_pool_ending_wait();
+            assert_eq!(hold.contains(&s), waits, "{s:?}");
+            assert!(!(before.contains(&s) && hold.contains(&s)), "{s:?} both");
+        }
+    }
 
     #[test]
     fn wildcards_match_as_aws_patterns_do() {

@@ -535,7 +535,7 @@ impl Consumer {
             {
                 Ok(Ok(s))
             }
-            Some(s) if s.as_str() == "Warmed:Pending" => {
+            Some(LifecycleState::WarmedPending) => {
                 self.engine.expect_hold(SETTLE);
                 Err(format!(
                     "instance {} is on its way into the warm pool in AWS's reads, not held yet; the scan looks every second meanwhile",

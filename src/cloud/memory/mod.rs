@@ -457,7 +457,7 @@ impl MemoryCloud {
         g.pool.push(MemInstance {
             id: id.clone(),
             zone,
-            state: LifecycleState::parse(POOL_BOUND_WAIT),
+            state: POOL_BOUND_WAIT,
             instance_type: g.spec.instance_type.clone(),
             since: now,
             waits: vec![Wait {
@@ -809,9 +809,9 @@ impl MemoryCloud {
             };
             begin_termination(inst, &hooks, now, self.timing.hook_delay);
             inst.state = match inst.state {
-                LifecycleState::TerminatingWait => LifecycleState::parse(POOL_ENDING_WAIT),
-                _ if inst.waits.is_empty() => LifecycleState::parse(POOL_ENDING_WAIT),
-                _ => LifecycleState::parse(POOL_ENDING),
+                LifecycleState::TerminatingWait => POOL_ENDING_WAIT,
+                _ if inst.waits.is_empty() => POOL_ENDING_WAIT,
+                _ => POOL_ENDING,
             };
             return true;
         }
@@ -952,12 +952,12 @@ impl MemoryCloud {
             let pool_state = resting_pool_state(&g.spec);
             for inst in &mut g.pool {
                 if inst.enters_wait.is_some_and(|at| now >= at) {
-                    let wait = if inst.state.as_str() == POOL_ENDING {
+                    let wait = if inst.state == POOL_ENDING {
                         POOL_ENDING_WAIT
                     } else {
                         POOL_BOUND_WAIT
                     };
-                    enter_wait(inst, LifecycleState::parse(wait), now);
+                    enter_wait(inst, wait, now);
                 }
                 if !is_hook_wait(&inst.state) {
                     continue;
@@ -967,7 +967,8 @@ impl MemoryCloud {
                     release_from_pool_wait(inst, &pool_state, abandon, now, &mut log);
                 }
             }
-            g.pool.retain(|i| i.state.as_str() != "Warmed:Terminated");
+            g.pool
+                .retain(|i| i.state != LifecycleState::WarmedTerminated);
             st.hook_timeouts.extend(timed_out);
             st.log.extend(log);
             self.reconcile_group(st, &name, now);
@@ -1147,11 +1148,11 @@ fn lower_by_hand(st: &mut State, group: &str) {
 }
 
 /// Where a scale-in under ReuseOnScaleIn holds an instance for the terminating hooks.
-const POOL_BOUND_WAIT: &str = "Warmed:Pending:Wait";
+const POOL_BOUND_WAIT: LifecycleState = LifecycleState::WarmedPendingWait;
 /// Where the pool ends one of its instances, on its way to the hooks' wait and held
 /// there.
-const POOL_ENDING: &str = "Warmed:Terminating";
-const POOL_ENDING_WAIT: &str = "Warmed:Terminating:Wait";
+const POOL_ENDING: LifecycleState = LifecycleState::WarmedTerminating;
+const POOL_ENDING_WAIT: LifecycleState = LifecycleState::WarmedTerminatingWait;
 
 /// Starts returning an instance to the warm pool: with terminating hooks it waits
 /// (after `hook_delay`) in `Warmed:Pending:Wait` for every one of them, as AWS holds
@@ -1165,9 +1166,9 @@ fn begin_pool_return(
 ) {
     begin_termination(inst, hooks, now, hook_delay);
     inst.state = match inst.state {
-        LifecycleState::TerminatingWait => LifecycleState::parse(POOL_BOUND_WAIT),
-        _ if inst.waits.is_empty() => LifecycleState::parse(POOL_BOUND_WAIT),
-        _ => LifecycleState::parse("Warmed:Pending"),
+        LifecycleState::TerminatingWait => POOL_BOUND_WAIT,
+        _ if inst.waits.is_empty() => POOL_BOUND_WAIT,
+        _ => LifecycleState::WarmedPending,
     };
 }
 
@@ -1182,8 +1183,10 @@ fn is_hook_wait(state: &LifecycleState) -> bool {
 /// `Warmed:Running` or `Warmed:Hibernated`.
 fn is_resting_in_pool(state: &LifecycleState) -> bool {
     matches!(
-        state.as_str(),
-        "Warmed:Stopped" | "Warmed:Running" | "Warmed:Hibernated"
+        state,
+        LifecycleState::WarmedStopped
+            | LifecycleState::WarmedRunning
+            | LifecycleState::WarmedHibernated
     )
 }
 
@@ -1214,7 +1217,7 @@ fn release_from_pool_wait(
             instance: inst.id.clone(),
         });
     } else {
-        inst.state = LifecycleState::parse("Warmed:Terminated");
+        inst.state = LifecycleState::WarmedTerminated;
         log.push(HookEvent::Terminated {
             instance: inst.id.clone(),
         });
@@ -1630,7 +1633,8 @@ impl Cloud for MemoryCloud {
                     release_from_pool_wait(inst, &pool_state, false, now, &mut log);
                 }
             }
-            g.pool.retain(|i| i.state.as_str() != "Warmed:Terminated");
+            g.pool
+                .retain(|i| i.state != LifecycleState::WarmedTerminated);
             st.log.extend(log);
             Ok(())
         })
@@ -1756,7 +1760,8 @@ impl Cloud for MemoryCloud {
                 }
             }
             if let Some(g) = st.groups.get_mut(&action.group) {
-                g.pool.retain(|i| i.state.as_str() != "Warmed:Terminated");
+                g.pool
+                    .retain(|i| i.state != LifecycleState::WarmedTerminated);
             }
             st.log.extend(log);
             st.completed_actions.push((action.clone(), result));

@@ -73,15 +73,14 @@ pub fn heartbeats(
                 {
                     let message = e.to_string();
                     // No action now. Right after TerminateInstanceInAutoScalingGroup the
-                    // instance may not have reached Terminating:Wait yet: only an
-                    // instance past the hook (or gone) ends the heartbeats.
-                    let may_still_wait = [
-                        LifecycleState::InService,
-                        LifecycleState::Terminating,
-                        LifecycleState::TerminatingWait,
-                        LifecycleState::parse("Warmed:Pending"),
-                        LifecycleState::parse("Warmed:Pending:Wait"),
-                    ];
+                    // instance may not have reached our hold yet, or AWS's lifecycle API
+                    // lags its reads of the hold: only an instance past the hook (or
+                    // gone) ends the heartbeats (stopping early would let the hook's
+                    // timeout end it undrained).
+                    let may_still_wait: Vec<LifecycleState> = LifecycleState::BEFORE_OUR_HOLD
+                        .into_iter()
+                        .chain(LifecycleState::OUR_HOLD)
+                        .collect();
                     if !in_state(engine.cloud.as_ref(), &action.instance_id, &may_still_wait).await
                     {
                         Metrics::outcome(&metrics().heartbeats, "stopped");

@@ -92,7 +92,7 @@ pub fn step(
         Some(at) if back_in_group && now >= after(at, settle) => Step::HandBack,
         _ if record.in_warm_pool_since.is_none()
             && record.lifecycle_completed(now)
-            && resting_in_pool(state) =>
+            && state.is_resting_in_pool() =>
         {
             Step::InPool
         }
@@ -100,37 +100,11 @@ pub fn step(
     }
 }
 
-/// In the pool past our hook: `Warmed:Pending:Proceed`, `Warmed:Stopped`,
-/// `Warmed:Running`, `Warmed:Hibernated`; not on its way in (`Warmed:Pending`,
-/// `Warmed:Pending:Wait`, another hook may still hold it; `Warmed:Pending:Retained`)
-/// and not being ended.
-fn resting_in_pool(state: &LifecycleState) -> bool {
-    matches!(
-        state.as_str(),
-        "Warmed:Pending:Proceed" | "Warmed:Stopped" | "Warmed:Running" | "Warmed:Hibernated"
-    )
-}
-
-/// Every `Warmed:*` state AWS names, so a state the pool left reads 0.
-pub const POOL_STATES: [&str; 12] = [
-    "Warmed:Pending",
-    "Warmed:Pending:Wait",
-    "Warmed:Pending:Proceed",
-    "Warmed:Terminating",
-    "Warmed:Terminating:Wait",
-    "Warmed:Terminating:Proceed",
-    "Warmed:Terminated",
-    "Warmed:Stopped",
-    "Warmed:Running",
-    "Warmed:Hibernated",
-    "Warmed:Pending:Retained",
-    "Warmed:Terminating:Retained",
-];
-
 /// `warm_pool_instances{node_group,state}` from one read of the group's pool: each
 /// state AWS names (0 when none), and any other the read showed.
 pub fn count_states(group: &str, pool: &[crate::cloud::AsgInstance]) {
-    let mut counts: BTreeMap<&str, i64> = POOL_STATES.iter().map(|s| (*s, 0)).collect();
+    let states: Vec<LifecycleState> = LifecycleState::pool_states().collect();
+    let mut counts: BTreeMap<&str, i64> = states.iter().map(|s| (s.as_str(), 0)).collect();
     for i in pool {
         *counts.entry(i.state.as_str()).or_default() += 1;
     }

@@ -145,14 +145,9 @@ async fn end_once(
                 // Terminating:Wait yet, and the action is still to come.
                 Err(e) if crate::scalein::holds::no_action(&e).is_some() => {
                     let message = crate::scalein::holds::no_action(&e).unwrap_or_default();
-                    // In service, or terminating (or on its way into the warm pool) but
-                    // not yet held by the hook.
-                    let before_the_action = [
-                        LifecycleState::InService,
-                        LifecycleState::Terminating,
-                        LifecycleState::parse("Warmed:Pending"),
-                    ];
-                    if crate::scalein::holds::in_state(end.cloud.as_ref(), instance_id, &before_the_action).await {
+                    // Not yet held by the hook: the action is still to come. (Held, a
+                    // "no action" is an action gone: completed before, timed out.)
+                    if crate::scalein::holds::in_state(end.cloud.as_ref(), instance_id, &LifecycleState::BEFORE_OUR_HOLD).await {
                         Err(CloudError::Transient {
                             operation: "CompleteLifecycleAction".into(),
                             message: format!("instance {instance_id} has not reached Terminating:Wait yet"),

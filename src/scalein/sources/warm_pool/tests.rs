@@ -31,8 +31,8 @@ fn states() -> Vec<LifecycleState> {
         "Something:New",
     ]
     .into_iter()
-    .chain(POOL_STATES)
     .map(LifecycleState::parse)
+    .chain(LifecycleState::pool_states())
     .collect()
 }
 
