@@ -6,7 +6,7 @@
 # Usage: scripts/fuzz.sh [SECONDS_PER_TARGET]   (default 60). Installs cargo-fuzz when
 # missing; needs the nightly toolchain (rustup toolchain install nightly). Not run by CI:
 # the proptests of the same properties (src/scalein/decide/record/tests.rs `read_back`,
-# src/interruption/notice/tests.rs `any_body`, src/provider/template/userdata.rs
+# src/scalein/sources/queue/notice/tests.rs `any_body`, src/provider/template/userdata.rs
 # `any_user_data_parses_bounded`) run on every test run.
 set -euo pipefail
 cd "$(dirname "$0")/.."

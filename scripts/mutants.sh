@@ -7,7 +7,7 @@
 #
 #   scripts/mutants.sh                  # pass 1 over every file below
 #   MUTANTS_SERVICE=1 scripts/mutants.sh   # and pass 2 (minutes per survivor)
-#   scripts/mutants.sh --file src/interruption/decide.rs   # one file
+#   scripts/mutants.sh --file src/scalein/decide/notice.rs   # one file
 #
 # Results go to $MUTANTS_OUT (default ~/.cache/ca-asg-provider/mutants), outside
 # the tree: lib/mutants.out (first pass) and service/mutants.out (second pass), each
@@ -25,7 +25,7 @@ FILES=(
     src/scalein/decide/plan.rs
     src/scalein/decide/record.rs
     src/scalein/kube/budgets.rs
-    src/interruption/decide.rs
+    src/scalein/decide/notice.rs
     src/provider/sizes.rs
 )
 # The integration tests that drive these decisions through the service.

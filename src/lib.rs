@@ -7,7 +7,6 @@ pub mod commands;
 pub mod config;
 pub mod duration;
 pub mod grpc;
-pub mod interruption;
 pub mod provider;
 pub mod scalein;
 pub mod sim;

@@ -272,8 +272,10 @@ async fn the_checks_catch_a_drain_that_evicts_daemonset_pods_with_the_workload()
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn queue_mode_a_rebalance_cordon_then_the_hook() {
     use ca_asg_provider::cloud::queue::MemoryQueue;
-    use ca_asg_provider::interruption::consumer::Consumer;
-    use ca_asg_provider::interruption::{InterruptionSettings, RebalanceAction};
+    use ca_asg_provider::scalein::sources::queue::Consumer;
+    use ca_asg_provider::scalein::{
+        decide::notice::RebalanceAction, settings::InterruptionSettings,
+    };
     use std::sync::Arc;
 
     let Some(bin) = binaries("queue_mode_a_rebalance_cordon_then_the_hook") else {

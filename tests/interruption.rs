@@ -7,9 +7,9 @@ use std::time::Duration;
 
 use ca_asg_provider::cloud::memory::MemoryGroup;
 use ca_asg_provider::cloud::queue::{MemoryQueue, Queue};
-use ca_asg_provider::interruption::consumer::Handled;
-use ca_asg_provider::interruption::{InterruptionSettings, RebalanceAction};
+use ca_asg_provider::scalein::sources::queue::Handled;
 use ca_asg_provider::scalein::{self, Outcome, ScaleInSettings};
+use ca_asg_provider::scalein::{decide::notice::RebalanceAction, settings::InterruptionSettings};
 use ca_asg_provider::sim::fixtures;
 use k8s_openapi::api::core::v1::Node;
 

@@ -29,9 +29,9 @@ use std::time::Duration;
 
 use ca_asg_provider::cloud::memory::MemoryGroup;
 use ca_asg_provider::cloud::queue::MemoryQueue;
-use ca_asg_provider::interruption::consumer::{Consumer, Handled};
-use ca_asg_provider::interruption::RebalanceAction;
 use ca_asg_provider::scalein;
+use ca_asg_provider::scalein::decide::notice::RebalanceAction;
+use ca_asg_provider::scalein::sources::queue::{Consumer, Handled};
 use proptest::prelude::*;
 
 mod support;

@@ -16,7 +16,6 @@ const LAYERS: &[(&str, u8)] = &[
     ("provider", 2),
     ("scalein", 3),
     ("sim", 3),
-    ("interruption", 4),
     ("config", 5),
     ("grpc", 6),
     ("world", 7),
@@ -709,39 +708,5 @@ fn one_room_ends_an_instance() {
     assert!(
         found.contains_key("scalein/stages/terminate.rs"),
         "{found:?}"
-    );
-}
-
-/// The interruption queue's consumer is a source one layer up: it reaches scalein only
-/// through its face (`scalein/mod.rs`), never a room (issue 60).
-#[test]
-fn interruption_uses_only_the_face_of_scalein() {
-    let root = src();
-    let mut files = Vec::new();
-    rust_files(&root.join("interruption"), &mut files);
-    let rooms: Vec<&str> = SCALEIN_ROOMS.iter().map(|(r, _, _)| *r).collect();
-    let mut wrong = Vec::new();
-    let mut through_face = 0;
-    for f in &files {
-        let rel = f.strip_prefix(&root).unwrap();
-        for (path, n) in named_paths(&module_of(rel), &code_lines(f)) {
-            if path.len() < 2 || path[0] != "scalein" {
-                continue;
-            }
-            if rooms.contains(&path[1].as_str()) {
-                wrong.push(format!(
-                    "src/{}:{n}: interruption uses scalein::{} (a room), not the face",
-                    rel.display(),
-                    path[1..].join("::")
-                ));
-            } else {
-                through_face += 1;
-            }
-        }
-    }
-    assert!(wrong.is_empty(), "{}", wrong.join("\n"));
-    assert!(
-        through_face > 0,
-        "the check saw no use of scalein from interruption"
     );
 }

@@ -155,7 +155,7 @@ async fn a_forbidden_lease_is_said_plainly_and_nobody_leads() {
 #[tokio::test]
 async fn a_follower_starts_no_drain_and_deletes_no_message() {
     use ca_asg_provider::cloud::queue::{MemoryQueue, Queue};
-    use ca_asg_provider::interruption::consumer::{Consumer, Handled};
+    use ca_asg_provider::scalein::sources::queue::{Consumer, Handled};
     use support::world::*;
     let w = World::builder().web(3, 1).build().await;
     let (_node, iid) = nodes_of(&w, "web").remove(0);

@@ -569,7 +569,7 @@ async fn a_restarted_service_does_not_drain_again_an_instance_only_eks_still_hol
     );
     // SQS delivers the lifecycle message again.
     let q = std::sync::Arc::new(ca_asg_provider::cloud::queue::MemoryQueue::default());
-    let c = ca_asg_provider::interruption::consumer::Consumer::new(
+    let c = ca_asg_provider::scalein::sources::queue::Consumer::new(
         engine2.clone(),
         provider2.clone(),
         q.clone(),
@@ -581,7 +581,7 @@ async fn a_restarted_service_does_not_drain_again_an_instance_only_eks_still_hol
         .unwrap();
     assert_eq!(
         c.handle(got.remove(0)).await,
-        ca_asg_provider::interruption::consumer::Handled::Done(vec!["duplicate"])
+        ca_asg_provider::scalein::sources::queue::Handled::Done(vec!["duplicate"])
     );
     tokio::time::sleep(Duration::from_secs(1)).await;
     assert_eq!(

@@ -10,8 +10,8 @@ use aws_sdk_cloudformation as cfn;
 use aws_sdk_eventbridge as eventbridge;
 use ca_asg_provider::cloud::aws::sqs::SqsQueue;
 use ca_asg_provider::cloud::queue::Queue;
-use ca_asg_provider::interruption::consumer::Consumer;
-use ca_asg_provider::interruption::InterruptionSettings;
+use ca_asg_provider::scalein::settings::InterruptionSettings;
+use ca_asg_provider::scalein::sources::queue::Consumer;
 use ca_asg_provider::scalein::Outcome;
 use k8s_openapi::api::core::v1::Pod;
 

@@ -7,8 +7,8 @@ use std::time::Duration;
 
 use ca_asg_provider::cloud::memory::MemoryGroup;
 use ca_asg_provider::cloud::LifecycleHook;
-use ca_asg_provider::interruption::consumer::Handled;
-use ca_asg_provider::interruption::RebalanceAction;
+use ca_asg_provider::scalein::decide::notice::RebalanceAction;
+use ca_asg_provider::scalein::sources::queue::Handled;
 use ca_asg_provider::scalein::{self, decide::record, Outcome, ScaleInSettings};
 use ca_asg_provider::sim::fixtures;
 use k8s_openapi::api::core::v1::{Node, Pod, Toleration};

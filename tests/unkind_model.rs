@@ -77,8 +77,8 @@ use ca_asg_provider::clock::Instant;
 
 use ca_asg_provider::cloud::memory::{DesiredBy, HookEvent, MemoryGroup};
 use ca_asg_provider::cloud::queue::MemoryQueue;
-use ca_asg_provider::interruption::consumer::Consumer;
-use ca_asg_provider::interruption::RebalanceAction;
+use ca_asg_provider::scalein::decide::notice::RebalanceAction;
+use ca_asg_provider::scalein::sources::queue::Consumer;
 use ca_asg_provider::scalein::{
     self, decide::record, DeadlinePolicy, DrainRequest, Mode, ScaleInSettings, Source,
 };

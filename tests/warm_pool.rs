@@ -10,9 +10,9 @@ use std::time::Duration;
 use ca_asg_provider::cloud::memory::MemoryGroup;
 use ca_asg_provider::cloud::queue::MemoryQueue;
 use ca_asg_provider::cloud::{LifecycleState, WarmPool};
-use ca_asg_provider::interruption::consumer::Handled;
-use ca_asg_provider::interruption::RebalanceAction;
 use ca_asg_provider::proto;
+use ca_asg_provider::scalein::decide::notice::RebalanceAction;
+use ca_asg_provider::scalein::sources::queue::Handled;
 use ca_asg_provider::scalein::{self, decide::record, stages::cordon};
 use k8s_openapi::api::core::v1::Node;
 

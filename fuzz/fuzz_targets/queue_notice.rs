@@ -6,6 +6,6 @@ use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
     if let Ok(body) = std::str::from_utf8(data) {
-        let _ = ca_asg_provider::interruption::notice::parse(body);
+        let _ = ca_asg_provider::scalein::sources::queue::notice::parse(body);
     }
 });

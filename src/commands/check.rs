@@ -497,7 +497,7 @@ pub fn template_problems(
 pub async fn queue_report(
     queue: &crate::cloud::aws::sqs::SqsQueue,
     url: &str,
-    settings: &crate::interruption::InterruptionSettings,
+    settings: &crate::scalein::settings::InterruptionSettings,
 ) -> bool {
     println!("\ninterruption queue: {url}");
     let ok = match queue.waiting().await {

@@ -168,7 +168,7 @@ async fn start_queue(
         return;
     }
     let queue = crate::cloud::aws::sqs::SqsQueue::new(&cfg.aws_settings(), url).await;
-    let consumer = crate::interruption::consumer::Consumer::new(
+    let consumer = crate::scalein::sources::queue::Consumer::new(
         engine.clone(),
         provider.clone(),
         Arc::new(queue),

@@ -9,9 +9,9 @@ use std::path::{Path, PathBuf};
 use serde::Deserialize;
 
 use crate::cloud::aws::AwsSettings;
-use crate::interruption::{InterruptionSettings, RebalanceAction};
 use crate::provider::template::TemplateOverrides;
 use crate::provider::ProviderSettings;
+use crate::scalein::{decide::notice::RebalanceAction, settings::InterruptionSettings};
 use crate::scalein::{DaemonSetPolicy, DeadlinePolicy, ModeChoice, ScaleInSettings};
 // What the tests read through `use super::*` besides the above.
 #[cfg(test)]

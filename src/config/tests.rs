@@ -381,7 +381,10 @@ interruption:
         i.queue_url.as_deref(),
         Some("https://sqs.us-east-1.amazonaws.com/123456789012/q")
     );
-    assert_eq!(i.rebalance, crate::interruption::RebalanceAction::Drain);
+    assert_eq!(
+        i.rebalance,
+        crate::scalein::decide::notice::RebalanceAction::Drain
+    );
     assert!(i.unmanaged);
     assert_eq!(i.batch, 5);
     assert_eq!(i.wait, Duration::from_secs(10));

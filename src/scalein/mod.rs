@@ -20,7 +20,7 @@
 //! - [`engine`]: who runs what and when (slots, the book of drains and holds,
 //!   leadership);
 //! - [`sources`]: turn an outside signal into a drain request (CA's DeleteNodes, the
-//!   lifecycle scan, the warm pool);
+//!   lifecycle scan, the warm pool, the interruption queue);
 //! - [`request`], [`settings`], [`stats`]: the vocabulary every room shares.
 
 pub mod decide;
@@ -39,14 +39,3 @@ pub use engine::{kube_client, DrainStats, Engine};
 pub use request::{ca_reason, reason_of_mode, DrainRequest, Mode, Outcome, Source, Start};
 pub use settings::{DaemonSetPolicy, DeadlinePolicy, ModeChoice, ScaleInSettings};
 pub use sources::ca::DrainScaleIn;
-
-// What the fourth source, the interruption queue's consumer one layer up, uses of
-// the rooms: it reaches scalein only through this face (tests/layers.rs).
-pub use decide::record::{after, DrainReason, Why};
-pub use decide::story::Verdict;
-pub use engine::keeper::{ask_hold, with_hook_behind_its_list};
-pub(crate) use engine::keeper::{forget_earlier_action, hold_verdict};
-pub use holds::Hold;
-pub use kube::events::Reason;
-pub use stages::cordon::{cordon, Cordoned};
-pub(crate) use stages::drain::AbortOnDrop;

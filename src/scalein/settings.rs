@@ -156,3 +156,42 @@ impl Default for ScaleInSettings {
 /// read that much later cannot be one from before the scale-in that sent it to the
 /// pool.
 pub const WARM_POOL_SETTLED: Duration = Duration::from_secs(30);
+
+/// Queue-mode configuration.
+#[derive(Debug, Clone, PartialEq)]
+pub struct InterruptionSettings {
+    /// The SQS queue; `None` turns queue mode off.
+    pub queue_url: Option<String>,
+    pub rebalance: crate::scalein::decide::notice::RebalanceAction,
+    /// Also act on instances of groups this service does not manage.
+    pub unmanaged: bool,
+    /// Messages per receive (SQS allows 1 to 10).
+    pub batch: i32,
+    /// Messages handled at once.
+    pub concurrency: usize,
+    /// Long-poll wait per receive (at most 20 s).
+    pub wait: Duration,
+    /// Of a spot interruption's two minutes (or a scheduled change's time), what the
+    /// DaemonSet pods get at the end.
+    pub daemonset_share: Duration,
+    /// A message received this often without being handled is dropped.
+    pub max_receives: u32,
+    /// With the queue on, the lifecycle poll is only a safety net this slow.
+    pub safety_net_poll: Duration,
+}
+
+impl Default for InterruptionSettings {
+    fn default() -> Self {
+        Self {
+            queue_url: None,
+            rebalance: crate::scalein::decide::notice::RebalanceAction::Cordon,
+            unmanaged: false,
+            batch: 10,
+            concurrency: 10,
+            wait: Duration::from_secs(20),
+            daemonset_share: Duration::from_secs(20),
+            max_receives: 5,
+            safety_net_poll: Duration::from_secs(300),
+        }
+    }
+}

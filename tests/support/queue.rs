@@ -4,8 +4,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ca_asg_provider::cloud::queue::{MemoryQueue, Queue};
-use ca_asg_provider::interruption::consumer::{Consumer, Handled};
-use ca_asg_provider::interruption::{InterruptionSettings, RebalanceAction};
+use ca_asg_provider::scalein::sources::queue::{Consumer, Handled};
+use ca_asg_provider::scalein::{decide::notice::RebalanceAction, settings::InterruptionSettings};
 use k8s_openapi::api::core::v1::Pod;
 
 use super::world::World;

@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use super::{bounded_duration, Problems};
 use crate::config::InterruptionFile;
-use crate::interruption::InterruptionSettings;
+use crate::scalein::settings::InterruptionSettings;
 use crate::scalein::ScaleInSettings;
 
 /// `interruption:` validated; each problem names its key.

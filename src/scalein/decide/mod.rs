@@ -5,10 +5,12 @@
 //! - [`record`]: the drain record on a Node (the reasons, their phases, how two join);
 //! - [`undo`]: whether a person may give a node back (no drain runs for it);
 //! - [`hooks`]: what a group's lifecycle hooks mean for a drain (ours, foreign, direct mode);
+//! - [`notice`]: what to do about a queue message (a spot warning, a lifecycle action, ...);
 //! - [`story`]: whose a hold is (ours, not ours, ask again), from what is remembered of
 //!   the instance and what AWS answers: the one rule every source uses.
 
 pub mod hooks;
+pub mod notice;
 pub mod plan;
 pub mod record;
 pub mod story;

@@ -1,7 +1,17 @@
-//! The queue loop: receive a batch (leader only), handle each message, delete what
-//! is done. Handling is idempotent: the engine runs one drain per instance, and a
-//! notice seen again within [`REMEMBER`] (a duplicate delivery, a redelivery after a
-//! restart) starts nothing new.
+//! The fourth source, queue mode (`interruption.queueUrl`): EC2 interruption notices
+//! and the ASG's lifecycle actions from an SQS queue fed by EventBridge, each turned
+//! into a drain request like the other sources'. Only the leader consumes: receive a
+//! batch, handle each message, delete what is done (the drain started, the node
+//! cordoned, or nothing to do) or can never be (malformed, received too often);
+//! anything else is left for SQS to deliver again. Handling is idempotent: the engine
+//! runs one drain per instance, and a notice seen again within [`REMEMBER`] (a
+//! duplicate delivery, a redelivery after a restart) starts nothing new.
+//!
+//! - [`notice`]: what a message says (pure, fuzzed);
+//! - the decision: [`crate::scalein::decide::notice`] (pure);
+//! - here: the loop, the look-ups and the engine calls.
+
+pub mod notice;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -14,16 +24,21 @@ use chrono::Utc;
 use futures::StreamExt;
 use parking_lot::Mutex;
 
-use super::decide::{decide, Action};
-use super::notice::{self, Notice};
-use super::InterruptionSettings;
 use crate::cloud::queue::{Queue, QueueMessage};
 use crate::cloud::{CloudError, LifecycleState};
 use crate::provider::Provider;
-use crate::scalein::{
-    self, AbortOnDrop, DrainReason, DrainRequest, Engine, Hold, Mode, Reason, Source, Start,
-    Verdict, Why,
+use crate::scalein::decide::notice::{decide, Action, Notice};
+use crate::scalein::decide::record::{DrainReason, Why};
+use crate::scalein::decide::story::Verdict;
+use crate::scalein::engine::keeper::{
+    ask_hold, forget_earlier_action, hold_verdict, with_hook_behind_its_list,
 };
+use crate::scalein::holds::Hold;
+use crate::scalein::kube::events::Reason;
+use crate::scalein::settings::InterruptionSettings;
+use crate::scalein::stages::cordon::{self, Cordoned};
+use crate::scalein::stages::drain::AbortOnDrop;
+use crate::scalein::{DrainRequest, Engine, Mode, Source, Start};
 use crate::telemetry::metrics::{metrics, KindLabels, KindOutcomeLabels, ReasonLabels};
 
 /// How long a handled notice is remembered against duplicates.
@@ -195,7 +210,7 @@ impl Consumer {
         m_.queue_messages.get_or_create(&KindLabels { kind }).inc();
         let hook = self.engine.settings().hook_name.clone();
         let mut outcomes = Vec::new();
-        for action in decide(&n, &self.settings, &hook, crate::clock::utc_now()) {
+        for action in decide(&n, self.settings.rebalance, &hook, crate::clock::utc_now()) {
             match self.act(&n, action).await {
                 Ok(outcome) => {
                     m_.queue_handled
@@ -367,8 +382,7 @@ impl Consumer {
         let state = match self.not_held(n, &action).await {
             Ok(Ok(state)) => Some(state),
             no => {
-                hold =
-                    Some(scalein::ask_hold(&self.engine, &action.group, &action.instance_id).await);
+                hold = Some(ask_hold(&self.engine, &action.group, &action.instance_id).await);
                 if hold != Some(Hold::Held) {
                     return no.map(|held| held.err().unwrap_or("not_held"));
                 }
@@ -386,7 +400,7 @@ impl Consumer {
         let verdict = match &state {
             // AWS's reads do not show the hold, but the heartbeat was taken: ours.
             None => {
-                if !scalein::forget_earlier_action(&self.engine, &action.instance_id).await {
+                if !forget_earlier_action(&self.engine, &action.instance_id).await {
                     return Err(format!(
                         "cannot close the Node's record of our hook's last action on instance {}; left for redelivery",
                         action.instance_id
@@ -395,7 +409,7 @@ impl Consumer {
                 Verdict::Ours
             }
             Some(state) => {
-                scalein::hold_verdict(&self.engine, &action.group, &action.instance_id, state).await
+                hold_verdict(&self.engine, &action.group, &action.instance_id, state).await
             }
         };
         match verdict {
@@ -470,7 +484,7 @@ impl Consumer {
         if self.engine.our_hook(&g).is_none() {
             let hold = match hold {
                 Some(h) => h,
-                None => scalein::ask_hold(&self.engine, &action.group, &action.instance_id).await,
+                None => ask_hold(&self.engine, &action.group, &action.instance_id).await,
             };
             // Unknown (AWS throttled): held, as AWS shows the instance waiting. A
             // hook left to time out ends the instance undrained; a drain of an
@@ -479,7 +493,7 @@ impl Consumer {
                 return Ok(None);
             }
             tracing::warn!(instance = %action.instance_id, group = %action.group, ?hold, "our hook holds the instance though AWS's hook list does not show it yet (just added?); held at the shortest timeout until the list does");
-            g = scalein::with_hook_behind_its_list(&self.engine, &g);
+            g = with_hook_behind_its_list(&self.engine, &g);
         }
         Ok(match self.engine.mode_for(&g, &action.instance_id) {
             Mode::Lifecycle {
@@ -581,12 +595,12 @@ impl Consumer {
         if self.engine.settings().dry_run {
             return Ok(Some((node, true)));
         }
-        match scalein::cordon(&self.engine.stage(), &node, &[reason], group).await {
-            Ok(scalein::Cordoned::Marked { record, .. }) => {
+        match cordon::cordon(&self.engine.stage(), &node, &[reason], group).await {
+            Ok(Cordoned::Marked { record, .. }) => {
                 let drains = record.drain_began().is_some();
                 Ok(Some((node, drains)))
             }
-            Ok(scalein::Cordoned::NodeGone) => Ok(None),
+            Ok(Cordoned::NodeGone) => Ok(None),
             Err(e) => Err(format!("cannot record the notice on node {node}: {e}")),
         }
     }

@@ -2,77 +2,14 @@
 //! interruption, rebalance recommendation, AWS Health scheduled change, instance
 //! state change, the ASG's terminate lifecycle action), the ASG's own lifecycle
 //! notification and its test notification, and any of those wrapped in an SNS
-//! envelope. Pure.
+//! envelope, parsed into a [`Notice`]. Pure; bounded; never panics (fuzzed:
+//! `fuzz/fuzz_targets/queue_notice.rs`).
 
 use chrono::{DateTime, Utc};
 use serde_json::Value;
 
 use crate::cloud::LifecycleAction;
-
-/// One message, understood.
-#[derive(Debug, Clone, PartialEq)]
-pub enum Notice {
-    /// `EC2 Spot Instance Interruption Warning`: EC2 ends the instance two minutes
-    /// after `time`.
-    Spot {
-        instance_id: String,
-        time: Option<DateTime<Utc>>,
-    },
-    /// `EC2 Instance Rebalance Recommendation`: an interruption is likelier soon.
-    Rebalance {
-        instance_id: String,
-        time: Option<DateTime<Utc>>,
-    },
-    /// `AWS Health Event`, category `scheduledChange`, service EC2: the instances
-    /// are retired, stopped or rebooted at `start`.
-    Scheduled {
-        instance_ids: Vec<String>,
-        event_type: String,
-        start: Option<DateTime<Utc>>,
-        time: Option<DateTime<Utc>>,
-    },
-    /// `EC2 Instance State-change Notification`.
-    StateChange {
-        instance_id: String,
-        state: String,
-        time: Option<DateTime<Utc>>,
-    },
-    /// The ASG holds the instance in Terminating:Wait (EventBridge
-    /// `EC2 Instance-terminate Lifecycle Action`, or the hook's own notification).
-    LifecycleTerminate {
-        action: LifecycleAction,
-        time: Option<DateTime<Utc>>,
-    },
-    /// Valid, and nothing to do: the ASG's test notification, a launch transition,
-    /// another Health category. Says what it was.
-    Nothing(String),
-}
-
-impl Notice {
-    /// The metric label of the kind.
-    pub fn kind(&self) -> &'static str {
-        match self {
-            Notice::Spot { .. } => "spot_interruption",
-            Notice::Rebalance { .. } => "rebalance_recommendation",
-            Notice::Scheduled { .. } => "scheduled_change",
-            Notice::StateChange { .. } => "state_change",
-            Notice::LifecycleTerminate { .. } => "lifecycle_terminate",
-            Notice::Nothing(_) => "other",
-        }
-    }
-
-    /// When AWS sent it (the event's time), when the message says.
-    pub fn time(&self) -> Option<DateTime<Utc>> {
-        match self {
-            Notice::Spot { time, .. }
-            | Notice::Rebalance { time, .. }
-            | Notice::Scheduled { time, .. }
-            | Notice::StateChange { time, .. }
-            | Notice::LifecycleTerminate { time, .. } => *time,
-            Notice::Nothing(_) => None,
-        }
-    }
-}
+use crate::scalein::decide::notice::Notice;
 
 /// Parses a message body. `Err` names what is wrong: the message is poison (it will
 /// never parse) and is deleted, not retried.

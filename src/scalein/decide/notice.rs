@@ -1,20 +1,99 @@
-//! What to do about a notice. Pure: the look-ups (is the instance managed, which
-//! group, is its hook ours) come in as arguments.
+//! What to do about a queue message (the fourth source's decision). Pure: the
+//! look-ups (is the instance managed, which group, is its hook ours) and the time come
+//! in as arguments. The message itself is parsed in
+//! [`crate::scalein::sources::queue::notice`].
 
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 
-use super::notice::Notice;
-use super::{InterruptionSettings, RebalanceAction};
+use serde::Deserialize;
+
+use super::record::after;
 use crate::cloud::LifecycleAction;
-use crate::scalein::after;
 
 /// A spot instance is reclaimed this long after the warning.
 pub const SPOT_WARNING: Duration = Duration::from_secs(120);
 
 /// A scheduled change further ahead than this is not taken as a budget.
 pub const MAX_SCHEDULED_AHEAD: Duration = Duration::from_secs(366 * 86400);
+
+/// What a rebalance recommendation does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
+#[serde(rename_all = "kebab-case")]
+pub enum RebalanceAction {
+    /// Cordon (and taint) the node, nothing more: new pods go elsewhere; the node
+    /// drains only if an interruption or scale-in follows.
+    #[default]
+    Cordon,
+    /// Drain it now, leaving the instance to AWS or CA.
+    Drain,
+}
+
+/// One message, understood.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Notice {
+    /// `EC2 Spot Instance Interruption Warning`: EC2 ends the instance two minutes
+    /// after `time`.
+    Spot {
+        instance_id: String,
+        time: Option<DateTime<Utc>>,
+    },
+    /// `EC2 Instance Rebalance Recommendation`: an interruption is likelier soon.
+    Rebalance {
+        instance_id: String,
+        time: Option<DateTime<Utc>>,
+    },
+    /// `AWS Health Event`, category `scheduledChange`, service EC2: the instances
+    /// are retired, stopped or rebooted at `start`.
+    Scheduled {
+        instance_ids: Vec<String>,
+        event_type: String,
+        start: Option<DateTime<Utc>>,
+        time: Option<DateTime<Utc>>,
+    },
+    /// `EC2 Instance State-change Notification`.
+    StateChange {
+        instance_id: String,
+        state: String,
+        time: Option<DateTime<Utc>>,
+    },
+    /// The ASG holds the instance in Terminating:Wait (EventBridge
+    /// `EC2 Instance-terminate Lifecycle Action`, or the hook's own notification).
+    LifecycleTerminate {
+        action: LifecycleAction,
+        time: Option<DateTime<Utc>>,
+    },
+    /// Valid, and nothing to do: the ASG's test notification, a launch transition,
+    /// another Health category. Says what it was.
+    Nothing(String),
+}
+
+impl Notice {
+    /// The metric label of the kind.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            Notice::Spot { .. } => "spot_interruption",
+            Notice::Rebalance { .. } => "rebalance_recommendation",
+            Notice::Scheduled { .. } => "scheduled_change",
+            Notice::StateChange { .. } => "state_change",
+            Notice::LifecycleTerminate { .. } => "lifecycle_terminate",
+            Notice::Nothing(_) => "other",
+        }
+    }
+
+    /// When AWS sent it (the event's time), when the message says.
+    pub fn time(&self) -> Option<DateTime<Utc>> {
+        match self {
+            Notice::Spot { time, .. }
+            | Notice::Rebalance { time, .. }
+            | Notice::Scheduled { time, .. }
+            | Notice::StateChange { time, .. }
+            | Notice::LifecycleTerminate { time, .. } => *time,
+            Notice::Nothing(_) => None,
+        }
+    }
+}
 
 #[derive(Debug, Clone, PartialEq)]
 pub enum Action {
@@ -50,7 +129,7 @@ impl Action {
 /// spot warning without one is `now`.
 pub fn decide(
     n: &Notice,
-    s: &InterruptionSettings,
+    rebalance: RebalanceAction,
     our_hook: &str,
     now: DateTime<Utc>,
 ) -> Vec<Action> {
@@ -64,7 +143,7 @@ pub fn decide(
                 ends_at: Some(after(warned, SPOT_WARNING)),
             }]
         }
-        Notice::Rebalance { instance_id, .. } => match s.rebalance {
+        Notice::Rebalance { instance_id, .. } => match rebalance {
             RebalanceAction::Cordon => vec![Action::Cordon {
                 instance_id: instance_id.clone(),
             }],
@@ -159,7 +238,7 @@ mod tests {
 
     #[test]
     fn every_kind_maps_to_its_action() {
-        let s = InterruptionSettings::default();
+        let s = RebalanceAction::default();
         let now = t("2026-11-23T10:00:30Z");
         let cases: Vec<(Notice, Vec<Action>)> = vec![
             (
@@ -230,7 +309,7 @@ mod tests {
             ),
         ];
         for (n, want) in cases {
-            assert_eq!(decide(&n, &s, "ours", now), want, "{n:?}");
+            assert_eq!(decide(&n, s, "ours", now), want, "{n:?}");
         }
         for state in ["stopping", "stopped", "shutting-down", "terminated"] {
             let n = Notice::StateChange {
@@ -239,7 +318,7 @@ mod tests {
                 time: None,
             };
             assert_eq!(
-                decide(&n, &s, "ours", now),
+                decide(&n, s, "ours", now),
                 vec![Action::StopDrain {
                     instance_id: "i-1".into()
                 }]
@@ -257,21 +336,21 @@ mod tests {
             },
             Notice::Nothing("a test notification".into()),
         ] {
-            let got = decide(&n, &s, "ours", now);
+            let got = decide(&n, s, "ours", now);
             assert!(matches!(got.as_slice(), [Action::Nothing(_)]), "{got:?}");
         }
     }
 
     #[test]
     fn notice_times_at_the_edge_of_the_calendar_never_panic() {
-        let s = InterruptionSettings::default();
+        let s = RebalanceAction::default();
         let now = t("2026-11-23T10:00:00Z");
         for time in [DateTime::<Utc>::MAX_UTC, DateTime::<Utc>::MIN_UTC, now] {
             let spot = Notice::Spot {
                 instance_id: "i-1".into(),
                 time: Some(time),
             };
-            let got = decide(&spot, &s, "ours", now);
+            let got = decide(&spot, s, "ours", now);
             let [Action::Drain {
                 ends_at: Some(end), ..
             }] = got.as_slice()
@@ -289,7 +368,7 @@ mod tests {
                 start: Some(time),
                 time: Some(time),
             };
-            let got = decide(&scheduled, &s, "ours", now);
+            let got = decide(&scheduled, s, "ours", now);
             assert!(
                 matches!(got.as_slice(), [Action::Drain { ends_at: None, .. }]),
                 "{got:?}"
@@ -299,16 +378,13 @@ mod tests {
 
     #[test]
     fn rebalance_drains_when_configured() {
-        let s = InterruptionSettings {
-            rebalance: RebalanceAction::Drain,
-            ..Default::default()
-        };
+        let s = RebalanceAction::Drain;
         let n = Notice::Rebalance {
             instance_id: "i-1".into(),
             time: None,
         };
         assert_eq!(
-            decide(&n, &s, "ours", crate::clock::utc_now()),
+            decide(&n, s, "ours", t("2026-11-23T10:00:00Z")),
             vec![Action::Drain {
                 instance_id: "i-1".into(),
                 ends_at: None
