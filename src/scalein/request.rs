@@ -84,6 +84,29 @@ pub struct DrainRequest {
     pub noticed: Option<(&'static str, chrono::DateTime<chrono::Utc>)>,
 }
 
+impl DrainRequest {
+    /// The drain of an instance our hook holds (`mode`, lifecycle), as every source
+    /// that finds a hold asks for it (the lifecycle scan, the queue): the ASG's own
+    /// scale-in, the Node found by providerID, our hook's reason, and the notice that
+    /// told of it when a message did.
+    pub fn lifecycle(
+        instance_id: &str,
+        group: &str,
+        mode: Mode,
+        noticed: Option<(&'static str, chrono::DateTime<chrono::Utc>)>,
+    ) -> Self {
+        DrainRequest {
+            instance_id: instance_id.to_string(),
+            group: group.to_string(),
+            node_name: None,
+            reasons: vec![ca_reason(&mode)],
+            mode,
+            source: Source::Asg,
+            noticed,
+        }
+    }
+}
+
 /// How a drain ended.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Outcome {

@@ -207,36 +207,47 @@ async fn ask_hold_as_new(engine: &Engine, group: &str, instance_id: &str) -> Hol
     }
 }
 
-/// Of the group's pool instances in `Warmed:Pending:Wait`, those whose hold is a
-/// pending action of our hook: each a scale-in returning the instance to the pool,
-/// to drain. Neither the group's list nor the memory of finished actions can tell:
-/// a new instance warming up waits there too (for launch hooks only, with no action
-/// of ours), an instance whose action we completed may wait there on another hook,
-/// and an instance back from the pool can be sent there again before any read
-/// showed it in service (its Node still saying our last action was completed). AWS
-/// is asked ([`holds_pending_action`]: a heartbeat, due anyway if
-/// the action is ours; a refusal believed for
-/// [`NOT_HELD_RECHECK`](crate::scalein::decide::story::NOT_HELD_RECHECK) while the instance waits there).
-/// Instances this process drains are not asked.
-pub async fn pool_holds(
+/// How a source came to a hold.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FoundBy {
+    /// AWS's lists show the instance waiting (the lifecycle scan).
+    Lists,
+    /// A lifecycle message of our hook's terminating transition names it (the queue):
+    /// a wait on the way into the warm pool is then a terminating hook's, not a
+    /// launch hook's holding a new instance warming up.
+    OurHooksMessage,
+}
+
+/// Whose a hold AWS shows is (`state`, one of [`LifecycleState::OUR_HOLD`]): the one
+/// judgement every source that finds a hold makes (the lifecycle scan, the queue).
+/// A hold by the rule of its story ([`hold_verdict`]: AWS asked, the memories of
+/// finished actions counting only while it cannot be), except a wait on the way into
+/// the warm pool (`Warmed:Pending:Wait`) found in AWS's lists alone: a new instance
+/// warming up waits there too (for launch hooks only), an instance whose action we
+/// completed may wait there on another hook, and an instance back from the pool can
+/// be sent there again before any read showed it in service (its Node still saying
+/// our last action was completed), so only AWS's word makes it ours (a heartbeat of
+/// our hook taken; a refusal believed for
+/// [`NOT_HELD_RECHECK`](crate::scalein::decide::story::NOT_HELD_RECHECK) while the
+/// instance waits there). A drain running here holds the action already.
+pub(crate) async fn judge_hold(
     engine: &Engine,
-    group: &crate::provider::Group,
-    pool: &[crate::cloud::AsgInstance],
-) -> std::collections::BTreeSet<String> {
-    let mut ours = std::collections::BTreeSet::new();
-    if engine.our_hook(group).is_none() {
-        return ours;
+    group: &str,
+    instance_id: &str,
+    state: &LifecycleState,
+    found: FoundBy,
+) -> Verdict {
+    if !(state.is_pool_bound_wait() && found == FoundBy::Lists) {
+        return hold_verdict(engine, group, instance_id, state).await;
     }
-    for inst in pool {
-        if !inst.state.is_pool_bound_wait() || engine.is_draining(&inst.id) {
-            continue;
-        }
-        let hold = holds_pending_action(engine, &group.asg.name, &inst.id, &inst.state).await;
-        if hold == Hold::Held {
-            ours.insert(inst.id.clone());
-        }
+    if engine.is_draining(instance_id) {
+        return Verdict::Ours;
     }
-    ours
+    match holds_pending_action(engine, group, instance_id, state).await {
+        Hold::Held => Verdict::Ours,
+        Hold::NotHeld => Verdict::NotOurs,
+        Hold::Unknown => Verdict::AskAgain,
+    }
 }
 
 /// Whose a hold AWS shows is (the instance in `Terminating:Wait`, or the pool ending
@@ -248,7 +259,7 @@ pub async fn pool_holds(
 /// when a heartbeat for our hook is accepted); the memories count only while AWS
 /// cannot be asked. A drain running here is not asked: it holds the action already,
 /// or completed it just now.
-pub(crate) async fn hold_verdict(
+async fn hold_verdict(
     engine: &Engine,
     group: &str,
     instance_id: &str,

@@ -12,7 +12,7 @@ use crate::provider::{Group, Provider};
 use crate::scalein::decide::hooks::HOOK_RECORD_TAG;
 use crate::scalein::decide::record::End;
 use crate::scalein::decide::story::Verdict;
-use crate::scalein::engine::keeper::{hold_verdict, pool_holds};
+use crate::scalein::engine::keeper::{judge_hold, FoundBy};
 use crate::scalein::holds::{AWS_MAX_HEARTBEAT_TIMEOUT, AWS_MIN_HEARTBEAT_TIMEOUT};
 use crate::scalein::{DrainRequest, Engine, Mode, ModeChoice, Source};
 use crate::telemetry::metrics::metrics;
@@ -199,30 +199,27 @@ async fn scan_group(
 /// An instance our hook holds is heartbeated and drained whatever else drains it
 /// already (a rebalance or retirement drain, the drain command): the lifecycle reason
 /// joins that drain. An instance whose action of our hook is over may wait on another
-/// hook (EKS's on a managed node group): it is not held by ours, nor a new one. What
-/// this process completed it remembers; what an earlier process or another replica
-/// completed, the Node's record says. (A drain running for it already read its
-/// record: no Node is looked up.) A hold on the way into the warm pool is ours when
-/// AWS says so ([`pool_holds`]); whether any other hold is ours AWS says, not a memory
-/// of finished actions ([`hold_verdict`]).
+/// hook (EKS's on a managed node group): it is not held by ours, nor a new one.
+/// Whose each hold is, [`judge_hold`] says, as for the queue; a wait on the way into
+/// the warm pool is asked about only where our hook is on the group (launch hooks
+/// alone hold a new instance warming up there).
 async fn held_by_our_hook<'a>(
     engine: &Engine,
     g: &Group,
     snap: &'a AsgSnapshot,
     pool: &'a [AsgInstance],
 ) -> Vec<&'a AsgInstance> {
-    let ours_in_pool = pool_holds(engine, g, pool).await;
+    let hooked = engine.our_hook(g).is_some();
     let mut waiting = Vec::new();
     for i in snap.instances.iter().chain(pool) {
-        let ours = if i.state.is_pool_bound_wait() {
-            ours_in_pool.contains(&i.id) || engine.is_draining(&i.id)
-        } else {
-            (i.state == LifecycleState::TerminatingWait || i.state.is_pool_ending_wait())
-                // Cannot tell (AWS unanswered, a completion remembered): the hold
-                // goes by until AWS answers, at the next poll.
-                && hold_verdict(engine, &snap.name, &i.id, &i.state).await == Verdict::Ours
-        };
-        if ours {
+        let held = LifecycleState::OUR_HOLD.contains(&i.state)
+            && (hooked || !i.state.is_pool_bound_wait() || engine.is_draining(&i.id));
+        // Cannot tell (AWS unanswered, a completion remembered): the hold goes by
+        // until AWS answers, at the next poll.
+        if held
+            && judge_hold(engine, &snap.name, &i.id, &i.state, FoundBy::Lists).await
+                == Verdict::Ours
+        {
             waiting.push(i);
         }
     }
@@ -238,17 +235,8 @@ fn start_drains(engine: &Arc<Engine>, g: &Group, found: Vec<&AsgInstance>) -> us
         if !matches!(mode, Mode::Lifecycle { .. }) {
             continue;
         }
-        let reasons = vec![crate::scalein::ca_reason(&mode)];
         if engine
-            .start(DrainRequest {
-                instance_id: inst.id.clone(),
-                group: g.asg.name.clone(),
-                node_name: None,
-                mode,
-                source: Source::Asg,
-                reasons,
-                noticed: None,
-            })
+            .start(DrainRequest::lifecycle(&inst.id, &g.asg.name, mode, None))
             .acted()
         {
             started += 1;

@@ -31,7 +31,7 @@ use crate::scalein::decide::notice::{decide, Action, Notice};
 use crate::scalein::decide::record::{DrainReason, Why};
 use crate::scalein::decide::story::Verdict;
 use crate::scalein::engine::keeper::{
-    ask_hold, forget_earlier_action, hold_verdict, with_hook_behind_its_list,
+    ask_hold, forget_earlier_action, judge_hold, with_hook_behind_its_list, FoundBy,
 };
 use crate::scalein::holds::Hold;
 use crate::scalein::kube::events::Reason;
@@ -392,7 +392,7 @@ impl Consumer {
         if hold == Some(Hold::Held) {
             tracing::info!(instance = %action.instance_id, group = %action.group, "AWS's reads do not show the instance held yet, but our hook's action is there (a heartbeat was taken)");
         }
-        // Whose the hold is, by the rule every source uses (scalein::hold_verdict): AWS
+        // Whose the hold is, by the judgement the scan makes too (keeper::judge_hold): AWS
         // says, and the memories of finished actions count only while it cannot be
         // asked. Cannot tell: left for redelivery rather than drained or dropped on a
         // memory that may be stale. Not ours: our action is over and another hook
@@ -409,7 +409,8 @@ impl Consumer {
                 Verdict::Ours
             }
             Some(state) => {
-                hold_verdict(&self.engine, &action.group, &action.instance_id, state).await
+                let by = FoundBy::OurHooksMessage;
+                judge_hold(&self.engine, &action.group, &action.instance_id, state, by).await
             }
         };
         match verdict {
@@ -452,15 +453,12 @@ impl Consumer {
         };
         // AWS holds the instance (the scan is the safety net); the hook's reason
         // joins any drain already running there, and is heartbeated.
-        let start = self.engine.start(DrainRequest {
-            instance_id: instance_id.clone(),
-            group: g.asg.name.clone(),
-            node_name: None,
-            reasons: vec![crate::scalein::ca_reason(&mode)],
+        let start = self.engine.start(DrainRequest::lifecycle(
+            &instance_id,
+            &g.asg.name,
             mode,
-            source: Source::Asg,
-            noticed: n.time().map(|t| (n.kind(), t)),
-        });
+            n.time().map(|t| (n.kind(), t)),
+        ));
         Ok(self.started(n, &instance_id, start, label))
     }
 
@@ -542,13 +540,7 @@ impl Consumer {
             // (a scale-in under ReuseOnScaleIn, Destination WarmPool), or ending one
             // of its instances. The message names the terminating transition, so a
             // pool-bound wait here is our terminating hook's, not a launch hook's.
-            Some(s)
-                if s == LifecycleState::TerminatingWait
-                    || s.is_pool_bound_wait()
-                    || s.is_pool_ending_wait() =>
-            {
-                Ok(Ok(s))
-            }
+            Some(s) if LifecycleState::OUR_HOLD.contains(&s) => Ok(Ok(s)),
             Some(LifecycleState::WarmedPending) => {
                 self.engine.expect_hold(SETTLE);
                 Err(format!(
