@@ -488,7 +488,7 @@ impl Model {
             };
             let a: BTreeMap<String, String> =
                 serde_json::from_value(n["metadata"]["annotations"].clone()).unwrap_or_default();
-            let r = record::DrainRecord::from_annotations(&a)
+            let r = record::DrainRecord::read(&a, ca_asg_provider::clock::utc_now())
                 .unwrap_or_else(|| panic!("{node} lost every reason: {given:?}"));
             let kept: BTreeSet<&'static str> = r.reasons.iter().map(|r| r.why.label()).collect();
             for g in given {

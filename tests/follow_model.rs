@@ -162,7 +162,10 @@ fn record_on(sim: &SimCluster, node: &str) -> (Option<DrainRecord>, bool) {
         Some(n) => {
             let annotations =
                 serde_json::from_value(n["metadata"]["annotations"].clone()).unwrap_or_default();
-            (DrainRecord::from_annotations(&annotations), false)
+            (
+                DrainRecord::read(&annotations, ca_asg_provider::clock::utc_now()),
+                false,
+            )
         }
         None => (None, true),
     }

@@ -42,7 +42,7 @@ fn record_on(w: &World, node: &str) -> Option<record::DrainRecord> {
     let n = w.sim.get::<Node>("", node)?;
     let a: std::collections::BTreeMap<String, String> =
         serde_json::from_value(n["metadata"]["annotations"].clone()).ok()?;
-    record::DrainRecord::from_annotations(&a)
+    record::DrainRecord::read(&a, ca_asg_provider::clock::utc_now())
 }
 
 /// The ASG scales web in by one itself and picks `iid` (the newest), which our hook

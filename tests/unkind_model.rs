@@ -945,7 +945,7 @@ impl Model {
         let n = self.w.sim.get::<Node>("", node)?;
         let a: BTreeMap<String, String> =
             serde_json::from_value(n["metadata"]["annotations"].clone()).unwrap_or_default();
-        record::DrainRecord::from_annotations(&a)
+        record::DrainRecord::read(&a, ca_asg_provider::clock::utc_now())
     }
 
     /// What has not finished that can (see the module's doc). Empty: all finished.

@@ -702,8 +702,9 @@ async fn a_hand_back_decided_before_a_new_reason_keeps_the_node() {
                 "the record as it was"
             );
             // Decided from the record as it is now, it goes back.
-            let now_rec = DrainRecord::from_annotations(
+            let now_rec = DrainRecord::read(
                 &serde_json::from_value(n["metadata"]["annotations"].clone()).unwrap(),
+                ca_asg_provider::clock::utc_now(),
             )
             .unwrap();
             assert!(cordon::uncordon_if(&stage, name, &now_rec)

@@ -151,7 +151,7 @@ async fn say_plan(
         "plan for node {node} (instance {}):",
         iid.as_deref().unwrap_or("unknown")
     ));
-    for (p, r) in plan::full_plan(&pods, !keep) {
+    for (p, r) in plan::full_plan(&pods, !keep, crate::clock::timestamp_now()) {
         match r {
             Ok(t) => say(&format!("  {:<20} {p}", t.as_str())),
             Err(why) => say(&format!("  {:<20} {p}  ({why})", "skip")),
@@ -469,8 +469,9 @@ async fn hand_to_leader(
                 .await?
                 .ok_or_else(|| anyhow::anyhow!("node {:?} not found", target.node))?;
             let annotations = node.metadata.annotations.unwrap_or_default();
-            let drain =
-                DrainRecord::drain_joined(DrainRecord::from_annotations(&annotations).as_ref());
+            let drain = DrainRecord::drain_joined(
+                crate::scalein::kube::node_record::record_of(&annotations).as_ref(),
+            );
             terminate::hand_to_hook(engine.cloud.as_ref(), &target.id).await?;
             drain
         }

@@ -35,7 +35,8 @@ pub mod sources;
 pub mod stages;
 pub mod stats;
 
-pub use engine::{kube_client, DrainStats, Engine};
+pub use engine::{DrainStats, Engine};
+pub use kube::client::kube_client;
 pub use request::{ca_reason, reason_of_mode, DrainRequest, Mode, Outcome, Source, Start};
 pub use settings::{DaemonSetPolicy, DeadlinePolicy, ModeChoice, ScaleInSettings};
 pub use sources::ca::DrainScaleIn;

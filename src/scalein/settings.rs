@@ -28,30 +28,7 @@ pub enum DaemonSetPolicy {
     Keep,
 }
 
-/// What happens when a phase's deadline passes.
-///
-/// In lifecycle mode both hook results end the instance, so a deadline there always
-/// proceeds: giving up could not keep the node, only skip the DaemonSet phase.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
-#[serde(rename_all = "kebab-case")]
-pub enum DeadlinePolicy {
-    /// Go on: workload pods still there are deleted with their own grace period
-    /// (the instance ends anyway), DaemonSet pods follow once they are gone, then
-    /// volumes, then the instance ends.
-    Proceed,
-    /// Direct mode: stop the drain and give the node back (uncordoned, our taint and
-    /// CA's ToBeDeletedByClusterAutoscaler removed, CA's target counts it again).
-    Abandon,
-}
-
-impl DeadlinePolicy {
-    pub fn as_str(self) -> &'static str {
-        match self {
-            Self::Proceed => "proceed",
-            Self::Abandon => "abandon",
-        }
-    }
-}
+pub use crate::scalein::decide::record::DeadlinePolicy;
 
 /// Scale-in configuration.
 #[derive(Debug, Clone)]

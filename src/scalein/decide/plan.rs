@@ -120,17 +120,9 @@ impl NodeCritical {
     }
 }
 
-/// Which tier (if any) a pod belongs to, and whether to send an eviction.
-pub fn classify(pod: &Pod) -> Disposition {
-    classify_with(pod, &NodeCritical::default())
-}
-
-/// [`classify`] with the configured node-critical DaemonSets, at the clock's time.
-pub fn classify_with(pod: &Pod, node_critical: &NodeCritical) -> Disposition {
-    classify_at(pod, node_critical, crate::clock::timestamp_now())
-}
-
-/// [`classify_with`] at `now` (a `karpenter.sh/do-not-disrupt` duration ends).
+/// Which tier (if any) a pod belongs to, and whether to send an eviction, with the
+/// configured node-critical DaemonSets, at `now` (a `karpenter.sh/do-not-disrupt`
+/// duration ends).
 pub fn classify_at(pod: &Pod, node_critical: &NodeCritical, now: Timestamp) -> Disposition {
     let meta = &pod.metadata;
     let annotations = meta.annotations.as_ref();
@@ -183,12 +175,6 @@ pub fn is_daemonset_pod(pod: &Pod) -> bool {
     })
 }
 
-/// `safe-to-evict: "false"` (CA) or `karpenter.sh/do-not-disrupt: "true"`, or a
-/// do-not-disrupt duration still running, at the clock's time.
-pub fn asks_not_to_be_disrupted(pod: &Pod) -> bool {
-    asks_not_to_be_disrupted_at(pod, crate::clock::timestamp_now())
-}
-
 /// Longest `karpenter.sh/do-not-disrupt` duration read; a longer one reads as `true`.
 const MAX_DO_NOT_DISRUPT: std::time::Duration = std::time::Duration::from_secs(10 * 365 * 86400);
 
@@ -219,7 +205,8 @@ pub fn parse_do_not_disrupt(v: &str) -> DoNotDisrupt {
     }
 }
 
-/// [`asks_not_to_be_disrupted`] at `now`: a duration protects the pod until its start
+/// `safe-to-evict: "false"` (CA) or `karpenter.sh/do-not-disrupt: "true"`, or a
+/// do-not-disrupt duration still running, at `now`: a duration protects the pod until its start
 /// (`status.startTime`, else its creation) plus the duration.
 pub fn asks_not_to_be_disrupted_at(pod: &Pod, now: Timestamp) -> bool {
     let Some(a) = pod.metadata.annotations.as_ref() else {
@@ -456,16 +443,18 @@ impl Phase {
     }
 }
 
-pub fn next_step(pods: &[Pod], phase: Phase) -> Step {
-    next_step_with(pods, phase, &NodeCritical::default())
-}
-
-/// [`next_step`] with the configured node-critical DaemonSets.
-pub fn next_step_with(pods: &[Pod], phase: Phase, node_critical: &NodeCritical) -> Step {
+/// The next tier of the phase to take, with the configured node-critical DaemonSets,
+/// at `now`.
+pub fn next_step_with(
+    pods: &[Pod],
+    phase: Phase,
+    node_critical: &NodeCritical,
+    now: Timestamp,
+) -> Step {
     let mut best: Option<Tier> = None;
     let mut classified = Vec::with_capacity(pods.len());
     for p in pods {
-        let d = classify_with(p, node_critical);
+        let d = classify_at(p, node_critical, now);
         let tier = match &d {
             Disposition::Evict(t) | Disposition::Wait(t) => *t,
             Disposition::Skip(_) => continue,
@@ -503,11 +492,12 @@ pub fn next_step_with(pods: &[Pod], phase: Phase, node_critical: &NodeCritical) 
 pub fn full_plan(
     pods: &[Pod],
     include_daemonsets: bool,
+    now: Timestamp,
 ) -> Vec<(PodRef, Result<Tier, &'static str>)> {
     let mut out: Vec<(PodRef, Result<Tier, &'static str>)> = pods
         .iter()
         .map(|p| {
-            let r = match classify(p) {
+            let r = match classify_at(p, &NodeCritical::default(), now) {
                 Disposition::Evict(t) | Disposition::Wait(t)
                     if t.is_daemonset() && !include_daemonsets =>
                 {
@@ -530,6 +520,19 @@ pub fn full_plan(
 
 #[cfg(test)]
 mod tests {
+    /// The time the tests classify at.
+    fn test_now() -> Timestamp {
+        "2026-11-23T10:00:00Z".parse().unwrap()
+    }
+
+    fn classify(pod: &Pod) -> Disposition {
+        classify_at(pod, &NodeCritical::default(), test_now())
+    }
+
+    fn next_step(pods: &[Pod], phase: Phase) -> Step {
+        next_step_with(pods, phase, &NodeCritical::default(), test_now())
+    }
+
     use super::*;
 
     #[test]
@@ -766,7 +769,7 @@ mod tests {
             );
             p
         };
-        let tier = |p: &Pod| match classify_with(p, &nc) {
+        let tier = |p: &Pod| match classify_at(p, &nc, test_now()) {
             Disposition::Evict(t) | Disposition::Wait(t) => t,
             other => panic!("{other:?}"),
         };
@@ -798,6 +801,7 @@ mod tests {
             &[labelled(&[("k8s-app", "cilium")])],
             Phase::DaemonSets,
             &nc,
+            test_now(),
         );
         assert_eq!(
             step.tier, None,
@@ -1100,7 +1104,7 @@ mod tests {
     fn keep_leaves_daemonsets_alone() {
         let s = next_step(&[ds(pod("fluentd"))], Phase::Workloads);
         assert_eq!(s, Step::default());
-        let plan = full_plan(&[ds(pod("fluentd")), pod("app")], false);
+        let plan = full_plan(&[ds(pod("fluentd")), pod("app")], false, test_now());
         assert_eq!(plan[0].1, Ok(Tier::Workload));
         assert!(plan[1].1.is_err());
     }
@@ -1116,6 +1120,7 @@ mod tests {
                 critical(pod("c")),
             ],
             true,
+            test_now(),
         );
         let order: Vec<&str> = plan.iter().map(|(p, _)| p.name.as_str()).collect();
         assert_eq!(order, vec!["a", "b", "c", "z-ds", "m"]);

@@ -1,5 +1,5 @@
 //! One drain record per instance, many reasons. Pure: no I/O, and no clock but the
-//! "now" that bounds a record read back from a Node ([`DrainRecord::from_annotations`]).
+//! "now" that bounds a record read back from a Node ([`DrainRecord::read`]).
 //!
 //! A node can have several reasons to go at once: a rebalance recommendation cordons
 //! it, CA picks it for scale-in, the ASG ends it through the hook, a spot warning
@@ -24,7 +24,30 @@ use chrono::{DateTime, Utc};
 use k8s_openapi::api::core::v1::Node;
 use serde::{Deserialize, Serialize};
 
-use crate::scalein::DeadlinePolicy;
+/// What happens when a phase's deadline passes.
+///
+/// In lifecycle mode both hook results end the instance, so a deadline there always
+/// proceeds: giving up could not keep the node, only skip the DaemonSet phase.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[serde(rename_all = "kebab-case")]
+pub enum DeadlinePolicy {
+    /// Go on: workload pods still there are deleted with their own grace period
+    /// (the instance ends anyway), DaemonSet pods follow once they are gone, then
+    /// volumes, then the instance ends.
+    Proceed,
+    /// Direct mode: stop the drain and give the node back (uncordoned, our taint and
+    /// CA's ToBeDeletedByClusterAutoscaler removed, CA's target counts it again).
+    Abandon,
+}
+
+impl DeadlinePolicy {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Proceed => "proceed",
+            Self::Abandon => "abandon",
+        }
+    }
+}
 
 /// The Node annotation that holds the record (JSON).
 pub const ANNOTATION: &str = "ca-asg-provider.io/drain-reasons";
@@ -375,19 +398,13 @@ fn before(t: DateTime<Utc>, d: Duration) -> DateTime<Utc> {
 }
 
 impl DrainRecord {
-    /// Reads the record from a Node's annotations. A Node marked by an older version
-    /// (start time and mode only) becomes one reason of that mode that arrived at
-    /// the start time. `None`: the Node carries no drain.
+    /// Reads the record from a Node's annotations at `now` (the only time it needs).
+    /// A Node marked by an older version (start time and mode only) becomes one reason
+    /// of that mode that arrived at the start time. `None`: the Node carries no drain.
     ///
-    /// Every value is read back once here and bounded ([`Self::read`]): what the rest
-    /// of the drain sees can neither panic it nor make it bolder than the record meant.
-    pub fn from_annotations(
-        annotations: &std::collections::BTreeMap<String, String>,
-    ) -> Option<Self> {
-        Self::read(annotations, crate::clock::utc_now())
-    }
-
-    /// [`Self::from_annotations`] at `now` (the only time it needs): a reason never
+    /// Every value is read back once here and bounded: what the rest of the drain sees
+    /// can neither panic it nor make it bolder than the record meant:
+    /// a reason never
     /// arrived after `now`; an unreadable start time is `now` (a deadline counted from
     /// long ago would end the workloads around their PodDisruptionBudgets at once);
     /// a DaemonSet share past [`MAX_DAEMONSET_SHARE`] is that maximum; a mode this

@@ -18,9 +18,8 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 
 use crate::scalein::decide::record::{
-    self, after, DrainRecord, Limits, Why, LIFECYCLE_ACTION_LIMIT,
+    self, after, DeadlinePolicy, DrainRecord, Limits, Why, LIFECYCLE_ACTION_LIMIT,
 };
-use crate::scalein::DeadlinePolicy;
 
 /// The settings that bound how long a drain may still run.
 #[derive(Debug, Clone, Copy)]

@@ -27,20 +27,6 @@ use crate::cloud::{Cloud, LifecycleAction};
 use crate::provider::{Group, Provider, ProviderError};
 use crate::telemetry::metrics::{metrics, Metrics};
 
-/// The Kubernetes client the engine uses: in-cluster config or KUBECONFIG, with the
-/// client's own retry of 429/503 turned off. kube-rs retries those by default (up to
-/// 15 times, backing off to minutes), which would hide a PodDisruptionBudget's
-/// refusal inside one eviction call instead of letting the drain wait, event and
-/// honour its deadline.
-pub async fn kube_client() -> anyhow::Result<kube::Client> {
-    let mut cfg = kube::Config::infer().await.map_err(|e| {
-        anyhow::anyhow!("cannot configure the Kubernetes client (in-cluster or KUBECONFIG): {e}")
-    })?;
-    cfg.default_retry = false;
-    kube::Client::try_from(cfg)
-        .map_err(|e| anyhow::anyhow!("cannot build the Kubernetes client: {e}"))
-}
-
 /// Between a failed drain and its retry while our hook holds the instance.
 const HELD_RETRY: std::time::Duration = std::time::Duration::from_secs(5);
 
@@ -486,7 +472,7 @@ impl Engine {
     /// The drain record on the Node `node` as the cache has it.
     pub fn cached_record(&self, node: &str) -> Option<record::DrainRecord> {
         let n = self.nodes.cached(node)?;
-        record::DrainRecord::from_annotations(n.metadata.annotations.as_ref()?)
+        crate::scalein::kube::node_record::record_of(n.metadata.annotations.as_ref()?)
     }
 
     /// Forgets what this process remembers of the instance's finished action (our

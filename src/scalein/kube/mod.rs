@@ -9,10 +9,12 @@
 //! - [`events`]: Events on Nodes and pods, rate limited;
 //! - [`intercept`], [`ratelimit`], [`user_agent`]: the client's wrappers (an answer within
 //!   a bound, the drains' rate limit, who is asking);
+//! - [`client`]: the environment's client, its own retries off;
 //! - [`permissions`]: what RBAC the drain needs, checked at start;
 //! - [`watch_backoff`]: how a watch retries.
 
 pub mod budgets;
+pub mod client;
 pub mod events;
 pub mod intercept;
 pub mod node_record;

@@ -16,6 +16,12 @@ use crate::scalein::kube::nodes::NodeIndex;
 
 pub const CONFLICT_RETRIES: usize = 8;
 
+/// The drain record a Node's annotations carry, read at the clock's time
+/// ([`DrainRecord::read`]). `None`: the Node carries no drain.
+pub fn record_of(annotations: &std::collections::BTreeMap<String, String>) -> Option<DrainRecord> {
+    DrainRecord::read(annotations, crate::clock::utc_now())
+}
+
 /// What a read-modify-write of a Node decided from the Node as read.
 pub enum Write<T> {
     /// Nothing to write; the answer.
@@ -97,7 +103,7 @@ pub async fn update_record(
 ) -> Result<Option<DrainRecord>, kube::Error> {
     let updated = read_modify_write(nodes, client, node, |current| {
         let annotations = current.metadata.annotations.clone().unwrap_or_default();
-        let Some(mut record) = DrainRecord::from_annotations(&annotations) else {
+        let Some(mut record) = record_of(&annotations) else {
             return Write::Keep(None);
         };
         if !change(&mut record) {

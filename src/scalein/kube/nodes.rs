@@ -252,7 +252,7 @@ pub fn direct_marks(store: &Store<Node>) -> DrainMarks {
             .metadata
             .annotations
             .as_ref()
-            .and_then(DrainRecord::from_annotations)
+            .and_then(|a| DrainRecord::read(a, crate::clock::utc_now()))
             .is_some_and(|r| r.has_scale_in());
         if direct {
             marks.marked.insert(iid.to_string());
@@ -287,7 +287,7 @@ fn marked_for_drain(store: &Store<Node>) -> Vec<DrainMark> {
                 node: n.metadata.name.clone()?,
                 instance: instance_of(n).map(str::to_string),
                 group: a.get(GROUP_ANNOTATION).cloned().unwrap_or_default(),
-                record: DrainRecord::from_annotations(a)?,
+                record: DrainRecord::read(a, crate::clock::utc_now())?,
             })
         })
         .collect();

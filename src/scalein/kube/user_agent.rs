@@ -36,10 +36,10 @@ pub fn named(client: kube::Client, component: &str) -> kube::Client {
     })
 }
 
-/// A client from the environment ([`crate::scalein::kube_client`]: in the cluster, or
+/// A client from the environment ([`super::client::kube_client`]: in the cluster, or
 /// the kubeconfig) whose requests name `component`, as [`named`] does.
 pub async fn client_for(component: &str) -> anyhow::Result<kube::Client> {
-    Ok(named(crate::scalein::kube_client().await?, component))
+    Ok(named(super::client::kube_client().await?, component))
 }
 
 #[cfg(test)]

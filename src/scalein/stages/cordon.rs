@@ -70,7 +70,7 @@ pub async fn cordon_via(
     let mut unsure = false;
     let marked = read_modify_write(stage.nodes, client, node, |current| {
         let annotations = current.metadata.annotations.clone().unwrap_or_default();
-        let found = DrainRecord::from_annotations(&annotations);
+        let found = crate::scalein::kube::node_record::record_of(&annotations);
         let resumed = found.is_some();
         let mut record = found.unwrap_or_default();
         for r in reasons {
@@ -306,7 +306,7 @@ pub async fn uncordon_if(
 ) -> Result<Option<GivenBack>, kube::Error> {
     let given = read_modify_write(stage.nodes, stage.client, node, |current| {
         let annotations = current.metadata.annotations.clone().unwrap_or_default();
-        if DrainRecord::from_annotations(&annotations).as_ref() != Some(decided_on) {
+        if crate::scalein::kube::node_record::record_of(&annotations).as_ref() != Some(decided_on) {
             return Write::Keep(None);
         }
         let (patch, kept) = give_back_patch(current, GiveBackOf::Drain);

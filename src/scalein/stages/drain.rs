@@ -738,7 +738,11 @@ async fn volumes_detach(d: &NodeDrain<'_>, pods: &NodePods) {
         .into_iter()
         .filter(|p| {
             !matches!(
-                plan::classify_with(p, &r.stage.settings.node_critical),
+                plan::classify_at(
+                    p,
+                    &r.stage.settings.node_critical,
+                    crate::clock::timestamp_now()
+                ),
                 Disposition::Evict(Tier::CriticalDaemonSet)
                     | Disposition::Wait(Tier::CriticalDaemonSet)
             )
@@ -818,7 +822,7 @@ async fn warn_daemonsets_evicted_early(d: &NodeDrain<'_>, pods: &NodePods, fresh
     // one may have (its own DaemonSet phase): then only while workload pods are still
     // there is it CA's doing.
     let workloads_left = listed.iter().any(|p| {
-        matches!(plan::classify_with(p, &d.r.stage.settings.node_critical), Disposition::Evict(t) | Disposition::Wait(t) if !t.is_daemonset())
+        matches!(plan::classify_at(p, &d.r.stage.settings.node_critical, crate::clock::timestamp_now()), Disposition::Evict(t) | Disposition::Wait(t) if !t.is_daemonset())
     });
     if early.is_empty() || !(fresh || workloads_left) {
         return;
@@ -854,7 +858,7 @@ async fn end_remaining_workloads(d: &NodeDrain<'_>, pods: &mut NodePods) -> Resu
         .pods()
         .into_iter()
         .filter(|p| {
-            matches!(plan::classify_with(p, &d.r.stage.settings.node_critical), Disposition::Evict(t) | Disposition::Wait(t) if !t.is_daemonset())
+            matches!(plan::classify_at(p, &d.r.stage.settings.node_critical, crate::clock::timestamp_now()), Disposition::Evict(t) | Disposition::Wait(t) if !t.is_daemonset())
                 && !plan::is_replacement(p, drain_taint(), d.started)
                 && d.not_waited_for(p).is_none()
         })
@@ -1038,7 +1042,12 @@ async fn phase(
     loop {
         let (current, skipped) = pods_of_phase(d, pods, which, &evicted, &mut told);
         say_not_waited_for(d, skipped).await;
-        let step = plan::next_step_with(&current, which, &d.r.stage.settings.node_critical);
+        let step = plan::next_step_with(
+            &current,
+            which,
+            &d.r.stage.settings.node_critical,
+            crate::clock::timestamp_now(),
+        );
         let Some(tier) = step.tier else { return Ok(()) };
         say_tier(d, tier, &step, &mut told).await;
         let accepted = evict_tier(d, pods, &step, &current, deadline).await;
@@ -1064,7 +1073,7 @@ fn pods_of_phase(
         .into_iter()
         .filter(|p| {
             let r = plan::pod_ref(p);
-            let in_phase = match plan::classify_with(p, &d.r.stage.settings.node_critical) {
+            let in_phase = match plan::classify_at(p, &d.r.stage.settings.node_critical, crate::clock::timestamp_now()) {
                 Disposition::Evict(t) | Disposition::Wait(t) => which.takes(t),
                 Disposition::Skip(_) => {
                     // A finished pod a finalizer keeps: say once why it stays.

@@ -104,7 +104,12 @@ pub async fn describe(stage: &Stage<'_>, req: &DrainRequest) -> String {
         ),
         Ok(list) => {
             let evict_ds = stage.settings.daemonsets == DaemonSetPolicy::EvictLast;
-            summary(&node, req, &plan::full_plan(&list, evict_ds), &end)
+            summary(
+                &node,
+                req,
+                &plan::full_plan(&list, evict_ds, crate::clock::timestamp_now()),
+                &end,
+            )
         }
     };
     tracing::info!(node = %node, instance = %id, group = %req.group, "{text}");

@@ -476,7 +476,7 @@ fn the_record_survives_the_node_and_older_marks_are_read() {
     );
     let mut a = BTreeMap::new();
     a.insert(ANNOTATION.to_string(), r.to_json());
-    assert_eq!(DrainRecord::from_annotations(&a), Some(r.clone()));
+    assert_eq!(DrainRecord::read(&a, at(10 * MIN)), Some(r.clone()));
     assert_eq!(r.mark(), super::LIFECYCLE_MARK);
     assert_eq!(r.first_at(), Some(at(0)));
 
@@ -495,13 +495,13 @@ fn the_record_survives_the_node_and_older_marks_are_read() {
             "2026-11-23T10:00:00Z".to_string(),
         );
         a.insert(super::MODE_ANNOTATION.to_string(), mode.to_string());
-        let r = DrainRecord::from_annotations(&a).unwrap();
+        let r = DrainRecord::read(&a, t0()).unwrap();
         assert_eq!(r.reasons, vec![DrainReason::new(why, at(0))], "{mode}");
         // A garbled record falls back to the same reading, never to "no drain".
         a.insert(ANNOTATION.to_string(), "{not json".into());
-        assert_eq!(DrainRecord::from_annotations(&a).unwrap(), r, "{mode}");
+        assert_eq!(DrainRecord::read(&a, t0()).unwrap(), r, "{mode}");
     }
-    assert_eq!(DrainRecord::from_annotations(&BTreeMap::new()), None);
+    assert_eq!(DrainRecord::read(&BTreeMap::new(), t0()), None);
 }
 
 #[test]
