@@ -14,7 +14,7 @@ use crate::scalein::decide::story::Verdict;
 use crate::scalein::engine::book::{Book, HoldChange};
 use crate::scalein::engine::marks_sync::spawn_marks_sync;
 use crate::scalein::kube::{budgets, events, nodes, pass, ratelimit, user_agent};
-use crate::scalein::stages::{drain, evict, preview, terminate, Stage};
+use crate::scalein::stages::{drain, evict, port, preview, terminate, Stage};
 use crate::scalein::{DrainRequest, Mode, ModeChoice, Outcome, ScaleInSettings, Start};
 
 pub use crate::scalein::stats::DrainStats;
@@ -609,9 +609,9 @@ impl Engine {
 }
 
 impl Engine {
-    /// What the stage list's runner may reach of this engine ([`drain::Runner`]).
-    fn runner(self: &Arc<Self>) -> drain::Runner<'_> {
-        drain::Runner {
+    /// What the stage list's runner may reach of this engine ([`port::Runner`]).
+    fn runner(self: &Arc<Self>) -> port::Runner<'_> {
+        port::Runner {
             stage: self.stage(),
             ending: self.ending(),
             port: self,
@@ -621,7 +621,7 @@ impl Engine {
 
 /// The runner's way into the engine: its slots, its book's holds and memories.
 #[async_trait::async_trait]
-impl drain::DrainPort for Arc<Engine> {
+impl port::DrainPort for Arc<Engine> {
     fn has_slot(&self, instance_id: &str, run: u64) -> bool {
         self.book.has_slot(instance_id, run)
     }

@@ -1,4 +1,4 @@
-//! Stage 1: cordon and mark the node, durably, so a restarted service (or a restarted
+//! Cordon and mark the node, durably, so a restarted service (or a restarted
 //! CA, which strips its own ToBeDeletedByClusterAutoscaler taint) still sees that the
 //! node is leaving. Uncordon undoes only what this stage did.
 

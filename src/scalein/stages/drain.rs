@@ -1,70 +1,30 @@
-//! The drain of one node: cordon, workloads (tiered, PDB-aware), DaemonSets last,
-//! volumes, then end the instance. Deadlines count from the drain's recorded start, so
-//! a resumed drain keeps its original deadlines.
+//! The stage list and its runner: locate the node, mark it, take a slot, run the
+//! phases in order (the workloads, the DaemonSet pods, the volumes, the node-critical
+//! DaemonSet pods), then end the instance, or give the node back at a deadline whose
+//! policy abandons. The engine only through [`DrainPort`]. Deadlines count from the
+//! drain's recorded start, so a resumed drain keeps its original deadlines.
 
-use std::collections::{BTreeMap, BTreeSet};
-use std::sync::Arc;
 use std::time::Duration;
 
 use crate::clock::Instant;
 
 use backon::{ExponentialBuilder, Retryable};
-use futures::future::join_all;
 use k8s_openapi::api::core::v1::Pod;
-use k8s_openapi::jiff::Timestamp;
-use kube::api::{DeleteParams, Preconditions};
-use kube::Api;
 use tracing::Instrument;
 
-use crate::cloud::LifecycleAction;
 use crate::scalein::decide::plan::{self, Disposition, Tier};
 use crate::scalein::decide::record::{DrainRecord, End, How, Plan};
 use crate::scalein::decide::story::Verdict;
 use crate::scalein::kube::events::Reason;
 use crate::scalein::kube::wait::NodePods;
 use crate::scalein::stages::cordon::{self, Cordoned};
-use crate::scalein::stages::Stage;
-use crate::scalein::stages::{evict, terminate, volumes};
-use crate::scalein::{DaemonSetPolicy, DeadlinePolicy, DrainRequest, Mode, Outcome, Source};
-use crate::telemetry::metrics::{metrics, KindLabels, StageLabels};
+use crate::scalein::stages::{terminate, volumes};
+use crate::scalein::{DaemonSetPolicy, DrainRequest, Mode, Outcome};
+use crate::telemetry::metrics::{metrics, KindLabels};
 
-/// What the stage list's runner needs of the engine, besides what a stage reaches:
-/// the `maxConcurrentDrains` slots, our hook's hold on the instance (its heartbeats
-/// and their timeout), what is remembered of our actions, and how many drains run.
-/// The engine implements it; the runner never reaches the engine or its book.
-#[async_trait::async_trait]
-pub trait DrainPort: Send + Sync {
-    /// Whether this run of the instance's drain already holds a slot (a run it
-    /// replaced for a new reason kept it).
-    fn has_slot(&self, instance_id: &str, run: u64) -> bool;
-    /// Waits for a slot and keeps it for this run. False: no slot can be had (the
-    /// engine is going away); the drain goes on without one.
-    async fn take_slot(&self, instance_id: &str, run: u64) -> bool;
-    /// The run ended: its slot goes back, unless a newer run took it over.
-    fn give_back_slot(&self, instance_id: &str, run: u64);
-    /// Drains asked for and not finished (what the pod lists are sized for).
-    fn drains_at_once(&self) -> usize;
-    /// Heartbeats our hook's action at `timeout` (a second call corrects it).
-    fn hold(&self, action: &LifecycleAction, timeout: Duration);
-    /// The timeout the instance's hold is heartbeated at, if it is held.
-    fn held_timeout(&self, instance_id: &str) -> Option<Duration>;
-    /// Stops the heartbeats: the action was completed, or is not ours.
-    fn release(&self, instance_id: &str);
-    /// Our hook's heartbeat timeout on the group as AWS has it now.
-    async fn hook_timeout_now(&self, group: &str) -> Option<Duration>;
-    /// Whose the hold is, the Node's record saying our action was completed
-    /// before: AWS asked first.
-    async fn confirm_finished(&self, group: &str, instance_id: &str) -> Verdict;
-}
-
-/// What the stage list's runner reaches: what a stage reaches ([`Stage`]), what the
-/// last stage reaches ([`terminate::Ending`]), and the engine through [`DrainPort`]
-/// only.
-pub struct Runner<'a> {
-    pub stage: Stage<'a>,
-    pub ending: terminate::Ending,
-    pub port: &'a dyn DrainPort,
-}
+use crate::scalein::stages::daemonsets::daemonset_phase;
+use crate::scalein::stages::port::{instant_of, DrainPort, NodeDrain, Runner, Stop};
+use crate::scalein::stages::workloads::workloads;
 
 /// The Node's record says our hook's action on the instance was completed before (by
 /// a process that has since restarted, or another replica), so there is nothing to
@@ -81,12 +41,6 @@ async fn let_go_of_a_finished_action(r: &Runner<'_>, req: &DrainRequest) {
         tracing::warn!(verdict = ?verdict, "the Node's record says our lifecycle action for this instance was completed before, but AWS does not confirm it; left to the lifecycle scan");
     }
     r.port.release(&req.instance_id);
-}
-
-/// Why the pod phases stopped early.
-enum Stop {
-    Abandon(String),
-    Fail(String),
 }
 
 /// `run`: which run of the instance's drain this is (its slot follows it across a
@@ -323,17 +277,6 @@ async fn interruption_timing(r: &Runner<'_>, node: &str, ends: chrono::DateTime<
     }
 }
 
-/// Converts a wall-clock time to the monotonic clock (past times are now).
-fn instant_of(t: chrono::DateTime<chrono::Utc>) -> Instant {
-    let now = Instant::now();
-    match (t - crate::clock::utc_now()).to_std() {
-        Ok(ahead) => now
-            .checked_add(ahead.min(Duration::from_secs(365 * 86400)))
-            .unwrap_or(now),
-        Err(_) => now,
-    }
-}
-
 /// Fail closed: the drain goes on only with the instance's Node, or with the API
 /// server's word that there is none. While the cache is not synced or the API server
 /// cannot be asked (down, RBAC), it retries until the workload deadline and then
@@ -440,104 +383,6 @@ fn abandoned(why: &str) -> How {
     }
 }
 
-/// When the drain began, as a time (which pods arrived after it): the reason that
-/// drains, never an earlier cordon-only or finished one ([`DrainRecord::drain_began`]).
-fn started_ts(record: &DrainRecord) -> Timestamp {
-    record
-        .drain_began()
-        .and_then(|t| t.timestamp_nanos_opt())
-        .and_then(|n| Timestamp::from_nanosecond(i128::from(n)).ok())
-        .unwrap_or_else(crate::clock::timestamp_now)
-}
-
-/// How long a drain resumed past its workload deadline still waits for the first
-/// list of the node's pods: it needs them for the DaemonSet phase.
-const LIST_GRACE: Duration = Duration::from_secs(30);
-
-/// A drain's node stage: what [`phase`] needs besides the pods.
-struct NodeDrain<'a> {
-    r: &'a Runner<'a>,
-    node: &'a str,
-    started: Timestamp,
-    /// Lifecycle mode: the ASG ends the instance whatever the hook's result, so a
-    /// deadline can only go on (abandoning would only skip the DaemonSet phase).
-    lifecycle: bool,
-    /// AWS ends the instance at a known time (spot, scheduled change): likewise,
-    /// once it is spent. With the DaemonSet pods' share of it.
-    budget: Option<(Instant, Duration)>,
-    /// Why the node is drained, for the Events on its pods.
-    why: &'static str,
-    /// Who asked.
-    source: Source,
-}
-
-impl<'a> NodeDrain<'a> {
-    fn new(
-        r: &'a Runner<'a>,
-        req: &DrainRequest,
-        node: &'a str,
-        record: &DrainRecord,
-        plan: &Plan,
-    ) -> Self {
-        NodeDrain {
-            r,
-            node,
-            started: started_ts(record),
-            lifecycle: matches!(plan.ends, End::Lifecycle { .. }),
-            budget: plan
-                .budget_ends
-                .map(|e| (instant_of(e), plan.daemonset_share)),
-            why: req.source.why(),
-            source: req.source,
-        }
-    }
-
-    fn policy(&self, configured: DeadlinePolicy) -> DeadlinePolicy {
-        // An interruption budget forces the drain on only when it is the budget that
-        // ran out: a retirement days away keeps the configured policy (and with
-        // `abandon`, every PodDisruptionBudget).
-        let budget_spent = self.budget.is_some_and(|(ends_at, share)| {
-            Instant::now()
-                .checked_add(share.saturating_add(Duration::from_secs(1)))
-                .is_some_and(|t| t >= ends_at)
-        });
-        if self.lifecycle || budget_spent {
-            DeadlinePolicy::Proceed
-        } else {
-            configured
-        }
-    }
-
-    fn node_ready(&self) -> bool {
-        self.r.stage.nodes.is_node_ready(self.node)
-    }
-
-    /// How long the drain waits before it asks this pod to leave: until a
-    /// replacement of it reads as one in every process ([`plan::wait_before_evicting`]).
-    fn wait_before_evicting(&self, p: &Pod) -> Duration {
-        plan::wait_before_evicting(
-            p,
-            drain_taint(),
-            self.started,
-            crate::clock::timestamp_now(),
-        )
-    }
-
-    /// Whether the drain stops waiting for this listed pod, and why.
-    fn not_waited_for(&self, p: &Pod) -> Option<&'static str> {
-        plan::not_waited_for(
-            p,
-            self.node_ready(),
-            crate::clock::timestamp_now(),
-            self.r.stage.settings.stuck_after,
-        )
-    }
-}
-
-/// How long a drain waits for the pass's first list of PodDisruptionBudgets before
-/// its first eviction (usually no time: it lists while the pods do).
-const BUDGETS_BEFORE_FIRST_EVICTION: Duration = Duration::from_secs(2);
-
 /// The drain of a node, stage by stage: mark it, wait for a slot, say why, then the
 /// workload pods, the DaemonSet pods, the volumes and the node-critical DaemonSet
 /// pods. `Ok(None)`: the Node is gone. A plan that drains nothing (every reason done
@@ -574,7 +419,7 @@ async fn drain_node(
     Ok(Some(plan))
 }
 
-/// Stage 1: cordon and mark the node with every reason; what they plan together.
+/// Cordon and mark the node with every reason; what they plan together.
 /// `None`: the Node is gone.
 async fn mark(
     r: &Runner<'_>,
@@ -595,7 +440,7 @@ async fn mark(
     }
 }
 
-/// Stage 2: one of `maxConcurrentDrains` slots. The node is already cordoned and
+/// One of `maxConcurrentDrains` slots. The node is already cordoned and
 /// marked whatever the queue, so nothing is placed on a node that is going away
 /// while its drain waits (in an instance refresh, replacements landed on the next
 /// nodes of the refresh and were evicted again: 12% more evictions at 500 nodes).
@@ -656,78 +501,7 @@ async fn say_started(r: &Runner<'_>, req: &DrainRequest, node: &str, record: &Dr
     r.stage.events.node(node, Reason::DrainStarted, note).await;
 }
 
-/// Stage 3: every workload pod leaves (tiered, through the Eviction API), or the
-/// deadline's policy decides. Returns the node's pods for the stages after it.
-async fn workloads(
-    d: &NodeDrain<'_>,
-    pass: &Arc<crate::scalein::kube::pass::Pass>,
-    plan: &Plan,
-) -> Result<NodePods, Stop> {
-    let (r, node) = (d.r, d.node);
-    let _stage = metrics().stage("workloads");
-    let mut pods = pass.pods_of(node, r.port.drains_at_once());
-    // The budgets' cache lists while the pods do, so the first evictions already
-    // know what each budget allows (waited for briefly below; without it the API
-    // server's 429s say the same, only dearer).
-    let budgets_listed = pass.budgets();
-    // Each reason's deadline counts from its own arrival; a budget only shortens.
-    let workload_deadline = plan
-        .workload_deadline
-        .map(instant_of)
-        .unwrap_or_else(Instant::now);
-    // Fail closed: without the pod list nobody can tell what still runs there.
-    if !pods
-        .synced(workload_deadline.max(Instant::now() + LIST_GRACE))
-        .await
-    {
-        return Err(Stop::Fail(format!(
-            "could not list the pods of node {node}; the instance is not ended"
-        )));
-    }
-
-    budgets_listed
-        .ready(Instant::now() + BUDGETS_BEFORE_FIRST_EVICTION)
-        .await;
-
-    // CA's scale-in, whichever replica CA asked (a follower's drain reaches the
-    // leader as a resumed or held one): CA's own taint on the Node says so.
-    let fresh = d.source == Source::ClusterAutoscaler;
-    if fresh
-        || r.stage
-            .nodes
-            .has_taint(node, cordon::CA_TO_BE_DELETED_TAINT)
-    {
-        warn_daemonsets_evicted_early(d, &pods, fresh).await;
-    }
-
-    match phase(d, &mut pods, plan::Phase::Workloads, workload_deadline).await {
-        Ok(()) => {
-            r.stage
-                .events
-                .node(
-                    node,
-                    Reason::WorkloadsGone,
-                    "every workload pod has exited".into(),
-                )
-                .await
-        }
-        Err(left) => {
-            deadline(
-                r,
-                node,
-                "workloads",
-                r.stage.settings.workload_deadline,
-                plan.on_deadline,
-                left,
-            )
-            .await?;
-            end_remaining_workloads(d, &mut pods).await?;
-        }
-    }
-    Ok(pods)
-}
-
-/// Stage 5: the node's VolumeAttachments detach, but not those of pods that stay
+/// The node's VolumeAttachments detach, but not those of pods that stay
 /// on the node (node-critical DaemonSet pods); past the volume deadline the drain
 /// goes on and says so.
 async fn volumes_detach(d: &NodeDrain<'_>, pods: &NodePods) {
@@ -767,449 +541,4 @@ async fn volumes_detach(d: &NodeDrain<'_>, pods: &NodePods) {
             .node(node, Reason::DeadlineHit, format!("volume detach deadline {:?} passed with {} attachment(s) left ({}); proceeding", volume_deadline, left.len(), left.join(", ")))
             .await;
     }
-}
-
-async fn daemonset_phase(
-    d: &NodeDrain<'_>,
-    pods: &mut NodePods,
-    which: plan::Phase,
-) -> Result<(), Stop> {
-    let s = &d.r.stage.settings;
-    let (what, done) = match which {
-        plan::Phase::CriticalDaemonSets => (
-            "node-critical DaemonSet pods",
-            "every node-critical DaemonSet pod has exited",
-        ),
-        _ => ("DaemonSet pods", "every DaemonSet pod has exited"),
-    };
-    let mut ds_deadline = Instant::now() + s.daemonset_deadline;
-    if let Some((ends_at, _)) = d.budget {
-        ds_deadline = ds_deadline.min(ends_at.max(Instant::now()));
-    }
-    match phase(d, pods, which, ds_deadline).await {
-        Ok(()) => {
-            d.r.stage
-                .events
-                .node(d.node, Reason::DaemonSetsGone, done.into())
-                .await;
-            Ok(())
-        }
-        Err(left) => {
-            deadline(
-                d.r,
-                d.node,
-                what,
-                s.daemonset_deadline,
-                d.policy(s.daemonset_deadline_policy),
-                left,
-            )
-            .await
-        }
-    }
-}
-
-/// CA left at `--daemonset-eviction-for-occupied-nodes=true` evicts DaemonSet pods
-/// itself, with the workloads, before DeleteNodes: the log shipper is already going
-/// when the drain starts. Say so once per drain, naming the pods and the fix.
-async fn warn_daemonsets_evicted_early(d: &NodeDrain<'_>, pods: &NodePods, fresh: bool) {
-    let listed = pods.pods();
-    let early: Vec<String> = listed
-        .iter()
-        .filter(|p| plan::is_daemonset_pod(p) && p.metadata.deletion_timestamp.is_some())
-        .map(|p| plan::pod_ref(p).to_string())
-        .collect();
-    // A drain that just started for CA cannot have evicted them itself. A resumed
-    // one may have (its own DaemonSet phase): then only while workload pods are still
-    // there is it CA's doing.
-    let workloads_left = listed.iter().any(|p| {
-        matches!(plan::classify_at(p, &d.r.stage.settings.node_critical, crate::clock::timestamp_now()), Disposition::Evict(t) | Disposition::Wait(t) if !t.is_daemonset())
-    });
-    if early.is_empty() || !(fresh || workloads_left) {
-        return;
-    }
-    metrics()
-        .daemonset_pods_evicted_early
-        .inc_by(early.len() as u64);
-    d.r
-        .stage.events
-        .node(
-            d.node,
-            Reason::DaemonSetEvictedEarly,
-            format!(
-                "DaemonSet pods were already terminating when the drain began ({}): cluster-autoscaler evicted them with the workloads, so logs written by the workloads' last seconds may be lost; run CA with --daemonset-eviction-for-occupied-nodes=false, or annotate the DaemonSet's pods cluster-autoscaler.kubernetes.io/enable-ds-eviction: \"false\"",
-                early.join(", ")
-            ),
-        )
-        .await;
-}
-
-/// How long a delete the API server refuses at a `proceed` deadline (APF's 429, a
-/// 5xx, a webhook) is retried before the drain fails, the DaemonSet pods and the
-/// instance left as they are (fail closed; a held or resumed drain tries again).
-const DELETE_RETRY_FOR: Duration = Duration::from_secs(120);
-
-/// A `proceed` deadline passed with workload pods left: the instance ends anyway, so
-/// they are deleted now with their own grace period (preStop hooks run, SIGTERM
-/// arrives), a refused delete retried with backoff, and the DaemonSet pods wait for
-/// them, bounded by the longest grace. Fail closed: while one of them still runs and
-/// is not terminating, the DaemonSet phase does not start.
-async fn end_remaining_workloads(d: &NodeDrain<'_>, pods: &mut NodePods) -> Result<(), Stop> {
-    let left: Vec<Pod> = pods
-        .pods()
-        .into_iter()
-        .filter(|p| {
-            matches!(plan::classify_at(p, &d.r.stage.settings.node_critical, crate::clock::timestamp_now()), Disposition::Evict(t) | Disposition::Wait(t) if !t.is_daemonset())
-                && !plan::is_replacement(p, drain_taint(), d.started)
-                && d.not_waited_for(p).is_none()
-        })
-        .collect();
-    if left.is_empty() {
-        return Ok(());
-    }
-    // Until the last of their grace periods ends: a pod already terminating by its
-    // deletionTimestamp, not its spec (deleted with a longer grace, it runs on).
-    let grace = plan::grace_left(&left, crate::clock::timestamp_now());
-    let pods_ref: &NodePods = pods;
-    let deletes = join_all(
-        left.iter()
-            .filter(|p| p.metadata.deletion_timestamp.is_none())
-            .map(|p| delete_until_accepted(d, pods_ref, p)),
-    )
-    .await;
-    let mut deleted: Vec<plan::PodRef> = Vec::new();
-    let mut refused = Vec::new();
-    for (r, result) in deletes {
-        match result {
-            Ok(true) => deleted.push(r),
-            Ok(false) => {}
-            Err(e) => refused.push(format!("{r}: {e}")),
-        }
-    }
-    // What was deleted, no more. About the first of them: an Event on the Node with
-    // no related object would fold into the deadline's own Event series, note unseen.
-    if let Some(first) = deleted.first() {
-        let names: Vec<String> = deleted.iter().map(|r| r.to_string()).collect();
-        d.r
-            .stage.events
-            .node_about_pod(
-                d.node,
-                Reason::DeadlineHit,
-                format!(
-                    "deleted {} workload pod(s) left at the deadline with their own grace period ({}); DaemonSet pods go after them",
-                    names.len(),
-                    names.join(", ")
-                ),
-                first,
-            )
-            .await;
-    }
-    if !refused.is_empty() {
-        return Err(Stop::Fail(format!(
-            "could not delete {} workload pod(s) left at the deadline ({}); the DaemonSet pods stay and the instance is not ended",
-            refused.len(),
-            refused.join("; ")
-        )));
-    }
-    let uids: Vec<String> = left.iter().map(|p| plan::pod_ref(p).uid).collect();
-    let by = Instant::now() + grace + Duration::from_secs(5);
-    pods.wait_gone(&uids, by, |p| d.not_waited_for(p).is_some())
-        .await;
-    // Fail closed: a workload pod still there and not terminating (its delete was
-    // undone, or never seen) keeps the DaemonSet pods.
-    let running: Vec<String> = uids
-        .iter()
-        .filter_map(|u| pods.get(u))
-        .filter(|p| p.metadata.deletion_timestamp.is_none())
-        .map(|p| plan::pod_ref(&p).to_string())
-        .collect();
-    if !running.is_empty() {
-        return Err(Stop::Fail(format!(
-            "workload pod(s) still running after their delete at the deadline ({}); the DaemonSet pods stay and the instance is not ended",
-            running.join(", ")
-        )));
-    }
-    Ok(())
-}
-
-/// Deletes one pod left at a `proceed` deadline with its own grace period, retrying
-/// what the API server refuses with backoff for [`DELETE_RETRY_FOR`]. `Ok(true)`:
-/// deleted by this call; `Ok(false)`: gone, replaced or terminating without it.
-async fn delete_until_accepted(
-    d: &NodeDrain<'_>,
-    pods: &NodePods,
-    p: &Pod,
-) -> (plan::PodRef, Result<bool, String>) {
-    let r = plan::pod_ref(p);
-    tokio::time::sleep(d.wait_before_evicting(p)).await;
-    let api: Api<Pod> = Api::namespaced(d.r.stage.client.clone(), &r.namespace);
-    let params = DeleteParams {
-        preconditions: Some(Preconditions {
-            uid: Some(r.uid.clone()),
-            resource_version: None,
-        }),
-        ..DeleteParams::default()
-    };
-    let give_up = Instant::now() + DELETE_RETRY_FOR;
-    let mut backoff = Duration::from_millis(200);
-    loop {
-        let terminating = pods
-            .get(&r.uid)
-            .is_none_or(|p| p.metadata.deletion_timestamp.is_some());
-        if terminating {
-            return (r, Ok(false));
-        }
-        match api.delete(&r.name, &params).await {
-            Ok(_) => {
-                d.r
-                    .stage.events
-                    .pod(
-                        &r,
-                        d.node,
-                        Reason::PodEvicted,
-                        format!(
-                            "deleted by ca-asg-provider with its own grace period: node {} is being drained ({}) and the workload deadline passed",
-                            d.node, d.why
-                        ),
-                    )
-                    .await;
-                return (r, Ok(true));
-            }
-            // Gone, or another pod of the same name (the uid precondition failed).
-            Err(kube::Error::Api(e)) if e.code == 404 || e.code == 409 => return (r, Ok(false)),
-            Err(e) => {
-                let wait =
-                    backoff.mul_f64(0.5 + 0.5 * crate::clock::random_fraction(&r.to_string()));
-                if Instant::now() + wait >= give_up {
-                    return (r, Err(e.to_string()));
-                }
-                tracing::warn!(node = d.node, pod = %r, error = %e, retry_in = ?wait, "could not delete a pod left at the deadline; retrying");
-                tokio::time::sleep(wait).await;
-                backoff = (backoff * 2).min(Duration::from_secs(10));
-            }
-        }
-    }
-}
-
-/// A phase deadline passed with `left` pods still there: apply the policy, loudly.
-async fn deadline(
-    r: &Runner<'_>,
-    node: &str,
-    what: &str,
-    limit: Duration,
-    policy: DeadlinePolicy,
-    left: usize,
-) -> Result<(), Stop> {
-    r.stage
-        .stats
-        .deadlines_hit
-        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    metrics()
-        .deadlines
-        .get_or_create(&StageLabels {
-            stage: what.to_string(),
-        })
-        .inc();
-    let note = format!(
-        "{what} deadline {limit:?} passed with {left} pod(s) still on the node; policy {}",
-        policy.as_str()
-    );
-    r.stage
-        .events
-        .node(node, Reason::DeadlineHit, note.clone())
-        .await;
-    match policy {
-        DeadlinePolicy::Proceed => Ok(()),
-        DeadlinePolicy::Abandon => Err(Stop::Abandon(note)),
-    }
-}
-
-fn drain_taint() -> (&'static str, &'static str, &'static str) {
-    (cordon::TAINT_KEY, "true", "NoSchedule")
-}
-
-/// Runs tiers until nothing of the phase is left. `Err(n)`: the deadline passed with
-/// `n` pods left. Pods that arrived after the drain began and tolerate its taint are
-/// not chased; pods stuck terminating, finished, or on a node whose kubelet cannot
-/// confirm them are not waited for; each gets one Event saying so.
-async fn phase(
-    d: &NodeDrain<'_>,
-    pods: &mut NodePods,
-    which: plan::Phase,
-    deadline: Instant,
-) -> Result<(), usize> {
-    let mut evicted: BTreeSet<String> = BTreeSet::new();
-    let mut told: BTreeSet<String> = BTreeSet::new();
-    loop {
-        let (current, skipped) = pods_of_phase(d, pods, which, &evicted, &mut told);
-        say_not_waited_for(d, skipped).await;
-        let step = plan::next_step_with(
-            &current,
-            which,
-            &d.r.stage.settings.node_critical,
-            crate::clock::timestamp_now(),
-        );
-        let Some(tier) = step.tier else { return Ok(()) };
-        say_tier(d, tier, &step, &mut told).await;
-        let accepted = evict_tier(d, pods, &step, &current, deadline).await;
-        evicted.extend(step.evict.iter().map(|p| p.uid.clone()));
-        tier_gone(d, pods, &step, &accepted, deadline).await?;
-    }
-}
-
-/// The pods on the node this phase still waits for, and (once per pod, `told`
-/// remembers) the pods it will not wait for, with why: finished pods a finalizer
-/// keeps, replacements that tolerate the drain taint, and pods `not_waited_for`
-/// names.
-fn pods_of_phase(
-    d: &NodeDrain<'_>,
-    pods: &NodePods,
-    which: plan::Phase,
-    evicted: &BTreeSet<String>,
-    told: &mut BTreeSet<String>,
-) -> (Vec<Pod>, Vec<(plan::PodRef, &'static str)>) {
-    let mut skipped: Vec<(plan::PodRef, &'static str)> = Vec::new();
-    let current: Vec<Pod> = pods
-        .pods()
-        .into_iter()
-        .filter(|p| {
-            let r = plan::pod_ref(p);
-            let in_phase = match plan::classify_at(p, &d.r.stage.settings.node_critical, crate::clock::timestamp_now()) {
-                Disposition::Evict(t) | Disposition::Wait(t) => which.takes(t),
-                Disposition::Skip(_) => {
-                    // A finished pod a finalizer keeps: say once why it stays.
-                    let held = p.metadata.deletion_timestamp.is_some()
-                        && p.metadata.finalizers.as_ref().is_some_and(|f| !f.is_empty());
-                    if held && which == plan::Phase::Workloads && told.insert(r.uid.clone()) {
-                        if let Some(why) = d.not_waited_for(p) {
-                            skipped.push((r.clone(), why));
-                        }
-                    }
-                    false
-                }
-            };
-            if !in_phase {
-                return true;
-            }
-            if !evicted.contains(&r.uid) && plan::is_replacement(p, drain_taint(), d.started) {
-                if told.insert(r.uid.clone()) {
-                    skipped.push((r.clone(), "it arrived after the drain began and tolerates the drain taint; it ends with the instance"));
-                }
-                return false;
-            }
-            if let Some(why) = d.not_waited_for(p) {
-                if told.insert(r.uid.clone()) {
-                    skipped.push((r.clone(), why));
-                }
-                return false;
-            }
-            true
-        })
-        .collect();
-    (current, skipped)
-}
-
-/// One `PodNotWaitedFor` Event per pod the phase will not wait for.
-async fn say_not_waited_for(d: &NodeDrain<'_>, skipped: Vec<(plan::PodRef, &'static str)>) {
-    for (pod, why) in skipped {
-        d.r.stage
-            .events
-            .node_about_pod(
-                d.node,
-                Reason::PodNotWaitedFor,
-                format!("{pod}: {why}"),
-                &pod,
-            )
-            .await;
-    }
-}
-
-/// The Events of a tier that waits instead of evicting (pods that run to completion,
-/// each said once) or evicts pods that asked not to be disrupted.
-async fn say_tier(d: &NodeDrain<'_>, tier: Tier, step: &plan::Step, told: &mut BTreeSet<String>) {
-    let (r, node) = (d.r, d.node);
-    if tier == Tier::OnCompletion {
-        let new: Vec<String> = step
-            .wait
-            .iter()
-            .filter(|p| told.insert(format!("completion:{}", p.uid)))
-            .map(|p| p.to_string())
-            .collect();
-        if !new.is_empty() {
-            r
-                .stage.events
-                .node(node, Reason::WaitingForCompletion, format!("waiting for pods that run to completion (cluster-autoscaler.kubernetes.io/safe-to-evict: on-completion) to finish: {}; nothing is evicted, and the workload deadline's policy applies if they are still running then", new.join(", ")))
-                .await;
-        }
-    }
-    if tier == Tier::DoNotDisrupt && !step.evict.is_empty() {
-        let names: Vec<String> = step.evict.iter().map(|p| p.to_string()).collect();
-        r
-            .stage.events
-            .node(node, Reason::EvictingDoNotDisrupt, format!("evicting pods that asked not to be disrupted ({}): the instance is ending anyway, so they go last among workloads", names.join(", ")))
-            .await;
-    }
-}
-
-/// Evicts the tier's pods at once, each after its own wait (`wait_before_evicting`),
-/// each until the API server accepts or the deadline; one answer per pod, in order.
-async fn evict_tier(
-    d: &NodeDrain<'_>,
-    pods: &NodePods,
-    step: &plan::Step,
-    current: &[Pod],
-    deadline: Instant,
-) -> Vec<bool> {
-    let (r, node) = (d.r, d.node);
-    let waits: BTreeMap<String, Duration> = current
-        .iter()
-        .map(|p| (plan::pod_ref(p).uid, d.wait_before_evicting(p)))
-        .collect();
-    join_all(step.evict.iter().map(|p| {
-        let uid = p.uid.clone();
-        let wait = waits.get(&uid).copied().unwrap_or_default();
-        async move {
-            tokio::time::sleep(wait).await;
-            evict::until_accepted(&r.stage, node, p, d.why, deadline, move || {
-                pods.contains(&uid)
-            })
-            .await
-        }
-    }))
-    .await
-}
-
-/// Waits until the tier's pods (evicted and waited for) are gone. `Err(n)`: the
-/// deadline passed, or an eviction was never accepted, with `n` of them left that the
-/// drain waits for.
-async fn tier_gone(
-    d: &NodeDrain<'_>,
-    pods: &mut NodePods,
-    step: &plan::Step,
-    accepted: &[bool],
-    deadline: Instant,
-) -> Result<(), usize> {
-    let uids: Vec<String> = step
-        .evict
-        .iter()
-        .chain(step.wait.iter())
-        .map(|p| p.uid.clone())
-        .collect();
-    let gone = accepted.iter().all(|a| *a)
-        && pods
-            .wait_gone(&uids, deadline, |p| d.not_waited_for(p).is_some())
-            .await;
-    if !gone {
-        let left = uids
-            .iter()
-            .filter(|u| pods.get(u).is_some_and(|p| d.not_waited_for(&p).is_none()))
-            .count();
-        return Err(left);
-    }
-    tracing::debug!(
-        node = d.node,
-        tier = step.tier.map(Tier::as_str),
-        count = uids.len(),
-        "tier gone"
-    );
-    Ok(())
 }

@@ -1,4 +1,4 @@
-//! Stage 2: evictions through the Eviction API (policy/v1). A 429 means a
+//! Evictions through the Eviction API (policy/v1). A 429 means a
 //! PodDisruptionBudget does not allow it yet: wait and retry, never delete around it.
 
 use std::sync::atomic::Ordering;

@@ -2,24 +2,30 @@
 //! ([`drain::drain_node`]).
 //!
 //! - [`cordon`]: mark the node (unschedulable, our taint, LB exclusion, the record);
-//! - [`evict`]: the Eviction API with PDB-aware retry, tier by tier;
+//! - [`workloads`]: the workload pods leave, tier by tier, or the deadline's policy
+//!   decides ([`evict`]: the Eviction API with PDB-aware retry);
+//! - [`daemonsets`]: the DaemonSet pods last, the node-critical ones after the volumes;
 //! - [`volumes`]: wait for VolumeAttachments to detach;
 //! - [`terminate`]: CompleteLifecycleAction or TerminateInstanceInAutoScalingGroup;
+//! - [`port`]: what the phases share and the runner's way into the engine;
 //! - [`preview`]: what a drain would do (dry run), changing nothing.
 //!
 //! A stage works on one node through a [`Stage`]: the client, the settings, the Node
 //! index, what drains running together share, the Events and the counters, never the
 //! engine itself, its book of drains or its slots. The last stage adds AWS and the
 //! provider's accounting ([`terminate::Ending`]); the list's runner adds the slots and
-//! our hook's hold ([`drain::Runner`]). Of the engine each sees one small trait
-//! ([`terminate::EndPort`], [`drain::DrainPort`]).
+//! our hook's hold ([`port::Runner`]). Of the engine each sees one small trait
+//! ([`terminate::EndPort`], [`port::DrainPort`]).
 
 pub mod cordon;
+pub mod daemonsets;
 pub mod drain;
 pub mod evict;
+pub mod port;
 pub mod preview;
 pub mod terminate;
 pub mod volumes;
+pub mod workloads;
 
 use crate::scalein::decide::record;
 use crate::scalein::kube::budgets::BudgetWatches;

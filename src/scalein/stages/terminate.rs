@@ -1,4 +1,4 @@
-//! Stage 4: end the instance, exactly once: CompleteLifecycleAction CONTINUE in
+//! End the instance, exactly once: CompleteLifecycleAction CONTINUE in
 //! lifecycle mode, TerminateInstanceInAutoScalingGroup with decrement in direct mode.
 //! Both check first whether the work is already done (a resumed drain).
 //!

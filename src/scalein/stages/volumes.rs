@@ -1,4 +1,4 @@
-//! Stage 3: wait (bounded) until the node's VolumeAttachments are gone, so EBS
+//! Wait (bounded) until the node's VolumeAttachments are gone, so EBS
 //! volumes detach cleanly before the instance ends and the next pod can attach them.
 
 use crate::clock::Instant;

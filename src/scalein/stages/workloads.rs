@@ -1,0 +1,507 @@
+//! The workload pods leave, tier by tier, through the Eviction API (a budget that
+//! allows nothing waits), or the deadline's policy decides: `proceed` deletes each
+//! pod left with its own grace period, `abandon` gives the node back. The tier loop
+//! ([`phase`]) and a deadline's policy ([`deadline`]) serve the DaemonSet phases too.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use crate::clock::Instant;
+
+use futures::future::join_all;
+use k8s_openapi::api::core::v1::Pod;
+use kube::api::{DeleteParams, Preconditions};
+use kube::Api;
+
+use crate::scalein::decide::plan::{self, Disposition, Tier};
+use crate::scalein::decide::record::Plan;
+use crate::scalein::kube::events::Reason;
+use crate::scalein::kube::wait::NodePods;
+use crate::scalein::stages::cordon;
+use crate::scalein::stages::evict;
+use crate::scalein::{DeadlinePolicy, Source};
+use crate::telemetry::metrics::{metrics, StageLabels};
+
+use crate::scalein::stages::port::{drain_taint, instant_of, NodeDrain, Runner, Stop};
+
+/// How long a drain resumed past its workload deadline still waits for the first
+/// list of the node's pods: it needs them for the DaemonSet phase.
+const LIST_GRACE: Duration = Duration::from_secs(30);
+
+/// How long a drain waits for the pass's first list of PodDisruptionBudgets before
+/// its first eviction (usually no time: it lists while the pods do).
+const BUDGETS_BEFORE_FIRST_EVICTION: Duration = Duration::from_secs(2);
+
+/// Every workload pod leaves (tiered, through the Eviction API), or the
+/// deadline's policy decides. Returns the node's pods for the stages after it.
+pub(crate) async fn workloads(
+    d: &NodeDrain<'_>,
+    pass: &Arc<crate::scalein::kube::pass::Pass>,
+    plan: &Plan,
+) -> Result<NodePods, Stop> {
+    let (r, node) = (d.r, d.node);
+    let _stage = metrics().stage("workloads");
+    let mut pods = pass.pods_of(node, r.port.drains_at_once());
+    // The budgets' cache lists while the pods do, so the first evictions already
+    // know what each budget allows (waited for briefly below; without it the API
+    // server's 429s say the same, only dearer).
+    let budgets_listed = pass.budgets();
+    // Each reason's deadline counts from its own arrival; a budget only shortens.
+    let workload_deadline = plan
+        .workload_deadline
+        .map(instant_of)
+        .unwrap_or_else(Instant::now);
+    // Fail closed: without the pod list nobody can tell what still runs there.
+    if !pods
+        .synced(workload_deadline.max(Instant::now() + LIST_GRACE))
+        .await
+    {
+        return Err(Stop::Fail(format!(
+            "could not list the pods of node {node}; the instance is not ended"
+        )));
+    }
+
+    budgets_listed
+        .ready(Instant::now() + BUDGETS_BEFORE_FIRST_EVICTION)
+        .await;
+
+    // CA's scale-in, whichever replica CA asked (a follower's drain reaches the
+    // leader as a resumed or held one): CA's own taint on the Node says so.
+    let fresh = d.source == Source::ClusterAutoscaler;
+    if fresh
+        || r.stage
+            .nodes
+            .has_taint(node, cordon::CA_TO_BE_DELETED_TAINT)
+    {
+        warn_daemonsets_evicted_early(d, &pods, fresh).await;
+    }
+
+    match phase(d, &mut pods, plan::Phase::Workloads, workload_deadline).await {
+        Ok(()) => {
+            r.stage
+                .events
+                .node(
+                    node,
+                    Reason::WorkloadsGone,
+                    "every workload pod has exited".into(),
+                )
+                .await
+        }
+        Err(left) => {
+            deadline(
+                r,
+                node,
+                "workloads",
+                r.stage.settings.workload_deadline,
+                plan.on_deadline,
+                left,
+            )
+            .await?;
+            end_remaining_workloads(d, &mut pods).await?;
+        }
+    }
+    Ok(pods)
+}
+
+/// CA left at `--daemonset-eviction-for-occupied-nodes=true` evicts DaemonSet pods
+/// itself, with the workloads, before DeleteNodes: the log shipper is already going
+/// when the drain starts. Say so once per drain, naming the pods and the fix.
+async fn warn_daemonsets_evicted_early(d: &NodeDrain<'_>, pods: &NodePods, fresh: bool) {
+    let listed = pods.pods();
+    let early: Vec<String> = listed
+        .iter()
+        .filter(|p| plan::is_daemonset_pod(p) && p.metadata.deletion_timestamp.is_some())
+        .map(|p| plan::pod_ref(p).to_string())
+        .collect();
+    // A drain that just started for CA cannot have evicted them itself. A resumed
+    // one may have (its own DaemonSet phase): then only while workload pods are still
+    // there is it CA's doing.
+    let workloads_left = listed.iter().any(|p| {
+        matches!(plan::classify_at(p, &d.r.stage.settings.node_critical, crate::clock::timestamp_now()), Disposition::Evict(t) | Disposition::Wait(t) if !t.is_daemonset())
+    });
+    if early.is_empty() || !(fresh || workloads_left) {
+        return;
+    }
+    metrics()
+        .daemonset_pods_evicted_early
+        .inc_by(early.len() as u64);
+    d.r
+        .stage.events
+        .node(
+            d.node,
+            Reason::DaemonSetEvictedEarly,
+            format!(
+                "DaemonSet pods were already terminating when the drain began ({}): cluster-autoscaler evicted them with the workloads, so logs written by the workloads' last seconds may be lost; run CA with --daemonset-eviction-for-occupied-nodes=false, or annotate the DaemonSet's pods cluster-autoscaler.kubernetes.io/enable-ds-eviction: \"false\"",
+                early.join(", ")
+            ),
+        )
+        .await;
+}
+
+/// How long a delete the API server refuses at a `proceed` deadline (APF's 429, a
+/// 5xx, a webhook) is retried before the drain fails, the DaemonSet pods and the
+/// instance left as they are (fail closed; a held or resumed drain tries again).
+const DELETE_RETRY_FOR: Duration = Duration::from_secs(120);
+
+/// A `proceed` deadline passed with workload pods left: the instance ends anyway, so
+/// they are deleted now with their own grace period (preStop hooks run, SIGTERM
+/// arrives), a refused delete retried with backoff, and the DaemonSet pods wait for
+/// them, bounded by the longest grace. Fail closed: while one of them still runs and
+/// is not terminating, the DaemonSet phase does not start.
+async fn end_remaining_workloads(d: &NodeDrain<'_>, pods: &mut NodePods) -> Result<(), Stop> {
+    let left: Vec<Pod> = pods
+        .pods()
+        .into_iter()
+        .filter(|p| {
+            matches!(plan::classify_at(p, &d.r.stage.settings.node_critical, crate::clock::timestamp_now()), Disposition::Evict(t) | Disposition::Wait(t) if !t.is_daemonset())
+                && !plan::is_replacement(p, drain_taint(), d.started)
+                && d.not_waited_for(p).is_none()
+        })
+        .collect();
+    if left.is_empty() {
+        return Ok(());
+    }
+    // Until the last of their grace periods ends: a pod already terminating by its
+    // deletionTimestamp, not its spec (deleted with a longer grace, it runs on).
+    let grace = plan::grace_left(&left, crate::clock::timestamp_now());
+    let pods_ref: &NodePods = pods;
+    let deletes = join_all(
+        left.iter()
+            .filter(|p| p.metadata.deletion_timestamp.is_none())
+            .map(|p| delete_until_accepted(d, pods_ref, p)),
+    )
+    .await;
+    let mut deleted: Vec<plan::PodRef> = Vec::new();
+    let mut refused = Vec::new();
+    for (r, result) in deletes {
+        match result {
+            Ok(true) => deleted.push(r),
+            Ok(false) => {}
+            Err(e) => refused.push(format!("{r}: {e}")),
+        }
+    }
+    // What was deleted, no more. About the first of them: an Event on the Node with
+    // no related object would fold into the deadline's own Event series, note unseen.
+    if let Some(first) = deleted.first() {
+        let names: Vec<String> = deleted.iter().map(|r| r.to_string()).collect();
+        d.r
+            .stage.events
+            .node_about_pod(
+                d.node,
+                Reason::DeadlineHit,
+                format!(
+                    "deleted {} workload pod(s) left at the deadline with their own grace period ({}); DaemonSet pods go after them",
+                    names.len(),
+                    names.join(", ")
+                ),
+                first,
+            )
+            .await;
+    }
+    if !refused.is_empty() {
+        return Err(Stop::Fail(format!(
+            "could not delete {} workload pod(s) left at the deadline ({}); the DaemonSet pods stay and the instance is not ended",
+            refused.len(),
+            refused.join("; ")
+        )));
+    }
+    let uids: Vec<String> = left.iter().map(|p| plan::pod_ref(p).uid).collect();
+    let by = Instant::now() + grace + Duration::from_secs(5);
+    pods.wait_gone(&uids, by, |p| d.not_waited_for(p).is_some())
+        .await;
+    // Fail closed: a workload pod still there and not terminating (its delete was
+    // undone, or never seen) keeps the DaemonSet pods.
+    let running: Vec<String> = uids
+        .iter()
+        .filter_map(|u| pods.get(u))
+        .filter(|p| p.metadata.deletion_timestamp.is_none())
+        .map(|p| plan::pod_ref(&p).to_string())
+        .collect();
+    if !running.is_empty() {
+        return Err(Stop::Fail(format!(
+            "workload pod(s) still running after their delete at the deadline ({}); the DaemonSet pods stay and the instance is not ended",
+            running.join(", ")
+        )));
+    }
+    Ok(())
+}
+
+/// Deletes one pod left at a `proceed` deadline with its own grace period, retrying
+/// what the API server refuses with backoff for [`DELETE_RETRY_FOR`]. `Ok(true)`:
+/// deleted by this call; `Ok(false)`: gone, replaced or terminating without it.
+async fn delete_until_accepted(
+    d: &NodeDrain<'_>,
+    pods: &NodePods,
+    p: &Pod,
+) -> (plan::PodRef, Result<bool, String>) {
+    let r = plan::pod_ref(p);
+    tokio::time::sleep(d.wait_before_evicting(p)).await;
+    let api: Api<Pod> = Api::namespaced(d.r.stage.client.clone(), &r.namespace);
+    let params = DeleteParams {
+        preconditions: Some(Preconditions {
+            uid: Some(r.uid.clone()),
+            resource_version: None,
+        }),
+        ..DeleteParams::default()
+    };
+    let give_up = Instant::now() + DELETE_RETRY_FOR;
+    let mut backoff = Duration::from_millis(200);
+    loop {
+        let terminating = pods
+            .get(&r.uid)
+            .is_none_or(|p| p.metadata.deletion_timestamp.is_some());
+        if terminating {
+            return (r, Ok(false));
+        }
+        match api.delete(&r.name, &params).await {
+            Ok(_) => {
+                d.r
+                    .stage.events
+                    .pod(
+                        &r,
+                        d.node,
+                        Reason::PodEvicted,
+                        format!(
+                            "deleted by ca-asg-provider with its own grace period: node {} is being drained ({}) and the workload deadline passed",
+                            d.node, d.why
+                        ),
+                    )
+                    .await;
+                return (r, Ok(true));
+            }
+            // Gone, or another pod of the same name (the uid precondition failed).
+            Err(kube::Error::Api(e)) if e.code == 404 || e.code == 409 => return (r, Ok(false)),
+            Err(e) => {
+                let wait =
+                    backoff.mul_f64(0.5 + 0.5 * crate::clock::random_fraction(&r.to_string()));
+                if Instant::now() + wait >= give_up {
+                    return (r, Err(e.to_string()));
+                }
+                tracing::warn!(node = d.node, pod = %r, error = %e, retry_in = ?wait, "could not delete a pod left at the deadline; retrying");
+                tokio::time::sleep(wait).await;
+                backoff = (backoff * 2).min(Duration::from_secs(10));
+            }
+        }
+    }
+}
+
+/// A phase deadline passed with `left` pods still there: apply the policy, loudly.
+pub(crate) async fn deadline(
+    r: &Runner<'_>,
+    node: &str,
+    what: &str,
+    limit: Duration,
+    policy: DeadlinePolicy,
+    left: usize,
+) -> Result<(), Stop> {
+    r.stage
+        .stats
+        .deadlines_hit
+        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    metrics()
+        .deadlines
+        .get_or_create(&StageLabels {
+            stage: what.to_string(),
+        })
+        .inc();
+    let note = format!(
+        "{what} deadline {limit:?} passed with {left} pod(s) still on the node; policy {}",
+        policy.as_str()
+    );
+    r.stage
+        .events
+        .node(node, Reason::DeadlineHit, note.clone())
+        .await;
+    match policy {
+        DeadlinePolicy::Proceed => Ok(()),
+        DeadlinePolicy::Abandon => Err(Stop::Abandon(note)),
+    }
+}
+
+/// Runs tiers until nothing of the phase is left. `Err(n)`: the deadline passed with
+/// `n` pods left. Pods that arrived after the drain began and tolerate its taint are
+/// not chased; pods stuck terminating, finished, or on a node whose kubelet cannot
+/// confirm them are not waited for; each gets one Event saying so.
+pub(crate) async fn phase(
+    d: &NodeDrain<'_>,
+    pods: &mut NodePods,
+    which: plan::Phase,
+    deadline: Instant,
+) -> Result<(), usize> {
+    let mut evicted: BTreeSet<String> = BTreeSet::new();
+    let mut told: BTreeSet<String> = BTreeSet::new();
+    loop {
+        let (current, skipped) = pods_of_phase(d, pods, which, &evicted, &mut told);
+        say_not_waited_for(d, skipped).await;
+        let step = plan::next_step_with(
+            &current,
+            which,
+            &d.r.stage.settings.node_critical,
+            crate::clock::timestamp_now(),
+        );
+        let Some(tier) = step.tier else { return Ok(()) };
+        say_tier(d, tier, &step, &mut told).await;
+        let accepted = evict_tier(d, pods, &step, &current, deadline).await;
+        evicted.extend(step.evict.iter().map(|p| p.uid.clone()));
+        tier_gone(d, pods, &step, &accepted, deadline).await?;
+    }
+}
+
+/// The pods on the node this phase still waits for, and (once per pod, `told`
+/// remembers) the pods it will not wait for, with why: finished pods a finalizer
+/// keeps, replacements that tolerate the drain taint, and pods `not_waited_for`
+/// names.
+fn pods_of_phase(
+    d: &NodeDrain<'_>,
+    pods: &NodePods,
+    which: plan::Phase,
+    evicted: &BTreeSet<String>,
+    told: &mut BTreeSet<String>,
+) -> (Vec<Pod>, Vec<(plan::PodRef, &'static str)>) {
+    let mut skipped: Vec<(plan::PodRef, &'static str)> = Vec::new();
+    let current: Vec<Pod> = pods
+        .pods()
+        .into_iter()
+        .filter(|p| {
+            let r = plan::pod_ref(p);
+            let in_phase = match plan::classify_at(p, &d.r.stage.settings.node_critical, crate::clock::timestamp_now()) {
+                Disposition::Evict(t) | Disposition::Wait(t) => which.takes(t),
+                Disposition::Skip(_) => {
+                    // A finished pod a finalizer keeps: say once why it stays.
+                    let held = p.metadata.deletion_timestamp.is_some()
+                        && p.metadata.finalizers.as_ref().is_some_and(|f| !f.is_empty());
+                    if held && which == plan::Phase::Workloads && told.insert(r.uid.clone()) {
+                        if let Some(why) = d.not_waited_for(p) {
+                            skipped.push((r.clone(), why));
+                        }
+                    }
+                    false
+                }
+            };
+            if !in_phase {
+                return true;
+            }
+            if !evicted.contains(&r.uid) && plan::is_replacement(p, drain_taint(), d.started) {
+                if told.insert(r.uid.clone()) {
+                    skipped.push((r.clone(), "it arrived after the drain began and tolerates the drain taint; it ends with the instance"));
+                }
+                return false;
+            }
+            if let Some(why) = d.not_waited_for(p) {
+                if told.insert(r.uid.clone()) {
+                    skipped.push((r.clone(), why));
+                }
+                return false;
+            }
+            true
+        })
+        .collect();
+    (current, skipped)
+}
+
+/// One `PodNotWaitedFor` Event per pod the phase will not wait for.
+async fn say_not_waited_for(d: &NodeDrain<'_>, skipped: Vec<(plan::PodRef, &'static str)>) {
+    for (pod, why) in skipped {
+        d.r.stage
+            .events
+            .node_about_pod(
+                d.node,
+                Reason::PodNotWaitedFor,
+                format!("{pod}: {why}"),
+                &pod,
+            )
+            .await;
+    }
+}
+
+/// The Events of a tier that waits instead of evicting (pods that run to completion,
+/// each said once) or evicts pods that asked not to be disrupted.
+async fn say_tier(d: &NodeDrain<'_>, tier: Tier, step: &plan::Step, told: &mut BTreeSet<String>) {
+    let (r, node) = (d.r, d.node);
+    if tier == Tier::OnCompletion {
+        let new: Vec<String> = step
+            .wait
+            .iter()
+            .filter(|p| told.insert(format!("completion:{}", p.uid)))
+            .map(|p| p.to_string())
+            .collect();
+        if !new.is_empty() {
+            r
+                .stage.events
+                .node(node, Reason::WaitingForCompletion, format!("waiting for pods that run to completion (cluster-autoscaler.kubernetes.io/safe-to-evict: on-completion) to finish: {}; nothing is evicted, and the workload deadline's policy applies if they are still running then", new.join(", ")))
+                .await;
+        }
+    }
+    if tier == Tier::DoNotDisrupt && !step.evict.is_empty() {
+        let names: Vec<String> = step.evict.iter().map(|p| p.to_string()).collect();
+        r
+            .stage.events
+            .node(node, Reason::EvictingDoNotDisrupt, format!("evicting pods that asked not to be disrupted ({}): the instance is ending anyway, so they go last among workloads", names.join(", ")))
+            .await;
+    }
+}
+
+/// Evicts the tier's pods at once, each after its own wait (`wait_before_evicting`),
+/// each until the API server accepts or the deadline; one answer per pod, in order.
+async fn evict_tier(
+    d: &NodeDrain<'_>,
+    pods: &NodePods,
+    step: &plan::Step,
+    current: &[Pod],
+    deadline: Instant,
+) -> Vec<bool> {
+    let (r, node) = (d.r, d.node);
+    let waits: BTreeMap<String, Duration> = current
+        .iter()
+        .map(|p| (plan::pod_ref(p).uid, d.wait_before_evicting(p)))
+        .collect();
+    join_all(step.evict.iter().map(|p| {
+        let uid = p.uid.clone();
+        let wait = waits.get(&uid).copied().unwrap_or_default();
+        async move {
+            tokio::time::sleep(wait).await;
+            evict::until_accepted(&r.stage, node, p, d.why, deadline, move || {
+                pods.contains(&uid)
+            })
+            .await
+        }
+    }))
+    .await
+}
+
+/// Waits until the tier's pods (evicted and waited for) are gone. `Err(n)`: the
+/// deadline passed, or an eviction was never accepted, with `n` of them left that the
+/// drain waits for.
+async fn tier_gone(
+    d: &NodeDrain<'_>,
+    pods: &mut NodePods,
+    step: &plan::Step,
+    accepted: &[bool],
+    deadline: Instant,
+) -> Result<(), usize> {
+    let uids: Vec<String> = step
+        .evict
+        .iter()
+        .chain(step.wait.iter())
+        .map(|p| p.uid.clone())
+        .collect();
+    let gone = accepted.iter().all(|a| *a)
+        && pods
+            .wait_gone(&uids, deadline, |p| d.not_waited_for(p).is_some())
+            .await;
+    if !gone {
+        let left = uids
+            .iter()
+            .filter(|u| pods.get(u).is_some_and(|p| d.not_waited_for(&p).is_none()))
+            .count();
+        return Err(left);
+    }
+    tracing::debug!(
+        node = d.node,
+        tier = step.tier.map(Tier::as_str),
+        count = uids.len(),
+        "tier gone"
+    );
+    Ok(())
+}
