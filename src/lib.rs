@@ -7,6 +7,7 @@ pub mod commands;
 pub mod config;
 pub mod duration;
 pub mod grpc;
+pub mod h2_authority;
 pub mod provider;
 pub mod scalein;
 pub mod sim;

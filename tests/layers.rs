@@ -11,6 +11,7 @@ const LAYERS: &[(&str, u8)] = &[
     ("proto", 0),
     ("duration", 0),
     ("clock", 0),
+    ("h2_authority", 0),
     ("telemetry", 0),
     ("cloud", 1),
     ("provider", 2),

@@ -12,7 +12,6 @@ use crate::proto::cloud_provider_server::CloudProviderServer;
 use crate::provider::Provider;
 use crate::telemetry::metrics::{metrics, Metrics};
 
-pub mod authority;
 pub mod deadline;
 pub mod door;
 pub mod in_process;
@@ -143,17 +142,19 @@ pub async fn serve_counted(
 
 /// The Unix socket's connections, through the front door and the authority rewrite:
 /// clients on gRPC's C core send the socket's path as `:authority`, which h2 refuses;
-/// on the socket only, such an authority becomes `localhost` ([`authority`] says why
+/// on the socket only, such an authority becomes `localhost` ([`crate::h2_authority`] says why
 /// that is safe). TCP connections never pass through it.
 pub fn unix_incoming(
     listener: UnixListener,
     limits: ConnectionLimits,
 ) -> impl futures::Stream<
-    Item = std::io::Result<authority::Rewritten<door::LimitedStream<tokio::net::UnixStream>>>,
+    Item = std::io::Result<
+        crate::h2_authority::Rewritten<door::LimitedStream<tokio::net::UnixStream>>,
+    >,
 > + Send
        + 'static {
     use futures::StreamExt;
-    door::incoming(listener, limits).map(|c| c.map(authority::Rewritten::new))
+    door::incoming(listener, limits).map(|c| c.map(crate::h2_authority::Rewritten::new))
 }
 
 /// The services a server offers: health, and the CloudProvider service over

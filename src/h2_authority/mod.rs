@@ -1,5 +1,19 @@
 //! Unix socket connections only: a request whose `:authority` is not a URI authority
-//! reaches the HTTP/2 server with `localhost` instead.
+//! reaches the HTTP/2 server with `localhost` instead. An HTTP/2 header reader and
+//! HPACK decoder of its own (RFC 9113, RFC 7541), in a module of its own at the bottom
+//! of the house: it knows nothing of the service, only bytes in and bytes out (and
+//! the `Connected` of the socket it wraps, for tonic). The gRPC door
+//! (`src/grpc/mod.rs`) wraps each Unix socket connection in [`Rewritten`].
+//!
+//! When it can go: once h2 accepts a request whose `:authority` is not a URI
+//! authority on a connection that is not TCP (hyperium/h2 pull request #487, "Do not
+//! require authority for UNIX domain sockets", open since 2020; hyperium/h2#442 and
+//! hyperium/tonic#243 ask the same) and tonic passes that through, or once every gRPC
+//! stack sends `localhost` for a `unix:` target as grpc-go does (gRPC's C core sent
+//! the percent-encoded path from 1.57 on: grpc/grpc#38142). `tests/unix_socket.rs`
+//! then passes without it: delete this module and its wrap in `src/grpc/mod.rs`.
+//! Fuzzed: `fuzz/fuzz_targets/h2_authority.rs` (any bytes, in any chunks, never
+//! panic and stay bounded).
 //!
 //! Why here: a client on gRPC's C core (grpcio for Python, and the C++, Ruby, PHP and
 //! C# stacks on the same core) sends a `unix:` target's path, percent-encoded, as its
@@ -50,7 +64,7 @@ const PADDED: u8 = 0x8;
 const PRIORITY: u8 = 0x20;
 
 /// The largest frame the server takes (its SETTINGS_MAX_FRAME_SIZE: hyper's default,
-/// which `grpc::transport` keeps), and the largest frame written here (RFC 9113 4.2: every
+/// which the gRPC door keeps), and the largest frame written here (RFC 9113 4.2: every
 /// peer takes 16,384 bytes).
 const MAX_FRAME: usize = 16_384;
 
