@@ -12,7 +12,7 @@ use ca_asg_provider::provider::options::{overlay_from_tags, AutoscalingOptions, 
 use ca_asg_provider::provider::template::encode::encode_node;
 use ca_asg_provider::provider::template::TemplateNode;
 use ca_asg_provider::provider::{NodeRef, Provider, ProviderSettings};
-use ca_asg_provider::scalein::decide::plan::{full_plan, next_step, Phase};
+use ca_asg_provider::scalein::decide::plan::{full_plan, next_step_with, NodeCritical, Phase};
 use ca_asg_provider::sim::fixtures;
 use criterion::{criterion_group, criterion_main, Criterion};
 use k8s_openapi::api::core::v1::Pod;
@@ -162,10 +162,15 @@ fn pods_110() -> Vec<Pod> {
 fn drain_planning(c: &mut Criterion) {
     let pods = pods_110();
     c.bench_function("drain plan, 110 pods (full plan)", |b| {
-        b.iter(|| black_box(full_plan(black_box(&pods), true)))
+        let now = ca_asg_provider::clock::timestamp_now();
+        b.iter(|| black_box(full_plan(black_box(&pods), true, now)))
     });
     c.bench_function("drain plan, 110 pods (next step, workloads)", |b| {
-        b.iter(|| black_box(next_step(black_box(&pods), Phase::Workloads)))
+        let (nc, now) = (
+            NodeCritical::default(),
+            ca_asg_provider::clock::timestamp_now(),
+        );
+        b.iter(|| black_box(next_step_with(black_box(&pods), Phase::Workloads, &nc, now)))
     });
 }
 

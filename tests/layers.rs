@@ -600,7 +600,7 @@ fn code_before_tests(f: &Path) -> Vec<(usize, String)> {
 fn vocabulary_reexports(face: &Path) -> Vec<String> {
     let text = std::fs::read_to_string(face).unwrap();
     let mut names = Vec::new();
-    for (_, line) in text.lines().enumerate() {
+    for line in text.lines() {
         let line = line.trim();
         for module in ["request", "settings", "stats"] {
             let Some(rest) = line.strip_prefix(&format!("pub use {module}::")) else {
