@@ -1565,6 +1565,29 @@ async fn one_node_guarded(budget: bool) -> (support::world::World, String) {
     (w, node)
 }
 
+/// A world of one node in group web (at most 3) with fluentd and an app on it, both
+/// ready, a PodDisruptionBudget that lets no app pod go, and a 2 s workload deadline
+/// whose policy gives the drain up. Returns the world, the node and its instance.
+async fn one_node_given_up_at_2s() -> (support::world::World, String, String) {
+    use ca_asg_provider::scalein::{DeadlinePolicy, ScaleInSettings};
+    use support::world::*;
+    let w = World::builder()
+        .web(3, 1)
+        .ready_delay(Duration::from_millis(30))
+        .settings(ScaleInSettings {
+            workload_deadline: Duration::from_secs(2),
+            workload_deadline_policy: DeadlinePolicy::Abandon,
+            ..fast_settings()
+        })
+        .build()
+        .await;
+    let (node, iid) = nodes_of(&w, "web").remove(0);
+    fluentd_and_an_app_on_each(&w, &[(node.clone(), iid.clone())], 0.2, 0.2);
+    w.sim.create(&fixtures::pdb("shop", "app", 0)).unwrap();
+    pods_ready(&w, 2).await;
+    (w, node, iid)
+}
+
 /// Waits (10 s at most) until the API server denied an eviction: a budget holds a drain.
 async fn budget_holds(sim: &SimCluster, what: &str) {
     support::eventually(what, 10, || {
@@ -1883,22 +1906,7 @@ async fn a_followed_drain_says_when_no_replica_leads_and_when_one_does_again() {
 /// command is not relayed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_followed_drain_relays_the_leaders_warnings_and_fails_when_it_gives_up() {
-    use ca_asg_provider::scalein::{DeadlinePolicy, ScaleInSettings};
-    use support::world::*;
-    let w = World::builder()
-        .web(3, 1)
-        .ready_delay(Duration::from_millis(30))
-        .settings(ScaleInSettings {
-            workload_deadline: Duration::from_secs(2),
-            workload_deadline_policy: DeadlinePolicy::Abandon,
-            ..fast_settings()
-        })
-        .build()
-        .await;
-    let (node, _) = nodes_of(&w, "web").remove(0);
-    fluentd_and_an_app_on_each(&w, &[(node.clone(), String::new())], 0.2, 0.2);
-    w.sim.create(&fixtures::pdb("shop", "app", 0)).unwrap();
-    pods_ready(&w, 2).await;
+    let (w, node, _) = one_node_given_up_at_2s().await;
     // An earlier warning of the service on the node, from before the command.
     w.sim
         .create(&k8s_openapi::api::events::v1::Event {
@@ -2003,22 +2011,8 @@ fn terminate_command_in_background(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_followed_terminate_given_up_beside_a_rebalance_cordon_ends_the_command() {
     use ca_asg_provider::scalein::decide::record::{DrainReason, DrainRecord, Why};
-    use ca_asg_provider::scalein::{DeadlinePolicy, ScaleInSettings};
     use support::world::*;
-    let w = World::builder()
-        .web(3, 1)
-        .ready_delay(Duration::from_millis(30))
-        .settings(ScaleInSettings {
-            workload_deadline: Duration::from_secs(2),
-            workload_deadline_policy: DeadlinePolicy::Abandon,
-            ..fast_settings()
-        })
-        .build()
-        .await;
-    let (node, iid) = nodes_of(&w, "web").remove(0);
-    fluentd_and_an_app_on_each(&w, &[(node.clone(), iid.clone())], 0.2, 0.2);
-    w.sim.create(&fixtures::pdb("shop", "app", 0)).unwrap();
-    pods_ready(&w, 2).await;
+    let (w, node, iid) = one_node_given_up_at_2s().await;
     let cordon = DrainRecord {
         reasons: vec![DrainReason::new(
             Why::Rebalance,
@@ -2105,22 +2099,7 @@ async fn a_followed_terminate_through_the_hook_is_not_done_by_an_earlier_finishe
 /// drain ended, in the update that ended it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_followed_drain_given_up_fails_the_command_without_the_leaders_event() {
-    use ca_asg_provider::scalein::{DeadlinePolicy, ScaleInSettings};
-    use support::world::*;
-    let w = World::builder()
-        .web(3, 1)
-        .ready_delay(Duration::from_millis(30))
-        .settings(ScaleInSettings {
-            workload_deadline: Duration::from_secs(2),
-            workload_deadline_policy: DeadlinePolicy::Abandon,
-            ..fast_settings()
-        })
-        .build()
-        .await;
-    let (node, _) = nodes_of(&w, "web").remove(0);
-    fluentd_and_an_app_on_each(&w, &[(node.clone(), String::new())], 0.2, 0.2);
-    w.sim.create(&fixtures::pdb("shop", "app", 0)).unwrap();
-    pods_ready(&w, 2).await;
+    let (w, node, _) = one_node_given_up_at_2s().await;
     w.sim.deny(&[("create", "events")]);
     let lp = leading_replica(&w).await;
 

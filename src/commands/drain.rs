@@ -503,18 +503,40 @@ async fn hand_to_leader(
     }
 }
 
-/// Says once when no replica renews the Lease any more (the drain waits, recorded,
-/// for a replica to lead), and again when one does.
-struct Leading {
+/// A follower's turns: every [`PROGRESS_POLL`] the Lease is read (said once when no
+/// replica renews it any more, as the drain then waits, recorded, for a replica to
+/// lead, and again when one does), then the node.
+struct Following {
+    tick: tokio::time::Interval,
     observed: leader::Observed,
     unled: bool,
 }
 
-impl Leading {
+impl Following {
     fn new() -> Self {
-        Leading {
+        let mut tick = tokio::time::interval(PROGRESS_POLL);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        Following {
+            tick,
             observed: leader::Observed::default(),
             unled: false,
+        }
+    }
+
+    /// The next turn whose read of the node went through (one that failed waits for
+    /// the next turn).
+    async fn next(
+        &mut self,
+        lease: &(Api<Lease>, LeaseSettings),
+        watch: &mut Watch,
+        say: &Say,
+    ) -> Seen {
+        loop {
+            self.tick.tick().await;
+            self.look(lease, &watch.node, say).await;
+            if let Some(seen) = watch.look(say).await {
+                return seen;
+            }
         }
     }
 
@@ -550,7 +572,8 @@ impl Leading {
     }
 }
 
-/// Reads drain number `drain`, which the leader runs, back every [`PROGRESS_POLL`],
+/// Reads drain number `drain`, which the leader runs, back every [`PROGRESS_POLL`]
+/// ([`Following`]),
 /// saying where it stands, until it ends: the Node's record says how
 /// ([`progress::followed`]), the Node is gone, or (terminated directly, the record's
 /// last word not written) AWS shows the instance ending. Events are relayed for
@@ -563,17 +586,12 @@ async fn follow(
     mut watch: Watch,
     say: &Say,
 ) -> anyhow::Result<String> {
-    let mut tick = tokio::time::interval(PROGRESS_POLL);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    let mut leading = Leading::new();
+    let mut following = Following::new();
     let mut seen = false;
     loop {
-        tick.tick().await;
-        leading.look(lease, &target.node, say).await;
-        let record = match watch.look(say).await {
-            Some(Seen::Gone) => return Ok(target.done(true)),
-            Some(Seen::Row(_, record)) => record,
-            None => continue,
+        let record = match following.next(lease, &mut watch, say).await {
+            Seen::Gone => return Ok(target.done(true)),
+            Seen::Row(_, record) => record,
         };
         match progress::followed(record.as_ref(), drain, seen) {
             Followed::NotYet => {}
@@ -614,19 +632,13 @@ async fn follow_unnumbered(
     mut watch: Watch,
     say: &Say,
 ) -> anyhow::Result<String> {
-    let mut tick = tokio::time::interval(PROGRESS_POLL);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut following = Following::new();
     let mut recorded = false;
-    let mut leading = Leading::new();
     loop {
-        tick.tick().await;
-        leading.look(lease, &target.node, say).await;
-        let phase = match watch.look(say).await {
-            Some(Seen::Gone) => return Ok(target.done(true)),
-            Some(Seen::Row(phase, _)) => phase,
-            None => continue,
+        let phase = match following.next(lease, &mut watch, say).await {
+            Seen::Gone => return Ok(target.done(true)),
+            Seen::Row(phase, _) => phase,
         };
-
         match phase {
             Some(Phase::Finished) => {
                 // The leader says it gave the drain up in an Event, written after the

@@ -403,8 +403,7 @@ impl DrainRecord {
     /// of that mode that arrived at the start time. `None`: the Node carries no drain.
     ///
     /// Every value is read back once here and bounded: what the rest of the drain sees
-    /// can neither panic it nor make it bolder than the record meant:
-    /// a reason never
+    /// can neither panic it nor make it bolder than the record meant. A reason never
     /// arrived after `now`; an unreadable start time is `now` (a deadline counted from
     /// long ago would end the workloads around their PodDisruptionBudgets at once);
     /// a DaemonSet share past [`MAX_DAEMONSET_SHARE`] is that maximum; a mode this
@@ -549,10 +548,9 @@ impl DrainRecord {
             None => self.reasons.push(new),
         }
         let now = self.plan(limits);
-        // A drain begins where none ran: the next number, past any end recorded.
+        // A drain begins where none ran: the next number.
         if now.drains && !before.drains {
-            let last = self.ended.as_ref().map_or(0, |e| e.drain);
-            self.drain = self.drain.max(last) + 1;
+            self.drain = self.next_drain();
         }
         if now == before {
             Joined::Same
@@ -599,8 +597,14 @@ impl DrainRecord {
         if r.drain_began().is_some() {
             return (r.drain != 0).then_some(r.drain);
         }
-        let last = r.ended.as_ref().map_or(0, |e| e.drain);
-        Some(r.drain.max(last) + 1)
+        Some(r.next_drain())
+    }
+
+    /// The number the next drain of the node takes: past the last one begun and the
+    /// last one whose end is recorded.
+    fn next_drain(&self) -> u64 {
+        let last_ended = self.ended.as_ref().map_or(0, |e| e.drain);
+        self.drain.max(last_ended) + 1
     }
 
     /// How drain number `drain` ended, when the record says.

@@ -283,16 +283,8 @@ pub fn has_marks(current: &k8s_openapi::api::core::v1::Node) -> bool {
 /// Gives the node back after an abandoned drain ([`give_back_patch`] of
 /// [`GiveBackOf::Drain`]).
 pub async fn uncordon(stage: &Stage<'_>, node: &str) -> Result<GivenBack, kube::Error> {
-    let given = read_modify_write(stage.nodes, stage.client, node, |current| {
-        let (patch, kept) = give_back_patch(current, GiveBackOf::Drain);
-        Write::Patch(patch, kept)
-    })
-    .await?;
-    let given = given.unwrap_or(GivenBack::Schedulable);
-    if given == GivenBack::CordonKept {
-        tracing::info!(node, "given back; the cordon it had before the drain stays (not this service's, nor as far as it can tell cluster-autoscaler's)");
-    }
-    Ok(given)
+    let given = give_back_while(stage, node, |_| true).await?;
+    Ok(given.unwrap_or(GivenBack::Schedulable))
 }
 
 /// [`uncordon`], only while the Node's record is still `decided_on`, the record the
@@ -304,16 +296,31 @@ pub async fn uncordon_if(
     node: &str,
     decided_on: &DrainRecord,
 ) -> Result<Option<GivenBack>, kube::Error> {
+    give_back_while(stage, node, |now| now == Some(decided_on)).await
+}
+
+/// Gives the node back ([`give_back_patch`] of [`GiveBackOf::Drain`]) when `still`
+/// holds for its record as read in the same read-modify-write. `Ok(None)`: not given
+/// back (`still` refused, or there is no Node).
+async fn give_back_while(
+    stage: &Stage<'_>,
+    node: &str,
+    still: impl Fn(Option<&DrainRecord>) -> bool,
+) -> Result<Option<GivenBack>, kube::Error> {
     let given = read_modify_write(stage.nodes, stage.client, node, |current| {
         let annotations = current.metadata.annotations.clone().unwrap_or_default();
-        if crate::scalein::kube::node_record::record_of(&annotations).as_ref() != Some(decided_on) {
+        if !still(crate::scalein::kube::node_record::record_of(&annotations).as_ref()) {
             return Write::Keep(None);
         }
         let (patch, kept) = give_back_patch(current, GiveBackOf::Drain);
         Write::Patch(patch, Some(kept))
     })
-    .await?;
-    Ok(given.flatten())
+    .await?
+    .flatten();
+    if given == Some(GivenBack::CordonKept) {
+        tracing::info!(node, "given back; the cordon it had before the drain stays (not this service's, nor as far as it can tell cluster-autoscaler's)");
+    }
+    Ok(given)
 }
 
 #[cfg(test)]
