@@ -555,7 +555,7 @@ impl Model {
                 left.push(format!("our hook still holds {iid} ({node})"));
             }
         }
-        let in_flight = self.w.engine.in_progress();
+        let in_flight = self.w.engine.drains_at_once();
         let guarded = usize::from(self.w.engine.is_draining(guarded_iid));
         if in_flight > guarded {
             left.push(format!(

@@ -1524,6 +1524,7 @@ fn assert_said(said: &Said, wants: &[&str], case: &str) {
 /// How many drains the world's engine started.
 fn drains_started(w: &support::world::World) -> u64 {
     w.engine
+        .tools
         .stats
         .started
         .load(std::sync::atomic::Ordering::Relaxed)

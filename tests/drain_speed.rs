@@ -53,11 +53,11 @@ async fn the_next_eviction_goes_when_the_replacement_is_ready_not_at_the_retry_t
     }
     delete_nodes(&mut w, "web", &[(node.clone(), iid.clone())]).await;
     eventually("the budget holds the second eviction", 10, || {
-        w.engine.stats.evictions_held.load(Ordering::Relaxed) >= 1
+        w.engine.tools.stats.evictions_held.load(Ordering::Relaxed) >= 1
     })
     .await;
     assert_eq!(
-        w.engine.budgets.open(),
+        w.engine.tools.budgets.open(),
         0,
         "its status says when: no watch of the budget's pods"
     );
@@ -84,7 +84,7 @@ async fn an_eviction_held_by_the_budgets_status_goes_when_the_status_allows() {
     let (mut w, node, iid) = guarded_pod_with_a_slow_sibling(settings, 3000).await;
     delete_nodes(&mut w, "web", &[(node, iid.clone())]).await;
     eventually("the eviction is held by the budget's status", 10, || {
-        w.engine.stats.evictions_held.load(Ordering::Relaxed) >= 1
+        w.engine.tools.stats.evictions_held.load(Ordering::Relaxed) >= 1
     })
     .await;
     assert!(
@@ -104,7 +104,7 @@ async fn an_eviction_held_by_the_budgets_status_goes_when_the_status_allows() {
     assert!(audit
         .iter()
         .any(|a| a.verb == "evicted" && a.name == "web-a"));
-    assert_eq!(w.engine.budgets.open(), 0);
+    assert_eq!(w.engine.tools.budgets.open(), 0);
 }
 
 /// Four nodes drained at once, each with a DaemonSet pod and an app pod. With
@@ -209,9 +209,14 @@ async fn a_stale_cache_of_budgets_costs_a_retry_not_the_drain() {
     })
     .await;
     assert_eq!(w.engine.wait_for(&iid).await, Some(Outcome::Ended));
-    assert!(w.engine.stats.evictions_held.load(Ordering::Relaxed) >= 1);
+    assert!(w.engine.tools.stats.evictions_held.load(Ordering::Relaxed) >= 1);
     assert!(
-        w.engine.stats.evictions_forced.load(Ordering::Relaxed) >= 1,
+        w.engine
+            .tools
+            .stats
+            .evictions_forced
+            .load(Ordering::Relaxed)
+            >= 1,
         "tried past the cache's word"
     );
     w.sim.deny(&[]);

@@ -178,7 +178,7 @@ async fn poison_and_test_messages_are_deleted_and_counted_never_retried() {
     q.send(&spot("i-0123456789abcdef0"));
     assert_eq!(handle_next(&c, &q).await, Handled::Done(vec!["unmanaged"]));
     assert_eq!(q.pending(), 0);
-    assert_eq!(w.engine.in_progress(), 0);
+    assert_eq!(w.engine.drains_at_once(), 0);
 
     // A message that keeps failing is dropped after maxReceives, not retried forever.
     let iid = nodes_of(&w, "web")[0].1.clone();

@@ -209,7 +209,7 @@ impl Model {
                 // The process dies: nothing of it acts again (its loop may be on
                 // another thread mid-turn; as a non-leader it starts nothing).
                 let (_, dead) = tokio::sync::watch::channel(false);
-                self.w.engine.follow_leadership(dead);
+                self.w.engine.leadership.follow(dead);
                 self.loop_task.abort();
                 self.w.engine.abort_all();
                 self.w.engine.shutdown();
@@ -305,10 +305,10 @@ impl Model {
                 }
             }
         }
-        if self.w.engine.in_progress() > 0 {
+        if self.w.engine.drains_at_once() > 0 {
             left.push(format!(
                 "{} drain(s) in flight",
-                self.w.engine.in_progress()
+                self.w.engine.drains_at_once()
             ));
         }
         left

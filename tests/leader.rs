@@ -160,7 +160,7 @@ async fn a_follower_starts_no_drain_and_deletes_no_message() {
     let w = World::builder().web(3, 1).build().await;
     let (_node, iid) = nodes_of(&w, "web").remove(0);
     let (_lead, follower) = tokio::sync::watch::channel(false);
-    w.engine.follow_leadership(follower);
+    w.engine.leadership.follow(follower);
     let q = std::sync::Arc::new(MemoryQueue::default());
     let c = Consumer::new(
         w.engine.clone(),
@@ -197,7 +197,7 @@ async fn a_replica_that_loses_the_lease_stops_its_drains_while_its_loop_waits_on
     w.put(&fixtures::pdb("shop", "guarded", 0));
     pods_ready(&w, 1).await;
     let (lease, rx) = tokio::sync::watch::channel(true);
-    w.engine.follow_leadership(rx);
+    w.engine.leadership.follow(rx);
     let lp = scalein::sources::hook_scan::spawn_loop(w.engine.clone(), w.provider.clone());
     delete_nodes(&mut w, "batch", &[(node, iid.clone())]).await;
     let asked = |w: &World| {
@@ -357,7 +357,7 @@ async fn two_replicas_never_act_at_once_judged_by_their_own_actions() {
         let (stop, stop_rx) = tokio::sync::watch::channel(false);
         // Lease 3 s, renew deadline 2 s, a round every 600 ms.
         let leads = spawn(
-            engine.liveness.clone(),
+            engine.tools.liveness.clone(),
             w.sim.client_as(who),
             LeaseSettings {
                 name: "ca-asg-provider".into(),
@@ -367,7 +367,7 @@ async fn two_replicas_never_act_at_once_judged_by_their_own_actions() {
             },
             stop_rx,
         );
-        engine.follow_leadership(leads.clone());
+        engine.leadership.follow(leads.clone());
         let lp = scalein::sources::hook_scan::spawn_loop(engine.clone(), provider.clone());
         replicas.push(Replica {
             who,

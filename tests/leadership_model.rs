@@ -139,7 +139,8 @@ impl Replica {
             duration: LEASE_FOR,
         });
         let leads = engine
-            .leadership()
+            .leadership
+            .receiver()
             .expect("the engine follows the election");
         let lp = scalein::sources::hook_scan::spawn_loop(engine.clone(), provider);
         Replica {
@@ -417,11 +418,11 @@ impl Model {
         }
         for r in &self.replicas {
             let guarded = usize::from(r.engine.is_draining(&self.nodes[GUARDED].1));
-            if r.engine.in_progress() > guarded {
+            if r.engine.drains_at_once() > guarded {
                 left.push(format!(
                     "{} runs {} drain(s) but the guarded one",
                     r.who,
-                    r.engine.in_progress() - guarded
+                    r.engine.drains_at_once() - guarded
                 ));
             }
         }

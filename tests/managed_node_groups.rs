@@ -267,7 +267,7 @@ async fn ended_as_promised(w: &World, s: &Scene, eks: &EksDrainer, ours: Option<
     assert!(
         a.iter()
             .any(|e| e.verb == "eviction-denied" && e.name.starts_with("api-"))
-            || w.engine.stats.evictions_held.load(Ordering::Relaxed) > 0,
+            || w.engine.tools.stats.evictions_held.load(Ordering::Relaxed) > 0,
         "no eviction was held by the budget"
     );
     // DaemonSet pods last: fluentd is evicted after every workload pod of the node
@@ -355,8 +355,8 @@ async fn ended_as_promised(w: &World, s: &Scene, eks: &EksDrainer, ours: Option<
     // the drain: the running loop would resume it), and the desired capacity one
     // lower, once.
     eventually("our drain ends", 10, || !w.engine.is_draining(&s.iid)).await;
-    assert_eq!(w.engine.stats.started.load(Ordering::Relaxed), 1);
-    assert_eq!(w.engine.stats.ended.load(Ordering::Relaxed), 1);
+    assert_eq!(w.engine.tools.stats.started.load(Ordering::Relaxed), 1);
+    assert_eq!(w.engine.tools.stats.ended.load(Ordering::Relaxed), 1);
     assert_eq!(w.cloud.desired(GROUP), Some(s.desired - 1));
     assert_eq!(w.cloud.calls().get("set_desired_capacity"), None);
     let live = w
@@ -558,7 +558,7 @@ async fn a_restarted_service_does_not_drain_again_an_instance_only_eks_still_hol
     // Ten scans and more.
     tokio::time::sleep(Duration::from_secs(3)).await;
     assert_eq!(
-        engine2.stats.started.load(Ordering::Relaxed),
+        engine2.tools.stats.started.load(Ordering::Relaxed),
         0,
         "the scan drained again"
     );
@@ -590,7 +590,7 @@ async fn a_restarted_service_does_not_drain_again_an_instance_only_eks_still_hol
         "the shipper that came back was evicted again"
     );
     assert_eq!(
-        engine2.stats.started.load(Ordering::Relaxed),
+        engine2.tools.stats.started.load(Ordering::Relaxed),
         0,
         "a drain started again"
     );

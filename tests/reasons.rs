@@ -567,7 +567,7 @@ async fn a_daemonset_ca_evicted_early_is_reported_when_the_drain_reached_a_follo
 
     // DeleteNodes reaches a follower: it marks the Node, the leader drains.
     let (_lease, follower) = tokio::sync::watch::channel(false);
-    w.engine.follow_leadership(follower);
+    w.engine.leadership.follow(follower);
     delete_nodes(&mut w, "web", &[(node.clone(), iid.clone())]).await;
     assert!(!w.engine.is_draining(&iid));
     let (provider, engine, _ca) = service(&w.sim, &w.cloud, &w.groups, fast_settings()).await;
@@ -889,7 +889,7 @@ async fn a_replica_that_loses_the_lease_stops_its_drains_at_once() {
     let (node, iid) = nodes_of(&w, "web")[1].clone();
     guarded_app(&w, &node, "app").await;
     let (lease, leads) = tokio::sync::watch::channel(true);
-    w.engine.follow_leadership(leads);
+    w.engine.leadership.follow(leads);
     delete_nodes(&mut w, "web", &[(node.clone(), iid.clone())]).await;
     eventually("the PDB holds the drain", 10, || blocked(&w)).await;
     assert!(w.engine.is_draining(&iid));
@@ -1024,6 +1024,7 @@ async fn a_stop_notice_is_not_undone_by_the_next_poll() {
     assert_eq!(asked(), before, "evictions asked for after the stop");
     assert_eq!(
         w.engine
+            .tools
             .stats
             .started
             .load(std::sync::atomic::Ordering::Relaxed),
@@ -1147,6 +1148,7 @@ async fn a_lifecycle_message_read_before_aws_shows_the_hold_is_not_lost() {
     );
     assert_eq!(
         w.engine
+            .tools
             .stats
             .started
             .load(std::sync::atomic::Ordering::Relaxed),
@@ -1223,7 +1225,7 @@ async fn a_recorded_finished_action_is_confirmed_with_aws_before_the_hold_goes()
     asg_ends(&w, &iid);
     resume_lifecycle_drain(&w, &node, &iid).await;
     assert!(
-        !w.engine.action_done(&iid),
+        !w.engine.book.action_done(&iid),
         "a record AWS contradicts is not taken for a finished action"
     );
     assert!(
@@ -1256,7 +1258,7 @@ async fn a_recorded_finished_action_aws_confirms_lets_the_hold_go_undrained() {
     let (node, iid) = node_with_fluentd_and_app(&w, 0.1).await;
     record_a_finished_action(&w, &node).await;
     resume_lifecycle_drain(&w, &node, &iid).await;
-    assert!(w.engine.action_done(&iid), "AWS confirmed the record");
+    assert!(w.engine.book.action_done(&iid), "AWS confirmed the record");
     assert!(!w.engine.is_draining(&iid));
     assert!(
         w.sim.get::<Pod>("shop", "app").is_some(),

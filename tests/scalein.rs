@@ -129,7 +129,10 @@ async fn the_services_requests_say_who_is_calling() {
         .await;
     w.engine.elect_leader();
     eventually("the engine leads", 10, || {
-        w.engine.leadership().is_some_and(|rx| *rx.borrow())
+        w.engine
+            .leadership
+            .receiver()
+            .is_some_and(|rx| *rx.borrow())
     })
     .await;
     let (node, iid) = node_with_fluentd_and_app(&w, 0.0).await;
@@ -185,6 +188,7 @@ async fn two_nodes_drained_at_once_never_leave_zero_ready_replicas() {
     // refused by the API server.
     let held = w
         .engine
+        .tools
         .stats
         .evictions_held
         .load(std::sync::atomic::Ordering::Relaxed);
@@ -546,7 +550,8 @@ async fn deadline_abandon_keeps_a_persons_cordon_that_ca_tainted_later() {
     let (mut w, node, iid) = blocked_world(DeadlinePolicy::Abandon).await;
     set_unschedulable(&w, &node, true).await;
     eventually("the service saw the person's cordon", 10, || {
-        w.engine.cordon_seen(&node) == Some(scalein::stages::cordon::CordonSeen::ByOther)
+        w.engine.tools.nodes.cordon_seen(&node)
+            == Some(scalein::stages::cordon::CordonSeen::ByOther)
     })
     .await;
     ca_marks(&w, &node).await;
@@ -587,7 +592,7 @@ async fn deadline_abandon_keeps_a_cordon_it_cannot_tell_was_cas() {
         ..w
     };
     assert_eq!(
-        w.engine.cordon_seen(&node),
+        w.engine.tools.nodes.cordon_seen(&node),
         None,
         "first seen with CA's taint"
     );
@@ -709,13 +714,13 @@ async fn a_replica_that_does_not_lead_hands_delete_nodes_to_the_leader() {
     let (_provider2, engine2, mut ca2) =
         service(&w.sim, &w.cloud, &w.groups, fast_settings()).await;
     let (_lead_tx, lead_rx) = tokio::sync::watch::channel(false);
-    engine2.follow_leadership(lead_rx);
+    engine2.leadership.follow(lead_rx);
     let (node, iid) = nodes_of(&w, "web").remove(0);
     w.put(&fixtures::pod("shop", "app", &node, "app", 0.3));
     ca2.node_group_delete_nodes(delete_nodes_message("web", &[(node.clone(), iid.clone())]))
         .await
         .unwrap();
-    assert_eq!(engine2.in_progress(), 0, "the follower does not drain");
+    assert_eq!(engine2.drains_at_once(), 0, "the follower does not drain");
     assert_eq!(w.cloud.calls().get("terminate_instance"), None);
     let marked = w.sim.get::<Node>("", &node).unwrap();
     assert!(

@@ -957,7 +957,7 @@ impl Model {
                 self.q.pending()
             ));
         }
-        let running = self.w.engine.in_progress();
+        let running = self.w.engine.drains_at_once();
         if running > 0 {
             left.push(format!("{running} drain(s) in flight"));
         }

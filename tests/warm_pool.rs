@@ -295,7 +295,7 @@ async fn a_pool_bound_instance_without_a_node_has_our_action_completed_at_once()
     w.cloud.external_scale_in("web", 1).unwrap();
     let _ = nodes.delete(&name, &Default::default()).await;
     eventually("the Node gone from the engine's cache", 10, || {
-        w.engine.node_for_instance(&iid).is_none()
+        w.engine.tools.nodes.node_for_instance(&iid).is_none()
     })
     .await;
     let lifecycle = scalein::sources::hook_scan::spawn_loop(w.engine.clone(), w.provider.clone());
@@ -361,7 +361,7 @@ async fn a_node_registered_by_an_instance_warming_in_the_pool_is_reported_once()
     ));
     let id = warming.clone();
     eventually("the engine sees the Node", 10, || {
-        w.engine.node_for_instance(&id).is_some() && resting(&w, &id, "Warmed:Stopped")
+        w.engine.tools.nodes.node_for_instance(&id).is_some() && resting(&w, &id, "Warmed:Stopped")
     })
     .await;
     for _ in 0..3 {

@@ -372,8 +372,11 @@ impl Model {
     /// service that still carry this service's marks with no spot warning for them.
     fn unfinished(&self) -> Vec<String> {
         let mut left = Vec::new();
-        if self.w.engine.in_progress() > 0 {
-            left.push(format!("{} drain(s) running", self.w.engine.in_progress()));
+        if self.w.engine.drains_at_once() > 0 {
+            left.push(format!(
+                "{} drain(s) running",
+                self.w.engine.drains_at_once()
+            ));
             // What a failure needs: each draining instance, where AWS has it, its
             // Node's record and the pods still on the node.
             for (_, i) in self

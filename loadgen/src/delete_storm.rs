@@ -467,7 +467,7 @@ async fn run_mode(o: &DeleteStormOptions, hooked: bool) -> anyhow::Result<ModeRe
             break;
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
-        idle = if engine.in_progress() == 0 {
+        idle = if engine.drains_at_once() == 0 {
             idle + 1
         } else {
             0

@@ -423,10 +423,10 @@ pub async fn run(o: &StormOptions) -> anyhow::Result<StormReport> {
         .collect();
     api_requests_by_kind.sort_by(|a, b| b.1.cmp(&a.1).then(a.0.cmp(&b.0)));
     let cpu_s = me.sample().map(|s| s.cpu_seconds).unwrap_or(0.0) - cpu_before;
-    let pod_events_queued_at_end = engine.pod_events_pending();
+    let pod_events_queued_at_end = engine.tools.events.pod_events_pending();
     let flushing = Instant::now();
     until("the per-pod Events to be published", o.limit, || {
-        engine.pod_events_pending() == 0
+        engine.tools.events.pod_events_pending() == 0
     })
     .await?;
     let pod_events_flushed_after_s = flushing.elapsed().as_secs_f64();
@@ -586,14 +586,17 @@ pub async fn run(o: &StormOptions) -> anyhow::Result<StormReport> {
         api_qps_limit: o.api_qps,
         api_burst: o.api_burst,
         evictions_refused_by_pdb: engine
+            .tools
             .stats
             .evictions_pdb_blocked
             .load(std::sync::atomic::Ordering::Relaxed),
         evictions_held_by_budget: engine
+            .tools
             .stats
             .evictions_held
             .load(std::sync::atomic::Ordering::Relaxed),
         evictions_past_a_still_budget: engine
+            .tools
             .stats
             .evictions_forced
             .load(std::sync::atomic::Ordering::Relaxed),

@@ -390,7 +390,7 @@ async fn drain_here(
 ) -> anyhow::Result<String> {
     if let Some(lease) = lease {
         engine.lead_as(lease.clone());
-        let mut leads = engine.leadership().expect("just elected");
+        let mut leads = engine.leadership.receiver().expect("just elected");
         if !matches!(
             tokio::time::timeout(lease.duration, leads.wait_for(|l| *l)).await,
             Ok(Ok(_))

@@ -89,7 +89,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         // The leader's own picture of AWS stays fresh whether CA calls it or not.
         let leads = Arc::downgrade(&engine);
         provider.spawn_keep_fresh(move || leads.upgrade().is_some_and(|e| e.is_leader()));
-        liveness = engine.liveness.clone();
+        liveness = engine.tools.liveness.clone();
         engine_for_shutdown = Some(engine.clone());
         start_queue(&cfg, &args, &engine, &provider).await;
         crate::scalein::sources::hook_scan::spawn_loop(engine, provider.clone());
@@ -113,7 +113,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         (&engine_for_shutdown, crate::telemetry::readiness::own_pod())
     {
         crate::telemetry::readiness::spawn(
-            engine.client.clone(),
+            engine.tools.client.clone(),
             pod,
             status.clone(),
             liveness.clone(),

@@ -11,7 +11,7 @@ use crate::clock::Instant;
 use crate::cloud::{CloudError, LifecycleState};
 
 /// The scan's pace while a hold AWS announced is expected
-/// ([`crate::scalein::Engine::expect_hold`]).
+/// ([`crate::scalein::engine::schedule::ScanSchedule::expect_hold`]).
 pub const SOON: Duration = Duration::from_secs(1);
 
 /// AWS ends a lifecycle action after 100 heartbeat timeouts or 48 hours, whichever

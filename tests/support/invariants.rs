@@ -122,7 +122,7 @@ pub fn assert_daemonsets_last(
 ///
 /// [`InstanceStory::faults`]: ca_asg_provider::scalein::decide::story::InstanceStory::faults
 pub fn assert_stories_hold(engine: &ca_asg_provider::scalein::Engine) {
-    let stories = engine.stories();
+    let stories = engine.book.stories();
     for (id, story) in &stories {
         let faults = story.faults();
         assert!(

@@ -384,7 +384,7 @@ pub struct Replica {
 /// The world's engine leads (by a watch set before its loop starts) and its loop runs.
 pub fn lead(w: &World) -> Replica {
     let (lease, rx) = tokio::sync::watch::channel(true);
-    w.engine.follow_leadership(rx);
+    w.engine.leadership.follow(rx);
     let loop_task = scalein::sources::hook_scan::spawn_loop(w.engine.clone(), w.provider.clone());
     Replica { loop_task, lease }
 }
@@ -406,8 +406,13 @@ pub fn fence(replica: &mut Replica, fenced: &mut Vec<(Replica, Arc<Engine>)>, en
 pub fn fenced_running(fenced: &[(Replica, Arc<Engine>)]) -> Vec<String> {
     fenced
         .iter()
-        .filter(|(_, e)| e.in_progress() > 0)
-        .map(|(_, e)| format!("a fenced replica still runs {} drain(s)", e.in_progress()))
+        .filter(|(_, e)| e.drains_at_once() > 0)
+        .map(|(_, e)| {
+            format!(
+                "a fenced replica still runs {} drain(s)",
+                e.drains_at_once()
+            )
+        })
         .collect()
 }
 

@@ -167,7 +167,7 @@ pub(crate) enum HoldChange {
 
 /// What the engine keeps track of.
 #[derive(Default)]
-pub(crate) struct Book {
+pub struct Book {
     ledger: Mutex<Ledger>,
     /// The number of the next drain run started.
     runs: std::sync::atomic::AtomicU64,
@@ -276,7 +276,7 @@ impl Book {
     }
 
     /// Drains asked for and not finished: running, or cordoned and waiting for a slot.
-    pub(crate) fn running(&self) -> usize {
+    pub fn running(&self) -> usize {
         self.ledger
             .lock()
             .entries
@@ -285,7 +285,7 @@ impl Book {
             .count()
     }
 
-    pub(crate) fn is_running(&self, instance_id: &str) -> bool {
+    pub fn is_running(&self, instance_id: &str) -> bool {
         self.ledger
             .lock()
             .entries
@@ -366,7 +366,7 @@ impl Book {
     }
 
     /// The heartbeat timeout a held instance is heartbeated at, if it is held.
-    pub(crate) fn held_timeout(&self, instance_id: &str) -> Option<Duration> {
+    pub fn held_timeout(&self, instance_id: &str) -> Option<Duration> {
         self.ledger
             .lock()
             .entries
@@ -393,7 +393,7 @@ impl Book {
             .finished(instance_id, Instant::now());
     }
 
-    pub(crate) fn action_done(&self, instance_id: &str) -> bool {
+    pub fn action_done(&self, instance_id: &str) -> bool {
         self.ledger.lock().memories.is_finished(instance_id)
     }
 
@@ -438,13 +438,13 @@ impl Book {
     }
 
     /// What the book holds of the instance, read at once.
-    pub(crate) fn story(&self, instance_id: &str) -> InstanceStory {
+    pub fn story(&self, instance_id: &str) -> InstanceStory {
         let ledger = self.ledger.lock();
         story_of(&ledger, instance_id)
     }
 
     /// What the book holds of every instance it knows, read at once.
-    pub(crate) fn stories(&self) -> BTreeMap<String, InstanceStory> {
+    pub fn stories(&self) -> BTreeMap<String, InstanceStory> {
         let ledger = self.ledger.lock();
         let ids: BTreeSet<&String> = ledger
             .entries

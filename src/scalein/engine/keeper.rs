@@ -94,7 +94,9 @@ pub fn heartbeats(
                     Metrics::outcome(&metrics().heartbeats, "error");
                     tracing::warn!(instance = %action.instance_id, hook = %action.hook, error = %e, "lifecycle heartbeat failed");
                     if backoff.failures == 0 {
-                        if let Some(node) = engine.nodes.node_for_instance(&action.instance_id) {
+                        if let Some(node) =
+                            engine.tools.nodes.node_for_instance(&action.instance_id)
+                        {
                             let engine = engine.clone();
                             let note = format!(
                                 "lifecycle heartbeat for instance {} (hook {}) failed: {e}; retrying",
@@ -102,6 +104,7 @@ pub fn heartbeats(
                             );
                             tokio::spawn(async move {
                                 engine
+                                    .tools
                                     .events
                                     .node(&node, Reason::HeartbeatFailed, note)
                                     .await;
@@ -267,7 +270,7 @@ async fn hold_verdict(
 ) -> Verdict {
     let mut story = HoldStory {
         draining_here: engine.is_draining(instance_id),
-        finished_here: engine.action_done(instance_id),
+        finished_here: engine.book.action_done(instance_id),
         finished_on_node: false,
     };
     if !story.asks_aws() {
@@ -305,8 +308,8 @@ pub(crate) async fn confirm_finished_on_node(
 /// and drain nothing. The cordon stays: the node is leaving again. False when the
 /// Node could not be written (the next poll tries again).
 pub(crate) async fn forget_earlier_action(engine: &Engine, iid: &str) -> bool {
-    engine.forget_action_done(iid);
-    let Some(node) = engine.nodes.node_for_instance(iid) else {
+    engine.book.forget_action_done(iid);
+    let Some(node) = engine.tools.nodes.node_for_instance(iid) else {
         return true;
     };
     let now = crate::clock::utc_now();
@@ -317,8 +320,8 @@ pub(crate) async fn forget_earlier_action(engine: &Engine, iid: &str) -> bool {
         return true;
     }
     let written = crate::scalein::kube::node_record::update_record(
-        &engine.nodes,
-        &engine.client,
+        &engine.tools.nodes,
+        &engine.tools.client,
         &node,
         |r| {
             if !stale(r) {
@@ -350,7 +353,11 @@ pub(crate) async fn forget_earlier_action(engine: &Engine, iid: &str) -> bool {
 
 /// Counts a heartbeat AWS took, whoever sent it (the hold's loop, or a probe).
 fn heartbeat_taken(engine: &Engine) {
-    engine.stats.heartbeats.fetch_add(1, Ordering::Relaxed);
+    engine
+        .tools
+        .stats
+        .heartbeats
+        .fetch_add(1, Ordering::Relaxed);
     Metrics::outcome(&metrics().heartbeats, "ok");
 }
 

@@ -521,6 +521,109 @@ fn step_down(tx: &watch::Sender<bool>, s: &LeaseSettings, why: &str) {
     }
 }
 
+/// This replica's leadership: whether it may act now, and the election that says so.
+/// Without an election it always leads; [`Self::stop_acting`] ends that for good.
+pub struct Leadership {
+    /// The client without the drains' rate limit, for the Lease alone: a renewal
+    /// must not queue behind a storm's evictions, or leadership is lost mid-storm.
+    lease_client: kube::Client,
+    /// Set when leader election runs: whether this replica leads now.
+    leads: std::sync::OnceLock<watch::Receiver<bool>>,
+    /// Tells the election's task to release the Lease and stop.
+    stop: watch::Sender<bool>,
+    /// Set by [`Self::stop_acting`]: this replica acts no more, whatever the Lease says.
+    stopped: std::sync::atomic::AtomicBool,
+}
+
+impl Leadership {
+    pub fn new(lease_client: kube::Client) -> Self {
+        Self {
+            lease_client,
+            leads: std::sync::OnceLock::new(),
+            stop: watch::channel(false).0,
+            stopped: std::sync::atomic::AtomicBool::new(false),
+        }
+    }
+
+    /// Follows an election someone else runs (tests, a second engine of one process).
+    pub fn follow(&self, rx: watch::Receiver<bool>) {
+        let _ = self.leads.set(rx);
+    }
+
+    /// The election's receiver, when one runs.
+    pub fn receiver(&self) -> Option<watch::Receiver<bool>> {
+        self.leads.get().cloned()
+    }
+
+    /// Whether this replica may act: always, unless the election says otherwise or
+    /// it stopped acting.
+    pub fn leads(&self) -> bool {
+        !self.stopped.load(std::sync::atomic::Ordering::SeqCst)
+            && self.leads.get().is_none_or(|rx| *rx.borrow())
+    }
+
+    /// Starts the election when configured (identity: POD_NAME, else the host name).
+    pub fn elect(
+        &self,
+        settings: &crate::scalein::ScaleInSettings,
+        liveness: &std::sync::Arc<crate::telemetry::liveness::Liveness>,
+    ) {
+        if !settings.leader_election {
+            return;
+        }
+        if settings.dry_run {
+            tracing::info!("dry run: no leader election (it writes a Lease); every replica describes what it would drain");
+            return;
+        }
+        let identity = std::env::var("POD_NAME")
+            .ok()
+            .filter(|s| !s.is_empty())
+            .or_else(|| std::env::var("HOSTNAME").ok().filter(|s| !s.is_empty()))
+            .unwrap_or_else(|| format!("ca-asg-provider-{}", std::process::id()));
+        let lease = lease_for(settings, identity);
+        tracing::info!(lease = %lease.name, namespace = %lease.namespace, identity = %lease.identity, "leader election: the drain loop runs on the Lease holder");
+        self.lead_as(liveness, lease);
+    }
+
+    /// Runs the election for the Lease `lease` names and follows it; [`Self::release`]
+    /// ends it. Returns the election's task (a test aborts it to play a process that
+    /// died).
+    pub fn lead_as(
+        &self,
+        liveness: &std::sync::Arc<crate::telemetry::liveness::Liveness>,
+        lease: LeaseSettings,
+    ) -> tokio::task::JoinHandle<()> {
+        let (leads, task) = spawn_task(
+            liveness.clone(),
+            self.lease_client.clone(),
+            lease,
+            self.stop.subscribe(),
+        );
+        self.follow(leads);
+        task
+    }
+
+    /// From now on this replica does not act, whatever the Lease says (the first
+    /// half of stepping down: its drains stop before the Lease is released).
+    pub fn stop_acting(&self) {
+        self.stopped
+            .store(true, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// Releases the Lease and waits (bounded) for the release's answer; without one
+    /// the Lease expires by itself.
+    pub async fn release(&self) {
+        self.stop.send_replace(true);
+        if let Some(mut rx) = self.receiver() {
+            // The election's task ends once the release is answered (or failed).
+            let _ = tokio::time::timeout(Duration::from_secs(3), async {
+                while rx.changed().await.is_ok() {}
+            })
+            .await;
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

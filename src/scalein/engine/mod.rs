@@ -23,6 +23,7 @@ pub mod book;
 pub mod keeper;
 pub mod leader;
 pub mod marks_sync;
+pub mod schedule;
 use crate::cloud::{Cloud, LifecycleAction};
 use crate::provider::{Group, Provider, ProviderError};
 use crate::telemetry::metrics::{metrics, Metrics};
@@ -33,46 +34,39 @@ const HELD_RETRY: std::time::Duration = std::time::Duration::from_secs(5);
 /// Runs drains: at most one per instance, at most `max_concurrent_drains` at once,
 /// all sharing one API rate limit.
 pub struct Engine {
+    /// What drains and the sources' loops work with on the Kubernetes side.
+    pub tools: Tools,
+    pub(crate) cloud: Arc<dyn Cloud>,
+    pub(crate) provider: Option<Arc<Provider>>,
+    pub(crate) settings: ScaleInSettings,
+    /// `maxConcurrentDrains`: taken by a drain after its cordon, for its stages.
+    pub(crate) slots: Arc<tokio::sync::Semaphore>,
+    /// Which drains run, which actions are held or over, what was said once.
+    pub book: Book,
+    /// Whether this replica may act now, and the election that says so.
+    pub leadership: leader::Leadership,
+    /// When the sources' loop takes its next turn (only the sources use it).
+    pub schedule: schedule::ScanSchedule,
+    /// Feeds the provider's accounting with the drain marks on Nodes.
+    marks_sync: Mutex<Option<tokio::task::JoinHandle<()>>>,
+}
+
+/// What the engine's drains and the sources' loops work with: the API clients and
+/// what is read or said through them, the counters, the loops' turns.
+pub struct Tools {
     pub(crate) client: kube::Client,
     /// The same, for what a caller waits for within its deadline (DeleteNodes
     /// marking its Node): ahead of the drains in the rate limit.
     pub(crate) answer_client: kube::Client,
-    pub(crate) cloud: Arc<dyn Cloud>,
-    pub(crate) provider: Option<Arc<Provider>>,
-    pub(crate) settings: ScaleInSettings,
-    /// The client without the drains' rate limit, for the Lease alone: a renewal
-    /// must not queue behind a storm's evictions, or leadership is lost mid-storm.
-    lease_client: kube::Client,
-    pub(crate) events: events::Events,
-    pub(crate) nodes: nodes::NodeIndex,
+    pub events: events::Events,
+    pub nodes: nodes::NodeIndex,
     /// Watches of the pods of budgets that refused an eviction.
     pub budgets: budgets::BudgetWatches,
     /// Evictions this process asked for, so a restarted drain does not ask again.
     pub(crate) evictions: Arc<evict::Ledger>,
     /// What drains running together read once for all of them.
     pub passes: pass::Passes,
-    /// `maxConcurrentDrains`: taken by a drain after its cordon, for its stages.
-    pub(crate) slots: Arc<tokio::sync::Semaphore>,
-    /// Which drains run, which actions are held or over, what was said once.
-    pub(crate) book: Book,
-    /// Feeds the provider's accounting with the drain marks on Nodes.
-    marks_sync: Mutex<Option<tokio::task::JoinHandle<()>>>,
-    /// Set when leader election runs: whether this replica leads now.
-    leadership: std::sync::OnceLock<tokio::sync::watch::Receiver<bool>>,
-    /// Tells the leader-election task to release the lease and stop.
-    step_down: tokio::sync::watch::Sender<bool>,
-    /// Set by [`Self::step_down`]: this replica acts no more, whatever the Lease says.
-    stepping_down: std::sync::atomic::AtomicBool,
     pub stats: DrainStats,
-    /// Until when the lifecycle scan runs every [`crate::scalein::holds::SOON`] instead of its
-    /// poll interval: a hold AWS announced and does not show yet.
-    scan_soon: Mutex<Option<crate::clock::Instant>>,
-    /// Wakes the lifecycle loop when `scan_soon` is set.
-    scan_wake: tokio::sync::Notify,
-    /// Until when the loop follows the Nodes resting in a warm pool every
-    /// [`crate::scalein::holds::SOON`] (and scans at its poll interval): CA raised a pooled group
-    /// ([`crate::scalein::sources::warm_pool::capacity_added`]).
-    follow_soon: Mutex<Option<crate::clock::Instant>>,
     /// The background loops' turns, for `/healthz`.
     pub liveness: Arc<crate::telemetry::liveness::Liveness>,
 }
@@ -110,29 +104,27 @@ impl Engine {
         let marks_sync = provider
             .as_ref()
             .map(|p| spawn_marks_sync(&nodes, Arc::downgrade(p), liveness.clone()));
-        Arc::new(Self {
+        let tools = Tools {
             budgets: budgets::BudgetWatches::new(client.clone()),
             evictions: Arc::default(),
             passes: pass::Passes::new(client.clone(), settings.shared_pod_watch_from),
             events: events::Events::new(client.clone(), pod_event_client, Some(limiter)),
             nodes,
-            marks_sync: Mutex::new(marks_sync),
             client,
             answer_client,
+            stats: DrainStats::default(),
+            liveness,
+        };
+        Arc::new(Self {
+            tools,
+            marks_sync: Mutex::new(marks_sync),
             cloud,
             provider,
             settings,
-            lease_client,
             slots,
             book: Book::default(),
-            leadership: std::sync::OnceLock::new(),
-            step_down: tokio::sync::watch::channel(false).0,
-            stepping_down: std::sync::atomic::AtomicBool::new(false),
-            stats: DrainStats::default(),
-            scan_soon: Mutex::new(None),
-            scan_wake: tokio::sync::Notify::new(),
-            liveness,
-            follow_soon: Mutex::default(),
+            leadership: leader::Leadership::new(lease_client),
+            schedule: schedule::ScanSchedule::default(),
         })
     }
 
@@ -140,47 +132,16 @@ impl Engine {
         &self.settings
     }
 
-    /// Makes the background loop and drains follow a leader election (see [`leader`]).
-    pub fn follow_leadership(&self, rx: tokio::sync::watch::Receiver<bool>) {
-        let _ = self.leadership.set(rx);
-    }
-
-    /// The leadership receiver, when leader election runs.
-    pub fn leadership(&self) -> Option<tokio::sync::watch::Receiver<bool>> {
-        self.leadership.get().cloned()
-    }
-
-    /// Starts leader election when configured (identity: POD_NAME, else the host name).
+    /// Starts leader election when configured ([`leader::Leadership::elect`]).
     pub fn elect_leader(&self) {
-        if !self.settings.leader_election {
-            return;
-        }
-        if self.settings.dry_run {
-            tracing::info!("dry run: no leader election (it writes a Lease); every replica describes what it would drain");
-            return;
-        }
-        let identity = std::env::var("POD_NAME")
-            .ok()
-            .filter(|s| !s.is_empty())
-            .or_else(|| std::env::var("HOSTNAME").ok().filter(|s| !s.is_empty()))
-            .unwrap_or_else(|| format!("ca-asg-provider-{}", std::process::id()));
-        let lease = leader::lease_for(&self.settings, identity);
-        tracing::info!(lease = %lease.name, namespace = %lease.namespace, identity = %lease.identity, "leader election: the drain loop runs on the Lease holder");
-        self.lead_as(lease);
+        self.leadership.elect(&self.settings, &self.tools.liveness);
     }
 
     /// Runs the election for the Lease `lease` names and follows it; [`Self::step_down`]
     /// ends it. Returns the election's task (a test aborts it to play a process that
     /// died).
     pub fn lead_as(&self, lease: leader::LeaseSettings) -> tokio::task::JoinHandle<()> {
-        let (leads, task) = leader::spawn_task(
-            self.liveness.clone(),
-            self.lease_client.clone(),
-            lease,
-            self.step_down.subscribe(),
-        );
-        self.follow_leadership(leads);
-        task
+        self.leadership.lead_as(&self.tools.liveness, lease)
     }
 
     /// On shutdown: stop leading and release the Lease so another replica takes over
@@ -192,43 +153,35 @@ impl Engine {
     /// heartbeat, for as long as the release's answer takes (leadership_model found
     /// it with Lease writes answered late).
     pub async fn step_down(&self) {
-        self.stepping_down
-            .store(true, std::sync::atomic::Ordering::SeqCst);
+        self.leadership.stop_acting();
         self.abort_all();
-        self.step_down.send_replace(true);
-        if let Some(mut rx) = self.leadership() {
-            // The election's task ends once the release is answered (or failed).
-            let _ = tokio::time::timeout(Duration::from_secs(3), async {
-                while rx.changed().await.is_ok() {}
-            })
-            .await;
-        }
+        self.leadership.release().await;
     }
 
     /// Whether this replica may drain: always, unless leader election says otherwise
     /// or it is stepping down.
     pub fn is_leader(&self) -> bool {
-        !self.stepping_down.load(std::sync::atomic::Ordering::SeqCst)
-            && self.leadership.get().is_none_or(|rx| *rx.borrow())
+        self.leadership.leads()
     }
 
     /// The plan settings of [`record::DrainRecord::plan`].
     pub fn limits(&self) -> record::Limits {
-        self.stage().limits()
+        self.settings.limits()
     }
 
     /// What a stage of a drain may reach ([`Stage`]): the pieces that work on one
     /// node, not the engine, its book of drains or its slots.
     pub fn stage(&self) -> Stage<'_> {
+        let t = &self.tools;
         Stage {
-            client: &self.client,
+            client: &t.client,
             settings: &self.settings,
-            nodes: &self.nodes,
-            passes: &self.passes,
-            evictions: &self.evictions,
-            budgets: &self.budgets,
-            events: &self.events,
-            stats: &self.stats,
+            nodes: &t.nodes,
+            passes: &t.passes,
+            evictions: &t.evictions,
+            budgets: &t.budgets,
+            events: &t.events,
+            stats: &t.stats,
         }
     }
 
@@ -259,7 +212,7 @@ impl Engine {
         }
         self.book.start(req, self.limits(), |req, how, run| {
             if how == Start::Started {
-                self.stats.started.fetch_add(1, Ordering::Relaxed);
+                self.tools.stats.started.fetch_add(1, Ordering::Relaxed);
                 metrics().drains_started.inc();
             }
             tokio::spawn(drain_task(self.clone(), req, run))
@@ -284,12 +237,7 @@ impl Engine {
 
     /// Whether our hook's action for the instance is being heartbeated.
     pub fn holds_hook(&self, instance_id: &str) -> bool {
-        self.held_timeout(instance_id).is_some()
-    }
-
-    /// The heartbeat timeout a held instance is heartbeated at, if it is held.
-    pub fn held_timeout(&self, instance_id: &str) -> Option<Duration> {
-        self.book.held_timeout(instance_id)
+        self.book.held_timeout(instance_id).is_some()
     }
 
     /// Our hook's heartbeat timeout on `group` as AWS has it now. `None`: AWS
@@ -307,15 +255,13 @@ impl Engine {
             .map(|h| Duration::from_secs(h.heartbeat_timeout_secs.max(1) as u64))
     }
 
-    /// Stops the heartbeats: the action was completed, or the instance is gone.
-    pub(crate) fn release(&self, instance_id: &str) {
-        self.book.release(instance_id);
-    }
-
     /// The dry run's `start`: describes the drain once per instance (a lifecycle
     /// action seen on every poll is described the first time), in the background.
     fn observe(self: &Arc<Self>, req: DrainRequest) -> bool {
-        if !self.note_once("dry-run drain", req.instance_id.clone()) {
+        if !self
+            .book
+            .note_once("dry-run drain", req.instance_id.clone())
+        {
             return false;
         }
         let this = self.clone();
@@ -327,12 +273,6 @@ impl Engine {
         true
     }
 
-    /// Stops the drain of an instance where it is (the instance stopped or ended:
-    /// nothing is left to protect). True when one ran.
-    pub fn stop_drain(&self, instance_id: &str) -> bool {
-        self.book.stop(instance_id)
-    }
-
     /// The instance stopped or ended (EC2's state-change notice): its drain stops
     /// where it is, and the reasons that only drained it are recorded done on its
     /// Node ([`record::DrainRecord::instance_left`]), or the next poll would resume
@@ -342,8 +282,8 @@ impl Engine {
     /// Node this replica drains, or whose cached record holds such a reason, is
     /// read from the API server.
     pub async fn instance_left(&self, instance_id: &str) -> Result<bool, kube::Error> {
-        let stopped = self.stop_drain(instance_id);
-        let Some(node) = self.nodes.node_for_instance(instance_id) else {
+        let stopped = self.book.stop(instance_id);
+        let Some(node) = self.tools.nodes.node_for_instance(instance_id) else {
             return Ok(stopped);
         };
         let closes = self
@@ -352,100 +292,14 @@ impl Engine {
         if !(stopped || closes) {
             return Ok(false);
         }
-        crate::scalein::kube::node_record::update_record(&self.nodes, &self.client, &node, |r| {
-            r.instance_left(crate::clock::utc_now())
-        })
+        crate::scalein::kube::node_record::update_record(
+            &self.tools.nodes,
+            &self.tools.client,
+            &node,
+            |r| r.instance_left(crate::clock::utc_now()),
+        )
         .await?;
         Ok(true)
-    }
-
-    /// A hold AWS announced (a lifecycle message) that its reads do not show yet
-    /// (they lag the notification): the lifecycle scan runs every
-    /// [`crate::scalein::holds::SOON`] for `within` instead of waiting out its poll interval
-    /// (five minutes in queue mode, longer than a short hook's timeout).
-    pub fn expect_hold(&self, within: Duration) {
-        let until = crate::clock::Instant::now() + within;
-        let mut soon = self.scan_soon.lock();
-        *soon = Some(soon.map_or(until, |s| s.max(until)));
-        drop(soon);
-        self.scan_wake.notify_one();
-    }
-
-    /// The loop follows the Nodes resting in a warm pool every [`crate::scalein::holds::SOON`]
-    /// for `within` from now, scanning at its poll interval all the same.
-    pub fn follow_soon(&self, within: Duration) {
-        let until = crate::clock::Instant::now() + within;
-        let mut soon = self.follow_soon.lock();
-        *soon = Some(soon.map_or(until, |s| s.max(until)));
-        drop(soon);
-        self.scan_wake.notify_one();
-    }
-
-    /// Whether a hold AWS announced is expected now ([`Self::expect_hold`]): every
-    /// turn of the loop scans.
-    pub(crate) fn scanning_soon(&self) -> bool {
-        self.scan_soon
-            .lock()
-            .is_some_and(|until| crate::clock::Instant::now() < until)
-    }
-
-    /// How long the lifecycle loop waits before its next turn.
-    pub(crate) fn next_scan_in(&self) -> Duration {
-        let poll = self.settings.lifecycle_poll_interval;
-        let following = self
-            .follow_soon
-            .lock()
-            .is_some_and(|until| crate::clock::Instant::now() < until);
-        if self.scanning_soon() || following {
-            poll.min(crate::scalein::holds::SOON)
-        } else {
-            poll
-        }
-    }
-
-    /// Resolves when [`Self::expect_hold`] is called.
-    pub(crate) async fn scan_asked(&self) {
-        self.scan_wake.notified().await
-    }
-
-    /// Our hook's lifecycle action for `instance_id` is over (completed by this
-    /// replica, or found complete).
-    pub(crate) fn note_action_done(&self, instance_id: &str) {
-        self.book.note_action_done(instance_id);
-    }
-
-    /// The instance's turn to be ended: held while its termination and the note
-    /// of it run, so a second drain of the instance waits for them.
-    pub(crate) async fn end_turn(&self, instance_id: &str) -> tokio::sync::OwnedMutexGuard<()> {
-        self.book.end_turn(instance_id).await
-    }
-
-    /// Per-pod Events queued and not yet published (the drain storm benchmark waits
-    /// for them to drain).
-    pub fn pod_events_pending(&self) -> usize {
-        self.events.pod_events_pending()
-    }
-
-    /// The instance's Node, as the engine's cache of Nodes has it.
-    pub fn node_for_instance(&self, instance_id: &str) -> Option<String> {
-        self.nodes.node_for_instance(instance_id)
-    }
-
-    /// What the engine holds of the instance, read at once from its one record.
-    pub fn story(&self, instance_id: &str) -> crate::scalein::decide::story::InstanceStory {
-        self.book.story(instance_id)
-    }
-
-    /// What the engine holds of every instance it knows, read at once.
-    pub fn stories(
-        &self,
-    ) -> std::collections::BTreeMap<String, crate::scalein::decide::story::InstanceStory> {
-        self.book.stories()
-    }
-
-    /// Whether our hook's lifecycle action for `instance_id` is known to be over.
-    pub fn action_done(&self, instance_id: &str) -> bool {
-        self.book.action_done(instance_id)
     }
 
     /// Whether the instance's Node (as the cache has it) records our hook's action
@@ -453,37 +307,21 @@ impl Engine {
     /// then on, as if this process had completed it.
     pub fn action_done_on_node(&self, instance_id: &str) -> bool {
         let done = self
+            .tools
             .nodes
             .node_for_instance(instance_id)
             .and_then(|n| self.cached_record(&n))
             .is_some_and(|r| r.lifecycle_completed(crate::clock::utc_now()));
         if done {
-            self.note_action_done(instance_id);
+            self.book.note_action_done(instance_id);
         }
         done
     }
 
-    /// How the Node came to be cordoned, as the engine's Node watch saw it
-    /// ([`crate::scalein::stages::cordon::CordonSeen`]): whose cordon a drain starts from.
-    pub fn cordon_seen(&self, node: &str) -> Option<crate::scalein::stages::cordon::CordonSeen> {
-        self.nodes.cordon_seen(node)
-    }
-
     /// The drain record on the Node `node` as the cache has it.
     pub fn cached_record(&self, node: &str) -> Option<record::DrainRecord> {
-        let n = self.nodes.cached(node)?;
+        let n = self.tools.nodes.cached(node)?;
         crate::scalein::kube::node_record::record_of(n.metadata.annotations.as_ref()?)
-    }
-
-    /// Forgets what this process remembers of the instance's finished action (our
-    /// hook holds it with a new one).
-    pub(crate) fn forget_action_done(&self, instance_id: &str) {
-        self.book.forget_action_done(instance_id);
-    }
-
-    /// Forgets the ended actions of instances `keep` says no longer exist.
-    pub(crate) fn forget_actions_done(&self, keep: impl Fn(&str) -> bool) {
-        self.book.forget_actions_done(keep);
     }
 
     /// Drains asked for and not finished: running, or cordoned and waiting for a slot.
@@ -505,14 +343,10 @@ impl Engine {
     /// drains resume on the next start).
     pub fn shutdown(&self) {
         self.abort_all();
-        self.nodes.stop();
+        self.tools.nodes.stop();
         if let Some(t) = self.marks_sync.lock().take() {
             t.abort();
         }
-    }
-
-    pub fn in_progress(&self) -> usize {
-        self.book.running()
     }
 
     /// Waits for the drain of an instance (tests, the CLI).
@@ -563,16 +397,6 @@ impl Engine {
         let mut fresh = group.clone();
         fresh.hooks = hooks;
         Ok(fresh)
-    }
-
-    /// True the first time a foreign hook of a group is noted.
-    pub(crate) fn note_foreign_hook(&self, group: &str, hook: &str) -> bool {
-        self.note_once("foreign hook", format!("{group}/{hook}"))
-    }
-
-    /// True the first time `(kind, key)` is noted.
-    pub(crate) fn note_once(&self, kind: &'static str, key: String) -> bool {
-        self.book.note_once(kind, key)
     }
 
     /// The group's EC2_INSTANCE_TERMINATING hook named `hookName`. Another tool's
@@ -639,7 +463,7 @@ impl port::DrainPort for Arc<Engine> {
     }
 
     fn drains_at_once(&self) -> usize {
-        Engine::drains_at_once(self)
+        self.book.running()
     }
 
     fn hold(&self, action: &LifecycleAction, timeout: Duration) {
@@ -647,11 +471,11 @@ impl port::DrainPort for Arc<Engine> {
     }
 
     fn held_timeout(&self, instance_id: &str) -> Option<Duration> {
-        Engine::held_timeout(self, instance_id)
+        self.book.held_timeout(instance_id)
     }
 
     fn release(&self, instance_id: &str) {
-        Engine::release(self, instance_id);
+        self.book.release(instance_id);
     }
 
     async fn hook_timeout_now(&self, group: &str) -> Option<Duration> {
@@ -670,11 +494,11 @@ impl terminate::EndPort for Engine {
     }
 
     async fn turn(&self, instance_id: &str) -> tokio::sync::OwnedMutexGuard<()> {
-        self.end_turn(instance_id).await
+        self.book.end_turn(instance_id).await
     }
 
     fn action_done(&self, instance_id: &str) {
-        self.note_action_done(instance_id);
+        self.book.note_action_done(instance_id);
     }
 
     async fn ask_hold(&self, group: &str, instance_id: &str) -> crate::scalein::holds::Hold {
@@ -686,14 +510,14 @@ impl terminate::EndPort for Engine {
     }
 
     async fn say(&self, node: &str, reason: events::Reason, text: String) {
-        self.events.node(node, reason, text).await;
+        self.tools.events.node(node, reason, text).await;
     }
 }
 
 /// One drain from its first try to its outcome: tried again while our hook holds
 /// the instance, stopped where it is when this replica loses the Lease, counted.
 async fn drain_task(engine: Arc<Engine>, req: DrainRequest, run: u64) -> Outcome {
-    let lost_lease = engine.leadership();
+    let lost_lease = engine.leadership.receiver();
     // A replica that loses the Lease stops its drains where they are, at once: not
     // when its lifecycle loop next wakes (a scan stuck on a slow AWS call would leave
     // them evicting, deleting at deadlines and uncordoning beside the new leader,
@@ -734,12 +558,12 @@ async fn drain_while_held(engine: &Arc<Engine>, req: &DrainRequest, run: u64) ->
 /// A drain's outcome in the engine's counters and the metrics.
 fn count(engine: &Engine, outcome: &Outcome) {
     let (counter, label) = match outcome {
-        Outcome::Ended => (&engine.stats.ended, "ended"),
-        Outcome::Drained => (&engine.stats.ended, "drained"),
-        Outcome::Abandoned(_) => (&engine.stats.abandoned, "abandoned"),
-        Outcome::Failed(_) => (&engine.stats.failed, "failed"),
+        Outcome::Ended => (&engine.tools.stats.ended, "ended"),
+        Outcome::Drained => (&engine.tools.stats.ended, "drained"),
+        Outcome::Abandoned(_) => (&engine.tools.stats.abandoned, "abandoned"),
+        Outcome::Failed(_) => (&engine.tools.stats.failed, "failed"),
         // Dry runs go through `observe`, never here.
-        Outcome::Observed(_) => (&engine.stats.ended, "observed"),
+        Outcome::Observed(_) => (&engine.tools.stats.ended, "observed"),
     };
     counter.fetch_add(1, Ordering::Relaxed);
     Metrics::outcome(&metrics().drains_finished, label);

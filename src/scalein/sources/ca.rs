@@ -149,7 +149,7 @@ async fn mark_for_drain(
         let reason = record::DrainReason::new(record::Why::ScaleIn, crate::clock::utc_now());
         match cordon::cordon_via(
             &engine.stage(),
-            &engine.answer_client,
+            &engine.tools.answer_client,
             &node,
             std::slice::from_ref(&reason),
             &group.asg.name,
@@ -176,6 +176,7 @@ async fn option_tags_ignored(engine: &Engine, group: &Group, node: &str) {
         return;
     }
     engine
+        .tools
         .events
         .node(
             node,

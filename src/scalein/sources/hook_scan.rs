@@ -64,7 +64,7 @@ async fn hook_every_group(engine: &Engine, provider: &Provider, groups: &[Group]
 /// and tells the provider at once, so the next poll does not put it again.
 async fn create_hook(engine: &Engine, provider: &Provider, g: &Group) {
     if engine.settings.dry_run {
-        if engine.note_once("dry-run hook", g.asg.name.clone()) {
+        if engine.book.note_once("dry-run hook", g.asg.name.clone()) {
             crate::telemetry::metrics::metrics().dry_run("CreateLifecycleHook");
             tracing::info!(group = %g.asg.name, hook = %engine.settings.hook_name, "dry run: would create the EC2_INSTANCE_TERMINATING lifecycle hook");
         }
@@ -131,7 +131,7 @@ async fn read_hooked_groups(
     // reads them first, or it would take a finished action for a new one and drain
     // the node again (bounded: a Node list that never comes leaves the scan to AWS's
     // word, as before).
-    engine.nodes.ready(Duration::from_secs(30)).await;
+    engine.tools.nodes.ready(Duration::from_secs(30)).await;
     let fresh = match engine.cloud.describe_groups(&selector).await {
         Ok(f) => f,
         Err(e) => {
@@ -144,7 +144,7 @@ async fn read_hooked_groups(
     // its way out (in the group, or in its warm pool): one back in service (reused
     // from the pool) has no finished action of ours any more, and its next hold is
     // a new one.
-    engine.forget_actions_done(|id| {
+    engine.book.forget_actions_done(|id| {
         fresh
             .iter()
             .flat_map(|s| s.instances.iter())
@@ -276,7 +276,7 @@ fn warn_warm_pool_reuse(engine: &Engine, g: &Group) {
         .warm_pool
         .as_ref()
         .is_some_and(|p| p.reuse_on_scale_in)
-        && engine.note_once("warm pool reuse", g.asg.name.clone())
+        && engine.book.note_once("warm pool reuse", g.asg.name.clone())
     {
         let note = if engine.our_hook(g).is_some() {
             "the group's warm pool reuses instances on scale-in: an instance going back to the pool is drained through our hook in Warmed:Pending:Wait, and its Node is handed back when it leaves the pool (docs/node-groups.md)"
@@ -300,7 +300,10 @@ fn warn_foreign_hooks(engine: &Engine, g: &Group) {
         ) else {
             continue;
         };
-        if !engine.note_foreign_hook(&g.asg.name, &h.name) {
+        if !engine
+            .book
+            .note_once("foreign hook", format!("{}/{}", &g.asg.name, &h.name))
+        {
             continue;
         }
         if warning {
@@ -316,7 +319,7 @@ fn warn_foreign_hooks(engine: &Engine, g: &Group) {
 /// found by [`scan`] from AWS; finished and cordon-only records drain nothing.
 /// Returns how many resumed.
 pub async fn resume(engine: &Arc<Engine>, provider: &Arc<Provider>) -> usize {
-    engine.nodes.ready(Duration::from_secs(30)).await;
+    engine.tools.nodes.ready(Duration::from_secs(30)).await;
     let limits = engine.limits();
     let mut n = 0;
     let mut direct: Vec<(
@@ -324,7 +327,7 @@ pub async fn resume(engine: &Arc<Engine>, provider: &Arc<Provider>) -> usize {
         String,
         Vec<crate::scalein::decide::record::DrainReason>,
     )> = Vec::new();
-    for mark in engine.nodes.marked_for_drain() {
+    for mark in engine.tools.nodes.marked_for_drain() {
         let Some(iid) = mark.instance else { continue };
         if engine.is_draining(&iid) {
             continue;
@@ -414,22 +417,22 @@ pub fn spawn_loop(engine: Arc<Engine>, provider: Arc<Provider>) -> tokio::task::
         while !provider.is_loaded() {
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
-        let mut leadership = engine.leadership();
+        let mut leadership = engine.leadership.receiver();
         let mut was_leader = false;
         // A turn scans the hooked groups and starts drains (they run in their own
         // tasks): minutes without one means a call that never returns.
         let quiet = (engine.settings.lifecycle_poll_interval * 4).max(Duration::from_secs(120));
         // When the last scan ran: a turn sooner than the poll interval, only to follow
-        // Nodes resting in a warm pool (Engine::follow_soon), does not scan.
+        // Nodes resting in a warm pool (ScanSchedule::follow_soon), does not scan.
         let mut scanned: Option<Instant> = None;
         loop {
-            engine.liveness.beat("drain loop", quiet);
+            engine.tools.liveness.beat("drain loop", quiet);
             let leader = engine.is_leader();
             metrics().leader.set(i64::from(leader));
             if leader {
                 let due = scanned
                     .is_none_or(|at| at.elapsed() >= engine.settings.lifecycle_poll_interval)
-                    || engine.scanning_soon();
+                    || engine.schedule.scanning_soon();
                 if due {
                     scanned = Some(Instant::now());
                     // Lifecycle actions first: they expire; marked direct drains wait.
@@ -440,26 +443,30 @@ pub fn spawn_loop(engine: Arc<Engine>, provider: Arc<Provider>) -> tokio::task::
             } else if was_leader {
                 scanned = None;
                 tracing::warn!(
-                    drains = engine.in_progress(),
+                    drains = engine.drains_at_once(),
                     "lost leadership: stopping drains where they are for the new leader"
                 );
                 engine.abort_all();
             }
             was_leader = leader;
-            let poll = tokio::time::sleep(engine.next_scan_in());
+            let poll = tokio::time::sleep(
+                engine
+                    .schedule
+                    .next_turn_in(engine.settings.lifecycle_poll_interval),
+            );
             match leadership.as_mut() {
                 Some(rx) => {
                     tokio::select! {
                         biased;
                         _ = poll => {}
-                        _ = engine.scan_asked() => {}
+                        _ = engine.schedule.asked() => {}
                         changed = rx.changed() => if changed.is_err() { leadership = None },
                     }
                 }
                 None => tokio::select! {
                     biased;
                     _ = poll => {}
-                    _ = engine.scan_asked() => {}
+                    _ = engine.schedule.asked() => {}
                 },
             }
         }

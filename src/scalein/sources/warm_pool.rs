@@ -133,11 +133,13 @@ pub async fn registered_while_warming(
         if inst.state.is_pool_bound_wait() || inst.state.as_str().contains("Terminat") {
             continue;
         }
-        let Some(node) = engine.nodes.node_for_instance(&inst.id) else {
+        let Some(node) = engine.tools.nodes.node_for_instance(&inst.id) else {
             continue;
         };
         if engine.cached_record(&node).is_some()
-            || !engine.note_once("registered while warming", inst.id.clone())
+            || !engine
+                .book
+                .note_once("registered while warming", inst.id.clone())
         {
             continue;
         }
@@ -154,6 +156,7 @@ pub async fn registered_while_warming(
         );
         tracing::warn!(node, instance = %inst.id, group, "{note}");
         engine
+            .tools
             .events
             .node(&node, Reason::RegisteredWhileWarming, note)
             .await;
@@ -167,13 +170,14 @@ pub async fn registered_while_warming(
 /// showing it in the group.
 pub fn capacity_added(engine: &Engine, group: &crate::provider::Group) {
     let waiting = engine
+        .tools
         .nodes
         .marked_for_drain()
         .iter()
         .any(|m| m.group == group.asg.name && m.record.in_warm_pool_since.is_some());
     if waiting {
         tracing::debug!(group = %group.asg.name, "size raised with Nodes resting in the warm pool: watching for their return");
-        engine.follow_soon(RETURN_WATCH);
+        engine.schedule.follow_soon(RETURN_WATCH);
     }
 }
 
@@ -188,6 +192,7 @@ pub async fn follow(engine: &Arc<Engine>, provider: &Arc<Provider>) -> usize {
     let now = crate::clock::utc_now();
     let reg = provider.registry();
     let marks: Vec<(String, String, DrainRecord)> = engine
+        .tools
         .nodes
         .marked_for_drain()
         .into_iter()
@@ -243,8 +248,8 @@ async fn note_in_pool(
     now: DateTime<Utc>,
 ) {
     let written = crate::scalein::kube::node_record::update_record(
-        &engine.nodes,
-        &engine.client,
+        &engine.tools.nodes,
+        &engine.tools.client,
         node,
         |r| {
             let first = r.in_warm_pool_since.is_none();
@@ -259,6 +264,7 @@ async fn note_in_pool(
             let state = state.map(LifecycleState::as_str).unwrap_or("?");
             tracing::info!(node, instance = iid, state, "drained instance rests in its group's warm pool; its Node is handed back when it leaves the pool");
             engine
+                .tools
                 .events
                 .node(
                     node,
@@ -293,6 +299,7 @@ async fn hand_back(
             Metrics::outcome(&metrics().warm_pool_returns, "handed_back");
             tracing::info!(node, instance = iid, state, "instance left the warm pool for its group: node handed back (uncordoned, marks removed)");
             engine
+                .tools
                 .events
                 .node(
                     node,

@@ -121,7 +121,7 @@ impl Consumer {
             const NAME: &str = "interruption queue";
             let quiet = this.settings.wait + Duration::from_secs(120);
             loop {
-                this.engine.liveness.beat(NAME, quiet);
+                this.engine.tools.liveness.beat(NAME, quiet);
                 if !this.engine.is_leader() {
                     tokio::time::sleep(Duration::from_secs(1)).await;
                     continue;
@@ -344,6 +344,7 @@ impl Consumer {
                 match self.record(&instance_id, &group, reason).await {
                     Ok(Some((node, _))) => {
                         self.engine
+                            .tools
                             .events
                             .node(
                                 &node,
@@ -542,7 +543,7 @@ impl Consumer {
             // pool-bound wait here is our terminating hook's, not a launch hook's.
             Some(s) if LifecycleState::OUR_HOLD.contains(&s) => Ok(Ok(s)),
             Some(LifecycleState::WarmedPending) => {
-                self.engine.expect_hold(SETTLE);
+                self.engine.schedule.expect_hold(SETTLE);
                 Err(format!(
                     "instance {} is on its way into the warm pool in AWS's reads, not held yet; the scan looks every second meanwhile",
                     action.instance_id
@@ -551,7 +552,7 @@ impl Consumer {
             Some(s @ (LifecycleState::Terminating | LifecycleState::InService))
                 if fresh || s == LifecycleState::Terminating =>
             {
-                self.engine.expect_hold(SETTLE);
+                self.engine.schedule.expect_hold(SETTLE);
                 Err(format!(
                     "instance {} is {s:?} in AWS's reads, not in Terminating:Wait yet; the scan looks every second meanwhile",
                     action.instance_id
