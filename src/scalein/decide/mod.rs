@@ -1,6 +1,8 @@
 //! Decisions: pure functions of what they are given (no await, no client, no clock of
 //! their own: `now` comes in as an argument). Tested exhaustively.
 //!
+//! - [`budget`]: whether a drain may start now under the disruption budgets, else which
+//!   budget holds it and until when;
 //! - [`plan`]: which pod leaves in which tier, and what a pod's disposition is;
 //! - [`record`]: the drain record on a Node (the reasons, their phases, how two join);
 //! - [`undo`]: whether a person may give a node back (no drain runs for it);
@@ -9,6 +11,7 @@
 //! - [`story`]: whose a hold is (ours, not ours, ask again), from what is remembered of
 //!   the instance and what AWS answers: the one rule every source uses.
 
+pub mod budget;
 pub mod hooks;
 pub mod notice;
 pub mod plan;
