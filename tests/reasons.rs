@@ -210,9 +210,11 @@ async fn a_hook_on_an_instance_another_drain_holds_is_heartbeated_and_completed(
     assert!(w.cloud.hook_timeouts().is_empty());
 }
 
-/// A spot warning for an instance whose drain waits for a slot (`maxConcurrentDrains`
-/// busy) is recorded on the Node, with its budget, before its message is deleted; a
-/// restart in that window resumes it with the budget.
+/// A spot warning for an instance is recorded on the Node, with its budget, before
+/// its message is deleted, and its drain starts at once although
+/// `maxConcurrentDrains` is busy (the instance ends anyway: exempt from every
+/// disruption budget); a restart while a PodDisruptionBudget still holds it
+/// resumes it with the budget.
 #[tokio::test]
 async fn a_notice_is_on_the_node_before_its_message_goes_and_survives_a_restart() {
     let one_at_a_time = ScaleInSettings {
@@ -227,7 +229,7 @@ async fn a_notice_is_on_the_node_before_its_message_goes_and_survives_a_restart(
     let web = nodes_of(&w, "web");
     let ((busy_node, busy), (node, iid)) = (web[0].clone(), web[1].clone());
     guarded_app(&w, &busy_node, "held").await;
-    w.put(&fixtures::pod("shop", "app", &node, "app", 0.1));
+    guarded_app(&w, &node, "app").await;
     let (q, c) = queue_and_consumer(&w, RebalanceAction::Drain);
     q.send(&rebalance(&busy));
     assert_eq!(handle_next(&c, &q).await, Handled::Done(vec!["drain"]));
@@ -240,10 +242,21 @@ async fn a_notice_is_on_the_node_before_its_message_goes_and_survives_a_restart(
     let plan = r.plan(w.engine.limits());
     assert!(plan.drains);
     assert!(plan.budget_ends.is_some(), "{r:?}");
-    assert!(
-        running(&w, "app"),
-        "the drain itself still waits for a slot"
-    );
+    eventually(
+        "the spot drain runs beside the one that holds the only slot",
+        10,
+        || {
+            w.engine
+                .book
+                .stories()
+                .values()
+                .filter(|s| s.slot_run.is_some())
+                .count()
+                == 2
+        },
+    )
+    .await;
+    assert!(running(&w, "app"), "the app's budget holds the spot drain");
 
     // The process dies in that window.
     w.engine.abort_all();
@@ -257,6 +270,7 @@ async fn a_notice_is_on_the_node_before_its_message_goes_and_survives_a_restart(
     w.engine = engine;
     w.ca = ca;
     let lifecycle = scalein::sources::hook_scan::spawn_loop(w.engine.clone(), w.provider.clone());
+    assert!(w.sim.remove::<PodDisruptionBudget>("shop", "app-pdb"));
     eventually("the spot drain resumes and evicts the app", 20, || {
         !running(&w, "app")
     })

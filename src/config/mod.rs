@@ -128,6 +128,45 @@ pub struct ScaleInFile {
     /// From this many drains at once, one watch of every pod serves them all
     /// (default 10; 0: never).
     pub shared_pod_watch_from: Option<usize>,
+    /// Disruption budgets: how many drains at once, how fast and when
+    /// ([`sections::budgets`]).
+    pub budgets: Option<Vec<BudgetFile>>,
+}
+
+/// One of `scaleIn.budgets` as written.
+#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct BudgetFile {
+    pub name: Option<String>,
+    /// A count (`3`) or a percent (`"20%"`) of the nodes the budget covers.
+    pub nodes: Option<CountOrPercent>,
+    /// Group names; none (and no `groupTags`): every group.
+    pub groups: Option<Vec<String>>,
+    /// Tags every covered group carries (`""`: any value).
+    pub group_tags: Option<std::collections::BTreeMap<String, String>>,
+    pub zones: Option<Vec<String>>,
+    /// Causes the budget governs; none: every cause.
+    pub reasons: Option<Vec<String>>,
+    /// Cron, UTC: when the budget comes in force, for `duration`.
+    pub schedule: Option<String>,
+    pub duration: Option<String>,
+    pub rate: Option<RateFile>,
+}
+
+/// `nodes:` as YAML writes it: a number or a string.
+#[derive(Debug, Clone, Deserialize, PartialEq)]
+#[serde(untagged)]
+pub enum CountOrPercent {
+    Count(u64),
+    Text(String),
+}
+
+/// `rate:`: at most `starts` drain starts per `per`.
+#[derive(Debug, Clone, Default, Deserialize, PartialEq)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct RateFile {
+    pub starts: Option<u32>,
+    pub per: Option<String>,
 }
 
 #[derive(Debug, Clone, Default, Deserialize, PartialEq, Eq)]
@@ -265,6 +304,7 @@ pub fn resolve(file: FileConfig, flags: &Overrides, source: &str) -> Result<Conf
     let aws = sections::aws::resolve(&file.aws, flags, &mut problems);
     let timing = sections::timing::resolve(&file, flags, &mut problems);
     let mut scale_in = sections::scale_in::resolve(&file.scale_in, &mut problems);
+    scale_in.budgets = sections::budgets::resolve(file.scale_in.budgets.as_deref(), &mut problems);
     // Checked between the scale-in values and their limits: the order problems have
     // always been reported in.
     sections::timing::check_refresh_wait_fits_ca_call(&timing, &mut problems);

@@ -47,6 +47,9 @@ pub struct ScaleInSettings {
     /// Wait between evictions a PodDisruptionBudget refused (kubectl uses 5 s).
     pub eviction_retry: Duration,
     pub max_concurrent_drains: usize,
+    /// `scaleIn.budgets`, in the order written ([`Self::budgets_in_order`] adds
+    /// `maxConcurrentDrains` as one more).
+    pub budgets: Vec<crate::scalein::decide::budget::Budget>,
     /// Kubernetes API requests per second across all drains, and the burst.
     pub api_qps: f64,
     pub api_burst: u32,
@@ -78,6 +81,23 @@ pub struct ScaleInSettings {
 }
 
 impl ScaleInSettings {
+    /// Every budget a drain passes: the configured ones, then `maxConcurrentDrains`
+    /// as a budget of that many nodes over every group and cause.
+    pub fn budgets_in_order(&self) -> Vec<crate::scalein::decide::budget::Budget> {
+        use crate::scalein::decide::budget::{Budget, Groups, Nodes};
+        let mut all = self.budgets.clone();
+        all.push(Budget {
+            name: "maxConcurrentDrains".into(),
+            nodes: Nodes::Count(self.max_concurrent_drains.min(u32::MAX as usize) as u32),
+            groups: Groups::All,
+            zones: Default::default(),
+            causes: None,
+            window: None,
+            rate: None,
+        });
+        all
+    }
+
     /// The workload deadline and its policy, as the drain record keeps them.
     pub fn limits(&self) -> crate::scalein::decide::record::Limits {
         crate::scalein::decide::record::Limits {
@@ -102,6 +122,7 @@ impl Default for ScaleInSettings {
             volume_deadline: Duration::from_secs(2 * 60),
             eviction_retry: Duration::from_secs(5),
             max_concurrent_drains: 50,
+            budgets: Vec::new(),
             api_qps: 50.0,
             api_burst: 100,
             // 200 hooked groups cost 24 DescribeAutoScalingGroups a minute at 5 s

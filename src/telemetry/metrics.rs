@@ -80,6 +80,11 @@ pub struct ActionLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct BudgetLabels {
+    pub budget: String,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct StageLabels {
     pub stage: String,
 }
@@ -119,6 +124,14 @@ pub struct Metrics {
     pub drains_started: Counter,
     pub drains_finished: Family<OutcomeLabels, Counter>,
     pub drains_in_stage: Family<StageLabels, Gauge>,
+    /// Drains cordoned and waiting because of a disruption budget, by budget.
+    pub drains_waiting_for_budget: Family<BudgetLabels, Gauge>,
+    /// Drains a budget may still start now (its nodes less the drains it counts),
+    /// by budget, as the last drain to look saw it.
+    pub budget_room: Family<BudgetLabels, Gauge>,
+    /// Drains our hook holds started past a budget, to finish inside the hook's
+    /// global timeout, by budget.
+    pub drains_forced_past_budget: Family<BudgetLabels, Counter>,
     pub stage_duration: Family<StageLabels, Histogram>,
     pub evictions: Family<OutcomeLabels, Counter>,
     pub deadlines: Family<StageLabels, Counter>,
@@ -222,6 +235,9 @@ impl Metrics {
             drains_started: Counter::default(),
             drains_finished: Family::default(),
             drains_in_stage: Family::default(),
+            drains_waiting_for_budget: Family::default(),
+            budget_room: Family::default(),
+            drains_forced_past_budget: Family::default(),
             stage_duration: Family::new_with_constructor(stage_histogram as fn() -> Histogram),
             evictions: Family::default(),
             deadlines: Family::default(),
@@ -341,6 +357,21 @@ impl Metrics {
             "drains_in_progress",
             "Drains in progress by stage",
             m.drains_in_stage.clone(),
+        );
+        r.register(
+            "drains_waiting_for_budget",
+            "Drains cordoned and waiting for a disruption budget, by budget",
+            m.drains_waiting_for_budget.clone(),
+        );
+        r.register(
+            "budget_room",
+            "Drains a disruption budget may still start now, by budget (as last looked at)",
+            m.budget_room.clone(),
+        );
+        r.register(
+            "drains_forced_past_budget",
+            "Drains our lifecycle hook holds, started past a disruption budget to finish inside the hook's global timeout, by budget",
+            m.drains_forced_past_budget.clone(),
         );
         r.register(
             "drain_stage_duration_seconds",

@@ -11,6 +11,7 @@ use crate::duration::parse_duration;
 use super::Problem;
 
 pub mod aws;
+pub mod budgets;
 pub mod groups;
 pub mod interruption;
 pub mod listen;
@@ -29,6 +30,11 @@ impl Problems {
             key: key.to_string(),
             message,
         });
+    }
+
+    /// How many problems were found so far.
+    pub fn count(&self) -> usize {
+        self.0.len()
     }
 
     pub fn into_vec(self) -> Vec<Problem> {

@@ -59,6 +59,7 @@ pub fn resolve(si: &ScaleInFile, problems: &mut Problems) -> ScaleInSettings {
             Duration::from_millis(100),
         ),
         max_concurrent_drains: si.max_concurrent_drains.unwrap_or(d.max_concurrent_drains),
+        budgets: Vec::new(),
         api_qps: si.api_qps.unwrap_or(d.api_qps),
         api_burst: si.api_burst.unwrap_or(d.api_burst),
         lifecycle_poll_interval: duration(

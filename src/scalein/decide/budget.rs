@@ -213,6 +213,80 @@ pub struct Drain<'a> {
     pub exempt: bool,
 }
 
+/// A drain's facts as budgets see them, owned: what the engine keeps with the
+/// drain's slot.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Placed {
+    pub group: String,
+    pub zone: String,
+    pub tags: std::sync::Arc<BTreeMap<String, String>>,
+    pub causes: Vec<Cause>,
+    pub exempt: bool,
+    /// Started past the budgets because our hook holds it ([`force_at`]).
+    pub forced: bool,
+}
+
+impl Placed {
+    pub fn drain(&self) -> Drain<'_> {
+        Drain {
+            place: Place {
+                group: &self.group,
+                zone: &self.zone,
+                tags: &self.tags,
+            },
+            causes: &self.causes,
+            exempt: self.exempt,
+        }
+    }
+}
+
+/// What is known of a drain besides its record, for its causes.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct Asked {
+    /// CA's DeleteNodes asked for it in this process (a lifecycle-mode scale-in
+    /// reads as our hook's hold on the record).
+    pub by_ca: bool,
+    /// The node runs no workload pod; `None`: not read (or could not be), which
+    /// counts as both empty and occupied, so either budget governs it.
+    pub empty: Option<bool>,
+    /// The group returns scaled-in instances to its warm pool.
+    pub to_warm_pool: bool,
+}
+
+/// The causes of a drain from the reasons that drive it, and whether it is exempt
+/// (rule 1: an interruption notice other than a rebalance recommendation).
+pub fn causes_of(record: &super::record::DrainRecord, asked: Asked) -> (Vec<Cause>, bool) {
+    use super::record::Why;
+    let ca = match asked.empty {
+        Some(true) => vec![Cause::CaEmpty],
+        Some(false) => vec![Cause::CaOccupied],
+        None => vec![Cause::CaEmpty, Cause::CaOccupied],
+    };
+    let mut causes = BTreeSet::new();
+    let mut exempt = false;
+    for r in record.reasons.iter().filter(|r| !r.done && r.why.drains()) {
+        match &r.why {
+            Why::Notice { notice, .. } if notice == super::notice::REBALANCE_KIND => {
+                causes.insert(Cause::Rebalance);
+            }
+            Why::Notice { .. } => exempt = true,
+            Why::DrainCommand => {
+                causes.insert(Cause::DrainCommand);
+            }
+            Why::ScaleIn => causes.extend(ca.iter().copied()),
+            Why::Lifecycle { .. } if asked.by_ca => causes.extend(ca.iter().copied()),
+            Why::Lifecycle { .. } if asked.to_warm_pool => {
+                causes.insert(Cause::WarmPool);
+            }
+            Why::Lifecycle { .. } => {
+                causes.insert(Cause::AsgOther);
+            }
+            Why::Rebalance => {}
+        }
+    }
+    (causes.into_iter().collect(), exempt)
+}
+
 /// What the decision reads: every node the budgets may cover, the drains that
 /// hold a slot now, and the governed drains' recent starts.
 pub struct World<'a> {

@@ -69,12 +69,15 @@ pub enum Notice {
     Nothing(String),
 }
 
+/// The kind of an EC2 rebalance recommendation, as records and metrics spell it.
+pub const REBALANCE_KIND: &str = "rebalance_recommendation";
+
 impl Notice {
     /// The metric label of the kind.
     pub fn kind(&self) -> &'static str {
         match self {
             Notice::Spot { .. } => "spot_interruption",
-            Notice::Rebalance { .. } => "rebalance_recommendation",
+            Notice::Rebalance { .. } => REBALANCE_KIND,
             Notice::Scheduled { .. } => "scheduled_change",
             Notice::StateChange { .. } => "state_change",
             Notice::LifecycleTerminate { .. } => "lifecycle_terminate",

@@ -257,8 +257,12 @@ pub struct InstanceStory {
     pub reasons: Vec<crate::scalein::decide::record::Why>,
     /// The newest run of its drain, while that run runs or holds a slot.
     pub run: Option<u64>,
-    /// The run that holds a `maxConcurrentDrains` slot for it.
+    /// The run that holds a slot the disruption budgets gave it.
     pub slot_run: Option<u64>,
+    /// Its slot was taken past the budgets: an exempt drain (the instance ends
+    /// anyway) or one our hook holds started to finish inside the hook's global
+    /// timeout. Counted by the budgets all the same.
+    pub slot_past_budgets: bool,
     /// Our hook's action on it is heartbeated, at this timeout.
     pub heartbeat_timeout: Option<Duration>,
     /// Its termination (and the note of it) runs now.

@@ -14,9 +14,10 @@ use std::time::Duration;
 use crate::clock::Instant;
 
 use parking_lot::Mutex;
-use tokio::sync::{watch, OwnedMutexGuard, OwnedSemaphorePermit};
+use tokio::sync::{watch, OwnedMutexGuard};
 use tokio::task::JoinHandle;
 
+use crate::scalein::decide::budget::Placed;
 use crate::scalein::decide::record::{DrainRecord, Joined, Limits};
 use crate::scalein::decide::story::{ActionMemories, InstanceStory, NOT_HELD_RECHECK};
 use crate::scalein::request::{merge, DrainRequest, Outcome, Start};
@@ -58,11 +59,11 @@ struct Entry {
     drain: Option<Inflight>,
     /// The newest run of its drain ([`Book::start`] counts the runs).
     newest_run: Option<u64>,
-    /// The `maxConcurrentDrains` slot its drain holds, and the run that holds it.
-    /// Kept here and not in the drain task: a drain restarted for a new reason (a spot
-    /// warning joining) goes on in the slot it had instead of queueing behind drains
-    /// that budgets block.
-    slot: Option<(u64, OwnedSemaphorePermit)>,
+    /// The slot its drain holds under the disruption budgets, the run that holds it,
+    /// and the drain's facts the budgets count it by. Kept here and not in the drain
+    /// task: a drain restarted for a new reason (a spot warning joining) goes on in
+    /// the slot it had instead of queueing behind drains that budgets block.
+    slot: Option<(u64, Placed)>,
     /// Heartbeats of our hook's action on it: they follow the hook, not the drain (a
     /// drain restarted for a new reason, or failed and retrying, keeps them).
     hold: Option<Hold>,
@@ -174,6 +175,8 @@ pub struct Book {
     /// (kind, key) pairs already said once: another tool's terminating hook, a dry
     /// run's drain or hook.
     noted: Mutex<BTreeSet<(&'static str, String)>>,
+    /// Woken when a slot goes back: the drains waiting for the budgets look again.
+    freed: tokio::sync::Notify,
 }
 
 /// The reasons of a running drain with a new request's joined, when they change its
@@ -244,15 +247,33 @@ impl Book {
             .is_some_and(|(holder, _)| *holder == run)
     }
 
-    /// Keeps the slot drain run `run` took; a run that was replaced meanwhile gives
-    /// it back at once (dropped).
-    pub(crate) fn keep_slot(&self, instance_id: &str, run: u64, slot: OwnedSemaphorePermit) {
+    /// Keeps the slot drain run `run` takes, with the facts the budgets count it by.
+    /// False: the run was replaced or stopped meanwhile, and takes nothing.
+    pub(crate) fn keep_slot(&self, instance_id: &str, run: u64, placed: Placed) -> bool {
         let mut ledger = self.ledger.lock();
-        if let Some(e) = ledger.entries.get_mut(instance_id) {
-            if e.newest_run == Some(run) {
-                e.slot = Some((run, slot));
+        match ledger.entries.get_mut(instance_id) {
+            Some(e) if e.newest_run == Some(run) => {
+                e.slot = Some((run, placed));
+                true
             }
+            _ => false,
         }
+    }
+
+    /// The facts of every drain that holds a slot now.
+    pub(crate) fn slot_holders(&self) -> Vec<Placed> {
+        self.ledger
+            .lock()
+            .entries
+            .values()
+            .filter_map(|e| e.slot.as_ref().map(|(_, p)| p.clone()))
+            .collect()
+    }
+
+    /// Resolves when a slot goes back (register it before looking, as
+    /// [`tokio::sync::Notify::notified`] says).
+    pub(crate) fn slot_freed(&self) -> tokio::sync::futures::Notified<'_> {
+        self.freed.notified()
     }
 
     /// Drain run `run` is over: its slot goes back, unless a newer run took it over.
@@ -264,6 +285,7 @@ impl Book {
         if e.slot.as_ref().is_some_and(|(holder, _)| *holder == run) {
             e.slot = None;
             e.newest_run = None;
+            self.freed.notify_waiters();
         }
         ledger.tidy(instance_id);
     }
@@ -308,7 +330,9 @@ impl Book {
             return false;
         };
         e.hold = None;
-        e.slot = None;
+        if e.slot.take().is_some() {
+            self.freed.notify_waiters();
+        }
         let ran = match e.drain.take() {
             Some(f) if f.runs() => {
                 f.handle.abort();
@@ -332,6 +356,7 @@ impl Book {
             e.hold = None;
         }
         ledger.entries.retain(|_, e| e.end.is_some());
+        self.freed.notify_waiters();
     }
 
     /// Starts the heartbeats of the instance's lifecycle action (through `spawn`,
@@ -479,6 +504,9 @@ fn story_of(ledger: &Ledger, instance_id: &str) -> InstanceStory {
             .unwrap_or_default(),
         run: entry.and_then(|e| e.newest_run),
         slot_run: entry.and_then(|e| e.slot.as_ref()).map(|(run, _)| *run),
+        slot_past_budgets: entry
+            .and_then(|e| e.slot.as_ref())
+            .is_some_and(|(_, p)| p.exempt || p.forced),
         heartbeat_timeout: entry
             .and_then(|e| e.hold.as_ref())
             .filter(|h| h.runs())
@@ -573,10 +601,10 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn the_record_tells_one_story_through_a_drains_life() {
         let book = Book::default();
-        let slots = Arc::new(tokio::sync::Semaphore::new(1));
+        let slots = 1;
         assert_eq!(book.story("i-a"), InstanceStory::default());
         let first = start_pending(&book, "i-a");
-        take_slot(&book, &slots, "i-a", first).await;
+        take_slot(&book, slots, "i-a", first).await;
         book.hold("i-a", Duration::from_secs(300), |_| {
             tokio::spawn(std::future::pending::<()>())
         });
@@ -622,7 +650,7 @@ mod tests {
         );
         assert!(story.action.finished_at.is_some());
         assert!(story.reasons.is_empty());
-        assert_eq!(slots.available_permits(), 1);
+        assert!(book.slot_holders().is_empty());
         assert_eq!(
             book.stories().keys().collect::<Vec<_>>(),
             ["i-a"],
@@ -647,12 +675,17 @@ mod tests {
         run.get().expect("a drain started")
     }
 
-    /// What the drain does for its slot (drain::queue_for_slot): its own when it holds
-    /// one, else the next free one, kept in the book.
-    async fn take_slot(book: &Book, slots: &Arc<tokio::sync::Semaphore>, instance: &str, run: u64) {
-        if !book.has_slot(instance, run) {
-            let permit = slots.clone().acquire_owned().await.unwrap();
-            book.keep_slot(instance, run, permit);
+    /// What the drain does for its slot (drain::queue_for_slot, with one budget of
+    /// `slots` drains): its own when it holds one, else the next that goes back,
+    /// kept in the book.
+    async fn take_slot(book: &Book, slots: usize, instance: &str, run: u64) {
+        while !book.has_slot(instance, run) {
+            let freed = book.slot_freed();
+            if book.slot_holders().len() < slots {
+                book.keep_slot(instance, run, Placed::default());
+                return;
+            }
+            freed.await;
         }
     }
 
@@ -665,13 +698,13 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn a_drain_waiting_for_a_slot_keeps_it_past_the_books_bound() {
         let book = Book::default();
-        let slots = Arc::new(tokio::sync::Semaphore::new(1));
+        let slots = 1;
         let a = start_pending(&book, "i-a");
-        take_slot(&book, &slots, "i-a", a).await;
+        take_slot(&book, slots, "i-a", a).await;
         // b waits for the only slot.
         let b = start_pending(&book, "i-b");
         assert!(!book.has_slot("i-b", b));
-        assert_eq!(slots.available_permits(), 0);
+        assert_eq!(book.slot_holders().len(), 1);
         // Drains that ended before their slot (a Node gone, a cordon-only record,
         // an instance that left): more than the book keeps.
         for i in 0..FINISHED_KEPT + 10 {
@@ -682,25 +715,22 @@ mod tests {
         assert!(book.ledger.lock().entries.len() <= FINISHED_KEPT);
         // a ends: b takes the slot, and holds it.
         book.give_back_slot("i-a", a);
-        take_slot(&book, &slots, "i-b", b).await;
+        take_slot(&book, slots, "i-b", b).await;
         assert!(book.has_slot("i-b", b), "b runs in its slot");
         assert_eq!(
-            slots.available_permits(),
-            0,
+            book.slot_holders().len(),
+            1,
             "while b runs, no other drain has a slot"
         );
         let c = start_pending(&book, "i-c");
         assert!(
-            tokio::time::timeout(
-                Duration::from_millis(10),
-                take_slot(&book, &slots, "i-c", c)
-            )
-            .await
-            .is_err(),
+            tokio::time::timeout(Duration::from_millis(10), take_slot(&book, slots, "i-c", c))
+                .await
+                .is_err(),
             "c waits: one drain at a time"
         );
         book.give_back_slot("i-b", b);
-        take_slot(&book, &slots, "i-c", c).await;
+        take_slot(&book, slots, "i-c", c).await;
         assert!(book.has_slot("i-c", c));
     }
 
@@ -749,8 +779,8 @@ mod tests {
 
         /// After every step, in any order, the one record holds together: no story
         /// has a fault (a slot held by no running drain or by a replaced run; reasons
-        /// for no drain), the slots the record holds are exactly the permits taken
-        /// (none lost, none kept twice), at most one drain runs per instance, and a
+        /// for no drain), the slots the record holds are never more than there are
+        /// (a slot kept once, given back once), at most one drain runs per instance, and a
         /// stopped instance has neither a drain, a slot nor heartbeats.
         #[test]
         fn the_books_record_holds_together_after_every_step(
@@ -763,7 +793,6 @@ mod tests {
                 .unwrap();
             rt.block_on(async {
                 let book = Book::default();
-                let slots = Arc::new(tokio::sync::Semaphore::new(SLOTS));
                 // Each run's task ends when its sender is dropped.
                 let mut ends: BTreeMap<u64, tokio::sync::oneshot::Sender<()>> = BTreeMap::new();
                 let mut replaced: Vec<(String, u64)> = Vec::new();
@@ -800,10 +829,8 @@ mod tests {
                         Step::TakeSlot(i) => {
                             let story = book.story(&id(*i));
                             if let (true, Some(run)) = (story.draining, story.run) {
-                                if !book.has_slot(&id(*i), run) {
-                                    if let Ok(permit) = slots.clone().try_acquire_owned() {
-                                        book.keep_slot(&id(*i), run, permit);
-                                    }
+                                if !book.has_slot(&id(*i), run) && book.slot_holders().len() < SLOTS {
+                                    book.keep_slot(&id(*i), run, Placed::default());
                                 }
                             }
                         }
@@ -845,12 +872,8 @@ mod tests {
                         proptest::prop_assert!(story.faults().is_empty(), "{i}: {story:?} after {st:?}");
                     }
                     let held = stories.values().filter(|s| s.slot_run.is_some()).count();
-                    proptest::prop_assert_eq!(
-                        held,
-                        SLOTS - slots.available_permits(),
-                        "the record's slots are the permits taken, after {:?}",
-                        st
-                    );
+                    proptest::prop_assert_eq!(held, book.slot_holders().len());
+                    proptest::prop_assert!(held <= SLOTS, "{} slots held after {:?}", held, st);
                     proptest::prop_assert_eq!(
                         book.running(),
                         stories.values().filter(|s| s.draining).count()

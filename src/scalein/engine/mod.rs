@@ -20,6 +20,7 @@ use crate::scalein::{DrainRequest, Mode, ModeChoice, Outcome, ScaleInSettings, S
 pub use crate::scalein::stats::DrainStats;
 
 pub mod book;
+pub mod gate;
 pub mod keeper;
 pub mod leader;
 pub mod marks_sync;
@@ -31,16 +32,17 @@ use crate::telemetry::metrics::{metrics, Metrics};
 /// Between a failed drain and its retry while our hook holds the instance.
 const HELD_RETRY: std::time::Duration = std::time::Duration::from_secs(5);
 
-/// Runs drains: at most one per instance, at most `max_concurrent_drains` at once,
-/// all sharing one API rate limit.
+/// Runs drains: at most one per instance, as many at once as the disruption budgets
+/// allow ([`gate`]), all sharing one API rate limit.
 pub struct Engine {
     /// What drains and the sources' loops work with on the Kubernetes side.
     pub tools: Tools,
     pub(crate) cloud: Arc<dyn Cloud>,
     pub(crate) provider: Option<Arc<Provider>>,
     pub(crate) settings: ScaleInSettings,
-    /// `maxConcurrentDrains`: taken by a drain after its cordon, for its stages.
-    pub(crate) slots: Arc<tokio::sync::Semaphore>,
+    /// The disruption budgets' gate (`maxConcurrentDrains` among them), passed by
+    /// a drain after its cordon, for its stages.
+    pub(crate) gate: gate::Gate,
     /// Which drains run, which actions are held or over, what was said once.
     pub book: Book,
     /// Whether this replica may act now, and the election that says so.
@@ -96,9 +98,6 @@ impl Engine {
         let answer_client =
             ratelimit::limited_client(client.clone(), limiter.clone(), ratelimit::Priority::Answer);
         let client = ratelimit::limited_client(client, limiter.clone(), ratelimit::Priority::Drain);
-        let slots = Arc::new(tokio::sync::Semaphore::new(
-            settings.max_concurrent_drains.max(1),
-        ));
         let nodes = nodes::NodeIndex::start(client.clone());
         let liveness = Arc::new(crate::telemetry::liveness::Liveness::default());
         let marks_sync = provider
@@ -121,7 +120,7 @@ impl Engine {
             cloud,
             provider,
             settings,
-            slots,
+            gate: gate::Gate::default(),
             book: Book::default(),
             leadership: leader::Leadership::new(lease_client),
             schedule: schedule::ScanSchedule::default(),
@@ -450,12 +449,14 @@ impl port::DrainPort for Arc<Engine> {
         self.book.has_slot(instance_id, run)
     }
 
-    async fn take_slot(&self, instance_id: &str, run: u64) -> bool {
-        let Ok(permit) = self.slots.clone().acquire_owned().await else {
-            return false;
-        };
-        self.book.keep_slot(instance_id, run, permit);
-        true
+    async fn take_slot(
+        &self,
+        req: &DrainRequest,
+        node: &str,
+        record: &record::DrainRecord,
+        run: u64,
+    ) -> bool {
+        gate::take_slot(self, req, node, record, run).await
     }
 
     fn give_back_slot(&self, instance_id: &str, run: u64) {

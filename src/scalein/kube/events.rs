@@ -73,6 +73,11 @@ pub enum Reason {
     /// An instance in the warm pool has a Node this service never drained: its
     /// bootstrap joined the cluster while warming.
     RegisteredWhileWarming,
+    /// A cordoned node's drain waits for a disruption budget (once per wait).
+    DrainWaitingForBudget,
+    /// A drain our hook holds started past a budget, to finish inside the hook's
+    /// global timeout.
+    DrainForcedPastBudget,
 }
 
 impl Reason {
@@ -102,6 +107,8 @@ impl Reason {
             Reason::ReturnedToWarmPool => "ReturnedToWarmPool",
             Reason::BackFromWarmPool => "BackFromWarmPool",
             Reason::RegisteredWhileWarming => "RegisteredWhileWarming",
+            Reason::DrainWaitingForBudget => "DrainWaitingForBudget",
+            Reason::DrainForcedPastBudget => "DrainForcedPastBudget",
         }
     }
 
@@ -119,6 +126,7 @@ impl Reason {
                 | Reason::DaemonSetEvictedEarly
                 | Reason::InterruptionBudgetMissed
                 | Reason::RegisteredWhileWarming
+                | Reason::DrainForcedPastBudget
         )
     }
 }

@@ -399,7 +399,7 @@ async fn drain_node(
     if !plan.drains {
         return Ok(Some(plan));
     }
-    let _slot = queue_for_slot(r, &req.instance_id, run).await;
+    let _slot = queue_for_slot(r, req, node, &record, run).await;
     say_started(r, req, node, &record).await;
     let d = NodeDrain::new(r, req, node, &record, &plan);
     // Held to the end of the drain: the caches this drain shares with the others.
@@ -440,15 +440,22 @@ async fn mark(
     }
 }
 
-/// One of `maxConcurrentDrains` slots. The node is already cordoned and
-/// marked whatever the queue, so nothing is placed on a node that is going away
+/// A slot the disruption budgets give (`maxConcurrentDrains` is one of them). The
+/// node is already cordoned and marked whatever the wait, so nothing is placed on a node that is going away
 /// while its drain waits (in an instance refresh, replacements landed on the next
 /// nodes of the refresh and were evicted again: 12% more evictions at 500 nodes).
 ///
 /// The slot is kept in the engine's book, not in this task: a drain restarted for a
 /// new reason (a spot warning joining a running drain) goes on in the slot the run
 /// it replaced had, instead of queueing behind drains that budgets block.
-async fn queue_for_slot<'e>(r: &'e Runner<'e>, instance: &str, run: u64) -> Option<Slot<'e>> {
+async fn queue_for_slot<'e>(
+    r: &'e Runner<'e>,
+    req: &DrainRequest,
+    node: &str,
+    record: &DrainRecord,
+    run: u64,
+) -> Option<Slot<'e>> {
+    let instance = &req.instance_id;
     let slot = Slot {
         port: r.port,
         instance: instance.to_string(),
@@ -458,7 +465,10 @@ async fn queue_for_slot<'e>(r: &'e Runner<'e>, instance: &str, run: u64) -> Opti
         return Some(slot);
     }
     let _queued = metrics().stage("queued");
-    r.port.take_slot(instance, run).await.then_some(slot)
+    r.port
+        .take_slot(req, node, record, run)
+        .await
+        .then_some(slot)
 }
 
 /// A drain run's hold on its slot: given back when the run ends, unless a newer

@@ -20,7 +20,7 @@ use crate::scalein::stages::Stage;
 use crate::scalein::{DeadlinePolicy, DrainRequest, Source};
 
 /// What the stage list's runner needs of the engine, besides what a stage reaches:
-/// the `maxConcurrentDrains` slots, our hook's hold on the instance (its heartbeats
+/// the slots the disruption budgets give, our hook's hold on the instance (its heartbeats
 /// and their timeout), what is remembered of our actions, and how many drains run.
 /// The engine implements it; the runner never reaches the engine or its book.
 #[async_trait::async_trait]
@@ -28,9 +28,16 @@ pub trait DrainPort: Send + Sync {
     /// Whether this run of the instance's drain already holds a slot (a run it
     /// replaced for a new reason kept it).
     fn has_slot(&self, instance_id: &str, run: u64) -> bool;
-    /// Waits for a slot and keeps it for this run. False: no slot can be had (the
-    /// engine is going away); the drain goes on without one.
-    async fn take_slot(&self, instance_id: &str, run: u64) -> bool;
+    /// Waits until the disruption budgets let this run start, and keeps its slot.
+    /// False: no slot can be had (the engine is going away); the drain goes on
+    /// without one.
+    async fn take_slot(
+        &self,
+        req: &DrainRequest,
+        node: &str,
+        record: &DrainRecord,
+        run: u64,
+    ) -> bool;
     /// The run ended: its slot goes back, unless a newer run took it over.
     fn give_back_slot(&self, instance_id: &str, run: u64);
     /// Drains asked for and not finished (what the pod lists are sized for).

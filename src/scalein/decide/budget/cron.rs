@@ -82,9 +82,11 @@ impl Cron {
             "@weekly" => "0 0 * * 0".to_string(),
             "@daily" | "@midnight" => "0 0 * * *".to_string(),
             "@hourly" => "0 * * * *".to_string(),
-            other if other.starts_with('@') => return Err(format!(
+            other if other.starts_with('@') => {
+                return Err(format!(
                 "{text:?} is not a macro cron knows (@yearly, @monthly, @weekly, @daily, @hourly)"
-            )),
+            ))
+            }
             _ => text.to_string(),
         };
         let parts: Vec<&str> = expanded.split_whitespace().collect();

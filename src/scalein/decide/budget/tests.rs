@@ -11,7 +11,7 @@ fn at(y: i32, mo: u32, d: u32, h: u32, mi: u32) -> DateTime<Utc> {
 fn a_percent_rounds_up_as_karpenter_rounds_and_a_count_is_itself() {
     for covered in 0..=200usize {
         for p in 0..=100u8 {
-            let want = (covered * p as usize + 99) / 100;
+            let want = (covered * p as usize).div_ceil(100);
             assert_eq!(
                 Nodes::Percent(p).allowed(covered),
                 want,
@@ -180,7 +180,10 @@ fn the_most_restrictive_budget_in_force_holds_and_says_until_when() {
         name: "two".into(),
         ..budget(Nodes::Count(2))
     };
-    assert_eq!(verdict(&[loose.clone()], &next, &world), Verdict::Go);
+    assert_eq!(
+        verdict(std::slice::from_ref(&loose), &next, &world),
+        Verdict::Go
+    );
     assert_eq!(
         verdict(&[loose.clone(), tight.clone()], &next, &world),
         Verdict::Wait(Hold {
@@ -201,7 +204,7 @@ fn the_most_restrictive_budget_in_force_holds_and_says_until_when() {
         ..budget(Nodes::Count(0))
     };
     assert_eq!(
-        verdict(&[business.clone()], &next, &world),
+        verdict(std::slice::from_ref(&business), &next, &world),
         Verdict::Wait(Hold {
             budget: "office".into(),
             until: Until::WindowCloses(at(2026, 11, 27, 17, 0))
@@ -286,7 +289,7 @@ fn a_rate_lets_k_starts_per_period_and_names_when_the_next_may_start() {
         ..budget(Nodes::Percent(100))
     };
     assert_eq!(
-        verdict(&[b.clone()], &d, &world),
+        verdict(std::slice::from_ref(&b), &d, &world),
         Verdict::Wait(Hold {
             budget: "b".into(),
             until: Until::Token(now + Span::minutes(1))

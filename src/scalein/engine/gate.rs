@@ -1,0 +1,377 @@
+//! The gate every drain passes once its node is cordoned and marked, whatever asked
+//! for it (CA, our hook, the queue, the warm pool, the command line): the
+//! disruption budgets ([`crate::scalein::decide::budget`], `maxConcurrentDrains`
+//! among them) decide whether it starts now. The rule lives there; this room only
+//! gathers what it reads and waits:
+//!
+//! - the drain's facts ([`Placed`]): its group and the group's tags, its zone, its
+//!   causes from the record's reasons, whether it is exempt;
+//! - every node the budgets may cover (the provider's groups, warm pools aside);
+//! - the slots held now (the book), and the recent starts (kept here);
+//! - for a drain our hook holds, the latest it may start ([`budget::force_at`]).
+//!
+//! Taking a slot is decided and kept under one lock, so two drains never both take
+//! the last room of a budget. A drain that waits says so once (an Event naming the
+//! budget and until when), is counted per budget, and looks again when a slot goes
+//! back, when what held it should have passed, and at least every
+//! [`RECHECK`] (the groups' sizes change a percent).
+
+use std::collections::{BTreeMap, VecDeque};
+use std::sync::Arc;
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use k8s_openapi::api::core::v1::Pod;
+use parking_lot::Mutex;
+
+use crate::scalein::decide::budget::{self, Asked, Placed, Verdict};
+use crate::scalein::decide::plan::{self, Disposition, Tier};
+use crate::scalein::decide::record::{DrainRecord, Why};
+use crate::scalein::engine::Engine;
+use crate::scalein::kube::events::Reason;
+use crate::scalein::{DrainRequest, Mode, Source};
+use crate::telemetry::metrics::{metrics, BudgetLabels};
+
+/// A waiting drain looks again at least this often.
+pub const RECHECK: Duration = Duration::from_secs(30);
+/// Starts kept for the rates: at most this many, none older than a week (the
+/// longest `rate.per`).
+const STARTS_KEPT: usize = 100_000;
+const STARTS_FOR: chrono::Duration = chrono::Duration::days(7);
+
+/// A node as budgets place it: its group, its zone, the group's tags.
+type NodePlace = (String, String, Arc<BTreeMap<String, String>>);
+
+/// What the gate remembers: the recent starts the rates count.
+#[derive(Default)]
+pub struct Gate {
+    starts: Mutex<VecDeque<(DateTime<Utc>, Placed)>>,
+}
+
+/// What taking a slot came to.
+enum Taken {
+    /// Kept in the book (or the run was replaced meanwhile: nothing to keep).
+    Yes {
+        forced_past: Option<String>,
+    },
+    Wait(budget::Hold),
+}
+
+/// Waits until the budgets let this run of the drain start, and keeps its slot in
+/// the book. True once it holds one (or its run was replaced, which ends it).
+pub(crate) async fn take_slot(
+    engine: &Engine,
+    req: &DrainRequest,
+    node: &str,
+    record: &DrainRecord,
+    run: u64,
+) -> bool {
+    let budgets = engine.settings.budgets_in_order();
+    let placed = placed(engine, req, node, record, &budgets).await;
+    let force_at = force_at(engine, req, record);
+    let mut waiting: Option<budget::Hold> = None;
+    loop {
+        let freed = engine.book.slot_freed();
+        tokio::pin!(freed);
+        freed.as_mut().enable();
+        let now = crate::clock::utc_now();
+        let forced = force_at.is_some_and(|at| now >= at);
+        match decide_and_keep(engine, &budgets, &placed, req, run, now, forced) {
+            Taken::Yes { forced_past } => {
+                stop_waiting(&mut waiting);
+                if let Some(budget) = forced_past {
+                    say_forced(engine, node, req, &budget, force_at).await;
+                }
+                return true;
+            }
+            Taken::Wait(hold) => {
+                if waiting.as_ref().map(|h| &h.budget) != Some(&hold.budget) {
+                    stop_waiting(&mut waiting);
+                    gauge(&hold.budget).inc();
+                    say_waiting(engine, node, req, &hold, force_at).await;
+                    waiting = Some(hold.clone());
+                }
+                let wake = wake_in(&hold.until, force_at, now);
+                tokio::select! {
+                    () = &mut freed => {}
+                    () = tokio::time::sleep(wake) => {}
+                }
+            }
+        }
+    }
+}
+
+/// Under the one lock: the verdict, and the slot kept when it is go.
+fn decide_and_keep(
+    engine: &Engine,
+    budgets: &[budget::Budget],
+    placed: &Placed,
+    req: &DrainRequest,
+    run: u64,
+    now: DateTime<Utc>,
+    forced: bool,
+) -> Taken {
+    let mut starts = engine.gate.starts.lock();
+    let holders = engine.book.slot_holders();
+    let nodes = node_places(engine);
+    let node_refs: Vec<budget::Place<'_>> = nodes
+        .iter()
+        .map(|(g, z, t)| budget::Place {
+            group: g,
+            zone: z,
+            tags: t,
+        })
+        .collect();
+    let draining: Vec<budget::Drain<'_>> = holders.iter().map(Placed::drain).collect();
+    let counted: Vec<(DateTime<Utc>, budget::Drain<'_>)> =
+        starts.iter().map(|(at, p)| (*at, p.drain())).collect();
+    let world = budget::World {
+        now,
+        nodes: &node_refs,
+        draining: &draining,
+        starts: &counted,
+    };
+    for b in budgets {
+        let (allowed, count) = b.room(&world);
+        metrics()
+            .budget_room
+            .get_or_create(&BudgetLabels {
+                budget: b.name.clone(),
+            })
+            .set(allowed.saturating_sub(count) as i64);
+    }
+    let verdict = budget::verdict(budgets, &placed.drain(), &world);
+    let forced_past = match verdict {
+        Verdict::Go => None,
+        Verdict::Wait(hold) if !forced => return Taken::Wait(hold),
+        Verdict::Wait(hold) => Some(hold.budget),
+    };
+    drop(counted);
+    let placed = Placed {
+        forced: forced_past.is_some(),
+        ..placed.clone()
+    };
+    if engine.book.keep_slot(&req.instance_id, run, placed.clone()) {
+        starts.push_back((now, placed));
+        while starts.len() > STARTS_KEPT
+            || starts.front().is_some_and(|(at, _)| *at < now - STARTS_FOR)
+        {
+            starts.pop_front();
+        }
+    }
+    Taken::Yes { forced_past }
+}
+
+/// The drain's facts as budgets see them: the group and its tags and the instance's
+/// zone from the provider's registry (else the Node's zone label), the causes from
+/// the record's reasons.
+async fn placed(
+    engine: &Engine,
+    req: &DrainRequest,
+    node: &str,
+    record: &DrainRecord,
+    budgets: &[budget::Budget],
+) -> Placed {
+    let registry = engine.provider.as_ref().map(|p| p.registry());
+    let group = registry.as_ref().and_then(|r| r.group(&req.group).cloned());
+    let zone = group
+        .as_ref()
+        .and_then(|g| g.asg.instances.iter().find(|i| i.id == req.instance_id))
+        .map(|i| i.zone.clone())
+        .or_else(|| {
+            engine.tools.nodes.cached(node).and_then(|n| {
+                n.metadata
+                    .labels
+                    .as_ref()?
+                    .get("topology.kubernetes.io/zone")
+                    .cloned()
+            })
+        })
+        .unwrap_or_default();
+    let asked = Asked {
+        by_ca: req.source == Source::ClusterAutoscaler,
+        empty: if tells_empty_from_occupied(budgets) && asks_ca(record, req) {
+            node_is_empty(engine, node).await
+        } else {
+            None
+        },
+        to_warm_pool: group
+            .as_ref()
+            .and_then(|g| g.asg.warm_pool.as_ref())
+            .is_some_and(|w| w.reuse_on_scale_in),
+    };
+    let (causes, exempt) = budget::causes_of(record, asked);
+    Placed {
+        group: req.group.clone(),
+        zone,
+        tags: Arc::new(group.map(|g| g.asg.tags).unwrap_or_default()),
+        causes,
+        exempt,
+        forced: false,
+    }
+}
+
+/// Whether some budget governs one of CA's two causes and not the other: only then
+/// is the node's emptiness read.
+fn tells_empty_from_occupied(budgets: &[budget::Budget]) -> bool {
+    budgets.iter().any(|b| {
+        b.causes.as_ref().is_some_and(|c| {
+            c.contains(&budget::Cause::CaEmpty) != c.contains(&budget::Cause::CaOccupied)
+        })
+    })
+}
+
+fn asks_ca(record: &DrainRecord, req: &DrainRequest) -> bool {
+    req.source == Source::ClusterAutoscaler
+        || record
+            .reasons
+            .iter()
+            .any(|r| !r.done && matches!(r.why, Why::ScaleIn))
+}
+
+/// Whether the node runs no workload pod (DaemonSet, mirror and finished pods
+/// aside). `None` when the API server cannot say: both causes then apply.
+async fn node_is_empty(engine: &Engine, node: &str) -> Option<bool> {
+    let pods: kube::Api<Pod> = kube::Api::all(engine.tools.client.clone());
+    let lp = kube::api::ListParams::default().fields(&format!("spec.nodeName={node}"));
+    let list = match pods.list(&lp).await {
+        Ok(l) => l,
+        Err(e) => {
+            tracing::warn!(node, error = %e, "cannot list the node's pods to tell an empty node from an occupied one; both budgets apply");
+            return None;
+        }
+    };
+    let now = crate::clock::timestamp_now();
+    Some(!list.items.iter().any(|p| {
+        matches!(
+            plan::classify_at(p, &engine.settings.node_critical, now),
+            Disposition::Evict(Tier::Workload) | Disposition::Wait(Tier::Workload)
+        )
+    }))
+}
+
+/// Every node the budgets may cover: each instance of each group the provider
+/// knows, warm-pool instances aside (they are not nodes).
+fn node_places(engine: &Engine) -> Vec<NodePlace> {
+    let Some(provider) = &engine.provider else {
+        return Vec::new();
+    };
+    let registry = provider.registry();
+    let mut places = Vec::new();
+    for g in &registry.groups {
+        let tags = Arc::new(g.asg.tags.clone());
+        for i in g.asg.instances.iter().filter(|i| !i.state.in_warm_pool()) {
+            places.push((g.asg.name.clone(), i.zone.clone(), tags.clone()));
+        }
+    }
+    places
+}
+
+/// For a drain our hook holds: the latest it may start, the hold having begun when
+/// its reason was recorded (known to within the lifecycle poll, the margin).
+fn force_at(engine: &Engine, req: &DrainRequest, record: &DrainRecord) -> Option<DateTime<Utc>> {
+    let Mode::Lifecycle {
+        heartbeat_timeout, ..
+    } = &req.mode
+    else {
+        return None;
+    };
+    let began = record
+        .reasons
+        .iter()
+        .filter(|r| !r.done && matches!(r.why, Why::Lifecycle { .. }))
+        .map(|r| r.at)
+        .min()
+        .unwrap_or_else(crate::clock::utc_now);
+    let s = &engine.settings;
+    let takes = s.workload_deadline + s.daemonset_deadline + s.volume_deadline;
+    let margin = s.lifecycle_poll_interval + Duration::from_secs(60);
+    Some(budget::force_at(began, *heartbeat_timeout, takes, margin))
+}
+
+/// How long to wait before looking again.
+fn wake_in(until: &budget::Until, force_at: Option<DateTime<Utc>>, now: DateTime<Utc>) -> Duration {
+    let mut at = match until {
+        budget::Until::WindowCloses(t) | budget::Until::Token(t) => Some(*t),
+        budget::Until::SlotFrees { .. } => None,
+    };
+    if let Some(f) = force_at {
+        at = Some(at.map_or(f, |a| a.min(f)));
+    }
+    at.and_then(|t| (t - now).to_std().ok())
+        .unwrap_or(Duration::from_millis(100))
+        .clamp(Duration::from_millis(100), RECHECK)
+}
+
+fn gauge(budget: &str) -> prometheus_client::metrics::gauge::Gauge {
+    metrics()
+        .drains_waiting_for_budget
+        .get_or_create(&BudgetLabels {
+            budget: budget.to_string(),
+        })
+        .clone()
+}
+
+fn stop_waiting(waiting: &mut Option<budget::Hold>) {
+    if let Some(h) = waiting.take() {
+        gauge(&h.budget).dec();
+    }
+}
+
+async fn say_waiting(
+    engine: &Engine,
+    node: &str,
+    req: &DrainRequest,
+    hold: &budget::Hold,
+    force_at: Option<DateTime<Utc>>,
+) {
+    let forced = force_at
+        .map(|at| {
+            format!(
+                "; our lifecycle hook holds the instance, so its drain starts by {} whatever the budget says",
+                at.format("%Y-%m-%d %H:%M:%S UTC")
+            )
+        })
+        .unwrap_or_default();
+    let note = format!(
+        "node cordoned; its drain (instance {}, asked by {}) waits for disruption budget {:?}: {}{forced}",
+        req.instance_id,
+        req.source.said(),
+        hold.budget,
+        hold.until.said()
+    );
+    tracing::info!(node, instance = %req.instance_id, budget = %hold.budget, "{note}");
+    engine
+        .tools
+        .events
+        .node(node, Reason::DrainWaitingForBudget, note)
+        .await;
+}
+
+async fn say_forced(
+    engine: &Engine,
+    node: &str,
+    req: &DrainRequest,
+    budget: &str,
+    force_at: Option<DateTime<Utc>>,
+) {
+    metrics()
+        .drains_forced_past_budget
+        .get_or_create(&BudgetLabels {
+            budget: budget.to_string(),
+        })
+        .inc();
+    let note = format!(
+        "drain of instance {} starts past disruption budget {budget:?}: our lifecycle hook holds the instance, and waiting longer than {} would leave the drain no time inside the hook's global timeout",
+        req.instance_id,
+        force_at
+            .map(|t| t.format("%Y-%m-%d %H:%M:%S UTC").to_string())
+            .unwrap_or_default()
+    );
+    tracing::warn!(node, instance = %req.instance_id, budget, "{note}");
+    engine
+        .tools
+        .events
+        .node(node, Reason::DrainForcedPastBudget, note)
+        .await;
+}
