@@ -2124,3 +2124,36 @@ async fn a_followed_drain_given_up_fails_the_command_without_the_leaders_event()
     lp.abort();
     w.engine.shutdown();
 }
+
+/// Issue 74: `--version` names the source revision beside the crate's version, so two
+/// builds of one version are told apart: the checkout's commit here (or `unknown` when
+/// the tree has no git), the same the `build_info` metric carries.
+#[test]
+fn version_carries_the_revision() {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_ca-asg-provider"))
+        .arg("--version")
+        .output()
+        .unwrap();
+    assert!(out.status.success());
+    let printed = String::from_utf8(out.stdout).unwrap();
+    let git = std::process::Command::new("git")
+        .args(["rev-parse", "--short=12", "HEAD"])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .map(|o| String::from_utf8(o.stdout).unwrap().trim().to_string());
+    let want = std::env::var("CA_ASG_PROVIDER_REVISION")
+        .ok()
+        .filter(|r| !r.is_empty())
+        .or(git)
+        .unwrap_or_else(|| "unknown".into());
+    assert_eq!(
+        printed.trim(),
+        format!(
+            "ca-asg-provider {} (revision {want})",
+            env!("CARGO_PKG_VERSION")
+        )
+    );
+    assert_eq!(ca_asg_provider::telemetry::REVISION, want);
+}

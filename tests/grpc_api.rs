@@ -915,8 +915,9 @@ async fn metrics_name_groups_like_ca_and_drop_groups_that_went_away_and_healthz_
     let text = scrape().await;
     assert!(
         text.contains(&format!(
-            "ca_asg_provider_build_info{{version=\"{}\"}} 1",
-            env!("CARGO_PKG_VERSION")
+            "ca_asg_provider_build_info{{version=\"{}\",revision=\"{}\"}} 1",
+            env!("CARGO_PKG_VERSION"),
+            ca_asg_provider::telemetry::REVISION
         )),
         "{text}"
     );

@@ -20,7 +20,7 @@ use crate::telemetry::{init_logging, LogFormat};
 #[derive(Debug, Parser)]
 #[command(
     name = "ca-asg-provider",
-    version,
+    version = crate::telemetry::LONG_VERSION,
     about = "cluster-autoscaler externalgrpc cloud provider for EC2 Auto Scaling Groups"
 )]
 pub struct Cli {

@@ -105,6 +105,7 @@ pub struct PoolStateLabels {
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct BuildLabels {
     pub version: String,
+    pub revision: String,
 }
 
 pub struct Metrics {
@@ -500,12 +501,13 @@ impl Metrics {
         );
         r.register(
             "build_info",
-            "1, labelled with the running version",
+            "1, labelled with the running version and the source revision it was built from",
             m.build_info.clone(),
         );
         m.build_info
             .get_or_create(&BuildLabels {
                 version: env!("CARGO_PKG_VERSION").to_string(),
+                revision: super::REVISION.to_string(),
             })
             .set(1);
         Self {

@@ -9,6 +9,18 @@ pub mod readiness;
 
 use std::io::IsTerminal;
 
+/// The source revision this binary was built from (build.rs: the release's, the
+/// checkout's commit, or `unknown` without git), shown by `--version` and `build_info`.
+pub const REVISION: &str = env!("CA_ASG_PROVIDER_REVISION");
+
+/// `--version`: the crate's version and the revision, so two builds of one version differ.
+pub const LONG_VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (revision ",
+    env!("CA_ASG_PROVIDER_REVISION"),
+    ")"
+);
+
 use tracing_subscriber::{fmt, EnvFilter};
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
