@@ -20,7 +20,9 @@
 #
 # Prints the archive's path, then its manifest digest. Downloads are cached in
 # ${CA_ASG_IMAGE_CACHE:-~/.cache/ca-asg-provider/image}, outside the source tree.
-# Needs umoci and skopeo (installed from Debian's packages when missing, as root), curl,
+# Needs umoci and skopeo (installed from Debian's packages when missing: apt-get, through
+# sudo when not root), curl, python3 (as an ordinary user: umoci's rootless mode, owners
+# set through the user.rootlesscontainers xattr, so the image is the same as root's),
 # dpkg-deb. A Debian version the mirror no longer carries (superseded by a point release)
 # is on snapshot.debian.org: DEBIAN_MIRROR=https://snapshot.debian.org/archive/debian/<date>
 # (and DEBIAN_SECURITY_MIRROR=.../archive/debian-security/<date>).
@@ -151,7 +153,7 @@ build_rootfs() { # dir
     printf '%s\n' 'root:x:0:' 'nobody:x:65534:' 'nonroot:x:65532:' >"$root/etc/group"
     printf '%s\n' 'passwd: files' 'group: files' 'hosts: files dns' >"$root/etc/nsswitch.conf"
     chmod 1777 "$root/tmp"
-    chown 65532:65532 "$root/home/nonroot"
+    own_nonroot "$root/home/nonroot"
     chmod 0700 "$root/home/nonroot"
     rm -rf "$tmp"
 }
@@ -165,15 +167,36 @@ missing=()
 command -v umoci >/dev/null || missing+=(umoci)
 command -v skopeo >/dev/null || missing+=(skopeo)
 if [ ${#missing[@]} -gt 0 ]; then
-    [ "$(id -u)" = 0 ] || die "needs ${missing[*]} (Debian: apt-get install ${missing[*]})"
+    command -v apt-get >/dev/null || die "needs ${missing[*]} (Debian and Ubuntu: apt-get install ${missing[*]}; on a Mac run this in a Debian container or VM)"
     echo "== image: installing ${missing[*]} from Debian's packages" >&2
     # Two builds at once (the e2e tests run side by side) share dpkg's lock: the
     # second waits for it instead of failing.
     apt=(apt-get -o DPkg::Lock::Timeout=600)
+    if [ "$(id -u)" != 0 ]; then
+        command -v sudo >/dev/null || die "needs ${missing[*]} (as root: apt-get install ${missing[*]})"
+        apt=(sudo "${apt[@]}")
+    fi
     DEBIAN_FRONTEND=noninteractive "${apt[@]}" install -y -qq --no-install-recommends "${missing[@]}" >&2 ||
         { "${apt[@]}" update -qq >&2 && DEBIAN_FRONTEND=noninteractive "${apt[@]}" install -y -qq --no-install-recommends "${missing[@]}" >&2; }
 fi
-[ "$(id -u)" = 0 ] || die "run as root (umoci unpacks the root with its owners; no daemon is used)"
+# Owners in the layers: root's files are root's; the nonroot home is 65532's. As root,
+# chown says so; as an ordinary user umoci's rootless mode records the user's own files
+# as root's and takes other owners from the user.rootlesscontainers xattr (no daemon, no
+# root, the same layers).
+rootless=()
+if [ "$(id -u)" != 0 ]; then
+    rootless=(--rootless)
+    command -v python3 >/dev/null || die "python3 is needed to build the image as an ordinary user"
+fi
+own_nonroot() { # path
+    if [ ${#rootless[@]} -eq 0 ]; then
+        chown 65532:65532 "$1"
+    else
+        # rootlesscontainers.io's protobuf: uid (field 1) and gid (field 2), varint 65532.
+        python3 -c 'import os, sys; os.setxattr(sys.argv[1], "user.rootlesscontainers", bytes.fromhex("08fcff0310fcff03"))' "$1" ||
+            die "cannot set the user.rootlesscontainers xattr on $1 (a filesystem without user xattrs? set TMPDIR to one that has them)"
+    fi
+}
 
 version="$(sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -n 1)"
 if [ -z "$binary" ]; then
@@ -208,7 +231,7 @@ trap 'rm -rf "$work"' EXIT
 layout="$work/oci"
 umoci init --layout "$layout"
 umoci new --image "$layout:$tag"
-umoci unpack --image "$layout:$tag" "$work/bundle" >/dev/null
+umoci unpack "${rootless[@]}" --image "$layout:$tag" "$work/bundle" >/dev/null
 root="$work/bundle/rootfs"
 stamp() { find "$root" -exec touch -h -d "@$epoch" {} +; }
 
@@ -219,7 +242,11 @@ umoci repack --refresh-bundle --image "$layout:$tag" --history.created "$created
     --history.created_by "scripts/image.sh: libc6 $LIBC6_VERSION, libgcc-s1 $LIBGCC_VERSION, ca-certificates $CACERTS_VERSION ($arch), passwd" \
     "$work/bundle"
 # Layer 2: the binary.
-install -m 0755 -o 0 -g 0 "$binary" "$root/usr/local/bin/ca-asg-provider"
+if [ ${#rootless[@]} -eq 0 ]; then
+    install -m 0755 -o 0 -g 0 "$binary" "$root/usr/local/bin/ca-asg-provider"
+else
+    install -m 0755 "$binary" "$root/usr/local/bin/ca-asg-provider"
+fi
 stamp
 umoci repack --refresh-bundle --image "$layout:$tag" --history.created "$created" \
     --history.created_by "scripts/image.sh: /usr/local/bin/ca-asg-provider" "$work/bundle"

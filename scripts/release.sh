@@ -26,16 +26,21 @@
 #   --arch LIST         amd64,arm64 (default; $RELEASE_ARCHES)
 #   --profile NAME      cargo profile, release (default; $RELEASE_PROFILE); dev is CI's cheaper build
 #   --binary ARCH=PATH  use this binary for ARCH instead of building it
-#   --tag TAG           the image tag (default: Cargo's version)
+#   --tag TAG           the image tag (default: Cargo's version and the revision,
+#                       0.1.0-<12 hex digits>[-dirty]); a tag the registry holds already is
+#                       refused, never pushed over: each build has its own
 #   --plain-http        the registry speaks HTTP (a test registry on loopback)
 #   --allow-dirty       release a tree with uncommitted changes (its revision says -dirty)
 #   --result FILE       the result (default: target/release-pipeline/result.json)
-#   --tools             only build (or find) crane and cosign, print their paths, stop
-#                       (tests/e2e_release.rs serves its registry with `crane registry serve`)
+#   --tools             only build (or find) crane and cosign, print their paths, stop: needs
+#                       go only (tests/e2e_release.rs serves its registry with `crane registry serve`)
 # Needs: cargo and rustup, git, python3, curl; Debian's cross gcc for arm64, umoci and skopeo
-# (installed when missing, as root), go (builds crane and cosign into the cache), helm
-# ($HELM, .venv/bin/helm, or on PATH). Tools are cached in
-# ${CA_ASG_RELEASE_CACHE:-~/.cache/ca-asg-provider/release}, outside the tree.
+# (installed when missing with apt-get, through sudo when not run as root: the only step
+# that needs root), go (builds crane and cosign into the cache), helm ($HELM,
+# .venv/bin/helm, or on PATH). Run it as yourself, not under sudo (sudo resets PATH, so
+# rustup's and Go's commands are not found, and HOME's cache and logins become root's).
+# Linux only (umoci, Debian's cross gcc): on a Mac run it in a Debian container or VM.
+# Tools are cached in ${CA_ASG_RELEASE_CACHE:-~/.cache/ca-asg-provider/release}, outside the tree.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -99,26 +104,39 @@ done
 
 # The source: a commit, its time, nothing uncommitted (or said so).
 revision="$(git rev-parse HEAD)" || die "not a git checkout"
+short_revision="$(git rev-parse --short=12 HEAD)"
 if [ -z "$tools_only" ] && [ -n "$(git status --porcelain --untracked-files=no)" ]; then
     [ -n "$allow_dirty" ] || die "uncommitted changes in tracked files (commit them, or --allow-dirty: the image's revision then says -dirty)"
     revision="$revision-dirty"
+    short_revision="$short_revision-dirty"
 fi
+# The binary's --version and build_info metric name it (build.rs).
+export CA_ASG_PROVIDER_REVISION="$short_revision"
 export SOURCE_DATE_EPOCH="${SOURCE_DATE_EPOCH:-$(git log -1 --format=%ct)}"
 version="$(sed -n 's/^version = "\(.*\)"/\1/p' Cargo.toml | head -n 1)"
-tag="${tag:-$version}"
+# Each build its own tag: two commits of one version never share one.
+tag="${tag:-$version-$short_revision}"
+[[ $tag =~ ^[A-Za-z0-9_][A-Za-z0-9_.-]{0,127}$ ]] || die "--tag $tag: not an OCI tag (letters, digits, _ . -, at most 128, not starting with . or -)"
 repo="$registry/ca-asg-provider"
 target_dir="${RELEASE_TARGET_DIR:-$PWD/target/release-pipeline}"
 result="${result:-$target_dir/result.json}"
 cache="${CA_ASG_RELEASE_CACHE:-${XDG_CACHE_HOME:-$HOME/.cache}/ca-asg-provider/release}"
 out="$target_dir/out"
-mkdir -p "$cache" "$out"
+mkdir -p "$cache"
+[ -n "$tools_only" ] || mkdir -p "$out"
 started=$(date +%s)
 
 # ---- tools ------------------------------------------------------------------------------
 apt_install() {
-    [ "$(id -u)" = 0 ] || die "needs $* (Debian: apt-get install $*)"
-    say "installing $* from Debian's packages"
+    command -v apt-get >/dev/null || die "needs $* (Debian and Ubuntu: apt-get install $*; on a Mac run this script in a Debian container or VM)"
     local apt=(apt-get -o DPkg::Lock::Timeout=600)
+    if [ "$(id -u)" != 0 ]; then
+        command -v sudo >/dev/null || die "needs $* (as root: apt-get install $*)"
+        apt=(sudo DEBIAN_FRONTEND=noninteractive "${apt[@]}")
+        say "installing $* from Debian's packages (sudo apt-get: root for this step only)"
+    else
+        say "installing $* from Debian's packages"
+    fi
     DEBIAN_FRONTEND=noninteractive "${apt[@]}" install -y -qq --no-install-recommends "$@" >&2 ||
         { "${apt[@]}" update -qq >&2 && DEBIAN_FRONTEND=noninteractive "${apt[@]}" install -y -qq --no-install-recommends "$@" >&2; } ||
         die "apt-get install $* failed"
@@ -138,9 +156,14 @@ go_tool() { # name module version
     echo "$bin"
 }
 begin "tools"
-for t in cargo rustup git python3 curl; do
-    command -v "$t" >/dev/null || die "$t is needed"
-done
+if [ "$(id -u)" = 0 ] && [ -n "${SUDO_USER:-}" ]; then
+    say "warning: run as root through sudo: the cache and registry logins are root's ($HOME), not $SUDO_USER's; run it as $SUDO_USER (it uses sudo for apt-get only)"
+fi
+if [ -z "$tools_only" ]; then
+    for t in cargo rustup git python3 curl; do
+        command -v "$t" >/dev/null || die "$t is needed (not on PATH=$PATH)"
+    done
+fi
 crane="$(go_tool crane "$CRANE_MODULE" "$CRANE_VERSION")"
 cosign="$(go_tool cosign "$COSIGN_MODULE" "$COSIGN_VERSION")"
 if [ -n "$tools_only" ]; then
@@ -165,6 +188,30 @@ if [ -n "$plain_http" ]; then
     cosign_opts=(--allow-http-registry --allow-insecure-registry)
     helm_opts=(--plain-http)
 fi
+
+# ---- each build its own tag -------------------------------------------------------------
+# The chart's version carries the revision as SemVer build metadata (0.1.0+<revision>;
+# the registry's tag is 0.1.0_<revision>, as helm push writes it), so `helm list` tells
+# two builds apart too.
+chart_base_version="$(sed -n 's/^version: *//p' deploy/chart/Chart.yaml)"
+chart_version="$chart_base_version+${short_revision//[^0-9A-Za-z.-]/-}"
+# A tag the registry holds already is never pushed over: an upgrade to a new build must
+# change the reference, or nodes keep the image they have.
+refuse_existing() { # reference
+    local out
+    if out="$("$crane" digest "${crane_opts[@]}" "$1" 2>&1)"; then
+        die "$1 exists already ($out): each build has its own tag and none is pushed over (commit, or --tag another)"
+    fi
+    case "$out" in
+        *MANIFEST_UNKNOWN* | *NAME_UNKNOWN* | *"not found"* | *"NOT_FOUND"* | *404*) ;;
+        *) die "cannot tell whether $1 exists: $out" ;;
+    esac
+}
+begin "tags are new"
+refuse_existing "$repo:$tag"
+for a in "${arch_list[@]}"; do refuse_existing "$repo:$tag-$a"; done
+refuse_existing "$registry/charts/ca-asg-provider:${chart_version//+/_}"
+took
 
 # ---- 1. binaries ------------------------------------------------------------------------
 triplet() { case "$1" in amd64) echo x86_64-unknown-linux-gnu ;; arm64) echo aarch64-unknown-linux-gnu ;; esac; }
@@ -282,8 +329,8 @@ if (n1, n2) != (1, 1):
     sys.exit(f"image.repository or image.digest not found in {path}")
 open(path, "w").write(new)
 PY
-"$helm" package "$chart_dir" --destination "$out/chart" >&2 || die "helm package failed"
-chart_version="$(sed -n 's/^version: *//p' deploy/chart/Chart.yaml)"
+"$helm" package "$chart_dir" --version "$chart_version" --app-version "$tag" --destination "$out/chart" >&2 ||
+    die "helm package failed"
 chart_tgz="$out/chart/ca-asg-provider-$chart_version.tgz"
 pushed="$("$helm" push "$chart_tgz" "oci://$registry/charts" "${helm_opts[@]}" 2>&1)" || die "helm push failed: $pushed"
 echo "$pushed" >&2

@@ -2217,6 +2217,58 @@ async fn release_pushed_signed_then_installed_by_digest_drains_a_ca_scale_in() {
     let index = text(&result["image"]["ref"]);
     let index_digest = text(&result["image"]["digest"]);
     assert_eq!(repo, format!("{prefix}/ca-asg-provider"));
+
+    report.step("the build's own tag (version and revision), and no second push over it");
+    let git = |args: &[&str]| {
+        let out = std::process::Command::new("git")
+            .args(args)
+            .current_dir(env!("CARGO_MANIFEST_DIR"))
+            .output()
+            .unwrap();
+        String::from_utf8(out.stdout).unwrap().trim().to_string()
+    };
+    let dirty = !git(&["status", "--porcelain", "--untracked-files=no"]).is_empty();
+    let revision = format!(
+        "{}{}",
+        git(&["rev-parse", "--short=12", "HEAD"]),
+        if dirty { "-dirty" } else { "" }
+    );
+    assert_eq!(
+        text(&result["image"]["tag"]),
+        format!("{}-{revision}", env!("CARGO_PKG_VERSION")),
+        "the image's tag is the version and the revision"
+    );
+    assert!(
+        text(&result["chart"]["version"]).ends_with(&format!("+{revision}")),
+        "the chart's version carries the revision: {}",
+        result["chart"]["version"]
+    );
+    let again = std::process::Command::new(
+        std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/release.sh"),
+    )
+    .current_dir(env!("CARGO_MANIFEST_DIR"))
+    .args([
+        "--registry",
+        &prefix,
+        "--plain-http",
+        "--key",
+        &key.display().to_string(),
+        "--allow-dirty",
+        "--arch",
+        &arches,
+        "--result",
+    ])
+    .arg(work.path().join("again.json"))
+    .output()
+    .unwrap();
+    let said = String::from_utf8_lossy(&again.stderr);
+    assert!(
+        !again.status.success()
+            && said.contains("exists already")
+            && said.contains(&text(&result["image"]["tag"])),
+        "a second release of the same build was not refused: {said}"
+    );
+    assert!(!work.path().join("again.json").exists());
     let platforms = result["platforms"].as_object().expect("platforms");
     assert_eq!(
         platforms.keys().cloned().collect::<Vec<_>>().join(","),
