@@ -2157,3 +2157,116 @@ fn version_carries_the_revision() {
     );
     assert_eq!(ca_asg_provider::telemetry::REVISION, want);
 }
+
+/// Issue 74, 5: `undrain --all` (what `helm uninstall`'s post-delete Job runs once the
+/// replicas are gone) gives back every node that carries a mark of this service and
+/// touches no other: a node whose record says our hook holds it is refused (exit 3)
+/// unless forced; with --force no mark is left anywhere. One list of Nodes, then get and
+/// patch of the marked ones only.
+#[tokio::test]
+async fn undrain_all_gives_back_every_marked_node_and_touches_no_other() {
+    use ca_asg_provider::commands::undrain::{self, Undone};
+    use ca_asg_provider::scalein::decide::record::{
+        self, DrainReason, DrainRecord, Limits, Why, TAINT_KEY,
+    };
+    use ca_asg_provider::scalein::decide::undo::Window;
+    use ca_asg_provider::scalein::DeadlinePolicy;
+    use k8s_openapi::api::core::v1::Taint;
+    let sim = SimCluster::start(SimOptions {
+        ready_delay: Duration::from_millis(30),
+    })
+    .await
+    .unwrap();
+    let now = ca_asg_provider::clock::utc_now();
+    let taint = |key: &str| Taint {
+        key: key.into(),
+        value: Some("true".into()),
+        effect: "NoSchedule".into(),
+        time_added: None,
+    };
+    // a: our taint and cordon left by a drain nobody runs; b: held by our hook; c: only
+    // a foreign taint and an operator's cordon.
+    let mut a = fixtures::node("a", "aws:///us-east-1a/i-0a", &[]);
+    a.spec.as_mut().unwrap().taints = Some(vec![taint(TAINT_KEY)]);
+    sim.create(&a).unwrap();
+    let held = DrainRecord {
+        reasons: vec![DrainReason::new(
+            Why::Lifecycle {
+                hook: "ca-asg-provider-drain".into(),
+            },
+            now,
+        )],
+        ..Default::default()
+    };
+    let mut b = fixtures::node("b", "aws:///us-east-1a/i-0b", &[]);
+    b.spec.as_mut().unwrap().taints = Some(vec![taint(TAINT_KEY)]);
+    b.metadata.annotations = Some([(record::ANNOTATION.to_string(), held.to_json())].into());
+    sim.create(&b).unwrap();
+    let mut c = fixtures::node("c", "aws:///us-east-1a/i-0c", &[]);
+    c.spec.as_mut().unwrap().unschedulable = Some(true);
+    c.spec.as_mut().unwrap().taints = Some(vec![taint("example.com/gpu")]);
+    sim.create(&c).unwrap();
+    let c_before = sim.get::<Node>("", "c").unwrap();
+
+    let window = Window {
+        limits: Limits {
+            workload_deadline: Duration::from_secs(600),
+            workload_policy: DeadlinePolicy::Abandon,
+        },
+        after_deadline: Duration::from_secs(240),
+    };
+    let user = "system:serviceaccount:kube-system:remove-hooks";
+    let client = sim.client_as(user);
+    let done = undrain::undrain_all(&client, window, false, now)
+        .await
+        .unwrap();
+    let names: Vec<&str> = done.iter().map(|(n, _)| n.as_str()).collect();
+    assert_eq!(names, ["a", "b"], "{done:?}");
+    assert!(matches!(done[0].1, Undone::GivenBack { .. }), "{done:?}");
+    assert!(matches!(done[1].1, Undone::Refused(_)), "{done:?}");
+    let (lines, code) = undrain::say_all(&done);
+    assert_eq!(code, ExitCode::from(undrain::REFUSED));
+    assert_eq!(
+        lines.last().unwrap().1,
+        "1 node(s) given back, 1 refused (a drain runs or may run for them)"
+    );
+
+    let forced = undrain::undrain_all(&client, window, true, now)
+        .await
+        .unwrap();
+    assert_eq!(forced.len(), 1, "only b was still marked: {forced:?}");
+    assert!(matches!(forced[0].1, Undone::GivenBack { .. }));
+    for n in ["a", "b"] {
+        let node = sim.get::<Node>("", n).unwrap();
+        let taints = node["spec"]["taints"]
+            .as_array()
+            .cloned()
+            .unwrap_or_default();
+        assert!(taints.iter().all(|t| t["key"] != TAINT_KEY), "{n}: {node}");
+        assert!(
+            node["metadata"]["annotations"]
+                .as_object()
+                .is_none_or(|a| !a.contains_key(record::ANNOTATION)),
+            "{n}: {node}"
+        );
+    }
+    assert_eq!(
+        sim.get::<Node>("", "c").unwrap(),
+        c_before,
+        "a node without our marks is not touched"
+    );
+    let (lines, code) = undrain::say_all(&[]);
+    assert_eq!(code, ExitCode::SUCCESS);
+    assert!(lines[0].1.starts_with("no node carries a mark"));
+    let used = sim.requests().used_by(user);
+    assert!(
+        used.iter()
+            .all(|u| u.resource == "nodes" && matches!(u.verb.as_str(), "list" | "get" | "patch")),
+        "{used:?}"
+    );
+    let writes = sim.requests().writes();
+    assert!(
+        !writes.iter().any(|w| w.user == user && w.name == "c"),
+        "{writes:?}"
+    );
+}

@@ -5,6 +5,10 @@
 //! no drain runs for the node ([`crate::scalein::decide::undo`]). An operator's
 //! cordon, cluster-autoscaler's taint and every other taint stay.
 //!
+//! `undrain --all` gives back every Node that carries a mark, one by one as above:
+//! `helm uninstall`'s post-delete Job runs it with `--force` once the replicas are gone
+//! (no drainer is left to finish those drains), before it removes the lifecycle hooks.
+//!
 //! Its own subcommand, not `drain --undo`: it takes none of `drain`'s flags (no AWS,
 //! no `--terminate`), needs only `get` and `patch` on Nodes, and has its own exit
 //! codes.
@@ -27,13 +31,19 @@ pub const REFUSED: u8 = 3;
 
 #[derive(Debug, Args, Clone)]
 #[command(
-    after_help = "Exit codes: 0 given back (or nothing of this service's was on the node); \
-1 the node is not found or the cluster cannot be read or written; 2 the configuration is invalid; \
-3 refused: a drain runs (or may) for the node, nothing changed."
+    after_help = "Exit codes: 0 given back (or nothing of this service's was on the node; with \
+--all: on any node); 1 the node is not found or the cluster cannot be read or written; 2 the \
+configuration is invalid; 3 refused: a drain runs (or may) for the node (with --all: for one of \
+them), nothing changed on it."
 )]
 pub struct UndrainArgs {
     /// The Node to give back.
-    pub node: String,
+    #[arg(required_unless_present = "all", conflicts_with = "all")]
+    pub node: Option<String>,
+    /// Every Node that carries a mark of this service, instead of one (at uninstall,
+    /// with --force, once no replica is left).
+    #[arg(long)]
+    pub all: bool,
     /// Give it back even while the record says a drain runs for it (the service is
     /// stopped, or the `drain` command was interrupted).
     #[arg(long)]
@@ -115,6 +125,63 @@ pub async fn undrain(
     .await
 }
 
+/// Gives back every Node that carries a mark of this service, in name order, each as
+/// [`undrain`] does: what was done (or refused) on each. Nodes without a mark are not
+/// touched (only read, by one list).
+pub async fn undrain_all(
+    client: &kube::Client,
+    window: Window,
+    force: bool,
+    now: DateTime<Utc>,
+) -> Result<Vec<(String, Undone)>, kube::Error> {
+    let nodes: kube::Api<k8s_openapi::api::core::v1::Node> = kube::Api::all(client.clone());
+    let listed = nodes.list(&kube::api::ListParams::default()).await?;
+    let mut marked: Vec<String> = listed
+        .items
+        .iter()
+        .filter(|n| has_marks(n))
+        .filter_map(|n| n.metadata.name.clone())
+        .collect();
+    marked.sort();
+    let mut done = Vec::new();
+    for name in marked {
+        // A node deleted since the list has nothing left to give back.
+        if let Some(d) = undrain(client, &name, window, force, now).await? {
+            done.push((name, d));
+        }
+    }
+    Ok(done)
+}
+
+/// What `undrain --all` prints, and its exit code: a line per node, then the count.
+pub fn say_all(done: &[(String, Undone)]) -> (Vec<(bool, String)>, ExitCode) {
+    let mut lines = Vec::new();
+    let mut refused = 0;
+    let mut given = 0;
+    for (node, d) in done {
+        let (text, code) = d.say(node);
+        let ok = code == ExitCode::SUCCESS;
+        match d {
+            Undone::GivenBack { .. } => given += 1,
+            Undone::Refused(_) => refused += 1,
+            Undone::NothingToDo => {}
+        }
+        lines.push((ok, text));
+    }
+    let summary = if done.is_empty() {
+        "no node carries a mark of ca-asg-provider: nothing to give back".to_string()
+    } else {
+        format!("{given} node(s) given back, {refused} refused (a drain runs or may run for them)")
+    };
+    lines.push((refused == 0, summary));
+    let code = if refused == 0 {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(REFUSED)
+    };
+    (lines, code)
+}
+
 pub async fn run(args: UndrainArgs) -> ExitCode {
     let cfg = match ConfigArgs::load_file(args.config.as_ref()) {
         Ok(c) => c,
@@ -135,17 +202,30 @@ pub async fn run(args: UndrainArgs) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match undrain(
-        &client,
-        &args.node,
-        window,
-        args.force,
-        crate::clock::utc_now(),
-    )
-    .await
-    {
+    let Some(node) = args.node.filter(|_| !args.all) else {
+        return match undrain_all(&client, window, args.force, crate::clock::utc_now()).await {
+            Ok(done) => {
+                let (lines, code) = say_all(&done);
+                for (ok, text) in lines {
+                    if ok {
+                        println!("{text}");
+                    } else {
+                        eprintln!("{text}");
+                    }
+                }
+                code
+            }
+            Err(e) => {
+                eprintln!(
+                    "error: cannot give the nodes back through the Kubernetes API server: {e}"
+                );
+                ExitCode::FAILURE
+            }
+        };
+    };
+    match undrain(&client, &node, window, args.force, crate::clock::utc_now()).await {
         Ok(Some(done)) => {
-            let (text, code) = done.say(&args.node);
+            let (text, code) = done.say(&node);
             if code == ExitCode::SUCCESS {
                 println!("{text}");
             } else {
@@ -154,14 +234,11 @@ pub async fn run(args: UndrainArgs) -> ExitCode {
             code
         }
         Ok(None) => {
-            eprintln!("error: node {} not found", args.node);
+            eprintln!("error: node {node} not found");
             ExitCode::FAILURE
         }
         Err(e) => {
-            eprintln!(
-                "error: cannot give node {} back through the Kubernetes API server: {e}",
-                args.node
-            );
+            eprintln!("error: cannot give node {node} back through the Kubernetes API server: {e}");
             ExitCode::FAILURE
         }
     }
