@@ -292,9 +292,12 @@ def provider_writes():
 
 
 def role_owner(name, provider):
-    """Whose role: the provider's (deploy/base's ca-asg-provider, the chart's <fullname>)
-    or cluster-autoscaler's (deploy/cluster-autoscaler's, the chart's <fullname>-cluster-autoscaler)."""
-    return {provider: "ca-asg-provider", "cluster-autoscaler": "cluster-autoscaler",
+    """Whose role: the provider's (deploy/base's ca-asg-provider, the chart's <fullname>,
+    and <fullname>-remove-hooks, the uninstall Job's: `undrain --all`, a subset of the
+    provider's) or cluster-autoscaler's (deploy/cluster-autoscaler's, the chart's
+    <fullname>-cluster-autoscaler)."""
+    return {provider: "ca-asg-provider", f"{provider}-remove-hooks": "ca-asg-provider",
+            "cluster-autoscaler": "cluster-autoscaler",
             f"{provider}-cluster-autoscaler": "cluster-autoscaler"}.get(name)
 
 
@@ -867,13 +870,16 @@ def quickstart_errors(docs, values, cfg):
     if f"system:serviceaccount:{NAMESPACE}:{sa}" not in readme or f"--service-account {sa}" not in readme:
         errs.append(f"the quickstart's (docs/quickstart-eks.md) IRSA trust policy and Pod Identity association must name "
                     f"{NAMESPACE}/{sa}, the ServiceAccount this file renders")
-    if "helm install ca-asg-provider deploy/chart -n kube-system -f my-values.yaml" not in readme:
-        errs.append("the quickstart (docs/quickstart-eks.md) does not install the release ca-asg-provider in kube-system with -f my-values.yaml")
+    if "VALUES=my-values.yaml" not in readme or "deploy/quickstart/install.sh" not in readme:
+        errs.append("the quickstart (docs/quickstart-eks.md) does not install with deploy/quickstart/install.sh and VALUES=my-values.yaml")
+    # Issue 74, 6: the pods stay off the nodes the service drains (a node group it does not manage).
+    if set((values.get("nodeSelector") or {})) <= {"kubernetes.io/os"}:
+        errs.append(f"nodeSelector {values.get('nodeSelector')}: the quickstart must keep the pods on a node group the service does not scale in")
     return errs
 
 
 QUICKSTART_VARS = {"ACCOUNT_ID": "210987654321", "AWS_REGION": "ap-southeast-2", "CLUSTER": "prod-blue",
-                   "CA_VERSION": "v1.33.9", "TAG": "1.2.3"}
+                   "SYSTEM_NODEGROUP": "system-a"}
 
 
 def quickstart_sed_values():
@@ -907,12 +913,13 @@ def quickstart_sed_errors(env):
     if out.returncode != 0:
         return [f"my-values.yaml from the quickstart's sed does not render: {out.stderr.strip()[-300:]}"]
     v = QUICKSTART_VARS
-    want = [f"image: {v['ACCOUNT_ID']}.dkr.ecr.{v['AWS_REGION']}.amazonaws.com/ca-asg-provider:{v['TAG']}",
+    want = [f"image: {v['ACCOUNT_ID']}.dkr.ecr.{v['AWS_REGION']}.amazonaws.com/ca-asg-provider:",
             f"region: {v['AWS_REGION']}", f"k8s.io/cluster-autoscaler/{v['CLUSTER']}",
-            f"cluster-autoscaler:{v['CA_VERSION']}"]
+            f"eks.amazonaws.com/nodegroup: {v['SYSTEM_NODEGROUP']}",
+            "cluster-autoscaler:v1."]
     errs = [f"my-values.yaml from the quickstart's sed renders without {w!r}" for w in want if w not in out.stdout]
     errs += [f"my-values.yaml from the quickstart's sed still holds the example's {x!r}"
-             for x in ("111122223333", "eu-west-1", "my-cluster", "v1.34.5") if x in text]
+             for x in ("111122223333", "eu-west-1", "my-cluster", "my-system-nodegroup") if x in text]
     return errs
 
 
@@ -960,7 +967,7 @@ def release_errors():
     CA image."""
     errs = []
     chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
-    ca_tag = yaml.safe_load((CHART / "values.yaml").read_text())["clusterAutoscaler"]["image"]["tag"]
+    ca_tags = yaml.safe_load((CHART / "values.yaml").read_text())["clusterAutoscaler"]["image"]["tagsByKubernetesMinor"]
     log = (ROOT / "CHANGELOG.md").read_text()
     sections = re.findall(r"^## \[([^\]]+)\]", log, re.M)
     if chart["version"] not in sections:
@@ -976,9 +983,44 @@ def release_errors():
         errs.append(f"docs/helm.md 'Versions and upgrades' has no row for chart {chart['version']}")
     else:
         cells = [c.strip() for c in row.strip("|").split("|")]
-        if cells[1] != str(chart["appVersion"]) or cells[2] != ca_tag:
+        named = sorted(re.findall(r"v1\.\d+\.\d+", cells[2]))
+        if cells[1] != str(chart["appVersion"]) or named != sorted(ca_tags.values()):
             errs.append(f"docs/helm.md 'Versions and upgrades': chart {chart['version']} row says image {cells[1]}, CA {cells[2]}; "
-                        f"Chart.yaml's appVersion is {chart['appVersion']}, values.yaml's CA image {ca_tag}")
+                        f"Chart.yaml's appVersion is {chart['appVersion']}, values.yaml's CA images by minor {ca_tags}")
+    # The table at the top of docs/helm.md: a row per Kubernetes minor, the CA tag the
+    # chart picks for it.
+    top = dict(re.findall(r"^\| 1\.(\d+) \| (v1\.\d+\.\d+)", helm_md.split("## Versions and upgrades", 1)[0], re.M))
+    if top != {str(k): v for k, v in ca_tags.items()}:
+        errs.append(f"docs/helm.md's table of CA versions by Kubernetes minor {top} is not values.yaml's "
+                    f"clusterAutoscaler.image.tagsByKubernetesMinor {ca_tags}")
+    return errs
+
+
+def ca_tag_errors(env):
+    """Bundled mode runs the cluster-autoscaler of the cluster's Kubernetes minor (issue
+    74, 8): the table's row for --kube-version's minor, a pinned tag over it, and a minor
+    without a row refused, naming it and the value to set."""
+    errs = []
+    table = yaml.safe_load((CHART / "values.yaml").read_text())["clusterAutoscaler"]["image"]["tagsByKubernetesMinor"]
+    with tempfile.TemporaryDirectory() as tmp:
+        vf = pathlib.Path(tmp) / "v.yaml"
+        vf.write_text(yaml.safe_dump(merged(REQUIRED["bundled"], {"mode": "bundled"})))
+        def ca_image(*extra):
+            out = helm("template", RELEASE, str(CHART), "-n", NAMESPACE, "-f", str(vf), *extra, env=env)
+            m = re.search(r"image: registry\.k8s\.io/autoscaling/cluster-autoscaler:(\S+)", out.stdout)
+            return (m.group(1) if m else None), out.stderr
+        for minor, tag in table.items():
+            got, err = ca_image("--kube-version", f"1.{minor}.3")
+            if got != tag:
+                errs.append(f"Kubernetes 1.{minor}.3 renders CA {got}, want the table's {tag}: {err.strip()[:200]}")
+        got, _ = ca_image("--kube-version", "1.33.1", "--set", "clusterAutoscaler.image.tag=v1.33.0")
+        if got != "v1.33.0":
+            errs.append(f"a pinned clusterAutoscaler.image.tag v1.33.0 renders CA {got}")
+        newest = max(int(m) for m in table)
+        got, err = ca_image("--kube-version", f"1.{newest + 1}.0")
+        if got is not None or f"knows no cluster-autoscaler for Kubernetes v1.{newest + 1}.0" not in err \
+                or "set clusterAutoscaler.image.tag" not in err:
+            errs.append(f"Kubernetes 1.{newest + 1} (no row) renders CA {got} or fails without naming it: {err.strip()[:300]}")
     return errs
 
 
@@ -996,7 +1038,8 @@ def notes_errors(env):
             if out.returncode != 0 or not notes:
                 errs.append(f"{mode}: helm install --dry-run=client printed no NOTES: {out.stderr.strip()[:300]}")
                 continue
-            want = ["get pods -l", "get lease ca-asg-provider", "check-config", "/metrics", "ca_asg_provider_node_groups"]
+            want = ["get pods -l", "get lease ca-asg-provider", "check-config", "/metrics", "ca_asg_provider_node_groups",
+                    "-- ca-asg-provider status", "-- ca-asg-provider undrain NODE"]
             if mode != "sidecar":
                 want.append(f"helm test {RELEASE} -n {NAMESPACE}")
             errs += [f"{mode}: NOTES.txt lacks {w!r}" for w in want if w not in notes]
@@ -1052,6 +1095,23 @@ def uninstall_hook_errors(docs, values):
     args = c.get("args") or []
     if args[:1] != ["remove-hooks"] or c["image"] != serve["image"] or "--timeout" not in args:
         errs.append(f"runs {args} in {c['image']}: want remove-hooks --timeout ... in {serve['image']}")
+    # Issue 74: before the hooks go, every node still marked is given back, under a
+    # hook ClusterRole (the release's is gone) that may list, get and patch Nodes.
+    inits = pod.get("initContainers") or []
+    give = inits[0] if len(inits) == 1 else {}
+    gargs = give.get("args") or []
+    if gargs[:3] != ["undrain", "--all", "--force"] or give.get("image") != serve["image"] \
+            or config_arg(gargs) != config_arg(args):
+        errs.append(f"init containers {[i.get('args') for i in inits]}: want one undrain --all --force on the Job's "
+                    f"config {config_arg(args)} in {serve['image']}, before remove-hooks")
+    roles = [d for d in hooks if d["kind"] == "ClusterRole"]
+    bound = [d for d in hooks if d["kind"] == "ClusterRoleBinding"
+             and any(s.get("name") == pod.get("serviceAccountName") for s in d.get("subjects") or [])]
+    rules = [(tuple(r.get("resources") or []), tuple(sorted(r.get("verbs") or []))) for d in roles for r in d.get("rules") or []]
+    if rules != [(("nodes",), ("get", "list", "patch"))] or len(bound) != 1 \
+            or bound[0]["roleRef"]["name"] != roles[0]["metadata"]["name"]:
+        errs.append(f"hook ClusterRole rules {rules}, bindings to the Job's ServiceAccount {len(bound)}: "
+                    f"want get, list and patch of nodes only, bound once")
     if not job["spec"].get("activeDeadlineSeconds") or job["spec"].get("backoffLimit", 6) > 2:
         errs.append(f"activeDeadlineSeconds {job['spec'].get('activeDeadlineSeconds')}, backoffLimit "
                     f"{job['spec'].get('backoffLimit')}: want a deadline and at most 2 retries")
@@ -1307,6 +1367,15 @@ def example_errors(values):
 # Values the schema must refuse (helm template has to fail with a schema error), and
 # combinations the templates refuse.
 NEGATIVE = {
+    "a cluster-autoscaler tag of another form": ("mode: bundled\nclusterName: c\nimage: {repository: r.example/x}\nconfig: {aws: {region: eu-west-1}}\n"
+                                                 "clusterAutoscaler:\n  image: {tag: '1.34'}\n",
+                                                 'clusterAutoscaler.image.tag "1.34" is not a cluster-autoscaler release tag'),
+    "a CA table row of another minor": ("mode: bundled\nclusterName: c\nimage: {repository: r.example/x}\nconfig: {aws: {region: eu-west-1}}\n"
+                                        "clusterAutoscaler:\n  image: {tagsByKubernetesMinor: {'33': v1.34.9}}\n",
+                                        'clusterAutoscaler.image.tagsByKubernetesMinor.33 "v1.34.9" is not a cluster-autoscaler release tag of that minor'),
+    "the quickstart's node group placeholder": ("mode: bundled\nclusterName: c\nimage: {repository: r.example/x}\n"
+                                                "nodeSelector: {eks.amazonaws.com/nodegroup: my-system-nodegroup}\n",
+                                                "nodeSelector.eks.amazonaws.com/nodegroup is the placeholder my-system-nodegroup"),
     "unknown top-level key (typo)": ("replicaCont: 3\n", "values don't meet the specifications of the schema"),
     "unknown provider config key": ("config:\n  scaleIn:\n    workloadDeadlne: 5m\n", "values don't meet the specifications of the schema"),
     "wrong type": ('replicas: "two"\n', "values don't meet the specifications of the schema"),
@@ -1856,6 +1925,11 @@ def check_chart(base_docs, overlay_docs):
             fail(f"release notes: {e}")
         if failed == n_failed:
             print("ok   CHANGELOG.md and docs/helm.md's version table cover Chart.yaml's version, its appVersion and CA image")
+        n_failed = failed
+        for e in ca_tag_errors(env):
+            fail(f"deploy/chart cluster-autoscaler's tag: {e}")
+        if failed == n_failed:
+            print("ok   deploy/chart bundled mode: CA's tag from the cluster's Kubernetes minor (every row), a pinned one kept, a minor without a row refused")
         n_failed = failed
         for e in notes_errors(env):
             fail(f"deploy/chart NOTES.txt: {e}")

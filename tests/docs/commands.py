@@ -26,7 +26,8 @@ repository's deploy/ (so files the commands write stay out of the tree), with
     at most: after the second run each policy's default version must be the changed
     document (a second run applies a changed policy, deleting old versions to do so);
   - `helm template`, `helm lint`, `kubectl kustomize` run, and so do `helm install` and
-    `helm upgrade [--install]`, as `helm template` with the same arguments: that is
+    `helm upgrade [--install]`, as `helm template` with the same arguments and
+    `--kube-version` LIVE's cluster (helm install reads the cluster's version): that is
     what "renders as written" means here; `sed`, `mkdir`, `cp` and `cat > FILE <<EOF`
     run too, since they write what the renders read;
   - everything else needs AWS, a registry or a cluster (`aws`, `eksctl`, `docker`,
@@ -83,7 +84,13 @@ LIVE = {
     "NAME": "aws-cluster-autoscaler",
     "SA": aws_standin.SEED_SERVICE_ACCOUNT,
     "ROLE_ARN": f"arn:aws:iam::{aws_standin.ACCOUNT}:role/{aws_standin.SEED_ROLE}",
+    # The quickstart's chart by the digest scripts/release.sh wrote to release.json.
+    "CHART": f"oci://{aws_standin.ACCOUNT}.dkr.ecr.ap-southeast-2.amazonaws.com/charts/ca-asg-provider@sha256:{'0' * 64}",
+    "VALUES": "my-values.yaml",
 }
+# Files only a skipped command writes (scripts/release.sh's result): an assignment that
+# reads one needs what that command needed.
+SKIPPED_OUTPUTS = ("release.json",)
 # Account steps (commands run against the stand-in) each file must run, per run.
 MIN_ACCOUNT_STEPS = {"docs/quickstart-eks.md": 8, "docs/helm.md": 4}
 ARN_VARS = ("POLICY_ARN", "ROLE_ARN")
@@ -91,7 +98,9 @@ STANDIN_MODELS = None  # aws_standin.model_cache(), as JSON
 ARN = re.compile(rf"^arn:aws:iam::{aws_standin.ACCOUNT}:(policy|role)/[\w+=,.@-]+$")
 
 # Renders each file must run (helm template/lint, kubectl kustomize).
-MIN_RENDERS = {"docs/helm.md": 5, "docs/quickstart-eks.md": 5}
+# The quickstart installs with deploy/quickstart/install.sh (tests/e2e_install.rs runs
+# it); its values file's render is tests/deploy/validate.py's (the quickstart's sed).
+MIN_RENDERS = {"docs/helm.md": 5}
 
 PLACEHOLDERS = ("111122223333", "ghcr.io/example/", "cluster-autoscaler/my-cluster")
 REMOTE_CHARTS = ("autoscaler/cluster-autoscaler",)
@@ -225,6 +234,9 @@ def classify(text):
                 and not first.startswith("kubectl kustomize")]
         if live:
             return "skip", f"needs {live[0]}", None
+        reads = [f for f in SKIPPED_OUTPUTS if re.search(rf"\$\([^)]*\b{re.escape(f)}\b", first)]
+        if reads:
+            return "skip", f"reads {reads[0]}, which a skipped command writes", None
         return "run", "assignment", text
     head = first.split()[:2]
     writes_here = re.match(r"cat\s+>\s*([^\s/<][^\s<]*)\s*<<", first)
@@ -237,7 +249,10 @@ def classify(text):
     if head in (["helm", "install"], ["helm", "upgrade"]):
         rest = first.split(None, 2)[2] if len(first.split(None, 2)) > 2 else ""
         rest = re.sub(r"^--install\s+", "", rest)
-        return "render", f"{' '.join(head)} as helm template", "helm template " + rest
+        # helm install reads the cluster's version (the chart picks CA's tag by it);
+        # helm template is told it: LIVE's cluster.
+        kube = f"--kube-version 1.{LIVE['K8S_MINOR']}.0"
+        return "render", f"{' '.join(head)} as helm template", f"helm template {kube} " + rest
     return "skip", " ".join(head) or "?", None
 
 
@@ -397,9 +412,9 @@ def self_test():
     assert classify('X=$(echo "a b")')[0] == "run"
     assert classify('MINOR=$(kubectl version -o json | jq -r .serverVersion.minor)')[0] == "skip"
     k, _, run = classify('helm install ca-asg-provider deploy/chart -n kube-system \\\n  --set mode=bundled')
-    assert k == "render" and run.startswith("helm template ca-asg-provider deploy/chart"), run
+    assert k == "render" and run.startswith(f"helm template --kube-version 1.{LIVE['K8S_MINOR']}.0 ca-asg-provider deploy/chart"), run
     k, _, run = classify('helm upgrade --install x deploy/chart -f v.yaml')
-    assert k == "render" and run == "helm template x deploy/chart -f v.yaml", run
+    assert k == "render" and run == f"helm template --kube-version 1.{LIVE['K8S_MINOR']}.0 x deploy/chart -f v.yaml", run
     assert classify('kubectl apply -k deploy/overlays/sidecar')[0] == "skip"
     assert classify('kubectl kustomize deploy/local/$CLUSTER')[0] == "render"
     assert classify('helm repo add autoscaler https://kubernetes.github.io/autoscaler')[0] == "skip"
@@ -408,6 +423,7 @@ def self_test():
     assert classify('cat > /tmp/trust.json <<EOF\n{}\nEOF')[0] == "skip"
     assert classify('E2E=0 scripts/test.sh')[0] == "skip"
     assert classify('export CA_VERSION=v1.$K8S_MINOR.0   # CA 1.N.x')[0] == "run"
+    assert classify('export CHART=oci://r/c@$(jq -r .chart.digest release.json) VALUES=v.yaml')[0] == "skip"
     assert redirect_target('helm get values "$REL" -n kube-system -o yaml > ca-current-values.yaml') == "ca-current-values.yaml"
     assert redirect_target('cat > /tmp/irsa-trust.json <<EOF') is None
     cmds = commands([(1, "# c"), (2, "a \\"), (3, "  b"), (4, "cat > f <<'EOF'"), (5, "x"), (6, "EOF"), (7, "c")])

@@ -40,6 +40,44 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | 
 {{- include "ca-asg-provider.imageRef" (dict "image" .Values.image "tag" (include "ca-asg-provider.imageTag" .)) -}}
 {{- end -}}
 
+{{/*
+cluster-autoscaler's tag in bundled mode: clusterAutoscaler.image.tag when set, else the
+row of clusterAutoscaler.image.tagsByKubernetesMinor for the cluster's Kubernetes minor
+(.Capabilities.KubeVersion: the cluster's at `helm install`, --kube-version at `helm
+template`). Either must be a CA release tag, v1.MINOR.PATCH; a minor without a row fails,
+naming it, unless a digest pins the image (the tag is then only its label).
+*/}}
+{{- define "ca-asg-provider.caImageTag" -}}
+{{- $img := .Values.clusterAutoscaler.image -}}
+{{- $form := "^v1\\.[0-9]+\\.[0-9]+(-[0-9A-Za-z.]+)?$" -}}
+{{- $kube := .Capabilities.KubeVersion -}}
+{{- $minor := regexReplaceAll "[^0-9]" (toString $kube.Minor) "" -}}
+{{- range $m, $row := $img.tagsByKubernetesMinor | default dict -}}
+{{- if not (regexMatch (printf "^v1\\.%s\\.[0-9]+$" $m) (toString $row)) -}}
+{{- fail (printf "clusterAutoscaler.image.tagsByKubernetesMinor.%s %q is not a cluster-autoscaler release tag of that minor (v1.%s.PATCH)" $m (toString $row) $m) -}}
+{{- end -}}
+{{- end -}}
+{{- if $img.tag -}}
+{{- if not (regexMatch $form (toString $img.tag)) -}}
+{{- fail (printf "clusterAutoscaler.image.tag %q is not a cluster-autoscaler release tag: v1.MINOR.PATCH, e.g. v1.%s.0 for this cluster's Kubernetes %s (or leave it empty: the chart then takes the newest patch it knows of the cluster's minor)" (toString $img.tag) $minor $kube.Version) -}}
+{{- end -}}
+{{- toString $img.tag -}}
+{{- else -}}
+{{- $row := get ($img.tagsByKubernetesMinor | default dict) $minor -}}
+{{- if $row -}}
+{{- toString $row -}}
+{{- else if not $img.digest -}}
+{{- $known := keys ($img.tagsByKubernetesMinor | default dict) | sortAlpha -}}
+{{- fail (printf "clusterAutoscaler.image.tag is empty and this chart knows no cluster-autoscaler for Kubernetes %s (.Capabilities.KubeVersion; it knows the minors %s in clusterAutoscaler.image.tagsByKubernetesMinor): set clusterAutoscaler.image.tag to CA's newest v1.%s.x (https://github.com/kubernetes/autoscaler/releases)" $kube.Version (join ", " $known) $minor) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{/* cluster-autoscaler's image reference in bundled mode. */}}
+{{- define "ca-asg-provider.caImage" -}}
+{{- include "ca-asg-provider.imageRef" (dict "image" .Values.clusterAutoscaler.image "tag" (include "ca-asg-provider.caImageTag" .)) -}}
+{{- end -}}
+
 {{/* repository[:tag][@digest] of an image value ({image, tag}). */}}
 {{- define "ca-asg-provider.imageRef" -}}
 {{- $ref := .image.repository -}}
@@ -192,6 +230,11 @@ name my-cluster; the chart refuses them, naming the value to set.
 {{- if regexMatch "^k8s\\.io/cluster-autoscaler/my-cluster(=.*)?$" . -}}
 {{- fail (printf "config.autoDiscovery[%d].tags names the placeholder cluster my-cluster (%q): set clusterName to your cluster's name instead (the chart derives the tags), or config.autoDiscovery[%d].tags to the tags on your ASGs" $i . $i) -}}
 {{- end -}}
+{{- end -}}
+{{- end -}}
+{{- range $k, $v := .Values.nodeSelector | default dict -}}
+{{- if eq (toString $v) "my-system-nodegroup" -}}
+{{- fail (printf "nodeSelector.%s is the placeholder my-system-nodegroup: set it to a node group this service does not scale in (not tagged for it), where its pods run" $k) -}}
 {{- end -}}
 {{- end -}}
 {{- end -}}
