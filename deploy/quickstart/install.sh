@@ -23,7 +23,7 @@ set -euo pipefail
 . "$(dirname "$0")/lib.sh"
 
 helm_chart_args
-step "helm upgrade --install $RELEASE from $CHART (waits up to $TIMEOUT for Ready pods)"
+step "helm upgrade --install $RELEASE from $CHART (helm $HELM_MAJOR: waits up to $TIMEOUT for Ready pods)"
 if ! helm upgrade --install "${HELM_ARGS[@]}" "$@"; then
     explain_not_ready
     fail "the release is not Ready after $TIMEOUT: the Warning Events above say why (NotReady: the service's cause)"

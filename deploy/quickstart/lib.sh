@@ -7,7 +7,8 @@
 #   RELEASE    the Helm release's name               (ca-asg-provider)
 #   TIMEOUT    how long a step waits for the cluster (5m)
 # kubectl and helm come from PATH, the cluster from kubectl's own configuration
-# (KUBECONFIG or ~/.kube/config).
+# (KUBECONFIG or ~/.kube/config). Helm 3.8 or later, or Helm 4 (HELM_WAIT: the wait
+# flag of the one found).
 
 NAMESPACE=${NAMESPACE:-kube-system}
 RELEASE=${RELEASE:-ca-asg-provider}
@@ -64,6 +65,27 @@ seconds() {
     esac
 }
 
+# helm_version: Helm's major version (3 or 4) in HELM_MAJOR, its wait flag in HELM_WAIT
+# (Helm 4 waits with kstatus's watcher, --wait=watcher; Helm 3 has only --wait). Older
+# than 3.8 (no OCI charts) is refused in one sentence.
+helm_version() {
+    local v
+    v=$(helm version --template '{{.Version}}' 2>/dev/null) ||
+        fail "helm is not on PATH or does not run (install Helm 3.8 or later, or Helm 4: https://helm.sh/docs/intro/install/)"
+    HELM_MAJOR=${v#v}
+    HELM_MAJOR=${HELM_MAJOR%%.*}
+    local minor=${v#v*.}
+    minor=${minor%%.*}
+    case "$HELM_MAJOR" in
+        3) [ "$minor" -ge 8 ] 2>/dev/null ||
+            fail "helm $v is older than 3.8, which these scripts need (OCI charts): install Helm 3.8 or later, or Helm 4"
+            HELM_WAIT=(--wait) ;;
+        4) HELM_WAIT=(--wait=watcher) ;;
+        *) fail "helm $v: these scripts run on Helm 3 (3.8 or later) and Helm 4" ;;
+    esac
+}
+helm_version
+
 # The release's revision.
 revision() {
     helm status "$RELEASE" --namespace "$NAMESPACE" | sed -n 's/^REVISION: *//p'
@@ -82,6 +104,14 @@ deployment() {
     [ -n "$d" ] || fail "no Deployment of release $RELEASE in namespace $NAMESPACE (installed with install.sh? in sidecar mode the Deployment is cluster-autoscaler's)"
     [ "$(printf '%s\n' "$d" | wc -l)" -eq 1 ] || fail "several Deployments of release $RELEASE: $d"
     printf '%s\n' "${d#*/}"
+}
+
+# pod_off NODE: a Ready pod of the release on another node than NODE (so a drain of
+# NODE run in it does not end with its own pod), else nothing.
+pod_off() {
+    kc get pods -l "app.kubernetes.io/name=ca-asg-provider,app.kubernetes.io/instance=$RELEASE" \
+        -o jsonpath='{range .items[*]}{.metadata.name} {.spec.nodeName} {.metadata.deletionTimestamp}{range .status.conditions[?(@.type=="Ready")]} {.status}{end}{"\n"}{end}' |
+        awk -v node="$1" 'NF == 3 && $2 != node && $3 == "True" { print $1; exit }'
 }
 
 # The release's pods, by name, one a line.
@@ -107,7 +137,7 @@ explain_not_ready() {
 # the array HELM_ARGS.
 helm_chart_args() {
     need CHART
-    HELM_ARGS=("$RELEASE" "$CHART" --namespace "$NAMESPACE" --wait=watcher --timeout "$TIMEOUT")
+    HELM_ARGS=("$RELEASE" "$CHART" --namespace "$NAMESPACE" "${HELM_WAIT[@]}" --timeout "$TIMEOUT")
     if [ -n "${CHART_VERSION:-}" ]; then HELM_ARGS+=(--version "$CHART_VERSION"); fi
     if [ -n "${VALUES:-}" ]; then
         [ -r "$VALUES" ] || fail "VALUES=$VALUES: no such file"

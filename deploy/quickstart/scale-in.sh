@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One scale-in end to end, as an operator can run it on a real cluster: the service's
 # own drain of one node (`ca-asg-provider drain NODE --terminate`, run in a pod of the
-# release, under its ServiceAccount and IAM role), which cordons the node, evicts the
+# release on another node, under its ServiceAccount and IAM role, so the drain does not
+# evict the pod it runs in), which cordons the node, evicts the
 # workload pods first (through the Eviction API: PodDisruptionBudgets hold), the DaemonSet
 # pods last, then ends the instance as CA's scale-in does (the lifecycle hook's action
 # completed when the group has the service's hook, else the instance terminated and its
@@ -9,7 +10,8 @@
 #
 # Inputs (environment):
 #   NODE       required: the Node to scale in (a node of a group the service manages)
-#   CONFIG     the config file in the pod (default /etc/ca-asg-provider/config/config.yaml)
+#   CONFIG     the config file in the pod (default: the chart's, which the pod's
+#              CA_ASG_PROVIDER_CONFIG names)
 #   NAMESPACE, RELEASE, TIMEOUT: see lib.sh (kube-system, ca-asg-provider, 5m: how long
 #              the Node may take to go once its instance ended)
 # Leaves behind: the node's pods rescheduled elsewhere, its instance ended, its group one
@@ -18,7 +20,7 @@
 set -euo pipefail
 . "$(dirname "$0")/lib.sh"
 need NODE
-CONFIG=${CONFIG:-/etc/ca-asg-provider/config/config.yaml}
+CONFIG=${CONFIG:-}
 
 step "the node $NODE"
 if ! kubectl get node "$NODE" >/dev/null 2>&1; then
@@ -30,10 +32,15 @@ say "instance: $(kubectl get node "$NODE" -o jsonpath='{.spec.providerID}')"
 kubectl get pods --all-namespaces --field-selector "spec.nodeName=$NODE" \
     -o custom-columns=NAMESPACE:.metadata.namespace,POD:.metadata.name,OWNER:.metadata.ownerReferences[0].kind
 
-step "drain $NODE and end its instance (ca-asg-provider drain --terminate, in the release's pod)"
+step "a Ready pod of the release on another node than $NODE"
 DEPLOY=$(deployment)
-kc exec "deployment/$DEPLOY" -c ca-asg-provider -- \
-    ca-asg-provider drain "$NODE" --terminate -c "$CONFIG"
+POD=$(pod_off "$NODE")
+[ -n "$POD" ] || fail "every Ready pod of release $RELEASE runs on $NODE (or none is Ready): the drain would evict the pod it runs in; run two replicas, or keep them off the groups this service scales in (nodeSelector, the quickstart's values)"
+say "$POD (on $(kc get pod "$POD" -o jsonpath='{.spec.nodeName}'))"
+
+step "drain $NODE and end its instance (ca-asg-provider drain --terminate, in $POD)"
+kc exec "$POD" -c ca-asg-provider -- \
+    ca-asg-provider drain "$NODE" --terminate ${CONFIG:+-c "$CONFIG"}
 
 step "wait until the Node $NODE is gone (up to $TIMEOUT)"
 start=$SECONDS

@@ -1,27 +1,55 @@
 #!/usr/bin/env bash
-# Uninstalls the release: helm uninstall, whose post-delete Job removes the lifecycle
-# hooks the service created (so no scale-in waits for a hook nobody answers), then checks
-# that nothing of the service is left in the cluster (its objects, RBAC and Lease) and
-# says so.
+# Uninstalls the release: stops its replicas (no drain goes on, none starts), then helm
+# uninstall, whose post-delete Job gives back every node still carrying this service's
+# marks (`ca-asg-provider undrain --all --force`: its taint, drain record and own cordon)
+# and removes the lifecycle hooks the service created (so no scale-in waits for a hook
+# nobody answers); then deletes the Leases (and in bundled mode CA's status ConfigMap),
+# which helm does not know, and checks that nothing of the service is left in the cluster
+# (its objects, RBAC, Leases, a mark on any Node) and says so.
 #
 # Inputs (environment):
 #   LEASE      the leader-election Lease (default ca-asg-provider: config.scaleIn.leaseName)
 #   NAMESPACE, RELEASE, TIMEOUT: see lib.sh (kube-system, ca-asg-provider, 5m)
 # Leaves behind: nothing of the service in the cluster. What is yours stays: Secrets you
-# made (TLS), the IAM role and policy, the groups' tags (docs/helm.md, Uninstall).
+# made (TLS), the IAM role and policy, the groups' tags (docs/helm.md, Uninstall); a
+# cordon that is not this service's (an operator's, CA's taint while CA is gone).
 # Safe to run again: without the release it only checks.
 set -euo pipefail
 . "$(dirname "$0")/lib.sh"
 LEASE=${LEASE:-ca-asg-provider}
 labels="app.kubernetes.io/instance=$RELEASE"
 
-step "helm uninstall $RELEASE (its post-delete Job removes the service's lifecycle hooks)"
+# Bundled mode: CA's Lease and status ConfigMap, by its flags (CA's defaults otherwise).
+ca_lease="" ca_status=""
+step "stop the release's replicas (no drain goes on or starts while the nodes are given back)"
 if helm status "$RELEASE" --namespace "$NAMESPACE" >/dev/null 2>&1; then
-    job=$(kc get deployment -o name -l "app.kubernetes.io/name=ca-asg-provider,$labels" | sed 's|^deployment.apps/||; s|$|-remove-hooks|')
-    if ! helm uninstall "$RELEASE" --namespace "$NAMESPACE" --wait=watcher --timeout "$TIMEOUT"; then
+    DEPLOY=$(kc get deployment -o name -l "app.kubernetes.io/name=ca-asg-provider,$labels" | sed 's|^deployment.apps/||')
+    if [ -n "$DEPLOY" ]; then
+        flags=$(kc get deployment "$DEPLOY" -o jsonpath='{range .spec.template.spec.containers[?(@.name=="cluster-autoscaler")]}{range .command[*]}{@}{"\n"}{end}{range .args[*]}{@}{"\n"}{end}{end}')
+        if kc get deployment "$DEPLOY" -o jsonpath='{.spec.template.spec.containers[*].name}' | grep -qw cluster-autoscaler; then
+            ca_lease=$(printf '%s\n' "$flags" | sed -n 's/^--leader-elect-resource-name=//p' | tail -n 1)
+            ca_lease=${ca_lease:-cluster-autoscaler}
+            ca_status=$(printf '%s\n' "$flags" | sed -n 's/^--status-config-map-name=//p' | tail -n 1)
+            ca_status=${ca_status:-cluster-autoscaler-status}
+        fi
+        kc scale deployment "$DEPLOY" --replicas=0
+        kc wait --for=delete pod -l "app.kubernetes.io/name=ca-asg-provider,$labels" --timeout="$TIMEOUT" ||
+            fail "the release's pods are still there after $TIMEOUT (kubectl -n $NAMESPACE get pods -l $labels)"
+        say "deployment/$DEPLOY: 0 replicas, no pod left"
+    else
+        say "no Deployment of the release (sidecar mode: CA's chart runs the provider; uninstall CA's release first)"
+    fi
+else
+    say "no release $RELEASE in $NAMESPACE"
+fi
+
+step "helm uninstall $RELEASE (its post-delete Job gives back marked nodes, then removes the service's lifecycle hooks)"
+if helm status "$RELEASE" --namespace "$NAMESPACE" >/dev/null 2>&1; then
+    job=${DEPLOY:+$DEPLOY-remove-hooks}
+    if ! helm uninstall "$RELEASE" --namespace "$NAMESPACE" "${HELM_WAIT[@]}" --timeout "$TIMEOUT"; then
         fail "helm uninstall failed; if it names the Job ${job:-<release>-remove-hooks}, its log says which hook it could not remove and what to check: kubectl -n $NAMESPACE logs job/${job:-<release>-remove-hooks}"
     fi
-    say "the post-delete Job ${job:-} succeeded: no lifecycle hook of the service is left on its groups"
+    say "the post-delete Job ${job:-} succeeded: no node keeps the service's marks, no lifecycle hook of the service is left on its groups"
 else
     say "no release $RELEASE in $NAMESPACE (uninstalled already): checking what is left"
 fi
@@ -47,12 +75,23 @@ done
 [ -z "$left" ] || fail "still there after 120 s: $(echo "$left" | tr '\n' ' ')"
 say "none of: $kinds, clusterrole, clusterrolebinding labelled $labels"
 
-step "the Lease $LEASE (the service writes it; helm does not know it)"
-if kc get lease "$LEASE" >/dev/null 2>&1; then
-    kc delete lease "$LEASE"
-    say "deleted: no replica of the release is left to hold it"
-else
-    say "none"
+step "the Lease $LEASE${ca_lease:+, cluster-autoscaler Lease $ca_lease and status ConfigMap $ca_status} (written by the pods; helm does not know them)"
+for obj in "lease/$LEASE" ${ca_lease:+"lease/$ca_lease"} ${ca_status:+"configmap/$ca_status"}; do
+    if kc get "$obj" >/dev/null 2>&1; then
+        kc delete "$obj"
+        say "$obj deleted: no replica of the release is left to hold or write it"
+    else
+        say "$obj: none"
+    fi
+done
+
+step "no Node carries a mark of the service (a taint, annotation or label ca-asg-provider.io/...)"
+marked=$(kubectl get nodes -o jsonpath='{range .items[*]}{.metadata.name}{" "}{.spec.taints[*].key}{" "}{.metadata.annotations}{" "}{.metadata.labels}{"\n"}{end}' |
+    awk '/ca-asg-provider\.io\// { print $1 }')
+if [ -n "$marked" ]; then
+    names=$(echo "$marked" | tr '\n' ' ')
+    fail "still marked: $names- give each back with: kubectl -n $NAMESPACE exec deploy/<a replica> -- ca-asg-provider undrain NODE --force; or kubectl uncordon NODE and kubectl taint node NODE ca-asg-provider.io/draining-"
 fi
+say "none of $(kubectl get nodes -o name | wc -l) nodes"
 
 step "done: nothing of release $RELEASE is left in namespace $NAMESPACE or cluster-wide"

@@ -29,7 +29,7 @@ qs_cleanup() { kill "$watcher" 2>/dev/null || true; rm -f "$watch_log"; }
 for _ in $(seq 50); do [ -s "$watch_log" ] && break; sleep 0.2; done
 [ -s "$watch_log" ] || fail "kubectl get --watch printed nothing: $(cat "$watch_log")"
 
-step "helm upgrade $RELEASE (waits up to $TIMEOUT for Ready pods)"
+step "helm upgrade $RELEASE (helm $HELM_MAJOR: waits up to $TIMEOUT for Ready pods)"
 if ! helm upgrade "${HELM_ARGS[@]}" "$@"; then
     explain_not_ready
     fail "the release is not Ready after $TIMEOUT: the Warning Events above say why"
