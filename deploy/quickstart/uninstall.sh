@@ -86,11 +86,13 @@ for obj in "lease/$LEASE" ${ca_lease:+"lease/$ca_lease"} ${ca_status:+"configmap
 done
 
 step "no Node carries a mark of the service (a taint, annotation or label ca-asg-provider.io/...)"
-marked=$(kubectl get nodes -o jsonpath='{range .items[*]}{.metadata.name}{" "}{.spec.taints[*].key}{" "}{.metadata.annotations}{" "}{.metadata.labels}{"\n"}{end}' |
-    awk '/ca-asg-provider\.io\// { print $1 }')
-if [ -n "$marked" ]; then
-    names=$(echo "$marked" | tr '\n' ' ')
-    fail "still marked: $names- give each back with: kubectl -n $NAMESPACE exec deploy/<a replica> -- ca-asg-provider undrain NODE --force; or kubectl uncordon NODE and kubectl taint node NODE ca-asg-provider.io/draining-"
+# One line "NODE KEY" per mark: a taint, annotation or label whose key is ca-asg-provider.io/...
+# shellcheck disable=SC2016 # a Go template, not shell
+marks=$(kubectl get nodes -o go-template='{{range .items}}{{$n := .metadata.name}}{{range .spec.taints}}{{if eq (printf "%.19s" .key) "ca-asg-provider.io/"}}{{$n}} taint {{.key}}{{"\n"}}{{end}}{{end}}{{range $k, $v := .metadata.annotations}}{{if eq (printf "%.19s" $k) "ca-asg-provider.io/"}}{{$n}} annotation {{$k}}{{"\n"}}{{end}}{{end}}{{range $k, $v := .metadata.labels}}{{if eq (printf "%.19s" $k) "ca-asg-provider.io/"}}{{$n}} label {{$k}}{{"\n"}}{{end}}{{end}}{{end}}')
+if [ -n "$marks" ]; then
+    printf '%s\n' "$marks" | sed 's/^/  /'
+    names=$(printf '%s\n' "$marks" | awk '{ print $1 }' | sort -u | tr '\n' ' ')
+    fail "still marked (above): $names- give each back with: kubectl -n $NAMESPACE exec deploy/<a replica> -- ca-asg-provider undrain NODE --force; or kubectl uncordon NODE and kubectl taint node NODE ca-asg-provider.io/draining-"
 fi
 say "none of $(kubectl get nodes -o name | wc -l) nodes"
 
