@@ -21,7 +21,8 @@ fn root() -> std::path::PathBuf {
 const CLUSTER: &str = "prod-blue";
 
 /// The `config.yaml` of the ConfigMap the chart renders from the quickstart values,
-/// with [`CLUSTER`] in place of the placeholder (docs/quickstart-eks.md step 6: `s/my-cluster/$CLUSTER/g`).
+/// with [`CLUSTER`] and a system node group in place of the placeholders
+/// (docs/quickstart-eks.md step 6: `s/my-cluster/$CLUSTER/g`, `s/my-system-nodegroup/$SYSTEM_NODEGROUP/`).
 fn rendered_config() -> String {
     let helm = root().join(".venv/bin/helm");
     let dir = tempfile::tempdir().unwrap();
@@ -29,7 +30,10 @@ fn rendered_config() -> String {
     let example =
         std::fs::read_to_string(root().join("deploy/chart/examples/quickstart-values.yaml"))
             .unwrap();
-    std::fs::write(&values, example.replace("my-cluster", CLUSTER)).unwrap();
+    let filled = example
+        .replace("my-cluster", CLUSTER)
+        .replace("my-system-nodegroup", "system");
+    std::fs::write(&values, filled).unwrap();
     let out = Command::new(&helm)
         .current_dir(root())
         .args([
