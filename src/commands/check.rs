@@ -56,6 +56,10 @@ pub async fn run(args: ConfigArgs) -> ExitCode {
         let terms: Vec<String> = set.iter().map(|t| t.to_string()).collect();
         println!("  discovery:        asg:tag={}", terms.join(","));
     }
+    for b in cfg.scale_in.budgets_in_order() {
+        println!("  budget:           {}", b.said());
+    }
+    println!("  never budgeted:   spot interruptions, scheduled events with a deadline, stopped instances (the instance ends anyway)");
     if let Err(e) = cfg.require_groups() {
         println!("{e}");
         return ExitCode::from(2);

@@ -339,6 +339,53 @@ impl Until {
 }
 
 impl Budget {
+    /// The budget in one line (check-config): its name, nodes, what it covers and
+    /// governs, when and how fast.
+    pub fn said(&self) -> String {
+        let nodes = match self.nodes {
+            Nodes::Count(n) => format!("{n} node(s) at once"),
+            Nodes::Percent(p) => format!("{p}% of the nodes it covers at once (rounded up)"),
+        };
+        let groups = match &self.groups {
+            Groups::All => "every group".to_string(),
+            Groups::Named(n) => format!(
+                "groups {}",
+                n.iter().cloned().collect::<Vec<_>>().join(", ")
+            ),
+            Groups::Tagged(t) => format!(
+                "groups tagged {}",
+                t.iter()
+                    .map(|(k, v)| format!("{k}={}", v.as_deref().unwrap_or("*")))
+                    .collect::<Vec<_>>()
+                    .join(",")
+            ),
+        };
+        let zones = if self.zones.is_empty() {
+            String::new()
+        } else {
+            format!(
+                " in {}",
+                self.zones.iter().cloned().collect::<Vec<_>>().join(", ")
+            )
+        };
+        let causes = self.causes.as_ref().map_or("every cause".to_string(), |c| {
+            c.iter().map(Cause::as_str).collect::<Vec<_>>().join(", ")
+        });
+        let window = self.window.as_ref().map_or(String::new(), |w| {
+            format!(
+                ", in force for {}s from each firing of its schedule (UTC)",
+                w.duration.as_secs()
+            )
+        });
+        let rate = self.rate.map_or(String::new(), |r| {
+            format!(", at most {} start(s) per {}s", r.starts, r.per.as_secs())
+        });
+        format!(
+            "{}: {nodes}, {groups}{zones}, for {causes}{window}{rate}",
+            self.name
+        )
+    }
+
     /// Rule 2: `Some(end)` while in force (`end`: when its window closes, `None`
     /// for a budget without a schedule).
     pub fn in_force(&self, now: DateTime<Utc>) -> Option<Option<DateTime<Utc>>> {

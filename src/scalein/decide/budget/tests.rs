@@ -418,3 +418,25 @@ fn a_held_drain_starts_in_time_to_finish_inside_the_hooks_global_timeout() {
         began
     );
 }
+
+#[test]
+fn a_budget_says_itself_in_one_line() {
+    let b = Budget {
+        name: "office".into(),
+        groups: Groups::Named(["web".to_string()].into()),
+        causes: Some([Cause::CaOccupied].into()),
+        window: Some(Window {
+            schedule: Cron::parse("0 9 * * mon-fri").unwrap(),
+            duration: Duration::from_secs(3600),
+        }),
+        rate: Some(Rate {
+            starts: 3,
+            per: Duration::from_secs(600),
+        }),
+        ..budget(Nodes::Percent(25))
+    };
+    assert_eq!(
+        b.said(),
+        "office: 25% of the nodes it covers at once (rounded up), groups web, for ca-occupied, in force for 3600s from each firing of its schedule (UTC), at most 3 start(s) per 600s"
+    );
+}

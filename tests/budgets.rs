@@ -1,0 +1,233 @@
+//! Disruption budgets on the real engine (memory cloud, in-memory API server): CA's
+//! scale-in of three occupied nodes under a budget of one drains one at a time, every
+//! node cordoned first and each waiting one told why; a window with `nodes: 0` holds a
+//! scale-in's drain until it closes and never a spot warning's.
+
+use std::time::Duration;
+
+use ca_asg_provider::scalein::decide::budget::{cron::Cron, Budget, Cause, Groups, Nodes, Window};
+use ca_asg_provider::scalein::decide::notice::RebalanceAction;
+use ca_asg_provider::scalein::sources::queue::Handled;
+use ca_asg_provider::scalein::{Outcome, ScaleInSettings};
+use ca_asg_provider::sim::fixtures;
+use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
+
+mod support;
+use support::eventually;
+use support::notices::spot;
+use support::queue::{handle_next, queue_and_consumer};
+use support::world::*;
+
+fn budget(name: &str, nodes: Nodes) -> Budget {
+    Budget {
+        name: name.into(),
+        nodes,
+        groups: Groups::All,
+        zones: Default::default(),
+        causes: None,
+        window: None,
+        rate: None,
+    }
+}
+
+/// A pod on `node` whose budget allows no eviction (until lifted).
+async fn guarded(w: &World, node: &str, name: &str) {
+    w.put(&fixtures::pdb("shop", name, 0));
+    w.put(&fixtures::pod("shop", name, node, name, 0.1));
+    eventually("the app is Ready", 10, || {
+        w.sim.list::<Pod>().iter().any(|p| {
+            p["metadata"]["name"] == name && p["status"]["conditions"][0]["status"] == "True"
+        })
+    })
+    .await;
+}
+
+fn cordoned(w: &World, node: &str) -> bool {
+    w.sim
+        .get::<Node>("", node)
+        .is_some_and(|n| n["spec"]["unschedulable"] == true)
+}
+
+fn in_slots(w: &World) -> usize {
+    w.engine
+        .book
+        .stories()
+        .values()
+        .filter(|s| s.slot_run.is_some() && !s.slot_past_budgets)
+        .count()
+}
+
+fn waiting_events(w: &World) -> Vec<String> {
+    events(&w.sim)
+        .into_iter()
+        .filter(|(r, _)| r == "DrainWaitingForBudget")
+        .map(|(_, n)| n)
+        .collect()
+}
+
+#[tokio::test]
+async fn three_occupied_nodes_under_a_budget_of_one_drain_one_at_a_time() {
+    let settings = ScaleInSettings {
+        budgets: vec![Budget {
+            causes: Some([Cause::CaOccupied].into()),
+            ..budget("one-at-a-time", Nodes::Count(1))
+        }],
+        ..fast_settings()
+    };
+    let mut w = World::builder().web(4, 4).settings(settings).build().await;
+    let victims: Vec<(String, String)> = nodes_of(&w, "web").into_iter().take(3).collect();
+    for (i, (node, _)) in victims.iter().enumerate() {
+        guarded(&w, node, &format!("app{i}")).await;
+    }
+    delete_nodes(&mut w, "web", &victims).await;
+
+    eventually("every node is cordoned before any waits", 10, || {
+        victims.iter().all(|(n, _)| cordoned(&w, n))
+    })
+    .await;
+    eventually("the two others wait, told why", 10, || {
+        waiting_events(&w).len() == 2
+    })
+    .await;
+    for note in waiting_events(&w) {
+        assert!(
+            note.contains("\"one-at-a-time\"") && note.contains("1 of 1 allowed drain now"),
+            "{note}"
+        );
+    }
+    assert_eq!(in_slots(&w), 1);
+
+    // Each lifted budget lets one drain end and the next start; never two at once.
+    for i in 0..3 {
+        assert!(in_slots(&w) <= 1);
+        let holder = w
+            .engine
+            .book
+            .stories()
+            .into_iter()
+            .find(|(_, s)| s.slot_run.is_some())
+            .map(|(id, _)| id);
+        let Some(holder) = holder else {
+            panic!("round {i}: no drain holds the slot");
+        };
+        let app = victims
+            .iter()
+            .position(|(_, iid)| *iid == holder)
+            .expect("a victim holds it");
+        assert!(w
+            .sim
+            .remove::<PodDisruptionBudget>("shop", &format!("app{app}-pdb")));
+        assert_eq!(w.engine.wait_for(&holder).await, Some(Outcome::Ended));
+        assert!(in_slots(&w) <= 1);
+        if i < 2 {
+            eventually("the next drain takes the slot", 10, || in_slots(&w) == 1).await;
+        }
+    }
+    assert_eq!(w.cloud.calls()["terminate_instance"], 3);
+}
+
+#[tokio::test]
+async fn a_closed_window_holds_a_scale_in_but_never_a_spot_warning() {
+    let always = Window {
+        schedule: Cron::parse("* * * * *").unwrap(),
+        duration: Duration::from_secs(3600),
+    };
+    let settings = ScaleInSettings {
+        budgets: vec![Budget {
+            window: Some(always),
+            ..budget("frozen", Nodes::Count(0))
+        }],
+        ..fast_settings()
+    };
+    let mut w = World::builder().web(4, 2).settings(settings).build().await;
+    let web = nodes_of(&w, "web");
+    let (node, iid) = web[0].clone();
+    w.put(&fixtures::pod("shop", "app", &node, "app", 0.1));
+    delete_nodes(&mut w, "web", &[(node.clone(), iid.clone())]).await;
+    eventually("the drain waits for the window to close", 10, || {
+        waiting_events(&w)
+            .iter()
+            .any(|n| n.contains("\"frozen\"") && n.contains("no drain allowed until"))
+    })
+    .await;
+    assert!(cordoned(&w, &node));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(
+        support::queue::running(&w, "app"),
+        "nothing is evicted while the window is closed"
+    );
+    assert!(
+        w.engine.is_draining(&iid),
+        "the drain waits, it does not fail"
+    );
+    assert_eq!(w.cloud.calls().get("terminate_instance"), None);
+
+    // A spot warning for the other node: the instance ends anyway, so its drain
+    // starts at once, window or not, and is counted.
+    let (spot_node, spot_iid) = web[1].clone();
+    w.put(&fixtures::pod(
+        "shop", "spotted", &spot_node, "spotted", 0.1,
+    ));
+    let (q, c) = queue_and_consumer(&w, RebalanceAction::Drain);
+    q.send(&spot(&spot_iid));
+    assert_eq!(handle_next(&c, &q).await, Handled::Done(vec!["drain"]));
+    let drained = tokio::time::timeout(Duration::from_secs(20), w.engine.wait_for(&spot_iid)).await;
+    assert_eq!(
+        drained.ok().flatten(),
+        Some(Outcome::Drained),
+        "the spot drain is not held by the window"
+    );
+    assert!(!support::queue::running(&w, "spotted"));
+    assert!(
+        support::queue::running(&w, "app"),
+        "the CA drain still waits for the window"
+    );
+    assert!(waiting_events(&w).iter().all(|n| !n.contains(&spot_iid)));
+}
+
+/// The group ends an instance through our hook while a window allows no drain. The
+/// hook's global timeout (100 heartbeat timeouts of 2 s) leaves less than the drain's
+/// deadlines: waiting would let AWS end the instance undrained, so the drain starts
+/// past the budget at once, says so, and the action is completed after the drain.
+#[tokio::test]
+async fn a_drain_our_hook_holds_starts_past_a_budget_in_time_for_the_hook() {
+    let always = Window {
+        schedule: Cron::parse("* * * * *").unwrap(),
+        duration: Duration::from_secs(3600),
+    };
+    let settings = ScaleInSettings {
+        budgets: vec![Budget {
+            window: Some(always),
+            ..budget("frozen", Nodes::Count(0))
+        }],
+        ..fast_settings()
+    };
+    let w = World::builder()
+        .web_hooked(3, 2, 2)
+        .settings(settings)
+        .build()
+        .await;
+    let lifecycle = ca_asg_provider::scalein::sources::hook_scan::spawn_loop(
+        w.engine.clone(),
+        w.provider.clone(),
+    );
+    let ended = w.cloud.external_scale_in("web", 1).unwrap();
+    let iid = ended[0].clone();
+    eventually("the lifecycle action is completed", 20, || {
+        w.cloud
+            .completed_actions()
+            .iter()
+            .any(|(a, _)| a.instance_id == iid)
+    })
+    .await;
+    lifecycle.abort();
+    assert!(
+        events(&w.sim)
+            .iter()
+            .any(|(r, n)| r == "DrainForcedPastBudget" && n.contains("\"frozen\"")),
+        "{:?}",
+        events(&w.sim)
+    );
+    assert!(w.cloud.hook_timeouts().is_empty(), "no hold timed out");
+}
