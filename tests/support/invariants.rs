@@ -117,10 +117,11 @@ pub fn assert_daemonsets_last(
 
 /// The engine's one record of each instance holds together after every step: no
 /// story with a fault ([`InstanceStory::faults`]: a slot held by no running drain, or
-/// by a replaced run; reasons kept for no drain), and no more drains in a slot than
-/// `maxConcurrentDrains`, those past the budgets aside (an exempt drain, or one our
-/// hook holds started to finish inside the hook's global timeout). Fails naming the
-/// instance and its story.
+/// by a replaced run; reasons kept for no drain), and no budget of a count in force
+/// (`maxConcurrentDrains` among them) with more of the drains it governs in a slot
+/// than its nodes, those started past it aside (one our hook holds, started to finish
+/// inside the hook's global timeout; exempt drains it never governs). Fails naming
+/// the budget or the instance and its story.
 ///
 /// [`InstanceStory::faults`]: ca_asg_provider::scalein::decide::story::InstanceStory::faults
 pub fn assert_stories_hold(engine: &ca_asg_provider::scalein::Engine) {
@@ -132,15 +133,28 @@ pub fn assert_stories_hold(engine: &ca_asg_provider::scalein::Engine) {
             "the engine's record of {id} does not hold together: {faults:?}; {story:#?}"
         );
     }
-    let in_slots: Vec<&String> = stories
-        .iter()
-        .filter(|(_, s)| s.slot_run.is_some() && !s.slot_past_budgets)
-        .map(|(id, _)| id)
-        .collect();
-    let max = engine.settings().max_concurrent_drains.max(1);
-    assert!(
-        in_slots.len() <= max,
-        "{} drains hold a slot, maxConcurrentDrains is {max}: {in_slots:?}",
-        in_slots.len()
-    );
+    // Every budget of a count in force (maxConcurrentDrains among them): the drains
+    // it governs that hold a slot, those started past it aside, are never more than
+    // its nodes: each started while the drains it counts were fewer.
+    let holders = engine.book.slot_holders();
+    let now = ca_asg_provider::clock::utc_now();
+    for b in engine.settings().budgets_in_order() {
+        let ca_asg_provider::scalein::decide::budget::Nodes::Count(allowed) = b.nodes else {
+            continue;
+        };
+        if b.in_force(now).is_none() {
+            continue;
+        }
+        let governed: Vec<&str> = holders
+            .iter()
+            .filter(|p| !p.forced && b.governs(&p.drain()))
+            .map(|p| p.group.as_str())
+            .collect();
+        assert!(
+            governed.len() <= allowed as usize,
+            "{} drains budget {:?} governs hold a slot, it allows {allowed}: {governed:?}; {stories:#?}",
+            governed.len(),
+            b.name
+        );
+    }
 }

@@ -261,7 +261,7 @@ impl Book {
     }
 
     /// The facts of every drain that holds a slot now.
-    pub(crate) fn slot_holders(&self) -> Vec<Placed> {
+    pub fn slot_holders(&self) -> Vec<Placed> {
         self.ledger
             .lock()
             .entries
