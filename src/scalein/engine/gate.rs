@@ -69,7 +69,7 @@ pub(crate) async fn take_slot(
     let budgets = engine.settings.budgets_in_order();
     let placed = placed(engine, req, node, record, &budgets).await;
     let force_at = force_at(engine, req, record);
-    let mut waiting: Option<budget::Hold> = None;
+    let mut waiting = Waiting(None);
     loop {
         let freed = engine.book.slot_freed();
         tokio::pin!(freed);
@@ -78,18 +78,16 @@ pub(crate) async fn take_slot(
         let forced = force_at.is_some_and(|at| now >= at);
         match decide_and_keep(engine, &budgets, &placed, req, run, now, forced) {
             Taken::Yes { forced_past } => {
-                stop_waiting(&mut waiting);
+                waiting.stop();
                 if let Some(budget) = forced_past {
                     say_forced(engine, node, req, &budget, force_at).await;
                 }
                 return true;
             }
             Taken::Wait(hold) => {
-                if waiting.as_ref().map(|h| &h.budget) != Some(&hold.budget) {
-                    stop_waiting(&mut waiting);
-                    gauge(&hold.budget).inc();
+                if waiting.0.as_ref() != Some(&hold.budget) {
+                    waiting.start(&hold.budget);
                     say_waiting(engine, node, req, &hold, force_at).await;
-                    waiting = Some(hold.clone());
                 }
                 let wake = wake_in(&hold.until, force_at, now);
                 tokio::select! {
@@ -312,9 +310,28 @@ fn gauge(budget: &str) -> prometheus_client::metrics::gauge::Gauge {
         .clone()
 }
 
-fn stop_waiting(waiting: &mut Option<budget::Hold>) {
-    if let Some(h) = waiting.take() {
-        gauge(&h.budget).dec();
+/// The budget a drain is counted as waiting for in `drains_waiting_for_budget`;
+/// uncounted when the wait ends, and when the drain's task is stopped or replaced
+/// while it waits (dropped).
+struct Waiting(Option<String>);
+
+impl Waiting {
+    fn start(&mut self, budget: &str) {
+        self.stop();
+        gauge(budget).inc();
+        self.0 = Some(budget.to_string());
+    }
+
+    fn stop(&mut self) {
+        if let Some(b) = self.0.take() {
+            gauge(&b).dec();
+        }
+    }
+}
+
+impl Drop for Waiting {
+    fn drop(&mut self) {
+        self.stop();
     }
 }
 
