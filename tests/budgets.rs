@@ -10,7 +10,7 @@ use ca_asg_provider::scalein::decide::notice::RebalanceAction;
 use ca_asg_provider::scalein::sources::queue::Handled;
 use ca_asg_provider::scalein::{Outcome, ScaleInSettings};
 use ca_asg_provider::sim::fixtures;
-use k8s_openapi::api::core::v1::{Node, Pod};
+use k8s_openapi::api::core::v1::Node;
 use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 
 mod support;
@@ -29,18 +29,6 @@ fn budget(name: &str, nodes: Nodes) -> Budget {
         window: None,
         rate: None,
     }
-}
-
-/// A pod on `node` whose budget allows no eviction (until lifted).
-async fn guarded(w: &World, node: &str, name: &str) {
-    w.put(&fixtures::pdb("shop", name, 0));
-    w.put(&fixtures::pod("shop", name, node, name, 0.1));
-    eventually("the app is Ready", 10, || {
-        w.sim.list::<Pod>().iter().any(|p| {
-            p["metadata"]["name"] == name && p["status"]["conditions"][0]["status"] == "True"
-        })
-    })
-    .await;
 }
 
 fn cordoned(w: &World, node: &str) -> bool {
@@ -78,7 +66,7 @@ async fn three_occupied_nodes_under_a_budget_of_one_drain_one_at_a_time() {
     let mut w = World::builder().web(4, 4).settings(settings).build().await;
     let victims: Vec<(String, String)> = nodes_of(&w, "web").into_iter().take(3).collect();
     for (i, (node, _)) in victims.iter().enumerate() {
-        guarded(&w, node, &format!("app{i}")).await;
+        guarded_app(&w, node, &format!("app{i}")).await;
     }
     delete_nodes(&mut w, "web", &victims).await;
 

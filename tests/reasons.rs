@@ -26,18 +26,6 @@ fn blocked(w: &World) -> bool {
     events(&w.sim).iter().any(|(r, _)| r == "EvictionBlocked")
 }
 
-/// An app pod on `node` behind a PodDisruptionBudget that allows no disruption.
-async fn guarded_app(w: &World, node: &str, name: &str) {
-    w.put(&fixtures::pdb("shop", name, 0));
-    w.put(&fixtures::pod("shop", name, node, name, 0.1));
-    eventually("the app is Ready", 10, || {
-        w.sim.list::<Pod>().iter().any(|p| {
-            p["metadata"]["name"] == name && p["status"]["conditions"][0]["status"] == "True"
-        })
-    })
-    .await;
-}
-
 fn record_on(w: &World, node: &str) -> Option<record::DrainRecord> {
     let n = w.sim.get::<Node>("", node)?;
     let a: std::collections::BTreeMap<String, String> =

@@ -538,3 +538,20 @@ pub fn in_service(cloud: &MemoryCloud, id: &str) -> bool {
         .iter()
         .any(|(_, i)| i.id == id && !i.state.is_terminating())
 }
+
+/// A pod `name` on `node` whose PodDisruptionBudget (`{name}-pdb`) allows no
+/// eviction until it is removed; returns once the pod is Ready.
+#[allow(dead_code)]
+pub async fn guarded_app(w: &World, node: &str, name: &str) {
+    w.put(&fixtures::pdb("shop", name, 0));
+    w.put(&fixtures::pod("shop", name, node, name, 0.1));
+    super::eventually("the app is Ready", 10, || {
+        w.sim
+            .list::<k8s_openapi::api::core::v1::Pod>()
+            .iter()
+            .any(|p| {
+                p["metadata"]["name"] == name && p["status"]["conditions"][0]["status"] == "True"
+            })
+    })
+    .await;
+}
