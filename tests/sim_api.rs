@@ -172,6 +172,61 @@ async fn patches_cordon_and_taint_a_node() {
     assert_eq!(n.taints.unwrap()[0].key, "k");
 }
 
+/// As the real API server: a strategic merge patch of `nodes/status` merges the
+/// conditions by type (the kubelet's stay), an element's fields not in the patch stay
+/// (its lastTransitionTime), and the status subresource leaves the spec alone.
+#[tokio::test]
+async fn a_status_patch_merges_node_conditions_by_type_and_changes_only_the_status() {
+    let s = sim().await;
+    let nodes: Api<Node> = Api::all(s.client());
+    let mut n = fixtures::node("n1", "p", &[]);
+    n.status.get_or_insert_with(Default::default).conditions =
+        Some(vec![k8s_openapi::api::core::v1::NodeCondition {
+            type_: "Ready".into(),
+            status: "True".into(),
+            ..Default::default()
+        }]);
+    nodes.create(&PostParams::default(), &n).await.unwrap();
+    let strategic = |v: serde_json::Value| Patch::Strategic(v);
+    nodes
+        .patch_status(
+            "n1",
+            &PatchParams::default(),
+            &strategic(json!({"status": {"conditions": [
+                {"type": "DrainInProgress", "status": "True", "reason": "A", "message": "one",
+                 "lastTransitionTime": "2026-11-28T10:00:00Z"}]}})),
+        )
+        .await
+        .unwrap();
+    nodes
+        .patch_status(
+            "n1",
+            &PatchParams::default(),
+            &strategic(json!({
+                "spec": {"unschedulable": true},
+                "status": {"conditions": [{"type": "DrainInProgress", "status": "True", "reason": "A", "message": "two"}]}})),
+        )
+        .await
+        .unwrap();
+    let got = nodes.get("n1").await.unwrap();
+    let conditions = got.status.unwrap().conditions.unwrap();
+    let types: Vec<&str> = conditions.iter().map(|c| c.type_.as_str()).collect();
+    assert_eq!(types, vec!["Ready", "DrainInProgress"]);
+    assert_eq!(conditions[1].message.as_deref(), Some("two"));
+    assert_eq!(
+        conditions[1]
+            .last_transition_time
+            .as_ref()
+            .map(|t| t.0.to_string()),
+        Some("2026-11-28T10:00:00Z".to_string())
+    );
+    assert_eq!(
+        got.spec.unwrap().unschedulable,
+        None,
+        "the status subresource changes no spec"
+    );
+}
+
 #[tokio::test]
 async fn watch_and_reflector_follow_changes_and_survive_a_restart() {
     let s = sim().await;

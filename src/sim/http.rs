@@ -121,6 +121,40 @@ pub(crate) fn merge(target: &mut Value, patch: &Value) {
     }
 }
 
+/// A strategic merge patch, as far as the objects the service patches need it: a
+/// merge patch, except that a list of conditions (`status.conditions`, a merge list
+/// keyed by `type` on every built-in kind) merges element by element by type instead
+/// of being replaced.
+pub(crate) fn strategic_merge(target: &mut Value, patch: &Value) {
+    let Value::Object(p) = patch else {
+        *target = patch.clone();
+        return;
+    };
+    if !target.is_object() {
+        *target = json!({});
+    }
+    let t = target.as_object_mut().expect("object");
+    for (k, v) in p {
+        match (k.as_str(), v, t.get_mut(k)) {
+            (_, Value::Null, _) => {
+                t.remove(k);
+            }
+            ("conditions", Value::Array(new), Some(Value::Array(old))) => {
+                for c in new {
+                    match old.iter_mut().find(|o| o["type"] == c["type"]) {
+                        Some(o) => merge(o, c),
+                        None => old.push(c.clone()),
+                    }
+                }
+            }
+            (_, Value::Object(_), Some(existing)) => strategic_merge(existing, v),
+            _ => {
+                t.insert(k.clone(), v.clone());
+            }
+        }
+    }
+}
+
 /// The verb (as RBAC and the audit name it) and `resource[/subresource]` of a request.
 fn verb_and_resource(
     method: &Method,
@@ -521,8 +555,9 @@ fn patch(
                     format!("the JSON patch does not apply: {e}"),
                 )
             })?;
+        } else if ctype.starts_with("application/strategic-merge-patch+json") {
+            strategic_merge(&mut new, &p);
         } else if ctype.starts_with("application/merge-patch+json")
-            || ctype.starts_with("application/strategic-merge-patch+json")
             || ctype.starts_with("application/apply-patch+yaml")
         {
             merge(&mut new, &p);
@@ -535,6 +570,11 @@ fn patch(
         }
         if new["metadata"]["resourceVersion"].is_null() {
             new["metadata"]["resourceVersion"] = old["metadata"]["resourceVersion"].clone();
+        }
+        // Through the status subresource the spec stays as it was (as the API
+        // server's status strategies reset it; metadata goes through).
+        if t.sub.as_deref() == Some("status") {
+            new["spec"] = old["spec"].clone();
         }
         Ok(new)
     })
