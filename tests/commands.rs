@@ -298,6 +298,7 @@ async fn check_config_finds_missing_kubernetes_permissions() {
     // Everything the ClusterRole grants, except watching pods and evicting.
     sim.grant(vec![
         grant(&["get", "list", "watch", "patch"], "", &["nodes"]),
+        grant(&["patch"], "", &["nodes/status"]),
         grant(&["get", "list", "delete"], "", &["pods"]),
         grant(&["list", "watch"], "policy", &["poddisruptionbudgets"]),
         grant(&["get"], "", &["persistentvolumeclaims"]),
@@ -934,7 +935,7 @@ async fn status_lists_the_drains_in_progress_read_only() {
         "CA scale-in",
         "workloads",
         "1m35s",
-        "shop/app (shop/app-pdb)",
+        "shop/app (shop/app-pdb, never allows)",
         "2026-11-27T07:10:00Z",
         "abandon",
     ] {
@@ -944,6 +945,13 @@ async fn status_lists_the_drains_in_progress_read_only() {
         .await
         .unwrap();
     let v: serde_json::Value = serde_json::from_str(&json).unwrap();
+    // Its budget (maxUnavailable: 0) can never allow the pod's eviction; the JSON says why.
+    assert!(
+        v[0]["blocked_by"][0]["never"]
+            .as_str()
+            .is_some_and(|n| n.contains("maxUnavailable: 0")),
+        "{v}"
+    );
     assert_eq!(
         v,
         serde_json::json!([{
@@ -953,7 +961,7 @@ async fn status_lists_the_drains_in_progress_read_only() {
             "phase": "workloads",
             "started": "2026-11-27T07:00:00Z",
             "elapsed_seconds": 95,
-            "blocked_by": [{"pod": "shop/app", "budgets": ["shop/app-pdb"]}],
+            "blocked_by": [{"pod": "shop/app", "budgets": ["shop/app-pdb"], "never": v[0]["blocked_by"][0]["never"].clone()}],
             "deadline": "2026-11-27T07:10:00Z",
             "deadline_policy": "abandon",
             "instance_ends_at": null,
@@ -1042,7 +1050,19 @@ async fn undrain_gives_back_an_interrupted_drain_and_only_the_services_marks() {
             .as_array()
             .is_some_and(|t| t.iter().any(|t| t["key"] == TAINT_KEY))
     };
-    while !tainted(&sim.get::<Node>("", "n1").unwrap()) {
+    // Marked, and its last write to the Node before the budget's long wait done: the
+    // DrainInProgress condition naming the budget that never allows (issue 72).
+    let held = |n: &serde_json::Value| {
+        n["status"]["conditions"].as_array().is_some_and(|c| {
+            c.iter().any(|c| {
+                c["type"] == "DrainInProgress"
+                    && c["message"].as_str().is_some_and(|m| m.contains("held:"))
+            })
+        })
+    };
+    while !(tainted(&sim.get::<Node>("", "n1").unwrap())
+        && held(&sim.get::<Node>("", "n1").unwrap()))
+    {
         assert!(Instant::now() < end, "the drain marks the node");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
@@ -1206,11 +1226,14 @@ async fn undrain_gives_back_an_interrupted_drain_and_only_the_services_marks() {
             .unwrap(),
         None
     );
-    // Only get and patch on Nodes, which the service's own ClusterRole grants.
+    // Only get and patch on Nodes, and patch of their status (the drain
+    // conditions set False), which the service's own ClusterRole grants.
     let used = sim.requests().used_by(user);
     assert!(
-        used.iter()
-            .all(|u| u.resource == "nodes" && (u.verb == "get" || u.verb == "patch")),
+        used.iter().all(
+            |u| (u.resource == "nodes" && (u.verb == "get" || u.verb == "patch"))
+                || (u.resource == "nodes/status" && u.verb == "patch")
+        ),
         "{used:?}"
     );
     support::rbac::assert_service_role_grants(&used);
@@ -2260,8 +2283,9 @@ async fn undrain_all_gives_back_every_marked_node_and_touches_no_other() {
     assert!(lines[0].1.starts_with("no node carries a mark"));
     let used = sim.requests().used_by(user);
     assert!(
-        used.iter()
-            .all(|u| u.resource == "nodes" && matches!(u.verb.as_str(), "list" | "get" | "patch")),
+        used.iter().all(|u| (u.resource == "nodes"
+            && matches!(u.verb.as_str(), "list" | "get" | "patch"))
+            || (u.resource == "nodes/status" && u.verb == "patch")),
         "{used:?}"
     );
     let writes = sim.requests().writes();

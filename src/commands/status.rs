@@ -114,14 +114,20 @@ fn dash(v: Option<String>) -> String {
     v.unwrap_or_else(|| "-".to_string())
 }
 
-/// `ns/pod (budget, budget); ns/pod`.
+/// `ns/pod (budget, budget); ns/pod`, a budget that can never allow the eviction
+/// marked `never allows` (the JSON says why).
 fn blockers(b: &[Blocker]) -> String {
     b.iter()
         .map(|b| {
+            let never = if b.never.is_some() {
+                ", never allows"
+            } else {
+                ""
+            };
             if b.budgets.is_empty() {
                 b.pod.clone()
             } else {
-                format!("{} ({})", b.pod, b.budgets.join(", "))
+                format!("{} ({}{never})", b.pod, b.budgets.join(", "))
             }
         })
         .collect::<Vec<_>>()
@@ -311,6 +317,43 @@ mod tests {
         }
     }
 
+    /// Issue 72: a budget that can never allow the pod's eviction is said as such,
+    /// and the Node's drain condition is read where it is present.
+    #[test]
+    fn a_budget_that_never_allows_and_the_nodes_condition_are_shown() {
+        let rec = DrainRecord {
+            reasons: vec![DrainReason::new(Why::ScaleIn, at("2026-11-27T07:05:30Z"))],
+            ..DrainRecord::default()
+        };
+        let mut n1 = recorded("n1", "web", &rec);
+        n1.status.get_or_insert_with(Default::default).conditions =
+            Some(vec![k8s_openapi::api::core::v1::NodeCondition {
+                type_: "DrainInProgress".into(),
+                status: "True".into(),
+                message: Some("evicting workload pods; held: ...".into()),
+                ..Default::default()
+            }]);
+        let mut strict = pdb("shop", "app-pdb", "app", 0);
+        strict.spec.as_mut().unwrap().max_unavailable =
+            Some(k8s_openapi::apimachinery::pkg::util::intstr::IntOrString::Int(0));
+        let rows = rows(
+            &[n1],
+            &[pod("shop", "app-1", "n1", "app", false)],
+            &[strict],
+            limits(),
+            at(NOW),
+        );
+        let never = rows[0].blocked_by[0].never.as_deref().unwrap_or("");
+        assert!(never.contains("maxUnavailable: 0"), "{never}");
+        assert_eq!(
+            rows[0].condition.as_deref(),
+            Some("DrainInProgress: evicting workload pods; held: ...")
+        );
+        let v: serde_json::Value = serde_json::from_str(&json(&rows)).unwrap();
+        assert!(v[0]["blocked_by"][0]["never"].as_str().is_some());
+        assert!(table(&rows).contains("never allows"), "{}", table(&rows));
+    }
+
     /// A drain of CA's scale-in mid-workloads: the workload pod still there and the
     /// budget that allows it no disruption are named (not the budget that allows one,
     /// not one of another namespace, not the DaemonSet pod); elapsed counts from the
@@ -347,10 +390,12 @@ mod tests {
                 Blocker {
                     pod: "shop/app-1".into(),
                     budgets: vec!["shop/app-pdb".into()],
+                    never: None,
                 },
                 Blocker {
                     pod: "shop/cart-1".into(),
                     budgets: vec![],
+                    never: None,
                 },
             ]
         );

@@ -20,6 +20,7 @@ use chrono::{DateTime, Utc};
 use clap::Args;
 
 use crate::config::ConfigArgs;
+use crate::scalein::decide::conditions;
 use crate::scalein::decide::record::CA_TO_BE_DELETED_TAINT;
 use crate::scalein::decide::undo::{self, Running, Undo, Window};
 use crate::scalein::kube::node_record::{read_modify_write_from, Write};
@@ -106,7 +107,7 @@ pub async fn undrain(
     force: bool,
     now: DateTime<Utc>,
 ) -> Result<Option<Undone>, kube::Error> {
-    read_modify_write_from(None, client, node, |current| {
+    let undone = read_modify_write_from(None, client, node, |current| {
         if !has_marks(current) {
             return Write::Keep(Undone::NothingToDo);
         }
@@ -122,7 +123,36 @@ pub async fn undrain(
             .is_some_and(|t| t.iter().any(|t| t.key == CA_TO_BE_DELETED_TAINT));
         Write::Patch(patch, Undone::GivenBack { given, ca_taint })
     })
-    .await
+    .await?;
+    if matches!(undone, Some(Undone::GivenBack { .. } | Undone::NothingToDo)) {
+        clear_conditions(client, node).await;
+    }
+    Ok(undone)
+}
+
+/// A node given back (or found without marks) says no drain on it any more: its
+/// `DrainInProgress` and `Drained` conditions go False, when it has them.
+async fn clear_conditions(client: &kube::Client, node: &str) {
+    let api: kube::Api<k8s_openapi::api::core::v1::Node> = kube::Api::all(client.clone());
+    let Ok(Some(current)) = api.get_opt(node).await else {
+        return;
+    };
+    let has = current
+        .status
+        .as_ref()
+        .and_then(|s| s.conditions.as_ref())
+        .is_some_and(|c| {
+            c.iter()
+                .any(|c| c.type_ == conditions::DRAIN_IN_PROGRESS || c.type_ == conditions::DRAINED)
+        });
+    if !has {
+        return;
+    }
+    let state = conditions::DrainState::Stopped {
+        reason: "DrainUndone",
+        message: "given back by undrain: no drain runs on this node".into(),
+    };
+    crate::scalein::kube::conditions::say(client, Some(&current), node, &state).await;
 }
 
 /// Gives back every Node that carries a mark of this service, in name order, each as

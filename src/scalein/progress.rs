@@ -15,6 +15,7 @@ use serde::Serialize;
 use crate::clock::Instant;
 use crate::scalein::decide::plan::{self, Disposition, NodeCritical};
 use crate::scalein::decide::record::{self, DrainRecord, How, Limits};
+use crate::scalein::decide::{conditions, deadlock};
 use crate::scalein::kube::budgets;
 use crate::scalein::kube::events::{Reason, REPORTER};
 
@@ -101,6 +102,10 @@ pub struct Blocker {
     /// `namespace/name` of each PodDisruptionBudget that selects the pod and allows
     /// no disruption (`disruptionsAllowed` 0, or no status for its current spec).
     pub budgets: Vec<String>,
+    /// Why its budget can never allow its eviction while the drain waits (the
+    /// deadline ends the wait), when that is so ([`deadlock`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub never: Option<String>,
 }
 
 /// One drain, as printed.
@@ -128,6 +133,10 @@ pub struct Row {
     pub unreadable: Option<&'static str>,
     /// How the record's drain ended, as the service wrote it (`abandoned: ...`).
     pub ended: Option<String>,
+    /// What the Node's drain condition says (`DrainInProgress: ...` while True, else
+    /// `Drained: ...` while True), as the service (or another drainer) wrote it.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub condition: Option<String>,
 }
 
 /// The drains on `nodes`, at `now`, with the pods on those nodes and the cluster's
@@ -177,6 +186,7 @@ pub fn row(
                 instance_ends_at: None,
                 unreadable: Some(record::ANNOTATION),
                 ended: None,
+                condition: condition_of(node),
             });
         }
     }
@@ -229,6 +239,7 @@ pub fn row(
             .map(|pod| Blocker {
                 pod: plan::pod_ref(pod).to_string(),
                 budgets: blocking_budgets(pod, pdbs),
+                never: never_allowed(pod, pdbs),
             })
             .collect();
         b.sort_by(|x, y| x.pod.cmp(&y.pod));
@@ -252,7 +263,35 @@ pub fn row(
         ended: rec
             .end_of(rec.drain)
             .map(|e| printable(&e.how.summary(), record::MAX_WHY)),
+        condition: condition_of(node),
     })
+}
+
+/// The Node's drain condition in one line, when one is True.
+fn condition_of(node: &Node) -> Option<String> {
+    let all = node.status.as_ref()?.conditions.as_deref()?;
+    let c = conditions::said(all)?;
+    Some(printable(
+        &format!("{}: {}", c.type_, c.message.as_deref().unwrap_or("")),
+        conditions::MAX_MESSAGE,
+    ))
+}
+
+/// Why the budgets that select the pod can never allow its eviction, if they can't.
+fn never_allowed(pod: &Pod, pdbs: &[PodDisruptionBudget]) -> Option<String> {
+    let empty = BTreeMap::new();
+    let labels = pod.metadata.labels.as_ref().unwrap_or(&empty);
+    let ns = pod.metadata.namespace.as_deref().unwrap_or_default();
+    let selecting: Vec<&PodDisruptionBudget> = pdbs
+        .iter()
+        .filter(|b| b.metadata.namespace.as_deref().unwrap_or_default() == ns)
+        .filter(|b| budgets::selector_picking(b, labels).is_some())
+        .collect();
+    let found = deadlock::deadlocks(&[deadlock::Guarded {
+        pod,
+        budgets: &selecting,
+    }]);
+    found.first().map(|d| d.why.said())
 }
 
 /// The budgets in the pod's namespace that select it and allow no disruption now.

@@ -45,6 +45,17 @@ pub enum Source {
 }
 
 impl Source {
+    /// Metric label.
+    pub fn label(&self) -> &'static str {
+        match self {
+            Source::ClusterAutoscaler => "cluster-autoscaler",
+            Source::Asg => "asg",
+            Source::Resume => "resumed",
+            Source::Cli => "drain-command",
+            Source::Interruption => "interruption",
+        }
+    }
+
     /// Who asked, in words (Events and logs an operator reads).
     pub fn said(&self) -> &'static str {
         match self {

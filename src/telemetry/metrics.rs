@@ -80,6 +80,17 @@ pub struct ActionLabels {
 }
 
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct SourceLabels {
+    pub source: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct SourceOutcomeLabels {
+    pub source: &'static str,
+    pub outcome: &'static str,
+}
+
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct BudgetLabels {
     pub budget: String,
 }
@@ -134,6 +145,15 @@ pub struct Metrics {
     /// global timeout, by budget.
     pub drains_forced_past_budget: Family<BudgetLabels, Counter>,
     pub stage_duration: Family<StageLabels, Histogram>,
+    /// A drain's pods leaving (from its slot to its pods gone, or its give-up), by
+    /// who asked and how it ended.
+    pub drain_duration: Family<SourceOutcomeLabels, Histogram>,
+    /// From a drain's start (its reason's arrival, as the Node records it) to our
+    /// call that ends the instance, by who asked.
+    pub drain_start_to_end: Family<SourceLabels, Histogram>,
+    /// Drains that met a PodDisruptionBudget that can never allow their evictions,
+    /// named at their start, by why.
+    pub eviction_deadlocks: Family<KindLabels, Counter>,
     pub evictions: Family<OutcomeLabels, Counter>,
     pub deadlines: Family<StageLabels, Counter>,
     pub heartbeats: Family<OutcomeLabels, Counter>,
@@ -240,6 +260,9 @@ impl Metrics {
             budget_room: Family::default(),
             drains_forced_past_budget: Family::default(),
             stage_duration: Family::new_with_constructor(stage_histogram as fn() -> Histogram),
+            drain_duration: Family::new_with_constructor(stage_histogram as fn() -> Histogram),
+            drain_start_to_end: Family::new_with_constructor(stage_histogram as fn() -> Histogram),
+            eviction_deadlocks: Family::default(),
             evictions: Family::default(),
             deadlines: Family::default(),
             heartbeats: Family::default(),
@@ -378,6 +401,21 @@ impl Metrics {
             "drain_stage_duration_seconds",
             "Time spent per drain stage",
             m.stage_duration.clone(),
+        );
+        r.register(
+            "drain_duration_seconds",
+            "A drain's pods leaving, from its slot to its pods gone (or its give-up), by source and outcome",
+            m.drain_duration.clone(),
+        );
+        r.register(
+            "drain_start_to_end_seconds",
+            "From a drain's start (its reason's arrival on the Node) to the call that ends the instance, by source",
+            m.drain_start_to_end.clone(),
+        );
+        r.register(
+            "eviction_deadlocks",
+            "Drains that met a PodDisruptionBudget that can never allow their evictions, named at their start, by why",
+            m.eviction_deadlocks.clone(),
         );
         r.register(
             "evictions",

@@ -1108,10 +1108,11 @@ def uninstall_hook_errors(docs, values):
     bound = [d for d in hooks if d["kind"] == "ClusterRoleBinding"
              and any(s.get("name") == pod.get("serviceAccountName") for s in d.get("subjects") or [])]
     rules = [(tuple(r.get("resources") or []), tuple(sorted(r.get("verbs") or []))) for d in roles for r in d.get("rules") or []]
-    if rules != [(("nodes",), ("get", "list", "patch"))] or len(bound) != 1 \
+    # Issue 72: undrain also sets the nodes' drain conditions False (nodes/status).
+    if rules != [(("nodes",), ("get", "list", "patch")), (("nodes/status",), ("patch",))] or len(bound) != 1 \
             or bound[0]["roleRef"]["name"] != roles[0]["metadata"]["name"]:
         errs.append(f"hook ClusterRole rules {rules}, bindings to the Job's ServiceAccount {len(bound)}: "
-                    f"want get, list and patch of nodes only, bound once")
+                    f"want get, list and patch of nodes and patch of nodes/status only, bound once")
     if not job["spec"].get("activeDeadlineSeconds") or job["spec"].get("backoffLimit", 6) > 2:
         errs.append(f"activeDeadlineSeconds {job['spec'].get('activeDeadlineSeconds')}, backoffLimit "
                     f"{job['spec'].get('backoffLimit')}: want a deadline and at most 2 retries")

@@ -1,6 +1,8 @@
 //! Decisions: pure functions of what they are given (no await, no client, no clock of
 //! their own: `now` comes in as an argument). Tested exhaustively.
 //!
+//! - [`conditions`]: the drain's state on the Node as KEP-5683's conditions (the patch);
+//! - [`deadlock`]: the PodDisruptionBudgets that can never allow a drain's evictions;
 //! - [`budget`]: whether a drain may start now under the disruption budgets, else which
 //!   budget holds it and until when;
 //! - [`plan`]: which pod leaves in which tier, and what a pod's disposition is;
@@ -12,6 +14,8 @@
 //!   the instance and what AWS answers: the one rule every source uses.
 
 pub mod budget;
+pub mod conditions;
+pub mod deadlock;
 pub mod hooks;
 pub mod notice;
 pub mod plan;

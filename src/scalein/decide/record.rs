@@ -380,6 +380,9 @@ pub struct Plan {
     pub budget_ends: Option<DateTime<Utc>>,
     /// Of that budget, what the DaemonSet pods get at its end.
     pub daemonset_share: Duration,
+    /// When the drain began: the arrival of the earliest reason that drains
+    /// ([`DrainRecord::drain_began`]); `None` when nothing drains.
+    pub began: Option<DateTime<Utc>>,
 }
 
 /// `t + d`, saturating at the end of the calendar instead of panicking.
@@ -756,6 +759,7 @@ impl DrainRecord {
             on_deadline,
             budget_ends,
             daemonset_share,
+            began,
         }
     }
 }

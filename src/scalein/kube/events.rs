@@ -78,6 +78,9 @@ pub enum Reason {
     /// A drain our hook holds started past a budget, to finish inside the hook's
     /// global timeout.
     DrainForcedPastBudget,
+    /// At a drain's start: a PodDisruptionBudget that can never allow the eviction
+    /// of some of its pods while the drain waits (the deadline ends the wait).
+    EvictionDeadlocked,
 }
 
 impl Reason {
@@ -109,6 +112,7 @@ impl Reason {
             Reason::RegisteredWhileWarming => "RegisteredWhileWarming",
             Reason::DrainWaitingForBudget => "DrainWaitingForBudget",
             Reason::DrainForcedPastBudget => "DrainForcedPastBudget",
+            Reason::EvictionDeadlocked => "EvictionDeadlocked",
         }
     }
 
@@ -127,6 +131,7 @@ impl Reason {
                 | Reason::InterruptionBudgetMissed
                 | Reason::RegisteredWhileWarming
                 | Reason::DrainForcedPastBudget
+                | Reason::EvictionDeadlocked
         )
     }
 }

@@ -4,6 +4,7 @@
 //!
 //! - [`nodes`]: the Node index (what a Node's record says, how its cordon arrived);
 //!   [`node_record`]: every write to a Node, fenced by the version it was decided on;
+//! - [`conditions`]: the drain's state on the Node as conditions (`nodes/status`);
 //! - [`wait`]: pod watches that tell when pods are gone; [`budgets`], [`pass`]: what
 //!   drains running together read once (PDBs, their pods, the claims on them);
 //! - [`events`]: Events on Nodes and pods, rate limited;
@@ -15,6 +16,7 @@
 
 pub mod budgets;
 pub mod client;
+pub mod conditions;
 pub mod events;
 pub mod intercept;
 pub mod node_record;

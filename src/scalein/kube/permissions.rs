@@ -46,6 +46,12 @@ pub const REQUIRED: &[Permission] = &[
         "node index (instance -> node, resume)",
     ),
     p("patch", "", "nodes", "cordon, taint, drain markers"),
+    p(
+        "patch",
+        "",
+        "nodes/status",
+        "the drain's state as Node conditions (DrainInProgress, Drained)",
+    ),
     p("get", "", "pods", "pod state while draining"),
     p("list", "", "pods", "pods on the draining node"),
     p("watch", "", "pods", "wait for pods to exit (no polling)"),

@@ -16,6 +16,7 @@ fn row(phase: Phase, blocked: &[(&str, &[&str])]) -> Row {
             .map(|(p, b)| Blocker {
                 pod: p.to_string(),
                 budgets: b.iter().map(|s| s.to_string()).collect(),
+                never: None,
             })
             .collect(),
         deadline: None,
@@ -23,6 +24,7 @@ fn row(phase: Phase, blocked: &[(&str, &[&str])]) -> Row {
         instance_ends_at: None,
         unreadable: None,
         ended: None,
+        condition: None,
     }
 }
 

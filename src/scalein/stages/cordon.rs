@@ -296,7 +296,15 @@ pub async fn uncordon_if(
     node: &str,
     decided_on: &DrainRecord,
 ) -> Result<Option<GivenBack>, kube::Error> {
-    give_back_while(stage, node, |now| now == Some(decided_on)).await
+    let given = give_back_while(stage, node, |now| now == Some(decided_on)).await?;
+    if given.is_some() {
+        let state = crate::scalein::decide::conditions::DrainState::Stopped {
+            reason: "DrainGivenBack",
+            message: "given back: the reason the node was drained for is gone".into(),
+        };
+        stage.say_state(node, &state).await;
+    }
+    Ok(given)
 }
 
 /// Gives the node back ([`give_back_patch`] of [`GiveBackOf::Drain`]) when `still`

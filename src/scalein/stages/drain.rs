@@ -12,6 +12,7 @@ use backon::{ExponentialBuilder, Retryable};
 use k8s_openapi::api::core::v1::Pod;
 use tracing::Instrument;
 
+use crate::scalein::decide::conditions::DrainState;
 use crate::scalein::decide::plan::{self, Disposition, Tier};
 use crate::scalein::decide::record::{DrainRecord, End, How, Plan};
 use crate::scalein::decide::story::Verdict;
@@ -20,7 +21,7 @@ use crate::scalein::kube::wait::NodePods;
 use crate::scalein::stages::cordon::{self, Cordoned};
 use crate::scalein::stages::{terminate, volumes};
 use crate::scalein::{DaemonSetPolicy, DrainRequest, Mode, Outcome};
-use crate::telemetry::metrics::{metrics, KindLabels};
+use crate::telemetry::metrics::{metrics, KindLabels, SourceLabels, SourceOutcomeLabels};
 
 use crate::scalein::stages::daemonsets::daemonset_phase;
 use crate::scalein::stages::port::{instant_of, DrainPort, NodeDrain, Runner, Stop};
@@ -90,6 +91,10 @@ async fn run_inner(r: &Runner<'_>, req: &DrainRequest, run: u64) -> Outcome {
         }
         _ => (req.mode.clone(), None),
     };
+    let began = match &drained {
+        Ok(Some(plan)) => plan.began,
+        _ => None,
+    };
     let outcome = match drained {
         Ok(_) => {
             match terminate::finish(
@@ -108,6 +113,15 @@ async fn run_inner(r: &Runner<'_>, req: &DrainRequest, run: u64) -> Outcome {
                     Outcome::Drained
                 }
                 Ok(_) => {
+                    if let Some(b) = began {
+                        let took = (crate::clock::utc_now() - b).to_std().unwrap_or_default();
+                        metrics()
+                            .drain_start_to_end
+                            .get_or_create(&SourceLabels {
+                                source: req.source.label(),
+                            })
+                            .observe(took.as_secs_f64());
+                    }
                     if let Some(n) = &node {
                         if matches!(mode, Mode::Lifecycle { .. }) {
                             r.port.release(&req.instance_id);
@@ -236,7 +250,13 @@ async fn failed(r: &Runner<'_>, mode: &Mode, node: &str, why: &str) {
         .events
         .node(node, Reason::DrainFailed, why.to_string())
         .await;
+    // Under our hook the engine tries again at once: the drain still runs.
     if !matches!(mode, Mode::Lifecycle { .. }) {
+        let state = DrainState::Stopped {
+            reason: "DrainFailed",
+            message: format!("the drain stopped: {why}; the node stays cordoned and a restarted service resumes it"),
+        };
+        r.stage.say_state(node, &state).await;
         let how = How::Failed {
             why: why.to_string(),
         };
@@ -366,6 +386,11 @@ async fn abandon(r: &Runner<'_>, req: &DrainRequest, mode: &Mode, node: Option<&
         }
     };
     if let Some(n) = node {
+        let state = DrainState::Stopped {
+            reason: "DrainAbandoned",
+            message: format!("drain abandoned: {why}; {what}"),
+        };
+        r.stage.say_state(n, &state).await;
         r.stage
             .events
             .node(
@@ -402,21 +427,60 @@ async fn drain_node(
     let _slot = queue_for_slot(r, req, node, &record, run).await;
     say_started(r, req, node, &record).await;
     let d = NodeDrain::new(r, req, node, &record, &plan);
+    let began = Instant::now();
+    let phases = pod_phases(&d, &plan).await;
+    metrics()
+        .drain_duration
+        .get_or_create(&SourceOutcomeLabels {
+            source: req.source.label(),
+            outcome: match &phases {
+                Ok(()) => "drained",
+                Err(Stop::Abandon(_)) => "abandoned",
+                Err(Stop::Fail(_)) => "failed",
+            },
+        })
+        .observe(began.elapsed().as_secs_f64());
+    phases?;
+    say_drained(&d, &plan).await;
+    Ok(Some(plan))
+}
+
+/// The pod phases in order, each said on the Node as it begins: the workloads, the
+/// DaemonSet pods, the volumes, the node-critical DaemonSet pods.
+async fn pod_phases(d: &NodeDrain<'_>, plan: &Plan) -> Result<(), Stop> {
+    let r = d.r;
+    d.say_running("evicting workload pods", &[]).await;
     // Held to the end of the drain: the caches this drain shares with the others.
     let pass = r.stage.passes.join();
-    let mut pods = workloads(&d, &pass, &plan).await?;
+    let mut pods = workloads(d, &pass, plan).await?;
     let daemonsets_last = r.stage.settings.daemonsets == DaemonSetPolicy::EvictLast;
     if daemonsets_last {
+        d.say_running("workload pods gone; evicting DaemonSet pods", &[])
+            .await;
         let _stage = metrics().stage("daemonsets");
-        daemonset_phase(&d, &mut pods, plan::Phase::DaemonSets).await?;
+        daemonset_phase(d, &mut pods, plan::Phase::DaemonSets).await?;
     }
-    volumes_detach(&d, &pods).await;
+    d.say_running("waiting for volumes to detach", &[]).await;
+    volumes_detach(d, &pods).await;
     // kube-proxy, the CNI, CSI node plugins: after the volumes.
     if daemonsets_last {
         let _stage = metrics().stage("critical-daemonsets");
-        daemonset_phase(&d, &mut pods, plan::Phase::CriticalDaemonSets).await?;
+        daemonset_phase(d, &mut pods, plan::Phase::CriticalDaemonSets).await?;
     }
-    Ok(Some(plan))
+    Ok(())
+}
+
+/// The drain's pods are gone: `Drained=True` on the Node, before the instance ends.
+async fn say_drained(d: &NodeDrain<'_>, plan: &Plan) {
+    let next = match plan.ends {
+        End::Leave => "the instance stays (drain without --terminate); the node stays cordoned",
+        End::Terminate | End::Lifecycle { .. } => "the instance ends next",
+    };
+    let state = DrainState::Drained {
+        reason: d.condition_reason.to_string(),
+        message: format!("the workload and DaemonSet pods are gone; {next}"),
+    };
+    d.r.stage.say_state(d.node, &state).await;
 }
 
 /// Cordon and mark the node with every reason; what they plan together.

@@ -70,4 +70,15 @@ impl Stage<'_> {
         }
         crate::scalein::kube::nodes::find_node(self.client, instance_id, name).await
     }
+
+    /// Says the drain's state on the Node as conditions (`DrainInProgress`,
+    /// `Drained`); nothing when they already say it, a warning when refused.
+    pub async fn say_state(
+        &self,
+        node: &str,
+        state: &crate::scalein::decide::conditions::DrainState,
+    ) {
+        let cached = self.nodes.cached(node);
+        crate::scalein::kube::conditions::say(self.client, cached.as_deref(), node, state).await
+    }
 }

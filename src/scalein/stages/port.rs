@@ -11,6 +11,7 @@ use k8s_openapi::api::core::v1::Pod;
 use k8s_openapi::jiff::Timestamp;
 
 use crate::cloud::LifecycleAction;
+use crate::scalein::decide::conditions::DrainState;
 use crate::scalein::decide::plan;
 use crate::scalein::decide::record::{DrainRecord, End, Plan};
 use crate::scalein::decide::story::Verdict;
@@ -106,6 +107,10 @@ pub(crate) struct NodeDrain<'a> {
     pub(crate) why: &'static str,
     /// Who asked.
     pub(crate) source: Source,
+    /// Who asked, as the Node's `DrainInProgress` reason.
+    pub(crate) condition_reason: &'static str,
+    /// The workload deadline and its policy, in words, for the Node's conditions.
+    pub(crate) deadline_said: String,
 }
 
 impl<'a> NodeDrain<'a> {
@@ -126,7 +131,27 @@ impl<'a> NodeDrain<'a> {
                 .map(|e| (instant_of(e), plan.daemonset_share)),
             why: req.source.why(),
             source: req.source,
+            condition_reason: condition_reason(req.source, record),
+            deadline_said: deadline_said(plan),
         }
+    }
+
+    /// Says on the Node that the drain runs, in `phase`, held by `blocked` (empty:
+    /// nothing named), and its deadline.
+    pub(crate) async fn say_running(&self, phase: &str, blocked: &[String]) {
+        let mut message = format!("{phase}; {}", self.deadline_said);
+        if !blocked.is_empty() {
+            message = format!(
+                "{phase}; held: {}; {}",
+                blocked.join("; "),
+                self.deadline_said
+            );
+        }
+        let state = DrainState::Running {
+            reason: self.condition_reason.to_string(),
+            message,
+        };
+        self.r.stage.say_state(self.node, &state).await;
     }
 
     pub(crate) fn policy(&self, configured: DeadlinePolicy) -> DeadlinePolicy {
@@ -168,6 +193,43 @@ impl<'a> NodeDrain<'a> {
             crate::clock::timestamp_now(),
             self.r.stage.settings.stuck_after,
         )
+    }
+}
+
+/// Who asked for the drain, as a condition's reason (one word a reader can match on):
+/// the request's source, or for a drain resumed after a restart its record's reason.
+pub(crate) fn condition_reason(source: Source, record: &DrainRecord) -> &'static str {
+    use crate::scalein::decide::record::Why;
+    match source {
+        Source::ClusterAutoscaler => "ClusterAutoscalerScaleDown",
+        Source::Asg => "AutoScalingGroupTermination",
+        Source::Cli => "DrainCommand",
+        Source::Interruption => "InterruptionNotice",
+        Source::Resume => match record.reasons.iter().find(|r| !r.done && r.why.drains()) {
+            Some(r) => match r.why {
+                Why::ScaleIn => "ClusterAutoscalerScaleDown",
+                Why::Lifecycle { .. } => "AutoScalingGroupTermination",
+                Why::DrainCommand => "DrainCommand",
+                Why::Notice { .. } => "InterruptionNotice",
+                Why::Rebalance => "RebalanceRecommendation",
+            },
+            None => "DrainResumed",
+        },
+    }
+}
+
+/// The plan's workload deadline and its policy, in words.
+pub(crate) fn deadline_said(plan: &Plan) -> String {
+    match plan.workload_deadline {
+        Some(at) => format!(
+            "workload deadline {} (then {})",
+            at.format("%Y-%m-%dT%H:%M:%SZ"),
+            match plan.on_deadline {
+                DeadlinePolicy::Proceed => "what is left is deleted with its own grace period",
+                DeadlinePolicy::Abandon => "the drain is abandoned and the node given back",
+            }
+        ),
+        None => "no workload deadline".into(),
     }
 }
 

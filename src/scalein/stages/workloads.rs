@@ -11,9 +11,11 @@ use crate::clock::Instant;
 
 use futures::future::join_all;
 use k8s_openapi::api::core::v1::Pod;
+use k8s_openapi::api::policy::v1::PodDisruptionBudget;
 use kube::api::{DeleteParams, Preconditions};
 use kube::Api;
 
+use crate::scalein::decide::deadlock;
 use crate::scalein::decide::plan::{self, Disposition, Tier};
 use crate::scalein::decide::record::Plan;
 use crate::scalein::kube::events::Reason;
@@ -21,7 +23,7 @@ use crate::scalein::kube::wait::NodePods;
 use crate::scalein::stages::cordon;
 use crate::scalein::stages::evict;
 use crate::scalein::{DeadlinePolicy, Source};
-use crate::telemetry::metrics::{metrics, StageLabels};
+use crate::telemetry::metrics::{metrics, KindLabels, StageLabels};
 
 use crate::scalein::stages::port::{drain_taint, instant_of, NodeDrain, Runner, Stop};
 
@@ -65,6 +67,7 @@ pub(crate) async fn workloads(
     budgets_listed
         .ready(Instant::now() + BUDGETS_BEFORE_FIRST_EVICTION)
         .await;
+    name_deadlocks(d, pass, &pods).await;
 
     // CA's scale-in, whichever replica CA asked (a follower's drain reaches the
     // leader as a resumed or held one): CA's own taint on the Node says so.
@@ -102,6 +105,71 @@ pub(crate) async fn workloads(
         }
     }
     Ok(pods)
+}
+
+/// At the drain's start, before its first eviction: the PodDisruptionBudgets that
+/// can never allow the evictions it needs ([`deadlock::deadlocks`]), named at once in
+/// one Event, on the Node's `DrainInProgress` condition and in a metric, instead of
+/// when the deadline ends the wait. Information only: the evictions and the deadline
+/// go on as they would.
+async fn name_deadlocks(
+    d: &NodeDrain<'_>,
+    pass: &crate::scalein::kube::pass::Pass,
+    pods: &NodePods,
+) {
+    if !pass.budgets().listed() {
+        return;
+    }
+    let listed = pods.pods();
+    let now = crate::clock::timestamp_now();
+    let evicted: Vec<&Pod> = listed
+        .iter()
+        .filter(|p| {
+            matches!(plan::classify_at(p, &d.r.stage.settings.node_critical, now), Disposition::Evict(t) if !t.is_daemonset())
+                && !plan::is_replacement(p, drain_taint(), d.started)
+                && d.not_waited_for(p).is_none()
+        })
+        .collect();
+    let selecting: Vec<Vec<Arc<PodDisruptionBudget>>> = evicted
+        .iter()
+        .map(|p| {
+            let ns = p.metadata.namespace.as_deref().unwrap_or("");
+            let labels = p.metadata.labels.clone().unwrap_or_default();
+            pass.budgets_selecting(ns, &labels)
+                .into_iter()
+                .map(|(b, _)| b)
+                .collect()
+        })
+        .collect();
+    let refs: Vec<Vec<&PodDisruptionBudget>> = selecting
+        .iter()
+        .map(|bs| bs.iter().map(|b| b.as_ref()).collect())
+        .collect();
+    let guarded: Vec<deadlock::Guarded<'_>> = evicted
+        .iter()
+        .zip(&refs)
+        .map(|(pod, budgets)| deadlock::Guarded { pod, budgets })
+        .collect();
+    let found = deadlock::deadlocks(&guarded);
+    if found.is_empty() {
+        return;
+    }
+    for f in &found {
+        metrics()
+            .eviction_deadlocks
+            .get_or_create(&KindLabels { kind: f.why.kind() })
+            .inc();
+    }
+    let said: Vec<String> = found.iter().map(deadlock::Deadlock::said).collect();
+    d.r.stage
+        .events
+        .node(
+            d.node,
+            Reason::EvictionDeadlocked,
+            format!("{}; the {} ends the wait", said.join("; "), d.deadline_said),
+        )
+        .await;
+    d.say_running("evicting workload pods", &said).await;
 }
 
 /// CA left at `--daemonset-eviction-for-occupied-nodes=true` evicts DaemonSet pods

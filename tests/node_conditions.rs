@@ -1,0 +1,369 @@
+//! Issue 72 on the real engine (memory cloud, in-memory API server): the drain's state
+//! on the Node as KEP-5683's conditions (`DrainInProgress`, `Drained`) through
+//! `nodes/status`, and the PodDisruptionBudgets that can never allow an eviction
+//! named when the drain starts, not when its deadline ends the wait.
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use ca_asg_provider::scalein::decide::record::{DrainReason, Why};
+use ca_asg_provider::scalein::decide::undo::Window;
+use ca_asg_provider::scalein::{
+    DeadlinePolicy, DrainRequest, Mode, Outcome, ScaleInSettings, Source,
+};
+use ca_asg_provider::sim::{fixtures, SimCluster};
+use ca_asg_provider::telemetry::metrics::{metrics, KindLabels};
+use k8s_openapi::api::core::v1::Node;
+use k8s_openapi::api::policy::v1::{PodDisruptionBudget, PodDisruptionBudgetSpec};
+use k8s_openapi::apimachinery::pkg::apis::meta::v1::{LabelSelector, ObjectMeta};
+use k8s_openapi::apimachinery::pkg::util::intstr::IntOrString;
+
+mod support;
+use support::eventually;
+use support::world::*;
+
+/// One condition as the Node has it: status, reason, message, lastTransitionTime.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct Said {
+    status: String,
+    reason: String,
+    message: String,
+    since: String,
+}
+
+fn conditions(sim: &SimCluster, node: &str) -> BTreeMap<String, Said> {
+    let Some(n) = sim.get::<Node>("", node) else {
+        return BTreeMap::new();
+    };
+    let s = |v: &serde_json::Value| v.as_str().unwrap_or("").to_string();
+    n["status"]["conditions"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .map(|c| {
+            (
+                s(&c["type"]),
+                Said {
+                    status: s(&c["status"]),
+                    reason: s(&c["reason"]),
+                    message: s(&c["message"]),
+                    since: s(&c["lastTransitionTime"]),
+                },
+            )
+        })
+        .collect()
+}
+
+/// (DrainInProgress, Drained) as the Node showed them at one read.
+type Pair = (Option<Said>, Option<Said>);
+
+/// Every distinct pair of (DrainInProgress, Drained) the Node showed, in order,
+/// read every 10 ms until the handle is dropped.
+struct History {
+    seen: Arc<parking_lot::Mutex<Vec<Pair>>>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl History {
+    fn of(sim: &Arc<SimCluster>, node: &str) -> Self {
+        let seen: Arc<parking_lot::Mutex<Vec<Pair>>> = Arc::default();
+        let (sim, node, into) = (sim.clone(), node.to_string(), seen.clone());
+        let task = tokio::spawn(async move {
+            loop {
+                let c = conditions(&sim, &node);
+                let now = (c.get("DrainInProgress").cloned(), c.get("Drained").cloned());
+                {
+                    let mut seen = into.lock();
+                    if seen.last() != Some(&now) {
+                        seen.push(now);
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+        });
+        History { seen, task }
+    }
+
+    fn seen(&self) -> Vec<Pair> {
+        self.seen.lock().clone()
+    }
+}
+
+impl Drop for History {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+/// A single-replica app whose budget wants its one pod: `minAvailable: 1`.
+async fn single_replica_app(w: &World, node: &str, name: &str) {
+    w.put(&PodDisruptionBudget {
+        metadata: ObjectMeta {
+            name: Some(format!("{name}-pdb")),
+            namespace: Some("shop".into()),
+            ..Default::default()
+        },
+        spec: Some(PodDisruptionBudgetSpec {
+            min_available: Some(IntOrString::Int(1)),
+            selector: Some(LabelSelector {
+                match_labels: Some([("app".to_string(), name.to_string())].into()),
+                ..Default::default()
+            }),
+            ..Default::default()
+        }),
+        status: None,
+    });
+    w.put(&fixtures::pod("shop", name, node, name, 0.1));
+    eventually("the single replica is Ready", 10, || {
+        w.sim
+            .list::<k8s_openapi::api::core::v1::Pod>()
+            .iter()
+            .any(|p| {
+                p["metadata"]["name"] == name && p["status"]["conditions"][0]["status"] == "True"
+            })
+    })
+    .await;
+}
+
+fn settings(deadline: Duration, policy: DeadlinePolicy) -> ScaleInSettings {
+    ScaleInSettings {
+        workload_deadline: deadline,
+        workload_deadline_policy: policy,
+        ..fast_settings()
+    }
+}
+
+fn deadlocks_counted(kind: &'static str) -> u64 {
+    metrics()
+        .eviction_deadlocks
+        .get_or_create(&KindLabels { kind })
+        .get()
+}
+
+#[tokio::test]
+async fn budgets_that_never_allow_are_named_at_the_start_and_the_node_says_where_the_drain_is() {
+    let mut w = World::builder()
+        .web(2, 2)
+        .settings(settings(Duration::from_secs(3), DeadlinePolicy::Proceed))
+        .build()
+        .await;
+    let (node, iid) = nodes_of(&w, "web").remove(0);
+    let before = deadlocks_counted("wants-every-pod");
+    guarded_app(&w, &node, "solo").await; // maxUnavailable: 0
+    single_replica_app(&w, &node, "single").await; // minAvailable: 1 of 1
+    let history = History::of(&w.sim, &node);
+    delete_nodes(&mut w, "web", &[(node.clone(), iid.clone())]).await;
+
+    // Named at once, long before the 3 s deadline ends the wait: both budgets, their
+    // pods, and what ends the wait.
+    eventually("the deadlock is named", 10, || {
+        events(&w.sim)
+            .iter()
+            .any(|(r, _)| r == "EvictionDeadlocked")
+    })
+    .await;
+    let named: Vec<String> = events(&w.sim)
+        .into_iter()
+        .filter(|(r, _)| r == "EvictionDeadlocked")
+        .map(|(_, n)| n)
+        .collect();
+    assert_eq!(named.len(), 1, "one Event per drain: {named:?}");
+    let note = &named[0];
+    for want in [
+        "shop/solo-pdb",
+        "maxUnavailable: 0",
+        "shop/solo",
+        "shop/single-pdb",
+        "minAvailable: 1",
+        "workload deadline",
+    ] {
+        assert!(note.contains(want), "{want} missing: {note}");
+    }
+    assert!(
+        !events(&w.sim).iter().any(|(r, _)| r == "DeadlineHit"),
+        "named before the deadline"
+    );
+    assert!(deadlocks_counted("wants-every-pod") >= before + 2);
+
+    // The Node says it: DrainInProgress True, who asked, what holds it, the deadline.
+    eventually("DrainInProgress names the budgets", 10, || {
+        conditions(&w.sim, &node)
+            .get("DrainInProgress")
+            .is_some_and(|c| {
+                c.status == "True"
+                    && c.message
+                        .contains("held: PodDisruptionBudget shop/single-pdb")
+            })
+    })
+    .await;
+    let c = conditions(&w.sim, &node);
+    assert_eq!(c["DrainInProgress"].reason, "ClusterAutoscalerScaleDown");
+    assert!(
+        c["DrainInProgress"].message.contains("workload deadline"),
+        "{c:?}"
+    );
+    assert_eq!(
+        (c["Drained"].status.as_str(), c["Drained"].reason.as_str()),
+        ("False", "DrainStarted")
+    );
+    assert!(
+        c.contains_key("Ready"),
+        "the kubelet's conditions stay: {c:?}"
+    );
+
+    // The deadline proceeds; the pods go; Drained before the instance ends.
+    assert_eq!(w.engine.wait_for(&iid).await, Some(Outcome::Ended));
+    let seen = history.seen();
+    let last = seen.last().cloned().unwrap();
+    let (dip, drained) = (last.0.unwrap(), last.1.unwrap());
+    assert_eq!(
+        (dip.status.as_str(), dip.reason.as_str()),
+        ("False", "DrainFinished")
+    );
+    assert_eq!(
+        (drained.status.as_str(), drained.reason.as_str()),
+        ("True", "ClusterAutoscalerScaleDown")
+    );
+    assert!(
+        drained.message.contains("the instance ends next"),
+        "{drained:?}"
+    );
+    // While it ran, its messages changed (the budgets, then the DaemonSet pods, the
+    // volumes) and its transition time did not.
+    let running: Vec<&Said> = seen
+        .iter()
+        .filter_map(|(d, _)| d.as_ref())
+        .filter(|d| d.status == "True")
+        .collect();
+    assert!(!running.is_empty(), "{seen:#?}");
+    assert!(
+        running.iter().all(|d| d.since == running[0].since),
+        "{running:#?}"
+    );
+    assert!(!running[0].since.is_empty());
+    // Every write of them went through nodes/status, and was accepted.
+    let writes: Vec<_> = w
+        .sim
+        .requests()
+        .writes()
+        .into_iter()
+        .filter(|x| x.resource == "nodes/status")
+        .collect();
+    assert!(
+        !writes.is_empty() && writes.iter().all(|x| x.status < 300 && x.name == node),
+        "{writes:?}"
+    );
+}
+
+#[tokio::test]
+async fn an_abandoned_drain_says_so_and_a_budget_that_may_allow_is_not_named() {
+    let mut w = World::builder()
+        .web(2, 2)
+        .settings(settings(Duration::from_secs(1), DeadlinePolicy::Abandon))
+        .build()
+        .await;
+    let (node, iid) = nodes_of(&w, "web").remove(0);
+    // maxUnavailable 1 over one pod: allows its eviction; nothing is named.
+    w.put(&fixtures::pdb("shop", "free", 1));
+    w.put(&fixtures::pod("shop", "free", &node, "free", 0.1));
+    guarded_app(&w, &node, "held").await;
+    delete_nodes(&mut w, "web", &[(node.clone(), iid.clone())]).await;
+    assert!(matches!(
+        w.engine.wait_for(&iid).await,
+        Some(Outcome::Abandoned(_))
+    ));
+    let named: Vec<String> = events(&w.sim)
+        .into_iter()
+        .filter(|(r, _)| r == "EvictionDeadlocked")
+        .map(|(_, n)| n)
+        .collect();
+    assert_eq!(named.len(), 1, "{named:?}");
+    assert!(
+        named[0].contains("shop/held-pdb") && !named[0].contains("free"),
+        "{named:?}"
+    );
+    let c = conditions(&w.sim, &node);
+    assert_eq!(
+        (
+            c["DrainInProgress"].status.as_str(),
+            c["DrainInProgress"].reason.as_str()
+        ),
+        ("False", "DrainAbandoned"),
+        "{c:?}"
+    );
+    assert_eq!(c["Drained"].status, "False");
+    assert!(c["DrainInProgress"].message.contains("abandoned"), "{c:?}");
+}
+
+#[tokio::test]
+async fn a_drain_without_terminate_stays_drained_until_undrain_clears_it() {
+    let w = World::builder().web(2, 2).build().await;
+    let (node, iid) = nodes_of(&w, "web").remove(0);
+    let now = chrono::Utc::now();
+    w.engine.start(DrainRequest {
+        instance_id: iid.clone(),
+        group: "web".into(),
+        node_name: Some(node.clone()),
+        mode: Mode::DrainOnly,
+        source: Source::Cli,
+        reasons: vec![DrainReason::new(Why::DrainCommand, now)],
+        noticed: None,
+    });
+    assert_eq!(w.engine.wait_for(&iid).await, Some(Outcome::Drained));
+    let c = conditions(&w.sim, &node);
+    assert_eq!(
+        (c["Drained"].status.as_str(), c["Drained"].reason.as_str()),
+        ("True", "DrainCommand"),
+        "{c:?}"
+    );
+    assert!(c["Drained"].message.contains("the instance stays"), "{c:?}");
+    let drained_since = c["Drained"].since.clone();
+
+    let window = Window {
+        limits: fast_settings().limits(),
+        after_deadline: Duration::from_secs(240),
+    };
+    let undone = ca_asg_provider::commands::undrain::undrain(
+        &w.sim.client(),
+        &node,
+        window,
+        false,
+        chrono::Utc::now(),
+    )
+    .await
+    .unwrap();
+    assert!(
+        matches!(
+            undone,
+            Some(ca_asg_provider::commands::undrain::Undone::GivenBack { .. })
+        ),
+        "{undone:?}"
+    );
+    let c = conditions(&w.sim, &node);
+    for kind in ["DrainInProgress", "Drained"] {
+        assert_eq!(
+            (c[kind].status.as_str(), c[kind].reason.as_str()),
+            ("False", "DrainUndone"),
+            "{kind}: {c:?}"
+        );
+    }
+    assert!(c["Drained"].since >= drained_since);
+    // A second undrain finds nothing to say again.
+    let writes_before = w.sim.requests().writes().len();
+    ca_asg_provider::commands::undrain::undrain(
+        &w.sim.client(),
+        &node,
+        window,
+        false,
+        chrono::Utc::now(),
+    )
+    .await
+    .unwrap();
+    assert!(
+        !w.sim.requests().writes()[writes_before..]
+            .iter()
+            .any(|x| x.resource == "nodes/status"),
+        "nothing new to say, nothing written"
+    );
+}
