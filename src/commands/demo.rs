@@ -300,21 +300,38 @@ async fn scene_delete(
         .find(|a| a.kind == "Node" && a.name == *node_name && a.verb == "patch")
         .map(|a| a.at)
         .unwrap_or_else(Instant::now);
+    // Writes of the same kind at the same hundredth of a second are one line.
+    let mut lines: Vec<(String, usize)> = Vec::new();
     for a in audit.iter().filter(|a| a.at >= t0) {
         let pod =
             a.kind == "Pod" && matches!(a.verb.as_str(), "evicted" | "eviction-denied" | "removed");
         let node = a.kind == "Node"
             && a.name == *node_name
-            && matches!(a.verb.as_str(), "removed" | "patch");
+            && matches!(a.verb.as_str(), "removed" | "patch" | "patch status");
         if pod || node {
-            println!(
+            let what = match a.verb.as_str() {
+                "patch status" => "conditions",
+                v => v,
+            };
+            let line = format!(
                 "   +{:>6.2}s  {:<16} {} {}/{}",
                 a.at.duration_since(t0).as_secs_f64(),
-                a.verb,
+                what,
                 a.kind,
                 a.namespace,
                 a.name
             );
+            match lines.last_mut() {
+                Some((last, n)) if *last == line => *n += 1,
+                _ => lines.push((line, 1)),
+            }
+        }
+    }
+    for (line, n) in lines {
+        if n > 1 {
+            println!("{line} (x{n})");
+        } else {
+            println!("{line}");
         }
     }
     println!("   Events on the node:");

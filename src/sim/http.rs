@@ -536,7 +536,13 @@ fn patch(
     } else {
         parse_body(body)?
     };
-    ctx.store.lock().update(t.res, ns, &name, "patch", |old| {
+    // The audit tells a status patch apart (the real audit log's subresource).
+    let verb = if t.sub.as_deref() == Some("status") {
+        "patch status"
+    } else {
+        "patch"
+    };
+    ctx.store.lock().update(t.res, ns, &name, verb, |old| {
         let mut new = old.clone();
         // The optimistic-concurrency check applies only when the patch names a version.
         new["metadata"]["resourceVersion"] = Value::Null;

@@ -203,8 +203,8 @@ impl ApiError {
 pub struct AuditEntry {
     pub seq: u64,
     pub at: Instant,
-    /// create, update, patch, delete, deletion-started, removed, evicted,
-    /// eviction-denied, ready.
+    /// create, update, patch, patch status (through the status subresource), delete,
+    /// deletion-started, removed, evicted, eviction-denied, ready.
     pub verb: String,
     pub kind: &'static str,
     pub namespace: String,
