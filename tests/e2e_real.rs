@@ -453,3 +453,202 @@ async fn real_ca_tier() {
     }
     assert!(failed.is_empty(), "real-CA scenarios failed: {failed:#?}");
 }
+
+/// Issue 72 on the real control plane (the disruption controller computes the budget's
+/// status, the service writes as the shipped ServiceAccount): a single replica under
+/// `minAvailable: 1` on a node drained as `drain NODE` drains it. The budget is named at
+/// the drain's start (one `EvictionDeadlocked` Event, and the Node's `DrainInProgress`
+/// condition as `kubectl get node -o jsonpath` reads it), the workload deadline
+/// (`proceed`, 6 s) ends the wait, `Drained` turns True with the kubelet's conditions
+/// kept, and `undrain` sets both False.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_budget_that_never_allows_is_named_and_the_node_says_where_the_drain_is() {
+    use ca_asg_provider::commands::undrain;
+    use ca_asg_provider::scalein::decide::record::{DrainReason, Why};
+    use ca_asg_provider::scalein::decide::undo::Window;
+    use ca_asg_provider::scalein::{
+        DeadlinePolicy, DrainRequest, Mode, Outcome, ScaleInSettings, Source,
+    };
+    use k8s_openapi::api::core::v1::Node;
+    use k8s_openapi::api::events::v1::Event;
+    use serde_json::json;
+
+    let Some(bin) =
+        binaries("a_budget_that_never_allows_is_named_and_the_node_says_where_the_drain_is")
+    else {
+        return;
+    };
+    let _one_at_a_time = SERIAL.lock().await;
+    let setup = rig::Setup {
+        desired: 3,
+        hooked: false,
+        real: None,
+        workloads: rig::Workloads::Budgeted,
+    };
+    let more = rig::More {
+        settings: ScaleInSettings {
+            workload_deadline: std::time::Duration::from_secs(6),
+            workload_deadline_policy: DeadlinePolicy::Proceed,
+            ..rig::settings()
+        },
+        ..rig::More::default()
+    };
+    let rig = Rig::start_more(
+        "a budget that never allows, Node conditions",
+        &bin,
+        setup,
+        more,
+    )
+    .await;
+    rig.report.step("a single replica under minAvailable: 1");
+    rig::create(
+        &rig.admin,
+        Some("shop"),
+        json!({
+            "apiVersion": "apps/v1", "kind": "Deployment",
+            "metadata": {"name": "solo"},
+            "spec": {"replicas": 1, "selector": {"matchLabels": {"app": "solo"}},
+                "template": {"metadata": {"labels": {"app": "solo"}}, "spec": {
+                    "terminationGracePeriodSeconds": 5, "containers": rig::containers(1)}}}
+        }),
+    )
+    .await;
+    rig::create(
+        &rig.admin,
+        Some("shop"),
+        json!({
+            "apiVersion": "policy/v1", "kind": "PodDisruptionBudget",
+            "metadata": {"name": "solo"},
+            "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": "solo"}}}
+        }),
+    )
+    .await;
+    let admin = rig.admin.clone();
+    until(
+        "the single replica Ready and its budget computed",
+        60,
+        || {
+            let admin = admin.clone();
+            async move {
+                let pdbs: kube::Api<k8s_openapi::api::policy::v1::PodDisruptionBudget> =
+                    kube::Api::namespaced(admin.clone(), "shop");
+                let computed = pdbs
+                    .get("solo")
+                    .await
+                    .ok()
+                    .and_then(|b| b.status)
+                    .is_some_and(|s| s.expected_pods == 1 && s.current_healthy == 1);
+                computed
+                    && rig::ready_pods(&admin)
+                        .await
+                        .keys()
+                        .any(|p| p.starts_with("shop/solo-"))
+            }
+        },
+    )
+    .await;
+    let on = rig::ready_pods(&rig.admin)
+        .await
+        .into_iter()
+        .find(|(p, _)| p.starts_with("shop/solo-"))
+        .map(|(_, n)| n)
+        .unwrap();
+    let (node, iid) = rig
+        .kubelet
+        .nodes()
+        .into_iter()
+        .find(|(n, _)| *n == on)
+        .unwrap();
+
+    rig.report.step("drain the node as `drain NODE` does");
+    rig.engine.start(DrainRequest {
+        instance_id: iid.clone(),
+        group: "web".into(),
+        node_name: Some(node.clone()),
+        mode: Mode::DrainOnly,
+        source: Source::Cli,
+        reasons: vec![DrainReason::new(Why::DrainCommand, chrono::Utc::now())],
+        noticed: None,
+    });
+    let nodes: kube::Api<Node> = kube::Api::all(rig.admin.clone());
+    // What `kubectl get node -o jsonpath='{.status.conditions[?(@.type=="T")]}'` shows.
+    let condition = |n: &Node, kind: &str| {
+        n.status
+            .as_ref()
+            .and_then(|s| s.conditions.as_ref())
+            .and_then(|c| c.iter().find(|c| c.type_ == kind).cloned())
+    };
+    rig.report
+        .step("DrainInProgress names the budget before the deadline");
+    until("DrainInProgress naming shop/solo", 5, || {
+        let nodes = nodes.clone();
+        let node = node.clone();
+        async move {
+            nodes
+                .get(&node)
+                .await
+                .ok()
+                .and_then(|n| condition(&n, "DrainInProgress"))
+                .is_some_and(|c| {
+                    c.status == "True"
+                        && c.reason.as_deref() == Some("DrainCommand")
+                        && c.message.as_deref().is_some_and(|m| {
+                            m.contains("held: PodDisruptionBudget shop/solo")
+                                && m.contains("minAvailable: 1")
+                        })
+                })
+        }
+    })
+    .await;
+    let events: kube::Api<Event> = kube::Api::all(rig.admin.clone());
+    let named: Vec<String> = events
+        .list(&Default::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter(|e| e.reason.as_deref() == Some("EvictionDeadlocked"))
+        .filter_map(|e| e.note)
+        .collect();
+    assert_eq!(named.len(), 1, "{named:?}");
+    assert!(
+        named[0].contains("shop/solo") && named[0].contains("workload deadline"),
+        "{named:?}"
+    );
+
+    rig.report.step("the deadline proceeds; Drained turns True");
+    assert_eq!(rig.engine.wait_for(&iid).await, Some(Outcome::Drained));
+    let n = nodes.get(&node).await.unwrap();
+    let drained = condition(&n, "Drained").expect("Drained");
+    assert_eq!(
+        (drained.status.as_str(), drained.reason.as_deref()),
+        ("True", Some("DrainCommand"))
+    );
+    assert!(drained.last_transition_time.is_some());
+    assert!(
+        condition(&n, "Ready").is_some(),
+        "the kubelet's conditions stay"
+    );
+
+    rig.report.step("undrain sets both False");
+    let window = Window {
+        limits: rig.settings.limits(),
+        after_deadline: std::time::Duration::from_secs(240),
+    };
+    let undone = undrain::undrain(&rig.admin, &node, window, true, chrono::Utc::now())
+        .await
+        .unwrap();
+    assert!(
+        matches!(undone, Some(undrain::Undone::GivenBack { .. })),
+        "{undone:?}"
+    );
+    let n = nodes.get(&node).await.unwrap();
+    for kind in ["DrainInProgress", "Drained"] {
+        let c = condition(&n, kind).unwrap();
+        assert_eq!(
+            (c.status.as_str(), c.reason.as_deref()),
+            ("False", Some("DrainUndone")),
+            "{kind}"
+        );
+    }
+}
