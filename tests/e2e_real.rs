@@ -459,8 +459,9 @@ async fn real_ca_tier() {
 /// `minAvailable: 1` on a node drained as `drain NODE` drains it. The budget is named at
 /// the drain's start (one `EvictionDeadlocked` Event, and the Node's `DrainInProgress`
 /// condition as `kubectl get node -o jsonpath` reads it), the workload deadline
-/// (`proceed`, 6 s) ends the wait, `Drained` turns True with the kubelet's conditions
-/// kept, and `undrain` sets both False.
+/// (`proceed`, 6 s) ends the wait (the pod deleted at the deadline less its 2 s grace),
+/// `Drained` turns True with the kubelet's conditions kept, and `undrain` sets both
+/// False.
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn a_budget_that_never_allows_is_named_and_the_node_says_where_the_drain_is() {
     use ca_asg_provider::commands::undrain;
@@ -509,7 +510,7 @@ async fn a_budget_that_never_allows_is_named_and_the_node_says_where_the_drain_i
             "metadata": {"name": "solo"},
             "spec": {"replicas": 1, "selector": {"matchLabels": {"app": "solo"}},
                 "template": {"metadata": {"labels": {"app": "solo"}}, "spec": {
-                    "terminationGracePeriodSeconds": 5, "containers": rig::containers(1)}}}
+                    "terminationGracePeriodSeconds": 2, "containers": rig::containers(1)}}}
         }),
     )
     .await;

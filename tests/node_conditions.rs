@@ -96,7 +96,28 @@ impl Drop for History {
     }
 }
 
-/// A single-replica app whose budget wants its one pod: `minAvailable: 1`.
+/// A pod of app `name` on `node` whose grace period is `grace` seconds.
+fn pod_with_grace(node: &str, name: &str, grace: i64) -> k8s_openapi::api::core::v1::Pod {
+    let mut p = fixtures::pod("shop", name, node, name, 0.1);
+    p.spec.as_mut().unwrap().termination_grace_period_seconds = Some(grace);
+    p
+}
+
+/// Waits until the pod `name` is Ready.
+async fn ready(w: &World, name: &str) {
+    eventually("the pod is Ready", 10, || {
+        w.sim
+            .list::<k8s_openapi::api::core::v1::Pod>()
+            .iter()
+            .any(|p| {
+                p["metadata"]["name"] == name && p["status"]["conditions"][0]["status"] == "True"
+            })
+    })
+    .await;
+}
+
+/// A single-replica app whose budget wants its one pod: `minAvailable: 1`; its pod's
+/// grace period is 1 s.
 async fn single_replica_app(w: &World, node: &str, name: &str) {
     w.put(&PodDisruptionBudget {
         metadata: ObjectMeta {
@@ -114,16 +135,8 @@ async fn single_replica_app(w: &World, node: &str, name: &str) {
         }),
         status: None,
     });
-    w.put(&fixtures::pod("shop", name, node, name, 0.1));
-    eventually("the single replica is Ready", 10, || {
-        w.sim
-            .list::<k8s_openapi::api::core::v1::Pod>()
-            .iter()
-            .any(|p| {
-                p["metadata"]["name"] == name && p["status"]["conditions"][0]["status"] == "True"
-            })
-    })
-    .await;
+    w.put(&pod_with_grace(node, name, 1));
+    ready(w, name).await;
 }
 
 fn settings(deadline: Duration, policy: DeadlinePolicy) -> ScaleInSettings {
@@ -150,13 +163,18 @@ async fn budgets_that_never_allow_are_named_at_the_start_and_the_node_says_where
         .await;
     let (node, iid) = nodes_of(&w, "web").remove(0);
     let before = deadlocks_counted("wants-every-pod");
-    guarded_app(&w, &node, "solo").await; // maxUnavailable: 0
-    single_replica_app(&w, &node, "single").await; // minAvailable: 1 of 1
+    // maxUnavailable: 0, and minAvailable: 1 of 1; both pods' grace 1 s, so the
+    // deadline's deletions come 2 s after the start.
+    w.put(&fixtures::pdb("shop", "solo", 0));
+    w.put(&pod_with_grace(&node, "solo", 1));
+    ready(&w, "solo").await;
+    single_replica_app(&w, &node, "single").await;
     let history = History::of(&w.sim, &node);
     delete_nodes(&mut w, "web", &[(node.clone(), iid.clone())]).await;
 
-    // Named at once, long before the 3 s deadline ends the wait: both budgets, their
-    // pods, and what ends the wait.
+    // Named at once, before the 3 s deadline ends the wait (its deletions come at
+    // deadline - grace, 2 s after the start): both budgets, their pods, and what ends
+    // the wait.
     eventually("the deadlock is named", 10, || {
         events(&w.sim)
             .iter()
@@ -215,8 +233,8 @@ async fn budgets_that_never_allow_are_named_at_the_start_and_the_node_says_where
     // The deadline proceeds; the pods go; Drained before the instance ends.
     assert_eq!(w.engine.wait_for(&iid).await, Some(Outcome::Ended));
     let seen = history.seen();
-    let last = seen.last().cloned().unwrap();
-    let (dip, drained) = (last.0.unwrap(), last.1.unwrap());
+    let last = conditions(&w.sim, &node);
+    let (dip, drained) = (last["DrainInProgress"].clone(), last["Drained"].clone());
     assert_eq!(
         (dip.status.as_str(), dip.reason.as_str()),
         ("False", "DrainFinished")
@@ -366,4 +384,67 @@ async fn a_drain_without_terminate_stays_drained_until_undrain_clears_it() {
             .any(|x| x.resource == "nodes/status"),
         "nothing new to say, nothing written"
     );
+}
+
+/// With `proceed`, each pod a budget holds is deleted at (deadline - its own grace),
+/// not all at the deadline: the pod with the longer grace goes first, both are gone by
+/// the deadline (nothing is left for the deadline's own deletion), and the DaemonSet
+/// pods go after both.
+#[tokio::test]
+async fn at_a_proceed_deadline_each_pod_is_deleted_at_the_deadline_less_its_grace() {
+    let mut w = World::builder()
+        .web(2, 2)
+        .settings(settings(Duration::from_secs(6), DeadlinePolicy::Proceed))
+        .build()
+        .await;
+    let (node, iid) = nodes_of(&w, "web").remove(0);
+    w.sim
+        .create(&fixtures::daemonset("logging", "fluentd", 0.2, false))
+        .unwrap();
+    eventually("fluentd on both nodes", 10, || {
+        ca_asg_provider::sim::world::ready_pods(&w.sim) == 2
+    })
+    .await;
+    for (name, grace) in [("short", 1), ("long", 4)] {
+        w.put(&fixtures::pdb("shop", name, 0));
+        w.put(&pod_with_grace(&node, name, grace));
+        ready(&w, name).await;
+    }
+    delete_nodes(&mut w, "web", &[(node.clone(), iid.clone())]).await;
+    assert_eq!(w.engine.wait_for(&iid).await, Some(Outcome::Ended));
+    let audit = w.sim.audit();
+    let at = |verb: &str, name: &str| {
+        audit
+            .iter()
+            .position(|a| a.verb == verb && a.name == name)
+            .unwrap_or_else(|| panic!("no {verb} of {name}"))
+    };
+    assert!(
+        at("deletion-started", "long") < at("deletion-started", "short"),
+        "the longer grace is deleted first"
+    );
+    let notes: Vec<String> = events(&w.sim)
+        .into_iter()
+        .filter(|(r, _)| r == "DeadlineHit")
+        .map(|(_, n)| n)
+        .collect();
+    for name in ["shop/long", "shop/short"] {
+        assert!(
+            notes
+                .iter()
+                .any(|n| n.contains(name) && n.contains("so it is gone by the workload deadline")),
+            "{name}: {notes:?}"
+        );
+    }
+    assert!(
+        !notes.iter().any(|n| n.contains("left at the deadline")),
+        "nothing was left for the deadline's own deletion: {notes:?}"
+    );
+    let ds_leaves = audit
+        .iter()
+        .position(|a| {
+            a.kind == "Pod" && a.namespace == "logging" && a.verb != "create" && a.verb != "ready"
+        })
+        .expect("a DaemonSet pod left");
+    assert!(at("removed", "long") < ds_leaves && at("removed", "short") < ds_leaves);
 }

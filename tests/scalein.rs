@@ -456,10 +456,13 @@ async fn deadline_proceed_ends_the_instance_with_the_blocked_pod() {
     })
     .await;
     assert_eq!(w.cloud.calls()["terminate_instance"], 1);
+    // Its grace (30 s) is longer than the whole deadline (1 s): deleted at once, at
+    // (deadline - grace), so that it is gone by the deadline (issue 72).
     let ev = events(&w.sim);
     assert!(
-        ev.iter()
-            .any(|(r, n)| r == "DeadlineHit" && n.contains("proceed")),
+        ev.iter().any(|(r, n)| r == "DeadlineHit"
+            && n.contains("shop/solo")
+            && n.contains("so it is gone by the workload deadline")),
         "{ev:?}"
     );
     assert!(

@@ -100,6 +100,9 @@ const NODES: usize = 4;
 const GUARDED: [usize; 2] = [1, 3];
 /// The workload deadline of every drain here.
 const DEADLINE: Duration = Duration::from_secs(2);
+/// The app pods' grace period: with `proceed` each is deleted at (deadline - it)
+/// (issue 72), so a delete is promised from then on.
+const APP_GRACE: Duration = Duration::from_secs(1);
 /// Our hook's heartbeat timeout at the start (ops change it between 4 and 8 s). AWS's
 /// least is 30 s; AWS latencies here are scaled down alike (at most 100 ms a call,
 /// 200 ms for the answer of a terminate in flight when the Lease goes), and a new
@@ -358,7 +361,10 @@ impl Model {
                 "app".to_string()
             };
             let name = format!("app-{i}");
-            w.put(&fixtures::pod("shop", &name, node, &app, 0.2));
+            let mut pod = fixtures::pod("shop", &name, node, &app, 0.2);
+            pod.spec.as_mut().unwrap().termination_grace_period_seconds =
+                Some(APP_GRACE.as_secs() as i64);
+            w.put(&pod);
             apps.push(name);
         }
         for g in ["web", "batch"] {
@@ -414,7 +420,8 @@ impl Model {
         self.nodes.iter().position(|(_, i, _)| i == iid)
     }
 
-    /// A delete at a deadline is documented on node `i` from `at` on.
+    /// A delete at a deadline is documented on node `i` from `at` on (less the pod's
+    /// grace: it is deleted at (deadline - grace)).
     fn deletes_from(&mut self, i: usize, at: Instant) {
         let d = &mut self.deletes_from[i];
         *d = Some(d.map_or(at, |d| d.min(at)));
@@ -853,7 +860,8 @@ impl Model {
                     let Some(i) = node_of(name) else { continue };
                     let is_app = self.apps.iter().any(|a| a == name);
                     if is_app && !evicted.contains(name) {
-                        let from = self.deletes_from[i];
+                        let from =
+                            self.deletes_from[i].map(|f| f.checked_sub(APP_GRACE).unwrap_or(f));
                         assert!(
                             from.is_some_and(|f| e.at + Duration::from_millis(20) >= f),
                             "{name} was deleted, not evicted, on {}, before any deadline the docs promise a delete at ({:?} early): {:#?}",

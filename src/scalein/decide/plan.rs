@@ -379,18 +379,50 @@ pub fn grace_left(pods: &[Pod], now: Timestamp) -> std::time::Duration {
                 let left = at.0.duration_since(now);
                 std::time::Duration::try_from(left).unwrap_or(std::time::Duration::ZERO)
             }
-            None => {
-                let secs = p
-                    .spec
-                    .as_ref()
-                    .and_then(|s| s.termination_grace_period_seconds)
-                    .unwrap_or(30);
-                std::time::Duration::from_secs(secs.clamp(0, 3600) as u64)
-            }
+            None => grace_of(p),
         })
         .max()
         .unwrap_or(std::time::Duration::ZERO)
         .min(MAX)
+}
+
+/// A running pod's own grace period (`terminationGracePeriodSeconds`, 30 s when unset,
+/// at most an hour).
+pub fn grace_of(pod: &Pod) -> std::time::Duration {
+    let secs = pod
+        .spec
+        .as_ref()
+        .and_then(|s| s.termination_grace_period_seconds)
+        .unwrap_or(30);
+    std::time::Duration::from_secs(secs.clamp(0, 3600) as u64)
+}
+
+/// With `proceed`, the workload deadline ends the instance whatever the budgets say, so
+/// each workload pod still running is deleted once the time `left` before the deadline
+/// is no more than its own grace period: at (deadline - grace), as Karpenter's
+/// `terminationGracePeriod` does. Every pod gets its whole grace before the deadline,
+/// and none is deleted earlier than that (a pod whose grace is longer than what is left
+/// is due at once). Terminating pods are already leaving and are left out. The pods due
+/// now, and how long until the next of the others is.
+pub fn grace_deletions(
+    pods: &[&Pod],
+    left: std::time::Duration,
+) -> (Vec<PodRef>, Option<std::time::Duration>) {
+    let mut due = Vec::new();
+    let mut next: Option<std::time::Duration> = None;
+    for p in pods
+        .iter()
+        .filter(|p| p.metadata.deletion_timestamp.is_none())
+    {
+        let grace = grace_of(p);
+        if grace >= left {
+            due.push(pod_ref(p));
+        } else {
+            let wait = left - grace;
+            next = Some(next.map_or(wait, |n| n.min(wait)));
+        }
+    }
+    (due, next)
 }
 
 pub fn pod_ref(pod: &Pod) -> PodRef {
@@ -534,6 +566,60 @@ mod tests {
     }
 
     use super::*;
+
+    /// Every pod with each grace, at every time left: due exactly when its grace is no
+    /// shorter than what is left, the next wake the nearest (left - grace) of the rest,
+    /// terminating pods never; so no pod is deleted before (deadline - its grace), and
+    /// each is by then.
+    #[test]
+    fn each_pod_is_due_at_the_deadline_less_its_own_grace() {
+        let with_grace = |name: &str, g: Option<i64>, terminating: bool| {
+            let mut p = pod(name);
+            p.metadata.uid = Some(name.into());
+            p.spec
+                .get_or_insert_with(Default::default)
+                .termination_grace_period_seconds = g;
+            if terminating {
+                p.metadata.deletion_timestamp = Some(
+                    k8s_openapi::apimachinery::pkg::apis::meta::v1::Time(test_now()),
+                );
+            }
+            p
+        };
+        let graces: [(Option<i64>, u64); 6] = [
+            (Some(0), 0),
+            (Some(5), 5),
+            (None, 30),
+            (Some(90), 90),
+            (Some(7200), 3600),
+            (Some(-3), 0),
+        ];
+        let pods: Vec<Pod> = graces
+            .iter()
+            .enumerate()
+            .map(|(i, (g, _))| with_grace(&format!("p{i}"), *g, false))
+            .chain([with_grace("leaving", Some(0), true)])
+            .collect();
+        let refs: Vec<&Pod> = pods.iter().collect();
+        for left in [0u64, 1, 4, 5, 6, 29, 30, 31, 89, 90, 600, 3599, 3600, 7200] {
+            let (due, next) = grace_deletions(&refs, std::time::Duration::from_secs(left));
+            let due: Vec<String> = due.into_iter().map(|r| r.name).collect();
+            let want: Vec<String> = graces
+                .iter()
+                .enumerate()
+                .filter(|(_, (_, g))| *g >= left)
+                .map(|(i, _)| format!("p{i}"))
+                .collect();
+            assert_eq!(due, want, "left {left}");
+            let want_next = graces
+                .iter()
+                .filter(|(_, g)| *g < left)
+                .map(|(_, g)| left - g)
+                .min()
+                .map(std::time::Duration::from_secs);
+            assert_eq!(next, want_next, "left {left}");
+        }
+    }
 
     #[test]
     fn names_and_labels_read_as_the_docs_and_events_say() {

@@ -242,6 +242,12 @@ impl NodePods {
     }
 
     /// The pods on the node now (empty until the first list arrived).
+    /// A second view of the same node's pods on the same watch (its own change
+    /// notifications), for a task beside the one that holds this view.
+    pub fn another(&self) -> NodePods {
+        self.watch.node(&self.node)
+    }
+
     pub fn pods(&self) -> Vec<Pod> {
         self.with(|pods, _| pods.values().cloned().collect())
     }

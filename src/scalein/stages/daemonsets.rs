@@ -44,6 +44,7 @@ pub(crate) async fn daemonset_phase(
                 s.daemonset_deadline,
                 d.policy(s.daemonset_deadline_policy),
                 left,
+                true,
             )
             .await
         }

@@ -386,11 +386,8 @@ async fn abandon(r: &Runner<'_>, req: &DrainRequest, mode: &Mode, node: Option<&
         }
     };
     if let Some(n) = node {
-        let state = DrainState::Stopped {
-            reason: "DrainAbandoned",
-            message: format!("drain abandoned: {why}; {what}"),
-        };
-        r.stage.say_state(n, &state).await;
+        // The Event first: a `drain NODE` following this drain stops reading Events
+        // soon after the record leaves the Node.
         r.stage
             .events
             .node(
@@ -399,6 +396,11 @@ async fn abandon(r: &Runner<'_>, req: &DrainRequest, mode: &Mode, node: Option<&
                 format!("drain abandoned: {why}; {what}{}", given.note()),
             )
             .await;
+        let state = DrainState::Stopped {
+            reason: "DrainAbandoned",
+            message: format!("drain abandoned: {why}; {what}"),
+        };
+        r.stage.say_state(n, &state).await;
     }
 }
 

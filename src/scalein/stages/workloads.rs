@@ -80,7 +80,20 @@ pub(crate) async fn workloads(
         warn_daemonsets_evicted_early(d, &pods, fresh).await;
     }
 
-    match phase(d, &mut pods, plan::Phase::Workloads, workload_deadline).await {
+    // With `proceed` the deadline ends the instance anyway: beside the evictions,
+    // each pod still there is deleted at (deadline - its own grace).
+    let counted = std::sync::atomic::AtomicBool::new(false);
+    let on_time = delete_by_grace(d, pods.another(), workload_deadline, &counted);
+    let evicting = phase(d, &mut pods, plan::Phase::Workloads, workload_deadline);
+    let phased = if d.policy(plan.on_deadline) == DeadlinePolicy::Proceed {
+        tokio::select! {
+            r = evicting => r,
+            never = on_time => match never {},
+        }
+    } else {
+        evicting.await
+    };
+    match phased {
         Ok(()) => {
             r.stage
                 .events
@@ -99,6 +112,7 @@ pub(crate) async fn workloads(
                 r.stage.settings.workload_deadline,
                 plan.on_deadline,
                 left,
+                !counted.load(std::sync::atomic::Ordering::Relaxed),
             )
             .await?;
             end_remaining_workloads(d, &mut pods).await?;
@@ -207,6 +221,89 @@ async fn warn_daemonsets_evicted_early(d: &NodeDrain<'_>, pods: &NodePods, fresh
         .await;
 }
 
+/// Beside the evictions, with policy `proceed` (the instance ends at the deadline
+/// whatever the budgets say): each workload pod still running is deleted at (deadline -
+/// its own grace period) ([`plan::grace_deletions`]), so every pod gets its whole grace
+/// before the deadline instead of all being deleted at it, and none earlier than that.
+/// Runs until the phase ends (the caller drops it); past the deadline the phase's own
+/// deadline handling takes over.
+async fn delete_by_grace(
+    d: &NodeDrain<'_>,
+    mut pods: NodePods,
+    deadline: Instant,
+    counted: &std::sync::atomic::AtomicBool,
+) -> std::convert::Infallible {
+    let mut asked: BTreeSet<String> = BTreeSet::new();
+    loop {
+        let now = Instant::now();
+        let left = deadline.saturating_duration_since(now);
+        let listed = pods.pods();
+        let stamp = crate::clock::timestamp_now();
+        let running: Vec<&Pod> = listed
+            .iter()
+            .filter(|p| {
+                matches!(plan::classify_at(p, &d.r.stage.settings.node_critical, stamp), Disposition::Evict(t) | Disposition::Wait(t) if !t.is_daemonset())
+                    && !plan::is_replacement(p, drain_taint(), d.started)
+                    && d.not_waited_for(p).is_none()
+                    && !asked.contains(&plan::pod_ref(p).uid)
+            })
+            .collect();
+        let (due, next) = plan::grace_deletions(&running, left);
+        if !due.is_empty() {
+            asked.extend(due.iter().map(|r| r.uid.clone()));
+            let view = &pods;
+            let deletes = join_all(
+                running
+                    .iter()
+                    .filter(|p| due.iter().any(|r| r.uid == plan::pod_ref(p).uid))
+                    .map(|p| delete_until_accepted(d, view, p, Deleted::BeforeDeadline)),
+            )
+            .await;
+            for (r, result) in deletes {
+                match result {
+                    Ok(true) => {
+                        // The deadline decided: counted once per drain.
+                        if !counted.swap(true, std::sync::atomic::Ordering::Relaxed) {
+                            count_deadline(d.r, "workloads");
+                        }
+                        d.r.stage
+                            .events
+                            .node_about_pod(
+                                d.node,
+                                Reason::DeadlineHit,
+                                format!(
+                                    "deleted {r} with its own grace period so it is gone by the {} (the instance ends then whatever its budget says)",
+                                    d.deadline_said
+                                ),
+                                &r,
+                            )
+                            .await
+                    }
+                    Ok(false) => {}
+                    // The deadline's own delete tries it again.
+                    Err(e) => {
+                        tracing::warn!(node = d.node, pod = %r, error = %e, "could not delete a pod before the deadline; the deadline tries again");
+                    }
+                }
+            }
+        }
+        if left.is_zero() {
+            return std::future::pending().await;
+        }
+        let wake = next.map_or(deadline, |n| now + n).min(deadline);
+        pods.next_change(wake).await;
+    }
+}
+
+/// Why a workload pod is deleted rather than evicted, for its Event.
+#[derive(Clone, Copy)]
+enum Deleted {
+    /// At the `proceed` deadline, what is left.
+    AtDeadline,
+    /// At (deadline - its grace), so it is gone by the deadline.
+    BeforeDeadline,
+}
+
 /// How long a delete the API server refuses at a `proceed` deadline (APF's 429, a
 /// 5xx, a webhook) is retried before the drain fails, the DaemonSet pods and the
 /// instance left as they are (fail closed; a held or resumed drain tries again).
@@ -237,7 +334,7 @@ async fn end_remaining_workloads(d: &NodeDrain<'_>, pods: &mut NodePods) -> Resu
     let deletes = join_all(
         left.iter()
             .filter(|p| p.metadata.deletion_timestamp.is_none())
-            .map(|p| delete_until_accepted(d, pods_ref, p)),
+            .map(|p| delete_until_accepted(d, pods_ref, p, Deleted::AtDeadline)),
     )
     .await;
     let mut deleted: Vec<plan::PodRef> = Vec::new();
@@ -302,6 +399,7 @@ async fn delete_until_accepted(
     d: &NodeDrain<'_>,
     pods: &NodePods,
     p: &Pod,
+    why: Deleted,
 ) -> (plan::PodRef, Result<bool, String>) {
     let r = plan::pod_ref(p);
     tokio::time::sleep(d.wait_before_evicting(p)).await;
@@ -330,10 +428,16 @@ async fn delete_until_accepted(
                         &r,
                         d.node,
                         Reason::PodEvicted,
-                        format!(
-                            "deleted by ca-asg-provider with its own grace period: node {} is being drained ({}) and the workload deadline passed",
-                            d.node, d.why
-                        ),
+                        match why {
+                            Deleted::AtDeadline => format!(
+                                "deleted by ca-asg-provider with its own grace period: node {} is being drained ({}) and the workload deadline passed",
+                                d.node, d.why
+                            ),
+                            Deleted::BeforeDeadline => format!(
+                                "deleted by ca-asg-provider with its own grace period: node {} is being drained ({}) and ends at its workload deadline, which leaves this pod no more than its grace",
+                                d.node, d.why
+                            ),
+                        },
                     )
                     .await;
                 return (r, Ok(true));
@@ -355,6 +459,8 @@ async fn delete_until_accepted(
 }
 
 /// A phase deadline passed with `left` pods still there: apply the policy, loudly.
+/// `count`: whether this deadline still goes in the counts (a drain whose pods were
+/// already deleted before it, at (deadline - grace), was counted then).
 pub(crate) async fn deadline(
     r: &Runner<'_>,
     node: &str,
@@ -362,17 +468,11 @@ pub(crate) async fn deadline(
     limit: Duration,
     policy: DeadlinePolicy,
     left: usize,
+    count: bool,
 ) -> Result<(), Stop> {
-    r.stage
-        .stats
-        .deadlines_hit
-        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    metrics()
-        .deadlines
-        .get_or_create(&StageLabels {
-            stage: what.to_string(),
-        })
-        .inc();
+    if count {
+        count_deadline(r, what);
+    }
     let note = format!(
         "{what} deadline {limit:?} passed with {left} pod(s) still on the node; policy {}",
         policy.as_str()
@@ -385,6 +485,20 @@ pub(crate) async fn deadline(
         DeadlinePolicy::Proceed => Ok(()),
         DeadlinePolicy::Abandon => Err(Stop::Abandon(note)),
     }
+}
+
+/// A deadline of `what` decided something: in the stats and `drain_deadlines_hit_total`.
+fn count_deadline(r: &Runner<'_>, what: &str) {
+    r.stage
+        .stats
+        .deadlines_hit
+        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    metrics()
+        .deadlines
+        .get_or_create(&StageLabels {
+            stage: what.to_string(),
+        })
+        .inc();
 }
 
 /// Runs tiers until nothing of the phase is left. `Err(n)`: the deadline passed with
