@@ -41,6 +41,7 @@ fn actions_in_code() -> BTreeSet<String> {
         ("ec2", "ec2"),
         ("eks", "eks"),
         ("sqs", "sqs"),
+        ("elb", "elasticloadbalancing"),
     ];
     let mut out = BTreeSet::new();
     for (field, service) in services {
@@ -95,6 +96,9 @@ fn the_code_scan_finds_the_known_calls() {
         "eks:DescribeNodegroup",
         "sqs:ReceiveMessage",
         "sqs:DeleteMessage",
+        "elasticloadbalancing:DescribeTargetGroups",
+        "elasticloadbalancing:DescribeTargetHealth",
+        "elasticloadbalancing:DescribeTargetGroupAttributes",
     ] {
         assert!(
             code.contains(a),
@@ -173,6 +177,26 @@ fn iam_write_actions_are_limited_to_managed_groups() {
             );
         }
     }
+}
+
+/// The last mile reads the load balancers and never changes them (issue 73): every
+/// elasticloadbalancing action granted is a Describe.
+#[test]
+fn load_balancers_are_only_read() {
+    let p = policy();
+    let elb: Vec<String> = p["Statement"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .flat_map(actions_of)
+        .filter(|a| a.starts_with("elasticloadbalancing:"))
+        .collect();
+    assert_eq!(elb.len(), 3, "{elb:?}");
+    assert!(
+        elb.iter()
+            .all(|a| a.starts_with("elasticloadbalancing:Describe")),
+        "{elb:?}"
+    );
 }
 
 #[test]

@@ -118,6 +118,21 @@ impl Cloud for Instrumented {
             self.0.instance_types_for_requirements(r, image)
         )
     }
+    async fn instance_addresses(&self, id: &str) -> CloudResult<InstanceAddresses> {
+        counted!("DescribeInstances", self.0.instance_addresses(id))
+    }
+    async fn target_groups(&self) -> CloudResult<Vec<TargetGroup>> {
+        counted!("DescribeTargetGroups", self.0.target_groups())
+    }
+    async fn target_health(&self, arn: &str) -> CloudResult<Vec<TargetHealth>> {
+        counted!("DescribeTargetHealth", self.0.target_health(arn))
+    }
+    async fn deregistration_delay(&self, arn: &str) -> CloudResult<Option<String>> {
+        counted!(
+            "DescribeTargetGroupAttributes",
+            self.0.deregistration_delay(arn)
+        )
+    }
 }
 
 #[cfg(test)]

@@ -588,6 +588,62 @@ pub trait Cloud: Send + Sync + 'static {
         requirements: &InstanceRequirements,
         image_id: Option<&str>,
     ) -> CloudResult<Vec<String>>;
+
+    // The last mile (issue 73), read only. A backend without load balancers (the
+    // tests' wrappers, an AWS backend built without an ELBv2 client) has none.
+
+    /// The instance's private addresses (DescribeInstances of one id); an instance
+    /// EC2 no longer knows has none.
+    async fn instance_addresses(&self, _instance_id: &str) -> CloudResult<InstanceAddresses> {
+        Ok(InstanceAddresses::default())
+    }
+
+    /// Every ELBv2 target group of the region (DescribeTargetGroups, every page, 400
+    /// a page).
+    async fn target_groups(&self) -> CloudResult<Vec<TargetGroup>> {
+        Ok(Vec::new())
+    }
+
+    /// The registered targets of one target group and their states
+    /// (DescribeTargetHealth). A target group deleted meanwhile is `NotFound`.
+    async fn target_health(&self, _arn: &str) -> CloudResult<Vec<TargetHealth>> {
+        Ok(Vec::new())
+    }
+
+    /// The target group's `deregistration_delay.timeout_seconds`
+    /// (DescribeTargetGroupAttributes), as AWS spells the value.
+    async fn deregistration_delay(&self, _arn: &str) -> CloudResult<Option<String>> {
+        Ok(None)
+    }
+}
+
+/// An ELBv2 target group as DescribeTargetGroups lists it (ALB, NLB or GWLB).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TargetGroup {
+    pub arn: String,
+    pub name: String,
+    /// `instance`, `ip`, `lambda` or `alb`, as AWS spells it.
+    pub target_type: String,
+}
+
+/// One registered target of a target group and its state (DescribeTargetHealth).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct TargetHealth {
+    /// An instance id (`instance` targets) or an IP address (`ip` targets).
+    pub id: String,
+    pub port: Option<i32>,
+    /// `initial`, `healthy`, `unhealthy`, `unhealthy.draining`, `unused`, `draining`,
+    /// `unavailable`, as AWS spells it.
+    pub state: String,
+}
+
+/// The private addresses EC2 gives an instance: every network interface's IPv4 and
+/// IPv6 addresses (the node's InternalIP, and with the VPC CNI its pods' addresses)
+/// and the prefixes delegated to them (prefix delegation), as `address/length`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct InstanceAddresses {
+    pub addresses: Vec<String>,
+    pub prefixes: Vec<String>,
 }
 
 /// One pending lifecycle action: an instance held in `Terminating:Wait` by a hook.

@@ -99,4 +99,16 @@ impl Cloud for ReadOnly {
     ) -> CloudResult<Vec<String>> {
         self.0.instance_types_for_requirements(r, image).await
     }
+    async fn instance_addresses(&self, id: &str) -> CloudResult<InstanceAddresses> {
+        self.0.instance_addresses(id).await
+    }
+    async fn target_groups(&self) -> CloudResult<Vec<TargetGroup>> {
+        self.0.target_groups().await
+    }
+    async fn target_health(&self, arn: &str) -> CloudResult<Vec<TargetHealth>> {
+        self.0.target_health(arn).await
+    }
+    async fn deregistration_delay(&self, arn: &str) -> CloudResult<Option<String>> {
+        self.0.deregistration_delay(arn).await
+    }
 }

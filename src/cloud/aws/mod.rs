@@ -10,6 +10,7 @@ use async_trait::async_trait;
 use aws_sdk_autoscaling as asg;
 use aws_sdk_ec2 as ec2;
 use aws_sdk_eks as eks;
+use aws_sdk_elasticloadbalancingv2 as elb;
 use aws_smithy_types::error::metadata::ProvideErrorMetadata;
 use parking_lot::Mutex;
 
@@ -109,6 +110,11 @@ pub struct AwsCloud {
     asg: asg::Client,
     ec2: ec2::Client,
     eks: eks::Client,
+    /// ELBv2 (the last mile).
+    elb: elb::Client,
+    /// Whether `elb` reaches AWS: a backend built from clients without one
+    /// ([`Self::from_clients`]) sees no load balancers.
+    has_elb: bool,
     region: Option<String>,
     calls: Arc<CallCounter>,
 }
@@ -120,6 +126,10 @@ const INSTANCE_BATCH: usize = 50;
 /// The most pages of one warm pool read: 10,000 instances, past any pool a group
 /// can have (its max size bounds it); a token that never ends stops here.
 const WARM_POOL_PAGES: usize = 200;
+/// DescribeTargetGroups' largest page, and how many pages are read at most (an
+/// account allows 3000 target groups a region by default).
+const TARGET_GROUP_PAGE: i32 = 400;
+const TARGET_GROUP_PAGES: usize = 25;
 const TERMINATING: &str = "autoscaling:EC2_INSTANCE_TERMINATING";
 
 impl AwsCloud {
@@ -134,6 +144,8 @@ impl AwsCloud {
             asg: asg::Client::new(cfg),
             ec2: ec2::Client::new(cfg),
             eks: eks::Client::new(cfg),
+            elb: elb::Client::new(cfg),
+            has_elb: true,
             region: cfg.region().map(|r| r.to_string()),
             calls: Arc::default(),
         }
@@ -145,9 +157,22 @@ impl AwsCloud {
             asg,
             ec2,
             eks,
+            elb: elb::Client::from_conf(
+                elb::Config::builder()
+                    .behavior_version(elb::config::BehaviorVersion::latest())
+                    .build(),
+            ),
+            has_elb: false,
             region: None,
             calls: Arc::default(),
         }
+    }
+
+    /// The same, with an ELBv2 client (the SDK's mock layer in tests).
+    pub fn with_elb(mut self, client: elb::Client) -> Self {
+        self.elb = client;
+        self.has_elb = true;
+        self
     }
 
     pub fn region(&self) -> Option<String> {
@@ -408,6 +433,140 @@ impl Cloud for AwsCloud {
             .filter(|id| !running.contains(id.as_str()))
             .cloned()
             .collect())
+    }
+
+    async fn instance_addresses(&self, instance_id: &str) -> CloudResult<InstanceAddresses> {
+        let r = self
+            .ec2
+            .describe_instances()
+            .filters(
+                ec2::types::Filter::builder()
+                    .name("instance-id")
+                    .values(instance_id)
+                    .build(),
+            )
+            .send()
+            .await;
+        let page = self.done("DescribeInstances", r)?;
+        let mut out = InstanceAddresses::default();
+        for i in page.reservations().iter().flat_map(|r| r.instances()) {
+            if i.instance_id() != Some(instance_id) {
+                continue;
+            }
+            out.addresses
+                .extend(i.private_ip_address().map(str::to_string));
+            for n in i.network_interfaces() {
+                out.addresses.extend(
+                    n.private_ip_addresses()
+                        .iter()
+                        .filter_map(|a| a.private_ip_address().map(str::to_string)),
+                );
+                out.addresses.extend(
+                    n.ipv6_addresses()
+                        .iter()
+                        .filter_map(|a| a.ipv6_address().map(str::to_string)),
+                );
+                out.prefixes.extend(
+                    n.ipv4_prefixes()
+                        .iter()
+                        .filter_map(|p| p.ipv4_prefix().map(str::to_string)),
+                );
+                out.prefixes.extend(
+                    n.ipv6_prefixes()
+                        .iter()
+                        .filter_map(|p| p.ipv6_prefix().map(str::to_string)),
+                );
+            }
+        }
+        out.addresses.sort();
+        out.addresses.dedup();
+        Ok(out)
+    }
+
+    async fn target_groups(&self) -> CloudResult<Vec<TargetGroup>> {
+        if !self.has_elb {
+            return Ok(Vec::new());
+        }
+        let mut out = Vec::new();
+        let mut marker: Option<String> = None;
+        for _ in 0..TARGET_GROUP_PAGES {
+            let r = self
+                .elb
+                .describe_target_groups()
+                .page_size(TARGET_GROUP_PAGE)
+                .set_marker(marker.clone())
+                .send()
+                .await;
+            let page = self.done("DescribeTargetGroups", r)?;
+            out.extend(page.target_groups().iter().filter_map(|g| {
+                Some(TargetGroup {
+                    arn: g.target_group_arn()?.to_string(),
+                    name: g.target_group_name().unwrap_or_default().to_string(),
+                    // AWS's default for a group created without one.
+                    target_type: g
+                        .target_type()
+                        .map(|t| t.as_str().to_string())
+                        .unwrap_or_else(|| "instance".into()),
+                })
+            }));
+            match page.next_marker() {
+                Some(m) if !m.is_empty() => marker = Some(m.to_string()),
+                _ => return Ok(out),
+            }
+        }
+        tracing::warn!(
+            pages = TARGET_GROUP_PAGES,
+            "DescribeTargetGroups had more pages than read; the rest are not waited for"
+        );
+        Ok(out)
+    }
+
+    async fn target_health(&self, arn: &str) -> CloudResult<Vec<TargetHealth>> {
+        if !self.has_elb {
+            return Ok(Vec::new());
+        }
+        let r = self
+            .elb
+            .describe_target_health()
+            .target_group_arn(arn)
+            .send()
+            .await;
+        let out = self.done("DescribeTargetHealth", r)?;
+        Ok(out
+            .target_health_descriptions()
+            .iter()
+            .filter_map(|d| {
+                let t = d.target()?;
+                Some(TargetHealth {
+                    id: t.id()?.to_string(),
+                    port: t.port(),
+                    // No state read: counted as one that may carry traffic.
+                    state: d
+                        .target_health()
+                        .and_then(|h| h.state())
+                        .map(|s| s.as_str().to_string())
+                        .unwrap_or_else(|| "unknown".into()),
+                })
+            })
+            .collect())
+    }
+
+    async fn deregistration_delay(&self, arn: &str) -> CloudResult<Option<String>> {
+        if !self.has_elb {
+            return Ok(None);
+        }
+        let r = self
+            .elb
+            .describe_target_group_attributes()
+            .target_group_arn(arn)
+            .send()
+            .await;
+        let out = self.done("DescribeTargetGroupAttributes", r)?;
+        Ok(out
+            .attributes()
+            .iter()
+            .find(|a| a.key() == Some("deregistration_delay.timeout_seconds"))
+            .and_then(|a| a.value().map(str::to_string)))
     }
 
     async fn warm_pool_instances(&self, group: &str) -> CloudResult<Vec<AsgInstance>> {

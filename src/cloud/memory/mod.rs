@@ -341,6 +341,44 @@ struct State {
     /// Instances detached from their group ([`MemoryCloud::detach`]): in no group,
     /// still running, as EC2 would show them.
     detached: BTreeSet<String>,
+    /// ELBv2 target groups (the last mile), in the order added.
+    target_groups: Vec<MemTargetGroup>,
+}
+
+/// An ELBv2 target group of the memory cloud: its targets drain for its
+/// deregistration delay once deregistered, then are `unused`.
+#[derive(Debug, Clone)]
+struct MemTargetGroup {
+    arn: String,
+    name: String,
+    target_type: String,
+    /// `deregistration_delay.timeout_seconds` as AWS would spell it.
+    delay: String,
+    targets: Vec<MemTarget>,
+}
+
+#[derive(Debug, Clone)]
+struct MemTarget {
+    id: String,
+    /// `None`: registered (healthy); `Some(t)`: deregistered at `t`.
+    deregistered: Option<Instant>,
+}
+
+impl MemTargetGroup {
+    fn delay(&self) -> Duration {
+        self.delay
+            .parse::<u64>()
+            .map(Duration::from_secs)
+            .unwrap_or(Duration::from_secs(300))
+    }
+
+    fn state(&self, t: &MemTarget, now: Instant) -> &'static str {
+        match t.deregistered {
+            None => "healthy",
+            Some(at) if now < at + self.delay() => "draining",
+            Some(_) => "unused",
+        }
+    }
 }
 
 /// In-memory Auto Scaling. Cheap to clone (shared state).
@@ -641,6 +679,78 @@ impl MemoryCloud {
             .insert(operation.to_string(), (code.to_string(), times));
     }
 
+    /// A new ELBv2 target group (`instance` or `ip` targets) with its deregistration
+    /// delay as AWS spells it (`"300"`); its ARN.
+    pub fn add_target_group(&self, name: &str, target_type: &str, delay: &str) -> String {
+        let mut st = self.state.lock();
+        let arn = format!(
+            "arn:aws:elasticloadbalancing:{REGION}:123456789012:targetgroup/{name}/{:016x}",
+            st.target_groups.len() + 1
+        );
+        st.target_groups.push(MemTargetGroup {
+            arn: arn.clone(),
+            name: name.to_string(),
+            target_type: target_type.to_string(),
+            delay: delay.to_string(),
+            targets: Vec::new(),
+        });
+        arn
+    }
+
+    /// Registers a target (an instance id or an address): `healthy` at once.
+    pub fn register_target(&self, arn: &str, id: &str) {
+        let mut st = self.state.lock();
+        if let Some(g) = st.target_groups.iter_mut().find(|g| g.arn == arn) {
+            g.targets.retain(|t| t.id != id);
+            g.targets.push(MemTarget {
+                id: id.to_string(),
+                deregistered: None,
+            });
+        }
+    }
+
+    /// Deregisters a target: `draining` for the group's delay from now, then `unused`
+    /// (what the AWS Load Balancer Controller's deregistration looks like).
+    pub fn deregister_target(&self, arn: &str, id: &str) {
+        let now = Instant::now();
+        let mut st = self.state.lock();
+        if let Some(g) = st.target_groups.iter_mut().find(|g| g.arn == arn) {
+            for t in g
+                .targets
+                .iter_mut()
+                .filter(|t| t.id == id && t.deregistered.is_none())
+            {
+                t.deregistered = Some(now);
+            }
+        }
+    }
+
+    /// The states of a target group's targets now, by id.
+    pub fn target_states(&self, arn: &str) -> Vec<(String, String)> {
+        let now = Instant::now();
+        let st = self.state.lock();
+        st.target_groups
+            .iter()
+            .filter(|g| g.arn == arn)
+            .flat_map(|g| {
+                g.targets
+                    .iter()
+                    .map(move |t| (t.id.clone(), g.state(t, now).to_string()))
+            })
+            .collect()
+    }
+
+    /// The private address the memory cloud gives an instance (its node's InternalIP).
+    pub fn address_of(instance_id: &str) -> Option<String> {
+        let n = u64::from_str_radix(instance_id.strip_prefix("i-")?, 16).ok()?;
+        Some(format!(
+            "10.{}.{}.{}",
+            (n >> 16) & 255,
+            (n >> 8) & 255,
+            n & 255
+        ))
+    }
+
     /// Lifts throttles, staleness and latency (the end of a test's faults).
     pub fn heal(&self) {
         {
@@ -873,6 +983,14 @@ impl MemoryCloud {
     /// The state for one AWS call `op`: counted, refused or throttled as the test
     /// asked ([`Self::refuse`], [`Self::throttle`]), else locked and settled.
     fn call(&self, op: &str) -> CloudResult<MutexGuard<'_, State>> {
+        let mut st = self.call_unsettled(op)?;
+        self.settle(&mut st);
+        Ok(st)
+    }
+
+    /// Like [`Self::call`], without settling the groups: the load balancers' reads
+    /// leave the Auto Scaling state (and the order its log is written in) as it was.
+    fn call_unsettled(&self, op: &str) -> CloudResult<MutexGuard<'_, State>> {
         let mut st = self.state.lock();
         *st.calls.entry(op.to_string()).or_default() += 1;
         if let Some((code, n)) = st.refuse_next.get_mut(op) {
@@ -894,7 +1012,6 @@ impl MemoryCloud {
                 });
             }
         }
-        self.settle(&mut st);
         Ok(st)
     }
 
@@ -1393,6 +1510,57 @@ impl Cloud for MemoryCloud {
             Ok(out)
         })
         .await
+    }
+
+    // The load balancers answer at once (no latency, no staleness): a world without
+    // target groups sees the same timing with the last mile on or off.
+    async fn instance_addresses(&self, instance_id: &str) -> CloudResult<super::InstanceAddresses> {
+        let _st = self.call_unsettled("instance_addresses")?;
+        Ok(super::InstanceAddresses {
+            addresses: Self::address_of(instance_id).into_iter().collect(),
+            prefixes: Vec::new(),
+        })
+    }
+
+    async fn target_groups(&self) -> CloudResult<Vec<super::TargetGroup>> {
+        let st = self.call_unsettled("target_groups")?;
+        Ok(st
+            .target_groups
+            .iter()
+            .map(|g| super::TargetGroup {
+                arn: g.arn.clone(),
+                name: g.name.clone(),
+                target_type: g.target_type.clone(),
+            })
+            .collect())
+    }
+
+    async fn target_health(&self, arn: &str) -> CloudResult<Vec<super::TargetHealth>> {
+        let now = Instant::now();
+        let st = self.call_unsettled("target_health")?;
+        let g = st
+            .target_groups
+            .iter()
+            .find(|g| g.arn == arn)
+            .ok_or_else(|| not_found("target group", arn))?;
+        Ok(g.targets
+            .iter()
+            .map(|t| super::TargetHealth {
+                id: t.id.clone(),
+                port: Some(80),
+                state: g.state(t, now).to_string(),
+            })
+            .collect())
+    }
+
+    async fn deregistration_delay(&self, arn: &str) -> CloudResult<Option<String>> {
+        let st = self.call_unsettled("deregistration_delay")?;
+        let g = st
+            .target_groups
+            .iter()
+            .find(|g| g.arn == arn)
+            .ok_or_else(|| not_found("target group", arn))?;
+        Ok(Some(g.delay.clone()))
     }
 
     async fn ended_instances(&self, ids: &[String]) -> CloudResult<Vec<String>> {
