@@ -9,6 +9,8 @@
 //! - [`record`]: the drain record on a Node (the reasons, their phases, how two join);
 //! - [`undo`]: whether a person may give a node back (no drain runs for it);
 //! - [`hooks`]: what a group's lifecycle hooks mean for a drain (ours, foreign, direct mode);
+//! - [`last_mile`]: whether an instance about to end is out of every load balancer's
+//!   target group, or the wait for it is over;
 //! - [`notice`]: what to do about a queue message (a spot warning, a lifecycle action, ...);
 //! - [`story`]: whose a hold is (ours, not ours, ask again), from what is remembered of
 //!   the instance and what AWS answers: the one rule every source uses.
@@ -17,6 +19,7 @@ pub mod budget;
 pub mod conditions;
 pub mod deadlock;
 pub mod hooks;
+pub mod last_mile;
 pub mod notice;
 pub mod plan;
 pub mod record;
