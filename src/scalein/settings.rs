@@ -78,6 +78,35 @@ pub struct ScaleInSettings {
     /// before a read showing it back in the group hands its Node back
     /// ([`WARM_POOL_SETTLED`]; shorter only in tests).
     pub warm_pool_settle: Duration,
+    /// `scaleIn.loadBalancers`: the last mile before an instance ends.
+    pub load_balancers: LoadBalancerWait,
+}
+
+/// `scaleIn.loadBalancers`: before the instance ends, wait until it is out of every
+/// ELBv2 target group that has it, each for at most its deregistration delay plus
+/// `margin`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LoadBalancerWait {
+    /// `waitForDeregistration` (default on: a node ending while a load balancer
+    /// still sends it connections is what the wait is for).
+    pub enabled: bool,
+    /// `margin`: added to each group's deregistration delay.
+    pub margin: Duration,
+    /// How often the target groups are read again while the wait lasts.
+    pub poll: Duration,
+}
+
+impl Default for LoadBalancerWait {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            // An NLB is reported to take two to three minutes past the delay's start
+            // to stop sending new connections; the margin covers the controller's
+            // own reaction to the node's exclusion label besides.
+            margin: Duration::from_secs(30),
+            poll: Duration::from_secs(10),
+        }
+    }
 }
 
 impl ScaleInSettings {
@@ -145,6 +174,7 @@ impl Default for ScaleInSettings {
             // everyday scale-in of a few nodes.
             shared_pod_watch_from: 10,
             warm_pool_settle: WARM_POOL_SETTLED,
+            load_balancers: LoadBalancerWait::default(),
         }
     }
 }

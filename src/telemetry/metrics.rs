@@ -95,6 +95,14 @@ pub struct BudgetLabels {
     pub budget: String,
 }
 
+/// One target group an instance about to end was waited out of, and how it ended.
+#[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
+pub struct TargetGroupLabels {
+    pub target_group: String,
+    /// `left`, `bound`, `unreadable` or `hook`.
+    pub outcome: &'static str,
+}
+
 #[derive(Clone, Debug, Hash, PartialEq, Eq, EncodeLabelSet)]
 pub struct StageLabels {
     pub stage: String,
@@ -174,6 +182,8 @@ pub struct Metrics {
     pub queue_dropped: Family<ReasonLabels, Counter>,
     pub notice_to_drain: Family<KindLabels, Histogram>,
     pub notice_to_end: Family<KindLabels, Histogram>,
+    /// The last mile: how long an instance was waited out of each target group.
+    pub load_balancer_wait: Family<TargetGroupLabels, Histogram>,
     pub interruption_budget_missed: Counter,
     pub pod_events_dropped: Counter,
     pub stale_reads: Counter,
@@ -197,6 +207,13 @@ fn aws_histogram() -> Histogram {
 
 /// Buckets for the time from an interruption notice: dense around a spot warning's
 /// 120 s (the budget's edge), then out to a retirement's hours.
+/// A deregistration delay is 0 to 3600 s, 300 s by default.
+fn load_balancer_histogram() -> Histogram {
+    Histogram::new([
+        1.0, 5.0, 10.0, 30.0, 60.0, 120.0, 180.0, 300.0, 360.0, 600.0, 1200.0, 3600.0,
+    ])
+}
+
 fn notice_histogram() -> Histogram {
     Histogram::new([
         1.0,
@@ -283,6 +300,9 @@ impl Metrics {
             queue_dropped: Family::default(),
             notice_to_drain: Family::new_with_constructor(notice_histogram as fn() -> Histogram),
             notice_to_end: Family::new_with_constructor(notice_histogram as fn() -> Histogram),
+            load_balancer_wait: Family::new_with_constructor(
+                load_balancer_histogram as fn() -> Histogram,
+            ),
             interruption_budget_missed: Counter::default(),
             pod_events_dropped: Counter::default(),
             stale_reads: Counter::default(),
@@ -506,6 +526,11 @@ impl Metrics {
             "notice_to_drained_seconds",
             "Time from the event AWS sent to the end of its drain (node drained, or lifecycle action completed), by kind",
             m.notice_to_end.clone(),
+        );
+        r.register(
+            "load_balancer_wait_seconds",
+            "Time an instance about to end was waited out of one ELBv2 target group, by target group and outcome (left, bound, unreadable, hook)",
+            m.load_balancer_wait.clone(),
         );
         r.register(
             "interruption_budget_missed",

@@ -44,6 +44,8 @@ impl Inflight {
 struct Hold {
     task: AbortOnDrop,
     timeout: watch::Sender<Duration>,
+    /// When its heartbeats began: the hook's global limit counts from about then.
+    since: Instant,
 }
 
 impl Hold {
@@ -386,6 +388,7 @@ impl Book {
         entry.hold = Some(Hold {
             task: AbortOnDrop(spawn(rx)),
             timeout: tx,
+            since: Instant::now(),
         });
         HoldChange::Started
     }
@@ -399,6 +402,17 @@ impl Book {
             .and_then(|e| e.hold.as_ref())
             .filter(|h| h.runs())
             .map(|h| *h.timeout.borrow())
+    }
+
+    /// Since when a held instance is heartbeated, and at which timeout.
+    pub fn held_since(&self, instance_id: &str) -> Option<(Instant, Duration)> {
+        self.ledger
+            .lock()
+            .entries
+            .get(instance_id)
+            .and_then(|e| e.hold.as_ref())
+            .filter(|h| h.runs())
+            .map(|h| (h.since, *h.timeout.borrow()))
     }
 
     /// Stops the heartbeats of the instance's action.

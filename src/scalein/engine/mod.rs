@@ -71,6 +71,8 @@ pub struct Tools {
     pub stats: DrainStats,
     /// The background loops' turns, for `/healthz`.
     pub liveness: Arc<crate::telemetry::liveness::Liveness>,
+    /// What the last mile read of the load balancers lately, shared by drains.
+    pub sightings: Arc<crate::scalein::stages::last_mile::Sightings>,
 }
 
 impl Engine {
@@ -113,6 +115,7 @@ impl Engine {
             answer_client,
             stats: DrainStats::default(),
             liveness,
+            sightings: Arc::default(),
         };
         Arc::new(Self {
             tools,
@@ -427,6 +430,11 @@ impl Engine {
             provider: self.provider.clone(),
             hook_name: self.settings.hook_name.clone(),
             port: self.clone(),
+            last_mile: crate::scalein::stages::last_mile::LastMile {
+                settings: self.settings.load_balancers,
+                dry_run: self.settings.dry_run,
+                sightings: self.tools.sightings.clone(),
+            },
         }
     }
 }
@@ -512,6 +520,10 @@ impl terminate::EndPort for Engine {
 
     async fn say(&self, node: &str, reason: events::Reason, text: String) {
         self.tools.events.node(node, reason, text).await;
+    }
+
+    fn held_since(&self, instance_id: &str) -> Option<(crate::clock::Instant, Duration)> {
+        self.book.held_since(instance_id)
     }
 }
 

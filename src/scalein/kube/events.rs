@@ -81,6 +81,15 @@ pub enum Reason {
     /// At a drain's start: a PodDisruptionBudget that can never allow the eviction
     /// of some of its pods while the drain waits (the deadline ends the wait).
     EvictionDeadlocked,
+    /// Before the instance ends: waiting until it is out of the load balancers'
+    /// target groups that have it.
+    WaitingForLoadBalancers,
+    /// A target group could not be read (a permission missing, AWS throttling): it is
+    /// waited on up to its bound only.
+    LoadBalancerUnreadable,
+    /// The wait for the load balancers ended with the instance still in a target
+    /// group (its bound reached): the instance ends anyway.
+    LoadBalancerWaitOver,
 }
 
 impl Reason {
@@ -113,6 +122,9 @@ impl Reason {
             Reason::DrainWaitingForBudget => "DrainWaitingForBudget",
             Reason::DrainForcedPastBudget => "DrainForcedPastBudget",
             Reason::EvictionDeadlocked => "EvictionDeadlocked",
+            Reason::WaitingForLoadBalancers => "WaitingForLoadBalancers",
+            Reason::LoadBalancerUnreadable => "LoadBalancerUnreadable",
+            Reason::LoadBalancerWaitOver => "LoadBalancerWaitOver",
         }
     }
 
@@ -132,6 +144,8 @@ impl Reason {
                 | Reason::RegisteredWhileWarming
                 | Reason::DrainForcedPastBudget
                 | Reason::EvictionDeadlocked
+                | Reason::LoadBalancerUnreadable
+                | Reason::LoadBalancerWaitOver
         )
     }
 }

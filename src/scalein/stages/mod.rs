@@ -6,6 +6,7 @@
 //!   decides ([`evict`]: the Eviction API with PDB-aware retry);
 //! - [`daemonsets`]: the DaemonSet pods last, the node-critical ones after the volumes;
 //! - [`volumes`]: wait for VolumeAttachments to detach;
+//! - [`last_mile`]: out of every load balancer's target group first (bounded);
 //! - [`terminate`]: CompleteLifecycleAction or TerminateInstanceInAutoScalingGroup;
 //! - [`port`]: what the phases share and the runner's way into the engine;
 //! - [`preview`]: what a drain would do (dry run), changing nothing.
@@ -21,6 +22,7 @@ pub mod cordon;
 pub mod daemonsets;
 pub mod drain;
 pub mod evict;
+pub mod last_mile;
 pub mod port;
 pub mod preview;
 pub mod terminate;

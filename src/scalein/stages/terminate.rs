@@ -2,6 +2,9 @@
 //! lifecycle mode, TerminateInstanceInAutoScalingGroup with decrement in direct mode.
 //! Both check first whether the work is already done (a resumed drain).
 //!
+//! Before either, the instance is waited out of the load balancers' target groups
+//! ([`super::last_mile`], bounded).
+//!
 //! This is the one room of the drain that ends an instance (`tests/layers.rs` checks
 //! it): the drain's last stage, and the two ends a source asks for before any drain
 //! ([`hand_to_hook`], [`end_without_node`]).
@@ -18,6 +21,8 @@ use crate::provider::{Group, Provider, ProviderError};
 use crate::scalein::holds::Hold;
 use crate::scalein::kube::events::Reason;
 use crate::scalein::Mode;
+
+use super::last_mile;
 
 const ATTEMPTS: u32 = 6;
 
@@ -40,6 +45,9 @@ pub trait EndPort: Send + Sync {
     async fn hooks_now(&self, group: &Group) -> Result<Group, ProviderError>;
     /// An Event on the Node.
     async fn say(&self, node: &str, reason: Reason, text: String);
+    /// Since when our hook's action on the instance is heartbeated, and at which
+    /// heartbeat timeout; `None` when it is not.
+    fn held_since(&self, instance_id: &str) -> Option<(crate::clock::Instant, Duration)>;
 }
 
 /// What the last stage may reach: AWS, the provider's accounting of what CA asked,
@@ -51,6 +59,8 @@ pub struct Ending {
     /// `hookName`: our EC2_INSTANCE_TERMINATING hook.
     pub hook_name: String,
     pub port: Arc<dyn EndPort>,
+    /// The wait for the load balancers before the end ([`last_mile::wait_out`]).
+    pub last_mile: last_mile::LastMile,
 }
 
 impl Ending {
@@ -80,6 +90,8 @@ pub async fn finish(
     instance_id: &str,
     node: Option<&str>,
 ) -> Result<String, String> {
+    // Out of the load balancers first (bounded; our hook's heartbeats go on).
+    last_mile::wait_out(end, mode, instance_id, node).await;
     let summary = (|| end_once(end, mode, group, instance_id))
         .retry(retry_policy(instance_id))
         .sleep(tokio::time::sleep)

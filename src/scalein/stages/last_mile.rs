@@ -1,0 +1,463 @@
+//! The last mile (issue 73): before the instance ends, wait until it is out of every
+//! ELBv2 target group that has it as a target, bounded ([`crate::scalein::decide::last_mile`]
+//! decides; this room reads AWS and says what it waits for). Called by
+//! [`super::terminate::finish`] before its end call, while our hook's heartbeats go on
+//! (they belong to the engine's book, not to this wait).
+//!
+//! Calls per drain, with `N` target groups in the region and the instance in `k` of
+//! them: one DescribeInstances (its addresses), `ceil(N / 400)` DescribeTargetGroups and
+//! `N` DescribeTargetHealth to find the `k` (shared by drains within one poll, see
+//! [`Sightings`]), `k` DescribeTargetGroupAttributes (kept for ten minutes), then `k`
+//! DescribeTargetHealth per poll (10 s) while it waits. With no target group in the
+//! region: one DescribeTargetGroups (shared) and one DescribeInstances.
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::sync::Arc;
+use std::time::Duration;
+
+use parking_lot::Mutex;
+
+use crate::clock::Instant;
+use crate::cloud::{Cloud, CloudError, TargetGroup, TargetHealth};
+use crate::scalein::decide::last_mile::{
+    self, parse_delay, Addresses, Bounds, GiveUp, Seen, Unread, Verdict, Watched,
+};
+use crate::scalein::holds::global_limit;
+use crate::scalein::kube::events::Reason;
+use crate::scalein::LoadBalancerWait;
+use crate::scalein::Mode;
+use crate::telemetry::metrics::{metrics, TargetGroupLabels};
+
+use super::terminate::Ending;
+
+/// A delay read is kept this long (operators change it rarely).
+const DELAY_KEPT: Duration = Duration::from_secs(600);
+
+/// At most this many target groups are kept (DescribeTargetGroups answers 400 a page;
+/// an account allows 3000 a region by default).
+const MAX_GROUPS: usize = 10_000;
+
+/// What this process read of the region's target groups lately, shared by the drains
+/// that end instances at about the same time: a read younger than the poll interval
+/// is answered from here. Bounded: one list, one health answer and one delay per group.
+#[derive(Default)]
+pub struct Sightings {
+    inner: Mutex<Cache>,
+}
+
+#[derive(Default)]
+struct Cache {
+    list: Option<(Instant, Vec<TargetGroup>)>,
+    health: HashMap<String, (Instant, Vec<TargetHealth>)>,
+    delays: HashMap<String, (Instant, Option<Duration>)>,
+}
+
+impl Sightings {
+    async fn groups(
+        &self,
+        cloud: &dyn Cloud,
+        fresh: Duration,
+    ) -> Result<Vec<TargetGroup>, CloudError> {
+        if let Some((at, list)) = &self.inner.lock().list {
+            if at.elapsed() < fresh {
+                return Ok(list.clone());
+            }
+        }
+        let mut list = cloud.target_groups().await?;
+        list.truncate(MAX_GROUPS);
+        let mut inner = self.inner.lock();
+        let known: BTreeSet<&str> = list.iter().map(|g| g.arn.as_str()).collect();
+        inner.health.retain(|arn, _| known.contains(arn.as_str()));
+        inner.delays.retain(|arn, _| known.contains(arn.as_str()));
+        inner.list = Some((Instant::now(), list.clone()));
+        Ok(list)
+    }
+
+    async fn health(
+        &self,
+        cloud: &dyn Cloud,
+        arn: &str,
+        fresh: Duration,
+    ) -> Result<Vec<TargetHealth>, CloudError> {
+        if let Some((at, h)) = self.inner.lock().health.get(arn) {
+            if at.elapsed() < fresh {
+                return Ok(h.clone());
+            }
+        }
+        let h = cloud.target_health(arn).await?;
+        let mut inner = self.inner.lock();
+        if inner.health.len() >= MAX_GROUPS {
+            inner.health.retain(|_, (at, _)| at.elapsed() < fresh);
+        }
+        inner
+            .health
+            .insert(arn.to_string(), (Instant::now(), h.clone()));
+        Ok(h)
+    }
+
+    /// The group's delay, `None` when it could not be read or did not parse (the
+    /// default then counts); the error, for the Event.
+    async fn delay(&self, cloud: &dyn Cloud, arn: &str) -> (Option<Duration>, Option<CloudError>) {
+        if let Some((at, d)) = self.inner.lock().delays.get(arn) {
+            if at.elapsed() < DELAY_KEPT {
+                return (*d, None);
+            }
+        }
+        match cloud.deregistration_delay(arn).await {
+            Ok(v) => {
+                let d = match v.as_deref().map(parse_delay) {
+                    Some(Ok(d)) => Some(d),
+                    Some(Err(why)) => {
+                        tracing::warn!(
+                            target_group = arn,
+                            "{why}; waiting AWS's default 300 s at most"
+                        );
+                        None
+                    }
+                    None => None,
+                };
+                let mut inner = self.inner.lock();
+                if inner.delays.len() >= MAX_GROUPS {
+                    inner.delays.clear();
+                }
+                inner.delays.insert(arn.to_string(), (Instant::now(), d));
+                (d, None)
+            }
+            Err(e) => (None, Some(e)),
+        }
+    }
+}
+
+/// What the wait needs besides AWS and the engine's port.
+#[derive(Clone)]
+pub struct LastMile {
+    pub settings: LoadBalancerWait,
+    /// `serve --dry-run`: nothing ends, nothing is waited for.
+    pub dry_run: bool,
+    pub sightings: Arc<Sightings>,
+}
+
+/// The permission a call needs, for the Event of a refusal.
+fn permission(operation: &str) -> String {
+    format!("elasticloadbalancing:{operation}")
+}
+
+/// How a read that failed counts: a refusal names the permission, the rest passes.
+fn unread(operation: &str, e: &CloudError) -> Unread {
+    match e {
+        CloudError::Rejected { code, .. } if is_denied(code) => Unread::Forbidden {
+            permission: permission(operation),
+            code: code.clone(),
+        },
+        CloudError::Credentials { .. } => Unread::Forbidden {
+            permission: permission(operation),
+            code: "NoCredentials".into(),
+        },
+        other => Unread::Failed {
+            why: other.to_string(),
+        },
+    }
+}
+
+fn is_denied(code: &str) -> bool {
+    matches!(
+        code,
+        "AccessDenied" | "AccessDeniedException" | "UnauthorizedOperation" | "UnauthorizedAccess"
+    )
+}
+
+/// The name under which the list of target groups is waited on while it cannot be read.
+const THE_LIST: &str = "(the region's target groups)";
+
+/// Waits until the instance is out of every target group that has it, or the wait's
+/// bound ([`last_mile::verdict`]). Never fails: the instance ends after it whatever
+/// the load balancers say.
+pub async fn wait_out(end: &Ending, mode: &Mode, instance_id: &str, node: Option<&str>) {
+    let lm = &end.last_mile;
+    if !lm.settings.enabled || lm.dry_run || matches!(mode, Mode::DrainOnly) {
+        return;
+    }
+    let cloud = end.cloud.as_ref();
+    let poll = lm.settings.poll;
+    let started = Instant::now();
+    // The first read: no target group in the region is the common answer, and ends
+    // the wait before anything else is asked.
+    let first = lm.sightings.groups(cloud, poll).await;
+    if matches!(&first, Ok(list) if list.is_empty()) {
+        return;
+    }
+    let _stage = metrics().stage("load-balancers");
+    let latest = match mode {
+        Mode::Lifecycle { .. } => end
+            .port
+            .held_since(instance_id)
+            .map(|(since, timeout)| since + global_limit(timeout).saturating_sub(timeout)),
+        _ => None,
+    };
+    let bounds = Bounds {
+        margin: lm.settings.margin,
+        latest,
+    };
+    let addresses = match cloud.instance_addresses(instance_id).await {
+        Ok(a) => Addresses::parse(&a.addresses, &a.prefixes),
+        Err(e) => {
+            tracing::warn!(instance = instance_id, error = %e, "could not read the instance's addresses; IP targets are not looked for");
+            Addresses::default()
+        }
+    };
+    let mut w = Wait {
+        end,
+        instance_id,
+        node,
+        addresses,
+        watched: BTreeMap::new(),
+        said_unread: BTreeSet::new(),
+        listed: false,
+    };
+    w.look(first, started).await;
+    let mut announced = false;
+    loop {
+        let now = Instant::now();
+        let groups: Vec<Watched> = w.watched.values().map(|(_, g)| g.clone()).collect();
+        match last_mile::verdict(&groups, bounds, now) {
+            Verdict::Done => {
+                w.observe_all(now, "left");
+                if announced {
+                    tracing::info!(instance = instance_id, waited = ?now.duration_since(started), "the instance is out of every target group that had it");
+                }
+                return;
+            }
+            Verdict::GiveUp(why) => {
+                w.give_up(&why, now).await;
+                return;
+            }
+            Verdict::Wait {
+                groups,
+                waited,
+                at_most,
+            } => {
+                let line = last_mile::said(groups, waited, at_most);
+                tracing::info!(instance = instance_id, "{line}");
+                if !announced {
+                    announced = true;
+                    let names: Vec<&str> = w
+                        .watched
+                        .values()
+                        .filter(|(_, g)| g.still_in())
+                        .map(|(_, g)| g.name.as_str())
+                        .collect();
+                    w.say(
+                        Reason::WaitingForLoadBalancers,
+                        format!("{line} ({}) before the instance ends", names.join(", ")),
+                    )
+                    .await;
+                }
+            }
+        }
+        tokio::time::sleep(poll).await;
+        let list = if w.listed {
+            None
+        } else {
+            Some(lm.sightings.groups(cloud, poll).await)
+        };
+        match list {
+            Some(list) => w.look(list, Instant::now()).await,
+            None => w.again().await,
+        }
+    }
+}
+
+/// One wait's state: the groups watched (by ARN: the group and when it was read),
+/// the unreadable ones said once.
+struct Wait<'a> {
+    end: &'a Ending,
+    instance_id: &'a str,
+    node: Option<&'a str>,
+    addresses: Addresses,
+    watched: BTreeMap<String, (TargetGroup, Watched)>,
+    said_unread: BTreeSet<String>,
+    /// The region's target groups were listed (once per wait).
+    listed: bool,
+}
+
+impl Wait<'_> {
+    /// The first look (and again while the list cannot be read): every group's
+    /// targets, keeping those that have the instance or cannot be read.
+    async fn look(&mut self, list: Result<Vec<TargetGroup>, CloudError>, now: Instant) {
+        let list = match list {
+            Ok(l) => l,
+            Err(e) => {
+                let why = unread("DescribeTargetGroups", &e);
+                self.unreadable(THE_LIST, &why).await;
+                let since = self
+                    .watched
+                    .get(THE_LIST)
+                    .map(|(_, w)| w.since)
+                    .unwrap_or(now);
+                let list = TargetGroup {
+                    arn: String::new(),
+                    name: THE_LIST.into(),
+                    target_type: String::new(),
+                };
+                let w = Watched {
+                    name: THE_LIST.into(),
+                    delay: None,
+                    since,
+                    seen: Seen::Unread(why),
+                };
+                self.watched.insert(THE_LIST.to_string(), (list, w));
+                return;
+            }
+        };
+        self.listed = true;
+        self.watched.remove(THE_LIST);
+        for g in list {
+            if !matches!(g.target_type.as_str(), "instance" | "ip") {
+                continue;
+            }
+            let seen = self.read(&g).await;
+            let has = match &seen {
+                Seen::Read(states) => !states.is_empty(),
+                Seen::Unread(_) => true,
+            };
+            if has {
+                self.watch(g, seen, now).await;
+            }
+        }
+    }
+
+    /// A poll: the groups still in read again.
+    async fn again(&mut self) {
+        let arns: Vec<String> = self
+            .watched
+            .iter()
+            .filter(|(_, (_, w))| w.still_in())
+            .map(|(arn, _)| arn.clone())
+            .collect();
+        for arn in arns {
+            let Some(g) = self.watched.get(&arn).map(|(g, _)| g.clone()) else {
+                continue;
+            };
+            let seen = self.read(&g).await;
+            if let Some((_, w)) = self.watched.get_mut(&arn) {
+                w.seen = seen;
+            }
+        }
+    }
+
+    async fn read(&mut self, g: &TargetGroup) -> Seen {
+        let lm = &self.end.last_mile;
+        match lm
+            .sightings
+            .health(self.end.cloud.as_ref(), &g.arn, lm.settings.poll)
+            .await
+        {
+            Ok(targets) => Seen::Read(last_mile::states_of(
+                &g.target_type,
+                &targets,
+                self.instance_id,
+                &self.addresses,
+            )),
+            // Deleted meanwhile: it sends nothing any more.
+            Err(CloudError::NotFound { .. }) => Seen::Read(Vec::new()),
+            Err(e) => {
+                let why = unread("DescribeTargetHealth", &e);
+                self.unreadable(&g.name, &why).await;
+                Seen::Unread(why)
+            }
+        }
+    }
+
+    async fn watch(&mut self, g: TargetGroup, seen: Seen, now: Instant) {
+        let (delay, failed) = self
+            .end
+            .last_mile
+            .sightings
+            .delay(self.end.cloud.as_ref(), &g.arn)
+            .await;
+        if let Some(e) = failed {
+            let why = unread("DescribeTargetGroupAttributes", &e);
+            self.unreadable(&g.name, &why).await;
+        }
+        let w = Watched {
+            name: g.name.clone(),
+            delay,
+            since: now,
+            seen,
+        };
+        self.watched.insert(g.arn.clone(), (g, w));
+    }
+
+    /// One Event per group and missing permission (or throttling), the first time.
+    async fn unreadable(&mut self, group: &str, why: &Unread) {
+        let (key, text) = match why {
+            Unread::Forbidden { permission, code } => (
+                format!("{group} {permission}"),
+                format!(
+                    "cannot read target group {group}: {code}, the service's role lacks {permission}; the instance waits at most the group's deregistration delay plus margin, then ends"
+                ),
+            ),
+            Unread::Failed { why } => (
+                format!("{group} failed"),
+                format!(
+                    "cannot read target group {group} now ({why}); the instance waits at most the group's deregistration delay plus margin, then ends"
+                ),
+            ),
+        };
+        if self.said_unread.insert(key) {
+            tracing::warn!(instance = self.instance_id, "{text}");
+            self.say(Reason::LoadBalancerUnreadable, text).await;
+        }
+    }
+
+    fn observe_all(&self, now: Instant, outcome: &'static str) {
+        for (_, w) in self.watched.values() {
+            observe(&w.name, outcome, now.saturating_duration_since(w.since));
+        }
+    }
+
+    async fn give_up(&self, why: &[GiveUp], now: Instant) {
+        let mut given: BTreeMap<&str, &'static str> = BTreeMap::new();
+        for g in why {
+            match g {
+                GiveUp::Bound { group, .. } => {
+                    given.insert(group, "bound");
+                }
+                GiveUp::Unreadable { group, .. } => {
+                    given.insert(group, "unreadable");
+                }
+                GiveUp::Hook { groups } => {
+                    for g in groups {
+                        given.insert(g, "hook");
+                    }
+                }
+            }
+        }
+        for (_, w) in self.watched.values() {
+            let outcome = given.get(w.name.as_str()).copied().unwrap_or("left");
+            observe(&w.name, outcome, now.saturating_duration_since(w.since));
+        }
+        let text = format!(
+            "the instance ends still in a load balancer: {}",
+            why.iter().map(GiveUp::said).collect::<Vec<_>>().join("; ")
+        );
+        tracing::warn!(instance = self.instance_id, "{text}");
+        self.say(Reason::LoadBalancerWaitOver, text).await;
+    }
+
+    async fn say(&self, reason: Reason, text: String) {
+        if let Some(n) = self.node {
+            self.end.port.say(n, reason, text).await;
+        }
+    }
+}
+
+fn observe(group: &str, outcome: &'static str, took: Duration) {
+    metrics()
+        .load_balancer_wait
+        .get_or_create(&TargetGroupLabels {
+            target_group: group.to_string(),
+            outcome,
+        })
+        .observe(took.as_secs_f64());
+}
