@@ -60,6 +60,15 @@ pub async fn run(args: ConfigArgs) -> ExitCode {
         println!("  budget:           {}", b.said());
     }
     println!("  never budgeted:   spot interruptions, scheduled events with a deadline, stopped instances (the instance ends anyway)");
+    let lb = &cfg.scale_in.load_balancers;
+    if lb.enabled {
+        println!(
+            "  load balancers:   an instance ends once out of every ELBv2 target group that has it, each waited at most its deregistration delay + {}",
+            crate::duration::format_duration(lb.margin)
+        );
+    } else {
+        println!("  load balancers:   not waited for (scaleIn.loadBalancers.waitForDeregistration: false)");
+    }
     if let Err(e) = cfg.require_groups() {
         println!("{e}");
         return ExitCode::from(2);

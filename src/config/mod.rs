@@ -131,6 +131,18 @@ pub struct ScaleInFile {
     /// Disruption budgets: how many drains at once, how fast and when
     /// ([`sections::budgets`]).
     pub budgets: Option<Vec<BudgetFile>>,
+    /// The last mile: out of the load balancers before the instance ends.
+    pub load_balancers: Option<LoadBalancersFile>,
+}
+
+/// `scaleIn.loadBalancers` as written.
+#[derive(Debug, Clone, Default, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct LoadBalancersFile {
+    /// Wait until the instance is out of every ELBv2 target group (default `true`).
+    pub wait_for_deregistration: Option<bool>,
+    /// Added to each target group's deregistration delay (default `30s`).
+    pub margin: Option<String>,
 }
 
 /// One of `scaleIn.budgets` as written.

@@ -82,7 +82,20 @@ pub fn resolve(si: &ScaleInFile, problems: &mut Problems) -> ScaleInSettings {
         budget_watch: d.budget_watch,
         shared_pod_watch_from: si.shared_pod_watch_from.unwrap_or(d.shared_pod_watch_from),
         warm_pool_settle: d.warm_pool_settle,
+        load_balancers: d.load_balancers,
     };
+    let lb = si.load_balancers.clone().unwrap_or_default();
+    scale_in.load_balancers.enabled = lb
+        .wait_for_deregistration
+        .unwrap_or(d.load_balancers.enabled);
+    scale_in.load_balancers.margin = bounded_duration(
+        problems,
+        "scaleIn.loadBalancers.margin",
+        lb.margin.as_ref(),
+        d.load_balancers.margin,
+        Duration::ZERO,
+        Some(Duration::from_secs(3600)),
+    );
     match plan::NodeCritical::parse(si.node_critical_daemon_sets.as_deref().unwrap_or_default()) {
         Ok(nc) => scale_in.node_critical = nc,
         Err(why) => problems.bad("scaleIn.nodeCriticalDaemonSets", why),
