@@ -162,7 +162,7 @@ async fn the_instance_ends_only_after_its_targets_left_every_group() {
         !events.iter().any(|(r, _)| r == "LoadBalancerUnreadable"),
         "{events:?}"
     );
-    let calls = w.cloud.calls();
+    let calls = w.cloud.lb_calls();
     // One list (shared), the instance's addresses once, each delay once.
     assert_eq!(calls.get("target_groups"), Some(&1), "{calls:?}");
     assert_eq!(calls.get("instance_addresses"), Some(&1), "{calls:?}");
@@ -270,7 +270,7 @@ async fn throttled_reads_are_waited_through_and_the_wait_off_waits_for_nothing()
     off.cloud.register_target(&tg, &iid);
     delete_nodes(&mut off, "web", &[(node.clone(), iid.clone())]).await;
     assert_eq!(off.engine.wait_for(&iid).await, Some(Outcome::Ended));
-    assert!(!off.cloud.calls().contains_key("target_groups"));
+    assert!(off.cloud.lb_calls().is_empty());
     assert!(cordoned(&off, &node) || off.sim.get::<Node>("", &node).is_none());
 }
 

@@ -343,6 +343,8 @@ struct State {
     detached: BTreeSet<String>,
     /// ELBv2 target groups (the last mile), in the order added.
     target_groups: Vec<MemTargetGroup>,
+    /// The last mile's reads, by trait method ([`MemoryCloud::lb_calls`]).
+    lb_calls: BTreeMap<String, u64>,
 }
 
 /// An ELBv2 target group of the memory cloud: its targets drain for its
@@ -776,6 +778,12 @@ impl MemoryCloud {
         self.state.lock().calls.clone()
     }
 
+    /// Number of the last mile's reads (target groups, their health and delays, an
+    /// instance's addresses) per trait method so far.
+    pub fn lb_calls(&self) -> BTreeMap<String, u64> {
+        self.state.lock().lb_calls.clone()
+    }
+
     /// Lifecycle actions completed so far, in order.
     pub fn completed_actions(&self) -> Vec<(LifecycleAction, LifecycleResult)> {
         self.state.lock().completed_actions.clone()
@@ -983,16 +991,25 @@ impl MemoryCloud {
     /// The state for one AWS call `op`: counted, refused or throttled as the test
     /// asked ([`Self::refuse`], [`Self::throttle`]), else locked and settled.
     fn call(&self, op: &str) -> CloudResult<MutexGuard<'_, State>> {
-        let mut st = self.call_unsettled(op)?;
+        let mut st = self.state.lock();
+        *st.calls.entry(op.to_string()).or_default() += 1;
+        Self::faults(&mut st, op)?;
         self.settle(&mut st);
         Ok(st)
     }
 
-    /// Like [`Self::call`], without settling the groups: the load balancers' reads
-    /// leave the Auto Scaling state (and the order its log is written in) as it was.
-    fn call_unsettled(&self, op: &str) -> CloudResult<MutexGuard<'_, State>> {
+    /// A read of the load balancers (the last mile): counted apart from the Auto
+    /// Scaling calls ([`Self::lb_calls`]) and leaving the groups unsettled, so a world
+    /// without target groups counts and orders everything else as before.
+    fn lb_call(&self, op: &str) -> CloudResult<MutexGuard<'_, State>> {
         let mut st = self.state.lock();
-        *st.calls.entry(op.to_string()).or_default() += 1;
+        *st.lb_calls.entry(op.to_string()).or_default() += 1;
+        Self::faults(&mut st, op)?;
+        Ok(st)
+    }
+
+    /// The refusal or throttle a test asked for `op`, if one is left.
+    fn faults(st: &mut State, op: &str) -> CloudResult<()> {
         if let Some((code, n)) = st.refuse_next.get_mut(op) {
             if *n > 0 {
                 *n -= 1;
@@ -1012,7 +1029,7 @@ impl MemoryCloud {
                 });
             }
         }
-        Ok(st)
+        Ok(())
     }
 
     /// Advances every instance to where it should be now.
@@ -1515,7 +1532,7 @@ impl Cloud for MemoryCloud {
     // The load balancers answer at once (no latency, no staleness): a world without
     // target groups sees the same timing with the last mile on or off.
     async fn instance_addresses(&self, instance_id: &str) -> CloudResult<super::InstanceAddresses> {
-        let _st = self.call_unsettled("instance_addresses")?;
+        let _st = self.lb_call("instance_addresses")?;
         Ok(super::InstanceAddresses {
             addresses: Self::address_of(instance_id).into_iter().collect(),
             prefixes: Vec::new(),
@@ -1523,7 +1540,7 @@ impl Cloud for MemoryCloud {
     }
 
     async fn target_groups(&self) -> CloudResult<Vec<super::TargetGroup>> {
-        let st = self.call_unsettled("target_groups")?;
+        let st = self.lb_call("target_groups")?;
         Ok(st
             .target_groups
             .iter()
@@ -1537,7 +1554,7 @@ impl Cloud for MemoryCloud {
 
     async fn target_health(&self, arn: &str) -> CloudResult<Vec<super::TargetHealth>> {
         let now = Instant::now();
-        let st = self.call_unsettled("target_health")?;
+        let st = self.lb_call("target_health")?;
         let g = st
             .target_groups
             .iter()
@@ -1554,7 +1571,7 @@ impl Cloud for MemoryCloud {
     }
 
     async fn deregistration_delay(&self, arn: &str) -> CloudResult<Option<String>> {
-        let st = self.call_unsettled("deregistration_delay")?;
+        let st = self.lb_call("deregistration_delay")?;
         let g = st
             .target_groups
             .iter()
