@@ -100,9 +100,32 @@ async fn the_instance_ends_only_after_its_targets_left_every_group() {
             }
         })
     };
+    // `status` reads the wait from the Node while it lasts.
+    let noted = {
+        let (sim, node) = (w.sim.clone(), node.clone());
+        tokio::spawn(async move {
+            for _ in 0..500 {
+                let note = sim.get::<Node>("", &node).and_then(|n: Value| {
+                    n["metadata"]["annotations"][last_mile::ANNOTATION]
+                        .as_str()
+                        .and_then(last_mile::Waiting::read)
+                });
+                if let Some(n) = note {
+                    return Some(n);
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            None
+        })
+    };
     delete_nodes(&mut w, "web", &[(node.clone(), iid.clone())]).await;
     assert_eq!(w.engine.wait_for(&iid).await, Some(Outcome::Ended));
     let deregistered = controller.await.unwrap();
+    let note = noted
+        .await
+        .unwrap()
+        .expect("the Node said the drain waits for the load balancers");
+    assert_eq!((note.groups, note.at_most_seconds), (2, 7), "{note:?}");
     let completed = w
         .cloud
         .completed_at()

@@ -76,7 +76,11 @@ pub fn table(rows: &[Row]) -> String {
                     r.elapsed_seconds
                         .map(|s| crate::duration::format_duration(Duration::from_secs(s))),
                 ),
-                dash((!r.blocked_by.is_empty()).then(|| blockers(&r.blocked_by))),
+                dash(
+                    (!r.blocked_by.is_empty())
+                        .then(|| blockers(&r.blocked_by))
+                        .or_else(|| r.load_balancers.clone()),
+                ),
                 dash(
                     r.deadline
                         .map(|d| d.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)),
@@ -424,6 +428,45 @@ mod tests {
         assert!(rows2[0].blocked_by.is_empty());
         let rows3 = super::rows(&nodes, &[], &pdbs, limits(), at(NOW));
         assert_eq!(rows3[0].phase, Phase::Drained);
+    }
+
+    /// Issue 73: a drained node whose instance waits to be out of the load balancers
+    /// says so where the blockers go, with the time waited and the bound; once the
+    /// drain is finished, or with an annotation that does not read, it says nothing.
+    #[test]
+    fn a_drained_node_waiting_for_the_load_balancers_says_so() {
+        use crate::scalein::decide::last_mile::{Waiting, ANNOTATION};
+        let rec = DrainRecord {
+            reasons: vec![DrainReason::new(Why::ScaleIn, at("2026-11-27T07:05:30Z"))],
+            ..DrainRecord::default()
+        };
+        let waiting = Waiting {
+            groups: 2,
+            since: at("2026-11-27T07:09:15Z"),
+            at_most_seconds: 330,
+        };
+        let mut n = recorded("n1", "web", &rec);
+        n.metadata
+            .annotations
+            .as_mut()
+            .unwrap()
+            .insert(ANNOTATION.into(), waiting.to_json());
+        let rows = rows(std::slice::from_ref(&n), &[], &[], limits(), at(NOW));
+        assert_eq!(rows[0].phase, Phase::Drained);
+        let line = "waiting for 2 target groups to deregister, 45 s of at most 330 s";
+        assert_eq!(rows[0].load_balancers.as_deref(), Some(line));
+        assert!(
+            table(&rows).lines().nth(1).unwrap().contains(line),
+            "{}",
+            table(&rows)
+        );
+        n.metadata
+            .annotations
+            .as_mut()
+            .unwrap()
+            .insert(ANNOTATION.into(), "not json".into());
+        let unread = super::rows(std::slice::from_ref(&n), &[], &[], limits(), at(NOW));
+        assert_eq!(unread[0].load_balancers, None);
     }
 
     #[test]

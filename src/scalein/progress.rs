@@ -137,6 +137,8 @@ pub struct Row {
     /// `Drained: ...` while True), as the service (or another drainer) wrote it.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub condition: Option<String>,
+    /// Drained, the instance waits to be out of the load balancers: the progress line.
+    pub load_balancers: Option<String>,
 }
 
 /// The drains on `nodes`, at `now`, with the pods on those nodes and the cluster's
@@ -187,6 +189,7 @@ pub fn row(
                 unreadable: Some(record::ANNOTATION),
                 ended: None,
                 condition: condition_of(node),
+                load_balancers: None,
             });
         }
     }
@@ -264,6 +267,11 @@ pub fn row(
             .end_of(rec.drain)
             .map(|e| printable(&e.how.summary(), record::MAX_WHY)),
         condition: condition_of(node),
+        load_balancers: annotations
+            .get(crate::scalein::decide::last_mile::ANNOTATION)
+            .and_then(|a| crate::scalein::decide::last_mile::Waiting::read(a))
+            .filter(|_| phase == Phase::Drained)
+            .map(|w| w.line(now)),
     })
 }
 
@@ -401,6 +409,13 @@ impl Narrator {
             if due {
                 self.blockers_at = Some(now);
                 out.push(blocked_line(&row.blocked_by));
+            }
+        }
+        // Drained, the instance waits to be out of the load balancers (issue 73).
+        if let (Said::Phase(Phase::Drained), Some(lb)) = (said, &row.load_balancers) {
+            if self.blockers_at.is_none_or(|t| now >= t + self.every) {
+                self.blockers_at = Some(now);
+                out.push(lb.clone());
             }
         }
         out

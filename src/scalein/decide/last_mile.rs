@@ -14,6 +14,9 @@
 use std::net::IpAddr;
 use std::time::Duration;
 
+use chrono::{DateTime, Utc};
+use serde::{Deserialize, Serialize};
+
 use crate::clock::Instant;
 
 /// AWS's default `deregistration_delay.timeout_seconds`: the bound of a group whose
@@ -307,6 +310,46 @@ pub fn said(groups: usize, waited: Duration, at_most: Duration) -> String {
         waited.as_secs(),
         at_most.as_secs()
     )
+}
+
+/// The Node annotation that says the drain waits for the load balancers (`status`
+/// reads it): a [`Waiting`] as JSON, written when the wait begins, removed when it ends.
+pub const ANNOTATION: &str = "ca-asg-provider.io/load-balancers";
+
+/// What the Node says of a wait for the load balancers.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct Waiting {
+    /// Target groups still waited for when it began.
+    pub groups: usize,
+    pub since: DateTime<Utc>,
+    /// The whole wait's bound from `since`.
+    pub at_most_seconds: u64,
+}
+
+impl Waiting {
+    pub fn to_json(&self) -> String {
+        serde_json::to_string(self).unwrap_or_default()
+    }
+
+    /// The annotation as written, or `None` (anyone who may patch Nodes may write it:
+    /// bounded, read whole or not at all).
+    pub fn read(s: &str) -> Option<Self> {
+        if s.len() > 512 {
+            return None;
+        }
+        let w: Self = serde_json::from_str(s).ok()?;
+        (w.groups <= 100_000 && w.at_most_seconds <= 48 * 3600).then_some(w)
+    }
+
+    /// The progress line at `now`.
+    pub fn line(&self, now: DateTime<Utc>) -> String {
+        said(
+            self.groups,
+            (now - self.since).to_std().unwrap_or_default(),
+            Duration::from_secs(self.at_most_seconds),
+        )
+    }
 }
 
 #[cfg(test)]

@@ -525,6 +525,32 @@ impl terminate::EndPort for Engine {
     fn held_since(&self, instance_id: &str) -> Option<(crate::clock::Instant, Duration)> {
         self.book.held_since(instance_id)
     }
+
+    async fn note_wait(
+        &self,
+        node: &str,
+        waiting: Option<&crate::scalein::decide::last_mile::Waiting>,
+    ) {
+        use crate::scalein::decide::last_mile::ANNOTATION;
+        use crate::scalein::kube::node_record::{read_modify_write, Write};
+        let value = waiting.map(|w| w.to_json());
+        let written = read_modify_write(&self.tools.nodes, &self.tools.client, node, |n| {
+            let now = n
+                .metadata
+                .annotations
+                .as_ref()
+                .and_then(|a| a.get(ANNOTATION));
+            if now == value.as_ref() {
+                return Write::Keep(());
+            }
+            let patch = serde_json::json!({"metadata": {"annotations": {ANNOTATION: value}}});
+            Write::Patch(patch, ())
+        })
+        .await;
+        if let Err(e) = written {
+            tracing::debug!(node, error = %e, "could not note the wait for the load balancers on the Node; status will not show it");
+        }
+    }
 }
 
 /// One drain from its first try to its outcome: tried again while our hook holds

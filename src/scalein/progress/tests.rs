@@ -25,6 +25,7 @@ fn row(phase: Phase, blocked: &[(&str, &[&str])]) -> Row {
         unreadable: None,
         ended: None,
         condition: None,
+        load_balancers: None,
     }
 }
 
@@ -347,4 +348,33 @@ fn a_follower_decides_from_the_record_alone() {
             "{record:?} following {drain}, seen {seen}"
         );
     }
+}
+
+/// Issue 73: drained, while the instance waits to be out of the load balancers, the
+/// wait is said every few seconds with how long it has lasted.
+#[test]
+fn a_wait_for_the_load_balancers_is_said_every_few_seconds() {
+    let mut n = Narrator::new("n1", Duration::from_secs(10));
+    let t0 = Instant::now();
+    let mut drained = row(Phase::Drained, &[]);
+    assert_eq!(
+        n.observe(Some(&drained), 0, t0).len(),
+        2,
+        "cordoned, pods gone"
+    );
+    assert!(n.observe(Some(&drained), 0, t0).is_empty());
+    drained.load_balancers =
+        Some("waiting for 1 target group to deregister, 5 s of at most 330 s".into());
+    assert_eq!(
+        n.observe(Some(&drained), 0, t0 + Duration::from_secs(1)),
+        vec!["waiting for 1 target group to deregister, 5 s of at most 330 s".to_string()]
+    );
+    assert!(n
+        .observe(Some(&drained), 0, t0 + Duration::from_secs(5))
+        .is_empty());
+    assert_eq!(
+        n.observe(Some(&drained), 0, t0 + Duration::from_secs(11))
+            .len(),
+        1
+    );
 }

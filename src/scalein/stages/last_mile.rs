@@ -222,6 +222,9 @@ pub async fn wait_out(end: &Ending, mode: &Mode, instance_id: &str, node: Option
         match last_mile::verdict(&groups, bounds, now) {
             Verdict::Done => {
                 w.observe_all(now, "left");
+                if let (true, Some(n)) = (announced, node) {
+                    end.port.note_wait(n, None).await;
+                }
                 if announced {
                     tracing::info!(instance = instance_id, waited = ?now.duration_since(started), "the instance is out of every target group that had it");
                 }
@@ -229,6 +232,9 @@ pub async fn wait_out(end: &Ending, mode: &Mode, instance_id: &str, node: Option
             }
             Verdict::GiveUp(why) => {
                 w.give_up(&why, now).await;
+                if let (true, Some(n)) = (announced, node) {
+                    end.port.note_wait(n, None).await;
+                }
                 return;
             }
             Verdict::Wait {
@@ -240,6 +246,16 @@ pub async fn wait_out(end: &Ending, mode: &Mode, instance_id: &str, node: Option
                 tracing::info!(instance = instance_id, "{line}");
                 if !announced {
                     announced = true;
+                    if let Some(n) = node {
+                        let since = crate::clock::utc_now()
+                            - chrono::Duration::from_std(waited).unwrap_or_default();
+                        let note = last_mile::Waiting {
+                            groups,
+                            since,
+                            at_most_seconds: at_most.as_secs(),
+                        };
+                        end.port.note_wait(n, Some(&note)).await;
+                    }
                     let names: Vec<&str> = w
                         .watched
                         .values()

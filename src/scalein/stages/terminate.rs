@@ -48,6 +48,13 @@ pub trait EndPort: Send + Sync {
     /// Since when our hook's action on the instance is heartbeated, and at which
     /// heartbeat timeout; `None` when it is not.
     fn held_since(&self, instance_id: &str) -> Option<(crate::clock::Instant, Duration)>;
+    /// Writes on the Node that the drain waits for the load balancers (`None`: it no
+    /// longer does), for `status`.
+    async fn note_wait(
+        &self,
+        node: &str,
+        waiting: Option<&crate::scalein::decide::last_mile::Waiting>,
+    );
 }
 
 /// What the last stage may reach: AWS, the provider's accounting of what CA asked,

@@ -299,3 +299,32 @@ fn the_progress_line_names_the_phase() {
         "waiting for 1 target group to deregister, 0 s of at most 40 s"
     );
 }
+
+/// The Node's note of a wait reads back whole, and nothing else does.
+#[test]
+fn the_nodes_note_of_a_wait_reads_back_and_says_the_phase() {
+    let since = chrono::DateTime::parse_from_rfc3339("2026-01-01T10:00:00Z")
+        .unwrap()
+        .with_timezone(&chrono::Utc);
+    let w = Waiting {
+        groups: 2,
+        since,
+        at_most_seconds: 330,
+    };
+    assert_eq!(Waiting::read(&w.to_json()), Some(w.clone()));
+    assert_eq!(
+        w.line(since + chrono::Duration::seconds(45)),
+        "waiting for 2 target groups to deregister, 45 s of at most 330 s"
+    );
+    for bad in [
+        "",
+        "{}",
+        "[]",
+        r#"{"groups":2,"since":"2026-01-01T10:00:00Z","atMostSeconds":999999}"#,
+        r#"{"groups":2,"since":"yesterday","atMostSeconds":330}"#,
+        r#"{"groups":2,"since":"2026-01-01T10:00:00Z","atMostSeconds":330,"x":1}"#,
+    ] {
+        assert_eq!(Waiting::read(bad), None, "{bad}");
+    }
+    assert_eq!(Waiting::read(&"x".repeat(10_000)), None);
+}
