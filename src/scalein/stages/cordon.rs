@@ -250,6 +250,7 @@ pub fn give_back_patch(
             "annotations": {
                 STARTED_ANNOTATION: null, MODE_ANNOTATION: null, GROUP_ANNOTATION: null,
                 RECORD_ANNOTATION: null, CORDONED_BY_US: null, LB_LABEL_BY_US: null,
+                crate::scalein::decide::last_mile::ANNOTATION: null,
             },
             "labels": labels,
         },
@@ -275,6 +276,7 @@ pub fn has_marks(current: &k8s_openapi::api::core::v1::Node) -> bool {
             RECORD_ANNOTATION,
             CORDONED_BY_US,
             LB_LABEL_BY_US,
+            crate::scalein::decide::last_mile::ANNOTATION,
         ]
         .iter()
         .any(|k| annotations.contains_key(*k))
