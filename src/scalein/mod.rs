@@ -38,7 +38,6 @@ pub mod stats;
 pub use engine::{DrainStats, Engine};
 pub use kube::client::kube_client;
 pub use request::{ca_reason, reason_of_mode, DrainRequest, Mode, Outcome, Source, Start};
-pub use settings::{
-    DaemonSetPolicy, DeadlinePolicy, LoadBalancerWait, ModeChoice, ScaleInSettings,
-};
+pub use settings::LoadBalancerWait;
+pub use settings::{DaemonSetPolicy, DeadlinePolicy, ModeChoice, ScaleInSettings};
 pub use sources::ca::DrainScaleIn;

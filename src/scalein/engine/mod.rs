@@ -517,7 +517,11 @@ impl terminate::EndPort for Engine {
     async fn hooks_now(&self, group: &Group) -> Result<Group, ProviderError> {
         self.with_current_hooks(group).await
     }
+}
 
+/// What the wait for the load balancers reaches of the engine.
+#[async_trait::async_trait]
+impl crate::scalein::stages::last_mile::WaitPort for Engine {
     async fn say(&self, node: &str, reason: events::Reason, text: String) {
         self.tools.events.node(node, reason, text).await;
     }

@@ -28,7 +28,20 @@ use crate::scalein::LoadBalancerWait;
 use crate::scalein::Mode;
 use crate::telemetry::metrics::{metrics, TargetGroupLabels};
 
-use super::terminate::Ending;
+/// What the wait needs of whoever runs the drain (the engine), and no more: since
+/// when our hook's hold is heartbeated, the Node's Event, and the Node's note of the
+/// wait. [`super::terminate::EndPort`] extends it.
+#[async_trait::async_trait]
+pub trait WaitPort: Send + Sync {
+    /// An Event on the Node.
+    async fn say(&self, node: &str, reason: Reason, text: String);
+    /// Since when our hook's action on the instance is heartbeated, and at which
+    /// heartbeat timeout; `None` when it is not.
+    fn held_since(&self, instance_id: &str) -> Option<(Instant, Duration)>;
+    /// Writes on the Node that the drain waits for the load balancers (`None`: it no
+    /// longer does), for `status`.
+    async fn note_wait(&self, node: &str, waiting: Option<&last_mile::Waiting>);
+}
 
 /// A delay read is kept this long (operators change it rarely).
 const DELAY_KEPT: Duration = Duration::from_secs(600);
@@ -172,12 +185,17 @@ const THE_LIST: &str = "(the region's target groups)";
 /// Waits until the instance is out of every target group that has it, or the wait's
 /// bound ([`last_mile::verdict`]). Never fails: the instance ends after it whatever
 /// the load balancers say.
-pub async fn wait_out(end: &Ending, mode: &Mode, instance_id: &str, node: Option<&str>) {
-    let lm = &end.last_mile;
+pub async fn wait_out(
+    cloud: &dyn Cloud,
+    lm: &LastMile,
+    port: &dyn WaitPort,
+    mode: &Mode,
+    instance_id: &str,
+    node: Option<&str>,
+) {
     if !lm.settings.enabled || lm.dry_run || matches!(mode, Mode::DrainOnly) {
         return;
     }
-    let cloud = end.cloud.as_ref();
     let poll = lm.settings.poll;
     let started = Instant::now();
     // The first read: no target group in the region is the common answer, and ends
@@ -188,8 +206,7 @@ pub async fn wait_out(end: &Ending, mode: &Mode, instance_id: &str, node: Option
     }
     let _stage = metrics().stage("load-balancers");
     let latest = match mode {
-        Mode::Lifecycle { .. } => end
-            .port
+        Mode::Lifecycle { .. } => port
             .held_since(instance_id)
             .map(|(since, timeout)| since + global_limit(timeout).saturating_sub(timeout)),
         _ => None,
@@ -206,7 +223,9 @@ pub async fn wait_out(end: &Ending, mode: &Mode, instance_id: &str, node: Option
         }
     };
     let mut w = Wait {
-        end,
+        cloud,
+        lm,
+        port,
         instance_id,
         node,
         addresses,
@@ -223,7 +242,7 @@ pub async fn wait_out(end: &Ending, mode: &Mode, instance_id: &str, node: Option
             Verdict::Done => {
                 w.observe_all(now, "left");
                 if let (true, Some(n)) = (announced, node) {
-                    end.port.note_wait(n, None).await;
+                    port.note_wait(n, None).await;
                 }
                 if announced {
                     tracing::info!(instance = instance_id, waited = ?now.duration_since(started), "the instance is out of every target group that had it");
@@ -233,7 +252,7 @@ pub async fn wait_out(end: &Ending, mode: &Mode, instance_id: &str, node: Option
             Verdict::GiveUp(why) => {
                 w.give_up(&why, now).await;
                 if let (true, Some(n)) = (announced, node) {
-                    end.port.note_wait(n, None).await;
+                    port.note_wait(n, None).await;
                 }
                 return;
             }
@@ -254,7 +273,7 @@ pub async fn wait_out(end: &Ending, mode: &Mode, instance_id: &str, node: Option
                             since,
                             at_most_seconds: at_most.as_secs(),
                         };
-                        end.port.note_wait(n, Some(&note)).await;
+                        port.note_wait(n, Some(&note)).await;
                     }
                     let names: Vec<&str> = w
                         .watched
@@ -286,7 +305,9 @@ pub async fn wait_out(end: &Ending, mode: &Mode, instance_id: &str, node: Option
 /// One wait's state: the groups watched (by ARN: the group and when it was read),
 /// the unreadable ones said once.
 struct Wait<'a> {
-    end: &'a Ending,
+    cloud: &'a dyn Cloud,
+    lm: &'a LastMile,
+    port: &'a dyn WaitPort,
     instance_id: &'a str,
     node: Option<&'a str>,
     addresses: Addresses,
@@ -362,10 +383,10 @@ impl Wait<'_> {
     }
 
     async fn read(&mut self, g: &TargetGroup) -> Seen {
-        let lm = &self.end.last_mile;
+        let lm = self.lm;
         match lm
             .sightings
-            .health(self.end.cloud.as_ref(), &g.arn, lm.settings.poll)
+            .health(self.cloud, &g.arn, lm.settings.poll)
             .await
         {
             Ok(targets) => Seen::Read(last_mile::states_of(
@@ -385,12 +406,7 @@ impl Wait<'_> {
     }
 
     async fn watch(&mut self, g: TargetGroup, seen: Seen, now: Instant) {
-        let (delay, failed) = self
-            .end
-            .last_mile
-            .sightings
-            .delay(self.end.cloud.as_ref(), &g.arn)
-            .await;
+        let (delay, failed) = self.lm.sightings.delay(self.cloud, &g.arn).await;
         if let Some(e) = failed {
             let why = unread("DescribeTargetGroupAttributes", &e);
             self.unreadable(&g.name, &why).await;
@@ -463,7 +479,7 @@ impl Wait<'_> {
 
     async fn say(&self, reason: Reason, text: String) {
         if let Some(n) = self.node {
-            self.end.port.say(n, reason, text).await;
+            self.port.say(n, reason, text).await;
         }
     }
 }

@@ -29,9 +29,10 @@ const ATTEMPTS: u32 = 6;
 /// What ending an instance needs of whoever runs the drain (the engine), and no more:
 /// the fence, the instance's turn to be ended, the note that our action on it is
 /// finished, AWS asked whether our hook holds it, the group's hooks as AWS has them
-/// now, and the Node's Event.
+/// now, and what the wait for the load balancers needs (the Node's Event among it,
+/// [`last_mile::WaitPort`]).
 #[async_trait]
-pub trait EndPort: Send + Sync {
+pub trait EndPort: last_mile::WaitPort {
     /// Whether this replica may end an instance now (it leads).
     fn may_end(&self) -> bool;
     /// The instance's turn to be ended, held while its termination and the note of it
@@ -43,18 +44,6 @@ pub trait EndPort: Send + Sync {
     async fn ask_hold(&self, group: &str, instance_id: &str) -> Hold;
     /// The group with its terminating hooks as AWS has them now.
     async fn hooks_now(&self, group: &Group) -> Result<Group, ProviderError>;
-    /// An Event on the Node.
-    async fn say(&self, node: &str, reason: Reason, text: String);
-    /// Since when our hook's action on the instance is heartbeated, and at which
-    /// heartbeat timeout; `None` when it is not.
-    fn held_since(&self, instance_id: &str) -> Option<(crate::clock::Instant, Duration)>;
-    /// Writes on the Node that the drain waits for the load balancers (`None`: it no
-    /// longer does), for `status`.
-    async fn note_wait(
-        &self,
-        node: &str,
-        waiting: Option<&crate::scalein::decide::last_mile::Waiting>,
-    );
 }
 
 /// What the last stage may reach: AWS, the provider's accounting of what CA asked,
@@ -98,7 +87,15 @@ pub async fn finish(
     node: Option<&str>,
 ) -> Result<String, String> {
     // Out of the load balancers first (bounded; our hook's heartbeats go on).
-    last_mile::wait_out(end, mode, instance_id, node).await;
+    last_mile::wait_out(
+        end.cloud.as_ref(),
+        &end.last_mile,
+        end.port.as_ref(),
+        mode,
+        instance_id,
+        node,
+    )
+    .await;
     let summary = (|| end_once(end, mode, group, instance_id))
         .retry(retry_policy(instance_id))
         .sleep(tokio::time::sleep)
