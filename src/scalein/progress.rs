@@ -137,7 +137,9 @@ pub struct Row {
     /// `Drained: ...` while True), as the service (or another drainer) wrote it.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub condition: Option<String>,
-    /// Drained, the instance waits to be out of the load balancers: the progress line.
+    /// Drained, the instance waits to be out of the load balancers: the progress line
+    /// (left out of the JSON when it does not).
+    #[serde(skip_serializing_if = "Option::is_none")]
     pub load_balancers: Option<String>,
 }
 
