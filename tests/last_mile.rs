@@ -476,3 +476,117 @@ async fn the_aws_backend_reads_target_groups_health_and_delays_from_moto() {
     );
     assert!(bare.target_groups().await.unwrap().is_empty());
 }
+
+/// What moto does not model, through the SDK's mock layer: DescribeTargetGroups in
+/// pages of 400 followed by their marker, a target without a state read as one that
+/// may carry traffic, and AWS's refusals classified as the wait counts them (throttled:
+/// passing; AccessDenied: a missing permission, by its code; a group gone: NotFound).
+#[tokio::test]
+async fn target_groups_are_paged_and_refusals_classified_through_the_sdks_mock_layer() {
+    use aws_sdk_elasticloadbalancingv2::operation::describe_target_groups::DescribeTargetGroupsOutput;
+    use aws_sdk_elasticloadbalancingv2::operation::describe_target_health::{
+        DescribeTargetHealthError, DescribeTargetHealthOutput,
+    };
+    use aws_smithy_mocks::{mock, mock_client, RuleMode};
+    use aws_smithy_types::error::ErrorMetadata;
+    use ca_asg_provider::cloud::CloudError;
+
+    let tg = |n: usize| {
+        elb::types::TargetGroup::builder()
+            .target_group_arn(format!("arn:tg/{n}"))
+            .target_group_name(format!("tg-{n}"))
+            .target_type(elb::types::TargetTypeEnum::Ip)
+            .build()
+    };
+    let first = mock!(elb::Client::describe_target_groups)
+        .match_requests(|r| r.marker().is_none() && r.page_size() == Some(400))
+        .then_output(move || {
+            DescribeTargetGroupsOutput::builder()
+                .set_target_groups(Some((0..400).map(tg).collect()))
+                .next_marker("page-2")
+                .build()
+        });
+    let second = mock!(elb::Client::describe_target_groups)
+        .match_requests(|r| r.marker() == Some("page-2"))
+        .then_output(move || {
+            DescribeTargetGroupsOutput::builder()
+                .set_target_groups(Some((400..402).map(tg).collect()))
+                .build()
+        });
+    let stateless = mock!(elb::Client::describe_target_health)
+        .match_requests(|r| r.target_group_arn() == Some("arn:tg/1"))
+        .then_output(|| {
+            DescribeTargetHealthOutput::builder()
+                .target_health_descriptions(
+                    elb::types::TargetHealthDescription::builder()
+                        .target(
+                            elb::types::TargetDescription::builder()
+                                .id("10.0.1.5")
+                                .build(),
+                        )
+                        .build(),
+                )
+                .build()
+        });
+    let error = |code: &'static str| {
+        move || {
+            DescribeTargetHealthError::generic(
+                ErrorMetadata::builder().code(code).message(code).build(),
+            )
+        }
+    };
+    let throttled = mock!(elb::Client::describe_target_health)
+        .match_requests(|r| r.target_group_arn() == Some("arn:tg/2"))
+        .then_error(error("Throttling"));
+    let denied = mock!(elb::Client::describe_target_health)
+        .match_requests(|r| r.target_group_arn() == Some("arn:tg/3"))
+        .then_error(error("AccessDenied"));
+    let gone = mock!(elb::Client::describe_target_health)
+        .match_requests(|r| r.target_group_arn() == Some("arn:tg/4"))
+        .then_error(error("TargetGroupNotFound"));
+    let client: elb::Client = mock_client!(
+        aws_sdk_elasticloadbalancingv2,
+        RuleMode::MatchAny,
+        &[&first, &second, &stateless, &throttled, &denied, &gone]
+    );
+    let cloud = AwsCloud::from_clients(
+        aws_sdk_autoscaling::Client::from_conf(
+            aws_sdk_autoscaling::Config::builder()
+                .behavior_version_latest()
+                .region(aws_sdk_autoscaling::config::Region::new("us-east-1"))
+                .build(),
+        ),
+        aws_sdk_ec2::Client::from_conf(
+            aws_sdk_ec2::Config::builder()
+                .behavior_version_latest()
+                .region(aws_sdk_ec2::config::Region::new("us-east-1"))
+                .build(),
+        ),
+        aws_sdk_eks::Client::from_conf(
+            aws_sdk_eks::Config::builder()
+                .behavior_version_latest()
+                .region(aws_sdk_eks::config::Region::new("us-east-1"))
+                .build(),
+        ),
+    )
+    .with_elb(client);
+
+    let groups = cloud.target_groups().await.unwrap();
+    assert_eq!(groups.len(), 402);
+    assert_eq!((first.num_calls(), second.num_calls()), (1, 1));
+    assert_eq!(groups[401].name, "tg-401");
+    assert_eq!(groups[0].target_type, "ip");
+
+    let h = cloud.target_health("arn:tg/1").await.unwrap();
+    assert_eq!(h.len(), 1);
+    assert!(!last_mile::is_out(&h[0].state), "{h:?}");
+    let e = cloud.target_health("arn:tg/2").await.unwrap_err();
+    assert!(matches!(e, CloudError::Throttled { .. }), "{e:?}");
+    let e = cloud.target_health("arn:tg/3").await.unwrap_err();
+    assert!(
+        matches!(&e, CloudError::Rejected { code, .. } if code == "AccessDenied"),
+        "{e:?}"
+    );
+    let e = cloud.target_health("arn:tg/4").await.unwrap_err();
+    assert!(matches!(e, CloudError::NotFound { .. }), "{e:?}");
+}
