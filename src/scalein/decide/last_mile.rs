@@ -175,8 +175,26 @@ impl Watched {
         }
     }
 
-    /// When the wait on this group is over whatever it shows.
+    /// Whether someone is taking the instance out of this group: a target of it
+    /// `draining`, or the group unread (it cannot be told: waited as if).
+    pub fn deregistering(&self) -> bool {
+        match &self.seen {
+            Seen::Read(states) => states.iter().any(|s| s.ends_with("draining")),
+            Seen::Unread(_) => true,
+        }
+    }
+
+    /// When the wait on this group is over whatever it shows: its deregistration delay
+    /// plus the margin while the instance is being taken out (or the group cannot be
+    /// read); the margin alone while every target of the instance still serves and
+    /// nobody has begun to take it out (a group attached to the ASG, which the ASG
+    /// leaves only when it ends the instance; no controller watching the
+    /// exclude-from-external-load-balancers label), so such a group costs the margin,
+    /// not the whole delay, on every scale-in.
     pub fn bound(&self, margin: Duration) -> Instant {
+        if !self.deregistering() {
+            return self.since + margin;
+        }
         self.since + self.delay.unwrap_or(DEFAULT_DELAY).min(MAX_DELAY) + margin
     }
 }
@@ -206,6 +224,10 @@ impl GiveUp {
     /// For people: which group and why.
     pub fn said(&self) -> String {
         match self {
+            Self::Bound { group, states } if !states.iter().any(|s| s.ends_with("draining")) => format!(
+                "target group {group} still shows the instance ({}) and nothing began to take it out within the margin (no controller acts on the node's exclude-from-external-load-balancers label for it; a group attached to the ASG is left by the ASG when it ends the instance)",
+                states.join(", ")
+            ),
             Self::Bound { group, states } => format!(
                 "target group {group} still shows the instance ({}) at the end of its deregistration delay and margin",
                 states.join(", ")
@@ -251,7 +273,8 @@ pub enum Verdict {
 /// |   but `unused`                                                   |                |
 /// | our hook's latest time reached, a group still in or unread       | `GiveUp(Hook)` |
 /// | a group still in (read, a target not `unused`) or unread, before | `Wait`         |
-/// |   its bound (delay, or 300 s unread, plus margin)                |                |
+/// |   its bound (delay, or 300 s unread, plus margin; the margin     |                |
+/// |   alone while nothing is `draining` in a read group)             |                |
 /// | every group still in or unread is at or past its bound           | `GiveUp`, one  |
 /// |                                                                  |   per group    |
 pub fn verdict(groups: &[Watched], bounds: Bounds, now: Instant) -> Verdict {
@@ -416,29 +439,32 @@ mod tests {
         assert!(is_out("unused"));
     }
 
-    /// Each state of one group, before its bound, at it and past it.
+    /// Each state of one group, before its bound, at it and past it: a group being
+    /// taken out (`draining`) or unread is waited on for its delay plus the margin
+    /// (330 s); one still serving that nobody takes out, for the margin alone (30 s).
     #[test]
     fn one_group_each_state_before_at_and_past_its_bound() {
         let t0 = Instant::now();
-        for (seen, in_) in [
-            (read(&[]), false),
-            (read(&["unused"]), false),
-            (read(&["unused", "unused"]), false),
-            (read(&["healthy"]), true),
-            (read(&["initial"]), true),
-            (read(&["draining"]), true),
-            (read(&["unused", "draining"]), true),
-            (read(&["unhealthy.draining"]), true),
-            (read(&["unavailable"]), true),
-            (forbidden(), true),
-            (throttled(), true),
+        for (seen, in_, bound) in [
+            (read(&[]), false, 330),
+            (read(&["unused"]), false, 330),
+            (read(&["unused", "unused"]), false, 330),
+            (read(&["healthy"]), true, 30),
+            (read(&["initial"]), true, 30),
+            (read(&["draining"]), true, 330),
+            (read(&["unused", "draining"]), true, 330),
+            (read(&["healthy", "draining"]), true, 330),
+            (read(&["unhealthy.draining"]), true, 330),
+            (read(&["unavailable"]), true, 30),
+            (forbidden(), true, 330),
+            (throttled(), true, 330),
         ] {
             let g = [group("web", Some(300), t0, seen.clone())];
             for (at, past) in [
                 (0, false),
-                (45, false),
-                (329, false),
-                (330, true),
+                (bound / 2, false),
+                (bound - 1, false),
+                (bound, true),
                 (4000, true),
             ] {
                 let v = verdict(&g, bounds(None), t0 + s(at));
@@ -453,7 +479,7 @@ mod tests {
                             at_most,
                         },
                     ) => {
-                        assert_eq!((*groups, *waited, *at_most), (1, s(at), s(330)));
+                        assert_eq!((*groups, *waited, *at_most), (1, s(at), s(bound)));
                     }
                     (true, true, Verdict::GiveUp(why)) => {
                         assert_eq!(why.len(), 1);
@@ -561,7 +587,7 @@ mod tests {
         let t0 = Instant::now();
         let gs = [
             group("a", Some(60), t0, read(&["draining"])),
-            group("b", Some(60), t0 + s(50), read(&["healthy"])),
+            group("b", Some(60), t0 + s(50), read(&["unhealthy.draining"])),
         ];
         match verdict(&gs, bounds(None), t0 + s(95)) {
             Verdict::Wait {
