@@ -476,7 +476,9 @@ async fn pod_phases(d: &NodeDrain<'_>, plan: &Plan) -> Result<(), Stop> {
 async fn say_drained(d: &NodeDrain<'_>, plan: &Plan) {
     let next = match plan.ends {
         End::Leave => "the instance stays (drain without --terminate); the node stays cordoned",
-        End::Terminate | End::Lifecycle { .. } => "the instance ends next",
+        End::Terminate | End::Lifecycle { .. } => {
+            "the instance ends next, once its load balancers let it go"
+        }
     };
     let state = DrainState::Drained {
         reason: d.condition_reason.to_string(),
