@@ -82,10 +82,7 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
         .await
         .context("connecting to the demo server")?;
     // The provider stays with its server and background loop until the end.
-    let Service {
-        provider: _provider,
-        engine,
-    } = service;
+    let Service { provider, engine } = service;
     let addr = door.addr;
     println!("== ca-asg-provider demo: the real gRPC server on an in-memory cloud, at {addr}");
     println!("   (cluster-autoscaler would run with --cloud-provider=externalgrpc and address: {addr})\n");
@@ -95,6 +92,14 @@ pub async fn run(args: DemoArgs) -> anyhow::Result<()> {
     scene_groups(ca).await?;
     scene_template(ca).await?;
     scene_options(ca).await?;
+    // Size changes wait until the groups (CA's Refresh above) and the drains recorded
+    // on Nodes have been read once (CA would retry its call); the demo waits for that
+    // read instead, so that a slow machine does not make its first IncreaseSize an
+    // error.
+    let known_by = Instant::now() + Duration::from_secs(30);
+    while !provider.drain_state_known() && Instant::now() < known_by {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     scene_scale_up(ca).await?;
     let victim = scene_workloads(ca, &sim).await?;
     scene_delete(ca, &sim, &engine, &victim).await?;
