@@ -67,6 +67,14 @@ async fn the_instance_ends_only_after_its_targets_left_every_group() {
         .build()
         .await;
     let (node, iid) = nodes_of(&w, "web")[0].clone();
+    // A pod whose preStop takes 0.3 s: the drain outlasts the controller's 20 ms look
+    // at the cordon, so the wait's first read finds both targets already draining
+    // (a group nobody has begun to take the instance out of is waited on for the
+    // margin alone, and the note would say so).
+    w.put(&ca_asg_provider::sim::fixtures::pod(
+        "shop", "app", &node, "app", 0.3,
+    ));
+    pod_ready(&w, "app").await;
     let address = MemoryCloud::address_of(&iid).unwrap();
     let alb = w.cloud.add_target_group("web-alb", "instance", "2");
     let nlb = w.cloud.add_target_group("web-nlb", "ip", "1");

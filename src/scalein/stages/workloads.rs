@@ -238,15 +238,9 @@ async fn delete_by_grace(
         let now = Instant::now();
         let left = deadline.saturating_duration_since(now);
         let listed = pods.pods();
-        let stamp = crate::clock::timestamp_now();
         let running: Vec<&Pod> = listed
             .iter()
-            .filter(|p| {
-                matches!(plan::classify_at(p, &d.r.stage.settings.node_critical, stamp), Disposition::Evict(t) | Disposition::Wait(t) if !t.is_daemonset())
-                    && !plan::is_replacement(p, drain_taint(), d.started)
-                    && d.not_waited_for(p).is_none()
-                    && !asked.contains(&plan::pod_ref(p).uid)
-            })
+            .filter(|p| left_at_deadline(d, p) && !asked.contains(&plan::pod_ref(p).uid))
             .collect();
         let (due, next) = plan::grace_deletions(&running, left);
         if !due.is_empty() {
@@ -309,6 +303,16 @@ enum Deleted {
 /// instance left as they are (fail closed; a held or resumed drain tries again).
 const DELETE_RETRY_FOR: Duration = Duration::from_secs(120);
 
+/// Whether a `proceed` deadline ends this pod by a delete: a workload pod (evicted
+/// or waited for, not a DaemonSet's), not a replacement that tolerates the drain
+/// taint, and one the drain waits for. The deadline's own delete and the deletes at
+/// (deadline - grace) before it choose by this one rule.
+fn left_at_deadline(d: &NodeDrain<'_>, p: &Pod) -> bool {
+    matches!(plan::classify_at(p, &d.r.stage.settings.node_critical, crate::clock::timestamp_now()), Disposition::Evict(t) | Disposition::Wait(t) if !t.is_daemonset())
+        && !plan::is_replacement(p, drain_taint(), d.started)
+        && d.not_waited_for(p).is_none()
+}
+
 /// A `proceed` deadline passed with workload pods left: the instance ends anyway, so
 /// they are deleted now with their own grace period (preStop hooks run, SIGTERM
 /// arrives), a refused delete retried with backoff, and the DaemonSet pods wait for
@@ -318,11 +322,7 @@ async fn end_remaining_workloads(d: &NodeDrain<'_>, pods: &mut NodePods) -> Resu
     let left: Vec<Pod> = pods
         .pods()
         .into_iter()
-        .filter(|p| {
-            matches!(plan::classify_at(p, &d.r.stage.settings.node_critical, crate::clock::timestamp_now()), Disposition::Evict(t) | Disposition::Wait(t) if !t.is_daemonset())
-                && !plan::is_replacement(p, drain_taint(), d.started)
-                && d.not_waited_for(p).is_none()
-        })
+        .filter(|p| left_at_deadline(d, p))
         .collect();
     if left.is_empty() {
         return Ok(());
