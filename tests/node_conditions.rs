@@ -103,17 +103,13 @@ fn pod_with_grace(node: &str, name: &str, grace: i64) -> k8s_openapi::api::core:
     p
 }
 
-/// Waits until the pod `name` is Ready.
-async fn ready(w: &World, name: &str) {
-    eventually("the pod is Ready", 10, || {
-        w.sim
-            .list::<k8s_openapi::api::core::v1::Pod>()
-            .iter()
-            .any(|p| {
-                p["metadata"]["name"] == name && p["status"]["conditions"][0]["status"] == "True"
-            })
-    })
-    .await;
+/// The notes of the Events of `reason`.
+fn notes(w: &World, reason: &str) -> Vec<String> {
+    events(&w.sim)
+        .into_iter()
+        .filter(|(r, _)| r == reason)
+        .map(|(_, n)| n)
+        .collect()
 }
 
 /// A single-replica app whose budget wants its one pod: `minAvailable: 1`; its pod's
@@ -136,7 +132,7 @@ async fn single_replica_app(w: &World, node: &str, name: &str) {
         status: None,
     });
     w.put(&pod_with_grace(node, name, 1));
-    ready(w, name).await;
+    pod_ready(w, name).await;
 }
 
 fn settings(deadline: Duration, policy: DeadlinePolicy) -> ScaleInSettings {
@@ -167,7 +163,7 @@ async fn budgets_that_never_allow_are_named_at_the_start_and_the_node_says_where
     // deadline's deletions come 2 s after the start.
     w.put(&fixtures::pdb("shop", "solo", 0));
     w.put(&pod_with_grace(&node, "solo", 1));
-    ready(&w, "solo").await;
+    pod_ready(&w, "solo").await;
     single_replica_app(&w, &node, "single").await;
     let history = History::of(&w.sim, &node);
     delete_nodes(&mut w, "web", &[(node.clone(), iid.clone())]).await;
@@ -181,11 +177,7 @@ async fn budgets_that_never_allow_are_named_at_the_start_and_the_node_says_where
             .any(|(r, _)| r == "EvictionDeadlocked")
     })
     .await;
-    let named: Vec<String> = events(&w.sim)
-        .into_iter()
-        .filter(|(r, _)| r == "EvictionDeadlocked")
-        .map(|(_, n)| n)
-        .collect();
+    let named: Vec<String> = notes(&w, "EvictionDeadlocked");
     assert_eq!(named.len(), 1, "one Event per drain: {named:?}");
     let note = &named[0];
     for want in [
@@ -291,11 +283,7 @@ async fn an_abandoned_drain_says_so_and_a_budget_that_may_allow_is_not_named() {
         w.engine.wait_for(&iid).await,
         Some(Outcome::Abandoned(_))
     ));
-    let named: Vec<String> = events(&w.sim)
-        .into_iter()
-        .filter(|(r, _)| r == "EvictionDeadlocked")
-        .map(|(_, n)| n)
-        .collect();
+    let named: Vec<String> = notes(&w, "EvictionDeadlocked");
     assert_eq!(named.len(), 1, "{named:?}");
     assert!(
         named[0].contains("shop/held-pdb") && !named[0].contains("free"),
@@ -408,7 +396,7 @@ async fn at_a_proceed_deadline_each_pod_is_deleted_at_the_deadline_less_its_grac
     for (name, grace) in [("short", 1), ("long", 4)] {
         w.put(&fixtures::pdb("shop", name, 0));
         w.put(&pod_with_grace(&node, name, grace));
-        ready(&w, name).await;
+        pod_ready(&w, name).await;
     }
     delete_nodes(&mut w, "web", &[(node.clone(), iid.clone())]).await;
     assert_eq!(w.engine.wait_for(&iid).await, Some(Outcome::Ended));
@@ -423,11 +411,7 @@ async fn at_a_proceed_deadline_each_pod_is_deleted_at_the_deadline_less_its_grac
         at("deletion-started", "long") < at("deletion-started", "short"),
         "the longer grace is deleted first"
     );
-    let notes: Vec<String> = events(&w.sim)
-        .into_iter()
-        .filter(|(r, _)| r == "DeadlineHit")
-        .map(|(_, n)| n)
-        .collect();
+    let notes: Vec<String> = notes(&w, "DeadlineHit");
     for name in ["shop/long", "shop/short"] {
         assert!(
             notes

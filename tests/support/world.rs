@@ -545,7 +545,12 @@ pub fn in_service(cloud: &MemoryCloud, id: &str) -> bool {
 pub async fn guarded_app(w: &World, node: &str, name: &str) {
     w.put(&fixtures::pdb("shop", name, 0));
     w.put(&fixtures::pod("shop", name, node, name, 0.1));
-    super::eventually("the app is Ready", 10, || {
+    pod_ready(w, name).await;
+}
+
+/// Waits until the pod named `name` is Ready.
+pub async fn pod_ready(w: &World, name: &str) {
+    super::eventually("the pod is Ready", 10, || {
         w.sim
             .list::<k8s_openapi::api::core::v1::Pod>()
             .iter()

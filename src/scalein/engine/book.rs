@@ -395,13 +395,7 @@ impl Book {
 
     /// The heartbeat timeout a held instance is heartbeated at, if it is held.
     pub fn held_timeout(&self, instance_id: &str) -> Option<Duration> {
-        self.ledger
-            .lock()
-            .entries
-            .get(instance_id)
-            .and_then(|e| e.hold.as_ref())
-            .filter(|h| h.runs())
-            .map(|h| *h.timeout.borrow())
+        self.held_since(instance_id).map(|(_, timeout)| timeout)
     }
 
     /// Since when a held instance is heartbeated, and at which timeout.
