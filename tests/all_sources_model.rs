@@ -349,6 +349,9 @@ impl Model {
                     &node,
                     std::slice::from_ref(&reason),
                     group,
+                    // `drain NODE`'s own cordon keeps no deadline: the engine
+                    // that runs the drain does.
+                    None,
                 )
                 .await
                 .unwrap();

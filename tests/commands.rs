@@ -919,6 +919,7 @@ async fn status_lists_the_drains_in_progress_read_only() {
     let limits = Limits {
         workload_deadline: Duration::from_secs(600),
         workload_policy: DeadlinePolicy::Abandon,
+        hook_room: None,
     };
     let table = status::report(sim.client_as(user), limits, Output::Table, now)
         .await
@@ -1072,6 +1073,7 @@ async fn undrain_gives_back_an_interrupted_drain_and_only_the_services_marks() {
         limits: Limits {
             workload_deadline: Duration::from_secs(600),
             workload_policy: DeadlinePolicy::Abandon,
+            hook_room: None,
         },
         after_deadline: Duration::from_secs(240),
     };
@@ -2235,6 +2237,7 @@ async fn undrain_all_gives_back_every_marked_node_and_touches_no_other() {
         limits: Limits {
             workload_deadline: Duration::from_secs(600),
             workload_policy: DeadlinePolicy::Abandon,
+            hook_room: None,
         },
         after_deadline: Duration::from_secs(240),
     };

@@ -275,7 +275,9 @@ impl Model {
                 let node = &self.nodes[*i].0;
                 let reason = DrainReason::new(Why::Rebalance, ca_asg_provider::clock::utc_now());
                 let stage = self.leader.engine.stage();
-                let _ = cordon::cordon(&stage, node, &[reason], self.nodes[*i].2).await;
+                let group = self.nodes[*i].2;
+                let keep = Some(self.leader.engine.limits_for(group, None));
+                let _ = cordon::cordon(&stage, node, &[reason], group, keep).await;
             }
             Op::Budget(allows) => {
                 if *allows && !self.budget {

@@ -7,8 +7,11 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use ca_asg_provider::scalein::decide::record::{DrainReason, Why};
+use ca_asg_provider::cloud::memory::MemoryGroup;
+use ca_asg_provider::scalein::decide::budget::Groups;
+use ca_asg_provider::scalein::decide::record::{self, DrainReason, DrainRecord, Why};
 use ca_asg_provider::scalein::decide::undo::Window;
+use ca_asg_provider::scalein::settings::GroupOverride;
 use ca_asg_provider::scalein::{
     DeadlinePolicy, DrainRequest, Mode, Outcome, ScaleInSettings, Source,
 };
@@ -431,4 +434,129 @@ async fn at_a_proceed_deadline_each_pod_is_deleted_at_the_deadline_less_its_grac
         })
         .expect("a DaemonSet pod left");
     assert!(at("removed", "long") < ds_leaves && at("removed", "short") < ds_leaves);
+}
+
+/// The record on `node`, as the service wrote it.
+fn record_on(sim: &SimCluster, node: &str) -> Option<DrainRecord> {
+    let n = sim.get::<Node>("", node)?;
+    let text = n["metadata"]["annotations"][record::ANNOTATION].as_str()?;
+    serde_json::from_str(text).ok()
+}
+
+/// Issue 72, item 1: a group override (selected by the group's tags, as budgets
+/// select) gives that group's drains their own deadline and policy, kept in the
+/// Node's record; a group no override selects keeps the cluster's.
+#[tokio::test]
+async fn a_group_override_gives_its_nodes_their_own_deadline_and_policy() {
+    let settings = ScaleInSettings {
+        group_overrides: vec![GroupOverride {
+            groups: Groups::Tagged([("team".to_string(), Some("batch".to_string()))].into()),
+            workload_deadline: Some(Duration::from_secs(1)),
+            workload_deadline_policy: Some(DeadlinePolicy::Abandon),
+        }],
+        ..settings(Duration::from_secs(2), DeadlinePolicy::Proceed)
+    };
+    let mut w = World::builder()
+        .groups([
+            MemoryGroup::new("batch", 0, 2, 2, "m5.large").tag("team", "batch"),
+            MemoryGroup::new("web", 0, 2, 2, "m5.large"),
+        ])
+        .settings(settings)
+        .build()
+        .await;
+    let (batch_node, batch_iid) = nodes_of(&w, "batch").remove(0);
+    let (web_node, web_iid) = nodes_of(&w, "web").remove(0);
+    guarded_app(&w, &batch_node, "batch-app").await;
+    guarded_app(&w, &web_node, "web-app").await;
+    delete_nodes(&mut w, "batch", &[(batch_node.clone(), batch_iid.clone())]).await;
+    delete_nodes(&mut w, "web", &[(web_node.clone(), web_iid.clone())]).await;
+    // Each record keeps the deadline its drain began with (read while the drain
+    // runs: giving a node back removes its record).
+    let kept = |node: &str| record_on(&w.sim, node).and_then(|r| r.limits);
+    let batch = kept(&batch_node).expect("the batch drain's record keeps its limits");
+    assert_eq!(
+        (batch.workload_deadline, batch.workload_policy),
+        (Duration::from_secs(1), DeadlinePolicy::Abandon)
+    );
+    let web = kept(&web_node).expect("the web drain's record keeps its limits");
+    assert_eq!(
+        (web.workload_deadline, web.workload_policy),
+        (Duration::from_secs(2), DeadlinePolicy::Proceed)
+    );
+
+    // The batch group's override: given up at its 1 s deadline, the node kept.
+    assert!(matches!(
+        w.engine.wait_for(&batch_iid).await,
+        Some(Outcome::Abandoned(_))
+    ));
+    assert!(in_service(&w.cloud, &batch_iid));
+    // The cluster's for web: on at its 2 s deadline, the instance ended.
+    assert_eq!(w.engine.wait_for(&web_iid).await, Some(Outcome::Ended));
+}
+
+/// Issue 72, item 1: a drain our hook holds whose group's deadline does not fit
+/// inside the hook's global timeout (100 heartbeat timeouts of 2 s) gets what the
+/// hook leaves after the DaemonSet and volume phases, and says so at its start: an
+/// Event, and the deadline on the Node's condition.
+#[tokio::test]
+async fn a_deadline_that_does_not_fit_the_hooks_timeout_is_cut_and_said() {
+    let settings = ScaleInSettings {
+        group_overrides: vec![GroupOverride {
+            groups: Groups::Named(["web".to_string()].into()),
+            workload_deadline: Some(Duration::from_secs(3600)),
+            workload_deadline_policy: None,
+        }],
+        ..fast_settings()
+    };
+    let room = settings.hook_room(Duration::from_secs(2));
+    assert!(
+        room < Duration::from_secs(3600) && room > Duration::ZERO,
+        "{room:?}"
+    );
+    let w = World::builder()
+        .web_hooked(3, 2, 2)
+        .settings(settings)
+        .build()
+        .await;
+    let lifecycle = ca_asg_provider::scalein::sources::hook_scan::spawn_loop(
+        w.engine.clone(),
+        w.provider.clone(),
+    );
+    let ended = w.cloud.external_scale_in("web", 1).unwrap();
+    let iid = ended[0].clone();
+    eventually("the lifecycle action is completed", 20, || {
+        w.cloud
+            .completed_actions()
+            .iter()
+            .any(|(a, _)| a.instance_id == iid)
+    })
+    .await;
+    lifecycle.abort();
+    let cut = notes(&w, "DeadlineCutByHook");
+    assert_eq!(cut.len(), 1, "once per drain: {cut:?}");
+    for want in [
+        "the workload deadline 1h0m0s does not fit",
+        &format!(
+            "the workloads get {}",
+            ca_asg_provider::duration::format_duration(room)
+        ),
+    ] {
+        assert!(cut[0].contains(want), "{want} missing: {}", cut[0]);
+    }
+    let node = w
+        .sim
+        .list::<Node>()
+        .into_iter()
+        .find(|n| {
+            n["spec"]["providerID"]
+                .as_str()
+                .is_some_and(|p| p.ends_with(&iid))
+        })
+        .and_then(|n| n["metadata"]["name"].as_str().map(str::to_string))
+        .expect("the node of the ended instance");
+    let kept = record_on(&w.sim, &node)
+        .and_then(|r| r.limits)
+        .expect("kept");
+    assert_eq!(kept.workload_deadline, Duration::from_secs(3600));
+    assert_eq!(kept.hook_room, Some(room));
 }

@@ -640,7 +640,7 @@ async fn a_hand_back_decided_before_a_new_reason_keeps_the_node() {
         name: &str,
         rec: &DrainRecord,
     ) -> cordon::Cordoned {
-        cordon::cordon(stage, name, &rec.reasons, "web")
+        cordon::cordon(stage, name, &rec.reasons, "web", None)
             .await
             .unwrap()
     }

@@ -60,6 +60,9 @@ pub async fn run(args: ConfigArgs) -> ExitCode {
         println!("  budget:           {}", b.said());
     }
     println!("  never budgeted:   spot interruptions, scheduled events with a deadline, stopped instances (the instance ends anyway)");
+    for line in cfg.scale_in.deadlines_said() {
+        println!("  {line}");
+    }
     let lb = &cfg.scale_in.load_balancers;
     if lb.enabled {
         println!(

@@ -483,6 +483,9 @@ async fn hand_to_leader(
                 &target.node,
                 &reasons,
                 &target.group,
+                // The engine that runs the drain (the leader's, or this one's)
+                // gives it its deadline to keep.
+                None,
             )
             .await?
             {

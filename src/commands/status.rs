@@ -244,6 +244,7 @@ mod tests {
         Limits {
             workload_deadline: Duration::from_secs(600),
             workload_policy: DeadlinePolicy::Abandon,
+            hook_room: None,
         }
     }
 

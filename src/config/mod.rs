@@ -133,6 +133,21 @@ pub struct ScaleInFile {
     pub budgets: Option<Vec<BudgetFile>>,
     /// The last mile: out of the load balancers before the instance ends.
     pub load_balancers: Option<LoadBalancersFile>,
+    /// Settings a group takes instead of the cluster's; the first that selects
+    /// the group wins ([`sections::group_overrides`]).
+    pub group_overrides: Option<Vec<GroupOverrideFile>>,
+}
+
+/// One of `scaleIn.groupOverrides` as written.
+#[derive(Debug, Clone, Default, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct GroupOverrideFile {
+    /// Group names (or `groupTags`, not both).
+    pub groups: Option<Vec<String>>,
+    /// Tags every selected group carries (`""`: any value).
+    pub group_tags: Option<std::collections::BTreeMap<String, String>>,
+    pub workload_deadline: Option<String>,
+    pub workload_deadline_policy: Option<DeadlinePolicy>,
 }
 
 /// `scaleIn.loadBalancers` as written.
@@ -317,6 +332,8 @@ pub fn resolve(file: FileConfig, flags: &Overrides, source: &str) -> Result<Conf
     let timing = sections::timing::resolve(&file, flags, &mut problems);
     let mut scale_in = sections::scale_in::resolve(&file.scale_in, &mut problems);
     scale_in.budgets = sections::budgets::resolve(file.scale_in.budgets.as_deref(), &mut problems);
+    scale_in.group_overrides =
+        sections::group_overrides::resolve(file.scale_in.group_overrides.as_deref(), &mut problems);
     // Checked between the scale-in values and their limits: the order problems have
     // always been reported in.
     sections::timing::check_refresh_wait_fits_ca_call(&timing, &mut problems);

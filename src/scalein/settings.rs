@@ -1,11 +1,13 @@
 //! Scale-in configuration: the modes, the deadline and DaemonSet policies, and every
 //! knob of the drain with its default.
 
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use serde::Deserialize;
 
 use crate::scalein::decide::plan;
+use crate::scalein::decide::record::Limits;
 
 /// Which scale-in mode a group uses.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Default)]
@@ -80,6 +82,20 @@ pub struct ScaleInSettings {
     pub warm_pool_settle: Duration,
     /// `scaleIn.loadBalancers`: the last mile before an instance ends.
     pub load_balancers: LoadBalancerWait,
+    /// `scaleIn.groupOverrides`, in the order written: the first that selects a
+    /// group gives its settings ([`Self::limits_for`]).
+    pub group_overrides: Vec<GroupOverride>,
+}
+
+/// One of `scaleIn.groupOverrides`: what the groups it selects take instead of the
+/// cluster's settings (a field not given: the cluster's).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GroupOverride {
+    /// The budgets' selector: group names or group tags (never every group: that
+    /// is the cluster's setting itself).
+    pub groups: crate::scalein::decide::budget::Groups,
+    pub workload_deadline: Option<Duration>,
+    pub workload_deadline_policy: Option<DeadlinePolicy>,
 }
 
 /// `scaleIn.loadBalancers`: before the instance ends, wait until it is out of every
@@ -127,12 +143,114 @@ impl ScaleInSettings {
         all
     }
 
-    /// The workload deadline and its policy, as the drain record keeps them.
-    pub fn limits(&self) -> crate::scalein::decide::record::Limits {
-        crate::scalein::decide::record::Limits {
+    /// The cluster's workload deadline and its policy: what a drain plans with when
+    /// neither its record ([`crate::scalein::decide::record::DrainRecord::limits`])
+    /// nor its group says otherwise.
+    pub fn limits(&self) -> Limits {
+        Limits {
             workload_deadline: self.workload_deadline,
             workload_policy: self.workload_deadline_policy,
+            hook_room: None,
         }
+    }
+
+    /// The override that gives `group` its settings: the first that selects it.
+    pub fn override_for(
+        &self,
+        group: &str,
+        tags: &BTreeMap<String, String>,
+    ) -> Option<&GroupOverride> {
+        self.group_overrides
+            .iter()
+            .find(|o| o.groups.selects(group, tags))
+    }
+
+    /// What a drain of an instance of `group` (with its `tags`) begins with: the
+    /// group's override, else the cluster's; for a drain our hook holds (its
+    /// heartbeat timeout as AWS has it), the room the hook's global timeout leaves
+    /// the workloads ([`Self::hook_room`]).
+    pub fn limits_for(
+        &self,
+        group: &str,
+        tags: &BTreeMap<String, String>,
+        hook_heartbeat: Option<Duration>,
+    ) -> Limits {
+        let o = self.override_for(group, tags);
+        Limits {
+            workload_deadline: o
+                .and_then(|o| o.workload_deadline)
+                .unwrap_or(self.workload_deadline),
+            workload_policy: o
+                .and_then(|o| o.workload_deadline_policy)
+                .unwrap_or(self.workload_deadline_policy),
+            hook_room: hook_heartbeat.map(|h| self.hook_room(h)),
+        }
+    }
+
+    /// check-config's lines on deadlines: the cluster's, each group override, and
+    /// whether each fits inside the global timeout of the hook this service
+    /// creates (a hook that exists with another heartbeat timeout is measured when
+    /// its drain starts, and said in a `DeadlineCutByHook` Event).
+    pub fn deadlines_said(&self) -> Vec<String> {
+        use crate::duration::format_duration as said;
+        let room = self.hook_room(self.hook_heartbeat_timeout);
+        let fits = |d: Duration| {
+            if d <= room {
+                String::new()
+            } else {
+                format!(
+                    "; in a drain our hook holds the workloads get {} (the hook's global timeout less the DaemonSet and volume phases and a margin)",
+                    said(room)
+                )
+            }
+        };
+        let mut lines = vec![format!(
+            "workload deadline: {}, then {}{}",
+            said(self.workload_deadline),
+            self.workload_deadline_policy.as_str(),
+            fits(self.workload_deadline)
+        )];
+        for o in &self.group_overrides {
+            let d = o.workload_deadline.unwrap_or(self.workload_deadline);
+            lines.push(format!(
+                "group override:    {}: workload deadline {}, then {}{}",
+                o.groups.said(),
+                said(d),
+                o.workload_deadline_policy
+                    .unwrap_or(self.workload_deadline_policy)
+                    .as_str(),
+                fits(d)
+            ));
+        }
+        lines.push(format!(
+            "hook timeout:      our hook's heartbeat timeout {} holds an instance at most {} (100 heartbeat timeouts, at most 48h); drains it holds proceed at their deadline",
+            said(self.hook_heartbeat_timeout),
+            said(crate::scalein::decide::budget::hook_global(
+                self.hook_heartbeat_timeout
+            )),
+        ));
+        lines
+    }
+
+    /// What a drain takes after its workloads: the DaemonSet and volume phases.
+    pub fn after_workloads(&self) -> Duration {
+        self.daemonset_deadline + self.volume_deadline
+    }
+
+    /// How early a drain our hook holds plans its end: the hold's start is known to
+    /// within the lifecycle poll, and a minute is left for the end's own calls.
+    pub fn hook_margin(&self) -> Duration {
+        self.lifecycle_poll_interval + Duration::from_secs(60)
+    }
+
+    /// For a hook whose heartbeat timeout is `heartbeat`: the longest the workloads
+    /// of a drain it holds may take from the hold's start.
+    pub fn hook_room(&self, heartbeat: Duration) -> Duration {
+        crate::scalein::decide::budget::hook_room(
+            heartbeat,
+            self.after_workloads(),
+            self.hook_margin(),
+        )
     }
 }
 
@@ -175,6 +293,7 @@ impl Default for ScaleInSettings {
             shared_pod_watch_from: 10,
             warm_pool_settle: WARM_POOL_SETTLED,
             load_balancers: LoadBalancerWait::default(),
+            group_overrides: Vec::new(),
         }
     }
 }

@@ -51,7 +51,7 @@ fn one(key: &str, i: usize, f: &BudgetFile, problems: &mut Problems) -> Budget {
     Budget {
         name: name(key, i, f.name.as_deref(), problems),
         nodes: nodes(key, f.nodes.as_ref(), problems),
-        groups: groups(key, f, problems),
+        groups: groups(key, f.groups.as_ref(), f.group_tags.as_ref(), problems),
         zones: list(&format!("{key}.zones"), f.zones.as_deref(), problems),
         causes: causes(key, f.reasons.as_deref(), problems),
         window: window(key, f, problems),
@@ -95,12 +95,19 @@ fn nodes(key: &str, given: Option<&CountOrPercent>, problems: &mut Problems) -> 
     })
 }
 
-fn groups(key: &str, f: &BudgetFile, problems: &mut Problems) -> Groups {
-    match (&f.groups, &f.group_tags) {
+/// The groups of `key` (a budget or a group override): by name or by tags, not
+/// both; neither: every group.
+pub(super) fn groups(
+    key: &str,
+    names: Option<&Vec<String>>,
+    tags: Option<&BTreeMap<String, String>>,
+    problems: &mut Problems,
+) -> Groups {
+    match (names, tags) {
         (Some(_), Some(_)) => {
             problems.bad(
                 &format!("{key}.groupTags"),
-                "given with groups: a budget covers groups by name or by tags, not both".into(),
+                "given with groups: select groups by name or by tags, not both".into(),
             );
             Groups::All
         }

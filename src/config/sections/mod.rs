@@ -12,6 +12,7 @@ use super::Problem;
 
 pub mod aws;
 pub mod budgets;
+pub mod group_overrides;
 pub mod groups;
 pub mod interruption;
 pub mod listen;

@@ -83,6 +83,7 @@ pub fn resolve(si: &ScaleInFile, problems: &mut Problems) -> ScaleInSettings {
         shared_pod_watch_from: si.shared_pod_watch_from.unwrap_or(d.shared_pod_watch_from),
         warm_pool_settle: d.warm_pool_settle,
         load_balancers: d.load_balancers,
+        group_overrides: Vec::new(),
     };
     let lb = si.load_balancers.clone().unwrap_or_default();
     scale_in.load_balancers.enabled = lb

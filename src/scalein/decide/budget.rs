@@ -168,6 +168,39 @@ pub enum Groups {
     Tagged(BTreeMap<String, Option<String>>),
 }
 
+impl Groups {
+    /// Whether the group named `group`, with its `tags`, is one of these. The one
+    /// selector of budgets and of `scaleIn.groupOverrides`.
+    pub fn selects(&self, group: &str, tags: &BTreeMap<String, String>) -> bool {
+        match self {
+            Groups::All => true,
+            Groups::Named(names) => names.contains(group),
+            Groups::Tagged(want) => want.iter().all(|(k, v)| {
+                tags.get(k)
+                    .is_some_and(|have| v.as_ref().is_none_or(|want| want == have))
+            }),
+        }
+    }
+
+    /// In words: `every group`, `groups a, b`, `groups tagged k=v,k2=*`.
+    pub fn said(&self) -> String {
+        match self {
+            Groups::All => "every group".to_string(),
+            Groups::Named(n) => format!(
+                "groups {}",
+                n.iter().cloned().collect::<Vec<_>>().join(", ")
+            ),
+            Groups::Tagged(t) => format!(
+                "groups tagged {}",
+                t.iter()
+                    .map(|(k, v)| format!("{k}={}", v.as_deref().unwrap_or("*")))
+                    .collect::<Vec<_>>()
+                    .join(",")
+            ),
+        }
+    }
+}
+
 /// When a budget is in force: from each time `schedule` fires, for `duration`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Window {
@@ -346,20 +379,7 @@ impl Budget {
             Nodes::Count(n) => format!("{n} node(s) at once"),
             Nodes::Percent(p) => format!("{p}% of the nodes it covers at once (rounded up)"),
         };
-        let groups = match &self.groups {
-            Groups::All => "every group".to_string(),
-            Groups::Named(n) => format!(
-                "groups {}",
-                n.iter().cloned().collect::<Vec<_>>().join(", ")
-            ),
-            Groups::Tagged(t) => format!(
-                "groups tagged {}",
-                t.iter()
-                    .map(|(k, v)| format!("{k}={}", v.as_deref().unwrap_or("*")))
-                    .collect::<Vec<_>>()
-                    .join(",")
-            ),
-        };
+        let groups = self.groups.said();
         let zones = if self.zones.is_empty() {
             String::new()
         } else {
@@ -400,17 +420,8 @@ impl Budget {
 
     /// Whether the budget covers a node at `place`.
     pub fn covers(&self, place: &Place<'_>) -> bool {
-        let group = match &self.groups {
-            Groups::All => true,
-            Groups::Named(names) => names.contains(place.group),
-            Groups::Tagged(tags) => tags.iter().all(|(k, v)| {
-                place
-                    .tags
-                    .get(k)
-                    .is_some_and(|have| v.as_ref().is_none_or(|want| want == have))
-            }),
-        };
-        group && (self.zones.is_empty() || self.zones.contains(place.zone))
+        self.groups.selects(place.group, place.tags)
+            && (self.zones.is_empty() || self.zones.contains(place.zone))
     }
 
     /// Rule 3.
@@ -496,7 +507,29 @@ pub fn force_at(
     drain_takes: Duration,
     margin: Duration,
 ) -> DateTime<Utc> {
-    let global = (heartbeat_timeout.saturating_mul(100)).min(Duration::from_secs(48 * 3600));
-    let room = global.saturating_sub(drain_takes).saturating_sub(margin);
+    let room = hook_global(heartbeat_timeout)
+        .saturating_sub(drain_takes)
+        .saturating_sub(margin);
     hold_began + Span::from_std(room).unwrap_or(Span::zero())
+}
+
+/// How long AWS keeps a lifecycle action whose heartbeats go on: 100 heartbeat
+/// timeouts, at most 48 hours.
+pub fn hook_global(heartbeat_timeout: Duration) -> Duration {
+    heartbeat_timeout
+        .saturating_mul(100)
+        .min(Duration::from_secs(48 * 3600))
+}
+
+/// For a drain our hook holds: from the hold's start, the longest its workloads
+/// may take so that what follows them (`after_workloads`: the DaemonSet and volume
+/// phases) and a `margin` still end inside the hook's global timeout.
+pub fn hook_room(
+    heartbeat_timeout: Duration,
+    after_workloads: Duration,
+    margin: Duration,
+) -> Duration {
+    hook_global(heartbeat_timeout)
+        .saturating_sub(after_workloads)
+        .saturating_sub(margin)
 }

@@ -28,7 +28,7 @@ use serde::{Deserialize, Serialize};
 ///
 /// In lifecycle mode both hook results end the instance, so a deadline there always
 /// proceeds: giving up could not keep the node, only skip the DaemonSet phase.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(rename_all = "kebab-case")]
 pub enum DeadlinePolicy {
     /// Go on: workload pods still there are deleted with their own grace period
@@ -257,6 +257,18 @@ pub struct DrainRecord {
     /// when the instance leaves the pool for the group again.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub in_warm_pool_since: Option<DateTime<Utc>>,
+    /// The deadline the drain began with ([`Self::keep`], written by the engine
+    /// that runs it): its group's settings then, and the room our hook left. A drain
+    /// keeps its promise when the configuration changes; the next drain takes the
+    /// new one. Every reader (`status`, `undrain`, a restarted leader) plans with
+    /// it, so none needs the group's tags. Unreadable or out of bounds (a newer
+    /// version, a hand edit): none, and the reader's own settings decide.
+    #[serde(
+        default,
+        skip_serializing_if = "Option::is_none",
+        deserialize_with = "lenient_limits"
+    )]
+    pub limits: Option<Limits>,
 }
 
 fn is_zero(n: &u64) -> bool {
@@ -339,6 +351,21 @@ fn lenient_ended<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Ended>
     }))
 }
 
+fn lenient_limits<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Limits>, D::Error> {
+    let value = Option::<serde_json::Value>::deserialize(d)?;
+    Ok(value.and_then(|v| match serde_json::from_value::<Limits>(v) {
+        Ok(l) if l.in_bounds() => Some(l),
+        Ok(_) => {
+            tracing::warn!(annotation = ANNOTATION, "a drain's deadline in a Node's record is out of bounds; the settings decide");
+            None
+        }
+        Err(e) => {
+            tracing::warn!(annotation = ANNOTATION, error = %e, "unreadable drain deadline in a Node's record (a newer version?); the settings decide");
+            None
+        }
+    }))
+}
+
 /// What [`DrainRecord::join`] did to the drain.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Joined {
@@ -359,11 +386,67 @@ pub enum End {
     Leave,
 }
 
-/// The settings the plan needs.
-#[derive(Debug, Clone, Copy)]
+/// The settings the plan needs: the drain's group's, kept in the record when the
+/// drain begins ([`DrainRecord::limits`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
 pub struct Limits {
+    #[serde(rename = "workloadDeadlineMs", with = "millis")]
     pub workload_deadline: Duration,
+    #[serde(rename = "policy")]
     pub workload_policy: DeadlinePolicy,
+    /// For a drain our lifecycle hook holds: from the hold's start, the latest the
+    /// workloads may take so that the DaemonSet and volume phases still end inside
+    /// the hook's global timeout ([`crate::scalein::decide::budget::hook_room`]).
+    /// A lifecycle reason's deadline is never later (AWS ends the instance then).
+    #[serde(
+        rename = "hookRoomMs",
+        default,
+        skip_serializing_if = "Option::is_none",
+        with = "opt_millis"
+    )]
+    pub hook_room: Option<Duration>,
+}
+
+/// The longest deadline a record may carry: the longest AWS holds an instance.
+const MAX_KEPT_DEADLINE: Duration = LIFECYCLE_ACTION_LIMIT;
+
+impl Limits {
+    fn in_bounds(&self) -> bool {
+        self.workload_deadline <= MAX_KEPT_DEADLINE
+            && self.hook_room.is_none_or(|r| r <= MAX_KEPT_DEADLINE)
+    }
+}
+
+/// Durations on the Node in whole milliseconds (a deadline can be shorter than a
+/// second in tests and models).
+mod millis {
+    use serde::{Deserialize, Deserializer, Serializer};
+    use std::time::Duration;
+
+    pub fn serialize<S: Serializer>(d: &Duration, s: S) -> Result<S::Ok, S::Error> {
+        s.serialize_u64(u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Duration, D::Error> {
+        u64::deserialize(d).map(Duration::from_millis)
+    }
+}
+
+mod opt_millis {
+    use serde::{Deserialize, Deserializer, Serializer};
+    use std::time::Duration;
+
+    pub fn serialize<S: Serializer>(d: &Option<Duration>, s: S) -> Result<S::Ok, S::Error> {
+        match d {
+            Some(d) => super::millis::serialize(d, s),
+            None => s.serialize_none(),
+        }
+    }
+
+    pub fn deserialize<'de, D: Deserializer<'de>>(d: D) -> Result<Option<Duration>, D::Error> {
+        Option::<u64>::deserialize(d).map(|o| o.map(Duration::from_millis))
+    }
 }
 
 /// What the drain does now, from every reason.
@@ -383,6 +466,11 @@ pub struct Plan {
     /// When the drain began: the arrival of the earliest reason that drains
     /// ([`DrainRecord::drain_began`]); `None` when nothing drains.
     pub began: Option<DateTime<Utc>>,
+    /// The workload deadline is our hook's: the group's deadline would not leave
+    /// the DaemonSet and volume phases time inside the hook's global timeout.
+    pub cut_by_hook: bool,
+    /// The limits the plan was made with: the record's own, else the reader's.
+    pub kept: Limits,
 }
 
 /// `t + d`, saturating at the end of the calendar instead of panicking.
@@ -550,8 +638,12 @@ impl DrainRecord {
             }
             None => self.reasons.push(new),
         }
+        // A drain begins where none ran: the next number, and none of the last
+        // drain's deadline ([`Self::keep`] gives it its own).
+        if !before.drains && self.drain_began().is_some() {
+            self.limits = None;
+        }
         let now = self.plan(limits);
-        // A drain begins where none ran: the next number.
         if now.drains && !before.drains {
             self.drain = self.next_drain();
         }
@@ -559,6 +651,25 @@ impl DrainRecord {
             Joined::Same
         } else {
             Joined::Changed
+        }
+    }
+
+    /// The drain that runs keeps `limits` (its group's, as the process that runs it
+    /// has them) when it keeps none yet; a hold of our hook that joined it later
+    /// brings the hook's room (the shorter one, if both have one). Nothing while
+    /// nothing drains. The `drain` command's own cordon keeps nothing: the engine
+    /// that runs the drain does.
+    pub fn keep(&mut self, limits: Limits) {
+        if self.drain_began().is_none() {
+            return;
+        }
+        match &mut self.limits {
+            None => self.limits = Some(limits),
+            Some(kept) => {
+                if let Some(room) = limits.hook_room {
+                    kept.hook_room = Some(kept.hook_room.map_or(room, |r| r.min(room)));
+                }
+            }
         }
     }
 
@@ -681,6 +792,7 @@ impl DrainRecord {
 
     /// What the drain does now.
     pub fn plan(&self, limits: Limits) -> Plan {
+        let limits = self.limits.unwrap_or(limits);
         let drains = self.drain_began().is_some();
         let ends = if let Some(hook) = self.hook() {
             End::Lifecycle {
@@ -719,11 +831,23 @@ impl DrainRecord {
         // arrival (the earliest of them is [`Self::drain_began`]).
         let mut proceed: Option<DateTime<Utc>> = None;
         let mut abandon: Option<DateTime<Utc>> = None;
+        let mut cut_by_hook = false;
         for r in self.draining() {
-            let at = after(r.at, limits.workload_deadline);
+            let mut at = after(r.at, limits.workload_deadline);
             let policy = match r.why {
-                // The ASG ends the instance whatever the hook's result.
-                Why::Lifecycle { .. } => DeadlinePolicy::Proceed,
+                // The ASG ends the instance whatever the hook's result, and at the
+                // hook's global timeout at the latest: the workloads get what that
+                // leaves the rest of the drain.
+                Why::Lifecycle { .. } => {
+                    if let Some(room) = limits.hook_room {
+                        let cut = after(r.at, room);
+                        if cut < at {
+                            at = cut;
+                            cut_by_hook = true;
+                        }
+                    }
+                    DeadlinePolicy::Proceed
+                }
                 _ => limits.workload_policy,
             };
             match policy {
@@ -752,6 +876,14 @@ impl DrainRecord {
             Some((d, p)) if drains => (Some(d), p),
             _ => (None, limits.workload_policy),
         };
+        // The hook's cut is said only where it decides the drain's deadline.
+        let cut_by_hook = cut_by_hook
+            && workload_deadline.is_some()
+            && self
+                .draining()
+                .filter(|r| matches!(r.why, Why::Lifecycle { .. }))
+                .filter_map(|r| limits.hook_room.map(|room| after(r.at, room)))
+                .any(|cut| Some(cut) == workload_deadline);
         Plan {
             drains,
             ends,
@@ -760,6 +892,8 @@ impl DrainRecord {
             budget_ends,
             daemonset_share,
             began,
+            cut_by_hook,
+            kept: limits,
         }
     }
 }

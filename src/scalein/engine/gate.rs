@@ -282,9 +282,18 @@ fn force_at(engine: &Engine, req: &DrainRequest, record: &DrainRecord) -> Option
         .min()
         .unwrap_or_else(crate::clock::utc_now);
     let s = &engine.settings;
-    let takes = s.workload_deadline + s.daemonset_deadline + s.volume_deadline;
-    let margin = s.lifecycle_poll_interval + Duration::from_secs(60);
-    Some(budget::force_at(began, *heartbeat_timeout, takes, margin))
+    // The deadline the drain keeps (its group's; never past the hook's room).
+    let limits = record.plan(engine.limits_of(req)).kept;
+    let workloads = limits.hook_room.map_or(limits.workload_deadline, |room| {
+        limits.workload_deadline.min(room)
+    });
+    let takes = workloads + s.after_workloads();
+    Some(budget::force_at(
+        began,
+        *heartbeat_timeout,
+        takes,
+        s.hook_margin(),
+    ))
 }
 
 /// How long to wait before looking again.

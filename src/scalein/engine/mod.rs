@@ -166,9 +166,34 @@ impl Engine {
         self.leadership.leads()
     }
 
-    /// The plan settings of [`record::DrainRecord::plan`].
+    /// The plan settings of [`record::DrainRecord::plan`] for a drain of no known
+    /// group: the cluster's.
     pub fn limits(&self) -> record::Limits {
         self.settings.limits()
+    }
+
+    /// What a drain of an instance of `group` begins with
+    /// ([`ScaleInSettings::limits_for`]), the group's tags read from the provider's
+    /// registry (none known: only overrides by name select it).
+    pub fn limits_for(&self, group: &str, hook_heartbeat: Option<Duration>) -> record::Limits {
+        let tags = self
+            .provider
+            .as_ref()
+            .and_then(|p| p.registry().group(group).map(|g| g.asg.tags.clone()))
+            .unwrap_or_default();
+        self.settings.limits_for(group, &tags, hook_heartbeat)
+    }
+
+    /// [`Self::limits_for`] the request's group, with its hook's heartbeat timeout
+    /// when our hook holds it.
+    pub fn limits_of(&self, req: &DrainRequest) -> record::Limits {
+        let heartbeat = match &req.mode {
+            Mode::Lifecycle {
+                heartbeat_timeout, ..
+            } => Some(*heartbeat_timeout),
+            _ => None,
+        };
+        self.limits_for(&req.group, heartbeat)
     }
 
     /// What a stage of a drain may reach ([`Stage`]): the pieces that work on one
@@ -212,7 +237,8 @@ impl Engine {
         {
             self.hold(action, *heartbeat_timeout);
         }
-        self.book.start(req, self.limits(), |req, how, run| {
+        let limits = self.limits_of(&req);
+        self.book.start(req, limits, |req, how, run| {
             if how == Start::Started {
                 self.tools.stats.started.fetch_add(1, Ordering::Relaxed);
                 metrics().drains_started.inc();
@@ -473,6 +499,10 @@ impl port::DrainPort for Arc<Engine> {
 
     fn drains_at_once(&self) -> usize {
         self.book.running()
+    }
+
+    fn limits_of(&self, req: &DrainRequest) -> record::Limits {
+        Engine::limits_of(self, req)
     }
 
     fn hold(&self, action: &LifecycleAction, timeout: Duration) {

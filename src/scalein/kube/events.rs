@@ -81,6 +81,9 @@ pub enum Reason {
     /// At a drain's start: a PodDisruptionBudget that can never allow the eviction
     /// of some of its pods while the drain waits (the deadline ends the wait).
     EvictionDeadlocked,
+    /// At a drain's start: our hook's global timeout leaves the workloads less than
+    /// their group's deadline.
+    DeadlineCutByHook,
     /// Before the instance ends: waiting until it is out of the load balancers'
     /// target groups that have it.
     WaitingForLoadBalancers,
@@ -122,6 +125,7 @@ impl Reason {
             Reason::DrainWaitingForBudget => "DrainWaitingForBudget",
             Reason::DrainForcedPastBudget => "DrainForcedPastBudget",
             Reason::EvictionDeadlocked => "EvictionDeadlocked",
+            Reason::DeadlineCutByHook => "DeadlineCutByHook",
             Reason::WaitingForLoadBalancers => "WaitingForLoadBalancers",
             Reason::LoadBalancerUnreadable => "LoadBalancerUnreadable",
             Reason::LoadBalancerWaitOver => "LoadBalancerWaitOver",
@@ -144,6 +148,7 @@ impl Reason {
                 | Reason::RegisteredWhileWarming
                 | Reason::DrainForcedPastBudget
                 | Reason::EvictionDeadlocked
+                | Reason::DeadlineCutByHook
                 | Reason::LoadBalancerUnreadable
                 | Reason::LoadBalancerWaitOver
         )

@@ -289,6 +289,7 @@ fn a_follower_decides_from_the_record_alone() {
     let l = Limits {
         workload_deadline: Duration::from_secs(600),
         workload_policy: crate::scalein::DeadlinePolicy::Abandon,
+        hook_room: None,
     };
     let running = |n: u64| {
         let mut r = DrainRecord::default();

@@ -153,6 +153,7 @@ async fn mark_for_drain(
             &node,
             std::slice::from_ref(&reason),
             &group.asg.name,
+            Some(engine.limits_for(&group.asg.name, None)),
         )
         .await
         {

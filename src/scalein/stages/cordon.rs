@@ -11,7 +11,9 @@ pub use crate::scalein::decide::record::{
     INTERRUPTION_MARK, LIFECYCLE_MARK, MODE_ANNOTATION, REBALANCE_MARK, STARTED_ANNOTATION,
     TAINT_KEY,
 };
-use crate::scalein::decide::record::{DrainReason, DrainRecord, ANNOTATION as RECORD_ANNOTATION};
+use crate::scalein::decide::record::{
+    DrainReason, DrainRecord, Limits, ANNOTATION as RECORD_ANNOTATION,
+};
 use crate::scalein::kube::node_record::{read_modify_write, Write};
 use crate::scalein::stages::Stage;
 
@@ -46,15 +48,19 @@ fn our_taint() -> Taint {
 }
 
 /// Cordons and marks the node, and records `reasons` with every reason already
-/// there (none: a resumed drain follows what the Node says). Idempotent. Written with
-/// optimistic concurrency, so two reasons arriving at once both land.
+/// there (none: a resumed drain follows what the Node says). `keep`: the engine
+/// that runs the drain gives it its group's deadline to keep
+/// ([`DrainRecord::keep`]); `None` keeps nothing (the `drain` command following the
+/// leader, whose own settings may differ). Idempotent. Written with optimistic concurrency, so two reasons arriving at once
+/// both land.
 pub async fn cordon(
     stage: &Stage<'_>,
     node: &str,
     reasons: &[DrainReason],
     group: &str,
+    keep: Option<Limits>,
 ) -> Result<Cordoned, kube::Error> {
-    cordon_via(stage, stage.client, node, reasons, group).await
+    cordon_via(stage, stage.client, node, reasons, group, keep).await
 }
 
 /// [`cordon`] through `client`: DeleteNodes marks its Node through the engine's
@@ -65,8 +71,9 @@ pub async fn cordon_via(
     node: &str,
     reasons: &[DrainReason],
     group: &str,
+    keep: Option<Limits>,
 ) -> Result<Cordoned, kube::Error> {
-    let limits = stage.limits();
+    let limits = keep.unwrap_or_else(|| stage.settings.limits());
     let mut unsure = false;
     let marked = read_modify_write(stage.nodes, client, node, |current| {
         let annotations = current.metadata.annotations.clone().unwrap_or_default();
@@ -75,6 +82,9 @@ pub async fn cordon_via(
         let mut record = found.unwrap_or_default();
         for r in reasons {
             record.join(r.clone(), limits);
+        }
+        if let Some(k) = keep {
+            record.keep(k);
         }
         let spec = current.spec.clone().unwrap_or_default();
         let has_taint = spec.taints.iter().flatten().any(|t| t.key == TAINT_KEY);

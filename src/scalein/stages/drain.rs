@@ -302,7 +302,7 @@ async fn interruption_timing(r: &Runner<'_>, node: &str, ends: chrono::DateTime<
 /// cannot be asked (down, RBAC), it retries until the workload deadline and then
 /// fails without ending the instance.
 async fn locate_node(r: &Runner<'_>, req: &DrainRequest) -> Result<Option<String>, String> {
-    let give_up = Instant::now() + r.stage.settings.workload_deadline;
+    let give_up = Instant::now() + r.port.limits_of(req).workload_deadline;
     let policy = ExponentialBuilder::default()
         .with_min_delay(Duration::from_millis(200))
         .with_max_delay(Duration::from_secs(15))
@@ -495,13 +495,14 @@ async fn mark(
     node: &str,
 ) -> Result<Option<(DrainRecord, Plan)>, Stop> {
     let _stage = metrics().stage("cordon");
-    match cordon::cordon(&r.stage, node, &req.reasons, &req.group).await {
+    let limits = r.port.limits_of(req);
+    match cordon::cordon(&r.stage, node, &req.reasons, &req.group, Some(limits)).await {
         Ok(Cordoned::NodeGone) => {
             tracing::info!(node, "the Node object is gone; nothing to drain");
             Ok(None)
         }
         Ok(Cordoned::Marked { record, .. }) => {
-            let plan = record.plan(r.stage.limits());
+            let plan = record.plan(limits);
             Ok(Some((record, plan)))
         }
         Err(e) => Err(Stop::Fail(format!("could not cordon node {node}: {e}"))),

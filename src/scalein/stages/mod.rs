@@ -29,7 +29,6 @@ pub mod terminate;
 pub mod volumes;
 pub mod workloads;
 
-use crate::scalein::decide::record;
 use crate::scalein::kube::budgets::BudgetWatches;
 use crate::scalein::kube::events::Events;
 use crate::scalein::kube::nodes::NodeIndex;
@@ -53,11 +52,6 @@ pub struct Stage<'a> {
 }
 
 impl Stage<'_> {
-    /// The workload deadline and its policy, as the drain record keeps them.
-    pub fn limits(&self) -> record::Limits {
-        self.settings.limits()
-    }
-
     /// The Node of an instance: the name given (checked with the API server), else
     /// the Node index's answer, else the API server's by providerID.
     pub async fn find_node(

@@ -13,7 +13,7 @@ use k8s_openapi::jiff::Timestamp;
 use crate::cloud::LifecycleAction;
 use crate::scalein::decide::conditions::DrainState;
 use crate::scalein::decide::plan;
-use crate::scalein::decide::record::{DrainRecord, End, Plan};
+use crate::scalein::decide::record::{DrainRecord, End, Limits, Plan};
 use crate::scalein::decide::story::Verdict;
 use crate::scalein::stages::cordon;
 use crate::scalein::stages::terminate;
@@ -43,6 +43,9 @@ pub trait DrainPort: Send + Sync {
     fn give_back_slot(&self, instance_id: &str, run: u64);
     /// Drains asked for and not finished (what the pod lists are sized for).
     fn drains_at_once(&self) -> usize;
+    /// What the request's drain begins with: its group's deadline and policy, and
+    /// for a hold of our hook the room the hook's global timeout leaves.
+    fn limits_of(&self, req: &DrainRequest) -> Limits;
     /// Heartbeats our hook's action at `timeout` (a second call corrects it).
     fn hold(&self, action: &LifecycleAction, timeout: Duration);
     /// The timeout the instance's hold is heartbeated at, if it is held.
@@ -222,8 +225,13 @@ pub(crate) fn condition_reason(source: Source, record: &DrainRecord) -> &'static
 pub(crate) fn deadline_said(plan: &Plan) -> String {
     match plan.workload_deadline {
         Some(at) => format!(
-            "workload deadline {} (then {})",
+            "workload deadline {}{} (then {})",
             at.format("%Y-%m-%dT%H:%M:%SZ"),
+            if plan.cut_by_hook {
+                ", set by our lifecycle hook's timeout"
+            } else {
+                ""
+            },
             match plan.on_deadline {
                 DeadlinePolicy::Proceed => "what is left is deleted with its own grace period",
                 DeadlinePolicy::Abandon => "the drain is abandoned and the node given back",

@@ -68,6 +68,7 @@ pub(crate) async fn workloads(
         .ready(Instant::now() + BUDGETS_BEFORE_FIRST_EVICTION)
         .await;
     name_deadlocks(d, pass, &pods).await;
+    say_cut_by_hook(d, plan).await;
 
     // CA's scale-in, whichever replica CA asked (a follower's drain reaches the
     // leader as a resumed or held one): CA's own taint on the Node says so.
@@ -109,7 +110,7 @@ pub(crate) async fn workloads(
                 r,
                 node,
                 "workloads",
-                r.stage.settings.workload_deadline,
+                plan.kept.workload_deadline,
                 plan.on_deadline,
                 left,
                 !counted.load(std::sync::atomic::Ordering::Relaxed),
@@ -184,6 +185,35 @@ async fn name_deadlocks(
         )
         .await;
     d.say_running("evicting workload pods", &said).await;
+}
+
+/// A drain our hook holds whose group's workload deadline would not leave the
+/// DaemonSet and volume phases time inside the hook's global timeout: its workloads
+/// get what the hook leaves ([`Plan::cut_by_hook`]). Said once at the phase's start.
+async fn say_cut_by_hook(d: &NodeDrain<'_>, plan: &Plan) {
+    let (true, Some(at), Some(room)) = (
+        plan.cut_by_hook,
+        plan.workload_deadline,
+        plan.kept.hook_room,
+    ) else {
+        return;
+    };
+    let s = d.r.stage.settings;
+    d.r.stage
+        .events
+        .node(
+            d.node,
+            Reason::DeadlineCutByHook,
+            format!(
+                "the workload deadline {} does not fit inside our lifecycle hook's global timeout (100 heartbeat timeouts, at most 48h, from the hold): the workloads get {} from the hold, until {}, so that the DaemonSet and volume phases ({}) and a margin ({}) end before AWS ends the instance; then what is left is deleted with its own grace period. Raise the hook's heartbeat timeout or lower the deadline (check-config says which groups)",
+                crate::duration::format_duration(plan.kept.workload_deadline),
+                crate::duration::format_duration(room),
+                at.format("%Y-%m-%dT%H:%M:%SZ"),
+                crate::duration::format_duration(s.after_workloads()),
+                crate::duration::format_duration(s.hook_margin()),
+            ),
+        )
+        .await;
 }
 
 /// CA left at `--daemonset-eviction-for-occupied-nodes=true` evicts DaemonSet pods

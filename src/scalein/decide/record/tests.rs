@@ -16,6 +16,7 @@ fn limits(policy: DeadlinePolicy) -> Limits {
     Limits {
         workload_deadline: Duration::from_secs(10 * 60),
         workload_policy: policy,
+        hook_room: None,
     }
 }
 
@@ -509,6 +510,7 @@ fn times_at_the_edge_of_the_calendar_do_not_panic() {
     let l = Limits {
         workload_deadline: Duration::from_secs(u64::MAX / 4),
         workload_policy: DeadlinePolicy::Abandon,
+        hook_room: None,
     };
     let far = Why::Notice {
         notice: "spot_interruption".into(),
@@ -667,7 +669,7 @@ mod read_back {
             if r.has_scale_in() && !a.contains_key(ANNOTATION) {
                 prop_assert!(mode.is_none() || mode.as_deref() == Some(DIRECT_MARK));
             }
-            let l = Limits { workload_deadline: Duration::from_secs(deadline_secs), workload_policy: policy };
+            let l = Limits { workload_deadline: Duration::from_secs(deadline_secs), workload_policy: policy, hook_room: None };
             let p = r.plan(l);
             prop_assert!(p.daemonset_share <= MAX_DAEMONSET_SHARE);
             prop_assert_eq!(p.drains, r.drain_began().is_some());
@@ -859,5 +861,155 @@ fn an_end_read_back_is_bounded_and_an_unknown_one_is_none() {
     match &r.reasons[0].why {
         Why::Notice { notice, .. } => assert_eq!(notice.chars().count(), MAX_NOTICE),
         other => panic!("{other:?}"),
+    }
+}
+
+fn kept(deadline_min: u64, policy: DeadlinePolicy, room_min: Option<u64>) -> Limits {
+    Limits {
+        workload_deadline: Duration::from_secs(deadline_min * 60),
+        workload_policy: policy,
+        hook_room: room_min.map(|m| Duration::from_secs(m * 60)),
+    }
+}
+
+/// `reasons` joined, then kept with `l` by the engine that runs the drain.
+fn kept_record(reasons: &[(Why, i64)], l: Limits) -> DrainRecord {
+    let mut r = record(reasons, l);
+    r.keep(l);
+    r
+}
+
+/// Issue 72: a drain keeps the deadline it began with (its group's then); a
+/// reader with other settings (another group's, a changed file, `status`) plans
+/// the same deadline, and only the next drain takes new settings.
+#[test]
+fn a_drain_keeps_the_deadline_it_began_with() {
+    let group = kept(60, DeadlinePolicy::Abandon, None);
+    let cluster = kept(10, DeadlinePolicy::Proceed, None);
+    // Nothing drains: nothing is kept.
+    let mut cordoned = record(&[(Why::Rebalance, 0)], group);
+    cordoned.keep(group);
+    assert_eq!(cordoned.limits, None);
+    // The `drain` command's cordon keeps nothing; the engine running it does.
+    let mut r = record(&[(Why::ScaleIn, 0)], group);
+    assert_eq!(r.limits, None);
+    r.keep(group);
+    assert_eq!(r.limits, Some(group));
+    // Kept once: another engine's settings do not move it.
+    r.keep(cluster);
+    assert_eq!(r.limits, Some(group));
+    for reader in [group, cluster] {
+        let p = r.plan(reader);
+        assert_eq!(p.workload_deadline, Some(at(60 * MIN)));
+        assert_eq!(p.on_deadline, DeadlinePolicy::Abandon);
+        assert_eq!(p.kept, group);
+    }
+    // A second reason joining the running drain keeps it too.
+    r.join(DrainReason::new(Why::DrainCommand, at(5 * MIN)), cluster);
+    r.keep(cluster);
+    assert_eq!(r.limits, Some(group));
+    // The next drain forgets it and takes the settings it begins with.
+    r.mark_done();
+    r.join(DrainReason::new(Why::ScaleIn, at(70 * MIN)), cluster);
+    assert_eq!(r.limits, None);
+    r.keep(cluster);
+    assert_eq!(r.limits, Some(cluster));
+    assert_eq!(r.plan(group).workload_deadline, Some(at(80 * MIN)));
+    // A record an older version wrote keeps none: the reader's settings decide.
+    let mut old = r.clone();
+    old.limits = None;
+    assert_eq!(old.plan(group).workload_deadline, Some(at(130 * MIN)));
+}
+
+/// Issue 72: a hold of our hook ends at the hook's global timeout whatever the
+/// drain does, so its workload deadline is never later than the room the hook
+/// leaves; the plan says when the hook set it.
+#[test]
+fn a_hold_of_our_hook_gets_no_more_than_the_room_its_timeout_leaves() {
+    for (deadline, room, want, cut) in [
+        (10, Some(5), 5, true),
+        (10, Some(20), 10, false),
+        (10, Some(10), 10, false),
+        (10, None, 10, false),
+        (60, Some(0), 0, true),
+    ] {
+        let l = kept(deadline, DeadlinePolicy::Abandon, room);
+        let p = kept_record(&[(hook(), 0)], l).plan(l);
+        assert_eq!(
+            p.workload_deadline,
+            Some(at(want * MIN)),
+            "{deadline} {room:?}"
+        );
+        assert_eq!(p.cut_by_hook, cut, "{deadline} {room:?}");
+        assert_eq!(p.on_deadline, DeadlinePolicy::Proceed);
+    }
+    // The room binds only lifecycle reasons: a drain command's deadline is its own.
+    let l = kept(10, DeadlinePolicy::Abandon, Some(2));
+    let p = kept_record(&[(Why::DrainCommand, 0)], l).plan(l);
+    assert_eq!(p.workload_deadline, Some(at(10 * MIN)));
+    assert!(!p.cut_by_hook);
+    // A spot warning earlier than the hook's room decides: the hook did not.
+    let p = kept_record(
+        &[(hook(), 0), (spot(60), 0)],
+        kept(10, DeadlinePolicy::Proceed, Some(5)),
+    )
+    .plan(l);
+    assert_eq!(p.workload_deadline, Some(at(40)));
+    assert!(!p.cut_by_hook);
+}
+
+/// Issue 72: our hook's hold joining a drain that began without one (CA's direct
+/// scale-in, then the ASG's own hook) brings the hook's room into the kept limits.
+#[test]
+fn a_hook_joining_a_running_drain_brings_its_room() {
+    let mut r = kept_record(
+        &[(Why::ScaleIn, 0)],
+        kept(10, DeadlinePolicy::Proceed, None),
+    );
+    assert_eq!(r.limits.unwrap().hook_room, None);
+    let held = kept(30, DeadlinePolicy::Proceed, Some(3));
+    r.join(DrainReason::new(hook(), at(MIN)), held);
+    r.keep(held);
+    let k = r.limits.unwrap();
+    assert_eq!(
+        k.workload_deadline,
+        Duration::from_secs(600),
+        "the drain's own deadline stays"
+    );
+    assert_eq!(k.hook_room, Some(Duration::from_secs(180)));
+    let p = r.plan(kept(10, DeadlinePolicy::Proceed, None));
+    assert_eq!(p.workload_deadline, Some(at(4 * MIN)));
+    assert!(p.cut_by_hook);
+}
+
+/// What a Node carries is read back bounded: a deadline past what AWS could hold,
+/// or one unreadable, reads as none (the reader's settings decide) and the rest of
+/// the record is kept.
+#[test]
+fn a_kept_deadline_is_read_back_bounded() {
+    let r = kept_record(&[(hook(), 0)], kept(10, DeadlinePolicy::Proceed, Some(5)));
+    let text = serde_json::to_string(&r).unwrap();
+    assert!(
+        text.contains(
+            r#""limits":{"workloadDeadlineMs":600000,"policy":"proceed","hookRoomMs":300000}"#
+        ),
+        "{text}"
+    );
+    let back: DrainRecord = serde_json::from_str(&text).unwrap();
+    assert_eq!(back, r);
+    for bad in [
+        r#"{"workloadDeadlineMs":999999999999,"policy":"proceed"}"#,
+        r#"{"workloadDeadlineMs":600000,"policy":"proceed","hookRoomMs":172800001}"#,
+        r#"{"workloadDeadlineMs":-1,"policy":"proceed"}"#,
+        r#"{"workloadDeadlineMs":600000,"policy":"later"}"#,
+        r#""600s""#,
+    ] {
+        let text = text.replace(
+            r#"{"workloadDeadlineMs":600000,"policy":"proceed","hookRoomMs":300000}"#,
+            bad,
+        );
+        let back: DrainRecord = serde_json::from_str(&text).expect(bad);
+        assert_eq!(back.limits, None, "{bad}");
+        assert_eq!(back.reasons, r.reasons, "{bad}");
     }
 }

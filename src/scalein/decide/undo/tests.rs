@@ -16,6 +16,7 @@ fn window(policy: DeadlinePolicy) -> Window {
         limits: Limits {
             workload_deadline: Duration::from_secs(600),
             workload_policy: policy,
+            hook_room: None,
         },
         after_deadline: Duration::from_secs(240),
     }

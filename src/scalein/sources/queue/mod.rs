@@ -588,7 +588,8 @@ impl Consumer {
         if self.engine.settings().dry_run {
             return Ok(Some((node, true)));
         }
-        match cordon::cordon(&self.engine.stage(), &node, &[reason], group).await {
+        let keep = Some(self.engine.limits_for(group, None));
+        match cordon::cordon(&self.engine.stage(), &node, &[reason], group, keep).await {
             Ok(Cordoned::Marked { record, .. }) => {
                 let drains = record.drain_began().is_some();
                 Ok(Some((node, drains)))

@@ -1,0 +1,193 @@
+//! `scaleIn.groupOverrides:`: settings a group takes instead of the cluster's, each
+//! read whole or refused whole (half an override would give a group settings nobody
+//! wrote). Every problem names the override's place in the list
+//! (`scaleIn.groupOverrides[1].workloadDeadline`) and the value.
+//!
+//! An override selects groups as a budget does (names or tags, never both) and must
+//! select some: one for every group is the cluster's own setting. The first
+//! override that selects a group gives its settings; a field it leaves out is the
+//! cluster's.
+
+use std::time::Duration;
+
+use super::{bounded_duration, budgets, Problems};
+use crate::config::GroupOverrideFile;
+use crate::scalein::decide::budget::Groups;
+use crate::scalein::decide::record::LIFECYCLE_ACTION_LIMIT;
+use crate::scalein::settings::GroupOverride;
+
+/// At most this many overrides (each drain start reads them in order).
+pub const MAX_OVERRIDES: usize = 100;
+
+pub fn resolve(list: Option<&[GroupOverrideFile]>, problems: &mut Problems) -> Vec<GroupOverride> {
+    let list = list.unwrap_or_default();
+    if list.len() > MAX_OVERRIDES {
+        problems.bad(
+            "scaleIn.groupOverrides",
+            format!("{} overrides (at most {MAX_OVERRIDES})", list.len()),
+        );
+        return Vec::new();
+    }
+    let mut out = Vec::new();
+    for (i, file) in list.iter().enumerate() {
+        let before = problems.count();
+        let o = one(&format!("scaleIn.groupOverrides[{i}]"), file, problems);
+        if problems.count() == before {
+            out.push(o);
+        }
+    }
+    out
+}
+
+fn one(key: &str, f: &GroupOverrideFile, problems: &mut Problems) -> GroupOverride {
+    let groups = budgets::groups(key, f.groups.as_ref(), f.group_tags.as_ref(), problems);
+    if groups == Groups::All && f.groups.is_none() && f.group_tags.is_none() {
+        problems.bad(
+            &format!("{key}.groups"),
+            "missing: name the groups (groups) or their tags (groupTags); for every group set the scaleIn setting itself".into(),
+        );
+    }
+    let workload_deadline = f.workload_deadline.as_ref().map(|given| {
+        bounded_duration(
+            problems,
+            &format!("{key}.workloadDeadline"),
+            Some(given),
+            Duration::ZERO,
+            Duration::from_secs(1),
+            Some(LIFECYCLE_ACTION_LIMIT),
+        )
+    });
+    if f.workload_deadline.is_none() && f.workload_deadline_policy.is_none() {
+        problems.bad(
+            key,
+            "overrides nothing: give workloadDeadline or workloadDeadlinePolicy".into(),
+        );
+    }
+    GroupOverride {
+        groups,
+        workload_deadline,
+        workload_deadline_policy: f.workload_deadline_policy,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::BTreeMap;
+    use std::time::Duration;
+
+    use crate::config::{resolve, ConfigError, FileConfig, Overrides};
+    use crate::scalein::decide::budget::Groups;
+    use crate::scalein::DeadlinePolicy;
+
+    fn problems(yaml: &str) -> Vec<String> {
+        let file = FileConfig::parse(yaml, "t.yaml").expect("parses");
+        match resolve(file, &Overrides::default(), "t.yaml") {
+            Ok(_) => Vec::new(),
+            Err(ConfigError::Invalid { problems, .. }) => problems
+                .into_iter()
+                .map(|p| format!("{}: {}", p.key, p.message))
+                .collect(),
+            Err(e) => vec![e.to_string()],
+        }
+    }
+
+    fn tags(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
+        pairs
+            .iter()
+            .map(|(k, v)| (k.to_string(), v.to_string()))
+            .collect()
+    }
+
+    /// Read in order; the first override that selects a group gives its settings, a
+    /// field left out is the cluster's, and a group no override selects has the
+    /// cluster's.
+    #[test]
+    fn the_first_override_that_selects_a_group_gives_its_deadline() {
+        let file = FileConfig::parse(
+            r#"
+aws: {region: eu-west-1}
+scaleIn:
+  workloadDeadline: 10m
+  workloadDeadlinePolicy: proceed
+  groupOverrides:
+    - groups: [batch]
+      workloadDeadline: 1h
+      workloadDeadlinePolicy: abandon
+    - groupTags: {team: web, tier: ""}
+      workloadDeadline: 90s
+    - groupTags: {team: web}
+      workloadDeadlinePolicy: abandon
+"#,
+            "t.yaml",
+        )
+        .unwrap();
+        let c = resolve(file, &Overrides::default(), "t.yaml").unwrap();
+        let s = &c.scale_in;
+        assert_eq!(s.group_overrides.len(), 3);
+        assert!(matches!(&s.group_overrides[0].groups, Groups::Named(n) if n.contains("batch")));
+        let none = BTreeMap::new();
+        let batch = s.limits_for("batch", &none, None);
+        assert_eq!(batch.workload_deadline, Duration::from_secs(3600));
+        assert_eq!(batch.workload_policy, DeadlinePolicy::Abandon);
+        assert_eq!(batch.hook_room, None);
+        // Tagged team=web with any tier: the second, whose policy is the cluster's.
+        let web = s.limits_for("web-a", &tags(&[("team", "web"), ("tier", "front")]), None);
+        assert_eq!(web.workload_deadline, Duration::from_secs(90));
+        assert_eq!(web.workload_policy, DeadlinePolicy::Proceed);
+        // team=web without a tier: the third.
+        let web = s.limits_for("web-b", &tags(&[("team", "web")]), None);
+        assert_eq!(web.workload_deadline, Duration::from_secs(600));
+        assert_eq!(web.workload_policy, DeadlinePolicy::Abandon);
+        // Nobody's: the cluster's.
+        assert_eq!(s.limits_for("other", &none, None), s.limits());
+        // A hold of our hook carries the room its global timeout leaves.
+        let held = s.limits_for("batch", &none, Some(Duration::from_secs(30)));
+        assert_eq!(held.hook_room, Some(s.hook_room(Duration::from_secs(30))));
+        assert!(held.hook_room.unwrap() < held.workload_deadline);
+    }
+
+    #[test]
+    fn a_wrong_override_is_refused_naming_its_place_field_and_value() {
+        let got = problems(
+            r#"
+aws: {region: eu-west-1}
+scaleIn:
+  groupOverrides:
+    - {workloadDeadline: 5m}
+    - {groups: [a], groupTags: {t: x}, workloadDeadline: 5m}
+    - {groups: [a]}
+    - {groups: [a], workloadDeadline: 0s}
+    - {groups: [a], workloadDeadline: 49h}
+    - {groups: [], workloadDeadline: 5m}
+    - {groups: [a], workloadDeadline: soon}
+"#,
+        );
+        let want = [
+            "scaleIn.groupOverrides[0].groups: missing",
+            "scaleIn.groupOverrides[1].groupTags: given with groups",
+            "scaleIn.groupOverrides[2]: overrides nothing",
+            "scaleIn.groupOverrides[3].workloadDeadline: \"0s\"",
+            "scaleIn.groupOverrides[4].workloadDeadline: \"49h\"",
+            "scaleIn.groupOverrides[5].groups: an empty list",
+            "scaleIn.groupOverrides[6].workloadDeadline: \"soon\"",
+        ];
+        for w in want {
+            assert!(
+                got.iter().any(|p| p.starts_with(w)),
+                "{w}\nnot in\n{got:#?}"
+            );
+        }
+        assert_eq!(got.len(), want.len(), "{got:#?}");
+    }
+
+    #[test]
+    fn an_unknown_field_of_an_override_is_refused_by_name() {
+        let err = FileConfig::parse(
+            "scaleIn: {groupOverrides: [{groups: [a], workloadDeadlne: 5m}]}\n",
+            "t.yaml",
+        )
+        .unwrap_err()
+        .to_string();
+        assert!(err.contains("workloadDeadlne"), "{err}");
+    }
+}
