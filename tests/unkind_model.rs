@@ -77,7 +77,9 @@ use ca_asg_provider::clock::Instant;
 
 use ca_asg_provider::cloud::memory::{DesiredBy, HookEvent, MemoryGroup};
 use ca_asg_provider::cloud::queue::MemoryQueue;
+use ca_asg_provider::scalein::decide::budget::Groups;
 use ca_asg_provider::scalein::decide::notice::RebalanceAction;
+use ca_asg_provider::scalein::settings::GroupOverride;
 use ca_asg_provider::scalein::sources::queue::Consumer;
 use ca_asg_provider::scalein::{
     self, decide::record, DeadlinePolicy, DrainRequest, Mode, ScaleInSettings, Source,
@@ -98,8 +100,11 @@ const HOOK: &str = "ca-asg-provider-drain";
 const NODES: usize = 4;
 /// Nodes whose workload pod has a budget that allows nothing.
 const GUARDED: [usize; 2] = [1, 3];
-/// The workload deadline of every drain here.
+/// The workload deadline of every drain of `web` here (the cluster's).
 const DEADLINE: Duration = Duration::from_secs(2);
+/// `batch`'s own, from a group override (issue 72): the drain keeps it on the Node
+/// and every replica plans with it.
+const BATCH_DEADLINE: Duration = Duration::from_secs(3);
 /// The app pods' grace period: with `proceed` each is deleted at (deadline - it)
 /// (issue 72), so a delete is promised from then on.
 const APP_GRACE: Duration = Duration::from_secs(1);
@@ -327,6 +332,11 @@ fn settings(policy: DeadlinePolicy) -> ScaleInSettings {
     ScaleInSettings {
         workload_deadline: DEADLINE,
         workload_deadline_policy: policy,
+        group_overrides: vec![GroupOverride {
+            groups: Groups::Named(["batch".to_string()].into()),
+            workload_deadline: Some(BATCH_DEADLINE),
+            workload_deadline_policy: None,
+        }],
         daemonset_deadline: Duration::from_secs(3),
         ..fast_settings()
     }
@@ -432,7 +442,16 @@ impl Model {
     fn drain_reason(&mut self, i: usize, hook: bool) {
         self.reasons[i] += 1;
         if hook || self.policy == DeadlinePolicy::Proceed {
-            self.deletes_from(i, Instant::now() + DEADLINE);
+            let deadline = self.deadline_of(i);
+            self.deletes_from(i, Instant::now() + deadline);
+        }
+    }
+
+    /// The workload deadline of node `i`'s group.
+    fn deadline_of(&self, i: usize) -> Duration {
+        match self.nodes[i].2 {
+            "batch" => BATCH_DEADLINE,
+            _ => DEADLINE,
         }
     }
 
@@ -714,7 +733,9 @@ impl Model {
             }
             Op::Heal => self.heal(),
             Op::Wait => tokio::time::sleep(Duration::from_millis(300)).await,
-            Op::PastDeadline => tokio::time::sleep(DEADLINE + Duration::from_millis(300)).await,
+            Op::PastDeadline => {
+                tokio::time::sleep(DEADLINE.max(BATCH_DEADLINE) + Duration::from_millis(300)).await
+            }
         }
     }
 
