@@ -219,3 +219,87 @@ async fn a_drain_our_hook_holds_starts_past_a_budget_in_time_for_the_hook() {
     );
     assert!(w.cloud.hook_timeouts().is_empty(), "no hold timed out");
 }
+
+/// Issue 71, `waitForReplacement` (a group override here): an instance of `web`
+/// ended without a decrement (a person, an instance refresh) is held by our hook,
+/// its node cordoned, and nothing is evicted while the group's replacement cannot
+/// launch; once the replacement is InService the drain runs and the action is
+/// completed.
+#[tokio::test]
+async fn a_drain_waits_for_its_groups_replacement_before_it_evicts() {
+    use ca_asg_provider::cloud::Cloud;
+    use ca_asg_provider::scalein::settings::GroupOverride;
+    let settings = ScaleInSettings {
+        group_overrides: vec![GroupOverride {
+            groups: Groups::Named(["web".to_string()].into()),
+            workload_deadline: None,
+            workload_deadline_policy: None,
+            wait_for_replacement: Some(true),
+        }],
+        ..fast_settings()
+    };
+    let w = World::builder()
+        .web_hooked(3, 2, 30)
+        .settings(settings)
+        .build()
+        .await;
+    let (node, iid) = nodes_of(&w, "web").remove(0);
+    w.put(&fixtures::pod("shop", "app", &node, "app", 0.1));
+    pod_ready(&w, "app").await;
+    let lifecycle = ca_asg_provider::scalein::sources::hook_scan::spawn_loop(
+        w.engine.clone(),
+        w.provider.clone(),
+    );
+    w.cloud
+        .fail_launches("web", Some("InsufficientInstanceCapacity"));
+    w.cloud.terminate_instance(&iid, false).await.unwrap();
+
+    eventually("the drain says it waits for the replacement", 20, || {
+        waiting_events(&w)
+            .iter()
+            .any(|n| n.contains("\"waitForReplacement\"") && n.contains("1 of its desired 2"))
+    })
+    .await;
+    assert!(cordoned(&w, &node), "cordoned while it waits");
+    tokio::time::sleep(std::time::Duration::from_millis(500)).await;
+    assert_eq!(
+        evictions_of(&w, "app"),
+        0,
+        "nothing evicted before the replacement"
+    );
+    assert!(w.cloud.completed_actions().is_empty());
+
+    w.cloud.fail_launches("web", None);
+    eventually("the lifecycle action is completed", 30, || {
+        w.cloud
+            .completed_actions()
+            .iter()
+            .any(|(a, _)| a.instance_id == iid)
+    })
+    .await;
+    lifecycle.abort();
+    assert_eq!(
+        evictions_of(&w, "app"),
+        1,
+        "drained once the replacement was up"
+    );
+    let in_service = w
+        .cloud
+        .instances()
+        .into_iter()
+        .filter(|(g, i)| {
+            g == "web"
+                && i.id != iid
+                && i.state == ca_asg_provider::cloud::LifecycleState::InService
+        })
+        .count();
+    assert_eq!(in_service, 2, "the replacement is up");
+    assert_eq!(
+        waiting_events(&w)
+            .iter()
+            .filter(|n| n.contains("waitForReplacement"))
+            .count(),
+        1,
+        "said once"
+    );
+}

@@ -136,6 +136,8 @@ pub struct ScaleInFile {
     /// Settings a group takes instead of the cluster's; the first that selects
     /// the group wins ([`sections::group_overrides`]).
     pub group_overrides: Option<Vec<GroupOverrideFile>>,
+    /// Start a drain only once its group has its desired capacity InService.
+    pub wait_for_replacement: Option<bool>,
 }
 
 /// One of `scaleIn.groupOverrides` as written.
@@ -148,6 +150,7 @@ pub struct GroupOverrideFile {
     pub group_tags: Option<std::collections::BTreeMap<String, String>>,
     pub workload_deadline: Option<String>,
     pub workload_deadline_policy: Option<DeadlinePolicy>,
+    pub wait_for_replacement: Option<bool>,
 }
 
 /// `scaleIn.loadBalancers` as written.

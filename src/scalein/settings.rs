@@ -85,6 +85,9 @@ pub struct ScaleInSettings {
     /// `scaleIn.groupOverrides`, in the order written: the first that selects a
     /// group gives its settings ([`Self::limits_for`]).
     pub group_overrides: Vec<GroupOverride>,
+    /// `waitForReplacement`: a drain starts only once its group has its desired
+    /// capacity InService ([`crate::scalein::decide::budget::awaits_replacement`]).
+    pub wait_for_replacement: bool,
 }
 
 /// One of `scaleIn.groupOverrides`: what the groups it selects take instead of the
@@ -96,6 +99,7 @@ pub struct GroupOverride {
     pub groups: crate::scalein::decide::budget::Groups,
     pub workload_deadline: Option<Duration>,
     pub workload_deadline_policy: Option<DeadlinePolicy>,
+    pub wait_for_replacement: Option<bool>,
 }
 
 /// `scaleIn.loadBalancers`: before the instance ends, wait until it is out of every
@@ -232,6 +236,14 @@ impl ScaleInSettings {
         lines
     }
 
+    /// Whether drains of `group` wait for its replacement instances
+    /// (`waitForReplacement`, the group's override else the cluster's).
+    pub fn waits_for_replacement(&self, group: &str, tags: &BTreeMap<String, String>) -> bool {
+        self.override_for(group, tags)
+            .and_then(|o| o.wait_for_replacement)
+            .unwrap_or(self.wait_for_replacement)
+    }
+
     /// What a drain takes after its workloads: the DaemonSet and volume phases.
     pub fn after_workloads(&self) -> Duration {
         self.daemonset_deadline + self.volume_deadline
@@ -294,6 +306,7 @@ impl Default for ScaleInSettings {
             warm_pool_settle: WARM_POOL_SETTLED,
             load_balancers: LoadBalancerWait::default(),
             group_overrides: Vec::new(),
+            wait_for_replacement: false,
         }
     }
 }

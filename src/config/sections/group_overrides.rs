@@ -57,16 +57,20 @@ fn one(key: &str, f: &GroupOverrideFile, problems: &mut Problems) -> GroupOverri
             Some(LIFECYCLE_ACTION_LIMIT),
         )
     });
-    if f.workload_deadline.is_none() && f.workload_deadline_policy.is_none() {
+    if f.workload_deadline.is_none()
+        && f.workload_deadline_policy.is_none()
+        && f.wait_for_replacement.is_none()
+    {
         problems.bad(
             key,
-            "overrides nothing: give workloadDeadline or workloadDeadlinePolicy".into(),
+            "overrides nothing: give workloadDeadline, workloadDeadlinePolicy or waitForReplacement".into(),
         );
     }
     GroupOverride {
         groups,
         workload_deadline,
         workload_deadline_policy: f.workload_deadline_policy,
+        wait_for_replacement: f.wait_for_replacement,
     }
 }
 
@@ -117,6 +121,7 @@ scaleIn:
       workloadDeadline: 90s
     - groupTags: {team: web}
       workloadDeadlinePolicy: abandon
+      waitForReplacement: true
 "#,
             "t.yaml",
         )
@@ -140,6 +145,9 @@ scaleIn:
         assert_eq!(web.workload_policy, DeadlinePolicy::Abandon);
         // Nobody's: the cluster's.
         assert_eq!(s.limits_for("other", &none, None), s.limits());
+        assert!(s.waits_for_replacement("web-b", &tags(&[("team", "web")])));
+        assert!(!s.waits_for_replacement("batch", &none));
+        assert!(!s.waits_for_replacement("other", &none));
         // A hold of our hook carries the room its global timeout leaves.
         let held = s.limits_for("batch", &none, Some(Duration::from_secs(30)));
         assert_eq!(held.hook_room, Some(s.hook_room(Duration::from_secs(30))));

@@ -84,6 +84,7 @@ pub fn resolve(si: &ScaleInFile, problems: &mut Problems) -> ScaleInSettings {
         warm_pool_settle: d.warm_pool_settle,
         load_balancers: d.load_balancers,
         group_overrides: Vec::new(),
+        wait_for_replacement: si.wait_for_replacement.unwrap_or(d.wait_for_replacement),
     };
     let lb = si.load_balancers.clone().unwrap_or_default();
     scale_in.load_balancers.enabled = lb

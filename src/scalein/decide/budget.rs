@@ -513,6 +513,17 @@ pub fn force_at(
     hold_began + Span::from_std(room).unwrap_or(Span::zero())
 }
 
+/// `waitForReplacement`: a drain of a group that asks for it starts only once the
+/// group has its desired capacity InService again (as AWS says it, read fresh), so
+/// that the pods it evicts have the replacement to go to (an instance refresh, an AZ
+/// rebalance, a person's terminate without decrement). An exempt drain (spot, a
+/// scheduled event, a stopped instance) never waits: the instance ends anyway. A
+/// scale-in that lowered the desired capacity, or a drain of an instance still
+/// InService (CA's direct scale-in, `drain NODE`), finds the count met at once.
+pub fn awaits_replacement(exempt: bool, in_service: usize, desired: usize) -> bool {
+    !exempt && in_service < desired
+}
+
 /// How long AWS keeps a lifecycle action whose heartbeats go on: 100 heartbeat
 /// timeouts, at most 48 hours.
 pub fn hook_global(heartbeat_timeout: Duration) -> Duration {

@@ -69,6 +69,7 @@ pub(crate) async fn take_slot(
     let budgets = engine.settings.budgets_in_order();
     let placed = placed(engine, req, node, record, &budgets).await;
     let force_at = force_at(engine, req, record);
+    await_replacement(engine, req, node, &placed, force_at).await;
     let mut waiting = Waiting(None);
     loop {
         let freed = engine.book.slot_freed();
@@ -97,6 +98,83 @@ pub(crate) async fn take_slot(
             }
         }
     }
+}
+
+/// How `waitForReplacement` is named where budgets are: in
+/// `drains_waiting_for_budget`, Events and the forced count.
+pub const REPLACEMENT: &str = "waitForReplacement";
+/// How often a drain waiting for its group's replacement reads the group again.
+const REPLACEMENT_LOOK: Duration = Duration::from_secs(10);
+
+/// `waitForReplacement` ([`budget::awaits_replacement`]), before the budgets: a
+/// drain of a group that asks for it waits until AWS shows the group's desired
+/// capacity InService, read fresh at each look (never the registry's memory). A
+/// group AWS does not answer for waits too (the node stays cordoned, nothing is
+/// evicted) and is read again; a group gone has nothing to wait for. A drain our
+/// hook holds goes at its force time whatever. Said once, as a budget's wait is
+/// (`DrainWaitingForBudget` naming [`REPLACEMENT`]), and counted alike.
+async fn await_replacement(
+    engine: &Engine,
+    req: &DrainRequest,
+    node: &str,
+    placed: &Placed,
+    force_at: Option<DateTime<Utc>>,
+) {
+    if placed.exempt
+        || !engine
+            .settings
+            .waits_for_replacement(&placed.group, &placed.tags)
+    {
+        return;
+    }
+    let mut waiting = Waiting(None);
+    let selector = crate::cloud::GroupSelector {
+        names: vec![placed.group.clone()],
+        tag_sets: Vec::new(),
+    };
+    loop {
+        let now = crate::clock::utc_now();
+        if force_at.is_some_and(|at| now >= at) {
+            say_forced(engine, node, req, REPLACEMENT, force_at).await;
+            return;
+        }
+        let seen = match engine.cloud.describe_groups(&selector).await {
+            Ok(groups) => match groups.into_iter().find(|g| g.name == placed.group) {
+                Some(g) => Ok(in_service_of(&g)),
+                None => return,
+            },
+            Err(e) => Err(e.to_string()),
+        };
+        let said = match seen {
+            Ok((in_service, desired)) if !budget::awaits_replacement(false, in_service, desired) => {
+                return
+            }
+            Ok((in_service, desired)) => format!(
+                "group {} has {in_service} of its desired {desired} instances InService; it starts once the replacement is",
+                placed.group
+            ),
+            Err(e) => format!("group {} cannot be read from AWS ({e}); it waits and reads it again", placed.group),
+        };
+        if waiting.0.is_none() {
+            waiting.start(REPLACEMENT);
+            say_waiting_said(engine, node, req, REPLACEMENT, &said, force_at).await;
+        }
+        let wake = force_at
+            .and_then(|at| (at - now).to_std().ok())
+            .map_or(REPLACEMENT_LOOK, |d| d.min(REPLACEMENT_LOOK))
+            .max(Duration::from_millis(100));
+        tokio::time::sleep(wake).await;
+    }
+}
+
+/// (InService instances, desired capacity) of a group as AWS showed it.
+fn in_service_of(g: &crate::cloud::AsgSnapshot) -> (usize, usize) {
+    let in_service = g
+        .instances
+        .iter()
+        .filter(|i| i.state == crate::cloud::LifecycleState::InService)
+        .count();
+    (in_service, usize::try_from(g.desired_capacity).unwrap_or(0))
 }
 
 /// Under the one lock: the verdict, and the slot kept when it is go.
@@ -351,6 +429,27 @@ async fn say_waiting(
     hold: &budget::Hold,
     force_at: Option<DateTime<Utc>>,
 ) {
+    say_waiting_said(
+        engine,
+        node,
+        req,
+        &hold.budget,
+        &hold.until.said(),
+        force_at,
+    )
+    .await;
+}
+
+/// The one `DrainWaitingForBudget` Event of a wait: the budget that holds the drain
+/// and until when (`said`).
+async fn say_waiting_said(
+    engine: &Engine,
+    node: &str,
+    req: &DrainRequest,
+    budget: &str,
+    said: &str,
+    force_at: Option<DateTime<Utc>>,
+) {
     let forced = force_at
         .map(|at| {
             format!(
@@ -360,13 +459,11 @@ async fn say_waiting(
         })
         .unwrap_or_default();
     let note = format!(
-        "node cordoned; its drain (instance {}, asked by {}) waits for disruption budget {:?}: {}{forced}",
+        "node cordoned; its drain (instance {}, asked by {}) waits for disruption budget {budget:?}: {said}{forced}",
         req.instance_id,
         req.source.said(),
-        hold.budget,
-        hold.until.said()
     );
-    tracing::info!(node, instance = %req.instance_id, budget = %hold.budget, "{note}");
+    tracing::info!(node, instance = %req.instance_id, budget, "{note}");
     engine
         .tools
         .events
