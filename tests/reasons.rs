@@ -1048,9 +1048,15 @@ async fn a_stop_notice_is_not_undone_by_the_next_poll() {
 async fn one_app_queue_mode(
     hook_heartbeat_timeout: Duration,
 ) -> (World, String, tokio::task::JoinHandle<()>) {
+    // A 4 s hook is held at most 400 s; with a five-minute poll (the margin for when a
+    // hold began) and the default two-minute DaemonSet phase it would leave the
+    // workloads no room (issue 72: the app, its grace 30 s, would be deleted at once,
+    // not evicted). A one-second DaemonSet phase (there is no DaemonSet pod here)
+    // leaves them 38 s: the app is evicted well before 38 s less its grace.
     let s = ScaleInSettings {
         lifecycle_poll_interval: Duration::from_secs(300),
         hook_heartbeat_timeout,
+        daemonset_deadline: Duration::from_secs(1),
         ..fast_settings()
     };
     let w = World::builder()
