@@ -119,7 +119,8 @@ fn dash(v: Option<String>) -> String {
 }
 
 /// `ns/pod (budget, budget); ns/pod`, a budget that can never allow the eviction
-/// marked `never allows` (the JSON says why).
+/// marked `never allows` (the JSON says why), a pod already deleted as
+/// `ns/pod (terminating, 12s of its 30s grace left)`.
 fn blockers(b: &[Blocker]) -> String {
     b.iter()
         .map(|b| {
@@ -128,7 +129,9 @@ fn blockers(b: &[Blocker]) -> String {
             } else {
                 ""
             };
-            if b.budgets.is_empty() {
+            if let Some(t) = &b.terminating {
+                format!("{} ({})", b.pod, t.said())
+            } else if b.budgets.is_empty() {
                 b.pod.clone()
             } else {
                 format!("{} ({}{never})", b.pod, b.budgets.join(", "))
@@ -395,11 +398,13 @@ mod tests {
                     pod: "shop/app-1".into(),
                     budgets: vec!["shop/app-pdb".into()],
                     never: None,
+                    terminating: None,
                 },
                 Blocker {
                     pod: "shop/cart-1".into(),
                     budgets: vec![],
                     never: None,
+                    terminating: None,
                 },
             ]
         );
@@ -428,6 +433,74 @@ mod tests {
         assert!(rows2[0].blocked_by.is_empty());
         let rows3 = super::rows(&nodes, &[], &pdbs, limits(), at(NOW));
         assert_eq!(rows3[0].phase, Phase::Drained);
+    }
+
+    /// Issue 74: a pod already evicted (deletionTimestamp set) is terminating, with
+    /// the grace it has left, never blocked by the budget that selects it; once its
+    /// grace is over it says so.
+    #[test]
+    fn a_terminating_pod_is_shown_terminating_with_its_grace_left() {
+        use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+        let rec = DrainRecord {
+            reasons: vec![DrainReason::new(Why::ScaleIn, at("2026-11-27T07:05:30Z"))],
+            ..DrainRecord::default()
+        };
+        let nodes = [recorded("n1", "web", &rec)];
+        let mut going = pod("shop", "app-1", "n1", "app", false);
+        going.metadata.deletion_timestamp = Some(Time(
+            k8s_openapi::jiff::Timestamp::from_second(at(NOW).timestamp() + 12).unwrap(),
+        ));
+        going.metadata.deletion_grace_period_seconds = Some(30);
+        let pods = [going.clone(), pod("shop", "app-2", "n1", "app", false)];
+        let pdbs = [pdb("shop", "app-pdb", "app", 0)];
+        let rows = rows(&nodes, &pods, &pdbs, limits(), at(NOW));
+        let b = &rows[0].blocked_by;
+        assert_eq!(b[0].pod, "shop/app-1");
+        assert!(b[0].budgets.is_empty() && b[0].never.is_none(), "{b:?}");
+        assert_eq!(
+            b[0].terminating,
+            Some(crate::scalein::progress::Terminating {
+                grace_left_seconds: 12,
+                grace_seconds: Some(30),
+            })
+        );
+        assert_eq!(
+            b[1].budgets,
+            ["shop/app-pdb"],
+            "the running pod is still kept"
+        );
+        let t = table(&rows);
+        assert!(
+            t.contains(
+                "shop/app-1 (terminating, 12s of its 30s grace left); shop/app-2 (shop/app-pdb)"
+            ),
+            "{t}"
+        );
+        let line = crate::scalein::progress::blocked_line(b);
+        assert!(
+            line.starts_with("waiting for 2 pods: shop/app-1 (terminating, 12s of its 30s grace left); shop/app-2 (PodDisruptionBudget shop/app-pdb"),
+            "{line}"
+        );
+        let v: serde_json::Value = serde_json::from_str(&json(&rows)).unwrap();
+        assert_eq!(
+            v[0]["blocked_by"][0]["terminating"]["grace_left_seconds"],
+            12
+        );
+        assert!(v[0]["blocked_by"][1].get("terminating").is_none());
+        // Past its deletion time, its grace is over: still not the budget's.
+        let later = super::rows(
+            &nodes,
+            &pods[..1],
+            &pdbs,
+            limits(),
+            at("2026-11-27T07:11:00Z"),
+        );
+        let b = &later[0].blocked_by[0];
+        assert!(b.budgets.is_empty());
+        assert_eq!(
+            crate::scalein::progress::blocked_line(std::slice::from_ref(b)),
+            "waiting for 1 pod: shop/app-1 (terminating, its grace period over and its end not confirmed yet)"
+        );
     }
 
     /// Issue 73: a drained node whose instance waits to be out of the load balancers

@@ -106,6 +106,70 @@ pub struct Blocker {
     /// deadline ends the wait), when that is so ([`deadlock`]).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub never: Option<String>,
+    /// The pod is already deleted (evicted, or deleted by someone): it is leaving
+    /// within its grace period, and no budget keeps it any more.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub terminating: Option<Terminating>,
+}
+
+impl Blocker {
+    /// The pod at `now`, with the budgets of `pdbs` that keep it (none once it is
+    /// terminating: its eviction or deletion went through).
+    fn of(pod: &Pod, pdbs: &[PodDisruptionBudget], now: DateTime<Utc>) -> Self {
+        let terminating = Terminating::of(pod, now);
+        let (budgets, never) = match terminating {
+            Some(_) => (Vec::new(), None),
+            None => (blocking_budgets(pod, pdbs), never_allowed(pod, pdbs)),
+        };
+        Blocker {
+            pod: plan::pod_ref(pod).to_string(),
+            budgets,
+            never,
+            terminating,
+        }
+    }
+}
+
+/// A pod with a deletionTimestamp: the grace its kubelet still gives it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct Terminating {
+    /// Seconds until its deletionTimestamp (when its grace period ends); 0 once past.
+    pub grace_left_seconds: u64,
+    /// Its whole grace period (`deletionGracePeriodSeconds`), when the API server
+    /// wrote one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub grace_seconds: Option<u64>,
+}
+
+/// Longest grace read from a pod (a day): a larger value reads as this.
+const MAX_GRACE: u64 = 86_400;
+
+impl Terminating {
+    /// `None` when the pod is not being deleted.
+    pub fn of(pod: &Pod, now: DateTime<Utc>) -> Option<Self> {
+        let at = pod.metadata.deletion_timestamp.as_ref()?.0.as_second();
+        let left = at
+            .saturating_sub(now.timestamp())
+            .clamp(0, MAX_GRACE as i64) as u64;
+        let grace = pod
+            .metadata
+            .deletion_grace_period_seconds
+            .map(|g| g.clamp(0, MAX_GRACE as i64) as u64);
+        Some(Terminating {
+            grace_left_seconds: left,
+            grace_seconds: grace,
+        })
+    }
+
+    /// `terminating, 12s of its 30s grace left` (or that its grace is over).
+    pub fn said(&self) -> String {
+        let d = |s: u64| crate::duration::format_duration(Duration::from_secs(s));
+        match (self.grace_left_seconds, self.grace_seconds) {
+            (0, _) => "terminating, its grace period over and its end not confirmed yet".into(),
+            (left, Some(all)) => format!("terminating, {} of its {} grace left", d(left), d(all)),
+            (left, None) => format!("terminating, {} of its grace left", d(left)),
+        }
+    }
 }
 
 /// One drain, as printed.
@@ -241,11 +305,7 @@ pub fn row(
     let blocked_by = if p.drains {
         let mut b: Vec<Blocker> = workloads
             .iter()
-            .map(|pod| Blocker {
-                pod: plan::pod_ref(pod).to_string(),
-                budgets: blocking_budgets(pod, pdbs),
-                never: never_allowed(pod, pdbs),
-            })
+            .map(|pod| Blocker::of(pod, pdbs, now))
             .collect();
         b.sort_by(|x, y| x.pod.cmp(&y.pod));
         b
@@ -590,6 +650,13 @@ pub fn blocked_line(blockers: &[Blocker]) -> String {
     let each: Vec<String> = blockers
         .iter()
         .map(|b| match b.budgets.len() {
+            _ if b.terminating.is_some() => {
+                format!(
+                    "{} ({})",
+                    b.pod,
+                    b.terminating.map(|t| t.said()).unwrap_or_default()
+                )
+            }
             0 => b.pod.clone(),
             1 => format!(
                 "{} (PodDisruptionBudget {} allows no disruption now)",

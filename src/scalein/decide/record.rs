@@ -47,6 +47,14 @@ impl DeadlinePolicy {
             Self::Abandon => "abandon",
         }
     }
+
+    /// What happens at a deadline with this policy, in words.
+    pub fn then_said(self) -> &'static str {
+        match self {
+            Self::Proceed => "what is left is deleted with its own grace period",
+            Self::Abandon => "the drain is abandoned and the node given back",
+        }
+    }
 }
 
 /// The Node annotation that holds the record (JSON).
@@ -383,6 +391,21 @@ pub struct Plan {
     /// When the drain began: the arrival of the earliest reason that drains
     /// ([`DrainRecord::drain_began`]); `None` when nothing drains.
     pub began: Option<DateTime<Utc>>,
+}
+
+impl Plan {
+    /// The workload deadline and its policy, in words: the one place a drain's
+    /// deadline is said (the Node's conditions, `drain NODE`'s waiting lines).
+    pub fn deadline_said(&self) -> String {
+        match self.workload_deadline {
+            Some(at) => format!(
+                "workload deadline {} (then {})",
+                at.format("%Y-%m-%dT%H:%M:%SZ"),
+                self.on_deadline.then_said()
+            ),
+            None => "no workload deadline".into(),
+        }
+    }
 }
 
 /// `t + d`, saturating at the end of the calendar instead of panicking.

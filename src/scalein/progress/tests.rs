@@ -17,6 +17,7 @@ fn row(phase: Phase, blocked: &[(&str, &[&str])]) -> Row {
                 pod: p.to_string(),
                 budgets: b.iter().map(|s| s.to_string()).collect(),
                 never: None,
+                terminating: None,
             })
             .collect(),
         deadline: None,
