@@ -427,10 +427,18 @@ mod tests {
                 && lines[1].ends_with("abandon"),
             "{t}"
         );
-        // Only the workloads gone: the DaemonSet phase, nothing blocks.
+        // Only the workloads gone: the DaemonSet phase waits for the DaemonSet pod
+        // and names it, never a workload pod that has gone (issue 74).
         let rows2 = super::rows(&nodes, &pods[2..3], &pdbs, limits(), at(NOW));
         assert_eq!(rows2[0].phase, Phase::Daemonsets);
-        assert!(rows2[0].blocked_by.is_empty());
+        let waited: Vec<&str> = rows2[0].blocked_by.iter().map(|b| b.pod.as_str()).collect();
+        assert_eq!(waited, ["logging/fluentd-x"]);
+        let t2 = table(&rows2);
+        assert!(
+            t2.lines().nth(1).unwrap().contains("daemonsets") && t2.contains("logging/fluentd-x"),
+            "{t2}"
+        );
+        assert!(!t2.contains("shop/"), "{t2}");
         let rows3 = super::rows(&nodes, &[], &pdbs, limits(), at(NOW));
         assert_eq!(rows3[0].phase, Phase::Drained);
     }
@@ -476,7 +484,7 @@ mod tests {
             ),
             "{t}"
         );
-        let line = crate::scalein::progress::blocked_line(b);
+        let line = crate::scalein::progress::blocked_line(Phase::Workloads, b);
         assert!(
             line.starts_with("waiting for 2 pods: shop/app-1 (terminating, 12s of its 30s grace left); shop/app-2 (PodDisruptionBudget shop/app-pdb"),
             "{line}"
@@ -498,7 +506,7 @@ mod tests {
         let b = &later[0].blocked_by[0];
         assert!(b.budgets.is_empty());
         assert_eq!(
-            crate::scalein::progress::blocked_line(std::slice::from_ref(b)),
+            crate::scalein::progress::blocked_line(Phase::Workloads, std::slice::from_ref(b)),
             "waiting for 1 pod: shop/app-1 (terminating, its grace period over and its end not confirmed yet)"
         );
     }

@@ -186,6 +186,8 @@ pub struct Row {
     pub started: Option<DateTime<Utc>>,
     /// Seconds since `started`.
     pub elapsed_seconds: Option<u64>,
+    /// The pods the phase waits for: in the workload phase the workload pods still
+    /// on the node, in the DaemonSet phase the DaemonSet pods; empty otherwise.
     pub blocked_by: Vec<Blocker>,
     /// When the workload phase stops waiting; none when nothing drains.
     pub deadline: Option<DateTime<Utc>>,
@@ -281,10 +283,12 @@ pub fn row(
         .filter(|pod| pod.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(&name))
         .collect();
     let mut workloads = Vec::new();
-    let mut daemonsets = 0;
+    let mut daemonsets = Vec::new();
     for pod in &on_node {
         match plan::classify_at(pod, &NodeCritical::default(), stamp) {
-            Disposition::Evict(t) | Disposition::Wait(t) if t.is_daemonset() => daemonsets += 1,
+            Disposition::Evict(t) | Disposition::Wait(t) if t.is_daemonset() => {
+                daemonsets.push(*pod)
+            }
             Disposition::Evict(_) | Disposition::Wait(_) => workloads.push(*pod),
             Disposition::Skip(_) => {}
         }
@@ -297,21 +301,23 @@ pub fn row(
         }
     } else if !workloads.is_empty() {
         Phase::Workloads
-    } else if daemonsets > 0 {
+    } else if !daemonsets.is_empty() {
         Phase::Daemonsets
     } else {
         Phase::Drained
     };
-    let blocked_by = if p.drains {
-        let mut b: Vec<Blocker> = workloads
-            .iter()
-            .map(|pod| Blocker::of(pod, pdbs, now))
-            .collect();
-        b.sort_by(|x, y| x.pod.cmp(&y.pod));
-        b
-    } else {
-        Vec::new()
+    // The pods the phase waits for: the workload pods, then (once they are gone)
+    // the DaemonSet pods, never a pod of a phase that is over.
+    let waited = match phase {
+        Phase::Workloads => &workloads,
+        Phase::Daemonsets => &daemonsets,
+        _ => &Vec::new(),
     };
+    let mut blocked_by: Vec<Blocker> = waited
+        .iter()
+        .map(|pod| Blocker::of(pod, pdbs, now))
+        .collect();
+    blocked_by.sort_by(|x, y| x.pod.cmp(&y.pod));
     let started = rec.drain_began().or_else(|| rec.first_at());
     Some(Row {
         node: name,
@@ -394,8 +400,9 @@ enum Said {
 
 /// What `drain NODE` prints while its drain runs, from what it reads every few
 /// seconds: a line when the drain enters a phase (cordoned, evicting N pods, the
-/// DaemonSet pods, waiting for volumes), and while pods keep it in the workload
-/// phase, every `every`, the pods still there and the budgets that block each.
+/// DaemonSet pods, waiting for volumes), and while pods keep it in the workload or
+/// the DaemonSet phase, every `every`, the pods still there (a terminating one with
+/// its grace left) and the budgets that block each.
 /// Pure: the reads and the time come in.
 #[derive(Debug)]
 pub struct Narrator {
@@ -445,7 +452,11 @@ impl Narrator {
                     ))
                 }
                 Said::Phase(Phase::Daemonsets) => {
-                    Some("workload pods gone; evicting the DaemonSet pods".to_string())
+                    self.blockers_at = Some(now);
+                    Some(format!(
+                        "workload pods gone; evicting the DaemonSet pods: {}",
+                        names(&row.blocked_by)
+                    ))
                 }
                 Said::Volumes => Some(format!(
                     "pods gone; waiting for {} to detach",
@@ -466,11 +477,12 @@ impl Narrator {
             self.said = Some(said);
             return out;
         }
-        if said == Said::Phase(Phase::Workloads) && !row.blocked_by.is_empty() {
+        let waits = matches!(said, Said::Phase(Phase::Workloads | Phase::Daemonsets));
+        if waits && !row.blocked_by.is_empty() {
             let due = self.blockers_at.is_none_or(|t| now >= t + self.every);
             if due {
                 self.blockers_at = Some(now);
-                out.push(blocked_line(&row.blocked_by));
+                out.push(blocked_line(row.phase, &row.blocked_by));
             }
         }
         // Drained, the instance waits to be out of the load balancers (issue 73).
@@ -645,8 +657,9 @@ impl Warnings {
 }
 
 /// `waiting for 2 pods: shop/app (PodDisruptionBudget shop/app-pdb allows no
-/// disruption now); shop/cart`.
-pub fn blocked_line(blockers: &[Blocker]) -> String {
+/// disruption now); shop/cart`, or in the DaemonSet phase `waiting for 1 DaemonSet
+/// pod: logging/fluentd-x`.
+pub fn blocked_line(phase: Phase, blockers: &[Blocker]) -> String {
     let each: Vec<String> = blockers
         .iter()
         .map(|b| match b.budgets.len() {
@@ -669,7 +682,17 @@ pub fn blocked_line(blockers: &[Blocker]) -> String {
             ),
         })
         .collect();
-    format!("waiting for {}: {}", pods(blockers.len()), each.join("; "))
+    let what = match phase {
+        Phase::Daemonsets => plural(blockers.len(), "DaemonSet pod"),
+        _ => pods(blockers.len()),
+    };
+    format!("waiting for {what}: {}", each.join("; "))
+}
+
+/// `logging/fluentd-x, logging/node-exporter-y`.
+fn names(blockers: &[Blocker]) -> String {
+    let each: Vec<&str> = blockers.iter().map(|b| b.pod.as_str()).collect();
+    each.join(", ")
 }
 
 fn pods(n: usize) -> String {

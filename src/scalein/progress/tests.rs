@@ -65,12 +65,23 @@ fn each_phase_is_said_once_and_the_blockers_every_few_seconds() {
         ["waiting for 1 pod: shop/app (PodDisruptionBudgets a/x, a/y allow no disruption now)"]
     );
     // The phases after it, each once.
-    let ds = row(Phase::Daemonsets, &[]);
+    // Issue 74: the DaemonSet phase names its pods, then every 10 s those still
+    // there, never a workload pod.
+    let ds = row(
+        Phase::Daemonsets,
+        &[("logging/fluentd-x", &[]), ("monitoring/exporter-y", &[])],
+    );
     assert_eq!(
         n.observe(Some(&ds), 0, s(24)),
-        ["workload pods gone; evicting the DaemonSet pods"]
+        ["workload pods gone; evicting the DaemonSet pods: logging/fluentd-x, monitoring/exporter-y"]
     );
-    assert!(n.observe(Some(&ds), 0, s(40)).is_empty());
+    assert!(n.observe(Some(&ds), 0, s(33)).is_empty());
+    let ds1 = row(Phase::Daemonsets, &[("logging/fluentd-x", &[])]);
+    assert_eq!(
+        n.observe(Some(&ds1), 0, s(34)),
+        ["waiting for 1 DaemonSet pod: logging/fluentd-x"]
+    );
+    assert!(n.observe(Some(&ds1), 0, s(40)).is_empty());
     let drained = row(Phase::Drained, &[]);
     assert_eq!(
         n.observe(Some(&drained), 1, s(42)),
