@@ -104,7 +104,15 @@ pub async fn drain_in(
     say(&target.intent());
     // What the node already shows is primed before anything changes: only the
     // warnings of this drain are relayed.
-    let watch = Watch::start(client.clone(), target.node.clone(), engine.limits()).await;
+    let narrator = Narrator::new(&target.node, BLOCKERS_EVERY).daemonset_deadline(
+        cfg.scale_in.daemonset_deadline,
+        match target.mode {
+            // The ASG ends the instance whatever the hook's result: the drain goes on.
+            Mode::Lifecycle { .. } => scalein::DeadlinePolicy::Proceed,
+            _ => cfg.scale_in.daemonset_deadline_policy,
+        },
+    );
+    let watch = Watch::start(client.clone(), narrator, engine.limits()).await;
     // Before anything changes: who drains. One engine per node, never two.
     let outcome = match who_drains(&lease_client, cfg, &say).await? {
         Who::Leader(holder, lease) => {
@@ -712,8 +720,8 @@ struct Watch {
 impl Watch {
     /// Begins watching the node: its Events as they are now are primed, so only
     /// the warnings of this drain are relayed.
-    async fn start(client: kube::Client, node: String, limits: Limits) -> Self {
-        let narrator = Narrator::new(&node, BLOCKERS_EVERY);
+    async fn start(client: kube::Client, narrator: Narrator, limits: Limits) -> Self {
+        let node = narrator.node().to_string();
         let warnings = node_events(&client, &node)
             .await
             .map(|events| Warnings::primed(&node, &events));

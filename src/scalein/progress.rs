@@ -14,7 +14,7 @@ use serde::Serialize;
 
 use crate::clock::Instant;
 use crate::scalein::decide::plan::{self, Disposition, NodeCritical};
-use crate::scalein::decide::record::{self, DrainRecord, How, Limits};
+use crate::scalein::decide::record::{self, DeadlinePolicy, DrainRecord, How, Limits};
 use crate::scalein::decide::{conditions, deadlock};
 use crate::scalein::kube::budgets;
 use crate::scalein::kube::events::{Reason, REPORTER};
@@ -203,10 +203,30 @@ pub struct Row {
     /// `Drained: ...` while True), as the service (or another drainer) wrote it.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub condition: Option<String>,
+    /// The workload deadline and its policy in words ([`record::Plan::deadline_said`]),
+    /// while the drain runs; for lines, not in the JSON (`deadline`, `deadline_policy`).
+    #[serde(skip)]
+    pub deadline_said: Option<String>,
     /// Drained, the instance waits to be out of the load balancers: the progress line
     /// (left out of the JSON when it does not).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub load_balancers: Option<String>,
+}
+
+impl Row {
+    /// `waited 4m30s of 10m0s, workload deadline 2026-11-27T07:15:30Z (then the drain
+    /// is abandoned and the node given back)`: how long the drain has waited and
+    /// what ends the wait; `None` when nothing drains.
+    pub fn waited(&self) -> Option<String> {
+        let said = self.deadline_said.as_deref()?;
+        let d = |s: u64| crate::duration::format_duration(Duration::from_secs(s));
+        let elapsed = d(self.elapsed_seconds.unwrap_or(0));
+        let of = match (self.started, self.deadline) {
+            (Some(s), Some(e)) => format!(" of {}", d((e - s).num_seconds().max(0) as u64)),
+            _ => String::new(),
+        };
+        Some(format!("waited {elapsed}{of}, {said}"))
+    }
 }
 
 /// The drains on `nodes`, at `now`, with the pods on those nodes and the cluster's
@@ -257,6 +277,7 @@ pub fn row(
                 unreadable: Some(record::ANNOTATION),
                 ended: None,
                 condition: condition_of(node),
+                deadline_said: None,
                 load_balancers: None,
             });
         }
@@ -335,6 +356,7 @@ pub fn row(
             .end_of(rec.drain)
             .map(|e| printable(&e.how.summary(), record::MAX_WHY)),
         condition: condition_of(node),
+        deadline_said: p.drains.then(|| p.deadline_said()),
         load_balancers: annotations
             .get(crate::scalein::decide::last_mile::ANNOTATION)
             .and_then(|a| crate::scalein::decide::last_mile::Waiting::read(a))
@@ -412,6 +434,10 @@ pub struct Narrator {
     said: Option<Said>,
     /// When the pods that block it were last named (or the workload phase began).
     blockers_at: Option<Instant>,
+    /// The DaemonSet phase's deadline and its policy, when known.
+    daemonsets: Option<(Duration, DeadlinePolicy)>,
+    /// When the DaemonSet phase was first seen.
+    daemonsets_since: Option<Instant>,
 }
 
 impl Narrator {
@@ -422,6 +448,40 @@ impl Narrator {
             cordoned: false,
             said: None,
             blockers_at: None,
+            daemonsets: None,
+            daemonsets_since: None,
+        }
+    }
+
+    /// The node it narrates.
+    pub fn node(&self) -> &str {
+        &self.node
+    }
+
+    /// The DaemonSet phase's waiting lines say how long of `deadline` it has waited
+    /// and what `policy` does then.
+    pub fn daemonset_deadline(mut self, deadline: Duration, policy: DeadlinePolicy) -> Self {
+        self.daemonsets = Some((deadline, policy));
+        self
+    }
+
+    /// How long the phase of `row` has waited and what ends the wait (the workload
+    /// deadline from the record, the DaemonSet deadline from when the phase was seen).
+    fn waited(&self, row: &Row, now: Instant) -> Option<String> {
+        match row.phase {
+            Phase::Daemonsets => {
+                let (deadline, policy) = self.daemonsets?;
+                let since = self.daemonsets_since?;
+                let d = crate::duration::format_duration;
+                let waited = Duration::from_secs(now.saturating_duration_since(since).as_secs());
+                Some(format!(
+                    "waited {} of {}, the DaemonSet pods' deadline (then {})",
+                    d(waited),
+                    d(deadline),
+                    policy.then_said()
+                ))
+            }
+            _ => row.waited(),
         }
     }
 
@@ -453,6 +513,7 @@ impl Narrator {
                 }
                 Said::Phase(Phase::Daemonsets) => {
                     self.blockers_at = Some(now);
+                    self.daemonsets_since = Some(now);
                     Some(format!(
                         "workload pods gone; evicting the DaemonSet pods: {}",
                         names(&row.blocked_by)
@@ -482,7 +543,11 @@ impl Narrator {
             let due = self.blockers_at.is_none_or(|t| now >= t + self.every);
             if due {
                 self.blockers_at = Some(now);
-                out.push(blocked_line(row.phase, &row.blocked_by));
+                let mut line = blocked_line(row.phase, &row.blocked_by);
+                if let Some(waited) = self.waited(row, now) {
+                    line = format!("{line}; {waited}");
+                }
+                out.push(line);
             }
         }
         // Drained, the instance waits to be out of the load balancers (issue 73).

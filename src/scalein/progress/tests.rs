@@ -26,6 +26,7 @@ fn row(phase: Phase, blocked: &[(&str, &[&str])]) -> Row {
         unreadable: None,
         ended: None,
         condition: None,
+        deadline_said: None,
         load_balancers: None,
     }
 }
@@ -93,6 +94,50 @@ fn each_phase_is_said_once_and_the_blockers_every_few_seconds() {
     assert!(n
         .observe(Some(&row(Phase::Finished, &[])), 0, s(66))
         .is_empty());
+}
+
+/// Issue 74: every waiting line says how long the phase has waited, of how long,
+/// and what its deadline's policy does then: the workload phase from the record
+/// (the plan's own words), the DaemonSet phase from when it was seen.
+#[test]
+fn each_waiting_line_says_the_time_waited_and_the_deadline_with_its_policy() {
+    let t0 = Instant::now();
+    let s = |n: u64| t0 + Duration::from_secs(n);
+    let mut n = Narrator::new("n1", Duration::from_secs(10))
+        .daemonset_deadline(Duration::from_secs(120), DeadlinePolicy::Proceed);
+    let began: DateTime<Utc> = "2026-11-27T07:00:00Z".parse().unwrap();
+    let plan = record::Plan {
+        drains: true,
+        ends: record::End::Leave,
+        workload_deadline: Some(began + chrono::Duration::seconds(600)),
+        on_deadline: DeadlinePolicy::Abandon,
+        budget_ends: None,
+        daemonset_share: Duration::ZERO,
+        began: Some(began),
+    };
+    let mut blocked = row(Phase::Workloads, &[("shop/app", &["shop/app-pdb"])]);
+    blocked.started = Some(began);
+    blocked.elapsed_seconds = Some(80);
+    blocked.deadline = plan.workload_deadline;
+    blocked.deadline_said = Some(plan.deadline_said());
+    n.observe(Some(&blocked), 0, s(0));
+    assert_eq!(
+        n.observe(Some(&blocked), 0, s(10)),
+        ["waiting for 1 pod: shop/app (PodDisruptionBudget shop/app-pdb allows no disruption now); \
+          waited 1m20s of 10m0s, workload deadline 2026-11-27T07:10:00Z (then the drain is abandoned and the node given back)"]
+    );
+    let mut ds = row(Phase::Daemonsets, &[("logging/fluentd-x", &[])]);
+    ds.deadline_said = blocked.deadline_said.clone();
+    n.observe(Some(&ds), 0, s(12));
+    assert_eq!(
+        n.observe(Some(&ds), 0, s(22)),
+        ["waiting for 1 DaemonSet pod: logging/fluentd-x; \
+          waited 10s of 2m0s, the DaemonSet pods' deadline (then what is left is deleted with its own grace period)"]
+    );
+    // Nothing drains: no deadline to say.
+    let mut none = row(Phase::Workloads, &[("shop/app", &[])]);
+    none.elapsed_seconds = Some(5);
+    assert_eq!(none.waited(), None);
 }
 
 #[test]
