@@ -1741,6 +1741,83 @@ async fn the_drain_command_holds_the_lease_while_it_drains_when_nobody_leads() {
     w.engine.shutdown();
 }
 
+/// Issue 74: `drain NODE` stopped (Ctrl-C or SIGTERM: here the future it stops on)
+/// while it holds the Lease and a budget keeps its drain: it says how the node is left
+/// (cordoned, tainted, marked, nothing evicted yet), gives the Lease back at once (not
+/// left to expire), prints the `undrain` line that gives the node back, and fails.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_interrupted_drain_command_releases_its_lease_and_prints_the_undrain_line() {
+    use k8s_openapi::api::coordination::v1::Lease;
+    let (w, node) = one_node_guarded(true).await;
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let (cfg, args) = (drain_config(), drain_args(&node));
+    let lines: Said = Arc::default();
+    let sink = lines.clone();
+    let client = w.sim.client();
+    let task = tokio::spawn(async move {
+        ca_asg_provider::commands::drain::drain_until(
+            client,
+            None,
+            &cfg,
+            &args,
+            Arc::new(move |l: &str| sink.lock().unwrap().push(l.to_string())),
+            async {
+                let _ = stopped.await;
+            },
+        )
+        .await
+    });
+    let holder = || {
+        w.sim
+            .get::<Lease>("kube-system", "ca-asg-provider")
+            .map(|l| {
+                l["spec"]["holderIdentity"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_string()
+            })
+            .unwrap_or_default()
+    };
+    support::eventually("the command takes the Lease", 10, || {
+        holder().starts_with("drain-command-")
+    })
+    .await;
+    budget_holds(&w.sim, "the budget holds the command's drain").await;
+    stop.send(()).unwrap();
+    let e = tokio::time::timeout(Duration::from_secs(10), task)
+        .await
+        .expect("the command ends when stopped")
+        .unwrap()
+        .unwrap_err();
+    assert!(
+        e.to_string()
+            .starts_with("interrupted before the drain of node"),
+        "{e}"
+    );
+    assert_eq!(holder(), "", "the Lease is given back at once");
+    assert_said(
+        &lines,
+        &[
+            &format!("interrupted: the drain of {node} stopped; node {node} is left cordoned, tainted, marked with its drain record; evicted so far: none; still on it: "),
+            "released the Lease kube-system/ca-asg-provider",
+            &format!("to give the node back: ca-asg-provider undrain {node}"),
+        ],
+        "interrupted",
+    );
+    // Stopped: the drain evicts nothing more once its budget goes.
+    let denied = w.sim.audit().len();
+    assert!(w
+        .sim
+        .remove::<k8s_openapi::api::policy::v1::PodDisruptionBudget>("shop", "app-pdb"));
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(
+        evictions(&w.sim).is_empty(),
+        "{:?}",
+        &w.sim.audit()[denied..]
+    );
+    w.engine.shutdown();
+}
+
 /// Two drain commands at once and no service: the second waits while the first holds
 /// the Lease (a command drains only its own node, so it is never handed a drain), and
 /// drains once the first gave the Lease back: never two engines at once, each node
