@@ -989,6 +989,95 @@ async fn status_lists_the_drains_in_progress_read_only() {
     );
 }
 
+/// Issue 74: `status --watch` prints the drains again every `--interval` (2 s by
+/// default): two rounds on tokio's paused clock against the in-process API server,
+/// the wall clock injected (each round reads the time once); `--interval` only
+/// with `--watch`.
+#[tokio::test(start_paused = true)]
+async fn status_watch_prints_the_drains_every_interval() {
+    use ca_asg_provider::commands::status::{self, Output};
+    use ca_asg_provider::commands::{Cli, Command};
+    use ca_asg_provider::scalein::decide::record::{self, DrainReason, DrainRecord, Why};
+    use clap::Parser;
+    let sim = SimCluster::start_in_process(SimOptions {
+        ready_delay: Duration::from_millis(30),
+    })
+    .await
+    .unwrap();
+    let started: chrono::DateTime<chrono::Utc> = "2026-11-27T07:00:00Z".parse().unwrap();
+    let rec = DrainRecord {
+        reasons: vec![DrainReason::new(Why::ScaleIn, started)],
+        ..Default::default()
+    };
+    let mut n1 = fixtures::node("n1", "aws:///us-east-1a/i-0abc", &[]);
+    n1.metadata.annotations = Some([(record::ANNOTATION.to_string(), rec.to_json())].into());
+    sim.create(&n1).unwrap();
+    sim.create(&fixtures::pod("shop", "app", "n1", "app", 0.2))
+        .unwrap();
+    sim.create(&fixtures::pdb("shop", "app", 0)).unwrap();
+    let limits = drain_config().scale_in.limits();
+    let round = std::sync::atomic::AtomicI64::new(0);
+    let now = || {
+        let n = round.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        started + chrono::Duration::seconds(95 + 2 * n)
+    };
+    let mut frames = Vec::new();
+    let t0 = Instant::now();
+    status::watch(
+        sim.client(),
+        limits,
+        Output::Table,
+        Duration::from_secs(2),
+        Some(2),
+        now,
+        |f: &str| frames.push(f.to_string()),
+    )
+    .await;
+    assert_eq!(frames.len(), 2, "{frames:?}");
+    assert!(
+        frames[0].starts_with("every 2s, at 2026-11-27T07:01:35Z:\nNODE"),
+        "{}",
+        frames[0]
+    );
+    assert!(
+        frames[0].contains("1m35s") && frames[0].contains("shop/app"),
+        "{}",
+        frames[0]
+    );
+    assert!(
+        frames[1].starts_with("every 2s, at 2026-11-27T07:01:37Z:\n")
+            && frames[1].contains("1m37s"),
+        "{}",
+        frames[1]
+    );
+    // The second round came one interval after the first (tokio's clock, paused).
+    assert!(Instant::now() - t0 >= Duration::from_secs(2));
+    let mut json = Vec::new();
+    status::watch(
+        sim.client(),
+        limits,
+        Output::Json,
+        Duration::from_secs(5),
+        Some(1),
+        now,
+        |f: &str| json.push(f.to_string()),
+    )
+    .await;
+    let v: serde_json::Value = serde_json::from_str(&json[0]).unwrap();
+    assert_eq!(v[0]["node"], "n1");
+    let parsed =
+        Cli::try_parse_from(["ca-asg-provider", "status", "-w", "--interval", "5s"]).unwrap();
+    match parsed.command {
+        Command::Status(a) => assert!(a.watch && a.interval == Duration::from_secs(5)),
+        other => panic!("{other:?}"),
+    }
+    match Cli::try_parse_from(["ca-asg-provider", "status", "--watch"]).map(|c| c.command) {
+        Ok(Command::Status(a)) => assert_eq!(a.interval, Duration::from_secs(2), "the default"),
+        other => panic!("{other:?}"),
+    }
+    assert!(Cli::try_parse_from(["ca-asg-provider", "status", "--interval", "5s"]).is_err());
+}
+
 /// `undrain` of a `node` the API server has: what it did (or refused).
 async fn undrain_found(
     client: &kube::Client,

@@ -1,4 +1,5 @@
-//! `ca-asg-provider status [-o table|json]`: the drains in progress, read from the
+//! `ca-asg-provider status [-o table|json] [--watch [--interval 2s]]`: the drains in
+//! progress (with `--watch`, again every interval until Ctrl-C), read from the
 //! Nodes' drain records and the cluster. Read-only: it lists Nodes, the Pods on each
 //! draining Node and the PodDisruptionBudgets, and writes nothing (get/list only,
 //! which the service's own ClusterRole grants).
@@ -42,7 +43,16 @@ pub struct StatusArgs {
     /// (the defaults without one).
     #[arg(long, short = 'c', env = "CA_ASG_PROVIDER_CONFIG")]
     pub config: Option<PathBuf>,
+    /// Print the drains again every `--interval`, until Ctrl-C.
+    #[arg(long, short = 'w')]
+    pub watch: bool,
+    /// How often `--watch` prints (`2s`, `1m`).
+    #[arg(long, default_value = "2s", value_parser = crate::duration::parse_duration, requires = "watch")]
+    pub interval: Duration,
 }
+
+/// Shortest `--interval`: the API server is listed once per round.
+pub const MIN_INTERVAL: Duration = Duration::from_secs(1);
 
 /// The rows as a table with a header, or the sentence that says there is no drain.
 pub fn table(rows: &[Row]) -> String {
@@ -195,8 +205,40 @@ pub async fn report(
     })
 }
 
-/// Exit 0 with the drains listed (also when there are none), 1 when the cluster
-/// cannot be read, 2 when the configuration is invalid.
+/// `status --watch`: every `every`, the drains at `now()` as [`report`] renders them,
+/// each round given to `out` (a table under an `every 2s, at ...` line; a JSON array
+/// each round, a stream `jq` reads). A round whose read fails says so and the next
+/// one reads again. Ends after `rounds` rounds when given (tests), else never: the
+/// caller stops it (Ctrl-C).
+pub async fn watch(
+    client: kube::Client,
+    limits: Limits,
+    output: Output,
+    every: Duration,
+    rounds: Option<u64>,
+    now: impl Fn() -> DateTime<Utc>,
+    mut out: impl FnMut(&str),
+) {
+    let mut tick = tokio::time::interval(every.max(MIN_INTERVAL));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut done = 0;
+    while rounds.is_none_or(|r| done < r) {
+        tick.tick().await;
+        let at = now();
+        let stamp = at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
+        let every = crate::duration::format_duration(every.max(MIN_INTERVAL));
+        match (report(client.clone(), limits, output, at).await, output) {
+            (Ok(text), Output::Table) => out(&format!("every {every}, at {stamp}:\n{text}\n")),
+            (Ok(text), Output::Json) => out(&text),
+            (Err(e), _) => out(&format!("every {every}, at {stamp}: error: {e:#}\n\n")),
+        }
+        done += 1;
+    }
+}
+
+/// Exit 0 with the drains listed (also when there are none; with `--watch`, when
+/// stopped by Ctrl-C or SIGTERM), 1 when the cluster cannot be read, 2 when the
+/// configuration is invalid.
 pub async fn run(args: StatusArgs) -> ExitCode {
     let cfg = match ConfigArgs::load_file(args.config.as_ref()) {
         Ok(c) => c,
@@ -206,6 +248,14 @@ pub async fn run(args: StatusArgs) -> ExitCode {
         }
     };
     let limits = cfg.scale_in.limits();
+    if args.watch && args.interval < MIN_INTERVAL {
+        eprintln!(
+            "error: --interval {}: at least {} (each round lists the cluster's Nodes)",
+            crate::duration::format_duration(args.interval),
+            crate::duration::format_duration(MIN_INTERVAL)
+        );
+        return ExitCode::from(2);
+    }
     let client = match user_agent::client_for(user_agent::STATUS).await {
         Ok(c) => c,
         Err(e) => {
@@ -213,6 +263,27 @@ pub async fn run(args: StatusArgs) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    if args.watch {
+        let print = |text: &str| {
+            use std::io::Write;
+            let mut o = std::io::stdout().lock();
+            let _ = o.write_all(text.as_bytes()).and_then(|()| o.flush());
+        };
+        let rounds = watch(
+            client,
+            limits,
+            args.output,
+            args.interval,
+            None,
+            crate::clock::utc_now,
+            print,
+        );
+        tokio::select! {
+            () = rounds => {}
+            () = super::shutdown_signal() => {}
+        }
+        return ExitCode::SUCCESS;
+    }
     match report(client, limits, args.output, crate::clock::utc_now()).await {
         Ok(text) => {
             print!("{text}");
