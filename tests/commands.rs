@@ -886,7 +886,7 @@ fn the_shipped_binary_has_the_product_commands_and_not_the_test_rig() {
 #[tokio::test]
 async fn status_lists_the_drains_in_progress_read_only() {
     use ca_asg_provider::commands::status::{self, Output};
-    use ca_asg_provider::scalein::decide::record::{self, DrainReason, DrainRecord, Limits, Why};
+    use ca_asg_provider::scalein::decide::record::Limits;
     use ca_asg_provider::scalein::DeadlinePolicy;
     let sim = SimCluster::start(SimOptions {
         ready_delay: Duration::from_millis(30),
@@ -895,19 +895,7 @@ async fn status_lists_the_drains_in_progress_read_only() {
     .unwrap();
     let started: chrono::DateTime<chrono::Utc> = "2026-11-27T07:00:00Z".parse().unwrap();
     let now = started + chrono::Duration::seconds(95);
-    let rec = DrainRecord {
-        reasons: vec![DrainReason::new(Why::ScaleIn, started)],
-        ..Default::default()
-    };
-    let mut n1 = fixtures::node("n1", "aws:///us-east-1a/i-0abc", &[]);
-    n1.metadata.annotations = Some(
-        [
-            (record::ANNOTATION.to_string(), rec.to_json()),
-            (record::GROUP_ANNOTATION.to_string(), "web".to_string()),
-        ]
-        .into(),
-    );
-    sim.create(&n1).unwrap();
+    sim.create(&n1_scaled_in_since(started)).unwrap();
     sim.create(&fixtures::node("n2", "aws:///us-east-1a/i-0def", &[]))
         .unwrap();
     sim.create(&fixtures::pod("shop", "app", "n1", "app", 0.2))
@@ -989,6 +977,24 @@ async fn status_lists_the_drains_in_progress_read_only() {
     );
 }
 
+/// Node n1 of group web, its drain record saying CA's scale-in asked at `started`.
+fn n1_scaled_in_since(started: chrono::DateTime<chrono::Utc>) -> Node {
+    use ca_asg_provider::scalein::decide::record::{self, DrainReason, DrainRecord, Why};
+    let rec = DrainRecord {
+        reasons: vec![DrainReason::new(Why::ScaleIn, started)],
+        ..Default::default()
+    };
+    let mut n1 = fixtures::node("n1", "aws:///us-east-1a/i-0abc", &[]);
+    n1.metadata.annotations = Some(
+        [
+            (record::ANNOTATION.to_string(), rec.to_json()),
+            (record::GROUP_ANNOTATION.to_string(), "web".to_string()),
+        ]
+        .into(),
+    );
+    n1
+}
+
 /// Issue 74: `status --watch` prints the drains again every `--interval` (2 s by
 /// default): two rounds on tokio's paused clock against the in-process API server,
 /// the wall clock injected (each round reads the time once); `--interval` only
@@ -997,7 +1003,6 @@ async fn status_lists_the_drains_in_progress_read_only() {
 async fn status_watch_prints_the_drains_every_interval() {
     use ca_asg_provider::commands::status::{self, Output};
     use ca_asg_provider::commands::{Cli, Command};
-    use ca_asg_provider::scalein::decide::record::{self, DrainReason, DrainRecord, Why};
     use clap::Parser;
     let sim = SimCluster::start_in_process(SimOptions {
         ready_delay: Duration::from_millis(30),
@@ -1005,13 +1010,7 @@ async fn status_watch_prints_the_drains_every_interval() {
     .await
     .unwrap();
     let started: chrono::DateTime<chrono::Utc> = "2026-11-27T07:00:00Z".parse().unwrap();
-    let rec = DrainRecord {
-        reasons: vec![DrainReason::new(Why::ScaleIn, started)],
-        ..Default::default()
-    };
-    let mut n1 = fixtures::node("n1", "aws:///us-east-1a/i-0abc", &[]);
-    n1.metadata.annotations = Some([(record::ANNOTATION.to_string(), rec.to_json())].into());
-    sim.create(&n1).unwrap();
+    sim.create(&n1_scaled_in_since(started)).unwrap();
     sim.create(&fixtures::pod("shop", "app", "n1", "app", 0.2))
         .unwrap();
     sim.create(&fixtures::pdb("shop", "app", 0)).unwrap();
