@@ -886,7 +886,7 @@ fn the_shipped_binary_has_the_product_commands_and_not_the_test_rig() {
 #[tokio::test]
 async fn status_lists_the_drains_in_progress_read_only() {
     use ca_asg_provider::commands::status::{self, Output};
-    use ca_asg_provider::scalein::decide::record::{self, DrainReason, DrainRecord, Limits, Why};
+    use ca_asg_provider::scalein::decide::record::Limits;
     use ca_asg_provider::scalein::DeadlinePolicy;
     let sim = SimCluster::start(SimOptions {
         ready_delay: Duration::from_millis(30),
@@ -895,19 +895,7 @@ async fn status_lists_the_drains_in_progress_read_only() {
     .unwrap();
     let started: chrono::DateTime<chrono::Utc> = "2026-11-27T07:00:00Z".parse().unwrap();
     let now = started + chrono::Duration::seconds(95);
-    let rec = DrainRecord {
-        reasons: vec![DrainReason::new(Why::ScaleIn, started)],
-        ..Default::default()
-    };
-    let mut n1 = fixtures::node("n1", "aws:///us-east-1a/i-0abc", &[]);
-    n1.metadata.annotations = Some(
-        [
-            (record::ANNOTATION.to_string(), rec.to_json()),
-            (record::GROUP_ANNOTATION.to_string(), "web".to_string()),
-        ]
-        .into(),
-    );
-    sim.create(&n1).unwrap();
+    sim.create(&n1_scaled_in_since(started)).unwrap();
     sim.create(&fixtures::node("n2", "aws:///us-east-1a/i-0def", &[]))
         .unwrap();
     sim.create(&fixtures::pod("shop", "app", "n1", "app", 0.2))
@@ -988,6 +976,106 @@ async fn status_lists_the_drains_in_progress_read_only() {
             .starts_with("cannot read the cluster from the Kubernetes API server"),
         "{e}"
     );
+}
+
+/// Node n1 of group web, its drain record saying CA's scale-in asked at `started`.
+fn n1_scaled_in_since(started: chrono::DateTime<chrono::Utc>) -> Node {
+    use ca_asg_provider::scalein::decide::record::{self, DrainReason, DrainRecord, Why};
+    let rec = DrainRecord {
+        reasons: vec![DrainReason::new(Why::ScaleIn, started)],
+        ..Default::default()
+    };
+    let mut n1 = fixtures::node("n1", "aws:///us-east-1a/i-0abc", &[]);
+    n1.metadata.annotations = Some(
+        [
+            (record::ANNOTATION.to_string(), rec.to_json()),
+            (record::GROUP_ANNOTATION.to_string(), "web".to_string()),
+        ]
+        .into(),
+    );
+    n1
+}
+
+/// Issue 74: `status --watch` prints the drains again every `--interval` (2 s by
+/// default): two rounds on tokio's paused clock against the in-process API server,
+/// the wall clock injected (each round reads the time once); `--interval` only
+/// with `--watch`.
+#[tokio::test(start_paused = true)]
+async fn status_watch_prints_the_drains_every_interval() {
+    use ca_asg_provider::commands::status::{self, Output};
+    use ca_asg_provider::commands::{Cli, Command};
+    use clap::Parser;
+    let sim = SimCluster::start_in_process(SimOptions {
+        ready_delay: Duration::from_millis(30),
+    })
+    .await
+    .unwrap();
+    let started: chrono::DateTime<chrono::Utc> = "2026-11-27T07:00:00Z".parse().unwrap();
+    sim.create(&n1_scaled_in_since(started)).unwrap();
+    sim.create(&fixtures::pod("shop", "app", "n1", "app", 0.2))
+        .unwrap();
+    sim.create(&fixtures::pdb("shop", "app", 0)).unwrap();
+    let limits = drain_config().scale_in.limits();
+    let round = std::sync::atomic::AtomicI64::new(0);
+    let now = || {
+        let n = round.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        started + chrono::Duration::seconds(95 + 2 * n)
+    };
+    let mut frames = Vec::new();
+    let t0 = Instant::now();
+    status::watch(
+        sim.client(),
+        limits,
+        Output::Table,
+        Duration::from_secs(2),
+        Some(2),
+        now,
+        |f: &str| frames.push(f.to_string()),
+    )
+    .await;
+    assert_eq!(frames.len(), 2, "{frames:?}");
+    assert!(
+        frames[0].starts_with("every 2s, at 2026-11-27T07:01:35Z:\nNODE"),
+        "{}",
+        frames[0]
+    );
+    assert!(
+        frames[0].contains("1m35s") && frames[0].contains("shop/app"),
+        "{}",
+        frames[0]
+    );
+    assert!(
+        frames[1].starts_with("every 2s, at 2026-11-27T07:01:37Z:\n")
+            && frames[1].contains("1m37s"),
+        "{}",
+        frames[1]
+    );
+    // The second round came one interval after the first (tokio's clock, paused).
+    assert!(Instant::now() - t0 >= Duration::from_secs(2));
+    let mut json = Vec::new();
+    status::watch(
+        sim.client(),
+        limits,
+        Output::Json,
+        Duration::from_secs(5),
+        Some(1),
+        now,
+        |f: &str| json.push(f.to_string()),
+    )
+    .await;
+    let v: serde_json::Value = serde_json::from_str(&json[0]).unwrap();
+    assert_eq!(v[0]["node"], "n1");
+    let parsed =
+        Cli::try_parse_from(["ca-asg-provider", "status", "-w", "--interval", "5s"]).unwrap();
+    match parsed.command {
+        Command::Status(a) => assert!(a.watch && a.interval == Duration::from_secs(5)),
+        other => panic!("{other:?}"),
+    }
+    match Cli::try_parse_from(["ca-asg-provider", "status", "--watch"]).map(|c| c.command) {
+        Ok(Command::Status(a)) => assert_eq!(a.interval, Duration::from_secs(2), "the default"),
+        other => panic!("{other:?}"),
+    }
+    assert!(Cli::try_parse_from(["ca-asg-provider", "status", "--interval", "5s"]).is_err());
 }
 
 /// `undrain` of a `node` the API server has: what it did (or refused).
@@ -1740,6 +1828,83 @@ async fn the_drain_command_holds_the_lease_while_it_drains_when_nobody_leads() {
     );
     assert_each_evicted_once(&w.sim, 2, "nobody leads");
     lp.abort();
+    w.engine.shutdown();
+}
+
+/// Issue 74: `drain NODE` stopped (Ctrl-C or SIGTERM: here the future it stops on)
+/// while it holds the Lease and a budget keeps its drain: it says how the node is left
+/// (cordoned, tainted, marked, nothing evicted yet), gives the Lease back at once (not
+/// left to expire), prints the `undrain` line that gives the node back, and fails.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_interrupted_drain_command_releases_its_lease_and_prints_the_undrain_line() {
+    use k8s_openapi::api::coordination::v1::Lease;
+    let (w, node) = one_node_guarded(true).await;
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let (cfg, args) = (drain_config(), drain_args(&node));
+    let lines: Said = Arc::default();
+    let sink = lines.clone();
+    let client = w.sim.client();
+    let task = tokio::spawn(async move {
+        ca_asg_provider::commands::drain::drain_until(
+            client,
+            None,
+            &cfg,
+            &args,
+            Arc::new(move |l: &str| sink.lock().unwrap().push(l.to_string())),
+            async {
+                let _ = stopped.await;
+            },
+        )
+        .await
+    });
+    let holder = || {
+        w.sim
+            .get::<Lease>("kube-system", "ca-asg-provider")
+            .map(|l| {
+                l["spec"]["holderIdentity"]
+                    .as_str()
+                    .unwrap_or_default()
+                    .to_string()
+            })
+            .unwrap_or_default()
+    };
+    support::eventually("the command takes the Lease", 10, || {
+        holder().starts_with("drain-command-")
+    })
+    .await;
+    budget_holds(&w.sim, "the budget holds the command's drain").await;
+    stop.send(()).unwrap();
+    let e = tokio::time::timeout(Duration::from_secs(10), task)
+        .await
+        .expect("the command ends when stopped")
+        .unwrap()
+        .unwrap_err();
+    assert!(
+        e.to_string()
+            .starts_with("interrupted before the drain of node"),
+        "{e}"
+    );
+    assert_eq!(holder(), "", "the Lease is given back at once");
+    assert_said(
+        &lines,
+        &[
+            &format!("interrupted: the drain of {node} stopped; node {node} is left cordoned, tainted, marked with its drain record; evicted so far: none; still on it: "),
+            "released the Lease kube-system/ca-asg-provider",
+            &format!("to give the node back: ca-asg-provider undrain {node}"),
+        ],
+        "interrupted",
+    );
+    // Stopped: the drain evicts nothing more once its budget goes.
+    let denied = w.sim.audit().len();
+    assert!(w
+        .sim
+        .remove::<k8s_openapi::api::policy::v1::PodDisruptionBudget>("shop", "app-pdb"));
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(
+        evictions(&w.sim).is_empty(),
+        "{:?}",
+        &w.sim.audit()[denied..]
+    );
     w.engine.shutdown();
 }
 

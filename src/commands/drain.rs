@@ -19,6 +19,7 @@ use crate::scalein::decide::plan;
 use crate::scalein::decide::record::{DrainRecord, How, Limits};
 use crate::scalein::engine::leader::{self, Claim, LeaseSettings};
 use crate::scalein::progress::{self, Followed, Narrator, Phase, Warnings};
+use crate::scalein::stages::drain::AbortOnDrop;
 use crate::scalein::stages::{cordon, terminate};
 use crate::scalein::{self, DaemonSetPolicy, DrainRequest, Engine, Mode, Outcome, Source};
 use k8s_openapi::api::coordination::v1::Lease;
@@ -41,7 +42,8 @@ pub struct DrainArgs {
 pub async fn run(args: DrainArgs) -> anyhow::Result<()> {
     let cfg = args.config.load()?;
     let client = crate::scalein::kube_client().await?;
-    drain(client, &cfg, &args).await
+    let say: Say = Arc::new(|l: &str| println!("{l}"));
+    drain_until(client, None, &cfg, &args, say, super::shutdown_signal()).await
 }
 
 /// How often the drain is read back to say where it stands.
@@ -80,10 +82,26 @@ pub async fn drain_in(
     args: &DrainArgs,
     say: Say,
 ) -> anyhow::Result<()> {
+    drain_until(client, cloud, cfg, args, say, std::future::pending()).await
+}
+
+/// [`drain_in`] until `stop` resolves (the command: SIGINT or SIGTERM). Stopped
+/// before the drain ends, it stops draining, gives its Lease back at once (not left
+/// to expire), says how the node is left (cordoned, marked, the pods evicted so
+/// far) and the `undrain` line that gives it back, and fails. Following the
+/// service's leader, it stops following: the leader's drain goes on.
+pub async fn drain_until(
+    client: kube::Client,
+    cloud: Option<Arc<dyn crate::cloud::Cloud>>,
+    cfg: &crate::config::Config,
+    args: &DrainArgs,
+    say: Say,
+    stop: impl std::future::Future<Output = ()>,
+) -> anyhow::Result<()> {
     use crate::scalein::kube::user_agent;
     let lease_client = user_agent::named(client.clone(), user_agent::LEASE);
     let client = user_agent::named(client, user_agent::DRAIN);
-    let iid = say_plan(&client, cfg, &args.node, &say).await?;
+    let (iid, planned) = say_plan(&client, cfg, &args.node, &say).await?;
     if args.dry_run {
         say("dry run: nothing changed");
         return Ok(());
@@ -104,36 +122,190 @@ pub async fn drain_in(
     say(&target.intent());
     // What the node already shows is primed before anything changes: only the
     // warnings of this drain are relayed.
-    let watch = Watch::start(client.clone(), target.node.clone(), engine.limits()).await;
-    // Before anything changes: who drains. One engine per node, never two.
-    let outcome = match who_drains(&lease_client, cfg, &say).await? {
-        Who::Leader(holder, lease) => {
-            let lease = (
-                Api::namespaced(lease_client.clone(), &lease.namespace),
-                lease,
-            );
-            let result =
-                hand_to_leader(&engine, &client, &target, &holder, &lease, watch, &say).await;
-            engine.shutdown();
-            result?
+    let narrator = Narrator::new(&target.node, BLOCKERS_EVERY).daemonset_deadline(
+        cfg.scale_in.daemonset_deadline,
+        match target.mode {
+            // The ASG ends the instance whatever the hook's result: the drain goes on.
+            Mode::Lifecycle { .. } => scalein::DeadlinePolicy::Proceed,
+            _ => cfg.scale_in.daemonset_deadline_policy,
+        },
+    );
+    let watch = Watch::start(client.clone(), narrator, engine.limits()).await;
+    let role = std::sync::OnceLock::new();
+    let drive = async {
+        // Before anything changes: who drains. One engine per node, never two.
+        match who_drains(&lease_client, cfg, &say).await? {
+            Who::Leader(holder, lease) => {
+                let _ = role.set(Who::Leader(holder.clone(), lease.clone()));
+                let lease = (
+                    Api::namespaced(lease_client.clone(), &lease.namespace),
+                    lease,
+                );
+                let result =
+                    hand_to_leader(&engine, &client, &target, &holder, &lease, watch, &say).await;
+                engine.shutdown();
+                result
+            }
+            Who::Here(lease) => {
+                let _ = role.set(Who::Here(lease.clone()));
+                let provider = provider.as_ref().map(|(p, _)| p);
+                drain_here(&engine, provider, &target, lease, watch, &say).await
+            }
         }
-        Who::Here(lease) => {
-            let provider = provider.as_ref().map(|(p, _)| p);
-            drain_here(&engine, provider, &target, lease, watch, &say).await?
+    };
+    let outcome = tokio::select! {
+        outcome = drive => outcome?,
+        () = stop => {
+            let left = Left { target: &target, planned: &planned };
+            return Err(left.interrupted(&engine, &client, &lease_client, role.get(), &say).await);
         }
     };
     say(&outcome);
     Ok(())
 }
 
+/// What `drain NODE` says when it is stopped before its drain ends.
+struct Left<'a> {
+    target: &'a Target,
+    /// The pods the plan evicts (`namespace/name`).
+    planned: &'a [String],
+}
+
+impl Left<'_> {
+    /// Stops draining, gives the Lease back when the command held it, says how the
+    /// node is left and the `undrain` line, and returns the command's error.
+    async fn interrupted(
+        &self,
+        engine: &Arc<Engine>,
+        client: &kube::Client,
+        lease_client: &kube::Client,
+        role: Option<&Who>,
+        say: &Say,
+    ) -> anyhow::Error {
+        let node = &self.target.node;
+        if let Some(Who::Leader(holder, _)) = role {
+            engine.shutdown();
+            say(&format!(
+                "interrupted: stopped following; the service's leader {holder} goes on draining {node} (`ca-asg-provider status` shows it)"
+            ));
+            return anyhow::anyhow!("interrupted while following the drain of node {node}");
+        }
+        // The drains stop first, then the Lease is released (Engine::step_down).
+        engine.step_down().await;
+        say(&format!(
+            "interrupted: the drain of {node} stopped; {}",
+            self.node_said(client).await
+        ));
+        if let Some(Who::Here(Some(lease))) = role {
+            say(&released_said(lease_client, lease).await);
+        }
+        say(&format!(
+            "to give the node back: ca-asg-provider undrain {node}"
+        ));
+        anyhow::anyhow!("interrupted before the drain of node {node} finished")
+    }
+
+    /// `node n1 is left cordoned, tainted and marked with its drain record; evicted so
+    /// far: shop/app; still on it: logging/fluentd-x`, as read now.
+    async fn node_said(&self, client: &kube::Client) -> String {
+        let name = self.target.node.as_str();
+        let nodes: Api<Node> = Api::all(client.clone());
+        let n = match nodes.get_opt(name).await {
+            Ok(Some(n)) => n,
+            Ok(None) => return format!("node {name} is gone"),
+            Err(e) => return format!("node {name} cannot be read now ({e})"),
+        };
+        let cordoned = n.spec.as_ref().and_then(|s| s.unschedulable) == Some(true);
+        let tainted = n
+            .spec
+            .as_ref()
+            .and_then(|s| s.taints.as_ref())
+            .is_some_and(|t| t.iter().any(|t| t.key == cordon::TAINT_KEY));
+        let marked = n
+            .metadata
+            .annotations
+            .as_ref()
+            .is_some_and(|a| a.contains_key(crate::scalein::decide::record::ANNOTATION));
+        let mut marks = Vec::new();
+        if cordoned {
+            marks.push("cordoned");
+        }
+        if tainted {
+            marks.push("tainted");
+        }
+        if marked {
+            marks.push("marked with its drain record");
+        }
+        let state = match marks.len() {
+            0 => format!("node {name} carries none of the drain's marks"),
+            _ => format!("node {name} is left {}", marks.join(", ")),
+        };
+        let pods = match crate::scalein::kube::nodes::pods_on(client, name).await {
+            Ok(p) => p,
+            Err(e) => return format!("{state}; its pods cannot be read now ({e})"),
+        };
+        let staying: Vec<String> = pods
+            .iter()
+            .filter(|p| p.metadata.deletion_timestamp.is_none())
+            .map(|p| plan::pod_ref(p).to_string())
+            .collect();
+        let evicted: Vec<&str> = self
+            .planned
+            .iter()
+            .filter(|p| !staying.contains(p))
+            .map(String::as_str)
+            .collect();
+        let list = |v: &[&str]| match v.len() {
+            0 => "none".to_string(),
+            _ => v.join(", "),
+        };
+        let still: Vec<&str> = self
+            .planned
+            .iter()
+            .filter(|p| staying.contains(p))
+            .map(String::as_str)
+            .collect();
+        format!(
+            "{state}; evicted so far: {}; still on it: {}",
+            list(&evicted),
+            list(&still)
+        )
+    }
+}
+
+/// Whether the Lease this command held is given back, as read back now.
+async fn released_said(client: &kube::Client, lease: &LeaseSettings) -> String {
+    let api: Api<Lease> = Api::namespaced(client.clone(), &lease.namespace);
+    let holder = api.get_opt(&lease.name).await.map(|l| {
+        l.and_then(|l| l.spec)
+            .and_then(|s| s.holder_identity)
+            .unwrap_or_default()
+    });
+    match holder {
+        Ok(h) if h != lease.identity => format!(
+            "released the Lease {}/{}: a replica of the service may lead now (and would resume the drain recorded on the node)",
+            lease.namespace, lease.name
+        ),
+        Ok(_) => format!(
+            "could not release the Lease {}/{}: it expires within {:?}",
+            lease.namespace, lease.name, lease.duration
+        ),
+        Err(e) => format!(
+            "cannot read the Lease {}/{} back ({e}); if still held, it expires within {:?}",
+            lease.namespace, lease.name, lease.duration
+        ),
+    }
+}
+
 /// Reads the node and its pods and says the plan: which pod goes in which phase, and
-/// which stay. Returns the node's instance (from its AWS providerID).
+/// which stay. Returns the node's instance (from its AWS providerID) and the pods
+/// the plan evicts.
 async fn say_plan(
     client: &kube::Client,
     cfg: &crate::config::Config,
     node: &str,
     say: &Say,
-) -> anyhow::Result<Option<String>> {
+) -> anyhow::Result<(Option<String>, Vec<String>)> {
     let nodes: Api<Node> = Api::all(client.clone());
     let n = nodes
         .get_opt(node)
@@ -151,13 +323,17 @@ async fn say_plan(
         "plan for node {node} (instance {}):",
         iid.as_deref().unwrap_or("unknown")
     ));
+    let mut planned = Vec::new();
     for (p, r) in plan::full_plan(&pods, !keep, crate::clock::timestamp_now()) {
         match r {
-            Ok(t) => say(&format!("  {:<20} {p}", t.as_str())),
+            Ok(t) => {
+                say(&format!("  {:<20} {p}", t.as_str()));
+                planned.push(p.to_string());
+            }
             Err(why) => say(&format!("  {:<20} {p}  ({why})", "skip")),
         }
     }
-    Ok(iid)
+    Ok((iid, planned))
 }
 
 /// The cloud given (a test's), or AWS in the region the configuration resolves to
@@ -432,9 +608,10 @@ async fn run_here(
         reasons: vec![scalein::ca_reason(&target.mode)],
         noticed: None,
     });
-    let narrating = tokio::spawn(narrate(watch, say.clone()));
+    // Stopped with the command (interrupted) as well as after the drain.
+    let narrating = AbortOnDrop(tokio::spawn(narrate(watch, say.clone())));
     let outcome = engine.wait_for(&target.id).await;
-    narrating.abort();
+    drop(narrating);
     tokio::time::sleep(Duration::from_millis(50)).await;
     match outcome {
         Some(Outcome::Ended) => Ok(target.done(true)),
@@ -715,8 +892,8 @@ struct Watch {
 impl Watch {
     /// Begins watching the node: its Events as they are now are primed, so only
     /// the warnings of this drain are relayed.
-    async fn start(client: kube::Client, node: String, limits: Limits) -> Self {
-        let narrator = Narrator::new(&node, BLOCKERS_EVERY);
+    async fn start(client: kube::Client, narrator: Narrator, limits: Limits) -> Self {
+        let node = narrator.node().to_string();
         let warnings = node_events(&client, &node)
             .await
             .map(|events| Warnings::primed(&node, &events));

@@ -56,7 +56,9 @@ that is not an AWS region, or none set)."
     #[command(
         after_help = "Exit codes: 0 drained (with --terminate: and its instance ended), or \
 the plan printed (--dry-run); 1 the node is not found, the configuration is invalid, or the \
-drain was abandoned at its deadline or failed (the node is given back when abandoned)."
+drain was abandoned at its deadline or failed (the node is given back when abandoned), or \
+it was interrupted (SIGINT or SIGTERM: it says how the node is left, releases its Lease and \
+prints the `undrain` line)."
     )]
     Drain(drain::DrainArgs),
     /// List the drains in progress (read-only): node, group, reasons, phase, elapsed,
@@ -144,4 +146,29 @@ fn report(r: anyhow::Result<()>) -> ExitCode {
             ExitCode::FAILURE
         }
     }
+}
+
+/// Resolves on SIGTERM or Ctrl-C (`serve` stops; `drain NODE` stops and says how
+/// the node is left).
+pub(crate) async fn shutdown_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        match signal(SignalKind::terminate()) {
+            Ok(mut term) => {
+                tokio::select! {
+                    _ = term.recv() => {},
+                    _ = tokio::signal::ctrl_c() => {},
+                }
+            }
+            Err(_) => {
+                let _ = tokio::signal::ctrl_c().await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
+    tracing::info!("shutdown signal received");
 }

@@ -125,7 +125,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         mlistener,
         status,
         liveness,
-        shutdown_signal(),
+        super::shutdown_signal(),
     ));
     let (listener, addr) = crate::grpc::bind_listen(&cfg.listen).await?;
     tracing::info!(%addr, groups = ?cfg.provider.selector.names, discovery = cfg.provider.selector.tag_sets.len(), "serving externalgrpc CloudProvider");
@@ -133,11 +133,11 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         Some(t) => Some(crate::grpc::tls_config(t)?),
         None => None,
     };
-    let grpc = crate::grpc::serve(listener, provider, tls, shutdown_signal());
+    let grpc = crate::grpc::serve(listener, provider, tls, super::shutdown_signal());
     // Graceful, but bounded: a client that never answers the GOAWAY must not keep the
     // process alive until the kubelet's SIGKILL.
     let deadline = async {
-        shutdown_signal().await;
+        super::shutdown_signal().await;
         tokio::time::sleep(SHUTDOWN_GRACE).await;
     };
     tokio::select! {
@@ -180,30 +180,6 @@ async fn start_queue(
 
 /// How long in-flight RPCs get to finish after SIGTERM.
 const SHUTDOWN_GRACE: Duration = Duration::from_secs(10);
-
-/// Resolves on SIGTERM or Ctrl-C.
-async fn shutdown_signal() {
-    #[cfg(unix)]
-    {
-        use tokio::signal::unix::{signal, SignalKind};
-        match signal(SignalKind::terminate()) {
-            Ok(mut term) => {
-                tokio::select! {
-                    _ = term.recv() => {},
-                    _ = tokio::signal::ctrl_c() => {},
-                }
-            }
-            Err(_) => {
-                let _ = tokio::signal::ctrl_c().await;
-            }
-        }
-    }
-    #[cfg(not(unix))]
-    {
-        let _ = tokio::signal::ctrl_c().await;
-    }
-    tracing::info!("shutdown signal received");
-}
 
 /// Readiness through the gRPC socket: ready only while a client can connect to it, as
 /// CA in the same pod does. A socket file removed or replaced under the service (a

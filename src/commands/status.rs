@@ -1,4 +1,5 @@
-//! `ca-asg-provider status [-o table|json]`: the drains in progress, read from the
+//! `ca-asg-provider status [-o table|json] [--watch [--interval 2s]]`: the drains in
+//! progress (with `--watch`, again every interval until Ctrl-C), read from the
 //! Nodes' drain records and the cluster. Read-only: it lists Nodes, the Pods on each
 //! draining Node and the PodDisruptionBudgets, and writes nothing (get/list only,
 //! which the service's own ClusterRole grants).
@@ -42,7 +43,16 @@ pub struct StatusArgs {
     /// (the defaults without one).
     #[arg(long, short = 'c', env = "CA_ASG_PROVIDER_CONFIG")]
     pub config: Option<PathBuf>,
+    /// Print the drains again every `--interval`, until Ctrl-C.
+    #[arg(long, short = 'w')]
+    pub watch: bool,
+    /// How often `--watch` prints (`2s`, `1m`).
+    #[arg(long, default_value = "2s", value_parser = crate::duration::parse_duration, requires = "watch")]
+    pub interval: Duration,
 }
+
+/// Shortest `--interval`: the API server is listed once per round.
+pub const MIN_INTERVAL: Duration = Duration::from_secs(1);
 
 /// The rows as a table with a header, or the sentence that says there is no drain.
 pub fn table(rows: &[Row]) -> String {
@@ -119,7 +129,8 @@ fn dash(v: Option<String>) -> String {
 }
 
 /// `ns/pod (budget, budget); ns/pod`, a budget that can never allow the eviction
-/// marked `never allows` (the JSON says why).
+/// marked `never allows` (the JSON says why), a pod already deleted as
+/// `ns/pod (terminating, 12s of its 30s grace left)`.
 fn blockers(b: &[Blocker]) -> String {
     b.iter()
         .map(|b| {
@@ -128,7 +139,9 @@ fn blockers(b: &[Blocker]) -> String {
             } else {
                 ""
             };
-            if b.budgets.is_empty() {
+            if let Some(t) = &b.terminating {
+                format!("{} ({})", b.pod, t.said())
+            } else if b.budgets.is_empty() {
                 b.pod.clone()
             } else {
                 format!("{} ({}{never})", b.pod, b.budgets.join(", "))
@@ -192,8 +205,40 @@ pub async fn report(
     })
 }
 
-/// Exit 0 with the drains listed (also when there are none), 1 when the cluster
-/// cannot be read, 2 when the configuration is invalid.
+/// `status --watch`: every `every`, the drains at `now()` as [`report`] renders them,
+/// each round given to `out` (a table under an `every 2s, at ...` line; a JSON array
+/// each round, a stream `jq` reads). A round whose read fails says so and the next
+/// one reads again. Ends after `rounds` rounds when given (tests), else never: the
+/// caller stops it (Ctrl-C).
+pub async fn watch(
+    client: kube::Client,
+    limits: Limits,
+    output: Output,
+    every: Duration,
+    rounds: Option<u64>,
+    now: impl Fn() -> DateTime<Utc>,
+    mut out: impl FnMut(&str),
+) {
+    let mut tick = tokio::time::interval(every.max(MIN_INTERVAL));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut done = 0;
+    while rounds.is_none_or(|r| done < r) {
+        tick.tick().await;
+        let at = now();
+        let stamp = at.to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
+        let every = crate::duration::format_duration(every.max(MIN_INTERVAL));
+        match (report(client.clone(), limits, output, at).await, output) {
+            (Ok(text), Output::Table) => out(&format!("every {every}, at {stamp}:\n{text}\n")),
+            (Ok(text), Output::Json) => out(&text),
+            (Err(e), _) => out(&format!("every {every}, at {stamp}: error: {e:#}\n\n")),
+        }
+        done += 1;
+    }
+}
+
+/// Exit 0 with the drains listed (also when there are none; with `--watch`, when
+/// stopped by Ctrl-C or SIGTERM), 1 when the cluster cannot be read, 2 when the
+/// configuration is invalid.
 pub async fn run(args: StatusArgs) -> ExitCode {
     let cfg = match ConfigArgs::load_file(args.config.as_ref()) {
         Ok(c) => c,
@@ -203,6 +248,14 @@ pub async fn run(args: StatusArgs) -> ExitCode {
         }
     };
     let limits = cfg.scale_in.limits();
+    if args.watch && args.interval < MIN_INTERVAL {
+        eprintln!(
+            "error: --interval {}: at least {} (each round lists the cluster's Nodes)",
+            crate::duration::format_duration(args.interval),
+            crate::duration::format_duration(MIN_INTERVAL)
+        );
+        return ExitCode::from(2);
+    }
     let client = match user_agent::client_for(user_agent::STATUS).await {
         Ok(c) => c,
         Err(e) => {
@@ -210,6 +263,27 @@ pub async fn run(args: StatusArgs) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    if args.watch {
+        let print = |text: &str| {
+            use std::io::Write;
+            let mut o = std::io::stdout().lock();
+            let _ = o.write_all(text.as_bytes()).and_then(|()| o.flush());
+        };
+        let rounds = watch(
+            client,
+            limits,
+            args.output,
+            args.interval,
+            None,
+            crate::clock::utc_now,
+            print,
+        );
+        tokio::select! {
+            () = rounds => {}
+            () = super::shutdown_signal() => {}
+        }
+        return ExitCode::SUCCESS;
+    }
     match report(client, limits, args.output, crate::clock::utc_now()).await {
         Ok(text) => {
             print!("{text}");
@@ -396,11 +470,13 @@ mod tests {
                     pod: "shop/app-1".into(),
                     budgets: vec!["shop/app-pdb".into()],
                     never: None,
+                    terminating: None,
                 },
                 Blocker {
                     pod: "shop/cart-1".into(),
                     budgets: vec![],
                     never: None,
+                    terminating: None,
                 },
             ]
         );
@@ -423,12 +499,88 @@ mod tests {
                 && lines[1].ends_with("abandon"),
             "{t}"
         );
-        // Only the workloads gone: the DaemonSet phase, nothing blocks.
+        // Only the workloads gone: the DaemonSet phase waits for the DaemonSet pod
+        // and names it, never a workload pod that has gone (issue 74).
         let rows2 = super::rows(&nodes, &pods[2..3], &pdbs, limits(), at(NOW));
         assert_eq!(rows2[0].phase, Phase::Daemonsets);
-        assert!(rows2[0].blocked_by.is_empty());
+        let waited: Vec<&str> = rows2[0].blocked_by.iter().map(|b| b.pod.as_str()).collect();
+        assert_eq!(waited, ["logging/fluentd-x"]);
+        let t2 = table(&rows2);
+        assert!(
+            t2.lines().nth(1).unwrap().contains("daemonsets") && t2.contains("logging/fluentd-x"),
+            "{t2}"
+        );
+        assert!(!t2.contains("shop/"), "{t2}");
         let rows3 = super::rows(&nodes, &[], &pdbs, limits(), at(NOW));
         assert_eq!(rows3[0].phase, Phase::Drained);
+    }
+
+    /// Issue 74: a pod already evicted (deletionTimestamp set) is terminating, with
+    /// the grace it has left, never blocked by the budget that selects it; once its
+    /// grace is over it says so.
+    #[test]
+    fn a_terminating_pod_is_shown_terminating_with_its_grace_left() {
+        use k8s_openapi::apimachinery::pkg::apis::meta::v1::Time;
+        let rec = DrainRecord {
+            reasons: vec![DrainReason::new(Why::ScaleIn, at("2026-11-27T07:05:30Z"))],
+            ..DrainRecord::default()
+        };
+        let nodes = [recorded("n1", "web", &rec)];
+        let mut going = pod("shop", "app-1", "n1", "app", false);
+        going.metadata.deletion_timestamp = Some(Time(
+            k8s_openapi::jiff::Timestamp::from_second(at(NOW).timestamp() + 12).unwrap(),
+        ));
+        going.metadata.deletion_grace_period_seconds = Some(30);
+        let pods = [going.clone(), pod("shop", "app-2", "n1", "app", false)];
+        let pdbs = [pdb("shop", "app-pdb", "app", 0)];
+        let rows = rows(&nodes, &pods, &pdbs, limits(), at(NOW));
+        let b = &rows[0].blocked_by;
+        assert_eq!(b[0].pod, "shop/app-1");
+        assert!(b[0].budgets.is_empty() && b[0].never.is_none(), "{b:?}");
+        assert_eq!(
+            b[0].terminating,
+            Some(crate::scalein::progress::Terminating {
+                grace_left_seconds: 12,
+                grace_seconds: Some(30),
+            })
+        );
+        assert_eq!(
+            b[1].budgets,
+            ["shop/app-pdb"],
+            "the running pod is still kept"
+        );
+        let t = table(&rows);
+        assert!(
+            t.contains(
+                "shop/app-1 (terminating, 12s of its 30s grace left); shop/app-2 (shop/app-pdb)"
+            ),
+            "{t}"
+        );
+        let line = crate::scalein::progress::blocked_line(Phase::Workloads, b);
+        assert!(
+            line.starts_with("waiting for 2 pods: shop/app-1 (terminating, 12s of its 30s grace left); shop/app-2 (PodDisruptionBudget shop/app-pdb"),
+            "{line}"
+        );
+        let v: serde_json::Value = serde_json::from_str(&json(&rows)).unwrap();
+        assert_eq!(
+            v[0]["blocked_by"][0]["terminating"]["grace_left_seconds"],
+            12
+        );
+        assert!(v[0]["blocked_by"][1].get("terminating").is_none());
+        // Past its deletion time, its grace is over: still not the budget's.
+        let later = super::rows(
+            &nodes,
+            &pods[..1],
+            &pdbs,
+            limits(),
+            at("2026-11-27T07:11:00Z"),
+        );
+        let b = &later[0].blocked_by[0];
+        assert!(b.budgets.is_empty());
+        assert_eq!(
+            crate::scalein::progress::blocked_line(Phase::Workloads, std::slice::from_ref(b)),
+            "waiting for 1 pod: shop/app-1 (terminating, its grace period over and its end not confirmed yet)"
+        );
     }
 
     /// Issue 73: a drained node whose instance waits to be out of the load balancers

@@ -14,7 +14,7 @@ use serde::Serialize;
 
 use crate::clock::Instant;
 use crate::scalein::decide::plan::{self, Disposition, NodeCritical};
-use crate::scalein::decide::record::{self, DrainRecord, How, Limits};
+use crate::scalein::decide::record::{self, DeadlinePolicy, DrainRecord, How, Limits};
 use crate::scalein::decide::{conditions, deadlock};
 use crate::scalein::kube::budgets;
 use crate::scalein::kube::events::{Reason, REPORTER};
@@ -106,6 +106,70 @@ pub struct Blocker {
     /// deadline ends the wait), when that is so ([`deadlock`]).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub never: Option<String>,
+    /// The pod is already deleted (evicted, or deleted by someone): it is leaving
+    /// within its grace period, and no budget keeps it any more.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub terminating: Option<Terminating>,
+}
+
+impl Blocker {
+    /// The pod at `now`, with the budgets of `pdbs` that keep it (none once it is
+    /// terminating: its eviction or deletion went through).
+    fn of(pod: &Pod, pdbs: &[PodDisruptionBudget], now: DateTime<Utc>) -> Self {
+        let terminating = Terminating::of(pod, now);
+        let (budgets, never) = match terminating {
+            Some(_) => (Vec::new(), None),
+            None => (blocking_budgets(pod, pdbs), never_allowed(pod, pdbs)),
+        };
+        Blocker {
+            pod: plan::pod_ref(pod).to_string(),
+            budgets,
+            never,
+            terminating,
+        }
+    }
+}
+
+/// A pod with a deletionTimestamp: the grace its kubelet still gives it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct Terminating {
+    /// Seconds until its deletionTimestamp (when its grace period ends); 0 once past.
+    pub grace_left_seconds: u64,
+    /// Its whole grace period (`deletionGracePeriodSeconds`), when the API server
+    /// wrote one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub grace_seconds: Option<u64>,
+}
+
+/// Longest grace read from a pod (a day): a larger value reads as this.
+const MAX_GRACE: u64 = 86_400;
+
+impl Terminating {
+    /// `None` when the pod is not being deleted.
+    pub fn of(pod: &Pod, now: DateTime<Utc>) -> Option<Self> {
+        let at = pod.metadata.deletion_timestamp.as_ref()?.0.as_second();
+        let left = at
+            .saturating_sub(now.timestamp())
+            .clamp(0, MAX_GRACE as i64) as u64;
+        let grace = pod
+            .metadata
+            .deletion_grace_period_seconds
+            .map(|g| g.clamp(0, MAX_GRACE as i64) as u64);
+        Some(Terminating {
+            grace_left_seconds: left,
+            grace_seconds: grace,
+        })
+    }
+
+    /// `terminating, 12s of its 30s grace left` (or that its grace is over).
+    pub fn said(&self) -> String {
+        let d = |s: u64| crate::duration::format_duration(Duration::from_secs(s));
+        match (self.grace_left_seconds, self.grace_seconds) {
+            (0, _) => "terminating, its grace period over and its end not confirmed yet".into(),
+            (left, Some(all)) => format!("terminating, {} of its {} grace left", d(left), d(all)),
+            (left, None) => format!("terminating, {} of its grace left", d(left)),
+        }
+    }
 }
 
 /// One drain, as printed.
@@ -122,6 +186,8 @@ pub struct Row {
     pub started: Option<DateTime<Utc>>,
     /// Seconds since `started`.
     pub elapsed_seconds: Option<u64>,
+    /// The pods the phase waits for: in the workload phase the workload pods still
+    /// on the node, in the DaemonSet phase the DaemonSet pods; empty otherwise.
     pub blocked_by: Vec<Blocker>,
     /// When the workload phase stops waiting; none when nothing drains.
     pub deadline: Option<DateTime<Utc>>,
@@ -137,10 +203,30 @@ pub struct Row {
     /// `Drained: ...` while True), as the service (or another drainer) wrote it.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub condition: Option<String>,
+    /// The workload deadline and its policy in words ([`record::Plan::deadline_said`]),
+    /// while the drain runs; for lines, not in the JSON (`deadline`, `deadline_policy`).
+    #[serde(skip)]
+    pub deadline_said: Option<String>,
     /// Drained, the instance waits to be out of the load balancers: the progress line
     /// (left out of the JSON when it does not).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub load_balancers: Option<String>,
+}
+
+impl Row {
+    /// `waited 4m30s of 10m0s, workload deadline 2026-11-27T07:15:30Z (then the drain
+    /// is abandoned and the node given back)`: how long the drain has waited and
+    /// what ends the wait; `None` when nothing drains.
+    pub fn waited(&self) -> Option<String> {
+        let said = self.deadline_said.as_deref()?;
+        let d = |s: u64| crate::duration::format_duration(Duration::from_secs(s));
+        let elapsed = d(self.elapsed_seconds.unwrap_or(0));
+        let of = match (self.started, self.deadline) {
+            (Some(s), Some(e)) => format!(" of {}", d((e - s).num_seconds().max(0) as u64)),
+            _ => String::new(),
+        };
+        Some(format!("waited {elapsed}{of}, {said}"))
+    }
 }
 
 /// The drains on `nodes`, at `now`, with the pods on those nodes and the cluster's
@@ -191,6 +277,7 @@ pub fn row(
                 unreadable: Some(record::ANNOTATION),
                 ended: None,
                 condition: condition_of(node),
+                deadline_said: None,
                 load_balancers: None,
             });
         }
@@ -217,10 +304,12 @@ pub fn row(
         .filter(|pod| pod.spec.as_ref().and_then(|s| s.node_name.as_deref()) == Some(&name))
         .collect();
     let mut workloads = Vec::new();
-    let mut daemonsets = 0;
+    let mut daemonsets = Vec::new();
     for pod in &on_node {
         match plan::classify_at(pod, &NodeCritical::default(), stamp) {
-            Disposition::Evict(t) | Disposition::Wait(t) if t.is_daemonset() => daemonsets += 1,
+            Disposition::Evict(t) | Disposition::Wait(t) if t.is_daemonset() => {
+                daemonsets.push(*pod)
+            }
             Disposition::Evict(_) | Disposition::Wait(_) => workloads.push(*pod),
             Disposition::Skip(_) => {}
         }
@@ -233,25 +322,23 @@ pub fn row(
         }
     } else if !workloads.is_empty() {
         Phase::Workloads
-    } else if daemonsets > 0 {
+    } else if !daemonsets.is_empty() {
         Phase::Daemonsets
     } else {
         Phase::Drained
     };
-    let blocked_by = if p.drains {
-        let mut b: Vec<Blocker> = workloads
-            .iter()
-            .map(|pod| Blocker {
-                pod: plan::pod_ref(pod).to_string(),
-                budgets: blocking_budgets(pod, pdbs),
-                never: never_allowed(pod, pdbs),
-            })
-            .collect();
-        b.sort_by(|x, y| x.pod.cmp(&y.pod));
-        b
-    } else {
-        Vec::new()
+    // The pods the phase waits for: the workload pods, then (once they are gone)
+    // the DaemonSet pods, never a pod of a phase that is over.
+    let waited = match phase {
+        Phase::Workloads => &workloads,
+        Phase::Daemonsets => &daemonsets,
+        _ => &Vec::new(),
     };
+    let mut blocked_by: Vec<Blocker> = waited
+        .iter()
+        .map(|pod| Blocker::of(pod, pdbs, now))
+        .collect();
+    blocked_by.sort_by(|x, y| x.pod.cmp(&y.pod));
     let started = rec.drain_began().or_else(|| rec.first_at());
     Some(Row {
         node: name,
@@ -269,6 +356,7 @@ pub fn row(
             .end_of(rec.drain)
             .map(|e| printable(&e.how.summary(), record::MAX_WHY)),
         condition: condition_of(node),
+        deadline_said: p.drains.then(|| p.deadline_said()),
         load_balancers: annotations
             .get(crate::scalein::decide::last_mile::ANNOTATION)
             .and_then(|a| crate::scalein::decide::last_mile::Waiting::read(a))
@@ -334,8 +422,9 @@ enum Said {
 
 /// What `drain NODE` prints while its drain runs, from what it reads every few
 /// seconds: a line when the drain enters a phase (cordoned, evicting N pods, the
-/// DaemonSet pods, waiting for volumes), and while pods keep it in the workload
-/// phase, every `every`, the pods still there and the budgets that block each.
+/// DaemonSet pods, waiting for volumes), and while pods keep it in the workload or
+/// the DaemonSet phase, every `every`, the pods still there (a terminating one with
+/// its grace left) and the budgets that block each.
 /// Pure: the reads and the time come in.
 #[derive(Debug)]
 pub struct Narrator {
@@ -345,6 +434,10 @@ pub struct Narrator {
     said: Option<Said>,
     /// When the pods that block it were last named (or the workload phase began).
     blockers_at: Option<Instant>,
+    /// The DaemonSet phase's deadline and its policy, when known.
+    daemonsets: Option<(Duration, DeadlinePolicy)>,
+    /// When the DaemonSet phase was first seen.
+    daemonsets_since: Option<Instant>,
 }
 
 impl Narrator {
@@ -355,6 +448,40 @@ impl Narrator {
             cordoned: false,
             said: None,
             blockers_at: None,
+            daemonsets: None,
+            daemonsets_since: None,
+        }
+    }
+
+    /// The node it narrates.
+    pub fn node(&self) -> &str {
+        &self.node
+    }
+
+    /// The DaemonSet phase's waiting lines say how long of `deadline` it has waited
+    /// and what `policy` does then.
+    pub fn daemonset_deadline(mut self, deadline: Duration, policy: DeadlinePolicy) -> Self {
+        self.daemonsets = Some((deadline, policy));
+        self
+    }
+
+    /// How long the phase of `row` has waited and what ends the wait (the workload
+    /// deadline from the record, the DaemonSet deadline from when the phase was seen).
+    fn waited(&self, row: &Row, now: Instant) -> Option<String> {
+        match row.phase {
+            Phase::Daemonsets => {
+                let (deadline, policy) = self.daemonsets?;
+                let since = self.daemonsets_since?;
+                let d = crate::duration::format_duration;
+                let waited = Duration::from_secs(now.saturating_duration_since(since).as_secs());
+                Some(format!(
+                    "waited {} of {}, the DaemonSet pods' deadline (then {})",
+                    d(waited),
+                    d(deadline),
+                    policy.then_said()
+                ))
+            }
+            _ => row.waited(),
         }
     }
 
@@ -385,7 +512,12 @@ impl Narrator {
                     ))
                 }
                 Said::Phase(Phase::Daemonsets) => {
-                    Some("workload pods gone; evicting the DaemonSet pods".to_string())
+                    self.blockers_at = Some(now);
+                    self.daemonsets_since = Some(now);
+                    Some(format!(
+                        "workload pods gone; evicting the DaemonSet pods: {}",
+                        names(&row.blocked_by)
+                    ))
                 }
                 Said::Volumes => Some(format!(
                     "pods gone; waiting for {} to detach",
@@ -406,11 +538,16 @@ impl Narrator {
             self.said = Some(said);
             return out;
         }
-        if said == Said::Phase(Phase::Workloads) && !row.blocked_by.is_empty() {
+        let waits = matches!(said, Said::Phase(Phase::Workloads | Phase::Daemonsets));
+        if waits && !row.blocked_by.is_empty() {
             let due = self.blockers_at.is_none_or(|t| now >= t + self.every);
             if due {
                 self.blockers_at = Some(now);
-                out.push(blocked_line(&row.blocked_by));
+                let mut line = blocked_line(row.phase, &row.blocked_by);
+                if let Some(waited) = self.waited(row, now) {
+                    line = format!("{line}; {waited}");
+                }
+                out.push(line);
             }
         }
         // Drained, the instance waits to be out of the load balancers (issue 73).
@@ -585,11 +722,19 @@ impl Warnings {
 }
 
 /// `waiting for 2 pods: shop/app (PodDisruptionBudget shop/app-pdb allows no
-/// disruption now); shop/cart`.
-pub fn blocked_line(blockers: &[Blocker]) -> String {
+/// disruption now); shop/cart`, or in the DaemonSet phase `waiting for 1 DaemonSet
+/// pod: logging/fluentd-x`.
+pub fn blocked_line(phase: Phase, blockers: &[Blocker]) -> String {
     let each: Vec<String> = blockers
         .iter()
         .map(|b| match b.budgets.len() {
+            _ if b.terminating.is_some() => {
+                format!(
+                    "{} ({})",
+                    b.pod,
+                    b.terminating.map(|t| t.said()).unwrap_or_default()
+                )
+            }
             0 => b.pod.clone(),
             1 => format!(
                 "{} (PodDisruptionBudget {} allows no disruption now)",
@@ -602,7 +747,17 @@ pub fn blocked_line(blockers: &[Blocker]) -> String {
             ),
         })
         .collect();
-    format!("waiting for {}: {}", pods(blockers.len()), each.join("; "))
+    let what = match phase {
+        Phase::Daemonsets => plural(blockers.len(), "DaemonSet pod"),
+        _ => pods(blockers.len()),
+    };
+    format!("waiting for {what}: {}", each.join("; "))
+}
+
+/// `logging/fluentd-x, logging/node-exporter-y`.
+fn names(blockers: &[Blocker]) -> String {
+    let each: Vec<&str> = blockers.iter().map(|b| b.pod.as_str()).collect();
+    each.join(", ")
 }
 
 fn pods(n: usize) -> String {

@@ -987,6 +987,15 @@ def release_errors():
         if cells[1] != str(chart["appVersion"]) or named != sorted(ca_tags.values()):
             errs.append(f"docs/helm.md 'Versions and upgrades': chart {chart['version']} row says image {cells[1]}, CA {cells[2]}; "
                         f"Chart.yaml's appVersion is {chart['appVersion']}, values.yaml's CA images by minor {ca_tags}")
+    # Artifact Hub's list of the chart's images names every CA image the chart may run
+    # (one per Kubernetes minor of tagsByKubernetesMinor), and no other.
+    listed = yaml.safe_load(chart.get("annotations", {}).get("artifacthub.io/images", "[]")) or []
+    ca_listed = {i["name"]: i["image"] for i in listed if str(i.get("name", "")).startswith("cluster-autoscaler")}
+    ca_table = {f"cluster-autoscaler-kubernetes-1.{k}": f"registry.k8s.io/autoscaling/cluster-autoscaler:{v}"
+                for k, v in ca_tags.items()}
+    if ca_listed != ca_table:
+        errs.append(f"Chart.yaml's artifacthub.io/images lists the cluster-autoscaler images {ca_listed}; "
+                    f"values.yaml's clusterAutoscaler.image.tagsByKubernetesMinor makes them {ca_table}")
     # The table at the top of docs/helm.md: a row per Kubernetes minor, the CA tag the
     # chart picks for it.
     top = dict(re.findall(r"^\| 1\.(\d+) \| (v1\.\d+\.\d+)", helm_md.split("## Versions and upgrades", 1)[0], re.M))
@@ -1925,7 +1934,7 @@ def check_chart(base_docs, overlay_docs):
         for e in release_errors():
             fail(f"release notes: {e}")
         if failed == n_failed:
-            print("ok   CHANGELOG.md and docs/helm.md's version table cover Chart.yaml's version, its appVersion and CA image")
+            print("ok   CHANGELOG.md and docs/helm.md's version table cover Chart.yaml's version, its appVersion and CA image; Chart.yaml's artifacthub.io/images lists each CA image of tagsByKubernetesMinor")
         n_failed = failed
         for e in ca_tag_errors(env):
             fail(f"deploy/chart cluster-autoscaler's tag: {e}")

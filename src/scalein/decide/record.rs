@@ -47,6 +47,14 @@ impl DeadlinePolicy {
             Self::Abandon => "abandon",
         }
     }
+
+    /// What happens at a deadline with this policy, in words.
+    pub fn then_said(self) -> &'static str {
+        match self {
+            Self::Proceed => "what is left is deleted with its own grace period",
+            Self::Abandon => "the drain is abandoned and the node given back",
+        }
+    }
 }
 
 /// The Node annotation that holds the record (JSON).
@@ -471,6 +479,26 @@ pub struct Plan {
     pub cut_by_hook: bool,
     /// The limits the plan was made with: the record's own, else the reader's.
     pub kept: Limits,
+}
+
+impl Plan {
+    /// The workload deadline and its policy, in words: the one place a drain's
+    /// deadline is said (the Node's conditions, `drain NODE`'s waiting lines).
+    pub fn deadline_said(&self) -> String {
+        match self.workload_deadline {
+            Some(at) => format!(
+                "workload deadline {}{} (then {})",
+                at.format("%Y-%m-%dT%H:%M:%SZ"),
+                if self.cut_by_hook {
+                    ", set by our lifecycle hook's timeout"
+                } else {
+                    ""
+                },
+                self.on_deadline.then_said()
+            ),
+            None => "no workload deadline".into(),
+        }
+    }
 }
 
 /// `t + d`, saturating at the end of the calendar instead of panicking.

@@ -17,6 +17,7 @@ fn row(phase: Phase, blocked: &[(&str, &[&str])]) -> Row {
                 pod: p.to_string(),
                 budgets: b.iter().map(|s| s.to_string()).collect(),
                 never: None,
+                terminating: None,
             })
             .collect(),
         deadline: None,
@@ -25,6 +26,7 @@ fn row(phase: Phase, blocked: &[(&str, &[&str])]) -> Row {
         unreadable: None,
         ended: None,
         condition: None,
+        deadline_said: None,
         load_balancers: None,
     }
 }
@@ -64,12 +66,23 @@ fn each_phase_is_said_once_and_the_blockers_every_few_seconds() {
         ["waiting for 1 pod: shop/app (PodDisruptionBudgets a/x, a/y allow no disruption now)"]
     );
     // The phases after it, each once.
-    let ds = row(Phase::Daemonsets, &[]);
+    // Issue 74: the DaemonSet phase names its pods, then every 10 s those still
+    // there, never a workload pod.
+    let ds = row(
+        Phase::Daemonsets,
+        &[("logging/fluentd-x", &[]), ("monitoring/exporter-y", &[])],
+    );
     assert_eq!(
         n.observe(Some(&ds), 0, s(24)),
-        ["workload pods gone; evicting the DaemonSet pods"]
+        ["workload pods gone; evicting the DaemonSet pods: logging/fluentd-x, monitoring/exporter-y"]
     );
-    assert!(n.observe(Some(&ds), 0, s(40)).is_empty());
+    assert!(n.observe(Some(&ds), 0, s(33)).is_empty());
+    let ds1 = row(Phase::Daemonsets, &[("logging/fluentd-x", &[])]);
+    assert_eq!(
+        n.observe(Some(&ds1), 0, s(34)),
+        ["waiting for 1 DaemonSet pod: logging/fluentd-x"]
+    );
+    assert!(n.observe(Some(&ds1), 0, s(40)).is_empty());
     let drained = row(Phase::Drained, &[]);
     assert_eq!(
         n.observe(Some(&drained), 1, s(42)),
@@ -81,6 +94,56 @@ fn each_phase_is_said_once_and_the_blockers_every_few_seconds() {
     assert!(n
         .observe(Some(&row(Phase::Finished, &[])), 0, s(66))
         .is_empty());
+}
+
+/// Issue 74: every waiting line says how long the phase has waited, of how long,
+/// and what its deadline's policy does then: the workload phase from the record
+/// (the plan's own words), the DaemonSet phase from when it was seen.
+#[test]
+fn each_waiting_line_says_the_time_waited_and_the_deadline_with_its_policy() {
+    let t0 = Instant::now();
+    let s = |n: u64| t0 + Duration::from_secs(n);
+    let mut n = Narrator::new("n1", Duration::from_secs(10))
+        .daemonset_deadline(Duration::from_secs(120), DeadlinePolicy::Proceed);
+    let began: DateTime<Utc> = "2026-11-27T07:00:00Z".parse().unwrap();
+    let plan = record::Plan {
+        drains: true,
+        ends: record::End::Leave,
+        workload_deadline: Some(began + chrono::Duration::seconds(600)),
+        on_deadline: DeadlinePolicy::Abandon,
+        budget_ends: None,
+        daemonset_share: Duration::ZERO,
+        began: Some(began),
+        cut_by_hook: false,
+        kept: record::Limits {
+            workload_deadline: Duration::from_secs(600),
+            workload_policy: DeadlinePolicy::Abandon,
+            hook_room: None,
+        },
+    };
+    let mut blocked = row(Phase::Workloads, &[("shop/app", &["shop/app-pdb"])]);
+    blocked.started = Some(began);
+    blocked.elapsed_seconds = Some(80);
+    blocked.deadline = plan.workload_deadline;
+    blocked.deadline_said = Some(plan.deadline_said());
+    n.observe(Some(&blocked), 0, s(0));
+    assert_eq!(
+        n.observe(Some(&blocked), 0, s(10)),
+        ["waiting for 1 pod: shop/app (PodDisruptionBudget shop/app-pdb allows no disruption now); \
+          waited 1m20s of 10m0s, workload deadline 2026-11-27T07:10:00Z (then the drain is abandoned and the node given back)"]
+    );
+    let mut ds = row(Phase::Daemonsets, &[("logging/fluentd-x", &[])]);
+    ds.deadline_said = blocked.deadline_said.clone();
+    n.observe(Some(&ds), 0, s(12));
+    assert_eq!(
+        n.observe(Some(&ds), 0, s(22)),
+        ["waiting for 1 DaemonSet pod: logging/fluentd-x; \
+          waited 10s of 2m0s, the DaemonSet pods' deadline (then what is left is deleted with its own grace period)"]
+    );
+    // Nothing drains: no deadline to say.
+    let mut none = row(Phase::Workloads, &[("shop/app", &[])]);
+    none.elapsed_seconds = Some(5);
+    assert_eq!(none.waited(), None);
 }
 
 #[test]

@@ -135,7 +135,7 @@ impl<'a> NodeDrain<'a> {
             why: req.source.why(),
             source: req.source,
             condition_reason: condition_reason(req.source, record),
-            deadline_said: deadline_said(plan),
+            deadline_said: plan.deadline_said(),
         }
     }
 
@@ -218,26 +218,6 @@ pub(crate) fn condition_reason(source: Source, record: &DrainRecord) -> &'static
             },
             None => "DrainResumed",
         },
-    }
-}
-
-/// The plan's workload deadline and its policy, in words.
-pub(crate) fn deadline_said(plan: &Plan) -> String {
-    match plan.workload_deadline {
-        Some(at) => format!(
-            "workload deadline {}{} (then {})",
-            at.format("%Y-%m-%dT%H:%M:%SZ"),
-            if plan.cut_by_hook {
-                ", set by our lifecycle hook's timeout"
-            } else {
-                ""
-            },
-            match plan.on_deadline {
-                DeadlinePolicy::Proceed => "what is left is deleted with its own grace period",
-                DeadlinePolicy::Abandon => "the drain is abandoned and the node given back",
-            }
-        ),
-        None => "no workload deadline".into(),
     }
 }
 
