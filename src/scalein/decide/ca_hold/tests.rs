@@ -1,4 +1,4 @@
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use chrono::{DateTime, TimeZone, Utc};
@@ -15,12 +15,7 @@ fn at(h: u32, mi: u32) -> DateTime<Utc> {
 fn budget(name: &str, nodes: Nodes) -> Budget {
     Budget {
         name: name.into(),
-        nodes,
-        groups: Groups::All,
-        zones: BTreeSet::new(),
-        causes: None,
-        window: None,
-        rate: None,
+        ..crate::scalein::decide::budget::tests::budget(nodes)
     }
 }
 
