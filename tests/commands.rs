@@ -2397,6 +2397,21 @@ async fn undrain_all_gives_back_every_marked_node_and_touches_no_other() {
     c.spec.as_mut().unwrap().taints = Some(vec![taint("example.com/gpu")]);
     sim.create(&c).unwrap();
     let c_before = sim.get::<Node>("", "c").unwrap();
+    // d: kept out of CA's scale-down by a budget (our mark); e: by its operator.
+    use ca_asg_provider::scalein::decide::ca_hold::{HELD_BY, SCALE_DOWN_DISABLED};
+    let mut d = fixtures::node("d", "aws:///us-east-1a/i-0d", &[]);
+    d.metadata.annotations = Some(
+        [
+            (SCALE_DOWN_DISABLED.to_string(), "true".to_string()),
+            (HELD_BY.to_string(), "frozen".to_string()),
+        ]
+        .into(),
+    );
+    sim.create(&d).unwrap();
+    let mut e = fixtures::node("e", "aws:///us-east-1a/i-0e", &[]);
+    e.metadata.annotations = Some([(SCALE_DOWN_DISABLED.to_string(), "true".to_string())].into());
+    sim.create(&e).unwrap();
+    let e_before = sim.get::<Node>("", "e").unwrap();
 
     let window = Window {
         limits: Limits {
@@ -2412,14 +2427,29 @@ async fn undrain_all_gives_back_every_marked_node_and_touches_no_other() {
         .await
         .unwrap();
     let names: Vec<&str> = done.iter().map(|(n, _)| n.as_str()).collect();
-    assert_eq!(names, ["a", "b"], "{done:?}");
+    assert_eq!(names, ["a", "b", "d"], "{done:?}");
     assert!(matches!(done[0].1, Undone::GivenBack { .. }), "{done:?}");
     assert!(matches!(done[1].1, Undone::Refused(_)), "{done:?}");
+    assert_eq!(done[2].1, Undone::Released, "{done:?}");
     let (lines, code) = undrain::say_all(&done);
     assert_eq!(code, ExitCode::from(undrain::REFUSED));
     assert_eq!(
         lines.last().unwrap().1,
-        "1 node(s) given back, 1 refused (a drain runs or may run for them)"
+        "1 node(s) given back, 1 refused (a drain runs or may run for them); 1 node(s) given back to cluster-autoscaler's scale-down"
+    );
+    let d_now = sim.get::<Node>("", "d").unwrap();
+    let d_annotations = d_now["metadata"]["annotations"]
+        .as_object()
+        .cloned()
+        .unwrap_or_default();
+    assert!(
+        !d_annotations.contains_key(SCALE_DOWN_DISABLED) && !d_annotations.contains_key(HELD_BY),
+        "{d_now}"
+    );
+    assert_eq!(
+        sim.get::<Node>("", "e").unwrap(),
+        e_before,
+        "an operator's annotation stays"
     );
 
     let forced = undrain::undrain_all(&client, window, true, now)
@@ -2458,7 +2488,9 @@ async fn undrain_all_gives_back_every_marked_node_and_touches_no_other() {
     );
     let writes = sim.requests().writes();
     assert!(
-        !writes.iter().any(|w| w.user == user && w.name == "c"),
+        !writes
+            .iter()
+            .any(|w| w.user == user && (w.name == "c" || w.name == "e")),
         "{writes:?}"
     );
 }

@@ -20,6 +20,7 @@ use chrono::{DateTime, Utc};
 use clap::Args;
 
 use crate::config::ConfigArgs;
+use crate::scalein::decide::ca_hold::{HELD_BY, SCALE_DOWN_DISABLED};
 use crate::scalein::decide::conditions;
 use crate::scalein::decide::record::CA_TO_BE_DELETED_TAINT;
 use crate::scalein::decide::undo::{self, Running, Undo, Window};
@@ -68,6 +69,9 @@ pub enum Undone {
     NothingToDo,
     /// A drain runs (or may): nothing changed.
     Refused(Running),
+    /// The annotation that kept the node out of cluster-autoscaler's scale-down,
+    /// with our mark, is removed (`--all` only).
+    Released,
 }
 
 impl Undone {
@@ -79,6 +83,10 @@ impl Undone {
                 ExitCode::SUCCESS,
             ),
             Undone::Refused(r) => (r.sentence(node), ExitCode::from(REFUSED)),
+            Undone::Released => (
+                format!("node {node} given back to cluster-autoscaler's scale-down: the {SCALE_DOWN_DISABLED} annotation this service set (with its mark {HELD_BY}) is removed"),
+                ExitCode::SUCCESS,
+            ),
             Undone::GivenBack { given, ca_taint } => {
                 let mut s = format!("node {node} given back: the ca-asg-provider.io/draining taint and the drain record are removed");
                 match given {
@@ -157,7 +165,8 @@ async fn clear_conditions(client: &kube::Client, node: &str) {
 
 /// Gives back every Node that carries a mark of this service, in name order, each as
 /// [`undrain`] does: what was done (or refused) on each. Nodes without a mark are not
-/// touched (only read, by one list).
+/// touched (only read, by one list). Then every Node this service kept out of
+/// cluster-autoscaler's scale-down is released (an operator's own annotation stays).
 pub async fn undrain_all(
     client: &kube::Client,
     window: Window,
@@ -180,6 +189,9 @@ pub async fn undrain_all(
             done.push((name, d));
         }
     }
+    for name in crate::scalein::kube::ca_hold::release_all(client).await? {
+        done.push((name, Undone::Released));
+    }
     Ok(done)
 }
 
@@ -188,12 +200,14 @@ pub fn say_all(done: &[(String, Undone)]) -> (Vec<(bool, String)>, ExitCode) {
     let mut lines = Vec::new();
     let mut refused = 0;
     let mut given = 0;
+    let mut released = 0;
     for (node, d) in done {
         let (text, code) = d.say(node);
         let ok = code == ExitCode::SUCCESS;
         match d {
             Undone::GivenBack { .. } => given += 1,
             Undone::Refused(_) => refused += 1,
+            Undone::Released => released += 1,
             Undone::NothingToDo => {}
         }
         lines.push((ok, text));
@@ -202,6 +216,11 @@ pub fn say_all(done: &[(String, Undone)]) -> (Vec<(bool, String)>, ExitCode) {
         "no node carries a mark of ca-asg-provider: nothing to give back".to_string()
     } else {
         format!("{given} node(s) given back, {refused} refused (a drain runs or may run for them)")
+    };
+    let summary = if released > 0 {
+        format!("{summary}; {released} node(s) given back to cluster-autoscaler's scale-down")
+    } else {
+        summary
     };
     lines.push((refused == 0, summary));
     let code = if refused == 0 {

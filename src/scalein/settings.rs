@@ -80,6 +80,10 @@ pub struct ScaleInSettings {
     /// before a read showing it back in the group hands its Node back
     /// ([`WARM_POOL_SETTLED`]; shorter only in tests).
     pub warm_pool_settle: Duration,
+    /// How often the leader tells CA which nodes it may not pick for scale-down
+    /// while a budget would hold their drain ([`TELL_CA_EVERY`]; shorter only in
+    /// tests).
+    pub tell_ca_every: Duration,
     /// `scaleIn.loadBalancers`: the last mile before an instance ends.
     pub load_balancers: LoadBalancerWait,
     /// `scaleIn.groupOverrides`, in the order written: the first that selects a
@@ -304,6 +308,7 @@ impl Default for ScaleInSettings {
             // everyday scale-in of a few nodes.
             shared_pod_watch_from: 10,
             warm_pool_settle: WARM_POOL_SETTLED,
+            tell_ca_every: TELL_CA_EVERY,
             load_balancers: LoadBalancerWait::default(),
             group_overrides: Vec::new(),
             wait_for_replacement: false,
@@ -316,6 +321,11 @@ impl Default for ScaleInSettings {
 /// read that much later cannot be one from before the scale-in that sent it to the
 /// pool.
 pub const WARM_POOL_SETTLED: Duration = Duration::from_secs(30);
+
+/// Between two passes that tell CA which nodes a budget holds from its scale-down
+/// (besides a pass when a drain's slot goes back): a window that opens or closes
+/// is said within this long, about CA's own loop (`--scan-interval`, 10 s).
+pub const TELL_CA_EVERY: Duration = Duration::from_secs(10);
 
 /// Queue-mode configuration.
 #[derive(Debug, Clone, PartialEq)]

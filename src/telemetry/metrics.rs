@@ -149,6 +149,9 @@ pub struct Metrics {
     /// Drains a budget may still start now (its nodes less the drains it counts),
     /// by budget, as the last drain to look saw it.
     pub budget_room: Family<BudgetLabels, Gauge>,
+    /// Nodes kept out of CA's scale-down now because this budget would hold their
+    /// drain, by budget, as the leader's last pass decided.
+    pub nodes_held_from_ca: Family<BudgetLabels, Gauge>,
     /// Drains our hook holds started past a budget, to finish inside the hook's
     /// global timeout, by budget.
     pub drains_forced_past_budget: Family<BudgetLabels, Counter>,
@@ -275,6 +278,7 @@ impl Metrics {
             drains_in_stage: Family::default(),
             drains_waiting_for_budget: Family::default(),
             budget_room: Family::default(),
+            nodes_held_from_ca: Family::default(),
             drains_forced_past_budget: Family::default(),
             stage_duration: Family::new_with_constructor(stage_histogram as fn() -> Histogram),
             drain_duration: Family::new_with_constructor(stage_histogram as fn() -> Histogram),
@@ -411,6 +415,11 @@ impl Metrics {
             "budget_room",
             "Drains a disruption budget may still start now, by budget (as last looked at)",
             m.budget_room.clone(),
+        );
+        r.register(
+            "nodes_held_from_ca",
+            "Nodes kept out of cluster-autoscaler's scale-down because this disruption budget would hold their drain, by budget",
+            m.nodes_held_from_ca.clone(),
         );
         r.register(
             "drains_forced_past_budget",

@@ -82,6 +82,7 @@ pub fn resolve(si: &ScaleInFile, problems: &mut Problems) -> ScaleInSettings {
         budget_watch: d.budget_watch,
         shared_pod_watch_from: si.shared_pod_watch_from.unwrap_or(d.shared_pod_watch_from),
         warm_pool_settle: d.warm_pool_settle,
+        tell_ca_every: d.tell_ca_every,
         load_balancers: d.load_balancers,
         group_overrides: Vec::new(),
         wait_for_replacement: si.wait_for_replacement.unwrap_or(d.wait_for_replacement),

@@ -31,7 +31,7 @@ use chrono::{DateTime, Duration as Span, Utc};
 pub mod cron;
 
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;
 
 /// Why a node is disrupted, as a budget names it: who started it and, for the
 /// Auto Scaling group's own, why AWS says it did.

@@ -5,6 +5,8 @@
 //! - [`deadlock`]: the PodDisruptionBudgets that can never allow a drain's evictions;
 //! - [`budget`]: whether a drain may start now under the disruption budgets, else which
 //!   budget holds it and until when;
+//! - [`ca_hold`]: which nodes CA's scale-down may not pick now (a budget would hold
+//!   their drain), and what to write on a Node so CA knows;
 //! - [`plan`]: which pod leaves in which tier, and what a pod's disposition is;
 //! - [`record`]: the drain record on a Node (the reasons, their phases, how two join);
 //! - [`undo`]: whether a person may give a node back (no drain runs for it);
@@ -16,6 +18,7 @@
 //!   the instance and what AWS answers: the one rule every source uses.
 
 pub mod budget;
+pub mod ca_hold;
 pub mod conditions;
 pub mod deadlock;
 pub mod hooks;

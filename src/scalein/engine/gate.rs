@@ -25,6 +25,7 @@ use k8s_openapi::api::core::v1::Pod;
 use parking_lot::Mutex;
 
 use crate::scalein::decide::budget::{self, Asked, Placed, Verdict};
+use crate::scalein::decide::ca_hold;
 use crate::scalein::decide::plan::{self, Disposition, Tier};
 use crate::scalein::decide::record::{DrainRecord, Why};
 use crate::scalein::engine::Engine;
@@ -188,41 +189,23 @@ fn decide_and_keep(
     forced: bool,
 ) -> Taken {
     let mut starts = engine.gate.starts.lock();
-    let holders = engine.book.slot_holders();
-    let nodes = node_places(engine);
-    let node_refs: Vec<budget::Place<'_>> = nodes
-        .iter()
-        .map(|(g, z, t)| budget::Place {
-            group: g,
-            zone: z,
-            tags: t,
-        })
-        .collect();
-    let draining: Vec<budget::Drain<'_>> = holders.iter().map(Placed::drain).collect();
-    let counted: Vec<(DateTime<Utc>, budget::Drain<'_>)> =
-        starts.iter().map(|(at, p)| (*at, p.drain())).collect();
-    let world = budget::World {
-        now,
-        nodes: &node_refs,
-        draining: &draining,
-        starts: &counted,
-    };
-    for b in budgets {
-        let (allowed, count) = b.room(&world);
-        metrics()
-            .budget_room
-            .get_or_create(&BudgetLabels {
-                budget: b.name.clone(),
-            })
-            .set(allowed.saturating_sub(count) as i64);
-    }
-    let verdict = budget::verdict(budgets, &placed.drain(), &world);
+    let verdict = in_world(engine, &starts, now, |world| {
+        for b in budgets {
+            let (allowed, count) = b.room(world);
+            metrics()
+                .budget_room
+                .get_or_create(&BudgetLabels {
+                    budget: b.name.clone(),
+                })
+                .set(allowed.saturating_sub(count) as i64);
+        }
+        budget::verdict(budgets, &placed.drain(), world)
+    });
     let forced_past = match verdict {
         Verdict::Go => None,
         Verdict::Wait(hold) if !forced => return Taken::Wait(hold),
         Verdict::Wait(hold) => Some(hold.budget),
     };
-    drop(counted);
     let placed = Placed {
         forced: forced_past.is_some(),
         ..placed.clone()
@@ -236,6 +219,46 @@ fn decide_and_keep(
         }
     }
     Taken::Yes { forced_past }
+}
+
+/// What the budgets read now ([`budget::World`]), handed to `read`: every node
+/// they may cover, the slots held, the recent starts.
+fn in_world<T>(
+    engine: &Engine,
+    starts: &VecDeque<(DateTime<Utc>, Placed)>,
+    now: DateTime<Utc>,
+    read: impl FnOnce(&budget::World<'_>) -> T,
+) -> T {
+    let holders = engine.book.slot_holders();
+    let nodes = node_places(engine);
+    let node_refs: Vec<budget::Place<'_>> = nodes
+        .iter()
+        .map(|(g, z, t)| budget::Place {
+            group: g,
+            zone: z,
+            tags: t,
+        })
+        .collect();
+    let draining: Vec<budget::Drain<'_>> = holders.iter().map(Placed::drain).collect();
+    let counted: Vec<(DateTime<Utc>, budget::Drain<'_>)> =
+        starts.iter().map(|(at, p)| (*at, p.drain())).collect();
+    read(&budget::World {
+        now,
+        nodes: &node_refs,
+        draining: &draining,
+        starts: &counted,
+    })
+}
+
+/// [`in_world`] as the gate has it now, for what else asks the budgets (which nodes
+/// CA may not pick).
+pub(crate) fn read_world<T>(
+    engine: &Engine,
+    now: DateTime<Utc>,
+    read: impl FnOnce(&budget::World<'_>) -> T,
+) -> T {
+    let starts = engine.gate.starts.lock();
+    in_world(engine, &starts, now, read)
 }
 
 /// The drain's facts as budgets see them: the group and its tags and the instance's
@@ -266,7 +289,7 @@ async fn placed(
         .unwrap_or_default();
     let asked = Asked {
         by_ca: req.source == Source::ClusterAutoscaler,
-        empty: if tells_empty_from_occupied(budgets) && asks_ca(record, req) {
+        empty: if ca_hold::tells_empty_from_occupied(budgets) && asks_ca(record, req) {
             node_is_empty(engine, node).await
         } else {
             None
@@ -285,16 +308,6 @@ async fn placed(
         exempt,
         forced: false,
     }
-}
-
-/// Whether some budget governs one of CA's two causes and not the other: only then
-/// is the node's emptiness read.
-fn tells_empty_from_occupied(budgets: &[budget::Budget]) -> bool {
-    budgets.iter().any(|b| {
-        b.causes.as_ref().is_some_and(|c| {
-            c.contains(&budget::Cause::CaEmpty) != c.contains(&budget::Cause::CaOccupied)
-        })
-    })
 }
 
 fn asks_ca(record: &DrainRecord, req: &DrainRequest) -> bool {
@@ -317,13 +330,19 @@ async fn node_is_empty(engine: &Engine, node: &str) -> Option<bool> {
             return None;
         }
     };
+    Some(!runs_workload(engine, &list.items))
+}
+
+/// Whether any of `pods` is a workload pod (not a DaemonSet, mirror or finished
+/// pod): what tells CA's scale-in of an occupied node from an empty one's.
+pub(crate) fn runs_workload<'a>(engine: &Engine, pods: impl IntoIterator<Item = &'a Pod>) -> bool {
     let now = crate::clock::timestamp_now();
-    Some(!list.items.iter().any(|p| {
+    pods.into_iter().any(|p| {
         matches!(
             plan::classify_at(p, &engine.settings.node_critical, now),
             Disposition::Evict(Tier::Workload) | Disposition::Wait(Tier::Workload)
         )
-    }))
+    })
 }
 
 /// Every node the budgets may cover: each instance of each group the provider

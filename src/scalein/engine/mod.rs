@@ -20,6 +20,7 @@ use crate::scalein::{DrainRequest, Mode, ModeChoice, Outcome, ScaleInSettings, S
 pub use crate::scalein::stats::DrainStats;
 
 pub mod book;
+pub mod ca_hold;
 pub mod gate;
 pub mod keeper;
 pub mod leader;
@@ -51,6 +52,8 @@ pub struct Engine {
     pub schedule: schedule::ScanSchedule,
     /// Feeds the provider's accounting with the drain marks on Nodes.
     marks_sync: Mutex<Option<tokio::task::JoinHandle<()>>>,
+    /// Tells CA which nodes a budget holds from its scale-down ([`ca_hold`]).
+    ca_hold: Mutex<Option<tokio::task::JoinHandle<()>>>,
 }
 
 /// What the engine's drains and the sources' loops work with: the API clients and
@@ -117,9 +120,11 @@ impl Engine {
             liveness,
             sightings: Arc::default(),
         };
-        Arc::new(Self {
+        let has_groups = provider.is_some();
+        let engine = Arc::new(Self {
             tools,
             marks_sync: Mutex::new(marks_sync),
+            ca_hold: Mutex::new(None),
             cloud,
             provider,
             settings,
@@ -127,7 +132,11 @@ impl Engine {
             book: Book::default(),
             leadership: leader::Leadership::new(lease_client),
             schedule: schedule::ScanSchedule::default(),
-        })
+        });
+        if has_groups {
+            *engine.ca_hold.lock() = Some(ca_hold::spawn(Arc::downgrade(&engine)));
+        }
+        engine
     }
 
     pub fn settings(&self) -> &ScaleInSettings {
@@ -373,6 +382,9 @@ impl Engine {
         self.abort_all();
         self.tools.nodes.stop();
         if let Some(t) = self.marks_sync.lock().take() {
+            t.abort();
+        }
+        if let Some(t) = self.ca_hold.lock().take() {
             t.abort();
         }
     }

@@ -8,6 +8,7 @@
 //! - [`wait`]: pod watches that tell when pods are gone; [`budgets`], [`pass`]: what
 //!   drains running together read once (PDBs, their pods, the claims on them);
 //! - [`events`]: Events on Nodes and pods, rate limited;
+//! - [`ca_hold`]: the annotation that keeps a node out of CA's scale-down, ours only;
 //! - [`intercept`], [`ratelimit`], [`user_agent`]: the client's wrappers (an answer within
 //!   a bound, the drains' rate limit, who is asking);
 //! - [`client`]: the environment's client, its own retries off;
@@ -15,6 +16,7 @@
 //! - [`watch_backoff`]: how a watch retries.
 
 pub mod budgets;
+pub mod ca_hold;
 pub mod client;
 pub mod conditions;
 pub mod events;

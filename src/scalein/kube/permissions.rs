@@ -45,7 +45,12 @@ pub const REQUIRED: &[Permission] = &[
         "nodes",
         "node index (instance -> node, resume)",
     ),
-    p("patch", "", "nodes", "cordon, taint, drain markers"),
+    p(
+        "patch",
+        "",
+        "nodes",
+        "cordon, taint, drain markers, scale-down hold for CA",
+    ),
     p(
         "patch",
         "",

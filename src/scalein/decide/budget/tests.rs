@@ -140,7 +140,8 @@ fn place<'a>(group: &'a str, zone: &'a str, tags: &'a BTreeMap<String, String>) 
     Place { group, zone, tags }
 }
 
-fn budget(nodes: Nodes) -> Budget {
+/// A budget named `b` of `nodes` over every group, zone and cause, always in force.
+pub(crate) fn budget(nodes: Nodes) -> Budget {
     Budget {
         name: "b".into(),
         nodes,
