@@ -158,6 +158,9 @@ pub struct LoadBalancersFile {
     pub wait_for_deregistration: Option<bool>,
     /// Added to each target group's deregistration delay (default `30s`).
     pub margin: Option<String>,
+    /// Deregister the instance from the target groups attached to its Auto Scaling
+    /// group before the wait (default `false`).
+    pub deregister: Option<bool>,
 }
 
 /// One of `scaleIn.budgets` as written.

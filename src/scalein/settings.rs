@@ -110,6 +110,10 @@ pub struct LoadBalancerWait {
     pub margin: Duration,
     /// How often the target groups are read again while the wait lasts.
     pub poll: Duration,
+    /// `deregister` (default off): before the wait, the service deregisters the
+    /// instance from the target groups attached to its own Auto Scaling group
+    /// ([`crate::scalein::stages::deregister`]). Only with the wait on.
+    pub deregister: bool,
 }
 
 impl Default for LoadBalancerWait {
@@ -121,6 +125,7 @@ impl Default for LoadBalancerWait {
             // own reaction to the node's exclusion label besides.
             margin: Duration::from_secs(30),
             poll: Duration::from_secs(10),
+            deregister: false,
         }
     }
 }

@@ -108,6 +108,12 @@ impl Sightings {
         Ok(h)
     }
 
+    /// Forgets what was read of one group's targets: the next read asks AWS (after
+    /// the service changed them).
+    pub(super) fn forget(&self, arn: &str) {
+        self.inner.lock().health.remove(arn);
+    }
+
     /// The group's delay, `None` when it could not be read or did not parse (the
     /// default then counts); the error, for the Event.
     async fn delay(&self, cloud: &dyn Cloud, arn: &str) -> (Option<Duration>, Option<CloudError>) {
@@ -157,13 +163,19 @@ fn permission(operation: &str) -> String {
 
 /// How a read that failed counts: a refusal names the permission, the rest passes.
 fn unread(operation: &str, e: &CloudError) -> Unread {
+    refusal(permission(operation), e)
+}
+
+/// How a call that failed counts: a refusal names `permission` (the IAM action the
+/// call needs), the rest passes.
+pub(super) fn refusal(permission: String, e: &CloudError) -> Unread {
     match e {
         CloudError::Rejected { code, .. } if is_denied(code) => Unread::Forbidden {
-            permission: permission(operation),
+            permission,
             code: code.clone(),
         },
         CloudError::Credentials { .. } => Unread::Forbidden {
-            permission: permission(operation),
+            permission,
             code: "NoCredentials".into(),
         },
         other => Unread::Failed {
@@ -190,6 +202,7 @@ pub async fn wait_out(
     lm: &LastMile,
     port: &dyn WaitPort,
     mode: &Mode,
+    group: &str,
     instance_id: &str,
     node: Option<&str>,
 ) {
@@ -198,6 +211,9 @@ pub async fn wait_out(
     }
     let poll = lm.settings.poll;
     let started = Instant::now();
+    // The instance ends after this wait: out of its own group's target groups first,
+    // when the operator asked for it.
+    super::deregister::deregister_own(cloud, lm, port, group, instance_id, node).await;
     // The first read: no target group in the region is the common answer, and ends
     // the wait before anything else is asked.
     let first = lm.sightings.groups(cloud, poll).await;

@@ -92,6 +92,7 @@ pub async fn finish(
         &end.last_mile,
         end.port.as_ref(),
         mode,
+        group,
         instance_id,
         node,
     )
