@@ -14,8 +14,10 @@ use ca_asg_provider::clock::Instant;
 use ca_asg_provider::cloud::aws::AwsCloud;
 use ca_asg_provider::cloud::memory::{LbEvent, MemoryCloud};
 use ca_asg_provider::cloud::Cloud;
+use ca_asg_provider::scalein::decide::budget::Groups;
 use ca_asg_provider::scalein::decide::last_mile::{self, Addresses};
 use ca_asg_provider::scalein::kube::events::Reason;
+use ca_asg_provider::scalein::settings::GroupOverride;
 use ca_asg_provider::scalein::stages::deregister::deregister_own;
 use ca_asg_provider::scalein::stages::last_mile::{wait_out, LastMile, WaitPort};
 use ca_asg_provider::scalein::{LoadBalancerWait, Mode, Outcome, ScaleInSettings};
@@ -341,7 +343,8 @@ fn deregistering(margin: Duration) -> ScaleInSettings {
     s
 }
 
-/// `deregister: true` (issue 73, item 3), lifecycle mode: the instance's own target
+/// `deregister: true` for the group (issue 73, item 3; its `groupOverrides` entry,
+/// the cluster's setting off), lifecycle mode: the instance's own target
 /// in the target group attached to its group is deregistered by the service, read
 /// `draining`, then `unused`, and only then is our hook's action completed (the
 /// cloud's own order). The other instance's target in the same group stays
@@ -349,9 +352,26 @@ fn deregistering(margin: Duration) -> ScaleInSettings {
 /// the instance (the wait gives it the margin, then the instance ends).
 #[tokio::test]
 async fn deregister_on_takes_the_instance_out_of_its_own_groups_target_groups_only() {
+    // Per group: the cluster leaves deregister off, web's override turns it on.
     let mut w = World::builder()
         .web_hooked(3, 2, 1)
-        .settings(deregistering(Duration::from_secs(3)))
+        .settings(ScaleInSettings {
+            group_overrides: vec![
+                GroupOverride {
+                    groups: Groups::Named(["batch".to_string()].into()),
+                    workload_deadline: None,
+                    workload_deadline_policy: None,
+                    deregister: Some(false),
+                },
+                GroupOverride {
+                    groups: Groups::Named(["web".to_string()].into()),
+                    workload_deadline: None,
+                    workload_deadline_policy: None,
+                    deregister: Some(true),
+                },
+            ],
+            ..settings(Duration::from_secs(3))
+        })
         .build()
         .await;
     let nodes = nodes_of(&w, "web");
@@ -498,8 +518,18 @@ async fn a_refused_or_throttled_deregister_is_said_once_and_the_wait_goes_on_bou
 }
 
 /// The Events a direct call of the stage says, for the tests that call it alone.
+/// `deregisters`: the one group whose instances it deregisters (`None`: none).
 #[derive(Default)]
-struct Heard(parking_lot::Mutex<Vec<(String, String)>>);
+struct Heard(
+    parking_lot::Mutex<Vec<(String, String)>>,
+    Option<&'static str>,
+);
+
+impl Heard {
+    fn deregistering(group: &'static str) -> Self {
+        Self(Default::default(), Some(group))
+    }
+}
 
 #[async_trait::async_trait]
 impl WaitPort for Heard {
@@ -509,13 +539,16 @@ impl WaitPort for Heard {
     fn held_since(&self, _instance_id: &str) -> Option<(Instant, Duration)> {
         None
     }
+    fn deregisters(&self, group: &str) -> bool {
+        self.1 == Some(group)
+    }
     async fn note_wait(&self, _node: &str, _waiting: Option<&last_mile::Waiting>) {}
 }
 
 /// Idempotent across restarts and leader changes: a second pass (a new leader
 /// resuming the drain) reads the target `draining` and writes nothing. And never for
-/// a drain that keeps the node: `drain NODE` (drain only), a dry run and the wait
-/// turned off deregister nothing.
+/// a drain that keeps the node: `drain NODE` (drain only), a dry run, the wait turned
+/// off and a group the setting does not select deregister nothing.
 #[tokio::test]
 async fn deregistering_twice_writes_once_and_a_drain_that_keeps_the_node_writes_nothing() {
     let w = World::builder().web(3, 1).build().await;
@@ -523,24 +556,28 @@ async fn deregistering_twice_writes_once_and_a_drain_that_keeps_the_node_writes_
     let asg = w.cloud.add_target_group("web-asg", "instance", "300");
     w.cloud.register_target(&asg, &iid);
     w.cloud.attach_target_group("web", &asg);
-    let lm = |deregister: bool, dry_run: bool, enabled: bool| LastMile {
+    let lm = |dry_run: bool, enabled: bool| LastMile {
         settings: LoadBalancerWait {
             enabled,
-            deregister,
+            deregister: true,
             margin: Duration::ZERO,
             poll: Duration::from_millis(10),
         },
         dry_run,
         sightings: Default::default(),
     };
-    let heard = Heard::default();
-    for (m, mode) in [
-        (lm(true, false, true), Mode::DrainOnly),
-        (lm(true, true, true), Mode::Direct),
-        (lm(true, false, false), Mode::Direct),
-        (lm(false, false, true), Mode::Direct),
+    let heard = Heard::deregistering("web");
+    for (m, mode, port) in [
+        (lm(false, true), Mode::DrainOnly, &heard),
+        (lm(true, true), Mode::Direct, &heard),
+        (lm(false, false), Mode::Direct, &heard),
+        (
+            lm(false, true),
+            Mode::Direct,
+            &Heard::deregistering("batch"),
+        ),
     ] {
-        wait_out(&w.cloud, &m, &heard, &mode, "web", &iid, Some(&node)).await;
+        wait_out(&w.cloud, &m, port, &mode, "web", &iid, Some(&node)).await;
     }
     assert_eq!(w.cloud.lb_calls().get("deregister_targets"), None);
     assert_eq!(w.cloud.lb_calls().get("group_target_groups"), None);
@@ -549,7 +586,7 @@ async fn deregistering_twice_writes_once_and_a_drain_that_keeps_the_node_writes_
         vec![(iid.clone(), "healthy".to_string())]
     );
 
-    let on = lm(true, false, true);
+    let on = lm(false, true);
     for _ in 0..2 {
         deregister_own(&w.cloud, &on, &heard, "web", &iid, Some(&node)).await;
     }
@@ -851,7 +888,7 @@ async fn the_aws_backend_deregisters_only_the_instances_own_target_on_moto() {
         dry_run: false,
         sightings: Default::default(),
     };
-    let heard = Heard::default();
+    let heard = Heard::deregistering("web");
     deregister_own(&cloud, &lm, &heard, "web", &iid, Some("node")).await;
     assert_eq!(
         ids_in(cloud.target_health(&asg_tg).await.unwrap()),
@@ -867,7 +904,15 @@ async fn the_aws_backend_deregisters_only_the_instances_own_target_on_moto() {
     assert_eq!(heard[0].0, "DeregisteredFromLoadBalancers");
     assert!(heard[0].1.contains("web-asg"), "{heard:?}");
     // Again (a new leader): the instance is no target any more, nothing is written.
-    deregister_own(&cloud, &lm, &Heard::default(), "web", &iid, Some("node")).await;
+    deregister_own(
+        &cloud,
+        &lm,
+        &Heard::deregistering("web"),
+        "web",
+        &iid,
+        Some("node"),
+    )
+    .await;
     assert_eq!(cloud.calls().count("DeregisterTargets"), 1);
 }
 

@@ -453,6 +453,7 @@ async fn a_group_override_gives_its_nodes_their_own_deadline_and_policy() {
             groups: Groups::Tagged([("team".to_string(), Some("batch".to_string()))].into()),
             workload_deadline: Some(Duration::from_secs(1)),
             workload_deadline_policy: Some(DeadlinePolicy::Abandon),
+            deregister: None,
         }],
         ..settings(Duration::from_secs(2), DeadlinePolicy::Proceed)
     };
@@ -505,6 +506,7 @@ async fn a_deadline_that_does_not_fit_the_hooks_timeout_is_cut_and_said() {
             groups: Groups::Named(["web".to_string()].into()),
             workload_deadline: Some(Duration::from_secs(3600)),
             workload_deadline_policy: None,
+            deregister: None,
         }],
         ..fast_settings()
     };

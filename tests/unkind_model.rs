@@ -336,6 +336,7 @@ fn settings(policy: DeadlinePolicy) -> ScaleInSettings {
             groups: Groups::Named(["batch".to_string()].into()),
             workload_deadline: Some(BATCH_DEADLINE),
             workload_deadline_policy: None,
+            deregister: None,
         }],
         daemonset_deadline: Duration::from_secs(3),
         ..fast_settings()

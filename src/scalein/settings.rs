@@ -96,6 +96,8 @@ pub struct GroupOverride {
     pub groups: crate::scalein::decide::budget::Groups,
     pub workload_deadline: Option<Duration>,
     pub workload_deadline_policy: Option<DeadlinePolicy>,
+    /// `loadBalancers.deregister` for these groups ([`ScaleInSettings::deregisters`]).
+    pub deregister: Option<bool>,
 }
 
 /// `scaleIn.loadBalancers`: before the instance ends, wait until it is out of every
@@ -192,6 +194,17 @@ impl ScaleInSettings {
         }
     }
 
+    /// Whether the last mile deregisters an instance of `group` (with its `tags`) from
+    /// the target groups attached to it before the wait: the group's override, else
+    /// the cluster's `loadBalancers.deregister`; never while the wait is off.
+    pub fn deregisters(&self, group: &str, tags: &BTreeMap<String, String>) -> bool {
+        self.load_balancers.enabled
+            && self
+                .override_for(group, tags)
+                .and_then(|o| o.deregister)
+                .unwrap_or(self.load_balancers.deregister)
+    }
+
     /// check-config's lines on deadlines: the cluster's, each group override, and
     /// whether each fits inside the global timeout of the hook this service
     /// creates (a hook that exists with another heartbeat timeout is measured when
@@ -217,8 +230,13 @@ impl ScaleInSettings {
         )];
         for o in &self.group_overrides {
             let d = o.workload_deadline.unwrap_or(self.workload_deadline);
+            let deregister = match o.deregister {
+                Some(true) => "; deregistered from its attached target groups before the end",
+                Some(false) => "; not deregistered from its target groups by this service",
+                None => "",
+            };
             lines.push(format!(
-                "group override:    {}: workload deadline {}, then {}{}",
+                "group override:    {}: workload deadline {}, then {}{}{deregister}",
                 o.groups.said(),
                 said(d),
                 o.workload_deadline_policy

@@ -1,5 +1,6 @@
 //! The last mile's one write (issue 73, item 3; `scaleIn.loadBalancers.deregister`,
-//! off by default): right before the wait of [`super::last_mile::wait_out`], the
+//! off by default, or a group's `scaleIn.groupOverrides[i].loadBalancers.deregister`,
+//! the first override that selects it): right before the wait of [`super::last_mile::wait_out`], the
 //! instance is deregistered from the ELBv2 target groups attached to its own Auto
 //! Scaling group. The ASG does this itself only when the instance terminates, after
 //! our hook's action is completed: too late, the instance ends while its targets are
@@ -37,8 +38,8 @@ use super::last_mile::{refusal, LastMile, WaitPort};
 const MAX_ATTACHED: usize = 500;
 
 /// Deregisters the instance's own targets from the target groups attached to `group`,
-/// when `deregister` is on. Never fails: what could not be done is said and left to
-/// the wait.
+/// when `deregister` is on for the group ([`WaitPort::deregisters`]). Never fails:
+/// what could not be done is said and left to the wait.
 pub async fn deregister_own(
     cloud: &dyn Cloud,
     lm: &LastMile,
@@ -47,7 +48,7 @@ pub async fn deregister_own(
     instance_id: &str,
     node: Option<&str>,
 ) {
-    if !lm.settings.deregister {
+    if !port.deregisters(group) {
         return;
     }
     let say = Say {

@@ -38,6 +38,10 @@ pub trait WaitPort: Send + Sync {
     /// Since when our hook's action on the instance is heartbeated, and at which
     /// heartbeat timeout; `None` when it is not.
     fn held_since(&self, instance_id: &str) -> Option<(Instant, Duration)>;
+    /// Whether an instance of `group` is deregistered from the target groups
+    /// attached to it before the wait (the group's override, else the cluster's
+    /// `loadBalancers.deregister`).
+    fn deregisters(&self, group: &str) -> bool;
     /// Writes on the Node that the drain waits for the load balancers (`None`: it no
     /// longer does), for `status`.
     async fn note_wait(&self, node: &str, waiting: Option<&last_mile::Waiting>);
