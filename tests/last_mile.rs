@@ -577,7 +577,8 @@ async fn deregistering_twice_writes_once_and_a_drain_that_keeps_the_node_writes_
             &Heard::deregistering("batch"),
         ),
     ] {
-        wait_out(&w.cloud, &m, port, &mode, "web", &iid, Some(&node)).await;
+        deregister_own(&w.cloud, &m, port, &mode, "web", &iid, Some(&node)).await;
+        wait_out(&w.cloud, &m, port, &mode, &iid, Some(&node)).await;
     }
     assert_eq!(w.cloud.lb_calls().get("deregister_targets"), None);
     assert_eq!(w.cloud.lb_calls().get("group_target_groups"), None);
@@ -588,7 +589,16 @@ async fn deregistering_twice_writes_once_and_a_drain_that_keeps_the_node_writes_
 
     let on = lm(false, true);
     for _ in 0..2 {
-        deregister_own(&w.cloud, &on, &heard, "web", &iid, Some(&node)).await;
+        deregister_own(
+            &w.cloud,
+            &on,
+            &heard,
+            &Mode::Direct,
+            "web",
+            &iid,
+            Some(&node),
+        )
+        .await;
     }
     assert_eq!(w.cloud.lb_calls().get("group_target_groups"), Some(&2));
     assert_eq!(w.cloud.lb_calls().get("deregister_targets"), Some(&1));
@@ -889,7 +899,16 @@ async fn the_aws_backend_deregisters_only_the_instances_own_target_on_moto() {
         sightings: Default::default(),
     };
     let heard = Heard::deregistering("web");
-    deregister_own(&cloud, &lm, &heard, "web", &iid, Some("node")).await;
+    deregister_own(
+        &cloud,
+        &lm,
+        &heard,
+        &Mode::Direct,
+        "web",
+        &iid,
+        Some("node"),
+    )
+    .await;
     assert_eq!(
         ids_in(cloud.target_health(&asg_tg).await.unwrap()),
         vec![other.clone()]
@@ -908,6 +927,7 @@ async fn the_aws_backend_deregisters_only_the_instances_own_target_on_moto() {
         &cloud,
         &lm,
         &Heard::deregistering("web"),
+        &Mode::Direct,
         "web",
         &iid,
         Some("node"),

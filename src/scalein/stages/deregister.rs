@@ -1,6 +1,7 @@
 //! The last mile's one write (issue 73, item 3; `scaleIn.loadBalancers.deregister`,
 //! off by default, or a group's `scaleIn.groupOverrides[i].loadBalancers.deregister`,
-//! the first override that selects it): right before the wait of [`super::last_mile::wait_out`], the
+//! the first override that selects it): right before the wait of
+//! [`super::last_mile::wait_out`] ([`super::terminate`]'s `finish` calls both), the
 //! instance is deregistered from the ELBv2 target groups attached to its own Auto
 //! Scaling group. The ASG does this itself only when the instance terminates, after
 //! our hook's action is completed: too late, the instance ends while its targets are
@@ -31,7 +32,9 @@ use crate::cloud::{Cloud, CloudError};
 use crate::scalein::decide::last_mile::{self, Unread};
 use crate::scalein::kube::events::Reason;
 
-use super::last_mile::{refusal, LastMile, WaitPort};
+use crate::scalein::Mode;
+
+use super::last_mile::{refusal, waits, LastMile, WaitPort};
 
 /// At most this many attached target groups are looked at (an ASG may have 50 by
 /// default; the quota can be raised).
@@ -44,11 +47,13 @@ pub async fn deregister_own(
     cloud: &dyn Cloud,
     lm: &LastMile,
     port: &dyn WaitPort,
+    mode: &Mode,
     group: &str,
     instance_id: &str,
     node: Option<&str>,
 ) {
-    if !port.deregisters(group) {
+    // Only where the wait follows and the instance ends.
+    if !waits(lm, mode) || !port.deregisters(group) {
         return;
     }
     let say = Say {

@@ -198,6 +198,12 @@ fn is_denied(code: &str) -> bool {
 /// The name under which the list of target groups is waited on while it cannot be read.
 const THE_LIST: &str = "(the region's target groups)";
 
+/// Whether the wait runs for this end: on, not a dry run, and the instance ends (not
+/// `drain NODE`).
+pub fn waits(lm: &LastMile, mode: &Mode) -> bool {
+    lm.settings.enabled && !lm.dry_run && !matches!(mode, Mode::DrainOnly)
+}
+
 /// Waits until the instance is out of every target group that has it, or the wait's
 /// bound ([`last_mile::verdict`]). Never fails: the instance ends after it whatever
 /// the load balancers say.
@@ -206,18 +212,14 @@ pub async fn wait_out(
     lm: &LastMile,
     port: &dyn WaitPort,
     mode: &Mode,
-    group: &str,
     instance_id: &str,
     node: Option<&str>,
 ) {
-    if !lm.settings.enabled || lm.dry_run || matches!(mode, Mode::DrainOnly) {
+    if !waits(lm, mode) {
         return;
     }
     let poll = lm.settings.poll;
     let started = Instant::now();
-    // The instance ends after this wait: out of its own group's target groups first,
-    // when the operator asked for it.
-    super::deregister::deregister_own(cloud, lm, port, group, instance_id, node).await;
     // The first read: no target group in the region is the common answer, and ends
     // the wait before anything else is asked.
     let first = lm.sightings.groups(cloud, poll).await;
