@@ -617,6 +617,21 @@ async fn deregistering_twice_writes_once_and_a_drain_that_keeps_the_node_writes_
     );
 }
 
+/// Registers target `id` on `port` in a target group of moto's ELBv2.
+async fn register(elbc: &elb::Client, arn: &str, id: &str, port: i32) {
+    elbc.register_targets()
+        .target_group_arn(arn)
+        .targets(
+            elb::types::TargetDescription::builder()
+                .id(id)
+                .port(port)
+                .build(),
+        )
+        .send()
+        .await
+        .unwrap();
+}
+
 /// The AWS backend against moto's ELBv2: target groups listed with their types, an instance's addresses, its targets by id and by address, the
 /// deregistration delay as set, and a deregistered target gone from the group.
 #[tokio::test]
@@ -678,28 +693,8 @@ async fn the_aws_backend_reads_target_groups_health_and_delays_from_moto() {
         .target_group_arn()
         .unwrap()
         .to_string();
-    elbc.register_targets()
-        .target_group_arn(&web)
-        .targets(
-            elb::types::TargetDescription::builder()
-                .id(&iid)
-                .port(80)
-                .build(),
-        )
-        .send()
-        .await
-        .unwrap();
-    elbc.register_targets()
-        .target_group_arn(&pods)
-        .targets(
-            elb::types::TargetDescription::builder()
-                .id(&ip)
-                .port(8080)
-                .build(),
-        )
-        .send()
-        .await
-        .unwrap();
+    register(&elbc, &web, &iid, 80).await;
+    register(&elbc, &pods, &ip, 8080).await;
     elbc.modify_target_group_attributes()
         .target_group_arn(&web)
         .attributes(
@@ -861,17 +856,7 @@ async fn the_aws_backend_deregisters_only_the_instances_own_target_on_moto() {
         .collect();
     assert_eq!(ids.len(), 2, "{ids:?}");
     let (iid, other) = (ids[0].clone(), ids[1].clone());
-    elbc.register_targets()
-        .target_group_arn(&elsewhere)
-        .targets(
-            elb::types::TargetDescription::builder()
-                .id(&iid)
-                .port(80)
-                .build(),
-        )
-        .send()
-        .await
-        .unwrap();
+    register(&elbc, &elsewhere, &iid, 80).await;
     let ids_in = |targets: Vec<ca_asg_provider::cloud::TargetHealth>| {
         let mut v: Vec<String> = targets
             .into_iter()
