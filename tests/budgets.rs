@@ -235,6 +235,7 @@ async fn a_drain_waits_for_its_groups_replacement_before_it_evicts() {
             workload_deadline: None,
             workload_deadline_policy: None,
             wait_for_replacement: Some(true),
+            deregister: None,
         }],
         ..fast_settings()
     };

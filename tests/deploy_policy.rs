@@ -99,6 +99,8 @@ fn the_code_scan_finds_the_known_calls() {
         "elasticloadbalancing:DescribeTargetGroups",
         "elasticloadbalancing:DescribeTargetHealth",
         "elasticloadbalancing:DescribeTargetGroupAttributes",
+        "elasticloadbalancing:DeregisterTargets",
+        "autoscaling:DescribeLoadBalancerTargetGroups",
     ] {
         assert!(
             code.contains(a),
@@ -144,6 +146,16 @@ fn iam_write_actions_are_limited_to_managed_groups() {
             if op.starts_with("Describe") || op.starts_with("Get") {
                 continue;
             }
+            // The last mile's one write: target groups only (which of their targets is
+            // the code's choice: the instance's own, in its group's attached groups).
+            if a == "elasticloadbalancing:DeregisterTargets" {
+                let r = s["Resource"].as_str().unwrap_or_default();
+                assert_eq!(
+                    r, "arn:aws:elasticloadbalancing:*:*:targetgroup/*/*",
+                    "{a} must be limited to target groups"
+                );
+                continue;
+            }
             // The interruption queue: only the one queue, by its ARN.
             if a.starts_with("sqs:") {
                 let r = s["Resource"].as_str().unwrap_or_default();
@@ -179,23 +191,32 @@ fn iam_write_actions_are_limited_to_managed_groups() {
     }
 }
 
-/// The last mile reads the load balancers and never changes them (issue 73): every
-/// elasticloadbalancing action granted is a Describe.
+/// The last mile reads the load balancers and changes one thing only (issue 73):
+/// every elasticloadbalancing action granted is a Describe but DeregisterTargets, which
+/// has a statement of its own (an operator who leaves `deregister` off drops it).
 #[test]
-fn load_balancers_are_only_read() {
+fn load_balancers_are_read_and_only_targets_deregistered() {
     let p = policy();
-    let elb: Vec<String> = p["Statement"]
-        .as_array()
-        .unwrap()
+    let statements = p["Statement"].as_array().unwrap();
+    let elb: Vec<String> = statements
         .iter()
         .flat_map(actions_of)
         .filter(|a| a.starts_with("elasticloadbalancing:"))
         .collect();
-    assert_eq!(elb.len(), 3, "{elb:?}");
+    assert_eq!(elb.len(), 4, "{elb:?}");
     assert!(
         elb.iter()
-            .all(|a| a.starts_with("elasticloadbalancing:Describe")),
+            .all(|a| a.starts_with("elasticloadbalancing:Describe")
+                || a == "elasticloadbalancing:DeregisterTargets"),
         "{elb:?}"
+    );
+    let own = statements
+        .iter()
+        .find(|s| s["Sid"] == "DeregisterFromAttachedTargetGroups")
+        .expect("a statement of its own");
+    assert_eq!(
+        actions_of(own),
+        vec!["elasticloadbalancing:DeregisterTargets"]
     );
 }
 

@@ -12,10 +12,15 @@ use aws_sdk_ec2 as ec2;
 use aws_sdk_elasticloadbalancingv2 as elb;
 use ca_asg_provider::clock::Instant;
 use ca_asg_provider::cloud::aws::AwsCloud;
-use ca_asg_provider::cloud::memory::MemoryCloud;
+use ca_asg_provider::cloud::memory::{LbEvent, MemoryCloud};
 use ca_asg_provider::cloud::Cloud;
+use ca_asg_provider::scalein::decide::budget::Groups;
 use ca_asg_provider::scalein::decide::last_mile::{self, Addresses};
-use ca_asg_provider::scalein::{LoadBalancerWait, Outcome, ScaleInSettings};
+use ca_asg_provider::scalein::kube::events::Reason;
+use ca_asg_provider::scalein::settings::GroupOverride;
+use ca_asg_provider::scalein::stages::deregister::deregister_own;
+use ca_asg_provider::scalein::stages::last_mile::{wait_out, LastMile, WaitPort};
+use ca_asg_provider::scalein::{LoadBalancerWait, Mode, Outcome, ScaleInSettings};
 use k8s_openapi::api::core::v1::Node;
 use serde_json::Value;
 
@@ -28,6 +33,7 @@ fn settings(margin: Duration) -> ScaleInSettings {
             enabled: true,
             margin,
             poll: Duration::from_millis(100),
+            deregister: false,
         },
         ..fast_settings()
     }
@@ -46,6 +52,31 @@ fn said(w: &World, node: &str) -> Vec<(String, String)> {
             )
         })
         .collect()
+}
+
+/// Where in the cloud's log the instance's end was asked: our hook's action completed
+/// (`completed`), or its termination (in lifecycle mode that hands it to the hook,
+/// before the drain).
+fn end_call(log: &[LbEvent], iid: &str, completed: bool) -> Option<usize> {
+    log.iter().position(|e| {
+        matches!(e, LbEvent::EndCall { instance, completed: c } if instance == iid && *c == completed)
+    })
+}
+
+/// Where in the cloud's log a read first showed the target in `state`.
+fn answered(log: &[LbEvent], arn: &str, id: &str, want: &str) -> Option<usize> {
+    log.iter().position(|e| {
+        matches!(e, LbEvent::Answered { target_group, target, state }
+            if target_group == arn && target == id && state == want)
+    })
+}
+
+/// Where in the cloud's log the target was deregistered (by anyone).
+fn deregistered(log: &[LbEvent], arn: &str, id: &str) -> Option<usize> {
+    log.iter().position(|e| {
+        matches!(e, LbEvent::Deregistered { target_group, target, .. }
+            if target_group == arn && target == id)
+    })
 }
 
 fn cordoned(w: &World, node: &str) -> bool {
@@ -99,10 +130,9 @@ async fn the_instance_ends_only_after_its_targets_left_every_group() {
                     .get::<Node>("", &node)
                     .is_some_and(|n: Value| n["spec"]["unschedulable"] == true)
                 {
-                    let at = Instant::now();
                     cloud.deregister_target(&alb, &iid);
                     cloud.deregister_target(&nlb, &address);
-                    return at;
+                    return;
                 }
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }
@@ -128,24 +158,22 @@ async fn the_instance_ends_only_after_its_targets_left_every_group() {
     };
     delete_nodes(&mut w, "web", &[(node.clone(), iid.clone())]).await;
     assert_eq!(w.engine.wait_for(&iid).await, Some(Outcome::Ended));
-    let deregistered = controller.await.unwrap();
+    controller.await.unwrap();
     let note = noted
         .await
         .unwrap()
         .expect("the Node said the drain waits for the load balancers");
     assert_eq!((note.groups, note.at_most_seconds), (2, 7), "{note:?}");
-    let completed = w
-        .cloud
-        .completed_at()
-        .into_iter()
-        .find(|(i, _)| *i == iid)
-        .expect("our hook's action was completed")
-        .1;
-    // Not before the longer of the two groups' delays ran out after deregistration.
-    assert!(
-        completed >= deregistered + Duration::from_secs(2),
-        "completed before the ALB's target left"
-    );
+    // In the cloud's own order: each target deregistered, then read `unused`, and
+    // only then our hook's action completed.
+    let log = w.cloud.lb_log();
+    let completed = end_call(&log, &iid, true).expect("our hook's action was completed");
+    for (arn, target) in [(&alb, &iid), (&nlb, &address)] {
+        let out = answered(&log, arn, target, "unused")
+            .unwrap_or_else(|| panic!("{target} never read unused: {log:?}"));
+        let off = deregistered(&log, arn, target).expect("the controller deregistered it");
+        assert!(off < out && out < completed, "{log:?}");
+    }
     assert!(w
         .cloud
         .target_states(&alb)
@@ -214,13 +242,17 @@ async fn a_forbidden_target_group_is_waited_on_up_to_its_bound_then_the_instance
     let locked = w.cloud.add_target_group("locked", "instance", "1");
     w.cloud.register_target(&locked, &iid);
     w.cloud.refuse("target_health", "AccessDenied", 1_000);
-    let started = Instant::now();
     delete_nodes(&mut w, "web", &[(node.clone(), iid.clone())]).await;
     assert_eq!(w.engine.wait_for(&iid).await, Some(Outcome::Ended));
-    assert!(
-        Instant::now() >= started + Duration::from_secs(2),
-        "ended before the group's bound"
-    );
+    // The refusal did not end the wait: the group was asked again poll after poll
+    // before the end call came (in the cloud's own order).
+    let log = w.cloud.lb_log();
+    let ended = end_call(&log, &iid, false).expect("the instance was terminated");
+    let refused_before = log[..ended]
+        .iter()
+        .filter(|e| matches!(e, LbEvent::Refused { operation } if operation == "target_health"))
+        .count();
+    assert!(refused_before >= 2, "{log:?}");
     let events = said(&w, &node);
     let unreadable: Vec<&(String, String)> = events
         .iter()
@@ -305,6 +337,303 @@ async fn throttled_reads_are_waited_through_and_the_wait_off_waits_for_nothing()
     assert!(cordoned(&off, &node) || off.sim.get::<Node>("", &node).is_none());
 }
 
+fn deregistering(margin: Duration) -> ScaleInSettings {
+    let mut s = settings(margin);
+    s.load_balancers.deregister = true;
+    s
+}
+
+/// `deregister: true` for the group (issue 73, item 3; its `groupOverrides` entry,
+/// the cluster's setting off), lifecycle mode: the instance's own target
+/// in the target group attached to its group is deregistered by the service, read
+/// `draining`, then `unused`, and only then is our hook's action completed (the
+/// cloud's own order). The other instance's target in the same group stays
+/// registered, and a group the ASG does not have is never written to, though it has
+/// the instance (the wait gives it the margin, then the instance ends).
+#[tokio::test]
+async fn deregister_on_takes_the_instance_out_of_its_own_groups_target_groups_only() {
+    // Per group: the cluster leaves deregister off, web's override turns it on.
+    let mut w = World::builder()
+        .web_hooked(3, 2, 1)
+        .settings(ScaleInSettings {
+            group_overrides: vec![
+                GroupOverride {
+                    groups: Groups::Named(["batch".to_string()].into()),
+                    workload_deadline: None,
+                    workload_deadline_policy: None,
+                    wait_for_replacement: None,
+                    deregister: Some(false),
+                },
+                GroupOverride {
+                    groups: Groups::Named(["web".to_string()].into()),
+                    workload_deadline: None,
+                    workload_deadline_policy: None,
+                    wait_for_replacement: None,
+                    deregister: Some(true),
+                },
+            ],
+            ..settings(Duration::from_secs(3))
+        })
+        .build()
+        .await;
+    let nodes = nodes_of(&w, "web");
+    let (node, iid) = nodes[0].clone();
+    let (_, other) = nodes[1].clone();
+    let asg = w.cloud.add_target_group("web-asg", "instance", "2");
+    w.cloud.register_target(&asg, &iid);
+    w.cloud.register_target(&asg, &other);
+    w.cloud.attach_target_group("web", &asg);
+    let elsewhere = w.cloud.add_target_group("elsewhere", "instance", "1");
+    w.cloud.register_target(&elsewhere, &iid);
+
+    delete_nodes(&mut w, "web", &[(node.clone(), iid.clone())]).await;
+    assert_eq!(w.engine.wait_for(&iid).await, Some(Outcome::Ended));
+
+    let log = w.cloud.lb_log();
+    let off = log
+        .iter()
+        .position(|e| {
+            *e == LbEvent::Deregistered {
+                target_group: asg.clone(),
+                target: iid.clone(),
+                by_service: true,
+            }
+        })
+        .unwrap_or_else(|| panic!("the service did not deregister it: {log:?}"));
+    let draining = answered(&log, &asg, &iid, "draining").expect("read draining");
+    let unused = answered(&log, &asg, &iid, "unused").expect("read unused");
+    let completed = end_call(&log, &iid, true).expect("our hook's action was completed");
+    assert!(
+        off < draining && draining < unused && unused < completed,
+        "{log:?}"
+    );
+    // One write, for the instance's own target only.
+    let writes: Vec<&LbEvent> = log
+        .iter()
+        .filter(|e| matches!(e, LbEvent::Deregistered { .. }))
+        .collect();
+    assert_eq!(writes.len(), 1, "{log:?}");
+    assert_eq!(w.cloud.lb_calls().get("deregister_targets"), Some(&1));
+    assert_eq!(
+        w.cloud.target_states(&asg),
+        vec![
+            (iid.clone(), "unused".to_string()),
+            (other.clone(), "healthy".to_string())
+        ]
+    );
+    assert_eq!(
+        w.cloud.target_states(&elsewhere),
+        vec![(iid.clone(), "healthy".to_string())]
+    );
+    let events = said(&w, &node);
+    let done = events
+        .iter()
+        .find(|(r, _)| r == "DeregisteredFromLoadBalancers")
+        .unwrap_or_else(|| panic!("{events:?}"));
+    assert!(
+        done.1.contains("web-asg") && !done.1.contains("elsewhere") && done.1.contains("web"),
+        "{done:?}"
+    );
+    assert!(
+        !events
+            .iter()
+            .any(|(r, _)| r == "LoadBalancerNotDeregistered"),
+        "{events:?}"
+    );
+    let over = events
+        .iter()
+        .find(|(r, _)| r == "LoadBalancerWaitOver")
+        .unwrap_or_else(|| panic!("{events:?}"));
+    assert!(
+        over.1.contains("elsewhere") && !over.1.contains("web-asg"),
+        "{over:?}"
+    );
+    assert!(
+        w.cloud.hook_timeouts().is_empty(),
+        "{:?}",
+        w.cloud.hook_timeouts()
+    );
+}
+
+/// A refused DeregisterTargets is said once, naming the target group and the missing
+/// permission, and the wait goes on as without it (the target still `healthy`, the
+/// margin, then the end); a throttled DescribeLoadBalancerTargetGroups likewise.
+#[tokio::test]
+async fn a_refused_or_throttled_deregister_is_said_once_and_the_wait_goes_on_bounded() {
+    for (op, fault) in [
+        ("deregister_targets", "AccessDenied"),
+        ("group_target_groups", "throttled"),
+    ] {
+        let mut w = World::builder()
+            .web(3, 1)
+            .settings(deregistering(Duration::from_secs(1)))
+            .build()
+            .await;
+        let (node, iid) = nodes_of(&w, "web")[0].clone();
+        let asg = w.cloud.add_target_group("web-asg", "instance", "1");
+        w.cloud.register_target(&asg, &iid);
+        w.cloud.attach_target_group("web", &asg);
+        if fault == "throttled" {
+            w.cloud.throttle(op, 1_000);
+        } else {
+            w.cloud.refuse(op, fault, 1_000);
+        }
+        delete_nodes(&mut w, "web", &[(node.clone(), iid.clone())]).await;
+        assert_eq!(w.engine.wait_for(&iid).await, Some(Outcome::Ended), "{op}");
+        let events = said(&w, &node);
+        let not: Vec<&(String, String)> = events
+            .iter()
+            .filter(|(r, _)| r == "LoadBalancerNotDeregistered")
+            .collect();
+        assert_eq!(not.len(), 1, "{op}: said once: {events:?}");
+        let want: &[&str] = if fault == "throttled" {
+            &["attached to group web", "Rate exceeded"]
+        } else {
+            &[
+                "web-asg",
+                "elasticloadbalancing:DeregisterTargets",
+                "AccessDenied",
+            ]
+        };
+        assert!(want.iter().all(|w| not[0].1.contains(w)), "{op}: {not:?}");
+        assert_eq!(
+            w.cloud.target_states(&asg),
+            vec![(iid.clone(), "healthy".to_string())],
+            "{op}"
+        );
+        let log = w.cloud.lb_log();
+        let ended = end_call(&log, &iid, false).expect("terminated");
+        let over = events.iter().position(|(r, _)| r == "LoadBalancerWaitOver");
+        assert!(
+            over.is_some(),
+            "{op}: the wait went on to its bound: {events:?}"
+        );
+        assert!(
+            log[..ended]
+                .iter()
+                .filter(|e| matches!(e, LbEvent::Answered { .. }))
+                .count()
+                >= 1,
+            "{op}: {log:?}"
+        );
+    }
+}
+
+/// The Events a direct call of the stage says, for the tests that call it alone.
+/// `deregisters`: the one group whose instances it deregisters (`None`: none).
+#[derive(Default)]
+struct Heard(
+    parking_lot::Mutex<Vec<(String, String)>>,
+    Option<&'static str>,
+);
+
+impl Heard {
+    fn deregistering(group: &'static str) -> Self {
+        Self(Default::default(), Some(group))
+    }
+}
+
+#[async_trait::async_trait]
+impl WaitPort for Heard {
+    async fn say(&self, _node: &str, reason: Reason, text: String) {
+        self.0.lock().push((reason.as_str().to_string(), text));
+    }
+    fn held_since(&self, _instance_id: &str) -> Option<(Instant, Duration)> {
+        None
+    }
+    fn deregisters(&self, group: &str) -> bool {
+        self.1 == Some(group)
+    }
+    async fn note_wait(&self, _node: &str, _waiting: Option<&last_mile::Waiting>) {}
+}
+
+/// Idempotent across restarts and leader changes: a second pass (a new leader
+/// resuming the drain) reads the target `draining` and writes nothing. And never for
+/// a drain that keeps the node: `drain NODE` (drain only), a dry run, the wait turned
+/// off and a group the setting does not select deregister nothing.
+#[tokio::test]
+async fn deregistering_twice_writes_once_and_a_drain_that_keeps_the_node_writes_nothing() {
+    let w = World::builder().web(3, 1).build().await;
+    let (node, iid) = nodes_of(&w, "web")[0].clone();
+    let asg = w.cloud.add_target_group("web-asg", "instance", "300");
+    w.cloud.register_target(&asg, &iid);
+    w.cloud.attach_target_group("web", &asg);
+    let lm = |dry_run: bool, enabled: bool| LastMile {
+        settings: LoadBalancerWait {
+            enabled,
+            deregister: true,
+            margin: Duration::ZERO,
+            poll: Duration::from_millis(10),
+        },
+        dry_run,
+        sightings: Default::default(),
+    };
+    let heard = Heard::deregistering("web");
+    for (m, mode, port) in [
+        (lm(false, true), Mode::DrainOnly, &heard),
+        (lm(true, true), Mode::Direct, &heard),
+        (lm(false, false), Mode::Direct, &heard),
+        (
+            lm(false, true),
+            Mode::Direct,
+            &Heard::deregistering("batch"),
+        ),
+    ] {
+        deregister_own(&w.cloud, &m, port, &mode, "web", &iid, Some(&node)).await;
+        wait_out(&w.cloud, &m, port, &mode, &iid, Some(&node)).await;
+    }
+    assert_eq!(w.cloud.lb_calls().get("deregister_targets"), None);
+    assert_eq!(w.cloud.lb_calls().get("group_target_groups"), None);
+    assert_eq!(
+        w.cloud.target_states(&asg),
+        vec![(iid.clone(), "healthy".to_string())]
+    );
+
+    let on = lm(false, true);
+    for _ in 0..2 {
+        deregister_own(
+            &w.cloud,
+            &on,
+            &heard,
+            &Mode::Direct,
+            "web",
+            &iid,
+            Some(&node),
+        )
+        .await;
+    }
+    assert_eq!(w.cloud.lb_calls().get("group_target_groups"), Some(&2));
+    assert_eq!(w.cloud.lb_calls().get("deregister_targets"), Some(&1));
+    assert_eq!(
+        w.cloud.target_states(&asg),
+        vec![(iid.clone(), "draining".to_string())]
+    );
+    let heard = heard.0.lock().clone();
+    assert_eq!(
+        heard
+            .iter()
+            .filter(|(r, _)| r == "DeregisteredFromLoadBalancers")
+            .count(),
+        1,
+        "{heard:?}"
+    );
+}
+
+/// Registers target `id` on `port` in a target group of moto's ELBv2.
+async fn register(elbc: &elb::Client, arn: &str, id: &str, port: i32) {
+    elbc.register_targets()
+        .target_group_arn(arn)
+        .targets(
+            elb::types::TargetDescription::builder()
+                .id(id)
+                .port(port)
+                .build(),
+        )
+        .send()
+        .await
+        .unwrap();
+}
+
 /// The AWS backend against moto's ELBv2: target groups listed with their types, an instance's addresses, its targets by id and by address, the
 /// deregistration delay as set, and a deregistered target gone from the group.
 #[tokio::test]
@@ -366,28 +695,8 @@ async fn the_aws_backend_reads_target_groups_health_and_delays_from_moto() {
         .target_group_arn()
         .unwrap()
         .to_string();
-    elbc.register_targets()
-        .target_group_arn(&web)
-        .targets(
-            elb::types::TargetDescription::builder()
-                .id(&iid)
-                .port(80)
-                .build(),
-        )
-        .send()
-        .await
-        .unwrap();
-    elbc.register_targets()
-        .target_group_arn(&pods)
-        .targets(
-            elb::types::TargetDescription::builder()
-                .id(&ip)
-                .port(8080)
-                .build(),
-        )
-        .send()
-        .await
-        .unwrap();
+    register(&elbc, &web, &iid, 80).await;
+    register(&elbc, &pods, &ip, 8080).await;
     elbc.modify_target_group_attributes()
         .target_group_arn(&web)
         .attributes(
@@ -483,6 +792,135 @@ async fn the_aws_backend_reads_target_groups_health_and_delays_from_moto() {
         aws_sdk_eks::Client::new(&cfg),
     );
     assert!(bare.target_groups().await.unwrap().is_empty());
+}
+
+/// The AWS backend against moto (which implements AttachLoadBalancerTargetGroups,
+/// DescribeLoadBalancerTargetGroups and DeregisterTargets; not DescribeTrafficSources):
+/// the stage run on a group of two instances whose target group moto registered
+/// both in takes out the one instance only, and leaves a target group the group does
+/// not have alone though it has the instance.
+#[tokio::test]
+async fn the_aws_backend_deregisters_only_the_instances_own_target_on_moto() {
+    let moto = MotoServer::start();
+    let cfg = moto.sdk_config().await;
+    let asgc = aws_sdk_autoscaling::Client::new(&cfg);
+    let ec2c = ec2::Client::new(&cfg);
+    let elbc = elb::Client::new(&cfg);
+    let cloud = AwsCloud::from_sdk_config(&cfg);
+    support::moto::launch_template(&cfg, "lt-web").await;
+    support::moto::group_on(&asgc, "web", "lt-web", "$Default")
+        .desired_capacity(2)
+        .send()
+        .await
+        .unwrap();
+    support::moto::group_on(&asgc, "bare", "lt-web", "$Default")
+        .send()
+        .await
+        .unwrap();
+    let vpcs = ec2c.describe_vpcs().send().await.unwrap();
+    let vpc_id = vpcs
+        .vpcs()
+        .iter()
+        .find(|v| v.is_default() == Some(true))
+        .and_then(|v| v.vpc_id())
+        .expect("moto's default VPC")
+        .to_string();
+    let group = |name: &str| {
+        elbc.create_target_group()
+            .name(name)
+            .protocol(elb::types::ProtocolEnum::Http)
+            .port(80)
+            .vpc_id(&vpc_id)
+            .target_type(elb::types::TargetTypeEnum::Instance)
+            .send()
+    };
+    let arn_of = |o: elb::operation::create_target_group::CreateTargetGroupOutput| {
+        o.target_groups()[0].target_group_arn().unwrap().to_string()
+    };
+    let asg_tg = arn_of(group("web-asg").await.unwrap());
+    let elsewhere = arn_of(group("elsewhere").await.unwrap());
+    asgc.attach_load_balancer_target_groups()
+        .auto_scaling_group_name("web")
+        .target_group_arns(&asg_tg)
+        .send()
+        .await
+        .unwrap();
+    let described = asgc
+        .describe_auto_scaling_groups()
+        .auto_scaling_group_names("web")
+        .send()
+        .await
+        .unwrap();
+    let ids: Vec<String> = described.auto_scaling_groups()[0]
+        .instances()
+        .iter()
+        .filter_map(|i| i.instance_id().map(str::to_string))
+        .collect();
+    assert_eq!(ids.len(), 2, "{ids:?}");
+    let (iid, other) = (ids[0].clone(), ids[1].clone());
+    register(&elbc, &elsewhere, &iid, 80).await;
+    let ids_in = |targets: Vec<ca_asg_provider::cloud::TargetHealth>| {
+        let mut v: Vec<String> = targets
+            .into_iter()
+            .filter(|t| !last_mile::is_out(&t.state))
+            .map(|t| t.id)
+            .collect();
+        v.sort();
+        v
+    };
+    let mut both = vec![iid.clone(), other.clone()];
+    both.sort();
+    assert_eq!(ids_in(cloud.target_health(&asg_tg).await.unwrap()), both);
+    assert_eq!(
+        cloud.group_target_groups("web").await.unwrap(),
+        vec![asg_tg.clone()]
+    );
+    assert!(cloud.group_target_groups("bare").await.unwrap().is_empty());
+
+    let lm = LastMile {
+        settings: LoadBalancerWait {
+            deregister: true,
+            ..LoadBalancerWait::default()
+        },
+        dry_run: false,
+        sightings: Default::default(),
+    };
+    let heard = Heard::deregistering("web");
+    deregister_own(
+        &cloud,
+        &lm,
+        &heard,
+        &Mode::Direct,
+        "web",
+        &iid,
+        Some("node"),
+    )
+    .await;
+    assert_eq!(
+        ids_in(cloud.target_health(&asg_tg).await.unwrap()),
+        vec![other.clone()]
+    );
+    assert_eq!(
+        ids_in(cloud.target_health(&elsewhere).await.unwrap()),
+        vec![iid.clone()]
+    );
+    assert_eq!(cloud.calls().count("DeregisterTargets"), 1);
+    let heard = heard.0.lock().clone();
+    assert_eq!(heard.len(), 1, "{heard:?}");
+    assert_eq!(heard[0].0, "DeregisteredFromLoadBalancers");
+    assert!(heard[0].1.contains("web-asg"), "{heard:?}");
+    // Again (a new leader): the instance is no target any more, nothing is written.
+    deregister_own(
+        &cloud,
+        &lm,
+        &Heard::deregistering("web"),
+        &Mode::Direct,
+        "web",
+        &iid,
+        Some("node"),
+    )
+    .await;
+    assert_eq!(cloud.calls().count("DeregisterTargets"), 1);
 }
 
 /// What moto does not model, through the SDK's mock layer: DescribeTargetGroups in

@@ -454,6 +454,7 @@ async fn a_group_override_gives_its_nodes_their_own_deadline_and_policy() {
             workload_deadline: Some(Duration::from_secs(1)),
             workload_deadline_policy: Some(DeadlinePolicy::Abandon),
             wait_for_replacement: None,
+            deregister: None,
         }],
         ..settings(Duration::from_secs(2), DeadlinePolicy::Proceed)
     };
@@ -507,6 +508,7 @@ async fn a_deadline_that_does_not_fit_the_hooks_timeout_is_cut_and_said() {
             workload_deadline: Some(Duration::from_secs(3600)),
             workload_deadline_policy: None,
             wait_for_replacement: None,
+            deregister: None,
         }],
         ..fast_settings()
     };

@@ -337,6 +337,7 @@ fn settings(policy: DeadlinePolicy) -> ScaleInSettings {
             workload_deadline: Some(BATCH_DEADLINE),
             workload_deadline_policy: None,
             wait_for_replacement: None,
+            deregister: None,
         }],
         daemonset_deadline: Duration::from_secs(3),
         ..fast_settings()

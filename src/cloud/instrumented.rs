@@ -133,6 +133,15 @@ impl Cloud for Instrumented {
             self.0.deregistration_delay(arn)
         )
     }
+    async fn group_target_groups(&self, group: &str) -> CloudResult<Vec<String>> {
+        counted!(
+            "DescribeLoadBalancerTargetGroups",
+            self.0.group_target_groups(group)
+        )
+    }
+    async fn deregister_targets(&self, arn: &str, targets: &[TargetHealth]) -> CloudResult<()> {
+        counted!("DeregisterTargets", self.0.deregister_targets(arn, targets))
+    }
 }
 
 #[cfg(test)]

@@ -615,6 +615,26 @@ pub trait Cloud: Send + Sync + 'static {
     async fn deregistration_delay(&self, _arn: &str) -> CloudResult<Option<String>> {
         Ok(None)
     }
+
+    // The last mile's one write (issue 73, item 3, opt-in per group): the instance
+    // out of the target groups attached to its own group, before the wait.
+
+    /// The ARNs of the ELBv2 target groups attached to the Auto Scaling group
+    /// (DescribeLoadBalancerTargetGroups, every page).
+    async fn group_target_groups(&self, _group: &str) -> CloudResult<Vec<String>> {
+        Ok(Vec::new())
+    }
+
+    /// DeregisterTargets: these targets (id and port as DescribeTargetHealth gave
+    /// them) out of one target group. Deregistering a target that is already
+    /// draining or gone changes nothing.
+    async fn deregister_targets(&self, arn: &str, _targets: &[TargetHealth]) -> CloudResult<()> {
+        Err(CloudError::Rejected {
+            operation: "DeregisterTargets".into(),
+            code: "Unsupported".into(),
+            message: format!("this cloud has no load balancers ({arn})"),
+        })
+    }
 }
 
 /// An ELBv2 target group as DescribeTargetGroups lists it (ALB, NLB or GWLB).

@@ -111,4 +111,14 @@ impl Cloud for ReadOnly {
     async fn deregistration_delay(&self, arn: &str) -> CloudResult<Option<String>> {
         self.0.deregistration_delay(arn).await
     }
+    async fn group_target_groups(&self, group: &str) -> CloudResult<Vec<String>> {
+        self.0.group_target_groups(group).await
+    }
+    async fn deregister_targets(&self, arn: &str, targets: &[TargetHealth]) -> CloudResult<()> {
+        let ids: Vec<&str> = targets.iter().map(|t| t.id.as_str()).collect();
+        refused(
+            "DeregisterTargets",
+            format!("{} out of {arn}", ids.join(", ")),
+        )
+    }
 }

@@ -66,8 +66,13 @@ pub async fn run(args: ConfigArgs) -> ExitCode {
     let lb = &cfg.scale_in.load_balancers;
     if lb.enabled {
         println!(
-            "  load balancers:   an instance ends once out of every ELBv2 target group that has it, each waited at most its deregistration delay + {}",
-            crate::duration::format_duration(lb.margin)
+            "  load balancers:   an instance ends once out of every ELBv2 target group that has it, each waited at most its deregistration delay + {}{}",
+            crate::duration::format_duration(lb.margin),
+            if lb.deregister {
+                "; first deregistered from the target groups attached to its group"
+            } else {
+                ""
+            }
         );
     } else {
         println!("  load balancers:   not waited for (scaleIn.loadBalancers.waitForDeregistration: false)");

@@ -151,6 +151,17 @@ pub struct GroupOverrideFile {
     pub workload_deadline: Option<String>,
     pub workload_deadline_policy: Option<DeadlinePolicy>,
     pub wait_for_replacement: Option<bool>,
+    /// The group's part of `scaleIn.loadBalancers`.
+    pub load_balancers: Option<GroupLoadBalancersFile>,
+}
+
+/// `scaleIn.groupOverrides[i].loadBalancers` as written: what a group may set of the
+/// last mile (the wait itself and its margin stay the cluster's).
+#[derive(Debug, Clone, Default, Deserialize, PartialEq, Eq)]
+#[serde(deny_unknown_fields, rename_all = "camelCase")]
+pub struct GroupLoadBalancersFile {
+    /// Deregister the group's instances from its attached target groups first.
+    pub deregister: Option<bool>,
 }
 
 /// `scaleIn.loadBalancers` as written.
@@ -161,6 +172,9 @@ pub struct LoadBalancersFile {
     pub wait_for_deregistration: Option<bool>,
     /// Added to each target group's deregistration delay (default `30s`).
     pub margin: Option<String>,
+    /// Deregister the instance from the target groups attached to its Auto Scaling
+    /// group before the wait (default `false`).
+    pub deregister: Option<bool>,
 }
 
 /// One of `scaleIn.budgets` as written.
@@ -335,8 +349,11 @@ pub fn resolve(file: FileConfig, flags: &Overrides, source: &str) -> Result<Conf
     let timing = sections::timing::resolve(&file, flags, &mut problems);
     let mut scale_in = sections::scale_in::resolve(&file.scale_in, &mut problems);
     scale_in.budgets = sections::budgets::resolve(file.scale_in.budgets.as_deref(), &mut problems);
-    scale_in.group_overrides =
-        sections::group_overrides::resolve(file.scale_in.group_overrides.as_deref(), &mut problems);
+    scale_in.group_overrides = sections::group_overrides::resolve(
+        file.scale_in.group_overrides.as_deref(),
+        scale_in.load_balancers.enabled,
+        &mut problems,
+    );
     // Checked between the scale-in values and their limits: the order problems have
     // always been reported in.
     sections::timing::check_refresh_wait_fits_ca_call(&timing, &mut problems);

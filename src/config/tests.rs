@@ -444,3 +444,25 @@ fn options_without_startup_time_defaults_to_unimplemented_and_names_a_bad_value(
         "{e}"
     );
 }
+
+/// `scaleIn.loadBalancers.deregister`: off by default, read when set, and refused by
+/// name while the wait it needs is off (the instance would end with its targets
+/// draining).
+#[test]
+fn load_balancers_deregister_reads_and_needs_the_wait() {
+    assert!(!ok("").scale_in.load_balancers.deregister);
+    let c = ok("scaleIn: {loadBalancers: {deregister: true}}");
+    assert!(c.scale_in.load_balancers.deregister && c.scale_in.load_balancers.enabled);
+    let p = problems(
+        "scaleIn: {loadBalancers: {deregister: true, waitForDeregistration: false}}",
+        &Overrides::default(),
+    );
+    assert_eq!(p.len(), 1, "{p:?}");
+    assert_eq!(p[0].key, "scaleIn.loadBalancers.deregister");
+    assert!(p[0].message.contains("waitForDeregistration"), "{p:?}");
+    assert!(FileConfig::parse(
+        "scaleIn: {loadBalancers: {deregister: yes-please}}",
+        "t.yaml"
+    )
+    .is_err());
+}

@@ -104,6 +104,8 @@ pub struct GroupOverride {
     pub workload_deadline: Option<Duration>,
     pub workload_deadline_policy: Option<DeadlinePolicy>,
     pub wait_for_replacement: Option<bool>,
+    /// `loadBalancers.deregister` for these groups ([`ScaleInSettings::deregisters`]).
+    pub deregister: Option<bool>,
 }
 
 /// `scaleIn.loadBalancers`: before the instance ends, wait until it is out of every
@@ -118,6 +120,10 @@ pub struct LoadBalancerWait {
     pub margin: Duration,
     /// How often the target groups are read again while the wait lasts.
     pub poll: Duration,
+    /// `deregister` (default off): before the wait, the service deregisters the
+    /// instance from the target groups attached to its own Auto Scaling group
+    /// ([`crate::scalein::stages::deregister`]). Only with the wait on.
+    pub deregister: bool,
 }
 
 impl Default for LoadBalancerWait {
@@ -129,6 +135,7 @@ impl Default for LoadBalancerWait {
             // own reaction to the node's exclusion label besides.
             margin: Duration::from_secs(30),
             poll: Duration::from_secs(10),
+            deregister: false,
         }
     }
 }
@@ -195,6 +202,17 @@ impl ScaleInSettings {
         }
     }
 
+    /// Whether the last mile deregisters an instance of `group` (with its `tags`) from
+    /// the target groups attached to it before the wait: the group's override, else
+    /// the cluster's `loadBalancers.deregister`; never while the wait is off.
+    pub fn deregisters(&self, group: &str, tags: &BTreeMap<String, String>) -> bool {
+        self.load_balancers.enabled
+            && self
+                .override_for(group, tags)
+                .and_then(|o| o.deregister)
+                .unwrap_or(self.load_balancers.deregister)
+    }
+
     /// check-config's lines on deadlines: the cluster's, each group override, and
     /// whether each fits inside the global timeout of the hook this service
     /// creates (a hook that exists with another heartbeat timeout is measured when
@@ -220,8 +238,13 @@ impl ScaleInSettings {
         )];
         for o in &self.group_overrides {
             let d = o.workload_deadline.unwrap_or(self.workload_deadline);
+            let deregister = match o.deregister {
+                Some(true) => "; deregistered from its attached target groups before the end",
+                Some(false) => "; not deregistered from its target groups by this service",
+                None => "",
+            };
             lines.push(format!(
-                "group override:    {}: workload deadline {}, then {}{}",
+                "group override:    {}: workload deadline {}, then {}{}{deregister}",
                 o.groups.said(),
                 said(d),
                 o.workload_deadline_policy

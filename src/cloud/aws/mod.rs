@@ -569,6 +569,57 @@ impl Cloud for AwsCloud {
             .and_then(|a| a.value().map(str::to_string)))
     }
 
+    async fn group_target_groups(&self, group: &str) -> CloudResult<Vec<String>> {
+        let mut out = Vec::new();
+        let mut token: Option<String> = None;
+        for _ in 0..TARGET_GROUP_PAGES {
+            let r = self
+                .asg
+                .describe_load_balancer_target_groups()
+                .auto_scaling_group_name(group)
+                .max_records(100)
+                .set_next_token(token.clone())
+                .send()
+                .await;
+            let page = self.done("DescribeLoadBalancerTargetGroups", r)?;
+            out.extend(
+                page.load_balancer_target_groups()
+                    .iter()
+                    .filter_map(|g| g.load_balancer_target_group_arn().map(str::to_string)),
+            );
+            match page.next_token() {
+                Some(t) if !t.is_empty() => token = Some(t.to_string()),
+                _ => return Ok(out),
+            }
+        }
+        Ok(out)
+    }
+
+    async fn deregister_targets(&self, arn: &str, targets: &[TargetHealth]) -> CloudResult<()> {
+        if !self.has_elb || targets.is_empty() {
+            return Ok(());
+        }
+        let r = self
+            .elb
+            .deregister_targets()
+            .target_group_arn(arn)
+            .set_targets(Some(
+                targets
+                    .iter()
+                    .map(|t| {
+                        elb::types::TargetDescription::builder()
+                            .id(&t.id)
+                            .set_port(t.port)
+                            .build()
+                    })
+                    .collect(),
+            ))
+            .send()
+            .await;
+        self.done("DeregisterTargets", r)?;
+        Ok(())
+    }
+
     async fn warm_pool_instances(&self, group: &str) -> CloudResult<Vec<AsgInstance>> {
         let mut out = Vec::new();
         let mut token: Option<String> = None;

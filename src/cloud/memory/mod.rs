@@ -148,6 +148,31 @@ pub const EKS_TERMINATE_HOOK: &str = "Terminate-LC-Hook";
 pub const EKS_CLUSTER_TAG: &str = "eks:cluster-name";
 pub const EKS_NODEGROUP_TAG: &str = "eks:nodegroup-name";
 
+/// A target of the group out, `draining` from now for the group's delay; logged once
+/// (a target already draining or unused is left as it is, as ELBv2 does).
+fn deregister_in(st: &mut State, arn: &str, id: &str, by_service: bool) {
+    let now = Instant::now();
+    let Some(g) = st.target_groups.iter_mut().find(|g| g.arn == arn) else {
+        return;
+    };
+    let mut changed = false;
+    for t in g
+        .targets
+        .iter_mut()
+        .filter(|t| t.id == id && t.deregistered.is_none())
+    {
+        t.deregistered = Some(now);
+        changed = true;
+    }
+    if changed {
+        st.lb_log.push(LbEvent::Deregistered {
+            target_group: arn.to_string(),
+            target: id.to_string(),
+            by_service,
+        });
+    }
+}
+
 fn put_hook(hooks: &mut Vec<LifecycleHook>, hook: LifecycleHook) {
     match hooks.iter_mut().find(|h| h.name == hook.name) {
         Some(h) => *h = hook,
@@ -175,6 +200,32 @@ pub enum HookEvent {
     Proceeded { instance: String },
     /// The instance is gone.
     Terminated { instance: String },
+}
+
+/// What happened at the load balancers and to the instances' end calls, in the
+/// order it happened ([`MemoryCloud::lb_log`]): the order a test asserts instead of
+/// times.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LbEvent {
+    /// A target was deregistered: by the service's DeregisterTargets
+    /// (`by_service`), or by a test playing a load balancer controller.
+    Deregistered {
+        target_group: String,
+        target: String,
+        by_service: bool,
+    },
+    /// A DescribeTargetHealth answer showed a target in a state other than the one
+    /// the previous answer showed it in (the first answer counts as a change).
+    Answered {
+        target_group: String,
+        target: String,
+        state: String,
+    },
+    /// A call of the load balancers was refused or throttled (a test's fault).
+    Refused { operation: String },
+    /// An instance's end was asked: CompleteLifecycleAction (`completed`) or
+    /// TerminateInstanceInAutoScalingGroup, answered without an error.
+    EndCall { instance: String, completed: bool },
 }
 
 /// One change of a group's desired capacity, and what made it
@@ -345,6 +396,12 @@ struct State {
     target_groups: Vec<MemTargetGroup>,
     /// The last mile's reads, by trait method ([`MemoryCloud::lb_calls`]).
     lb_calls: BTreeMap<String, u64>,
+    /// Target groups attached to each Auto Scaling group, by ARN.
+    attached: BTreeMap<String, Vec<String>>,
+    /// The load balancers' order of events ([`MemoryCloud::lb_log`]).
+    lb_log: Vec<LbEvent>,
+    /// The state each target was last answered in: (group ARN, target) -> state.
+    lb_answered: BTreeMap<(String, String), String>,
 }
 
 /// An ELBv2 target group of the memory cloud: its targets drain for its
@@ -714,17 +771,22 @@ impl MemoryCloud {
     /// Deregisters a target: `draining` for the group's delay from now, then `unused`
     /// (what the AWS Load Balancer Controller's deregistration looks like).
     pub fn deregister_target(&self, arn: &str, id: &str) {
-        let now = Instant::now();
         let mut st = self.state.lock();
-        if let Some(g) = st.target_groups.iter_mut().find(|g| g.arn == arn) {
-            for t in g
-                .targets
-                .iter_mut()
-                .filter(|t| t.id == id && t.deregistered.is_none())
-            {
-                t.deregistered = Some(now);
-            }
+        deregister_in(&mut st, arn, id, false);
+    }
+
+    /// Attaches a target group to an Auto Scaling group (AttachLoadBalancerTargetGroups).
+    pub fn attach_target_group(&self, group: &str, arn: &str) {
+        let mut st = self.state.lock();
+        let list = st.attached.entry(group.to_string()).or_default();
+        if !list.iter().any(|a| a == arn) {
+            list.push(arn.to_string());
         }
+    }
+
+    /// What happened at the load balancers and to the instances' end calls, in order.
+    pub fn lb_log(&self) -> Vec<LbEvent> {
+        self.state.lock().lb_log.clone()
     }
 
     /// The states of a target group's targets now, by id.
@@ -1004,7 +1066,12 @@ impl MemoryCloud {
     fn lb_call(&self, op: &str) -> CloudResult<MutexGuard<'_, State>> {
         let mut st = self.state.lock();
         *st.lb_calls.entry(op.to_string()).or_default() += 1;
-        Self::faults(&mut st, op)?;
+        if let Err(e) = Self::faults(&mut st, op) {
+            st.lb_log.push(LbEvent::Refused {
+                operation: op.to_string(),
+            });
+            return Err(e);
+        }
         Ok(st)
     }
 
@@ -1554,20 +1621,56 @@ impl Cloud for MemoryCloud {
 
     async fn target_health(&self, arn: &str) -> CloudResult<Vec<super::TargetHealth>> {
         let now = Instant::now();
-        let st = self.lb_call("target_health")?;
+        let mut st = self.lb_call("target_health")?;
         let g = st
             .target_groups
             .iter()
             .find(|g| g.arn == arn)
             .ok_or_else(|| not_found("target group", arn))?;
-        Ok(g.targets
+        let out: Vec<super::TargetHealth> = g
+            .targets
             .iter()
             .map(|t| super::TargetHealth {
                 id: t.id.clone(),
                 port: Some(80),
                 state: g.state(t, now).to_string(),
             })
-            .collect())
+            .collect();
+        for t in &out {
+            let key = (arn.to_string(), t.id.clone());
+            if st.lb_answered.get(&key) != Some(&t.state) {
+                st.lb_answered.insert(key, t.state.clone());
+                st.lb_log.push(LbEvent::Answered {
+                    target_group: arn.to_string(),
+                    target: t.id.clone(),
+                    state: t.state.clone(),
+                });
+            }
+        }
+        Ok(out)
+    }
+
+    async fn group_target_groups(&self, group: &str) -> CloudResult<Vec<String>> {
+        let st = self.lb_call("group_target_groups")?;
+        if !st.groups.contains_key(group) {
+            return Err(not_found("group", group));
+        }
+        Ok(st.attached.get(group).cloned().unwrap_or_default())
+    }
+
+    async fn deregister_targets(
+        &self,
+        arn: &str,
+        targets: &[super::TargetHealth],
+    ) -> CloudResult<()> {
+        let mut st = self.lb_call("deregister_targets")?;
+        if !st.target_groups.iter().any(|g| g.arn == arn) {
+            return Err(not_found("target group", arn));
+        }
+        for t in targets {
+            deregister_in(&mut st, arn, &t.id, true);
+        }
+        Ok(())
     }
 
     async fn deregistration_delay(&self, arn: &str) -> CloudResult<Option<String>> {
@@ -1715,6 +1818,10 @@ impl Cloud for MemoryCloud {
                 };
                 st.desired_log.push(change);
             }
+            st.lb_log.push(LbEvent::EndCall {
+                instance: instance_id.to_string(),
+                completed: false,
+            });
             self.reconcile_group(&mut st, &group, now);
             Ok(())
         })
@@ -1952,6 +2059,10 @@ impl Cloud for MemoryCloud {
             st.completed_actions.push((action.clone(), result));
             st.completed_at
                 .push((action.instance_id.clone(), Instant::now()));
+            st.lb_log.push(LbEvent::EndCall {
+                instance: action.instance_id.clone(),
+                completed: true,
+            });
             if let Some(left) = left {
                 st.hook_slack.push((action.instance_id.clone(), left));
             }

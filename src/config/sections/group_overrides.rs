@@ -19,7 +19,13 @@ use crate::scalein::settings::GroupOverride;
 /// At most this many overrides (each drain start reads them in order).
 pub const MAX_OVERRIDES: usize = 100;
 
-pub fn resolve(list: Option<&[GroupOverrideFile]>, problems: &mut Problems) -> Vec<GroupOverride> {
+/// `wait_on`: the cluster's `scaleIn.loadBalancers.waitForDeregistration` (a group's
+/// `loadBalancers.deregister` needs it).
+pub fn resolve(
+    list: Option<&[GroupOverrideFile]>,
+    wait_on: bool,
+    problems: &mut Problems,
+) -> Vec<GroupOverride> {
     let list = list.unwrap_or_default();
     if list.len() > MAX_OVERRIDES {
         problems.bad(
@@ -31,7 +37,12 @@ pub fn resolve(list: Option<&[GroupOverrideFile]>, problems: &mut Problems) -> V
     let mut out = Vec::new();
     for (i, file) in list.iter().enumerate() {
         let before = problems.count();
-        let o = one(&format!("scaleIn.groupOverrides[{i}]"), file, problems);
+        let o = one(
+            &format!("scaleIn.groupOverrides[{i}]"),
+            file,
+            wait_on,
+            problems,
+        );
         if problems.count() == before {
             out.push(o);
         }
@@ -39,7 +50,7 @@ pub fn resolve(list: Option<&[GroupOverrideFile]>, problems: &mut Problems) -> V
     out
 }
 
-fn one(key: &str, f: &GroupOverrideFile, problems: &mut Problems) -> GroupOverride {
+fn one(key: &str, f: &GroupOverrideFile, wait_on: bool, problems: &mut Problems) -> GroupOverride {
     let groups = budgets::groups(key, f.groups.as_ref(), f.group_tags.as_ref(), problems);
     if groups == Groups::All && f.groups.is_none() && f.group_tags.is_none() {
         problems.bad(
@@ -57,13 +68,21 @@ fn one(key: &str, f: &GroupOverrideFile, problems: &mut Problems) -> GroupOverri
             Some(LIFECYCLE_ACTION_LIMIT),
         )
     });
+    let deregister = f.load_balancers.as_ref().and_then(|lb| lb.deregister);
     if f.workload_deadline.is_none()
         && f.workload_deadline_policy.is_none()
         && f.wait_for_replacement.is_none()
+        && deregister.is_none()
     {
         problems.bad(
             key,
-            "overrides nothing: give workloadDeadline, workloadDeadlinePolicy or waitForReplacement".into(),
+            "overrides nothing: give workloadDeadline, workloadDeadlinePolicy, waitForReplacement or loadBalancers.deregister".into(),
+        );
+    }
+    if deregister == Some(true) && !wait_on {
+        problems.bad(
+            &format!("{key}.loadBalancers.deregister"),
+            "is true while scaleIn.loadBalancers.waitForDeregistration is false: the instance would end while its targets drain".into(),
         );
     }
     GroupOverride {
@@ -71,6 +90,7 @@ fn one(key: &str, f: &GroupOverrideFile, problems: &mut Problems) -> GroupOverri
         workload_deadline,
         workload_deadline_policy: f.workload_deadline_policy,
         wait_for_replacement: f.wait_for_replacement,
+        deregister,
     }
 }
 
@@ -197,5 +217,52 @@ scaleIn:
         .unwrap_err()
         .to_string();
         assert!(err.contains("workloadDeadlne"), "{err}");
+    }
+
+    /// `loadBalancers.deregister` per group: the first override that selects a group
+    /// decides, the cluster's setting otherwise; an override of that alone is one;
+    /// refused by place while the cluster's wait is off; an unknown field refused.
+    #[test]
+    fn a_group_override_sets_deregister_for_its_groups() {
+        let file = FileConfig::parse(
+            r#"
+aws: {region: eu-west-1}
+scaleIn:
+  loadBalancers: {deregister: false}
+  groupOverrides:
+    - groups: [web]
+      loadBalancers: {deregister: true}
+    - groupTags: {tier: stateless}
+      loadBalancers: {deregister: false}
+    - groupTags: {tier: stateless}
+      workloadDeadline: 2m
+      loadBalancers: {deregister: true}
+"#,
+            "t.yaml",
+        )
+        .expect("parses");
+        let c = resolve(file, &Overrides::default(), "t.yaml").expect("valid");
+        let s = &c.scale_in;
+        let none = BTreeMap::new();
+        let stateless = tags(&[("tier", "stateless")]);
+        assert!(s.deregisters("web", &none));
+        assert!(s.deregisters("web", &stateless), "the first match wins");
+        assert!(!s.deregisters("api", &stateless), "the first match wins");
+        assert!(!s.deregisters("api", &none), "the cluster's");
+        let mut off = s.clone();
+        off.load_balancers.enabled = false;
+        assert!(!off.deregisters("web", &none), "never without the wait");
+
+        assert_eq!(
+            problems(
+                "aws: {region: eu-west-1}\nscaleIn:\n  loadBalancers: {waitForDeregistration: false}\n  groupOverrides:\n    - {groups: [web], loadBalancers: {deregister: true}}\n"
+            ),
+            vec!["scaleIn.groupOverrides[0].loadBalancers.deregister: is true while scaleIn.loadBalancers.waitForDeregistration is false: the instance would end while its targets drain".to_string()]
+        );
+        assert!(FileConfig::parse(
+            "scaleIn: {groupOverrides: [{groups: [web], loadBalancers: {margin: 5s}}]}",
+            "t.yaml"
+        )
+        .is_err());
     }
 }

@@ -91,6 +91,13 @@ pub fn resolve(si: &ScaleInFile, problems: &mut Problems) -> ScaleInSettings {
     scale_in.load_balancers.enabled = lb
         .wait_for_deregistration
         .unwrap_or(d.load_balancers.enabled);
+    scale_in.load_balancers.deregister = lb.deregister.unwrap_or(d.load_balancers.deregister);
+    if scale_in.load_balancers.deregister && !scale_in.load_balancers.enabled {
+        problems.bad(
+            "scaleIn.loadBalancers.deregister",
+            "is true while waitForDeregistration is false: the instance would end while its targets drain; turn the wait on or deregister off".to_string(),
+        );
+    }
     scale_in.load_balancers.margin = bounded_duration(
         problems,
         "scaleIn.loadBalancers.margin",

@@ -135,6 +135,39 @@ pub fn states_of(
         .collect()
 }
 
+/// The targets the service deregisters itself from a target group attached to the
+/// instance's own Auto Scaling group (`scaleIn.loadBalancers.deregister`, issue 73
+/// item 3): the instance's own targets by its id, each port it is registered on, that
+/// still carry traffic or may again. Never a target of another id (an `ip` target's id
+/// is an address, never an instance id, so such a group yields none), and not one
+/// already leaving (`draining`, `unhealthy.draining`) or out (`unused`): deregistering
+/// those again would change nothing, and a restart that finds them so writes nothing.
+pub fn to_deregister(
+    targets: &[crate::cloud::TargetHealth],
+    instance_id: &str,
+) -> Vec<crate::cloud::TargetHealth> {
+    targets
+        .iter()
+        .filter(|t| t.id == instance_id && !is_out(&t.state) && !is_leaving(&t.state))
+        .cloned()
+        .collect()
+}
+
+/// Whether a target in this state is being taken out already.
+pub fn is_leaving(state: &str) -> bool {
+    matches!(state, "draining" | "unhealthy.draining")
+}
+
+/// A target group's name as its ARN spells it
+/// (`arn:aws:elasticloadbalancing:REGION:ACCOUNT:targetgroup/NAME/ID`); the ARN
+/// itself when it does not read so.
+pub fn group_name(arn: &str) -> &str {
+    arn.split_once(":targetgroup/")
+        .and_then(|(_, rest)| rest.split('/').next())
+        .filter(|n| !n.is_empty())
+        .unwrap_or(arn)
+}
+
 /// Why a target group could not be read.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Unread {
@@ -380,6 +413,67 @@ mod tests {
     use std::time::Duration;
 
     use super::*;
+
+    fn target(id: &str, port: i32, state: &str) -> crate::cloud::TargetHealth {
+        crate::cloud::TargetHealth {
+            id: id.into(),
+            port: Some(port),
+            state: state.into(),
+        }
+    }
+
+    /// Only the instance's own targets (every port) that still carry traffic or may:
+    /// another instance's, an address, one already leaving or out are never chosen.
+    #[test]
+    fn to_deregister_takes_only_the_instances_own_live_targets() {
+        let me = "i-0aaa";
+        let states = [
+            "initial",
+            "healthy",
+            "unhealthy",
+            "unavailable",
+            "a-state-not-known",
+            "draining",
+            "unhealthy.draining",
+            "unused",
+        ];
+        for state in states {
+            let targets = vec![
+                target(me, 80, state),
+                target(me, 8080, "healthy"),
+                target("i-0bbb", 80, state),
+                target("10.0.0.1", 80, state),
+                target("i-0aaa0", 80, state),
+            ];
+            let chosen = to_deregister(&targets, me);
+            assert!(chosen.iter().all(|t| t.id == me), "{state}: {chosen:?}");
+            let live = !matches!(state, "draining" | "unhealthy.draining" | "unused");
+            let ports: Vec<Option<i32>> = chosen.iter().map(|t| t.port).collect();
+            let want = if live {
+                vec![Some(80), Some(8080)]
+            } else {
+                vec![Some(8080)]
+            };
+            assert_eq!(ports, want, "{state}");
+        }
+        assert!(to_deregister(&[], me).is_empty());
+    }
+
+    #[test]
+    fn group_name_reads_the_arn_or_keeps_it() {
+        assert_eq!(
+            group_name("arn:aws:elasticloadbalancing:eu-west-1:123456789012:targetgroup/web-alb/73e2d6bc24d8a067"),
+            "web-alb"
+        );
+        for odd in [
+            "",
+            "web",
+            "arn:aws:elasticloadbalancing:x:1:targetgroup/",
+            "arn:aws:elasticloadbalancing:x:1:loadbalancer/app/a/b",
+        ] {
+            assert_eq!(group_name(odd), odd);
+        }
+    }
     use crate::cloud::TargetHealth;
 
     fn s(n: u64) -> Duration {

@@ -185,12 +185,17 @@ impl Engine {
     /// ([`ScaleInSettings::limits_for`]), the group's tags read from the provider's
     /// registry (none known: only overrides by name select it).
     pub fn limits_for(&self, group: &str, hook_heartbeat: Option<Duration>) -> record::Limits {
-        let tags = self
-            .provider
+        self.settings
+            .limits_for(group, &self.group_tags(group), hook_heartbeat)
+    }
+
+    /// The group's tags as the provider's registry has them (none known: only
+    /// overrides by name select it).
+    fn group_tags(&self, group: &str) -> std::collections::BTreeMap<String, String> {
+        self.provider
             .as_ref()
             .and_then(|p| p.registry().group(group).map(|g| g.asg.tags.clone()))
-            .unwrap_or_default();
-        self.settings.limits_for(group, &tags, hook_heartbeat)
+            .unwrap_or_default()
     }
 
     /// [`Self::limits_for`] the request's group, with its hook's heartbeat timeout
@@ -570,6 +575,10 @@ impl crate::scalein::stages::last_mile::WaitPort for Engine {
 
     fn held_since(&self, instance_id: &str) -> Option<(crate::clock::Instant, Duration)> {
         self.book.held_since(instance_id)
+    }
+
+    fn deregisters(&self, group: &str) -> bool {
+        self.settings.deregisters(group, &self.group_tags(group))
     }
 
     async fn note_wait(

@@ -93,6 +93,13 @@ pub enum Reason {
     /// The wait for the load balancers ended with the instance still in a target
     /// group (its bound reached): the instance ends anyway.
     LoadBalancerWaitOver,
+    /// The service deregistered the instance from target groups attached to its
+    /// Auto Scaling group (`scaleIn.loadBalancers.deregister`).
+    DeregisteredFromLoadBalancers,
+    /// The service could not deregister the instance from a target group attached
+    /// to its group (a permission missing, AWS throttling): the wait goes on as
+    /// without it, bounded.
+    LoadBalancerNotDeregistered,
 }
 
 impl Reason {
@@ -129,6 +136,8 @@ impl Reason {
             Reason::WaitingForLoadBalancers => "WaitingForLoadBalancers",
             Reason::LoadBalancerUnreadable => "LoadBalancerUnreadable",
             Reason::LoadBalancerWaitOver => "LoadBalancerWaitOver",
+            Reason::DeregisteredFromLoadBalancers => "DeregisteredFromLoadBalancers",
+            Reason::LoadBalancerNotDeregistered => "LoadBalancerNotDeregistered",
         }
     }
 
@@ -151,6 +160,7 @@ impl Reason {
                 | Reason::DeadlineCutByHook
                 | Reason::LoadBalancerUnreadable
                 | Reason::LoadBalancerWaitOver
+                | Reason::LoadBalancerNotDeregistered
         )
     }
 }

@@ -38,6 +38,10 @@ pub trait WaitPort: Send + Sync {
     /// Since when our hook's action on the instance is heartbeated, and at which
     /// heartbeat timeout; `None` when it is not.
     fn held_since(&self, instance_id: &str) -> Option<(Instant, Duration)>;
+    /// Whether an instance of `group` is deregistered from the target groups
+    /// attached to it before the wait (the group's override, else the cluster's
+    /// `loadBalancers.deregister`).
+    fn deregisters(&self, group: &str) -> bool;
     /// Writes on the Node that the drain waits for the load balancers (`None`: it no
     /// longer does), for `status`.
     async fn note_wait(&self, node: &str, waiting: Option<&last_mile::Waiting>);
@@ -108,6 +112,12 @@ impl Sightings {
         Ok(h)
     }
 
+    /// Forgets what was read of one group's targets: the next read asks AWS (after
+    /// the service changed them).
+    pub(super) fn forget(&self, arn: &str) {
+        self.inner.lock().health.remove(arn);
+    }
+
     /// The group's delay, `None` when it could not be read or did not parse (the
     /// default then counts); the error, for the Event.
     async fn delay(&self, cloud: &dyn Cloud, arn: &str) -> (Option<Duration>, Option<CloudError>) {
@@ -157,13 +167,19 @@ fn permission(operation: &str) -> String {
 
 /// How a read that failed counts: a refusal names the permission, the rest passes.
 fn unread(operation: &str, e: &CloudError) -> Unread {
+    refusal(permission(operation), e)
+}
+
+/// How a call that failed counts: a refusal names `permission` (the IAM action the
+/// call needs), the rest passes.
+pub(super) fn refusal(permission: String, e: &CloudError) -> Unread {
     match e {
         CloudError::Rejected { code, .. } if is_denied(code) => Unread::Forbidden {
-            permission: permission(operation),
+            permission,
             code: code.clone(),
         },
         CloudError::Credentials { .. } => Unread::Forbidden {
-            permission: permission(operation),
+            permission,
             code: "NoCredentials".into(),
         },
         other => Unread::Failed {
@@ -182,6 +198,12 @@ fn is_denied(code: &str) -> bool {
 /// The name under which the list of target groups is waited on while it cannot be read.
 const THE_LIST: &str = "(the region's target groups)";
 
+/// Whether the wait runs for this end: on, not a dry run, and the instance ends (not
+/// `drain NODE`).
+pub fn waits(lm: &LastMile, mode: &Mode) -> bool {
+    lm.settings.enabled && !lm.dry_run && !matches!(mode, Mode::DrainOnly)
+}
+
 /// Waits until the instance is out of every target group that has it, or the wait's
 /// bound ([`last_mile::verdict`]). Never fails: the instance ends after it whatever
 /// the load balancers say.
@@ -193,7 +215,7 @@ pub async fn wait_out(
     instance_id: &str,
     node: Option<&str>,
 ) {
-    if !lm.settings.enabled || lm.dry_run || matches!(mode, Mode::DrainOnly) {
+    if !waits(lm, mode) {
         return;
     }
     let poll = lm.settings.poll;

@@ -6,7 +6,8 @@
 //!   decides ([`evict`]: the Eviction API with PDB-aware retry);
 //! - [`daemonsets`]: the DaemonSet pods last, the node-critical ones after the volumes;
 //! - [`volumes`]: wait for VolumeAttachments to detach;
-//! - [`last_mile`]: out of every load balancer's target group first (bounded);
+//! - [`last_mile`]: out of every load balancer's target group first (bounded),
+//!   [`deregister`]ed first from its own group's target groups when asked;
 //! - [`terminate`]: CompleteLifecycleAction or TerminateInstanceInAutoScalingGroup;
 //! - [`port`]: what the phases share and the runner's way into the engine;
 //! - [`preview`]: what a drain would do (dry run), changing nothing.
@@ -20,6 +21,7 @@
 
 pub mod cordon;
 pub mod daemonsets;
+pub mod deregister;
 pub mod drain;
 pub mod evict;
 pub mod last_mile;

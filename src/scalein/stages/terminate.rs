@@ -22,7 +22,7 @@ use crate::scalein::holds::Hold;
 use crate::scalein::kube::events::Reason;
 use crate::scalein::Mode;
 
-use super::last_mile;
+use super::{deregister, last_mile};
 
 const ATTEMPTS: u32 = 6;
 
@@ -86,7 +86,18 @@ pub async fn finish(
     instance_id: &str,
     node: Option<&str>,
 ) -> Result<String, String> {
-    // Out of the load balancers first (bounded; our hook's heartbeats go on).
+    // Out of the load balancers first (bounded; our hook's heartbeats go on): out of
+    // the group's own target groups when it asks for it, then the wait.
+    deregister::deregister_own(
+        end.cloud.as_ref(),
+        &end.last_mile,
+        end.port.as_ref(),
+        mode,
+        group,
+        instance_id,
+        node,
+    )
+    .await;
     last_mile::wait_out(
         end.cloud.as_ref(),
         &end.last_mile,
