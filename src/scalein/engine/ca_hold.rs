@@ -96,8 +96,13 @@ pub async fn tell(engine: &Engine, notes: &impl HoldNotes) -> Told {
             ca_hold::change(&annotations, want).map(|c| (n.clone(), want, c))
         })
         .collect();
-    // Holds first: a node CA must not pick matters more than one it may again.
-    changes.sort_by_key(|(_, _, c)| matches!(c, Change::Release));
+    // Holds first: a node CA must not pick matters more than one it may again. Then
+    // by name: the store's order is a hash map's, and a pass writes in one order
+    // on every replay.
+    changes.sort_by(|(a, _, ca), (b, _, cb)| {
+        (matches!(ca, Change::Release), &a.metadata.name)
+            .cmp(&(matches!(cb, Change::Release), &b.metadata.name))
+    });
     let mut told = Told {
         held: held.len(),
         left: changes.len().saturating_sub(WRITES_PER_PASS),
