@@ -202,13 +202,7 @@ async fn a_drain_our_hook_holds_starts_past_a_budget_in_time_for_the_hook() {
     );
     let ended = w.cloud.external_scale_in("web", 1).unwrap();
     let iid = ended[0].clone();
-    eventually("the lifecycle action is completed", 20, || {
-        w.cloud
-            .completed_actions()
-            .iter()
-            .any(|(a, _)| a.instance_id == iid)
-    })
-    .await;
+    action_completed(&w, &iid, 20).await;
     lifecycle.abort();
     assert!(
         events(&w.sim)
@@ -271,13 +265,7 @@ async fn a_drain_waits_for_its_groups_replacement_before_it_evicts() {
     assert!(w.cloud.completed_actions().is_empty());
 
     w.cloud.fail_launches("web", None);
-    eventually("the lifecycle action is completed", 30, || {
-        w.cloud
-            .completed_actions()
-            .iter()
-            .any(|(a, _)| a.instance_id == iid)
-    })
-    .await;
+    action_completed(&w, &iid, 30).await;
     lifecycle.abort();
     assert_eq!(
         evictions_of(&w, "app"),

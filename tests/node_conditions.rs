@@ -528,13 +528,7 @@ async fn a_deadline_that_does_not_fit_the_hooks_timeout_is_cut_and_said() {
     );
     let ended = w.cloud.external_scale_in("web", 1).unwrap();
     let iid = ended[0].clone();
-    eventually("the lifecycle action is completed", 20, || {
-        w.cloud
-            .completed_actions()
-            .iter()
-            .any(|(a, _)| a.instance_id == iid)
-    })
-    .await;
+    action_completed(&w, &iid, 20).await;
     lifecycle.abort();
     let cut = notes(&w, "DeadlineCutByHook");
     assert_eq!(cut.len(), 1, "once per drain: {cut:?}");

@@ -187,13 +187,7 @@ async fn a_hook_on_an_instance_another_drain_holds_is_heartbeated_and_completed(
     assert!(running(&w, "app"), "the PDB still holds");
 
     assert!(w.sim.remove::<PodDisruptionBudget>("shop", "app-pdb"));
-    eventually("the lifecycle action is completed", 20, || {
-        w.cloud
-            .completed_actions()
-            .iter()
-            .any(|(a, _)| a.instance_id == iid)
-    })
-    .await;
+    action_completed(&w, &iid, 20).await;
     lifecycle.abort();
     assert!(w.cloud.hook_timeouts().is_empty());
 }

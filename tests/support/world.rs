@@ -560,3 +560,14 @@ pub async fn pod_ready(w: &World, name: &str) {
     })
     .await;
 }
+
+/// Waits (`secs` at most) until our hook's action for `iid` is completed.
+pub async fn action_completed(w: &World, iid: &str, secs: u64) {
+    crate::support::eventually("the lifecycle action is completed", secs, || {
+        w.cloud
+            .completed_actions()
+            .iter()
+            .any(|(a, _)| a.instance_id == iid)
+    })
+    .await;
+}

@@ -239,11 +239,12 @@ fn rate(key: &str, f: &BudgetFile, problems: &mut Problems) -> Option<Rate> {
 }
 
 #[cfg(test)]
-mod tests {
+pub(super) mod tests {
     use crate::config::{resolve, ConfigError, FileConfig, Overrides};
     use crate::scalein::decide::budget::{Cause, Groups, Nodes};
 
-    fn problems(yaml: &str) -> Vec<String> {
+    /// Every problem `yaml` resolves to, as `key: message` (none when it resolves).
+    pub(in crate::config::sections) fn problems(yaml: &str) -> Vec<String> {
         let file = FileConfig::parse(yaml, "t.yaml").expect("parses");
         match resolve(file, &Overrides::default(), "t.yaml") {
             Ok(_) => Vec::new(),

@@ -99,21 +99,10 @@ mod tests {
     use std::collections::BTreeMap;
     use std::time::Duration;
 
-    use crate::config::{resolve, ConfigError, FileConfig, Overrides};
+    use super::super::budgets::tests::problems;
+    use crate::config::{resolve, FileConfig, Overrides};
     use crate::scalein::decide::budget::Groups;
     use crate::scalein::DeadlinePolicy;
-
-    fn problems(yaml: &str) -> Vec<String> {
-        let file = FileConfig::parse(yaml, "t.yaml").expect("parses");
-        match resolve(file, &Overrides::default(), "t.yaml") {
-            Ok(_) => Vec::new(),
-            Err(ConfigError::Invalid { problems, .. }) => problems
-                .into_iter()
-                .map(|p| format!("{}: {}", p.key, p.message))
-                .collect(),
-            Err(e) => vec![e.to_string()],
-        }
-    }
 
     fn tags(pairs: &[(&str, &str)]) -> BTreeMap<String, String> {
         pairs

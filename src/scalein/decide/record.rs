@@ -701,6 +701,11 @@ impl DrainRecord {
         }
     }
 
+    /// The limits the drain plans with: those it keeps, else the reader's.
+    pub fn kept_or(&self, limits: Limits) -> Limits {
+        self.limits.unwrap_or(limits)
+    }
+
     /// Every reason's drain is finished (or given up): only a new reason drains again.
     pub fn mark_done(&mut self) {
         for r in &mut self.reasons {
@@ -820,7 +825,7 @@ impl DrainRecord {
 
     /// What the drain does now.
     pub fn plan(&self, limits: Limits) -> Plan {
-        let limits = self.limits.unwrap_or(limits);
+        let limits = self.kept_or(limits);
         let drains = self.drain_began().is_some();
         let ends = if let Some(hook) = self.hook() {
             End::Lifecycle {

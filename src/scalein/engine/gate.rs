@@ -380,7 +380,7 @@ fn force_at(engine: &Engine, req: &DrainRequest, record: &DrainRecord) -> Option
         .unwrap_or_else(crate::clock::utc_now);
     let s = &engine.settings;
     // The deadline the drain keeps (its group's; never past the hook's room).
-    let limits = record.plan(engine.limits_of(req)).kept;
+    let limits = record.kept_or(engine.limits_of(req));
     let workloads = limits.hook_room.map_or(limits.workload_deadline, |room| {
         limits.workload_deadline.min(room)
     });
