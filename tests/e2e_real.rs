@@ -492,15 +492,33 @@ async fn a_budget_that_never_allows_is_named_and_the_node_says_where_the_drain_i
             workload_deadline_policy: DeadlinePolicy::Proceed,
             ..rig::settings()
         },
+        // KEP-5683's gate on, as a cluster that adopts the conditions runs it; every other
+        // scenario writes the same conditions with the gate off (its default).
+        feature_gates: &["NodeLifecycleConditions=true"],
         ..rig::More::default()
     };
     let rig = Rig::start_more(
-        "a budget that never allows, Node conditions",
+        "a budget that never allows, Node conditions (NodeLifecycleConditions on)",
         &bin,
         setup,
         more,
     )
     .await;
+    rig.report
+        .step("the API server says NodeLifecycleConditions is on");
+    let metrics = rig
+        .admin
+        .request_text(http::Request::get("/metrics").body(Vec::new()).unwrap())
+        .await
+        .unwrap();
+    assert!(
+        metrics
+            .lines()
+            .any(|l| l.starts_with("kubernetes_feature_enabled{")
+                && l.contains("name=\"NodeLifecycleConditions\"")
+                && l.ends_with(" 1")),
+        "kubernetes_feature_enabled for NodeLifecycleConditions is not 1"
+    );
     rig.report.step("a single replica under minAvailable: 1");
     rig::create(
         &rig.admin,

@@ -162,6 +162,8 @@ pub struct ControlPlane {
     procs: Vec<(&'static str, Child)>,
     pub url: String,
     ca_pem: Vec<u8>,
+    /// Feature gates the API server and the controller manager run with (`A=true,B=false`).
+    gates: String,
 }
 
 /// A free port on 127.0.0.1 (bound, then released for the process that takes it),
@@ -235,7 +237,16 @@ impl ControlPlane {
     /// Starts etcd, the API server, the controller manager and the scheduler, and waits
     /// until the API server answers `/readyz` and the default ServiceAccount exists.
     pub async fn start(bin: &Binaries) -> anyhow::Result<ControlPlane> {
-        let mut cp = ControlPlane::start_api_server(bin).await?;
+        ControlPlane::start_gated(bin, &[]).await
+    }
+
+    /// [`ControlPlane::start`] with feature gates (`Name=true`) given to the API server
+    /// and the controller manager alike, as a cluster that turns a gate on does.
+    pub async fn start_gated(bin: &Binaries, gates: &[&str]) -> anyhow::Result<ControlPlane> {
+        let mut cp = ControlPlane::empty()?;
+        cp.gates = gates.join(",");
+        cp.start_etcd(bin)?;
+        cp.start_apiserver(bin).await?;
         cp.start_controllers(bin)?;
         cp.wait_default_service_account("default").await?;
         Ok(cp)
@@ -244,16 +255,31 @@ impl ControlPlane {
     /// etcd and the API server only (no controllers, no scheduler): for a test that asks
     /// the API server questions (RBAC) and runs no workload. Waits for `/readyz`.
     pub async fn start_api_server(bin: &Binaries) -> anyhow::Result<ControlPlane> {
+        let mut cp = ControlPlane::empty()?;
+        cp.start_etcd(bin)?;
+        cp.start_apiserver(bin).await?;
+        Ok(cp)
+    }
+
+    /// Nothing started yet: the directory every component writes in.
+    fn empty() -> anyhow::Result<ControlPlane> {
         let dir = tempfile::Builder::new().prefix("ca-asg-e2e-").tempdir()?;
-        let mut cp = ControlPlane {
+        Ok(ControlPlane {
             dir,
             procs: Vec::new(),
             url: String::new(),
             ca_pem: Vec::new(),
-        };
-        cp.start_etcd(bin)?;
-        cp.start_apiserver(bin).await?;
-        Ok(cp)
+            gates: String::new(),
+        })
+    }
+
+    /// `--feature-gates=...` when any gate was given.
+    fn gate_args(&self) -> Vec<String> {
+        if self.gates.is_empty() {
+            Vec::new()
+        } else {
+            vec![format!("--feature-gates={}", self.gates)]
+        }
     }
 
     fn path(&self, name: &str) -> PathBuf {
@@ -331,7 +357,7 @@ impl ControlPlane {
         fs::write(self.path("audit-policy.yaml"), AUDIT_POLICY)?;
         let certs = self.path("certs");
         let p = |n: &str| self.path(n).display().to_string();
-        let args = vec![
+        let mut args = vec![
             format!("--etcd-servers={etcd}"),
             "--bind-address=127.0.0.1".into(),
             "--advertise-address=127.0.0.1".into(),
@@ -353,6 +379,7 @@ impl ControlPlane {
             // exec` and `logs`: the Nodes' hostnames resolve nowhere.
             "--kubelet-preferred-address-types=InternalIP,Hostname".into(),
         ];
+        args.extend(self.gate_args());
         self.spawn("kube-apiserver", &bin.k8s.join("kube-apiserver"), &args)?;
         self.url = format!("https://127.0.0.1:{port}");
         let ready = async |cp: &mut ControlPlane| {
@@ -435,6 +462,7 @@ impl ControlPlane {
             "--kube-api-qps=100".into(),
             "--kube-api-burst=200".into(),
         ]);
+        kcm.extend(self.gate_args());
         self.spawn(
             "kube-controller-manager",
             &bin.k8s.join("kube-controller-manager"),

@@ -178,6 +178,8 @@ pub struct More {
     pub driver: String,
     /// A warm pool beside the group.
     pub warm_pool: Option<ca_asg_provider::cloud::WarmPool>,
+    /// Feature gates of the API server and the controller manager (`Name=true`).
+    pub feature_gates: &'static [&'static str],
 }
 
 impl Default for More {
@@ -189,6 +191,7 @@ impl Default for More {
             ca_rbac: false,
             driver: BY_HAND.to_string(),
             warm_pool: None,
+            feature_gates: &[],
         }
     }
 }
@@ -787,7 +790,7 @@ impl Rig {
             .with_test_writer()
             .try_init();
         report.step("start the control plane");
-        let mut cp = ControlPlane::start(bin)
+        let mut cp = ControlPlane::start_gated(bin, more.feature_gates)
             .await
             .unwrap_or_else(|e| panic!("{e:#}"));
         let admin = cp.client(Who::Admin).await.unwrap();
