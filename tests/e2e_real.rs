@@ -70,6 +70,138 @@ async fn asg_ends_an_instance_and_the_service_restarts_mid_drain() {
     rig.ends_keeping_promises(&victims, 3, 0, true).await;
 }
 
+/// Disruption budgets on the real control plane (issue 71): an instance refresh asks
+/// AWS to end all six instances of two groups at once (each through
+/// TerminateInstanceInAutoScalingGroup without a decrement, as a refresh replaces its
+/// instances; our hook holds each), under one budget of 2 over every group. Read from
+/// outside: never more than 2 nodes draining at once (a node drains from the first
+/// eviction of one of its pods to its last pod's exit), no evicted pod lands on a node
+/// of the refresh, each instance ends only after its drain, the app's budget holds,
+/// DaemonSet pods go last, each action is completed once and no hold times out.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn an_instance_refresh_of_six_over_two_groups_drains_two_at_a_time() {
+    use ca_asg_provider::cloud::Cloud as _;
+    use ca_asg_provider::scalein::decide::budget::{Budget, Groups, Nodes};
+    use ca_asg_provider::scalein::ScaleInSettings;
+    use k8s_openapi::api::events::v1::Event;
+
+    let Some(bin) = binaries("an_instance_refresh_of_six_over_two_groups_drains_two_at_a_time")
+    else {
+        return;
+    };
+    let _one_at_a_time = SERIAL.lock().await;
+    let setup = rig::Setup {
+        desired: 3,
+        hooked: true,
+        real: None,
+        workloads: rig::Workloads::Budgeted,
+    };
+    let more = rig::More {
+        second_group: 3,
+        settings: ScaleInSettings {
+            budgets: vec![Budget {
+                name: "two-at-a-time".into(),
+                nodes: Nodes::Count(2),
+                groups: Groups::All,
+                zones: Default::default(),
+                causes: None,
+                window: None,
+                rate: None,
+            }],
+            ..rig::settings()
+        },
+        ..rig::More::default()
+    };
+    let mut rig = Rig::start_more(
+        "instance refresh of 6 over 2 groups, budget of 2",
+        &bin,
+        setup,
+        more,
+    )
+    .await;
+    rig.run_lifecycle_loop();
+    let refreshed: Vec<(String, String)> = rig.kubelet.nodes().into_iter().collect();
+    assert_eq!(refreshed.len(), 6, "{refreshed:?}");
+    rig.report
+        .scale_in_begins("an instance refresh asks AWS to end all six instances at once");
+    for (_, iid) in &refreshed {
+        rig.cloud
+            .terminate_instance(iid, false)
+            .await
+            .expect("the refresh ends the instance");
+    }
+    rig.report.step("wait for the instances to end");
+    rig.wait_ended(&rig::ids(&refreshed), 240).await;
+
+    let audit = rig.cp.audit();
+    let stops = rig.kubelet.stops();
+    let nodes: Vec<String> = refreshed.iter().map(|(n, _)| n.clone()).collect();
+    let asked = rig.report.scale_in_asked.lock().expect("asked");
+    rig.report
+        .step("check: never more than 2 nodes draining at once");
+    let (most, drains) =
+        checks::most_draining_at_once(&audit, &stops, &nodes).unwrap_or_else(|e| panic!("{e}"));
+    assert!(
+        (1..=2).contains(&most),
+        "{most} nodes drained at once under a budget of 2: {drains:?}\nthe pods' stops: {:#?}",
+        stops
+            .iter()
+            .map(|s| (&s.pod, &s.node, s.daemonset, s.began, s.ended, &s.how))
+            .collect::<Vec<_>>()
+    );
+    rig.report
+        .step("check: the budget held drains back, and said so");
+    let events: kube::Api<Event> = kube::Api::all(rig.admin.clone());
+    let waited = events
+        .list(&Default::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter(|e| e.reason.as_deref() == Some("DrainWaitingForBudget"))
+        .filter(|e| {
+            e.note
+                .as_deref()
+                .is_some_and(|n| n.contains("two-at-a-time"))
+        })
+        .count();
+    assert!(waited >= 1, "no drain waited for the budget");
+    eprintln!(
+        "e2e: at most {most} of 6 nodes drained at once; {waited} drains waited for the budget"
+    );
+    rig.report
+        .step("check: no evicted pod landed on a node of the refresh");
+    checks::none_landed_on(&stops, &nodes, asked).unwrap_or_else(|e| panic!("{e}"));
+    rig.report.step("check: evictions only, none twice");
+    checks::evictions_only(&audit, &stops, &nodes).unwrap_or_else(|e| panic!("{e}"));
+    rig.report
+        .step("check: the app's budget held (Ready app pods never below 2)");
+    let fewest = checks::fewest_ready(
+        &rig.kubelet.readies(),
+        &stops,
+        "shop/app-",
+        rig::APP_REPLICAS,
+    );
+    assert!(fewest >= rig::APP_MIN_READY, "only {fewest} app pods Ready");
+    rig.report
+        .step("check: DaemonSet pods last, each instance ended after its drain");
+    checks::daemonset_last(&stops, &nodes, asked).unwrap_or_else(|e| panic!("{e}"));
+    rig.hooks_completed_once(&rig::ids(&refreshed));
+    assert!(
+        rig.cloud.hook_timeouts().is_empty(),
+        "a held hook timed out"
+    );
+    assert_eq!(
+        (
+            rig.cloud.desired("web"),
+            rig.cloud.desired(rig::SECOND_GROUP)
+        ),
+        (Some(3), Some(3)),
+        "a refresh keeps each group's desired capacity"
+    );
+    rig.no_provider_errors(&[]);
+}
+
 /// Warm pools (issue 47): the ASG scales in by one into its warm pool
 /// (ReuseOnScaleIn); our hook holds the instance in Warmed:Pending:Wait and the service
 /// drains it keeping every promise (evictions only, the budget, DaemonSet pods last,

@@ -247,3 +247,71 @@ pub fn handed_back(node: &k8s_openapi::api::core::v1::Node) -> Result<(), String
     }
     Ok(())
 }
+
+/// How many of `nodes` drained at once at most, and each node's drain as
+/// (node, from, to): a node drains from the first eviction the service asked for a pod
+/// on it (refused ones too: the drain had begun) to the exit of its last pod that
+/// stopped gracefully, as the kubelet saw it. An error names a node of `nodes` with no eviction at all.
+pub fn most_draining_at_once(
+    audit: &[AuditEvent],
+    stops: &[PodStop],
+    nodes: &[String],
+) -> Result<(usize, Vec<(String, DateTime<Utc>, DateTime<Utc>)>), String> {
+    let mut drains = Vec::new();
+    for node in nodes {
+        let pods: Vec<&str> = stops
+            .iter()
+            .filter(|s| &s.node == node)
+            .map(|s| s.pod.as_str())
+            .collect();
+        let from = audit
+            .iter()
+            .filter(|e| e.user.username == SERVICE_USER && e.is("create", "pods", "eviction"))
+            .filter(|e| pods.contains(&e.target().as_str()))
+            .filter_map(|e| e.stage_timestamp)
+            .min()
+            .ok_or_else(|| format!("{node}: the service evicted no pod of it"))?;
+        // The DaemonSet controller puts a new DaemonSet pod on the cordoned node once
+        // the old one is gone; it ends with the instance, after the drain.
+        let to = stops
+            .iter()
+            .filter(|s| &s.node == node && s.how == Ending::Graceful)
+            .map(|s| s.ended)
+            .max()
+            .expect("a pod was evicted, so one stopped");
+        drains.push((node.clone(), from, to));
+    }
+    // A sweep over the drains' edges; at one instant an end goes before a start.
+    let mut edges: Vec<(DateTime<Utc>, i32)> = drains
+        .iter()
+        .flat_map(|(_, from, to)| [(*from, 1), (*to, -1)])
+        .collect();
+    edges.sort();
+    let (mut now, mut most) = (0i32, 0i32);
+    for (_, step) in edges {
+        now += step;
+        most = most.max(now);
+    }
+    Ok((most as usize, drains))
+}
+
+/// No workload pod began on one of `nodes` after the scale-in was asked for (`asked`):
+/// a pod evicted from a node of a mass event never lands on the next one.
+pub fn none_landed_on(
+    stops: &[PodStop],
+    nodes: &[String],
+    asked: DateTime<Utc>,
+) -> Result<(), String> {
+    let landed: Vec<String> = stops
+        .iter()
+        .filter(|s| nodes.contains(&s.node) && !s.daemonset && s.started >= asked)
+        .map(|s| format!("{} on {} at {}", s.pod, s.node, s.started))
+        .collect();
+    if landed.is_empty() {
+        Ok(())
+    } else {
+        Err(format!(
+            "pods landed on nodes already asked to go: {landed:?}"
+        ))
+    }
+}

@@ -180,7 +180,13 @@ pub struct More {
     pub warm_pool: Option<ca_asg_provider::cloud::WarmPool>,
     /// Feature gates of the API server and the controller manager (`Name=true`).
     pub feature_gates: &'static [&'static str],
+    /// The desired capacity of a second group, `api`, beside `web` (0: none); it has
+    /// `web`'s hook, and the service manages both.
+    pub second_group: i32,
 }
+
+/// The second group's name ([`More::second_group`]).
+pub const SECOND_GROUP: &str = "api";
 
 impl Default for More {
     fn default() -> Self {
@@ -192,6 +198,7 @@ impl Default for More {
             driver: BY_HAND.to_string(),
             warm_pool: None,
             feature_gates: &[],
+            second_group: 0,
         }
     }
 }
@@ -232,7 +239,7 @@ pub async fn serve(
         Arc::new(cloud.clone()),
         ProviderSettings {
             selector: GroupSelector {
-                names: vec!["web".into()],
+                names: cloud.group_names(),
                 tag_sets: vec![],
             },
             refresh_interval: Duration::from_millis(500),
@@ -811,7 +818,16 @@ impl Rig {
         if let Some(pool) = more.warm_pool.clone() {
             group = group.warm_pool(pool);
         }
-        let cloud = MemoryCloud::new(vec![group], timing());
+        let mut groups = vec![group];
+        if more.second_group > 0 {
+            let mut api = MemoryGroup::new(SECOND_GROUP, 0, 8, more.second_group, "m5.large");
+            if hooked {
+                api = api.terminating_hook(HOOK, 300);
+            }
+            groups.push(api);
+        }
+        let nodes = (desired + more.second_group) as usize;
+        let cloud = MemoryCloud::new(groups, timing());
         let real_iid: std::collections::BTreeSet<String> = match real {
             Some(_) => cloud
                 .instances()
@@ -861,14 +877,14 @@ impl Rig {
         };
         until("a Ready Node per instance", 30, || {
             let k = kubelet.clone();
-            async move { k.nodes().len() == desired as usize }
+            async move { k.nodes().len() == nodes }
         })
         .await;
         report.step("run the workloads");
         let want = match what {
             Workloads::Budgeted => {
                 workloads(&admin, &mut cp).await;
-                APP_REPLICAS + desired as usize
+                APP_REPLICAS + nodes
             }
             Workloads::Logging { port } => {
                 let shared = real_node

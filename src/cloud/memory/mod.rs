@@ -893,6 +893,11 @@ impl MemoryCloud {
         self.settled().hook_timeouts.clone()
     }
 
+    /// The name of every group, in the cloud's order.
+    pub fn group_names(&self) -> Vec<String> {
+        self.settled().groups.keys().cloned().collect()
+    }
+
     /// Desired capacity of a group now.
     pub fn desired(&self, group: &str) -> Option<i32> {
         self.settled().groups.get(group).map(|g| g.desired)
