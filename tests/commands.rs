@@ -1406,6 +1406,54 @@ async fn drain_command_says_each_phase_and_what_blocks_it() {
     }
 }
 
+/// Issue 74: with `scaleIn.daemonSets: keep`, `drain NODE` says the DaemonSet pods
+/// stay, never that they go last, and they do stay.
+#[tokio::test(start_paused = true)]
+async fn drain_command_with_daemonsets_kept_says_they_stay() {
+    use ca_asg_provider::commands::drain::drain_saying;
+    use ca_asg_provider::scalein::DaemonSetPolicy;
+    let sim = SimCluster::start_in_process(SimOptions {
+        ready_delay: Duration::from_millis(30),
+    })
+    .await
+    .unwrap();
+    n1_with_fluentd_and_an_app(&sim, 0.2);
+    while sim.list::<Pod>().len() < 2 {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let mut cfg = drain_config();
+    cfg.scale_in.daemonsets = DaemonSetPolicy::Keep;
+    let lines: Said = Default::default();
+    let sink = lines.clone();
+    drain_saying(
+        sim.client(),
+        &cfg,
+        &drain_args("n1"),
+        Arc::new(move |l: &str| sink.lock().unwrap().push(l.to_string())),
+    )
+    .await
+    .unwrap();
+    let lines = lines.lock().unwrap().clone();
+    let text = lines.join("\n");
+    // (The narrator's own line for the phase: progress::tests.)
+    let want = "draining n1: workload pods only, DaemonSet pods stay (scaleIn.daemonSets: keep); the instance keeps running";
+    assert!(
+        lines.iter().any(|l| l.starts_with(want)),
+        "{want:?} not in:\n{text}"
+    );
+    assert!(!text.contains("DaemonSet pods last"), "{text}");
+    assert!(!text.contains("evicting the DaemonSet pods"), "{text}");
+    let left: Vec<String> = sim
+        .list::<Pod>()
+        .iter()
+        .filter_map(|p| p["metadata"]["name"].as_str().map(str::to_string))
+        .collect();
+    assert!(
+        left.iter().any(|n| n.starts_with("fluentd")),
+        "the DaemonSet pod stayed: {left:?}\n{text}"
+    );
+}
+
 /// Issue 62: every subcommand's `--help` states its exit codes, and each takes only
 /// the flags it uses: `--listen`, `--metrics-listen` and `--insecure` are `serve`'s
 /// alone (check-config and drain refuse them), under their old names.

@@ -122,14 +122,16 @@ pub async fn drain_until(
     say(&target.intent());
     // What the node already shows is primed before anything changes: only the
     // warnings of this drain are relayed.
-    let narrator = Narrator::new(&target.node, BLOCKERS_EVERY).daemonset_deadline(
-        cfg.scale_in.daemonset_deadline,
-        match target.mode {
-            // The ASG ends the instance whatever the hook's result: the drain goes on.
-            Mode::Lifecycle { .. } => scalein::DeadlinePolicy::Proceed,
-            _ => cfg.scale_in.daemonset_deadline_policy,
-        },
-    );
+    let narrator = Narrator::new(&target.node, BLOCKERS_EVERY)
+        .daemonset_deadline(
+            cfg.scale_in.daemonset_deadline,
+            match target.mode {
+                // The ASG ends the instance whatever the hook's result: the drain goes on.
+                Mode::Lifecycle { .. } => scalein::DeadlinePolicy::Proceed,
+                _ => cfg.scale_in.daemonset_deadline_policy,
+            },
+        )
+        .daemonsets_stay(target.daemonsets_stay);
     let watch = Watch::start(client.clone(), narrator, engine.limits()).await;
     let role = std::sync::OnceLock::new();
     let drive = async {
@@ -387,6 +389,8 @@ struct Target {
     /// The group's warm pool takes instances back on scale-in: our hook's completed
     /// action may return the instance to the pool instead of ending it.
     to_pool: bool,
+    /// `scaleIn.daemonSets: keep`: the DaemonSet pods stay on the node.
+    daemonsets_stay: bool,
 }
 
 impl Target {
@@ -418,6 +422,7 @@ impl Target {
             group,
             mode,
             to_pool,
+            daemonsets_stay: engine.settings.daemonsets == DaemonSetPolicy::Keep,
         }
     }
 
@@ -429,20 +434,25 @@ impl Target {
             group,
             mode,
             to_pool,
+            daemonsets_stay,
         } = self;
+        let order = match daemonsets_stay {
+            true => "workload pods only, DaemonSet pods stay (scaleIn.daemonSets: keep)",
+            false => "workloads first, DaemonSet pods last",
+        };
         let aws_ends = match to_pool {
             true => "AWS ends it or, as the group's warm pool reuses instances on scale-in, returns it to the pool (the node is then given back when the instance leaves the pool)",
             false => "AWS ends it",
         };
         match mode {
             Mode::DrainOnly => format!(
-                "draining {node}: workloads first, DaemonSet pods last; the instance keeps running and the node stays cordoned"
+                "draining {node}: {order}; the instance keeps running and the node stays cordoned"
             ),
             Mode::Direct => format!(
-                "draining {node}: workloads first, DaemonSet pods last; then instance {id} is terminated and group {group}'s desired capacity lowered by one"
+                "draining {node}: {order}; then instance {id} is terminated and group {group}'s desired capacity lowered by one"
             ),
             Mode::Lifecycle { .. } => format!(
-                "draining {node}: workloads first, DaemonSet pods last; then the lifecycle hook's action for instance {id} in group {group} is completed and {aws_ends}"
+                "draining {node}: {order}; then the lifecycle hook's action for instance {id} in group {group} is completed and {aws_ends}"
             ),
         }
     }

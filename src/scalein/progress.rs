@@ -438,6 +438,8 @@ pub struct Narrator {
     daemonsets: Option<(Duration, DeadlinePolicy)>,
     /// When the DaemonSet phase was first seen.
     daemonsets_since: Option<Instant>,
+    /// `scaleIn.daemonSets: keep`: the drain evicts no DaemonSet pod.
+    daemonsets_stay: bool,
 }
 
 impl Narrator {
@@ -450,7 +452,15 @@ impl Narrator {
             blockers_at: None,
             daemonsets: None,
             daemonsets_since: None,
+            daemonsets_stay: false,
         }
+    }
+
+    /// The drain keeps the DaemonSet pods (`scaleIn.daemonSets: keep`): its lines say
+    /// they stay, not that they go last.
+    pub fn daemonsets_stay(mut self, stay: bool) -> Self {
+        self.daemonsets_stay = stay;
+        self
     }
 
     /// The node it narrates.
@@ -507,8 +517,12 @@ impl Narrator {
                 Said::Phase(Phase::Workloads) => {
                     self.blockers_at = Some(now);
                     Some(format!(
-                        "evicting {} (DaemonSet pods last)",
-                        pods(row.blocked_by.len())
+                        "evicting {} ({})",
+                        pods(row.blocked_by.len()),
+                        match self.daemonsets_stay {
+                            true => "DaemonSet pods stay: scaleIn.daemonSets is keep",
+                            false => "DaemonSet pods last",
+                        }
                     ))
                 }
                 Said::Phase(Phase::Daemonsets) => {

@@ -442,3 +442,22 @@ fn a_wait_for_the_load_balancers_is_said_every_few_seconds() {
         1
     );
 }
+
+#[test]
+fn with_daemonsets_kept_the_workload_line_says_they_stay() {
+    let s = |secs: u64| Instant::now() + Duration::from_secs(secs);
+    let blocked = row(Phase::Workloads, &[("shop/app", &[])]);
+    let mut kept = Narrator::new("n1", Duration::from_secs(10)).daemonsets_stay(true);
+    assert_eq!(
+        kept.observe(Some(&blocked), 0, s(1)),
+        [
+            "cordoned n1: nothing new is scheduled there",
+            "evicting 1 pod (DaemonSet pods stay: scaleIn.daemonSets is keep)"
+        ]
+    );
+    let mut last = Narrator::new("n1", Duration::from_secs(10)).daemonsets_stay(false);
+    assert_eq!(
+        last.observe(Some(&blocked), 0, s(1))[1],
+        "evicting 1 pod (DaemonSet pods last)"
+    );
+}
