@@ -17,6 +17,7 @@ use serde::Serialize;
 
 use super::until;
 use ca_asg_provider::cloud::memory::MemoryGroup;
+use ca_asg_provider::scalein::decide::budget::{Budget, Groups, Nodes};
 use ca_asg_provider::scalein::{sources::hook_scan, ScaleInSettings};
 use ca_asg_provider::sim::world::Ground;
 use ca_asg_provider::sim::{fixtures, SimCluster};
@@ -44,6 +45,9 @@ pub struct StormOptions {
     /// plugin (tolerate everything, system-node-critical) and a log shipper that
     /// tolerates the drain taint.
     pub daemonsets_that_come_back: bool,
+    /// A disruption budget (`scaleIn.budgets`) over the storm's group beside
+    /// `maxConcurrentDrains`: the most restrictive wins.
+    pub budget: Option<Nodes>,
 }
 
 impl StormOptions {
@@ -59,6 +63,7 @@ impl StormOptions {
             hook_timeout_secs: 120,
             limit: Duration::from_secs(1800),
             daemonsets_that_come_back: false,
+            budget: None,
         }
     }
 }
@@ -67,6 +72,18 @@ impl StormOptions {
 pub struct StormReport {
     pub nodes: usize,
     pub max_concurrent_drains: usize,
+    /// The disruption budget over the storm's group (`10%`), if any.
+    pub budget: Option<String>,
+    /// The most nodes draining at one instant: a node drains from its first eviction
+    /// request to its lifecycle action's completion.
+    pub most_draining_at_once: usize,
+    /// Drains begun (first eviction request) per minute, from the storm's start to the
+    /// last drain's beginning.
+    pub drains_started_per_min: f64,
+    /// Lifecycle actions completed per minute over the whole storm.
+    pub drains_finished_per_min: f64,
+    /// The storm's API requests over its nodes.
+    pub requests_per_node: f64,
     pub workload_pods: usize,
     pub daemonset_pods: usize,
     /// From the instant all entered Terminating:Wait to the last lifecycle action.
@@ -346,6 +363,19 @@ pub async fn run(o: &StormOptions) -> anyhow::Result<StormReport> {
         max_concurrent_drains: o.max_concurrent_drains.max(1),
         lifecycle_poll_interval: Duration::from_secs(2),
         eviction_retry: Duration::from_secs(1),
+        budgets: o
+            .budget
+            .iter()
+            .map(|nodes| Budget {
+                name: "storm".into(),
+                nodes: *nodes,
+                groups: Groups::Named(["storm".to_string()].into()),
+                zones: Default::default(),
+                causes: None,
+                window: None,
+                rate: None,
+            })
+            .collect(),
         ..ScaleInSettings::default()
     };
     // A restart's window: from the provider's start until it takes size changes (the
@@ -518,6 +548,25 @@ pub async fn run(o: &StormOptions) -> anyhow::Result<StormReport> {
         .iter()
         .filter(|(node, c)| last_other_ds.get(*node).is_some_and(|o| o > c))
         .count();
+    // Per node: when its drain began, as budgets count it (its first eviction request).
+    let mut first_eviction: HashMap<String, Instant> = HashMap::new();
+    for a in audit
+        .iter()
+        .filter(|a| a.at >= started && a.kind == "Pod" && a.verb == "eviction-requested")
+    {
+        if let Some((node, _, _)) = pods_on.get(&a.name) {
+            first_eviction.entry(node.clone()).or_insert(a.at);
+        }
+    }
+    let most_draining_at_once = most_at_once(
+        done.iter()
+            .filter_map(|(node, end)| Some((*first_eviction.get(node)?, *end))),
+    );
+    let last_start_s = first_eviction
+        .values()
+        .map(|at| at.duration_since(started).as_secs_f64())
+        .fold(0.0, f64::max)
+        .max(1e-9);
     let drain_s: Vec<f64> = done
         .iter()
         .filter_map(|(node, end)| Some(end.duration_since(*began.get(node)?).as_secs_f64()))
@@ -566,6 +615,14 @@ pub async fn run(o: &StormOptions) -> anyhow::Result<StormReport> {
     Ok(StormReport {
         nodes: o.nodes,
         max_concurrent_drains: o.max_concurrent_drains,
+        budget: o.budget.map(|n| match n {
+            Nodes::Count(c) => c.to_string(),
+            Nodes::Percent(p) => format!("{p}%"),
+        }),
+        most_draining_at_once,
+        drains_started_per_min: first_eviction.len() as f64 * 60.0 / last_start_s,
+        drains_finished_per_min: done.len() as f64 * 60.0 / secs,
+        requests_per_node: api_requests as f64 / o.nodes as f64,
         workload_pods: sets * size,
         daemonset_pods: daemonsets_per_node * total_nodes,
         all_ended_s: secs,
@@ -613,4 +670,34 @@ pub async fn run(o: &StormOptions) -> anyhow::Result<StormReport> {
         rss_before_engine_mib,
         size_changes_open_s,
     })
+}
+
+/// The most of `spans` (from, to) open at one instant; at one instant an end goes
+/// before a start.
+fn most_at_once(spans: impl Iterator<Item = (Instant, Instant)>) -> usize {
+    let mut edges: Vec<(Instant, i32)> = spans.flat_map(|(a, b)| [(a, 1), (b, -1)]).collect();
+    edges.sort();
+    let (mut open, mut most) = (0i32, 0i32);
+    for (_, step) in edges {
+        open += step;
+        most = most.max(open);
+    }
+    most as usize
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn most_at_once_counts_overlaps_and_lets_an_end_go_before_a_start() {
+        let t = Instant::now();
+        let s = |a: u64, b: u64| (t + Duration::from_secs(a), t + Duration::from_secs(b));
+        assert_eq!(most_at_once([].into_iter()), 0);
+        assert_eq!(most_at_once([s(0, 2), s(2, 4), s(4, 6)].into_iter()), 1);
+        assert_eq!(
+            most_at_once([s(0, 5), s(1, 2), s(1, 3), s(3, 4)].into_iter()),
+            3
+        );
+    }
 }

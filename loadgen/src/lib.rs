@@ -135,6 +135,10 @@ pub struct LoadgenArgs {
     /// straight back on the draining nodes.
     #[arg(long, requires = "drain_storm")]
     pub storm_daemonsets_that_come_back: bool,
+    /// A disruption budget over the storm's group (`scaleIn.budgets[].nodes`: a count
+    /// or a percent, `10%`), beside `--storm-concurrency`.
+    #[arg(long, requires = "drain_storm", value_parser = parse_budget)]
+    pub storm_budget: Option<ca_asg_provider::scalein::decide::budget::Nodes>,
     /// Also run each measured loop against the transport floor: a server on the same
     /// gRPC stack that replays the real server's recorded answers and runs no provider
     /// code. Loops alternate between the two (ABBA); the report gives both CPUs and
@@ -517,6 +521,7 @@ pub async fn run(args: LoadgenArgs) -> anyhow::Result<()> {
         o.api_burst = (args.storm_api_qps * 2.0) as u32;
         o.max_concurrent_drains = args.storm_concurrency;
         o.daemonsets_that_come_back = args.storm_daemonsets_that_come_back;
+        o.budget = args.storm_budget;
         let report = drain_storm::run(&o).await?;
         println!("{}", serde_json::to_string_pretty(&report)?);
         return write_json(args.json.as_deref(), &report);
@@ -825,4 +830,9 @@ mod tests {
         assert_eq!((s.min, s.mean, s.max), (1.0, 2.33, 4.0));
         assert_eq!(Summary::of(&[]).max, 0.0);
     }
+}
+
+/// `--storm-budget`: the budgets' own reading of `nodes`.
+fn parse_budget(text: &str) -> Result<ca_asg_provider::scalein::decide::budget::Nodes, String> {
+    ca_asg_provider::scalein::decide::budget::Nodes::parse(text)
 }

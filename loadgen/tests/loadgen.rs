@@ -161,6 +161,32 @@ async fn a_drain_storm_with_daemonsets_that_come_back_chases_none_of_them() {
     assert_eq!(r.put_back_daemonset_evictions, 0, "{r:?}");
 }
 
+/// Issue 71: the storm under a disruption budget of 50 % of its 4 nodes: never more
+/// than 2 draining at once (first eviction to the action's completion), and every
+/// other invariant kept; without it all 4 drain at once (the shipped
+/// `maxConcurrentDrains` is 50), so the count could fail.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_drain_storm_under_a_budget_never_drains_more_than_it_allows() {
+    use ca_asg_provider::scalein::decide::budget::Nodes;
+    use loadgen::drain_storm::{run, StormOptions};
+    let mut o = StormOptions::new(4);
+    o.pods_per_node = 3;
+    o.set_size = 3;
+    o.limit = std::time::Duration::from_secs(300);
+    o.budget = Some(Nodes::Percent(50));
+    let r = run(&o).await.unwrap();
+    assert_eq!(r.budget.as_deref(), Some("50%"));
+    assert!(
+        (1..=2).contains(&r.most_draining_at_once),
+        "{} draining at once under 50% of 4: {r:?}",
+        r.most_draining_at_once
+    );
+    assert_eq!(r.hook_timeouts, 0, "{r:?}");
+    assert_eq!(r.pdb_violations, 0, "{r:?}");
+    assert_eq!(r.daemonset_last_violations, 0, "{r:?}");
+    assert!(r.drains_finished_per_min > 0.0, "{r:?}");
+}
+
 /// `--drain-floor`: one node's drain, found by the poll and by the queue, under the
 /// shipped settings and those before the drain waited on budgets. No drain can end
 /// before its pods' floor (the replacement Ready, then the preStops): the report's
