@@ -267,3 +267,200 @@ async fn lines_lost_with_cas_default_drain() {
 async fn lines_lost_with_kubectl_drain_ignoring_daemonsets() {
     lines_lost(Way::KubectlDrainIgnoreDaemonsets).await;
 }
+
+/// Issue 72 on a real kubelet: two pods that no eviction can move (each a single
+/// replica under `minAvailable: 1`), one with 6 s of grace and one with 2 s, that
+/// ignore SIGTERM, and a DaemonSet pod; CA deletes the node, `workloadDeadline` 10 s
+/// with `proceed`. The service deletes each at (deadline - its own grace), the longer
+/// grace first; the kubelet sends each its SIGTERM and removes it no sooner than its
+/// grace after the delete, so each gets all of it; the DaemonSet pod is evicted only
+/// once both graces have run out (their containers have exited). Read from the audit
+/// log and from marks the containers leave on the host.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn each_pod_past_the_deadline_gets_its_own_grace_on_a_real_kubelet() {
+    use ca_asg_provider::scalein::{DeadlinePolicy, ScaleInSettings};
+    use serde_json::json;
+    const SCENARIO: &str = "per-pod grace at the workload deadline, real kubelet";
+    let Some(bin) = binaries(SCENARIO) else {
+        return;
+    };
+    let Some(images) = real_node::available() else {
+        if std::env::var("E2E_REQUIRED").as_deref() == Ok("1") {
+            panic!("{SCENARIO}: no real node here (scripts/e2e/node-deps.sh)");
+        }
+        eprintln!("{SCENARIO}: skipped (no real node: run scripts/e2e.sh)");
+        return;
+    };
+    let _one_at_a_time = SERIAL.lock().await;
+    let setup = Setup {
+        desired: 1,
+        hooked: false,
+        real: Some(images),
+        workloads: Workloads::Own,
+    };
+    let more = rig::More {
+        settings: ScaleInSettings {
+            workload_deadline: Duration::from_secs(10),
+            workload_deadline_policy: DeadlinePolicy::Proceed,
+            ..rig::settings()
+        },
+        ..rig::More::default()
+    };
+    let mut rig = Rig::start_more(SCENARIO, &bin, setup, more).await;
+    let (node, iid) = rig
+        .kubelet
+        .nodes()
+        .into_iter()
+        .next()
+        .expect("the real node");
+    let shared = rig
+        .real
+        .as_ref()
+        .and_then(|n| n.lock().as_ref().map(|n| n.shared.clone()))
+        .expect("the real node");
+    // Each container leaves a mark on SIGTERM and goes on: the kubelet ends it at its
+    // grace.
+    let spec = |name: &str, grace: u32| {
+        json!({
+            "nodeSelector": {"e2e/real": "true"},
+            "automountServiceAccountToken": false,
+            "terminationGracePeriodSeconds": grace,
+            "volumes": [{"name": "marks", "hostPath": {"path": shared.display().to_string()}}],
+            "containers": [{"name": "main", "image": "e2e.local/busybox:1", "imagePullPolicy": "Never",
+                "command": ["/bin/sh", "-c"],
+                "args": [format!("trap 'touch /marks/{name}.term' TERM\nwhile :; do sleep 0.1; done\n")],
+                "volumeMounts": [{"name": "marks", "mountPath": "/marks"}]}],
+        })
+    };
+    rig.report
+        .step("two single replicas under minAvailable: 1 (grace 6 s and 2 s), a DaemonSet");
+    for (name, grace) in [("long", 6), ("short", 2)] {
+        rig::create(
+            &rig.admin,
+            Some("shop"),
+            json!({
+                "apiVersion": "apps/v1", "kind": "Deployment", "metadata": {"name": name},
+                "spec": {"replicas": 1, "selector": {"matchLabels": {"app": name}},
+                    "template": {"metadata": {"labels": {"app": name}}, "spec": spec(name, grace)}}
+            }),
+        )
+        .await;
+        rig::create(&rig.admin, Some("shop"), json!({
+            "apiVersion": "policy/v1", "kind": "PodDisruptionBudget", "metadata": {"name": name},
+            "spec": {"minAvailable": 1, "selector": {"matchLabels": {"app": name}}}
+        }))
+        .await;
+    }
+    rig::create(
+        &rig.admin,
+        Some("logging"),
+        json!({
+            "apiVersion": "apps/v1", "kind": "DaemonSet", "metadata": {"name": "agent"},
+            "spec": {"selector": {"matchLabels": {"app": "agent"}},
+                "template": {"metadata": {"labels": {"app": "agent"}}, "spec": spec("agent", 2)}}
+        }),
+    )
+    .await;
+    let admin = rig.admin.clone();
+    until("the three pods Ready and both budgets computed", 90, || {
+        let admin = admin.clone();
+        async move {
+            let pdbs: kube::Api<k8s_openapi::api::policy::v1::PodDisruptionBudget> =
+                kube::Api::namespaced(admin.clone(), "shop");
+            let mut computed = true;
+            for name in ["long", "short"] {
+                computed &= pdbs
+                    .get(name)
+                    .await
+                    .ok()
+                    .and_then(|b| b.status)
+                    .is_some_and(|s| s.expected_pods == 1 && s.current_healthy == 1);
+            }
+            computed && rig::ready_pods(&admin).await.len() == 3
+        }
+    })
+    .await;
+    let pods = rig::ready_pods(&rig.admin).await;
+    let named = |prefix: &str| {
+        pods.keys()
+            .find(|p| p.starts_with(prefix))
+            .cloned()
+            .unwrap_or_else(|| panic!("no pod {prefix}*: {pods:?}"))
+    };
+    let (long, short, agent) = (
+        named("shop/long-"),
+        named("shop/short-"),
+        named("logging/agent-"),
+    );
+
+    rig.report
+        .scale_in_begins("CA: NodeGroupDeleteNodes of the node (workloadDeadline 10 s, proceed)");
+    rig.ca_deletes(&[(node.clone(), iid.clone())]).await;
+    rig.report.step("wait for the instance to end");
+    rig.wait_ended(std::slice::from_ref(&iid), 120).await;
+
+    let audit = rig.cp.audit();
+    let at = |pod: &str, by_service: bool, verb: &str, sub: &str| {
+        audit
+            .iter()
+            .filter(|e| e.target() == pod && e.is(verb, "pods", sub))
+            .filter(|e| (e.user.username == control_plane::SERVICE_USER) == by_service)
+            .filter_map(|e| e.stage_timestamp)
+            .min()
+            .unwrap_or_else(|| panic!("no {verb} {sub} of {pod} (by the service: {by_service})"))
+    };
+    rig.report
+        .step("check: the longer grace deleted first, each removed no sooner than its grace");
+    let (long_deleted, short_deleted) = (
+        at(&long, true, "delete", ""),
+        at(&short, true, "delete", ""),
+    );
+    assert!(
+        long_deleted < short_deleted,
+        "the pod with 6 s of grace was deleted at {long_deleted}, not before the one with 2 s at {short_deleted}"
+    );
+    let mut gone = Vec::new();
+    for (pod, deleted, grace) in [(&long, long_deleted, 6.0), (&short, short_deleted, 2.0)] {
+        // The kubelet's own removal, once the container ended.
+        let removed = at(pod, false, "delete", "");
+        let had = (removed - deleted).num_milliseconds() as f64 / 1000.0;
+        assert!(
+            had >= grace - 0.5,
+            "{pod}: deleted at {deleted}, removed by the kubelet {had} s later: less than its {grace} s of grace"
+        );
+        gone.push(removed);
+        eprintln!("e2e: {pod}: deleted by the service at {deleted}, removed {had:.1} s later (grace {grace} s)");
+    }
+    rig.report.step("check: each got its SIGTERM");
+    for name in ["long", "short"] {
+        assert!(
+            shared.join(format!("{name}.term")).exists(),
+            "{name}: no SIGTERM mark"
+        );
+    }
+    rig.report
+        .step("check: the DaemonSet pod evicted only once both graces had run out");
+    // The kubelet kills a container at its delete plus its grace at the latest, and then
+    // marks the pod Failed (the drain's cue: its containers have exited); it removes
+    // the object a little later still, which the drain need not wait for.
+    let agent_evicted = at(&agent, true, "create", "eviction");
+    for (pod, deleted, grace) in [(&long, long_deleted, 6), (&short, short_deleted, 2)] {
+        let killed_by = deleted + chrono::Duration::seconds(grace);
+        assert!(
+            agent_evicted >= killed_by,
+            "the DaemonSet pod was evicted at {agent_evicted}, before {pod}'s grace ran out at {killed_by}"
+        );
+    }
+    let last_gone = gone.into_iter().max().unwrap();
+    eprintln!(
+        "e2e: the DaemonSet pod evicted at {agent_evicted}; the last workload pod's object removed at {last_gone}"
+    );
+    {
+        let first = long_deleted.min(short_deleted);
+        let mut extra = rig.report.extra.lock();
+        extra.insert(
+            "grace_gap_secs".into(),
+            ((short_deleted - first).num_milliseconds() as f64 / 1000.0).into(),
+        );
+    }
+}

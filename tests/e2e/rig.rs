@@ -755,6 +755,8 @@ pub enum Workloads {
     /// preStop, and a log shipper that forwards the node's container logs to
     /// 127.0.0.1:`port`, flushing every 5 s and on SIGTERM.
     Logging { port: u16 },
+    /// Only the namespaces `shop` and `logging`: the scenario makes its own pods.
+    Own,
 }
 
 pub struct Setup {
@@ -893,6 +895,10 @@ impl Rig {
                     .expect("the logging workloads run on a real node");
                 logging_workloads(&admin, &mut cp, port, &shared).await;
                 2
+            }
+            Workloads::Own => {
+                namespaces(&admin, &mut cp, &["shop", "logging"]).await;
+                0
             }
         };
         until("every app and DaemonSet pod Ready", 60, || {
