@@ -37,6 +37,17 @@ impl Binaries {
         let version = std::env::var("E2E_K8S_VERSION").unwrap_or_else(|_| "unknown".into());
         Some(Binaries { k8s, etcd, version })
     }
+
+    /// Whether this version's kube-apiserver knows the feature gate `name` (its
+    /// `--help` lists every gate it has).
+    pub fn knows_gate(&self, name: &str) -> bool {
+        std::process::Command::new(self.k8s.join("kube-apiserver"))
+            .arg("--help")
+            .output()
+            .is_ok_and(|o| {
+                String::from_utf8_lossy(&o.stdout).contains(&format!("{name}=true|false"))
+            })
+    }
 }
 
 /// An identity the API server knows by its static token.
@@ -241,10 +252,16 @@ impl ControlPlane {
     }
 
     /// [`ControlPlane::start`] with feature gates (`Name=true`) given to the API server
-    /// and the controller manager alike, as a cluster that turns a gate on does.
+    /// and the controller manager alike, as a cluster that turns a gate on does; a gate
+    /// this version does not have yet is left out (it would refuse to start).
     pub async fn start_gated(bin: &Binaries, gates: &[&str]) -> anyhow::Result<ControlPlane> {
         let mut cp = ControlPlane::empty()?;
-        cp.gates = gates.join(",");
+        let known: Vec<&str> = gates
+            .iter()
+            .copied()
+            .filter(|g| bin.knows_gate(g.split('=').next().unwrap_or(g)))
+            .collect();
+        cp.gates = known.join(",");
         cp.start_etcd(bin)?;
         cp.start_apiserver(bin).await?;
         cp.start_controllers(bin)?;
