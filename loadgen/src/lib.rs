@@ -780,6 +780,11 @@ fn print(r: &Report) {
     }
 }
 
+/// `--storm-budget`: the budgets' own reading of `nodes`.
+fn parse_budget(text: &str) -> Result<ca_asg_provider::scalein::decide::budget::Nodes, String> {
+    ca_asg_provider::scalein::decide::budget::Nodes::parse(text)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -830,9 +835,4 @@ mod tests {
         assert_eq!((s.min, s.mean, s.max), (1.0, 2.33, 4.0));
         assert_eq!(Summary::of(&[]).max, 0.0);
     }
-}
-
-/// `--storm-budget`: the budgets' own reading of `nodes`.
-fn parse_budget(text: &str) -> Result<ca_asg_provider::scalein::decide::budget::Nodes, String> {
-    ca_asg_provider::scalein::decide::budget::Nodes::parse(text)
 }
