@@ -235,11 +235,28 @@ pub async fn serve(
     ListenAddr,
     &'static Metrics,
 ) {
+    serve_over(client, Arc::new(cloud.clone()), cloud.group_names(), s).await
+}
+
+/// [`serve`] over `cloud` as this process sees it (the soak's replicas each see the
+/// shared memory cloud through a recorder of their own), managing the groups `names`.
+pub async fn serve_over(
+    client: kube::Client,
+    cloud: Arc<dyn ca_asg_provider::cloud::Cloud>,
+    names: Vec<String>,
+    s: ScaleInSettings,
+) -> (
+    Arc<Provider>,
+    Arc<Engine>,
+    CloudProviderClient<Channel>,
+    ListenAddr,
+    &'static Metrics,
+) {
     let provider = Provider::new(
-        Arc::new(cloud.clone()),
+        cloud.clone(),
         ProviderSettings {
             selector: GroupSelector {
-                names: cloud.group_names(),
+                names,
                 tag_sets: vec![],
             },
             refresh_interval: Duration::from_millis(500),
@@ -250,7 +267,7 @@ pub async fn serve(
         .refresh_now()
         .await
         .expect("the service's first refresh");
-    let engine = Engine::new(client, Arc::new(cloud.clone()), Some(provider.clone()), s);
+    let engine = Engine::new(client, cloud, Some(provider.clone()), s);
     provider.set_scale_in(Arc::new(DrainScaleIn(engine.clone())));
     let counts: &'static Metrics = Box::leak(Box::new(Metrics::new()));
     let path = socket_path();
