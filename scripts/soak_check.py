@@ -6,7 +6,7 @@ user name, its taint and annotation prefix, and the Lease's name, as the docs na
 Usage: soak_check.py RUN_DIR   (exit 0: every rule held; 1: the broken rules, each with
 the node / instance / pod and the evidence lines; 2: the input could not be read).
 
-The input contract (RUN_DIR, written by tests/e2e/soak.rs; docs/e2e.md#the-soak):
+The input contract (RUN_DIR, written by tests/e2e_soak.rs; docs/e2e.md#the-soak):
 
 - audit.log: kube-apiserver's audit log, JSON lines, as the suite's policy writes it
   (tests/e2e/control_plane.rs): every request of the service at Metadata; Lease writes
@@ -100,8 +100,7 @@ class Run:
         for e in self.audit:
             ref = e.get("objectRef") or {}
             res, sub = ref.get("resource"), ref.get("subresource", "")
-            ok = 200 <= int(_d(e, "responseStatus", "code") or 0) < 300
-            if not ok:
+            if not ok(e):
                 continue
             if res == "pods" and e.get("verb") == "create" and not sub:
                 obj = e.get("responseObject") or {}
@@ -113,10 +112,11 @@ class Run:
                 p["line"] = e["_line"]
                 if _d(obj, "spec", "nodeName"):
                     p["node"] = _d(obj, "spec", "nodeName")
+                    p["bound"] = e["stageTimestamp"]
             elif res == "pods" and sub == "binding":
                 key = (ref.get("namespace"), ref.get("name"))
                 node = _d(e, "requestObject", "target", "name")
-                self.pods.setdefault(key, {})["node"] = node
+                self.pods.setdefault(key, {}).update(node=node, bound=e["stageTimestamp"])
             elif res == "pods" and e.get("verb") == "delete" and not sub:
                 key = (ref.get("namespace"), ref.get("name"))
                 self.pods.setdefault(key, {})["gone"] = e["stageTimestamp"]
@@ -130,6 +130,17 @@ class Run:
             key = (_d(p, "metadata", "namespace"), _d(p, "metadata", "name"))
             if key in self.pods:
                 self.pods[key].pop("gone", None)
+        # A node's drain began at the service's first write to it (its cordon, its taint).
+        self.drain_began = {}
+        for e in self.audit:
+            ref = e.get("objectRef") or {}
+            if (
+                self.by_service(e)
+                and ref.get("resource") == "nodes"
+                and e.get("verb") in ("patch", "update")
+                and ok(e)
+            ):
+                self.drain_began.setdefault(ref.get("name"), e["stageTimestamp"])
         self.replicas = {
             _d(e, "user", "uid") for e in self.audit if self.by_service(e)
         }
@@ -250,7 +261,7 @@ def daemonset_before_workloads(run):
 
 def budget_broken(run):
     """A PodDisruptionBudget whose status said fewer healthy pods than it desired, after
-    it had first held."""
+    it had first held with pods to count (a rollout starts from 0 of 0, then 0 of N)."""
     fails = []
     held = set()
     for e in run.audit:
@@ -262,7 +273,7 @@ def budget_broken(run):
         if not isinstance(cur, int) or not isinstance(want, int):
             continue
         key = (ref.get("namespace"), ref.get("name"))
-        if cur >= want:
+        if cur >= want and want > 0:
             held.add(key)
         elif key in held:
             fails.append(
@@ -273,7 +284,9 @@ def budget_broken(run):
 
 def hook_held_badly(run):
     """A lifecycle action our hook held that timed out, or that the service completed
-    while a pod of its node was still there."""
+    while a pod of its node was still there. A DaemonSet pod bound to the node after its
+    drain began is not the drain's: its controller puts one back on a node it tolerates as
+    soon as the last one goes, and it goes with the instance."""
     fails = []
     for c in run.cloud_ops(who="aws", op="TimedOut"):
         fails.append(f"instance {c.get('instance')}: hook {c.get('hook')} timed out\n  {cline(c)}")
@@ -282,10 +295,13 @@ def hook_held_badly(run):
             continue
         node = run.node_of_instance.get(c.get("instance"))
         at = c.get("at", "")
+        began = run.drain_began.get(node)
         left = [
             k
             for k, q in run.pods_on(node)
-            if q.get("created", "") <= at and (q.get("gone") is None or q["gone"] > at)
+            if q.get("created", "") <= at
+            and (q.get("gone") is None or q["gone"] > at)
+            and not (q.get("owner") == "DaemonSet" and began and q.get("bound", "") > began)
         ]
         if node and left:
             fails.append(

@@ -221,6 +221,16 @@ impl More {
     }
 }
 
+/// A service started by [`serve`]: its provider, its drain engine, a client as CA, where
+/// it serves gRPC and its own answer counts.
+pub type Served = (
+    Arc<Provider>,
+    Arc<Engine>,
+    CloudProviderClient<Channel>,
+    ListenAddr,
+    &'static Metrics,
+);
+
 /// The service as it runs in a cluster over `cloud`: its drain engine as the
 /// ServiceAccount, gRPC on a Unix socket of its own (the sidecar's transport; a
 /// restarted service gets a new one) with its own answer counts, and a client as CA.
@@ -228,13 +238,7 @@ pub async fn serve(
     client: kube::Client,
     cloud: &MemoryCloud,
     s: ScaleInSettings,
-) -> (
-    Arc<Provider>,
-    Arc<Engine>,
-    CloudProviderClient<Channel>,
-    ListenAddr,
-    &'static Metrics,
-) {
+) -> Served {
     serve_over(client, Arc::new(cloud.clone()), cloud.group_names(), s).await
 }
 
@@ -245,13 +249,7 @@ pub async fn serve_over(
     cloud: Arc<dyn ca_asg_provider::cloud::Cloud>,
     names: Vec<String>,
     s: ScaleInSettings,
-) -> (
-    Arc<Provider>,
-    Arc<Engine>,
-    CloudProviderClient<Channel>,
-    ListenAddr,
-    &'static Metrics,
-) {
+) -> Served {
     let provider = Provider::new(
         cloud.clone(),
         ProviderSettings {

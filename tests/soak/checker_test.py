@@ -145,6 +145,30 @@ class Checker(unittest.TestCase):
         a[10]["stageTimestamp"], a[11]["stageTimestamp"] = a[11]["stageTimestamp"], a[10]["stageTimestamp"]
         self.assertBreaks("daemonset_before_workloads", (a, c, e), "DaemonSet pod logging/fluent-bit-1 on node ip-10-0-0-1")
 
+    def test_a_rollout_from_none_healthy_is_not_a_broken_budget(self):
+        a, c, e = clean()
+        statuses = [(0, 0), (0, 2), (1, 2)]
+        for i, (cur, want) in enumerate(statuses):
+            a.insert(5, ev(4, "system:kube-controller-manager", "kcm", "update", "poddisruptionbudgets", "app",
+                           sub="status", req={"status": {"currentHealthy": cur, "desiredHealthy": want}}))
+        a.sort(key=lambda x: x["stageTimestamp"])
+        self.assertEqual(broken(a, c, e), {})
+
+    def test_a_daemonset_pod_put_back_mid_drain_is_not_the_drains(self):
+        a, c, e = clean()
+        # The DaemonSet controller puts a new log shipper on the node after the eviction;
+        # the action is completed while it runs, and it goes with the instance.
+        a.append(pod_create(11, "fluent-bit-2", "DaemonSet", ns="logging"))
+        a.append(ev(11, "system:kube-scheduler", "s", "create", "pods", "fluent-bit-2", ns="logging",
+                    sub="binding", req={"target": {"name": NODE}}))
+        a.append(ev(13, "e2e:fake-kubelet", "k", "delete", "pods", "fluent-bit-2", ns="logging"))
+        self.assertEqual(broken(a, c, e), {})
+        # One that was there when the drain began is the drain's.
+        for x in a[-3:]:
+            x["stageTimestamp"] = x["stageTimestamp"].replace(":11.", ":05.").replace(":13.", ":13.")
+        a.sort(key=lambda x: x["stageTimestamp"])
+        self.assertBreaks("hook_held_badly", (a, c, e), "logging/fluent-bit-2 still there")
+
     def test_a_budget_broken(self):
         a, c, e = clean()
         a[9]["requestObject"]["status"]["currentHealthy"] = 1  # the status after the eviction
