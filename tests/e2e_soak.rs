@@ -255,6 +255,8 @@ async fn soak_two_replicas_under_faults_judged_from_outside() {
     let mut slow_until: Option<usize> = None;
     let mut chosen: std::collections::BTreeSet<String> = Default::default();
     let mut step = 0;
+    // DeleteNodes CA sent that failed: CA asks again (one a step, then while settling).
+    let mut again: Vec<(String, String)> = Vec::new();
     while started.elapsed() < Duration::from_secs_f64(minutes * 60.0) {
         step += 1;
         tokio::time::sleep(Duration::from_millis(500 + dice.below(2000))).await;
@@ -273,6 +275,7 @@ async fn soak_two_replicas_under_faults_judged_from_outside() {
             slow_until = None;
             rec.step(step, seed, "slow_answers_end", json!({}));
         }
+        ask_again(&replicas, &mut again, &mut rec, step, seed).await;
         let desired = cloud.desired(GROUP).unwrap_or(0);
         let roll = dice.below(100);
         let leader = replicas.iter().position(|r| r.leads());
@@ -310,13 +313,16 @@ async fn soak_two_replicas_under_faults_judged_from_outside() {
                         // CA asks; the instance is CA's choice whatever the answer.
                         rec.choice(json!({"who": "ca", "op": "DeleteNodes", "group": GROUP, "instance": pick.1, "node": pick.0}));
                         chosen.insert(pick.1.clone());
-                        rig::ca_deletes(&mut ca, std::slice::from_ref(&pick)).await;
-                        rec.step(
+                        delete_nodes(
+                            &mut ca,
+                            pick,
+                            &mut again,
+                            &mut rec,
                             step,
                             seed,
                             "ca_delete_nodes",
-                            json!({"node": pick.0, "instance": pick.1}),
-                        );
+                        )
+                        .await;
                     }
                     _ => rec.step(
                         step,
@@ -434,6 +440,7 @@ async fn soak_two_replicas_under_faults_judged_from_outside() {
     let settled_by = ca_asg_provider::clock::Instant::now();
     let mut settled = false;
     while settled_by.elapsed() < Duration::from_secs(240) {
+        ask_again(&replicas, &mut again, &mut rec, step, seed).await;
         if settle(
             cloud.clone(),
             kubelet.clone(),
@@ -492,6 +499,58 @@ async fn soak_two_replicas_under_faults_judged_from_outside() {
         dir.display(),
         String::from_utf8_lossy(&out.stderr)
     );
+}
+
+/// CA's NodeGroupDeleteNodes of `pick` (node, instance); when it fails (the AWS faults
+/// reach it), CA will ask again: `pick` goes to `again`.
+async fn delete_nodes(
+    ca: &mut CloudProviderClient<Channel>,
+    pick: (String, String),
+    again: &mut Vec<(String, String)>,
+    rec: &mut Record,
+    step: usize,
+    seed: u64,
+    what: &str,
+) {
+    let r = rig::try_ca_deletes(ca, std::slice::from_ref(&pick)).await;
+    let error = r.as_ref().err().map(|e| e.to_string());
+    rec.step(
+        step,
+        seed,
+        what,
+        json!({"node": pick.0, "instance": pick.1, "error": error}),
+    );
+    if r.is_err() {
+        again.push(pick);
+    }
+}
+
+/// The first DeleteNodes that failed, sent again to the replica that leads (if one does).
+async fn ask_again(
+    replicas: &[Replica],
+    again: &mut Vec<(String, String)>,
+    rec: &mut Record,
+    step: usize,
+    seed: u64,
+) {
+    let Some(l) = replicas.iter().position(|r| r.leads()) else {
+        return;
+    };
+    if again.is_empty() {
+        return;
+    }
+    let mut ca = replicas[l].ca.clone().unwrap();
+    let pick = again.remove(0);
+    delete_nodes(
+        &mut ca,
+        pick,
+        again,
+        rec,
+        step,
+        seed,
+        "ca_delete_nodes_again",
+    )
+    .await;
 }
 
 /// The Python the checker runs on: `SOAK_PYTHON`, else `python3` (the checker needs

@@ -234,11 +234,7 @@ pub type Served = (
 /// The service as it runs in a cluster over `cloud`: its drain engine as the
 /// ServiceAccount, gRPC on a Unix socket of its own (the sidecar's transport; a
 /// restarted service gets a new one) with its own answer counts, and a client as CA.
-pub async fn serve(
-    client: kube::Client,
-    cloud: &MemoryCloud,
-    s: ScaleInSettings,
-) -> Served {
+pub async fn serve(client: kube::Client, cloud: &MemoryCloud, s: ScaleInSettings) -> Served {
     serve_over(client, Arc::new(cloud.clone()), cloud.group_names(), s).await
 }
 
@@ -579,6 +575,17 @@ pub async fn occupied(admin: &kube::Client, kubelet: &FakeKubelet) -> Vec<(Strin
 /// CA's NodeGroupDeleteNodes of `nodes` (node, instance) in group `web`, as CA sends it
 /// (node name, providerID, hostname label), under CA's 5 s gRPC deadline.
 pub async fn ca_deletes(ca: &mut CloudProviderClient<Channel>, nodes: &[(String, String)]) {
+    try_ca_deletes(ca, nodes)
+        .await
+        .unwrap_or_else(|e| panic!("NodeGroupDeleteNodes: {e}"));
+}
+
+/// [`ca_deletes`], its answer returned: the soak's AWS faults may fail it, and CA asks
+/// again.
+pub async fn try_ca_deletes(
+    ca: &mut CloudProviderClient<Channel>,
+    nodes: &[(String, String)],
+) -> Result<(), tonic::Status> {
     let req = proto::NodeGroupDeleteNodesRequest {
         id: "web".into(),
         nodes: nodes
@@ -593,9 +600,7 @@ pub async fn ca_deletes(ca: &mut CloudProviderClient<Channel>, nodes: &[(String,
     };
     let mut r = tonic::Request::new(req);
     r.set_timeout(Duration::from_secs(5));
-    ca.node_group_delete_nodes(r)
-        .await
-        .unwrap_or_else(|e| panic!("NodeGroupDeleteNodes: {e}"));
+    ca.node_group_delete_nodes(r).await.map(|_| ())
 }
 
 /// Group `web`'s NodeGroupTargetSize after a Refresh, as CA reads it at the start of
