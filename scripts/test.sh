@@ -114,6 +114,8 @@ echo "== docs: links and anchors, the scripts the docs show as their files hold 
 .venv/bin/python tests/docs/tests_named.py
 .venv/bin/python tests/docs/consistency.py
 .venv/bin/python tests/docs/architecture.py
+echo "== soak: the soak's checker (scripts/soak_check.py) on histories made to break each rule"
+.venv/bin/python tests/soak/checker_test.py
 echo "== release: the crate's SBOM (scripts/sbom.py) against Cargo.lock"
 .venv/bin/python tests/release/sbom_test.py
 

@@ -248,6 +248,9 @@ pub fn handed_back(node: &k8s_openapi::api::core::v1::Node) -> Result<(), String
     Ok(())
 }
 
+/// Each node's drain: (node, from, to).
+pub type Drains = Vec<(String, DateTime<Utc>, DateTime<Utc>)>;
+
 /// How many of `nodes` drained at once at most, and each node's drain as
 /// (node, from, to): a node drains from the first eviction the service asked for a pod
 /// on it (refused ones too: the drain had begun) to the exit of its last pod that
@@ -256,7 +259,7 @@ pub fn most_draining_at_once(
     audit: &[AuditEvent],
     stops: &[PodStop],
     nodes: &[String],
-) -> Result<(usize, Vec<(String, DateTime<Utc>, DateTime<Utc>)>), String> {
+) -> Result<(usize, Drains), String> {
     let mut drains = Vec::new();
     for node in nodes {
         let pods: Vec<&str> = stops

@@ -68,6 +68,11 @@ pub enum Who {
     /// storm): system:masters, under a name of its own so the audit log tells its
     /// requests apart.
     Drainer,
+    /// The soak's two replicas of the service (`tests/e2e/soak.rs`): the ServiceAccount's
+    /// user, each under its own uid (its identity in the Lease), so the audit log tells
+    /// their requests apart.
+    ReplicaA,
+    ReplicaB,
 }
 
 pub const SERVICE_USER: &str = "system:serviceaccount:kube-system:cluster-autoscaler";
@@ -75,17 +80,29 @@ pub const KUBELET_USER: &str = "e2e:fake-kubelet";
 pub const DRAINER_USER: &str = "e2e:drainer";
 
 impl Who {
-    const ALL: [Who; 6] = [
+    const ALL: [Who; 8] = [
         Who::Admin,
         Who::ControllerManager,
         Who::Scheduler,
         Who::Kubelet,
         Who::Service,
         Who::Drainer,
+        Who::ReplicaA,
+        Who::ReplicaB,
     ];
 
     fn token(self) -> String {
-        format!("e2e-token-{}", self.user().replace([':', '/'], "-"))
+        format!("e2e-token-{}", self.uid().replace([':', '/'], "-"))
+    }
+
+    /// The user's uid in the audit log: its name, but a replica's identity for each of
+    /// the soak's replicas.
+    pub fn uid(self) -> &'static str {
+        match self {
+            Who::ReplicaA => "replica-a",
+            Who::ReplicaB => "replica-b",
+            _ => self.user(),
+        }
     }
 
     pub fn user(self) -> &'static str {
@@ -94,7 +111,7 @@ impl Who {
             Who::ControllerManager => "system:kube-controller-manager",
             Who::Scheduler => "system:kube-scheduler",
             Who::Kubelet => KUBELET_USER,
-            Who::Service => SERVICE_USER,
+            Who::Service | Who::ReplicaA | Who::ReplicaB => SERVICE_USER,
             Who::Drainer => DRAINER_USER,
         }
     }
@@ -103,7 +120,9 @@ impl Who {
         match self {
             Who::Admin | Who::ControllerManager | Who::Kubelet | Who::Drainer => "system:masters",
             Who::Scheduler => "system:authenticated",
-            Who::Service => "system:serviceaccounts,system:serviceaccounts:kube-system",
+            Who::Service | Who::ReplicaA | Who::ReplicaB => {
+                "system:serviceaccounts,system:serviceaccounts:kube-system"
+            }
         }
     }
 }
@@ -212,11 +231,29 @@ pub fn free_port() -> u16 {
 
 /// Every request of the service and of a drainer compared with it (what the storm
 /// counts), and everyone's writes of pods, evictions, Nodes and budgets (what the
-/// checks read).
+/// checks read). For the soak's checker (scripts/soak_check.py), which reads nothing
+/// else: Lease writes with their body (the holder), pod creates with their answer (the
+/// name, the owner), bindings and Node creates with their body (the node, the
+/// providerID).
 const AUDIT_POLICY: &str = r#"apiVersion: audit.k8s.io/v1
 kind: Policy
 omitStages: ["RequestReceived"]
 rules:
+  - level: Request
+    verbs: ["create", "update", "patch"]
+    resources:
+      - group: "coordination.k8s.io"
+        resources: ["leases"]
+  - level: RequestResponse
+    verbs: ["create"]
+    resources:
+      - group: ""
+        resources: ["pods"]
+  - level: Request
+    verbs: ["create"]
+    resources:
+      - group: ""
+        resources: ["pods/binding", "nodes"]
   - level: Metadata
     users: ["system:serviceaccount:kube-system:cluster-autoscaler", "e2e:drainer"]
   - level: Request
@@ -364,7 +401,7 @@ impl ControlPlane {
                 "{},{},{},\"{}\"",
                 who.token(),
                 who.user(),
-                who.user(),
+                who.uid(),
                 who.groups()
             )?;
         }
@@ -452,7 +489,7 @@ impl ControlPlane {
         use base64::Engine as _;
         let path = self.path(&format!(
             "{}.kubeconfig",
-            who.user().replace([':', '/'], "-")
+            who.uid().replace([':', '/'], "-")
         ));
         let ca = base64::engine::general_purpose::STANDARD.encode(&self.ca_pem);
         fs::write(
@@ -524,6 +561,11 @@ impl ControlPlane {
             Ok(sas.get_opt("default").await?.is_some())
         })
         .await
+    }
+
+    /// The audit log's file (JSON lines).
+    pub fn audit_log(&self) -> PathBuf {
+        self.path("audit.log")
     }
 
     /// Every audit event written so far.

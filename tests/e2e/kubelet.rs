@@ -210,7 +210,13 @@ impl FakeKubelet {
                             continue;
                         }
                     }
-                    self.state.lock().nodes.insert(name, inst.id.clone());
+                    self.state
+                        .lock()
+                        .nodes
+                        .insert(name.clone(), inst.id.clone());
+                    if !self.real.contains(&inst.id) {
+                        self.pods_bound_before(&name).await;
+                    }
                 }
             }
             let alive: BTreeSet<&str> = instances
@@ -230,6 +236,19 @@ impl FakeKubelet {
                 self.instance_ended(&nodes, &node, &iid).await;
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// The pods bound to `node` before it was counted as this kubelet's (between its
+    /// Node's create and its Ready): the watch said them while the kubelet ignored the
+    /// node, and says nothing more until something changes them. A kubelet lists its
+    /// node's pods as it starts.
+    async fn pods_bound_before(&self, node: &str) {
+        let pods: Api<Pod> = Api::all(self.client.clone());
+        let lp = kube::api::ListParams::default().fields(&format!("spec.nodeName={node}"));
+        match pods.list(&lp).await {
+            Ok(list) => list.items.into_iter().for_each(|p| self.on_pod(p)),
+            Err(e) => eprintln!("fake kubelet: list the pods of {node}: {e}"),
         }
     }
 

@@ -221,25 +221,36 @@ impl More {
     }
 }
 
-/// The service as it runs in a cluster over `cloud`: its drain engine as the
-/// ServiceAccount, gRPC on a Unix socket of its own (the sidecar's transport; a
-/// restarted service gets a new one) with its own answer counts, and a client as CA.
-pub async fn serve(
-    client: kube::Client,
-    cloud: &MemoryCloud,
-    s: ScaleInSettings,
-) -> (
+/// A service started by [`serve`]: its provider, its drain engine, a client as CA, where
+/// it serves gRPC and its own answer counts.
+pub type Served = (
     Arc<Provider>,
     Arc<Engine>,
     CloudProviderClient<Channel>,
     ListenAddr,
     &'static Metrics,
-) {
+);
+
+/// The service as it runs in a cluster over `cloud`: its drain engine as the
+/// ServiceAccount, gRPC on a Unix socket of its own (the sidecar's transport; a
+/// restarted service gets a new one) with its own answer counts, and a client as CA.
+pub async fn serve(client: kube::Client, cloud: &MemoryCloud, s: ScaleInSettings) -> Served {
+    serve_over(client, Arc::new(cloud.clone()), cloud.group_names(), s).await
+}
+
+/// [`serve`] over `cloud` as this process sees it (the soak's replicas each see the
+/// shared memory cloud through a recorder of their own), managing the groups `names`.
+pub async fn serve_over(
+    client: kube::Client,
+    cloud: Arc<dyn ca_asg_provider::cloud::Cloud>,
+    names: Vec<String>,
+    s: ScaleInSettings,
+) -> Served {
     let provider = Provider::new(
-        Arc::new(cloud.clone()),
+        cloud.clone(),
         ProviderSettings {
             selector: GroupSelector {
-                names: cloud.group_names(),
+                names,
                 tag_sets: vec![],
             },
             refresh_interval: Duration::from_millis(500),
@@ -250,7 +261,7 @@ pub async fn serve(
         .refresh_now()
         .await
         .expect("the service's first refresh");
-    let engine = Engine::new(client, Arc::new(cloud.clone()), Some(provider.clone()), s);
+    let engine = Engine::new(client, cloud, Some(provider.clone()), s);
     provider.set_scale_in(Arc::new(DrainScaleIn(engine.clone())));
     let counts: &'static Metrics = Box::leak(Box::new(Metrics::new()));
     let path = socket_path();
@@ -564,6 +575,17 @@ pub async fn occupied(admin: &kube::Client, kubelet: &FakeKubelet) -> Vec<(Strin
 /// CA's NodeGroupDeleteNodes of `nodes` (node, instance) in group `web`, as CA sends it
 /// (node name, providerID, hostname label), under CA's 5 s gRPC deadline.
 pub async fn ca_deletes(ca: &mut CloudProviderClient<Channel>, nodes: &[(String, String)]) {
+    try_ca_deletes(ca, nodes)
+        .await
+        .unwrap_or_else(|e| panic!("NodeGroupDeleteNodes: {e}"));
+}
+
+/// [`ca_deletes`], its answer returned: the soak's AWS faults may fail it, and CA asks
+/// again.
+pub async fn try_ca_deletes(
+    ca: &mut CloudProviderClient<Channel>,
+    nodes: &[(String, String)],
+) -> Result<(), tonic::Status> {
     let req = proto::NodeGroupDeleteNodesRequest {
         id: "web".into(),
         nodes: nodes
@@ -578,9 +600,7 @@ pub async fn ca_deletes(ca: &mut CloudProviderClient<Channel>, nodes: &[(String,
     };
     let mut r = tonic::Request::new(req);
     r.set_timeout(Duration::from_secs(5));
-    ca.node_group_delete_nodes(r)
-        .await
-        .unwrap_or_else(|e| panic!("NodeGroupDeleteNodes: {e}"));
+    ca.node_group_delete_nodes(r).await.map(|_| ())
 }
 
 /// Group `web`'s NodeGroupTargetSize after a Refresh, as CA reads it at the start of

@@ -1,0 +1,475 @@
+#!/usr/bin/env python3
+"""The soak's judge (issue 75): reads what Kubernetes and AWS recorded of a run and fails it
+on a broken promise. It shares no code with the service: it knows only the service's
+user name, its taint and annotation prefix, and the Lease's name, as the docs name them.
+
+Usage: soak_check.py RUN_DIR   (exit 0: every rule held; 1: the broken rules, each with
+the node / instance / pod and the evidence lines; 2: the input could not be read).
+
+The input contract (RUN_DIR, written by tests/e2e_soak.rs; docs/e2e.md#the-soak):
+
+- audit.log: kube-apiserver's audit log, JSON lines, as the suite's policy writes it
+  (tests/e2e/control_plane.rs): every request of the service at Metadata; Lease writes
+  with their request body; pod creates with their response (name, owner, node); bindings;
+  budget status writes with their body; writes of pods, evictions and Nodes (Node creates
+  with their body, for the providerID).
+  The service's replicas share one user name and differ by `user.uid`, which is the
+  replica's identity in the Lease (`holderIdentity`).
+- cloud.jsonl: one JSON object per line, in the order recorded, each with `who` and `op`:
+  - who = a replica's identity: an AWS call it sent (`op` is the AWS API name, `instance`,
+    `group`, `at` when it was sent, RFC 3339 UTC);
+  - who = "ca": what cluster-autoscaler asked (`IncreaseSize` group delta, `DeleteNodes`
+    group instance node, `TargetSize` group size, read once the run settled);
+  - who = "asg" / "ec2" / "person": an instance that side chose to end (`ScaleIn` /
+    `Reclaim` / `Terminate`, group instance);
+  - who = "aws": what AWS did (`Group` group desired, at the start; `Terminated` instance,
+    `TimedOut` instance hook, `Completed` instance hook result; `Desired` group desired,
+    at the end). Lines of "aws" carry no time: order only.
+- end.json: the Kubernetes objects once the run settled: {"nodes": [...], "pods": [...]}.
+
+Every rule is a function taking the parsed run and returning a list of failures.
+"""
+
+import json
+import pathlib
+import sys
+from collections import defaultdict
+
+SERVICE_USER = "system:serviceaccount:kube-system:cluster-autoscaler"
+KUBELET_USER = "e2e:fake-kubelet"
+LEASE = ("kube-system", "ca-asg-provider")
+SERVICE_TAINTS = ("ca-asg-provider.io/draining", "ToBeDeletedByClusterAutoscaler")
+SERVICE_ANNOTATION = "ca-asg-provider.io/"
+# Bounds: a run's input is read once, bounded, and refused whole when it is not what
+# the contract says.
+MAX_BYTES = 512 * 1024 * 1024
+MAX_LINE = 4 * 1024 * 1024
+
+
+class Bad(Exception):
+    """The input does not follow the contract."""
+
+
+def _lines(path):
+    if not path.exists():
+        raise Bad(f"{path}: missing")
+    if path.stat().st_size > MAX_BYTES:
+        raise Bad(f"{path}: larger than {MAX_BYTES} bytes")
+    out = []
+    with path.open(encoding="utf-8") as f:
+        for n, line in enumerate(f, 1):
+            if len(line) > MAX_LINE:
+                raise Bad(f"{path}:{n}: a line longer than {MAX_LINE} bytes")
+            line = line.strip()
+            if not line:
+                continue
+            try:
+                v = json.loads(line)
+            except ValueError as e:
+                raise Bad(f"{path}:{n}: not JSON: {e}") from None
+            if not isinstance(v, dict):
+                raise Bad(f"{path}:{n}: not a JSON object")
+            v["_line"] = f"{path.name}:{n}"
+            out.append(v)
+    return out
+
+
+def _d(v, *keys):
+    """v[k1][k2]..., or None where a level is missing or not an object."""
+    for k in keys:
+        if not isinstance(v, dict):
+            return None
+        v = v.get(k)
+    return v
+
+
+class Run:
+    """One run, parsed once: the audit events (ResponseComplete only), the cloud's
+    record, the objects at the end, and what the rules share."""
+
+    def __init__(self, audit, cloud, end):
+        self.audit = [e for e in audit if e.get("stage") == "ResponseComplete"]
+        self.audit.sort(key=lambda e: str(e.get("stageTimestamp", "")))
+        self.cloud = cloud
+        if not isinstance(end, dict):
+            raise Bad("end.json: not an object")
+        self.end_nodes = [n for n in end.get("nodes", []) if isinstance(n, dict)]
+        self.end_pods = [p for p in end.get("pods", []) if isinstance(p, dict)]
+        self.pods = {}  # (ns, name) -> {"owner", "node", "created", "gone", "line"}
+        self.node_of_instance = {}
+        for e in self.audit:
+            ref = e.get("objectRef") or {}
+            res, sub = ref.get("resource"), ref.get("subresource", "")
+            if not ok(e):
+                continue
+            if res == "pods" and e.get("verb") == "create" and not sub:
+                obj = e.get("responseObject") or {}
+                key = (_d(obj, "metadata", "namespace"), _d(obj, "metadata", "name"))
+                owners = _d(obj, "metadata", "ownerReferences") or [{}]
+                p = self.pods.setdefault(key, {})
+                p["owner"] = (owners[0] or {}).get("kind", "")
+                p["created"] = e["stageTimestamp"]
+                p["line"] = e["_line"]
+                if _d(obj, "spec", "nodeName"):
+                    p["node"] = _d(obj, "spec", "nodeName")
+                    p["bound"] = e["stageTimestamp"]
+            elif res == "pods" and sub == "binding":
+                key = (ref.get("namespace"), ref.get("name"))
+                node = _d(e, "requestObject", "target", "name")
+                self.pods.setdefault(key, {}).update(node=node, bound=e["stageTimestamp"])
+            elif res == "pods" and e.get("verb") == "delete" and not sub:
+                key = (ref.get("namespace"), ref.get("name"))
+                self.pods.setdefault(key, {})["gone"] = e["stageTimestamp"]
+            elif res == "nodes" and e.get("verb") == "create" and not sub:
+                pid = _d(e, "requestObject", "spec", "providerID") or ""
+                name = _d(e, "requestObject", "metadata", "name")
+                if pid and name:
+                    self.node_of_instance[pid.rsplit("/", 1)[-1]] = name
+        # A pod still there at the end is not gone, whatever its deletes said.
+        for p in self.end_pods:
+            key = (_d(p, "metadata", "namespace"), _d(p, "metadata", "name"))
+            if key in self.pods:
+                self.pods[key].pop("gone", None)
+        # A node's drain began at the service's first write to it (its cordon, its taint).
+        self.drain_began = {}
+        for e in self.audit:
+            ref = e.get("objectRef") or {}
+            if (
+                self.by_service(e)
+                and ref.get("resource") == "nodes"
+                and e.get("verb") in ("patch", "update")
+                and ok(e)
+            ):
+                self.drain_began.setdefault(ref.get("name"), e["stageTimestamp"])
+        self.replicas = {
+            _d(e, "user", "uid") for e in self.audit if self.by_service(e)
+        }
+
+    @staticmethod
+    def by_service(e):
+        return _d(e, "user", "username") == SERVICE_USER
+
+    def service_writes(self, resource, subresource=""):
+        for e in self.audit:
+            ref = e.get("objectRef") or {}
+            if (
+                self.by_service(e)
+                and ref.get("resource") == resource
+                and ref.get("subresource", "") == subresource
+                and e.get("verb") in ("create", "update", "patch", "delete")
+            ):
+                yield e
+
+    def pods_on(self, node):
+        return [(k, p) for k, p in self.pods.items() if p.get("node") == node]
+
+    def cloud_ops(self, who=None, op=None):
+        return [
+            c
+            for c in self.cloud
+            if (who is None or c.get("who") == who) and (op is None or c.get("op") == op)
+        ]
+
+
+def line(e):
+    """An audit event as evidence: where it is and what it says."""
+    ref = e.get("objectRef") or {}
+    what = "/".join(x for x in (ref.get("resource"), ref.get("subresource")) if x)
+    return (
+        f"{e.get('_line')}: {e.get('stageTimestamp')} {_d(e, 'user', 'username')}"
+        f"({_d(e, 'user', 'uid')}) {e.get('verb')} {what} "
+        f"{ref.get('namespace') or ''}/{ref.get('name') or ''} -> {_d(e, 'responseStatus', 'code')}"
+    )
+
+
+def cline(c):
+    return f"{c.get('_line')}: " + json.dumps({k: v for k, v in c.items() if k != "_line"})
+
+
+def ok(e):
+    return 200 <= int(_d(e, "responseStatus", "code") or 0) < 300
+
+
+# ---- the rules ------------------------------------------------------------------------
+
+
+def ended_unchosen(run):
+    """An instance ended that neither CA, the ASG, EC2 nor a person chose."""
+    chosen = {}
+    for who in ("ca", "asg", "ec2", "person"):
+        for c in run.cloud_ops(who=who):
+            if c.get("instance"):
+                chosen.setdefault(c["instance"], c)
+    fails = []
+    for c in run.cloud_ops(who="aws", op="Terminated"):
+        if c.get("instance") not in chosen:
+            fails.append(f"instance {c.get('instance')} ended, chosen by nobody\n  {cline(c)}")
+    for c in run.cloud:
+        if c.get("who") in run.replicas and c.get("op") == "TerminateInstanceInAutoScalingGroup":
+            if c.get("instance") not in chosen:
+                fails.append(
+                    f"replica {c['who']} asked AWS to end instance {c.get('instance')}, chosen by nobody\n  {cline(c)}"
+                )
+    return fails
+
+
+def workload_deleted_not_evicted(run):
+    """A workload pod the service deleted other than through the Eviction API. The
+    soak's hooks outlast the soak, so no proceed deadline can have passed: any such
+    delete breaks the promise."""
+    fails = []
+    for e in run.service_writes("pods"):
+        if e.get("verb") != "delete":
+            continue
+        ref = e["objectRef"]
+        p = run.pods.get((ref.get("namespace"), ref.get("name")), {})
+        if p.get("owner") != "DaemonSet":
+            fails.append(
+                f"pod {ref.get('namespace')}/{ref.get('name')} (owner {p.get('owner') or '?'}, node {p.get('node')}) "
+                f"deleted by the service, not evicted\n  {line(e)}"
+            )
+    return fails
+
+
+def daemonset_before_workloads(run):
+    """A DaemonSet pod evicted or deleted by the service while a workload pod of its
+    node was still there."""
+    fails = []
+    for e in [*run.service_writes("pods", "eviction"), *run.service_writes("pods")]:
+        if e.get("verb") not in ("create", "delete") or not ok(e):
+            continue
+        ref = e["objectRef"]
+        key = (ref.get("namespace"), ref.get("name"))
+        p = run.pods.get(key, {})
+        if p.get("owner") != "DaemonSet" or not p.get("node"):
+            continue
+        at = e["stageTimestamp"]
+        left = [
+            (k, q)
+            for k, q in run.pods_on(p["node"])
+            if q.get("owner") != "DaemonSet"
+            and q.get("created", "") <= at
+            and (q.get("gone") is None or q["gone"] > at)
+        ]
+        if left:
+            names = ", ".join(f"{k[0]}/{k[1]} (gone {q.get('gone') or 'never'})" for k, q in left)
+            fails.append(
+                f"DaemonSet pod {key[0]}/{key[1]} on node {p['node']} went while workload pods were there: {names}\n  {line(e)}"
+            )
+    return fails
+
+
+def budget_broken(run):
+    """A PodDisruptionBudget whose status said fewer healthy pods than it desired, after
+    it had first held with pods to count (a rollout starts from 0 of 0, then 0 of N)."""
+    fails = []
+    held = set()
+    for e in run.audit:
+        ref = e.get("objectRef") or {}
+        if ref.get("resource") != "poddisruptionbudgets" or ref.get("subresource") != "status":
+            continue
+        st = _d(e, "requestObject", "status") or {}
+        cur, want = st.get("currentHealthy"), st.get("desiredHealthy")
+        if not isinstance(cur, int) or not isinstance(want, int):
+            continue
+        key = (ref.get("namespace"), ref.get("name"))
+        if cur >= want and want > 0:
+            held.add(key)
+        elif key in held:
+            fails.append(
+                f"budget {key[0]}/{key[1]}: {cur} healthy, {want} desired\n  {line(e)}"
+            )
+    return fails
+
+
+def hook_held_badly(run):
+    """A lifecycle action our hook held that timed out, or that the service completed
+    while a pod of its node was still there. A DaemonSet pod bound to the node after its
+    drain began is not the drain's: its controller puts one back on a node it tolerates as
+    soon as the last one goes, and it goes with the instance."""
+    fails = []
+    for c in run.cloud_ops(who="aws", op="TimedOut"):
+        fails.append(f"instance {c.get('instance')}: hook {c.get('hook')} timed out\n  {cline(c)}")
+    for c in run.cloud:
+        if c.get("who") not in run.replicas or c.get("op") != "CompleteLifecycleAction":
+            continue
+        node = run.node_of_instance.get(c.get("instance"))
+        at = c.get("at", "")
+        began = run.drain_began.get(node)
+        left = [
+            k
+            for k, q in run.pods_on(node)
+            if q.get("created", "") <= at
+            and (q.get("gone") is None or q["gone"] > at)
+            and not (q.get("owner") == "DaemonSet" and began and q.get("bound", "") > began)
+        ]
+        if node and left:
+            fails.append(
+                f"instance {c.get('instance')} (node {node}): action completed while its drain went on: "
+                f"{', '.join(f'{k[0]}/{k[1]}' for k in left)} still there\n  {cline(c)}"
+            )
+    return fails
+
+
+def target_differs(run):
+    """CA's target size, once the run settled, differs from what CA asked: the start,
+    plus its increases, less the instances it and the ASG ended with a decrement."""
+    want = {}
+    for c in run.cloud_ops(who="aws", op="Group"):
+        want[c["group"]] = c["desired"]
+    for c in run.cloud_ops(who="ca", op="IncreaseSize"):
+        want[c["group"]] = want.get(c["group"], 0) + c["delta"]
+    for who, op in (("ca", "DeleteNodes"), ("asg", "ScaleIn")):
+        for c in run.cloud_ops(who=who, op=op):
+            want[c["group"]] = want.get(c["group"], 0) - 1
+    fails = []
+    seen = {c["group"]: c for c in run.cloud_ops(who="ca", op="TargetSize")}
+    desired = {c["group"]: c for c in run.cloud_ops(who="aws", op="Desired")}
+    for g, n in sorted(want.items()):
+        for what, got in (("CA's TargetSize", seen.get(g)), ("the ASG's desired", desired.get(g))):
+            if got is None:
+                fails.append(f"group {g}: {what} not recorded at the end")
+                continue
+            size = got.get("size", got.get("desired"))
+            if size != n:
+                fails.append(f"group {g}: {what} is {size}, CA asked for {n}\n  {cline(got)}")
+    return fails
+
+
+def two_leaders(run):
+    """A replica writing (but the Lease and Events) while the last Lease write before it
+    named another holder, or none."""
+    holder = None
+    fails = []
+    for e in run.audit:
+        ref = e.get("objectRef") or {}
+        if not run.by_service(e):
+            continue
+        if (ref.get("namespace"), ref.get("name")) == LEASE and ref.get("resource") == "leases":
+            if ok(e) and e.get("verb") in ("create", "update", "patch"):
+                holder = _d(e, "requestObject", "spec", "holderIdentity") or None
+            continue
+        if e.get("verb") not in ("create", "update", "patch", "delete"):
+            continue
+        if ref.get("resource") in ("events", "leases"):
+            continue
+        uid = _d(e, "user", "uid")
+        if holder != uid:
+            fails.append(f"replica {uid} wrote while {holder or 'nobody'} held the Lease\n  {line(e)}")
+    return fails
+
+
+def left_marked(run):
+    """A node left cordoned, tainted or annotated by the service once the run settled."""
+    fails = []
+    for n in run.end_nodes:
+        name = _d(n, "metadata", "name")
+        spec = n.get("spec") or {}
+        if spec.get("unschedulable"):
+            fails.append(f"node {name} left cordoned")
+        for t in spec.get("taints") or []:
+            if t.get("key") in SERVICE_TAINTS:
+                fails.append(f"node {name} left tainted {t.get('key')}")
+        for k in _d(n, "metadata", "annotations") or {}:
+            if k.startswith(SERVICE_ANNOTATION):
+                fails.append(f"node {name} left annotated {k}")
+    return fails
+
+
+def drain_never_ended(run):
+    """A node the service began to drain (an eviction asked) that is still there at the
+    end, or whose instance never ended."""
+    begun = {}
+    for e in run.service_writes("pods", "eviction"):
+        ref = e["objectRef"]
+        node = run.pods.get((ref.get("namespace"), ref.get("name")), {}).get("node")
+        if node:
+            begun.setdefault(node, e)
+    ended = {run.node_of_instance.get(c.get("instance")) for c in run.cloud_ops(who="aws", op="Terminated")}
+    there = {_d(n, "metadata", "name") for n in run.end_nodes}
+    fails = []
+    for node, e in sorted(begun.items()):
+        if node in there or node not in ended:
+            fails.append(
+                f"node {node}: drain begun, never ended (node {'still there' if node in there else 'gone'}, "
+                f"instance {'ended' if node in ended else 'not ended'})\n  {line(e)}"
+            )
+    return fails
+
+
+RULES = [
+    ended_unchosen,
+    workload_deleted_not_evicted,
+    daemonset_before_workloads,
+    budget_broken,
+    hook_held_badly,
+    target_differs,
+    two_leaders,
+    left_marked,
+    drain_never_ended,
+]
+
+
+def load(run_dir):
+    d = pathlib.Path(run_dir)
+    end_path = d / "end.json"
+    if not end_path.exists():
+        raise Bad(f"{end_path}: missing")
+    try:
+        end = json.loads(end_path.read_text(encoding="utf-8"))
+    except ValueError as e:
+        raise Bad(f"{end_path}: not JSON: {e}") from None
+    try:
+        return Run(_lines(d / "audit.log"), _lines(d / "cloud.jsonl"), end)
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
+        raise Bad(f"{d}: not as the contract says: {e!r}") from None
+
+
+def judge(run):
+    """(rule name, failures) of every rule, and a count of what each looked at."""
+    return [(r.__name__, r(run)) for r in RULES]
+
+
+def exercised(run):
+    """How many times each rule had something to judge in this run."""
+    evictions = list(run.service_writes("pods", "eviction"))
+    return {
+        "ended_unchosen": len(run.cloud_ops(who="aws", op="Terminated")),
+        "workload_deleted_not_evicted": len(evictions),
+        "daemonset_before_workloads": sum(
+            1 for e in evictions if run.pods.get((e["objectRef"].get("namespace"), e["objectRef"].get("name")), {}).get("owner") == "DaemonSet"
+        ),
+        "budget_broken": sum(1 for e in run.audit if (e.get("objectRef") or {}).get("subresource") == "status"
+                             and (e.get("objectRef") or {}).get("resource") == "poddisruptionbudgets"),
+        "hook_held_badly": len([c for c in run.cloud if c.get("op") == "CompleteLifecycleAction" and c.get("who") in run.replicas]),
+        "target_differs": len(run.cloud_ops(who="ca", op="IncreaseSize")) + len(run.cloud_ops(who="ca", op="DeleteNodes")) + len(run.cloud_ops(who="asg", op="ScaleIn")),
+        "two_leaders": sum(1 for e in run.audit if run.by_service(e) and e.get("verb") in ("create", "update", "patch", "delete")
+                           and (e.get("objectRef") or {}).get("resource") not in ("events", "leases")),
+        "left_marked": len(run.end_nodes),
+        "drain_never_ended": len({run.pods.get((e["objectRef"].get("namespace"), e["objectRef"].get("name")), {}).get("node") for e in evictions} - {None}),
+    }
+
+
+def main(argv):
+    if len(argv) != 2:
+        print(__doc__.split("\n\n")[1], file=sys.stderr)
+        return 2
+    try:
+        run = load(argv[1])
+    except Bad as e:
+        print(f"soak check: cannot read the run: {e}", file=sys.stderr)
+        return 2
+    results = judge(run)
+    print("soak check: " + json.dumps({"exercised": exercised(run)}, sort_keys=True))
+    broken = [(name, f) for name, f in results if f]
+    for name, fails in broken:
+        for f in fails:
+            print(f"BROKEN {name}: {f}")
+    if broken:
+        return 1
+    print(f"soak check: all {len(results)} rules held")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))

@@ -1,0 +1,613 @@
+//! The soak (issue 75; `scripts/soak.sh [--seed S] [--minutes M]`): the real control
+//! plane with its audit log, the suite's nodes (the fake kubelet), the memory cloud, and
+//! TWO replicas of the service with leader election over the Lease, each in this process
+//! on a runtime of its own under an identity of its own. A seeded driver does, at random
+//! and at once, CA-shaped scale-ups (NodeGroupIncreaseSize) and DeleteNodes of occupied
+//! nodes (to the replica that leads, as CA's calls reach the leader's sidecar), ASG
+//! scale-ins through our hook, and faults: a replica killed (the leader too: its runtime
+//! dropped, its Lease not released, a fresh replica of the same identity started a few
+//! steps later), AWS throttling, AWS 5xx (InternalFailure) and slow answers. Then the run
+//! settles and `scripts/soak_check.py`, which shares no code with the service, judges it
+//! from the audit log, the cloud's record and the objects at the end.
+//!
+//! `SOAK_MINUTES` (default 2, as `.ci/run` runs it: the driver's time; settling comes
+//! after), `SOAK_SEED` (default: from the clock, printed), `SOAK_DIR` (where the run's files go, kept; by
+//! default `target/soak/seed-S`, kept only when the run fails). Without the e2e environment it says
+//! it was skipped (and fails under `E2E_REQUIRED=1`), as `e2e_real` does.
+
+mod support;
+
+#[path = "e2e/checks.rs"]
+mod checks;
+#[path = "e2e/control_plane.rs"]
+mod control_plane;
+#[path = "e2e/kubelet.rs"]
+mod kubelet;
+#[path = "e2e/real_node.rs"]
+mod real_node;
+#[path = "e2e/rig.rs"]
+mod rig;
+
+use std::collections::BTreeMap;
+use std::io::Write as _;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+
+use ca_asg_provider::cloud::memory::{HookEvent, MemoryCloud, MemoryGroup};
+use ca_asg_provider::proto::{self, cloud_provider_client::CloudProviderClient};
+use ca_asg_provider::scalein;
+use ca_asg_provider::scalein::engine::leader::{spawn_task, LeaseSettings};
+use control_plane::{ControlPlane, Who};
+use kubelet::FakeKubelet;
+use rig::{binaries, until, HOOK, SERIAL};
+use serde_json::{json, Value};
+use support::acting::AwsActs;
+use tonic::transport::Channel;
+
+const GROUP: &str = "web";
+/// The group's size stays between these (the app's three replicas, one per node, and
+/// its budget of one unavailable always have room to move).
+const FLOOR: i32 = 4;
+const CEILING: i32 = 7;
+
+/// splitmix64: the driver's only source of chance.
+struct Dice(u64);
+
+impl Dice {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n.max(1)
+    }
+}
+
+/// One replica of the service: its runtime (dropped: the replica is killed), its CA
+/// client and whether it leads.
+struct Replica {
+    who: Who,
+    rt: Option<tokio::runtime::Runtime>,
+    ca: Option<CloudProviderClient<Channel>>,
+    leads: Option<tokio::sync::watch::Receiver<bool>>,
+    _stop: Option<tokio::sync::watch::Sender<bool>>,
+}
+
+impl Replica {
+    fn leads(&self) -> bool {
+        self.rt.is_some() && self.leads.as_ref().is_some_and(|l| *l.borrow())
+    }
+
+    /// kill -9 as far as one process can play it: every task of the replica's runtime
+    /// stops at once, the Lease is not released, nothing is flushed.
+    fn kill(&mut self) {
+        if let Some(rt) = self.rt.take() {
+            rt.shutdown_background();
+        }
+        self.ca = None;
+        self.leads = None;
+        self._stop = None;
+    }
+
+    async fn start(&mut self, cp: &ControlPlane, cloud: &MemoryCloud, aws: &AwsActs) {
+        let rt = tokio::runtime::Builder::new_multi_thread()
+            .worker_threads(1)
+            .thread_name(format!("soak-{}", self.who.uid()))
+            .enable_all()
+            .build()
+            .expect("a replica's runtime");
+        let kubeconfig = cp.kubeconfig(self.who).unwrap();
+        let id = self.who.uid().to_string();
+        let seen = aws.cloud(&id, Arc::new(cloud.clone()));
+        let names = cloud.group_names();
+        let (ca, leads, stop) = rt
+            .spawn(async move {
+                let client = control_plane::client_from(&kubeconfig)
+                    .await
+                    .expect("the replica's client");
+                let (provider, engine, ca, _addr, _counts) =
+                    rig::serve_over(client.clone(), seen, names, rig::settings()).await;
+                let (stop, stop_rx) = tokio::sync::watch::channel(false);
+                let (leads, _task) = spawn_task(
+                    engine.tools.liveness.clone(),
+                    client,
+                    LeaseSettings {
+                        name: "ca-asg-provider".into(),
+                        namespace: "kube-system".into(),
+                        identity: id,
+                        duration: Duration::from_secs(3),
+                    },
+                    stop_rx,
+                );
+                engine.leadership.follow(leads.clone());
+                scalein::sources::hook_scan::spawn_loop(engine.clone(), provider.clone());
+                (ca, leads, stop)
+            })
+            .await
+            .expect("the replica starts");
+        self.rt = Some(rt);
+        self.ca = Some(ca);
+        self.leads = Some(leads);
+        self._stop = Some(stop);
+    }
+}
+
+/// What the run recorded beside the audit log: the choices (CA's, the ASG's) and the
+/// driver's schedule.
+struct Record {
+    dir: PathBuf,
+    origin: (
+        ca_asg_provider::clock::Instant,
+        chrono::DateTime<chrono::Utc>,
+    ),
+    choices: Vec<Value>,
+    schedule: std::fs::File,
+    counts: BTreeMap<String, u64>,
+}
+
+impl Record {
+    fn choice(&mut self, v: Value) {
+        self.choices.push(v);
+    }
+    fn step(&mut self, step: usize, seed: u64, what: &str, detail: Value) {
+        *self.counts.entry(what.to_string()).or_default() += 1;
+        let line = json!({"seed": seed, "step": step, "what": what, "detail": detail,
+            "at": chrono::Utc::now().to_rfc3339_opts(chrono::SecondsFormat::Micros, true)});
+        writeln!(self.schedule, "{line}").unwrap();
+    }
+    fn wall(&self, at: ca_asg_provider::clock::Instant) -> String {
+        let since = at.saturating_duration_since(self.origin.0);
+        (self.origin.1 + chrono::Duration::from_std(since).unwrap())
+            .to_rfc3339_opts(chrono::SecondsFormat::Micros, true)
+    }
+}
+
+fn seed() -> u64 {
+    match std::env::var("SOAK_SEED") {
+        Ok(s) => s.trim().parse().expect("SOAK_SEED: a number"),
+        Err(_) => {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_nanos() as u64
+                % 1_000_000
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn soak_two_replicas_under_faults_judged_from_outside() {
+    let Some(bin) = binaries("soak_two_replicas_under_faults_judged_from_outside") else {
+        return;
+    };
+    let _one_at_a_time = SERIAL.lock().await;
+    let seed = seed();
+    let minutes: f64 = std::env::var("SOAK_MINUTES")
+        .ok()
+        .map(|m| m.trim().parse().expect("SOAK_MINUTES: a number"))
+        .unwrap_or(2.0);
+    // A run's files are kept when it fails, or when SOAK_DIR names where they go.
+    let asked_dir = std::env::var_os("SOAK_DIR").map(PathBuf::from);
+    let dir = asked_dir.clone().unwrap_or_else(|| {
+        std::env::var_os("CARGO_TARGET_DIR")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| PathBuf::from(concat!(env!("CARGO_MANIFEST_DIR"), "/target")))
+            .join("soak")
+            .join(format!("seed-{seed}"))
+    });
+    std::fs::create_dir_all(&dir).expect("SOAK_DIR");
+    eprintln!(
+        "soak: seed {seed}, {minutes} min, files in {}",
+        dir.display()
+    );
+
+    let mut cp = ControlPlane::start(&bin)
+        .await
+        .unwrap_or_else(|e| panic!("{e:#}"));
+    let admin = cp.client(Who::Admin).await.unwrap();
+    rig::apply_shipped_rbac(&admin).await;
+    let group = MemoryGroup::new(GROUP, 0, 8, 5, "m5.large").terminating_hook(HOOK, 300);
+    let cloud = MemoryCloud::new(vec![group], support::world::timing());
+    let kubelet = FakeKubelet::start(cp.client(Who::Kubelet).await.unwrap(), cloud.clone());
+    until("a Ready Node per instance", 30, || {
+        let k = kubelet.clone();
+        async move { k.nodes().len() == 5 }
+    })
+    .await;
+    rig::workloads(&admin, &mut cp).await;
+    until("every app and DaemonSet pod Ready", 90, || {
+        let a = admin.clone();
+        async move { rig::ready_pods(&a).await.len() == rig::APP_REPLICAS + 5 }
+    })
+    .await;
+
+    let aws = AwsActs::default();
+    let mut rec = Record {
+        dir: dir.clone(),
+        origin: (ca_asg_provider::clock::Instant::now(), chrono::Utc::now()),
+        choices: vec![json!({"who": "aws", "op": "Group", "group": GROUP, "desired": 5})],
+        schedule: std::fs::File::create(dir.join("schedule.jsonl")).unwrap(),
+        counts: BTreeMap::new(),
+    };
+    let mut replicas = [Who::ReplicaA, Who::ReplicaB].map(|who| Replica {
+        who,
+        rt: None,
+        ca: None,
+        leads: None,
+        _stop: None,
+    });
+    for r in &mut replicas {
+        r.start(&cp, &cloud, &aws).await;
+    }
+    until("one replica leads", 30, || {
+        std::future::ready(replicas.iter().any(|r| r.leads()))
+    })
+    .await;
+
+    // The driver: one step every 0.5 to 2.5 s, until the soak's time is up.
+    let mut dice = Dice(seed);
+    let started = ca_asg_provider::clock::Instant::now();
+    let mut dead: Vec<(usize, usize)> = Vec::new(); // (replica, step to restart at)
+    let mut slow_until: Option<usize> = None;
+    let mut chosen: std::collections::BTreeSet<String> = Default::default();
+    let mut step = 0;
+    // DeleteNodes CA sent that failed: CA asks again (one a step, then while settling).
+    let mut again: Vec<(String, String)> = Vec::new();
+    while started.elapsed() < Duration::from_secs_f64(minutes * 60.0) {
+        step += 1;
+        tokio::time::sleep(Duration::from_millis(500 + dice.below(2000))).await;
+        for (i, _) in dead.iter().filter(|(_, at)| *at <= step) {
+            replicas[*i].start(&cp, &cloud, &aws).await;
+            rec.step(
+                step,
+                seed,
+                "restart",
+                json!({"replica": replicas[*i].who.uid()}),
+            );
+        }
+        dead.retain(|(_, at)| *at > step);
+        if slow_until.is_some_and(|s| s <= step) {
+            cloud.slow_answers(Duration::ZERO);
+            slow_until = None;
+            rec.step(step, seed, "slow_answers_end", json!({}));
+        }
+        ask_again(&replicas, &mut again, &mut rec, step, seed).await;
+        let desired = cloud.desired(GROUP).unwrap_or(0);
+        let roll = dice.below(100);
+        let leader = replicas.iter().position(|r| r.leads());
+        match roll {
+            0..=19 => {
+                if desired < CEILING {
+                    if let Some(l) = leader {
+                        let mut ca = replicas[l].ca.clone().unwrap();
+                        let r = ca
+                            .node_group_increase_size(proto::NodeGroupIncreaseSizeRequest {
+                                id: GROUP.into(),
+                                delta: 1,
+                            })
+                            .await;
+                        rec.step(step, seed, "ca_increase_size", json!({"ok": r.is_ok(), "error": r.as_ref().err().map(|e| e.to_string())}));
+                        if r.is_ok() {
+                            rec.choice(json!({"who": "ca", "op": "IncreaseSize", "group": GROUP, "delta": 1}));
+                        }
+                        continue;
+                    }
+                }
+                rec.step(step, seed, "skip", json!({"why": "ceiling or no leader"}));
+            }
+            20..=39 => {
+                let free: Vec<(String, String)> = rig::occupied(&admin, &kubelet)
+                    .await
+                    .into_iter()
+                    .filter(|(_, iid)| !chosen.contains(iid))
+                    .collect();
+                let room = desired - FLOOR;
+                match (leader, free.is_empty() || room <= 0) {
+                    (Some(l), false) => {
+                        let pick = free[dice.below(free.len() as u64) as usize].clone();
+                        let mut ca = replicas[l].ca.clone().unwrap();
+                        // CA asks; the instance is CA's choice whatever the answer.
+                        rec.choice(json!({"who": "ca", "op": "DeleteNodes", "group": GROUP, "instance": pick.1, "node": pick.0}));
+                        chosen.insert(pick.1.clone());
+                        delete_nodes(
+                            &mut ca,
+                            pick,
+                            &mut again,
+                            &mut rec,
+                            step,
+                            seed,
+                            "ca_delete_nodes",
+                        )
+                        .await;
+                    }
+                    _ => rec.step(
+                        step,
+                        seed,
+                        "skip",
+                        json!({"why": "floor, no occupied node or no leader"}),
+                    ),
+                }
+            }
+            40..=54 => {
+                if desired > FLOOR {
+                    let ended = cloud.external_scale_in(GROUP, 1).unwrap();
+                    for iid in &ended {
+                        chosen.insert(iid.clone());
+                        rec.choice(
+                            json!({"who": "asg", "op": "ScaleIn", "group": GROUP, "instance": iid}),
+                        );
+                    }
+                    rec.step(step, seed, "asg_scale_in", json!({"instances": ended}));
+                } else {
+                    rec.step(step, seed, "skip", json!({"why": "floor"}));
+                }
+            }
+            55..=64 => {
+                // Kill a replica: the leader half the time.
+                let alive: Vec<usize> = (0..2).filter(|i| replicas[*i].rt.is_some()).collect();
+                if alive.len() == 2 {
+                    let i = match (dice.below(2), leader) {
+                        (0, Some(l)) => l,
+                        _ => alive[dice.below(2) as usize],
+                    };
+                    let was_leader = leader == Some(i);
+                    replicas[i].kill();
+                    let back = step + 2 + dice.below(6) as usize;
+                    dead.push((i, back));
+                    rec.step(step, seed, "kill", json!({"replica": replicas[i].who.uid(), "leader": was_leader, "restart_at_step": back}));
+                } else {
+                    rec.step(
+                        step,
+                        seed,
+                        "skip",
+                        json!({"why": "a replica is already down"}),
+                    );
+                }
+            }
+            65..=79 => {
+                let ops = [
+                    "terminate_instance",
+                    "lifecycle_heartbeat",
+                    "complete_lifecycle_action",
+                    "describe_groups",
+                    "set_desired_capacity",
+                ];
+                let op = ops[dice.below(ops.len() as u64) as usize];
+                let times = 1 + dice.below(3) as u32;
+                cloud.throttle(op, times);
+                rec.step(
+                    step,
+                    seed,
+                    "aws_throttle",
+                    json!({"op": op, "times": times}),
+                );
+            }
+            80..=89 => {
+                let ops = [
+                    "terminate_instance",
+                    "complete_lifecycle_action",
+                    "describe_groups",
+                ];
+                let op = ops[dice.below(ops.len() as u64) as usize];
+                cloud.refuse(op, "InternalFailure", 1);
+                rec.step(step, seed, "aws_5xx", json!({"op": op}));
+            }
+            _ => {
+                if slow_until.is_none() {
+                    let ms = 200 + dice.below(1300);
+                    cloud.slow_answers(Duration::from_millis(ms));
+                    slow_until = Some(step + 1 + dice.below(4) as usize);
+                    rec.step(
+                        step,
+                        seed,
+                        "aws_slow_answers",
+                        json!({"ms": ms, "until_step": slow_until}),
+                    );
+                } else {
+                    rec.step(step, seed, "skip", json!({"why": "already slow"}));
+                }
+            }
+        }
+    }
+    let driven = started.elapsed();
+
+    // Settle: faults off, both replicas up, every chosen instance ended, the app whole.
+    cloud.slow_answers(Duration::ZERO);
+    for (i, _) in std::mem::take(&mut dead) {
+        replicas[i].start(&cp, &cloud, &aws).await;
+        rec.step(
+            step,
+            seed,
+            "restart",
+            json!({"replica": replicas[i].who.uid(), "settling": true}),
+        );
+    }
+    let settle = |cloud: MemoryCloud,
+                  kubelet: FakeKubelet,
+                  admin: kube::Client,
+                  chosen: std::collections::BTreeSet<String>| async move {
+        let live: std::collections::BTreeSet<String> =
+            cloud.instances().into_iter().map(|(_, i)| i.id).collect();
+        let nodes = kubelet.nodes();
+        chosen.iter().all(|c| !live.contains(c))
+            && nodes.len() == live.len()
+            && rig::ready_pods(&admin).await.len() == rig::APP_REPLICAS + nodes.len()
+    };
+    let settled_by = ca_asg_provider::clock::Instant::now();
+    let mut settled = false;
+    while settled_by.elapsed() < Duration::from_secs(240) {
+        ask_again(&replicas, &mut again, &mut rec, step, seed).await;
+        if settle(
+            cloud.clone(),
+            kubelet.clone(),
+            admin.clone(),
+            chosen.clone(),
+        )
+        .await
+        {
+            settled = true;
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(500)).await;
+    }
+    // CA reads its target size once more, from the leader.
+    let leader = replicas.iter().position(|r| r.leads());
+    if let Some(l) = leader {
+        let mut ca = replicas[l].ca.clone().unwrap();
+        let size = rig::ca_target(&mut ca).await;
+        rec.choice(json!({"who": "ca", "op": "TargetSize", "group": GROUP, "size": size}));
+    }
+    write_run(&rec, &cloud, &aws, &admin, &cp.audit_log()).await;
+    let ended = cloud
+        .lifecycle_log()
+        .iter()
+        .filter(|e| matches!(e, HookEvent::Terminated { .. }))
+        .count();
+    for r in &mut replicas {
+        r.kill();
+    }
+    kubelet.stop();
+
+    let out = std::process::Command::new(python())
+        .arg(concat!(
+            env!("CARGO_MANIFEST_DIR"),
+            "/scripts/soak_check.py"
+        ))
+        .arg(&dir)
+        .output()
+        .expect("run scripts/soak_check.py");
+    let said = String::from_utf8_lossy(&out.stdout);
+    let steps = step as f64;
+    let per_min = steps / (driven.as_secs_f64() / 60.0);
+    println!(
+        "soak: seed {seed}, {:.1} min driven, {step} steps ({per_min:.1} a minute), by kind {:?}, {ended} instances ended, settled: {settled}\n{said}",
+        driven.as_secs_f64() / 60.0,
+        rec.counts
+    );
+    let passed = settled && out.status.success();
+    if passed && asked_dir.is_none() {
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+    assert!(
+        passed,
+        "soak FAILED (seed {seed}; schedule {}; run files in {}; settled: {settled}):\n{said}{}",
+        dir.join("schedule.jsonl").display(),
+        dir.display(),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// CA's NodeGroupDeleteNodes of `pick` (node, instance); when it fails (the AWS faults
+/// reach it), CA will ask again: `pick` goes to `again`.
+async fn delete_nodes(
+    ca: &mut CloudProviderClient<Channel>,
+    pick: (String, String),
+    again: &mut Vec<(String, String)>,
+    rec: &mut Record,
+    step: usize,
+    seed: u64,
+    what: &str,
+) {
+    let r = rig::try_ca_deletes(ca, std::slice::from_ref(&pick)).await;
+    let error = r.as_ref().err().map(|e| e.to_string());
+    rec.step(
+        step,
+        seed,
+        what,
+        json!({"node": pick.0, "instance": pick.1, "error": error}),
+    );
+    if r.is_err() {
+        again.push(pick);
+    }
+}
+
+/// The first DeleteNodes that failed, sent again to the replica that leads (if one does).
+async fn ask_again(
+    replicas: &[Replica],
+    again: &mut Vec<(String, String)>,
+    rec: &mut Record,
+    step: usize,
+    seed: u64,
+) {
+    let Some(l) = replicas.iter().position(|r| r.leads()) else {
+        return;
+    };
+    if again.is_empty() {
+        return;
+    }
+    let mut ca = replicas[l].ca.clone().unwrap();
+    let pick = again.remove(0);
+    delete_nodes(
+        &mut ca,
+        pick,
+        again,
+        rec,
+        step,
+        seed,
+        "ca_delete_nodes_again",
+    )
+    .await;
+}
+
+/// The Python the checker runs on: `SOAK_PYTHON`, else `python3` (the checker needs
+/// nothing but the standard library).
+fn python() -> String {
+    std::env::var("SOAK_PYTHON").unwrap_or_else(|_| "python3".into())
+}
+
+/// The checker's input (scripts/soak_check.py's contract): audit.log, cloud.jsonl,
+/// end.json in `rec.dir`.
+async fn write_run(
+    rec: &Record,
+    cloud: &MemoryCloud,
+    aws: &AwsActs,
+    admin: &kube::Client,
+    audit: &Path,
+) {
+    use k8s_openapi::api::core::v1::{Node, Pod};
+    let dir = &rec.dir;
+    std::fs::copy(audit, dir.join("audit.log")).expect("copy the audit log");
+    let mut lines: Vec<Value> = rec.choices.clone();
+    for a in aws.all() {
+        let mut words = a.what.split_whitespace();
+        let op = words.next().unwrap_or_default().to_string();
+        let instance = words.next().filter(|w| w.starts_with("i-"));
+        lines.push(json!({"who": a.who, "op": op, "instance": instance, "at": rec.wall(a.at), "what": a.what}));
+    }
+    for e in cloud.lifecycle_log() {
+        lines.push(match e {
+            HookEvent::Completed { instance, hook, result } => {
+                json!({"who": "aws", "op": "Completed", "instance": instance, "hook": hook, "result": result.as_str()})
+            }
+            HookEvent::TimedOut { instance, hook } => {
+                json!({"who": "aws", "op": "TimedOut", "instance": instance, "hook": hook})
+            }
+            HookEvent::Dropped { instance, hook } => {
+                json!({"who": "aws", "op": "Dropped", "instance": instance, "hook": hook})
+            }
+            HookEvent::Proceeded { instance } => json!({"who": "aws", "op": "Proceeded", "instance": instance}),
+            HookEvent::Terminated { instance } => json!({"who": "aws", "op": "Terminated", "instance": instance}),
+        });
+    }
+    lines.push(
+        json!({"who": "aws", "op": "Desired", "group": GROUP, "desired": cloud.desired(GROUP)}),
+    );
+    let mut f = std::fs::File::create(dir.join("cloud.jsonl")).unwrap();
+    for l in lines {
+        writeln!(f, "{l}").unwrap();
+    }
+    let nodes = kube::Api::<Node>::all(admin.clone())
+        .list(&Default::default())
+        .await
+        .expect("list Nodes");
+    let pods = kube::Api::<Pod>::all(admin.clone())
+        .list(&Default::default())
+        .await
+        .expect("list pods");
+    let end = json!({"nodes": nodes.items, "pods": pods.items});
+    std::fs::write(dir.join("end.json"), end.to_string()).unwrap();
+}

@@ -1,0 +1,217 @@
+#!/usr/bin/env python3
+"""scripts/soak_check.py on small histories: a clean one passes, and each history made to
+break one rule fails that rule (and is named by it). Run by scripts/test.sh."""
+
+import copy
+import json
+import pathlib
+import subprocess
+import sys
+import tempfile
+import unittest
+
+ROOT = pathlib.Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "scripts"))
+import soak_check as sc  # noqa: E402
+
+SVC = sc.SERVICE_USER
+NODE, IID = "ip-10-0-0-1", "i-0000000000000001"
+
+
+def ev(t, user, uid, verb, res, name, ns="shop", sub="", code=200, req=None, resp=None):
+    e = {
+        "stage": "ResponseComplete",
+        "stageTimestamp": f"2026-11-28T16:00:{t:02d}.000000Z",
+        "verb": verb,
+        "user": {"username": user, "uid": uid},
+        "objectRef": {"resource": res, "namespace": ns, "name": name, "subresource": sub},
+        "responseStatus": {"code": code},
+    }
+    if req is not None:
+        e["requestObject"] = req
+    if resp is not None:
+        e["responseObject"] = resp
+    return e
+
+
+def pod_create(t, name, owner, ns="shop"):
+    return ev(t, "system:kube-controller-manager", "kcm", "create", "pods", "", ns=ns,
+              resp={"metadata": {"name": name, "namespace": ns, "ownerReferences": [{"kind": owner}]}})
+
+
+def lease(t, who, holder):
+    return ev(t, SVC, who, "update", "leases", "ca-asg-provider", ns="kube-system",
+              req={"spec": {"holderIdentity": holder}})
+
+
+def clean():
+    """A node whose instance the ASG chose: the hook holds it, replica-a (leading) evicts
+    the app pod, then the DaemonSet pod, each gone before the next step; the action is
+    completed; the node goes. CA asked nothing; the group went from 2 to 1."""
+    audit = [
+        ev(1, "e2e:fake-kubelet", "k", "create", "nodes", NODE, ns="",
+           req={"metadata": {"name": NODE}, "spec": {"providerID": f"aws:///us-east-1a/{IID}"}}),
+        pod_create(2, "app-1", "ReplicaSet"),
+        ev(3, "system:kube-scheduler", "s", "create", "pods", "app-1", sub="binding", req={"target": {"name": NODE}}),
+        pod_create(2, "fluent-bit-1", "DaemonSet", ns="logging"),
+        ev(3, "system:kube-scheduler", "s", "create", "pods", "fluent-bit-1", ns="logging", sub="binding",
+           req={"target": {"name": NODE}}),
+        ev(4, "system:kube-controller-manager", "kcm", "update", "poddisruptionbudgets", "app", sub="status",
+           req={"status": {"currentHealthy": 3, "desiredHealthy": 2}}),
+        lease(5, "replica-a", "replica-a"),
+        ev(6, SVC, "replica-a", "patch", "nodes", NODE, ns=""),
+        ev(7, SVC, "replica-a", "create", "pods", "app-1", sub="eviction", code=201),
+        ev(8, "system:kube-controller-manager", "kcm", "update", "poddisruptionbudgets", "app", sub="status",
+           req={"status": {"currentHealthy": 2, "desiredHealthy": 2}}),
+        ev(9, "e2e:fake-kubelet", "k", "delete", "pods", "app-1"),
+        ev(10, SVC, "replica-a", "create", "pods", "fluent-bit-1", ns="logging", sub="eviction", code=201),
+        ev(11, "e2e:fake-kubelet", "k", "delete", "pods", "fluent-bit-1", ns="logging"),
+    ]
+    cloud = [
+        {"who": "aws", "op": "Group", "group": "web", "desired": 2},
+        {"who": "asg", "op": "ScaleIn", "group": "web", "instance": IID},
+        {"who": "replica-a", "op": "CompleteLifecycleAction", "group": "web", "instance": IID,
+         "at": "2026-11-28T16:00:12.000000Z"},
+        {"who": "aws", "op": "Completed", "instance": IID, "hook": "h", "result": "CONTINUE"},
+        {"who": "aws", "op": "Terminated", "instance": IID},
+        {"who": "ca", "op": "TargetSize", "group": "web", "size": 1},
+        {"who": "aws", "op": "Desired", "group": "web", "desired": 1},
+    ]
+    end = {"nodes": [{"metadata": {"name": "ip-10-0-0-2"}, "spec": {}}], "pods": []}
+    return audit, cloud, end
+
+
+def write(tmp, audit, cloud, end):
+    d = pathlib.Path(tmp)
+    (d / "audit.log").write_text("".join(json.dumps(e) + "\n" for e in audit))
+    (d / "cloud.jsonl").write_text("".join(json.dumps(c) + "\n" for c in cloud))
+    (d / "end.json").write_text(json.dumps(end))
+    return d
+
+
+def broken(audit, cloud, end):
+    with tempfile.TemporaryDirectory() as tmp:
+        run = sc.load(write(tmp, audit, cloud, end))
+    return {name: fails for name, fails in sc.judge(run) if fails}
+
+
+class Checker(unittest.TestCase):
+    def assertBreaks(self, rule, history, says):
+        got = broken(*history)
+        self.assertEqual(list(got), [rule], f"only {rule} breaks: {got}")
+        self.assertIn(says, "\n".join(got[rule]))
+
+    def test_a_clean_history_passes(self):
+        self.assertEqual(broken(*clean()), {})
+
+    def test_the_script_exits_0_then_1(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            d = write(tmp, *clean())
+            p = subprocess.run([sys.executable, str(ROOT / "scripts/soak_check.py"), str(d)], capture_output=True, text=True)
+            self.assertEqual(p.returncode, 0, p.stdout + p.stderr)
+            a, c, e = clean()
+            e["nodes"][0]["spec"]["unschedulable"] = True
+            d = write(tmp, a, c, e)
+            p = subprocess.run([sys.executable, str(ROOT / "scripts/soak_check.py"), str(d)], capture_output=True, text=True)
+            self.assertEqual(p.returncode, 1)
+            self.assertIn("BROKEN left_marked: node ip-10-0-0-2 left cordoned", p.stdout)
+
+    def test_input_not_as_the_contract_says_is_refused(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            d = write(tmp, *clean())
+            (d / "cloud.jsonl").write_text("[1]\n")
+            with self.assertRaises(sc.Bad):
+                sc.load(d)
+            (d / "cloud.jsonl").write_text("{not json\n")
+            with self.assertRaises(sc.Bad):
+                sc.load(d)
+
+    def test_an_instance_nobody_chose(self):
+        a, c, e = clean()
+        c = [x for x in c if x["who"] != "asg"]
+        # The group's arithmetic still holds: the ASG lowered desired by itself.
+        c[0]["desired"] = 1
+        self.assertBreaks("ended_unchosen", (a, c, e), f"instance {IID} ended, chosen by nobody")
+
+    def test_a_workload_pod_deleted_not_evicted(self):
+        a, c, e = clean()
+        a[8] = ev(7, SVC, "replica-a", "delete", "pods", "app-1")
+        self.assertBreaks("workload_deleted_not_evicted", (a, c, e), "pod shop/app-1 (owner ReplicaSet")
+
+    def test_a_daemonset_pod_evicted_first(self):
+        a, c, e = clean()
+        # The DaemonSet pod's eviction (index 11) before the app pod is gone (index 10).
+        a[10], a[11] = a[11], a[10]
+        a[10]["stageTimestamp"], a[11]["stageTimestamp"] = a[11]["stageTimestamp"], a[10]["stageTimestamp"]
+        self.assertBreaks("daemonset_before_workloads", (a, c, e), "DaemonSet pod logging/fluent-bit-1 on node ip-10-0-0-1")
+
+    def test_a_rollout_from_none_healthy_is_not_a_broken_budget(self):
+        a, c, e = clean()
+        statuses = [(0, 0), (0, 2), (1, 2)]
+        for i, (cur, want) in enumerate(statuses):
+            a.insert(5, ev(4, "system:kube-controller-manager", "kcm", "update", "poddisruptionbudgets", "app",
+                           sub="status", req={"status": {"currentHealthy": cur, "desiredHealthy": want}}))
+        a.sort(key=lambda x: x["stageTimestamp"])
+        self.assertEqual(broken(a, c, e), {})
+
+    def test_a_daemonset_pod_put_back_mid_drain_is_not_the_drains(self):
+        a, c, e = clean()
+        # The DaemonSet controller puts a new log shipper on the node after the eviction;
+        # the action is completed while it runs, and it goes with the instance.
+        a.append(pod_create(11, "fluent-bit-2", "DaemonSet", ns="logging"))
+        a.append(ev(11, "system:kube-scheduler", "s", "create", "pods", "fluent-bit-2", ns="logging",
+                    sub="binding", req={"target": {"name": NODE}}))
+        a.append(ev(13, "e2e:fake-kubelet", "k", "delete", "pods", "fluent-bit-2", ns="logging"))
+        self.assertEqual(broken(a, c, e), {})
+        # One that was there when the drain began is the drain's.
+        for x in a[-3:]:
+            x["stageTimestamp"] = x["stageTimestamp"].replace(":11.", ":05.").replace(":13.", ":13.")
+        a.sort(key=lambda x: x["stageTimestamp"])
+        self.assertBreaks("hook_held_badly", (a, c, e), "logging/fluent-bit-2 still there")
+
+    def test_a_budget_broken(self):
+        a, c, e = clean()
+        a[9]["requestObject"]["status"]["currentHealthy"] = 1  # the status after the eviction
+        self.assertBreaks("budget_broken", (a, c, e), "budget shop/app: 1 healthy, 2 desired")
+
+    def test_a_hook_that_timed_out(self):
+        a, c, e = clean()
+        c.insert(3, {"who": "aws", "op": "TimedOut", "instance": IID, "hook": "h"})
+        self.assertBreaks("hook_held_badly", (a, c, e), f"instance {IID}: hook h timed out")
+
+    def test_an_action_completed_mid_drain(self):
+        a, c, e = clean()
+        c[2]["at"] = "2026-11-28T16:00:08.500000Z"
+        self.assertBreaks("hook_held_badly", (a, c, e), "shop/app-1, logging/fluent-bit-1 still there")
+
+    def test_a_target_size_not_what_ca_asked(self):
+        a, c, e = clean()
+        c.insert(1, {"who": "ca", "op": "IncreaseSize", "group": "web", "delta": 2})
+        self.assertBreaks("target_differs", (a, c, e), "group web: CA's TargetSize is 1, CA asked for 3")
+
+    def test_two_leaders_in_one_term(self):
+        a, c, e = clean()
+        a.insert(8, ev(7, SVC, "replica-b", "patch", "nodes", NODE, ns=""))
+        self.assertBreaks("two_leaders", (a, c, e), "replica replica-b wrote while replica-a held the Lease")
+
+    def test_a_node_left_tainted_or_annotated(self):
+        a, c, e = clean()
+        e["nodes"][0]["spec"]["taints"] = [{"key": "ca-asg-provider.io/draining", "effect": "NoSchedule"}]
+        e["nodes"][0]["metadata"]["annotations"] = {"ca-asg-provider.io/drain": "{}"}
+        got = broken(a, c, e)
+        self.assertEqual(list(got), ["left_marked"])
+        self.assertEqual(len(got["left_marked"]), 2)
+
+    def test_a_drain_that_never_ended(self):
+        a, c, e = clean()
+        e["nodes"].append({"metadata": {"name": NODE}, "spec": {}})
+        self.assertBreaks("drain_never_ended", (a, c, e), f"node {NODE}: drain begun, never ended (node still there")
+
+    def test_every_rule_is_tested_here(self):
+        names = {m[len("test_"):] for m in dir(self) if m.startswith("test_")}
+        self.assertEqual(len(sc.RULES), 9)
+        self.assertGreaterEqual(len(names), len(sc.RULES) + 3)
+
+
+if __name__ == "__main__":
+    unittest.main(verbosity=1)
