@@ -18,6 +18,9 @@
 //!   what its budget requires;
 //! - every instance our hook holds is heartbeated until completed: no hook times out;
 //! - every handled message is deleted;
+//! - no budget in force is exceeded: the drains holding a slot (spot warnings,
+//!   retirements and drains our hook forced in time aside) are at most
+//!   `maxConcurrentDrains` (2) and at most one on batch (a disruption budget);
 //!
 //! and at the end, no reason is lost across restarts and leader changes: every node
 //! still there carries every reason it was given. Progress, after the last step:
@@ -69,6 +72,9 @@ const HOOK_TIMEOUT_SECS: i32 = 3;
 const NODES: usize = 4;
 /// The pod on this node has a budget that allows nothing.
 const GUARDED: usize = 1;
+/// `maxConcurrentDrains`, and the disruption budget over batch.
+const DRAINS_AT_ONCE: usize = 2;
+const BATCH_AT_ONCE: usize = 1;
 
 #[derive(Debug, Clone)]
 enum Op {
@@ -130,8 +136,20 @@ fn op() -> impl Strategy<Value = Op> {
 /// hook's, as an operator who adds the hook by hand sets it: a hold whose hook AWS's
 /// list does not show yet follows it.
 fn settings() -> ca_asg_provider::scalein::ScaleInSettings {
+    use ca_asg_provider::scalein::decide::budget::{Budget, Groups, Nodes};
     ca_asg_provider::scalein::ScaleInSettings {
-        max_concurrent_drains: 2,
+        max_concurrent_drains: DRAINS_AT_ONCE,
+        // And a disruption budget of one over batch (issue 71): every source's drain of
+        // a batch node passes it, spot warnings and retirements aside.
+        budgets: vec![Budget {
+            name: "batch-one".into(),
+            nodes: Nodes::Count(BATCH_AT_ONCE as u32),
+            groups: Groups::Named(["batch".to_string()].into()),
+            zones: Default::default(),
+            causes: None,
+            window: None,
+            rate: None,
+        }],
         hook_heartbeat_timeout: Duration::from_secs(HOOK_TIMEOUT_SECS as u64),
         ..fast_settings()
     }
@@ -433,6 +451,7 @@ impl Model {
 
     fn check(&self) {
         support::invariants::assert_stories_hold(&self.w.engine);
+        self.check_budgets();
         let ended: Vec<String> = self
             .w
             .cloud
@@ -478,6 +497,28 @@ impl Model {
             "the pod whose budget allows nothing left"
         );
         assert_eq!(self.q.pending(), 0, "a handled message was left");
+    }
+
+    /// The budgets in force are never exceeded (issue 71): across the leader and every
+    /// fenced replica, the drains holding a slot, spot warnings and retirements
+    /// (exempt) and drains our hook forced in time aside, are at most
+    /// `maxConcurrentDrains`, and at most the batch budget's on batch.
+    fn check_budgets(&self) {
+        let engines = std::iter::once(&self.w.engine).chain(self.fenced.iter().map(|(_, e)| e));
+        let held: Vec<_> = engines
+            .flat_map(|e| e.book.slot_holders())
+            .filter(|p| !p.exempt && !p.forced)
+            .collect();
+        assert!(
+            held.len() <= DRAINS_AT_ONCE,
+            "{} drains hold a slot under maxConcurrentDrains {DRAINS_AT_ONCE}: {held:#?}",
+            held.len()
+        );
+        let batch = held.iter().filter(|p| p.group == "batch").count();
+        assert!(
+            batch <= BATCH_AT_ONCE,
+            "{batch} batch drains hold a slot under its budget of {BATCH_AT_ONCE}: {held:#?}"
+        );
     }
 
     /// No reason is lost: every Node still there carries every reason it was given.
