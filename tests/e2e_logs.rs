@@ -106,6 +106,23 @@ impl Receiver {
     }
 }
 
+/// The rig's one node, the real one: its name, its instance, and the host directory
+/// its pods can share with the test.
+fn the_real_node(rig: &Rig) -> (String, String, std::path::PathBuf) {
+    let (node, iid) = rig
+        .kubelet
+        .nodes()
+        .into_iter()
+        .next()
+        .expect("the real node");
+    let shared = rig
+        .real
+        .as_ref()
+        .and_then(|n| n.lock().as_ref().map(|n| n.shared.clone()))
+        .expect("the real node");
+    (node, iid, shared)
+}
+
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum Way {
     ServiceCaScaleIn,
@@ -155,17 +172,7 @@ async fn lines_lost(way: Way) {
     if way == Way::ServiceAsgHook {
         rig.run_lifecycle_loop();
     }
-    let (node, iid) = rig
-        .kubelet
-        .nodes()
-        .into_iter()
-        .next()
-        .expect("the real node");
-    let shared = rig
-        .real
-        .as_ref()
-        .and_then(|n| n.lock().as_ref().map(|n| n.shared.clone()))
-        .expect("the real node");
+    let (node, iid, shared) = the_real_node(&rig);
     rig.report.step("the shipper ships the app's lines");
     until("the receiver to get the app's first lines", 60, || {
         let r = receiver.clone();
@@ -307,17 +314,7 @@ async fn each_pod_past_the_deadline_gets_its_own_grace_on_a_real_kubelet() {
         ..rig::More::default()
     };
     let mut rig = Rig::start_more(SCENARIO, &bin, setup, more).await;
-    let (node, iid) = rig
-        .kubelet
-        .nodes()
-        .into_iter()
-        .next()
-        .expect("the real node");
-    let shared = rig
-        .real
-        .as_ref()
-        .and_then(|n| n.lock().as_ref().map(|n| n.shared.clone()))
-        .expect("the real node");
+    let (node, iid, shared) = the_real_node(&rig);
     // Each container leaves a mark on SIGTERM and goes on: the kubelet ends it at its
     // grace.
     let spec = |name: &str, grace: u32| {
