@@ -85,6 +85,29 @@ async fn three_occupied_nodes_under_a_budget_of_one_drain_one_at_a_time() {
         );
     }
     assert_eq!(in_slots(&w), 1);
+    // The two waiting say so on their Node too (`status` shows it), the running one
+    // where it is.
+    let says = |node: &str| {
+        w.sim.get::<Node>("", node).and_then(|n| {
+            n["status"]["conditions"]
+                .as_array()?
+                .iter()
+                .find(|c| c["type"] == "DrainInProgress" && c["status"] == "True")
+                .and_then(|c| c["message"].as_str().map(str::to_string))
+        })
+    };
+    eventually("the waiting drains' conditions name the budget", 10, || {
+        victims
+            .iter()
+            .filter(|(n, _)| {
+                says(n).is_some_and(|m| {
+                    m.starts_with("waiting for disruption budget \"one-at-a-time\"")
+                })
+            })
+            .count()
+            == 2
+    })
+    .await;
 
     // Each lifted budget lets one drain end and the next start; never two at once.
     for i in 0..3 {

@@ -87,8 +87,11 @@ pub fn table(rows: &[Row]) -> String {
                         .map(|s| crate::duration::format_duration(Duration::from_secs(s))),
                 ),
                 dash(
-                    (!r.blocked_by.is_empty())
-                        .then(|| blockers(&r.blocked_by))
+                    // Waiting for a disruption budget, nothing is evicted yet: the
+                    // budget holds it, not its pods.
+                    r.waiting_for_budget()
+                        .map(str::to_string)
+                        .or_else(|| (!r.blocked_by.is_empty()).then(|| blockers(&r.blocked_by)))
                         .or_else(|| r.load_balancers.clone()),
                 ),
                 dash(
@@ -431,6 +434,46 @@ mod tests {
         let v: serde_json::Value = serde_json::from_str(&json(&rows)).unwrap();
         assert!(v[0]["blocked_by"][0]["never"].as_str().is_some());
         assert!(table(&rows).contains("never allows"), "{}", table(&rows));
+    }
+
+    /// Issue 71: a drain waiting for a disruption budget names the budget and until
+    /// when in BLOCKED BY (from its `DrainInProgress` condition), not its pods, which
+    /// nothing evicts yet; once its first phase runs, the pods again.
+    #[test]
+    fn a_drain_waiting_for_a_disruption_budget_names_the_budget() {
+        let rec = DrainRecord {
+            reasons: vec![DrainReason::new(Why::ScaleIn, at("2026-11-27T07:05:30Z"))],
+            ..DrainRecord::default()
+        };
+        let with = |message: &str| {
+            let mut n1 = recorded("n1", "web", &rec);
+            n1.status.get_or_insert_with(Default::default).conditions =
+                Some(vec![k8s_openapi::api::core::v1::NodeCondition {
+                    type_: "DrainInProgress".into(),
+                    status: "True".into(),
+                    message: Some(message.into()),
+                    ..Default::default()
+                }]);
+            let rows = rows(
+                &[n1],
+                &[pod("shop", "app-1", "n1", "app", false)],
+                &[],
+                limits(),
+                at(NOW),
+            );
+            table(&rows)
+        };
+        let waiting = with(
+            "waiting for disruption budget \"batch-one\": 1 of 1 allowed drain now; starts when one ends",
+        );
+        assert!(
+            waiting.contains("waiting for disruption budget \"batch-one\": 1 of 1 allowed"),
+            "{waiting}"
+        );
+        assert!(!waiting.contains("shop/app-1"), "{waiting}");
+        let running = with("evicting workload pods; workload deadline ...");
+        assert!(running.contains("shop/app-1"), "{running}");
+        assert!(!running.contains("disruption budget"), "{running}");
     }
 
     /// A drain of CA's scale-in mid-workloads: the workload pod still there and the

@@ -214,6 +214,16 @@ pub struct Row {
 }
 
 impl Row {
+    /// The disruption budget the drain waits for before its first eviction, as the
+    /// Node's `DrainInProgress` condition says it (the gate writes it; the drain's
+    /// first phase replaces it).
+    pub fn waiting_for_budget(&self) -> Option<&str> {
+        self.condition
+            .as_deref()?
+            .strip_prefix("DrainInProgress: ")
+            .filter(|m| m.starts_with(conditions::WAITING_FOR_BUDGET))
+    }
+
     /// `waited 4m30s of 10m0s, workload deadline 2026-11-27T07:15:30Z (then the drain
     /// is abandoned and the node given back)`: how long the drain has waited and
     /// what ends the wait; `None` when nothing drains.

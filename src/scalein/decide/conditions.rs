@@ -26,6 +26,10 @@ pub const DRAINED: &str = "Drained";
 /// The longest message written (the API server takes more; a reader does not).
 pub const MAX_MESSAGE: usize = 1024;
 
+/// How a `DrainInProgress` message of a drain waiting for a disruption budget begins
+/// (the gate writes it; `status` shows it).
+pub const WAITING_FOR_BUDGET: &str = "waiting for disruption budget";
+
 /// What the drain says of itself.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum DrainState {

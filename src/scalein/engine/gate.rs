@@ -26,10 +26,13 @@ use parking_lot::Mutex;
 
 use crate::scalein::decide::budget::{self, Asked, Placed, Verdict};
 use crate::scalein::decide::ca_hold;
+use crate::scalein::decide::conditions::{DrainState, WAITING_FOR_BUDGET};
 use crate::scalein::decide::plan::{self, Disposition, Tier};
 use crate::scalein::decide::record::{DrainRecord, Why};
 use crate::scalein::engine::Engine;
+use crate::scalein::kube::conditions;
 use crate::scalein::kube::events::Reason;
+use crate::scalein::stages::port::condition_reason;
 use crate::scalein::{DrainRequest, Mode, Source};
 use crate::telemetry::metrics::{metrics, BudgetLabels};
 
@@ -70,7 +73,7 @@ pub(crate) async fn take_slot(
     let budgets = engine.settings.budgets_in_order();
     let placed = placed(engine, req, node, record, &budgets).await;
     let force_at = force_at(engine, req, record);
-    await_replacement(engine, req, node, &placed, force_at).await;
+    await_replacement(engine, req, node, record, &placed, force_at).await;
     let mut waiting = Waiting(None);
     loop {
         let freed = engine.book.slot_freed();
@@ -89,7 +92,7 @@ pub(crate) async fn take_slot(
             Taken::Wait(hold) => {
                 if waiting.0.as_ref() != Some(&hold.budget) {
                     waiting.start(&hold.budget);
-                    say_waiting(engine, node, req, &hold, force_at).await;
+                    say_waiting(engine, node, req, record, &hold, force_at).await;
                 }
                 let wake = wake_in(&hold.until, force_at, now);
                 tokio::select! {
@@ -118,6 +121,7 @@ async fn await_replacement(
     engine: &Engine,
     req: &DrainRequest,
     node: &str,
+    record: &DrainRecord,
     placed: &Placed,
     force_at: Option<DateTime<Utc>>,
 ) {
@@ -158,7 +162,7 @@ async fn await_replacement(
         };
         if waiting.0.is_none() {
             waiting.start(REPLACEMENT);
-            say_waiting_said(engine, node, req, REPLACEMENT, &said, force_at).await;
+            say_waiting_said(engine, node, req, record, REPLACEMENT, &said, force_at).await;
         }
         let wake = force_at
             .and_then(|at| (at - now).to_std().ok())
@@ -445,6 +449,7 @@ async fn say_waiting(
     engine: &Engine,
     node: &str,
     req: &DrainRequest,
+    record: &DrainRecord,
     hold: &budget::Hold,
     force_at: Option<DateTime<Utc>>,
 ) {
@@ -452,6 +457,7 @@ async fn say_waiting(
         engine,
         node,
         req,
+        record,
         &hold.budget,
         &hold.until.said(),
         force_at,
@@ -460,11 +466,13 @@ async fn say_waiting(
 }
 
 /// The one `DrainWaitingForBudget` Event of a wait: the budget that holds the drain
-/// and until when (`said`).
+/// and until when (`said`); the same on the Node's `DrainInProgress` condition (which
+/// `status` shows), until the drain's first phase says where it is.
 async fn say_waiting_said(
     engine: &Engine,
     node: &str,
     req: &DrainRequest,
+    record: &DrainRecord,
     budget: &str,
     said: &str,
     force_at: Option<DateTime<Utc>>,
@@ -483,6 +491,12 @@ async fn say_waiting_said(
         req.source.said(),
     );
     tracing::info!(node, instance = %req.instance_id, budget, "{note}");
+    let state = DrainState::Running {
+        reason: condition_reason(req.source, record).to_string(),
+        message: format!("{WAITING_FOR_BUDGET} {budget:?}: {said}{forced}"),
+    };
+    let cached = engine.tools.nodes.cached(node);
+    conditions::say(&engine.tools.client, cached.as_deref(), node, &state).await;
     engine
         .tools
         .events
