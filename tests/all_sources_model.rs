@@ -142,13 +142,8 @@ fn settings() -> ca_asg_provider::scalein::ScaleInSettings {
         // And a disruption budget of one over batch (issue 71): every source's drain of
         // a batch node passes it, spot warnings and retirements aside.
         budgets: vec![Budget {
-            name: "batch-one".into(),
-            nodes: Nodes::Count(BATCH_AT_ONCE as u32),
             groups: Groups::Named(["batch".to_string()].into()),
-            zones: Default::default(),
-            causes: None,
-            window: None,
-            rate: None,
+            ..Budget::always("batch-one", Nodes::Count(BATCH_AT_ONCE as u32))
         }],
         hook_heartbeat_timeout: Duration::from_secs(HOOK_TIMEOUT_SECS as u64),
         ..fast_settings()

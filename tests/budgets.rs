@@ -19,18 +19,6 @@ use support::notices::spot;
 use support::queue::{handle_next, queue_and_consumer};
 use support::world::*;
 
-fn budget(name: &str, nodes: Nodes) -> Budget {
-    Budget {
-        name: name.into(),
-        nodes,
-        groups: Groups::All,
-        zones: Default::default(),
-        causes: None,
-        window: None,
-        rate: None,
-    }
-}
-
 fn cordoned(w: &World, node: &str) -> bool {
     w.sim
         .get::<Node>("", node)
@@ -59,7 +47,7 @@ async fn three_occupied_nodes_under_a_budget_of_one_drain_one_at_a_time() {
     let settings = ScaleInSettings {
         budgets: vec![Budget {
             causes: Some([Cause::CaOccupied].into()),
-            ..budget("one-at-a-time", Nodes::Count(1))
+            ..Budget::always("one-at-a-time", Nodes::Count(1))
         }],
         ..fast_settings()
     };
@@ -147,7 +135,7 @@ async fn a_closed_window_holds_a_scale_in_but_never_a_spot_warning() {
     let settings = ScaleInSettings {
         budgets: vec![Budget {
             window: Some(always),
-            ..budget("frozen", Nodes::Count(0))
+            ..Budget::always("frozen", Nodes::Count(0))
         }],
         ..fast_settings()
     };
@@ -210,7 +198,7 @@ async fn a_drain_our_hook_holds_starts_past_a_budget_in_time_for_the_hook() {
     let settings = ScaleInSettings {
         budgets: vec![Budget {
             window: Some(always),
-            ..budget("frozen", Nodes::Count(0))
+            ..Budget::always("frozen", Nodes::Count(0))
         }],
         ..fast_settings()
     };

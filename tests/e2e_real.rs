@@ -81,7 +81,7 @@ async fn asg_ends_an_instance_and_the_service_restarts_mid_drain() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 4)]
 async fn an_instance_refresh_of_six_over_two_groups_drains_two_at_a_time() {
     use ca_asg_provider::cloud::Cloud as _;
-    use ca_asg_provider::scalein::decide::budget::{Budget, Groups, Nodes};
+    use ca_asg_provider::scalein::decide::budget::{Budget, Nodes};
     use ca_asg_provider::scalein::ScaleInSettings;
     use k8s_openapi::api::events::v1::Event;
 
@@ -99,15 +99,7 @@ async fn an_instance_refresh_of_six_over_two_groups_drains_two_at_a_time() {
     let more = rig::More {
         second_group: 3,
         settings: ScaleInSettings {
-            budgets: vec![Budget {
-                name: "two-at-a-time".into(),
-                nodes: Nodes::Count(2),
-                groups: Groups::All,
-                zones: Default::default(),
-                causes: None,
-                window: None,
-                rate: None,
-            }],
+            budgets: vec![Budget::always("two-at-a-time", Nodes::Count(2))],
             ..rig::settings()
         },
         ..rig::More::default()

@@ -367,13 +367,8 @@ pub async fn run(o: &StormOptions) -> anyhow::Result<StormReport> {
             .budget
             .iter()
             .map(|nodes| Budget {
-                name: "storm".into(),
-                nodes: *nodes,
                 groups: Groups::Named(["storm".to_string()].into()),
-                zones: Default::default(),
-                causes: None,
-                window: None,
-                rate: None,
+                ..Budget::always("storm", *nodes)
             })
             .collect(),
         ..ScaleInSettings::default()

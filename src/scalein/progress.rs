@@ -220,7 +220,8 @@ impl Row {
     pub fn waiting_for_budget(&self) -> Option<&str> {
         self.condition
             .as_deref()?
-            .strip_prefix("DrainInProgress: ")
+            .strip_prefix(conditions::DRAIN_IN_PROGRESS)?
+            .strip_prefix(": ")
             .filter(|m| m.starts_with(conditions::WAITING_FOR_BUDGET))
     }
 

@@ -372,6 +372,21 @@ impl Until {
 }
 
 impl Budget {
+    /// A budget `name` of `nodes` over every group, zone and cause, always in force,
+    /// with no rate: the plainest one (the benchmark's, the tests'); a field set
+    /// beside it narrows it (`Budget { groups, ..Budget::always(name, nodes) }`).
+    pub fn always(name: &str, nodes: Nodes) -> Budget {
+        Budget {
+            name: name.to_string(),
+            nodes,
+            groups: Groups::All,
+            zones: BTreeSet::new(),
+            causes: None,
+            window: None,
+            rate: None,
+        }
+    }
+
     /// The budget in one line (check-config): its name, nodes, what it covers and
     /// governs, when and how fast.
     pub fn said(&self) -> String {

@@ -30,7 +30,6 @@ use crate::scalein::decide::conditions::{DrainState, WAITING_FOR_BUDGET};
 use crate::scalein::decide::plan::{self, Disposition, Tier};
 use crate::scalein::decide::record::{DrainRecord, Why};
 use crate::scalein::engine::Engine;
-use crate::scalein::kube::conditions;
 use crate::scalein::kube::events::Reason;
 use crate::scalein::stages::port::condition_reason;
 use crate::scalein::{DrainRequest, Mode, Source};
@@ -495,8 +494,7 @@ async fn say_waiting_said(
         reason: condition_reason(req.source, record).to_string(),
         message: format!("{WAITING_FOR_BUDGET} {budget:?}: {said}{forced}"),
     };
-    let cached = engine.tools.nodes.cached(node);
-    conditions::say(&engine.tools.client, cached.as_deref(), node, &state).await;
+    engine.stage().say_state(node, &state).await;
     engine
         .tools
         .events

@@ -142,15 +142,7 @@ fn place<'a>(group: &'a str, zone: &'a str, tags: &'a BTreeMap<String, String>) 
 
 /// A budget named `b` of `nodes` over every group, zone and cause, always in force.
 pub(crate) fn budget(nodes: Nodes) -> Budget {
-    Budget {
-        name: "b".into(),
-        nodes,
-        groups: Groups::All,
-        zones: BTreeSet::new(),
-        causes: None,
-        window: None,
-        rate: None,
-    }
+    Budget::always("b", nodes)
 }
 
 #[test]
