@@ -337,6 +337,163 @@ async fn throttled_reads_are_waited_through_and_the_wait_off_waits_for_nothing()
     assert!(cordoned(&off, &node) || off.sim.get::<Node>("", &node).is_none());
 }
 
+/// Without the instance's addresses no `ip` target can be told to be its own: a
+/// throttled DescribeInstances holds the wait (said once, naming what could not be
+/// read) and is asked again next poll, and the instance ends only after its IP target
+/// left the NLB's group. (Before, the wait went on without them and ended the
+/// instance while its IP target was still `draining`.)
+#[test]
+fn unread_addresses_hold_the_wait_until_they_are_read() {
+    support::model::on_paused_clock(async {
+        let mut w = World::builder()
+            .web(3, 1)
+            .settings(settings(Duration::from_secs(1)))
+            .build()
+            .await;
+        let (node, iid) = nodes_of(&w, "web")[0].clone();
+        let ip = MemoryCloud::address_of(&iid).expect("the memory cloud's address");
+        let tg = w.cloud.add_target_group("nlb-ip", "ip", "2");
+        w.cloud.register_target(&tg, &ip);
+        w.cloud.deregister_target(&tg, &ip);
+        w.cloud.throttle("instance_addresses", 3);
+        delete_nodes(&mut w, "web", &[(node.clone(), iid.clone())]).await;
+        assert_eq!(w.engine.wait_for(&iid).await, Some(Outcome::Ended));
+        let log = w.cloud.lb_log();
+        let ended = end_call(&log, &iid, false).expect("the instance was terminated");
+        let out = answered(&log, &tg, &ip, "unused").unwrap_or_else(|| panic!("{log:?}"));
+        assert!(out < ended, "ended before its IP target was out: {log:?}");
+        assert!(
+            w.cloud.lb_calls()["instance_addresses"] >= 4,
+            "{:?}",
+            w.cloud.lb_calls()
+        );
+        let events = said(&w, &node);
+        let unreadable: Vec<_> = events
+            .iter()
+            .filter(|(r, _)| r == "LoadBalancerUnreadable")
+            .collect();
+        assert_eq!(unreadable.len(), 1, "said once: {events:?}");
+        assert!(
+            unreadable[0]
+                .1
+                .starts_with("cannot read the instance's addresses now"),
+            "{unreadable:?}"
+        );
+        assert!(
+            !events.iter().any(|(r, _)| r == "LoadBalancerWaitOver"),
+            "{events:?}"
+        );
+    });
+}
+
+/// A deregistration delay AWS throttled is read again next poll: a group whose
+/// targets cannot be read is waited on for its own delay (1 s) plus the margin, not
+/// AWS's default 300 s for the rest of the wait. On the paused clock: the instance
+/// ends a few simulated seconds after the drain began.
+#[test]
+fn a_throttled_delay_is_read_again_and_bounds_the_wait() {
+    support::model::on_paused_clock(async {
+        let mut w = World::builder()
+            .web(3, 1)
+            .settings(settings(Duration::from_secs(1)))
+            .build()
+            .await;
+        let (node, iid) = nodes_of(&w, "web")[0].clone();
+        let tg = w.cloud.add_target_group("alb", "instance", "1");
+        w.cloud.register_target(&tg, &iid);
+        w.cloud.deregister_target(&tg, &iid);
+        w.cloud.refuse("target_health", "AccessDenied", 1_000);
+        w.cloud.throttle("deregistration_delay", 1);
+        let start = Instant::now();
+        delete_nodes(&mut w, "web", &[(node.clone(), iid.clone())]).await;
+        assert_eq!(w.engine.wait_for(&iid).await, Some(Outcome::Ended));
+        let took = start.elapsed();
+        assert!(
+            w.cloud.lb_calls()["deregistration_delay"] >= 2,
+            "{:?}",
+            w.cloud.lb_calls()
+        );
+        assert!(
+            took < Duration::from_secs(60),
+            "the wait kept AWS's default 300 s bound: {took:?} (simulated)"
+        );
+        let events = said(&w, &node);
+        assert!(
+            events
+                .iter()
+                .any(|(r, n)| r == "LoadBalancerWaitOver" && n.contains("alb")),
+            "{events:?}"
+        );
+    });
+}
+
+/// Our hook's global limit is counted from when the hold began, as the Node's drain
+/// record keeps it, across a restart: a heartbeat timeout of 1 s gives the action
+/// 100 s in all, the wait ends at 99 s (a timeout before it) with the instance still
+/// `draining` in a group whose delay is an hour, and the process that took over at
+/// 50 s does not count its 99 s from its own start (which would end the wait at
+/// about 149 s, after AWS had ended the action). On the paused clock.
+#[test]
+fn after_a_restart_the_hooks_limit_counts_from_the_holds_start() {
+    support::model::on_paused_clock(async {
+        let mut w = World::builder()
+            .web_hooked(3, 1, 1)
+            .settings(settings(Duration::from_secs(1)))
+            .build()
+            .await;
+        let (node, iid) = nodes_of(&w, "web")[0].clone();
+        let tg = w.cloud.add_target_group("slow", "instance", "3600");
+        w.cloud.register_target(&tg, &iid);
+        w.cloud.deregister_target(&tg, &iid);
+        let start = Instant::now();
+        delete_nodes(&mut w, "web", &[(node.clone(), iid.clone())]).await;
+        tokio::time::sleep(Duration::from_secs(50)).await;
+        assert!(
+            w.cloud.completed_actions().is_empty(),
+            "the wait is still on at 50 s"
+        );
+        // The process dies mid-wait; a new one takes the hold over.
+        w.engine.abort_all();
+        w.engine.shutdown();
+        let (provider, engine, ca) = service(
+            &w.sim,
+            &w.cloud,
+            &w.groups,
+            settings(Duration::from_secs(1)),
+        )
+        .await;
+        (w.provider, w.engine, w.ca) = (provider, engine, ca);
+        assert_eq!(
+            ca_asg_provider::scalein::sources::hook_scan::scan(&w.engine, &w.provider).await,
+            1,
+            "the new process takes the hold over"
+        );
+        assert_eq!(w.engine.wait_for(&iid).await, Some(Outcome::Ended));
+        let completed = w
+            .cloud
+            .completed_at()
+            .into_iter()
+            .find(|(i, _)| *i == iid)
+            .map(|(_, at)| at)
+            .expect("completed");
+        let took = completed.saturating_duration_since(start);
+        assert!(
+            took <= Duration::from_secs(100),
+            "completed {took:?} after the hold began, past its 100 s limit (simulated)"
+        );
+        let events = said(&w, &node);
+        let over = events
+            .iter()
+            .find(|(r, _)| r == "LoadBalancerWaitOver")
+            .unwrap_or_else(|| panic!("{events:?}"));
+        assert!(over.1.contains("lifecycle hook"), "{over:?}");
+        assert_eq!(
+            w.cloud.target_states(&tg),
+            vec![(iid.clone(), "draining".to_string())]
+        );
+    });
+}
+
 fn deregistering(margin: Duration) -> ScaleInSettings {
     let mut s = settings(margin);
     s.load_balancers.deregister = true;
@@ -538,7 +695,7 @@ impl WaitPort for Heard {
     async fn say(&self, _node: &str, reason: Reason, text: String) {
         self.0.lock().push((reason.as_str().to_string(), text));
     }
-    fn held_since(&self, _instance_id: &str) -> Option<(Instant, Duration)> {
+    fn held_since(&self, _instance_id: &str, _node: Option<&str>) -> Option<(Instant, Duration)> {
         None
     }
     fn deregisters(&self, group: &str) -> bool {

@@ -232,6 +232,24 @@ impl Watched {
     }
 }
 
+/// When our hook's hold on the instance began, as the wait's bound counts it: the
+/// earlier of `seen` (this process's first heartbeat of it) and the lifecycle
+/// reason's arrival as the Node's drain record keeps it, `recorded_ago` before `now`
+/// (the record outlives a restart or a new leader, whose own heartbeats began later:
+/// counted from them alone, the wait could run past the moment AWS ends the action).
+/// A record from the future counts as now; one older than any action lasts
+/// ([`crate::scalein::decide::record::LIFECYCLE_ACTION_LIMIT`]) is another action's and
+/// does not count.
+pub fn hold_began(seen: Instant, recorded_ago: Option<Duration>, now: Instant) -> Instant {
+    let recorded = recorded_ago
+        .filter(|ago| *ago < crate::scalein::decide::record::LIFECYCLE_ACTION_LIMIT)
+        .and_then(|ago| now.checked_sub(ago));
+    match recorded {
+        Some(r) if r < seen => r,
+        _ => seen,
+    }
+}
+
 /// How long the wait may last.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Bounds {
@@ -651,6 +669,27 @@ mod tests {
     }
 
     /// Our hook's latest time cuts every bound, and past it the wait is over.
+    #[test]
+    fn the_hold_counts_from_the_record_when_it_began_earlier() {
+        let now = Instant::now() + s(3 * 24 * 3600);
+        let seen = now - s(60);
+        // Nothing recorded: this process's own start.
+        assert_eq!(hold_began(seen, None, now), seen);
+        // Recorded before this process held it (a restart, a new leader): the record.
+        assert_eq!(hold_began(seen, Some(s(600)), now), now - s(600));
+        // Recorded after (the reason written once the hold ran): the heartbeats' start.
+        assert_eq!(hold_began(seen, Some(s(30)), now), seen);
+        // A record from the future reads as now, later than the heartbeats' start.
+        assert_eq!(hold_began(seen, Some(Duration::ZERO), now), seen);
+        // Older than any action lasts: another action's, not counted.
+        let limit = crate::scalein::decide::record::LIFECYCLE_ACTION_LIMIT;
+        assert_eq!(hold_began(seen, Some(limit), now), seen);
+        assert_eq!(
+            hold_began(seen, Some(limit - s(1)), now),
+            now - (limit - s(1))
+        );
+    }
+
     #[test]
     fn the_hook_cuts_the_wait() {
         let t0 = Instant::now();

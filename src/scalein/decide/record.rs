@@ -806,6 +806,18 @@ impl DrainRecord {
         })
     }
 
+    /// When our hook's hold of the drain began, as the record keeps it: the earliest
+    /// arrival of a lifecycle reason still driving the drain (known to within the
+    /// lifecycle poll). What the gate's forced start and the load balancers' wait
+    /// count the hook's global limit from, across restarts and leaders.
+    pub fn hold_began(&self) -> Option<DateTime<Utc>> {
+        self.reasons
+            .iter()
+            .filter(|r| !r.done && matches!(r.why, Why::Lifecycle { .. }))
+            .map(|r| r.at)
+            .min()
+    }
+
     /// Our hook, when a lifecycle reason holds the instance.
     pub fn hook(&self) -> Option<&str> {
         self.reasons.iter().find_map(|r| match &r.why {

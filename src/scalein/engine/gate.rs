@@ -374,13 +374,7 @@ fn force_at(engine: &Engine, req: &DrainRequest, record: &DrainRecord) -> Option
     else {
         return None;
     };
-    let began = record
-        .reasons
-        .iter()
-        .filter(|r| !r.done && matches!(r.why, Why::Lifecycle { .. }))
-        .map(|r| r.at)
-        .min()
-        .unwrap_or_else(crate::clock::utc_now);
+    let began = record.hold_began().unwrap_or_else(crate::clock::utc_now);
     let s = &engine.settings;
     // The deadline the drain keeps (its group's; never past the hook's room).
     let limits = record.kept_or(engine.limits_of(req));

@@ -573,8 +573,19 @@ impl crate::scalein::stages::last_mile::WaitPort for Engine {
         self.tools.events.node(node, reason, text).await;
     }
 
-    fn held_since(&self, instance_id: &str) -> Option<(crate::clock::Instant, Duration)> {
-        self.book.held_since(instance_id)
+    fn held_since(
+        &self,
+        instance_id: &str,
+        node: Option<&str>,
+    ) -> Option<(crate::clock::Instant, Duration)> {
+        let (seen, timeout) = self.book.held_since(instance_id)?;
+        let recorded_ago = node
+            .and_then(|n| self.cached_record(n))
+            .and_then(|r| r.hold_began())
+            .map(|at| (crate::clock::utc_now() - at).to_std().unwrap_or_default());
+        let began =
+            crate::scalein::decide::last_mile::hold_began(seen, recorded_ago, crate::clock::now());
+        Some((began, timeout))
     }
 
     fn deregisters(&self, group: &str) -> bool {

@@ -5,11 +5,17 @@
 //! (they belong to the engine's book, not to this wait).
 //!
 //! Calls per drain, with `N` target groups in the region and the instance in `k` of
-//! them: one DescribeInstances (its addresses), `ceil(N / 400)` DescribeTargetGroups and
-//! `N` DescribeTargetHealth to find the `k` (shared by drains within one poll, see
-//! [`Sightings`]), `k` DescribeTargetGroupAttributes (kept for ten minutes), then `k`
-//! DescribeTargetHealth per poll (10 s) while it waits. With no target group in the
-//! region: one DescribeTargetGroups (shared) and one DescribeInstances.
+//! them: one DescribeInstances (its addresses, when a group has `ip` targets),
+//! `ceil(N / 400)` DescribeTargetGroups and `N` DescribeTargetHealth to find the `k`
+//! (shared by drains within one poll, see [`Sightings`]), `k`
+//! DescribeTargetGroupAttributes (kept for ten minutes), then `k` DescribeTargetHealth
+//! per poll (10 s) while it waits. With no target group in the region: one
+//! DescribeTargetGroups (shared).
+//!
+//! Fails closed, bounded: a read that fails is read again next poll (the list, the
+//! instance's addresses, a group's targets, its delay), and until it answers the
+//! wait holds as for a group that cannot be read (its delay, or AWS's default 300 s,
+//! plus the margin), with one Event naming what and the permission it needs.
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
@@ -35,9 +41,11 @@ use crate::telemetry::metrics::{metrics, TargetGroupLabels};
 pub trait WaitPort: Send + Sync {
     /// An Event on the Node.
     async fn say(&self, node: &str, reason: Reason, text: String);
-    /// Since when our hook's action on the instance is heartbeated, and at which
-    /// heartbeat timeout; `None` when it is not.
-    fn held_since(&self, instance_id: &str) -> Option<(Instant, Duration)>;
+    /// Since when our hook holds the instance, and at which heartbeat timeout; `None`
+    /// when it does not. The hold's start as the Node `node`'s drain record keeps it
+    /// when that is earlier than this process's heartbeats (a restart, a new leader:
+    /// [`last_mile::hold_began`]).
+    fn held_since(&self, instance_id: &str, node: Option<&str>) -> Option<(Instant, Duration)>;
     /// Whether an instance of `group` is deregistered from the target groups
     /// attached to it before the wait (the group's override, else the cluster's
     /// `loadBalancers.deregister`).
@@ -229,7 +237,7 @@ pub async fn wait_out(
     let _stage = metrics().stage("load-balancers");
     let latest = match mode {
         Mode::Lifecycle { .. } => port
-            .held_since(instance_id)
+            .held_since(instance_id, node)
             .map(|(since, timeout)| since + global_limit(timeout).saturating_sub(timeout)),
         _ => None,
     };
@@ -237,22 +245,16 @@ pub async fn wait_out(
         margin: lm.settings.margin,
         latest,
     };
-    let addresses = match cloud.instance_addresses(instance_id).await {
-        Ok(a) => Addresses::parse(&a.addresses, &a.prefixes),
-        Err(e) => {
-            tracing::warn!(instance = instance_id, error = %e, "could not read the instance's addresses; IP targets are not looked for");
-            Addresses::default()
-        }
-    };
     let mut w = Wait {
         cloud,
         lm,
         port,
         instance_id,
         node,
-        addresses,
+        addresses: None,
         watched: BTreeMap::new(),
         said_unread: BTreeSet::new(),
+        delay_unread: BTreeSet::new(),
         listed: false,
     };
     w.look(first, started).await;
@@ -312,6 +314,7 @@ pub async fn wait_out(
             }
         }
         tokio::time::sleep(poll).await;
+        w.read_delays_again().await;
         let list = if w.listed {
             None
         } else {
@@ -324,6 +327,11 @@ pub async fn wait_out(
     }
 }
 
+/// The name under which the wait holds while the instance's own addresses cannot be
+/// read: without them no `ip` target can be told to be the instance's, so the wait
+/// fails closed (bounded as an unread group) and reads them again each poll.
+const THE_ADDRESSES: &str = "(the instance's addresses)";
+
 /// One wait's state: the groups watched (by ARN: the group and when it was read),
 /// the unreadable ones said once.
 struct Wait<'a> {
@@ -332,14 +340,68 @@ struct Wait<'a> {
     port: &'a dyn WaitPort,
     instance_id: &'a str,
     node: Option<&'a str>,
-    addresses: Addresses,
+    /// The instance's addresses; `None` until DescribeInstances answered (asked
+    /// only when a group has `ip` targets).
+    addresses: Option<Addresses>,
     watched: BTreeMap<String, (TargetGroup, Watched)>,
     said_unread: BTreeSet<String>,
-    /// The region's target groups were listed (once per wait).
+    /// Groups whose deregistration delay could not be read yet: read again each
+    /// poll (a throttled read must not cost the default 300 s).
+    delay_unread: BTreeSet<String>,
+    /// The region's target groups were listed and every target of the instance
+    /// could be told (its addresses read where a group has `ip` targets): once per
+    /// wait; until then each poll lists them again.
     listed: bool,
 }
 
 impl Wait<'_> {
+    /// The instance's addresses (DescribeInstances), when a group has `ip` targets.
+    /// Unread, the wait holds on [`THE_ADDRESSES`] and the next poll looks at every
+    /// group again, these first.
+    async fn read_addresses(&mut self, now: Instant) {
+        match self.cloud.instance_addresses(self.instance_id).await {
+            Ok(a) => {
+                self.addresses = Some(Addresses::parse(&a.addresses, &a.prefixes));
+                self.watched.remove(THE_ADDRESSES);
+            }
+            Err(e) => {
+                let why = refusal("ec2:DescribeInstances".into(), &e);
+                self.unreadable(THE_ADDRESSES, &why).await;
+                let since = self
+                    .watched
+                    .get(THE_ADDRESSES)
+                    .map(|(_, w)| w.since)
+                    .unwrap_or(now);
+                let pseudo = TargetGroup {
+                    arn: String::new(),
+                    name: THE_ADDRESSES.into(),
+                    target_type: String::new(),
+                };
+                let w = Watched {
+                    name: THE_ADDRESSES.into(),
+                    delay: None,
+                    since,
+                    seen: Seen::Unread(why),
+                };
+                self.watched.insert(THE_ADDRESSES.to_string(), (pseudo, w));
+            }
+        }
+    }
+
+    /// The delays that could not be read, read again.
+    async fn read_delays_again(&mut self) {
+        let arns: Vec<String> = self.delay_unread.iter().cloned().collect();
+        for arn in arns {
+            let (delay, failed) = self.lm.sightings.delay(self.cloud, &arn).await;
+            if failed.is_none() {
+                self.delay_unread.remove(&arn);
+                if let Some((_, w)) = self.watched.get_mut(&arn) {
+                    w.delay = delay;
+                }
+            }
+        }
+    }
+
     /// The first look (and again while the list cannot be read): every group's
     /// targets, keeping those that have the instance or cannot be read.
     async fn look(&mut self, list: Result<Vec<TargetGroup>, CloudError>, now: Instant) {
@@ -368,8 +430,17 @@ impl Wait<'_> {
                 return;
             }
         };
-        self.listed = true;
         self.watched.remove(THE_LIST);
+        // The instance's addresses matter only where a group has `ip` targets.
+        let has_ip = list.iter().any(|g| g.target_type == "ip");
+        if has_ip && self.addresses.is_none() {
+            self.read_addresses(now).await;
+        }
+        if !has_ip {
+            self.watched.remove(THE_ADDRESSES);
+        }
+        // Listed for good once every target of the instance could be told.
+        self.listed = !has_ip || self.addresses.is_some();
         for g in list {
             if !matches!(g.target_type.as_str(), "instance" | "ip") {
                 continue;
@@ -379,7 +450,10 @@ impl Wait<'_> {
                 Seen::Read(states) => !states.is_empty(),
                 Seen::Unread(_) => true,
             };
-            if has {
+            if let Some((_, w)) = self.watched.get_mut(&g.arn) {
+                // Looked at again (the addresses came): its wait keeps its start.
+                w.seen = seen;
+            } else if has {
                 self.watch(g, seen, now).await;
             }
         }
@@ -390,7 +464,7 @@ impl Wait<'_> {
         let arns: Vec<String> = self
             .watched
             .iter()
-            .filter(|(_, (_, w))| w.still_in())
+            .filter(|(arn, (_, w))| w.still_in() && !is_pseudo(arn))
             .map(|(arn, _)| arn.clone())
             .collect();
         for arn in arns {
@@ -415,7 +489,7 @@ impl Wait<'_> {
                 &g.target_type,
                 &targets,
                 self.instance_id,
-                &self.addresses,
+                self.addresses.as_ref().unwrap_or(&Addresses::default()),
             )),
             // Deleted meanwhile: it sends nothing any more.
             Err(CloudError::NotFound { .. }) => Seen::Read(Vec::new()),
@@ -432,6 +506,7 @@ impl Wait<'_> {
         if let Some(e) = failed {
             let why = unread("DescribeTargetGroupAttributes", &e);
             self.unreadable(&g.name, &why).await;
+            self.delay_unread.insert(g.arn.clone());
         }
         let w = Watched {
             name: g.name.clone(),
@@ -444,17 +519,22 @@ impl Wait<'_> {
 
     /// One Event per group and missing permission (or throttling), the first time.
     async fn unreadable(&mut self, group: &str, why: &Unread) {
+        let what = if is_pseudo(group) {
+            group.trim_matches(['(', ')']).to_string()
+        } else {
+            format!("target group {group}")
+        };
         let (key, text) = match why {
             Unread::Forbidden { permission, code } => (
                 format!("{group} {permission}"),
                 format!(
-                    "cannot read target group {group}: {code}, the service's role lacks {permission}; the instance waits at most the group's deregistration delay plus margin, then ends"
+                    "cannot read {what}: {code}, the service's role lacks {permission}; the instance waits at most the group's deregistration delay plus margin, then ends"
                 ),
             ),
             Unread::Failed { why } => (
                 format!("{group} failed"),
                 format!(
-                    "cannot read target group {group} now ({why}); the instance waits at most the group's deregistration delay plus margin, then ends"
+                    "cannot read {what} now ({why}); the instance waits at most the group's deregistration delay plus margin, then ends"
                 ),
             ),
         };
@@ -504,6 +584,12 @@ impl Wait<'_> {
             self.port.say(n, reason, text).await;
         }
     }
+}
+
+/// Whether a key of the watched groups is what the wait holds on while the list
+/// or the addresses cannot be read, not a target group.
+fn is_pseudo(key: &str) -> bool {
+    key == THE_LIST || key == THE_ADDRESSES
 }
 
 fn observe(group: &str, outcome: &'static str, took: Duration) {
