@@ -27,7 +27,11 @@
 //!   terminate or the completion);
 //! - deadlines passing: the workload deadline is 2 s and its policy, per case,
 //!   `proceed` or `abandon`; a guarded pod (a budget that allows nothing) on one
-//!   hooked and one direct node.
+//!   hooked and one direct node;
+//! - the load balancers (issue 73): every instance a target of its group's ALB and of
+//!   an NLB of IP targets; a controller taking a node out of them at any step; any of
+//!   the last mile's calls refused or throttled; batch deregistering its own
+//!   instances (`groupOverrides[].loadBalancers.deregister`).
 //!
 //! The cluster runs DaemonSets that come back: kube-proxy (tolerates everything,
 //! system-node-critical) and a log shipper that tolerates the drain taint, beside a
@@ -52,14 +56,21 @@
 //! - no node of an instance nobody asked to go (CA, the ASG, a notice, `drain NODE`;
 //!   a forged lifecycle message is no one asking) is cordoned, or has a pod evicted;
 //! - the desired capacity is lowered at most once per instance, and only for
-//!   instances CA named (the memory cloud's log of every change and its cause).
+//!   instances CA named (the memory cloud's log of every change and its cause);
+//! - no instance ends (our completion, or our terminate of a direct one) while a
+//!   target group still has it, `healthy` or `draining`, before that group's bound
+//!   counted from the wait's first look (the margin while nothing took it out, its
+//!   delay plus the margin once a read could have seen it `draining`); the service
+//!   deregisters only batch's own instance targets from batch's attached group, of an
+//!   instance CA chose, once its workload pod is gone (`check_last_mile`).
 //!
 //! Progress, after the last step: the faults are lifted and messages left for
 //! redelivery come again; then, within a bound, no drain is in flight on any
 //! replica, no hook of ours holds an instance, the queue is empty, every instance the
 //! ASG chose or CA's DeleteNodes removed through the hook has ended, a direct one has
 //! ended or was given back to CA (its scale-in reason gone from the Node, the
-//! instance in service), and with `proceed` every node drained for a notice or
+//! instance in service), no instance the service took out of a load balancer still
+//! runs, and with `proceed` every node drained for a notice or
 //! `drain NODE` has lost its workload pod and its DaemonSet pods of before the drain.
 //!
 //! Cases: [`CASES`] (1,200; 600 take 35 s on a 2-core machine, debug build, 88 s before
@@ -75,14 +86,15 @@ use std::time::Duration;
 
 use ca_asg_provider::clock::Instant;
 
-use ca_asg_provider::cloud::memory::{DesiredBy, HookEvent, MemoryGroup};
+use ca_asg_provider::cloud::memory::{DesiredBy, HookEvent, LbEvent, MemoryCloud, MemoryGroup};
 use ca_asg_provider::cloud::queue::MemoryQueue;
 use ca_asg_provider::scalein::decide::budget::Groups;
 use ca_asg_provider::scalein::decide::notice::RebalanceAction;
 use ca_asg_provider::scalein::settings::GroupOverride;
 use ca_asg_provider::scalein::sources::queue::Consumer;
 use ca_asg_provider::scalein::{
-    self, decide::record, DeadlinePolicy, DrainRequest, Mode, ScaleInSettings, Source,
+    self, decide::record, DeadlinePolicy, DrainRequest, LoadBalancerWait, Mode, ScaleInSettings,
+    Source,
 };
 use ca_asg_provider::sim::{fixtures, Refusal};
 use k8s_openapi::api::core::v1::{Node, Pod};
@@ -121,6 +133,30 @@ const EKS_HOOK_SECS: i32 = 12;
 const SHARE: chrono::Duration = chrono::Duration::seconds(20);
 /// An instance id no group has (gone long ago).
 const GONE: &str = "i-00000000000dead00";
+/// The last mile (issue 73): every instance is a target of its group's ALB (`instance`
+/// targets, attached to the group: web's delay 5 s, longer than our hook's heartbeat
+/// timeout, so the hold is heartbeated through the wait; batch's 2 s, and batch
+/// deregisters its own instances itself) and of an NLB of `ip` targets at every node's
+/// address (attached to no group, delay 3 s). Each group is waited on for the margin
+/// while nothing takes the instance out, its delay plus the margin once something
+/// does.
+const LB_MARGIN: Duration = Duration::from_secs(1);
+const LB_POLL: Duration = Duration::from_millis(500);
+/// What AWS's latencies can shift the wait's first look from its start by (the load
+/// balancers answer at once in the memory cloud; the end call may be slowed, which
+/// only makes it later).
+const LB_SLACK: Duration = Duration::from_millis(100);
+
+/// One target of an instance in one target group.
+#[derive(Debug, Clone)]
+struct Target {
+    arn: String,
+    group_name: &'static str,
+    /// The instance id, or the node's address in the NLB.
+    id: String,
+    node: usize,
+    delay: Duration,
+}
 
 #[derive(Debug, Clone, Copy)]
 enum Write {
@@ -162,6 +198,41 @@ impl AwsCall {
             AwsCall::Hooks => "terminating_hooks",
         }
     }
+}
+
+/// A call of the last mile (issue 73), refused or throttled.
+#[derive(Debug, Clone, Copy)]
+enum LbCall {
+    TargetGroups,
+    TargetHealth,
+    Delay,
+    Addresses,
+    Attached,
+    Deregister,
+}
+
+impl LbCall {
+    fn operation(self) -> &'static str {
+        match self {
+            LbCall::TargetGroups => "target_groups",
+            LbCall::TargetHealth => "target_health",
+            LbCall::Delay => "deregistration_delay",
+            LbCall::Addresses => "instance_addresses",
+            LbCall::Attached => "group_target_groups",
+            LbCall::Deregister => "deregister_targets",
+        }
+    }
+}
+
+fn lb_call() -> impl Strategy<Value = LbCall> {
+    prop_oneof![
+        Just(LbCall::TargetGroups),
+        Just(LbCall::TargetHealth),
+        Just(LbCall::Delay),
+        Just(LbCall::Addresses),
+        Just(LbCall::Attached),
+        Just(LbCall::Deregister),
+    ]
 }
 
 /// A queue message nobody at AWS sent (or sent long ago).
@@ -219,6 +290,12 @@ enum Op {
     /// AWS is slow to answer; as soon as a terminate or a completion is in flight
     /// (or after 1.5 s), the leader loses its Lease.
     LeaseLostMidEnd,
+    /// A load balancer controller takes node `.0` out of every target group (the
+    /// exclusion label's work): its targets drain for each group's delay.
+    LbLeave(usize),
+    /// The next `.1` calls of the load balancers are refused (AccessDenied, `.2`) or
+    /// throttled.
+    LbFault(LbCall, u32, bool),
     /// Every fault lifted.
     Heal,
     Wait,
@@ -289,6 +366,8 @@ fn op() -> impl Strategy<Value = Op> {
         4 => (forged(), 0..=NODES).prop_map(|(f, i)| Op::Forge(f, i)),
         1 => (forged(), 0..=NODES).prop_map(|(f, i)| Op::RestartThenForge(f, i)),
         1 => Just(Op::LeaseLostMidEnd),
+        2 => (0..NODES).prop_map(Op::LbLeave),
+        2 => (lb_call(), 1u32..4, any::<bool>()).prop_map(|(c, n, r)| Op::LbFault(c, n, r)),
         1 => Just(Op::Heal),
         2 => Just(Op::Wait),
         1 => Just(Op::PastDeadline),
@@ -326,6 +405,8 @@ struct Model {
     /// Every process that ran, each its own identity: who acted, in a failure.
     procs: Processes,
     origin: Instant,
+    /// Every instance's targets in the load balancers.
+    targets: Vec<Target>,
 }
 
 fn settings(policy: DeadlinePolicy) -> ScaleInSettings {
@@ -337,8 +418,14 @@ fn settings(policy: DeadlinePolicy) -> ScaleInSettings {
             workload_deadline: Some(BATCH_DEADLINE),
             workload_deadline_policy: None,
             wait_for_replacement: None,
-            deregister: None,
+            deregister: Some(true),
         }],
+        load_balancers: LoadBalancerWait {
+            enabled: true,
+            margin: LB_MARGIN,
+            poll: LB_POLL,
+            deregister: false,
+        },
         daemonset_deadline: Duration::from_secs(3),
         ..fast_settings()
     }
@@ -382,6 +469,7 @@ impl Model {
         for g in ["web", "batch"] {
             w.put(&fixtures::pdb("shop", &format!("guarded-{g}"), 0));
         }
+        let targets = load_balancers(&w.cloud, &nodes);
         pods_ready(&w, 4 * NODES).await;
         let pods = PodLog::watch(&w.sim);
         let placed = pods.all();
@@ -425,6 +513,7 @@ impl Model {
             pods,
             procs,
             origin,
+            targets,
         }
     }
 
@@ -733,6 +822,20 @@ impl Model {
                 }
                 self.leader_change().await;
             }
+            Op::LbLeave(i) => {
+                for t in self.targets.iter().filter(|t| t.node == *i) {
+                    self.w.cloud.deregister_target(&t.arn, &t.id);
+                }
+            }
+            Op::LbFault(call, times, refuse) => {
+                if *refuse {
+                    self.w
+                        .cloud
+                        .refuse(call.operation(), "AccessDenied", *times);
+                } else {
+                    self.w.cloud.throttle(call.operation(), *times);
+                }
+            }
             Op::Heal => self.heal(),
             Op::Wait => tokio::time::sleep(Duration::from_millis(300)).await,
             Op::PastDeadline => {
@@ -746,8 +849,100 @@ impl Model {
         self.w.cloud.heal();
     }
 
+    /// The last mile, after every step: no instance ended while a target group still
+    /// had it (`healthy` or `draining`) before the wait's bound for that group, counted
+    /// from the wait's first look (the first time its addresses were asked for): the
+    /// margin while nothing took it out, its delay plus the margin once a read could
+    /// have seen it `draining`. Only our own end calls count: a terminate of a hooked
+    /// group's instance hands it to the hook, whose drain ends it. And the service
+    /// takes out only what docs/scale-in.md says `deregister` does: the instance's own
+    /// target, of an instance CA chose in batch (the one group that deregisters), from
+    /// batch's attached group, once its workload pod is gone.
+    fn check_last_mile(&self) {
+        let log = self.w.cloud.lb_log_timed();
+        let audit = self.w.sim.audit();
+        let who = |subject: &str| self.procs.who_touched(&self.w.sim, subject, self.origin);
+        let mut first_look: BTreeMap<&str, Instant> = BTreeMap::new();
+        let mut left: BTreeMap<(&str, &str), Instant> = BTreeMap::new();
+        for (at, e) in &log {
+            match e {
+                LbEvent::AddressesRead { instance } => {
+                    first_look.entry(instance.as_str()).or_insert(*at);
+                }
+                LbEvent::Deregistered {
+                    target_group,
+                    target,
+                    by_service,
+                } => {
+                    left.entry((target_group.as_str(), target.as_str()))
+                        .or_insert(*at);
+                    if !*by_service {
+                        continue;
+                    }
+                    let t = self
+                        .targets
+                        .iter()
+                        .find(|t| &t.arn == target_group && &t.id == target)
+                        .unwrap_or_else(|| panic!("the service deregistered {target} from {target_group}, no instance's target here"));
+                    let (_, iid, group) = &self.nodes[t.node];
+                    assert!(
+                        t.group_name == "batch-alb" && *group == "batch" && t.id == *iid,
+                        "the service deregistered {target} from {}: not batch's own instance target in batch's attached group",
+                        t.group_name
+                    );
+                    assert!(
+                        self.ca_named.contains(iid),
+                        "the service deregistered {iid}, which CA did not choose: {:#?}",
+                        who(iid)
+                    );
+                    let app = &self.apps[t.node];
+                    assert!(
+                        audit
+                            .iter()
+                            .any(|a| a.kind == "Pod" && &a.name == app && a.verb == "removed" && a.at <= *at),
+                        "the service deregistered {iid} while its workload pod {app} was still there"
+                    );
+                }
+                LbEvent::EndCall {
+                    instance,
+                    completed,
+                } => {
+                    let Some(i) = self.index_of(instance) else {
+                        continue;
+                    };
+                    if !completed && self.nodes[i].2 == "web" {
+                        continue;
+                    }
+                    for t in self.targets.iter().filter(|t| t.node == i) {
+                        let required = match left.get(&(t.arn.as_str(), t.id.as_str())) {
+                            None => LB_MARGIN,
+                            Some(d) if *at >= *d + t.delay => continue,
+                            Some(d)
+                                if at.saturating_duration_since(*d) > 2 * LB_POLL + LB_SLACK =>
+                            {
+                                t.delay + LB_MARGIN
+                            }
+                            Some(_) => LB_MARGIN,
+                        };
+                        let first = first_look.get(instance.as_str());
+                        assert!(
+                            first.is_some_and(|f| *at + LB_SLACK >= *f + required),
+                            "{instance} ended {:?} after its wait for the load balancers began, while still a target of {} ({}), whose bound is {required:?}: {:#?}",
+                            first.map(|f| at.saturating_duration_since(*f)),
+                            t.group_name,
+                            t.id,
+                            who(instance)
+                        );
+                    }
+                }
+                _ => {}
+            }
+        }
+    }
+
     fn check(&self) {
         support::invariants::assert_stories_hold(&self.w.engine);
+        self.check_last_mile();
         let cloud = &self.w.cloud;
         let chosen = |id: &str| self.ca_named.contains(id) || self.asg_chose.contains(id);
         let who = |subject: &str| self.procs.who_touched(&self.w.sim, subject, self.origin);
@@ -1015,7 +1210,26 @@ impl Model {
                 )
             })
             .collect();
+        let taken_out: BTreeSet<String> = self
+            .w
+            .cloud
+            .lb_log()
+            .into_iter()
+            .filter_map(|e| match e {
+                LbEvent::Deregistered {
+                    target,
+                    by_service: true,
+                    ..
+                } => Some(target),
+                _ => None,
+            })
+            .collect();
         for (i, (node, iid, _)) in self.nodes.iter().enumerate() {
+            if taken_out.contains(iid) && state(iid).is_some_and(|s| !s.is_terminating()) {
+                left.push(format!(
+                    "{iid} ({node}) was taken out of its load balancers by the service and still runs"
+                ));
+            }
             if self.w.cloud.pending_hooks(iid).iter().any(|h| h == HOOK) {
                 left.push(format!("our hook still holds {iid} ({node})"));
             }
@@ -1070,6 +1284,37 @@ impl Model {
         })
         .await
     }
+}
+
+/// The load balancers of the model (see [`LB_MARGIN`]): every instance registered.
+fn load_balancers(cloud: &MemoryCloud, nodes: &[(String, String, &'static str)]) -> Vec<Target> {
+    let web = cloud.add_target_group("web-alb", "instance", "5");
+    cloud.attach_target_group("web", &web);
+    let batch = cloud.add_target_group("batch-alb", "instance", "2");
+    cloud.attach_target_group("batch", &batch);
+    let nlb = cloud.add_target_group("pods-nlb", "ip", "3");
+    let mut targets = Vec::new();
+    for (i, (_, iid, group)) in nodes.iter().enumerate() {
+        let (arn, name, delay) = match *group {
+            "web" => (&web, "web-alb", 5),
+            _ => (&batch, "batch-alb", 2),
+        };
+        let address = MemoryCloud::address_of(iid).expect("the memory cloud's address");
+        for (arn, name, id, delay) in [
+            (arn, name, iid.clone(), delay),
+            (&nlb, "pods-nlb", address, 3),
+        ] {
+            cloud.register_target(arn, &id);
+            targets.push(Target {
+                arn: arn.clone(),
+                group_name: name,
+                id,
+                node: i,
+                delay: Duration::from_secs(delay),
+            });
+        }
+    }
+    targets
 }
 
 fn run(proceed: bool, ops: &[Op]) -> Vec<String> {

@@ -589,52 +589,37 @@ pub trait Cloud: Send + Sync + 'static {
         image_id: Option<&str>,
     ) -> CloudResult<Vec<String>>;
 
-    // The last mile (issue 73), read only. A backend without load balancers (the
-    // tests' wrappers, an AWS backend built without an ELBv2 client) has none.
+    // The last mile (issue 73), read only. No default: a backend or a wrapper that
+    // left these out would answer "no load balancer" and the wait would end every
+    // instance at once, failing open; each says what it has.
 
     /// The instance's private addresses (DescribeInstances of one id); an instance
     /// EC2 no longer knows has none.
-    async fn instance_addresses(&self, _instance_id: &str) -> CloudResult<InstanceAddresses> {
-        Ok(InstanceAddresses::default())
-    }
+    async fn instance_addresses(&self, instance_id: &str) -> CloudResult<InstanceAddresses>;
 
     /// Every ELBv2 target group of the region (DescribeTargetGroups, every page, 400
     /// a page).
-    async fn target_groups(&self) -> CloudResult<Vec<TargetGroup>> {
-        Ok(Vec::new())
-    }
+    async fn target_groups(&self) -> CloudResult<Vec<TargetGroup>>;
 
     /// The registered targets of one target group and their states
     /// (DescribeTargetHealth). A target group deleted meanwhile is `NotFound`.
-    async fn target_health(&self, _arn: &str) -> CloudResult<Vec<TargetHealth>> {
-        Ok(Vec::new())
-    }
+    async fn target_health(&self, arn: &str) -> CloudResult<Vec<TargetHealth>>;
 
     /// The target group's `deregistration_delay.timeout_seconds`
     /// (DescribeTargetGroupAttributes), as AWS spells the value.
-    async fn deregistration_delay(&self, _arn: &str) -> CloudResult<Option<String>> {
-        Ok(None)
-    }
+    async fn deregistration_delay(&self, arn: &str) -> CloudResult<Option<String>>;
 
     // The last mile's one write (issue 73, item 3, opt-in per group): the instance
     // out of the target groups attached to its own group, before the wait.
 
     /// The ARNs of the ELBv2 target groups attached to the Auto Scaling group
     /// (DescribeLoadBalancerTargetGroups, every page).
-    async fn group_target_groups(&self, _group: &str) -> CloudResult<Vec<String>> {
-        Ok(Vec::new())
-    }
+    async fn group_target_groups(&self, group: &str) -> CloudResult<Vec<String>>;
 
     /// DeregisterTargets: these targets (id and port as DescribeTargetHealth gave
     /// them) out of one target group. Deregistering a target that is already
     /// draining or gone changes nothing.
-    async fn deregister_targets(&self, arn: &str, _targets: &[TargetHealth]) -> CloudResult<()> {
-        Err(CloudError::Rejected {
-            operation: "DeregisterTargets".into(),
-            code: "Unsupported".into(),
-            message: format!("this cloud has no load balancers ({arn})"),
-        })
-    }
+    async fn deregister_targets(&self, arn: &str, targets: &[TargetHealth]) -> CloudResult<()>;
 }
 
 /// An ELBv2 target group as DescribeTargetGroups lists it (ALB, NLB or GWLB).

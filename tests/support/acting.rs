@@ -300,6 +300,33 @@ impl Cloud for Logged {
     async fn eks_nodegroup(&self, c: &str, n: &str) -> CloudResult<EksNodegroup> {
         self.inner.eks_nodegroup(c, n).await
     }
+    async fn instance_addresses(&self, id: &str) -> CloudResult<InstanceAddresses> {
+        self.inner.instance_addresses(id).await
+    }
+    async fn target_groups(&self) -> CloudResult<Vec<TargetGroup>> {
+        self.inner.target_groups().await
+    }
+    async fn target_health(&self, arn: &str) -> CloudResult<Vec<TargetHealth>> {
+        self.inner.target_health(arn).await
+    }
+    async fn deregistration_delay(&self, arn: &str) -> CloudResult<Option<String>> {
+        self.inner.deregistration_delay(arn).await
+    }
+    async fn group_target_groups(&self, g: &str) -> CloudResult<Vec<String>> {
+        self.inner.group_target_groups(g).await
+    }
+    async fn deregister_targets(&self, arn: &str, t: &[TargetHealth]) -> CloudResult<()> {
+        let ids: Vec<&str> = t.iter().map(|t| t.id.as_str()).collect();
+        self.log.note(
+            &self.who,
+            format!(
+                "DeregisterTargets {} {}",
+                ids.join(" "),
+                ca_asg_provider::scalein::decide::last_mile::group_name(arn)
+            ),
+        );
+        self.inner.deregister_targets(arn, t).await
+    }
     async fn instance_types_for_requirements(
         &self,
         r: &InstanceRequirements,

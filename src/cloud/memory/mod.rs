@@ -165,11 +165,14 @@ fn deregister_in(st: &mut State, arn: &str, id: &str, by_service: bool) {
         changed = true;
     }
     if changed {
-        st.lb_log.push(LbEvent::Deregistered {
-            target_group: arn.to_string(),
-            target: id.to_string(),
-            by_service,
-        });
+        st.lb_log.push((
+            Instant::now(),
+            LbEvent::Deregistered {
+                target_group: arn.to_string(),
+                target: id.to_string(),
+                by_service,
+            },
+        ));
     }
 }
 
@@ -223,6 +226,9 @@ pub enum LbEvent {
     },
     /// A call of the load balancers was refused or throttled (a test's fault).
     Refused { operation: String },
+    /// The instance's addresses were asked for (DescribeInstances, the wait's first
+    /// look where a group has `ip` targets): logged before the answer, refused or not.
+    AddressesRead { instance: String },
     /// An instance's end was asked: CompleteLifecycleAction (`completed`) or
     /// TerminateInstanceInAutoScalingGroup, answered without an error.
     EndCall { instance: String, completed: bool },
@@ -398,8 +404,9 @@ struct State {
     lb_calls: BTreeMap<String, u64>,
     /// Target groups attached to each Auto Scaling group, by ARN.
     attached: BTreeMap<String, Vec<String>>,
-    /// The load balancers' order of events ([`MemoryCloud::lb_log`]).
-    lb_log: Vec<LbEvent>,
+    /// The load balancers' order of events, each with when it happened
+    /// ([`MemoryCloud::lb_log`]).
+    lb_log: Vec<(Instant, LbEvent)>,
     /// The state each target was last answered in: (group ARN, target) -> state.
     lb_answered: BTreeMap<(String, String), String>,
 }
@@ -786,6 +793,16 @@ impl MemoryCloud {
 
     /// What happened at the load balancers and to the instances' end calls, in order.
     pub fn lb_log(&self) -> Vec<LbEvent> {
+        self.state
+            .lock()
+            .lb_log
+            .iter()
+            .map(|(_, e)| e.clone())
+            .collect()
+    }
+
+    /// [`Self::lb_log`] with when each happened (a model's bounds).
+    pub fn lb_log_timed(&self) -> Vec<(Instant, LbEvent)> {
         self.state.lock().lb_log.clone()
     }
 
@@ -1072,9 +1089,12 @@ impl MemoryCloud {
         let mut st = self.state.lock();
         *st.lb_calls.entry(op.to_string()).or_default() += 1;
         if let Err(e) = Self::faults(&mut st, op) {
-            st.lb_log.push(LbEvent::Refused {
-                operation: op.to_string(),
-            });
+            st.lb_log.push((
+                Instant::now(),
+                LbEvent::Refused {
+                    operation: op.to_string(),
+                },
+            ));
             return Err(e);
         }
         Ok(st)
@@ -1604,6 +1624,12 @@ impl Cloud for MemoryCloud {
     // The load balancers answer at once (no latency, no staleness): a world without
     // target groups sees the same timing with the last mile on or off.
     async fn instance_addresses(&self, instance_id: &str) -> CloudResult<super::InstanceAddresses> {
+        self.state.lock().lb_log.push((
+            Instant::now(),
+            LbEvent::AddressesRead {
+                instance: instance_id.to_string(),
+            },
+        ));
         let _st = self.lb_call("instance_addresses")?;
         Ok(super::InstanceAddresses {
             addresses: Self::address_of(instance_id).into_iter().collect(),
@@ -1645,11 +1671,14 @@ impl Cloud for MemoryCloud {
             let key = (arn.to_string(), t.id.clone());
             if st.lb_answered.get(&key) != Some(&t.state) {
                 st.lb_answered.insert(key, t.state.clone());
-                st.lb_log.push(LbEvent::Answered {
-                    target_group: arn.to_string(),
-                    target: t.id.clone(),
-                    state: t.state.clone(),
-                });
+                st.lb_log.push((
+                    Instant::now(),
+                    LbEvent::Answered {
+                        target_group: arn.to_string(),
+                        target: t.id.clone(),
+                        state: t.state.clone(),
+                    },
+                ));
             }
         }
         Ok(out)
@@ -1823,10 +1852,10 @@ impl Cloud for MemoryCloud {
                 };
                 st.desired_log.push(change);
             }
-            st.lb_log.push(LbEvent::EndCall {
+            st.lb_log.push((Instant::now(), LbEvent::EndCall {
                 instance: instance_id.to_string(),
                 completed: false,
-            });
+            }));
             self.reconcile_group(&mut st, &group, now);
             Ok(())
         })
@@ -2064,10 +2093,13 @@ impl Cloud for MemoryCloud {
             st.completed_actions.push((action.clone(), result));
             st.completed_at
                 .push((action.instance_id.clone(), Instant::now()));
-            st.lb_log.push(LbEvent::EndCall {
-                instance: action.instance_id.clone(),
-                completed: true,
-            });
+            st.lb_log.push((
+                Instant::now(),
+                LbEvent::EndCall {
+                    instance: action.instance_id.clone(),
+                    completed: true,
+                },
+            ));
             if let Some(left) = left {
                 st.hook_slack.push((action.instance_id.clone(), left));
             }
