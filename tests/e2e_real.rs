@@ -194,6 +194,232 @@ async fn an_instance_refresh_of_six_over_two_groups_drains_two_at_a_time() {
     rig.no_provider_errors(&[]);
 }
 
+/// The last mile (issue 73) on the real control plane: the ASG ends one of three
+/// instances on its own, our hook holds it and the service drains it. Each instance is
+/// a target of an ALB's `instance` group (delay 8 s) and an NLB's `ip` group at its
+/// address (delay 3 s): the memory cloud plays ELBv2 (`draining` for the delay, then
+/// `unused`), and the test plays the AWS Load Balancer Controller: it deregisters the
+/// node's ALB target once the real API server shows its
+/// `node.kubernetes.io/exclude-from-external-load-balancers` label (the cordon sets
+/// it), and, slower, its NLB target only once the Node says the wait began (so that
+/// target drains during the wait). The action is completed only after both targets
+/// read `unused` and after every pod of the node stopped; the Node carried the wait
+/// for `status` and an Event named the NLB; the other instances' targets were left
+/// alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn the_instance_leaves_its_load_balancers_before_it_ends() {
+    use ca_asg_provider::cloud::memory::{LbEvent, MemoryCloud};
+    use ca_asg_provider::cloud::Cloud as _;
+    use ca_asg_provider::scalein::decide::last_mile;
+    use ca_asg_provider::scalein::stages::cordon::LB_EXCLUDE_LABEL;
+    use ca_asg_provider::scalein::{LoadBalancerWait, ScaleInSettings};
+    use k8s_openapi::api::core::v1::Node;
+    use k8s_openapi::api::events::v1::Event;
+    use std::time::{Duration, Instant};
+
+    let Some(bin) = binaries("the_instance_leaves_its_load_balancers_before_it_ends") else {
+        return;
+    };
+    let _one_at_a_time = SERIAL.lock().await;
+    let setup = rig::Setup {
+        desired: 3,
+        hooked: true,
+        real: None,
+        workloads: rig::Workloads::Budgeted,
+    };
+    let more = rig::More {
+        settings: ScaleInSettings {
+            load_balancers: LoadBalancerWait {
+                enabled: true,
+                margin: Duration::from_secs(2),
+                poll: Duration::from_millis(500),
+                deregister: false,
+            },
+            ..rig::settings()
+        },
+        ..rig::More::default()
+    };
+    let mut rig = Rig::start_more(
+        "the last mile: out of the load balancers, then ended",
+        &bin,
+        setup,
+        more,
+    )
+    .await;
+    rig.run_lifecycle_loop();
+    let all: Vec<(String, String)> = rig.kubelet.nodes().into_iter().collect();
+    assert_eq!(all.len(), 3, "{all:?}");
+    let (node, iid) = all[0].clone();
+    let alb = rig.cloud.add_target_group("web-alb", "instance", "8");
+    let nlb = rig.cloud.add_target_group("web-nlb", "ip", "3");
+    let targets = |iid: &str| {
+        [
+            (alb.clone(), iid.to_string()),
+            (
+                nlb.clone(),
+                MemoryCloud::address_of(iid).expect("an address"),
+            ),
+        ]
+    };
+    for (_, i) in &all {
+        for (arn, id) in targets(i) {
+            rig.cloud.register_target(&arn, &id);
+        }
+    }
+
+    // The AWS Load Balancer Controller, as far as this scenario needs it: a node
+    // labelled for exclusion leaves the ALB at once and the NLB once the wait began
+    // (the Node's annotation, which `status` reads).
+    let controller = {
+        let nodes: kube::Api<Node> = kube::Api::all(rig.admin.clone());
+        let (cloud, kubelet, node, iid) = (
+            rig.cloud.clone(),
+            rig.kubelet.clone(),
+            node.clone(),
+            iid.clone(),
+        );
+        let [(alb_arn, alb_id), (nlb_arn, nlb_id)] = targets(&iid);
+        tokio::spawn(async move {
+            let (mut labelled, mut noted) = (None, None);
+            let until = Instant::now() + Duration::from_secs(180);
+            while Instant::now() < until && !kubelet.instances_ended().contains(&iid) {
+                if let Ok(n) = nodes.get(&node).await {
+                    let labels = n.metadata.labels.unwrap_or_default();
+                    if labelled.is_none() && labels.contains_key(LB_EXCLUDE_LABEL) {
+                        labelled = Some(Instant::now());
+                        cloud.deregister_target(&alb_arn, &alb_id);
+                    }
+                    let note = n
+                        .metadata
+                        .annotations
+                        .unwrap_or_default()
+                        .get(last_mile::ANNOTATION)
+                        .and_then(|a| last_mile::Waiting::read(a));
+                    if noted.is_none() && note.is_some() {
+                        cloud.deregister_target(&nlb_arn, &nlb_id);
+                    }
+                    noted = noted.or(note);
+                }
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            (labelled, noted)
+        })
+    };
+
+    rig.report
+        .scale_in_begins("the ASG ends one instance on its own");
+    rig.cloud
+        .terminate_instance(&iid, false)
+        .await
+        .expect("the ASG ends the instance");
+    rig.report.step("wait for the instance to end");
+    rig.wait_ended(std::slice::from_ref(&iid), 180).await;
+    let (labelled, noted) = controller.await.expect("the controller");
+
+    rig.report
+        .step("check: the node was labelled for exclusion and its targets deregistered");
+    assert!(
+        labelled.is_some(),
+        "the exclusion label never showed on {node}"
+    );
+    let log = rig.cloud.lb_log_timed();
+    let at = |want: &dyn Fn(&LbEvent) -> bool| log.iter().position(|(_, e)| want(e));
+    let completed =
+        at(&|e| matches!(e, LbEvent::EndCall { instance, completed: true } if *instance == iid))
+            .unwrap_or_else(|| panic!("our hook's action was never completed: {log:?}"));
+    rig.report
+        .step("check: the action completed only after both targets read unused");
+    for (arn, id) in targets(&iid) {
+        let off = at(&|e| {
+            matches!(e, LbEvent::Deregistered { target_group, target, by_service: false }
+                if *target_group == arn && *target == id)
+        })
+        .unwrap_or_else(|| panic!("{id} was never deregistered from {arn}: {log:?}"));
+        let out = at(&|e| {
+            matches!(e, LbEvent::Answered { target_group, target, state }
+                if *target_group == arn && *target == id && state == "unused")
+        })
+        .unwrap_or_else(|| panic!("{id} never read unused in {arn}: {log:?}"));
+        assert!(off < out && out < completed, "{id} in {arn}: {log:?}");
+        let waited = log[completed].0.saturating_duration_since(log[off].0);
+        eprintln!(
+            "e2e: {} deregistered from {} {:.1} s before the action was completed",
+            id,
+            last_mile::group_name(&arn),
+            waited.as_secs_f64()
+        );
+    }
+    rig.report
+        .step("check: every pod of the node stopped before the action was completed");
+    let completed_utc = chrono::Utc::now()
+        - chrono::Duration::from_std(log[completed].0.elapsed()).expect("a duration");
+    let stops = rig.kubelet.stops();
+    let asked = rig.report.scale_in_asked.lock().expect("asked");
+    // The pods the drain found (a DaemonSet pod the controller put back on the
+    // cordoned node after its eviction ends with the instance: not the drain's).
+    let on_node: Vec<_> = stops
+        .iter()
+        .filter(|s| s.node == node && s.started < asked)
+        .collect();
+    assert!(!on_node.is_empty(), "no pod stopped on {node}");
+    for s in &on_node {
+        assert!(
+            s.ended < completed_utc,
+            "{} on {node} ended at {} after the action was completed at {completed_utc}",
+            s.pod,
+            s.ended
+        );
+    }
+    rig.report
+        .step("check: the Node said the wait, and an Event named both groups");
+    let noted = noted.expect("the Node never carried the wait for the load balancers");
+    assert!((1..=2).contains(&noted.groups), "{noted:?}");
+    let events: kube::Api<Event> = kube::Api::all(rig.admin.clone());
+    let said: Vec<(String, String)> = events
+        .list(&Default::default())
+        .await
+        .unwrap()
+        .items
+        .into_iter()
+        .filter(|e| e.regarding.as_ref().and_then(|r| r.name.as_deref()) == Some(node.as_str()))
+        .map(|e| (e.reason.unwrap_or_default(), e.note.unwrap_or_default()))
+        .collect();
+    let waiting = said
+        .iter()
+        .find(|(r, _)| r == "WaitingForLoadBalancers")
+        .unwrap_or_else(|| panic!("{said:?}"));
+    assert!(waiting.1.contains("web-nlb"), "{waiting:?}");
+    assert!(
+        !said.iter().any(|(r, _)| r == "LoadBalancerWaitOver"),
+        "{said:?}"
+    );
+    rig.report
+        .step("check: the other instances' targets were left alone");
+    for (_, other) in all.iter().skip(1) {
+        for (arn, id) in targets(other) {
+            let state = rig
+                .cloud
+                .target_states(&arn)
+                .into_iter()
+                .find(|(t, _)| *t == id)
+                .map(|(_, s)| s);
+            assert_eq!(state.as_deref(), Some("healthy"), "{id} in {arn}");
+        }
+    }
+    let audit = rig.cp.audit();
+    let nodes = vec![node.clone()];
+    rig.report
+        .step("check: evictions only, DaemonSet pods last");
+    checks::evictions_only(&audit, &stops, &nodes).unwrap_or_else(|e| panic!("{e}"));
+    checks::daemonset_last(&stops, &nodes, asked).unwrap_or_else(|e| panic!("{e}"));
+    rig.hooks_completed_once(std::slice::from_ref(&iid));
+    assert!(
+        rig.cloud.hook_timeouts().is_empty(),
+        "a held hook timed out"
+    );
+    rig.no_provider_errors(&[]);
+}
+
 /// Warm pools (issue 47): the ASG scales in by one into its warm pool
 /// (ReuseOnScaleIn); our hook holds the instance in Warmed:Pending:Wait and the service
 /// drains it keeping every promise (evictions only, the budget, DaemonSet pods last,
