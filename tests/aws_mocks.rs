@@ -496,3 +496,74 @@ async fn a_warm_pools_instances_are_read_page_by_page() {
     assert_eq!(got[1].instance_type.as_deref(), Some("m5.large"));
     assert_eq!((first.num_calls(), second.num_calls()), (1, 1));
 }
+
+/// Issue 71: the group's own cause of an instance's termination is its scaling
+/// activity's `Cause`, found page by page (100 a page, newest first), matched by the
+/// activity's description to the exact instance (`i-0abc` is not `i-0abcd`), cut to
+/// 4 KiB; an instance no activity of the pages names has none; throttling is an
+/// error the caller fails closed on.
+#[tokio::test]
+async fn the_termination_cause_is_read_page_by_page_for_the_exact_instance() {
+    let act = |id: &str, cause: &str| {
+        asg::types::Activity::builder()
+            .activity_id(format!("a-{id}"))
+            .description(format!("Terminating EC2 instance: {id}"))
+            .auto_scaling_group_name("web")
+            .cause(cause)
+            .start_time(aws_smithy_types::DateTime::from_secs(100))
+            .status_code(asg::types::ScalingActivityStatusCode::from("InProgress"))
+            .build()
+    };
+    let long = format!("{} in response to an instance refresh.", "x".repeat(5000));
+    let first = mock!(Client::describe_scaling_activities)
+        .match_requests(|r| {
+            r.auto_scaling_group_name() == Some("web")
+                && r.next_token().is_none()
+                && r.max_records() == Some(100)
+        })
+        .then_output(move || {
+            DescribeScalingActivitiesOutput::builder()
+                .activities(act("i-0abcd", "not this one"))
+                .activities(act("i-0long", &long))
+                .next_token("page-2")
+                .build()
+        });
+    let second = mock!(Client::describe_scaling_activities)
+        .match_requests(|r| r.next_token() == Some("page-2"))
+        .then_output(move || {
+            DescribeScalingActivitiesOutput::builder()
+                .activities(act(
+                    "i-0abc",
+                    "At 2026-11-28T10:00:00Z an instance was taken out of service in response to an instance refresh.",
+                ))
+                .build()
+        });
+    let c = cloud(&[&first, &second]);
+    let cause = c.termination_cause("web", "i-0abc").await.unwrap();
+    assert!(
+        cause
+            .as_deref()
+            .is_some_and(|t| t.ends_with("in response to an instance refresh.")),
+        "{cause:?}"
+    );
+    assert_eq!((first.num_calls(), second.num_calls()), (1, 1));
+    let cut = c
+        .termination_cause("web", "i-0long")
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(cut.len(), 4096);
+    assert_eq!(c.termination_cause("web", "i-0gone").await.unwrap(), None);
+
+    let throttle = mock!(Client::describe_scaling_activities).then_error(|| {
+        aws_sdk_autoscaling::operation::describe_scaling_activities::DescribeScalingActivitiesError::generic(
+            ErrorMetadata::builder()
+                .code("Throttling")
+                .message("Rate exceeded")
+                .build(),
+        )
+    });
+    let c = cloud(&[&throttle]);
+    let e = c.termination_cause("web", "i-0abc").await.unwrap_err();
+    assert!(matches!(e, CloudError::Throttled { .. }), "{e:?}");
+}

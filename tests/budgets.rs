@@ -303,3 +303,93 @@ async fn a_drain_waits_for_its_groups_replacement_before_it_evicts() {
         "said once"
     );
 }
+
+/// Issue 71: the group's own cause, from its scaling activity. A budget that allows
+/// no instance refresh (`reasons: [asg-instance-refresh]`, `nodes: 0`) holds the
+/// refresh's drain (its activity: "... in response to an instance refresh"), while
+/// the group's scaling-policy scale-in ("... a difference between desired and actual
+/// capacity") and a person's TerminateInstanceInAutoScalingGroup ("... a user
+/// request") drain at once. When the activities cannot be read, a scale-in counts
+/// under every `asg-*` cause, so the refresh budget holds it too (fail closed).
+#[tokio::test]
+async fn a_budget_for_instance_refreshes_holds_only_the_refresh() {
+    use ca_asg_provider::cloud::Cloud;
+    let settings = ScaleInSettings {
+        budgets: vec![Budget {
+            causes: Some([Cause::AsgInstanceRefresh].into()),
+            ..Budget::always("no-refresh", Nodes::Count(0))
+        }],
+        ..fast_settings()
+    };
+    let w = World::builder()
+        .web_hooked(6, 3, 300)
+        .settings(settings.clone())
+        .build()
+        .await;
+    let nodes = nodes_of(&w, "web");
+    // First, while every instance has a Node (replacements launched later have none).
+    let scaled = w.cloud.external_scale_in("web", 1).unwrap()[0].clone();
+    let mut others = nodes.iter().filter(|(_, i)| *i != scaled).cloned();
+    let (refreshed_node, refreshed) = others.next().expect("a second node");
+    let (_, person) = others.next().expect("a third node");
+    w.cloud.terminate_instance(&refreshed, false).await.unwrap();
+    w.cloud.set_termination_cause(
+        &refreshed,
+        "At 2026-11-28T10:00:00Z an instance was taken out of service in response to an instance refresh.",
+    );
+    w.cloud.terminate_instance(&person, false).await.unwrap();
+    let lifecycle = ca_asg_provider::scalein::sources::hook_scan::spawn_loop(
+        w.engine.clone(),
+        w.provider.clone(),
+    );
+    action_completed(&w, &person, 20).await;
+    action_completed(&w, &scaled, 20).await;
+    eventually("the refresh's drain waits, told why", 10, || {
+        waiting_events(&w)
+            .iter()
+            .any(|n| n.contains("\"no-refresh\""))
+    })
+    .await;
+    assert!(cordoned(&w, &refreshed_node));
+    assert!(
+        !w.cloud
+            .completed_actions()
+            .iter()
+            .any(|(a, _)| a.instance_id == refreshed),
+        "the refresh's action was completed past its budget"
+    );
+    assert!(
+        w.cloud.calls()["termination_cause"] >= 3,
+        "{:?}",
+        w.cloud.calls()
+    );
+    lifecycle.abort();
+
+    // The activities cannot be read: a person's terminate waits under the refresh
+    // budget too.
+    let w = World::builder()
+        .web_hooked(6, 3, 300)
+        .settings(settings)
+        .build()
+        .await;
+    let (node, iid) = nodes_of(&w, "web")[0].clone();
+    w.cloud.throttle("termination_cause", 1_000);
+    w.cloud.terminate_instance(&iid, false).await.unwrap();
+    let lifecycle = ca_asg_provider::scalein::sources::hook_scan::spawn_loop(
+        w.engine.clone(),
+        w.provider.clone(),
+    );
+    eventually(
+        "the unread scale-in waits under every asg cause",
+        10,
+        || {
+            waiting_events(&w)
+                .iter()
+                .any(|n| n.contains("\"no-refresh\""))
+        },
+    )
+    .await;
+    assert!(cordoned(&w, &node));
+    assert!(w.cloud.completed_actions().is_empty());
+    lifecycle.abort();
+}

@@ -118,6 +118,9 @@ impl Cloud for Instrumented {
             self.0.instance_types_for_requirements(r, image)
         )
     }
+    async fn termination_cause(&self, g: &str, id: &str) -> CloudResult<Option<String>> {
+        counted!("DescribeScalingActivities", self.0.termination_cause(g, id))
+    }
     async fn instance_addresses(&self, id: &str) -> CloudResult<InstanceAddresses> {
         counted!("DescribeInstances", self.0.instance_addresses(id))
     }

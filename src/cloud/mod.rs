@@ -589,6 +589,16 @@ pub trait Cloud: Send + Sync + 'static {
         image_id: Option<&str>,
     ) -> CloudResult<Vec<String>>;
 
+    /// The `Cause` of the group's scaling activity that terminates the instance
+    /// (DescribeScalingActivities, newest first, at most [`ACTIVITY_PAGES`] pages of
+    /// 100: the activity `Terminating EC2 instance: ID`), at most 4 KiB of it; `None`
+    /// when none of those names the instance (issue 71: a budget per ASG cause).
+    async fn termination_cause(
+        &self,
+        group: &str,
+        instance_id: &str,
+    ) -> CloudResult<Option<String>>;
+
     // The last mile (issue 73), read only. No default: a backend or a wrapper that
     // left these out would answer "no load balancer" and the wait would end every
     // instance at once, failing open; each says what it has.
@@ -620,6 +630,28 @@ pub trait Cloud: Send + Sync + 'static {
     /// them) out of one target group. Deregistering a target that is already
     /// draining or gone changes nothing.
     async fn deregister_targets(&self, arn: &str, targets: &[TargetHealth]) -> CloudResult<()>;
+}
+
+/// How many pages of 100 scaling activities [`Cloud::termination_cause`] reads at
+/// most: a refresh of a few hundred instances, newest first.
+pub const ACTIVITY_PAGES: usize = 5;
+
+/// The instance a scaling activity's `Description` says it terminates
+/// (`Terminating EC2 instance: i-...`), if it says so.
+pub fn terminated_by(description: &str) -> Option<&str> {
+    description
+        .strip_prefix("Terminating EC2 instance: ")?
+        .split_whitespace()
+        .next()
+}
+
+/// A scaling activity's `Cause`, cut to at most 4 KiB on a character boundary.
+pub fn bounded_cause(cause: &str) -> String {
+    let mut end = cause.len().min(4096);
+    while !cause.is_char_boundary(end) {
+        end -= 1;
+    }
+    cause[..end].to_string()
 }
 
 /// An ELBv2 target group as DescribeTargetGroups lists it (ALB, NLB or GWLB).

@@ -99,6 +99,9 @@ impl Cloud for ReadOnly {
     ) -> CloudResult<Vec<String>> {
         self.0.instance_types_for_requirements(r, image).await
     }
+    async fn termination_cause(&self, g: &str, id: &str) -> CloudResult<Option<String>> {
+        self.0.termination_cause(g, id).await
+    }
     async fn instance_addresses(&self, id: &str) -> CloudResult<InstanceAddresses> {
         self.0.instance_addresses(id).await
     }

@@ -300,6 +300,9 @@ impl Cloud for Logged {
     async fn eks_nodegroup(&self, c: &str, n: &str) -> CloudResult<EksNodegroup> {
         self.inner.eks_nodegroup(c, n).await
     }
+    async fn termination_cause(&self, g: &str, id: &str) -> CloudResult<Option<String>> {
+        self.inner.termination_cause(g, id).await
+    }
     async fn instance_addresses(&self, id: &str) -> CloudResult<InstanceAddresses> {
         self.inner.instance_addresses(id).await
     }

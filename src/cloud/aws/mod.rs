@@ -359,6 +359,38 @@ impl Cloud for AwsCloud {
         })
     }
 
+    async fn termination_cause(
+        &self,
+        group: &str,
+        instance_id: &str,
+    ) -> CloudResult<Option<String>> {
+        let mut token: Option<String> = None;
+        for _ in 0..super::ACTIVITY_PAGES {
+            let r = self
+                .asg
+                .describe_scaling_activities()
+                .auto_scaling_group_name(group)
+                .max_records(100)
+                .set_next_token(token.clone())
+                .send()
+                .await;
+            let page = self.done("DescribeScalingActivities", r)?;
+            let found = page.activities().iter().find(|a| {
+                a.description()
+                    .and_then(super::terminated_by)
+                    .is_some_and(|id| id == instance_id)
+            });
+            if let Some(a) = found {
+                return Ok(a.cause().map(super::bounded_cause));
+            }
+            token = page.next_token().map(str::to_string);
+            if token.is_none() {
+                break;
+            }
+        }
+        Ok(None)
+    }
+
     async fn locate_instances(&self, ids: &[String]) -> CloudResult<Vec<InstanceLocation>> {
         let mut out = Vec::new();
         for batch in ids.chunks(INSTANCE_BATCH) {

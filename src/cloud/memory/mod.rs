@@ -366,6 +366,10 @@ fn seen_group<'a>(
 #[derive(Default)]
 struct State {
     groups: BTreeMap<String, MemAsg>,
+    /// The `Cause` of each instance's termination activity, as AWS words it
+    /// ([`MemoryCloud::termination_cause`]; [`MemoryCloud::set_termination_cause`]
+    /// for the causes the memory cloud does not play, a refresh among them).
+    termination_causes: BTreeMap<String, String>,
     next_instance: u64,
     calls: BTreeMap<String, u64>,
     completed_actions: Vec<(LifecycleAction, LifecycleResult)>,
@@ -745,6 +749,15 @@ impl MemoryCloud {
             .insert(operation.to_string(), (code.to_string(), times));
     }
 
+    /// The `Cause` the instance's termination activity gives from now on (an
+    /// instance refresh, an AZ rebalance: what the memory cloud does not play).
+    pub fn set_termination_cause(&self, instance_id: &str, cause: &str) {
+        self.state
+            .lock()
+            .termination_causes
+            .insert(instance_id.to_string(), cause.to_string());
+    }
+
     /// A new ELBv2 target group (`instance` or `ip` targets) with its deregistration
     /// delay as AWS spells it (`"300"`); its ARN.
     pub fn add_target_group(&self, name: &str, target_type: &str, delay: &str) -> String {
@@ -981,6 +994,14 @@ impl MemoryCloud {
             }
             ended.push(inst.id.clone());
         }
+        let stamp = crate::clock::utc_now().format("%Y-%m-%dT%H:%M:%SZ");
+        for id in &ended {
+            st.termination_causes.insert(
+                id.clone(),
+                format!("At {stamp} an instance was taken out of service in response to a difference between desired and actual capacity, shrinking the capacity from {from} to {}.", change.to),
+            );
+        }
+        let g = group_mut(&mut st, group)?;
         // Out of the group's list: from now on DescribeWarmPool lists them.
         let (to_pool, stay): (Vec<MemInstance>, Vec<MemInstance>) =
             std::mem::take(&mut g.instances)
@@ -1599,6 +1620,24 @@ impl Cloud for MemoryCloud {
         .await
     }
 
+    async fn termination_cause(
+        &self,
+        group: &str,
+        instance_id: &str,
+    ) -> CloudResult<Option<String>> {
+        self.effect(|| -> CloudResult<Option<String>> {
+            let st = self.call("termination_cause")?;
+            if !st.groups.contains_key(group) {
+                return Err(not_found("group", group));
+            }
+            Ok(st
+                .termination_causes
+                .get(instance_id)
+                .map(|c| super::bounded_cause(c)))
+        })
+        .await
+    }
+
     async fn locate_instances(&self, ids: &[String]) -> CloudResult<Vec<InstanceLocation>> {
         self.effect(|| -> CloudResult<Vec<InstanceLocation>> {
             let mut st = self.call("locate_instances")?;
@@ -1840,6 +1879,17 @@ impl Cloud for MemoryCloud {
                 return Ok(());
             }
             begin_termination(inst, &hooks, now, self.timing.hook_delay);
+            let stamp = crate::clock::utc_now().format("%Y-%m-%dT%H:%M:%SZ");
+            let shrinking = if decrement {
+                format!(", shrinking the capacity from {} to {}", g.desired, g.desired - 1)
+            } else {
+                String::new()
+            };
+            st.termination_causes.insert(
+                instance_id.to_string(),
+                format!("At {stamp} instance {instance_id} was taken out of service in response to a user request{shrinking}."),
+            );
+            let g = st.groups.get_mut(&group).expect("group present");
             if decrement {
                 g.desired -= 1;
                 let change = DesiredChange {

@@ -28,6 +28,7 @@ use std::time::Duration;
 
 use chrono::{DateTime, Duration as Span, Utc};
 
+pub mod asg_cause;
 pub mod cron;
 
 #[cfg(test)]
@@ -48,7 +49,8 @@ pub enum Cause {
     AsgMaxLifetime,
     /// TerminateInstanceInAutoScalingGroup by a person or a tool.
     AsgPerson,
-    /// The group ended it and AWS does not say why.
+    /// The group ended it and its scaling activity gives no cause named above (a
+    /// health check, a phrase AWS added later).
     AsgOther,
     /// An instance going back to the group's warm pool.
     WarmPool,
@@ -70,17 +72,7 @@ const SPELLED: &[(&str, &[Cause])] = &[
     ("asg-max-lifetime", &[Cause::AsgMaxLifetime]),
     ("asg-person", &[Cause::AsgPerson]),
     ("asg-other", &[Cause::AsgOther]),
-    (
-        "asg",
-        &[
-            Cause::AsgScaling,
-            Cause::AsgInstanceRefresh,
-            Cause::AsgAzRebalance,
-            Cause::AsgMaxLifetime,
-            Cause::AsgPerson,
-            Cause::AsgOther,
-        ],
-    ),
+    ("asg", &asg_cause::ASG_CAUSES),
     ("warm-pool", &[Cause::WarmPool]),
     ("drain-command", &[Cause::DrainCommand]),
     ("rebalance-recommendation", &[Cause::Rebalance]),
@@ -284,6 +276,11 @@ pub struct Asked {
     pub empty: Option<bool>,
     /// The group returns scaled-in instances to its warm pool.
     pub to_warm_pool: bool,
+    /// The group's own cause of a scale-in our hook holds, as its scaling activity
+    /// states it ([`asg_cause::classify`]); `None`: not read (no budget tells the
+    /// ASG's causes apart) or could not be, which counts as every `asg-*` cause, so
+    /// whichever budget lists one governs it.
+    pub asg: Option<Cause>,
 }
 
 /// The causes of a drain from the reasons that drive it, and whether it is exempt
@@ -311,9 +308,12 @@ pub fn causes_of(record: &super::record::DrainRecord, asked: Asked) -> (Vec<Caus
             Why::Lifecycle { .. } if asked.to_warm_pool => {
                 causes.insert(Cause::WarmPool);
             }
-            Why::Lifecycle { .. } => {
-                causes.insert(Cause::AsgOther);
-            }
+            Why::Lifecycle { .. } => match asked.asg {
+                Some(c) => {
+                    causes.insert(c);
+                }
+                None => causes.extend(asg_cause::ASG_CAUSES),
+            },
             Why::Rebalance => {}
         }
     }

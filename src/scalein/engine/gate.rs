@@ -24,7 +24,7 @@ use chrono::{DateTime, Utc};
 use k8s_openapi::api::core::v1::Pod;
 use parking_lot::Mutex;
 
-use crate::scalein::decide::budget::{self, Asked, Placed, Verdict};
+use crate::scalein::decide::budget::{self, asg_cause, Asked, Placed, Verdict};
 use crate::scalein::decide::ca_hold;
 use crate::scalein::decide::conditions::{DrainState, WAITING_FOR_BUDGET};
 use crate::scalein::decide::plan::{self, Disposition, Tier};
@@ -49,7 +49,13 @@ type NodePlace = (String, String, Arc<BTreeMap<String, String>>);
 #[derive(Default)]
 pub struct Gate {
     starts: Mutex<VecDeque<(DateTime<Utc>, Placed)>>,
+    /// The ASG's own cause of each held instance's scale-in, once read (an
+    /// activity's cause does not change); at most [`CAUSES_KEPT`].
+    asg_causes: Mutex<BTreeMap<String, budget::Cause>>,
 }
+
+/// At most this many instances' ASG causes are kept.
+const CAUSES_KEPT: usize = 10_000;
 
 /// What taking a slot came to.
 enum Taken {
@@ -301,6 +307,15 @@ async fn placed(
             .as_ref()
             .and_then(|g| g.asg.warm_pool.as_ref())
             .is_some_and(|w| w.reuse_on_scale_in),
+        asg: None,
+    };
+    let asked = Asked {
+        asg: if asg_cause::tells_apart(budgets) && asks_asg(record, asked) {
+            asg_cause_of(engine, req).await
+        } else {
+            None
+        },
+        ..asked
     };
     let (causes, exempt) = budget::causes_of(record, asked);
     Placed {
@@ -311,6 +326,43 @@ async fn placed(
         exempt,
         forced: false,
     }
+}
+
+/// Whether the drain is the group's own scale-in held by our hook (not CA's, not
+/// a return to the warm pool): the one whose cause the scaling activity says.
+fn asks_asg(record: &DrainRecord, asked: Asked) -> bool {
+    !asked.by_ca
+        && !asked.to_warm_pool
+        && record
+            .reasons
+            .iter()
+            .any(|r| !r.done && matches!(r.why, Why::Lifecycle { .. }))
+}
+
+/// The group's own cause of the instance's scale-in, from its scaling activity (one
+/// DescribeScalingActivities walk per instance, kept). `None` when AWS cannot be
+/// read now: every `asg-*` cause then applies, and the next look reads again.
+async fn asg_cause_of(engine: &Engine, req: &DrainRequest) -> Option<budget::Cause> {
+    if let Some(c) = engine.gate.asg_causes.lock().get(&req.instance_id) {
+        return Some(*c);
+    }
+    let cause = match engine
+        .cloud
+        .termination_cause(&req.group, &req.instance_id)
+        .await
+    {
+        Ok(text) => asg_cause::classify(text.as_deref().unwrap_or_default()),
+        Err(e) => {
+            tracing::warn!(instance = %req.instance_id, error = %e, "could not read the group's scaling activities; the drain counts under every asg-* cause");
+            return None;
+        }
+    };
+    let mut kept = engine.gate.asg_causes.lock();
+    if kept.len() >= CAUSES_KEPT {
+        kept.clear();
+    }
+    kept.insert(req.instance_id.clone(), cause);
+    Some(cause)
 }
 
 fn asks_ca(record: &DrainRecord, req: &DrainRequest) -> bool {
