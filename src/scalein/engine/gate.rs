@@ -49,9 +49,11 @@ type NodePlace = (String, String, Arc<BTreeMap<String, String>>);
 #[derive(Default)]
 pub struct Gate {
     starts: Mutex<VecDeque<(DateTime<Utc>, Placed)>>,
-    /// The ASG's own cause of each held instance's scale-in, once read (an
-    /// activity's cause does not change); at most [`CAUSES_KEPT`].
-    asg_causes: Mutex<BTreeMap<String, budget::Cause>>,
+    /// The ASG's own cause of each held instance's scale-in, once read, by the
+    /// instance and when its hold began (an activity's cause does not change; an
+    /// instance back from a warm pool and scaled in again is another hold); at most
+    /// [`CAUSES_KEPT`].
+    asg_causes: Mutex<BTreeMap<(String, Option<DateTime<Utc>>), budget::Cause>>,
 }
 
 /// At most this many instances' ASG causes are kept.
@@ -311,7 +313,7 @@ async fn placed(
     };
     let asked = Asked {
         asg: if asg_cause::tells_apart(budgets) && asks_asg(record, asked) {
-            asg_cause_of(engine, req).await
+            asg_cause_of(engine, req, record.hold_began()).await
         } else {
             None
         },
@@ -342,8 +344,13 @@ fn asks_asg(record: &DrainRecord, asked: Asked) -> bool {
 /// The group's own cause of the instance's scale-in, from its scaling activity (one
 /// DescribeScalingActivities walk per instance, kept). `None` when AWS cannot be
 /// read now: every `asg-*` cause then applies, and the next look reads again.
-async fn asg_cause_of(engine: &Engine, req: &DrainRequest) -> Option<budget::Cause> {
-    if let Some(c) = engine.gate.asg_causes.lock().get(&req.instance_id) {
+async fn asg_cause_of(
+    engine: &Engine,
+    req: &DrainRequest,
+    hold_began: Option<DateTime<Utc>>,
+) -> Option<budget::Cause> {
+    let key = (req.instance_id.clone(), hold_began);
+    if let Some(c) = engine.gate.asg_causes.lock().get(&key) {
         return Some(*c);
     }
     let cause = match engine
@@ -361,7 +368,7 @@ async fn asg_cause_of(engine: &Engine, req: &DrainRequest) -> Option<budget::Cau
     if kept.len() >= CAUSES_KEPT {
         kept.clear();
     }
-    kept.insert(req.instance_id.clone(), cause);
+    kept.insert(key, cause);
     Some(cause)
 }
 
