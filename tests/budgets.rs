@@ -393,3 +393,75 @@ async fn a_budget_for_instance_refreshes_holds_only_the_refresh() {
     assert!(w.cloud.completed_actions().is_empty());
     lifecycle.abort();
 }
+
+/// Issue 71: a rate goes on counting across a leader change. Replica A leads
+/// through the Lease and starts one drain under a rate of one start an hour; its
+/// renewals carry that start on the Lease. A dies (no release); B, a new process,
+/// takes the Lease over, reads the start back, and holds the next drain for the
+/// rate instead of counting afresh.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rate_goes_on_counting_across_a_leader_change() {
+    use ca_asg_provider::scalein::decide::budget::{carried, Rate};
+    use ca_asg_provider::scalein::engine::leader::LeaseSettings;
+    use k8s_openapi::api::coordination::v1::Lease;
+    let settings = ScaleInSettings {
+        budgets: vec![Budget {
+            rate: Some(Rate {
+                starts: 1,
+                per: Duration::from_secs(3600),
+            }),
+            ..Budget::always("one-an-hour", Nodes::Count(100))
+        }],
+        ..fast_settings()
+    };
+    let lease = |who: &str| LeaseSettings {
+        name: "ca-asg-provider".into(),
+        namespace: "kube-system".into(),
+        identity: who.into(),
+        duration: Duration::from_secs(1),
+    };
+    let mut w = World::builder()
+        .web(4, 3)
+        .settings(settings.clone())
+        .build()
+        .await;
+    let a = w.engine.lead_as(lease("replica-a"));
+    eventually("replica A leads", 10, || w.engine.leadership.leads()).await;
+    let nodes = nodes_of(&w, "web");
+    delete_nodes(&mut w, "web", &[nodes[0].clone()]).await;
+    assert_eq!(w.engine.wait_for(&nodes[0].1).await, Some(Outcome::Ended));
+    let carried_on_lease = |w: &World| {
+        w.sim
+            .get::<Lease>("kube-system", "ca-asg-provider")
+            .and_then(|l| {
+                l["metadata"]["annotations"][carried::ANNOTATION]
+                    .as_str()
+                    .map(str::to_string)
+            })
+    };
+    eventually("the Lease carries the start", 10, || {
+        carried_on_lease(&w).is_some_and(|t| t.starts_with("{\"one-an-hour\":[") && t.len() > 20)
+    })
+    .await;
+
+    // A dies without releasing; B takes over once the Lease expires.
+    a.abort();
+    w.engine.abort_all();
+    w.engine.shutdown();
+    let (provider, engine, ca) = service(&w.sim, &w.cloud, &w.groups, settings).await;
+    (w.provider, w.engine, w.ca) = (provider, engine, ca);
+    let _b = w.engine.lead_as(lease("replica-b"));
+    eventually("replica B leads", 10, || w.engine.leadership.leads()).await;
+    delete_nodes(&mut w, "web", &[nodes[1].clone()]).await;
+    eventually("the next drain waits for the rate", 10, || {
+        waiting_events(&w)
+            .iter()
+            .any(|n| n.contains("\"one-an-hour\"") && n.contains("its rate is used up"))
+    })
+    .await;
+    assert!(
+        in_service(&w.cloud, &nodes[1].1),
+        "B started a second drain within the hour"
+    );
+    w.engine.shutdown();
+}

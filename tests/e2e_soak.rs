@@ -122,6 +122,7 @@ impl Replica {
                         duration: Duration::from_secs(3),
                     },
                     stop_rx,
+                    Some(engine.leadership.carry.clone()),
                 );
                 engine.leadership.follow(leads.clone());
                 scalein::sources::hook_scan::spawn_loop(engine.clone(), provider.clone());

@@ -29,6 +29,7 @@ use std::time::Duration;
 use chrono::{DateTime, Duration as Span, Utc};
 
 pub mod asg_cause;
+pub mod carried;
 pub mod cron;
 
 #[cfg(test)]
@@ -327,6 +328,9 @@ pub struct World<'a> {
     pub nodes: &'a [Place<'a>],
     pub draining: &'a [Drain<'a>],
     pub starts: &'a [(DateTime<Utc>, Drain<'a>)],
+    /// Starts a previous leader counted, per rate budget by name (read back from
+    /// the Lease at the takeover, [`carried`]): counted by that budget's rate too.
+    pub inherited: &'a carried::Carried,
 }
 
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -473,19 +477,46 @@ impl Budget {
         }
         let rate = self.rate?;
         let per = Span::from_std(rate.per).unwrap_or(Span::MAX);
-        let mut counted: Vec<DateTime<Utc>> = world
-            .starts
-            .iter()
-            .filter(|(at, d)| *at > world.now - per && *at <= world.now && self.governs(d))
-            .map(|(at, _)| *at)
-            .collect();
+        let counted = self.counted_starts(world);
         if counted.len() < rate.starts as usize {
             return None;
         }
-        counted.sort();
         // The start whose leaving brings the count below the rate.
         let leaving = counted[counted.len() - rate.starts as usize];
         Some(Until::Token(leaving + per))
+    }
+}
+
+impl Budget {
+    /// The starts this budget's rate counts now, oldest first: those it governed
+    /// within `rate.per` and those a previous leader counted for it, once each (a
+    /// start this replica made and also inherited back, to the millisecond). None
+    /// without a rate.
+    pub fn counted_starts(&self, world: &World<'_>) -> Vec<DateTime<Utc>> {
+        let Some(rate) = self.rate else {
+            return Vec::new();
+        };
+        let per = Span::from_std(rate.per).unwrap_or(Span::MAX);
+        let within = |at: &DateTime<Utc>| *at > world.now - per && *at <= world.now;
+        // Per millisecond: how many starts this replica saw, how many it inherited;
+        // the same start seen both ways counts once, two starts in one millisecond
+        // twice.
+        let mut at_ms: BTreeMap<i64, (DateTime<Utc>, usize, usize)> = BTreeMap::new();
+        for (at, d) in world.starts {
+            if within(at) && self.governs(d) {
+                at_ms.entry(at.timestamp_millis()).or_insert((*at, 0, 0)).1 += 1;
+            }
+        }
+        for at in world.inherited.get(&self.name).into_iter().flatten() {
+            let at = (*at).min(world.now);
+            if within(&at) {
+                at_ms.entry(at.timestamp_millis()).or_insert((at, 0, 0)).2 += 1;
+            }
+        }
+        at_ms
+            .into_values()
+            .flat_map(|(at, own, inherited)| std::iter::repeat_n(at, own.max(inherited)))
+            .collect()
     }
 }
 

@@ -53,8 +53,14 @@ pub struct Gate {
     /// instance and when its hold began (an activity's cause does not change; an
     /// instance back from a warm pool and scaled in again is another hold); at most
     /// [`CAUSES_KEPT`].
-    asg_causes: Mutex<BTreeMap<(String, Option<DateTime<Utc>>), budget::Cause>>,
+    asg_causes: Mutex<BTreeMap<HoldKey, budget::Cause>>,
+    /// The starts the previous leader's rates counted, read back from the Lease
+    /// at this replica's takeover ([`budget::carried`]).
+    inherited: Mutex<budget::carried::Carried>,
 }
+
+/// An instance and when our hook's hold of it began.
+type HoldKey = (String, Option<DateTime<Utc>>);
 
 /// At most this many instances' ASG causes are kept.
 const CAUSES_KEPT: usize = 10_000;
@@ -228,8 +234,27 @@ fn decide_and_keep(
         {
             starts.pop_front();
         }
+        carry_rates(engine, budgets, &starts, now);
     }
     Taken::Yes { forced_past }
+}
+
+/// What the leader's Lease carries from now on: the starts each rate counts, so a
+/// restart or the next leader goes on counting them.
+fn carry_rates(
+    engine: &Engine,
+    budgets: &[budget::Budget],
+    starts: &VecDeque<(DateTime<Utc>, Placed)>,
+    now: DateTime<Utc>,
+) {
+    if budgets.iter().all(|b| b.rate.is_none()) {
+        return;
+    }
+    let carried = in_world(engine, starts, now, |w| budget::carried::carry(budgets, w));
+    engine
+        .leadership
+        .carry
+        .set_out(budget::carried::to_text(&carried));
 }
 
 /// What the budgets read now ([`budget::World`]), handed to `read`: every node
@@ -253,11 +278,24 @@ fn in_world<T>(
     let draining: Vec<budget::Drain<'_>> = holders.iter().map(Placed::drain).collect();
     let counted: Vec<(DateTime<Utc>, budget::Drain<'_>)> =
         starts.iter().map(|(at, p)| (*at, p.drain())).collect();
+    let mut inherited = engine.gate.inherited.lock();
+    // Just took over: what the last leader's rates counted.
+    if let Some(found) = engine.leadership.carry.take_inherited() {
+        let budgets = engine.settings.budgets_in_order();
+        *inherited = budget::carried::from_text(found.as_deref(), &budgets, now);
+        if !inherited.is_empty() {
+            tracing::info!(
+                starts = inherited.values().map(Vec::len).sum::<usize>(),
+                "took over the rates' recent starts from the last leader's Lease"
+            );
+        }
+    }
     read(&budget::World {
         now,
         nodes: &node_refs,
         draining: &draining,
         starts: &counted,
+        inherited: &inherited,
     })
 }
 

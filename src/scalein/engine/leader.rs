@@ -257,17 +257,71 @@ pub async fn round(
     s: &LeaseSettings,
     observed: &mut Observed,
 ) -> Result<bool, kube::Error> {
+    round_carrying(api, s, observed, None)
+        .await
+        .map(|(held, _)| held)
+}
+
+/// What the leader carries on its Lease besides the lease itself (issue 71: the
+/// rates' starts, [`crate::scalein::decide::budget::carried`]): written with every
+/// renewal, read back by the replica that takes over. A crash loses what changed
+/// since the last renewal (at most the retry period).
+#[derive(Default)]
+pub struct Carry {
+    /// The annotation this replica writes while it leads (`None`: nothing yet, the
+    /// Lease's own is left as it is).
+    out: parking_lot::Mutex<Option<String>>,
+    /// What the Lease carried when this replica last became the leader, until the
+    /// gate takes it (`Some(None)`: the Lease carried nothing).
+    inherited: parking_lot::Mutex<Option<Option<String>>>,
+}
+
+impl Carry {
+    /// What to write from the next renewal on.
+    pub fn set_out(&self, text: String) {
+        *self.out.lock() = Some(text);
+    }
+
+    fn out(&self) -> Option<String> {
+        self.out.lock().clone()
+    }
+
+    /// This replica became the leader of a Lease that carried `found`.
+    pub fn took_over(&self, found: Option<String>) {
+        *self.inherited.lock() = Some(found);
+    }
+
+    /// What the Lease carried at the last takeover, once.
+    pub fn take_inherited(&self) -> Option<Option<String>> {
+        self.inherited.lock().take()
+    }
+}
+
+/// [`round`], writing `carry`'s annotation with the renewal and returning what
+/// the Lease carried before it.
+async fn round_carrying(
+    api: &Api<Lease>,
+    s: &LeaseSettings,
+    observed: &mut Observed,
+    carry: Option<&Carry>,
+) -> Result<(bool, Option<String>), kube::Error> {
+    use crate::scalein::decide::budget::carried::ANNOTATION;
     let current = api.get_opt(&s.name).await?;
+    let found = current
+        .as_ref()
+        .and_then(|l| l.metadata.annotations.as_ref()?.get(ANNOTATION).cloned());
+    let out = carry.and_then(Carry::out);
     let spec = current.as_ref().and_then(|l| l.spec.as_ref());
     let unchanged_for = observed.note(spec);
     let decision = decide(spec, &s.identity, unchanged_for);
     let result = match (&decision, current) {
-        (Decision::Follow { .. }, _) => return Ok(false),
+        (Decision::Follow { .. }, _) => return Ok((false, found)),
         (Decision::Create, _) => {
             let lease = Lease {
                 metadata: ObjectMeta {
                     name: Some(s.name.clone()),
                     namespace: Some(s.namespace.clone()),
+                    annotations: out.map(|o| [(ANNOTATION.to_string(), o)].into()),
                     ..Default::default()
                 },
                 spec: Some(spec_for(&s.identity, s, None, true)),
@@ -277,21 +331,28 @@ pub async fn round(
         (Decision::Renew | Decision::Acquire, Some(mut lease)) => {
             let acquire = decision == Decision::Acquire;
             lease.spec = Some(spec_for(&s.identity, s, lease.spec.as_ref(), acquire));
+            if let Some(o) = out {
+                lease
+                    .metadata
+                    .annotations
+                    .get_or_insert_with(Default::default)
+                    .insert(ANNOTATION.to_string(), o);
+            }
             // resourceVersion in the object makes this a compare-and-swap.
             api.replace(&s.name, &PostParams::default(), &lease)
                 .await
                 .map(|_| ())
         }
-        (_, None) => return Ok(false),
+        (_, None) => return Ok((false, found)),
     };
     match result {
         Ok(()) => {
             if decision == Decision::Acquire || decision == Decision::Create {
                 tracing::info!(lease = %s.name, identity = %s.identity, "became the leader");
             }
-            Ok(true)
+            Ok((true, found))
         }
-        Err(kube::Error::Api(e)) if e.code == 409 => Ok(false),
+        Err(kube::Error::Api(e)) if e.code == 409 => Ok((false, found)),
         Err(e) => Err(e),
     }
 }
@@ -374,7 +435,7 @@ pub fn spawn(
     s: LeaseSettings,
     stop: watch::Receiver<bool>,
 ) -> watch::Receiver<bool> {
-    spawn_task(liveness, client, s, stop).0
+    spawn_task(liveness, client, s, stop, None).0
 }
 
 /// [`spawn`], with the election's task: a test aborts it to play a process that
@@ -384,6 +445,7 @@ pub fn spawn_task(
     client: kube::Client,
     s: LeaseSettings,
     mut stop: watch::Receiver<bool>,
+    carry: Option<std::sync::Arc<Carry>>,
 ) -> (watch::Receiver<bool>, tokio::task::JoinHandle<()>) {
     const NAME: &str = "leader election";
     let (tx, rx) = watch::channel(false);
@@ -412,7 +474,10 @@ pub fn spawn_task(
             // may see the record change as early as that, and a slow answer must not
             // stretch this replica's belief that it still leads past their takeover.
             let sent = crate::clock::Instant::now();
-            let attempt = tokio::time::timeout(renew_deadline(&s), round(&api, &s, &mut observed));
+            let attempt = tokio::time::timeout(
+                renew_deadline(&s),
+                round_carrying(&api, &s, &mut observed, carry.as_deref()),
+            );
             tokio::pin!(attempt);
             // Leadership ends at the last renewal's send time plus the renew deadline,
             // whatever this round is still waiting for: the others may take over from
@@ -430,8 +495,14 @@ pub fn spawn_task(
                     r = &mut attempt => break r,
                 }
             };
+            let mut found = None;
             let result = match answer {
-                Ok(r) => r.map_err(|e| explain(&e, &s)),
+                Ok(r) => r
+                    .map(|(held, f)| {
+                        found = f;
+                        held
+                    })
+                    .map_err(|e| explain(&e, &s)),
                 Err(_) => Err(format!(
                     "lease {}/{}: no answer within the renew deadline {:?}",
                     s.namespace,
@@ -471,6 +542,9 @@ pub fn spawn_task(
             if *tx.borrow() != leading {
                 if !leading {
                     tracing::warn!(lease = %s.name, identity = %s.identity, "not the leader any more");
+                } else if let Some(c) = &carry {
+                    // Before anything acts as the leader: what the last one carried.
+                    c.took_over(found);
                 }
                 let _ = tx.send(leading);
             }
@@ -533,6 +607,8 @@ pub struct Leadership {
     stop: watch::Sender<bool>,
     /// Set by [`Self::stop_acting`]: this replica acts no more, whatever the Lease says.
     stopped: std::sync::atomic::AtomicBool,
+    /// What the leader carries on its Lease (the rates' starts).
+    pub carry: std::sync::Arc<Carry>,
 }
 
 impl Leadership {
@@ -542,6 +618,7 @@ impl Leadership {
             leads: std::sync::OnceLock::new(),
             stop: watch::channel(false).0,
             stopped: std::sync::atomic::AtomicBool::new(false),
+            carry: Default::default(),
         }
     }
 
@@ -598,6 +675,7 @@ impl Leadership {
             self.lease_client.clone(),
             lease,
             self.stop.subscribe(),
+            Some(self.carry.clone()),
         );
         self.follow(leads);
         task

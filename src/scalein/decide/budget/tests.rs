@@ -162,6 +162,7 @@ fn the_most_restrictive_budget_in_force_holds_and_says_until_when() {
         nodes: &nodes,
         draining: &drains,
         starts: &[],
+        inherited: &Default::default(),
     };
     let next = Drain {
         place: place("a", "z1", &none),
@@ -273,6 +274,7 @@ fn a_rate_lets_k_starts_per_period_and_names_when_the_next_may_start() {
         nodes: &nodes,
         draining: &[],
         starts: &starts,
+        inherited: &Default::default(),
     };
     let b = Budget {
         rate: Some(Rate {
@@ -344,6 +346,7 @@ fn go_means_every_governing_budget_in_force_has_room() {
                             nodes: &nodes,
                             draining: &draining,
                             starts: &[],
+                            inherited: &Default::default(),
                         };
                         for (gi, g) in groups.iter().enumerate() {
                             for z in zones {

@@ -82,6 +82,7 @@ fn decide(
         nodes: &places,
         draining: &draining,
         starts: &starts,
+        inherited: &Default::default(),
     };
     let cands: Vec<Candidate> = nodes
         .iter()
