@@ -20,7 +20,11 @@
 //! - every handled message is deleted;
 //! - no budget in force is exceeded: the drains holding a slot (spot warnings,
 //!   retirements and drains our hook forced in time aside) are at most
-//!   `maxConcurrentDrains` (2) and at most one on batch (a disruption budget);
+//!   `maxConcurrentDrains` (2) and at most one on batch (a disruption budget); no
+//!   batch drain holds a slot while batch's window is closed (8 s of every minute);
+//!   no two web drains started within 4 s (a rate, counted across the leader, every
+//!   fenced replica and every process that died, its starts carried to the next
+//!   leader as the Lease carries them; a drain resumed keeps its start);
 //!
 //! and at the end, no reason is lost across restarts and leader changes: every node
 //! still there carries every reason it was given. Progress, after the last step:
@@ -75,6 +79,13 @@ const GUARDED: usize = 1;
 /// `maxConcurrentDrains`, and the disruption budget over batch.
 const DRAINS_AT_ONCE: usize = 2;
 const BATCH_AT_ONCE: usize = 1;
+/// A rate over web (issue 71): at most one drain start per 4 s, across restarts and
+/// leader changes (the Lease carries the starts: played here by handing the old
+/// leader's carry to the next one, as its last renewal wrote it).
+const WEB_RATE_PER: Duration = Duration::from_secs(4);
+/// A window over batch: `nodes: 0` for the first 8 s of every minute (the case's
+/// wall clock starts at a minute's first second: support::model::WALL_START).
+const BATCH_CLOSED_FOR: Duration = Duration::from_secs(8);
 
 #[derive(Debug, Clone)]
 enum Op {
@@ -136,18 +147,45 @@ fn op() -> impl Strategy<Value = Op> {
 /// hook's, as an operator who adds the hook by hand sets it: a hold whose hook AWS's
 /// list does not show yet follows it.
 fn settings() -> ca_asg_provider::scalein::ScaleInSettings {
-    use ca_asg_provider::scalein::decide::budget::{Budget, Groups, Nodes};
     ca_asg_provider::scalein::ScaleInSettings {
         max_concurrent_drains: DRAINS_AT_ONCE,
         // And a disruption budget of one over batch (issue 71): every source's drain of
         // a batch node passes it, spot warnings and retirements aside.
-        budgets: vec![Budget {
-            groups: Groups::Named(["batch".to_string()].into()),
-            ..Budget::always("batch-one", Nodes::Count(BATCH_AT_ONCE as u32))
-        }],
+        budgets: budgets(),
         hook_heartbeat_timeout: Duration::from_secs(HOOK_TIMEOUT_SECS as u64),
         ..fast_settings()
     }
+}
+
+/// The disruption budgets of every replica: one at a time over batch, a window
+/// that closes batch, a rate over web.
+fn budgets() -> Vec<ca_asg_provider::scalein::decide::budget::Budget> {
+    use ca_asg_provider::scalein::decide::budget::{
+        cron::Cron, Budget, Groups, Nodes, Rate, Window,
+    };
+    let batch = Groups::Named(["batch".to_string()].into());
+    vec![
+        Budget {
+            groups: batch.clone(),
+            ..Budget::always("batch-one", Nodes::Count(BATCH_AT_ONCE as u32))
+        },
+        Budget {
+            groups: batch,
+            window: Some(Window {
+                schedule: Cron::parse("* * * * *").expect("every minute"),
+                duration: BATCH_CLOSED_FOR,
+            }),
+            ..Budget::always("batch-closed", Nodes::Count(0))
+        },
+        Budget {
+            groups: Groups::Named(["web".to_string()].into()),
+            rate: Some(Rate {
+                starts: 1,
+                per: WEB_RATE_PER,
+            }),
+            ..Budget::always("web-rate", Nodes::Count(100))
+        },
+    ]
 }
 
 struct Model {
@@ -175,6 +213,15 @@ struct Model {
     /// Every process that ran, each its own identity: who acted, in a failure.
     procs: Processes,
     origin: ca_asg_provider::clock::Instant,
+    /// The drain starts the rates counted in processes that died (the living ones
+    /// are read from their engines).
+    dead_starts: Vec<(
+        chrono::DateTime<chrono::Utc>,
+        ca_asg_provider::scalein::decide::budget::Placed,
+        String,
+    )>,
+    /// The Lease's annotation of the rates' starts ([`scalein::engine::leader::Carry`]).
+    lease_carries: Option<String>,
 }
 
 impl Model {
@@ -213,6 +260,8 @@ impl Model {
             hooked: true,
             procs,
             origin,
+            dead_starts: Vec::new(),
+            lease_carries: None,
         }
     }
 
@@ -255,9 +304,16 @@ impl Model {
     /// A new replica takes over: the provider, engine, gRPC server, loop and
     /// consumer of a fresh process, over the same cluster and AWS.
     async fn new_replica(&mut self) {
+        // What the Lease carries: the last leader's, as its renewals wrote it; a
+        // leader that wrote nothing (it started no drain) left it as it was.
+        if let Some(out) = self.w.engine.leadership.carry.out() {
+            self.lease_carries = Some(out);
+        }
+        let carried = self.lease_carries.clone();
         let (who, view) = self.procs.next(&self.w.cloud);
         let (provider, engine, ca) =
             replica(&self.w.sim, &who, view, &self.w.groups, settings()).await;
+        engine.leadership.carry.took_over(carried);
         self.w.provider = provider;
         self.w.engine = engine;
         self.w.ca = ca;
@@ -390,6 +446,7 @@ impl Model {
                 self.replica.loop_task.abort();
                 self.w.engine.abort_all();
                 self.w.engine.shutdown();
+                self.dead_starts.extend(self.w.engine.recent_starts());
                 self.new_replica().await;
             }
             Op::LeaderChange => {
@@ -447,6 +504,7 @@ impl Model {
     fn check(&self) {
         support::invariants::assert_stories_hold(&self.w.engine);
         self.check_budgets();
+        self.check_window_and_rate();
         let ended: Vec<String> = self
             .w
             .cloud
@@ -514,6 +572,64 @@ impl Model {
             batch <= BATCH_AT_ONCE,
             "{batch} batch drains hold a slot under its budget of {BATCH_AT_ONCE}: {held:#?}"
         );
+    }
+
+    /// The window and the rate (issue 71), across the leader, every fenced replica
+    /// and every process that died: no batch drain holds a slot while batch's window
+    /// is closed, and no two web drains started within the rate's period (each
+    /// replica's own starts, which it counted; spot warnings, retirements and drains
+    /// our hook forced in time aside).
+    fn check_window_and_rate(&self) {
+        let now = ca_asg_provider::clock::utc_now();
+        let engines: Vec<&Arc<scalein::Engine>> = std::iter::once(&self.w.engine)
+            .chain(self.fenced.iter().map(|(_, e)| e))
+            .collect();
+        let window = &budgets()[1];
+        if window.in_force(now).is_some() {
+            let held: Vec<_> = engines
+                .iter()
+                .flat_map(|e| e.book.slot_holders())
+                .filter(|p| p.group == "batch" && !p.exempt && !p.forced)
+                .collect();
+            assert!(
+                held.is_empty(),
+                "{} batch drain(s) hold a slot while batch's window is closed: {held:#?}",
+                held.len()
+            );
+        }
+        // Each start once: a drain resumed by the next process keeps its start (and
+        // one forced past the budgets in time for our hook stays forced).
+        let mut forced: BTreeSet<(chrono::DateTime<chrono::Utc>, String)> = BTreeSet::new();
+        let mut starts: BTreeSet<(chrono::DateTime<chrono::Utc>, String)> = BTreeSet::new();
+        for (at, p, id) in engines
+            .iter()
+            .flat_map(|e| e.recent_starts())
+            .chain(self.dead_starts.iter().cloned())
+            .filter(|(_, p, _)| p.group == "web" && !p.exempt)
+        {
+            if p.forced {
+                forced.insert((at, id.clone()));
+            }
+            starts.insert((at, id));
+        }
+        let starts: BTreeSet<_> = starts.difference(&forced).cloned().collect();
+        let all: Vec<_> = engines
+            .iter()
+            .flat_map(|e| e.recent_starts())
+            .chain(self.dead_starts.iter().cloned())
+            .filter(|(_, p, _)| p.group == "web")
+            .map(|(at, p, id)| (at.to_string(), id, p.causes, p.exempt, p.forced))
+            .collect();
+        let starts: Vec<chrono::DateTime<chrono::Utc>> =
+            starts.into_iter().map(|(at, _)| at).collect();
+        let per = chrono::Duration::from_std(WEB_RATE_PER).expect("a period");
+        for pair in starts.windows(2) {
+            assert!(
+                pair[1] - pair[0] >= per,
+                "two web drains started {:?} apart under a rate of one per {WEB_RATE_PER:?}: {all:?}",
+                (pair[1] - pair[0]).to_std().unwrap_or_default()
+            );
+        }
     }
 
     /// No reason is lost: every Node still there carries every reason it was given.

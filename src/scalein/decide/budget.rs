@@ -507,7 +507,7 @@ impl Budget {
                 at_ms.entry(at.timestamp_millis()).or_insert((*at, 0, 0)).1 += 1;
             }
         }
-        for at in world.inherited.get(&self.name).into_iter().flatten() {
+        for (at, _) in world.inherited.get(&self.name).into_iter().flatten() {
             let at = (*at).min(world.now);
             if within(&at) {
                 at_ms.entry(at.timestamp_millis()).or_insert((at, 0, 0)).2 += 1;

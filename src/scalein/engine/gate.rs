@@ -48,7 +48,7 @@ type NodePlace = (String, String, Arc<BTreeMap<String, String>>);
 /// What the gate remembers: the recent starts the rates count.
 #[derive(Default)]
 pub struct Gate {
-    starts: Mutex<VecDeque<(DateTime<Utc>, Placed)>>,
+    starts: Mutex<VecDeque<Start>>,
     /// The ASG's own cause of each held instance's scale-in, once read, by the
     /// instance and when its hold began (an activity's cause does not change; an
     /// instance back from a warm pool and scaled in again is another hold); at most
@@ -59,11 +59,21 @@ pub struct Gate {
     inherited: Mutex<budget::carried::Carried>,
 }
 
+/// A start the rates count: when, the drain's facts, the instance.
+type Start = (DateTime<Utc>, Placed, String);
+
 /// An instance and when our hook's hold of it began.
 type HoldKey = (String, Option<DateTime<Utc>>);
 
 /// At most this many instances' ASG causes are kept.
 const CAUSES_KEPT: usize = 10_000;
+
+impl Gate {
+    /// The starts this replica counted for the rates, oldest first.
+    pub(crate) fn recent_starts(&self) -> Vec<Start> {
+        self.starts.lock().iter().cloned().collect()
+    }
+}
 
 /// What taking a slot came to.
 enum Taken {
@@ -206,6 +216,21 @@ fn decide_and_keep(
     forced: bool,
 ) -> Taken {
     let mut starts = engine.gate.starts.lock();
+    // A drain that started within a rate's period already (resumed after a restart
+    // or a new leader, or run again) is no new start for that rate: it neither
+    // waits for it again nor counts twice.
+    let started = already_started(engine, budgets, &starts, &req.instance_id, now);
+    let here: Vec<budget::Budget> = budgets
+        .iter()
+        .map(|b| match started.contains_key(&b.name) {
+            true => budget::Budget {
+                rate: None,
+                ..b.clone()
+            },
+            false => b.clone(),
+        })
+        .collect();
+    let budgets_here = &here;
     let verdict = in_world(engine, &starts, now, |world| {
         for b in budgets {
             let (allowed, count) = b.room(world);
@@ -216,7 +241,7 @@ fn decide_and_keep(
                 })
                 .set(allowed.saturating_sub(count) as i64);
         }
-        budget::verdict(budgets, &placed.drain(), world)
+        budget::verdict(budgets_here, &placed.drain(), world)
     });
     let forced_past = match verdict {
         Verdict::Go => None,
@@ -228,9 +253,18 @@ fn decide_and_keep(
         ..placed.clone()
     };
     if engine.book.keep_slot(&req.instance_id, run, placed.clone()) {
-        starts.push_back((now, placed));
+        let own = starts.iter().any(|(_, _, id)| *id == req.instance_id)
+            && !started.is_empty()
+            && started.values().all(|(_, own)| *own);
+        if !own {
+            // A new start now, or one the last leader counted, adopted at its time.
+            let at = started.values().map(|(at, _)| *at).min().unwrap_or(now);
+            starts.push_back((at, placed, req.instance_id.clone()));
+        }
         while starts.len() > STARTS_KEPT
-            || starts.front().is_some_and(|(at, _)| *at < now - STARTS_FOR)
+            || starts
+                .front()
+                .is_some_and(|(at, _, _)| *at < now - STARTS_FOR)
         {
             starts.pop_front();
         }
@@ -239,18 +273,48 @@ fn decide_and_keep(
     Taken::Yes { forced_past }
 }
 
+/// Per rate budget by name: when `instance`'s drain started within its period, and
+/// whether that start is this replica's own (else the last leader's).
+fn already_started(
+    engine: &Engine,
+    budgets: &[budget::Budget],
+    starts: &VecDeque<Start>,
+    instance: &str,
+    now: DateTime<Utc>,
+) -> BTreeMap<String, (DateTime<Utc>, bool)> {
+    absorb_inherited(engine, now);
+    let own: Vec<budget::carried::OwnStart<'_>> = starts
+        .iter()
+        .map(|(at, p, id)| (*at, p.drain(), id.as_str()))
+        .collect();
+    let inherited = engine.gate.inherited.lock();
+    let none = budget::carried::Carried::new();
+    budgets
+        .iter()
+        .filter_map(|b| {
+            let any = budget::carried::already_started(b, instance, &own, &inherited, now)?;
+            let mine = budget::carried::already_started(b, instance, &own, &none, now);
+            Some((b.name.clone(), (any, mine == Some(any))))
+        })
+        .collect()
+}
+
 /// What the leader's Lease carries from now on: the starts each rate counts, so a
 /// restart or the next leader goes on counting them.
 fn carry_rates(
     engine: &Engine,
     budgets: &[budget::Budget],
-    starts: &VecDeque<(DateTime<Utc>, Placed)>,
+    starts: &VecDeque<Start>,
     now: DateTime<Utc>,
 ) {
     if budgets.iter().all(|b| b.rate.is_none()) {
         return;
     }
-    let carried = in_world(engine, starts, now, |w| budget::carried::carry(budgets, w));
+    let own: Vec<budget::carried::OwnStart<'_>> = starts
+        .iter()
+        .map(|(at, p, id)| (*at, p.drain(), id.as_str()))
+        .collect();
+    let carried = budget::carried::carry(budgets, &own, &engine.gate.inherited.lock(), now);
     engine
         .leadership
         .carry
@@ -261,7 +325,7 @@ fn carry_rates(
 /// they may cover, the slots held, the recent starts.
 fn in_world<T>(
     engine: &Engine,
-    starts: &VecDeque<(DateTime<Utc>, Placed)>,
+    starts: &VecDeque<Start>,
     now: DateTime<Utc>,
     read: impl FnOnce(&budget::World<'_>) -> T,
 ) -> T {
@@ -277,19 +341,9 @@ fn in_world<T>(
         .collect();
     let draining: Vec<budget::Drain<'_>> = holders.iter().map(Placed::drain).collect();
     let counted: Vec<(DateTime<Utc>, budget::Drain<'_>)> =
-        starts.iter().map(|(at, p)| (*at, p.drain())).collect();
-    let mut inherited = engine.gate.inherited.lock();
-    // Just took over: what the last leader's rates counted.
-    if let Some(found) = engine.leadership.carry.take_inherited() {
-        let budgets = engine.settings.budgets_in_order();
-        *inherited = budget::carried::from_text(found.as_deref(), &budgets, now);
-        if !inherited.is_empty() {
-            tracing::info!(
-                starts = inherited.values().map(Vec::len).sum::<usize>(),
-                "took over the rates' recent starts from the last leader's Lease"
-            );
-        }
-    }
+        starts.iter().map(|(at, p, _)| (*at, p.drain())).collect();
+    absorb_inherited(engine, now);
+    let inherited = engine.gate.inherited.lock();
     read(&budget::World {
         now,
         nodes: &node_refs,
@@ -297,6 +351,23 @@ fn in_world<T>(
         starts: &counted,
         inherited: &inherited,
     })
+}
+
+/// Just took over: what the last leader's rates counted, read back from its Lease.
+fn absorb_inherited(engine: &Engine, now: DateTime<Utc>) {
+    let Some(found) = engine.leadership.carry.take_inherited() else {
+        return;
+    };
+    let budgets = engine.settings.budgets_in_order();
+    let mut inherited = engine.gate.inherited.lock();
+    *inherited = budget::carried::from_text(found.as_deref(), &budgets, now);
+    let n: usize = inherited.values().map(Vec::len).sum();
+    if n > 0 {
+        tracing::info!(
+            starts = n,
+            "took over the rates' recent starts from the last leader's Lease"
+        );
+    }
 }
 
 /// [`in_world`] as the gate has it now, for what else asks the budgets (which nodes

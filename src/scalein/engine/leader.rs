@@ -282,7 +282,8 @@ impl Carry {
         *self.out.lock() = Some(text);
     }
 
-    fn out(&self) -> Option<String> {
+    /// What this replica writes with its next renewal.
+    pub fn out(&self) -> Option<String> {
         self.out.lock().clone()
     }
 

@@ -366,6 +366,18 @@ impl Engine {
         crate::scalein::kube::node_record::record_of(n.metadata.annotations.as_ref()?)
     }
 
+    /// The drain starts this replica counted for the budgets' rates (its own, not
+    /// those it inherited), oldest first: for tests and models.
+    pub fn recent_starts(
+        &self,
+    ) -> Vec<(
+        chrono::DateTime<chrono::Utc>,
+        crate::scalein::decide::budget::Placed,
+        String,
+    )> {
+        self.gate.recent_starts()
+    }
+
     /// Drains asked for and not finished: running, or cordoned and waiting for a slot.
     pub fn drains_at_once(&self) -> usize {
         self.book.running()
