@@ -4,7 +4,11 @@
 //! on a runtime of its own under an identity of its own. A seeded driver does, at random
 //! and at once, CA-shaped scale-ups (NodeGroupIncreaseSize) and DeleteNodes of occupied
 //! nodes (to the replica that leads, as CA's calls reach the leader's sidecar), ASG
-//! scale-ins through our hook, and faults: a replica killed (the leader too: its runtime
+//! scale-ins through our hook with their notifications on the interruption queue (a
+//! third sent twice; each replica runs the queue's consumer), forged and replayed
+//! queue messages (a lifecycle notice with a wrong token or none for an instance in
+//! service, a spot warning for one that is gone, an old message again), and faults: a
+//! replica killed (the leader too: its runtime
 //! dropped, its Lease not released, a fresh replica of the same identity started a few
 //! steps later), AWS throttling, AWS 5xx (InternalFailure) and slow answers. Then the run
 //! settles and `scripts/soak_check.py`, which shares no code with the service, judges it
@@ -35,6 +39,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ca_asg_provider::cloud::memory::{HookEvent, MemoryCloud, MemoryGroup};
+use ca_asg_provider::cloud::queue::{MemoryQueue, Queue};
 use ca_asg_provider::proto::{self, cloud_provider_client::CloudProviderClient};
 use ca_asg_provider::scalein;
 use ca_asg_provider::scalein::engine::leader::{spawn_task, LeaseSettings};
@@ -93,7 +98,13 @@ impl Replica {
         self._stop = None;
     }
 
-    async fn start(&mut self, cp: &ControlPlane, cloud: &MemoryCloud, aws: &AwsActs) {
+    async fn start(
+        &mut self,
+        cp: &ControlPlane,
+        cloud: &MemoryCloud,
+        aws: &AwsActs,
+        queue: &Arc<MemoryQueue>,
+    ) {
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
             .thread_name(format!("soak-{}", self.who.uid()))
@@ -104,6 +115,7 @@ impl Replica {
         let id = self.who.uid().to_string();
         let seen = aws.cloud(&id, Arc::new(cloud.clone()));
         let names = cloud.group_names();
+        let queue = queue.clone();
         let (ca, leads, stop) = rt
             .spawn(async move {
                 let client = control_plane::client_from(&kubeconfig)
@@ -126,6 +138,20 @@ impl Replica {
                 );
                 engine.leadership.follow(leads.clone());
                 scalein::sources::hook_scan::spawn_loop(engine.clone(), provider.clone());
+                // The interruption queue's consumer, as queue mode runs it: every
+                // replica polls; a follower leaves what it gets for the leader.
+                let consumer = scalein::sources::queue::Consumer::new(
+                    engine.clone(),
+                    provider.clone(),
+                    queue.clone() as Arc<dyn Queue>,
+                    Default::default(),
+                );
+                tokio::spawn(async move {
+                    loop {
+                        support::queue::handle_all(&consumer, &queue).await;
+                        tokio::time::sleep(Duration::from_millis(200)).await;
+                    }
+                });
                 (ca, leads, stop)
             })
             .await
@@ -227,6 +253,10 @@ async fn soak_two_replicas_under_faults_judged_from_outside() {
     .await;
 
     let aws = AwsActs::default();
+    // The interruption queue (SQS played in memory): the ASG's lifecycle messages,
+    // some sent twice, and forged or stale ones.
+    let queue = Arc::new(MemoryQueue::default());
+    let mut sent: Vec<String> = Vec::new();
     let mut rec = Record {
         dir: dir.clone(),
         origin: (ca_asg_provider::clock::Instant::now(), chrono::Utc::now()),
@@ -242,7 +272,7 @@ async fn soak_two_replicas_under_faults_judged_from_outside() {
         _stop: None,
     });
     for r in &mut replicas {
-        r.start(&cp, &cloud, &aws).await;
+        r.start(&cp, &cloud, &aws, &queue).await;
     }
     until("one replica leads", 30, || {
         std::future::ready(replicas.iter().any(|r| r.leads()))
@@ -262,7 +292,7 @@ async fn soak_two_replicas_under_faults_judged_from_outside() {
         step += 1;
         tokio::time::sleep(Duration::from_millis(500 + dice.below(2000))).await;
         for (i, _) in dead.iter().filter(|(_, at)| *at <= step) {
-            replicas[*i].start(&cp, &cloud, &aws).await;
+            replicas[*i].start(&cp, &cloud, &aws, &queue).await;
             rec.step(
                 step,
                 seed,
@@ -277,6 +307,9 @@ async fn soak_two_replicas_under_faults_judged_from_outside() {
             rec.step(step, seed, "slow_answers_end", json!({}));
         }
         ask_again(&replicas, &mut again, &mut rec, step, seed).await;
+        // What a consumer left (a follower's, AWS not showing the hold yet) is seen
+        // again, as SQS shows it after its visibility timeout.
+        queue.redeliver();
         let desired = cloud.desired(GROUP).unwrap_or(0);
         let roll = dice.below(100);
         let leader = replicas.iter().position(|r| r.leads());
@@ -336,13 +369,29 @@ async fn soak_two_replicas_under_faults_judged_from_outside() {
             40..=54 => {
                 if desired > FLOOR {
                     let ended = cloud.external_scale_in(GROUP, 1).unwrap();
+                    let mut twice = false;
                     for iid in &ended {
                         chosen.insert(iid.clone());
                         rec.choice(
                             json!({"who": "asg", "op": "ScaleIn", "group": GROUP, "instance": iid}),
                         );
+                        // The hook's notification, as the ASG sends it (a third of
+                        // the time twice: SQS delivers at least once).
+                        let token = cloud.action_token(iid, HOOK);
+                        let body = support::notices::lifecycle(GROUP, iid, HOOK, token.as_deref());
+                        queue.send(&body);
+                        twice = dice.below(3) == 0;
+                        if twice {
+                            queue.send(&body);
+                        }
+                        sent.push(body);
                     }
-                    rec.step(step, seed, "asg_scale_in", json!({"instances": ended}));
+                    rec.step(
+                        step,
+                        seed,
+                        "asg_scale_in",
+                        json!({"instances": ended, "message_twice": twice}),
+                    );
                 } else {
                     rec.step(step, seed, "skip", json!({"why": "floor"}));
                 }
@@ -397,6 +446,54 @@ async fn soak_two_replicas_under_faults_judged_from_outside() {
                 cloud.refuse(op, "InternalFailure", 1);
                 rec.step(step, seed, "aws_5xx", json!({"op": op}));
             }
+            95..=99 => {
+                // A message nobody at AWS sent now: a lifecycle notice with a wrong
+                // token or none for an instance in service (stamped ten minutes ago,
+                // a replay), a spot warning for an instance that is gone, or an old
+                // message again.
+                let live: Vec<String> = cloud
+                    .instances()
+                    .into_iter()
+                    .filter(|(_, i)| !i.state.is_terminating())
+                    .map(|(_, i)| i.id)
+                    .collect();
+                let gone: Vec<String> = chosen
+                    .iter()
+                    .filter(|c| !live.contains(c))
+                    .cloned()
+                    .collect();
+                let ago = chrono::Utc::now() - chrono::Duration::minutes(10);
+                let (kind, body) = match dice.below(4) {
+                    0 if !live.is_empty() => {
+                        let iid = &live[dice.below(live.len() as u64) as usize];
+                        let token = "87654321-4321-4321-4321-210987654321";
+                        (
+                            "lifecycle_wrong_token",
+                            support::notices::lifecycle_at(GROUP, iid, HOOK, Some(token), ago),
+                        )
+                    }
+                    1 if !live.is_empty() => {
+                        let iid = &live[dice.below(live.len() as u64) as usize];
+                        (
+                            "lifecycle_no_token",
+                            support::notices::lifecycle_at(GROUP, iid, HOOK, None, ago),
+                        )
+                    }
+                    2 if !gone.is_empty() => {
+                        let iid = &gone[dice.below(gone.len() as u64) as usize];
+                        ("spot_for_gone", support::notices::spot(iid))
+                    }
+                    _ if !sent.is_empty() => (
+                        "replayed",
+                        sent[dice.below(sent.len() as u64) as usize].clone(),
+                    ),
+                    _ => ("none", String::new()),
+                };
+                if !body.is_empty() {
+                    queue.send(&body);
+                }
+                rec.step(step, seed, "queue_forged", json!({"kind": kind}));
+            }
             _ => {
                 if slow_until.is_none() {
                     let ms = 200 + dice.below(1300);
@@ -419,7 +516,7 @@ async fn soak_two_replicas_under_faults_judged_from_outside() {
     // Settle: faults off, both replicas up, every chosen instance ended, the app whole.
     cloud.slow_answers(Duration::ZERO);
     for (i, _) in std::mem::take(&mut dead) {
-        replicas[i].start(&cp, &cloud, &aws).await;
+        replicas[i].start(&cp, &cloud, &aws, &queue).await;
         rec.step(
             step,
             seed,
