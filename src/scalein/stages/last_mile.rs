@@ -366,26 +366,28 @@ impl Wait<'_> {
             }
             Err(e) => {
                 let why = refusal("ec2:DescribeInstances".into(), &e);
-                self.unreadable(THE_ADDRESSES, &why).await;
-                let since = self
-                    .watched
-                    .get(THE_ADDRESSES)
-                    .map(|(_, w)| w.since)
-                    .unwrap_or(now);
-                let pseudo = TargetGroup {
-                    arn: String::new(),
-                    name: THE_ADDRESSES.into(),
-                    target_type: String::new(),
-                };
-                let w = Watched {
-                    name: THE_ADDRESSES.into(),
-                    delay: None,
-                    since,
-                    seen: Seen::Unread(why),
-                };
-                self.watched.insert(THE_ADDRESSES.to_string(), (pseudo, w));
+                self.hold_unread(THE_ADDRESSES, why, now).await;
             }
         }
+    }
+
+    /// What cannot be read (the list, the addresses: [`is_pseudo`]) is waited on as
+    /// a group that cannot be read, from when it first could not be, said once.
+    async fn hold_unread(&mut self, key: &str, why: Unread, now: Instant) {
+        self.unreadable(key, &why).await;
+        let since = self.watched.get(key).map(|(_, w)| w.since).unwrap_or(now);
+        let pseudo = TargetGroup {
+            arn: String::new(),
+            name: key.into(),
+            target_type: String::new(),
+        };
+        let w = Watched {
+            name: key.into(),
+            delay: None,
+            since,
+            seen: Seen::Unread(why),
+        };
+        self.watched.insert(key.to_string(), (pseudo, w));
     }
 
     /// The delays that could not be read, read again.
@@ -409,24 +411,7 @@ impl Wait<'_> {
             Ok(l) => l,
             Err(e) => {
                 let why = unread("DescribeTargetGroups", &e);
-                self.unreadable(THE_LIST, &why).await;
-                let since = self
-                    .watched
-                    .get(THE_LIST)
-                    .map(|(_, w)| w.since)
-                    .unwrap_or(now);
-                let list = TargetGroup {
-                    arn: String::new(),
-                    name: THE_LIST.into(),
-                    target_type: String::new(),
-                };
-                let w = Watched {
-                    name: THE_LIST.into(),
-                    delay: None,
-                    since,
-                    seen: Seen::Unread(why),
-                };
-                self.watched.insert(THE_LIST.to_string(), (list, w));
+                self.hold_unread(THE_LIST, why, now).await;
                 return;
             }
         };
