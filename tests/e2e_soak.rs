@@ -552,7 +552,12 @@ async fn soak_two_replicas_under_faults_judged_from_outside() {
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
-    // CA reads its target size once more, from the leader.
+    // CA reads its target size once more, from the leader (a replica restarted while
+    // settling may still wait for the dead one's Lease to expire: up to a lease).
+    let waited = ca_asg_provider::clock::Instant::now();
+    while !replicas.iter().any(|r| r.leads()) && waited.elapsed() < Duration::from_secs(30) {
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
     let leader = replicas.iter().position(|r| r.leads());
     if let Some(l) = leader {
         let mut ca = replicas[l].ca.clone().unwrap();

@@ -257,10 +257,14 @@ pub async fn serve_over(
             ..ProviderSettings::default()
         },
     );
-    provider
-        .refresh_now()
-        .await
-        .expect("the service's first refresh");
+    // As the service's own start does (`Provider::spawn_initial_refresh`): a first
+    // read AWS fails (the soak's injected 5xx and throttling) is tried again.
+    let mut tries = 0;
+    while let Err(e) = provider.refresh_now().await {
+        tries += 1;
+        assert!(tries < 40, "the service's first refresh: {e:?}");
+        tokio::time::sleep(Duration::from_millis(250)).await;
+    }
     let engine = Engine::new(client, cloud, Some(provider.clone()), s);
     provider.set_scale_in(Arc::new(DrainScaleIn(engine.clone())));
     let counts: &'static Metrics = Box::leak(Box::new(Metrics::new()));
