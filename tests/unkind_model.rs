@@ -1505,3 +1505,22 @@ fn daemonsets_that_come_back_are_asked_to_leave_once() {
         }
     });
 }
+
+/// Found by a CI run (case 1025 of seed 1795832767924654692): a spot warning joins a
+/// running drain while the API server refuses the Node patch; the new run, which
+/// takes over the slot of the run it replaces, fails at its cordon before its own
+/// slot step, and the slot stayed held with no drain running (one budget slot lost
+/// for good). A run now gives its slot back when it ends, whatever step it ended at.
+#[test]
+fn a_run_that_ends_before_its_slot_step_gives_back_the_slot_it_took_over() {
+    run(
+        false,
+        &[
+            Op::CaScaleIn(2),
+            Op::WatchLag(100),
+            Op::SpotLate(2, 0),
+            Op::Refuse(Write::PatchNode, 1, Refusal::Forbidden),
+            Op::Spot(0),
+        ],
+    );
+}

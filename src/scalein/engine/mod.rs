@@ -650,6 +650,10 @@ async fn drain_task(engine: Arc<Engine>, req: DrainRequest, run: u64) -> Outcome
         outcome = drain_while_held(&engine, &req, run) => outcome,
     };
     count(&engine, &outcome);
+    // The run is over: its slot goes back, also one it took over from the run it
+    // replaced (a reason joining) but ended before its own slot step (a refused
+    // cordon), which no guard of its own holds. A no-op when a newer run holds it.
+    engine.book.give_back_slot(&req.instance_id, run);
     outcome
 }
 
