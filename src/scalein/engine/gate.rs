@@ -253,9 +253,8 @@ fn decide_and_keep(
         ..placed.clone()
     };
     if engine.book.keep_slot(&req.instance_id, run, placed.clone()) {
-        let own = starts.iter().any(|(_, _, id)| *id == req.instance_id)
-            && !started.is_empty()
-            && started.values().all(|(_, own)| *own);
+        // Started already by this replica (within each rate's period): counted.
+        let own = !started.is_empty() && started.values().all(|(_, own)| *own);
         if !own {
             // A new start now, or one the last leader counted, adopted at its time.
             let at = started.values().map(|(at, _)| *at).min().unwrap_or(now);
@@ -283,10 +282,7 @@ fn already_started(
     now: DateTime<Utc>,
 ) -> BTreeMap<String, (DateTime<Utc>, bool)> {
     absorb_inherited(engine, now);
-    let own: Vec<budget::carried::OwnStart<'_>> = starts
-        .iter()
-        .map(|(at, p, id)| (*at, p.drain(), id.as_str()))
-        .collect();
+    let own = own_starts(starts);
     let inherited = engine.gate.inherited.lock();
     let none = budget::carried::Carried::new();
     budgets
@@ -296,6 +292,14 @@ fn already_started(
             let mine = budget::carried::already_started(b, instance, &own, &none, now);
             Some((b.name.clone(), (any, mine == Some(any))))
         })
+        .collect()
+}
+
+/// The gate's starts as the carry reads them.
+fn own_starts(starts: &VecDeque<Start>) -> Vec<budget::carried::OwnStart<'_>> {
+    starts
+        .iter()
+        .map(|(at, p, id)| (*at, p.drain(), id.as_str()))
         .collect()
 }
 
@@ -310,10 +314,7 @@ fn carry_rates(
     if budgets.iter().all(|b| b.rate.is_none()) {
         return;
     }
-    let own: Vec<budget::carried::OwnStart<'_>> = starts
-        .iter()
-        .map(|(at, p, id)| (*at, p.drain(), id.as_str()))
-        .collect();
+    let own = own_starts(starts);
     let carried = budget::carried::carry(budgets, &own, &engine.gate.inherited.lock(), now);
     engine
         .leadership
@@ -442,12 +443,7 @@ async fn placed(
 /// Whether the drain is the group's own scale-in held by our hook (not CA's, not
 /// a return to the warm pool): the one whose cause the scaling activity says.
 fn asks_asg(record: &DrainRecord, asked: Asked) -> bool {
-    !asked.by_ca
-        && !asked.to_warm_pool
-        && record
-            .reasons
-            .iter()
-            .any(|r| !r.done && matches!(r.why, Why::Lifecycle { .. }))
+    !asked.by_ca && !asked.to_warm_pool && record.hold_began().is_some()
 }
 
 /// The group's own cause of the instance's scale-in, from its scaling activity (one
