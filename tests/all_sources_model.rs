@@ -894,3 +894,19 @@ fn a_hook_added_while_reads_lag_during_a_direct_drain_is_completed_at_its_end() 
         Op::CaScaleIn(0),
     ]);
 }
+
+/// A hook added back by hand during a direct drain, behind stale reads, and AWS
+/// throttling the question the drain's end asks it (is our hook holding the ended
+/// instance?) and the completion: both are asked again, and the hold does not time out
+/// (CI, `MODEL_SEED=1795866496873429417 MODEL_CASE=1760`: one throttled heartbeat left
+/// the instance held until the hook's timeout).
+#[test]
+fn a_throttled_question_at_a_direct_drains_end_is_asked_again() {
+    run(&[
+        Op::Throttle,
+        Op::HookRemoved,
+        Op::CaScaleIn(0),
+        Op::AwsStale(2),
+        Op::HookAdded,
+    ]);
+}

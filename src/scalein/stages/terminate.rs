@@ -141,6 +141,19 @@ fn retry_policy(instance_id: &str) -> ExponentialBuilder {
     crate::clock::jittered(policy, &format!("ending {instance_id}"))
 }
 
+/// Asking whether a hook added since holds the ended instance, and completing its
+/// action: six attempts, 0.2 s doubling to 2 s with jitter (about 5 s), so a throttled
+/// answer is asked again well inside the shortest heartbeat timeout AWS allows (30 s);
+/// without it one throttled heartbeat left the hold to time out (all_sources_model,
+/// `MODEL_SEED=1795866496873429417 MODEL_CASE=1760`).
+fn probe_policy(instance_id: &str) -> ExponentialBuilder {
+    let policy = ExponentialBuilder::default()
+        .with_min_delay(Duration::from_millis(200))
+        .with_max_delay(Duration::from_secs(2))
+        .with_max_times(ATTEMPTS as usize - 1);
+    crate::clock::jittered(policy, &format!("asking the hold of {instance_id}"))
+}
+
 /// One attempt at ending the instance.
 async fn end_once(
     end: &Ending,
@@ -259,7 +272,8 @@ async fn direct_once(end: &Ending, group: &str, instance_id: &str) -> Result<Str
 /// from it still. So when the list still shows no hook of ours, the action itself is
 /// asked ([`crate::scalein::engine::keeper::ask_hold`]); if our hook holds the instance, its drain is over
 /// (this is its end) and the action is completed at once (all_sources_model found a
-/// hook added while AWS's reads lagged timing out after a direct drain's end).
+/// hook added while AWS's reads lagged timing out after a direct drain's end). A
+/// throttled question or completion is asked again ([`probe_policy`]).
 async fn learn_a_hook_added_since(end: &Ending, group: &str, instance_id: &str) {
     let Some(p) = &end.provider else { return };
     let Some(g) = p.registry().group(group).cloned() else {
@@ -275,7 +289,16 @@ async fn learn_a_hook_added_since(end: &Ending, group: &str, instance_id: &str) 
             tracing::debug!(group, error = %e, "could not read the group's hooks after ending an instance; the next refresh will")
         }
     }
-    if end.port.ask_hold(group, instance_id).await != Hold::Held {
+    let asked = (|| async {
+        match end.port.ask_hold(group, instance_id).await {
+            Hold::Unknown => Err(()),
+            known => Ok(known),
+        }
+    })
+    .retry(probe_policy(instance_id))
+    .sleep(tokio::time::sleep)
+    .await;
+    if asked != Ok(Hold::Held) {
         return;
     }
     let action = LifecycleAction {
@@ -284,11 +307,15 @@ async fn learn_a_hook_added_since(end: &Ending, group: &str, instance_id: &str) 
         instance_id: instance_id.to_string(),
         token: None,
     };
-    match end
-        .cloud
-        .complete_lifecycle_action(&action, LifecycleResult::Continue)
-        .await
-    {
+    let completed = (|| {
+        end.cloud
+            .complete_lifecycle_action(&action, LifecycleResult::Continue)
+    })
+    .retry(probe_policy(instance_id))
+    .sleep(tokio::time::sleep)
+    .when(CloudError::is_retryable)
+    .await;
+    match completed {
         Ok(()) => {
             end.port.action_done(instance_id);
             tracing::info!(group, instance = instance_id, hook = %action.hook, "our hook, added since the drain began, held the drained instance: completed CONTINUE");
