@@ -74,6 +74,38 @@ async fn a_spot_warning_drains_workloads_first_and_daemonsets_last_within_two_mi
     );
 }
 
+/// A replica that does not lead writes nothing for a message it holds (it lost the
+/// lease after its batch came): not even the Node's record; the message stays for the
+/// leader, which then drains as usual (the soak found a follower's consumer cordoning
+/// a spot-warned node while the other replica led).
+#[tokio::test]
+async fn a_replica_that_does_not_lead_writes_nothing_for_a_message() {
+    let w = World::builder().web(3, 1).build().await;
+    let (node, iid) = node_with_fluentd_and_app(&w, 0.1).await;
+    let (leads, follows) = tokio::sync::watch::channel(false);
+    w.engine.leadership.follow(follows);
+    let (q, c) = queue_and_consumer(&w, RebalanceAction::Cordon);
+    q.send(&spot(&iid));
+    assert!(matches!(handle_next(&c, &q).await, Handled::Retry(_)));
+    let n = w.sim.get::<Node>("", &node).unwrap();
+    assert_ne!(
+        n["spec"]["unschedulable"], true,
+        "a follower cordoned {node}"
+    );
+    assert!(
+        n["metadata"]["annotations"]["ca-asg-provider.io/drain-mode"].is_null(),
+        "a follower recorded a drain on {node}"
+    );
+    assert!(!w.engine.is_draining(&iid));
+    assert_eq!(q.pending(), 1, "the message stays for the leader");
+
+    leads.send_replace(true);
+    q.redeliver();
+    assert!(matches!(handle_next(&c, &q).await, Handled::Done(_)));
+    let n = w.sim.get::<Node>("", &node).unwrap();
+    assert_eq!(n["spec"]["unschedulable"], true);
+}
+
 #[tokio::test]
 async fn a_rebalance_recommendation_cordons_only() {
     let w = World::builder().web(3, 1).build().await;

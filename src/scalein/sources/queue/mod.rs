@@ -162,6 +162,11 @@ impl Consumer {
 
     /// Handles one message and deletes it when it is done or can never be.
     pub async fn handle(&self, m: QueueMessage) -> Handled {
+        // A replica that does not lead (it lost the lease since the batch came) writes
+        // nothing: not even the Node's record; the leader gets the message again.
+        if !self.engine.is_leader() {
+            return Handled::Retry("this replica does not lead".into());
+        }
         let out = self.understand(&m).await;
         // Fenced: a replica that lost the lease while handling deletes nothing; the
         // leader gets the message again (what was recorded on the Node stays).
