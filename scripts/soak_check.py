@@ -213,16 +213,49 @@ def ended_unchosen(run):
     return fails
 
 
+# docs/queue-mode.md: a spot warning's drain gives workloads until `daemonSetShare` (20 s
+# by default) before EC2's two minutes; past that the service stops a pod its budget still
+# blocks (a graceful delete), since EC2 ends the instance anyway.
+SPOT_DAEMONSET_SHARE_SECS = 20
+
+
+def _when(text):
+    """An RFC 3339 UTC time as seconds since the epoch, or None."""
+    from datetime import datetime
+
+    try:
+        return datetime.fromisoformat(str(text).replace("Z", "+00:00")).timestamp()
+    except ValueError:
+        return None
+
+
+def spot_stops_from(run):
+    """Node -> when the service may stop its workload pods: EC2's spot deadline less the
+    DaemonSet share, for every instance EC2 warned it would reclaim."""
+    out = {}
+    for c in run.cloud_ops(who="ec2", op="Reclaim"):
+        node = c.get("node") or run.node_of_instance.get(c.get("instance"))
+        deadline = _when(c.get("deadline"))
+        if node and deadline is not None:
+            out[node] = deadline - SPOT_DAEMONSET_SHARE_SECS
+    return out
+
+
 def workload_deleted_not_evicted(run):
     """A workload pod the service deleted other than through the Eviction API. The
-    soak's hooks outlast the soak, so no proceed deadline can have passed: any such
-    delete breaks the promise."""
+    soak's hooks outlast the soak, so no proceed deadline of a hook can have passed: any
+    such delete breaks the promise, but on a node EC2 warned it would reclaim, from the
+    warning's deadline less the DaemonSet share on."""
     fails = []
+    spot = spot_stops_from(run)
     for e in run.service_writes("pods"):
         if e.get("verb") != "delete":
             continue
         ref = e["objectRef"]
         p = run.pods.get((ref.get("namespace"), ref.get("name")), {})
+        at = _when(e.get("stageTimestamp"))
+        if p.get("node") in spot and at is not None and at >= spot[p["node"]]:
+            continue
         if p.get("owner") != "DaemonSet":
             fails.append(
                 f"pod {ref.get('namespace')}/{ref.get('name')} (owner {p.get('owner') or '?'}, node {p.get('node')}) "

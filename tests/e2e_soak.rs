@@ -5,9 +5,11 @@
 //! and at once, CA-shaped scale-ups (NodeGroupIncreaseSize) and DeleteNodes of occupied
 //! nodes (to the replica that leads, as CA's calls reach the leader's sidecar), ASG
 //! scale-ins through our hook with their notifications on the interruption queue (a
-//! third sent twice; each replica runs the queue's consumer), forged and replayed
-//! queue messages (a lifecycle notice with a wrong token or none for an instance in
-//! service, a spot warning for one that is gone, an old message again), and faults: a
+//! third sent twice; each replica runs the queue's consumer loop), spot interruption
+//! warnings with EC2's reclaim of the instance once drained or at two minutes, forged
+//! and replayed queue messages (a lifecycle notice with a wrong token or none for an
+//! instance in service, a spot warning for one that is gone, an old message again), and
+//! faults: a
 //! replica killed (the leader too: its runtime
 //! dropped, its Lease not released, a fresh replica of the same identity started a few
 //! steps later), AWS throttling, AWS 5xx (InternalFailure) and slow answers. Then the run
@@ -138,20 +140,18 @@ impl Replica {
                 );
                 engine.leadership.follow(leads.clone());
                 scalein::sources::hook_scan::spawn_loop(engine.clone(), provider.clone());
-                // The interruption queue's consumer, as queue mode runs it: every
-                // replica polls; a follower leaves what it gets for the leader.
+                // The interruption queue's consumer, as queue mode runs it (its own
+                // loop: every replica runs it, only the leader receives).
                 let consumer = scalein::sources::queue::Consumer::new(
                     engine.clone(),
                     provider.clone(),
                     queue.clone() as Arc<dyn Queue>,
-                    Default::default(),
+                    scalein::settings::InterruptionSettings {
+                        wait: Duration::from_millis(200),
+                        ..Default::default()
+                    },
                 );
-                tokio::spawn(async move {
-                    loop {
-                        support::queue::handle_all(&consumer, &queue).await;
-                        tokio::time::sleep(Duration::from_millis(200)).await;
-                    }
-                });
+                consumer.spawn();
                 (ca, leads, stop)
             })
             .await
@@ -288,6 +288,9 @@ async fn soak_two_replicas_under_faults_judged_from_outside() {
     let mut step = 0;
     // DeleteNodes CA sent that failed: CA asks again (one a step, then while settling).
     let mut again: Vec<(String, String)> = Vec::new();
+    // Spot warnings sent, each instance EC2 reclaims: once its node has no app pod
+    // left (a few steps at least), or at the warning's two minutes whatever.
+    let mut warned: Vec<Warned> = Vec::new();
     while started.elapsed() < Duration::from_secs_f64(minutes * 60.0) {
         step += 1;
         tokio::time::sleep(Duration::from_millis(500 + dice.below(2000))).await;
@@ -307,6 +310,16 @@ async fn soak_two_replicas_under_faults_judged_from_outside() {
             rec.step(step, seed, "slow_answers_end", json!({}));
         }
         ask_again(&replicas, &mut again, &mut rec, step, seed).await;
+        reclaim_due(
+            &cloud,
+            &admin,
+            &kubelet,
+            &mut warned,
+            &mut rec,
+            (step, false),
+            seed,
+        )
+        .await;
         // What a consumer left (a follower's, AWS not showing the hold yet) is seen
         // again, as SQS shows it after its visibility timeout.
         queue.redeliver();
@@ -436,7 +449,54 @@ async fn soak_two_replicas_under_faults_judged_from_outside() {
                     json!({"op": op, "times": times}),
                 );
             }
-            80..=89 => {
+            87..=91 => {
+                // EC2 will reclaim a spot instance: its warning on the queue (a third
+                // of the time twice), the reclaim once drained or at two minutes.
+                let live: Vec<(String, String)> = kubelet
+                    .nodes()
+                    .into_iter()
+                    .filter(|(_, iid)| !chosen.contains(iid))
+                    .filter(|(_, iid)| {
+                        cloud.instances().iter().any(|(_, i)| {
+                            i.id == *iid
+                                && i.state == ca_asg_provider::cloud::LifecycleState::InService
+                        })
+                    })
+                    .collect();
+                if live.len() as i32 > FLOOR {
+                    let (node, iid) = live[dice.below(live.len() as u64) as usize].clone();
+                    let deadline = chrono::Utc::now() + chrono::Duration::seconds(SPOT_NOTICE_SECS);
+                    chosen.insert(iid.clone());
+                    rec.choice(json!({"who": "ec2", "op": "Reclaim", "group": GROUP, "instance": iid, "node": node,
+                        "deadline": deadline.to_rfc3339_opts(chrono::SecondsFormat::Micros, true)}));
+                    let body = support::notices::spot(&iid);
+                    queue.send(&body);
+                    let twice = dice.below(3) == 0;
+                    if twice {
+                        queue.send(&body);
+                    }
+                    sent.push(body);
+                    warned.push(Warned {
+                        instance: iid.clone(),
+                        not_before: step + 3,
+                        deadline,
+                    });
+                    rec.step(
+                        step,
+                        seed,
+                        "spot_warning",
+                        json!({"instance": iid, "node": node, "message_twice": twice}),
+                    );
+                } else {
+                    rec.step(
+                        step,
+                        seed,
+                        "skip",
+                        json!({"why": "too few nodes to warn one"}),
+                    );
+                }
+            }
+            80..=86 => {
                 let ops = [
                     "terminate_instance",
                     "complete_lifecycle_action",
@@ -539,6 +599,16 @@ async fn soak_two_replicas_under_faults_judged_from_outside() {
     let mut settled = false;
     while settled_by.elapsed() < Duration::from_secs(240) {
         ask_again(&replicas, &mut again, &mut rec, step, seed).await;
+        reclaim_due(
+            &cloud,
+            &admin,
+            &kubelet,
+            &mut warned,
+            &mut rec,
+            (step, true),
+            seed,
+        )
+        .await;
         if settle(
             cloud.clone(),
             kubelet.clone(),
@@ -602,6 +672,59 @@ async fn soak_two_replicas_under_faults_judged_from_outside() {
         dir.display(),
         String::from_utf8_lossy(&out.stderr)
     );
+}
+
+/// A spot warning's notice: EC2 reclaims the instance two minutes after it.
+const SPOT_NOTICE_SECS: i64 = 120;
+
+/// A spot instance EC2 has warned of and not reclaimed yet.
+struct Warned {
+    instance: String,
+    /// The driver's step before which it is not reclaimed, drained or not.
+    not_before: usize,
+    deadline: chrono::DateTime<chrono::Utc>,
+}
+
+/// EC2 reclaims each warned instance whose node runs no app pod any more (the
+/// service's drain is done, or it never had one), from its `not_before` step on, and
+/// every one whose two minutes are up, drained or not, as EC2 does. The ASG replaces
+/// it after its health check (5 s here). `settling`: the driver has stopped, so no
+/// step bound is waited for.
+async fn reclaim_due(
+    cloud: &MemoryCloud,
+    admin: &kube::Client,
+    kubelet: &FakeKubelet,
+    warned: &mut Vec<Warned>,
+    rec: &mut Record,
+    (step, settling): (usize, bool),
+    seed: u64,
+) {
+    if warned.is_empty() {
+        return;
+    }
+    let occupied: std::collections::BTreeSet<String> = rig::occupied(admin, kubelet)
+        .await
+        .into_iter()
+        .map(|(_, iid)| iid)
+        .collect();
+    let now = chrono::Utc::now();
+    let mut left = Vec::new();
+    for w in warned.drain(..) {
+        let drained = !occupied.contains(&w.instance);
+        let late = now >= w.deadline;
+        if (drained && (settling || step >= w.not_before)) || late {
+            cloud.reclaim(&w.instance, Duration::from_secs(5));
+            rec.step(
+                step,
+                seed,
+                "spot_reclaim",
+                json!({"instance": w.instance, "drained": drained, "at_deadline": late}),
+            );
+        } else {
+            left.push(w);
+        }
+    }
+    *warned = left;
 }
 
 /// CA's NodeGroupDeleteNodes of `pick` (node, instance); when it fails (the AWS faults

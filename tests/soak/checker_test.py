@@ -138,6 +138,20 @@ class Checker(unittest.TestCase):
         a[8] = ev(7, SVC, "replica-a", "delete", "pods", "app-1")
         self.assertBreaks("workload_deleted_not_evicted", (a, c, e), "pod shop/app-1 (owner ReplicaSet")
 
+    def test_a_spot_drain_stops_a_pod_only_past_its_deadline_less_the_daemonset_share(self):
+        a, c, e = clean()
+        a[8] = ev(7, SVC, "replica-a", "delete", "pods", "app-1")
+        # EC2 warned it would reclaim the instance at 16:00:25: stops are allowed from
+        # :05 (25 less the 20 s share), so the delete at :07 is allowed.
+        warned = {"who": "ec2", "op": "Reclaim", "group": "web", "instance": IID, "node": NODE,
+                  "deadline": "2026-11-28T16:00:25.000000Z"}
+        c2 = c + [warned]
+        self.assertEqual(broken(a, c2, e), {})
+        # A deadline further off (16:00:40, so stops from :20): the same delete breaks.
+        later = dict(warned, deadline="2026-11-28T16:00:40.000000Z")
+        c3 = c + [later]
+        self.assertBreaks("workload_deleted_not_evicted", (a, c3, e), "pod shop/app-1 (owner ReplicaSet")
+
     def test_a_daemonset_pod_evicted_first(self):
         a, c, e = clean()
         # The DaemonSet pod's eviction (index 11) before the app pod is gone (index 10).
