@@ -24,13 +24,14 @@ use super::real_ca::{CaBinary, RealCa, FIRST_LOOP_SECS};
 use super::rig::{self, More, Rig, Setup, Workloads};
 
 /// The real-CA scenarios, in the order they run for each binary.
-pub const SCENARIOS: [&str; 6] = [
+pub const SCENARIOS: [&str; 7] = [
     "scale-up from pending pods",
     "CA scale-in, direct",
     "CA scale-in, hook",
     "a group at MinSize whose relaunch fails",
     "option tags, one malformed",
     "CA restarted mid-drain",
+    "a closed window, then open",
 ];
 
 /// Not run with real CA, and why.
@@ -64,6 +65,7 @@ pub async fn run(name: &str, bin: &CaBinary, k8s: &Binaries) {
         "a group at MinSize whose relaunch fails" => at_min_relaunch_fails(bin, k8s).await,
         "option tags, one malformed" => option_tags(bin, k8s).await,
         "CA restarted mid-drain" => restarted_mid_drain(bin, k8s).await,
+        "a closed window, then open" => closed_window_then_open(bin, k8s).await,
         other => panic!("no real-CA scenario {other}"),
     }
 }
@@ -414,6 +416,178 @@ async fn restarted_mid_drain(bin: &CaBinary, k8s: &Binaries) {
     .await;
     let victims = vec![(victim.clone(), iid)];
     rig.ends_keeping_promises(&victims, 3, 1, false).await;
+    no_failed_scale_down(&ca);
+    ca_log_clean(&rig, &ca);
+    ca.stop();
+}
+
+/// How long the window stays closed from the moment the scenario's settings are made:
+/// the rig's start (about 5 s) and CA's start (2 to 4 s) leave CA about a minute of
+/// loops (every 2 s) in which two nodes are plainly unneeded.
+const CLOSED_SECS: i64 = 75;
+
+/// A window that is in force now and ends `closed` from now (issue 71): a schedule on
+/// this UTC minute, lasting from the minute's start to `now + closed`. Its end.
+fn closing_now_for(
+    closed: chrono::Duration,
+) -> (
+    ca_asg_provider::scalein::decide::budget::Budget,
+    chrono::DateTime<chrono::Utc>,
+) {
+    use ca_asg_provider::scalein::decide::budget::{
+        cron::Cron, Budget, Cause, Groups, Nodes, Window,
+    };
+    use chrono::{Timelike, Utc};
+    let now = Utc::now();
+    let minute = now
+        .with_second(0)
+        .and_then(|t| t.with_nanosecond(0))
+        .expect("a minute's start");
+    let opens = now + closed;
+    let budget = Budget {
+        window: Some(Window {
+            schedule: Cron::parse(&format!("{} {} * * *", minute.minute(), minute.hour()))
+                .expect("a schedule"),
+            duration: (opens - minute).to_std().expect("a duration"),
+        }),
+        groups: Groups::Named(["web".to_string()].into()),
+        causes: Some([Cause::CaEmpty, Cause::CaOccupied].into()),
+        ..Budget::always("closed-for-ca", Nodes::Count(0))
+    };
+    (budget, opens)
+}
+
+/// The nodes carrying scale-down-disabled with the service's mark.
+async fn held_from_ca(rig: &Rig) -> BTreeSet<String> {
+    use ca_asg_provider::scalein::decide::ca_hold::{HELD_BY, SCALE_DOWN_DISABLED};
+    let nodes: Api<Node> = Api::all(rig.admin.clone());
+    let Ok(list) = nodes.list(&Default::default()).await else {
+        return BTreeSet::new();
+    };
+    list.items
+        .into_iter()
+        .filter(|n| {
+            n.metadata.annotations.as_ref().is_some_and(|a| {
+                a.get(SCALE_DOWN_DISABLED).map(String::as_str) == Some("true")
+                    && a.contains_key(HELD_BY)
+            })
+        })
+        .filter_map(|n| n.metadata.name)
+        .collect()
+}
+
+/// A disruption budget closes CA's scale-in of web for about a minute (issue 71): five
+/// nodes, three with an app pod, two with DaemonSet pods only, which CA would remove at
+/// its first loops. While the window is closed the service keeps every node of web out
+/// of CA's choice (`scale-down-disabled` with its mark): CA's own log says it skipped
+/// each of them as marked, and nothing is asked or ended. Once the window opens the
+/// service takes its marks off, CA scales web in to 3, and each drain keeps its
+/// promises.
+async fn closed_window_then_open(bin: &CaBinary, k8s: &Binaries) {
+    let (budget, opens) = closing_now_for(chrono::Duration::seconds(CLOSED_SECS));
+    let more = More {
+        settings: ca_asg_provider::scalein::ScaleInSettings {
+            budgets: vec![budget],
+            tell_ca_every: Duration::from_secs(2),
+            ..rig::settings()
+        },
+        ..More::default()
+    };
+    let mut rig = rig_for(SCENARIOS[6], bin, k8s, 5, false, more).await;
+    let all: BTreeSet<String> = rig.kubelet.nodes().into_keys().collect();
+    assert_eq!(all.len(), 5, "{all:?}");
+    rig.report
+        .step("the window is closed: every node of web held from CA (the service's mark)");
+    rig::until_or_say(
+        "the service to hold every node of web from CA",
+        30,
+        || {
+            let (rig, all) = (&rig, &all);
+            async move { held_from_ca(rig).await == *all }
+        },
+        || async { format!("held: {:?}", held_from_ca(&rig).await) },
+    )
+    .await;
+    rig.report
+        .scale_in_begins("CA loops while the window is closed, then it opens");
+    let mut ca = ca_starts(&rig, bin, &[]).await;
+    let loops_before = main_loops(&ca);
+    let cloud = rig.cloud.clone();
+    let k = rig.kubelet.clone();
+    ca.wait("the window to open", (CLOSED_SECS + 30) as u64, |_| {
+        assert_eq!(
+            cloud.desired("web"),
+            Some(5),
+            "web scaled in while the window was closed"
+        );
+        assert!(
+            k.instances_ended().is_empty(),
+            "an instance ended while the window was closed"
+        );
+        chrono::Utc::now() >= opens
+    })
+    .await;
+    rig.report
+        .step("check: while closed, CA looped, skipped every node as marked, asked nothing");
+    let loops = main_loops(&ca) - loops_before;
+    assert!(
+        loops >= 3,
+        "{}",
+        ca.failure(&format!(
+            "CA looped {loops} times while the window was closed"
+        ))
+    );
+    for node in &all {
+        let skipped = format!(
+            "Skipping {node} from delete consideration - the node is marked as no scale down"
+        );
+        assert!(
+            !ca.log_lines_matching(&skipped).is_empty(),
+            "{}",
+            ca.failure(&format!("CA's log never skipped {node} as marked"))
+        );
+    }
+    assert_eq!(
+        rig.ca_target().await,
+        5,
+        "CA's target while the window was closed"
+    );
+    assert_eq!(
+        scaled_down(&ca),
+        0.0,
+        "CA scaled down while the window was closed"
+    );
+    rig.report
+        .step("the window opens: the marks come off and CA scales web in");
+    let victims_of = |ended: &[String]| -> Vec<(String, String)> {
+        ended
+            .iter()
+            .map(|i| (super::kubelet::node_name(i), i.clone()))
+            .collect()
+    };
+    let opened = Instant::now();
+    ca.wait("CA to scale web in to 3", 180, |_| {
+        cloud.desired("web") == Some(3)
+    })
+    .await;
+    eprintln!(
+        "e2e: CA looped {loops} times while the window was closed, skipping all 5 nodes; it scaled web in to 3 {:.1} s after the window opened",
+        opened.elapsed().as_secs_f64()
+    );
+    ca.wait("two instances to end", 120, |_| {
+        k.instances_ended().len() == 2
+    })
+    .await;
+    let victims = victims_of(&rig.kubelet.instances_ended());
+    rig.ends_keeping_promises(&victims, 3, victims.len() as u64, false)
+        .await;
+    rig.report
+        .step("check: no node carries the service's mark once the window is open");
+    let held = held_from_ca(&rig).await;
+    assert!(
+        held.is_empty(),
+        "still held from CA after the window opened: {held:?}"
+    );
     no_failed_scale_down(&ca);
     ca_log_clean(&rig, &ca);
     ca.stop();
