@@ -465,3 +465,83 @@ async fn a_rate_goes_on_counting_across_a_leader_change() {
     );
     w.engine.shutdown();
 }
+
+/// Issue 71: CA's scale-in through our hook (lifecycle mode) stays CA's after a leader
+/// change. Replica A answers CA's DeleteNodes (TerminateInstanceInAutoScalingGroup, our
+/// hook holds the instance) and starts the drain, whose record on the Node says CA
+/// asked; A dies mid-drain. B finds the hold by its lifecycle scan (as the group's own,
+/// "a user request" to AWS) and resumes the drain: a budget that freezes a person's
+/// terminates (`asg-person`, `nodes: 0`) does not hold it, as it never held it in A.
+/// Before, B read it as the group's own and held it until the hook forced it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_ca_scale_in_through_the_hook_stays_cas_after_a_leader_change() {
+    use ca_asg_provider::scalein::decide::record::ANNOTATION;
+    use ca_asg_provider::scalein::engine::leader::LeaseSettings;
+    let settings = ScaleInSettings {
+        budgets: vec![Budget {
+            causes: Some([Cause::AsgPerson].into()),
+            ..Budget::always("no-person", Nodes::Count(0))
+        }],
+        ..fast_settings()
+    };
+    let lease = |who: &str| LeaseSettings {
+        name: "ca-asg-provider".into(),
+        namespace: "kube-system".into(),
+        identity: who.into(),
+        duration: Duration::from_secs(1),
+    };
+    let mut w = World::builder()
+        .web_hooked(4, 3, 300)
+        .settings(settings.clone())
+        .build()
+        .await;
+    let a = w.engine.lead_as(lease("replica-a"));
+    eventually("replica A leads", 10, || w.engine.leadership.leads()).await;
+    let (node, iid) = nodes_of(&w, "web")[0].clone();
+    // The app's preStop (3 s) keeps the drain running when A dies.
+    fluentd_and_an_app_on_each(&w, &[(node.clone(), iid.clone())], 0.1, 3.0);
+    w.cloud.set_termination_cause(
+        &iid,
+        "At 2026-11-28T10:00:00Z an instance was taken out of service in response to a user request, shrinking the capacity from 3 to 2.",
+    );
+    delete_nodes(&mut w, "web", &[(node.clone(), iid.clone())]).await;
+    let says_ca = |w: &World| {
+        w.sim.get::<Node>("", &node).is_some_and(|n| {
+            n["metadata"]["annotations"][ANNOTATION]
+                .as_str()
+                .is_some_and(|r| r.contains("\"by_ca\":true"))
+        })
+    };
+    eventually("A's drain records that CA asked", 10, || says_ca(&w)).await;
+    assert!(
+        !w.cloud
+            .completed_actions()
+            .iter()
+            .any(|(a, _)| a.instance_id == iid),
+        "A's drain ended before A died: nothing is left to resume"
+    );
+
+    // A dies without releasing; B takes over once the Lease expires.
+    a.abort();
+    w.engine.abort_all();
+    w.engine.shutdown();
+    let (provider, engine, ca) = service(&w.sim, &w.cloud, &w.groups, settings).await;
+    (w.provider, w.engine, w.ca) = (provider, engine, ca);
+    let _b = w.engine.lead_as(lease("replica-b"));
+    eventually("replica B leads", 10, || w.engine.leadership.leads()).await;
+    let lifecycle = ca_asg_provider::scalein::sources::hook_scan::spawn_loop(
+        w.engine.clone(),
+        w.provider.clone(),
+    );
+    action_completed(&w, &iid, 30).await;
+    assert!(
+        !waiting_events(&w)
+            .iter()
+            .any(|n| n.contains("\"no-person\"")),
+        "B held CA's scale-in under the budget for a person's terminates: {:?}",
+        waiting_events(&w)
+    );
+    assert!(says_ca(&w) || w.sim.get::<Node>("", &node).is_none());
+    lifecycle.abort();
+    w.engine.shutdown();
+}

@@ -1291,6 +1291,7 @@ async fn undrain_gives_back_an_interrupted_drain_and_only_the_services_marks() {
         reasons: vec![DrainReason::new(
             Why::Lifecycle {
                 hook: "ca-asg-provider-drain".into(),
+                by_ca: false,
             },
             now,
         )],
@@ -2431,6 +2432,7 @@ async fn undrain_all_gives_back_every_marked_node_and_touches_no_other() {
         reasons: vec![DrainReason::new(
             Why::Lifecycle {
                 hook: "ca-asg-provider-drain".into(),
+                by_ca: false,
             },
             now,
         )],

@@ -1165,7 +1165,10 @@ async fn a_lifecycle_message_read_before_aws_shows_the_hold_is_not_lost() {
 async fn record_a_finished_action(w: &World, node: &str) {
     use kube::api::{Api, Patch, PatchParams};
     let mut finished = record::DrainReason::new(
-        record::Why::Lifecycle { hook: HOOK.into() },
+        record::Why::Lifecycle {
+            hook: HOOK.into(),
+            by_ca: false,
+        },
         chrono::Utc::now() - chrono::Duration::minutes(5),
     );
     finished.done = true;

@@ -645,7 +645,13 @@ async fn a_hand_back_decided_before_a_new_reason_keeps_the_node() {
             .unwrap()
     }
     let now = ca_asg_provider::clock::utc_now() - chrono::Duration::minutes(5);
-    let mut done = DrainReason::new(Why::Lifecycle { hook: HOOK.into() }, now);
+    let mut done = DrainReason::new(
+        Why::Lifecycle {
+            hook: HOOK.into(),
+            by_ca: false,
+        },
+        now,
+    );
     done.done = true;
     for (i, old_call) in [false, true].into_iter().enumerate() {
         let name = &nodes[i];

@@ -707,7 +707,10 @@ mod tests {
     fn a_finished_record_has_no_deadline_and_nothing_blocks_it() {
         let mut rec = DrainRecord {
             reasons: vec![DrainReason::new(
-                Why::Lifecycle { hook: "h".into() },
+                Why::Lifecycle {
+                    hook: "h".into(),
+                    by_ca: false,
+                },
                 at("2026-11-27T06:00:00Z"),
             )],
             ..DrainRecord::default()

@@ -190,6 +190,7 @@ pub fn reason_of_mode(mode: &Mode) -> record::Why {
     match mode {
         Mode::Lifecycle { action, .. } => record::Why::Lifecycle {
             hook: action.hook.clone(),
+            by_ca: false,
         },
         Mode::Direct => record::Why::ScaleIn,
         Mode::DrainOnly => record::Why::DrainCommand,

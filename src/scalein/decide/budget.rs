@@ -270,7 +270,8 @@ impl Placed {
 #[derive(Debug, Clone, Copy, Default)]
 pub struct Asked {
     /// CA's DeleteNodes asked for it in this process (a lifecycle-mode scale-in
-    /// reads as our hook's hold on the record).
+    /// reads as our hook's hold on the record, which says so itself once the drain
+    /// has written it: `Why::Lifecycle::by_ca`).
     pub by_ca: bool,
     /// The node runs no workload pod; `None`: not read (or could not be), which
     /// counts as both empty and occupied, so either budget governs it.
@@ -305,6 +306,7 @@ pub fn causes_of(record: &super::record::DrainRecord, asked: Asked) -> (Vec<Caus
                 causes.insert(Cause::DrainCommand);
             }
             Why::ScaleIn => causes.extend(ca.iter().copied()),
+            Why::Lifecycle { by_ca: true, .. } => causes.extend(ca.iter().copied()),
             Why::Lifecycle { .. } if asked.by_ca => causes.extend(ca.iter().copied()),
             Why::Lifecycle { .. } if asked.to_warm_pool => {
                 causes.insert(Cause::WarmPool);

@@ -119,7 +119,16 @@ pub enum Why {
     ScaleIn,
     /// Our hook holds the instance in Terminating:Wait: drain, heartbeat, then
     /// CompleteLifecycleAction CONTINUE.
-    Lifecycle { hook: String },
+    Lifecycle {
+        hook: String,
+        /// CA's DeleteNodes asked for the hold (lifecycle mode ends CA's choice
+        /// through the hook), so disruption budgets count it under CA's causes in
+        /// whichever replica runs the drain; AWS's scaling activity calls it "a user
+        /// request", as a person's terminate. Absent (false) in records written
+        /// before it existed: those read as the group's own.
+        #[serde(default, skip_serializing_if = "std::ops::Not::not")]
+        by_ca: bool,
+    },
 }
 
 /// Whether a notice ending at `new` ends earlier than one ending at `old` (an
@@ -216,6 +225,15 @@ impl DrainReason {
             at,
             done: false,
         }
+    }
+
+    /// The reason as CA's DeleteNodes brings it: a hold of our hook it asked for says
+    /// so ([`Why::Lifecycle`]'s `by_ca`); any other reason is as it was.
+    pub fn asked_by_ca(mut self) -> Self {
+        if let Why::Lifecycle { by_ca, .. } = &mut self.why {
+            *by_ca = true;
+        }
+        self
     }
 
     /// Whether this reason, arriving after `done`'s drain finished, is the same
@@ -559,6 +577,7 @@ impl DrainRecord {
             },
             Some(LIFECYCLE_MARK) => Why::Lifecycle {
                 hook: String::new(),
+                by_ca: false,
             },
             // `direct`, or no mode (what the first versions wrote for it): CA's
             // scale-in, so nothing CA counts on is lost.
@@ -655,12 +674,20 @@ impl DrainRecord {
                         *old_share = *new_share;
                     }
                 }
-                if let (Why::Lifecycle { hook: old_hook }, Why::Lifecycle { hook }) =
-                    (&mut old.why, &new.why)
+                if let (
+                    Why::Lifecycle {
+                        hook: old_hook,
+                        by_ca: old_by_ca,
+                    },
+                    Why::Lifecycle { hook, by_ca },
+                ) = (&mut old.why, &new.why)
                 {
                     if old_hook.is_empty() {
                         old_hook.clone_from(hook);
                     }
+                    // CA asked for the hold (its DeleteNodes) whichever source
+                    // found it first: it stays CA's.
+                    *old_by_ca |= *by_ca;
                 }
                 old.at = old.at.min(new.at);
             }
@@ -821,7 +848,7 @@ impl DrainRecord {
     /// Our hook, when a lifecycle reason holds the instance.
     pub fn hook(&self) -> Option<&str> {
         self.reasons.iter().find_map(|r| match &r.why {
-            Why::Lifecycle { hook } => Some(hook.as_str()),
+            Why::Lifecycle { hook, .. } => Some(hook.as_str()),
             _ => None,
         })
     }

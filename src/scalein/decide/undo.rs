@@ -83,7 +83,7 @@ pub fn decide(annotations: &BTreeMap<String, String>, window: Window, now: DateT
     // A hold cannot outlast AWS's limit on a lifecycle action.
     let live_action = |at: DateTime<Utc>| now < after(at, LIFECYCLE_ACTION_LIMIT);
     for r in &rec.reasons {
-        if let Why::Lifecycle { hook } = &r.why {
+        if let Why::Lifecycle { hook, .. } = &r.why {
             if !live_action(r.at) {
                 continue;
             }

@@ -563,6 +563,7 @@ mod tests {
         assert!(joined(&running, &req(vec![Why::Rebalance]), limits()).is_none());
         let hook = Why::Lifecycle {
             hook: "ca-asg-provider-drain".into(),
+            by_ca: false,
         };
         let with_hook = joined(&running, &req(vec![hook.clone()]), limits())
             .expect("a hook's reason changes the end");
@@ -626,6 +627,7 @@ mod tests {
 
         let hook = Why::Lifecycle {
             hook: "ca-asg-provider-drain".into(),
+            by_ca: false,
         };
         let mut second = None;
         let how = book.start(
@@ -810,7 +812,7 @@ mod tests {
                     match st {
                         Step::Start(i, hook) => {
                             let why = if *hook {
-                                Why::Lifecycle { hook: "h".into() }
+                                Why::Lifecycle { hook: "h".into(), by_ca: false }
                             } else {
                                 Why::ScaleIn
                             };

@@ -76,7 +76,7 @@ impl ScaleIn for DrainScaleIn {
             option_tags_ignored(engine, group, node).await;
         }
         if leader {
-            let reasons = vec![ca_reason(&mode)];
+            let reasons = vec![ca_reason(&mode).asked_by_ca()];
             engine.start(DrainRequest {
                 instance_id: instance.id.clone(),
                 group: group.asg.name.clone(),

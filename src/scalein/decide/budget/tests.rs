@@ -436,3 +436,61 @@ fn a_budget_says_itself_in_one_line() {
         "office: 25% of the nodes it covers at once (rounded up), groups web, for ca-occupied, in force for 3600s from each firing of its schedule (UTC), at most 3 start(s) per 600s"
     );
 }
+
+/// Whose a hold of our hook is (rule 3's causes), every way it can be asked: CA's
+/// when CA asked for it, in this process or as the record says (it outlives the
+/// process that answered CA); else the warm pool's; else the group's own, as its
+/// scaling activity says, or every `asg-*` cause when that is unread.
+#[test]
+fn a_hold_of_our_hook_is_cas_when_ca_asked_whoever_runs_it() {
+    use super::super::record::{DrainReason, DrainRecord, Why};
+    let t = at(2026, 11, 27, 10, 0);
+    for by_ca in [false, true] {
+        for asked_by_ca in [false, true] {
+            for to_warm_pool in [false, true] {
+                for asg in [None, Some(Cause::AsgScaling)] {
+                    for empty in [None, Some(true), Some(false)] {
+                        let reason = DrainReason::new(
+                            Why::Lifecycle {
+                                hook: "ours".into(),
+                                by_ca,
+                            },
+                            t,
+                        );
+                        let record = DrainRecord {
+                            reasons: vec![reason],
+                            ..DrainRecord::default()
+                        };
+                        let asked = Asked {
+                            by_ca: asked_by_ca,
+                            empty,
+                            to_warm_pool,
+                            asg,
+                        };
+                        let (causes, exempt) = causes_of(&record, asked);
+                        let ca: Vec<Cause> = match empty {
+                            Some(true) => vec![Cause::CaEmpty],
+                            Some(false) => vec![Cause::CaOccupied],
+                            None => vec![Cause::CaEmpty, Cause::CaOccupied],
+                        };
+                        let want: Vec<Cause> = if by_ca || asked_by_ca {
+                            ca
+                        } else if to_warm_pool {
+                            vec![Cause::WarmPool]
+                        } else if let Some(c) = asg {
+                            vec![c]
+                        } else {
+                            let mut all = asg_cause::ASG_CAUSES.to_vec();
+                            all.sort();
+                            all
+                        };
+                        let mut want = want;
+                        want.sort();
+                        assert_eq!(causes, want, "by_ca {by_ca}, asked {asked:?}");
+                        assert!(!exempt);
+                    }
+                }
+            }
+        }
+    }
+}

@@ -31,6 +31,7 @@ fn spot(ends: i64) -> Why {
 fn hook() -> Why {
     Why::Lifecycle {
         hook: "ours".into(),
+        by_ca: false,
     }
 }
 
@@ -486,7 +487,13 @@ fn the_record_survives_the_node_and_older_marks_are_read() {
         ("rebalance", Why::Rebalance),
         ("drain-only", Why::DrainCommand),
         ("direct", Why::ScaleIn),
-        ("lifecycle", Why::Lifecycle { hook: "".into() }),
+        (
+            "lifecycle",
+            Why::Lifecycle {
+                hook: "".into(),
+                by_ca: false,
+            },
+        ),
         // A newer version's mode: drained, the instance left (never a decrement).
         ("something-else", Why::DrainCommand),
     ] {
@@ -1011,5 +1018,45 @@ fn a_kept_deadline_is_read_back_bounded() {
         let back: DrainRecord = serde_json::from_str(&text).expect(bad);
         assert_eq!(back.limits, None, "{bad}");
         assert_eq!(back.reasons, r.reasons, "{bad}");
+    }
+}
+
+/// CA's ask rides on our hook's reason (issue 71): written only when true, so a record
+/// of before reads as it always did (not CA's); a hold found by the lifecycle scan
+/// joining CA's keeps CA's word, whichever came first.
+#[test]
+fn a_hold_ca_asked_for_says_so_and_keeps_saying_it() {
+    let ca = DrainReason::new(hook(), at(0)).asked_by_ca();
+    assert!(matches!(ca.why, Why::Lifecycle { by_ca: true, .. }));
+    let plain = serde_json::to_string(&DrainReason::new(hook(), at(0))).unwrap();
+    assert!(!plain.contains("by_ca"), "{plain}");
+    let written = serde_json::to_string(&ca).unwrap();
+    assert!(written.contains("\"by_ca\":true"), "{written}");
+    let back: DrainReason = serde_json::from_str(&written).unwrap();
+    assert_eq!(back, ca);
+    let old: DrainReason = serde_json::from_str(&plain).unwrap();
+    assert!(matches!(old.why, Why::Lifecycle { by_ca: false, .. }));
+    // Any other reason is left as it was.
+    for why in kinds()
+        .into_iter()
+        .filter(|w| !matches!(w, Why::Lifecycle { .. }))
+    {
+        assert_eq!(DrainReason::new(why.clone(), at(0)).asked_by_ca().why, why);
+    }
+    let l = limits(DeadlinePolicy::Proceed);
+    for order in [
+        [ca.clone(), DrainReason::new(hook(), at(5))],
+        [DrainReason::new(hook(), at(5)), ca.clone()],
+    ] {
+        let mut r = DrainRecord::default();
+        for reason in order {
+            r.join(reason, l);
+        }
+        assert_eq!(r.reasons.len(), 1, "{r:?}");
+        assert!(
+            matches!(r.reasons[0].why, Why::Lifecycle { by_ca: true, .. }),
+            "{r:?}"
+        );
+        assert_eq!(r.reasons[0].at, at(0));
     }
 }

@@ -143,6 +143,7 @@ fn a_rebalance_cordon_alone_is_given_back() {
 fn a_held_or_ending_instance_is_refused_until_the_action_cannot_be_alive() {
     let hook = Why::Lifecycle {
         hook: "ca-asg-provider-drain".into(),
+        by_ca: false,
     };
     let held = annotations(&one(hook.clone(), false));
     for m in [0, 11, 60, 47 * 60] {
@@ -180,7 +181,13 @@ fn a_held_or_ending_instance_is_refused_until_the_action_cannot_be_alive() {
 
 #[test]
 fn a_node_in_a_warm_pool_is_refused() {
-    let mut rec = one(Why::Lifecycle { hook: "h".into() }, true);
+    let mut rec = one(
+        Why::Lifecycle {
+            hook: "h".into(),
+            by_ca: false,
+        },
+        true,
+    );
     rec.in_warm_pool_since = Some(minutes(5));
     assert_eq!(
         decide(

@@ -40,6 +40,7 @@ fn lifecycle(at: DateTime<Utc>, done: bool) -> DrainReason {
     DrainReason {
         why: Why::Lifecycle {
             hook: "ours".into(),
+            by_ca: false,
         },
         at,
         done,
