@@ -21,7 +21,9 @@ The input contract (RUN_DIR, written by tests/e2e_soak.rs; docs/e2e.md#the-soak)
   - who = "ca": what cluster-autoscaler asked (`IncreaseSize` group delta, `DeleteNodes`
     group instance node, `TargetSize` group size, read once the run settled);
   - who = "asg" / "ec2" / "person": an instance that side chose to end (`ScaleIn` /
-    `Reclaim` / `Terminate`, group instance);
+    `Reclaim` / `Terminate`, group instance; a `Reclaim` also names the node and EC2's
+    `deadline`); who = "person", op = `Drain`, node: a person's `drain NODE` (drain
+    only: no instance is chosen to end);
   - who = "aws": what AWS did (`Group` group desired, at the start; `Terminated` instance,
     `TimedOut` instance hook, `Completed` instance hook result; `Desired` group desired,
     at the end). Lines of "aws" carry no time: order only.
@@ -371,16 +373,17 @@ def target_differs(run):
 
 def two_leaders(run):
     """A replica writing (but the Lease and Events) while the last Lease write before it
-    named another holder, or none."""
+    named another holder, or none. Lease writes count whoever sends them: a person's
+    `drain` command that takes the Lease (no replica renewing it) holds it as much."""
     holder = None
     fails = []
     for e in run.audit:
         ref = e.get("objectRef") or {}
-        if not run.by_service(e):
-            continue
         if (ref.get("namespace"), ref.get("name")) == LEASE and ref.get("resource") == "leases":
             if ok(e) and e.get("verb") in ("create", "update", "patch"):
                 holder = _d(e, "requestObject", "spec", "holderIdentity") or None
+            continue
+        if not run.by_service(e):
             continue
         if e.get("verb") not in ("create", "update", "patch", "delete"):
             continue
@@ -411,7 +414,10 @@ def left_marked(run):
 
 def drain_never_ended(run):
     """A node the service began to drain (an eviction asked) that is still there at the
-    end, or whose instance never ended."""
+    end, or whose instance never ended; but a node a person drained from the command line
+    (`drain NODE` drains only: the instance stays, and `left_marked` judges that it was
+    given back)."""
+    by_person = {c.get("node") for c in run.cloud_ops(who="person", op="Drain")}
     begun = {}
     for e in run.service_writes("pods", "eviction"):
         ref = e["objectRef"]
@@ -422,6 +428,8 @@ def drain_never_ended(run):
     there = {_d(n, "metadata", "name") for n in run.end_nodes}
     fails = []
     for node, e in sorted(begun.items()):
+        if node in by_person and node not in ended:
+            continue
         if node in there or node not in ended:
             fails.append(
                 f"node {node}: drain begun, never ended (node {'still there' if node in there else 'gone'}, "

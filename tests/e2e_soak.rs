@@ -6,7 +6,8 @@
 //! nodes (to the replica that leads, as CA's calls reach the leader's sidecar), ASG
 //! scale-ins through our hook with their notifications on the interruption queue (a
 //! third sent twice; each replica runs the queue's consumer loop), spot interruption
-//! warnings with EC2's reclaim of the instance once drained or at two minutes, forged
+//! warnings with EC2's reclaim of the instance once drained or at two minutes, a
+//! person's `drain NODE` from the command line and its `undrain`, forged
 //! and replayed queue messages (a lifecycle notice with a wrong token or none for an
 //! instance in service, a spot warning for one that is gone, an old message again), and
 //! faults: a
@@ -45,6 +46,7 @@ use ca_asg_provider::cloud::queue::{MemoryQueue, Queue};
 use ca_asg_provider::proto::{self, cloud_provider_client::CloudProviderClient};
 use ca_asg_provider::scalein;
 use ca_asg_provider::scalein::engine::leader::{spawn_task, LeaseSettings};
+use ca_asg_provider::scalein::ScaleInSettings;
 use control_plane::{ControlPlane, Who};
 use kubelet::FakeKubelet;
 use rig::{binaries, until, HOOK, SERIAL};
@@ -291,6 +293,8 @@ async fn soak_two_replicas_under_faults_judged_from_outside() {
     // Spot warnings sent, each instance EC2 reclaims: once its node has no app pod
     // left (a few steps at least), or at the warning's two minutes whatever.
     let mut warned: Vec<Warned> = Vec::new();
+    // A person's `drain NODE` from the command line (one at a time), until undone.
+    let mut cli: Option<CliDrain> = None;
     while started.elapsed() < Duration::from_secs_f64(minutes * 60.0) {
         step += 1;
         tokio::time::sleep(Duration::from_millis(500 + dice.below(2000))).await;
@@ -431,7 +435,44 @@ async fn soak_two_replicas_under_faults_judged_from_outside() {
                     );
                 }
             }
-            65..=79 => {
+            75..=79 => match cli.take() {
+                // The person gives the node back (`undrain`), refused while the drain
+                // runs (then tried again at a later step).
+                Some(mut d) => {
+                    let (said, kept) = d.undo(&admin, false).await;
+                    rec.step(
+                        step,
+                        seed,
+                        "cli_undrain",
+                        json!({"node": d.node, "said": said}),
+                    );
+                    if kept {
+                        cli = Some(d);
+                    }
+                }
+                None => {
+                    let free: Vec<String> = kubelet
+                        .nodes()
+                        .into_iter()
+                        .filter(|(_, iid)| !chosen.contains(iid))
+                        .map(|(node, _)| node)
+                        .collect();
+                    if free.len() as i32 > FLOOR {
+                        let node = free[dice.below(free.len() as u64) as usize].clone();
+                        rec.choice(json!({"who": "person", "op": "Drain", "node": node}));
+                        rec.step(step, seed, "cli_drain", json!({"node": node}));
+                        cli = Some(CliDrain::start(&cp, &cloud, &node).await);
+                    } else {
+                        rec.step(
+                            step,
+                            seed,
+                            "skip",
+                            json!({"why": "too few nodes to drain one"}),
+                        );
+                    }
+                }
+            },
+            65..=74 => {
                 let ops = [
                     "terminate_instance",
                     "lifecycle_heartbeat",
@@ -609,6 +650,21 @@ async fn soak_two_replicas_under_faults_judged_from_outside() {
             seed,
         )
         .await;
+        // The person stops a drain command still following, and gives the node back
+        // once its drain has ended.
+        if let Some(mut d) = cli.take() {
+            let (said, kept) = d.undo(&admin, true).await;
+            if kept {
+                cli = Some(d);
+            } else {
+                rec.step(
+                    step,
+                    seed,
+                    "cli_undrain",
+                    json!({"node": d.node, "said": said, "settling": true}),
+                );
+            }
+        }
         if settle(
             cloud.clone(),
             kubelet.clone(),
@@ -616,6 +672,7 @@ async fn soak_two_replicas_under_faults_judged_from_outside() {
             chosen.clone(),
         )
         .await
+            && cli.is_none()
         {
             settled = true;
             break;
@@ -672,6 +729,86 @@ async fn soak_two_replicas_under_faults_judged_from_outside() {
         dir.display(),
         String::from_utf8_lossy(&out.stderr)
     );
+}
+
+/// A person's `ca-asg-provider drain NODE` (drain only), run as the suite's admin with
+/// its own configuration: it hands its drain to the replica that leads (or, none
+/// renewing the Lease, runs it under the Lease itself), then follows it.
+struct CliDrain {
+    node: String,
+    stop: Option<tokio::sync::oneshot::Sender<()>>,
+    task: tokio::task::JoinHandle<anyhow::Result<()>>,
+}
+
+impl CliDrain {
+    async fn start(cp: &ControlPlane, cloud: &MemoryCloud, node: &str) -> CliDrain {
+        use ca_asg_provider::commands::drain::{drain_until, DrainArgs};
+        use ca_asg_provider::config::ConfigArgs;
+        let client = cp.client(Who::Admin).await.unwrap();
+        let mut cfg = ConfigArgs {
+            region: Some("us-east-1".into()),
+            ..Default::default()
+        }
+        .load()
+        .unwrap();
+        cfg.scale_in = ScaleInSettings {
+            leader_election: true,
+            lease_namespace: Some("kube-system".into()),
+            ..rig::settings()
+        };
+        let args = DrainArgs {
+            node: node.to_string(),
+            dry_run: false,
+            terminate: false,
+            config: ConfigArgs::default(),
+        };
+        let cloud: Arc<dyn ca_asg_provider::cloud::Cloud> = Arc::new(cloud.clone());
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let task = tokio::spawn(async move {
+            drain_until(
+                client,
+                Some(cloud),
+                &cfg,
+                &args,
+                Arc::new(|_: &str| {}),
+                async {
+                    let _ = stopped.await;
+                },
+            )
+            .await
+        });
+        CliDrain {
+            node: node.to_string(),
+            stop: Some(stop),
+            task,
+        }
+    }
+
+    /// `undrain NODE` (`settling`: the command is stopped first, as with ^C, and the
+    /// leader's drain is left to end). What it said, and whether the node is still
+    /// drained (refused: a drain runs).
+    async fn undo(&mut self, admin: &kube::Client, settling: bool) -> (String, bool) {
+        use ca_asg_provider::commands::undrain::{undrain, Undone};
+        use ca_asg_provider::scalein::decide::undo::Window;
+        if settling {
+            if let Some(stop) = self.stop.take() {
+                let _ = stop.send(());
+            }
+        }
+        if !self.task.is_finished() && !settling {
+            return ("the command still runs".into(), true);
+        }
+        let window = Window {
+            limits: rig::settings().limits(),
+            after_deadline: Duration::from_secs(240),
+        };
+        match undrain(admin, &self.node, window, false, chrono::Utc::now()).await {
+            Ok(Some(Undone::Refused(_))) => ("refused: a drain runs".into(), true),
+            Ok(Some(u)) => (format!("{u:?}"), false),
+            Ok(None) => ("no such Node".into(), false),
+            Err(e) => (format!("error: {e}"), true),
+        }
+    }
 }
 
 /// A spot warning's notice: EC2 reclaims the instance two minutes after it.

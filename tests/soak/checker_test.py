@@ -152,6 +152,24 @@ class Checker(unittest.TestCase):
         c3 = c + [later]
         self.assertBreaks("workload_deleted_not_evicted", (a, c3, e), "pod shop/app-1 (owner ReplicaSet")
 
+    def test_a_node_a_person_drained_may_stay_but_not_another(self):
+        a, c, e = clean()
+        # The instance never ends and its node stays: a drain that never ended...
+        c = [x for x in c if x.get("op") not in ("Terminated", "Completed", "CompleteLifecycleAction")]
+        e["nodes"].append({"metadata": {"name": NODE}, "spec": {}})
+        self.assertBreaks("drain_never_ended", (a, c, e), f"node {NODE}: drain begun, never ended")
+        # ... unless a person drained it from the command line (drain only).
+        c2 = c + [{"who": "person", "op": "Drain", "node": NODE}]
+        self.assertEqual(broken(a, c2, e), {})
+
+    def test_a_replica_writing_while_a_drain_command_holds_the_lease(self):
+        a, c, e = clean()
+        # The command takes the Lease (no replica renewed it) before replica-a's cordon.
+        a.insert(7, ev(5, "kubernetes-admin", "admin", "update", "leases", "ca-asg-provider", ns="kube-system",
+                       req={"spec": {"holderIdentity": "drain-command-local-1-0"}}))
+        a[7]["stageTimestamp"] = "2026-11-28T16:00:05.500000Z"
+        self.assertBreaks("two_leaders", (a, c, e), "replica replica-a wrote while drain-command-local-1-0 held the Lease")
+
     def test_a_daemonset_pod_evicted_first(self):
         a, c, e = clean()
         # The DaemonSet pod's eviction (index 11) before the app pod is gone (index 10).
