@@ -6,12 +6,12 @@
 //! nodes (to the replica that leads, as CA's calls reach the leader's sidecar), ASG
 //! scale-ins through our hook with their notifications on the interruption queue (a
 //! third sent twice; each replica runs the queue's consumer loop), spot interruption
-//! warnings with EC2's reclaim of the instance once drained or at two minutes, a
-//! person's `drain NODE` from the command line and its `undrain`, forged
-//! and replayed queue messages (a lifecycle notice with a wrong token or none for an
-//! instance in service, a spot warning for one that is gone, an old message again), and
-//! faults: a
-//! replica killed (the leader too: its runtime
+//! warnings (alone, or after a rebalance recommendation) and scheduled retirements with
+//! EC2's end of the instance once drained or at two minutes, a person's `drain NODE`
+//! from the command line and its `undrain`, forged and replayed queue messages (a
+//! lifecycle notice with a wrong token or none for an instance in service, a spot
+//! warning for one that is gone, an old message again), and faults: a replica killed
+//! (the leader too: its runtime
 //! dropped, its Lease not released, a fresh replica of the same identity started a few
 //! steps later), AWS throttling, AWS 5xx (InternalFailure) and slow answers. Then the run
 //! settles and `scripts/soak_check.py`, which shares no code with the service, judges it
@@ -491,8 +491,11 @@ async fn soak_two_replicas_under_faults_judged_from_outside() {
                 );
             }
             87..=91 => {
-                // EC2 will reclaim a spot instance: its warning on the queue (a third
-                // of the time twice), the reclaim once drained or at two minutes.
+                // EC2 will end an instance: a spot warning, a rebalance recommendation
+                // just before it (the rebalance cordons, the warning joins it), or an
+                // AWS Health scheduled retirement two minutes out; its message on the
+                // queue (a third of the time twice), the end once drained or at its
+                // deadline.
                 let live: Vec<(String, String)> = kubelet
                     .nodes()
                     .into_iter()
@@ -510,7 +513,17 @@ async fn soak_two_replicas_under_faults_judged_from_outside() {
                     chosen.insert(iid.clone());
                     rec.choice(json!({"who": "ec2", "op": "Reclaim", "group": GROUP, "instance": iid, "node": node,
                         "deadline": deadline.to_rfc3339_opts(chrono::SecondsFormat::Micros, true)}));
-                    let body = support::notices::spot(&iid);
+                    let (what, body) = match dice.below(3) {
+                        0 => ("spot_warning", support::notices::spot(&iid)),
+                        1 => {
+                            queue.send(&support::notices::rebalance(&iid));
+                            ("rebalance_then_spot", support::notices::spot(&iid))
+                        }
+                        _ => (
+                            "scheduled_retirement",
+                            support::notices::retirement_at(&iid, deadline),
+                        ),
+                    };
                     queue.send(&body);
                     let twice = dice.below(3) == 0;
                     if twice {
@@ -525,7 +538,7 @@ async fn soak_two_replicas_under_faults_judged_from_outside() {
                     rec.step(
                         step,
                         seed,
-                        "spot_warning",
+                        what,
                         json!({"instance": iid, "node": node, "message_twice": twice}),
                     );
                 } else {
