@@ -19,6 +19,16 @@ use support::notices::spot;
 use support::queue::{handle_next, queue_and_consumer};
 use support::world::*;
 
+/// The service's Lease as replica `who` runs for it (1 s: a dead leader's expires fast).
+fn lease(who: &str) -> ca_asg_provider::scalein::engine::leader::LeaseSettings {
+    ca_asg_provider::scalein::engine::leader::LeaseSettings {
+        name: "ca-asg-provider".into(),
+        namespace: "kube-system".into(),
+        identity: who.into(),
+        duration: Duration::from_secs(1),
+    }
+}
+
 fn cordoned(w: &World, node: &str) -> bool {
     w.sim
         .get::<Node>("", node)
@@ -402,7 +412,6 @@ async fn a_budget_for_instance_refreshes_holds_only_the_refresh() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rate_goes_on_counting_across_a_leader_change() {
     use ca_asg_provider::scalein::decide::budget::{carried, Rate};
-    use ca_asg_provider::scalein::engine::leader::LeaseSettings;
     use k8s_openapi::api::coordination::v1::Lease;
     let settings = ScaleInSettings {
         budgets: vec![Budget {
@@ -413,12 +422,6 @@ async fn a_rate_goes_on_counting_across_a_leader_change() {
             ..Budget::always("one-an-hour", Nodes::Count(100))
         }],
         ..fast_settings()
-    };
-    let lease = |who: &str| LeaseSettings {
-        name: "ca-asg-provider".into(),
-        namespace: "kube-system".into(),
-        identity: who.into(),
-        duration: Duration::from_secs(1),
     };
     let mut w = World::builder()
         .web(4, 3)
@@ -476,19 +479,12 @@ async fn a_rate_goes_on_counting_across_a_leader_change() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_ca_scale_in_through_the_hook_stays_cas_after_a_leader_change() {
     use ca_asg_provider::scalein::decide::record::ANNOTATION;
-    use ca_asg_provider::scalein::engine::leader::LeaseSettings;
     let settings = ScaleInSettings {
         budgets: vec![Budget {
             causes: Some([Cause::AsgPerson].into()),
             ..Budget::always("no-person", Nodes::Count(0))
         }],
         ..fast_settings()
-    };
-    let lease = |who: &str| LeaseSettings {
-        name: "ca-asg-provider".into(),
-        namespace: "kube-system".into(),
-        identity: who.into(),
-        duration: Duration::from_secs(1),
     };
     let mut w = World::builder()
         .web_hooked(4, 3, 300)
