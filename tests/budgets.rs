@@ -29,6 +29,23 @@ fn lease(who: &str) -> ca_asg_provider::scalein::engine::leader::LeaseSettings {
     }
 }
 
+/// Replica A (its Lease task `a`) dies without releasing the Lease; B, a new process
+/// with `settings`, takes it over once it expires and leads. B's Lease task.
+async fn b_takes_over(
+    a: tokio::task::JoinHandle<()>,
+    w: &mut World,
+    settings: ScaleInSettings,
+) -> tokio::task::JoinHandle<()> {
+    a.abort();
+    w.engine.abort_all();
+    w.engine.shutdown();
+    let (provider, engine, ca) = service(&w.sim, &w.cloud, &w.groups, settings).await;
+    (w.provider, w.engine, w.ca) = (provider, engine, ca);
+    let b = w.engine.lead_as(lease("replica-b"));
+    eventually("replica B leads", 10, || w.engine.leadership.leads()).await;
+    b
+}
+
 fn cordoned(w: &World, node: &str) -> bool {
     w.sim
         .get::<Node>("", node)
@@ -447,14 +464,7 @@ async fn a_rate_goes_on_counting_across_a_leader_change() {
     })
     .await;
 
-    // A dies without releasing; B takes over once the Lease expires.
-    a.abort();
-    w.engine.abort_all();
-    w.engine.shutdown();
-    let (provider, engine, ca) = service(&w.sim, &w.cloud, &w.groups, settings).await;
-    (w.provider, w.engine, w.ca) = (provider, engine, ca);
-    let _b = w.engine.lead_as(lease("replica-b"));
-    eventually("replica B leads", 10, || w.engine.leadership.leads()).await;
+    let _b = b_takes_over(a, &mut w, settings).await;
     delete_nodes(&mut w, "web", &[nodes[1].clone()]).await;
     eventually("the next drain waits for the rate", 10, || {
         waiting_events(&w)
@@ -517,14 +527,7 @@ async fn a_ca_scale_in_through_the_hook_stays_cas_after_a_leader_change() {
         "A's drain ended before A died: nothing is left to resume"
     );
 
-    // A dies without releasing; B takes over once the Lease expires.
-    a.abort();
-    w.engine.abort_all();
-    w.engine.shutdown();
-    let (provider, engine, ca) = service(&w.sim, &w.cloud, &w.groups, settings).await;
-    (w.provider, w.engine, w.ca) = (provider, engine, ca);
-    let _b = w.engine.lead_as(lease("replica-b"));
-    eventually("replica B leads", 10, || w.engine.leadership.leads()).await;
+    let _b = b_takes_over(a, &mut w, settings).await;
     let lifecycle = ca_asg_provider::scalein::sources::hook_scan::spawn_loop(
         w.engine.clone(),
         w.provider.clone(),

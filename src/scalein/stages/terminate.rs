@@ -134,11 +134,11 @@ pub async fn finish(
 /// throttling or 5xx before the drain reports the failure (the hook's heartbeat keeps
 /// the instance held meanwhile).
 fn retry_policy(instance_id: &str) -> ExponentialBuilder {
-    let policy = ExponentialBuilder::default()
-        .with_min_delay(Duration::from_millis(500))
-        .with_max_delay(Duration::from_secs(10))
-        .with_max_times(ATTEMPTS as usize - 1);
-    crate::clock::jittered(policy, &format!("ending {instance_id}"))
+    attempts(
+        Duration::from_millis(500),
+        Duration::from_secs(10),
+        &format!("ending {instance_id}"),
+    )
 }
 
 /// Asking whether a hook added since holds the ended instance, and completing its
@@ -147,11 +147,20 @@ fn retry_policy(instance_id: &str) -> ExponentialBuilder {
 /// without it one throttled heartbeat left the hold to time out (all_sources_model,
 /// `MODEL_SEED=1795866496873429417 MODEL_CASE=1760`).
 fn probe_policy(instance_id: &str) -> ExponentialBuilder {
+    attempts(
+        Duration::from_millis(200),
+        Duration::from_secs(2),
+        &format!("asking the hold of {instance_id}"),
+    )
+}
+
+/// [`ATTEMPTS`] attempts in all, `min` doubling to `max`, jittered by `key`.
+fn attempts(min: Duration, max: Duration, key: &str) -> ExponentialBuilder {
     let policy = ExponentialBuilder::default()
-        .with_min_delay(Duration::from_millis(200))
-        .with_max_delay(Duration::from_secs(2))
+        .with_min_delay(min)
+        .with_max_delay(max)
         .with_max_times(ATTEMPTS as usize - 1);
-    crate::clock::jittered(policy, &format!("asking the hold of {instance_id}"))
+    crate::clock::jittered(policy, key)
 }
 
 /// One attempt at ending the instance.
