@@ -22,7 +22,7 @@ The input contract (RUN_DIR, written by tests/e2e_soak.rs; docs/e2e.md#the-soak)
     group instance node, `TargetSize` group size, read once the run settled);
   - who = "asg" / "ec2" / "person": an instance that side chose to end (`ScaleIn` /
     `Reclaim` / `Terminate`, group instance; a `Reclaim` also names the node and EC2's
-    `deadline`); who = "person", op = `Drain`, node: a person's `drain NODE` (drain
+    `deadline`; the ASG's `Refresh`: an instance refresh replacing it, no decrement); who = "person", op = `Drain`, node: a person's `drain NODE` (drain
     only: no instance is chosen to end);
   - who = "aws": what AWS did (`Group` group desired, at the start; `Terminated` instance,
     `TimedOut` instance hook, `Completed` instance hook result; `Desired` group desired,
@@ -371,13 +371,23 @@ def target_differs(run):
     return fails
 
 
+def _received(e):
+    """When the API server received the request (its audit event says so at every stage;
+    a history without it: when it completed)."""
+    return str(e.get("requestReceivedTimestamp") or e.get("stageTimestamp") or "")
+
+
 def two_leaders(run):
     """A replica writing (but the Lease and Events) while the last Lease write before it
     named another holder, or none. Lease writes count whoever sends them: a person's
-    `drain` command that takes the Lease (no replica renewing it) holds it as much."""
+    `drain` command that takes the Lease (no replica renewing it) holds it as much.
+    Each write is placed where the API server received it, not where it completed: a
+    write the leader sent that waited out an etcd restart in the API server, completing
+    after another replica took the Lease, was written as leader (and two successful
+    compare-and-swap Lease writes complete in the order they were received)."""
     holder = None
     fails = []
-    for e in run.audit:
+    for e in sorted(run.audit, key=_received):
         ref = e.get("objectRef") or {}
         if (ref.get("namespace"), ref.get("name")) == LEASE and ref.get("resource") == "leases":
             if ok(e) and e.get("verb") in ("create", "update", "patch"):

@@ -226,6 +226,19 @@ class Checker(unittest.TestCase):
         a.insert(8, ev(7, SVC, "replica-b", "patch", "nodes", NODE, ns=""))
         self.assertBreaks("two_leaders", (a, c, e), "replica replica-b wrote while replica-a held the Lease")
 
+    def test_a_write_the_leader_sent_that_completed_after_a_takeover(self):
+        a, c, e = clean()
+        # replica-a's last write (received at :11.5) waits out an etcd restart in the
+        # API server and completes at :13, after replica-b took the Lease (received and
+        # completed at :12): written as leader.
+        a.append(lease(12, "replica-b", "replica-b"))
+        late = ev(13, SVC, "replica-a", "patch", "nodes", NODE, ns="")
+        late["requestReceivedTimestamp"] = "2026-11-28T16:00:11.500000Z"
+        self.assertEqual(broken(a + [late], c, e), {})
+        # Received after the takeover, it is two leaders whenever it completed.
+        late["requestReceivedTimestamp"] = "2026-11-28T16:00:12.500000Z"
+        self.assertBreaks("two_leaders", (a + [late], c, e), "replica replica-a wrote while replica-b held the Lease")
+
     def test_a_node_left_tainted_or_annotated(self):
         a, c, e = clean()
         e["nodes"][0]["spec"]["taints"] = [{"key": "ca-asg-provider.io/draining", "effect": "NoSchedule"}]
