@@ -195,6 +195,8 @@ impl FakeKubelet {
         Fut: std::future::Future<Output = Option<Vec<(String, AsgInstance)>>>,
     {
         let nodes: Api<Node> = Api::all(self.client.clone());
+        // A run of failed registrations (the API server away) is said once, and its end.
+        let mut failing = 0u64;
         loop {
             let Some(instances) = read().await else {
                 tokio::time::sleep(Duration::from_millis(100)).await;
@@ -206,8 +208,19 @@ impl FakeKubelet {
                 if inst.state == LifecycleState::InService && !known {
                     if !self.real.contains(&inst.id) {
                         if let Err(e) = self.register(&nodes, group, inst).await {
-                            eprintln!("fake kubelet: register {name}: {e}");
+                            if failing == 0 {
+                                eprintln!(
+                                    "fake kubelet: register {name}: {e} (trying again; said once)"
+                                );
+                            }
+                            failing += 1;
                             continue;
+                        }
+                        if failing > 0 {
+                            eprintln!(
+                                "fake kubelet: registered {name} after {failing} failed tries"
+                            );
+                            failing = 0;
                         }
                     }
                     self.state
@@ -246,9 +259,9 @@ impl FakeKubelet {
     async fn pods_bound_before(&self, node: &str) {
         let pods: Api<Pod> = Api::all(self.client.clone());
         let lp = kube::api::ListParams::default().fields(&format!("spec.nodeName={node}"));
-        match pods.list(&lp).await {
-            Ok(list) => list.items.into_iter().for_each(|p| self.on_pod(p)),
-            Err(e) => eprintln!("fake kubelet: list the pods of {node}: {e}"),
+        let what = format!("list the pods of {node}");
+        if let Some(list) = until_written(&what, || pods.list(&lp)).await {
+            list.items.into_iter().for_each(|p| self.on_pod(p));
         }
     }
 
@@ -308,7 +321,8 @@ impl FakeKubelet {
             let _ = self.real_ended.send(iid.to_string());
             self.state.lock().nodes.remove(node);
             self.state.lock().instances_ended.push(iid.to_string());
-            let _ = nodes.delete(node, &DeleteParams::default()).await;
+            let dp = DeleteParams::default();
+            until_written(&format!("delete Node {node}"), || nodes.delete(node, &dp)).await;
             return;
         }
         let now = Utc::now();
@@ -341,11 +355,11 @@ impl FakeKubelet {
         for (_, (pod, _, _)) in killed {
             let (ns, name) = pod.split_once('/').expect("ns/name");
             let api: Api<Pod> = Api::namespaced(self.client.clone(), ns);
-            let _ = api
-                .delete(name, &DeleteParams::default().grace_period(0))
-                .await;
+            let at_once = DeleteParams::default().grace_period(0);
+            until_written(&format!("delete {pod}"), || api.delete(name, &at_once)).await;
         }
-        let _ = nodes.delete(node, &DeleteParams::default()).await;
+        let dp = DeleteParams::default();
+        until_written(&format!("delete Node {node}"), || nodes.delete(node, &dp)).await;
     }
 
     async fn run_pods(self) {
@@ -426,7 +440,7 @@ impl FakeKubelet {
                     }),
                     ..Default::default()
                 };
-                let _ = api.delete(&name, &dp).await;
+                until_written(&format!("delete {ns}/{name}"), || api.delete(&name, &dp)).await;
             });
             return;
         }
@@ -449,17 +463,47 @@ impl FakeKubelet {
                     "containerStatuses": [{"name": "main", "ready": true, "started": true, "restartCount": 0,
                         "image": "e2e/app:1", "imageID": "", "state": {"running": {"startedAt": now}}}],
                 }});
-                match api
-                    .patch_status(&name, &PatchParams::default(), &Patch::Merge(status))
-                    .await
-                {
-                    Ok(_) => state
+                let (pp, patch) = (PatchParams::default(), Patch::Merge(status));
+                let started = until_written(&format!("start {ns}/{name}"), || {
+                    api.patch_status(&name, &pp, &patch)
+                })
+                .await;
+                if started.is_some() {
+                    state
                         .lock()
                         .readies
-                        .push((format!("{ns}/{name}"), Utc::now())),
-                    Err(e) => eprintln!("fake kubelet: start {ns}/{name}: {e}"),
+                        .push((format!("{ns}/{name}"), Utc::now()));
                 }
             });
+        }
+    }
+}
+
+/// A write (or read) the kubelet keeps sending while the API server is away (restarting,
+/// its etcd down), as a kubelet does: until it is answered, its object is gone or changed
+/// under it (404, 409: nothing left to do), or two minutes have passed (said). The answer.
+async fn until_written<T, F, Fut>(what: &str, mut write: F) -> Option<T>
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = Result<T, kube::Error>>,
+{
+    let began = tokio::time::Instant::now();
+    let mut tries = 0u32;
+    loop {
+        match write().await {
+            Ok(v) => return Some(v),
+            Err(kube::Error::Api(e)) if e.code == 404 || e.code == 409 => return None,
+            Err(e) => {
+                tries += 1;
+                if tries == 1 {
+                    eprintln!("fake kubelet: {what}: {e} (trying again every 200 ms)");
+                }
+                if began.elapsed() > Duration::from_secs(120) {
+                    eprintln!("fake kubelet: {what}: gave up after {tries} tries: {e}");
+                    return None;
+                }
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
         }
     }
 }
