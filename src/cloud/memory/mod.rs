@@ -749,6 +749,33 @@ impl MemoryCloud {
             .insert(operation.to_string(), (code.to_string(), times));
     }
 
+    /// The ASG ends one of its instances in service for a reason of its own, without a
+    /// decrement (an instance refresh, a health check's replacement, AZ rebalancing):
+    /// through its terminating hooks, `cause` as the termination activity's `Cause`
+    /// from the start; a replacement launches. Not an API call (no fault applies).
+    /// False: no such instance in service.
+    pub fn replace_instance(&self, instance_id: &str, cause: &str) -> bool {
+        let mut st = self.settled();
+        let now = Instant::now();
+        let mut found = false;
+        for g in st.groups.values_mut() {
+            let hooks = g.spec.terminating_hooks.clone();
+            if let Some(inst) = g
+                .instances
+                .iter_mut()
+                .find(|i| i.id == instance_id && i.state == LifecycleState::InService)
+            {
+                begin_termination(inst, &hooks, now, self.timing.hook_delay);
+                found = true;
+            }
+        }
+        if found {
+            st.termination_causes
+                .insert(instance_id.to_string(), cause.to_string());
+        }
+        found
+    }
+
     /// The `Cause` the instance's termination activity gives from now on (an
     /// instance refresh, an AZ rebalance: what the memory cloud does not play).
     pub fn set_termination_cause(&self, instance_id: &str, cause: &str) {

@@ -152,3 +152,41 @@ async fn every_desired_capacity_change_is_logged_with_its_cause() {
         "a second terminate of a terminating instance lowers nothing"
     );
 }
+
+#[tokio::test]
+async fn a_replaced_instance_waits_for_the_hook_with_its_cause_and_no_decrement() {
+    let c = cloud();
+    let ids = web(&c);
+    let cause = "At 2026-11-29T04:00:00Z an instance was taken out of service in response to an instance refresh.";
+    c.throttle("terminate_instance", 1);
+    assert!(c.replace_instance(&ids[0], cause), "no API fault applies");
+    assert!(!c.replace_instance("i-nope", cause));
+    let loc = c.locate_instances(&ids[..1]).await.unwrap();
+    assert_eq!(loc[0].state, LifecycleState::TerminatingWait);
+    assert_eq!(c.pending_hooks(&ids[0]), vec!["h".to_string()]);
+    assert_eq!(
+        c.termination_cause("web", &ids[0])
+            .await
+            .unwrap()
+            .as_deref(),
+        Some(cause)
+    );
+    assert!(
+        !c.replace_instance(&ids[0], "again"),
+        "only an instance in service"
+    );
+    assert_eq!(c.desired("web"), Some(2), "no decrement");
+    assert!(c.desired_log().is_empty());
+    c.complete_lifecycle_action(&action(&ids[0], None), LifecycleResult::Continue)
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let serving: Vec<String> = c
+        .instances()
+        .into_iter()
+        .filter(|(_, i)| !i.state.is_terminating())
+        .map(|(_, i)| i.id)
+        .collect();
+    assert!(!serving.contains(&ids[0]), "ended: {:?}", c.instances());
+    assert_eq!(serving.len(), 2, "a replacement launched: {serving:?}");
+}
