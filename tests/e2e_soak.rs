@@ -8,12 +8,15 @@
 //! third sent twice; each replica runs the queue's consumer loop), spot interruption
 //! warnings (alone, or after a rebalance recommendation) and scheduled retirements with
 //! EC2's end of the instance once drained or at two minutes, a person's `drain NODE`
-//! from the command line and its `undrain`, forged and replayed queue messages (a
+//! from the command line and its `undrain`, instance refreshes (one instance replaced
+//! through our hook, no decrement), forged and replayed queue messages (a
 //! lifecycle notice with a wrong token or none for an instance in service, a spot
 //! warning for one that is gone, an old message again), and faults: a replica killed
 //! (the leader too: its runtime
 //! dropped, its Lease not released, a fresh replica of the same identity started a few
-//! steps later), AWS throttling, AWS 5xx (InternalFailure) and slow answers. Then the run
+//! steps later), a replica cut off from the API server for 1 to 10 s (its link,
+//! `e2e/link.rs`, falls silent), kube-apiserver restarted (SIGTERM) and etcd killed and
+//! restarted, AWS throttling, AWS 5xx (InternalFailure) and slow answers. Then the run
 //! settles and `scripts/soak_check.py`, which shares no code with the service, judges it
 //! from the audit log, the cloud's record and the objects at the end.
 //!
@@ -30,6 +33,8 @@ mod checks;
 mod control_plane;
 #[path = "e2e/kubelet.rs"]
 mod kubelet;
+#[path = "e2e/link.rs"]
+mod link;
 #[path = "e2e/real_node.rs"]
 mod real_node;
 #[path = "e2e/rig.rs"]
@@ -47,8 +52,9 @@ use ca_asg_provider::proto::{self, cloud_provider_client::CloudProviderClient};
 use ca_asg_provider::scalein;
 use ca_asg_provider::scalein::engine::leader::{spawn_task, LeaseSettings};
 use ca_asg_provider::scalein::ScaleInSettings;
-use control_plane::{ControlPlane, Who};
+use control_plane::{ControlPlane, Stop, Who};
 use kubelet::FakeKubelet;
+use link::Link;
 use rig::{binaries, until, HOOK, SERIAL};
 use serde_json::{json, Value};
 use support::acting::AwsActs;
@@ -80,6 +86,8 @@ impl Dice {
 /// client and whether it leads.
 struct Replica {
     who: Who,
+    /// Its link to the API server (kept across its restarts: one per identity).
+    link: Arc<Link>,
     rt: Option<tokio::runtime::Runtime>,
     ca: Option<CloudProviderClient<Channel>>,
     leads: Option<tokio::sync::watch::Receiver<bool>>,
@@ -115,7 +123,11 @@ impl Replica {
             .enable_all()
             .build()
             .expect("a replica's runtime");
-        let kubeconfig = cp.kubeconfig(self.who).unwrap();
+        // The replica reaches the API server through its link, which the soak can cut.
+        let direct = cp.kubeconfig(self.who).unwrap();
+        let kubeconfig = direct.with_extension("linked");
+        let text = std::fs::read_to_string(&direct).unwrap();
+        std::fs::write(&kubeconfig, link::through(&text, &cp.url, &self.link)).unwrap();
         let id = self.who.uid().to_string();
         let seen = aws.cloud(&id, Arc::new(cloud.clone()));
         let names = cloud.group_names();
@@ -266,8 +278,18 @@ async fn soak_two_replicas_under_faults_judged_from_outside() {
         schedule: std::fs::File::create(dir.join("schedule.jsonl")).unwrap(),
         counts: BTreeMap::new(),
     };
-    let mut replicas = [Who::ReplicaA, Who::ReplicaB].map(|who| Replica {
+    let upstream: std::net::SocketAddr = cp
+        .url
+        .trim_start_matches("https://")
+        .parse()
+        .expect("the API server's address");
+    let links = [
+        Arc::new(Link::start(upstream).await.expect("a link")),
+        Arc::new(Link::start(upstream).await.expect("a link")),
+    ];
+    let mut replicas = [(Who::ReplicaA, 0), (Who::ReplicaB, 1)].map(|(who, i)| Replica {
         who,
+        link: links[i].clone(),
         rt: None,
         ca: None,
         leads: None,
@@ -328,7 +350,7 @@ async fn soak_two_replicas_under_faults_judged_from_outside() {
         // again, as SQS shows it after its visibility timeout.
         queue.redeliver();
         let desired = cloud.desired(GROUP).unwrap_or(0);
-        let roll = dice.below(100);
+        let roll = dice.below(115);
         let leader = replicas.iter().position(|r| r.leads());
         match roll {
             0..=19 => {
@@ -496,17 +518,7 @@ async fn soak_two_replicas_under_faults_judged_from_outside() {
                 // AWS Health scheduled retirement two minutes out; its message on the
                 // queue (a third of the time twice), the end once drained or at its
                 // deadline.
-                let live: Vec<(String, String)> = kubelet
-                    .nodes()
-                    .into_iter()
-                    .filter(|(_, iid)| !chosen.contains(iid))
-                    .filter(|(_, iid)| {
-                        cloud.instances().iter().any(|(_, i)| {
-                            i.id == *iid
-                                && i.state == ca_asg_provider::cloud::LifecycleState::InService
-                        })
-                    })
-                    .collect();
+                let live = in_service_unchosen(&cloud, &kubelet, &chosen);
                 if live.len() as i32 > FLOOR {
                     let (node, iid) = live[dice.below(live.len() as u64) as usize].clone();
                     let deadline = chrono::Utc::now() + chrono::Duration::seconds(SPOT_NOTICE_SECS);
@@ -608,6 +620,104 @@ async fn soak_two_replicas_under_faults_judged_from_outside() {
                 }
                 rec.step(step, seed, "queue_forged", json!({"kind": kind}));
             }
+            100..=104 => {
+                // A network partition between a replica (the leader half the time) and
+                // the API server, 1 to 10 s: its connections fall silent, and are closed
+                // when it heals (by the clock, whatever the driver is waiting on).
+                let cut = links.iter().any(|l| l.is_cut());
+                if cut {
+                    rec.step(step, seed, "skip", json!({"why": "a link is already cut"}));
+                } else {
+                    let i = match (dice.below(2), leader) {
+                        (0, Some(l)) => l,
+                        _ => dice.below(2) as usize,
+                    };
+                    let secs = 1 + dice.below(10);
+                    links[i].cut();
+                    let l = links[i].clone();
+                    tokio::spawn(async move {
+                        tokio::time::sleep(Duration::from_secs(secs)).await;
+                        l.heal();
+                    });
+                    rec.step(step, seed, "net_cut", json!({"replica": replicas[i].who.uid(), "leader": leader == Some(i), "secs": secs}));
+                }
+            }
+            105..=109 => {
+                // The control plane restarts a part: kube-apiserver as a rolling restart
+                // does (SIGTERM), or etcd crashing (SIGKILL); the driver waits until the
+                // API server is ready again, the replicas and the kubelet do not.
+                let (what, part, how) = match roll {
+                    105..=107 => ("apiserver_restart", "kube-apiserver", Stop::Term),
+                    _ => ("etcd_restart", "etcd", Stop::Kill),
+                };
+                let took = cp.restart(part, how).await.unwrap_or_else(|e| {
+                    panic!("soak: {part} did not come back (seed {seed}): {e:#}")
+                });
+                // The driver's own client may hold connections the restart closed:
+                // its next reads (which do not try again) go on fresh ones.
+                let mut refreshed = 0;
+                while kube::Api::<k8s_openapi::api::core::v1::Node>::all(admin.clone())
+                    .list(&Default::default())
+                    .await
+                    .is_err()
+                    && refreshed < 25
+                {
+                    refreshed += 1;
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                }
+                rec.step(
+                    step,
+                    seed,
+                    what,
+                    json!({"ready_after_ms": took.as_millis() as u64}),
+                );
+            }
+            110..=114 => {
+                // An instance refresh replaces one instance nobody chose (while more
+                // than 4 such are left): the ASG ends it without a decrement (its
+                // replacement launches), through our hook, its activity saying why, and
+                // sends the hook's notification (a third of the time twice).
+                let live = in_service_unchosen(&cloud, &kubelet, &chosen);
+                if live.len() as i32 > FLOOR {
+                    let (node, iid) = live[dice.below(live.len() as u64) as usize].clone();
+                    let cause = format!(
+                        "At {} an instance was taken out of service in response to an instance refresh.",
+                        chrono::Utc::now().format("%Y-%m-%dT%H:%M:%SZ")
+                    );
+                    if cloud.replace_instance(&iid, &cause) {
+                        chosen.insert(iid.clone());
+                        rec.choice(json!({"who": "asg", "op": "Refresh", "group": GROUP, "instance": iid, "node": node}));
+                        let token = cloud.action_token(&iid, HOOK);
+                        let body = support::notices::lifecycle(GROUP, &iid, HOOK, token.as_deref());
+                        queue.send(&body);
+                        let twice = dice.below(3) == 0;
+                        if twice {
+                            queue.send(&body);
+                        }
+                        sent.push(body);
+                        rec.step(
+                            step,
+                            seed,
+                            "asg_instance_refresh",
+                            json!({"instance": iid, "node": node, "message_twice": twice}),
+                        );
+                    } else {
+                        rec.step(
+                            step,
+                            seed,
+                            "skip",
+                            json!({"why": "the instance left service"}),
+                        );
+                    }
+                } else {
+                    rec.step(
+                        step,
+                        seed,
+                        "skip",
+                        json!({"why": "too few nodes to refresh one"}),
+                    );
+                }
+            }
             _ => {
                 if slow_until.is_none() {
                     let ms = 200 + dice.below(1300);
@@ -629,6 +739,9 @@ async fn soak_two_replicas_under_faults_judged_from_outside() {
 
     // Settle: faults off, both replicas up, every chosen instance ended, the app whole.
     cloud.slow_answers(Duration::ZERO);
+    for l in &links {
+        l.heal();
+    }
     for (i, _) in std::mem::take(&mut dead) {
         replicas[i].start(&cp, &cloud, &aws, &queue).await;
         rec.step(
@@ -822,6 +935,25 @@ impl CliDrain {
             Err(e) => (format!("error: {e}"), true),
         }
     }
+}
+
+/// The (node, instance) of every instance in service with a Node that nobody chose.
+fn in_service_unchosen(
+    cloud: &MemoryCloud,
+    kubelet: &FakeKubelet,
+    chosen: &std::collections::BTreeSet<String>,
+) -> Vec<(String, String)> {
+    let in_service = cloud.instances();
+    kubelet
+        .nodes()
+        .into_iter()
+        .filter(|(_, iid)| !chosen.contains(iid))
+        .filter(|(_, iid)| {
+            in_service.iter().any(|(_, i)| {
+                i.id == *iid && i.state == ca_asg_provider::cloud::LifecycleState::InService
+            })
+        })
+        .collect()
 }
 
 /// A spot warning's notice: EC2 reclaims the instance two minutes after it.

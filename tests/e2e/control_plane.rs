@@ -190,6 +190,8 @@ impl AuditEvent {
 pub struct ControlPlane {
     dir: tempfile::TempDir,
     procs: Vec<(&'static str, Child)>,
+    /// How each process was started (its program and arguments), to start it again.
+    launched: BTreeMap<&'static str, (PathBuf, Vec<String>)>,
     pub url: String,
     ca_pem: Vec<u8>,
     /// Feature gates the API server and the controller manager run with (`A=true,B=false`).
@@ -273,6 +275,15 @@ rules:
 
 /// How [`ControlPlane::wait_for`] waits: up to `secs`, every `pause_ms`; the logs it
 /// shows when a component exits, and what it says at the deadline.
+/// How [`ControlPlane::restart`] stops a component.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Stop {
+    /// SIGTERM: a graceful stop, as a rolling restart does.
+    Term,
+    /// SIGKILL: a crash.
+    Kill,
+}
+
 struct Waiting {
     secs: u64,
     pause_ms: u64,
@@ -321,6 +332,7 @@ impl ControlPlane {
         Ok(ControlPlane {
             dir,
             procs: Vec::new(),
+            launched: BTreeMap::new(),
             url: String::new(),
             ca_pem: Vec::new(),
             gates: String::new(),
@@ -341,16 +353,76 @@ impl ControlPlane {
     }
 
     fn spawn(&mut self, name: &'static str, program: &Path, args: &[String]) -> anyhow::Result<()> {
-        let log = fs::File::create(self.path(&format!("{name}.log")))?;
-        let child = dies_with_the_test(Command::new(program))
+        let child = self.launch(name, program, args)?;
+        self.launched
+            .insert(name, (program.to_path_buf(), args.to_vec()));
+        self.procs.push((name, child));
+        Ok(())
+    }
+
+    /// Starts `program` with `args`, its output appended to `{name}.log`.
+    fn launch(&self, name: &str, program: &Path, args: &[String]) -> anyhow::Result<Child> {
+        let log = fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(self.path(&format!("{name}.log")))?;
+        dies_with_the_test(Command::new(program))
             .args(args)
             .stdin(Stdio::null())
             .stdout(log.try_clone()?)
             .stderr(log)
             .spawn()
-            .with_context(|| format!("start {}", program.display()))?;
-        self.procs.push((name, child));
-        Ok(())
+            .with_context(|| format!("start {}", program.display()))
+    }
+
+    /// Restarts one component (`etcd`, `kube-apiserver`, ...) as an operator's restart
+    /// or a crash does: `how` stops it (SIGTERM, as a rolling restart: the API server
+    /// stops listening at once and finishes the requests it answers, each written to its
+    /// audit log; what still runs 5 s later, the watches it holds open, is killed, as a
+    /// short grace period does; or SIGKILL), then it starts again with the same arguments, files and port
+    /// (the API server keeps its serving certificate in its `--cert-dir`, etcd its data),
+    /// and the call waits until the API server answers `/readyz` again. The time from the
+    /// stop to ready.
+    pub async fn restart(&mut self, name: &'static str, how: Stop) -> anyhow::Result<Duration> {
+        let i = self
+            .procs
+            .iter()
+            .position(|(n, _)| *n == name)
+            .with_context(|| format!("no component {name}"))?;
+        let began = Instant::now();
+        let pid = self.procs[i].1.id() as libc::pid_t;
+        match how {
+            // SAFETY: a signal to our own child, which has not been reaped (we hold it).
+            Stop::Term => unsafe {
+                libc::kill(pid, libc::SIGTERM);
+            },
+            Stop::Kill => {
+                let _ = self.procs[i].1.kill();
+            }
+        }
+        let stopped = Instant::now();
+        while self.procs[i].1.try_wait()?.is_none() {
+            if stopped.elapsed() > Duration::from_secs(5) {
+                let _ = self.procs[i].1.kill();
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let (program, args) = self.launched[name].clone();
+        self.procs[i].1 = self.launch(name, &program, &args)?;
+        let client = self.client(Who::Admin).await?;
+        let waiting = Waiting {
+            secs: 90,
+            pause_ms: 200,
+            dead_logs: ["etcd", "kube-apiserver"],
+            late: format!("kube-apiserver not ready 90 s after {name} restarted"),
+            late_log: "kube-apiserver",
+        };
+        self.wait_for(waiting, async |_| {
+            let req = http::Request::get("/readyz").body(Vec::new())?;
+            Ok(client.request_text(req).await.is_ok())
+        })
+        .await?;
+        Ok(began.elapsed())
     }
 
     /// The last lines a component logged, for a failure message.
