@@ -20,7 +20,7 @@
 //! settles and `scripts/soak_check.py`, which shares no code with the service, judges it
 //! from the audit log, the cloud's record and the objects at the end.
 //!
-//! `SOAK_MINUTES` (default 2, as `.ci/run` runs it: the driver's time; settling comes
+//! `SOAK_MINUTES` (default 5, as `.ci/run` runs it: the driver's time; settling comes
 //! after), `SOAK_SEED` (default: from the clock, printed), `SOAK_DIR` (where the run's files go, kept; by
 //! default `target/soak/seed-S`, kept only when the run fails). Without the e2e environment it says
 //! it was skipped (and fails under `E2E_REQUIRED=1`), as `e2e_real` does.
@@ -230,7 +230,7 @@ async fn soak_two_replicas_under_faults_judged_from_outside() {
     let minutes: f64 = std::env::var("SOAK_MINUTES")
         .ok()
         .map(|m| m.trim().parse().expect("SOAK_MINUTES: a number"))
-        .unwrap_or(2.0);
+        .unwrap_or(5.0);
     // A run's files are kept when it fails, or when SOAK_DIR names where they go.
     let asked_dir = std::env::var_os("SOAK_DIR").map(PathBuf::from);
     let dir = asked_dir.clone().unwrap_or_else(|| {
@@ -847,6 +847,12 @@ async fn soak_two_replicas_under_faults_judged_from_outside() {
     let passed = settled && out.status.success();
     if passed && asked_dir.is_none() {
         let _ = std::fs::remove_dir_all(&dir);
+    }
+    if !passed {
+        // The schedule goes to the output too: a CI run's files go with its machine,
+        // its output is kept.
+        let schedule = std::fs::read_to_string(dir.join("schedule.jsonl")).unwrap_or_default();
+        eprintln!("soak: the schedule of seed {seed} (schedule.jsonl):\n{schedule}soak: end of the schedule");
     }
     assert!(
         passed,
