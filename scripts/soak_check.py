@@ -22,7 +22,9 @@ The input contract (RUN_DIR, written by tests/e2e_soak.rs; docs/e2e.md#the-soak)
     group instance node, `TargetSize` group size, read once the run settled);
   - who = "asg" / "ec2" / "person": an instance that side chose to end (`ScaleIn` /
     `Reclaim` / `Terminate`, group instance; a `Reclaim` also names the node and EC2's
-    `deadline`; the ASG's `Refresh`: an instance refresh replacing it, no decrement); who = "person", op = `Drain`, node: a person's `drain NODE` (drain
+    `deadline`; the ASG's `Refresh`: an instance refresh replacing it, no decrement);
+    who = "ec2", op = `Rebalance`, node, rebalanced (an instance id): a rebalance
+    recommendation alone, which chooses nothing to end (no `instance` key); who = "person", op = `Drain`, node: a person's `drain NODE` (drain
     only: no instance is chosen to end);
   - who = "aws": what AWS did (`Group` group desired, at the start; `Terminated` instance,
     `TimedOut` instance hook, `Completed` instance hook result; `Desired` group desired,
@@ -406,10 +408,16 @@ def two_leaders(run):
 
 
 def left_marked(run):
-    """A node left cordoned, tainted or annotated by the service once the run settled."""
+    """A node left cordoned, tainted or annotated by the service once the run settled;
+    but a node EC2 recommended rebalancing (who = "ec2", op = `Rebalance`), which the
+    service cordons and taints for good by design (`rebalance: cordon`,
+    docs/queue-mode.md) until something ends it."""
+    rebalanced = {c.get("node") for c in run.cloud_ops(who="ec2", op="Rebalance")}
     fails = []
     for n in run.end_nodes:
         name = _d(n, "metadata", "name")
+        if name in rebalanced:
+            continue
         spec = n.get("spec") or {}
         if spec.get("unschedulable"):
             fails.append(f"node {name} left cordoned")

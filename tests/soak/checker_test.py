@@ -247,6 +247,19 @@ class Checker(unittest.TestCase):
         self.assertEqual(list(got), ["left_marked"])
         self.assertEqual(len(got["left_marked"]), 2)
 
+    def test_a_node_ec2_recommended_rebalancing_stays_cordoned_by_design(self):
+        a, c, e = clean()
+        e["nodes"][0]["spec"] = {"unschedulable": True,
+                                 "taints": [{"key": "ca-asg-provider.io/draining", "effect": "NoSchedule"}]}
+        e["nodes"][0]["metadata"]["annotations"] = {"ca-asg-provider.io/drain": "{}"}
+        self.assertEqual(len(broken(a, c, e)["left_marked"]), 3)
+        c.append({"who": "ec2", "op": "Rebalance", "group": "web", "node": "ip-10-0-0-2",
+                  "rebalanced": "i-0000000000000002"})
+        self.assertEqual(broken(a, c, e), {})
+        # Another node left cordoned still breaks the rule.
+        e["nodes"].append({"metadata": {"name": "ip-10-0-0-3"}, "spec": {"unschedulable": True}})
+        self.assertBreaks("left_marked", (a, c, e), "node ip-10-0-0-3 left cordoned")
+
     def test_a_drain_that_never_ended(self):
         a, c, e = clean()
         e["nodes"].append({"metadata": {"name": NODE}, "spec": {}})
