@@ -9,7 +9,8 @@
 //! warnings (alone, or after a rebalance recommendation) and scheduled retirements with
 //! EC2's end of the instance once drained or at two minutes, a person's `drain NODE`
 //! from the command line and its `undrain`, instance refreshes (one instance replaced
-//! through our hook, no decrement), forged and replayed queue messages (a
+//! through our hook, no decrement), a rebalance recommendation alone (its node stays
+//! cordoned until something ends it), forged and replayed queue messages (a
 //! lifecycle notice with a wrong token or none for an instance in service, a spot
 //! warning for one that is gone, an old message again), and faults: a replica killed
 //! (the leader too: its runtime
@@ -317,6 +318,8 @@ async fn soak_two_replicas_under_faults_judged_from_outside() {
     let mut warned: Vec<Warned> = Vec::new();
     // A person's `drain NODE` from the command line (one at a time), until undone.
     let mut cli: Option<CliDrain> = None;
+    // The instance of the last rebalance recommendation sent alone.
+    let mut rebalanced: Option<String> = None;
     while started.elapsed() < Duration::from_secs_f64(minutes * 60.0) {
         step += 1;
         tokio::time::sleep(Duration::from_millis(500 + dice.below(2000))).await;
@@ -350,7 +353,7 @@ async fn soak_two_replicas_under_faults_judged_from_outside() {
         // again, as SQS shows it after its visibility timeout.
         queue.redeliver();
         let desired = cloud.desired(GROUP).unwrap_or(0);
-        let roll = dice.below(115);
+        let roll = dice.below(118);
         let leader = replicas.iter().position(|r| r.leads());
         match roll {
             0..=19 => {
@@ -418,12 +421,7 @@ async fn soak_two_replicas_under_faults_judged_from_outside() {
                         // the time twice: SQS delivers at least once).
                         let token = cloud.action_token(iid, HOOK);
                         let body = support::notices::lifecycle(GROUP, iid, HOOK, token.as_deref());
-                        queue.send(&body);
-                        twice = dice.below(3) == 0;
-                        if twice {
-                            queue.send(&body);
-                        }
-                        sent.push(body);
+                        twice = at_least_once(&queue, &mut dice, &mut sent, body);
                     }
                     rec.step(
                         step,
@@ -536,12 +534,7 @@ async fn soak_two_replicas_under_faults_judged_from_outside() {
                             support::notices::retirement_at(&iid, deadline),
                         ),
                     };
-                    queue.send(&body);
-                    let twice = dice.below(3) == 0;
-                    if twice {
-                        queue.send(&body);
-                    }
-                    sent.push(body);
+                    let twice = at_least_once(&queue, &mut dice, &mut sent, body);
                     warned.push(Warned {
                         instance: iid.clone(),
                         not_before: step + 3,
@@ -689,12 +682,7 @@ async fn soak_two_replicas_under_faults_judged_from_outside() {
                         rec.choice(json!({"who": "asg", "op": "Refresh", "group": GROUP, "instance": iid, "node": node}));
                         let token = cloud.action_token(&iid, HOOK);
                         let body = support::notices::lifecycle(GROUP, &iid, HOOK, token.as_deref());
-                        queue.send(&body);
-                        let twice = dice.below(3) == 0;
-                        if twice {
-                            queue.send(&body);
-                        }
-                        sent.push(body);
+                        let twice = at_least_once(&queue, &mut dice, &mut sent, body);
                         rec.step(
                             step,
                             seed,
@@ -715,6 +703,40 @@ async fn soak_two_replicas_under_faults_judged_from_outside() {
                         seed,
                         "skip",
                         json!({"why": "too few nodes to refresh one"}),
+                    );
+                }
+            }
+            115..=117 => {
+                // A rebalance recommendation alone (one standing at a time), for an
+                // instance in service nobody chose (while more than 4 such are left):
+                // the service cordons and taints its node for good; CA, the ASG or EC2
+                // may end it later (the reason joins), or nothing does.
+                let standing = rebalanced.as_ref().is_some_and(|iid| {
+                    cloud
+                        .instances()
+                        .iter()
+                        .any(|(_, i)| i.id == *iid && !i.state.is_terminating())
+                });
+                let live = in_service_unchosen(&cloud, &kubelet, &chosen);
+                if !standing && live.len() as i32 > FLOOR {
+                    let (node, iid) = live[dice.below(live.len() as u64) as usize].clone();
+                    // Chooses nothing to end: no "instance" for the checker.
+                    rec.choice(json!({"who": "ec2", "op": "Rebalance", "group": GROUP, "node": node, "rebalanced": iid}));
+                    let body = support::notices::rebalance(&iid);
+                    let twice = at_least_once(&queue, &mut dice, &mut sent, body);
+                    rebalanced = Some(iid.clone());
+                    rec.step(
+                        step,
+                        seed,
+                        "rebalance_alone",
+                        json!({"instance": iid, "node": node, "message_twice": twice}),
+                    );
+                } else {
+                    rec.step(
+                        step,
+                        seed,
+                        "skip",
+                        json!({"why": "a rebalanced node stands, or too few nodes"}),
                     );
                 }
             }
@@ -941,6 +963,23 @@ impl CliDrain {
             Err(e) => (format!("error: {e}"), true),
         }
     }
+}
+
+/// Sends `body` to the queue as AWS's services do, at least once: a third of the time
+/// twice. Kept in `sent` (a later step may replay it). Whether it went twice.
+fn at_least_once(
+    queue: &MemoryQueue,
+    dice: &mut Dice,
+    sent: &mut Vec<String>,
+    body: String,
+) -> bool {
+    queue.send(&body);
+    let twice = dice.below(3) == 0;
+    if twice {
+        queue.send(&body);
+    }
+    sent.push(body);
+    twice
 }
 
 /// The (node, instance) of every instance in service with a Node that nobody chose.

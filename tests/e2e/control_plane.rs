@@ -292,6 +292,19 @@ struct Waiting {
     late_log: &'static str,
 }
 
+impl Waiting {
+    /// For the API server's `/readyz`: 90 s, etcd's and its log if either dies.
+    fn api_server(late: String) -> Waiting {
+        Waiting {
+            secs: 90,
+            pause_ms: 200,
+            dead_logs: ["etcd", "kube-apiserver"],
+            late,
+            late_log: "kube-apiserver",
+        }
+    }
+}
+
 impl ControlPlane {
     /// Starts etcd, the API server, the controller manager and the scheduler, and waits
     /// until the API server answers `/readyz` and the default ServiceAccount exists.
@@ -410,13 +423,9 @@ impl ControlPlane {
         let (program, args) = self.launched[name].clone();
         self.procs[i].1 = self.launch(name, &program, &args)?;
         let client = self.client(Who::Admin).await?;
-        let waiting = Waiting {
-            secs: 90,
-            pause_ms: 200,
-            dead_logs: ["etcd", "kube-apiserver"],
-            late: format!("kube-apiserver not ready 90 s after {name} restarted"),
-            late_log: "kube-apiserver",
-        };
+        let waiting = Waiting::api_server(format!(
+            "kube-apiserver not ready 90 s after {name} restarted"
+        ));
         self.wait_for(waiting, async |_| {
             let req = http::Request::get("/readyz").body(Vec::new())?;
             Ok(client.request_text(req).await.is_ok())
@@ -519,13 +528,7 @@ impl ControlPlane {
             let req = http::Request::get("/readyz").body(Vec::new())?;
             Ok(client.request_text(req).await.is_ok())
         };
-        let waiting = Waiting {
-            secs: 90,
-            pause_ms: 200,
-            dead_logs: ["etcd", "kube-apiserver"],
-            late: "kube-apiserver not ready in 90 s".into(),
-            late_log: "kube-apiserver",
-        };
+        let waiting = Waiting::api_server("kube-apiserver not ready in 90 s".into());
         self.wait_for(waiting, ready).await
     }
 
