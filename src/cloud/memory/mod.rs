@@ -702,12 +702,14 @@ impl MemoryCloud {
             .map(|w| w.token)
     }
 
-    /// The hooks' actions that hold the instance now, in the group's order.
+    /// The hooks' actions that hold the instance now, in the group's order: in the
+    /// group, or on its way into or out of the warm pool (`Warmed:Pending:Wait`,
+    /// `Warmed:Terminating:Wait`), where AWS holds it with a token as much.
     fn waits_on(&self, instance_id: &str) -> Vec<Wait> {
         self.settled()
             .groups
             .values()
-            .flat_map(|g| &g.instances)
+            .flat_map(|g| g.instances.iter().chain(&g.pool))
             .filter(|i| i.id == instance_id)
             .flat_map(|i| i.waits.iter().cloned())
             .collect()

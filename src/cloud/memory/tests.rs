@@ -190,3 +190,48 @@ async fn a_replaced_instance_waits_for_the_hook_with_its_cause_and_no_decrement(
     assert!(!serving.contains(&ids[0]), "ended: {:?}", c.instances());
     assert_eq!(serving.len(), 2, "a replacement launched: {serving:?}");
 }
+
+#[tokio::test]
+async fn an_instance_going_back_into_the_warm_pool_is_held_with_a_token() {
+    let c = MemoryCloud::new(
+        vec![MemoryGroup::new("web", 0, 4, 2, "m5.large")
+            .terminating_hook("h", 60)
+            .warm_pool(WarmPool {
+                min_size: 0,
+                max_prepared: None,
+                pool_state: "Stopped".into(),
+                reuse_on_scale_in: true,
+            })],
+        MemoryTiming {
+            launch_delay: Duration::ZERO,
+            terminate_delay: Duration::from_millis(10),
+            hook_delay: Duration::ZERO,
+        },
+    );
+    c.check_tokens(true);
+    let ended = c.external_scale_in("web", 1).unwrap();
+    let iid = &ended[0];
+    assert_eq!(
+        c.pooled()
+            .iter()
+            .map(|(_, i)| (i.id.as_str(), i.state.as_str()))
+            .collect::<Vec<_>>(),
+        vec![(iid.as_str(), "Warmed:Pending:Wait")]
+    );
+    assert_eq!(c.pending_hooks(iid), vec!["h".to_string()]);
+    let token = c
+        .action_token(iid, "h")
+        .expect("the pool-bound wait has its token, as the hook's notification carries it");
+    c.complete_lifecycle_action(&action(iid, Some(token)), LifecycleResult::Continue)
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    assert!(c.pending_hooks(iid).is_empty());
+    assert!(
+        c.pooled()
+            .iter()
+            .any(|(_, i)| i.id == *iid && i.state.as_str() == "Warmed:Stopped"),
+        "at rest in the pool: {:?}",
+        c.pooled()
+    );
+}
