@@ -26,9 +26,14 @@ The input contract (RUN_DIR, written by tests/e2e_soak.rs; docs/e2e.md#the-soak)
     who = "ec2", op = `Rebalance`, node, rebalanced (an instance id): a rebalance
     recommendation alone, which chooses nothing to end (no `instance` key); who = "person", op = `Drain`, node: a person's `drain NODE` (drain
     only: no instance is chosen to end);
+    A choice may carry `at` (when it was made, RFC 3339 UTC): a node back from a warm
+    pool is judged by the choices made after it came back.
   - who = "aws": what AWS did (`Group` group desired, at the start; `Terminated` instance,
     `TimedOut` instance hook, `Completed` instance hook result; `Desired` group desired,
-    at the end). Lines of "aws" carry no time: order only.
+    at the end). These lines carry no time: order only. But the warm-pool moves, as the
+    driver saw them, each with `at`: `Pooled` group instance (it came to rest in the
+    group's warm pool), `Reused` group instance (back in the group, under the same Node
+    name); and `InPool` group instance state, once per instance in a pool at the end.
 - end.json: the Kubernetes objects once the run settled: {"nodes": [...], "pods": [...]}.
 
 Every rule is a function taking the parsed run and returning a list of failures.
@@ -44,6 +49,10 @@ KUBELET_USER = "e2e:fake-kubelet"
 LEASE = ("kube-system", "ca-asg-provider")
 SERVICE_TAINTS = ("ca-asg-provider.io/draining", "ToBeDeletedByClusterAutoscaler")
 SERVICE_ANNOTATION = "ca-asg-provider.io/"
+# Who chooses that an instance ends (or, a person, that a node drains).
+CHOOSERS = ("ca", "asg", "ec2", "person")
+# The states an instance rests in inside a warm pool (its drain over).
+RESTING = ("Warmed:Stopped", "Warmed:Running", "Warmed:Hibernated")
 # Bounds: a run's input is read once, bounded, and refused whole when it is not what
 # the contract says.
 MAX_BYTES = 512 * 1024 * 1024
@@ -134,8 +143,9 @@ class Run:
             key = (_d(p, "metadata", "namespace"), _d(p, "metadata", "name"))
             if key in self.pods:
                 self.pods[key].pop("gone", None)
-        # A node's drain began at the service's first write to it (its cordon, its taint).
-        self.drain_began = {}
+        # A node's drain begins at a write of the service to it (its cordon, its taint):
+        # every such write, in time order.
+        self.node_writes = defaultdict(list)
         for e in self.audit:
             ref = e.get("objectRef") or {}
             if (
@@ -144,7 +154,20 @@ class Run:
                 and e.get("verb") in ("patch", "update")
                 and ok(e)
             ):
-                self.drain_began.setdefault(ref.get("name"), e["stageTimestamp"])
+                self.node_writes[ref.get("name")].append(e["stageTimestamp"])
+        # Warm-pool moves, as the driver saw them: instance -> [(when, "Pooled" or
+        # "Reused")], in time order; and what rests in a pool at the end.
+        self.moves = defaultdict(list)
+        for c in self.cloud:
+            if c.get("who") == "aws" and c.get("op") in ("Pooled", "Reused"):
+                self.moves[c.get("instance")].append((_when(c.get("at")), c["op"]))
+        for m in self.moves.values():
+            m.sort(key=lambda x: x[0] or 0)
+        self.resting = {
+            c.get("instance")
+            for c in self.cloud
+            if c.get("who") == "aws" and c.get("op") == "InPool" and c.get("state") in RESTING
+        }
         self.replicas = {
             _d(e, "user", "uid") for e in self.audit if self.by_service(e)
         }
@@ -163,6 +186,27 @@ class Run:
                 and e.get("verb") in ("create", "update", "patch", "delete")
             ):
                 yield e
+
+    def drain_began_before(self, node, instance, at):
+        """When the drain that a completion at `at` ends began: the service's first write to
+        the node at or after the last choice of its instance (or of the node: a person's
+        drain) made before `at`. A node back from a warm pool keeps its name and is drained
+        again: each stay in service is judged on its own. Choices with no time (an older
+        history): the first write."""
+        writes = self.node_writes.get(node, [])
+        at_s = _when(at)
+        chose = [
+            _when(c.get("at"))
+            for c in self.cloud
+            if c.get("who") in CHOOSERS
+            and (c.get("instance") == instance or (node and c.get("node") == node))
+            and c.get("at")
+        ]
+        chose = [t for t in chose if t is not None and (at_s is None or t <= at_s)]
+        if not chose:
+            return writes[0] if writes else None
+        last = max(chose)
+        return next((w for w in writes if (_when(w) or 0) >= last), None)
 
     def pods_on(self, node):
         return [(k, p) for k, p in self.pods.items() if p.get("node") == node]
@@ -198,12 +242,18 @@ def ok(e):
 
 
 def ended_unchosen(run):
-    """An instance ended that neither CA, the ASG, EC2 nor a person chose."""
+    """An instance ended that neither CA, the ASG, EC2 nor a person chose. A choice made
+    before the instance came back from a warm pool (`Reused`) was spent on that stay:
+    an instance that ends after it needs a choice of its own."""
     chosen = {}
-    for who in ("ca", "asg", "ec2", "person"):
-        for c in run.cloud_ops(who=who):
-            if c.get("instance"):
-                chosen.setdefault(c["instance"], c)
+    for c in run.cloud:
+        if c.get("who") not in CHOOSERS or not c.get("instance"):
+            continue
+        back = [t for t, op in run.moves.get(c["instance"], []) if op == "Reused" and t is not None]
+        at = _when(c.get("at")) if c.get("at") else None
+        if back and at is not None and at < max(back):
+            continue
+        chosen.setdefault(c["instance"], c)
     fails = []
     for c in run.cloud_ops(who="aws", op="Terminated"):
         if c.get("instance") not in chosen:
@@ -323,7 +373,9 @@ def hook_held_badly(run):
     """A lifecycle action our hook held that timed out, or that the service completed
     while a pod of its node was still there. A DaemonSet pod bound to the node after its
     drain began is not the drain's: its controller puts one back on a node it tolerates as
-    soon as the last one goes, and it goes with the instance."""
+    soon as the last one goes, and it goes with the instance (or rests with it in a warm
+    pool). A node back from a pool is drained anew: its drain began after the last
+    choice before the completion (`drain_began_before`)."""
     fails = []
     for c in run.cloud_ops(who="aws", op="TimedOut"):
         fails.append(f"instance {c.get('instance')}: hook {c.get('hook')} timed out\n  {cline(c)}")
@@ -332,7 +384,7 @@ def hook_held_badly(run):
             continue
         node = run.node_of_instance.get(c.get("instance"))
         at = c.get("at", "")
-        began = run.drain_began.get(node)
+        began = run.drain_began_before(node, c.get("instance"), at)
         left = [
             k
             for k, q in run.pods_on(node)
@@ -411,12 +463,15 @@ def left_marked(run):
     """A node left cordoned, tainted or annotated by the service once the run settled;
     but a node EC2 recommended rebalancing (who = "ec2", op = `Rebalance`), which the
     service cordons and taints for good by design (`rebalance: cordon`,
-    docs/queue-mode.md) until something ends it."""
+    docs/queue-mode.md) until something ends it; and a node whose instance rests in a
+    warm pool at the end (`InPool`), which stays cordoned until it leaves the pool
+    (docs/node-groups.md). A node back from the pool is judged as any other."""
     rebalanced = {c.get("node") for c in run.cloud_ops(who="ec2", op="Rebalance")}
+    pooled = {run.node_of_instance.get(i) for i in run.resting} - {None}
     fails = []
     for n in run.end_nodes:
         name = _d(n, "metadata", "name")
-        if name in rebalanced:
+        if name in rebalanced or name in pooled:
             continue
         spec = n.get("spec") or {}
         if spec.get("unschedulable"):
@@ -434,19 +489,27 @@ def drain_never_ended(run):
     """A node the service began to drain (an eviction asked) that is still there at the
     end, or whose instance never ended; but a node a person drained from the command line
     (`drain NODE` drains only: the instance stays, and `left_marked` judges that it was
-    given back)."""
+    given back), and a node whose instance went into a warm pool after its last eviction
+    (the drain ended there: the instance and its Node stay for the next scale-up; an
+    eviction after it belongs to a later stay in service, and needs an end of its own)."""
     by_person = {c.get("node") for c in run.cloud_ops(who="person", op="Drain")}
     begun = {}
     for e in run.service_writes("pods", "eviction"):
         ref = e["objectRef"]
         node = run.pods.get((ref.get("namespace"), ref.get("name")), {}).get("node")
         if node:
-            begun.setdefault(node, e)
+            begun[node] = e  # the last one
     ended = {run.node_of_instance.get(c.get("instance")) for c in run.cloud_ops(who="aws", op="Terminated")}
+    pooled_at = defaultdict(list)
+    for i, moves in run.moves.items():
+        pooled_at[run.node_of_instance.get(i)].extend(t for t, op in moves if op == "Pooled" and t is not None)
     there = {_d(n, "metadata", "name") for n in run.end_nodes}
     fails = []
     for node, e in sorted(begun.items()):
         if node in by_person and node not in ended:
+            continue
+        last = _when(e.get("stageTimestamp")) or 0
+        if any(t >= last for t in pooled_at.get(node, [])):
             continue
         if node in there or node not in ended:
             fails.append(
@@ -505,6 +568,7 @@ def exercised(run):
         "two_leaders": sum(1 for e in run.audit if run.by_service(e) and e.get("verb") in ("create", "update", "patch", "delete")
                            and (e.get("objectRef") or {}).get("resource") not in ("events", "leases")),
         "left_marked": len(run.end_nodes),
+        "warm_pool_moves": sum(len(m) for m in run.moves.values()),
         "drain_never_ended": len({run.pods.get((e["objectRef"].get("namespace"), e["objectRef"].get("name")), {}).get("node") for e in evictions} - {None}),
     }
 

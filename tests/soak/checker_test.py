@@ -81,6 +81,50 @@ def clean():
     return audit, cloud, end
 
 
+def at(t):
+    return f"2026-11-28T16:00:{t:02d}.000000Z"
+
+
+def pooled_then_back():
+    """The clean history, but the ASG's scale-in sends the instance into its warm pool
+    (ReuseOnScaleIn): it rests there (:13) with its Node, where the DaemonSet controller
+    puts a new log shipper (:14). CA scales up and the ASG takes the same instance back
+    (:20); the ASG scales in again (:22) and the service drains the Node anew: the new
+    app pod, then the log shipper, the action completed (:28), the instance back in the
+    pool (:30), its Node cordoned there at the end."""
+    audit, cloud, end = clean()
+    audit += [
+        pod_create(14, "fluent-bit-2", "DaemonSet", ns="logging"),
+        ev(14, "system:kube-scheduler", "s", "create", "pods", "fluent-bit-2", ns="logging", sub="binding",
+           req={"target": {"name": NODE}}),
+        ev(21, SVC, "replica-a", "patch", "nodes", NODE, ns=""),  # the hand-back
+        pod_create(21, "app-2", "ReplicaSet"),
+        ev(21, "system:kube-scheduler", "s", "create", "pods", "app-2", sub="binding", req={"target": {"name": NODE}}),
+        ev(23, SVC, "replica-a", "patch", "nodes", NODE, ns=""),
+        ev(24, SVC, "replica-a", "create", "pods", "app-2", sub="eviction", code=201),
+        ev(25, "e2e:fake-kubelet", "k", "delete", "pods", "app-2"),
+        ev(26, SVC, "replica-a", "create", "pods", "fluent-bit-2", ns="logging", sub="eviction", code=201),
+        ev(27, "e2e:fake-kubelet", "k", "delete", "pods", "fluent-bit-2", ns="logging"),
+    ]
+    cloud = [x for x in cloud if x.get("op") not in ("Terminated", "TargetSize", "Desired")]
+    cloud[1]["at"] = at(5)
+    cloud += [
+        {"who": "aws", "op": "Pooled", "group": "web", "instance": IID, "at": at(13)},
+        {"who": "ca", "op": "IncreaseSize", "group": "web", "delta": 1, "at": at(19)},
+        {"who": "aws", "op": "Reused", "group": "web", "instance": IID, "at": at(20)},
+        {"who": "asg", "op": "ScaleIn", "group": "web", "instance": IID, "at": at(22)},
+        {"who": "replica-a", "op": "CompleteLifecycleAction", "group": "web", "instance": IID, "at": at(28)},
+        {"who": "aws", "op": "Completed", "instance": IID, "hook": "h", "result": "CONTINUE"},
+        {"who": "aws", "op": "Pooled", "group": "web", "instance": IID, "at": at(30)},
+        {"who": "ca", "op": "TargetSize", "group": "web", "size": 1},
+        {"who": "aws", "op": "Desired", "group": "web", "desired": 1},
+        {"who": "aws", "op": "InPool", "group": "web", "instance": IID, "state": "Warmed:Stopped"},
+    ]
+    end["nodes"].append({"metadata": {"name": NODE, "annotations": {"ca-asg-provider.io/drain": "{}"}},
+                         "spec": {"unschedulable": True}})
+    return audit, cloud, end
+
+
 def write(tmp, audit, cloud, end):
     d = pathlib.Path(tmp)
     (d / "audit.log").write_text("".join(json.dumps(e) + "\n" for e in audit))
@@ -264,6 +308,54 @@ class Checker(unittest.TestCase):
         a, c, e = clean()
         e["nodes"].append({"metadata": {"name": NODE}, "spec": {}})
         self.assertBreaks("drain_never_ended", (a, c, e), f"node {NODE}: drain begun, never ended (node still there")
+
+    def test_a_node_back_from_a_warm_pool_is_drained_and_judged_anew(self):
+        a, c, e = pooled_then_back()
+        self.assertEqual(broken(a, c, e), {})
+        # The second action completed while the log shipper put there in the pool (:14)
+        # still ran: it was there when the second drain began (:23), so it is that
+        # drain's (judged by the first drain's start, :06, it would pass).
+        c2 = copy.deepcopy(c)
+        next(x for x in c2 if x.get("op") == "CompleteLifecycleAction" and x["at"] == at(28))["at"] = "2026-11-28T16:00:26.500000Z"
+        self.assertBreaks("hook_held_badly", (a, c2, e), "logging/fluent-bit-2 still there")
+
+    def test_a_node_resting_in_a_warm_pool_stays_cordoned_but_not_once_back(self):
+        a, c, e = pooled_then_back()
+        # Back in service (a scale-up took it) and not drained again: its Node must be
+        # handed back.
+        c = [x for x in c if x.get("op") != "InPool"]
+        c = [x for x in c if not (x.get("op") == "Pooled" and x["at"] == at(30))]
+        c.append({"who": "aws", "op": "Reused", "group": "web", "instance": IID, "at": at(31)})
+        got = broken(a, c, e)
+        self.assertIn("left_marked", got)
+        self.assertIn(f"node {NODE} left cordoned", "\n".join(got["left_marked"]))
+
+    def test_a_second_drain_that_never_reached_the_pool(self):
+        a, c, e = pooled_then_back()
+        # The drain after the instance came back ends nowhere: no second rest in the pool.
+        c = [x for x in c if x.get("op") not in ("InPool", "CompleteLifecycleAction", "Completed")
+             and not (x.get("op") == "Pooled" and x["at"] == at(30))]
+        c.insert(3, {"who": "replica-a", "op": "CompleteLifecycleAction", "group": "web", "instance": IID,
+                     "at": at(12)})
+        e["nodes"][-1] = {"metadata": {"name": NODE}, "spec": {}}
+        self.assertBreaks("drain_never_ended", (a, c, e), f"node {NODE}: drain begun, never ended (node still there")
+
+    def test_a_choice_before_the_pool_does_not_cover_an_end_after_it(self):
+        a, c, e = pooled_then_back()
+        # The instance ends after it came back (:20) and nobody chose it again: the
+        # ASG's choice at :05 was spent on its first stay.
+        c = [x for x in c if not (x.get("op") == "ScaleIn" and x["at"] == at(22))]
+        c = [x for x in c if x.get("op") not in ("InPool",)]
+        c.append({"who": "aws", "op": "Terminated", "instance": IID})
+        e["nodes"].pop()
+        for x in c:
+            if x.get("op") in ("TargetSize", "Desired"):
+                x["size" if "size" in x else "desired"] = 2
+        self.assertBreaks("ended_unchosen", (a, c, e), f"instance {IID} ended, chosen by nobody")
+        # Chosen again after it came back: the end is chosen.
+        c.append({"who": "ec2", "op": "Reclaim", "group": "web", "instance": IID, "node": NODE,
+                  "deadline": at(59), "at": at(22)})
+        self.assertEqual(broken(a, c, e), {})
 
     def test_every_rule_is_tested_here(self):
         names = {m[len("test_"):] for m in dir(self) if m.startswith("test_")}
