@@ -10,7 +10,10 @@
 //! EC2's end of the instance once drained or at two minutes, a person's `drain NODE`
 //! from the command line and its `undrain`, instance refreshes (one instance replaced
 //! through our hook, no decrement), a rebalance recommendation alone (its node stays
-//! cordoned until something ends it), forged and replayed queue messages (a
+//! cordoned until something ends it), warm-pool moves in a second group (`batch`,
+//! ReuseOnScaleIn: the ASG's scale-in sends an instance into the pool through our
+//! hook, CA's scale-up takes it out again under the same Node name, which the service
+//! hands back), forged and replayed queue messages (a
 //! lifecycle notice with a wrong token or none for an instance in service, a spot
 //! warning for one that is gone, an old message again), and faults: a replica killed
 //! (the leader too: its runtime
@@ -66,6 +69,15 @@ const GROUP: &str = "web";
 /// its budget of one unavailable always have room to move).
 const FLOOR: i32 = 4;
 const CEILING: i32 = 7;
+/// A second group, with a warm pool that takes instances back on scale-in
+/// (ReuseOnScaleIn): its instances go into the pool through our hook and out again
+/// under the same Node name. Only the pool's own faces (the ASG's scale-in into the
+/// pool, CA's scale-up out of it) and the faults touch it; its size stays between these.
+const POOLED: &str = "batch";
+const POOL_FLOOR: i32 = 1;
+const POOL_CEILING: i32 = 3;
+/// The states an instance rests in inside a warm pool, its drain over.
+const RESTING: [&str; 3] = ["Warmed:Stopped", "Warmed:Running", "Warmed:Hibernated"];
 
 /// splitmix64: the driver's only source of chance.
 struct Dice(u64);
@@ -192,7 +204,11 @@ struct Record {
 }
 
 impl Record {
-    fn choice(&mut self, v: Value) {
+    /// A choice (or a warm-pool move the driver saw), stamped with when it was recorded.
+    fn choice(&mut self, mut v: Value) {
+        v["at"] = chrono::Utc::now()
+            .to_rfc3339_opts(chrono::SecondsFormat::Micros, true)
+            .into();
         self.choices.push(v);
     }
     fn step(&mut self, step: usize, seed: u64, what: &str, detail: Value) {
@@ -253,17 +269,25 @@ async fn soak_two_replicas_under_faults_judged_from_outside() {
     let admin = cp.client(Who::Admin).await.unwrap();
     rig::apply_shipped_rbac(&admin).await;
     let group = MemoryGroup::new(GROUP, 0, 8, 5, "m5.large").terminating_hook(HOOK, 300);
-    let cloud = MemoryCloud::new(vec![group], support::world::timing());
+    let pooled = MemoryGroup::new(POOLED, 0, 4, 2, "m5.large")
+        .terminating_hook(HOOK, 300)
+        .warm_pool(ca_asg_provider::cloud::WarmPool {
+            min_size: 0,
+            max_prepared: None,
+            pool_state: "Stopped".into(),
+            reuse_on_scale_in: true,
+        });
+    let cloud = MemoryCloud::new(vec![group, pooled], support::world::timing());
     let kubelet = FakeKubelet::start(cp.client(Who::Kubelet).await.unwrap(), cloud.clone());
     until("a Ready Node per instance", 30, || {
         let k = kubelet.clone();
-        async move { k.nodes().len() == 5 }
+        async move { k.nodes().len() == 7 }
     })
     .await;
     rig::workloads(&admin, &mut cp).await;
     until("every app and DaemonSet pod Ready", 90, || {
         let a = admin.clone();
-        async move { rig::ready_pods(&a).await.len() == rig::APP_REPLICAS + 5 }
+        async move { rig::ready_pods(&a).await.len() == rig::APP_REPLICAS + 7 }
     })
     .await;
 
@@ -275,7 +299,10 @@ async fn soak_two_replicas_under_faults_judged_from_outside() {
     let mut rec = Record {
         dir: dir.clone(),
         origin: (ca_asg_provider::clock::Instant::now(), chrono::Utc::now()),
-        choices: vec![json!({"who": "aws", "op": "Group", "group": GROUP, "desired": 5})],
+        choices: vec![
+            json!({"who": "aws", "op": "Group", "group": GROUP, "desired": 5}),
+            json!({"who": "aws", "op": "Group", "group": POOLED, "desired": 2}),
+        ],
         schedule: std::fs::File::create(dir.join("schedule.jsonl")).unwrap(),
         counts: BTreeMap::new(),
     };
@@ -320,6 +347,8 @@ async fn soak_two_replicas_under_faults_judged_from_outside() {
     let mut cli: Option<CliDrain> = None;
     // The instance of the last rebalance recommendation sent alone.
     let mut rebalanced: Option<String> = None;
+    // The instances resting in the warm pool when the driver last looked.
+    let mut resting: std::collections::BTreeSet<String> = Default::default();
     while started.elapsed() < Duration::from_secs_f64(minutes * 60.0) {
         step += 1;
         tokio::time::sleep(Duration::from_millis(500 + dice.below(2000))).await;
@@ -349,11 +378,12 @@ async fn soak_two_replicas_under_faults_judged_from_outside() {
             seed,
         )
         .await;
+        watch_pool(&cloud, &mut resting, &mut chosen, &mut rec);
         // What a consumer left (a follower's, AWS not showing the hold yet) is seen
         // again, as SQS shows it after its visibility timeout.
         queue.redeliver();
         let desired = cloud.desired(GROUP).unwrap_or(0);
-        let roll = dice.below(118);
+        let roll = dice.below(124);
         let leader = replicas.iter().position(|r| r.leads());
         match roll {
             0..=19 => {
@@ -376,10 +406,11 @@ async fn soak_two_replicas_under_faults_judged_from_outside() {
                 rec.step(step, seed, "skip", json!({"why": "ceiling or no leader"}));
             }
             20..=39 => {
+                let web = of_group(&cloud, GROUP);
                 let free: Vec<(String, String)> = rig::occupied(&admin, &kubelet)
                     .await
                     .into_iter()
-                    .filter(|(_, iid)| !chosen.contains(iid))
+                    .filter(|(_, iid)| !chosen.contains(iid) && web.contains(iid))
                     .collect();
                 let room = desired - FLOOR;
                 match (leader, free.is_empty() || room <= 0) {
@@ -471,10 +502,11 @@ async fn soak_two_replicas_under_faults_judged_from_outside() {
                     }
                 }
                 None => {
+                    let web = of_group(&cloud, GROUP);
                     let free: Vec<String> = kubelet
                         .nodes()
                         .into_iter()
-                        .filter(|(_, iid)| !chosen.contains(iid))
+                        .filter(|(_, iid)| !chosen.contains(iid) && web.contains(iid))
                         .map(|(node, _)| node)
                         .collect();
                     if free.len() as i32 > FLOOR {
@@ -740,6 +772,69 @@ async fn soak_two_replicas_under_faults_judged_from_outside() {
                     );
                 }
             }
+            118..=120 => {
+                // The ASG scales the pooled group in by one: under ReuseOnScaleIn the
+                // instance goes back into the warm pool through our hook
+                // (Warmed:Pending:Wait), its notification saying Destination WarmPool
+                // (a third of the time twice), its Node kept for the next scale-up.
+                let pooled_desired = cloud.desired(POOLED).unwrap_or(0);
+                if pooled_desired > POOL_FLOOR {
+                    let into = cloud.external_scale_in(POOLED, 1).unwrap();
+                    let mut twice = false;
+                    for iid in &into {
+                        chosen.insert(iid.clone());
+                        rec.choice(json!({"who": "asg", "op": "ScaleIn", "group": POOLED, "instance": iid}));
+                        let token = cloud.action_token(iid, HOOK);
+                        let body = support::notices::lifecycle_into_pool(
+                            POOLED,
+                            iid,
+                            HOOK,
+                            token.as_deref(),
+                        );
+                        twice = at_least_once(&queue, &mut dice, &mut sent, body);
+                    }
+                    rec.step(
+                        step,
+                        seed,
+                        "asg_scale_in_into_pool",
+                        json!({"instances": into, "message_twice": twice}),
+                    );
+                } else {
+                    rec.step(
+                        step,
+                        seed,
+                        "skip",
+                        json!({"why": "pool group at its floor"}),
+                    );
+                }
+            }
+            121..=123 => {
+                // CA scales the pooled group up by one: the ASG takes an instance
+                // resting in the pool first (the same instance and Node name), and the
+                // service hands its Node back once it has settled in service.
+                let pooled_desired = cloud.desired(POOLED).unwrap_or(0);
+                match leader {
+                    Some(l) if pooled_desired < POOL_CEILING => {
+                        let mut ca = replicas[l].ca.clone().unwrap();
+                        let r = ca
+                            .node_group_increase_size(proto::NodeGroupIncreaseSizeRequest {
+                                id: POOLED.into(),
+                                delta: 1,
+                            })
+                            .await;
+                        rec.step(step, seed, "ca_increase_size_from_pool", json!({"ok": r.is_ok(), "resting": resting.len(), "error": r.as_ref().err().map(|e| e.to_string())}));
+                        if r.is_ok() {
+                            rec.choice(json!({"who": "ca", "op": "IncreaseSize", "group": POOLED, "delta": 1}));
+                        }
+                    }
+                    _ => rec.step(
+                        step,
+                        seed,
+                        "skip",
+                        json!({"why": "pool group at its ceiling, or no leader"}),
+                    ),
+                }
+            }
             _ => {
                 if slow_until.is_none() {
                     let ms = 200 + dice.below(1300);
@@ -773,20 +868,27 @@ async fn soak_two_replicas_under_faults_judged_from_outside() {
             json!({"replica": replicas[i].who.uid(), "settling": true}),
         );
     }
+    // Settled: every chosen instance out of service (ended, or at rest in the warm
+    // pool), a Node for each instance there is (the pool's keep theirs), every pod Ready.
     let settle = |cloud: MemoryCloud,
                   kubelet: FakeKubelet,
                   admin: kube::Client,
                   chosen: std::collections::BTreeSet<String>| async move {
         let live: std::collections::BTreeSet<String> =
             cloud.instances().into_iter().map(|(_, i)| i.id).collect();
+        let pool = cloud.pooled();
         let nodes = kubelet.nodes();
         chosen.iter().all(|c| !live.contains(c))
-            && nodes.len() == live.len()
+            && pool
+                .iter()
+                .all(|(_, i)| RESTING.contains(&i.state.as_str()))
+            && nodes.len() == live.len() + pool.len()
             && rig::ready_pods(&admin).await.len() == rig::APP_REPLICAS + nodes.len()
     };
     let settled_by = ca_asg_provider::clock::Instant::now();
     let mut settled = false;
     while settled_by.elapsed() < Duration::from_secs(240) {
+        watch_pool(&cloud, &mut resting, &mut chosen, &mut rec);
         ask_again(&replicas, &mut again, &mut rec, step, seed).await;
         reclaim_due(
             &cloud,
@@ -834,10 +936,13 @@ async fn soak_two_replicas_under_faults_judged_from_outside() {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     let leader = replicas.iter().position(|r| r.leads());
+    watch_pool(&cloud, &mut resting, &mut chosen, &mut rec);
     if let Some(l) = leader {
         let mut ca = replicas[l].ca.clone().unwrap();
-        let size = rig::ca_target(&mut ca).await;
-        rec.choice(json!({"who": "ca", "op": "TargetSize", "group": GROUP, "size": size}));
+        for group in [GROUP, POOLED] {
+            let size = target_of(&mut ca, group).await;
+            rec.choice(json!({"who": "ca", "op": "TargetSize", "group": group, "size": size}));
+        }
     }
     write_run(&rec, &cloud, &aws, &admin, &cp.audit_log()).await;
     let ended = cloud
@@ -982,7 +1087,8 @@ fn at_least_once(
     twice
 }
 
-/// The (node, instance) of every instance in service with a Node that nobody chose.
+/// The (node, instance) of every instance of `web` in service with a Node that nobody
+/// chose.
 fn in_service_unchosen(
     cloud: &MemoryCloud,
     kubelet: &FakeKubelet,
@@ -994,11 +1100,69 @@ fn in_service_unchosen(
         .into_iter()
         .filter(|(_, iid)| !chosen.contains(iid))
         .filter(|(_, iid)| {
-            in_service.iter().any(|(_, i)| {
-                i.id == *iid && i.state == ca_asg_provider::cloud::LifecycleState::InService
+            in_service.iter().any(|(g, i)| {
+                g == GROUP
+                    && i.id == *iid
+                    && i.state == ca_asg_provider::cloud::LifecycleState::InService
             })
         })
         .collect()
+}
+
+/// CA's NodeGroupTargetSize of `group`, after a Refresh (as CA reads it each loop).
+async fn target_of(ca: &mut CloudProviderClient<Channel>, group: &str) -> i32 {
+    ca.refresh(proto::RefreshRequest {}).await.expect("Refresh");
+    ca.node_group_target_size(proto::NodeGroupTargetSizeRequest { id: group.into() })
+        .await
+        .expect("NodeGroupTargetSize")
+        .into_inner()
+        .target_size
+}
+
+/// The instances of `group` (not those in its warm pool).
+fn of_group(cloud: &MemoryCloud, group: &str) -> std::collections::BTreeSet<String> {
+    cloud
+        .instances()
+        .into_iter()
+        .filter(|(g, _)| g == group)
+        .map(|(_, i)| i.id)
+        .collect()
+}
+
+/// Warm-pool moves as the driver sees them (before each step, and while settling): an
+/// instance that came to rest in the pool (`Pooled`), and one that was resting there
+/// and is back in the group (`Reused`: under the same Node name, and no longer chosen:
+/// a later scale-in may choose it again). The checker tells each stay in service apart
+/// by these; they are seen up to a step late.
+fn watch_pool(
+    cloud: &MemoryCloud,
+    resting: &mut std::collections::BTreeSet<String>,
+    chosen: &mut std::collections::BTreeSet<String>,
+    rec: &mut Record,
+) {
+    let pool = cloud.pooled();
+    let now: std::collections::BTreeSet<String> = pool
+        .iter()
+        .filter(|(_, i)| RESTING.contains(&i.state.as_str()))
+        .map(|(_, i)| i.id.clone())
+        .collect();
+    let back = of_group(cloud, POOLED);
+    for iid in now.difference(resting) {
+        rec.choice(json!({"who": "aws", "op": "Pooled", "group": POOLED, "instance": iid}));
+    }
+    for iid in resting.iter().filter(|i| back.contains(*i)) {
+        rec.choice(json!({"who": "aws", "op": "Reused", "group": POOLED, "instance": iid}));
+        chosen.remove(iid);
+    }
+    // Still in the pool, resting or not: remembered until seen back in the group.
+    let in_pool: std::collections::BTreeSet<String> =
+        pool.iter().map(|(_, i)| i.id.clone()).collect();
+    *resting = resting
+        .iter()
+        .filter(|i| in_pool.contains(*i))
+        .cloned()
+        .chain(now)
+        .collect();
 }
 
 /// A spot warning's notice: EC2 reclaims the instance two minutes after it.
@@ -1146,9 +1310,14 @@ async fn write_run(
             HookEvent::Terminated { instance } => json!({"who": "aws", "op": "Terminated", "instance": instance}),
         });
     }
-    lines.push(
-        json!({"who": "aws", "op": "Desired", "group": GROUP, "desired": cloud.desired(GROUP)}),
-    );
+    for group in [GROUP, POOLED] {
+        lines.push(
+            json!({"who": "aws", "op": "Desired", "group": group, "desired": cloud.desired(group)}),
+        );
+    }
+    for (group, i) in cloud.pooled() {
+        lines.push(json!({"who": "aws", "op": "InPool", "group": group, "instance": i.id, "state": i.state.as_str()}));
+    }
     let mut f = std::fs::File::create(dir.join("cloud.jsonl")).unwrap();
     for l in lines {
         writeln!(f, "{l}").unwrap();

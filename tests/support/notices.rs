@@ -85,6 +85,15 @@ pub fn lifecycle_at(
     v.to_string()
 }
 
+/// [`lifecycle`] for an instance going back into its group's warm pool (a scale-in
+/// under ReuseOnScaleIn): `Destination` is `WarmPool`.
+pub fn lifecycle_into_pool(group: &str, iid: &str, hook: &str, token: Option<&str>) -> String {
+    let mut v: serde_json::Value =
+        serde_json::from_str(&lifecycle(group, iid, hook, token)).expect("our own JSON");
+    v["Destination"] = "WarmPool".into();
+    v.to_string()
+}
+
 /// [`lifecycle_at`] sent now, as AWS stamps it.
 pub fn lifecycle(group: &str, iid: &str, hook: &str, token: Option<&str>) -> String {
     lifecycle_at(group, iid, hook, token, ca_asg_provider::clock::utc_now())
