@@ -9,7 +9,8 @@ the node / instance / pod and the evidence lines; 2: the input could not be read
 The input contract (RUN_DIR, written by tests/e2e_soak.rs; docs/e2e.md#the-soak):
 
 - audit.log: kube-apiserver's audit log, JSON lines, as the suite's policy writes it
-  (tests/e2e/control_plane.rs): every request of the service at Metadata; Lease writes
+  (tests/e2e/control_plane.rs): every request of the service at Metadata (its Node
+  writes and Events with their request body, which no rule reads); Lease writes
   with their request body; pod creates with their response (name, owner, node); bindings;
   budget status writes with their body; writes of pods, evictions and Nodes (Node creates
   with their body, for the providerID).
@@ -34,6 +35,9 @@ The input contract (RUN_DIR, written by tests/e2e_soak.rs; docs/e2e.md#the-soak)
     driver saw them, each with `at`: `Pooled` group instance (it came to rest in the
     group's warm pool), `Reused` group instance (back in the group, under the same Node
     name); and `InPool` group instance state, once per instance in a pool at the end.
+  - who = "net", op = `Pause`: a pause of a replica's link to the API server (`replica`,
+    `from` and `to` RFC 3339 UTC, `held`: how many connections held bytes the replica
+    sent, delivered when it healed).
 - end.json: the Kubernetes objects once the run settled: {"nodes": [...], "pods": [...]}.
 
 Every rule is a function taking the parsed run and returning a list of failures.
@@ -295,6 +299,16 @@ def spot_stops_from(run):
     return out
 
 
+def _on_node_by(q, at):
+    """Whether pod `q` was on its node by `at`: from its binding (or its create, for a
+    pod created bound), not from its create. A pod created before a drain can be bound
+    to the node after it: the scheduler places it on a cordoned node when its view of
+    the Node is older than the cordon (its watch broken by an API server or etcd
+    restart), as it would on any cluster; that pod is not the drain's to have waited
+    for."""
+    return q.get("bound", q.get("created", "")) <= at
+
+
 def workload_deleted_not_evicted(run):
     """A workload pod the service deleted other than through the Eviction API. The
     soak's hooks outlast the soak, so no proceed deadline of a hook can have passed: any
@@ -335,7 +349,7 @@ def daemonset_before_workloads(run):
             (k, q)
             for k, q in run.pods_on(p["node"])
             if q.get("owner") != "DaemonSet"
-            and q.get("created", "") <= at
+            and _on_node_by(q, at)
             and (q.get("gone") is None or q["gone"] > at)
         ]
         if left:
@@ -388,7 +402,7 @@ def hook_held_badly(run):
         left = [
             k
             for k, q in run.pods_on(node)
-            if q.get("created", "") <= at
+            if _on_node_by(q, at)
             and (q.get("gone") is None or q["gone"] > at)
             and not (q.get("owner") == "DaemonSet" and began and q.get("bound", "") > began)
         ]
@@ -431,19 +445,23 @@ def _received(e):
     return str(e.get("requestReceivedTimestamp") or e.get("stageTimestamp") or "")
 
 
-def two_leaders(run):
-    """A replica writing (but the Lease and Events) while the last Lease write before it
-    named another holder, or none. Lease writes count whoever sends them: a person's
-    `drain` command that takes the Lease (no replica renewing it) holds it as much.
-    Each write is placed where the API server received it, not where it completed: a
-    write the leader sent that waited out an etcd restart in the API server, completing
-    after another replica took the Lease, was written as leader (and two successful
-    compare-and-swap Lease writes complete in the order they were received)."""
+# A pause of a replica's link delivers what it held when it heals: the API server
+# receives those requests within this long of the heal.
+LATE_SECS = 1.0
+
+
+def _is_lease(e):
+    ref = e.get("objectRef") or {}
+    return (ref.get("namespace"), ref.get("name")) == LEASE and ref.get("resource") == "leases"
+
+
+def _replica_writes(run):
+    """(write, the Lease's holder when the API server received it), in receive order:
+    every write of a replica but to the Lease and Events."""
     holder = None
-    fails = []
     for e in sorted(run.audit, key=_received):
         ref = e.get("objectRef") or {}
-        if (ref.get("namespace"), ref.get("name")) == LEASE and ref.get("resource") == "leases":
+        if _is_lease(e):
             if ok(e) and e.get("verb") in ("create", "update", "patch"):
                 holder = _d(e, "requestObject", "spec", "holderIdentity") or None
             continue
@@ -453,8 +471,59 @@ def two_leaders(run):
             continue
         if ref.get("resource") in ("events", "leases"):
             continue
+        yield e, holder
+
+
+def _holder_at(run, t):
+    """Who held the Lease at `t` (seconds since the epoch), by its writes received
+    before then."""
+    holder = None
+    for e in sorted((e for e in run.audit if _is_lease(e)), key=_received):
+        if (_when(_received(e)) or 0) > t:
+            break
+        if ok(e) and e.get("verb") in ("create", "update", "patch"):
+            holder = _d(e, "requestObject", "spec", "holderIdentity") or None
+    return holder
+
+
+def late_writes(run):
+    """The writes a pause of their replica's link held and delivered late: received
+    within LATE_SECS of the pause's heal, from a replica that held the Lease when the
+    pause began and whose link held bytes it had sent. The audit log cannot tell a
+    write sent before the replica stepped down during the pause from one sent after;
+    both are excused here (the step-down itself is the election's own tests' to judge)."""
+    pauses = defaultdict(list)
+    for c in run.cloud_ops(who="net", op="Pause"):
+        a, b = _when(c.get("from")), _when(c.get("to"))
+        if c.get("held") and a is not None and b is not None:
+            pauses[c.get("replica")].append((a, b))
+    led = {(r, a): _holder_at(run, a) == r for r, ps in pauses.items() for a, _ in ps}
+    out = []
+    for e, holder in _replica_writes(run):
         uid = _d(e, "user", "uid")
-        if holder != uid:
+        t = _when(_received(e))
+        if holder == uid or t is None:
+            continue
+        if any(led[(uid, a)] and b <= t <= b + LATE_SECS for a, b in pauses.get(uid, [])):
+            out.append(e)
+    return out
+
+
+def two_leaders(run):
+    """A replica writing (but the Lease and Events) while the last Lease write before it
+    named another holder, or none. Lease writes count whoever sends them: a person's
+    `drain` command that takes the Lease (no replica renewing it) holds it as much.
+    Each write is placed where the API server received it, not where it completed: a
+    write the leader sent that waited out an etcd restart in the API server, completing
+    after another replica took the Lease, was written as leader (and two successful
+    compare-and-swap Lease writes complete in the order they were received). So was a
+    write its link held through a pause and delivered late (`late_writes`): the other
+    rules judge what it did."""
+    late = {id(e) for e in late_writes(run)}
+    fails = []
+    for e, holder in _replica_writes(run):
+        uid = _d(e, "user", "uid")
+        if holder != uid and id(e) not in late:
             fails.append(f"replica {uid} wrote while {holder or 'nobody'} held the Lease\n  {line(e)}")
     return fails
 
@@ -569,6 +638,8 @@ def exercised(run):
                            and (e.get("objectRef") or {}).get("resource") not in ("events", "leases")),
         "left_marked": len(run.end_nodes),
         "warm_pool_moves": sum(len(m) for m in run.moves.values()),
+        "late_writes_landed": sum(1 for e in late_writes(run) if ok(e)),
+        "late_writes_refused": sum(1 for e in late_writes(run) if not ok(e)),
         "drain_never_ended": len({run.pods.get((e["objectRef"].get("namespace"), e["objectRef"].get("name")), {}).get("node") for e in evictions} - {None}),
     }
 

@@ -245,6 +245,25 @@ class Checker(unittest.TestCase):
         a.sort(key=lambda x: x["stageTimestamp"])
         self.assertBreaks("hook_held_badly", (a, c, e), "logging/fluent-bit-2 still there")
 
+    def test_a_pod_bound_to_the_node_after_its_drain_is_not_the_drains(self):
+        a, c, e = clean()
+        # The ReplicaSet's replacement (created at :07, when app-1 was evicted) is bound
+        # to the drained node at :13, after the action was completed (:12): the
+        # scheduler's view of the Node was older than its cordon. It was not there when
+        # the log shipper went (:10) nor at the completion.
+        a.append(pod_create(7, "app-2", "ReplicaSet"))
+        bind = ev(13, "system:kube-scheduler", "s", "create", "pods", "app-2", sub="binding",
+                  req={"target": {"name": NODE}})
+        a.append(bind)
+        a.sort(key=lambda x: x["stageTimestamp"])
+        self.assertEqual(broken(a, c, e), {})
+        # Bound at :09, before the log shipper's eviction: both rules see it.
+        bind["stageTimestamp"] = at(9)
+        a.sort(key=lambda x: x["stageTimestamp"])
+        got = broken(a, c, e)
+        self.assertEqual(sorted(got), ["daemonset_before_workloads", "hook_held_badly"])
+        self.assertIn("shop/app-2 (gone never)", got["daemonset_before_workloads"][0])
+
     def test_a_budget_broken(self):
         a, c, e = clean()
         a[9]["requestObject"]["status"]["currentHealthy"] = 1  # the status after the eviction
@@ -282,6 +301,29 @@ class Checker(unittest.TestCase):
         # Received after the takeover, it is two leaders whenever it completed.
         late["requestReceivedTimestamp"] = "2026-11-28T16:00:12.500000Z"
         self.assertBreaks("two_leaders", (a + [late], c, e), "replica replica-a wrote while replica-b held the Lease")
+
+    def test_a_write_a_pause_held_and_delivered_late(self):
+        a, c, e = clean()
+        # replica-a leads; its link pauses at :09 (holding what it sent) and heals at
+        # :12; replica-b takes the Lease at :11; replica-a's write, sent into the pause,
+        # reaches the API server 0.3 s after the heal: written as leader, late.
+        a.append(lease(11, "replica-b", "replica-b"))
+        late = ev(12, SVC, "replica-a", "patch", "nodes", NODE, ns="")
+        late["requestReceivedTimestamp"] = "2026-11-28T16:00:12.300000Z"
+        pause = {"who": "net", "op": "Pause", "replica": "replica-a", "from": at(9), "to": at(12), "held": 1}
+        self.assertEqual(broken(a + [late], c + [pause], e), {})
+        with tempfile.TemporaryDirectory() as tmp:
+            run = sc.load(write(tmp, a + [late], c + [pause], e))
+        self.assertEqual(sc.exercised(run)["late_writes_landed"], 1)
+        # Received 2 s after the heal: not what the pause held.
+        later = dict(late, requestReceivedTimestamp="2026-11-28T16:00:14.000000Z", stageTimestamp=at(14))
+        self.assertBreaks("two_leaders", (a + [later], c + [pause], e), "replica replica-a wrote while replica-b held the Lease")
+        # The link held nothing the replica sent.
+        self.assertBreaks("two_leaders", (a + [late], c + [dict(pause, held=0)], e), "replica replica-a wrote")
+        # The replica did not lead when the pause began (:04, before it took the Lease).
+        self.assertBreaks("two_leaders", (a + [late], c + [dict(pause, **{"from": at(4)})], e), "replica replica-a wrote")
+        # Another replica's pause excuses nothing of replica-a's.
+        self.assertBreaks("two_leaders", (a + [late], c + [dict(pause, replica="replica-b")], e), "replica replica-a wrote")
 
     def test_a_node_left_tainted_or_annotated(self):
         a, c, e = clean()
