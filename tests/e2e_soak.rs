@@ -18,8 +18,8 @@
 //! warning for one that is gone, an old message again), and faults: a replica killed
 //! (the leader too: its runtime
 //! dropped, its Lease not released, a fresh replica of the same identity started a few
-//! steps later), a replica cut off from the API server for 1 to 10 s (its link,
-//! `e2e/link.rs`, falls silent), kube-apiserver restarted (SIGTERM) and etcd killed and
+//! steps later), a replica's link to the API server cut or paused for 1
+//! to 10 s (its link, `e2e/link.rs`, falls silent; a pause delivers what it held late), kube-apiserver restarted (SIGTERM) and etcd killed and
 //! restarted, AWS throttling, AWS 5xx (InternalFailure) and slow answers. Then the run
 //! settles and `scripts/soak_check.py`, which shares no code with the service, judges it
 //! from the audit log, the cloud's record and the objects at the end.
@@ -646,25 +646,38 @@ async fn soak_two_replicas_under_faults_judged_from_outside() {
                 rec.step(step, seed, "queue_forged", json!({"kind": kind}));
             }
             100..=104 => {
-                // A network partition between a replica (the leader half the time) and
-                // the API server, 1 to 10 s: its connections fall silent, and are closed
-                // when it heals (by the clock, whatever the driver is waiting on).
-                let cut = links.iter().any(|l| l.is_cut());
-                if cut {
-                    rec.step(step, seed, "skip", json!({"why": "a link is already cut"}));
+                // The network between a replica (the leader half the time) and the API
+                // server breaks for 1 to 10 s, healed by the clock whatever the driver
+                // waits on: a partition (its connections fall silent, and are closed
+                // when it heals) or a pause (silent too, and what both sides sent is
+                // delivered late when it heals).
+                let broken = links.iter().any(|l| l.is_broken());
+                if broken {
+                    rec.step(
+                        step,
+                        seed,
+                        "skip",
+                        json!({"why": "a link is already broken"}),
+                    );
                 } else {
                     let i = match (dice.below(2), leader) {
                         (0, Some(l)) => l,
                         _ => dice.below(2) as usize,
                     };
                     let secs = 1 + dice.below(10);
-                    links[i].cut();
+                    let what = if dice.below(2) == 0 {
+                        links[i].cut();
+                        "net_cut"
+                    } else {
+                        links[i].pause();
+                        "net_pause"
+                    };
                     let l = links[i].clone();
                     tokio::spawn(async move {
                         tokio::time::sleep(Duration::from_secs(secs)).await;
                         l.heal();
                     });
-                    rec.step(step, seed, "net_cut", json!({"replica": replicas[i].who.uid(), "leader": leader == Some(i), "secs": secs}));
+                    rec.step(step, seed, what, json!({"replica": replicas[i].who.uid(), "leader": leader == Some(i), "secs": secs}));
                 }
             }
             105..=109 => {
@@ -870,23 +883,58 @@ async fn soak_two_replicas_under_faults_judged_from_outside() {
     }
     // Settled: every chosen instance out of service (ended, or at rest in the warm
     // pool), a Node for each instance there is (the pool's keep theirs), every pod Ready.
-    let settle = |cloud: MemoryCloud,
-                  kubelet: FakeKubelet,
-                  admin: kube::Client,
-                  chosen: std::collections::BTreeSet<String>| async move {
+    // What is not settled yet (empty: settled), said when the run does not settle.
+    let unsettled = |cloud: MemoryCloud,
+                     kubelet: FakeKubelet,
+                     admin: kube::Client,
+                     chosen: std::collections::BTreeSet<String>| async move {
         let live: std::collections::BTreeSet<String> =
             cloud.instances().into_iter().map(|(_, i)| i.id).collect();
         let pool = cloud.pooled();
         let nodes = kubelet.nodes();
-        chosen.iter().all(|c| !live.contains(c))
-            && pool
-                .iter()
-                .all(|(_, i)| RESTING.contains(&i.state.as_str()))
-            && nodes.len() == live.len() + pool.len()
-            && rig::ready_pods(&admin).await.len() == rig::APP_REPLICAS + nodes.len()
+        let ready = rig::ready_pods(&admin).await;
+        let mut not = Vec::new();
+        let serving: Vec<&String> = chosen.iter().filter(|c| live.contains(*c)).collect();
+        if !serving.is_empty() {
+            not.push(format!("chosen instances not ended: {serving:?}"));
+        }
+        let moving: Vec<String> = pool
+            .iter()
+            .filter(|(_, i)| !RESTING.contains(&i.state.as_str()))
+            .map(|(_, i)| format!("{} {}", i.id, i.state.as_str()))
+            .collect();
+        if !moving.is_empty() {
+            not.push(format!("not at rest in the warm pool: {moving:?}"));
+        }
+        if nodes.len() != live.len() + pool.len() {
+            not.push(format!(
+                "{} Nodes for {} instances and {} in the pool",
+                nodes.len(),
+                live.len(),
+                pool.len()
+            ));
+        }
+        if ready.len() != rig::APP_REPLICAS + nodes.len() {
+            let bare: Vec<&String> = nodes
+                .keys()
+                .filter(|n| {
+                    !ready
+                        .iter()
+                        .any(|(p, on)| on == *n && p.starts_with("logging/"))
+                })
+                .collect();
+            not.push(format!(
+                "{} pods Ready, {} wanted (the app's {} and a log shipper per Node; Nodes with none Ready: {bare:?})",
+                ready.len(),
+                rig::APP_REPLICAS + nodes.len(),
+                rig::APP_REPLICAS
+            ));
+        }
+        not
     };
     let settled_by = ca_asg_provider::clock::Instant::now();
     let mut settled = false;
+    let mut why_not: Vec<String> = Vec::new();
     while settled_by.elapsed() < Duration::from_secs(240) {
         watch_pool(&cloud, &mut resting, &mut chosen, &mut rec);
         ask_again(&replicas, &mut again, &mut rec, step, seed).await;
@@ -915,17 +963,20 @@ async fn soak_two_replicas_under_faults_judged_from_outside() {
                 );
             }
         }
-        if settle(
+        let not = unsettled(
             cloud.clone(),
             kubelet.clone(),
             admin.clone(),
             chosen.clone(),
         )
-        .await
-            && cli.is_none()
-        {
+        .await;
+        if not.is_empty() && cli.is_none() {
             settled = true;
             break;
+        }
+        why_not = not;
+        if cli.is_some() {
+            why_not.push("a drain command still follows its drain".into());
         }
         tokio::time::sleep(Duration::from_millis(500)).await;
     }
@@ -944,7 +995,17 @@ async fn soak_two_replicas_under_faults_judged_from_outside() {
             rec.choice(json!({"who": "ca", "op": "TargetSize", "group": group, "size": size}));
         }
     }
+    for (r, l) in replicas.iter().zip(&links) {
+        for p in l.pauses() {
+            rec.choices.push(json!({"who": "net", "op": "Pause", "replica": r.who.uid(), "from": p.from, "to": p.to, "held": p.held}));
+        }
+    }
     write_run(&rec, &cloud, &aws, &admin, &cp.audit_log()).await;
+    // The control plane's own logs beside the run's (kept when it fails): what a real
+    // part did about a fault is there.
+    for (name, path) in cp.part_logs() {
+        let _ = std::fs::copy(path, dir.join(name));
+    }
     let ended = cloud
         .lifecycle_log()
         .iter()
@@ -983,9 +1044,14 @@ async fn soak_two_replicas_under_faults_judged_from_outside() {
     }
     assert!(
         passed,
-        "soak FAILED (seed {seed}; schedule {}; run files in {}; settled: {settled}):\n{said}{}",
+        "soak FAILED (seed {seed}; schedule {}; run files in {}; settled: {settled}{}):\n{said}{}",
         dir.join("schedule.jsonl").display(),
         dir.display(),
+        if settled {
+            String::new()
+        } else {
+            format!(", not settled after 240 s: {}", why_not.join("; "))
+        },
         String::from_utf8_lossy(&out.stderr)
     );
 }
@@ -1332,4 +1398,63 @@ async fn write_run(
         .expect("list pods");
     let end = json!({"nodes": nodes.items, "pods": pods.items});
     std::fs::write(dir.join("end.json"), end.to_string()).unwrap();
+}
+
+/// The link's two breaks on a plain TCP echo server: a pause holds what the client
+/// sent and delivers it at the heal on the same connection (counted as held); a cut
+/// delivers nothing and closes the connection at the heal, and a new connection passes.
+#[tokio::test]
+async fn a_pause_delivers_late_and_a_cut_closes() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let echo = tokio::net::TcpListener::bind(("127.0.0.1", 0))
+        .await
+        .unwrap();
+    let upstream = echo.local_addr().unwrap();
+    tokio::spawn(async move {
+        while let Ok((mut c, _)) = echo.accept().await {
+            tokio::spawn(async move {
+                let (mut r, mut w) = c.split();
+                let _ = tokio::io::copy(&mut r, &mut w).await;
+            });
+        }
+    });
+    let link = Link::start(upstream).await.unwrap();
+    let mut c = tokio::net::TcpStream::connect(link.addr).await.unwrap();
+    let mut got = [0u8; 5];
+    c.write_all(b"hello").await.unwrap();
+    c.read_exact(&mut got).await.unwrap();
+    assert_eq!(&got, b"hello");
+
+    link.pause();
+    c.write_all(b"late!").await.unwrap();
+    let silent = tokio::time::timeout(Duration::from_millis(300), c.read_exact(&mut got)).await;
+    assert!(silent.is_err(), "nothing passes during a pause");
+    link.heal();
+    c.read_exact(&mut got).await.unwrap();
+    assert_eq!(
+        &got, b"late!",
+        "delivered at the heal, on the same connection"
+    );
+    let pauses = link.pauses();
+    assert_eq!(pauses.len(), 1);
+    assert_eq!(pauses[0].held, 1, "one connection held the client's bytes");
+
+    link.cut();
+    c.write_all(b"never").await.unwrap();
+    let silent = tokio::time::timeout(Duration::from_millis(300), c.read(&mut got)).await;
+    assert!(silent.is_err(), "nothing passes during a cut");
+    link.heal();
+    let n = tokio::time::timeout(Duration::from_secs(5), c.read(&mut got))
+        .await
+        .expect("closed at the heal")
+        .unwrap_or(0);
+    assert_eq!(
+        n, 0,
+        "a cut's connection is closed, what it held never delivered"
+    );
+    let mut fresh = tokio::net::TcpStream::connect(link.addr).await.unwrap();
+    fresh.write_all(b"again").await.unwrap();
+    fresh.read_exact(&mut got).await.unwrap();
+    assert_eq!(&got, b"again");
+    assert_eq!(link.pauses().len(), 1, "a cut is not a pause");
 }

@@ -256,6 +256,20 @@ rules:
     resources:
       - group: ""
         resources: ["pods/binding", "nodes"]
+  - level: Request
+    users: ["system:serviceaccount:kube-system:cluster-autoscaler", "e2e:drainer"]
+    verbs: ["update", "patch"]
+    resources:
+      - group: ""
+        resources: ["nodes"]
+  - level: Request
+    users: ["system:serviceaccount:kube-system:cluster-autoscaler", "e2e:drainer"]
+    verbs: ["create", "patch"]
+    resources:
+      - group: ""
+        resources: ["events"]
+      - group: "events.k8s.io"
+        resources: ["events"]
   - level: Metadata
     users: ["system:serviceaccount:kube-system:cluster-autoscaler", "e2e:drainer"]
   - level: Request
@@ -641,6 +655,14 @@ impl ControlPlane {
     /// The audit log's file (JSON lines).
     pub fn audit_log(&self) -> PathBuf {
         self.path("audit.log")
+    }
+
+    /// The log of each part it runs (`etcd.log`, `kube-apiserver.log`, ...): (name, path).
+    pub fn part_logs(&self) -> Vec<(String, PathBuf)> {
+        self.procs
+            .iter()
+            .map(|(name, _)| (format!("{name}.log"), self.path(&format!("{name}.log"))))
+            .collect()
     }
 
     /// Every audit event written so far.
