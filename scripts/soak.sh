@@ -15,6 +15,11 @@ while [ $# -gt 0 ]; do
     esac
     shift
 done
+# The interruption queue is SQS on moto: scripts/test.sh installs it into .venv.
+if [ -z "${MOTO_SERVER:-}" ] && [ ! -x .venv/bin/moto_server ] && ! command -v moto_server >/dev/null; then
+    echo "soak: no moto_server: scripts/test.sh installs moto into .venv (E2E=0 scripts/test.sh is enough)" >&2
+    exit 2
+fi
 bins="$(scripts/e2e/build.sh "$K8S_DEFAULT" | tail -n 2)"
 etcd_dir="$(echo "$bins" | head -n 1)"
 k8s_dir="$(echo "$bins" | tail -n 1)"

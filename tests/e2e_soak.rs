@@ -1,5 +1,7 @@
 //! The soak (issue 75; `scripts/soak.sh [--seed S] [--minutes M]`): the real control
-//! plane with its audit log, the suite's nodes (the fake kubelet), the memory cloud, and
+//! plane with its audit log, the suite's nodes (the fake kubelet), the memory cloud, the
+//! interruption queue on moto's SQS (through the SDK, as shipped: 60 s visibility, 20 s
+//! long poll), and
 //! TWO replicas of the service with leader election over the Lease, each in this process
 //! on a runtime of its own under an identity of its own. A seeded driver does, at random
 //! and at once, CA-shaped scale-ups (NodeGroupIncreaseSize) and DeleteNodes of occupied
@@ -50,8 +52,9 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
+use ca_asg_provider::cloud::aws::sqs::SqsQueue;
 use ca_asg_provider::cloud::memory::{HookEvent, MemoryCloud, MemoryGroup};
-use ca_asg_provider::cloud::queue::{MemoryQueue, Queue};
+use ca_asg_provider::cloud::queue::Queue;
 use ca_asg_provider::proto::{self, cloud_provider_client::CloudProviderClient};
 use ca_asg_provider::scalein;
 use ca_asg_provider::scalein::engine::leader::{spawn_task, LeaseSettings};
@@ -93,6 +96,10 @@ impl Dice {
     fn below(&mut self, n: u64) -> u64 {
         self.next() % n.max(1)
     }
+    /// One of `xs` (not empty), by one roll of [`Dice::below`].
+    fn pick<'a, T>(&mut self, xs: &'a [T]) -> &'a T {
+        &xs[self.below(xs.len() as u64) as usize]
+    }
 }
 
 /// One replica of the service: its runtime (dropped: the replica is killed), its CA
@@ -128,7 +135,7 @@ impl Replica {
         cp: &ControlPlane,
         cloud: &MemoryCloud,
         aws: &AwsActs,
-        queue: &Arc<MemoryQueue>,
+        queue: &SoakQueue,
     ) {
         let rt = tokio::runtime::Builder::new_multi_thread()
             .worker_threads(1)
@@ -144,7 +151,9 @@ impl Replica {
         let id = self.who.uid().to_string();
         let seen = aws.cloud(&id, Arc::new(cloud.clone()));
         let names = cloud.group_names();
-        let queue = queue.clone();
+        // Its own SQS client, as a process of its own has (built on its runtime: its
+        // connections die with it).
+        let (sqs_config, queue_url) = (queue.config.clone(), queue.url.clone());
         let (ca, leads, stop) = rt
             .spawn(async move {
                 let client = control_plane::client_from(&kubeconfig)
@@ -172,11 +181,12 @@ impl Replica {
                 let consumer = scalein::sources::queue::Consumer::new(
                     engine.clone(),
                     provider.clone(),
-                    queue.clone() as Arc<dyn Queue>,
-                    scalein::settings::InterruptionSettings {
-                        wait: Duration::from_millis(200),
-                        ..Default::default()
-                    },
+                    Arc::new(SqsQueue::from_client(
+                        aws_sdk_sqs::Client::new(&sqs_config),
+                        &queue_url,
+                    )) as Arc<dyn Queue>,
+                    // As shipped: a 20 s long poll.
+                    scalein::settings::InterruptionSettings::default(),
                 );
                 consumer.spawn();
                 (ca, leads, stop)
@@ -292,9 +302,11 @@ async fn soak_two_replicas_under_faults_judged_from_outside() {
     .await;
 
     let aws = AwsActs::default();
-    // The interruption queue (SQS played in memory): the ASG's lifecycle messages,
-    // some sent twice, and forged or stale ones.
-    let queue = Arc::new(MemoryQueue::default());
+    // The interruption queue: SQS on moto, through the SDK, with the shipped queue's
+    // visibility timeout. On it the ASG's lifecycle messages, some sent twice, and
+    // forged or stale ones.
+    let moto = support::moto::MotoServer::start();
+    let queue = SoakQueue::create(&moto).await;
     let mut sent: Vec<String> = Vec::new();
     let mut rec = Record {
         dir: dir.clone(),
@@ -379,9 +391,6 @@ async fn soak_two_replicas_under_faults_judged_from_outside() {
         )
         .await;
         watch_pool(&cloud, &mut resting, &mut chosen, &mut rec);
-        // What a consumer left (a follower's, AWS not showing the hold yet) is seen
-        // again, as SQS shows it after its visibility timeout.
-        queue.redeliver();
         let desired = cloud.desired(GROUP).unwrap_or(0);
         let roll = dice.below(124);
         let leader = replicas.iter().position(|r| r.leads());
@@ -415,7 +424,7 @@ async fn soak_two_replicas_under_faults_judged_from_outside() {
                 let room = desired - FLOOR;
                 match (leader, free.is_empty() || room <= 0) {
                     (Some(l), false) => {
-                        let pick = free[dice.below(free.len() as u64) as usize].clone();
+                        let pick = dice.pick(&free).clone();
                         let mut ca = replicas[l].ca.clone().unwrap();
                         // CA asks; the instance is CA's choice whatever the answer.
                         rec.choice(json!({"who": "ca", "op": "DeleteNodes", "group": GROUP, "instance": pick.1, "node": pick.0}));
@@ -452,7 +461,7 @@ async fn soak_two_replicas_under_faults_judged_from_outside() {
                         // the time twice: SQS delivers at least once).
                         let token = cloud.action_token(iid, HOOK);
                         let body = support::notices::lifecycle(GROUP, iid, HOOK, token.as_deref());
-                        twice = at_least_once(&queue, &mut dice, &mut sent, body);
+                        twice = at_least_once(&queue, &mut dice, &mut sent, body).await;
                     }
                     rec.step(
                         step,
@@ -510,7 +519,7 @@ async fn soak_two_replicas_under_faults_judged_from_outside() {
                         .map(|(node, _)| node)
                         .collect();
                     if free.len() as i32 > FLOOR {
-                        let node = free[dice.below(free.len() as u64) as usize].clone();
+                        let node = dice.pick(&free).clone();
                         rec.choice(json!({"who": "person", "op": "Drain", "node": node}));
                         rec.step(step, seed, "cli_drain", json!({"node": node}));
                         cli = Some(CliDrain::start(&cp, &cloud, &node).await);
@@ -532,7 +541,7 @@ async fn soak_two_replicas_under_faults_judged_from_outside() {
                     "describe_groups",
                     "set_desired_capacity",
                 ];
-                let op = ops[dice.below(ops.len() as u64) as usize];
+                let op = *dice.pick(&ops);
                 let times = 1 + dice.below(3) as u32;
                 cloud.throttle(op, times);
                 rec.step(
@@ -550,7 +559,7 @@ async fn soak_two_replicas_under_faults_judged_from_outside() {
                 // deadline.
                 let live = in_service_unchosen(&cloud, &kubelet, &chosen);
                 if live.len() as i32 > FLOOR {
-                    let (node, iid) = live[dice.below(live.len() as u64) as usize].clone();
+                    let (node, iid) = dice.pick(&live).clone();
                     let deadline = chrono::Utc::now() + chrono::Duration::seconds(SPOT_NOTICE_SECS);
                     chosen.insert(iid.clone());
                     rec.choice(json!({"who": "ec2", "op": "Reclaim", "group": GROUP, "instance": iid, "node": node,
@@ -558,7 +567,7 @@ async fn soak_two_replicas_under_faults_judged_from_outside() {
                     let (what, body) = match dice.below(3) {
                         0 => ("spot_warning", support::notices::spot(&iid)),
                         1 => {
-                            queue.send(&support::notices::rebalance(&iid));
+                            queue.send(&support::notices::rebalance(&iid)).await;
                             ("rebalance_then_spot", support::notices::spot(&iid))
                         }
                         _ => (
@@ -566,7 +575,7 @@ async fn soak_two_replicas_under_faults_judged_from_outside() {
                             support::notices::retirement_at(&iid, deadline),
                         ),
                     };
-                    let twice = at_least_once(&queue, &mut dice, &mut sent, body);
+                    let twice = at_least_once(&queue, &mut dice, &mut sent, body).await;
                     warned.push(Warned {
                         instance: iid.clone(),
                         not_before: step + 3,
@@ -593,7 +602,7 @@ async fn soak_two_replicas_under_faults_judged_from_outside() {
                     "complete_lifecycle_action",
                     "describe_groups",
                 ];
-                let op = ops[dice.below(ops.len() as u64) as usize];
+                let op = *dice.pick(&ops);
                 cloud.refuse(op, "InternalFailure", 1);
                 rec.step(step, seed, "aws_5xx", json!({"op": op}));
             }
@@ -616,7 +625,7 @@ async fn soak_two_replicas_under_faults_judged_from_outside() {
                 let ago = chrono::Utc::now() - chrono::Duration::minutes(10);
                 let (kind, body) = match dice.below(4) {
                     0 if !live.is_empty() => {
-                        let iid = &live[dice.below(live.len() as u64) as usize];
+                        let iid = dice.pick(&live);
                         let token = "87654321-4321-4321-4321-210987654321";
                         (
                             "lifecycle_wrong_token",
@@ -624,24 +633,21 @@ async fn soak_two_replicas_under_faults_judged_from_outside() {
                         )
                     }
                     1 if !live.is_empty() => {
-                        let iid = &live[dice.below(live.len() as u64) as usize];
+                        let iid = dice.pick(&live);
                         (
                             "lifecycle_no_token",
                             support::notices::lifecycle_at(GROUP, iid, HOOK, None, ago),
                         )
                     }
                     2 if !gone.is_empty() => {
-                        let iid = &gone[dice.below(gone.len() as u64) as usize];
+                        let iid = dice.pick(&gone);
                         ("spot_for_gone", support::notices::spot(iid))
                     }
-                    _ if !sent.is_empty() => (
-                        "replayed",
-                        sent[dice.below(sent.len() as u64) as usize].clone(),
-                    ),
+                    _ if !sent.is_empty() => ("replayed", dice.pick(&sent).clone()),
                     _ => ("none", String::new()),
                 };
                 if !body.is_empty() {
-                    queue.send(&body);
+                    queue.send(&body).await;
                 }
                 rec.step(step, seed, "queue_forged", json!({"kind": kind}));
             }
@@ -717,7 +723,7 @@ async fn soak_two_replicas_under_faults_judged_from_outside() {
                 // sends the hook's notification (a third of the time twice).
                 let live = in_service_unchosen(&cloud, &kubelet, &chosen);
                 if live.len() as i32 > FLOOR {
-                    let (node, iid) = live[dice.below(live.len() as u64) as usize].clone();
+                    let (node, iid) = dice.pick(&live).clone();
                     let cause = format!(
                         "At {} an instance was taken out of service in response to an instance refresh.",
                         chrono::Utc::now().format("%Y-%m-%dT%H:%M:%SZ")
@@ -727,7 +733,7 @@ async fn soak_two_replicas_under_faults_judged_from_outside() {
                         rec.choice(json!({"who": "asg", "op": "Refresh", "group": GROUP, "instance": iid, "node": node}));
                         let token = cloud.action_token(&iid, HOOK);
                         let body = support::notices::lifecycle(GROUP, &iid, HOOK, token.as_deref());
-                        let twice = at_least_once(&queue, &mut dice, &mut sent, body);
+                        let twice = at_least_once(&queue, &mut dice, &mut sent, body).await;
                         rec.step(
                             step,
                             seed,
@@ -764,11 +770,11 @@ async fn soak_two_replicas_under_faults_judged_from_outside() {
                 });
                 let live = in_service_unchosen(&cloud, &kubelet, &chosen);
                 if !standing && live.len() as i32 > FLOOR {
-                    let (node, iid) = live[dice.below(live.len() as u64) as usize].clone();
+                    let (node, iid) = dice.pick(&live).clone();
                     // Chooses nothing to end: no "instance" for the checker.
                     rec.choice(json!({"who": "ec2", "op": "Rebalance", "group": GROUP, "node": node, "rebalanced": iid}));
                     let body = support::notices::rebalance(&iid);
-                    let twice = at_least_once(&queue, &mut dice, &mut sent, body);
+                    let twice = at_least_once(&queue, &mut dice, &mut sent, body).await;
                     rebalanced = Some(iid.clone());
                     rec.step(
                         step,
@@ -804,7 +810,7 @@ async fn soak_two_replicas_under_faults_judged_from_outside() {
                             HOOK,
                             token.as_deref(),
                         );
-                        twice = at_least_once(&queue, &mut dice, &mut sent, body);
+                        twice = at_least_once(&queue, &mut dice, &mut sent, body).await;
                     }
                     rec.step(
                         step,
@@ -1136,18 +1142,67 @@ impl CliDrain {
     }
 }
 
+/// The interruption queue on moto's SQS: the driver sends to it through the SDK as
+/// AWS's services do; each replica reads it through a client of its own.
+struct SoakQueue {
+    config: aws_config::SdkConfig,
+    url: String,
+    sqs: aws_sdk_sqs::Client,
+}
+
+impl SoakQueue {
+    /// Creates the queue with deploy/aws/interruption-queue.yaml's visibility timeout
+    /// (60 s): a message a consumer received and did not delete (a follower's retry, a
+    /// replica killed while handling it) is seen again a minute later, as in production.
+    async fn create(moto: &support::moto::MotoServer) -> SoakQueue {
+        let config = moto.sdk_config().await;
+        let sqs = aws_sdk_sqs::Client::new(&config);
+        let url = sqs
+            .create_queue()
+            .queue_name("ca-asg-provider-soak")
+            .attributes(
+                aws_sdk_sqs::types::QueueAttributeName::VisibilityTimeout,
+                "60",
+            )
+            .send()
+            .await
+            .expect("moto creates the queue")
+            .queue_url
+            .expect("the queue's URL");
+        SoakQueue { config, url, sqs }
+    }
+
+    /// SendMessage, tried until moto answers (it is never faulted here).
+    async fn send(&self, body: &str) {
+        for _ in 0..50 {
+            let sent = self
+                .sqs
+                .send_message()
+                .queue_url(&self.url)
+                .message_body(body)
+                .send()
+                .await;
+            if sent.is_ok() {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        panic!("moto did not take a message in 50 tries");
+    }
+}
+
 /// Sends `body` to the queue as AWS's services do, at least once: a third of the time
 /// twice. Kept in `sent` (a later step may replay it). Whether it went twice.
-fn at_least_once(
-    queue: &MemoryQueue,
+async fn at_least_once(
+    queue: &SoakQueue,
     dice: &mut Dice,
     sent: &mut Vec<String>,
     body: String,
 ) -> bool {
-    queue.send(&body);
+    queue.send(&body).await;
     let twice = dice.below(3) == 0;
     if twice {
-        queue.send(&body);
+        queue.send(&body).await;
     }
     sent.push(body);
     twice
