@@ -1482,6 +1482,9 @@ async fn a_pause_delivers_late_and_a_cut_closes() {
 
     link.pause();
     c.write_all(b"late!").await.unwrap();
+    // One opened during the pause delivers at the heal as well (counted as held).
+    let mut opened = tokio::net::TcpStream::connect(link.addr).await.unwrap();
+    opened.write_all(b"later").await.unwrap();
     let silent = tokio::time::timeout(Duration::from_millis(300), c.read_exact(&mut got)).await;
     assert!(silent.is_err(), "nothing passes during a pause");
     link.heal();
@@ -1490,23 +1493,34 @@ async fn a_pause_delivers_late_and_a_cut_closes() {
         &got, b"late!",
         "delivered at the heal, on the same connection"
     );
+    opened.read_exact(&mut got).await.unwrap();
+    assert_eq!(
+        &got, b"later",
+        "a connection opened during the pause delivers too"
+    );
     let pauses = link.pauses();
     assert_eq!(pauses.len(), 1);
-    assert_eq!(pauses[0].held, 1, "one connection held the client's bytes");
+    assert_eq!(pauses[0].held, 2, "two connections held the client's bytes");
 
     link.cut();
     c.write_all(b"never").await.unwrap();
+    // A connection opened during the cut (a client's new request while the others
+    // hang) is closed at the heal too, what it sent never delivered.
+    let mut during = tokio::net::TcpStream::connect(link.addr).await.unwrap();
+    during.write_all(b"never").await.unwrap();
     let silent = tokio::time::timeout(Duration::from_millis(300), c.read(&mut got)).await;
     assert!(silent.is_err(), "nothing passes during a cut");
     link.heal();
-    let n = tokio::time::timeout(Duration::from_secs(5), c.read(&mut got))
-        .await
-        .expect("closed at the heal")
-        .unwrap_or(0);
-    assert_eq!(
-        n, 0,
-        "a cut's connection is closed, what it held never delivered"
-    );
+    for (which, conn) in [
+        ("open at the cut", &mut c),
+        ("opened during it", &mut during),
+    ] {
+        let n = tokio::time::timeout(Duration::from_secs(5), conn.read(&mut got))
+            .await
+            .unwrap_or_else(|_| panic!("{which}: closed at the heal"))
+            .unwrap_or(0);
+        assert_eq!(n, 0, "{which}: closed, what it held never delivered");
+    }
     let mut fresh = tokio::net::TcpStream::connect(link.addr).await.unwrap();
     fresh.write_all(b"again").await.unwrap();
     fresh.read_exact(&mut got).await.unwrap();

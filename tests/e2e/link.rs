@@ -160,11 +160,22 @@ async fn relay(
     mut state: watch::Receiver<State>,
     held: Arc<AtomicU64>,
 ) {
-    let born = state.borrow_and_update().cuts;
-    if state.borrow().mode != Mode::Open {
-        let _ = state.wait_for(|s| s.mode == Mode::Open).await;
-        if state.borrow().cuts != born {
-            return; // opened during a cut: closed at its heal
+    let start = *state.borrow_and_update();
+    let born = start.cuts;
+    match start.mode {
+        Mode::Open => {}
+        Mode::Cut => {
+            // Opened during a cut: closed at its heal, what it sent never delivered.
+            let _ = state.wait_for(|s| s.mode == Mode::Open).await;
+            return;
+        }
+        Mode::Pause => {
+            // Opened during a pause: it holds what the client sends until the heal.
+            held.fetch_add(1, Ordering::SeqCst);
+            let _ = state.wait_for(|s| s.mode == Mode::Open).await;
+            if state.borrow().cuts != born {
+                return;
+            }
         }
     }
     let _ = client.set_nodelay(true);
