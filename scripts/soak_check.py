@@ -455,6 +455,15 @@ def _is_lease(e):
     return (ref.get("namespace"), ref.get("name")) == LEASE and ref.get("resource") == "leases"
 
 
+def _lease_write(e):
+    """Whether `e` is a successful write of the Lease (which names its holder)."""
+    return _is_lease(e) and ok(e) and e.get("verb") in ("create", "update", "patch")
+
+
+def _holder(e):
+    return _d(e, "requestObject", "spec", "holderIdentity") or None
+
+
 def _replica_writes(run):
     """(write, the Lease's holder when the API server received it), in receive order:
     every write of a replica but to the Lease and Events."""
@@ -462,8 +471,8 @@ def _replica_writes(run):
     for e in sorted(run.audit, key=_received):
         ref = e.get("objectRef") or {}
         if _is_lease(e):
-            if ok(e) and e.get("verb") in ("create", "update", "patch"):
-                holder = _d(e, "requestObject", "spec", "holderIdentity") or None
+            if _lease_write(e):
+                holder = _holder(e)
             continue
         if not run.by_service(e):
             continue
@@ -474,19 +483,27 @@ def _replica_writes(run):
         yield e, holder
 
 
-def _holder_at(run, t):
-    """Who held the Lease at `t` (seconds since the epoch), by its writes received
-    before then."""
-    holder = None
-    for e in sorted((e for e in run.audit if _is_lease(e)), key=_received):
-        if (_when(_received(e)) or 0) > t:
-            break
-        if ok(e) and e.get("verb") in ("create", "update", "patch"):
-            holder = _d(e, "requestObject", "spec", "holderIdentity") or None
-    return holder
+def _holders_at(run, times):
+    """Who held the Lease at each of `times` (seconds since the epoch), by its writes
+    received before then: one pass over the Lease's writes."""
+    writes = sorted((e for e in run.audit if _lease_write(e)), key=_received)
+    out, holder, i = {}, None, 0
+    for t in sorted(times):
+        while i < len(writes) and (_when(_received(writes[i])) or 0) <= t:
+            holder = _holder(writes[i])
+            i += 1
+        out[t] = holder
+    return out
 
 
 def late_writes(run):
+    """`_late_writes`, worked out once per run (two_leaders and the counts use it)."""
+    if not hasattr(run, "_late"):
+        run._late = _late_writes(run)
+    return run._late
+
+
+def _late_writes(run):
     """The writes a pause of their replica's link held and delivered late: received
     within LATE_SECS of the pause's heal, from a replica that held the Lease when the
     pause began and whose link held bytes it had sent. The audit log cannot tell a
@@ -497,7 +514,8 @@ def late_writes(run):
         a, b = _when(c.get("from")), _when(c.get("to"))
         if c.get("held") and a is not None and b is not None:
             pauses[c.get("replica")].append((a, b))
-    led = {(r, a): _holder_at(run, a) == r for r, ps in pauses.items() for a, _ in ps}
+    holders = _holders_at(run, [a for ps in pauses.values() for a, _ in ps])
+    led = {(r, a): holders[a] == r for r, ps in pauses.items() for a, _ in ps}
     out = []
     for e, holder in _replica_writes(run):
         uid = _d(e, "user", "uid")

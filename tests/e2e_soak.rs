@@ -399,16 +399,13 @@ async fn soak_two_replicas_under_faults_judged_from_outside() {
                 if desired < CEILING {
                     if let Some(l) = leader {
                         let mut ca = replicas[l].ca.clone().unwrap();
-                        let r = ca
-                            .node_group_increase_size(proto::NodeGroupIncreaseSizeRequest {
-                                id: GROUP.into(),
-                                delta: 1,
-                            })
-                            .await;
-                        rec.step(step, seed, "ca_increase_size", json!({"ok": r.is_ok(), "error": r.as_ref().err().map(|e| e.to_string())}));
-                        if r.is_ok() {
-                            rec.choice(json!({"who": "ca", "op": "IncreaseSize", "group": GROUP, "delta": 1}));
-                        }
+                        let error = ca_increase(&mut ca, GROUP, &mut rec).await;
+                        rec.step(
+                            step,
+                            seed,
+                            "ca_increase_size",
+                            json!({"ok": error.is_none(), "error": error}),
+                        );
                         continue;
                     }
                 }
@@ -450,19 +447,13 @@ async fn soak_two_replicas_under_faults_judged_from_outside() {
             }
             40..=54 => {
                 if desired > FLOOR {
-                    let ended = cloud.external_scale_in(GROUP, 1).unwrap();
-                    let mut twice = false;
-                    for iid in &ended {
-                        chosen.insert(iid.clone());
-                        rec.choice(
-                            json!({"who": "asg", "op": "ScaleIn", "group": GROUP, "instance": iid}),
-                        );
-                        // The hook's notification, as the ASG sends it (a third of
-                        // the time twice: SQS delivers at least once).
-                        let token = cloud.action_token(iid, HOOK);
-                        let body = support::notices::lifecycle(GROUP, iid, HOOK, token.as_deref());
-                        twice = at_least_once(&queue, &mut dice, &mut sent, body).await;
-                    }
+                    let (ended, twice) = asg_scale_in(
+                        (&cloud, GROUP, support::notices::lifecycle),
+                        (&queue, &mut dice, &mut sent),
+                        &mut chosen,
+                        &mut rec,
+                    )
+                    .await;
                     rec.step(
                         step,
                         seed,
@@ -798,20 +789,13 @@ async fn soak_two_replicas_under_faults_judged_from_outside() {
                 // (a third of the time twice), its Node kept for the next scale-up.
                 let pooled_desired = cloud.desired(POOLED).unwrap_or(0);
                 if pooled_desired > POOL_FLOOR {
-                    let into = cloud.external_scale_in(POOLED, 1).unwrap();
-                    let mut twice = false;
-                    for iid in &into {
-                        chosen.insert(iid.clone());
-                        rec.choice(json!({"who": "asg", "op": "ScaleIn", "group": POOLED, "instance": iid}));
-                        let token = cloud.action_token(iid, HOOK);
-                        let body = support::notices::lifecycle_into_pool(
-                            POOLED,
-                            iid,
-                            HOOK,
-                            token.as_deref(),
-                        );
-                        twice = at_least_once(&queue, &mut dice, &mut sent, body).await;
-                    }
+                    let (into, twice) = asg_scale_in(
+                        (&cloud, POOLED, support::notices::lifecycle_into_pool),
+                        (&queue, &mut dice, &mut sent),
+                        &mut chosen,
+                        &mut rec,
+                    )
+                    .await;
                     rec.step(
                         step,
                         seed,
@@ -835,16 +819,8 @@ async fn soak_two_replicas_under_faults_judged_from_outside() {
                 match leader {
                     Some(l) if pooled_desired < POOL_CEILING => {
                         let mut ca = replicas[l].ca.clone().unwrap();
-                        let r = ca
-                            .node_group_increase_size(proto::NodeGroupIncreaseSizeRequest {
-                                id: POOLED.into(),
-                                delta: 1,
-                            })
-                            .await;
-                        rec.step(step, seed, "ca_increase_size_from_pool", json!({"ok": r.is_ok(), "resting": resting.len(), "error": r.as_ref().err().map(|e| e.to_string())}));
-                        if r.is_ok() {
-                            rec.choice(json!({"who": "ca", "op": "IncreaseSize", "group": POOLED, "delta": 1}));
-                        }
+                        let error = ca_increase(&mut ca, POOLED, &mut rec).await;
+                        rec.step(step, seed, "ca_increase_size_from_pool", json!({"ok": error.is_none(), "resting": resting.len(), "error": error}));
                     }
                     _ => rec.step(
                         step,
@@ -1228,6 +1204,50 @@ fn in_service_unchosen(
             })
         })
         .collect()
+}
+
+/// CA's NodeGroupIncreaseSize of `group` by 1 (to the leader's replica); answered, the
+/// increase is CA's choice. The error CA saw, if any.
+async fn ca_increase(
+    ca: &mut CloudProviderClient<Channel>,
+    group: &str,
+    rec: &mut Record,
+) -> Option<String> {
+    let r = ca
+        .node_group_increase_size(proto::NodeGroupIncreaseSizeRequest {
+            id: group.into(),
+            delta: 1,
+        })
+        .await;
+    if r.is_ok() {
+        rec.choice(json!({"who": "ca", "op": "IncreaseSize", "group": group, "delta": 1}));
+    }
+    r.err().map(|e| e.to_string())
+}
+
+/// The hook's notification for an instance of a group: (group, instance, hook, token).
+type Notice = fn(&str, &str, &str, Option<&str>) -> String;
+
+/// The ASG scales `group` in by 1 on its own, through our hook: each instance it takes
+/// out of service is chosen, and the hook's notification (`notice`: into the warm
+/// pool or to its end) goes to the queue as the ASG sends it, a third of the time
+/// twice (SQS delivers at least once). The instances, and whether a message went twice.
+async fn asg_scale_in(
+    (cloud, group, notice): (&MemoryCloud, &str, Notice),
+    (queue, dice, sent): (&SoakQueue, &mut Dice, &mut Vec<String>),
+    chosen: &mut std::collections::BTreeSet<String>,
+    rec: &mut Record,
+) -> (Vec<String>, bool) {
+    let ended = cloud.external_scale_in(group, 1).unwrap();
+    let mut twice = false;
+    for iid in &ended {
+        chosen.insert(iid.clone());
+        rec.choice(json!({"who": "asg", "op": "ScaleIn", "group": group, "instance": iid}));
+        let token = cloud.action_token(iid, HOOK);
+        let body = notice(group, iid, HOOK, token.as_deref());
+        twice = at_least_once(queue, dice, sent, body).await;
+    }
+    (ended, twice)
 }
 
 /// CA's NodeGroupTargetSize of `group`, after a Refresh (as CA reads it each loop).
