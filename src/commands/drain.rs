@@ -48,6 +48,10 @@ pub async fn run(args: DrainArgs) -> anyhow::Result<()> {
 
 /// How often the drain is read back to say where it stands.
 pub const PROGRESS_POLL: Duration = Duration::from_secs(2);
+/// How long a followed drain's command, once the record says the drain ended, looks
+/// for the leader's last warning ([`Watch::relay_last_word`]), and how often.
+pub const LAST_WORD_WAIT: Duration = Duration::from_secs(5);
+const LAST_WORD_LOOK: Duration = Duration::from_millis(250);
 /// How often, while pods keep the drain waiting, the pods and budgets are named.
 pub const BLOCKERS_EVERY: Duration = Duration::from_secs(10);
 
@@ -787,8 +791,7 @@ async fn follow(
             Followed::NotYet => {}
             Followed::Runs => seen = true,
             Followed::Ended(how) => {
-                // The leader's last Events come after the record: relayed once more.
-                watch.relay_warnings(say).await;
+                watch.relay_last_word(&how, say).await;
                 return target.ended(&how);
             }
             Followed::GivenBack => anyhow::bail!(
@@ -977,6 +980,25 @@ impl Watch {
     /// Why the drain was given up, when the service said so in a warning relayed.
     fn abandoned(&self) -> Option<String> {
         self.warnings.as_ref()?.abandoned().map(str::to_string)
+    }
+
+    /// Relays the leader's last warnings on a drain that ended `how`: they may land
+    /// after the record ([`Warnings::heard_last_word`]), so the Events are read again
+    /// until the last word is relayed, at most [`LAST_WORD_WAIT`] (then the command
+    /// ends on the record alone).
+    async fn relay_last_word(&mut self, how: &How, say: &Say) {
+        let until = tokio::time::Instant::now() + LAST_WORD_WAIT;
+        loop {
+            self.relay_warnings(say).await;
+            let heard = self
+                .warnings
+                .as_ref()
+                .is_none_or(|w| w.heard_last_word(how));
+            if heard || tokio::time::Instant::now() >= until {
+                return;
+            }
+            tokio::time::sleep(LAST_WORD_LOOK).await;
+        }
     }
 
     /// Says the service's warnings on the node not said yet. A read that fails says

@@ -3,7 +3,7 @@
 //! clock (`now` comes in). What `status` lists for every drain and what `drain NODE`
 //! prints while it runs ([`Narrator`]) are both this.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
@@ -601,6 +601,8 @@ pub struct Warnings {
     seen: BTreeMap<String, i32>,
     /// The note of the last `DrainAbandoned` relayed: the drain was given up.
     abandoned: Option<String>,
+    /// The reasons relayed (not the primed ones).
+    relayed: BTreeSet<String>,
 }
 
 /// `s` without control characters (a terminal's escapes), at most `max` characters.
@@ -671,6 +673,20 @@ impl Warnings {
         self.abandoned.as_deref()
     }
 
+    /// Whether the warning the leader writes as a drain ends `how` was relayed (true
+    /// for an end it writes none for): a given-up drain's `DrainAbandoned`, a failed
+    /// one's `DrainFailed`. The leader may write it after the record (and queue it
+    /// behind the drains' requests in a storm). One primed from before the command
+    /// does not count.
+    pub fn heard_last_word(&self, how: &How) -> bool {
+        let reason = match how {
+            How::Abandoned { .. } => Reason::DrainAbandoned,
+            How::Failed { .. } => Reason::DrainFailed,
+            How::Drained | How::Ending | How::InstanceLeft => return true,
+        };
+        self.relayed.contains(reason.as_str())
+    }
+
     /// The lines for the Warnings among `events` not relayed yet, or recurred.
     pub fn observe(&mut self, events: &[EventV1]) -> Vec<String> {
         let mut fresh = Vec::new();
@@ -679,6 +695,7 @@ impl Warnings {
                 continue;
             }
             self.seen.insert(said.uid.clone(), said.count);
+            self.relayed.insert(said.reason.clone());
             fresh.push(said.line());
             if said.reason == Reason::DrainAbandoned.as_str() {
                 self.abandoned = Some(said.note);

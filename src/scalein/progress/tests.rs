@@ -238,12 +238,23 @@ fn the_services_warnings_on_the_node_are_relayed_once_and_when_they_recur() {
         .observe(std::slice::from_ref(&primed_abandon))
         .is_empty());
     assert_eq!(fresh.abandoned(), None, "an earlier drain's");
+    let gave_up = How::Abandoned { why: "x".into() };
+    assert!(!fresh.heard_last_word(&gave_up), "an earlier drain's");
+    assert!(
+        fresh.heard_last_word(&How::Drained),
+        "no last word to wait for"
+    );
     let given_up = event("u-a1", "n1", "Warning", "DrainAbandoned", None);
     assert_eq!(
         fresh.observe(&[primed_abandon, given_up]),
         vec!["warning: DrainAbandoned: DrainAbandoned of u-a1"]
     );
     assert_eq!(fresh.abandoned(), Some("DrainAbandoned of u-a1"));
+    assert!(fresh.heard_last_word(&gave_up));
+    assert!(
+        !fresh.heard_last_word(&How::Failed { why: "x".into() }),
+        "a failed drain's last word is DrainFailed"
+    );
 
     // A pod's kind of object with the node's name is not the node.
     let mut pod = event("u-6", "n1", "Warning", "DrainFailed", None);
