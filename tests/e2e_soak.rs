@@ -2,8 +2,10 @@
 //! plane with its audit log, the suite's nodes (the fake kubelet), the memory cloud, the
 //! interruption queue on moto's SQS (through the SDK, as shipped: 60 s visibility, 20 s
 //! long poll), and
-//! TWO replicas of the service with leader election over the Lease, each in this process
-//! on a runtime of its own under an identity of its own. A seeded driver does, at random
+//! TWO replicas of the service with leader election over the Lease, each a process of
+//! its own (this test binary again, running [`soak_replica`]) under an identity of its
+//! own, asking the driver's memory cloud over loopback (`e2e/remote_cloud.rs`: moto
+//! lacks the lifecycle wait states our hook needs). A seeded driver does, at random
 //! and at once, CA-shaped scale-ups (NodeGroupIncreaseSize) and DeleteNodes of occupied
 //! nodes (to the replica that leads, as CA's calls reach the leader's sidecar), ASG
 //! scale-ins through our hook with their notifications on the interruption queue (a
@@ -18,9 +20,9 @@
 //! hands back), forged and replayed queue messages (a
 //! lifecycle notice with a wrong token or none for an instance in service, a spot
 //! warning for one that is gone, an old message again), and faults: a replica killed
-//! (the leader too: its runtime
-//! dropped, its Lease not released, a fresh replica of the same identity started a few
-//! steps later), a replica's link to the API server cut or paused for 1
+//! (the leader too: SIGKILL,
+//! its Lease not released, a fresh process of the same identity started a few steps
+//! later), a replica's link to the API server cut or paused for 1
 //! to 10 s (its link, `e2e/link.rs`, falls silent; a pause delivers what it held late), kube-apiserver restarted (SIGTERM) and etcd killed and
 //! restarted, AWS throttling, AWS 5xx (InternalFailure) and slow answers. Then the run
 //! settles and `scripts/soak_check.py`, which shares no code with the service, judges it
@@ -43,6 +45,8 @@ mod kubelet;
 mod link;
 #[path = "e2e/real_node.rs"]
 mod real_node;
+#[path = "e2e/remote_cloud.rs"]
+mod remote_cloud;
 #[path = "e2e/rig.rs"]
 mod rig;
 
@@ -102,101 +106,215 @@ impl Dice {
     }
 }
 
-/// One replica of the service: its runtime (dropped: the replica is killed), its CA
-/// client and whether it leads.
+/// One replica of the service as a process of its own (this test binary again, running
+/// [`soak_replica`]): killed with SIGKILL, its CA client, and where it says whether it
+/// leads.
 struct Replica {
     who: Who,
     /// Its link to the API server (kept across its restarts: one per identity).
     link: Arc<Link>,
-    rt: Option<tokio::runtime::Runtime>,
+    process: Option<std::process::Child>,
     ca: Option<CloudProviderClient<Channel>>,
-    leads: Option<tokio::sync::watch::Receiver<bool>>,
-    _stop: Option<tokio::sync::watch::Sender<bool>>,
+    /// The run's directory: the replica's log (`replica-ID.log`, every start of it)
+    /// and the file it keeps saying whether it leads in (`replica-ID.leads`).
+    dir: PathBuf,
+}
+
+/// What a replica process is told (`SOAK_REPLICA`, JSON).
+#[derive(serde::Serialize, serde::Deserialize)]
+struct ReplicaSpec {
+    id: String,
+    kubeconfig: PathBuf,
+    groups: Vec<String>,
+    /// The driver's cloud server.
+    cloud: std::net::SocketAddr,
+    /// moto, and the interruption queue on it.
+    moto: String,
+    queue_url: String,
+    /// CA's gRPC socket; `ready` is written once the replica serves on it.
+    socket: PathBuf,
+    ready: PathBuf,
+    leads: PathBuf,
 }
 
 impl Replica {
-    fn leads(&self) -> bool {
-        self.rt.is_some() && self.leads.as_ref().is_some_and(|l| *l.borrow())
+    fn alive(&self) -> bool {
+        self.process.is_some()
     }
 
-    /// kill -9 as far as one process can play it: every task of the replica's runtime
-    /// stops at once, the Lease is not released, nothing is flushed.
+    /// Whether it runs and says it leads (its own belief, as it writes it on each
+    /// change).
+    fn leads(&self) -> bool {
+        self.alive() && std::fs::read_to_string(self.leads_file()).is_ok_and(|l| l == "1")
+    }
+
+    fn leads_file(&self) -> PathBuf {
+        self.dir.join(format!("replica-{}.leads", self.who.uid()))
+    }
+
+    /// kill -9: the process ends at once, its Lease not released, nothing flushed;
+    /// what it had sent the API server or the cloud is carried out or lost there.
     fn kill(&mut self) {
-        if let Some(rt) = self.rt.take() {
-            rt.shutdown_background();
+        if let Some(mut p) = self.process.take() {
+            let _ = p.kill();
+            let _ = p.wait();
         }
         self.ca = None;
-        self.leads = None;
-        self._stop = None;
+        let _ = std::fs::remove_file(self.leads_file());
     }
 
     async fn start(
         &mut self,
         cp: &ControlPlane,
         cloud: &MemoryCloud,
+        served: &remote_cloud::Server,
         aws: &AwsActs,
         queue: &SoakQueue,
     ) {
-        let rt = tokio::runtime::Builder::new_multi_thread()
-            .worker_threads(1)
-            .thread_name(format!("soak-{}", self.who.uid()))
-            .enable_all()
-            .build()
-            .expect("a replica's runtime");
         // The replica reaches the API server through its link, which the soak can cut.
         let direct = cp.kubeconfig(self.who).unwrap();
         let kubeconfig = direct.with_extension("linked");
         let text = std::fs::read_to_string(&direct).unwrap();
         std::fs::write(&kubeconfig, link::through(&text, &cp.url, &self.link)).unwrap();
         let id = self.who.uid().to_string();
-        let seen = aws.cloud(&id, Arc::new(cloud.clone()));
-        let names = cloud.group_names();
-        // Its own SQS client, as a process of its own has (built on its runtime: its
-        // connections die with it).
-        let (sqs_config, queue_url) = (queue.config.clone(), queue.url.clone());
-        let (ca, leads, stop) = rt
-            .spawn(async move {
-                let client = control_plane::client_from(&kubeconfig)
-                    .await
-                    .expect("the replica's client");
-                let (provider, engine, ca, _addr, _counts) =
-                    rig::serve_over(client.clone(), seen, names, rig::settings()).await;
-                let (stop, stop_rx) = tokio::sync::watch::channel(false);
-                let (leads, _task) = spawn_task(
-                    engine.tools.liveness.clone(),
-                    client,
-                    LeaseSettings {
-                        name: "ca-asg-provider".into(),
-                        namespace: "kube-system".into(),
-                        identity: id,
-                        duration: Duration::from_secs(3),
-                    },
-                    stop_rx,
-                    Some(engine.leadership.carry.clone()),
+        // Its writes to the cloud are logged under its name (the checker's record).
+        served.serve_as(&id, aws.cloud(&id, Arc::new(cloud.clone())));
+        let socket = rig::socket_path();
+        let ready = socket.with_extension("ready");
+        let _ = std::fs::remove_file(self.leads_file());
+        let spec = ReplicaSpec {
+            id: id.clone(),
+            kubeconfig,
+            groups: cloud.group_names(),
+            cloud: served.addr,
+            moto: queue.moto.clone(),
+            queue_url: queue.url.clone(),
+            socket: socket.clone(),
+            ready: ready.clone(),
+            leads: self.leads_file(),
+        };
+        let log_path = self.dir.join(format!("replica-{id}.log"));
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&log_path)
+            .expect("the replica's log");
+        let mut cmd = std::process::Command::new(std::env::current_exe().unwrap());
+        cmd.args(["soak_replica", "--exact", "--ignored", "--nocapture"])
+            .env("SOAK_REPLICA", serde_json::to_string(&spec).unwrap())
+            .stdin(std::process::Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log);
+        let mut process = control_plane::dies_with_the_test(cmd)
+            .spawn()
+            .expect("the replica's process");
+        let began = std::time::Instant::now();
+        while !ready.exists() {
+            if let Ok(Some(status)) = process.try_wait() {
+                panic!(
+                    "replica {id} ended as it started ({status}): {}",
+                    log_tail(&log_path)
                 );
-                engine.leadership.follow(leads.clone());
-                scalein::sources::hook_scan::spawn_loop(engine.clone(), provider.clone());
-                // The interruption queue's consumer, as queue mode runs it (its own
-                // loop: every replica runs it, only the leader receives).
-                let consumer = scalein::sources::queue::Consumer::new(
-                    engine.clone(),
-                    provider.clone(),
-                    Arc::new(SqsQueue::from_client(
-                        aws_sdk_sqs::Client::new(&sqs_config),
-                        &queue_url,
-                    )) as Arc<dyn Queue>,
-                    // As shipped: a 20 s long poll.
-                    scalein::settings::InterruptionSettings::default(),
-                );
-                consumer.spawn();
-                (ca, leads, stop)
-            })
-            .await
-            .expect("the replica starts");
-        self.rt = Some(rt);
+            }
+            assert!(
+                began.elapsed() < Duration::from_secs(90),
+                "replica {id} did not serve in 90 s: {}",
+                log_tail(&log_path)
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        let ca = CloudProviderClient::new(
+            ca_asg_provider::grpc::connect_unix(&socket)
+                .await
+                .expect("connect to the replica"),
+        );
+        self.process = Some(process);
         self.ca = Some(ca);
-        self.leads = Some(leads);
-        self._stop = Some(stop);
+    }
+}
+
+/// The last lines of a replica's log, for a failure's message.
+fn log_tail(path: &Path) -> String {
+    let text = std::fs::read_to_string(path).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().collect();
+    lines[lines.len().saturating_sub(30)..].join("\n")
+}
+
+/// One replica of the soak, as its process runs it (the soak starts this test binary
+/// again with `SOAK_REPLICA`; not a test of its own): the service over its linked
+/// client and the driver's cloud, leader election over the Lease, the hook scan and
+/// the interruption queue's consumer (every replica runs it, only the leader
+/// receives), until it is killed.
+#[test]
+#[ignore = "one replica of the soak as a process of its own: the soak starts it"]
+fn soak_replica() {
+    let spec: ReplicaSpec = serde_json::from_str(
+        &std::env::var("SOAK_REPLICA").expect("SOAK_REPLICA: the soak sets it"),
+    )
+    .expect("SOAK_REPLICA: the soak's spec");
+    let _ = tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+        )
+        .with_ansi(false)
+        .try_init();
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("the replica's runtime");
+    rt.block_on(run_replica(spec));
+}
+
+async fn run_replica(spec: ReplicaSpec) {
+    let client = control_plane::client_from(&spec.kubeconfig)
+        .await
+        .expect("the replica's client");
+    let cloud = Arc::new(remote_cloud::Remote::new(spec.cloud, &spec.id));
+    let (provider, engine, _ca, _addr, _counts) = rig::serve_over_at(
+        client.clone(),
+        cloud,
+        spec.groups,
+        rig::settings(),
+        spec.socket,
+    )
+    .await;
+    let (_stop, stop_rx) = tokio::sync::watch::channel(false);
+    let (mut leads, _task) = spawn_task(
+        engine.tools.liveness.clone(),
+        client,
+        LeaseSettings {
+            name: "ca-asg-provider".into(),
+            namespace: "kube-system".into(),
+            identity: spec.id,
+            duration: Duration::from_secs(3),
+        },
+        stop_rx,
+        Some(engine.leadership.carry.clone()),
+    );
+    engine.leadership.follow(leads.clone());
+    scalein::sources::hook_scan::spawn_loop(engine.clone(), provider.clone());
+    let sqs = aws_sdk_sqs::Client::new(&support::moto::sdk_config_at(&spec.moto).await);
+    scalein::sources::queue::Consumer::new(
+        engine.clone(),
+        provider.clone(),
+        Arc::new(SqsQueue::from_client(sqs, &spec.queue_url)) as Arc<dyn Queue>,
+        // As shipped: a 20 s long poll.
+        scalein::settings::InterruptionSettings::default(),
+    )
+    .spawn();
+    std::fs::write(&spec.ready, "").expect("the ready file");
+    // What it believes of its leadership, each time that changes (written whole, then
+    // moved into place: the driver never reads half of it).
+    loop {
+        let now = if *leads.borrow_and_update() { "1" } else { "0" };
+        let next = spec.leads.with_extension("next");
+        std::fs::write(&next, now).expect("the leads file");
+        std::fs::rename(&next, &spec.leads).expect("the leads file");
+        if leads.changed().await.is_err() {
+            std::future::pending::<()>().await;
+        }
     }
 }
 
@@ -307,6 +425,8 @@ async fn soak_two_replicas_under_faults_judged_from_outside() {
     // forged or stale ones.
     let moto = support::moto::MotoServer::start();
     let queue = SoakQueue::create(&moto).await;
+    // The cloud, served to the replicas' processes (each its own view, logged).
+    let served = remote_cloud::Server::start().await;
     let mut sent: Vec<String> = Vec::new();
     let mut rec = Record {
         dir: dir.clone(),
@@ -330,13 +450,12 @@ async fn soak_two_replicas_under_faults_judged_from_outside() {
     let mut replicas = [(Who::ReplicaA, 0), (Who::ReplicaB, 1)].map(|(who, i)| Replica {
         who,
         link: links[i].clone(),
-        rt: None,
+        process: None,
         ca: None,
-        leads: None,
-        _stop: None,
+        dir: dir.clone(),
     });
     for r in &mut replicas {
-        r.start(&cp, &cloud, &aws, &queue).await;
+        r.start(&cp, &cloud, &served, &aws, &queue).await;
     }
     until("one replica leads", 30, || {
         std::future::ready(replicas.iter().any(|r| r.leads()))
@@ -365,7 +484,7 @@ async fn soak_two_replicas_under_faults_judged_from_outside() {
         step += 1;
         tokio::time::sleep(Duration::from_millis(500 + dice.below(2000))).await;
         for (i, _) in dead.iter().filter(|(_, at)| *at <= step) {
-            replicas[*i].start(&cp, &cloud, &aws, &queue).await;
+            replicas[*i].start(&cp, &cloud, &served, &aws, &queue).await;
             rec.step(
                 step,
                 seed,
@@ -466,7 +585,7 @@ async fn soak_two_replicas_under_faults_judged_from_outside() {
             }
             55..=64 => {
                 // Kill a replica: the leader half the time.
-                let alive: Vec<usize> = (0..2).filter(|i| replicas[*i].rt.is_some()).collect();
+                let alive: Vec<usize> = (0..2).filter(|i| replicas[*i].alive()).collect();
                 if alive.len() == 2 {
                     let i = match (dice.below(2), leader) {
                         (0, Some(l)) => l,
@@ -855,7 +974,7 @@ async fn soak_two_replicas_under_faults_judged_from_outside() {
         l.heal();
     }
     for (i, _) in std::mem::take(&mut dead) {
-        replicas[i].start(&cp, &cloud, &aws, &queue).await;
+        replicas[i].start(&cp, &cloud, &served, &aws, &queue).await;
         rec.step(
             step,
             seed,
@@ -1121,7 +1240,8 @@ impl CliDrain {
 /// The interruption queue on moto's SQS: the driver sends to it through the SDK as
 /// AWS's services do; each replica reads it through a client of its own.
 struct SoakQueue {
-    config: aws_config::SdkConfig,
+    /// moto's URL (each replica builds its own client to it).
+    moto: String,
     url: String,
     sqs: aws_sdk_sqs::Client,
 }
@@ -1145,7 +1265,11 @@ impl SoakQueue {
             .expect("moto creates the queue")
             .queue_url
             .expect("the queue's URL");
-        SoakQueue { config, url, sqs }
+        SoakQueue {
+            moto: moto.url.clone(),
+            url,
+            sqs,
+        }
     }
 
     /// SendMessage, tried until moto answers (it is never faulted here).
@@ -1546,4 +1670,71 @@ async fn a_pause_delivers_late_and_a_cut_closes() {
     fresh.read_exact(&mut got).await.unwrap();
     assert_eq!(&got, b"again");
     assert_eq!(link.pauses().len(), 1, "a cut is not a pause");
+}
+
+/// The cloud the replicas' processes ask: each call is answered by the replica's own
+/// view (its writes logged under its name), AWS's errors come through as they are, a
+/// caller the server does not know is refused, and a server that is gone is a
+/// transient failure, never an answer. Runs without the e2e environment.
+#[tokio::test]
+async fn the_served_cloud_answers_as_the_cloud_and_fails_as_a_network() {
+    use ca_asg_provider::cloud::{Cloud, CloudError, GroupSelector};
+    let cloud = MemoryCloud::new(
+        vec![MemoryGroup::new(GROUP, 0, 8, 2, "m5.large").terminating_hook(HOOK, 300)],
+        support::world::timing(),
+    );
+    let aws = AwsActs::default();
+    let served = remote_cloud::Server::start().await;
+    served.serve_as("replica-a", aws.cloud("replica-a", Arc::new(cloud.clone())));
+    let remote = remote_cloud::Remote::new(served.addr, "replica-a");
+    let selector = GroupSelector {
+        names: vec![GROUP.into()],
+        tag_sets: vec![],
+    };
+
+    let direct = cloud.describe_groups(&selector).await.unwrap();
+    let asked = remote.describe_groups(&selector).await.unwrap();
+    assert_eq!(asked, direct);
+    assert_eq!(asked[0].instances.len(), 2);
+
+    remote.set_desired_capacity(GROUP, 3).await.unwrap();
+    assert_eq!(cloud.desired(GROUP), Some(3), "the write reached the cloud");
+    assert!(
+        aws.all().iter().any(|a| a.who == "replica-a"),
+        "logged under the replica's name: {:?}",
+        aws.all()
+    );
+
+    cloud.throttle("set_desired_capacity", 1);
+    let throttled = remote.set_desired_capacity(GROUP, 4).await.unwrap_err();
+    assert!(
+        matches!(throttled, CloudError::Throttled { .. }),
+        "{throttled:?}"
+    );
+    let missing = remote.terminating_hooks("no-such-group").await.unwrap_err();
+    assert!(
+        matches!(
+            missing,
+            CloudError::NotFound { .. } | CloudError::Rejected { .. }
+        ),
+        "{missing:?}"
+    );
+
+    let stranger = remote_cloud::Remote::new(served.addr, "replica-z");
+    let refused = stranger.describe_groups(&selector).await.unwrap_err();
+    assert!(
+        matches!(&refused, CloudError::Rejected { code, .. } if code == "UnknownCaller"),
+        "{refused:?}"
+    );
+
+    // A port nobody listens on: the call failed transiently (whether it took effect is
+    // not known), and may be tried again.
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let nowhere = port.local_addr().unwrap();
+    drop(port);
+    let gone = remote_cloud::Remote::new(nowhere, "replica-a")
+        .describe_groups(&selector)
+        .await
+        .unwrap_err();
+    assert!(gone.is_retryable(), "{gone:?}");
 }

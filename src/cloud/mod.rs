@@ -16,7 +16,7 @@ pub mod queue;
 pub mod read_only;
 
 /// How the service picks its Auto Scaling Groups.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(serde::Serialize, serde::Deserialize, Debug, Clone, Default, PartialEq, Eq)]
 pub struct GroupSelector {
     /// ASG names listed explicitly (static groups).
     pub names: Vec<String>,
@@ -26,7 +26,7 @@ pub struct GroupSelector {
 }
 
 /// One `key` or `key=value` term of CA's `asg:tag=` discovery syntax.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+#[derive(serde::Serialize, serde::Deserialize, Debug, Clone, PartialEq, Eq, Hash)]
 pub struct TagFilter {
     pub key: String,
     /// `None` means any value.
@@ -44,7 +44,7 @@ impl fmt::Display for TagFilter {
 }
 
 /// An ASG as read on refresh.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(serde::Serialize, serde::Deserialize, Debug, Clone, PartialEq)]
 pub struct AsgSnapshot {
     pub name: String,
     pub min_size: i32,
@@ -62,7 +62,7 @@ pub struct AsgSnapshot {
 
 /// An ASG's warm pool as AWS configures it. Its instances are not the group's: they
 /// count toward no desired capacity until they leave the pool.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(serde::Serialize, serde::Deserialize, Debug, Clone, PartialEq, Eq)]
 pub struct WarmPool {
     /// MinSize: instances kept in the pool at least.
     pub min_size: i32,
@@ -87,7 +87,7 @@ impl AsgSnapshot {
 }
 
 /// Where the ASG's instances get their configuration.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[derive(serde::Serialize, serde::Deserialize, Debug, Clone, PartialEq, Eq, Default)]
 pub enum LaunchSpec {
     LaunchTemplate(LaunchTemplateRef),
     LaunchConfiguration(String),
@@ -105,7 +105,7 @@ pub enum LaunchSpec {
 
 /// A launch template by id or name, with the version the ASG pins
 /// (`$Default`, `$Latest` or a number); `None` means `$Default`.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+#[derive(serde::Serialize, serde::Deserialize, Debug, Clone, PartialEq, Eq, Hash)]
 pub struct LaunchTemplateRef {
     pub id: Option<String>,
     pub name: Option<String>,
@@ -120,7 +120,7 @@ impl fmt::Display for LaunchTemplateRef {
 }
 
 /// What a launch template or launch configuration says about the instances.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[derive(serde::Serialize, serde::Deserialize, Debug, Clone, PartialEq, Eq, Default)]
 pub struct LaunchData {
     pub instance_type: Option<String>,
     /// Decoded (not base64) user data, if any.
@@ -136,7 +136,7 @@ pub struct LaunchData {
 }
 
 /// One EBS volume of a block device mapping.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(serde::Serialize, serde::Deserialize, Debug, Clone, PartialEq, Eq)]
 pub struct BlockVolume {
     /// `/dev/xvda`, `/dev/xvdb`, ...
     pub device: String,
@@ -146,7 +146,7 @@ pub struct BlockVolume {
 
 /// Attribute-based instance type selection (ASG override or launch template
 /// InstanceRequirements), reduced to what a template node and the type lookup need.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[derive(serde::Serialize, serde::Deserialize, Debug, Clone, PartialEq, Eq, Default)]
 pub struct InstanceRequirements {
     pub vcpu_min: i64,
     pub vcpu_max: Option<i64>,
@@ -164,7 +164,7 @@ pub struct InstanceRequirements {
 }
 
 /// One instance of an ASG.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(serde::Serialize, serde::Deserialize, Debug, Clone, PartialEq, Eq)]
 pub struct AsgInstance {
     pub id: String,
     pub zone: String,
@@ -185,7 +185,7 @@ impl AsgInstance {
 /// <https://docs.aws.amazon.com/autoscaling/ec2/userguide/warm-pool-instance-lifecycle.html>)
 /// among them: every state AWS names is a variant, compared by variant, never by
 /// spelling. [`Self::parse`] and [`Self::as_str`] are the one place each is spelled.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+#[derive(serde::Serialize, serde::Deserialize, Debug, Clone, PartialEq, Eq, Hash)]
 pub enum LifecycleState {
     Pending,
     PendingWait,
@@ -410,7 +410,7 @@ impl LifecycleState {
 }
 
 /// An `autoscaling:EC2_INSTANCE_TERMINATING` lifecycle hook.
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(serde::Serialize, serde::Deserialize, Debug, Clone, PartialEq, Eq)]
 pub struct LifecycleHook {
     pub name: String,
     pub heartbeat_timeout_secs: i32,
@@ -419,7 +419,7 @@ pub struct LifecycleHook {
 }
 
 /// A scaling activity that failed to launch capacity (for placeholders).
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(serde::Serialize, serde::Deserialize, Debug, Clone, PartialEq, Eq)]
 pub struct LaunchFailure {
     pub group: String,
     /// Short machine code, e.g. `InsufficientInstanceCapacity`, `VcpuLimitExceeded`.
@@ -430,7 +430,7 @@ pub struct LaunchFailure {
 }
 
 /// What a group's scaling activities say about its launches.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[derive(serde::Serialize, serde::Deserialize, Debug, Clone, PartialEq, Eq, Default)]
 pub struct LaunchHistory {
     /// Failed launches, newest first.
     pub failures: Vec<LaunchFailure>,
@@ -442,7 +442,7 @@ pub struct LaunchHistory {
 }
 
 /// What DescribeInstanceTypes says about one instance type.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[derive(serde::Serialize, serde::Deserialize, Debug, Clone, PartialEq, Eq, Default)]
 pub struct InstanceTypeInfo {
     pub name: String,
     pub vcpus: i64,
@@ -463,7 +463,7 @@ pub struct InstanceTypeInfo {
 }
 
 /// An ASG instance found by instance id (DescribeAutoScalingInstances).
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(serde::Serialize, serde::Deserialize, Debug, Clone, PartialEq, Eq)]
 pub struct InstanceLocation {
     pub instance_id: String,
     pub group: String,
@@ -655,7 +655,7 @@ pub fn bounded_cause(cause: &str) -> String {
 }
 
 /// An ELBv2 target group as DescribeTargetGroups lists it (ALB, NLB or GWLB).
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(serde::Serialize, serde::Deserialize, Debug, Clone, PartialEq, Eq)]
 pub struct TargetGroup {
     pub arn: String,
     pub name: String,
@@ -664,7 +664,7 @@ pub struct TargetGroup {
 }
 
 /// One registered target of a target group and its state (DescribeTargetHealth).
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(serde::Serialize, serde::Deserialize, Debug, Clone, PartialEq, Eq)]
 pub struct TargetHealth {
     /// An instance id (`instance` targets) or an IP address (`ip` targets).
     pub id: String,
@@ -677,14 +677,14 @@ pub struct TargetHealth {
 /// The private addresses EC2 gives an instance: every network interface's IPv4 and
 /// IPv6 addresses (the node's InternalIP, and with the VPC CNI its pods' addresses)
 /// and the prefixes delegated to them (prefix delegation), as `address/length`.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(serde::Serialize, serde::Deserialize, Debug, Clone, Default, PartialEq, Eq)]
 pub struct InstanceAddresses {
     pub addresses: Vec<String>,
     pub prefixes: Vec<String>,
 }
 
 /// One pending lifecycle action: an instance held in `Terminating:Wait` by a hook.
-#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+#[derive(serde::Serialize, serde::Deserialize, Debug, Clone, PartialEq, Eq, Hash)]
 pub struct LifecycleAction {
     pub group: String,
     pub hook: String,
@@ -694,7 +694,7 @@ pub struct LifecycleAction {
     pub token: Option<String>,
 }
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(serde::Serialize, serde::Deserialize, Debug, Clone, Copy, PartialEq, Eq)]
 pub enum LifecycleResult {
     Continue,
     Abandon,
@@ -745,7 +745,7 @@ pub fn wildcard_match(pattern: &str, name: &str) -> bool {
 }
 
 /// What DescribeNodegroup says of an EKS managed node group that its nodes carry.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
+#[derive(serde::Serialize, serde::Deserialize, Debug, Clone, PartialEq, Eq, Default)]
 pub struct EksNodegroup {
     pub name: Option<String>,
     /// The node group's own Kubernetes labels.
@@ -762,7 +762,9 @@ pub struct EksNodegroup {
 }
 
 /// A Kubernetes taint, as the core and the cloud backends share it.
-#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[derive(
+    serde::Serialize, serde::Deserialize, Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord,
+)]
 pub struct Taint {
     pub key: String,
     pub value: String,

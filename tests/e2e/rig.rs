@@ -246,6 +246,17 @@ pub async fn serve_over(
     names: Vec<String>,
     s: ScaleInSettings,
 ) -> Served {
+    serve_over_at(client, cloud, names, s, socket_path()).await
+}
+
+/// [`serve_over`], CA's gRPC on the Unix socket `path`.
+pub async fn serve_over_at(
+    client: kube::Client,
+    cloud: Arc<dyn ca_asg_provider::cloud::Cloud>,
+    names: Vec<String>,
+    s: ScaleInSettings,
+    path: std::path::PathBuf,
+) -> Served {
     let provider = Provider::new(
         cloud.clone(),
         ProviderSettings {
@@ -268,7 +279,6 @@ pub async fn serve_over(
     let engine = Engine::new(client, cloud, Some(provider.clone()), s);
     provider.set_scale_in(Arc::new(DrainScaleIn(engine.clone())));
     let counts: &'static Metrics = Box::leak(Box::new(Metrics::new()));
-    let path = socket_path();
     let addr = ListenAddr::Unix(path.clone());
     let (l, _) = ca_asg_provider::grpc::bind_listen(&addr)
         .await
@@ -294,7 +304,7 @@ pub async fn serve_over(
 }
 
 /// A new socket path in this test process's own directory (`grpc-N.sock`).
-fn socket_path() -> std::path::PathBuf {
+pub fn socket_path() -> std::path::PathBuf {
     use std::sync::atomic::{AtomicU64, Ordering};
     static NEXT: AtomicU64 = AtomicU64::new(0);
     let dir = std::env::temp_dir().join(format!("ca-asg-provider-e2e-{}", std::process::id()));
