@@ -37,7 +37,8 @@ The input contract (RUN_DIR, written by tests/e2e_soak.rs; docs/e2e.md#the-soak)
     name); and `InPool` group instance state, once per instance in a pool at the end.
   - who = "net", op = `Pause`: a pause of a replica's link to the API server (`replica`,
     `from` and `to` RFC 3339 UTC, `held`: how many connections held bytes the replica
-    sent, delivered when it healed).
+    sent, delivered when it healed; `sent`: when each of them got the first of those
+    bytes, RFC 3339 UTC).
 - end.json: the Kubernetes objects once the run settled: {"nodes": [...], "pods": [...]}.
 
 Every rule is a function taking the parsed run and returning a list of failures.
@@ -113,6 +114,8 @@ class Run:
         self.end_nodes = [n for n in end.get("nodes", []) if isinstance(n, dict)]
         self.end_pods = [p for p in end.get("pods", []) if isinstance(p, dict)]
         self.pods = {}  # (ns, name) -> {"owner", "node", "created", "gone", "line"}
+        # A late write no connection sent early enough can carry -> why (_late_writes).
+        self.sent_too_late = {}
         self.node_of_instance = {}
         for e in self.audit:
             ref = e.get("objectRef") or {}
@@ -506,25 +509,74 @@ def late_writes(run):
 def _late_writes(run):
     """The writes a pause of their replica's link held and delivered late: received
     within LATE_SECS of the pause's heal, from a replica that held the Lease when the
-    pause began and whose link held bytes it had sent. The audit log cannot tell a
-    write sent before the replica stepped down during the pause from one sent after;
-    both are excused here (the step-down itself is the election's own tests' to judge)."""
+    pause began, each carried by a connection of its own whose held bytes came before
+    the Lease's holder at its receipt took the Lease. The link records when each held
+    connection got its first bytes (`sent`); over HTTP/1.1 a connection carries one
+    request at a time, and one sent into a pause waits there, so that is when the
+    request was sent. Which connection carried which write the audit log cannot tell:
+    the writes are matched to connections sent early enough, the earliest takeover
+    first; a write left without one was sent after its replica's term ended, and is
+    not excused."""
     pauses = defaultdict(list)
     for c in run.cloud_ops(who="net", op="Pause"):
         a, b = _when(c.get("from")), _when(c.get("to"))
-        if c.get("held") and a is not None and b is not None:
-            pauses[c.get("replica")].append((a, b))
-    holders = _holders_at(run, [a for ps in pauses.values() for a, _ in ps])
-    led = {(r, a): holders[a] == r for r, ps in pauses.items() for a, _ in ps}
-    out = []
+        sent = sorted(t for t in (_when(x) for x in c.get("sent") or []) if t is not None)
+        if sent and a is not None and b is not None:
+            pauses[c.get("replica")].append((a, b, sent))
+    holders = _holders_at(run, [a for ps in pauses.values() for a, _, _ in ps])
+    led = {(r, a): holders[a] == r for r, ps in pauses.items() for a, _, _ in ps}
+    terms = _terms(run)
+    # Per pause, its late writes with when their receipt's holder took the Lease.
+    candidates = defaultdict(list)
     for e, holder in _replica_writes(run):
         uid = _d(e, "user", "uid")
         t = _when(_received(e))
         if holder == uid or t is None:
             continue
-        if any(led[(uid, a)] and b <= t <= b + LATE_SECS for a, b in pauses.get(uid, [])):
-            out.append(e)
+        for a, b, sent in pauses.get(uid, []):
+            if led[(uid, a)] and b <= t <= b + LATE_SECS:
+                candidates[(uid, a)].append((_term_began(terms, t), e, sent))
+                break
+    out = []
+    for writes in candidates.values():
+        used = 0
+        for took, e, sent in sorted(writes, key=lambda w: w[0]):
+            early = sum(1 for x in sent if x < took)
+            if used < early:
+                used += 1
+                out.append(e)
+            else:
+                run.sent_too_late[id(e)] = (
+                    f"(its link held {early} connection(s) sent before the Lease changed hands"
+                    f" at {_iso(took)}, fewer than the writes it delivered late)")
     return out
+
+
+def _terms(run):
+    """When each holder of the Lease took it: (time, holder) at each change, in order."""
+    out, holder = [], None
+    for e in sorted((e for e in run.audit if _lease_write(e)), key=_received):
+        h, t = _holder(e), _when(_received(e))
+        if h != holder and t is not None:
+            out.append((t, h))
+            holder = h
+    return out
+
+
+def _term_began(terms, t):
+    """When the term in effect at `t` began (0: before any Lease write)."""
+    began = 0.0
+    for at, _ in terms:
+        if at > t:
+            break
+        began = at
+    return began
+
+
+def _iso(t):
+    from datetime import datetime, timezone
+
+    return datetime.fromtimestamp(t, tz=timezone.utc).isoformat()
 
 
 def two_leaders(run):
@@ -542,7 +594,9 @@ def two_leaders(run):
     for e, holder in _replica_writes(run):
         uid = _d(e, "user", "uid")
         if holder != uid and id(e) not in late:
-            fails.append(f"replica {uid} wrote while {holder or 'nobody'} held the Lease\n  {line(e)}")
+            why = run.sent_too_late.get(id(e))
+            why = f" {why}" if why else ""
+            fails.append(f"replica {uid} wrote while {holder or 'nobody'} held the Lease{why}\n  {line(e)}")
     return fails
 
 

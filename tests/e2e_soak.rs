@@ -1098,7 +1098,7 @@ async fn soak_two_replicas_under_faults_judged_from_outside() {
     }
     for (r, l) in replicas.iter().zip(&links) {
         for p in l.pauses() {
-            rec.choices.push(json!({"who": "net", "op": "Pause", "replica": r.who.uid(), "from": p.from, "to": p.to, "held": p.held}));
+            rec.choices.push(json!({"who": "net", "op": "Pause", "replica": r.who.uid(), "from": p.from, "to": p.to, "held": p.sent.len(), "sent": p.sent}));
         }
     }
     write_run(&rec, &cloud, &aws, &admin, &cp.audit_log()).await;
@@ -1644,7 +1644,19 @@ async fn a_pause_delivers_late_and_a_cut_closes() {
     );
     let pauses = link.pauses();
     assert_eq!(pauses.len(), 1);
-    assert_eq!(pauses[0].held, 2, "two connections held the client's bytes");
+    assert_eq!(
+        pauses[0].sent.len(),
+        2,
+        "two connections held the client's bytes"
+    );
+    assert!(
+        pauses[0]
+            .sent
+            .iter()
+            .all(|t| pauses[0].from <= *t && *t <= pauses[0].to),
+        "each held connection's first bytes came during the pause: {:?}",
+        pauses[0]
+    );
 
     link.cut();
     c.write_all(b"never").await.unwrap();

@@ -11,12 +11,13 @@
 //!   passes while it lasts; at `heal` what either side sent is delivered, in order, and
 //!   the connections go on. A request sent before or during the pause reaches the API
 //!   server late, perhaps after another replica took the Lease. Each pause is recorded
-//!   ([`Link::pauses`]): when it began and healed, and how many connections held bytes
-//!   the client had sent, for the checker to tell a late write from a replica writing
-//!   while it did not lead.
+//!   ([`Link::pauses`]): when it began and healed, and for each connection that held
+//!   bytes the client sent, when the first of them came (over HTTP/1.1 a connection
+//!   carries one request at a time, and one sent into a pause waits there for its
+//!   answer: so when the request was sent), for the checker to tell a late write from
+//!   a replica writing while it did not lead.
 
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
 use parking_lot::Mutex;
@@ -42,21 +43,24 @@ struct State {
     pauses: u64,
 }
 
-/// One pause: when it began and healed (RFC 3339 UTC), and how many connections held
-/// bytes the client sent, delivered at the heal.
+/// One pause: when it began and healed (RFC 3339 UTC), and when each connection that
+/// held bytes the client sent got the first of them (delivered at the heal).
 #[derive(Debug, Clone)]
 pub struct Pause {
     pub from: String,
     pub to: String,
-    pub held: u64,
+    pub sent: Vec<String>,
 }
+
+/// When each connection first held the client's bytes in the pause under way.
+type Held = Arc<Mutex<Vec<String>>>;
 
 pub struct Link {
     /// Where the client connects (`https://{addr}` in its kubeconfig).
     pub addr: SocketAddr,
     state: watch::Sender<State>,
     /// Connections that held the client's bytes in the pause under way.
-    held: Arc<AtomicU64>,
+    held: Held,
     began: Mutex<Option<String>>,
     pauses: Mutex<Vec<Pause>>,
     task: tokio::task::JoinHandle<()>,
@@ -76,7 +80,7 @@ impl Link {
             cuts: 0,
             pauses: 0,
         });
-        let held = Arc::new(AtomicU64::new(0));
+        let held = Held::default();
         let counted = held.clone();
         let task = tokio::spawn(async move {
             while let Ok((client, _)) = listener.accept().await {
@@ -103,7 +107,7 @@ impl Link {
 
     /// The pause begins: what it holds is delivered at the heal.
     pub fn pause(&self) {
-        self.held.store(0, Ordering::SeqCst);
+        self.held.lock().clear();
         *self.began.lock() = Some(now());
         self.state.send_modify(|s| {
             s.mode = Mode::Pause;
@@ -120,7 +124,7 @@ impl Link {
             self.pauses.lock().push(Pause {
                 from,
                 to: now(),
-                held: self.held.load(Ordering::SeqCst),
+                sent: std::mem::take(&mut *self.held.lock()),
             });
         }
         self.state.send_modify(|s| s.mode = Mode::Open);
@@ -158,7 +162,7 @@ async fn relay(
     client: TcpStream,
     upstream: SocketAddr,
     mut state: watch::Receiver<State>,
-    held: Arc<AtomicU64>,
+    held: Held,
 ) {
     let start = *state.borrow_and_update();
     let born = start.cuts;
@@ -171,7 +175,7 @@ async fn relay(
         }
         Mode::Pause => {
             // Opened during a pause: it holds what the client sends until the heal.
-            held.fetch_add(1, Ordering::SeqCst);
+            held.lock().push(now());
             let _ = state.wait_for(|s| s.mode == Mode::Open).await;
             if state.borrow().cuts != born {
                 return;
@@ -211,7 +215,7 @@ async fn pump(
     mut to: OwnedWriteHalf,
     mut state: watch::Receiver<State>,
     born: u64,
-    held: Option<Arc<AtomicU64>>,
+    held: Option<Held>,
 ) -> Ended {
     let mut buf = vec![0u8; 64 * 1024];
     let mut counted = 0; // the last pause this connection's bytes were counted in
@@ -235,7 +239,7 @@ async fn pump(
         if let (Mode::Pause, Some(h)) = (now.mode, &held) {
             if counted != now.pauses {
                 counted = now.pauses;
-                h.fetch_add(1, Ordering::SeqCst);
+                h.lock().push(self::now());
             }
         }
         if now.mode != Mode::Open {

@@ -310,7 +310,8 @@ class Checker(unittest.TestCase):
         a.append(lease(11, "replica-b", "replica-b"))
         late = ev(12, SVC, "replica-a", "patch", "nodes", NODE, ns="")
         late["requestReceivedTimestamp"] = "2026-11-28T16:00:12.300000Z"
-        pause = {"who": "net", "op": "Pause", "replica": "replica-a", "from": at(9), "to": at(12), "held": 1}
+        pause = {"who": "net", "op": "Pause", "replica": "replica-a", "from": at(9), "to": at(12), "held": 1,
+                 "sent": ["2026-11-28T16:00:10.500000Z"]}
         self.assertEqual(broken(a + [late], c + [pause], e), {})
         with tempfile.TemporaryDirectory() as tmp:
             run = sc.load(write(tmp, a + [late], c + [pause], e))
@@ -319,7 +320,21 @@ class Checker(unittest.TestCase):
         later = dict(late, requestReceivedTimestamp="2026-11-28T16:00:14.000000Z", stageTimestamp=at(14))
         self.assertBreaks("two_leaders", (a + [later], c + [pause], e), "replica replica-a wrote while replica-b held the Lease")
         # The link held nothing the replica sent.
-        self.assertBreaks("two_leaders", (a + [late], c + [dict(pause, held=0)], e), "replica replica-a wrote")
+        self.assertBreaks("two_leaders", (a + [late], c + [dict(pause, held=0, sent=[])], e), "replica replica-a wrote")
+        # What it held was sent after replica-b took the Lease (:11): sent out of term.
+        after = dict(pause, sent=["2026-11-28T16:00:11.200000Z"])
+        self.assertBreaks("two_leaders", (a + [late], c + [after], e),
+                          "replica replica-a wrote while replica-b held the Lease (its link held 0 connection(s) sent before")
+        # Two late writes, one connection sent in term (the other after): one write is
+        # not excused, whichever it was.
+        late2 = ev(12, SVC, "replica-a", "patch", "nodes", NODE, ns="")
+        late2["requestReceivedTimestamp"] = "2026-11-28T16:00:12.400000Z"
+        one_early = dict(pause, held=2, sent=["2026-11-28T16:00:10.500000Z", "2026-11-28T16:00:11.200000Z"])
+        got = broken(a + [late, late2], c + [one_early], e)
+        self.assertEqual(list(got), ["two_leaders"], got)
+        self.assertEqual(len(got["two_leaders"]), 1, got)
+        both_early = dict(one_early, sent=["2026-11-28T16:00:09.500000Z", "2026-11-28T16:00:10.500000Z"])
+        self.assertNotIn("two_leaders", broken(a + [late, late2], c + [both_early], e))
         # The replica did not lead when the pause began (:04, before it took the Lease).
         self.assertBreaks("two_leaders", (a + [late], c + [dict(pause, **{"from": at(4)})], e), "replica replica-a wrote")
         # Another replica's pause excuses nothing of replica-a's.
