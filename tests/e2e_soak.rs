@@ -3,9 +3,10 @@
 //! interruption queue on moto's SQS (through the SDK, as shipped: 60 s visibility, 20 s
 //! long poll), and
 //! TWO replicas of the service with leader election over the Lease, each a process of
-//! its own (this test binary again, running [`soak_replica`]) under an identity of its
-//! own, asking the driver's memory cloud over loopback (`e2e/remote_cloud.rs`: moto
-//! lacks the lifecycle wait states our hook needs). A seeded driver does, at random
+//! its own running `serve` from a config file (this test binary again, running
+//! [`soak_replica`]) under an identity of its own, asking the driver's memory cloud over
+//! loopback (`e2e/remote_cloud.rs`: moto lacks the lifecycle wait states our hook
+//! needs). A seeded driver does, at random
 //! and at once, CA-shaped scale-ups (NodeGroupIncreaseSize) and DeleteNodes of occupied
 //! nodes (to the replica that leads, as CA's calls reach the leader's sidecar), ASG
 //! scale-ins through our hook with their notifications on the interruption queue (a
@@ -56,12 +57,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use ca_asg_provider::cloud::aws::sqs::SqsQueue;
 use ca_asg_provider::cloud::memory::{HookEvent, MemoryCloud, MemoryGroup};
-use ca_asg_provider::cloud::queue::Queue;
 use ca_asg_provider::proto::{self, cloud_provider_client::CloudProviderClient};
-use ca_asg_provider::scalein;
-use ca_asg_provider::scalein::engine::leader::{spawn_task, LeaseSettings};
 use ca_asg_provider::scalein::ScaleInSettings;
 use control_plane::{ControlPlane, Stop, Who};
 use kubelet::FakeKubelet;
@@ -106,35 +103,38 @@ impl Dice {
     }
 }
 
-/// One replica of the service as a process of its own (this test binary again, running
-/// [`soak_replica`]): killed with SIGKILL, its CA client, and where it says whether it
-/// leads.
+/// One replica of the service as a process of its own: this test binary again, running
+/// [`soak_replica`], which is `serve` (`commands::serve::serve_with`) with its config
+/// file and flags, its cloud the driver's. Killed with SIGKILL; its CA client; whether
+/// it leads, as its metrics say.
 struct Replica {
     who: Who,
     /// Its link to the API server (kept across its restarts: one per identity).
     link: Arc<Link>,
     process: Option<std::process::Child>,
     ca: Option<CloudProviderClient<Channel>>,
-    /// The run's directory: the replica's log (`replica-ID.log`, every start of it)
-    /// and the file it keeps saying whether it leads in (`replica-ID.leads`).
+    /// The run's directory: the replica's config (`replica-ID.yaml`) and log
+    /// (`replica-ID.log`, every start of it).
     dir: PathBuf,
+    /// Its `ca_asg_provider_leader` gauge, read every 200 ms while it runs.
+    leads: Arc<std::sync::atomic::AtomicBool>,
+    reader: Option<tokio::task::JoinHandle<()>>,
 }
 
-/// What a replica process is told (`SOAK_REPLICA`, JSON).
+/// What a replica process is told (`SOAK_REPLICA`, JSON): whose view of the driver's
+/// cloud it asks, and `serve`'s command line.
 #[derive(serde::Serialize, serde::Deserialize)]
 struct ReplicaSpec {
     id: String,
-    kubeconfig: PathBuf,
-    groups: Vec<String>,
-    /// The driver's cloud server.
     cloud: std::net::SocketAddr,
-    /// moto, and the interruption queue on it.
-    moto: String,
-    queue_url: String,
-    /// CA's gRPC socket; `ready` is written once the replica serves on it.
-    socket: PathBuf,
-    ready: PathBuf,
-    leads: PathBuf,
+    args: Vec<String>,
+}
+
+/// `serve`'s flags, as the shipped binary parses them.
+#[derive(clap::Parser)]
+struct ServeCommand {
+    #[command(flatten)]
+    serve: ca_asg_provider::commands::serve::ServeArgs,
 }
 
 impl Replica {
@@ -142,14 +142,9 @@ impl Replica {
         self.process.is_some()
     }
 
-    /// Whether it runs and says it leads (its own belief, as it writes it on each
-    /// change).
+    /// Whether it runs and says it leads (its own belief: its leader gauge).
     fn leads(&self) -> bool {
-        self.alive() && std::fs::read_to_string(self.leads_file()).is_ok_and(|l| l == "1")
-    }
-
-    fn leads_file(&self) -> PathBuf {
-        self.dir.join(format!("replica-{}.leads", self.who.uid()))
+        self.alive() && self.leads.load(std::sync::atomic::Ordering::SeqCst)
     }
 
     /// kill -9: the process ends at once, its Lease not released, nothing flushed;
@@ -159,8 +154,11 @@ impl Replica {
             let _ = p.kill();
             let _ = p.wait();
         }
+        if let Some(r) = self.reader.take() {
+            r.abort();
+        }
+        self.leads.store(false, std::sync::atomic::Ordering::SeqCst);
         self.ca = None;
-        let _ = std::fs::remove_file(self.leads_file());
     }
 
     async fn start(
@@ -180,18 +178,25 @@ impl Replica {
         // Its writes to the cloud are logged under its name (the checker's record).
         served.serve_as(&id, aws.cloud(&id, Arc::new(cloud.clone())));
         let socket = rig::socket_path();
-        let ready = socket.with_extension("ready");
-        let _ = std::fs::remove_file(self.leads_file());
+        let metrics = free_port();
+        let config = self.dir.join(format!("replica-{id}.yaml"));
+        std::fs::write(&config, replica_config(&queue.url)).unwrap();
+        let mut args: Vec<String> = vec!["ca-asg-provider".into()];
+        for (flag, value) in [
+            ("--config", config.display().to_string()),
+            ("--region", "us-east-1".into()),
+            ("--aws-endpoint", queue.moto.clone()),
+            ("--nodes", "0:8:web".into()),
+            ("--nodes", "0:4:batch".into()),
+            ("--listen", format!("unix://{}", socket.display())),
+            ("--metrics-listen", format!("127.0.0.1:{metrics}")),
+        ] {
+            args.extend([flag.to_string(), value]);
+        }
         let spec = ReplicaSpec {
             id: id.clone(),
-            kubeconfig,
-            groups: cloud.group_names(),
             cloud: served.addr,
-            moto: queue.moto.clone(),
-            queue_url: queue.url.clone(),
-            socket: socket.clone(),
-            ready: ready.clone(),
-            leads: self.leads_file(),
+            args,
         };
         let log_path = self.dir.join(format!("replica-{id}.log"));
         let log = std::fs::OpenOptions::new()
@@ -202,6 +207,14 @@ impl Replica {
         let mut cmd = std::process::Command::new(std::env::current_exe().unwrap());
         cmd.args(["soak_replica", "--exact", "--ignored", "--nocapture"])
             .env("SOAK_REPLICA", serde_json::to_string(&spec).unwrap())
+            // As a pod of the Deployment: its name is its identity in the election.
+            .env("POD_NAME", &id)
+            .env_remove("POD_NAMESPACE")
+            .env_remove("CA_ASG_PROVIDER_CONFIG")
+            .env("KUBECONFIG", &kubeconfig)
+            .env("AWS_ACCESS_KEY_ID", "test")
+            .env("AWS_SECRET_ACCESS_KEY", "test")
+            .env("AWS_EC2_METADATA_DISABLED", "true")
             .stdin(std::process::Stdio::null())
             .stdout(log.try_clone().unwrap())
             .stderr(log);
@@ -209,7 +222,7 @@ impl Replica {
             .spawn()
             .expect("the replica's process");
         let began = std::time::Instant::now();
-        while !ready.exists() {
+        while http_get(metrics, "/readyz").await.map(|(status, _)| status) != Some(200) {
             if let Ok(Some(status)) = process.try_wait() {
                 panic!(
                     "replica {id} ended as it started ({status}): {}",
@@ -218,19 +231,79 @@ impl Replica {
             }
             assert!(
                 began.elapsed() < Duration::from_secs(90),
-                "replica {id} did not serve in 90 s: {}",
+                "replica {id} was not ready in 90 s: {}",
                 log_tail(&log_path)
             );
-            tokio::time::sleep(Duration::from_millis(50)).await;
+            tokio::time::sleep(Duration::from_millis(100)).await;
         }
         let ca = CloudProviderClient::new(
             ca_asg_provider::grpc::connect_unix(&socket)
                 .await
                 .expect("connect to the replica"),
         );
+        let leads = self.leads.clone();
+        self.reader = Some(tokio::spawn(async move {
+            loop {
+                if let Some((200, body)) = http_get(metrics, "/metrics").await {
+                    let now = body.lines().any(|l| l.trim() == "ca_asg_provider_leader 1");
+                    leads.store(now, std::sync::atomic::Ordering::SeqCst);
+                }
+                tokio::time::sleep(Duration::from_millis(200)).await;
+            }
+        }));
         self.process = Some(process);
         self.ca = Some(ca);
     }
+}
+
+/// A replica's config file: the suite's quick timings (the soak's actions come every
+/// second or two), a 3 s Lease, and queue mode on the soak's queue (the hook scan then
+/// runs as its safety net, every 15 s, as shipped).
+fn replica_config(queue_url: &str) -> String {
+    format!(
+        "refreshInterval: 1s\n\
+         scaleIn:\n\
+         \x20 hookName: {HOOK}\n\
+         \x20 evictionRetryInterval: 500ms\n\
+         \x20 volumeDetachDeadline: 2s\n\
+         \x20 lifecyclePollInterval: 1s\n\
+         \x20 leaseName: ca-asg-provider\n\
+         \x20 leaseNamespace: kube-system\n\
+         \x20 leaseDuration: 3s\n\
+         interruption:\n\
+         \x20 queueUrl: {queue_url}\n\
+         \x20 safetyNetPollInterval: 15s\n"
+    )
+}
+
+/// A loopback port free a moment ago.
+fn free_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0")
+        .and_then(|l| l.local_addr())
+        .expect("a free port")
+        .port()
+}
+
+/// GET `path` on the loopback port: its status and body, `None` when nothing answers.
+async fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let exchange = async {
+        let mut conn = tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .ok()?;
+        let request =
+            format!("GET {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n");
+        conn.write_all(request.as_bytes()).await.ok()?;
+        let mut answer = Vec::new();
+        conn.read_to_end(&mut answer).await.ok()?;
+        let text = String::from_utf8_lossy(&answer).into_owned();
+        let status = text.split_whitespace().nth(1)?.parse().ok()?;
+        Some((status, text))
+    };
+    tokio::time::timeout(Duration::from_secs(2), exchange)
+        .await
+        .ok()
+        .flatten()
 }
 
 /// The last lines of a replica's log, for a failure's message.
@@ -241,13 +314,14 @@ fn log_tail(path: &Path) -> String {
 }
 
 /// One replica of the soak, as its process runs it (the soak starts this test binary
-/// again with `SOAK_REPLICA`; not a test of its own): the service over its linked
-/// client and the driver's cloud, leader election over the Lease, the hook scan and
-/// the interruption queue's consumer (every replica runs it, only the leader
-/// receives), until it is killed.
+/// again with `SOAK_REPLICA`; not a test of its own): `serve` with the config file and
+/// flags the soak wrote, as the shipped binary runs it (the provider, the drain with
+/// its election, the interruption queue's consumer, the hook scan as its safety net,
+/// the operations port, CA's gRPC), its cloud the driver's, until it is killed.
 #[test]
 #[ignore = "one replica of the soak as a process of its own: the soak starts it"]
 fn soak_replica() {
+    use clap::Parser as _;
     let spec: ReplicaSpec = serde_json::from_str(
         &std::env::var("SOAK_REPLICA").expect("SOAK_REPLICA: the soak sets it"),
     )
@@ -259,63 +333,23 @@ fn soak_replica() {
         )
         .with_ansi(false)
         .try_init();
+    let command = ServeCommand::parse_from(&spec.args);
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()
         .expect("the replica's runtime");
-    rt.block_on(run_replica(spec));
-}
-
-async fn run_replica(spec: ReplicaSpec) {
-    let client = control_plane::client_from(&spec.kubeconfig)
-        .await
-        .expect("the replica's client");
-    let cloud = Arc::new(remote_cloud::Remote::new(spec.cloud, &spec.id));
-    let (provider, engine, _ca, _addr, _counts) = rig::serve_over_at(
-        client.clone(),
-        cloud,
-        spec.groups,
-        rig::settings(),
-        spec.socket,
-    )
-    .await;
-    let (_stop, stop_rx) = tokio::sync::watch::channel(false);
-    let (mut leads, _task) = spawn_task(
-        engine.tools.liveness.clone(),
-        client,
-        LeaseSettings {
-            name: "ca-asg-provider".into(),
-            namespace: "kube-system".into(),
-            identity: spec.id,
-            duration: Duration::from_secs(3),
-        },
-        stop_rx,
-        Some(engine.leadership.carry.clone()),
-    );
-    engine.leadership.follow(leads.clone());
-    scalein::sources::hook_scan::spawn_loop(engine.clone(), provider.clone());
-    let sqs = aws_sdk_sqs::Client::new(&support::moto::sdk_config_at(&spec.moto).await);
-    scalein::sources::queue::Consumer::new(
-        engine.clone(),
-        provider.clone(),
-        Arc::new(SqsQueue::from_client(sqs, &spec.queue_url)) as Arc<dyn Queue>,
-        // As shipped: a 20 s long poll.
-        scalein::settings::InterruptionSettings::default(),
-    )
-    .spawn();
-    std::fs::write(&spec.ready, "").expect("the ready file");
-    // What it believes of its leadership, each time that changes (written whole, then
-    // moved into place: the driver never reads half of it).
-    loop {
-        let now = if *leads.borrow_and_update() { "1" } else { "0" };
-        let next = spec.leads.with_extension("next");
-        std::fs::write(&next, now).expect("the leads file");
-        std::fs::rename(&next, &spec.leads).expect("the leads file");
-        if leads.changed().await.is_err() {
-            std::future::pending::<()>().await;
-        }
-    }
+    rt.block_on(async move {
+        let cfg = command
+            .serve
+            .config
+            .load_serving(&command.serve.serve)
+            .expect("the replica's config");
+        let cloud = Arc::new(remote_cloud::Remote::new(spec.cloud, &spec.id));
+        ca_asg_provider::commands::serve::serve_with(cfg, &command.serve, cloud)
+            .await
+            .expect("serve");
+    });
 }
 
 /// What the run recorded beside the audit log: the choices (CA's, the ASG's) and the
@@ -453,6 +487,8 @@ async fn soak_two_replicas_under_faults_judged_from_outside() {
         process: None,
         ca: None,
         dir: dir.clone(),
+        leads: Arc::default(),
+        reader: None,
     });
     for r in &mut replicas {
         r.start(&cp, &cloud, &served, &aws, &queue).await;

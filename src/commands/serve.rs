@@ -58,6 +58,18 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
             crate::cloud::aws::connect(&cfg.aws_settings()).await
         }
     };
+    serve_with(cfg, &args, cloud).await
+}
+
+/// `serve` once its configuration is read and its cloud chosen (AWS, or the built-in
+/// memory cloud): the provider, the drain with its election, queue and hook scan, the
+/// operations port and CA's gRPC, until SIGTERM. The soak (`tests/e2e_soak.rs`) runs
+/// each of its replicas through here with the cloud its driver serves.
+pub async fn serve_with(
+    mut cfg: crate::config::Config,
+    args: &ServeArgs,
+    cloud: Arc<dyn Cloud>,
+) -> anyhow::Result<()> {
     let cloud = if args.dry_run {
         tracing::warn!(
             "DRY RUN: nothing is written to AWS or the cluster; decisions are logged and evented"
@@ -91,7 +103,7 @@ pub async fn run(args: ServeArgs) -> anyhow::Result<()> {
         provider.spawn_keep_fresh(move || leads.upgrade().is_some_and(|e| e.is_leader()));
         liveness = engine.tools.liveness.clone();
         engine_for_shutdown = Some(engine.clone());
-        start_queue(&cfg, &args, &engine, &provider).await;
+        start_queue(&cfg, args, &engine, &provider).await;
         crate::scalein::sources::hook_scan::spawn_loop(engine, provider.clone());
         tracing::info!(daemonsets = ?cfg.scale_in.daemonsets, mode = ?cfg.scale_in.mode, "scale-in drain enabled");
     } else {

@@ -75,21 +75,16 @@ impl MotoServer {
     /// An SDK config for this server: static credentials, us-east-1, no retries
     /// (moto answers HTML 500 for unknown names).
     pub async fn sdk_config(&self) -> aws_config::SdkConfig {
-        sdk_config_at(&self.url).await
+        aws_config::defaults(aws_config::BehaviorVersion::latest())
+            .region(aws_config::Region::new("us-east-1"))
+            .endpoint_url(&self.url)
+            .credentials_provider(aws_sdk_autoscaling::config::Credentials::new(
+                "test", "test", None, None, "moto",
+            ))
+            .retry_config(aws_config::retry::RetryConfig::disabled())
+            .load()
+            .await
     }
-}
-
-/// The SDK's config for the moto at `url` (one another process started).
-pub async fn sdk_config_at(url: &str) -> aws_config::SdkConfig {
-    aws_config::defaults(aws_config::BehaviorVersion::latest())
-        .region(aws_config::Region::new("us-east-1"))
-        .endpoint_url(url)
-        .credentials_provider(aws_sdk_autoscaling::config::Credentials::new(
-            "test", "test", None, None, "moto",
-        ))
-        .retry_config(aws_config::retry::RetryConfig::disabled())
-        .load()
-        .await
 }
 
 impl Drop for MotoServer {
