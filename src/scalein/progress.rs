@@ -3,7 +3,7 @@
 //! clock (`now` comes in). What `status` lists for every drain and what `drain NODE`
 //! prints while it runs ([`Narrator`]) are both this.
 
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
@@ -601,8 +601,8 @@ pub struct Warnings {
     seen: BTreeMap<String, i32>,
     /// The note of the last `DrainAbandoned` relayed: the drain was given up.
     abandoned: Option<String>,
-    /// The reasons relayed (not the primed ones).
-    relayed: BTreeSet<String>,
+    /// Whether a `DrainFailed` was relayed: the drain could not go on.
+    failed: bool,
 }
 
 /// `s` without control characters (a terminal's escapes), at most `max` characters.
@@ -679,12 +679,11 @@ impl Warnings {
     /// behind the drains' requests in a storm). One primed from before the command
     /// does not count.
     pub fn heard_last_word(&self, how: &How) -> bool {
-        let reason = match how {
-            How::Abandoned { .. } => Reason::DrainAbandoned,
-            How::Failed { .. } => Reason::DrainFailed,
-            How::Drained | How::Ending | How::InstanceLeft => return true,
-        };
-        self.relayed.contains(reason.as_str())
+        match how {
+            How::Abandoned { .. } => self.abandoned.is_some(),
+            How::Failed { .. } => self.failed,
+            How::Drained | How::Ending | How::InstanceLeft => true,
+        }
     }
 
     /// The lines for the Warnings among `events` not relayed yet, or recurred.
@@ -695,7 +694,7 @@ impl Warnings {
                 continue;
             }
             self.seen.insert(said.uid.clone(), said.count);
-            self.relayed.insert(said.reason.clone());
+            self.failed |= said.reason == Reason::DrainFailed.as_str();
             fresh.push(said.line());
             if said.reason == Reason::DrainAbandoned.as_str() {
                 self.abandoned = Some(said.note);
