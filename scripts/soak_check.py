@@ -486,19 +486,6 @@ def _replica_writes(run):
         yield e, holder
 
 
-def _holders_at(run, times):
-    """Who held the Lease at each of `times` (seconds since the epoch), by its writes
-    received before then: one pass over the Lease's writes."""
-    writes = sorted((e for e in run.audit if _lease_write(e)), key=_received)
-    out, holder, i = {}, None, 0
-    for t in sorted(times):
-        while i < len(writes) and (_when(_received(writes[i])) or 0) <= t:
-            holder = _holder(writes[i])
-            i += 1
-        out[t] = holder
-    return out
-
-
 def late_writes(run):
     """`_late_writes`, worked out once per run (two_leaders and the counts use it)."""
     if not hasattr(run, "_late"):
@@ -523,9 +510,8 @@ def _late_writes(run):
         sent = sorted(t for t in (_when(x) for x in c.get("sent") or []) if t is not None)
         if sent and a is not None and b is not None:
             pauses[c.get("replica")].append((a, b, sent))
-    holders = _holders_at(run, [a for ps in pauses.values() for a, _, _ in ps])
-    led = {(r, a): holders[a] == r for r, ps in pauses.items() for a, _, _ in ps}
     terms = _terms(run)
+    led = {(r, a): _term_at(terms, a)[1] == r for r, ps in pauses.items() for a, _, _ in ps}
     # Per pause, its late writes with when their receipt's holder took the Lease.
     candidates = defaultdict(list)
     for e, holder in _replica_writes(run):
@@ -535,7 +521,7 @@ def _late_writes(run):
             continue
         for a, b, sent in pauses.get(uid, []):
             if led[(uid, a)] and b <= t <= b + LATE_SECS:
-                candidates[(uid, a)].append((_term_began(terms, t), e, sent))
+                candidates[(uid, a)].append((_term_at(terms, t)[0], e, sent))
                 break
     out = []
     for writes in candidates.values():
@@ -553,24 +539,26 @@ def _late_writes(run):
 
 
 def _terms(run):
-    """When each holder of the Lease took it: (time, holder) at each change, in order."""
+    """When each holder of the Lease took it, by its writes in the order the API server
+    received them: (time, holder) at each change."""
     out, holder = [], None
     for e in sorted((e for e in run.audit if _lease_write(e)), key=_received):
-        h, t = _holder(e), _when(_received(e))
-        if h != holder and t is not None:
-            out.append((t, h))
+        h = _holder(e)
+        if h != holder:
+            out.append((_when(_received(e)) or 0, h))
             holder = h
     return out
 
 
-def _term_began(terms, t):
-    """When the term in effect at `t` began (0: before any Lease write)."""
-    began = 0.0
-    for at, _ in terms:
+def _term_at(terms, t):
+    """(when it began, its holder) for the term in effect at `t`: (0, None) before any
+    Lease write."""
+    began, holder = 0.0, None
+    for at, h in terms:
         if at > t:
             break
-        began = at
-    return began
+        began, holder = at, h
+    return began, holder
 
 
 def _iso(t):
