@@ -80,6 +80,9 @@ const CEILING: i32 = 7;
 const POOLED: &str = "batch";
 const POOL_FLOOR: i32 = 1;
 const POOL_CEILING: i32 = 3;
+/// Each group's maximum size in the ASG (and CA's, from `--nodes`); both minimums 0.
+const GROUP_MAX: i32 = 8;
+const POOL_MAX: i32 = 4;
 /// The states an instance rests in inside a warm pool, its drain over.
 const RESTING: [&str; 3] = ["Warmed:Stopped", "Warmed:Running", "Warmed:Hibernated"];
 
@@ -178,7 +181,7 @@ impl Replica {
         // Its writes to the cloud are logged under its name (the checker's record).
         served.serve_as(&id, aws.cloud(&id, Arc::new(cloud.clone())));
         let socket = rig::socket_path();
-        let metrics = free_port();
+        let metrics = control_plane::free_port();
         let config = self.dir.join(format!("replica-{id}.yaml"));
         std::fs::write(&config, replica_config(&queue.url)).unwrap();
         let mut args: Vec<String> = vec!["ca-asg-provider".into()];
@@ -186,8 +189,8 @@ impl Replica {
             ("--config", config.display().to_string()),
             ("--region", "us-east-1".into()),
             ("--aws-endpoint", queue.moto.clone()),
-            ("--nodes", "0:8:web".into()),
-            ("--nodes", "0:4:batch".into()),
+            ("--nodes", format!("0:{GROUP_MAX}:{GROUP}")),
+            ("--nodes", format!("0:{POOL_MAX}:{POOLED}")),
             ("--listen", format!("unix://{}", socket.display())),
             ("--metrics-listen", format!("127.0.0.1:{metrics}")),
         ] {
@@ -274,14 +277,6 @@ fn replica_config(queue_url: &str) -> String {
          \x20 queueUrl: {queue_url}\n\
          \x20 safetyNetPollInterval: 15s\n"
     )
-}
-
-/// A loopback port free a moment ago.
-fn free_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .expect("a free port")
-        .port()
 }
 
 /// GET `path` on the loopback port: its status and body, `None` when nothing answers.
@@ -430,8 +425,8 @@ async fn soak_two_replicas_under_faults_judged_from_outside() {
         .unwrap_or_else(|e| panic!("{e:#}"));
     let admin = cp.client(Who::Admin).await.unwrap();
     rig::apply_shipped_rbac(&admin).await;
-    let group = MemoryGroup::new(GROUP, 0, 8, 5, "m5.large").terminating_hook(HOOK, 300);
-    let pooled = MemoryGroup::new(POOLED, 0, 4, 2, "m5.large")
+    let group = MemoryGroup::new(GROUP, 0, GROUP_MAX, 5, "m5.large").terminating_hook(HOOK, 300);
+    let pooled = MemoryGroup::new(POOLED, 0, POOL_MAX, 2, "m5.large")
         .terminating_hook(HOOK, 300)
         .warm_pool(ca_asg_provider::cloud::WarmPool {
             min_size: 0,
@@ -1122,10 +1117,14 @@ async fn soak_two_replicas_under_faults_judged_from_outside() {
         // the run from settling for 60 s, it is restarted once, as an operator would
         // (recorded in the schedule): the checker's rules do not rest on it.
         let only_pods = not.len() == 1 && not[0].contains("pods Ready") && cli.is_none();
-        let since = *only_pods_since.get_or_insert_with(ca_asg_provider::clock::Instant::now);
         if !only_pods {
             only_pods_since = None;
-        } else if !kcm_restarted && since.elapsed() > Duration::from_secs(60) {
+        } else if !kcm_restarted
+            && only_pods_since
+                .get_or_insert_with(ca_asg_provider::clock::Instant::now)
+                .elapsed()
+                > Duration::from_secs(60)
+        {
             kcm_restarted = true;
             let took = cp
                 .restart("kube-controller-manager", Stop::Term)

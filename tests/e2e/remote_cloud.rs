@@ -226,77 +226,70 @@ async fn answer(
     BufReader::new(read.take(MAX_REQUEST))
         .read_line(&mut line)
         .await?;
-    let request: Request = match serde_json::from_str(&line) {
-        Ok(r) => r,
-        Err(e) => {
-            let refused: Result<(), Failure> = Err(Failure::Rejected {
-                operation: "remote cloud".into(),
-                code: "BadRequest".into(),
-                message: e.to_string(),
-            });
-            return reply(&mut write, &refused).await;
+    let mut answer = match serde_json::from_str::<Request>(&line) {
+        Err(e) => refused("BadRequest", e.to_string()),
+        Ok(request) => {
+            let cloud = views.lock().unwrap().get(&request.who).cloned();
+            match cloud {
+                Some(cloud) => carry_out(cloud.as_ref(), request.call).await,
+                None => refused("UnknownCaller", request.who),
+            }
         }
     };
-    let Some(cloud) = views.lock().unwrap().get(&request.who).cloned() else {
-        let unknown: Result<(), Failure> = Err(Failure::Rejected {
-            operation: "remote cloud".into(),
-            code: "UnknownCaller".into(),
-            message: request.who,
-        });
-        return reply(&mut write, &unknown).await;
-    };
-    let answer = carry_out(cloud.as_ref(), request.call).await;
+    answer.push('\n');
     write.write_all(answer.as_bytes()).await?;
-    write.write_all(b"\n").await?;
     write.shutdown().await
 }
 
-async fn reply<T: Serialize>(
-    write: &mut tokio::net::tcp::OwnedWriteHalf,
-    r: &Result<T, Failure>,
-) -> std::io::Result<()> {
-    let mut line = serde_json::to_string(r).unwrap();
-    line.push('\n');
-    write.write_all(line.as_bytes()).await?;
-    write.shutdown().await
+/// A request the server cannot carry out, refused as a line of JSON.
+fn refused(code: &str, message: String) -> String {
+    to_line::<()>(Err(CloudError::Rejected {
+        operation: "remote cloud".into(),
+        code: code.into(),
+        message,
+    }))
+}
+
+/// `r` as a line of JSON (without its end).
+fn to_line<T: Serialize>(r: CloudResult<T>) -> String {
+    serde_json::to_string(&r.map_err(Failure::from)).unwrap()
 }
 
 /// The answer to `call` from `cloud`, as a line of JSON.
 async fn carry_out(cloud: &dyn Cloud, call: Call) -> String {
-    fn json<T: Serialize>(r: CloudResult<T>) -> String {
-        serde_json::to_string(&r.map_err(Failure::from)).unwrap()
-    }
     match call {
-        Call::DescribeGroups(s) => json(cloud.describe_groups(&s).await),
-        Call::LaunchHistory(g) => json(cloud.launch_history(&g).await),
-        Call::LocateInstances(ids) => json(cloud.locate_instances(&ids).await),
-        Call::EndedInstances(ids) => json(cloud.ended_instances(&ids).await),
-        Call::SetDesiredCapacity(g, d) => json(cloud.set_desired_capacity(&g, d).await),
-        Call::WarmPoolInstances(g) => json(cloud.warm_pool_instances(&g).await),
-        Call::TerminateInstance(id, dec) => json(cloud.terminate_instance(&id, dec).await),
-        Call::InstanceTypes(n) => json(cloud.instance_types(&n).await),
-        Call::LaunchTemplate(t) => json(cloud.launch_template(&t).await),
-        Call::LaunchConfiguration(n) => json(cloud.launch_configuration(&n).await),
-        Call::TerminatingHooks(g) => json(cloud.terminating_hooks(&g).await),
-        Call::PutTerminatingHook(g, h) => json(cloud.put_terminating_hook(&g, &h).await),
-        Call::DeleteTerminatingHook(g, h) => json(cloud.delete_terminating_hook(&g, &h).await),
-        Call::TagGroup(g, k, v) => json(cloud.tag_group(&g, &k, &v).await),
-        Call::UntagGroup(g, k) => json(cloud.untag_group(&g, &k).await),
-        Call::LifecycleHeartbeat(a) => json(cloud.lifecycle_heartbeat(&a).await),
-        Call::CompleteLifecycleAction(a, r) => json(cloud.complete_lifecycle_action(&a, r).await),
-        Call::EksNodegroup(c, n) => json(cloud.eks_nodegroup(&c, &n).await),
-        Call::InstanceTypesForRequirements(r, image) => json(
+        Call::DescribeGroups(s) => to_line(cloud.describe_groups(&s).await),
+        Call::LaunchHistory(g) => to_line(cloud.launch_history(&g).await),
+        Call::LocateInstances(ids) => to_line(cloud.locate_instances(&ids).await),
+        Call::EndedInstances(ids) => to_line(cloud.ended_instances(&ids).await),
+        Call::SetDesiredCapacity(g, d) => to_line(cloud.set_desired_capacity(&g, d).await),
+        Call::WarmPoolInstances(g) => to_line(cloud.warm_pool_instances(&g).await),
+        Call::TerminateInstance(id, dec) => to_line(cloud.terminate_instance(&id, dec).await),
+        Call::InstanceTypes(n) => to_line(cloud.instance_types(&n).await),
+        Call::LaunchTemplate(t) => to_line(cloud.launch_template(&t).await),
+        Call::LaunchConfiguration(n) => to_line(cloud.launch_configuration(&n).await),
+        Call::TerminatingHooks(g) => to_line(cloud.terminating_hooks(&g).await),
+        Call::PutTerminatingHook(g, h) => to_line(cloud.put_terminating_hook(&g, &h).await),
+        Call::DeleteTerminatingHook(g, h) => to_line(cloud.delete_terminating_hook(&g, &h).await),
+        Call::TagGroup(g, k, v) => to_line(cloud.tag_group(&g, &k, &v).await),
+        Call::UntagGroup(g, k) => to_line(cloud.untag_group(&g, &k).await),
+        Call::LifecycleHeartbeat(a) => to_line(cloud.lifecycle_heartbeat(&a).await),
+        Call::CompleteLifecycleAction(a, r) => {
+            to_line(cloud.complete_lifecycle_action(&a, r).await)
+        }
+        Call::EksNodegroup(c, n) => to_line(cloud.eks_nodegroup(&c, &n).await),
+        Call::InstanceTypesForRequirements(r, image) => to_line(
             cloud
                 .instance_types_for_requirements(&r, image.as_deref())
                 .await,
         ),
-        Call::TerminationCause(g, id) => json(cloud.termination_cause(&g, &id).await),
-        Call::InstanceAddresses(id) => json(cloud.instance_addresses(&id).await),
-        Call::TargetGroups => json(cloud.target_groups().await),
-        Call::TargetHealth(arn) => json(cloud.target_health(&arn).await),
-        Call::DeregistrationDelay(arn) => json(cloud.deregistration_delay(&arn).await),
-        Call::GroupTargetGroups(g) => json(cloud.group_target_groups(&g).await),
-        Call::DeregisterTargets(arn, t) => json(cloud.deregister_targets(&arn, &t).await),
+        Call::TerminationCause(g, id) => to_line(cloud.termination_cause(&g, &id).await),
+        Call::InstanceAddresses(id) => to_line(cloud.instance_addresses(&id).await),
+        Call::TargetGroups => to_line(cloud.target_groups().await),
+        Call::TargetHealth(arn) => to_line(cloud.target_health(&arn).await),
+        Call::DeregistrationDelay(arn) => to_line(cloud.deregistration_delay(&arn).await),
+        Call::GroupTargetGroups(g) => to_line(cloud.group_target_groups(&g).await),
+        Call::DeregisterTargets(arn, t) => to_line(cloud.deregister_targets(&arn, &t).await),
     }
 }
 
@@ -318,11 +311,6 @@ impl Remote {
     /// its answer in time failed transiently (whether it took effect is not known, as
     /// with a timed-out AWS call).
     async fn ask<T: DeserializeOwned>(&self, call: Call) -> CloudResult<T> {
-        let operation = format!("{call:?}")
-            .split(['(', ' '])
-            .next()
-            .unwrap_or_default()
-            .to_string();
         let request = Request {
             who: self.who.clone(),
             call,
@@ -336,17 +324,27 @@ impl Remote {
             BufReader::new(conn).read_line(&mut answer).await?;
             serde_json::from_str::<Result<T, Failure>>(&answer).map_err(std::io::Error::other)
         };
-        match tokio::time::timeout(CALL_TIMEOUT, exchange).await {
-            Ok(Ok(answer)) => answer.map_err(CloudError::from),
-            Ok(Err(e)) => Err(CloudError::Transient {
-                operation,
-                message: format!("the cloud's server: {e}"),
-            }),
-            Err(_) => Err(CloudError::Transient {
-                operation,
-                message: format!("the cloud's server gave no answer in {CALL_TIMEOUT:?}"),
-            }),
-        }
+        let message = match tokio::time::timeout(CALL_TIMEOUT, exchange).await {
+            Ok(Ok(answer)) => return answer.map_err(CloudError::from),
+            Ok(Err(e)) => format!("the cloud's server: {e}"),
+            Err(_) => format!("the cloud's server gave no answer in {CALL_TIMEOUT:?}"),
+        };
+        Err(CloudError::Transient {
+            operation: request.call.name(),
+            message,
+        })
+    }
+}
+
+impl Call {
+    /// The call's name (its variant), for an error.
+    fn name(&self) -> String {
+        let shown = format!("{self:?}");
+        shown
+            .split(['(', ' '])
+            .next()
+            .unwrap_or_default()
+            .to_string()
     }
 }
 

@@ -246,17 +246,6 @@ pub async fn serve_over(
     names: Vec<String>,
     s: ScaleInSettings,
 ) -> Served {
-    serve_over_at(client, cloud, names, s, socket_path()).await
-}
-
-/// [`serve_over`], CA's gRPC on the Unix socket `path`.
-pub async fn serve_over_at(
-    client: kube::Client,
-    cloud: Arc<dyn ca_asg_provider::cloud::Cloud>,
-    names: Vec<String>,
-    s: ScaleInSettings,
-    path: std::path::PathBuf,
-) -> Served {
     let provider = Provider::new(
         cloud.clone(),
         ProviderSettings {
@@ -279,6 +268,7 @@ pub async fn serve_over_at(
     let engine = Engine::new(client, cloud, Some(provider.clone()), s);
     provider.set_scale_in(Arc::new(DrainScaleIn(engine.clone())));
     let counts: &'static Metrics = Box::leak(Box::new(Metrics::new()));
+    let path = socket_path();
     let addr = ListenAddr::Unix(path.clone());
     let (l, _) = ca_asg_provider::grpc::bind_listen(&addr)
         .await
