@@ -226,6 +226,12 @@ pub async fn follow(engine: &Arc<Engine>, provider: &Arc<Provider>) -> usize {
     };
     let mut handed_back = 0;
     for (node, iid, record) in marks {
+        // The AWS read above can outlast this replica's term (the soak's seed 3008: a
+        // pool rest noted on a Node 2.6 s after the replica stepped down): a pass that
+        // is no longer the leader's writes nothing more.
+        if !engine.is_leader() {
+            break;
+        }
         let state = states.get(&iid);
         match step(&record, state, now, engine.settings.warm_pool_settle) {
             Step::Nothing => {}
