@@ -331,6 +331,66 @@ async fn a_drain_waits_for_its_groups_replacement_before_it_evicts() {
     );
 }
 
+/// Cordons first: an instance refresh ends three instances at once and the scan
+/// finds their holds together; the budget lets one drain at a time. One Node's
+/// cordon is slow (its patch waits 2 s, a webhook slow for that Node): the drain
+/// given the slot evicts nothing until that node is cordoned too, so nothing it
+/// evicts can be placed on a node about to drain. (On the real control plane a
+/// replacement landed on a node whose cordon came a moment after the first
+/// eviction.)
+#[tokio::test]
+async fn drains_asked_together_cordon_every_node_before_the_first_eviction() {
+    use ca_asg_provider::cloud::Cloud;
+    let settings = ScaleInSettings {
+        budgets: vec![Budget::always("one-at-a-time", Nodes::Count(1))],
+        ..fast_settings()
+    };
+    let w = World::builder()
+        .web_hooked(4, 3, 300)
+        .settings(settings)
+        .build()
+        .await;
+    let refreshed = nodes_of(&w, "web");
+    assert_eq!(refreshed.len(), 3);
+    for (i, (node, _)) in refreshed.iter().enumerate() {
+        w.put(&fixtures::pod("shop", &format!("app{i}"), node, "app", 0.1));
+        pod_ready(&w, &format!("app{i}")).await;
+    }
+    let slow = refreshed[2].0.clone();
+    w.sim
+        .slow_requests_to("patch", "nodes", &slow, Duration::from_secs(2));
+    for (_, iid) in &refreshed {
+        w.cloud.terminate_instance(iid, false).await.unwrap();
+    }
+    let lifecycle = ca_asg_provider::scalein::sources::hook_scan::spawn_loop(
+        w.engine.clone(),
+        w.provider.clone(),
+    );
+    for (_, iid) in &refreshed {
+        action_completed(&w, iid, 30).await;
+    }
+    lifecycle.abort();
+
+    let audit = w.sim.audit();
+    let first_eviction = audit
+        .iter()
+        .find(|a| a.verb == "evicted")
+        .map(|a| a.seq)
+        .expect("the drains evicted the app pods");
+    for (node, _) in &refreshed {
+        let cordon = audit
+            .iter()
+            .find(|a| a.verb == "patch" && a.kind == "Node" && a.name == *node)
+            .map(|a| a.seq)
+            .unwrap_or_else(|| panic!("node {node} was never marked"));
+        assert!(
+            cordon < first_eviction,
+            "node {node} was cordoned (audit {cordon}) after the first eviction (audit {first_eviction}); the slow one is {slow}"
+        );
+    }
+    assert_eq!(evictions_of(&w, "app"), 3, "each app pod evicted once");
+}
+
 /// Issue 71: the group's own cause, from its scaling activity. A budget that allows
 /// no instance refresh (`reasons: [asg-instance-refresh]`, `nodes: 0`) holds the
 /// refresh's drain (its activity: "... in response to an instance refresh"), while

@@ -192,13 +192,15 @@ pub async fn handle(
     // as a write the API server already accepted: the answer is lost, not the effect.
     let key = parse_path(uri.path()).ok().map(|t| {
         let key = verb_and_resource(&method, &t, &q);
-        (key.0.to_string(), key.1)
+        ((key.0.to_string(), key.1), t.name.unwrap_or_default())
     });
     let (behind_webhook, answer_late) = {
         let f = ctx.faults.lock();
-        key.as_ref().map_or((false, None), |k| {
+        key.as_ref().map_or((false, None), |(k, name)| {
             (
-                f.slow_requests.contains_key(k),
+                f.slow_requests.contains_key(k)
+                    || f.slow_objects
+                        .contains_key(&(k.0.clone(), k.1.clone(), name.clone())),
                 f.slow_answers.get(k).copied(),
             )
         })
@@ -296,6 +298,14 @@ async fn answer(
         f.latency
             + f.slow_requests
                 .get(&(verb.to_string(), res_label.clone()))
+                .copied()
+                .unwrap_or_default()
+            + f.slow_objects
+                .get(&(
+                    verb.to_string(),
+                    res_label.clone(),
+                    t.name.clone().unwrap_or_default(),
+                ))
                 .copied()
                 .unwrap_or_default()
     };

@@ -210,6 +210,9 @@ pub struct Faults {
     /// (verb, resource[/subresource]) -> how long such requests wait besides (a slow
     /// admission webhook on them).
     pub slow_requests: std::collections::BTreeMap<(String, String), Duration>,
+    /// (verb, resource[/subresource], name) -> the same for one object only (a
+    /// webhook slow for one Node, a write stuck behind etcd's lock on one key).
+    pub slow_objects: std::collections::BTreeMap<(String, String, String), Duration>,
     /// (verb, resource[/subresource]) -> how long such requests' answers wait after
     /// the request took effect (the write landed; its answer is slow to come back).
     pub slow_answers: std::collections::BTreeMap<(String, String), Duration>,
@@ -361,6 +364,7 @@ impl SimCluster {
         f.throttled.clear();
         f.refused.clear();
         f.slow_requests.clear();
+        f.slow_objects.clear();
         f.slow_answers.clear();
         f.cut.clear();
         f.watch_lag = Duration::ZERO;
@@ -382,6 +386,14 @@ impl SimCluster {
             .lock()
             .slow_requests
             .insert((verb.to_string(), resource.to_string()), latency);
+    }
+
+    /// [`Self::slow_requests`] for the object named `name` only.
+    pub fn slow_requests_to(&self, verb: &str, resource: &str, name: &str, latency: Duration) {
+        self.faults.lock().slow_objects.insert(
+            (verb.to_string(), resource.to_string(), name.to_string()),
+            latency,
+        );
     }
 
     /// From now on requests with this verb on this resource take effect at once and

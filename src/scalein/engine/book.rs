@@ -179,6 +179,39 @@ pub struct Book {
     noted: Mutex<BTreeSet<(&'static str, String)>>,
     /// Woken when a slot goes back: the drains waiting for the budgets look again.
     freed: tokio::sync::Notify,
+    /// The drain runs whose first cordon is not done yet ([`Book::cordons_first`]).
+    marking: Arc<Marking>,
+}
+
+/// The drain runs started and not yet past their first try to cordon and mark
+/// their node, and a bell that rings as each gets past it.
+#[derive(Default)]
+struct Marking {
+    runs: Mutex<BTreeSet<u64>>,
+    done: tokio::sync::Notify,
+}
+
+impl Marking {
+    fn done(&self, run: u64) {
+        if self.runs.lock().remove(&run) {
+            self.done.notify_waiters();
+        }
+    }
+}
+
+/// A drain run's place among the runs not yet past their first cordon: it leaves
+/// when the run says its node is marked ([`Book::marked`]), or when the run ends
+/// or is aborted however it ends (this is dropped with the run's task, even one
+/// never polled).
+pub(crate) struct MarkingRun {
+    marking: Arc<Marking>,
+    run: u64,
+}
+
+impl Drop for MarkingRun {
+    fn drop(&mut self) {
+        self.marking.done(self.run);
+    }
 }
 
 /// The reasons of a running drain with a new request's joined, when they change its
@@ -211,7 +244,7 @@ impl Book {
         &self,
         req: DrainRequest,
         limits: Limits,
-        spawn: impl FnOnce(DrainRequest, Start, u64) -> JoinHandle<Outcome>,
+        spawn: impl FnOnce(DrainRequest, Start, u64, MarkingRun) -> JoinHandle<Outcome>,
     ) -> Start {
         let mut ledger = self.ledger.lock();
         let entry = ledger.entry(&req.instance_id);
@@ -233,9 +266,51 @@ impl Book {
         if let Some((holder, _)) = &mut entry.slot {
             *holder = run;
         }
-        let handle = spawn(req.clone(), how, run);
+        self.marking.runs.lock().insert(run);
+        let marking = MarkingRun {
+            marking: self.marking.clone(),
+            run,
+        };
+        let handle = spawn(req.clone(), how, run, marking);
         entry.drain = Some(Inflight { handle, req });
         how
+    }
+
+    /// Run `run` got past its first try to cordon and mark its node (done or not:
+    /// a refused cordon is tried again by the run, not waited for by the others).
+    pub(crate) fn marked(&self, run: u64) {
+        self.marking.done(run);
+    }
+
+    /// Cordons first: waits, at most `within`, until every other drain run started
+    /// so far is past its first try to cordon its node. A drain given its slot calls
+    /// it before its first eviction, so that nothing it evicts is placed on a node
+    /// another drain was asked for a moment before (an instance refresh asking for
+    /// many at once); runs started after the call are not waited for. How many were
+    /// still not past it when `within` ran out (0: none).
+    pub(crate) async fn cordons_first(&self, run: u64, within: Duration) -> usize {
+        let before: BTreeSet<u64> = self
+            .marking
+            .runs
+            .lock()
+            .iter()
+            .copied()
+            .filter(|r| *r != run)
+            .collect();
+        let until = tokio::time::Instant::now() + within;
+        loop {
+            let done = self.marking.done.notified();
+            tokio::pin!(done);
+            done.as_mut().enable();
+            let left = self.marking.runs.lock().intersection(&before).count();
+            if left == 0 {
+                return 0;
+            }
+            tokio::select! {
+                () = &mut done => {}
+                () = tokio::time::sleep_until(until) => return left,
+            }
+        }
     }
 
     /// Whether drain run `run` of the instance holds a slot (its own, or the one of
@@ -575,7 +650,7 @@ mod tests {
     async fn one_drain_per_instance_and_the_maps_stay_bounded() {
         let book = Book::default();
         let spawned = std::sync::atomic::AtomicUsize::new(0);
-        let spawn = |_: DrainRequest, _: Start, _: u64| {
+        let spawn = |_: DrainRequest, _: Start, _: u64, _: MarkingRun| {
             spawned.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
             tokio::spawn(std::future::pending::<Outcome>())
         };
@@ -583,7 +658,7 @@ mod tests {
             book.start(req(vec![Why::ScaleIn]), limits(), spawn),
             Start::Started
         );
-        let again = |_: DrainRequest, _: Start, _: u64| -> JoinHandle<Outcome> {
+        let again = |_: DrainRequest, _: Start, _: u64, _: MarkingRun| -> JoinHandle<Outcome> {
             panic!("a duplicate spawns nothing")
         };
         assert_eq!(
@@ -636,7 +711,7 @@ mod tests {
                 ..req(vec![hook.clone()])
             },
             limits(),
-            |_, _, r| {
+            |_, _, r, _| {
                 second = Some(r);
                 tokio::spawn(std::future::pending::<Outcome>())
             },
@@ -676,10 +751,71 @@ mod tests {
         }
     }
 
+    /// Starts a drain that keeps its place among the runs not yet past their first
+    /// cordon for as long as it runs (until stopped); returns its run.
+    fn start_marking(book: &Book, instance: &str) -> u64 {
+        let run = std::cell::Cell::new(None);
+        book.start(req_for(instance), limits(), |_, _, r, marking| {
+            run.set(Some(r));
+            tokio::spawn(async move {
+                let _marking = marking;
+                std::future::pending::<Outcome>().await
+            })
+        });
+        run.get().expect("a drain started")
+    }
+
+    /// Cordons first: a drain waits for every other run started before its call until
+    /// each is marked, stopped (its task aborted: even one never polled lets go), or
+    /// the wait runs out, which says how many were left; a run started after the
+    /// call is not waited for, nor the drain's own.
+    #[tokio::test(start_paused = true)]
+    async fn a_drain_waits_for_the_cordons_of_the_drains_started_before_it() {
+        let within = Duration::from_secs(10);
+        let book = Arc::new(Book::default());
+        let alone = start_marking(&book, "i-alone");
+        assert_eq!(book.cordons_first(alone, within).await, 0, "its own run");
+
+        let a = start_marking(&book, "i-a");
+        let b = start_marking(&book, "i-b");
+        let began = tokio::time::Instant::now();
+        let waiting = {
+            let book = book.clone();
+            tokio::spawn(async move { book.cordons_first(alone, within).await })
+        };
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let later = start_marking(&book, "i-later");
+        book.marked(a);
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        assert!(!waiting.is_finished(), "b is not past its cordon yet");
+        assert!(book.stop("i-b"), "b's drain is stopped");
+        assert_eq!(
+            waiting.await.unwrap(),
+            0,
+            "a marked, b stopped; {later} not waited for"
+        );
+        assert_eq!(
+            began.elapsed(),
+            Duration::from_secs(2),
+            "no longer than that"
+        );
+
+        book.marked(alone);
+        let began = tokio::time::Instant::now();
+        assert_eq!(
+            book.cordons_first(b, within).await,
+            1,
+            "the run started later never marks: the wait runs out"
+        );
+        assert_eq!(began.elapsed(), within);
+        book.marked(later);
+        assert_eq!(book.cordons_first(b, within).await, 0);
+    }
+
     /// Starts a drain that runs until stopped; returns its run.
     fn start_pending(book: &Book, instance: &str) -> u64 {
         let run = std::cell::Cell::new(None);
-        book.start(req_for(instance), limits(), |_, _, r| {
+        book.start(req_for(instance), limits(), |_, _, r, _| {
             run.set(Some(r));
             tokio::spawn(std::future::pending::<Outcome>())
         });
@@ -821,7 +957,7 @@ mod tests {
                             book.start(
                                 DrainRequest { instance_id: id(*i), ..req(vec![why]) },
                                 limits(),
-                                |_, _, run| {
+                                |_, _, run, _| {
                                     let (tx, rx) = tokio::sync::oneshot::channel::<()>();
                                     started = Some((run, tx));
                                     tokio::spawn(async move {

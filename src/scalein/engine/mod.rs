@@ -32,6 +32,10 @@ use crate::telemetry::metrics::{metrics, Metrics};
 
 /// Between a failed drain and its retry while our hook holds the instance.
 const HELD_RETRY: std::time::Duration = std::time::Duration::from_secs(5);
+/// How long a drain given its slot waits, at most, for the drains asked for beside
+/// it to cordon their nodes before it evicts (one try each: a cordon refused is
+/// retried by its own drain, not waited for). A cordon is one read and one write.
+const CORDONS_FIRST_WAIT: std::time::Duration = std::time::Duration::from_secs(10);
 
 /// Runs drains: at most one per instance, as many at once as the disruption budgets
 /// allow ([`gate`]), all sharing one API rate limit.
@@ -252,12 +256,12 @@ impl Engine {
             self.hold(action, *heartbeat_timeout);
         }
         let limits = self.limits_of(&req);
-        self.book.start(req, limits, |req, how, run| {
+        self.book.start(req, limits, |req, how, run, marking| {
             if how == Start::Started {
                 self.tools.stats.started.fetch_add(1, Ordering::Relaxed);
                 metrics().drains_started.inc();
             }
-            tokio::spawn(drain_task(self.clone(), req, run))
+            tokio::spawn(drain_task(self.clone(), req, run, marking))
         })
     }
 
@@ -526,6 +530,14 @@ impl port::DrainPort for Arc<Engine> {
         self.book.give_back_slot(instance_id, run);
     }
 
+    fn marked(&self, run: u64) {
+        self.book.marked(run);
+    }
+
+    async fn cordons_first(&self, run: u64) -> usize {
+        self.book.cordons_first(run, CORDONS_FIRST_WAIT).await
+    }
+
     fn drains_at_once(&self) -> usize {
         self.book.running()
     }
@@ -633,7 +645,14 @@ impl crate::scalein::stages::last_mile::WaitPort for Engine {
 
 /// One drain from its first try to its outcome: tried again while our hook holds
 /// the instance, stopped where it is when this replica loses the Lease, counted.
-async fn drain_task(engine: Arc<Engine>, req: DrainRequest, run: u64) -> Outcome {
+/// `_marking`: the run's place among those not yet past their first cordon, held
+/// until the run says it is past it, or ends.
+async fn drain_task(
+    engine: Arc<Engine>,
+    req: DrainRequest,
+    run: u64,
+    _marking: book::MarkingRun,
+) -> Outcome {
     let lost_lease = engine.leadership.receiver();
     // A replica that loses the Lease stops its drains where they are, at once: not
     // when its lifecycle loop next wakes (a scan stuck on a slow AWS call would leave

@@ -31,15 +31,21 @@ pub async fn scan(engine: &Arc<Engine>, provider: &Arc<Provider>) -> usize {
     let Some((fresh, pools)) = read_hooked_groups(engine, hooked).await else {
         return 0;
     };
-    let mut started = 0;
+    let mut found = Vec::new();
     for snap in &fresh {
         let Some(g) = reg.group(&snap.name) else {
             continue;
         };
         let pool = pools.get(&snap.name).map(Vec::as_slice).unwrap_or_default();
-        started += scan_group(engine, g, snap, pool).await;
+        found.extend(scan_group(engine, g, snap, pool).await);
     }
-    started
+    // Every group judged before any drain starts: the drains found together are
+    // started together, so each cordons its node before the first of them evicts
+    // (an instance refresh over several groups; `Book::cordons_first`).
+    found
+        .into_iter()
+        .map(|(g, held)| start_drains(engine, &g, held))
+        .sum()
 }
 
 /// The names of the groups our hook is on, after creating it where it is missing
@@ -156,20 +162,21 @@ async fn read_hooked_groups(
 
 /// One hooked group: the Nodes that came back from its warm pool while warming are
 /// handed back; of the instances our hook holds, those held already follow the
-/// hook's current timeout and the others start their drains. Returns how many started.
-async fn scan_group(
+/// hook's current timeout. The others, whose drains are to start, with the group as
+/// AWS has it now.
+async fn scan_group<'a>(
     engine: &Arc<Engine>,
     g: &Group,
-    snap: &AsgSnapshot,
-    pool: &[AsgInstance],
-) -> usize {
+    snap: &'a AsgSnapshot,
+    pool: &'a [AsgInstance],
+) -> Option<(Group, Vec<&'a AsgInstance>)> {
     crate::scalein::sources::warm_pool::registered_while_warming(engine, &snap.name, pool).await;
     let waiting = held_by_our_hook(engine, g, snap, pool).await;
     let (held, found): (Vec<&AsgInstance>, Vec<_>) = waiting
         .into_iter()
         .partition(|i| engine.holds_hook(&i.id) && engine.is_draining(&i.id));
     if found.is_empty() && held.is_empty() {
-        return 0;
+        return None;
     }
     // The hook as AWS has it now (a changed heartbeat timeout counts at once):
     // one read per group with something held.
@@ -191,7 +198,7 @@ async fn scan_group(
             engine.hold(&action, heartbeat_timeout);
         }
     }
-    start_drains(engine, &g, found)
+    Some((g, found))
 }
 
 /// The instances of the group and its pool that our hook holds.

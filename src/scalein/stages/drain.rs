@@ -55,7 +55,11 @@ pub async fn run(r: &Runner<'_>, req: &DrainRequest, run: u64) -> Outcome {
         source = ?req.source,
         node = tracing::field::Empty,
     );
-    run_inner(r, req, run).instrument(span).await
+    let outcome = run_inner(r, req, run).instrument(span).await;
+    // Past its first try to cordon, whatever came of this one (a Node that could not
+    // be found, a failed drain tried again later): the others wait for no more.
+    r.port.marked(run);
+    outcome
 }
 
 async fn run_inner(r: &Runner<'_>, req: &DrainRequest, run: u64) -> Outcome {
@@ -420,13 +424,16 @@ async fn drain_node(
     node: &str,
     run: u64,
 ) -> Result<Option<Plan>, Stop> {
-    let Some((record, plan)) = mark(r, req, node).await? else {
+    let marked = mark(r, req, node).await;
+    r.port.marked(run);
+    let Some((record, plan)) = marked? else {
         return Ok(None);
     };
     if !plan.drains {
         return Ok(Some(plan));
     }
     let _slot = queue_for_slot(r, req, node, &record, run).await;
+    cordons_first(r, run).await;
     say_started(r, req, node, &record).await;
     let d = NodeDrain::new(r, req, node, &record, &plan);
     let began = Instant::now();
@@ -538,6 +545,22 @@ async fn queue_for_slot<'e>(
         .take_slot(req, node, record, run)
         .await
         .then_some(slot)
+}
+
+/// Cordons first, once the drain has its slot and before its first eviction: the
+/// drains asked for beside it (an instance refresh ending many instances at once, a
+/// scan finding them together) cordon their nodes before this one evicts anything,
+/// so that nothing it evicts is placed on a node about to drain and evicted again
+/// (the real control plane placed a replacement on a node whose cordon came a moment
+/// after the first eviction). Bounded: past the wait, the drain goes on and says so.
+async fn cordons_first(r: &Runner<'_>, run: u64) {
+    let left = r.port.cordons_first(run).await;
+    if left > 0 {
+        tracing::warn!(
+            left,
+            "drains asked for before this one have still not cordoned their nodes; evicting anyway (a pod evicted now may be placed on one of those nodes and evicted again)"
+        );
+    }
 }
 
 /// A drain run's hold on its slot: given back when the run ends, unless a newer

@@ -41,6 +41,11 @@ pub trait DrainPort: Send + Sync {
     ) -> bool;
     /// The run ended: its slot goes back, unless a newer run took it over.
     fn give_back_slot(&self, instance_id: &str, run: u64);
+    /// This run is past its first try to cordon and mark its node (done or not).
+    fn marked(&self, run: u64);
+    /// Cordons first: waits, bounded, until every other drain started so far is past
+    /// its first try to cordon its node. How many were not when the wait ran out.
+    async fn cordons_first(&self, run: u64) -> usize;
     /// Drains asked for and not finished (what the pod lists are sized for).
     fn drains_at_once(&self) -> usize;
     /// What the request's drain begins with: its group's deadline and policy, and
