@@ -778,3 +778,84 @@ async fn drain_terminate_into_a_reusing_warm_pool_says_the_pool_may_take_the_ins
     );
     w.engine.shutdown();
 }
+
+/// Issue 75 (the soak, seed 3008, replicas as processes): a follow pass that began
+/// while its replica led read AWS for longer than the replica's term, then wrote the
+/// pool rest on a Node 2.6 s after the replica stepped down. A replica that does not
+/// lead writes nothing: the pass looks again after its read, and the engine's client
+/// refuses every write but an Event while the replica does not lead, whatever path
+/// sends it (each of the two alone keeps this test green; without both it fails).
+#[tokio::test]
+async fn a_follow_pass_whose_aws_read_outlasts_the_term_writes_nothing() {
+    use record::{DrainReason, Why};
+    let w = World::builder()
+        .group(pooled_group_of(2, "Stopped"))
+        .settings(settings())
+        .build()
+        .await;
+    let stage = w.engine.stage();
+    let nodes = nodes_of(&w, "web");
+    assert_eq!(nodes.len(), 2);
+    let mut done = DrainReason::new(
+        Why::Lifecycle {
+            hook: HOOK.into(),
+            by_ca: false,
+        },
+        ca_asg_provider::clock::utc_now() - chrono::Duration::minutes(5),
+    );
+    done.done = true;
+    let rested = |name: &str| {
+        node(&w, name)["metadata"]["annotations"][record::ANNOTATION]
+            .as_str()
+            .is_some_and(|r| r.contains("in_warm_pool_since"))
+    };
+    // Drained into the pool: our action done and recorded on the Node.
+    let drained_into_pool = |i: usize| {
+        let (name, iid) = nodes[i].clone();
+        let (stage, w, done) = (&stage, &w, done.clone());
+        async move {
+            cordon::cordon(stage, &name, &[done], "web", None)
+                .await
+                .unwrap();
+            assert!(w.cloud.send_to_warm_pool(&iid, "Warmed:Stopped"));
+            eventually("the Node index sees the mark", 10, || {
+                w.engine
+                    .tools
+                    .nodes
+                    .marked_for_drain()
+                    .iter()
+                    .any(|m| m.node == name)
+            })
+            .await;
+            name
+        }
+    };
+
+    // The leader's pass notes the rest (what the test could fail on).
+    let led = drained_into_pool(0).await;
+    scalein::sources::warm_pool::follow(&w.engine, &w.provider).await;
+    assert!(rested(&led), "the leader notes the pool rest");
+
+    // The next pass reads AWS slowly; the replica steps down during the read.
+    let late = drained_into_pool(1).await;
+    w.cloud.slow(Duration::from_millis(800));
+    let pass = {
+        let (engine, provider) = (w.engine.clone(), w.provider.clone());
+        tokio::spawn(async move { scalein::sources::warm_pool::follow(&engine, &provider).await })
+    };
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    w.engine.leadership.stop_acting();
+    let stepped_down = ca_asg_provider::clock::Instant::now();
+    pass.await.unwrap();
+    w.cloud.slow(Duration::ZERO);
+    assert!(!rested(&late), "nothing written after the step-down");
+    let late_writes: Vec<_> = w
+        .sim
+        .requests()
+        .writes()
+        .into_iter()
+        .filter(|s| s.at >= stepped_down && s.resource.starts_with("nodes"))
+        .collect();
+    assert!(late_writes.is_empty(), "{late_writes:?}");
+    w.engine.shutdown();
+}

@@ -414,15 +414,13 @@ pub fn explain(e: &kube::Error, s: &LeaseSettings) -> String {
 }
 
 /// Resolves when this replica stops leading: at once when it does not lead now;
-/// never without leader election (`None`). A closed channel keeps its last word,
-/// as [`Engine::is_leader`](crate::scalein::Engine::is_leader) reads it.
+/// never without leader election (`None`). An election that ended (its task gone:
+/// aborted, panicked, released) leads no more ([`Acting::now`]).
 pub async fn lost(leadership: Option<watch::Receiver<bool>>) {
     let Some(mut rx) = leadership else {
         return std::future::pending().await;
     };
-    if rx.wait_for(|leads| !*leads).await.is_err() && *rx.borrow() {
-        std::future::pending::<()>().await;
-    }
+    let _ = rx.wait_for(|leads| !*leads).await;
 }
 
 /// Keeps trying to hold the lease until `stop` turns true, then releases it. The
@@ -596,18 +594,41 @@ fn step_down(tx: &watch::Sender<bool>, s: &LeaseSettings, why: &str) {
     }
 }
 
+/// Whether this replica may act now: the one answer the engine's loops and the
+/// fence on its API clients ([`crate::scalein::kube::fence`]) both read.
+#[derive(Default)]
+pub struct Acting {
+    /// Set when leader election runs: whether this replica leads now.
+    leads: std::sync::OnceLock<watch::Receiver<bool>>,
+    /// Set by [`Leadership::stop_acting`]: this replica acts no more, whatever the
+    /// Lease says.
+    stopped: std::sync::atomic::AtomicBool,
+}
+
+impl Acting {
+    /// Always, unless the election says otherwise or this replica stopped acting.
+    /// An election whose task is gone (aborted, panicked) cannot renew the Lease, so
+    /// its last word does not count: fail closed. (The leadership model found a
+    /// process killed mid-call whose CA handler went on and drained as the leader,
+    /// the election's last word being "leads".)
+    pub fn now(&self) -> bool {
+        !self.stopped.load(std::sync::atomic::Ordering::SeqCst)
+            && self
+                .leads
+                .get()
+                .is_none_or(|rx| *rx.borrow() && rx.has_changed().is_ok())
+    }
+}
+
 /// This replica's leadership: whether it may act now, and the election that says so.
 /// Without an election it always leads; [`Self::stop_acting`] ends that for good.
 pub struct Leadership {
     /// The client without the drains' rate limit, for the Lease alone: a renewal
     /// must not queue behind a storm's evictions, or leadership is lost mid-storm.
     lease_client: kube::Client,
-    /// Set when leader election runs: whether this replica leads now.
-    leads: std::sync::OnceLock<watch::Receiver<bool>>,
+    acting: std::sync::Arc<Acting>,
     /// Tells the election's task to release the Lease and stop.
     stop: watch::Sender<bool>,
-    /// Set by [`Self::stop_acting`]: this replica acts no more, whatever the Lease says.
-    stopped: std::sync::atomic::AtomicBool,
     /// What the leader carries on its Lease (the rates' starts).
     pub carry: std::sync::Arc<Carry>,
 }
@@ -616,28 +637,31 @@ impl Leadership {
     pub fn new(lease_client: kube::Client) -> Self {
         Self {
             lease_client,
-            leads: std::sync::OnceLock::new(),
+            acting: Default::default(),
             stop: watch::channel(false).0,
-            stopped: std::sync::atomic::AtomicBool::new(false),
             carry: Default::default(),
         }
     }
 
+    /// Whether this replica may act now, shared (the fence on the API clients).
+    pub fn acting(&self) -> std::sync::Arc<Acting> {
+        self.acting.clone()
+    }
+
     /// Follows an election someone else runs (tests, a second engine of one process).
     pub fn follow(&self, rx: watch::Receiver<bool>) {
-        let _ = self.leads.set(rx);
+        let _ = self.acting.leads.set(rx);
     }
 
     /// The election's receiver, when one runs.
     pub fn receiver(&self) -> Option<watch::Receiver<bool>> {
-        self.leads.get().cloned()
+        self.acting.leads.get().cloned()
     }
 
     /// Whether this replica may act: always, unless the election says otherwise or
     /// it stopped acting.
     pub fn leads(&self) -> bool {
-        !self.stopped.load(std::sync::atomic::Ordering::SeqCst)
-            && self.leads.get().is_none_or(|rx| *rx.borrow())
+        self.acting.now()
     }
 
     /// Starts the election when configured (identity: POD_NAME, else the host name).
@@ -685,7 +709,8 @@ impl Leadership {
     /// From now on this replica does not act, whatever the Lease says (the first
     /// half of stepping down: its drains stop before the Lease is released).
     pub fn stop_acting(&self) {
-        self.stopped
+        self.acting
+            .stopped
             .store(true, std::sync::atomic::Ordering::SeqCst);
     }
 

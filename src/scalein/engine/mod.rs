@@ -13,7 +13,7 @@ use crate::scalein::decide::record;
 use crate::scalein::decide::story::Verdict;
 use crate::scalein::engine::book::{Book, HoldChange};
 use crate::scalein::engine::marks_sync::spawn_marks_sync;
-use crate::scalein::kube::{budgets, events, nodes, pass, ratelimit, user_agent};
+use crate::scalein::kube::{budgets, events, fence, nodes, pass, ratelimit, user_agent};
 use crate::scalein::stages::{drain, evict, port, preview, terminate, Stage};
 use crate::scalein::{DrainRequest, Mode, ModeChoice, Outcome, ScaleInSettings, Start};
 
@@ -101,11 +101,16 @@ impl Engine {
             crate::scalein::kube::intercept::ANSWER_WITHIN,
         );
         let lease_client = user_agent::named(client.clone(), user_agent::LEASE);
+        let leadership = leader::Leadership::new(lease_client);
         let client = user_agent::named(client, user_agent::DRAIN);
-        let pod_event_client =
-            ratelimit::limited_client(client.clone(), limiter.clone(), ratelimit::Priority::Spare);
+        // CA's answers mark Nodes for the leader on any replica; the drains and the
+        // loops write only while this one leads, asked after the rate limit's wait.
         let answer_client =
             ratelimit::limited_client(client.clone(), limiter.clone(), ratelimit::Priority::Answer);
+        let acting = leadership.acting();
+        let client = fence::fenced(client, Arc::new(move || acting.now()));
+        let pod_event_client =
+            ratelimit::limited_client(client.clone(), limiter.clone(), ratelimit::Priority::Spare);
         let client = ratelimit::limited_client(client, limiter.clone(), ratelimit::Priority::Drain);
         let nodes = nodes::NodeIndex::start(client.clone());
         let liveness = Arc::new(crate::telemetry::liveness::Liveness::default());
@@ -134,7 +139,7 @@ impl Engine {
             settings,
             gate: gate::Gate::default(),
             book: Book::default(),
-            leadership: leader::Leadership::new(lease_client),
+            leadership,
             schedule: schedule::ScanSchedule::default(),
         });
         if has_groups {

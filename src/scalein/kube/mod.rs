@@ -9,8 +9,9 @@
 //!   drains running together read once (PDBs, their pods, the claims on them);
 //! - [`events`]: Events on Nodes and pods, rate limited;
 //! - [`ca_hold`]: the annotation that keeps a node out of CA's scale-down, ours only;
-//! - [`intercept`], [`ratelimit`], [`user_agent`]: the client's wrappers (an answer within
-//!   a bound, the drains' rate limit, who is asking);
+//! - [`intercept`], [`ratelimit`], [`user_agent`], [`fence`]: the client's wrappers (an
+//!   answer within a bound, the drains' rate limit, who is asking, no write from a
+//!   replica that does not lead);
 //! - [`client`]: the environment's client, its own retries off;
 //! - [`permissions`]: what RBAC the drain needs, checked at start;
 //! - [`watch_backoff`]: how a watch retries.
@@ -20,6 +21,7 @@ pub mod ca_hold;
 pub mod client;
 pub mod conditions;
 pub mod events;
+pub mod fence;
 pub mod intercept;
 pub mod node_record;
 pub mod nodes;

@@ -11,6 +11,7 @@ use kube::client::Body;
 
 use crate::scalein::decide::plan::{self, PodRef};
 use crate::scalein::kube::events::Reason;
+use crate::scalein::kube::fence;
 use crate::scalein::kube::intercept::Answer;
 use crate::scalein::stages::Stage;
 use crate::scalein::{DaemonSetPolicy, DrainRequest, Mode};
@@ -22,53 +23,15 @@ pub fn read_only_client(client: kube::Client) -> kube::Client {
     crate::scalein::kube::intercept::intercepted(client, guard)
 }
 
-/// Reads, and the Events the dry run reports through (created, or patched as a
-/// series). Nothing else changes anything.
-pub fn may_send(method: &http::Method, path: &str) -> bool {
-    if matches!(
-        *method,
-        http::Method::GET | http::Method::HEAD | http::Method::OPTIONS
-    ) {
-        return true;
-    }
-    if !matches!(*method, http::Method::POST | http::Method::PATCH) {
-        return false;
-    }
-    let segs: Vec<&str> = path.trim_end_matches('/').split('/').collect();
-    let Some(i) = segs.iter().rposition(|s| *s == "events") else {
-        return false;
-    };
-    let core = segs.get(1..3) == Some(&["api", "v1"][..]);
-    let events_api = segs.get(1..4) == Some(&["apis", "events.k8s.io", "v1"][..]);
-    (core || events_api)
-        && i >= 2
-        && segs[i - 2] == "namespaces"
-        && (i + 1 == segs.len() || (i + 2 == segs.len() && *method == http::Method::PATCH))
-}
-
-/// Sends reads and Events; answers everything else itself.
+/// Sends reads and Events ([`fence::reads_or_says`]); answers everything else itself.
 fn guard(req: http::Request<Body>, client: kube::Client) -> Answer {
-    if may_send(req.method(), req.uri().path()) {
+    if fence::reads_or_says(req.method(), req.uri().path()) {
         return Box::pin(async move { client.send(req).await });
     }
     let what = format!("{} {}", req.method(), req.uri().path());
     tracing::info!(request = %what, "dry run: not sending the request to the API server");
     metrics().dry_run(&format!("kube {}", req.method()));
-    let status = serde_json::json!({
-        "kind": "Status",
-        "apiVersion": "v1",
-        "metadata": {},
-        "status": "Failure",
-        "message": format!("dry run: {what} was not sent"),
-        "reason": "Forbidden",
-        "code": 403,
-    });
-    let answer = http::Response::builder()
-        .status(403)
-        .header(http::header::CONTENT_TYPE, "application/json")
-        .body(Body::from(status.to_string().into_bytes()))
-        .expect("a static response");
-    Box::pin(async move { Ok(answer) })
+    fence::refused(&format!("dry run: {what} was not sent"))
 }
 
 /// What the drain of `req` would do, from what the cluster shows now. Publishes it
@@ -155,54 +118,4 @@ pub fn summary(
         left.len(),
         list(&left),
     )
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use http::Method;
-
-    #[test]
-    fn only_reads_and_events_are_sent() {
-        for (m, p) in [
-            (Method::GET, "/api/v1/nodes/n1"),
-            (Method::GET, "/api/v1/pods?fieldSelector=spec.nodeName%3Dn1"),
-            (
-                Method::POST,
-                "/apis/events.k8s.io/v1/namespaces/default/events",
-            ),
-            (
-                Method::PATCH,
-                "/apis/events.k8s.io/v1/namespaces/default/events/e1",
-            ),
-            (Method::POST, "/api/v1/namespaces/kube-system/events"),
-        ] {
-            assert!(may_send(&m, p), "{m} {p} should be sent");
-        }
-        for (m, p) in [
-            (Method::PATCH, "/api/v1/nodes/n1"),
-            (Method::POST, "/api/v1/namespaces/default/pods/p1/eviction"),
-            (Method::DELETE, "/api/v1/namespaces/default/pods/p1"),
-            (
-                Method::PUT,
-                "/apis/coordination.k8s.io/v1/namespaces/kube-system/leases/x",
-            ),
-            (
-                Method::POST,
-                "/apis/coordination.k8s.io/v1/namespaces/kube-system/leases",
-            ),
-            (
-                Method::DELETE,
-                "/apis/events.k8s.io/v1/namespaces/default/events/e1",
-            ),
-            (
-                Method::POST,
-                "/apis/events.k8s.io/v1/namespaces/default/events/e1",
-            ),
-            (Method::POST, "/api/v1/namespaces/default/pods/events"),
-            (Method::POST, "/apis/other.io/v1/namespaces/default/events"),
-        ] {
-            assert!(!may_send(&m, p), "{m} {p} must not be sent");
-        }
-    }
 }

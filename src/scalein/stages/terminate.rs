@@ -163,6 +163,15 @@ fn attempts(min: Duration, max: Duration, key: &str) -> ExponentialBuilder {
     crate::clock::jittered(policy, key)
 }
 
+/// The fence's refusal: this replica does not lead, so the leader ends the instance.
+fn not_leader(instance_id: &str) -> CloudError {
+    CloudError::Rejected {
+        operation: "end the instance".into(),
+        code: "NotLeader".into(),
+        message: format!("this replica no longer leads; the leader ends {instance_id}"),
+    }
+}
+
 /// One attempt at ending the instance.
 async fn end_once(
     end: &Ending,
@@ -173,11 +182,7 @@ async fn end_once(
     // Fenced: only the leader ends an instance or completes an action (a replica
     // that lost the lease mid-drain leaves it to the new leader, which resumes it).
     if !end.port.may_end() && !matches!(mode, Mode::DrainOnly) {
-        return Err(CloudError::Rejected {
-            operation: "end the instance".into(),
-            code: "NotLeader".into(),
-            message: format!("this replica no longer leads; the leader ends {instance_id}"),
-        });
+        return Err(not_leader(instance_id));
     }
     match mode {
         Mode::DrainOnly => Ok("drained; the instance is left running (drain only)".into()),
@@ -244,6 +249,11 @@ async fn direct_once(end: &Ending, group: &str, instance_id: &str) -> Result<Str
         None => true,
         Some(loc) => loc.state.is_terminating() || loc.state.in_warm_pool(),
     };
+    // The fence again after the read, which can outlast the term (the leadership
+    // model, with AWS slow): nothing is sent yet, so nothing is done twice.
+    if !already && !end.port.may_end() {
+        return Err(not_leader(instance_id));
+    }
     if !already {
         tracing::info!(
             group,
@@ -283,8 +293,14 @@ async fn direct_once(end: &Ending, group: &str, instance_id: &str) -> Result<Str
 /// (this is its end) and the action is completed at once (all_sources_model found a
 /// hook added while AWS's reads lagged timing out after a direct drain's end). A
 /// throttled question or completion is asked again ([`probe_policy`]).
+///
+/// Only the leader asks and completes (both are writes): a replica that stepped down
+/// meanwhile leaves the hold to the new leader's scan.
 async fn learn_a_hook_added_since(end: &Ending, group: &str, instance_id: &str) {
     let Some(p) = &end.provider else { return };
+    if !end.port.may_end() {
+        return;
+    }
     let Some(g) = p.registry().group(group).cloned() else {
         return;
     };
@@ -307,7 +323,7 @@ async fn learn_a_hook_added_since(end: &Ending, group: &str, instance_id: &str) 
     .retry(probe_policy(instance_id))
     .sleep(tokio::time::sleep)
     .await;
-    if asked != Ok(Hold::Held) {
+    if asked != Ok(Hold::Held) || !end.port.may_end() {
         return;
     }
     let action = LifecycleAction {
