@@ -4,8 +4,7 @@
 //! every 600 ms) while CA scales in through either of them (through our hook on
 //! web, direct on batch) and the ASG ends web's instances itself. Between any two
 //! of those steps: every Lease write answered late (up to 1.8 s, inside the renew
-//! deadline; the effect lands at once), every AWS call slow (up to 0.9 s: a pass
-//! begun as the leader outlasts its term), a replica cut off from the API server (not
+//! deadline; the effect lands at once), a replica cut off from the API server (not
 //! from AWS), a replica's process dying without releasing the Lease and coming back
 //! under the same name, a replica replaced by a new pod after a graceful shutdown
 //! (which releases the Lease), time passing. Issue 39: leadership moving with a slow
@@ -78,9 +77,6 @@ enum Op {
     AsgEnds,
     /// Every Lease write is answered this many ms late from now on (0: at once).
     SlowRenewal(u64),
-    /// Every AWS call takes this many ms from now on (0: at once): a replica's pass
-    /// that read AWS as the leader may end its read after its term did.
-    SlowAws(u64),
     /// Replica `.0` is cut off from the API server (skipped while the other is).
     Cut(usize),
     /// Every cut heals.
@@ -99,7 +95,6 @@ fn op() -> impl Strategy<Value = Op> {
         3 => ((0..NODES), (0..REPLICAS)).prop_map(|(n, r)| Op::CaScaleIn(n, r)),
         1 => Just(Op::AsgEnds),
         2 => prop_oneof![Just(0u64), Just(900), Just(1800)].prop_map(Op::SlowRenewal),
-        1 => prop_oneof![Just(0u64), Just(400), Just(900)].prop_map(Op::SlowAws),
         3 => (0..REPLICAS).prop_map(Op::Cut),
         2 => Just(Op::Reconnect),
         1 => (0..REPLICAS).prop_map(Op::Crash),
@@ -306,7 +301,6 @@ impl Model {
                 self.w.sim.cut(&who, true);
                 self.cut.insert(who);
             }
-            Op::SlowAws(ms) => self.w.cloud.slow(Duration::from_millis(ms)),
             Op::Reconnect => self.reconnect().await,
             Op::Crash(r) => {
                 if !self.replicas[r].alive {
@@ -438,7 +432,6 @@ impl Model {
     async fn settle(&mut self) {
         self.reconnect().await;
         self.step(&Op::SlowRenewal(0)).await;
-        self.step(&Op::SlowAws(0)).await;
         // A request sent into a partition is never answered: the service gives up on
         // it after ANSWER_WITHIN (60 s), and its drain goes on.
         let bound = scalein::kube::intercept::ANSWER_WITHIN + support::model::SETTLE_BOUND;

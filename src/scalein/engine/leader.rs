@@ -731,6 +731,32 @@ impl Leadership {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// An election whose task is gone no longer leads, whatever its last word: a
+    /// process killed mid-call (the leadership model, AWS slow) had its CA handler
+    /// go on and drain as the leader 3 s after another replica took the Lease.
+    #[tokio::test]
+    async fn an_election_that_ended_leads_no_more() {
+        let acting = Acting::default();
+        assert!(acting.now(), "without an election it leads");
+        let (election, leads) = watch::channel(true);
+        let _ = acting.leads.set(leads.clone());
+        assert!(acting.now(), "the election says it leads");
+        let waiting = tokio::spawn(lost(Some(leads)));
+        tokio::task::yield_now().await;
+        assert!(!waiting.is_finished(), "still leading");
+        drop(election);
+        assert!(!acting.now(), "its task gone: its last word does not count");
+        waiting.await.unwrap();
+        assert!(
+            !Acting {
+                stopped: true.into(),
+                ..Default::default()
+            }
+            .now(),
+            "stopped acting"
+        );
+    }
     use k8s_openapi::jiff::SignedDuration;
 
     fn spec(holder: &str, renewed_secs_ago: i64, duration: i32) -> LeaseSpec {
