@@ -395,11 +395,29 @@ async fn rest_in_pool(w: &World, node_name: &str, iid: &str, state: &str) {
     })
     .await;
     eventually("the pool rest noted on the Node", 10, || {
-        node(w, node_name)["metadata"]["annotations"][record::ANNOTATION]
-            .as_str()
-            .is_some_and(|r| r.contains("in_warm_pool_since"))
+        pool_rest_noted(w, node_name)
     })
     .await;
+}
+
+/// Whether the Node's record says its instance rests in the warm pool.
+fn pool_rest_noted(w: &World, node_name: &str) -> bool {
+    node(w, node_name)["metadata"]["annotations"][record::ANNOTATION]
+        .as_str()
+        .is_some_and(|r| r.contains("in_warm_pool_since"))
+}
+
+/// Our hook's reason on a Node, its action completed five minutes ago.
+fn our_action_done_earlier() -> record::DrainReason {
+    let mut done = record::DrainReason::new(
+        record::Why::Lifecycle {
+            hook: HOOK.into(),
+            by_ca: false,
+        },
+        ca_asg_provider::clock::utc_now() - chrono::Duration::minutes(5),
+    );
+    done.done = true;
+    done
 }
 
 /// Issue 59 (3): an instance drained into the pool, then ended by the pool, is held by
@@ -644,15 +662,7 @@ async fn a_hand_back_decided_before_a_new_reason_keeps_the_node() {
             .await
             .unwrap()
     }
-    let now = ca_asg_provider::clock::utc_now() - chrono::Duration::minutes(5);
-    let mut done = DrainReason::new(
-        Why::Lifecycle {
-            hook: HOOK.into(),
-            by_ca: false,
-        },
-        now,
-    );
-    done.done = true;
+    let done = our_action_done_earlier();
     for (i, old_call) in [false, true].into_iter().enumerate() {
         let name = &nodes[i];
         // The record the hand-back is decided from: our action done, resting.
@@ -787,7 +797,6 @@ async fn drain_terminate_into_a_reusing_warm_pool_says_the_pool_may_take_the_ins
 /// sends it (each of the two alone keeps this test green; without both it fails).
 #[tokio::test]
 async fn a_follow_pass_whose_aws_read_outlasts_the_term_writes_nothing() {
-    use record::{DrainReason, Why};
     let w = World::builder()
         .group(pooled_group_of(2, "Stopped"))
         .settings(settings())
@@ -796,19 +805,8 @@ async fn a_follow_pass_whose_aws_read_outlasts_the_term_writes_nothing() {
     let stage = w.engine.stage();
     let nodes = nodes_of(&w, "web");
     assert_eq!(nodes.len(), 2);
-    let mut done = DrainReason::new(
-        Why::Lifecycle {
-            hook: HOOK.into(),
-            by_ca: false,
-        },
-        ca_asg_provider::clock::utc_now() - chrono::Duration::minutes(5),
-    );
-    done.done = true;
-    let rested = |name: &str| {
-        node(&w, name)["metadata"]["annotations"][record::ANNOTATION]
-            .as_str()
-            .is_some_and(|r| r.contains("in_warm_pool_since"))
-    };
+    let done = our_action_done_earlier();
+    let rested = |name: &str| pool_rest_noted(&w, name);
     // Drained into the pool: our action done and recorded on the Node.
     let drained_into_pool = |i: usize| {
         let (name, iid) = nodes[i].clone();
