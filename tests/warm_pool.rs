@@ -386,6 +386,65 @@ async fn a_node_registered_by_an_instance_warming_in_the_pool_is_reported_once()
     assert!(node["spec"]["unschedulable"] != true, "nothing cordoned");
 }
 
+/// The soak's seed 313739: a spot warning (a forgery: warm pools take no Spot, and a
+/// stopped instance gets no warning) for an instance resting in the pool. The Node
+/// stays as its rest left it: AWS shows the instance in `Warmed:Stopped`, so the
+/// notice is dropped, not drained for (a drain that waits for AWS to end an instance
+/// it never will); a rebalance recommendation cordons nothing either (its reason
+/// would keep the Node cordoned when the pool gives the instance back), and the
+/// reused Node comes back clean.
+#[tokio::test]
+async fn a_notice_for_an_instance_resting_in_the_pool_drains_and_cordons_nothing() {
+    let mut w = pooled_world("Stopped").await;
+    let lifecycle = scalein::sources::hook_scan::spawn_loop(w.engine.clone(), w.provider.clone());
+    let (node_name, iid) = node_with_fluentd_and_app(&w, 0.2).await;
+    rest_in_pool(&w, &node_name, &iid, "Warmed:Stopped").await;
+    let rested = node(&w, &node_name);
+    let audit_before = w.sim.audit().len();
+
+    let q = Arc::new(MemoryQueue::default());
+    let c = consumer(&w, &q, RebalanceAction::Cordon);
+    for body in [
+        support::notices::spot(&iid),
+        support::notices::rebalance(&iid),
+        support::notices::retirement(&iid),
+    ] {
+        q.send(&body);
+        assert_eq!(
+            handle_next(&c, &q).await,
+            Handled::Done(vec!["in_warm_pool"]),
+            "{body}"
+        );
+    }
+    let now = node(&w, &node_name);
+    assert_eq!(
+        now["metadata"]["annotations"], rested["metadata"]["annotations"],
+        "the Node's record and marks are the rest's"
+    );
+    assert_eq!(now["spec"], rested["spec"]);
+    let evicted: Vec<_> = w.sim.audit()[audit_before..]
+        .iter()
+        .filter(|a| a.kind == "Pod" && matches!(a.verb.as_str(), "evicted" | "deletion-started"))
+        .map(|a| a.name.clone())
+        .collect();
+    assert!(evicted.is_empty(), "evicted after the notices: {evicted:?}");
+
+    // The pool gives the instance back: nothing of the notices keeps it cordoned.
+    w.ca.node_group_increase_size(proto::NodeGroupIncreaseSizeRequest {
+        id: "web".into(),
+        delta: 1,
+    })
+    .await
+    .unwrap();
+    let n = node_name.clone();
+    eventually("the reused node handed back clean", 10, || {
+        clean(&node(&w, &n))
+    })
+    .await;
+    lifecycle.abort();
+    assert_eq!(target(&mut w, "web").await, 1);
+}
+
 /// Scales "web" in by one into its pool and waits until the instance rests there
 /// and its Node says so (the record of our completed action kept on it).
 async fn rest_in_pool(w: &World, node_name: &str, iid: &str, state: &str) {

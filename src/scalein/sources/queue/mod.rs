@@ -66,6 +66,18 @@ pub struct Consumer {
     recent: Mutex<BTreeMap<(&'static str, String), Instant>>,
 }
 
+/// Where AWS (or, failing it, the provider's snapshot) has an instance a notice names.
+enum Place {
+    Group(String),
+    /// In the group's warm pool, in `state`.
+    Pool {
+        group: String,
+        state: LifecycleState,
+    },
+    /// In no group this service manages.
+    Unmanaged,
+}
+
 /// What became of one message.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Handled {
@@ -243,23 +255,44 @@ impl Consumer {
         true
     }
 
-    /// The managed group of an instance: the snapshot, else AWS. `Ok(None)`: in no
-    /// group this service manages.
-    async fn group_of(&self, instance_id: &str) -> Result<Option<String>, String> {
+    /// Where an instance is, for a notice about it. AWS is asked first: the
+    /// provider's snapshot may be minutes old, and an instance it shows in service
+    /// may rest in the group's warm pool since. Only AWS's word "in the pool"
+    /// drops the notice; where AWS does not list the instance (its reads lag a
+    /// new one) or cannot be asked, the snapshot decides as before, and a notice
+    /// it knows nothing of is left for redelivery: a drain never ends an instance,
+    /// and a spot warning cannot wait for a calmer AWS.
+    async fn place(&self, instance_id: &str) -> Result<Place, String> {
         let reg = self.provider.registry();
-        if let Some(g) = reg.group_of_instance(instance_id) {
-            return Ok(Some(g.asg.name.clone()));
-        }
+        let snapshot = reg
+            .group_of_instance(instance_id)
+            .map(|g| g.asg.name.clone());
         let found = self
             .engine
             .cloud
             .locate_instances(&[instance_id.to_string()])
-            .await
-            .map_err(|e| format!("cannot tell which group instance {instance_id} is in: {e}"))?;
-        Ok(found
-            .into_iter()
-            .find(|l| reg.group(&l.group).is_some())
-            .map(|l| l.group))
+            .await;
+        let found = match (found, snapshot) {
+            (Ok(found), snapshot) => found
+                .into_iter()
+                .find(|l| l.instance_id == instance_id && reg.group(&l.group).is_some())
+                .map(|l| (l.group, Some(l.state)))
+                .or(snapshot.map(|g| (g, None))),
+            (Err(e), Some(g)) => {
+                tracing::warn!(instance = %instance_id, group = %g, error = %e, "cannot ask AWS where the instance is; acting on the provider's snapshot, which shows it in the group");
+                Some((g, None))
+            }
+            (Err(e), None) => {
+                return Err(format!(
+                    "cannot tell which group instance {instance_id} is in: {e}"
+                ))
+            }
+        };
+        Ok(match found {
+            Some((group, Some(state))) if state.in_warm_pool() => Place::Pool { group, state },
+            Some((group, _)) => Place::Group(group),
+            None => Place::Unmanaged,
+        })
     }
 
     async fn act(&self, n: &Notice, action: Action) -> Result<&'static str, String> {
@@ -287,8 +320,9 @@ impl Consumer {
                 instance_id,
                 ends_at,
             } => {
-                let Some(group) = self.managed(&instance_id).await? else {
-                    return Ok("unmanaged");
+                let group = match self.managed(&instance_id).await? {
+                    Ok(group) => group,
+                    Err(outcome) => return Ok(outcome),
                 };
                 let kind = n.kind();
                 // The same notice again is a duplicate; another of the same kind with
@@ -334,8 +368,9 @@ impl Consumer {
             }
             Action::LifecycleDrain(action) => self.lifecycle_drain(n, action, label).await,
             Action::Cordon { instance_id } => {
-                let Some(group) = self.managed(&instance_id).await? else {
-                    return Ok("unmanaged");
+                let group = match self.managed(&instance_id).await? {
+                    Ok(group) => group,
+                    Err(outcome) => return Ok(outcome),
                 };
                 if !self.first_time("cordon", &instance_id) {
                     return Ok("duplicate");
@@ -608,14 +643,23 @@ impl Consumer {
         self.recent.lock().remove(&(action, instance.to_string()));
     }
 
-    /// The group to drain an instance for, or `None` to leave it alone.
-    async fn managed(&self, instance_id: &str) -> Result<Option<String>, String> {
-        match self.group_of(instance_id).await? {
-            Some(g) => Ok(Some(g)),
-            None if self.settings.unmanaged => Ok(Some(String::new())),
-            None => {
+    /// The group to drain or cordon an instance for, or the outcome that leaves it
+    /// alone. An instance resting in (or moving through) a warm pool is not the
+    /// group's and runs nothing of it: a notice for it is a forgery or a mistake
+    /// (warm pools take no Spot; a stopped instance gets no warning), and acting on
+    /// it would leave a drain that never ends, or a reason that keeps the Node
+    /// cordoned when the pool gives the instance back.
+    async fn managed(&self, instance_id: &str) -> Result<Result<String, &'static str>, String> {
+        match self.place(instance_id).await? {
+            Place::Group(g) => Ok(Ok(g)),
+            Place::Pool { group, state } => {
+                tracing::warn!(instance = %instance_id, %group, state = state.as_str(), "interruption notice for an instance AWS shows in the warm pool, not the group; dropped, nothing drained or cordoned");
+                Ok(Err("in_warm_pool"))
+            }
+            Place::Unmanaged if self.settings.unmanaged => Ok(Ok(String::new())),
+            Place::Unmanaged => {
                 tracing::info!(instance = %instance_id, "interruption notice for an instance of no managed group; ignored (interruption.unmanaged: true acts on it)");
-                Ok(None)
+                Ok(Err("unmanaged"))
             }
         }
     }
