@@ -168,20 +168,9 @@ async fn a_scale_in_into_the_warm_pool_is_drained_and_the_reused_node_comes_back
     assert!(listed.is_empty(), "{listed:?}");
 
     // CA scales the group up: the ASG takes the instance from the pool (same id).
-    w.ca.node_group_increase_size(proto::NodeGroupIncreaseSizeRequest {
-        id: "web".into(),
-        delta: 1,
-    })
-    .await
-    .unwrap();
-    let back = iid.clone();
+    taken_back_clean(&mut w, &node_name).await;
     eventually("the instance back in service in the group", 10, || {
-        state_of(&w, &back) == Some(LifecycleState::InService)
-    })
-    .await;
-    let n = node_name.clone();
-    eventually("the reused node handed back clean", 10, || {
-        clean(&node(&w, &n))
+        state_of(&w, &iid) == Some(LifecycleState::InService)
     })
     .await;
     eventually("Event BackFromWarmPool", 10, || {
@@ -215,21 +204,11 @@ async fn a_reused_instance_scaled_in_again_is_drained_again() {
             round,
             "round {round}: our action completed once per scale-in"
         );
-        let n = node_name.clone();
         eventually("the pool rest noted", 10, || {
-            node(&w, &n)["metadata"]["annotations"][record::ANNOTATION]
-                .as_str()
-                .is_some_and(|r| r.contains("in_warm_pool_since"))
+            pool_rest_noted(&w, &node_name)
         })
         .await;
-        w.ca.node_group_increase_size(proto::NodeGroupIncreaseSizeRequest {
-            id: "web".into(),
-            delta: 1,
-        })
-        .await
-        .unwrap();
-        let n = node_name.clone();
-        eventually("handed back", 10, || clean(&node(&w, &n))).await;
+        taken_back_clean(&mut w, &node_name).await;
         assert_eq!(target(&mut w, "web").await, 1, "round {round}");
     }
     lifecycle.abort();
@@ -430,17 +409,7 @@ async fn a_notice_for_an_instance_resting_in_the_pool_drains_and_cordons_nothing
     assert!(evicted.is_empty(), "evicted after the notices: {evicted:?}");
 
     // The pool gives the instance back: nothing of the notices keeps it cordoned.
-    w.ca.node_group_increase_size(proto::NodeGroupIncreaseSizeRequest {
-        id: "web".into(),
-        delta: 1,
-    })
-    .await
-    .unwrap();
-    let n = node_name.clone();
-    eventually("the reused node handed back clean", 10, || {
-        clean(&node(&w, &n))
-    })
-    .await;
+    taken_back_clean(&mut w, &node_name).await;
     lifecycle.abort();
     assert_eq!(target(&mut w, "web").await, 1);
 }
@@ -455,6 +424,21 @@ async fn rest_in_pool(w: &World, node_name: &str, iid: &str, state: &str) {
     .await;
     eventually("the pool rest noted on the Node", 10, || {
         pool_rest_noted(w, node_name)
+    })
+    .await;
+}
+
+/// CA raises "web" by one: the ASG takes the resting instance back from the pool
+/// (same id), and its Node is handed back with nothing of this service on it.
+async fn taken_back_clean(w: &mut World, node_name: &str) {
+    w.ca.node_group_increase_size(proto::NodeGroupIncreaseSizeRequest {
+        id: "web".into(),
+        delta: 1,
+    })
+    .await
+    .unwrap();
+    eventually("the reused node handed back clean", 10, || {
+        clean(&node(w, node_name))
     })
     .await;
 }
